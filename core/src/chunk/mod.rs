@@ -1,0 +1,194 @@
+//! Logical -> physical mapping. Bootstrapped from the superblock's
+//! sys_chunk_array (enough to read the chunk tree), then filled from the
+//! chunk tree. One device only: SINGLE and DUP (and RAID1-like profiles whose
+//! every stripe is on this device) map to one or more whole copies.
+
+use crate::format::chunk::{parse_chunk, ChunkItem, Stripe, CHUNK_ITEM_SIZE, STRIPE_SIZE};
+use crate::format::consts::*;
+use crate::format::key::{DiskKey, Key};
+use crate::format::superblock::Superblock;
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+use zerocopy::FromBytes;
+
+#[derive(Clone, Debug)]
+pub struct ChunkMapping {
+    pub logical: u64,
+    pub length: u64,
+    pub type_flags: u64,
+    pub stripe_len: u64,
+    /// (devid, physical offset) of each stripe.
+    pub stripes: Vec<(u64, u64)>,
+}
+
+impl ChunkMapping {
+    pub fn end(&self) -> u64 {
+        self.logical + self.length
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ChunkMap {
+    map: BTreeMap<u64, ChunkMapping>,
+}
+
+impl ChunkMap {
+    pub fn new() -> ChunkMap {
+        ChunkMap::default()
+    }
+
+    /// Build the bootstrap map from the superblock's system chunk array:
+    /// a sequence of (disk key, chunk item with stripes).
+    pub fn from_sys_chunk_array(sb: &Superblock) -> Result<ChunkMap> {
+        let arr = sb.sys_chunk_array();
+        if sb.sys_chunk_array_size.get() as usize > BTRFS_SYSTEM_CHUNK_ARRAY_SIZE {
+            return Err(Error::corrupt(
+                format!("superblock sys_chunk_array_size {} exceeds {BTRFS_SYSTEM_CHUNK_ARRAY_SIZE}", sb.sys_chunk_array_size.get()),
+                BTRFS_SUPER_INFO_OFFSET,
+            ));
+        }
+        let mut map = ChunkMap::new();
+        let mut p = 0usize;
+        while p < arr.len() {
+            let dk = DiskKey::read_from_prefix(&arr[p..])
+                .map_err(|_| Error::corrupt(format!("sys_chunk_array truncated key at offset {p}"), BTRFS_SUPER_INFO_OFFSET))?
+                .0;
+            let key = Key::from(dk);
+            p += 17;
+            if key.ty != BTRFS_CHUNK_ITEM_KEY {
+                return Err(Error::corrupt_key(
+                    format!("sys_chunk_array entry at offset {} is not a chunk item", p - 17),
+                    BTRFS_SUPER_INFO_OFFSET,
+                    key,
+                ));
+            }
+            let rest = &arr[p..];
+            let (c, s) = parse_chunk(rest).map_err(|e| e.at(BTRFS_SUPER_INFO_OFFSET, key))?;
+            p += CHUNK_ITEM_SIZE + s.len() * STRIPE_SIZE;
+            map.insert(key.offset, c, s).map_err(|e| e.at(BTRFS_SUPER_INFO_OFFSET, key))?;
+        }
+        if map.map.is_empty() {
+            return Err(Error::corrupt("superblock sys_chunk_array holds no chunk", BTRFS_SUPER_INFO_OFFSET));
+        }
+        Ok(map)
+    }
+
+    /// Add a chunk. Chunks must not overlap, must have a sane length and a
+    /// profile this engine can map.
+    pub fn insert(&mut self, logical: u64, c: &ChunkItem, stripes: &[Stripe]) -> Result<()> {
+        let length = c.length.get();
+        if length == 0 || logical.checked_add(length).is_none() {
+            return Err(Error::corrupt(format!("chunk at {logical} has invalid length {length}"), 0));
+        }
+        let ty = c.type_.get();
+        let profile = ty & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+        let mirrored = profile == 0 || profile & (BTRFS_BLOCK_GROUP_DUP | BTRFS_BLOCK_GROUP_RAID1 | BTRFS_BLOCK_GROUP_RAID1C3 | BTRFS_BLOCK_GROUP_RAID1C4) != 0;
+        let single_stripe_striped = stripes.len() == 1 && profile & (BTRFS_BLOCK_GROUP_RAID0 | BTRFS_BLOCK_GROUP_RAID10) != 0;
+        if !mirrored && !single_stripe_striped {
+            return Err(Error::Unsupported(format!(
+                "chunk at {logical} uses profile {} with {} stripes (only SINGLE and DUP on one device are supported)",
+                crate::format::names::block_group_flags_str(ty),
+                stripes.len()
+            )));
+        }
+        let m = ChunkMapping {
+            logical,
+            length,
+            type_flags: ty,
+            stripe_len: c.stripe_len.get(),
+            stripes: stripes.iter().map(|s| (s.devid.get(), s.offset.get())).collect(),
+        };
+        if let Some((_, prev)) = self.map.range(..=logical).next_back() {
+            if prev.logical == logical {
+                // The same chunk seen in sys_chunk_array and the chunk tree.
+                if prev.length == length {
+                    self.map.insert(logical, m);
+                    return Ok(());
+                }
+            }
+            if prev.end() > logical {
+                return Err(Error::corrupt(format!("chunk at {logical} overlaps chunk at {}", prev.logical), 0));
+            }
+        }
+        if let Some((&next, _)) = self.map.range(logical + 1..).next() {
+            if next < logical + length {
+                return Err(Error::corrupt(format!("chunk at {logical} overlaps chunk at {next}"), 0));
+            }
+        }
+        self.map.insert(logical, m);
+        Ok(())
+    }
+
+    pub fn lookup(&self, logical: u64) -> Option<&ChunkMapping> {
+        let (_, m) = self.map.range(..=logical).next_back()?;
+        (logical < m.end()).then_some(m)
+    }
+
+    /// Physical offsets of every copy of `[logical, logical+len)` on device
+    /// `devid`. The range must lie inside one chunk.
+    pub fn map(&self, logical: u64, len: u64, devid: u64) -> Result<Vec<u64>> {
+        let m = self.lookup(logical).ok_or_else(|| Error::corrupt(format!("logical address {logical} is outside every chunk"), logical))?;
+        if logical + len > m.end() {
+            return Err(Error::corrupt(
+                format!("range {logical}+{len} crosses the end of chunk {}+{}", m.logical, m.length),
+                logical,
+            ));
+        }
+        let off = logical - m.logical;
+        let v: Vec<u64> = m.stripes.iter().filter(|s| s.0 == devid).map(|s| s.1 + off).collect();
+        if v.is_empty() {
+            return Err(Error::Unsupported(format!("chunk at {} has no stripe on device {devid} (multi-device filesystem)", m.logical)));
+        }
+        Ok(v)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &ChunkMapping> {
+        self.map.values()
+    }
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerocopy::IntoBytes;
+
+    fn chunk(len: u64, ty: u64, stripes: &[(u64, u64)]) -> Vec<u8> {
+        let c = ChunkItem {
+            length: len.into(),
+            owner: 2.into(),
+            stripe_len: 65536.into(),
+            type_: ty.into(),
+            io_align: 65536.into(),
+            io_width: 65536.into(),
+            sector_size: 4096.into(),
+            num_stripes: (stripes.len() as u16).into(),
+            sub_stripes: 1.into(),
+        };
+        let mut v = c.as_bytes().to_vec();
+        for &(d, o) in stripes {
+            v.extend_from_slice(Stripe { devid: d.into(), offset: o.into(), dev_uuid: [0; 16] }.as_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn dup_maps_to_two_copies_and_bounds() {
+        let mut m = ChunkMap::new();
+        let d = chunk(8 << 20, BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP, &[(1, 100 << 20), (1, 200 << 20)]);
+        let (c, s) = parse_chunk(&d).unwrap();
+        m.insert(30 << 20, c, s).unwrap();
+        assert_eq!(m.map((30 << 20) + 4096, 4096, 1).unwrap(), vec![(100 << 20) + 4096, (200 << 20) + 4096]);
+        assert!(m.map((38 << 20) - 4096, 8192, 1).is_err());
+        assert!(m.map(1 << 20, 4096, 1).is_err());
+        assert!(m.insert(31 << 20, c, s).is_err());
+        let r = chunk(8 << 20, BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID0, &[(1, 0), (2, 0)]);
+        let (c, s) = parse_chunk(&r).unwrap();
+        assert!(matches!(m.insert(100 << 20, c, s), Err(Error::Unsupported(_))));
+    }
+}

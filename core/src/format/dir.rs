@@ -1,0 +1,81 @@
+//! `btrfs_dir_item` (30 bytes + name + data), used by DIR_ITEM, DIR_INDEX and
+//! XATTR_ITEM (several may be packed in one DIR_ITEM/XATTR_ITEM on hash
+//! collision), and `btrfs_dir_log_item`.
+
+use super::key::DiskKey;
+use super::{Le16, Le64};
+use crate::{Error, Result};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+#[repr(C)]
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
+pub struct DirItem {
+    pub location: DiskKey,
+    pub transid: Le64,
+    pub data_len: Le16,
+    pub name_len: Le16,
+    pub type_: u8,
+}
+
+pub const DIR_ITEM_SIZE: usize = 30;
+
+#[repr(C)]
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
+pub struct DirLogItem {
+    pub end: Le64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct DirEntry<'a> {
+    pub item: &'a DirItem,
+    pub name: &'a [u8],
+    pub data: &'a [u8],
+}
+
+pub fn parse_dir_items(mut data: &[u8]) -> Result<Vec<DirEntry<'_>>> {
+    let mut out = Vec::new();
+    while !data.is_empty() {
+        let h: &DirItem = super::view(data, "dir item")?;
+        let n = h.name_len.get() as usize;
+        let d = h.data_len.get() as usize;
+        let rest = &data[DIR_ITEM_SIZE..];
+        if rest.len() < n + d {
+            return Err(Error::corrupt(
+                format!("dir item name_len {n} + data_len {d} past item end ({} bytes left)", rest.len()),
+                0,
+            ));
+        }
+        out.push(DirEntry { item: h, name: &rest[..n], data: &rest[n..n + d] });
+        data = &rest[n + d..];
+    }
+    Ok(out)
+}
+
+/// The name hash of DIR_ITEM and XATTR_ITEM keys: crc32c seeded with
+/// (u32)~1, as the kernel's `btrfs_name_hash`.
+pub fn name_hash(name: &[u8]) -> u64 {
+    raw_crc32c(!1u32, name) as u64
+}
+
+/// The kernel's `crc32c(seed, data)`: the register is neither pre- nor
+/// post-inverted, unlike the finalised form the crc32c crate computes.
+pub fn raw_crc32c(seed: u32, data: &[u8]) -> u32 {
+    !crc32c::crc32c_append(!seed, data)
+}
+
+/// The key offset of INODE_EXTREF items: crc32c of the name seeded with the
+/// parent inode number, as `btrfs_extref_hash`.
+pub fn extref_hash(parent: u64, name: &[u8]) -> u64 {
+    raw_crc32c(parent as u32, name) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn layout() {
+        assert_eq!(core::mem::size_of::<DirItem>(), DIR_ITEM_SIZE);
+        let b: Vec<u8> = (0..30u32).map(|i| (i * 9) as u8).collect();
+        crate::format::roundtrip::<DirItem>(&b);
+    }
+}

@@ -1,0 +1,43 @@
+//! Free space tree: `btrfs_free_space_info` per block group, then either
+//! FREE_SPACE_EXTENT items (empty, the key is the range) or FREE_SPACE_BITMAP
+//! items (one bit per sector, the key is the range covered).
+
+use super::Le32;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+#[repr(C)]
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
+pub struct FreeSpaceInfo {
+    pub extent_count: Le32,
+    pub flags: Le32,
+}
+
+/// Bits set in a free-space bitmap item, each one a free sector.
+pub fn bitmap_ranges(bitmap: &[u8], start: u64, sectorsize: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let nbits = bitmap.len() * 8;
+    let mut i = 0;
+    while i < nbits {
+        if bitmap[i / 8] & (1 << (i % 8)) != 0 {
+            let s = i;
+            while i < nbits && bitmap[i / 8] & (1 << (i % 8)) != 0 {
+                i += 1;
+            }
+            out.push((start + s as u64 * sectorsize, (i - s) as u64 * sectorsize));
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn layout_and_bits() {
+        assert_eq!(core::mem::size_of::<FreeSpaceInfo>(), 8);
+        crate::format::roundtrip::<FreeSpaceInfo>(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(bitmap_ranges(&[0b0000_0110, 0x80], 1000, 10), vec![(1010, 20), (1150, 10)]);
+    }
+}

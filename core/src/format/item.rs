@@ -1,0 +1,203 @@
+//! Decoding of a leaf item's body by its key type. Decoding doubles as item
+//! validation (the item-level half of the kernel's tree-checker): every size
+//! and embedded length is checked, and a mismatch is a typed error naming the
+//! key.
+
+use super::block_group::BlockGroupItem;
+use super::chunk::{parse_chunk, ChunkItem, Stripe};
+use super::consts::*;
+use super::dev::{DevExtent, DevItem};
+use super::dir::{parse_dir_items, DirEntry, DirLogItem};
+use super::extent::{parse_extent_item, ExtentDataRef, ExtentView, SharedDataRef};
+use super::file_extent::{parse_file_extent, FileExtent};
+use super::free_space::FreeSpaceInfo;
+use super::inode::{parse_inode_extrefs, parse_inode_refs, InodeExtrefEntry, InodeItem, InodeRefEntry};
+use super::key::Key;
+use super::misc::{BalanceItem, DevReplaceItem, VerityDescItem};
+use super::qgroup::{QgroupInfoItem, QgroupLimitItem, QgroupStatusItem};
+use super::root::{parse_root_ref, RootItem, RootRef};
+use crate::{Error, Result};
+use zerocopy::FromBytes;
+
+#[derive(Debug, Clone)]
+pub enum ItemBody<'a> {
+    InodeItem(&'a InodeItem),
+    InodeRef(Vec<InodeRefEntry<'a>>),
+    InodeExtref(Vec<InodeExtrefEntry<'a>>),
+    /// DIR_ITEM, DIR_INDEX and XATTR_ITEM share one layout.
+    DirItem(Vec<DirEntry<'a>>),
+    DirLog(&'a DirLogItem),
+    Orphan,
+    FileExtent(FileExtent<'a>),
+    ExtentCsum(&'a [u8]),
+    RootItem(Box<RootItem>),
+    RootRef(&'a RootRef, &'a [u8]),
+    Extent(ExtentView<'a>),
+    TreeBlockRef,
+    SharedBlockRef,
+    ExtentDataRef(&'a ExtentDataRef),
+    SharedDataRef(&'a SharedDataRef),
+    ExtentOwnerRef(u64),
+    BlockGroup(&'a BlockGroupItem),
+    FreeSpaceInfo(&'a FreeSpaceInfo),
+    FreeSpaceExtent,
+    FreeSpaceBitmap(&'a [u8]),
+    DevExtent(&'a DevExtent),
+    DevItem(&'a DevItem),
+    Chunk(&'a ChunkItem, &'a [Stripe]),
+    /// UUID_KEY_SUBVOL / UUID_KEY_RECEIVED_SUBVOL: subvolume ids.
+    Uuid(Vec<u64>),
+    QgroupStatus(&'a QgroupStatusItem, Option<u64>),
+    QgroupInfo(&'a QgroupInfoItem),
+    QgroupLimit(&'a QgroupLimitItem),
+    QgroupRelation,
+    DevStats(Vec<u64>),
+    DevReplace(&'a DevReplaceItem),
+    Balance(&'a BalanceItem),
+    VerityDesc(&'a VerityDescItem, &'a [u8]),
+    VerityMerkle(&'a [u8]),
+    StringItem(&'a [u8]),
+    /// A type this engine does not decode (printed as raw bytes).
+    Unknown(&'a [u8]),
+}
+
+fn exact<'a, T>(data: &'a [u8], what: &str) -> Result<&'a T>
+where
+    T: FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + zerocopy::Unaligned,
+{
+    if data.len() != core::mem::size_of::<T>() {
+        return Err(Error::corrupt(
+            format!("{what} item size {} want {}", data.len(), core::mem::size_of::<T>()),
+            0,
+        ));
+    }
+    super::view(data, what)
+}
+
+fn empty(data: &[u8], what: &str) -> Result<()> {
+    if !data.is_empty() {
+        return Err(Error::corrupt(format!("{what} item size {} want 0", data.len()), 0));
+    }
+    Ok(())
+}
+
+/// Decode the item `key` with body `data`. `csum_size` is the superblock's
+/// checksum size, which EXTENT_CSUM item sizes must be a multiple of. Errors
+/// carry no location; callers add it with [`Error::at`].
+pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBody<'a>> {
+    Ok(match key.ty {
+        BTRFS_INODE_ITEM_KEY => ItemBody::InodeItem(exact(data, "inode")?),
+        BTRFS_INODE_REF_KEY => {
+            let v = parse_inode_refs(data)?;
+            if v.is_empty() {
+                return Err(Error::corrupt("empty inode ref item", 0));
+            }
+            ItemBody::InodeRef(v)
+        }
+        BTRFS_INODE_EXTREF_KEY => {
+            let v = parse_inode_extrefs(data)?;
+            if v.is_empty() {
+                return Err(Error::corrupt("empty inode extref item", 0));
+            }
+            ItemBody::InodeExtref(v)
+        }
+        BTRFS_DIR_ITEM_KEY | BTRFS_DIR_INDEX_KEY | BTRFS_XATTR_ITEM_KEY => {
+            let v = parse_dir_items(data)?;
+            if v.is_empty() {
+                return Err(Error::corrupt("empty dir item", 0));
+            }
+            if key.ty == BTRFS_DIR_INDEX_KEY && v.len() != 1 {
+                return Err(Error::corrupt(format!("dir index item holds {} entries, want 1", v.len()), 0));
+            }
+            for e in &v {
+                if e.name.len() > BTRFS_NAME_LEN {
+                    return Err(Error::corrupt(format!("dir item name_len {} > {BTRFS_NAME_LEN}", e.name.len()), 0));
+                }
+            }
+            ItemBody::DirItem(v)
+        }
+        BTRFS_DIR_LOG_ITEM_KEY | BTRFS_DIR_LOG_INDEX_KEY => ItemBody::DirLog(exact(data, "dir log")?),
+        BTRFS_ORPHAN_ITEM_KEY => {
+            empty(data, "orphan")?;
+            ItemBody::Orphan
+        }
+        BTRFS_EXTENT_DATA_KEY => ItemBody::FileExtent(parse_file_extent(data)?),
+        BTRFS_EXTENT_CSUM_KEY => {
+            if csum_size == 0 || data.len() % csum_size != 0 || data.is_empty() {
+                return Err(Error::corrupt(
+                    format!("csum item size {} not a non-zero multiple of csum size {csum_size}", data.len()),
+                    0,
+                ));
+            }
+            ItemBody::ExtentCsum(data)
+        }
+        BTRFS_ROOT_ITEM_KEY => ItemBody::RootItem(Box::new(RootItem::parse(data)?)),
+        BTRFS_ROOT_REF_KEY | BTRFS_ROOT_BACKREF_KEY => {
+            let (r, n) = parse_root_ref(data)?;
+            ItemBody::RootRef(r, n)
+        }
+        BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY => ItemBody::Extent(parse_extent_item(key, data)?),
+        BTRFS_TREE_BLOCK_REF_KEY => {
+            empty(data, "tree block ref")?;
+            ItemBody::TreeBlockRef
+        }
+        BTRFS_SHARED_BLOCK_REF_KEY => {
+            empty(data, "shared block ref")?;
+            ItemBody::SharedBlockRef
+        }
+        BTRFS_EXTENT_DATA_REF_KEY => ItemBody::ExtentDataRef(exact(data, "extent data ref")?),
+        BTRFS_SHARED_DATA_REF_KEY => ItemBody::SharedDataRef(exact(data, "shared data ref")?),
+        BTRFS_EXTENT_OWNER_REF_KEY => {
+            let v: &super::Le64 = exact(data, "extent owner ref")?;
+            ItemBody::ExtentOwnerRef(v.get())
+        }
+        BTRFS_BLOCK_GROUP_ITEM_KEY => ItemBody::BlockGroup(exact(data, "block group")?),
+        BTRFS_FREE_SPACE_INFO_KEY => ItemBody::FreeSpaceInfo(exact(data, "free space info")?),
+        BTRFS_FREE_SPACE_EXTENT_KEY => {
+            empty(data, "free space extent")?;
+            ItemBody::FreeSpaceExtent
+        }
+        BTRFS_FREE_SPACE_BITMAP_KEY => ItemBody::FreeSpaceBitmap(data),
+        BTRFS_DEV_EXTENT_KEY => ItemBody::DevExtent(exact(data, "dev extent")?),
+        BTRFS_DEV_ITEM_KEY => ItemBody::DevItem(exact(data, "dev item")?),
+        BTRFS_CHUNK_ITEM_KEY => {
+            let (c, s) = parse_chunk(data)?;
+            if data.len() != super::chunk::CHUNK_ITEM_SIZE + s.len() * super::chunk::STRIPE_SIZE {
+                return Err(Error::corrupt(format!("chunk item size {} does not match {} stripes", data.len(), s.len()), 0));
+            }
+            ItemBody::Chunk(c, s)
+        }
+        BTRFS_UUID_KEY_SUBVOL | BTRFS_UUID_KEY_RECEIVED_SUBVOL => {
+            if data.is_empty() || data.len() % 8 != 0 {
+                return Err(Error::corrupt(format!("uuid item size {} not a multiple of 8", data.len()), 0));
+            }
+            ItemBody::Uuid(data.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+        }
+        BTRFS_QGROUP_STATUS_KEY => {
+            let s: &QgroupStatusItem = super::view(data, "qgroup status")?;
+            let enable_gen = if data.len() >= super::qgroup::QGROUP_STATUS_SIMPLE_SIZE {
+                Some(u64::from_le_bytes(data[32..40].try_into().unwrap_or([0; 8])))
+            } else {
+                None
+            };
+            ItemBody::QgroupStatus(s, enable_gen)
+        }
+        BTRFS_QGROUP_INFO_KEY => ItemBody::QgroupInfo(exact(data, "qgroup info")?),
+        BTRFS_QGROUP_LIMIT_KEY => ItemBody::QgroupLimit(exact(data, "qgroup limit")?),
+        BTRFS_QGROUP_RELATION_KEY => ItemBody::QgroupRelation,
+        BTRFS_PERSISTENT_ITEM_KEY if key.objectid == BTRFS_DEV_STATS_OBJECTID => {
+            ItemBody::DevStats(data.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+        }
+        BTRFS_DEV_REPLACE_KEY => ItemBody::DevReplace(exact(data, "dev replace")?),
+        BTRFS_TEMPORARY_ITEM_KEY if key.objectid == BTRFS_BALANCE_OBJECTID => {
+            ItemBody::Balance(exact(data, "balance")?)
+        }
+        BTRFS_VERITY_DESC_ITEM_KEY if key.offset == 0 => {
+            let d: &VerityDescItem = super::view(data, "verity descriptor")?;
+            ItemBody::VerityDesc(d, &data[core::mem::size_of::<VerityDescItem>()..])
+        }
+        BTRFS_VERITY_DESC_ITEM_KEY | BTRFS_VERITY_MERKLE_ITEM_KEY => ItemBody::VerityMerkle(data),
+        BTRFS_STRING_ITEM_KEY => ItemBody::StringItem(data),
+        _ => ItemBody::Unknown(data),
+    })
+}

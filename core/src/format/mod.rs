@@ -1,0 +1,56 @@
+//! The Btrfs on-disk format: one module per structure, typed little-endian
+//! views (zerocopy, alignment 1, so a view can sit at any byte of a block),
+//! constants named after the C names of `btrfs_tree.h`.
+
+pub mod consts;
+pub mod key;
+pub mod superblock;
+pub mod header;
+pub mod inode;
+pub mod dir;
+pub mod file_extent;
+pub mod extent;
+pub mod root;
+pub mod block_group;
+pub mod free_space;
+pub mod chunk;
+pub mod dev;
+pub mod qgroup;
+pub mod misc;
+pub mod item;
+pub mod names;
+
+pub use consts::*;
+pub use key::Key;
+
+use zerocopy::little_endian::{U16, U32, U64};
+
+pub type Le16 = U16;
+pub type Le32 = U32;
+pub type Le64 = U64;
+
+/// Read a typed view from the front of `data`; `what` names the structure
+/// in the error when `data` is too short.
+pub(crate) fn view<'a, T>(data: &'a [u8], what: &str) -> crate::Result<&'a T>
+where
+    T: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + zerocopy::Unaligned,
+{
+    match T::ref_from_prefix(data) {
+        Ok((v, _)) => Ok(v),
+        Err(_) => Err(crate::Error::corrupt(
+            format!("{what}: {} bytes, need {}", data.len(), core::mem::size_of::<T>()),
+            0,
+        )),
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn roundtrip<T>(bytes: &[u8])
+where
+    T: zerocopy::FromBytes + zerocopy::IntoBytes + zerocopy::KnownLayout + zerocopy::Immutable + zerocopy::Unaligned,
+{
+    let v = T::ref_from_bytes(bytes).expect("size");
+    assert_eq!(v.as_bytes(), bytes);
+    let owned = T::read_from_bytes(bytes).expect("size");
+    assert_eq!(owned.as_bytes(), bytes);
+}

@@ -1,0 +1,338 @@
+//! An opened filesystem image, read side: superblock, chunk map, and tree
+//! block reads with validation and DUP fallback.
+
+use crate::chunk::ChunkMap;
+use crate::csum::{verify_block, CsumType};
+use crate::format::consts::*;
+use crate::format::item::ItemBody;
+use crate::format::key::Key;
+use crate::format::root::RootItem;
+use crate::format::superblock::Superblock;
+use crate::io::{BlockDevice, FileDevice};
+use crate::tree::node::{Expect, Node, Problem, ProblemKind, ValidateCtx};
+use crate::tree::{TreeIter, TreeRoot};
+use crate::{Error, Result};
+use std::path::Path;
+use std::sync::Arc;
+use zerocopy::FromBytes;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenOptions {
+    /// Superblock copy to use (0 primary, 1, 2).
+    pub mirror: usize,
+    /// Return damaged blocks with their problems instead of failing (fsck, dump).
+    pub lenient: bool,
+    pub writable: bool,
+}
+
+pub struct Image {
+    dev: Arc<dyn BlockDevice>,
+    pub sb: Box<Superblock>,
+    pub mirror: usize,
+    pub csum: CsumType,
+    pub chunks: ChunkMap,
+    pub devid: u64,
+    pub nodesize: u32,
+    pub sectorsize: u32,
+    pub lenient: bool,
+    /// Problems noticed while opening that lenient mode let through.
+    pub open_warnings: Vec<String>,
+}
+
+impl Image {
+    pub fn open_path(path: &Path, opts: OpenOptions) -> Result<Image> {
+        let dev: Arc<dyn BlockDevice> = if opts.writable {
+            Arc::new(FileDevice::open(path, true)?)
+        } else {
+            Arc::new(FileDevice::open_mmap(path)?)
+        };
+        Image::open(dev, opts)
+    }
+
+    pub fn open(dev: Arc<dyn BlockDevice>, opts: OpenOptions) -> Result<Image> {
+        let sb = Box::new(read_superblock(dev.as_ref(), opts.mirror)?);
+        let mut warnings = Vec::new();
+        check_superblock(&sb, dev.size(), opts.lenient, &mut warnings)?;
+        let csum = CsumType::from_disk(sb.csum_type.get())?;
+        let chunks = ChunkMap::from_sys_chunk_array(&sb)?;
+        let mut img = Image {
+            dev,
+            devid: sb.dev_item.devid.get(),
+            nodesize: sb.nodesize.get(),
+            sectorsize: sb.sectorsize.get(),
+            csum,
+            chunks,
+            sb,
+            mirror: opts.mirror,
+            lenient: opts.lenient,
+            open_warnings: warnings,
+        };
+        img.load_chunk_tree()?;
+        Ok(img)
+    }
+
+    pub fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.dev
+    }
+
+    /// Fill the chunk map from the chunk tree and refuse multi-device images.
+    fn load_chunk_tree(&mut self) -> Result<()> {
+        let root = self.chunk_tree();
+        let mut map = self.chunks.clone();
+        let mut devs = Vec::new();
+        let mut warnings = Vec::new();
+        let mut it = TreeIter::new(self, root, Key::MIN)?;
+        while let Some(r) = it.next_item() {
+            let item = r?;
+            match item.key.ty {
+                BTRFS_CHUNK_ITEM_KEY => {
+                    let (_, body) = item.decode(self.csum.size())?;
+                    if let ItemBody::Chunk(c, s) = body {
+                        if let Err(e) = map.insert(item.key.offset, c, s) {
+                            match e {
+                                Error::Unsupported(_) => return Err(e),
+                                e if self.lenient => warnings.push(e.at(item.node.bytenr, item.key).to_string()),
+                                e => return Err(e.at(item.node.bytenr, item.key)),
+                            }
+                        }
+                    }
+                }
+                BTRFS_DEV_ITEM_KEY => devs.push(item.key.offset),
+                _ => {}
+            }
+        }
+        drop(it);
+        self.open_warnings.extend(warnings);
+        if devs.len() > 1 {
+            return Err(Error::Unsupported(format!(
+                "multi-device filesystem ({} devices); only single-device images are supported",
+                devs.len()
+            )));
+        }
+        if self.sb.num_devices.get() != 1 {
+            let m = format!("superblock num_devices is {} but the chunk tree has {} device", self.sb.num_devices.get(), devs.len());
+            if !self.lenient && devs.len() != 1 {
+                return Err(Error::Unsupported(m));
+            }
+            self.open_warnings.push(m);
+        }
+        self.chunks = map;
+        Ok(())
+    }
+
+    pub fn ctx(&self, log: bool) -> ValidateCtx {
+        ValidateCtx {
+            nodesize: self.nodesize,
+            sectorsize: self.sectorsize,
+            csum: self.csum,
+            fsid: self.sb.tree_fsid(),
+            max_generation: self.sb.generation.get() + log as u64,
+        }
+    }
+
+    /// Read `len` bytes at logical address `logical` from the first copy.
+    pub fn read_logical(&self, logical: u64, buf: &mut [u8]) -> Result<()> {
+        let phys = self.chunks.map(logical, buf.len() as u64, self.devid)?;
+        self.dev.read_at(phys[0], buf)
+    }
+
+    /// Every copy of a tree block, in mirror order; a copy that cannot be
+    /// read is an Err in its slot.
+    pub fn read_block_copies(&self, bytenr: u64) -> Result<Vec<Result<Vec<u8>>>> {
+        let ns = self.nodesize as u64;
+        if bytenr % self.sectorsize as u64 != 0 {
+            return Err(Error::corrupt(format!("tree block address {bytenr} is not aligned to sectorsize {}", self.sectorsize), bytenr));
+        }
+        let phys = self.chunks.map(bytenr, ns, self.devid)?;
+        Ok(phys
+            .into_iter()
+            .map(|p| {
+                let mut v = vec![0u8; ns as usize];
+                self.dev.read_at(p, &mut v).map(|_| v)
+            })
+            .collect())
+    }
+
+    /// Read and validate a tree block. The first copy with no problem wins;
+    /// in strict mode a block with problems in every copy is an error, in
+    /// lenient mode the copy with the fewest problems is returned with them.
+    pub fn read_tree_block_checked(&self, bytenr: u64, expect: &Expect, log: bool) -> Result<(Node, Vec<Problem>)> {
+        let ctx = self.ctx(log);
+        let mut best: Option<(Node, Vec<Problem>)> = None;
+        let mut io_err = None;
+        for copy in self.read_block_copies(bytenr)? {
+            let buf = match copy {
+                Ok(b) => b,
+                Err(e) => {
+                    io_err.get_or_insert(e);
+                    continue;
+                }
+            };
+            let node = Node::from_vec(bytenr, buf)?;
+            let problems = node.validate(&ctx, expect);
+            if problems.is_empty() {
+                return Ok((node, problems));
+            }
+            if best.as_ref().is_none_or(|(_, p)| problems.len() < p.len()) {
+                best = Some((node, problems));
+            }
+        }
+        match best {
+            Some((node, problems)) => {
+                if self.lenient && !problems.iter().any(|p| p.kind == ProblemKind::Level && expect.level.is_some()) {
+                    Ok((node, problems))
+                } else {
+                    Err(problems.into_iter().next().map(Problem::into_error).unwrap_or_else(|| Error::corrupt("tree block", bytenr)))
+                }
+            }
+            None => Err(io_err.unwrap_or_else(|| Error::corrupt("tree block unreadable", bytenr))),
+        }
+    }
+
+    pub fn read_tree_block(&self, bytenr: u64, expect: &Expect, log: bool) -> Result<Node> {
+        self.read_tree_block_checked(bytenr, expect, log).map(|(n, _)| n)
+    }
+
+    pub fn root_tree(&self) -> TreeRoot {
+        TreeRoot {
+            id: BTRFS_ROOT_TREE_OBJECTID,
+            bytenr: self.sb.root.get(),
+            level: self.sb.root_level,
+            generation: self.sb.generation.get(),
+        }
+    }
+    pub fn chunk_tree(&self) -> TreeRoot {
+        TreeRoot {
+            id: BTRFS_CHUNK_TREE_OBJECTID,
+            bytenr: self.sb.chunk_root.get(),
+            level: self.sb.chunk_root_level,
+            generation: self.sb.chunk_root_generation.get(),
+        }
+    }
+    /// The log root tree, when the superblock says a log must be replayed.
+    pub fn log_root_tree(&self) -> Option<TreeRoot> {
+        let b = self.sb.log_root.get();
+        (b != 0).then(|| TreeRoot {
+            id: BTRFS_TREE_LOG_OBJECTID,
+            bytenr: b,
+            level: self.sb.log_root_level,
+            generation: self.sb.generation.get() + 1,
+        })
+    }
+
+    /// Every ROOT_ITEM in `tree` (the root tree or the log root tree).
+    pub fn root_items_in(&self, tree: TreeRoot) -> Result<Vec<(Key, RootItem)>> {
+        let mut out = Vec::new();
+        let mut it = TreeIter::new(self, tree, Key::MIN)?;
+        while let Some(r) = it.next_item() {
+            let item = r?;
+            if item.key.ty != BTRFS_ROOT_ITEM_KEY {
+                continue;
+            }
+            let ri = RootItem::parse(item.data()?).map_err(|e| e.at(item.node.bytenr, item.key))?;
+            out.push((item.key, ri));
+        }
+        Ok(out)
+    }
+
+    /// The newest ROOT_ITEM of tree `id` in the root tree.
+    pub fn find_root(&self, id: u64) -> Result<Option<TreeRoot>> {
+        let mut it = TreeIter::new(self, self.root_tree(), Key::new(id, BTRFS_ROOT_ITEM_KEY, 0))?;
+        let mut found = None;
+        while let Some(r) = it.next_item() {
+            let item = r?;
+            if item.key.objectid != id || item.key.ty != BTRFS_ROOT_ITEM_KEY {
+                break;
+            }
+            let ri = RootItem::parse(item.data()?).map_err(|e| e.at(item.node.bytenr, item.key))?;
+            found = Some(tree_root_of(id, &ri));
+        }
+        Ok(found)
+    }
+}
+
+pub fn tree_root_of(id: u64, ri: &RootItem) -> TreeRoot {
+    TreeRoot { id, bytenr: ri.bytenr.get(), level: ri.level, generation: ri.generation.get() }
+}
+
+/// Read and verify superblock copy `mirror`.
+pub fn read_superblock(dev: &dyn BlockDevice, mirror: usize) -> Result<Superblock> {
+    if mirror >= BTRFS_SUPER_MIRROR_MAX {
+        return Err(Error::Invalid(format!("superblock mirror {mirror} does not exist (0, 1 or 2)")));
+    }
+    let off = btrfs_sb_offset(mirror);
+    let size = dev.size();
+    if size < off + BTRFS_SUPER_INFO_SIZE as u64 {
+        return Err(if mirror == 0 {
+            Error::NotBtrfs(format!("image is {size} bytes, too small to hold a superblock at 64 KiB"))
+        } else {
+            Error::Invalid(format!("image of {size} bytes has no superblock mirror {mirror} (at byte {off})"))
+        });
+    }
+    let mut buf = [0u8; BTRFS_SUPER_INFO_SIZE];
+    dev.read_at(off, &mut buf)?;
+    let sb = Superblock::read_from_bytes(&buf).map_err(|_| Error::corrupt("superblock", off))?;
+    if sb.magic.get() != BTRFS_MAGIC {
+        return Err(Error::NotBtrfs(format!("no btrfs magic in the superblock at byte {off}")));
+    }
+    let csum = CsumType::from_disk(sb.csum_type.get())?;
+    if !verify_block(csum, &buf) {
+        return Err(Error::corrupt(format!("superblock {} checksum mismatch", csum.name()), off));
+    }
+    if sb.bytenr.get() != off {
+        return Err(Error::corrupt(format!("superblock says it lives at byte {} but was read at {off}", sb.bytenr.get()), off));
+    }
+    Ok(sb)
+}
+
+/// Sanity checks of a superblock that make reading possible at all. In
+/// lenient mode, checks that only indicate damage elsewhere become warnings.
+pub fn check_superblock(sb: &Superblock, dev_size: u64, lenient: bool, warnings: &mut Vec<String>) -> Result<()> {
+    let off = sb.bytenr.get();
+    let ns = sb.nodesize.get();
+    let ss = sb.sectorsize.get();
+    if !ss.is_power_of_two() || !(4096..=65536).contains(&ss) {
+        return Err(Error::corrupt(format!("superblock sectorsize {ss} invalid"), off));
+    }
+    if !ns.is_power_of_two() || ns < ss || ns > BTRFS_MAX_NODESIZE {
+        return Err(Error::corrupt(format!("superblock nodesize {ns} invalid"), off));
+    }
+    let unknown = sb.incompat_flags.get() & !SUPPORTED_INCOMPAT;
+    if unknown != 0 {
+        let names = crate::format::names::incompat_names(unknown).join(", ");
+        return Err(Error::Unsupported(format!("incompat feature flags 0x{unknown:x} ({names})")));
+    }
+    let unknown_ro = sb.compat_ro_flags.get() & !SUPPORTED_COMPAT_RO;
+    if unknown_ro != 0 {
+        warnings.push(format!("unknown compat_ro flags 0x{unknown_ro:x}: read-only access only"));
+    }
+    for (name, v) in [("root", sb.root.get()), ("chunk_root", sb.chunk_root.get())] {
+        if v == 0 || v % ss as u64 != 0 {
+            return Err(Error::corrupt(format!("superblock {name} {v} is not a sector-aligned address"), off));
+        }
+    }
+    if sb.log_root.get() % ss as u64 != 0 {
+        return Err(Error::corrupt(format!("superblock log_root {} is not sector aligned", sb.log_root.get()), off));
+    }
+    for (name, l) in [("root_level", sb.root_level), ("chunk_root_level", sb.chunk_root_level), ("log_root_level", sb.log_root_level)] {
+        if l >= BTRFS_MAX_LEVEL {
+            return Err(Error::corrupt(format!("superblock {name} {l} exceeds {}", BTRFS_MAX_LEVEL - 1), off));
+        }
+    }
+    if sb.num_devices.get() == 0 {
+        return Err(Error::corrupt("superblock num_devices is 0", off));
+    }
+    if sb.num_devices.get() > 1 && !lenient {
+        return Err(Error::Unsupported(format!(
+            "multi-device filesystem ({} devices); only single-device images are supported",
+            sb.num_devices.get()
+        )));
+    }
+    if sb.total_bytes.get() > dev_size.max(sb.dev_item.total_bytes.get()) && dev_size < sb.dev_item.total_bytes.get() {
+        warnings.push(format!("image is {dev_size} bytes but the device item says {}: the image may be truncated", sb.dev_item.total_bytes.get()));
+    }
+    if sb.sys_chunk_array_size.get() as usize > BTRFS_SYSTEM_CHUNK_ARRAY_SIZE {
+        return Err(Error::corrupt(format!("superblock sys_chunk_array_size {} too large", sb.sys_chunk_array_size.get()), off));
+    }
+    Ok(())
+}

@@ -1,0 +1,101 @@
+use super::{past_end, BlockDevice};
+use crate::{Error, Result};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// A regular file or block device. Opened read-only unless asked to write;
+/// a read-only device refuses writes, so a reporting command can never
+/// change an image by mistake.
+pub struct FileDevice {
+    file: File,
+    size: u64,
+    writable: bool,
+    map: Option<memmap2::Mmap>,
+}
+
+impl FileDevice {
+    pub fn open(path: &Path, writable: bool) -> Result<FileDevice> {
+        let ctx = || format!("cannot open {}", path.display());
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(ctx(), e))?;
+        if meta.is_dir() {
+            return Err(Error::Invalid(format!("{} is a directory, not an image", path.display())));
+        }
+        let file = OpenOptions::new().read(true).write(writable).open(path).map_err(|e| Error::io(ctx(), e))?;
+        let size = device_size(&file).map_err(|e| Error::io(ctx(), e))?;
+        Ok(FileDevice { file, size, writable, map: None })
+    }
+
+    /// Open read-only with a memory map for fast whole-image scans.
+    pub fn open_mmap(path: &Path) -> Result<FileDevice> {
+        let mut d = FileDevice::open(path, false)?;
+        if d.size > 0 {
+            // SAFETY: the map is read-only; if another process truncates the
+            // file under us reads may fault, as with any mmap reader. The
+            // tools document that an image must not change while they run.
+            let m = unsafe { memmap2::MmapOptions::new().len(d.size as usize).map(&d.file) };
+            if let Ok(m) = m {
+                #[cfg(unix)]
+                let _ = m.advise(memmap2::Advice::Random);
+                d.map = Some(m);
+            }
+        }
+        Ok(d)
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+fn device_size(f: &File) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let meta = f.metadata()?;
+    if meta.file_type().is_file() {
+        return Ok(meta.len());
+    }
+    // Block devices report 0 in metadata; seek to the end instead.
+    let mut g = f.try_clone()?;
+    g.seek(SeekFrom::End(0))
+}
+
+impl BlockDevice for FileDevice {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let end = offset.checked_add(buf.len() as u64);
+        if end.is_none_or(|e| e > self.size) {
+            return Err(past_end(offset, buf.len(), self.size));
+        }
+        if let Some(m) = &self.map {
+            buf.copy_from_slice(&m[offset as usize..offset as usize + buf.len()]);
+            return Ok(());
+        }
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| Error::io(format!("read of {} bytes at byte {offset}", buf.len()), e))
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        if !self.writable {
+            return Err(Error::io(
+                "write to an image opened read-only",
+                std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            ));
+        }
+        self.file
+            .write_all_at(buf, offset)
+            .map_err(|e| Error::io(format!("write of {} bytes at byte {offset}", buf.len()), e))
+    }
+    fn flush(&self) -> Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        self.file.sync_data().map_err(|e| Error::io("flush (fdatasync)", e))
+    }
+    fn slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let m = self.map.as_ref()?;
+        let end = (offset as usize).checked_add(len)?;
+        m.get(offset as usize..end)
+    }
+}

@@ -1,0 +1,36 @@
+//! All I/O goes through [`BlockDevice`]: a file ([`FileDevice`], positioned
+//! reads and writes, optionally memory-mapped for whole-image scans), memory
+//! ([`MemDevice`]) and [`CrashDevice`], which keeps what was flushed apart from
+//! what was only written so any crash point can be replayed.
+
+mod crash;
+mod file;
+mod mem;
+
+pub use crash::CrashDevice;
+pub use file::FileDevice;
+pub use mem::MemDevice;
+
+use crate::Result;
+
+pub trait BlockDevice: Send + Sync {
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    /// Fill `buf` from byte `offset`; reading past the end is an error.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
+    /// Make every completed write durable.
+    fn flush(&self) -> Result<()>;
+    /// A zero-copy view of `len` bytes at `offset`, where the device can give
+    /// one (a memory map); callers fall back to `read_at`.
+    fn slice(&self, _offset: u64, _len: usize) -> Option<&[u8]> {
+        None
+    }
+}
+
+pub(crate) fn past_end(offset: u64, len: usize, size: u64) -> crate::Error {
+    crate::Error::io(
+        format!("read of {len} bytes at byte {offset} past the end of the image ({size} bytes)"),
+        std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+    )
+}

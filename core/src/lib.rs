@@ -1,0 +1,14 @@
+//! btrkit-core: a userspace Btrfs engine.
+//!
+//! Layers only call downward: `format` <- `io` <- `chunk` <- `tree` <- the rest.
+//! Nothing in this crate prints or exits; every failure is an [`Error`].
+
+pub mod csum;
+pub mod error;
+pub mod format;
+pub mod io;
+pub mod chunk;
+pub mod tree;
+pub mod image;
+
+pub use error::{Error, Result};

@@ -1,0 +1,20 @@
+//! Tree blocks: read views with validation ([`node`]), search and iteration
+//! ([`search`]), and whole-tree walks ([`walk`]).
+
+pub mod node;
+pub mod search;
+pub mod walk;
+
+pub use node::{Expect, Node, Problem, ValidateCtx};
+pub use search::TreeIter;
+pub use walk::{walk_tree, WalkEvent};
+
+/// A tree to read: its root block and what that block must look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TreeRoot {
+    /// Tree id (ROOT_ITEM objectid; TREE_LOG for log trees).
+    pub id: u64,
+    pub bytenr: u64,
+    pub level: u8,
+    pub generation: u64,
+}

@@ -1,0 +1,310 @@
+//! A tree block held in memory, with bounds-checked accessors and the
+//! structural validation of the kernel's tree-checker: checksum, header
+//! (bytenr, fsid, level, owner, generation), key order within the block,
+//! item bounds and item bodies, and what the parent expects (level, parent
+//! transid, first key).
+
+use crate::csum::{verify_block, CsumType};
+use crate::format::consts::*;
+use crate::format::header::{Header, Item, KeyPtr, HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
+use crate::format::item::{decode, ItemBody};
+use crate::format::key::Key;
+use crate::{Error, Result};
+use zerocopy::FromBytes;
+
+/// What the referrer of a block says about it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Expect {
+    pub level: Option<u8>,
+    /// Parent transid: the generation in the parent's key pointer (or root item).
+    pub generation: Option<u64>,
+    /// Tree id of the tree being read.
+    pub owner: Option<u64>,
+    pub first_key: Option<Key>,
+}
+
+/// Filesystem-wide facts a block is checked against.
+#[derive(Clone, Copy, Debug)]
+pub struct ValidateCtx {
+    pub nodesize: u32,
+    pub sectorsize: u32,
+    pub csum: CsumType,
+    pub fsid: [u8; 16],
+    /// Newest generation a block may carry (superblock generation, +1 for log trees).
+    pub max_generation: u64,
+}
+
+/// One thing wrong with a block.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Problem {
+    pub bytenr: u64,
+    pub key: Option<Key>,
+    /// Item slot, when the problem is in one item.
+    pub slot: Option<usize>,
+    pub kind: ProblemKind,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum ProblemKind {
+    Checksum,
+    Header,
+    ParentTransid,
+    Level,
+    Owner,
+    FirstKey,
+    KeyOrder,
+    ItemBounds,
+    ItemBody,
+}
+
+impl Problem {
+    pub fn into_error(self) -> Error {
+        Error::Corrupt { what: format!("tree block: {}", self.message), bytenr: self.bytenr, key: self.key }
+    }
+}
+
+#[derive(Clone)]
+pub struct Node {
+    pub bytenr: u64,
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Node({} level {} nritems {})", self.bytenr, self.level(), self.nritems())
+    }
+}
+
+impl Node {
+    /// Wrap a block of exactly nodesize bytes (at least a header).
+    pub fn from_vec(bytenr: u64, buf: Vec<u8>) -> Result<Node> {
+        if buf.len() < HEADER_SIZE {
+            return Err(Error::corrupt(format!("tree block of {} bytes is smaller than a header", buf.len()), bytenr));
+        }
+        Ok(Node { bytenr, buf })
+    }
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+    pub fn into_vec(self) -> Vec<u8> {
+        self.buf
+    }
+    pub fn header(&self) -> &Header {
+        // from_vec guarantees the header fits.
+        Header::ref_from_prefix(&self.buf).map(|(h, _)| h).unwrap_or_else(|_| unreachable!()) // OK: length checked in from_vec
+    }
+    pub fn level(&self) -> u8 {
+        self.header().level
+    }
+    pub fn is_leaf(&self) -> bool {
+        self.level() == 0
+    }
+    pub fn generation(&self) -> u64 {
+        self.header().generation.get()
+    }
+    pub fn owner(&self) -> u64 {
+        self.header().owner.get()
+    }
+    /// nritems as stored (may be corrupt; see `nr_safe`).
+    pub fn nritems(&self) -> usize {
+        self.header().nritems.get() as usize
+    }
+    /// How many item headers / key pointers actually fit in the block.
+    pub fn nr_safe(&self) -> usize {
+        let per = if self.is_leaf() { ITEM_SIZE } else { KEY_PTR_SIZE };
+        self.nritems().min((self.buf.len() - HEADER_SIZE) / per)
+    }
+    pub fn item(&self, slot: usize) -> Option<&Item> {
+        if slot >= self.nr_safe() || !self.is_leaf() {
+            return None;
+        }
+        let o = HEADER_SIZE + slot * ITEM_SIZE;
+        Item::ref_from_prefix(&self.buf[o..]).ok().map(|(i, _)| i)
+    }
+    pub fn key_ptr(&self, slot: usize) -> Option<&KeyPtr> {
+        if slot >= self.nr_safe() || self.is_leaf() {
+            return None;
+        }
+        let o = HEADER_SIZE + slot * KEY_PTR_SIZE;
+        KeyPtr::ref_from_prefix(&self.buf[o..]).ok().map(|(p, _)| p)
+    }
+    /// Key of slot `slot` in a leaf or node.
+    pub fn key(&self, slot: usize) -> Option<Key> {
+        if self.is_leaf() {
+            self.item(slot).map(|i| Key::from(&i.key))
+        } else {
+            self.key_ptr(slot).map(|p| Key::from(&p.key))
+        }
+    }
+    /// Body of leaf item `slot`, bounds-checked against the block.
+    pub fn item_data(&self, slot: usize) -> Result<&[u8]> {
+        let it = self.item(slot).ok_or_else(|| Error::corrupt(format!("item slot {slot} out of range"), self.bytenr))?;
+        let start = HEADER_SIZE as u64 + it.offset.get() as u64;
+        let end = start + it.size.get() as u64;
+        if end > self.buf.len() as u64 {
+            return Err(Error::corrupt_key(
+                format!("item {slot} data [{}, +{}) past the end of the leaf", it.offset.get(), it.size.get()),
+                self.bytenr,
+                Key::from(&it.key),
+            ));
+        }
+        Ok(&self.buf[start as usize..end as usize])
+    }
+    /// Binary search for `key` among the slots: Ok(slot) when found, else
+    /// Err(slot) where it would be inserted.
+    pub fn bin_search(&self, key: &Key) -> std::result::Result<usize, usize> {
+        let (mut lo, mut hi) = (0usize, self.nr_safe());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.key(mid) {
+                Some(k) if k < *key => lo = mid + 1,
+                Some(k) if k > *key => hi = mid,
+                Some(_) => return Ok(mid),
+                None => return Err(lo),
+            }
+        }
+        Err(lo)
+    }
+
+    /// Every problem of this block against `ctx` and `expect`. An empty list
+    /// means the block is valid; the first entry is the most basic failure.
+    pub fn validate(&self, ctx: &ValidateCtx, expect: &Expect) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let b = self.bytenr;
+        let mut push = |kind, slot: Option<usize>, key: Option<Key>, message: String| {
+            out.push(Problem { bytenr: b, key, slot, kind, message })
+        };
+        if self.buf.len() != ctx.nodesize as usize {
+            push(ProblemKind::Header, None, None, format!("block size {} differs from nodesize {}", self.buf.len(), ctx.nodesize));
+            return out;
+        }
+        if !verify_block(ctx.csum, &self.buf) {
+            push(ProblemKind::Checksum, None, None, format!("{} checksum mismatch", ctx.csum.name()));
+        }
+        let h = self.header();
+        if h.bytenr.get() != b {
+            push(ProblemKind::Header, None, None, format!("header bytenr {} differs from its address {b}", h.bytenr.get()));
+        }
+        if h.fsid != ctx.fsid {
+            push(ProblemKind::Header, None, None, "header fsid differs from the filesystem's".into());
+        }
+        if h.level >= BTRFS_MAX_LEVEL {
+            push(ProblemKind::Level, None, None, format!("level {} exceeds the maximum {}", h.level, BTRFS_MAX_LEVEL - 1));
+            return out;
+        }
+        if let Some(l) = expect.level {
+            if l != h.level {
+                push(ProblemKind::Level, None, None, format!("level {} where the parent expects {l}", h.level));
+            }
+        }
+        let gen = h.generation.get();
+        if let Some(g) = expect.generation {
+            if g != gen {
+                push(ProblemKind::ParentTransid, None, None, format!("parent transid verify failed: wanted {g} found {gen}"));
+            }
+        }
+        if gen > ctx.max_generation {
+            push(ProblemKind::Header, None, None, format!("generation {gen} newer than the filesystem's {}", ctx.max_generation));
+        }
+        let owner = h.owner.get();
+        if let Some(o) = expect.owner {
+            let ok = if is_fstree(o) { is_fstree(owner) } else { owner == o };
+            if !ok {
+                push(ProblemKind::Owner, None, None, format!("owner {} where tree {} is read", owner as i64, o as i64));
+            }
+        }
+        let nr = self.nritems();
+        let leaf = h.level == 0;
+        let cap = if leaf {
+            (ctx.nodesize as usize - HEADER_SIZE) / ITEM_SIZE
+        } else {
+            (ctx.nodesize as usize - HEADER_SIZE) / KEY_PTR_SIZE
+        };
+        if nr > cap {
+            push(ProblemKind::ItemBounds, None, None, format!("nritems {nr} exceeds the block's capacity {cap}"));
+        }
+        if !leaf && nr == 0 {
+            push(ProblemKind::ItemBounds, None, None, "node with no pointers".into());
+        }
+        let n = self.nr_safe();
+        if let (Some(fk), Some(k0)) = (expect.first_key, self.key(0)) {
+            if fk != k0 {
+                push(
+                    ProblemKind::FirstKey,
+                    Some(0),
+                    Some(k0),
+                    format!("first key {} differs from parent's {}", crate::format::names::key_string(&k0), crate::format::names::key_string(&fk)),
+                );
+            }
+        }
+        let mut prev: Option<Key> = None;
+        let data_size = ctx.nodesize as u64 - HEADER_SIZE as u64;
+        let mut data_end = data_size; // where the previous item's data must start
+        for slot in 0..n {
+            let k = match self.key(slot) {
+                Some(k) => k,
+                None => break,
+            };
+            if let Some(p) = prev {
+                if p >= k {
+                    push(
+                        ProblemKind::KeyOrder,
+                        Some(slot),
+                        Some(k),
+                        format!("bad key order: slot {} key {} >= slot {slot} key {}", slot - 1, crate::format::names::key_string(&p), crate::format::names::key_string(&k)),
+                    );
+                }
+            }
+            prev = Some(k);
+            if leaf {
+                let it = match self.item(slot) {
+                    Some(i) => i,
+                    None => break,
+                };
+                let (off, size) = (it.offset.get() as u64, it.size.get() as u64);
+                if off + size != data_end {
+                    push(
+                        ProblemKind::ItemBounds,
+                        Some(slot),
+                        Some(k),
+                        format!("item {slot} data ends at {} but should end at {data_end}", off + size),
+                    );
+                }
+                if off + size > data_size || off < (n * ITEM_SIZE) as u64 {
+                    push(ProblemKind::ItemBounds, Some(slot), Some(k), format!("item {slot} data [{off}, +{size}) outside the leaf's data area"));
+                    data_end = off.min(data_end);
+                    continue;
+                }
+                data_end = off;
+                if let Ok(d) = self.item_data(slot) {
+                    if let Err(e) = decode(&k, d, ctx.csum.size()) {
+                        let msg = match e {
+                            Error::Corrupt { what, .. } => what,
+                            e => e.to_string(),
+                        };
+                        push(ProblemKind::ItemBody, Some(slot), Some(k), format!("item {slot}: {msg}"));
+                    }
+                }
+            } else if let Some(p) = self.key_ptr(slot) {
+                let bp = p.blockptr.get();
+                if bp == 0 || bp % ctx.sectorsize as u64 != 0 {
+                    push(ProblemKind::ItemBounds, Some(slot), Some(k), format!("pointer {slot} to block {bp} is not sector aligned"));
+                }
+                if p.generation.get() > ctx.max_generation {
+                    push(ProblemKind::Header, Some(slot), Some(k), format!("pointer {slot} generation {} newer than the filesystem's {}", p.generation.get(), ctx.max_generation));
+                }
+            }
+        }
+        out
+    }
+
+    /// Decode leaf item `slot`.
+    pub fn decode_item(&self, slot: usize, csum_size: usize) -> Result<(Key, ItemBody<'_>)> {
+        let it = self.item(slot).ok_or_else(|| Error::corrupt(format!("item slot {slot} out of range"), self.bytenr))?;
+        let key = Key::from(&it.key);
+        let d = self.item_data(slot)?;
+        let body = decode(&key, d, csum_size).map_err(|e| e.at(self.bytenr, key))?;
+        Ok((key, body))
+    }
+}
