@@ -1,0 +1,1 @@
+//! Text rendering of decoded items, shaped like btrfs-progs print-tree.c.
