@@ -9,6 +9,8 @@ pub mod format;
 pub mod io;
 pub mod chunk;
 pub mod tree;
+pub mod alloc;
+pub mod trans;
 pub mod image;
 
 pub use error::{Error, Result};
