@@ -11,6 +11,7 @@ pub mod chunk;
 pub mod tree;
 pub mod alloc;
 pub mod trans;
+pub mod mkfs;
 pub mod image;
 
 pub use error::{Error, Result};

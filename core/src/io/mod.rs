@@ -6,10 +6,12 @@
 mod crash;
 mod file;
 mod mem;
+mod staged;
 
 pub use crash::CrashDevice;
 pub use file::FileDevice;
 pub use mem::MemDevice;
+pub use staged::StagedSuper;
 
 use crate::Result;
 

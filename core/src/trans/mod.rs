@@ -16,6 +16,7 @@
 //! any point leaves the previous or the new generation.
 
 mod btree;
+mod chunk_alloc;
 mod commit;
 mod fst;
 
@@ -259,7 +260,7 @@ impl Fs {
     fn alloc_tree_block(&mut self, tree: u64, level: u8, first_key: Key) -> Result<u64> {
         let ns = self.nodesize() as u64;
         let ty = if tree == BTRFS_CHUNK_TREE_OBJECTID { BTRFS_BLOCK_GROUP_SYSTEM } else { BTRFS_BLOCK_GROUP_METADATA };
-        let bytenr = self.alloc.alloc(ty, ns, ns)?;
+        let bytenr = self.alloc_space(ty, ns, ns)?;
         let e = self.refs.entry(bytenr).or_insert(MetaRef { delta: 0, owner: tree, level, first_key });
         e.delta += 1;
         e.owner = tree;
