@@ -12,6 +12,7 @@ pub mod tree;
 pub mod alloc;
 pub mod trans;
 pub mod mkfs;
+pub mod fs;
 pub mod image;
 
 pub use error::{Error, Result};

@@ -50,16 +50,36 @@ fn run(a: args::Args) -> anyhow::Result<()> {
             bail!("--rootdir {} is not a directory", dir.display());
         }
     }
+    // Scan the source before touching the image: an unreadable entry is
+    // reported with the image unchanged.
+    let listing = match &a.rootdir {
+        Some(dir) => Some(mkfs::rootdir::scan(dir)?),
+        None => None,
+    };
     let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(path, true)?);
-    let (mut fs, staged, summary) = mkfs::make(dev, &opts)?;
+    let (mut fs, staged, summary) = mkfs::make(dev.clone(), &opts)?;
     let mut stats = None;
-    if let Some(dir) = &a.rootdir {
-        let pb = report::progress_bar();
-        let r = mkfs::rootdir::populate(&mut fs, dir, &mut |files, bytes| report::tick(&pb, files, bytes));
+    if let (Some(dir), Some(listing)) = (&a.rootdir, &listing) {
+        // From here on every commit is a valid filesystem: running out of
+        // space keeps what was committed.
+        staged.publish()?;
+        let pb = report::progress_bar(listing.total_bytes);
+        let r = mkfs::rootdir::populate(&mut fs, listing, &mut |files, bytes| report::tick(&pb, files, bytes));
         pb.finish_and_clear();
-        stats = Some(r.with_context(|| format!("populating from {}", dir.display()))?);
+        match r {
+            Ok(s) => stats = Some(s),
+            Err(e @ btrkit_core::Error::NoSpace(_)) => {
+                bail!("{e} while copying {}; the image keeps the files committed before the failure", dir.display())
+            }
+            Err(e) => {
+                drop(fs);
+                mkfs::wipe_superblocks(dev.as_ref())?;
+                return Err(anyhow::Error::new(e).context(format!("copying {} (the image was left unusable)", dir.display())));
+            }
+        }
+    } else {
+        mkfs::finish(fs, &staged)?;
     }
-    mkfs::finish(fs, &staged)?;
     report::print(&summary, stats.as_ref(), a.json, a.quiet);
     Ok(())
 }

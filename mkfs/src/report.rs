@@ -4,19 +4,22 @@ use comfy_table::{presets::NOTHING, Table};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 
-pub fn progress_bar() -> ProgressBar {
-    let pb = ProgressBar::new_spinner();
+pub fn progress_bar(total_bytes: u64) -> ProgressBar {
+    let pb = ProgressBar::new(total_bytes);
     if !std::io::stderr().is_terminal() {
         pb.set_draw_target(ProgressDrawTarget::hidden());
     }
-    pb.set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+    pb.set_style(
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
     pb
 }
 
 pub fn tick(pb: &ProgressBar, files: u64, bytes: u64) {
     if files % 256 == 0 {
-        pb.set_message(format!("copied {files} files, {}", human(bytes)));
-        pb.tick();
+        pb.set_position(bytes);
+        pb.set_message(format!("{files} files"));
     }
 }
 
@@ -54,7 +57,10 @@ pub fn print(s: &MkfsSummary, stats: Option<&RootdirStats>, json: bool, quiet: b
     t.add_row(vec!["Checksum:", &s.checksum]);
     t.add_row(vec!["Features:".to_string(), s.features.join(", ")]);
     if let Some(r) = stats {
-        t.add_row(vec!["Copied:".to_string(), format!("{} files, {} dirs, {} symlinks, {}", r.files, r.dirs, r.symlinks, human(r.bytes))]);
+        t.add_row(vec![
+            "Copied:".to_string(),
+            format!("{} files, {} dirs, {} symlinks, {} hard links, {} special, {}", r.files, r.dirs, r.symlinks, r.hardlinks, r.special, human(r.bytes)),
+        ]);
     }
     println!("{t}");
     let mut c = Table::new();

@@ -1,6 +1,7 @@
 use super::BlockDevice;
 use crate::format::consts::*;
 use crate::Result;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A device that holds superblock writes in memory and passes every other
@@ -12,6 +13,8 @@ pub struct StagedSuper {
     inner: Arc<dyn BlockDevice>,
     /// (offset, bytes) of each superblock copy written so far.
     supers: Mutex<Vec<(u64, Vec<u8>)>>,
+    /// After publishing, superblock writes go straight to the device.
+    published: AtomicBool,
 }
 
 fn is_super_range(offset: u64, len: usize) -> bool {
@@ -23,7 +26,7 @@ fn is_super_range(offset: u64, len: usize) -> bool {
 
 impl StagedSuper {
     pub fn new(inner: Arc<dyn BlockDevice>) -> StagedSuper {
-        StagedSuper { inner, supers: Mutex::new(Vec::new()) }
+        StagedSuper { inner, supers: Mutex::new(Vec::new()), published: AtomicBool::new(false) }
     }
 
     /// Write the held superblocks to the device and flush.
@@ -33,7 +36,12 @@ impl StagedSuper {
         for (off, data) in supers {
             self.inner.write_at(off, &data)?;
         }
-        self.inner.flush()
+        self.inner.flush()?;
+        self.published.store(true, Ordering::SeqCst);
+        if let Ok(mut s) = self.supers.lock() {
+            s.clear();
+        }
+        Ok(())
     }
 }
 
@@ -56,7 +64,7 @@ impl BlockDevice for StagedSuper {
         Ok(())
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
-        if is_super_range(offset, buf.len()) && buf.len() == BTRFS_SUPER_INFO_SIZE {
+        if !self.published.load(Ordering::SeqCst) && is_super_range(offset, buf.len()) && buf.len() == BTRFS_SUPER_INFO_SIZE {
             if let Ok(mut s) = self.supers.lock() {
                 s.retain(|(o, _)| *o != offset);
                 s.push((offset, buf.to_vec()));

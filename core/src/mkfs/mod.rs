@@ -551,6 +551,17 @@ fn populate(fs: &mut Fs, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
     Ok(())
 }
 
+/// Zero every superblock copy: the image is then clearly not a filesystem.
+pub fn wipe_superblocks(dev: &dyn BlockDevice) -> Result<()> {
+    for m in 0..BTRFS_SUPER_MIRROR_MAX {
+        let off = btrfs_sb_offset(m);
+        if off + BTRFS_SUPER_INFO_SIZE as u64 <= dev.size() {
+            dev.write_at(off, &[0u8; BTRFS_SUPER_INFO_SIZE])?;
+        }
+    }
+    dev.flush()
+}
+
 /// Publish the superblock: after this the image is a valid filesystem.
 pub fn finish(fs: Fs, staged: &StagedSuper) -> Result<()> {
     drop(fs);

@@ -80,6 +80,50 @@ impl Fs {
         }
     }
 
+    /// Read-only search: the last item with `lo <= key <= hi`.
+    pub fn prev_item(&mut self, tree: u64, hi: &Key, lo: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+        let mut b = self.load_root(tree)?;
+        let mut stack: Vec<(u64, usize)> = Vec::new();
+        loop {
+            let buf = self.buf(b)?;
+            if edit::level(buf) == 0 {
+                let slot = match edit::search(buf, hi) {
+                    Ok(s) => Some(s),
+                    Err(0) => None,
+                    Err(s) => Some(s - 1),
+                };
+                if let Some(s) = slot {
+                    let k = edit::leaf_key(buf, s);
+                    return Ok((k >= *lo).then(|| (k, edit::item_data(buf, s).to_vec())));
+                }
+                // Before the first item of this leaf: the previous leaf's last.
+                loop {
+                    let Some((n, s)) = stack.pop() else { return Ok(None) };
+                    if s > 0 {
+                        let mut c = self.load_child(tree, n, s - 1)?;
+                        while edit::level(self.buf(c)?) > 0 {
+                            let last = edit::nritems(self.buf(c)?) - 1;
+                            c = self.load_child(tree, c, last)?;
+                        }
+                        let cb = self.buf(c)?;
+                        let cnt = edit::nritems(cb);
+                        if cnt > 0 {
+                            let k = edit::leaf_key(cb, cnt - 1);
+                            return Ok((k >= *lo).then(|| (k, edit::item_data(cb, cnt - 1).to_vec())));
+                        }
+                        stack.push((n, s - 1));
+                    }
+                }
+            }
+            let slot = match edit::search(buf, hi) {
+                Ok(s) => s,
+                Err(s) => s.saturating_sub(1),
+            };
+            stack.push((b, slot));
+            b = self.load_child(tree, b, slot)?;
+        }
+    }
+
     pub fn lookup(&mut self, tree: u64, key: &Key) -> Result<Option<Vec<u8>>> {
         Ok(match self.next_item(tree, key)? {
             Some((k, d)) if k == *key => Some(d),

@@ -161,7 +161,7 @@ impl Fs {
     }
 
     /// Allocate `len` bytes of type `ty`, adding a chunk when every group is full.
-    pub(super) fn alloc_space(&mut self, ty: u64, len: u64, align: u64) -> Result<u64> {
+    pub fn alloc_space(&mut self, ty: u64, len: u64, align: u64) -> Result<u64> {
         match self.alloc.alloc(ty, len, align) {
             Ok(b) => Ok(b),
             Err(Error::NoSpace(_)) => {
