@@ -33,6 +33,12 @@ fn run(a: args::Args) -> anyhow::Result<()> {
             bail!("{} already contains a {what} filesystem; use -f to overwrite it", path.display());
         }
     }
+    // Scan the source before touching the image: an unreadable entry is
+    // reported with the image unchanged.
+    let listing = match &a.rootdir {
+        Some(dir) => Some(mkfs::rootdir::scan(dir)?),
+        None => None,
+    };
     if !exists {
         let Some(size) = opts.size else {
             bail!("{} does not exist; give its size with -b", path.display());
@@ -45,17 +51,6 @@ fn run(a: args::Args) -> anyhow::Result<()> {
             std::fs::OpenOptions::new().write(true).open(path)?.set_len(size)?;
         }
     }
-    if let Some(dir) = &a.rootdir {
-        if !dir.is_dir() {
-            bail!("--rootdir {} is not a directory", dir.display());
-        }
-    }
-    // Scan the source before touching the image: an unreadable entry is
-    // reported with the image unchanged.
-    let listing = match &a.rootdir {
-        Some(dir) => Some(mkfs::rootdir::scan(dir)?),
-        None => None,
-    };
     let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(path, true)?);
     let (mut fs, staged, summary) = mkfs::make(dev.clone(), &opts)?;
     let mut stats = None;

@@ -175,7 +175,11 @@ fn data_ranges(f: &std::fs::File, size: u64, ss: u64) -> Vec<(u64, u64)> {
 /// Copy the scanned tree into the fs tree. Commits every `COMMIT_EVERY`
 /// inodes and at the end.
 pub fn populate(fs: &mut Fs, listing: &Listing, progress: &mut dyn FnMut(u64, u64)) -> Result<RootdirStats> {
+    // Commit points bound both memory (dirty tree blocks) and what running
+    // out of space can lose.
     const COMMIT_EVERY: u64 = 20_000;
+    const COMMIT_BYTES: u64 = 64 << 20;
+    let mut bytes_at_commit = 0u64;
     let tree = BTRFS_FS_TREE_OBJECTID;
     let ss = fs.sectorsize() as u64;
     let no_holes = fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
@@ -277,10 +281,11 @@ pub fn populate(fs: &mut Fs, listing: &Listing, progress: &mut dyn FnMut(u64, u6
         fs.put_inode(tree, ino, &item)?;
         since_commit += 1;
         progress(st.files + st.dirs + st.symlinks, st.bytes);
-        if since_commit >= COMMIT_EVERY {
+        if since_commit >= COMMIT_EVERY || st.bytes - bytes_at_commit >= COMMIT_BYTES {
             finish_dirs(fs, listing, &ino_of, &dirs, &links, false)?;
             fs.commit()?;
             since_commit = 0;
+            bytes_at_commit = st.bytes;
         }
     }
     finish_dirs(fs, listing, &ino_of, &dirs, &links, true)?;
