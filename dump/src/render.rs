@@ -68,6 +68,8 @@ impl<'a> R<'a> {
 #[derive(Default)]
 pub struct LocalTime {
     cache: Vec<(i64, i64)>,
+    /// Month and day of the last date that fitted a C `struct tm`.
+    last_md: (u32, u32),
 }
 
 impl LocalTime {
@@ -89,7 +91,16 @@ impl LocalTime {
         let lt = t.saturating_add(self.offset(t));
         let days = lt.div_euclid(86400);
         let secs = lt.rem_euclid(86400);
-        let (y, m, d) = civil_from_days(days);
+        let (mut y, mut m, mut d) = civil_from_days(days);
+        if i32::try_from(y - 1900).is_ok() {
+            self.last_md = (m, d);
+        } else {
+            // glibc gives up on such a year after storing it truncated to
+            // int and leaves month and day as they were in the caller's
+            // struct tm, i.e. those of the previous timestamp btrfs printed.
+            y = (y - 1900) as i32 as i64 + 1900;
+            (m, d) = self.last_md;
+        }
         if y < 0 {
             o.push(b'-');
         }

@@ -180,6 +180,8 @@ pub fn section_name(objectid: u64) -> &'static str {
 struct FoundRoot {
     key: Key,
     root: TreeRoot,
+    /// Where an unfinished subvolume deletion stopped (drop_progress).
+    drop: Option<Key>,
 }
 
 pub struct Dumper<'a> {
@@ -194,6 +196,8 @@ struct Ptr {
     bytenr: u64,
     expect: Expect,
     parent: Option<u64>,
+    /// The first key right of this block's subtree, if known.
+    hi: Option<Key>,
 }
 
 impl<'a> Dumper<'a> {
@@ -208,6 +212,9 @@ impl<'a> Dumper<'a> {
 
     /// Walk the tree under `start`. `print` sends blocks to the sink; with
     /// `roots`, the ROOT_ITEMs of the leaves are collected in key order.
+    /// Subtrees wholly left of `drop` (the drop_progress of a subvolume whose
+    /// deletion was interrupted) have been freed and are not read.
+    #[allow(clippy::too_many_arguments)]
     fn walk(
         &mut self,
         start: u64,
@@ -215,10 +222,11 @@ impl<'a> Dumper<'a> {
         log: bool,
         follow: bool,
         print: bool,
+        drop: Option<Key>,
         mut roots: Option<&mut Vec<FoundRoot>>,
     ) -> io::Result<()> {
         let mut queue = VecDeque::new();
-        queue.push_back(Ptr { bytenr: start, expect, parent: None });
+        queue.push_back(Ptr { bytenr: start, expect, parent: None, hi: None });
         let mut seen = HashSet::new();
         let mut children = Vec::new();
         while let Some(p) = if self.dfs { queue.pop_back() } else { queue.pop_front() } {
@@ -259,9 +267,17 @@ impl<'a> Dumper<'a> {
             }
             let level = node.level() - 1;
             children.clear();
-            for slot in 0..node.nr_safe() {
+            let nr = node.nr_safe();
+            for slot in 0..nr {
+                let hi = if slot + 1 < nr { node.key(slot + 1) } else { p.hi };
+                if let (Some(d), Some(h)) = (drop, hi) {
+                    if h <= d {
+                        continue;
+                    }
+                }
                 if let Some(kp) = node.key_ptr(slot) {
                     children.push(Ptr {
+                        hi,
                         bytenr: kp.blockptr.get(),
                         expect: Expect {
                             level: Some(level),
@@ -289,7 +305,11 @@ impl<'a> Dumper<'a> {
                 continue;
             }
             match leaf.item_data(slot).and_then(RootItem::parse) {
-                Ok(ri) => out.push(FoundRoot { key, root: tree_root_of(key.objectid, &ri) }),
+                Ok(ri) => {
+                    let dp = Key::from(&ri.drop_progress);
+                    let drop = (dp.objectid != 0).then_some(dp);
+                    out.push(FoundRoot { key, root: tree_root_of(key.objectid, &ri), drop })
+                }
                 Err(e) => {
                     let m = format!("root item unreadable, its tree is skipped: {e}");
                     self.error(&m, Some(leaf.bytenr), Some(key))?;
@@ -300,14 +320,14 @@ impl<'a> Dumper<'a> {
     }
 
     /// Print a whole tree from its root.
-    fn tree(&mut self, root: TreeRoot, roots: Option<&mut Vec<FoundRoot>>) -> io::Result<()> {
-        self.walk(root.bytenr, expect_root(&root), root.id == BTRFS_TREE_LOG_OBJECTID, true, true, roots)
+    fn tree(&mut self, root: TreeRoot, drop: Option<Key>, roots: Option<&mut Vec<FoundRoot>>) -> io::Result<()> {
+        self.walk(root.bytenr, expect_root(&root), root.id == BTRFS_TREE_LOG_OBJECTID, true, true, drop, roots)
     }
 
     /// The ROOT_ITEMs of `root`, walked without printing (errors still count).
     fn roots_of(&mut self, root: TreeRoot) -> io::Result<Vec<FoundRoot>> {
         let mut v = Vec::new();
-        self.walk(root.bytenr, expect_root(&root), root.id == BTRFS_TREE_LOG_OBJECTID, true, false, Some(&mut v))?;
+        self.walk(root.bytenr, expect_root(&root), root.id == BTRFS_TREE_LOG_OBJECTID, true, false, None, Some(&mut v))?;
         Ok(v)
     }
 
@@ -315,7 +335,7 @@ impl<'a> Dumper<'a> {
         let mut n = 0;
         for f in found.iter().filter(|f| only.is_none_or(|id| id == f.key.objectid)) {
             self.sink.event(Event::Section { title: section_name(f.key.objectid), tree: f.key.objectid, key: Some(f.key) })?;
-            self.tree(f.root, None)?;
+            self.tree(f.root, f.drop, None)?;
             n += 1;
         }
         Ok(n)
@@ -332,13 +352,13 @@ impl<'a> Dumper<'a> {
         let img = self.img;
         let mut found = Vec::new();
         self.sink.event(Event::Section { title: "root tree", tree: BTRFS_ROOT_TREE_OBJECTID, key: None })?;
-        self.tree(img.root_tree(), Some(&mut found))?;
+        self.tree(img.root_tree(), None, Some(&mut found))?;
         self.sink.event(Event::Section { title: "chunk tree", tree: BTRFS_CHUNK_TREE_OBJECTID, key: None })?;
-        self.tree(img.chunk_tree(), None)?;
+        self.tree(img.chunk_tree(), None, None)?;
         let mut logs = Vec::new();
         if let Some(lr) = img.log_root_tree() {
             self.sink.event(Event::Section { title: "log root tree", tree: BTRFS_TREE_LOG_OBJECTID, key: None })?;
-            self.tree(lr, Some(&mut logs))?;
+            self.tree(lr, None, Some(&mut logs))?;
         }
         self.found_trees(&found, None)?;
         self.found_trees(&logs, None)?;
@@ -351,24 +371,24 @@ impl<'a> Dumper<'a> {
         match id {
             BTRFS_ROOT_TREE_OBJECTID => {
                 self.sink.event(Event::Section { title: "root tree", tree: id, key: None })?;
-                self.tree(img.root_tree(), None)?;
+                self.tree(img.root_tree(), None, None)?;
             }
             BTRFS_CHUNK_TREE_OBJECTID => {
                 self.sink.event(Event::Section { title: "chunk tree", tree: id, key: None })?;
-                self.tree(img.chunk_tree(), None)?;
+                self.tree(img.chunk_tree(), None, None)?;
             }
             BTRFS_TREE_LOG_OBJECTID => {
                 let Some(lr) = img.log_root_tree() else { return Ok(false) };
                 self.sink.event(Event::Section { title: "log root tree", tree: id, key: None })?;
                 let mut logs = Vec::new();
-                self.tree(lr, Some(&mut logs))?;
+                self.tree(lr, None, Some(&mut logs))?;
                 self.found_trees(&logs, None)?;
             }
             BTRFS_BLOCK_GROUP_TREE_OBJECTID => {
                 let found = self.roots_of(img.root_tree())?;
                 let Some(f) = found.iter().find(|f| f.key.objectid == id) else { return Ok(false) };
                 self.sink.event(Event::Section { title: "block group tree", tree: id, key: None })?;
-                self.tree(f.root, None)?;
+                self.tree(f.root, f.drop, None)?;
             }
             _ => {
                 let found = self.roots_of(img.root_tree())?;
@@ -388,7 +408,7 @@ impl<'a> Dumper<'a> {
         v.sort_unstable();
         v.dedup();
         for b in v {
-            self.walk(b, Expect::default(), log, follow, true, None)?;
+            self.walk(b, Expect::default(), log, follow, true, None, None)?;
         }
         Ok(())
     }
