@@ -289,6 +289,11 @@ impl<'a> Dumper<'a> {
                     });
                 }
             }
+            // Start the reads of the children now: on a cold page cache the
+            // disk then works while the blocks before them are printed.
+            for c in &children {
+                self.img.prefetch_tree_block(c.bytenr);
+            }
             if self.dfs {
                 queue.extend(children.drain(..).rev());
             } else {
