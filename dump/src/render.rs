@@ -13,7 +13,7 @@
 use btrkit_core::format::consts::*;
 use btrkit_core::format::header::{HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
 use btrkit_core::format::key::Key;
-use btrkit_core::format::names::{write_key, write_objectid};
+use btrkit_core::format::names::{key_type_name, objectid_name, write_key, write_objectid};
 use btrkit_core::tree::Node;
 
 /// Little-endian field reads that read zero past the end of the bytes.
@@ -70,6 +70,11 @@ pub struct LocalTime {
     cache: Vec<(i64, i64)>,
     /// Month and day of the last date that fitted a C `struct tm`.
     last_md: (u32, u32),
+    /// The last local day converted, and its date.
+    last_day: Option<(i64, (i64, u32, u32))>,
+    /// The last timestamp formatted and its text: timestamps of files
+    /// created together mostly repeat the same second.
+    last: Option<(i64, Vec<u8>)>,
 }
 
 impl LocalTime {
@@ -88,10 +93,32 @@ impl LocalTime {
 
     /// `YYYY-MM-DD HH:MM:SS` in local time.
     pub fn write(&mut self, o: &mut Vec<u8>, t: i64) {
+        if let Some((lt, text)) = &self.last {
+            if *lt == t {
+                o.extend_from_slice(text);
+                return;
+            }
+        }
+        let start = o.len();
+        self.format(o, t);
+        let mut text = self.last.take().map(|(_, v)| v).unwrap_or_default();
+        text.clear();
+        text.extend_from_slice(&o[start..]);
+        self.last = Some((t, text));
+    }
+
+    fn format(&mut self, o: &mut Vec<u8>, t: i64) {
         let lt = t.saturating_add(self.offset(t));
         let days = lt.div_euclid(86400);
         let secs = lt.rem_euclid(86400);
-        let (mut y, mut m, mut d) = civil_from_days(days);
+        let (mut y, mut m, mut d) = match self.last_day {
+            Some((day, ymd)) if day == days => ymd,
+            _ => {
+                let ymd = civil_from_days(days);
+                self.last_day = Some((days, ymd));
+                ymd
+            }
+        };
         if i32::try_from(y - 1900).is_ok() {
             self.last_md = (m, d);
         } else {
@@ -151,19 +178,27 @@ pub fn s(o: &mut Vec<u8>, x: &str) {
     o.extend_from_slice(x.as_bytes());
 }
 
+/// `%llu`. The digits are built left-aligned in a fixed 20-byte array that
+/// is appended whole and then cut back, which compiles to a few moves
+/// instead of a variable-length copy.
 #[inline]
 pub fn u(o: &mut Vec<u8>, mut v: u64) {
+    let mut n = 1;
+    let mut p = 10u64;
+    while n < 20 && v >= p {
+        n += 1;
+        p = p.wrapping_mul(10);
+    }
     let mut b = [0u8; 20];
-    let mut i = b.len();
-    loop {
+    let mut i = n;
+    while i > 0 {
         i -= 1;
         b[i] = b'0' + (v % 10) as u8;
         v /= 10;
-        if v == 0 {
-            break;
-        }
     }
-    o.extend_from_slice(&b[i..]);
+    let len = o.len();
+    o.extend_from_slice(&b);
+    o.truncate(len + n);
 }
 
 pub fn i(o: &mut Vec<u8>, v: i64) {
@@ -270,16 +305,59 @@ impl Text {
         }
     }
 
-    /// `key (OBJ TYPE OFF)` as btrfs_print_key.
+    /// `key (OBJ TYPE OFF)` as btrfs_print_key. The common cases are written
+    /// here directly; the rare ones go through `names::write_key`, which
+    /// this must agree with (a unit test compares the two).
     pub fn key(&mut self, k: &Key) {
-        self.scratch.clear();
-        write_key(&mut self.scratch, k);
         s(&mut self.out, "key ");
-        self.out.extend_from_slice(self.scratch.as_bytes());
+        let special = matches!(
+            k.ty,
+            BTRFS_PERSISTENT_ITEM_KEY
+                | BTRFS_DEV_EXTENT_KEY
+                | BTRFS_QGROUP_RELATION_KEY
+                | BTRFS_QGROUP_INFO_KEY
+                | BTRFS_QGROUP_LIMIT_KEY
+                | BTRFS_UUID_KEY_SUBVOL
+                | BTRFS_UUID_KEY_RECEIVED_SUBVOL
+                | BTRFS_DEV_ITEM_KEY
+                | BTRFS_CHUNK_ITEM_KEY
+                | BTRFS_ROOT_ITEM_KEY
+        ) || k.ty == 0;
+        if special {
+            self.scratch.clear();
+            write_key(&mut self.scratch, k);
+            self.out.extend_from_slice(self.scratch.as_bytes());
+            return;
+        }
+        let o = &mut self.out;
+        o.push(b'(');
+        match objectid_name(k.objectid) {
+            Some(n) => s(o, n),
+            None => u(o, k.objectid),
+        }
+        o.push(b' ');
+        match key_type_name(k.objectid, k.ty) {
+            Some(n) => s(o, n),
+            None => {
+                s(o, "UNKNOWN.");
+                u(o, k.ty as u64);
+            }
+        }
+        if k.offset == u64::MAX {
+            s(o, " -1)");
+        } else {
+            o.push(b' ');
+            u(o, k.offset);
+            o.push(b')');
+        }
     }
 
     /// print_objectid with a key type.
     pub fn objectid(&mut self, id: u64, ty: u8) {
+        if ty == 0 && id >= BTRFS_FIRST_FREE_OBJECTID && id < BTRFS_LAST_FREE_OBJECTID {
+            u(&mut self.out, id);
+            return;
+        }
         self.scratch.clear();
         write_objectid(&mut self.scratch, id, ty);
         self.out.extend_from_slice(self.scratch.as_bytes());
@@ -1307,6 +1385,11 @@ mod tests {
         o.push(b' ');
         oct(&mut o, 0o100644);
         assert_eq!(std::str::from_utf8(&o).unwrap(), "0 18446744073709551615 -5 1f 100644");
+        for v in [1u64, 9, 10, 99, 100, 12345, 9_999_999_999, 10_000_000_000_000_000_000] {
+            let mut o = Vec::new();
+            u(&mut o, v);
+            assert_eq!(std::str::from_utf8(&o).unwrap(), v.to_string());
+        }
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20_000), (2024, 10, 4));
         assert_eq!(civil_from_days(-1), (1969, 12, 31));
@@ -1422,6 +1505,27 @@ mod tests {
             }
         })
         .is_ok());
+    }
+
+    #[test]
+    fn keys_agree_with_names_write_key() {
+        let ids = [0u64, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 255, 256, 257, 1 << 20, u64::MAX, u64::MAX - 8, u64::MAX - 10];
+        let offs = [0u64, 1, 5, 256, 1 << 48 | 5, u64::MAX, u64::MAX - 8];
+        for &id in &ids {
+            for ty in 0..=255u8 {
+                for &off in &offs {
+                    let k = Key::new(id, ty, off);
+                    let mut t = text();
+                    t.key(&k);
+                    assert_eq!(out(&t), format!("key {}", btrkit_core::format::names::key_string(&k)), "{k:?}");
+                }
+            }
+            let mut t = text();
+            t.objectid(id, 0);
+            let mut want = String::new();
+            write_objectid(&mut want, id, 0);
+            assert_eq!(out(&t), want);
+        }
     }
 
     #[test]

@@ -27,7 +27,8 @@ pub struct Args {
     pub image: PathBuf,
     /// Print only this tree: a number or a name (root, extent, chunk, dev,
     /// fs, csum, quota, uuid, free-space, block-group, data-reloc, log).
-    /// `log` prints the log root tree and every log tree.
+    /// `log` prints the log root tree and every log tree; a subvolume's tree
+    /// is followed by its log tree when the image has a log to replay.
     #[arg(short = 't', long, value_name = "ID|NAME")]
     pub tree: Option<String>,
     /// Print only the tree block at this logical address (may be repeated).
@@ -400,6 +401,14 @@ impl<'a> Dumper<'a> {
                 if self.found_trees(&found, Some(id))? == 0 {
                     return Ok(false);
                 }
+                // The subvolume's log tree, when a log is waiting for replay.
+                if let Some(lr) = img.log_root_tree() {
+                    let logs = self.roots_of(lr)?;
+                    for f in logs.iter().filter(|f| f.key.offset == id) {
+                        self.sink.event(Event::Section { title: "log", tree: f.key.objectid, key: Some(f.key) })?;
+                        self.tree(f.root, None, None)?;
+                    }
+                }
                 self.totals()?;
             }
         }
@@ -425,9 +434,24 @@ fn expect_root(root: &TreeRoot) -> Expect {
     Expect { level: Some(root.level), generation: Some(root.generation), owner: Some(root.id), first_key: None }
 }
 
+/// A tree id as dump-tree's `-t` takes it: a number, or a name in any case,
+/// optionally as the C constant (`BTRFS_FS_TREE_OBJECTID`).
+pub fn tree_id(s: &str) -> Option<u64> {
+    let l = s.to_ascii_lowercase();
+    let l = l.strip_prefix("btrfs_").unwrap_or(&l);
+    let l = l.strip_suffix("_objectid").unwrap_or(l);
+    match l {
+        "tree_reloc" | "reloc" => Some(BTRFS_TREE_RELOC_OBJECTID),
+        "tree_log_fixup" | "log_fixup" => Some(BTRFS_TREE_LOG_FIXUP_OBJECTID),
+        "tree_log" | "log" | "log_root" => Some(BTRFS_TREE_LOG_OBJECTID),
+        "free_space" | "free-space" => Some(BTRFS_FREE_SPACE_TREE_OBJECTID),
+        _ => parse_tree_name(l),
+    }
+}
+
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let tree_id = match &a.tree {
-        Some(t) => Some(match parse_tree_name(t) {
+        Some(t) => Some(match tree_id(t) {
             Some(0) | None => anyhow::bail!("unrecognized tree id: {t}"),
             Some(id) => id,
         }),
@@ -477,4 +501,39 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         return Ok(1);
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_names() {
+        assert_eq!(tree_id("fs"), Some(5));
+        assert_eq!(tree_id("FS_TREE"), Some(5));
+        assert_eq!(tree_id("BTRFS_FS_TREE_OBJECTID"), Some(5));
+        assert_eq!(tree_id("256"), Some(256));
+        assert_eq!(tree_id("free-space"), Some(BTRFS_FREE_SPACE_TREE_OBJECTID));
+        assert_eq!(tree_id("TREE_LOG"), Some(BTRFS_TREE_LOG_OBJECTID));
+        assert_eq!(tree_id("log"), Some(BTRFS_TREE_LOG_OBJECTID));
+        assert_eq!(tree_id("checksum"), Some(BTRFS_CSUM_TREE_OBJECTID));
+        assert_eq!(tree_id("nonsense"), None);
+    }
+
+    #[test]
+    fn sections_and_errors_as_text() {
+        let mut sink = TextSink::new(Vec::new(), Text::new(4, 4096));
+        sink.event(Event::Section { title: "root tree", tree: 1, key: None }).unwrap();
+        let k = Key::new(5, BTRFS_ROOT_ITEM_KEY, 0);
+        sink.event(Event::Section { title: section_name(5), tree: 5, key: Some(k) }).unwrap();
+        sink.event(Event::Error { message: "cannot read: bad", bytenr: Some(4096), key: Some(Key::new(256, 1, 0)) }).unwrap();
+        sink.event(Event::Totals { total_bytes: 10, bytes_used: 2, fsid: [0xab; 16] }).unwrap();
+        sink.finish().unwrap();
+        assert_eq!(
+            String::from_utf8(sink.w.clone()).unwrap(),
+            "root tree\nfs tree key (FS_TREE ROOT_ITEM 0) \n\
+             ERROR: tree block 4096 key (256 INODE_ITEM 0): cannot read: bad\n\
+             total bytes 10\nbytes used 2\nuuid abababab-abab-abab-abab-abababababab\n"
+        );
+    }
 }
