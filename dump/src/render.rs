@@ -1529,6 +1529,100 @@ mod tests {
     }
 
     #[test]
+    fn local_time_matches_libc() {
+        let mut lt = LocalTime::default();
+        let mut t = -2_000_000_000i64;
+        while t < 4_000_000_000 {
+            let mut o = Vec::new();
+            lt.write(&mut o, t);
+            // SAFETY: as in gmtoff.
+            let want = unsafe {
+                let tt = t as libc::time_t;
+                let mut tm: libc::tm = std::mem::zeroed();
+                assert!(!libc::localtime_r(&tt, &mut tm).is_null());
+                format!(
+                    "{}-{:02}-{:02} {:02}:{:02}:{:02}",
+                    tm.tm_year as i64 + 1900,
+                    tm.tm_mon + 1,
+                    tm.tm_mday,
+                    tm.tm_hour,
+                    tm.tm_min,
+                    tm.tm_sec
+                )
+            };
+            assert_eq!(std::str::from_utf8(&o).unwrap(), want, "t={t}");
+            t += 7_777_777;
+        }
+    }
+
+    #[test]
+    fn inode_item_lines() {
+        let mut d = vec![0u8; 160];
+        d[0] = 6; // generation
+        d[8] = 7; // transid
+        d[16..24].copy_from_slice(&4096u64.to_le_bytes());
+        d[40] = 1; // nlink
+        d[52..56].copy_from_slice(&0o100644u32.to_le_bytes());
+        d[64] = (BTRFS_INODE_NODATASUM | BTRFS_INODE_PREALLOC) as u8;
+        d[120..124].copy_from_slice(&17u32.to_le_bytes()); // atime nsec
+        let mut t = text();
+        t.item(&Key::new(257, BTRFS_INODE_ITEM_KEY, 0), R(&d), d.len());
+        let s = out(&t);
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines[0], "\t\tgeneration 6 transid 7 size 4096 nbytes 0");
+        assert_eq!(lines[1], "\t\tblock group 0 mode 100644 links 1 uid 0 gid 0 rdev 0");
+        assert_eq!(lines[2], "\t\tsequence 0 flags 0x11(NODATASUM|PREALLOC)");
+        assert!(lines[3].starts_with("\t\tatime 0.17 ("), "{}", lines[3]);
+        assert!(lines[6].starts_with("\t\totime 0.0 ("));
+        assert_eq!(lines.len(), 7);
+    }
+
+    #[test]
+    fn legacy_root_item_has_no_v2_lines() {
+        let mut d = vec![0u8; 239];
+        d[160] = 9; // generation
+        d[176..184].copy_from_slice(&30408704u64.to_le_bytes());
+        d[238] = 1; // level
+        let mut t = text();
+        t.item(&Key::new(5, BTRFS_ROOT_ITEM_KEY, 0), R(&d), d.len());
+        assert_eq!(
+            out(&t),
+            "\t\tgeneration 9 root_dirid 0 bytenr 30408704 byte_limit 0 bytes_used 0\n\
+             \t\tlast_snapshot 0 flags 0x0(none) refs 0\n\
+             \t\tdrop_progress key (0 UNKNOWN.0 0) drop_level 0\n\
+             \t\tlevel 1 generation_v2 0\n"
+        );
+    }
+
+    #[test]
+    fn chunk_item_with_two_stripes() {
+        let mut d = vec![0u8; 48 + 64];
+        d[0..8].copy_from_slice(&(8u64 << 20).to_le_bytes());
+        d[8] = 2;
+        d[16..24].copy_from_slice(&65536u64.to_le_bytes());
+        d[24..32].copy_from_slice(&(BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP).to_le_bytes());
+        d[41] = 0x10; // sector_size 4096
+        d[44] = 2;
+        d[48] = 1;
+        d[56..64].copy_from_slice(&(1u64 << 20).to_le_bytes());
+        d[80] = 1;
+        d[88..96].copy_from_slice(&(9u64 << 20).to_le_bytes());
+        d[96] = 0xab;
+        let mut t = text();
+        t.item(&Key::new(256, BTRFS_CHUNK_ITEM_KEY, 1 << 20), R(&d), d.len());
+        assert_eq!(
+            out(&t),
+            "\t\tlength 8388608 owner 2 stripe_len 65536 type METADATA|DUP\n\
+             \t\tio_align 0 io_width 0 sector_size 4096\n\
+             \t\tnum_stripes 2 sub_stripes 0\n\
+             \t\t\tstripe 0 devid 1 offset 1048576\n\
+             \t\t\tdev_uuid 00000000-0000-0000-0000-000000000000\n\
+             \t\t\tstripe 1 devid 1 offset 9437184\n\
+             \t\t\tdev_uuid ab000000-0000-0000-0000-000000000000\n"
+        );
+    }
+
+    #[test]
     fn block_group_flags() {
         let mut o = Vec::new();
         bg_flags(&mut o, BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP);
