@@ -93,8 +93,9 @@ impl<W: Write> JsonSink<W> {
             "key": key.map(|k| key_json(&k)),
         });
         let s = v.to_string();
-        // Leave the object open for its blocks.
-        self.w.write_all(&s.as_bytes()[..s.len() - 1])?;
+        // Leave the object open for its blocks: drop its closing brace.
+        let open = s.strip_suffix('}').unwrap_or(&s);
+        self.w.write_all(open.as_bytes())?;
         self.w.write_all(b",\"blocks\":[\n")?;
         self.in_tree = true;
         self.first_block = true;

@@ -354,7 +354,7 @@ impl Text {
 
     /// print_objectid with a key type.
     pub fn objectid(&mut self, id: u64, ty: u8) {
-        if ty == 0 && id >= BTRFS_FIRST_FREE_OBJECTID && id < BTRFS_LAST_FREE_OBJECTID {
+        if ty == 0 && (BTRFS_FIRST_FREE_OBJECTID..BTRFS_LAST_FREE_OBJECTID).contains(&id) {
             u(&mut self.out, id);
             return;
         }

@@ -437,6 +437,9 @@ fn expect_root(root: &TreeRoot) -> Expect {
 /// A tree id as dump-tree's `-t` takes it: a number, or a name in any case,
 /// optionally as the C constant (`BTRFS_FS_TREE_OBJECTID`).
 pub fn tree_id(s: &str) -> Option<u64> {
+    if let Ok(v) = s.parse::<u64>() {
+        return Some(v);
+    }
     let l = s.to_ascii_lowercase();
     let l = l.strip_prefix("btrfs_").unwrap_or(&l);
     let l = l.strip_suffix("_objectid").unwrap_or(l);
@@ -518,6 +521,8 @@ mod tests {
         assert_eq!(tree_id("log"), Some(BTRFS_TREE_LOG_OBJECTID));
         assert_eq!(tree_id("checksum"), Some(BTRFS_CSUM_TREE_OBJECTID));
         assert_eq!(tree_id("nonsense"), None);
+        assert_eq!(tree_id("18446744073709551610"), Some(BTRFS_TREE_LOG_OBJECTID));
+        assert_eq!(tree_id("-6"), Some(BTRFS_TREE_LOG_OBJECTID));
     }
 
     #[test]
