@@ -21,7 +21,9 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  btrkit-dump tree disk.img\n  btrkit-dump tree disk.img --tree fs\n  \
 btrkit-dump tree disk.img --tree 256\n  btrkit-dump tree disk.img --tree log\n  \
-btrkit-dump tree disk.img --block 30408704 --follow\n  btrkit-dump tree disk.img --json > dump.json")]
+btrkit-dump tree disk.img --block 30408704 --follow\n  btrkit-dump tree disk.img --json > dump.json\n\n\
+Exit status: 0 when every block read was valid; 1 when a block was damaged (each problem is an\n\
+ERROR: line in the dump, which goes on with the rest) or the image cannot be opened.")]
 pub struct Args {
     /// The image file or block device.
     pub image: PathBuf,
