@@ -139,18 +139,28 @@ impl Image {
     /// Every copy of a tree block, in mirror order; a copy that cannot be
     /// read is an Err in its slot.
     pub fn read_block_copies(&self, bytenr: u64) -> Result<Vec<Result<Vec<u8>>>> {
-        let ns = self.nodesize as u64;
+        Ok(self.block_copy_addrs(bytenr)?.into_iter().map(|p| self.read_block_at(p)).collect())
+    }
+
+    /// Physical addresses of every copy of a tree block, in mirror order.
+    fn block_copy_addrs(&self, bytenr: u64) -> Result<Vec<u64>> {
         if bytenr % self.sectorsize as u64 != 0 {
             return Err(Error::corrupt(format!("tree block address {bytenr} is not aligned to sectorsize {}", self.sectorsize), bytenr));
         }
-        let phys = self.chunks.map(bytenr, ns, self.devid)?;
-        Ok(phys
-            .into_iter()
-            .map(|p| {
-                let mut v = vec![0u8; ns as usize];
-                self.dev.read_at(p, &mut v).map(|_| v)
-            })
-            .collect())
+        self.chunks.map(bytenr, self.nodesize as u64, self.devid)
+    }
+
+    /// Start reading the first copy of a tree block in the background
+    /// (a whole-tree walk calls this for the blocks it will visit next).
+    pub fn prefetch_tree_block(&self, bytenr: u64) {
+        if let Ok(Some(&p)) = self.block_copy_addrs(bytenr).as_deref().map(|v| v.first()) {
+            self.dev.prefetch(p, self.nodesize as u64);
+        }
+    }
+
+    fn read_block_at(&self, phys: u64) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; self.nodesize as usize];
+        self.dev.read_at(phys, &mut v).map(|_| v)
     }
 
     /// Read and validate a tree block. The first copy with no problem wins;
@@ -160,8 +170,9 @@ impl Image {
         let ctx = self.ctx(log);
         let mut best: Option<(Node, Vec<Problem>)> = None;
         let mut io_err = None;
-        for copy in self.read_block_copies(bytenr)? {
-            let buf = match copy {
+        // Later copies are only read when the earlier ones are bad.
+        for phys in self.block_copy_addrs(bytenr)? {
+            let buf = match self.read_block_at(phys) {
                 Ok(b) => b,
                 Err(e) => {
                     io_err.get_or_insert(e);

@@ -28,6 +28,9 @@ pub trait BlockDevice: Send + Sync {
     fn slice(&self, _offset: u64, _len: usize) -> Option<&[u8]> {
         None
     }
+    /// Hint that `len` bytes at `offset` will be read soon, so a device that
+    /// can start the reads in the background may do so. Never fails.
+    fn prefetch(&self, _offset: u64, _len: u64) {}
 }
 
 pub(crate) fn past_end(offset: u64, len: usize, size: u64) -> crate::Error {
