@@ -71,9 +71,18 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
     }
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("img");
-    let mut args = vec!["-n", nodesize];
-    args.extend_from_slice(extra);
-    assert!(mkfs(&img, 512 << 20, &args), "mkfs.btrfs failed");
+    if extra == ["btrkit"] {
+        // The same model on an image made by our own mkfs.
+        std::fs::File::create(&img).unwrap().set_len(512 << 20).unwrap();
+        let dev = Arc::new(FileDevice::open(&img, true).unwrap());
+        let o = btrkit_core::mkfs::MkfsOptions { nodesize: nodesize.parse().unwrap(), ..Default::default() };
+        let (fs, staged, _) = btrkit_core::mkfs::make(dev, &o).unwrap();
+        btrkit_core::mkfs::finish(fs, &staged).unwrap();
+    } else {
+        let mut args = vec!["-n", nodesize];
+        args.extend_from_slice(extra);
+        assert!(mkfs(&img, 512 << 20, &args), "mkfs.btrfs failed");
+    }
     let trees = [BTRFS_FS_TREE_OBJECTID, BTRFS_DATA_RELOC_TREE_OBJECTID];
     let mut model: Model = BTreeMap::new();
     let mut rng = Rng(seed | 1);
@@ -154,4 +163,9 @@ fn model_4k_nodes_deep_trees() {
 #[test]
 fn model_non_skinny_no_fst() {
     run_model(0xfeed, "4096", 1500, 300, &["-O", "^skinny-metadata", "-R", "^free-space-tree"]);
+}
+
+#[test]
+fn model_on_btrkit_mkfs_image() {
+    assert!(run_model(0xabcd, "4096", 3000, 300, &["btrkit"]) >= 1 || !have("mkfs.btrfs"));
 }
