@@ -132,7 +132,7 @@ impl Fs {
             &padded[..]
         };
         for phys in self.image().chunks.map(bytenr, len, self.image().devid)? {
-            self.device().write_at(phys, buf)?;
+            self.write_new_data(phys, buf)?;
         }
         if datasum {
             let csum = self.image().csum;

@@ -119,6 +119,7 @@ impl Fs {
         if !settled {
             return Err(Error::Invalid("commit did not settle: extent, free space and root trees kept changing".into()));
         }
+        self.flush_data()?;
         self.write_dirty_blocks()?;
         self.device().flush()?;
         self.write_superblocks()?;

@@ -66,6 +66,9 @@ pub struct Fs {
     chunk_tree_uuid: [u8; 16],
     /// Tree holding block group items (extent tree, or block group tree).
     bg_tree: u64,
+    /// Data written to new extents, combined into large sequential writes:
+    /// (physical offset of the first byte, bytes). Flushed before commit.
+    data_wbuf: Option<(u64, Vec<u8>)>,
 }
 
 impl Fs {
@@ -98,6 +101,7 @@ impl Fs {
             refs: BTreeMap::new(),
             chunk_tree_uuid,
             bg_tree,
+            data_wbuf: None,
         };
         fs.load_block_groups()?;
         Ok(fs)
@@ -354,5 +358,32 @@ impl Fs {
 
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
         self.img.device()
+    }
+
+    /// Write `data` to physical offset `phys` of space allocated in this
+    /// transaction, combining consecutive writes.
+    pub fn write_new_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
+        const LIMIT: usize = 16 << 20;
+        if let Some((start, buf)) = &mut self.data_wbuf {
+            if *start + buf.len() as u64 == phys && buf.len() + data.len() <= LIMIT {
+                buf.extend_from_slice(data);
+                return Ok(());
+            }
+        }
+        self.flush_data()?;
+        if data.len() >= LIMIT {
+            return self.img.device().write_at(phys, data);
+        }
+        let mut v = Vec::with_capacity(LIMIT);
+        v.extend_from_slice(data);
+        self.data_wbuf = Some((phys, v));
+        Ok(())
+    }
+
+    pub fn flush_data(&mut self) -> Result<()> {
+        if let Some((start, buf)) = self.data_wbuf.take() {
+            self.img.device().write_at(start, &buf)?;
+        }
+        Ok(())
     }
 }
