@@ -143,6 +143,9 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
         assert_eq!(got.len(), want.len(), "tree {tree}: item count");
         assert!(got == want, "tree {tree}: contents differ from the model");
     }
+    if let Ok(keep) = std::env::var("BTRKIT_KEEP_IMG") {
+        let _ = std::fs::copy(&img, format!("{keep}-{seed:x}"));
+    }
     let (ok, text) = btrfs_check(&img);
     assert!(ok, "btrfs check failed:\n{text}");
     assert!(text.contains("no error found"), "btrfs check output:\n{text}");

@@ -180,3 +180,134 @@ impl Fs {
         self.insert_item(tree, &Key::new(ino, BTRFS_EXTENT_DATA_KEY, file_off), fe.as_bytes())
     }
 }
+
+/// Split a packed DIR_ITEM / XATTR_ITEM / INODE_REF body into entries and
+/// rebuild it without the entry for which `matches` is true.
+fn remove_packed_entry(data: &[u8], ty: u8, name: &[u8]) -> Result<Option<Vec<u8>>> {
+    let mut out = Vec::with_capacity(data.len());
+    let mut found = false;
+    match ty {
+        BTRFS_INODE_REF_KEY => {
+            for e in crate::format::inode::parse_inode_refs(data)? {
+                if !found && e.name == name {
+                    found = true;
+                    continue;
+                }
+                out.extend_from_slice(InodeRef { index: e.index.into(), name_len: (e.name.len() as u16).into() }.as_bytes());
+                out.extend_from_slice(e.name);
+            }
+        }
+        _ => {
+            for e in crate::format::dir::parse_dir_items(data)? {
+                if !found && e.name == name {
+                    found = true;
+                    continue;
+                }
+                out.extend_from_slice(e.item.as_bytes());
+                out.extend_from_slice(e.name);
+                out.extend_from_slice(e.data);
+            }
+        }
+    }
+    Ok(found.then_some(out))
+}
+
+impl Fs {
+    /// Remove one entry from a packed item; the item goes when it empties.
+    fn remove_entry(&mut self, tree: u64, key: &Key, name: &[u8]) -> Result<bool> {
+        let Some(d) = self.lookup(tree, key)? else { return Ok(false) };
+        match remove_packed_entry(&d, key.ty, name).map_err(|e| e.at(0, *key))? {
+            None => Ok(false),
+            Some(rest) if rest.is_empty() => self.delete_item(tree, key),
+            Some(rest) => self.update_item(tree, key, &rest).map(|_| true),
+        }
+    }
+
+    /// Drop one reference to a data extent; the extent, its checksums and
+    /// its space go with the last one.
+    pub fn drop_data_ref(&mut self, tree: u64, ino: u64, file_off_minus_offset: u64, bytenr: u64, len: u64) -> Result<()> {
+        let key = Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, len);
+        let d = self.lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)?.ok_or_else(|| Error::corrupt_key("data extent without extent item", bytenr, key))?;
+        let v = crate::format::extent::parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
+        let refs = v.item.refs.get();
+        if refs > 1 {
+            let mut refs_v = v.refs.clone();
+            let pos = refs_v.iter().position(|r| matches!(*r, InlineRef::ExtentData { root, objectid, offset, .. } if root == tree && objectid == ino && offset == file_off_minus_offset));
+            let Some(p) = pos else {
+                return Err(Error::Unsupported(format!("dropping a keyed or shared ref of data extent {bytenr}")));
+            };
+            if let InlineRef::ExtentData { count, .. } = &mut refs_v[p] {
+                *count -= 1;
+                if *count == 0 {
+                    refs_v.remove(p);
+                }
+            }
+            let head = ExtentItem { refs: (refs - 1).into(), generation: v.item.generation, flags: v.item.flags };
+            let mut nd = head.as_bytes().to_vec();
+            write_inline_refs(&mut nd, &refs_v);
+            return self.update_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &nd);
+        }
+        self.delete_item(BTRFS_EXTENT_TREE_OBJECTID, &key)?;
+        self.csum_delete(bytenr, len)?;
+        let committed = v.item.generation.get() < self.transid;
+        self.alloc.release(bytenr, len, committed)
+    }
+
+    /// Remove every item of inode `ino`, releasing its data extents.
+    pub fn drop_inode_items(&mut self, tree: u64, ino: u64) -> Result<()> {
+        let items = self.items_in(tree, Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX))?;
+        for (k, d) in items {
+            if k.ty == BTRFS_EXTENT_DATA_KEY {
+                if let Ok(crate::format::file_extent::FileExtent::Disk { item, .. }) = crate::format::file_extent::parse_file_extent(&d) {
+                    let b = item.disk_bytenr.get();
+                    if b != 0 {
+                        self.drop_data_ref(tree, ino, k.offset.wrapping_sub(item.offset.get()), b, item.disk_num_bytes.get())?;
+                    }
+                }
+            }
+            self.delete_item(tree, &k)?;
+        }
+        Ok(())
+    }
+
+    /// Remove name `name` from directory `parent` (as unlink(2) for a file
+    /// or rmdir(2) for an empty directory). Returns the inode it named.
+    pub fn unlink(&mut self, tree: u64, parent: u64, name: &[u8], now: crate::format::inode::Timespec) -> Result<u64> {
+        let dkey = Key::new(parent, BTRFS_DIR_ITEM_KEY, name_hash(name));
+        let d = self.lookup(tree, &dkey)?.ok_or_else(|| Error::Invalid(format!("no entry '{}' in directory {parent}", String::from_utf8_lossy(name))))?;
+        let ents = crate::format::dir::parse_dir_items(&d).map_err(|e| e.at(0, dkey))?;
+        let ent = ents.iter().find(|e| e.name == name).ok_or_else(|| Error::Invalid(format!("no entry '{}' in directory {parent}", String::from_utf8_lossy(name))))?;
+        let ino = Key::from(&ent.item.location).objectid;
+        // The dir index comes from the inode's back reference.
+        let rkey = Key::new(ino, BTRFS_INODE_REF_KEY, parent);
+        let r = self.lookup(tree, &rkey)?.ok_or_else(|| Error::corrupt_key("name without inode ref", 0, rkey))?;
+        let index = crate::format::inode::parse_inode_refs(&r)
+            .map_err(|e| e.at(0, rkey))?
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| e.index)
+            .ok_or_else(|| Error::corrupt_key("inode ref lacks the name", 0, rkey))?;
+        self.remove_entry(tree, &dkey, name)?;
+        self.delete_item(tree, &Key::new(parent, BTRFS_DIR_INDEX_KEY, index))?;
+        self.remove_entry(tree, &rkey, name)?;
+        let mut inode = self.get_inode(tree, ino)?.ok_or_else(|| Error::corrupt("entry names a missing inode", ino))?;
+        let is_dir = inode.mode.get() & 0o170000 == 0o040000;
+        let nlink = if is_dir { 0 } else { inode.nlink.get().saturating_sub(1) };
+        if nlink == 0 {
+            self.drop_inode_items(tree, ino)?;
+        } else {
+            inode.nlink.set(nlink);
+            inode.ctime = now;
+            inode.transid.set(self.transid);
+            self.put_inode(tree, ino, &inode)?;
+        }
+        if let Some(mut p) = self.get_inode(tree, parent)? {
+            p.size.set(p.size.get().saturating_sub(2 * name.len() as u64));
+            p.mtime = now;
+            p.ctime = now;
+            p.transid.set(self.transid);
+            self.put_inode(tree, parent, &p)?;
+        }
+        Ok(ino)
+    }
+}
