@@ -170,7 +170,7 @@ impl Fs {
                 };
                 path.push(Step { bytenr: b, slot });
                 if let Some(need) = ins {
-                    if !found && edit::leaf_free(self.buf(b)?) < need {
+                    if !found && edit::leaf_free(self.buf(b)?) < need && !self.push_leaf(tree, &mut path, need)? {
                         self.split_leaf(tree, &mut path, need)?;
                     }
                 }
@@ -235,6 +235,92 @@ impl Fs {
             path[d - 1].slot = ps + 1;
         }
         Ok(())
+    }
+
+    /// Before splitting, try to make room by moving items to a sibling, as
+    /// the kernel does: items after the insertion slot go to the right
+    /// sibling's front, items before it to the left sibling's end. Only
+    /// whole moves that free `need` bytes are made.
+    fn push_leaf(&mut self, tree: u64, path: &mut [Step], need: usize) -> Result<bool> {
+        let d = path.len() - 1;
+        if d == 0 {
+            return Ok(false);
+        }
+        let Step { bytenr: b, slot } = path[d];
+        let Step { bytenr: p, slot: ps } = path[d - 1];
+        let pn = edit::nritems(self.buf(p)?);
+        let buf = self.buf(b)?;
+        let n = edit::nritems(buf);
+        let free = edit::leaf_free(buf);
+        let short = need - free;
+        let sizes: Vec<usize> = (0..n).map(|i| ITEM_SIZE + edit::item_size(buf, i)).collect();
+        // Right: the fewest tail items [j, n) (j >= slot) covering `short`.
+        if ps + 1 < pn {
+            let mut moved = 0;
+            let mut j = n;
+            while j > slot && moved < short {
+                j -= 1;
+                moved += sizes[j];
+            }
+            if moved >= short && j < n {
+                let r = self.load_child(tree, p, ps + 1)?;
+                if edit::leaf_free(self.buf(r)?) >= moved + ITEM_SIZE {
+                    let r2 = self.cow(tree, r)?;
+                    let t = self.transid;
+                    edit::node_set_ptr(self.buf_mut(p)?, ps + 1, r2, t);
+                    // Move [j, n) to the front of the right leaf.
+                    let mut src = std::mem::take(self.buf_mut(b)?);
+                    let mut dst = std::mem::take(self.buf_mut(r2)?);
+                    let mut res = Ok(());
+                    for i in (j..n).rev() {
+                        let k = edit::leaf_key(&src, i);
+                        let data = edit::item_data(&src, i).to_vec();
+                        if let Err(e) = edit::leaf_insert(&mut dst, 0, &k, &data) {
+                            res = Err(e);
+                            break;
+                        }
+                    }
+                    if res.is_ok() {
+                        edit::leaf_delete(&mut src, j, n - j);
+                    }
+                    let k0 = edit::leaf_key(&dst, 0);
+                    *self.buf_mut(b)? = src;
+                    *self.buf_mut(r2)? = dst;
+                    res?;
+                    edit::set_key(self.buf_mut(p)?, ps + 1, &k0);
+                    return Ok(true);
+                }
+            }
+        }
+        // Left: the fewest head items [0, k) (k <= slot) covering `short`,
+        // keeping at least one item so the leaf's parent key stays defined.
+        if ps > 0 {
+            let mut moved = 0;
+            let mut k = 0;
+            while k < slot && k + 1 < n && moved < short {
+                moved += sizes[k];
+                k += 1;
+            }
+            if moved >= short && k > 0 {
+                let l = self.load_child(tree, p, ps - 1)?;
+                if edit::leaf_free(self.buf(l)?) >= moved {
+                    let l2 = self.cow(tree, l)?;
+                    let t = self.transid;
+                    edit::node_set_ptr(self.buf_mut(p)?, ps - 1, l2, t);
+                    let mut src = std::mem::take(self.buf_mut(b)?);
+                    let mut dst = std::mem::take(self.buf_mut(l2)?);
+                    let res = edit::leaf_move_head(&mut src, k, &mut dst);
+                    let k0 = edit::leaf_key(&src, 0);
+                    *self.buf_mut(b)? = src;
+                    *self.buf_mut(l2)? = dst;
+                    res?;
+                    edit::set_key(self.buf_mut(p)?, ps, &k0);
+                    path[d].slot = slot - k;
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
     }
 
     /// Split the leaf at the end of `path` so an item of `need` bytes
