@@ -1,0 +1,315 @@
+//! `btrkit-replay` against the kernel's own log replay, scenario by scenario
+//! (`tests/scenarios/*.scn`, see `btrkit_tests::kcrash` for the language).
+//!
+//! For each scenario: a real crash image made by the kernel; the kernel's
+//! result is the manifest of a copy it mounted (and so replayed); then
+//! `btrkit-replay CRASH -o OUT` must exit 0, leave CRASH untouched, write an
+//! OUT without a log that `btrfs check --readonly` passes and whose manifest
+//! (mounted read-only, so the kernel changes nothing) is exactly the
+//! kernel's. Every third scenario also replays a copy in place (after a
+//! `--dry-run` that must change nothing), and replays it again (nothing left).
+//!
+//! Crash images are cached under `target/<profile>/kcrash-cache`, keyed by the
+//! scenario text and the kernel release; `BTRKIT_KCRASH_FRESH=1` regenerates.
+//! `BTRKIT_SCENARIOS=a,b` runs only the named scenarios.
+
+use btrkit_tests::kcrash::{self, Manifest, Scenario};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+fn scenarios() -> Vec<Scenario> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut all = kcrash::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+    if let Ok(only) = std::env::var("BTRKIT_SCENARIOS") {
+        let names: Vec<&str> = only.split(',').map(str::trim).collect();
+        all.retain(|s| names.contains(&s.name.as_str()));
+    }
+    all
+}
+
+/// Longest first, so two workers finish together.
+fn by_cost(mut v: Vec<Scenario>) -> Vec<Scenario> {
+    let cost = |s: &Scenario| {
+        s.steps
+            .iter()
+            .map(|(_, st)| match st {
+                kcrash::Step::WriteFiles { count, .. } => *count as u64,
+                _ => 1,
+            })
+            .sum::<u64>()
+    };
+    v.sort_by_key(|s| std::cmp::Reverse(cost(s)));
+    v
+}
+
+fn skip_reason() -> Option<String> {
+    kcrash::can_run().err()
+}
+
+struct Run {
+    status: i32,
+    stderr: String,
+}
+
+fn replay(bin: &Path, args: &[&Path], flags: &[&str]) -> Result<Run, String> {
+    let mut c = Command::new(bin);
+    c.args(flags);
+    for a in args {
+        c.arg(a);
+    }
+    let o = c.output().map_err(|e| format!("{}: {e}", bin.display()))?;
+    Ok(Run { status: o.status.code().unwrap_or(-1), stderr: String::from_utf8_lossy(&o.stderr).trim().to_string() })
+}
+
+fn last_line(s: &str) -> &str {
+    s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
+}
+
+/// The kernel's result for a crash image: replayed by mounting a copy
+/// read-write, then the replayed copy mounted again read-only must show the
+/// same (the manifest is stable and the replay was committed).
+fn kernel_side(scn: &Scenario, crash: &Path, work: &Path) -> Result<(Manifest, Vec<String>), String> {
+    let mut notes = Vec::new();
+    let kcopy = work.join("kernel.img");
+    let kernel = kcrash::manifest_via_copy(crash, &kcopy, "rw").map_err(|e| format!("kernel mount: {e}"))?;
+    let (_, log_after) = kcrash::super_log_root(&kcopy)?;
+    if log_after != 0 {
+        return Err(format!("kernel: log_root still {log_after} after the replaying mount"));
+    }
+    let again = kcrash::manifest_in_place(&kcopy, "ro").map_err(|e| format!("kernel remount: {e}"))?;
+    if again != kernel {
+        return Err(format!("kernel manifest unstable across mounts:\n{}", kernel.short_diff(&again, 8)));
+    }
+    if let Err(e) = kcrash::btrfs_check(&kcopy) {
+        notes.push(format!("the kernel's own result fails btrfs check: {}", last_line(&e)));
+    }
+    let fails = kcrash::check_expectations(scn, &kernel);
+    if !fails.is_empty() {
+        return Err(format!("kernel result breaks the scenario's expectations: {}", fails.join("; ")));
+    }
+    let _ = std::fs::remove_file(&kcopy);
+    Ok((kernel, notes))
+}
+
+/// Checks of one replayed image against the kernel's manifest.
+fn check_replayed(what: &str, img: &Path, kernel: &Manifest, work: &Path) -> Result<(), String> {
+    let (_, log_root) = kcrash::super_log_root(img).map_err(|e| format!("{what}: {e}"))?;
+    if log_root != 0 {
+        return Err(format!("{what}: log_root is {log_root}, not 0"));
+    }
+    kcrash::btrfs_check(img).map_err(|e| format!("{what}: {e}"))?;
+    let copy = work.join("check-copy.img");
+    let mine = kcrash::manifest_via_copy(img, &copy, "ro").map_err(|e| format!("{what}: mount: {e}"))?;
+    let _ = std::fs::remove_file(&copy);
+    if &mine != kernel {
+        return Err(format!("{what}: differs from the kernel (A = kernel, B = btrkit):\n{}", kernel.short_diff(&mine, 10)));
+    }
+    Ok(())
+}
+
+struct Outcome {
+    name: String,
+    log_root: u64,
+    result: Result<(), String>,
+    notes: Vec<String>,
+    secs: f64,
+}
+
+fn run_one(i: usize, scn: &Scenario, bin: &Path, cache: &Path) -> Outcome {
+    let t = Instant::now();
+    let mut notes = Vec::new();
+    let mut log_root = 0;
+    let result = (|| -> Result<(), String> {
+        let cached = kcrash::cached_crash_image(scn, cache).map_err(|e| format!("crash image: {e}"))?;
+        log_root = cached.log_root;
+        let _slot = kcrash::slot();
+        let work = tempfile::Builder::new().prefix(&format!("replay-{}-", scn.name)).tempdir().map_err(|e| e.to_string())?;
+        let w = work.path();
+        let crash = w.join("crash.img");
+        kcrash::copy_sparse(&cached.path, &crash)?;
+        let before = kcrash::image_digest(&crash)?;
+
+        let (kernel, kn) = kernel_side(scn, &crash, w)?;
+        notes.extend(kn);
+
+        let out = w.join("out.img");
+        let r = replay(bin, &[&crash, Path::new("-o"), &out], &[])?;
+        if r.status != 0 {
+            return Err(format!("btrkit-replay -o: exit {}: {}", r.status, last_line(&r.stderr)));
+        }
+        if kcrash::image_digest(&crash)? != before {
+            return Err("btrkit-replay -o changed the input image".into());
+        }
+        if !out.exists() {
+            if log_root == 0 {
+                notes.push("no log: -o wrote no output".into());
+            } else {
+                return Err("btrkit-replay -o exited 0 but wrote no output".into());
+            }
+        } else {
+            check_replayed("-o OUT", &out, &kernel, w)?;
+            let _ = std::fs::remove_file(&out);
+        }
+
+        if i % 3 == 0 {
+            let inplace = w.join("inplace.img");
+            kcrash::copy_sparse(&crash, &inplace)?;
+            let d0 = kcrash::image_digest(&inplace)?;
+            let r = replay(bin, &[&inplace], &["--dry-run"])?;
+            if r.status != 0 {
+                return Err(format!("btrkit-replay --dry-run: exit {}: {}", r.status, last_line(&r.stderr)));
+            }
+            if kcrash::image_digest(&inplace)? != d0 {
+                return Err("btrkit-replay --dry-run changed the image".into());
+            }
+            let r = replay(bin, &[&inplace], &[])?;
+            if r.status != 0 {
+                return Err(format!("btrkit-replay in place: exit {}: {}", r.status, last_line(&r.stderr)));
+            }
+            check_replayed("in place", &inplace, &kernel, w)?;
+            let d1 = kcrash::image_digest(&inplace)?;
+            let r = replay(bin, &[&inplace], &[])?;
+            if r.status != 0 {
+                return Err(format!("btrkit-replay a second time: exit {}: {}", r.status, last_line(&r.stderr)));
+            }
+            if kcrash::image_digest(&inplace)? != d1 {
+                return Err("btrkit-replay on an image without a log changed it".into());
+            }
+        }
+        Ok(())
+    })();
+    Outcome { name: scn.name.clone(), log_root, result, notes, secs: t.elapsed().as_secs_f64() }
+}
+
+#[test]
+fn replay_equals_kernel_on_every_scenario() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: replay_equals_kernel_on_every_scenario: {why}");
+        return;
+    }
+    let t = Instant::now();
+    let bin = kcrash::workspace_bin("btrkit-replay");
+    let cache = kcrash::default_cache_dir();
+    let all = by_cost(scenarios());
+    assert!(!all.is_empty(), "no scenarios");
+    let outcomes = kcrash::parallel_map(&all, kcrash::max_jobs(), |i, s| {
+        let o = run_one(i, s, &bin, &cache);
+        eprintln!("{:<40} {} ({:.1}s)", o.name, if o.result.is_ok() { "pass" } else { "FAIL" }, o.secs);
+        o
+    });
+    let mut table = String::from("\nscenario                                  log   result  time\n");
+    let mut failed = Vec::new();
+    let mut sorted: Vec<&Outcome> = outcomes.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    for o in &sorted {
+        let res = match &o.result {
+            Ok(()) => "pass".to_string(),
+            Err(e) => format!("FAIL: {}", last_line(e.lines().next().unwrap_or(""))),
+        };
+        let res: String = res.chars().take(110).collect();
+        table += &format!("{:<40} {:<5} {:<7} {:>5.1}s\n", o.name, if o.log_root != 0 { "yes" } else { "no" }, res, o.secs);
+        for n in &o.notes {
+            table += &format!("    note: {n}\n");
+        }
+        if let Err(e) = &o.result {
+            failed.push(format!("--- {}\n{e}", o.name));
+        }
+    }
+    let passed = outcomes.len() - failed.len();
+    table += &format!("{passed}/{} scenarios pass, {:.0}s\n", outcomes.len(), t.elapsed().as_secs_f64());
+    eprintln!("{table}");
+    if !failed.is_empty() {
+        let names: Vec<&str> = sorted.iter().filter(|o| o.result.is_err()).map(|o| o.name.as_str()).collect();
+        let detail: String = failed.join("\n").lines().take(400).collect::<Vec<_>>().join("\n");
+        panic!("{} of {} scenarios fail: {}\n{detail}", failed.len(), outcomes.len(), names.join(" "));
+    }
+}
+
+/// `btrkit-dump tree` reads every crash image, log trees included.
+#[test]
+fn dump_log_on_every_scenario() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: dump_log_on_every_scenario: {why}");
+        return;
+    }
+    let bin = kcrash::workspace_bin("btrkit-dump");
+    let cache = kcrash::default_cache_dir();
+    let all = by_cost(scenarios());
+    let fails: Vec<String> = kcrash::parallel_map(&all, kcrash::max_jobs(), |_, s| -> Option<String> {
+        let c = match kcrash::cached_crash_image(s, &cache) {
+            Ok(c) => c,
+            Err(e) => return Some(format!("{}: crash image: {e}", s.name)),
+        };
+        let o = match Command::new(&bin).arg("tree").arg(&c.path).output() {
+            Ok(o) => o,
+            Err(e) => return Some(format!("{}: {e}", s.name)),
+        };
+        let out = String::from_utf8_lossy(&o.stdout);
+        if !o.status.success() {
+            return Some(format!("{}: btrkit-dump tree exit {:?}: {}", s.name, o.status.code(), last_line(&String::from_utf8_lossy(&o.stderr))));
+        }
+        if c.log_root != 0 && !out.contains("log root tree") && !out.contains("TREE_LOG") {
+            return Some(format!("{}: btrkit-dump tree shows no log tree although log_root is {}", s.name, c.log_root));
+        }
+        None
+    })
+    .into_iter()
+    .flatten()
+    .collect();
+    assert!(fails.is_empty(), "btrkit-dump tree fails on {} crash images:\n{}", fails.len(), fails.join("\n"));
+}
+
+/// Loose cross-check of our generator and manifest against the project's
+/// reference script on its own examples: same paths, types, sizes, link
+/// counts, modes, symlink targets and xattrs.
+#[test]
+fn kcrash_py_agrees_on_the_examples() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: kcrash_py_agrees_on_the_examples: {why}");
+        return;
+    }
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/oracle");
+    let script = shared.join("kcrash.py");
+    if !script.exists() || Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIP: kcrash_py_agrees_on_the_examples: needs python3 and ../shared/oracle/kcrash.py");
+        return;
+    }
+    for name in ["rename-then-new-name", "double-fsync"] {
+        let ours_scn = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("scenarios/{name}.scn"))).unwrap();
+        let example: PathBuf = shared.join(format!("examples/{name}.scn"));
+        let _slot = kcrash::slot();
+        let work = tempfile::tempdir().unwrap();
+        let out = work.path().join("py");
+        let o = Command::new("python3").arg(&script).arg("run").arg(&example).arg(&out).output().unwrap();
+        assert!(o.status.success(), "kcrash.py run {name}: {}", String::from_utf8_lossy(&o.stderr));
+        let theirs: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("kernel.json")).unwrap()).unwrap();
+        let c = kcrash::generate(&ours_scn, &work.path().join("rs")).unwrap();
+        let ours = kcrash::manifest_of_image(&c.path, work.path()).unwrap();
+        let theirs = theirs.as_object().unwrap();
+        let their_paths: Vec<&String> = theirs.keys().filter(|k| !k.starts_with("__")).collect();
+        let our_paths: Vec<&String> = ours.entries.keys().filter(|k| *k != "/").collect();
+        assert_eq!(their_paths, our_paths, "{name}: paths");
+        for p in our_paths {
+            let (e, t) = (&ours.entries[p], &theirs[p.as_str()]);
+            let mode = u32::from_str_radix(t["mode"].as_str().unwrap().trim_start_matches("0o"), 8).unwrap();
+            assert_eq!(e.mode, mode & 0o7777, "{name}: mode of {p}");
+            assert_eq!(e.nlink, t["nlink"].as_u64().unwrap(), "{name}: nlink of {p}");
+            assert_eq!(e.ino, t["ino"].as_u64().unwrap(), "{name}: ino of {p}");
+            if e.kind == 'f' {
+                assert_eq!(e.size, t["size"].as_u64().unwrap(), "{name}: size of {p}");
+                let alloc: Vec<(u64, u64, String)> = t["alloc"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| (r[0].as_u64().unwrap(), r[1].as_u64().unwrap(), r[2].as_str().unwrap().to_string()))
+                    .collect();
+                let mine: Vec<(u64, u64, String)> = e.alloc.iter().map(|(a, b, k)| (*a, *b, k.to_string())).collect();
+                assert_eq!(mine, alloc, "{name}: extent map of {p}");
+            }
+            assert_eq!(e.target.as_deref(), t.get("target").and_then(|x| x.as_str()), "{name}: target of {p}");
+            let xs = t.get("xattrs").and_then(|x| x.as_object()).map(|o| o.len()).unwrap_or(0);
+            assert_eq!(e.xattrs.len(), xs, "{name}: xattrs of {p}");
+        }
+    }
+}
