@@ -21,6 +21,7 @@
 //!   `commit=600` is added unless the options name another commit interval
 //! - `expect-log yes|no`: whether the crash image must hold a log tree. By
 //!   default it must when a fsync came after the last commit.
+//! - `warmup no`: skip the warm-up files (see [`WARMUP_DIR`]).
 //!
 //! Steps: `mkdir P`, `create P`, `write P OFF LEN [BYTE|"text"|random:SEED]`
 //! (buffered pwrite; fill byte 0xcd by default; a quoted text is written once,
@@ -63,7 +64,7 @@ pub type Res<T> = Result<T, String>;
 
 /// Bumped whenever a change here changes the crash images a scenario gives,
 /// so cached images are regenerated.
-pub const GENERATOR_VERSION: u32 = 1;
+pub const GENERATOR_VERSION: u32 = 2;
 
 const DEFAULT_FSSIZE: u64 = 512 << 20;
 const DEFAULT_FILL: u8 = 0xcd;
@@ -152,6 +153,8 @@ pub struct Scenario {
     pub fssize: u64,
     pub mount: Vec<String>,
     pub expect_log: Option<bool>,
+    /// Write the size-class warm-up files before the steps (see [`WARMUP_DIR`]).
+    pub warmup: bool,
     /// Steps with their 1-based line numbers.
     pub steps: Vec<(usize, Step)>,
     pub expects: Vec<(usize, Expect)>,
@@ -286,6 +289,7 @@ impl Scenario {
             fssize: DEFAULT_FSSIZE,
             mount: Vec::new(),
             expect_log: None,
+            warmup: true,
             steps: Vec::new(),
             expects: Vec::new(),
         };
@@ -306,6 +310,13 @@ impl Scenario {
                     "mount" => {
                         for a in args {
                             s.mount.extend(a.text().split(',').filter(|o| !o.is_empty()).map(str::to_string));
+                        }
+                    }
+                    "warmup" => {
+                        s.warmup = match one(args)?.text().as_str() {
+                            "yes" => true,
+                            "no" => false,
+                            o => return Err(format!("warmup yes|no, not {o}")),
                         }
                     }
                     "expect-log" => {
@@ -1003,6 +1014,33 @@ impl Runner<'_> {
     }
 }
 
+/// Directory of the warm-up files every scenario starts with (unless it says
+/// `warmup no`): `small` (4 KiB) and `medium` (256 KiB) of incompressible data.
+///
+/// Why: the kernel (6.x) sorts data block groups into extent size classes
+/// (up to 128 KiB, up to 8 MiB, larger) and allocates a new chunk rather
+/// than put an extent into a block group of another class; a chunk allocated
+/// in the running transaction makes the next fsync commit the transaction
+/// instead of writing a log. mkfs makes a single data block group, so the
+/// first extent of the other class after the last commit (say, a 16 KiB
+/// overwrite of a 256 KiB file) would turn the scenario's fsync into a
+/// commit. The warm-up gives each of the two classes its own block group
+/// before the steps start. The files stay and show in every manifest.
+pub const WARMUP_DIR: &str = ".kcrash-warmup";
+
+fn warm_up(root: &Path) -> Res<()> {
+    let d = root.join(WARMUP_DIR);
+    std::fs::create_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+    // Each file is flushed before the next so they get separate extents
+    // allocated in this order: small first, into mkfs's block group.
+    for (name, len, seed) in [("small", 4096u64, 0xa11u64), ("medium", 256 << 10, 0xa12)] {
+        let p = d.join(name);
+        write_fill(&p, 0, len, &Fill::Random(seed))?;
+        fsync_path(&p, true)?;
+    }
+    Ok(())
+}
+
 /// A crash image: the backing file of a live mount copied at `crash`.
 #[derive(Clone, Debug)]
 pub struct CrashImage {
@@ -1033,7 +1071,10 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
     let opts = scn.mount_options();
     let mnt = work.join("mnt");
     let mut m = Some(LoopMount::mount(&live, &mnt, &opts)?);
-    // Whatever mount itself dirtied goes into a commit before the steps.
+    if scn.warmup {
+        warm_up(&mnt)?;
+    }
+    // Whatever mount and warm-up dirtied goes into a commit before the steps.
     Runner { root: &mnt }.apply(&Step::Sync)?;
     let crashes = scn.steps.iter().filter(|(_, s)| *s == Step::Crash).count();
     let mut seen = 0;
@@ -1103,6 +1144,16 @@ pub fn cached_crash_image(scn: &Scenario, cache: &Path) -> Res<CrashImage> {
         return Ok(CrashImage { path, log_root, generation });
     }
     std::fs::create_dir_all(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+    // Older images of this scenario (other text, generator or kernel) go.
+    if let Ok(rd) = std::fs::read_dir(cache) {
+        for e in rd.flatten() {
+            let f = e.file_name().to_string_lossy().into_owned();
+            let stale = f.len() == scn.name.len() + 21 && f.starts_with(&scn.name) && f.ends_with(".img") && f[scn.name.len()..].starts_with('-');
+            if stale && e.path() != path {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
     let work = tempfile::Builder::new().prefix(&format!("kcrash-{}-", scn.name)).tempdir().map_err(|e| e.to_string())?;
     let c = {
         let _s = slot();

@@ -11,7 +11,8 @@
 //!
 //! Crash images are cached under `target/<profile>/kcrash-cache`, keyed by the
 //! scenario text and the kernel release; `BTRKIT_KCRASH_FRESH=1` regenerates.
-//! `BTRKIT_SCENARIOS=a,b` runs only the named scenarios.
+//! `BTRKIT_SCENARIOS=a,b` runs only the named scenarios; `BTRKIT_REPLAY_BIN`
+//! replaces the binary under test (relative to the repository root).
 
 use btrkit_tests::kcrash::{self, Manifest, Scenario};
 use std::path::{Path, PathBuf};
@@ -41,6 +42,22 @@ fn by_cost(mut v: Vec<Scenario>) -> Vec<Scenario> {
     };
     v.sort_by_key(|s| std::cmp::Reverse(cost(s)));
     v
+}
+
+/// `btrkit-replay`, or the program `BTRKIT_REPLAY_BIN` names (the harness is
+/// checked end to end with `tests/scripts/kernel-replay-shim.sh` there).
+fn replay_bin() -> PathBuf {
+    match std::env::var_os("BTRKIT_REPLAY_BIN") {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            if p.is_relative() {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+            } else {
+                p
+            }
+        }
+        None => kcrash::workspace_bin("btrkit-replay"),
+    }
 }
 
 fn skip_reason() -> Option<String> {
@@ -189,7 +206,7 @@ fn replay_equals_kernel_on_every_scenario() {
         return;
     }
     let t = Instant::now();
-    let bin = kcrash::workspace_bin("btrkit-replay");
+    let bin = replay_bin();
     let cache = kcrash::default_cache_dir();
     let all = by_cost(scenarios());
     assert!(!all.is_empty(), "no scenarios");
@@ -198,17 +215,24 @@ fn replay_equals_kernel_on_every_scenario() {
         eprintln!("{:<40} {} ({:.1}s)", o.name, if o.result.is_ok() { "pass" } else { "FAIL" }, o.secs);
         o
     });
-    let mut table = String::from("\nscenario                                  log   result  time\n");
+    let mut table = format!("\n{:<40} {:<4} {:>7}  result\n", "scenario", "log", "time");
     let mut failed = Vec::new();
     let mut sorted: Vec<&Outcome> = outcomes.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     for o in &sorted {
         let res = match &o.result {
             Ok(()) => "pass".to_string(),
-            Err(e) => format!("FAIL: {}", last_line(e.lines().next().unwrap_or(""))),
+            Err(e) => {
+                let mut l = e.lines();
+                let first = l.next().unwrap_or("");
+                match l.next() {
+                    Some(second) if first.ends_with(':') => format!("FAIL: {first} {second}"),
+                    _ => format!("FAIL: {first}"),
+                }
+            }
         };
-        let res: String = res.chars().take(110).collect();
-        table += &format!("{:<40} {:<5} {:<7} {:>5.1}s\n", o.name, if o.log_root != 0 { "yes" } else { "no" }, res, o.secs);
+        let res: String = res.chars().take(160).collect();
+        table += &format!("{:<40} {:<4} {:>6.1}s  {res}\n", o.name, if o.log_root != 0 { "yes" } else { "no" }, o.secs);
         for n in &o.notes {
             table += &format!("    note: {n}\n");
         }
@@ -276,7 +300,9 @@ fn kcrash_py_agrees_on_the_examples() {
         return;
     }
     for name in ["rename-then-new-name", "double-fsync"] {
-        let ours_scn = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("scenarios/{name}.scn"))).unwrap();
+        let mut ours_scn = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("scenarios/{name}.scn"))).unwrap();
+        // kcrash.py has no warm-up files.
+        ours_scn.warmup = false;
         let example: PathBuf = shared.join(format!("examples/{name}.scn"));
         let _slot = kcrash::slot();
         let work = tempfile::tempdir().unwrap();
