@@ -92,18 +92,47 @@ pub enum SyncKind {
 pub enum Step {
     Mkdir(String),
     Create(String),
-    Write { path: String, off: u64, len: u64, fill: Fill },
+    Write {
+        path: String,
+        off: u64,
+        len: u64,
+        fill: Fill,
+    },
     Truncate(String, u64),
-    Fallocate { path: String, off: u64, len: u64, keep: bool },
-    Punch { path: String, off: u64, len: u64 },
-    ZeroRange { path: String, off: u64, len: u64, keep: bool },
+    Fallocate {
+        path: String,
+        off: u64,
+        len: u64,
+        keep: bool,
+    },
+    Punch {
+        path: String,
+        off: u64,
+        len: u64,
+    },
+    ZeroRange {
+        path: String,
+        off: u64,
+        len: u64,
+        keep: bool,
+    },
     Link(String, String),
-    Symlink { target: String, path: String },
+    Symlink {
+        target: String,
+        path: String,
+    },
     Rename(String, String),
     Unlink(String),
     Rmdir(String),
-    SetXattr { path: String, name: String, value: Vec<u8> },
-    RemoveXattr { path: String, name: String },
+    SetXattr {
+        path: String,
+        name: String,
+        value: Vec<u8>,
+    },
+    RemoveXattr {
+        path: String,
+        name: String,
+    },
     Chmod(String, u32),
     Chown(String, u32, u32),
     Mkfifo(String),
@@ -113,7 +142,13 @@ pub enum Step {
     SubvolCreate(String),
     Snapshot(String, String),
     Evict,
-    WriteFiles { dir: String, count: u32, min: u64, max: u64, sync: SyncKind },
+    WriteFiles {
+        dir: String,
+        count: u32,
+        min: u64,
+        max: u64,
+        sync: SyncKind,
+    },
     Crash,
 }
 
@@ -209,7 +244,8 @@ fn tokenize(line: &str) -> Res<Vec<Tok>> {
                             b'x' => {
                                 let hex = line.get(i..i + 2).ok_or("short \\x escape")?;
                                 i += 2;
-                                u8::from_str_radix(hex, 16).map_err(|_| format!("bad \\x escape {hex}"))?
+                                u8::from_str_radix(hex, 16)
+                                    .map_err(|_| format!("bad \\x escape {hex}"))?
                             }
                             other => other,
                         });
@@ -226,7 +262,10 @@ fn tokenize(line: &str) -> Res<Vec<Tok>> {
             let end = line[i..].find("'>").ok_or("unterminated <N x 'C'>")? + i;
             let inner = &line[i + 1..end];
             let (n, ch) = inner.split_once(" x '").ok_or("bad <N x 'C'>")?;
-            let n: usize = n.trim().parse().map_err(|_| format!("bad count in <{inner}'>"))?;
+            let n: usize = n
+                .trim()
+                .parse()
+                .map_err(|_| format!("bad count in <{inner}'>"))?;
             let ch = ch.as_bytes();
             if ch.len() != 1 {
                 return Err(format!("<N x 'C'> needs one character, got {inner:?}"));
@@ -253,12 +292,16 @@ pub fn parse_num(s: &str) -> Res<u64> {
         Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    let v = match digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
+    let v = match digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
         Some(h) => u64::from_str_radix(h, 16),
         None => digits.parse(),
     }
     .map_err(|_| format!("bad number {s:?}"))?;
-    v.checked_mul(mult).ok_or_else(|| format!("number {s:?} overflows"))
+    v.checked_mul(mult)
+        .ok_or_else(|| format!("number {s:?} overflows"))
 }
 
 fn parse_fill(t: &Tok) -> Res<Fill> {
@@ -268,7 +311,9 @@ fn parse_fill(t: &Tok) -> Res<Fill> {
             Some(seed) => Ok(Fill::Random(parse_num(seed)?)),
             None => {
                 let v = parse_num(w)?;
-                u8::try_from(v).map(Fill::Byte).map_err(|_| format!("fill byte {w} is not a byte"))
+                u8::try_from(v)
+                    .map(Fill::Byte)
+                    .map_err(|_| format!("fill byte {w} is not a byte"))
             }
         },
     }
@@ -277,7 +322,10 @@ fn parse_fill(t: &Tok) -> Res<Fill> {
 impl Scenario {
     pub fn load(path: &Path) -> Res<Scenario> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         Scenario::parse(&name, &text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
@@ -309,7 +357,12 @@ impl Scenario {
                     "fssize" => s.fssize = parse_num(&one(args)?.text())?,
                     "mount" => {
                         for a in args {
-                            s.mount.extend(a.text().split(',').filter(|o| !o.is_empty()).map(str::to_string));
+                            s.mount.extend(
+                                a.text()
+                                    .split(',')
+                                    .filter(|o| !o.is_empty())
+                                    .map(str::to_string),
+                            );
                         }
                     }
                     "warmup" => {
@@ -353,7 +406,11 @@ impl Scenario {
         if let Some(e) = self.expect_log {
             return e;
         }
-        let end = self.steps.iter().rposition(|(_, s)| *s == Step::Crash).unwrap_or(self.steps.len());
+        let end = self
+            .steps
+            .iter()
+            .rposition(|(_, s)| *s == Step::Crash)
+            .unwrap_or(self.steps.len());
         let mut pending = false;
         for (_, st) in &self.steps[..end] {
             if st.commits() || *st == Step::Crash {
@@ -394,12 +451,21 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
         }
         "write" => {
             need(a, 3, 4, "write P OFF LEN [BYTE|\"text\"|random:SEED]")?;
-            let fill = if a.len() == 4 { parse_fill(&a[3])? } else { Fill::Byte(DEFAULT_FILL) };
+            let fill = if a.len() == 4 {
+                parse_fill(&a[3])?
+            } else {
+                Fill::Byte(DEFAULT_FILL)
+            };
             let len = match &fill {
                 Fill::Text(b) => b.len() as u64,
                 _ => num(2)?,
             };
-            Step::Write { path: t(0), off: num(1)?, len, fill }
+            Step::Write {
+                path: t(0),
+                off: num(1)?,
+                len,
+                fill,
+            }
         }
         "truncate" => {
             need(a, 2, 2, "truncate P SIZE")?;
@@ -414,14 +480,28 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
             };
             let (path, off, len) = (t(0), num(1)?, num(2)?);
             if verb == "fallocate" {
-                Step::Fallocate { path, off, len, keep }
+                Step::Fallocate {
+                    path,
+                    off,
+                    len,
+                    keep,
+                }
             } else {
-                Step::ZeroRange { path, off, len, keep }
+                Step::ZeroRange {
+                    path,
+                    off,
+                    len,
+                    keep,
+                }
             }
         }
         "punch" => {
             need(a, 3, 3, "punch P OFF LEN")?;
-            Step::Punch { path: t(0), off: num(1)?, len: num(2)? }
+            Step::Punch {
+                path: t(0),
+                off: num(1)?,
+                len: num(2)?,
+            }
         }
         "link" => {
             need(a, 2, 2, "link OLD NEW")?;
@@ -429,7 +509,10 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
         }
         "symlink" => {
             need(a, 2, 2, "symlink TARGET P")?;
-            Step::Symlink { target: t(0), path: t(1) }
+            Step::Symlink {
+                target: t(0),
+                path: t(1),
+            }
         }
         "rename" => {
             need(a, 2, 2, "rename OLD NEW")?;
@@ -445,19 +528,31 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
         }
         "setxattr" => {
             need(a, 3, 3, "setxattr P NAME VALUE")?;
-            Step::SetXattr { path: t(0), name: t(1), value: a[2].bytes() }
+            Step::SetXattr {
+                path: t(0),
+                name: t(1),
+                value: a[2].bytes(),
+            }
         }
         "removexattr" => {
             need(a, 2, 2, "removexattr P NAME")?;
-            Step::RemoveXattr { path: t(0), name: t(1) }
+            Step::RemoveXattr {
+                path: t(0),
+                name: t(1),
+            }
         }
         "chmod" => {
             need(a, 2, 2, "chmod P OCTAL")?;
-            Step::Chmod(t(0), u32::from_str_radix(&t(1), 8).map_err(|_| format!("bad mode {}", t(1)))?)
+            Step::Chmod(
+                t(0),
+                u32::from_str_radix(&t(1), 8).map_err(|_| format!("bad mode {}", t(1)))?,
+            )
         }
         "chown" => {
             need(a, 3, 3, "chown P UID GID")?;
-            let id = |i: usize| -> Res<u32> { u32::try_from(num(i)?).map_err(|_| "id out of range".to_string()) };
+            let id = |i: usize| -> Res<u32> {
+                u32::try_from(num(i)?).map_err(|_| "id out of range".to_string())
+            };
             Step::Chown(t(0), id(1)?, id(2)?)
         }
         "mkfifo" => {
@@ -493,7 +588,12 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
             Step::Crash
         }
         "writefiles" => {
-            need(a, 3, 4, "writefiles DIR N SIZE[-MAX] [fsync|fdatasync|none]")?;
+            need(
+                a,
+                3,
+                4,
+                "writefiles DIR N SIZE[-MAX] [fsync|fdatasync|none]",
+            )?;
             let count = u32::try_from(num(1)?).map_err(|_| "too many files".to_string())?;
             let sz = t(2);
             let (min, max) = match sz.split_once('-') {
@@ -509,7 +609,13 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
                 Some("fdatasync") => SyncKind::Fdatasync,
                 Some(o) => return Err(format!("writefiles: unknown sync mode {o}")),
             };
-            Step::WriteFiles { dir: t(0), count, min, max, sync }
+            Step::WriteFiles {
+                dir: t(0),
+                count,
+                min,
+                max,
+                sync,
+            }
         }
         other => return Err(format!("unknown verb {other:?}")),
     })
@@ -642,7 +748,12 @@ fn run(cmd: &mut Command) -> Res<Output> {
     let desc = format!("{cmd:?}");
     let o = cmd.output().map_err(|e| format!("{desc}: {e}"))?;
     if !o.status.success() {
-        return Err(format!("{desc} failed ({}): {}{}", o.status, String::from_utf8_lossy(&o.stderr).trim(), String::from_utf8_lossy(&o.stdout).trim()));
+        return Err(format!(
+            "{desc} failed ({}): {}{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim(),
+            String::from_utf8_lossy(&o.stdout).trim()
+        ));
     }
     Ok(o)
 }
@@ -661,7 +772,10 @@ pub fn can_run() -> Res<()> {
     if !fs.contains("btrfs") {
         // The module may simply not be loaded yet.
         let _ = Command::new("modprobe").arg("btrfs").output();
-        if !std::fs::read_to_string("/proc/filesystems").unwrap_or_default().contains("btrfs") {
+        if !std::fs::read_to_string("/proc/filesystems")
+            .unwrap_or_default()
+            .contains("btrfs")
+        {
             return Err("btrfs is not available in the kernel".into());
         }
     }
@@ -693,32 +807,56 @@ impl LoopMount {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_millis(150 * attempt));
             }
-            let o = match Command::new("losetup").args(["--find", "--show"]).arg(img).output() {
+            let o = match Command::new("losetup")
+                .args(["--find", "--show"])
+                .arg(img)
+                .output()
+            {
                 Ok(o) => o,
                 Err(e) => return Err(format!("losetup: {e}")),
             };
             if !o.status.success() {
-                last = format!("losetup {}: {}", img.display(), String::from_utf8_lossy(&o.stderr).trim());
+                last = format!(
+                    "losetup {}: {}",
+                    img.display(),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
                 continue;
             }
             let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
             // From here the guard owns the loop device, mounted or not.
-            let mut g = LoopMount { mnt: mnt.to_path_buf(), dev, mounted: false };
+            let mut g = LoopMount {
+                mnt: mnt.to_path_buf(),
+                dev,
+                mounted: false,
+            };
             let mut cmd = Command::new("mount");
             cmd.args(["-t", "btrfs"]);
             if !opts.is_empty() {
                 cmd.args(["-o", opts]);
             }
-            let o = cmd.arg(&g.dev).arg(mnt).output().map_err(|e| format!("mount: {e}"))?;
+            let o = cmd
+                .arg(&g.dev)
+                .arg(mnt)
+                .output()
+                .map_err(|e| format!("mount: {e}"))?;
             if o.status.success() {
                 g.mounted = true;
                 return Ok(g);
             }
-            last = format!("mount -o {opts} {} ({}): {}", img.display(), g.dev, String::from_utf8_lossy(&o.stderr).trim());
+            last = format!(
+                "mount -o {opts} {} ({}): {}",
+                img.display(),
+                g.dev,
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
             drop(g);
             // Only a busy or racing device is worth another try; a refused
             // filesystem is refused again.
-            if !(last.contains("busy") || last.contains("already") || last.contains("No such device")) {
+            if !(last.contains("busy")
+                || last.contains("already")
+                || last.contains("No such device"))
+            {
                 break;
             }
         }
@@ -756,7 +894,10 @@ impl LoopMount {
             }
             if !ok {
                 let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
-                err = Some(format!("umount {}: {last} (lazily unmounted)", self.mnt.display()));
+                err = Some(format!(
+                    "umount {}: {last} (lazily unmounted)",
+                    self.mnt.display()
+                ));
             }
             self.mounted = false;
         }
@@ -800,7 +941,11 @@ impl Drop for LoopMount {
 /// At most this many kernel runs (mkfs, mount, workload, manifests) at once in
 /// this process; `BTRKIT_KCRASH_JOBS` overrides the default of 2.
 pub fn max_jobs() -> usize {
-    std::env::var("BTRKIT_KCRASH_JOBS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(2)
+    std::env::var("BTRKIT_KCRASH_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(2)
 }
 
 static SLOTS: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
@@ -830,19 +975,30 @@ impl Drop for Slot {
 }
 
 /// Run `f` on every item with at most `jobs` threads; results in input order.
-pub fn parallel_map<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(usize, &T) -> R + Sync) -> Vec<R> {
+pub fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    jobs: usize,
+    f: impl Fn(usize, &T) -> R + Sync,
+) -> Vec<R> {
     let queue = Mutex::new((0..items.len()).collect::<VecDeque<_>>());
     let results: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1).min(items.len().max(1)) {
             s.spawn(|| loop {
-                let Some(i) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else { break };
+                let Some(i) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
+                    break;
+                };
                 let r = f(i, &items[i]);
                 results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
             });
         }
     });
-    results.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().map(|r| r.expect("every item ran")).collect()
+    results
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .map(|r| r.expect("every item ran"))
+        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -853,7 +1009,11 @@ fn cpath(p: &Path) -> Res<CString> {
 }
 
 fn errno(what: &str, p: &Path) -> String {
-    format!("{what} {}: {}", p.display(), std::io::Error::last_os_error())
+    format!(
+        "{what} {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    )
 }
 
 fn open_for_sync(p: &Path) -> Res<File> {
@@ -880,7 +1040,10 @@ fn fsync_path(p: &Path, data_only: bool) -> Res<()> {
 
 fn falloc(p: &Path, mode: libc::c_int, off: u64, len: u64) -> Res<()> {
     use std::os::fd::AsRawFd;
-    let f = OpenOptions::new().write(true).open(p).map_err(|e| format!("open {}: {e}", p.display()))?;
+    let f = OpenOptions::new()
+        .write(true)
+        .open(p)
+        .map_err(|e| format!("open {}: {e}", p.display()))?;
     let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as libc::off_t, len as libc::off_t) };
     if r != 0 {
         return Err(errno("fallocate", p));
@@ -889,7 +1052,14 @@ fn falloc(p: &Path, mode: libc::c_int, off: u64, len: u64) -> Res<()> {
 }
 
 fn write_fill(p: &Path, off: u64, len: u64, fill: &Fill) -> Res<()> {
-    let f = OpenOptions::new().write(true).create(true).mode(0o644).open(p).map_err(|e| format!("open {}: {e}", p.display()))?;
+    // pwrite into an existing file keeps the rest of it.
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .open(p)
+        .map_err(|e| format!("open {}: {e}", p.display()))?;
     let mut rng = match fill {
         Fill::Random(s) => Some(Prng::new(*s)),
         _ => None,
@@ -906,7 +1076,8 @@ fn write_fill(p: &Path, off: u64, len: u64, fill: &Fill) -> Res<()> {
         if let Some(r) = rng.as_mut() {
             r.fill(&mut buf[..n]);
         }
-        f.write_all_at(&buf[..n], off + done).map_err(|e| format!("write {}: {e}", p.display()))?;
+        f.write_all_at(&buf[..n], off + done)
+            .map_err(|e| format!("write {}: {e}", p.display()))?;
         done += n as u64;
     }
     Ok(())
@@ -922,37 +1093,92 @@ impl Runner<'_> {
     }
 
     fn apply(&self, st: &Step) -> Res<()> {
-        let io = |what: &str, p: &Path, r: std::io::Result<()>| r.map_err(|e| format!("{what} {}: {e}", p.display()));
+        let io = |what: &str, p: &Path, r: std::io::Result<()>| {
+            r.map_err(|e| format!("{what} {}: {e}", p.display()))
+        };
         match st {
             Step::Mkdir(p) => io("mkdir", &self.p(p), std::fs::create_dir(self.p(p))),
             Step::Create(p) => {
                 let p = self.p(p);
-                io("create", &p, OpenOptions::new().write(true).create(true).mode(0o644).open(&p).map(drop))
+                io(
+                    "create",
+                    &p,
+                    OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .mode(0o644)
+                        .open(&p)
+                        .map(drop),
+                )
             }
-            Step::Write { path, off, len, fill } => write_fill(&self.p(path), *off, *len, fill),
+            Step::Write {
+                path,
+                off,
+                len,
+                fill,
+            } => write_fill(&self.p(path), *off, *len, fill),
             Step::Truncate(p, size) => {
                 let p = self.p(p);
-                io("truncate", &p, OpenOptions::new().write(true).open(&p).and_then(|f| f.set_len(*size)))
+                io(
+                    "truncate",
+                    &p,
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&p)
+                        .and_then(|f| f.set_len(*size)),
+                )
             }
-            Step::Fallocate { path, off, len, keep } => {
-                falloc(&self.p(path), if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 }, *off, *len)
-            }
-            Step::Punch { path, off, len } => {
-                falloc(&self.p(path), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, *off, *len)
-            }
-            Step::ZeroRange { path, off, len, keep } => {
+            Step::Fallocate {
+                path,
+                off,
+                len,
+                keep,
+            } => falloc(
+                &self.p(path),
+                if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 },
+                *off,
+                *len,
+            ),
+            Step::Punch { path, off, len } => falloc(
+                &self.p(path),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                *off,
+                *len,
+            ),
+            Step::ZeroRange {
+                path,
+                off,
+                len,
+                keep,
+            } => {
                 let k = if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 };
                 falloc(&self.p(path), libc::FALLOC_FL_ZERO_RANGE | k, *off, *len)
             }
             Step::Link(a, b) => io("link", &self.p(b), std::fs::hard_link(self.p(a), self.p(b))),
-            Step::Symlink { target, path } => io("symlink", &self.p(path), std::os::unix::fs::symlink(target, self.p(path))),
+            Step::Symlink { target, path } => io(
+                "symlink",
+                &self.p(path),
+                std::os::unix::fs::symlink(target, self.p(path)),
+            ),
             Step::Rename(a, b) => io("rename", &self.p(a), std::fs::rename(self.p(a), self.p(b))),
             Step::Unlink(p) => io("unlink", &self.p(p), std::fs::remove_file(self.p(p))),
             Step::Rmdir(p) => io("rmdir", &self.p(p), std::fs::remove_dir(self.p(p))),
             Step::SetXattr { path, name, value } => {
                 let p = self.p(path);
-                let (cp, cn) = (cpath(&p)?, CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?);
-                let r = unsafe { libc::lsetxattr(cp.as_ptr(), cn.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+                let (cp, cn) = (
+                    cpath(&p)?,
+                    CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?,
+                );
+                let r = unsafe {
+                    libc::lsetxattr(
+                        cp.as_ptr(),
+                        cn.as_ptr(),
+                        value.as_ptr().cast(),
+                        value.len(),
+                        0,
+                    )
+                };
                 if r != 0 {
                     return Err(errno(&format!("setxattr {name}"), &p));
                 }
@@ -960,7 +1186,10 @@ impl Runner<'_> {
             }
             Step::RemoveXattr { path, name } => {
                 let p = self.p(path);
-                let (cp, cn) = (cpath(&p)?, CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?);
+                let (cp, cn) = (
+                    cpath(&p)?,
+                    CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?,
+                );
                 if unsafe { libc::lremovexattr(cp.as_ptr(), cn.as_ptr()) } != 0 {
                     return Err(errno(&format!("removexattr {name}"), &p));
                 }
@@ -969,9 +1198,17 @@ impl Runner<'_> {
             Step::Chmod(p, mode) => {
                 use std::os::unix::fs::PermissionsExt;
                 let p = self.p(p);
-                io("chmod", &p, std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)))
+                io(
+                    "chmod",
+                    &p,
+                    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)),
+                )
             }
-            Step::Chown(p, u, g) => io("chown", &self.p(p), std::os::unix::fs::lchown(self.p(p), Some(*u), Some(*g))),
+            Step::Chown(p, u, g) => io(
+                "chown",
+                &self.p(p),
+                std::os::unix::fs::lchown(self.p(p), Some(*u), Some(*g)),
+            ),
             Step::Mkfifo(p) => {
                 let p = self.p(p);
                 if unsafe { libc::mkfifo(cpath(&p)?.as_ptr(), 0o644) } != 0 {
@@ -990,16 +1227,36 @@ impl Runner<'_> {
                 }
                 Ok(())
             }
-            Step::SubvolCreate(p) => run(Command::new("btrfs").args(["subvolume", "create"]).arg(self.p(p))).map(drop),
-            Step::Snapshot(a, b) => run(Command::new("btrfs").args(["subvolume", "snapshot"]).arg(self.p(a)).arg(self.p(b))).map(drop),
-            Step::Evict => std::fs::write("/proc/sys/vm/drop_caches", "2\n").map_err(|e| format!("drop_caches: {e}")),
-            Step::WriteFiles { dir, count, min, max, sync } => {
+            Step::SubvolCreate(p) => run(Command::new("btrfs")
+                .args(["subvolume", "create"])
+                .arg(self.p(p)))
+            .map(drop),
+            Step::Snapshot(a, b) => run(Command::new("btrfs")
+                .args(["subvolume", "snapshot"])
+                .arg(self.p(a))
+                .arg(self.p(b)))
+            .map(drop),
+            Step::Evict => std::fs::write("/proc/sys/vm/drop_caches", "2\n")
+                .map_err(|e| format!("drop_caches: {e}")),
+            Step::WriteFiles {
+                dir,
+                count,
+                min,
+                max,
+                sync,
+            } => {
                 let d = self.p(dir);
                 for i in 0..*count {
                     let p = d.join(file_name(i));
                     let data = file_content(i, file_size(i, *min, *max));
-                    let f = OpenOptions::new().write(true).create_new(true).mode(0o644).open(&p).map_err(|e| format!("create {}: {e}", p.display()))?;
-                    f.write_all_at(&data, 0).map_err(|e| format!("write {}: {e}", p.display()))?;
+                    let f = OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o644)
+                        .open(&p)
+                        .map_err(|e| format!("create {}: {e}", p.display()))?;
+                    f.write_all_at(&data, 0)
+                        .map_err(|e| format!("write {}: {e}", p.display()))?;
                     let r = match sync {
                         SyncKind::None => Ok(()),
                         SyncKind::Fsync => f.sync_all(),
@@ -1052,8 +1309,10 @@ pub struct CrashImage {
 
 /// Superblock `(generation, log_root)` of an image.
 pub fn super_log_root(img: &Path) -> Res<(u64, u64)> {
-    let dev = btrkit_core::io::FileDevice::open(img, false).map_err(|e| format!("{}: {e}", img.display()))?;
-    let sb = btrkit_core::image::read_superblock(&dev, 0).map_err(|e| format!("{}: {e}", img.display()))?;
+    let dev = btrkit_core::io::FileDevice::open(img, false)
+        .map_err(|e| format!("{}: {e}", img.display()))?;
+    let sb = btrkit_core::image::read_superblock(&dev, 0)
+        .map_err(|e| format!("{}: {e}", img.display()))?;
     Ok((sb.generation.get(), sb.log_root.get()))
 }
 
@@ -1066,8 +1325,14 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
     let crash = work.join("crash.img");
     let _ = std::fs::remove_file(&live);
     let _ = std::fs::remove_file(&crash);
-    File::create(&live).and_then(|f| f.set_len(scn.fssize)).map_err(|e| format!("{}: {e}", live.display()))?;
-    run(Command::new("mkfs.btrfs").args(["-q", "-f"]).args(&scn.mkfs).arg(&live)).map_err(|e| format!("{}: {e}", scn.name))?;
+    File::create(&live)
+        .and_then(|f| f.set_len(scn.fssize))
+        .map_err(|e| format!("{}: {e}", live.display()))?;
+    run(Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .args(&scn.mkfs)
+        .arg(&live))
+    .map_err(|e| format!("{}: {e}", scn.name))?;
     let opts = scn.mount_options();
     let mnt = work.join("mnt");
     let mut m = Some(LoopMount::mount(&live, &mnt, &opts)?);
@@ -1096,7 +1361,9 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
             std::fs::rename(&tmp, &crash).map_err(|e| e.to_string())?;
             break;
         }
-        Runner { root: &mnt }.apply(st).map_err(|e| format!("{} line {line}: {e}", scn.name))?;
+        Runner { root: &mnt }
+            .apply(st)
+            .map_err(|e| format!("{} line {line}: {e}", scn.name))?;
     }
     if !crash.exists() {
         copy_sparse(&live, &crash)?;
@@ -1111,9 +1378,16 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
         return Err(format!("{}: the crash image has no log tree (log_root 0), the kernel committed instead of logging", scn.name));
     }
     if scn.expect_log == Some(false) && log_root != 0 {
-        return Err(format!("{}: the crash image has a log tree at {log_root}, the scenario expects none", scn.name));
+        return Err(format!(
+            "{}: the crash image has a log tree at {log_root}, the scenario expects none",
+            scn.name
+        ));
     }
-    Ok(CrashImage { path: crash, log_root, generation })
+    Ok(CrashImage {
+        path: crash,
+        log_root,
+        generation,
+    })
 }
 
 /// Key of a cached crash image: scenario text, generator version, kernel.
@@ -1134,32 +1408,54 @@ pub fn cached_crash_image(scn: &Scenario, cache: &Path) -> Res<CrashImage> {
     static LOCKS: Mutex<Option<HashMap<String, Arc<Mutex<()>>>>> = Mutex::new(None);
     static FRESH_DONE: Mutex<Option<HashSet<String>>> = Mutex::new(None);
     let key = cache_key(scn);
-    let lock = LOCKS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).entry(key.clone()).or_default().clone();
+    let lock = LOCKS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .entry(key.clone())
+        .or_default()
+        .clone();
     let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
     let path = cache.join(format!("{key}.img"));
     let fresh = std::env::var("BTRKIT_KCRASH_FRESH").is_ok_and(|v| v == "1")
-        && FRESH_DONE.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashSet::new).insert(key.clone());
+        && FRESH_DONE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashSet::new)
+            .insert(key.clone());
     if path.exists() && !fresh {
         let (generation, log_root) = super_log_root(&path)?;
-        return Ok(CrashImage { path, log_root, generation });
+        return Ok(CrashImage {
+            path,
+            log_root,
+            generation,
+        });
     }
     std::fs::create_dir_all(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
     // Older images of this scenario (other text, generator or kernel) go.
     if let Ok(rd) = std::fs::read_dir(cache) {
         for e in rd.flatten() {
             let f = e.file_name().to_string_lossy().into_owned();
-            let stale = f.len() == scn.name.len() + 21 && f.starts_with(&scn.name) && f.ends_with(".img") && f[scn.name.len()..].starts_with('-');
+            let stale = f.len() == scn.name.len() + 21
+                && f.starts_with(&scn.name)
+                && f.ends_with(".img")
+                && f[scn.name.len()..].starts_with('-');
             if stale && e.path() != path {
                 let _ = std::fs::remove_file(e.path());
             }
         }
     }
-    let work = tempfile::Builder::new().prefix(&format!("kcrash-{}-", scn.name)).tempdir().map_err(|e| e.to_string())?;
+    let work = tempfile::Builder::new()
+        .prefix(&format!("kcrash-{}-", scn.name))
+        .tempdir()
+        .map_err(|e| e.to_string())?;
     let c = {
         let _s = slot();
         generate(scn, work.path())?
     };
-    std::fs::rename(&c.path, &path).or_else(|_| copy_sparse(&c.path, &path).map_err(|e| std::io::Error::other(e))).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::rename(&c.path, &path)
+        .or_else(|_| copy_sparse(&c.path, &path).map_err(std::io::Error::other))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(CrashImage { path, ..c })
 }
 
@@ -1226,11 +1522,14 @@ pub fn image_digest(p: &Path) -> Res<String> {
         let mut pos = start;
         while pos < end {
             let n = (end - pos).min(buf.len() as u64) as usize;
-            f.read_exact_at(&mut buf[..n], pos).map_err(|e| format!("{}: {e}", p.display()))?;
+            f.read_exact_at(&mut buf[..n], pos)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
             // A block of zeros reads the same whether stored or a hole.
             if buf[..n].iter().any(|&b| b != 0) {
                 parts.extend_from_slice(&pos.to_le_bytes());
-                parts.extend_from_slice(&btrkit_core::csum::CsumType::Xxhash64.compute(&buf[..n])[..8]);
+                parts.extend_from_slice(
+                    &btrkit_core::csum::CsumType::Xxhash64.compute(&buf[..n])[..8],
+                );
             }
             pos += n as u64;
         }
@@ -1279,11 +1578,19 @@ impl Entry {
             v.push(("target", format!("{t:?}")));
         }
         if !self.xattrs.is_empty() {
-            let x: Vec<String> = self.xattrs.iter().map(|(k, v)| format!("{k}={:?}", String::from_utf8_lossy(v))).collect();
+            let x: Vec<String> = self
+                .xattrs
+                .iter()
+                .map(|(k, v)| format!("{k}={:?}", String::from_utf8_lossy(v)))
+                .collect();
             v.push(("xattrs", x.join(",")));
         }
         if !self.alloc.is_empty() {
-            let a: Vec<String> = self.alloc.iter().map(|(s, e, k)| format!("[{s},{e})={k}")).collect();
+            let a: Vec<String> = self
+                .alloc
+                .iter()
+                .map(|(s, e, k)| format!("[{s},{e})={k}"))
+                .collect();
             v.push(("alloc", a.join(" ")));
         }
         v
@@ -1301,7 +1608,11 @@ impl Manifest {
     pub fn render(&self) -> String {
         let mut s = String::new();
         for (p, e) in &self.entries {
-            let f: Vec<String> = e.fields().into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let f: Vec<String> = e
+                .fields()
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
             let _ = writeln!(s, "{p} {}", f.join(" "));
         }
         s
@@ -1310,7 +1621,8 @@ impl Manifest {
     /// Differences from `self` (A) to `other` (B), one line each; empty when equal.
     pub fn diff(&self, other: &Manifest) -> Vec<String> {
         let mut out = Vec::new();
-        let keys: std::collections::BTreeSet<&String> = self.entries.keys().chain(other.entries.keys()).collect();
+        let keys: std::collections::BTreeSet<&String> =
+            self.entries.keys().chain(other.entries.keys()).collect();
         for k in keys {
             match (self.entries.get(k), other.entries.get(k)) {
                 (Some(_), None) => out.push(format!("only in A: {k}")),
@@ -1319,8 +1631,15 @@ impl Manifest {
                     let fa: BTreeMap<_, _> = a.fields().into_iter().collect();
                     let fb: BTreeMap<_, _> = b.fields().into_iter().collect();
                     let mut d = Vec::new();
-                    for f in fa.keys().chain(fb.keys()).collect::<std::collections::BTreeSet<_>>() {
-                        let (x, y) = (fa.get(f).map(String::as_str).unwrap_or("-"), fb.get(f).map(String::as_str).unwrap_or("-"));
+                    for f in fa
+                        .keys()
+                        .chain(fb.keys())
+                        .collect::<std::collections::BTreeSet<_>>()
+                    {
+                        let (x, y) = (
+                            fa.get(f).map(String::as_str).unwrap_or("-"),
+                            fb.get(f).map(String::as_str).unwrap_or("-"),
+                        );
                         if x != y {
                             d.push(format!("{f} {x} vs {y}"));
                         }
@@ -1359,7 +1678,10 @@ fn list_xattrs(p: &Path) -> Res<BTreeMap<String, Vec<u8>>> {
     if n < 0 {
         return Err(errno("listxattr", p));
     }
-    for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+    for name in names[..n as usize]
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+    {
         if !name.starts_with(b"user.") {
             continue;
         }
@@ -1369,7 +1691,8 @@ fn list_xattrs(p: &Path) -> Res<BTreeMap<String, Vec<u8>>> {
             return Err(errno("getxattr", p));
         }
         let mut v = vec![0u8; len as usize];
-        let len = unsafe { libc::lgetxattr(cp.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        let len =
+            unsafe { libc::lgetxattr(cp.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
         if len < 0 {
             return Err(errno("getxattr", p));
         }
@@ -1406,7 +1729,11 @@ fn fiemap(f: &File) -> Res<Vec<(u64, u64, &'static str)>> {
             let e = &buf[4 + i * 7..4 + i * 7 + 7];
             let (logical, length) = (e[0], e[2]);
             let flags = e[5] as u32;
-            let kind = if flags & FIEMAP_EXTENT_UNWRITTEN != 0 { "unwritten" } else { "data" };
+            let kind = if flags & FIEMAP_EXTENT_UNWRITTEN != 0 {
+                "unwritten"
+            } else {
+                "data"
+            };
             match out.last_mut() {
                 Some(l) if l.1 == logical && l.2 == kind => l.1 = logical + length,
                 _ => out.push((logical, logical + length, kind)),
@@ -1451,7 +1778,8 @@ fn describe(p: &Path) -> Res<Entry> {
         'f' => {
             let mut f = File::open(p).map_err(|e| format!("open {}: {e}", p.display()))?;
             let mut data = Vec::with_capacity(md.size() as usize);
-            f.read_to_end(&mut data).map_err(|e| format!("read {}: {e}", p.display()))?;
+            f.read_to_end(&mut data)
+                .map_err(|e| format!("read {}: {e}", p.display()))?;
             e.hash = Some(content_hash(&data));
             e.alloc = fiemap(&f).map_err(|x| format!("{}: {x}", p.display()))?;
         }
@@ -1469,14 +1797,23 @@ pub fn manifest_of_tree(root: &Path) -> Res<Manifest> {
     let mut m = Manifest::default();
     let mut stack = vec![String::from("/")];
     while let Some(rel) = stack.pop() {
-        let full = if rel == "/" { root.to_path_buf() } else { root.join(&rel[1..]) };
+        let full = if rel == "/" {
+            root.to_path_buf()
+        } else {
+            root.join(&rel[1..])
+        };
         let e = describe(&full)?;
         if e.kind == 'd' {
-            let rd = std::fs::read_dir(&full).map_err(|e| format!("readdir {}: {e}", full.display()))?;
+            let rd =
+                std::fs::read_dir(&full).map_err(|e| format!("readdir {}: {e}", full.display()))?;
             for d in rd {
                 let d = d.map_err(|e| format!("readdir {}: {e}", full.display()))?;
                 let name = d.file_name().to_string_lossy().into_owned();
-                stack.push(if rel == "/" { format!("/{name}") } else { format!("{rel}/{name}") });
+                stack.push(if rel == "/" {
+                    format!("/{name}")
+                } else {
+                    format!("{rel}/{name}")
+                });
             }
         }
         m.entries.insert(rel, e);
@@ -1494,7 +1831,10 @@ pub fn manifest_via_copy(img: &Path, copy: &Path, opts: &str) -> Res<Manifest> {
 
 /// Mount `img` itself with `opts`, record the manifest, unmount.
 pub fn manifest_in_place(img: &Path, opts: &str) -> Res<Manifest> {
-    let mnt = tempfile::Builder::new().prefix("kcrash-mnt-").tempdir().map_err(|e| e.to_string())?;
+    let mnt = tempfile::Builder::new()
+        .prefix("kcrash-mnt-")
+        .tempdir()
+        .map_err(|e| e.to_string())?;
     let m = LoopMount::mount(img, &mnt.path().join("m"), opts)?;
     let r = manifest_of_tree(m.path());
     m.unmount()?;
@@ -1512,14 +1852,27 @@ pub fn manifest_of_image(img: &Path, work: &Path) -> Res<Manifest> {
 
 /// `btrfs check --readonly`: Ok when it exits 0 and reports no error.
 pub fn btrfs_check(img: &Path) -> Res<()> {
-    let o = Command::new("btrfs").args(["check", "--readonly"]).arg(img).output().map_err(|e| format!("btrfs check: {e}"))?;
-    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(img)
+        .output()
+        .map_err(|e| format!("btrfs check: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     if o.status.success() && text.contains("no error found") {
         return Ok(());
     }
     let tail: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let from = tail.len().saturating_sub(12);
-    Err(format!("btrfs check --readonly {} ({}):\n{}", img.display(), o.status, tail[from..].join("\n")))
+    Err(format!(
+        "btrfs check --readonly {} ({}):\n{}",
+        img.display(),
+        o.status,
+        tail[from..].join("\n")
+    ))
 }
 
 /// Check a scenario's `expect` lines against a manifest; one line per failure.
@@ -1542,7 +1895,11 @@ pub fn check_expectations(scn: &Scenario, m: &Manifest) -> Vec<String> {
             Expect::Size(p, n) | Expect::Nlink(p, n) => match get(p) {
                 None => fail(format!("{p} missing")),
                 Some(e) => {
-                    let (what, got) = if matches!(ex, Expect::Size(..)) { ("size", e.size) } else { ("nlink", e.nlink) };
+                    let (what, got) = if matches!(ex, Expect::Size(..)) {
+                        ("size", e.size)
+                    } else {
+                        ("nlink", e.nlink)
+                    };
                     if got != *n {
                         fail(format!("{p}: {what} {got}, expected {n}"));
                     }
@@ -1555,12 +1912,20 @@ pub fn check_expectations(scn: &Scenario, m: &Manifest) -> Vec<String> {
             },
             Expect::Target(p, t) => match get(p) {
                 None => fail(format!("{p} missing")),
-                Some(e) if e.target.as_deref() != Some(t.as_str()) => fail(format!("{p}: target {:?}, expected {t:?}", e.target)),
+                Some(e) if e.target.as_deref() != Some(t.as_str()) => {
+                    fail(format!("{p}: target {:?}, expected {t:?}", e.target))
+                }
                 _ => {}
             },
             Expect::Xattr(p, n, v) => match get(p) {
                 None => fail(format!("{p} missing")),
-                Some(e) if e.xattrs.get(n) != Some(v) => fail(format!("{p}: xattr {n} = {:?}, expected {:?}", e.xattrs.get(n).map(|x| String::from_utf8_lossy(x).into_owned()), String::from_utf8_lossy(v))),
+                Some(e) if e.xattrs.get(n) != Some(v) => fail(format!(
+                    "{p}: xattr {n} = {:?}, expected {:?}",
+                    e.xattrs
+                        .get(n)
+                        .map(|x| String::from_utf8_lossy(x).into_owned()),
+                    String::from_utf8_lossy(v)
+                )),
                 _ => {}
             },
             Expect::NoXattr(p, n) => match get(p) {
@@ -1569,7 +1934,11 @@ pub fn check_expectations(scn: &Scenario, m: &Manifest) -> Vec<String> {
                 _ => {}
             },
             Expect::Entries(d, names) => {
-                let pre = if d == "/" { "/".to_string() } else { format!("{d}/") };
+                let pre = if d == "/" {
+                    "/".to_string()
+                } else {
+                    format!("{d}/")
+                };
                 let got: Vec<String> = m
                     .entries
                     .keys()
@@ -1612,21 +1981,35 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     let bin = dir.join(name);
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     let no_build = std::env::var("BTRKIT_NO_BUILD").is_ok_and(|v| v == "1");
-    if !no_build && built.get_or_insert_with(HashSet::new).insert(name.to_string()) {
+    if !no_build
+        && built
+            .get_or_insert_with(HashSet::new)
+            .insert(name.to_string())
+    {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(cargo);
         cmd.args(["build", "-q", "-p", name, "--bin", name]);
         if let Some(target) = dir.parent() {
             cmd.arg("--target-dir").arg(target);
         }
-        if let Some(p) = dir.file_name().and_then(|n| n.to_str()).filter(|p| *p != "debug") {
+        if let Some(p) = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .filter(|p| *p != "debug")
+        {
             cmd.args(["--profile", p]);
         }
         cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")));
         match cmd.output() {
             Ok(o) if o.status.success() => {}
-            Ok(o) if !bin.exists() => panic!("cargo build -p {name} failed:\n{}", String::from_utf8_lossy(&o.stderr)),
-            Ok(o) => eprintln!("warning: cargo build -p {name} failed, using the existing binary:\n{}", String::from_utf8_lossy(&o.stderr)),
+            Ok(o) if !bin.exists() => panic!(
+                "cargo build -p {name} failed:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Ok(o) => eprintln!(
+                "warning: cargo build -p {name} failed, using the existing binary:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
             Err(e) if !bin.exists() => panic!("cannot run cargo to build {name}: {e}"),
             Err(e) => eprintln!("warning: cannot run cargo ({e}); using {}", bin.display()),
         }
@@ -1653,7 +2036,8 @@ pub const HEADLINE_MIN: u64 = 100;
 pub const HEADLINE_MAX: u64 = 4000;
 
 pub fn headline_scenario() -> Scenario {
-    Scenario::parse("headline", HEADLINE).expect("the headline scenario parses") // OK: constant text
+    Scenario::parse("headline", HEADLINE).expect("the headline scenario parses")
+    // OK: constant text
 }
 
 /// Count the headline files `/d/fNNNNN` present
@@ -1690,10 +2074,37 @@ mod tests {
         assert_eq!(s.mkfs, ["-n", "4096", "-O", "^no-holes"]);
         assert_eq!(s.mount_options(), "commit=600,compress=zstd");
         assert_eq!(s.fssize, 1 << 30);
-        assert_eq!(s.steps[2].1, Step::Write { path: "/a/g".into(), off: 10, len: 4, fill: Fill::Text(b"hi\nA".to_vec()) });
-        assert_eq!(s.steps[3].1, Step::SetXattr { path: "/a/f".into(), name: "user.k".into(), value: b"zzz".to_vec() });
-        assert_eq!(s.steps[4].1, Step::WriteFiles { dir: "/a".into(), count: 10, min: 100, max: 4000, sync: SyncKind::Fsync });
-        assert_eq!(s.expects[1].1, Expect::Entries("/a".into(), vec!["f".into(), "g".into()]));
+        assert_eq!(
+            s.steps[2].1,
+            Step::Write {
+                path: "/a/g".into(),
+                off: 10,
+                len: 4,
+                fill: Fill::Text(b"hi\nA".to_vec())
+            }
+        );
+        assert_eq!(
+            s.steps[3].1,
+            Step::SetXattr {
+                path: "/a/f".into(),
+                name: "user.k".into(),
+                value: b"zzz".to_vec()
+            }
+        );
+        assert_eq!(
+            s.steps[4].1,
+            Step::WriteFiles {
+                dir: "/a".into(),
+                count: 10,
+                min: 100,
+                max: 4000,
+                sync: SyncKind::Fsync
+            }
+        );
+        assert_eq!(
+            s.expects[1].1,
+            Expect::Entries("/a".into(), vec!["f".into(), "g".into()])
+        );
         assert!(s.wants_log());
         assert!(Scenario::parse("t", "bogus x").is_err());
         assert!(Scenario::parse("t", "write f 0").is_err());
@@ -1715,7 +2126,19 @@ mod tests {
 
     #[test]
     fn manifest_diff_names_fields() {
-        let e = Entry { kind: 'f', ino: 257, mode: 0o644, uid: 0, gid: 0, size: 3, nlink: 1, hash: Some("ab".repeat(32)), target: None, xattrs: BTreeMap::new(), alloc: vec![] };
+        let e = Entry {
+            kind: 'f',
+            ino: 257,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            size: 3,
+            nlink: 1,
+            hash: Some("ab".repeat(32)),
+            target: None,
+            xattrs: BTreeMap::new(),
+            alloc: vec![],
+        };
         let mut a = Manifest::default();
         a.entries.insert("/x".into(), e.clone());
         let mut b = a.clone();

@@ -76,7 +76,10 @@ fn replay(bin: &Path, args: &[&Path], flags: &[&str]) -> Result<Run, String> {
         c.arg(a);
     }
     let o = c.output().map_err(|e| format!("{}: {e}", bin.display()))?;
-    Ok(Run { status: o.status.code().unwrap_or(-1), stderr: String::from_utf8_lossy(&o.stderr).trim().to_string() })
+    Ok(Run {
+        status: o.status.code().unwrap_or(-1),
+        stderr: String::from_utf8_lossy(&o.stderr).trim().to_string(),
+    })
 }
 
 fn last_line(s: &str) -> &str {
@@ -86,24 +89,41 @@ fn last_line(s: &str) -> &str {
 /// The kernel's result for a crash image: replayed by mounting a copy
 /// read-write, then the replayed copy mounted again read-only must show the
 /// same (the manifest is stable and the replay was committed).
-fn kernel_side(scn: &Scenario, crash: &Path, work: &Path) -> Result<(Manifest, Vec<String>), String> {
+fn kernel_side(
+    scn: &Scenario,
+    crash: &Path,
+    work: &Path,
+) -> Result<(Manifest, Vec<String>), String> {
     let mut notes = Vec::new();
     let kcopy = work.join("kernel.img");
-    let kernel = kcrash::manifest_via_copy(crash, &kcopy, "rw").map_err(|e| format!("kernel mount: {e}"))?;
+    let kernel =
+        kcrash::manifest_via_copy(crash, &kcopy, "rw").map_err(|e| format!("kernel mount: {e}"))?;
     let (_, log_after) = kcrash::super_log_root(&kcopy)?;
     if log_after != 0 {
-        return Err(format!("kernel: log_root still {log_after} after the replaying mount"));
+        return Err(format!(
+            "kernel: log_root still {log_after} after the replaying mount"
+        ));
     }
-    let again = kcrash::manifest_in_place(&kcopy, "ro").map_err(|e| format!("kernel remount: {e}"))?;
+    let again =
+        kcrash::manifest_in_place(&kcopy, "ro").map_err(|e| format!("kernel remount: {e}"))?;
     if again != kernel {
-        return Err(format!("kernel manifest unstable across mounts:\n{}", kernel.short_diff(&again, 8)));
+        return Err(format!(
+            "kernel manifest unstable across mounts:\n{}",
+            kernel.short_diff(&again, 8)
+        ));
     }
     if let Err(e) = kcrash::btrfs_check(&kcopy) {
-        notes.push(format!("the kernel's own result fails btrfs check: {}", last_line(&e)));
+        notes.push(format!(
+            "the kernel's own result fails btrfs check: {}",
+            last_line(&e)
+        ));
     }
     let fails = kcrash::check_expectations(scn, &kernel);
     if !fails.is_empty() {
-        return Err(format!("kernel result breaks the scenario's expectations: {}", fails.join("; ")));
+        return Err(format!(
+            "kernel result breaks the scenario's expectations: {}",
+            fails.join("; ")
+        ));
     }
     let _ = std::fs::remove_file(&kcopy);
     Ok((kernel, notes))
@@ -117,10 +137,14 @@ fn check_replayed(what: &str, img: &Path, kernel: &Manifest, work: &Path) -> Res
     }
     kcrash::btrfs_check(img).map_err(|e| format!("{what}: {e}"))?;
     let copy = work.join("check-copy.img");
-    let mine = kcrash::manifest_via_copy(img, &copy, "ro").map_err(|e| format!("{what}: mount: {e}"))?;
+    let mine =
+        kcrash::manifest_via_copy(img, &copy, "ro").map_err(|e| format!("{what}: mount: {e}"))?;
     let _ = std::fs::remove_file(&copy);
     if &mine != kernel {
-        return Err(format!("{what}: differs from the kernel (A = kernel, B = btrkit):\n{}", kernel.short_diff(&mine, 10)));
+        return Err(format!(
+            "{what}: differs from the kernel (A = kernel, B = btrkit):\n{}",
+            kernel.short_diff(&mine, 10)
+        ));
     }
     Ok(())
 }
@@ -138,10 +162,14 @@ fn run_one(i: usize, scn: &Scenario, bin: &Path, cache: &Path) -> Outcome {
     let mut notes = Vec::new();
     let mut log_root = 0;
     let result = (|| -> Result<(), String> {
-        let cached = kcrash::cached_crash_image(scn, cache).map_err(|e| format!("crash image: {e}"))?;
+        let cached =
+            kcrash::cached_crash_image(scn, cache).map_err(|e| format!("crash image: {e}"))?;
         log_root = cached.log_root;
         let _slot = kcrash::slot();
-        let work = tempfile::Builder::new().prefix(&format!("replay-{}-", scn.name)).tempdir().map_err(|e| e.to_string())?;
+        let work = tempfile::Builder::new()
+            .prefix(&format!("replay-{}-", scn.name))
+            .tempdir()
+            .map_err(|e| e.to_string())?;
         let w = work.path();
         let crash = w.join("crash.img");
         kcrash::copy_sparse(&cached.path, &crash)?;
@@ -153,7 +181,11 @@ fn run_one(i: usize, scn: &Scenario, bin: &Path, cache: &Path) -> Outcome {
         let out = w.join("out.img");
         let r = replay(bin, &[&crash, Path::new("-o"), &out], &[])?;
         if r.status != 0 {
-            return Err(format!("btrkit-replay -o: exit {}: {}", r.status, last_line(&r.stderr)));
+            return Err(format!(
+                "btrkit-replay -o: exit {}: {}",
+                r.status,
+                last_line(&r.stderr)
+            ));
         }
         if kcrash::image_digest(&crash)? != before {
             return Err("btrkit-replay -o changed the input image".into());
@@ -169,26 +201,40 @@ fn run_one(i: usize, scn: &Scenario, bin: &Path, cache: &Path) -> Outcome {
             let _ = std::fs::remove_file(&out);
         }
 
-        if i % 3 == 0 {
+        #[allow(clippy::manual_is_multiple_of)] // is_multiple_of needs Rust 1.87; MSRV is 1.80
+        let every_third = i % 3 == 0;
+        if every_third {
             let inplace = w.join("inplace.img");
             kcrash::copy_sparse(&crash, &inplace)?;
             let d0 = kcrash::image_digest(&inplace)?;
             let r = replay(bin, &[&inplace], &["--dry-run"])?;
             if r.status != 0 {
-                return Err(format!("btrkit-replay --dry-run: exit {}: {}", r.status, last_line(&r.stderr)));
+                return Err(format!(
+                    "btrkit-replay --dry-run: exit {}: {}",
+                    r.status,
+                    last_line(&r.stderr)
+                ));
             }
             if kcrash::image_digest(&inplace)? != d0 {
                 return Err("btrkit-replay --dry-run changed the image".into());
             }
             let r = replay(bin, &[&inplace], &[])?;
             if r.status != 0 {
-                return Err(format!("btrkit-replay in place: exit {}: {}", r.status, last_line(&r.stderr)));
+                return Err(format!(
+                    "btrkit-replay in place: exit {}: {}",
+                    r.status,
+                    last_line(&r.stderr)
+                ));
             }
             check_replayed("in place", &inplace, &kernel, w)?;
             let d1 = kcrash::image_digest(&inplace)?;
             let r = replay(bin, &[&inplace], &[])?;
             if r.status != 0 {
-                return Err(format!("btrkit-replay a second time: exit {}: {}", r.status, last_line(&r.stderr)));
+                return Err(format!(
+                    "btrkit-replay a second time: exit {}: {}",
+                    r.status,
+                    last_line(&r.stderr)
+                ));
             }
             if kcrash::image_digest(&inplace)? != d1 {
                 return Err("btrkit-replay on an image without a log changed it".into());
@@ -196,7 +242,13 @@ fn run_one(i: usize, scn: &Scenario, bin: &Path, cache: &Path) -> Outcome {
         }
         Ok(())
     })();
-    Outcome { name: scn.name.clone(), log_root, result, notes, secs: t.elapsed().as_secs_f64() }
+    Outcome {
+        name: scn.name.clone(),
+        log_root,
+        result,
+        notes,
+        secs: t.elapsed().as_secs_f64(),
+    }
 }
 
 #[test]
@@ -212,7 +264,12 @@ fn replay_equals_kernel_on_every_scenario() {
     assert!(!all.is_empty(), "no scenarios");
     let outcomes = kcrash::parallel_map(&all, kcrash::max_jobs(), |i, s| {
         let o = run_one(i, s, &bin, &cache);
-        eprintln!("{:<40} {} ({:.1}s)", o.name, if o.result.is_ok() { "pass" } else { "FAIL" }, o.secs);
+        eprintln!(
+            "{:<40} {} ({:.1}s)",
+            o.name,
+            if o.result.is_ok() { "pass" } else { "FAIL" },
+            o.secs
+        );
         o
     });
     let mut table = format!("\n{:<40} {:<4} {:>7}  result\n", "scenario", "log", "time");
@@ -232,7 +289,12 @@ fn replay_equals_kernel_on_every_scenario() {
             }
         };
         let res: String = res.chars().take(160).collect();
-        table += &format!("{:<40} {:<4} {:>6.1}s  {res}\n", o.name, if o.log_root != 0 { "yes" } else { "no" }, o.secs);
+        table += &format!(
+            "{:<40} {:<4} {:>6.1}s  {res}\n",
+            o.name,
+            if o.log_root != 0 { "yes" } else { "no" },
+            o.secs
+        );
         for n in &o.notes {
             table += &format!("    note: {n}\n");
         }
@@ -241,12 +303,30 @@ fn replay_equals_kernel_on_every_scenario() {
         }
     }
     let passed = outcomes.len() - failed.len();
-    table += &format!("{passed}/{} scenarios pass, {:.0}s\n", outcomes.len(), t.elapsed().as_secs_f64());
+    table += &format!(
+        "{passed}/{} scenarios pass, {:.0}s\n",
+        outcomes.len(),
+        t.elapsed().as_secs_f64()
+    );
     eprintln!("{table}");
     if !failed.is_empty() {
-        let names: Vec<&str> = sorted.iter().filter(|o| o.result.is_err()).map(|o| o.name.as_str()).collect();
-        let detail: String = failed.join("\n").lines().take(400).collect::<Vec<_>>().join("\n");
-        panic!("{} of {} scenarios fail: {}\n{detail}", failed.len(), outcomes.len(), names.join(" "));
+        let names: Vec<&str> = sorted
+            .iter()
+            .filter(|o| o.result.is_err())
+            .map(|o| o.name.as_str())
+            .collect();
+        let detail: String = failed
+            .join("\n")
+            .lines()
+            .take(400)
+            .collect::<Vec<_>>()
+            .join("\n");
+        panic!(
+            "{} of {} scenarios fail: {}\n{detail}",
+            failed.len(),
+            outcomes.len(),
+            names.join(" ")
+        );
     }
 }
 
@@ -260,28 +340,42 @@ fn dump_log_on_every_scenario() {
     let bin = kcrash::workspace_bin("btrkit-dump");
     let cache = kcrash::default_cache_dir();
     let all = by_cost(scenarios());
-    let fails: Vec<String> = kcrash::parallel_map(&all, kcrash::max_jobs(), |_, s| -> Option<String> {
-        let c = match kcrash::cached_crash_image(s, &cache) {
-            Ok(c) => c,
-            Err(e) => return Some(format!("{}: crash image: {e}", s.name)),
-        };
-        let o = match Command::new(&bin).arg("tree").arg(&c.path).output() {
-            Ok(o) => o,
-            Err(e) => return Some(format!("{}: {e}", s.name)),
-        };
-        let out = String::from_utf8_lossy(&o.stdout);
-        if !o.status.success() {
-            return Some(format!("{}: btrkit-dump tree exit {:?}: {}", s.name, o.status.code(), last_line(&String::from_utf8_lossy(&o.stderr))));
-        }
-        if c.log_root != 0 && !out.contains("log root tree") && !out.contains("TREE_LOG") {
-            return Some(format!("{}: btrkit-dump tree shows no log tree although log_root is {}", s.name, c.log_root));
-        }
-        None
-    })
-    .into_iter()
-    .flatten()
-    .collect();
-    assert!(fails.is_empty(), "btrkit-dump tree fails on {} crash images:\n{}", fails.len(), fails.join("\n"));
+    let fails: Vec<String> =
+        kcrash::parallel_map(&all, kcrash::max_jobs(), |_, s| -> Option<String> {
+            let c = match kcrash::cached_crash_image(s, &cache) {
+                Ok(c) => c,
+                Err(e) => return Some(format!("{}: crash image: {e}", s.name)),
+            };
+            let o = match Command::new(&bin).arg("tree").arg(&c.path).output() {
+                Ok(o) => o,
+                Err(e) => return Some(format!("{}: {e}", s.name)),
+            };
+            let out = String::from_utf8_lossy(&o.stdout);
+            if !o.status.success() {
+                return Some(format!(
+                    "{}: btrkit-dump tree exit {:?}: {}",
+                    s.name,
+                    o.status.code(),
+                    last_line(&String::from_utf8_lossy(&o.stderr))
+                ));
+            }
+            if c.log_root != 0 && !out.contains("log root tree") && !out.contains("TREE_LOG") {
+                return Some(format!(
+                    "{}: btrkit-dump tree shows no log tree although log_root is {}",
+                    s.name, c.log_root
+                ));
+            }
+            None
+        })
+        .into_iter()
+        .flatten()
+        .collect();
+    assert!(
+        fails.is_empty(),
+        "btrkit-dump tree fails on {} crash images:\n{}",
+        fails.len(),
+        fails.join("\n")
+    );
 }
 
 /// Loose cross-check of our generator and manifest against the project's
@@ -296,20 +390,36 @@ fn kcrash_py_agrees_on_the_examples() {
     let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/oracle");
     let script = shared.join("kcrash.py");
     if !script.exists() || Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("SKIP: kcrash_py_agrees_on_the_examples: needs python3 and ../shared/oracle/kcrash.py");
+        eprintln!(
+            "SKIP: kcrash_py_agrees_on_the_examples: needs python3 and ../shared/oracle/kcrash.py"
+        );
         return;
     }
     for name in ["rename-then-new-name", "double-fsync"] {
-        let mut ours_scn = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("scenarios/{name}.scn"))).unwrap();
+        let mut ours_scn = Scenario::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("scenarios/{name}.scn")),
+        )
+        .unwrap();
         // kcrash.py has no warm-up files.
         ours_scn.warmup = false;
         let example: PathBuf = shared.join(format!("examples/{name}.scn"));
         let _slot = kcrash::slot();
         let work = tempfile::tempdir().unwrap();
         let out = work.path().join("py");
-        let o = Command::new("python3").arg(&script).arg("run").arg(&example).arg(&out).output().unwrap();
-        assert!(o.status.success(), "kcrash.py run {name}: {}", String::from_utf8_lossy(&o.stderr));
-        let theirs: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("kernel.json")).unwrap()).unwrap();
+        let o = Command::new("python3")
+            .arg(&script)
+            .arg("run")
+            .arg(&example)
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "kcrash.py run {name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let theirs: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("kernel.json")).unwrap()).unwrap();
         let c = kcrash::generate(&ours_scn, &work.path().join("rs")).unwrap();
         let ours = kcrash::manifest_of_image(&c.path, work.path()).unwrap();
         let theirs = theirs.as_object().unwrap();
@@ -318,9 +428,14 @@ fn kcrash_py_agrees_on_the_examples() {
         assert_eq!(their_paths, our_paths, "{name}: paths");
         for p in our_paths {
             let (e, t) = (&ours.entries[p], &theirs[p.as_str()]);
-            let mode = u32::from_str_radix(t["mode"].as_str().unwrap().trim_start_matches("0o"), 8).unwrap();
+            let mode = u32::from_str_radix(t["mode"].as_str().unwrap().trim_start_matches("0o"), 8)
+                .unwrap();
             assert_eq!(e.mode, mode & 0o7777, "{name}: mode of {p}");
-            assert_eq!(e.nlink, t["nlink"].as_u64().unwrap(), "{name}: nlink of {p}");
+            assert_eq!(
+                e.nlink,
+                t["nlink"].as_u64().unwrap(),
+                "{name}: nlink of {p}"
+            );
             assert_eq!(e.ino, t["ino"].as_u64().unwrap(), "{name}: ino of {p}");
             if e.kind == 'f' {
                 assert_eq!(e.size, t["size"].as_u64().unwrap(), "{name}: size of {p}");
@@ -328,13 +443,31 @@ fn kcrash_py_agrees_on_the_examples() {
                     .as_array()
                     .unwrap()
                     .iter()
-                    .map(|r| (r[0].as_u64().unwrap(), r[1].as_u64().unwrap(), r[2].as_str().unwrap().to_string()))
+                    .map(|r| {
+                        (
+                            r[0].as_u64().unwrap(),
+                            r[1].as_u64().unwrap(),
+                            r[2].as_str().unwrap().to_string(),
+                        )
+                    })
                     .collect();
-                let mine: Vec<(u64, u64, String)> = e.alloc.iter().map(|(a, b, k)| (*a, *b, k.to_string())).collect();
+                let mine: Vec<(u64, u64, String)> = e
+                    .alloc
+                    .iter()
+                    .map(|(a, b, k)| (*a, *b, k.to_string()))
+                    .collect();
                 assert_eq!(mine, alloc, "{name}: extent map of {p}");
             }
-            assert_eq!(e.target.as_deref(), t.get("target").and_then(|x| x.as_str()), "{name}: target of {p}");
-            let xs = t.get("xattrs").and_then(|x| x.as_object()).map(|o| o.len()).unwrap_or(0);
+            assert_eq!(
+                e.target.as_deref(),
+                t.get("target").and_then(|x| x.as_str()),
+                "{name}: target of {p}"
+            );
+            let xs = t
+                .get("xattrs")
+                .and_then(|x| x.as_object())
+                .map(|o| o.len())
+                .unwrap_or(0);
             assert_eq!(e.xattrs.len(), xs, "{name}: xattrs of {p}");
         }
     }

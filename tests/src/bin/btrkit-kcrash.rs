@@ -47,7 +47,12 @@ fn real_main() -> Result<(), String> {
             for f in kcrash::check_expectations(&s, &m) {
                 eprintln!("expectation failed: {f}");
             }
-            println!("{} (generation {}, log_root {})", c.path.display(), c.generation, c.log_root);
+            println!(
+                "{} (generation {}, log_root {})",
+                c.path.display(),
+                c.generation,
+                c.log_root
+            );
             Ok(())
         }
         ["manifest", img] => {
@@ -70,7 +75,10 @@ fn real_main() -> Result<(), String> {
             }
         }
         ["headline"] => {
-            let c = kcrash::cached_crash_image(&kcrash::headline_scenario(), &kcrash::default_cache_dir())?;
+            let c = kcrash::cached_crash_image(
+                &kcrash::headline_scenario(),
+                &kcrash::default_cache_dir(),
+            )?;
             println!("{}", c.path.display());
             Ok(())
         }
