@@ -82,6 +82,59 @@ impl Fs {
         if img.sb.log_root.get() != 0 {
             return Err(Error::Unsupported("the filesystem has a log tree to replay; replay it before writing".into()));
         }
+        Fs::from_image_any(img)
+    }
+
+    /// Open a filesystem whose log is about to be replayed: the log's blocks
+    /// must be pinned (see `pin_range`) before anything is allocated.
+    pub fn open_for_replay(dev: Arc<dyn BlockDevice>) -> Result<Fs> {
+        let img = Image::open(dev, crate::image::OpenOptions { writable: true, ..Default::default() })?;
+        Fs::from_image_any(img)
+    }
+
+    /// Keep `[start, start+len)` out of allocation until the next commit is
+    /// durable, without an extent item (log blocks during replay). Fails when
+    /// the range is not free space of a block group.
+    pub fn pin_range(&mut self, start: u64, len: u64) -> Result<()> {
+        let g = self.alloc.group_of_mut(start).ok_or_else(|| Error::corrupt(format!("log block {start} outside every block group"), start))?;
+        if start + len > g.end() {
+            return Err(Error::corrupt(format!("log block {start}+{len} crosses the end of its block group"), start));
+        }
+        if g.pinned.contains(start, start + len) {
+            return Ok(());
+        }
+        if !g.free.contains(start, start + len) {
+            return Err(Error::corrupt(format!("log block {start} overlaps allocated space"), start));
+        }
+        g.free.remove(start, start + len);
+        g.pinned.insert(start, start + len);
+        Ok(())
+    }
+
+    /// A data extent written in the crashed transaction becomes allocated:
+    /// it was pinned while the log was read, or is still free.
+    pub fn account_data_extent(&mut self, start: u64, len: u64) -> Result<()> {
+        let g = self.alloc.group_of_mut(start).ok_or_else(|| Error::corrupt(format!("logged data extent {start}+{len} outside every block group"), start))?;
+        if g.pinned.contains(start, start + len) {
+            g.pinned.remove(start, start + len);
+        } else if g.free.contains(start, start + len) {
+            g.free.remove(start, start + len);
+        } else {
+            return Err(Error::corrupt(format!("logged data extent {start}+{len} overlaps allocated space"), start));
+        }
+        g.used += len;
+        g.dirty = true;
+        Ok(())
+    }
+
+    /// Clear the superblock's log pointer; the next commit drops the log.
+    pub fn clear_log_root(&mut self) {
+        self.sb.log_root.set(0);
+        self.sb.log_root_level = 0;
+        self.sb.log_root_transid.set(0);
+    }
+
+    fn from_image_any(img: Image) -> Result<Fs> {
         let sb = *img.sb;
         let chunk_root = img.read_tree_block(sb.chunk_root.get(), &Expect::default(), false)?;
         let chunk_tree_uuid = chunk_root.header().chunk_tree_uuid;

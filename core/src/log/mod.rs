@@ -1,0 +1,3 @@
+//! The fsync log: offline replay (`replay`).
+
+pub mod replay;
