@@ -302,6 +302,8 @@ pub struct SuperStatus {
     pub stored_csum: Vec<u8>,
     /// The checksum computed over the copy, when the type is known.
     pub computed_csum: Option<Vec<u8>>,
+    /// Every byte of the copy is zero: no superblock was ever written there.
+    pub all_zero: bool,
 }
 
 impl SuperStatus {
@@ -357,6 +359,7 @@ pub fn read_superblock_raw(dev: &dyn BlockDevice, mirror: usize) -> Result<(Supe
         bytenr_ok: sb.bytenr.get() == off,
         stored_csum,
         computed_csum,
+        all_zero: buf.iter().all(|&b| b == 0),
     };
     Ok((sb, status))
 }
@@ -438,7 +441,7 @@ mod tests {
     fn raw_superblock_reports_instead_of_failing() {
         let dev = dev_with_super(1 << 20);
         let (sb, st) = read_superblock_raw(&dev, 0).unwrap();
-        assert!(st.is_valid(), "{:?}", st.defects());
+        assert!(st.is_valid() && !st.all_zero, "{:?}", st.defects());
         assert_eq!(sb.generation.get(), 42);
         assert_eq!(st.stored_csum.len(), 4);
         assert_eq!(Some(st.stored_csum.clone()), st.computed_csum);
@@ -457,7 +460,7 @@ mod tests {
         // csum_type is crc32c, whose checksum of zeroes is not zero.
         let dev = MemDevice::zeroed(1 << 20);
         let (_, st) = read_superblock_raw(&dev, 0).unwrap();
-        assert!(!st.magic_ok && !st.bytenr_ok && st.csum_ok == Some(false));
+        assert!(!st.magic_ok && !st.bytenr_ok && st.csum_ok == Some(false) && st.all_zero);
         assert_eq!(st.defects().len(), 3);
 
         // Mirrors beyond the image end do not exist.

@@ -2,7 +2,6 @@
 //! reading and grouping is `btrkit_core::log::inspect`; this file only lays
 //! the result out as comfy-table tables or JSON.
 
-use anyhow::Context;
 use btrkit_core::format::names::{key_string, objectid_name};
 use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::log::inspect::{
@@ -34,8 +33,12 @@ struct JsonOut<'a> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let img = Image::open_path(&a.image, OpenOptions { lenient: true, ..Default::default() })
-        .with_context(|| format!("cannot open {}", a.image.display()))?;
+    let img = match Image::open_path(&a.image, OpenOptions { lenient: true, ..Default::default() }) {
+        Ok(i) => i,
+        // I/O errors already name the path.
+        Err(e @ btrkit_core::Error::Io { .. }) => return Err(e.into()),
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("cannot open {}", a.image.display()))),
+    };
     let dump = inspect_log(&img);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

@@ -4,11 +4,10 @@
 //! print (`status`, `nr_global_roots`, non-zero reserved words, empty backup
 //! slots) are additions. A damaged copy is shown, never refused.
 
-use anyhow::Context;
 use btrkit_core::format::chunk::Stripe;
 use btrkit_core::format::consts::*;
 use btrkit_core::format::names::{
-    block_group_flags_str, compat_ro_names, csum_type_name, incompat_names, key_string, super_flag_names,
+    block_group_flags_str, compat_ro_names, incompat_names, key_string, super_flag_names,
 };
 use btrkit_core::format::superblock::{RootBackup, Superblock, SysChunkEntry};
 use btrkit_core::image::{read_superblock_raw, SuperStatus};
@@ -38,7 +37,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let dev = FileDevice::open_mmap(&a.image).with_context(|| format!("cannot open {}", a.image.display()))?;
+    // The device error already names the path.
+    let dev = FileDevice::open_mmap(&a.image)?;
     let mirrors: Vec<usize> = if a.all_mirrors { (0..BTRFS_SUPER_MIRROR_MAX).collect() } else { vec![a.mirror as usize] };
     let copies: Vec<CopyReport> = mirrors.iter().map(|&m| read_copy(&dev, m)).collect();
     let damaged = copies.iter().any(|c| c.present && !c.valid);
@@ -82,6 +82,8 @@ struct CopyReport {
     valid: bool,
     /// What is wrong with a present copy (bad magic, checksum MISMATCH, ...).
     defects: Vec<String>,
+    /// Every byte of the copy is zero: nothing was ever written there.
+    all_zero: bool,
     status: Option<StatusJson>,
     superblock: Option<SuperJson>,
     /// Why a copy is absent.
@@ -106,6 +108,7 @@ fn read_copy(dev: &dyn BlockDevice, mirror: usize) -> CopyReport {
         present: false,
         valid: false,
         defects: Vec::new(),
+        all_zero: false,
         status: None,
         superblock: None,
         error: Some(error),
@@ -120,6 +123,7 @@ fn read_copy(dev: &dyn BlockDevice, mirror: usize) -> CopyReport {
             present: true,
             valid: st.is_valid(),
             defects: st.defects(),
+            all_zero: st.all_zero,
             status: Some(status_json(&st)),
             superblock: Some(super_json(&sb)),
             error: None,
@@ -290,6 +294,17 @@ struct BackupJson {
     num_devices: u64,
     unused_64: Vec<u64>,
     unused_8: String,
+}
+
+/// Checksum algorithm names as dump-super and `mkfs.btrfs --csum` spell them.
+fn csum_type_name(t: u16) -> &'static str {
+    match t {
+        BTRFS_CSUM_TYPE_CRC32 => "crc32c",
+        BTRFS_CSUM_TYPE_XXHASH => "xxhash64",
+        BTRFS_CSUM_TYPE_SHA256 => "sha256",
+        BTRFS_CSUM_TYPE_BLAKE2 => "blake2",
+        _ => "unknown",
+    }
 }
 
 fn label_text(sb: &Superblock) -> String {
@@ -469,6 +484,12 @@ fn render_copy(c: &CopyReport, device: &str) -> String {
     };
     let _ = writeln!(o, "superblock: bytenr={}, device={device}", c.offset);
     let _ = writeln!(o, "---------------------------------------------------------");
+    if c.all_zero {
+        // Every field would print as 0; say it once instead.
+        kv(&mut o, "status", format!("INVALID (mirror {}): no superblock, all 4096 bytes are zero", c.mirror));
+        o.push('\n');
+        return o;
+    }
     if c.valid {
         kv(&mut o, "status", format!("valid (mirror {})", c.mirror));
     } else {

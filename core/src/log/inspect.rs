@@ -877,6 +877,74 @@ mod tests {
         assert_eq!(inodes[0].path.as_deref(), Some("<ino 601>/c"));
     }
 
+    /// Extract a btrfs-progs fsck fixture into `dir`, or say why not.
+    fn fixture(name: &str, dir: &std::path::Path) -> Option<std::path::PathBuf> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/btrfs-progs-fsck");
+        let tar = root.join(format!("{name}.tar.xz"));
+        if !tar.exists() {
+            eprintln!("SKIP: fixture {} not present", tar.display());
+            return None;
+        }
+        let st = std::process::Command::new("tar").arg("-xJf").arg(&tar).arg("-C").arg(dir).status();
+        if !matches!(st, Ok(s) if s.success()) {
+            eprintln!("SKIP: cannot extract {} with tar", tar.display());
+            return None;
+        }
+        let raw = dir.join(format!("{name}.raw"));
+        raw.exists().then_some(raw).or_else(|| {
+            eprintln!("SKIP: {name}.raw not in the archive");
+            None
+        })
+    }
+
+    /// A kernel-written log (btrfs-progs fsck test 065): one compressed
+    /// extent fsynced, then the same log with its only leaf damaged.
+    #[test]
+    fn kernel_log_fixture() {
+        use crate::image::OpenOptions;
+        let tmp = tempfile::tempdir().unwrap();
+        let Some(raw) = fixture("065-valid-log-tree--compressed", tmp.path()) else { return };
+        let img = Image::open_path(&raw, OpenOptions::default()).unwrap();
+        let d = inspect_log(&img).expect("the fixture has a log");
+        assert!(!d.is_damaged(), "{:?}", d.problems);
+        assert_eq!(d.log_root.generation, d.super_generation + 1);
+        assert_eq!(d.subvols.len(), 1);
+        let s = &d.subvols[0];
+        assert_eq!(s.subvol, BTRFS_FS_TREE_OBJECTID);
+        assert!(s.problems.is_empty() && s.other.is_empty());
+        assert_eq!(s.inodes.len(), 1);
+        let f = &s.inodes[0];
+        assert_eq!((f.ino, f.path.as_deref()), (257, Some("/file")));
+        assert_eq!(f.inode.as_ref().map(|i| i.kind), Some("file"));
+        assert_eq!(f.names.len(), 1);
+        assert_eq!(f.extents.len(), 1);
+        assert_eq!((f.extents[0].kind, f.extents[0].compression.as_str()), (ExtentKind::Regular, "zlib"));
+        assert_eq!(s.csums.len(), 1);
+        assert_eq!(s.csums[0].start, f.extents[0].disk_bytenr.unwrap());
+        let leaf = s.tree.bytenr;
+        let copies = img.chunks.map(leaf, img.nodesize as u64, img.devid).unwrap();
+        drop(img);
+
+        // Damage every copy of the log leaf: still shown, reported damaged.
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(&raw).unwrap();
+            for p in copies {
+                f.write_all_at(&[0xa5; 8], p + 0x300).unwrap();
+            }
+        }
+        let img = Image::open_path(&raw, OpenOptions { lenient: true, ..Default::default() }).unwrap();
+        let d = inspect_log(&img).unwrap();
+        assert!(d.is_damaged());
+        assert_eq!(d.subvols[0].problems[0].bytenr, leaf);
+        assert_eq!(d.subvols[0].inodes.len(), 1);
+        // A strict image cannot read the block at all; that too is a problem.
+        let img = Image::open_path(&raw, OpenOptions::default()).unwrap();
+        let d = inspect_log(&img).unwrap();
+        assert!(d.subvols[0].problems[0].message.contains("unreadable"));
+        assert!(d.subvols[0].inodes.is_empty());
+    }
+
     #[test]
     fn escaping_and_previews() {
         assert_eq!(escape_bytes(b"plain"), "plain");
