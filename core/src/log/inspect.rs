@@ -244,6 +244,12 @@ pub struct LoggedExtent {
     pub offset: Option<u64>,
     /// Length of the file range.
     pub num_bytes: Option<u64>,
+    /// For a regular extent with data: how many bytes of the data it
+    /// references (the whole disk extent when compressed) the log's
+    /// EXTENT_CSUM items cover. Less than `num_bytes` (or `disk_num_bytes`)
+    /// means the log lacks checksums for some of it, which is normal only for
+    /// NODATASUM inodes.
+    pub csum_bytes_in_log: Option<u64>,
 }
 
 /// One EXTENT_CSUM item: checksums of `csums` data sectors from `start`.
@@ -316,6 +322,7 @@ fn inspect_subvol_log(img: &Image, subvol: u64, root: TreeRoot) -> SubvolLog {
         }
     });
     let (mut inodes, csums, other) = g.finish();
+    fill_csum_coverage(&mut inodes, &csums);
     // Ancestors the log does not name are looked up in the committed fs tree
     // of the subvolume; a damaged or missing fs tree only costs path detail.
     let fs_root = img.find_root(subvol).ok().flatten();
@@ -515,6 +522,39 @@ impl LogGrouper {
     }
 }
 
+/// The disk range whose checksums a logged extent needs: what it references
+/// of an uncompressed extent, the whole extent when compressed (checksums
+/// cover the compressed bytes). None for inline, prealloc and holes.
+pub fn csum_range_needed(e: &LoggedExtent) -> Option<(u64, u64)> {
+    if e.kind != ExtentKind::Regular {
+        return None;
+    }
+    let db = e.disk_bytenr.filter(|&d| d != 0)?;
+    if e.compression != "none" {
+        Some((db, db.saturating_add(e.disk_num_bytes.unwrap_or(0))))
+    } else {
+        let start = db.saturating_add(e.offset.unwrap_or(0));
+        Some((start, start.saturating_add(e.num_bytes.unwrap_or(0))))
+    }
+}
+
+/// Set `csum_bytes_in_log` of every regular extent from the log's ranges.
+pub fn fill_csum_coverage(inodes: &mut [LoggedInode], csums: &[CsumRange]) {
+    for e in inodes.iter_mut().flat_map(|i| i.extents.iter_mut()) {
+        if let Some((start, end)) = csum_range_needed(e) {
+            // Log csum items never overlap one another, so overlaps add up.
+            let covered = csums
+                .iter()
+                .map(|c| {
+                    let (cs, ce) = (c.start, c.start.saturating_add(c.len));
+                    ce.min(end).saturating_sub(cs.max(start))
+                })
+                .sum();
+            e.csum_bytes_in_log = Some(covered);
+        }
+    }
+}
+
 /// Fill in `path` of every inode. `committed` gives (parent, name) of an
 /// inode that the log does not name, or None.
 pub fn resolve_paths<F>(inodes: &mut [LoggedInode], mut committed: F)
@@ -600,6 +640,7 @@ fn summarize_extent(file_offset: u64, fe: &FileExtent<'_>) -> LoggedExtent {
         disk_num_bytes: None,
         offset: None,
         num_bytes: None,
+        csum_bytes_in_log: None,
     };
     match fe {
         FileExtent::Inline { data, .. } => e.inline_len = Some(data.len() as u64),
@@ -814,6 +855,7 @@ mod tests {
         assert!(g.add(k(259, BTRFS_INODE_ITEM_KEY, 0), &[0u8; 10]).is_err());
 
         let (mut inodes, csums, other) = g.finish();
+    fill_csum_coverage(&mut inodes, &csums);
         assert_eq!(inodes.iter().map(|i| i.ino).collect::<Vec<_>>(), vec![257, 258, 259, 300]);
         let d = &inodes[0];
         assert_eq!(d.inode.as_ref().unwrap().kind, "dir");
@@ -840,6 +882,18 @@ mod tests {
         assert!(inodes[2].other[0].error.is_some());
         assert!(inodes[3].orphan && inodes[3].inode.is_none());
         assert_eq!(csums, vec![CsumRange { start: 1 << 20, len: 8192, csums: 2 }]);
+        fill_csum_coverage(&mut inodes, &csums);
+        // Compressed: the whole 4 KiB disk extent is needed and covered.
+        assert_eq!(inodes[1].extents[0].csum_bytes_in_log, Some(4096));
+        assert_eq!(inodes[1].extents[1].csum_bytes_in_log, None);
+        let mut e = inodes[1].extents[0].clone();
+        e.compression = "none".into();
+        e.offset = Some(4096);
+        e.num_bytes = Some(8192);
+        assert_eq!(csum_range_needed(&e), Some(((1 << 20) + 4096, (1 << 20) + 12288)));
+        let mut one = vec![LoggedInode { ino: 1, extents: vec![e], ..Default::default() }];
+        fill_csum_coverage(&mut one, &csums);
+        assert_eq!(one[0].extents[0].csum_bytes_in_log, Some(4096));
         assert_eq!(other.len(), 1);
 
         // 257 and 258 are named in the log; 300 only in the "committed" tree,
@@ -921,6 +975,7 @@ mod tests {
         assert_eq!((f.extents[0].kind, f.extents[0].compression.as_str()), (ExtentKind::Regular, "zlib"));
         assert_eq!(s.csums.len(), 1);
         assert_eq!(s.csums[0].start, f.extents[0].disk_bytenr.unwrap());
+        assert_eq!(f.extents[0].csum_bytes_in_log, f.extents[0].disk_num_bytes);
         let leaf = s.tree.bytenr;
         let copies = img.chunks.map(leaf, img.nodesize as u64, img.devid).unwrap();
         drop(img);
