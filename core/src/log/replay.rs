@@ -159,7 +159,7 @@ fn collect_blocks(img: &crate::image::Image, root: TreeRoot, blocks: &mut Vec<u6
 
 /// Logged data extents whose checksums the log lacks (inode without
 /// NODATASUM, regular uncompressed or compressed extents).
-fn missing_csums(fs: &Fs, logs: &[LogTree]) -> Vec<String> {
+fn missing_csums(fs: &mut Fs, logs: &[LogTree]) -> Result<Vec<String>> {
     let cs = fs.image().csum.size();
     let ss = fs.sectorsize() as u64;
     let mut out = Vec::new();
@@ -198,12 +198,16 @@ fn missing_csums(fs: &Fs, logs: &[LogTree]) -> Vec<String> {
                     }
                 }
                 if pos < e {
-                    out.push(format!("inode {} offset {} (disk bytes {}..{})", k.objectid, k.offset, s, e));
+                    // Checksums committed before the crash count too.
+                    let have = fs.csum_lookup(pos, e - pos)?;
+                    if have.iter().any(|c| c.is_none()) {
+                        out.push(format!("inode {} offset {} (disk bytes {}..{})", k.objectid, k.offset, s, e));
+                    }
                 }
             }
         }
     }
-    out
+    Ok(out)
 }
 
 struct Replayer<'a> {
@@ -753,7 +757,8 @@ impl Replayer<'_> {
     fn copy_csums(&mut self, log: &LogTree, s: u64, e: u64) -> Result<()> {
         let cs = self.fs.image().csum.size();
         let ss = self.fs.sectorsize() as u64;
-        self.fs.csum_delete(s, e - s)?;
+        // Only ranges the log has checksums for are replaced: an extent
+        // whose checksums were committed earlier keeps them.
         let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0);
         let hi = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, e.saturating_sub(1));
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
@@ -769,6 +774,7 @@ impl Replayer<'_> {
             runs.push((a, d[from..to].to_vec()));
         }
         for (a, sums) in runs {
+            self.fs.csum_delete(a, (sums.len() / cs) as u64 * ss)?;
             self.fs.csum_insert(a, &sums)?;
         }
         Ok(())
@@ -891,7 +897,7 @@ fn sort_inline_refs(refs: &mut [InlineRef]) {
 pub fn replay(fs: &mut Fs, opts: ReplayOptions) -> Result<ReplaySummary> {
     let (logs, blocks) = read_logs(fs)?;
     if !opts.force {
-        let missing = missing_csums(fs, &logs);
+        let missing = missing_csums(fs, &logs)?;
         if let Some(first) = missing.first() {
             return Err(Error::Corrupt {
                 what: format!(
