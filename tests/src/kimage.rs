@@ -235,6 +235,10 @@ impl KernelImage {
         }
     }
 
+    /// The loop device while mounted.
+    pub fn loop_device(&self) -> Option<&Path> {
+        self.loopdev.as_deref()
+    }
     pub fn is_mounted(&self) -> bool {
         self.mounted
     }
