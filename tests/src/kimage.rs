@@ -265,6 +265,14 @@ impl KernelImage {
         run(Command::new("btrfs").args(["filesystem", "sync"]).arg(&self.mnt));
     }
 
+    /// Generation of the last committed transaction, from the superblock in
+    /// the backing file (the kernel's writes reach it through the page cache).
+    /// Compare before and after a series of fsyncs to detect a commit that
+    /// intervened (any `sync(2)` on the machine commits every filesystem).
+    pub fn committed_generation(&self) -> u64 {
+        superblock_of(&self.image).generation.get()
+    }
+
     /// Copy the backing file while mounted, as a power failure would leave it:
     /// everything the kernel completed (fsync'd data and the log tree), no
     /// commit after the last one. Follows the method of the shared kernel

@@ -130,17 +130,30 @@ fn crash_fsync_log() {
 #[test]
 fn crash_log_multilevel() {
     skip_unless!(require_kernel_mount());
-    let k = KernelImage::new_mounted(&MkfsOpts::default().nodesize(4096), "");
-    std::fs::create_dir(k.path("logged")).unwrap();
-    k.sync();
-    for i in 0..3000usize {
-        let p = k.path(&format!("logged/f{i:05}"));
-        // ~1 KiB inline each: a handful per 4 KiB log leaf, hundreds of leaves.
-        write_file(&p, format!("fsynced file {i} {}\n", "z".repeat(900 + i % 100)).as_bytes());
-        fsync(&p);
-    }
-    let c = k.crash_copy("crash.img");
-    drop(k);
+    // A commit during the fsyncs (a `sync` anywhere on the machine commits
+    // every filesystem) cuts the log short: try again with a fresh image.
+    let mut attempt = 0;
+    let c = loop {
+        attempt += 1;
+        // 2 GiB: on a 512 MiB image metadata space pressure makes the kernel
+        // commit part-way, and the log then holds only the later fsyncs.
+        let k = KernelImage::new_mounted(&MkfsOpts::default().nodesize(4096).size(2 << 30), "");
+        std::fs::create_dir(k.path("logged")).unwrap();
+        k.sync();
+        let committed = k.committed_generation();
+        for i in 0..3000usize {
+            let p = k.path(&format!("logged/f{i:05}"));
+            // ~1 KiB inline each: a handful per 4 KiB log leaf, hundreds of leaves.
+            write_file(&p, format!("fsynced file {i} {}\n", "z".repeat(900 + i % 100)).as_bytes());
+            fsync(&p);
+        }
+        let c = k.crash_copy("crash.img");
+        if c.generation == committed {
+            break c;
+        }
+        eprintln!("attempt {attempt}: a commit happened during the fsyncs (generation {committed} -> {})", c.generation);
+        assert!(attempt < 4, "a transaction commit intervened in every attempt");
+    };
     let (lrt, logs) = log_tree_levels(&c.path);
     eprintln!("log root tree level {lrt:?}, log trees (subvol, level): {logs:?}");
     assert!(logs.iter().any(|&(id, lvl)| id == 5 && lvl >= 2), "fs tree log should reach level 2: {logs:?}");
