@@ -17,7 +17,6 @@ pub mod dumpcmp;
 pub mod env;
 pub mod kimage;
 pub mod rich;
-// (fixtures module declared below by its owner)
 
 pub use bins::bin_path;
 pub use env::{repo_root, require_btrfs_progs, require_kernel_mount, require_loop, require_root, require_shared, skip, test_name};
