@@ -5,7 +5,7 @@ mod report;
 
 use anyhow::{bail, Context};
 use btrkit_core::io::{BlockDevice, FileDevice, OverlayDevice};
-use btrkit_core::log::replay::{replay, ReplayOptions};
+use btrkit_core::log::replay::{replay_with_progress, ReplayOptions, ReplaySummary};
 use btrkit_core::trans::Fs;
 use clap::Parser;
 use std::path::PathBuf;
@@ -52,6 +52,24 @@ fn has_log(path: &std::path::Path) -> anyhow::Result<bool> {
     Ok(sb.log_root.get() != 0)
 }
 
+/// Replay with a progress bar on a terminal (hidden otherwise).
+fn run_replay(fs: &mut Fs, opts: ReplayOptions) -> anyhow::Result<ReplaySummary> {
+    use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+    use std::io::IsTerminal;
+    let pb = ProgressBar::new(0);
+    if !std::io::stderr().is_terminal() {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    pb.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    let r = replay_with_progress(fs, opts, &mut |stage, done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+        pb.set_message(stage);
+    });
+    pb.finish_and_clear();
+    Ok(r?)
+}
+
 fn run(a: &Args) -> anyhow::Result<()> {
     if a.dry_run && a.output.is_some() {
         bail!("--dry-run and -o cannot be combined");
@@ -72,7 +90,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
         let base: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&a.image, false)?);
         let overlay: Arc<dyn BlockDevice> = Arc::new(OverlayDevice::new(base));
         let mut fs = Fs::open_for_replay(overlay)?;
-        let s = replay(&mut fs, opts)?;
+        let s = run_replay(&mut fs, opts)?;
         report::print(&s, true, a.json);
         return Ok(());
     }
@@ -89,7 +107,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
     let result = (|| -> anyhow::Result<_> {
         let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&target, true)?);
         let mut fs = Fs::open_for_replay(dev)?;
-        Ok(replay(&mut fs, opts)?)
+        run_replay(&mut fs, opts)
     })();
     match result {
         Ok(s) => {

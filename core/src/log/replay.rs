@@ -895,6 +895,11 @@ fn sort_inline_refs(refs: &mut [InlineRef]) {
 /// Replay the log of the filesystem open in `fs` and commit. Returns what
 /// changed. On error nothing has been committed.
 pub fn replay(fs: &mut Fs, opts: ReplayOptions) -> Result<ReplaySummary> {
+    replay_with_progress(fs, opts, &mut |_, _, _| {})
+}
+
+/// [`replay`], reporting `(stage name, items done, items in all logs)`.
+pub fn replay_with_progress(fs: &mut Fs, opts: ReplayOptions, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
     let (logs, blocks) = read_logs(fs)?;
     if !opts.force {
         let missing = missing_csums(fs, &logs)?;
@@ -943,12 +948,23 @@ pub fn replay(fs: &mut Fs, opts: ReplayOptions) -> Result<ReplaySummary> {
     }
     let now = Timespec::default();
     // Stages 2-4, each over every log tree, as the kernel's walk does.
+    let total: u64 = logs.iter().map(|l| l.items.len() as u64).sum::<u64>() * 3;
+    let mut done = 0u64;
     for stage in 2..=4 {
+        let stage_name = match stage {
+            2 => "inodes",
+            3 => "directory indexes",
+            _ => "names, xattrs and data",
+        };
         for log in &logs {
             let entry = reps.entry(log.subvol).or_default();
             let mut r = Replayer { fs, subvol: log.subvol, fixups: std::mem::take(&mut entry.0), events: Vec::new(), no_holes, now };
             let mut ignored: BTreeSet<u64> = BTreeSet::new();
             for (k, d) in &log.items {
+                done += 1;
+                if done % 1024 == 0 {
+                    progress(stage_name, done, total);
+                }
                 if k.objectid == BTRFS_EXTENT_CSUM_OBJECTID {
                     continue;
                 }
@@ -1002,6 +1018,7 @@ pub fn replay(fs: &mut Fs, opts: ReplayOptions) -> Result<ReplaySummary> {
             sum.events.push(e);
         }
     }
+    progress("commit", total, total);
     fs.clear_log_root();
     fs.commit()?;
     sum.generation = fs.image().sb.generation.get();
