@@ -17,6 +17,7 @@
 
 mod btree;
 mod chunk_alloc;
+mod refs;
 mod commit;
 mod fst;
 
@@ -362,18 +363,21 @@ impl Fs {
             Some(RootState { item: Some((_, ri)), .. }) => is_fstree(tree) && hdr_gen <= ri.last_snapshot.get(),
             _ => false,
         };
-        if maybe_shared && self.tree_block_shared(bytenr, level)? {
-            // Copying a block a snapshot still uses needs shared back
-            // references for everything below it; not supported yet.
-            return Err(Error::Unsupported(format!(
-                "modifying tree block {bytenr} of tree {tree}, which a snapshot shares"
-            )));
-        }
+        let still_used = maybe_shared && self.tree_block_shared(bytenr, level)? && self.cow_shared_refs(tree, bytenr, &buf)?;
         let first_key = if crate::tree::edit::nritems(&buf) > 0 { crate::tree::edit::key_at(&buf, 0) } else { Key::MIN };
         let nb = self.alloc_tree_block(tree, level, first_key)?;
         let mut nbuf = buf;
         crate::tree::edit::set_header_location(&mut nbuf, nb, self.transid, Self::owner_of(tree));
-        self.free_tree_block(tree, bytenr, level)?;
+        if still_used {
+            // Other trees keep the old block; only this tree's reference
+            // went (in cow_shared_refs).
+            self.blocks.remove(&bytenr);
+            if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tree) {
+                ri.bytes_used.set(ri.bytes_used.get().saturating_sub(self.img.nodesize as u64));
+            }
+        } else {
+            self.free_tree_block(tree, bytenr, level)?;
+        }
         self.blocks.insert(nb, nbuf);
         self.dirty.insert(nb);
         Ok(nb)
