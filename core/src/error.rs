@@ -13,11 +13,12 @@ pub enum Error {
         bytenr: u64,
         key: Option<Key>,
     },
-    #[error("{context}: {source}")]
+    // The cause is part of the message and deliberately not a `source()`:
+    // a chain printer (anyhow's `{:#}`) would otherwise print it twice.
+    #[error("{context}: {cause}")]
     Io {
         context: String,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -55,7 +56,7 @@ impl Error {
         Error::Corrupt { what: what.into(), bytenr, key: Some(key) }
     }
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io { context: context.into(), source }
+        Error::Io { context: context.into(), cause: source }
     }
     /// Attach a block number and key to an item-level parse error that was
     /// raised without knowing where the item lives.
