@@ -113,32 +113,30 @@ pub fn cleanup_fixture_cache() {
     *guard = None;
 }
 
-/// Path of a workspace binary (`btrkit-dump`, ...). `BTRKIT_BIN_DIR` overrides
-/// the directory; otherwise the binary sits in the profile directory of the
-/// running test executable (`target/debug/deps/x-hash` -> `target/debug/`).
-/// When it is missing it is built once with `cargo build -p NAME`.
+/// Path of a workspace binary (`btrkit-dump`, ...), built so it is current.
+/// The tests crate gets no `CARGO_BIN_EXE_*` for other crates' binaries, so
+/// they are looked for in the profile directory of the running test
+/// executable (`target/debug/deps/x-hash` -> `target/debug/`), after one
+/// `cargo build -p NAME` per process into that same target dir (cargo's
+/// fingerprints make it a no-op when nothing changed; without it a stale
+/// binary would be tested after a change to core). `BTRKIT_BIN_DIR` names a
+/// directory of prebuilt binaries instead, and nothing is built.
 pub fn bin_path(name: &str) -> PathBuf {
     static BUILT: OnceLock<Mutex<HashMap<String, ()>>> = OnceLock::new();
-    let dir = match std::env::var_os("BTRKIT_BIN_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            let exe = std::env::current_exe().unwrap_or_default();
-            let mut d = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-            if d.file_name().is_some_and(|n| n == "deps") {
-                d.pop();
-            }
-            d
-        }
-    };
-    let path = dir.join(name);
-    if path.is_file() {
-        return path;
+    if let Some(d) = std::env::var_os("BTRKIT_BIN_DIR") {
+        return PathBuf::from(d).join(name);
     }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
     let lock = BUILT.get_or_init(|| Mutex::new(HashMap::new()));
     let mut built = lock.lock().unwrap_or_else(|p| p.into_inner());
-    if !built.contains_key(name) && !path.is_file() {
+    if !built.contains_key(name) {
         let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-        cmd.args(["build", "-p", name]).current_dir(repo_root());
+        cmd.args(["build", "--quiet", "-p", name, "--bin", name]).current_dir(repo_root());
         // target/debug -> target: build into the same target dir as the tests.
         if let Some(target) = dir.parent() {
             cmd.arg("--target-dir").arg(target);
@@ -146,11 +144,15 @@ pub fn bin_path(name: &str) -> PathBuf {
         if dir.file_name().is_some_and(|n| n == "release") {
             cmd.arg("--release");
         }
-        let st = cmd.status();
-        assert!(st.is_ok_and(|s| s.success()), "cargo build -p {name} failed");
+        match cmd.output() {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!("cargo build -p {name} failed:\n{}", String::from_utf8_lossy(&o.stderr)),
+            Err(e) if path.is_file() => eprintln!("warning: cannot run cargo ({e}); using {}", path.display()),
+            Err(e) => panic!("cannot run cargo to build {name}: {e}"),
+        }
         built.insert(name.to_owned(), ());
     }
-    assert!(path.is_file(), "{} not found after building it", path.display());
+    assert!(path.is_file(), "{} not found", path.display());
     path
 }
 

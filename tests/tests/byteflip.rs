@@ -304,3 +304,164 @@ fn byteflip_kernel_written_image() {
     }
     run_cases("kernel-written image", &p, 1_000_000);
 }
+
+// ---------------------------------------------------------------------------
+// Property tests: the same functions the cargo-fuzz targets drive
+// (fuzz/fuzz_targets/{node,superblock}.rs), fed random and mutated real
+// blocks, so they run on every `cargo test` and not only under a fuzzer.
+
+mod props {
+    use super::*;
+    use btrkit_core::chunk::ChunkMap;
+    use btrkit_core::image::{check_superblock, read_superblock};
+    use btrkit_core::tree::node::{Expect, Node, ValidateCtx};
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    /// Real metadata of a fresh 4 KiB-node image: the superblock and every tree block.
+    struct Corpus {
+        sb: Vec<u8>,
+        blocks: Vec<(u64, Vec<u8>)>,
+        ctx: ValidateCtx,
+    }
+
+    fn corpus() -> Option<&'static Corpus> {
+        static C: OnceLock<Option<Corpus>> = OnceLock::new();
+        C.get_or_init(|| {
+            if !have_cmd("mkfs.btrfs") {
+                return None;
+            }
+            let td = tempfile::tempdir().ok()?;
+            let p = td.path().join("corpus.img");
+            mkfs_btrfs(&p, 128 << 20, &["-n", "4096"]).ok()?;
+            let dev = Arc::new(MemDevice::new(std::fs::read(&p).ok()?));
+            let img = Image::open(dev.clone(), OpenOptions::default()).ok()?;
+            let mut sb = vec![0u8; BTRFS_SUPER_INFO_SIZE];
+            dev.read_at(BTRFS_SUPER_INFO_OFFSET, &mut sb).ok()?;
+            let mut blocks = Vec::new();
+            for t in all_trees(&img) {
+                let _ = walk_tree(&img, t, |ev| {
+                    if let WalkEvent::Block { node, .. } = ev {
+                        blocks.push((node.bytenr, node.bytes().to_vec()));
+                    }
+                    ControlFlow::Continue(())
+                });
+            }
+            Some(Corpus { sb, blocks, ctx: img.ctx(false) })
+        })
+        .as_ref()
+    }
+
+    fn exercise_node(bytenr: u64, buf: Vec<u8>, ctx: &ValidateCtx) {
+        let Ok(node) = Node::from_vec(bytenr, buf) else { return };
+        let first = node.key(0);
+        for expect in [
+            Expect::default(),
+            Expect { level: Some(node.level()), generation: Some(node.generation()), owner: Some(node.owner()), first_key: first },
+            Expect { level: Some(1), generation: Some(1), owner: Some(BTRFS_FS_TREE_OBJECTID), first_key: Some(Key::MIN) },
+        ] {
+            let _ = node.validate(ctx, &expect);
+        }
+        for slot in 0..node.nr_safe() + 2 {
+            if let Some(k) = node.key(slot) {
+                let _ = node.bin_search(&k);
+            }
+            let _ = node.key_ptr(slot);
+            if let (Some(it), Ok(d)) = (node.item(slot), node.item_data(slot)) {
+                for cs in [4usize, 8, 32] {
+                    let _ = decode(&Key::from(&it.key), d, cs);
+                }
+            }
+            let _ = node.decode_item(slot, ctx.csum.size());
+        }
+        let _ = node.bin_search(&Key::MAX);
+    }
+
+    fn exercise_superblock(sb: &[u8]) {
+        let sb_off = BTRFS_SUPER_INFO_OFFSET as usize;
+        let mut img = vec![0u8; sb_off + BTRFS_SUPER_INFO_SIZE];
+        img[sb_off..sb_off + sb.len().min(BTRFS_SUPER_INFO_SIZE)].copy_from_slice(&sb[..sb.len().min(BTRFS_SUPER_INFO_SIZE)]);
+        let dev = Arc::new(MemDevice::new(img));
+        let Ok(s) = read_superblock(dev.as_ref(), 0) else { return };
+        for lenient in [true, false] {
+            let _ = check_superblock(&s, dev.size(), lenient, &mut Vec::new());
+        }
+        if let Ok(map) = ChunkMap::from_sys_chunk_array(&s) {
+            let ns = s.nodesize.get() as u64;
+            for m in map.iter() {
+                for l in [m.logical, m.end().saturating_sub(1), m.end().saturating_sub(ns)] {
+                    let _ = map.map(l, ns, s.dev_item.devid.get());
+                }
+            }
+        }
+        for lenient in [true, false] {
+            let _ = Image::open(dev.clone(), OpenOptions { lenient, ..Default::default() });
+        }
+    }
+
+    fn mutate(buf: &mut [u8], muts: &[(usize, u8)], recsum: bool, csum: CsumType) {
+        for &(o, v) in muts {
+            // Half the mutations land in the first 512 bytes, where headers are.
+            let o = if o % 2 == 0 { (o / 2) % 512.min(buf.len()) } else { (o / 2) % buf.len() };
+            buf[o] = v;
+        }
+        if recsum {
+            let c = block_csum(csum, buf);
+            buf[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+        }
+    }
+
+    fn config() -> ProptestConfig {
+        ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn random_tree_blocks(mut buf in proptest::collection::vec(any::<u8>(), 4096), recsum: bool, fill in 0usize..4096) {
+            // Random bytes past `fill` are zeroed: many real blocks are mostly empty.
+            buf[fill..].fill(0);
+            let ctx = ValidateCtx { nodesize: 4096, sectorsize: 4096, csum: CsumType::Crc32c, fsid: buf[32..48].try_into().unwrap_or([0; 16]), max_generation: u64::MAX };
+            mutate(&mut buf, &[], recsum, CsumType::Crc32c);
+            exercise_node(4096 * 7, buf, &ctx);
+        }
+
+        #[test]
+        fn mutated_real_tree_blocks(pick: usize, muts in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..24), recsum: bool) {
+            let Some(c) = corpus() else { return Ok(()) };
+            let (bytenr, block) = &c.blocks[pick % c.blocks.len()];
+            let mut buf = block.clone();
+            mutate(&mut buf, &muts, recsum, c.ctx.csum);
+            exercise_node(*bytenr, buf, &c.ctx);
+        }
+
+        #[test]
+        fn mutated_real_superblock(muts in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..24), recsum: bool) {
+            let Some(c) = corpus() else { return Ok(()) };
+            let mut sb = c.sb.clone();
+            mutate(&mut sb, &muts, recsum, c.ctx.csum);
+            exercise_superblock(&sb);
+        }
+
+        #[test]
+        fn random_sys_chunk_arrays(arr in proptest::collection::vec(any::<u8>(), 0..=BTRFS_SYSTEM_CHUNK_ARRAY_SIZE), size_field in 0u32..3000) {
+            let Some(c) = corpus() else { return Ok(()) };
+            let mut sb = c.sb.clone();
+            let at = std::mem::offset_of!(btrkit_core::format::superblock::Superblock, sys_chunk_array);
+            sb[at..at + arr.len()].copy_from_slice(&arr);
+            let sz = std::mem::offset_of!(btrkit_core::format::superblock::Superblock, sys_chunk_array_size);
+            sb[sz..sz + 4].copy_from_slice(&size_field.to_le_bytes());
+            mutate(&mut sb, &[], true, c.ctx.csum);
+            exercise_superblock(&sb);
+        }
+    }
+
+    #[test]
+    fn corpus_available() {
+        match corpus() {
+            Some(c) => eprintln!("property corpus: {} tree blocks of a fresh image", c.blocks.len()),
+            None => eprintln!("SKIP: mkfs.btrfs missing; mutated-real-block properties ran on nothing"),
+        }
+    }
+}

@@ -128,14 +128,21 @@ impl ChunkMap {
     /// `devid`. The range must lie inside one chunk.
     pub fn map(&self, logical: u64, len: u64, devid: u64) -> Result<Vec<u64>> {
         let m = self.lookup(logical).ok_or_else(|| Error::corrupt(format!("logical address {logical} is outside every chunk"), logical))?;
-        if logical + len > m.end() {
+        if logical.checked_add(len).is_none_or(|e| e > m.end()) {
             return Err(Error::corrupt(
                 format!("range {logical}+{len} crosses the end of chunk {}+{}", m.logical, m.length),
                 logical,
             ));
         }
         let off = logical - m.logical;
-        let v: Vec<u64> = m.stripes.iter().filter(|s| s.0 == devid).map(|s| s.1 + off).collect();
+        let mut v = Vec::with_capacity(m.stripes.len());
+        for s in m.stripes.iter().filter(|s| s.0 == devid) {
+            // Stripe offsets come from disk: one near u64::MAX maps nowhere.
+            let p = s.1.checked_add(off).ok_or_else(|| {
+                Error::corrupt(format!("chunk at {} has a stripe at physical {} past any device", m.logical, s.1), logical)
+            })?;
+            v.push(p);
+        }
         if v.is_empty() {
             return Err(Error::Unsupported(format!("chunk at {} has no stripe on device {devid} (multi-device filesystem)", m.logical)));
         }
