@@ -211,6 +211,11 @@ fn damage(dev: &MemDevice, targets: &[Target], csum: CsumType, seed: u64) -> (St
 }
 
 fn run_cases(label: &str, image: &Path, seed_base: u64) {
+    run_cases_n(label, image, seed_base, CASES_PER_IMAGE);
+}
+
+/// Run `cases` seeded cases on `image`; returns what the targets were.
+fn run_cases_n(label: &str, image: &Path, seed_base: u64, cases: u64) -> Vec<String> {
     let data = std::fs::read(image).expect("read image");
     let dev = Arc::new(MemDevice::new(data));
     let img = Image::open(dev.clone(), OpenOptions::default()).expect("intact image opens strictly");
@@ -221,7 +226,7 @@ fn run_cases(label: &str, image: &Path, seed_base: u64) {
     let intact_items = exercise(dev.clone());
     let start = Instant::now();
     let mut failures = Vec::new();
-    for i in 0..CASES_PER_IMAGE {
+    for i in 0..cases {
         let seed = seed_base + i;
         let (desc, saved) = damage(&dev, &targets, csum, seed);
         let (tx, rx) = mpsc::channel();
@@ -263,11 +268,12 @@ fn run_cases(label: &str, image: &Path, seed_base: u64) {
     let refused = LARGEST_REFUSED.load(Ordering::Relaxed);
     assert_eq!(refused, 0, "{label}: an allocation of {refused} bytes was attempted");
     eprintln!(
-        "{label}: {CASES_PER_IMAGE} cases over {} metadata blocks ({intact_items} items intact) in {:?}",
+        "{label}: {cases} cases over {} metadata blocks ({intact_items} items intact) in {:?}",
         targets.len(),
         start.elapsed()
     );
     assert!(failures.is_empty(), "{label}: {} failing case(s):\n{}", failures.len(), failures.join("\n"));
+    targets.into_iter().map(|t| t.what).collect()
 }
 
 #[test]
@@ -303,6 +309,21 @@ fn byteflip_kernel_written_image() {
         panic!("building the kernel-written image: {e}");
     }
     run_cases("kernel-written image", &p, 1_000_000);
+}
+
+#[test]
+fn byteflip_kernel_log_tree_fixture() {
+    // A real fsync log written by the kernel: flips reach the log root tree
+    // and the log trees it names.
+    let name = "065-valid-log-tree--already-present";
+    if btrkit_tests::fixtures::fsck_fixture_dir().is_none() {
+        eprintln!("SKIP: ../shared/fixtures/btrfs-progs-fsck is missing");
+        return;
+    }
+    let p = btrkit_tests::fixtures::fsck_fixture(name).expect("extract fixture");
+    let n = run_cases_n("kernel log-tree fixture", &p, 2_000_000, 150);
+    assert!(n.iter().any(|t| t.contains("tree -6 ")), "no log tree block among the targets");
+    btrkit_tests::fixtures::cleanup_fixture_cache();
 }
 
 // ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 //! A damaged block is reported on a line that names where it is, and the dump
 //! goes on past it.
 
-use btrkit_tests::fixtures::{fsck_fixture, fsck_fixture_dir, fsck_fixture_names, fsck_verdicts, not_implemented, run_dump};
+use btrkit_tests::fixtures::{cleanup_fixture_cache, fsck_fixture, fsck_fixture_dir, fsck_fixture_names, fsck_verdicts, not_implemented, run_dump};
 use std::ffi::OsStr;
 use std::time::Duration;
 
@@ -104,5 +104,7 @@ fn dump_every_fsck_fixture() {
         eprintln!("SKIP part: `btrkit-dump {s}` is not implemented on this branch");
     }
     eprintln!("{} image(s), {reported_damage} with damage reported by dump tree", names.len());
+    // The cache lives in a static, which is never dropped: remove it here.
+    cleanup_fixture_cache();
     assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
 }

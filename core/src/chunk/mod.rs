@@ -194,6 +194,14 @@ mod tests {
         assert!(m.map((38 << 20) - 4096, 8192, 1).is_err());
         assert!(m.map(1 << 20, 4096, 1).is_err());
         assert!(m.insert(31 << 20, c, s).is_err());
+        // Found by fuzzing: a chunk ending at u64::MAX, or a stripe at a
+        // physical offset near it, is an error and not an overflow.
+        let mut top = ChunkMap::new();
+        let d = chunk(1 << 20, BTRFS_BLOCK_GROUP_SYSTEM, &[(1, u64::MAX - 10)]);
+        let (c, s) = parse_chunk(&d).unwrap();
+        top.insert(u64::MAX - (1 << 20), c, s).unwrap();
+        assert!(top.map(u64::MAX - 4096, 16384, 1).is_err());
+        assert!(top.map(u64::MAX - (1 << 19), 4096, 1).is_err());
         let r = chunk(8 << 20, BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID0, &[(1, 0), (2, 0)]);
         let (c, s) = parse_chunk(&r).unwrap();
         assert!(matches!(m.insert(100 << 20, c, s), Err(Error::Unsupported(_))));
