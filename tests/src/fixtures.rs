@@ -14,11 +14,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// The repository root (the parent of this crate).
-pub fn repo_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf() // OK: tests/ always has a parent
-}
+pub use crate::env::repo_root;
 
 /// `../shared/fixtures/btrfs-progs-fsck` relative to the repo root, when present.
 pub fn fsck_fixture_dir() -> Option<PathBuf> {
@@ -113,49 +109,6 @@ pub fn cleanup_fixture_cache() {
     *guard = None;
 }
 
-/// Path of a workspace binary (`btrkit-dump`, ...), built so it is current.
-/// The tests crate gets no `CARGO_BIN_EXE_*` for other crates' binaries, so
-/// they are looked for in the profile directory of the running test
-/// executable (`target/debug/deps/x-hash` -> `target/debug/`), after one
-/// `cargo build -p NAME` per process into that same target dir (cargo's
-/// fingerprints make it a no-op when nothing changed; without it a stale
-/// binary would be tested after a change to core). `BTRKIT_BIN_DIR` names a
-/// directory of prebuilt binaries instead, and nothing is built.
-pub fn bin_path(name: &str) -> PathBuf {
-    static BUILT: OnceLock<Mutex<HashMap<String, ()>>> = OnceLock::new();
-    if let Some(d) = std::env::var_os("BTRKIT_BIN_DIR") {
-        return PathBuf::from(d).join(name);
-    }
-    let exe = std::env::current_exe().unwrap_or_default();
-    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    if dir.file_name().is_some_and(|n| n == "deps") {
-        dir.pop();
-    }
-    let path = dir.join(name);
-    let lock = BUILT.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut built = lock.lock().unwrap_or_else(|p| p.into_inner());
-    if !built.contains_key(name) {
-        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-        cmd.args(["build", "--quiet", "-p", name, "--bin", name]).current_dir(repo_root());
-        // target/debug -> target: build into the same target dir as the tests.
-        if let Some(target) = dir.parent() {
-            cmd.arg("--target-dir").arg(target);
-        }
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        match cmd.output() {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => panic!("cargo build -p {name} failed:\n{}", String::from_utf8_lossy(&o.stderr)),
-            Err(e) if path.is_file() => eprintln!("warning: cannot run cargo ({e}); using {}", path.display()),
-            Err(e) => panic!("cannot run cargo to build {name}: {e}"),
-        }
-        built.insert(name.to_owned(), ());
-    }
-    assert!(path.is_file(), "{} not found", path.display());
-    path
-}
-
 /// What a bounded run of a command gave.
 #[derive(Debug)]
 pub struct RunOutput {
@@ -240,7 +193,7 @@ pub fn run_bounded(mut cmd: Command, limit: Duration) -> RunOutput {
 
 /// `btrkit-dump ARGS...` bounded by `limit`.
 pub fn run_dump(args: &[&std::ffi::OsStr], limit: Duration) -> RunOutput {
-    let mut cmd = Command::new(bin_path("btrkit-dump"));
+    let mut cmd = Command::new(crate::bin_path("btrkit-dump"));
     cmd.args(args);
     run_bounded(cmd, limit)
 }

@@ -17,16 +17,19 @@ struct CrashState {
     pending: Vec<(u64, Vec<u8>)>,
     writes: u64,
     budget: Option<u64>,
+    /// A write was refused: the power is off until the budget is reset.
+    crashed: bool,
 }
 
 impl CrashDevice {
     pub fn new(image: Vec<u8>) -> CrashDevice {
-        CrashDevice { inner: Mutex::new(CrashState { durable: image, pending: Vec::new(), writes: 0, budget: None }) }
+        CrashDevice { inner: Mutex::new(CrashState { durable: image, pending: Vec::new(), writes: 0, budget: None, crashed: false }) }
     }
     /// Refuse every write after the next `n`.
     pub fn fail_after_writes(&self, n: Option<u64>) {
         if let Ok(mut s) = self.inner.lock() {
             s.budget = n.map(|n| s.writes + n);
+            s.crashed = false;
         }
     }
     /// Writes accepted so far.
@@ -78,7 +81,8 @@ impl BlockDevice for CrashDevice {
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         let mut s = self.inner.lock().map_err(|_| Error::Invalid("crash device lock poisoned".into()))?;
-        if s.budget.is_some_and(|b| s.writes >= b) {
+        if s.crashed || s.budget.is_some_and(|b| s.writes >= b) {
+            s.crashed = true;
             return Err(Error::io("simulated power failure", std::io::Error::other("write after crash point")));
         }
         let size = s.durable.len() as u64;
@@ -91,7 +95,7 @@ impl BlockDevice for CrashDevice {
     }
     fn flush(&self) -> Result<()> {
         let mut s = self.inner.lock().map_err(|_| Error::Invalid("crash device lock poisoned".into()))?;
-        if s.budget.is_some_and(|b| s.writes >= b) {
+        if s.crashed {
             return Err(Error::io("simulated power failure", std::io::Error::other("flush after crash point")));
         }
         let pending = std::mem::take(&mut s.pending);
@@ -118,6 +122,7 @@ mod tests {
         assert_eq!(&lost[..8], &[1; 8]);
         assert_eq!(&lost[8..16], &[0; 8]);
         d.fail_after_writes(Some(0));
+        assert!(d.flush().is_ok());
         assert!(d.write_at(16, &[3; 8]).is_err());
         assert!(d.flush().is_err());
     }
