@@ -11,7 +11,9 @@ use btrkit_core::tree::node::{Expect, Node, ValidateCtx};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else { return };
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
     let nodesize: usize = [4096, 16384, 65536, 4096][(mode & 3) as usize];
     let mut buf = vec![0u8; nodesize];
     let n = rest.len().min(nodesize);
@@ -24,13 +26,31 @@ fuzz_target!(|data: &[u8]| {
     let bytenr = u64::from_le_bytes(buf[48..56].try_into().unwrap_or([0; 8])); // OK: 8-byte slice of a >=4 KiB buffer
     let mut fsid = [0u8; 16];
     fsid.copy_from_slice(&buf[32..48]);
-    let Ok(node) = Node::from_vec(bytenr, buf) else { return };
-    let ctx = ValidateCtx { nodesize: nodesize as u32, sectorsize: 4096, csum, fsid, max_generation: u64::MAX >> (mode >> 4) };
+    let Ok(node) = Node::from_vec(bytenr, buf) else {
+        return;
+    };
+    let ctx = ValidateCtx {
+        nodesize: nodesize as u32,
+        sectorsize: 4096,
+        csum,
+        fsid,
+        max_generation: u64::MAX >> (mode >> 4),
+    };
     let first = node.key(0);
     for expect in [
         Expect::default(),
-        Expect { level: Some(node.level()), generation: Some(node.generation()), owner: Some(node.owner()), first_key: first },
-        Expect { level: Some(mode >> 5), generation: Some(1), owner: Some(5), first_key: Some(Key::MIN) },
+        Expect {
+            level: Some(node.level()),
+            generation: Some(node.generation()),
+            owner: Some(node.owner()),
+            first_key: first,
+        },
+        Expect {
+            level: Some(mode >> 5),
+            generation: Some(1),
+            owner: Some(5),
+            first_key: Some(Key::MIN),
+        },
     ] {
         let _ = node.validate(&ctx, &expect);
     }

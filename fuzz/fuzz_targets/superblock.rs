@@ -14,7 +14,9 @@ use std::sync::Arc;
 const SB: usize = BTRFS_SUPER_INFO_OFFSET as usize;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else { return };
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
     let mut img = vec![0u8; SB + BTRFS_SUPER_INFO_SIZE];
     let n = rest.len().min(BTRFS_SUPER_INFO_SIZE);
     img[SB..SB + n].copy_from_slice(&rest[..n]);
@@ -29,7 +31,9 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let dev = Arc::new(MemDevice::new(img));
-    let Ok(sb) = read_superblock(dev.as_ref(), 0) else { return };
+    let Ok(sb) = read_superblock(dev.as_ref(), 0) else {
+        return;
+    };
     for lenient in [true, false] {
         let mut w = Vec::new();
         let _ = check_superblock(&sb, dev.size(), lenient, &mut w);
@@ -38,7 +42,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(map) = ChunkMap::from_sys_chunk_array(&sb) {
         let ns = sb.nodesize.get() as u64;
         for m in map.iter() {
-            for l in [m.logical, m.end().saturating_sub(1), m.end().saturating_sub(ns)] {
+            for l in [
+                m.logical,
+                m.end().saturating_sub(1),
+                m.end().saturating_sub(ns),
+            ] {
                 let _ = map.map(l, ns, sb.dev_item.devid.get());
             }
         }
@@ -46,6 +54,12 @@ fuzz_target!(|data: &[u8]| {
         let _ = map.map(sb.root.get(), ns, sb.dev_item.devid.get());
     }
     for lenient in [true, false] {
-        let _ = Image::open(dev.clone(), OpenOptions { lenient, ..Default::default() });
+        let _ = Image::open(
+            dev.clone(),
+            OpenOptions {
+                lenient,
+                ..Default::default()
+            },
+        );
     }
 });

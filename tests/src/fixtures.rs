@@ -24,11 +24,18 @@ pub fn fsck_fixture_dir() -> Option<PathBuf> {
 
 /// Names (archive stem, without `.tar.xz`) of every fsck fixture, sorted.
 pub fn fsck_fixture_names() -> Vec<String> {
-    let Some(dir) = fsck_fixture_dir() else { return Vec::new() };
+    let Some(dir) = fsck_fixture_dir() else {
+        return Vec::new();
+    };
     let mut v: Vec<String> = std::fs::read_dir(&dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok())
-                .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".tar.xz")).map(str::to_owned))
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_suffix(".tar.xz"))
+                        .map(str::to_owned)
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -38,7 +45,9 @@ pub fn fsck_fixture_names() -> Vec<String> {
 
 /// `verdicts.tsv`: image name -> "corrupt" or "clean".
 pub fn fsck_verdicts() -> HashMap<String, String> {
-    let Some(dir) = fsck_fixture_dir() else { return HashMap::new() };
+    let Some(dir) = fsck_fixture_dir() else {
+        return HashMap::new();
+    };
     let text = std::fs::read_to_string(dir.join("verdicts.tsv")).unwrap_or_default();
     text.lines()
         .skip(1)
@@ -63,7 +72,8 @@ fn cache() -> &'static Mutex<Option<Cache>> {
 /// until the process exits (statics are not dropped, so it is removed by
 /// `cleanup_fixture_cache` or left in the system temp dir).
 pub fn fsck_fixture(name: &str) -> Result<PathBuf, String> {
-    let dir = fsck_fixture_dir().ok_or_else(|| "../shared/fixtures/btrfs-progs-fsck is missing".to_string())?;
+    let dir = fsck_fixture_dir()
+        .ok_or_else(|| "../shared/fixtures/btrfs-progs-fsck is missing".to_string())?;
     // Extraction runs under the lock: tests asking for the same image wait
     // for one tar instead of racing two into the same file.
     let mut guard = cache().lock().unwrap_or_else(|p| p.into_inner());
@@ -72,7 +82,10 @@ pub fn fsck_fixture(name: &str) -> Result<PathBuf, String> {
             .prefix("btrkit-fixtures-")
             .tempdir()
             .map_err(|e| format!("cannot create fixture cache dir: {e}"))?;
-        *guard = Some(Cache { dir: td, done: HashMap::new() });
+        *guard = Some(Cache {
+            dir: td,
+            done: HashMap::new(),
+        });
     }
     let c = guard.as_mut().ok_or("fixture cache missing")?; // OK: set just above
     if let Some(r) = c.done.get(name) {
@@ -90,7 +103,10 @@ pub fn fsck_fixture(name: &str) -> Result<PathBuf, String> {
             .output()
             .map_err(|e| format!("cannot run tar: {e}"))?;
         if !out.status.success() {
-            return Err(format!("tar -xJf {name}.tar.xz failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            return Err(format!(
+                "tar -xJf {name}.tar.xz failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
         }
         let raw = dest.join(format!("{name}.raw"));
         if raw.is_file() {
@@ -107,6 +123,16 @@ pub fn fsck_fixture(name: &str) -> Result<PathBuf, String> {
 pub fn cleanup_fixture_cache() {
     let mut guard = cache().lock().unwrap_or_else(|p| p.into_inner());
     *guard = None;
+}
+
+/// Removes the extracted fixtures when dropped, so a test that fails (panics)
+/// half-way leaves no images behind: `let _cache = FixtureCacheGuard;`.
+pub struct FixtureCacheGuard;
+
+impl Drop for FixtureCacheGuard {
+    fn drop(&mut self) {
+        cleanup_fixture_cache();
+    }
 }
 
 /// What a bounded run of a command gave.
@@ -165,8 +191,18 @@ pub fn run_bounded(mut cmd: Command, limit: Duration) -> RunOutput {
             String::from_utf8_lossy(&v).into_owned()
         })
     };
-    let out_t = drain(child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>));
-    let err_t = drain(child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>));
+    let out_t = drain(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let err_t = drain(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
     let mut timed_out = false;
     let status = loop {
         match child.try_wait() {
@@ -219,16 +255,22 @@ pub fn is_root() -> bool {
 /// A sparse file of `size` bytes.
 pub fn sparse_file(path: &Path, size: u64) -> Result<(), String> {
     let f = std::fs::File::create(path).map_err(|e| format!("create {}: {e}", path.display()))?;
-    f.set_len(size).map_err(|e| format!("truncate {}: {e}", path.display()))
+    f.set_len(size)
+        .map_err(|e| format!("truncate {}: {e}", path.display()))
 }
 
 /// Run a command to completion; Err with its stderr when it fails.
 pub fn run_ok(cmd: &mut Command) -> Result<String, String> {
-    let o = cmd.output().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    let o = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
     if o.status.success() {
         Ok(String::from_utf8_lossy(&o.stdout).into_owned())
     } else {
-        Err(format!("{cmd:?} failed: {}", String::from_utf8_lossy(&o.stderr).trim()))
+        Err(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
     }
 }
 
@@ -247,11 +289,19 @@ pub struct LoopMount {
 
 impl LoopMount {
     pub fn new(image: &Path) -> Result<LoopMount, String> {
-        let dir = tempfile::Builder::new().prefix("btrkit-mnt-").tempdir().map_err(|e| e.to_string())?;
+        let dir = tempfile::Builder::new()
+            .prefix("btrkit-mnt-")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
         // A busy loop device is retried: other tests may be attaching at the same time.
         let mut last = String::new();
         for _ in 0..5 {
-            match run_ok(Command::new("mount").args(["-o", "loop"]).arg(image).arg(dir.path())) {
+            match run_ok(
+                Command::new("mount")
+                    .args(["-o", "loop"])
+                    .arg(image)
+                    .arg(dir.path()),
+            ) {
                 Ok(_) => return Ok(LoopMount { dir, mounted: true }),
                 Err(e) => last = e,
             }
@@ -299,14 +349,25 @@ pub fn kernel_populated_image(path: &Path, size: u64) -> Result<(), String> {
                 2 => 9000,
                 _ => 70_000,
             };
-            let data: Vec<u8> = (0..len).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(f) as u8).collect();
+            let data: Vec<u8> = (0..len)
+                .map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(f) as u8)
+                .collect();
             std::fs::write(&p, &data).map_err(io)?;
         }
     }
-    std::fs::hard_link(root.join("dir0/file-with-a-longish-name-0001"), root.join("dir1/hardlink")).map_err(io)?;
-    std::os::unix::fs::symlink("dir0/file-with-a-longish-name-0002", root.join("symlink")).map_err(io)?;
+    std::fs::hard_link(
+        root.join("dir0/file-with-a-longish-name-0001"),
+        root.join("dir1/hardlink"),
+    )
+    .map_err(io)?;
+    std::os::unix::fs::symlink("dir0/file-with-a-longish-name-0002", root.join("symlink"))
+        .map_err(io)?;
     std::fs::remove_file(root.join("dir2/file-with-a-longish-name-0003")).map_err(io)?;
-    let _ = run_ok(Command::new("setfattr").args(["-n", "user.test", "-v", "value"]).arg(root.join("dir0")));
+    let _ = run_ok(
+        Command::new("setfattr")
+            .args(["-n", "user.test", "-v", "value"])
+            .arg(root.join("dir0")),
+    );
     run_ok(Command::new("sync").arg("-f").arg(&root))?;
     m.unmount()
 }

@@ -95,7 +95,10 @@ fn all_trees(img: &Image) -> Vec<TreeRoot> {
     if let Some(l) = img.log_root_tree() {
         v.push(l);
         if let Ok(items) = img.root_items_in(l) {
-            v.extend(items.iter().map(|(k, ri)| TreeRoot { id: BTRFS_TREE_LOG_OBJECTID, ..tree_root_of(k.objectid, ri) }));
+            v.extend(items.iter().map(|(k, ri)| TreeRoot {
+                id: BTRFS_TREE_LOG_OBJECTID,
+                ..tree_root_of(k.objectid, ri)
+            }));
         }
     }
     if let Ok(items) = img.root_items_in(img.root_tree()) {
@@ -106,14 +109,21 @@ fn all_trees(img: &Image) -> Vec<TreeRoot> {
 
 /// The superblock and every tree block of the intact image.
 fn targets(img: &Image) -> Vec<Target> {
-    let mut out =
-        vec![Target { copies: vec![BTRFS_SUPER_INFO_OFFSET], len: BTRFS_SUPER_INFO_SIZE, what: "superblock".into() }];
+    let mut out = vec![Target {
+        copies: vec![BTRFS_SUPER_INFO_OFFSET],
+        len: BTRFS_SUPER_INFO_SIZE,
+        what: "superblock".into(),
+    }];
     let ns = img.nodesize as u64;
     for t in all_trees(img) {
         let _ = walk_tree(img, t, |ev| {
             if let WalkEvent::Block { node, .. } = ev {
                 if let Ok(copies) = img.chunks.map(node.bytenr, ns, img.devid) {
-                    out.push(Target { copies, len: ns as usize, what: format!("tree {} block {}", t.id as i64, node.bytenr) });
+                    out.push(Target {
+                        copies,
+                        len: ns as usize,
+                        what: format!("tree {} block {}", t.id as i64, node.bytenr),
+                    });
                 }
             }
             ControlFlow::Continue(())
@@ -128,7 +138,15 @@ fn targets(img: &Image) -> Vec<Target> {
 fn exercise(dev: Arc<dyn BlockDevice>) -> usize {
     let mut seen = 0usize;
     for lenient in [true, false] {
-        let Ok(img) = Image::open(dev.clone(), OpenOptions { lenient, ..Default::default() }) else { continue };
+        let Ok(img) = Image::open(
+            dev.clone(),
+            OpenOptions {
+                lenient,
+                ..Default::default()
+            },
+        ) else {
+            continue;
+        };
         let csum_size = img.csum.size();
         let trees = all_trees(&img);
         for &t in &trees {
@@ -158,7 +176,12 @@ fn exercise(dev: Arc<dyn BlockDevice>) -> usize {
                 }
             }
         }
-        for id in [BTRFS_EXTENT_TREE_OBJECTID, BTRFS_FS_TREE_OBJECTID, BTRFS_CSUM_TREE_OBJECTID, BTRFS_FREE_SPACE_TREE_OBJECTID] {
+        for id in [
+            BTRFS_EXTENT_TREE_OBJECTID,
+            BTRFS_FS_TREE_OBJECTID,
+            BTRFS_CSUM_TREE_OBJECTID,
+            BTRFS_FREE_SPACE_TREE_OBJECTID,
+        ] {
             let _ = img.find_root(id);
         }
     }
@@ -166,22 +189,40 @@ fn exercise(dev: Arc<dyn BlockDevice>) -> usize {
 }
 
 /// Apply case `seed` to `dev`, returning the original bytes to restore.
-fn damage(dev: &MemDevice, targets: &[Target], csum: CsumType, seed: u64) -> (String, Vec<(u64, Vec<u8>)>) {
+fn damage(
+    dev: &MemDevice,
+    targets: &[Target],
+    csum: CsumType,
+    seed: u64,
+) -> (String, Vec<(u64, Vec<u8>)>) {
     let mut r = Rng::new(seed);
     // A quarter of the cases hit the superblock, the rest a tree block.
-    let t = if r.below(4) == 0 { &targets[0] } else { &targets[1 + r.below(targets.len() as u64 - 1) as usize] };
+    let t = if r.below(4) == 0 {
+        &targets[0]
+    } else {
+        &targets[1 + r.below(targets.len() as u64 - 1) as usize]
+    };
     let all_copies = r.below(4) != 0;
     let recsum = r.below(2) == 0;
     let flips = 1 + r.below(8) as usize;
-    let copies: Vec<u64> = if all_copies { t.copies.clone() } else { t.copies[..1].to_vec() };
+    let copies: Vec<u64> = if all_copies {
+        t.copies.clone()
+    } else {
+        t.copies[..1].to_vec()
+    };
     let mut saved = Vec::new();
     let mut block = vec![0u8; t.len];
-    dev.read_at(copies[0], &mut block).expect("read intact block");
+    dev.read_at(copies[0], &mut block)
+        .expect("read intact block");
     let mut offs = Vec::new();
     for _ in 0..flips {
         // Headers, item headers and the superblock's fields sit in the
         // first bytes; favour them, but hit anywhere too.
-        let off = if r.below(2) == 0 { r.below(512.min(t.len as u64)) } else { r.below(t.len as u64) } as usize;
+        let off = if r.below(2) == 0 {
+            r.below(512.min(t.len as u64))
+        } else {
+            r.below(t.len as u64)
+        } as usize;
         let v = match r.below(4) {
             0 => 0,
             1 => 0xff,
@@ -218,11 +259,16 @@ fn run_cases(label: &str, image: &Path, seed_base: u64) {
 fn run_cases_n(label: &str, image: &Path, seed_base: u64, cases: u64) -> Vec<String> {
     let data = std::fs::read(image).expect("read image");
     let dev = Arc::new(MemDevice::new(data));
-    let img = Image::open(dev.clone(), OpenOptions::default()).expect("intact image opens strictly");
+    let img =
+        Image::open(dev.clone(), OpenOptions::default()).expect("intact image opens strictly");
     let targets = targets(&img);
     let csum = img.csum;
     drop(img);
-    assert!(targets.len() > 5, "{label}: only {} metadata blocks found", targets.len());
+    assert!(
+        targets.len() > 5,
+        "{label}: only {} metadata blocks found",
+        targets.len()
+    );
     let intact_items = exercise(dev.clone());
     let start = Instant::now();
     let mut failures = Vec::new();
@@ -266,13 +312,21 @@ fn run_cases_n(label: &str, image: &Path, seed_base: u64, cases: u64) -> Vec<Str
         }
     }
     let refused = LARGEST_REFUSED.load(Ordering::Relaxed);
-    assert_eq!(refused, 0, "{label}: an allocation of {refused} bytes was attempted");
+    assert_eq!(
+        refused, 0,
+        "{label}: an allocation of {refused} bytes was attempted"
+    );
     eprintln!(
         "{label}: {cases} cases over {} metadata blocks ({intact_items} items intact) in {:?}",
         targets.len(),
         start.elapsed()
     );
-    assert!(failures.is_empty(), "{label}: {} failing case(s):\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{label}: {} failing case(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     targets.into_iter().map(|t| t.what).collect()
 }
 
@@ -320,10 +374,13 @@ fn byteflip_kernel_log_tree_fixture() {
         eprintln!("SKIP: ../shared/fixtures/btrfs-progs-fsck is missing");
         return;
     }
+    let _cache = btrkit_tests::fixtures::FixtureCacheGuard;
     let p = btrkit_tests::fixtures::fsck_fixture(name).expect("extract fixture");
     let n = run_cases_n("kernel log-tree fixture", &p, 2_000_000, 150);
-    assert!(n.iter().any(|t| t.contains("tree -6 ")), "no log tree block among the targets");
-    btrkit_tests::fixtures::cleanup_fixture_cache();
+    assert!(
+        n.iter().any(|t| t.contains("tree -6 ")),
+        "no log tree block among the targets"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -368,18 +425,34 @@ mod props {
                     ControlFlow::Continue(())
                 });
             }
-            Some(Corpus { sb, blocks, ctx: img.ctx(false) })
+            Some(Corpus {
+                sb,
+                blocks,
+                ctx: img.ctx(false),
+            })
         })
         .as_ref()
     }
 
     fn exercise_node(bytenr: u64, buf: Vec<u8>, ctx: &ValidateCtx) {
-        let Ok(node) = Node::from_vec(bytenr, buf) else { return };
+        let Ok(node) = Node::from_vec(bytenr, buf) else {
+            return;
+        };
         let first = node.key(0);
         for expect in [
             Expect::default(),
-            Expect { level: Some(node.level()), generation: Some(node.generation()), owner: Some(node.owner()), first_key: first },
-            Expect { level: Some(1), generation: Some(1), owner: Some(BTRFS_FS_TREE_OBJECTID), first_key: Some(Key::MIN) },
+            Expect {
+                level: Some(node.level()),
+                generation: Some(node.generation()),
+                owner: Some(node.owner()),
+                first_key: first,
+            },
+            Expect {
+                level: Some(1),
+                generation: Some(1),
+                owner: Some(BTRFS_FS_TREE_OBJECTID),
+                first_key: Some(Key::MIN),
+            },
         ] {
             let _ = node.validate(ctx, &expect);
         }
@@ -401,29 +474,46 @@ mod props {
     fn exercise_superblock(sb: &[u8]) {
         let sb_off = BTRFS_SUPER_INFO_OFFSET as usize;
         let mut img = vec![0u8; sb_off + BTRFS_SUPER_INFO_SIZE];
-        img[sb_off..sb_off + sb.len().min(BTRFS_SUPER_INFO_SIZE)].copy_from_slice(&sb[..sb.len().min(BTRFS_SUPER_INFO_SIZE)]);
+        img[sb_off..sb_off + sb.len().min(BTRFS_SUPER_INFO_SIZE)]
+            .copy_from_slice(&sb[..sb.len().min(BTRFS_SUPER_INFO_SIZE)]);
         let dev = Arc::new(MemDevice::new(img));
-        let Ok(s) = read_superblock(dev.as_ref(), 0) else { return };
+        let Ok(s) = read_superblock(dev.as_ref(), 0) else {
+            return;
+        };
         for lenient in [true, false] {
             let _ = check_superblock(&s, dev.size(), lenient, &mut Vec::new());
         }
         if let Ok(map) = ChunkMap::from_sys_chunk_array(&s) {
             let ns = s.nodesize.get() as u64;
             for m in map.iter() {
-                for l in [m.logical, m.end().saturating_sub(1), m.end().saturating_sub(ns)] {
+                for l in [
+                    m.logical,
+                    m.end().saturating_sub(1),
+                    m.end().saturating_sub(ns),
+                ] {
                     let _ = map.map(l, ns, s.dev_item.devid.get());
                 }
             }
         }
         for lenient in [true, false] {
-            let _ = Image::open(dev.clone(), OpenOptions { lenient, ..Default::default() });
+            let _ = Image::open(
+                dev.clone(),
+                OpenOptions {
+                    lenient,
+                    ..Default::default()
+                },
+            );
         }
     }
 
     fn mutate(buf: &mut [u8], muts: &[(usize, u8)], recsum: bool, csum: CsumType) {
         for &(o, v) in muts {
             // Half the mutations land in the first 512 bytes, where headers are.
-            let o = if o % 2 == 0 { (o / 2) % 512.min(buf.len()) } else { (o / 2) % buf.len() };
+            let o = if o % 2 == 0 {
+                (o / 2) % 512.min(buf.len())
+            } else {
+                (o / 2) % buf.len()
+            };
             buf[o] = v;
         }
         if recsum {
@@ -433,7 +523,11 @@ mod props {
     }
 
     fn config() -> ProptestConfig {
-        ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() }
+        ProptestConfig {
+            cases: 400,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
     }
 
     proptest! {
@@ -481,8 +575,13 @@ mod props {
     #[test]
     fn corpus_available() {
         match corpus() {
-            Some(c) => eprintln!("property corpus: {} tree blocks of a fresh image", c.blocks.len()),
-            None => eprintln!("SKIP: mkfs.btrfs missing; mutated-real-block properties ran on nothing"),
+            Some(c) => eprintln!(
+                "property corpus: {} tree blocks of a fresh image",
+                c.blocks.len()
+            ),
+            None => {
+                eprintln!("SKIP: mkfs.btrfs missing; mutated-real-block properties ran on nothing")
+            }
         }
     }
 }

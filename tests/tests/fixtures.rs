@@ -3,7 +3,10 @@
 //! A damaged block is reported on a line that names where it is, and the dump
 //! goes on past it.
 
-use btrkit_tests::fixtures::{cleanup_fixture_cache, fsck_fixture, fsck_fixture_dir, fsck_fixture_names, fsck_verdicts, not_implemented, run_dump};
+use btrkit_tests::fixtures::{
+    fsck_fixture, fsck_fixture_dir, fsck_fixture_names, fsck_verdicts, not_implemented, run_dump,
+    FixtureCacheGuard,
+};
 use std::ffi::OsStr;
 use std::time::Duration;
 
@@ -32,6 +35,8 @@ fn dump_every_fsck_fixture() {
         eprintln!("SKIP: ../shared/fixtures/btrfs-progs-fsck is missing");
         return;
     }
+    // The cache lives in a static, which is never dropped: removed on exit from here.
+    let _cache = FixtureCacheGuard;
     let names = fsck_fixture_names();
     assert!(!names.is_empty(), "no fixture archives found");
     let verdicts = fsck_verdicts();
@@ -65,9 +70,14 @@ fn dump_every_fsck_fixture() {
                 Some(0) => {}
                 Some(1) => {
                     // A refusal is one line on stderr.
-                    let lines: Vec<&str> = o.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+                    let lines: Vec<&str> =
+                        o.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
                     if lines.len() != 1 {
-                        failures.push(format!("{what}: exit 1 with {} stderr lines\n{}", lines.len(), o.describe()));
+                        failures.push(format!(
+                            "{what}: exit 1 with {} stderr lines\n{}",
+                            lines.len(),
+                            o.describe()
+                        ));
                     }
                 }
                 c => failures.push(format!("{what}: exit code {c:?}\n{}", o.describe())),
@@ -84,10 +94,21 @@ fn dump_every_fsck_fixture() {
                 reported_damage += 1;
                 // "Goes on": a damaged block does not end the dump; more of
                 // the image is printed after the first report.
-                let first = o.stdout.lines().position(|l| l.trim_start().starts_with("ERROR"));
+                let first = o
+                    .stdout
+                    .lines()
+                    .position(|l| l.trim_start().starts_with("ERROR"));
                 if let Some(i) = first {
-                    if !o.stdout.lines().skip(i + 1).any(|l| !l.trim_start().starts_with("ERROR")) {
-                        failures.push(format!("{what}: the dump stops at the first ERROR line\n{}", o.describe()));
+                    if !o
+                        .stdout
+                        .lines()
+                        .skip(i + 1)
+                        .any(|l| !l.trim_start().starts_with("ERROR"))
+                    {
+                        failures.push(format!(
+                            "{what}: the dump stops at the first ERROR line\n{}",
+                            o.describe()
+                        ));
                     }
                 }
             }
@@ -96,15 +117,24 @@ fn dump_every_fsck_fixture() {
                 o.code(),
                 o.elapsed,
                 errs.len(),
-                verdicts.get(name.as_str()).map(|v| format!(" (expected {v})")).unwrap_or_default()
+                verdicts
+                    .get(name.as_str())
+                    .map(|v| format!(" (expected {v})"))
+                    .unwrap_or_default()
             );
         }
     }
     for s in &skipped_cmds {
         eprintln!("SKIP part: `btrkit-dump {s}` is not implemented on this branch");
     }
-    eprintln!("{} image(s), {reported_damage} with damage reported by dump tree", names.len());
-    // The cache lives in a static, which is never dropped: remove it here.
-    cleanup_fixture_cache();
-    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+    eprintln!(
+        "{} image(s), {reported_damage} with damage reported by dump tree",
+        names.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
