@@ -42,6 +42,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let mirrors: Vec<usize> = if a.all_mirrors { (0..BTRFS_SUPER_MIRROR_MAX).collect() } else { vec![a.mirror as usize] };
     let copies: Vec<CopyReport> = mirrors.iter().map(|&m| read_copy(&dev, m)).collect();
     let damaged = copies.iter().any(|c| c.present && !c.valid);
+    let damage_line = copies.iter().find(|c| c.present && !c.valid).map(|c| {
+        let no_magic = c.status.as_ref().is_some_and(|s| !s.magic_ok);
+        let what = if c.all_zero { "all 4096 bytes are zero".to_string() } else { c.defects.join(", ") };
+        format!(
+            "{}superblock copy {} at byte {} is invalid: {what}",
+            if no_magic && c.mirror == 0 { "not a btrfs image: " } else { "" },
+            c.mirror,
+            c.offset
+        )
+    });
     // Asking for one copy that the image cannot hold is a usage error.
     let absent_error = if a.all_mirrors { None } else { copies.iter().find(|c| !c.present).map(|c| c.error.clone()) };
 
@@ -58,9 +68,19 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
     }
     out.flush()?;
+    // Whatever was printed, a failure also gets one line on stderr naming it,
+    // so a script (or a person reading only stderr) sees why the exit is 1.
     if let Some(e) = absent_error {
-        eprintln!("btrkit-dump: error: {}", e.as_deref().unwrap_or("superblock copy absent"));
+        let e = e.as_deref().unwrap_or("superblock copy absent");
+        if a.mirror == 0 {
+            eprintln!("btrkit-dump: error: not a btrfs image: {e}");
+        } else {
+            eprintln!("btrkit-dump: error: {e}");
+        }
         return Ok(1);
+    }
+    if let Some(l) = damage_line {
+        eprintln!("btrkit-dump: error: {l}");
     }
     Ok(if damaged { 1 } else { 0 })
 }

@@ -15,6 +15,7 @@
 pub mod bins;
 pub mod dumpcmp;
 pub mod env;
+pub mod fixtures;
 pub mod kimage;
 pub mod rich;
 
