@@ -13,6 +13,7 @@ pub mod alloc;
 pub mod trans;
 pub mod mkfs;
 pub mod fs;
+pub mod log;
 pub mod image;
 
 pub use error::{Error, Result};

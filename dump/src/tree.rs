@@ -29,8 +29,8 @@ pub struct Args {
     pub image: PathBuf,
     /// Print only this tree: a number or a name (root, extent, chunk, dev,
     /// fs, csum, quota, uuid, free-space, block-group, data-reloc, log).
-    /// `log` prints the log root tree and every log tree; a subvolume's tree
-    /// is followed by its log tree when the image has a log to replay.
+    /// `log` prints the log root tree and every log tree (a subvolume's
+    /// number prints only that subvolume's tree, as `dump-tree -t`).
     #[arg(short = 't', long, value_name = "ID|NAME")]
     pub tree: Option<String>,
     /// Print only the tree block at this logical address (may be repeated).
@@ -402,14 +402,6 @@ impl<'a> Dumper<'a> {
                 let found = self.roots_of(img.root_tree())?;
                 if self.found_trees(&found, Some(id))? == 0 {
                     return Ok(false);
-                }
-                // The subvolume's log tree, when a log is waiting for replay.
-                if let Some(lr) = img.log_root_tree() {
-                    let logs = self.roots_of(lr)?;
-                    for f in logs.iter().filter(|f| f.key.offset == id) {
-                        self.sink.event(Event::Section { title: "log", tree: f.key.objectid, key: Some(f.key) })?;
-                        self.tree(f.root, None, None)?;
-                    }
                 }
                 self.totals()?;
             }

@@ -128,14 +128,21 @@ impl ChunkMap {
     /// `devid`. The range must lie inside one chunk.
     pub fn map(&self, logical: u64, len: u64, devid: u64) -> Result<Vec<u64>> {
         let m = self.lookup(logical).ok_or_else(|| Error::corrupt(format!("logical address {logical} is outside every chunk"), logical))?;
-        if logical + len > m.end() {
+        if logical.checked_add(len).is_none_or(|e| e > m.end()) {
             return Err(Error::corrupt(
                 format!("range {logical}+{len} crosses the end of chunk {}+{}", m.logical, m.length),
                 logical,
             ));
         }
         let off = logical - m.logical;
-        let v: Vec<u64> = m.stripes.iter().filter(|s| s.0 == devid).map(|s| s.1 + off).collect();
+        let mut v = Vec::with_capacity(m.stripes.len());
+        for s in m.stripes.iter().filter(|s| s.0 == devid) {
+            // Stripe offsets come from disk: one near u64::MAX maps nowhere.
+            let p = s.1.checked_add(off).ok_or_else(|| {
+                Error::corrupt(format!("chunk at {} has a stripe at physical {} past any device", m.logical, s.1), logical)
+            })?;
+            v.push(p);
+        }
         if v.is_empty() {
             return Err(Error::Unsupported(format!("chunk at {} has no stripe on device {devid} (multi-device filesystem)", m.logical)));
         }
@@ -187,6 +194,14 @@ mod tests {
         assert!(m.map((38 << 20) - 4096, 8192, 1).is_err());
         assert!(m.map(1 << 20, 4096, 1).is_err());
         assert!(m.insert(31 << 20, c, s).is_err());
+        // Found by fuzzing: a chunk ending at u64::MAX, or a stripe at a
+        // physical offset near it, is an error and not an overflow.
+        let mut top = ChunkMap::new();
+        let d = chunk(1 << 20, BTRFS_BLOCK_GROUP_SYSTEM, &[(1, u64::MAX - 10)]);
+        let (c, s) = parse_chunk(&d).unwrap();
+        top.insert(u64::MAX - (1 << 20), c, s).unwrap();
+        assert!(top.map(u64::MAX - 4096, 16384, 1).is_err());
+        assert!(top.map(u64::MAX - (1 << 19), 4096, 1).is_err());
         let r = chunk(8 << 20, BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID0, &[(1, 0), (2, 0)]);
         let (c, s) = parse_chunk(&r).unwrap();
         assert!(matches!(m.insert(100 << 20, c, s), Err(Error::Unsupported(_))));

@@ -6,11 +6,13 @@
 mod crash;
 mod file;
 mod mem;
+mod overlay;
 mod staged;
 
 pub use crash::CrashDevice;
 pub use file::FileDevice;
 pub use mem::MemDevice;
+pub use overlay::{sparse_copy, OverlayDevice};
 pub use staged::StagedSuper;
 
 use crate::Result;

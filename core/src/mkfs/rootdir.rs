@@ -174,11 +174,61 @@ fn data_ranges(f: &std::fs::File, size: u64, ss: u64) -> Vec<(u64, u64)> {
 
 /// Copy the scanned tree into the fs tree. Commits every `COMMIT_EVERY`
 /// inodes and at the end.
+/// Contents of a small regular file, read ahead by the reader thread.
+struct Prefetched {
+    ranges: Vec<(u64, u64)>,
+    data: Vec<u8>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Files up to this size are read ahead on a second thread, so reading the
+/// source overlaps with building trees and writing the image.
+const PREFETCH_MAX: u64 = 4 << 20;
+
+fn prefetchable(e: &Entry) -> bool {
+    e.parent.is_some() && e.meta.is_file() && e.meta.len() <= PREFETCH_MAX && !(e.meta.nlink() > 1)
+}
+
+fn prefetch(e: &Entry, ss: u64) -> Result<Prefetched> {
+    let size = e.meta.len();
+    let f = std::fs::File::open(&e.path).map_err(|err| io_err(&e.path, "cannot read", err))?;
+    let mut data = vec![0u8; size as usize];
+    f.read_exact_at(&mut data, 0).map_err(|err| io_err(&e.path, "cannot read", err))?;
+    let ranges = if size > 0 { data_ranges(&f, size, ss) } else { Vec::new() };
+    Ok(Prefetched { ranges, data, xattrs: xattrs(&e.path)? })
+}
+
 pub fn populate(fs: &mut Fs, listing: &Listing, progress: &mut dyn FnMut(u64, u64)) -> Result<RootdirStats> {
+    let ss = fs.sectorsize() as u64;
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Result<Prefetched>)>(1024);
+        scope.spawn(move || {
+            for (i, e) in listing.entries.iter().enumerate() {
+                if prefetchable(e) && tx.send((i, prefetch(e, ss))).is_err() {
+                    return;
+                }
+            }
+        });
+        populate_with(fs, listing, progress, &mut |i| match rx.recv() {
+            Ok((j, r)) if j == i => r,
+            Ok((j, _)) => Err(Error::Invalid(format!("reader out of step: entry {j} for {i}"))),
+            Err(_) => Err(Error::Invalid("reader thread stopped".into())),
+        })
+    })
+}
+
+fn populate_with(
+    fs: &mut Fs,
+    listing: &Listing,
+    progress: &mut dyn FnMut(u64, u64),
+    next: &mut dyn FnMut(usize) -> Result<Prefetched>,
+) -> Result<RootdirStats> {
     // Commit points bound both memory (dirty tree blocks) and what running
     // out of space can lose.
-    const COMMIT_EVERY: u64 = 20_000;
-    const COMMIT_BYTES: u64 = 64 << 20;
+    const COMMIT_EVERY: u64 = 50_000;
+    // A sixteenth of the filesystem between commits, so running out of space
+    // loses at most that much, without a flush every few megabytes.
+    let commit_bytes: u64 = (fs.sb.total_bytes.get() / 16).clamp(64 << 20, 1 << 30);
     let mut bytes_at_commit = 0u64;
     let tree = BTRFS_FS_TREE_OBJECTID;
     let ss = fs.sectorsize() as u64;
@@ -222,6 +272,7 @@ pub fn populate(fs: &mut Fs, listing: &Listing, progress: &mut dyn FnMut(u64, u6
             *size += 2 * e.name.len() as u64;
         }
         let mut item = inode_from(m, fs.transid);
+        let mut pre_xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>> = None;
         if m.is_dir() {
             dirs.insert(i, (0, 2));
             st.dirs += 1;
@@ -232,6 +283,35 @@ pub fn populate(fs: &mut Fs, listing: &Listing, progress: &mut dyn FnMut(u64, u6
             item.size.set(t.len() as u64);
             item.nbytes.set(t.len() as u64);
             st.symlinks += 1;
+        } else if m.is_file() && prefetchable(e) {
+            let p = next(i)?;
+            let size = m.len();
+            let mut nbytes = 0u64;
+            if size > 0 && size <= MAX_INLINE as u64 && size < ss {
+                if !p.ranges.is_empty() || p.data.iter().any(|&b| b != 0) {
+                    fs.write_inline(tree, ino, &p.data)?;
+                    nbytes = size;
+                }
+            } else if size > 0 {
+                let mut covered = 0u64;
+                for (s, e_) in p.ranges {
+                    if !no_holes && s > covered {
+                        fs.write_hole(tree, ino, covered, s - covered)?;
+                    }
+                    let want = e_.min(size);
+                    nbytes += fs.write_extent(tree, ino, s, &p.data[s as usize..want as usize], true)?;
+                    covered = e_;
+                }
+                let end = size.div_ceil(ss) * ss;
+                if !no_holes && covered < end {
+                    fs.write_hole(tree, ino, covered, end - covered)?;
+                }
+            }
+            item.size.set(size);
+            item.nbytes.set(nbytes);
+            st.files += 1;
+            st.bytes += size;
+            pre_xattrs = Some(p.xattrs);
         } else if m.is_file() {
             let size = m.len();
             let f = std::fs::File::open(&e.path).map_err(|err| io_err(&e.path, "cannot read", err))?;
@@ -272,7 +352,11 @@ pub fn populate(fs: &mut Fs, listing: &Listing, progress: &mut dyn FnMut(u64, u6
         } else {
             st.special += 1;
         }
-        for (n, v) in xattrs(&e.path)? {
+        let xa = match pre_xattrs.take() {
+            Some(x) => x,
+            None => xattrs(&e.path)?,
+        };
+        for (n, v) in xa {
             fs.set_xattr(tree, ino, &n, &v)?;
         }
         if !m.is_dir() && m.nlink() > 1 {
@@ -281,7 +365,7 @@ pub fn populate(fs: &mut Fs, listing: &Listing, progress: &mut dyn FnMut(u64, u6
         fs.put_inode(tree, ino, &item)?;
         since_commit += 1;
         progress(st.files + st.dirs + st.symlinks, st.bytes);
-        if since_commit >= COMMIT_EVERY || st.bytes - bytes_at_commit >= COMMIT_BYTES {
+        if since_commit >= COMMIT_EVERY || st.bytes - bytes_at_commit >= commit_bytes {
             finish_dirs(fs, listing, &ino_of, &dirs, &links, false)?;
             fs.commit()?;
             since_commit = 0;

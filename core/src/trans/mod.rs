@@ -17,6 +17,7 @@
 
 mod btree;
 mod chunk_alloc;
+mod refs;
 mod commit;
 mod fst;
 
@@ -82,6 +83,59 @@ impl Fs {
         if img.sb.log_root.get() != 0 {
             return Err(Error::Unsupported("the filesystem has a log tree to replay; replay it before writing".into()));
         }
+        Fs::from_image_any(img)
+    }
+
+    /// Open a filesystem whose log is about to be replayed: the log's blocks
+    /// must be pinned (see `pin_range`) before anything is allocated.
+    pub fn open_for_replay(dev: Arc<dyn BlockDevice>) -> Result<Fs> {
+        let img = Image::open(dev, crate::image::OpenOptions { writable: true, ..Default::default() })?;
+        Fs::from_image_any(img)
+    }
+
+    /// Keep `[start, start+len)` out of allocation until the next commit is
+    /// durable, without an extent item (log blocks during replay). Fails when
+    /// the range is not free space of a block group.
+    pub fn pin_range(&mut self, start: u64, len: u64) -> Result<()> {
+        let g = self.alloc.group_of_mut(start).ok_or_else(|| Error::corrupt(format!("log block {start} outside every block group"), start))?;
+        if start + len > g.end() {
+            return Err(Error::corrupt(format!("log block {start}+{len} crosses the end of its block group"), start));
+        }
+        if g.pinned.contains(start, start + len) {
+            return Ok(());
+        }
+        if !g.free.contains(start, start + len) {
+            return Err(Error::corrupt(format!("log block {start} overlaps allocated space"), start));
+        }
+        g.free.remove(start, start + len);
+        g.pinned.insert(start, start + len);
+        Ok(())
+    }
+
+    /// A data extent written in the crashed transaction becomes allocated:
+    /// it was pinned while the log was read, or is still free.
+    pub fn account_data_extent(&mut self, start: u64, len: u64) -> Result<()> {
+        let g = self.alloc.group_of_mut(start).ok_or_else(|| Error::corrupt(format!("logged data extent {start}+{len} outside every block group"), start))?;
+        if g.pinned.contains(start, start + len) {
+            g.pinned.remove(start, start + len);
+        } else if g.free.contains(start, start + len) {
+            g.free.remove(start, start + len);
+        } else {
+            return Err(Error::corrupt(format!("logged data extent {start}+{len} overlaps allocated space"), start));
+        }
+        g.used += len;
+        g.dirty = true;
+        Ok(())
+    }
+
+    /// Clear the superblock's log pointer; the next commit drops the log.
+    pub fn clear_log_root(&mut self) {
+        self.sb.log_root.set(0);
+        self.sb.log_root_level = 0;
+        self.sb.log_root_transid.set(0);
+    }
+
+    fn from_image_any(img: Image) -> Result<Fs> {
         let sb = *img.sb;
         let chunk_root = img.read_tree_block(sb.chunk_root.get(), &Expect::default(), false)?;
         let chunk_tree_uuid = chunk_root.header().chunk_tree_uuid;
@@ -305,21 +359,41 @@ impl Fs {
         let buf = self.buf(bytenr)?.clone();
         let level = crate::tree::edit::level(&buf);
         let hdr_gen = u64::from_le_bytes(buf[0x50..0x58].try_into().unwrap_or([0; 8]));
-        if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get(&tree) {
-            if is_fstree(tree) && hdr_gen <= ri.last_snapshot.get() {
-                return Err(Error::Unsupported(format!(
-                    "modifying tree block {bytenr} shared with a snapshot of tree {tree}"
-                )));
-            }
-        }
+        let maybe_shared = match self.roots.get(&tree) {
+            Some(RootState { item: Some((_, ri)), .. }) => is_fstree(tree) && hdr_gen <= ri.last_snapshot.get(),
+            _ => false,
+        };
+        let still_used = maybe_shared && self.tree_block_shared(bytenr, level)? && self.cow_shared_refs(tree, bytenr, &buf)?;
         let first_key = if crate::tree::edit::nritems(&buf) > 0 { crate::tree::edit::key_at(&buf, 0) } else { Key::MIN };
         let nb = self.alloc_tree_block(tree, level, first_key)?;
         let mut nbuf = buf;
         crate::tree::edit::set_header_location(&mut nbuf, nb, self.transid, Self::owner_of(tree));
-        self.free_tree_block(tree, bytenr, level)?;
+        if still_used {
+            // Other trees keep the old block; only this tree's reference
+            // went (in cow_shared_refs).
+            self.blocks.remove(&bytenr);
+            if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tree) {
+                ri.bytes_used.set(ri.bytes_used.get().saturating_sub(self.img.nodesize as u64));
+            }
+        } else {
+            self.free_tree_block(tree, bytenr, level)?;
+        }
         self.blocks.insert(nb, nbuf);
         self.dirty.insert(nb);
         Ok(nb)
+    }
+
+    /// Whether a committed tree block has more than one reference or full
+    /// back references (so other trees use it too).
+    fn tree_block_shared(&mut self, bytenr: u64, level: u8) -> Result<bool> {
+        let ns = self.nodesize() as u64;
+        for key in [Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, level as u64), Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, ns)] {
+            if let Some(d) = self.lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)? {
+                let v = crate::format::extent::parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
+                return Ok(v.item.refs.get() != 1 || v.item.flags.get() & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0);
+            }
+        }
+        Err(Error::corrupt("tree block without extent item", bytenr))
     }
 
     /// A new empty block for `tree`.
