@@ -845,10 +845,11 @@ impl LoopMount {
                 return Ok(g);
             }
             last = format!(
-                "mount -o {opts} {} ({}): {}",
+                "mount -o {opts} {} ({}): {}{}",
                 img.display(),
                 g.dev,
-                String::from_utf8_lossy(&o.stderr).trim()
+                String::from_utf8_lossy(&o.stderr).trim().replace('\n', " "),
+                kernel_says(&g.dev)
             );
             drop(g);
             // Only a busy or racing device is worth another try; a refused
@@ -927,6 +928,30 @@ impl LoopMount {
         }
         let _ = std::fs::remove_dir(&self.mnt);
         err.map_or(Ok(()), Err)
+    }
+}
+
+/// The kernel's last complaints about a device (why a mount failed), as
+/// "; kernel: ..." or nothing. Other runs may log meanwhile, so only lines
+/// naming the device count.
+fn kernel_says(dev: &str) -> String {
+    let name = dev.rsplit('/').next().unwrap_or(dev);
+    let tag = format!("(device {name})");
+    let Ok(o) = Command::new("dmesg").output() else {
+        return String::new();
+    };
+    let text = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(&tag) && (l.contains("critical") || l.contains("error")))
+        .map(|l| l.split_once("] ").map_or(l, |(_, r)| r))
+        .collect();
+    let mut last: Vec<&str> = lines.iter().rev().take(3).copied().collect();
+    last.reverse();
+    if last.is_empty() {
+        String::new()
+    } else {
+        format!("; kernel: {}", last.join(" / "))
     }
 }
 
@@ -1865,13 +1890,45 @@ pub fn btrfs_check(img: &Path) -> Res<()> {
     if o.status.success() && text.contains("no error found") {
         return Ok(());
     }
-    let tail: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let from = tail.len().saturating_sub(12);
+    // The first line names the problems; the full report follows, without
+    // the space statistics btrfs check prints first.
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| {
+            !l.starts_with("total ")
+                && !l.contains(" bytes: ")
+                && !l.starts_with(" referenced")
+                && !l.starts_with("found ")
+        })
+        .collect();
+    let problems: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            (l.contains("error")
+                || l.contains("invalid")
+                || l.contains("mismatch")
+                || l.contains("missing"))
+                && !l.starts_with("error: errors found")
+        })
+        .take(4)
+        .collect();
     Err(format!(
-        "btrfs check --readonly {} ({}):\n{}",
-        img.display(),
+        "btrfs check --readonly fails ({}): {}\n{}",
         o.status,
-        tail[from..].join("\n")
+        if problems.is_empty() {
+            "see below".to_string()
+        } else {
+            problems.join("; ")
+        },
+        lines
+            .iter()
+            .take(40)
+            .copied()
+            .collect::<Vec<_>>()
+            .join("\n")
     ))
 }
 
@@ -1967,54 +2024,22 @@ pub fn check_expectations(scn: &Scenario, m: &Manifest) -> Vec<String> {
 // ---------------------------------------------------------------------------
 // Binaries and the headline workload
 
-/// Path of a workspace binary next to the running executable
-/// (`target/<profile>/NAME`). It is built once per process with cargo, so a
-/// test never runs a stale binary (`cargo test -p btrkit-tests` alone does
-/// not rebuild the other crates); `BTRKIT_NO_BUILD=1` skips the build.
-pub fn workspace_bin(name: &str) -> PathBuf {
-    static BUILT: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-    let exe = std::env::current_exe().unwrap_or_default();
-    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    if dir.file_name().is_some_and(|n| n == "deps") {
-        dir.pop();
+/// `btrkit-replay` (built if needed, see [`crate::bin_path`]), or the program
+/// `BTRKIT_REPLAY_BIN` names, relative to the repository root or absolute:
+/// the harness itself is checked end to end by pointing it at
+/// `tests/scripts/kernel-replay-shim.sh`, which lets the kernel replay.
+pub fn replay_bin() -> PathBuf {
+    match std::env::var_os("BTRKIT_REPLAY_BIN") {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            if p.is_relative() {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+            } else {
+                p
+            }
+        }
+        None => crate::bin_path("btrkit-replay"),
     }
-    let bin = dir.join(name);
-    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    let no_build = std::env::var("BTRKIT_NO_BUILD").is_ok_and(|v| v == "1");
-    if !no_build
-        && built
-            .get_or_insert_with(HashSet::new)
-            .insert(name.to_string())
-    {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", name, "--bin", name]);
-        if let Some(target) = dir.parent() {
-            cmd.arg("--target-dir").arg(target);
-        }
-        if let Some(p) = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .filter(|p| *p != "debug")
-        {
-            cmd.args(["--profile", p]);
-        }
-        cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")));
-        match cmd.output() {
-            Ok(o) if o.status.success() => {}
-            Ok(o) if !bin.exists() => panic!(
-                "cargo build -p {name} failed:\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            ),
-            Ok(o) => eprintln!(
-                "warning: cargo build -p {name} failed, using the existing binary:\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            ),
-            Err(e) if !bin.exists() => panic!("cannot run cargo to build {name}: {e}"),
-            Err(e) => eprintln!("warning: cannot run cargo ({e}); using {}", bin.display()),
-        }
-    }
-    bin
 }
 
 /// The headline workload: 10,000 new files, each created, written (100 to

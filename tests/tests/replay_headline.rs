@@ -78,7 +78,7 @@ fn replay_recovers_10000_fsynced_files() {
     );
 
     // btrkit-replay -o.
-    let bin = kcrash::workspace_bin("btrkit-replay");
+    let bin = kcrash::replay_bin();
     let before = kcrash::image_digest(&crash.path).unwrap();
     let out = w.join("out.img");
     let t = Instant::now();

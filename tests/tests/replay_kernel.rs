@@ -44,22 +44,6 @@ fn by_cost(mut v: Vec<Scenario>) -> Vec<Scenario> {
     v
 }
 
-/// `btrkit-replay`, or the program `BTRKIT_REPLAY_BIN` names (the harness is
-/// checked end to end with `tests/scripts/kernel-replay-shim.sh` there).
-fn replay_bin() -> PathBuf {
-    match std::env::var_os("BTRKIT_REPLAY_BIN") {
-        Some(p) => {
-            let p = PathBuf::from(p);
-            if p.is_relative() {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
-            } else {
-                p
-            }
-        }
-        None => kcrash::workspace_bin("btrkit-replay"),
-    }
-}
-
 fn skip_reason() -> Option<String> {
     kcrash::can_run().err()
 }
@@ -131,22 +115,39 @@ fn kernel_side(
 
 /// Checks of one replayed image against the kernel's manifest.
 fn check_replayed(what: &str, img: &Path, kernel: &Manifest, work: &Path) -> Result<(), String> {
-    let (_, log_root) = kcrash::super_log_root(img).map_err(|e| format!("{what}: {e}"))?;
-    if log_root != 0 {
-        return Err(format!("{what}: log_root is {log_root}, not 0"));
+    // Every check runs, so one failure report says all that is wrong.
+    let mut problems = Vec::new();
+    match kcrash::super_log_root(img) {
+        Ok((_, 0)) => {}
+        Ok((_, l)) => problems.push(format!("log_root is {l}, not 0")),
+        Err(e) => return Err(format!("{what}: {e}")),
     }
-    kcrash::btrfs_check(img).map_err(|e| format!("{what}: {e}"))?;
+    if let Err(e) = kcrash::btrfs_check(img) {
+        problems.push(e);
+    }
     let copy = work.join("check-copy.img");
-    let mine =
-        kcrash::manifest_via_copy(img, &copy, "ro").map_err(|e| format!("{what}: mount: {e}"))?;
-    let _ = std::fs::remove_file(&copy);
-    if &mine != kernel {
-        return Err(format!(
-            "{what}: differs from the kernel (A = kernel, B = btrkit):\n{}",
+    match kcrash::manifest_via_copy(img, &copy, "ro") {
+        Ok(mine) if &mine != kernel => problems.push(format!(
+            "differs from the kernel (A = kernel, B = btrkit):\n{}",
             kernel.short_diff(&mine, 10)
-        ));
+        )),
+        Ok(_) => {}
+        Err(e) => problems.push(format!("mount: {e}")),
     }
-    Ok(())
+    let _ = std::fs::remove_file(&copy);
+    if problems.is_empty() {
+        return Ok(());
+    }
+    // The table shows the first line: the first line of each problem, joined.
+    let heads: Vec<&str> = problems
+        .iter()
+        .map(|p| p.lines().next().unwrap_or(""))
+        .collect();
+    Err(format!(
+        "{what}: {}\n{}",
+        heads.join(" | "),
+        problems.join("\n")
+    ))
 }
 
 struct Outcome {
@@ -258,7 +259,7 @@ fn replay_equals_kernel_on_every_scenario() {
         return;
     }
     let t = Instant::now();
-    let bin = replay_bin();
+    let bin = kcrash::replay_bin();
     let cache = kcrash::default_cache_dir();
     let all = by_cost(scenarios());
     assert!(!all.is_empty(), "no scenarios");
@@ -337,7 +338,7 @@ fn dump_log_on_every_scenario() {
         eprintln!("SKIP: dump_log_on_every_scenario: {why}");
         return;
     }
-    let bin = kcrash::workspace_bin("btrkit-dump");
+    let bin = btrkit_tests::bin_path("btrkit-dump");
     let cache = kcrash::default_cache_dir();
     let all = by_cost(scenarios());
     let fails: Vec<String> =
