@@ -473,3 +473,55 @@ fn kcrash_py_agrees_on_the_examples() {
         }
     }
 }
+
+/// A test that panics while an image is mounted leaves no mount and no loop
+/// device behind: the guard's Drop runs during unwinding.
+#[test]
+fn loop_mount_guard_cleans_up_after_a_panic() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: loop_mount_guard_cleans_up_after_a_panic: {why}");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let img = work.path().join("guard.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let o = Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "mkfs.btrfs: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mnt = work.path().join("mnt");
+    let (img2, mnt2) = (img.clone(), mnt.clone());
+    let r = std::thread::spawn(move || {
+        let m = kcrash::LoopMount::mount(&img2, &mnt2, "commit=600").unwrap();
+        // Keep a file open too: the guard must still get the mount away.
+        std::fs::write(m.path().join("f"), b"x").unwrap();
+        panic!("deliberate panic with {} mounted", m.device());
+    })
+    .join();
+    assert!(r.is_err(), "the thread was meant to panic");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        !mounts.contains(mnt.to_str().unwrap()),
+        "still mounted at {}",
+        mnt.display()
+    );
+    let o = Command::new("losetup")
+        .arg("-j")
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).trim().is_empty(),
+        "loop device left attached: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}
