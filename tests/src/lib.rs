@@ -11,8 +11,6 @@
 //!   prealloc, compressed, holes, xattrs, links, subvolumes, multi-level trees).
 //! - [`dumpcmp`]: compares `btrkit-dump tree` against `btrfs inspect-internal
 //!   dump-tree` on their item lines.
-//! - [`kcrash`]: crash images made by the kernel from scenario files, and
-//!   manifests of what the kernel's log replay recovers (the replay oracle).
 
 pub mod bins;
 pub mod dumpcmp;
