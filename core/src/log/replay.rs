@@ -20,7 +20,7 @@
 
 use crate::format::consts::*;
 use crate::format::dir::{name_hash, parse_dir_items, DirItem};
-use crate::format::extent::{extent_data_ref_hash, parse_extent_item, write_inline_refs, ExtentItem, InlineRef};
+use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef};
 use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
 use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem, InodeRef, Timespec};
 use crate::format::key::Key;
@@ -663,32 +663,7 @@ impl Replayer<'_> {
         let key = Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, len);
         let sv = self.subvol;
         match self.fs.lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)? {
-            Some(d) => {
-                let v = parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
-                let mut refs = v.refs.clone();
-                let head = ExtentItem { refs: (v.item.refs.get() + 1).into(), generation: v.item.generation, flags: v.item.flags };
-                let _ = v;
-                match refs.iter_mut().find(|r| matches!(**r, InlineRef::ExtentData { root, objectid, offset, .. } if root == sv && objectid == ino && offset == ref_off)) {
-                    Some(InlineRef::ExtentData { count, .. }) => *count += 1,
-                    _ => {
-                        // Keyed refs of this extent?
-                        let kk = Key::new(bytenr, BTRFS_EXTENT_DATA_REF_KEY, extent_data_ref_hash(sv, ino, ref_off));
-                        if let Some(kd) = self.fs.lookup(BTRFS_EXTENT_TREE_OBJECTID, &kk)? {
-                            let mut r = crate::format::extent::ExtentDataRef::read_from_bytes(&kd).map_err(|_| Error::corrupt_key("extent data ref size", bytenr, kk))?;
-                            r.count.set(r.count.get() + 1);
-                            self.fs.update_item(BTRFS_EXTENT_TREE_OBJECTID, &kk, r.as_bytes())?;
-                            let mut nd = head.as_bytes().to_vec();
-                            write_inline_refs(&mut nd, &refs);
-                            return self.fs.update_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &nd);
-                        }
-                        refs.push(InlineRef::ExtentData { root: sv, objectid: ino, offset: ref_off, count: 1 });
-                        sort_inline_refs(&mut refs);
-                    }
-                }
-                let mut nd = head.as_bytes().to_vec();
-                write_inline_refs(&mut nd, &refs);
-                self.fs.update_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &nd)
-            }
+            Some(_) => self.fs.modify_ref(bytenr, None, InlineRef::ExtentData { root: sv, objectid: ino, offset: ref_off, count: 1 }, 1).map(|_| ()),
             None => {
                 let head = ExtentItem {
                     refs: 1.into(),
@@ -874,22 +849,6 @@ fn log_has_ref(log: &LogTree, ino: u64, dir: u64, name: &[u8]) -> bool {
         }
     }
     false
-}
-
-/// Inline refs in the kernel's order: by type, then (within a type) by
-/// descending hash or offset.
-fn sort_inline_refs(refs: &mut [InlineRef]) {
-    let rank = |r: &InlineRef| -> (u8, std::cmp::Reverse<u64>) {
-        let v = match *r {
-            InlineRef::TreeBlock { root } => root,
-            InlineRef::SharedBlock { parent } => parent,
-            InlineRef::ExtentData { root, objectid, offset, .. } => extent_data_ref_hash(root, objectid, offset),
-            InlineRef::SharedData { parent, .. } => parent,
-            InlineRef::Owner { root } => root,
-        };
-        (r.type_key(), std::cmp::Reverse(v))
-    };
-    refs.sort_by_key(rank);
 }
 
 /// Replay the log of the filesystem open in `fs` and commit. Returns what
