@@ -900,11 +900,15 @@ pub fn replay_with_progress(fs: &mut Fs, opts: ReplayOptions, progress: &mut dyn
     }
     let no_holes = fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
     let mut reps: BTreeMap<u64, (BTreeSet<u64>, Vec<Event>)> = BTreeMap::new();
-    for log in &logs {
-        if !fs.tree_exists(log.subvol)? {
-            return Err(Error::corrupt(format!("log for subvolume {} which does not exist", log.subvol), 0));
+    // A log of a subvolume deleted before the crash has nothing to replay
+    // into; the kernel skips it too (its blocks stay pinned until commit).
+    let mut live = Vec::with_capacity(logs.len());
+    for log in logs {
+        if fs.tree_exists(log.subvol)? {
+            live.push(log);
         }
     }
+    let logs = live;
     let now = Timespec::default();
     // Stages 2-4, each over every log tree, as the kernel's walk does.
     let total: u64 = logs.iter().map(|l| l.items.len() as u64).sum::<u64>() * 3;
