@@ -518,7 +518,8 @@ impl Replayer<'_> {
         let mut parents: BTreeSet<u64> = BTreeSet::new();
         for (dir, index, name) in &entries {
             let (dir, index) = (*dir, *index);
-            if self.get_inode(dir)?.is_none() {
+            // A subvolume root's ".." ref names itself; it is not a link.
+            if dir == ino || self.get_inode(dir)?.is_none() {
                 continue;
             }
             parents.insert(dir);
