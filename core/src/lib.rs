@@ -10,5 +10,6 @@ pub mod io;
 pub mod chunk;
 pub mod tree;
 pub mod image;
+pub mod check;
 
 pub use error::{Error, Result};

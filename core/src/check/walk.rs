@@ -1,0 +1,329 @@
+//! Phase 3: every block of every tree, each read once (fs trees that share
+//! blocks with a snapshot are descended again for their inode checks, but
+//! a shared block is validated and its references counted only once).
+//! Each leaf is handed to the collectors of the later phases.
+
+use super::extents::FoundTree;
+use super::findings::F;
+use super::fs::FsTree;
+use super::{Ctx, RootLink, RootRec};
+use crate::format::consts::*;
+use crate::format::item::{decode, ItemBody};
+use crate::format::key::Key;
+use crate::format::root::RootItem;
+use crate::tree::node::{Expect, ProblemKind};
+use crate::tree::{Node, TreeRoot};
+use std::collections::HashSet;
+
+const P: u8 = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Root,
+    Chunk,
+    Extent,
+    Dev,
+    Csum,
+    FreeSpace,
+    BlockGroup,
+    Fs,
+    Reloc,
+    Other,
+}
+
+fn kind_of(id: u64) -> Kind {
+    match id {
+        BTRFS_ROOT_TREE_OBJECTID => Kind::Root,
+        BTRFS_CHUNK_TREE_OBJECTID => Kind::Chunk,
+        BTRFS_EXTENT_TREE_OBJECTID => Kind::Extent,
+        BTRFS_DEV_TREE_OBJECTID => Kind::Dev,
+        BTRFS_CSUM_TREE_OBJECTID => Kind::Csum,
+        BTRFS_FREE_SPACE_TREE_OBJECTID => Kind::FreeSpace,
+        BTRFS_BLOCK_GROUP_TREE_OBJECTID => Kind::BlockGroup,
+        BTRFS_TREE_RELOC_OBJECTID => Kind::Reloc,
+        id if is_fstree(id) => Kind::Fs,
+        _ => Kind::Other,
+    }
+}
+
+/// A tree to walk and how.
+pub(crate) struct Spec {
+    pub root: TreeRoot,
+    pub kind: Kind,
+    /// Root id recorded as the owner of the root block's reference.
+    pub ref_root: u64,
+    /// Resume key of a partially dropped tree: subtrees before it are gone.
+    pub drop_key: Option<Key>,
+    /// Run the inode checks (phase 6) on this tree.
+    pub fs_check: Option<RootRec>,
+}
+
+struct Pending {
+    bytenr: u64,
+    expect: Expect,
+    /// Exclusive upper bound on every key in the block (next key in the parent).
+    hi: Option<Key>,
+}
+
+pub(super) fn walk_all(cx: &mut Ctx) {
+    let mut seen: HashSet<u64> = HashSet::new();
+    let img = cx.img;
+    let total: u64 = 2;
+    cx.progress.phase(P, "tree blocks", total);
+
+    let root_spec = Spec { root: img.root_tree(), kind: Kind::Root, ref_root: BTRFS_ROOT_TREE_OBJECTID, drop_key: None, fs_check: None };
+    walk(cx, &mut seen, &root_spec);
+    let chunk_spec = Spec { root: img.chunk_tree(), kind: Kind::Chunk, ref_root: BTRFS_CHUNK_TREE_OBJECTID, drop_key: None, fs_check: None };
+
+    // Progress: root items say how many bytes of tree blocks each tree has.
+    let ns = img.nodesize as u64;
+    let est: u64 = cx.roots.iter().map(|r| r.item.bytes_used.get() / ns.max(1)).fold(0u64, |a, b| a.saturating_add(b));
+    cx.progress.phase(P, "tree blocks", est);
+
+    let mut specs = vec![chunk_spec];
+    let mut have = HashSet::new();
+    let roots = cx.roots.clone();
+    for r in &roots {
+        let id = r.id();
+        have.insert(id);
+        let ri = &r.item;
+        if ri.generation.get() > cx.gen + 1 {
+            cx.report(F::err(P, "root-item").tree(id).key(r.key).msg(format!(
+                "root item generation {} newer than the superblock's {}",
+                ri.generation.get(),
+                cx.gen
+            )));
+        }
+        if ri.level >= BTRFS_MAX_LEVEL {
+            cx.report(F::err(P, "root-item").tree(id).key(r.key).msg(format!("root item level {} too high", ri.level)));
+            continue;
+        }
+        let kind = kind_of(id);
+        let dropping = r.drop_key().is_some();
+        let dead = ri.refs.get() == 0 || cx.orphan_roots.contains(&id);
+        let fs_check = (kind == Kind::Fs && !dropping && !dead).then(|| r.clone());
+        specs.push(Spec {
+            root: TreeRoot { id, bytenr: ri.bytenr.get(), level: ri.level, generation: ri.generation.get() },
+            kind,
+            ref_root: id,
+            drop_key: r.drop_key(),
+            fs_check,
+        });
+    }
+    for (id, feat) in [
+        (BTRFS_EXTENT_TREE_OBJECTID, None),
+        (BTRFS_DEV_TREE_OBJECTID, None),
+        (BTRFS_FS_TREE_OBJECTID, None),
+        (BTRFS_CSUM_TREE_OBJECTID, None),
+        (BTRFS_FREE_SPACE_TREE_OBJECTID, Some(BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE)),
+        (BTRFS_BLOCK_GROUP_TREE_OBJECTID, Some(BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE)),
+    ] {
+        if feat.is_none_or(|f| img.sb.has_compat_ro(f)) && !have.contains(&id) {
+            cx.report(F::err(P, "root-item").tree(id).msg(format!("the root tree has no root item for tree {id}")));
+        }
+    }
+    if img.sb.has_compat_ro(BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE) {
+        cx.chunks.bg_loaded = have.contains(&BTRFS_BLOCK_GROUP_TREE_OBJECTID);
+    } else {
+        cx.chunks.bg_loaded = have.contains(&BTRFS_EXTENT_TREE_OBJECTID);
+    }
+    // Extent tree first so its facts are complete before the rest.
+    specs.sort_by_key(|s| match s.kind {
+        Kind::Extent => 0,
+        Kind::Chunk => 1,
+        Kind::Fs | Kind::Reloc => 3,
+        _ => 2,
+    });
+    for s in &specs {
+        walk(cx, &mut seen, s);
+    }
+    cx.chunks.block_groups.sort_by_key(|b| b.start);
+    cx.ext.recs.sort_by_key(|r| r.bytenr);
+    cx.ext.loaded = true;
+}
+
+/// Walk one tree. `seen` is global across trees.
+pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
+    let img = cx.img;
+    let root = spec.root;
+    let check_owner = !matches!(spec.kind, Kind::Reloc);
+    let mut fs = spec.fs_check.as_ref().map(|r| FsTree::new(cx, r));
+    let mut here: HashSet<u64> = HashSet::new();
+    // A relocation tree's root block is referenced by itself (full backref).
+    let root_parent = if spec.kind == Kind::Reloc { root.bytenr } else { 0 };
+    cx.ext.found_tree.push(FoundTree { bytenr: root.bytenr, parent: root_parent, owner: spec.ref_root, level: root.level, tree: root.id });
+    let mut stack = vec![Pending {
+        bytenr: root.bytenr,
+        expect: Expect {
+            level: Some(root.level),
+            generation: Some(root.generation),
+            owner: check_owner.then_some(root.id),
+            first_key: None,
+        },
+        hi: None,
+    }];
+    while let Some(p) = stack.pop() {
+        if !here.insert(p.bytenr) {
+            cx.report(F::err(P, "tree-shape").tree(root.id).at(p.bytenr).msg(format!("block {} is referenced twice in tree {}", p.bytenr, root.id as i64)));
+            continue;
+        }
+        let first = seen.insert(p.bytenr);
+        if !first && fs.is_none() {
+            continue;
+        }
+        let (node, problems) = match img.read_tree_block_checked(p.bytenr, &p.expect, false) {
+            Ok(x) => x,
+            Err(e) => {
+                if first {
+                    cx.report(F::err(P, "unreadable").tree(root.id).at(p.bytenr).opt_key(p.expect.first_key).msg(format!("tree block unreadable: {e}")));
+                }
+                if let Some(f) = fs.as_mut() {
+                    f.lost_block();
+                }
+                continue;
+            }
+        };
+        if first {
+            cx.progress.advance(1);
+            cx.sink.checked(P, 1);
+            for pr in &problems {
+                let cat = match pr.kind {
+                    ProblemKind::Checksum => "checksum",
+                    ProblemKind::Header | ProblemKind::Owner | ProblemKind::Level => "header",
+                    ProblemKind::ParentTransid => "parent-transid",
+                    ProblemKind::FirstKey | ProblemKind::KeyOrder => "key-order",
+                    ProblemKind::ItemBounds => "item-bounds",
+                    ProblemKind::ItemBody => "item",
+                };
+                cx.report(F::err(P, cat).tree(root.id).at(p.bytenr).opt_key(pr.key).msg(pr.message.clone()));
+            }
+            if !check_owner {
+                let o = node.owner();
+                if o != BTRFS_TREE_RELOC_OBJECTID && !is_fstree(o) {
+                    cx.report(F::err(P, "header").tree(root.id).at(p.bytenr).msg(format!("owner {} in a relocation tree", o as i64)));
+                }
+            }
+            check_copies(cx, &node, root.id);
+            if let (Some(hi), Some(last)) = (p.hi, node.nr_safe().checked_sub(1).and_then(|s| node.key(s))) {
+                if last >= hi {
+                    cx.report(F::err(P, "key-order").tree(root.id).at(p.bytenr).key(last).msg(format!(
+                        "last key {} is not below the parent's next key {}",
+                        super::fmt_key(&last),
+                        super::fmt_key(&hi)
+                    )));
+                }
+            }
+        }
+        if node.is_leaf() {
+            if first {
+                leaf(cx, spec, &node);
+            }
+            if let Some(f) = fs.as_mut() {
+                f.leaf(cx, &node);
+            }
+            continue;
+        }
+        let level = node.level().saturating_sub(1);
+        let n = node.nr_safe();
+        for slot in (0..n).rev() {
+            let Some(kp) = node.key_ptr(slot) else { continue };
+            let k = Key::from(&kp.key);
+            let next = if slot + 1 < n { node.key(slot + 1) } else { p.hi };
+            if let (Some(d), Some(nx)) = (spec.drop_key, next) {
+                if nx <= d {
+                    continue;
+                }
+            }
+            let child = kp.blockptr.get();
+            if first {
+                cx.ext.found_tree.push(FoundTree { bytenr: child, parent: node.bytenr, owner: node.owner(), level, tree: root.id });
+            }
+            stack.push(Pending {
+                bytenr: child,
+                expect: Expect {
+                    level: Some(level),
+                    generation: Some(kp.generation.get()),
+                    owner: check_owner.then_some(root.id),
+                    first_key: Some(k),
+                },
+                hi: next,
+            });
+        }
+    }
+    if let Some(f) = fs {
+        f.finish(cx);
+    }
+}
+
+/// Every mirror copy of a block must carry a valid checksum of its own.
+fn check_copies(cx: &mut Ctx, node: &Node, tree: u64) {
+    let img = cx.img;
+    let ns = img.nodesize as usize;
+    let Ok(phys) = img.chunks.map(node.bytenr, ns as u64, img.devid) else { return };
+    if phys.len() < 2 {
+        return;
+    }
+    let dev = img.device();
+    let mut buf = Vec::new();
+    for (i, &p) in phys.iter().enumerate() {
+        let ok = match dev.slice(p, ns) {
+            Some(s) => copy_ok(cx, s, node.bytenr),
+            None => {
+                buf.resize(ns, 0);
+                dev.read_at(p, &mut buf).is_ok() && copy_ok(cx, &buf, node.bytenr)
+            }
+        };
+        if !ok {
+            cx.report(F::err(P, "checksum").tree(tree).at(node.bytenr).msg(format!("copy {i} of the block (at physical {p}) is damaged")));
+        }
+    }
+}
+
+fn copy_ok(cx: &Ctx, b: &[u8], bytenr: u64) -> bool {
+    crate::csum::verify_block(cx.img.csum, b)
+        && b.get(0x30..0x38).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes) == Some(bytenr)
+}
+
+fn leaf(cx: &mut Ctx, spec: &Spec, node: &Node) {
+    match spec.kind {
+        Kind::Root => {
+            root_leaf(cx, node);
+            // Free space cache (v1) inodes keep their data extents in the root tree.
+            super::extents::on_fs_leaf(cx, node);
+        }
+        Kind::Chunk => super::chunks::on_chunk_leaf(cx, node),
+        Kind::Extent => super::extents::on_extent_leaf(cx, node),
+        Kind::Dev => super::chunks::on_dev_leaf(cx, node),
+        Kind::BlockGroup => {
+            for slot in 0..node.nr_safe() {
+                let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else { continue };
+                if k.ty == BTRFS_BLOCK_GROUP_ITEM_KEY {
+                    super::chunks::on_bg_item(cx, &k, d);
+                }
+            }
+        }
+        Kind::Csum => super::csums::on_leaf(cx, node),
+        Kind::FreeSpace => super::free_space::on_leaf(cx, node),
+        Kind::Fs | Kind::Reloc => super::extents::on_fs_leaf(cx, node),
+        Kind::Other => {}
+    }
+}
+
+fn root_leaf(cx: &mut Ctx, node: &Node) {
+    for slot in 0..node.nr_safe() {
+        let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else { continue };
+        match k.ty {
+            BTRFS_ROOT_ITEM_KEY => match RootItem::parse(d) {
+                Ok(ri) => cx.roots.push(RootRec { key: k, item: Box::new(ri) }),
+                Err(e) => cx.report(F::err(P, "root-item").tree(1).at(node.bytenr).key(k).msg(format!("root item unreadable: {e}"))),
+            },
+            BTRFS_ROOT_REF_KEY | BTRFS_ROOT_BACKREF_KEY => {
+                if let Ok(ItemBody::RootRef(r, name)) = decode(&k, d, 0) {
+                    cx.root_links.push(RootLink { key: k, dirid: r.dirid.get(), sequence: r.sequence.get(), name: name.to_vec() });
+                }
+            }
+            BTRFS_ORPHAN_ITEM_KEY if k.objectid == BTRFS_ORPHAN_OBJECTID => cx.orphan_roots.push(k.offset),
+            _ => {}
+        }
+    }
+}
