@@ -1,1 +1,2 @@
 //! Shared helpers for integration tests.
+pub mod fsck_support;

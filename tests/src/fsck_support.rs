@@ -1,0 +1,171 @@
+//! Helpers for the btrkit-fsck integration tests: locating the binary and
+//! the shared fixtures, running the checker, and loop-mount guards.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The repository root (the workspace directory).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// `../shared/fixtures/btrfs-progs-fsck` relative to the repository root.
+pub fn fixtures_dir() -> PathBuf {
+    repo_root().join("../shared/fixtures/btrfs-progs-fsck")
+}
+
+/// Path of the btrkit-fsck binary of this build profile, building it if
+/// it is not there yet.
+pub fn fsck_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    // target/<profile>/deps/<test> -> target/<profile>/btrkit-fsck
+    let dir = exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+    let bin = dir.join("btrkit-fsck");
+    if !bin.exists() {
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        c.args(["build", "-q", "-p", "btrkit-fsck"]).current_dir(repo_root());
+        if release {
+            c.arg("--release");
+        }
+        let _ = c.status();
+    }
+    bin
+}
+
+/// Outcome of one btrkit-fsck run.
+pub struct FsckRun {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl FsckRun {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or(serde_json::Value::Null)
+    }
+    /// Error findings as (phase, category, message).
+    pub fn errors(&self) -> Vec<(u64, String, String)> {
+        let v = self.json();
+        v["findings"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter(|f| f["severity"] == "error")
+                    .map(|f| {
+                        (
+                            f["phase"].as_u64().unwrap_or(0),
+                            f["category"].as_str().unwrap_or("").to_string(),
+                            f["message"].as_str().unwrap_or("").to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Run `btrkit-fsck --json [extra] image` with a time limit.
+pub fn run_fsck(image: &Path, extra: &[&str], limit: std::time::Duration) -> FsckRun {
+    let mut c = Command::new(fsck_bin());
+    c.arg("--json").args(extra).arg(image);
+    run_with_limit(c, limit)
+}
+
+pub fn run_with_limit(mut c: Command, limit: std::time::Duration) -> FsckRun {
+    use std::io::Read;
+    c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = match c.spawn() {
+        Ok(ch) => ch,
+        Err(e) => return FsckRun { code: -1, stdout: String::new(), stderr: format!("spawn failed: {e}") },
+    };
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(o) = out.as_mut() {
+            let _ = o.read_to_string(&mut s);
+        }
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(o) = err.as_mut() {
+            let _ = o.read_to_string(&mut s);
+        }
+        s
+    });
+    let start = std::time::Instant::now();
+    let code = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st.code().unwrap_or(-1),
+            Ok(None) if start.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break -2;
+            }
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            Err(_) => break -1,
+        }
+    };
+    FsckRun { code, stdout: t_out.join().unwrap_or_default(), stderr: t_err.join().unwrap_or_default() }
+}
+
+/// True when `prog` can be run.
+pub fn have(prog: &str) -> bool {
+    Command::new("sh").arg("-c").arg(format!("command -v {prog} >/dev/null 2>&1")).status().is_ok_and(|s| s.success())
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A loop mount that is unmounted (and its loop device detached) on drop.
+pub struct Mount {
+    pub dir: tempfile::TempDir,
+}
+
+impl Mount {
+    pub fn new(image: &Path, opts: &str) -> Result<Mount, String> {
+        let dir = tempfile::Builder::new().prefix("btrkit-fsck-mnt").tempdir().map_err(|e| e.to_string())?;
+        for attempt in 0..5 {
+            let st = Command::new("mount")
+                .args(["-o", &format!("loop,{opts}")])
+                .arg(image)
+                .arg(dir.path())
+                .status()
+                .map_err(|e| e.to_string())?;
+            if st.success() {
+                return Ok(Mount { dir });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200 * (attempt + 1)));
+        }
+        Err(format!("mount of {} failed", image.display()))
+    }
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        // `umount` of a loop mount made with -o loop detaches the device too.
+        for _ in 0..5 {
+            if Command::new("umount").arg(self.dir.path()).status().is_ok_and(|s| s.success()) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}
+
+/// Run a shell snippet, panicking with its output on failure (test setup).
+pub fn sh(cmd: &str) {
+    let o = Command::new("sh").arg("-c").arg(cmd).output();
+    match o {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!("`{cmd}` failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+        Err(e) => panic!("`{cmd}` could not run: {e}"),
+    }
+}
