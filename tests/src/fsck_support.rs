@@ -169,3 +169,102 @@ pub fn sh(cmd: &str) {
         Err(e) => panic!("`{cmd}` could not run: {e}"),
     }
 }
+
+/// Make a small kernel-written image: mkfs (free space tree left to the
+/// kernel, see fsck_kernel.rs), mount, run `script` inside, unmount.
+pub fn kernel_image(dir: &Path, name: &str, mkfs_args: &str, mount_opts: &str, script: &str) -> PathBuf {
+    let img = dir.join(name);
+    sh(&format!("truncate -s 256M '{0}' && mkfs.btrfs -q -f -R ^free-space-tree {mkfs_args} '{0}'", img.display()));
+    {
+        let m = Mount::new(&img, &format!("space_cache=v2,{mount_opts}")).expect("mount");
+        sh(&format!("cd '{}' && {script}", m.path().display()));
+    }
+    img
+}
+
+/// Why kernel-image tests cannot run here, if they cannot.
+pub fn kernel_unavailable() -> Option<String> {
+    if !is_root() {
+        return Some("not root".into());
+    }
+    for p in ["mkfs.btrfs", "btrfs", "mount", "umount", "xfs_io"] {
+        if !have(p) {
+            return Some(format!("{p} not installed"));
+        }
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        return Some("no loop devices".into());
+    }
+    None
+}
+
+/// Where an item lives: its block, slot and the byte offset of its data.
+#[derive(Clone, Copy, Debug)]
+pub struct ItemAt {
+    pub bytenr: u64,
+    pub slot: usize,
+    pub data_off: usize,
+    pub data_len: usize,
+    pub key: btrkit_core::format::key::Key,
+}
+
+/// The `nth` item of tree `tree` for which `pred(key, data)` holds.
+pub fn find_item(image: &Path, tree: u64, nth: usize, pred: &dyn Fn(&btrkit_core::format::key::Key, &[u8]) -> bool) -> Option<ItemAt> {
+    use btrkit_core::format::header::HEADER_SIZE;
+    use btrkit_core::image::{Image, OpenOptions};
+    use btrkit_core::tree::TreeIter;
+    let img = Image::open_path(image, OpenOptions::default()).ok()?;
+    let root = if tree == 1 { img.root_tree() } else { img.find_root(tree).ok()?? };
+    let mut it = TreeIter::new(&img, root, btrkit_core::format::key::Key::MIN).ok()?;
+    let mut n = 0;
+    while let Some(Ok(item)) = it.next_item() {
+        let d = item.data().ok()?;
+        if pred(&item.key, d) {
+            if n == nth {
+                let h = item.node.item(item.slot)?;
+                return Some(ItemAt {
+                    bytenr: item.node.bytenr,
+                    slot: item.slot,
+                    data_off: HEADER_SIZE + h.offset.get() as usize,
+                    data_len: d.len(),
+                    key: item.key,
+                });
+            }
+            n += 1;
+        }
+    }
+    None
+}
+
+/// Change tree block `bytenr` in place with `f`, on every copy (or only
+/// copy 0 when `all_copies` is false), re-computing its checksum when
+/// `fix_csum`.
+pub fn patch_block(image: &Path, bytenr: u64, all_copies: bool, fix_csum: bool, f: &dyn Fn(&mut [u8])) {
+    use btrkit_core::image::{Image, OpenOptions};
+    use std::os::unix::fs::FileExt;
+    let (phys, ns, csum) = {
+        let img = Image::open_path(image, OpenOptions::default()).expect("open image");
+        (img.chunks.map(bytenr, img.nodesize as u64, img.devid).expect("map block"), img.nodesize as usize, img.csum)
+    };
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(image).expect("open rw");
+    for (i, p) in phys.iter().enumerate() {
+        if i > 0 && !all_copies {
+            break;
+        }
+        let mut b = vec![0u8; ns];
+        file.read_exact_at(&mut b, *p).expect("read block");
+        f(&mut b);
+        if fix_csum {
+            let c = btrkit_core::csum::block_csum(csum, &b);
+            b[..32].copy_from_slice(&c);
+        }
+        file.write_all_at(&b, *p).expect("write block");
+    }
+    let _ = file.sync_all();
+}
+
+/// Size and modification time of a file, to prove a run did not write to it.
+pub fn file_stamp(p: &Path) -> (u64, Option<std::time::SystemTime>) {
+    let m = std::fs::metadata(p).ok();
+    (m.as_ref().map(|m| m.len()).unwrap_or(0), m.and_then(|m| m.modified().ok()))
+}
