@@ -120,7 +120,12 @@ pub fn check_path(path: &Path, opts: CheckOptions, progress: &dyn Progress) -> R
     if meta.is_dir() {
         return Err(Error::Invalid(format!("{} is a directory, not an image", path.display())));
     }
-    let open = |mirror| Image::open_path(path, OpenOptions { mirror, lenient: true, writable: false });
+    // Positioned reads, not a memory map: mapped pages of the image would
+    // count in the checker's resident memory, and every block is read once.
+    let open = |mirror| -> Result<Image> {
+        let dev = std::sync::Arc::new(crate::io::FileDevice::open(path, false)?);
+        Image::open(dev, OpenOptions { mirror, lenient: true, writable: false })
+    };
     let primary_err = match open(0) {
         Ok(img) => return Ok(check_image(&img, opts, progress)),
         Err(e @ Error::Io { .. }) => return Err(e),
