@@ -52,6 +52,8 @@ ln d1/f2 d3/hardlink
 ln d1/f2 d1/d2/hardlink2
 ln -s ../big d3/sym
 mkfifo d3/fifo
+touch nocow && chattr +C nocow && head -c 200000 /dev/urandom > nocow
+cp --reflink=always nocow nocow.clone
 btrfs -q subvolume create sv
 cp -a d1/d2 sv/
 btrfs -q subvolume create sv/nested

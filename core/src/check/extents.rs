@@ -10,7 +10,6 @@ use crate::format::consts::*;
 use crate::format::extent::{extent_data_ref_hash, InlineRef};
 use crate::format::file_extent::FileExtent;
 use crate::format::item::{decode, ItemBody};
-use crate::format::key::Key;
 use crate::tree::Node;
 use std::cmp::Ordering;
 
@@ -52,7 +51,6 @@ pub(crate) struct ExtRec {
     pub flags: u64,
     /// Level of a tree block (METADATA_ITEM offset or tree_block_info).
     pub level: u8,
-    pub leaf: u64,
 }
 
 /// A pointer seen in a tree: resolved into a [`RefKey`] once the extent
@@ -84,15 +82,11 @@ pub(crate) struct Facts {
     pub declared: Vec<RefRec>,
     pub found_tree: Vec<FoundTree>,
     pub found_data: Vec<FoundData>,
-    /// bytenr and level of every tree block read, with its header generation.
+    /// True once the extent tree has been read and `recs` sorted.
     pub loaded: bool,
 }
 
 impl Facts {
-    pub fn rec(&self, bytenr: u64) -> Option<&ExtRec> {
-        let i = self.recs.partition_point(|r| r.bytenr < bytenr);
-        self.recs.get(i).filter(|r| r.bytenr == bytenr)
-    }
     /// Bytes of extents starting in `[start, end)`.
     pub fn used_in(&self, start: u64, end: u64, _nodesize: u64) -> u64 {
         let i = self.recs.partition_point(|r| r.bytenr < start);
@@ -133,7 +127,6 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
                     generation: v.item.generation.get(),
                     flags,
                     level,
-                    leaf: node.bytenr,
                 });
                 let mut last: Option<(u8, u64)> = None;
                 for r in &v.refs {
@@ -438,6 +431,5 @@ pub(super) fn check(cx: &mut Ctx) {
             }
         }
     }
-    let _ = Key::MIN;
     cx.ext.recs = recs;
 }

@@ -86,7 +86,7 @@ pub(crate) struct FsTree {
     names: Vec<NameRec>,
     orphans: HashSet<u64>,
     unlinked: Vec<u64>,
-    subvol_dirents: Vec<(u64, u64, u32)>,
+    subvol_dirents: Vec<(u64, u64)>,
     lost: bool,
     inodes_checked: u64,
 }
@@ -143,7 +143,7 @@ impl FsTree {
             cx.report(self.err("inode-cache").at(bytenr).key(k).msg("deprecated inode cache item (mount option inode_cache was removed)"));
             return;
         }
-        if ino < BTRFS_FIRST_FREE_OBJECTID || ino > BTRFS_LAST_FREE_OBJECTID {
+        if !(BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&ino) {
             cx.report(self.err("unknown-key").at(bytenr).key(k).msg(format!("unexpected objectid {} in a subvolume tree", ino as i64)));
             return;
         }
@@ -182,6 +182,12 @@ impl FsTree {
                         ii.transid.get(),
                         cx.gen
                     )));
+                }
+                // Low 32 bits: inode flags; high 32 bits: read-only compat flags (verity).
+                let flags = ii.flags.get();
+                let known = ((BTRFS_INODE_COMPRESS << 1) - 1) | BTRFS_INODE_ROOT_ITEM_INIT | (1u64 << 32);
+                if flags & !known != 0 {
+                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has unknown flags 0x{:x}", flags & !known)));
                 }
                 if self.cur.first_key.is_some_and(|f| f.ty != BTRFS_INODE_ITEM_KEY) {
                     // Items sorted before the inode item are impossible in a valid tree.
@@ -251,7 +257,7 @@ impl FsTree {
                         }),
                         BTRFS_ROOT_ITEM_KEY => {
                             if !is_index {
-                                self.subvol_dirents.push((ino, loc.objectid, h as u32));
+                                self.subvol_dirents.push((ino, loc.objectid));
                             }
                         }
                         t => cx.report(self.err("name").at(bytenr).key(k).msg(format!("dir entry location has key type {t}"))),
@@ -413,8 +419,8 @@ impl FsTree {
         if self.link_checks && !self.lost {
             self.match_names(cx);
         }
-        for (dir, child, hash) in std::mem::take(&mut self.subvol_dirents) {
-            cx.subvol_dirents.push(super::SubvolDirent { tree: self.root, dir, child, hash });
+        for (dir, child) in std::mem::take(&mut self.subvol_dirents) {
+            cx.subvol_dirents.push(super::SubvolDirent { tree: self.root, dir, child });
         }
     }
 

@@ -1,9 +1,10 @@
 //! The checker: reads an image (never writes) and returns findings, in
 //! phases:
 //!
-//! 1. superblocks, 2. chunks/devices/block groups, 3. every tree block,
-//! 4. the extent tree against what the trees reference, 5. the free space
-//! tree, 6. every subvolume's inodes and names, 7. data checksums, 8. log trees.
+//! superblocks (1), chunks/devices/block groups (2), every tree block (3),
+//! the extent tree against what the trees reference (4), the free space
+//! tree (5), every subvolume's inodes and names (6), data checksums (7) and
+//! log trees (8).
 //!
 //! Phase 3 walks every tree once ([`walk`]) and hands each leaf to the
 //! collectors of the later phases, which keep compact per-extent and
@@ -80,7 +81,6 @@ pub(crate) struct SubvolDirent {
     pub tree: u64,
     pub dir: u64,
     pub child: u64,
-    pub hash: u32,
 }
 
 pub(crate) struct Ctx<'a> {
