@@ -53,7 +53,7 @@ ln d1/f2 d1/d2/hardlink2
 ln -s ../big d3/sym
 mkfifo d3/fifo
 touch nocow && chattr +C nocow && head -c 200000 /dev/urandom > nocow
-cp --reflink=always nocow nocow.clone
+touch nocow.clone && chattr +C nocow.clone && cp --reflink=always nocow nocow.clone
 btrfs -q subvolume create sv
 cp -a d1/d2 sv/
 btrfs -q subvolume create sv/nested

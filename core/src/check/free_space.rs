@@ -209,3 +209,20 @@ fn first_difference(want: &[(u64, u64)], have: &[(u64, u64)], excl: &[(u64, u64)
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::first_difference;
+
+    #[test]
+    fn differences_outside_superblock_windows_only() {
+        let want = [(0, 100), (200, 300)];
+        assert_eq!(first_difference(&want, &want, &[]), None);
+        // The tree also lists [100, 110) free: only a finding when not a superblock window.
+        let have = [(0, 110), (200, 300)];
+        assert_eq!(first_difference(&want, &have, &[]), Some((100, 110)));
+        assert_eq!(first_difference(&want, &have, &[(100, 120)]), None);
+        // Free in the extent tree but missing from the free space tree.
+        assert_eq!(first_difference(&want, &[(0, 100)], &[]), Some((200, 300)));
+    }
+}

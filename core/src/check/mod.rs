@@ -192,3 +192,35 @@ fn timed(cx: &mut Ctx, phase: u8, f: fn(&mut Ctx)) {
 pub(crate) fn fmt_key(k: &Key) -> String {
     crate::format::names::key_string(k)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::csums::{covered, union_of};
+    use super::findings::{Sink, F};
+
+    #[test]
+    fn intervals() {
+        let u = union_of(vec![(10, 5), (0, 4), (15, 5), (30, 1)]);
+        assert_eq!(u, vec![(0, 4), (10, 20), (30, 31)]);
+        assert!(covered(&u, 10, 10));
+        assert!(covered(&u, 0, 4));
+        assert!(!covered(&u, 3, 2));
+        assert!(!covered(&u, 19, 2));
+        assert!(covered(&u, 5, 0));
+    }
+
+    #[test]
+    fn sink_counts_past_the_cap() {
+        let mut s = Sink::new();
+        for i in 0..3000u64 {
+            s.push(F::err(4, "x").at(i).msg("m"));
+        }
+        s.push(F::warn(1, "y").msg("w"));
+        let r = s.into_report();
+        assert_eq!(r.errors, 3000);
+        assert_eq!(r.warnings, 1);
+        assert_eq!(r.findings.len() as u64 + r.suppressed, 3001);
+        assert_eq!(r.findings[0].phase, 1);
+        assert!(!r.is_clean());
+    }
+}
