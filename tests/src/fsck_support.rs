@@ -268,3 +268,34 @@ pub fn file_stamp(p: &Path) -> (u64, Option<std::time::SystemTime>) {
     let m = std::fs::metadata(p).ok();
     (m.as_ref().map(|m| m.len()).unwrap_or(0), m.and_then(|m| m.modified().ok()))
 }
+
+/// Like [`find_item`], over every log tree of the image's fsync log.
+pub fn find_log_item(image: &Path, nth: usize, pred: &dyn Fn(&btrkit_core::format::key::Key, &[u8]) -> bool) -> Option<ItemAt> {
+    use btrkit_core::format::consts::*;
+    use btrkit_core::format::header::HEADER_SIZE;
+    use btrkit_core::image::{tree_root_of, Image, OpenOptions};
+    use btrkit_core::tree::TreeIter;
+    let img = Image::open_path(image, OpenOptions::default()).ok()?;
+    let mut n = 0;
+    for (_, ri) in img.root_items_in(img.log_root_tree()?).ok()? {
+        let root = tree_root_of(BTRFS_TREE_LOG_OBJECTID, &ri);
+        let mut it = TreeIter::new(&img, root, btrkit_core::format::key::Key::MIN).ok()?;
+        while let Some(Ok(item)) = it.next_item() {
+            let d = item.data().ok()?;
+            if pred(&item.key, d) {
+                if n == nth {
+                    let h = item.node.item(item.slot)?;
+                    return Some(ItemAt {
+                        bytenr: item.node.bytenr,
+                        slot: item.slot,
+                        data_off: HEADER_SIZE + h.offset.get() as usize,
+                        data_len: d.len(),
+                        key: item.key,
+                    });
+                }
+                n += 1;
+            }
+        }
+    }
+    None
+}

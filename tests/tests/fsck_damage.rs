@@ -244,3 +244,54 @@ fn fsck_damage_random_never_panics() {
         assert!(!r.stderr.contains("panicked"), "round {round} block {b}: {}", r.stderr);
     }
 }
+
+/// A crash image with a log tree, then damage in the log only: phase 8
+/// must report what replay would choke on.
+#[test]
+fn fsck_damage_log_tree() {
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let img = tmp.path().join("live.img");
+    sh(&format!("truncate -s 256M '{0}' && mkfs.btrfs -q -f -R ^free-space-tree '{0}'", img.display()));
+    let crash = tmp.path().join("crash.img");
+    {
+        let m = Mount::new(&img, "space_cache=v2,commit=600").expect("mount");
+        let p = m.path().display().to_string();
+        sh(&format!("cd '{p}' && mkdir d && sync && xfs_io -f -c 'pwrite 0 64k' -c fsync d/a >/dev/null && xfs_io -f -c 'pwrite 0 20k' -c fsync d/b >/dev/null"));
+        sh(&format!("cp --sparse=always '{}' '{}'", img.display(), crash.display()));
+    }
+    let r = run_fsck(&crash, &[], Duration::from_secs(60));
+    assert_eq!(r.code, 0, "crash image not clean: {:?}", r.errors());
+    type Damage = fn(&Path);
+    let damages: [(&str, Damage); 3] = [
+        ("logged extent moved outside data", |p: &Path| {
+            let it = find_log_item(p, 0, &|k, d| k.ty == BTRFS_EXTENT_DATA_KEY && d.len() == 53).expect("logged extent");
+            patch_block(p, it.bytenr, true, true, &|b| put_u64(b, it.data_off + 21, 4096));
+        }),
+        ("log csum item removed from coverage", |p: &Path| {
+            let it = find_log_item(p, 0, &|k, _| k.ty == BTRFS_EXTENT_CSUM_KEY).expect("log csum");
+            let slot = it.slot;
+            patch_block(p, it.bytenr, true, true, &|b| {
+                let o = HEADER_SIZE + slot * ITEM_SIZE + 9;
+                let v = u64_at(b, o);
+                put_u64(b, o, v + (64 << 20));
+            });
+        }),
+        ("log leaf checksum", |p: &Path| {
+            let it = find_log_item(p, 0, &|k, _| k.ty == BTRFS_INODE_ITEM_KEY).expect("logged inode");
+            patch_block(p, it.bytenr, true, false, &|b| b[it.data_off + 8] ^= 1);
+        }),
+    ];
+    for (name, f) in damages {
+        let p = tmp.path().join("damaged.img");
+        sh(&format!("cp --sparse=always '{}' '{}'", crash.display(), p.display()));
+        f(&p);
+        let r = run_fsck(&p, &[], Duration::from_secs(60));
+        let errs = r.errors();
+        eprintln!("{name}: exit {} {:?}", r.code, errs);
+        assert!(r.code == 4 && errs.iter().any(|e| e.0 == 8), "{name}: exit {} {:?} {}", r.code, errs, r.stderr);
+    }
+}
