@@ -1,5 +1,6 @@
 //! btrkit-fsck: check a Btrfs image without changing it. Exit codes follow
-//! fsck(8): 0 clean, 4 errors found, 8 the image could not be checked.
+//! fsck(8): 0 clean, 4 errors found, 8 the image could not be checked,
+//! 16 usage error.
 
 mod cli;
 mod progress;
@@ -10,9 +11,17 @@ use clap::Parser;
 const EXIT_CLEAN: i32 = 0;
 const EXIT_ERRORS: i32 = 4;
 const EXIT_FAILED: i32 = 8;
+const EXIT_USAGE: i32 = 16;
 
 fn main() {
-    let args = cli::Args::parse();
+    let args = match cli::Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { EXIT_CLEAN };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
     // The engine never panics on disk data by design; should it ever, the
     // caller still gets one line and the "could not check" exit code.
     std::panic::set_hook(Box::new(|info| {
@@ -21,7 +30,8 @@ fn main() {
     let code = match std::panic::catch_unwind(|| run(&args)) {
         Ok(Ok(code)) => code,
         Ok(Err(e)) => {
-            eprintln!("btrkit-fsck: error: {}", format!("{e:#}").replace('\n', " "));
+            // Engine errors already carry their cause in one line.
+            eprintln!("btrkit-fsck: error: {}", e.to_string().replace('\n', " "));
             EXIT_FAILED
         }
         Err(_) => EXIT_FAILED,
