@@ -123,7 +123,7 @@ pub(super) fn check(cx: &mut Ctx) {
         if !bgs.iter().any(|b| b.start == i.start && b.length == i.len) {
             // mkfs.btrfs before 6.3 leaves these behind for its temporary
             // chunks; upstream btrfs check reports them (fsck-tests 058).
-            cx.report(F::err(P, "free-space").tree(T).at(i.start).msg(format!(
+            cx.report(F::err(P, "free-space-stale").tree(T).at(i.start).msg(format!(
                 "free space info {}+{} for a block group that does not exist (stale entry)",
                 i.start, i.len
             )));
