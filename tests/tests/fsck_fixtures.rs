@@ -1,6 +1,7 @@
 //! Every image of btrfs-progs' fsck-tests: btrkit-fsck's verdict must equal
 //! the one in verdicts.tsv (corrupt images reported with errors, clean
-//! images with no error at all), and no run may panic or hang.
+//! images with no error at all), with and without --check-data-csum, and
+//! no run may panic or hang.
 
 use btrkit_tests::fsck_support::*;
 use std::time::Duration;
@@ -25,17 +26,19 @@ fn fsck_fixture_verdicts() {
         let archive = dir.join(format!("{name}.tar.xz"));
         sh(&format!("tar -xJf '{}' -C '{}'", archive.display(), tmp.path().display()));
         let img = tmp.path().join(format!("{name}.raw"));
-        let r = run_fsck(&img, &[], Duration::from_secs(120));
+        for extra in [&[][..], &["--check-data-csum"][..]] {
+            let r = run_fsck(&img, extra, Duration::from_secs(120));
+            let got = match r.code {
+                0 => "clean",
+                4 => "corrupt",
+                _ => "failed",
+            };
+            if got != expected || r.stderr.contains("panicked") {
+                wrong.push(format!("{name} {extra:?}: expected {expected}, got {got} (exit {}): {:?} {}", r.code, r.errors().first(), r.stderr));
+            }
+        }
         let _ = std::fs::remove_file(&img);
         n += 1;
-        let got = match r.code {
-            0 => "clean",
-            4 => "corrupt",
-            _ => "failed",
-        };
-        if got != expected {
-            wrong.push(format!("{name}: expected {expected}, got {got} (exit {}): {:?} {}", r.code, r.errors().first(), r.stderr));
-        }
     }
     assert!(n >= 54, "only {n} fixtures listed");
     assert!(wrong.is_empty(), "{} of {n} verdicts wrong:\n{}", wrong.len(), wrong.join("\n"));
