@@ -14,14 +14,15 @@ pub fn fixtures_dir() -> PathBuf {
     repo_root().join("../shared/fixtures/btrfs-progs-fsck")
 }
 
-/// Path of the btrkit-fsck binary of this build profile, building it if
-/// it is not there yet.
+/// Path of the btrkit-fsck binary of this build profile. `cargo test`
+/// does not rebuild other packages' binaries, so it is built (once per
+/// test process) before first use.
 pub fn fsck_bin() -> PathBuf {
+    static BUILD: std::sync::Once = std::sync::Once::new();
     let exe = std::env::current_exe().unwrap_or_default();
     // target/<profile>/deps/<test> -> target/<profile>/btrkit-fsck
     let dir = exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
-    let bin = dir.join("btrkit-fsck");
-    if !bin.exists() {
+    BUILD.call_once(|| {
         let release = dir.file_name().is_some_and(|n| n == "release");
         let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         c.args(["build", "-q", "-p", "btrkit-fsck"]).current_dir(repo_root());
@@ -29,8 +30,8 @@ pub fn fsck_bin() -> PathBuf {
             c.arg("--release");
         }
         let _ = c.status();
-    }
-    bin
+    });
+    dir.join("btrkit-fsck")
 }
 
 /// Outcome of one btrkit-fsck run.
