@@ -11,7 +11,9 @@ use crate::format::consts::*;
 use crate::format::item::{decode, ItemBody};
 use crate::format::key::Key;
 use crate::format::root::RootItem;
-use crate::tree::node::{Expect, ProblemKind};
+use crate::image::Image;
+use crate::tree::node::{Expect, Problem, ProblemKind};
+use rayon::prelude::*;
 use crate::tree::{Node, TreeRoot};
 use std::collections::HashSet;
 
@@ -63,6 +65,38 @@ struct Pending {
     expect: Expect,
     /// Exclusive upper bound on every key in the block (next key in the parent).
     hi: Option<Key>,
+    /// The block, already read (leaves are read in parallel, a node's worth at a time).
+    pre: Option<Box<Loaded>>,
+}
+
+/// A block read and validated, with its damaged mirror copies (copy index, physical).
+type Loaded = (crate::Result<(Node, Vec<Problem>)>, Vec<(usize, u64)>);
+
+fn load(img: &Image, bytenr: u64, expect: &Expect) -> Loaded {
+    // Common case first: copy 0 is good, so read it once and each other
+    // copy once to verify it. Anything else goes to the image's
+    // best-copy selection.
+    let ns = img.nodesize as usize;
+    if let Ok(phys) = img.chunks.map(bytenr, ns as u64, img.devid) {
+        if let Some(&p0) = phys.first() {
+            let mut b = vec![0u8; ns];
+            if img.device().read_at(p0, &mut b).is_ok() && copy_ok(img, &b, bytenr) {
+                if let Ok(node) = Node::from_vec(bytenr, b) {
+                    let problems = node.validate(&img.ctx(false), expect);
+                    if problems.is_empty() {
+                        let bad = bad_copies(img, &node, 1);
+                        return (Ok((node, problems)), bad);
+                    }
+                }
+            }
+        }
+    }
+    let r = img.read_tree_block_checked(bytenr, expect, false);
+    let bad = match &r {
+        Ok((node, _)) => bad_copies(img, node, 0),
+        Err(_) => Vec::new(),
+    };
+    (r, bad)
 }
 
 pub(super) fn walk_all(cx: &mut Ctx) {
@@ -161,6 +195,7 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
             first_key: None,
         },
         hi: None,
+        pre: None,
     }];
     while let Some(p) = stack.pop() {
         if !here.insert(p.bytenr) {
@@ -171,7 +206,11 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
         if !first && fs.is_none() {
             continue;
         }
-        let (node, problems) = match img.read_tree_block_checked(p.bytenr, &p.expect, false) {
+        let (read, bad) = match p.pre {
+            Some(l) => *l,
+            None => load(img, p.bytenr, &p.expect),
+        };
+        let (node, problems) = match read {
             Ok(x) => x,
             Err(e) => {
                 if first {
@@ -203,7 +242,9 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
                     cx.report(F::err(P, "header").tree(root.id).at(p.bytenr).msg(format!("owner {} in a relocation tree", o as i64)));
                 }
             }
-            check_copies(cx, &node, root.id);
+            for (i, phys) in bad {
+                cx.report(F::err(P, "checksum").tree(root.id).at(node.bytenr).msg(format!("copy {i} of the block (at physical {phys}) is damaged")));
+            }
             if let (Some(hi), Some(last)) = (p.hi, node.nr_safe().checked_sub(1).and_then(|s| node.key(s))) {
                 if last >= hi {
                     cx.report(F::err(P, "key-order").tree(root.id).at(p.bytenr).key(last).msg(format!(
@@ -225,6 +266,7 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
         }
         let level = node.level().saturating_sub(1);
         let n = node.nr_safe();
+        let mut pushed = 0usize;
         for slot in (0..n).rev() {
             let Some(kp) = node.key_ptr(slot) else { continue };
             let k = Key::from(&kp.key);
@@ -247,7 +289,20 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
                     first_key: Some(k),
                 },
                 hi: next,
+                pre: None,
             });
+            pushed += 1;
+        }
+        // Leaves under this node: read and validate them in parallel; the
+        // rest of the walk (and every finding) stays in key order.
+        if level == 0 && pushed > 1 {
+            let from = stack.len() - pushed;
+            let descend_seen = fs.is_some();
+            let todo: Vec<usize> = (from..stack.len()).filter(|&i| descend_seen || !seen.contains(&stack[i].bytenr)).collect();
+            let loaded: Vec<Loaded> = todo.par_iter().map(|&i| load(img, stack[i].bytenr, &stack[i].expect)).collect();
+            for (i, l) in todo.into_iter().zip(loaded) {
+                stack[i].pre = Some(Box::new(l));
+            }
         }
     }
     if let Some(f) = fs {
@@ -255,33 +310,31 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
     }
 }
 
-/// Every mirror copy of a block must carry a valid checksum of its own.
-fn check_copies(cx: &mut Ctx, node: &Node, tree: u64) {
-    let img = cx.img;
+/// Mirror copies of a block that do not carry a valid checksum and address
+/// of their own: (copy index, physical offset).
+fn bad_copies(img: &Image, node: &Node, from: usize) -> Vec<(usize, u64)> {
     let ns = img.nodesize as usize;
-    let Ok(phys) = img.chunks.map(node.bytenr, ns as u64, img.devid) else { return };
+    let Ok(phys) = img.chunks.map(node.bytenr, ns as u64, img.devid) else { return Vec::new() };
     if phys.len() < 2 {
-        return;
+        return Vec::new();
     }
     let dev = img.device();
-    let mut buf = Vec::new();
-    for (i, &p) in phys.iter().enumerate() {
+    let mut buf = vec![0u8; ns];
+    let mut bad = Vec::new();
+    for (i, &p) in phys.iter().enumerate().skip(from) {
         let ok = match dev.slice(p, ns) {
-            Some(s) => copy_ok(cx, s, node.bytenr),
-            None => {
-                buf.resize(ns, 0);
-                dev.read_at(p, &mut buf).is_ok() && copy_ok(cx, &buf, node.bytenr)
-            }
+            Some(s) => copy_ok(img, s, node.bytenr),
+            None => dev.read_at(p, &mut buf).is_ok() && copy_ok(img, &buf, node.bytenr),
         };
         if !ok {
-            cx.report(F::err(P, "checksum").tree(tree).at(node.bytenr).msg(format!("copy {i} of the block (at physical {p}) is damaged")));
+            bad.push((i, p));
         }
     }
+    bad
 }
 
-fn copy_ok(cx: &Ctx, b: &[u8], bytenr: u64) -> bool {
-    crate::csum::verify_block(cx.img.csum, b)
-        && b.get(0x30..0x38).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes) == Some(bytenr)
+fn copy_ok(img: &Image, b: &[u8], bytenr: u64) -> bool {
+    crate::csum::verify_block(img.csum, b) && b.get(0x30..0x38).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes) == Some(bytenr)
 }
 
 fn leaf(cx: &mut Ctx, spec: &Spec, node: &Node) {
