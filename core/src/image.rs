@@ -126,7 +126,7 @@ impl Image {
             sectorsize: self.sectorsize,
             csum: self.csum,
             fsid: self.sb.tree_fsid(),
-            max_generation: self.sb.generation.get() + log as u64,
+            max_generation: self.sb.generation.get().saturating_add(log as u64),
         }
     }
 
@@ -216,7 +216,7 @@ impl Image {
             id: BTRFS_TREE_LOG_OBJECTID,
             bytenr: b,
             level: self.sb.log_root_level,
-            generation: self.sb.generation.get() + 1,
+            generation: self.sb.generation.get().saturating_add(1),
         })
     }
 

@@ -295,3 +295,46 @@ fn fsck_damage_log_tree() {
         assert!(r.code == 4 && errs.iter().any(|e| e.0 == 8), "{name}: exit {} {:?} {}", r.code, errs, r.stderr);
     }
 }
+
+/// Random damage to the primary superblock with a valid checksum: every
+/// field is disk data the checker must survive.
+#[test]
+fn fsck_damage_superblock_fields_never_panic() {
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let base = base_image(tmp.path());
+    let mut seed: u64 = 0x2545F4914F6CDD1D;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..40 {
+        let img = tmp.path().join("sb.img");
+        sh(&format!("cp --sparse=always '{}' '{}'", base.display(), img.display()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&img).expect("open");
+        let mut sb = vec![0u8; 4096];
+        f.read_exact_at(&mut sb, 65536).expect("read sb");
+        // Mostly the fixed fields (up to the system chunk array), sometimes the array.
+        let span = if round % 4 == 0 { 0xb2b } else { 0x32b };
+        for _ in 0..1 + rnd() % 6 {
+            let o = 0x20 + (rnd() % (span - 0x20)) as usize;
+            if (0x40..0x48).contains(&o) {
+                continue; // keep the magic, or there is nothing to check
+            }
+            sb[o] = rnd() as u8;
+        }
+        let c = btrkit_core::csum::block_csum(btrkit_core::csum::CsumType::Crc32c, &sb);
+        sb[..32].copy_from_slice(&c);
+        f.write_all_at(&sb, 65536).expect("write sb");
+        drop(f);
+        let r = run_fsck(&img, &["--check-data-csum"], Duration::from_secs(120));
+        assert!(matches!(r.code, 0 | 4 | 8), "round {round}: exit {} {}", r.code, r.stderr);
+        assert!(!r.stderr.contains("panicked"), "round {round}: {}", r.stderr);
+    }
+}

@@ -83,7 +83,7 @@ pub(super) fn check(cx: &mut Ctx) {
     for w in items.windows(2) {
         let ((s0, l0, _), (s1, _, leaf)) = (w[0], w[1]);
         if s0.saturating_add(l0) > s1 {
-            cx.report(F::err(P, "csum-overlap").tree(7).at(leaf).msg(format!("csum item at {s1} overlaps the one at {s0} (ends {})", s0 + l0)));
+            cx.report(F::err(P, "csum-overlap").tree(7).at(leaf).msg(format!("csum item at {s1} overlaps the one at {s0} (ends {})", s0.saturating_add(l0))));
         }
     }
     cx.csum.union = union_of(items.iter().map(|&(s, l, _)| (s, l)).collect());
@@ -202,7 +202,7 @@ fn verify_item(cx: &Ctx, start: u64, sums: &[u8]) -> (u64, Vec<(u64, String)>) {
                 .filter(|c| c.as_ref().and_then(|b| b.get(o..o + ss as usize)).is_some_and(|d| img.csum.verify(d, want)))
                 .count();
             if good < copies.len() {
-                let logical = start + o as u64;
+                let logical = start.saturating_add(o as u64);
                 bad.push((logical, format!("data checksum mismatch at logical {logical} ({} of {} copies bad)", copies.len() - good, copies.len())));
             }
         }

@@ -293,11 +293,11 @@ pub(super) fn check(cx: &mut Ctx) {
         if r.refs == 0 {
             cx.report(F::err(P, "extent-refs").tree(2).at(b).msg(format!("extent {b} has zero refs")));
         }
-        if r.generation > gen + 1 {
+        if r.generation > gen.saturating_add(1) {
             cx.report(F::err(P, "extent-generation").tree(2).at(b).msg(format!(
                 "invalid generation {} for extent {b}, expected (0, {}]",
                 r.generation,
-                gen + 1
+                gen.saturating_add(1)
             )));
         }
         let is_tree = r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0;
@@ -331,8 +331,8 @@ pub(super) fn check(cx: &mut Ctx) {
                 }
                 if is_tree {
                     let off = b - bg.start;
-                    if off / BTRFS_STRIPE_LEN != (off + ns.max(1) - 1) / BTRFS_STRIPE_LEN {
-                        cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!("tree block [{b}, {}) crosses a 64KiB stripe boundary", b + ns)));
+                    if off / BTRFS_STRIPE_LEN != off.saturating_add(ns.max(1) - 1) / BTRFS_STRIPE_LEN {
+                        cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!("tree block [{b}, {}) crosses a 64KiB stripe boundary", b.saturating_add(ns))));
                     }
                     if b % ns != 0 {
                         cx.report(F::warn(P, "extent-placement").tree(2).at(b).msg(format!("tree block {b} is not nodesize aligned")));

@@ -97,7 +97,7 @@ fn excluded(cx: &Ctx, start: u64, end: u64) -> Vec<(u64, u64)> {
             let slen = c.dev_extent_len();
             for &(_, p) in &c.stripes {
                 if sb >= p && sb < p.saturating_add(slen) {
-                    let l = c.logical + (sb - p) / BTRFS_STRIPE_LEN * BTRFS_STRIPE_LEN;
+                    let l = c.logical.saturating_add((sb - p) / BTRFS_STRIPE_LEN * BTRFS_STRIPE_LEN);
                     let e = l.saturating_add(BTRFS_STRIPE_LEN).min(end);
                     if l < end && e > start {
                         out.push((l.max(start), e));

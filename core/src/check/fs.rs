@@ -165,7 +165,7 @@ impl FsTree {
                 return;
             }
         };
-        let gen_limit = cx.gen + 1;
+        let gen_limit = cx.gen.saturating_add(1);
         match body {
             ItemBody::InodeItem(ii) => {
                 if self.cur.item.is_some() {

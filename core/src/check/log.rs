@@ -22,7 +22,7 @@ const LOG: u64 = BTRFS_TREE_LOG_OBJECTID;
 
 pub(super) fn check(cx: &mut Ctx) {
     let Some(root) = cx.img.log_root_tree() else { return };
-    let want_gen = cx.gen + 1;
+    let want_gen = cx.gen.saturating_add(1);
     let mut seen = HashSet::new();
     let mut log_roots: Vec<(Key, RootItem)> = Vec::new();
     let mut leaves = |cx: &mut Ctx, node: &Node| {

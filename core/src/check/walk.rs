@@ -121,7 +121,7 @@ pub(super) fn walk_all(cx: &mut Ctx) {
         let id = r.id();
         have.insert(id);
         let ri = &r.item;
-        if ri.generation.get() > cx.gen + 1 {
+        if ri.generation.get() > cx.gen.saturating_add(1) {
             cx.report(F::err(P, "root-item").tree(id).key(r.key).msg(format!(
                 "root item generation {} newer than the superblock's {}",
                 ri.generation.get(),
