@@ -13,12 +13,10 @@ pub enum Error {
         bytenr: u64,
         key: Option<Key>,
     },
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The OS error is part of the message (not a separate source), so a
+    /// binary printing the error chain shows it once.
+    #[error("{context}: {err}")]
+    Io { context: String, err: std::io::Error },
     #[error("unsupported: {0}")]
     Unsupported(String),
     #[error("no space left: {0}")]
@@ -55,7 +53,7 @@ impl Error {
         Error::Corrupt { what: what.into(), bytenr, key: Some(key) }
     }
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io { context: context.into(), source }
+        Error::Io { context: context.into(), err: source }
     }
     /// Attach a block number and key to an item-level parse error that was
     /// raised without knowing where the item lives.

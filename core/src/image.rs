@@ -139,18 +139,28 @@ impl Image {
     /// Every copy of a tree block, in mirror order; a copy that cannot be
     /// read is an Err in its slot.
     pub fn read_block_copies(&self, bytenr: u64) -> Result<Vec<Result<Vec<u8>>>> {
-        let ns = self.nodesize as u64;
+        Ok(self.block_copy_addrs(bytenr)?.into_iter().map(|p| self.read_block_at(p)).collect())
+    }
+
+    /// Physical addresses of every copy of a tree block, in mirror order.
+    fn block_copy_addrs(&self, bytenr: u64) -> Result<Vec<u64>> {
         if bytenr % self.sectorsize as u64 != 0 {
             return Err(Error::corrupt(format!("tree block address {bytenr} is not aligned to sectorsize {}", self.sectorsize), bytenr));
         }
-        let phys = self.chunks.map(bytenr, ns, self.devid)?;
-        Ok(phys
-            .into_iter()
-            .map(|p| {
-                let mut v = vec![0u8; ns as usize];
-                self.dev.read_at(p, &mut v).map(|_| v)
-            })
-            .collect())
+        self.chunks.map(bytenr, self.nodesize as u64, self.devid)
+    }
+
+    /// Start reading the first copy of a tree block in the background
+    /// (a whole-tree walk calls this for the blocks it will visit next).
+    pub fn prefetch_tree_block(&self, bytenr: u64) {
+        if let Ok(Some(&p)) = self.block_copy_addrs(bytenr).as_deref().map(|v| v.first()) {
+            self.dev.prefetch(p, self.nodesize as u64);
+        }
+    }
+
+    fn read_block_at(&self, phys: u64) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; self.nodesize as usize];
+        self.dev.read_at(phys, &mut v).map(|_| v)
     }
 
     /// Read and validate a tree block. The first copy with no problem wins;
@@ -160,8 +170,9 @@ impl Image {
         let ctx = self.ctx(log);
         let mut best: Option<(Node, Vec<Problem>)> = None;
         let mut io_err = None;
-        for copy in self.read_block_copies(bytenr)? {
-            let buf = match copy {
+        // Later copies are only read when the earlier ones are bad.
+        for phys in self.block_copy_addrs(bytenr)? {
+            let buf = match self.read_block_at(phys) {
                 Ok(b) => b,
                 Err(e) => {
                     io_err.get_or_insert(e);
@@ -285,6 +296,85 @@ pub fn read_superblock(dev: &dyn BlockDevice, mirror: usize) -> Result<Superbloc
     Ok(sb)
 }
 
+/// What a raw read of one superblock copy found. A copy is usable only when
+/// [`SuperStatus::is_valid`]; the other fields say what is wrong otherwise.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SuperStatus {
+    pub mirror: usize,
+    /// Byte offset the copy was read from.
+    pub offset: u64,
+    pub magic_ok: bool,
+    /// None when the checksum type is not one this engine knows, so the
+    /// checksum cannot be verified at all.
+    pub csum_ok: Option<bool>,
+    /// The copy's `bytenr` field names the offset it was read from.
+    pub bytenr_ok: bool,
+    /// The stored checksum, `csum_size` bytes (all 32 when the type is unknown).
+    pub stored_csum: Vec<u8>,
+    /// The checksum computed over the copy, when the type is known.
+    pub computed_csum: Option<Vec<u8>>,
+    /// Every byte of the copy is zero: no superblock was ever written there.
+    pub all_zero: bool,
+}
+
+impl SuperStatus {
+    pub fn is_valid(&self) -> bool {
+        self.magic_ok && self.csum_ok == Some(true) && self.bytenr_ok
+    }
+    /// One line naming every defect, empty for a valid copy.
+    pub fn defects(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if !self.magic_ok {
+            v.push("bad magic".to_string());
+        }
+        match self.csum_ok {
+            Some(true) => {}
+            Some(false) => v.push("checksum MISMATCH".to_string()),
+            None => v.push("unknown checksum type".to_string()),
+        }
+        if !self.bytenr_ok {
+            v.push("bytenr field does not match its offset".to_string());
+        }
+        v
+    }
+}
+
+/// Read superblock copy `mirror` without judging it: the fields are returned
+/// whatever the magic, checksum and bytenr say, with a [`SuperStatus`] saying
+/// which of them hold. Fails only when the copy does not exist (mirror number
+/// out of range, image too small) or cannot be read.
+pub fn read_superblock_raw(dev: &dyn BlockDevice, mirror: usize) -> Result<(Superblock, SuperStatus)> {
+    if mirror >= BTRFS_SUPER_MIRROR_MAX {
+        return Err(Error::Invalid(format!("superblock mirror {mirror} does not exist (0, 1 or 2)")));
+    }
+    let off = btrfs_sb_offset(mirror);
+    let size = dev.size();
+    if size < off + BTRFS_SUPER_INFO_SIZE as u64 {
+        return Err(Error::Invalid(format!("image of {size} bytes has no superblock mirror {mirror} (at byte {off})")));
+    }
+    let mut buf = [0u8; BTRFS_SUPER_INFO_SIZE];
+    dev.read_at(off, &mut buf)?;
+    let sb = Superblock::read_from_bytes(&buf).map_err(|_| Error::corrupt("superblock", off))?;
+    let (csum_ok, stored_csum, computed_csum) = match CsumType::from_disk(sb.csum_type.get()) {
+        Ok(t) => {
+            let c = crate::csum::block_csum(t, &buf);
+            (Some(verify_block(t, &buf)), sb.csum[..t.size()].to_vec(), Some(c[..t.size()].to_vec()))
+        }
+        Err(_) => (None, sb.csum.to_vec(), None),
+    };
+    let status = SuperStatus {
+        mirror,
+        offset: off,
+        magic_ok: sb.magic.get() == BTRFS_MAGIC,
+        csum_ok,
+        bytenr_ok: sb.bytenr.get() == off,
+        stored_csum,
+        computed_csum,
+        all_zero: buf.iter().all(|&b| b == 0),
+    };
+    Ok((sb, status))
+}
+
 /// Sanity checks of a superblock that make reading possible at all. In
 /// lenient mode, checks that only indicate damage elsewhere become warnings.
 pub fn check_superblock(sb: &Superblock, dev_size: u64, lenient: bool, warnings: &mut Vec<String>) -> Result<()> {
@@ -335,4 +425,69 @@ pub fn check_superblock(sb: &Superblock, dev_size: u64, lenient: bool, warnings:
         return Err(Error::corrupt(format!("superblock sys_chunk_array_size {} too large", sb.sys_chunk_array_size.get()), off));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::MemDevice;
+    use zerocopy::{FromZeros, IntoBytes};
+
+    /// A device holding one crc32c superblock copy at mirror 0.
+    fn dev_with_super(size: usize) -> MemDevice {
+        let mut sb = Superblock::new_zeroed();
+        sb.magic = BTRFS_MAGIC.into();
+        sb.bytenr = btrfs_sb_offset(0).into();
+        sb.generation = 42.into();
+        let mut buf = sb.as_bytes().to_vec();
+        let c = crate::csum::block_csum(CsumType::Crc32c, &buf);
+        buf[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+        let mut img = vec![0u8; size];
+        let off = btrfs_sb_offset(0) as usize;
+        img[off..off + BTRFS_SUPER_INFO_SIZE].copy_from_slice(&buf);
+        MemDevice::new(img)
+    }
+
+    #[test]
+    fn raw_superblock_reports_instead_of_failing() {
+        let dev = dev_with_super(1 << 20);
+        let (sb, st) = read_superblock_raw(&dev, 0).unwrap();
+        assert!(st.is_valid() && !st.all_zero, "{:?}", st.defects());
+        assert_eq!(sb.generation.get(), 42);
+        assert_eq!(st.stored_csum.len(), 4);
+        assert_eq!(Some(st.stored_csum.clone()), st.computed_csum);
+
+        // A flipped byte: fields still returned, checksum reported bad.
+        let mut bytes = dev.snapshot();
+        bytes[btrfs_sb_offset(0) as usize + 0x200] ^= 1;
+        let dev = MemDevice::new(bytes);
+        let (sb, st) = read_superblock_raw(&dev, 0).unwrap();
+        assert_eq!(sb.generation.get(), 42);
+        assert_eq!(st.csum_ok, Some(false));
+        assert!(!st.is_valid());
+        assert!(read_superblock(&dev, 0).is_err());
+
+        // Zeroes where mirror 0 should be: bad magic, and the all-zero
+        // csum_type is crc32c, whose checksum of zeroes is not zero.
+        let dev = MemDevice::zeroed(1 << 20);
+        let (_, st) = read_superblock_raw(&dev, 0).unwrap();
+        assert!(!st.magic_ok && !st.bytenr_ok && st.csum_ok == Some(false) && st.all_zero);
+        assert_eq!(st.defects().len(), 3);
+
+        // Mirrors beyond the image end do not exist.
+        assert!(read_superblock_raw(&dev, 1).is_err());
+        assert!(read_superblock_raw(&dev, 3).is_err());
+        assert!(read_superblock_raw(&MemDevice::zeroed(4096), 0).is_err());
+    }
+
+    #[test]
+    fn raw_superblock_unknown_csum_type() {
+        let mut bytes = dev_with_super(1 << 20).snapshot();
+        let off = btrfs_sb_offset(0) as usize;
+        bytes[off + 0xc4] = 77;
+        let (_, st) = read_superblock_raw(&MemDevice::new(bytes), 0).unwrap();
+        assert_eq!(st.csum_ok, None);
+        assert_eq!(st.stored_csum.len(), BTRFS_CSUM_SIZE);
+        assert!(st.computed_csum.is_none());
+    }
 }

@@ -9,6 +9,11 @@ pub mod format;
 pub mod io;
 pub mod chunk;
 pub mod tree;
+pub mod alloc;
+pub mod trans;
+pub mod mkfs;
+pub mod fs;
+pub mod log;
 pub mod image;
 pub mod check;
 

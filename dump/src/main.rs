@@ -1,6 +1,7 @@
 //! btrkit-dump: print the superblock, every tree, and the fsync log of a
 //! Btrfs image. Read-only: the image is opened without write access.
 
+mod json;
 mod log;
 mod render;
 mod super_cmd;

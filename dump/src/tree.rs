@@ -1,43 +1,538 @@
-use btrkit_core::format::names::write_key;
-use btrkit_core::image::{Image, OpenOptions};
-use btrkit_core::tree::{walk_tree, WalkEvent};
-use std::io::Write;
-use std::ops::ControlFlow;
+//! `btrkit-dump tree`: every tree of an image in the order and shape of
+//! `btrfs inspect-internal dump-tree` (btrfs-progs 6.2), as text or JSON.
+//!
+//! Trees are walked breadth first by default (each level left to right, as
+//! btrfs does) or depth first with `--dfs`. Damaged blocks never stop the
+//! dump: each problem becomes an `ERROR:` line, what can still be read is
+//! printed, and the exit code is 1.
+
+use crate::json::JsonSink;
+use crate::render::{s, u, uuid, Text};
+use btrkit_core::format::consts::*;
+use btrkit_core::format::key::Key;
+use btrkit_core::format::names::{key_string, parse_tree_name};
+use btrkit_core::format::root::RootItem;
+use btrkit_core::image::{tree_root_of, Image, OpenOptions};
+use btrkit_core::tree::{Expect, Node, Problem, TreeRoot};
+use std::collections::{HashSet, VecDeque};
+use std::io::{self, Write};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
+#[command(after_help = "Examples:\n  btrkit-dump tree disk.img\n  btrkit-dump tree disk.img --tree fs\n  \
+btrkit-dump tree disk.img --tree 256\n  btrkit-dump tree disk.img --tree log\n  \
+btrkit-dump tree disk.img --block 30408704 --follow\n  btrkit-dump tree disk.img --json > dump.json\n\n\
+Exit status: 0 when every block read was valid; 1 when a block was damaged (each problem is an\n\
+ERROR: line in the dump, which goes on with the rest) or the image cannot be opened.")]
 pub struct Args {
     /// The image file or block device.
     pub image: PathBuf,
-    /// Machine-readable output.
+    /// Print only this tree: a number or a name (root, extent, chunk, dev,
+    /// fs, csum, quota, uuid, free-space, block-group, data-reloc, log).
+    /// `log` prints the log root tree and every log tree (a subvolume's
+    /// number prints only that subvolume's tree, as `dump-tree -t`).
+    #[arg(short = 't', long, value_name = "ID|NAME")]
+    pub tree: Option<String>,
+    /// Print only the tree block at this logical address (may be repeated).
+    #[arg(short = 'b', long, value_name = "BYTENR", value_parser = parse_u64)]
+    pub block: Vec<u64>,
+    /// With --block, also print every block below it.
+    #[arg(long)]
+    pub follow: bool,
+    /// Depth-first traversal (default: breadth-first, each level left to right).
+    #[arg(long, conflicts_with = "bfs")]
+    pub dfs: bool,
+    /// Breadth-first traversal (the default).
+    #[arg(long)]
+    pub bfs: bool,
+    /// Print the checksum stored in each block header.
+    #[arg(long)]
+    pub csum_headers: bool,
+    /// Print the data checksums of csum items.
+    #[arg(long)]
+    pub csum_items: bool,
+    /// Machine-readable output: trees, blocks and items with decoded fields.
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn run(a: Args) -> anyhow::Result<i32> {
-    let img = Image::open_path(&a.image, OpenOptions { lenient: true, ..Default::default() })?;
-    let out = std::io::stdout();
-    let mut out = std::io::BufWriter::new(out.lock());
-    let mut trees = vec![img.root_tree(), img.chunk_tree()];
-    for (k, ri) in img.root_items_in(img.root_tree())? {
-        trees.push(btrkit_core::image::tree_root_of(k.objectid, &ri));
+fn parse_u64(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("'{s}' is not a number"))
+}
+
+/// What a dump produces, in order. Text and JSON render the same events.
+pub enum Event<'a> {
+    /// A tree starts. `key` is the ROOT_ITEM key it was found by, if any.
+    Section { title: &'a str, tree: u64, key: Option<Key> },
+    /// A block that was read; its problems come first (empty when valid).
+    Block { node: &'a Node, problems: &'a [Problem] },
+    /// Something could not be read at all.
+    Error { message: &'a str, bytenr: Option<u64>, key: Option<Key> },
+    Totals { total_bytes: u64, bytes_used: u64, fsid: [u8; 16] },
+}
+
+pub trait Sink {
+    fn event(&mut self, ev: Event<'_>) -> io::Result<()>;
+    fn finish(&mut self) -> io::Result<()>;
+}
+
+/// The text dump, written through one buffer flushed in large writes.
+pub struct TextSink<W: Write> {
+    pub text: Text,
+    w: W,
+}
+
+impl<W: Write> TextSink<W> {
+    pub fn new(w: W, text: Text) -> Self {
+        TextSink { text, w }
     }
-    for t in trees {
-        let _ = walk_tree(&img, t, |ev| {
-            if let WalkEvent::Block { node, problems, .. } = ev {
-                for p in problems {
-                    let _ = writeln!(out, "ERROR: {}", p.message);
+    fn spill(&mut self) -> io::Result<()> {
+        if self.text.out.len() >= 1 << 20 {
+            self.w.write_all(&self.text.out)?;
+            self.text.out.clear();
+        }
+        Ok(())
+    }
+}
+
+fn error_line(o: &mut Vec<u8>, message: &str, bytenr: Option<u64>, key: Option<Key>) {
+    s(o, "ERROR: ");
+    if let Some(b) = bytenr {
+        s(o, "tree block ");
+        u(o, b);
+        if let Some(k) = key {
+            s(o, " key ");
+            s(o, &key_string(&k));
+        }
+        s(o, ": ");
+    }
+    s(o, message);
+    o.push(b'\n');
+}
+
+impl<W: Write> Sink for TextSink<W> {
+    fn event(&mut self, ev: Event<'_>) -> io::Result<()> {
+        let t = &mut self.text;
+        match ev {
+            Event::Section { title, key, .. } => {
+                s(&mut t.out, title);
+                if let Some(k) = key {
+                    s(&mut t.out, " tree ");
+                    t.key(&k);
+                    t.out.push(b' ');
                 }
-                for s in 0..node.nr_safe() {
-                    if let (Some(it), true) = (node.item(s), node.is_leaf()) {
-                        let mut l = String::new();
-                        write_key(&mut l, &it.key.into());
-                        let _ = writeln!(out, "\titem {s} key {l} itemoff {} itemsize {}", it.offset.get(), it.size.get());
-                    }
+                t.out.push(b'\n');
+            }
+            Event::Block { node, problems } => {
+                for p in problems {
+                    error_line(&mut t.out, &p.message, Some(p.bytenr), p.key);
+                }
+                t.block(node);
+            }
+            Event::Error { message, bytenr, key } => error_line(&mut t.out, message, bytenr, key),
+            Event::Totals { total_bytes, bytes_used, fsid } => {
+                let o = &mut t.out;
+                s(o, "total bytes ");
+                u(o, total_bytes);
+                s(o, "\nbytes used ");
+                u(o, bytes_used);
+                s(o, "\nuuid ");
+                uuid(o, &fsid);
+                o.push(b'\n');
+            }
+        }
+        self.spill()
+    }
+    fn finish(&mut self) -> io::Result<()> {
+        self.w.write_all(&self.text.out)?;
+        self.text.out.clear();
+        self.w.flush()
+    }
+}
+
+/// The word dump-tree puts before " tree key (...)" for a ROOT_ITEM.
+pub fn section_name(objectid: u64) -> &'static str {
+    match objectid {
+        BTRFS_ROOT_TREE_OBJECTID => "root",
+        BTRFS_EXTENT_TREE_OBJECTID => "extent",
+        BTRFS_CHUNK_TREE_OBJECTID => "chunk",
+        BTRFS_DEV_TREE_OBJECTID => "device",
+        BTRFS_FS_TREE_OBJECTID => "fs",
+        BTRFS_ROOT_TREE_DIR_OBJECTID => "directory",
+        BTRFS_CSUM_TREE_OBJECTID => "checksum",
+        BTRFS_ORPHAN_OBJECTID => "orphan",
+        BTRFS_TREE_LOG_OBJECTID => "log",
+        BTRFS_TREE_LOG_FIXUP_OBJECTID => "log fixup",
+        BTRFS_TREE_RELOC_OBJECTID => "reloc",
+        BTRFS_DATA_RELOC_TREE_OBJECTID => "data reloc",
+        BTRFS_EXTENT_CSUM_OBJECTID => "extent checksum",
+        BTRFS_QUOTA_TREE_OBJECTID => "quota",
+        BTRFS_UUID_TREE_OBJECTID => "uuid",
+        BTRFS_FREE_SPACE_TREE_OBJECTID => "free space",
+        BTRFS_MULTIPLE_OBJECTIDS => "multiple",
+        BTRFS_BLOCK_GROUP_TREE_OBJECTID => "block group",
+        _ => "file",
+    }
+}
+
+/// A ROOT_ITEM found while walking the root tree or the log root tree.
+struct FoundRoot {
+    key: Key,
+    root: TreeRoot,
+    /// Where an unfinished subvolume deletion stopped (drop_progress).
+    drop: Option<Key>,
+}
+
+pub struct Dumper<'a> {
+    img: &'a Image,
+    sink: &'a mut dyn Sink,
+    dfs: bool,
+    /// Blocks with problems, unreadable blocks and bad references seen so far.
+    pub damaged: usize,
+}
+
+struct Ptr {
+    bytenr: u64,
+    expect: Expect,
+    parent: Option<u64>,
+    /// The first key right of this block's subtree, if known.
+    hi: Option<Key>,
+}
+
+impl<'a> Dumper<'a> {
+    pub fn new(img: &'a Image, sink: &'a mut dyn Sink, dfs: bool) -> Self {
+        Dumper { img, sink, dfs, damaged: 0 }
+    }
+
+    fn error(&mut self, message: &str, bytenr: Option<u64>, key: Option<Key>) -> io::Result<()> {
+        self.damaged += 1;
+        self.sink.event(Event::Error { message, bytenr, key })
+    }
+
+    /// Walk the tree under `start`. `print` sends blocks to the sink; with
+    /// `roots`, the ROOT_ITEMs of the leaves are collected in key order.
+    /// Subtrees wholly left of `drop` (the drop_progress of a subvolume whose
+    /// deletion was interrupted) have been freed and are not read.
+    #[allow(clippy::too_many_arguments)]
+    fn walk(
+        &mut self,
+        start: u64,
+        expect: Expect,
+        log: bool,
+        follow: bool,
+        print: bool,
+        drop: Option<Key>,
+        mut roots: Option<&mut Vec<FoundRoot>>,
+    ) -> io::Result<()> {
+        let mut queue = VecDeque::new();
+        queue.push_back(Ptr { bytenr: start, expect, parent: None, hi: None });
+        let mut seen = HashSet::new();
+        let mut children = Vec::new();
+        while let Some(p) = if self.dfs { queue.pop_back() } else { queue.pop_front() } {
+            if !seen.insert(p.bytenr) {
+                let m = format!("referenced a second time in this tree (from block {})", p.parent.unwrap_or(0));
+                self.error(&m, Some(p.bytenr), p.expect.first_key)?;
+                continue;
+            }
+            let (node, problems) = match self.img.read_tree_block_checked(p.bytenr, &p.expect, log) {
+                Ok(x) => x,
+                Err(e) => {
+                    let m = match p.parent {
+                        Some(parent) => format!("cannot read (pointer in block {parent}): {e}"),
+                        None => format!("cannot read: {e}"),
+                    };
+                    self.error(&m, Some(p.bytenr), p.expect.first_key)?;
+                    continue;
+                }
+            };
+            if !problems.is_empty() {
+                self.damaged += 1;
+            }
+            if print {
+                self.sink.event(Event::Block { node: &node, problems: &problems })?;
+            } else {
+                for pr in &problems {
+                    self.sink.event(Event::Error { message: &pr.message, bytenr: Some(pr.bytenr), key: pr.key })?;
                 }
             }
-            ControlFlow::Continue(())
-        });
+            if node.is_leaf() {
+                if let Some(r) = roots.as_deref_mut() {
+                    self.collect_roots(&node, r)?;
+                }
+                continue;
+            }
+            if !follow {
+                continue;
+            }
+            let level = node.level() - 1;
+            children.clear();
+            let nr = node.nr_safe();
+            for slot in 0..nr {
+                let hi = if slot + 1 < nr { node.key(slot + 1) } else { p.hi };
+                if let (Some(d), Some(h)) = (drop, hi) {
+                    if h <= d {
+                        continue;
+                    }
+                }
+                if let Some(kp) = node.key_ptr(slot) {
+                    children.push(Ptr {
+                        hi,
+                        bytenr: kp.blockptr.get(),
+                        expect: Expect {
+                            level: Some(level),
+                            generation: Some(kp.generation.get()),
+                            owner: p.expect.owner,
+                            first_key: Some(Key::from(&kp.key)),
+                        },
+                        parent: Some(node.bytenr),
+                    });
+                }
+            }
+            // Start the reads of the children now: on a cold page cache the
+            // disk then works while the blocks before them are printed.
+            for c in &children {
+                self.img.prefetch_tree_block(c.bytenr);
+            }
+            if self.dfs {
+                queue.extend(children.drain(..).rev());
+            } else {
+                queue.extend(children.drain(..));
+            }
+        }
+        Ok(())
+    }
+
+    fn collect_roots(&mut self, leaf: &Node, out: &mut Vec<FoundRoot>) -> io::Result<()> {
+        for slot in 0..leaf.nr_safe() {
+            let Some(key) = leaf.key(slot) else { continue };
+            if key.ty != BTRFS_ROOT_ITEM_KEY {
+                continue;
+            }
+            match leaf.item_data(slot).and_then(RootItem::parse) {
+                Ok(ri) => {
+                    let dp = Key::from(&ri.drop_progress);
+                    let drop = (dp.objectid != 0).then_some(dp);
+                    out.push(FoundRoot { key, root: tree_root_of(key.objectid, &ri), drop })
+                }
+                Err(e) => {
+                    let m = format!("root item unreadable, its tree is skipped: {e}");
+                    self.error(&m, Some(leaf.bytenr), Some(key))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Print a whole tree from its root.
+    fn tree(&mut self, root: TreeRoot, drop: Option<Key>, roots: Option<&mut Vec<FoundRoot>>) -> io::Result<()> {
+        self.walk(root.bytenr, expect_root(&root), root.id == BTRFS_TREE_LOG_OBJECTID, true, true, drop, roots)
+    }
+
+    /// The ROOT_ITEMs of `root`, walked without printing (errors still count).
+    fn roots_of(&mut self, root: TreeRoot) -> io::Result<Vec<FoundRoot>> {
+        let mut v = Vec::new();
+        self.walk(root.bytenr, expect_root(&root), root.id == BTRFS_TREE_LOG_OBJECTID, true, false, None, Some(&mut v))?;
+        Ok(v)
+    }
+
+    fn found_trees(&mut self, found: &[FoundRoot], only: Option<u64>) -> io::Result<usize> {
+        let mut n = 0;
+        for f in found.iter().filter(|f| only.is_none_or(|id| id == f.key.objectid)) {
+            self.sink.event(Event::Section { title: section_name(f.key.objectid), tree: f.key.objectid, key: Some(f.key) })?;
+            self.tree(f.root, f.drop, None)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn totals(&mut self) -> io::Result<()> {
+        let sb = &self.img.sb;
+        self.sink.event(Event::Totals { total_bytes: sb.total_bytes.get(), bytes_used: sb.bytes_used.get(), fsid: sb.fsid })
+    }
+
+    /// Everything, in dump-tree's order: root tree, chunk tree, log root
+    /// tree, each tree of the root tree's ROOT_ITEMs, each log tree, totals.
+    pub fn all(&mut self) -> io::Result<()> {
+        let img = self.img;
+        let mut found = Vec::new();
+        self.sink.event(Event::Section { title: "root tree", tree: BTRFS_ROOT_TREE_OBJECTID, key: None })?;
+        self.tree(img.root_tree(), None, Some(&mut found))?;
+        self.sink.event(Event::Section { title: "chunk tree", tree: BTRFS_CHUNK_TREE_OBJECTID, key: None })?;
+        self.tree(img.chunk_tree(), None, None)?;
+        let mut logs = Vec::new();
+        if let Some(lr) = img.log_root_tree() {
+            self.sink.event(Event::Section { title: "log root tree", tree: BTRFS_TREE_LOG_OBJECTID, key: None })?;
+            self.tree(lr, None, Some(&mut logs))?;
+        }
+        self.found_trees(&found, None)?;
+        self.found_trees(&logs, None)?;
+        self.totals()
+    }
+
+    /// One tree by id. Returns false when the image has no such tree.
+    pub fn one(&mut self, id: u64) -> io::Result<bool> {
+        let img = self.img;
+        match id {
+            BTRFS_ROOT_TREE_OBJECTID => {
+                self.sink.event(Event::Section { title: "root tree", tree: id, key: None })?;
+                self.tree(img.root_tree(), None, None)?;
+            }
+            BTRFS_CHUNK_TREE_OBJECTID => {
+                self.sink.event(Event::Section { title: "chunk tree", tree: id, key: None })?;
+                self.tree(img.chunk_tree(), None, None)?;
+            }
+            BTRFS_TREE_LOG_OBJECTID => {
+                let Some(lr) = img.log_root_tree() else { return Ok(false) };
+                self.sink.event(Event::Section { title: "log root tree", tree: id, key: None })?;
+                let mut logs = Vec::new();
+                self.tree(lr, None, Some(&mut logs))?;
+                self.found_trees(&logs, None)?;
+            }
+            BTRFS_BLOCK_GROUP_TREE_OBJECTID => {
+                let found = self.roots_of(img.root_tree())?;
+                let Some(f) = found.iter().find(|f| f.key.objectid == id) else { return Ok(false) };
+                self.sink.event(Event::Section { title: "block group tree", tree: id, key: None })?;
+                self.tree(f.root, f.drop, None)?;
+            }
+            _ => {
+                let found = self.roots_of(img.root_tree())?;
+                if self.found_trees(&found, Some(id))? == 0 {
+                    return Ok(false);
+                }
+                self.totals()?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Single blocks by address, in address order, as `dump-tree -b`.
+    pub fn blocks(&mut self, blocks: &[u64], follow: bool) -> io::Result<()> {
+        let log = self.img.sb.log_root.get() != 0;
+        let mut v = blocks.to_vec();
+        v.sort_unstable();
+        v.dedup();
+        for b in v {
+            self.walk(b, Expect::default(), log, follow, true, None, None)?;
+        }
+        Ok(())
+    }
+}
+
+/// What the root block of a tree must look like. Subvolume trees share
+/// blocks with snapshots, so their owner is only checked to be a subvolume.
+fn expect_root(root: &TreeRoot) -> Expect {
+    Expect { level: Some(root.level), generation: Some(root.generation), owner: Some(root.id), first_key: None }
+}
+
+/// A tree id as dump-tree's `-t` takes it: a number, or a name in any case,
+/// optionally as the C constant (`BTRFS_FS_TREE_OBJECTID`).
+pub fn tree_id(s: &str) -> Option<u64> {
+    if let Ok(v) = s.parse::<u64>() {
+        return Some(v);
+    }
+    let l = s.to_ascii_lowercase();
+    let l = l.strip_prefix("btrfs_").unwrap_or(&l);
+    let l = l.strip_suffix("_objectid").unwrap_or(l);
+    match l {
+        "tree_reloc" | "reloc" => Some(BTRFS_TREE_RELOC_OBJECTID),
+        "tree_log_fixup" | "log_fixup" => Some(BTRFS_TREE_LOG_FIXUP_OBJECTID),
+        "tree_log" | "log" | "log_root" => Some(BTRFS_TREE_LOG_OBJECTID),
+        "free_space" | "free-space" => Some(BTRFS_FREE_SPACE_TREE_OBJECTID),
+        _ => parse_tree_name(l),
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let tree_id = match &a.tree {
+        Some(t) => Some(match tree_id(t) {
+            Some(0) | None => anyhow::bail!("unrecognized tree id: {t}"),
+            Some(id) => id,
+        }),
+        None => None,
+    };
+    let img = Image::open_path(&a.image, OpenOptions { lenient: true, ..Default::default() })
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.image.display()))?;
+    for w in &img.open_warnings {
+        eprintln!("btrkit-dump: warning: {w}");
+    }
+    let stdout = io::stdout();
+    let lock = stdout.lock();
+    let mut sink: Box<dyn Sink> = if a.json {
+        Box::new(JsonSink::new(io::BufWriter::with_capacity(1 << 20, lock), &img, &a.image))
+    } else {
+        let mut text = Text::new(img.csum.size(), img.sectorsize);
+        text.csum_headers = a.csum_headers;
+        text.csum_items = a.csum_items;
+        Box::new(TextSink::new(lock, text))
+    };
+    let mut d = Dumper::new(&img, sink.as_mut(), a.dfs);
+    let r = (|| -> io::Result<bool> {
+        if !a.block.is_empty() {
+            d.blocks(&a.block, a.follow)?;
+            return Ok(true);
+        }
+        if let Some(id) = tree_id {
+            return d.one(id);
+        }
+        d.all()?;
+        Ok(true)
+    })();
+    let damaged = d.damaged;
+    let r = r.and_then(|found| sink.finish().map(|_| found));
+    match r {
+        Ok(true) => {}
+        Ok(false) => {
+            let t = a.tree.as_deref().unwrap_or("");
+            anyhow::bail!("{}: no tree {t} in this image", a.image.display());
+        }
+        // A closed pipe (`| head`) ends the dump quietly.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(if damaged > 0 { 1 } else { 0 }),
+        Err(e) => return Err(anyhow::anyhow!("writing the dump: {e}")),
+    }
+    if damaged > 0 {
+        eprintln!("btrkit-dump: {damaged} damaged tree block(s) or references; see the ERROR lines");
+        return Ok(1);
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_names() {
+        assert_eq!(tree_id("fs"), Some(5));
+        assert_eq!(tree_id("FS_TREE"), Some(5));
+        assert_eq!(tree_id("BTRFS_FS_TREE_OBJECTID"), Some(5));
+        assert_eq!(tree_id("256"), Some(256));
+        assert_eq!(tree_id("free-space"), Some(BTRFS_FREE_SPACE_TREE_OBJECTID));
+        assert_eq!(tree_id("TREE_LOG"), Some(BTRFS_TREE_LOG_OBJECTID));
+        assert_eq!(tree_id("log"), Some(BTRFS_TREE_LOG_OBJECTID));
+        assert_eq!(tree_id("checksum"), Some(BTRFS_CSUM_TREE_OBJECTID));
+        assert_eq!(tree_id("nonsense"), None);
+        assert_eq!(tree_id("18446744073709551610"), Some(BTRFS_TREE_LOG_OBJECTID));
+        assert_eq!(tree_id("-6"), Some(BTRFS_TREE_LOG_OBJECTID));
+    }
+
+    #[test]
+    fn sections_and_errors_as_text() {
+        let mut sink = TextSink::new(Vec::new(), Text::new(4, 4096));
+        sink.event(Event::Section { title: "root tree", tree: 1, key: None }).unwrap();
+        let k = Key::new(5, BTRFS_ROOT_ITEM_KEY, 0);
+        sink.event(Event::Section { title: section_name(5), tree: 5, key: Some(k) }).unwrap();
+        sink.event(Event::Error { message: "cannot read: bad", bytenr: Some(4096), key: Some(Key::new(256, 1, 0)) }).unwrap();
+        sink.event(Event::Totals { total_bytes: 10, bytes_used: 2, fsid: [0xab; 16] }).unwrap();
+        sink.finish().unwrap();
+        assert_eq!(
+            String::from_utf8(sink.w.clone()).unwrap(),
+            "root tree\nfs tree key (FS_TREE ROOT_ITEM 0) \n\
+             ERROR: tree block 4096 key (256 INODE_ITEM 0): cannot read: bad\n\
+             total bytes 10\nbytes used 2\nuuid abababab-abab-abab-abab-abababababab\n"
+        );
+    }
 }

@@ -1,6 +1,124 @@
-//! btrkit-replay: not built yet; see the open issues.
+//! btrkit-replay: replay a Btrfs image's fsync log offline, as the kernel
+//! would at mount, so what fsync made durable is not lost.
+
+mod report;
+
+use anyhow::{bail, Context};
+use btrkit_core::io::{BlockDevice, FileDevice, OverlayDevice};
+use btrkit_core::log::replay::{replay_with_progress, ReplayOptions, ReplaySummary};
+use btrkit_core::trans::Fs;
+use clap::Parser;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(
+    name = "btrkit-replay",
+    version,
+    about = "Replay the fsync log of a Btrfs image offline",
+    after_help = "Examples:\n  btrkit-replay crash.img                 replay in place\n  btrkit-replay crash.img -o fixed.img    write the recovered image to fixed.img\n  btrkit-replay crash.img --dry-run       show what replay would change\n\nExit status: 0 replayed or no log to replay, 1 error (the image is left as it was)."
+)]
+struct Args {
+    /// The crash image (file or block device).
+    image: PathBuf,
+    /// Write the recovered image here (sparse copy) and leave IMAGE untouched.
+    #[arg(short = 'o', long = "output")]
+    output: Option<PathBuf>,
+    /// Print what replay would change without writing anything.
+    #[arg(long)]
+    dry_run: bool,
+    /// Replay even when the log lacks data checksums.
+    #[arg(long)]
+    force: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
 
 fn main() {
-    eprintln!("btrkit-replay: not implemented yet");
-    std::process::exit(2);
+    let a = Args::parse();
+    match run(&a) {
+        Ok(()) => {}
+        Err(e) => {
+            eprintln!("btrkit-replay: error: {}", format!("{e:#}").replace('\n', " "));
+            std::process::exit(1);
+        }
+    }
+}
+
+fn has_log(path: &std::path::Path) -> anyhow::Result<bool> {
+    let dev = FileDevice::open(path, false)?;
+    let sb = btrkit_core::image::read_superblock(&dev, 0)?;
+    Ok(sb.log_root.get() != 0)
+}
+
+/// Replay with a progress bar on a terminal (hidden otherwise).
+fn run_replay(fs: &mut Fs, opts: ReplayOptions) -> anyhow::Result<ReplaySummary> {
+    use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+    use std::io::IsTerminal;
+    let pb = ProgressBar::new(0);
+    if !std::io::stderr().is_terminal() {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    pb.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    let r = replay_with_progress(fs, opts, &mut |stage, done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+        pb.set_message(stage);
+    });
+    pb.finish_and_clear();
+    Ok(r?)
+}
+
+fn run(a: &Args) -> anyhow::Result<()> {
+    if a.dry_run && a.output.is_some() {
+        bail!("--dry-run and -o cannot be combined");
+    }
+    if !has_log(&a.image)? {
+        if let Some(out) = &a.output {
+            // Nothing to replay: the recovered image is the image itself.
+            if out.exists() {
+                bail!("{} exists; refusing to overwrite it", out.display());
+            }
+            btrkit_core::io::sparse_copy(&a.image, out)?;
+        }
+        report::no_log(&a.image, a.json);
+        return Ok(());
+    }
+    let opts = ReplayOptions { force: a.force };
+    if a.dry_run {
+        let base: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&a.image, false)?);
+        let overlay: Arc<dyn BlockDevice> = Arc::new(OverlayDevice::new(base));
+        let mut fs = Fs::open_for_replay(overlay)?;
+        let s = run_replay(&mut fs, opts)?;
+        report::print(&s, true, a.json);
+        return Ok(());
+    }
+    let target = match &a.output {
+        Some(out) => {
+            if out.exists() {
+                bail!("{} exists; refusing to overwrite it", out.display());
+            }
+            btrkit_core::io::sparse_copy(&a.image, out).with_context(|| format!("copying {} to {}", a.image.display(), out.display()))?;
+            out.clone()
+        }
+        None => a.image.clone(),
+    };
+    let result = (|| -> anyhow::Result<_> {
+        let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&target, true)?);
+        let mut fs = Fs::open_for_replay(dev)?;
+        run_replay(&mut fs, opts)
+    })();
+    match result {
+        Ok(s) => {
+            report::print(&s, false, a.json);
+            Ok(())
+        }
+        Err(e) => {
+            if let Some(out) = &a.output {
+                let _ = std::fs::remove_file(out);
+            }
+            Err(e)
+        }
+    }
 }

@@ -1,2 +1,25 @@
 //! Shared helpers for integration tests.
+//!
+//! - [`env`]: probes for root, btrfs-progs, loop devices and `../shared`, each
+//!   printing `SKIP: <test>: <reason>` when the test cannot run; use them via
+//!   [`skip_unless!`].
+//! - [`bins`]: paths to the workspace binaries (`bin_path("btrkit-dump")`),
+//!   building them on first use when missing or older than their sources.
+//! - [`kimage`]: kernel-mounted scratch images ([`kimage::KernelImage`]) with a
+//!   drop guard that unmounts and detaches, and crash-image capture.
+//! - [`rich`]: builds an image full of the things the kernel writes (inline,
+//!   prealloc, compressed, holes, xattrs, links, subvolumes, multi-level trees).
+//! - [`fsck_support`]: running btrkit-fsck, locating and damaging items.
+//! - [`dumpcmp`]: compares `btrkit-dump tree` against `btrfs inspect-internal
+//!   dump-tree` on their item lines.
+
+pub mod bins;
+pub mod dumpcmp;
+pub mod env;
 pub mod fsck_support;
+pub mod kimage;
+pub mod rich;
+
+pub use bins::bin_path;
+pub use env::{repo_root, require_btrfs_progs, require_kernel_mount, require_loop, require_root, require_shared, skip, test_name};
+pub use kimage::{KernelImage, MkfsOpts};

@@ -1,9 +1,12 @@
 //! `struct btrfs_super_block` (4096 bytes), its `btrfs_root_backup` slots and
 //! the embedded `btrfs_dev_item`.
 
+use super::chunk::{parse_chunk, ChunkItem, Stripe, CHUNK_ITEM_SIZE, STRIPE_SIZE};
 use super::consts::*;
 use super::dev::DevItem;
+use super::key::{DiskKey, Key, DISK_KEY_SIZE};
 use super::{Le16, Le32, Le64};
+use crate::Error;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 #[repr(C)]
@@ -95,6 +98,40 @@ impl Superblock {
         let n = (self.sys_chunk_array_size.get() as usize).min(BTRFS_SYSTEM_CHUNK_ARRAY_SIZE);
         &self.sys_chunk_array[..n]
     }
+    /// Decode the system chunk array for display: the entries before the
+    /// first malformed one, and the error that stopped decoding, if any.
+    /// Unlike the chunk map bootstrap this never fails outright, so a damaged
+    /// array can still be shown.
+    pub fn sys_chunk_entries(&self) -> (Vec<SysChunkEntry>, Option<Error>) {
+        let at = self.bytenr.get();
+        let size = self.sys_chunk_array_size.get() as usize;
+        let mut out = Vec::new();
+        if size > BTRFS_SYSTEM_CHUNK_ARRAY_SIZE {
+            let e = Error::corrupt(format!("sys_chunk_array_size {size} exceeds {BTRFS_SYSTEM_CHUNK_ARRAY_SIZE}"), at);
+            return (out, Some(e));
+        }
+        let arr = self.sys_chunk_array();
+        let mut p = 0usize;
+        while p < arr.len() {
+            let Ok((dk, _)) = DiskKey::read_from_prefix(&arr[p..]) else {
+                return (out, Some(Error::corrupt(format!("sys_chunk_array truncated key at offset {p}"), at)));
+            };
+            let key = Key::from(dk);
+            if key.ty != BTRFS_CHUNK_ITEM_KEY {
+                let e = Error::corrupt_key(format!("sys_chunk_array entry at offset {p} is not a chunk item"), at, key);
+                return (out, Some(e));
+            }
+            p += DISK_KEY_SIZE;
+            match parse_chunk(&arr[p..]) {
+                Ok((c, s)) => {
+                    out.push(SysChunkEntry { key, chunk: *c, stripes: s.to_vec() });
+                    p += CHUNK_ITEM_SIZE + s.len() * STRIPE_SIZE;
+                }
+                Err(e) => return (out, Some(e.at(at, key))),
+            }
+        }
+        (out, None)
+    }
     pub fn has_incompat(&self, f: u64) -> bool {
         self.incompat_flags.get() & f != 0
     }
@@ -103,10 +140,19 @@ impl Superblock {
     }
 }
 
+/// One entry of the system chunk array, copied out of the superblock.
+#[derive(Clone, Debug)]
+pub struct SysChunkEntry {
+    pub key: Key,
+    pub chunk: ChunkItem,
+    pub stripes: Vec<Stripe>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use core::mem::{offset_of, size_of};
+    use zerocopy::FromZeros;
 
     #[test]
     fn layout_matches_c() {
@@ -130,6 +176,41 @@ mod tests {
             *x = (i * 31 % 251) as u8;
         }
         crate::format::roundtrip::<Superblock>(&b);
+    }
+
+    #[test]
+    fn sys_chunk_entries_decode_and_stop_at_damage() {
+        let mut sb = Superblock::new_zeroed();
+        let mut arr = Vec::new();
+        arr.extend_from_slice(Key::new(256, BTRFS_CHUNK_ITEM_KEY, 22020096).to_disk().as_bytes());
+        let mut chunk = vec![0u8; CHUNK_ITEM_SIZE + 2 * STRIPE_SIZE];
+        chunk[..8].copy_from_slice(&(8u64 << 20).to_le_bytes());
+        chunk[44] = 2; // num_stripes
+        chunk[CHUNK_ITEM_SIZE..CHUNK_ITEM_SIZE + 8].copy_from_slice(&1u64.to_le_bytes());
+        arr.extend_from_slice(&chunk);
+        let good = arr.len();
+        // A second entry cut off inside its chunk item.
+        arr.extend_from_slice(Key::new(256, BTRFS_CHUNK_ITEM_KEY, 1 << 30).to_disk().as_bytes());
+        arr.extend_from_slice(&chunk[..20]);
+        sb.sys_chunk_array[..arr.len()].copy_from_slice(&arr);
+
+        sb.sys_chunk_array_size = (good as u32).into();
+        let (v, err) = sb.sys_chunk_entries();
+        assert!(err.is_none());
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].key.offset, 22020096);
+        assert_eq!(v[0].chunk.length.get(), 8 << 20);
+        assert_eq!(v[0].stripes.len(), 2);
+        assert_eq!(v[0].stripes[0].devid.get(), 1);
+
+        sb.sys_chunk_array_size = (arr.len() as u32).into();
+        let (v, err) = sb.sys_chunk_entries();
+        assert_eq!(v.len(), 1);
+        assert!(err.is_some());
+
+        sb.sys_chunk_array_size = 5000.into();
+        let (v, err) = sb.sys_chunk_entries();
+        assert!(v.is_empty() && err.is_some());
     }
 
     #[test]

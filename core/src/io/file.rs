@@ -93,6 +93,17 @@ impl BlockDevice for FileDevice {
         }
         self.file.sync_data().map_err(|e| Error::io("flush (fdatasync)", e))
     }
+    fn prefetch(&self, offset: u64, len: u64) {
+        #[cfg(unix)]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a plain advisory call on a descriptor we own; its
+            // result is only a hint and is ignored.
+            unsafe {
+                libc::posix_fadvise(self.file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED);
+            }
+        }
+    }
     fn slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
         let m = self.map.as_ref()?;
         let end = (offset as usize).checked_add(len)?;

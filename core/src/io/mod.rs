@@ -6,10 +6,14 @@
 mod crash;
 mod file;
 mod mem;
+mod overlay;
+mod staged;
 
 pub use crash::CrashDevice;
 pub use file::FileDevice;
 pub use mem::MemDevice;
+pub use overlay::{sparse_copy, OverlayDevice};
+pub use staged::StagedSuper;
 
 use crate::Result;
 
@@ -26,6 +30,9 @@ pub trait BlockDevice: Send + Sync {
     fn slice(&self, _offset: u64, _len: usize) -> Option<&[u8]> {
         None
     }
+    /// Hint that `len` bytes at `offset` will be read soon, so a device that
+    /// can start the reads in the background may do so. Never fails.
+    fn prefetch(&self, _offset: u64, _len: u64) {}
 }
 
 pub(crate) fn past_end(offset: u64, len: usize, size: u64) -> crate::Error {

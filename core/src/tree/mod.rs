@@ -4,6 +4,7 @@
 pub mod node;
 pub mod search;
 pub mod walk;
+pub mod edit;
 
 pub use node::{Expect, Node, Problem, ValidateCtx};
 pub use search::TreeIter;

@@ -208,7 +208,10 @@ impl Node {
             push(ProblemKind::Header, None, None, format!("generation {gen} newer than the filesystem's {}", ctx.max_generation));
         }
         let owner = h.owner.get();
-        if let Some(o) = expect.owner {
+        // Log and reloc tree blocks may be owned by the subvolume they log or
+        // relocate (their ROOT_ITEM offset), which the caller does not know:
+        // like the kernel's btrfs_check_eb_owner, their owner is not checked.
+        if let Some(o) = expect.owner.filter(|&o| o != BTRFS_TREE_LOG_OBJECTID && o != BTRFS_TREE_RELOC_OBJECTID) {
             let ok = if is_fstree(o) { is_fstree(owner) } else { owner == o };
             if !ok {
                 push(ProblemKind::Owner, None, None, format!("owner {} where tree {} is read", owner as i64, o as i64));

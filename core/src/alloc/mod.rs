@@ -1,0 +1,174 @@
+//! Space allocation: block groups with their free space, kept exact in
+//! memory during a transaction and written back to the extent tree (block
+//! group `used`) and the free space tree at commit.
+//!
+//! Per block group, the bytes are in exactly one of: `free` (allocatable),
+//! `pinned` (freed in the running transaction but still referenced by the
+//! committed trees, so not reusable until the commit is durable), excluded
+//! (superblock stripes, never allocatable and never free in the free space
+//! tree), or allocated. The free space tree after commit lists
+//! `free ∪ pinned`.
+
+pub mod rangeset;
+
+use crate::chunk::ChunkMap;
+use crate::format::consts::*;
+use crate::{Error, Result};
+pub use rangeset::RangeSet;
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug)]
+pub struct BlockGroup {
+    pub start: u64,
+    pub length: u64,
+    pub flags: u64,
+    /// Bytes allocated (the block group item's `used`).
+    pub used: u64,
+    pub free: RangeSet,
+    pub pinned: RangeSet,
+    pub excluded: RangeSet,
+    /// Block group item or free space tree must be rewritten at commit.
+    pub dirty: bool,
+    /// Free space tree format of this group (bitmaps or extents).
+    pub fst_bitmaps: bool,
+    /// Block group item found on disk (false for groups created this transaction).
+    pub on_disk: bool,
+}
+
+impl BlockGroup {
+    pub fn end(&self) -> u64 {
+        self.start + self.length
+    }
+    pub fn is_data(&self) -> bool {
+        self.flags & BTRFS_BLOCK_GROUP_DATA != 0
+    }
+    pub fn is_metadata(&self) -> bool {
+        self.flags & BTRFS_BLOCK_GROUP_METADATA != 0
+    }
+    pub fn is_system(&self) -> bool {
+        self.flags & BTRFS_BLOCK_GROUP_SYSTEM != 0
+    }
+    /// What the free space tree must say is free.
+    pub fn fst_free(&self) -> RangeSet {
+        let mut f = self.free.clone();
+        for (s, e) in self.pinned.iter() {
+            f.insert(s, e);
+        }
+        f
+    }
+}
+
+/// Logical ranges of `[start, start+length)` that hold superblock copies,
+/// 64 KiB each (the stripe the kernel excludes), plus anything below 1 MiB.
+pub fn super_stripes(chunks: &ChunkMap, start: u64, length: u64, dev_size: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let end = start + length;
+    if start < BTRFS_SUPER_INFO_OFFSET {
+        out.push((start, BTRFS_SUPER_INFO_OFFSET.min(end)));
+    }
+    let Some(m) = chunks.lookup(start) else { return out };
+    for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
+        let phys = btrfs_sb_offset(mirror);
+        if phys >= dev_size && mirror > 0 {
+            continue;
+        }
+        for &(_, pstart) in &m.stripes {
+            // SINGLE and DUP: each stripe is a full copy of the chunk.
+            if phys >= pstart && phys < pstart + m.length {
+                let stripe_len = BTRFS_STRIPE_LEN;
+                let rel = (phys - pstart) / stripe_len * stripe_len;
+                let l = m.logical + rel;
+                let e = (l + stripe_len).min(m.end());
+                let (a, b) = (l.max(start), e.min(end));
+                if a < b {
+                    out.push((a, b));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Allocator {
+    pub groups: BTreeMap<u64, BlockGroup>,
+    /// Next-fit cursors per group type, so consecutive allocations are
+    /// contiguous and searches do not restart from the front.
+    cursor: BTreeMap<u64, u64>,
+}
+
+impl Allocator {
+    pub fn group_of(&self, bytenr: u64) -> Option<&BlockGroup> {
+        let (_, g) = self.groups.range(..=bytenr).next_back()?;
+        (bytenr < g.end()).then_some(g)
+    }
+    pub fn group_of_mut(&mut self, bytenr: u64) -> Option<&mut BlockGroup> {
+        let (_, g) = self.groups.range_mut(..=bytenr).next_back()?;
+        (bytenr < g.end()).then_some(g)
+    }
+
+    /// Allocate `len` bytes in a group whose type is `ty` (DATA, METADATA
+    /// or SYSTEM); mixed groups serve both data and metadata.
+    pub fn alloc(&mut self, ty: u64, len: u64, align: u64) -> Result<u64> {
+        let hint = self.cursor.get(&ty).copied().unwrap_or(0);
+        let starts: Vec<u64> = self.groups.values().filter(|g| g.flags & ty != 0).map(|g| g.start).collect();
+        // Next fit: begin in the group holding the cursor, then wrap around.
+        let first = starts.iter().position(|&s| self.groups.get(&s).is_some_and(|g| g.end() > hint)).unwrap_or(0);
+        for i in 0..starts.len() {
+            let s = starts[(first + i) % starts.len()];
+            let g = self.groups.get_mut(&s).ok_or_else(|| Error::Invalid("block group vanished".into()))?;
+            if g.length - g.used < len {
+                continue;
+            }
+            let h = if i == 0 { hint } else { g.start };
+            if let Some(at) = g.free.find(g.start, g.end(), len, align, h) {
+                g.free.remove(at, at + len);
+                g.used += len;
+                g.dirty = true;
+                self.cursor.insert(ty, at + len);
+                return Ok(at);
+            }
+        }
+        Err(Error::NoSpace(format!("no free {len}-byte extent in any {} block group", crate::format::names::block_group_flags_str(ty).split('|').next().unwrap_or("?"))))
+    }
+
+    /// Mark `[bytenr, +len)` allocated (replaying a known allocation).
+    pub fn reserve(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        let g = self.group_of_mut(bytenr).ok_or_else(|| Error::corrupt(format!("extent {bytenr}+{len} outside every block group"), bytenr))?;
+        if !g.free.contains(bytenr, bytenr + len) {
+            return Err(Error::corrupt(format!("extent {bytenr}+{len} is not free"), bytenr));
+        }
+        g.free.remove(bytenr, bytenr + len);
+        g.used += len;
+        g.dirty = true;
+        Ok(())
+    }
+
+    /// Release an extent. `committed` extents stay pinned until the running
+    /// transaction is durable; extents allocated in it are free at once.
+    pub fn release(&mut self, bytenr: u64, len: u64, committed: bool) -> Result<()> {
+        let g = self.group_of_mut(bytenr).ok_or_else(|| Error::corrupt(format!("freed extent {bytenr}+{len} outside every block group"), bytenr))?;
+        g.used = g.used.saturating_sub(len);
+        g.dirty = true;
+        if committed {
+            g.pinned.insert(bytenr, bytenr + len);
+        } else {
+            g.free.insert(bytenr, bytenr + len);
+        }
+        Ok(())
+    }
+
+    /// After a commit is durable, pinned space becomes allocatable.
+    pub fn unpin_all(&mut self) {
+        for g in self.groups.values_mut() {
+            let p = std::mem::take(&mut g.pinned);
+            for (s, e) in p.iter() {
+                g.free.insert(s, e);
+            }
+        }
+    }
+
+    pub fn total_used(&self) -> u64 {
+        self.groups.values().map(|g| g.used).sum()
+    }
+}

@@ -1,0 +1,119 @@
+//! The checksum tree: EXTENT_CSUM items keyed by the logical address of
+//! their first sector, each holding the checksums of a run of contiguous
+//! sectors. Inserts extend the item that ends where the new run starts
+//! (as the kernel merges), up to what a leaf can hold; deletes trim or split
+//! items.
+
+use crate::format::consts::*;
+use crate::format::key::Key;
+use crate::trans::Fs;
+use crate::Result;
+
+const CSUM_TREE: u64 = BTRFS_CSUM_TREE_OBJECTID;
+
+impl Fs {
+    /// Largest csum item body, in bytes of checksums, a leaf takes.
+    fn max_csum_item(&self) -> usize {
+        let cs = self.image().csum.size();
+        let room = self.nodesize() as usize - crate::format::header::HEADER_SIZE - 2 * crate::format::header::ITEM_SIZE;
+        // Keep items well below a full leaf so neighbours still fit.
+        (room / 2) / cs * cs
+    }
+
+    /// Record `sums` (one checksum per sector) for data starting at `start`.
+    pub fn csum_insert(&mut self, start: u64, sums: &[u8]) -> Result<()> {
+        let cs = self.image().csum.size();
+        let ss = self.sectorsize() as u64;
+        let max = self.max_csum_item();
+        let mut start = start;
+        let mut sums = sums;
+        // Extend the previous item when it ends exactly at `start`.
+        if let Some((k, d)) = self.csum_item_before(start)? {
+            let end = k.offset + (d.len() / cs) as u64 * ss;
+            if end == start && d.len() < max {
+                let take = (max - d.len()).min(sums.len());
+                let mut nd = d;
+                nd.extend_from_slice(&sums[..take]);
+                self.update_item(CSUM_TREE, &k, &nd)?;
+                start += (take / cs) as u64 * ss;
+                sums = &sums[take..];
+            }
+        }
+        while !sums.is_empty() {
+            let take = max.min(sums.len());
+            let k = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, start);
+            self.insert_item(CSUM_TREE, &k, &sums[..take])?;
+            start += (take / cs) as u64 * ss;
+            sums = &sums[take..];
+        }
+        Ok(())
+    }
+
+    /// The csum item with the greatest start <= `bytenr`.
+    fn csum_item_before(&mut self, bytenr: u64) -> Result<Option<(Key, Vec<u8>)>> {
+        // Items are few per leaf; search back from the key just after bytenr.
+        let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0);
+        let hi = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, bytenr);
+        self.prev_item(CSUM_TREE, &hi, &lo)
+    }
+
+    /// Remove the checksums of `[start, start+len)`.
+    pub fn csum_delete(&mut self, start: u64, len: u64) -> Result<()> {
+        let cs = self.image().csum.size();
+        let ss = self.sectorsize() as u64;
+        let end = start + len;
+        let mut items = Vec::new();
+        if let Some(p) = self.csum_item_before(start)? {
+            items.push(p);
+        }
+        let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, start);
+        let hi = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, end.saturating_sub(1));
+        for it in self.items_in(CSUM_TREE, lo, hi)? {
+            if !items.iter().any(|(k, _)| *k == it.0) {
+                items.push(it);
+            }
+        }
+        for (k, d) in items {
+            let istart = k.offset;
+            let iend = istart + (d.len() / cs) as u64 * ss;
+            if iend <= start || istart >= end {
+                continue;
+            }
+            self.delete_item(CSUM_TREE, &k)?;
+            if istart < start {
+                let n = ((start - istart) / ss) as usize * cs;
+                self.insert_item(CSUM_TREE, &k, &d[..n])?;
+            }
+            if iend > end {
+                let skip = ((end - istart) / ss) as usize * cs;
+                self.insert_item(CSUM_TREE, &Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, end), &d[skip..])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checksums stored for `[start, start+len)`, sector by sector (None
+    /// where a sector has none).
+    pub fn csum_lookup(&mut self, start: u64, len: u64) -> Result<Vec<Option<Vec<u8>>>> {
+        let cs = self.image().csum.size();
+        let ss = self.sectorsize() as u64;
+        let n = (len / ss) as usize;
+        let mut out = vec![None; n];
+        let mut items = Vec::new();
+        if let Some(p) = self.csum_item_before(start)? {
+            items.push(p);
+        }
+        let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, start);
+        let hi = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, (start + len).saturating_sub(1));
+        items.extend(self.items_in(CSUM_TREE, lo, hi)?);
+        for (k, d) in items {
+            for (i, c) in d.chunks_exact(cs).enumerate() {
+                let at = k.offset + i as u64 * ss;
+                if at >= start && at < start + len {
+                    out[((at - start) / ss) as usize] = Some(c.to_vec());
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,1028 @@
+//! Offline replay of the fsync log, with the kernel's semantics
+//! (`fs/btrfs/tree-log.c`, replay side), in the kernel's stages:
+//!
+//! 1. pin: every block of the log root tree and the log trees, and every
+//!    data extent the logs reference that the extent tree does not know yet,
+//!    is kept out of allocation;
+//! 2. inodes: each logged inode item is copied in (directories first lose
+//!    the names the log says are gone, xattrs the log lacks are removed,
+//!    regular files are truncated to their logged size);
+//! 3. dir indexes: logged names are added where their inode exists;
+//! 4. everything else: xattrs, inode refs (adding missing names, removing
+//!    names the log says are gone), file extents (with extent refs and
+//!    checksums);
+//! 5. link counts are recounted for every inode touched, inodes left with
+//!    no link are removed (orphan cleanup);
+//! 6. one commit clears `log_root`; the log's blocks become free.
+//!
+//! A crash during replay leaves the previous superblock, which still points
+//! to the intact log, so replay can simply be run again.
+
+use crate::format::consts::*;
+use crate::format::dir::{name_hash, parse_dir_items, DirItem};
+use crate::format::extent::{extent_data_ref_hash, parse_extent_item, write_inline_refs, ExtentItem, InlineRef};
+use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
+use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem, InodeRef, Timespec};
+use crate::format::key::Key;
+use crate::format::root::RootItem;
+use crate::trans::Fs;
+use crate::tree::{walk_tree, TreeIter, TreeRoot, WalkEvent};
+use crate::{Error, Result};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::ControlFlow;
+use zerocopy::{FromBytes, IntoBytes};
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReplayOptions {
+    /// Replay even when logged data extents lack checksums in the log.
+    pub force: bool,
+}
+
+/// What replay changed, for `--dry-run` and the summary.
+#[derive(Clone, Debug, serde::Serialize, PartialEq, Eq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    InodeCreated { subvol: u64, ino: u64, mode: u32, size: u64 },
+    InodeUpdated { subvol: u64, ino: u64, mode: u32, size: u64 },
+    NameAdded { subvol: u64, dir: u64, name: String, ino: u64 },
+    NameRemoved { subvol: u64, dir: u64, name: String, ino: u64 },
+    DataReplaced { subvol: u64, ino: u64, offset: u64, len: u64, kind: String },
+    Truncated { subvol: u64, ino: u64, size: u64 },
+    XattrSet { subvol: u64, ino: u64, name: String },
+    XattrRemoved { subvol: u64, ino: u64, name: String },
+    InodeRemoved { subvol: u64, ino: u64 },
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ReplaySummary {
+    pub log_trees: usize,
+    pub log_blocks: usize,
+    pub log_items: usize,
+    pub inodes_created: usize,
+    pub inodes_updated: usize,
+    pub names_added: usize,
+    pub names_removed: usize,
+    pub data_bytes_replaced: u64,
+    pub inodes_removed: usize,
+    pub generation: u64,
+    pub events: Vec<Event>,
+}
+
+/// One log tree, read into memory.
+struct LogTree {
+    subvol: u64,
+    items: Vec<(Key, Vec<u8>)>,
+}
+
+impl LogTree {
+    fn find(&self, key: &Key) -> Option<&[u8]> {
+        self.items.binary_search_by(|(k, _)| k.cmp(key)).ok().map(|i| &self.items[i].1[..])
+    }
+    fn range(&self, lo: Key, hi: Key) -> impl Iterator<Item = &(Key, Vec<u8>)> {
+        let s = self.items.partition_point(|(k, _)| *k < lo);
+        self.items[s..].iter().take_while(move |(k, _)| *k <= hi)
+    }
+}
+
+fn lossy(n: &[u8]) -> String {
+    String::from_utf8_lossy(n).into_owned()
+}
+
+fn read_inode(d: &[u8], key: Key) -> Result<InodeItem> {
+    InodeItem::read_from_bytes(d).map_err(|_| Error::corrupt_key("inode item size", 0, key))
+}
+
+fn is_dir(mode: u32) -> bool {
+    mode & 0o170000 == 0o040000
+}
+fn is_reg(mode: u32) -> bool {
+    mode & 0o170000 == 0o100000
+}
+
+/// Read the log root tree and every log tree; `check_csums` verifies that
+/// every logged data extent that needs checksums has them in the log.
+fn read_logs(fs: &Fs) -> Result<(Vec<LogTree>, Vec<u64>)> {
+    let img = fs.image();
+    let lrt = img.log_root_tree().ok_or_else(|| Error::Invalid("no log to replay".into()))?;
+    let mut blocks = Vec::new();
+    collect_blocks(img, lrt, &mut blocks)?;
+    let mut logs = Vec::new();
+    for (k, ri) in img.root_items_in(lrt)? {
+        if k.objectid != BTRFS_TREE_LOG_OBJECTID {
+            continue;
+        }
+        let root = TreeRoot { id: BTRFS_TREE_LOG_OBJECTID, bytenr: ri.bytenr.get(), level: ri.level, generation: ri.generation.get() };
+        if ri.generation.get() > img.sb.generation.get() + 1 {
+            return Err(Error::corrupt(
+                format!("log tree of subvolume {} has generation {}, newer than the filesystem's {} + 1", k.offset, ri.generation.get(), img.sb.generation.get()),
+                ri.bytenr.get(),
+            ));
+        }
+        collect_blocks(img, root, &mut blocks)?;
+        let mut items = Vec::new();
+        for it in TreeIter::new(img, root, Key::MIN)? {
+            let it = it?;
+            items.push((it.key, it.data()?.to_vec()));
+        }
+        logs.push(LogTree { subvol: k.offset, items });
+    }
+    Ok((logs, blocks))
+}
+
+/// Every block of a log tree; any damage is an error (replay must not
+/// guess).
+fn collect_blocks(img: &crate::image::Image, root: TreeRoot, blocks: &mut Vec<u64>) -> Result<()> {
+    let mut err = None;
+    let _ = walk_tree(img, root, |ev| match ev {
+        WalkEvent::Block { node, problems, .. } => {
+            if let Some(p) = problems.first() {
+                err = Some(Error::corrupt(format!("log tree block: {}", p.message), node.bytenr));
+                return ControlFlow::Break(());
+            }
+            blocks.push(node.bytenr);
+            ControlFlow::Continue(())
+        }
+        WalkEvent::Unreadable { error, bytenr, .. } => {
+            err = Some(Error::corrupt(format!("log tree block unreadable: {error}"), bytenr));
+            ControlFlow::Break(())
+        }
+        WalkEvent::Revisit { bytenr, .. } => {
+            err = Some(Error::corrupt("log tree block referenced twice", bytenr));
+            ControlFlow::Break(())
+        }
+    });
+    match err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Logged data extents whose checksums the log lacks (inode without
+/// NODATASUM, regular uncompressed or compressed extents).
+fn missing_csums(fs: &mut Fs, logs: &[LogTree]) -> Result<Vec<String>> {
+    let cs = fs.image().csum.size();
+    let ss = fs.sectorsize() as u64;
+    let mut out = Vec::new();
+    for log in logs {
+        let mut sums: Vec<(u64, u64)> = Vec::new();
+        for (k, d) in log.range(Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0), Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, u64::MAX)) {
+            sums.push((k.offset, k.offset + (d.len() / cs.max(1)) as u64 * ss));
+        }
+        for (k, d) in &log.items {
+            if k.ty != BTRFS_EXTENT_DATA_KEY {
+                continue;
+            }
+            let nodatasum = log
+                .find(&Key::new(k.objectid, BTRFS_INODE_ITEM_KEY, 0))
+                .and_then(|d| InodeItem::read_from_bytes(d).ok())
+                .is_some_and(|i| i.flags.get() & BTRFS_INODE_NODATASUM != 0);
+            if nodatasum {
+                continue;
+            }
+            if let Ok(FileExtent::Disk { head, item }) = parse_file_extent(d) {
+                if head.type_ != BTRFS_FILE_EXTENT_REG || item.disk_bytenr.get() == 0 {
+                    continue;
+                }
+                let (s, e) = if head.compression != 0 {
+                    (item.disk_bytenr.get(), item.disk_bytenr.get() + item.disk_num_bytes.get())
+                } else {
+                    let s = item.disk_bytenr.get() + item.offset.get();
+                    (s, s + item.num_bytes.get())
+                };
+                // Every sector of [s, e) must be covered by some csum item.
+                let mut pos = s;
+                while pos < e {
+                    match sums.iter().find(|(a, b)| *a <= pos && pos < *b) {
+                        Some(&(_, b)) => pos = b,
+                        None => break,
+                    }
+                }
+                if pos < e {
+                    // Checksums committed before the crash count too.
+                    let have = fs.csum_lookup(pos, e - pos)?;
+                    if have.iter().any(|c| c.is_none()) {
+                        out.push(format!("inode {} offset {} (disk bytes {}..{})", k.objectid, k.offset, s, e));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+struct Replayer<'a> {
+    fs: &'a mut Fs,
+    subvol: u64,
+    /// Inodes whose link count must be recounted at the end.
+    fixups: BTreeSet<u64>,
+    events: Vec<Event>,
+    no_holes: bool,
+    now: Timespec,
+}
+
+impl Replayer<'_> {
+    fn ev(&mut self, e: Event) {
+        self.events.push(e);
+    }
+
+    fn get_inode(&mut self, ino: u64) -> Result<Option<InodeItem>> {
+        self.fs.get_inode(self.subvol, ino)
+    }
+
+    /// (ino, type) of the entry `name` in directory `dir`.
+    fn dir_lookup(&mut self, dir: u64, name: &[u8]) -> Result<Option<(u64, u8)>> {
+        let k = Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name));
+        let Some(d) = self.fs.lookup(self.subvol, &k)? else { return Ok(None) };
+        for e in parse_dir_items(&d).map_err(|e| e.at(0, k))? {
+            if e.name == name {
+                return Ok(Some((Key::from(&e.item.location).objectid, e.item.type_)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// (name, ino) of the entry with index `index` in `dir`.
+    fn dir_index(&mut self, dir: u64, index: u64) -> Result<Option<(Vec<u8>, u64)>> {
+        let k = Key::new(dir, BTRFS_DIR_INDEX_KEY, index);
+        let Some(d) = self.fs.lookup(self.subvol, &k)? else { return Ok(None) };
+        let e = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
+        Ok(e.first().map(|e| (e.name.to_vec(), Key::from(&e.item.location).objectid)))
+    }
+
+    /// Names (index, name) inode `ino` has in directory `dir`.
+    fn names_in(&mut self, ino: u64, dir: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+        let mut out = Vec::new();
+        let k = Key::new(ino, BTRFS_INODE_REF_KEY, dir);
+        if let Some(d) = self.fs.lookup(self.subvol, &k)? {
+            for e in parse_inode_refs(&d).map_err(|e| e.at(0, k))? {
+                out.push((e.index, e.name.to_vec()));
+            }
+        }
+        for (k, d) in self.fs.items_in(self.subvol, Key::new(ino, BTRFS_INODE_EXTREF_KEY, 0), Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX))? {
+            for e in parse_inode_extrefs(&d).map_err(|e| e.at(0, k))? {
+                if e.parent == dir {
+                    out.push((e.index, e.name.to_vec()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Remove one packed entry named `name` from item `key`.
+    fn remove_packed(&mut self, key: Key, name: &[u8]) -> Result<()> {
+        let Some(d) = self.fs.lookup(self.subvol, &key)? else { return Ok(()) };
+        let mut rest = Vec::new();
+        match key.ty {
+            BTRFS_INODE_REF_KEY => {
+                for e in parse_inode_refs(&d).map_err(|e| e.at(0, key))? {
+                    if e.name != name {
+                        rest.extend_from_slice(InodeRef { index: e.index.into(), name_len: (e.name.len() as u16).into() }.as_bytes());
+                        rest.extend_from_slice(e.name);
+                    }
+                }
+            }
+            BTRFS_INODE_EXTREF_KEY => {
+                for e in parse_inode_extrefs(&d).map_err(|e| e.at(0, key))? {
+                    if e.name != name {
+                        rest.extend_from_slice(&e.parent.to_le_bytes());
+                        rest.extend_from_slice(&e.index.to_le_bytes());
+                        rest.extend_from_slice(&(e.name.len() as u16).to_le_bytes());
+                        rest.extend_from_slice(e.name);
+                    }
+                }
+            }
+            _ => {
+                for e in parse_dir_items(&d).map_err(|e| e.at(0, key))? {
+                    if e.name != name {
+                        rest.extend_from_slice(e.item.as_bytes());
+                        rest.extend_from_slice(e.name);
+                        rest.extend_from_slice(e.data);
+                    }
+                }
+            }
+        }
+        if rest.is_empty() {
+            self.fs.delete_item(self.subvol, &key)?;
+        } else if rest.len() != d.len() {
+            self.fs.update_item(self.subvol, &key, &rest)?;
+        }
+        Ok(())
+    }
+
+    /// Remove the name `name` (dir index `index`) of `ino` from `dir`: dir
+    /// item, dir index, inode ref or extref, the directory's size and the
+    /// inode's link count (recounted later).
+    fn unlink_name(&mut self, dir: u64, ino: u64, name: &[u8], index: u64) -> Result<()> {
+        self.remove_packed(Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name)), name)?;
+        self.fs.delete_item(self.subvol, &Key::new(dir, BTRFS_DIR_INDEX_KEY, index))?;
+        self.remove_packed(Key::new(ino, BTRFS_INODE_REF_KEY, dir), name)?;
+        self.remove_packed(Key::new(ino, BTRFS_INODE_EXTREF_KEY, crate::format::dir::extref_hash(dir, name)), name)?;
+        if let Some(mut d) = self.get_inode(dir)? {
+            d.size.set(d.size.get().saturating_sub(2 * name.len() as u64));
+            d.transid.set(self.fs.transid);
+            self.fs.put_inode(self.subvol, dir, &d)?;
+        }
+        if let Some(mut i) = self.get_inode(ino)? {
+            i.nlink.set(i.nlink.get().saturating_sub(1));
+            self.fs.put_inode(self.subvol, ino, &i)?;
+        }
+        self.fixups.insert(ino);
+        let sv = self.subvol;
+        self.ev(Event::NameRemoved { subvol: sv, dir, name: lossy(name), ino });
+        Ok(())
+    }
+
+    /// Add name `name` for `ino` in `dir` at `index`.
+    fn add_name(&mut self, dir: u64, ino: u64, name: &[u8], index: u64) -> Result<()> {
+        let inode = self.get_inode(ino)?.ok_or_else(|| Error::Invalid("add_name on missing inode".into()))?;
+        let ftype = crate::fs::ftype_of_mode(inode.mode.get());
+        let sv = self.subvol;
+        self.fs.add_link(sv, dir, ino, name, ftype, index)?;
+        if let Some(mut d) = self.get_inode(dir)? {
+            d.size.set(d.size.get() + 2 * name.len() as u64);
+            d.transid.set(self.fs.transid);
+            self.fs.put_inode(sv, dir, &d)?;
+        }
+        self.fixups.insert(ino);
+        self.ev(Event::NameAdded { subvol: sv, dir, name: lossy(name), ino });
+        Ok(())
+    }
+
+    /// Delete the names of `dir` that the log says are gone: every dir
+    /// index in a logged DIR_LOG_INDEX range that the log does not hold
+    /// (all of them with `del_all`).
+    fn replay_dir_deletes(&mut self, log: Option<&LogTree>, dir: u64, del_all: bool) -> Result<()> {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        if del_all {
+            ranges.push((0, u64::MAX));
+        } else if let Some(log) = log {
+            for (k, d) in log.range(Key::new(dir, BTRFS_DIR_LOG_INDEX_KEY, 0), Key::new(dir, BTRFS_DIR_LOG_INDEX_KEY, u64::MAX)) {
+                let end = d.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).unwrap_or(k.offset);
+                ranges.push((k.offset, end));
+            }
+        }
+        for (lo, hi) in ranges {
+            let items = self.fs.items_in(self.subvol, Key::new(dir, BTRFS_DIR_INDEX_KEY, lo), Key::new(dir, BTRFS_DIR_INDEX_KEY, hi))?;
+            for (k, d) in items {
+                let ents = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
+                let Some(e) = ents.first() else { continue };
+                let name = e.name.to_vec();
+                let ino = Key::from(&e.item.location).objectid;
+                let in_log = !del_all
+                    && log.is_some_and(|l| {
+                        l.find(&k).and_then(|ld| parse_dir_items(ld).ok()).is_some_and(|le| le.iter().any(|x| x.name == name))
+                    });
+                if in_log {
+                    continue;
+                }
+                if e.item.location.type_ == BTRFS_ROOT_ITEM_KEY {
+                    // A subvolume entry: removing it needs the root ref too;
+                    // the kernel leaves those to the subvolume code.
+                    continue;
+                }
+                self.unlink_name(dir, ino, &name, k.offset)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn replay_xattr_deletes(&mut self, log: &LogTree, ino: u64) -> Result<()> {
+        let items = self.fs.items_in(self.subvol, Key::new(ino, BTRFS_XATTR_ITEM_KEY, 0), Key::new(ino, BTRFS_XATTR_ITEM_KEY, u64::MAX))?;
+        for (k, d) in items {
+            for e in parse_dir_items(&d).map_err(|e| e.at(0, k))? {
+                let logged = log.find(&k).and_then(|ld| parse_dir_items(ld).ok()).is_some_and(|le| le.iter().any(|x| x.name == e.name));
+                if !logged {
+                    let name = e.name.to_vec();
+                    self.remove_packed(k, &name)?;
+                    let sv = self.subvol;
+                    self.ev(Event::XattrRemoved { subvol: sv, ino, name: lossy(&name) });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stage "inodes" for one logged inode item.
+    fn replay_inode(&mut self, log: &LogTree, key: Key, data: &[u8]) -> Result<()> {
+        let ino = key.objectid;
+        let mut src = read_inode(data, key)?;
+        let mode = src.mode.get();
+        self.replay_xattr_deletes(log, ino)?;
+        if is_dir(mode) {
+            self.replay_dir_deletes(Some(log), ino, false)?;
+        }
+        let existing = self.get_inode(ino)?;
+        let sv = self.subvol;
+        match existing {
+            Some(dst) => {
+                if src.generation.get() == 0 {
+                    // Logged only to say the inode exists.
+                    if is_reg(mode) && is_reg(dst.mode.get()) && src.size.get() != 0 {
+                        let mut d = dst;
+                        d.size.set(src.size.get());
+                        self.fs.put_inode(sv, ino, &d)?;
+                    }
+                    self.fixups.insert(ino);
+                    return Ok(());
+                }
+                src.nbytes = dst.nbytes;
+                if is_dir(mode) && is_dir(dst.mode.get()) {
+                    src.size = dst.size;
+                }
+                if src.as_bytes() != dst.as_bytes() {
+                    self.fs.put_inode(sv, ino, &src)?;
+                    self.ev(Event::InodeUpdated { subvol: sv, ino, mode, size: src.size.get() });
+                }
+            }
+            None => {
+                src.nbytes.set(0);
+                if is_dir(mode) {
+                    src.size.set(0);
+                }
+                if src.generation.get() == 0 {
+                    src.generation.set(self.fs.transid);
+                }
+                self.fs.put_inode(sv, ino, &src)?;
+                self.ev(Event::InodeCreated { subvol: sv, ino, mode, size: src.size.get() });
+            }
+        }
+        if is_reg(mode) {
+            let ss = self.fs.sectorsize() as u64;
+            let from = src.size.get().div_ceil(ss) * ss;
+            if self.drop_extents(ino, from, u64::MAX)? {
+                self.ev(Event::Truncated { subvol: sv, ino, size: src.size.get() });
+            }
+        }
+        self.fixups.insert(ino);
+        Ok(())
+    }
+
+    /// Stage "dir indexes": add a logged name where its inode exists and the
+    /// log holds no inode ref for it (a ref adds the name itself later).
+    fn replay_dir_index(&mut self, log: &LogTree, key: Key, data: &[u8]) -> Result<()> {
+        let dir = key.objectid;
+        let index = key.offset;
+        let ents = parse_dir_items(data).map_err(|e| e.at(0, key))?;
+        let Some(e) = ents.first() else { return Ok(()) };
+        let name = e.name.to_vec();
+        let loc = Key::from(&e.item.location);
+        if loc.ty == BTRFS_ROOT_ITEM_KEY {
+            return Ok(());
+        }
+        let ino = loc.objectid;
+        if self.get_inode(dir)?.is_none() {
+            return Ok(());
+        }
+        // An existing entry at this index or with this name.
+        if let Some((n, i)) = self.dir_index(dir, index)? {
+            if n == name && i == ino {
+                return Ok(());
+            }
+            self.unlink_name(dir, i, &n, index)?;
+        }
+        if let Some((i, _)) = self.dir_lookup(dir, &name)? {
+            if i == ino {
+                // Same name and inode under another index: keep the log's.
+                let old: Vec<(u64, Vec<u8>)> = self.names_in(ino, dir)?.into_iter().filter(|(_, n)| *n == name).collect();
+                for (idx, n) in old {
+                    self.unlink_name(dir, ino, &n, idx)?;
+                }
+            } else {
+                let victim: Vec<(u64, Vec<u8>)> = self.names_in(i, dir)?.into_iter().filter(|(_, n)| *n == name).collect();
+                for (idx, n) in victim {
+                    self.unlink_name(dir, i, &n, idx)?;
+                }
+            }
+        }
+        // The log's inode ref for this name adds it during the last stage.
+        if log_has_ref(log, ino, dir, &name) {
+            return Ok(());
+        }
+        if self.get_inode(ino)?.is_none() {
+            return Ok(());
+        }
+        self.add_name(dir, ino, &name, index)
+    }
+
+    /// Stage "all": an INODE_REF or INODE_EXTREF item of the log.
+    fn replay_inode_ref(&mut self, log: &LogTree, key: Key, data: &[u8]) -> Result<()> {
+        let ino = key.objectid;
+        let entries: Vec<(u64, u64, Vec<u8>)> = if key.ty == BTRFS_INODE_REF_KEY {
+            parse_inode_refs(data).map_err(|e| e.at(0, key))?.iter().map(|e| (key.offset, e.index, e.name.to_vec())).collect()
+        } else {
+            parse_inode_extrefs(data).map_err(|e| e.at(0, key))?.iter().map(|e| (e.parent, e.index, e.name.to_vec())).collect()
+        };
+        if self.get_inode(ino)?.is_none() {
+            return Ok(());
+        }
+        let mut parents: BTreeSet<u64> = BTreeSet::new();
+        for (dir, index, name) in &entries {
+            let (dir, index) = (*dir, *index);
+            if self.get_inode(dir)?.is_none() {
+                continue;
+            }
+            parents.insert(dir);
+            // Another inode holding this name in the directory loses it.
+            if let Some((i, _)) = self.dir_lookup(dir, name)? {
+                if i != ino {
+                    let victim: Vec<(u64, Vec<u8>)> = self.names_in(i, dir)?.into_iter().filter(|(_, n)| n == name).collect();
+                    for (idx, n) in victim {
+                        self.unlink_name(dir, i, &n, idx)?;
+                    }
+                }
+            }
+            // A different entry at this index goes.
+            if let Some((n, i)) = self.dir_index(dir, index)? {
+                if !(n == *name && i == ino) {
+                    self.unlink_name(dir, i, &n, index)?;
+                }
+            }
+            let present = self.dir_index(dir, index)?.is_some_and(|(n, i)| n == *name && i == ino)
+                && self.dir_lookup(dir, name)?.is_some_and(|(i, _)| i == ino);
+            if !present {
+                // The same name under another index is replaced.
+                let stale: Vec<(u64, Vec<u8>)> = self.names_in(ino, dir)?.into_iter().filter(|(idx, n)| n == name && *idx != index).collect();
+                for (idx, n) in stale {
+                    self.unlink_name(dir, ino, &n, idx)?;
+                }
+                self.add_name(dir, ino, name, index)?;
+            }
+        }
+        // Names of this inode in these directories that the log lacks are gone.
+        for dir in parents {
+            for (idx, n) in self.names_in(ino, dir)? {
+                if !log_has_ref(log, ino, dir, &n) {
+                    self.unlink_name(dir, ino, &n, idx)?;
+                }
+            }
+        }
+        self.fixups.insert(ino);
+        Ok(())
+    }
+
+    fn replay_xattr(&mut self, key: Key, data: &[u8]) -> Result<()> {
+        let ino = key.objectid;
+        if self.get_inode(ino)?.is_none() {
+            return Ok(());
+        }
+        let cur = self.fs.lookup(self.subvol, &key)?;
+        if cur.as_deref() != Some(data) {
+            self.fs.update_item(self.subvol, &key, data)?;
+            if let Ok(ents) = parse_dir_items(data) {
+                let sv = self.subvol;
+                for e in ents {
+                    self.ev(Event::XattrSet { subvol: sv, ino, name: lossy(e.name) });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// File range covered by a file extent item at `off`.
+    fn extent_span(&self, off: u64, d: &[u8]) -> Option<(u64, u64)> {
+        let ss = self.fs.sectorsize() as u64;
+        match parse_file_extent(d).ok()? {
+            FileExtent::Inline { head, .. } => Some((off, off + head.ram_bytes.get().div_ceil(ss) * ss)),
+            FileExtent::Disk { item, .. } => Some((off, off + item.num_bytes.get())),
+        }
+    }
+
+    /// Remove file data of `ino` in `[start, end)`, trimming or splitting
+    /// extents that cross the edges. Returns whether anything changed.
+    fn drop_extents(&mut self, ino: u64, start: u64, end: u64) -> Result<bool> {
+        let sv = self.subvol;
+        let mut items = Vec::new();
+        if let Some(p) = self.fs.prev_item(sv, &Key::new(ino, BTRFS_EXTENT_DATA_KEY, start), &Key::new(ino, BTRFS_EXTENT_DATA_KEY, 0))? {
+            items.push(p);
+        }
+        if start < u64::MAX {
+            for it in self.fs.items_in(sv, Key::new(ino, BTRFS_EXTENT_DATA_KEY, start.saturating_add(1)), Key::new(ino, BTRFS_EXTENT_DATA_KEY, end.saturating_sub(1)))? {
+                items.push(it);
+            }
+        }
+        let mut changed = false;
+        for (k, d) in items {
+            let Some((s, e)) = self.extent_span(k.offset, &d) else { continue };
+            if e <= start || s >= end {
+                continue;
+            }
+            changed = true;
+            match parse_file_extent(&d).map_err(|e| e.at(0, k))? {
+                FileExtent::Inline { head, data } => {
+                    if start <= s {
+                        self.fs.delete_item(sv, &k)?;
+                    } else {
+                        // Keep the bytes before `start`.
+                        let keep = (start - s) as usize;
+                        let mut nd = d[..crate::format::file_extent::FILE_EXTENT_INLINE_DATA_START].to_vec();
+                        if head.compression == 0 && keep < data.len() {
+                            nd[8..16].copy_from_slice(&(keep as u64).to_le_bytes());
+                            nd.extend_from_slice(&data[..keep]);
+                            self.fs.update_item(sv, &k, &nd)?;
+                        }
+                    }
+                }
+                FileExtent::Disk { item, .. } => {
+                    let fe = *item;
+                    let bytenr = fe.disk_bytenr.get();
+                    let ref_off = k.offset.wrapping_sub(fe.offset.get());
+                    let (disk_len, fe_off) = (fe.disk_num_bytes.get(), fe.offset.get());
+                    // Left piece [s, start) and right piece [end, e) survive.
+                    let keep_left = s < start;
+                    let keep_right = e > end;
+                    if keep_left {
+                        let mut l = fe;
+                        l.num_bytes.set(start - s);
+                        self.fs.update_item(sv, &k, l.as_bytes())?;
+                    } else {
+                        self.fs.delete_item(sv, &k)?;
+                    }
+                    if keep_right {
+                        let mut r = fe;
+                        r.offset.set(fe_off + (end - s));
+                        r.num_bytes.set(e - end);
+                        self.fs.insert_item(sv, &Key::new(ino, BTRFS_EXTENT_DATA_KEY, end), r.as_bytes())?;
+                    }
+                    if bytenr != 0 {
+                        match (keep_left, keep_right) {
+                            (true, true) => self.add_data_ref(ino, ref_off, bytenr, disk_len, None)?,
+                            (false, false) => self.fs.drop_data_ref(sv, ino, ref_off, bytenr, disk_len)?,
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Add a reference from (subvol, ino, ref_off) to a data extent,
+    /// creating its extent item when the extent tree does not know it (an
+    /// extent written in the crashed transaction).
+    fn add_data_ref(&mut self, ino: u64, ref_off: u64, bytenr: u64, len: u64, generation: Option<u64>) -> Result<()> {
+        let key = Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, len);
+        let sv = self.subvol;
+        match self.fs.lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)? {
+            Some(d) => {
+                let v = parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
+                let mut refs = v.refs.clone();
+                let head = ExtentItem { refs: (v.item.refs.get() + 1).into(), generation: v.item.generation, flags: v.item.flags };
+                let _ = v;
+                match refs.iter_mut().find(|r| matches!(**r, InlineRef::ExtentData { root, objectid, offset, .. } if root == sv && objectid == ino && offset == ref_off)) {
+                    Some(InlineRef::ExtentData { count, .. }) => *count += 1,
+                    _ => {
+                        // Keyed refs of this extent?
+                        let kk = Key::new(bytenr, BTRFS_EXTENT_DATA_REF_KEY, extent_data_ref_hash(sv, ino, ref_off));
+                        if let Some(kd) = self.fs.lookup(BTRFS_EXTENT_TREE_OBJECTID, &kk)? {
+                            let mut r = crate::format::extent::ExtentDataRef::read_from_bytes(&kd).map_err(|_| Error::corrupt_key("extent data ref size", bytenr, kk))?;
+                            r.count.set(r.count.get() + 1);
+                            self.fs.update_item(BTRFS_EXTENT_TREE_OBJECTID, &kk, r.as_bytes())?;
+                            let mut nd = head.as_bytes().to_vec();
+                            write_inline_refs(&mut nd, &refs);
+                            return self.fs.update_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &nd);
+                        }
+                        refs.push(InlineRef::ExtentData { root: sv, objectid: ino, offset: ref_off, count: 1 });
+                        sort_inline_refs(&mut refs);
+                    }
+                }
+                let mut nd = head.as_bytes().to_vec();
+                write_inline_refs(&mut nd, &refs);
+                self.fs.update_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &nd)
+            }
+            None => {
+                let head = ExtentItem {
+                    refs: 1.into(),
+                    generation: generation.unwrap_or(self.fs.transid).into(),
+                    flags: BTRFS_EXTENT_FLAG_DATA.into(),
+                };
+                let mut nd = head.as_bytes().to_vec();
+                write_inline_refs(&mut nd, &[InlineRef::ExtentData { root: sv, objectid: ino, offset: ref_off, count: 1 }]);
+                self.fs.account_data_extent(bytenr, len)?;
+                self.fs.insert_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &nd)
+            }
+        }
+    }
+
+    /// Stage "all": one logged file extent item.
+    fn replay_extent(&mut self, log: &LogTree, key: Key, data: &[u8]) -> Result<()> {
+        let ino = key.objectid;
+        let sv = self.subvol;
+        if self.get_inode(ino)?.is_none() {
+            return Ok(());
+        }
+        if self.fs.lookup(sv, &key)?.as_deref() == Some(data) {
+            return Ok(());
+        }
+        let Some((start, end)) = self.extent_span(key.offset, data) else {
+            return Err(Error::corrupt_key("logged file extent does not parse", 0, key));
+        };
+        self.drop_extents(ino, start, end)?;
+        let fe = parse_file_extent(data).map_err(|e| e.at(0, key))?;
+        let kind;
+        match fe {
+            FileExtent::Inline { .. } => {
+                kind = "inline";
+                self.fs.insert_item(sv, &key, data)?;
+            }
+            FileExtent::Disk { head, item } => {
+                let item: FileExtentItem = *item;
+                let bytenr = item.disk_bytenr.get();
+                if bytenr == 0 {
+                    kind = "hole";
+                    if !self.no_holes {
+                        self.fs.insert_item(sv, &key, data)?;
+                    }
+                } else {
+                    kind = if head.type_ == BTRFS_FILE_EXTENT_PREALLOC { "prealloc" } else if head.compression != 0 { "compressed" } else { "regular" };
+                    let ref_off = key.offset.wrapping_sub(item.offset.get());
+                    self.add_data_ref(ino, ref_off, bytenr, item.disk_num_bytes.get(), Some(head.generation.get()))?;
+                    if head.type_ == BTRFS_FILE_EXTENT_REG {
+                        let (cs, ce) = if head.compression != 0 {
+                            (bytenr, bytenr + item.disk_num_bytes.get())
+                        } else {
+                            let s = bytenr + item.offset.get();
+                            (s, s + item.num_bytes.get())
+                        };
+                        self.copy_csums(log, cs, ce)?;
+                    }
+                    self.fs.insert_item(sv, &key, data)?;
+                }
+            }
+        }
+        self.ev(Event::DataReplaced { subvol: sv, ino, offset: start, len: end - start, kind: kind.into() });
+        Ok(())
+    }
+
+    /// Make the csum tree hold exactly the log's checksums for `[s, e)`.
+    fn copy_csums(&mut self, log: &LogTree, s: u64, e: u64) -> Result<()> {
+        let cs = self.fs.image().csum.size();
+        let ss = self.fs.sectorsize() as u64;
+        // Only ranges the log has checksums for are replaced: an extent
+        // whose checksums were committed earlier keeps them.
+        let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0);
+        let hi = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, e.saturating_sub(1));
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (k, d) in log.range(lo, hi) {
+            let n = d.len() / cs.max(1);
+            let (is, ie) = (k.offset, k.offset + n as u64 * ss);
+            let (a, b) = (is.max(s), ie.min(e));
+            if a >= b {
+                continue;
+            }
+            let from = ((a - is) / ss) as usize * cs;
+            let to = ((b - is) / ss) as usize * cs;
+            runs.push((a, d[from..to].to_vec()));
+        }
+        for (a, sums) in runs {
+            self.fs.csum_delete(a, (sums.len() / cs) as u64 * ss)?;
+            self.fs.csum_insert(a, &sums)?;
+        }
+        Ok(())
+    }
+
+    /// Recount nbytes of a regular file or symlink from its extents.
+    fn fix_nbytes(&mut self, ino: u64) -> Result<()> {
+        let Some(mut inode) = self.get_inode(ino)? else { return Ok(()) };
+        if is_dir(inode.mode.get()) {
+            return Ok(());
+        }
+        let mut n = 0u64;
+        for (_, d) in self.fs.items_in(self.subvol, Key::new(ino, BTRFS_EXTENT_DATA_KEY, 0), Key::new(ino, BTRFS_EXTENT_DATA_KEY, u64::MAX))? {
+            match parse_file_extent(&d) {
+                Ok(FileExtent::Inline { head, .. }) => n += head.ram_bytes.get(),
+                Ok(FileExtent::Disk { item, .. }) if item.disk_bytenr.get() != 0 => n += item.num_bytes.get(),
+                _ => {}
+            }
+        }
+        if inode.nbytes.get() != n {
+            inode.nbytes.set(n);
+            self.fs.put_inode(self.subvol, ino, &inode)?;
+        }
+        Ok(())
+    }
+
+    /// Link-count fixup and orphan cleanup for every inode touched.
+    fn fixup_links(&mut self) -> Result<()> {
+        let mut guard = 0usize;
+        while let Some(ino) = self.fixups.pop_first() {
+            guard += 1;
+            if guard > 10_000_000 {
+                return Err(Error::Invalid("link count fixup does not terminate".into()));
+            }
+            let Some(mut inode) = self.get_inode(ino)? else { continue };
+            let mut count = 0u32;
+            for (k, d) in self.fs.items_in(self.subvol, Key::new(ino, BTRFS_INODE_REF_KEY, 0), Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX))? {
+                count += match k.ty {
+                    BTRFS_INODE_REF_KEY => parse_inode_refs(&d).map(|v| v.len()).unwrap_or(0) as u32,
+                    _ => parse_inode_extrefs(&d).map(|v| v.len()).unwrap_or(0) as u32,
+                };
+            }
+            if ino == BTRFS_FIRST_FREE_OBJECTID && is_dir(inode.mode.get()) {
+                // A subvolume's root directory is named by its root ref.
+                count = count.max(1);
+            }
+            if inode.nlink.get() != count {
+                inode.nlink.set(count);
+                self.fs.put_inode(self.subvol, ino, &inode)?;
+            }
+            if count == 0 {
+                if is_dir(inode.mode.get()) {
+                    let items = self.fs.items_in(self.subvol, Key::new(ino, BTRFS_DIR_INDEX_KEY, 0), Key::new(ino, BTRFS_DIR_INDEX_KEY, u64::MAX))?;
+                    for (k, d) in items {
+                        if let Some(e) = parse_dir_items(&d).ok().and_then(|v| v.first().map(|e| (e.name.to_vec(), Key::from(&e.item.location)))) {
+                            if e.1.ty == BTRFS_INODE_ITEM_KEY {
+                                self.unlink_name(ino, e.1.objectid, &e.0, k.offset)?;
+                            }
+                        }
+                    }
+                }
+                self.fs.drop_inode_items(self.subvol, ino)?;
+                let sv = self.subvol;
+                self.ev(Event::InodeRemoved { subvol: sv, ino });
+                continue;
+            }
+            self.fix_nbytes(ino)?;
+        }
+        // Orphans the log recorded or earlier crashes left: finish them.
+        let orphans = self.fs.items_in(self.subvol, Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX))?;
+        for (k, _) in orphans {
+            let ino = k.offset;
+            if let Some(i) = self.get_inode(ino)? {
+                if i.nlink.get() != 0 {
+                    continue;
+                }
+                self.fs.drop_inode_items(self.subvol, ino)?;
+                let sv = self.subvol;
+                self.ev(Event::InodeRemoved { subvol: sv, ino });
+            }
+            self.fs.delete_item(self.subvol, &k)?;
+        }
+        let _ = self.now;
+        Ok(())
+    }
+}
+
+fn log_has_ref(log: &LogTree, ino: u64, dir: u64, name: &[u8]) -> bool {
+    if let Some(d) = log.find(&Key::new(ino, BTRFS_INODE_REF_KEY, dir)) {
+        if parse_inode_refs(d).is_ok_and(|v| v.iter().any(|e| e.name == name)) {
+            return true;
+        }
+    }
+    if let Some(d) = log.find(&Key::new(ino, BTRFS_INODE_EXTREF_KEY, crate::format::dir::extref_hash(dir, name))) {
+        if parse_inode_extrefs(d).is_ok_and(|v| v.iter().any(|e| e.name == name && e.parent == dir)) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Inline refs in the kernel's order: by type, then (within a type) by
+/// descending hash or offset.
+fn sort_inline_refs(refs: &mut [InlineRef]) {
+    let rank = |r: &InlineRef| -> (u8, std::cmp::Reverse<u64>) {
+        let v = match *r {
+            InlineRef::TreeBlock { root } => root,
+            InlineRef::SharedBlock { parent } => parent,
+            InlineRef::ExtentData { root, objectid, offset, .. } => extent_data_ref_hash(root, objectid, offset),
+            InlineRef::SharedData { parent, .. } => parent,
+            InlineRef::Owner { root } => root,
+        };
+        (r.type_key(), std::cmp::Reverse(v))
+    };
+    refs.sort_by_key(rank);
+}
+
+/// Replay the log of the filesystem open in `fs` and commit. Returns what
+/// changed. On error nothing has been committed.
+pub fn replay(fs: &mut Fs, opts: ReplayOptions) -> Result<ReplaySummary> {
+    replay_with_progress(fs, opts, &mut |_, _, _| {})
+}
+
+/// [`replay`], reporting `(stage name, items done, items in all logs)`.
+pub fn replay_with_progress(fs: &mut Fs, opts: ReplayOptions, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
+    let (logs, blocks) = read_logs(fs)?;
+    if !opts.force {
+        let missing = missing_csums(fs, &logs)?;
+        if let Some(first) = missing.first() {
+            return Err(Error::Corrupt {
+                what: format!(
+                    "log is missing data checksums for {} extent(s), first: {first}; replaying would leave data without checksums (use --force to replay anyway)",
+                    missing.len()
+                ),
+                bytenr: fs.image().sb.log_root.get(),
+                key: None,
+            });
+        }
+    }
+    let mut sum = ReplaySummary { log_trees: logs.len(), log_blocks: blocks.len(), ..Default::default() };
+    // Stage 1: pin the log and the data extents it references.
+    let ns = fs.nodesize() as u64;
+    for &b in &blocks {
+        fs.pin_range(b, ns)?;
+    }
+    let mut seen: HashMap<u64, u64> = HashMap::new();
+    for log in &logs {
+        sum.log_items += log.items.len();
+        for (k, d) in &log.items {
+            if k.ty != BTRFS_EXTENT_DATA_KEY {
+                continue;
+            }
+            if let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(d) {
+                let (b, l) = (item.disk_bytenr.get(), item.disk_num_bytes.get());
+                if b == 0 || seen.insert(b, l).is_some() {
+                    continue;
+                }
+                let known = fs.lookup(BTRFS_EXTENT_TREE_OBJECTID, &Key::new(b, BTRFS_EXTENT_ITEM_KEY, l))?.is_some();
+                if !known {
+                    fs.pin_range(b, l).map_err(|e| e.at(0, *k))?;
+                }
+            }
+        }
+    }
+    let no_holes = fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
+    let mut reps: BTreeMap<u64, (BTreeSet<u64>, Vec<Event>)> = BTreeMap::new();
+    for log in &logs {
+        if !fs.tree_exists(log.subvol)? {
+            return Err(Error::corrupt(format!("log for subvolume {} which does not exist", log.subvol), 0));
+        }
+    }
+    let now = Timespec::default();
+    // Stages 2-4, each over every log tree, as the kernel's walk does.
+    let total: u64 = logs.iter().map(|l| l.items.len() as u64).sum::<u64>() * 3;
+    let mut done = 0u64;
+    for stage in 2..=4 {
+        let stage_name = match stage {
+            2 => "inodes",
+            3 => "directory indexes",
+            _ => "names, xattrs and data",
+        };
+        for log in &logs {
+            let entry = reps.entry(log.subvol).or_default();
+            let mut r = Replayer { fs, subvol: log.subvol, fixups: std::mem::take(&mut entry.0), events: Vec::new(), no_holes, now };
+            let mut ignored: BTreeSet<u64> = BTreeSet::new();
+            for (k, d) in &log.items {
+                done += 1;
+                if done % 1024 == 0 {
+                    progress(stage_name, done, total);
+                }
+                if k.objectid == BTRFS_EXTENT_CSUM_OBJECTID {
+                    continue;
+                }
+                if k.ty == BTRFS_INODE_ITEM_KEY {
+                    // An inode with no links (an O_TMPFILE, or unlinked while
+                    // open) is not replayed.
+                    let item = read_inode(d, *k)?;
+                    if item.nlink.get() == 0 {
+                        ignored.insert(k.objectid);
+                        continue;
+                    }
+                    if stage == 2 {
+                        r.replay_inode(log, *k, d)?;
+                    }
+                    continue;
+                }
+                if ignored.contains(&k.objectid) {
+                    continue;
+                }
+                match (stage, k.ty) {
+                    (3, BTRFS_DIR_INDEX_KEY) => r.replay_dir_index(log, *k, d)?,
+                    (4, BTRFS_XATTR_ITEM_KEY) => r.replay_xattr(*k, d)?,
+                    (4, BTRFS_INODE_REF_KEY) | (4, BTRFS_INODE_EXTREF_KEY) => r.replay_inode_ref(log, *k, d)?,
+                    (4, BTRFS_EXTENT_DATA_KEY) => {
+                        r.replay_extent(log, *k, d)?;
+                        r.fixups.insert(k.objectid);
+                    }
+                    _ => {}
+                }
+            }
+            if stage == 4 {
+                r.fixup_links()?;
+            }
+            let (f, ev) = (std::mem::take(&mut r.fixups), std::mem::take(&mut r.events));
+            let entry = reps.entry(log.subvol).or_default();
+            entry.0 = f;
+            entry.1.extend(ev);
+        }
+    }
+    for (_, (_, ev)) in reps {
+        for e in ev {
+            match &e {
+                Event::InodeCreated { .. } => sum.inodes_created += 1,
+                Event::InodeUpdated { .. } => sum.inodes_updated += 1,
+                Event::NameAdded { .. } => sum.names_added += 1,
+                Event::NameRemoved { .. } => sum.names_removed += 1,
+                Event::DataReplaced { len, .. } => sum.data_bytes_replaced += len,
+                Event::InodeRemoved { .. } => sum.inodes_removed += 1,
+                _ => {}
+            }
+            sum.events.push(e);
+        }
+    }
+    progress("commit", total, total);
+    fs.clear_log_root();
+    fs.commit()?;
+    sum.generation = fs.image().sb.generation.get();
+    let _ = RootItem::parse;
+    let _ = DirItem::read_from_bytes;
+    Ok(sum)
+}

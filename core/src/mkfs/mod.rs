@@ -1,0 +1,569 @@
+//! Filesystem creation. A minimal bootstrap (chunk, root, extent, dev and
+//! free space trees in single leaves, all in generation 1) is written with
+//! the superblock held back; the transaction engine then creates the other
+//! trees and the root directories and commits; only when everything is on
+//! disk is the superblock written. A failure at any point leaves an image
+//! with no valid superblock.
+
+pub mod rootdir;
+
+use crate::csum::CsumType;
+use crate::format::block_group::BlockGroupItem;
+use crate::format::chunk::{ChunkItem, Stripe};
+use crate::format::consts::*;
+use crate::format::dev::{DevExtent, DevItem};
+use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef, TreeBlockInfo};
+use crate::format::inode::{InodeItem, InodeRef, Timespec};
+use crate::format::key::Key;
+use crate::format::root::RootItem;
+use crate::format::superblock::Superblock;
+use crate::io::{BlockDevice, StagedSuper};
+use crate::trans::Fs;
+use crate::tree::edit;
+use crate::{Error, Result};
+use std::sync::Arc;
+use zerocopy::{FromZeros, IntoBytes};
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Clone, Debug)]
+pub struct Features {
+    pub no_holes: bool,
+    pub skinny_metadata: bool,
+    pub extref: bool,
+    pub free_space_tree: bool,
+    pub block_group_tree: bool,
+}
+
+impl Default for Features {
+    /// mkfs.btrfs 6.x defaults on one device.
+    fn default() -> Self {
+        Features { no_holes: true, skinny_metadata: true, extref: true, free_space_tree: true, block_group_tree: false }
+    }
+}
+
+impl Features {
+    /// Apply a comma-separated `-O` list: `name` enables, `^name` disables.
+    pub fn apply(&mut self, list: &str) -> Result<()> {
+        for raw in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (on, name) = match raw.strip_prefix('^') {
+                Some(n) => (false, n),
+                None => (true, raw),
+            };
+            match name.to_ascii_lowercase().replace('_', "-").as_str() {
+                "no-holes" => self.no_holes = on,
+                "skinny-metadata" => self.skinny_metadata = on,
+                "extref" => self.extref = on,
+                "free-space-tree" | "fst" => self.free_space_tree = on,
+                "block-group-tree" | "bgt" => self.block_group_tree = on,
+                "mixed-bg" | "raid56" | "zoned" | "raid1c34" | "quota" | "squota" | "extent-tree-v2" | "raid-stripe-tree" => {
+                    return Err(Error::Unsupported(format!("feature '{name}' is not supported by btrkit-mkfs")))
+                }
+                _ => return Err(Error::Invalid(format!("unknown feature '{name}' (known: no-holes, skinny-metadata, extref, free-space-tree, block-group-tree)"))),
+            }
+        }
+        if self.block_group_tree && !self.free_space_tree {
+            return Err(Error::Invalid("block-group-tree requires free-space-tree".into()));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct MkfsOptions {
+    /// Filesystem size; None = the whole device.
+    pub size: Option<u64>,
+    pub nodesize: u32,
+    pub sectorsize: u32,
+    pub csum: CsumType,
+    pub label: String,
+    pub fsid: Option<[u8; 16]>,
+    pub features: Features,
+    /// Creation time for inodes and root items (seconds since the epoch).
+    pub now: u64,
+}
+
+impl Default for MkfsOptions {
+    fn default() -> Self {
+        MkfsOptions {
+            size: None,
+            nodesize: 16384,
+            sectorsize: 4096,
+            csum: CsumType::Crc32c,
+            label: String::new(),
+            fsid: None,
+            features: Features::default(),
+            now: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        }
+    }
+}
+
+/// Layout of one chunk of the bootstrap.
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkPlan {
+    pub flags: u64,
+    pub logical: u64,
+    pub length: u64,
+    pub physical: [u64; 2],
+    pub copies: usize,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MkfsSummary {
+    pub label: String,
+    pub uuid: String,
+    pub node_size: u32,
+    pub sector_size: u32,
+    pub filesystem_size: u64,
+    pub checksum: String,
+    pub features: Vec<String>,
+    pub chunks: Vec<(String, u64, u64)>,
+}
+
+pub fn random_uuid() -> [u8; 16] {
+    let mut u = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut u);
+    }
+    if u == [0; 16] {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(1);
+        u = (t ^ (std::process::id() as u128) << 64).to_le_bytes();
+    }
+    u[6] = (u[6] & 0x0f) | 0x40;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    u
+}
+
+pub fn uuid_str(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+pub fn parse_uuid(s: &str) -> Result<[u8; 16]> {
+    let h: String = s.chars().filter(|c| *c != '-').collect();
+    if h.len() != 32 {
+        return Err(Error::Invalid(format!("'{s}' is not a UUID")));
+    }
+    let mut u = [0u8; 16];
+    for i in 0..16 {
+        u[i] = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).map_err(|_| Error::Invalid(format!("'{s}' is not a UUID")))?;
+    }
+    Ok(u)
+}
+
+/// Smallest filesystem this layout fits in.
+pub fn min_size(nodesize: u32) -> u64 {
+    let _ = nodesize;
+    // 1 MiB reserved + system 2x8 MiB + metadata 2x32 MiB + data 64 MiB.
+    1 + 16 + 64 + 64 + 1
+}
+
+fn validate(o: &MkfsOptions, dev_size: u64) -> Result<u64> {
+    let ss = o.sectorsize;
+    if ss != 4096 {
+        return Err(Error::Invalid(format!("sectorsize {ss} unsupported (only 4096)")));
+    }
+    let ns = o.nodesize;
+    if !ns.is_power_of_two() || ns < ss || ns > BTRFS_MAX_NODESIZE {
+        return Err(Error::Invalid(format!("nodesize {ns} invalid: must be a power of two between {ss} and {BTRFS_MAX_NODESIZE}")));
+    }
+    let size = o.size.unwrap_or(dev_size);
+    if size > dev_size {
+        return Err(Error::Invalid(format!("size {size} is larger than the device ({dev_size} bytes)")));
+    }
+    let size = size / ss as u64 * ss as u64;
+    let min = min_size(ns) * MIB;
+    if size < min {
+        return Err(Error::Invalid(format!("size {size} bytes is too small: the minimum is {} MiB", min / MIB)));
+    }
+    if o.label.len() >= BTRFS_LABEL_SIZE {
+        return Err(Error::Invalid(format!("label is {} bytes, the maximum is {}", o.label.len(), BTRFS_LABEL_SIZE - 1)));
+    }
+    Ok(size)
+}
+
+/// Chunk layout for a filesystem of `size` bytes: DUP system and metadata,
+/// SINGLE data, sized as mkfs.btrfs sizes its first chunks.
+pub fn plan_chunks(size: u64) -> [ChunkPlan; 3] {
+    let sys = 8 * MIB;
+    let meta = (size / 20 / MIB * MIB).clamp(32 * MIB, 256 * MIB);
+    let data = (size / 10 / MIB * MIB).clamp(64 * MIB, 1024 * MIB);
+    let mut phys = MIB;
+    let mut take = |len: u64| {
+        let p = phys;
+        phys += len;
+        p
+    };
+    let s = ChunkPlan { flags: BTRFS_BLOCK_GROUP_SYSTEM | BTRFS_BLOCK_GROUP_DUP, logical: MIB, length: sys, physical: [take(sys), take(sys)], copies: 2 };
+    let m = ChunkPlan {
+        flags: BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP,
+        logical: s.logical + sys,
+        length: meta,
+        physical: [take(meta), take(meta)],
+        copies: 2,
+    };
+    let d = ChunkPlan { flags: BTRFS_BLOCK_GROUP_DATA, logical: m.logical + meta, length: data, physical: [take(data), 0], copies: 1 };
+    [s, m, d]
+}
+
+fn chunk_item_bytes(p: &ChunkPlan, sectorsize: u32, dev_uuid: [u8; 16]) -> (ChunkItem, Vec<Stripe>, Vec<u8>) {
+    let c = ChunkItem {
+        length: p.length.into(),
+        owner: BTRFS_EXTENT_TREE_OBJECTID.into(),
+        stripe_len: BTRFS_STRIPE_LEN.into(),
+        type_: p.flags.into(),
+        io_align: (BTRFS_STRIPE_LEN as u32).into(),
+        io_width: (BTRFS_STRIPE_LEN as u32).into(),
+        sector_size: sectorsize.into(),
+        num_stripes: (p.copies as u16).into(),
+        sub_stripes: 1.into(),
+    };
+    let stripes: Vec<Stripe> = p.physical[..p.copies].iter().map(|&o| Stripe { devid: 1.into(), offset: o.into(), dev_uuid }).collect();
+    let mut v = c.as_bytes().to_vec();
+    for s in &stripes {
+        v.extend_from_slice(s.as_bytes());
+    }
+    (c, stripes, v)
+}
+
+pub fn now_ts(now: u64) -> Timespec {
+    Timespec { sec: now.into(), nsec: 0.into() }
+}
+
+/// A directory inode item as mkfs creates it for tree root directories.
+pub fn dir_inode(now: u64, generation: u64, nbytes: u64) -> InodeItem {
+    let mut i = InodeItem::new_zeroed();
+    i.generation.set(generation);
+    i.transid.set(generation);
+    i.nbytes.set(nbytes);
+    i.nlink.set(1);
+    i.mode.set(0o040755);
+    let t = now_ts(now);
+    i.atime = t;
+    i.ctime = t;
+    i.mtime = t;
+    i.otime = t;
+    i
+}
+
+pub fn new_root_item(now: u64, generation: u64, root_dirid: u64, uuid: Option<[u8; 16]>) -> RootItem {
+    let mut r = RootItem::new_zeroed();
+    r.inode = dir_inode(0, 3, 0);
+    r.inode.nlink.set(1);
+    r.inode.mode.set(0o040755);
+    r.inode.flags.set(0);
+    r.generation.set(generation);
+    r.generation_v2.set(generation);
+    r.root_dirid.set(root_dirid);
+    r.refs.set(1);
+    if let Some(u) = uuid {
+        r.uuid = u;
+        r.ctransid.set(generation);
+        r.otransid.set(generation);
+        r.ctime = now_ts(now);
+        r.otime = now_ts(now);
+    }
+    r
+}
+
+/// Make a filesystem on `dev`. Returns the summary and the open engine
+/// (superblock still held) so `--rootdir` can populate it before
+/// [`finish`] publishes the superblock.
+pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Fs, Arc<StagedSuper>, MkfsSummary)> {
+    let dev_size = dev.size();
+    let size = validate(o, dev_size)?;
+    // Any old superblock goes first, so a failure below cannot leave the
+    // previous filesystem looking intact over our half-written blocks.
+    for m in 0..BTRFS_SUPER_MIRROR_MAX {
+        let off = btrfs_sb_offset(m);
+        if off + BTRFS_SUPER_INFO_SIZE as u64 <= dev_size {
+            dev.write_at(off, &[0u8; BTRFS_SUPER_INFO_SIZE])?;
+        }
+    }
+    dev.flush()?;
+    let staged = Arc::new(StagedSuper::new(dev.clone()));
+    let ns = o.nodesize as u64;
+    let fsid = o.fsid.unwrap_or_else(random_uuid);
+    let dev_uuid = random_uuid();
+    let chunk_tree_uuid = random_uuid();
+    let plans = plan_chunks(size);
+    let [sys, meta, _data] = plans;
+    let f = &o.features;
+    let gen = 1u64;
+
+    // Bootstrap blocks: chunk tree in the system chunk, the rest at the
+    // start of the metadata chunk (both start far from any superblock copy).
+    let chunk_root = sys.logical;
+    let mut next = meta.logical;
+    let mut take = || {
+        let b = next;
+        next += ns;
+        b
+    };
+    let root_tree = take();
+    let extent_tree = take();
+    let dev_tree = take();
+    let fst = if f.free_space_tree { Some(take()) } else { None };
+    let bgt = if f.block_group_tree { Some(take()) } else { None };
+
+    let new_leaf = |bytenr: u64, owner: u64| {
+        let mut b = vec![0u8; ns as usize];
+        edit::init_block(&mut b, bytenr, 0, owner, gen, &fsid, &chunk_tree_uuid);
+        b
+    };
+    let push = |b: &mut Vec<u8>, k: Key, d: &[u8]| -> Result<()> {
+        let at = edit::nritems(b);
+        edit::leaf_insert(b, at, &k, d)
+    };
+
+    // Chunk tree: device item and the three chunks.
+    let dev_used: u64 = plans.iter().map(|p| p.length * p.copies as u64).sum();
+    let mut di = DevItem::new_zeroed();
+    di.devid.set(1);
+    di.total_bytes.set(size);
+    di.bytes_used.set(dev_used);
+    di.io_align.set(o.sectorsize);
+    di.io_width.set(o.sectorsize);
+    di.sector_size.set(o.sectorsize);
+    di.uuid = dev_uuid;
+    di.fsid = fsid;
+    let mut chunk_leaf = new_leaf(chunk_root, BTRFS_CHUNK_TREE_OBJECTID);
+    push(&mut chunk_leaf, Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, 1), di.as_bytes())?;
+    for p in &plans {
+        let (_, _, bytes) = chunk_item_bytes(p, o.sectorsize, dev_uuid);
+        push(&mut chunk_leaf, Key::new(BTRFS_FIRST_CHUNK_TREE_OBJECTID, BTRFS_CHUNK_ITEM_KEY, p.logical), &bytes)?;
+    }
+
+    // Dev tree: one dev extent per stripe, in physical order.
+    let mut dev_leaf = new_leaf(dev_tree, BTRFS_DEV_TREE_OBJECTID);
+    let mut exts: Vec<(u64, &ChunkPlan)> = plans.iter().flat_map(|p| p.physical[..p.copies].iter().map(move |&ph| (ph, p))).collect();
+    exts.sort_by_key(|e| e.0);
+    for (ph, p) in exts {
+        let de = DevExtent {
+            chunk_tree: BTRFS_CHUNK_TREE_OBJECTID.into(),
+            chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
+            chunk_offset: p.logical.into(),
+            length: p.length.into(),
+            chunk_tree_uuid,
+        };
+        push(&mut dev_leaf, Key::new(1, BTRFS_DEV_EXTENT_KEY, ph), de.as_bytes())?;
+    }
+
+    // Extent tree: block group items (unless in the block group tree) and
+    // a tree block item for each bootstrap block.
+    let mut blocks: Vec<(u64, u64)> = vec![(chunk_root, BTRFS_CHUNK_TREE_OBJECTID), (root_tree, BTRFS_ROOT_TREE_OBJECTID), (extent_tree, BTRFS_EXTENT_TREE_OBJECTID), (dev_tree, BTRFS_DEV_TREE_OBJECTID)];
+    if let Some(b) = fst {
+        blocks.push((b, BTRFS_FREE_SPACE_TREE_OBJECTID));
+    }
+    if let Some(b) = bgt {
+        blocks.push((b, BTRFS_BLOCK_GROUP_TREE_OBJECTID));
+    }
+    let mut items: Vec<(Key, Vec<u8>)> = Vec::new();
+    for &(b, owner) in &blocks {
+        let head = ExtentItem { refs: 1.into(), generation: gen.into(), flags: BTRFS_EXTENT_FLAG_TREE_BLOCK.into() };
+        let mut d = head.as_bytes().to_vec();
+        let key = if f.skinny_metadata {
+            Key::new(b, BTRFS_METADATA_ITEM_KEY, 0)
+        } else {
+            d.extend_from_slice(TreeBlockInfo { key: Key::MIN.to_disk(), level: 0 }.as_bytes());
+            Key::new(b, BTRFS_EXTENT_ITEM_KEY, ns)
+        };
+        write_inline_refs(&mut d, &[InlineRef::TreeBlock { root: owner }]);
+        items.push((key, d));
+    }
+    let mut bg_items: Vec<(Key, Vec<u8>)> = Vec::new();
+    for p in &plans {
+        let used: u64 = blocks.iter().filter(|(b, _)| *b >= p.logical && *b < p.logical + p.length).count() as u64 * ns;
+        let bi = BlockGroupItem { used: used.into(), chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(), flags: p.flags.into() };
+        bg_items.push((Key::new(p.logical, BTRFS_BLOCK_GROUP_ITEM_KEY, p.length), bi.as_bytes().to_vec()));
+    }
+    if bgt.is_none() {
+        items.extend(bg_items.iter().cloned());
+    }
+    items.sort_by_key(|i| i.0);
+    let mut extent_leaf = new_leaf(extent_tree, BTRFS_EXTENT_TREE_OBJECTID);
+    for (k, d) in &items {
+        push(&mut extent_leaf, *k, d)?;
+    }
+    let mut extra_leaves: Vec<Vec<u8>> = Vec::new();
+    if let Some(b) = bgt {
+        let mut l = new_leaf(b, BTRFS_BLOCK_GROUP_TREE_OBJECTID);
+        for (k, d) in &bg_items {
+            push(&mut l, *k, d)?;
+        }
+        extra_leaves.push(l);
+    }
+    if let Some(b) = fst {
+        // Filled by the first commit: every block group starts dirty.
+        extra_leaves.push(new_leaf(b, BTRFS_FREE_SPACE_TREE_OBJECTID));
+    }
+
+    // Root tree: root items of the bootstrap trees.
+    let mut root_leaf = new_leaf(root_tree, BTRFS_ROOT_TREE_OBJECTID);
+    let mut roots = vec![(BTRFS_EXTENT_TREE_OBJECTID, extent_tree), (BTRFS_DEV_TREE_OBJECTID, dev_tree)];
+    if let Some(b) = fst {
+        roots.push((BTRFS_FREE_SPACE_TREE_OBJECTID, b));
+    }
+    if let Some(b) = bgt {
+        roots.push((BTRFS_BLOCK_GROUP_TREE_OBJECTID, b));
+    }
+    for (id, b) in roots {
+        let mut ri = new_root_item(o.now, gen, 0, None);
+        ri.bytenr.set(b);
+        ri.bytes_used.set(ns);
+        push(&mut root_leaf, Key::new(id, BTRFS_ROOT_ITEM_KEY, 0), ri.as_bytes())?;
+    }
+
+    // Write the bootstrap blocks to every copy.
+    let mut all = vec![chunk_leaf, root_leaf, extent_leaf, dev_leaf];
+    all.extend(extra_leaves);
+    for mut b in all {
+        edit::mark_written(&mut b);
+        let c = crate::csum::block_csum(o.csum, &b);
+        b[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+        let bytenr = u64::from_le_bytes(b[0x30..0x38].try_into().unwrap_or([0; 8]));
+        let plan = plans.iter().find(|p| bytenr >= p.logical && bytenr < p.logical + p.length).ok_or_else(|| Error::Invalid("bootstrap block outside its chunk".into()))?;
+        for ph in &plan.physical[..plan.copies] {
+            staged.write_at(ph + (bytenr - plan.logical), &b)?;
+        }
+    }
+
+    // The bootstrap superblock (held in memory by the staged device).
+    let mut sb = Superblock::new_zeroed();
+    sb.fsid = fsid;
+    sb.metadata_uuid = fsid;
+    sb.magic.set(BTRFS_MAGIC);
+    sb.generation.set(gen);
+    sb.root.set(root_tree);
+    sb.chunk_root.set(chunk_root);
+    sb.total_bytes.set(size);
+    sb.bytes_used.set(blocks.len() as u64 * ns);
+    sb.root_dir_objectid.set(BTRFS_ROOT_TREE_DIR_OBJECTID);
+    sb.num_devices.set(1);
+    sb.sectorsize.set(o.sectorsize);
+    sb.nodesize.set(o.nodesize);
+    sb.leafsize.set(o.nodesize);
+    sb.stripesize.set(o.sectorsize);
+    sb.chunk_root_generation.set(gen);
+    sb.flags.set(BTRFS_HEADER_FLAG_WRITTEN);
+    let mut compat_ro = 0;
+    if f.free_space_tree {
+        compat_ro |= BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE | BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID;
+    }
+    if f.block_group_tree {
+        compat_ro |= BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE;
+    }
+    sb.compat_ro_flags.set(compat_ro);
+    let mut incompat = BTRFS_FEATURE_INCOMPAT_MIXED_BACKREF;
+    if o.nodesize > 4096 {
+        incompat |= BTRFS_FEATURE_INCOMPAT_BIG_METADATA;
+    }
+    if f.extref {
+        incompat |= BTRFS_FEATURE_INCOMPAT_EXTENDED_IREF;
+    }
+    if f.skinny_metadata {
+        incompat |= BTRFS_FEATURE_INCOMPAT_SKINNY_METADATA;
+    }
+    if f.no_holes {
+        incompat |= BTRFS_FEATURE_INCOMPAT_NO_HOLES;
+    }
+    sb.incompat_flags.set(incompat);
+    sb.csum_type.set(o.csum.to_disk());
+    sb.dev_item = di;
+    sb.label[..o.label.len()].copy_from_slice(o.label.as_bytes());
+    let (_, _, sys_bytes) = chunk_item_bytes(&sys, o.sectorsize, dev_uuid);
+    let k = Key::new(BTRFS_FIRST_CHUNK_TREE_OBJECTID, BTRFS_CHUNK_ITEM_KEY, sys.logical).to_disk();
+    sb.sys_chunk_array[..17].copy_from_slice(k.as_bytes());
+    sb.sys_chunk_array[17..17 + sys_bytes.len()].copy_from_slice(&sys_bytes);
+    sb.sys_chunk_array_size.set((17 + sys_bytes.len()) as u32);
+    for m in 0..BTRFS_SUPER_MIRROR_MAX {
+        let off = btrfs_sb_offset(m);
+        if off + BTRFS_SUPER_INFO_SIZE as u64 > size {
+            break;
+        }
+        let mut copy = sb;
+        copy.bytenr.set(off);
+        let mut bytes = copy.as_bytes().to_vec();
+        let c = crate::csum::block_csum(o.csum, &bytes);
+        bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+        staged.write_at(off, &bytes)?;
+    }
+
+    // Generation 2: the rest, through the engine.
+    let mut fs = Fs::open(staged.clone())?;
+    for g in fs.alloc.groups.values_mut() {
+        g.dirty = true;
+    }
+    populate(&mut fs, o, fsid)?;
+    fs.commit()?;
+
+    let summary = MkfsSummary {
+        label: o.label.clone(),
+        uuid: uuid_str(&fsid),
+        node_size: o.nodesize,
+        sector_size: o.sectorsize,
+        filesystem_size: size,
+        checksum: o.csum.name().to_string(),
+        features: crate::format::names::incompat_names(incompat).into_iter().chain(crate::format::names::compat_ro_names(compat_ro)).collect(),
+        chunks: plans.iter().map(|p| (crate::format::names::block_group_flags_str(p.flags), p.logical, p.length)).collect(),
+    };
+    Ok((fs, staged, summary))
+}
+
+/// Create the fs tree, csum tree, data relocation tree, uuid tree, and the
+/// root tree's directory with its `default` entry, as mkfs.btrfs does.
+fn populate(fs: &mut Fs, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
+    let t = fs.transid;
+    let ns = o.nodesize as u64;
+    let fs_uuid = random_uuid();
+    fs.create_tree(BTRFS_FS_TREE_OBJECTID, new_root_item(o.now, t, BTRFS_FIRST_FREE_OBJECTID, Some(fs_uuid)))?;
+    fs.create_tree(BTRFS_CSUM_TREE_OBJECTID, new_root_item(o.now, t, 0, None))?;
+    fs.create_tree(BTRFS_UUID_TREE_OBJECTID, new_root_item(o.now, t, 0, None))?;
+    fs.create_tree(BTRFS_DATA_RELOC_TREE_OBJECTID, new_root_item(o.now, t, BTRFS_FIRST_FREE_OBJECTID, Some(random_uuid())))?;
+    for tree in [BTRFS_FS_TREE_OBJECTID, BTRFS_DATA_RELOC_TREE_OBJECTID] {
+        let ino = dir_inode(o.now, t, ns);
+        fs.insert_item(tree, &Key::new(BTRFS_FIRST_FREE_OBJECTID, BTRFS_INODE_ITEM_KEY, 0), ino.as_bytes())?;
+        let mut r = InodeRef { index: 0.into(), name_len: 2.into() }.as_bytes().to_vec();
+        r.extend_from_slice(b"..");
+        fs.insert_item(tree, &Key::new(BTRFS_FIRST_FREE_OBJECTID, BTRFS_INODE_REF_KEY, BTRFS_FIRST_FREE_OBJECTID), &r)?;
+    }
+    // The uuid tree maps the fs tree's uuid to its id.
+    let (hi, lo) = (u64::from_le_bytes(fs_uuid[..8].try_into().unwrap_or([0; 8])), u64::from_le_bytes(fs_uuid[8..].try_into().unwrap_or([0; 8])));
+    fs.insert_item(BTRFS_UUID_TREE_OBJECTID, &Key::new(hi, BTRFS_UUID_KEY_SUBVOL, lo), &BTRFS_FS_TREE_OBJECTID.to_le_bytes())?;
+    fs.sb.uuid_tree_generation.set(t);
+    // Root tree directory: inode 6 with a `default` entry naming the fs tree.
+    let ino = dir_inode(o.now, t, ns);
+    fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_INODE_ITEM_KEY, 0), ino.as_bytes())?;
+    let mut r = InodeRef { index: 0.into(), name_len: 2.into() }.as_bytes().to_vec();
+    r.extend_from_slice(b"..");
+    fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_INODE_REF_KEY, BTRFS_ROOT_TREE_DIR_OBJECTID), &r)?;
+    let name = b"default";
+    let di = crate::format::dir::DirItem {
+        location: Key::new(BTRFS_FS_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX).to_disk(),
+        transid: t.into(),
+        data_len: 0.into(),
+        name_len: (name.len() as u16).into(),
+        type_: BTRFS_FT_DIR,
+    };
+    let mut d = di.as_bytes().to_vec();
+    d.extend_from_slice(name);
+    fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_DIR_ITEM_KEY, crate::format::dir::name_hash(name)), &d)?;
+    Ok(())
+}
+
+/// Zero every superblock copy: the image is then clearly not a filesystem.
+pub fn wipe_superblocks(dev: &dyn BlockDevice) -> Result<()> {
+    for m in 0..BTRFS_SUPER_MIRROR_MAX {
+        let off = btrfs_sb_offset(m);
+        if off + BTRFS_SUPER_INFO_SIZE as u64 <= dev.size() {
+            dev.write_at(off, &[0u8; BTRFS_SUPER_INFO_SIZE])?;
+        }
+    }
+    dev.flush()
+}
+
+/// Publish the superblock: after this the image is a valid filesystem.
+pub fn finish(fs: Fs, staged: &StagedSuper) -> Result<()> {
+    drop(fs);
+    staged.publish()
+}

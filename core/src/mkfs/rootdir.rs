@@ -1,0 +1,433 @@
+//! Populating a new filesystem from a directory (`--rootdir`): files
+//! (inline when small, regular extents otherwise, holes kept sparse),
+//! directories, symlinks, hard links, special files, xattrs, modes, owners
+//! and times.
+//!
+//! The source is scanned first, so an unreadable entry is reported before
+//! the image is touched; copying then commits every few thousand inodes, so
+//! running out of space leaves the last commit intact.
+
+use crate::format::consts::*;
+use crate::format::inode::{InodeItem, Timespec};
+use crate::fs::{ftype_of_mode, MAX_EXTENT_SIZE, MAX_INLINE};
+use crate::trans::Fs;
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use zerocopy::FromZeros;
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RootdirStats {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub special: u64,
+    pub hardlinks: u64,
+    pub bytes: u64,
+}
+
+/// One entry of the scanned source tree, in copy order (parents first).
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub path: PathBuf,
+    /// Index of the parent entry in the listing (None for the root).
+    pub parent: Option<usize>,
+    pub name: Vec<u8>,
+    pub meta: std::fs::Metadata,
+}
+
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub entries: Vec<Entry>,
+    pub total_bytes: u64,
+}
+
+fn io_err(p: &Path, what: &str, e: std::io::Error) -> Error {
+    Error::io(format!("{what} {}", p.display()), e)
+}
+
+/// Walk `root` (not following symlinks), checking every entry is readable.
+pub fn scan(root: &Path) -> Result<Listing> {
+    let meta = std::fs::symlink_metadata(root).map_err(|e| io_err(root, "cannot stat", e))?;
+    if !meta.is_dir() {
+        return Err(Error::Invalid(format!("{} is not a directory", root.display())));
+    }
+    let mut l = Listing::default();
+    l.entries.push(Entry { path: root.to_path_buf(), parent: None, name: Vec::new(), meta });
+    let mut i = 0;
+    while i < l.entries.len() {
+        if l.entries[i].meta.is_dir() {
+            let p = l.entries[i].path.clone();
+            let rd = std::fs::read_dir(&p).map_err(|e| io_err(&p, "cannot read directory", e))?;
+            let mut kids: Vec<(Vec<u8>, PathBuf)> = Vec::new();
+            for de in rd {
+                let de = de.map_err(|e| io_err(&p, "cannot read directory", e))?;
+                kids.push((de.file_name().as_bytes().to_vec(), de.path()));
+            }
+            kids.sort();
+            for (name, path) in kids {
+                if name.len() > BTRFS_NAME_LEN {
+                    return Err(Error::Invalid(format!("{}: name longer than {BTRFS_NAME_LEN} bytes", path.display())));
+                }
+                let m = std::fs::symlink_metadata(&path).map_err(|e| io_err(&path, "cannot stat", e))?;
+                if m.is_file() {
+                    // Fail now rather than half-way through the copy.
+                    std::fs::File::open(&path).map_err(|e| io_err(&path, "cannot read", e))?;
+                    l.total_bytes += m.len();
+                } else if m.file_type().is_symlink() {
+                    std::fs::read_link(&path).map_err(|e| io_err(&path, "cannot read link", e))?;
+                }
+                l.entries.push(Entry { path, parent: Some(i), name, meta: m });
+            }
+        }
+        i += 1;
+    }
+    Ok(l)
+}
+
+fn ts(sec: i64, nsec: i64) -> Timespec {
+    Timespec { sec: (sec.max(0) as u64).into(), nsec: (nsec.clamp(0, 999_999_999) as u32).into() }
+}
+
+fn inode_from(m: &std::fs::Metadata, transid: u64) -> InodeItem {
+    let mut i = InodeItem::new_zeroed();
+    i.generation.set(transid);
+    i.transid.set(transid);
+    i.nlink.set(1);
+    i.uid.set(m.uid());
+    i.gid.set(m.gid());
+    i.mode.set(m.mode());
+    i.rdev.set(m.rdev());
+    i.atime = ts(m.atime(), m.atime_nsec());
+    i.mtime = ts(m.mtime(), m.mtime_nsec());
+    i.ctime = ts(m.ctime(), m.ctime_nsec());
+    i.otime = i.ctime;
+    i
+}
+
+fn xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| Error::Invalid(format!("{}: NUL in path", path.display())))?;
+    // SAFETY: plain libc calls with valid buffers and lengths.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
+    if n <= 0 {
+        return Ok(Vec::new());
+    }
+    let mut names = vec![0u8; n as usize];
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr() as *mut libc::c_char, names.len()) };
+    if n < 0 {
+        return Err(io_err(path, "cannot list xattrs of", std::io::Error::last_os_error()));
+    }
+    names.truncate(n as usize);
+    let mut out = Vec::new();
+    for name in names.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let cn = CString::new(name).map_err(|_| Error::Invalid("xattr name".into()))?;
+        let vn = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), std::ptr::null_mut(), 0) };
+        if vn < 0 {
+            return Err(io_err(path, "cannot read xattrs of", std::io::Error::last_os_error()));
+        }
+        let mut v = vec![0u8; vn as usize];
+        let vn = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr() as *mut libc::c_void, v.len()) };
+        if vn < 0 {
+            return Err(io_err(path, "cannot read xattrs of", std::io::Error::last_os_error()));
+        }
+        v.truncate(vn as usize);
+        out.push((name.to_vec(), v));
+    }
+    Ok(out)
+}
+
+/// Data ranges of a file (SEEK_DATA/SEEK_HOLE), sector aligned outward.
+fn data_ranges(f: &std::fs::File, size: u64, ss: u64) -> Vec<(u64, u64)> {
+    use std::os::unix::io::AsRawFd;
+    let fd = f.as_raw_fd();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut pos: i64 = 0;
+    while (pos as u64) < size {
+        // SAFETY: lseek on an open descriptor.
+        let d = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
+        if d < 0 {
+            break;
+        }
+        let h = unsafe { libc::lseek(fd, d, libc::SEEK_HOLE) };
+        let h = if h < 0 { size as i64 } else { h };
+        let s = (d as u64) / ss * ss;
+        let e = ((h as u64).min(size)).div_ceil(ss) * ss;
+        match out.last_mut() {
+            Some(last) if last.1 >= s => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+        pos = h;
+    }
+    if out.is_empty() && size > 0 && unsafe { libc::lseek(fd, 0, libc::SEEK_DATA) } < 0 {
+        // Filesystems without SEEK_DATA support report ENXIO only for holes;
+        // any other failure means: treat the file as all data.
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ENXIO) {
+            out.push((0, size.div_ceil(ss) * ss));
+        }
+    }
+    out
+}
+
+/// Copy the scanned tree into the fs tree. Commits every `COMMIT_EVERY`
+/// inodes and at the end.
+/// Contents of a small regular file, read ahead by the reader thread.
+struct Prefetched {
+    ranges: Vec<(u64, u64)>,
+    data: Vec<u8>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Files up to this size are read ahead on a second thread, so reading the
+/// source overlaps with building trees and writing the image.
+const PREFETCH_MAX: u64 = 4 << 20;
+
+fn prefetchable(e: &Entry) -> bool {
+    e.parent.is_some() && e.meta.is_file() && e.meta.len() <= PREFETCH_MAX && !(e.meta.nlink() > 1)
+}
+
+fn prefetch(e: &Entry, ss: u64) -> Result<Prefetched> {
+    let size = e.meta.len();
+    let f = std::fs::File::open(&e.path).map_err(|err| io_err(&e.path, "cannot read", err))?;
+    let mut data = vec![0u8; size as usize];
+    f.read_exact_at(&mut data, 0).map_err(|err| io_err(&e.path, "cannot read", err))?;
+    let ranges = if size > 0 { data_ranges(&f, size, ss) } else { Vec::new() };
+    Ok(Prefetched { ranges, data, xattrs: xattrs(&e.path)? })
+}
+
+pub fn populate(fs: &mut Fs, listing: &Listing, progress: &mut dyn FnMut(u64, u64)) -> Result<RootdirStats> {
+    let ss = fs.sectorsize() as u64;
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Result<Prefetched>)>(1024);
+        scope.spawn(move || {
+            for (i, e) in listing.entries.iter().enumerate() {
+                if prefetchable(e) && tx.send((i, prefetch(e, ss))).is_err() {
+                    return;
+                }
+            }
+        });
+        populate_with(fs, listing, progress, &mut |i| match rx.recv() {
+            Ok((j, r)) if j == i => r,
+            Ok((j, _)) => Err(Error::Invalid(format!("reader out of step: entry {j} for {i}"))),
+            Err(_) => Err(Error::Invalid("reader thread stopped".into())),
+        })
+    })
+}
+
+fn populate_with(
+    fs: &mut Fs,
+    listing: &Listing,
+    progress: &mut dyn FnMut(u64, u64),
+    next: &mut dyn FnMut(usize) -> Result<Prefetched>,
+) -> Result<RootdirStats> {
+    // Commit points bound both memory (dirty tree blocks) and what running
+    // out of space can lose.
+    const COMMIT_EVERY: u64 = 50_000;
+    // A sixteenth of the filesystem between commits, so running out of space
+    // loses at most that much, without a flush every few megabytes.
+    let commit_bytes: u64 = (fs.sb.total_bytes.get() / 16).clamp(64 << 20, 1 << 30);
+    let mut bytes_at_commit = 0u64;
+    let tree = BTRFS_FS_TREE_OBJECTID;
+    let ss = fs.sectorsize() as u64;
+    let no_holes = fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
+    let mut st = RootdirStats::default();
+    // Per entry: its inode number; per directory: (size, next index).
+    let mut ino_of: Vec<u64> = vec![0; listing.entries.len()];
+    let mut dirs: HashMap<usize, (u64, u64)> = HashMap::new();
+    let mut links: HashMap<(u64, u64), (u64, u32)> = HashMap::new();
+    let mut next_ino = BTRFS_FIRST_FREE_OBJECTID + 1;
+    let mut since_commit = 0u64;
+    let mut buf: Vec<u8> = Vec::new();
+    ino_of[0] = BTRFS_FIRST_FREE_OBJECTID;
+    dirs.insert(0, (0, 2));
+    for (i, e) in listing.entries.iter().enumerate() {
+        let Some(parent) = e.parent else { continue };
+        let pino = ino_of[parent];
+        let m = &e.meta;
+        let ftype = ftype_of_mode(m.mode());
+        // Hard links: a second name for an inode already copied.
+        if !m.is_dir() && m.nlink() > 1 {
+            if let Some((ino, n)) = links.get_mut(&(m.dev(), m.ino())) {
+                *n += 1;
+                let ino = *ino;
+                let (size, idx) = dirs.get_mut(&parent).ok_or_else(|| Error::Invalid("parent not a directory".into()))?;
+                fs.add_link(tree, pino, ino, &e.name, ftype, *idx)?;
+                *idx += 1;
+                *size += 2 * e.name.len() as u64;
+                ino_of[i] = ino;
+                st.hardlinks += 1;
+                continue;
+            }
+        }
+        let ino = next_ino;
+        next_ino += 1;
+        ino_of[i] = ino;
+        {
+            let (size, idx) = dirs.get_mut(&parent).ok_or_else(|| Error::Invalid("parent not a directory".into()))?;
+            fs.add_link(tree, pino, ino, &e.name, ftype, *idx)?;
+            *idx += 1;
+            *size += 2 * e.name.len() as u64;
+        }
+        let mut item = inode_from(m, fs.transid);
+        let mut pre_xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>> = None;
+        if m.is_dir() {
+            dirs.insert(i, (0, 2));
+            st.dirs += 1;
+        } else if m.file_type().is_symlink() {
+            let target = std::fs::read_link(&e.path).map_err(|err| io_err(&e.path, "cannot read link", err))?;
+            let t = target.as_os_str().as_bytes();
+            fs.write_inline(tree, ino, t)?;
+            item.size.set(t.len() as u64);
+            item.nbytes.set(t.len() as u64);
+            st.symlinks += 1;
+        } else if m.is_file() && prefetchable(e) {
+            let p = next(i)?;
+            let size = m.len();
+            let mut nbytes = 0u64;
+            if size > 0 && size <= MAX_INLINE as u64 && size < ss {
+                if !p.ranges.is_empty() || p.data.iter().any(|&b| b != 0) {
+                    fs.write_inline(tree, ino, &p.data)?;
+                    nbytes = size;
+                }
+            } else if size > 0 {
+                let mut covered = 0u64;
+                for (s, e_) in p.ranges {
+                    if !no_holes && s > covered {
+                        fs.write_hole(tree, ino, covered, s - covered)?;
+                    }
+                    let want = e_.min(size);
+                    nbytes += fs.write_extent(tree, ino, s, &p.data[s as usize..want as usize], true)?;
+                    covered = e_;
+                }
+                let end = size.div_ceil(ss) * ss;
+                if !no_holes && covered < end {
+                    fs.write_hole(tree, ino, covered, end - covered)?;
+                }
+            }
+            item.size.set(size);
+            item.nbytes.set(nbytes);
+            st.files += 1;
+            st.bytes += size;
+            pre_xattrs = Some(p.xattrs);
+        } else if m.is_file() {
+            let size = m.len();
+            let f = std::fs::File::open(&e.path).map_err(|err| io_err(&e.path, "cannot read", err))?;
+            let mut nbytes = 0u64;
+            if size > 0 && size <= MAX_INLINE as u64 && size < ss {
+                buf.resize(size as usize, 0);
+                f.read_exact_at(&mut buf, 0).map_err(|err| io_err(&e.path, "cannot read", err))?;
+                if buf.iter().any(|&b| b != 0) || data_ranges(&f, size, ss).first().is_some() {
+                    fs.write_inline(tree, ino, &buf)?;
+                    nbytes = size;
+                }
+            } else if size > 0 {
+                let mut covered = 0u64;
+                for (s, e_) in data_ranges(&f, size, ss) {
+                    if !no_holes && s > covered {
+                        fs.write_hole(tree, ino, covered, s - covered)?;
+                    }
+                    let mut off = s;
+                    while off < e_ {
+                        let len = (e_ - off).min(MAX_EXTENT_SIZE);
+                        let want = len.min(size.saturating_sub(off));
+                        buf.resize(want as usize, 0);
+                        f.read_exact_at(&mut buf, off).map_err(|err| io_err(&e.path, "cannot read", err))?;
+                        nbytes += fs.write_extent(tree, ino, off, &buf, true)?;
+                        off += len;
+                    }
+                    covered = e_;
+                }
+                let end = size.div_ceil(ss) * ss;
+                if !no_holes && covered < end {
+                    fs.write_hole(tree, ino, covered, end - covered)?;
+                }
+            }
+            item.size.set(size);
+            item.nbytes.set(nbytes);
+            st.files += 1;
+            st.bytes += size;
+        } else {
+            st.special += 1;
+        }
+        let xa = match pre_xattrs.take() {
+            Some(x) => x,
+            None => xattrs(&e.path)?,
+        };
+        for (n, v) in xa {
+            fs.set_xattr(tree, ino, &n, &v)?;
+        }
+        if !m.is_dir() && m.nlink() > 1 {
+            links.insert((m.dev(), m.ino()), (ino, 1));
+        }
+        fs.put_inode(tree, ino, &item)?;
+        since_commit += 1;
+        progress(st.files + st.dirs + st.symlinks, st.bytes);
+        if since_commit >= COMMIT_EVERY || st.bytes - bytes_at_commit >= commit_bytes {
+            finish_dirs(fs, listing, &ino_of, &dirs, &links, false)?;
+            fs.commit()?;
+            since_commit = 0;
+            bytes_at_commit = st.bytes;
+        }
+    }
+    finish_dirs(fs, listing, &ino_of, &dirs, &links, true)?;
+    // Root directory attributes from the source root.
+    let root_xattrs = xattrs(&listing.entries[0].path)?;
+    for (n, v) in root_xattrs {
+        fs.set_xattr(tree, BTRFS_FIRST_FREE_OBJECTID, &n, &v)?;
+    }
+    fs.commit()?;
+    Ok(st)
+}
+
+/// Write directory sizes and hard-link counts gathered so far (inode items
+/// of directories carry their final size only once all children exist, but
+/// every commit must leave a consistent tree).
+fn finish_dirs(
+    fs: &mut Fs,
+    listing: &Listing,
+    ino_of: &[u64],
+    dirs: &HashMap<usize, (u64, u64)>,
+    links: &HashMap<(u64, u64), (u64, u32)>,
+    _last: bool,
+) -> Result<()> {
+    let tree = BTRFS_FS_TREE_OBJECTID;
+    let mut idx: Vec<usize> = dirs.keys().copied().collect();
+    idx.sort_unstable();
+    for i in idx {
+        let (size, _) = dirs[&i];
+        let ino = ino_of[i];
+        let mut item = match fs.get_inode(tree, ino)? {
+            Some(it) => it,
+            None => continue,
+        };
+        if i == 0 {
+            let m = &listing.entries[0].meta;
+            let src = inode_from(m, fs.transid);
+            item.mode = src.mode;
+            item.uid = src.uid;
+            item.gid = src.gid;
+            item.atime = src.atime;
+            item.mtime = src.mtime;
+            item.ctime = src.ctime;
+        }
+        if item.size.get() != size {
+            item.size.set(size);
+            fs.put_inode(tree, ino, &item)?;
+        } else if i == 0 {
+            fs.put_inode(tree, ino, &item)?;
+        }
+    }
+    for &(ino, n) in links.values() {
+        if let Some(mut item) = fs.get_inode(tree, ino)? {
+            if item.nlink.get() != n {
+                item.nlink.set(n);
+                fs.put_inode(tree, ino, &item)?;
+            }
+        }
+    }
+    Ok(())
+}
+

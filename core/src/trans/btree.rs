@@ -1,0 +1,562 @@
+//! CoW B-tree edits: search with copy-on-write down the path, proactive node
+//! splits on insert, leaf splits at the point that makes the new item fit,
+//! key fix-ups, and on delete removal of empty blocks, merges of sparse
+//! siblings and root shrink.
+
+use super::Fs;
+use crate::format::header::{HEADER_SIZE, ITEM_SIZE};
+use crate::format::key::Key;
+use crate::tree::edit;
+use crate::tree::node::Expect;
+use crate::{Error, Result};
+
+/// One level of a search path: a block and the slot followed in it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Step {
+    bytenr: u64,
+    slot: usize,
+}
+
+impl Fs {
+    fn load_child(&mut self, tree: u64, parent: u64, slot: usize) -> Result<u64> {
+        let pb = self.buf(parent)?;
+        let (child, gen) = edit::node_ptr(pb, slot);
+        let level = edit::level(pb) - 1;
+        let first = edit::node_key(pb, slot);
+        self.load(tree, child, Expect { level: Some(level), generation: Some(gen), owner: None, first_key: Some(first) })?;
+        Ok(child)
+    }
+
+    fn load_root(&mut self, tree: u64) -> Result<u64> {
+        let st = self.root_state(tree)?.clone();
+        if !self.blocks.contains_key(&st.bytenr) {
+            let gen = match &st.item {
+                Some((_, ri)) => Some(ri.generation.get()),
+                None if tree == crate::format::consts::BTRFS_ROOT_TREE_OBJECTID => Some(self.img.sb.generation.get()),
+                None => Some(self.img.sb.chunk_root_generation.get()),
+            };
+            self.load(tree, st.bytenr, Expect { level: Some(st.level), generation: gen, owner: None, first_key: None })?;
+        }
+        Ok(st.bytenr)
+    }
+
+    /// Read-only search: the first item with key >= `key`, with its data.
+    pub fn next_item(&mut self, tree: u64, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+        let mut b = self.load_root(tree)?;
+        // Stack of (node, slot) to continue to the right when a leaf is exhausted.
+        let mut stack: Vec<(u64, usize)> = Vec::new();
+        loop {
+            let buf = self.buf(b)?;
+            if edit::level(buf) == 0 {
+                let slot = match edit::search(buf, key) {
+                    Ok(s) | Err(s) => s,
+                };
+                if slot < edit::nritems(buf) {
+                    return Ok(Some((edit::leaf_key(buf, slot), edit::item_data(buf, slot).to_vec())));
+                }
+                // Past the end of this leaf: next leaf to the right.
+                loop {
+                    let Some((n, s)) = stack.pop() else { return Ok(None) };
+                    if s + 1 < edit::nritems(self.buf(n)?) {
+                        let mut c = self.load_child(tree, n, s + 1)?;
+                        while edit::level(self.buf(c)?) > 0 {
+                            c = self.load_child(tree, c, 0)?;
+                        }
+                        let cb = self.buf(c)?;
+                        if edit::nritems(cb) > 0 {
+                            return Ok(Some((edit::leaf_key(cb, 0), edit::item_data(cb, 0).to_vec())));
+                        }
+                        stack.push((n, s + 1));
+                        continue;
+                    }
+                }
+            }
+            let slot = match edit::search(buf, key) {
+                Ok(s) => s,
+                Err(s) => s.saturating_sub(1),
+            };
+            stack.push((b, slot));
+            b = self.load_child(tree, b, slot)?;
+        }
+    }
+
+    /// Read-only search: the last item with `lo <= key <= hi`.
+    pub fn prev_item(&mut self, tree: u64, hi: &Key, lo: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+        let mut b = self.load_root(tree)?;
+        let mut stack: Vec<(u64, usize)> = Vec::new();
+        loop {
+            let buf = self.buf(b)?;
+            if edit::level(buf) == 0 {
+                let slot = match edit::search(buf, hi) {
+                    Ok(s) => Some(s),
+                    Err(0) => None,
+                    Err(s) => Some(s - 1),
+                };
+                if let Some(s) = slot {
+                    let k = edit::leaf_key(buf, s);
+                    return Ok((k >= *lo).then(|| (k, edit::item_data(buf, s).to_vec())));
+                }
+                // Before the first item of this leaf: the previous leaf's last.
+                loop {
+                    let Some((n, s)) = stack.pop() else { return Ok(None) };
+                    if s > 0 {
+                        let mut c = self.load_child(tree, n, s - 1)?;
+                        while edit::level(self.buf(c)?) > 0 {
+                            let last = edit::nritems(self.buf(c)?) - 1;
+                            c = self.load_child(tree, c, last)?;
+                        }
+                        let cb = self.buf(c)?;
+                        let cnt = edit::nritems(cb);
+                        if cnt > 0 {
+                            let k = edit::leaf_key(cb, cnt - 1);
+                            return Ok((k >= *lo).then(|| (k, edit::item_data(cb, cnt - 1).to_vec())));
+                        }
+                        stack.push((n, s - 1));
+                    }
+                }
+            }
+            let slot = match edit::search(buf, hi) {
+                Ok(s) => s,
+                Err(s) => s.saturating_sub(1),
+            };
+            stack.push((b, slot));
+            b = self.load_child(tree, b, slot)?;
+        }
+    }
+
+    pub fn lookup(&mut self, tree: u64, key: &Key) -> Result<Option<Vec<u8>>> {
+        Ok(match self.next_item(tree, key)? {
+            Some((k, d)) if k == *key => Some(d),
+            _ => None,
+        })
+    }
+
+    /// Every item with key in `[start, end]`.
+    pub fn items_in(&mut self, tree: u64, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
+        let mut out = Vec::new();
+        let mut k = start;
+        while let Some((key, d)) = self.next_item(tree, &k)? {
+            if key > end {
+                break;
+            }
+            out.push((key, d));
+            k = next_key(&key);
+            if key == Key::MAX {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Search for `key`, CoW'ing every block on the path. With `ins =
+    /// Some(n)`, blocks are split on the way so the leaf has `n` free bytes
+    /// at the returned slot.
+    pub(super) fn search_mut(&mut self, tree: u64, key: &Key, ins: Option<usize>) -> Result<(Vec<Step>, bool)> {
+        let r = self.load_root(tree)?;
+        let nr = self.cow(tree, r)?;
+        if nr != r {
+            let lvl = edit::level(self.buf(nr)?);
+            self.set_root(tree, nr, lvl)?;
+        }
+        let mut path: Vec<Step> = Vec::new();
+        let mut b = nr;
+        loop {
+            let buf = self.buf(b)?;
+            let level = edit::level(buf);
+            if level == 0 {
+                let (slot, found) = match edit::search(buf, key) {
+                    Ok(s) => (s, true),
+                    Err(s) => (s, false),
+                };
+                path.push(Step { bytenr: b, slot });
+                if let Some(need) = ins {
+                    if !found && edit::leaf_free(self.buf(b)?) < need && !self.push_leaf(tree, &mut path, need)? {
+                        self.split_leaf(tree, &mut path, need)?;
+                    }
+                }
+                return Ok((path, found));
+            }
+            let slot = match edit::search(buf, key) {
+                Ok(s) => s,
+                Err(s) => s.saturating_sub(1),
+            };
+            path.push(Step { bytenr: b, slot });
+            if ins.is_some() && edit::nritems(buf) + 3 >= edit::node_capacity(buf) {
+                self.split_node(tree, &mut path)?;
+            }
+            let Step { bytenr: pb, slot: ps } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
+            let child = self.load_child(tree, pb, ps)?;
+            let nc = self.cow(tree, child)?;
+            if nc != child {
+                let t = self.transid;
+                edit::node_set_ptr(self.buf_mut(pb)?, ps, nc, t);
+            }
+            b = nc;
+        }
+    }
+
+    /// Add a level above the root; the old root becomes its only child.
+    fn grow_root(&mut self, tree: u64, path: &mut Vec<Step>) -> Result<()> {
+        let old = path[0].bytenr;
+        let ob = self.buf(old)?;
+        let level = edit::level(ob) + 1;
+        let k0 = edit::key_at(ob, 0);
+        let nr = self.new_block(tree, level, k0)?;
+        let t = self.transid;
+        edit::node_insert(self.buf_mut(nr)?, 0, &k0, old, t)?;
+        self.set_root(tree, nr, level)?;
+        path.insert(0, Step { bytenr: nr, slot: 0 });
+        Ok(())
+    }
+
+    /// Split the node at the end of `path` in two halves.
+    fn split_node(&mut self, tree: u64, path: &mut Vec<Step>) -> Result<()> {
+        if path.len() == 1 {
+            self.grow_root(tree, path)?;
+        }
+        let d = path.len() - 1;
+        let Step { bytenr: b, slot } = path[d];
+        let n = edit::nritems(self.buf(b)?);
+        let mid = n / 2;
+        let level = edit::level(self.buf(b)?);
+        let rk = edit::node_key(self.buf(b)?, mid);
+        let right = self.new_block(tree, level, rk)?;
+        let mut src = std::mem::take(self.buf_mut(b)?);
+        let mut dst = std::mem::take(self.buf_mut(right)?);
+        let r = edit::node_move_tail(&mut src, mid, &mut dst);
+        *self.buf_mut(b)? = src;
+        *self.buf_mut(right)? = dst;
+        r?;
+        let Step { bytenr: p, slot: ps } = path[d - 1];
+        let t = self.transid;
+        edit::node_insert(self.buf_mut(p)?, ps + 1, &rk, right, t)?;
+        if slot >= mid {
+            path[d] = Step { bytenr: right, slot: slot - mid };
+            path[d - 1].slot = ps + 1;
+        }
+        Ok(())
+    }
+
+    /// Before splitting, try to make room by moving items to a sibling, as
+    /// the kernel does: items after the insertion slot go to the right
+    /// sibling's front, items before it to the left sibling's end. Only
+    /// whole moves that free `need` bytes are made.
+    fn push_leaf(&mut self, tree: u64, path: &mut [Step], need: usize) -> Result<bool> {
+        let d = path.len() - 1;
+        if d == 0 {
+            return Ok(false);
+        }
+        let Step { bytenr: b, slot } = path[d];
+        let Step { bytenr: p, slot: ps } = path[d - 1];
+        let pn = edit::nritems(self.buf(p)?);
+        let buf = self.buf(b)?;
+        let n = edit::nritems(buf);
+        let free = edit::leaf_free(buf);
+        let short = need - free;
+        let sizes: Vec<usize> = (0..n).map(|i| ITEM_SIZE + edit::item_size(buf, i)).collect();
+        // Right: the fewest tail items [j, n) (j >= slot) covering `short`.
+        if ps + 1 < pn {
+            let mut moved = 0;
+            let mut j = n;
+            while j > slot && moved < short {
+                j -= 1;
+                moved += sizes[j];
+            }
+            if moved >= short && j < n {
+                let r = self.load_child(tree, p, ps + 1)?;
+                if edit::leaf_free(self.buf(r)?) >= moved + ITEM_SIZE {
+                    let r2 = self.cow(tree, r)?;
+                    let t = self.transid;
+                    edit::node_set_ptr(self.buf_mut(p)?, ps + 1, r2, t);
+                    // Move [j, n) to the front of the right leaf.
+                    let mut src = std::mem::take(self.buf_mut(b)?);
+                    let mut dst = std::mem::take(self.buf_mut(r2)?);
+                    let mut res = Ok(());
+                    for i in (j..n).rev() {
+                        let k = edit::leaf_key(&src, i);
+                        let data = edit::item_data(&src, i).to_vec();
+                        if let Err(e) = edit::leaf_insert(&mut dst, 0, &k, &data) {
+                            res = Err(e);
+                            break;
+                        }
+                    }
+                    if res.is_ok() {
+                        edit::leaf_delete(&mut src, j, n - j);
+                    }
+                    let k0 = edit::leaf_key(&dst, 0);
+                    *self.buf_mut(b)? = src;
+                    *self.buf_mut(r2)? = dst;
+                    res?;
+                    edit::set_key(self.buf_mut(p)?, ps + 1, &k0);
+                    return Ok(true);
+                }
+            }
+        }
+        // Left: the fewest head items [0, k) (k <= slot) covering `short`,
+        // keeping at least one item so the leaf's parent key stays defined.
+        if ps > 0 {
+            let mut moved = 0;
+            let mut k = 0;
+            while k < slot && k + 1 < n && moved < short {
+                moved += sizes[k];
+                k += 1;
+            }
+            if moved >= short && k > 0 {
+                let l = self.load_child(tree, p, ps - 1)?;
+                if edit::leaf_free(self.buf(l)?) >= moved {
+                    let l2 = self.cow(tree, l)?;
+                    let t = self.transid;
+                    edit::node_set_ptr(self.buf_mut(p)?, ps - 1, l2, t);
+                    let mut src = std::mem::take(self.buf_mut(b)?);
+                    let mut dst = std::mem::take(self.buf_mut(l2)?);
+                    let res = edit::leaf_move_head(&mut src, k, &mut dst);
+                    let k0 = edit::leaf_key(&src, 0);
+                    *self.buf_mut(b)? = src;
+                    *self.buf_mut(l2)? = dst;
+                    res?;
+                    edit::set_key(self.buf_mut(p)?, ps, &k0);
+                    path[d].slot = slot - k;
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Split the leaf at the end of `path` so an item of `need` bytes
+    /// (header included) fits at the path's slot. The split point is the one
+    /// closest to the middle that leaves room on the new item's side.
+    fn split_leaf(&mut self, tree: u64, path: &mut Vec<Step>, need: usize) -> Result<()> {
+        let d = path.len() - 1;
+        let Step { bytenr: b, slot: s } = path[d];
+        let buf = self.buf(b)?;
+        let n = edit::nritems(buf);
+        let cap = buf.len() - HEADER_SIZE;
+        if need > cap {
+            return Err(Error::NoSpace(format!("item of {need} bytes cannot fit in a {}-byte leaf", buf.len())));
+        }
+        // prefix[i] = bytes used by items [0, i).
+        let mut prefix = vec![0usize; n + 1];
+        for i in 0..n {
+            prefix[i + 1] = prefix[i] + ITEM_SIZE + edit::item_size(buf, i);
+        }
+        let mut best: Option<(usize, bool)> = None; // (mid, new item goes left)
+        let mut cands: Vec<usize> = (1..=n).collect();
+        cands.sort_by_key(|&m| (m as isize - (n / 2) as isize).unsigned_abs());
+        for m in cands {
+            let left = prefix[m];
+            let right = prefix[n] - prefix[m];
+            // New item on the left: it must sort within the left part.
+            if s <= m && m < n && left + need <= cap && right <= cap {
+                best = Some((m, true));
+                break;
+            }
+            if s >= m && left <= cap && right + need <= cap {
+                best = Some((m, false));
+                break;
+            }
+        }
+        let (mid, goes_left) = best.ok_or_else(|| Error::NoSpace("no leaf split point fits the item".into()))?;
+        if d == 0 {
+            self.grow_root(tree, path)?;
+        }
+        let d = path.len() - 1;
+        let rk = if mid < n { edit::leaf_key(self.buf(b)?, mid) } else { Key::MIN };
+        let right = self.new_block(tree, 0, rk)?;
+        let mut src = std::mem::take(self.buf_mut(b)?);
+        let mut dst = std::mem::take(self.buf_mut(right)?);
+        let r = edit::leaf_move_tail(&mut src, mid, &mut dst);
+        *self.buf_mut(b)? = src;
+        *self.buf_mut(right)? = dst;
+        r?;
+        let Step { bytenr: p, slot: ps } = path[d - 1];
+        // An empty right leaf takes the key of the item about to be inserted;
+        // the caller's insert at slot 0 keeps the parent key exact.
+        let key_for_parent = if mid < n { rk } else { Key::MIN };
+        let t = self.transid;
+        edit::node_insert(self.buf_mut(p)?, ps + 1, &key_for_parent, right, t)?;
+        if !goes_left {
+            path[d] = Step { bytenr: right, slot: s - mid };
+            path[d - 1].slot = ps + 1;
+        }
+        Ok(())
+    }
+
+    /// After the first key of the block at `path[d]` changed to `key`,
+    /// update the parents' keys while the change is at slot 0.
+    fn fixup_low_keys(&mut self, path: &[Step], key: &Key) -> Result<()> {
+        for d in (0..path.len().saturating_sub(1)).rev() {
+            let Step { bytenr, slot } = path[d];
+            edit::set_key(self.buf_mut(bytenr)?, slot, key);
+            if slot != 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Insert an item; an existing item with the same key is an error.
+    pub fn insert_item(&mut self, tree: u64, key: &Key, data: &[u8]) -> Result<()> {
+        let (path, found) = self.search_mut(tree, key, Some(ITEM_SIZE + data.len()))?;
+        if found {
+            return Err(Error::Invalid(format!("item {} exists in tree {}", crate::format::names::key_string(key), tree as i64)));
+        }
+        let Step { bytenr, slot } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
+        edit::leaf_insert(self.buf_mut(bytenr)?, slot, key, data)?;
+        if slot == 0 {
+            self.fixup_low_keys(&path, key)?;
+        }
+        Ok(())
+    }
+
+    /// Replace an item's data (inserting it when missing).
+    pub fn update_item(&mut self, tree: u64, key: &Key, data: &[u8]) -> Result<()> {
+        let (path, found) = self.search_mut(tree, key, None)?;
+        if found {
+            let Step { bytenr, slot } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
+            let buf = self.buf_mut(bytenr)?;
+            if edit::item_size(buf, slot) == data.len() {
+                edit::item_data_mut(buf, slot).copy_from_slice(data);
+                return Ok(());
+            }
+            if data.len() < edit::item_size(buf, slot) || edit::leaf_free(buf) >= data.len() - edit::item_size(buf, slot) {
+                edit::leaf_resize(buf, slot, data.len())?;
+                edit::item_data_mut(buf, slot).copy_from_slice(data);
+                return Ok(());
+            }
+            self.delete_item(tree, key)?;
+        }
+        self.insert_item(tree, key, data)
+    }
+
+    /// Delete an item; returns whether it existed.
+    pub fn delete_item(&mut self, tree: u64, key: &Key) -> Result<bool> {
+        let (mut path, found) = self.search_mut(tree, key, None)?;
+        if !found {
+            return Ok(false);
+        }
+        let d = path.len() - 1;
+        let Step { bytenr, slot } = path[d];
+        edit::leaf_delete(self.buf_mut(bytenr)?, slot, 1);
+        self.rebalance_after_delete(tree, &mut path)?;
+        Ok(true)
+    }
+
+    /// Restore the tree's shape after items or pointers were removed from
+    /// the block at the end of `path`.
+    fn rebalance_after_delete(&mut self, tree: u64, path: &mut Vec<Step>) -> Result<()> {
+        let mut d = path.len() - 1;
+        loop {
+            let Step { bytenr: b, slot } = path[d];
+            let buf = self.buf(b)?;
+            let n = edit::nritems(buf);
+            let level = edit::level(buf);
+            if d == 0 {
+                // Root: shrink while a node has a single child.
+                let mut root = b;
+                loop {
+                    let rb = self.buf(root)?;
+                    if edit::level(rb) == 0 || edit::nritems(rb) != 1 {
+                        break;
+                    }
+                    let child = self.load_child(tree, root, 0)?;
+                    let nc = self.cow(tree, child)?;
+                    let lvl = edit::level(self.buf(nc)?);
+                    self.free_tree_block(tree, root, lvl + 1)?;
+                    self.set_root(tree, nc, lvl)?;
+                    root = nc;
+                }
+                let root_level = edit::level(self.buf(root)?);
+                if root_level > 0 && edit::nritems(self.buf(root)?) == 0 {
+                    // Every item is gone: the root becomes an empty leaf.
+                    let nb = self.new_block(tree, 0, Key::MIN)?;
+                    self.free_tree_block(tree, root, root_level)?;
+                    self.set_root(tree, nb, 0)?;
+                }
+                return Ok(());
+            }
+            let Step { bytenr: p, slot: ps } = path[d - 1];
+            if n == 0 {
+                edit::node_delete(self.buf_mut(p)?, ps, 1);
+                self.free_tree_block(tree, b, level)?;
+                if ps == 0 && edit::nritems(self.buf(p)?) > 0 {
+                    let k = edit::node_key(self.buf(p)?, 0);
+                    self.fixup_low_keys(&path[..d], &k)?;
+                }
+                path.truncate(d);
+                d -= 1;
+                continue;
+            }
+            if slot == 0 {
+                let k = edit::key_at(self.buf(b)?, 0);
+                self.fixup_low_keys(&path[..=d], &k)?;
+            }
+            if self.try_merge(tree, path, d)? {
+                path.truncate(d);
+                d -= 1;
+                continue;
+            }
+            return Ok(());
+        }
+    }
+
+    /// Merge the sparse block at `path[d]` with a sibling when both fit in
+    /// one block. Returns true when a pointer was removed from the parent.
+    fn try_merge(&mut self, tree: u64, path: &mut [Step], d: usize) -> Result<bool> {
+        let Step { bytenr: b, .. } = path[d];
+        let Step { bytenr: p, slot: ps } = path[d - 1];
+        let buf = self.buf(b)?;
+        let leaf = edit::level(buf) == 0;
+        let cap = buf.len() - HEADER_SIZE;
+        let used = |buf: &[u8]| if leaf { edit::leaf_used(buf) } else { edit::nritems(buf) * crate::format::header::KEY_PTR_SIZE };
+        if used(buf) * 4 >= cap {
+            return Ok(false);
+        }
+        let pn = edit::nritems(self.buf(p)?);
+        // Prefer merging into the left sibling, else pull the right one in.
+        let (left_slot, right_slot) = if ps > 0 {
+            (ps - 1, ps)
+        } else if ps + 1 < pn {
+            (ps, ps + 1)
+        } else {
+            return Ok(false);
+        };
+        let l = self.load_child(tree, p, left_slot)?;
+        let r = self.load_child(tree, p, right_slot)?;
+        if used(self.buf(l)?) + used(self.buf(r)?) > cap {
+            return Ok(false);
+        }
+        let l2 = self.cow(tree, l)?;
+        let r2 = self.cow(tree, r)?;
+        let t = self.transid;
+        if l2 != l {
+            edit::node_set_ptr(self.buf_mut(p)?, left_slot, l2, t);
+        }
+        if r2 != r {
+            edit::node_set_ptr(self.buf_mut(p)?, right_slot, r2, t);
+        }
+        let mut src = std::mem::take(self.buf_mut(r2)?);
+        let mut dst = std::mem::take(self.buf_mut(l2)?);
+        let n = edit::nritems(&src);
+        let res = if leaf { edit::leaf_move_head(&mut src, n, &mut dst) } else { edit::node_move_head(&mut src, n, &mut dst) };
+        *self.buf_mut(r2)? = src;
+        *self.buf_mut(l2)? = dst;
+        res?;
+        edit::node_delete(self.buf_mut(p)?, right_slot, 1);
+        let lvl = edit::level(self.buf(r2)?);
+        self.free_tree_block(tree, r2, lvl)?;
+        path[d - 1].slot = left_slot;
+        Ok(true)
+    }
+}
+
+/// The smallest key greater than `k`.
+pub fn next_key(k: &Key) -> Key {
+    if k.offset < u64::MAX {
+        Key::new(k.objectid, k.ty, k.offset + 1)
+    } else if k.ty < u8::MAX {
+        Key::new(k.objectid, k.ty + 1, 0)
+    } else {
+        Key::new(k.objectid.saturating_add(1), 0, 0)
+    }
+}

@@ -1,0 +1,184 @@
+//! Chunk allocation: when no block group of a type has room, carve a new
+//! chunk out of unallocated device space and record it everywhere the
+//! kernel does: chunk item (and the superblock's sys_chunk_array for system
+//! chunks), dev extents, the device item's `bytes_used`, and a new block
+//! group whose item and free space entries are written at commit.
+
+use super::Fs;
+use crate::alloc::{super_stripes, BlockGroup, RangeSet};
+use crate::format::chunk::{ChunkItem, Stripe};
+use crate::format::consts::*;
+use crate::format::dev::{DevExtent, DevItem};
+use crate::format::key::Key;
+use crate::{Error, Result};
+use zerocopy::{FromBytes, IntoBytes};
+
+const MIB: u64 = 1 << 20;
+
+impl Fs {
+    /// Unallocated device space: `[1 MiB, total_bytes)` minus dev extents.
+    fn unallocated(&mut self) -> Result<RangeSet> {
+        let total = self.sb.dev_item.total_bytes.get().min(self.device().size());
+        let mut free = RangeSet::new();
+        free.insert(MIB, total);
+        let devid = self.sb.dev_item.devid.get();
+        for (k, d) in self.items_in(BTRFS_DEV_TREE_OBJECTID, Key::new(devid, BTRFS_DEV_EXTENT_KEY, 0), Key::new(devid, BTRFS_DEV_EXTENT_KEY, u64::MAX))? {
+            let de: &DevExtent = crate::format::view(&d, "dev extent").map_err(|e| e.at(0, k))?;
+            free.remove(k.offset, k.offset + de.length.get());
+        }
+        Ok(free)
+    }
+
+    /// The profile new chunks of type `ty` get: the one existing groups of
+    /// that type use, else DUP for metadata and system and SINGLE for data.
+    fn profile_for(&self, ty: u64) -> u64 {
+        if let Some(g) = self.alloc.groups.values().find(|g| g.flags & BTRFS_BLOCK_GROUP_TYPE_MASK == ty) {
+            return g.flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+        }
+        if ty == BTRFS_BLOCK_GROUP_DATA {
+            0
+        } else {
+            BTRFS_BLOCK_GROUP_DUP
+        }
+    }
+
+    /// Allocate a chunk for block group type `ty` (DATA, METADATA or SYSTEM).
+    pub fn alloc_chunk(&mut self, ty: u64) -> Result<u64> {
+        let profile = self.profile_for(ty);
+        let copies: u64 = if profile & BTRFS_BLOCK_GROUP_DUP != 0 { 2 } else { 1 };
+        let total = self.sb.total_bytes.get();
+        let cap = match ty {
+            BTRFS_BLOCK_GROUP_DATA => 1 << 30,
+            BTRFS_BLOCK_GROUP_METADATA => 256 * MIB,
+            _ => 32 * MIB,
+        };
+        let cap = cap.min((total / 10 / MIB).max(1) * MIB);
+        let free = self.unallocated()?;
+        // Largest hole decides the stripe size; DUP may put both stripes in
+        // one hole, one after the other.
+        let best = free.iter().map(|(s, e)| (e - s, s)).max().unwrap_or((0, 0));
+        let mut stripe = cap;
+        let mut placements: Vec<u64> = Vec::new();
+        while stripe >= MIB {
+            placements.clear();
+            let mut f = free.clone();
+            for _ in 0..copies {
+                match f.find(MIB, u64::MAX, stripe, MIB, 0) {
+                    Some(p) => {
+                        f.remove(p, p + stripe);
+                        placements.push(p);
+                    }
+                    None => break,
+                }
+            }
+            if placements.len() as u64 == copies {
+                break;
+            }
+            stripe = (stripe / 2 / MIB) * MIB;
+        }
+        if (placements.len() as u64) < copies || stripe < MIB {
+            let _ = best;
+            return Err(Error::NoSpace(format!(
+                "no unallocated device space for a new {} chunk",
+                crate::format::names::block_group_flags_str(ty | profile)
+            )));
+        }
+        let logical = self.img.chunks.iter().map(|m| m.end()).max().unwrap_or(MIB).max(MIB);
+        let flags = ty | profile;
+        let dev_uuid = self.sb.dev_item.uuid;
+        let devid = self.sb.dev_item.devid.get();
+        let chunk = ChunkItem {
+            length: stripe.into(),
+            owner: BTRFS_EXTENT_TREE_OBJECTID.into(),
+            stripe_len: BTRFS_STRIPE_LEN.into(),
+            type_: flags.into(),
+            io_align: (BTRFS_STRIPE_LEN as u32).into(),
+            io_width: (BTRFS_STRIPE_LEN as u32).into(),
+            sector_size: self.sectorsize().into(),
+            num_stripes: (copies as u16).into(),
+            sub_stripes: 1.into(),
+        };
+        let stripes: Vec<Stripe> =
+            placements.iter().map(|&p| Stripe { devid: devid.into(), offset: p.into(), dev_uuid }).collect();
+        let mut item = chunk.as_bytes().to_vec();
+        for s in &stripes {
+            item.extend_from_slice(s.as_bytes());
+        }
+        // Map and allocator first, so CoW of the chunk tree below can use a
+        // new system chunk for itself.
+        self.img.chunks.insert(logical, &chunk, &stripes)?;
+        let mut g = BlockGroup {
+            start: logical,
+            length: stripe,
+            flags,
+            used: 0,
+            free: RangeSet::new(),
+            pinned: RangeSet::new(),
+            excluded: RangeSet::new(),
+            dirty: true,
+            fst_bitmaps: false,
+            on_disk: false,
+        };
+        g.free.insert(logical, logical + stripe);
+        for (a, b) in super_stripes(&self.img.chunks, logical, stripe, self.device().size()) {
+            g.excluded.insert(a, b);
+            g.free.remove(a, b);
+        }
+        self.alloc.groups.insert(logical, g);
+
+        let key = Key::new(BTRFS_FIRST_CHUNK_TREE_OBJECTID, BTRFS_CHUNK_ITEM_KEY, logical);
+        if ty == BTRFS_BLOCK_GROUP_SYSTEM {
+            let n = self.sb.sys_chunk_array_size.get() as usize;
+            let add = 17 + item.len();
+            if n + add > BTRFS_SYSTEM_CHUNK_ARRAY_SIZE {
+                return Err(Error::NoSpace("superblock sys_chunk_array is full".into()));
+            }
+            self.sb.sys_chunk_array[n..n + 17].copy_from_slice(key.to_disk().as_bytes());
+            self.sb.sys_chunk_array[n + 17..n + add].copy_from_slice(&item);
+            self.sb.sys_chunk_array_size.set((n + add) as u32);
+        }
+        self.insert_item(BTRFS_CHUNK_TREE_OBJECTID, &key, &item)?;
+        let chunk_tree_uuid = self.chunk_tree_uuid;
+        for &p in &placements {
+            let de = DevExtent {
+                chunk_tree: BTRFS_CHUNK_TREE_OBJECTID.into(),
+                chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
+                chunk_offset: logical.into(),
+                length: stripe.into(),
+                chunk_tree_uuid,
+            };
+            self.insert_item(BTRFS_DEV_TREE_OBJECTID, &Key::new(devid, BTRFS_DEV_EXTENT_KEY, p), de.as_bytes())?;
+        }
+        let used = self.sb.dev_item.bytes_used.get() + stripe * copies;
+        self.sb.dev_item.bytes_used.set(used);
+        let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
+        if let Some(d) = self.lookup(BTRFS_CHUNK_TREE_OBJECTID, &dkey)? {
+            let mut di = DevItem::read_from_bytes(&d).map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
+            di.bytes_used.set(used);
+            self.update_item(BTRFS_CHUNK_TREE_OBJECTID, &dkey, di.as_bytes())?;
+        }
+        Ok(logical)
+    }
+
+    /// Allocate `len` bytes of type `ty`, adding a chunk when every group is full.
+    pub fn alloc_space(&mut self, ty: u64, len: u64, align: u64) -> Result<u64> {
+        match self.alloc.alloc(ty, len, align) {
+            Ok(b) => Ok(b),
+            Err(Error::NoSpace(_)) => {
+                // A new chunk needs system space for its chunk item first.
+                if ty != BTRFS_BLOCK_GROUP_SYSTEM && !self.system_has_room()? {
+                    self.alloc_chunk(BTRFS_BLOCK_GROUP_SYSTEM)?;
+                }
+                self.alloc_chunk(ty)?;
+                self.alloc.alloc(ty, len, align)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn system_has_room(&self) -> Result<bool> {
+        let ns = self.nodesize() as u64;
+        let free: u64 = self.alloc.groups.values().filter(|g| g.is_system()).map(|g| g.free.total()).sum();
+        Ok(free >= 8 * ns)
+    }
+}

@@ -1,0 +1,256 @@
+//! The commit protocol.
+
+use super::{Fs, MetaRef};
+use crate::format::block_group::BlockGroupItem;
+use crate::format::consts::*;
+use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef, TreeBlockInfo};
+use crate::format::key::Key;
+use crate::format::superblock::RootBackup;
+use crate::tree::edit;
+use crate::{Error, Result};
+use zerocopy::IntoBytes;
+
+/// Passes of the commit loop before giving up: each pass only CoWs blocks
+/// not yet copied in this transaction, so real trees settle in a few.
+const MAX_COMMIT_PASSES: usize = 64;
+
+impl Fs {
+    /// Apply queued tree block ref changes to the extent tree.
+    fn run_delayed_refs(&mut self) -> Result<bool> {
+        let mut any = false;
+        while let Some((&bytenr, _)) = self.refs.iter().next() {
+            let r: MetaRef = match self.refs.remove(&bytenr) {
+                Some(r) => r,
+                None => break,
+            };
+            if r.delta == 0 || r.owner == BTRFS_TREE_LOG_OBJECTID {
+                // Log tree blocks have no extent items; they are pinned by replay.
+                continue;
+            }
+            any = true;
+            let ns = self.nodesize() as u64;
+            if r.delta > 0 {
+                let head = ExtentItem {
+                    refs: 1.into(),
+                    generation: self.transid.into(),
+                    flags: BTRFS_EXTENT_FLAG_TREE_BLOCK.into(),
+                };
+                let mut data = head.as_bytes().to_vec();
+                let key = if self.skinny() {
+                    Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, r.level as u64)
+                } else {
+                    data.extend_from_slice(TreeBlockInfo { key: r.first_key.to_disk(), level: r.level }.as_bytes());
+                    Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, ns)
+                };
+                write_inline_refs(&mut data, &[InlineRef::TreeBlock { root: r.owner }]);
+                self.insert_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &data)?;
+            } else {
+                let skinny = Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, r.level as u64);
+                let fat = Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, ns);
+                let key = if self.lookup(BTRFS_EXTENT_TREE_OBJECTID, &skinny)?.is_some() { skinny } else { fat };
+                let data = self
+                    .lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)?
+                    .ok_or_else(|| Error::corrupt_key("freed tree block has no extent item", bytenr, key))?;
+                let refs = u64::from_le_bytes(data.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
+                if refs != 1 {
+                    return Err(Error::Unsupported(format!("freeing tree block {bytenr} with {refs} references")));
+                }
+                self.delete_item(BTRFS_EXTENT_TREE_OBJECTID, &key)?;
+            }
+        }
+        Ok(any)
+    }
+
+    fn update_block_group_items(&mut self) -> Result<bool> {
+        let dirty: Vec<u64> = self.alloc.groups.values().filter(|g| g.dirty).map(|g| g.start).collect();
+        for &s in &dirty {
+            let Some(g) = self.alloc.groups.get_mut(&s) else { continue };
+            g.dirty = false;
+            g.on_disk = true;
+            let (len, item) = (
+                g.length,
+                BlockGroupItem {
+                    used: g.used.into(),
+                    chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
+                    flags: g.flags.into(),
+                },
+            );
+            let bgt = self.bg_tree;
+            self.update_item(bgt, &Key::new(s, BTRFS_BLOCK_GROUP_ITEM_KEY, len), item.as_bytes())?;
+            if self.has_fst() {
+                self.update_fst_group(s)?;
+            }
+        }
+        Ok(!dirty.is_empty())
+    }
+
+    fn update_root_items(&mut self) -> Result<bool> {
+        let dirty: Vec<u64> = self.roots.values().filter(|r| r.dirty && r.item.is_some()).map(|r| r.id).collect();
+        for &id in &dirty {
+            let Some(st) = self.roots.get_mut(&id) else { continue };
+            st.dirty = false;
+            let (bytenr, level) = (st.bytenr, st.level);
+            let Some((key, ri)) = st.item.as_mut() else { continue };
+            ri.bytenr.set(bytenr);
+            ri.level = level;
+            ri.generation.set(self.transid);
+            ri.generation_v2.set(self.transid);
+            let (key, ri) = (*key, *ri);
+            self.update_item(BTRFS_ROOT_TREE_OBJECTID, &key, ri.as_bytes())?;
+        }
+        Ok(!dirty.is_empty())
+    }
+
+    /// Commit the running transaction and start the next one.
+    pub fn commit(&mut self) -> Result<()> {
+        // The superblock's root tree generation must be the new one, so the
+        // root tree is always copied even when nothing else touched it.
+        self.search_mut(BTRFS_ROOT_TREE_OBJECTID, &Key::MIN, None)?;
+        let mut settled = false;
+        for _ in 0..MAX_COMMIT_PASSES {
+            let a = self.run_delayed_refs()?;
+            let b = self.update_block_group_items()?;
+            let c = self.update_root_items()?;
+            if !a && !b && !c && self.refs.is_empty() {
+                settled = true;
+                break;
+            }
+        }
+        if !settled {
+            return Err(Error::Invalid("commit did not settle: extent, free space and root trees kept changing".into()));
+        }
+        self.flush_data()?;
+        self.write_dirty_blocks()?;
+        self.device().flush()?;
+        self.write_superblocks()?;
+        self.device().flush()?;
+        // The new generation is durable: pinned space is free again.
+        self.alloc.unpin_all();
+        self.dirty.clear();
+        self.img.sb = Box::new(self.sb);
+        self.transid += 1;
+        Ok(())
+    }
+
+    fn write_dirty_blocks(&mut self) -> Result<()> {
+        let mut list: Vec<u64> = self.dirty.iter().copied().collect();
+        list.sort_unstable();
+        let csum = self.img.csum;
+        // (physical, data) of every copy, then written in ascending order
+        // with adjacent blocks coalesced into one write.
+        let mut writes: Vec<(u64, u64)> = Vec::with_capacity(list.len() * 2);
+        for &b in &list {
+            let buf = self.blocks.get_mut(&b).ok_or_else(|| Error::Invalid("dirty block not cached".into()))?;
+            edit::mark_written(buf);
+            let c = crate::csum::block_csum(csum, buf);
+            buf[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+            for p in self.img.chunks.map(b, buf.len() as u64, self.img.devid)? {
+                writes.push((p, b));
+            }
+        }
+        writes.sort_unstable();
+        let ns = self.nodesize() as u64;
+        let mut i = 0;
+        let mut run: Vec<u8> = Vec::new();
+        while i < writes.len() {
+            let start = writes[i].0;
+            run.clear();
+            let mut j = i;
+            while j < writes.len() && writes[j].0 == start + (j - i) as u64 * ns && run.len() < (8 << 20) {
+                run.extend_from_slice(&self.blocks[&writes[j].1]);
+                j += 1;
+            }
+            self.img.device().write_at(start, &run)?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    fn write_superblocks(&mut self) -> Result<()> {
+        let root = self.roots.get(&BTRFS_ROOT_TREE_OBJECTID).cloned();
+        let sb = &mut self.sb;
+        sb.generation.set(self.transid);
+        if let Some(r) = root {
+            sb.root.set(r.bytenr);
+            sb.root_level = r.level;
+        }
+        if let Some(c) = self.roots.get(&BTRFS_CHUNK_TREE_OBJECTID) {
+            if self.dirty.contains(&c.bytenr) {
+                sb.chunk_root.set(c.bytenr);
+                sb.chunk_root_level = c.level;
+                sb.chunk_root_generation.set(self.transid);
+            }
+        }
+        sb.bytes_used.set(self.alloc.total_used());
+        // Backup roots: the slot after the newest one.
+        let newest = (0..BTRFS_NUM_BACKUP_ROOTS).max_by_key(|&i| sb.super_roots[i].tree_root_gen.get()).unwrap_or(0);
+        let slot = if sb.super_roots[newest].tree_root_gen.get() == self.transid { newest } else { (newest + 1) % BTRFS_NUM_BACKUP_ROOTS };
+        let mut b: RootBackup = sb.super_roots[slot];
+        b.tree_root.set(sb.root.get());
+        b.tree_root_gen.set(self.transid);
+        b.tree_root_level = sb.root_level;
+        b.chunk_root.set(sb.chunk_root.get());
+        b.chunk_root_gen.set(sb.chunk_root_generation.get());
+        b.chunk_root_level = sb.chunk_root_level;
+        b.total_bytes.set(sb.total_bytes.get());
+        b.bytes_used.set(sb.bytes_used.get());
+        b.num_devices.set(sb.num_devices.get());
+        let backups = self.backup_tree_roots()?;
+        let mut b2 = b;
+        for (id, bytenr, gen, level) in backups {
+            match id {
+                BTRFS_EXTENT_TREE_OBJECTID => {
+                    b2.extent_root.set(bytenr);
+                    b2.extent_root_gen.set(gen);
+                    b2.extent_root_level = level;
+                }
+                BTRFS_FS_TREE_OBJECTID => {
+                    b2.fs_root.set(bytenr);
+                    b2.fs_root_gen.set(gen);
+                    b2.fs_root_level = level;
+                }
+                BTRFS_DEV_TREE_OBJECTID => {
+                    b2.dev_root.set(bytenr);
+                    b2.dev_root_gen.set(gen);
+                    b2.dev_root_level = level;
+                }
+                BTRFS_CSUM_TREE_OBJECTID => {
+                    b2.csum_root.set(bytenr);
+                    b2.csum_root_gen.set(gen);
+                    b2.csum_root_level = level;
+                }
+                _ => {}
+            }
+        }
+        self.sb.super_roots[slot] = b2;
+        let size = self.device().size();
+        for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
+            let off = btrfs_sb_offset(mirror);
+            if off + BTRFS_SUPER_INFO_SIZE as u64 > size {
+                break;
+            }
+            let mut copy = self.sb;
+            copy.bytenr.set(off);
+            let mut bytes = copy.as_bytes().to_vec();
+            let c = crate::csum::block_csum(self.img.csum, &bytes);
+            bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+            self.device().write_at(off, &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// (tree id, bytenr, generation, level) of the trees backup roots record.
+    fn backup_tree_roots(&mut self) -> Result<Vec<(u64, u64, u64, u8)>> {
+        let mut out = Vec::new();
+        for id in [BTRFS_EXTENT_TREE_OBJECTID, BTRFS_FS_TREE_OBJECTID, BTRFS_DEV_TREE_OBJECTID, BTRFS_CSUM_TREE_OBJECTID] {
+            if !self.tree_exists(id)? {
+                continue;
+            }
+            let st = self.root_state(id)?;
+            if let Some((_, ri)) = &st.item {
+                out.push((id, ri.bytenr.get(), ri.generation.get(), ri.level));
+            }
+        }
+        Ok(out)
+    }
+}

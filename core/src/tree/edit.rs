@@ -1,0 +1,374 @@
+//! In-place edits of a tree block buffer in the kernel's layout: a leaf keeps
+//! item headers growing up from the header and item data growing down from
+//! the end, packed with no gaps (item i's data ends where item i-1's starts);
+//! a node keeps key pointers packed after the header. Every function keeps
+//! that invariant; callers check free space first (these functions return an
+//! error rather than corrupt the block when it does not fit).
+
+use crate::format::header::{Header, Item, KeyPtr, HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
+use crate::format::key::Key;
+use crate::{Error, Result};
+use zerocopy::{FromBytes, IntoBytes};
+
+fn hdr(buf: &[u8]) -> &Header {
+    Header::ref_from_prefix(buf).map(|(h, _)| h).unwrap_or_else(|_| unreachable!()) // OK: blocks are nodesize >= 4096
+}
+fn hdr_mut(buf: &mut [u8]) -> &mut Header {
+    Header::mut_from_prefix(buf).map(|(h, _)| h).unwrap_or_else(|_| unreachable!()) // OK: blocks are nodesize >= 4096
+}
+
+pub fn nritems(buf: &[u8]) -> usize {
+    hdr(buf).nritems.get() as usize
+}
+fn set_nritems(buf: &mut [u8], n: usize) {
+    hdr_mut(buf).nritems.set(n as u32);
+}
+pub fn level(buf: &[u8]) -> u8 {
+    hdr(buf).level
+}
+
+fn item_at(buf: &[u8], slot: usize) -> Item {
+    let o = HEADER_SIZE + slot * ITEM_SIZE;
+    Item::read_from_bytes(&buf[o..o + ITEM_SIZE]).unwrap_or_else(|_| unreachable!()) // OK: fixed-size slice
+}
+fn set_item_at(buf: &mut [u8], slot: usize, it: &Item) {
+    let o = HEADER_SIZE + slot * ITEM_SIZE;
+    buf[o..o + ITEM_SIZE].copy_from_slice(it.as_bytes());
+}
+fn ptr_at(buf: &[u8], slot: usize) -> KeyPtr {
+    let o = HEADER_SIZE + slot * KEY_PTR_SIZE;
+    KeyPtr::read_from_bytes(&buf[o..o + KEY_PTR_SIZE]).unwrap_or_else(|_| unreachable!()) // OK: fixed-size slice
+}
+fn set_ptr_at(buf: &mut [u8], slot: usize, p: &KeyPtr) {
+    let o = HEADER_SIZE + slot * KEY_PTR_SIZE;
+    buf[o..o + KEY_PTR_SIZE].copy_from_slice(p.as_bytes());
+}
+
+pub fn leaf_data_size(buf: &[u8]) -> usize {
+    buf.len() - HEADER_SIZE
+}
+
+/// Offset (relative to the end of the header) where the packed item data
+/// starts: the data of the last item.
+fn data_start(buf: &[u8]) -> usize {
+    let n = nritems(buf);
+    if n == 0 {
+        leaf_data_size(buf)
+    } else {
+        item_at(buf, n - 1).offset.get() as usize
+    }
+}
+
+/// Bytes used by items (headers and data) in a leaf.
+pub fn leaf_used(buf: &[u8]) -> usize {
+    let n = nritems(buf);
+    n * ITEM_SIZE + (leaf_data_size(buf) - data_start(buf))
+}
+pub fn leaf_free(buf: &[u8]) -> usize {
+    leaf_data_size(buf) - leaf_used(buf)
+}
+pub fn node_capacity(buf: &[u8]) -> usize {
+    (buf.len() - HEADER_SIZE) / KEY_PTR_SIZE
+}
+
+pub fn leaf_key(buf: &[u8], slot: usize) -> Key {
+    Key::from(&item_at(buf, slot).key)
+}
+pub fn node_key(buf: &[u8], slot: usize) -> Key {
+    Key::from(&ptr_at(buf, slot).key)
+}
+pub fn key_at(buf: &[u8], slot: usize) -> Key {
+    if level(buf) == 0 {
+        leaf_key(buf, slot)
+    } else {
+        node_key(buf, slot)
+    }
+}
+pub fn node_ptr(buf: &[u8], slot: usize) -> (u64, u64) {
+    let p = ptr_at(buf, slot);
+    (p.blockptr.get(), p.generation.get())
+}
+pub fn item_size(buf: &[u8], slot: usize) -> usize {
+    item_at(buf, slot).size.get() as usize
+}
+pub fn item_data(buf: &[u8], slot: usize) -> &[u8] {
+    let it = item_at(buf, slot);
+    let s = HEADER_SIZE + it.offset.get() as usize;
+    &buf[s..s + it.size.get() as usize]
+}
+pub fn item_data_mut(buf: &mut [u8], slot: usize) -> &mut [u8] {
+    let it = item_at(buf, slot);
+    let s = HEADER_SIZE + it.offset.get() as usize;
+    &mut buf[s..s + it.size.get() as usize]
+}
+
+/// Slot of `key` (Ok) or where it would go (Err).
+pub fn search(buf: &[u8], key: &Key) -> std::result::Result<usize, usize> {
+    let (mut lo, mut hi) = (0, nritems(buf));
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        let k = key_at(buf, mid);
+        match k.cmp(key) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => return Ok(mid),
+        }
+    }
+    Err(lo)
+}
+
+/// Insert an item of `data` at `slot` in a leaf.
+pub fn leaf_insert(buf: &mut [u8], slot: usize, key: &Key, data: &[u8]) -> Result<()> {
+    let n = nritems(buf);
+    if slot > n || leaf_free(buf) < ITEM_SIZE + data.len() {
+        return Err(Error::NoSpace(format!("leaf has {} bytes free, item needs {}", leaf_free(buf), ITEM_SIZE + data.len())));
+    }
+    let ds = data_start(buf);
+    let size = data.len();
+    // End of the data of the item currently at `slot` (the new item's data end).
+    let end = if slot == 0 { leaf_data_size(buf) } else { item_at(buf, slot - 1).offset.get() as usize };
+    // Shift data of items slot.. down by `size`.
+    buf.copy_within(HEADER_SIZE + ds..HEADER_SIZE + end, HEADER_SIZE + ds - size);
+    for i in slot..n {
+        let mut it = item_at(buf, i);
+        it.offset.set(it.offset.get() - size as u32);
+        set_item_at(buf, i, &it);
+    }
+    // Shift headers up by one slot.
+    let hs = HEADER_SIZE + slot * ITEM_SIZE;
+    buf.copy_within(hs..HEADER_SIZE + n * ITEM_SIZE, hs + ITEM_SIZE);
+    let it = Item { key: key.to_disk(), offset: ((end - size) as u32).into(), size: (size as u32).into() };
+    set_item_at(buf, slot, &it);
+    buf[HEADER_SIZE + end - size..HEADER_SIZE + end].copy_from_slice(data);
+    set_nritems(buf, n + 1);
+    Ok(())
+}
+
+/// Delete `count` items starting at `slot` from a leaf.
+pub fn leaf_delete(buf: &mut [u8], slot: usize, count: usize) {
+    let n = nritems(buf);
+    if count == 0 || slot + count > n {
+        return;
+    }
+    let ds = data_start(buf);
+    let last = item_at(buf, slot + count - 1);
+    let end = if slot == 0 { leaf_data_size(buf) } else { item_at(buf, slot - 1).offset.get() as usize };
+    let removed = end - last.offset.get() as usize;
+    // Data of items after the deleted run moves up by `removed`.
+    let lo = last.offset.get() as usize;
+    buf.copy_within(HEADER_SIZE + ds..HEADER_SIZE + lo, HEADER_SIZE + ds + removed);
+    for i in slot + count..n {
+        let mut it = item_at(buf, i);
+        it.offset.set(it.offset.get() + removed as u32);
+        set_item_at(buf, i, &it);
+    }
+    let hs = HEADER_SIZE + slot * ITEM_SIZE;
+    buf.copy_within(hs + count * ITEM_SIZE..HEADER_SIZE + n * ITEM_SIZE, hs);
+    set_nritems(buf, n - count);
+    // Keep freed bytes zero so blocks are deterministic.
+    let nn = n - count;
+    let new_ds = data_start(buf);
+    buf[HEADER_SIZE + nn * ITEM_SIZE..HEADER_SIZE + new_ds].fill(0);
+}
+
+/// Change the size of item `slot`, keeping its first bytes (truncating or
+/// zero-extending at the end).
+pub fn leaf_resize(buf: &mut [u8], slot: usize, new_size: usize) -> Result<()> {
+    let old = item_size(buf, slot);
+    if new_size == old {
+        return Ok(());
+    }
+    if new_size > old && leaf_free(buf) < new_size - old {
+        return Err(Error::NoSpace(format!("leaf has {} bytes free, resize needs {}", leaf_free(buf), new_size - old)));
+    }
+    let key = leaf_key(buf, slot);
+    let mut data = item_data(buf, slot).to_vec();
+    data.resize(new_size, 0);
+    leaf_delete(buf, slot, 1);
+    leaf_insert(buf, slot, &key, &data)
+}
+
+/// Replace the key of `slot` (the caller keeps the order).
+pub fn set_key(buf: &mut [u8], slot: usize, key: &Key) {
+    if level(buf) == 0 {
+        let mut it = item_at(buf, slot);
+        it.key = key.to_disk();
+        set_item_at(buf, slot, &it);
+    } else {
+        let mut p = ptr_at(buf, slot);
+        p.key = key.to_disk();
+        set_ptr_at(buf, slot, &p);
+    }
+}
+
+pub fn node_insert(buf: &mut [u8], slot: usize, key: &Key, blockptr: u64, generation: u64) -> Result<()> {
+    let n = nritems(buf);
+    if n >= node_capacity(buf) || slot > n {
+        return Err(Error::NoSpace("node full".into()));
+    }
+    let hs = HEADER_SIZE + slot * KEY_PTR_SIZE;
+    buf.copy_within(hs..HEADER_SIZE + n * KEY_PTR_SIZE, hs + KEY_PTR_SIZE);
+    set_ptr_at(buf, slot, &KeyPtr { key: key.to_disk(), blockptr: blockptr.into(), generation: generation.into() });
+    set_nritems(buf, n + 1);
+    Ok(())
+}
+
+pub fn node_set_ptr(buf: &mut [u8], slot: usize, blockptr: u64, generation: u64) {
+    let mut p = ptr_at(buf, slot);
+    p.blockptr.set(blockptr);
+    p.generation.set(generation);
+    set_ptr_at(buf, slot, &p);
+}
+
+pub fn node_delete(buf: &mut [u8], slot: usize, count: usize) {
+    let n = nritems(buf);
+    if count == 0 || slot + count > n {
+        return;
+    }
+    let hs = HEADER_SIZE + slot * KEY_PTR_SIZE;
+    buf.copy_within(hs + count * KEY_PTR_SIZE..HEADER_SIZE + n * KEY_PTR_SIZE, hs);
+    let nn = n - count;
+    buf[HEADER_SIZE + nn * KEY_PTR_SIZE..HEADER_SIZE + n * KEY_PTR_SIZE].fill(0);
+    set_nritems(buf, nn);
+}
+
+/// Move items `[from..]` of leaf `src` to the front of... the end of `dst`
+/// (dst's keys must all be smaller). Used by split and merge.
+pub fn leaf_move_tail(src: &mut [u8], from: usize, dst: &mut [u8]) -> Result<()> {
+    let n = nritems(src);
+    for i in from..n {
+        let k = leaf_key(src, i);
+        let d = item_data(src, i).to_vec();
+        let at = nritems(dst);
+        leaf_insert(dst, at, &k, &d)?;
+    }
+    leaf_delete(src, from, n - from);
+    Ok(())
+}
+
+/// Move the first `count` items of leaf `src` to the end of leaf `dst`.
+pub fn leaf_move_head(src: &mut [u8], count: usize, dst: &mut [u8]) -> Result<()> {
+    for i in 0..count {
+        let k = leaf_key(src, i);
+        let d = item_data(src, i).to_vec();
+        let at = nritems(dst);
+        leaf_insert(dst, at, &k, &d)?;
+    }
+    leaf_delete(src, 0, count);
+    Ok(())
+}
+
+pub fn node_move_tail(src: &mut [u8], from: usize, dst: &mut [u8]) -> Result<()> {
+    let n = nritems(src);
+    for i in from..n {
+        let p = ptr_at(src, i);
+        let at = nritems(dst);
+        node_insert(dst, at, &Key::from(&p.key), p.blockptr.get(), p.generation.get())?;
+    }
+    node_delete(src, from, n - from);
+    Ok(())
+}
+
+pub fn node_move_head(src: &mut [u8], count: usize, dst: &mut [u8]) -> Result<()> {
+    for i in 0..count {
+        let p = ptr_at(src, i);
+        let at = nritems(dst);
+        node_insert(dst, at, &Key::from(&p.key), p.blockptr.get(), p.generation.get())?;
+    }
+    node_delete(src, 0, count);
+    Ok(())
+}
+
+/// Reset a buffer to an empty block with the given header fields.
+#[allow(clippy::too_many_arguments)]
+pub fn init_block(buf: &mut [u8], bytenr: u64, level: u8, owner: u64, generation: u64, fsid: &[u8; 16], chunk_tree_uuid: &[u8; 16]) {
+    buf.fill(0);
+    let h = hdr_mut(buf);
+    h.fsid = *fsid;
+    h.bytenr.set(bytenr);
+    h.flags.set((crate::format::consts::BTRFS_MIXED_BACKREF_REV as u64) << crate::format::consts::BTRFS_BACKREF_REV_SHIFT);
+    h.chunk_tree_uuid = *chunk_tree_uuid;
+    h.generation.set(generation);
+    h.owner.set(owner);
+    h.level = level;
+}
+
+pub fn set_header_location(buf: &mut [u8], bytenr: u64, generation: u64, owner: u64) {
+    let h = hdr_mut(buf);
+    h.bytenr.set(bytenr);
+    h.generation.set(generation);
+    h.owner.set(owner);
+    // A fresh copy has not been written yet; the flag is set at write-out.
+    let f = h.flags.get() & !(crate::format::consts::BTRFS_HEADER_FLAG_WRITTEN | crate::format::consts::BTRFS_HEADER_FLAG_RELOC);
+    h.flags.set(f);
+}
+
+pub fn mark_written(buf: &mut [u8]) {
+    let h = hdr_mut(buf);
+    h.flags.set(h.flags.get() | crate::format::consts::BTRFS_HEADER_FLAG_WRITTEN);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf() -> Vec<u8> {
+        let mut b = vec![0u8; 4096];
+        init_block(&mut b, 4096, 0, 5, 1, &[1; 16], &[2; 16]);
+        b
+    }
+
+    fn check(b: &[u8]) {
+        let n = nritems(b);
+        let mut end = leaf_data_size(b);
+        for i in 0..n {
+            let it = item_at(b, i);
+            assert_eq!(it.offset.get() as usize + it.size.get() as usize, end, "slot {i}");
+            end = it.offset.get() as usize;
+            if i > 0 {
+                assert!(leaf_key(b, i - 1) < leaf_key(b, i));
+            }
+        }
+    }
+
+    #[test]
+    fn insert_delete_resize_keep_packing() {
+        let mut b = leaf();
+        for (i, k) in [5u64, 1, 3, 9, 7].iter().enumerate() {
+            let key = Key::new(*k, 1, 0);
+            let slot = search(&b, &key).unwrap_err();
+            leaf_insert(&mut b, slot, &key, &vec![*k as u8; 10 + i]).unwrap();
+            check(&b);
+        }
+        let keys: Vec<u64> = (0..nritems(&b)).map(|i| leaf_key(&b, i).objectid).collect();
+        assert_eq!(keys, vec![1, 3, 5, 7, 9]);
+        assert_eq!(item_data(&b, 2), &[5u8; 10][..]);
+        leaf_resize(&mut b, 1, 40).unwrap();
+        check(&b);
+        assert_eq!(&item_data(&b, 1)[..11], &[3u8; 11][..]);
+        leaf_delete(&mut b, 1, 2);
+        check(&b);
+        let keys: Vec<u64> = (0..nritems(&b)).map(|i| leaf_key(&b, i).objectid).collect();
+        assert_eq!(keys, vec![1, 7, 9]);
+        assert_eq!(item_data(&b, 1), &[7u8; 14][..]);
+        let used = leaf_used(&b);
+        assert_eq!(used + leaf_free(&b), 4096 - HEADER_SIZE);
+        let mut c = leaf();
+        leaf_move_tail(&mut b, 1, &mut c).unwrap();
+        check(&b);
+        check(&c);
+        assert_eq!(nritems(&b), 1);
+        assert_eq!(leaf_key(&c, 0).objectid, 7);
+        // Fill until full: the insert that does not fit is refused intact.
+        let mut i = 100;
+        loop {
+            let at = nritems(&c);
+            if leaf_insert(&mut c, at, &Key::new(i, 1, 0), &[0; 100]).is_err() {
+                break;
+            }
+            i += 1;
+        }
+        check(&c);
+        assert!(leaf_free(&c) < ITEM_SIZE + 100);
+    }
+}

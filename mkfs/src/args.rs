@@ -1,0 +1,123 @@
+use anyhow::{bail, Context};
+use btrkit_core::csum::CsumType;
+use btrkit_core::mkfs::{parse_uuid, Features, MkfsOptions};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Parser)]
+#[command(
+    name = "btrkit-mkfs",
+    version,
+    about = "Create a Btrfs filesystem on an image file or device",
+    after_help = "Examples:\n  btrkit-mkfs -b 1G disk.img\n  btrkit-mkfs -n 65536 --csum xxhash -L data -f disk.img\n  btrkit-mkfs -b 4G --rootdir ./tree disk.img"
+)]
+pub struct Args {
+    /// Filesystem size (K/M/G/T suffixes); creates or extends the image file.
+    #[arg(short = 'b', long = "byte-count")]
+    pub size: Option<String>,
+    /// Tree block size: a power of two from 4K to 64K.
+    #[arg(short = 'n', long = "nodesize", default_value = "16K")]
+    pub nodesize: String,
+    /// Data block size (only 4K).
+    #[arg(short = 's', long = "sectorsize", default_value = "4K")]
+    pub sectorsize: String,
+    /// Checksum algorithm: crc32c, xxhash, sha256 or blake2.
+    #[arg(long = "csum", alias = "checksum", default_value = "crc32c")]
+    pub csum: String,
+    #[arg(short = 'L', long = "label", default_value = "")]
+    pub label: String,
+    #[arg(short = 'U', long = "uuid")]
+    pub uuid: Option<String>,
+    /// Features, comma separated; ^name disables (no-holes, skinny-metadata,
+    /// extref, free-space-tree, block-group-tree).
+    #[arg(short = 'O', long = "features")]
+    pub features: Vec<String>,
+    /// Runtime features (free-space-tree), as mkfs.btrfs -R.
+    #[arg(short = 'R', long = "runtime-features")]
+    pub runtime_features: Vec<String>,
+    /// Copy this directory's contents into the new filesystem.
+    #[arg(short = 'r', long = "rootdir")]
+    pub rootdir: Option<PathBuf>,
+    /// Overwrite an existing filesystem.
+    #[arg(short = 'f', long = "force")]
+    pub force: bool,
+    #[arg(short = 'q', long = "quiet")]
+    pub quiet: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    pub image: PathBuf,
+}
+
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let suf = t[i..].to_ascii_lowercase();
+            let m: u64 = match suf.trim_end_matches("ib").trim_end_matches('b') {
+                "" => 1,
+                "k" => 1 << 10,
+                "m" => 1 << 20,
+                "g" => 1 << 30,
+                "t" => 1 << 40,
+                "p" => 1 << 50,
+                _ => bail!("size '{s}' has an unknown suffix"),
+            };
+            (&t[..i], m)
+        }
+        None => (t, 1),
+    };
+    let n: u64 = num.trim().parse().with_context(|| format!("size '{s}' is not a number"))?;
+    n.checked_mul(mult).with_context(|| format!("size '{s}' is too large"))
+}
+
+impl Args {
+    pub fn options(&self) -> anyhow::Result<MkfsOptions> {
+        let mut o = MkfsOptions::default();
+        if let Some(s) = &self.size {
+            o.size = Some(parse_size(s)?);
+        }
+        let ns = parse_size(&self.nodesize)?;
+        let ss = parse_size(&self.sectorsize)?;
+        if ns > u32::MAX as u64 || ss > u32::MAX as u64 {
+            bail!("nodesize {ns} or sectorsize {ss} out of range");
+        }
+        o.nodesize = ns as u32;
+        o.sectorsize = ss as u32;
+        o.csum = CsumType::parse(&self.csum)?;
+        o.label = self.label.clone();
+        if let Some(u) = &self.uuid {
+            o.fsid = Some(parse_uuid(u)?);
+        }
+        let mut f = Features::default();
+        for l in self.features.iter().chain(self.runtime_features.iter()) {
+            f.apply(l)?;
+        }
+        o.features = f;
+        Ok(o)
+    }
+}
+
+/// Name of a filesystem already on `path`, if one is recognised.
+pub fn existing_filesystem(path: &Path) -> anyhow::Result<Option<&'static str>> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut buf = vec![0u8; 65536 + 4096];
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    let buf = &buf[..n];
+    if buf.len() >= 65536 + 72 && &buf[65536 + 64..65536 + 72] == b"_BHRfS_M" {
+        return Ok(Some("btrfs"));
+    }
+    if buf.len() >= 4 && &buf[..4] == b"XFSB" {
+        return Ok(Some("xfs"));
+    }
+    if buf.len() >= 1082 && buf[1080] == 0x53 && buf[1081] == 0xef {
+        return Ok(Some("ext2/3/4"));
+    }
+    Ok(None)
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Quick start: build the tools, make an image from the built-in example
+# directory, and inspect it. Needs only cargo; uses btrfs-progs when present
+# to cross-check the image.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --workspace --bins
+BIN=target/release
+out=${1:-target/demo.img}
+rm -f "$out"
+"$BIN/btrkit-mkfs" -b 256M -L demo --rootdir examples/rootdir "$out"
+"$BIN/btrkit-dump" super "$out" | head -40
+"$BIN/btrkit-dump" tree "$out" --tree fs | head -60
+if command -v btrfs >/dev/null 2>&1; then
+  btrfs check --readonly "$out"
+fi
+echo "demo image: $out"

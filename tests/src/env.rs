@@ -1,0 +1,122 @@
+//! Environment probes. Each prints `SKIP: <test>: <reason>` to stderr when the
+//! requirement is missing, so a skipped test is visible in `cargo test` output
+//! (run with `--nocapture` to see it) rather than silently passing.
+//!
+//! The test name comes from the current thread's name, which libtest sets to
+//! the test's path.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// Return early from a test unless every probe holds:
+/// `skip_unless!(require_root(), require_btrfs_progs());`
+/// Probes are `bool` expressions that print their own skip reason.
+#[macro_export]
+macro_rules! skip_unless {
+    ($($probe:expr),+ $(,)?) => {
+        $( if !$probe { return; } )+
+    };
+}
+
+/// The running test's name (libtest names each test thread after the test).
+pub fn test_name() -> String {
+    std::thread::current().name().unwrap_or("<unnamed>").to_string()
+}
+
+/// Print the standard skip line for the current test.
+pub fn skip(reason: &str) {
+    eprintln!("SKIP: {}: {}", test_name(), reason);
+}
+
+fn report(res: &Result<(), String>) -> bool {
+    match res {
+        Ok(()) => true,
+        Err(reason) => {
+            skip(reason);
+            false
+        }
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Running as root (needed for mount, losetup).
+pub fn require_root() -> bool {
+    report(&if is_root() { Ok(()) } else { Err("not running as root".into()) })
+}
+
+fn runs(prog: &str, args: &[&str]) -> bool {
+    Command::new(prog)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// `mkfs.btrfs` and `btrfs` from btrfs-progs are on PATH.
+pub fn require_btrfs_progs() -> bool {
+    static P: OnceLock<Result<(), String>> = OnceLock::new();
+    report(P.get_or_init(|| {
+        if !runs("mkfs.btrfs", &["--version"]) {
+            return Err("mkfs.btrfs (btrfs-progs) not found".into());
+        }
+        if !runs("btrfs", &["--version"]) {
+            return Err("btrfs (btrfs-progs) not found".into());
+        }
+        Ok(())
+    }))
+}
+
+/// A loop device can be attached and detached (probed once per process with a
+/// scratch file), and the kernel knows btrfs or can load it.
+pub fn require_loop() -> bool {
+    static P: OnceLock<Result<(), String>> = OnceLock::new();
+    report(P.get_or_init(|| {
+        if !is_root() {
+            return Err("not root, cannot set up loop devices".into());
+        }
+        if !std::path::Path::new("/dev/loop-control").exists() {
+            return Err("/dev/loop-control missing".into());
+        }
+        let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+        let f = dir.path().join("probe.img");
+        let file = std::fs::File::create(&f).map_err(|e| format!("create probe file: {e}"))?;
+        file.set_len(1 << 20).map_err(|e| format!("probe file: {e}"))?;
+        let dev = crate::kimage::losetup_attach(&f).map_err(|e| format!("losetup failed: {e}"))?;
+        crate::kimage::losetup_detach(&dev);
+        let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+        if !fs.contains("btrfs") && !runs("modprobe", &["btrfs"]) {
+            return Err("kernel has no btrfs support".into());
+        }
+        Ok(())
+    }))
+}
+
+/// Everything a kernel-mount test needs: root, btrfs-progs, loop devices.
+pub fn require_kernel_mount() -> bool {
+    require_root() && require_btrfs_progs() && require_loop()
+}
+
+/// Repository root: the parent of this crate's manifest directory.
+pub fn repo_root() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.parent().map(|p| p.to_path_buf()).unwrap_or(here)
+}
+
+/// `../shared` next to the repository root, if present.
+pub fn require_shared() -> Option<PathBuf> {
+    let p = repo_root().join("..").join("shared");
+    if p.is_dir() {
+        Some(p.canonicalize().unwrap_or(p))
+    } else {
+        skip(&format!("shared fixtures not found at {}", p.display()));
+        None
+    }
+}
