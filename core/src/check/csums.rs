@@ -140,8 +140,22 @@ fn verify_data(cx: &mut Ctx) {
     let Ok(mut it) = TreeIter::new(img, root, crate::format::key::Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0)) else {
         return;
     };
-    let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
-    let mut batch_bytes = 0usize;
+    let cs = img.csum.size().max(1);
+    let prefetch = |batch: &[(u64, Vec<u8>)]| {
+        for (start, sums) in batch {
+            let len = (sums.len() / cs) as u64 * img.sectorsize as u64;
+            if let Ok(phys) = img.chunks.map(*start, len, img.devid) {
+                for p in phys {
+                    img.device().prefetch(p, len);
+                }
+            }
+        }
+    };
+    // Two batches in flight: the next one is being read by the kernel
+    // (prefetched) while the current one is verified.
+    let mut filling: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut ready: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut filled = 0usize;
     let mut bad: Vec<(u64, String)> = Vec::new();
     let mut sectors = 0u64;
     loop {
@@ -151,26 +165,33 @@ fn verify_data(cx: &mut Ctx) {
             if item.key.objectid == BTRFS_EXTENT_CSUM_OBJECTID && item.key.ty == BTRFS_EXTENT_CSUM_KEY {
                 if let Ok(d) = item.data() {
                     // Pieces of at most 256 sectors keep each read buffer at 1 MiB (4 KiB sectors).
-                    let cs = img.csum.size().max(1);
                     for (i, piece) in d.chunks(256 * cs).enumerate() {
                         let at = item.key.offset.saturating_add(i as u64 * 256 * img.sectorsize as u64);
-                        batch_bytes += piece.len();
-                        batch.push((at, piece.to_vec()));
+                        filled += piece.len();
+                        filling.push((at, piece.to_vec()));
                     }
                 }
             }
         }
-        if (done || batch_bytes >= 1 << 20) && !batch.is_empty() {
-            let results: Vec<(u64, Vec<(u64, String)>)> = batch.par_iter().map(|(start, sums)| verify_item(cx, *start, sums)).collect();
+        if done || filled >= 16 << 10 {
+            prefetch(&filling);
+            let current = std::mem::replace(&mut ready, std::mem::take(&mut filling));
+            filled = 0;
+            let results: Vec<(u64, Vec<(u64, String)>)> = current.par_iter().map(|(start, sums)| verify_item(cx, *start, sums)).collect();
             for (n, b) in results {
                 sectors += n;
                 cx.progress.advance(n);
                 bad.extend(b);
             }
-            batch.clear();
-            batch_bytes = 0;
         }
         if done {
+            let last = std::mem::take(&mut ready);
+            let results: Vec<(u64, Vec<(u64, String)>)> = last.par_iter().map(|(start, sums)| verify_item(cx, *start, sums)).collect();
+            for (n, b) in results {
+                sectors += n;
+                cx.progress.advance(n);
+                bad.extend(b);
+            }
             break;
         }
     }

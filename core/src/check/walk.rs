@@ -69,8 +69,10 @@ struct Pending {
     pre: Option<Box<Loaded>>,
 }
 
-/// A block read and validated, with its damaged mirror copies (copy index, physical).
-type Loaded = (crate::Result<(Node, Vec<Problem>)>, Vec<(usize, u64)>);
+/// A block read and validated, with its damaged mirror copies (copy index,
+/// physical), and whether copies after the first are still to be verified
+/// (done at the end of the walk, in disk order).
+type Loaded = (crate::Result<(Node, Vec<Problem>)>, Vec<(usize, u64)>, bool);
 
 fn load(img: &Image, bytenr: u64, expect: &Expect) -> Loaded {
     // Common case first: copy 0 is good, so read it once and each other
@@ -84,8 +86,7 @@ fn load(img: &Image, bytenr: u64, expect: &Expect) -> Loaded {
                 if let Ok(node) = Node::from_vec(bytenr, b) {
                     let problems = node.validate(&img.ctx(false), expect);
                     if problems.is_empty() {
-                        let bad = bad_copies(img, &node, 1);
-                        return (Ok((node, problems)), bad);
+                        return (Ok((node, problems)), Vec::new(), phys.len() > 1);
                     }
                 }
             }
@@ -96,7 +97,7 @@ fn load(img: &Image, bytenr: u64, expect: &Expect) -> Loaded {
         Ok((node, _)) => bad_copies(img, node, 0),
         Err(_) => Vec::new(),
     };
-    (r, bad)
+    (r, bad, false)
 }
 
 pub(super) fn walk_all(cx: &mut Ctx) {
@@ -106,7 +107,8 @@ pub(super) fn walk_all(cx: &mut Ctx) {
     cx.progress.phase(P, "tree blocks", total);
 
     let root_spec = Spec { root: img.root_tree(), kind: Kind::Root, ref_root: BTRFS_ROOT_TREE_OBJECTID, drop_key: None, fs_check: None };
-    walk(cx, &mut seen, &root_spec);
+    let mut mirrors = Vec::new();
+    walk(cx, &mut seen, &mut mirrors, &root_spec);
     let chunk_spec = Spec { root: img.chunk_tree(), kind: Kind::Chunk, ref_root: BTRFS_CHUNK_TREE_OBJECTID, drop_key: None, fs_check: None };
 
     // Progress: root items say how many bytes of tree blocks each tree has.
@@ -169,15 +171,16 @@ pub(super) fn walk_all(cx: &mut Ctx) {
         _ => 2,
     });
     for s in &specs {
-        walk(cx, &mut seen, s);
+        walk(cx, &mut seen, &mut mirrors, s);
     }
+    verify_mirrors(cx, mirrors);
     cx.chunks.block_groups.sort_by_key(|b| b.start);
     cx.ext.recs.sort_by_key(|r| r.bytenr);
     cx.ext.loaded = true;
 }
 
 /// Walk one tree. `seen` is global across trees.
-pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
+pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u64)>, spec: &Spec) {
     let img = cx.img;
     let root = spec.root;
     let check_owner = !matches!(spec.kind, Kind::Reloc);
@@ -206,7 +209,7 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
         if !first && fs.is_none() {
             continue;
         }
-        let (read, bad) = match p.pre {
+        let (read, bad, mirrors_later) = match p.pre {
             Some(l) => *l,
             None => load(img, p.bytenr, &p.expect),
         };
@@ -244,6 +247,9 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
             }
             for (i, phys) in bad {
                 cx.report(F::err(P, "checksum").tree(root.id).at(node.bytenr).msg(format!("copy {i} of the block (at physical {phys}) is damaged")));
+            }
+            if mirrors_later {
+                mirrors.push((node.bytenr, root.id));
             }
             if let (Some(hi), Some(last)) = (p.hi, node.nr_safe().checked_sub(1).and_then(|s| node.key(s))) {
                 if last >= hi {
@@ -293,12 +299,17 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
             });
             pushed += 1;
         }
-        // Leaves under this node: read and validate them in parallel; the
-        // rest of the walk (and every finding) stays in key order.
+        // Ask the kernel to start reading every child now (many reads in
+        // flight instead of one at a time), then read and validate leaves
+        // in parallel; the rest of the walk (and every finding) stays in
+        // key order.
+        let from = stack.len() - pushed;
+        let descend_seen = fs.is_some();
+        let todo: Vec<usize> = (from..stack.len()).filter(|&i| descend_seen || !seen.contains(&stack[i].bytenr)).collect();
+        for &i in todo.iter().rev() {
+            prefetch_block(img, stack[i].bytenr);
+        }
         if level == 0 && pushed > 1 {
-            let from = stack.len() - pushed;
-            let descend_seen = fs.is_some();
-            let todo: Vec<usize> = (from..stack.len()).filter(|&i| descend_seen || !seen.contains(&stack[i].bytenr)).collect();
             let loaded: Vec<Loaded> = todo.par_iter().map(|&i| load(img, stack[i].bytenr, &stack[i].expect)).collect();
             for (i, l) in todo.into_iter().zip(loaded) {
                 stack[i].pre = Some(Box::new(l));
@@ -307,6 +318,54 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, spec: &Spec) {
     }
     if let Some(f) = fs {
         f.finish(cx);
+    }
+}
+
+/// Second (and later) copies of blocks whose first copy was good, read in
+/// physical order, a batch ahead, and verified in parallel.
+fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
+    let img = cx.img;
+    let ns = img.nodesize as usize;
+    let mut todo: Vec<(u64, usize, u64, u64)> = Vec::with_capacity(blocks.len());
+    for (bytenr, tree) in blocks {
+        if let Ok(phys) = img.chunks.map(bytenr, ns as u64, img.devid) {
+            for (i, &p) in phys.iter().enumerate().skip(1) {
+                todo.push((p, i, bytenr, tree));
+            }
+        }
+    }
+    todo.sort_unstable();
+    const BATCH: usize = 256;
+    let ahead = |from: usize| {
+        for &(p, ..) in todo.iter().skip(from).take(BATCH) {
+            img.device().prefetch(p, ns as u64);
+        }
+    };
+    ahead(0);
+    let mut bad = Vec::new();
+    for (n, chunk) in todo.chunks(BATCH).enumerate() {
+        ahead((n + 1) * BATCH);
+        let res: Vec<Option<(u64, usize, u64, u64)>> = chunk
+            .par_iter()
+            .map(|&(p, i, bytenr, tree)| {
+                let mut b = vec![0u8; ns];
+                let ok = img.device().read_at(p, &mut b).is_ok() && copy_ok(img, &b, bytenr);
+                (!ok).then_some((p, i, bytenr, tree))
+            })
+            .collect();
+        bad.extend(res.into_iter().flatten());
+    }
+    for (p, i, bytenr, tree) in bad {
+        cx.report(F::err(P, "checksum").tree(tree).at(bytenr).msg(format!("copy {i} of the block (at physical {p}) is damaged")));
+    }
+}
+
+fn prefetch_block(img: &Image, bytenr: u64) {
+    let ns = img.nodesize as u64;
+    if let Ok(phys) = img.chunks.map(bytenr, ns, img.devid) {
+        if let Some(&p) = phys.first() {
+            img.device().prefetch(p, ns);
+        }
     }
 }
 
