@@ -173,7 +173,7 @@ fn verify_data(cx: &mut Ctx) {
                 }
             }
         }
-        if done || filled >= 16 << 10 {
+        if done || filled >= 64 << 10 {
             prefetch(&filling);
             let current = std::mem::replace(&mut ready, std::mem::take(&mut filling));
             filled = 0;

@@ -172,6 +172,9 @@ pub(super) fn walk_all(cx: &mut Ctx) {
     });
     for s in &specs {
         walk(cx, &mut seen, &mut mirrors, s);
+        if s.kind == Kind::Extent {
+            prefetch_metadata(cx);
+        }
     }
     verify_mirrors(cx, mirrors);
     cx.chunks.block_groups.sort_by_key(|b| b.start);
@@ -357,6 +360,44 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
     }
     for (p, i, bytenr, tree) in bad {
         cx.report(F::err(P, "checksum").tree(tree).at(bytenr).msg(format!("copy {i} of the block (at physical {p}) is damaged")));
+    }
+}
+
+/// Most metadata asked for ahead of the walk (page cache, not our memory).
+const PREFETCH_LIMIT: u64 = 512 << 20;
+
+/// The extent tree lists every tree block: ask the kernel for all of them
+/// (every copy) in disk order, merged into large reads, so the walk of the
+/// other trees finds them in the page cache instead of waiting on each.
+fn prefetch_metadata(cx: &Ctx) {
+    let img = cx.img;
+    let ns = img.nodesize as u64;
+    let mut phys: Vec<u64> = Vec::new();
+    for r in &cx.ext.recs {
+        if r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK == 0 {
+            continue;
+        }
+        if let Ok(p) = img.chunks.map(r.bytenr, ns, img.devid) {
+            phys.extend(p);
+        }
+        if phys.len() as u64 * ns >= PREFETCH_LIMIT {
+            break;
+        }
+    }
+    phys.sort_unstable();
+    let mut run: Option<(u64, u64)> = None;
+    for p in phys {
+        run = match run {
+            Some((s, e)) if p <= e.saturating_add(256 << 10) && e - s < (8 << 20) => Some((s, e.max(p + ns))),
+            Some((s, e)) => {
+                img.device().prefetch(s, e - s);
+                Some((p, p + ns))
+            }
+            None => Some((p, p + ns)),
+        };
+    }
+    if let Some((s, e)) = run {
+        img.device().prefetch(s, e - s);
     }
 }
 
