@@ -313,8 +313,12 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
             prefetch_block(img, stack[i].bytenr);
         }
         if level == 0 && pushed > 1 {
-            let loaded: Vec<Loaded> = todo.par_iter().map(|&i| load(img, stack[i].bytenr, &stack[i].expect)).collect();
-            for (i, l) in todo.into_iter().zip(loaded) {
+            // Only the leaves popped next (top of the stack): memory stays
+            // at PRELOAD blocks whatever the node size and fan-out.
+            const PRELOAD: usize = 32;
+            let near: Vec<usize> = todo.iter().rev().take(PRELOAD).copied().collect();
+            let loaded: Vec<Loaded> = near.par_iter().map(|&i| load(img, stack[i].bytenr, &stack[i].expect)).collect();
+            for (i, l) in near.into_iter().zip(loaded) {
                 stack[i].pre = Some(Box::new(l));
             }
         }
