@@ -15,5 +15,6 @@ pub mod mkfs;
 pub mod fs;
 pub mod log;
 pub mod image;
+pub mod check;
 
 pub use error::{Error, Result};

@@ -193,6 +193,9 @@ pub struct Dumper<'a> {
     dfs: bool,
     /// Blocks with problems, unreadable blocks and bad references seen so far.
     pub damaged: usize,
+    /// Spinner on stderr while the dump goes to a file or pipe.
+    progress: Option<indicatif::ProgressBar>,
+    blocks_read: u64,
 }
 
 struct Ptr {
@@ -205,7 +208,13 @@ struct Ptr {
 
 impl<'a> Dumper<'a> {
     pub fn new(img: &'a Image, sink: &'a mut dyn Sink, dfs: bool) -> Self {
-        Dumper { img, sink, dfs, damaged: 0 }
+        use std::io::IsTerminal;
+        let progress = (io::stderr().is_terminal() && !io::stdout().is_terminal()).then(|| {
+            let pb = indicatif::ProgressBar::new_spinner();
+            pb.set_style(indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()));
+            pb
+        });
+        Dumper { img, sink, dfs, damaged: 0, progress, blocks_read: 0 }
     }
 
     fn error(&mut self, message: &str, bytenr: Option<u64>, key: Option<Key>) -> io::Result<()> {
@@ -251,6 +260,12 @@ impl<'a> Dumper<'a> {
             };
             if !problems.is_empty() {
                 self.damaged += 1;
+            }
+            self.blocks_read += 1;
+            if let Some(pb) = &self.progress {
+                if self.blocks_read % 256 == 0 {
+                    pb.set_message(format!("{} tree blocks", self.blocks_read));
+                }
             }
             if print {
                 self.sink.event(Event::Block { node: &node, problems: &problems })?;
@@ -482,6 +497,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Ok(true)
     })();
     let damaged = d.damaged;
+    if let Some(pb) = d.progress.take() {
+        pb.finish_and_clear();
+    }
     let r = r.and_then(|found| sink.finish().map(|_| found));
     match r {
         Ok(true) => {}

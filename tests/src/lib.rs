@@ -9,6 +9,7 @@
 //!   drop guard that unmounts and detaches, and crash-image capture.
 //! - [`rich`]: builds an image full of the things the kernel writes (inline,
 //!   prealloc, compressed, holes, xattrs, links, subvolumes, multi-level trees).
+//! - [`fsck_support`]: running btrkit-fsck, locating and damaging items.
 //! - [`dumpcmp`]: compares `btrkit-dump tree` against `btrfs inspect-internal
 //!   dump-tree` on their item lines.
 
@@ -16,6 +17,7 @@ pub mod bins;
 pub mod dumpcmp;
 pub mod env;
 pub mod fixtures;
+pub mod fsck_support;
 pub mod kcrash;
 pub mod kimage;
 pub mod rich;

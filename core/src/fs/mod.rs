@@ -226,37 +226,18 @@ impl Fs {
     /// Drop one reference to a data extent; the extent, its checksums and
     /// its space go with the last one.
     pub fn drop_data_ref(&mut self, tree: u64, ino: u64, file_off_minus_offset: u64, bytenr: u64, len: u64) -> Result<()> {
-        let key = Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, len);
-        let d = self.lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)?.ok_or_else(|| Error::corrupt_key("data extent without extent item", bytenr, key))?;
-        let v = crate::format::extent::parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
-        let refs = v.item.refs.get();
-        if refs > 1 {
-            let mut refs_v = v.refs.clone();
-            let pos = refs_v.iter().position(|r| matches!(*r, InlineRef::ExtentData { root, objectid, offset, .. } if root == tree && objectid == ino && offset == file_off_minus_offset));
-            let Some(p) = pos else {
-                return Err(Error::Unsupported(format!("dropping a keyed or shared ref of data extent {bytenr}")));
-            };
-            if let InlineRef::ExtentData { count, .. } = &mut refs_v[p] {
-                *count -= 1;
-                if *count == 0 {
-                    refs_v.remove(p);
-                }
-            }
-            let head = ExtentItem { refs: (refs - 1).into(), generation: v.item.generation, flags: v.item.flags };
-            let mut nd = head.as_bytes().to_vec();
-            write_inline_refs(&mut nd, &refs_v);
-            return self.update_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &nd);
-        }
-        self.delete_item(BTRFS_EXTENT_TREE_OBJECTID, &key)?;
-        self.csum_delete(bytenr, len)?;
-        let committed = v.item.generation.get() < self.transid;
-        self.alloc.release(bytenr, len, committed)
+        let _ = len;
+        self.modify_ref(bytenr, None, InlineRef::ExtentData { root: tree, objectid: ino, offset: file_off_minus_offset, count: 1 }, -1).map(|_| ())
     }
 
     /// Remove every item of inode `ino`, releasing its data extents.
     pub fn drop_inode_items(&mut self, tree: u64, ino: u64) -> Result<()> {
         let items = self.items_in(tree, Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX))?;
         for (k, d) in items {
+            // The item goes first: copying a leaf a snapshot shares gives
+            // its data extents shared references, which must exist before
+            // this tree's own reference is dropped.
+            self.delete_item(tree, &k)?;
             if k.ty == BTRFS_EXTENT_DATA_KEY {
                 if let Ok(crate::format::file_extent::FileExtent::Disk { item, .. }) = crate::format::file_extent::parse_file_extent(&d) {
                     let b = item.disk_bytenr.get();
@@ -265,7 +246,6 @@ impl Fs {
                     }
                 }
             }
-            self.delete_item(tree, &k)?;
         }
         Ok(())
     }

@@ -91,6 +91,25 @@ impl CrashDevice {
         }
     }
 
+    /// A power failure that tears writes: of each unflushed write, only the
+    /// 4 KiB pages for which `keep(write index, page index)` is true reach
+    /// the disk (a large write is not atomic on real hardware).
+    pub fn crash_device_torn(&self, keep: impl Fn(usize, usize) -> bool) -> CrashDevice {
+        let s = self.state();
+        let mut durable = s.durable.clone();
+        for (i, (off, data)) in s.pending.iter().enumerate() {
+            for (j, chunk) in data.chunks(PAGE as usize).enumerate() {
+                if keep(i, j) {
+                    Self::apply(&self.base, &mut durable, off + j as u64 * PAGE, chunk);
+                }
+            }
+        }
+        CrashDevice {
+            base: self.base.clone(),
+            inner: Mutex::new(CrashState { durable, pending: Vec::new(), writes: 0, budget: None, crashed: false }),
+        }
+    }
+
     /// Like [`crash_device`](Self::crash_device), as a whole image in memory.
     pub fn crash_image(&self, keep: impl Fn(usize) -> bool) -> Vec<u8> {
         let d = self.crash_device(keep);

@@ -20,7 +20,7 @@
 
 use crate::format::consts::*;
 use crate::format::dir::{name_hash, parse_dir_items, DirItem};
-use crate::format::extent::{extent_data_ref_hash, parse_extent_item, write_inline_refs, ExtentItem, InlineRef};
+use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef};
 use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
 use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem, InodeRef, Timespec};
 use crate::format::key::Key;
@@ -518,7 +518,8 @@ impl Replayer<'_> {
         let mut parents: BTreeSet<u64> = BTreeSet::new();
         for (dir, index, name) in &entries {
             let (dir, index) = (*dir, *index);
-            if self.get_inode(dir)?.is_none() {
+            // A subvolume root's ".." ref names itself; it is not a link.
+            if dir == ino || self.get_inode(dir)?.is_none() {
                 continue;
             }
             parents.insert(dir);
@@ -663,32 +664,7 @@ impl Replayer<'_> {
         let key = Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, len);
         let sv = self.subvol;
         match self.fs.lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)? {
-            Some(d) => {
-                let v = parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
-                let mut refs = v.refs.clone();
-                let head = ExtentItem { refs: (v.item.refs.get() + 1).into(), generation: v.item.generation, flags: v.item.flags };
-                let _ = v;
-                match refs.iter_mut().find(|r| matches!(**r, InlineRef::ExtentData { root, objectid, offset, .. } if root == sv && objectid == ino && offset == ref_off)) {
-                    Some(InlineRef::ExtentData { count, .. }) => *count += 1,
-                    _ => {
-                        // Keyed refs of this extent?
-                        let kk = Key::new(bytenr, BTRFS_EXTENT_DATA_REF_KEY, extent_data_ref_hash(sv, ino, ref_off));
-                        if let Some(kd) = self.fs.lookup(BTRFS_EXTENT_TREE_OBJECTID, &kk)? {
-                            let mut r = crate::format::extent::ExtentDataRef::read_from_bytes(&kd).map_err(|_| Error::corrupt_key("extent data ref size", bytenr, kk))?;
-                            r.count.set(r.count.get() + 1);
-                            self.fs.update_item(BTRFS_EXTENT_TREE_OBJECTID, &kk, r.as_bytes())?;
-                            let mut nd = head.as_bytes().to_vec();
-                            write_inline_refs(&mut nd, &refs);
-                            return self.fs.update_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &nd);
-                        }
-                        refs.push(InlineRef::ExtentData { root: sv, objectid: ino, offset: ref_off, count: 1 });
-                        sort_inline_refs(&mut refs);
-                    }
-                }
-                let mut nd = head.as_bytes().to_vec();
-                write_inline_refs(&mut nd, &refs);
-                self.fs.update_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &nd)
-            }
+            Some(_) => self.fs.modify_ref(bytenr, None, InlineRef::ExtentData { root: sv, objectid: ino, offset: ref_off, count: 1 }, 1).map(|_| ()),
             None => {
                 let head = ExtentItem {
                     refs: 1.into(),
@@ -876,22 +852,6 @@ fn log_has_ref(log: &LogTree, ino: u64, dir: u64, name: &[u8]) -> bool {
     false
 }
 
-/// Inline refs in the kernel's order: by type, then (within a type) by
-/// descending hash or offset.
-fn sort_inline_refs(refs: &mut [InlineRef]) {
-    let rank = |r: &InlineRef| -> (u8, std::cmp::Reverse<u64>) {
-        let v = match *r {
-            InlineRef::TreeBlock { root } => root,
-            InlineRef::SharedBlock { parent } => parent,
-            InlineRef::ExtentData { root, objectid, offset, .. } => extent_data_ref_hash(root, objectid, offset),
-            InlineRef::SharedData { parent, .. } => parent,
-            InlineRef::Owner { root } => root,
-        };
-        (r.type_key(), std::cmp::Reverse(v))
-    };
-    refs.sort_by_key(rank);
-}
-
 /// Replay the log of the filesystem open in `fs` and commit. Returns what
 /// changed. On error nothing has been committed.
 pub fn replay(fs: &mut Fs, opts: ReplayOptions) -> Result<ReplaySummary> {
@@ -941,11 +901,15 @@ pub fn replay_with_progress(fs: &mut Fs, opts: ReplayOptions, progress: &mut dyn
     }
     let no_holes = fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
     let mut reps: BTreeMap<u64, (BTreeSet<u64>, Vec<Event>)> = BTreeMap::new();
-    for log in &logs {
-        if !fs.tree_exists(log.subvol)? {
-            return Err(Error::corrupt(format!("log for subvolume {} which does not exist", log.subvol), 0));
+    // A log of a subvolume deleted before the crash has nothing to replay
+    // into; the kernel skips it too (its blocks stay pinned until commit).
+    let mut live = Vec::with_capacity(logs.len());
+    for log in logs {
+        if fs.tree_exists(log.subvol)? {
+            live.push(log);
         }
     }
+    let logs = live;
     let now = Timespec::default();
     // Stages 2-4, each over every log tree, as the kernel's walk does.
     let total: u64 = logs.iter().map(|l| l.items.len() as u64).sum::<u64>() * 3;

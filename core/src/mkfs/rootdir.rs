@@ -172,6 +172,71 @@ fn data_ranges(f: &std::fs::File, size: u64, ss: u64) -> Vec<(u64, u64)> {
     out
 }
 
+/// Where a regular file's data comes from: read ahead in full, or an open
+/// file read extent by extent.
+enum FileSource<'a> {
+    Read { ranges: Vec<(u64, u64)>, data: Vec<u8> },
+    Open { f: std::fs::File, ranges: Vec<(u64, u64)>, path: &'a Path },
+}
+
+impl FileSource<'_> {
+    fn ranges(&self) -> &[(u64, u64)] {
+        match self {
+            FileSource::Read { ranges, .. } | FileSource::Open { ranges, .. } => ranges,
+        }
+    }
+    /// `len` bytes at `off` (within the file) into `buf`.
+    fn read<'b>(&'b self, off: u64, len: u64, buf: &'b mut Vec<u8>) -> Result<&'b [u8]> {
+        match self {
+            FileSource::Read { data, .. } => Ok(&data[off as usize..(off + len) as usize]),
+            FileSource::Open { f, path, .. } => {
+                buf.resize(len as usize, 0);
+                f.read_exact_at(buf, off).map_err(|err| io_err(path, "cannot read", err))?;
+                Ok(&buf[..])
+            }
+        }
+    }
+}
+
+/// Write a file's data: inline when small, else one extent per data range
+/// (at most MAX_EXTENT_SIZE each), holes left sparse (or explicit hole
+/// extents without no-holes). Returns the inode's nbytes.
+fn copy_file_data(fs: &mut Fs, tree: u64, ino: u64, size: u64, src: FileSource<'_>, no_holes: bool, buf: &mut Vec<u8>) -> Result<u64> {
+    let ss = fs.sectorsize() as u64;
+    if size == 0 {
+        return Ok(0);
+    }
+    if size <= MAX_INLINE as u64 && size < ss {
+        if src.ranges().is_empty() {
+            return Ok(0);
+        }
+        let d = src.read(0, size, buf)?;
+        fs.write_inline(tree, ino, d)?;
+        return Ok(size);
+    }
+    let mut nbytes = 0u64;
+    let mut covered = 0u64;
+    for &(s, e) in src.ranges() {
+        if !no_holes && s > covered {
+            fs.write_hole(tree, ino, covered, s - covered)?;
+        }
+        let mut off = s;
+        while off < e {
+            let len = (e - off).min(MAX_EXTENT_SIZE);
+            let want = len.min(size.saturating_sub(off));
+            let d = src.read(off, want, buf)?;
+            nbytes += fs.write_extent(tree, ino, off, d, true)?;
+            off += len;
+        }
+        covered = e;
+    }
+    let end = size.div_ceil(ss) * ss;
+    if !no_holes && covered < end {
+        fs.write_hole(tree, ino, covered, end - covered)?;
+    }
+    Ok(nbytes)
+}
+
 /// Copy the scanned tree into the fs tree. Commits every `COMMIT_EVERY`
 /// inodes and at the end.
 /// Contents of a small regular file, read ahead by the reader thread.
@@ -283,68 +348,18 @@ fn populate_with(
             item.size.set(t.len() as u64);
             item.nbytes.set(t.len() as u64);
             st.symlinks += 1;
-        } else if m.is_file() && prefetchable(e) {
-            let p = next(i)?;
-            let size = m.len();
-            let mut nbytes = 0u64;
-            if size > 0 && size <= MAX_INLINE as u64 && size < ss {
-                if !p.ranges.is_empty() || p.data.iter().any(|&b| b != 0) {
-                    fs.write_inline(tree, ino, &p.data)?;
-                    nbytes = size;
-                }
-            } else if size > 0 {
-                let mut covered = 0u64;
-                for (s, e_) in p.ranges {
-                    if !no_holes && s > covered {
-                        fs.write_hole(tree, ino, covered, s - covered)?;
-                    }
-                    let want = e_.min(size);
-                    nbytes += fs.write_extent(tree, ino, s, &p.data[s as usize..want as usize], true)?;
-                    covered = e_;
-                }
-                let end = size.div_ceil(ss) * ss;
-                if !no_holes && covered < end {
-                    fs.write_hole(tree, ino, covered, end - covered)?;
-                }
-            }
-            item.size.set(size);
-            item.nbytes.set(nbytes);
-            st.files += 1;
-            st.bytes += size;
-            pre_xattrs = Some(p.xattrs);
         } else if m.is_file() {
             let size = m.len();
-            let f = std::fs::File::open(&e.path).map_err(|err| io_err(&e.path, "cannot read", err))?;
-            let mut nbytes = 0u64;
-            if size > 0 && size <= MAX_INLINE as u64 && size < ss {
-                buf.resize(size as usize, 0);
-                f.read_exact_at(&mut buf, 0).map_err(|err| io_err(&e.path, "cannot read", err))?;
-                if buf.iter().any(|&b| b != 0) || data_ranges(&f, size, ss).first().is_some() {
-                    fs.write_inline(tree, ino, &buf)?;
-                    nbytes = size;
-                }
-            } else if size > 0 {
-                let mut covered = 0u64;
-                for (s, e_) in data_ranges(&f, size, ss) {
-                    if !no_holes && s > covered {
-                        fs.write_hole(tree, ino, covered, s - covered)?;
-                    }
-                    let mut off = s;
-                    while off < e_ {
-                        let len = (e_ - off).min(MAX_EXTENT_SIZE);
-                        let want = len.min(size.saturating_sub(off));
-                        buf.resize(want as usize, 0);
-                        f.read_exact_at(&mut buf, off).map_err(|err| io_err(&e.path, "cannot read", err))?;
-                        nbytes += fs.write_extent(tree, ino, off, &buf, true)?;
-                        off += len;
-                    }
-                    covered = e_;
-                }
-                let end = size.div_ceil(ss) * ss;
-                if !no_holes && covered < end {
-                    fs.write_hole(tree, ino, covered, end - covered)?;
-                }
-            }
+            let src = if prefetchable(e) {
+                let p = next(i)?;
+                pre_xattrs = Some(p.xattrs);
+                FileSource::Read { ranges: p.ranges, data: p.data }
+            } else {
+                let f = std::fs::File::open(&e.path).map_err(|err| io_err(&e.path, "cannot read", err))?;
+                let ranges = if size > 0 { data_ranges(&f, size, ss) } else { Vec::new() };
+                FileSource::Open { f, ranges, path: &e.path }
+            };
+            let nbytes = copy_file_data(fs, tree, ino, size, src, no_holes, &mut buf)?;
             item.size.set(size);
             item.nbytes.set(nbytes);
             st.files += 1;

@@ -341,7 +341,10 @@ impl Fs {
             prefix[i + 1] = prefix[i] + ITEM_SIZE + edit::item_size(buf, i);
         }
         let mut best: Option<(usize, bool)> = None; // (mid, new item goes left)
-        let mut cands: Vec<usize> = (1..=n).collect();
+        // mid 0 (everything moves right, the new item stays alone on the
+        // left) and mid n (the new item alone on the right) are allowed, so
+        // a leaf with one big item can still take a new one.
+        let mut cands: Vec<usize> = (0..=n).collect();
         cands.sort_by_key(|&m| (m as isize - (n / 2) as isize).unsigned_abs());
         for m in cands {
             let left = prefix[m];

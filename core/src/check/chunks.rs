@@ -1,0 +1,288 @@
+//! Phase 2: chunk items against dev extents, block group items against
+//! chunks, block group `used` against the extent tree, device `bytes_used`
+//! against its dev extents.
+
+use super::findings::F;
+use super::Ctx;
+use crate::format::consts::*;
+use crate::format::item::{decode, ItemBody};
+use crate::format::key::Key;
+use crate::format::names::block_group_flags_str;
+use crate::tree::Node;
+
+const P: u8 = 2;
+
+#[derive(Clone, Debug)]
+pub(crate) struct ChunkRec {
+    pub logical: u64,
+    pub length: u64,
+    pub flags: u64,
+    pub num_stripes: u64,
+    pub sub_stripes: u64,
+    pub stripes: Vec<(u64, u64)>,
+}
+
+impl ChunkRec {
+    /// Bytes each stripe occupies on its device.
+    pub fn dev_extent_len(&self) -> u64 {
+        let n = self.num_stripes.max(1);
+        let f = self.flags;
+        if f & BTRFS_BLOCK_GROUP_RAID0 != 0 {
+            self.length / n
+        } else if f & BTRFS_BLOCK_GROUP_RAID10 != 0 {
+            self.length.saturating_mul(self.sub_stripes.max(1)) / n
+        } else if f & BTRFS_BLOCK_GROUP_RAID5 != 0 {
+            self.length / n.saturating_sub(1).max(1)
+        } else if f & BTRFS_BLOCK_GROUP_RAID6 != 0 {
+            self.length / n.saturating_sub(2).max(1)
+        } else {
+            self.length
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DevRec {
+    pub devid: u64,
+    pub total_bytes: u64,
+    pub bytes_used: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DevExtRec {
+    pub devid: u64,
+    pub physical: u64,
+    pub length: u64,
+    pub chunk_offset: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BgRec {
+    pub start: u64,
+    pub length: u64,
+    pub used: u64,
+    pub flags: u64,
+}
+
+impl BgRec {
+    pub fn end(&self) -> u64 {
+        self.start.saturating_add(self.length)
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Facts {
+    pub chunks: Vec<ChunkRec>,
+    pub dev_items: Vec<DevRec>,
+    pub dev_extents: Vec<DevExtRec>,
+    /// Sorted by start once phase 3 is over.
+    pub block_groups: Vec<BgRec>,
+    /// True when the tree holding block group items was read.
+    pub bg_loaded: bool,
+}
+
+impl Facts {
+    /// The block group containing `bytenr`.
+    pub fn bg_of(&self, bytenr: u64) -> Option<&BgRec> {
+        let i = self.block_groups.partition_point(|b| b.start <= bytenr);
+        let b = self.block_groups.get(i.checked_sub(1)?)?;
+        (bytenr < b.end()).then_some(b)
+    }
+}
+
+pub(super) fn on_chunk_leaf(cx: &mut Ctx, node: &Node) {
+    let cs = cx.img.csum.size();
+    for slot in 0..node.nr_safe() {
+        let Some(k) = node.key(slot) else { continue };
+        let Ok(d) = node.item_data(slot) else { continue };
+        match decode(&k, d, cs) {
+            Ok(ItemBody::Chunk(c, s)) => cx.chunks.chunks.push(ChunkRec {
+                logical: k.offset,
+                length: c.length.get(),
+                flags: c.type_.get(),
+                num_stripes: c.num_stripes.get() as u64,
+                sub_stripes: c.sub_stripes.get() as u64,
+                stripes: s.iter().map(|s| (s.devid.get(), s.offset.get())).collect(),
+            }),
+            Ok(ItemBody::DevItem(d)) => cx.chunks.dev_items.push(DevRec {
+                devid: d.devid.get(),
+                total_bytes: d.total_bytes.get(),
+                bytes_used: d.bytes_used.get(),
+            }),
+            _ => {}
+        }
+    }
+}
+
+pub(super) fn on_dev_leaf(cx: &mut Ctx, node: &Node) {
+    for slot in 0..node.nr_safe() {
+        let Some(k) = node.key(slot) else { continue };
+        if k.ty != BTRFS_DEV_EXTENT_KEY {
+            continue;
+        }
+        let Ok(d) = node.item_data(slot) else { continue };
+        if let Ok(ItemBody::DevExtent(e)) = decode(&k, d, 0) {
+            cx.chunks.dev_extents.push(DevExtRec {
+                devid: k.objectid,
+                physical: k.offset,
+                length: e.length.get(),
+                chunk_offset: e.chunk_offset.get(),
+            });
+        }
+    }
+}
+
+/// Block group items live in the extent tree or the block group tree.
+pub(super) fn on_bg_item(cx: &mut Ctx, k: &Key, d: &[u8]) {
+    if let Ok(ItemBody::BlockGroup(b)) = decode(k, d, 0) {
+        cx.chunks.block_groups.push(BgRec { start: k.objectid, length: k.offset, used: b.used.get(), flags: b.flags.get() });
+    }
+}
+
+pub(super) fn check(cx: &mut Ctx) {
+    let mut chunks = std::mem::take(&mut cx.chunks.chunks);
+    chunks.sort_by_key(|c| c.logical);
+    let mut dexts = std::mem::take(&mut cx.chunks.dev_extents);
+    dexts.sort_by_key(|d| (d.devid, d.physical));
+    let bgs = std::mem::take(&mut cx.chunks.block_groups);
+    let ss = cx.img.sectorsize as u64;
+    let dev_size = cx.img.device().size();
+    cx.sink.checked(P, (chunks.len() + dexts.len() + bgs.len()) as u64);
+
+    // Chunks: sane, non-overlapping, each stripe backed by its dev extent.
+    let mut prev_end = 0u64;
+    for c in &chunks {
+        if c.length == 0 || c.length % ss != 0 || c.logical % ss != 0 {
+            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!("chunk at {} has invalid length {}", c.logical, c.length)));
+        }
+        if c.flags & BTRFS_BLOCK_GROUP_TYPE_MASK == 0 {
+            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!("chunk at {} has no data/metadata/system type", c.logical)));
+        }
+        if c.logical < prev_end {
+            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!("chunk at {} overlaps the previous chunk", c.logical)));
+        }
+        prev_end = prev_end.max(c.logical.saturating_add(c.length));
+        let want = c.dev_extent_len();
+        for &(devid, phys) in &c.stripes {
+            let i = dexts.partition_point(|d| (d.devid, d.physical) < (devid, phys));
+            match dexts.get(i) {
+                Some(d) if d.devid == devid && d.physical == phys => {
+                    if d.chunk_offset != c.logical || d.length != want {
+                        cx.report(F::err(P, "dev-extent").tree(4).at(c.logical).msg(format!(
+                            "dev extent {devid}:{phys} (chunk {} length {}) does not match chunk {} stripe length {want}",
+                            d.chunk_offset, d.length, c.logical
+                        )));
+                    }
+                }
+                _ => cx.report(F::err(P, "dev-extent").tree(4).at(c.logical).msg(format!(
+                    "chunk {} stripe on device {devid} at {phys} has no dev extent",
+                    c.logical
+                ))),
+            }
+        }
+    }
+
+    // Dev extents: owned by a chunk, no overlap, inside the device.
+    let mut used_by_dev: Vec<(u64, u64)> = Vec::new();
+    let mut prev: Option<DevExtRec> = None;
+    for d in &dexts {
+        let i = chunks.partition_point(|c| c.logical < d.chunk_offset);
+        let owned = chunks.get(i).is_some_and(|c| c.logical == d.chunk_offset && c.stripes.contains(&(d.devid, d.physical)));
+        if !owned {
+            cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!(
+                "dev extent {}:{} length {} points to chunk {} which has no such stripe",
+                d.devid, d.physical, d.length, d.chunk_offset
+            )));
+        }
+        if let Some(p) = prev {
+            if p.devid == d.devid && p.physical.saturating_add(p.length) > d.physical {
+                cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!(
+                    "dev extent {}:{} overlaps dev extent at {}",
+                    d.devid, d.physical, p.physical
+                )));
+            }
+        }
+        prev = Some(*d);
+        let end = d.physical.saturating_add(d.length);
+        if let Some(dev) = cx.chunks.dev_items.iter().find(|x| x.devid == d.devid) {
+            if end > dev.total_bytes {
+                cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!(
+                    "dev extent {}:{} ends at {end}, past the device size {}",
+                    d.devid, d.physical, dev.total_bytes
+                )));
+            }
+        } else {
+            cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!("dev extent on unknown device {}", d.devid)));
+        }
+        if d.devid == cx.img.devid && end > dev_size {
+            cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!(
+                "dev extent {}:{} ends at {end}, past the end of the image ({dev_size} bytes)",
+                d.devid, d.physical
+            )));
+        }
+        match used_by_dev.iter_mut().find(|(id, _)| *id == d.devid) {
+            Some((_, u)) => *u = u.saturating_add(d.length),
+            None => used_by_dev.push((d.devid, d.length)),
+        }
+    }
+    let devs = cx.chunks.dev_items.clone();
+    for dev in &devs {
+        let used = used_by_dev.iter().find(|(id, _)| *id == dev.devid).map(|x| x.1).unwrap_or(0);
+        if used != dev.bytes_used {
+            cx.report(F::err(P, "dev-item").tree(3).msg(format!(
+                "device {} bytes_used {} but its dev extents total {used}",
+                dev.devid, dev.bytes_used
+            )));
+        }
+    }
+    if devs.is_empty() {
+        cx.report(F::err(P, "dev-item").tree(3).msg("the chunk tree holds no device item"));
+    }
+
+    // Block groups against chunks, and their used bytes against the extent tree.
+    if cx.chunks.bg_loaded {
+        for b in &bgs {
+            let i = chunks.partition_point(|c| c.logical < b.start);
+            match chunks.get(i) {
+                Some(c) if c.logical == b.start => {
+                    if c.length != b.length || c.flags != b.flags {
+                        cx.report(F::err(P, "block-group").at(b.start).msg(format!(
+                            "block group {}+{} [{}] does not match its chunk {}+{} [{}]",
+                            b.start,
+                            b.length,
+                            block_group_flags_str(b.flags),
+                            c.logical,
+                            c.length,
+                            block_group_flags_str(c.flags)
+                        )));
+                    }
+                }
+                _ => cx.report(F::err(P, "block-group").at(b.start).msg(format!("block group {}+{} has no chunk", b.start, b.length))),
+            }
+            if b.used > b.length {
+                cx.report(F::err(P, "block-group").at(b.start).msg(format!("block group {} used {} exceeds its length {}", b.start, b.used, b.length)));
+            }
+        }
+        for c in &chunks {
+            let i = bgs.partition_point(|b| b.start < c.logical);
+            if !bgs.get(i).is_some_and(|b| b.start == c.logical) {
+                cx.report(F::err(P, "block-group").at(c.logical).msg(format!("chunk {}+{} has no block group item", c.logical, c.length)));
+            }
+        }
+        for (i, b) in bgs.iter().enumerate() {
+            let found = cx.ext.used_in(b.start, b.end(), cx.img.nodesize as u64);
+            if found != b.used {
+                cx.report(F::err(P, "block-group").at(b.start).msg(format!(
+                    "block group {}+{} used {} but its extents total {found}",
+                    b.start, b.length, b.used
+                )));
+            }
+            if i > 0 && bgs[i - 1].end() > b.start {
+                cx.report(F::err(P, "block-group").at(b.start).msg(format!("block group {} overlaps the previous one", b.start)));
+            }
+        }
+    }
+    cx.chunks.chunks = chunks;
+    cx.chunks.dev_extents = dexts;
+    cx.chunks.block_groups = bgs;
+}

@@ -1,0 +1,435 @@
+//! Phase 4: the extent tree against reality. While the trees are walked,
+//! every pointer to a tree block and every file extent becomes a "found"
+//! reference; the extent tree's items become "declared" references. Both
+//! lists are sorted and merged: every extent must be referenced exactly as
+//! its item says.
+
+use super::findings::F;
+use super::Ctx;
+use crate::format::consts::*;
+use crate::format::extent::{extent_data_ref_hash, InlineRef};
+use crate::format::file_extent::FileExtent;
+use crate::format::item::{decode, ItemBody};
+use crate::tree::Node;
+use std::cmp::Ordering;
+
+const P: u8 = 4;
+
+/// A reference, in the extent tree's terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum RefKey {
+    Tree(u64),
+    Shared(u64),
+    Data { root: u64, ino: u64, offset: u64 },
+    SharedData(u64),
+}
+
+impl std::fmt::Display for RefKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RefKey::Tree(r) => write!(f, "tree block ref (root {})", *r as i64),
+            RefKey::Shared(p) => write!(f, "shared block ref (parent {p})"),
+            RefKey::Data { root, ino, offset } => write!(f, "data ref (root {} inode {ino} offset {offset})", *root as i64),
+            RefKey::SharedData(p) => write!(f, "shared data ref (parent {p})"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RefRec {
+    pub bytenr: u64,
+    pub key: RefKey,
+    pub count: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ExtRec {
+    pub bytenr: u64,
+    pub len: u64,
+    pub refs: u64,
+    pub generation: u64,
+    pub flags: u64,
+    /// Level of a tree block (METADATA_ITEM offset or tree_block_info).
+    pub level: u8,
+}
+
+/// A pointer seen in a tree: resolved into a [`RefKey`] once the extent
+/// tree's flags of the parent are known.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FoundTree {
+    pub bytenr: u64,
+    /// 0 for a root block.
+    pub parent: u64,
+    /// Owner of the parent block, or the root id for a root block.
+    pub owner: u64,
+    pub level: u8,
+    pub tree: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FoundData {
+    pub bytenr: u64,
+    pub disk_len: u64,
+    pub leaf: u64,
+    pub owner: u64,
+    pub ino: u64,
+    pub offset: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Facts {
+    pub recs: Vec<ExtRec>,
+    pub declared: Vec<RefRec>,
+    pub found_tree: Vec<FoundTree>,
+    pub found_data: Vec<FoundData>,
+    /// True once the extent tree has been read and `recs` sorted.
+    pub loaded: bool,
+}
+
+impl Facts {
+    /// Bytes of extents starting in `[start, end)`.
+    pub fn used_in(&self, start: u64, end: u64, _nodesize: u64) -> u64 {
+        let i = self.recs.partition_point(|r| r.bytenr < start);
+        self.recs[i..].iter().take_while(|r| r.bytenr < end).fold(0u64, |a, r| a.saturating_add(r.len))
+    }
+}
+
+/// Extent tree leaf: extent items, their keyed refs, block group items.
+pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
+    let ns = cx.img.nodesize as u64;
+    let skinny = cx.has_incompat(BTRFS_FEATURE_INCOMPAT_SKINNY_METADATA);
+    for slot in 0..node.nr_safe() {
+        let Some(k) = node.key(slot) else { continue };
+        let Ok(d) = node.item_data(slot) else { continue };
+        match k.ty {
+            BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY => {
+                let v = match decode(&k, d, 0) {
+                    Ok(ItemBody::Extent(v)) => v,
+                    Ok(_) => continue,
+                    Err(e) => {
+                        cx.report(F::err(P, "extent-item").tree(2).at(node.bytenr).key(k).msg(format!("extent item unreadable: {e}")));
+                        continue;
+                    }
+                };
+                if k.ty == BTRFS_METADATA_ITEM_KEY && !skinny {
+                    cx.report(F::err(P, "extent-item").tree(2).at(node.bytenr).key(k).msg("metadata item without the skinny_metadata feature"));
+                }
+                let flags = v.item.flags.get();
+                let (len, level) = if k.ty == BTRFS_METADATA_ITEM_KEY {
+                    (ns, k.offset.min(255) as u8)
+                } else {
+                    (k.offset, v.tree_block_info.map(|t| t.level).unwrap_or(0))
+                };
+                cx.ext.recs.push(ExtRec {
+                    bytenr: k.objectid,
+                    len,
+                    refs: v.item.refs.get(),
+                    generation: v.item.generation.get(),
+                    flags,
+                    level,
+                });
+                let mut last: Option<(u8, u64)> = None;
+                for r in &v.refs {
+                    let (rk, count) = match *r {
+                        InlineRef::TreeBlock { root } => (RefKey::Tree(root), 1),
+                        InlineRef::SharedBlock { parent } => (RefKey::Shared(parent), 1),
+                        InlineRef::ExtentData { root, objectid, offset, count } => {
+                            (RefKey::Data { root, ino: objectid, offset }, count as u64)
+                        }
+                        InlineRef::SharedData { parent, count } => (RefKey::SharedData(parent), count as u64),
+                        InlineRef::Owner { .. } => continue,
+                    };
+                    let seq = match *r {
+                        InlineRef::ExtentData { root, objectid, offset, .. } => extent_data_ref_hash(root, objectid, offset),
+                        InlineRef::TreeBlock { root: v } | InlineRef::SharedBlock { parent: v } | InlineRef::SharedData { parent: v, .. } => v,
+                        InlineRef::Owner { root } => root,
+                    };
+                    let t = r.type_key();
+                    // Types ascend; within a type the kernel keeps offsets/hashes descending.
+                    if let Some(l) = last {
+                        if t < l.0 || (t == l.0 && seq > l.1) {
+                            cx.report(F::err(P, "extent-item").tree(2).at(node.bytenr).key(k).msg(format!(
+                                "inline refs out of order: type {t} after type {}",
+                                l.0
+                            )));
+                        }
+                    }
+                    last = Some((t, seq));
+                    cx.ext.declared.push(RefRec { bytenr: k.objectid, key: rk, count });
+                }
+            }
+            BTRFS_TREE_BLOCK_REF_KEY | BTRFS_SHARED_BLOCK_REF_KEY | BTRFS_EXTENT_DATA_REF_KEY | BTRFS_SHARED_DATA_REF_KEY => {
+                let rk = match decode(&k, d, 0) {
+                    Ok(ItemBody::TreeBlockRef) => (RefKey::Tree(k.offset), 1),
+                    Ok(ItemBody::SharedBlockRef) => (RefKey::Shared(k.offset), 1),
+                    Ok(ItemBody::ExtentDataRef(r)) => {
+                        let (root, ino, off) = (r.root.get(), r.objectid.get(), r.offset.get());
+                        if extent_data_ref_hash(root, ino, off) != k.offset {
+                            cx.report(F::err(P, "extent-ref").tree(2).at(node.bytenr).key(k).msg("extent data ref key offset is not the hash of its contents"));
+                        }
+                        (RefKey::Data { root, ino, offset: off }, r.count.get() as u64)
+                    }
+                    Ok(ItemBody::SharedDataRef(r)) => (RefKey::SharedData(k.offset), r.count.get() as u64),
+                    _ => continue,
+                };
+                if cx.ext.recs.last().is_none_or(|r| r.bytenr != k.objectid) {
+                    cx.report(F::err(P, "extent-ref").tree(2).at(node.bytenr).key(k).msg("back reference without an extent item"));
+                }
+                cx.ext.declared.push(RefRec { bytenr: k.objectid, key: rk.0, count: rk.1 });
+            }
+            BTRFS_EXTENT_REF_V0_KEY => {
+                cx.report(F::err(P, "extent-ref").tree(2).at(node.bytenr).key(k).msg("v0 extent back reference (unsupported ancient format)"));
+            }
+            BTRFS_BLOCK_GROUP_ITEM_KEY => super::chunks::on_bg_item(cx, &k, d),
+            _ => {}
+        }
+    }
+}
+
+/// File extents of a leaf of an fs or reloc tree, as data references.
+pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
+    let owner = node.owner();
+    for slot in 0..node.nr_safe() {
+        let Some(k) = node.key(slot) else { continue };
+        if k.ty != BTRFS_EXTENT_DATA_KEY {
+            continue;
+        }
+        let Ok(d) = node.item_data(slot) else { continue };
+        let Ok(ItemBody::FileExtent(FileExtent::Disk { item, .. })) = decode(&k, d, 0) else { continue };
+        let bytenr = item.disk_bytenr.get();
+        if bytenr == 0 {
+            continue;
+        }
+        cx.ext.found_data.push(FoundData {
+            bytenr,
+            disk_len: item.disk_num_bytes.get(),
+            leaf: node.bytenr,
+            owner,
+            ino: k.objectid,
+            offset: k.offset.wrapping_sub(item.offset.get()),
+        });
+    }
+}
+
+pub(super) fn check(cx: &mut Ctx) {
+    let ns = cx.img.nodesize as u64;
+    let gen = cx.gen;
+    let recs = std::mem::take(&mut cx.ext.recs);
+    let mut declared = std::mem::take(&mut cx.ext.declared);
+    cx.sink.checked(P, recs.len() as u64);
+
+    let full_backref = |parent: u64| {
+        let i = recs.partition_point(|r| r.bytenr < parent);
+        recs.get(i).filter(|r| r.bytenr == parent).is_some_and(|r| r.flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0)
+    };
+
+    // Resolve what the trees reference into extent-tree terms.
+    let found_tree = std::mem::take(&mut cx.ext.found_tree);
+    let found_data = std::mem::take(&mut cx.ext.found_data);
+    let mut found: Vec<(RefRec, u64)> = Vec::with_capacity(found_tree.len() + found_data.len());
+    for t in &found_tree {
+        let key = if t.parent == 0 {
+            RefKey::Tree(t.owner)
+        } else if t.parent == t.bytenr {
+            RefKey::Shared(t.bytenr)
+        } else if full_backref(t.parent) {
+            RefKey::Shared(t.parent)
+        } else {
+            RefKey::Tree(t.owner)
+        };
+        found.push((RefRec { bytenr: t.bytenr, key, count: 1 }, ns));
+    }
+    for d in &found_data {
+        let key = if full_backref(d.leaf) {
+            RefKey::SharedData(d.leaf)
+        } else {
+            RefKey::Data { root: d.owner, ino: d.ino, offset: d.offset }
+        };
+        found.push((RefRec { bytenr: d.bytenr, key, count: 1 }, d.disk_len));
+    }
+    drop(found_data);
+    found.sort_unstable_by(|a, b| (a.0.bytenr, a.0.key).cmp(&(b.0.bytenr, b.0.key)));
+    // Several file extents may share one reference (a split extent).
+    let mut agg: Vec<(RefRec, u64)> = Vec::with_capacity(found.len());
+    for (r, len) in found {
+        match agg.last_mut() {
+            Some((l, llen)) if l.bytenr == r.bytenr && l.key == r.key => {
+                l.count += r.count;
+                if *llen != len {
+                    *llen = u64::MAX;
+                }
+            }
+            _ => agg.push((r, len)),
+        }
+    }
+    let found = agg;
+    declared.sort_unstable_by(|a, b| (a.bytenr, a.key).cmp(&(b.bytenr, b.key)));
+
+    // Per extent item: counts, flags, generation, placement.
+    let mut prev_end = 0u64;
+    let mut prev_start = None::<u64>;
+    let mut di = 0usize;
+    for r in &recs {
+        let b = r.bytenr;
+        while di < declared.len() && declared[di].bytenr < b {
+            di += 1;
+        }
+        let mut sum = 0u64;
+        let mut j = di;
+        while j < declared.len() && declared[j].bytenr == b {
+            sum = sum.saturating_add(declared[j].count);
+            j += 1;
+        }
+        if prev_start == Some(b) {
+            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!("extent {b} has more than one extent item")));
+        } else if b < prev_end {
+            cx.report(F::err(P, "extent-overlap").tree(2).at(b).msg(format!("extent {b}+{} overlaps the previous extent ending at {prev_end}", r.len)));
+        }
+        prev_start = Some(b);
+        prev_end = prev_end.max(b.saturating_add(r.len));
+        if sum != r.refs {
+            cx.report(F::err(P, "extent-refs").tree(2).at(b).msg(format!("extent {b}+{} item says {} refs but holds {sum}", r.len, r.refs)));
+        }
+        if r.refs == 0 {
+            cx.report(F::err(P, "extent-refs").tree(2).at(b).msg(format!("extent {b} has zero refs")));
+        }
+        if r.generation > gen.saturating_add(1) {
+            cx.report(F::err(P, "extent-generation").tree(2).at(b).msg(format!(
+                "invalid generation {} for extent {b}, expected (0, {}]",
+                r.generation,
+                gen.saturating_add(1)
+            )));
+        }
+        let is_tree = r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0;
+        let is_data = r.flags & BTRFS_EXTENT_FLAG_DATA != 0;
+        if is_tree == is_data {
+            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!("extent {b} flags 0x{:x} are neither data nor tree block", r.flags)));
+        }
+        if is_data && r.flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0 {
+            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!("data extent {b} has the full backref flag")));
+        }
+        match cx.chunks.bg_of(b).copied() {
+            None => cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!("extent {b}+{} is outside every block group", r.len))),
+            Some(bg) => {
+                if b.saturating_add(r.len) > bg.end() {
+                    cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!("extent {b}+{} crosses the end of block group {}", r.len, bg.start)));
+                }
+                let want = if is_data {
+                    BTRFS_BLOCK_GROUP_DATA
+                } else if declared[di..j].iter().any(|d| d.key == RefKey::Tree(BTRFS_CHUNK_TREE_OBJECTID)) {
+                    BTRFS_BLOCK_GROUP_SYSTEM
+                } else {
+                    BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM
+                };
+                if bg.flags & want == 0 {
+                    cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!(
+                        "extent {b}+{} ({}) lies in a {} block group",
+                        r.len,
+                        if is_data { "data" } else { "tree block" },
+                        crate::format::names::block_group_flags_str(bg.flags)
+                    )));
+                }
+                if is_tree {
+                    let off = b - bg.start;
+                    if off / BTRFS_STRIPE_LEN != off.saturating_add(ns.max(1) - 1) / BTRFS_STRIPE_LEN {
+                        cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!("tree block [{b}, {}) crosses a 64KiB stripe boundary", b.saturating_add(ns))));
+                    }
+                    if b % ns != 0 {
+                        cx.report(F::warn(P, "extent-placement").tree(2).at(b).msg(format!("tree block {b} is not nodesize aligned")));
+                    }
+                }
+            }
+        }
+        if is_tree && r.len != ns {
+            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!("tree block extent {b} has length {} not nodesize {ns}", r.len)));
+        }
+    }
+
+    // Declared against found, per (bytenr, ref).
+    let level_of: std::collections::HashMap<u64, u8> = found_tree.iter().map(|t| (t.bytenr, t.level)).collect();
+    let tree_of: std::collections::HashMap<u64, u64> = found_tree.iter().map(|t| (t.bytenr, t.tree)).collect();
+    drop(found_tree);
+    let (mut i, mut j) = (0usize, 0usize);
+    let mut missing_item_reported = None::<u64>;
+    while i < declared.len() || j < found.len() {
+        let ord = match (declared.get(i), found.get(j)) {
+            (Some(d), Some((f, _))) => (d.bytenr, d.key).cmp(&(f.bytenr, f.key)),
+            (Some(_), None) => Ordering::Less,
+            _ => Ordering::Greater,
+        };
+        match ord {
+            Ordering::Less => {
+                let d = declared[i];
+                let tree = match d.key {
+                    RefKey::Tree(r) => Some(r),
+                    RefKey::Data { root, .. } => Some(root),
+                    _ => None,
+                };
+                let mut f = F::err(P, "extent-ref").at(d.bytenr);
+                if let Some(t) = tree {
+                    f = f.tree(t);
+                }
+                cx.report(f.msg(format!("extent {} declares {} (count {}) that no tree holds", d.bytenr, d.key, d.count)));
+                i += 1;
+            }
+            Ordering::Greater => {
+                let (f, len) = found[j];
+                match recs.binary_search_by_key(&f.bytenr, |r| r.bytenr) {
+                    Err(_) => {
+                        if missing_item_reported != Some(f.bytenr) {
+                            missing_item_reported = Some(f.bytenr);
+                            let what = if matches!(f.key, RefKey::Tree(_) | RefKey::Shared(_)) { "tree block" } else { "data extent" };
+                            let mut fi = F::err(P, "extent-missing").at(f.bytenr);
+                            if let Some(t) = tree_of.get(&f.bytenr) {
+                                fi = fi.tree(*t);
+                            }
+                            cx.report(fi.msg(format!("{what} {}+{len} referenced by {} has no extent item", f.bytenr, f.key)));
+                        }
+                    }
+                    Ok(_) => cx.report(F::err(P, "extent-ref").at(f.bytenr).msg(format!(
+                        "extent {} is referenced by {} (count {}) but its item lacks that ref",
+                        f.bytenr, f.key, f.count
+                    ))),
+                }
+                j += 1;
+            }
+            Ordering::Equal => {
+                let d = declared[i];
+                let (f, len) = found[j];
+                if d.count != f.count {
+                    cx.report(F::err(P, "extent-ref").at(d.bytenr).msg(format!(
+                        "extent {} {}: item says count {} but {} found",
+                        d.bytenr, d.key, d.count, f.count
+                    )));
+                }
+                if let Some(r) = recs.binary_search_by_key(&d.bytenr, |r| r.bytenr).ok().map(|x| recs[x]) {
+                    match d.key {
+                        RefKey::Data { .. } | RefKey::SharedData(_) => {
+                            if len != r.len {
+                                cx.report(F::err(P, "extent-ref").at(d.bytenr).msg(format!(
+                                    "file extents reference data extent {} with length {} but the extent is {} bytes",
+                                    d.bytenr,
+                                    if len == u64::MAX { "varying".to_string() } else { len.to_string() },
+                                    r.len
+                                )));
+                            }
+                        }
+                        _ => {
+                            if let Some(&l) = level_of.get(&d.bytenr) {
+                                if l != r.level && r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0 {
+                                    cx.report(F::err(P, "extent-item").at(d.bytenr).msg(format!(
+                                        "tree block {} is level {l} but its extent item says {}",
+                                        d.bytenr, r.level
+                                    )));
+                                }
+                            }
+                        }
+                    }
+                }
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    cx.ext.recs = recs;
+}

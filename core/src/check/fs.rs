@@ -1,0 +1,550 @@
+//! Phase 6: every live subvolume. Items arrive in key order, so all items of
+//! one inode come together: per-inode checks (mode, generation, nbytes, size,
+//! file extents, link count) run as soon as the next inode starts. Names are
+//! kept as compact records and matched across inodes when the tree ends:
+//! every name needs its DIR_ITEM, DIR_INDEX and INODE_REF/EXTREF, agreeing.
+
+use super::csums::Need;
+use super::findings::F;
+use super::{Ctx, RootRec};
+use crate::format::consts::*;
+use crate::format::dir::{extref_hash, name_hash};
+use crate::format::file_extent::FileExtent;
+use crate::format::item::{decode, ItemBody};
+use crate::format::key::Key;
+use crate::tree::Node;
+use std::collections::{HashMap, HashSet};
+
+const P: u8 = 6;
+
+const S_IFMT: u32 = 0o170000;
+const S_IFDIR: u32 = 0o040000;
+const S_IFREG: u32 = 0o100000;
+const S_IFLNK: u32 = 0o120000;
+
+fn ftype_of_mode(mode: u32) -> Option<u8> {
+    Some(match mode & S_IFMT {
+        0o100000 => BTRFS_FT_REG_FILE,
+        0o040000 => BTRFS_FT_DIR,
+        0o020000 => BTRFS_FT_CHRDEV,
+        0o060000 => BTRFS_FT_BLKDEV,
+        0o010000 => BTRFS_FT_FIFO,
+        0o140000 => BTRFS_FT_SOCK,
+        0o120000 => BTRFS_FT_SYMLINK,
+        _ => return None,
+    })
+}
+
+const SRC_DIR_ITEM: u8 = 1;
+const SRC_DIR_INDEX: u8 = 2;
+const SRC_REF: u8 = 3;
+
+/// One name of an inode as one of the three places that record it sees it.
+#[derive(Clone, Copy)]
+struct NameRec {
+    parent: u64,
+    child: u64,
+    /// Index (DIR_INDEX, INODE_REF); 0 from a DIR_ITEM.
+    index: u64,
+    hash: u32,
+    src: u8,
+    ftype: u8,
+}
+
+#[derive(Default)]
+struct Cur {
+    ino: u64,
+    items: u32,
+    item: Option<InodeFacts>,
+    first_key: Option<Key>,
+    refs: u32,
+    dir_names: u64,
+    dir_entries: u32,
+    extents: u32,
+    extent_start: Option<u64>,
+    extent_end: u64,
+    first_gap: Option<u64>,
+    found_size: u64,
+}
+
+#[derive(Clone, Copy)]
+struct InodeFacts {
+    mode: u32,
+    nlink: u32,
+    size: u64,
+    nbytes: u64,
+    flags: u64,
+}
+
+pub(crate) struct FsTree {
+    root: u64,
+    root_dirid: u64,
+    no_holes: bool,
+    link_checks: bool,
+    cur: Cur,
+    inodes: HashMap<u64, (u32, u32)>,
+    names: Vec<NameRec>,
+    orphans: HashSet<u64>,
+    unlinked: Vec<u64>,
+    subvol_dirents: Vec<(u64, u64)>,
+    lost: bool,
+    inodes_checked: u64,
+}
+
+impl FsTree {
+    pub fn new(cx: &mut Ctx, r: &RootRec) -> FsTree {
+        let _ = cx;
+        FsTree {
+            root: r.id(),
+            root_dirid: r.item.root_dirid.get(),
+            no_holes: cx.has_incompat(BTRFS_FEATURE_INCOMPAT_NO_HOLES),
+            link_checks: r.id() != BTRFS_DATA_RELOC_TREE_OBJECTID,
+            cur: Cur::default(),
+            inodes: HashMap::new(),
+            names: Vec::new(),
+            orphans: HashSet::new(),
+            unlinked: Vec::new(),
+            subvol_dirents: Vec::new(),
+            lost: false,
+            inodes_checked: 0,
+        }
+    }
+
+    /// A block of this tree could not be read: cross checks would only echo it.
+    pub fn lost_block(&mut self) {
+        self.lost = true;
+    }
+
+    fn err(&self, cat: &'static str) -> F {
+        F::err(P, cat).tree(self.root)
+    }
+
+    pub fn leaf(&mut self, cx: &mut Ctx, node: &Node) {
+        let cs = cx.img.csum.size();
+        for slot in 0..node.nr_safe() {
+            let Some(k) = node.key(slot) else { continue };
+            if k.objectid != self.cur.ino || self.cur.items == 0 {
+                self.finish_inode(cx);
+                self.cur = Cur { ino: k.objectid, first_key: Some(k), ..Cur::default() };
+            }
+            self.cur.items += 1;
+            let Ok(d) = node.item_data(slot) else { continue };
+            self.item(cx, node.bytenr, k, d, cs);
+        }
+    }
+
+    fn item(&mut self, cx: &mut Ctx, bytenr: u64, k: Key, d: &[u8], cs: usize) {
+        let ino = k.objectid;
+        if ino == BTRFS_ORPHAN_OBJECTID && k.ty == BTRFS_ORPHAN_ITEM_KEY {
+            self.orphans.insert(k.offset);
+            return;
+        }
+        if ino == BTRFS_FREE_INO_OBJECTID || ino == BTRFS_FREE_SPACE_OBJECTID {
+            cx.report(self.err("inode-cache").at(bytenr).key(k).msg("deprecated inode cache item (mount option inode_cache was removed)"));
+            return;
+        }
+        if !(BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&ino) {
+            cx.report(self.err("unknown-key").at(bytenr).key(k).msg(format!("unexpected objectid {} in a subvolume tree", ino as i64)));
+            return;
+        }
+        let body = match k.ty {
+            BTRFS_INODE_ITEM_KEY
+            | BTRFS_INODE_REF_KEY
+            | BTRFS_INODE_EXTREF_KEY
+            | BTRFS_XATTR_ITEM_KEY
+            | BTRFS_DIR_ITEM_KEY
+            | BTRFS_DIR_INDEX_KEY
+            | BTRFS_EXTENT_DATA_KEY => match decode(&k, d, cs) {
+                Ok(b) => b,
+                // The tree block check already reported the malformed item.
+                Err(_) => return,
+            },
+            BTRFS_VERITY_DESC_ITEM_KEY | BTRFS_VERITY_MERKLE_ITEM_KEY => return,
+            t => {
+                cx.report(self.err("unknown-key").at(bytenr).key(k).msg(format!("unknown item type {t} in a subvolume tree")));
+                return;
+            }
+        };
+        let gen_limit = cx.gen.saturating_add(1);
+        match body {
+            ItemBody::InodeItem(ii) => {
+                if self.cur.item.is_some() {
+                    return;
+                }
+                let mode = ii.mode.get();
+                if ftype_of_mode(mode).is_none() {
+                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has invalid mode 0{mode:o}")));
+                }
+                if ii.generation.get() > gen_limit || ii.transid.get() > gen_limit {
+                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!(
+                        "inode {ino} generation {} / transid {} newer than the filesystem ({})",
+                        ii.generation.get(),
+                        ii.transid.get(),
+                        cx.gen
+                    )));
+                }
+                // Low 32 bits: inode flags; high 32 bits: read-only compat flags (verity).
+                let flags = ii.flags.get();
+                let known = ((BTRFS_INODE_COMPRESS << 1) - 1) | BTRFS_INODE_ROOT_ITEM_INIT | (1u64 << 32);
+                if flags & !known != 0 {
+                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has unknown flags 0x{:x}", flags & !known)));
+                }
+                if self.cur.first_key.is_some_and(|f| f.ty != BTRFS_INODE_ITEM_KEY) {
+                    // Items sorted before the inode item are impossible in a valid tree.
+                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has items before its inode item")));
+                }
+                let f = InodeFacts { mode, nlink: ii.nlink.get(), size: ii.size.get(), nbytes: ii.nbytes.get(), flags: ii.flags.get() };
+                self.cur.item = Some(f);
+                self.inodes.insert(ino, (mode, f.nlink));
+            }
+            ItemBody::InodeRef(v) => {
+                for e in v {
+                    if k.offset == ino && ino == self.root_dirid && e.name == b".." {
+                        continue;
+                    }
+                    self.cur.refs += 1;
+                    self.names.push(NameRec { parent: k.offset, child: ino, index: e.index, hash: name_hash(e.name) as u32, src: SRC_REF, ftype: 0 });
+                }
+            }
+            ItemBody::InodeExtref(v) => {
+                for e in v {
+                    if extref_hash(e.parent, e.name) != k.offset {
+                        cx.report(self.err("name").at(bytenr).key(k).msg(format!("inode {ino} extref key offset is not the hash of its name")));
+                    }
+                    self.cur.refs += 1;
+                    self.names.push(NameRec { parent: e.parent, child: ino, index: e.index, hash: name_hash(e.name) as u32, src: SRC_REF, ftype: 0 });
+                }
+            }
+            ItemBody::DirItem(v) => {
+                let is_index = k.ty == BTRFS_DIR_INDEX_KEY;
+                let is_xattr = k.ty == BTRFS_XATTR_ITEM_KEY;
+                let mut seen_names: Vec<&[u8]> = Vec::new();
+                for e in &v {
+                    let h = name_hash(e.name);
+                    if !is_index && h != k.offset {
+                        cx.report(self.err("name").at(bytenr).key(k).msg(format!(
+                            "{} '{}' hash 0x{h:x} does not match key offset 0x{:x}",
+                            if is_xattr { "xattr" } else { "dir item" },
+                            String::from_utf8_lossy(e.name),
+                            k.offset
+                        )));
+                    }
+                    if e.name.is_empty() {
+                        cx.report(self.err("name").at(bytenr).key(k).msg("empty name"));
+                    }
+                    if seen_names.contains(&e.name) {
+                        cx.report(self.err("name").at(bytenr).key(k).msg(format!("duplicate name '{}' in directory {ino}", String::from_utf8_lossy(e.name))));
+                    }
+                    seen_names.push(e.name);
+                    if is_xattr {
+                        continue;
+                    }
+                    self.cur.dir_names += e.name.len() as u64;
+                    self.cur.dir_entries += 1;
+                    let loc = Key::from(&e.item.location);
+                    let ft = e.item.type_ & !BTRFS_FT_ENCRYPTED;
+                    if ft == BTRFS_FT_UNKNOWN || ft >= BTRFS_FT_XATTR {
+                        cx.report(self.err("name").at(bytenr).key(k).msg(format!("dir entry '{}' has invalid type {ft}", String::from_utf8_lossy(e.name))));
+                    }
+                    match loc.ty {
+                        BTRFS_INODE_ITEM_KEY => self.names.push(NameRec {
+                            parent: ino,
+                            child: loc.objectid,
+                            index: if is_index { k.offset } else { 0 },
+                            hash: h as u32,
+                            src: if is_index { SRC_DIR_INDEX } else { SRC_DIR_ITEM },
+                            ftype: ft,
+                        }),
+                        BTRFS_ROOT_ITEM_KEY => {
+                            if !is_index {
+                                self.subvol_dirents.push((ino, loc.objectid));
+                            }
+                        }
+                        t => cx.report(self.err("name").at(bytenr).key(k).msg(format!("dir entry location has key type {t}"))),
+                    }
+                }
+            }
+            ItemBody::FileExtent(fe) => self.file_extent(cx, bytenr, k, fe),
+            _ => {}
+        }
+    }
+
+    fn file_extent(&mut self, cx: &mut Ctx, bytenr: u64, k: Key, fe: FileExtent) {
+        let ss = cx.img.sectorsize as u64;
+        let mask = ss - 1;
+        let c = &mut self.cur;
+        c.extents += 1;
+        let mut bad = Vec::<String>::new();
+        if c.extent_start.is_none() {
+            c.extent_start = Some(k.offset);
+            c.extent_end = k.offset;
+        }
+        if c.extent_end > k.offset {
+            bad.push(format!("file extent at {} overlaps the previous one ending at {}", k.offset, c.extent_end));
+        } else if c.extent_end < k.offset && c.first_gap.is_none() {
+            c.first_gap = Some(c.extent_end);
+        }
+        let facts = c.item;
+        let nodatasum = facts.is_some_and(|f| f.flags & BTRFS_INODE_NODATASUM != 0);
+        let is_lnk = facts.is_some_and(|f| f.mode & S_IFMT == S_IFLNK);
+        let num_bytes;
+        match fe {
+            FileExtent::Inline { head, data } => {
+                let ram = head.ram_bytes.get();
+                if ram == 0 {
+                    bad.push("inline extent with ram_bytes 0".into());
+                }
+                let max_inline = mask.min(cx.img.nodesize as u64 - 101 - 25 - 21);
+                if head.compression != BTRFS_COMPRESS_NONE {
+                    if data.len() as u64 > max_inline || ram > ss {
+                        bad.push(format!("compressed inline extent too large ({} bytes, ram {ram})", data.len()));
+                    }
+                } else {
+                    if ram > max_inline {
+                        bad.push(format!("inline extent ram_bytes {ram} exceeds the inline limit {max_inline}"));
+                    }
+                    if data.len() as u64 != ram {
+                        bad.push(format!("inline extent holds {} bytes but ram_bytes says {ram}", data.len()));
+                    }
+                }
+                if k.offset != 0 {
+                    bad.push(format!("inline extent at file offset {}", k.offset));
+                }
+                c.found_size = c.found_size.saturating_add(ram);
+                num_bytes = ram.saturating_add(mask) & !mask;
+            }
+            FileExtent::Disk { head, item } => {
+                num_bytes = item.num_bytes.get();
+                let disk = item.disk_bytenr.get();
+                let off = item.offset.get();
+                if num_bytes == 0 || num_bytes & mask != 0 {
+                    bad.push(format!("file extent num_bytes {num_bytes} is not a positive multiple of the sector size"));
+                }
+                if num_bytes.saturating_add(off) > head.ram_bytes.get() {
+                    bad.push(format!("file extent offset {off} + num_bytes {num_bytes} exceeds ram_bytes {}", head.ram_bytes.get()));
+                }
+                let prealloc = head.type_ == BTRFS_FILE_EXTENT_PREALLOC;
+                if prealloc && (head.compression != 0 || head.encryption != 0 || head.other_encoding.get() != 0) {
+                    bad.push("prealloc extent with compression or encoding".into());
+                }
+                if head.compression != 0 && nodatasum {
+                    bad.push("compressed extent in a nodatasum inode".into());
+                }
+                if disk != 0 {
+                    c.found_size = c.found_size.saturating_add(num_bytes);
+                    if disk & mask != 0 || item.disk_num_bytes.get() & mask != 0 || item.disk_num_bytes.get() == 0 {
+                        bad.push(format!("file extent disk range {disk}+{} is not sector aligned", item.disk_num_bytes.get()));
+                    }
+                    if !prealloc && !nodatasum && facts.is_some() {
+                        let (s, l) = if head.compression != 0 {
+                            (disk, item.disk_num_bytes.get())
+                        } else {
+                            (disk.saturating_add(off), num_bytes)
+                        };
+                        cx.csum_needed.push(Need { start: s, len: l, root: self.root, ino: k.objectid });
+                    }
+                }
+                if is_lnk {
+                    bad.push("symlink with a regular (non-inline) extent".into());
+                }
+            }
+        }
+        c.extent_end = k.offset.saturating_add(num_bytes);
+        for m in bad {
+            cx.report(self.err("file-extent").at(bytenr).key(k).msg(format!("inode {}: {m}", k.objectid)));
+        }
+    }
+
+    fn finish_inode(&mut self, cx: &mut Ctx) {
+        let c = std::mem::take(&mut self.cur);
+        if c.items == 0 || c.ino < BTRFS_FIRST_FREE_OBJECTID || c.ino > BTRFS_LAST_FREE_OBJECTID {
+            return;
+        }
+        self.inodes_checked += 1;
+        let ino = c.ino;
+        let Some(f) = c.item else {
+            if !self.lost {
+                cx.report(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino} has items but no inode item")));
+            }
+            return;
+        };
+        let fmt = f.mode & S_IFMT;
+        let mut errs = Vec::<String>::new();
+        if fmt == S_IFDIR {
+            if c.dir_names != f.size {
+                errs.push(format!("directory size {} but its entries add up to {}", f.size, c.dir_names));
+            }
+            if c.extents > 0 {
+                errs.push("directory with file extents".into());
+            }
+            if f.nlink != 1 {
+                errs.push(format!("directory has nlink {} (must be 1)", f.nlink));
+            }
+        } else if fmt == S_IFREG || fmt == S_IFLNK {
+            if c.dir_entries > 0 {
+                errs.push("non-directory with directory entries".into());
+            }
+            if f.nlink > 0 && c.found_size != f.nbytes {
+                errs.push(format!("nbytes {} but its extents add up to {}", f.nbytes, c.found_size));
+            }
+            let gap_before_size = c.first_gap.is_some_and(|g| g < f.size);
+            if f.nlink > 0 && !self.no_holes && f.size > 0 && (c.extent_end < f.size || c.extent_start != Some(0) || gap_before_size) {
+                errs.push(format!("file extents do not cover the file (size {}): missing extent or hole item", f.size));
+            }
+        }
+        if self.link_checks && ino != self.root_dirid {
+            if f.nlink == 0 {
+                self.unlinked.push(ino);
+            }
+            if c.refs != f.nlink && !self.lost {
+                errs.push(format!("link count {} but {} names refer to it", f.nlink, c.refs));
+            }
+        }
+        for m in errs {
+            cx.report(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino}: {m}")));
+        }
+    }
+
+    pub fn finish(mut self, cx: &mut Ctx) {
+        self.finish_inode(cx);
+        cx.sink.checked(P, self.inodes_checked);
+        if !self.inodes.contains_key(&self.root_dirid) && !self.lost {
+            cx.report(self.err("inode").msg(format!("root directory {} has no inode item", self.root_dirid)));
+        }
+        for ino in std::mem::take(&mut self.unlinked) {
+            if !self.orphans.contains(&ino) {
+                cx.report(self.err("orphan").msg(format!("inode {ino} has no links and no orphan item")));
+            }
+        }
+        if self.link_checks && !self.lost {
+            self.match_names(cx);
+        }
+        for (dir, child) in std::mem::take(&mut self.subvol_dirents) {
+            cx.subvol_dirents.push(super::SubvolDirent { tree: self.root, dir, child });
+        }
+    }
+
+    fn match_names(&mut self, cx: &mut Ctx) {
+        let mut names = std::mem::take(&mut self.names);
+        names.sort_unstable_by_key(|n| (n.parent, n.child, n.hash, n.src, n.index));
+        let mut i = 0;
+        while i < names.len() {
+            let g0 = names[i];
+            let mut j = i;
+            let (mut item, mut index, mut iref) = (None::<NameRec>, Vec::<NameRec>::new(), Vec::<NameRec>::new());
+            let mut dup_items = 0;
+            while j < names.len() && (names[j].parent, names[j].child, names[j].hash) == (g0.parent, g0.child, g0.hash) {
+                let n = names[j];
+                match n.src {
+                    SRC_DIR_ITEM => {
+                        if item.is_some() {
+                            dup_items += 1;
+                        }
+                        item = Some(n);
+                    }
+                    SRC_DIR_INDEX => index.push(n),
+                    _ => iref.push(n),
+                }
+                j += 1;
+            }
+            i = j;
+            let (p, ch) = (g0.parent, g0.child);
+            let what = format!("name in directory {p} for inode {ch}");
+            let child = self.inodes.get(&ch).copied();
+            let parent = self.inodes.get(&p).copied();
+            let mut errs = Vec::<String>::new();
+            if child.is_none() {
+                errs.push("points to an inode that does not exist".into());
+            }
+            if parent.is_none() {
+                errs.push("is in a directory that does not exist".into());
+            } else if parent.is_some_and(|(m, _)| m & S_IFMT != S_IFDIR) {
+                errs.push("is in an inode that is not a directory".into());
+            }
+            if item.is_none() {
+                errs.push("has no DIR_ITEM".into());
+            }
+            if index.is_empty() {
+                errs.push("has no DIR_INDEX".into());
+            }
+            if iref.is_empty() && child.is_some() {
+                errs.push("has no INODE_REF".into());
+            }
+            if dup_items > 0 || index.len() > iref.len().max(1) {
+                errs.push("is recorded more than once".into());
+            }
+            for x in &index {
+                if !iref.is_empty() && !iref.iter().any(|r| r.index == x.index) {
+                    errs.push(format!("DIR_INDEX {} does not match the INODE_REF index {}", x.index, iref[0].index));
+                }
+            }
+            if let Some((m, _)) = child {
+                let want = ftype_of_mode(m);
+                for x in item.iter().chain(index.iter()) {
+                    if Some(x.ftype) != want && want.is_some() {
+                        errs.push(format!("type {} does not match the inode's mode 0{m:o}", x.ftype));
+                        break;
+                    }
+                }
+            }
+            for e in errs {
+                cx.report(self.err("name").msg(format!("{what} {e}")));
+            }
+        }
+    }
+}
+
+/// ROOT_REF / ROOT_BACKREF pairs, and the directory entries naming subvolumes.
+pub(super) fn check_root_refs(cx: &mut Ctx) {
+    let links = std::mem::take(&mut cx.root_links);
+    let mut refs: HashMap<(u64, u64), &super::RootLink> = HashMap::new();
+    let mut backrefs: HashMap<(u64, u64), &super::RootLink> = HashMap::new();
+    for l in &links {
+        if l.key.ty == BTRFS_ROOT_REF_KEY {
+            refs.insert((l.key.objectid, l.key.offset), l);
+        } else {
+            backrefs.insert((l.key.offset, l.key.objectid), l);
+        }
+    }
+    for (&(parent, child), r) in &refs {
+        match backrefs.get(&(parent, child)) {
+            None => cx.report(F::err(P, "root-ref").tree(1).key(r.key).msg(format!("root ref {parent} -> {child} has no root backref"))),
+            Some(b) => {
+                if b.dirid != r.dirid || b.sequence != r.sequence || b.name != r.name {
+                    cx.report(F::err(P, "root-ref").tree(1).key(r.key).msg(format!("root ref and backref of {parent} -> {child} disagree")));
+                }
+            }
+        }
+    }
+    for (&(parent, child), b) in &backrefs {
+        if !refs.contains_key(&(parent, child)) {
+            cx.report(F::err(P, "root-ref").tree(1).key(b.key).msg(format!("root backref {child} <- {parent} has no root ref")));
+        }
+    }
+    let live: HashSet<u64> = cx
+        .roots
+        .iter()
+        .filter(|r| r.key.objectid >= BTRFS_FIRST_FREE_OBJECTID && r.key.objectid <= BTRFS_LAST_FREE_OBJECTID)
+        .filter(|r| r.item.refs.get() > 0 && r.drop_key().is_none() && !cx.orphan_roots.contains(&r.id()))
+        .map(|r| r.id())
+        .collect();
+    for id in &live {
+        if !backrefs.keys().any(|(_, c)| c == id) {
+            cx.report(F::err(P, "root-ref").tree(*id).msg(format!("subvolume {id} has no root backref: it is not linked anywhere")));
+        }
+    }
+    let dirents = std::mem::take(&mut cx.subvol_dirents);
+    // A snapshot keeps the directory entries of subvolumes nested in its
+    // source without their root refs (they read as empty directories), so
+    // only the other direction is checked: a root ref needs its entry.
+    for ((parent, child), r) in &refs {
+        if live.contains(parent) || *parent == BTRFS_FS_TREE_OBJECTID {
+            let ok = dirents.iter().any(|d| d.tree == *parent && d.child == *child && d.dir == r.dirid);
+            if !ok && live.contains(child) {
+                cx.report(F::err(P, "root-ref").tree(*parent).key(r.key).msg(format!("root ref {parent} -> {child} has no directory entry")));
+            }
+        }
+    }
+    cx.root_links = links;
+    cx.sink.checked(P, 0);
+}

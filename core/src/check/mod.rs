@@ -1,0 +1,226 @@
+//! The checker: reads an image (never writes) and returns findings, in
+//! phases:
+//!
+//! superblocks (1), chunks/devices/block groups (2), every tree block (3),
+//! the extent tree against what the trees reference (4), the free space
+//! tree (5), every subvolume's inodes and names (6), data checksums (7) and
+//! log trees (8).
+//!
+//! Phase 3 walks every tree once ([`walk`]) and hands each leaf to the
+//! collectors of the later phases, which keep compact per-extent and
+//! per-inode facts; the later phases then compare those facts. Nothing here
+//! prints: the binary renders the [`Report`].
+
+pub mod findings;
+mod chunks;
+mod csums;
+mod extents;
+mod free_space;
+mod fs;
+mod log;
+mod superblock;
+mod walk;
+
+pub use findings::{phase_name, Finding, PhaseSummary, Report, Severity, PHASES};
+
+use crate::format::consts::*;
+use crate::format::key::Key;
+use crate::format::root::RootItem;
+use crate::image::{Image, OpenOptions};
+use crate::{Error, Result};
+use findings::Sink;
+use std::path::Path;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CheckOptions {
+    /// Read every checksummed data sector and verify it (phase 7).
+    pub check_data_csum: bool,
+}
+
+/// Progress callbacks; the binary draws a bar, tests pass [`NoProgress`].
+pub trait Progress: Sync {
+    /// A phase starts; `total` units of work are expected (0 if unknown).
+    fn phase(&self, _phase: u8, _name: &str, _total: u64) {}
+    fn advance(&self, _n: u64) {}
+}
+
+pub struct NoProgress;
+impl Progress for NoProgress {}
+
+/// One ROOT_ITEM of the root tree, as the checker needs it.
+#[derive(Clone, Debug)]
+pub(crate) struct RootRec {
+    pub key: Key,
+    pub item: Box<RootItem>,
+}
+
+impl RootRec {
+    pub fn id(&self) -> u64 {
+        self.key.objectid
+    }
+    /// Where a partially dropped tree resumes dropping, if it is being dropped.
+    pub fn drop_key(&self) -> Option<Key> {
+        let k = Key::from(&self.item.drop_progress);
+        (k.objectid != 0 || k.ty != 0 || k.offset != 0).then_some(k)
+    }
+}
+
+/// ROOT_REF / ROOT_BACKREF as found in the root tree.
+#[derive(Clone, Debug)]
+pub(crate) struct RootLink {
+    pub key: Key,
+    pub dirid: u64,
+    pub sequence: u64,
+    pub name: Vec<u8>,
+}
+
+/// A directory entry that names a subvolume (location key ROOT_ITEM).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SubvolDirent {
+    pub tree: u64,
+    pub dir: u64,
+    pub child: u64,
+}
+
+pub(crate) struct Ctx<'a> {
+    pub img: &'a Image,
+    pub opts: CheckOptions,
+    pub progress: &'a dyn Progress,
+    pub sink: Sink,
+    /// Superblock generation: nothing committed may be newer.
+    pub gen: u64,
+    pub roots: Vec<RootRec>,
+    pub root_links: Vec<RootLink>,
+    /// Roots listed as orphans in the root tree (deleted, being dropped).
+    pub orphan_roots: Vec<u64>,
+    pub chunks: chunks::Facts,
+    pub ext: extents::Facts,
+    pub csum: csums::Facts,
+    pub fst: free_space::Facts,
+    /// Data ranges that file extents say must have checksums (phase 7).
+    pub csum_needed: Vec<csums::Need>,
+    pub subvol_dirents: Vec<SubvolDirent>,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn report(&mut self, f: Finding) {
+        self.sink.push(f);
+    }
+    pub fn has_incompat(&self, f: u64) -> bool {
+        self.img.sb.has_incompat(f)
+    }
+}
+
+/// Open `path` read-only and check it. When the primary superblock is
+/// unusable, a mirror is tried, and the damage is a phase-1 error. Fails
+/// only when no superblock copy can be used or the file cannot be read.
+pub fn check_path(path: &Path, opts: CheckOptions, progress: &dyn Progress) -> Result<Report> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+    if meta.is_dir() {
+        return Err(Error::Invalid(format!("{} is a directory, not an image", path.display())));
+    }
+    // Positioned reads, not a memory map: mapped pages of the image would
+    // count in the checker's resident memory, and every block is read once.
+    let open = |mirror| -> Result<Image> {
+        let dev = std::sync::Arc::new(crate::io::FileDevice::open(path, false)?);
+        Image::open(dev, OpenOptions { mirror, lenient: true, writable: false })
+    };
+    let primary_err = match open(0) {
+        Ok(img) => return Ok(check_image(&img, opts, progress)),
+        Err(e @ Error::Io { .. }) => return Err(e),
+        Err(e) => e,
+    };
+    for mirror in 1..BTRFS_SUPER_MIRROR_MAX {
+        if let Ok(img) = open(mirror) {
+            let mut pre = Sink::new();
+            pre.push(findings::F::err(1, "superblock").at(BTRFS_SUPER_INFO_OFFSET).msg(format!(
+                "primary superblock unusable ({primary_err}); checked using mirror {mirror}"
+            )));
+            return Ok(run(&img, opts, progress, pre));
+        }
+    }
+    Err(primary_err)
+}
+
+/// Check an opened image.
+pub fn check_image(img: &Image, opts: CheckOptions, progress: &dyn Progress) -> Report {
+    run(img, opts, progress, Sink::new())
+}
+
+fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink) -> Report {
+    let mut cx = Ctx {
+        img,
+        opts,
+        progress,
+        sink,
+        gen: img.sb.generation.get(),
+        roots: Vec::new(),
+        root_links: Vec::new(),
+        orphan_roots: Vec::new(),
+        chunks: Default::default(),
+        ext: Default::default(),
+        csum: Default::default(),
+        fst: Default::default(),
+        csum_needed: Vec::new(),
+        subvol_dirents: Vec::new(),
+    };
+    for w in &img.open_warnings {
+        cx.report(findings::F::warn(1, "open").msg(w.clone()));
+    }
+    timed(&mut cx, 1, superblock::check_mirrors);
+    // Phase 3 also feeds phases 2, 4, 5, 6 and 7 with what the leaves hold.
+    timed(&mut cx, 3, walk::walk_all);
+    timed(&mut cx, 6, fs::check_root_refs);
+    timed(&mut cx, 2, chunks::check);
+    timed(&mut cx, 1, superblock::check_against_trees);
+    timed(&mut cx, 4, extents::check);
+    timed(&mut cx, 5, free_space::check);
+    timed(&mut cx, 7, csums::check);
+    timed(&mut cx, 8, log::check);
+    cx.sink.into_report()
+}
+
+fn timed(cx: &mut Ctx, phase: u8, f: fn(&mut Ctx)) {
+    let t = Instant::now();
+    cx.progress.phase(phase, phase_name(phase), 0);
+    f(cx);
+    cx.sink.ran(phase);
+    cx.sink.add_millis(phase, t.elapsed().as_millis() as u64);
+}
+
+pub(crate) fn fmt_key(k: &Key) -> String {
+    crate::format::names::key_string(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csums::{covered, union_of};
+    use super::findings::{Sink, F};
+
+    #[test]
+    fn intervals() {
+        let u = union_of(vec![(10, 5), (0, 4), (15, 5), (30, 1)]);
+        assert_eq!(u, vec![(0, 4), (10, 20), (30, 31)]);
+        assert!(covered(&u, 10, 10));
+        assert!(covered(&u, 0, 4));
+        assert!(!covered(&u, 3, 2));
+        assert!(!covered(&u, 19, 2));
+        assert!(covered(&u, 5, 0));
+    }
+
+    #[test]
+    fn sink_counts_past_the_cap() {
+        let mut s = Sink::new();
+        for i in 0..3000u64 {
+            s.push(F::err(4, "x").at(i).msg("m"));
+        }
+        s.push(F::warn(1, "y").msg("w"));
+        let r = s.into_report();
+        assert_eq!(r.errors, 3000);
+        assert_eq!(r.warnings, 1);
+        assert_eq!(r.findings.len() as u64 + r.suppressed, 3001);
+        assert_eq!(r.findings[0].phase, 1);
+        assert!(!r.is_clean());
+    }
+}

@@ -1,0 +1,141 @@
+//! Phase 1: every superblock copy on its own, then the primary's counters
+//! against what the trees hold.
+
+use super::findings::F;
+use super::Ctx;
+use crate::csum::{verify_block, CsumType};
+use crate::format::consts::*;
+use crate::format::superblock::Superblock;
+use zerocopy::FromBytes;
+
+const P: u8 = 1;
+
+pub(super) fn check_mirrors(cx: &mut Ctx) {
+    let img = cx.img;
+    let dev = img.device().clone();
+    let size = dev.size();
+    let sb = &img.sb;
+    for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
+        let off = btrfs_sb_offset(mirror);
+        if off + BTRFS_SUPER_INFO_SIZE as u64 > size {
+            continue;
+        }
+        cx.sink.checked(P, 1);
+        let mut buf = [0u8; BTRFS_SUPER_INFO_SIZE];
+        if let Err(e) = dev.read_at(off, &mut buf) {
+            cx.report(F::err(P, "superblock").at(off).msg(format!("superblock mirror {mirror} unreadable: {e}")));
+            continue;
+        }
+        let Ok(m) = Superblock::read_from_bytes(&buf) else { continue };
+        if m.magic.get() != BTRFS_MAGIC {
+            // A filesystem grown past a mirror's offset after mkfs may lack it.
+            if mirror == 0 {
+                cx.report(F::err(P, "superblock").at(off).msg("primary superblock has no btrfs magic"));
+            } else {
+                cx.report(F::warn(P, "superblock").at(off).msg(format!("superblock mirror {mirror} has no btrfs magic")));
+            }
+            continue;
+        }
+        let ok_csum = CsumType::from_disk(m.csum_type.get()).map(|t| verify_block(t, &buf)).unwrap_or(false);
+        if !ok_csum {
+            cx.report(F::err(P, "superblock").at(off).msg(format!("superblock mirror {mirror} checksum mismatch")));
+            continue;
+        }
+        if m.bytenr.get() != off {
+            cx.report(F::err(P, "superblock").at(off).msg(format!("superblock mirror {mirror} says it lives at {}", m.bytenr.get())));
+        }
+        if m.fsid != sb.fsid {
+            cx.report(F::err(P, "superblock").at(off).msg(format!("superblock mirror {mirror} has a different fsid")));
+        }
+        if m.generation.get() != sb.generation.get() {
+            cx.report(F::warn(P, "superblock").at(off).msg(format!(
+                "superblock mirror {mirror} generation {} differs from the one in use ({})",
+                m.generation.get(),
+                sb.generation.get()
+            )));
+        }
+    }
+
+    let ss = sb.sectorsize.get() as u64;
+    let off = img.mirror;
+    let at = btrfs_sb_offset(off);
+    if sb.leafsize.get() != sb.nodesize.get() {
+        cx.report(F::err(P, "superblock").at(at).msg(format!("leafsize {} differs from nodesize {}", sb.leafsize.get(), sb.nodesize.get())));
+    }
+    if sb.total_bytes.get() % ss != 0 {
+        cx.report(F::warn(P, "superblock").at(at).msg(format!("total_bytes {} is not aligned to sectorsize {ss}", sb.total_bytes.get())));
+    }
+    if sb.dev_item.total_bytes.get() % ss != 0 {
+        cx.report(F::warn(P, "superblock").at(at).msg(format!(
+            "device total_bytes {} is not aligned to sectorsize {ss}",
+            sb.dev_item.total_bytes.get()
+        )));
+    }
+    if sb.root_dir_objectid.get() != BTRFS_ROOT_TREE_DIR_OBJECTID {
+        cx.report(F::warn(P, "superblock").at(at).msg(format!("root_dir_objectid is {}", sb.root_dir_objectid.get())));
+    }
+    let ro = sb.compat_ro_flags.get();
+    if ro & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID != 0 && ro & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE == 0 {
+        cx.report(F::err(P, "features").at(at).msg("free_space_tree_valid is set without free_space_tree"));
+    }
+    if sb.flags.get() & BTRFS_SUPER_FLAG_ERROR != 0 {
+        cx.report(F::warn(P, "superblock").at(at).msg("the filesystem was marked as having an error"));
+    }
+    if sb.flags.get() & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0 {
+        cx.report(F::warn(P, "superblock").at(at).msg("metadump image: data blocks are not present"));
+    }
+    let gen = sb.generation.get();
+    for (i, b) in sb.super_roots.iter().enumerate() {
+        if b.tree_root.get() == 0 {
+            continue;
+        }
+        if b.tree_root_gen.get() > gen {
+            cx.report(F::warn(P, "backup-root").at(at).msg(format!(
+                "backup root {i} generation {} newer than the superblock's {gen}",
+                b.tree_root_gen.get()
+            )));
+        } else if b.tree_root_gen.get() == gen && b.tree_root.get() != sb.root.get() {
+            cx.report(F::warn(P, "backup-root").at(at).msg(format!(
+                "backup root {i} of the current generation points at tree root {} not {}",
+                b.tree_root.get(),
+                sb.root.get()
+            )));
+        }
+    }
+}
+
+/// bytes_used, num_devices and total_bytes against the chunk and extent trees.
+pub(super) fn check_against_trees(cx: &mut Ctx) {
+    let sb = &cx.img.sb;
+    let at = btrfs_sb_offset(cx.img.mirror);
+    let ndev = cx.chunks.dev_items.len() as u64;
+    if ndev > 0 && sb.num_devices.get() != ndev {
+        let m = format!("superblock num_devices {} but the chunk tree holds {ndev} device item(s)", sb.num_devices.get());
+        cx.report(F::err(P, "superblock").at(at).msg(m));
+    }
+    let dev_total: u64 = cx.chunks.dev_items.iter().map(|d| d.total_bytes).fold(0u64, |a, b| a.saturating_add(b));
+    if ndev > 0 && sb.total_bytes.get() < dev_total {
+        let m = format!("superblock total_bytes {} smaller than the devices' total {dev_total}", sb.total_bytes.get());
+        cx.report(F::err(P, "superblock").at(at).msg(m));
+    }
+    if let Some(d) = cx.chunks.dev_items.iter().find(|d| d.devid == sb.dev_item.devid.get()) {
+        if d.total_bytes != sb.dev_item.total_bytes.get() || d.bytes_used != sb.dev_item.bytes_used.get() {
+            let m = format!(
+                "superblock device item (total {} used {}) differs from the chunk tree's (total {} used {})",
+                sb.dev_item.total_bytes.get(),
+                sb.dev_item.bytes_used.get(),
+                d.total_bytes,
+                d.bytes_used
+            );
+            cx.report(F::warn(P, "superblock").at(at).msg(m));
+        }
+    }
+    if cx.chunks.bg_loaded {
+        let used: u64 = cx.chunks.block_groups.iter().map(|b| b.used).fold(0u64, |a, b| a.saturating_add(b));
+        if used != sb.bytes_used.get() {
+            let m = format!("superblock bytes_used {} but the block groups use {used}", sb.bytes_used.get());
+            cx.report(F::err(P, "superblock").at(at).msg(m));
+        }
+    }
+    cx.sink.checked(P, 1);
+}

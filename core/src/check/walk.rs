@@ -1,0 +1,486 @@
+//! Phase 3: every block of every tree, each read once (fs trees that share
+//! blocks with a snapshot are descended again for their inode checks, but
+//! a shared block is validated and its references counted only once).
+//! Each leaf is handed to the collectors of the later phases.
+
+use super::extents::FoundTree;
+use super::findings::F;
+use super::fs::FsTree;
+use super::{Ctx, RootLink, RootRec};
+use crate::format::consts::*;
+use crate::format::item::{decode, ItemBody};
+use crate::format::key::Key;
+use crate::format::root::RootItem;
+use crate::image::Image;
+use crate::tree::node::{Expect, Problem, ProblemKind};
+use rayon::prelude::*;
+use crate::tree::{Node, TreeRoot};
+use std::collections::HashSet;
+
+const P: u8 = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Root,
+    Chunk,
+    Extent,
+    Dev,
+    Csum,
+    FreeSpace,
+    BlockGroup,
+    Fs,
+    Reloc,
+    Other,
+}
+
+fn kind_of(id: u64) -> Kind {
+    match id {
+        BTRFS_ROOT_TREE_OBJECTID => Kind::Root,
+        BTRFS_CHUNK_TREE_OBJECTID => Kind::Chunk,
+        BTRFS_EXTENT_TREE_OBJECTID => Kind::Extent,
+        BTRFS_DEV_TREE_OBJECTID => Kind::Dev,
+        BTRFS_CSUM_TREE_OBJECTID => Kind::Csum,
+        BTRFS_FREE_SPACE_TREE_OBJECTID => Kind::FreeSpace,
+        BTRFS_BLOCK_GROUP_TREE_OBJECTID => Kind::BlockGroup,
+        BTRFS_TREE_RELOC_OBJECTID => Kind::Reloc,
+        id if is_fstree(id) => Kind::Fs,
+        _ => Kind::Other,
+    }
+}
+
+/// A tree to walk and how.
+pub(crate) struct Spec {
+    pub root: TreeRoot,
+    pub kind: Kind,
+    /// Root id recorded as the owner of the root block's reference.
+    pub ref_root: u64,
+    /// Resume key of a partially dropped tree: subtrees before it are gone.
+    pub drop_key: Option<Key>,
+    /// Run the inode checks (phase 6) on this tree.
+    pub fs_check: Option<RootRec>,
+}
+
+struct Pending {
+    bytenr: u64,
+    expect: Expect,
+    /// Exclusive upper bound on every key in the block (next key in the parent).
+    hi: Option<Key>,
+    /// The block, already read (leaves are read in parallel, a node's worth at a time).
+    pre: Option<Box<Loaded>>,
+}
+
+/// A block read and validated, with its damaged mirror copies (copy index,
+/// physical), and whether copies after the first are still to be verified
+/// (done at the end of the walk, in disk order).
+type Loaded = (crate::Result<(Node, Vec<Problem>)>, Vec<(usize, u64)>, bool);
+
+fn load(img: &Image, bytenr: u64, expect: &Expect) -> Loaded {
+    // Common case first: copy 0 is good, so read it once and each other
+    // copy once to verify it. Anything else goes to the image's
+    // best-copy selection.
+    let ns = img.nodesize as usize;
+    if let Ok(phys) = img.chunks.map(bytenr, ns as u64, img.devid) {
+        if let Some(&p0) = phys.first() {
+            let mut b = vec![0u8; ns];
+            if img.device().read_at(p0, &mut b).is_ok() && copy_ok(img, &b, bytenr) {
+                if let Ok(node) = Node::from_vec(bytenr, b) {
+                    let problems = node.validate(&img.ctx(false), expect);
+                    if problems.is_empty() {
+                        return (Ok((node, problems)), Vec::new(), phys.len() > 1);
+                    }
+                }
+            }
+        }
+    }
+    let r = img.read_tree_block_checked(bytenr, expect, false);
+    let bad = match &r {
+        Ok((node, _)) => bad_copies(img, node, 0),
+        Err(_) => Vec::new(),
+    };
+    (r, bad, false)
+}
+
+pub(super) fn walk_all(cx: &mut Ctx) {
+    let mut seen: HashSet<u64> = HashSet::new();
+    let img = cx.img;
+    let total: u64 = 2;
+    cx.progress.phase(P, "tree blocks", total);
+
+    let root_spec = Spec { root: img.root_tree(), kind: Kind::Root, ref_root: BTRFS_ROOT_TREE_OBJECTID, drop_key: None, fs_check: None };
+    let mut mirrors = Vec::new();
+    walk(cx, &mut seen, &mut mirrors, &root_spec);
+    let chunk_spec = Spec { root: img.chunk_tree(), kind: Kind::Chunk, ref_root: BTRFS_CHUNK_TREE_OBJECTID, drop_key: None, fs_check: None };
+
+    // Progress: root items say how many bytes of tree blocks each tree has.
+    let ns = img.nodesize as u64;
+    let est: u64 = cx.roots.iter().map(|r| r.item.bytes_used.get() / ns.max(1)).fold(0u64, |a, b| a.saturating_add(b));
+    cx.progress.phase(P, "tree blocks", est);
+
+    let mut specs = vec![chunk_spec];
+    let mut have = HashSet::new();
+    let roots = cx.roots.clone();
+    for r in &roots {
+        let id = r.id();
+        have.insert(id);
+        let ri = &r.item;
+        if ri.generation.get() > cx.gen.saturating_add(1) {
+            cx.report(F::err(P, "root-item").tree(id).key(r.key).msg(format!(
+                "root item generation {} newer than the superblock's {}",
+                ri.generation.get(),
+                cx.gen
+            )));
+        }
+        if ri.level >= BTRFS_MAX_LEVEL {
+            cx.report(F::err(P, "root-item").tree(id).key(r.key).msg(format!("root item level {} too high", ri.level)));
+            continue;
+        }
+        let kind = kind_of(id);
+        let dropping = r.drop_key().is_some();
+        let dead = ri.refs.get() == 0 || cx.orphan_roots.contains(&id);
+        let fs_check = (kind == Kind::Fs && !dropping && !dead).then(|| r.clone());
+        specs.push(Spec {
+            root: TreeRoot { id, bytenr: ri.bytenr.get(), level: ri.level, generation: ri.generation.get() },
+            kind,
+            ref_root: id,
+            drop_key: r.drop_key(),
+            fs_check,
+        });
+    }
+    for (id, feat) in [
+        (BTRFS_EXTENT_TREE_OBJECTID, None),
+        (BTRFS_DEV_TREE_OBJECTID, None),
+        (BTRFS_FS_TREE_OBJECTID, None),
+        (BTRFS_CSUM_TREE_OBJECTID, None),
+        (BTRFS_FREE_SPACE_TREE_OBJECTID, Some(BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE)),
+        (BTRFS_BLOCK_GROUP_TREE_OBJECTID, Some(BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE)),
+    ] {
+        if feat.is_none_or(|f| img.sb.has_compat_ro(f)) && !have.contains(&id) {
+            cx.report(F::err(P, "root-item").tree(id).msg(format!("the root tree has no root item for tree {id}")));
+        }
+    }
+    if img.sb.has_compat_ro(BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE) {
+        cx.chunks.bg_loaded = have.contains(&BTRFS_BLOCK_GROUP_TREE_OBJECTID);
+    } else {
+        cx.chunks.bg_loaded = have.contains(&BTRFS_EXTENT_TREE_OBJECTID);
+    }
+    // Extent tree first so its facts are complete before the rest.
+    specs.sort_by_key(|s| match s.kind {
+        Kind::Extent => 0,
+        Kind::Chunk => 1,
+        Kind::Fs | Kind::Reloc => 3,
+        _ => 2,
+    });
+    for s in &specs {
+        walk(cx, &mut seen, &mut mirrors, s);
+        if s.kind == Kind::Extent {
+            prefetch_metadata(cx);
+        }
+    }
+    verify_mirrors(cx, mirrors);
+    cx.chunks.block_groups.sort_by_key(|b| b.start);
+    cx.ext.recs.sort_by_key(|r| r.bytenr);
+    cx.ext.loaded = true;
+}
+
+/// Walk one tree. `seen` is global across trees.
+pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u64)>, spec: &Spec) {
+    let img = cx.img;
+    let root = spec.root;
+    let check_owner = !matches!(spec.kind, Kind::Reloc);
+    let mut fs = spec.fs_check.as_ref().map(|r| FsTree::new(cx, r));
+    let mut here: HashSet<u64> = HashSet::new();
+    // A relocation tree's root block is referenced by itself (full backref).
+    let root_parent = if spec.kind == Kind::Reloc { root.bytenr } else { 0 };
+    cx.ext.found_tree.push(FoundTree { bytenr: root.bytenr, parent: root_parent, owner: spec.ref_root, level: root.level, tree: root.id });
+    let mut stack = vec![Pending {
+        bytenr: root.bytenr,
+        expect: Expect {
+            level: Some(root.level),
+            generation: Some(root.generation),
+            owner: check_owner.then_some(root.id),
+            first_key: None,
+        },
+        hi: None,
+        pre: None,
+    }];
+    while let Some(p) = stack.pop() {
+        if !here.insert(p.bytenr) {
+            cx.report(F::err(P, "tree-shape").tree(root.id).at(p.bytenr).msg(format!("block {} is referenced twice in tree {}", p.bytenr, root.id as i64)));
+            continue;
+        }
+        let first = seen.insert(p.bytenr);
+        if !first && fs.is_none() {
+            continue;
+        }
+        let (read, bad, mirrors_later) = match p.pre {
+            Some(l) => *l,
+            None => load(img, p.bytenr, &p.expect),
+        };
+        let (node, problems) = match read {
+            Ok(x) => x,
+            Err(e) => {
+                if first {
+                    cx.report(F::err(P, "unreadable").tree(root.id).at(p.bytenr).opt_key(p.expect.first_key).msg(format!("tree block unreadable: {e}")));
+                }
+                if let Some(f) = fs.as_mut() {
+                    f.lost_block();
+                }
+                continue;
+            }
+        };
+        if first {
+            cx.progress.advance(1);
+            cx.sink.checked(P, 1);
+            for pr in &problems {
+                let cat = match pr.kind {
+                    ProblemKind::Checksum => "checksum",
+                    ProblemKind::Header | ProblemKind::Owner | ProblemKind::Level => "header",
+                    ProblemKind::ParentTransid => "parent-transid",
+                    ProblemKind::FirstKey | ProblemKind::KeyOrder => "key-order",
+                    ProblemKind::ItemBounds => "item-bounds",
+                    ProblemKind::ItemBody => "item",
+                };
+                cx.report(F::err(P, cat).tree(root.id).at(p.bytenr).opt_key(pr.key).msg(pr.message.clone()));
+            }
+            if !check_owner {
+                let o = node.owner();
+                if o != BTRFS_TREE_RELOC_OBJECTID && !is_fstree(o) {
+                    cx.report(F::err(P, "header").tree(root.id).at(p.bytenr).msg(format!("owner {} in a relocation tree", o as i64)));
+                }
+            }
+            for (i, phys) in bad {
+                cx.report(F::err(P, "checksum").tree(root.id).at(node.bytenr).msg(format!("copy {i} of the block (at physical {phys}) is damaged")));
+            }
+            if mirrors_later {
+                mirrors.push((node.bytenr, root.id));
+            }
+            if let (Some(hi), Some(last)) = (p.hi, node.nr_safe().checked_sub(1).and_then(|s| node.key(s))) {
+                if last >= hi {
+                    cx.report(F::err(P, "key-order").tree(root.id).at(p.bytenr).key(last).msg(format!(
+                        "last key {} is not below the parent's next key {}",
+                        super::fmt_key(&last),
+                        super::fmt_key(&hi)
+                    )));
+                }
+            }
+        }
+        if node.is_leaf() {
+            if first {
+                leaf(cx, spec, &node);
+            }
+            if let Some(f) = fs.as_mut() {
+                f.leaf(cx, &node);
+            }
+            continue;
+        }
+        let level = node.level().saturating_sub(1);
+        let n = node.nr_safe();
+        let mut pushed = 0usize;
+        for slot in (0..n).rev() {
+            let Some(kp) = node.key_ptr(slot) else { continue };
+            let k = Key::from(&kp.key);
+            let next = if slot + 1 < n { node.key(slot + 1) } else { p.hi };
+            if let (Some(d), Some(nx)) = (spec.drop_key, next) {
+                if nx <= d {
+                    continue;
+                }
+            }
+            let child = kp.blockptr.get();
+            if first {
+                cx.ext.found_tree.push(FoundTree { bytenr: child, parent: node.bytenr, owner: node.owner(), level, tree: root.id });
+            }
+            stack.push(Pending {
+                bytenr: child,
+                expect: Expect {
+                    level: Some(level),
+                    generation: Some(kp.generation.get()),
+                    owner: check_owner.then_some(root.id),
+                    first_key: Some(k),
+                },
+                hi: next,
+                pre: None,
+            });
+            pushed += 1;
+        }
+        // Ask the kernel to start reading every child now (many reads in
+        // flight instead of one at a time), then read and validate leaves
+        // in parallel; the rest of the walk (and every finding) stays in
+        // key order.
+        let from = stack.len() - pushed;
+        let descend_seen = fs.is_some();
+        let todo: Vec<usize> = (from..stack.len()).filter(|&i| descend_seen || !seen.contains(&stack[i].bytenr)).collect();
+        for &i in todo.iter().rev() {
+            prefetch_block(img, stack[i].bytenr);
+        }
+        if level == 0 && pushed > 1 {
+            // Only the leaves popped next (top of the stack): memory stays
+            // at PRELOAD blocks whatever the node size and fan-out.
+            const PRELOAD: usize = 32;
+            let near: Vec<usize> = todo.iter().rev().take(PRELOAD).copied().collect();
+            let loaded: Vec<Loaded> = near.par_iter().map(|&i| load(img, stack[i].bytenr, &stack[i].expect)).collect();
+            for (i, l) in near.into_iter().zip(loaded) {
+                stack[i].pre = Some(Box::new(l));
+            }
+        }
+    }
+    if let Some(f) = fs {
+        f.finish(cx);
+    }
+}
+
+/// Second (and later) copies of blocks whose first copy was good, read in
+/// physical order, a batch ahead, and verified in parallel.
+fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
+    let img = cx.img;
+    let ns = img.nodesize as usize;
+    let mut todo: Vec<(u64, usize, u64, u64)> = Vec::with_capacity(blocks.len());
+    for (bytenr, tree) in blocks {
+        if let Ok(phys) = img.chunks.map(bytenr, ns as u64, img.devid) {
+            for (i, &p) in phys.iter().enumerate().skip(1) {
+                todo.push((p, i, bytenr, tree));
+            }
+        }
+    }
+    todo.sort_unstable();
+    const BATCH: usize = 256;
+    let ahead = |from: usize| {
+        for &(p, ..) in todo.iter().skip(from).take(BATCH) {
+            img.device().prefetch(p, ns as u64);
+        }
+    };
+    ahead(0);
+    let mut bad = Vec::new();
+    for (n, chunk) in todo.chunks(BATCH).enumerate() {
+        ahead((n + 1) * BATCH);
+        let res: Vec<Option<(u64, usize, u64, u64)>> = chunk
+            .par_iter()
+            .map(|&(p, i, bytenr, tree)| {
+                let mut b = vec![0u8; ns];
+                let ok = img.device().read_at(p, &mut b).is_ok() && copy_ok(img, &b, bytenr);
+                (!ok).then_some((p, i, bytenr, tree))
+            })
+            .collect();
+        bad.extend(res.into_iter().flatten());
+    }
+    for (p, i, bytenr, tree) in bad {
+        cx.report(F::err(P, "checksum").tree(tree).at(bytenr).msg(format!("copy {i} of the block (at physical {p}) is damaged")));
+    }
+}
+
+/// Most metadata asked for ahead of the walk (page cache, not our memory).
+const PREFETCH_LIMIT: u64 = 512 << 20;
+
+/// The extent tree lists every tree block: ask the kernel for all of them
+/// (every copy) in disk order, merged into large reads, so the walk of the
+/// other trees finds them in the page cache instead of waiting on each.
+fn prefetch_metadata(cx: &Ctx) {
+    let img = cx.img;
+    let ns = img.nodesize as u64;
+    let mut phys: Vec<u64> = Vec::new();
+    for r in &cx.ext.recs {
+        if r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK == 0 {
+            continue;
+        }
+        if let Ok(p) = img.chunks.map(r.bytenr, ns, img.devid) {
+            phys.extend(p);
+        }
+        if phys.len() as u64 * ns >= PREFETCH_LIMIT {
+            break;
+        }
+    }
+    phys.sort_unstable();
+    let mut run: Option<(u64, u64)> = None;
+    for p in phys {
+        run = match run {
+            Some((s, e)) if p <= e.saturating_add(256 << 10) && e - s < (8 << 20) => Some((s, e.max(p + ns))),
+            Some((s, e)) => {
+                img.device().prefetch(s, e - s);
+                Some((p, p + ns))
+            }
+            None => Some((p, p + ns)),
+        };
+    }
+    if let Some((s, e)) = run {
+        img.device().prefetch(s, e - s);
+    }
+}
+
+fn prefetch_block(img: &Image, bytenr: u64) {
+    let ns = img.nodesize as u64;
+    if let Ok(phys) = img.chunks.map(bytenr, ns, img.devid) {
+        if let Some(&p) = phys.first() {
+            img.device().prefetch(p, ns);
+        }
+    }
+}
+
+/// Mirror copies of a block that do not carry a valid checksum and address
+/// of their own: (copy index, physical offset).
+fn bad_copies(img: &Image, node: &Node, from: usize) -> Vec<(usize, u64)> {
+    let ns = img.nodesize as usize;
+    let Ok(phys) = img.chunks.map(node.bytenr, ns as u64, img.devid) else { return Vec::new() };
+    if phys.len() < 2 {
+        return Vec::new();
+    }
+    let dev = img.device();
+    let mut buf = vec![0u8; ns];
+    let mut bad = Vec::new();
+    for (i, &p) in phys.iter().enumerate().skip(from) {
+        let ok = match dev.slice(p, ns) {
+            Some(s) => copy_ok(img, s, node.bytenr),
+            None => dev.read_at(p, &mut buf).is_ok() && copy_ok(img, &buf, node.bytenr),
+        };
+        if !ok {
+            bad.push((i, p));
+        }
+    }
+    bad
+}
+
+fn copy_ok(img: &Image, b: &[u8], bytenr: u64) -> bool {
+    crate::csum::verify_block(img.csum, b) && b.get(0x30..0x38).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes) == Some(bytenr)
+}
+
+fn leaf(cx: &mut Ctx, spec: &Spec, node: &Node) {
+    match spec.kind {
+        Kind::Root => {
+            root_leaf(cx, node);
+            // Free space cache (v1) inodes keep their data extents in the root tree.
+            super::extents::on_fs_leaf(cx, node);
+        }
+        Kind::Chunk => super::chunks::on_chunk_leaf(cx, node),
+        Kind::Extent => super::extents::on_extent_leaf(cx, node),
+        Kind::Dev => super::chunks::on_dev_leaf(cx, node),
+        Kind::BlockGroup => {
+            for slot in 0..node.nr_safe() {
+                let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else { continue };
+                if k.ty == BTRFS_BLOCK_GROUP_ITEM_KEY {
+                    super::chunks::on_bg_item(cx, &k, d);
+                }
+            }
+        }
+        Kind::Csum => super::csums::on_leaf(cx, node),
+        Kind::FreeSpace => super::free_space::on_leaf(cx, node),
+        Kind::Fs | Kind::Reloc => super::extents::on_fs_leaf(cx, node),
+        Kind::Other => {}
+    }
+}
+
+fn root_leaf(cx: &mut Ctx, node: &Node) {
+    for slot in 0..node.nr_safe() {
+        let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else { continue };
+        match k.ty {
+            BTRFS_ROOT_ITEM_KEY => match RootItem::parse(d) {
+                Ok(ri) => cx.roots.push(RootRec { key: k, item: Box::new(ri) }),
+                Err(e) => cx.report(F::err(P, "root-item").tree(1).at(node.bytenr).key(k).msg(format!("root item unreadable: {e}"))),
+            },
+            BTRFS_ROOT_REF_KEY | BTRFS_ROOT_BACKREF_KEY => {
+                if let Ok(ItemBody::RootRef(r, name)) = decode(&k, d, 0) {
+                    cx.root_links.push(RootLink { key: k, dirid: r.dirid.get(), sequence: r.sequence.get(), name: name.to_vec() });
+                }
+            }
+            BTRFS_ORPHAN_ITEM_KEY if k.objectid == BTRFS_ORPHAN_OBJECTID => cx.orphan_roots.push(k.offset),
+            _ => {}
+        }
+    }
+}

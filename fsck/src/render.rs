@@ -1,0 +1,63 @@
+//! Report rendering: a comfy-table summary by phase then the findings, or
+//! the same data as JSON.
+
+use btrkit_core::check::{Report, Severity};
+use btrkit_core::format::names::key_string;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use std::path::Path;
+
+pub fn human(image: &Path, r: &Report) {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec!["phase", "checks", "checked", "errors", "warnings", "ms"]);
+    for p in &r.phases {
+        t.add_row(vec![
+            p.phase.to_string(),
+            p.name.to_string(),
+            if p.ran { p.checked.to_string() } else { "skipped".into() },
+            p.errors.to_string(),
+            p.warnings.to_string(),
+            p.millis.to_string(),
+        ]);
+    }
+    println!("{t}");
+    if !r.findings.is_empty() {
+        let mut f = Table::new();
+        f.load_preset(UTF8_FULL_CONDENSED);
+        f.set_header(vec!["phase", "severity", "category", "tree", "bytenr", "key", "message"]);
+        for x in &r.findings {
+            f.add_row(vec![
+                x.phase.to_string(),
+                match x.severity {
+                    Severity::Error => "error".into(),
+                    Severity::Warning => "warning".to_string(),
+                },
+                x.category.to_string(),
+                x.tree.map(|t| (t as i64).to_string()).unwrap_or_default(),
+                x.bytenr.map(|b| b.to_string()).unwrap_or_default(),
+                x.key.map(|k| key_string(&k)).unwrap_or_default(),
+                x.message.clone(),
+            ]);
+        }
+        println!("{f}");
+    }
+    if r.suppressed > 0 {
+        println!("{} more findings not listed", r.suppressed);
+    }
+    let verdict = if r.errors == 0 { "clean" } else { "errors found" };
+    println!("{}: {verdict} ({} errors, {} warnings)", image.display(), r.errors, r.warnings);
+}
+
+pub fn json(image: &Path, r: &Report) -> anyhow::Result<()> {
+    let v = serde_json::json!({
+        "image": image.display().to_string(),
+        "clean": r.is_clean(),
+        "errors": r.errors,
+        "warnings": r.warnings,
+        "suppressed": r.suppressed,
+        "phases": r.phases,
+        "findings": r.findings,
+    });
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
