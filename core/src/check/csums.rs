@@ -8,6 +8,7 @@ use super::Ctx;
 use crate::format::consts::*;
 use crate::tree::{Node, TreeIter};
 use rayon::prelude::*;
+use crate::image::Image;
 
 const P: u8 = 7;
 
@@ -125,20 +126,45 @@ pub(super) fn check(cx: &mut Ctx) {
         if sbf & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0 {
             cx.report(F::warn(P, "data-csum").msg("metadump image holds no data: data checksums not verified"));
         } else {
-            verify_data(cx);
+            let (sectors, bad) = match cx.data_verified.take() {
+                Some(r) => r,
+                None => verify_all(cx.img),
+            };
+            cx.progress.phase(P, "data checksums", sectors);
+            cx.progress.advance(sectors);
+            cx.sink.checked(P, sectors);
+            for (b, m) in bad {
+                cx.report(F::err(P, "data-csum").tree(7).at(b).msg(m));
+            }
         }
     }
     cx.csum.items = items;
 }
 
-/// Read every checksummed sector and compare.
-fn verify_data(cx: &mut Ctx) {
-    let img = cx.img;
-    let Ok(Some(root)) = img.find_root(BTRFS_CSUM_TREE_OBJECTID) else { return };
-    let total: u64 = cx.csum.union.iter().map(|(s, e)| (e - s) / img.sectorsize as u64).sum();
-    cx.progress.phase(P, "data checksums", total);
+/// Reading data is bound by I/O, not CPU: more reads in flight than cores
+/// keep the device's queue full.
+fn io_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().num_threads(8).thread_name(|i| format!("csum-io-{i}")).build().ok()).as_ref()
+}
+
+fn verify_batch(img: &Image, batch: &[(u64, Vec<u8>)]) -> Vec<(u64, Vec<(u64, String)>)> {
+    let run = || batch.par_iter().map(|(start, sums)| verify_item(img, *start, sums)).collect();
+    match io_pool() {
+        Some(p) => p.install(run),
+        None => run(),
+    }
+}
+
+/// Read every checksummed sector and compare: (sectors checked, bad
+/// sectors with their message). Runs on its own thread beside the metadata
+/// phases, so reading the data overlaps with them.
+pub(crate) fn verify_all(img: &Image) -> (u64, Vec<(u64, String)>) {
+    let mut bad: Vec<(u64, String)> = Vec::new();
+    let mut sectors = 0u64;
+    let Ok(Some(root)) = img.find_root(BTRFS_CSUM_TREE_OBJECTID) else { return (0, bad) };
     let Ok(mut it) = TreeIter::new(img, root, crate::format::key::Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0)) else {
-        return;
+        return (0, bad);
     };
     let cs = img.csum.size().max(1);
     let prefetch = |batch: &[(u64, Vec<u8>)]| {
@@ -156,8 +182,6 @@ fn verify_data(cx: &mut Ctx) {
     let mut filling: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut ready: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut filled = 0usize;
-    let mut bad: Vec<(u64, String)> = Vec::new();
-    let mut sectors = 0u64;
     loop {
         let next = it.next_item();
         let done = next.is_none();
@@ -177,32 +201,24 @@ fn verify_data(cx: &mut Ctx) {
             prefetch(&filling);
             let current = std::mem::replace(&mut ready, std::mem::take(&mut filling));
             filled = 0;
-            let results: Vec<(u64, Vec<(u64, String)>)> = current.par_iter().map(|(start, sums)| verify_item(cx, *start, sums)).collect();
-            for (n, b) in results {
+            for (n, b) in verify_batch(img, &current) {
                 sectors += n;
-                cx.progress.advance(n);
                 bad.extend(b);
             }
         }
         if done {
             let last = std::mem::take(&mut ready);
-            let results: Vec<(u64, Vec<(u64, String)>)> = last.par_iter().map(|(start, sums)| verify_item(cx, *start, sums)).collect();
-            for (n, b) in results {
+            for (n, b) in verify_batch(img, &last) {
                 sectors += n;
-                cx.progress.advance(n);
                 bad.extend(b);
             }
             break;
         }
     }
-    cx.sink.checked(P, sectors);
-    for (b, m) in bad {
-        cx.report(F::err(P, "data-csum").tree(7).at(b).msg(m));
-    }
+    (sectors, bad)
 }
 
-fn verify_item(cx: &Ctx, start: u64, sums: &[u8]) -> (u64, Vec<(u64, String)>) {
-    let img = cx.img;
+fn verify_item(img: &Image, start: u64, sums: &[u8]) -> (u64, Vec<(u64, String)>) {
     let cs = img.csum.size().max(1);
     let ss = img.sectorsize as u64;
     let n = (sums.len() / cs) as u64;
@@ -229,12 +245,11 @@ fn verify_item(cx: &Ctx, start: u64, sums: &[u8]) -> (u64, Vec<(u64, String)>) {
         }
         return (n, bad);
     }
-    verify_sectors(cx, start, sums)
+    verify_sectors(img, start, sums)
 }
 
 /// Sector by sector, for a range that crosses chunks or cannot be mapped.
-fn verify_sectors(cx: &Ctx, start: u64, sums: &[u8]) -> (u64, Vec<(u64, String)>) {
-    let img = cx.img;
+fn verify_sectors(img: &Image, start: u64, sums: &[u8]) -> (u64, Vec<(u64, String)>) {
     let cs = img.csum.size();
     let ss = img.sectorsize as u64;
     let dev = img.device();

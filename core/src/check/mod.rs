@@ -100,6 +100,8 @@ pub(crate) struct Ctx<'a> {
     pub fst: free_space::Facts,
     /// Data ranges that file extents say must have checksums (phase 7).
     pub csum_needed: Vec<csums::Need>,
+    /// Result of the data verification run beside the metadata phases.
+    pub data_verified: Option<(u64, Vec<(u64, String)>)>,
     pub subvol_dirents: Vec<SubvolDirent>,
 }
 
@@ -149,6 +151,22 @@ pub fn check_image(img: &Image, opts: CheckOptions, progress: &dyn Progress) -> 
 }
 
 fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink) -> Report {
+    let metadump = img.sb.flags.get() & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0;
+    std::thread::scope(|scope| {
+        // Data verification is I/O bound and independent of the metadata
+        // phases: it starts at once on its own thread.
+        let data = (opts.check_data_csum && !metadump).then(|| scope.spawn(|| csums::verify_all(img)));
+        run_phases(img, opts, progress, sink, data)
+    })
+}
+
+fn run_phases(
+    img: &Image,
+    opts: CheckOptions,
+    progress: &dyn Progress,
+    sink: Sink,
+    data: Option<std::thread::ScopedJoinHandle<'_, (u64, Vec<(u64, String)>)>>,
+) -> Report {
     let mut cx = Ctx {
         img,
         opts,
@@ -164,6 +182,7 @@ fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink) -> 
         fst: Default::default(),
         csum_needed: Vec::new(),
         subvol_dirents: Vec::new(),
+        data_verified: None,
     };
     for w in &img.open_warnings {
         cx.report(findings::F::warn(1, "open").msg(w.clone()));
@@ -176,6 +195,9 @@ fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink) -> 
     timed(&mut cx, 1, superblock::check_against_trees);
     timed(&mut cx, 4, extents::check);
     timed(&mut cx, 5, free_space::check);
+    if let Some(h) = data {
+        cx.data_verified = h.join().ok();
+    }
     timed(&mut cx, 7, csums::check);
     timed(&mut cx, 8, log::check);
     cx.sink.into_report()
