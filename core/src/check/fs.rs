@@ -22,18 +22,7 @@ const S_IFDIR: u32 = 0o040000;
 const S_IFREG: u32 = 0o100000;
 const S_IFLNK: u32 = 0o120000;
 
-fn ftype_of_mode(mode: u32) -> Option<u8> {
-    Some(match mode & S_IFMT {
-        0o100000 => BTRFS_FT_REG_FILE,
-        0o040000 => BTRFS_FT_DIR,
-        0o020000 => BTRFS_FT_CHRDEV,
-        0o060000 => BTRFS_FT_BLKDEV,
-        0o010000 => BTRFS_FT_FIFO,
-        0o140000 => BTRFS_FT_SOCK,
-        0o120000 => BTRFS_FT_SYMLINK,
-        _ => return None,
-    })
-}
+use crate::format::dir::ftype_of_mode;
 
 const SRC_DIR_ITEM: u8 = 1;
 const SRC_DIR_INDEX: u8 = 2;

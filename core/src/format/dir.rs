@@ -51,6 +51,22 @@ pub fn parse_dir_items(mut data: &[u8]) -> Result<Vec<DirEntry<'_>>> {
     Ok(out)
 }
 
+/// Directory entry type (BTRFS_FT_*) of a file mode; None for a mode with
+/// no file type.
+pub fn ftype_of_mode(mode: u32) -> Option<u8> {
+    use super::consts::*;
+    Some(match mode & 0o170000 {
+        0o100000 => BTRFS_FT_REG_FILE,
+        0o040000 => BTRFS_FT_DIR,
+        0o020000 => BTRFS_FT_CHRDEV,
+        0o060000 => BTRFS_FT_BLKDEV,
+        0o010000 => BTRFS_FT_FIFO,
+        0o140000 => BTRFS_FT_SOCK,
+        0o120000 => BTRFS_FT_SYMLINK,
+        _ => return None,
+    })
+}
+
 /// The name hash of DIR_ITEM and XATTR_ITEM keys: crc32c seeded with
 /// (u32)~1, as the kernel's `btrfs_name_hash`.
 pub fn name_hash(name: &[u8]) -> u64 {

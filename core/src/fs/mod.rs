@@ -19,18 +19,9 @@ pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
 /// Default `max_inline` mount option.
 pub const MAX_INLINE: usize = 2048;
 
-/// Directory entry type of a mode.
+/// Directory entry type of a mode (BTRFS_FT_UNKNOWN when it has none).
 pub fn ftype_of_mode(mode: u32) -> u8 {
-    match mode & 0o170000 {
-        0o100000 => BTRFS_FT_REG_FILE,
-        0o040000 => BTRFS_FT_DIR,
-        0o020000 => BTRFS_FT_CHRDEV,
-        0o060000 => BTRFS_FT_BLKDEV,
-        0o010000 => BTRFS_FT_FIFO,
-        0o140000 => BTRFS_FT_SOCK,
-        0o120000 => BTRFS_FT_SYMLINK,
-        _ => BTRFS_FT_UNKNOWN,
-    }
+    crate::format::dir::ftype_of_mode(mode).unwrap_or(BTRFS_FT_UNKNOWN)
 }
 
 impl Fs {
