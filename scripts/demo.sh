@@ -11,6 +11,7 @@ rm -f "$out"
 "$BIN/btrkit-mkfs" -b 256M -L demo --rootdir examples/rootdir "$out"
 "$BIN/btrkit-dump" super "$out" | head -40
 "$BIN/btrkit-dump" tree "$out" --tree fs | head -60
+"$BIN/btrkit-fsck" "$out"
 if command -v btrfs >/dev/null 2>&1; then
   btrfs check --readonly "$out"
 fi
