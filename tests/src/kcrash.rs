@@ -188,6 +188,8 @@ pub struct Scenario {
     pub fssize: u64,
     pub mount: Vec<String>,
     pub expect_log: Option<bool>,
+    /// `expect-log any`: the kernel may commit or log (random scenarios).
+    pub log_optional: bool,
     /// Write the size-class warm-up files before the steps (see [`WARMUP_DIR`]).
     pub warmup: bool,
     /// Steps with their 1-based line numbers.
@@ -337,6 +339,7 @@ impl Scenario {
             fssize: DEFAULT_FSSIZE,
             mount: Vec::new(),
             expect_log: None,
+            log_optional: false,
             warmup: true,
             steps: Vec::new(),
             expects: Vec::new(),
@@ -376,7 +379,11 @@ impl Scenario {
                         s.expect_log = Some(match one(args)?.text().as_str() {
                             "yes" => true,
                             "no" => false,
-                            o => return Err(format!("expect-log yes|no, not {o}")),
+                            "any" => {
+                                s.log_optional = true;
+                                return Ok(());
+                            }
+                            o => return Err(format!("expect-log yes|no|any, not {o}")),
                         })
                     }
                     "expect" => s.expects.push((n, parse_expect(args)?)),
@@ -403,6 +410,9 @@ impl Scenario {
     /// that syncs the log comes after the last commit (or intermediate crash,
     /// whose replaying mount commits) before the final crash.
     pub fn wants_log(&self) -> bool {
+        if self.log_optional {
+            return false;
+        }
         if let Some(e) = self.expect_log {
             return e;
         }

@@ -19,9 +19,115 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+/// A random but reproducible workload: files in a few directories, then
+/// writes, truncates, links, renames, unlinks, xattrs, punches, fallocates
+/// and fsyncs in random order, a few files fsynced at the end. The kernel may
+/// log or commit; whichever it does, replay must agree with it.
+fn random_scenario(seed: u64) -> String {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut r = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n.max(1)
+    };
+    let mut out = vec!["expect-log any".to_string()];
+    if r(10) < 3 {
+        out.push("mkfs -n 4096".into());
+    }
+    if r(10) < 2 {
+        out.push("mkfs -O ^no-holes".into());
+    }
+    if r(10) < 2 {
+        out.push("mount compress=zstd".into());
+    }
+    let dirs = ["/", "/a/", "/b/", "/a/c/"];
+    out.extend(["mkdir /a", "mkdir /b", "mkdir /a/c"].map(String::from));
+    let mut files: Vec<String> = Vec::new();
+    let mut xattrs: Vec<(String, u64)> = Vec::new();
+    let newname = |files: &Vec<String>, r: &mut dyn FnMut(u64) -> u64| loop {
+        let n = format!("{}f{}", dirs[r(dirs.len() as u64) as usize], r(40));
+        if !files.contains(&n) {
+            return n;
+        }
+    };
+    for _ in 0..8 {
+        let f = newname(&files, &mut r);
+        out.push(format!("write {f} 0 {} {}", [100, 3000, 5000, 70000][r(4) as usize], 1 + r(249)));
+        files.push(f);
+    }
+    out.push("sync".into());
+    for _ in 0..10 + r(40) {
+        if files.is_empty() {
+            break;
+        }
+        let f = files[r(files.len() as u64) as usize].clone();
+        let op = r(100);
+        if op < 25 {
+            out.push(format!("write {f} {} {} {}", [0, 4096, 10000, 65536][r(4) as usize], [10, 4096, 20000][r(3) as usize], 1 + r(249)));
+        } else if op < 35 {
+            out.push(format!("truncate {f} {}", [0, 1000, 4096, 100000][r(4) as usize]));
+        } else if op < 42 {
+            let g = newname(&files, &mut r);
+            out.push(format!("link {f} {g}"));
+            files.push(g);
+        } else if op < 52 {
+            let g = newname(&files, &mut r);
+            out.push(format!("rename {f} {g}"));
+            files.retain(|x| *x != f);
+            xattrs.retain(|(p, _)| *p != f);
+            files.push(g);
+        } else if op < 60 {
+            out.push(format!("unlink {f}"));
+            files.retain(|x| *x != f);
+            xattrs.retain(|(p, _)| *p != f);
+        } else if op < 66 {
+            let k = r(3);
+            out.push(format!("setxattr {f} user.k{k} v{}", r(100)));
+            xattrs.push((f.clone(), k));
+        } else if op < 70 {
+            if let Some(i) = xattrs.iter().position(|(p, _)| *p == f) {
+                let (_, k) = xattrs.remove(i);
+                xattrs.retain(|(p, kk)| !(*p == f && *kk == k));
+                out.push(format!("removexattr {f} user.k{k}"));
+            }
+        } else if op < 75 {
+            out.push(format!("punch {f} {} {}", [0, 4096][r(2) as usize], [4096, 8192][r(2) as usize]));
+        } else if op < 80 {
+            let keep = if r(2) == 0 { " keep" } else { "" };
+            out.push(format!("fallocate {f} {} {}{keep}", [0, 8192, 100000][r(3) as usize], [4096, 65536][r(2) as usize]));
+        } else if op < 92 {
+            out.push(format!("fsync {f}"));
+        } else if op < 96 {
+            out.push(format!("fdatasync {f}"));
+        } else {
+            out.push(format!("fsync {}", ["/a", "/b", "/a/c", "/"][r(4) as usize]));
+        }
+    }
+    let n = files.len();
+    for f in &files[n.saturating_sub(3)..] {
+        out.push(format!("fsync {f}"));
+    }
+    out.push("crash".into());
+    out.join("\n") + "\n"
+}
+
+/// Seeded random scenarios, added to the corpus (`BTRKIT_RANDOM_SCENARIOS`
+/// sets how many; 16 by default).
+fn random_scenarios() -> Vec<Scenario> {
+    let n: u64 = std::env::var("BTRKIT_RANDOM_SCENARIOS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+    (1..=n)
+        .map(|seed| {
+            let name = format!("random-{seed:03}");
+            Scenario::parse(&name, &random_scenario(seed)).unwrap_or_else(|e| panic!("{name}: {e}"))
+        })
+        .collect()
+}
+
 fn scenarios() -> Vec<Scenario> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut all = kcrash::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+    all.extend(random_scenarios());
     if let Ok(only) = std::env::var("BTRKIT_SCENARIOS") {
         let names: Vec<&str> = only.split(',').map(str::trim).collect();
         all.retain(|s| names.contains(&s.name.as_str()));
