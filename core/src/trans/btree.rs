@@ -181,7 +181,7 @@ impl Fs {
                 Err(s) => s.saturating_sub(1),
             };
             path.push(Step { bytenr: b, slot });
-            if ins.is_some() && edit::nritems(buf) + 3 >= edit::node_capacity(buf) {
+            if ins.is_some() && edit::nritems(buf) + 3 >= edit::node_capacity(buf) && !self.push_node(tree, &mut path)? {
                 self.split_node(tree, &mut path)?;
             }
             let Step { bytenr: pb, slot: ps } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
@@ -207,6 +207,75 @@ impl Fs {
         self.set_root(tree, nr, level)?;
         path.insert(0, Step { bytenr: nr, slot: 0 });
         Ok(())
+    }
+
+    /// Before splitting a full node, move pointers to a sibling with room, as
+    /// the kernel's push_nodes_for_insert does: head pointers before the
+    /// path's slot to the left sibling, or tail pointers after it to the
+    /// right one. Returns true when the node now has room.
+    fn push_node(&mut self, tree: u64, path: &mut [Step]) -> Result<bool> {
+        let d = path.len() - 1;
+        if d == 0 {
+            return Ok(false);
+        }
+        let Step { bytenr: b, slot: s } = path[d];
+        let Step { bytenr: p, slot: ps } = path[d - 1];
+        let pn = edit::nritems(self.buf(p)?);
+        let cap = edit::node_capacity(self.buf(b)?);
+        let n = edit::nritems(self.buf(b)?);
+        // Enough moved pointers that the node is no longer nearly full.
+        let need = (n + 4).saturating_sub(cap).max(1);
+        if ps > 0 {
+            let l = self.load_child(tree, p, ps - 1)?;
+            let room = cap.saturating_sub(edit::nritems(self.buf(l)?) + 3);
+            let k = s.min(room).min(n / 2);
+            if k >= need {
+                let l2 = self.cow(tree, l)?;
+                let t = self.transid;
+                edit::node_set_ptr(self.buf_mut(p)?, ps - 1, l2, t);
+                let mut src = std::mem::take(self.buf_mut(b)?);
+                let mut dst = std::mem::take(self.buf_mut(l2)?);
+                let res = edit::node_move_head(&mut src, k, &mut dst);
+                let k0 = edit::node_key(&src, 0);
+                *self.buf_mut(b)? = src;
+                *self.buf_mut(l2)? = dst;
+                res?;
+                edit::set_key(self.buf_mut(p)?, ps, &k0);
+                path[d].slot = s - k;
+                return Ok(true);
+            }
+        }
+        if ps + 1 < pn {
+            let r = self.load_child(tree, p, ps + 1)?;
+            let room = cap.saturating_sub(edit::nritems(self.buf(r)?) + 3);
+            let k = (n - 1 - s).min(room).min(n / 2);
+            if k >= need {
+                let r2 = self.cow(tree, r)?;
+                let t = self.transid;
+                edit::node_set_ptr(self.buf_mut(p)?, ps + 1, r2, t);
+                let mut src = std::mem::take(self.buf_mut(b)?);
+                let mut dst = std::mem::take(self.buf_mut(r2)?);
+                let mut res = Ok(());
+                for i in (n - k..n).rev() {
+                    let key = edit::node_key(&src, i);
+                    let (ptr, gen) = edit::node_ptr(&src, i);
+                    if let Err(e) = edit::node_insert(&mut dst, 0, &key, ptr, gen) {
+                        res = Err(e);
+                        break;
+                    }
+                }
+                if res.is_ok() {
+                    edit::node_delete(&mut src, n - k, k);
+                }
+                let k0 = edit::node_key(&dst, 0);
+                *self.buf_mut(b)? = src;
+                *self.buf_mut(r2)? = dst;
+                res?;
+                edit::set_key(self.buf_mut(p)?, ps + 1, &k0);
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Split the node at the end of `path` in two halves.
