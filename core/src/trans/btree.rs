@@ -186,12 +186,7 @@ impl Fs {
             }
             let Step { bytenr: pb, slot: ps } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
             let child = self.load_child(tree, pb, ps)?;
-            let nc = self.cow(tree, child)?;
-            if nc != child {
-                let t = self.transid;
-                edit::node_set_ptr(self.buf_mut(pb)?, ps, nc, t);
-            }
-            b = nc;
+            b = self.cow_child_at(tree, pb, ps, child)?;
         }
     }
 
@@ -207,6 +202,27 @@ impl Fs {
         self.set_root(tree, nr, level)?;
         path.insert(0, Step { bytenr: nr, slot: 0 });
         Ok(())
+    }
+
+    /// Point `parent`'s slot at a copy of its (loaded) child `child`.
+    fn cow_child_at(&mut self, tree: u64, parent: u64, slot: usize, child: u64) -> Result<u64> {
+        let nc = self.cow(tree, child)?;
+        if nc != child {
+            let t = self.transid;
+            edit::node_set_ptr(self.buf_mut(parent)?, slot, nc, t);
+        }
+        Ok(nc)
+    }
+
+    /// Run `f` on the buffers of two blocks copied in this transaction
+    /// (moving items or pointers between siblings).
+    fn with_pair<R>(&mut self, a: u64, b: u64, f: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>) -> Result<R>) -> Result<R> {
+        let mut x = std::mem::take(self.buf_mut(a)?);
+        let mut y = std::mem::take(self.buf_mut(b)?);
+        let r = f(&mut x, &mut y);
+        *self.buf_mut(a)? = x;
+        *self.buf_mut(b)? = y;
+        r
     }
 
     /// Before splitting a full node, move pointers to a sibling with room, as
@@ -230,16 +246,11 @@ impl Fs {
             let room = cap.saturating_sub(edit::nritems(self.buf(l)?) + 3);
             let k = s.min(room).min(n / 2);
             if k >= need {
-                let l2 = self.cow(tree, l)?;
-                let t = self.transid;
-                edit::node_set_ptr(self.buf_mut(p)?, ps - 1, l2, t);
-                let mut src = std::mem::take(self.buf_mut(b)?);
-                let mut dst = std::mem::take(self.buf_mut(l2)?);
-                let res = edit::node_move_head(&mut src, k, &mut dst);
-                let k0 = edit::node_key(&src, 0);
-                *self.buf_mut(b)? = src;
-                *self.buf_mut(l2)? = dst;
-                res?;
+                let l2 = self.cow_child_at(tree, p, ps - 1, l)?;
+                let k0 = self.with_pair(b, l2, |src, dst| {
+                    edit::node_move_head(src, k, dst)?;
+                    Ok(edit::node_key(src, 0))
+                })?;
                 edit::set_key(self.buf_mut(p)?, ps, &k0);
                 path[d].slot = s - k;
                 return Ok(true);
@@ -250,27 +261,11 @@ impl Fs {
             let room = cap.saturating_sub(edit::nritems(self.buf(r)?) + 3);
             let k = (n - 1 - s).min(room).min(n / 2);
             if k >= need {
-                let r2 = self.cow(tree, r)?;
-                let t = self.transid;
-                edit::node_set_ptr(self.buf_mut(p)?, ps + 1, r2, t);
-                let mut src = std::mem::take(self.buf_mut(b)?);
-                let mut dst = std::mem::take(self.buf_mut(r2)?);
-                let mut res = Ok(());
-                for i in (n - k..n).rev() {
-                    let key = edit::node_key(&src, i);
-                    let (ptr, gen) = edit::node_ptr(&src, i);
-                    if let Err(e) = edit::node_insert(&mut dst, 0, &key, ptr, gen) {
-                        res = Err(e);
-                        break;
-                    }
-                }
-                if res.is_ok() {
-                    edit::node_delete(&mut src, n - k, k);
-                }
-                let k0 = edit::node_key(&dst, 0);
-                *self.buf_mut(b)? = src;
-                *self.buf_mut(r2)? = dst;
-                res?;
+                let r2 = self.cow_child_at(tree, p, ps + 1, r)?;
+                let k0 = self.with_pair(b, r2, |src, dst| {
+                    edit::node_move_tail_to_front(src, n - k, dst)?;
+                    Ok(edit::node_key(dst, 0))
+                })?;
                 edit::set_key(self.buf_mut(p)?, ps + 1, &k0);
                 return Ok(true);
             }
@@ -290,12 +285,7 @@ impl Fs {
         let level = edit::level(self.buf(b)?);
         let rk = edit::node_key(self.buf(b)?, mid);
         let right = self.new_block(tree, level, rk)?;
-        let mut src = std::mem::take(self.buf_mut(b)?);
-        let mut dst = std::mem::take(self.buf_mut(right)?);
-        let r = edit::node_move_tail(&mut src, mid, &mut dst);
-        *self.buf_mut(b)? = src;
-        *self.buf_mut(right)? = dst;
-        r?;
+        self.with_pair(b, right, |src, dst| edit::node_move_tail(src, mid, dst))?;
         let Step { bytenr: p, slot: ps } = path[d - 1];
         let t = self.transid;
         edit::node_insert(self.buf_mut(p)?, ps + 1, &rk, right, t)?;
@@ -334,28 +324,11 @@ impl Fs {
             if moved >= short && j < n {
                 let r = self.load_child(tree, p, ps + 1)?;
                 if edit::leaf_free(self.buf(r)?) >= moved + ITEM_SIZE {
-                    let r2 = self.cow(tree, r)?;
-                    let t = self.transid;
-                    edit::node_set_ptr(self.buf_mut(p)?, ps + 1, r2, t);
-                    // Move [j, n) to the front of the right leaf.
-                    let mut src = std::mem::take(self.buf_mut(b)?);
-                    let mut dst = std::mem::take(self.buf_mut(r2)?);
-                    let mut res = Ok(());
-                    for i in (j..n).rev() {
-                        let k = edit::leaf_key(&src, i);
-                        let data = edit::item_data(&src, i).to_vec();
-                        if let Err(e) = edit::leaf_insert(&mut dst, 0, &k, &data) {
-                            res = Err(e);
-                            break;
-                        }
-                    }
-                    if res.is_ok() {
-                        edit::leaf_delete(&mut src, j, n - j);
-                    }
-                    let k0 = edit::leaf_key(&dst, 0);
-                    *self.buf_mut(b)? = src;
-                    *self.buf_mut(r2)? = dst;
-                    res?;
+                    let r2 = self.cow_child_at(tree, p, ps + 1, r)?;
+                    let k0 = self.with_pair(b, r2, |src, dst| {
+                        edit::leaf_move_tail_to_front(src, j, dst)?;
+                        Ok(edit::leaf_key(dst, 0))
+                    })?;
                     edit::set_key(self.buf_mut(p)?, ps + 1, &k0);
                     return Ok(true);
                 }
@@ -373,16 +346,11 @@ impl Fs {
             if moved >= short && k > 0 {
                 let l = self.load_child(tree, p, ps - 1)?;
                 if edit::leaf_free(self.buf(l)?) >= moved {
-                    let l2 = self.cow(tree, l)?;
-                    let t = self.transid;
-                    edit::node_set_ptr(self.buf_mut(p)?, ps - 1, l2, t);
-                    let mut src = std::mem::take(self.buf_mut(b)?);
-                    let mut dst = std::mem::take(self.buf_mut(l2)?);
-                    let res = edit::leaf_move_head(&mut src, k, &mut dst);
-                    let k0 = edit::leaf_key(&src, 0);
-                    *self.buf_mut(b)? = src;
-                    *self.buf_mut(l2)? = dst;
-                    res?;
+                    let l2 = self.cow_child_at(tree, p, ps - 1, l)?;
+                    let k0 = self.with_pair(b, l2, |src, dst| {
+                        edit::leaf_move_head(src, k, dst)?;
+                        Ok(edit::leaf_key(src, 0))
+                    })?;
                     edit::set_key(self.buf_mut(p)?, ps, &k0);
                     path[d].slot = slot - k;
                     return Ok(true);
@@ -435,12 +403,7 @@ impl Fs {
         let d = path.len() - 1;
         let rk = if mid < n { edit::leaf_key(self.buf(b)?, mid) } else { Key::MIN };
         let right = self.new_block(tree, 0, rk)?;
-        let mut src = std::mem::take(self.buf_mut(b)?);
-        let mut dst = std::mem::take(self.buf_mut(right)?);
-        let r = edit::leaf_move_tail(&mut src, mid, &mut dst);
-        *self.buf_mut(b)? = src;
-        *self.buf_mut(right)? = dst;
-        r?;
+        self.with_pair(b, right, |src, dst| edit::leaf_move_tail(src, mid, dst))?;
         let Step { bytenr: p, slot: ps } = path[d - 1];
         // An empty right leaf takes the key of the item about to be inserted;
         // the caller's insert at slot 0 keeps the parent key exact.
@@ -598,22 +561,16 @@ impl Fs {
         if used(self.buf(l)?) + used(self.buf(r)?) > cap {
             return Ok(false);
         }
-        let l2 = self.cow(tree, l)?;
-        let r2 = self.cow(tree, r)?;
-        let t = self.transid;
-        if l2 != l {
-            edit::node_set_ptr(self.buf_mut(p)?, left_slot, l2, t);
-        }
-        if r2 != r {
-            edit::node_set_ptr(self.buf_mut(p)?, right_slot, r2, t);
-        }
-        let mut src = std::mem::take(self.buf_mut(r2)?);
-        let mut dst = std::mem::take(self.buf_mut(l2)?);
-        let n = edit::nritems(&src);
-        let res = if leaf { edit::leaf_move_head(&mut src, n, &mut dst) } else { edit::node_move_head(&mut src, n, &mut dst) };
-        *self.buf_mut(r2)? = src;
-        *self.buf_mut(l2)? = dst;
-        res?;
+        let l2 = self.cow_child_at(tree, p, left_slot, l)?;
+        let r2 = self.cow_child_at(tree, p, right_slot, r)?;
+        self.with_pair(r2, l2, |src, dst| {
+            let n = edit::nritems(src);
+            if leaf {
+                edit::leaf_move_head(src, n, dst)
+            } else {
+                edit::node_move_head(src, n, dst)
+            }
+        })?;
         edit::node_delete(self.buf_mut(p)?, right_slot, 1);
         let lvl = edit::level(self.buf(r2)?);
         self.free_tree_block(tree, r2, lvl)?;

@@ -258,6 +258,30 @@ pub fn leaf_move_head(src: &mut [u8], count: usize, dst: &mut [u8]) -> Result<()
     Ok(())
 }
 
+/// Move items `[from..]` of leaf `src` to the front of leaf `dst` (dst's
+/// keys must all be greater).
+pub fn leaf_move_tail_to_front(src: &mut [u8], from: usize, dst: &mut [u8]) -> Result<()> {
+    let n = nritems(src);
+    for i in (from..n).rev() {
+        let k = leaf_key(src, i);
+        let d = item_data(src, i).to_vec();
+        leaf_insert(dst, 0, &k, &d)?;
+    }
+    leaf_delete(src, from, n - from);
+    Ok(())
+}
+
+/// Move pointers `[from..]` of node `src` to the front of node `dst`.
+pub fn node_move_tail_to_front(src: &mut [u8], from: usize, dst: &mut [u8]) -> Result<()> {
+    let n = nritems(src);
+    for i in (from..n).rev() {
+        let p = ptr_at(src, i);
+        node_insert(dst, 0, &Key::from(&p.key), p.blockptr.get(), p.generation.get())?;
+    }
+    node_delete(src, from, n - from);
+    Ok(())
+}
+
 pub fn node_move_tail(src: &mut [u8], from: usize, dst: &mut [u8]) -> Result<()> {
     let n = nritems(src);
     for i in from..n {
