@@ -14,6 +14,7 @@
 pub mod findings;
 mod chunks;
 mod csums;
+mod datacsum;
 mod extents;
 mod free_space;
 mod fs;
@@ -155,7 +156,7 @@ fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink) -> 
     std::thread::scope(|scope| {
         // Data verification is I/O bound and independent of the metadata
         // phases: it starts at once on its own thread.
-        let data = (opts.check_data_csum && !metadump).then(|| scope.spawn(|| csums::verify_all(img)));
+        let data = (opts.check_data_csum && !metadump).then(|| scope.spawn(|| datacsum::verify_all(img)));
         run_phases(img, opts, progress, sink, data)
     })
 }

@@ -104,6 +104,15 @@ impl BlockDevice for FileDevice {
             }
         }
     }
+    fn read_bulk(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let end = offset.checked_add(buf.len() as u64);
+        if end.is_none_or(|e| e > self.size) {
+            return Err(past_end(offset, buf.len(), self.size));
+        }
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| Error::io(format!("read of {} bytes at byte {offset}", buf.len()), e))
+    }
     fn slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
         let m = self.map.as_ref()?;
         let end = (offset as usize).checked_add(len)?;

@@ -33,6 +33,13 @@ pub trait BlockDevice: Send + Sync {
     /// Hint that `len` bytes at `offset` will be read soon, so a device that
     /// can start the reads in the background may do so. Never fails.
     fn prefetch(&self, _offset: u64, _len: u64) {}
+    /// Like `read_at`, for one large read of bytes that are read once and
+    /// not again (data checksum verification). A memory-mapped file serves
+    /// it with a plain positioned read instead, so the kernel fetches the
+    /// range in large requests rather than page by page on faults.
+    fn read_bulk(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_at(offset, buf)
+    }
 }
 
 pub(crate) fn past_end(offset: u64, len: usize, size: u64) -> crate::Error {

@@ -1,0 +1,268 @@
+//! Data checksum verification (`--check-data-csum`): read every sector the
+//! checksum tree covers, every copy of it, and compare.
+//!
+//! Reading the data is the whole cost, so the reads are shaped for the
+//! device: the csum tree is walked in logical order, a window of it is mapped
+//! to physical ranges (every copy), sorted by physical offset and merged into
+//! large requests (small gaps are read through), and a few workers issue the
+//! requests with plain positioned reads, which let the kernel's readahead run
+//! ahead of them. The tree walk and the metadata phases go on meanwhile.
+
+use crate::format::consts::*;
+use crate::format::key::Key;
+use crate::image::Image;
+use crate::tree::TreeIter;
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::{Arc, Mutex};
+
+/// Checksummed data mapped to the window before the window is read.
+const WINDOW_BYTES: u64 = 32 << 20;
+/// Largest read request.
+const REQUEST_BYTES: u64 = 4 << 20;
+/// Unchecksummed bytes read through to join two ranges into one request.
+const GAP_BYTES: u64 = 64 << 10;
+/// Largest segment (one copy of one run of sectors); requests are built from
+/// whole segments, so this bounds how far one can overshoot REQUEST_BYTES.
+const SEGMENT_BYTES: u64 = 1 << 20;
+/// Readers: two keep one read in flight while the other verifies.
+const WORKERS: usize = 2;
+
+/// One copy of a run of checksummed sectors.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    phys: u64,
+    len: u64,
+    logical: u64,
+    /// Offset of the run's first checksum in the window's `sums`.
+    sum_off: usize,
+    copies: u8,
+}
+
+struct Window {
+    sums: Vec<u8>,
+    /// Sorted by physical offset.
+    segs: Vec<Segment>,
+}
+
+struct Request {
+    window: Arc<Window>,
+    segs: Range<usize>,
+    phys: u64,
+    len: u64,
+}
+
+/// What verification found: sectors checked, and each bad sector (logical
+/// address, message), in logical order.
+pub(crate) type DataResult = (u64, Vec<(u64, String)>);
+
+/// A bad copy of a sector: (logical, copies of it).
+type BadCopy = (u64, u8);
+
+/// Read and verify every checksummed sector of the image.
+pub(crate) fn verify_all(img: &Image) -> DataResult {
+    let mut unmapped: Vec<(u64, String)> = Vec::new();
+    let Ok(Some(root)) = img.find_root(BTRFS_CSUM_TREE_OBJECTID) else { return (0, unmapped) };
+    let Ok(mut it) = TreeIter::new(img, root, Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0)) else {
+        return (0, unmapped);
+    };
+    let cs = img.csum.size().max(1);
+    let ss = (img.sectorsize as u64).max(1);
+    let per_seg = (SEGMENT_BYTES / ss).max(1);
+    let mut sectors = 0u64;
+
+    let (tx, rx) = sync_channel::<Request>(2 * WORKERS);
+    let rx = Mutex::new(rx);
+    let bad_copies: Vec<BadCopy> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..WORKERS).map(|_| scope.spawn(|| worker(img, &rx))).collect();
+        let mut win = Window { sums: Vec::new(), segs: Vec::new() };
+        let mut win_bytes = 0u64;
+        loop {
+            let item = match it.next_item() {
+                Some(Ok(item)) => Some(item),
+                // A damaged csum leaf is phase 3's finding; verify what was read.
+                Some(Err(_)) | None => None,
+            };
+            let done = item.is_none();
+            if let Some(item) = item {
+                if item.key.objectid != BTRFS_EXTENT_CSUM_OBJECTID || item.key.ty != BTRFS_EXTENT_CSUM_KEY {
+                    if item.key.objectid > BTRFS_EXTENT_CSUM_OBJECTID {
+                        break_window(&tx, &mut win, &mut win_bytes);
+                        break;
+                    }
+                    continue;
+                }
+                let Ok(data) = item.data() else { continue };
+                let n = (data.len() / cs) as u64;
+                sectors += n;
+                let base = win.sums.len();
+                win.sums.extend_from_slice(&data[..n as usize * cs]);
+                add_segments(img, item.key.offset, n, base, per_seg, &mut win.segs, &mut unmapped);
+                win_bytes = win_bytes.saturating_add(n.saturating_mul(ss));
+            }
+            if done || win_bytes >= WINDOW_BYTES {
+                break_window(&tx, &mut win, &mut win_bytes);
+            }
+            if done {
+                break;
+            }
+        }
+        drop(tx);
+        workers.into_iter().flat_map(|w| w.join().unwrap_or_default()).collect()
+    });
+
+    // A sector is bad when any copy of it is; say how many.
+    let mut by_sector: BTreeMap<u64, (u8, u8)> = BTreeMap::new();
+    for (logical, copies) in bad_copies {
+        let e = by_sector.entry(logical).or_insert((0, copies));
+        // Overlapping csum items (a finding of their own) can name a copy twice.
+        e.0 = e.0.saturating_add(1).min(e.1);
+    }
+    let mut bad: Vec<(u64, String)> = by_sector
+        .into_iter()
+        .map(|(l, (b, n))| (l, format!("data checksum mismatch at logical {l} ({b} of {n} copies bad)")))
+        .collect();
+    bad.extend(unmapped);
+    bad.sort_by_key(|b| b.0);
+    (sectors, bad)
+}
+
+/// Map `n` sectors from `logical` to segments, one per copy, split at chunk
+/// ends and at SEGMENT_BYTES.
+fn add_segments(
+    img: &Image,
+    logical: u64,
+    n: u64,
+    sum_base: usize,
+    per_seg: u64,
+    segs: &mut Vec<Segment>,
+    unmapped: &mut Vec<(u64, String)>,
+) {
+    let ss = img.sectorsize as u64;
+    let cs = img.csum.size().max(1);
+    let mut i = 0u64;
+    while i < n {
+        let at = logical.saturating_add(i * ss);
+        let Some(chunk) = img.chunks.lookup(at) else {
+            // Skip to the next chunk or the end of the run.
+            let next = img.chunks.iter().map(|c| c.logical).find(|&l| l > at);
+            let skip = match next {
+                Some(l) => ((l - at).div_ceil(ss)).min(n - i),
+                None => n - i,
+            };
+            unmapped.push((at, format!("checksummed data [{at}, +{}) is outside every chunk", skip * ss)));
+            i += skip;
+            continue;
+        };
+        let in_chunk = (chunk.end() - at) / ss;
+        if in_chunk == 0 {
+            // A chunk whose end is not sector aligned: nothing to map here.
+            unmapped.push((at, format!("checksummed sector {at} crosses the end of chunk {}", chunk.logical)));
+            i += 1;
+            continue;
+        }
+        let k = in_chunk.min(n - i).min(per_seg);
+        match img.chunks.map(at, k * ss, img.devid) {
+            Ok(phys) => {
+                let copies = phys.len().min(u8::MAX as usize) as u8;
+                for p in phys {
+                    segs.push(Segment { phys: p, len: k * ss, logical: at, sum_off: sum_base + (i as usize) * cs, copies });
+                }
+            }
+            Err(e) => unmapped.push((at, format!("checksummed data [{at}, +{}) cannot be mapped: {e}", k * ss))),
+        }
+        i += k;
+    }
+}
+
+/// Sort the window's segments by physical offset, merge them into requests
+/// and hand them to the workers.
+fn break_window(tx: &std::sync::mpsc::SyncSender<Request>, win: &mut Window, win_bytes: &mut u64) {
+    *win_bytes = 0;
+    if win.segs.is_empty() {
+        win.sums.clear();
+        return;
+    }
+    let mut w = std::mem::replace(win, Window { sums: Vec::new(), segs: Vec::new() });
+    w.segs.sort_unstable_by_key(|s| s.phys);
+    let w = Arc::new(w);
+    let mut start = 0usize;
+    let (mut phys, mut end) = (w.segs[0].phys, w.segs[0].phys.saturating_add(w.segs[0].len));
+    for (i, s) in w.segs.iter().enumerate().skip(1) {
+        let s_end = s.phys.saturating_add(s.len);
+        if s.phys >= end && s.phys - end <= GAP_BYTES && s_end - phys <= REQUEST_BYTES {
+            end = s_end;
+            continue;
+        }
+        if tx.send(Request { window: w.clone(), segs: start..i, phys, len: end - phys }).is_err() {
+            return;
+        }
+        start = i;
+        phys = s.phys;
+        end = s_end;
+    }
+    let _ = tx.send(Request { window: w.clone(), segs: start..w.segs.len(), phys, len: end - phys });
+}
+
+fn worker(img: &Image, rx: &Mutex<Receiver<Request>>) -> Vec<BadCopy> {
+    let mut bad = Vec::new();
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let req = match rx.lock() {
+            Ok(r) => match r.recv() {
+                Ok(req) => req,
+                Err(_) => break,
+            },
+            Err(_) => break,
+        };
+        verify_request(img, &req, &mut buf, &mut bad);
+    }
+    bad
+}
+
+fn verify_request(img: &Image, req: &Request, buf: &mut Vec<u8>, bad: &mut Vec<BadCopy>) {
+    let dev = img.device();
+    let segs = &req.window.segs[req.segs.clone()];
+    let len = req.len as usize;
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    if dev.read_bulk(req.phys, &mut buf[..len]).is_ok() {
+        for s in segs {
+            let o = (s.phys - req.phys) as usize;
+            check_segment(img, &req.window.sums, s, &buf[o..o + s.len as usize], bad);
+        }
+        return;
+    }
+    // The request failed as a whole: read segment by segment, then sector
+    // by sector, so only the unreadable sectors count as bad.
+    for s in segs {
+        let b = &mut buf[..s.len as usize];
+        if dev.read_bulk(s.phys, b).is_ok() {
+            check_segment(img, &req.window.sums, s, b, bad);
+            continue;
+        }
+        let ss = img.sectorsize as u64;
+        let cs = img.csum.size().max(1);
+        for k in 0..s.len / ss {
+            let sb = &mut buf[..ss as usize];
+            let want = req.window.sums.get(s.sum_off + k as usize * cs..s.sum_off + (k as usize + 1) * cs);
+            let good = dev.read_bulk(s.phys + k * ss, sb).is_ok() && want.is_some_and(|w| img.csum.verify(sb, w));
+            if !good {
+                bad.push((s.logical + k * ss, s.copies));
+            }
+        }
+    }
+}
+
+fn check_segment(img: &Image, sums: &[u8], s: &Segment, data: &[u8], bad: &mut Vec<BadCopy>) {
+    let ss = img.sectorsize as usize;
+    let cs = img.csum.size().max(1);
+    for (k, sector) in data.chunks_exact(ss).enumerate() {
+        let want = sums.get(s.sum_off + k * cs..s.sum_off + (k + 1) * cs);
+        if !want.is_some_and(|w| img.csum.verify(sector, w)) {
+            bad.push((s.logical + (k * ss) as u64, s.copies));
+        }
+    }
+}
