@@ -103,6 +103,9 @@ pub(crate) struct Ctx<'a> {
     pub csum_needed: Vec<csums::Need>,
     /// Result of the data verification run beside the metadata phases.
     pub data_verified: Option<(u64, Vec<(u64, String)>)>,
+    /// Every tree block the extent tree lists has been asked for in bulk;
+    /// the walk need not ask for blocks one by one.
+    pub meta_prefetched: bool,
     pub subvol_dirents: Vec<SubvolDirent>,
 }
 
@@ -184,6 +187,7 @@ fn run_phases(
         csum_needed: Vec::new(),
         subvol_dirents: Vec::new(),
         data_verified: None,
+        meta_prefetched: false,
     };
     for w in &img.open_warnings {
         cx.report(findings::F::warn(1, "open").msg(w.clone()));

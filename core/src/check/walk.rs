@@ -170,13 +170,28 @@ pub(super) fn walk_all(cx: &mut Ctx) {
         Kind::Fs | Kind::Reloc => 3,
         _ => 2,
     });
+    let mut prefetching = None;
     for s in &specs {
         walk(cx, &mut seen, &mut mirrors, s);
         if s.kind == Kind::Extent {
-            prefetch_metadata(cx);
+            // Issuing the readahead takes a while itself: do it beside the walk.
+            let (runs, complete) = metadata_runs(cx);
+            cx.meta_prefetched = complete;
+            let dev = img.device().clone();
+            prefetching = std::thread::Builder::new()
+                .name("meta-prefetch".into())
+                .spawn(move || {
+                    for (s, e) in runs {
+                        dev.prefetch(s, e - s);
+                    }
+                })
+                .ok();
         }
     }
     verify_mirrors(cx, mirrors);
+    if let Some(h) = prefetching {
+        let _ = h.join();
+    }
     cx.chunks.block_groups.sort_by_key(|b| b.start);
     cx.ext.recs.sort_by_key(|r| r.bytenr);
     cx.ext.loaded = true;
@@ -309,8 +324,10 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
         let from = stack.len() - pushed;
         let descend_seen = fs.is_some();
         let todo: Vec<usize> = (from..stack.len()).filter(|&i| descend_seen || !seen.contains(&stack[i].bytenr)).collect();
-        for &i in todo.iter().rev() {
-            prefetch_block(img, stack[i].bytenr);
+        if !cx.meta_prefetched {
+            for &i in todo.iter().rev() {
+                prefetch_block(img, stack[i].bytenr);
+            }
         }
         if level == 0 && pushed > 1 {
             // Only the leaves popped next (top of the stack): memory stays
@@ -373,36 +390,40 @@ const PREFETCH_LIMIT: u64 = 512 << 20;
 /// The extent tree lists every tree block: ask the kernel for all of them
 /// (every copy) in disk order, merged into large reads, so the walk of the
 /// other trees finds them in the page cache instead of waiting on each.
-fn prefetch_metadata(cx: &Ctx) {
+/// Returns the (start, end) physical runs to ask for, and whether they
+/// hold every tree block (PREFETCH_LIMIT bounds them).
+fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, bool) {
     let img = cx.img;
     let ns = img.nodesize as u64;
     let mut phys: Vec<u64> = Vec::new();
+    let mut complete = true;
     for r in &cx.ext.recs {
         if r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK == 0 {
             continue;
         }
+        if phys.len() as u64 * ns >= PREFETCH_LIMIT {
+            complete = false;
+            break;
+        }
         if let Ok(p) = img.chunks.map(r.bytenr, ns, img.devid) {
             phys.extend(p);
         }
-        if phys.len() as u64 * ns >= PREFETCH_LIMIT {
-            break;
-        }
     }
     phys.sort_unstable();
+    let mut runs = Vec::new();
     let mut run: Option<(u64, u64)> = None;
     for p in phys {
         run = match run {
             Some((s, e)) if p <= e.saturating_add(256 << 10) && e - s < (8 << 20) => Some((s, e.max(p + ns))),
-            Some((s, e)) => {
-                img.device().prefetch(s, e - s);
+            Some(r) => {
+                runs.push(r);
                 Some((p, p + ns))
             }
             None => Some((p, p + ns)),
         };
     }
-    if let Some((s, e)) = run {
-        img.device().prefetch(s, e - s);
-    }
+    runs.extend(run);
+    (runs, complete)
 }
 
 fn prefetch_block(img: &Image, bytenr: u64) {
