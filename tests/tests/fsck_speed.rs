@@ -1,5 +1,6 @@
 //! Speed and memory against `btrfs check --readonly` on a 100,000-file
-//! image (4 GiB sparse, 100 directories of 1000 files of 200 B to 12 KiB).
+//! image (4 GiB sparse, 100 directories of 1000 files, 1.2 GB of data: the
+//! `--data` image of tests/scripts/make-bench-image.sh).
 //! A measurement, not a test of pass or fail: it prints both tools' figures.
 //! Ignored by default (it takes a minute and wants a quiet machine); run:
 //!
@@ -41,14 +42,16 @@ fn measure(cmd: &[&str], img: &str) -> (f64, u64) {
     best
 }
 
+/// The `--data` image of tests/scripts/make-bench-image.sh, as BENCHMARKS.md uses.
 fn make_image(img: &Path) {
-    sh(&format!("truncate -s 4G '{0}' && mkfs.btrfs -q -f -R ^free-space-tree '{0}'", img.display()));
-    let m = Mount::new(img, "space_cache=v2").expect("mount");
-    let script = format!(
-        "import os\nroot='{}'\nblob=os.urandom(16384)\nfor d in range(100):\n    dp=os.path.join(root,'d%03d'%d); os.mkdir(dp)\n    for i in range(1000):\n        n=200 if i%3==0 else 4096+(i*7919)%8193\n        with open(os.path.join(dp,'f%04d'%i),'wb') as f: f.write(blob[:n])\n",
-        m.path().display()
-    );
-    let st = Command::new("python3").arg("-c").arg(script).status().expect("python3");
+    let script = repo_root().join("tests/scripts/make-bench-image.sh");
+    let st = Command::new("bash")
+        .arg(script)
+        .arg("--data")
+        .arg(img)
+        .env("MKFS_OPTS", "-R ^free-space-tree")
+        .status()
+        .expect("make-bench-image.sh");
     assert!(st.success());
 }
 

@@ -4,13 +4,15 @@
 //! Reading the data is the whole cost, so the reads are shaped for the
 //! device: the csum tree is walked in logical order, a window of it is mapped
 //! to physical ranges (every copy), sorted by physical offset and merged into
-//! large requests (small gaps are read through), and a few workers issue the
-//! requests with plain positioned reads, which let the kernel's readahead run
-//! ahead of them. The tree walk and the metadata phases go on meanwhile.
+//! large requests (small gaps are read through), and eight workers take the
+//! requests in turn (`BlockDevice::read_once`: direct reads into huge-page
+//! buffers, so each is one request to the device and no page cache).
+//! The tree walk and the metadata phases go on meanwhile.
 
 use crate::format::consts::*;
 use crate::format::key::Key;
 use crate::image::Image;
+use crate::io::IoBuf;
 use crate::tree::TreeIter;
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -19,15 +21,16 @@ use std::sync::{Arc, Mutex};
 
 /// Checksummed data mapped to the window before the window is read.
 const WINDOW_BYTES: u64 = 32 << 20;
-/// Largest read request.
-const REQUEST_BYTES: u64 = 4 << 20;
+/// Largest read request: one huge page of buffer.
+const REQUEST_BYTES: u64 = 2 << 20;
 /// Unchecksummed bytes read through to join two ranges into one request.
 const GAP_BYTES: u64 = 64 << 10;
 /// Largest segment (one copy of one run of sectors); requests are built from
 /// whole segments, so this bounds how far one can overshoot REQUEST_BYTES.
 const SEGMENT_BYTES: u64 = 1 << 20;
-/// Readers: two keep one read in flight while the other verifies.
-const WORKERS: usize = 2;
+/// Readers, each with one request in flight: the device is kept busy with
+/// several requests while finished ones are verified (16 MiB of buffers).
+const WORKERS: usize = 8;
 
 /// One copy of a run of checksummed sectors.
 #[derive(Clone, Copy, Debug)]
@@ -207,7 +210,7 @@ fn break_window(tx: &std::sync::mpsc::SyncSender<Request>, win: &mut Window, win
 
 fn worker(img: &Image, rx: &Mutex<Receiver<Request>>) -> Vec<BadCopy> {
     let mut bad = Vec::new();
-    let mut buf: Vec<u8> = Vec::new();
+    let mut buf = IoBuf::new();
     loop {
         let req = match rx.lock() {
             Ok(r) => match r.recv() {
@@ -221,34 +224,31 @@ fn worker(img: &Image, rx: &Mutex<Receiver<Request>>) -> Vec<BadCopy> {
     bad
 }
 
-fn verify_request(img: &Image, req: &Request, buf: &mut Vec<u8>, bad: &mut Vec<BadCopy>) {
+fn verify_request(img: &Image, req: &Request, buf: &mut IoBuf, bad: &mut Vec<BadCopy>) {
     let dev = img.device();
     let segs = &req.window.segs[req.segs.clone()];
-    let len = req.len as usize;
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-    if dev.read_bulk(req.phys, &mut buf[..len]).is_ok() {
+    let sums = &req.window.sums;
+    let whole = dev.read_once(req.phys, req.len as usize, buf, &mut |data| {
         for s in segs {
             let o = (s.phys - req.phys) as usize;
-            check_segment(img, &req.window.sums, s, &buf[o..o + s.len as usize], bad);
+            check_segment(img, sums, s, &data[o..o + s.len as usize], bad);
         }
+    });
+    if whole.is_ok() {
         return;
     }
     // The request failed as a whole: read segment by segment, then sector
     // by sector, so only the unreadable sectors count as bad.
+    let ss = img.sectorsize as u64;
+    let cs = img.csum.size().max(1);
+    let mut sector = vec![0u8; ss as usize];
     for s in segs {
-        let b = &mut buf[..s.len as usize];
-        if dev.read_bulk(s.phys, b).is_ok() {
-            check_segment(img, &req.window.sums, s, b, bad);
+        if dev.read_once(s.phys, s.len as usize, buf, &mut |data| check_segment(img, sums, s, data, bad)).is_ok() {
             continue;
         }
-        let ss = img.sectorsize as u64;
-        let cs = img.csum.size().max(1);
         for k in 0..s.len / ss {
-            let sb = &mut buf[..ss as usize];
-            let want = req.window.sums.get(s.sum_off + k as usize * cs..s.sum_off + (k as usize + 1) * cs);
-            let good = dev.read_bulk(s.phys + k * ss, sb).is_ok() && want.is_some_and(|w| img.csum.verify(sb, w));
+            let want = sums.get(s.sum_off + k as usize * cs..s.sum_off + (k as usize + 1) * cs);
+            let good = dev.read_at(s.phys + k * ss, &mut sector).is_ok() && want.is_some_and(|w| img.csum.verify(&sector, w));
             if !good {
                 bad.push((s.logical + k * ss, s.copies));
             }

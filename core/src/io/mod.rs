@@ -5,12 +5,14 @@
 
 mod crash;
 mod file;
+mod iobuf;
 mod mem;
 mod overlay;
 mod staged;
 
 pub use crash::CrashDevice;
 pub use file::FileDevice;
+pub use iobuf::IoBuf;
 pub use mem::MemDevice;
 pub use overlay::{sparse_copy, OverlayDevice};
 pub use staged::StagedSuper;
@@ -33,12 +35,16 @@ pub trait BlockDevice: Send + Sync {
     /// Hint that `len` bytes at `offset` will be read soon, so a device that
     /// can start the reads in the background may do so. Never fails.
     fn prefetch(&self, _offset: u64, _len: u64) {}
-    /// Like `read_at`, for one large read of bytes that are read once and
-    /// not again (data checksum verification). A memory-mapped file serves
-    /// it with a plain positioned read instead, so the kernel fetches the
-    /// range in large requests rather than page by page on faults.
-    fn read_bulk(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_at(offset, buf)
+    /// Hand `f` the `len` bytes at `offset`: data read once, in large
+    /// pieces, and not again (data checksum verification). A file reads
+    /// them past the page cache (O_DIRECT) into `buf`, so the device sees
+    /// one large request and the cache is not filled with data nobody
+    /// reads twice.
+    fn read_once(&self, offset: u64, len: usize, buf: &mut IoBuf, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        let b = buf.get(len)?;
+        self.read_at(offset, b)?;
+        f(b);
+        Ok(())
     }
 }
 
