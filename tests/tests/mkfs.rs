@@ -1,5 +1,6 @@
 //! btrkit-mkfs against the oracles: every image passes `btrfs check
-//! --readonly` and mounts; `--rootdir` copies read back through the kernel
+//! --readonly` and `btrkit-fsck --check-data-csum` with no finding, and
+//! mounts (and still checks clean after the kernel wrote to it); `--rootdir` copies read back through the kernel
 //! equal the source; bad input is refused with one line and no valid image.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -37,6 +38,11 @@ fn check(img: &Path) {
     let o = Command::new("btrfs").args(["check", "--readonly"]).arg(img).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success() && text.contains("no error found"), "btrfs check {}:\n{text}", img.display());
+    // btrkit-fsck, data checksums included, finds nothing either: no error
+    // and no warning.
+    let r = btrkit_tests::fsck_support::run_fsck(img, &["--check-data-csum"], std::time::Duration::from_secs(120));
+    let findings = r.json()["findings"].as_array().map(|a| a.len()).unwrap_or(usize::MAX);
+    assert!(r.code == 0 && findings == 0, "btrkit-fsck {}: exit {}, {findings} findings:\n{}{}", img.display(), r.code, r.stdout, r.stderr);
 }
 
 /// A loop mount that is undone even when the test fails.
