@@ -21,7 +21,7 @@ use btrkit_core::format::names::{block_group_flags_str, key_string, key_type_nam
 use btrkit_core::format::qgroup::qgroupid_str;
 use btrkit_core::image::Image;
 use btrkit_core::tree::Node;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::io::{self, Write};
 use std::path::Path;
 
@@ -35,6 +35,8 @@ pub struct JsonSink<W: Write> {
     first_block: bool,
     totals: Option<(u64, u64)>,
     damaged: u64,
+    /// Reused for each block's JSON.
+    buf: Vec<u8>,
 }
 
 impl<W: Write> JsonSink<W> {
@@ -61,6 +63,7 @@ impl<W: Write> JsonSink<W> {
             first_block: true,
             totals: None,
             damaged: 0,
+            buf: Vec::new(),
         }
     }
 
@@ -111,6 +114,12 @@ impl<W: Write> JsonSink<W> {
     }
 
     fn entry(&mut self, v: &Value) -> io::Result<()> {
+        let s = serde_json::to_vec(v)?;
+        self.entry_raw(&s)
+    }
+
+    /// One element of the current tree's `blocks`, already JSON.
+    fn entry_raw(&mut self, json: &[u8]) -> io::Result<()> {
         if !self.in_tree {
             self.open_tree("blocks", None, None)?;
         }
@@ -118,8 +127,7 @@ impl<W: Write> JsonSink<W> {
             self.w.write_all(b",\n")?;
         }
         self.first_block = false;
-        serde_json::to_writer(&mut self.w, v)?;
-        Ok(())
+        self.w.write_all(json)
     }
 }
 
@@ -134,8 +142,12 @@ impl<W: Write> Sink for JsonSink<W> {
                 if !problems.is_empty() {
                     self.damaged += 1;
                 }
-                let v = block_json(node, problems, self.csum_size, self.sectorsize);
-                self.entry(&v)
+                let mut buf = std::mem::take(&mut self.buf);
+                buf.clear();
+                block_json(&mut buf, node, problems, self.csum_size, self.sectorsize);
+                let r = self.entry_raw(&buf);
+                self.buf = buf;
+                r
             }
             Event::Error { message, bytenr, key } => {
                 self.damaged += 1;
@@ -171,289 +183,580 @@ pub fn key_json(k: &Key) -> Value {
     })
 }
 
-fn name(b: &[u8]) -> Value {
-    Value::String(String::from_utf8_lossy(b).into_owned())
+/// A value that writes itself as JSON. Blocks are written straight into a
+/// byte buffer this way: building a `serde_json::Value` per item costs more
+/// than everything else in the dump together.
+trait J {
+    fn put(&self, o: &mut Vec<u8>);
 }
 
-fn hex(b: &[u8]) -> Value {
-    let mut v = Vec::with_capacity(b.len() * 2);
-    crate::render::hex_bytes(&mut v, b);
-    Value::String(String::from_utf8_lossy(&v).into_owned())
+macro_rules! int_j {
+    ($($t:ty),*) => {$(
+        impl J for $t {
+            fn put(&self, o: &mut Vec<u8>) {
+                o.extend_from_slice(itoa::Buffer::new().format(*self).as_bytes());
+            }
+        }
+    )*};
+}
+int_j!(u8, u16, u32, u64, usize, i64);
+
+impl J for str {
+    fn put(&self, o: &mut Vec<u8>) {
+        // Writing into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *o, self);
+    }
+}
+impl J for String {
+    fn put(&self, o: &mut Vec<u8>) {
+        self.as_str().put(o)
+    }
+}
+impl<T: J + ?Sized> J for &T {
+    fn put(&self, o: &mut Vec<u8>) {
+        (**self).put(o)
+    }
+}
+impl<T: J> J for Option<T> {
+    fn put(&self, o: &mut Vec<u8>) {
+        match self {
+            Some(v) => v.put(o),
+            None => o.extend_from_slice(b"null"),
+        }
+    }
+}
+impl<T: J> J for [T] {
+    fn put(&self, o: &mut Vec<u8>) {
+        o.push(b'[');
+        for (i, v) in self.iter().enumerate() {
+            if i > 0 {
+                o.push(b',');
+            }
+            v.put(o);
+        }
+        o.push(b']');
+    }
 }
 
-pub fn block_json(node: &Node, problems: &[btrkit_core::tree::Problem], csum_size: usize, sectorsize: u32) -> Value {
+/// Bytes as a string, invalid UTF-8 replaced (names, xattr values).
+struct Lossy<'a>(&'a [u8]);
+impl J for Lossy<'_> {
+    fn put(&self, o: &mut Vec<u8>) {
+        String::from_utf8_lossy(self.0).as_ref().put(o)
+    }
+}
+
+/// Bytes as a hex string.
+struct Hex<'a>(&'a [u8]);
+impl J for Hex<'_> {
+    fn put(&self, o: &mut Vec<u8>) {
+        o.push(b'"');
+        crate::render::hex_bytes(o, self.0);
+        o.push(b'"');
+    }
+}
+
+struct KeyJ<'a>(&'a Key);
+impl J for KeyJ<'_> {
+    fn put(&self, o: &mut Vec<u8>) {
+        let k = self.0;
+        Obj::new(o)
+            .f("objectid", &k.objectid)
+            .f("type", &k.ty)
+            .f("offset", &k.offset)
+            .f("type_name", &key_type_name(k.objectid, k.ty))
+            .f("text", &key_string(k))
+            .end();
+    }
+}
+
+struct Ts(u64, u32);
+impl J for Ts {
+    fn put(&self, o: &mut Vec<u8>) {
+        Obj::new(o).f("sec", &self.0).f("nsec", &self.1).end();
+    }
+}
+
+/// Whatever the closure writes (nested objects and arrays).
+struct With<F: Fn(&mut Vec<u8>)>(F);
+impl<F: Fn(&mut Vec<u8>)> J for With<F> {
+    fn put(&self, o: &mut Vec<u8>) {
+        (self.0)(o)
+    }
+}
+
+/// An array of what `each` writes for every element.
+fn arr<T>(o: &mut Vec<u8>, it: impl IntoIterator<Item = T>, mut each: impl FnMut(&mut Vec<u8>, T)) {
+    o.push(b'[');
+    for (i, v) in it.into_iter().enumerate() {
+        if i > 0 {
+            o.push(b',');
+        }
+        each(o, v);
+    }
+    o.push(b']');
+}
+
+/// An object being written: `Obj::new(o).f("a", &1).f("b", &"x").end()`.
+/// Field names are plain ASCII and need no escaping.
+struct Obj<'a> {
+    o: &'a mut Vec<u8>,
+    first: bool,
+}
+
+impl<'a> Obj<'a> {
+    fn new(o: &'a mut Vec<u8>) -> Obj<'a> {
+        o.push(b'{');
+        Obj { o, first: true }
+    }
+    fn f<V: J + ?Sized>(&mut self, k: &str, v: &V) -> &mut Self {
+        if !self.first {
+            self.o.push(b',');
+        }
+        self.first = false;
+        self.o.push(b'"');
+        self.o.extend_from_slice(k.as_bytes());
+        self.o.extend_from_slice(b"\":");
+        v.put(self.o);
+        self
+    }
+    fn end(&mut self) {
+        self.o.push(b'}');
+    }
+}
+
+/// One block as a JSON object, appended to `o`.
+pub fn block_json(o: &mut Vec<u8>, node: &Node, problems: &[btrkit_core::tree::Problem], csum_size: usize, sectorsize: u32) {
     let h = node.header();
     let b = node.bytes();
-    let mut m = Map::new();
-    m.insert("bytenr".into(), json!(node.bytenr));
-    m.insert("header_bytenr".into(), json!(h.bytenr.get()));
-    m.insert("level".into(), json!(h.level));
-    m.insert("nritems".into(), json!(h.nritems.get()));
     let free = if h.level == 0 {
         leaf_free_space(node) as i64
     } else {
         ((b.len() - HEADER_SIZE) / KEY_PTR_SIZE) as i64 - h.nritems.get() as i64
     };
-    m.insert("free_space".into(), json!(free));
-    m.insert("generation".into(), json!(h.generation.get()));
-    m.insert("owner".into(), json!(h.owner.get()));
-    m.insert("owner_name".into(), json!(objectid_name(h.owner.get())));
-    m.insert("flags".into(), json!(h.flag_bits()));
-    m.insert("backref_rev".into(), json!(h.backref_rev()));
-    m.insert("csum".into(), hex(&h.csum[..csum_size.min(h.csum.len())]));
-    m.insert("fsid".into(), json!(uuid_string(&h.fsid)));
-    m.insert("chunk_tree_uuid".into(), json!(uuid_string(&h.chunk_tree_uuid)));
-    m.insert(
-        "problems".into(),
-        Value::Array(
-            problems
-                .iter()
-                .map(|p| {
-                    json!({"kind": format!("{:?}", p.kind), "message": p.message, "slot": p.slot, "key": p.key.map(|k| key_json(&k))})
-                })
-                .collect(),
-        ),
+    let mut m = Obj::new(o);
+    m.f("bytenr", &node.bytenr)
+        .f("header_bytenr", &h.bytenr.get())
+        .f("level", &h.level)
+        .f("nritems", &h.nritems.get())
+        .f("free_space", &free)
+        .f("generation", &h.generation.get())
+        .f("owner", &h.owner.get())
+        .f("owner_name", &objectid_name(h.owner.get()))
+        .f("flags", &h.flag_bits())
+        .f("backref_rev", &h.backref_rev())
+        .f("csum", &Hex(&h.csum[..csum_size.min(h.csum.len())]))
+        .f("fsid", &uuid_string(&h.fsid))
+        .f("chunk_tree_uuid", &uuid_string(&h.chunk_tree_uuid));
+    m.f(
+        "problems",
+        &With(|o| {
+            arr(o, problems, |o, p| {
+                Obj::new(o)
+                    .f("kind", &format!("{:?}", p.kind))
+                    .f("message", &p.message)
+                    .f("slot", &p.slot)
+                    .f("key", &p.key.as_ref().map(KeyJ))
+                    .end()
+            })
+        }),
     );
     if h.level != 0 {
-        let ptrs: Vec<Value> = (0..node.nr_safe())
-            .filter_map(|slot| node.key_ptr(slot))
-            .map(|p| json!({"key": key_json(&Key::from(&p.key)), "blockptr": p.blockptr.get(), "generation": p.generation.get()}))
-            .collect();
-        m.insert("ptrs".into(), Value::Array(ptrs));
+        m.f(
+            "ptrs",
+            &With(|o| {
+                arr(o, (0..node.nr_safe()).filter_map(|slot| node.key_ptr(slot)), |o, p| {
+                    Obj::new(o)
+                        .f("key", &KeyJ(&Key::from(&p.key)))
+                        .f("blockptr", &p.blockptr.get())
+                        .f("generation", &p.generation.get())
+                        .end()
+                })
+            }),
+        );
     } else {
         let data_size = b.len() - HEADER_SIZE;
-        let mut items = Vec::with_capacity(node.nr_safe());
-        for slot in 0..node.nr_safe() {
-            let Some(it) = node.item(slot) else { break };
-            let key = Key::from(&it.key);
-            let (off, size) = (it.offset.get() as usize, it.size.get() as usize);
-            let mut im = Map::new();
-            im.insert("slot".into(), json!(slot));
-            im.insert("key".into(), key_json(&key));
-            im.insert("itemoff".into(), json!(off));
-            im.insert("itemsize".into(), json!(size));
-            let body = if off > data_size || off + size > data_size {
-                json!({"error": format!("item data [{off}, +{size}) outside the leaf data area of {data_size} bytes")})
-            } else {
-                let d = &b[HEADER_SIZE + off..HEADER_SIZE + off + size];
-                match decode(&key, d, csum_size) {
-                    Ok(body) => body_json(&key, &body, d, csum_size, sectorsize),
-                    Err(e) => json!({"error": e.to_string(), "raw": hex(d)}),
-                }
-            };
-            im.insert("body".into(), body);
-            items.push(Value::Object(im));
-        }
-        m.insert("items".into(), Value::Array(items));
+        m.f(
+            "items",
+            &With(|o| {
+                arr(o, (0..node.nr_safe()).map_while(|slot| node.item(slot).map(|it| (slot, it))), |o, (slot, it)| {
+                    let key = Key::from(&it.key);
+                    let (off, size) = (it.offset.get() as usize, it.size.get() as usize);
+                    let mut im = Obj::new(o);
+                    im.f("slot", &slot).f("key", &KeyJ(&key)).f("itemoff", &off).f("itemsize", &size);
+                    im.f(
+                        "body",
+                        &With(|o| {
+                            if off > data_size || off + size > data_size {
+                                let e = format!("item data [{off}, +{size}) outside the leaf data area of {data_size} bytes");
+                                Obj::new(o).f("error", &e).end();
+                                return;
+                            }
+                            let d = &b[HEADER_SIZE + off..HEADER_SIZE + off + size];
+                            match decode(&key, d, csum_size) {
+                                Ok(body) => body_json(o, &key, &body, d, csum_size, sectorsize),
+                                Err(e) => Obj::new(o).f("error", &e.to_string()).f("raw", &Hex(d)).end(),
+                            }
+                        }),
+                    );
+                    im.end();
+                })
+            }),
+        );
     }
-    Value::Object(m)
+    m.end();
 }
 
-fn ts(sec: u64, nsec: u32) -> Value {
-    json!({"sec": sec, "nsec": nsec})
-}
-
-fn balance_args(a: &DiskBalanceArgs) -> Value {
-    let usage = a.usage.get();
-    let limit = a.limit.get();
-    let stripes = a.stripes.get();
-    json!({
-        "profiles": a.profiles.get(), "devid": a.devid.get(), "target": a.target.get(), "flags": a.flags.get(),
-        "usage_min": usage as u32, "usage_max": (usage >> 32) as u32, "pstart": a.pstart.get(), "pend": a.pend.get(),
-        "vstart": a.vstart.get(), "vend": a.vend.get(), "limit_min": limit as u32, "limit_max": (limit >> 32) as u32,
-        "stripes_min": stripes as u32, "stripes_max": (stripes >> 32) as u32,
+fn balance_args(a: &DiskBalanceArgs) -> impl J + '_ {
+    With(move |o| {
+        let usage = a.usage.get();
+        let limit = a.limit.get();
+        let stripes = a.stripes.get();
+        Obj::new(o)
+            .f("profiles", &a.profiles.get())
+            .f("devid", &a.devid.get())
+            .f("target", &a.target.get())
+            .f("flags", &a.flags.get())
+            .f("usage_min", &(usage as u32))
+            .f("usage_max", &((usage >> 32) as u32))
+            .f("pstart", &a.pstart.get())
+            .f("pend", &a.pend.get())
+            .f("vstart", &a.vstart.get())
+            .f("vend", &a.vend.get())
+            .f("limit_min", &(limit as u32))
+            .f("limit_max", &((limit >> 32) as u32))
+            .f("stripes_min", &(stripes as u32))
+            .f("stripes_max", &((stripes >> 32) as u32))
+            .end()
     })
 }
 
-fn body_json(key: &Key, body: &ItemBody<'_>, raw: &[u8], csum_size: usize, sectorsize: u32) -> Value {
+fn body_json(o: &mut Vec<u8>, key: &Key, body: &ItemBody<'_>, raw: &[u8], csum_size: usize, sectorsize: u32) {
+    let mut m = Obj::new(o);
     match body {
-        ItemBody::InodeItem(ii) => json!({
-            "kind": "inode_item",
-            "generation": ii.generation.get(), "transid": ii.transid.get(), "size": ii.size.get(),
-            "nbytes": ii.nbytes.get(), "block_group": ii.block_group.get(), "mode": ii.mode.get(),
-            "mode_octal": format!("{:o}", ii.mode.get()), "nlink": ii.nlink.get(), "uid": ii.uid.get(),
-            "gid": ii.gid.get(), "rdev": ii.rdev.get(), "sequence": ii.sequence.get(), "flags": ii.flags.get(),
-            "atime": ts(ii.atime.sec.get(), ii.atime.nsec.get()), "ctime": ts(ii.ctime.sec.get(), ii.ctime.nsec.get()),
-            "mtime": ts(ii.mtime.sec.get(), ii.mtime.nsec.get()), "otime": ts(ii.otime.sec.get(), ii.otime.nsec.get()),
-        }),
-        ItemBody::InodeRef(v) => json!({
-            "kind": "inode_ref",
-            "refs": v.iter().map(|r| json!({"index": r.index, "name": name(r.name)})).collect::<Vec<_>>(),
-        }),
-        ItemBody::InodeExtref(v) => json!({
-            "kind": "inode_extref",
-            "refs": v.iter().map(|r| json!({"index": r.index, "parent": r.parent, "name": name(r.name)})).collect::<Vec<_>>(),
-        }),
-        ItemBody::DirItem(v) => json!({
-            "kind": match key.ty { BTRFS_DIR_INDEX_KEY => "dir_index", BTRFS_XATTR_ITEM_KEY => "xattr_item", _ => "dir_item" },
-            "entries": v.iter().map(|e| json!({
-                "location": key_json(&Key::from(&e.item.location)), "type": e.item.type_,
-                "transid": e.item.transid.get(), "name": name(e.name), "data": name(e.data),
-            })).collect::<Vec<_>>(),
-        }),
-        ItemBody::DirLog(d) => json!({"kind": "dir_log", "end": d.end.get()}),
-        ItemBody::Orphan => json!({"kind": "orphan"}),
+        ItemBody::InodeItem(ii) => {
+            m.f("kind", "inode_item")
+                .f("generation", &ii.generation.get())
+                .f("transid", &ii.transid.get())
+                .f("size", &ii.size.get())
+                .f("nbytes", &ii.nbytes.get())
+                .f("block_group", &ii.block_group.get())
+                .f("mode", &ii.mode.get())
+                .f("mode_octal", &format!("{:o}", ii.mode.get()))
+                .f("nlink", &ii.nlink.get())
+                .f("uid", &ii.uid.get())
+                .f("gid", &ii.gid.get())
+                .f("rdev", &ii.rdev.get())
+                .f("sequence", &ii.sequence.get())
+                .f("flags", &ii.flags.get())
+                .f("atime", &Ts(ii.atime.sec.get(), ii.atime.nsec.get()))
+                .f("ctime", &Ts(ii.ctime.sec.get(), ii.ctime.nsec.get()))
+                .f("mtime", &Ts(ii.mtime.sec.get(), ii.mtime.nsec.get()))
+                .f("otime", &Ts(ii.otime.sec.get(), ii.otime.nsec.get()));
+        }
+        ItemBody::InodeRef(v) => {
+            m.f("kind", "inode_ref").f(
+                "refs",
+                &With(|o| arr(o, v.iter(), |o, r| Obj::new(o).f("index", &r.index).f("name", &Lossy(r.name)).end())),
+            );
+        }
+        ItemBody::InodeExtref(v) => {
+            m.f("kind", "inode_extref").f(
+                "refs",
+                &With(|o| {
+                    arr(o, v.iter(), |o, r| Obj::new(o).f("index", &r.index).f("parent", &r.parent).f("name", &Lossy(r.name)).end())
+                }),
+            );
+        }
+        ItemBody::DirItem(v) => {
+            let kind = match key.ty {
+                BTRFS_DIR_INDEX_KEY => "dir_index",
+                BTRFS_XATTR_ITEM_KEY => "xattr_item",
+                _ => "dir_item",
+            };
+            m.f("kind", kind).f(
+                "entries",
+                &With(|o| {
+                    arr(o, v.iter(), |o, e| {
+                        Obj::new(o)
+                            .f("location", &KeyJ(&Key::from(&e.item.location)))
+                            .f("type", &e.item.type_)
+                            .f("transid", &e.item.transid.get())
+                            .f("name", &Lossy(e.name))
+                            .f("data", &Lossy(e.data))
+                            .end()
+                    })
+                }),
+            );
+        }
+        ItemBody::DirLog(d) => {
+            m.f("kind", "dir_log").f("end", &d.end.get());
+        }
+        ItemBody::Orphan => {
+            m.f("kind", "orphan");
+        }
         ItemBody::FileExtent(fe) => {
             let h = fe.head();
-            let mut m = json!({
-                "kind": "file_extent", "generation": h.generation.get(), "ram_bytes": h.ram_bytes.get(),
-                "compression": h.compression, "encryption": h.encryption, "other_encoding": h.other_encoding.get(),
-                "type": h.type_,
-                "type_name": match h.type_ { BTRFS_FILE_EXTENT_INLINE => "inline", BTRFS_FILE_EXTENT_PREALLOC => "prealloc", _ => "regular" },
-            });
+            let type_name = match h.type_ {
+                BTRFS_FILE_EXTENT_INLINE => "inline",
+                BTRFS_FILE_EXTENT_PREALLOC => "prealloc",
+                _ => "regular",
+            };
+            m.f("kind", "file_extent")
+                .f("generation", &h.generation.get())
+                .f("ram_bytes", &h.ram_bytes.get())
+                .f("compression", &h.compression)
+                .f("encryption", &h.encryption)
+                .f("other_encoding", &h.other_encoding.get())
+                .f("type", &h.type_)
+                .f("type_name", type_name);
             match fe {
-                FileExtent::Inline { data, .. } => m["inline_size"] = json!(data.len()),
+                FileExtent::Inline { data, .. } => {
+                    m.f("inline_size", &data.len());
+                }
                 FileExtent::Disk { item, .. } => {
-                    m["disk_bytenr"] = json!(item.disk_bytenr.get());
-                    m["disk_num_bytes"] = json!(item.disk_num_bytes.get());
-                    m["offset"] = json!(item.offset.get());
-                    m["num_bytes"] = json!(item.num_bytes.get());
+                    m.f("disk_bytenr", &item.disk_bytenr.get())
+                        .f("disk_num_bytes", &item.disk_num_bytes.get())
+                        .f("offset", &item.offset.get())
+                        .f("num_bytes", &item.num_bytes.get());
                 }
             }
-            m
         }
         ItemBody::ExtentCsum(d) => {
-            let n = d.len() / csum_size.max(1);
-            json!({
-                "kind": "extent_csum", "start": key.offset, "length": n as u64 * sectorsize as u64,
-                "csums": d.chunks_exact(csum_size.max(1)).map(hex).collect::<Vec<_>>(),
-            })
+            let cs = csum_size.max(1);
+            let n = d.len() / cs;
+            m.f("kind", "extent_csum")
+                .f("start", &key.offset)
+                .f("length", &(n as u64 * sectorsize as u64))
+                .f("csums", &With(|o| arr(o, d.chunks_exact(cs), |o, c| Hex(c).put(o))));
         }
         ItemBody::RootItem(ri) => {
-            let mut m = json!({
-                "kind": "root_item", "generation": ri.generation.get(), "root_dirid": ri.root_dirid.get(),
-                "bytenr": ri.bytenr.get(), "byte_limit": ri.byte_limit.get(), "bytes_used": ri.bytes_used.get(),
-                "last_snapshot": ri.last_snapshot.get(), "flags": ri.flags.get(), "refs": ri.refs.get(),
-                "drop_progress": key_json(&Key::from(&ri.drop_progress)), "drop_level": ri.drop_level,
-                "level": ri.level, "generation_v2": ri.generation_v2.get(),
-            });
+            m.f("kind", "root_item")
+                .f("generation", &ri.generation.get())
+                .f("root_dirid", &ri.root_dirid.get())
+                .f("bytenr", &ri.bytenr.get())
+                .f("byte_limit", &ri.byte_limit.get())
+                .f("bytes_used", &ri.bytes_used.get())
+                .f("last_snapshot", &ri.last_snapshot.get())
+                .f("flags", &ri.flags.get())
+                .f("refs", &ri.refs.get())
+                .f("drop_progress", &KeyJ(&Key::from(&ri.drop_progress)))
+                .f("drop_level", &ri.drop_level)
+                .f("level", &ri.level)
+                .f("generation_v2", &ri.generation_v2.get());
             if ri.has_v2() {
-                m["uuid"] = json!(uuid_string(&ri.uuid));
-                m["parent_uuid"] = json!(uuid_string(&ri.parent_uuid));
-                m["received_uuid"] = json!(uuid_string(&ri.received_uuid));
-                m["ctransid"] = json!(ri.ctransid.get());
-                m["otransid"] = json!(ri.otransid.get());
-                m["stransid"] = json!(ri.stransid.get());
-                m["rtransid"] = json!(ri.rtransid.get());
-                m["ctime"] = ts(ri.ctime.sec.get(), ri.ctime.nsec.get());
-                m["otime"] = ts(ri.otime.sec.get(), ri.otime.nsec.get());
-                m["stime"] = ts(ri.stime.sec.get(), ri.stime.nsec.get());
-                m["rtime"] = ts(ri.rtime.sec.get(), ri.rtime.nsec.get());
+                m.f("uuid", &uuid_string(&ri.uuid))
+                    .f("parent_uuid", &uuid_string(&ri.parent_uuid))
+                    .f("received_uuid", &uuid_string(&ri.received_uuid))
+                    .f("ctransid", &ri.ctransid.get())
+                    .f("otransid", &ri.otransid.get())
+                    .f("stransid", &ri.stransid.get())
+                    .f("rtransid", &ri.rtransid.get())
+                    .f("ctime", &Ts(ri.ctime.sec.get(), ri.ctime.nsec.get()))
+                    .f("otime", &Ts(ri.otime.sec.get(), ri.otime.nsec.get()))
+                    .f("stime", &Ts(ri.stime.sec.get(), ri.stime.nsec.get()))
+                    .f("rtime", &Ts(ri.rtime.sec.get(), ri.rtime.nsec.get()));
             }
-            m
         }
-        ItemBody::RootRef(r, n) => json!({
-            "kind": if key.ty == BTRFS_ROOT_REF_KEY { "root_ref" } else { "root_backref" },
-            "dirid": r.dirid.get(), "sequence": r.sequence.get(), "name": name(n),
-        }),
+        ItemBody::RootRef(r, n) => {
+            m.f("kind", if key.ty == BTRFS_ROOT_REF_KEY { "root_ref" } else { "root_backref" })
+                .f("dirid", &r.dirid.get())
+                .f("sequence", &r.sequence.get())
+                .f("name", &Lossy(n));
+        }
         ItemBody::Extent(ev) => {
-            let refs: Vec<Value> = ev
-                .refs
-                .iter()
-                .map(|r| match *r {
-                    InlineRef::TreeBlock { root } => json!({"type": "tree_block_ref", "root": root}),
-                    InlineRef::SharedBlock { parent } => json!({"type": "shared_block_ref", "parent": parent}),
-                    InlineRef::ExtentData { root, objectid, offset, count } => {
-                        json!({"type": "extent_data_ref", "root": root, "objectid": objectid, "offset": offset, "count": count})
-                    }
-                    InlineRef::SharedData { parent, count } => json!({"type": "shared_data_ref", "parent": parent, "count": count}),
-                    InlineRef::Owner { root } => json!({"type": "extent_owner_ref", "root": root}),
-                })
-                .collect();
-            let mut m = json!({
-                "kind": if key.ty == BTRFS_METADATA_ITEM_KEY { "metadata_item" } else { "extent_item" },
-                "refs": ev.item.refs.get(), "generation": ev.item.generation.get(), "flags": ev.item.flags.get(),
-                "inline_refs": refs,
-            });
+            m.f("kind", if key.ty == BTRFS_METADATA_ITEM_KEY { "metadata_item" } else { "extent_item" })
+                .f("refs", &ev.item.refs.get())
+                .f("generation", &ev.item.generation.get())
+                .f("flags", &ev.item.flags.get())
+                .f(
+                    "inline_refs",
+                    &With(|o| {
+                        arr(o, ev.refs.iter(), |o, r| {
+                            let mut e = Obj::new(o);
+                            match *r {
+                                InlineRef::TreeBlock { root } => e.f("type", "tree_block_ref").f("root", &root),
+                                InlineRef::SharedBlock { parent } => e.f("type", "shared_block_ref").f("parent", &parent),
+                                InlineRef::ExtentData { root, objectid, offset, count } => e
+                                    .f("type", "extent_data_ref")
+                                    .f("root", &root)
+                                    .f("objectid", &objectid)
+                                    .f("offset", &offset)
+                                    .f("count", &count),
+                                InlineRef::SharedData { parent, count } => {
+                                    e.f("type", "shared_data_ref").f("parent", &parent).f("count", &count)
+                                }
+                                InlineRef::Owner { root } => e.f("type", "extent_owner_ref").f("root", &root),
+                            };
+                            e.end();
+                        })
+                    }),
+                );
             if let Some(tb) = ev.tree_block_info {
-                m["tree_block_key"] = key_json(&Key::from(&tb.key));
-                m["tree_block_level"] = json!(tb.level);
+                m.f("tree_block_key", &KeyJ(&Key::from(&tb.key))).f("tree_block_level", &tb.level);
             } else if key.ty == BTRFS_METADATA_ITEM_KEY {
-                m["tree_block_level"] = json!(key.offset);
+                m.f("tree_block_level", &key.offset);
             }
-            m
         }
-        ItemBody::TreeBlockRef => json!({"kind": "tree_block_ref"}),
-        ItemBody::SharedBlockRef => json!({"kind": "shared_block_ref"}),
-        ItemBody::ExtentDataRef(r) => json!({
-            "kind": "extent_data_ref", "root": r.root.get(), "objectid": r.objectid.get(),
-            "offset": r.offset.get(), "count": r.count.get(),
-        }),
-        ItemBody::SharedDataRef(r) => json!({"kind": "shared_data_ref", "count": r.count.get()}),
-        ItemBody::ExtentOwnerRef(root) => json!({"kind": "extent_owner_ref", "root": root}),
-        ItemBody::BlockGroup(bg) => json!({
-            "kind": "block_group", "used": bg.used.get(), "chunk_objectid": bg.chunk_objectid.get(),
-            "flags": bg.flags.get(), "flags_name": block_group_flags_str(bg.flags.get()),
-        }),
-        ItemBody::FreeSpaceInfo(fi) => json!({"kind": "free_space_info", "extent_count": fi.extent_count.get(), "flags": fi.flags.get()}),
-        ItemBody::FreeSpaceExtent => json!({"kind": "free_space_extent", "start": key.objectid, "length": key.offset}),
-        ItemBody::FreeSpaceBitmap(d) => json!({"kind": "free_space_bitmap", "start": key.objectid, "length": key.offset, "bitmap": hex(d)}),
-        ItemBody::DevExtent(de) => json!({
-            "kind": "dev_extent", "chunk_tree": de.chunk_tree.get(), "chunk_objectid": de.chunk_objectid.get(),
-            "chunk_offset": de.chunk_offset.get(), "length": de.length.get(),
-            "chunk_tree_uuid": uuid_string(&de.chunk_tree_uuid),
-        }),
-        ItemBody::DevItem(di) => json!({
-            "kind": "dev_item", "devid": di.devid.get(), "total_bytes": di.total_bytes.get(),
-            "bytes_used": di.bytes_used.get(), "io_align": di.io_align.get(), "io_width": di.io_width.get(),
-            "sector_size": di.sector_size.get(), "type": di.type_.get(), "generation": di.generation.get(),
-            "start_offset": di.start_offset.get(), "dev_group": di.dev_group.get(), "seek_speed": di.seek_speed,
-            "bandwidth": di.bandwidth, "uuid": uuid_string(&di.uuid), "fsid": uuid_string(&di.fsid),
-        }),
-        ItemBody::Chunk(c, stripes) => json!({
-            "kind": "chunk", "length": c.length.get(), "owner": c.owner.get(), "stripe_len": c.stripe_len.get(),
-            "type": c.type_.get(), "type_name": block_group_flags_str(c.type_.get()), "io_align": c.io_align.get(),
-            "io_width": c.io_width.get(), "sector_size": c.sector_size.get(), "num_stripes": c.num_stripes.get(),
-            "sub_stripes": c.sub_stripes.get(),
-            "stripes": stripes.iter().map(|s| json!({
-                "devid": s.devid.get(), "offset": s.offset.get(), "dev_uuid": uuid_string(&s.dev_uuid),
-            })).collect::<Vec<_>>(),
-        }),
-        ItemBody::Uuid(ids) => json!({"kind": "uuid", "subvol_ids": ids}),
-        ItemBody::QgroupStatus(st, enable_gen) => json!({
-            "kind": "qgroup_status", "version": st.version.get(), "generation": st.generation.get(),
-            "flags": st.flags.get(), "scan": st.rescan.get(), "enable_gen": enable_gen,
-        }),
-        ItemBody::QgroupInfo(qi) => json!({
-            "kind": "qgroup_info", "qgroupid": qgroupid_str(key.offset), "generation": qi.generation.get(),
-            "referenced": qi.rfer.get(), "referenced_compressed": qi.rfer_cmpr.get(),
-            "exclusive": qi.excl.get(), "exclusive_compressed": qi.excl_cmpr.get(),
-        }),
-        ItemBody::QgroupLimit(ql) => json!({
-            "kind": "qgroup_limit", "qgroupid": qgroupid_str(key.offset), "flags": ql.flags.get(),
-            "max_referenced": ql.max_rfer.get(), "max_exclusive": ql.max_excl.get(),
-            "rsv_referenced": ql.rsv_rfer.get(), "rsv_exclusive": ql.rsv_excl.get(),
-        }),
-        ItemBody::QgroupRelation => json!({
-            "kind": "qgroup_relation", "src": qgroupid_str(key.objectid), "dst": qgroupid_str(key.offset),
-        }),
+        ItemBody::TreeBlockRef => {
+            m.f("kind", "tree_block_ref");
+        }
+        ItemBody::SharedBlockRef => {
+            m.f("kind", "shared_block_ref");
+        }
+        ItemBody::ExtentDataRef(r) => {
+            m.f("kind", "extent_data_ref")
+                .f("root", &r.root.get())
+                .f("objectid", &r.objectid.get())
+                .f("offset", &r.offset.get())
+                .f("count", &r.count.get());
+        }
+        ItemBody::SharedDataRef(r) => {
+            m.f("kind", "shared_data_ref").f("count", &r.count.get());
+        }
+        ItemBody::ExtentOwnerRef(root) => {
+            m.f("kind", "extent_owner_ref").f("root", root);
+        }
+        ItemBody::BlockGroup(bg) => {
+            m.f("kind", "block_group")
+                .f("used", &bg.used.get())
+                .f("chunk_objectid", &bg.chunk_objectid.get())
+                .f("flags", &bg.flags.get())
+                .f("flags_name", &block_group_flags_str(bg.flags.get()));
+        }
+        ItemBody::FreeSpaceInfo(fi) => {
+            m.f("kind", "free_space_info").f("extent_count", &fi.extent_count.get()).f("flags", &fi.flags.get());
+        }
+        ItemBody::FreeSpaceExtent => {
+            m.f("kind", "free_space_extent").f("start", &key.objectid).f("length", &key.offset);
+        }
+        ItemBody::FreeSpaceBitmap(d) => {
+            m.f("kind", "free_space_bitmap").f("start", &key.objectid).f("length", &key.offset).f("bitmap", &Hex(d));
+        }
+        ItemBody::DevExtent(de) => {
+            m.f("kind", "dev_extent")
+                .f("chunk_tree", &de.chunk_tree.get())
+                .f("chunk_objectid", &de.chunk_objectid.get())
+                .f("chunk_offset", &de.chunk_offset.get())
+                .f("length", &de.length.get())
+                .f("chunk_tree_uuid", &uuid_string(&de.chunk_tree_uuid));
+        }
+        ItemBody::DevItem(di) => {
+            m.f("kind", "dev_item")
+                .f("devid", &di.devid.get())
+                .f("total_bytes", &di.total_bytes.get())
+                .f("bytes_used", &di.bytes_used.get())
+                .f("io_align", &di.io_align.get())
+                .f("io_width", &di.io_width.get())
+                .f("sector_size", &di.sector_size.get())
+                .f("type", &di.type_.get())
+                .f("generation", &di.generation.get())
+                .f("start_offset", &di.start_offset.get())
+                .f("dev_group", &di.dev_group.get())
+                .f("seek_speed", &di.seek_speed)
+                .f("bandwidth", &di.bandwidth)
+                .f("uuid", &uuid_string(&di.uuid))
+                .f("fsid", &uuid_string(&di.fsid));
+        }
+        ItemBody::Chunk(c, stripes) => {
+            m.f("kind", "chunk")
+                .f("length", &c.length.get())
+                .f("owner", &c.owner.get())
+                .f("stripe_len", &c.stripe_len.get())
+                .f("type", &c.type_.get())
+                .f("type_name", &block_group_flags_str(c.type_.get()))
+                .f("io_align", &c.io_align.get())
+                .f("io_width", &c.io_width.get())
+                .f("sector_size", &c.sector_size.get())
+                .f("num_stripes", &c.num_stripes.get())
+                .f("sub_stripes", &c.sub_stripes.get())
+                .f(
+                    "stripes",
+                    &With(|o| {
+                        arr(o, stripes.iter(), |o, s| {
+                            Obj::new(o)
+                                .f("devid", &s.devid.get())
+                                .f("offset", &s.offset.get())
+                                .f("dev_uuid", &uuid_string(&s.dev_uuid))
+                                .end()
+                        })
+                    }),
+                );
+        }
+        ItemBody::Uuid(ids) => {
+            m.f("kind", "uuid").f("subvol_ids", ids.as_slice());
+        }
+        ItemBody::QgroupStatus(st, enable_gen) => {
+            m.f("kind", "qgroup_status")
+                .f("version", &st.version.get())
+                .f("generation", &st.generation.get())
+                .f("flags", &st.flags.get())
+                .f("scan", &st.rescan.get())
+                .f("enable_gen", enable_gen);
+        }
+        ItemBody::QgroupInfo(qi) => {
+            m.f("kind", "qgroup_info")
+                .f("qgroupid", &qgroupid_str(key.offset))
+                .f("generation", &qi.generation.get())
+                .f("referenced", &qi.rfer.get())
+                .f("referenced_compressed", &qi.rfer_cmpr.get())
+                .f("exclusive", &qi.excl.get())
+                .f("exclusive_compressed", &qi.excl_cmpr.get());
+        }
+        ItemBody::QgroupLimit(ql) => {
+            m.f("kind", "qgroup_limit")
+                .f("qgroupid", &qgroupid_str(key.offset))
+                .f("flags", &ql.flags.get())
+                .f("max_referenced", &ql.max_rfer.get())
+                .f("max_exclusive", &ql.max_excl.get())
+                .f("rsv_referenced", &ql.rsv_rfer.get())
+                .f("rsv_exclusive", &ql.rsv_excl.get());
+        }
+        ItemBody::QgroupRelation => {
+            m.f("kind", "qgroup_relation").f("src", &qgroupid_str(key.objectid)).f("dst", &qgroupid_str(key.offset));
+        }
         ItemBody::DevStats(vals) => {
-            let mut m = Map::new();
-            m.insert("kind".into(), json!("dev_stats"));
+            m.f("kind", "dev_stats");
             for (n, v) in vals.iter().enumerate() {
                 let k = DEV_STAT_NAMES.get(n).map(|s| s.to_string()).unwrap_or_else(|| format!("unknown_{n}"));
-                m.insert(k, json!(v));
+                m.f(&k, v);
             }
-            Value::Object(m)
         }
-        ItemBody::DevReplace(r) => json!({
-            "kind": "dev_replace", "src_devid": r.src_devid.get(), "cursor_left": r.cursor_left.get(),
-            "cursor_right": r.cursor_right.get(), "cont_reading_from_srcdev_mode": r.cont_reading_from_srcdev_mode.get(),
-            "replace_state": r.replace_state.get(), "time_started": r.time_started.get(),
-            "time_stopped": r.time_stopped.get(), "num_write_errors": r.num_write_errors.get(),
-            "num_uncorrectable_read_errors": r.num_uncorrectable_read_errors.get(),
-        }),
-        ItemBody::Balance(b) => json!({
-            "kind": "balance", "flags": b.flags.get(), "data": balance_args(&b.data),
-            "meta": balance_args(&b.meta), "sys": balance_args(&b.sys),
-        }),
-        ItemBody::VerityDesc(d, rest) => json!({
-            "kind": "verity_desc", "size": d.size.get(), "encryption": d.encryption, "data": hex(rest),
-        }),
-        ItemBody::VerityMerkle(d) => json!({"kind": "verity_merkle", "data": hex(d)}),
-        ItemBody::StringItem(d) => json!({"kind": "string", "data": name(d)}),
-        ItemBody::Unknown(d) => json!({"kind": "unknown", "raw": hex(d)}),
+        ItemBody::DevReplace(r) => {
+            m.f("kind", "dev_replace")
+                .f("src_devid", &r.src_devid.get())
+                .f("cursor_left", &r.cursor_left.get())
+                .f("cursor_right", &r.cursor_right.get())
+                .f("cont_reading_from_srcdev_mode", &r.cont_reading_from_srcdev_mode.get())
+                .f("replace_state", &r.replace_state.get())
+                .f("time_started", &r.time_started.get())
+                .f("time_stopped", &r.time_stopped.get())
+                .f("num_write_errors", &r.num_write_errors.get())
+                .f("num_uncorrectable_read_errors", &r.num_uncorrectable_read_errors.get());
+        }
+        ItemBody::Balance(b) => {
+            m.f("kind", "balance")
+                .f("flags", &b.flags.get())
+                .f("data", &balance_args(&b.data))
+                .f("meta", &balance_args(&b.meta))
+                .f("sys", &balance_args(&b.sys));
+        }
+        ItemBody::VerityDesc(d, rest) => {
+            m.f("kind", "verity_desc").f("size", &d.size.get()).f("encryption", &d.encryption).f("data", &Hex(rest));
+        }
+        ItemBody::VerityMerkle(d) => {
+            m.f("kind", "verity_merkle").f("data", &Hex(d));
+        }
+        ItemBody::StringItem(d) => {
+            m.f("kind", "string").f("data", &Lossy(d));
+        }
+        ItemBody::Unknown(d) => {
+            m.f("kind", "unknown").f("raw", &Hex(d));
+        }
         #[allow(unreachable_patterns)]
-        _ => json!({"kind": "other", "raw": hex(raw)}),
+        _ => {
+            m.f("kind", "other").f("raw", &Hex(raw));
+        }
     }
+    m.end();
 }

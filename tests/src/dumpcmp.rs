@@ -45,6 +45,48 @@ pub fn dump_ours(image: &Path, tree: Option<&str>) -> Result<String, String> {
     run_capture(&mut c)
 }
 
+/// `btrkit-dump tree --json IMAGE [--tree T]`, turned back into item lines
+/// (`\titem N key (...) itemoff X itemsize Y`) in document order. Every
+/// block must also hold as many items or pointers as its `nritems` says,
+/// and every item a `body` object.
+pub fn json_item_lines(image: &Path, tree: Option<&str>) -> Result<Vec<String>, String> {
+    let mut c = Command::new(crate::bin_path("btrkit-dump"));
+    c.arg("tree").arg("--json").arg(image);
+    if let Some(t) = tree {
+        c.args(["--tree", t]);
+    }
+    let text = run_capture(&mut c)?;
+    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("btrkit-dump tree --json: not JSON: {e}"))?;
+    let trees = doc["trees"].as_array().ok_or("btrkit-dump tree --json: no \"trees\" array")?;
+    let mut out = Vec::new();
+    for t in trees {
+        for b in t["blocks"].as_array().ok_or("a tree without \"blocks\"")? {
+            if b.get("error").is_some() {
+                continue;
+            }
+            let nr = b["nritems"].as_u64().ok_or("a block without nritems")? as usize;
+            let damaged = b["problems"].as_array().is_some_and(|p| !p.is_empty());
+            if let Some(items) = b["items"].as_array() {
+                if items.len() != nr && !damaged {
+                    return Err(format!("block {}: nritems {nr} but {} items", b["bytenr"], items.len()));
+                }
+                for it in items {
+                    if !it["body"].is_object() {
+                        return Err(format!("block {}: item without a body: {it}", b["bytenr"]));
+                    }
+                    out.push(format!(
+                        "\titem {} key {} itemoff {} itemsize {}",
+                        it["slot"], it["key"]["text"].as_str().unwrap_or("?"), it["itemoff"], it["itemsize"]
+                    ));
+                }
+            } else if b["ptrs"].as_array().map(|p| p.len()) != Some(nr) && !damaged {
+                return Err(format!("node {}: nritems {nr} but pointers {:?}", b["bytenr"], b["ptrs"].as_array().map(|p| p.len())));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// `btrfs inspect-internal dump-tree [-t T] IMAGE`.
 pub fn dump_progs(image: &Path, tree: Option<&str>) -> Result<String, String> {
     let mut c = Command::new("btrfs");
@@ -190,6 +232,12 @@ pub fn check_image(label: &str, image: &Path, tree: Option<&str>, order: Order) 
     }
     let theirs = item_lines(&theirs_txt);
     let ours = item_lines(&ours_txt);
+    // The JSON dump walks the same trees: the same item lines, in order.
+    let json = json_item_lines(image, tree).map_err(|e| format!("{what}: {e}"))?;
+    if json != ours {
+        let c = compare(&json, &ours);
+        return Err(format!("{what}: --json items differ from the text dump's\n{}", c.report.replace("btrfs dump-tree", "btrkit-dump text")));
+    }
     // A whole image always has items; one tree may be empty (the csum tree
     // of a fresh image), and then both sides must agree on that.
     if theirs.is_empty() && (tree.is_none() || !theirs_txt.contains("leaf ")) {
