@@ -124,7 +124,9 @@ pub(super) fn check(cx: &mut Ctx) {
             // mkfs.btrfs before 6.3 leaves these behind for its temporary
             // chunks; upstream btrfs check reports them (fsck-tests 058).
             cx.report(F::err(P, "free-space-stale").tree(T).at(i.start).msg(format!(
-                "free space info {}+{} for a block group that does not exist (stale entry)",
+                "free space info {}+{} for a block group that does not exist (stale entry; \
+                 mkfs.btrfs before 6.3 leaves these for its temporary chunks, and \
+                 `btrfs check --clear-space-cache v2` rebuilds the tree)",
                 i.start, i.len
             )));
         }
