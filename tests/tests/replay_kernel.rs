@@ -113,10 +113,18 @@ fn random_scenario(seed: u64) -> String {
 }
 
 /// Seeded random scenarios, added to the corpus (`BTRKIT_RANDOM_SCENARIOS`
-/// sets how many; 16 by default).
+/// sets how many; 16 by default), and the regression seeds.
+/// Seeds beyond the default 16 that once found a bug, kept in the corpus.
+/// 72: the kernel logs a deleted entry as a one-index dir log range inside
+/// a range it logged before; btrkit-fsck took the overlap for damage.
+const REGRESSION_SEEDS: &[u64] = &[72];
+
 fn random_scenarios() -> Vec<Scenario> {
     let n: u64 = std::env::var("BTRKIT_RANDOM_SCENARIOS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
-    (1..=n)
+    let mut seeds: Vec<u64> = (1..=n).collect();
+    seeds.extend(REGRESSION_SEEDS.iter().filter(|&&s| s > n));
+    seeds
+        .into_iter()
         .map(|seed| {
             let name = format!("random-{seed:03}");
             Scenario::parse(&name, &random_scenario(seed)).unwrap_or_else(|e| panic!("{name}: {e}"))
