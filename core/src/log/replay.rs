@@ -413,18 +413,23 @@ impl Replayer<'_> {
         }
         let existing = self.get_inode(ino)?;
         let sv = self.subvol;
+        // The file's size once the item is replayed: what the truncation
+        // below cuts at.
+        let mut size = src.size.get();
         match existing {
-            Some(dst) => {
-                if src.generation.get() == 0 {
-                    // Logged only to say the inode exists.
-                    if is_reg(mode) && is_reg(dst.mode.get()) && src.size.get() != 0 {
-                        let mut d = dst;
-                        d.size.set(src.size.get());
-                        self.fs.put_inode(sv, ino, &d)?;
-                    }
-                    self.fixups.insert(ino);
-                    return Ok(());
+            Some(dst) if src.generation.get() == 0 => {
+                // Logged only to say the inode exists: the subvolume's item
+                // stays, except a regular file takes a logged size that is
+                // not 0 (0 means it was never fsynced).
+                size = dst.size.get();
+                if is_reg(mode) && is_reg(dst.mode.get()) && src.size.get() != 0 {
+                    let mut d = dst;
+                    d.size.set(src.size.get());
+                    self.fs.put_inode(sv, ino, &d)?;
+                    size = src.size.get();
                 }
+            }
+            Some(dst) => {
                 src.nbytes = dst.nbytes;
                 if is_dir(mode) && is_dir(dst.mode.get()) {
                     src.size = dst.size;
@@ -446,11 +451,14 @@ impl Replayer<'_> {
                 self.ev(Event::InodeCreated { subvol: sv, ino, mode, size: src.size.get() });
             }
         }
+        // Extents past the size go, as the kernel does before replaying
+        // the logged extents (prealloc past EOF that was committed but is
+        // not in the log), for an inode logged only as existing too.
         if is_reg(mode) {
             let ss = self.fs.sectorsize() as u64;
-            let from = src.size.get().div_ceil(ss) * ss;
+            let from = size.div_ceil(ss) * ss;
             if self.drop_extents(ino, from, u64::MAX)? {
-                self.ev(Event::Truncated { subvol: sv, ino, size: src.size.get() });
+                self.ev(Event::Truncated { subvol: sv, ino, size });
             }
         }
         self.fixups.insert(ino);
