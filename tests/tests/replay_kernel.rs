@@ -114,6 +114,139 @@ fn random_scenario(seed: u64) -> String {
 
 /// Seeded random scenarios, added to the corpus (`BTRKIT_RANDOM_SCENARIOS`
 /// sets how many; 16 by default), and the regression seeds.
+/// A second random family with the namespace in play as well: new and
+/// removed directories, directory renames, symlinks, fifos, mode changes,
+/// zero-range, evicted caches and fsyncs of directories, on top of the file
+/// operations of [`random_scenario`].
+fn random_ns_scenario(seed: u64) -> String {
+    let mut x = seed.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1;
+    let mut r = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n.max(1)
+    };
+    let mut out = vec!["expect-log any".to_string()];
+    if r(10) < 3 {
+        out.push("mkfs -n 4096".into());
+    }
+    if r(10) < 2 {
+        out.push("mount compress=zstd".into());
+    }
+    // Directories: fixed ones that stay, and made ones that may go.
+    let mut dirs: Vec<String> = vec!["/".into(), "/a/".into(), "/b/".into()];
+    out.extend(["mkdir /a", "mkdir /b"].map(String::from));
+    let mut files: Vec<String> = Vec::new();
+    // Symlinks and fifos: only removed or moved with their directory.
+    let mut others: Vec<String> = Vec::new();
+    let mut counter = 0u64;
+    let mut fresh = |dirs: &Vec<String>, r: &mut dyn FnMut(u64) -> u64, p: &str| {
+        counter += 1;
+        format!("{}{p}{counter}", dirs[r(dirs.len() as u64) as usize])
+    };
+    for _ in 0..6 {
+        let f = fresh(&dirs, &mut r, "f");
+        out.push(format!("write {f} 0 {} {}", [100, 3000, 5000, 70000][r(4) as usize], 1 + r(249)));
+        files.push(f);
+    }
+    out.push("sync".into());
+    for _ in 0..15 + r(40) {
+        let op = r(100);
+        let made: Vec<String> = dirs.iter().skip(3).cloned().collect();
+        if op < 8 {
+            let d = fresh(&dirs, &mut r, "d");
+            out.push(format!("mkdir {d}"));
+            dirs.push(format!("{d}/"));
+        } else if op < 12 && !made.is_empty() {
+            // Remove a made directory with everything in it, deepest first.
+            let d = made[r(made.len() as u64) as usize].clone();
+            let mut inside: Vec<String> = files.iter().chain(others.iter()).filter(|f| f.starts_with(&d)).cloned().collect();
+            inside.sort();
+            for f in &inside {
+                out.push(format!("unlink {f}"));
+            }
+            files.retain(|f| !f.starts_with(&d));
+            others.retain(|f| !f.starts_with(&d));
+            let mut sub: Vec<String> = dirs.iter().filter(|x| x.starts_with(&d)).cloned().collect();
+            sub.sort_by_key(|x| std::cmp::Reverse(x.len()));
+            for s in &sub {
+                out.push(format!("rmdir {}", s.trim_end_matches('/')));
+            }
+            dirs.retain(|x| !x.starts_with(&d));
+        } else if op < 16 && !made.is_empty() {
+            // Rename a made directory under a fixed one (never into itself).
+            let d = made[r(made.len() as u64) as usize].clone();
+            let n = format!("{}{}", ["/", "/a/", "/b/"][r(3) as usize], fresh(&vec!["".into()], &mut r, "r"));
+            out.push(format!("rename {} {n}", d.trim_end_matches('/')));
+            let nd = format!("{n}/");
+            for f in files.iter_mut().chain(others.iter_mut()).filter(|f| f.starts_with(&d)) {
+                *f = format!("{nd}{}", &f[d.len()..]);
+            }
+            for x in dirs.iter_mut().filter(|x| x.starts_with(&d)) {
+                *x = format!("{nd}{}", &x[d.len()..]);
+            }
+        } else if op < 20 {
+            let t = fresh(&dirs, &mut r, "s");
+            out.push(format!("symlink target{} {t}", r(1000)));
+            others.push(t);
+        } else if op < 22 {
+            let t = fresh(&dirs, &mut r, "p");
+            out.push(format!("mkfifo {t}"));
+            others.push(t);
+        } else if op < 26 {
+            out.push("evict".into());
+        } else if op < 32 {
+            let d = &dirs[r(dirs.len() as u64) as usize];
+            out.push(format!("fsync {}", if d == "/" { "/" } else { d.trim_end_matches('/') }));
+        } else if files.is_empty() {
+            let f = fresh(&dirs, &mut r, "f");
+            out.push(format!("create {f}"));
+            files.push(f);
+        } else {
+            let f = files[r(files.len() as u64) as usize].clone();
+            let op = r(100);
+            if op < 22 {
+                out.push(format!("write {f} {} {} {}", [0, 4096, 10000, 65536][r(4) as usize], [10, 4096, 20000][r(3) as usize], 1 + r(249)));
+            } else if op < 30 {
+                out.push(format!("truncate {f} {}", [0, 1000, 4096, 100000][r(4) as usize]));
+            } else if op < 38 {
+                let g = fresh(&dirs, &mut r, "f");
+                out.push(format!("link {f} {g}"));
+                files.push(g);
+            } else if op < 48 {
+                let g = fresh(&dirs, &mut r, "f");
+                out.push(format!("rename {f} {g}"));
+                files.retain(|x| *x != f);
+                files.push(g);
+            } else if op < 56 {
+                out.push(format!("unlink {f}"));
+                files.retain(|x| *x != f);
+            } else if op < 62 {
+                out.push(format!("setxattr {f} user.k{} v{}", r(3), r(100)));
+            } else if op < 66 {
+                out.push(format!("chmod {f} {}", ["600", "644", "755"][r(3) as usize]));
+            } else if op < 71 {
+                out.push(format!("zero-range {f} {} {}{}", [0, 4096][r(2) as usize], [4096, 8192][r(2) as usize], if r(2) == 0 { " keep" } else { "" }));
+            } else if op < 76 {
+                out.push(format!("punch {f} {} {}", [0, 4096][r(2) as usize], [4096, 8192][r(2) as usize]));
+            } else if op < 81 {
+                let keep = if r(2) == 0 { " keep" } else { "" };
+                out.push(format!("fallocate {f} {} {}{keep}", [0, 8192, 100000][r(3) as usize], [4096, 65536][r(2) as usize]));
+            } else if op < 94 {
+                out.push(format!("fsync {f}"));
+            } else {
+                out.push(format!("fdatasync {f}"));
+            }
+        }
+    }
+    let n = files.len();
+    for f in &files[n.saturating_sub(2)..] {
+        out.push(format!("fsync {f}"));
+    }
+    out.push("crash".into());
+    out.join("\n") + "\n"
+}
+
 /// Seeds beyond the default 16 that once found a bug, kept in the corpus.
 /// 72: the kernel logs a deleted entry as a one-index dir log range inside
 /// a range it logged before; btrkit-fsck took the overlap for damage.
@@ -135,10 +268,23 @@ fn random_scenarios() -> Vec<Scenario> {
         .collect()
 }
 
+/// The namespace family (`BTRKIT_RANDOM_NS_SCENARIOS` sets how many; 16 by
+/// default).
+fn random_ns_scenarios() -> Vec<Scenario> {
+    let n: u64 = std::env::var("BTRKIT_RANDOM_NS_SCENARIOS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+    (1..=n)
+        .map(|seed| {
+            let name = format!("random-ns-{seed:03}");
+            Scenario::parse(&name, &random_ns_scenario(seed)).unwrap_or_else(|e| panic!("{name}: {e}"))
+        })
+        .collect()
+}
+
 fn scenarios() -> Vec<Scenario> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut all = kcrash::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
     all.extend(random_scenarios());
+    all.extend(random_ns_scenarios());
     if let Ok(only) = std::env::var("BTRKIT_SCENARIOS") {
         let names: Vec<&str> = only.split(',').map(str::trim).collect();
         all.retain(|s| names.contains(&s.name.as_str()));
