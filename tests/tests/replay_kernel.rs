@@ -339,11 +339,15 @@ fn last_line(s: &str) -> &str {
 /// The kernel's result for a crash image: replayed by mounting a copy
 /// read-write, then the replayed copy mounted again read-only must show the
 /// same (the manifest is stable and the replay was committed).
+/// The kernel's replayed manifest, notes, and the damage btrfs check finds
+/// in the kernel's result (its damage lines), if any.
+type KernelSide = (Manifest, Vec<String>, Option<Vec<String>>);
+
 fn kernel_side(
     scn: &Scenario,
     crash: &Path,
     work: &Path,
-) -> Result<(Manifest, Vec<String>, Option<Vec<String>>), String> {
+) -> Result<KernelSide, String> {
     let mut notes = Vec::new();
     let kcopy = work.join("kernel.img");
     let kernel =
