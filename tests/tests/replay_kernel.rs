@@ -336,13 +336,13 @@ fn last_line(s: &str) -> &str {
     s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
 }
 
-/// The kernel's result for a crash image: replayed by mounting a copy
-/// read-write, then the replayed copy mounted again read-only must show the
-/// same (the manifest is stable and the replay was committed).
 /// The kernel's replayed manifest, notes, and the damage btrfs check finds
 /// in the kernel's result (its damage lines), if any.
 type KernelSide = (Manifest, Vec<String>, Option<Vec<String>>);
 
+/// The kernel's result for a crash image: replayed by mounting a copy
+/// read-write, then the replayed copy mounted again read-only must show the
+/// same (the manifest is stable and the replay was committed).
 fn kernel_side(
     scn: &Scenario,
     crash: &Path,
