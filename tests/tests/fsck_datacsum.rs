@@ -11,6 +11,7 @@ use btrkit_core::tree::TreeIter;
 use btrkit_tests::bins::bin_path;
 use btrkit_tests::env::{require_btrfs_progs, skip};
 use btrkit_tests::fsck_support::*;
+use btrkit_tests::rich::random_bytes;
 use btrkit_tests::skip_unless;
 use std::collections::BTreeSet;
 use std::os::unix::fs::FileExt;
@@ -62,22 +63,11 @@ fn data_findings(r: &FsckRun) -> Vec<(u64, String)> {
 
 fn source_tree(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut bytes = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed as u8
-            })
-            .collect()
-    };
     // 40 MB in one file spans more than one read window; many small files
     // make many short csum runs with gaps between them.
-    std::fs::write(dir.join("big"), bytes(40_000_000)).unwrap();
+    std::fs::write(dir.join("big"), random_bytes(1, 40_000_000)).unwrap();
     for i in 1..=60 {
-        std::fs::write(dir.join(format!("f{i}")), bytes(4096 * (i % 7 + 1) + 123 * i)).unwrap();
+        std::fs::write(dir.join(format!("f{i}")), random_bytes(100 + i as u64, 4096 * (i % 7 + 1) + 123 * i)).unwrap();
     }
 }
 

@@ -19,18 +19,23 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// `r(n)`: a reproducible number below `n` (xorshift64 seeded from `seed`).
+fn xorshift(seed: u64, mul: u64) -> impl FnMut(u64) -> u64 {
+    let mut x = seed.wrapping_mul(mul) | 1;
+    move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n.max(1)
+    }
+}
+
 /// A random but reproducible workload: files in a few directories, then
 /// writes, truncates, links, renames, unlinks, xattrs, punches, fallocates
 /// and fsyncs in random order, a few files fsynced at the end. The kernel may
 /// log or commit; whichever it does, replay must agree with it.
 fn random_scenario(seed: u64) -> String {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut r = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n.max(1)
-    };
+    let mut r = xorshift(seed, 0x9e37_79b9_7f4a_7c15);
     let mut out = vec!["expect-log any".to_string()];
     if r(10) < 3 {
         out.push("mkfs -n 4096".into());
@@ -112,20 +117,12 @@ fn random_scenario(seed: u64) -> String {
     out.join("\n") + "\n"
 }
 
-/// Seeded random scenarios, added to the corpus (`BTRKIT_RANDOM_SCENARIOS`
-/// sets how many; 16 by default), and the regression seeds.
 /// A second random family with the namespace in play as well: new and
 /// removed directories, directory renames, symlinks, fifos, mode changes,
 /// zero-range, evicted caches and fsyncs of directories, on top of the file
 /// operations of [`random_scenario`].
 fn random_ns_scenario(seed: u64) -> String {
-    let mut x = seed.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1;
-    let mut r = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n.max(1)
-    };
+    let mut r = xorshift(seed, 0xd1b5_4a32_d192_ed03);
     let mut out = vec!["expect-log any".to_string()];
     if r(10) < 3 {
         out.push("mkfs -n 4096".into());
@@ -258,27 +255,18 @@ fn random_ns_scenario(seed: u64) -> String {
 /// discount"); ours must leave the same, and btrkit-fsck must see it.
 const REGRESSION_SEEDS: &[u64] = &[72, 467, 1900];
 
-fn random_scenarios() -> Vec<Scenario> {
-    let n: u64 = std::env::var("BTRKIT_RANDOM_SCENARIOS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+/// Seeded scenarios named `{prefix}{seed:03}`: seeds 1 to N (the number in
+/// the environment variable `env`, 16 by default), then the `extra` seeds
+/// beyond N.
+fn seeded(prefix: &str, env: &str, extra: &[u64], make: fn(u64) -> String) -> Vec<Scenario> {
+    let n: u64 = std::env::var(env).ok().and_then(|v| v.parse().ok()).unwrap_or(16);
     let mut seeds: Vec<u64> = (1..=n).collect();
-    seeds.extend(REGRESSION_SEEDS.iter().filter(|&&s| s > n));
+    seeds.extend(extra.iter().filter(|&&s| s > n));
     seeds
         .into_iter()
         .map(|seed| {
-            let name = format!("random-{seed:03}");
-            Scenario::parse(&name, &random_scenario(seed)).unwrap_or_else(|e| panic!("{name}: {e}"))
-        })
-        .collect()
-}
-
-/// The namespace family (`BTRKIT_RANDOM_NS_SCENARIOS` sets how many; 16 by
-/// default).
-fn random_ns_scenarios() -> Vec<Scenario> {
-    let n: u64 = std::env::var("BTRKIT_RANDOM_NS_SCENARIOS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
-    (1..=n)
-        .map(|seed| {
-            let name = format!("random-ns-{seed:03}");
-            Scenario::parse(&name, &random_ns_scenario(seed)).unwrap_or_else(|e| panic!("{name}: {e}"))
+            let name = format!("{prefix}{seed:03}");
+            Scenario::parse(&name, &make(seed)).unwrap_or_else(|e| panic!("{name}: {e}"))
         })
         .collect()
 }
@@ -286,8 +274,10 @@ fn random_ns_scenarios() -> Vec<Scenario> {
 fn scenarios() -> Vec<Scenario> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut all = kcrash::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
-    all.extend(random_scenarios());
-    all.extend(random_ns_scenarios());
+    // Seeded random scenarios (`BTRKIT_RANDOM_SCENARIOS` and
+    // `BTRKIT_RANDOM_NS_SCENARIOS` set how many of each family).
+    all.extend(seeded("random-", "BTRKIT_RANDOM_SCENARIOS", REGRESSION_SEEDS, random_scenario));
+    all.extend(seeded("random-ns-", "BTRKIT_RANDOM_NS_SCENARIOS", &[], random_ns_scenario));
     if let Ok(only) = std::env::var("BTRKIT_SCENARIOS") {
         let names: Vec<&str> = only.split(',').map(str::trim).collect();
         all.retain(|s| names.contains(&s.name.as_str()));
