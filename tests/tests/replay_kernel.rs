@@ -373,7 +373,15 @@ fn kernel_side(
         Err(e) => notes.push(format!("the kernel's own result: {e}")),
         Ok(()) => {}
     }
-    let fails = kcrash::check_expectations(scn, &kernel);
+    let consistent = Some(match &kernel_damage {
+        None => Ok(()),
+        Some(d) => Err(d.join(" | ")),
+    });
+    let posts_img = work.join("kernel-posts.img");
+    kcrash::copy_sparse(&kcopy, &posts_img)?;
+    let posts = kcrash::run_posts(&posts_img, scn)?;
+    let _ = std::fs::remove_file(&posts_img);
+    let fails = kcrash::check_expectations(scn, &kernel, &kcrash::Outcome { consistent, posts });
     if !fails.is_empty() {
         return Err(format!(
             "kernel result breaks the scenario's expectations: {}",
@@ -725,12 +733,12 @@ fn kcrash_py_agrees_on_the_examples() {
         return;
     }
     for name in ["rename-then-new-name", "double-fsync"] {
-        let mut ours_scn = Scenario::load(
+        let mut ours_scn = kcrash::load_scenario(
             &Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("scenarios/{name}.scn")),
         )
         .unwrap();
         // kcrash.py has no warm-up files.
-        ours_scn.warmup = false;
+        ours_scn.warmup = Some(false);
         let example: PathBuf = shared.join(format!("examples/{name}.scn"));
         let _slot = kcrash::slot();
         let work = tempfile::tempdir().unwrap();
