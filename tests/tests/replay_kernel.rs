@@ -11,7 +11,8 @@
 //!
 //! Crash images are cached under `target/<profile>/kcrash-cache`, keyed by the
 //! scenario text and the kernel release; `BTRKIT_KCRASH_FRESH=1` regenerates.
-//! `BTRKIT_SCENARIOS=a,b` runs only the named scenarios; `BTRKIT_REPLAY_BIN`
+//! `BTRKIT_SCENARIOS=a,b,c*` runs only the named scenarios (`c*`: names
+//! starting with `c`); `BTRKIT_REPLAY_BIN`
 //! replaces the binary under test (relative to the repository root).
 
 use btrkit_tests::kcrash::{self, Manifest, Scenario};
@@ -244,6 +245,100 @@ fn random_ns_scenario(seed: u64) -> String {
     out.join("\n") + "\n"
 }
 
+/// A third random family around reflinks: clones of block-aligned ranges
+/// within one file (never overlapping) and across files, over extents
+/// written, overwritten, punched and truncated in the same transaction, so
+/// that logged file extent items drop and take back references to extents
+/// that other items of the same file still use. Sizes are tracked so every
+/// clone is one the kernel accepts.
+fn random_clone_scenario(seed: u64) -> String {
+    const B: u64 = 4096;
+    let mut r = xorshift(seed, 0xa076_1d64_78bd_642f);
+    let mut out = vec!["expect-log any".to_string()];
+    if r(10) < 3 {
+        out.push("mkfs -n 4096".into());
+    }
+    if r(10) < 2 {
+        out.push("mkfs -O ^no-holes".into());
+    }
+    if r(10) < 2 {
+        out.push("mount compress=zstd".into());
+    }
+    out.push("mkdir /d".into());
+    let names: Vec<String> = (0..4).map(|i| format!("/d/f{i}")).collect();
+    let mut size = vec![0u64; names.len()];
+    for (i, f) in names.iter().enumerate() {
+        let n = [16, 32, 64, 256][r(4) as usize] * B;
+        out.push(format!("write {f} 0 {n} {}", 1 + r(249)));
+        size[i] = n;
+    }
+    if r(2) == 0 {
+        out.push("sync".into());
+    }
+    for _ in 0..8 + r(24) {
+        let i = r(names.len() as u64) as usize;
+        let f = &names[i];
+        let op = r(100);
+        if op < 40 {
+            // A clone: within the file (disjoint ranges) or from another.
+            let j = if r(2) == 0 { i } else { r(names.len() as u64) as usize };
+            let blocks = size[j] / B;
+            if blocks == 0 {
+                continue;
+            }
+            let so = r(blocks) * B;
+            let mut len = (1 + r((blocks - so / B).min(16))) * B;
+            if r(6) == 0 {
+                len = 0; // to the end of the source
+            }
+            let span = if len == 0 { size[j] - so } else { len };
+            let dst_blocks = (size[i] / B + 4).max(1);
+            let mut doff = r(dst_blocks) * B;
+            if j == i && doff < so + span && so < doff + span {
+                // Overlap within one file is refused: move past the source.
+                doff = (so + span).div_ceil(B) * B;
+            }
+            if len == 0 && span % B != 0 && doff + span < size[i] {
+                // An unaligned tail may only land at or past the
+                // destination's end; clone whole blocks instead.
+                len = span / B * B;
+                if len == 0 {
+                    continue;
+                }
+            }
+            let span = if len == 0 { span } else { len };
+            out.push(format!("clone {} {so} {f} {doff} {len}", names[j]));
+            size[i] = size[i].max(doff + span);
+        } else if op < 60 {
+            let off = r(size[i] / B + 2) * B + [0, 100][r(2) as usize];
+            let len = [100, B, 3 * B, 16 * B][r(4) as usize];
+            out.push(format!("write {f} {off} {len} {}", 1 + r(249)));
+            size[i] = size[i].max(off + len);
+        } else if op < 68 {
+            let off = r(size[i] / B + 1) * B;
+            out.push(format!("punch {f} {off} {}", [B, 4 * B][r(2) as usize]));
+        } else if op < 74 {
+            let n = r(size[i] / B + 2) * B + [0, 1000][r(2) as usize];
+            out.push(format!("truncate {f} {n}"));
+            size[i] = n;
+        } else if op < 77 {
+            out.push("sync".into());
+        } else if op < 92 {
+            out.push(format!("fsync {f}"));
+        } else {
+            out.push(format!("fdatasync {f}"));
+        }
+    }
+    for f in &names {
+        if r(2) == 0 {
+            out.push(format!("fsync {f}"));
+        }
+    }
+    out.push(format!("fsync {}", names[r(names.len() as u64) as usize]));
+    out.push("crash".into());
+    out.join("\n") + "\n"
+}
+
 /// Seeds beyond the default 16 that once found a bug, kept in the corpus.
 /// 72: the kernel logs a deleted entry as a one-index dir log range inside
 /// a range it logged before; btrkit-fsck took the overlap for damage.
@@ -278,9 +373,14 @@ fn scenarios() -> Vec<Scenario> {
     // `BTRKIT_RANDOM_NS_SCENARIOS` set how many of each family).
     all.extend(seeded("random-", "BTRKIT_RANDOM_SCENARIOS", REGRESSION_SEEDS, random_scenario));
     all.extend(seeded("random-ns-", "BTRKIT_RANDOM_NS_SCENARIOS", &[], random_ns_scenario));
+    all.extend(seeded("random-clone-", "BTRKIT_RANDOM_CLONE_SCENARIOS", &[], random_clone_scenario));
     if let Ok(only) = std::env::var("BTRKIT_SCENARIOS") {
         let names: Vec<&str> = only.split(',').map(str::trim).collect();
-        all.retain(|s| names.contains(&s.name.as_str()));
+        // `name*` keeps every scenario whose name starts with `name`.
+        all.retain(|s| names.iter().any(|n| match n.strip_suffix('*') {
+            Some(pre) => s.name.starts_with(pre),
+            None => *n == s.name,
+        }));
     }
     all
 }
@@ -860,4 +960,15 @@ fn loop_mount_guard_cleans_up_after_a_panic() {
         "loop device left attached: {}",
         String::from_utf8_lossy(&o.stdout)
     );
+}
+
+/// Print the text of the scenarios `BTRKIT_SCENARIOS` selects (random ones
+/// included), to rerun or study one by hand:
+/// `BTRKIT_SCENARIOS=random-clone-028 cargo test -p btrkit-tests --test replay_kernel show_scenarios -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn show_scenarios() {
+    for s in scenarios() {
+        println!("### {}\n{}", s.name, s.text);
+    }
 }

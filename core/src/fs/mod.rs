@@ -6,7 +6,7 @@ pub mod csum_tree;
 
 use crate::format::consts::*;
 use crate::format::dir::{name_hash, DirItem};
-use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef};
+use crate::trans::delayed::BackRef;
 use crate::format::file_extent::FileExtentItem;
 use crate::format::inode::{InodeItem, InodeRef};
 use crate::format::key::Key;
@@ -134,10 +134,8 @@ impl Fs {
             }
             self.csum_insert(bytenr, &sums)?;
         }
-        let head = ExtentItem { refs: 1.into(), generation: self.transid.into(), flags: BTRFS_EXTENT_FLAG_DATA.into() };
-        let mut ei = head.as_bytes().to_vec();
-        write_inline_refs(&mut ei, &[InlineRef::ExtentData { root: tree, objectid: ino, offset: file_off, count: 1 }]);
-        self.insert_item(BTRFS_EXTENT_TREE_OBJECTID, &Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, len), &ei)?;
+        let transid = self.transid;
+        self.queue_new_data_extent(bytenr, len, transid, BackRef::Data { root: tree, objectid: ino, offset: file_off });
         let fe = FileExtentItem {
             generation: self.transid.into(),
             ram_bytes: len.into(),
@@ -217,8 +215,8 @@ impl Fs {
     /// Drop one reference to a data extent; the extent, its checksums and
     /// its space go with the last one.
     pub fn drop_data_ref(&mut self, tree: u64, ino: u64, file_off_minus_offset: u64, bytenr: u64, len: u64) -> Result<()> {
-        let _ = len;
-        self.modify_ref(bytenr, None, InlineRef::ExtentData { root: tree, objectid: ino, offset: file_off_minus_offset, count: 1 }, -1).map(|_| ())
+        self.queue_data_ref(bytenr, len, BackRef::Data { root: tree, objectid: ino, offset: file_off_minus_offset }, -1);
+        Ok(())
     }
 
     /// Remove every item of inode `ino`, releasing its data extents.

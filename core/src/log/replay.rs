@@ -20,7 +20,7 @@
 
 use crate::format::consts::*;
 use crate::format::dir::{name_hash, parse_dir_items, DirItem};
-use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef};
+use crate::trans::delayed::BackRef;
 use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
 use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem, InodeRef, Timespec};
 use crate::format::key::Key;
@@ -669,22 +669,15 @@ impl Replayer<'_> {
     /// creating its extent item when the extent tree does not know it (an
     /// extent written in the crashed transaction).
     fn add_data_ref(&mut self, ino: u64, ref_off: u64, bytenr: u64, len: u64, generation: Option<u64>) -> Result<()> {
-        let key = Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, len);
-        let sv = self.subvol;
-        match self.fs.lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)? {
-            Some(_) => self.fs.modify_ref(bytenr, None, InlineRef::ExtentData { root: sv, objectid: ino, offset: ref_off, count: 1 }, 1).map(|_| ()),
-            None => {
-                let head = ExtentItem {
-                    refs: 1.into(),
-                    generation: generation.unwrap_or(self.fs.transid).into(),
-                    flags: BTRFS_EXTENT_FLAG_DATA.into(),
-                };
-                let mut nd = head.as_bytes().to_vec();
-                write_inline_refs(&mut nd, &[InlineRef::ExtentData { root: sv, objectid: ino, offset: ref_off, count: 1 }]);
-                self.fs.account_data_extent(bytenr, len)?;
-                self.fs.insert_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &nd)
-            }
+        let r = BackRef::Data { root: self.subvol, objectid: ino, offset: ref_off };
+        if self.fs.data_extent_exists(bytenr, len)? {
+            self.fs.queue_data_ref(bytenr, len, r, 1);
+        } else {
+            self.fs.account_data_extent(bytenr, len)?;
+            let gen = generation.unwrap_or(self.fs.transid);
+            self.fs.queue_new_data_extent(bytenr, len, gen, r);
         }
+        Ok(())
     }
 
     /// Stage "all": one logged file extent item.

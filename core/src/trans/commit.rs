@@ -1,9 +1,8 @@
 //! The commit protocol.
 
-use super::{Fs, MetaRef};
+use super::Fs;
 use crate::format::block_group::BlockGroupItem;
 use crate::format::consts::*;
-use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef, TreeBlockInfo};
 use crate::format::key::Key;
 use crate::format::superblock::RootBackup;
 use crate::tree::edit;
@@ -15,50 +14,16 @@ use zerocopy::IntoBytes;
 const MAX_COMMIT_PASSES: usize = 64;
 
 impl Fs {
-    /// Apply queued tree block ref changes to the extent tree.
+    /// Apply every queued back reference change to the extent tree.
+    /// Returns whether there was anything to run.
     fn run_delayed_refs(&mut self) -> Result<bool> {
-        let mut any = false;
-        while let Some((&bytenr, _)) = self.refs.iter().next() {
-            let r: MetaRef = match self.refs.remove(&bytenr) {
-                Some(r) => r,
-                None => break,
-            };
-            if r.delta == 0 || r.owner == BTRFS_TREE_LOG_OBJECTID {
-                // Log tree blocks have no extent items; they are pinned by replay.
-                continue;
-            }
-            any = true;
-            let ns = self.nodesize() as u64;
-            if r.delta > 0 {
-                let head = ExtentItem {
-                    refs: 1.into(),
-                    generation: self.transid.into(),
-                    flags: BTRFS_EXTENT_FLAG_TREE_BLOCK.into(),
-                };
-                let mut data = head.as_bytes().to_vec();
-                let key = if self.skinny() {
-                    Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, r.level as u64)
-                } else {
-                    data.extend_from_slice(TreeBlockInfo { key: r.first_key.to_disk(), level: r.level }.as_bytes());
-                    Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, ns)
-                };
-                write_inline_refs(&mut data, &[InlineRef::TreeBlock { root: r.owner }]);
-                self.insert_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &data)?;
-            } else {
-                let skinny = Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, r.level as u64);
-                let fat = Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, ns);
-                let key = if self.lookup(BTRFS_EXTENT_TREE_OBJECTID, &skinny)?.is_some() { skinny } else { fat };
-                let data = self
-                    .lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)?
-                    .ok_or_else(|| Error::corrupt_key("freed tree block has no extent item", bytenr, key))?;
-                let refs = u64::from_le_bytes(data.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
-                if refs != 1 {
-                    return Err(Error::Unsupported(format!("freeing tree block {bytenr} with {refs} references")));
-                }
-                self.delete_item(BTRFS_EXTENT_TREE_OBJECTID, &key)?;
-            }
+        if self.delayed.is_empty() {
+            return Ok(false);
         }
-        Ok(any)
+        for (bytenr, head) in self.delayed.take_all() {
+            self.run_ref_head(bytenr, head)?;
+        }
+        Ok(true)
     }
 
     fn update_block_group_items(&mut self) -> Result<bool> {
@@ -111,7 +76,7 @@ impl Fs {
             let a = self.run_delayed_refs()?;
             let b = self.update_block_group_items()?;
             let c = self.update_root_items()?;
-            if !a && !b && !c && self.refs.is_empty() {
+            if !a && !b && !c && self.delayed.is_empty() {
                 settled = true;
                 break;
             }

@@ -17,9 +17,10 @@
 
 mod btree;
 mod chunk_alloc;
-mod refs;
 mod commit;
+pub mod delayed;
 mod fst;
+mod refs;
 
 use crate::alloc::{super_stripes, Allocator, BlockGroup, RangeSet};
 use crate::format::consts::*;
@@ -45,15 +46,6 @@ pub struct RootState {
     pub dirty: bool,
 }
 
-/// A queued change to the refs of one tree block.
-#[derive(Clone, Copy, Debug)]
-struct MetaRef {
-    delta: i64,
-    owner: u64,
-    level: u8,
-    first_key: Key,
-}
-
 pub struct Fs {
     img: Image,
     /// The superblock being built for the next commit.
@@ -63,7 +55,8 @@ pub struct Fs {
     dirty: HashSet<u64>,
     roots: BTreeMap<u64, RootState>,
     pub alloc: Allocator,
-    refs: BTreeMap<u64, MetaRef>,
+    /// Back reference changes not yet applied to the extent tree.
+    delayed: delayed::DelayedRefs,
     chunk_tree_uuid: [u8; 16],
     /// Tree holding block group items (extent tree, or block group tree).
     bg_tree: u64,
@@ -152,7 +145,7 @@ impl Fs {
             dirty: HashSet::new(),
             roots: BTreeMap::new(),
             alloc: Allocator::default(),
-            refs: BTreeMap::new(),
+            delayed: delayed::DelayedRefs::default(),
             chunk_tree_uuid,
             bg_tree,
             data_wbuf: None,
@@ -315,15 +308,15 @@ impl Fs {
     }
 
     /// Allocate a new tree block for `tree` at `level` and queue its ref.
+    /// Log tree blocks get no extent item (replay pins them instead).
     fn alloc_tree_block(&mut self, tree: u64, level: u8, first_key: Key) -> Result<u64> {
         let ns = self.nodesize() as u64;
         let ty = if tree == BTRFS_CHUNK_TREE_OBJECTID { BTRFS_BLOCK_GROUP_SYSTEM } else { BTRFS_BLOCK_GROUP_METADATA };
         let bytenr = self.alloc_space(ty, ns, ns)?;
-        let e = self.refs.entry(bytenr).or_insert(MetaRef { delta: 0, owner: tree, level, first_key });
-        e.delta += 1;
-        e.owner = tree;
-        e.level = level;
-        e.first_key = first_key;
+        if tree != BTRFS_TREE_LOG_OBJECTID {
+            let new = delayed::NewExtent { generation: self.transid, flags: BTRFS_EXTENT_FLAG_TREE_BLOCK, first_key };
+            self.delayed.add_new(bytenr, ns, Some(level), new, delayed::BackRef::Tree { root: tree });
+        }
         if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tree) {
             ri.bytes_used.set(ri.bytes_used.get() + ns);
         }
@@ -331,17 +324,18 @@ impl Fs {
     }
 
     /// Drop the tree's reference to a block. A block allocated in this
-    /// transaction is free again at once; a committed one is pinned.
+    /// transaction (never written) is free again at once; a committed one
+    /// loses its reference when the delayed refs run, and its space stays
+    /// pinned until the commit is durable.
     fn free_tree_block(&mut self, tree: u64, bytenr: u64, level: u8) -> Result<()> {
         let ns = self.nodesize() as u64;
-        let fresh = self.refs.get(&bytenr).is_some_and(|r| r.delta > 0);
+        let fresh = self.delayed.get(bytenr).is_some_and(|h| h.new.is_some());
         if fresh {
-            self.refs.remove(&bytenr);
+            self.delayed.remove(bytenr);
+            self.alloc.release(bytenr, ns, false)?;
         } else {
-            let e = self.refs.entry(bytenr).or_insert(MetaRef { delta: 0, owner: tree, level, first_key: Key::MIN });
-            e.delta -= 1;
+            self.delayed.add(bytenr, ns, Some(level), delayed::BackRef::Tree { root: tree }, -1);
         }
-        self.alloc.release(bytenr, ns, !fresh)?;
         self.blocks.remove(&bytenr);
         self.dirty.remove(&bytenr);
         if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tree) {
@@ -384,16 +378,10 @@ impl Fs {
     }
 
     /// Whether a committed tree block has more than one reference or full
-    /// back references (so other trees use it too).
+    /// back references (so other trees use it too), queued changes counted.
     fn tree_block_shared(&mut self, bytenr: u64, level: u8) -> Result<bool> {
-        let ns = self.nodesize() as u64;
-        for key in [Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, level as u64), Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, ns)] {
-            if let Some(d) = self.lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)? {
-                let v = crate::format::extent::parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
-                return Ok(v.item.refs.get() != 1 || v.item.flags.get() & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0);
-            }
-        }
-        Err(Error::corrupt("tree block without extent item", bytenr))
+        let (refs, flags) = self.extent_refs_now(bytenr, Some(level))?;
+        Ok(refs != 1 || flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0)
     }
 
     /// A new empty block for `tree`.
