@@ -641,7 +641,12 @@ impl Runner {
             }
             Step::SubvolDelete(p) => self.btrfs(&["subvolume", "delete"], Some(&self.p(p))),
             Step::SubvolSetDefault(p) => self.btrfs(&["subvolume", "set-default"], Some(&self.p(p))),
-            Step::QuotaEnable => self.btrfs(&["quota", "enable"], Some(&self.root.clone())),
+            Step::QuotaEnable => {
+                // Enabling starts a rescan; wait for it, so the counters are
+                // complete before the next steps.
+                self.btrfs(&["quota", "enable"], Some(&self.root.clone()))?;
+                self.btrfs(&["quota", "rescan", "-W"], Some(&self.root.clone()))
+            }
             Step::BalanceMetadata => self.btrfs(&["balance", "start", "-m"], Some(&self.root.clone())),
             Step::WriteFiles { dir, count, min, max, sync } => {
                 let d = self.p(dir);

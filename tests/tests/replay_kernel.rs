@@ -339,6 +339,89 @@ fn random_clone_scenario(seed: u64) -> String {
     out.join("\n") + "\n"
 }
 
+/// A fourth random family on filesystems with quotas: subvolumes,
+/// snapshots (sharing every block with their source), a deleted subvolume,
+/// then writes, overwrites, clones, truncates and unlinks in all of them
+/// after the last commit, fsynced. Replay must leave the qgroup counters
+/// exactly as the kernel's replay does (btrfs check verifies them).
+fn random_quota_scenario(seed: u64) -> String {
+    const B: u64 = 4096;
+    let mut r = xorshift(seed, 0xe703_7ed1_a0b4_28db);
+    let mut out = vec!["expect-log any".to_string()];
+    if r(10) < 3 {
+        out.push("mkfs -n 4096".into());
+    }
+    if r(10) < 2 {
+        out.push("mount compress=zstd".into());
+    }
+    out.push("quota-enable".into());
+    out.extend(["subvol-create /sv", "mkdir /d", "mkdir /sv/e"].map(String::from));
+    let mut files: Vec<(String, u64)> = Vec::new();
+    for (i, dir) in ["/d", "/sv/e", "/sv", "/"].iter().enumerate() {
+        for j in 0..2 {
+            let f = format!("{}/f{i}{j}", dir.trim_end_matches('/'));
+            let n = [3000, 16 * B, 64 * B, 300 * B][r(4) as usize];
+            out.push(format!("write {f} 0 {n} {}", 1 + r(249)));
+            files.push((f, n));
+        }
+    }
+    if r(3) != 0 {
+        // A deleted subvolume: its tree stays until the cleaner drops it.
+        out.extend(["subvol-create /gone", "write /gone/x 0 200K 7", "sync", "subvol-delete /gone"].map(String::from));
+    }
+    out.push("snapshot /sv /snap".into());
+    let snap: Vec<(String, u64)> = files.iter().filter(|(f, _)| f.starts_with("/sv/")).map(|(f, n)| (f.replacen("/sv/", "/snap/", 1), *n)).collect();
+    files.extend(snap);
+    if r(2) == 0 {
+        out.push("snapshot / /rootsnap".into());
+    }
+    out.push("sync".into());
+    for _ in 0..6 + r(20) {
+        let i = r(files.len() as u64) as usize;
+        let (f, size) = files[i].clone();
+        let op = r(100);
+        if op < 35 {
+            let off = r(size / B + 2) * B;
+            let len = [100, B, 8 * B, 40 * B][r(4) as usize];
+            out.push(format!("write {f} {off} {len} {}", 1 + r(249)));
+            files[i].1 = size.max(off + len);
+        } else if op < 45 {
+            let n = r(size / B + 1) * B;
+            out.push(format!("truncate {f} {n}"));
+            files[i].1 = n;
+        } else if op < 52 {
+            out.push(format!("punch {f} {} {}", r(size / B + 1) * B, 4 * B));
+        } else if op < 62 {
+            // Clone within one subvolume (clones across subvolumes are
+            // allowed too, on one filesystem).
+            let (g, gsize) = files[r(files.len() as u64) as usize].clone();
+            if gsize >= B && g != f {
+                let so = r(gsize / B) * B;
+                let len = (1 + r((gsize - so) / B).min(8)) * B;
+                let len = len.min(gsize / B * B - so);
+                if len > 0 {
+                    let doff = r(size / B + 1) * B;
+                    out.push(format!("clone {g} {so} {f} {doff} {len}"));
+                    files[i].1 = size.max(doff + len);
+                }
+            }
+        } else if op < 68 {
+            out.push(format!("unlink {f}"));
+            files.remove(i);
+            if files.is_empty() {
+                break;
+            }
+        } else {
+            out.push(format!("fsync {f}"));
+        }
+    }
+    for (f, _) in files.iter().rev().take(3) {
+        out.push(format!("fsync {f}"));
+    }
+    out.push("crash".into());
+    out.join("\n") + "\n"
+}
+
 /// Seeds beyond the default 16 that once found a bug, kept in the corpus.
 /// 72: the kernel logs a deleted entry as a one-index dir log range inside
 /// a range it logged before; btrkit-fsck took the overlap for damage.
@@ -374,6 +457,7 @@ fn scenarios() -> Vec<Scenario> {
     all.extend(seeded("random-", "BTRKIT_RANDOM_SCENARIOS", REGRESSION_SEEDS, random_scenario));
     all.extend(seeded("random-ns-", "BTRKIT_RANDOM_NS_SCENARIOS", &[], random_ns_scenario));
     all.extend(seeded("random-clone-", "BTRKIT_RANDOM_CLONE_SCENARIOS", &[], random_clone_scenario));
+    all.extend(seeded("random-quota-", "BTRKIT_RANDOM_QUOTA_SCENARIOS", &[], random_quota_scenario));
     if let Ok(only) = std::env::var("BTRKIT_SCENARIOS") {
         let names: Vec<&str> = only.split(',').map(str::trim).collect();
         // `name*` keeps every scenario whose name starts with `name`.

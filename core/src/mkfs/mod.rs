@@ -13,12 +13,12 @@ use crate::format::chunk::{ChunkItem, Stripe};
 use crate::format::consts::*;
 use crate::format::dev::{DevExtent, DevItem};
 use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef, TreeBlockInfo};
-use crate::format::inode::{InodeItem, InodeRef, Timespec};
+use crate::format::inode::{InodeItem, Timespec};
 use crate::format::key::Key;
 use crate::format::root::RootItem;
 use crate::format::superblock::Superblock;
 use crate::io::{BlockDevice, StagedSuper};
-use crate::trans::Fs;
+use crate::trans::Store;
 use crate::tree::edit;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -269,7 +269,7 @@ pub fn new_root_item(now: u64, generation: u64, root_dirid: u64, uuid: Option<[u
 /// Make a filesystem on `dev`. Returns the summary and the open engine
 /// (superblock still held) so `--rootdir` can populate it before
 /// [`finish`] publishes the superblock.
-pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Fs, Arc<StagedSuper>, MkfsSummary)> {
+pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<StagedSuper>, MkfsSummary)> {
     let dev_size = dev.size();
     let size = validate(o, dev_size)?;
     // Any old superblock goes first, so a failure below cannot leave the
@@ -490,7 +490,7 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Fs, Arc<Stage
     }
 
     // Generation 2: the rest, through the engine.
-    let mut fs = Fs::open(staged.clone())?;
+    let mut fs = Store::open(staged.clone())?;
     for g in fs.alloc.groups.values_mut() {
         g.dirty = true;
     }
@@ -512,7 +512,7 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Fs, Arc<Stage
 
 /// Create the fs tree, csum tree, data relocation tree, uuid tree, and the
 /// root tree's directory with its `default` entry, as mkfs.btrfs does.
-fn populate(fs: &mut Fs, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
+fn populate(fs: &mut Store, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
     let t = fs.transid;
     let ns = o.nodesize as u64;
     let fs_uuid = random_uuid();
@@ -523,8 +523,8 @@ fn populate(fs: &mut Fs, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
     for tree in [BTRFS_FS_TREE_OBJECTID, BTRFS_DATA_RELOC_TREE_OBJECTID] {
         let ino = dir_inode(o.now, t, ns);
         fs.insert_item(tree, &Key::new(BTRFS_FIRST_FREE_OBJECTID, BTRFS_INODE_ITEM_KEY, 0), ino.as_bytes())?;
-        let mut r = InodeRef { index: 0.into(), name_len: 2.into() }.as_bytes().to_vec();
-        r.extend_from_slice(b"..");
+        let mut r = Vec::new();
+        crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
         fs.insert_item(tree, &Key::new(BTRFS_FIRST_FREE_OBJECTID, BTRFS_INODE_REF_KEY, BTRFS_FIRST_FREE_OBJECTID), &r)?;
     }
     // The uuid tree maps the fs tree's uuid to its id.
@@ -534,19 +534,12 @@ fn populate(fs: &mut Fs, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
     // Root tree directory: inode 6 with a `default` entry naming the fs tree.
     let ino = dir_inode(o.now, t, ns);
     fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_INODE_ITEM_KEY, 0), ino.as_bytes())?;
-    let mut r = InodeRef { index: 0.into(), name_len: 2.into() }.as_bytes().to_vec();
-    r.extend_from_slice(b"..");
+    let mut r = Vec::new();
+    crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
     fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_INODE_REF_KEY, BTRFS_ROOT_TREE_DIR_OBJECTID), &r)?;
     let name = b"default";
-    let di = crate::format::dir::DirItem {
-        location: Key::new(BTRFS_FS_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX).to_disk(),
-        transid: t.into(),
-        data_len: 0.into(),
-        name_len: (name.len() as u16).into(),
-        type_: BTRFS_FT_DIR,
-    };
-    let mut d = di.as_bytes().to_vec();
-    d.extend_from_slice(name);
+    let mut d = Vec::new();
+    crate::format::dir::encode_dir_entry(&mut d, &Key::new(BTRFS_FS_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX), t, BTRFS_FT_DIR, name, &[]);
     fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_DIR_ITEM_KEY, crate::format::dir::name_hash(name)), &d)?;
     Ok(())
 }
@@ -563,7 +556,7 @@ pub fn wipe_superblocks(dev: &dyn BlockDevice) -> Result<()> {
 }
 
 /// Publish the superblock: after this the image is a valid filesystem.
-pub fn finish(fs: Fs, staged: &StagedSuper) -> Result<()> {
+pub fn finish(fs: Store, staged: &StagedSuper) -> Result<()> {
     drop(fs);
     staged.publish()
 }

@@ -4,7 +4,7 @@
 //! chunks), dev extents, the device item's `bytes_used`, and a new block
 //! group whose item and free space entries are written at commit.
 
-use super::Fs;
+use super::Store;
 use crate::alloc::{super_stripes, BlockGroup, RangeSet};
 use crate::format::chunk::{ChunkItem, Stripe};
 use crate::format::consts::*;
@@ -15,7 +15,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 const MIB: u64 = 1 << 20;
 
-impl Fs {
+impl Store {
     /// Unallocated device space: `[1 MiB, total_bytes)` minus dev extents.
     fn unallocated(&mut self) -> Result<RangeSet> {
         let total = self.sb.dev_item.total_bytes.get().min(self.device().size());
@@ -161,8 +161,10 @@ impl Fs {
     }
 
     /// Allocate `len` bytes of type `ty`, adding a chunk when every group is full.
-    pub fn alloc_space(&mut self, ty: u64, len: u64, align: u64) -> Result<u64> {
-        match self.alloc.alloc(ty, len, align) {
+    /// `account`: the space counts as used (false for log tree blocks,
+    /// which have no extent items).
+    pub fn alloc_space(&mut self, ty: u64, len: u64, align: u64, account: bool) -> Result<u64> {
+        match self.alloc.alloc(ty, len, align, account) {
             Ok(b) => Ok(b),
             Err(Error::NoSpace(_)) => {
                 // A new chunk needs system space for its chunk item first.
@@ -170,7 +172,7 @@ impl Fs {
                     self.alloc_chunk(BTRFS_BLOCK_GROUP_SYSTEM)?;
                 }
                 self.alloc_chunk(ty)?;
-                self.alloc.alloc(ty, len, align)
+                self.alloc.alloc(ty, len, align, account)
             }
             Err(e) => Err(e),
         }

@@ -8,7 +8,7 @@
 //! tree's reference to the old block is dropped without freeing it.
 
 use super::delayed::{BackRef, NewExtent, RefHead};
-use super::Fs;
+use super::{Store, TreeId};
 use crate::format::consts::*;
 use crate::format::extent::{extent_data_ref_hash, parse_extent_item, write_inline_refs, ExtentDataRef, InlineRef};
 use crate::format::file_extent::{parse_file_extent, FileExtent};
@@ -63,9 +63,9 @@ fn keyed_key(bytenr: u64, r: &InlineRef) -> Key {
     }
 }
 
-impl Fs {
+impl Store {
     /// The extent item of a tree block (`level` Some) or data extent.
-    fn extent_item_key(&mut self, bytenr: u64, level: Option<u8>) -> Result<(Key, Vec<u8>)> {
+    pub(super) fn extent_item_key(&mut self, bytenr: u64, level: Option<u8>) -> Result<(Key, Vec<u8>)> {
         let keys: Vec<Key> = match level {
             Some(l) => vec![Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, l as u64), Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, self.nodesize() as u64)],
             None => {
@@ -337,10 +337,11 @@ impl Fs {
     /// Reference bookkeeping before copying committed block `bytenr` of
     /// `tree` that may be shared. Returns true when the old block stays in
     /// use by other trees (so the copy must not free it).
-    pub(super) fn cow_shared_refs(&mut self, tree: u64, bytenr: u64, buf: &[u8]) -> Result<bool> {
+    pub(super) fn cow_shared_refs(&mut self, tree: TreeId, bytenr: u64, buf: &[u8]) -> Result<bool> {
         let level = edit::level(buf);
         let (refs, flags) = self.extent_refs_now(bytenr, Some(level))?;
         let owner = u64::from_le_bytes(buf[0x58..0x60].try_into().unwrap_or([0; 8]));
+        let tree = tree.id();
         let full = flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0;
         if refs > 1 {
             if owner == tree && !full {
