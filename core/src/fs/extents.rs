@@ -22,13 +22,17 @@ pub fn extent_key(ino: u64, off: u64) -> Key {
     Key::new(ino, BTRFS_EXTENT_DATA_KEY, off)
 }
 
-/// Whether data of `len` bytes at offset 0 of a file of `size` bytes may
-/// be stored inline: the kernel inlines only a whole file that ends within
-/// the first sector and fits `max_inline` and a leaf.
+/// Largest inline data a leaf holds (BTRFS_MAX_INLINE_DATA_SIZE).
+pub fn max_inline_data(st: &Store) -> u64 {
+    st.nodesize() as u64 - crate::format::header::HEADER_SIZE as u64 - crate::format::header::ITEM_SIZE as u64 - FILE_EXTENT_INLINE_DATA_START as u64
+}
+
+/// Whether a whole file of `size` bytes is stored inline uncompressed:
+/// fewer bytes than a block, at most `max_inline` (capped to a block) and
+/// what a leaf holds.
 pub fn can_inline(st: &Store, size: u64, len: u64, max_inline: u64) -> bool {
     let ss = st.sectorsize() as u64;
-    let leaf_room = st.nodesize() as u64 - crate::format::header::HEADER_SIZE as u64 - crate::format::header::ITEM_SIZE as u64 - FILE_EXTENT_INLINE_DATA_START as u64;
-    len == size && size > 0 && size < ss && size <= max_inline.min(leaf_room)
+    len == size && size > 0 && size < ss && size <= max_inline.min(ss) && size <= max_inline_data(st)
 }
 
 /// File range `[start, end)` an extent item at `off` covers (inline items

@@ -3,11 +3,23 @@
 //! counts, the inline limit, dropping extents), and mkfs `--rootdir`, log
 //! replay and the engine all use it.
 
+pub mod compress;
 pub mod data;
 pub mod extents;
+mod file;
+mod filesystem;
 pub mod inode;
 pub mod names;
+pub mod ops;
+pub mod options;
+mod pagecache;
+pub mod read;
+mod subvol;
+pub mod writeback;
 pub mod xattr;
 
 pub use extents::{MAX_EXTENT_SIZE, MAX_INLINE};
+pub use filesystem::{EngineStats, Filesystem, InodeRt, Loc, Switches, FS_TREE, ROOT_DIR};
 pub use inode::ftype_of_mode;
+pub use ops::Stat;
+pub use options::MountOptions;

@@ -9,6 +9,7 @@ mod iobuf;
 mod mem;
 mod overlay;
 mod staged;
+mod volatile;
 
 pub use crash::CrashDevice;
 pub use file::FileDevice;
@@ -16,6 +17,7 @@ pub use iobuf::IoBuf;
 pub use mem::MemDevice;
 pub use overlay::{sparse_copy, OverlayDevice};
 pub use staged::StagedSuper;
+pub use volatile::VolatileFile;
 
 use crate::Result;
 

@@ -548,6 +548,25 @@ impl Store {
         Ok(())
     }
 
+    /// Bytes of dirty tree blocks (the commit threshold reads this).
+    pub fn cache_dirty_bytes(&self) -> u64 {
+        self.cache.dirty_bytes()
+    }
+    pub fn cache_clean_bytes(&self) -> u64 {
+        self.cache.clean_bytes()
+    }
+    /// Evict clean blocks past the cache limit (between operations only).
+    pub fn trim_cache(&mut self) {
+        self.cache.trim();
+    }
+    /// Drop every clean block (caches dropped).
+    pub fn drop_clean_cache(&mut self) {
+        self.cache.drop_clean();
+    }
+    pub fn set_cache_limit(&mut self, bytes: usize) {
+        self.cache.set_clean_limit(bytes);
+    }
+
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
         self.img.device()
     }
@@ -564,6 +583,7 @@ impl Store {
         }
         self.flush_data()?;
         if data.len() >= LIMIT {
+            self.stats.data_bytes += data.len() as u64;
             return self.img.device().write_at(phys, data);
         }
         let mut v = Vec::with_capacity(LIMIT);
@@ -572,8 +592,33 @@ impl Store {
         Ok(())
     }
 
+    /// Overwrite data in place (nodatacow and preallocated extents): goes
+    /// straight to the device, after anything buffered.
+    pub fn write_in_place_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
+        self.flush_data()?;
+        self.stats.data_bytes += data.len() as u64;
+        self.img.device().write_at(phys, data)
+    }
+
+    /// Read data at logical `bytenr`, including what is still in the write
+    /// buffer.
+    pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
+        self.img.read_logical(bytenr, buf)?;
+        if let Some((start, wb)) = &self.data_wbuf {
+            let phys = self.img.chunks.map(bytenr, buf.len() as u64, self.img.devid)?;
+            let (a, b) = (phys[0], phys[0] + buf.len() as u64);
+            let (ws, we) = (*start, *start + wb.len() as u64);
+            let (s, e) = (a.max(ws), b.min(we));
+            if s < e {
+                buf[(s - a) as usize..(e - a) as usize].copy_from_slice(&wb[(s - ws) as usize..(e - ws) as usize]);
+            }
+        }
+        Ok(())
+    }
+
     pub fn flush_data(&mut self) -> Result<()> {
         if let Some((start, buf)) = self.data_wbuf.take() {
+            self.stats.data_bytes += buf.len() as u64;
             self.img.device().write_at(start, &buf)?;
         }
         Ok(())

@@ -97,6 +97,41 @@ impl Store {
         Ok((refs, v.item.flags.get()))
     }
 
+    /// References a data extent has with queued changes counted (0 when it
+    /// does not exist).
+    pub fn data_extent_refs(&mut self, bytenr: u64) -> Result<u64> {
+        match self.extent_refs_now(bytenr, None) {
+            Ok((refs, _)) => Ok(refs),
+            Err(Error::Corrupt { .. }) if self.delayed.get(bytenr).is_none() => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether data extent `bytenr` is referenced only through `r` (one back
+    /// reference, whatever its count, and nothing queued for another): what
+    /// allows writing it in place (the kernel's btrfs_cross_ref_exist).
+    pub fn data_extent_exclusive(&mut self, bytenr: u64, r: BackRef) -> Result<bool> {
+        if let Some(h) = self.delayed.get(bytenr) {
+            if h.refs.keys().any(|k| *k != r) {
+                return Ok(false);
+            }
+            if h.new.is_some() {
+                return Ok(true);
+            }
+        }
+        let (key, d) = match self.extent_item_key(bytenr, None) {
+            Ok(x) => x,
+            Err(Error::Corrupt { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let v = parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
+        if v.refs.len() != 1 {
+            return Ok(false);
+        }
+        let mine = BackRef::of_inline(&v.refs[0]) == Some(r);
+        Ok(mine && v.refs[0].count() == v.item.refs.get())
+    }
+
     /// Whether a data extent exists: in the extent tree, or queued as new.
     pub fn data_extent_exists(&mut self, bytenr: u64, num_bytes: u64) -> Result<bool> {
         if self.delayed.get(bytenr).is_some_and(|h| h.new.is_some()) {

@@ -2,7 +2,9 @@
 //! kernel harness), shared file contents, and manifests of what a user sees.
 
 pub mod content;
+pub mod engine;
 pub mod manifest;
+pub mod session;
 pub mod script;
 
 pub use manifest::{check_expectations, Entry, Manifest, Outcome};
