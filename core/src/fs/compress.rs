@@ -51,7 +51,10 @@ pub fn decompress(kind: u8, src: &[u8], ram_bytes: usize, sectorsize: usize) -> 
             read_up_to(&mut d, &mut out).map_err(|e| bad(&format!("zlib: {e}")))?;
         }
         BTRFS_COMPRESS_ZSTD => {
-            let mut d = zstd::stream::read::Decoder::with_buffer(src).map_err(|e| bad(&format!("zstd: {e}")))?;
+            // One frame; the sector padding after it is not another frame.
+            let flen = zstd::zstd_safe::find_frame_compressed_size(src).map_err(|e| bad(&format!("zstd: {}", zstd::zstd_safe::get_error_name(e))))?;
+            let frame = src.get(..flen).ok_or_else(|| bad("zstd frame past the end"))?;
+            let mut d = zstd::stream::read::Decoder::with_buffer(frame).map_err(|e| bad(&format!("zstd: {e}")))?.single_frame();
             d.window_log_max(ZSTD_WINDOW_LOG + 1).map_err(|e| bad(&format!("zstd: {e}")))?;
             read_up_to(&mut d, &mut out).map_err(|e| bad(&format!("zstd: {e}")))?;
         }
@@ -61,7 +64,8 @@ pub fn decompress(kind: u8, src: &[u8], ram_bytes: usize, sectorsize: usize) -> 
     Ok(out)
 }
 
-/// Fill `out` from `r` until it ends or `out` is full.
+/// Fill `out` from `r` until it ends or `out` is full; what the stream
+/// did not fill is zeros (a reader may scribble past what it returns).
 fn read_up_to(r: &mut dyn Read, out: &mut [u8]) -> std::io::Result<()> {
     let mut n = 0;
     while n < out.len() {
@@ -70,6 +74,7 @@ fn read_up_to(r: &mut dyn Read, out: &mut [u8]) -> std::io::Result<()> {
             k => n += k,
         }
     }
+    out[n..].fill(0);
     Ok(())
 }
 
@@ -95,9 +100,10 @@ fn lzo_decompress(src: &[u8], out: &mut [u8], ss: usize) -> Result<()> {
         let seg = le32(src, pos)?;
         pos += 4;
         let body = src.get(pos..pos + seg).ok_or_else(|| bad("lzo segment past the end"))?;
-        let want = ss.min(out.len() - done);
-        lzo1x::decompress(body, &mut out[done..done + want]).map_err(|e| bad(&format!("lzo: {e}")))?;
-        done += want;
+        // A segment holds up to one sector (the last one may be shorter).
+        let room = ss.min(out.len() - done);
+        lzo::decompress_into(body, &mut out[done..done + room]).map_err(|e| bad(&format!("lzo: {e:?}")))?;
+        done += room;
         pos += seg;
     }
     Ok(())
@@ -218,6 +224,17 @@ mod tests {
         crate::workload::content::Prng::new(3).fill(&mut rnd);
         assert!(compress(Method::parse("zstd").unwrap(), &rnd, 4096).is_none());
         assert!(Method::parse("zstd:99").is_none() && Method::parse("bogus").is_none());
+        // A frame shorter than the extent (padding after it) decodes, and
+        // the rest is zeros.
+        for m in ["zlib", "lzo", "zstd"] {
+            let m = Method::parse(m).unwrap();
+            let short = &data[..70000];
+            let mut c = compress(m, short, 4096).unwrap();
+            c.resize(c.len().div_ceil(4096) * 4096, 0);
+            let d = decompress(m.kind, &c, 73728, 4096).unwrap();
+            assert_eq!(&d[..70000], short, "{m:?}");
+            assert!(d[70000..].iter().all(|&b| b == 0), "{m:?} tail {:?}", &d[70000..70040]);
+        }
         // Damaged input is an error, not a panic.
         let c = compress(Method::parse("lzo").unwrap(), &data, 4096).unwrap();
         assert!(decompress(BTRFS_COMPRESS_LZO, &c[..c.len() / 2], data.len(), 4096).is_err());
