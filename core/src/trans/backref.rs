@@ -197,7 +197,11 @@ impl Store {
         let top = self.load_root_at(t, rb, rl, Some(rg))?;
         let mut leaves = Vec::new();
         let mut found = 0u64;
-        let mut k = Key::new(objectid, BTRFS_EXTENT_DATA_KEY, offset);
+        // A clone from a later offset of the extent into an earlier file
+        // offset makes the reference offset wrap below zero: search the
+        // whole file then, as the kernel does.
+        let start = if offset > i64::MAX as u64 { 0 } else { offset };
+        let mut k = Key::new(objectid, BTRFS_EXTENT_DATA_KEY, start);
         let mut steps = 0usize;
         while let Some((key, d, leaf)) = self.next_item_from(t, top, &k)? {
             if key.objectid != objectid || key.ty != BTRFS_EXTENT_DATA_KEY {
