@@ -33,6 +33,8 @@ pub struct BlockGroup {
     pub fst_bitmaps: bool,
     /// Block group item found on disk (false for groups created this transaction).
     pub on_disk: bool,
+    /// Takes no new allocations (being emptied by a balance).
+    pub read_only: bool,
 }
 
 impl BlockGroup {
@@ -119,7 +121,7 @@ impl Allocator {
         for i in 0..starts.len() {
             let s = starts[(first + i) % starts.len()];
             let g = self.groups.get_mut(&s).ok_or_else(|| Error::Invalid("block group vanished".into()))?;
-            if g.length - g.used < len {
+            if g.read_only || g.length - g.used < len {
                 continue;
             }
             let h = if i == 0 { hint } else { g.start };

@@ -127,6 +127,13 @@ pub struct Filesystem {
     pub metadata_limit: u64,
     /// The default subvolume (what a mount shows at `/`).
     pub(super) default_subvol: u64,
+    /// Next subvolume id (the root tree's free objectid), once known.
+    pub(super) next_subvol_id: Option<u64>,
+    /// Deleted subvolumes waiting for the cleaner: (id, transaction of
+    /// the deletion).
+    pub(super) deleted_subvols: Vec<(u64, u64)>,
+    /// Subvolumes dropped in the last commit whose qgroups go next.
+    pub(super) dropped_qgroups: Vec<u64>,
 }
 
 pub const FS_TREE: u64 = BTRFS_FS_TREE_OBJECTID;
@@ -161,8 +168,12 @@ impl Filesystem {
             dirty_limit: 64 << 20,
             metadata_limit: 64 << 20,
             default_subvol: FS_TREE,
+            next_subvol_id: None,
+            deleted_subvols: Vec::new(),
+            dropped_qgroups: Vec::new(),
         };
         fs.default_subvol = fs.read_default_subvol()?;
+        fs.find_dead_subvols()?;
         Ok(fs)
     }
 
@@ -253,6 +264,10 @@ impl Filesystem {
         self.stats.commits += 1;
         *self.stats.commit_reasons.entry(reason.to_string()).or_default() += 1;
         self.trans_start = None;
+        if !self.dropped_qgroups.is_empty() {
+            self.remove_dropped_qgroups()?;
+            self.dirtied();
+        }
         Ok(())
     }
 
@@ -276,6 +291,7 @@ impl Filesystem {
         self.sync()?;
         self.inodes.clear();
         self.free_ino.clear();
+        self.next_subvol_id = None;
         self.store.drop_clean_cache();
         self.default_subvol = self.read_default_subvol()?;
         Ok(())

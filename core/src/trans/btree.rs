@@ -13,8 +13,8 @@ use crate::{Error, Result};
 /// One level of a search path: a block and the slot followed in it.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Step {
-    bytenr: u64,
-    slot: usize,
+    pub(super) bytenr: u64,
+    pub(super) slot: usize,
 }
 
 impl Store {
@@ -27,7 +27,7 @@ impl Store {
         Ok(child)
     }
 
-    fn load_root(&mut self, tree: TreeId) -> Result<u64> {
+    pub(super) fn load_root(&mut self, tree: TreeId) -> Result<u64> {
         let st = self.root_state(tree)?.clone();
         if !self.cache.contains(st.bytenr) {
             let gen = match (&st.item, tree) {

@@ -55,14 +55,20 @@ impl Store {
         // log sync; the commit drops the log trees.
         let dirty: Vec<TreeId> = self.roots.values().filter(|r| r.dirty && r.item.is_some() && !r.id.is_log()).map(|r| r.id).collect();
         for &id in &dirty {
+            let Some(bytenr) = self.roots.get(&id).map(|st| st.bytenr) else { continue };
+            // The item's generation is its root node's (btrfs_set_root_node),
+            // which did not change when only the item's fields did.
+            let node_gen = self.cache.get(bytenr).map(|b| u64::from_le_bytes(b[0x50..0x58].try_into().unwrap_or([0; 8])));
             let Some(st) = self.roots.get_mut(&id) else { continue };
             st.dirty = false;
-            let (bytenr, level) = (st.bytenr, st.level);
+            let level = st.level;
             let Some((key, ri)) = st.item.as_mut() else { continue };
             ri.bytenr.set(bytenr);
             ri.level = level;
-            ri.generation.set(self.transid);
-            ri.generation_v2.set(self.transid);
+            if let Some(g) = node_gen {
+                ri.generation.set(g);
+            }
+            ri.generation_v2.set(ri.generation.get());
             let (key, ri) = (*key, *ri);
             self.update_item(TreeId::Root, &key, ri.as_bytes())?;
         }
@@ -83,7 +89,8 @@ impl Store {
         self.search_mut(TreeId::Root, &Key::MIN, None)?;
         let mut settled = false;
         for _ in 0..MAX_COMMIT_PASSES {
-            let a = self.run_delayed_refs()?;
+            let p = self.create_pending_chunks()?;
+            let a = self.run_delayed_refs()? || p;
             let q = if !a { self.account_qgroups()? } else { true };
             let b = self.update_block_group_items()?;
             let c = self.update_root_items()?;

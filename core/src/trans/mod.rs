@@ -30,6 +30,8 @@ pub mod delayed;
 mod fst;
 pub mod qgroup;
 mod refs;
+mod relocate;
+mod subtree;
 
 pub use cache::BlockCache;
 
@@ -144,6 +146,8 @@ pub struct Store {
     log_blocks: HashMap<u64, bool>,
     /// Qgroup counters, when quotas are on.
     pub qgroups: qgroup::Qgroups,
+    /// Chunks allocated in this transaction, their tree items not yet in.
+    pending_chunks: Vec<chunk_alloc::PendingChunk>,
     pub stats: IoStats,
 }
 
@@ -233,6 +237,7 @@ impl Store {
             data_wbuf: None,
             log_blocks: HashMap::new(),
             qgroups: qgroup::Qgroups::default(),
+            pending_chunks: Vec::new(),
             stats: IoStats::default(),
         };
         fs.load_block_groups()?;
@@ -289,6 +294,7 @@ impl Store {
                 dirty: false,
                 fst_bitmaps: false,
                 on_disk: true,
+                read_only: false,
             };
             g.free.insert(start, start + length);
             for (a, b) in super_stripes(&self.img.chunks, start, length, dev_size) {

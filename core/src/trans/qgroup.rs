@@ -122,6 +122,139 @@ impl Store {
         Ok(changed)
     }
 
+    /// Create qgroup 0/`id` with zero counters (a new subvolume).
+    pub fn qgroup_create(&mut self, id: u64) -> Result<()> {
+        if !self.qgroups.enabled {
+            return Ok(());
+        }
+        self.qgroups.groups.insert(id, Counts::default());
+        self.write_qgroup_items(id, true)
+    }
+
+    /// Write qgroup `id`'s info item (and with `limit`, a zero limit item).
+    fn write_qgroup_items(&mut self, id: u64, limit: bool) -> Result<()> {
+        let c = self.qgroups.groups.get(&id).copied().unwrap_or_default();
+        let t = self.transid;
+        let item = QgroupInfoItem { generation: t.into(), rfer: c.rfer.into(), rfer_cmpr: c.rfer_cmpr.into(), excl: c.excl.into(), excl_cmpr: c.excl_cmpr.into() };
+        self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_INFO_KEY, id), item.as_bytes())?;
+        if limit {
+            let z = crate::format::qgroup::QgroupLimitItem { flags: 0.into(), max_rfer: 0.into(), max_excl: 0.into(), rsv_rfer: 0.into(), rsv_excl: 0.into() };
+            self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, id), z.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Remove qgroup 0/`id` (its subvolume is gone): info, limit, relations.
+    pub fn qgroup_remove(&mut self, id: u64) -> Result<()> {
+        if !self.qgroups.enabled {
+            return Ok(());
+        }
+        self.qgroups.groups.remove(&id);
+        self.qgroups.dirty.remove(&id);
+        self.delete_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_INFO_KEY, id))?;
+        self.delete_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, id))?;
+        if let Some(ps) = self.qgroups.parents.remove(&id) {
+            for p in ps {
+                self.delete_item(QUOTA_TREE, &Key::new(id, BTRFS_QGROUP_RELATION_KEY, p))?;
+                self.delete_item(QUOTA_TREE, &Key::new(p, BTRFS_QGROUP_RELATION_KEY, id))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A snapshot's qgroup after the source was accounted
+    /// (btrfs_qgroup_inherit): it references what the source references;
+    /// each has only its root block to itself.
+    pub fn qgroup_inherit_snapshot(&mut self, src: u64, dst: u64) -> Result<()> {
+        if !self.qgroups.enabled {
+            return Ok(());
+        }
+        let ns = self.nodesize() as u64;
+        let s = self.qgroups.groups.get(&src).copied().unwrap_or_default();
+        self.qgroups.groups.insert(dst, Counts { rfer: s.rfer, rfer_cmpr: s.rfer_cmpr, excl: ns, excl_cmpr: ns });
+        if let Some(c) = self.qgroups.groups.get_mut(&src) {
+            c.excl = ns;
+            c.excl_cmpr = ns;
+        }
+        self.qgroups.dirty.insert(src);
+        self.qgroups.dirty.insert(dst);
+        if let Ok(Some(d)) = self.lookup(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, src)) {
+            self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, dst), &d)?;
+        } else {
+            self.write_qgroup_items(dst, true)?;
+        }
+        self.write_qgroup_items(dst, false)
+    }
+
+    /// Run the delayed references and account them now (not waiting for
+    /// the commit): the counters are then those of the current trees.
+    pub fn account_now(&mut self) -> Result<()> {
+        while !self.delayed.is_empty() {
+            for (bytenr, head) in self.delayed.take_all() {
+                self.qgroup_note_extent(bytenr, &head);
+                self.run_ref_head(bytenr, head)?;
+            }
+        }
+        self.account_qgroups().map(drop)
+    }
+
+    /// Turn quotas on (btrfs_quota_enable): the quota tree with its status
+    /// item, a qgroup for every subvolume, then a rescan that counts every
+    /// extent of the extent tree. The caller commits before and after.
+    pub fn quota_enable(&mut self, subvols: &[u64]) -> Result<()> {
+        if self.qgroups.enabled {
+            return Ok(());
+        }
+        if !self.tree_exists(BTRFS_QUOTA_TREE_OBJECTID)? {
+            let t = self.transid;
+            let ri = crate::mkfs::new_root_item(0, t, 0, None);
+            self.create_tree(BTRFS_QUOTA_TREE_OBJECTID, ri)?;
+        }
+        let t = self.transid;
+        let mut st = vec![0u8; crate::format::qgroup::QGROUP_STATUS_SIMPLE_SIZE];
+        st[..8].copy_from_slice(&1u64.to_le_bytes());
+        st[8..16].copy_from_slice(&t.to_le_bytes());
+        st[16..24].copy_from_slice(&(BTRFS_QGROUP_STATUS_FLAG_ON | BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT).to_le_bytes());
+        self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0), &st)?;
+        self.qgroups = Qgroups { enabled: true, ..Default::default() };
+        for &id in subvols.iter().chain(std::iter::once(&BTRFS_FS_TREE_OBJECTID)) {
+            self.qgroups.groups.insert(id, Counts::default());
+            self.write_qgroup_items(id, true)?;
+        }
+        Ok(())
+    }
+
+    /// The rescan: every counter from zero over every extent (current
+    /// trees), then the status says consistent and rescan done.
+    pub fn quota_rescan(&mut self) -> Result<()> {
+        if !self.qgroups.enabled {
+            return Ok(());
+        }
+        for c in self.qgroups.groups.values_mut() {
+            *c = Counts::default();
+        }
+        let ids: Vec<u64> = self.qgroups.groups.keys().copied().collect();
+        self.qgroups.dirty.extend(ids);
+        let mut cache = RootCache::new();
+        for (bytenr, num_bytes, level) in self.all_extents()? {
+            let new = self.extent_roots(View::Current, bytenr, level, &mut cache)?;
+            if !new.is_empty() {
+                self.qgroups.account(num_bytes, &BTreeSet::new(), &new);
+            }
+        }
+        let k = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);
+        if let Some(mut d) = self.lookup(QUOTA_TREE, &k)? {
+            if d.len() >= 32 {
+                let t = self.transid;
+                d[8..16].copy_from_slice(&t.to_le_bytes());
+                d[16..24].copy_from_slice(&BTRFS_QGROUP_STATUS_FLAG_ON.to_le_bytes());
+                d[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+                self.update_item(QUOTA_TREE, &k, &d)?;
+            }
+        }
+        Ok(())
+    }
+
     /// After the commit: the next transaction writes its status again.
     pub(super) fn qgroups_committed(&mut self) {
         self.qgroups.status_written = false;
@@ -129,6 +262,13 @@ impl Store {
 }
 
 impl Qgroups {
+    /// Note an extent for accounting at commit.
+    pub fn note_extent(&mut self, bytenr: u64, num_bytes: u64, level: Option<u8>) {
+        if self.enabled {
+            self.extents.entry(bytenr).or_insert((num_bytes, level));
+        }
+    }
+
     /// The qgroups covering subvolume `root`: its level-0 qgroup and every
     /// ancestor.
     fn covering(&self, root: u64) -> BTreeSet<u64> {

@@ -336,7 +336,7 @@ impl Store {
     /// Add (`delta` 1) or remove (-1) a reference from every block and data
     /// extent `block` points to: shared ones naming `block` when `full`,
     /// plain ones naming `tree` otherwise.
-    fn change_children_refs(&mut self, tree: u64, block: &[u8], block_bytenr: u64, full: bool, delta: i64) -> Result<()> {
+    pub(super) fn change_children_refs(&mut self, tree: u64, block: &[u8], block_bytenr: u64, full: bool, delta: i64) -> Result<()> {
         let level = edit::level(block);
         let n = edit::nritems(block);
         if level > 0 {
