@@ -86,21 +86,24 @@ impl Filesystem {
 
     /// Put a dirty page.
     fn dirty_page(&mut self, l: Loc, idx: u64, page: Box<[u8]>) -> Result<()> {
-        let now = self.uptime();
         let rt = self.rt(l)?;
         if rt.pages.insert(idx, page) {
             self.dirty_bytes += PAGE;
         }
-        let rt = self.rt(l)?;
-        rt.dirtied_at.get_or_insert(now);
+        self.note_dirty(l);
         self.dirtied();
         Ok(())
     }
 
     /// Drop cached pages `[start, end)` (byte range, page aligned outward).
     fn drop_pages(&mut self, l: Loc, start: u64, end: u64) -> Result<()> {
-        let n = self.rt(l)?.pages.drop_range(start / PAGE, end.div_ceil(PAGE)) as u64;
+        let rt = self.rt(l)?;
+        let n = rt.pages.drop_range(start / PAGE, end.div_ceil(PAGE)) as u64;
+        let empty = rt.pages.is_empty();
         self.dirty_bytes = self.dirty_bytes.saturating_sub(n * PAGE);
+        if empty {
+            self.note_clean(l);
+        }
         Ok(())
     }
 

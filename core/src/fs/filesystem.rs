@@ -101,9 +101,6 @@ pub struct InodeRt {
     /// (mtime, ctime) a buffered write set in memory; the item gets them
     /// when the data is written back.
     pub pending_times: Option<(Timespec, Timespec)>,
-    /// Clock reading when the inode first got dirty pages since its last
-    /// writeback (the flusher writes back what is old enough).
-    pub dirtied_at: Option<std::time::Duration>,
 }
 
 pub struct Filesystem {
@@ -112,6 +109,12 @@ pub struct Filesystem {
     pub switches: Switches,
     pub stats: EngineStats,
     inodes: HashMap<Loc, InodeRt>,
+    /// Inodes with dirty pages, and the clock reading when each first got
+    /// them since its last writeback (the flusher writes back what is old
+    /// enough).
+    dirty_inodes: BTreeMap<Loc, std::time::Duration>,
+    /// Clock reading of the flusher's last pass.
+    flusher_ran: std::time::Duration,
     /// Next free inode number per subvolume (root->free_objectid).
     free_ino: HashMap<u64, u64>,
     /// Real time at mount plus what `sleep` added.
@@ -139,6 +142,12 @@ pub struct Filesystem {
 pub const FS_TREE: u64 = BTRFS_FS_TREE_OBJECTID;
 pub const ROOT_DIR: u64 = BTRFS_FIRST_FREE_OBJECTID;
 
+/// Inodes kept in memory before clean, closed ones are evicted.
+const INODE_CACHE: usize = 16384;
+
+/// How often the flusher looks for old dirty data (dirty_writeback_centisecs).
+const FLUSHER_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Age at which the flusher writes back dirty data (dirty_expire_centisecs).
 const DIRTY_EXPIRE: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -160,6 +169,8 @@ impl Filesystem {
             switches: Switches::default(),
             stats: EngineStats::default(),
             inodes: HashMap::new(),
+            dirty_inodes: BTreeMap::new(),
+            flusher_ran: std::time::Duration::ZERO,
             free_ino: HashMap::new(),
             clock_base: std::time::SystemTime::now(),
             clock_offset: std::time::Duration::ZERO,
@@ -222,14 +233,13 @@ impl Filesystem {
         }
         // The flusher: data dirty for longer than dirty_expire (30 s).
         let now = self.clock_offset;
-        let expired: Vec<Loc> = self
-            .inodes
-            .iter()
-            .filter(|(_, r)| r.dirtied_at.is_some_and(|t| now.saturating_sub(t) >= DIRTY_EXPIRE))
-            .map(|(l, _)| *l)
-            .collect();
-        for l in expired {
-            self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
+        // The flusher wakes every few seconds of clock time, not per step.
+        if now.saturating_sub(self.flusher_ran) >= FLUSHER_INTERVAL {
+            self.flusher_ran = now;
+            let expired: Vec<Loc> = self.dirty_inodes.iter().filter(|(_, t)| now.saturating_sub(**t) >= DIRTY_EXPIRE).map(|(l, _)| *l).collect();
+            for l in expired {
+                self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
+            }
         }
         // The transaction thread: a transaction older than the interval
         // (counted from its first change) is committed.
@@ -242,7 +252,28 @@ impl Filesystem {
             self.commit("metadata")?;
         }
         self.store.trim_cache();
+        if self.inodes.len() > INODE_CACHE {
+            // Memory pressure evicts inodes that are neither open nor dirty.
+            let dirty = &self.dirty_inodes;
+            self.inodes.retain(|l, rt| rt.opens > 0 || dirty.contains_key(l));
+        }
         Ok(())
+    }
+
+    /// The inode got dirty pages (`first`: it had none).
+    pub(super) fn note_dirty(&mut self, l: Loc) {
+        let now = self.clock_offset;
+        self.dirty_inodes.entry(l).or_insert(now);
+    }
+
+    /// The inode has no dirty pages left.
+    pub(super) fn note_clean(&mut self, l: Loc) {
+        self.dirty_inodes.remove(&l);
+    }
+
+    /// Inodes with dirty pages.
+    pub(super) fn dirty_list(&self) -> Vec<Loc> {
+        self.dirty_inodes.keys().copied().collect()
     }
 
     /// Something changed: the running transaction's age counts from now
@@ -345,6 +376,7 @@ impl Filesystem {
     }
 
     pub(super) fn forget_inode(&mut self, l: Loc) {
+        self.dirty_inodes.remove(&l);
         if let Some(rt) = self.inodes.remove(&l) {
             self.dirty_bytes = self.dirty_bytes.saturating_sub(rt.pages.dirty_bytes());
         }

@@ -143,7 +143,7 @@ impl Filesystem {
         if sri.refs.get() == 0 {
             return Err(Error::errno(libc::ENOENT, "snapshot: the source subvolume is being deleted"));
         }
-        let inodes: Vec<Loc> = self.loaded_inodes().into_iter().filter(|l| l.subvol == src.subvol).collect();
+        let inodes: Vec<Loc> = self.dirty_list().into_iter().filter(|l| l.subvol == src.subvol).collect();
         for l in inodes {
             self.writeback(l, 0, u64::MAX, super::writeback::Reason::Sync)?;
         }

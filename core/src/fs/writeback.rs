@@ -76,13 +76,8 @@ struct InPlace {
 impl Filesystem {
     /// Write back every inode's dirty pages.
     pub fn writeback_all(&mut self, reason: Reason) -> Result<()> {
-        let mut all: Vec<Loc> = self.loaded_inodes();
-        all.sort();
-        for l in all {
-            let dirty = self.rt_if_loaded(l).is_some_and(|r| !r.pages.is_empty());
-            if dirty {
-                self.writeback(l, 0, u64::MAX, reason)?;
-            }
+        for l in self.dirty_list() {
+            self.writeback(l, 0, u64::MAX, reason)?;
         }
         Ok(())
     }
@@ -97,7 +92,7 @@ impl Filesystem {
         let i_size = rt.i_size;
         let pages = rt.pages.take_range(from, to);
         if rt.pages.is_empty() {
-            rt.dirtied_at = None;
+            self.note_clean(l);
         }
         let n = pages.len() as u64 * PAGE;
         self.dirty_bytes = self.dirty_bytes.saturating_sub(n);
