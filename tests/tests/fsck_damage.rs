@@ -169,7 +169,7 @@ fn base_image(dir: &Path) -> PathBuf {
 #[test]
 fn fsck_damage_one_thing_at_a_time() {
     if let Some(why) = kernel_unavailable() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -200,7 +200,7 @@ fn fsck_damage_one_thing_at_a_time() {
 #[test]
 fn fsck_damage_random_never_panics() {
     if let Some(why) = kernel_unavailable() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -250,7 +250,7 @@ fn fsck_damage_random_never_panics() {
 #[test]
 fn fsck_damage_log_tree() {
     if let Some(why) = kernel_unavailable() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -315,7 +315,7 @@ fn fsck_damage_log_tree() {
 #[test]
 fn fsck_damage_superblock_fields_never_panic() {
     if let Some(why) = kernel_unavailable() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     use std::os::unix::fs::FileExt;

@@ -59,11 +59,11 @@ fn make_image(img: &Path) {
 #[ignore]
 fn fsck_speed_vs_btrfs_check() {
     if let Some(why) = kernel_unavailable() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     if !have("python3") || !Path::new("/usr/bin/time").exists() {
-        eprintln!("SKIP: python3 or /usr/bin/time missing");
+        btrkit_tests::skip("python3 or /usr/bin/time missing");
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
