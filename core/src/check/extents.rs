@@ -74,6 +74,8 @@ pub(crate) struct FoundData {
     pub owner: u64,
     pub ino: u64,
     pub offset: u64,
+    /// A regular (written) file extent, not a prealloc one.
+    pub regular: bool,
 }
 
 #[derive(Default)]
@@ -195,7 +197,7 @@ pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
             continue;
         }
         let Ok(d) = node.item_data(slot) else { continue };
-        let Ok(ItemBody::FileExtent(FileExtent::Disk { item, .. })) = decode(&k, d, 0) else { continue };
+        let Ok(ItemBody::FileExtent(FileExtent::Disk { head, item })) = decode(&k, d, 0) else { continue };
         let bytenr = item.disk_bytenr.get();
         if bytenr == 0 {
             continue;
@@ -207,6 +209,7 @@ pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
             owner,
             ino: k.objectid,
             offset: k.offset.wrapping_sub(item.offset.get()),
+            regular: head.type_ == BTRFS_FILE_EXTENT_REG,
         });
     }
 }
@@ -247,7 +250,6 @@ pub(super) fn check(cx: &mut Ctx) {
         };
         found.push((RefRec { bytenr: d.bytenr, key, count: 1 }, d.disk_len));
     }
-    drop(found_data);
     found.sort_unstable_by(|a, b| (a.0.bytenr, a.0.key).cmp(&(b.0.bytenr, b.0.key)));
     // Several file extents may share one reference (a split extent).
     let mut agg: Vec<(RefRec, u64)> = Vec::with_capacity(found.len());
@@ -348,7 +350,9 @@ pub(super) fn check(cx: &mut Ctx) {
     // Declared against found, per (bytenr, ref).
     let level_of: std::collections::HashMap<u64, u8> = found_tree.iter().map(|t| (t.bytenr, t.level)).collect();
     let tree_of: std::collections::HashMap<u64, u64> = found_tree.iter().map(|t| (t.bytenr, t.tree)).collect();
-    drop(found_tree);
+    // The checksum and quota phases use the references too.
+    cx.ext.found_tree = found_tree;
+    cx.ext.found_data = found_data;
     let (mut i, mut j) = (0usize, 0usize);
     let mut missing_item_reported = None::<u64>;
     while i < declared.len() || j < found.len() {

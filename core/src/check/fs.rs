@@ -4,7 +4,7 @@
 //! kept as compact records and matched across inodes when the tree ends:
 //! every name needs its DIR_ITEM, DIR_INDEX and INODE_REF/EXTREF, agreeing.
 
-use super::csums::Need;
+use super::csums::{Forbid, Need};
 use super::findings::F;
 use super::{Ctx, RootRec};
 use crate::format::consts::*;
@@ -21,6 +21,8 @@ const S_IFMT: u32 = 0o170000;
 const S_IFDIR: u32 = 0o040000;
 const S_IFREG: u32 = 0o100000;
 const S_IFLNK: u32 = 0o120000;
+/// Type, set-id, sticky and permission bits: anything else in a mode is unknown.
+const VALID_MODE_BITS: u32 = S_IFMT | 0o7777;
 
 use crate::format::dir::ftype_of_mode;
 
@@ -54,6 +56,7 @@ struct Cur {
     extent_end: u64,
     first_gap: Option<u64>,
     found_size: u64,
+    dir_items_of_unlinked: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -78,6 +81,12 @@ pub(crate) struct FsTree {
     subvol_dirents: Vec<(u64, u64)>,
     lost: bool,
     inodes_checked: u64,
+    /// The root directory's ".." INODE_REF (index 0) was seen.
+    root_dotdot: bool,
+    /// File extents here need no checksums (the data relocation tree
+    /// copies extents whose csums it copies separately, prealloc ones
+    /// included), as btrfs check skips them.
+    csum_exempt: bool,
 }
 
 impl FsTree {
@@ -96,6 +105,8 @@ impl FsTree {
             subvol_dirents: Vec::new(),
             lost: false,
             inodes_checked: 0,
+            root_dotdot: false,
+            csum_exempt: r.id() == BTRFS_DATA_RELOC_TREE_OBJECTID,
         }
     }
 
@@ -162,10 +173,21 @@ impl FsTree {
                 }
                 let mode = ii.mode.get();
                 if ftype_of_mode(mode).is_none() {
-                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has invalid mode 0{mode:o}")));
+                    cx.report(self.err("inode-mode").at(bytenr).key(k).msg(format!("inode {ino} has invalid mode 0{mode:o}")));
+                } else if mode & !VALID_MODE_BITS != 0 {
+                    cx.report(self.err("inode-mode").at(bytenr).key(k).msg(format!(
+                        "inode {ino} mode 0{mode:o} has unknown bits 0{:o}",
+                        mode & !VALID_MODE_BITS
+                    )));
+                }
+                if mode & S_IFMT == S_IFDIR && ii.nlink.get() > 1 {
+                    cx.report(self.err("inode-nlink").at(bytenr).key(k).msg(format!(
+                        "directory {ino} has nlink {} (a directory has no hard links)",
+                        ii.nlink.get()
+                    )));
                 }
                 if ii.generation.get() > gen_limit || ii.transid.get() > gen_limit {
-                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!(
+                    cx.report(self.err("inode-generation").at(bytenr).key(k).msg(format!(
                         "inode {ino} generation {} / transid {} newer than the filesystem ({})",
                         ii.generation.get(),
                         ii.transid.get(),
@@ -174,9 +196,9 @@ impl FsTree {
                 }
                 // Low 32 bits: inode flags; high 32 bits: read-only compat flags (verity).
                 let flags = ii.flags.get();
-                let known = ((BTRFS_INODE_COMPRESS << 1) - 1) | BTRFS_INODE_ROOT_ITEM_INIT | (1u64 << 32);
-                if flags & !known != 0 {
-                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has unknown flags 0x{:x}", flags & !known)));
+                for (sev, m) in inode_flag_problems(mode, flags) {
+                    let f = if sev { self.err("inode-flags") } else { F::warn(P, "inode-flags").tree(self.root) };
+                    cx.report(f.at(bytenr).key(k).msg(format!("inode {ino}: {m}")));
                 }
                 if self.cur.first_key.is_some_and(|f| f.ty != BTRFS_INODE_ITEM_KEY) {
                     // Items sorted before the inode item are impossible in a valid tree.
@@ -189,6 +211,10 @@ impl FsTree {
             ItemBody::InodeRef(v) => {
                 for e in v {
                     if k.offset == ino && ino == self.root_dirid && e.name == b".." {
+                        if e.index != 0 {
+                            cx.report(self.err("name").at(bytenr).key(k).msg(format!("root directory {ino} '..' ref has index {} (must be 0)", e.index)));
+                        }
+                        self.root_dotdot = true;
                         continue;
                     }
                     self.cur.refs += 1;
@@ -207,6 +233,13 @@ impl FsTree {
             ItemBody::DirItem(v) => {
                 let is_index = k.ty == BTRFS_DIR_INDEX_KEY;
                 let is_xattr = k.ty == BTRFS_XATTR_ITEM_KEY;
+                // A directory with no links is being deleted (its orphan
+                // item is checked): the kernel drops its entries lazily,
+                // so those left are neither names nor part of its size.
+                if !is_xattr && self.cur.item.is_some_and(|f| f.nlink == 0) {
+                    self.cur.dir_items_of_unlinked = true;
+                    return;
+                }
                 let mut seen_names: Vec<&[u8]> = Vec::new();
                 for e in &v {
                     let h = name_hash(e.name);
@@ -324,13 +357,20 @@ impl FsTree {
                     if disk & mask != 0 || item.disk_num_bytes.get() & mask != 0 || item.disk_num_bytes.get() == 0 {
                         bad.push(format!("file extent disk range {disk}+{} is not sector aligned", item.disk_num_bytes.get()));
                     }
-                    if !prealloc && !nodatasum && facts.is_some() {
-                        let (s, l) = if head.compression != 0 {
-                            (disk, item.disk_num_bytes.get())
-                        } else {
-                            (disk.saturating_add(off), num_bytes)
-                        };
-                        cx.csum_needed.push(Need { start: s, len: l, root: self.root, ino: k.objectid });
+                    let (s, l) = if head.compression != 0 {
+                        (disk, item.disk_num_bytes.get())
+                    } else {
+                        (disk.saturating_add(off), num_bytes)
+                    };
+                    let regular_file = facts.is_some_and(|f| matches!(f.mode & S_IFMT, S_IFREG | S_IFLNK));
+                    if !self.csum_exempt && facts.is_some() {
+                        if !prealloc && !nodatasum {
+                            cx.csum_needed.push(Need { start: s, len: l, root: self.root, ino: k.objectid });
+                        } else if regular_file {
+                            // nodatasum data, and prealloc extents never
+                            // written, have no checksums (I_ERR_ODD_CSUM_ITEM).
+                            cx.csum_forbidden.push(Forbid { start: s, len: l, root: self.root, ino: k.objectid, prealloc_of: prealloc.then_some(disk) });
+                        }
                     }
                 }
                 if is_lnk {
@@ -366,11 +406,9 @@ impl FsTree {
             if c.extents > 0 {
                 errs.push("directory with file extents".into());
             }
-            if f.nlink != 1 {
-                errs.push(format!("directory has nlink {} (must be 1)", f.nlink));
-            }
+
         } else if fmt == S_IFREG || fmt == S_IFLNK {
-            if c.dir_entries > 0 {
+            if c.dir_entries > 0 || c.dir_items_of_unlinked {
                 errs.push("non-directory with directory entries".into());
             }
             if f.nlink > 0 && c.found_size != f.nbytes {
@@ -397,8 +435,20 @@ impl FsTree {
     pub fn finish(mut self, cx: &mut Ctx) {
         self.finish_inode(cx);
         cx.sink.checked(P, self.inodes_checked);
-        if !self.inodes.contains_key(&self.root_dirid) && !self.lost {
-            cx.report(self.err("inode").msg(format!("root directory {} has no inode item", self.root_dirid)));
+        match self.inodes.get(&self.root_dirid) {
+            None if !self.lost => cx.report(self.err("inode").msg(format!("root directory {} has no inode item", self.root_dirid))),
+            Some(&(mode, nlink)) if self.link_checks => {
+                if mode & S_IFMT != S_IFDIR {
+                    cx.report(self.err("inode-mode").msg(format!("root directory {} is not a directory (mode 0{mode:o})", self.root_dirid)));
+                }
+                if nlink != 1 {
+                    cx.report(self.err("inode-nlink").msg(format!("root directory {} has nlink {nlink} (must be 1)", self.root_dirid)));
+                }
+                if !self.root_dotdot && !self.lost {
+                    cx.report(self.err("name").msg(format!("root directory {} has no '..' INODE_REF", self.root_dirid)));
+                }
+            }
+            _ => {}
         }
         for ino in std::mem::take(&mut self.unlinked) {
             if !self.orphans.contains(&ino) {
@@ -522,6 +572,44 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
             cx.report(F::err(P, "root-ref").tree(*id).msg(format!("subvolume {id} has no root backref: it is not linked anywhere")));
         }
     }
+    // A subvolume is linked once (root item refs 1) or deleted (refs 0):
+    // a deleted one waits for the cleaner with an orphan item in the root
+    // tree, without which it is never dropped (btrfs check: "missing
+    // orphan item"), and it must not be linked any more.
+    let mut orphans_missing = Vec::new();
+    let mut found = Vec::new();
+    for r in &cx.roots {
+        let id = r.id();
+        if !(BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&id) {
+            continue;
+        }
+        let refs = r.item.refs.get();
+        if refs > 1 {
+            found.push(F::err(P, "root-ref").tree(id).key(r.key).msg(format!("subvolume {id} root item has refs {refs}; a subvolume is linked at most once")));
+        }
+        if refs == 0 {
+            if !cx.orphan_roots.contains(&id) {
+                orphans_missing.push((id, r.key));
+            }
+            if let Some((p, _)) = backrefs.keys().find(|(_, c)| *c == id) {
+                found.push(F::err(P, "root-ref").tree(id).key(r.key).msg(format!("deleted subvolume {id} (root item refs 0) is still linked from {p}")));
+            }
+        }
+    }
+    for &id in &cx.orphan_roots {
+        if !cx.roots.iter().any(|r| r.id() == id) {
+            found.push(F::warn(P, "root-orphan").tree(id).msg(format!("orphan item for subvolume {id}, which has no root item")));
+        }
+    }
+    for f in found {
+        cx.report(f);
+    }
+    for (id, key) in orphans_missing {
+        cx.report(F::err(P, "root-orphan").tree(id).key(key).msg(format!(
+            "deleted subvolume {id} (root item refs 0) has no orphan item in the root tree: it would never be dropped"
+        )));
+    }
+
     let dirents = std::mem::take(&mut cx.subvol_dirents);
     // A snapshot keeps the directory entries of subvolumes nested in its
     // source without their root refs (they read as empty directories), so
@@ -536,4 +624,35 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
     }
     cx.root_links = links;
     cx.sink.checked(P, 0);
+}
+
+/// Invalid or contradictory inode flags: (is an error, message). The low 32
+/// bits are the flags, the high 32 the read-only compat flags (verity).
+pub(crate) fn inode_flag_problems(mode: u32, flags: u64) -> Vec<(bool, String)> {
+    let mut out = Vec::new();
+    let known = ((BTRFS_INODE_COMPRESS << 1) - 1) | BTRFS_INODE_ROOT_ITEM_INIT;
+    let (lo, ro) = (flags & 0xffff_ffff, flags >> 32);
+    if lo & !known != 0 {
+        out.push((true, format!("unknown inode flags 0x{:x}", lo & !known)));
+    }
+    if ro & !1 != 0 {
+        out.push((true, format!("unknown read-only inode flags 0x{:x}", ro & !1)));
+    }
+    // btrfs check: a symlink can be neither immutable nor append-only.
+    if mode & S_IFMT == S_IFLNK && lo & (BTRFS_INODE_IMMUTABLE | BTRFS_INODE_APPEND) != 0 {
+        out.push((true, "symlink with the immutable or append-only flag".into()));
+    }
+    // The kernel clears one whenever it sets the other.
+    if lo & BTRFS_INODE_COMPRESS != 0 && lo & BTRFS_INODE_NOCOMPRESS != 0 {
+        out.push((true, "both the compress and the nocompress flags".into()));
+    }
+    // The kernel refuses these together since 5.x, and sets nodatasum with
+    // nodatacow on every file; older kernels may have left either.
+    if mode & S_IFMT == S_IFREG && lo & BTRFS_INODE_COMPRESS != 0 && lo & BTRFS_INODE_NODATACOW != 0 {
+        out.push((false, "both the compress and the nodatacow flags".into()));
+    }
+    if mode & S_IFMT == S_IFREG && lo & BTRFS_INODE_NODATACOW != 0 && lo & BTRFS_INODE_NODATASUM == 0 {
+        out.push((false, "nodatacow without nodatasum".into()));
+    }
+    out
 }

@@ -101,6 +101,8 @@ pub(crate) struct Ctx<'a> {
     pub fst: free_space::Facts,
     /// Data ranges that file extents say must have checksums (phase 7).
     pub csum_needed: Vec<csums::Need>,
+    /// Data ranges that must have none (phase 7).
+    pub csum_forbidden: Vec<csums::Forbid>,
     /// Result of the data verification run beside the metadata phases.
     pub data_verified: Option<(u64, Vec<(u64, String)>)>,
     /// Every tree block the extent tree lists has been asked for in bulk;
@@ -185,6 +187,7 @@ fn run_phases(
         csum: Default::default(),
         fst: Default::default(),
         csum_needed: Vec::new(),
+        csum_forbidden: Vec::new(),
         subvol_dirents: Vec::new(),
         data_verified: None,
         meta_prefetched: false,
