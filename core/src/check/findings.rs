@@ -18,7 +18,7 @@ pub const PHASES: [(u8, &str); 8] = [
     (2, "chunks, devices, block groups"),
     (3, "tree blocks"),
     (4, "extent tree"),
-    (5, "free space tree"),
+    (5, "free space tree and cache"),
     (6, "subvolumes"),
     (7, "checksums"),
     (8, "log trees"),

@@ -19,6 +19,7 @@ mod extents;
 mod free_space;
 mod fs;
 mod log;
+mod space_cache;
 mod superblock;
 mod walk;
 
@@ -99,6 +100,7 @@ pub(crate) struct Ctx<'a> {
     pub ext: extents::Facts,
     pub csum: csums::Facts,
     pub fst: free_space::Facts,
+    pub space_cache: space_cache::Facts,
     /// Data ranges that file extents say must have checksums (phase 7).
     pub csum_needed: Vec<csums::Need>,
     /// Data ranges that must have none (phase 7).
@@ -186,6 +188,7 @@ fn run_phases(
         ext: Default::default(),
         csum: Default::default(),
         fst: Default::default(),
+        space_cache: Default::default(),
         csum_needed: Vec::new(),
         csum_forbidden: Vec::new(),
         subvol_dirents: Vec::new(),
@@ -203,6 +206,7 @@ fn run_phases(
     timed(&mut cx, 1, superblock::check_against_trees);
     timed(&mut cx, 4, extents::check);
     timed(&mut cx, 5, free_space::check);
+    timed(&mut cx, 5, space_cache::check);
     if let Some(h) = data {
         cx.data_verified = h.join().ok();
     }

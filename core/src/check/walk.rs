@@ -468,6 +468,7 @@ fn leaf(cx: &mut Ctx, spec: &Spec, node: &Node) {
             root_leaf(cx, node);
             // Free space cache (v1) inodes keep their data extents in the root tree.
             super::extents::on_fs_leaf(cx, node);
+            super::space_cache::on_root_leaf(cx, node);
         }
         Kind::Chunk => super::chunks::on_chunk_leaf(cx, node),
         Kind::Extent => super::extents::on_extent_leaf(cx, node),
