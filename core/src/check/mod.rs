@@ -3,8 +3,8 @@
 //!
 //! superblocks (1), chunks/devices/block groups (2), every tree block (3),
 //! the extent tree against what the trees reference (4), the free space
-//! tree (5), every subvolume's inodes and names (6), data checksums (7) and
-//! log trees (8).
+//! tree and the v1 free space cache (5), every subvolume's inodes and names
+//! (6), data checksums (7), log trees (8) and quota groups (9).
 //!
 //! Phase 3 walks every tree once ([`walk`]) and hands each leaf to the
 //! collectors of the later phases, which keep compact per-extent and
@@ -19,6 +19,7 @@ mod extents;
 mod free_space;
 mod fs;
 mod log;
+mod qgroups;
 mod space_cache;
 mod superblock;
 mod walk;
@@ -101,6 +102,7 @@ pub(crate) struct Ctx<'a> {
     pub csum: csums::Facts,
     pub fst: free_space::Facts,
     pub space_cache: space_cache::Facts,
+    pub qgroups: qgroups::Facts,
     /// Data ranges that file extents say must have checksums (phase 7).
     pub csum_needed: Vec<csums::Need>,
     /// Data ranges that must have none (phase 7).
@@ -189,6 +191,7 @@ fn run_phases(
         csum: Default::default(),
         fst: Default::default(),
         space_cache: Default::default(),
+        qgroups: Default::default(),
         csum_needed: Vec::new(),
         csum_forbidden: Vec::new(),
         subvol_dirents: Vec::new(),
@@ -211,6 +214,12 @@ fn run_phases(
         cx.data_verified = h.join().ok();
     }
     timed(&mut cx, 7, csums::check);
+    let quotas = cx.qgroups.present;
+    timed(&mut cx, 9, qgroups::check);
+    // No quota tree: the phase had nothing to check.
+    cx.sink.phases[9].ran = quotas;
+    cx.ext.found_tree = Vec::new();
+    cx.ext.found_data = Vec::new();
     timed(&mut cx, 8, log::check);
     cx.sink.into_report()
 }

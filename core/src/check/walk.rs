@@ -28,6 +28,7 @@ pub(crate) enum Kind {
     Csum,
     FreeSpace,
     BlockGroup,
+    Quota,
     Fs,
     Reloc,
     Other,
@@ -43,6 +44,7 @@ fn kind_of(id: u64) -> Kind {
         BTRFS_FREE_SPACE_TREE_OBJECTID => Kind::FreeSpace,
         BTRFS_BLOCK_GROUP_TREE_OBJECTID => Kind::BlockGroup,
         BTRFS_TREE_RELOC_OBJECTID => Kind::Reloc,
+        BTRFS_QUOTA_TREE_OBJECTID => Kind::Quota,
         id if is_fstree(id) => Kind::Fs,
         _ => Kind::Other,
     }
@@ -483,6 +485,7 @@ fn leaf(cx: &mut Ctx, spec: &Spec, node: &Node) {
         }
         Kind::Csum => super::csums::on_leaf(cx, node),
         Kind::FreeSpace => super::free_space::on_leaf(cx, node),
+        Kind::Quota => super::qgroups::on_quota_leaf(cx, node),
         Kind::Fs | Kind::Reloc => super::extents::on_fs_leaf(cx, node),
         Kind::Other => {}
     }
