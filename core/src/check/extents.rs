@@ -304,6 +304,10 @@ pub(super) fn check(cx: &mut Ctx) {
         }
         let is_tree = r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0;
         let is_data = r.flags & BTRFS_EXTENT_FLAG_DATA != 0;
+        let ss = cx.img.sectorsize as u64;
+        if b % ss != 0 || r.len == 0 || r.len % ss != 0 {
+            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!("extent {b}+{} is not aligned to the sector size {ss}", r.len)));
+        }
         if is_tree == is_data {
             cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!("extent {b} flags 0x{:x} are neither data nor tree block", r.flags)));
         }
