@@ -148,6 +148,8 @@ for i in $(seq 1 20); do head -c 40000 /dev/urandom > d/sub/big$i; done
 xfs_io -f -c "pwrite 0 64k" -c "pwrite 256k 64k" holey >/dev/null
 xfs_io -f -c "falloc 0 1m" prealloc >/dev/null
 touch nocow && chattr +C nocow && head -c 50000 /dev/urandom > nocow
+# Data after the unchecksummed ranges: a second csum item.
+head -c 100000 /dev/urandom > after
 ln -s d/f1 link
 ln d/f2 hard
 mkfifo fifo
@@ -337,6 +339,59 @@ fn cases() -> Vec<Case> {
             patch_item(img, it, &|d| put_u32(d, II_MODE, 0));
         }},
         Case { class: "v1 free space cache with more free space than the group", category: "space-cache", base: SpaceCacheV1, progs_since: (0, 0), apply: grow_v1_cache_entry },
+        Case { class: "unknown inode flags (tree checker)", category: "inode-flags", base: Fs, progs_since: (6, 4), apply: |img| {
+            let it = item(img, 5, 9, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
+            patch_item(img, it, &|d| { let f = u64_at(d, II_FLAGS); put_u64(d, II_FLAGS, f | (1 << 20)) });
+        }},
+        Case { class: "unknown inode mode bits (tree checker)", category: "inode-mode", base: Fs, progs_since: (0, 0), apply: |img| {
+            let it = item(img, 5, 10, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
+            patch_item(img, it, &|d| { let m = mode_of(d); put_u32(d, II_MODE, m | (1 << 20)) });
+        }},
+        Case { class: "REF_ERR_NO_INODE_REF / INODE_REF_MISSING", category: "name", base: Fs, progs_since: (0, 0), apply: |img| {
+            // A file with one name: its INODE_REF now names another parent.
+            let ino = ino_of(img, b"holey");
+            let it = item(img, 5, 0, &|k, _| k.objectid == ino && k.ty == BTRFS_INODE_REF_KEY);
+            patch_key_offset(img, it, it.key.offset + 1);
+        }},
+        Case { class: "BACKREF_OUT_OF_ORDER (inline refs)", category: "extent-item", base: Quota, progs_since: (6, 6), apply: |img| {
+            // A data extent of a file in a snapshotted leaf that was then
+            // changed: an inline data ref, then an inline shared data ref.
+            let it = item(img, 2, 0, &|k, d| k.ty == BTRFS_EXTENT_ITEM_KEY && d.len() == 24 + 29 + 13 && d[24] == BTRFS_EXTENT_DATA_REF_KEY && d[53] == BTRFS_SHARED_DATA_REF_KEY);
+            patch_item(img, it, &|d| {
+                let data_ref = d[24..53].to_vec();
+                let shared_ref = d[53..66].to_vec();
+                d[24..37].copy_from_slice(&shared_ref);
+                d[37..66].copy_from_slice(&data_ref);
+            });
+        }},
+        Case { class: "metadata backref level out of range (053)", category: "extent-item", base: Fs, progs_since: (0, 0), apply: |img| {
+            let it = item(img, 2, 2, &|k, _| k.ty == BTRFS_METADATA_ITEM_KEY && k.offset == 0);
+            patch_key_offset(img, it, 256);
+        }},
+        // btrfs check compares only the level's range; ours the block's real level.
+        Case { class: "metadata backref level differs from the block's", category: "extent-item", base: Fs, progs_since: NEVER, apply: |img| {
+            let it = item(img, 2, 2, &|k, _| k.ty == BTRFS_METADATA_ITEM_KEY && k.offset == 0);
+            patch_key_offset(img, it, 1);
+        }},
+        Case { class: "overlapping csum items (045)", category: "csum-overlap", base: Fs, progs_since: (0, 0), apply: |img| {
+            let first = item(img, 7, 0, &|k, d| k.ty == BTRFS_EXTENT_CSUM_KEY && d.len() >= 8);
+            let next = item(img, 7, 1, &|k, _| k.ty == BTRFS_EXTENT_CSUM_KEY);
+            assert!(next.key.offset > first.key.offset + 4096);
+            patch_key_offset(img, next, first.key.offset + 4096);
+        }},
+        Case { class: "dev extent past the device (036, 068)", category: "dev-extent", base: Fs, progs_since: (0, 0), apply: |img| {
+            let it = item(img, 4, 0, &|k, _| k.ty == BTRFS_DEV_EXTENT_KEY);
+            // btrfs_dev_extent: chunk_tree, chunk_objectid, chunk_offset, length.
+            patch_item(img, it, &|d| put_u64(d, 24, 1 << 40));
+        }},
+        Case { class: "qgroup relation without its reverse or parent", category: "qgroup-relation", base: Quota, progs_since: (0, 0), apply: |img| {
+            let it = item(img, 8, 0, &|k, _| k.ty == BTRFS_QGROUP_RELATION_KEY && k.objectid == 256);
+            patch_key_offset(img, it, it.key.offset + 1);
+        }},
+        Case { class: "qgroup limit item without its qgroup", category: "qgroup-limit", base: Quota, progs_since: NEVER, apply: |img| {
+            let it = item(img, 8, 0, &|k, _| k.ty == BTRFS_QGROUP_LIMIT_KEY && k.offset == 256);
+            patch_key_offset(img, it, 255);
+        }},
         Case { class: "qgroup counts (level 0): referenced", category: "qgroup-count", base: Quota, progs_since: (0, 0), apply: |img| {
             let it = item(img, 8, 0, &|k, _| k.ty == BTRFS_QGROUP_INFO_KEY && k.offset == 256);
             patch_item(img, it, &|d| { let r = u64_at(d, 8); put_u64(d, 8, r + 4096); put_u64(d, 16, r + 4096) });
@@ -434,6 +489,44 @@ fn fsck_parity_with_btrfs_check() {
         assert_eq!(stamp, file_stamp(&img), "{}: the image was modified", c.class);
     }
     assert!(failures.is_empty(), "{} case(s) failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Orphans both ways: an inode with no links and an orphan item is valid
+/// (a file and a directory deleted while still open, committed, captured
+/// before the last close), and both checkers call it clean; the same inode
+/// without its orphan item is damage (the case list above).
+#[test]
+fn open_unlinked_file_and_directory_are_valid_orphans() {
+    if let Some(why) = kernel_unavailable() {
+        btrkit_tests::skip(&why);
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let img = tmp.path().join("live.img");
+    let snap = tmp.path().join("orphans.img");
+    sh(&format!("truncate -s 256M '{0}' && mkfs.btrfs -q -f -R ^free-space-tree '{0}'", img.display()));
+    {
+        let m = Mount::new(&img, "space_cache=v2,commit=600").expect("mount");
+        let p = m.path().display().to_string();
+        sh(&format!("mkdir -p '{p}/dir/sub' && for i in 1 2 3; do echo $i > '{p}/dir/f'$i; done && head -c 100000 /dev/urandom > '{p}/file' && sync"));
+        // Hold the file and the directory open, delete both, commit.
+        let mut holder = Command::new("sh")
+            .arg("-c")
+            // One process (exec), so killing it closes both.
+            .arg(format!("cd '{p}/dir/sub' && exec 3<'{p}/file' && exec sleep 600"))
+            .spawn()
+            .expect("holder");
+        std::thread::sleep(Duration::from_millis(300));
+        sh(&format!("rm -f '{p}/file' && rm -rf '{p}/dir' && sync && cp --sparse=always '{}' '{}'", img.display(), snap.display()));
+        let _ = holder.kill();
+        let _ = holder.wait();
+    }
+    let orphans = (0..4).filter_map(|n| find_item(&snap, 5, n, &|k, _| k.ty == BTRFS_ORPHAN_ITEM_KEY)).count();
+    assert!(orphans >= 2, "the kernel left {orphans} orphan items, wanted the file's and the directory's");
+    let (theirs, pout) = progs_check(&snap);
+    assert!(!theirs, "btrfs check finds the orphans damaged:\n{pout}");
+    let r = run_fsck(&snap, &[], LIMIT);
+    assert_eq!(r.code, 0, "btrkit-fsck finds the orphans damaged: {:?}", r.errors());
 }
 
 /// Long findings wrap inside the table instead of widening it.
