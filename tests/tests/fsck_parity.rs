@@ -90,6 +90,20 @@ fn read_item(img: &Path, tree: u64, it: ItemAt) -> Vec<u8> {
     got.into_inner()
 }
 
+/// Change one tree through core's writer (a real commit: CoW, extent and
+/// free space trees kept right): `f` gets the tree and does its edits.
+fn with_writer(img: &Path, f: &dyn Fn(&mut btrkit_core::trans::Fs)) {
+    let dev = std::sync::Arc::new(btrkit_core::io::FileDevice::open(img, true).expect("open rw"));
+    let mut fs = btrkit_core::trans::Fs::open(dev).expect("open for writing");
+    f(&mut fs);
+    fs.commit().expect("commit");
+}
+
+/// The first item of `tree` with key type `ty` and objectid >= `min`.
+fn first_key(img: &Path, tree: u64, ty: u8, min: u64) -> Key {
+    item(img, tree, 0, &|k, _| k.ty == ty && k.objectid >= min).key
+}
+
 /// The superblock, changed by `f`, checksum recomputed (primary copy).
 fn patch_super(img: &Path, f: &dyn Fn(&mut [u8])) {
     use std::os::unix::fs::FileExt;
@@ -148,8 +162,6 @@ for i in $(seq 1 20); do head -c 40000 /dev/urandom > d/sub/big$i; done
 xfs_io -f -c "pwrite 0 64k" -c "pwrite 256k 64k" holey >/dev/null
 xfs_io -f -c "falloc 0 1m" prealloc >/dev/null
 touch nocow && chattr +C nocow && head -c 50000 /dev/urandom > nocow
-# Data after the unchecksummed ranges: a second csum item.
-head -c 100000 /dev/urandom > after
 ln -s d/f1 link
 ln d/f2 hard
 mkfifo fifo
@@ -373,11 +385,12 @@ fn cases() -> Vec<Case> {
             let it = item(img, 2, 2, &|k, _| k.ty == BTRFS_METADATA_ITEM_KEY && k.offset == 0);
             patch_key_offset(img, it, 1);
         }},
-        Case { class: "overlapping csum items (045)", category: "csum-overlap", base: Fs, progs_since: (0, 0), apply: |img| {
+        Case { class: "overlapping csum items (045, core's writer)", category: "csum-overlap", base: Fs, progs_since: (0, 0), apply: |img| {
+            // A second csum item starting one sector into the first.
             let first = item(img, 7, 0, &|k, d| k.ty == BTRFS_EXTENT_CSUM_KEY && d.len() >= 8);
-            let next = item(img, 7, 1, &|k, _| k.ty == BTRFS_EXTENT_CSUM_KEY);
-            assert!(next.key.offset > first.key.offset + 4096);
-            patch_key_offset(img, next, first.key.offset + 4096);
+            let data = read_item(img, 7, first);
+            let k = Key { objectid: BTRFS_EXTENT_CSUM_OBJECTID, ty: BTRFS_EXTENT_CSUM_KEY, offset: first.key.offset + 4096 };
+            with_writer(img, &|fs| fs.insert_item(7, &k, &data[4..8]).expect("insert"));
         }},
         Case { class: "dev extent past the device (036, 068)", category: "dev-extent", base: Fs, progs_since: (0, 0), apply: |img| {
             let it = item(img, 4, 0, &|k, _| k.ty == BTRFS_DEV_EXTENT_KEY);
@@ -391,6 +404,35 @@ fn cases() -> Vec<Case> {
         Case { class: "qgroup limit item without its qgroup", category: "qgroup-limit", base: Quota, progs_since: NEVER, apply: |img| {
             let it = item(img, 8, 0, &|k, _| k.ty == BTRFS_QGROUP_LIMIT_KEY && k.offset == 256);
             patch_key_offset(img, it, 255);
+        }},
+        Case { class: "I_ERR_NO_INODE_ITEM / INODE_ITEM_MISSING (core's writer)", category: "inode", base: Fs, progs_since: (0, 0), apply: |img| {
+            let ino = ino_of(img, b"holey");
+            with_writer(img, &|fs| { fs.delete_item(5, &Key { objectid: ino, ty: BTRFS_INODE_ITEM_KEY, offset: 0 }).expect("delete"); });
+        }},
+        Case { class: "I_ERR_DUP_DIR_INDEX (two entries in one DIR_INDEX, core's writer)", category: "item", base: Fs, progs_since: (0, 0), apply: |img| {
+            let k = first_key(img, 5, BTRFS_DIR_INDEX_KEY, 256);
+            with_writer(img, &|fs| {
+                let d = fs.lookup(5, &k).expect("lookup").expect("dir index");
+                let mut two = d.clone();
+                two.extend_from_slice(&d);
+                fs.update_item(5, &k, &two).expect("update");
+            });
+        }},
+        Case { class: "I_ERR_DUP_FILENAME / DUP_FILENAME_ERROR (core's writer)", category: "name", base: Fs, progs_since: (6, 16), apply: |img| {
+            let k = first_key(img, 5, BTRFS_DIR_ITEM_KEY, 256);
+            with_writer(img, &|fs| {
+                let d = fs.lookup(5, &k).expect("lookup").expect("dir item");
+                let mut two = d.clone();
+                two.extend_from_slice(&d);
+                fs.update_item(5, &k, &two).expect("update");
+            });
+        }},
+        Case { class: "UNKNOWN_KEY in a subvolume tree (core's writer)", category: "unknown-key", base: Fs, progs_since: (6, 19), apply: |img| {
+            let ino = ino_of(img, b"holey");
+            with_writer(img, &|fs| fs.insert_item(5, &Key { objectid: ino, ty: 100, offset: 0 }, &[]).expect("insert"));
+        }},
+        Case { class: "I_ERR_DEPRECATED_FREE_INO (inode cache item, core's writer)", category: "inode-cache", base: Fs, progs_since: (6, 11), apply: |img| {
+            with_writer(img, &|fs| fs.insert_item(5, &Key { objectid: BTRFS_FREE_INO_OBJECTID, ty: BTRFS_INODE_ITEM_KEY, offset: 0 }, &[0u8; 160]).expect("insert"));
         }},
         Case { class: "qgroup counts (level 0): referenced", category: "qgroup-count", base: Quota, progs_since: (0, 0), apply: |img| {
             let it = item(img, 8, 0, &|k, _| k.ty == BTRFS_QGROUP_INFO_KEY && k.offset == 256);
