@@ -62,6 +62,22 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "checksum of the second copy only of an fs tree leaf",
+            phase: 3,
+            extra: &[],
+            apply: |img| {
+                use std::os::unix::fs::FileExt;
+                let it = item(img, 5, 0, &|k, _| k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300);
+                let phys = {
+                    let i = btrkit_core::image::Image::open_path(img, btrkit_core::image::OpenOptions::default()).expect("open");
+                    i.chunks.map(it.bytenr, i.nodesize as u64, i.devid).expect("map")
+                };
+                assert!(phys.len() == 2, "metadata is not DUP");
+                let f = std::fs::OpenOptions::new().write(true).open(img).expect("open");
+                f.write_all_at(&[0x5a; 64], phys[1] + 2000).expect("write");
+            },
+        },
+        Case {
             name: "key order inside a leaf",
             phase: 3,
             extra: &[],

@@ -74,7 +74,9 @@ pub(crate) struct FsTree {
     no_holes: bool,
     link_checks: bool,
     cur: Cur,
-    inodes: HashMap<u64, (u32, u32)>,
+    /// (inode, mode, nlink), in key order (sorted again at the end should a
+    /// damaged tree deliver them out of order).
+    inodes: Vec<(u64, u32, u32)>,
     names: Vec<NameRec>,
     orphans: HashSet<u64>,
     unlinked: Vec<u64>,
@@ -83,6 +85,15 @@ pub(crate) struct FsTree {
     inodes_checked: u64,
     /// The root directory's ".." INODE_REF (index 0) was seen.
     root_dotdot: bool,
+    /// What the per-leaf checks found, handed to the context at `finish`
+    /// (the leaves are checked on their own thread, beside the walk).
+    out: Vec<super::Finding>,
+    needs: Vec<Need>,
+    forbids: Vec<Forbid>,
+    csum_size: usize,
+    gen: u64,
+    sectorsize: u64,
+    nodesize: u64,
     /// File extents here need no checksums (the data relocation tree
     /// copies extents whose csums it copies separately, prealloc ones
     /// included), as btrfs check skips them.
@@ -90,15 +101,14 @@ pub(crate) struct FsTree {
 }
 
 impl FsTree {
-    pub fn new(cx: &mut Ctx, r: &RootRec) -> FsTree {
-        let _ = cx;
+    pub fn new(cx: &Ctx, r: &RootRec) -> FsTree {
         FsTree {
             root: r.id(),
             root_dirid: r.item.root_dirid.get(),
             no_holes: cx.has_incompat(BTRFS_FEATURE_INCOMPAT_NO_HOLES),
             link_checks: r.id() != BTRFS_DATA_RELOC_TREE_OBJECTID,
             cur: Cur::default(),
-            inodes: HashMap::new(),
+            inodes: Vec::new(),
             names: Vec::new(),
             orphans: HashSet::new(),
             unlinked: Vec::new(),
@@ -106,6 +116,13 @@ impl FsTree {
             lost: false,
             inodes_checked: 0,
             root_dotdot: false,
+            out: Vec::new(),
+            needs: Vec::new(),
+            forbids: Vec::new(),
+            csum_size: cx.img.csum.size(),
+            gen: cx.gen,
+            sectorsize: cx.img.sectorsize as u64,
+            nodesize: cx.img.nodesize as u64,
             csum_exempt: r.id() == BTRFS_DATA_RELOC_TREE_OBJECTID,
         }
     }
@@ -119,32 +136,32 @@ impl FsTree {
         F::err(P, cat).tree(self.root)
     }
 
-    pub fn leaf(&mut self, cx: &mut Ctx, node: &Node) {
-        let cs = cx.img.csum.size();
+    pub fn leaf(&mut self, node: &Node) {
+        let cs = self.csum_size;
         for slot in 0..node.nr_safe() {
             let Some(k) = node.key(slot) else { continue };
             if k.objectid != self.cur.ino || self.cur.items == 0 {
-                self.finish_inode(cx);
+                self.finish_inode();
                 self.cur = Cur { ino: k.objectid, first_key: Some(k), ..Cur::default() };
             }
             self.cur.items += 1;
             let Ok(d) = node.item_data(slot) else { continue };
-            self.item(cx, node.bytenr, k, d, cs);
+            self.item(node.bytenr, k, d, cs);
         }
     }
 
-    fn item(&mut self, cx: &mut Ctx, bytenr: u64, k: Key, d: &[u8], cs: usize) {
+    fn item(&mut self, bytenr: u64, k: Key, d: &[u8], cs: usize) {
         let ino = k.objectid;
         if ino == BTRFS_ORPHAN_OBJECTID && k.ty == BTRFS_ORPHAN_ITEM_KEY {
             self.orphans.insert(k.offset);
             return;
         }
         if ino == BTRFS_FREE_INO_OBJECTID || ino == BTRFS_FREE_SPACE_OBJECTID {
-            cx.report(self.err("inode-cache").at(bytenr).key(k).msg("deprecated inode cache item (mount option inode_cache was removed)"));
+            self.out.push(self.err("inode-cache").at(bytenr).key(k).msg("deprecated inode cache item (mount option inode_cache was removed)"));
             return;
         }
         if !(BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&ino) {
-            cx.report(self.err("unknown-key").at(bytenr).key(k).msg(format!("unexpected objectid {} in a subvolume tree", ino as i64)));
+            self.out.push(self.err("unknown-key").at(bytenr).key(k).msg(format!("unexpected objectid {} in a subvolume tree", ino as i64)));
             return;
         }
         let body = match k.ty {
@@ -161,11 +178,11 @@ impl FsTree {
             },
             BTRFS_VERITY_DESC_ITEM_KEY | BTRFS_VERITY_MERKLE_ITEM_KEY => return,
             t => {
-                cx.report(self.err("unknown-key").at(bytenr).key(k).msg(format!("unknown item type {t} in a subvolume tree")));
+                self.out.push(self.err("unknown-key").at(bytenr).key(k).msg(format!("unknown item type {t} in a subvolume tree")));
                 return;
             }
         };
-        let gen_limit = cx.gen.saturating_add(1);
+        let gen_limit = self.gen.saturating_add(1);
         match body {
             ItemBody::InodeItem(ii) => {
                 if self.cur.item.is_some() {
@@ -173,46 +190,46 @@ impl FsTree {
                 }
                 let mode = ii.mode.get();
                 if ftype_of_mode(mode).is_none() {
-                    cx.report(self.err("inode-mode").at(bytenr).key(k).msg(format!("inode {ino} has invalid mode 0{mode:o}")));
+                    self.out.push(self.err("inode-mode").at(bytenr).key(k).msg(format!("inode {ino} has invalid mode 0{mode:o}")));
                 } else if mode & !VALID_MODE_BITS != 0 {
-                    cx.report(self.err("inode-mode").at(bytenr).key(k).msg(format!(
+                    self.out.push(self.err("inode-mode").at(bytenr).key(k).msg(format!(
                         "inode {ino} mode 0{mode:o} has unknown bits 0{:o}",
                         mode & !VALID_MODE_BITS
                     )));
                 }
                 if mode & S_IFMT == S_IFDIR && ii.nlink.get() > 1 {
-                    cx.report(self.err("inode-nlink").at(bytenr).key(k).msg(format!(
+                    self.out.push(self.err("inode-nlink").at(bytenr).key(k).msg(format!(
                         "directory {ino} has nlink {} (a directory has no hard links)",
                         ii.nlink.get()
                     )));
                 }
                 if ii.generation.get() > gen_limit || ii.transid.get() > gen_limit {
-                    cx.report(self.err("inode-generation").at(bytenr).key(k).msg(format!(
+                    self.out.push(self.err("inode-generation").at(bytenr).key(k).msg(format!(
                         "inode {ino} generation {} / transid {} newer than the filesystem ({})",
                         ii.generation.get(),
                         ii.transid.get(),
-                        cx.gen
+                        self.gen
                     )));
                 }
                 // Low 32 bits: inode flags; high 32 bits: read-only compat flags (verity).
                 let flags = ii.flags.get();
                 for (sev, m) in inode_flag_problems(mode, flags) {
                     let f = if sev { self.err("inode-flags") } else { F::warn(P, "inode-flags").tree(self.root) };
-                    cx.report(f.at(bytenr).key(k).msg(format!("inode {ino}: {m}")));
+                    self.out.push(f.at(bytenr).key(k).msg(format!("inode {ino}: {m}")));
                 }
                 if self.cur.first_key.is_some_and(|f| f.ty != BTRFS_INODE_ITEM_KEY) {
                     // Items sorted before the inode item are impossible in a valid tree.
-                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has items before its inode item")));
+                    self.out.push(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has items before its inode item")));
                 }
                 let f = InodeFacts { mode, nlink: ii.nlink.get(), size: ii.size.get(), nbytes: ii.nbytes.get(), flags: ii.flags.get() };
                 self.cur.item = Some(f);
-                self.inodes.insert(ino, (mode, f.nlink));
+                self.inodes.push((ino, mode, f.nlink));
             }
             ItemBody::InodeRef(v) => {
                 for e in v {
                     if k.offset == ino && ino == self.root_dirid && e.name == b".." {
                         if e.index != 0 {
-                            cx.report(self.err("name").at(bytenr).key(k).msg(format!("root directory {ino} '..' ref has index {} (must be 0)", e.index)));
+                            self.out.push(self.err("name").at(bytenr).key(k).msg(format!("root directory {ino} '..' ref has index {} (must be 0)", e.index)));
                         }
                         self.root_dotdot = true;
                         continue;
@@ -224,7 +241,7 @@ impl FsTree {
             ItemBody::InodeExtref(v) => {
                 for e in v {
                     if extref_hash(e.parent, e.name) != k.offset {
-                        cx.report(self.err("name").at(bytenr).key(k).msg(format!("inode {ino} extref key offset is not the hash of its name")));
+                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!("inode {ino} extref key offset is not the hash of its name")));
                     }
                     self.cur.refs += 1;
                     self.names.push(NameRec { parent: e.parent, child: ino, index: e.index, hash: name_hash(e.name) as u32, src: SRC_REF, ftype: 0 });
@@ -244,7 +261,7 @@ impl FsTree {
                 for e in &v {
                     let h = name_hash(e.name);
                     if !is_index && h != k.offset {
-                        cx.report(self.err("name").at(bytenr).key(k).msg(format!(
+                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!(
                             "{} '{}' hash 0x{h:x} does not match key offset 0x{:x}",
                             if is_xattr { "xattr" } else { "dir item" },
                             String::from_utf8_lossy(e.name),
@@ -252,10 +269,10 @@ impl FsTree {
                         )));
                     }
                     if e.name.is_empty() {
-                        cx.report(self.err("name").at(bytenr).key(k).msg("empty name"));
+                        self.out.push(self.err("name").at(bytenr).key(k).msg("empty name"));
                     }
                     if seen_names.contains(&e.name) {
-                        cx.report(self.err("name").at(bytenr).key(k).msg(format!("duplicate name '{}' in directory {ino}", String::from_utf8_lossy(e.name))));
+                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!("duplicate name '{}' in directory {ino}", String::from_utf8_lossy(e.name))));
                     }
                     seen_names.push(e.name);
                     if is_xattr {
@@ -266,7 +283,7 @@ impl FsTree {
                     let loc = Key::from(&e.item.location);
                     let ft = e.item.type_ & !BTRFS_FT_ENCRYPTED;
                     if ft == BTRFS_FT_UNKNOWN || ft >= BTRFS_FT_XATTR {
-                        cx.report(self.err("name").at(bytenr).key(k).msg(format!("dir entry '{}' has invalid type {ft}", String::from_utf8_lossy(e.name))));
+                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!("dir entry '{}' has invalid type {ft}", String::from_utf8_lossy(e.name))));
                     }
                     match loc.ty {
                         BTRFS_INODE_ITEM_KEY => self.names.push(NameRec {
@@ -282,17 +299,17 @@ impl FsTree {
                                 self.subvol_dirents.push((ino, loc.objectid));
                             }
                         }
-                        t => cx.report(self.err("name").at(bytenr).key(k).msg(format!("dir entry location has key type {t}"))),
+                        t => self.out.push(self.err("name").at(bytenr).key(k).msg(format!("dir entry location has key type {t}"))),
                     }
                 }
             }
-            ItemBody::FileExtent(fe) => self.file_extent(cx, bytenr, k, fe),
+            ItemBody::FileExtent(fe) => self.file_extent(bytenr, k, fe),
             _ => {}
         }
     }
 
-    fn file_extent(&mut self, cx: &mut Ctx, bytenr: u64, k: Key, fe: FileExtent) {
-        let ss = cx.img.sectorsize as u64;
+    fn file_extent(&mut self, bytenr: u64, k: Key, fe: FileExtent) {
+        let ss = self.sectorsize;
         let mask = ss - 1;
         let c = &mut self.cur;
         c.extents += 1;
@@ -316,7 +333,7 @@ impl FsTree {
                 if ram == 0 {
                     bad.push("inline extent with ram_bytes 0".into());
                 }
-                let max_inline = mask.min(cx.img.nodesize as u64 - 101 - 25 - 21);
+                let max_inline = mask.min(self.nodesize - 101 - 25 - 21);
                 if head.compression != BTRFS_COMPRESS_NONE {
                     if data.len() as u64 > max_inline || ram > ss {
                         bad.push(format!("compressed inline extent too large ({} bytes, ram {ram})", data.len()));
@@ -365,11 +382,11 @@ impl FsTree {
                     let regular_file = facts.is_some_and(|f| matches!(f.mode & S_IFMT, S_IFREG | S_IFLNK));
                     if !self.csum_exempt && facts.is_some() {
                         if !prealloc && !nodatasum {
-                            cx.csum_needed.push(Need { start: s, len: l, root: self.root, ino: k.objectid });
+                            self.needs.push(Need { start: s, len: l, root: self.root, ino: k.objectid });
                         } else if regular_file {
                             // nodatasum data, and prealloc extents never
                             // written, have no checksums (I_ERR_ODD_CSUM_ITEM).
-                            cx.csum_forbidden.push(Forbid { start: s, len: l, root: self.root, ino: k.objectid, prealloc_of: prealloc.then_some(disk) });
+                            self.forbids.push(Forbid { start: s, len: l, root: self.root, ino: k.objectid, prealloc_of: prealloc.then_some(disk) });
                         }
                     }
                 }
@@ -380,11 +397,11 @@ impl FsTree {
         }
         c.extent_end = k.offset.saturating_add(num_bytes);
         for m in bad {
-            cx.report(self.err("file-extent").at(bytenr).key(k).msg(format!("inode {}: {m}", k.objectid)));
+            self.out.push(self.err("file-extent").at(bytenr).key(k).msg(format!("inode {}: {m}", k.objectid)));
         }
     }
 
-    fn finish_inode(&mut self, cx: &mut Ctx) {
+    fn finish_inode(&mut self) {
         let c = std::mem::take(&mut self.cur);
         if c.items == 0 || c.ino < BTRFS_FIRST_FREE_OBJECTID || c.ino > BTRFS_LAST_FREE_OBJECTID {
             return;
@@ -393,7 +410,7 @@ impl FsTree {
         let ino = c.ino;
         let Some(f) = c.item else {
             if !self.lost {
-                cx.report(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino} has items but no inode item")));
+                self.out.push(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino} has items but no inode item")));
             }
             return;
         };
@@ -428,16 +445,30 @@ impl FsTree {
             }
         }
         for m in errs {
-            cx.report(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino}: {m}")));
+            self.out.push(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino}: {m}")));
         }
     }
 
+    /// (mode, nlink) of an inode of this tree (after `finish` sorted them).
+    fn inode(&self, ino: u64) -> Option<(u32, u32)> {
+        self.inodes.binary_search_by_key(&ino, |i| i.0).ok().map(|i| (self.inodes[i].1, self.inodes[i].2))
+    }
+
     pub fn finish(mut self, cx: &mut Ctx) {
-        self.finish_inode(cx);
+        self.finish_inode();
+        for f in std::mem::take(&mut self.out) {
+            cx.report(f);
+        }
+        cx.csum_needed.append(&mut self.needs);
+        cx.csum_forbidden.append(&mut self.forbids);
         cx.sink.checked(P, self.inodes_checked);
-        match self.inodes.get(&self.root_dirid) {
+        if !self.inodes.windows(2).all(|w| w[0].0 < w[1].0) {
+            self.inodes.sort_by_key(|i| i.0);
+            self.inodes.dedup_by_key(|i| i.0);
+        }
+        match self.inode(self.root_dirid) {
             None if !self.lost => cx.report(self.err("inode").msg(format!("root directory {} has no inode item", self.root_dirid))),
-            Some(&(mode, nlink)) if self.link_checks => {
+            Some((mode, nlink)) if self.link_checks => {
                 if mode & S_IFMT != S_IFDIR {
                     cx.report(self.err("inode-mode").msg(format!("root directory {} is not a directory (mode 0{mode:o})", self.root_dirid)));
                 }
@@ -488,9 +519,8 @@ impl FsTree {
             }
             i = j;
             let (p, ch) = (g0.parent, g0.child);
-            let what = format!("name in directory {p} for inode {ch}");
-            let child = self.inodes.get(&ch).copied();
-            let parent = self.inodes.get(&p).copied();
+            let child = self.inode(ch);
+            let parent = self.inode(p);
             let mut errs = Vec::<String>::new();
             if child.is_none() {
                 errs.push("points to an inode that does not exist".into());
@@ -527,7 +557,7 @@ impl FsTree {
                 }
             }
             for e in errs {
-                cx.report(self.err("name").msg(format!("{what} {e}")));
+                cx.report(self.err("name").msg(format!("name in directory {p} for inode {ch} {e}")));
             }
         }
     }

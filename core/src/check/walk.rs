@@ -173,24 +173,52 @@ pub(super) fn walk_all(cx: &mut Ctx) {
         _ => 2,
     });
     let mut prefetching = None;
-    for s in &specs {
-        walk(cx, &mut seen, &mut mirrors, s);
-        if s.kind == Kind::Extent {
-            // Issuing the readahead takes a while itself: do it beside the walk.
-            let (runs, complete) = metadata_runs(cx);
-            cx.meta_prefetched = complete;
-            let dev = img.device().clone();
-            prefetching = std::thread::Builder::new()
-                .name("meta-prefetch".into())
-                .spawn(move || {
-                    for (s, e) in runs {
-                        dev.prefetch(s, e - s);
-                    }
-                })
-                .ok();
+    std::thread::scope(|scope| {
+        let mut mirror_check = None;
+        for s in &specs {
+            walk(cx, &mut seen, &mut mirrors, s);
+            if s.kind == Kind::Extent {
+                // The extent tree lists every tree block: ask the kernel
+                // for their first copies (issuing that takes a while itself,
+                // so beside the walk), and verify the other copies with
+                // large direct reads on a thread of their own.
+                let (runs, copies, complete) = metadata_runs(cx);
+                cx.meta_prefetched = complete;
+                let dev = img.device().clone();
+                prefetching = std::thread::Builder::new()
+                    .name("meta-prefetch".into())
+                    .spawn(move || {
+                        for (s, e) in runs {
+                            dev.prefetch(s, e - s);
+                        }
+                    })
+                    .ok();
+                if complete {
+                    mirror_check = std::thread::Builder::new().name("meta-mirrors".into()).spawn_scoped(scope, move || verify_copies(img, copies)).ok();
+                }
+            }
         }
-    }
-    verify_mirrors(cx, mirrors);
+        // Copies already verified beside the walk; the rest now.
+        let checked = mirror_check.take().and_then(|h| h.join().ok());
+        let rest = match checked {
+            Some((done, bad)) => {
+                let mut late = Vec::new();
+                for (bytenr, tree) in std::mem::take(&mut mirrors) {
+                    if done.binary_search(&bytenr).is_err() {
+                        late.push((bytenr, tree));
+                        continue;
+                    }
+                    let i = bad.partition_point(|b| b.0 < bytenr);
+                    for &(_, copy, phys) in bad[i..].iter().take_while(|b| b.0 == bytenr) {
+                        cx.report(F::err(P, "checksum").tree(tree).at(bytenr).msg(format!("copy {copy} of the block (at physical {phys}) is damaged")));
+                    }
+                }
+                late
+            }
+            None => std::mem::take(&mut mirrors),
+        };
+        verify_mirrors(cx, rest);
+    });
     if let Some(h) = prefetching {
         let _ = h.join();
     }
@@ -199,12 +227,51 @@ pub(super) fn walk_all(cx: &mut Ctx) {
     cx.ext.loaded = true;
 }
 
-/// Walk one tree. `seen` is global across trees.
+/// What the walk of a subvolume hands to its inode checks, in key order.
+enum FsFeed {
+    Leaf(Node),
+    /// A block of the tree could not be read.
+    Lost,
+}
+
+/// Walk one tree. `seen` is global across trees. A subvolume's inode and
+/// name checks run on a thread of their own, fed the leaves in key order,
+/// while the walk reads and validates the next blocks.
 pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u64)>, spec: &Spec) {
+    let Some(r) = spec.fs_check.as_ref() else {
+        walk_blocks(cx, seen, mirrors, spec, &mut |_| {});
+        return;
+    };
+    let mut fs = FsTree::new(cx, r);
+    let done = std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<FsFeed>(256);
+        let checker = s.spawn(move || {
+            for m in rx {
+                match m {
+                    FsFeed::Leaf(n) => fs.leaf(&n),
+                    FsFeed::Lost => fs.lost_block(),
+                }
+            }
+            fs
+        });
+        let mut feed = |m| {
+            let _ = tx.send(m);
+        };
+        walk_blocks(cx, seen, mirrors, spec, &mut feed);
+        drop(tx);
+        checker.join()
+    });
+    match done {
+        Ok(fs) => fs.finish(cx),
+        Err(p) => std::panic::resume_unwind(p),
+    }
+}
+
+fn walk_blocks(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u64)>, spec: &Spec, feed: &mut dyn FnMut(FsFeed)) {
     let img = cx.img;
     let root = spec.root;
     let check_owner = !matches!(spec.kind, Kind::Reloc);
-    let mut fs = spec.fs_check.as_ref().map(|r| FsTree::new(cx, r));
+    let fs_check = spec.fs_check.is_some();
     let mut here: HashSet<u64> = HashSet::new();
     // A relocation tree's root block is referenced by itself (full backref).
     let root_parent = if spec.kind == Kind::Reloc { root.bytenr } else { 0 };
@@ -226,7 +293,7 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
             continue;
         }
         let first = seen.insert(p.bytenr);
-        if !first && fs.is_none() {
+        if !first && !fs_check {
             continue;
         }
         let (read, bad, mirrors_later) = match p.pre {
@@ -239,8 +306,8 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
                 if first {
                     cx.report(F::err(P, "unreadable").tree(root.id).at(p.bytenr).opt_key(p.expect.first_key).msg(format!("tree block unreadable: {e}")));
                 }
-                if let Some(f) = fs.as_mut() {
-                    f.lost_block();
+                if fs_check {
+                    feed(FsFeed::Lost);
                 }
                 continue;
             }
@@ -285,8 +352,8 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
             if first {
                 leaf(cx, spec, &node);
             }
-            if let Some(f) = fs.as_mut() {
-                f.leaf(cx, &node);
+            if fs_check {
+                feed(FsFeed::Leaf(node));
             }
             continue;
         }
@@ -324,7 +391,7 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
         // in parallel; the rest of the walk (and every finding) stays in
         // key order.
         let from = stack.len() - pushed;
-        let descend_seen = fs.is_some();
+        let descend_seen = fs_check;
         let todo: Vec<usize> = (from..stack.len()).filter(|&i| descend_seen || !seen.contains(&stack[i].bytenr)).collect();
         if !cx.meta_prefetched {
             for &i in todo.iter().rev() {
@@ -341,9 +408,6 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
                 stack[i].pre = Some(Box::new(l));
             }
         }
-    }
-    if let Some(f) = fs {
-        f.finish(cx);
     }
 }
 
@@ -389,15 +453,18 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
 /// Most metadata asked for ahead of the walk (page cache, not our memory).
 const PREFETCH_LIMIT: u64 = 512 << 20;
 
-/// The extent tree lists every tree block: ask the kernel for all of them
-/// (every copy) in disk order, merged into large reads, so the walk of the
-/// other trees finds them in the page cache instead of waiting on each.
-/// Returns the (start, end) physical runs to ask for, and whether they
+/// The extent tree lists every tree block: ask the kernel for the first
+/// copy of all of them in disk order, merged into large reads, so the walk
+/// of the other trees finds them in the page cache instead of waiting on
+/// each. Returns the (start, end) physical runs to ask for, the other
+/// copies (physical, copy index, bytenr) in disk order, and whether they
 /// hold every tree block (PREFETCH_LIMIT bounds them).
-fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, bool) {
+#[allow(clippy::type_complexity)]
+fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, Vec<(u64, usize, u64)>, bool) {
     let img = cx.img;
     let ns = img.nodesize as u64;
     let mut phys: Vec<u64> = Vec::new();
+    let mut copies: Vec<(u64, usize, u64)> = Vec::new();
     let mut complete = true;
     for r in &cx.ext.recs {
         if r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK == 0 {
@@ -408,9 +475,13 @@ fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, bool) {
             break;
         }
         if let Ok(p) = img.chunks.map(r.bytenr, ns, img.devid) {
-            phys.extend(p);
+            if let Some((&first, rest)) = p.split_first() {
+                phys.push(first);
+                copies.extend(rest.iter().enumerate().map(|(i, &q)| (q, i + 1, r.bytenr)));
+            }
         }
     }
+    copies.sort_unstable();
     phys.sort_unstable();
     let mut runs = Vec::new();
     let mut run: Option<(u64, u64)> = None;
@@ -425,7 +496,55 @@ fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, bool) {
         };
     }
     runs.extend(run);
-    (runs, complete)
+    (runs, copies, complete)
+}
+
+/// Verify the given copies (physical, copy index, bytenr; in disk order)
+/// with large direct reads. Returns the blocks covered (sorted) and the
+/// damaged copies (bytenr, copy index, physical; sorted).
+#[allow(clippy::type_complexity)]
+fn verify_copies(img: &Image, copies: Vec<(u64, usize, u64)>) -> (Vec<u64>, Vec<(u64, usize, u64)>) {
+    const REQUEST: u64 = 2 << 20;
+    let ns = img.nodesize as u64;
+    let mut bad = Vec::new();
+    let mut buf = crate::io::IoBuf::new();
+    let mut i = 0;
+    while i < copies.len() {
+        // A run of copies that are next to each other on disk (small gaps read through).
+        let start = copies[i].0;
+        let mut j = i + 1;
+        while j < copies.len() && copies[j].0 >= copies[j - 1].0 + ns && copies[j].0 - (copies[j - 1].0 + ns) <= 64 << 10 && copies[j].0 + ns - start <= REQUEST {
+            j += 1;
+        }
+        let len = (copies[j - 1].0 + ns - start) as usize;
+        let run = &copies[i..j];
+        let mut ok = false;
+        let _ = img.device().read_once(start, len, &mut buf, &mut |data: &[u8]| {
+            ok = true;
+            for &(p, copy, bytenr) in run {
+                let o = (p - start) as usize;
+                let good = data.get(o..o + ns as usize).is_some_and(|b| copy_ok(img, b, bytenr));
+                if !good {
+                    bad.push((bytenr, copy, p));
+                }
+            }
+        });
+        if !ok {
+            // Unreadable as a whole: block by block.
+            let mut b = vec![0u8; ns as usize];
+            for &(p, copy, bytenr) in run {
+                if !(img.device().read_at(p, &mut b).is_ok() && copy_ok(img, &b, bytenr)) {
+                    bad.push((bytenr, copy, p));
+                }
+            }
+        }
+        i = j;
+    }
+    let mut done: Vec<u64> = copies.iter().map(|c| c.2).collect();
+    done.sort_unstable();
+    done.dedup();
+    bad.sort_unstable();
+    (done, bad)
 }
 
 fn prefetch_block(img: &Image, bytenr: u64) {
