@@ -454,47 +454,56 @@ impl FsTree {
         self.inodes.binary_search_by_key(&ino, |i| i.0).ok().map(|i| (self.inodes[i].1, self.inodes[i].2))
     }
 
-    pub fn finish(mut self, cx: &mut Ctx) {
+    /// Everything left once the last leaf is in: the last inode, the root
+    /// directory, orphans, and the names matched across inodes. Runs on the
+    /// checker's thread; `deliver` hands the results over.
+    pub fn finish(&mut self) {
         self.finish_inode();
-        for f in std::mem::take(&mut self.out) {
-            cx.report(f);
-        }
-        cx.csum_needed.append(&mut self.needs);
-        cx.csum_forbidden.append(&mut self.forbids);
-        cx.sink.checked(P, self.inodes_checked);
         if !self.inodes.windows(2).all(|w| w[0].0 < w[1].0) {
             self.inodes.sort_by_key(|i| i.0);
             self.inodes.dedup_by_key(|i| i.0);
         }
+        let mut out = Vec::new();
         match self.inode(self.root_dirid) {
-            None if !self.lost => cx.report(self.err("inode").msg(format!("root directory {} has no inode item", self.root_dirid))),
+            None if !self.lost => out.push(self.err("inode").msg(format!("root directory {} has no inode item", self.root_dirid))),
             Some((mode, nlink)) if self.link_checks => {
                 if mode & S_IFMT != S_IFDIR {
-                    cx.report(self.err("inode-mode").msg(format!("root directory {} is not a directory (mode 0{mode:o})", self.root_dirid)));
+                    out.push(self.err("inode-mode").msg(format!("root directory {} is not a directory (mode 0{mode:o})", self.root_dirid)));
                 }
                 if nlink != 1 {
-                    cx.report(self.err("inode-nlink").msg(format!("root directory {} has nlink {nlink} (must be 1)", self.root_dirid)));
+                    out.push(self.err("inode-nlink").msg(format!("root directory {} has nlink {nlink} (must be 1)", self.root_dirid)));
                 }
                 if !self.root_dotdot && !self.lost {
-                    cx.report(self.err("name").msg(format!("root directory {} has no '..' INODE_REF", self.root_dirid)));
+                    out.push(self.err("name").msg(format!("root directory {} has no '..' INODE_REF", self.root_dirid)));
                 }
             }
             _ => {}
         }
         for ino in std::mem::take(&mut self.unlinked) {
             if !self.orphans.contains(&ino) {
-                cx.report(self.err("orphan").msg(format!("inode {ino} has no links and no orphan item")));
+                out.push(self.err("orphan").msg(format!("inode {ino} has no links and no orphan item")));
             }
         }
+        self.out.extend(out);
         if self.link_checks && !self.lost {
-            self.match_names(cx);
+            self.match_names();
         }
+    }
+
+    /// Hand what the checks found to the context.
+    pub fn deliver(mut self, cx: &mut Ctx) {
+        for f in std::mem::take(&mut self.out) {
+            cx.report(f);
+        }
+        cx.csum_needed.append(&mut self.needs);
+        cx.csum_forbidden.append(&mut self.forbids);
+        cx.sink.checked(P, self.inodes_checked);
         for (dir, child) in std::mem::take(&mut self.subvol_dirents) {
             cx.subvol_dirents.push(super::SubvolDirent { tree: self.root, dir, child });
         }
     }
 
-    fn match_names(&mut self, cx: &mut Ctx) {
+    fn match_names(&mut self) {
         let mut names = std::mem::take(&mut self.names);
         names.sort_unstable_by_key(|n| (n.parent, n.child, n.hash, n.src, n.index));
         let mut i = 0;
@@ -557,7 +566,7 @@ impl FsTree {
                 }
             }
             for e in errs {
-                cx.report(self.err("name").msg(format!("name in directory {p} for inode {ch} {e}")));
+                self.out.push(self.err("name").msg(format!("name in directory {p} for inode {ch} {e}")));
             }
         }
     }

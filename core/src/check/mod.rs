@@ -202,12 +202,29 @@ fn run_phases(
         cx.report(findings::F::warn(1, "open").msg(w.clone()));
     }
     timed(&mut cx, 1, superblock::check_mirrors);
-    // Phase 3 also feeds phases 2, 4, 5, 6 and 7 with what the leaves hold.
-    timed(&mut cx, 3, walk::walk_all);
+    std::thread::scope(|scope| {
+        // Phase 3 also feeds phases 2, 4, 5, 6 and 7 with what the leaves
+        // hold; the subvolumes' own checks (phase 6) may still be running
+        // on their threads when it returns, beside phases 2 and 4.
+        let t = Instant::now();
+        cx.progress.phase(3, phase_name(3), 0);
+        let mut pending = Vec::new();
+        walk::walk_all(&mut cx, scope, &mut pending);
+        cx.sink.ran(3);
+        cx.sink.add_millis(3, t.elapsed().as_millis() as u64);
+        timed(&mut cx, 2, chunks::check);
+        timed(&mut cx, 1, superblock::check_against_trees);
+        timed(&mut cx, 4, extents::check);
+        let t = Instant::now();
+        for h in pending {
+            match h.join() {
+                Ok(fs) => fs.deliver(&mut cx),
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        }
+        cx.sink.add_millis(6, t.elapsed().as_millis() as u64);
+    });
     timed(&mut cx, 6, fs::check_root_refs);
-    timed(&mut cx, 2, chunks::check);
-    timed(&mut cx, 1, superblock::check_against_trees);
-    timed(&mut cx, 4, extents::check);
     timed(&mut cx, 5, free_space::check);
     timed(&mut cx, 5, space_cache::check);
     if let Some(h) = data {
@@ -228,6 +245,9 @@ fn timed(cx: &mut Ctx, phase: u8, f: fn(&mut Ctx)) {
     let t = Instant::now();
     cx.progress.phase(phase, phase_name(phase), 0);
     f(cx);
+    if std::env::var_os("BTRKIT_PROF").is_some() {
+        eprintln!("phase {phase}: {:?}", t.elapsed());
+    }
     cx.sink.ran(phase);
     cx.sink.add_millis(phase, t.elapsed().as_millis() as u64);
 }

@@ -102,7 +102,9 @@ fn load(img: &Image, bytenr: u64, expect: &Expect) -> Loaded {
     (r, bad, false)
 }
 
-pub(super) fn walk_all(cx: &mut Ctx) {
+/// Walk every tree. Subvolume checks still running are left in `pending`
+/// for the caller to join (they need nothing the later phases change).
+pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(cx: &mut Ctx<'a>, scope: &'scope std::thread::Scope<'scope, 'env>, pending: &mut Vec<FsPending<'scope>>) {
     let mut seen: HashSet<u64> = HashSet::new();
     let img = cx.img;
     let total: u64 = 2;
@@ -110,7 +112,7 @@ pub(super) fn walk_all(cx: &mut Ctx) {
 
     let root_spec = Spec { root: img.root_tree(), kind: Kind::Root, ref_root: BTRFS_ROOT_TREE_OBJECTID, drop_key: None, fs_check: None };
     let mut mirrors = Vec::new();
-    walk(cx, &mut seen, &mut mirrors, &root_spec);
+    walk_blocks(cx, &mut seen, &mut mirrors, &root_spec, &mut |_| {});
     let chunk_spec = Spec { root: img.chunk_tree(), kind: Kind::Chunk, ref_root: BTRFS_CHUNK_TREE_OBJECTID, drop_key: None, fs_check: None };
 
     // Progress: root items say how many bytes of tree blocks each tree has.
@@ -173,10 +175,15 @@ pub(super) fn walk_all(cx: &mut Ctx) {
         _ => 2,
     });
     let mut prefetching = None;
-    std::thread::scope(|scope| {
+    {
         let mut mirror_check = None;
+        let t0 = std::time::Instant::now();
+        let prof = std::env::var_os("BTRKIT_PROF").is_some();
         for s in &specs {
-            walk(cx, &mut seen, &mut mirrors, s);
+            walk(cx, &mut seen, &mut mirrors, s, scope, pending);
+            if prof {
+                eprintln!("tree {} walked at {:?}", s.root.id as i64, t0.elapsed());
+            }
             if s.kind == Kind::Extent {
                 // The extent tree lists every tree block: ask the kernel
                 // for their first copies (issuing that takes a while itself,
@@ -218,7 +225,10 @@ pub(super) fn walk_all(cx: &mut Ctx) {
             None => std::mem::take(&mut mirrors),
         };
         verify_mirrors(cx, rest);
-    });
+        if prof {
+            eprintln!("mirrors at {:?}", t0.elapsed());
+        }
+    }
     if let Some(h) = prefetching {
         let _ = h.join();
     }
@@ -234,36 +244,56 @@ enum FsFeed {
     Lost,
 }
 
+/// A subvolume's checks still running on their own thread.
+pub(crate) type FsPending<'scope> = std::thread::ScopedJoinHandle<'scope, FsTree>;
+
 /// Walk one tree. `seen` is global across trees. A subvolume's inode and
-/// name checks run on a thread of their own, fed the leaves in key order,
-/// while the walk reads and validates the next blocks.
-pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u64)>, spec: &Spec) {
+/// name checks run on a thread of their own, fed the leaves in key order
+/// while the walk reads and validates the next blocks; the thread is left
+/// to finish (names are matched once the tree is complete) while the walk
+/// goes on, and joined by the caller.
+pub(crate) fn walk<'scope, 'env>(
+    cx: &mut Ctx,
+    seen: &mut HashSet<u64>,
+    mirrors: &mut Vec<(u64, u64)>,
+    spec: &Spec,
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    pending: &mut Vec<FsPending<'scope>>,
+) {
     let Some(r) = spec.fs_check.as_ref() else {
         walk_blocks(cx, seen, mirrors, spec, &mut |_| {});
         return;
     };
     let mut fs = FsTree::new(cx, r);
-    let done = std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<FsFeed>(256);
-        let checker = s.spawn(move || {
-            for m in rx {
-                match m {
-                    FsFeed::Leaf(n) => fs.leaf(&n),
-                    FsFeed::Lost => fs.lost_block(),
-                }
+    let (tx, rx) = std::sync::mpsc::sync_channel::<FsFeed>(256);
+    let checker = std::thread::Builder::new().name("fs-checks".into()).spawn_scoped(scope, move || {
+        for m in rx {
+            match m {
+                FsFeed::Leaf(n) => fs.leaf(&n),
+                FsFeed::Lost => fs.lost_block(),
             }
-            fs
-        });
-        let mut feed = |m| {
-            let _ = tx.send(m);
-        };
-        walk_blocks(cx, seen, mirrors, spec, &mut feed);
-        drop(tx);
-        checker.join()
+        }
+        fs.finish();
+        fs
     });
-    match done {
-        Ok(fs) => fs.finish(cx),
-        Err(p) => std::panic::resume_unwind(p),
+    match checker {
+        Ok(h) => {
+            walk_blocks(cx, seen, mirrors, spec, &mut |m| {
+                let _ = tx.send(m);
+            });
+            drop(tx);
+            pending.push(h);
+        }
+        Err(_) => {
+            // No thread to be had: check the leaves here.
+            let mut fs = FsTree::new(cx, r);
+            walk_blocks(cx, seen, mirrors, spec, &mut |m| match m {
+                FsFeed::Leaf(n) => fs.leaf(&n),
+                FsFeed::Lost => fs.lost_block(),
+            });
+            fs.finish();
+            fs.deliver(cx);
+        }
     }
 }
 
