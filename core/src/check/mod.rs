@@ -139,7 +139,10 @@ pub fn check_path(path: &Path, opts: CheckOptions, progress: &dyn Progress) -> R
         Image::open(dev, OpenOptions { mirror, lenient: true, writable: false })
     };
     let primary_err = match open(0) {
-        Ok(img) => return Ok(check_image(&img, opts, progress)),
+        Ok(img) => {
+            let early = written_metadata(path, &img);
+            return Ok(run(&img, opts, progress, Sink::new(), early));
+        }
         Err(e @ Error::Io { .. }) => return Err(e),
         Err(e) => e,
     };
@@ -149,7 +152,8 @@ pub fn check_path(path: &Path, opts: CheckOptions, progress: &dyn Progress) -> R
             pre.push(findings::F::err(1, "superblock").at(BTRFS_SUPER_INFO_OFFSET).msg(format!(
                 "primary superblock unusable ({primary_err}); checked using mirror {mirror}"
             )));
-            return Ok(run(&img, opts, progress, pre));
+            let early = written_metadata(path, &img);
+            return Ok(run(&img, opts, progress, pre, early));
         }
     }
     Err(primary_err)
@@ -157,15 +161,76 @@ pub fn check_path(path: &Path, opts: CheckOptions, progress: &dyn Progress) -> R
 
 /// Check an opened image.
 pub fn check_image(img: &Image, opts: CheckOptions, progress: &dyn Progress) -> Report {
-    run(img, opts, progress, Sink::new())
+    run(img, opts, progress, Sink::new(), Vec::new())
 }
 
-fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink) -> Report {
+/// Most bytes of metadata chunks read ahead before the trees say where
+/// their blocks are.
+const EARLY_PREFETCH_LIMIT: u64 = 256 << 20;
+
+/// The parts of the image file's metadata chunks (first copies) that were
+/// ever written: an image file leaves untouched space as holes, so this is
+/// close to the tree blocks, and reading it ahead lets the first trees be
+/// walked from the page cache. Empty when the file has no holes to tell
+/// (a block device) or the total is large.
+fn written_metadata(path: &Path, img: &Image) -> Vec<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    let Ok(f) = std::fs::File::open(path) else { return Vec::new() };
+    let fd = f.as_raw_fd();
+    let mut runs = Vec::new();
+    let mut total = 0u64;
+    for c in img.chunks.iter() {
+        if c.type_flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) == 0 {
+            continue;
+        }
+        let Some(&(_, start)) = c.stripes.iter().find(|s| s.0 == img.devid) else { continue };
+        let end = start.saturating_add(c.length);
+        let mut pos = start;
+        // Bounded: every step moves past at least one byte of the chunk.
+        while pos < end {
+            // SAFETY: lseek on a descriptor we own; only offsets are returned.
+            let d = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
+            if d < 0 || d as u64 >= end {
+                break;
+            }
+            // SAFETY: as above.
+            let h = unsafe { libc::lseek(fd, d, libc::SEEK_HOLE) };
+            let h = if h < 0 { end } else { (h as u64).min(end) };
+            if h <= d as u64 {
+                break;
+            }
+            runs.push((d as u64, h));
+            total = total.saturating_add(h - d as u64);
+            if total > EARLY_PREFETCH_LIMIT {
+                return Vec::new();
+            }
+            pos = h;
+        }
+    }
+    // A file without holes says nothing: the whole chunks would be read.
+    let chunk_total: u64 = img.chunks.iter().filter(|c| c.type_flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) != 0).map(|c| c.length).sum();
+    if total >= chunk_total {
+        return Vec::new();
+    }
+    runs.sort_unstable();
+    runs
+}
+
+fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink, early: Vec<(u64, u64)>) -> Report {
     let metadump = img.sb.flags.get() & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0;
     std::thread::scope(|scope| {
         // Data verification is I/O bound and independent of the metadata
         // phases: it starts at once on its own thread.
         let data = (opts.check_data_csum && !metadump).then(|| scope.spawn(|| datacsum::verify_all(img)));
+        // The written parts of the metadata chunks, asked for at once.
+        if !early.is_empty() {
+            let dev = img.device().clone();
+            let _ = std::thread::Builder::new().name("meta-early".into()).spawn_scoped(scope, move || {
+                for (s, e) in early {
+                    dev.prefetch(s, e - s);
+                }
+            });
+        }
         run_phases(img, opts, progress, sink, data)
     })
 }
