@@ -52,6 +52,8 @@ pub(crate) struct ExtRec {
     pub flags: u64,
     /// Level of a tree block (METADATA_ITEM offset or tree_block_info).
     pub level: u8,
+    /// Root of an owner ref (simple quotas), 0 without one.
+    pub owner_root: u64,
 }
 
 /// A pointer seen in a tree: resolved into a [`RefKey`] once the extent
@@ -85,6 +87,8 @@ pub(crate) struct Facts {
     pub declared: Vec<RefRec>,
     pub found_tree: Vec<FoundTree>,
     pub found_data: Vec<FoundData>,
+    /// (bytenr, header owner) of every tree block read, in walk order.
+    pub block_owner: Vec<(u64, u64)>,
     /// True once the extent tree has been read and `recs` sorted.
     pub loaded: bool,
 }
@@ -130,6 +134,10 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
                     generation: v.item.generation.get(),
                     flags,
                     level,
+                    owner_root: v.refs.iter().find_map(|r| match *r {
+                        InlineRef::Owner { root } => Some(root),
+                        _ => None,
+                    }).unwrap_or(0),
                 });
                 let mut last: Option<(u8, u64)> = None;
                 for r in &v.refs {

@@ -302,6 +302,7 @@ fn run_phases(
     cx.sink.phases[9].ran = quotas;
     cx.ext.found_tree = Vec::new();
     cx.ext.found_data = Vec::new();
+    cx.ext.block_owner = Vec::new();
     timed(&mut cx, 8, log::check);
     cx.sink.into_report()
 }

@@ -43,6 +43,8 @@ const MAX_COUNT_FINDINGS: usize = 200;
 #[derive(Clone, Copy, Debug)]
 struct Status {
     key: Key,
+    /// Simple quotas: the generation they were enabled at.
+    enable_gen: Option<u64>,
     version: u64,
     generation: u64,
     flags: u64,
@@ -86,10 +88,11 @@ pub(super) fn on_quota_leaf(cx: &mut Ctx, node: &Node) {
     for slot in 0..node.nr_safe() {
         let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else { continue };
         match decode(&k, d, 0) {
-            Ok(ItemBody::QgroupStatus(s, _)) => {
+            Ok(ItemBody::QgroupStatus(s, enable_gen)) => {
                 cx.qgroups.statuses += 1;
                 cx.qgroups.status = Some(Status {
                     key: k,
+                    enable_gen,
                     version: s.version.get(),
                     generation: s.generation.get(),
                     flags: s.flags.get(),
@@ -237,7 +240,12 @@ pub(super) fn check(cx: &mut Ctx) {
         ));
     }
 
-    let computed = recompute(cx, &infos, &parents);
+    let simple = cx.has_incompat(BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA) || st.flags & BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE != 0;
+    let computed = if simple {
+        recompute_simple(cx, &infos, &parents, st.enable_gen.unwrap_or(0))
+    } else {
+        recompute(cx, &infos, &parents)
+    };
     cx.sink.checked(P, infos.len() as u64);
     let mut reported = 0usize;
     for i in infos.values() {
@@ -280,6 +288,48 @@ pub(super) fn check(cx: &mut Ctx) {
             cx.report(F::warn(P, "qgroup-limit").tree(Q).key(l.key).msg(format!("qgroup {} has {excl} exclusive bytes, over its limit {}", qgroupid_str(l.id), l.max_excl)));
         }
     }
+}
+
+/// Each qgroup's ancestors (bounded: relations may loop in a damaged tree).
+fn ancestors(parents: &HashMap<u64, Vec<u64>>, q: u64) -> Vec<u64> {
+    let mut out = vec![q];
+    let mut k = 0;
+    while k < out.len() && out.len() < 4096 {
+        for &p in parents.get(&out[k]).map(|v| v.as_slice()).unwrap_or(&[]) {
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+        k += 1;
+    }
+    out
+}
+
+/// Simple quotas: an extent made since quotas were enabled belongs to
+/// one subvolume only, the one that allocated it (a data extent's owner
+/// ref, a tree block's header owner), exclusively, whoever shares it later.
+fn recompute_simple(cx: &Ctx, infos: &BTreeMap<u64, Info>, parents: &HashMap<u64, Vec<u64>>, enable_gen: u64) -> HashMap<u64, (u64, u64)> {
+    let mut owner_of: HashMap<u64, u64> = cx.ext.block_owner.iter().copied().collect();
+    let mut result: HashMap<u64, (u64, u64)> = infos.keys().map(|&q| (q, (0, 0))).collect();
+    for r in &cx.ext.recs {
+        if r.generation < enable_gen {
+            continue;
+        }
+        let root = if r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0 {
+            owner_of.remove(&r.bytenr).unwrap_or(0)
+        } else {
+            r.owner_root
+        };
+        if !is_subvol(root) || !infos.contains_key(&root) {
+            continue;
+        }
+        for q in ancestors(parents, root) {
+            let e = result.entry(q).or_default();
+            e.0 += r.len;
+            e.1 += r.len;
+        }
+    }
+    result
 }
 
 /// Interned sets of subvolume ids.
@@ -375,20 +425,6 @@ fn recompute(cx: &Ctx, infos: &BTreeMap<u64, Info>, parents: &HashMap<u64, Vec<u
         let Ok(r) = recs.binary_search_by_key(&b, |r| r.bytenr) else { continue };
         *bytes.entry(s).or_default() += recs[r].len;
     }
-    // Each qgroup's ancestors (bounded: relations may loop in a damaged tree).
-    let ancestors = |q: u64| -> Vec<u64> {
-        let mut out = vec![q];
-        let mut k = 0;
-        while k < out.len() && out.len() < 4096 {
-            for &p in parents.get(&out[k]).map(|v| v.as_slice()).unwrap_or(&[]) {
-                if !out.contains(&p) {
-                    out.push(p);
-                }
-            }
-            k += 1;
-        }
-        out
-    };
     let mut groups_of: HashMap<u64, Vec<u64>> = HashMap::new();
     let mut result: HashMap<u64, (u64, u64)> = infos.keys().map(|&q| (q, (0, 0))).collect();
     let mut count: HashMap<u64, usize> = HashMap::new();
@@ -399,7 +435,7 @@ fn recompute(cx: &Ctx, infos: &BTreeMap<u64, Info>, parents: &HashMap<u64, Vec<u
             if !infos.contains_key(&r) {
                 continue;
             }
-            let g = groups_of.entry(r).or_insert_with(|| ancestors(r));
+            let g = groups_of.entry(r).or_insert_with(|| ancestors(parents, r));
             for &q in g.iter() {
                 *count.entry(q).or_default() += 1;
             }

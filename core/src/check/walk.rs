@@ -345,6 +345,7 @@ fn walk_blocks(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u6
         if first {
             cx.progress.advance(1);
             cx.sink.checked(P, 1);
+            cx.ext.block_owner.push((node.bytenr, node.owner()));
             for pr in &problems {
                 let cat = match pr.kind {
                     ProblemKind::Checksum => "checksum",
