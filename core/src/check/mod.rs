@@ -112,6 +112,8 @@ pub(crate) struct Ctx<'a> {
     /// Every tree block the extent tree lists has been asked for in bulk;
     /// the walk need not ask for blocks one by one.
     pub meta_prefetched: bool,
+    /// The written parts of the metadata chunks were asked for at the start.
+    pub early_prefetched: bool,
     pub subvol_dirents: Vec<SubvolDirent>,
 }
 
@@ -223,7 +225,8 @@ fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink, ear
         // phases: it starts at once on its own thread.
         let data = (opts.check_data_csum && !metadump).then(|| scope.spawn(|| datacsum::verify_all(img)));
         // The written parts of the metadata chunks, asked for at once.
-        if !early.is_empty() {
+        let early_prefetched = !early.is_empty();
+        if early_prefetched {
             let dev = img.device().clone();
             let _ = std::thread::Builder::new().name("meta-early".into()).spawn_scoped(scope, move || {
                 for (s, e) in early {
@@ -231,7 +234,7 @@ fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink, ear
                 }
             });
         }
-        run_phases(img, opts, progress, sink, data)
+        run_phases(img, opts, progress, sink, data, early_prefetched)
     })
 }
 
@@ -241,6 +244,7 @@ fn run_phases(
     progress: &dyn Progress,
     sink: Sink,
     data: Option<std::thread::ScopedJoinHandle<'_, (u64, Vec<(u64, String)>)>>,
+    early_prefetched: bool,
 ) -> Report {
     let mut cx = Ctx {
         img,
@@ -262,6 +266,7 @@ fn run_phases(
         subvol_dirents: Vec::new(),
         data_verified: None,
         meta_prefetched: false,
+        early_prefetched,
     };
     for w in &img.open_warnings {
         cx.report(findings::F::warn(1, "open").msg(w.clone()));

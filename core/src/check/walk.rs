@@ -189,8 +189,12 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(cx: &mut Ctx<'a>, scope: &'scop
                 // for their first copies (issuing that takes a while itself,
                 // so beside the walk), and verify the other copies with
                 // large direct reads on a thread of their own.
-                let (runs, copies, complete) = metadata_runs(cx);
+                let (mut runs, copies, complete) = metadata_runs(cx);
                 cx.meta_prefetched = complete;
+                if cx.early_prefetched {
+                    // Asked for already, with the rest of the written metadata.
+                    runs.clear();
+                }
                 let dev = img.device().clone();
                 prefetching = std::thread::Builder::new()
                     .name("meta-prefetch".into())
