@@ -4,6 +4,8 @@
 //! hold exactly what an in-memory model says, and `btrfs check` must find
 //! the image clean.
 
+mod skip;
+
 use btrkit_core::format::consts::*;
 use btrkit_core::format::dir::{name_hash, DirItem};
 use btrkit_core::format::key::Key;
@@ -66,7 +68,7 @@ type Model = BTreeMap<(u64, Key), (Vec<u8>, Vec<u8>)>;
 
 fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: &[&str]) -> u8 {
     if !have("mkfs.btrfs") || !have("btrfs") {
-        eprintln!("SKIP: cow_model: btrfs-progs not installed");
+        skip::skip("btrfs-progs not installed");
         return 0;
     }
     let dir = tempfile::tempdir().unwrap();

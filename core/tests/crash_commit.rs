@@ -3,6 +3,8 @@
 //! may), then reopen. The image must hold exactly the previous or the new
 //! generation, never a mix.
 
+mod skip;
+
 use btrkit_core::format::consts::*;
 use btrkit_core::format::dir::{name_hash, DirItem};
 use btrkit_core::format::key::Key;
@@ -68,7 +70,7 @@ fn apply(fs: &mut Store, range: std::ops::Range<u32>) {
 #[test]
 fn commit_cut_at_every_write() {
     if Command::new("mkfs.btrfs").arg("--version").output().is_err() {
-        eprintln!("SKIP: commit_cut_at_every_write: mkfs.btrfs not installed");
+        skip::skip("mkfs.btrfs not installed");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -3,6 +3,8 @@
 //! every other one; the group must switch to bitmaps, and `btrfs check` must
 //! agree with every entry before and after.
 
+mod skip;
+
 use btrkit_core::format::consts::*;
 use btrkit_core::format::inode::InodeItem;
 use btrkit_core::format::key::Key;
@@ -40,7 +42,7 @@ fn bitmap_groups(img: &Path) -> usize {
 #[test]
 fn fragmented_group_converts_to_bitmaps() {
     if Command::new("btrfs").arg("--version").output().is_err() {
-        eprintln!("SKIP: fragmented_group_converts_to_bitmaps: btrfs-progs not installed");
+        skip::skip("btrfs-progs not installed");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -3,6 +3,8 @@
 //! either still hold the log, so replay can run again, or be fully
 //! replayed; both paths must end with the same trees.
 
+mod skip;
+
 use btrkit_core::format::consts::*;
 use btrkit_core::format::key::Key;
 use btrkit_core::image::{Image, OpenOptions};
@@ -53,7 +55,7 @@ fn replay_all(dev: Arc<CrashDevice>) -> Arc<CrashDevice> {
 fn replay_cut_at_every_write_can_restart() {
     // The fixture is 1 GiB sparse; it is held in memory for the test.
     let Some(base) = fixture("065-valid-log-tree--compressed") else {
-        eprintln!("SKIP: replay_cut_at_every_write_can_restart: ../shared fixtures or tar missing");
+        skip::skip("../shared fixtures or tar missing");
         return;
     };
     let base = Arc::new(base);
