@@ -92,9 +92,9 @@ fn read_item(img: &Path, tree: u64, it: ItemAt) -> Vec<u8> {
 
 /// Change one tree through core's writer (a real commit: CoW, extent and
 /// free space trees kept right): `f` gets the tree and does its edits.
-fn with_writer(img: &Path, f: &dyn Fn(&mut btrkit_core::trans::Fs)) {
+fn with_writer(img: &Path, f: &dyn Fn(&mut btrkit_core::trans::Store)) {
     let dev = std::sync::Arc::new(btrkit_core::io::FileDevice::open(img, true).expect("open rw"));
-    let mut fs = btrkit_core::trans::Fs::open(dev).expect("open for writing");
+    let mut fs = btrkit_core::trans::Store::open(dev).expect("open for writing");
     f(&mut fs);
     fs.commit().expect("commit");
 }

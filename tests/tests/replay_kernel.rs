@@ -344,7 +344,7 @@ fn run_one(i: usize, scn: &Scenario, bin: &Path, cache: &Path) -> Outcome {
 #[test]
 fn replay_equals_kernel_on_every_scenario() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIP: replay_equals_kernel_on_every_scenario: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let t = Instant::now();
@@ -424,7 +424,7 @@ fn replay_equals_kernel_on_every_scenario() {
 #[test]
 fn dump_log_on_every_scenario() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIP: dump_log_on_every_scenario: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let bin = btrkit_tests::bin_path("btrkit-dump");
@@ -474,15 +474,13 @@ fn dump_log_on_every_scenario() {
 #[test]
 fn kcrash_py_agrees_on_the_examples() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIP: kcrash_py_agrees_on_the_examples: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/oracle");
     let script = shared.join("kcrash.py");
     if !script.exists() || Command::new("python3").arg("--version").output().is_err() {
-        eprintln!(
-            "SKIP: kcrash_py_agrees_on_the_examples: needs python3 and ../shared/oracle/kcrash.py"
-        );
+        btrkit_tests::skip("needs python3 and ../shared/oracle/kcrash.py");
         return;
     }
     for name in ["rename-then-new-name", "double-fsync"] {
@@ -568,7 +566,7 @@ fn kcrash_py_agrees_on_the_examples() {
 #[test]
 fn loop_mount_guard_cleans_up_after_a_panic() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIP: loop_mount_guard_cleans_up_after_a_panic: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let work = tempfile::tempdir().unwrap();
