@@ -20,7 +20,8 @@ use crate::format::key::Key;
 use crate::io::BlockDevice;
 use crate::trans::{Store, TreeId};
 use crate::{Error, Result};
-use std::collections::{BTreeMap, HashMap};
+use crate::util::hash::FastMap as HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// An inode: (subvolume tree, inode number).
@@ -168,10 +169,10 @@ impl Filesystem {
             opts,
             switches: Switches::default(),
             stats: EngineStats::default(),
-            inodes: HashMap::new(),
+            inodes: HashMap::default(),
             dirty_inodes: BTreeMap::new(),
             flusher_ran: std::time::Duration::ZERO,
-            free_ino: HashMap::new(),
+            free_ino: HashMap::default(),
             clock_base: std::time::SystemTime::now(),
             clock_offset: std::time::Duration::ZERO,
             trans_start: None,
@@ -432,17 +433,32 @@ impl Filesystem {
     pub(super) fn stamp(&mut self, l: Loc, ctime: bool, mtime: bool) -> Result<()> {
         let now = self.now();
         let t = self.store.transid;
-        let mut it = self.item(l)?;
-        if ctime {
-            it.ctime = now;
-        }
-        if mtime {
-            it.mtime = now;
-        }
-        it.transid.set(t);
-        it.sequence.set(it.sequence.get() + 1);
-        self.put_item(l, &it)?;
+        self.modify(l, |it| {
+            if ctime {
+                it.ctime = now;
+            }
+            if mtime {
+                it.mtime = now;
+            }
+            it.transid.set(t);
+            it.sequence.set(it.sequence.get() + 1);
+        })?;
         self.touch_trans(l)
+    }
+
+    /// Change an inode item in place (one copy-on-write search).
+    pub(super) fn modify(&mut self, l: Loc, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
+        if !modify_inode(&mut self.store, l.subvol, l.ino, f)? {
+            return Err(Error::errno(libc::ENOENT, format!("inode {} of subvolume {} does not exist", l.ino, l.subvol)));
+        }
+        Ok(())
+    }
+
+    /// Runtime state for an inode just made (its item is known).
+    pub(super) fn new_rt(&mut self, l: Loc, size: u64) {
+        let t = self.store.transid;
+        self.inodes.insert(l, InodeRt { i_size: size, disk_i_size: size, last_trans: t, ..Default::default() });
+        self.dirtied();
     }
 
     // ------------------------------------------------------------------

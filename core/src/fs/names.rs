@@ -258,12 +258,11 @@ pub fn remove_name(st: &mut Store, subvol: u64, dir: u64, location: Key, name: &
 
 /// The directory size rule: +/- twice the name length per entry.
 fn adjust_dir_size(st: &mut Store, subvol: u64, dir: u64, name_len: i64, transid: u64) -> Result<()> {
-    if let Some(mut d) = get_inode(st, subvol, dir)? {
+    super::inode::modify_inode(st, subvol, dir, |d| {
         let size = (d.size.get() as i64 + 2 * name_len).max(0) as u64;
         d.size.set(size);
         d.transid.set(transid);
-        put_inode(st, subvol, dir, &d)?;
-    }
+    })?;
     Ok(())
 }
 

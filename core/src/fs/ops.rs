@@ -72,7 +72,7 @@ impl Filesystem {
         it.flags.set(flags);
         let l = Loc::new(dir.subvol, ino);
         self.put_item(l, &it)?;
-        self.touch_trans(l)?;
+        self.new_rt(l, 0);
         Ok(l)
     }
 

@@ -367,6 +367,11 @@ impl Filesystem {
         if i_size == 0 || i_size > ss || (data.len() as u64) < i_size {
             return Ok(false);
         }
+        // Never inline a block's worth or more, nor past max_inline
+        // uncompressed (checked before reading anything).
+        if compressed.is_none() && (i_size >= ss || i_size > self.opts.max_inline.min(ss)) {
+            return Ok(false);
+        }
         let flags = self.item(l)?.flags.get();
         if flags & (BTRFS_INODE_NODATACOW | BTRFS_INODE_PREALLOC) != 0 {
             return Ok(false);
@@ -383,13 +388,7 @@ impl Filesystem {
         let dropped = drop_extents(&mut self.store, l.subvol, l.ino, 0, ss)?;
         super::data::write_inline(&mut self.store, l.subvol, l.ino, i_size, compression, payload)?;
         self.stats.inline_extents += 1;
-        let mut it = self.item(l)?;
-        it.nbytes.set(it.nbytes.get().saturating_sub(dropped.nbytes) + i_size);
-        let t = self.transid();
-        it.transid.set(t);
-        self.put_item(l, &it)?;
-        self.apply_pending_times(l)?;
-        self.set_disk_size(l)?;
+        self.finish_inode_update(l, i_size as i64 - dropped.nbytes as i64)?;
         self.rt(l)?.full_sync = true;
         self.note_modified(l, 0, ss)?;
         Ok(true)
@@ -418,21 +417,35 @@ impl Filesystem {
             OrderedKind::NoCow => {}
             OrderedKind::Prealloc => self.mark_written(l, start, end)?,
         }
-        let mut it = self.item(l)?;
-        it.nbytes.set((it.nbytes.get() as i64 + nbytes_delta).max(0) as u64);
-        it.transid.set(transid);
-        self.put_item(l, &it)?;
-        self.apply_pending_times(l)?;
-        self.set_disk_size(l)?;
+        self.finish_inode_update(l, nbytes_delta)?;
         self.note_modified(l, start, end)
     }
 
+    /// The inode update that ends an ordered extent or an inline write
+    /// (btrfs_update_inode): nbytes, transid, the times a write left
+    /// pending and the on-disk size, in one change of the item.
+    fn finish_inode_update(&mut self, l: Loc, nbytes_delta: i64) -> Result<()> {
+        let transid = self.transid();
+        let new_size = self.disk_size_now(l)?;
+        let rt = self.rt(l)?;
+        let times = rt.pending_times.take();
+        rt.disk_i_size = new_size;
+        self.modify(l, |it| {
+            it.nbytes.set((it.nbytes.get() as i64 + nbytes_delta).max(0) as u64);
+            it.transid.set(transid);
+            if let Some((m, c)) = times {
+                it.mtime = m;
+                it.ctime = c;
+                it.sequence.set(it.sequence.get() + 1);
+            }
+            it.size.set(new_size);
+        })
+    }
     /// The on-disk size after an update (btrfs_inode_safe_disk_i_size_write
     /// with 0): the in-memory size, or without no-holes only as far as
     /// extent items cover the file contiguously from 0.
     pub(super) fn set_disk_size(&mut self, l: Loc) -> Result<()> {
-        let i_size = self.rt(l)?.i_size;
-        let new = if self.no_holes() { i_size } else { i_size.min(self.covered_from_zero(l, i_size)?) };
+        let new = self.disk_size_now(l)?;
         let rt = self.rt(l)?;
         if new != rt.disk_i_size {
             rt.disk_i_size = new;
@@ -443,6 +456,12 @@ impl Filesystem {
             self.put_item(l, &it)?;
         }
         Ok(())
+    }
+
+    /// What the on-disk size becomes now.
+    fn disk_size_now(&mut self, l: Loc) -> Result<u64> {
+        let i_size = self.rt(l)?.i_size;
+        Ok(if self.no_holes() { i_size } else { i_size.min(self.covered_from_zero(l, i_size)?) })
     }
 
     /// How far extent items (holes included) cover the file without a gap
@@ -458,16 +477,6 @@ impl Filesystem {
             pos = pos.max(e);
         }
         Ok(pos)
-    }
-
-    /// Write the times a buffered write set in memory into the item.
-    pub(super) fn apply_pending_times(&mut self, l: Loc) -> Result<()> {
-        let Some((mtime, ctime)) = self.rt(l)?.pending_times.take() else { return Ok(()) };
-        let mut it = self.item(l)?;
-        it.mtime = mtime;
-        it.ctime = ctime;
-        it.sequence.set(it.sequence.get() + 1);
-        self.put_item(l, &it)
     }
 
     /// Turn preallocated `[start, end)` into written data

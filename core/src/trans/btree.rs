@@ -49,6 +49,40 @@ impl Store {
         Ok(self.next_item_from(tree, b, key)?.map(|(k, d, _)| (k, d)))
     }
 
+    /// Run `f` on the data of the item with exactly `key` (None when there
+    /// is none), without copying it out.
+    pub fn with_item<R>(&mut self, tree: impl Into<TreeId>, key: &Key, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        let tree: TreeId = tree.into();
+        let mut b = self.load_root(tree)?;
+        for _ in 0..=crate::format::consts::BTRFS_MAX_LEVEL {
+            let buf = self.buf(b)?;
+            if edit::level(buf) == 0 {
+                return Ok(match edit::search(buf, key) {
+                    Ok(s) => Some(f(edit::item_data(buf, s))),
+                    Err(_) => None,
+                });
+            }
+            let slot = match edit::search(buf, key) {
+                Ok(s) => s,
+                Err(s) => s.saturating_sub(1),
+            };
+            b = self.load_child(tree, b, slot)?;
+        }
+        Err(Error::corrupt("tree deeper than the format allows", b))
+    }
+
+    /// Change the data of the item with exactly `key` in place (its size
+    /// stays): one copy-on-write search. None when there is no such item.
+    pub fn modify_item<R>(&mut self, tree: impl Into<TreeId>, key: &Key, f: impl FnOnce(&mut [u8]) -> R) -> Result<Option<R>> {
+        let tree: TreeId = tree.into();
+        let (path, found) = self.search_mut(tree, key, None)?;
+        if !found {
+            return Ok(None);
+        }
+        let Step { bytenr, slot } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
+        Ok(Some(f(edit::item_data_mut(self.buf_mut(bytenr)?, slot))))
+    }
+
     /// The first item with key >= `key` in the tree whose root block is
     /// `root` (loaded), with the leaf holding it.
     pub(super) fn next_item_from(&mut self, tree: TreeId, root: u64, key: &Key) -> Result<Option<(Key, Vec<u8>, u64)>> {
