@@ -102,6 +102,9 @@ pub struct InodeRt {
     /// (mtime, ctime) a buffered write set in memory; the item gets them
     /// when the data is written back.
     pub pending_times: Option<(Timespec, Timespec)>,
+    /// The compression type of the inode's `btrfs.compression` property
+    /// (0: none); `None` until read.
+    pub prop_compress: Option<u8>,
 }
 
 pub struct Filesystem {
@@ -184,6 +187,17 @@ impl Filesystem {
             deleted_subvols: Vec::new(),
             dropped_qgroups: Vec::new(),
         };
+        // As open_ctree: features a read-write mount always has, and the
+        // mount's compression type.
+        fs.set_incompat(BTRFS_FEATURE_INCOMPAT_MIXED_BACKREF);
+        if fs.store.nodesize() > 4096 {
+            fs.set_incompat(BTRFS_FEATURE_INCOMPAT_BIG_METADATA);
+        }
+        match fs.opts.compress.map(|m| m.kind) {
+            Some(BTRFS_COMPRESS_LZO) => fs.set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_LZO),
+            Some(BTRFS_COMPRESS_ZSTD) => fs.set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_ZSTD),
+            _ => {}
+        }
         fs.default_subvol = fs.read_default_subvol()?;
         fs.find_dead_subvols()?;
         Ok(fs)
@@ -457,7 +471,7 @@ impl Filesystem {
     /// Runtime state for an inode just made (its item is known).
     pub(super) fn new_rt(&mut self, l: Loc, size: u64) {
         let t = self.store.transid;
-        self.inodes.insert(l, InodeRt { i_size: size, disk_i_size: size, last_trans: t, ..Default::default() });
+        self.inodes.insert(l, InodeRt { i_size: size, disk_i_size: size, last_trans: t, prop_compress: Some(0), ..Default::default() });
         self.dirtied();
     }
 

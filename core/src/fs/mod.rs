@@ -13,6 +13,7 @@ pub mod names;
 pub mod ops;
 pub mod options;
 mod pagecache;
+mod props;
 pub mod read;
 mod subvol;
 pub mod writeback;

@@ -73,6 +73,7 @@ impl Filesystem {
         let l = Loc::new(dir.subvol, ino);
         self.put_item(l, &it)?;
         self.new_rt(l, 0);
+        self.inherit_props(l, dir)?;
         Ok(l)
     }
 
@@ -308,6 +309,9 @@ impl Filesystem {
         if name.len() + value.len() > max {
             return Err(Error::errno(libc::ENOSPC, "setxattr: name and value do not fit in a leaf"));
         }
+        if name.starts_with(b"btrfs.") {
+            return self.set_prop(l, name, Some(value), false);
+        }
         let t = self.transid();
         super::xattr::set_xattr(&mut self.store, l.subvol, l.ino, name, value, t)?;
         self.stamp(l, true, false)
@@ -316,6 +320,9 @@ impl Filesystem {
     /// removexattr(2).
     pub fn remove_xattr(&mut self, l: Loc, name: &[u8]) -> Result<()> {
         self.check_xattr_name(l, name)?;
+        if name.starts_with(b"btrfs.") {
+            return self.set_prop(l, name, None, true);
+        }
         if !super::xattr::remove_xattr(&mut self.store, l.subvol, l.ino, name)? {
             return Err(Error::errno(libc::ENODATA, format!("removexattr {}: no such attribute", name_str(name))));
         }

@@ -118,6 +118,8 @@ impl Filesystem {
         let mut r = Vec::new();
         crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
         self.store.insert_item(TreeId::Tree(id), &Key::new(ROOT_DIR, BTRFS_INODE_REF_KEY, ROOT_DIR), &r)?;
+        // Properties come from the parent subvolume's root, not from `dir`.
+        self.inherit_props(Loc::new(id, ROOT_DIR), Loc::new(dir.subvol, ROOT_DIR))?;
         self.uuid_add(&uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
         self.store.qgroup_create(id)?;
         self.link_subvol(dir, name, id, 0)?;

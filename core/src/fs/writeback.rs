@@ -123,7 +123,7 @@ impl Filesystem {
         if flags & (BTRFS_INODE_NODATACOW | BTRFS_INODE_PREALLOC) != 0 {
             return self.run_nocow(l, start, data, flags);
         }
-        if !direct && self.wants_compression(flags, &data[..data.len().min(MAX_COMPRESSED as usize)]) {
+        if !direct && self.wants_compression(l, flags, &data[..data.len().min(MAX_COMPRESSED as usize)])? {
             return self.run_compressed(l, start, data, i_size);
         }
         self.run_cow(l, start, data, i_size, !direct)
@@ -276,20 +276,34 @@ impl Filesystem {
     }
 
     /// Whether writeback of this inode compresses (inode_need_compress):
-    /// compress-force always; compress (or the inode's compress flag) when
-    /// the heuristic finds the data compressible, unless the inode gave up
-    /// (NOCOMPRESS).
-    fn wants_compression(&self, flags: u64, sample: &[u8]) -> bool {
+    /// compress-force always; else not once the inode gave up
+    /// (NOCOMPRESS); else the heuristic decides when the mount option, the
+    /// inode's compress flag (chattr +c) or its compression property asks
+    /// for compression.
+    fn wants_compression(&mut self, l: Loc, flags: u64, sample: &[u8]) -> Result<bool> {
         if flags & (BTRFS_INODE_NODATACOW | BTRFS_INODE_NODATASUM) != 0 {
-            return false;
+            return Ok(false);
         }
-        if self.opts.compress.is_none() {
-            return flags & BTRFS_INODE_COMPRESS != 0 && compress::heuristic(sample);
+        if self.opts.compress.is_some() && self.opts.compress_force {
+            return Ok(true);
         }
-        if self.opts.compress_force {
-            return true;
+        if flags & BTRFS_INODE_NOCOMPRESS != 0 {
+            return Ok(false);
         }
-        flags & BTRFS_INODE_NOCOMPRESS == 0 && compress::heuristic(sample)
+        let asked = self.opts.compress.is_some() || flags & BTRFS_INODE_COMPRESS != 0 || self.prop_compress(l)? != 0;
+        Ok(asked && compress::heuristic(sample))
+    }
+
+    /// The algorithm and level for a compressed write: the property's type
+    /// before the mount option's (zlib when neither names one); the mount
+    /// option's level, clamped to the type's range, or its default.
+    fn compress_method(&mut self, l: Loc) -> Result<compress::Method> {
+        let mount = self.opts.compress;
+        let kind = match self.prop_compress(l)? {
+            0 => mount.map_or(BTRFS_COMPRESS_ZLIB, |m| m.kind),
+            k => k,
+        };
+        Ok(compress::Method::with_level(kind, mount.map_or(0, |m| m.level)))
     }
 
     /// The compression path (compress_file_range): chunks of 512 KiB, each
@@ -300,7 +314,7 @@ impl Filesystem {
     fn run_compressed(&mut self, l: Loc, start: u64, data: &[u8], i_size: u64) -> Result<()> {
         const CHUNK: u64 = 512 << 10;
         let ss = self.store.sectorsize() as u64;
-        let method = self.opts.compress.unwrap_or(compress::Method { kind: BTRFS_COMPRESS_ZLIB, level: 3 });
+        let method = self.compress_method(l)?;
         let end = start + data.len() as u64;
         let slice = |a: u64, b: u64| &data[(a - start) as usize..(b - start) as usize];
         let mut chunk = start;
@@ -313,7 +327,7 @@ impl Filesystem {
                 let in_len = piece_end.min(i_size).saturating_sub(pos);
                 if pos > chunk {
                     let flags = self.item(l)?.flags.get();
-                    if !self.wants_compression(flags, slice(pos, piece_end)) {
+                    if !self.wants_compression(l, flags, slice(pos, piece_end))? {
                         self.run_cow(l, pos, slice(pos, chunk_end), i_size, true)?;
                         break;
                     }
@@ -342,7 +356,7 @@ impl Filesystem {
                         pos += total_in;
                     }
                     None => {
-                        if !self.opts.compress_force {
+                        if !self.opts.compress_force && self.prop_compress(l)? == 0 {
                             let mut it = self.item(l)?;
                             it.flags.set(it.flags.get() | BTRFS_INODE_NOCOMPRESS);
                             self.put_item(l, &it)?;
