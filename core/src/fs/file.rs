@@ -75,7 +75,8 @@ impl Filesystem {
         }
         let i_size = self.rt(l)?.i_size;
         let datasum = self.datasum(l)?;
-        let mut page = vec![0u8; PAGE as usize].into_boxed_slice();
+        let mut page = self.alloc_page();
+        page.fill(0);
         let start = idx * PAGE;
         if start < i_size {
             let d = super::read::read_range(&mut self.store, l.subvol, l.ino, i_size, start, PAGE, datasum)?;
@@ -188,9 +189,16 @@ impl Filesystem {
             let idx = pos / PAGE;
             let base = idx * PAGE;
             let (a, b) = (pos, end.min(base + PAGE));
-            let mut page = if a == base && b == base + PAGE { vec![0u8; PAGE as usize].into_boxed_slice() } else { self.page_now(l, idx)? };
-            page[(a - base) as usize..(b - base) as usize].copy_from_slice(&data[(a - off) as usize..(b - off) as usize]);
-            self.dirty_page(l, idx, page)?;
+            let src = &data[(a - off) as usize..(b - off) as usize];
+            let (pa, pb) = ((a - base) as usize, (b - base) as usize);
+            if let Some(p) = self.rt(l)?.pages.get_mut(idx) {
+                p[pa..pb].copy_from_slice(src);
+            } else {
+                // A whole-page write needs nothing of the old contents.
+                let mut page = if pa == 0 && pb == PAGE as usize { self.alloc_page() } else { self.page_now(l, idx)? };
+                page[pa..pb].copy_from_slice(src);
+                self.dirty_page(l, idx, page)?;
+            }
             pos = b;
         }
         let now = self.now();

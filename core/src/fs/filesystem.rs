@@ -119,6 +119,9 @@ pub struct Filesystem {
     dirty_inodes: BTreeMap<Loc, std::time::Duration>,
     /// Clock reading of the flusher's last pass.
     flusher_ran: std::time::Duration,
+    /// Pages written back, for reuse by the next writes (their memory stays
+    /// mapped, so a write does not fault in fresh pages).
+    free_pages: Vec<Box<[u8]>>,
     /// Next free inode number per subvolume (root->free_objectid).
     free_ino: HashMap<u64, u64>,
     /// Real time at mount plus what `sleep` added.
@@ -176,6 +179,7 @@ impl Filesystem {
             dirty_inodes: BTreeMap::new(),
             flusher_ran: std::time::Duration::ZERO,
             free_ino: HashMap::default(),
+            free_pages: Vec::new(),
             clock_base: std::time::SystemTime::now(),
             clock_offset: std::time::Duration::ZERO,
             trans_start: None,
@@ -466,6 +470,18 @@ impl Filesystem {
             return Err(Error::errno(libc::ENOENT, format!("inode {} of subvolume {} does not exist", l.ino, l.subvol)));
         }
         Ok(())
+    }
+
+    /// A page buffer (contents undefined).
+    pub(super) fn alloc_page(&mut self) -> Box<[u8]> {
+        self.free_pages.pop().unwrap_or_else(|| vec![0u8; super::pagecache::PAGE as usize].into_boxed_slice())
+    }
+
+    /// Keep written-back pages for reuse, up to 16 MiB of them.
+    pub(super) fn recycle_pages(&mut self, pages: Vec<(u64, Box<[u8]>)>) {
+        const KEEP: usize = 4096;
+        let room = KEEP.saturating_sub(self.free_pages.len());
+        self.free_pages.extend(pages.into_iter().take(room).map(|(_, p)| p));
     }
 
     /// Runtime state for an inode just made (its item is known).

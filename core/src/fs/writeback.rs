@@ -98,7 +98,8 @@ impl Filesystem {
         self.dirty_bytes = self.dirty_bytes.saturating_sub(n);
         // Runs of consecutive pages.
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
-        for (idx, p) in pages {
+        for (idx, p) in &pages {
+            let idx = *idx;
             match runs.last_mut() {
                 Some((s, buf)) if *s + buf.len() as u64 == idx * PAGE => buf.extend_from_slice(&p),
                 _ => runs.push((idx * PAGE, p.to_vec())),
@@ -107,6 +108,7 @@ impl Filesystem {
         for (s, buf) in runs {
             self.write_run(l, s, &buf, i_size, false)?;
         }
+        self.recycle_pages(pages);
         Ok(())
     }
 

@@ -407,14 +407,16 @@ impl Store {
         let n = edit::nritems(buf);
         let free = edit::leaf_free(buf);
         let short = need - free;
-        let sizes: Vec<usize> = (0..n).map(|i| ITEM_SIZE + edit::item_size(buf, i)).collect();
+        // Only the items that might move are measured (most attempts look
+        // at a few).
+        let size = |buf: &[u8], i: usize| ITEM_SIZE + edit::item_size(buf, i);
         // Right: the fewest tail items [j, n) (j >= slot) covering `short`.
         if ps + 1 < pn {
             let mut moved = 0;
             let mut j = n;
             while j > slot && moved < short {
                 j -= 1;
-                moved += sizes[j];
+                moved += size(buf, j);
             }
             if moved >= short && j < n {
                 let r = self.load_child(tree, p, ps + 1)?;
@@ -435,7 +437,7 @@ impl Store {
             let mut moved = 0;
             let mut k = 0;
             while k < slot && k + 1 < n && moved < short {
-                moved += sizes[k];
+                moved += size(self.buf(b)?, k);
                 k += 1;
             }
             if moved >= short && k > 0 {

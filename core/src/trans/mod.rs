@@ -141,6 +141,8 @@ pub struct Store {
     /// Data written to new extents, combined into large sequential writes:
     /// (physical offset of the first byte, bytes). Flushed before commit.
     data_wbuf: Option<(u64, Vec<u8>)>,
+    /// The write buffer's memory between uses (its pages stay mapped).
+    data_spare: Vec<u8>,
     /// Blocks of log trees (allocated without extent items): bytenr ->
     /// written to disk by a log sync.
     log_blocks: HashMap<u64, bool>,
@@ -235,6 +237,7 @@ impl Store {
             chunk_tree_uuid,
             bg_tree,
             data_wbuf: None,
+            data_spare: Vec::new(),
             log_blocks: HashMap::new(),
             qgroups: qgroup::Qgroups::default(),
             pending_chunks: Vec::new(),
@@ -592,7 +595,8 @@ impl Store {
             self.stats.data_bytes += data.len() as u64;
             return self.img.device().write_at(phys, data);
         }
-        let mut v = Vec::with_capacity(LIMIT);
+        let mut v = std::mem::take(&mut self.data_spare);
+        v.reserve(LIMIT);
         v.extend_from_slice(data);
         self.data_wbuf = Some((phys, v));
         Ok(())
@@ -623,9 +627,11 @@ impl Store {
     }
 
     pub fn flush_data(&mut self) -> Result<()> {
-        if let Some((start, buf)) = self.data_wbuf.take() {
+        if let Some((start, mut buf)) = self.data_wbuf.take() {
             self.stats.data_bytes += buf.len() as u64;
             self.img.device().write_at(start, &buf)?;
+            buf.clear();
+            self.data_spare = buf;
         }
         Ok(())
     }
