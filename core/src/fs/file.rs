@@ -672,10 +672,10 @@ impl Filesystem {
                     if item.disk_bytenr.get() != 0 || !no_holes {
                         let mut n = *item;
                         n.offset.set(item.offset.get() + (a - s));
+                        // A hole's item keeps its ram_bytes, as the kernel's
+                        // copy of the source item does (its offset moves like
+                        // a data extent's).
                         n.num_bytes.set(b - a);
-                        if item.disk_bytenr.get() == 0 {
-                            n.ram_bytes.set(b - a);
-                        }
                         extents::insert_disk_extent(&mut self.store, dst.subvol, dst.ino, at, &n)?;
                         if item.disk_bytenr.get() != 0 {
                             nbytes_add += b - a;

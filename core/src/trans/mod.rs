@@ -28,6 +28,7 @@ mod commit;
 mod csum;
 pub mod delayed;
 mod fst;
+mod logsync;
 pub mod qgroup;
 mod refs;
 mod relocate;
@@ -120,6 +121,7 @@ pub struct IoStats {
     pub super_bytes: u64,
     pub flushes: u64,
     pub commits: u64,
+    pub log_syncs: u64,
 }
 
 /// Clean tree blocks kept in memory before the least recently used go.
