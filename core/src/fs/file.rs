@@ -566,15 +566,6 @@ impl Filesystem {
         self.write_direct_run(l, off, data)
     }
 
-    /// fsync, fdatasync and msync (issue 9: a commit after writeback; the
-    /// log writer replaces it).
-    pub fn fsync(&mut self, l: Loc, _datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
-        self.stats.fsyncs += 1;
-        let (a, b) = range.unwrap_or((0, u64::MAX));
-        self.writeback(l, a, b, Reason::Fsync)?;
-        self.commit("fsync")
-    }
-
     /// sync_file_range: write (and wait for) the data; metadata is not
     /// made durable.
     pub fn sync_file_range(&mut self, l: Loc, off: u64, len: u64, flags: u32) -> Result<()> {
@@ -636,6 +627,7 @@ impl Filesystem {
         let mut last_end = doff;
         let mut nbytes_add = 0u64;
         let mut inline_copy: Option<Vec<u8>> = None;
+        let mut src_shares_new = false;
         for (k, data) in items {
             match parse_file_extent(&data).map_err(|e| e.at(0, k))? {
                 FileExtent::Inline { head, .. } => {
@@ -668,6 +660,9 @@ impl Filesystem {
                     self.put_item(dst, &it)?;
                     if last_end < at {
                         self.fill_holes(dst, last_end, at)?;
+                    }
+                    if item.disk_bytenr.get() != 0 && item.generation.get() == self.store.transid {
+                        src_shares_new = true;
                     }
                     if item.disk_bytenr.get() != 0 || !no_holes {
                         let mut n = *item;
@@ -712,7 +707,15 @@ impl Filesystem {
             self.rt(dst)?.i_size = keep.max(self.rt(dst)?.i_size.min(keep));
             self.writeback(dst, doff, doff + ss, Reason::Sync)?;
         }
-        self.rt(dst)?.full_sync = true;
+        // The destination is logged in full, with the extents it shares
+        // (last_reflink_trans); the source only when what it shares is new.
+        let t = self.store.transid;
+        let rt = self.rt(dst)?;
+        rt.full_sync = true;
+        rt.last_reflink_trans = t;
+        if src_shares_new {
+            self.rt(src)?.last_reflink_trans = t;
+        }
         self.note_modified(dst, doff, doff + alen)?;
         self.stamp(dst, true, true)
     }

@@ -270,7 +270,7 @@ fn adjust_dir_size(st: &mut Store, subvol: u64, dir: u64, name_len: i64, transid
 /// loses the link (a directory all of them) and its ctime moves, the
 /// directory's times move. Returns the inode and the links it has left;
 /// dropping an inode with none is the caller's (it may still be open).
-pub fn unlink(st: &mut Store, subvol: u64, dir: u64, name: &[u8], now: crate::format::inode::Timespec) -> Result<(u64, u32)> {
+pub fn unlink(st: &mut Store, subvol: u64, dir: u64, name: &[u8], now: crate::format::inode::Timespec) -> Result<(u64, u32, u64)> {
     let transid = st.transid;
     let (loc, _) = lookup_name(st, subvol, dir, name)?.ok_or_else(|| Error::Invalid(format!("no entry '{}' in directory {dir}", String::from_utf8_lossy(name))))?;
     if loc.ty != BTRFS_INODE_ITEM_KEY {
@@ -294,5 +294,5 @@ pub fn unlink(st: &mut Store, subvol: u64, dir: u64, name: &[u8], now: crate::fo
         p.ctime = now;
         put_inode(st, subvol, dir, &p)?;
     }
-    Ok((ino, nlink))
+    Ok((ino, nlink, index))
 }

@@ -105,6 +105,7 @@ impl Filesystem {
             }
         };
         self.apply_compression(l, prop)?;
+        self.rt(l)?.copy_everything = true;
         self.stamp(l, true, false)
     }
 

@@ -123,6 +123,8 @@ impl Filesystem {
         self.uuid_add(&uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
         self.store.qgroup_create(id)?;
         self.link_subvol(dir, name, id, 0)?;
+        // btrfs_record_new_subvolume: the new entry cannot be logged.
+        self.rt(dir)?.last_unlink_trans = t;
         let l = Loc::new(id, ROOT_DIR);
         self.rt(l)?.index_cnt = Some(2);
         Ok(l)
@@ -219,6 +221,9 @@ impl Filesystem {
         self.store.delete_item(TreeId::Root, &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id))?;
         self.store.delete_item(TreeId::Root, &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol))?;
         self.stamp(dir, true, true)?;
+        // btrfs_record_snapshot_destroy: replay cannot remove a subvolume
+        // entry, so fully logging the directory commits instead.
+        self.rt(dir)?.last_unlink_trans = t;
         let ri = self.store.root_item(id)?;
         self.store.update_root_item(id, |r| {
             r.flags.set(r.flags.get() | BTRFS_ROOT_SUBVOL_DEAD);

@@ -225,6 +225,62 @@ impl Store {
         })
     }
 
+    /// The first key >= `key` in a leaf of transaction `min_trans` or
+    /// later, never entering a subtree older than that
+    /// (btrfs_search_forward): what a transaction changed, found without
+    /// reading what it did not.
+    pub fn search_forward(&mut self, tree: impl Into<TreeId>, key: &Key, min_trans: u64) -> Result<Option<Key>> {
+        let tree: TreeId = tree.into();
+        let root = self.load_root(tree)?;
+        if block_generation(self.buf(root)?) < min_trans {
+            return Ok(None);
+        }
+        self.search_forward_in(tree, root, key, min_trans, 0)
+    }
+
+    fn search_forward_in(&mut self, tree: TreeId, b: u64, key: &Key, min_trans: u64, depth: usize) -> Result<Option<Key>> {
+        if depth > crate::format::consts::BTRFS_MAX_LEVEL as usize {
+            return Err(Error::corrupt("tree deeper than the format allows", b));
+        }
+        let buf = self.buf(b)?;
+        let n = edit::nritems(buf);
+        if edit::level(buf) == 0 {
+            let slot = match edit::search(buf, key) {
+                Ok(s) | Err(s) => s,
+            };
+            return Ok((slot < n).then(|| edit::leaf_key(buf, slot)));
+        }
+        let start = match edit::search(buf, key) {
+            Ok(s) => s,
+            Err(s) => s.saturating_sub(1),
+        };
+        for i in start..n {
+            if edit::node_ptr(self.buf(b)?, i).1 < min_trans {
+                continue;
+            }
+            let child = self.load_child(tree, b, i)?;
+            let k = if i == start { *key } else { Key::MIN };
+            if let Some(r) = self.search_forward_in(tree, child, &k, min_trans, depth + 1)? {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The leaf holding the first item >= `key`: its generation and its
+    /// items from that one to its end.
+    pub fn leaf_from(&mut self, tree: impl Into<TreeId>, key: &Key) -> Result<Option<(u64, Vec<(Key, Vec<u8>)>)>> {
+        let tree: TreeId = tree.into();
+        let root = self.load_root(tree)?;
+        let Some((k, _, leaf)) = self.next_item_from(tree, root, key)? else { return Ok(None) };
+        let buf = self.buf(leaf)?;
+        let slot = match edit::search(buf, &k) {
+            Ok(s) | Err(s) => s,
+        };
+        let items = (slot..edit::nritems(buf)).map(|i| (edit::leaf_key(buf, i), edit::item_data(buf, i).to_vec())).collect();
+        Ok(Some((block_generation(buf), items)))
+    }
+
     /// Every item with key in `[start, end]`.
     pub fn items_in(&mut self, tree: impl Into<TreeId>, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
         let tree: TreeId = tree.into();
@@ -688,4 +744,9 @@ pub fn next_key(k: &Key) -> Key {
     } else {
         Key::new(k.objectid.saturating_add(1), 0, 0)
     }
+}
+
+/// The generation in a block's header.
+fn block_generation(buf: &[u8]) -> u64 {
+    u64::from_le_bytes(buf[0x50..0x58].try_into().unwrap_or([0; 8]))
 }

@@ -55,14 +55,15 @@ impl Store {
         Ok(true)
     }
 
-    /// Write the logs out and point the superblock at them.
-    pub fn sync_log(&mut self) -> Result<()> {
-        if !self.roots.contains_key(&TreeId::LogRoot) {
+    /// Write the log of `subvol` out and point the superblock at it. The
+    /// log root tree keeps the other subvolumes' logs as their last syncs
+    /// left them.
+    pub fn sync_log(&mut self, subvol: u64) -> Result<()> {
+        if !self.roots.contains_key(&TreeId::LogRoot) || !self.has_log(subvol) {
             return Err(Error::Invalid("log sync without a log".into()));
         }
-        // Each log tree's root item, as it stands now, in the log root tree.
-        let logs: Vec<TreeId> = self.roots.keys().copied().filter(|t| matches!(t, TreeId::Log(_))).collect();
-        for t in logs {
+        // The log tree's root item, as it stands now, in the log root tree.
+        for t in [TreeId::Log(subvol)] {
             let Some(st) = self.roots.get(&t).cloned() else { continue };
             let RootState { bytenr, level, item: Some((key, mut ri)), .. } = st else { continue };
             let node_gen = self.cache.get(bytenr).map(|b| u64::from_le_bytes(b[0x50..0x58].try_into().unwrap_or([0; 8]))).unwrap_or(self.transid);
@@ -76,7 +77,7 @@ impl Store {
             self.update_item(TreeId::LogRoot, &key, ri.as_bytes())?;
         }
         self.flush_data()?;
-        self.write_blocks(&|t: TreeId| t.is_log())?;
+        self.write_blocks(&|t: TreeId| t == TreeId::Log(subvol) || t == TreeId::LogRoot)?;
         self.flush_device()?;
         let (log_root, log_level) = {
             let st = self.roots.get(&TreeId::LogRoot).ok_or_else(|| Error::Invalid("log root tree".into()))?;

@@ -34,6 +34,7 @@ mod refs;
 mod relocate;
 mod subtree;
 
+pub use btree::next_key;
 pub use cache::BlockCache;
 
 use crate::alloc::{super_stripes, Allocator, BlockGroup, RangeSet};
@@ -152,6 +153,9 @@ pub struct Store {
     pub qgroups: qgroup::Qgroups,
     /// Chunks allocated in this transaction, their tree items not yet in.
     pending_chunks: Vec<chunk_alloc::PendingChunk>,
+    /// A chunk was allocated in this transaction: a log must not depend on
+    /// it (btrfs_make_block_group forces a full commit).
+    pub chunk_allocated: bool,
     pub stats: IoStats,
 }
 
@@ -243,6 +247,7 @@ impl Store {
             log_blocks: HashMap::new(),
             qgroups: qgroup::Qgroups::default(),
             pending_chunks: Vec::new(),
+            chunk_allocated: false,
             stats: IoStats::default(),
         };
         fs.load_block_groups()?;
