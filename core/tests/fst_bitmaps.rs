@@ -86,7 +86,7 @@ fn fragmented_group_converts_to_bitmaps() {
     let mut fs = Store::open(dev).unwrap();
     let now = btrkit_core::mkfs::now_ts(1);
     for i in (0..n).step_by(2) {
-        { let (ino, n) = btrkit_core::fs::names::unlink(&mut fs, tree, 256, format!("f{i:05}").as_bytes(), now).unwrap(); if n == 0 { btrkit_core::fs::extents::drop_inode_items(&mut fs, tree, ino).unwrap(); } }
+        { let (ino, n, _) = btrkit_core::fs::names::unlink(&mut fs, tree, 256, format!("f{i:05}").as_bytes(), now).unwrap(); if n == 0 { btrkit_core::fs::extents::drop_inode_items(&mut fs, tree, ino).unwrap(); } }
     }
     fs.commit().unwrap();
     drop(fs);
@@ -96,7 +96,7 @@ fn fragmented_group_converts_to_bitmaps() {
     let dev = Arc::new(FileDevice::open(&img, true).unwrap());
     let mut fs = Store::open(dev).unwrap();
     for i in (1..n).step_by(2) {
-        { let (ino, n) = btrkit_core::fs::names::unlink(&mut fs, tree, 256, format!("f{i:05}").as_bytes(), now).unwrap(); if n == 0 { btrkit_core::fs::extents::drop_inode_items(&mut fs, tree, ino).unwrap(); } }
+        { let (ino, n, _) = btrkit_core::fs::names::unlink(&mut fs, tree, 256, format!("f{i:05}").as_bytes(), now).unwrap(); if n == 0 { btrkit_core::fs::extents::drop_inode_items(&mut fs, tree, ino).unwrap(); } }
     }
     fs.commit().unwrap();
     drop(fs);

@@ -617,6 +617,9 @@ impl Filesystem {
         // All of the source's dirty data, and the destination's in range.
         self.writeback(src, 0, u64::MAX, Reason::Sync)?;
         self.writeback(dst, doff, doff + alen, Reason::Sync)?;
+        // The clone waits for the source's data to reach the disk: the
+        // destination may be logged pointing at it.
+        self.store.write_data_of((src.subvol, src.ino))?;
         if doff > dst_size {
             self.cont_expand(dst, dst_size, doff)?;
             self.writeback(dst, 0, u64::MAX, Reason::Sync)?;

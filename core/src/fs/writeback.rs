@@ -83,7 +83,7 @@ impl Filesystem {
     }
 
     /// Write back the dirty pages of `l` meeting `[start, end)`.
-    pub fn writeback(&mut self, l: Loc, start: u64, end: u64, _reason: Reason) -> Result<()> {
+    pub fn writeback(&mut self, l: Loc, start: u64, end: u64, reason: Reason) -> Result<()> {
         let (from, to) = (start / PAGE, end.div_ceil(PAGE));
         let rt = self.rt(l)?;
         if !rt.pages.any_in(from, to) {
@@ -105,9 +105,13 @@ impl Filesystem {
                 _ => runs.push((idx * PAGE, p.to_vec())),
             }
         }
-        for (s, buf) in runs {
-            self.write_run(l, s, &buf, i_size, false)?;
-        }
+        // An fsync's own data goes out at once, ahead of what background
+        // writeback queued (sync-io-first); otherwise it queues too.
+        let direct = reason == Reason::Fsync && self.switches.sync_io_first;
+        self.store.set_data_context((l.subvol, l.ino), direct);
+        let r = runs.into_iter().try_for_each(|(s, buf)| self.write_run(l, s, &buf, i_size, false));
+        self.store.set_data_context((l.subvol, l.ino), false);
+        r?;
         self.recycle_pages(pages);
         Ok(())
     }
@@ -116,7 +120,11 @@ impl Filesystem {
     /// nodatasum inode): never inline, never compressed.
     pub(super) fn write_direct_run(&mut self, l: Loc, start: u64, data: &[u8]) -> Result<()> {
         let i_size = self.rt(l)?.i_size;
-        self.write_run(l, start, data, i_size, true)
+        // O_DIRECT is submitted at once.
+        self.store.set_data_context((l.subvol, l.ino), true);
+        let r = self.write_run(l, start, data, i_size, true);
+        self.store.set_data_context((l.subvol, l.ino), false);
+        r
     }
 
     fn write_run(&mut self, l: Loc, start: u64, data: &[u8], i_size: u64, direct: bool) -> Result<()> {

@@ -55,8 +55,8 @@ impl Store {
         Ok(true)
     }
 
-    /// Write the log of `subvol` out and point the superblock at it. The
-    /// log root tree keeps the other subvolumes' logs as their last syncs
+    /// Write the log of `subvol` out and point the superblock at it (the
+    /// data its extents name must be written first). The log root tree keeps the other subvolumes' logs as their last syncs
     /// left them.
     pub fn sync_log(&mut self, subvol: u64) -> Result<()> {
         if !self.roots.contains_key(&TreeId::LogRoot) || !self.has_log(subvol) {
@@ -76,7 +76,8 @@ impl Store {
             }
             self.update_item(TreeId::LogRoot, &key, ri.as_bytes())?;
         }
-        self.flush_data()?;
+        // The logged data is on disk already (the caller wrote what the
+        // logged extents need).
         self.write_blocks(&|t: TreeId| t == TreeId::Log(subvol) || t == TreeId::LogRoot)?;
         self.flush_device()?;
         let (log_root, log_level) = {

@@ -26,6 +26,7 @@ mod cache;
 mod chunk_alloc;
 mod commit;
 mod csum;
+pub mod dataq;
 pub mod delayed;
 mod fst;
 mod logsync;
@@ -141,11 +142,13 @@ pub struct Store {
     chunk_tree_uuid: [u8; 16],
     /// Tree holding block group items (extent tree, or block group tree).
     bg_tree: u64,
-    /// Data written to new extents, combined into large sequential writes:
-    /// (physical offset of the first byte, bytes). Flushed before commit.
-    data_wbuf: Option<(u64, Vec<u8>)>,
-    /// The write buffer's memory between uses (its pages stay mapped).
-    data_spare: Vec<u8>,
+    /// Data written to new extents, queued in long sequential runs until
+    /// the queue fills, a commit, or an fsync that needs it.
+    dataq: dataq::DataQueue,
+    /// Whose data the next writes are, and whether they go out at once
+    /// (an fsync's own data, ahead of the queue).
+    data_owner: dataq::Owner,
+    data_direct: bool,
     /// Blocks of log trees (allocated without extent items): bytenr ->
     /// written to disk by a log sync.
     log_blocks: HashMap<u64, bool>,
@@ -242,8 +245,9 @@ impl Store {
             delayed: delayed::DelayedRefs::default(),
             chunk_tree_uuid,
             bg_tree,
-            data_wbuf: None,
-            data_spare: Vec::new(),
+            dataq: Default::default(),
+            data_owner: (0, 0),
+            data_direct: false,
             log_blocks: HashMap::new(),
             qgroups: qgroup::Qgroups::default(),
             pending_chunks: Vec::new(),
@@ -587,59 +591,62 @@ impl Store {
         self.img.device()
     }
 
-    /// Write `data` to physical offset `phys` of space allocated in this
-    /// transaction, combining consecutive writes.
-    pub fn write_new_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
-        const LIMIT: usize = 16 << 20;
-        if let Some((start, buf)) = &mut self.data_wbuf {
-            if *start + buf.len() as u64 == phys && buf.len() + data.len() <= LIMIT {
-                buf.extend_from_slice(data);
-                return Ok(());
-            }
+    /// Whose data the following writes are; `direct`: they go to the
+    /// device at once instead of joining the queue.
+    pub fn set_data_context(&mut self, owner: dataq::Owner, direct: bool) {
+        self.data_owner = owner;
+        self.data_direct = direct;
+    }
+
+    fn write_runs(&mut self, runs: Vec<dataq::Run>) -> Result<()> {
+        for r in runs {
+            self.stats.data_bytes += r.data.len() as u64;
+            self.img.device().write_at(r.phys, &r.data)?;
+            self.dataq.recycle(r);
         }
-        self.flush_data()?;
-        if data.len() >= LIMIT {
-            self.stats.data_bytes += data.len() as u64;
-            return self.img.device().write_at(phys, data);
-        }
-        let mut v = std::mem::take(&mut self.data_spare);
-        v.reserve(LIMIT);
-        v.extend_from_slice(data);
-        self.data_wbuf = Some((phys, v));
         Ok(())
     }
 
+    /// Write `data` to physical offset `phys` of space allocated in this
+    /// transaction: queued (combined with its neighbours), or at once.
+    pub fn write_new_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
+        if self.data_direct {
+            self.stats.data_bytes += data.len() as u64;
+            return self.img.device().write_at(phys, data);
+        }
+        let out = self.dataq.push(phys, data, self.data_owner);
+        self.write_runs(out)
+    }
+
     /// Overwrite data in place (nodatacow and preallocated extents): goes
-    /// straight to the device, after anything buffered.
+    /// straight to the device, after any queued write to the same place.
     pub fn write_in_place_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
-        self.flush_data()?;
+        let hit = self.dataq.take_overlapping(phys, phys + data.len() as u64);
+        self.write_runs(hit)?;
         self.stats.data_bytes += data.len() as u64;
         self.img.device().write_at(phys, data)
     }
 
-    /// Read data at logical `bytenr`, including what is still in the write
-    /// buffer.
+    /// Read data at logical `bytenr`, including what is still queued.
     pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
         self.img.read_logical(bytenr, buf)?;
-        if let Some((start, wb)) = &self.data_wbuf {
+        if !self.dataq.is_empty() {
             let phys = self.img.chunks.map(bytenr, buf.len() as u64, self.img.devid)?;
-            let (a, b) = (phys[0], phys[0] + buf.len() as u64);
-            let (ws, we) = (*start, *start + wb.len() as u64);
-            let (s, e) = (a.max(ws), b.min(we));
-            if s < e {
-                buf[(s - a) as usize..(e - a) as usize].copy_from_slice(&wb[(s - ws) as usize..(e - ws) as usize]);
-            }
+            self.dataq.overlay(phys[0], buf);
         }
         Ok(())
     }
 
+    /// Write every queued run.
     pub fn flush_data(&mut self) -> Result<()> {
-        if let Some((start, mut buf)) = self.data_wbuf.take() {
-            self.stats.data_bytes += buf.len() as u64;
-            self.img.device().write_at(start, &buf)?;
-            buf.clear();
-            self.data_spare = buf;
-        }
-        Ok(())
+        let all = self.dataq.take_all();
+        self.write_runs(all)
+    }
+
+    /// Write the queued runs holding `owner`'s data (what an fsync of it
+    /// waits for).
+    pub fn write_data_of(&mut self, owner: dataq::Owner) -> Result<()> {
+        let mine = self.dataq.take_owner(owner);
+        self.write_runs(mine)
     }
 }

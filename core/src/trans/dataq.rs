@@ -1,0 +1,150 @@
+//! The data write queue: data written to new extents waits here, combined
+//! into long sequential runs, until the queue is full, a commit writes
+//! everything, or an fsync needs one file's data on disk (then only the
+//! runs holding that file's data go, unless the 2009 behaviour is asked
+//! for and everything queued goes first). Runs remember which files'
+//! data they hold.
+
+use crate::util::hash::FastMap;
+use std::collections::VecDeque;
+
+/// Whose data a write is: (subvolume, inode).
+pub type Owner = (u64, u64);
+
+/// Bytes in one combined run.
+const RUN_LIMIT: usize = 16 << 20;
+/// Bytes queued before the oldest runs are written.
+const QUEUE_LIMIT: usize = 16 << 20;
+
+pub struct Run {
+    pub phys: u64,
+    pub data: Vec<u8>,
+    owners: FastMap<Owner, ()>,
+}
+
+impl Run {
+    fn end(&self) -> u64 {
+        self.phys + self.data.len() as u64
+    }
+}
+
+#[derive(Default)]
+pub struct DataQueue {
+    runs: VecDeque<Run>,
+    bytes: usize,
+    spare: Vec<Vec<u8>>,
+}
+
+impl DataQueue {
+    /// Queue `data` for `phys`; returns the runs that must be written now
+    /// to keep the queue within its limit (oldest first).
+    pub fn push(&mut self, phys: u64, data: &[u8], owner: Owner) -> Vec<Run> {
+        match self.runs.back_mut() {
+            Some(r) if r.end() == phys && r.data.len() + data.len() <= RUN_LIMIT => {
+                r.data.extend_from_slice(data);
+                r.owners.insert(owner, ());
+            }
+            _ => {
+                let mut v = self.spare.pop().unwrap_or_default();
+                v.clear();
+                v.extend_from_slice(data);
+                let mut owners = FastMap::default();
+                owners.insert(owner, ());
+                self.runs.push_back(Run { phys, data: v, owners });
+            }
+        }
+        self.bytes += data.len();
+        let mut out = Vec::new();
+        while self.bytes > QUEUE_LIMIT && self.runs.len() > 1 {
+            if let Some(r) = self.take_front() {
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    fn take_front(&mut self) -> Option<Run> {
+        let r = self.runs.pop_front()?;
+        self.bytes -= r.data.len();
+        Some(r)
+    }
+
+    /// Every queued run, oldest first.
+    pub fn take_all(&mut self) -> Vec<Run> {
+        self.bytes = 0;
+        self.runs.drain(..).collect()
+    }
+
+    /// The runs holding data of `owner`.
+    pub fn take_owner(&mut self, owner: Owner) -> Vec<Run> {
+        let (mine, rest): (Vec<Run>, Vec<Run>) = self.runs.drain(..).partition(|r| r.owners.contains_key(&owner));
+        self.runs = rest.into();
+        self.bytes = self.runs.iter().map(|r| r.data.len()).sum();
+        mine
+    }
+
+    /// The runs meeting `[phys, end)`.
+    pub fn take_overlapping(&mut self, phys: u64, end: u64) -> Vec<Run> {
+        let (hit, rest): (Vec<Run>, Vec<Run>) = self.runs.drain(..).partition(|r| r.phys < end && phys < r.end());
+        self.runs = rest.into();
+        self.bytes = self.runs.iter().map(|r| r.data.len()).sum();
+        hit
+    }
+
+    /// Keep a written run's buffer for reuse.
+    pub fn recycle(&mut self, r: Run) {
+        if self.spare.len() < 2 {
+            self.spare.push(r.data);
+        }
+    }
+
+    /// Copy queued bytes of `[phys, phys + buf.len())` over `buf`.
+    pub fn overlay(&self, phys: u64, buf: &mut [u8]) {
+        let end = phys + buf.len() as u64;
+        for r in &self.runs {
+            let (s, e) = (phys.max(r.phys), end.min(r.end()));
+            if s < e {
+                buf[(s - phys) as usize..(e - phys) as usize].copy_from_slice(&r.data[(s - r.phys) as usize..(e - r.phys) as usize]);
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_combine_and_split_by_owner() {
+        let mut q = DataQueue::default();
+        assert!(q.push(0, &[1; 4096], (5, 257)).is_empty());
+        assert!(q.push(4096, &[2; 4096], (5, 258)).is_empty());
+        assert!(q.push(1 << 20, &[3; 4096], (5, 259)).is_empty());
+        let mut b = [0u8; 8192];
+        q.overlay(0, &mut b);
+        assert_eq!((b[0], b[4096]), (1, 2));
+        // 258's data shares a run with 257's: both go; 259 stays.
+        let mine = q.take_owner((5, 258));
+        assert_eq!(mine.len(), 1);
+        assert_eq!(mine[0].data.len(), 8192);
+        assert!(!q.is_empty());
+        assert_eq!(q.take_overlapping(0, 1 << 20).len(), 0);
+        assert_eq!(q.take_all().len(), 1);
+    }
+
+    #[test]
+    fn queue_stays_bounded() {
+        let mut q = DataQueue::default();
+        let chunk = vec![0u8; 1 << 20];
+        let mut written = 0;
+        for i in 0..40u64 {
+            written += q.push(i * (2 << 20), &chunk, (5, 300 + i)).len();
+        }
+        assert!(written >= 20, "{written}");
+        assert!(q.bytes <= QUEUE_LIMIT);
+    }
+}
