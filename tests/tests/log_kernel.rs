@@ -14,7 +14,8 @@
 //!
 //! `BTRKIT_LOG_SCENARIOS=a,b*` runs only the named ones; the
 //! `BTRKIT_RANDOM_*_SCENARIOS` variables set how many seeded ones of each
-//! family run (16 by default).
+//! family run (16 by default); `BTRKIT_LOG_KEEP=DIR` keeps each scenario's
+//! script and images in `DIR/NAME/` for a closer look.
 
 use btrkit_tests::kcrash::{self, Manifest, Scenario};
 use std::path::Path;
@@ -101,7 +102,12 @@ fn run_one(scn: &Scenario, cache: &Path) -> Result1 {
             return r;
         }
     };
-    let w = work.path();
+    let kept = std::env::var_os("BTRKIT_LOG_KEEP").map(|d| Path::new(&d).join(&scn.name));
+    if let Some(k) = &kept {
+        let _ = std::fs::remove_dir_all(k);
+        let _ = std::fs::create_dir_all(k);
+    }
+    let w = kept.as_deref().unwrap_or(work.path());
     let theirs = match kcrash::manifest_of_image(&theirs_img.path, w) {
         Ok(m) => m,
         Err(e) => {

@@ -88,6 +88,7 @@ impl Filesystem {
     /// Put a dirty page.
     fn dirty_page(&mut self, l: Loc, idx: u64, page: Box<[u8]>) -> Result<()> {
         let rt = self.rt(l)?;
+        rt.has_page_cache = true;
         if rt.pages.insert(idx, page) {
             self.dirty_bytes += PAGE;
         }
@@ -144,10 +145,14 @@ impl Filesystem {
         self.truncate_block(l, old, old, None)?;
         let ss = self.store.sectorsize() as u64;
         let (hole_start, block_end) = (old.div_ceil(ss) * ss, size.div_ceil(ss) * ss);
-        if size <= hole_start || self.no_holes() {
+        if size <= hole_start {
             return Ok(());
         }
-        // One hole item per stretch that is not preallocated.
+        // Every stretch that is not preallocated becomes a hole: an item
+        // without no-holes, and with or without it a changed range, so a
+        // fast fsync logs the hole and replay drops what the committed
+        // tree had there (btrfs_cont_expand's modified hole extent map).
+        let no_holes = self.no_holes();
         let transid = self.transid();
         let mut pos = hole_start;
         while pos < block_end {
@@ -157,7 +162,10 @@ impl Filesystem {
                 MapAt::Hole(_, e) | MapAt::Written(_, e) => (false, e),
             };
             let end = end.min(block_end).max(pos + ss);
-            if !kind_prealloc {
+            if !kind_prealloc && no_holes {
+                self.note_modified(l, pos, end)?;
+            } else if !kind_prealloc {
+                self.note_modified(l, pos, end)?;
                 let d = drop_extents(&mut self.store, l.subvol, l.ino, pos, end)?;
                 self.store.insert_item(TreeId::Tree(l.subvol), &extent_key(l.ino, pos), FileExtentItem::hole(transid, end - pos).as_bytes())?;
                 if d.nbytes > 0 {
@@ -235,6 +243,7 @@ impl Filesystem {
         let datasum = self.datasum(l)?;
         let mut out = super::read::read_range(&mut self.store, l.subvol, l.ino, i_size, off, end - off, datasum)?;
         let rt = self.rt(l)?;
+        rt.has_page_cache = true;
         for idx in off / PAGE..end.div_ceil(PAGE) {
             if let Some(p) = rt.pages.get(idx) {
                 let base = idx * PAGE;
@@ -271,6 +280,16 @@ impl Filesystem {
             if let Some(p) = self.rt(l)?.pages.get_mut(size / PAGE) {
                 p[(size % PAGE) as usize..].fill(0);
             }
+        }
+        if size == 0 {
+            self.rt(l)?.has_page_cache = false;
+        }
+        if size != old {
+            // truncate_setsize, then btrfs_truncate writes back and waits
+            // for everything from the new end's block on: the kept part of
+            // that block reaches disk before the extents past it go.
+            self.rt(l)?.i_size = size;
+            self.writeback(l, size / ss * ss, u64::MAX, Reason::Sync)?;
         }
         let from = size.div_ceil(ss) * ss;
         let mut found = !extents_in(&mut self.store, l.subvol, l.ino, from, u64::MAX)?.is_empty();
@@ -550,8 +569,12 @@ impl Filesystem {
         let end = off + data.len() as u64;
         let datasum = self.datasum(l)?;
         if datasum || off % ss != 0 || data.len() as u64 % ss != 0 || data.is_empty() {
+            // Direct I/O leaves no pages in the page cache.
+            let cached = self.rt(l)?.has_page_cache;
             self.write(l, off, data)?;
-            return self.writeback(l, off / ss * ss, end.div_ceil(ss) * ss, Reason::Fsync);
+            self.writeback(l, off / ss * ss, end.div_ceil(ss) * ss, Reason::Fsync)?;
+            self.rt(l)?.has_page_cache = cached;
+            return Ok(());
         }
         let i_size = self.rt(l)?.i_size;
         if off > i_size {

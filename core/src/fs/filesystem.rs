@@ -21,7 +21,7 @@ use crate::io::BlockDevice;
 use crate::trans::{Store, TreeId};
 use crate::{Error, Result};
 use crate::util::hash::FastMap as HashMap;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// An inode: (subvolume tree, inode number).
@@ -122,6 +122,9 @@ pub struct InodeRt {
     /// The compression type of the inode's `btrfs.compression` property
     /// (0: none); `None` until read.
     pub prop_compress: Option<u8>,
+    /// The page cache holds (clean or dirty) pages of the file: such an
+    /// inode is not evicted by `drop_caches` of dentries and inodes.
+    pub has_page_cache: bool,
 }
 
 /// A subvolume's log bookkeeping (root->log_transid, last_log_commit):
@@ -380,9 +383,26 @@ impl Filesystem {
 
     /// Drop what a `drop_caches` drops: clean tree blocks, and inodes that
     /// are neither open nor dirty (their runtime state goes with them).
+    /// The mount's root directory stays (its dentry is pinned), and so do
+    /// the directories above an open file (its dentry pins its parents').
     pub fn evict(&mut self) {
         self.store.drop_clean_cache();
-        self.inodes.retain(|_, rt| rt.opens > 0 || !rt.pages.is_empty());
+        let mut keep: HashSet<Loc> = HashSet::new();
+        keep.insert(Loc::new(BTRFS_FS_TREE_OBJECTID, ROOT_DIR));
+        let open: Vec<Loc> = self.inodes.iter().filter(|(_, rt)| rt.opens > 0).map(|(l, _)| *l).collect();
+        for mut l in open {
+            // Bounded: a directory chain deeper than this is not a tree.
+            for _ in 0..4096 {
+                if !keep.insert(l) || l.ino == ROOT_DIR {
+                    break;
+                }
+                match crate::fs::names::links_of(&mut self.store, l.subvol, l.ino) {
+                    Ok(links) if !links.is_empty() => l = Loc::new(l.subvol, links[0].parent),
+                    _ => break,
+                }
+            }
+        }
+        self.inodes.retain(|l, rt| rt.opens > 0 || rt.has_page_cache || !rt.pages.is_empty() || keep.contains(l));
     }
 
     /// Unmount and mount again: everything durable is committed, all
@@ -423,10 +443,25 @@ impl Filesystem {
     /// Write an inode item back (btrfs_update_inode): its transid is the
     /// running transaction's.
     pub(super) fn put_item(&mut self, l: Loc, item: &InodeItem) -> Result<()> {
+        // The kernel holds an inode in memory before changing it: its
+        // runtime state comes from the item as it was, not as changed.
+        self.load_rt_if_exists(l)?;
         let mut it = *item;
         it.transid.set(self.store.transid);
         put_inode(&mut self.store, l.subvol, l.ino, &it)?;
         self.mark_changed(l);
+        Ok(())
+    }
+
+    /// Load the runtime state of an inode that already has an item (a new
+    /// inode's state is set up by its creator).
+    fn load_rt_if_exists(&mut self, l: Loc) -> Result<()> {
+        if self.inodes.contains_key(&l) {
+            return Ok(());
+        }
+        if get_inode(&mut self.store, l.subvol, l.ino)?.is_some() {
+            self.rt(l)?;
+        }
         Ok(())
     }
 
@@ -556,6 +591,7 @@ impl Filesystem {
 
     /// Change an inode item in place (one copy-on-write search).
     pub(super) fn modify(&mut self, l: Loc, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
+        self.load_rt_if_exists(l)?;
         let t = self.store.transid;
         let g = |it: &mut InodeItem| {
             f(it);
@@ -600,14 +636,23 @@ impl Filesystem {
 
     /// Look `name` up in directory `dir`: the inode it names (a subvolume
     /// entry leads to that subvolume's root directory).
+    ///
+    /// Both inodes are brought into memory as a path walk brings them
+    /// (iget): their runtime state then reflects the items before the
+    /// operation that follows changes them.
     pub fn lookup(&mut self, dir: Loc, name: &[u8]) -> Result<Option<Loc>> {
-        Ok(super::names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.map(|(loc, _)| {
+        self.load_rt_if_exists(dir)?;
+        let found = super::names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.map(|(loc, _)| {
             if loc.ty == BTRFS_ROOT_ITEM_KEY {
                 Loc::new(loc.objectid, ROOT_DIR)
             } else {
                 Loc::new(dir.subvol, loc.objectid)
             }
-        }))
+        });
+        if let Some(l) = found {
+            self.load_rt_if_exists(l)?;
+        }
+        Ok(found)
     }
 
     /// Resolve a path from the root; `follow`: follow a symlink in the last

@@ -25,6 +25,10 @@ use crate::trans::TreeId;
 use crate::Result;
 use zerocopy::IntoBytes;
 
+/// How far a ranged writeback follows a dirty run past its end: one
+/// largest extent.
+const MAX_DELALLOC_PAGES: u64 = MAX_EXTENT_SIZE / PAGE;
+
 /// Why data is written back (it decides whether it goes first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
@@ -84,10 +88,18 @@ impl Filesystem {
 
     /// Write back the dirty pages of `l` meeting `[start, end)`.
     pub fn writeback(&mut self, l: Loc, start: u64, end: u64, reason: Reason) -> Result<()> {
-        let (from, to) = (start / PAGE, end.div_ceil(PAGE));
+        let (from, mut to) = (start / PAGE, end.div_ceil(PAGE));
         let rt = self.rt(l)?;
         if !rt.pages.any_in(from, to) {
             return Ok(());
+        }
+        // Delalloc found from a dirty page runs forward over the whole
+        // contiguous dirty run (find_lock_delalloc_range, up to the largest
+        // extent), and waiting for the range's ordered extent writes all of
+        // it: a ranged writeback takes the run that crosses its end along.
+        let limit = to.saturating_add(MAX_DELALLOC_PAGES);
+        while to < limit && rt.pages.contains(to - 1) && rt.pages.contains(to) {
+            to += 1;
         }
         let i_size = rt.i_size;
         let pages = rt.pages.take_range(from, to);
