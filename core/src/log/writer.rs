@@ -970,7 +970,22 @@ impl Filesystem {
                     }
                 }
                 LogOp::NewName { inode, old, parent: _ } => {
-                    if !self.store.has_log(inode.subvol) || !self.exists(inode)? {
+                    if !self.store.has_log(inode.subvol) {
+                        continue;
+                    }
+                    if !self.exists(inode)? {
+                        // Gone since (its new name unlinked too): at the
+                        // rename the old name left the old directory's log
+                        // and the inode was logged with its new name, which
+                        // the unlink then removed; the old name is all
+                        // that is left to take out of the log.
+                        if let Some((odir, oname, oidx)) = &old {
+                            let t = self.transid();
+                            if self.exists(*odir)? && self.inode_logged(*odir)? && self.rt(*odir)?.logged_trans == t && !self.log_del_dir_entry(*odir, oname, *oidx)? {
+                                self.insert_dir_log_key(*odir, *oidx, *oidx)?;
+                            }
+                            self.log_del_inode_ref(inode, odir.ino, oname)?;
+                        }
                         continue;
                     }
                     let t = self.transid();
