@@ -15,7 +15,7 @@
 //! `BTRKIT_MODEL_CASES=N` runs N generated cases (24 by default),
 //! `BTRKIT_MODEL_OPS=N` allows up to N operations per case (48 by default).
 //! Failing seeds are kept by proptest beside this file
-//! (`proptest-regressions/engine_model.txt`); shrunk failures worth keeping
+//! (`engine_model.proptest-regressions`, run first every time); shrunk failures worth keeping
 //! are also written out as scripts in `regressions()` below, so they stay
 //! meaningful when the generator changes.
 
@@ -743,6 +743,7 @@ proptest! {
     #![proptest_config(ProptestConfig {
         cases: env_num("BTRKIT_MODEL_CASES", 24) as u32,
         max_shrink_iters: 400,
+        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("tests/engine_model.proptest-regressions"))),
         ..ProptestConfig::default()
     })]
 
