@@ -83,6 +83,9 @@ struct Model {
     nodes: BTreeMap<u64, Node>,
     next: u64,
     next_subvol: u64,
+    /// Syncs still to come before a deleted subvolume is surely dropped by
+    /// the cleaner (only to steer around a known bug).
+    cleaner_pending: u32,
 }
 
 fn parent(p: &str) -> &str {
@@ -111,7 +114,7 @@ fn within(p: &str, anc: &str) -> bool {
 
 impl Model {
     fn new() -> Model {
-        let mut m = Model { paths: BTreeMap::new(), nodes: BTreeMap::new(), next: 1, next_subvol: 1 };
+        let mut m = Model { paths: BTreeMap::new(), nodes: BTreeMap::new(), next: 1, next_subvol: 1, cleaner_pending: 0 };
         m.paths.insert("/".into(), 0);
         m.nodes.insert(0, Node { kind: Kind::Dir, xattrs: BTreeMap::new(), subvol: 0, root: true });
         m
@@ -399,6 +402,7 @@ impl Model {
                 if !self.nested_subvols(p).is_empty() {
                     return Err(ENOTEMPTY);
                 }
+                self.cleaner_pending = 2;
                 let gone: Vec<String> = self.paths.keys().filter(|q| within(q, p)).cloned().collect();
                 for q in gone {
                     self.remove_name(&q);
@@ -425,7 +429,8 @@ impl Model {
             Step::Fsync(p) | Step::Fdatasync(p) => {
                 self.paths.get(p).ok_or(ENOENT)?;
             }
-            Step::Sync | Step::Remount | Step::Evict => {}
+            Step::Sync | Step::Remount => self.cleaner_pending = self.cleaner_pending.saturating_sub(1),
+            Step::Evict => {}
             other => panic!("the model does not know {other:?}"),
         }
         Ok(())
@@ -645,7 +650,7 @@ impl Op {
             Op::Link { src, dir: d, name: n } => {
                 let nondir: Vec<String> = all.iter().filter(|p| !m.is_dir(p)).cloned().collect();
                 let (a, b) = (pick(&nondir, src)?.clone(), join(&dir(d), name(n)));
-                // Known bug: see errno_order_across_subvolumes.
+                // Known bug: see errno_order_with_subvolumes.
                 if m.subvol_of(&a) != m.subvol_of(parent(&b)) && m.paths.contains_key(&b) && avoid_known_bugs() {
                     return None;
                 }
@@ -656,15 +661,16 @@ impl Op {
             Op::Rmdir { path } => Step::Rmdir(pick(&all, path)?.clone()),
             Op::Rename { src, dir: d, name: n } => {
                 let (a, b) = (pick(&all, src)?.clone(), join(&dir(d), name(n)));
-                // Known bugs: see rename_of_a_file_over_its_ancestor, and
-                // rename_a_subvolume (subvol_quota.rs).
+                // Known bugs: see rename_of_a_file_over_its_ancestor,
+                // rename_a_subvolume (subvol_quota.rs) and
+                // errno_order_with_subvolumes (a subvolume as the target).
                 if !m.is_dir(&a) && m.is_dir(&b) && within(&a, &b) && avoid_known_bugs() {
                     return None;
                 }
-                if m.is_subvol_root(&a) && avoid_known_bugs() {
+                if (m.is_subvol_root(&a) || m.is_subvol_root(&b)) && avoid_known_bugs() {
                     return None;
                 }
-                // Known bug: see errno_order_across_subvolumes.
+                // Known bug: see errno_order_with_subvolumes.
                 if m.subvol_of(&a) != m.subvol_of(parent(&b)) && (m.paths.contains_key(&b) || within(parent(&b), &a)) && avoid_known_bugs() {
                     return None;
                 }
@@ -708,7 +714,14 @@ impl Op {
                 paths.extend(all.iter().take(2).cloned());
                 Step::SubvolDelete(pick(&paths, path)?.clone())
             }
-            Op::QuotaEnable => Step::QuotaEnable,
+            Op::QuotaEnable => {
+                // Known bug: see quota_enable_with_a_deleted_snapshot_pending
+                // (subvol_quota.rs).
+                if m.cleaner_pending > 0 && avoid_known_bugs() {
+                    return None;
+                }
+                Step::QuotaEnable
+            }
             Op::Sync => Step::Sync,
             Op::Remount => Step::Remount,
             Op::Evict => Step::Evict,
@@ -1050,15 +1063,16 @@ fn big_item_in_the_middle_of_a_full_leaf() {
 /// new name is free (link: EEXIST) and that the types agree (rename:
 /// EISDIR/ENOTDIR) before btrfs refuses a cross-subvolume link or rename
 /// with EXDEV; the engine returns EXDEV first. Likewise link(2) of a
-/// directory onto an existing name is EEXIST (the engine says EPERM), and
-/// a directory renamed into a subvolume below itself is EINVAL.
+/// directory onto an existing name is EEXIST (the engine says EPERM), a
+/// directory renamed into a subvolume below itself is EINVAL, and a
+/// rename over an (empty) subvolume is ENOTEMPTY (the engine: EINVAL).
 #[test]
-#[ignore = "bug: link/rename across subvolumes return EXDEV before EEXIST/EISDIR/ENOTDIR (and link of a directory EPERM before EEXIST)"]
-fn errno_order_across_subvolumes() {
+#[ignore = "bug: link/rename with subvolumes: EXDEV before EEXIST/EISDIR/ENOTDIR/EINVAL, EPERM before EEXIST, EINVAL for ENOTEMPTY"]
+fn errno_order_with_subvolumes() {
     must_pass_strictly(
         &["-n", "4096"],
         &[],
         "subvol-create /sv\nmkdir /sv/d\ncreate /sv/f\ncreate /f\nmkdir /d\n\
-         link /f /sv/f\nrename /f /sv/d\nrename /d /sv/f\nlink /d /f\nmkdir /a\nsubvol-create /a/s\nrename /a /a/s/x\nsync\n",
+         link /f /sv/f\nrename /f /sv/d\nrename /d /sv/f\nlink /d /f\nmkdir /a\nsubvol-create /a/s\nrename /a /a/s/x\nsubvol-create /empty\nmkdir /e\nrename /e /empty\nsync\n",
     );
 }

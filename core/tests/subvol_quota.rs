@@ -222,3 +222,21 @@ fn nested_subvolume_in_a_snapshot_is_an_empty_directory() {
     assert!(m.entries.get("/snap/sv").is_some_and(|e| e.kind == 'd'), "{}", m.render());
     assert!(!m.entries.contains_key("/snap/sv/f"), "the snapshot shows the nested subvolume's files:\n{}", m.render());
 }
+
+/// quota enable while a deleted snapshot waits for the cleaner: the
+/// enable writes back dirty data after its first commit and rescans in
+/// the same transaction; the cleaner then drops the snapshot at the commit
+/// that ends the enable, and those extents are accounted from the
+/// committed trees, not from what the rescan counted. A block of the top
+/// level that was shared with the snapshot and already copied away by the
+/// writeback is subtracted from 0/5's referenced bytes although the rescan
+/// never added it: referenced ends 4 KiB short, below exclusive.
+#[test]
+#[ignore = "bug: quota enable with a deleted subvolume pending: accounting after the rescan starts from the committed trees (rfer < excl)"]
+fn quota_enable_with_a_deleted_snapshot_pending() {
+    let mut r = Rig::new(&["-n", "4096"]);
+    r.run("write /b 622592 1 0\nwrite /b 0 4097 0\nclone /b 0 /b 28672 28672\npunch /b 4097 1\nsnapshot / /s\nwrite /b 2070 2027 0\nsubvol-delete /s\nquota-enable\n");
+    r.clean("quota enabled with a deletion pending", true);
+    let c = r.qgroup(5).unwrap();
+    assert!(c.rfer >= c.excl, "{c:?}");
+}
