@@ -240,3 +240,18 @@ fn quota_enable_with_a_deleted_snapshot_pending() {
     let c = r.qgroup(5).unwrap();
     assert!(c.rfer >= c.excl, "{c:?}");
 }
+
+/// With quotas on, a snapshot taken while a deleted subvolume waits for
+/// the cleaner: snapshot() commits, gives the new snapshot a copy of the
+/// source's counters, and commits again; that commit's cleaner drops the
+/// deleted tree in the same transaction as the copy, and the extents whose
+/// sharers changed are accounted from the committed trees, where the new
+/// snapshot does not exist yet, so they are added to its referenced bytes
+/// a second time.
+#[test]
+#[ignore = "bug: snapshot while a deleted subvolume awaits the cleaner counts shared extents twice in the new snapshot's qgroup"]
+fn snapshot_while_a_deletion_awaits_the_cleaner() {
+    let mut r = Rig::new(&["-n", "4096"]);
+    r.run("writefiles / 100 10-3000\nquota-enable\nsnapshot / /b\nsubvol-delete /b\nsnapshot / /c\n");
+    r.clean("snapshot after a deletion", true);
+}
