@@ -2,6 +2,7 @@
 //! replay ([`replay`]). The log writer will live here too.
 
 pub mod inspect;
+pub mod reader;
 pub mod replay;
 
 pub use inspect::{inspect_log, LogDump};

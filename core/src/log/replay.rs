@@ -19,17 +19,16 @@
 //! to the intact log, so replay can simply be run again.
 
 use crate::format::consts::*;
-use crate::format::dir::{name_hash, parse_dir_items, DirItem};
+use crate::format::dir::{name_hash, parse_dir_items};
 use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef};
 use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
 use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem, InodeRef, Timespec};
 use crate::format::key::Key;
-use crate::format::root::RootItem;
+use super::reader::{read_log, uncovered, OnDamage, ReadOptions};
+pub use super::reader::LogTree;
 use crate::trans::Fs;
-use crate::tree::{walk_tree, TreeIter, TreeRoot, WalkEvent};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::ops::ControlFlow;
 use zerocopy::{FromBytes, IntoBytes};
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -68,22 +67,6 @@ pub struct ReplaySummary {
     pub events: Vec<Event>,
 }
 
-/// One log tree, read into memory.
-struct LogTree {
-    subvol: u64,
-    items: Vec<(Key, Vec<u8>)>,
-}
-
-impl LogTree {
-    fn find(&self, key: &Key) -> Option<&[u8]> {
-        self.items.binary_search_by(|(k, _)| k.cmp(key)).ok().map(|i| &self.items[i].1[..])
-    }
-    fn range(&self, lo: Key, hi: Key) -> impl Iterator<Item = &(Key, Vec<u8>)> {
-        let s = self.items.partition_point(|(k, _)| *k < lo);
-        self.items[s..].iter().take_while(move |(k, _)| *k <= hi)
-    }
-}
-
 fn lossy(n: &[u8]) -> String {
     String::from_utf8_lossy(n).into_owned()
 }
@@ -99,110 +82,28 @@ fn is_reg(mode: u32) -> bool {
     mode & 0o170000 == 0o100000
 }
 
-/// Read the log root tree and every log tree; `check_csums` verifies that
-/// every logged data extent that needs checksums has them in the log.
+/// Read every log tree with the shared reader; any damage is an error
+/// (replay must not guess). Returns the trees and every log block to pin.
 fn read_logs(fs: &Fs) -> Result<(Vec<LogTree>, Vec<u64>)> {
-    let img = fs.image();
-    let lrt = img.log_root_tree().ok_or_else(|| Error::Invalid("no log to replay".into()))?;
-    let mut blocks = Vec::new();
-    collect_blocks(img, lrt, &mut blocks)?;
-    let mut logs = Vec::new();
-    for (k, ri) in img.root_items_in(lrt)? {
-        if k.objectid != BTRFS_TREE_LOG_OBJECTID {
-            continue;
-        }
-        let root = TreeRoot { id: BTRFS_TREE_LOG_OBJECTID, bytenr: ri.bytenr.get(), level: ri.level, generation: ri.generation.get() };
-        if ri.generation.get() > img.sb.generation.get() + 1 {
-            return Err(Error::corrupt(
-                format!("log tree of subvolume {} has generation {}, newer than the filesystem's {} + 1", k.offset, ri.generation.get(), img.sb.generation.get()),
-                ri.bytenr.get(),
-            ));
-        }
-        collect_blocks(img, root, &mut blocks)?;
-        let mut items = Vec::new();
-        for it in TreeIter::new(img, root, Key::MIN)? {
-            let it = it?;
-            items.push((it.key, it.data()?.to_vec()));
-        }
-        logs.push(LogTree { subvol: k.offset, items });
-    }
-    Ok((logs, blocks))
+    let read = read_log(fs.image(), ReadOptions::new(OnDamage::Fail))?.ok_or_else(|| Error::Invalid("no log to replay".into()))?;
+    let mut blocks: Vec<u64> = read.root_tree.blocks.iter().map(|b| b.bytenr).collect();
+    blocks.extend(read.trees.iter().flat_map(|t| t.read.blocks.iter().map(|b| b.bytenr)));
+    Ok((read.trees, blocks))
 }
 
-/// Every block of a log tree; any damage is an error (replay must not
-/// guess).
-fn collect_blocks(img: &crate::image::Image, root: TreeRoot, blocks: &mut Vec<u64>) -> Result<()> {
-    let mut err = None;
-    let _ = walk_tree(img, root, |ev| match ev {
-        WalkEvent::Block { node, problems, .. } => {
-            if let Some(p) = problems.first() {
-                err = Some(Error::corrupt(format!("log tree block: {}", p.message), node.bytenr));
-                return ControlFlow::Break(());
-            }
-            blocks.push(node.bytenr);
-            ControlFlow::Continue(())
-        }
-        WalkEvent::Unreadable { error, bytenr, .. } => {
-            err = Some(Error::corrupt(format!("log tree block unreadable: {error}"), bytenr));
-            ControlFlow::Break(())
-        }
-        WalkEvent::Revisit { bytenr, .. } => {
-            err = Some(Error::corrupt("log tree block referenced twice", bytenr));
-            ControlFlow::Break(())
-        }
-    });
-    match err {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
-}
-
-/// Logged data extents whose checksums the log lacks (inode without
-/// NODATASUM, regular uncompressed or compressed extents).
+/// Logged data extents whose checksums neither the log nor the csum tree
+/// holds (the shared rule of [`LogTree::csum_needs`]), one line each.
 fn missing_csums(fs: &mut Fs, logs: &[LogTree]) -> Result<Vec<String>> {
-    let cs = fs.image().csum.size();
-    let ss = fs.sectorsize() as u64;
+    let (cs, ss) = (fs.image().csum.size(), fs.sectorsize());
     let mut out = Vec::new();
     for log in logs {
-        let mut sums: Vec<(u64, u64)> = Vec::new();
-        for (k, d) in log.range(Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0), Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, u64::MAX)) {
-            sums.push((k.offset, k.offset + (d.len() / cs.max(1)) as u64 * ss));
-        }
-        for (k, d) in &log.items {
-            if k.ty != BTRFS_EXTENT_DATA_KEY {
-                continue;
-            }
-            let nodatasum = log
-                .find(&Key::new(k.objectid, BTRFS_INODE_ITEM_KEY, 0))
-                .and_then(|d| InodeItem::read_from_bytes(d).ok())
-                .is_some_and(|i| i.flags.get() & BTRFS_INODE_NODATASUM != 0);
-            if nodatasum {
-                continue;
-            }
-            if let Ok(FileExtent::Disk { head, item }) = parse_file_extent(d) {
-                if head.type_ != BTRFS_FILE_EXTENT_REG || item.disk_bytenr.get() == 0 {
-                    continue;
-                }
-                let (s, e) = if head.compression != 0 {
-                    (item.disk_bytenr.get(), item.disk_bytenr.get() + item.disk_num_bytes.get())
-                } else {
-                    let s = item.disk_bytenr.get() + item.offset.get();
-                    (s, s + item.num_bytes.get())
-                };
-                // Every sector of [s, e) must be covered by some csum item.
-                let mut pos = s;
-                while pos < e {
-                    match sums.iter().find(|(a, b)| *a <= pos && pos < *b) {
-                        Some(&(_, b)) => pos = b,
-                        None => break,
-                    }
-                }
-                if pos < e {
-                    // Checksums committed before the crash count too.
-                    let have = fs.csum_lookup(pos, e - pos)?;
-                    if have.iter().any(|c| c.is_none()) {
-                        out.push(format!("inode {} offset {} (disk bytes {}..{})", k.objectid, k.offset, s, e));
-                    }
+        let have = log.csum_ranges(cs, ss);
+        for n in log.csum_needs() {
+            for (a, b) in uncovered(&have, n.start, n.end) {
+                // Checksums committed before the crash count too.
+                if fs.csum_lookup(a, b - a)?.iter().any(|c| c.is_none()) {
+                    out.push(format!("inode {} offset {} (disk bytes {}..{})", n.ino, n.file_offset, n.start, n.end));
+                    break;
                 }
             }
         }
@@ -994,7 +895,5 @@ pub fn replay_with_progress(fs: &mut Fs, opts: ReplayOptions, progress: &mut dyn
     fs.clear_log_root();
     fs.commit()?;
     sum.generation = fs.image().sb.generation.get();
-    let _ = RootItem::parse;
-    let _ = DirItem::read_from_bytes;
     Ok(sum)
 }
