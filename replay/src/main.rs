@@ -16,7 +16,7 @@ use std::sync::Arc;
     name = "btrkit-replay",
     version,
     about = "Replay the fsync log of a Btrfs image offline",
-    after_help = "Examples:\n  btrkit-replay crash.img                 replay in place\n  btrkit-replay crash.img -o fixed.img    write the recovered image to fixed.img\n  btrkit-replay crash.img --dry-run       show what replay would change\n\nExit status: 0 replayed or no log to replay, 1 error (the image is left as it was)."
+    after_help = "Examples:\n  btrkit-replay crash.img                 replay in place\n  btrkit-replay crash.img -o fixed.img    write the recovered image to fixed.img\n  btrkit-replay crash.img --dry-run       show what replay would change\n  btrkit-replay crash.img --salvage --dry-run   what a damaged log still gives\n  btrkit-replay crash.img --salvage -o fixed.img\n\nExit status: 0 replayed or no log to replay, 1 error (the image is left as it was)."
 )]
 struct Args {
     /// The crash image (file or block device).
@@ -30,6 +30,11 @@ struct Args {
     /// Replay even when the log lacks data checksums.
     #[arg(long)]
     force: bool,
+    /// The log is damaged: replay every logged inode whose items are all
+    /// still readable, keep the committed state of the others, and report
+    /// per inode what was recovered (never worse than zero-log).
+    #[arg(long, conflicts_with = "force")]
+    salvage: bool,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -40,7 +45,11 @@ fn main() {
     match run(&a) {
         Ok(()) => {}
         Err(e) => {
-            eprintln!("btrkit-replay: error: {}", format!("{e:#}").replace('\n', " "));
+            let mut msg = format!("{e:#}").replace('\n', " ");
+            if !a.salvage && msg.contains("log tree block") {
+                msg.push_str(" (the log is damaged: --salvage replays what the rest of it still proves)");
+            }
+            eprintln!("btrkit-replay: error: {msg}");
             std::process::exit(1);
         }
     }
@@ -85,7 +94,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
         report::no_log(&a.image, a.json);
         return Ok(());
     }
-    let opts = ReplayOptions { force: a.force };
+    let opts = ReplayOptions { force: a.force, salvage: a.salvage };
     if a.dry_run {
         let base: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&a.image, false)?);
         let overlay: Arc<dyn BlockDevice> = Arc::new(OverlayDevice::new(base));

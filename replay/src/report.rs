@@ -1,4 +1,6 @@
+use btrkit_core::format::names::key_string;
 use btrkit_core::log::replay::{Event, ReplaySummary};
+use btrkit_core::log::salvage::{Outcome, SalvageReport};
 use comfy_table::Table;
 
 pub fn no_log(image: &std::path::Path, json: bool) {
@@ -35,6 +37,9 @@ pub fn print(s: &ReplaySummary, dry_run: bool, json: bool) {
         println!("{t}");
         println!("dry run: nothing was written");
     }
+    if let Some(r) = &s.salvage {
+        print_salvage(r);
+    }
     let mut t = Table::new();
     t.set_header(vec!["log trees", "log blocks", "log items", "inodes created", "inodes updated", "inodes removed", "names added", "names removed", "data replaced"]);
     t.add_row(vec![
@@ -52,4 +57,43 @@ pub fn print(s: &ReplaySummary, dry_run: bool, json: bool) {
     if !dry_run {
         println!("log replayed; new generation {}", s.generation);
     }
+}
+
+/// Salvage: the lost blocks, then one row per inode the readable log names.
+fn print_salvage(r: &SalvageReport) {
+    if !r.lost_blocks.is_empty() {
+        let mut t = Table::new();
+        t.set_header(vec!["lost log block", "log of subvol", "level", "key range", "why"]);
+        for b in &r.lost_blocks {
+            let end = b.end_key.as_ref().map(key_string).unwrap_or_else(|| "end".into());
+            t.add_row(vec![b.bytenr.to_string(), b.subvol.to_string(), b.level.to_string(), format!("{} .. {end}", key_string(&b.first_key)), b.why.clone()]);
+        }
+        println!("{t}");
+    }
+    if let Some(why) = &r.zero_log {
+        println!("salvage: {why}");
+        return;
+    }
+    let mut t = Table::new();
+    t.set_header(vec!["subvol", "inode", "path", "type", "result", "detail"]);
+    for i in &r.inodes {
+        t.add_row(vec![
+            i.subvol.to_string(),
+            i.ino.to_string(),
+            i.path.clone().unwrap_or_else(|| "(no name)".into()),
+            i.kind.unwrap_or("?").to_string(),
+            match i.outcome {
+                Outcome::Recovered => "recovered".to_string(),
+                Outcome::NotRecovered => "not recovered".to_string(),
+            },
+            i.reason.clone().unwrap_or_default(),
+        ]);
+    }
+    println!("{t}");
+    println!(
+        "salvage: {} logged inode(s) recovered, {} not recovered (they keep their committed state); {} log block(s) lost",
+        r.recovered,
+        r.not_recovered,
+        r.lost_blocks.len()
+    );
 }

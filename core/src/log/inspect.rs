@@ -327,7 +327,7 @@ fn other_item(key: Key, size: usize, error: Option<String>) -> OtherItem {
 }
 
 /// The first name of `ino` in the committed tree `root`: (parent, name).
-fn committed_name(img: &Image, root: TreeRoot, ino: u64) -> Option<(u64, String)> {
+pub(crate) fn committed_name(img: &Image, root: TreeRoot, ino: u64) -> Option<(u64, String)> {
     let mut it = TreeIter::new(img, root, Key::new(ino, BTRFS_INODE_REF_KEY, 0)).ok()?;
     let item = it.next_item()?.ok()?;
     if item.key.objectid != ino {

@@ -1,8 +1,10 @@
-//! The fsync log: reading it for inspection ([`inspect`]) and offline
-//! replay ([`replay`]). The log writer will live here too.
+//! The fsync log: one reader of it ([`reader`]), shown to people
+//! ([`inspect`]), replayed offline ([`replay`]), and replayed in part when it
+//! is damaged ([`salvage`]). The log writer will live here too.
 
 pub mod inspect;
 pub mod reader;
 pub mod replay;
+pub mod salvage;
 
 pub use inspect::{inspect_log, LogDump};

@@ -24,7 +24,7 @@ use crate::tree::node::{Expect, Node, Problem};
 use crate::tree::TreeRoot;
 use crate::{Error, Result};
 use serde::Serialize;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use zerocopy::FromBytes;
 
 /// What reading does with a block that is unreadable or fails validation.
@@ -314,9 +314,15 @@ impl LogRead {
 /// With [`OnDamage::Fail`] the first damaged block is the error; otherwise
 /// this only fails when the superblock's log pointer itself is unusable.
 pub fn read_log(img: &Image, opts: ReadOptions) -> Result<Option<LogRead>> {
+    read_log_with(img, opts, &HashMap::new())
+}
+
+/// [`read_log`], treating the blocks in `excluded` as damaged for the reason
+/// given (salvage uses it for blocks it cannot trust although they read).
+pub fn read_log_with(img: &Image, opts: ReadOptions, excluded: &HashMap<u64, String>) -> Result<Option<LogRead>> {
     let Some(lrt) = img.log_root_tree() else { return Ok(None) };
     let mut seen = HashSet::new();
-    let mut reader = Reader { img, opts, seen: &mut seen };
+    let mut reader = Reader { img, opts, seen: &mut seen, excluded };
     let mut root_tree = TreeRead::new(lrt);
     let mut root_items = Vec::new();
     reader.read_tree(&mut root_tree, opts.root_generation.then_some(lrt.generation), &mut root_items)?;
@@ -404,6 +410,7 @@ struct Reader<'a> {
     opts: ReadOptions,
     /// Blocks read so far across the whole log: no block may be used twice.
     seen: &'a mut HashSet<u64>,
+    excluded: &'a HashMap<u64, String>,
 }
 
 /// A block still to read: where it is, what its parent says of it, and the
@@ -451,6 +458,14 @@ impl Reader<'_> {
                 );
                 read.problems.push(LogProblem { bytenr: p.bytenr, key: None, message: message.clone(), class: ProblemClass::Revisit, slot: None });
                 read.lost.push(lost(message));
+                continue;
+            }
+            if let Some(why) = self.excluded.get(&p.bytenr) {
+                if fail {
+                    return Err(Error::corrupt(format!("log tree block {why}"), p.bytenr));
+                }
+                read.problems.push(LogProblem { bytenr: p.bytenr, key: p.expect.first_key, message: why.clone(), class: ProblemClass::Damaged, slot: None });
+                read.lost.push(lost(why.clone()));
                 continue;
             }
             let (node, problems) = match self.img.read_tree_block_checked(p.bytenr, &p.expect, true) {

@@ -35,6 +35,9 @@ use zerocopy::{FromBytes, IntoBytes};
 pub struct ReplayOptions {
     /// Replay even when logged data extents lack checksums in the log.
     pub force: bool,
+    /// Replay what a damaged log still proves ([`super::salvage`]) instead
+    /// of refusing a log with a damaged block.
+    pub salvage: bool,
 }
 
 /// What replay changed, for `--dry-run` and the summary.
@@ -65,6 +68,8 @@ pub struct ReplaySummary {
     pub inodes_removed: usize,
     pub generation: u64,
     pub events: Vec<Event>,
+    /// With `salvage`: what was lost, and per inode what was recovered.
+    pub salvage: Option<super::salvage::SalvageReport>,
 }
 
 fn lossy(n: &[u8]) -> String {
@@ -769,6 +774,10 @@ pub fn replay(fs: &mut Fs, opts: ReplayOptions) -> Result<ReplaySummary> {
 
 /// [`replay`], reporting `(stage name, items done, items in all logs)`.
 pub fn replay_with_progress(fs: &mut Fs, opts: ReplayOptions, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
+    if opts.salvage {
+        let p = super::salvage::prepare(fs)?;
+        return replay_logs(fs, p.logs, p.blocks, Some(p.report), progress);
+    }
     let (logs, blocks) = read_logs(fs)?;
     if !opts.force {
         let missing = missing_csums(fs, &logs)?;
@@ -783,7 +792,18 @@ pub fn replay_with_progress(fs: &mut Fs, opts: ReplayOptions, progress: &mut dyn
             });
         }
     }
-    let mut sum = ReplaySummary { log_trees: logs.len(), log_blocks: blocks.len(), ..Default::default() };
+    replay_logs(fs, logs, blocks, None, progress)
+}
+
+/// Replay `logs` (pinning `blocks`, the log's blocks) and commit.
+fn replay_logs(
+    fs: &mut Fs,
+    logs: Vec<LogTree>,
+    blocks: Vec<u64>,
+    salvage: Option<super::salvage::SalvageReport>,
+    progress: &mut dyn FnMut(&'static str, u64, u64),
+) -> Result<ReplaySummary> {
+    let mut sum = ReplaySummary { log_trees: logs.len(), log_blocks: blocks.len(), salvage, ..Default::default() };
     // Stage 1: pin the log and the data extents it references.
     let ns = fs.nodesize() as u64;
     for &b in &blocks {
@@ -890,6 +910,9 @@ pub fn replay_with_progress(fs: &mut Fs, opts: ReplayOptions, progress: &mut dyn
             }
             sum.events.push(e);
         }
+    }
+    if let Some(report) = sum.salvage.as_mut() {
+        super::salvage::after_replay(fs, report, &logs)?;
     }
     progress("commit", total, total);
     fs.clear_log_root();
