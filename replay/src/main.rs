@@ -4,7 +4,7 @@
 mod report;
 
 use anyhow::{bail, Context};
-use btrkit_core::io::{BlockDevice, FileDevice, OverlayDevice};
+use btrkit_core::io::{clone_or_copy, BlockDevice, CopyMethod, FileDevice, OverlayDevice};
 use btrkit_core::log::replay::{replay_with_progress, ReplayOptions, ReplaySummary};
 use btrkit_core::trans::Fs;
 use clap::Parser;
@@ -21,7 +21,8 @@ use std::sync::Arc;
 struct Args {
     /// The crash image (file or block device).
     image: PathBuf,
-    /// Write the recovered image here (sparse copy) and leave IMAGE untouched.
+    /// Write the recovered image here and leave IMAGE untouched (a reflink
+    /// copy where the filesystem supports it, else a sparse copy).
     #[arg(short = 'o', long = "output")]
     output: Option<PathBuf>,
     /// Print what replay would change without writing anything.
@@ -79,6 +80,21 @@ fn run_replay(fs: &mut Fs, opts: ReplayOptions) -> anyhow::Result<ReplaySummary>
     Ok(r?)
 }
 
+/// Copy the image to the new file `out`: a reflink where the filesystem
+/// can, else a sparse copy. A copy that fails half way is removed.
+fn copy_image(image: &std::path::Path, out: &std::path::Path) -> anyhow::Result<CopyMethod> {
+    match clone_or_copy(image, out) {
+        Ok(m) => Ok(m),
+        Err(e) => {
+            // create_new failed only if `out` appeared meanwhile; then it is not ours.
+            if !matches!(&e, btrkit_core::Error::Io { context, .. } if context.starts_with("cannot create")) {
+                let _ = std::fs::remove_file(out);
+            }
+            Err(e).with_context(|| format!("copying {} to {}", image.display(), out.display()))
+        }
+    }
+}
+
 fn run(a: &Args) -> anyhow::Result<()> {
     if a.dry_run && a.output.is_some() {
         bail!("--dry-run and -o cannot be combined");
@@ -89,7 +105,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
             if out.exists() {
                 bail!("{} exists; refusing to overwrite it", out.display());
             }
-            btrkit_core::io::sparse_copy(&a.image, out)?;
+            copy_image(&a.image, out)?;
         }
         report::no_log(&a.image, a.json);
         return Ok(());
@@ -100,18 +116,18 @@ fn run(a: &Args) -> anyhow::Result<()> {
         let overlay: Arc<dyn BlockDevice> = Arc::new(OverlayDevice::new(base));
         let mut fs = Fs::open_for_replay(overlay)?;
         let s = run_replay(&mut fs, opts)?;
-        report::print(&s, true, a.json);
+        report::print(&s, true, a.json, None);
         return Ok(());
     }
-    let target = match &a.output {
+    let (target, copy) = match &a.output {
         Some(out) => {
             if out.exists() {
                 bail!("{} exists; refusing to overwrite it", out.display());
             }
-            btrkit_core::io::sparse_copy(&a.image, out).with_context(|| format!("copying {} to {}", a.image.display(), out.display()))?;
-            out.clone()
+            let m = copy_image(&a.image, out)?;
+            (out.clone(), Some(m))
         }
-        None => a.image.clone(),
+        None => (a.image.clone(), None),
     };
     let result = (|| -> anyhow::Result<_> {
         let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&target, true)?);
@@ -120,7 +136,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
     })();
     match result {
         Ok(s) => {
-            report::print(&s, false, a.json);
+            report::print(&s, false, a.json, copy);
             Ok(())
         }
         Err(e) => {

@@ -1,4 +1,5 @@
 use btrkit_core::format::names::key_string;
+use btrkit_core::io::CopyMethod;
 use btrkit_core::log::replay::{Event, ReplaySummary};
 use btrkit_core::log::salvage::{Outcome, SalvageReport};
 use comfy_table::Table;
@@ -11,11 +12,16 @@ pub fn no_log(image: &std::path::Path, json: bool) {
     }
 }
 
-pub fn print(s: &ReplaySummary, dry_run: bool, json: bool) {
+pub fn print(s: &ReplaySummary, dry_run: bool, json: bool, copy: Option<CopyMethod>) {
     if json {
-        let v = serde_json::json!({ "dry_run": dry_run, "summary": s });
+        let v = serde_json::json!({ "dry_run": dry_run, "copy": copy, "summary": s });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return;
+    }
+    match copy {
+        Some(CopyMethod::Reflink) => println!("output: reflink copy of the image (blocks shared until written)"),
+        Some(CopyMethod::Sparse) => println!("output: sparse copy of the image"),
+        None => {}
     }
     if dry_run {
         let mut t = Table::new();

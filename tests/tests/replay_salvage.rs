@@ -53,30 +53,43 @@ const CORPUS: &[&str] = &[
     "many-files-one-dir-fsync",
 ];
 
-/// Thousands of files fsynced one by one in several directories, with
-/// renames and links among them, on 4 KiB nodes: a log of several levels
-/// whose inodes spread over many leaves.
+/// Thousands of files fsynced one by one in two directories, with renames,
+/// links, a logged directory deletion and xattrs on top, on 4 KiB nodes: a
+/// log of three levels whose inodes spread over many leaves.
 const SALVAGE_MULTI: &str = "\
-# Three directories of files fsynced one by one; some renamed across
-# directories, some linked, some removed, after the last commit.
+# Two directories of files fsynced one by one, then (all in the log) a file
+# renamed across directories, a link added, data overwritten, an xattr set,
+# a file unlinked with its directory fsynced, and a new file. The 4 KiB
+# nodes and the roomy image keep the kernel from committing on its way.
 mkfs -n 4096
-fssize 2G
+fssize 8G
 mkdir /a
 mkdir /b
 mkdir /c
+mkdir /c/sub
 write /a/old1 0 8K 0x11
 write /b/old2 0 8K 0x22
 write /c/old3 0 3000 0x33
+write /c/sub/x 0 5000 0x44
+write /a/keep 0 20000 0x55
 sync
-writefiles /a 1200 100-6000 fsync
-writefiles /b 1200 100-6000 fsync
+writefiles /a 1000 100-6000 fsync
+writefiles /b 1000 100-6000 fsync
+write /a/old1 8K 4K 0x12
+fsync /a/old1
 rename /a/old1 /b/moved1
 fsync /b/moved1
+write /b/old2 8K 4K 0x23
 link /b/old2 /c/link2
 fsync /b/old2
-unlink /c/old3
-fsync /c
-writefiles /c 600 100-6000 fsync
+write /a/keep 4096 8192 0x66
+fsync /a/keep
+setxattr /b/f00010 user.a blue
+fsync /b/f00010
+unlink /a/f00003
+fsync /a
+write /c/new 0 9000 0x77
+fsync /c/new
 crash
 ";
 
@@ -98,23 +111,39 @@ fn every() -> usize {
     std::env::var("BTRKIT_SALVAGE_EVERY").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(1)
 }
 
-/// `btrfs rescue zero-log` on a copy of `crash`, then its manifest.
-fn zero_log_manifest(crash: &Path, work: &Path) -> Result<Manifest, String> {
+/// `btrfs rescue zero-log` on a copy of `crash`, then its manifest and the
+/// subvolume id of every subvolume root path in it.
+fn zero_log_manifest(crash: &Path, work: &Path) -> Result<(Manifest, BTreeMap<String, u64>), String> {
     let zl = work.join("zero-log.img");
     kcrash::copy_sparse(crash, &zl)?;
     let o = Command::new("btrfs").args(["rescue", "zero-log"]).arg(&zl).output().map_err(|e| e.to_string())?;
     if !o.status.success() {
         return Err(format!("btrfs rescue zero-log: {}", String::from_utf8_lossy(&o.stderr)));
     }
-    let m = kcrash::manifest_in_place(&zl, "ro");
+    let mnt = kcrash::LoopMount::mount(&zl, &work.join("zl-mnt"), "ro")?;
+    let r = kcrash::manifest_of_tree(mnt.path()).and_then(|m| {
+        let mut ids = BTreeMap::new();
+        for (p, e) in &m.entries {
+            if e.kind == 'd' && e.ino == 256 {
+                let full = mnt.path().join(p.trim_start_matches('/'));
+                let o = Command::new("btrfs").args(["inspect-internal", "rootid"]).arg(&full).output().map_err(|e| e.to_string())?;
+                let id = String::from_utf8_lossy(&o.stdout).trim().parse::<u64>().map_err(|e| format!("rootid of {p}: {e}"))?;
+                ids.insert(p.clone(), id);
+            }
+        }
+        Ok((m, ids))
+    });
+    mnt.unmount()?;
     let _ = std::fs::remove_file(&zl);
-    m
+    r
 }
 
 /// The reference results of one crash image.
 struct Reference {
     kernel: Manifest,
     zero_log: Manifest,
+    /// Subvolume root path -> subvolume id.
+    subvols: BTreeMap<String, u64>,
 }
 
 fn salvage(img: &Path, out: &Path) -> Result<Value, String> {
@@ -157,10 +186,10 @@ fn check_salvaged(b: &LogBlock, out: &Path, report: &Value, r: &Reference) -> Re
     }
     let (k, z, m) = (by_inode(&r.kernel), by_inode(&r.zero_log), by_inode(&mine));
     // How the report calls each inode: (subvol id, ino) -> recovered.
-    let mut said: BTreeMap<u64, Vec<(u64, bool)>> = BTreeMap::new();
+    let mut said: BTreeMap<(u64, u64), bool> = BTreeMap::new();
     for i in s["inodes"].as_array().into_iter().flatten() {
         let (sv, ino) = (i["subvol"].as_u64().unwrap_or(0), i["ino"].as_u64().unwrap_or(0));
-        said.entry(ino).or_default().push((sv, i["outcome"] == "recovered"));
+        said.insert((sv, ino), i["outcome"] == "recovered");
     }
     for (key, (path, e)) in &m {
         let kk = k.get(key).map(|x| &x.1);
@@ -177,10 +206,9 @@ fn check_salvaged(b: &LogBlock, out: &Path, report: &Value, r: &Reference) -> Re
             ));
             continue;
         }
-        // The report's word on it, where only one subvolume has this inode
-        // number in the log (the manifest knows paths, not subvolume ids).
-        if let Some(v) = said.get(&key.1).filter(|v| v.len() == 1) {
-            let recovered = v[0].1;
+        // The report's word on it.
+        let subvol = r.subvols.get(&key.0).copied().unwrap_or(0);
+        if let Some(&recovered) = said.get(&(subvol, key.1)) {
             if recovered && !as_kernel {
                 problems.push(format!("{path} (inode {}) is reported recovered but is not the kernel's", key.1));
             }
@@ -223,7 +251,8 @@ fn run_image(scn: &Scenario, cache: &Path) -> Result<ImageOutcome, String> {
     let w = work.path();
     let r = {
         let _slot = kcrash::slot();
-        Reference { kernel: kcrash::manifest_of_image(&c.path, w)?, zero_log: zero_log_manifest(&c.path, w)? }
+        let (zero_log, subvols) = zero_log_manifest(&c.path, w)?;
+        Reference { kernel: kcrash::manifest_of_image(&c.path, w)?, zero_log, subvols }
     };
     let blocks = log_blocks(&c.path)?;
     let step = every();

@@ -1,8 +1,10 @@
 //! Free space tree: `btrfs_free_space_info` per block group, then either
 //! FREE_SPACE_EXTENT items (empty, the key is the range) or FREE_SPACE_BITMAP
-//! items (one bit per sector, the key is the range covered).
+//! items (one bit per sector, the key is the range covered); and the v1
+//! free space cache header.
 
-use super::Le32;
+use super::key::DiskKey;
+use super::{Le32, Le64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 #[repr(C)]
@@ -10,6 +12,17 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 pub struct FreeSpaceInfo {
     pub extent_count: Le32,
     pub flags: Le32,
+}
+
+/// `btrfs_free_space_header` (41 bytes): the v1 free space cache's item in
+/// the root tree, keyed (FREE_SPACE_OBJECTID, 0, block group start).
+#[repr(C)]
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
+pub struct FreeSpaceHeader {
+    pub location: DiskKey,
+    pub generation: Le64,
+    pub num_entries: Le64,
+    pub num_bitmaps: Le64,
 }
 
 /// Bits set in a free-space bitmap item, each one a free sector.
@@ -37,6 +50,7 @@ mod tests {
     #[test]
     fn layout_and_bits() {
         assert_eq!(core::mem::size_of::<FreeSpaceInfo>(), 8);
+        assert_eq!(core::mem::size_of::<FreeSpaceHeader>(), 41);
         crate::format::roundtrip::<FreeSpaceInfo>(&[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(bitmap_ranges(&[0b0000_0110, 0x80], 1000, 10), vec![(1010, 20), (1150, 10)]);
     }
