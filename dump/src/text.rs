@@ -18,6 +18,11 @@ impl<W: Write> TextSink<W> {
     pub fn new(w: W, text: Text) -> Self {
         TextSink { text, w }
     }
+    /// The writer, after [`Sink::finish`].
+    #[cfg(test)]
+    pub fn into_inner(self) -> W {
+        self.w
+    }
     fn spill(&mut self) -> io::Result<()> {
         if self.text.out.len() >= 1 << 20 {
             self.w.write_all(&self.text.out)?;

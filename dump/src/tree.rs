@@ -459,7 +459,7 @@ mod tests {
         sink.event(Event::Totals { total_bytes: 10, bytes_used: 2, fsid: [0xab; 16] }).unwrap();
         sink.finish().unwrap();
         assert_eq!(
-            String::from_utf8(sink.w.clone()).unwrap(),
+            String::from_utf8(sink.into_inner()).unwrap(),
             "root tree\nfs tree key (FS_TREE ROOT_ITEM 0) \n\
              ERROR: tree block 4096 key (256 INODE_ITEM 0): cannot read: bad\n\
              total bytes 10\nbytes used 2\nuuid abababab-abab-abab-abab-abababababab\n"
