@@ -775,8 +775,7 @@ pub fn replay(fs: &mut Fs, opts: ReplayOptions) -> Result<ReplaySummary> {
 /// [`replay`], reporting `(stage name, items done, items in all logs)`.
 pub fn replay_with_progress(fs: &mut Fs, opts: ReplayOptions, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
     if opts.salvage {
-        let p = super::salvage::prepare(fs)?;
-        return replay_logs(fs, p.logs, p.blocks, Some(p.report), progress);
+        return salvage_with_progress(fs, progress);
     }
     let (logs, blocks) = read_logs(fs)?;
     if !opts.force {
@@ -793,6 +792,36 @@ pub fn replay_with_progress(fs: &mut Fs, opts: ReplayOptions, progress: &mut dyn
         }
     }
     replay_logs(fs, logs, blocks, None, progress)
+}
+
+/// Most inodes salvage leaves out, one attempt each, after their replay failed.
+const SALVAGE_RETRIES: usize = 16;
+
+/// Salvage: replay what the damaged log still proves. An error naming a
+/// logged inode (an item that reads but cannot be replayed) costs that
+/// inode, not the salvage: nothing is written before the commit, so the
+/// filesystem is opened again and the replay starts over without it.
+fn salvage_with_progress(fs: &mut Fs, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
+    let mut refused: BTreeMap<u64, String> = BTreeMap::new();
+    loop {
+        let p = super::salvage::prepare(fs, &refused)?;
+        let logged: BTreeSet<u64> =
+            p.logs.iter().flat_map(|l| l.items.iter().map(|(k, _)| k.objectid)).filter(|&o| o <= BTRFS_LAST_FREE_OBJECTID).collect();
+        match replay_logs(fs, p.logs, p.blocks, Some(p.report), progress) {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                let ino = match &e {
+                    Error::Corrupt { key: Some(k), .. } if logged.contains(&k.objectid) => k.objectid,
+                    _ => return Err(e),
+                };
+                if refused.len() >= SALVAGE_RETRIES || refused.contains_key(&ino) {
+                    return Err(e);
+                }
+                refused.insert(ino, format!("its log items could not be replayed: {e}"));
+                *fs = Fs::open_for_replay(fs.device().clone())?;
+            }
+        }
+    }
 }
 
 /// Replay `logs` (pinning `blocks`, the log's blocks) and commit.

@@ -15,7 +15,9 @@
 //!   remove a name of an inode that is not replayed (the log of a directory
 //!   deleting or adding an entry of such an inode, a name that collides with
 //!   one) is not replayed either, and neither is an inode whose names would
-//!   all go while the directory it moved to is not recovered;
+//!   all go while the directory it moved to is not recovered, nor a
+//!   directory whose old name only a directory that is not replayed could
+//!   remove (a directory has one name);
 //! - these rules are applied until nothing changes (each step only takes
 //!   inodes out), then replay runs as usual on the items of the inodes left.
 //!
@@ -26,6 +28,10 @@
 //!
 //! On an undamaged log the selection keeps every inode whose checksums are
 //! there, so salvage replays exactly what replay does.
+//!
+//! Should replaying an inode that looked complete still fail (an item that
+//! reads but does not make sense), nothing has been written yet: salvage
+//! starts over from the image with that inode left out as well.
 
 use super::inspect::{committed_name, escape_bytes, mode_kind, resolve_paths, LoggedInode, LoggedName, NameKind};
 use super::reader::{read_log_with, uncovered, LogTree, LostBlock, OnDamage, ReadOptions};
@@ -101,8 +107,10 @@ pub(crate) struct Prepared {
     pub report: SalvageReport,
 }
 
-/// Read the log, pin it, decide what can be replayed.
-pub(crate) fn prepare(fs: &mut Fs) -> Result<Prepared> {
+/// Read the log, pin it, decide what can be replayed. Inodes in `refused`
+/// are not replayed, for the reason given (an earlier attempt could not
+/// replay their items).
+pub(crate) fn prepare(fs: &mut Fs, refused: &BTreeMap<u64, String>) -> Result<Prepared> {
     let mut report = SalvageReport::default();
     let ns = fs.nodesize() as u64;
     // First read: which blocks are usable. A readable block that cannot be
@@ -161,7 +169,13 @@ pub(crate) fn prepare(fs: &mut Fs) -> Result<Prepared> {
         if !fs.tree_exists(tree.subvol)? {
             continue;
         }
-        let sel = Selection::new(fs, &tree)?.settle(fs, &tree)?;
+        let mut sel = Selection::new(fs, &tree)?;
+        for (ino, why) in refused {
+            if sel.logged.contains_key(ino) {
+                sel.not.entry(*ino).or_insert_with(|| why.clone());
+            }
+        }
+        let sel = sel.settle(fs, &tree)?;
         report.inodes.extend(sel.outcomes(fs, &tree));
         logs.push(sel.filter(tree));
     }
@@ -422,6 +436,20 @@ impl Selection {
                 return Ok(Some(format!("the directory it is named in (inode {d}) is not recovered")));
             }
         }
+        // A directory has one name. A committed name of it outside the
+        // directories its own log names must be removed by the log of the
+        // directory holding it, so that directory must be replayed too.
+        if is_dir {
+            for (q, _, name) in c.names(fs, x)? {
+                let handled = refs.iter().any(|(d, _, _)| *d == q);
+                if !handled && !self.ok(tree, q) {
+                    return Ok(Some(format!(
+                        "a directory has one name, and its old name \"{}\" is in directory {q}, which is not recovered",
+                        String::from_utf8_lossy(&name)
+                    )));
+                }
+            }
+        }
         Ok(None)
     }
 
@@ -566,6 +594,25 @@ impl Committed {
         let Some(d) = fs.lookup(self.subvol, &k)? else { return Ok(None) };
         let v = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
         Ok(v.iter().find(|e| e.name == name).map(|e| Key::from(&e.item.location).objectid))
+    }
+    /// (directory, index, name) of every name of `ino`.
+    fn names(&mut self, fs: &mut Fs, ino: u64) -> Result<Vec<(u64, u64, Vec<u8>)>> {
+        let items = fs.items_in(self.subvol, Key::new(ino, BTRFS_INODE_REF_KEY, 0), Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX))?;
+        let mut out = Vec::new();
+        for (k, d) in items {
+            if k.ty == BTRFS_INODE_REF_KEY {
+                for r in parse_inode_refs(&d).map_err(|e| e.at(0, k))? {
+                    out.push((k.offset, r.index, r.name.to_vec()));
+                }
+            } else if k.ty == BTRFS_INODE_EXTREF_KEY {
+                for r in parse_inode_extrefs(&d).map_err(|e| e.at(0, k))? {
+                    out.push((r.parent, r.index, r.name.to_vec()));
+                }
+            }
+        }
+        // A subvolume root's ".." ref names itself; it is not a name in a directory.
+        out.retain(|(d, _, _)| *d != ino);
+        Ok(out)
     }
     /// (index, name, target, target key type) of the entries of `dir` with
     /// index in `[lo, hi]`.
