@@ -328,6 +328,10 @@ impl Selection {
     /// Take out inodes whose replay would touch inodes that are not
     /// replayed, until nothing changes.
     fn settle(mut self, fs: &mut Fs, tree: &LogTree) -> Result<Selection> {
+        // Every rule needs an inode that is not replayed to begin with.
+        if self.not.is_empty() && tree.read.lost.is_empty() {
+            return Ok(self);
+        }
         let mut c = Committed { subvol: self.subvol, exists: HashMap::new() };
         // Every round takes out at least one inode or ends.
         for _ in 0..=self.logged.len() {
@@ -635,10 +639,16 @@ impl Committed {
 pub(crate) fn after_replay(fs: &mut Fs, report: &mut SalvageReport, logs: &[LogTree]) -> Result<()> {
     for o in report.inodes.iter_mut().filter(|o| o.outcome == Outcome::Recovered) {
         let Some(log) = logs.iter().find(|l| l.subvol == o.subvol) else { continue };
-        let linked = log.inode_item(o.ino).is_some_and(|i| i.nlink.get() != 0);
-        if linked && fs.get_inode(o.subvol, o.ino)?.is_none() {
+        let Some(logged) = log.inode_item(o.ino) else { continue };
+        let exists = fs.get_inode(o.subvol, o.ino)?.is_some();
+        if logged.nlink.get() != 0 && !exists {
             o.outcome = Outcome::NotRecovered;
             o.reason = Some("replayed, but no name of it could be (its directory was not recovered); it was removed".into());
+        } else if logged.nlink.get() == 0 && exists {
+            // Logged as unlinked: the kernel's replay removes it once the
+            // entries naming it go, which other inodes' logs decide.
+            o.outcome = Outcome::NotRecovered;
+            o.reason = Some("logged as unlinked, but an entry naming it could only be removed by a log that was not recovered; it keeps its committed state".into());
         }
     }
     report.recovered = report.inodes.iter().filter(|i| i.outcome == Outcome::Recovered).count();
