@@ -25,6 +25,44 @@ pub enum Error {
     NotBtrfs(String),
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A file operation refused as the kernel refuses it (ENOENT, EEXIST,
+    /// ENOTEMPTY, EISDIR...).
+    #[error("{msg}: {}", errno_name(*errno))]
+    Errno { errno: i32, msg: String },
+}
+
+/// The symbolic name and text of an errno value.
+pub fn errno_name(e: i32) -> String {
+    let name = match e {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::EIO => "EIO",
+        libc::EBADF => "EBADF",
+        libc::EEXIST => "EEXIST",
+        libc::EXDEV => "EXDEV",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::EFBIG => "EFBIG",
+        libc::ENOSPC => "ENOSPC",
+        libc::EMLINK => "EMLINK",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ENOTEMPTY => "ENOTEMPTY",
+        libc::ELOOP => "ELOOP",
+        libc::ENODATA => "ENODATA",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::EBUSY => "EBUSY",
+        libc::E2BIG => "E2BIG",
+        libc::ERANGE => "ERANGE",
+        _ => "",
+    };
+    let text = std::io::Error::from_raw_os_error(e).to_string();
+    let text = text.split(" (os error").next().unwrap_or(&text).to_string();
+    if name.is_empty() {
+        text
+    } else {
+        format!("{name} ({text})")
+    }
 }
 
 struct Loc(u64);
@@ -54,6 +92,20 @@ impl Error {
     }
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), err: source }
+    }
+    pub fn errno(errno: i32, msg: impl Into<String>) -> Self {
+        Error::Errno { errno, msg: msg.into() }
+    }
+    /// The errno a system call would return for this error.
+    pub fn as_errno(&self) -> i32 {
+        match self {
+            Error::Errno { errno, .. } => *errno,
+            Error::NoSpace(_) => libc::ENOSPC,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::Io { err, .. } => err.raw_os_error().unwrap_or(libc::EIO),
+            _ => libc::EIO,
+        }
     }
     /// Attach a block number and key to an item-level parse error that was
     /// raised without knowing where the item lives.

@@ -16,5 +16,6 @@ pub mod fs;
 pub mod log;
 pub mod image;
 pub mod check;
+pub mod workload;
 
 pub use error::{Error, Result};

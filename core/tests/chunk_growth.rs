@@ -2,12 +2,14 @@
 //! dev extents, device bytes_used, block group item, free space entries)
 //! and the image stays clean for `btrfs check`.
 
+mod skip;
+
 use btrkit_core::format::consts::*;
 use btrkit_core::format::dir::{name_hash, DirItem};
 use btrkit_core::format::key::Key;
 use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::io::FileDevice;
-use btrkit_core::trans::Fs;
+use btrkit_core::trans::Store;
 use std::process::Command;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -15,7 +17,7 @@ use zerocopy::IntoBytes;
 #[test]
 fn metadata_fills_and_grows_new_chunks() {
     if Command::new("btrfs").arg("--version").output().is_err() {
-        eprintln!("SKIP: metadata_fills_and_grows_new_chunks: btrfs-progs not installed");
+        skip::skip("btrfs-progs not installed");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -29,7 +31,7 @@ fn metadata_fills_and_grows_new_chunks() {
     }
     let chunks_before = Image::open_path(&img, OpenOptions::default()).unwrap().chunks.len();
     let dev = Arc::new(FileDevice::open(&img, true).unwrap());
-    let mut fs = Fs::open(dev).unwrap();
+    let mut fs = Store::open(dev).unwrap();
     // ~48 MiB of xattrs: more than the first 32 MiB metadata chunk holds.
     let value = vec![0x5au8; 1800];
     for i in 0..28_000u32 {

@@ -4,12 +4,14 @@
 //! hold exactly what an in-memory model says, and `btrfs check` must find
 //! the image clean.
 
+mod skip;
+
 use btrkit_core::format::consts::*;
 use btrkit_core::format::dir::{name_hash, DirItem};
 use btrkit_core::format::key::Key;
 use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::io::FileDevice;
-use btrkit_core::trans::Fs;
+use btrkit_core::trans::Store;
 use btrkit_core::tree::TreeIter;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -66,7 +68,7 @@ type Model = BTreeMap<(u64, Key), (Vec<u8>, Vec<u8>)>;
 
 fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: &[&str]) -> u8 {
     if !have("mkfs.btrfs") || !have("btrfs") {
-        eprintln!("SKIP: cow_model: btrfs-progs not installed");
+        skip::skip("btrfs-progs not installed");
         return 0;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -88,7 +90,7 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
     let mut rng = Rng(seed | 1);
     {
         let dev = Arc::new(FileDevice::open(&img, true).unwrap());
-        let mut fs = Fs::open(dev).unwrap();
+        let mut fs = Store::open(dev).unwrap();
         for i in 0..ops {
             let tree = trees[rng.below(2) as usize];
             let op = rng.below(10);

@@ -3,12 +3,14 @@
 //! may), then reopen. The image must hold exactly the previous or the new
 //! generation, never a mix.
 
+mod skip;
+
 use btrkit_core::format::consts::*;
 use btrkit_core::format::dir::{name_hash, DirItem};
 use btrkit_core::format::key::Key;
 use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::io::{BlockDevice, CrashDevice, MemDevice};
-use btrkit_core::trans::Fs;
+use btrkit_core::trans::Store;
 use btrkit_core::tree::TreeIter;
 use std::process::Command;
 use std::sync::Arc;
@@ -57,7 +59,7 @@ fn state_dev(dev: Arc<dyn BlockDevice>) -> Result<(u64, Vec<Vec<u8>>), String> {
     Ok((image.sb.generation.get(), names))
 }
 
-fn apply(fs: &mut Fs, range: std::ops::Range<u32>) {
+fn apply(fs: &mut Store, range: std::ops::Range<u32>) {
     for i in range {
         let name = format!("user.crash{i:05}").into_bytes();
         let key = Key::new(256, BTRFS_XATTR_ITEM_KEY, name_hash(&name));
@@ -68,7 +70,7 @@ fn apply(fs: &mut Fs, range: std::ops::Range<u32>) {
 #[test]
 fn commit_cut_at_every_write() {
     if Command::new("mkfs.btrfs").arg("--version").output().is_err() {
-        eprintln!("SKIP: commit_cut_at_every_write: mkfs.btrfs not installed");
+        skip::skip("mkfs.btrfs not installed");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -79,7 +81,7 @@ fn commit_cut_at_every_write() {
 
     // Generation A: 300 xattrs committed.
     let dev = Arc::new(CrashDevice::new(base));
-    let mut fs = Fs::open(dev.clone()).unwrap();
+    let mut fs = Store::open(dev.clone()).unwrap();
     apply(&mut fs, 0..300);
     fs.commit().unwrap();
     let gen_a = dev.current_image();
@@ -89,7 +91,7 @@ fn commit_cut_at_every_write() {
     // Count the writes of the next commit (B: 300 more xattrs, 100 removed).
     let count = {
         let d = Arc::new(CrashDevice::new(gen_a.clone()));
-        let mut fs = Fs::open(d.clone()).unwrap();
+        let mut fs = Store::open(d.clone()).unwrap();
         apply(&mut fs, 300..600);
         let before = d.writes();
         fs.commit().unwrap();
@@ -100,7 +102,7 @@ fn commit_cut_at_every_write() {
     assert!(count > 3, "commit made only {count} writes");
     let names_b = {
         let d = Arc::new(CrashDevice::new(gen_a.clone()));
-        let mut fs = Fs::open(d.clone()).unwrap();
+        let mut fs = Store::open(d.clone()).unwrap();
         apply(&mut fs, 300..600);
         fs.commit().unwrap();
         state(d.current_image()).unwrap().1
@@ -109,7 +111,7 @@ fn commit_cut_at_every_write() {
     let mut seed = 0x1234_5678u64;
     for cut in 0..=count {
         let d = Arc::new(CrashDevice::new(gen_a.clone()));
-        let mut fs = Fs::open(d.clone()).unwrap();
+        let mut fs = Store::open(d.clone()).unwrap();
         apply(&mut fs, 300..600);
         d.fail_after_writes(Some(cut));
         let r = fs.commit();

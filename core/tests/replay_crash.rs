@@ -3,12 +3,14 @@
 //! either still hold the log, so replay can run again, or be fully
 //! replayed; both paths must end with the same trees.
 
+mod skip;
+
 use btrkit_core::format::consts::*;
 use btrkit_core::format::key::Key;
 use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::io::{BlockDevice, CrashDevice};
 use btrkit_core::log::replay::{replay, ReplayOptions};
-use btrkit_core::trans::Fs;
+use btrkit_core::trans::Store;
 use btrkit_core::tree::TreeIter;
 use std::path::PathBuf;
 use std::process::Command;
@@ -43,7 +45,7 @@ fn state(dev: Arc<dyn BlockDevice>) -> (bool, Vec<(Key, Vec<u8>)>) {
 }
 
 fn replay_all(dev: Arc<CrashDevice>) -> Arc<CrashDevice> {
-    let mut fs = Fs::open_for_replay(dev.clone()).unwrap();
+    let mut fs = Store::open_for_replay(dev.clone()).unwrap();
     replay(&mut fs, ReplayOptions::default()).unwrap();
     drop(fs);
     Arc::new(dev.crash_device(|_| true))
@@ -53,7 +55,7 @@ fn replay_all(dev: Arc<CrashDevice>) -> Arc<CrashDevice> {
 fn replay_cut_at_every_write_can_restart() {
     // The fixture is 1 GiB sparse; it is held in memory for the test.
     let Some(base) = fixture("065-valid-log-tree--compressed") else {
-        eprintln!("SKIP: replay_cut_at_every_write_can_restart: ../shared fixtures or tar missing");
+        skip::skip("../shared fixtures or tar missing");
         return;
     };
     let base = Arc::new(base);
@@ -63,7 +65,7 @@ fn replay_cut_at_every_write_can_restart() {
     // How many writes a full replay makes.
     let count = {
         let d = Arc::new(CrashDevice::from_shared(base.clone()));
-        let mut fs = Fs::open_for_replay(d.clone()).unwrap();
+        let mut fs = Store::open_for_replay(d.clone()).unwrap();
         replay(&mut fs, ReplayOptions::default()).unwrap();
         d.writes()
     };
@@ -71,7 +73,7 @@ fn replay_cut_at_every_write_can_restart() {
     let mut seed = 0x9e3779b97f4a7c15u64;
     for cut in 0..count {
         let d = Arc::new(CrashDevice::from_shared(base.clone()));
-        let mut fs = Fs::open_for_replay(d.clone()).unwrap();
+        let mut fs = Store::open_for_replay(d.clone()).unwrap();
         d.fail_after_writes(Some(cut));
         assert!(replay(&mut fs, ReplayOptions::default()).is_err(), "cut {cut} of {count} should fail");
         drop(fs);

@@ -3,12 +3,39 @@
 
 use btrkit_core::check::{Report, Severity};
 use btrkit_core::format::names::key_string;
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};
 use std::path::Path;
 
-pub fn human(image: &Path, r: &Report) {
+/// Width the tables must fit: the terminal's when stdout is one, else
+/// `$COLUMNS`, else 120 (a pager or a log file), so a long message wraps
+/// inside its cell instead of making a 300-column line.
+fn table_width() -> u16 {
+    if let Some((w, _)) = terminal_size() {
+        return w;
+    }
+    std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse::<u16>().ok()).filter(|&w| w >= 40).unwrap_or(120)
+}
+
+fn terminal_size() -> Option<(u16, u16)> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let t = Table::new();
+    t.width().map(|w| (w, 0))
+}
+
+fn new_table(width: u16) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_content_arrangement(ContentArrangement::Dynamic);
+    t.set_width(width);
+    t
+}
+
+pub fn human(image: &Path, r: &Report) {
+    let width = table_width();
+    let mut t = new_table(width);
     t.set_header(vec!["phase", "checks", "checked", "errors", "warnings", "ms"]);
     for p in &r.phases {
         t.add_row(vec![
@@ -22,8 +49,7 @@ pub fn human(image: &Path, r: &Report) {
     }
     println!("{t}");
     if !r.findings.is_empty() {
-        let mut f = Table::new();
-        f.load_preset(UTF8_FULL_CONDENSED);
+        let mut f = new_table(width);
         f.set_header(vec!["phase", "severity", "category", "tree", "bytenr", "key", "message"]);
         for x in &r.findings {
             f.add_row(vec![

@@ -6,7 +6,7 @@ mod report;
 use anyhow::{bail, Context};
 use btrkit_core::io::{clone_or_copy, BlockDevice, CopyMethod, FileDevice, OverlayDevice};
 use btrkit_core::log::replay::{replay_with_progress, ReplayOptions, ReplaySummary};
-use btrkit_core::trans::Fs;
+use btrkit_core::trans::Store;
 use clap::Parser;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -63,7 +63,7 @@ fn has_log(path: &std::path::Path) -> anyhow::Result<bool> {
 }
 
 /// Replay with a progress bar on a terminal (hidden otherwise).
-fn run_replay(fs: &mut Fs, opts: ReplayOptions) -> anyhow::Result<ReplaySummary> {
+fn run_replay(fs: &mut Store, opts: ReplayOptions) -> anyhow::Result<ReplaySummary> {
     use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
     use std::io::IsTerminal;
     let pb = ProgressBar::new(0);
@@ -114,7 +114,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
     if a.dry_run {
         let base: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&a.image, false)?);
         let overlay: Arc<dyn BlockDevice> = Arc::new(OverlayDevice::new(base));
-        let mut fs = Fs::open_for_replay(overlay)?;
+        let mut fs = Store::open_for_replay(overlay)?;
         let s = run_replay(&mut fs, opts)?;
         report::print(&s, true, a.json, None);
         return Ok(());
@@ -131,7 +131,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
     };
     let result = (|| -> anyhow::Result<_> {
         let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&target, true)?);
-        let mut fs = Fs::open_for_replay(dev)?;
+        let mut fs = Store::open_for_replay(dev)?;
         run_replay(&mut fs, opts)
     })();
     match result {

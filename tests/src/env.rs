@@ -2,6 +2,10 @@
 //! requirement is missing, so a skipped test is visible in `cargo test` output
 //! (run with `--nocapture` to see it) rather than silently passing.
 //!
+//! With `BTRKIT_REQUIRE_ORACLES=1` (CI sets it: CI has root, loop devices,
+//! btrfs-progs and ../shared) a skip is a failure: a run that silently lost
+//! its kernel or btrfs-progs oracle would otherwise be green.
+//!
 //! The test name comes from the current thread's name, which libtest sets to
 //! the test's path.
 
@@ -24,9 +28,26 @@ pub fn test_name() -> String {
     std::thread::current().name().unwrap_or("<unnamed>").to_string()
 }
 
-/// Print the standard skip line for the current test.
+/// True when `BTRKIT_REQUIRE_ORACLES` asks for every oracle to be present.
+pub fn oracles_required() -> bool {
+    std::env::var("BTRKIT_REQUIRE_ORACLES").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Print the standard skip line for the current test; with
+/// `BTRKIT_REQUIRE_ORACLES=1` the skip fails the test instead.
 pub fn skip(reason: &str) {
     eprintln!("SKIP: {}: {}", test_name(), reason);
+    if oracles_required() {
+        panic!("BTRKIT_REQUIRE_ORACLES is set, so this test may not skip: {}: {reason}", test_name());
+    }
+}
+
+/// [`skip`] for part of a test: the rest of the test goes on.
+pub fn skip_part(what: &str, reason: &str) {
+    eprintln!("SKIP part: {}: {what}: {reason}", test_name());
+    if oracles_required() {
+        panic!("BTRKIT_REQUIRE_ORACLES is set, so no part of this test may skip: {}: {what}: {reason}", test_name());
+    }
 }
 
 fn report(res: &Result<(), String>) -> bool {

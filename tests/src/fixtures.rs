@@ -234,11 +234,6 @@ pub fn run_dump(args: &[&std::ffi::OsStr], limit: Duration) -> RunOutput {
     run_bounded(cmd, limit)
 }
 
-/// True when a subcommand answered that it does not exist yet on this branch.
-pub fn not_implemented(o: &RunOutput) -> bool {
-    o.code() != Some(0) && o.stderr.contains("not implemented")
-}
-
 /// True when `name` is an executable on PATH.
 pub fn have_cmd(name: &str) -> bool {
     Command::new("sh")

@@ -211,11 +211,16 @@ pub struct ItemAt {
 
 /// The `nth` item of tree `tree` for which `pred(key, data)` holds.
 pub fn find_item(image: &Path, tree: u64, nth: usize, pred: &dyn Fn(&btrkit_core::format::key::Key, &[u8]) -> bool) -> Option<ItemAt> {
+    use btrkit_core::format::consts::*;
     use btrkit_core::format::header::HEADER_SIZE;
     use btrkit_core::image::{Image, OpenOptions};
     use btrkit_core::tree::TreeIter;
     let img = Image::open_path(image, OpenOptions::default()).ok()?;
-    let root = if tree == 1 { img.root_tree() } else { img.find_root(tree).ok()?? };
+    let root = match tree {
+        BTRFS_ROOT_TREE_OBJECTID => img.root_tree(),
+        BTRFS_CHUNK_TREE_OBJECTID => img.chunk_tree(),
+        _ => img.find_root(tree).ok()??,
+    };
     let mut it = TreeIter::new(&img, root, btrkit_core::format::key::Key::MIN).ok()?;
     let mut n = 0;
     while let Some(Ok(item)) = it.next_item() {

@@ -1,4 +1,5 @@
-//! Kernel crash images and manifests, the oracle for log replay.
+//! Kernel crash images and manifests, the oracle for log replay and for
+//! the engine.
 //!
 //! A scenario (`tests/scenarios/*.scn`) is run with real syscalls on a btrfs
 //! filesystem that the Linux kernel mounts from a sparse loop image with
@@ -9,47 +10,21 @@
 //! makes the kernel replay the log; [`manifest_of_image`] then records what a
 //! user sees of every path, the reference `btrkit-replay` must reproduce.
 //!
-//! Scenario language, one command a line, `#` comments, numbers in decimal or
-//! `0x`, sizes with K/M/G suffixes, `"..."` strings with C escapes and
-//! `<N x 'C'>` for N copies of a character. Paths are relative to the root of
-//! the filesystem (a leading `/` is allowed).
-//!
-//! Directives (apply to the whole run wherever they appear):
-//! - `mkfs ARGS...`: extra `mkfs.btrfs` arguments (`mkfs -n 4096 --csum sha256`)
-//! - `fssize SIZE`: size of the sparse image (default 512M)
-//! - `mount OPTS`: extra mount options of the live mount (`mount compress=zstd`);
-//!   `commit=600` is added unless the options name another commit interval
-//! - `expect-log yes|no`: whether the crash image must hold a log tree. By
-//!   default it must when a fsync came after the last commit.
-//! - `warmup no`: skip the warm-up files (see [`WARMUP_DIR`]).
-//!
-//! Steps: `mkdir P`, `create P`, `write P OFF LEN [BYTE|"text"|random:SEED]`
-//! (buffered pwrite; fill byte 0xcd by default; a quoted text is written once,
-//! LEN is then ignored), `truncate P SIZE`, `fallocate P OFF LEN [keep]`,
-//! `punch P OFF LEN`, `zero-range P OFF LEN [keep]`, `link OLD NEW`,
-//! `symlink TARGET P`, `rename OLD NEW`, `unlink P`, `rmdir P`,
-//! `setxattr P NAME VALUE`, `removexattr P NAME`, `chmod P OCTAL`,
-//! `chown P UID GID`, `mkfifo P`, `fsync P`, `fdatasync P`, `sync` (a full
-//! transaction commit through syncfs), `subvol-create P`, `snapshot SRC DST`
-//! (commits), `evict` (drop the dentry and inode caches), `crash`, and the bulk
-//! step `writefiles DIR N SIZE[-MAX] [fsync|fdatasync|none]`: create N files
-//! `DIR/fNNNNN` one by one with distinct content ([`file_content`]), sizes
-//! spread over SIZE..=MAX, each synced right after it is written when asked.
+//! The scenario language is core's (`btrkit_core::workload::script`): one
+//! parser for the engine (btrkit-shell) and this kernel harness. Every verb
+//! runs here with the syscall or `btrfs` command a user would use; the
+//! shell's engine switches (`set`) and `crash --keep-random` are refused.
+//! Kernel scenarios write the warm-up files (see
+//! `btrkit_core::workload::content::warmup_steps`) unless they say `warmup
+//! no`.
 //!
 //! Every `crash` but the last is an intermediate one: the image is taken, the
 //! live filesystem is thrown away, the image is mounted again (the kernel
 //! replays its log) and the steps go on. The last `crash` (or the end of the
 //! steps) gives the crash image.
-//!
-//! Expectations, checked against a manifest by [`check_expectations`]:
-//! `expect exists P`, `expect absent P`, `expect size P N`, `expect nlink P N`,
-//! `expect type P file|dir|symlink|fifo`, `expect target P T`,
-//! `expect xattr P NAME VALUE`, `expect noxattr P NAME`,
-//! `expect entries DIR [NAME...]` (exact set), `expect fill P BYTE` (every byte).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ffi::CString;
-use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -59,641 +34,22 @@ use std::process::{Command, Output};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+pub use btrkit_core::workload::content::{file_content, file_name, file_size, FillStream, Prng};
+pub use btrkit_core::workload::manifest::{check_expectations, content_hash, md5_hex, Entry, Manifest, Outcome};
+pub use btrkit_core::workload::script::{parse_num, Expect, Fill, NodeKind, Script as Scenario, Step, SyncKind};
+
 /// Errors of this module are strings: they end up in test failure messages.
 pub type Res<T> = Result<T, String>;
 
 /// Bumped whenever a change here changes the crash images a scenario gives,
 /// so cached images are regenerated.
-pub const GENERATOR_VERSION: u32 = 2;
+pub const GENERATOR_VERSION: u32 = 3;
 
-const DEFAULT_FSSIZE: u64 = 512 << 20;
-const DEFAULT_FILL: u8 = 0xcd;
-
-// ---------------------------------------------------------------------------
-// Scenario language
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Fill {
-    Byte(u8),
-    /// Written once at the offset; its length is the write length.
-    Text(Vec<u8>),
-    /// A deterministic pseudo-random stream seeded by the value.
-    Random(u64),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SyncKind {
-    None,
-    Fsync,
-    Fdatasync,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Step {
-    Mkdir(String),
-    Create(String),
-    Write {
-        path: String,
-        off: u64,
-        len: u64,
-        fill: Fill,
-    },
-    Truncate(String, u64),
-    Fallocate {
-        path: String,
-        off: u64,
-        len: u64,
-        keep: bool,
-    },
-    Punch {
-        path: String,
-        off: u64,
-        len: u64,
-    },
-    ZeroRange {
-        path: String,
-        off: u64,
-        len: u64,
-        keep: bool,
-    },
-    Link(String, String),
-    Symlink {
-        target: String,
-        path: String,
-    },
-    Rename(String, String),
-    Unlink(String),
-    Rmdir(String),
-    SetXattr {
-        path: String,
-        name: String,
-        value: Vec<u8>,
-    },
-    RemoveXattr {
-        path: String,
-        name: String,
-    },
-    Chmod(String, u32),
-    Chown(String, u32, u32),
-    Mkfifo(String),
-    Fsync(String),
-    Fdatasync(String),
-    Sync,
-    SubvolCreate(String),
-    Snapshot(String, String),
-    Evict,
-    WriteFiles {
-        dir: String,
-        count: u32,
-        min: u64,
-        max: u64,
-        sync: SyncKind,
-    },
-    Crash,
-}
-
-impl Step {
-    /// Whether the step leaves something in the log that only a log sync
-    /// wrote (the kernel may still decide to commit instead).
-    fn logs(&self) -> bool {
-        matches!(self, Step::Fsync(_) | Step::Fdatasync(_))
-            || matches!(self, Step::WriteFiles { sync, .. } if *sync != SyncKind::None)
-    }
-    /// Whether the step commits the transaction, which empties the log.
-    fn commits(&self) -> bool {
-        matches!(self, Step::Sync | Step::Snapshot(..))
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Expect {
-    Exists(String),
-    Absent(String),
-    Size(String, u64),
-    Nlink(String, u64),
-    Type(String, char),
-    Target(String, String),
-    Xattr(String, String, Vec<u8>),
-    NoXattr(String, String),
-    Entries(String, Vec<String>),
-    Fill(String, u8),
-}
-
-#[derive(Clone, Debug)]
-pub struct Scenario {
-    pub name: String,
-    /// The file as written; cached crash images are keyed by it.
-    pub text: String,
-    pub mkfs: Vec<String>,
-    pub fssize: u64,
-    pub mount: Vec<String>,
-    pub expect_log: Option<bool>,
-    /// `expect-log any`: the kernel may commit or log (random scenarios).
-    pub log_optional: bool,
-    /// Write the size-class warm-up files before the steps (see [`WARMUP_DIR`]).
-    pub warmup: bool,
-    /// Steps with their 1-based line numbers.
-    pub steps: Vec<(usize, Step)>,
-    pub expects: Vec<(usize, Expect)>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Tok {
-    Word(String),
-    Quoted(Vec<u8>),
-}
-
-impl Tok {
-    fn bytes(&self) -> Vec<u8> {
-        match self {
-            Tok::Word(w) => w.as_bytes().to_vec(),
-            Tok::Quoted(b) => b.clone(),
-        }
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.bytes()).into_owned()
-    }
-}
-
-fn tokenize(line: &str) -> Res<Vec<Tok>> {
-    let b = line.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        let c = b[i];
-        if c.is_ascii_whitespace() {
-            i += 1;
-        } else if c == b'#' {
-            break;
-        } else if c == b'"' {
-            let mut v = Vec::new();
-            i += 1;
-            loop {
-                match b.get(i) {
-                    None => return Err("unterminated string".into()),
-                    Some(b'"') => {
-                        i += 1;
-                        break;
-                    }
-                    Some(b'\\') => {
-                        let e = *b.get(i + 1).ok_or("dangling backslash")?;
-                        i += 2;
-                        v.push(match e {
-                            b'n' => b'\n',
-                            b't' => b'\t',
-                            b'r' => b'\r',
-                            b'0' => 0,
-                            b'x' => {
-                                let hex = line.get(i..i + 2).ok_or("short \\x escape")?;
-                                i += 2;
-                                u8::from_str_radix(hex, 16)
-                                    .map_err(|_| format!("bad \\x escape {hex}"))?
-                            }
-                            other => other,
-                        });
-                    }
-                    Some(&ch) => {
-                        v.push(ch);
-                        i += 1;
-                    }
-                }
-            }
-            out.push(Tok::Quoted(v));
-        } else if c == b'<' && line[i..].contains(" x '") {
-            // <N x 'C'>
-            let end = line[i..].find("'>").ok_or("unterminated <N x 'C'>")? + i;
-            let inner = &line[i + 1..end];
-            let (n, ch) = inner.split_once(" x '").ok_or("bad <N x 'C'>")?;
-            let n: usize = n
-                .trim()
-                .parse()
-                .map_err(|_| format!("bad count in <{inner}'>"))?;
-            let ch = ch.as_bytes();
-            if ch.len() != 1 {
-                return Err(format!("<N x 'C'> needs one character, got {inner:?}"));
-            }
-            out.push(Tok::Quoted(vec![ch[0]; n]));
-            i = end + 2;
-        } else {
-            let start = i;
-            while i < b.len() && !b[i].is_ascii_whitespace() {
-                i += 1;
-            }
-            out.push(Tok::Word(line[start..i].to_string()));
-        }
-    }
-    Ok(out)
-}
-
-/// A size or offset: decimal or 0x hex, optional K/M/G suffix.
-pub fn parse_num(s: &str) -> Res<u64> {
-    let s = s.trim();
-    let (digits, mult) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let v = match digits
-        .strip_prefix("0x")
-        .or_else(|| digits.strip_prefix("0X"))
-    {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => digits.parse(),
-    }
-    .map_err(|_| format!("bad number {s:?}"))?;
-    v.checked_mul(mult)
-        .ok_or_else(|| format!("number {s:?} overflows"))
-}
-
-fn parse_fill(t: &Tok) -> Res<Fill> {
-    match t {
-        Tok::Quoted(b) => Ok(Fill::Text(b.clone())),
-        Tok::Word(w) => match w.strip_prefix("random:") {
-            Some(seed) => Ok(Fill::Random(parse_num(seed)?)),
-            None => {
-                let v = parse_num(w)?;
-                u8::try_from(v)
-                    .map(Fill::Byte)
-                    .map_err(|_| format!("fill byte {w} is not a byte"))
-            }
-        },
-    }
-}
-
-impl Scenario {
-    pub fn load(path: &Path) -> Res<Scenario> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let name = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        Scenario::parse(&name, &text).map_err(|e| format!("{}: {e}", path.display()))
-    }
-
-    pub fn parse(name: &str, text: &str) -> Res<Scenario> {
-        let mut s = Scenario {
-            name: name.to_string(),
-            text: text.to_string(),
-            mkfs: Vec::new(),
-            fssize: DEFAULT_FSSIZE,
-            mount: Vec::new(),
-            expect_log: None,
-            log_optional: false,
-            warmup: true,
-            steps: Vec::new(),
-            expects: Vec::new(),
-        };
-        for (i, line) in text.lines().enumerate() {
-            let n = i + 1;
-            let toks = tokenize(line).map_err(|e| format!("line {n}: {e}"))?;
-            let Some(Tok::Word(verb)) = toks.first() else {
-                if toks.is_empty() {
-                    continue;
-                }
-                return Err(format!("line {n}: a line starts with a verb"));
-            };
-            let args = &toks[1..];
-            let r = (|| -> Res<()> {
-                match verb.as_str() {
-                    "mkfs" => s.mkfs.extend(args.iter().map(Tok::text)),
-                    "fssize" => s.fssize = parse_num(&one(args)?.text())?,
-                    "mount" => {
-                        for a in args {
-                            s.mount.extend(
-                                a.text()
-                                    .split(',')
-                                    .filter(|o| !o.is_empty())
-                                    .map(str::to_string),
-                            );
-                        }
-                    }
-                    "warmup" => {
-                        s.warmup = match one(args)?.text().as_str() {
-                            "yes" => true,
-                            "no" => false,
-                            o => return Err(format!("warmup yes|no, not {o}")),
-                        }
-                    }
-                    "expect-log" => {
-                        s.expect_log = Some(match one(args)?.text().as_str() {
-                            "yes" => true,
-                            "no" => false,
-                            "any" => {
-                                s.log_optional = true;
-                                return Ok(());
-                            }
-                            o => return Err(format!("expect-log yes|no|any, not {o}")),
-                        })
-                    }
-                    "expect" => s.expects.push((n, parse_expect(args)?)),
-                    _ => s.steps.push((n, parse_step(verb, args)?)),
-                }
-                Ok(())
-            })();
-            r.map_err(|e| format!("line {n}: {e}"))?;
-        }
-        Ok(s)
-    }
-
-    /// Options of the live mount: the scenario's, with `commit=600` unless it
-    /// sets its own interval.
-    pub fn mount_options(&self) -> String {
-        let mut o = self.mount.clone();
-        if !o.iter().any(|x| x.starts_with("commit=")) {
-            o.insert(0, "commit=600".into());
-        }
-        o.join(",")
-    }
-
-    /// Whether the crash image must hold a log tree: by default, when a step
-    /// that syncs the log comes after the last commit (or intermediate crash,
-    /// whose replaying mount commits) before the final crash.
-    pub fn wants_log(&self) -> bool {
-        if self.log_optional {
-            return false;
-        }
-        if let Some(e) = self.expect_log {
-            return e;
-        }
-        let end = self
-            .steps
-            .iter()
-            .rposition(|(_, s)| *s == Step::Crash)
-            .unwrap_or(self.steps.len());
-        let mut pending = false;
-        for (_, st) in &self.steps[..end] {
-            if st.commits() || *st == Step::Crash {
-                pending = false;
-            } else if st.logs() {
-                pending = true;
-            }
-        }
-        pending
-    }
-}
-
-fn one(args: &[Tok]) -> Res<&Tok> {
-    match args {
-        [a] => Ok(a),
-        _ => Err(format!("expected one argument, got {}", args.len())),
-    }
-}
-
-fn need(args: &[Tok], min: usize, max: usize, usage: &str) -> Res<()> {
-    if args.len() < min || args.len() > max {
-        return Err(format!("usage: {usage}"));
-    }
-    Ok(())
-}
-
-fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
-    let t = |i: usize| a[i].text();
-    let num = |i: usize| parse_num(&a[i].text());
-    Ok(match verb {
-        "mkdir" => {
-            need(a, 1, 1, "mkdir P")?;
-            Step::Mkdir(t(0))
-        }
-        "create" => {
-            need(a, 1, 1, "create P")?;
-            Step::Create(t(0))
-        }
-        "write" => {
-            need(a, 3, 4, "write P OFF LEN [BYTE|\"text\"|random:SEED]")?;
-            let fill = if a.len() == 4 {
-                parse_fill(&a[3])?
-            } else {
-                Fill::Byte(DEFAULT_FILL)
-            };
-            let len = match &fill {
-                Fill::Text(b) => b.len() as u64,
-                _ => num(2)?,
-            };
-            Step::Write {
-                path: t(0),
-                off: num(1)?,
-                len,
-                fill,
-            }
-        }
-        "truncate" => {
-            need(a, 2, 2, "truncate P SIZE")?;
-            Step::Truncate(t(0), num(1)?)
-        }
-        "fallocate" | "zero-range" => {
-            need(a, 3, 4, &format!("{verb} P OFF LEN [keep]"))?;
-            let keep = match a.get(3).map(Tok::text).as_deref() {
-                None => false,
-                Some("keep") => true,
-                Some(o) => return Err(format!("{verb}: unknown flag {o}")),
-            };
-            let (path, off, len) = (t(0), num(1)?, num(2)?);
-            if verb == "fallocate" {
-                Step::Fallocate {
-                    path,
-                    off,
-                    len,
-                    keep,
-                }
-            } else {
-                Step::ZeroRange {
-                    path,
-                    off,
-                    len,
-                    keep,
-                }
-            }
-        }
-        "punch" => {
-            need(a, 3, 3, "punch P OFF LEN")?;
-            Step::Punch {
-                path: t(0),
-                off: num(1)?,
-                len: num(2)?,
-            }
-        }
-        "link" => {
-            need(a, 2, 2, "link OLD NEW")?;
-            Step::Link(t(0), t(1))
-        }
-        "symlink" => {
-            need(a, 2, 2, "symlink TARGET P")?;
-            Step::Symlink {
-                target: t(0),
-                path: t(1),
-            }
-        }
-        "rename" => {
-            need(a, 2, 2, "rename OLD NEW")?;
-            Step::Rename(t(0), t(1))
-        }
-        "unlink" => {
-            need(a, 1, 1, "unlink P")?;
-            Step::Unlink(t(0))
-        }
-        "rmdir" => {
-            need(a, 1, 1, "rmdir P")?;
-            Step::Rmdir(t(0))
-        }
-        "setxattr" => {
-            need(a, 3, 3, "setxattr P NAME VALUE")?;
-            Step::SetXattr {
-                path: t(0),
-                name: t(1),
-                value: a[2].bytes(),
-            }
-        }
-        "removexattr" => {
-            need(a, 2, 2, "removexattr P NAME")?;
-            Step::RemoveXattr {
-                path: t(0),
-                name: t(1),
-            }
-        }
-        "chmod" => {
-            need(a, 2, 2, "chmod P OCTAL")?;
-            Step::Chmod(
-                t(0),
-                u32::from_str_radix(&t(1), 8).map_err(|_| format!("bad mode {}", t(1)))?,
-            )
-        }
-        "chown" => {
-            need(a, 3, 3, "chown P UID GID")?;
-            let id = |i: usize| -> Res<u32> {
-                u32::try_from(num(i)?).map_err(|_| "id out of range".to_string())
-            };
-            Step::Chown(t(0), id(1)?, id(2)?)
-        }
-        "mkfifo" => {
-            need(a, 1, 1, "mkfifo P")?;
-            Step::Mkfifo(t(0))
-        }
-        "fsync" => {
-            need(a, 1, 1, "fsync P")?;
-            Step::Fsync(t(0))
-        }
-        "fdatasync" => {
-            need(a, 1, 1, "fdatasync P")?;
-            Step::Fdatasync(t(0))
-        }
-        "sync" => {
-            need(a, 0, 0, "sync")?;
-            Step::Sync
-        }
-        "subvol-create" => {
-            need(a, 1, 1, "subvol-create P")?;
-            Step::SubvolCreate(t(0))
-        }
-        "snapshot" => {
-            need(a, 2, 2, "snapshot SRC DST")?;
-            Step::Snapshot(t(0), t(1))
-        }
-        "evict" => {
-            need(a, 0, 0, "evict")?;
-            Step::Evict
-        }
-        "crash" => {
-            need(a, 0, 0, "crash")?;
-            Step::Crash
-        }
-        "writefiles" => {
-            need(
-                a,
-                3,
-                4,
-                "writefiles DIR N SIZE[-MAX] [fsync|fdatasync|none]",
-            )?;
-            let count = u32::try_from(num(1)?).map_err(|_| "too many files".to_string())?;
-            let sz = t(2);
-            let (min, max) = match sz.split_once('-') {
-                Some((lo, hi)) => (parse_num(lo)?, parse_num(hi)?),
-                None => (parse_num(&sz)?, parse_num(&sz)?),
-            };
-            if min > max {
-                return Err(format!("size range {sz} is empty"));
-            }
-            let sync = match a.get(3).map(Tok::text).as_deref() {
-                None | Some("none") => SyncKind::None,
-                Some("fsync") => SyncKind::Fsync,
-                Some("fdatasync") => SyncKind::Fdatasync,
-                Some(o) => return Err(format!("writefiles: unknown sync mode {o}")),
-            };
-            Step::WriteFiles {
-                dir: t(0),
-                count,
-                min,
-                max,
-                sync,
-            }
-        }
-        other => return Err(format!("unknown verb {other:?}")),
-    })
-}
-
-fn parse_expect(a: &[Tok]) -> Res<Expect> {
-    let kind = a.first().ok_or("expect what?")?.text();
-    let a = &a[1..];
-    let t = |i: usize| a[i].text();
-    Ok(match kind.as_str() {
-        "exists" => {
-            need(a, 1, 1, "expect exists P")?;
-            Expect::Exists(norm(&t(0)))
-        }
-        "absent" => {
-            need(a, 1, 1, "expect absent P")?;
-            Expect::Absent(norm(&t(0)))
-        }
-        "size" => {
-            need(a, 2, 2, "expect size P N")?;
-            Expect::Size(norm(&t(0)), parse_num(&t(1))?)
-        }
-        "nlink" => {
-            need(a, 2, 2, "expect nlink P N")?;
-            Expect::Nlink(norm(&t(0)), parse_num(&t(1))?)
-        }
-        "type" => {
-            need(a, 2, 2, "expect type P file|dir|symlink|fifo")?;
-            let c = match t(1).as_str() {
-                "file" => 'f',
-                "dir" => 'd',
-                "symlink" => 'l',
-                "fifo" => 'p',
-                o => return Err(format!("unknown type {o}")),
-            };
-            Expect::Type(norm(&t(0)), c)
-        }
-        "target" => {
-            need(a, 2, 2, "expect target P T")?;
-            Expect::Target(norm(&t(0)), t(1))
-        }
-        "xattr" => {
-            need(a, 3, 3, "expect xattr P NAME VALUE")?;
-            Expect::Xattr(norm(&t(0)), t(1), a[2].bytes())
-        }
-        "noxattr" => {
-            need(a, 2, 2, "expect noxattr P NAME")?;
-            Expect::NoXattr(norm(&t(0)), t(1))
-        }
-        "entries" => {
-            need(a, 1, usize::MAX, "expect entries DIR [NAME...]")?;
-            let mut names: Vec<String> = a[1..].iter().map(Tok::text).collect();
-            names.sort();
-            Expect::Entries(norm(&t(0)), names)
-        }
-        "fill" => {
-            need(a, 2, 2, "expect fill P BYTE")?;
-            let b = u8::try_from(parse_num(&t(1))?).map_err(|_| "fill is a byte".to_string())?;
-            Expect::Fill(norm(&t(0)), b)
-        }
-        o => return Err(format!("unknown expectation {o:?}")),
-    })
-}
-
-/// `a/b`, `/a/b/` -> `/a/b`; the root is `/`.
-fn norm(p: &str) -> String {
-    let t = p.trim_matches('/');
-    format!("/{t}")
+/// A scenario file.
+pub fn load_scenario(path: &Path) -> Res<Scenario> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    Scenario::parse(&name, &text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The scenarios of a directory, sorted by file name.
@@ -704,51 +60,7 @@ pub fn load_dir(dir: &Path) -> Res<Vec<Scenario>> {
         .filter(|p| p.extension().is_some_and(|x| x == "scn"))
         .collect();
     files.sort();
-    files.iter().map(|p| Scenario::load(p)).collect()
-}
-
-// ---------------------------------------------------------------------------
-// Content
-
-/// Deterministic pseudo-random bytes (xorshift64*), for fills and file bodies.
-struct Prng(u64);
-impl Prng {
-    fn new(seed: u64) -> Prng {
-        Prng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn fill(&mut self, buf: &mut [u8]) {
-        for c in buf.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
-            c.copy_from_slice(&v[..c.len()]);
-        }
-    }
-}
-
-/// Size of file `i` of a `writefiles` step over `min..=max`.
-pub fn file_size(i: u32, min: u64, max: u64) -> u64 {
-    let span = max - min + 1;
-    min + (Prng::new(0x5eed ^ i as u64).next() % span)
-}
-
-/// Content of file `i` of a `writefiles` step: its name first, so no two
-/// files are alike, then pseudo-random bytes.
-pub fn file_content(i: u32, len: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len as usize];
-    Prng::new(i as u64 + 1).fill(&mut v);
-    let tag = format!("file {i:05}\n");
-    let n = tag.len().min(v.len());
-    v[..n].copy_from_slice(&tag.as_bytes()[..n]);
-    v
-}
-
-pub fn file_name(i: u32) -> String {
-    format!("f{i:05}")
+    files.iter().map(|p| load_scenario(p)).collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -1037,261 +349,312 @@ pub fn parallel_map<T: Sync, R: Send>(
 }
 
 // ---------------------------------------------------------------------------
-// Running a scenario
+// Running a scenario on the kernel
 
 fn cpath(p: &Path) -> Res<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("NUL in path {}", p.display()))
 }
 
 fn errno(what: &str, p: &Path) -> String {
-    format!(
-        "{what} {}: {}",
-        p.display(),
-        std::io::Error::last_os_error()
-    )
+    format!("{what} {}: {}", p.display(), std::io::Error::last_os_error())
 }
 
-fn open_for_sync(p: &Path) -> Res<File> {
-    // Read-only opens work for files and directories alike, and fsync needs
-    // no write access.
-    File::open(p).map_err(|e| format!("open {}: {e}", p.display()))
+fn check(r: libc::c_int, what: &str, p: &Path) -> Res<()> {
+    if r != 0 {
+        return Err(errno(what, p));
+    }
+    Ok(())
 }
 
-fn fsync_path(p: &Path, data_only: bool) -> Res<()> {
-    use std::os::fd::AsRawFd;
-    let f = open_for_sync(p)?;
+fn fsync_fd(fd: libc::c_int, data_only: bool, p: &Path) -> Res<()> {
     let r = unsafe {
         if data_only {
-            libc::fdatasync(f.as_raw_fd())
+            libc::fdatasync(fd)
         } else {
-            libc::fsync(f.as_raw_fd())
+            libc::fsync(fd)
         }
     };
-    if r != 0 {
-        return Err(errno(if data_only { "fdatasync" } else { "fsync" }, p));
-    }
-    Ok(())
+    check(r, if data_only { "fdatasync" } else { "fsync" }, p)
 }
 
-fn falloc(p: &Path, mode: libc::c_int, off: u64, len: u64) -> Res<()> {
-    use std::os::fd::AsRawFd;
-    let f = OpenOptions::new()
-        .write(true)
-        .open(p)
-        .map_err(|e| format!("open {}: {e}", p.display()))?;
-    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as libc::off_t, len as libc::off_t) };
-    if r != 0 {
-        return Err(errno("fallocate", p));
-    }
-    Ok(())
-}
-
-fn write_fill(p: &Path, off: u64, len: u64, fill: &Fill) -> Res<()> {
-    // pwrite into an existing file keeps the rest of it.
-    let f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .open(p)
-        .map_err(|e| format!("open {}: {e}", p.display()))?;
-    let mut rng = match fill {
-        Fill::Random(s) => Some(Prng::new(*s)),
-        _ => None,
-    };
-    let chunk = len.min(1 << 20) as usize;
-    let mut buf = match fill {
-        Fill::Byte(b) => vec![*b; chunk],
-        Fill::Text(t) => t.clone(),
-        Fill::Random(_) => vec![0; chunk],
-    };
+/// Write `len` bytes of `fill` at `off` through `fd` in 1 MiB pieces. With
+/// `enospc_ok`, running out of space ends the write quietly.
+fn write_fill_fd(fd: libc::c_int, p: &Path, off: u64, len: u64, fill: &Fill, enospc_ok: bool) -> Res<()> {
+    let mut stream = FillStream::new(fill);
+    let mut buf = vec![0u8; len.min(1 << 20) as usize];
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(buf.len() as u64) as usize;
-        if let Some(r) = rng.as_mut() {
-            r.fill(&mut buf[..n]);
+        stream.next(&mut buf[..n]);
+        let mut w = 0;
+        while w < n {
+            let r = unsafe { libc::pwrite(fd, buf[w..n].as_ptr().cast(), n - w, (off + done + w as u64) as libc::off_t) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if enospc_ok && e.raw_os_error() == Some(libc::ENOSPC) {
+                    return Ok(());
+                }
+                return Err(format!("write {}: {e}", p.display()));
+            }
+            w += r as usize;
         }
-        f.write_all_at(&buf[..n], off + done)
-            .map_err(|e| format!("write {}: {e}", p.display()))?;
         done += n as u64;
     }
     Ok(())
 }
 
-struct Runner<'a> {
-    root: &'a Path,
+/// An open descriptor that closes on drop.
+struct Fd(libc::c_int);
+impl Drop for Fd {
+    fn drop(&mut self) {
+        if self.0 >= 0 {
+            unsafe { libc::close(self.0) };
+        }
+    }
 }
 
-impl Runner<'_> {
+fn open_fd(p: &Path, flags: libc::c_int, mode: libc::mode_t) -> Res<Fd> {
+    let c = cpath(p)?;
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
+    if fd < 0 {
+        return Err(errno("open", p));
+    }
+    Ok(Fd(fd))
+}
+
+/// Runs steps on a mounted filesystem with real syscalls. Descriptors
+/// opened by `open-fd` and `tmpfile` stay open under their names until
+/// `close-fd`, and steps naming them use them (as kcrash.py does).
+pub struct Runner {
+    root: PathBuf,
+    fds: HashMap<String, Fd>,
+}
+
+impl Runner {
+    pub fn new(root: &Path) -> Runner {
+        Runner { root: root.to_path_buf(), fds: HashMap::new() }
+    }
+
     fn p(&self, rel: &str) -> PathBuf {
         self.root.join(rel.trim_start_matches('/'))
     }
 
-    fn apply(&self, st: &Step) -> Res<()> {
-        let io = |what: &str, p: &Path, r: std::io::Result<()>| {
-            r.map_err(|e| format!("{what} {}: {e}", p.display()))
+    /// Close every descriptor (before an unmount).
+    pub fn close_all(&mut self) {
+        self.fds.clear();
+    }
+
+    /// The descriptor a step uses for `name`: the held one, or a new one
+    /// (`None` in the second field) opened with `flags`.
+    fn fd(&self, name: &str, flags: libc::c_int) -> Res<(libc::c_int, Option<Fd>)> {
+        if let Some(f) = self.fds.get(name) {
+            return Ok((f.0, None));
+        }
+        let p = self.p(name);
+        let f = match open_fd(&p, flags, 0o644) {
+            Ok(f) => f,
+            // Directories open read-only (fsync of a directory).
+            Err(_) if flags & libc::O_CREAT == 0 => open_fd(&p, libc::O_RDONLY, 0)?,
+            Err(e) => return Err(e),
         };
+        Ok((f.0, Some(f)))
+    }
+
+    fn btrfs(&self, args: &[&str], path: Option<&Path>) -> Res<()> {
+        let mut c = Command::new("btrfs");
+        c.args(args);
+        if let Some(p) = path {
+            c.arg(p);
+        }
+        run(&mut c).map(drop)
+    }
+
+    /// Run one step. `Crash` and `Remount` need the mount and are handled by
+    /// [`generate`]; the shell's inspection verbs do nothing here and its
+    /// engine switches are refused.
+    pub fn apply(&mut self, st: &Step) -> Res<()> {
+        let io = |what: &str, p: &Path, r: std::io::Result<()>| r.map_err(|e| format!("{what} {}: {e}", p.display()));
         match st {
             Step::Mkdir(p) => io("mkdir", &self.p(p), std::fs::create_dir(self.p(p))),
             Step::Create(p) => {
                 let p = self.p(p);
-                io(
-                    "create",
-                    &p,
-                    OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(false)
-                        .mode(0o644)
-                        .open(&p)
-                        .map(drop),
-                )
+                open_fd(&p, libc::O_CREAT | libc::O_WRONLY, 0o644).map(drop)
             }
-            Step::Write {
-                path,
-                off,
-                len,
-                fill,
-            } => write_fill(&self.p(path), *off, *len, fill),
+            Step::Write { path, off, len, fill, enospc_ok } => {
+                let (fd, _own) = self.fd(path, libc::O_CREAT | libc::O_WRONLY)?;
+                write_fill_fd(fd, &self.p(path), *off, *len, fill, *enospc_ok)
+            }
+            Step::Dwrite { path, off, len, byte, chunk } => {
+                let p = self.p(path);
+                let f = open_fd(&p, libc::O_CREAT | libc::O_WRONLY | libc::O_DIRECT, 0o644)?;
+                // O_DIRECT wants an aligned buffer: a private anonymous mapping.
+                let n = (*chunk).max(1) as usize;
+                let buf = unsafe { libc::mmap(std::ptr::null_mut(), n, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+                if buf == libc::MAP_FAILED {
+                    return Err(errno("mmap", &p));
+                }
+                unsafe { std::ptr::write_bytes(buf as *mut u8, *byte, n) };
+                let mut done = 0u64;
+                let mut res = Ok(());
+                while done < *len {
+                    let k = (*len - done).min(n as u64) as usize;
+                    let r = unsafe { libc::pwrite(f.0, buf, k, (off + done) as libc::off_t) };
+                    if r <= 0 {
+                        res = Err(errno("dwrite", &p));
+                        break;
+                    }
+                    done += r as u64;
+                }
+                unsafe { libc::munmap(buf, n) };
+                res
+            }
+            Step::Mwrite { path, off, len, byte } => {
+                let p = self.p(path);
+                let f = open_fd(&p, libc::O_RDWR, 0)?;
+                let pg = 4096u64;
+                let start = off / pg * pg;
+                let maplen = (off + len - start) as usize;
+                if maplen == 0 {
+                    return Ok(());
+                }
+                let m = unsafe { libc::mmap(std::ptr::null_mut(), maplen, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.0, start as libc::off_t) };
+                if m == libc::MAP_FAILED {
+                    return Err(errno("mmap", &p));
+                }
+                unsafe { std::ptr::write_bytes((m as *mut u8).add((off - start) as usize), *byte, *len as usize) };
+                // munmap: the pages stay dirty, nothing is synced.
+                unsafe { libc::munmap(m, maplen) };
+                Ok(())
+            }
+            Step::Msync { path, range } => {
+                let p = self.p(path);
+                let f = open_fd(&p, libc::O_RDWR, 0)?;
+                let size = std::fs::metadata(&p).map_err(|e| format!("stat {}: {e}", p.display()))?.len();
+                let (off, len) = range.unwrap_or((0, size));
+                let pg = 4096u64;
+                let start = off / pg * pg;
+                let maplen = (off + len - start) as usize;
+                if maplen == 0 {
+                    return Ok(());
+                }
+                let m = unsafe { libc::mmap(std::ptr::null_mut(), maplen, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.0, start as libc::off_t) };
+                if m == libc::MAP_FAILED {
+                    return Err(errno("mmap", &p));
+                }
+                let r = unsafe { libc::msync(m, maplen, libc::MS_SYNC) };
+                unsafe { libc::munmap(m, maplen) };
+                check(r, "msync", &p)
+            }
+            Step::SyncRange { path, off, len, flags } => {
+                let p = self.p(path);
+                let f = open_fd(&p, libc::O_RDWR, 0)?;
+                check(unsafe { libc::sync_file_range(f.0, *off as i64, *len as i64, *flags) }, "sync_file_range", &p)
+            }
             Step::Truncate(p, size) => {
-                let p = self.p(p);
-                io(
-                    "truncate",
-                    &p,
-                    OpenOptions::new()
-                        .write(true)
-                        .open(&p)
-                        .and_then(|f| f.set_len(*size)),
-                )
+                let (fd, _own) = self.fd(p, libc::O_WRONLY)?;
+                check(unsafe { libc::ftruncate(fd, *size as libc::off_t) }, "truncate", &self.p(p))
             }
-            Step::Fallocate {
-                path,
-                off,
-                len,
-                keep,
-            } => falloc(
-                &self.p(path),
-                if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 },
-                *off,
-                *len,
-            ),
-            Step::Punch { path, off, len } => falloc(
-                &self.p(path),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                *off,
-                *len,
-            ),
-            Step::ZeroRange {
-                path,
-                off,
-                len,
-                keep,
-            } => {
-                let k = if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 };
-                falloc(&self.p(path), libc::FALLOC_FL_ZERO_RANGE | k, *off, *len)
+            Step::Fallocate { path, off, len, keep } => self.falloc(path, if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 }, *off, *len),
+            Step::Punch { path, off, len } => self.falloc(path, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, *off, *len),
+            Step::ZeroRange { path, off, len, keep } => {
+                self.falloc(path, libc::FALLOC_FL_ZERO_RANGE | if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 }, *off, *len)
+            }
+            Step::Collapse { path, off, len } => self.falloc(path, libc::FALLOC_FL_COLLAPSE_RANGE, *off, *len),
+            Step::Clone { src, src_off, dst, dst_off, len } => {
+                let (sfd, _s) = self.fd(src, libc::O_RDONLY)?;
+                let (dfd, _d) = self.fd(dst, libc::O_RDWR | libc::O_CREAT)?;
+                // struct file_clone_range { s64 src_fd; u64 src_offset, src_length, dest_offset; }
+                let arg: [u64; 4] = [sfd as u64, *src_off, *len, *dst_off];
+                const FICLONERANGE: libc::c_ulong = 0x4020_940d;
+                check(unsafe { libc::ioctl(dfd, FICLONERANGE as _, arg.as_ptr()) }, "clone", &self.p(dst))
             }
             Step::Link(a, b) => io("link", &self.p(b), std::fs::hard_link(self.p(a), self.p(b))),
-            Step::Symlink { target, path } => io(
-                "symlink",
-                &self.p(path),
-                std::os::unix::fs::symlink(target, self.p(path)),
-            ),
+            Step::Symlink { target, path } => io("symlink", &self.p(path), std::os::unix::fs::symlink(target, self.p(path))),
             Step::Rename(a, b) => io("rename", &self.p(a), std::fs::rename(self.p(a), self.p(b))),
             Step::Unlink(p) => io("unlink", &self.p(p), std::fs::remove_file(self.p(p))),
             Step::Rmdir(p) => io("rmdir", &self.p(p), std::fs::remove_dir(self.p(p))),
             Step::SetXattr { path, name, value } => {
                 let p = self.p(path);
-                let (cp, cn) = (
-                    cpath(&p)?,
-                    CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?,
-                );
-                let r = unsafe {
-                    libc::lsetxattr(
-                        cp.as_ptr(),
-                        cn.as_ptr(),
-                        value.as_ptr().cast(),
-                        value.len(),
-                        0,
-                    )
-                };
-                if r != 0 {
-                    return Err(errno(&format!("setxattr {name}"), &p));
-                }
-                Ok(())
+                let cn = CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?;
+                let r = unsafe { libc::lsetxattr(cpath(&p)?.as_ptr(), cn.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+                check(r, &format!("setxattr {name}"), &p)
             }
             Step::RemoveXattr { path, name } => {
                 let p = self.p(path);
-                let (cp, cn) = (
-                    cpath(&p)?,
-                    CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?,
-                );
-                if unsafe { libc::lremovexattr(cp.as_ptr(), cn.as_ptr()) } != 0 {
-                    return Err(errno(&format!("removexattr {name}"), &p));
-                }
-                Ok(())
+                let cn = CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?;
+                check(unsafe { libc::lremovexattr(cpath(&p)?.as_ptr(), cn.as_ptr()) }, &format!("removexattr {name}"), &p)
+            }
+            Step::Fsync(p) | Step::Fdatasync(p) => {
+                let (fd, _own) = self.fd(p, libc::O_RDONLY)?;
+                fsync_fd(fd, matches!(st, Step::Fdatasync(_)), &self.p(p))
+            }
+            Step::Sync => {
+                // syncfs on btrfs commits the running transaction.
+                let f = open_fd(&self.root, libc::O_RDONLY, 0)?;
+                check(unsafe { libc::syncfs(f.0) }, "syncfs", &self.root)
             }
             Step::Chmod(p, mode) => {
                 use std::os::unix::fs::PermissionsExt;
                 let p = self.p(p);
-                io(
-                    "chmod",
-                    &p,
-                    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)),
-                )
+                io("chmod", &p, std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)))
             }
-            Step::Chown(p, u, g) => io(
-                "chown",
-                &self.p(p),
-                std::os::unix::fs::lchown(self.p(p), Some(*u), Some(*g)),
-            ),
-            Step::Mkfifo(p) => {
+            Step::Chown(p, u, g) => io("chown", &self.p(p), std::os::unix::fs::lchown(self.p(p), Some(*u), Some(*g))),
+            Step::Touch(p) => {
                 let p = self.p(p);
-                if unsafe { libc::mkfifo(cpath(&p)?.as_ptr(), 0o644) } != 0 {
-                    return Err(errno("mkfifo", &p));
+                if std::fs::symlink_metadata(&p).is_err() {
+                    open_fd(&p, libc::O_CREAT | libc::O_WRONLY, 0o644)?;
                 }
+                check(unsafe { libc::utimensat(libc::AT_FDCWD, cpath(&p)?.as_ptr(), std::ptr::null(), 0) }, "touch", &p)
+            }
+            Step::Mknod(p, kind) => {
+                let p = self.p(p);
+                let (mode, dev) = match kind {
+                    NodeKind::Fifo => (libc::S_IFIFO | 0o644, 0),
+                    NodeKind::Chr(a, b) => (libc::S_IFCHR | 0o644, libc::makedev(*a, *b)),
+                    NodeKind::Blk(a, b) => (libc::S_IFBLK | 0o644, libc::makedev(*a, *b)),
+                };
+                check(unsafe { libc::mknod(cpath(&p)?.as_ptr(), mode, dev) }, "mknod", &p)
+            }
+            Step::Tmpfile(h) => {
+                let f = open_fd(&self.root, libc::O_TMPFILE | libc::O_RDWR, 0o644)?;
+                self.fds.insert(h.clone(), f);
                 Ok(())
             }
-            Step::Fsync(p) => fsync_path(&self.p(p), false),
-            Step::Fdatasync(p) => fsync_path(&self.p(p), true),
-            Step::Sync => {
-                use std::os::fd::AsRawFd;
-                let f = open_for_sync(self.root)?;
-                // syncfs on btrfs commits the running transaction.
-                if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
-                    return Err(errno("syncfs", self.root));
-                }
+            Step::OpenFd(p) => {
+                let path = self.p(p);
+                let flags = if path.is_dir() { libc::O_RDONLY } else { libc::O_RDWR };
+                let f = open_fd(&path, flags, 0)?;
+                self.fds.insert(p.clone(), f);
                 Ok(())
             }
-            Step::SubvolCreate(p) => run(Command::new("btrfs")
-                .args(["subvolume", "create"])
-                .arg(self.p(p)))
-            .map(drop),
-            Step::Snapshot(a, b) => run(Command::new("btrfs")
-                .args(["subvolume", "snapshot"])
-                .arg(self.p(a))
-                .arg(self.p(b)))
-            .map(drop),
-            Step::Evict => std::fs::write("/proc/sys/vm/drop_caches", "2\n")
-                .map_err(|e| format!("drop_caches: {e}")),
-            Step::WriteFiles {
-                dir,
-                count,
-                min,
-                max,
-                sync,
-            } => {
+            Step::CloseFd(p) => self.fds.remove(p).map(drop).ok_or_else(|| format!("close-fd {p}: not open")),
+            Step::Evict => std::fs::write("/proc/sys/vm/drop_caches", "2\n").map_err(|e| format!("drop_caches: {e}")),
+            Step::Sleep(s) => {
+                std::thread::sleep(Duration::from_secs_f64(*s));
+                Ok(())
+            }
+            Step::SubvolCreate(p) => self.btrfs(&["subvolume", "create"], Some(&self.p(p))),
+            Step::Snapshot(a, b) => {
+                let mut c = Command::new("btrfs");
+                c.args(["subvolume", "snapshot"]).arg(self.p(a)).arg(self.p(b));
+                run(&mut c).map(drop)
+            }
+            Step::SubvolDelete(p) => self.btrfs(&["subvolume", "delete"], Some(&self.p(p))),
+            Step::SubvolSetDefault(p) => self.btrfs(&["subvolume", "set-default"], Some(&self.p(p))),
+            Step::QuotaEnable => {
+                // Enabling starts a rescan; wait for it, so the counters are
+                // complete before the next steps.
+                self.btrfs(&["quota", "enable"], Some(&self.root.clone()))?;
+                self.btrfs(&["quota", "rescan", "-W"], Some(&self.root.clone()))
+            }
+            Step::BalanceMetadata => self.btrfs(&["balance", "start", "-m"], Some(&self.root.clone())),
+            Step::WriteFiles { dir, count, min, max, sync } => {
                 let d = self.p(dir);
                 for i in 0..*count {
                     let p = d.join(file_name(i));
                     let data = file_content(i, file_size(i, *min, *max));
-                    let f = OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .mode(0o644)
-                        .open(&p)
-                        .map_err(|e| format!("create {}: {e}", p.display()))?;
-                    f.write_all_at(&data, 0)
-                        .map_err(|e| format!("write {}: {e}", p.display()))?;
+                    let f = OpenOptions::new().write(true).create_new(true).mode(0o644).open(&p).map_err(|e| format!("create {}: {e}", p.display()))?;
+                    f.write_all_at(&data, 0).map_err(|e| format!("write {}: {e}", p.display()))?;
                     let r = match sync {
                         SyncKind::None => Ok(()),
                         SyncKind::Fsync => f.sync_all(),
@@ -1301,37 +664,20 @@ impl Runner<'_> {
                 }
                 Ok(())
             }
-            Step::Crash => Ok(()),
+            Step::Read { .. } | Step::Ls(_) | Step::Stat(_) | Step::Stats { .. } => Ok(()),
+            Step::Set { name, .. } => Err(format!("set {name}: an engine switch; the kernel has none")),
+            Step::Crash { keep_random: Some(_) } => Err("crash --keep-random: the kernel harness can only take the image as it is".into()),
+            Step::Crash { .. } | Step::Remount => Err(format!("{}: needs the mount (run through generate)", st.verb())),
         }
     }
-}
 
-/// Directory of the warm-up files every scenario starts with (unless it says
-/// `warmup no`): `small` (4 KiB) and `medium` (256 KiB) of incompressible data.
-///
-/// Why: the kernel (6.x) sorts data block groups into extent size classes
-/// (up to 128 KiB, up to 8 MiB, larger) and allocates a new chunk rather
-/// than put an extent into a block group of another class; a chunk allocated
-/// in the running transaction makes the next fsync commit the transaction
-/// instead of writing a log. mkfs makes a single data block group, so the
-/// first extent of the other class after the last commit (say, a 16 KiB
-/// overwrite of a 256 KiB file) would turn the scenario's fsync into a
-/// commit. The warm-up gives each of the two classes its own block group
-/// before the steps start. The files stay and show in every manifest.
-pub const WARMUP_DIR: &str = ".kcrash-warmup";
-
-fn warm_up(root: &Path) -> Res<()> {
-    let d = root.join(WARMUP_DIR);
-    std::fs::create_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
-    // Each file is flushed before the next so they get separate extents
-    // allocated in this order: small first, into mkfs's block group.
-    for (name, len, seed) in [("small", 4096u64, 0xa11u64), ("medium", 256 << 10, 0xa12)] {
-        let p = d.join(name);
-        write_fill(&p, 0, len, &Fill::Random(seed))?;
-        fsync_path(&p, true)?;
+    fn falloc(&self, path: &str, mode: libc::c_int, off: u64, len: u64) -> Res<()> {
+        let (fd, _own) = self.fd(path, libc::O_WRONLY)?;
+        check(unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) }, "fallocate", &self.p(path))
     }
-    Ok(())
 }
+
+pub use btrkit_core::workload::content::WARMUP_DIR;
 
 /// A crash image: the backing file of a live mount copied at `crash`.
 #[derive(Clone, Debug)]
@@ -1344,10 +690,8 @@ pub struct CrashImage {
 
 /// Superblock `(generation, log_root)` of an image.
 pub fn super_log_root(img: &Path) -> Res<(u64, u64)> {
-    let dev = btrkit_core::io::FileDevice::open(img, false)
-        .map_err(|e| format!("{}: {e}", img.display()))?;
-    let sb = btrkit_core::image::read_superblock(&dev, 0)
-        .map_err(|e| format!("{}: {e}", img.display()))?;
+    let dev = btrkit_core::io::FileDevice::open(img, false).map_err(|e| format!("{}: {e}", img.display()))?;
+    let sb = btrkit_core::image::read_superblock(&dev, 0).map_err(|e| format!("{}: {e}", img.display()))?;
     Ok((sb.generation.get(), sb.log_root.get()))
 }
 
@@ -1360,46 +704,55 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
     let crash = work.join("crash.img");
     let _ = std::fs::remove_file(&live);
     let _ = std::fs::remove_file(&crash);
-    File::create(&live)
-        .and_then(|f| f.set_len(scn.fssize))
-        .map_err(|e| format!("{}: {e}", live.display()))?;
-    run(Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .args(&scn.mkfs)
-        .arg(&live))
-    .map_err(|e| format!("{}: {e}", scn.name))?;
+    File::create(&live).and_then(|f| f.set_len(scn.fssize)).map_err(|e| format!("{}: {e}", live.display()))?;
+    run(Command::new("mkfs.btrfs").args(["-q", "-f"]).args(&scn.mkfs).arg(&live)).map_err(|e| format!("{}: {e}", scn.name))?;
     let opts = scn.mount_options();
     let mnt = work.join("mnt");
     let mut m = Some(LoopMount::mount(&live, &mnt, &opts)?);
-    if scn.warmup {
-        warm_up(&mnt)?;
+    let mut r = Runner::new(&mnt);
+    if scn.warmup.unwrap_or(true) {
+        for st in btrkit_core::workload::content::warmup_steps() {
+            r.apply(&st).map_err(|e| format!("warm-up: {e}"))?;
+        }
     }
-    // Whatever mount and warm-up dirtied goes into a commit before the steps.
-    Runner { root: &mnt }.apply(&Step::Sync)?;
-    let crashes = scn.steps.iter().filter(|(_, s)| *s == Step::Crash).count();
+    // Whatever mount and warm-up dirtied goes into a commit before the steps
+    // (the warm-up ends with one).
+    if !scn.warmup.unwrap_or(true) {
+        r.apply(&Step::Sync)?;
+    }
+    let crashes = scn.steps.iter().filter(|(_, s)| s.is_crash()).count();
     let mut seen = 0;
     for (line, st) in &scn.steps {
-        if *st == Step::Crash {
-            seen += 1;
-            let tmp = work.join("crash.tmp");
-            copy_sparse(&live, &tmp)?;
-            if seen < crashes {
-                // The live filesystem is thrown away unsynced; the next steps
-                // run on what the kernel makes of the crash image.
+        match st {
+            Step::Crash { keep_random: None } => {
+                seen += 1;
+                let tmp = work.join("crash.tmp");
+                copy_sparse(&live, &tmp)?;
+                if seen < crashes {
+                    // The live filesystem is thrown away unsynced; the next
+                    // steps run on what the kernel makes of the crash image.
+                    r.close_all();
+                    if let Some(old) = m.take() {
+                        old.unmount()?;
+                    }
+                    std::fs::rename(&tmp, &live).map_err(|e| e.to_string())?;
+                    m = Some(LoopMount::mount(&live, &mnt, &opts)?);
+                    continue;
+                }
+                std::fs::rename(&tmp, &crash).map_err(|e| e.to_string())?;
+                break;
+            }
+            Step::Remount => {
+                r.close_all();
                 if let Some(old) = m.take() {
                     old.unmount()?;
                 }
-                std::fs::rename(&tmp, &live).map_err(|e| e.to_string())?;
                 m = Some(LoopMount::mount(&live, &mnt, &opts)?);
-                continue;
             }
-            std::fs::rename(&tmp, &crash).map_err(|e| e.to_string())?;
-            break;
+            _ => r.apply(st).map_err(|e| format!("{} line {line}: {e}", scn.name))?,
         }
-        Runner { root: &mnt }
-            .apply(st)
-            .map_err(|e| format!("{} line {line}: {e}", scn.name))?;
     }
+    r.close_all();
     if !crash.exists() {
         copy_sparse(&live, &crash)?;
     }
@@ -1413,17 +766,13 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
         return Err(format!("{}: the crash image has no log tree (log_root 0), the kernel committed instead of logging", scn.name));
     }
     if scn.expect_log == Some(false) && log_root != 0 {
-        return Err(format!(
-            "{}: the crash image has a log tree at {log_root}, the scenario expects none",
-            scn.name
-        ));
+        return Err(format!("{}: the crash image has a log tree at {log_root}, the scenario expects none", scn.name));
     }
-    Ok(CrashImage {
-        path: crash,
-        log_root,
-        generation,
-    })
+    Ok(CrashImage { path: crash, log_root, generation })
 }
+
+
+/// Key of a cached crash image: scenario text, generator version, kernel.
 
 /// Key of a cached crash image: scenario text, generator version, kernel.
 fn cache_key(scn: &Scenario) -> String {
@@ -1524,20 +873,6 @@ impl Fnv {
     }
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().fold(String::new(), |mut s, x| {
-        let _ = write!(s, "{x:02x}");
-        s
-    })
-}
-
-/// BLAKE2b-256 of a byte string, as hex.
-pub fn content_hash(data: &[u8]) -> String {
-    hex(&btrkit_core::csum::CsumType::Blake2b.compute(data)[..32])
-}
-
-/// A stable digest of a (sparse) image file: only its data regions are read,
-/// with their offsets, so a 512 MiB image with 20 MiB used hashes quickly.
 pub fn image_digest(p: &Path) -> Res<String> {
     use std::os::fd::AsRawFd;
     let f = File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
@@ -1574,133 +909,6 @@ pub fn image_digest(p: &Path) -> Res<String> {
 }
 
 /// What a user sees of one path.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Entry {
-    /// `f` file, `d` directory, `l` symlink, `p` fifo, `c`/`b` device, `s` socket.
-    pub kind: char,
-    pub ino: u64,
-    /// Permission bits and set-id bits (the type is `kind`).
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub size: u64,
-    pub nlink: u64,
-    /// Content digest of a regular file.
-    pub hash: Option<String>,
-    pub target: Option<String>,
-    /// `user.*` extended attributes.
-    pub xattrs: BTreeMap<String, Vec<u8>>,
-    /// A regular file's logical extent map from FIEMAP: `[start, end)` runs of
-    /// `data` or `unwritten` (preallocated) space, holes left out.
-    pub alloc: Vec<(u64, u64, &'static str)>,
-}
-
-impl Entry {
-    fn fields(&self) -> Vec<(&'static str, String)> {
-        let mut v = vec![
-            ("type", self.kind.to_string()),
-            ("ino", self.ino.to_string()),
-            ("mode", format!("{:o}", self.mode)),
-            ("uid", self.uid.to_string()),
-            ("gid", self.gid.to_string()),
-            ("size", self.size.to_string()),
-            ("nlink", self.nlink.to_string()),
-        ];
-        if let Some(h) = &self.hash {
-            v.push(("hash", h[..16.min(h.len())].to_string()));
-        }
-        if let Some(t) = &self.target {
-            v.push(("target", format!("{t:?}")));
-        }
-        if !self.xattrs.is_empty() {
-            let x: Vec<String> = self
-                .xattrs
-                .iter()
-                .map(|(k, v)| format!("{k}={:?}", String::from_utf8_lossy(v)))
-                .collect();
-            v.push(("xattrs", x.join(",")));
-        }
-        if !self.alloc.is_empty() {
-            let a: Vec<String> = self
-                .alloc
-                .iter()
-                .map(|(s, e, k)| format!("[{s},{e})={k}"))
-                .collect();
-            v.push(("alloc", a.join(" ")));
-        }
-        v
-    }
-}
-
-/// Every path of a filesystem (`/` is the root) with what a user sees of it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Manifest {
-    pub entries: BTreeMap<String, Entry>,
-}
-
-impl Manifest {
-    /// One line per path.
-    pub fn render(&self) -> String {
-        let mut s = String::new();
-        for (p, e) in &self.entries {
-            let f: Vec<String> = e
-                .fields()
-                .into_iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            let _ = writeln!(s, "{p} {}", f.join(" "));
-        }
-        s
-    }
-
-    /// Differences from `self` (A) to `other` (B), one line each; empty when equal.
-    pub fn diff(&self, other: &Manifest) -> Vec<String> {
-        let mut out = Vec::new();
-        let keys: std::collections::BTreeSet<&String> =
-            self.entries.keys().chain(other.entries.keys()).collect();
-        for k in keys {
-            match (self.entries.get(k), other.entries.get(k)) {
-                (Some(_), None) => out.push(format!("only in A: {k}")),
-                (None, Some(_)) => out.push(format!("only in B: {k}")),
-                (Some(a), Some(b)) if a != b => {
-                    let fa: BTreeMap<_, _> = a.fields().into_iter().collect();
-                    let fb: BTreeMap<_, _> = b.fields().into_iter().collect();
-                    let mut d = Vec::new();
-                    for f in fa
-                        .keys()
-                        .chain(fb.keys())
-                        .collect::<std::collections::BTreeSet<_>>()
-                    {
-                        let (x, y) = (
-                            fa.get(f).map(String::as_str).unwrap_or("-"),
-                            fb.get(f).map(String::as_str).unwrap_or("-"),
-                        );
-                        if x != y {
-                            d.push(format!("{f} {x} vs {y}"));
-                        }
-                    }
-                    if a.hash != b.hash && d.iter().all(|l| !l.starts_with("hash")) {
-                        d.push("hash differs".into());
-                    }
-                    out.push(format!("differs {k}: {}", d.join("; ")));
-                }
-                _ => {}
-            }
-        }
-        out
-    }
-
-    /// The diff shortened for a failure message.
-    pub fn short_diff(&self, other: &Manifest, max: usize) -> String {
-        let d = self.diff(other);
-        let mut s: Vec<String> = d.iter().take(max).cloned().collect();
-        if d.len() > max {
-            s.push(format!("... and {} more", d.len() - max));
-        }
-        s.join("\n")
-    }
-}
-
 fn list_xattrs(p: &Path) -> Res<BTreeMap<String, Vec<u8>>> {
     let cp = cpath(p)?;
     let mut out = BTreeMap::new();
@@ -1805,10 +1013,15 @@ fn describe(p: &Path) -> Res<Entry> {
         size: md.size(),
         nlink: md.nlink(),
         hash: None,
+        md5: None,
         target: None,
+        rdev: None,
         xattrs: list_xattrs(p)?,
         alloc: Vec::new(),
     };
+    if kind == 'c' || kind == 'b' {
+        e.rdev = Some((libc::major(md.rdev()), libc::minor(md.rdev())));
+    }
     match kind {
         'f' => {
             let mut f = File::open(p).map_err(|e| format!("open {}: {e}", p.display()))?;
@@ -1816,6 +1029,7 @@ fn describe(p: &Path) -> Res<Entry> {
             f.read_to_end(&mut data)
                 .map_err(|e| format!("read {}: {e}", p.display()))?;
             e.hash = Some(content_hash(&data));
+            e.md5 = Some(md5_hex(&data));
             e.alloc = fiemap(&f).map_err(|x| format!("{}: {x}", p.display()))?;
         }
         'l' => {
@@ -1942,95 +1156,6 @@ pub fn btrfs_check(img: &Path) -> Res<()> {
     ))
 }
 
-/// Check a scenario's `expect` lines against a manifest; one line per failure.
-pub fn check_expectations(scn: &Scenario, m: &Manifest) -> Vec<String> {
-    let mut fails = Vec::new();
-    for (line, ex) in &scn.expects {
-        let mut fail = |msg: String| fails.push(format!("line {line}: {msg}"));
-        let get = |p: &str| m.entries.get(p);
-        match ex {
-            Expect::Exists(p) => {
-                if get(p).is_none() {
-                    fail(format!("{p} missing"));
-                }
-            }
-            Expect::Absent(p) => {
-                if get(p).is_some() {
-                    fail(format!("{p} present"));
-                }
-            }
-            Expect::Size(p, n) | Expect::Nlink(p, n) => match get(p) {
-                None => fail(format!("{p} missing")),
-                Some(e) => {
-                    let (what, got) = if matches!(ex, Expect::Size(..)) {
-                        ("size", e.size)
-                    } else {
-                        ("nlink", e.nlink)
-                    };
-                    if got != *n {
-                        fail(format!("{p}: {what} {got}, expected {n}"));
-                    }
-                }
-            },
-            Expect::Type(p, k) => match get(p) {
-                None => fail(format!("{p} missing")),
-                Some(e) if e.kind != *k => fail(format!("{p}: type {}, expected {k}", e.kind)),
-                _ => {}
-            },
-            Expect::Target(p, t) => match get(p) {
-                None => fail(format!("{p} missing")),
-                Some(e) if e.target.as_deref() != Some(t.as_str()) => {
-                    fail(format!("{p}: target {:?}, expected {t:?}", e.target))
-                }
-                _ => {}
-            },
-            Expect::Xattr(p, n, v) => match get(p) {
-                None => fail(format!("{p} missing")),
-                Some(e) if e.xattrs.get(n) != Some(v) => fail(format!(
-                    "{p}: xattr {n} = {:?}, expected {:?}",
-                    e.xattrs
-                        .get(n)
-                        .map(|x| String::from_utf8_lossy(x).into_owned()),
-                    String::from_utf8_lossy(v)
-                )),
-                _ => {}
-            },
-            Expect::NoXattr(p, n) => match get(p) {
-                None => fail(format!("{p} missing")),
-                Some(e) if e.xattrs.contains_key(n) => fail(format!("{p}: xattr {n} present")),
-                _ => {}
-            },
-            Expect::Entries(d, names) => {
-                let pre = if d == "/" {
-                    "/".to_string()
-                } else {
-                    format!("{d}/")
-                };
-                let got: Vec<String> = m
-                    .entries
-                    .keys()
-                    .filter_map(|k| k.strip_prefix(&pre))
-                    .filter(|r| !r.is_empty() && !r.contains('/'))
-                    .map(str::to_string)
-                    .collect();
-                if &got != names {
-                    fail(format!("entries of {d}: {got:?}, expected {names:?}"));
-                }
-            }
-            Expect::Fill(p, b) => match get(p) {
-                None => fail(format!("{p} missing")),
-                Some(e) => {
-                    let want = content_hash(&vec![*b; e.size as usize]);
-                    if e.hash.as_deref() != Some(want.as_str()) {
-                        fail(format!("{p}: not {} bytes of {b:#x}", e.size));
-                    }
-                }
-            },
-        }
-    }
-    fails
-}
-
 // ---------------------------------------------------------------------------
 // Binaries and the headline workload
 
@@ -2097,93 +1222,18 @@ pub fn count_headline_files(root: &Path) -> Res<(u32, u32)> {
     }
     Ok((present, right))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_the_language() {
-        let s = Scenario::parse(
-            "t",
-            "# comment\nmkfs -n 4096 -O ^no-holes\nmount compress=zstd\nfssize 1G\nmkdir /a\nwrite /a/f 0 64K 0xaa\nwrite /a/g 10 0 \"hi\\n\\x41\"\nsetxattr /a/f user.k <3 x 'z'>\nwritefiles /a 10 100-4000 fsync\nfsync /a/f # trailing\ncrash\nexpect size /a/f 64K\nexpect entries /a f g\n",
-        )
-        .unwrap();
-        assert_eq!(s.mkfs, ["-n", "4096", "-O", "^no-holes"]);
-        assert_eq!(s.mount_options(), "commit=600,compress=zstd");
-        assert_eq!(s.fssize, 1 << 30);
-        assert_eq!(
-            s.steps[2].1,
-            Step::Write {
-                path: "/a/g".into(),
-                off: 10,
-                len: 4,
-                fill: Fill::Text(b"hi\nA".to_vec())
-            }
-        );
-        assert_eq!(
-            s.steps[3].1,
-            Step::SetXattr {
-                path: "/a/f".into(),
-                name: "user.k".into(),
-                value: b"zzz".to_vec()
-            }
-        );
-        assert_eq!(
-            s.steps[4].1,
-            Step::WriteFiles {
-                dir: "/a".into(),
-                count: 10,
-                min: 100,
-                max: 4000,
-                sync: SyncKind::Fsync
-            }
-        );
-        assert_eq!(
-            s.expects[1].1,
-            Expect::Entries("/a".into(), vec!["f".into(), "g".into()])
-        );
-        assert!(s.wants_log());
-        assert!(Scenario::parse("t", "bogus x").is_err());
-        assert!(Scenario::parse("t", "write f 0").is_err());
-        let s = Scenario::parse("t", "write f 0 1\nfsync f\nsync\ncrash").unwrap();
-        assert!(!s.wants_log());
-        let s = Scenario::parse("t", "mount commit=5 compress-force=lzo").unwrap();
-        assert_eq!(s.mount_options(), "commit=5,compress-force=lzo");
+/// Run the scenario's `expect post` steps on `img` (mounted read-write),
+/// in order; one result each. `img` is changed: pass a copy.
+pub fn run_posts(img: &Path, scn: &Scenario) -> Res<Vec<Res<()>>> {
+    let posts: Vec<&Step> = scn.expects.iter().filter_map(|(_, e)| if let Expect::Post(s) = e { Some(s) } else { None }).collect();
+    if posts.is_empty() {
+        return Ok(Vec::new());
     }
-
-    #[test]
-    fn file_contents_are_distinct_and_sized() {
-        let a = file_content(1, file_size(1, 100, 4000));
-        let b = file_content(2, file_size(2, 100, 4000));
-        assert_ne!(a, b);
-        assert!((100..=4000).contains(&(a.len() as u64)));
-        assert!(a.starts_with(b"file 00001\n"));
-        assert_eq!(file_content(3, 5), b"file ");
-    }
-
-    #[test]
-    fn manifest_diff_names_fields() {
-        let e = Entry {
-            kind: 'f',
-            ino: 257,
-            mode: 0o644,
-            uid: 0,
-            gid: 0,
-            size: 3,
-            nlink: 1,
-            hash: Some("ab".repeat(32)),
-            target: None,
-            xattrs: BTreeMap::new(),
-            alloc: vec![],
-        };
-        let mut a = Manifest::default();
-        a.entries.insert("/x".into(), e.clone());
-        let mut b = a.clone();
-        b.entries.get_mut("/x").unwrap().size = 4;
-        b.entries.insert("/y".into(), e);
-        let d = a.diff(&b);
-        assert_eq!(d, ["differs /x: size 3 vs 4", "only in B: /y"]);
-        assert!(a.diff(&a).is_empty());
-    }
+    let mnt = tempfile::Builder::new().prefix("kcrash-post-").tempdir().map_err(|e| e.to_string())?;
+    let m = LoopMount::mount(img, &mnt.path().join("m"), "commit=600")?;
+    let mut r = Runner::new(m.path());
+    let out = posts.iter().map(|s| r.apply(s)).collect();
+    r.close_all();
+    m.unmount()?;
+    Ok(out)
 }

@@ -1,8 +1,8 @@
 //! Shared helpers for integration tests.
 //!
 //! - [`env`]: probes for root, btrfs-progs, loop devices and `../shared`, each
-//!   printing `SKIP: <test>: <reason>` when the test cannot run; use them via
-//!   [`skip_unless!`].
+//!   printing `SKIP: <test>: <reason>` when the test cannot run (a failure
+//!   under `BTRKIT_REQUIRE_ORACLES=1`); use them via [`skip_unless!`].
 //! - [`bins`]: paths to the workspace binaries (`bin_path("btrkit-dump")`),
 //!   building them on first use when missing or older than their sources.
 //! - [`kimage`]: kernel-mounted scratch images ([`kimage::KernelImage`]) with a
@@ -26,5 +26,5 @@ pub mod rich;
 pub mod salvage;
 
 pub use bins::bin_path;
-pub use env::{repo_root, require_btrfs_progs, require_kernel_mount, require_loop, require_root, require_shared, skip, test_name};
+pub use env::{oracles_required, repo_root, require_btrfs_progs, require_kernel_mount, require_loop, require_root, require_shared, skip, skip_part, test_name};
 pub use kimage::{KernelImage, MkfsOpts};

@@ -43,7 +43,7 @@ fn fsck_not_btrfs() {
 #[test]
 fn fsck_truncated_and_wiped_images() {
     let Some(()) = (if have("mkfs.btrfs") { Some(()) } else { None }) else {
-        eprintln!("SKIP: mkfs.btrfs not installed");
+        btrkit_tests::skip("mkfs.btrfs not installed");
         return;
     };
     let tmp = tempfile::tempdir().expect("tempdir");

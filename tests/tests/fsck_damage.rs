@@ -62,6 +62,22 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "checksum of the second copy only of an fs tree leaf",
+            phase: 3,
+            extra: &[],
+            apply: |img| {
+                use std::os::unix::fs::FileExt;
+                let it = item(img, 5, 0, &|k, _| k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300);
+                let phys = {
+                    let i = btrkit_core::image::Image::open_path(img, btrkit_core::image::OpenOptions::default()).expect("open");
+                    i.chunks.map(it.bytenr, i.nodesize as u64, i.devid).expect("map")
+                };
+                assert!(phys.len() == 2, "metadata is not DUP");
+                let f = std::fs::OpenOptions::new().write(true).open(img).expect("open");
+                f.write_all_at(&[0x5a; 64], phys[1] + 2000).expect("write");
+            },
+        },
+        Case {
             name: "key order inside a leaf",
             phase: 3,
             extra: &[],
@@ -169,7 +185,7 @@ fn base_image(dir: &Path) -> PathBuf {
 #[test]
 fn fsck_damage_one_thing_at_a_time() {
     if let Some(why) = kernel_unavailable() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -200,7 +216,7 @@ fn fsck_damage_one_thing_at_a_time() {
 #[test]
 fn fsck_damage_random_never_panics() {
     if let Some(why) = kernel_unavailable() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -250,7 +266,7 @@ fn fsck_damage_random_never_panics() {
 #[test]
 fn fsck_damage_log_tree() {
     if let Some(why) = kernel_unavailable() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -315,7 +331,7 @@ fn fsck_damage_log_tree() {
 #[test]
 fn fsck_damage_superblock_fields_never_panic() {
     if let Some(why) = kernel_unavailable() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     use std::os::unix::fs::FileExt;

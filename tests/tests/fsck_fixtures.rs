@@ -10,11 +10,11 @@ use std::time::Duration;
 fn fsck_fixture_verdicts() {
     let dir = fixtures_dir();
     let Ok(tsv) = std::fs::read_to_string(dir.join("verdicts.tsv")) else {
-        eprintln!("SKIP: {} not found", dir.display());
+        btrkit_tests::skip(&format!("{} not found", dir.display()));
         return;
     };
     if !have("tar") || !have("xz") {
-        eprintln!("SKIP: tar/xz not available");
+        btrkit_tests::skip("tar/xz not available");
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -87,7 +87,7 @@ fn assert_clean(img: &Path, what: &str) {
 #[test]
 fn fsck_kernel_feature_images_clean() {
     if let Some(why) = kernel_ready() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -110,7 +110,7 @@ fn fsck_kernel_feature_images_clean() {
 #[test]
 fn fsck_kernel_log_tree_clean() {
     if let Some(why) = kernel_ready() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");

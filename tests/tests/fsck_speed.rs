@@ -1,7 +1,10 @@
 //! Speed and memory against `btrfs check --readonly` on a 100,000-file
 //! image (4 GiB sparse, 100 directories of 1000 files, 1.2 GB of data: the
 //! `--data` image of tests/scripts/make-bench-image.sh).
-//! A measurement, not a test of pass or fail: it prints both tools' figures.
+//! A measurement, not a test of pass or fail: it prints both tools' figures,
+//! and those of btrfsutils' Rust `btrfs check` when `BTRFSUTILS_BTRFS` names
+//! its binary (`cargo install btrfs-cli --no-default-features --root DIR`
+//! installs it as DIR/bin/btrfs).
 //! Ignored by default (it takes a minute and wants a quiet machine); run:
 //!
 //!     cargo test --release -p btrkit-tests --test fsck_speed -- --ignored --nocapture
@@ -59,11 +62,11 @@ fn make_image(img: &Path) {
 #[ignore]
 fn fsck_speed_vs_btrfs_check() {
     if let Some(why) = kernel_unavailable() {
-        eprintln!("SKIP: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     if !have("python3") || !Path::new("/usr/bin/time").exists() {
-        eprintln!("SKIP: python3 or /usr/bin/time missing");
+        btrkit_tests::skip("python3 or /usr/bin/time missing");
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -82,4 +85,10 @@ fn fsck_speed_vs_btrfs_check() {
     // Figures for BENCHMARKS.md; no timing threshold here (timings vary
     // with the machine's load, and tests must not depend on them).
     eprintln!("speed ratio: {:.2}x, data csum {:.2}x", theirs.0 / ours.0, theirs_c.0 / ours_c.0);
+    if let Some(rust) = std::env::var_os("BTRFSUTILS_BTRFS") {
+        let r = rust.to_string_lossy().into_owned();
+        let utils = measure(&[&r, "check", "--readonly", i], i);
+        eprintln!("btrfsutils btrfs check --readonly:         {:.2} s, {} KiB", utils.0, utils.1);
+        eprintln!("speed ratio against btrfsutils: {:.2}x", utils.0 / ours.0);
+    }
 }

@@ -82,7 +82,7 @@ impl Drop for Mount {
 #[test]
 fn every_csum_and_nodesize_checks_clean_and_mounts() {
     if !have_progs() {
-        eprintln!("SKIP: every_csum_and_nodesize: btrfs-progs not installed");
+        btrkit_tests::skip("btrfs-progs not installed");
         return;
     }
     let t = tempfile::tempdir().unwrap();
@@ -101,14 +101,14 @@ fn every_csum_and_nodesize_checks_clean_and_mounts() {
         }
     }
     if !can_mount() {
-        eprintln!("SKIP: mount part of every_csum_and_nodesize: needs root, loop devices and btrfs in the kernel");
+        btrkit_tests::skip_part("mount", "needs root, loop devices and btrfs in the kernel");
     }
 }
 
 #[test]
 fn features_and_options() {
     if !have_progs() {
-        eprintln!("SKIP: features_and_options: btrfs-progs not installed");
+        btrkit_tests::skip("btrfs-progs not installed");
         return;
     }
     let t = tempfile::tempdir().unwrap();
@@ -221,7 +221,7 @@ fn describe(root: &Path) -> Vec<String> {
 #[test]
 fn rootdir_copy_equals_source() {
     if !have_progs() {
-        eprintln!("SKIP: rootdir_copy_equals_source: btrfs-progs not installed");
+        btrkit_tests::skip("btrfs-progs not installed");
         return;
     }
     let t = tempfile::tempdir().unwrap();
@@ -235,7 +235,7 @@ fn rootdir_copy_equals_source() {
         assert!(o.status.success(), "mkfs --rootdir {extra:?}: {}", String::from_utf8_lossy(&o.stderr));
         check(&img);
         if !can_mount() {
-            eprintln!("SKIP: mount comparison of rootdir_copy_equals_source: needs root and loop devices");
+            btrkit_tests::skip_part("mount comparison", "needs root and loop devices");
             continue;
         }
         let m = Mount::new(&img, "ro");
@@ -249,7 +249,7 @@ fn rootdir_copy_equals_source() {
 #[test]
 fn rootdir_enospc_fails_cleanly_and_keeps_last_commit() {
     if !have_progs() {
-        eprintln!("SKIP: rootdir_enospc: btrfs-progs not installed");
+        btrkit_tests::skip("btrfs-progs not installed");
         return;
     }
     let t = tempfile::tempdir().unwrap();
@@ -320,6 +320,6 @@ fn bad_input_is_refused() {
         one_line(&o, "secret");
         assert!(!out.exists() || std::fs::metadata(&out).unwrap().len() == 0 || btrkit_core::image::read_superblock(&btrkit_core::io::FileDevice::open(&out, false).unwrap(), 0).is_err());
     } else {
-        eprintln!("SKIP: unreadable-source part of bad_input_is_refused: needs root and setpriv");
+        btrkit_tests::skip_part("unreadable source", "needs root and setpriv");
     }
 }

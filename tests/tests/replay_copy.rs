@@ -3,7 +3,7 @@
 //! elsewhere; either way OUT is the replayed image and the input stays as
 //! it was.
 
-use btrkit_tests::kcrash::{self, Scenario};
+use btrkit_tests::kcrash;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
@@ -57,7 +57,7 @@ fn output_is_a_reflink_where_the_filesystem_allows_one() {
         eprintln!("SKIP: output_is_a_reflink_where_the_filesystem_allows_one: {why}");
         return;
     }
-    let scn = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/many-files-fsync-each.scn")).unwrap();
+    let scn = kcrash::load_scenario(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/many-files-fsync-each.scn")).unwrap();
     let crash = kcrash::cached_crash_image(&scn, &kcrash::default_cache_dir()).unwrap_or_else(|e| panic!("{e}"));
     let work = tempfile::Builder::new().prefix("replay-copy-").tempdir().unwrap();
     let w = work.path();

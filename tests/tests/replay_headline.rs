@@ -26,7 +26,7 @@ fn count_on(img: &Path, opts: &str, work: &Path) -> (u32, u32) {
 #[test]
 fn replay_recovers_10000_fsynced_files() {
     if let Err(why) = kcrash::can_run() {
-        eprintln!("SKIP: replay_recovers_10000_fsynced_files: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let n = kcrash::HEADLINE_FILES;

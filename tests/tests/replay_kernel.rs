@@ -11,7 +11,8 @@
 //!
 //! Crash images are cached under `target/<profile>/kcrash-cache`, keyed by the
 //! scenario text and the kernel release; `BTRKIT_KCRASH_FRESH=1` regenerates.
-//! `BTRKIT_SCENARIOS=a,b` runs only the named scenarios; `BTRKIT_REPLAY_BIN`
+//! `BTRKIT_SCENARIOS=a,b,c*` runs only the named scenarios (`c*`: names
+//! starting with `c`); `BTRKIT_REPLAY_BIN`
 //! replaces the binary under test (relative to the repository root).
 
 use btrkit_tests::kcrash::{self, Manifest, Scenario};
@@ -19,268 +20,20 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// `r(n)`: a reproducible number below `n` (xorshift64 seeded from `seed`).
-fn xorshift(seed: u64, mul: u64) -> impl FnMut(u64) -> u64 {
-    let mut x = seed.wrapping_mul(mul) | 1;
-    move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n.max(1)
-    }
-}
-
-/// A random but reproducible workload: files in a few directories, then
-/// writes, truncates, links, renames, unlinks, xattrs, punches, fallocates
-/// and fsyncs in random order, a few files fsynced at the end. The kernel may
-/// log or commit; whichever it does, replay must agree with it.
-fn random_scenario(seed: u64) -> String {
-    let mut r = xorshift(seed, 0x9e37_79b9_7f4a_7c15);
-    let mut out = vec!["expect-log any".to_string()];
-    if r(10) < 3 {
-        out.push("mkfs -n 4096".into());
-    }
-    if r(10) < 2 {
-        out.push("mkfs -O ^no-holes".into());
-    }
-    if r(10) < 2 {
-        out.push("mount compress=zstd".into());
-    }
-    let dirs = ["/", "/a/", "/b/", "/a/c/"];
-    out.extend(["mkdir /a", "mkdir /b", "mkdir /a/c"].map(String::from));
-    let mut files: Vec<String> = Vec::new();
-    let mut xattrs: Vec<(String, u64)> = Vec::new();
-    let newname = |files: &Vec<String>, r: &mut dyn FnMut(u64) -> u64| loop {
-        let n = format!("{}f{}", dirs[r(dirs.len() as u64) as usize], r(40));
-        if !files.contains(&n) {
-            return n;
-        }
-    };
-    for _ in 0..8 {
-        let f = newname(&files, &mut r);
-        out.push(format!("write {f} 0 {} {}", [100, 3000, 5000, 70000][r(4) as usize], 1 + r(249)));
-        files.push(f);
-    }
-    out.push("sync".into());
-    for _ in 0..10 + r(40) {
-        if files.is_empty() {
-            break;
-        }
-        let f = files[r(files.len() as u64) as usize].clone();
-        let op = r(100);
-        if op < 25 {
-            out.push(format!("write {f} {} {} {}", [0, 4096, 10000, 65536][r(4) as usize], [10, 4096, 20000][r(3) as usize], 1 + r(249)));
-        } else if op < 35 {
-            out.push(format!("truncate {f} {}", [0, 1000, 4096, 100000][r(4) as usize]));
-        } else if op < 42 {
-            let g = newname(&files, &mut r);
-            out.push(format!("link {f} {g}"));
-            files.push(g);
-        } else if op < 52 {
-            let g = newname(&files, &mut r);
-            out.push(format!("rename {f} {g}"));
-            files.retain(|x| *x != f);
-            xattrs.retain(|(p, _)| *p != f);
-            files.push(g);
-        } else if op < 60 {
-            out.push(format!("unlink {f}"));
-            files.retain(|x| *x != f);
-            xattrs.retain(|(p, _)| *p != f);
-        } else if op < 66 {
-            let k = r(3);
-            out.push(format!("setxattr {f} user.k{k} v{}", r(100)));
-            xattrs.push((f.clone(), k));
-        } else if op < 70 {
-            if let Some(i) = xattrs.iter().position(|(p, _)| *p == f) {
-                let (_, k) = xattrs.remove(i);
-                xattrs.retain(|(p, kk)| !(*p == f && *kk == k));
-                out.push(format!("removexattr {f} user.k{k}"));
-            }
-        } else if op < 75 {
-            out.push(format!("punch {f} {} {}", [0, 4096][r(2) as usize], [4096, 8192][r(2) as usize]));
-        } else if op < 80 {
-            let keep = if r(2) == 0 { " keep" } else { "" };
-            out.push(format!("fallocate {f} {} {}{keep}", [0, 8192, 100000][r(3) as usize], [4096, 65536][r(2) as usize]));
-        } else if op < 92 {
-            out.push(format!("fsync {f}"));
-        } else if op < 96 {
-            out.push(format!("fdatasync {f}"));
-        } else {
-            out.push(format!("fsync {}", ["/a", "/b", "/a/c", "/"][r(4) as usize]));
-        }
-    }
-    let n = files.len();
-    for f in &files[n.saturating_sub(3)..] {
-        out.push(format!("fsync {f}"));
-    }
-    out.push("crash".into());
-    out.join("\n") + "\n"
-}
-
-/// A second random family with the namespace in play as well: new and
-/// removed directories, directory renames, symlinks, fifos, mode changes,
-/// zero-range, evicted caches and fsyncs of directories, on top of the file
-/// operations of [`random_scenario`].
-fn random_ns_scenario(seed: u64) -> String {
-    let mut r = xorshift(seed, 0xd1b5_4a32_d192_ed03);
-    let mut out = vec!["expect-log any".to_string()];
-    if r(10) < 3 {
-        out.push("mkfs -n 4096".into());
-    }
-    if r(10) < 2 {
-        out.push("mount compress=zstd".into());
-    }
-    // Directories: fixed ones that stay, and made ones that may go.
-    let mut dirs: Vec<String> = vec!["/".into(), "/a/".into(), "/b/".into()];
-    out.extend(["mkdir /a", "mkdir /b"].map(String::from));
-    let mut files: Vec<String> = Vec::new();
-    // Symlinks and fifos: only removed or moved with their directory.
-    let mut others: Vec<String> = Vec::new();
-    let mut counter = 0u64;
-    let mut fresh = |dirs: &Vec<String>, r: &mut dyn FnMut(u64) -> u64, p: &str| {
-        counter += 1;
-        format!("{}{p}{counter}", dirs[r(dirs.len() as u64) as usize])
-    };
-    for _ in 0..6 {
-        let f = fresh(&dirs, &mut r, "f");
-        out.push(format!("write {f} 0 {} {}", [100, 3000, 5000, 70000][r(4) as usize], 1 + r(249)));
-        files.push(f);
-    }
-    out.push("sync".into());
-    for _ in 0..15 + r(40) {
-        let op = r(100);
-        let made: Vec<String> = dirs.iter().skip(3).cloned().collect();
-        if op < 8 {
-            let d = fresh(&dirs, &mut r, "d");
-            out.push(format!("mkdir {d}"));
-            dirs.push(format!("{d}/"));
-        } else if op < 12 && !made.is_empty() {
-            // Remove a made directory with everything in it, deepest first.
-            let d = made[r(made.len() as u64) as usize].clone();
-            let mut inside: Vec<String> = files.iter().chain(others.iter()).filter(|f| f.starts_with(&d)).cloned().collect();
-            inside.sort();
-            for f in &inside {
-                out.push(format!("unlink {f}"));
-            }
-            files.retain(|f| !f.starts_with(&d));
-            others.retain(|f| !f.starts_with(&d));
-            let mut sub: Vec<String> = dirs.iter().filter(|x| x.starts_with(&d)).cloned().collect();
-            sub.sort_by_key(|x| std::cmp::Reverse(x.len()));
-            for s in &sub {
-                out.push(format!("rmdir {}", s.trim_end_matches('/')));
-            }
-            dirs.retain(|x| !x.starts_with(&d));
-        } else if op < 16 && !made.is_empty() {
-            // Rename a made directory under a fixed one (never into itself).
-            let d = made[r(made.len() as u64) as usize].clone();
-            let n = format!("{}{}", ["/", "/a/", "/b/"][r(3) as usize], fresh(&vec!["".into()], &mut r, "r"));
-            out.push(format!("rename {} {n}", d.trim_end_matches('/')));
-            let nd = format!("{n}/");
-            for f in files.iter_mut().chain(others.iter_mut()).filter(|f| f.starts_with(&d)) {
-                *f = format!("{nd}{}", &f[d.len()..]);
-            }
-            for x in dirs.iter_mut().filter(|x| x.starts_with(&d)) {
-                *x = format!("{nd}{}", &x[d.len()..]);
-            }
-        } else if op < 20 {
-            let t = fresh(&dirs, &mut r, "s");
-            out.push(format!("symlink target{} {t}", r(1000)));
-            others.push(t);
-        } else if op < 22 {
-            let t = fresh(&dirs, &mut r, "p");
-            out.push(format!("mkfifo {t}"));
-            others.push(t);
-        } else if op < 26 {
-            out.push("evict".into());
-        } else if op < 32 {
-            let d = &dirs[r(dirs.len() as u64) as usize];
-            out.push(format!("fsync {}", if d == "/" { "/" } else { d.trim_end_matches('/') }));
-        } else if files.is_empty() {
-            let f = fresh(&dirs, &mut r, "f");
-            out.push(format!("create {f}"));
-            files.push(f);
-        } else {
-            let f = files[r(files.len() as u64) as usize].clone();
-            let op = r(100);
-            if op < 22 {
-                out.push(format!("write {f} {} {} {}", [0, 4096, 10000, 65536][r(4) as usize], [10, 4096, 20000][r(3) as usize], 1 + r(249)));
-            } else if op < 30 {
-                out.push(format!("truncate {f} {}", [0, 1000, 4096, 100000][r(4) as usize]));
-            } else if op < 38 {
-                let g = fresh(&dirs, &mut r, "f");
-                out.push(format!("link {f} {g}"));
-                files.push(g);
-            } else if op < 48 {
-                let g = fresh(&dirs, &mut r, "f");
-                out.push(format!("rename {f} {g}"));
-                files.retain(|x| *x != f);
-                files.push(g);
-            } else if op < 56 {
-                out.push(format!("unlink {f}"));
-                files.retain(|x| *x != f);
-            } else if op < 62 {
-                out.push(format!("setxattr {f} user.k{} v{}", r(3), r(100)));
-            } else if op < 66 {
-                out.push(format!("chmod {f} {}", ["600", "644", "755"][r(3) as usize]));
-            } else if op < 71 {
-                out.push(format!("zero-range {f} {} {}{}", [0, 4096][r(2) as usize], [4096, 8192][r(2) as usize], if r(2) == 0 { " keep" } else { "" }));
-            } else if op < 76 {
-                out.push(format!("punch {f} {} {}", [0, 4096][r(2) as usize], [4096, 8192][r(2) as usize]));
-            } else if op < 81 {
-                let keep = if r(2) == 0 { " keep" } else { "" };
-                out.push(format!("fallocate {f} {} {}{keep}", [0, 8192, 100000][r(3) as usize], [4096, 65536][r(2) as usize]));
-            } else if op < 94 {
-                out.push(format!("fsync {f}"));
-            } else {
-                out.push(format!("fdatasync {f}"));
-            }
-        }
-    }
-    let n = files.len();
-    for f in &files[n.saturating_sub(2)..] {
-        out.push(format!("fsync {f}"));
-    }
-    out.push("crash".into());
-    out.join("\n") + "\n"
-}
-
-/// Seeds beyond the default 16 that once found a bug, kept in the corpus.
-/// 72: the kernel logs a deleted entry as a one-index dir log range inside
-/// a range it logged before; btrkit-fsck took the overlap for damage.
-/// 467: an inode logged only as existing (generation 0) whose committed
-/// prealloc extent reaches past its size; replay must drop extents past the
-/// size for it too, as the kernel does.
-/// 1900: on a filesystem without no-holes the kernel's own replay leaves a
-/// file without a hole item for a gap (btrfs check: "file extent
-/// discount"); ours must leave the same, and btrkit-fsck must see it.
-const REGRESSION_SEEDS: &[u64] = &[72, 467, 1900];
-
-/// Seeded scenarios named `{prefix}{seed:03}`: seeds 1 to N (the number in
-/// the environment variable `env`, 16 by default), then the `extra` seeds
-/// beyond N.
-fn seeded(prefix: &str, env: &str, extra: &[u64], make: fn(u64) -> String) -> Vec<Scenario> {
-    let n: u64 = std::env::var(env).ok().and_then(|v| v.parse().ok()).unwrap_or(16);
-    let mut seeds: Vec<u64> = (1..=n).collect();
-    seeds.extend(extra.iter().filter(|&&s| s > n));
-    seeds
-        .into_iter()
-        .map(|seed| {
-            let name = format!("{prefix}{seed:03}");
-            Scenario::parse(&name, &make(seed)).unwrap_or_else(|e| panic!("{name}: {e}"))
-        })
-        .collect()
-}
+#[path = "common/families.rs"]
+mod families;
 
 fn scenarios() -> Vec<Scenario> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut all = kcrash::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
-    // Seeded random scenarios (`BTRKIT_RANDOM_SCENARIOS` and
-    // `BTRKIT_RANDOM_NS_SCENARIOS` set how many of each family).
-    all.extend(seeded("random-", "BTRKIT_RANDOM_SCENARIOS", REGRESSION_SEEDS, random_scenario));
-    all.extend(seeded("random-ns-", "BTRKIT_RANDOM_NS_SCENARIOS", &[], random_ns_scenario));
+    all.extend(families::all_families());
     if let Ok(only) = std::env::var("BTRKIT_SCENARIOS") {
         let names: Vec<&str> = only.split(',').map(str::trim).collect();
-        all.retain(|s| names.contains(&s.name.as_str()));
+        // `name*` keeps every scenario whose name starts with `name`.
+        all.retain(|s| names.iter().any(|n| match n.strip_suffix('*') {
+            Some(pre) => s.name.starts_with(pre),
+            None => *n == s.name,
+        }));
     }
     all
 }
@@ -373,7 +126,15 @@ fn kernel_side(
         Err(e) => notes.push(format!("the kernel's own result: {e}")),
         Ok(()) => {}
     }
-    let fails = kcrash::check_expectations(scn, &kernel);
+    let consistent = Some(match &kernel_damage {
+        None => Ok(()),
+        Some(d) => Err(d.join(" | ")),
+    });
+    let posts_img = work.join("kernel-posts.img");
+    kcrash::copy_sparse(&kcopy, &posts_img)?;
+    let posts = kcrash::run_posts(&posts_img, scn)?;
+    let _ = std::fs::remove_file(&posts_img);
+    let fails = kcrash::check_expectations(scn, &kernel, &kcrash::Outcome { consistent, posts });
     if !fails.is_empty() {
         return Err(format!(
             "kernel result breaks the scenario's expectations: {}",
@@ -583,7 +344,7 @@ fn run_one(i: usize, scn: &Scenario, bin: &Path, cache: &Path) -> Outcome {
 #[test]
 fn replay_equals_kernel_on_every_scenario() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIP: replay_equals_kernel_on_every_scenario: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let t = Instant::now();
@@ -663,7 +424,7 @@ fn replay_equals_kernel_on_every_scenario() {
 #[test]
 fn dump_log_on_every_scenario() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIP: dump_log_on_every_scenario: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let bin = btrkit_tests::bin_path("btrkit-dump");
@@ -713,24 +474,22 @@ fn dump_log_on_every_scenario() {
 #[test]
 fn kcrash_py_agrees_on_the_examples() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIP: kcrash_py_agrees_on_the_examples: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/oracle");
     let script = shared.join("kcrash.py");
     if !script.exists() || Command::new("python3").arg("--version").output().is_err() {
-        eprintln!(
-            "SKIP: kcrash_py_agrees_on_the_examples: needs python3 and ../shared/oracle/kcrash.py"
-        );
+        btrkit_tests::skip("needs python3 and ../shared/oracle/kcrash.py");
         return;
     }
     for name in ["rename-then-new-name", "double-fsync"] {
-        let mut ours_scn = Scenario::load(
+        let mut ours_scn = kcrash::load_scenario(
             &Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("scenarios/{name}.scn")),
         )
         .unwrap();
         // kcrash.py has no warm-up files.
-        ours_scn.warmup = false;
+        ours_scn.warmup = Some(false);
         let example: PathBuf = shared.join(format!("examples/{name}.scn"));
         let _slot = kcrash::slot();
         let work = tempfile::tempdir().unwrap();
@@ -807,7 +566,7 @@ fn kcrash_py_agrees_on_the_examples() {
 #[test]
 fn loop_mount_guard_cleans_up_after_a_panic() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIP: loop_mount_guard_cleans_up_after_a_panic: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -852,4 +611,15 @@ fn loop_mount_guard_cleans_up_after_a_panic() {
         "loop device left attached: {}",
         String::from_utf8_lossy(&o.stdout)
     );
+}
+
+/// Print the text of the scenarios `BTRKIT_SCENARIOS` selects (random ones
+/// included), to rerun or study one by hand:
+/// `BTRKIT_SCENARIOS=random-clone-028 cargo test -p btrkit-tests --test replay_kernel show_scenarios -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn show_scenarios() {
+    for s in scenarios() {
+        println!("### {}\n{}", s.name, s.text);
+    }
 }

@@ -139,7 +139,7 @@ fn scenarios() -> Vec<Scenario> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut v: Vec<Scenario> = CORPUS
         .iter()
-        .map(|n| Scenario::load(&dir.join(format!("{n}.scn"))).unwrap_or_else(|e| panic!("{n}: {e}")))
+        .map(|n| kcrash::load_scenario(&dir.join(format!("{n}.scn"))).unwrap_or_else(|e| panic!("{n}: {e}")))
         .collect();
     v.push(Scenario::parse("salvage-multi", SALVAGE_MULTI).expect("salvage-multi parses"));
     v.push(Scenario::parse("salvage-multi-ns", SALVAGE_MULTI_NS).expect("salvage-multi-ns parses"));

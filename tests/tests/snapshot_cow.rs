@@ -7,7 +7,7 @@
 use btrkit_core::format::consts::*;
 use btrkit_core::io::FileDevice;
 use btrkit_core::mkfs::now_ts;
-use btrkit_core::trans::Fs;
+use btrkit_core::trans::Store;
 use btrkit_tests::{require_btrfs_progs, require_kernel_mount, skip_unless, KernelImage, MkfsOpts};
 use std::process::Command;
 use std::sync::Arc;
@@ -36,14 +36,14 @@ fn unlink_in_snapshotted_subvolume() {
         // Our engine removes two thirds of the files in the fs tree; the
         // snapshot must keep all of them.
         let dev = Arc::new(FileDevice::open(k.image(), true).unwrap());
-        let mut fs = Fs::open(dev).unwrap();
+        let mut fs = Store::open(dev).unwrap();
         let dir_ino = {
             let key = btrkit_core::format::key::Key::new(256, BTRFS_DIR_ITEM_KEY, btrkit_core::format::dir::name_hash(b"d"));
             let d = fs.lookup(BTRFS_FS_TREE_OBJECTID, &key).unwrap().unwrap();
             u64::from_le_bytes(d[..8].try_into().unwrap())
         };
         for i in (0..1500).filter(|i| i % 3 != 0) {
-            fs.unlink(BTRFS_FS_TREE_OBJECTID, dir_ino, format!("f{i:04}").as_bytes(), now_ts(1)).unwrap();
+            { let (ino, n) = btrkit_core::fs::names::unlink(&mut fs, BTRFS_FS_TREE_OBJECTID, dir_ino, format!("f{i:04}").as_bytes(), now_ts(1)).unwrap(); if n == 0 { btrkit_core::fs::extents::drop_inode_items(&mut fs, BTRFS_FS_TREE_OBJECTID, ino).unwrap(); } }
             if i % 500 == 499 {
                 fs.commit().unwrap();
             }

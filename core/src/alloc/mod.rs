@@ -33,6 +33,8 @@ pub struct BlockGroup {
     pub fst_bitmaps: bool,
     /// Block group item found on disk (false for groups created this transaction).
     pub on_disk: bool,
+    /// Takes no new allocations (being emptied by a balance).
+    pub read_only: bool,
 }
 
 impl BlockGroup {
@@ -108,8 +110,10 @@ impl Allocator {
     }
 
     /// Allocate `len` bytes in a group whose type is `ty` (DATA, METADATA
-    /// or SYSTEM); mixed groups serve both data and metadata.
-    pub fn alloc(&mut self, ty: u64, len: u64, align: u64) -> Result<u64> {
+    /// or SYSTEM); mixed groups serve both data and metadata. Space not
+    /// `account`ed (log tree blocks) is taken from the free space without
+    /// counting as used: no extent item will describe it.
+    pub fn alloc(&mut self, ty: u64, len: u64, align: u64, account: bool) -> Result<u64> {
         let hint = self.cursor.get(&ty).copied().unwrap_or(0);
         let starts: Vec<u64> = self.groups.values().filter(|g| g.flags & ty != 0).map(|g| g.start).collect();
         // Next fit: begin in the group holding the cursor, then wrap around.
@@ -117,14 +121,16 @@ impl Allocator {
         for i in 0..starts.len() {
             let s = starts[(first + i) % starts.len()];
             let g = self.groups.get_mut(&s).ok_or_else(|| Error::Invalid("block group vanished".into()))?;
-            if g.length - g.used < len {
+            if g.read_only || g.length - g.used < len {
                 continue;
             }
             let h = if i == 0 { hint } else { g.start };
             if let Some(at) = g.free.find(g.start, g.end(), len, align, h) {
                 g.free.remove(at, at + len);
-                g.used += len;
-                g.dirty = true;
+                if account {
+                    g.used += len;
+                    g.dirty = true;
+                }
                 self.cursor.insert(ty, at + len);
                 return Ok(at);
             }
@@ -156,6 +162,24 @@ impl Allocator {
             g.free.insert(bytenr, bytenr + len);
         }
         Ok(())
+    }
+
+    /// Release space taken without accounting (a log tree block): free at
+    /// once, or pinned until the commit when it was written.
+    pub fn release_unaccounted(&mut self, bytenr: u64, len: u64, pinned: bool) -> Result<()> {
+        let g = self.group_of_mut(bytenr).ok_or_else(|| Error::corrupt(format!("freed log block {bytenr}+{len} outside every block group"), bytenr))?;
+        if pinned {
+            // The free space tree never lost it: nothing to rewrite.
+            g.pinned.insert(bytenr, bytenr + len);
+        } else {
+            g.free.insert(bytenr, bytenr + len);
+        }
+        Ok(())
+    }
+
+    /// Every pinned range.
+    pub fn pinned_ranges(&self) -> Vec<(u64, u64)> {
+        self.groups.values().flat_map(|g| g.pinned.iter()).collect()
     }
 
     /// After a commit is durable, pinned space becomes allocatable.

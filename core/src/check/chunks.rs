@@ -7,7 +7,10 @@ use super::Ctx;
 use crate::format::consts::*;
 use crate::format::item::{decode, ItemBody};
 use crate::format::key::Key;
+use crate::format::chunk::{chunk_problems, parse_chunk, CHUNK_ITEM_SIZE, STRIPE_SIZE};
+use crate::format::key::DiskKey;
 use crate::format::names::block_group_flags_str;
+use zerocopy::FromBytes;
 use crate::tree::Node;
 
 const P: u8 = 2;
@@ -92,18 +95,25 @@ impl Facts {
 
 pub(super) fn on_chunk_leaf(cx: &mut Ctx, node: &Node) {
     let cs = cx.img.csum.size();
+    let mixed = cx.has_incompat(BTRFS_FEATURE_INCOMPAT_MIXED_GROUPS);
+    let ss = cx.img.sectorsize;
     for slot in 0..node.nr_safe() {
         let Some(k) = node.key(slot) else { continue };
         let Ok(d) = node.item_data(slot) else { continue };
         match decode(&k, d, cs) {
-            Ok(ItemBody::Chunk(c, s)) => cx.chunks.chunks.push(ChunkRec {
+            Ok(ItemBody::Chunk(c, s)) => {
+                for m in chunk_problems(c, k.offset, ss, mixed) {
+                    cx.report(F::err(P, "chunk").tree(3).at(node.bytenr).key(k).msg(format!("chunk at {}: {m}", k.offset)));
+                }
+                cx.chunks.chunks.push(ChunkRec {
                 logical: k.offset,
                 length: c.length.get(),
                 flags: c.type_.get(),
                 num_stripes: c.num_stripes.get() as u64,
                 sub_stripes: c.sub_stripes.get() as u64,
                 stripes: s.iter().map(|s| (s.devid.get(), s.offset.get())).collect(),
-            }),
+            })
+            }
             Ok(ItemBody::DevItem(d)) => cx.chunks.dev_items.push(DevRec {
                 devid: d.devid.get(),
                 total_bytes: d.total_bytes.get(),
@@ -227,6 +237,18 @@ pub(super) fn check(cx: &mut Ctx) {
     }
     let devs = cx.chunks.dev_items.clone();
     for dev in &devs {
+        if dev.bytes_used > dev.total_bytes {
+            cx.report(F::err(P, "dev-item").tree(3).msg(format!(
+                "device {} bytes_used {} exceeds its total_bytes {}",
+                dev.devid, dev.bytes_used, dev.total_bytes
+            )));
+        }
+        if dev.devid == cx.img.devid && dev.total_bytes > dev_size {
+            cx.report(F::err(P, "dev-item").tree(3).msg(format!(
+                "device {} total_bytes {} but the image holds only {dev_size} bytes (a shrunk or truncated device)",
+                dev.devid, dev.total_bytes
+            )));
+        }
         let used = used_by_dev.iter().find(|(id, _)| *id == dev.devid).map(|x| x.1).unwrap_or(0);
         if used != dev.bytes_used {
             cx.report(F::err(P, "dev-item").tree(3).msg(format!(
@@ -282,7 +304,59 @@ pub(super) fn check(cx: &mut Ctx) {
             }
         }
     }
+    check_sys_chunk_array(cx, &chunks);
     cx.chunks.chunks = chunks;
     cx.chunks.dev_extents = dexts;
     cx.chunks.block_groups = bgs;
+}
+
+/// The superblock's copy of the system chunks: each entry a valid chunk,
+/// the same as the chunk tree's, and every system chunk listed (the chunk
+/// tree can only be read through it).
+fn check_sys_chunk_array(cx: &mut Ctx, tree_chunks: &[ChunkRec]) {
+    let sb = &cx.img.sb;
+    let at = btrfs_sb_offset(cx.img.mirror);
+    let size = sb.sys_chunk_array_size.get() as usize;
+    let arr = sb.sys_chunk_array();
+    let arr = &arr[..size.min(arr.len())];
+    let mixed = cx.has_incompat(BTRFS_FEATURE_INCOMPAT_MIXED_GROUPS);
+    let ss = cx.img.sectorsize;
+    let mut found = Vec::new();
+    let mut problems = Vec::new();
+    let mut p = 0usize;
+    while p < arr.len() {
+        let Ok((dk, _)) = DiskKey::read_from_prefix(&arr[p..]) else {
+            problems.push(format!("sys_chunk_array truncated at offset {p}"));
+            break;
+        };
+        let key = crate::format::key::Key::from(dk);
+        p += std::mem::size_of::<DiskKey>();
+        let Ok((c, st)) = parse_chunk(&arr[p..]) else {
+            problems.push(format!("sys_chunk_array entry at offset {p} unreadable"));
+            break;
+        };
+        p += CHUNK_ITEM_SIZE + st.len() * STRIPE_SIZE;
+        for m in chunk_problems(c, key.offset, ss, mixed) {
+            problems.push(format!("sys_chunk_array chunk at {}: {m}", key.offset));
+        }
+        if c.type_.get() & BTRFS_BLOCK_GROUP_SYSTEM == 0 {
+            problems.push(format!("sys_chunk_array chunk at {} is not a system chunk", key.offset));
+        }
+        let stripes: Vec<(u64, u64)> = st.iter().map(|s| (s.devid.get(), s.offset.get())).collect();
+        match tree_chunks.iter().find(|t| t.logical == key.offset) {
+            Some(t) if t.length == c.length.get() && t.flags == c.type_.get() && t.stripes == stripes => {}
+            Some(_) => problems.push(format!("sys_chunk_array chunk at {} differs from the chunk tree's", key.offset)),
+            None if !tree_chunks.is_empty() => problems.push(format!("sys_chunk_array chunk at {} is not in the chunk tree", key.offset)),
+            None => {}
+        }
+        found.push(key.offset);
+    }
+    for m in problems {
+        cx.report(F::err(P, "sys-chunk-array").at(at).msg(m));
+    }
+    for t in tree_chunks {
+        if t.flags & BTRFS_BLOCK_GROUP_SYSTEM != 0 && !found.contains(&t.logical) {
+            cx.report(F::warn(P, "sys-chunk-array").at(at).msg(format!("system chunk at {} is missing from the superblock's sys_chunk_array", t.logical)));
+        }
+    }
 }

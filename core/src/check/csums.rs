@@ -19,6 +19,25 @@ pub(crate) struct Need {
     pub ino: u64,
 }
 
+/// A data range that must have no checksums: a nodatasum inode's extent,
+/// or a prealloc extent (unless the same disk extent was written through
+/// another file extent, `prealloc_of` holds its disk bytenr for that).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Forbid {
+    pub start: u64,
+    pub len: u64,
+    pub root: u64,
+    pub ino: u64,
+    pub prealloc_of: Option<u64>,
+}
+
+/// Does any part of `[start, start+len)` have checksums?
+pub(crate) fn any_covered(union: &[(u64, u64)], start: u64, len: u64) -> bool {
+    let end = start.saturating_add(len);
+    let i = union.partition_point(|&(_, e)| e <= start);
+    union.get(i).is_some_and(|&(s, _)| s < end)
+}
+
 #[derive(Default)]
 pub(crate) struct Facts {
     /// (start, len, leaf) of each csum item, in key order.
@@ -116,6 +135,32 @@ pub(super) fn check(cx: &mut Ctx) {
                 "inode {} data [{}, +{}) has no checksums (or only some)",
                 n.ino, n.start, n.len
             )));
+        }
+    }
+
+    // Ranges that must not have checksums (I_ERR_ODD_CSUM_ITEM).
+    let forbidden = std::mem::take(&mut cx.csum_forbidden);
+    if !forbidden.is_empty() {
+        let mut written: Vec<u64> = cx.ext.found_data.iter().filter(|d| d.regular).map(|d| d.bytenr).collect();
+        written.sort_unstable();
+        written.dedup();
+        let mut reported = 0u32;
+        for f in &forbidden {
+            if !any_covered(&cx.csum.union, f.start, f.len) {
+                continue;
+            }
+            let what = match f.prealloc_of {
+                Some(disk) if written.binary_search(&disk).is_ok() => continue,
+                Some(_) => "a preallocated extent that was never written",
+                None => "a nodatasum inode's extent",
+            };
+            if reported < 100 {
+                cx.report(F::err(P, "csum-odd").tree(f.root).at(f.start).msg(format!(
+                    "inode {}: data [{}, +{}) has checksums but is {what}",
+                    f.ino, f.start, f.len
+                )));
+            }
+            reported += 1;
         }
     }
 

@@ -13,15 +13,16 @@ pub enum Severity {
 }
 
 /// The phases, in the order a report lists them.
-pub const PHASES: [(u8, &str); 8] = [
+pub const PHASES: [(u8, &str); 9] = [
     (1, "superblocks"),
     (2, "chunks, devices, block groups"),
     (3, "tree blocks"),
     (4, "extent tree"),
-    (5, "free space tree"),
+    (5, "free space tree and cache"),
     (6, "subvolumes"),
     (7, "checksums"),
     (8, "log trees"),
+    (9, "quota groups"),
 ];
 
 pub fn phase_name(p: u8) -> &'static str {
@@ -74,23 +75,23 @@ const CAP_PER_PHASE: usize = 2000;
 
 pub(crate) struct Sink {
     pub findings: Vec<Finding>,
-    pub stored: [usize; 9],
-    pub phases: [PhaseSummary; 9],
+    pub stored: [usize; 10],
+    pub phases: [PhaseSummary; 10],
     pub suppressed: u64,
 }
 
 impl Sink {
     pub fn new() -> Sink {
-        let mut phases: [PhaseSummary; 9] = Default::default();
+        let mut phases: [PhaseSummary; 10] = Default::default();
         for (i, p) in phases.iter_mut().enumerate() {
             p.phase = i as u8;
             p.name = phase_name(i as u8);
         }
-        Sink { findings: Vec::new(), stored: [0; 9], phases, suppressed: 0 }
+        Sink { findings: Vec::new(), stored: [0; 10], phases, suppressed: 0 }
     }
 
     pub fn push(&mut self, f: Finding) {
-        let p = (f.phase as usize).min(8);
+        let p = (f.phase as usize).min(9);
         match f.severity {
             Severity::Error => self.phases[p].errors += 1,
             Severity::Warning => self.phases[p].warnings += 1,
@@ -104,17 +105,17 @@ impl Sink {
     }
 
     pub fn checked(&mut self, phase: u8, n: u64) {
-        let p = (phase as usize).min(8);
+        let p = (phase as usize).min(9);
         self.phases[p].checked += n;
         self.phases[p].ran = true;
     }
 
     pub fn ran(&mut self, phase: u8) {
-        self.phases[(phase as usize).min(8)].ran = true;
+        self.phases[(phase as usize).min(9)].ran = true;
     }
 
     pub fn add_millis(&mut self, phase: u8, ms: u64) {
-        self.phases[(phase as usize).min(8)].millis += ms;
+        self.phases[(phase as usize).min(9)].millis += ms;
     }
 
     pub fn into_report(mut self) -> Report {

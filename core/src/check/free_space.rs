@@ -83,7 +83,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
 }
 
 /// Superblock copies inside `[start, end)`, which are neither used nor free.
-fn excluded(cx: &Ctx, start: u64, end: u64) -> Vec<(u64, u64)> {
+pub(super) fn excluded(cx: &Ctx, start: u64, end: u64) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     if start < BTRFS_SUPER_INFO_OFFSET {
         out.push((start, BTRFS_SUPER_INFO_OFFSET.min(end)));
@@ -159,19 +159,7 @@ pub(super) fn check(cx: &mut Ctx) {
                 have.len()
             )));
         }
-        // What the extent tree says is free: the gaps between extents.
-        let mut want: Vec<(u64, u64)> = Vec::new();
-        let mut pos = s;
-        let i0 = cx.ext.recs.partition_point(|r| r.bytenr < s);
-        for r in cx.ext.recs[i0..].iter().take_while(|r| r.bytenr < e) {
-            if r.bytenr > pos {
-                want.push((pos, r.bytenr));
-            }
-            pos = pos.max(r.bytenr.saturating_add(r.len).min(e));
-        }
-        if pos < e {
-            want.push((pos, e));
-        }
+        let want = gaps(cx, s, e);
         // Superblock copies are neither used nor free; kernels differ on
         // whether the free space tree lists them, so differences there are
         // not findings.
@@ -193,13 +181,30 @@ pub(super) fn check(cx: &mut Ctx) {
     cx.fst.infos = infos;
 }
 
+/// What the extent tree says is free in `[s, e)`: the gaps between extents.
+pub(super) fn gaps(cx: &Ctx, s: u64, e: u64) -> Vec<(u64, u64)> {
+    let mut want: Vec<(u64, u64)> = Vec::new();
+    let mut pos = s;
+    let i0 = cx.ext.recs.partition_point(|r| r.bytenr < s);
+    for r in cx.ext.recs[i0..].iter().take_while(|r| r.bytenr < e) {
+        if r.bytenr > pos {
+            want.push((pos, r.bytenr));
+        }
+        pos = pos.max(r.bytenr.saturating_add(r.len).min(e));
+    }
+    if pos < e {
+        want.push((pos, e));
+    }
+    want
+}
+
 fn inside(set: &[(u64, u64)], x: u64) -> bool {
     let i = set.partition_point(|&(s, _)| s <= x);
     i.checked_sub(1).and_then(|i| set.get(i)).is_some_and(|&(_, e)| x < e)
 }
 
 /// First range where exactly one of `want` and `have` holds, outside `excl`.
-fn first_difference(want: &[(u64, u64)], have: &[(u64, u64)], excl: &[(u64, u64)]) -> Option<(u64, u64)> {
+pub(super) fn first_difference(want: &[(u64, u64)], have: &[(u64, u64)], excl: &[(u64, u64)]) -> Option<(u64, u64)> {
     let mut pts: Vec<u64> = Vec::with_capacity(2 * (want.len() + have.len() + excl.len()));
     for &(s, e) in want.iter().chain(have).chain(excl) {
         pts.push(s);

@@ -4,7 +4,7 @@
 //! kept as compact records and matched across inodes when the tree ends:
 //! every name needs its DIR_ITEM, DIR_INDEX and INODE_REF/EXTREF, agreeing.
 
-use super::csums::Need;
+use super::csums::{Forbid, Need};
 use super::findings::F;
 use super::{Ctx, RootRec};
 use crate::format::consts::*;
@@ -21,6 +21,8 @@ const S_IFMT: u32 = 0o170000;
 const S_IFDIR: u32 = 0o040000;
 const S_IFREG: u32 = 0o100000;
 const S_IFLNK: u32 = 0o120000;
+/// Type, set-id, sticky and permission bits: anything else in a mode is unknown.
+const VALID_MODE_BITS: u32 = S_IFMT | 0o7777;
 
 use crate::format::dir::ftype_of_mode;
 
@@ -54,6 +56,7 @@ struct Cur {
     extent_end: u64,
     first_gap: Option<u64>,
     found_size: u64,
+    dir_items_of_unlinked: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -71,31 +74,56 @@ pub(crate) struct FsTree {
     no_holes: bool,
     link_checks: bool,
     cur: Cur,
-    inodes: HashMap<u64, (u32, u32)>,
+    /// (inode, mode, nlink), in key order (sorted again at the end should a
+    /// damaged tree deliver them out of order).
+    inodes: Vec<(u64, u32, u32)>,
     names: Vec<NameRec>,
     orphans: HashSet<u64>,
     unlinked: Vec<u64>,
     subvol_dirents: Vec<(u64, u64)>,
     lost: bool,
     inodes_checked: u64,
+    /// The root directory's ".." INODE_REF (index 0) was seen.
+    root_dotdot: bool,
+    /// What the per-leaf checks found, handed to the context at `finish`
+    /// (the leaves are checked on their own thread, beside the walk).
+    out: Vec<super::Finding>,
+    needs: Vec<Need>,
+    forbids: Vec<Forbid>,
+    csum_size: usize,
+    gen: u64,
+    sectorsize: u64,
+    nodesize: u64,
+    /// File extents here need no checksums (the data relocation tree
+    /// copies extents whose csums it copies separately, prealloc ones
+    /// included), as btrfs check skips them.
+    csum_exempt: bool,
 }
 
 impl FsTree {
-    pub fn new(cx: &mut Ctx, r: &RootRec) -> FsTree {
-        let _ = cx;
+    pub fn new(cx: &Ctx, r: &RootRec) -> FsTree {
         FsTree {
             root: r.id(),
             root_dirid: r.item.root_dirid.get(),
             no_holes: cx.has_incompat(BTRFS_FEATURE_INCOMPAT_NO_HOLES),
             link_checks: r.id() != BTRFS_DATA_RELOC_TREE_OBJECTID,
             cur: Cur::default(),
-            inodes: HashMap::new(),
+            inodes: Vec::new(),
             names: Vec::new(),
             orphans: HashSet::new(),
             unlinked: Vec::new(),
             subvol_dirents: Vec::new(),
             lost: false,
             inodes_checked: 0,
+            root_dotdot: false,
+            out: Vec::new(),
+            needs: Vec::new(),
+            forbids: Vec::new(),
+            csum_size: cx.img.csum.size(),
+            gen: cx.gen,
+            sectorsize: cx.img.sectorsize as u64,
+            nodesize: cx.img.nodesize as u64,
+            csum_exempt: r.id() == BTRFS_DATA_RELOC_TREE_OBJECTID,
         }
     }
 
@@ -108,32 +136,32 @@ impl FsTree {
         F::err(P, cat).tree(self.root)
     }
 
-    pub fn leaf(&mut self, cx: &mut Ctx, node: &Node) {
-        let cs = cx.img.csum.size();
+    pub fn leaf(&mut self, node: &Node) {
+        let cs = self.csum_size;
         for slot in 0..node.nr_safe() {
             let Some(k) = node.key(slot) else { continue };
             if k.objectid != self.cur.ino || self.cur.items == 0 {
-                self.finish_inode(cx);
+                self.finish_inode();
                 self.cur = Cur { ino: k.objectid, first_key: Some(k), ..Cur::default() };
             }
             self.cur.items += 1;
             let Ok(d) = node.item_data(slot) else { continue };
-            self.item(cx, node.bytenr, k, d, cs);
+            self.item(node.bytenr, k, d, cs);
         }
     }
 
-    fn item(&mut self, cx: &mut Ctx, bytenr: u64, k: Key, d: &[u8], cs: usize) {
+    fn item(&mut self, bytenr: u64, k: Key, d: &[u8], cs: usize) {
         let ino = k.objectid;
         if ino == BTRFS_ORPHAN_OBJECTID && k.ty == BTRFS_ORPHAN_ITEM_KEY {
             self.orphans.insert(k.offset);
             return;
         }
         if ino == BTRFS_FREE_INO_OBJECTID || ino == BTRFS_FREE_SPACE_OBJECTID {
-            cx.report(self.err("inode-cache").at(bytenr).key(k).msg("deprecated inode cache item (mount option inode_cache was removed)"));
+            self.out.push(self.err("inode-cache").at(bytenr).key(k).msg("deprecated inode cache item (mount option inode_cache was removed)"));
             return;
         }
         if !(BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&ino) {
-            cx.report(self.err("unknown-key").at(bytenr).key(k).msg(format!("unexpected objectid {} in a subvolume tree", ino as i64)));
+            self.out.push(self.err("unknown-key").at(bytenr).key(k).msg(format!("unexpected objectid {} in a subvolume tree", ino as i64)));
             return;
         }
         let body = match k.ty {
@@ -150,11 +178,11 @@ impl FsTree {
             },
             BTRFS_VERITY_DESC_ITEM_KEY | BTRFS_VERITY_MERKLE_ITEM_KEY => return,
             t => {
-                cx.report(self.err("unknown-key").at(bytenr).key(k).msg(format!("unknown item type {t} in a subvolume tree")));
+                self.out.push(self.err("unknown-key").at(bytenr).key(k).msg(format!("unknown item type {t} in a subvolume tree")));
                 return;
             }
         };
-        let gen_limit = cx.gen.saturating_add(1);
+        let gen_limit = self.gen.saturating_add(1);
         match body {
             ItemBody::InodeItem(ii) => {
                 if self.cur.item.is_some() {
@@ -162,33 +190,48 @@ impl FsTree {
                 }
                 let mode = ii.mode.get();
                 if ftype_of_mode(mode).is_none() {
-                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has invalid mode 0{mode:o}")));
+                    self.out.push(self.err("inode-mode").at(bytenr).key(k).msg(format!("inode {ino} has invalid mode 0{mode:o}")));
+                } else if mode & !VALID_MODE_BITS != 0 {
+                    self.out.push(self.err("inode-mode").at(bytenr).key(k).msg(format!(
+                        "inode {ino} mode 0{mode:o} has unknown bits 0{:o}",
+                        mode & !VALID_MODE_BITS
+                    )));
+                }
+                if mode & S_IFMT == S_IFDIR && ii.nlink.get() > 1 {
+                    self.out.push(self.err("inode-nlink").at(bytenr).key(k).msg(format!(
+                        "directory {ino} has nlink {} (a directory has no hard links)",
+                        ii.nlink.get()
+                    )));
                 }
                 if ii.generation.get() > gen_limit || ii.transid.get() > gen_limit {
-                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!(
+                    self.out.push(self.err("inode-generation").at(bytenr).key(k).msg(format!(
                         "inode {ino} generation {} / transid {} newer than the filesystem ({})",
                         ii.generation.get(),
                         ii.transid.get(),
-                        cx.gen
+                        self.gen
                     )));
                 }
                 // Low 32 bits: inode flags; high 32 bits: read-only compat flags (verity).
                 let flags = ii.flags.get();
-                let known = ((BTRFS_INODE_COMPRESS << 1) - 1) | BTRFS_INODE_ROOT_ITEM_INIT | (1u64 << 32);
-                if flags & !known != 0 {
-                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has unknown flags 0x{:x}", flags & !known)));
+                for (sev, m) in inode_flag_problems(mode, flags) {
+                    let f = if sev { self.err("inode-flags") } else { F::warn(P, "inode-flags").tree(self.root) };
+                    self.out.push(f.at(bytenr).key(k).msg(format!("inode {ino}: {m}")));
                 }
                 if self.cur.first_key.is_some_and(|f| f.ty != BTRFS_INODE_ITEM_KEY) {
                     // Items sorted before the inode item are impossible in a valid tree.
-                    cx.report(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has items before its inode item")));
+                    self.out.push(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has items before its inode item")));
                 }
                 let f = InodeFacts { mode, nlink: ii.nlink.get(), size: ii.size.get(), nbytes: ii.nbytes.get(), flags: ii.flags.get() };
                 self.cur.item = Some(f);
-                self.inodes.insert(ino, (mode, f.nlink));
+                self.inodes.push((ino, mode, f.nlink));
             }
             ItemBody::InodeRef(v) => {
                 for e in v {
                     if k.offset == ino && ino == self.root_dirid && e.name == b".." {
+                        if e.index != 0 {
+                            self.out.push(self.err("name").at(bytenr).key(k).msg(format!("root directory {ino} '..' ref has index {} (must be 0)", e.index)));
+                        }
+                        self.root_dotdot = true;
                         continue;
                     }
                     self.cur.refs += 1;
@@ -198,7 +241,7 @@ impl FsTree {
             ItemBody::InodeExtref(v) => {
                 for e in v {
                     if extref_hash(e.parent, e.name) != k.offset {
-                        cx.report(self.err("name").at(bytenr).key(k).msg(format!("inode {ino} extref key offset is not the hash of its name")));
+                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!("inode {ino} extref key offset is not the hash of its name")));
                     }
                     self.cur.refs += 1;
                     self.names.push(NameRec { parent: e.parent, child: ino, index: e.index, hash: name_hash(e.name) as u32, src: SRC_REF, ftype: 0 });
@@ -207,11 +250,18 @@ impl FsTree {
             ItemBody::DirItem(v) => {
                 let is_index = k.ty == BTRFS_DIR_INDEX_KEY;
                 let is_xattr = k.ty == BTRFS_XATTR_ITEM_KEY;
+                // A directory with no links is being deleted (its orphan
+                // item is checked): the kernel drops its entries lazily,
+                // so those left are neither names nor part of its size.
+                if !is_xattr && self.cur.item.is_some_and(|f| f.nlink == 0) {
+                    self.cur.dir_items_of_unlinked = true;
+                    return;
+                }
                 let mut seen_names: Vec<&[u8]> = Vec::new();
                 for e in &v {
                     let h = name_hash(e.name);
                     if !is_index && h != k.offset {
-                        cx.report(self.err("name").at(bytenr).key(k).msg(format!(
+                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!(
                             "{} '{}' hash 0x{h:x} does not match key offset 0x{:x}",
                             if is_xattr { "xattr" } else { "dir item" },
                             String::from_utf8_lossy(e.name),
@@ -219,10 +269,10 @@ impl FsTree {
                         )));
                     }
                     if e.name.is_empty() {
-                        cx.report(self.err("name").at(bytenr).key(k).msg("empty name"));
+                        self.out.push(self.err("name").at(bytenr).key(k).msg("empty name"));
                     }
                     if seen_names.contains(&e.name) {
-                        cx.report(self.err("name").at(bytenr).key(k).msg(format!("duplicate name '{}' in directory {ino}", String::from_utf8_lossy(e.name))));
+                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!("duplicate name '{}' in directory {ino}", String::from_utf8_lossy(e.name))));
                     }
                     seen_names.push(e.name);
                     if is_xattr {
@@ -233,7 +283,7 @@ impl FsTree {
                     let loc = Key::from(&e.item.location);
                     let ft = e.item.type_ & !BTRFS_FT_ENCRYPTED;
                     if ft == BTRFS_FT_UNKNOWN || ft >= BTRFS_FT_XATTR {
-                        cx.report(self.err("name").at(bytenr).key(k).msg(format!("dir entry '{}' has invalid type {ft}", String::from_utf8_lossy(e.name))));
+                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!("dir entry '{}' has invalid type {ft}", String::from_utf8_lossy(e.name))));
                     }
                     match loc.ty {
                         BTRFS_INODE_ITEM_KEY => self.names.push(NameRec {
@@ -249,17 +299,17 @@ impl FsTree {
                                 self.subvol_dirents.push((ino, loc.objectid));
                             }
                         }
-                        t => cx.report(self.err("name").at(bytenr).key(k).msg(format!("dir entry location has key type {t}"))),
+                        t => self.out.push(self.err("name").at(bytenr).key(k).msg(format!("dir entry location has key type {t}"))),
                     }
                 }
             }
-            ItemBody::FileExtent(fe) => self.file_extent(cx, bytenr, k, fe),
+            ItemBody::FileExtent(fe) => self.file_extent(bytenr, k, fe),
             _ => {}
         }
     }
 
-    fn file_extent(&mut self, cx: &mut Ctx, bytenr: u64, k: Key, fe: FileExtent) {
-        let ss = cx.img.sectorsize as u64;
+    fn file_extent(&mut self, bytenr: u64, k: Key, fe: FileExtent) {
+        let ss = self.sectorsize;
         let mask = ss - 1;
         let c = &mut self.cur;
         c.extents += 1;
@@ -283,7 +333,7 @@ impl FsTree {
                 if ram == 0 {
                     bad.push("inline extent with ram_bytes 0".into());
                 }
-                let max_inline = mask.min(cx.img.nodesize as u64 - 101 - 25 - 21);
+                let max_inline = mask.min(self.nodesize - 101 - 25 - 21);
                 if head.compression != BTRFS_COMPRESS_NONE {
                     if data.len() as u64 > max_inline || ram > ss {
                         bad.push(format!("compressed inline extent too large ({} bytes, ram {ram})", data.len()));
@@ -324,13 +374,20 @@ impl FsTree {
                     if disk & mask != 0 || item.disk_num_bytes.get() & mask != 0 || item.disk_num_bytes.get() == 0 {
                         bad.push(format!("file extent disk range {disk}+{} is not sector aligned", item.disk_num_bytes.get()));
                     }
-                    if !prealloc && !nodatasum && facts.is_some() {
-                        let (s, l) = if head.compression != 0 {
-                            (disk, item.disk_num_bytes.get())
-                        } else {
-                            (disk.saturating_add(off), num_bytes)
-                        };
-                        cx.csum_needed.push(Need { start: s, len: l, root: self.root, ino: k.objectid });
+                    let (s, l) = if head.compression != 0 {
+                        (disk, item.disk_num_bytes.get())
+                    } else {
+                        (disk.saturating_add(off), num_bytes)
+                    };
+                    let regular_file = facts.is_some_and(|f| matches!(f.mode & S_IFMT, S_IFREG | S_IFLNK));
+                    if !self.csum_exempt && facts.is_some() {
+                        if !prealloc && !nodatasum {
+                            self.needs.push(Need { start: s, len: l, root: self.root, ino: k.objectid });
+                        } else if regular_file {
+                            // nodatasum data, and prealloc extents never
+                            // written, have no checksums (I_ERR_ODD_CSUM_ITEM).
+                            self.forbids.push(Forbid { start: s, len: l, root: self.root, ino: k.objectid, prealloc_of: prealloc.then_some(disk) });
+                        }
                     }
                 }
                 if is_lnk {
@@ -340,11 +397,11 @@ impl FsTree {
         }
         c.extent_end = k.offset.saturating_add(num_bytes);
         for m in bad {
-            cx.report(self.err("file-extent").at(bytenr).key(k).msg(format!("inode {}: {m}", k.objectid)));
+            self.out.push(self.err("file-extent").at(bytenr).key(k).msg(format!("inode {}: {m}", k.objectid)));
         }
     }
 
-    fn finish_inode(&mut self, cx: &mut Ctx) {
+    fn finish_inode(&mut self) {
         let c = std::mem::take(&mut self.cur);
         if c.items == 0 || c.ino < BTRFS_FIRST_FREE_OBJECTID || c.ino > BTRFS_LAST_FREE_OBJECTID {
             return;
@@ -353,7 +410,7 @@ impl FsTree {
         let ino = c.ino;
         let Some(f) = c.item else {
             if !self.lost {
-                cx.report(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino} has items but no inode item")));
+                self.out.push(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino} has items but no inode item")));
             }
             return;
         };
@@ -366,11 +423,9 @@ impl FsTree {
             if c.extents > 0 {
                 errs.push("directory with file extents".into());
             }
-            if f.nlink != 1 {
-                errs.push(format!("directory has nlink {} (must be 1)", f.nlink));
-            }
+
         } else if fmt == S_IFREG || fmt == S_IFLNK {
-            if c.dir_entries > 0 {
+            if c.dir_entries > 0 || c.dir_items_of_unlinked {
                 errs.push("non-directory with directory entries".into());
             }
             if f.nlink > 0 && c.found_size != f.nbytes {
@@ -390,30 +445,65 @@ impl FsTree {
             }
         }
         for m in errs {
-            cx.report(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino}: {m}")));
+            self.out.push(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino}: {m}")));
         }
     }
 
-    pub fn finish(mut self, cx: &mut Ctx) {
-        self.finish_inode(cx);
-        cx.sink.checked(P, self.inodes_checked);
-        if !self.inodes.contains_key(&self.root_dirid) && !self.lost {
-            cx.report(self.err("inode").msg(format!("root directory {} has no inode item", self.root_dirid)));
+    /// (mode, nlink) of an inode of this tree (after `finish` sorted them).
+    fn inode(&self, ino: u64) -> Option<(u32, u32)> {
+        self.inodes.binary_search_by_key(&ino, |i| i.0).ok().map(|i| (self.inodes[i].1, self.inodes[i].2))
+    }
+
+    /// Everything left once the last leaf is in: the last inode, the root
+    /// directory, orphans, and the names matched across inodes. Runs on the
+    /// checker's thread; `deliver` hands the results over.
+    pub fn finish(&mut self) {
+        self.finish_inode();
+        if !self.inodes.windows(2).all(|w| w[0].0 < w[1].0) {
+            self.inodes.sort_by_key(|i| i.0);
+            self.inodes.dedup_by_key(|i| i.0);
+        }
+        let mut out = Vec::new();
+        match self.inode(self.root_dirid) {
+            None if !self.lost => out.push(self.err("inode").msg(format!("root directory {} has no inode item", self.root_dirid))),
+            Some((mode, nlink)) if self.link_checks => {
+                if mode & S_IFMT != S_IFDIR {
+                    out.push(self.err("inode-mode").msg(format!("root directory {} is not a directory (mode 0{mode:o})", self.root_dirid)));
+                }
+                if nlink != 1 {
+                    out.push(self.err("inode-nlink").msg(format!("root directory {} has nlink {nlink} (must be 1)", self.root_dirid)));
+                }
+                if !self.root_dotdot && !self.lost {
+                    out.push(self.err("name").msg(format!("root directory {} has no '..' INODE_REF", self.root_dirid)));
+                }
+            }
+            _ => {}
         }
         for ino in std::mem::take(&mut self.unlinked) {
             if !self.orphans.contains(&ino) {
-                cx.report(self.err("orphan").msg(format!("inode {ino} has no links and no orphan item")));
+                out.push(self.err("orphan").msg(format!("inode {ino} has no links and no orphan item")));
             }
         }
+        self.out.extend(out);
         if self.link_checks && !self.lost {
-            self.match_names(cx);
+            self.match_names();
         }
+    }
+
+    /// Hand what the checks found to the context.
+    pub fn deliver(mut self, cx: &mut Ctx) {
+        for f in std::mem::take(&mut self.out) {
+            cx.report(f);
+        }
+        cx.csum_needed.append(&mut self.needs);
+        cx.csum_forbidden.append(&mut self.forbids);
+        cx.sink.checked(P, self.inodes_checked);
         for (dir, child) in std::mem::take(&mut self.subvol_dirents) {
             cx.subvol_dirents.push(super::SubvolDirent { tree: self.root, dir, child });
         }
     }
 
-    fn match_names(&mut self, cx: &mut Ctx) {
+    fn match_names(&mut self) {
         let mut names = std::mem::take(&mut self.names);
         names.sort_unstable_by_key(|n| (n.parent, n.child, n.hash, n.src, n.index));
         let mut i = 0;
@@ -438,9 +528,8 @@ impl FsTree {
             }
             i = j;
             let (p, ch) = (g0.parent, g0.child);
-            let what = format!("name in directory {p} for inode {ch}");
-            let child = self.inodes.get(&ch).copied();
-            let parent = self.inodes.get(&p).copied();
+            let child = self.inode(ch);
+            let parent = self.inode(p);
             let mut errs = Vec::<String>::new();
             if child.is_none() {
                 errs.push("points to an inode that does not exist".into());
@@ -477,7 +566,7 @@ impl FsTree {
                 }
             }
             for e in errs {
-                cx.report(self.err("name").msg(format!("{what} {e}")));
+                self.out.push(self.err("name").msg(format!("name in directory {p} for inode {ch} {e}")));
             }
         }
     }
@@ -522,6 +611,44 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
             cx.report(F::err(P, "root-ref").tree(*id).msg(format!("subvolume {id} has no root backref: it is not linked anywhere")));
         }
     }
+    // A subvolume is linked once (root item refs 1) or deleted (refs 0):
+    // a deleted one waits for the cleaner with an orphan item in the root
+    // tree, without which it is never dropped (btrfs check: "missing
+    // orphan item"), and it must not be linked any more.
+    let mut orphans_missing = Vec::new();
+    let mut found = Vec::new();
+    for r in &cx.roots {
+        let id = r.id();
+        if !(BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&id) {
+            continue;
+        }
+        let refs = r.item.refs.get();
+        if refs > 1 {
+            found.push(F::err(P, "root-ref").tree(id).key(r.key).msg(format!("subvolume {id} root item has refs {refs}; a subvolume is linked at most once")));
+        }
+        if refs == 0 {
+            if !cx.orphan_roots.contains(&id) {
+                orphans_missing.push((id, r.key));
+            }
+            if let Some((p, _)) = backrefs.keys().find(|(_, c)| *c == id) {
+                found.push(F::err(P, "root-ref").tree(id).key(r.key).msg(format!("deleted subvolume {id} (root item refs 0) is still linked from {p}")));
+            }
+        }
+    }
+    for &id in &cx.orphan_roots {
+        if !cx.roots.iter().any(|r| r.id() == id) {
+            found.push(F::warn(P, "root-orphan").tree(id).msg(format!("orphan item for subvolume {id}, which has no root item")));
+        }
+    }
+    for f in found {
+        cx.report(f);
+    }
+    for (id, key) in orphans_missing {
+        cx.report(F::err(P, "root-orphan").tree(id).key(key).msg(format!(
+            "deleted subvolume {id} (root item refs 0) has no orphan item in the root tree: it would never be dropped"
+        )));
+    }
+
     let dirents = std::mem::take(&mut cx.subvol_dirents);
     // A snapshot keeps the directory entries of subvolumes nested in its
     // source without their root refs (they read as empty directories), so
@@ -536,4 +663,35 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
     }
     cx.root_links = links;
     cx.sink.checked(P, 0);
+}
+
+/// Invalid or contradictory inode flags: (is an error, message). The low 32
+/// bits are the flags, the high 32 the read-only compat flags (verity).
+pub(crate) fn inode_flag_problems(mode: u32, flags: u64) -> Vec<(bool, String)> {
+    let mut out = Vec::new();
+    let known = ((BTRFS_INODE_COMPRESS << 1) - 1) | BTRFS_INODE_ROOT_ITEM_INIT;
+    let (lo, ro) = (flags & 0xffff_ffff, flags >> 32);
+    if lo & !known != 0 {
+        out.push((true, format!("unknown inode flags 0x{:x}", lo & !known)));
+    }
+    if ro & !1 != 0 {
+        out.push((true, format!("unknown read-only inode flags 0x{:x}", ro & !1)));
+    }
+    // btrfs check: a symlink can be neither immutable nor append-only.
+    if mode & S_IFMT == S_IFLNK && lo & (BTRFS_INODE_IMMUTABLE | BTRFS_INODE_APPEND) != 0 {
+        out.push((true, "symlink with the immutable or append-only flag".into()));
+    }
+    // The kernel clears one whenever it sets the other.
+    if lo & BTRFS_INODE_COMPRESS != 0 && lo & BTRFS_INODE_NOCOMPRESS != 0 {
+        out.push((true, "both the compress and the nocompress flags".into()));
+    }
+    // The kernel refuses these together since 5.x, and sets nodatasum with
+    // nodatacow on every file; older kernels may have left either.
+    if mode & S_IFMT == S_IFREG && lo & BTRFS_INODE_COMPRESS != 0 && lo & BTRFS_INODE_NODATACOW != 0 {
+        out.push((false, "both the compress and the nodatacow flags".into()));
+    }
+    if mode & S_IFMT == S_IFREG && lo & BTRFS_INODE_NODATACOW != 0 && lo & BTRFS_INODE_NODATASUM == 0 {
+        out.push((false, "nodatacow without nodatasum".into()));
+    }
+    out
 }

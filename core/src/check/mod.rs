@@ -3,8 +3,8 @@
 //!
 //! superblocks (1), chunks/devices/block groups (2), every tree block (3),
 //! the extent tree against what the trees reference (4), the free space
-//! tree (5), every subvolume's inodes and names (6), data checksums (7) and
-//! log trees (8).
+//! tree and the v1 free space cache (5), every subvolume's inodes and names
+//! (6), data checksums (7), log trees (8) and quota groups (9).
 //!
 //! Phase 3 walks every tree once ([`walk`]) and hands each leaf to the
 //! collectors of the later phases, which keep compact per-extent and
@@ -19,6 +19,8 @@ mod extents;
 mod free_space;
 mod fs;
 mod log;
+mod qgroups;
+mod space_cache;
 mod superblock;
 mod walk;
 
@@ -99,13 +101,19 @@ pub(crate) struct Ctx<'a> {
     pub ext: extents::Facts,
     pub csum: csums::Facts,
     pub fst: free_space::Facts,
+    pub space_cache: space_cache::Facts,
+    pub qgroups: qgroups::Facts,
     /// Data ranges that file extents say must have checksums (phase 7).
     pub csum_needed: Vec<csums::Need>,
+    /// Data ranges that must have none (phase 7).
+    pub csum_forbidden: Vec<csums::Forbid>,
     /// Result of the data verification run beside the metadata phases.
     pub data_verified: Option<(u64, Vec<(u64, String)>)>,
     /// Every tree block the extent tree lists has been asked for in bulk;
     /// the walk need not ask for blocks one by one.
     pub meta_prefetched: bool,
+    /// The written parts of the metadata chunks were asked for at the start.
+    pub early_prefetched: bool,
     pub subvol_dirents: Vec<SubvolDirent>,
 }
 
@@ -133,7 +141,10 @@ pub fn check_path(path: &Path, opts: CheckOptions, progress: &dyn Progress) -> R
         Image::open(dev, OpenOptions { mirror, lenient: true, writable: false })
     };
     let primary_err = match open(0) {
-        Ok(img) => return Ok(check_image(&img, opts, progress)),
+        Ok(img) => {
+            let early = written_metadata(path, &img);
+            return Ok(run(&img, opts, progress, Sink::new(), early));
+        }
         Err(e @ Error::Io { .. }) => return Err(e),
         Err(e) => e,
     };
@@ -143,7 +154,8 @@ pub fn check_path(path: &Path, opts: CheckOptions, progress: &dyn Progress) -> R
             pre.push(findings::F::err(1, "superblock").at(BTRFS_SUPER_INFO_OFFSET).msg(format!(
                 "primary superblock unusable ({primary_err}); checked using mirror {mirror}"
             )));
-            return Ok(run(&img, opts, progress, pre));
+            let early = written_metadata(path, &img);
+            return Ok(run(&img, opts, progress, pre, early));
         }
     }
     Err(primary_err)
@@ -151,16 +163,78 @@ pub fn check_path(path: &Path, opts: CheckOptions, progress: &dyn Progress) -> R
 
 /// Check an opened image.
 pub fn check_image(img: &Image, opts: CheckOptions, progress: &dyn Progress) -> Report {
-    run(img, opts, progress, Sink::new())
+    run(img, opts, progress, Sink::new(), Vec::new())
 }
 
-fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink) -> Report {
+/// Most bytes of metadata chunks read ahead before the trees say where
+/// their blocks are.
+const EARLY_PREFETCH_LIMIT: u64 = 256 << 20;
+
+/// The parts of the image file's metadata chunks (first copies) that were
+/// ever written: an image file leaves untouched space as holes, so this is
+/// close to the tree blocks, and reading it ahead lets the first trees be
+/// walked from the page cache. Empty when the file has no holes to tell
+/// (a block device) or the total is large.
+fn written_metadata(path: &Path, img: &Image) -> Vec<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    let Ok(f) = std::fs::File::open(path) else { return Vec::new() };
+    let fd = f.as_raw_fd();
+    let mut runs = Vec::new();
+    let mut total = 0u64;
+    for c in img.chunks.iter() {
+        if c.type_flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) == 0 {
+            continue;
+        }
+        let Some(&(_, start)) = c.stripes.iter().find(|s| s.0 == img.devid) else { continue };
+        let end = start.saturating_add(c.length);
+        let mut pos = start;
+        // Bounded: every step moves past at least one byte of the chunk.
+        while pos < end {
+            // SAFETY: lseek on a descriptor we own; only offsets are returned.
+            let d = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
+            if d < 0 || d as u64 >= end {
+                break;
+            }
+            // SAFETY: as above.
+            let h = unsafe { libc::lseek(fd, d, libc::SEEK_HOLE) };
+            let h = if h < 0 { end } else { (h as u64).min(end) };
+            if h <= d as u64 {
+                break;
+            }
+            runs.push((d as u64, h));
+            total = total.saturating_add(h - d as u64);
+            if total > EARLY_PREFETCH_LIMIT {
+                return Vec::new();
+            }
+            pos = h;
+        }
+    }
+    // A file without holes says nothing: the whole chunks would be read.
+    let chunk_total: u64 = img.chunks.iter().filter(|c| c.type_flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) != 0).map(|c| c.length).sum();
+    if total >= chunk_total {
+        return Vec::new();
+    }
+    runs.sort_unstable();
+    runs
+}
+
+fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink, early: Vec<(u64, u64)>) -> Report {
     let metadump = img.sb.flags.get() & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0;
     std::thread::scope(|scope| {
         // Data verification is I/O bound and independent of the metadata
         // phases: it starts at once on its own thread.
         let data = (opts.check_data_csum && !metadump).then(|| scope.spawn(|| datacsum::verify_all(img)));
-        run_phases(img, opts, progress, sink, data)
+        // The written parts of the metadata chunks, asked for at once.
+        let early_prefetched = !early.is_empty();
+        if early_prefetched {
+            let dev = img.device().clone();
+            let _ = std::thread::Builder::new().name("meta-early".into()).spawn_scoped(scope, move || {
+                for (s, e) in early {
+                    dev.prefetch(s, e - s);
+                }
+            });
+        }
+        run_phases(img, opts, progress, sink, data, early_prefetched)
     })
 }
 
@@ -170,6 +244,7 @@ fn run_phases(
     progress: &dyn Progress,
     sink: Sink,
     data: Option<std::thread::ScopedJoinHandle<'_, (u64, Vec<(u64, String)>)>>,
+    early_prefetched: bool,
 ) -> Report {
     let mut cx = Ctx {
         img,
@@ -184,26 +259,55 @@ fn run_phases(
         ext: Default::default(),
         csum: Default::default(),
         fst: Default::default(),
+        space_cache: Default::default(),
+        qgroups: Default::default(),
         csum_needed: Vec::new(),
+        csum_forbidden: Vec::new(),
         subvol_dirents: Vec::new(),
         data_verified: None,
         meta_prefetched: false,
+        early_prefetched,
     };
     for w in &img.open_warnings {
         cx.report(findings::F::warn(1, "open").msg(w.clone()));
     }
     timed(&mut cx, 1, superblock::check_mirrors);
-    // Phase 3 also feeds phases 2, 4, 5, 6 and 7 with what the leaves hold.
-    timed(&mut cx, 3, walk::walk_all);
+    std::thread::scope(|scope| {
+        // Phase 3 also feeds phases 2, 4, 5, 6 and 7 with what the leaves
+        // hold; the subvolumes' own checks (phase 6) may still be running
+        // on their threads when it returns, beside phases 2 and 4.
+        let t = Instant::now();
+        cx.progress.phase(3, phase_name(3), 0);
+        let mut pending = Vec::new();
+        walk::walk_all(&mut cx, scope, &mut pending);
+        cx.sink.ran(3);
+        cx.sink.add_millis(3, t.elapsed().as_millis() as u64);
+        timed(&mut cx, 2, chunks::check);
+        timed(&mut cx, 1, superblock::check_against_trees);
+        timed(&mut cx, 4, extents::check);
+        let t = Instant::now();
+        for h in pending {
+            match h.join() {
+                Ok(fs) => fs.deliver(&mut cx),
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        }
+        cx.sink.add_millis(6, t.elapsed().as_millis() as u64);
+    });
     timed(&mut cx, 6, fs::check_root_refs);
-    timed(&mut cx, 2, chunks::check);
-    timed(&mut cx, 1, superblock::check_against_trees);
-    timed(&mut cx, 4, extents::check);
     timed(&mut cx, 5, free_space::check);
+    timed(&mut cx, 5, space_cache::check);
     if let Some(h) = data {
         cx.data_verified = h.join().ok();
     }
     timed(&mut cx, 7, csums::check);
+    let quotas = cx.qgroups.present;
+    timed(&mut cx, 9, qgroups::check);
+    // No quota tree: the phase had nothing to check.
+    cx.sink.phases[9].ran = quotas;
+    cx.ext.found_tree = Vec::new();
+    cx.ext.found_data = Vec::new();
+    cx.ext.block_owner = Vec::new();
     timed(&mut cx, 8, log::check);
     cx.sink.into_report()
 }
@@ -212,6 +316,9 @@ fn timed(cx: &mut Ctx, phase: u8, f: fn(&mut Ctx)) {
     let t = Instant::now();
     cx.progress.phase(phase, phase_name(phase), 0);
     f(cx);
+    if std::env::var_os("BTRKIT_PROF").is_some() {
+        eprintln!("phase {phase}: {:?}", t.elapsed());
+    }
     cx.sink.ran(phase);
     cx.sink.add_millis(phase, t.elapsed().as_millis() as u64);
 }

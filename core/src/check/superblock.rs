@@ -74,9 +74,50 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
     if sb.root_dir_objectid.get() != BTRFS_ROOT_TREE_DIR_OBJECTID {
         cx.report(F::warn(P, "superblock").at(at).msg(format!("root_dir_objectid is {}", sb.root_dir_objectid.get())));
     }
+    // The members btrfs check validates before it opens a filesystem.
+    let ns = sb.nodesize.get();
+    let stripesize = sb.stripesize.get();
+    if stripesize != 4096 && stripesize != sb.sectorsize.get() {
+        cx.report(F::err(P, "superblock").at(at).msg(format!("invalid stripesize {stripesize}")));
+    }
+    if sb.total_bytes.get() == 0 {
+        cx.report(F::err(P, "superblock").at(at).msg("total_bytes is 0"));
+    }
+    if sb.bytes_used.get() < 6 * ns as u64 {
+        cx.report(F::err(P, "superblock").at(at).msg(format!("bytes_used {} is less than six tree blocks", sb.bytes_used.get())));
+    }
+    let meta_uuid = if sb.has_incompat(BTRFS_FEATURE_INCOMPAT_METADATA_UUID) { sb.metadata_uuid } else { sb.fsid };
+    if sb.dev_item.fsid != meta_uuid {
+        cx.report(F::err(P, "superblock").at(at).msg("the device item's fsid differs from the filesystem's"));
+    }
+    if sb.num_devices.get() > 1 << 31 {
+        cx.report(F::warn(P, "superblock").at(at).msg(format!("suspicious number of devices {}", sb.num_devices.get())));
+    }
+    let min_sys = std::mem::size_of::<crate::format::key::DiskKey>() + crate::format::chunk::CHUNK_ITEM_SIZE;
+    if (sb.sys_chunk_array_size.get() as usize) < min_sys {
+        cx.report(F::err(P, "superblock").at(at).msg(format!(
+            "sys_chunk_array_size {} cannot hold a chunk",
+            sb.sys_chunk_array_size.get()
+        )));
+    }
     let ro = sb.compat_ro_flags.get();
     if ro & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID != 0 && ro & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE == 0 {
         cx.report(F::err(P, "features").at(at).msg("free_space_tree_valid is set without free_space_tree"));
+    }
+    // btrfstune sets these while it rewrites the filesystem and clears them
+    // when done: the kernel refuses to mount until it is resumed.
+    for (flag, what) in [
+        (BTRFS_SUPER_FLAG_CHANGING_FSID, "fsid change"),
+        (BTRFS_SUPER_FLAG_CHANGING_FSID_V2, "metadata_uuid change"),
+        (BTRFS_SUPER_FLAG_CHANGING_BG_TREE, "block group tree conversion"),
+        (BTRFS_SUPER_FLAG_CHANGING_DATA_CSUM, "data checksum conversion"),
+        (BTRFS_SUPER_FLAG_CHANGING_META_CSUM, "metadata checksum conversion"),
+    ] {
+        if sb.flags.get() & flag != 0 {
+            cx.report(F::err(P, "superblock").at(at).msg(format!(
+                "an interrupted {what}: the kernel will not mount this until btrfstune finishes it"
+            )));
+        }
     }
     if sb.flags.get() & BTRFS_SUPER_FLAG_ERROR != 0 {
         cx.report(F::warn(P, "superblock").at(at).msg("the filesystem was marked as having an error"));

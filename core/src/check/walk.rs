@@ -28,6 +28,7 @@ pub(crate) enum Kind {
     Csum,
     FreeSpace,
     BlockGroup,
+    Quota,
     Fs,
     Reloc,
     Other,
@@ -43,6 +44,7 @@ fn kind_of(id: u64) -> Kind {
         BTRFS_FREE_SPACE_TREE_OBJECTID => Kind::FreeSpace,
         BTRFS_BLOCK_GROUP_TREE_OBJECTID => Kind::BlockGroup,
         BTRFS_TREE_RELOC_OBJECTID => Kind::Reloc,
+        BTRFS_QUOTA_TREE_OBJECTID => Kind::Quota,
         id if is_fstree(id) => Kind::Fs,
         _ => Kind::Other,
     }
@@ -100,7 +102,9 @@ fn load(img: &Image, bytenr: u64, expect: &Expect) -> Loaded {
     (r, bad, false)
 }
 
-pub(super) fn walk_all(cx: &mut Ctx) {
+/// Walk every tree. Subvolume checks still running are left in `pending`
+/// for the caller to join (they need nothing the later phases change).
+pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(cx: &mut Ctx<'a>, scope: &'scope std::thread::Scope<'scope, 'env>, pending: &mut Vec<FsPending<'scope>>) {
     let mut seen: HashSet<u64> = HashSet::new();
     let img = cx.img;
     let total: u64 = 2;
@@ -108,7 +112,7 @@ pub(super) fn walk_all(cx: &mut Ctx) {
 
     let root_spec = Spec { root: img.root_tree(), kind: Kind::Root, ref_root: BTRFS_ROOT_TREE_OBJECTID, drop_key: None, fs_check: None };
     let mut mirrors = Vec::new();
-    walk(cx, &mut seen, &mut mirrors, &root_spec);
+    walk_blocks(cx, &mut seen, &mut mirrors, &root_spec, &mut |_| {});
     let chunk_spec = Spec { root: img.chunk_tree(), kind: Kind::Chunk, ref_root: BTRFS_CHUNK_TREE_OBJECTID, drop_key: None, fs_check: None };
 
     // Progress: root items say how many bytes of tree blocks each tree has.
@@ -171,24 +175,64 @@ pub(super) fn walk_all(cx: &mut Ctx) {
         _ => 2,
     });
     let mut prefetching = None;
-    for s in &specs {
-        walk(cx, &mut seen, &mut mirrors, s);
-        if s.kind == Kind::Extent {
-            // Issuing the readahead takes a while itself: do it beside the walk.
-            let (runs, complete) = metadata_runs(cx);
-            cx.meta_prefetched = complete;
-            let dev = img.device().clone();
-            prefetching = std::thread::Builder::new()
-                .name("meta-prefetch".into())
-                .spawn(move || {
-                    for (s, e) in runs {
-                        dev.prefetch(s, e - s);
+    {
+        let mut mirror_check = None;
+        let t0 = std::time::Instant::now();
+        let prof = std::env::var_os("BTRKIT_PROF").is_some();
+        for s in &specs {
+            walk(cx, &mut seen, &mut mirrors, s, scope, pending);
+            if prof {
+                eprintln!("tree {} walked at {:?}", s.root.id as i64, t0.elapsed());
+            }
+            if s.kind == Kind::Extent {
+                // The extent tree lists every tree block: ask the kernel
+                // for their first copies (issuing that takes a while itself,
+                // so beside the walk), and verify the other copies with
+                // large direct reads on a thread of their own.
+                let (mut runs, copies, complete) = metadata_runs(cx);
+                cx.meta_prefetched = complete;
+                if cx.early_prefetched {
+                    // Asked for already, with the rest of the written metadata.
+                    runs.clear();
+                }
+                let dev = img.device().clone();
+                prefetching = std::thread::Builder::new()
+                    .name("meta-prefetch".into())
+                    .spawn(move || {
+                        for (s, e) in runs {
+                            dev.prefetch(s, e - s);
+                        }
+                    })
+                    .ok();
+                if complete {
+                    mirror_check = std::thread::Builder::new().name("meta-mirrors".into()).spawn_scoped(scope, move || verify_copies(img, copies)).ok();
+                }
+            }
+        }
+        // Copies already verified beside the walk; the rest now.
+        let checked = mirror_check.take().and_then(|h| h.join().ok());
+        let rest = match checked {
+            Some((done, bad)) => {
+                let mut late = Vec::new();
+                for (bytenr, tree) in std::mem::take(&mut mirrors) {
+                    if done.binary_search(&bytenr).is_err() {
+                        late.push((bytenr, tree));
+                        continue;
                     }
-                })
-                .ok();
+                    let i = bad.partition_point(|b| b.0 < bytenr);
+                    for &(_, copy, phys) in bad[i..].iter().take_while(|b| b.0 == bytenr) {
+                        cx.report(F::err(P, "checksum").tree(tree).at(bytenr).msg(format!("copy {copy} of the block (at physical {phys}) is damaged")));
+                    }
+                }
+                late
+            }
+            None => std::mem::take(&mut mirrors),
+        };
+        verify_mirrors(cx, rest);
+        if prof {
+            eprintln!("mirrors at {:?}", t0.elapsed());
         }
     }
-    verify_mirrors(cx, mirrors);
     if let Some(h) = prefetching {
         let _ = h.join();
     }
@@ -197,12 +241,71 @@ pub(super) fn walk_all(cx: &mut Ctx) {
     cx.ext.loaded = true;
 }
 
-/// Walk one tree. `seen` is global across trees.
-pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u64)>, spec: &Spec) {
+/// What the walk of a subvolume hands to its inode checks, in key order.
+enum FsFeed {
+    Leaf(Node),
+    /// A block of the tree could not be read.
+    Lost,
+}
+
+/// A subvolume's checks still running on their own thread.
+pub(crate) type FsPending<'scope> = std::thread::ScopedJoinHandle<'scope, FsTree>;
+
+/// Walk one tree. `seen` is global across trees. A subvolume's inode and
+/// name checks run on a thread of their own, fed the leaves in key order
+/// while the walk reads and validates the next blocks; the thread is left
+/// to finish (names are matched once the tree is complete) while the walk
+/// goes on, and joined by the caller.
+pub(crate) fn walk<'scope, 'env>(
+    cx: &mut Ctx,
+    seen: &mut HashSet<u64>,
+    mirrors: &mut Vec<(u64, u64)>,
+    spec: &Spec,
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    pending: &mut Vec<FsPending<'scope>>,
+) {
+    let Some(r) = spec.fs_check.as_ref() else {
+        walk_blocks(cx, seen, mirrors, spec, &mut |_| {});
+        return;
+    };
+    let mut fs = FsTree::new(cx, r);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<FsFeed>(256);
+    let checker = std::thread::Builder::new().name("fs-checks".into()).spawn_scoped(scope, move || {
+        for m in rx {
+            match m {
+                FsFeed::Leaf(n) => fs.leaf(&n),
+                FsFeed::Lost => fs.lost_block(),
+            }
+        }
+        fs.finish();
+        fs
+    });
+    match checker {
+        Ok(h) => {
+            walk_blocks(cx, seen, mirrors, spec, &mut |m| {
+                let _ = tx.send(m);
+            });
+            drop(tx);
+            pending.push(h);
+        }
+        Err(_) => {
+            // No thread to be had: check the leaves here.
+            let mut fs = FsTree::new(cx, r);
+            walk_blocks(cx, seen, mirrors, spec, &mut |m| match m {
+                FsFeed::Leaf(n) => fs.leaf(&n),
+                FsFeed::Lost => fs.lost_block(),
+            });
+            fs.finish();
+            fs.deliver(cx);
+        }
+    }
+}
+
+fn walk_blocks(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u64)>, spec: &Spec, feed: &mut dyn FnMut(FsFeed)) {
     let img = cx.img;
     let root = spec.root;
     let check_owner = !matches!(spec.kind, Kind::Reloc);
-    let mut fs = spec.fs_check.as_ref().map(|r| FsTree::new(cx, r));
+    let fs_check = spec.fs_check.is_some();
     let mut here: HashSet<u64> = HashSet::new();
     // A relocation tree's root block is referenced by itself (full backref).
     let root_parent = if spec.kind == Kind::Reloc { root.bytenr } else { 0 };
@@ -224,7 +327,7 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
             continue;
         }
         let first = seen.insert(p.bytenr);
-        if !first && fs.is_none() {
+        if !first && !fs_check {
             continue;
         }
         let (read, bad, mirrors_later) = match p.pre {
@@ -237,8 +340,8 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
                 if first {
                     cx.report(F::err(P, "unreadable").tree(root.id).at(p.bytenr).opt_key(p.expect.first_key).msg(format!("tree block unreadable: {e}")));
                 }
-                if let Some(f) = fs.as_mut() {
-                    f.lost_block();
+                if fs_check {
+                    feed(FsFeed::Lost);
                 }
                 continue;
             }
@@ -246,6 +349,7 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
         if first {
             cx.progress.advance(1);
             cx.sink.checked(P, 1);
+            cx.ext.block_owner.push((node.bytenr, node.owner()));
             for pr in &problems {
                 let cat = match pr.kind {
                     ProblemKind::Checksum => "checksum",
@@ -283,8 +387,8 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
             if first {
                 leaf(cx, spec, &node);
             }
-            if let Some(f) = fs.as_mut() {
-                f.leaf(cx, &node);
+            if fs_check {
+                feed(FsFeed::Leaf(node));
             }
             continue;
         }
@@ -322,7 +426,7 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
         // in parallel; the rest of the walk (and every finding) stays in
         // key order.
         let from = stack.len() - pushed;
-        let descend_seen = fs.is_some();
+        let descend_seen = fs_check;
         let todo: Vec<usize> = (from..stack.len()).filter(|&i| descend_seen || !seen.contains(&stack[i].bytenr)).collect();
         if !cx.meta_prefetched {
             for &i in todo.iter().rev() {
@@ -339,9 +443,6 @@ pub(crate) fn walk(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64
                 stack[i].pre = Some(Box::new(l));
             }
         }
-    }
-    if let Some(f) = fs {
-        f.finish(cx);
     }
 }
 
@@ -387,15 +488,18 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
 /// Most metadata asked for ahead of the walk (page cache, not our memory).
 const PREFETCH_LIMIT: u64 = 512 << 20;
 
-/// The extent tree lists every tree block: ask the kernel for all of them
-/// (every copy) in disk order, merged into large reads, so the walk of the
-/// other trees finds them in the page cache instead of waiting on each.
-/// Returns the (start, end) physical runs to ask for, and whether they
+/// The extent tree lists every tree block: ask the kernel for the first
+/// copy of all of them in disk order, merged into large reads, so the walk
+/// of the other trees finds them in the page cache instead of waiting on
+/// each. Returns the (start, end) physical runs to ask for, the other
+/// copies (physical, copy index, bytenr) in disk order, and whether they
 /// hold every tree block (PREFETCH_LIMIT bounds them).
-fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, bool) {
+#[allow(clippy::type_complexity)]
+fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, Vec<(u64, usize, u64)>, bool) {
     let img = cx.img;
     let ns = img.nodesize as u64;
     let mut phys: Vec<u64> = Vec::new();
+    let mut copies: Vec<(u64, usize, u64)> = Vec::new();
     let mut complete = true;
     for r in &cx.ext.recs {
         if r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK == 0 {
@@ -406,9 +510,13 @@ fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, bool) {
             break;
         }
         if let Ok(p) = img.chunks.map(r.bytenr, ns, img.devid) {
-            phys.extend(p);
+            if let Some((&first, rest)) = p.split_first() {
+                phys.push(first);
+                copies.extend(rest.iter().enumerate().map(|(i, &q)| (q, i + 1, r.bytenr)));
+            }
         }
     }
+    copies.sort_unstable();
     phys.sort_unstable();
     let mut runs = Vec::new();
     let mut run: Option<(u64, u64)> = None;
@@ -423,7 +531,55 @@ fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, bool) {
         };
     }
     runs.extend(run);
-    (runs, complete)
+    (runs, copies, complete)
+}
+
+/// Verify the given copies (physical, copy index, bytenr; in disk order)
+/// with large direct reads. Returns the blocks covered (sorted) and the
+/// damaged copies (bytenr, copy index, physical; sorted).
+#[allow(clippy::type_complexity)]
+fn verify_copies(img: &Image, copies: Vec<(u64, usize, u64)>) -> (Vec<u64>, Vec<(u64, usize, u64)>) {
+    const REQUEST: u64 = 2 << 20;
+    let ns = img.nodesize as u64;
+    let mut bad = Vec::new();
+    let mut buf = crate::io::IoBuf::new();
+    let mut i = 0;
+    while i < copies.len() {
+        // A run of copies that are next to each other on disk (small gaps read through).
+        let start = copies[i].0;
+        let mut j = i + 1;
+        while j < copies.len() && copies[j].0 >= copies[j - 1].0 + ns && copies[j].0 - (copies[j - 1].0 + ns) <= 64 << 10 && copies[j].0 + ns - start <= REQUEST {
+            j += 1;
+        }
+        let len = (copies[j - 1].0 + ns - start) as usize;
+        let run = &copies[i..j];
+        let mut ok = false;
+        let _ = img.device().read_once(start, len, &mut buf, &mut |data: &[u8]| {
+            ok = true;
+            for &(p, copy, bytenr) in run {
+                let o = (p - start) as usize;
+                let good = data.get(o..o + ns as usize).is_some_and(|b| copy_ok(img, b, bytenr));
+                if !good {
+                    bad.push((bytenr, copy, p));
+                }
+            }
+        });
+        if !ok {
+            // Unreadable as a whole: block by block.
+            let mut b = vec![0u8; ns as usize];
+            for &(p, copy, bytenr) in run {
+                if !(img.device().read_at(p, &mut b).is_ok() && copy_ok(img, &b, bytenr)) {
+                    bad.push((bytenr, copy, p));
+                }
+            }
+        }
+        i = j;
+    }
+    let mut done: Vec<u64> = copies.iter().map(|c| c.2).collect();
+    done.sort_unstable();
+    done.dedup();
+    bad.sort_unstable();
+    (done, bad)
 }
 
 fn prefetch_block(img: &Image, bytenr: u64) {
@@ -468,6 +624,7 @@ fn leaf(cx: &mut Ctx, spec: &Spec, node: &Node) {
             root_leaf(cx, node);
             // Free space cache (v1) inodes keep their data extents in the root tree.
             super::extents::on_fs_leaf(cx, node);
+            super::space_cache::on_root_leaf(cx, node);
         }
         Kind::Chunk => super::chunks::on_chunk_leaf(cx, node),
         Kind::Extent => super::extents::on_extent_leaf(cx, node),
@@ -482,6 +639,7 @@ fn leaf(cx: &mut Ctx, spec: &Spec, node: &Node) {
         }
         Kind::Csum => super::csums::on_leaf(cx, node),
         Kind::FreeSpace => super::free_space::on_leaf(cx, node),
+        Kind::Quota => super::qgroups::on_quota_leaf(cx, node),
         Kind::Fs | Kind::Reloc => super::extents::on_fs_leaf(cx, node),
         Kind::Other => {}
     }

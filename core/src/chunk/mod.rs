@@ -75,6 +75,11 @@ impl ChunkMap {
 
     /// Add a chunk. Chunks must not overlap, must have a sane length and a
     /// profile this engine can map.
+    /// Forget the chunk at `logical` (removed by a balance).
+    pub fn remove(&mut self, logical: u64) {
+        self.map.remove(&logical);
+    }
+
     pub fn insert(&mut self, logical: u64, c: &ChunkItem, stripes: &[Stripe]) -> Result<()> {
         let length = c.length.get();
         if length == 0 || logical.checked_add(length).is_none() {

@@ -47,6 +47,84 @@ pub fn parse_chunk(data: &[u8]) -> Result<(&ChunkItem, &[Stripe])> {
     Ok((c, stripes))
 }
 
+/// Every way a chunk item breaks the rules the kernel's tree checker
+/// enforces (btrfs_check_chunk_valid), for a chunk at `logical` of a
+/// filesystem with `sectorsize`; empty when the chunk is valid.
+pub fn chunk_problems(c: &ChunkItem, logical: u64, sectorsize: u32, mixed_groups: bool) -> Vec<String> {
+    use super::consts::*;
+    let mut out = Vec::new();
+    let (length, stripe_len, ty) = (c.length.get(), c.stripe_len.get(), c.type_.get());
+    let (num, sub) = (c.num_stripes.get(), c.sub_stripes.get());
+    let profile = ty & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+    // (ncopies, nparity) of each profile.
+    let (ncopies, nparity) = match profile {
+        BTRFS_BLOCK_GROUP_RAID1 | BTRFS_BLOCK_GROUP_DUP | BTRFS_BLOCK_GROUP_RAID10 => (2, 0),
+        BTRFS_BLOCK_GROUP_RAID1C3 => (3, 0),
+        BTRFS_BLOCK_GROUP_RAID1C4 => (4, 0),
+        BTRFS_BLOCK_GROUP_RAID5 => (1, 1),
+        BTRFS_BLOCK_GROUP_RAID6 => (1, 2),
+        _ => (1, 0),
+    };
+    if num == 0 {
+        out.push("num_stripes is 0".to_string());
+    } else if num < ncopies {
+        out.push(format!("num_stripes {num} below the profile's {ncopies} copies"));
+    }
+    if nparity > 0 && num == nparity {
+        out.push(format!("num_stripes {num} equals the parity stripes"));
+    }
+    let ss = sectorsize as u64;
+    if ss == 0 || logical % ss != 0 {
+        out.push(format!("logical {logical} not aligned to the sector size {sectorsize}"));
+    }
+    if c.sector_size.get() != sectorsize {
+        out.push(format!("sector_size {} differs from the filesystem's {sectorsize}", c.sector_size.get()));
+    }
+    if length == 0 || ss == 0 || length % ss != 0 {
+        out.push(format!("invalid length {length}"));
+    }
+    if logical.checked_add(length).is_none() {
+        out.push(format!("logical {logical} + length {length} overflows"));
+    }
+    if stripe_len != BTRFS_STRIPE_LEN {
+        out.push(format!("stripe_len {stripe_len}, must be {BTRFS_STRIPE_LEN}"));
+    }
+    if length >= (u32::MAX as u64) << 16 {
+        out.push(format!("length {length} too large"));
+    }
+    if ty & !(BTRFS_BLOCK_GROUP_TYPE_MASK | BTRFS_BLOCK_GROUP_PROFILE_MASK) != 0 {
+        out.push(format!("unknown type bits 0x{:x}", ty & !(BTRFS_BLOCK_GROUP_TYPE_MASK | BTRFS_BLOCK_GROUP_PROFILE_MASK)));
+    }
+    if profile.count_ones() > 1 {
+        out.push(format!("more than one profile bit: 0x{profile:x}"));
+    }
+    if ty & BTRFS_BLOCK_GROUP_TYPE_MASK == 0 {
+        out.push("no data/metadata/system type".to_string());
+    }
+    if ty & BTRFS_BLOCK_GROUP_SYSTEM != 0 && ty & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DATA) != 0 {
+        out.push(format!("system chunk also data or metadata: 0x{ty:x}"));
+    }
+    if !mixed_groups && ty & BTRFS_BLOCK_GROUP_METADATA != 0 && ty & BTRFS_BLOCK_GROUP_DATA != 0 {
+        out.push(format!("mixed data and metadata without the mixed_groups feature: 0x{ty:x}"));
+    }
+    let stripes_ok = match profile {
+        BTRFS_BLOCK_GROUP_RAID0 => true,
+        BTRFS_BLOCK_GROUP_RAID10 => sub == 2,
+        BTRFS_BLOCK_GROUP_RAID1 => num == 2,
+        BTRFS_BLOCK_GROUP_RAID1C3 => num == 3,
+        BTRFS_BLOCK_GROUP_RAID1C4 => num == 4,
+        BTRFS_BLOCK_GROUP_RAID5 => num >= 2,
+        BTRFS_BLOCK_GROUP_RAID6 => num >= 3,
+        BTRFS_BLOCK_GROUP_DUP => num == 2,
+        0 => num == 1,
+        _ => true,
+    };
+    if profile.count_ones() <= 1 && !stripes_ok {
+        out.push(format!("num_stripes:sub_stripes {num}:{sub} invalid for profile 0x{profile:x}"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,5 +140,31 @@ mod tests {
         assert_eq!(s.len(), 2);
         crate::format::roundtrip::<ChunkItem>(&b[..48]);
         assert!(parse_chunk(&b[..100]).is_err());
+    }
+
+    #[test]
+    fn chunk_rules() {
+        use crate::format::consts::*;
+        let mut c = ChunkItem::read_from_bytes(&[0u8; 48]).unwrap();
+        c.length = (8u64 << 20).into();
+        c.stripe_len = BTRFS_STRIPE_LEN.into();
+        c.type_ = (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP).into();
+        c.sector_size = 4096.into();
+        c.num_stripes = 2.into();
+        c.sub_stripes = 1.into();
+        assert!(chunk_problems(&c, 1 << 20, 4096, false).is_empty());
+        let mut bad = c;
+        bad.stripe_len = (1u64 << 45).into();
+        assert_eq!(chunk_problems(&bad, 1 << 20, 4096, false).len(), 1);
+        let mut bad = c;
+        bad.type_ = (BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID10).into();
+        bad.num_stripes = 1.into();
+        bad.sub_stripes = 0.into();
+        assert!(!chunk_problems(&bad, 1 << 20, 4096, false).is_empty());
+        let mut bad = c;
+        bad.type_ = (BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_METADATA).into();
+        bad.num_stripes = 1.into();
+        assert!(!chunk_problems(&bad, 1 << 20, 4096, false).is_empty());
+        assert!(chunk_problems(&bad, 1 << 20, 4096, true).is_empty());
     }
 }

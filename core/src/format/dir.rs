@@ -51,6 +51,32 @@ pub fn parse_dir_items(mut data: &[u8]) -> Result<Vec<DirEntry<'_>>> {
     Ok(out)
 }
 
+/// Append one packed dir entry (DIR_ITEM, DIR_INDEX or XATTR_ITEM body):
+/// header, name, data.
+pub fn encode_dir_entry(out: &mut Vec<u8>, location: &super::key::Key, transid: u64, ftype: u8, name: &[u8], data: &[u8]) {
+    let h = DirItem {
+        location: location.to_disk(),
+        transid: transid.into(),
+        data_len: (data.len() as u16).into(),
+        name_len: (name.len() as u16).into(),
+        type_: ftype,
+    };
+    out.extend_from_slice(h.as_bytes());
+    out.extend_from_slice(name);
+    out.extend_from_slice(data);
+}
+
+/// Rebuild a packed item from parsed entries (say, all but one).
+pub fn encode_dir_entries<'a>(entries: impl IntoIterator<Item = &'a DirEntry<'a>>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in entries {
+        out.extend_from_slice(e.item.as_bytes());
+        out.extend_from_slice(e.name);
+        out.extend_from_slice(e.data);
+    }
+    out
+}
+
 /// Directory entry type (BTRFS_FT_*) of a file mode; None for a mode with
 /// no file type.
 pub fn ftype_of_mode(mode: u32) -> Option<u8> {
@@ -93,5 +119,18 @@ mod tests {
         assert_eq!(core::mem::size_of::<DirItem>(), DIR_ITEM_SIZE);
         let b: Vec<u8> = (0..30u32).map(|i| (i * 9) as u8).collect();
         crate::format::roundtrip::<DirItem>(&b);
+    }
+
+    #[test]
+    fn packed_entries_roundtrip() {
+        let k = crate::format::key::Key::new(257, 1, 0);
+        let mut d = Vec::new();
+        encode_dir_entry(&mut d, &k, 7, 1, b"name", b"");
+        encode_dir_entry(&mut d, &crate::format::key::Key::MIN, 8, 8, b"user.x", b"value");
+        let e = parse_dir_items(&d).unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!((e[0].name, e[1].data, e[1].item.type_), (&b"name"[..], &b"value"[..], 8));
+        assert_eq!(encode_dir_entries(&e), d);
+        assert_eq!(encode_dir_entries(&e[1..]), d[34..]);
     }
 }

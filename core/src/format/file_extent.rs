@@ -71,6 +71,48 @@ impl<'a> FileExtent<'a> {
     }
 }
 
+/// An inline extent item: head (ram_bytes is the uncompressed length)
+/// followed by the (possibly compressed) bytes.
+pub fn encode_inline_extent(generation: u64, ram_bytes: u64, compression: u8, data: &[u8]) -> Vec<u8> {
+    let h = FileExtentHead {
+        generation: generation.into(),
+        ram_bytes: ram_bytes.into(),
+        compression,
+        encryption: 0,
+        other_encoding: 0.into(),
+        type_: BTRFS_FILE_EXTENT_INLINE,
+    };
+    let mut v = Vec::with_capacity(FILE_EXTENT_INLINE_DATA_START + data.len());
+    v.extend_from_slice(h.as_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+impl FileExtentItem {
+    /// A regular (`BTRFS_FILE_EXTENT_REG`) or preallocated item; a hole is a
+    /// regular item with `disk_bytenr` 0.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(type_: u8, generation: u64, disk_bytenr: u64, disk_num_bytes: u64, offset: u64, num_bytes: u64, ram_bytes: u64, compression: u8) -> FileExtentItem {
+        FileExtentItem {
+            generation: generation.into(),
+            ram_bytes: ram_bytes.into(),
+            compression,
+            encryption: 0,
+            other_encoding: 0.into(),
+            type_,
+            disk_bytenr: disk_bytenr.into(),
+            disk_num_bytes: disk_num_bytes.into(),
+            offset: offset.into(),
+            num_bytes: num_bytes.into(),
+        }
+    }
+
+    /// An explicit hole of `len` bytes.
+    pub fn hole(generation: u64, len: u64) -> FileExtentItem {
+        FileExtentItem::new(BTRFS_FILE_EXTENT_REG, generation, 0, 0, 0, len, len, 0)
+    }
+}
+
 pub fn parse_file_extent(data: &[u8]) -> Result<FileExtent<'_>> {
     let head: &FileExtentHead = super::view(data, "file extent")?;
     match head.type_ {
@@ -106,6 +148,16 @@ mod tests {
         }
         b[20] = 9;
         assert!(parse_file_extent(&b).is_err());
+        let v = encode_inline_extent(5, 3, 0, b"abc");
+        match parse_file_extent(&v).unwrap() {
+            FileExtent::Inline { head, data } => assert_eq!((head.generation.get(), head.ram_bytes.get(), data), (5, 3, &b"abc"[..])),
+            _ => panic!(),
+        }
+        let h = FileExtentItem::hole(9, 8192);
+        match parse_file_extent(h.as_bytes()).unwrap() {
+            FileExtent::Disk { item, .. } => assert_eq!((item.disk_bytenr.get(), item.num_bytes.get(), item.ram_bytes.get()), (0, 8192, 8192)),
+            _ => panic!(),
+        }
     }
 
     #[test]

@@ -1,7 +1,13 @@
 //! Free space tree: `btrfs_free_space_info` per block group, then either
 //! FREE_SPACE_EXTENT items (empty, the key is the range) or FREE_SPACE_BITMAP
-//! items (one bit per sector, the key is the range covered); and the v1
-//! free space cache header.
+//! items (one bit per sector, the key is the range covered).
+//!
+//! Free space cache (v1): a `btrfs_free_space_header` item in the root tree
+//! per block group, key (FREE_SPACE_OBJECTID, 0, block group start), names
+//! an inode of the root tree whose file data is the cache: page 0 starts
+//! with one crc32c per page and the generation, then
+//! `btrfs_free_space_entry` records packed page by page, then one page per
+//! bitmap entry.
 
 use super::key::DiskKey;
 use super::{Le32, Le64};
@@ -14,8 +20,6 @@ pub struct FreeSpaceInfo {
     pub flags: Le32,
 }
 
-/// `btrfs_free_space_header` (41 bytes): the v1 free space cache's item in
-/// the root tree, keyed (FREE_SPACE_OBJECTID, 0, block group start).
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct FreeSpaceHeader {
@@ -24,6 +28,21 @@ pub struct FreeSpaceHeader {
     pub num_entries: Le64,
     pub num_bitmaps: Le64,
 }
+
+#[repr(C)]
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
+pub struct FreeSpaceEntry {
+    pub offset: Le64,
+    pub bytes: Le64,
+    pub type_: u8,
+}
+
+/// `btrfs_free_space_entry` type of a free extent.
+pub const BTRFS_FREE_SPACE_EXTENT: u8 = 1;
+/// `btrfs_free_space_entry` type of a bitmap (its page follows the entries).
+pub const BTRFS_FREE_SPACE_BITMAP: u8 = 2;
+/// Mode of every free space cache inode: a regular file, 0600.
+pub const FREE_SPACE_CACHE_INODE_MODE: u32 = 0o100600;
 
 /// Bits set in a free-space bitmap item, each one a free sector.
 pub fn bitmap_ranges(bitmap: &[u8], start: u64, sectorsize: u64) -> Vec<(u64, u64)> {
@@ -51,6 +70,10 @@ mod tests {
     fn layout_and_bits() {
         assert_eq!(core::mem::size_of::<FreeSpaceInfo>(), 8);
         assert_eq!(core::mem::size_of::<FreeSpaceHeader>(), 41);
+        assert_eq!(core::mem::size_of::<FreeSpaceEntry>(), 17);
+        let raw: Vec<u8> = (0..41).collect();
+        crate::format::roundtrip::<FreeSpaceHeader>(&raw);
+        crate::format::roundtrip::<FreeSpaceEntry>(&raw[..17]);
         crate::format::roundtrip::<FreeSpaceInfo>(&[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(bitmap_ranges(&[0b0000_0110, 0x80], 1000, 10), vec![(1010, 20), (1150, 10)]);
     }

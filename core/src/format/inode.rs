@@ -95,6 +95,18 @@ pub fn parse_inode_extrefs(mut data: &[u8]) -> Result<Vec<InodeExtrefEntry<'_>>>
     Ok(out)
 }
 
+/// Append one packed `INODE_REF` entry.
+pub fn encode_inode_ref(out: &mut Vec<u8>, index: u64, name: &[u8]) {
+    out.extend_from_slice(InodeRef { index: index.into(), name_len: (name.len() as u16).into() }.as_bytes());
+    out.extend_from_slice(name);
+}
+
+/// Append one packed `INODE_EXTREF` entry.
+pub fn encode_inode_extref(out: &mut Vec<u8>, parent: u64, index: u64, name: &[u8]) {
+    out.extend_from_slice(InodeExtref { parent_objectid: parent.into(), index: index.into(), name_len: (name.len() as u16).into() }.as_bytes());
+    out.extend_from_slice(name);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,5 +131,13 @@ mod tests {
         assert_eq!(r.len(), 2);
         assert_eq!(r[1].name, b"bcd");
         assert!(parse_inode_refs(&d[..d.len() - 1]).is_err());
+        let mut e = Vec::new();
+        encode_inode_ref(&mut e, 2, b"a");
+        encode_inode_ref(&mut e, 3, b"bcd");
+        assert_eq!(e, d);
+        let mut x = Vec::new();
+        encode_inode_extref(&mut x, 300, 9, b"zz");
+        let p = parse_inode_extrefs(&x).unwrap();
+        assert_eq!((p[0].parent, p[0].index, p[0].name), (300, 9, &b"zz"[..]));
     }
 }

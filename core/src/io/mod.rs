@@ -10,6 +10,7 @@ mod iobuf;
 mod mem;
 mod overlay;
 mod staged;
+mod volatile;
 
 pub use crash::CrashDevice;
 pub use file::FileDevice;
@@ -18,6 +19,7 @@ pub use mem::MemDevice;
 pub use copy::{clone_or_copy, sparse_copy, CopyMethod};
 pub use overlay::OverlayDevice;
 pub use staged::StagedSuper;
+pub use volatile::VolatileFile;
 
 use crate::Result;
 

@@ -19,14 +19,15 @@
 //! to the intact log, so replay can simply be run again.
 
 use crate::format::consts::*;
-use crate::format::dir::{name_hash, parse_dir_items};
-use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef};
+use crate::format::dir::parse_dir_items;
+use crate::trans::delayed::BackRef;
 use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
-use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem, InodeRef, Timespec};
+use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem, Timespec};
 use crate::format::key::Key;
 use super::reader::{read_log, uncovered, OnDamage, ReadOptions};
 pub use super::reader::LogTree;
-use crate::trans::Fs;
+use crate::fs::{extents, inode as finode, names};
+use crate::trans::{Store, TreeId};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use zerocopy::{FromBytes, IntoBytes};
@@ -89,7 +90,7 @@ fn is_reg(mode: u32) -> bool {
 
 /// Read every log tree with the shared reader; any damage is an error
 /// (replay must not guess). Returns the trees and every log block to pin.
-fn read_logs(fs: &Fs) -> Result<(Vec<LogTree>, Vec<u64>)> {
+fn read_logs(fs: &Store) -> Result<(Vec<LogTree>, Vec<u64>)> {
     let read = read_log(fs.image(), ReadOptions::new(OnDamage::Fail))?.ok_or_else(|| Error::Invalid("no log to replay".into()))?;
     let mut blocks: Vec<u64> = read.root_tree.blocks.iter().map(|b| b.bytenr).collect();
     blocks.extend(read.trees.iter().flat_map(|t| t.read.blocks.iter().map(|b| b.bytenr)));
@@ -98,7 +99,7 @@ fn read_logs(fs: &Fs) -> Result<(Vec<LogTree>, Vec<u64>)> {
 
 /// Logged data extents whose checksums neither the log nor the csum tree
 /// holds (the shared rule of [`LogTree::csum_needs`]), one line each.
-fn missing_csums(fs: &mut Fs, logs: &[LogTree]) -> Result<Vec<String>> {
+fn missing_csums(fs: &mut Store, logs: &[LogTree]) -> Result<Vec<String>> {
     let (cs, ss) = (fs.image().csum.size(), fs.sectorsize());
     let mut out = Vec::new();
     for log in logs {
@@ -117,7 +118,7 @@ fn missing_csums(fs: &mut Fs, logs: &[LogTree]) -> Result<Vec<String>> {
 }
 
 struct Replayer<'a> {
-    fs: &'a mut Fs,
+    fs: &'a mut Store,
     subvol: u64,
     /// Inodes whose link count must be recounted at the end.
     fixups: BTreeSet<u64>,
@@ -132,105 +133,36 @@ impl Replayer<'_> {
     }
 
     fn get_inode(&mut self, ino: u64) -> Result<Option<InodeItem>> {
-        self.fs.get_inode(self.subvol, ino)
+        finode::get_inode(self.fs, self.subvol, ino)
+    }
+
+    fn put_inode(&mut self, ino: u64, item: &InodeItem) -> Result<()> {
+        finode::put_inode(self.fs, self.subvol, ino, item)
     }
 
     /// (ino, type) of the entry `name` in directory `dir`.
     fn dir_lookup(&mut self, dir: u64, name: &[u8]) -> Result<Option<(u64, u8)>> {
-        let k = Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name));
-        let Some(d) = self.fs.lookup(self.subvol, &k)? else { return Ok(None) };
-        for e in parse_dir_items(&d).map_err(|e| e.at(0, k))? {
-            if e.name == name {
-                return Ok(Some((Key::from(&e.item.location).objectid, e.item.type_)));
-            }
-        }
-        Ok(None)
+        Ok(names::lookup_name(self.fs, self.subvol, dir, name)?.map(|(loc, t)| (loc.objectid, t)))
     }
 
     /// (name, ino) of the entry with index `index` in `dir`.
     fn dir_index(&mut self, dir: u64, index: u64) -> Result<Option<(Vec<u8>, u64)>> {
-        let k = Key::new(dir, BTRFS_DIR_INDEX_KEY, index);
-        let Some(d) = self.fs.lookup(self.subvol, &k)? else { return Ok(None) };
-        let e = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
-        Ok(e.first().map(|e| (e.name.to_vec(), Key::from(&e.item.location).objectid)))
+        Ok(names::entry_at(self.fs, self.subvol, dir, index)?.map(|(n, loc, _)| (n, loc.objectid)))
     }
 
     /// Names (index, name) inode `ino` has in directory `dir`.
     fn names_in(&mut self, ino: u64, dir: u64) -> Result<Vec<(u64, Vec<u8>)>> {
-        let mut out = Vec::new();
-        let k = Key::new(ino, BTRFS_INODE_REF_KEY, dir);
-        if let Some(d) = self.fs.lookup(self.subvol, &k)? {
-            for e in parse_inode_refs(&d).map_err(|e| e.at(0, k))? {
-                out.push((e.index, e.name.to_vec()));
-            }
-        }
-        for (k, d) in self.fs.items_in(self.subvol, Key::new(ino, BTRFS_INODE_EXTREF_KEY, 0), Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX))? {
-            for e in parse_inode_extrefs(&d).map_err(|e| e.at(0, k))? {
-                if e.parent == dir {
-                    out.push((e.index, e.name.to_vec()));
-                }
-            }
-        }
-        Ok(out)
+        names::links_in(self.fs, self.subvol, ino, dir)
     }
 
-    /// Remove one packed entry named `name` from item `key`.
-    fn remove_packed(&mut self, key: Key, name: &[u8]) -> Result<()> {
-        let Some(d) = self.fs.lookup(self.subvol, &key)? else { return Ok(()) };
-        let mut rest = Vec::new();
-        match key.ty {
-            BTRFS_INODE_REF_KEY => {
-                for e in parse_inode_refs(&d).map_err(|e| e.at(0, key))? {
-                    if e.name != name {
-                        rest.extend_from_slice(InodeRef { index: e.index.into(), name_len: (e.name.len() as u16).into() }.as_bytes());
-                        rest.extend_from_slice(e.name);
-                    }
-                }
-            }
-            BTRFS_INODE_EXTREF_KEY => {
-                for e in parse_inode_extrefs(&d).map_err(|e| e.at(0, key))? {
-                    if e.name != name {
-                        rest.extend_from_slice(&e.parent.to_le_bytes());
-                        rest.extend_from_slice(&e.index.to_le_bytes());
-                        rest.extend_from_slice(&(e.name.len() as u16).to_le_bytes());
-                        rest.extend_from_slice(e.name);
-                    }
-                }
-            }
-            _ => {
-                for e in parse_dir_items(&d).map_err(|e| e.at(0, key))? {
-                    if e.name != name {
-                        rest.extend_from_slice(e.item.as_bytes());
-                        rest.extend_from_slice(e.name);
-                        rest.extend_from_slice(e.data);
-                    }
-                }
-            }
-        }
-        if rest.is_empty() {
-            self.fs.delete_item(self.subvol, &key)?;
-        } else if rest.len() != d.len() {
-            self.fs.update_item(self.subvol, &key, &rest)?;
-        }
-        Ok(())
-    }
-
-    /// Remove the name `name` (dir index `index`) of `ino` from `dir`: dir
-    /// item, dir index, inode ref or extref, the directory's size and the
-    /// inode's link count (recounted later).
+    /// Remove the name `name` (dir index `index`) of `ino` from `dir`; the
+    /// inode's link count is recounted later.
     fn unlink_name(&mut self, dir: u64, ino: u64, name: &[u8], index: u64) -> Result<()> {
-        self.remove_packed(Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name)), name)?;
-        self.fs.delete_item(self.subvol, &Key::new(dir, BTRFS_DIR_INDEX_KEY, index))?;
-        self.remove_packed(Key::new(ino, BTRFS_INODE_REF_KEY, dir), name)?;
-        self.remove_packed(Key::new(ino, BTRFS_INODE_EXTREF_KEY, crate::format::dir::extref_hash(dir, name)), name)?;
-        if let Some(mut d) = self.get_inode(dir)? {
-            d.size.set(d.size.get().saturating_sub(2 * name.len() as u64));
-            d.transid.set(self.fs.transid);
-            self.fs.put_inode(self.subvol, dir, &d)?;
-        }
+        let t = self.fs.transid;
+        names::remove_name(self.fs, self.subvol, dir, finode::inode_key(ino), name, index, t)?;
         if let Some(mut i) = self.get_inode(ino)? {
             i.nlink.set(i.nlink.get().saturating_sub(1));
-            self.fs.put_inode(self.subvol, ino, &i)?;
+            self.put_inode(ino, &i)?;
         }
         self.fixups.insert(ino);
         let sv = self.subvol;
@@ -241,14 +173,9 @@ impl Replayer<'_> {
     /// Add name `name` for `ino` in `dir` at `index`.
     fn add_name(&mut self, dir: u64, ino: u64, name: &[u8], index: u64) -> Result<()> {
         let inode = self.get_inode(ino)?.ok_or_else(|| Error::Invalid("add_name on missing inode".into()))?;
-        let ftype = crate::fs::ftype_of_mode(inode.mode.get());
-        let sv = self.subvol;
-        self.fs.add_link(sv, dir, ino, name, ftype, index)?;
-        if let Some(mut d) = self.get_inode(dir)? {
-            d.size.set(d.size.get() + 2 * name.len() as u64);
-            d.transid.set(self.fs.transid);
-            self.fs.put_inode(sv, dir, &d)?;
-        }
+        let ftype = finode::ftype_of_mode(inode.mode.get());
+        let (sv, t) = (self.subvol, self.fs.transid);
+        names::add_name(self.fs, sv, dir, finode::inode_key(ino), name, ftype, index, t)?;
         self.fixups.insert(ino);
         self.ev(Event::NameAdded { subvol: sv, dir, name: lossy(name), ino });
         Ok(())
@@ -268,7 +195,7 @@ impl Replayer<'_> {
             }
         }
         for (lo, hi) in ranges {
-            let items = self.fs.items_in(self.subvol, Key::new(dir, BTRFS_DIR_INDEX_KEY, lo), Key::new(dir, BTRFS_DIR_INDEX_KEY, hi))?;
+            let items = self.fs.items_in(TreeId::Tree(self.subvol), Key::new(dir, BTRFS_DIR_INDEX_KEY, lo), Key::new(dir, BTRFS_DIR_INDEX_KEY, hi))?;
             for (k, d) in items {
                 let ents = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
                 let Some(e) = ents.first() else { continue };
@@ -293,13 +220,13 @@ impl Replayer<'_> {
     }
 
     fn replay_xattr_deletes(&mut self, log: &LogTree, ino: u64) -> Result<()> {
-        let items = self.fs.items_in(self.subvol, Key::new(ino, BTRFS_XATTR_ITEM_KEY, 0), Key::new(ino, BTRFS_XATTR_ITEM_KEY, u64::MAX))?;
+        let items = self.fs.items_in(TreeId::Tree(self.subvol), Key::new(ino, BTRFS_XATTR_ITEM_KEY, 0), Key::new(ino, BTRFS_XATTR_ITEM_KEY, u64::MAX))?;
         for (k, d) in items {
             for e in parse_dir_items(&d).map_err(|e| e.at(0, k))? {
                 let logged = log.find(&k).and_then(|ld| parse_dir_items(ld).ok()).is_some_and(|le| le.iter().any(|x| x.name == e.name));
                 if !logged {
                     let name = e.name.to_vec();
-                    self.remove_packed(k, &name)?;
+                    names::remove_packed(self.fs, self.subvol, &k, &name, 0)?;
                     let sv = self.subvol;
                     self.ev(Event::XattrRemoved { subvol: sv, ino, name: lossy(&name) });
                 }
@@ -331,7 +258,7 @@ impl Replayer<'_> {
                 if is_reg(mode) && is_reg(dst.mode.get()) && src.size.get() != 0 {
                     let mut d = dst;
                     d.size.set(src.size.get());
-                    self.fs.put_inode(sv, ino, &d)?;
+                    self.put_inode(ino, &d)?;
                     size = src.size.get();
                 }
             }
@@ -341,7 +268,7 @@ impl Replayer<'_> {
                     src.size = dst.size;
                 }
                 if src.as_bytes() != dst.as_bytes() {
-                    self.fs.put_inode(sv, ino, &src)?;
+                    self.put_inode(ino, &src)?;
                     self.ev(Event::InodeUpdated { subvol: sv, ino, mode, size: src.size.get() });
                 }
             }
@@ -353,7 +280,7 @@ impl Replayer<'_> {
                 if src.generation.get() == 0 {
                     src.generation.set(self.fs.transid);
                 }
-                self.fs.put_inode(sv, ino, &src)?;
+                self.put_inode(ino, &src)?;
                 self.ev(Event::InodeCreated { subvol: sv, ino, mode, size: src.size.get() });
             }
         }
@@ -480,9 +407,10 @@ impl Replayer<'_> {
         if self.get_inode(ino)?.is_none() {
             return Ok(());
         }
-        let cur = self.fs.lookup(self.subvol, &key)?;
+        let t = TreeId::Tree(self.subvol);
+        let cur = self.fs.lookup(t, &key)?;
         if cur.as_deref() != Some(data) {
-            self.fs.update_item(self.subvol, &key, data)?;
+            self.fs.update_item(t, &key, data)?;
             if let Ok(ents) = parse_dir_items(data) {
                 let sv = self.subvol;
                 for e in ents {
@@ -495,102 +423,28 @@ impl Replayer<'_> {
 
     /// File range covered by a file extent item at `off`.
     fn extent_span(&self, off: u64, d: &[u8]) -> Option<(u64, u64)> {
-        let ss = self.fs.sectorsize() as u64;
-        match parse_file_extent(d).ok()? {
-            FileExtent::Inline { head, .. } => Some((off, off + head.ram_bytes.get().div_ceil(ss) * ss)),
-            FileExtent::Disk { item, .. } => Some((off, off + item.num_bytes.get())),
-        }
+        extents::extent_span(self.fs.sectorsize() as u64, off, d)
     }
 
-    /// Remove file data of `ino` in `[start, end)`, trimming or splitting
-    /// extents that cross the edges. Returns whether anything changed.
+    /// Remove file data of `ino` in `[start, end)` (the filesystem's one
+    /// rule). Returns whether anything changed.
     fn drop_extents(&mut self, ino: u64, start: u64, end: u64) -> Result<bool> {
-        let sv = self.subvol;
-        let mut items = Vec::new();
-        if let Some(p) = self.fs.prev_item(sv, &Key::new(ino, BTRFS_EXTENT_DATA_KEY, start), &Key::new(ino, BTRFS_EXTENT_DATA_KEY, 0))? {
-            items.push(p);
-        }
-        if start < u64::MAX {
-            for it in self.fs.items_in(sv, Key::new(ino, BTRFS_EXTENT_DATA_KEY, start.saturating_add(1)), Key::new(ino, BTRFS_EXTENT_DATA_KEY, end.saturating_sub(1)))? {
-                items.push(it);
-            }
-        }
-        let mut changed = false;
-        for (k, d) in items {
-            let Some((s, e)) = self.extent_span(k.offset, &d) else { continue };
-            if e <= start || s >= end {
-                continue;
-            }
-            changed = true;
-            match parse_file_extent(&d).map_err(|e| e.at(0, k))? {
-                FileExtent::Inline { head, data } => {
-                    if start <= s {
-                        self.fs.delete_item(sv, &k)?;
-                    } else {
-                        // Keep the bytes before `start`.
-                        let keep = (start - s) as usize;
-                        let mut nd = d[..crate::format::file_extent::FILE_EXTENT_INLINE_DATA_START].to_vec();
-                        if head.compression == 0 && keep < data.len() {
-                            nd[8..16].copy_from_slice(&(keep as u64).to_le_bytes());
-                            nd.extend_from_slice(&data[..keep]);
-                            self.fs.update_item(sv, &k, &nd)?;
-                        }
-                    }
-                }
-                FileExtent::Disk { item, .. } => {
-                    let fe = *item;
-                    let bytenr = fe.disk_bytenr.get();
-                    let ref_off = k.offset.wrapping_sub(fe.offset.get());
-                    let (disk_len, fe_off) = (fe.disk_num_bytes.get(), fe.offset.get());
-                    // Left piece [s, start) and right piece [end, e) survive.
-                    let keep_left = s < start;
-                    let keep_right = e > end;
-                    if keep_left {
-                        let mut l = fe;
-                        l.num_bytes.set(start - s);
-                        self.fs.update_item(sv, &k, l.as_bytes())?;
-                    } else {
-                        self.fs.delete_item(sv, &k)?;
-                    }
-                    if keep_right {
-                        let mut r = fe;
-                        r.offset.set(fe_off + (end - s));
-                        r.num_bytes.set(e - end);
-                        self.fs.insert_item(sv, &Key::new(ino, BTRFS_EXTENT_DATA_KEY, end), r.as_bytes())?;
-                    }
-                    if bytenr != 0 {
-                        match (keep_left, keep_right) {
-                            (true, true) => self.add_data_ref(ino, ref_off, bytenr, disk_len, None)?,
-                            (false, false) => self.fs.drop_data_ref(sv, ino, ref_off, bytenr, disk_len)?,
-                            _ => {}
-                        }
-                    }
-                }
-            }
-        }
-        Ok(changed)
+        Ok(extents::drop_extents(self.fs, self.subvol, ino, start, end)?.changed)
     }
 
     /// Add a reference from (subvol, ino, ref_off) to a data extent,
     /// creating its extent item when the extent tree does not know it (an
     /// extent written in the crashed transaction).
     fn add_data_ref(&mut self, ino: u64, ref_off: u64, bytenr: u64, len: u64, generation: Option<u64>) -> Result<()> {
-        let key = Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, len);
-        let sv = self.subvol;
-        match self.fs.lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)? {
-            Some(_) => self.fs.modify_ref(bytenr, None, InlineRef::ExtentData { root: sv, objectid: ino, offset: ref_off, count: 1 }, 1).map(|_| ()),
-            None => {
-                let head = ExtentItem {
-                    refs: 1.into(),
-                    generation: generation.unwrap_or(self.fs.transid).into(),
-                    flags: BTRFS_EXTENT_FLAG_DATA.into(),
-                };
-                let mut nd = head.as_bytes().to_vec();
-                write_inline_refs(&mut nd, &[InlineRef::ExtentData { root: sv, objectid: ino, offset: ref_off, count: 1 }]);
-                self.fs.account_data_extent(bytenr, len)?;
-                self.fs.insert_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &nd)
-            }
+        let r = BackRef::Data { root: self.subvol, objectid: ino, offset: ref_off };
+        if self.fs.data_extent_exists(bytenr, len)? {
+            self.fs.queue_data_ref(bytenr, len, r, 1);
+        } else {
+            self.fs.account_data_extent(bytenr, len)?;
+            let gen = generation.unwrap_or(self.fs.transid);
+            self.fs.queue_new_data_extent(bytenr, len, gen, r);
         }
+        Ok(())
     }
 
     /// Stage "all": one logged file extent item.
@@ -600,7 +454,7 @@ impl Replayer<'_> {
         if self.get_inode(ino)?.is_none() {
             return Ok(());
         }
-        if self.fs.lookup(sv, &key)?.as_deref() == Some(data) {
+        if self.fs.lookup(TreeId::Tree(sv), &key)?.as_deref() == Some(data) {
             return Ok(());
         }
         let Some((start, end)) = self.extent_span(key.offset, data) else {
@@ -612,7 +466,7 @@ impl Replayer<'_> {
         match fe {
             FileExtent::Inline { .. } => {
                 kind = "inline";
-                self.fs.insert_item(sv, &key, data)?;
+                self.fs.insert_item(TreeId::Tree(sv), &key, data)?;
             }
             FileExtent::Disk { head, item } => {
                 let item: FileExtentItem = *item;
@@ -620,7 +474,7 @@ impl Replayer<'_> {
                 if bytenr == 0 {
                     kind = "hole";
                     if !self.no_holes {
-                        self.fs.insert_item(sv, &key, data)?;
+                        self.fs.insert_item(TreeId::Tree(sv), &key, data)?;
                     }
                 } else {
                     kind = if head.type_ == BTRFS_FILE_EXTENT_PREALLOC { "prealloc" } else if head.compression != 0 { "compressed" } else { "regular" };
@@ -635,7 +489,7 @@ impl Replayer<'_> {
                         };
                         self.copy_csums(log, cs, ce)?;
                     }
-                    self.fs.insert_item(sv, &key, data)?;
+                    self.fs.insert_item(TreeId::Tree(sv), &key, data)?;
                 }
             }
         }
@@ -676,17 +530,10 @@ impl Replayer<'_> {
         if is_dir(inode.mode.get()) {
             return Ok(());
         }
-        let mut n = 0u64;
-        for (_, d) in self.fs.items_in(self.subvol, Key::new(ino, BTRFS_EXTENT_DATA_KEY, 0), Key::new(ino, BTRFS_EXTENT_DATA_KEY, u64::MAX))? {
-            match parse_file_extent(&d) {
-                Ok(FileExtent::Inline { head, .. }) => n += head.ram_bytes.get(),
-                Ok(FileExtent::Disk { item, .. }) if item.disk_bytenr.get() != 0 => n += item.num_bytes.get(),
-                _ => {}
-            }
-        }
+        let n = extents::count_nbytes(self.fs, self.subvol, ino)?;
         if inode.nbytes.get() != n {
             inode.nbytes.set(n);
-            self.fs.put_inode(self.subvol, ino, &inode)?;
+            self.put_inode(ino, &inode)?;
         }
         Ok(())
     }
@@ -700,24 +547,18 @@ impl Replayer<'_> {
                 return Err(Error::Invalid("link count fixup does not terminate".into()));
             }
             let Some(mut inode) = self.get_inode(ino)? else { continue };
-            let mut count = 0u32;
-            for (k, d) in self.fs.items_in(self.subvol, Key::new(ino, BTRFS_INODE_REF_KEY, 0), Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX))? {
-                count += match k.ty {
-                    BTRFS_INODE_REF_KEY => parse_inode_refs(&d).map(|v| v.len()).unwrap_or(0) as u32,
-                    _ => parse_inode_extrefs(&d).map(|v| v.len()).unwrap_or(0) as u32,
-                };
-            }
+            let mut count = names::count_links(self.fs, self.subvol, ino)?;
             if ino == BTRFS_FIRST_FREE_OBJECTID && is_dir(inode.mode.get()) {
                 // A subvolume's root directory is named by its root ref.
                 count = count.max(1);
             }
             if inode.nlink.get() != count {
                 inode.nlink.set(count);
-                self.fs.put_inode(self.subvol, ino, &inode)?;
+                self.put_inode(ino, &inode)?;
             }
             if count == 0 {
                 if is_dir(inode.mode.get()) {
-                    let items = self.fs.items_in(self.subvol, Key::new(ino, BTRFS_DIR_INDEX_KEY, 0), Key::new(ino, BTRFS_DIR_INDEX_KEY, u64::MAX))?;
+                    let items = self.fs.items_in(TreeId::Tree(self.subvol), Key::new(ino, BTRFS_DIR_INDEX_KEY, 0), Key::new(ino, BTRFS_DIR_INDEX_KEY, u64::MAX))?;
                     for (k, d) in items {
                         if let Some(e) = parse_dir_items(&d).ok().and_then(|v| v.first().map(|e| (e.name.to_vec(), Key::from(&e.item.location)))) {
                             if e.1.ty == BTRFS_INODE_ITEM_KEY {
@@ -726,7 +567,7 @@ impl Replayer<'_> {
                         }
                     }
                 }
-                self.fs.drop_inode_items(self.subvol, ino)?;
+                extents::drop_inode_items(self.fs, self.subvol, ino)?;
                 let sv = self.subvol;
                 self.ev(Event::InodeRemoved { subvol: sv, ino });
                 continue;
@@ -734,18 +575,18 @@ impl Replayer<'_> {
             self.fix_nbytes(ino)?;
         }
         // Orphans the log recorded or earlier crashes left: finish them.
-        let orphans = self.fs.items_in(self.subvol, Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX))?;
+        let orphans = self.fs.items_in(TreeId::Tree(self.subvol), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX))?;
         for (k, _) in orphans {
             let ino = k.offset;
             if let Some(i) = self.get_inode(ino)? {
                 if i.nlink.get() != 0 {
                     continue;
                 }
-                self.fs.drop_inode_items(self.subvol, ino)?;
+                extents::drop_inode_items(self.fs, self.subvol, ino)?;
                 let sv = self.subvol;
                 self.ev(Event::InodeRemoved { subvol: sv, ino });
             }
-            self.fs.delete_item(self.subvol, &k)?;
+            self.fs.delete_item(TreeId::Tree(self.subvol), &k)?;
         }
         let _ = self.now;
         Ok(())
@@ -768,12 +609,12 @@ fn log_has_ref(log: &LogTree, ino: u64, dir: u64, name: &[u8]) -> bool {
 
 /// Replay the log of the filesystem open in `fs` and commit. Returns what
 /// changed. On error nothing has been committed.
-pub fn replay(fs: &mut Fs, opts: ReplayOptions) -> Result<ReplaySummary> {
+pub fn replay(fs: &mut Store, opts: ReplayOptions) -> Result<ReplaySummary> {
     replay_with_progress(fs, opts, &mut |_, _, _| {})
 }
 
 /// [`replay`], reporting `(stage name, items done, items in all logs)`.
-pub fn replay_with_progress(fs: &mut Fs, opts: ReplayOptions, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
+pub fn replay_with_progress(fs: &mut Store, opts: ReplayOptions, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
     if opts.salvage {
         return salvage_with_progress(fs, progress);
     }
@@ -801,7 +642,7 @@ const SALVAGE_RETRIES: usize = 16;
 /// logged inode (an item that reads but cannot be replayed) costs that
 /// inode, not the salvage: nothing is written before the commit, so the
 /// filesystem is opened again and the replay starts over without it.
-fn salvage_with_progress(fs: &mut Fs, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
+fn salvage_with_progress(fs: &mut Store, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
     let mut refused: BTreeMap<u64, String> = BTreeMap::new();
     loop {
         let p = super::salvage::prepare(fs, &refused)?;
@@ -818,7 +659,7 @@ fn salvage_with_progress(fs: &mut Fs, progress: &mut dyn FnMut(&'static str, u64
                     return Err(e);
                 }
                 refused.insert(ino, format!("its log items could not be replayed: {e}"));
-                *fs = Fs::open_for_replay(fs.device().clone())?;
+                *fs = Store::open_for_replay(fs.device().clone())?;
             }
         }
     }
@@ -826,7 +667,7 @@ fn salvage_with_progress(fs: &mut Fs, progress: &mut dyn FnMut(&'static str, u64
 
 /// Replay `logs` (pinning `blocks`, the log's blocks) and commit.
 fn replay_logs(
-    fs: &mut Fs,
+    fs: &mut Store,
     logs: Vec<LogTree>,
     blocks: Vec<u64>,
     salvage: Option<super::salvage::SalvageReport>,

@@ -36,11 +36,11 @@
 use super::inspect::{committed_name, escape_bytes, mode_kind, resolve_paths, LoggedInode, LoggedName, NameKind};
 use super::reader::{read_log_with, uncovered, LogTree, LostBlock, OnDamage, ReadOptions};
 use crate::format::consts::*;
-use crate::format::dir::{name_hash, parse_dir_items};
+use crate::format::dir::parse_dir_items;
 use crate::format::file_extent::{parse_file_extent, FileExtent};
 use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem};
 use crate::format::key::Key;
-use crate::trans::Fs;
+use crate::trans::Store;
 use crate::Result;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -110,7 +110,7 @@ pub(crate) struct Prepared {
 /// Read the log, pin it, decide what can be replayed. Inodes in `refused`
 /// are not replayed, for the reason given (an earlier attempt could not
 /// replay their items).
-pub(crate) fn prepare(fs: &mut Fs, refused: &BTreeMap<u64, String>) -> Result<Prepared> {
+pub(crate) fn prepare(fs: &mut Store, refused: &BTreeMap<u64, String>) -> Result<Prepared> {
     let mut report = SalvageReport::default();
     let ns = fs.nodesize() as u64;
     // First read: which blocks are usable. A readable block that cannot be
@@ -223,7 +223,7 @@ fn is_inode(objectid: u64) -> bool {
 }
 
 impl Selection {
-    fn new(fs: &mut Fs, tree: &LogTree) -> Result<Selection> {
+    fn new(fs: &mut Store, tree: &LogTree) -> Result<Selection> {
         let mut logged: BTreeMap<u64, Logged> = BTreeMap::new();
         for (k, d) in &tree.items {
             if !is_inode(k.objectid) {
@@ -327,7 +327,7 @@ impl Selection {
 
     /// Take out inodes whose replay would touch inodes that are not
     /// replayed, until nothing changes.
-    fn settle(mut self, fs: &mut Fs, tree: &LogTree) -> Result<Selection> {
+    fn settle(mut self, fs: &mut Store, tree: &LogTree) -> Result<Selection> {
         // Every rule needs an inode that is not replayed to begin with.
         if self.not.is_empty() && tree.read.lost.is_empty() {
             return Ok(self);
@@ -356,7 +356,7 @@ impl Selection {
     }
 
     /// Why replaying `x` would change an inode that is not replayed, if it would.
-    fn violation(&mut self, fs: &mut Fs, tree: &LogTree, c: &mut Committed, x: u64) -> Result<Option<String>> {
+    fn violation(&mut self, fs: &mut Store, tree: &LogTree, c: &mut Committed, x: u64) -> Result<Option<String>> {
         let Some(l) = self.logged.get(&x) else { return Ok(None) };
         if l.linkless() {
             return Ok(None);
@@ -460,7 +460,7 @@ impl Selection {
     /// Why removing a name of `t` could change something that is not
     /// replayed: `t` itself, or (a directory that may lose its last name
     /// takes its entries with it) anything below it.
-    fn subtree_blocked(&mut self, fs: &mut Fs, tree: &LogTree, c: &mut Committed, t: u64) -> Result<Option<String>> {
+    fn subtree_blocked(&mut self, fs: &mut Store, tree: &LogTree, c: &mut Committed, t: u64) -> Result<Option<String>> {
         let mut stack = vec![t];
         let mut seen = HashSet::new();
         while let Some(i) = stack.pop() {
@@ -493,7 +493,7 @@ impl Selection {
     }
 
     /// One line per inode the readable log names.
-    fn outcomes(&self, fs: &Fs, tree: &LogTree) -> Vec<InodeOutcome> {
+    fn outcomes(&self, fs: &Store, tree: &LogTree) -> Vec<InodeOutcome> {
         let mut inos: BTreeSet<u64> = self.logged.keys().copied().collect();
         // Inodes only a logged directory entry names: not replayable when
         // their own items may be in a lost block.
@@ -571,36 +571,30 @@ struct Committed {
 }
 
 impl Committed {
-    fn mode(&mut self, fs: &mut Fs, ino: u64) -> Result<Option<u32>> {
+    fn mode(&mut self, fs: &mut Store, ino: u64) -> Result<Option<u32>> {
         if let Some(&m) = self.exists.get(&ino) {
             return Ok(m);
         }
-        let m = fs.get_inode(self.subvol, ino)?.map(|i| i.mode.get());
+        let m = crate::fs::inode::get_inode(fs, self.subvol, ino)?.map(|i| i.mode.get());
         self.exists.insert(ino, m);
         Ok(m)
     }
-    fn exists(&mut self, fs: &mut Fs, ino: u64) -> Result<bool> {
+    fn exists(&mut self, fs: &mut Store, ino: u64) -> Result<bool> {
         Ok(self.mode(fs, ino)?.is_some())
     }
-    fn is_dir(&mut self, fs: &mut Fs, ino: u64) -> Result<bool> {
+    fn is_dir(&mut self, fs: &mut Store, ino: u64) -> Result<bool> {
         Ok(self.mode(fs, ino)?.is_some_and(|m| m & 0o170000 == 0o040000))
     }
     /// (name, inode) of the entry at index `idx` of `dir`.
-    fn dir_index(&mut self, fs: &mut Fs, dir: u64, idx: u64) -> Result<Option<(Vec<u8>, u64)>> {
-        let k = Key::new(dir, BTRFS_DIR_INDEX_KEY, idx);
-        let Some(d) = fs.lookup(self.subvol, &k)? else { return Ok(None) };
-        let v = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
-        Ok(v.first().map(|e| (e.name.to_vec(), Key::from(&e.item.location).objectid)))
+    fn dir_index(&mut self, fs: &mut Store, dir: u64, idx: u64) -> Result<Option<(Vec<u8>, u64)>> {
+        Ok(crate::fs::names::entry_at(fs, self.subvol, dir, idx)?.map(|(n, loc, _)| (n, loc.objectid)))
     }
     /// The inode the entry `name` of `dir` names.
-    fn lookup(&mut self, fs: &mut Fs, dir: u64, name: &[u8]) -> Result<Option<u64>> {
-        let k = Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name));
-        let Some(d) = fs.lookup(self.subvol, &k)? else { return Ok(None) };
-        let v = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
-        Ok(v.iter().find(|e| e.name == name).map(|e| Key::from(&e.item.location).objectid))
+    fn lookup(&mut self, fs: &mut Store, dir: u64, name: &[u8]) -> Result<Option<u64>> {
+        Ok(crate::fs::names::lookup_name(fs, self.subvol, dir, name)?.map(|(loc, _)| loc.objectid))
     }
     /// (directory, index, name) of every name of `ino`.
-    fn names(&mut self, fs: &mut Fs, ino: u64) -> Result<Vec<(u64, u64, Vec<u8>)>> {
+    fn names(&mut self, fs: &mut Store, ino: u64) -> Result<Vec<(u64, u64, Vec<u8>)>> {
         let items = fs.items_in(self.subvol, Key::new(ino, BTRFS_INODE_REF_KEY, 0), Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX))?;
         let mut out = Vec::new();
         for (k, d) in items {
@@ -620,7 +614,7 @@ impl Committed {
     }
     /// (index, name, target, target key type) of the entries of `dir` with
     /// index in `[lo, hi]`.
-    fn entries(&mut self, fs: &mut Fs, dir: u64, lo: u64, hi: u64) -> Result<Vec<(u64, Vec<u8>, u64, u8)>> {
+    fn entries(&mut self, fs: &mut Store, dir: u64, lo: u64, hi: u64) -> Result<Vec<(u64, Vec<u8>, u64, u8)>> {
         let items = fs.items_in(self.subvol, Key::new(dir, BTRFS_DIR_INDEX_KEY, lo), Key::new(dir, BTRFS_DIR_INDEX_KEY, hi))?;
         let mut out = Vec::with_capacity(items.len());
         for (k, d) in items {
@@ -636,11 +630,11 @@ impl Committed {
 
 /// After replay: a recovered inode that replay removed had no name left
 /// (a directory it was named in could not be replayed).
-pub(crate) fn after_replay(fs: &mut Fs, report: &mut SalvageReport, logs: &[LogTree]) -> Result<()> {
+pub(crate) fn after_replay(fs: &mut Store, report: &mut SalvageReport, logs: &[LogTree]) -> Result<()> {
     for o in report.inodes.iter_mut().filter(|o| o.outcome == Outcome::Recovered) {
         let Some(log) = logs.iter().find(|l| l.subvol == o.subvol) else { continue };
         let Some(logged) = log.inode_item(o.ino) else { continue };
-        let exists = fs.get_inode(o.subvol, o.ino)?.is_some();
+        let exists = crate::fs::inode::get_inode(fs, o.subvol, o.ino)?.is_some();
         if logged.nlink.get() != 0 && !exists {
             o.outcome = Outcome::NotRecovered;
             o.reason = Some("replayed, but no name of it could be (its directory was not recovered); it was removed".into());

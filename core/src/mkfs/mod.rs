@@ -13,12 +13,12 @@ use crate::format::chunk::{ChunkItem, Stripe};
 use crate::format::consts::*;
 use crate::format::dev::{DevExtent, DevItem};
 use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef, TreeBlockInfo};
-use crate::format::inode::{InodeItem, InodeRef, Timespec};
+use crate::format::inode::{InodeItem, Timespec};
 use crate::format::key::Key;
 use crate::format::root::RootItem;
 use crate::format::superblock::Superblock;
 use crate::io::{BlockDevice, StagedSuper};
-use crate::trans::Fs;
+use crate::trans::Store;
 use crate::tree::edit;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -269,7 +269,7 @@ pub fn new_root_item(now: u64, generation: u64, root_dirid: u64, uuid: Option<[u
 /// Make a filesystem on `dev`. Returns the summary and the open engine
 /// (superblock still held) so `--rootdir` can populate it before
 /// [`finish`] publishes the superblock.
-pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Fs, Arc<StagedSuper>, MkfsSummary)> {
+pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<StagedSuper>, MkfsSummary)> {
     let dev_size = dev.size();
     let size = validate(o, dev_size)?;
     // Any old superblock goes first, so a failure below cannot leave the
@@ -490,7 +490,7 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Fs, Arc<Stage
     }
 
     // Generation 2: the rest, through the engine.
-    let mut fs = Fs::open(staged.clone())?;
+    let mut fs = Store::open(staged.clone())?;
     for g in fs.alloc.groups.values_mut() {
         g.dirty = true;
     }
@@ -512,7 +512,7 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Fs, Arc<Stage
 
 /// Create the fs tree, csum tree, data relocation tree, uuid tree, and the
 /// root tree's directory with its `default` entry, as mkfs.btrfs does.
-fn populate(fs: &mut Fs, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
+fn populate(fs: &mut Store, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
     let t = fs.transid;
     let ns = o.nodesize as u64;
     let fs_uuid = random_uuid();
@@ -523,8 +523,8 @@ fn populate(fs: &mut Fs, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
     for tree in [BTRFS_FS_TREE_OBJECTID, BTRFS_DATA_RELOC_TREE_OBJECTID] {
         let ino = dir_inode(o.now, t, ns);
         fs.insert_item(tree, &Key::new(BTRFS_FIRST_FREE_OBJECTID, BTRFS_INODE_ITEM_KEY, 0), ino.as_bytes())?;
-        let mut r = InodeRef { index: 0.into(), name_len: 2.into() }.as_bytes().to_vec();
-        r.extend_from_slice(b"..");
+        let mut r = Vec::new();
+        crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
         fs.insert_item(tree, &Key::new(BTRFS_FIRST_FREE_OBJECTID, BTRFS_INODE_REF_KEY, BTRFS_FIRST_FREE_OBJECTID), &r)?;
     }
     // The uuid tree maps the fs tree's uuid to its id.
@@ -534,19 +534,12 @@ fn populate(fs: &mut Fs, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
     // Root tree directory: inode 6 with a `default` entry naming the fs tree.
     let ino = dir_inode(o.now, t, ns);
     fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_INODE_ITEM_KEY, 0), ino.as_bytes())?;
-    let mut r = InodeRef { index: 0.into(), name_len: 2.into() }.as_bytes().to_vec();
-    r.extend_from_slice(b"..");
+    let mut r = Vec::new();
+    crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
     fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_INODE_REF_KEY, BTRFS_ROOT_TREE_DIR_OBJECTID), &r)?;
     let name = b"default";
-    let di = crate::format::dir::DirItem {
-        location: Key::new(BTRFS_FS_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX).to_disk(),
-        transid: t.into(),
-        data_len: 0.into(),
-        name_len: (name.len() as u16).into(),
-        type_: BTRFS_FT_DIR,
-    };
-    let mut d = di.as_bytes().to_vec();
-    d.extend_from_slice(name);
+    let mut d = Vec::new();
+    crate::format::dir::encode_dir_entry(&mut d, &Key::new(BTRFS_FS_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX), t, BTRFS_FT_DIR, name, &[]);
     fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_DIR_ITEM_KEY, crate::format::dir::name_hash(name)), &d)?;
     Ok(())
 }
@@ -563,7 +556,110 @@ pub fn wipe_superblocks(dev: &dyn BlockDevice) -> Result<()> {
 }
 
 /// Publish the superblock: after this the image is a valid filesystem.
-pub fn finish(fs: Fs, staged: &StagedSuper) -> Result<()> {
+pub fn finish(fs: Store, staged: &StagedSuper) -> Result<()> {
     drop(fs);
     staged.publish()
+}
+
+/// A size with an optional K/M/G/T suffix (`16K`, `4096`, `1GiB`).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let bad = || Error::Invalid(format!("size '{s}' is not a size"));
+    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let suf = t[i..].to_ascii_lowercase();
+            let m: u64 = match suf.trim_end_matches("ib").trim_end_matches('b') {
+                "" => 1,
+                "k" => 1 << 10,
+                "m" => 1 << 20,
+                "g" => 1 << 30,
+                "t" => 1 << 40,
+                _ => return Err(bad()),
+            };
+            (&t[..i], m)
+        }
+        None => (t, 1),
+    };
+    num.trim().parse::<u64>().ok().and_then(|n| n.checked_mul(mult)).ok_or_else(bad)
+}
+
+impl MkfsOptions {
+    /// Options from mkfs.btrfs-style arguments (a script's `mkfs`
+    /// directive): -n/--nodesize, -s/--sectorsize, --csum, -L, -U,
+    /// -O/--features, -R, -m/-d (single or dup, as one device allows), -b,
+    /// and -f/-q/-K which change nothing here. Anything else is refused.
+    pub fn from_mkfs_args<S: AsRef<str>>(args: &[S]) -> Result<MkfsOptions> {
+        let mut o = MkfsOptions::default();
+        let mut f = Features::default();
+        let mut i = 0;
+        let args: Vec<&str> = args.iter().map(|a| a.as_ref()).collect();
+        while i < args.len() {
+            let a = args[i];
+            // `--opt=value` and `-nVALUE` forms too.
+            let (flag, inline) = match a.split_once('=') {
+                Some((f, v)) if a.starts_with("--") => (f, Some(v)),
+                _ if a.len() > 2 && a.starts_with('-') && !a.starts_with("--") => (&a[..2], Some(&a[2..])),
+                _ => (a, None),
+            };
+            let mut value = || -> Result<&str> {
+                if let Some(v) = inline {
+                    return Ok(v);
+                }
+                i += 1;
+                args.get(i).copied().ok_or_else(|| Error::Invalid(format!("mkfs option {flag} needs a value")))
+            };
+            match flag {
+                "-n" | "--nodesize" => o.nodesize = parse_size(value()?)? as u32,
+                "-s" | "--sectorsize" => o.sectorsize = parse_size(value()?)? as u32,
+                "--csum" | "--checksum" => o.csum = crate::csum::CsumType::parse(value()?)?,
+                "-L" | "--label" => o.label = value()?.to_string(),
+                "-U" | "--uuid" => o.fsid = Some(parse_uuid(value()?)?),
+                "-O" | "--features" | "-R" | "--runtime-features" => f.apply(value()?)?,
+                "-b" | "--byte-count" => o.size = Some(parse_size(value()?)?),
+                "-m" | "--metadata" => match value()?.to_ascii_lowercase().as_str() {
+                    "dup" => {}
+                    p => return Err(Error::Unsupported(format!("metadata profile {p} (one device: dup)"))),
+                },
+                "-d" | "--data" => match value()?.to_ascii_lowercase().as_str() {
+                    "single" => {}
+                    p => return Err(Error::Unsupported(format!("data profile {p} (one device: single)"))),
+                },
+                "-f" | "--force" | "-q" | "--quiet" | "-K" | "--nodiscard" => {}
+                "-M" | "--mixed" => return Err(Error::Unsupported("mixed block groups".into())),
+                _ => return Err(Error::Invalid(format!("unknown mkfs option {a}"))),
+            }
+            i += 1;
+        }
+        o.features = f;
+        Ok(o)
+    }
+}
+
+/// Create a filesystem on a new image file of `size` bytes (sparse).
+pub fn make_image(path: &std::path::Path, size: u64, o: &MkfsOptions) -> Result<()> {
+    let f = std::fs::File::create(path).map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
+    f.set_len(size).map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?;
+    drop(f);
+    let dev: Arc<dyn BlockDevice> = Arc::new(crate::io::FileDevice::open(path, true)?);
+    let mut o = o.clone();
+    o.size = Some(size);
+    let (fs, staged, _) = make(dev, &o)?;
+    finish(fs, &staged)
+}
+
+#[cfg(test)]
+mod args_tests {
+    use super::*;
+    #[test]
+    fn mkfs_arguments() {
+        let o = MkfsOptions::from_mkfs_args(&["-n", "4096", "-O", "^no-holes", "--csum=sha256", "-f"]).unwrap();
+        assert_eq!(o.nodesize, 4096);
+        assert!(!o.features.no_holes);
+        assert_eq!(o.csum, crate::csum::CsumType::Sha256);
+        let o = MkfsOptions::from_mkfs_args(&["-n65536", "-m", "dup"]).unwrap();
+        assert_eq!(o.nodesize, 65536);
+        assert!(MkfsOptions::from_mkfs_args(&["-d", "raid1"]).is_err());
+        assert!(MkfsOptions::from_mkfs_args(&["--bogus"]).is_err());
+        assert!(MkfsOptions::from_mkfs_args(&["-n"]).is_err());
+    }
 }

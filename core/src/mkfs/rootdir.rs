@@ -9,8 +9,10 @@
 
 use crate::format::consts::*;
 use crate::format::inode::{InodeItem, Timespec};
-use crate::fs::{ftype_of_mode, MAX_EXTENT_SIZE, MAX_INLINE};
-use crate::trans::Fs;
+use crate::fs::extents::can_inline;
+use crate::fs::inode::{get_inode, inode_key, put_inode};
+use crate::fs::{data, ftype_of_mode, names, xattr, MAX_EXTENT_SIZE, MAX_INLINE};
+use crate::trans::Store;
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -201,38 +203,38 @@ impl FileSource<'_> {
 /// Write a file's data: inline when small, else one extent per data range
 /// (at most MAX_EXTENT_SIZE each), holes left sparse (or explicit hole
 /// extents without no-holes). Returns the inode's nbytes.
-fn copy_file_data(fs: &mut Fs, tree: u64, ino: u64, size: u64, src: FileSource<'_>, no_holes: bool, buf: &mut Vec<u8>) -> Result<u64> {
+fn copy_file_data(fs: &mut Store, tree: u64, ino: u64, size: u64, src: FileSource<'_>, no_holes: bool, buf: &mut Vec<u8>) -> Result<u64> {
     let ss = fs.sectorsize() as u64;
     if size == 0 {
         return Ok(0);
     }
-    if size <= MAX_INLINE as u64 && size < ss {
+    if can_inline(fs, size, size, MAX_INLINE) {
         if src.ranges().is_empty() {
             return Ok(0);
         }
         let d = src.read(0, size, buf)?;
-        fs.write_inline(tree, ino, d)?;
+        data::write_inline(fs, tree, ino, size, BTRFS_COMPRESS_NONE, d)?;
         return Ok(size);
     }
     let mut nbytes = 0u64;
     let mut covered = 0u64;
     for &(s, e) in src.ranges() {
         if !no_holes && s > covered {
-            fs.write_hole(tree, ino, covered, s - covered)?;
+            data::write_hole(fs, tree, ino, covered, s - covered)?;
         }
         let mut off = s;
         while off < e {
             let len = (e - off).min(MAX_EXTENT_SIZE);
             let want = len.min(size.saturating_sub(off));
             let d = src.read(off, want, buf)?;
-            nbytes += fs.write_extent(tree, ino, off, d, true)?;
+            nbytes += data::write_extent(fs, tree, ino, off, d, true)?;
             off += len;
         }
         covered = e;
     }
     let end = size.div_ceil(ss) * ss;
     if !no_holes && covered < end {
-        fs.write_hole(tree, ino, covered, end - covered)?;
+        data::write_hole(fs, tree, ino, covered, end - covered)?;
     }
     Ok(nbytes)
 }
@@ -263,7 +265,7 @@ fn prefetch(e: &Entry, ss: u64) -> Result<Prefetched> {
     Ok(Prefetched { ranges, data, xattrs: xattrs(&e.path)? })
 }
 
-pub fn populate(fs: &mut Fs, listing: &Listing, progress: &mut dyn FnMut(u64, u64)) -> Result<RootdirStats> {
+pub fn populate(fs: &mut Store, listing: &Listing, progress: &mut dyn FnMut(u64, u64)) -> Result<RootdirStats> {
     let ss = fs.sectorsize() as u64;
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Result<Prefetched>)>(1024);
@@ -283,7 +285,7 @@ pub fn populate(fs: &mut Fs, listing: &Listing, progress: &mut dyn FnMut(u64, u6
 }
 
 fn populate_with(
-    fs: &mut Fs,
+    fs: &mut Store,
     listing: &Listing,
     progress: &mut dyn FnMut(u64, u64),
     next: &mut dyn FnMut(usize) -> Result<Prefetched>,
@@ -299,29 +301,32 @@ fn populate_with(
     let ss = fs.sectorsize() as u64;
     let no_holes = fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
     let mut st = RootdirStats::default();
-    // Per entry: its inode number; per directory: (size, next index).
+    // Per entry: its inode number; per directory: the next dir index.
     let mut ino_of: Vec<u64> = vec![0; listing.entries.len()];
-    let mut dirs: HashMap<usize, (u64, u64)> = HashMap::new();
-    let mut links: HashMap<(u64, u64), (u64, u32)> = HashMap::new();
+    let mut next_index: HashMap<usize, u64> = HashMap::new();
+    let mut links: HashMap<(u64, u64), u64> = HashMap::new();
     let mut next_ino = BTRFS_FIRST_FREE_OBJECTID + 1;
     let mut since_commit = 0u64;
     let mut buf: Vec<u8> = Vec::new();
     ino_of[0] = BTRFS_FIRST_FREE_OBJECTID;
-    dirs.insert(0, (0, 2));
+    next_index.insert(0, 2);
     for (i, e) in listing.entries.iter().enumerate() {
         let Some(parent) = e.parent else { continue };
         let pino = ino_of[parent];
         let m = &e.meta;
         let ftype = ftype_of_mode(m.mode());
+        let idx = next_index.get_mut(&parent).ok_or_else(|| Error::Invalid("parent not a directory".into()))?;
+        let index = *idx;
+        *idx += 1;
         // Hard links: a second name for an inode already copied.
         if !m.is_dir() && m.nlink() > 1 {
-            if let Some((ino, n)) = links.get_mut(&(m.dev(), m.ino())) {
-                *n += 1;
-                let ino = *ino;
-                let (size, idx) = dirs.get_mut(&parent).ok_or_else(|| Error::Invalid("parent not a directory".into()))?;
-                fs.add_link(tree, pino, ino, &e.name, ftype, *idx)?;
-                *idx += 1;
-                *size += 2 * e.name.len() as u64;
+            if let Some(&ino) = links.get(&(m.dev(), m.ino())) {
+                let t = fs.transid;
+                names::add_name(fs, tree, pino, inode_key(ino), &e.name, ftype, index, t)?;
+                if let Some(mut item) = get_inode(fs, tree, ino)? {
+                    item.nlink.set(item.nlink.get() + 1);
+                    put_inode(fs, tree, ino, &item)?;
+                }
                 ino_of[i] = ino;
                 st.hardlinks += 1;
                 continue;
@@ -330,23 +335,19 @@ fn populate_with(
         let ino = next_ino;
         next_ino += 1;
         ino_of[i] = ino;
-        {
-            let (size, idx) = dirs.get_mut(&parent).ok_or_else(|| Error::Invalid("parent not a directory".into()))?;
-            fs.add_link(tree, pino, ino, &e.name, ftype, *idx)?;
-            *idx += 1;
-            *size += 2 * e.name.len() as u64;
-        }
+        let t = fs.transid;
+        names::add_name(fs, tree, pino, inode_key(ino), &e.name, ftype, index, t)?;
         let mut item = inode_from(m, fs.transid);
         let mut pre_xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>> = None;
         if m.is_dir() {
-            dirs.insert(i, (0, 2));
+            next_index.insert(i, 2);
             st.dirs += 1;
         } else if m.file_type().is_symlink() {
             let target = std::fs::read_link(&e.path).map_err(|err| io_err(&e.path, "cannot read link", err))?;
-            let t = target.as_os_str().as_bytes();
-            fs.write_inline(tree, ino, t)?;
-            item.size.set(t.len() as u64);
-            item.nbytes.set(t.len() as u64);
+            let tb = target.as_os_str().as_bytes();
+            data::write_inline(fs, tree, ino, tb.len() as u64, BTRFS_COMPRESS_NONE, tb)?;
+            item.size.set(tb.len() as u64);
+            item.nbytes.set(tb.len() as u64);
             st.symlinks += 1;
         } else if m.is_file() {
             let size = m.len();
@@ -371,78 +372,38 @@ fn populate_with(
             Some(x) => x,
             None => xattrs(&e.path)?,
         };
+        put_inode(fs, tree, ino, &item)?;
         for (n, v) in xa {
-            fs.set_xattr(tree, ino, &n, &v)?;
+            let t = fs.transid;
+            xattr::set_xattr(fs, tree, ino, &n, &v, t)?;
         }
         if !m.is_dir() && m.nlink() > 1 {
-            links.insert((m.dev(), m.ino()), (ino, 1));
+            links.insert((m.dev(), m.ino()), ino);
         }
-        fs.put_inode(tree, ino, &item)?;
         since_commit += 1;
         progress(st.files + st.dirs + st.symlinks, st.bytes);
         if since_commit >= COMMIT_EVERY || st.bytes - bytes_at_commit >= commit_bytes {
-            finish_dirs(fs, listing, &ino_of, &dirs, &links, false)?;
             fs.commit()?;
             since_commit = 0;
             bytes_at_commit = st.bytes;
         }
     }
-    finish_dirs(fs, listing, &ino_of, &dirs, &links, true)?;
     // Root directory attributes from the source root.
-    let root_xattrs = xattrs(&listing.entries[0].path)?;
-    for (n, v) in root_xattrs {
-        fs.set_xattr(tree, BTRFS_FIRST_FREE_OBJECTID, &n, &v)?;
+    let root = BTRFS_FIRST_FREE_OBJECTID;
+    if let Some(mut item) = get_inode(fs, tree, root)? {
+        let src = inode_from(&listing.entries[0].meta, fs.transid);
+        item.mode = src.mode;
+        item.uid = src.uid;
+        item.gid = src.gid;
+        item.atime = src.atime;
+        item.mtime = src.mtime;
+        item.ctime = src.ctime;
+        put_inode(fs, tree, root, &item)?;
+    }
+    for (n, v) in xattrs(&listing.entries[0].path)? {
+        let t = fs.transid;
+        xattr::set_xattr(fs, tree, root, &n, &v, t)?;
     }
     fs.commit()?;
     Ok(st)
 }
-
-/// Write directory sizes and hard-link counts gathered so far (inode items
-/// of directories carry their final size only once all children exist, but
-/// every commit must leave a consistent tree).
-fn finish_dirs(
-    fs: &mut Fs,
-    listing: &Listing,
-    ino_of: &[u64],
-    dirs: &HashMap<usize, (u64, u64)>,
-    links: &HashMap<(u64, u64), (u64, u32)>,
-    _last: bool,
-) -> Result<()> {
-    let tree = BTRFS_FS_TREE_OBJECTID;
-    let mut idx: Vec<usize> = dirs.keys().copied().collect();
-    idx.sort_unstable();
-    for i in idx {
-        let (size, _) = dirs[&i];
-        let ino = ino_of[i];
-        let mut item = match fs.get_inode(tree, ino)? {
-            Some(it) => it,
-            None => continue,
-        };
-        if i == 0 {
-            let m = &listing.entries[0].meta;
-            let src = inode_from(m, fs.transid);
-            item.mode = src.mode;
-            item.uid = src.uid;
-            item.gid = src.gid;
-            item.atime = src.atime;
-            item.mtime = src.mtime;
-            item.ctime = src.ctime;
-        }
-        if item.size.get() != size {
-            item.size.set(size);
-            fs.put_inode(tree, ino, &item)?;
-        } else if i == 0 {
-            fs.put_inode(tree, ino, &item)?;
-        }
-    }
-    for &(ino, n) in links.values() {
-        if let Some(mut item) = fs.get_inode(tree, ino)? {
-            if item.nlink.get() != n {
-                item.nlink.set(n);
-                fs.put_inode(tree, ino, &item)?;
-            }
-        }
-    }
-    Ok(())
-}
-

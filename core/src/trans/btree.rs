@@ -3,7 +3,7 @@
 //! key fix-ups, and on delete removal of empty blocks, merges of sparse
 //! siblings and root shrink.
 
-use super::Fs;
+use super::{Store, TreeId};
 use crate::format::header::{HEADER_SIZE, ITEM_SIZE};
 use crate::format::key::Key;
 use crate::tree::edit;
@@ -13,12 +13,12 @@ use crate::{Error, Result};
 /// One level of a search path: a block and the slot followed in it.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Step {
-    bytenr: u64,
-    slot: usize,
+    pub(super) bytenr: u64,
+    pub(super) slot: usize,
 }
 
-impl Fs {
-    fn load_child(&mut self, tree: u64, parent: u64, slot: usize) -> Result<u64> {
+impl Store {
+    fn load_child(&mut self, tree: TreeId, parent: u64, slot: usize) -> Result<u64> {
         let pb = self.buf(parent)?;
         let (child, gen) = edit::node_ptr(pb, slot);
         let level = edit::level(pb) - 1;
@@ -27,13 +27,15 @@ impl Fs {
         Ok(child)
     }
 
-    fn load_root(&mut self, tree: u64) -> Result<u64> {
+    pub(super) fn load_root(&mut self, tree: TreeId) -> Result<u64> {
         let st = self.root_state(tree)?.clone();
-        if !self.blocks.contains_key(&st.bytenr) {
-            let gen = match &st.item {
-                Some((_, ri)) => Some(ri.generation.get()),
-                None if tree == crate::format::consts::BTRFS_ROOT_TREE_OBJECTID => Some(self.img.sb.generation.get()),
-                None => Some(self.img.sb.chunk_root_generation.get()),
+        if !self.cache.contains(st.bytenr) {
+            let gen = match (&st.item, tree) {
+                (Some((_, ri)), _) => Some(ri.generation.get()),
+                (None, TreeId::Root) => Some(self.img.sb.generation.get()),
+                (None, TreeId::Chunk) => Some(self.img.sb.chunk_root_generation.get()),
+                // The log root tree: its generation is the log's transaction.
+                (None, _) => None,
             };
             self.load(tree, st.bytenr, Expect { level: Some(st.level), generation: gen, owner: None, first_key: None })?;
         }
@@ -41,8 +43,16 @@ impl Fs {
     }
 
     /// Read-only search: the first item with key >= `key`, with its data.
-    pub fn next_item(&mut self, tree: u64, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
-        let mut b = self.load_root(tree)?;
+    pub fn next_item(&mut self, tree: impl Into<TreeId>, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+        let tree: TreeId = tree.into();
+        let b = self.load_root(tree)?;
+        Ok(self.next_item_from(tree, b, key)?.map(|(k, d, _)| (k, d)))
+    }
+
+    /// The first item with key >= `key` in the tree whose root block is
+    /// `root` (loaded), with the leaf holding it.
+    pub(super) fn next_item_from(&mut self, tree: TreeId, root: u64, key: &Key) -> Result<Option<(Key, Vec<u8>, u64)>> {
+        let mut b = root;
         // Stack of (node, slot) to continue to the right when a leaf is exhausted.
         let mut stack: Vec<(u64, usize)> = Vec::new();
         loop {
@@ -52,7 +62,7 @@ impl Fs {
                     Ok(s) | Err(s) => s,
                 };
                 if slot < edit::nritems(buf) {
-                    return Ok(Some((edit::leaf_key(buf, slot), edit::item_data(buf, slot).to_vec())));
+                    return Ok(Some((edit::leaf_key(buf, slot), edit::item_data(buf, slot).to_vec(), b)));
                 }
                 // Past the end of this leaf: next leaf to the right.
                 loop {
@@ -64,7 +74,7 @@ impl Fs {
                         }
                         let cb = self.buf(c)?;
                         if edit::nritems(cb) > 0 {
-                            return Ok(Some((edit::leaf_key(cb, 0), edit::item_data(cb, 0).to_vec())));
+                            return Ok(Some((edit::leaf_key(cb, 0), edit::item_data(cb, 0).to_vec(), c)));
                         }
                         stack.push((n, s + 1));
                         continue;
@@ -80,8 +90,57 @@ impl Fs {
         }
     }
 
+    /// Load the root block of a tree given by its location (a committed
+    /// root, say) and return it.
+    pub(super) fn load_root_at(&mut self, tree: TreeId, bytenr: u64, level: u8, generation: Option<u64>) -> Result<u64> {
+        self.load(tree, bytenr, Expect { level: Some(level), generation, owner: None, first_key: None })?;
+        Ok(bytenr)
+    }
+
+    /// The node at `level` on the search path of `key` from `root`, and the
+    /// slot followed in it (the last key <= `key`).
+    pub(super) fn node_on_path(&mut self, tree: TreeId, root: u64, key: &Key, level: u8) -> Result<Option<(u64, usize)>> {
+        let mut b = root;
+        loop {
+            let buf = self.buf(b)?;
+            let l = edit::level(buf);
+            if l < level {
+                return Ok(None);
+            }
+            let slot = match edit::search(buf, key) {
+                Ok(s) => s,
+                Err(s) => s.saturating_sub(1),
+            };
+            if l == level {
+                return Ok(Some((b, slot)));
+            }
+            if edit::nritems(buf) == 0 {
+                return Ok(None);
+            }
+            b = self.load_child(tree, b, slot)?;
+        }
+    }
+
+    /// Child pointers and first keys of a loaded node.
+    pub(super) fn node_children(&self, bytenr: u64) -> Result<Vec<(Key, u64)>> {
+        let buf = self.buf(bytenr)?;
+        if edit::level(buf) == 0 {
+            return Ok(Vec::new());
+        }
+        Ok((0..edit::nritems(buf)).map(|i| (edit::node_key(buf, i), edit::node_ptr(buf, i).0)).collect())
+    }
+
+    /// (level, first key) of a tree block, reading it if needed.
+    pub(super) fn block_head(&mut self, tree: TreeId, bytenr: u64) -> Result<(u8, Option<Key>)> {
+        self.load(tree, bytenr, Expect::default())?;
+        let buf = self.buf(bytenr)?;
+        let k = (edit::nritems(buf) > 0).then(|| edit::key_at(buf, 0));
+        Ok((edit::level(buf), k))
+    }
+
     /// Read-only search: the last item with `lo <= key <= hi`.
-    pub fn prev_item(&mut self, tree: u64, hi: &Key, lo: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+    pub fn prev_item(&mut self, tree: impl Into<TreeId>, hi: &Key, lo: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+        let tree: TreeId = tree.into();
         let mut b = self.load_root(tree)?;
         let mut stack: Vec<(u64, usize)> = Vec::new();
         loop {
@@ -124,7 +183,8 @@ impl Fs {
         }
     }
 
-    pub fn lookup(&mut self, tree: u64, key: &Key) -> Result<Option<Vec<u8>>> {
+    pub fn lookup(&mut self, tree: impl Into<TreeId>, key: &Key) -> Result<Option<Vec<u8>>> {
+        let tree: TreeId = tree.into();
         Ok(match self.next_item(tree, key)? {
             Some((k, d)) if k == *key => Some(d),
             _ => None,
@@ -132,7 +192,8 @@ impl Fs {
     }
 
     /// Every item with key in `[start, end]`.
-    pub fn items_in(&mut self, tree: u64, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
+    pub fn items_in(&mut self, tree: impl Into<TreeId>, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
+        let tree: TreeId = tree.into();
         let mut out = Vec::new();
         let mut k = start;
         while let Some((key, d)) = self.next_item(tree, &k)? {
@@ -151,7 +212,7 @@ impl Fs {
     /// Search for `key`, CoW'ing every block on the path. With `ins =
     /// Some(n)`, blocks are split on the way so the leaf has `n` free bytes
     /// at the returned slot.
-    pub(super) fn search_mut(&mut self, tree: u64, key: &Key, ins: Option<usize>) -> Result<(Vec<Step>, bool)> {
+    pub(super) fn search_mut(&mut self, tree: TreeId, key: &Key, ins: Option<usize>) -> Result<(Vec<Step>, bool)> {
         let r = self.load_root(tree)?;
         let nr = self.cow(tree, r)?;
         if nr != r {
@@ -191,7 +252,7 @@ impl Fs {
     }
 
     /// Add a level above the root; the old root becomes its only child.
-    fn grow_root(&mut self, tree: u64, path: &mut Vec<Step>) -> Result<()> {
+    fn grow_root(&mut self, tree: TreeId, path: &mut Vec<Step>) -> Result<()> {
         let old = path[0].bytenr;
         let ob = self.buf(old)?;
         let level = edit::level(ob) + 1;
@@ -205,7 +266,7 @@ impl Fs {
     }
 
     /// Point `parent`'s slot at a copy of its (loaded) child `child`.
-    fn cow_child_at(&mut self, tree: u64, parent: u64, slot: usize, child: u64) -> Result<u64> {
+    fn cow_child_at(&mut self, tree: TreeId, parent: u64, slot: usize, child: u64) -> Result<u64> {
         let nc = self.cow(tree, child)?;
         if nc != child {
             let t = self.transid;
@@ -229,7 +290,7 @@ impl Fs {
     /// the kernel's push_nodes_for_insert does: head pointers before the
     /// path's slot to the left sibling, or tail pointers after it to the
     /// right one. Returns true when the node now has room.
-    fn push_node(&mut self, tree: u64, path: &mut [Step]) -> Result<bool> {
+    fn push_node(&mut self, tree: TreeId, path: &mut [Step]) -> Result<bool> {
         let d = path.len() - 1;
         if d == 0 {
             return Ok(false);
@@ -274,7 +335,7 @@ impl Fs {
     }
 
     /// Split the node at the end of `path` in two halves.
-    fn split_node(&mut self, tree: u64, path: &mut Vec<Step>) -> Result<()> {
+    fn split_node(&mut self, tree: TreeId, path: &mut Vec<Step>) -> Result<()> {
         if path.len() == 1 {
             self.grow_root(tree, path)?;
         }
@@ -300,7 +361,7 @@ impl Fs {
     /// the kernel does: items after the insertion slot go to the right
     /// sibling's front, items before it to the left sibling's end. Only
     /// whole moves that free `need` bytes are made.
-    fn push_leaf(&mut self, tree: u64, path: &mut [Step], need: usize) -> Result<bool> {
+    fn push_leaf(&mut self, tree: TreeId, path: &mut [Step], need: usize) -> Result<bool> {
         let d = path.len() - 1;
         if d == 0 {
             return Ok(false);
@@ -363,7 +424,7 @@ impl Fs {
     /// Split the leaf at the end of `path` so an item of `need` bytes
     /// (header included) fits at the path's slot. The split point is the one
     /// closest to the middle that leaves room on the new item's side.
-    fn split_leaf(&mut self, tree: u64, path: &mut Vec<Step>, need: usize) -> Result<()> {
+    fn split_leaf(&mut self, tree: TreeId, path: &mut Vec<Step>, need: usize) -> Result<()> {
         let d = path.len() - 1;
         let Step { bytenr: b, slot: s } = path[d];
         let buf = self.buf(b)?;
@@ -431,10 +492,11 @@ impl Fs {
     }
 
     /// Insert an item; an existing item with the same key is an error.
-    pub fn insert_item(&mut self, tree: u64, key: &Key, data: &[u8]) -> Result<()> {
+    pub fn insert_item(&mut self, tree: impl Into<TreeId>, key: &Key, data: &[u8]) -> Result<()> {
+        let tree: TreeId = tree.into();
         let (path, found) = self.search_mut(tree, key, Some(ITEM_SIZE + data.len()))?;
         if found {
-            return Err(Error::Invalid(format!("item {} exists in tree {}", crate::format::names::key_string(key), tree as i64)));
+            return Err(Error::Invalid(format!("item {} exists in tree {tree:?}", crate::format::names::key_string(key))));
         }
         let Step { bytenr, slot } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
         edit::leaf_insert(self.buf_mut(bytenr)?, slot, key, data)?;
@@ -445,7 +507,8 @@ impl Fs {
     }
 
     /// Replace an item's data (inserting it when missing).
-    pub fn update_item(&mut self, tree: u64, key: &Key, data: &[u8]) -> Result<()> {
+    pub fn update_item(&mut self, tree: impl Into<TreeId>, key: &Key, data: &[u8]) -> Result<()> {
+        let tree: TreeId = tree.into();
         let (path, found) = self.search_mut(tree, key, None)?;
         if found {
             let Step { bytenr, slot } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
@@ -465,7 +528,8 @@ impl Fs {
     }
 
     /// Delete an item; returns whether it existed.
-    pub fn delete_item(&mut self, tree: u64, key: &Key) -> Result<bool> {
+    pub fn delete_item(&mut self, tree: impl Into<TreeId>, key: &Key) -> Result<bool> {
+        let tree: TreeId = tree.into();
         let (mut path, found) = self.search_mut(tree, key, None)?;
         if !found {
             return Ok(false);
@@ -479,7 +543,7 @@ impl Fs {
 
     /// Restore the tree's shape after items or pointers were removed from
     /// the block at the end of `path`.
-    fn rebalance_after_delete(&mut self, tree: u64, path: &mut Vec<Step>) -> Result<()> {
+    fn rebalance_after_delete(&mut self, tree: TreeId, path: &mut Vec<Step>) -> Result<()> {
         let mut d = path.len() - 1;
         loop {
             let Step { bytenr: b, slot } = path[d];
@@ -537,7 +601,7 @@ impl Fs {
 
     /// Merge the sparse block at `path[d]` with a sibling when both fit in
     /// one block. Returns true when a pointer was removed from the parent.
-    fn try_merge(&mut self, tree: u64, path: &mut [Step], d: usize) -> Result<bool> {
+    fn try_merge(&mut self, tree: TreeId, path: &mut [Step], d: usize) -> Result<bool> {
         let Step { bytenr: b, .. } = path[d];
         let Step { bytenr: p, slot: ps } = path[d - 1];
         let buf = self.buf(b)?;

@@ -4,7 +4,7 @@
 //! chunks), dev extents, the device item's `bytes_used`, and a new block
 //! group whose item and free space entries are written at commit.
 
-use super::Fs;
+use super::Store;
 use crate::alloc::{super_stripes, BlockGroup, RangeSet};
 use crate::format::chunk::{ChunkItem, Stripe};
 use crate::format::consts::*;
@@ -15,7 +15,16 @@ use zerocopy::{FromBytes, IntoBytes};
 
 const MIB: u64 = 1 << 20;
 
-impl Fs {
+/// A chunk allocated in the running transaction whose tree items the
+/// commit writes.
+pub(super) struct PendingChunk {
+    key: Key,
+    item: Vec<u8>,
+    placements: Vec<u64>,
+    stripe: u64,
+}
+
+impl Store {
     /// Unallocated device space: `[1 MiB, total_bytes)` minus dev extents.
     fn unallocated(&mut self) -> Result<RangeSet> {
         let total = self.sb.dev_item.total_bytes.get().min(self.device().size());
@@ -25,6 +34,11 @@ impl Fs {
         for (k, d) in self.items_in(BTRFS_DEV_TREE_OBJECTID, Key::new(devid, BTRFS_DEV_EXTENT_KEY, 0), Key::new(devid, BTRFS_DEV_EXTENT_KEY, u64::MAX))? {
             let de: &DevExtent = crate::format::view(&d, "dev extent").map_err(|e| e.at(0, k))?;
             free.remove(k.offset, k.offset + de.length.get());
+        }
+        for p in &self.pending_chunks {
+            for &x in &p.placements {
+                free.remove(x, x + p.stripe);
+            }
         }
         Ok(free)
     }
@@ -118,6 +132,7 @@ impl Fs {
             dirty: true,
             fst_bitmaps: false,
             on_disk: false,
+            read_only: false,
         };
         g.free.insert(logical, logical + stripe);
         for (a, b) in super_stripes(&self.img.chunks, logical, stripe, self.device().size()) {
@@ -137,32 +152,52 @@ impl Fs {
             self.sb.sys_chunk_array[n + 17..n + add].copy_from_slice(&item);
             self.sb.sys_chunk_array_size.set((n + add) as u32);
         }
-        self.insert_item(BTRFS_CHUNK_TREE_OBJECTID, &key, &item)?;
-        let chunk_tree_uuid = self.chunk_tree_uuid;
-        for &p in &placements {
-            let de = DevExtent {
-                chunk_tree: BTRFS_CHUNK_TREE_OBJECTID.into(),
-                chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
-                chunk_offset: logical.into(),
-                length: stripe.into(),
-                chunk_tree_uuid,
-            };
-            self.insert_item(BTRFS_DEV_TREE_OBJECTID, &Key::new(devid, BTRFS_DEV_EXTENT_KEY, p), de.as_bytes())?;
-        }
         let used = self.sb.dev_item.bytes_used.get() + stripe * copies;
         self.sb.dev_item.bytes_used.set(used);
+        // The chunk's tree items are written at commit: inserting them here
+        // could copy a tree block that a copy-on-write in progress is
+        // replacing (this runs when an allocation finds no room).
+        self.pending_chunks.push(PendingChunk { key, item, placements, stripe });
+        Ok(logical)
+    }
+
+    /// Insert the items of chunks allocated since the last commit: chunk
+    /// item, dev extents, the device item's used bytes (as the kernel's
+    /// btrfs_create_pending_block_groups). Returns whether there were any.
+    pub(super) fn create_pending_chunks(&mut self) -> Result<bool> {
+        if self.pending_chunks.is_empty() {
+            return Ok(false);
+        }
+        let devid = self.sb.dev_item.devid.get();
+        let chunk_tree_uuid = self.chunk_tree_uuid;
+        while let Some(p) = self.pending_chunks.pop() {
+            self.insert_item(BTRFS_CHUNK_TREE_OBJECTID, &p.key, &p.item)?;
+            for &x in &p.placements {
+                let de = DevExtent {
+                    chunk_tree: BTRFS_CHUNK_TREE_OBJECTID.into(),
+                    chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
+                    chunk_offset: p.key.offset.into(),
+                    length: p.stripe.into(),
+                    chunk_tree_uuid,
+                };
+                self.insert_item(BTRFS_DEV_TREE_OBJECTID, &Key::new(devid, BTRFS_DEV_EXTENT_KEY, x), de.as_bytes())?;
+            }
+        }
+        let used = self.sb.dev_item.bytes_used.get();
         let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
         if let Some(d) = self.lookup(BTRFS_CHUNK_TREE_OBJECTID, &dkey)? {
             let mut di = DevItem::read_from_bytes(&d).map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
             di.bytes_used.set(used);
             self.update_item(BTRFS_CHUNK_TREE_OBJECTID, &dkey, di.as_bytes())?;
         }
-        Ok(logical)
+        Ok(true)
     }
 
     /// Allocate `len` bytes of type `ty`, adding a chunk when every group is full.
-    pub fn alloc_space(&mut self, ty: u64, len: u64, align: u64) -> Result<u64> {
-        match self.alloc.alloc(ty, len, align) {
+    /// `account`: the space counts as used (false for log tree blocks,
+    /// which have no extent items).
+    pub fn alloc_space(&mut self, ty: u64, len: u64, align: u64, account: bool) -> Result<u64> {
+        match self.alloc.alloc(ty, len, align, account) {
             Ok(b) => Ok(b),
             Err(Error::NoSpace(_)) => {
                 // A new chunk needs system space for its chunk item first.
@@ -170,7 +205,7 @@ impl Fs {
                     self.alloc_chunk(BTRFS_BLOCK_GROUP_SYSTEM)?;
                 }
                 self.alloc_chunk(ty)?;
-                self.alloc.alloc(ty, len, align)
+                self.alloc.alloc(ty, len, align, account)
             }
             Err(e) => Err(e),
         }
@@ -178,7 +213,7 @@ impl Fs {
 
     fn system_has_room(&self) -> Result<bool> {
         let ns = self.nodesize() as u64;
-        let free: u64 = self.alloc.groups.values().filter(|g| g.is_system()).map(|g| g.free.total()).sum();
+        let free: u64 = self.alloc.groups.values().filter(|g| g.is_system() && !g.read_only).map(|g| g.free.total()).sum();
         Ok(free >= 8 * ns)
     }
 }

@@ -1,9 +1,8 @@
 //! The commit protocol.
 
-use super::{Fs, MetaRef};
+use super::{Store, TreeId};
 use crate::format::block_group::BlockGroupItem;
 use crate::format::consts::*;
-use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef, TreeBlockInfo};
 use crate::format::key::Key;
 use crate::format::superblock::RootBackup;
 use crate::tree::edit;
@@ -14,51 +13,18 @@ use zerocopy::IntoBytes;
 /// not yet copied in this transaction, so real trees settle in a few.
 const MAX_COMMIT_PASSES: usize = 64;
 
-impl Fs {
-    /// Apply queued tree block ref changes to the extent tree.
+impl Store {
+    /// Apply every queued back reference change to the extent tree.
+    /// Returns whether there was anything to run.
     fn run_delayed_refs(&mut self) -> Result<bool> {
-        let mut any = false;
-        while let Some((&bytenr, _)) = self.refs.iter().next() {
-            let r: MetaRef = match self.refs.remove(&bytenr) {
-                Some(r) => r,
-                None => break,
-            };
-            if r.delta == 0 || r.owner == BTRFS_TREE_LOG_OBJECTID {
-                // Log tree blocks have no extent items; they are pinned by replay.
-                continue;
-            }
-            any = true;
-            let ns = self.nodesize() as u64;
-            if r.delta > 0 {
-                let head = ExtentItem {
-                    refs: 1.into(),
-                    generation: self.transid.into(),
-                    flags: BTRFS_EXTENT_FLAG_TREE_BLOCK.into(),
-                };
-                let mut data = head.as_bytes().to_vec();
-                let key = if self.skinny() {
-                    Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, r.level as u64)
-                } else {
-                    data.extend_from_slice(TreeBlockInfo { key: r.first_key.to_disk(), level: r.level }.as_bytes());
-                    Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, ns)
-                };
-                write_inline_refs(&mut data, &[InlineRef::TreeBlock { root: r.owner }]);
-                self.insert_item(BTRFS_EXTENT_TREE_OBJECTID, &key, &data)?;
-            } else {
-                let skinny = Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, r.level as u64);
-                let fat = Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, ns);
-                let key = if self.lookup(BTRFS_EXTENT_TREE_OBJECTID, &skinny)?.is_some() { skinny } else { fat };
-                let data = self
-                    .lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)?
-                    .ok_or_else(|| Error::corrupt_key("freed tree block has no extent item", bytenr, key))?;
-                let refs = u64::from_le_bytes(data.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
-                if refs != 1 {
-                    return Err(Error::Unsupported(format!("freeing tree block {bytenr} with {refs} references")));
-                }
-                self.delete_item(BTRFS_EXTENT_TREE_OBJECTID, &key)?;
-            }
+        if self.delayed.is_empty() {
+            return Ok(false);
         }
-        Ok(any)
+        for (bytenr, head) in self.delayed.take_all() {
+            self.qgroup_note_extent(bytenr, &head);
+            self.run_ref_head(bytenr, head)?;
+        }
+        Ok(true)
     }
 
     fn update_block_group_items(&mut self) -> Result<bool> {
@@ -75,7 +41,7 @@ impl Fs {
                     flags: g.flags.into(),
                 },
             );
-            let bgt = self.bg_tree;
+            let bgt = TreeId::Tree(self.bg_tree);
             self.update_item(bgt, &Key::new(s, BTRFS_BLOCK_GROUP_ITEM_KEY, len), item.as_bytes())?;
             if self.has_fst() {
                 self.update_fst_group(s)?;
@@ -85,33 +51,50 @@ impl Fs {
     }
 
     fn update_root_items(&mut self) -> Result<bool> {
-        let dirty: Vec<u64> = self.roots.values().filter(|r| r.dirty && r.item.is_some()).map(|r| r.id).collect();
+        // Root items of log trees live in the log root tree, written by a
+        // log sync; the commit drops the log trees.
+        let dirty: Vec<TreeId> = self.roots.values().filter(|r| r.dirty && r.item.is_some() && !r.id.is_log()).map(|r| r.id).collect();
         for &id in &dirty {
+            let Some(bytenr) = self.roots.get(&id).map(|st| st.bytenr) else { continue };
+            // The item's generation is its root node's (btrfs_set_root_node),
+            // which did not change when only the item's fields did.
+            let node_gen = self.cache.get(bytenr).map(|b| u64::from_le_bytes(b[0x50..0x58].try_into().unwrap_or([0; 8])));
             let Some(st) = self.roots.get_mut(&id) else { continue };
             st.dirty = false;
-            let (bytenr, level) = (st.bytenr, st.level);
+            let level = st.level;
             let Some((key, ri)) = st.item.as_mut() else { continue };
             ri.bytenr.set(bytenr);
             ri.level = level;
-            ri.generation.set(self.transid);
-            ri.generation_v2.set(self.transid);
+            if let Some(g) = node_gen {
+                ri.generation.set(g);
+            }
+            ri.generation_v2.set(ri.generation.get());
             let (key, ri) = (*key, *ri);
-            self.update_item(BTRFS_ROOT_TREE_OBJECTID, &key, ri.as_bytes())?;
+            self.update_item(TreeId::Root, &key, ri.as_bytes())?;
         }
         Ok(!dirty.is_empty())
     }
 
     /// Commit the running transaction and start the next one.
     pub fn commit(&mut self) -> Result<()> {
+        // The log trees of this transaction go: the commit makes everything
+        // they recorded durable, and the new superblock has no log.
+        let logs: Vec<TreeId> = self.roots.keys().copied().filter(|t| t.is_log()).collect();
+        for t in logs {
+            self.drop_log_tree(t)?;
+        }
+        self.clear_log_root();
         // The superblock's root tree generation must be the new one, so the
         // root tree is always copied even when nothing else touched it.
-        self.search_mut(BTRFS_ROOT_TREE_OBJECTID, &Key::MIN, None)?;
+        self.search_mut(TreeId::Root, &Key::MIN, None)?;
         let mut settled = false;
         for _ in 0..MAX_COMMIT_PASSES {
-            let a = self.run_delayed_refs()?;
+            let p = self.create_pending_chunks()?;
+            let a = self.run_delayed_refs()? || p;
+            let q = if !a { self.account_qgroups()? } else { true };
             let b = self.update_block_group_items()?;
             let c = self.update_root_items()?;
-            if !a && !b && !c && self.refs.is_empty() {
+            if !a && !q && !b && !c && self.delayed.is_empty() {
                 settled = true;
                 break;
             }
@@ -120,62 +103,91 @@ impl Fs {
             return Err(Error::Invalid("commit did not settle: extent, free space and root trees kept changing".into()));
         }
         self.flush_data()?;
-        self.write_dirty_blocks()?;
-        self.device().flush()?;
+        self.write_blocks(&|t: TreeId| !t.is_log())?;
+        self.flush_device()?;
         self.write_superblocks()?;
-        self.device().flush()?;
-        // The new generation is durable: pinned space is free again.
+        self.flush_device()?;
+        // The new generation is durable: pinned space is free again (and
+        // blocks cached from it are stale).
+        self.cache.drop_ranges(&self.alloc.pinned_ranges());
         self.alloc.unpin_all();
-        self.dirty.clear();
+        self.qgroups_committed();
+        self.log_blocks.clear();
         self.img.sb = Box::new(self.sb);
         self.transid += 1;
+        self.stats.commits += 1;
+        self.cache.trim();
         Ok(())
     }
 
-    fn write_dirty_blocks(&mut self) -> Result<()> {
-        let mut list: Vec<u64> = self.dirty.iter().copied().collect();
-        list.sort_unstable();
+    /// Flush the device's write cache, counted.
+    pub fn flush_device(&mut self) -> Result<()> {
+        self.stats.flushes += 1;
+        self.device().flush()
+    }
+
+    /// Write every dirty block of the trees `which` selects (each DUP copy,
+    /// adjacent blocks coalesced into one write); they are clean after.
+    /// Returns how many blocks were written.
+    pub fn write_blocks(&mut self, which: &dyn Fn(TreeId) -> bool) -> Result<usize> {
+        let list = self.cache.dirty_blocks(which);
         let csum = self.img.csum;
-        // (physical, data) of every copy, then written in ascending order
-        // with adjacent blocks coalesced into one write.
+        // (physical, bytenr) of every copy, then written in ascending order.
         let mut writes: Vec<(u64, u64)> = Vec::with_capacity(list.len() * 2);
+        let mut log_bytes = 0u64;
         for &b in &list {
-            let buf = self.blocks.get_mut(&b).ok_or_else(|| Error::Invalid("dirty block not cached".into()))?;
+            let is_log = self.cache.dirty_tree(b).is_some_and(|t| t.is_log());
+            let buf = self.cache.get_dirty_mut(b).ok_or_else(|| Error::Invalid("dirty block not cached".into()))?;
             edit::mark_written(buf);
             let c = crate::csum::block_csum(csum, buf);
             buf[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
-            for p in self.img.chunks.map(b, buf.len() as u64, self.img.devid)? {
+            let len = buf.len() as u64;
+            for p in self.img.chunks.map(b, len, self.img.devid)? {
                 writes.push((p, b));
+                if is_log {
+                    log_bytes += len;
+                }
+            }
+            if is_log {
+                self.log_blocks.insert(b, true);
             }
         }
         writes.sort_unstable();
         let ns = self.nodesize() as u64;
         let mut i = 0;
         let mut run: Vec<u8> = Vec::new();
+        let mut total = 0u64;
         while i < writes.len() {
             let start = writes[i].0;
             run.clear();
             let mut j = i;
             while j < writes.len() && writes[j].0 == start + (j - i) as u64 * ns && run.len() < (8 << 20) {
-                run.extend_from_slice(&self.blocks[&writes[j].1]);
+                run.extend_from_slice(self.cache.get(writes[j].1).ok_or_else(|| Error::Invalid("dirty block not cached".into()))?);
                 j += 1;
             }
             self.img.device().write_at(start, &run)?;
+            total += run.len() as u64;
             i = j;
         }
-        Ok(())
+        self.stats.log_bytes += log_bytes;
+        self.stats.metadata_bytes += total - log_bytes;
+        for &b in &list {
+            self.cache.mark_clean(b);
+        }
+        Ok(list.len())
     }
 
     fn write_superblocks(&mut self) -> Result<()> {
-        let root = self.roots.get(&BTRFS_ROOT_TREE_OBJECTID).cloned();
+        let root = self.roots.get(&TreeId::Root).cloned();
         let sb = &mut self.sb;
         sb.generation.set(self.transid);
         if let Some(r) = root {
             sb.root.set(r.bytenr);
             sb.root_level = r.level;
         }
-        if let Some(c) = self.roots.get(&BTRFS_CHUNK_TREE_OBJECTID) {
-            if self.dirty.contains(&c.bytenr) {
+        let chunk = self.roots.get(&TreeId::Chunk).cloned();
+        if let Some(c) = chunk {
+            if c.dirty {
                 sb.chunk_root.set(c.bytenr);
                 sb.chunk_root_level = c.level;
                 sb.chunk_root_generation.set(self.transid);
@@ -235,6 +247,10 @@ impl Fs {
             let c = crate::csum::block_csum(self.img.csum, &bytes);
             bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
             self.device().write_at(off, &bytes)?;
+            self.stats.super_bytes += bytes.len() as u64;
+        }
+        if let Some(c) = self.roots.get_mut(&TreeId::Chunk) {
+            c.dirty = false;
         }
         Ok(())
     }
@@ -246,7 +262,7 @@ impl Fs {
             if !self.tree_exists(id)? {
                 continue;
             }
-            let st = self.root_state(id)?;
+            let st = self.root_state(TreeId::Tree(id))?;
             if let Some((_, ri)) = &st.item {
                 out.push((id, ri.bytenr.get(), ri.generation.get(), ri.level));
             }

@@ -3,7 +3,7 @@
 //! line with `free ∪ pinned`, converting between extents and bitmaps at the
 //! kernel's thresholds.
 
-use super::Fs;
+use super::Store;
 use crate::alloc::RangeSet;
 use crate::format::consts::*;
 use crate::format::free_space::FreeSpaceInfo;
@@ -15,7 +15,7 @@ const FST: u64 = BTRFS_FREE_SPACE_TREE_OBJECTID;
 /// Bytes of one bitmap item (BTRFS_FREE_SPACE_BITMAP_SIZE).
 const BITMAP_SIZE: u64 = 256;
 
-impl Fs {
+impl Store {
     fn bitmap_range(&self) -> u64 {
         self.sectorsize() as u64 * BITMAP_SIZE * 8
     }

@@ -1,25 +1,39 @@
-//! Transactions: copy-on-write edits of any tree, exact space accounting,
-//! and the commit protocol.
+//! The tree store: every tree of the filesystem (the log trees and the log
+//! root tree included), copy-on-write edits of them, exact space
+//! accounting, delayed back references, qgroup accounting, and the commit
+//! protocol. Files and directories live a layer up, in `fs`.
 //!
 //! Invariants kept during a transaction `transid`:
-//! - a block is modified only after it was copied (CoW) in this transaction:
-//!   its header generation is `transid` and its bytenr is new, so the
-//!   committed trees are never overwritten;
-//! - a block freed in this transaction that the committed trees still use is
-//!   pinned, never reused before the commit is durable;
+//! - a block is modified only after it was copied (CoW) in this transaction
+//!   or log: it is dirty in the cache, its header generation is `transid`
+//!   and its bytenr is new, so the committed trees (and a log already
+//!   synced) are never overwritten;
+//! - a block freed in this transaction that the committed trees still use
+//!   is pinned, never reused before the commit is durable;
 //! - extent tree changes are queued as delayed refs and applied at commit,
-//!   which loops until the extent tree, block group items, free space tree
-//!   and root items stop changing.
+//!   which loops until the extent tree, block group items, free space tree,
+//!   quota tree and root items stop changing.
 //!
 //! Commit = write every dirty block (each DUP copy), flush, write every
 //! superblock copy (generation + 1, backup roots rotated), flush. A crash at
-//! any point leaves the previous or the new generation.
+//! any point leaves the previous or the new generation. The log trees of
+//! the transaction are dropped by the commit: their blocks never had extent
+//! items and become free once the commit is durable.
 
+mod backref;
 mod btree;
+mod cache;
 mod chunk_alloc;
-mod refs;
 mod commit;
+mod csum;
+pub mod delayed;
 mod fst;
+pub mod qgroup;
+mod refs;
+mod relocate;
+mod subtree;
+
+pub use cache::BlockCache;
 
 use crate::alloc::{super_stripes, Allocator, BlockGroup, RangeSet};
 use crate::format::consts::*;
@@ -30,67 +44,132 @@ use crate::image::Image;
 use crate::io::BlockDevice;
 use crate::tree::node::Expect;
 use crate::{Error, Result};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+
+/// Which tree. Trees with a ROOT_ITEM in the root tree are named by their
+/// id; the log root tree and each subvolume's log tree have names of their
+/// own, since all their blocks carry the same owner (TREE_LOG).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TreeId {
+    /// The root tree (1): the superblock points to it.
+    Root,
+    /// The chunk tree (3): the superblock points to it.
+    Chunk,
+    /// A tree with a ROOT_ITEM in the root tree (extent, dev, fs, csum,
+    /// quota, uuid, free space, block group, subvolumes).
+    Tree(u64),
+    /// The log root tree: the superblock's `log_root` points to it.
+    LogRoot,
+    /// The log tree of a subvolume.
+    Log(u64),
+}
+
+impl TreeId {
+    /// The tree a root id names (1: root tree, 3: chunk tree).
+    pub fn of(id: u64) -> TreeId {
+        match id {
+            BTRFS_ROOT_TREE_OBJECTID => TreeId::Root,
+            BTRFS_CHUNK_TREE_OBJECTID => TreeId::Chunk,
+            id => TreeId::Tree(id),
+        }
+    }
+    /// The owner field of this tree's block headers.
+    pub fn owner(self) -> u64 {
+        match self {
+            TreeId::Root => BTRFS_ROOT_TREE_OBJECTID,
+            TreeId::Chunk => BTRFS_CHUNK_TREE_OBJECTID,
+            TreeId::Tree(id) => id,
+            TreeId::LogRoot | TreeId::Log(_) => BTRFS_TREE_LOG_OBJECTID,
+        }
+    }
+    pub fn is_log(self) -> bool {
+        matches!(self, TreeId::LogRoot | TreeId::Log(_))
+    }
+    /// The id back references and qgroups name (the owner for log trees).
+    pub fn id(self) -> u64 {
+        self.owner()
+    }
+}
+
+impl From<u64> for TreeId {
+    fn from(id: u64) -> TreeId {
+        TreeId::of(id)
+    }
+}
 
 /// Where a tree's root lives and whether it changed.
 #[derive(Clone, Debug)]
 pub struct RootState {
-    pub id: u64,
+    pub id: TreeId,
     pub bytenr: u64,
     pub level: u8,
-    /// The tree's ROOT_ITEM and its key in the root tree (None for the root
-    /// and chunk trees, which the superblock points to).
+    /// The tree's ROOT_ITEM and its key (in the root tree, or for a log tree
+    /// in the log root tree); None for the root, chunk and log root trees,
+    /// which the superblock points to.
     pub item: Option<(Key, RootItem)>,
     pub dirty: bool,
 }
 
-/// A queued change to the refs of one tree block.
-#[derive(Clone, Copy, Debug)]
-struct MetaRef {
-    delta: i64,
-    owner: u64,
-    level: u8,
-    first_key: Key,
+/// Bytes written and flushes issued, by kind (the engine's counters).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct IoStats {
+    pub data_bytes: u64,
+    pub log_bytes: u64,
+    pub metadata_bytes: u64,
+    pub super_bytes: u64,
+    pub flushes: u64,
+    pub commits: u64,
 }
 
-pub struct Fs {
+/// Clean tree blocks kept in memory before the least recently used go.
+pub const DEFAULT_CLEAN_CACHE: usize = 64 << 20;
+
+pub struct Store {
     img: Image,
     /// The superblock being built for the next commit.
     pub sb: Superblock,
     pub transid: u64,
-    blocks: HashMap<u64, Vec<u8>>,
-    dirty: HashSet<u64>,
-    roots: BTreeMap<u64, RootState>,
+    cache: BlockCache,
+    roots: BTreeMap<TreeId, RootState>,
     pub alloc: Allocator,
-    refs: BTreeMap<u64, MetaRef>,
+    /// Back reference changes not yet applied to the extent tree.
+    delayed: delayed::DelayedRefs,
     chunk_tree_uuid: [u8; 16],
     /// Tree holding block group items (extent tree, or block group tree).
     bg_tree: u64,
     /// Data written to new extents, combined into large sequential writes:
     /// (physical offset of the first byte, bytes). Flushed before commit.
     data_wbuf: Option<(u64, Vec<u8>)>,
+    /// Blocks of log trees (allocated without extent items): bytenr ->
+    /// written to disk by a log sync.
+    log_blocks: HashMap<u64, bool>,
+    /// Qgroup counters, when quotas are on.
+    pub qgroups: qgroup::Qgroups,
+    /// Chunks allocated in this transaction, their tree items not yet in.
+    pending_chunks: Vec<chunk_alloc::PendingChunk>,
+    pub stats: IoStats,
 }
 
-impl Fs {
+impl Store {
     /// Open a writable filesystem on `dev`.
-    pub fn open(dev: Arc<dyn BlockDevice>) -> Result<Fs> {
+    pub fn open(dev: Arc<dyn BlockDevice>) -> Result<Store> {
         let img = Image::open(dev, crate::image::OpenOptions { writable: true, ..Default::default() })?;
-        Fs::from_image(img)
+        Store::from_image(img)
     }
 
-    pub fn from_image(img: Image) -> Result<Fs> {
+    pub fn from_image(img: Image) -> Result<Store> {
         if img.sb.log_root.get() != 0 {
             return Err(Error::Unsupported("the filesystem has a log tree to replay; replay it before writing".into()));
         }
-        Fs::from_image_any(img)
+        Store::from_image_any(img)
     }
 
     /// Open a filesystem whose log is about to be replayed: the log's blocks
     /// must be pinned (see `pin_range`) before anything is allocated.
-    pub fn open_for_replay(dev: Arc<dyn BlockDevice>) -> Result<Fs> {
+    pub fn open_for_replay(dev: Arc<dyn BlockDevice>) -> Result<Store> {
         let img = Image::open(dev, crate::image::OpenOptions { writable: true, ..Default::default() })?;
-        Fs::from_image_any(img)
+        Store::from_image_any(img)
     }
 
     /// Keep `[start, start+len)` out of allocation until the next commit is
@@ -135,7 +214,7 @@ impl Fs {
         self.sb.log_root_transid.set(0);
     }
 
-    fn from_image_any(img: Image) -> Result<Fs> {
+    fn from_image_any(img: Image) -> Result<Store> {
         let sb = *img.sb;
         let chunk_root = img.read_tree_block(sb.chunk_root.get(), &Expect::default(), false)?;
         let chunk_tree_uuid = chunk_root.header().chunk_tree_uuid;
@@ -144,20 +223,25 @@ impl Fs {
         } else {
             BTRFS_EXTENT_TREE_OBJECTID
         };
-        let mut fs = Fs {
+        let nodesize = img.nodesize as usize;
+        let mut fs = Store {
             transid: sb.generation.get() + 1,
             sb,
             img,
-            blocks: HashMap::new(),
-            dirty: HashSet::new(),
+            cache: BlockCache::new(nodesize, DEFAULT_CLEAN_CACHE),
             roots: BTreeMap::new(),
             alloc: Allocator::default(),
-            refs: BTreeMap::new(),
+            delayed: delayed::DelayedRefs::default(),
             chunk_tree_uuid,
             bg_tree,
             data_wbuf: None,
+            log_blocks: HashMap::new(),
+            qgroups: qgroup::Qgroups::default(),
+            pending_chunks: Vec::new(),
+            stats: IoStats::default(),
         };
         fs.load_block_groups()?;
+        fs.load_qgroups()?;
         Ok(fs)
     }
 
@@ -210,6 +294,7 @@ impl Fs {
                 dirty: false,
                 fst_bitmaps: false,
                 on_disk: true,
+                read_only: false,
             };
             g.free.insert(start, start + length);
             for (a, b) in super_stripes(&self.img.chunks, start, length, dev_size) {
@@ -252,36 +337,30 @@ impl Fs {
     }
 
     /// The root state of tree `id`, loading it from the superblock or the
-    /// root tree the first time.
-    pub fn root_state(&mut self, id: u64) -> Result<&RootState> {
+    /// root tree the first time. Log trees exist only once created.
+    pub fn root_state(&mut self, id: impl Into<TreeId>) -> Result<&RootState> {
+        let id = id.into();
         if !self.roots.contains_key(&id) {
             let st = match id {
-                BTRFS_ROOT_TREE_OBJECTID => {
-                    RootState { id, bytenr: self.sb.root.get(), level: self.sb.root_level, item: None, dirty: false }
-                }
-                BTRFS_CHUNK_TREE_OBJECTID => RootState {
-                    id,
-                    bytenr: self.sb.chunk_root.get(),
-                    level: self.sb.chunk_root_level,
-                    item: None,
-                    dirty: false,
-                },
-                _ => {
-                    let start = Key::new(id, BTRFS_ROOT_ITEM_KEY, 0);
-                    let (key, data) = match self.next_item(BTRFS_ROOT_TREE_OBJECTID, &start)? {
-                        Some((k, d)) if k.objectid == id && k.ty == BTRFS_ROOT_ITEM_KEY => (k, d),
-                        _ => return Err(Error::Invalid(format!("tree {} does not exist", id as i64))),
+                TreeId::Root => RootState { id, bytenr: self.sb.root.get(), level: self.sb.root_level, item: None, dirty: false },
+                TreeId::Chunk => RootState { id, bytenr: self.sb.chunk_root.get(), level: self.sb.chunk_root_level, item: None, dirty: false },
+                TreeId::Tree(n) => {
+                    let start = Key::new(n, BTRFS_ROOT_ITEM_KEY, 0);
+                    let (key, data) = match self.next_item(TreeId::Root, &start)? {
+                        Some((k, d)) if k.objectid == n && k.ty == BTRFS_ROOT_ITEM_KEY => (k, d),
+                        _ => return Err(Error::Invalid(format!("tree {} does not exist", n as i64))),
                     };
                     let ri = RootItem::parse(&data).map_err(|e| e.at(0, key))?;
                     RootState { id, bytenr: ri.bytenr.get(), level: ri.level, item: Some((key, ri)), dirty: false }
                 }
+                TreeId::LogRoot | TreeId::Log(_) => return Err(Error::Invalid(format!("{id:?} does not exist"))),
             };
             self.roots.insert(id, st);
         }
         self.roots.get(&id).ok_or_else(|| Error::Invalid("root state".into()))
     }
 
-    pub fn tree_exists(&mut self, id: u64) -> Result<bool> {
+    pub fn tree_exists(&mut self, id: impl Into<TreeId>) -> Result<bool> {
         match self.root_state(id) {
             Ok(_) => Ok(true),
             Err(Error::Invalid(_)) => Ok(false),
@@ -289,41 +368,39 @@ impl Fs {
         }
     }
 
-    fn owner_of(tree: u64) -> u64 {
-        tree
-    }
-
     /// Make sure block `bytenr` is in the cache, reading and validating it.
-    fn load(&mut self, tree: u64, bytenr: u64, expect: Expect) -> Result<()> {
-        if self.blocks.contains_key(&bytenr) {
+    fn load(&mut self, tree: TreeId, bytenr: u64, expect: Expect) -> Result<()> {
+        if self.cache.contains(bytenr) {
             return Ok(());
         }
-        let log = tree == BTRFS_TREE_LOG_OBJECTID;
-        let node = self.img.read_tree_block(bytenr, &Expect { owner: Some(tree), ..expect }, log)?;
-        self.blocks.insert(bytenr, node.into_vec());
+        let node = self.img.read_tree_block(bytenr, &Expect { owner: Some(tree.owner()), ..expect }, tree.is_log())?;
+        self.cache.insert_clean(bytenr, node.into_vec());
         Ok(())
     }
 
     fn buf(&self, bytenr: u64) -> Result<&Vec<u8>> {
-        self.blocks.get(&bytenr).ok_or_else(|| Error::Invalid(format!("block {bytenr} not loaded")))
+        self.cache.get(bytenr).ok_or_else(|| Error::Invalid(format!("block {bytenr} not loaded")))
     }
     fn buf_mut(&mut self, bytenr: u64) -> Result<&mut Vec<u8>> {
-        if !self.dirty.contains(&bytenr) {
+        if !self.cache.is_dirty(bytenr) {
             return Err(Error::Invalid(format!("block {bytenr} modified without CoW")));
         }
-        self.blocks.get_mut(&bytenr).ok_or_else(|| Error::Invalid(format!("block {bytenr} not loaded")))
+        self.cache.get_dirty_mut(bytenr).ok_or_else(|| Error::Invalid(format!("block {bytenr} not loaded")))
     }
 
     /// Allocate a new tree block for `tree` at `level` and queue its ref.
-    fn alloc_tree_block(&mut self, tree: u64, level: u8, first_key: Key) -> Result<u64> {
+    /// Log tree blocks get no extent item and do not count as used space
+    /// (replay pins them instead).
+    fn alloc_tree_block(&mut self, tree: TreeId, level: u8, first_key: Key) -> Result<u64> {
         let ns = self.nodesize() as u64;
-        let ty = if tree == BTRFS_CHUNK_TREE_OBJECTID { BTRFS_BLOCK_GROUP_SYSTEM } else { BTRFS_BLOCK_GROUP_METADATA };
-        let bytenr = self.alloc_space(ty, ns, ns)?;
-        let e = self.refs.entry(bytenr).or_insert(MetaRef { delta: 0, owner: tree, level, first_key });
-        e.delta += 1;
-        e.owner = tree;
-        e.level = level;
-        e.first_key = first_key;
+        let ty = if tree == TreeId::Chunk { BTRFS_BLOCK_GROUP_SYSTEM } else { BTRFS_BLOCK_GROUP_METADATA };
+        let bytenr = self.alloc_space(ty, ns, ns, !tree.is_log())?;
+        if tree.is_log() {
+            self.log_blocks.insert(bytenr, false);
+        } else {
+            let new = delayed::NewExtent { generation: self.transid, flags: BTRFS_EXTENT_FLAG_TREE_BLOCK, first_key };
+            self.delayed.add_new(bytenr, ns, Some(level), new, delayed::BackRef::Tree { root: tree.id() });
+        }
         if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tree) {
             ri.bytes_used.set(ri.bytes_used.get() + ns);
         }
@@ -331,19 +408,22 @@ impl Fs {
     }
 
     /// Drop the tree's reference to a block. A block allocated in this
-    /// transaction is free again at once; a committed one is pinned.
-    fn free_tree_block(&mut self, tree: u64, bytenr: u64, level: u8) -> Result<()> {
+    /// transaction (never written) is free again at once; a committed one
+    /// loses its reference when the delayed refs run, and its space stays
+    /// pinned until the commit is durable. A log block a log sync wrote
+    /// stays pinned until the commit: the superblock may still point to it.
+    fn free_tree_block(&mut self, tree: TreeId, bytenr: u64, level: u8) -> Result<()> {
         let ns = self.nodesize() as u64;
-        let fresh = self.refs.get(&bytenr).is_some_and(|r| r.delta > 0);
-        if fresh {
-            self.refs.remove(&bytenr);
+        if tree.is_log() {
+            let written = self.log_blocks.remove(&bytenr).unwrap_or(true);
+            self.alloc.release_unaccounted(bytenr, ns, written)?;
+        } else if self.delayed.get(bytenr).is_some_and(|h| h.new.is_some()) {
+            self.delayed.remove(bytenr);
+            self.alloc.release(bytenr, ns, false)?;
         } else {
-            let e = self.refs.entry(bytenr).or_insert(MetaRef { delta: 0, owner: tree, level, first_key: Key::MIN });
-            e.delta -= 1;
+            self.delayed.add(bytenr, ns, Some(level), delayed::BackRef::Tree { root: tree.id() }, -1);
         }
-        self.alloc.release(bytenr, ns, !fresh)?;
-        self.blocks.remove(&bytenr);
-        self.dirty.remove(&bytenr);
+        self.cache.remove(bytenr);
         if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tree) {
             ri.bytes_used.set(ri.bytes_used.get().saturating_sub(ns));
         }
@@ -352,62 +432,54 @@ impl Fs {
 
     /// Copy-on-write: return the bytenr of a block of `tree` that may be
     /// modified in this transaction, copying it if needed.
-    fn cow(&mut self, tree: u64, bytenr: u64) -> Result<u64> {
-        if self.dirty.contains(&bytenr) {
+    fn cow(&mut self, tree: TreeId, bytenr: u64) -> Result<u64> {
+        if self.cache.is_dirty(bytenr) {
             return Ok(bytenr);
         }
         let buf = self.buf(bytenr)?.clone();
         let level = crate::tree::edit::level(&buf);
         let hdr_gen = u64::from_le_bytes(buf[0x50..0x58].try_into().unwrap_or([0; 8]));
-        let maybe_shared = match self.roots.get(&tree) {
-            Some(RootState { item: Some((_, ri)), .. }) => is_fstree(tree) && hdr_gen <= ri.last_snapshot.get(),
+        let maybe_shared = match (tree, self.roots.get(&tree)) {
+            (TreeId::Tree(id), Some(RootState { item: Some((_, ri)), .. })) => is_fstree(id) && hdr_gen <= ri.last_snapshot.get(),
             _ => false,
         };
         let still_used = maybe_shared && self.tree_block_shared(bytenr, level)? && self.cow_shared_refs(tree, bytenr, &buf)?;
         let first_key = if crate::tree::edit::nritems(&buf) > 0 { crate::tree::edit::key_at(&buf, 0) } else { Key::MIN };
         let nb = self.alloc_tree_block(tree, level, first_key)?;
         let mut nbuf = buf;
-        crate::tree::edit::set_header_location(&mut nbuf, nb, self.transid, Self::owner_of(tree));
+        crate::tree::edit::set_header_location(&mut nbuf, nb, self.transid, tree.owner());
         if still_used {
             // Other trees keep the old block; only this tree's reference
             // went (in cow_shared_refs).
-            self.blocks.remove(&bytenr);
+            self.cache.remove(bytenr);
             if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tree) {
                 ri.bytes_used.set(ri.bytes_used.get().saturating_sub(self.img.nodesize as u64));
             }
         } else {
             self.free_tree_block(tree, bytenr, level)?;
         }
-        self.blocks.insert(nb, nbuf);
-        self.dirty.insert(nb);
+        self.cache.insert_dirty(nb, tree, nbuf);
         Ok(nb)
     }
 
     /// Whether a committed tree block has more than one reference or full
-    /// back references (so other trees use it too).
+    /// back references (so other trees use it too), queued changes counted.
     fn tree_block_shared(&mut self, bytenr: u64, level: u8) -> Result<bool> {
-        let ns = self.nodesize() as u64;
-        for key in [Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, level as u64), Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, ns)] {
-            if let Some(d) = self.lookup(BTRFS_EXTENT_TREE_OBJECTID, &key)? {
-                let v = crate::format::extent::parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
-                return Ok(v.item.refs.get() != 1 || v.item.flags.get() & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0);
-            }
-        }
-        Err(Error::corrupt("tree block without extent item", bytenr))
+        let (refs, flags) = self.extent_refs_now(bytenr, Some(level))?;
+        Ok(refs != 1 || flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0)
     }
 
     /// A new empty block for `tree`.
-    fn new_block(&mut self, tree: u64, level: u8, first_key: Key) -> Result<u64> {
+    fn new_block(&mut self, tree: TreeId, level: u8, first_key: Key) -> Result<u64> {
         let nb = self.alloc_tree_block(tree, level, first_key)?;
         let mut buf = vec![0u8; self.nodesize() as usize];
         let fsid = self.sb.tree_fsid();
-        crate::tree::edit::init_block(&mut buf, nb, level, Self::owner_of(tree), self.transid, &fsid, &self.chunk_tree_uuid);
-        self.blocks.insert(nb, buf);
-        self.dirty.insert(nb);
+        crate::tree::edit::init_block(&mut buf, nb, level, tree.owner(), self.transid, &fsid, &self.chunk_tree_uuid);
+        self.cache.insert_dirty(nb, tree, buf);
         Ok(nb)
     }
 
-    fn set_root(&mut self, tree: u64, bytenr: u64, level: u8) -> Result<()> {
+    fn set_root(&mut self, tree: TreeId, bytenr: u64, level: u8) -> Result<()> {
         let st = self.roots.get_mut(&tree).ok_or_else(|| Error::Invalid("root not loaded".into()))?;
         st.bytenr = bytenr;
         st.level = level;
@@ -417,17 +489,88 @@ impl Fs {
 
     /// Create a new, empty tree `id` with a fresh root item.
     pub fn create_tree(&mut self, id: u64, root_item: RootItem) -> Result<()> {
-        if self.tree_exists(id)? {
+        let tid = TreeId::Tree(id);
+        if self.tree_exists(tid)? {
             return Err(Error::Invalid(format!("tree {id} exists")));
         }
         let key = Key::new(id, BTRFS_ROOT_ITEM_KEY, 0);
-        self.roots.insert(id, RootState { id, bytenr: 0, level: 0, item: Some((key, root_item)), dirty: true });
-        let b = self.new_block(id, 0, Key::MIN)?;
-        self.set_root(id, b, 0)?;
+        self.roots.insert(tid, RootState { id: tid, bytenr: 0, level: 0, item: Some((key, root_item)), dirty: true });
+        let b = self.new_block(tid, 0, Key::MIN)?;
+        self.set_root(tid, b, 0)?;
         // The root item is inserted at commit with the final location.
         let mut data = vec![0u8; crate::format::root::ROOT_ITEM_SIZE];
         data.copy_from_slice(zerocopy::IntoBytes::as_bytes(&root_item));
-        self.insert_item(BTRFS_ROOT_TREE_OBJECTID, &key, &data)
+        self.insert_item(TreeId::Root, &key, &data)
+    }
+
+    /// Create an empty log tree (`TreeId::Log`, with the root item it gets
+    /// in the log root tree) or the log root tree. Its blocks have no
+    /// extent items; the commit drops it.
+    pub fn create_log_tree(&mut self, id: TreeId, root_item: Option<(Key, RootItem)>) -> Result<()> {
+        if !id.is_log() {
+            return Err(Error::Invalid(format!("{id:?} is not a log tree")));
+        }
+        if self.roots.contains_key(&id) {
+            return Err(Error::Invalid(format!("{id:?} exists")));
+        }
+        self.roots.insert(id, RootState { id, bytenr: 0, level: 0, item: root_item, dirty: true });
+        let b = self.new_block(id, 0, Key::MIN)?;
+        self.set_root(id, b, 0)
+    }
+
+    /// Trees that exist in memory now (loaded, created or log).
+    pub fn loaded_trees(&self) -> Vec<TreeId> {
+        self.roots.keys().copied().collect()
+    }
+
+    /// Forget a log tree: its blocks go back to free space (pinned until
+    /// the commit when a log sync wrote them).
+    pub fn drop_log_tree(&mut self, id: TreeId) -> Result<()> {
+        if !id.is_log() {
+            return Err(Error::Invalid(format!("{id:?} is not a log tree")));
+        }
+        let Some(st) = self.roots.remove(&id) else { return Ok(()) };
+        // Every reachable block of the tree: dirty ones are in the cache,
+        // written ones are read back to find their children.
+        let ns = self.nodesize() as u64;
+        let mut stack = vec![(st.bytenr, st.level)];
+        let mut guard = 0usize;
+        while let Some((b, level)) = stack.pop() {
+            guard += 1;
+            if guard > 1 << 24 {
+                return Err(Error::corrupt("log tree does not end", b));
+            }
+            if level > 0 {
+                self.load(id, b, Expect { level: Some(level), ..Expect::default() })?;
+                let buf = self.buf(b)?;
+                for i in 0..crate::tree::edit::nritems(buf) {
+                    stack.push((crate::tree::edit::node_ptr(buf, i).0, level - 1));
+                }
+            }
+            let written = self.log_blocks.remove(&b).unwrap_or(true);
+            self.alloc.release_unaccounted(b, ns, written)?;
+            self.cache.remove(b);
+        }
+        Ok(())
+    }
+
+    /// Bytes of dirty tree blocks (the commit threshold reads this).
+    pub fn cache_dirty_bytes(&self) -> u64 {
+        self.cache.dirty_bytes()
+    }
+    pub fn cache_clean_bytes(&self) -> u64 {
+        self.cache.clean_bytes()
+    }
+    /// Evict clean blocks past the cache limit (between operations only).
+    pub fn trim_cache(&mut self) {
+        self.cache.trim();
+    }
+    /// Drop every clean block (caches dropped).
+    pub fn drop_clean_cache(&mut self) {
+        self.cache.drop_clean();
+    }
+    pub fn set_cache_limit(&mut self, bytes: usize) {
+        self.cache.set_clean_limit(bytes);
     }
 
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
@@ -446,6 +589,7 @@ impl Fs {
         }
         self.flush_data()?;
         if data.len() >= LIMIT {
+            self.stats.data_bytes += data.len() as u64;
             return self.img.device().write_at(phys, data);
         }
         let mut v = Vec::with_capacity(LIMIT);
@@ -454,8 +598,33 @@ impl Fs {
         Ok(())
     }
 
+    /// Overwrite data in place (nodatacow and preallocated extents): goes
+    /// straight to the device, after anything buffered.
+    pub fn write_in_place_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
+        self.flush_data()?;
+        self.stats.data_bytes += data.len() as u64;
+        self.img.device().write_at(phys, data)
+    }
+
+    /// Read data at logical `bytenr`, including what is still in the write
+    /// buffer.
+    pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
+        self.img.read_logical(bytenr, buf)?;
+        if let Some((start, wb)) = &self.data_wbuf {
+            let phys = self.img.chunks.map(bytenr, buf.len() as u64, self.img.devid)?;
+            let (a, b) = (phys[0], phys[0] + buf.len() as u64);
+            let (ws, we) = (*start, *start + wb.len() as u64);
+            let (s, e) = (a.max(ws), b.min(we));
+            if s < e {
+                buf[(s - a) as usize..(e - a) as usize].copy_from_slice(&wb[(s - ws) as usize..(e - ws) as usize]);
+            }
+        }
+        Ok(())
+    }
+
     pub fn flush_data(&mut self) -> Result<()> {
         if let Some((start, buf)) = self.data_wbuf.take() {
+            self.stats.data_bytes += buf.len() as u64;
             self.img.device().write_at(start, &buf)?;
         }
         Ok(())

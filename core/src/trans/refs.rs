@@ -7,7 +7,8 @@
 //! back-reference block; plain ones naming this tree otherwise), and this
 //! tree's reference to the old block is dropped without freeing it.
 
-use super::Fs;
+use super::delayed::{BackRef, NewExtent, RefHead};
+use super::{Store, TreeId};
 use crate::format::consts::*;
 use crate::format::extent::{extent_data_ref_hash, parse_extent_item, write_inline_refs, ExtentDataRef, InlineRef};
 use crate::format::file_extent::{parse_file_extent, FileExtent};
@@ -62,9 +63,9 @@ fn keyed_key(bytenr: u64, r: &InlineRef) -> Key {
     }
 }
 
-impl Fs {
+impl Store {
     /// The extent item of a tree block (`level` Some) or data extent.
-    fn extent_item_key(&mut self, bytenr: u64, level: Option<u8>) -> Result<(Key, Vec<u8>)> {
+    pub(super) fn extent_item_key(&mut self, bytenr: u64, level: Option<u8>) -> Result<(Key, Vec<u8>)> {
         let keys: Vec<Key> = match level {
             Some(l) => vec![Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, l as u64), Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, self.nodesize() as u64)],
             None => {
@@ -83,10 +84,147 @@ impl Fs {
         Err(Error::corrupt("extent without extent item", bytenr))
     }
 
+    /// Reference count and flags of an extent as they stand with the
+    /// queued changes applied: the extent item's, or a new extent's.
+    pub(super) fn extent_refs_now(&mut self, bytenr: u64, level: Option<u8>) -> Result<(u64, u64)> {
+        let pending = self.delayed.get(bytenr).map(|h| (h.delta(), h.new.map(|n| n.flags)));
+        if let Some((delta, Some(flags))) = pending {
+            return Ok((delta.max(0) as u64, flags));
+        }
+        let (key, d) = self.extent_item_key(bytenr, level)?;
+        let v = parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
+        let refs = (v.item.refs.get() as i64 + pending.map_or(0, |p| p.0)).max(0) as u64;
+        Ok((refs, v.item.flags.get()))
+    }
+
+    /// References a data extent has with queued changes counted (0 when it
+    /// does not exist).
+    pub fn data_extent_refs(&mut self, bytenr: u64) -> Result<u64> {
+        match self.extent_refs_now(bytenr, None) {
+            Ok((refs, _)) => Ok(refs),
+            Err(Error::Corrupt { .. }) if self.delayed.get(bytenr).is_none() => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether data extent `bytenr` is referenced only through `r` (one back
+    /// reference, whatever its count, and nothing queued for another): what
+    /// allows writing it in place (the kernel's btrfs_cross_ref_exist).
+    pub fn data_extent_exclusive(&mut self, bytenr: u64, r: BackRef) -> Result<bool> {
+        if let Some(h) = self.delayed.get(bytenr) {
+            if h.refs.keys().any(|k| *k != r) {
+                return Ok(false);
+            }
+            if h.new.is_some() {
+                return Ok(true);
+            }
+        }
+        let (key, d) = match self.extent_item_key(bytenr, None) {
+            Ok(x) => x,
+            Err(Error::Corrupt { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let v = parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
+        if v.refs.len() != 1 {
+            return Ok(false);
+        }
+        let mine = BackRef::of_inline(&v.refs[0]) == Some(r);
+        Ok(mine && v.refs[0].count() == v.item.refs.get())
+    }
+
+    /// Whether a data extent exists: in the extent tree, or queued as new.
+    pub fn data_extent_exists(&mut self, bytenr: u64, num_bytes: u64) -> Result<bool> {
+        if self.delayed.get(bytenr).is_some_and(|h| h.new.is_some()) {
+            return Ok(true);
+        }
+        Ok(self.lookup(EXTENT_TREE, &Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, num_bytes))?.is_some())
+    }
+
+    /// Queue one more (`delta` > 0) or one less reference to a data extent.
+    pub fn queue_data_ref(&mut self, bytenr: u64, num_bytes: u64, r: BackRef, delta: i64) {
+        self.delayed.add(bytenr, num_bytes, None, r, delta);
+    }
+
+    /// Queue a data extent allocated in this transaction with its first
+    /// reference; the extent item is inserted when the refs run.
+    pub fn queue_new_data_extent(&mut self, bytenr: u64, num_bytes: u64, generation: u64, r: BackRef) {
+        let new = NewExtent { generation, flags: BTRFS_EXTENT_FLAG_DATA, first_key: Key::MIN };
+        self.delayed.add_new(bytenr, num_bytes, None, new, r);
+    }
+
+    /// Apply one head of queued changes: insert a new extent's item with its
+    /// references, or add then drop references of an existing one (adds
+    /// first, so the count never passes through zero on the way).
+    pub(super) fn run_ref_head(&mut self, bytenr: u64, head: RefHead) -> Result<()> {
+        let (adds, drops): (Vec<(BackRef, i64)>, Vec<(BackRef, i64)>) = head.refs.iter().map(|(r, d)| (*r, *d)).partition(|(_, d)| *d > 0);
+        if let Some(new) = head.new {
+            if let Some((r, d)) = drops.first() {
+                return Err(Error::Invalid(format!("extent {bytenr} allocated in this transaction loses reference {r:?} ({d}) it never had")));
+            }
+            if adds.is_empty() {
+                // Written and released in the same transaction: its space
+                // stays pinned (a log may still point at it) and its
+                // checksums go.
+                if head.level.is_none() {
+                    self.csum_delete(bytenr, head.num_bytes)?;
+                }
+                return self.alloc.release(bytenr, head.num_bytes, true);
+            }
+            return self.insert_extent_item(bytenr, head.num_bytes, head.level, new, &adds);
+        }
+        for (r, d) in adds.iter().chain(drops.iter()) {
+            self.modify_ref(bytenr, head.level, r.inline(d.unsigned_abs() as u32), *d)?;
+        }
+        Ok(())
+    }
+
+    /// Insert the extent item of a new extent with `refs` (all positive):
+    /// inline while the item stays within the kernel's inline limit, keyed
+    /// after that.
+    fn insert_extent_item(&mut self, bytenr: u64, num_bytes: u64, level: Option<u8>, new: NewExtent, refs: &[(BackRef, i64)]) -> Result<()> {
+        let total: i64 = refs.iter().map(|(_, d)| *d).sum();
+        let head = crate::format::extent::ExtentItem { refs: (total as u64).into(), generation: new.generation.into(), flags: new.flags.into() };
+        let mut data = head.as_bytes().to_vec();
+        let key = match level {
+            Some(l) if self.skinny() => Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, l as u64),
+            Some(l) => {
+                data.extend_from_slice(crate::format::extent::TreeBlockInfo { key: new.first_key.to_disk(), level: l }.as_bytes());
+                Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, num_bytes)
+            }
+            None => Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, num_bytes),
+        };
+        let max = self.max_inline_extent_item();
+        let mut inline: Vec<InlineRef> = refs.iter().map(|(r, d)| r.inline(*d as u32)).collect();
+        sort_refs(&mut inline);
+        let mut size = data.len();
+        let mut keyed = Vec::new();
+        let mut kept = Vec::new();
+        for r in inline {
+            if size + r.inline_size() <= max {
+                size += r.inline_size();
+                kept.push(r);
+            } else {
+                keyed.push(r);
+            }
+        }
+        write_inline_refs(&mut data, &kept);
+        self.insert_item(EXTENT_TREE, &key, &data)?;
+        for r in keyed {
+            let kk = keyed_key(bytenr, &r);
+            self.keyed_ref_update(kk, &r, r.count() as i64, None)?;
+        }
+        Ok(())
+    }
+
+    /// Largest extent item (head and inline refs) the kernel keeps inline.
+    fn max_inline_extent_item(&self) -> usize {
+        ((self.nodesize() as usize - crate::format::header::HEADER_SIZE) >> 4) - crate::format::header::ITEM_SIZE
+    }
+
     /// Add `delta` (+1 or -1, or a count) to one back reference of an
     /// extent. When the last reference goes, the extent item goes and its
     /// space (and for data, its checksums) is released. Returns the refs left.
-    pub fn modify_ref(&mut self, bytenr: u64, level: Option<u8>, r: InlineRef, delta: i64) -> Result<u64> {
+    pub(super) fn modify_ref(&mut self, bytenr: u64, level: Option<u8>, r: InlineRef, delta: i64) -> Result<u64> {
         let (key, d) = self.extent_item_key(bytenr, level)?;
         let v = parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
         let head_len = d.len() - v.refs.iter().map(|r| r.inline_size()).sum::<usize>();
@@ -113,7 +251,7 @@ impl Fs {
                 let kk = keyed_key(bytenr, &r);
                 let keyed = self.lookup(EXTENT_TREE, &kk)?;
                 if delta > 0 && keyed.is_none() {
-                    let max = ((self.nodesize() as usize - crate::format::header::HEADER_SIZE) >> 4) - crate::format::header::ITEM_SIZE;
+                    let max = self.max_inline_extent_item();
                     let cur: usize = d.len();
                     if cur + r.inline_size() <= max {
                         refs.push(with_count(&r, delta as u32));
@@ -132,7 +270,10 @@ impl Fs {
             if level.is_none() {
                 self.csum_delete(bytenr, len)?;
             }
-            self.alloc.release(bytenr, len, gen < self.transid)?;
+            // Data stays pinned until the commit is durable even when this
+            // transaction wrote it: a log tree may point at it. A tree block
+            // of this transaction was never written and is free at once.
+            self.alloc.release(bytenr, len, level.is_none() || gen < self.transid)?;
             return Ok(0);
         }
         let mut nd = head;
@@ -195,14 +336,15 @@ impl Fs {
     /// Add (`delta` 1) or remove (-1) a reference from every block and data
     /// extent `block` points to: shared ones naming `block` when `full`,
     /// plain ones naming `tree` otherwise.
-    fn change_children_refs(&mut self, tree: u64, block: &[u8], block_bytenr: u64, full: bool, delta: i64) -> Result<()> {
+    pub(super) fn change_children_refs(&mut self, tree: u64, block: &[u8], block_bytenr: u64, full: bool, delta: i64) -> Result<()> {
         let level = edit::level(block);
         let n = edit::nritems(block);
         if level > 0 {
             for i in 0..n {
                 let (child, _) = edit::node_ptr(block, i);
-                let r = if full { InlineRef::SharedBlock { parent: block_bytenr } } else { InlineRef::TreeBlock { root: tree } };
-                self.modify_ref(child, Some(level - 1), r, delta)?;
+                let r = if full { BackRef::SharedTree { parent: block_bytenr } } else { BackRef::Tree { root: tree } };
+                let ns = self.nodesize() as u64;
+                self.delayed.add(child, ns, Some(level - 1), r, delta);
             }
             return Ok(());
         }
@@ -217,11 +359,11 @@ impl Fs {
                     continue;
                 }
                 let r = if full {
-                    InlineRef::SharedData { parent: block_bytenr, count: 1 }
+                    BackRef::SharedData { parent: block_bytenr }
                 } else {
-                    InlineRef::ExtentData { root: tree, objectid: k.objectid, offset: k.offset.wrapping_sub(item.offset.get()), count: 1 }
+                    BackRef::Data { root: tree, objectid: k.objectid, offset: k.offset.wrapping_sub(item.offset.get()) }
                 };
-                self.modify_ref(b, None, r, delta)?;
+                self.delayed.add(b, item.disk_num_bytes.get(), None, r, delta);
             }
         }
         Ok(())
@@ -230,12 +372,11 @@ impl Fs {
     /// Reference bookkeeping before copying committed block `bytenr` of
     /// `tree` that may be shared. Returns true when the old block stays in
     /// use by other trees (so the copy must not free it).
-    pub(super) fn cow_shared_refs(&mut self, tree: u64, bytenr: u64, buf: &[u8]) -> Result<bool> {
+    pub(super) fn cow_shared_refs(&mut self, tree: TreeId, bytenr: u64, buf: &[u8]) -> Result<bool> {
         let level = edit::level(buf);
-        let (key, d) = self.extent_item_key(bytenr, Some(level))?;
-        let v = parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
-        let (refs, flags) = (v.item.refs.get(), v.item.flags.get());
+        let (refs, flags) = self.extent_refs_now(bytenr, Some(level))?;
         let owner = u64::from_le_bytes(buf[0x58..0x60].try_into().unwrap_or([0; 8]));
+        let tree = tree.id();
         let full = flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0;
         if refs > 1 {
             if owner == tree && !full {
@@ -244,7 +385,8 @@ impl Fs {
             } else {
                 self.change_children_refs(tree, buf, bytenr, false, 1)?;
             }
-            self.modify_ref(bytenr, Some(level), InlineRef::TreeBlock { root: tree }, -1)?;
+            let ns = self.nodesize() as u64;
+            self.delayed.add(bytenr, ns, Some(level), BackRef::Tree { root: tree }, -1);
             return Ok(true);
         }
         if full {

@@ -40,12 +40,12 @@ fn real_main() -> Result<(), String> {
     kcrash::can_run()?;
     match a.as_slice() {
         ["run", scn, out] => {
-            let s = kcrash::Scenario::load(Path::new(scn))?;
+            let s = kcrash::load_scenario(Path::new(scn))?;
             let out = PathBuf::from(out);
             let c = kcrash::generate(&s, &out)?;
             let m = kcrash::manifest_of_image(&c.path, &out)?;
             std::fs::write(out.join("kernel.txt"), m.render()).map_err(|e| e.to_string())?;
-            for f in kcrash::check_expectations(&s, &m) {
+            for f in kcrash::check_expectations(&s, &m, &kcrash::Outcome::default()) {
                 eprintln!("expectation failed: {f}");
             }
             println!(
@@ -84,7 +84,7 @@ fn real_main() -> Result<(), String> {
             Ok(())
         }
         ["cached", scn] => {
-            let s = kcrash::Scenario::load(Path::new(scn))?;
+            let s = kcrash::load_scenario(Path::new(scn))?;
             let c = kcrash::cached_crash_image(&s, &kcrash::default_cache_dir())?;
             println!("{}", c.path.display());
             Ok(())

@@ -6,12 +6,12 @@
 
 use crate::format::consts::*;
 use crate::format::key::Key;
-use crate::trans::Fs;
+use super::{Store, TreeId};
 use crate::Result;
 
-const CSUM_TREE: u64 = BTRFS_CSUM_TREE_OBJECTID;
+const CSUM_TREE: TreeId = TreeId::Tree(BTRFS_CSUM_TREE_OBJECTID);
 
-impl Fs {
+impl Store {
     /// Largest csum item body, in bytes of checksums, a leaf takes.
     fn max_csum_item(&self) -> usize {
         let cs = self.image().csum.size();

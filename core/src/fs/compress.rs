@@ -1,0 +1,243 @@
+//! Compressed extents in the kernel's formats: zlib (one zlib stream per
+//! extent), zstd (one frame, window at most 128 KiB so the kernel's
+//! workspace can decode it) and lzo (a 4-byte total length, then per
+//! uncompressed sector a 4-byte segment length and an LZO1X block; a
+//! segment header never straddles a sector boundary).
+
+use crate::format::consts::*;
+use crate::{Error, Result};
+use std::io::{Read, Write};
+
+/// Largest zstd window the kernel decodes (ZSTD_BTRFS_MAX_WINDOWLOG).
+const ZSTD_WINDOW_LOG: u32 = 17;
+
+/// A compression method and level as the mount options name them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Method {
+    /// BTRFS_COMPRESS_ZLIB, _LZO or _ZSTD.
+    pub kind: u8,
+    pub level: i32,
+}
+
+impl Method {
+    /// `zlib`, `zlib:5`, `lzo`, `zstd`, `zstd:9` (`yes`/empty: zlib).
+    pub fn parse(s: &str) -> Option<Method> {
+        let (name, level) = match s.split_once(':') {
+            Some((n, l)) => (n, Some(l.parse::<i32>().ok()?)),
+            None => (s, None),
+        };
+        let (kind, def, range) = match name {
+            "" | "yes" | "zlib" => (BTRFS_COMPRESS_ZLIB, 3, 1..=9),
+            "lzo" => (BTRFS_COMPRESS_LZO, 0, 0..=0),
+            "zstd" => (BTRFS_COMPRESS_ZSTD, 3, 1..=15),
+            _ => return None,
+        };
+        let level = level.unwrap_or(def);
+        range.contains(&level).then_some(Method { kind, level })
+    }
+}
+
+fn bad(what: &str) -> Error {
+    Error::corrupt(format!("compressed extent: {what}"), 0)
+}
+
+/// Decompress `src` (an extent's on-disk bytes) to `ram_bytes` bytes. A
+/// stream that ends early is zero-filled, as the kernel does.
+pub fn decompress(kind: u8, src: &[u8], ram_bytes: usize, sectorsize: usize) -> Result<Vec<u8>> {
+    let mut out = vec![0u8; ram_bytes];
+    match kind {
+        BTRFS_COMPRESS_ZLIB => {
+            let mut d = flate2::read::ZlibDecoder::new(src);
+            read_up_to(&mut d, &mut out).map_err(|e| bad(&format!("zlib: {e}")))?;
+        }
+        BTRFS_COMPRESS_ZSTD => {
+            // One frame; the sector padding after it is not another frame.
+            let flen = zstd::zstd_safe::find_frame_compressed_size(src).map_err(|e| bad(&format!("zstd: {}", zstd::zstd_safe::get_error_name(e))))?;
+            let frame = src.get(..flen).ok_or_else(|| bad("zstd frame past the end"))?;
+            let mut d = zstd::stream::read::Decoder::with_buffer(frame).map_err(|e| bad(&format!("zstd: {e}")))?.single_frame();
+            d.window_log_max(ZSTD_WINDOW_LOG + 1).map_err(|e| bad(&format!("zstd: {e}")))?;
+            read_up_to(&mut d, &mut out).map_err(|e| bad(&format!("zstd: {e}")))?;
+        }
+        BTRFS_COMPRESS_LZO => lzo_decompress(src, &mut out, sectorsize)?,
+        k => return Err(Error::Unsupported(format!("compression type {k}"))),
+    }
+    Ok(out)
+}
+
+/// Fill `out` from `r` until it ends or `out` is full; what the stream
+/// did not fill is zeros (a reader may scribble past what it returns).
+fn read_up_to(r: &mut dyn Read, out: &mut [u8]) -> std::io::Result<()> {
+    let mut n = 0;
+    while n < out.len() {
+        match r.read(&mut out[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    out[n..].fill(0);
+    Ok(())
+}
+
+fn le32(b: &[u8], at: usize) -> Result<usize> {
+    b.get(at..at + 4).map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]) as usize).ok_or_else(|| bad("lzo header past the end"))
+}
+
+fn lzo_decompress(src: &[u8], out: &mut [u8], ss: usize) -> Result<()> {
+    let total = le32(src, 0)?;
+    if total > src.len() || total < 4 {
+        return Err(bad(&format!("lzo total length {total} of {} bytes", src.len())));
+    }
+    let mut pos = 4usize;
+    let mut done = 0usize;
+    while done < out.len() && pos < total {
+        // A header that would straddle a sector starts at the next one.
+        if ss - pos % ss < 4 {
+            pos = pos.div_ceil(ss) * ss;
+            if pos >= total {
+                break;
+            }
+        }
+        let seg = le32(src, pos)?;
+        pos += 4;
+        let body = src.get(pos..pos + seg).ok_or_else(|| bad("lzo segment past the end"))?;
+        // A segment holds up to one sector (the last one may be shorter).
+        let room = ss.min(out.len() - done);
+        lzo::decompress_into(body, &mut out[done..done + room]).map_err(|e| bad(&format!("lzo: {e:?}")))?;
+        done += room;
+        pos += seg;
+    }
+    Ok(())
+}
+
+/// The kernel's compressibility heuristic (btrfs_compress_heuristic) on
+/// the first 128 KiB of a range: samples of 16 bytes every 256 bytes;
+/// repeated data, few distinct bytes, a small core byte set or low entropy
+/// say compress.
+pub fn heuristic(data: &[u8]) -> bool {
+    const SAMPLE: usize = 16;
+    const STEP: usize = 256;
+    let data = &data[..data.len().min(128 << 10)];
+    let mut sample = Vec::with_capacity(data.len() / STEP * SAMPLE + SAMPLE);
+    for page in data.chunks(4096) {
+        let mut i = 0;
+        while i + SAMPLE < page.len() {
+            sample.extend_from_slice(&page[i..i + SAMPLE]);
+            i += STEP;
+        }
+    }
+    let n = sample.len();
+    if n == 0 || sample[..n / 2] == sample[n - n / 2..] {
+        return true;
+    }
+    let mut count = [0u32; 256];
+    for &b in &sample {
+        count[b as usize] += 1;
+    }
+    if count.iter().filter(|&&c| c > 0).count() < 64 {
+        return true;
+    }
+    let mut sorted = count;
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let threshold = n as u64 * 90 / 100;
+    let mut sum = 0u64;
+    let mut core = 0;
+    for &c in sorted.iter() {
+        sum += c as u64;
+        core += 1;
+        if sum > threshold {
+            break;
+        }
+    }
+    if core <= 64 {
+        return true;
+    }
+    if core >= 200 {
+        return false;
+    }
+    // Shannon entropy as a percentage of 8 bits per byte.
+    let mut h = 0f64;
+    for &c in count.iter().filter(|&&c| c > 0) {
+        let p = c as f64 / n as f64;
+        h -= p * p.log2();
+    }
+    (h / 8.0 * 100.0) < 80.0
+}
+
+/// Compress `src` (whole sectors, or a whole small file for an inline
+/// extent). None when the result would not be smaller by at least a sector
+/// for a regular extent (the kernel then writes it uncompressed).
+pub fn compress(m: Method, src: &[u8], sectorsize: usize) -> Option<Vec<u8>> {
+    let out = match m.kind {
+        BTRFS_COMPRESS_ZLIB => {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(m.level as u32));
+            e.write_all(src).ok()?;
+            e.finish().ok()?
+        }
+        BTRFS_COMPRESS_ZSTD => {
+            let mut e = zstd::stream::write::Encoder::new(Vec::new(), m.level).ok()?;
+            e.window_log(ZSTD_WINDOW_LOG).ok()?;
+            e.include_checksum(false).ok()?;
+            e.set_pledged_src_size(Some(src.len() as u64)).ok()?;
+            e.write_all(src).ok()?;
+            e.finish().ok()?
+        }
+        BTRFS_COMPRESS_LZO => lzo_compress(src, sectorsize),
+        _ => return None,
+    };
+    (out.len() < src.len()).then_some(out)
+}
+
+fn lzo_compress(src: &[u8], ss: usize) -> Vec<u8> {
+    let mut out = vec![0u8; 4];
+    for seg in src.chunks(ss) {
+        let c = lzo1x::compress(seg, lzo1x::CompressLevel::default());
+        if ss - out.len() % ss < 4 {
+            let pad = out.len().div_ceil(ss) * ss;
+            out.resize(pad, 0);
+        }
+        out.extend_from_slice(&(c.len() as u32).to_le_bytes());
+        out.extend_from_slice(&c);
+    }
+    let total = out.len() as u32;
+    out[..4].copy_from_slice(&total.to_le_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_every_method() {
+        let mut data = vec![0u8; 128 << 10];
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = ((i / 7) % 13) as u8;
+        }
+        for m in ["zlib", "zlib:9", "lzo", "zstd", "zstd:15"] {
+            let m = Method::parse(m).unwrap();
+            let c = compress(m, &data, 4096).unwrap();
+            assert!(c.len() < data.len() / 4, "{m:?}: {}", c.len());
+            assert_eq!(decompress(m.kind, &c, data.len(), 4096).unwrap(), data, "{m:?}");
+        }
+        // Incompressible data is refused.
+        let mut rnd = vec![0u8; 8192];
+        crate::workload::content::Prng::new(3).fill(&mut rnd);
+        assert!(compress(Method::parse("zstd").unwrap(), &rnd, 4096).is_none());
+        assert!(Method::parse("zstd:99").is_none() && Method::parse("bogus").is_none());
+        // A frame shorter than the extent (padding after it) decodes, and
+        // the rest is zeros.
+        for m in ["zlib", "lzo", "zstd"] {
+            let m = Method::parse(m).unwrap();
+            let short = &data[..70000];
+            let mut c = compress(m, short, 4096).unwrap();
+            c.resize(c.len().div_ceil(4096) * 4096, 0);
+            let d = decompress(m.kind, &c, 73728, 4096).unwrap();
+            assert_eq!(&d[..70000], short, "{m:?}");
+            assert!(d[70000..].iter().all(|&b| b == 0), "{m:?} tail {:?}", &d[70000..70040]);
+        }
+        // Damaged input is an error, not a panic.
+        let c = compress(Method::parse("lzo").unwrap(), &data, 4096).unwrap();
+        assert!(decompress(BTRFS_COMPRESS_LZO, &c[..c.len() / 2], data.len(), 4096).is_err());
+        assert!(decompress(BTRFS_COMPRESS_ZLIB, &[1, 2, 3], 100, 4096).is_err());
+    }
+}

@@ -1,0 +1,86 @@
+//! File data on disk: new extents (allocated, written, checksummed,
+//! referenced) and inline extents.
+
+use super::extents::{extent_key, insert_disk_extent, MAX_EXTENT_SIZE};
+use crate::format::consts::*;
+use crate::format::file_extent::{encode_inline_extent, FileExtentItem};
+use crate::trans::delayed::BackRef;
+use crate::trans::{Store, TreeId};
+use crate::{Error, Result};
+
+/// Checksums of `data` (a whole number of sectors), one per sector.
+pub fn sector_csums(st: &Store, data: &[u8]) -> Vec<u8> {
+    let csum = st.image().csum;
+    let cs = csum.size();
+    let ss = st.sectorsize() as usize;
+    let mut sums = Vec::with_capacity(data.len() / ss * cs);
+    for sector in data.chunks(ss) {
+        sums.extend_from_slice(&csum.compute(sector)[..cs]);
+    }
+    sums
+}
+
+/// Allocate a data extent of `disk.len()` bytes (a whole number of
+/// sectors), write `disk` there and record its checksums (unless
+/// `nodatasum`). Returns its address. The extent item comes with the first
+/// reference ([`reference_new_extent`]).
+pub fn write_data_extent(st: &mut Store, disk: &[u8], datasum: bool) -> Result<u64> {
+    let len = disk.len() as u64;
+    let ss = st.sectorsize() as u64;
+    if len == 0 || len % ss != 0 || len > MAX_EXTENT_SIZE {
+        return Err(Error::Invalid(format!("data extent of {len} bytes")));
+    }
+    let bytenr = st.alloc_space(BTRFS_BLOCK_GROUP_DATA, len, ss, true)?;
+    for phys in st.image().chunks.map(bytenr, len, st.image().devid)? {
+        st.write_new_data(phys, disk)?;
+    }
+    if datasum {
+        let sums = sector_csums(st, disk);
+        st.csum_insert(bytenr, &sums)?;
+    }
+    Ok(bytenr)
+}
+
+/// Queue the extent item of a data extent this transaction wrote, with
+/// its first reference.
+pub fn reference_new_extent(st: &mut Store, bytenr: u64, len: u64, r: BackRef) {
+    let t = st.transid;
+    st.queue_new_data_extent(bytenr, len, t, r);
+}
+
+/// Write `data` as one new uncompressed regular extent at `file_off` of
+/// `ino` (padded with zeros to the sector size): data, checksums, extent
+/// item and file extent item. The range must be free of extent items.
+/// Returns the bytes the extent adds to nbytes.
+pub fn write_extent(st: &mut Store, subvol: u64, ino: u64, file_off: u64, data: &[u8], datasum: bool) -> Result<u64> {
+    let ss = st.sectorsize() as u64;
+    let len = (data.len() as u64).div_ceil(ss) * ss;
+    let padded;
+    let disk = if data.len() as u64 == len {
+        data
+    } else {
+        let mut v = Vec::with_capacity(len as usize);
+        v.extend_from_slice(data);
+        v.resize(len as usize, 0);
+        padded = v;
+        &padded[..]
+    };
+    let bytenr = write_data_extent(st, disk, datasum)?;
+    let item = FileExtentItem::new(BTRFS_FILE_EXTENT_REG, st.transid, bytenr, len, 0, len, len, BTRFS_COMPRESS_NONE);
+    st.insert_item(TreeId::Tree(subvol), &extent_key(ino, file_off), zerocopy::IntoBytes::as_bytes(&item))?;
+    reference_new_extent(st, bytenr, len, BackRef::Data { root: subvol, objectid: ino, offset: file_off });
+    Ok(len)
+}
+
+/// Store `data` inline at offset 0 (`ram_bytes` uncompressed bytes;
+/// `data` compressed with `compression`, or the bytes themselves).
+pub fn write_inline(st: &mut Store, subvol: u64, ino: u64, ram_bytes: u64, compression: u8, data: &[u8]) -> Result<()> {
+    let v = encode_inline_extent(st.transid, ram_bytes, compression, data);
+    st.insert_item(TreeId::Tree(subvol), &extent_key(ino, 0), &v)
+}
+
+/// An explicit hole item (filesystems without no-holes).
+pub fn write_hole(st: &mut Store, subvol: u64, ino: u64, file_off: u64, len: u64) -> Result<()> {
+    let t = st.transid;
+    insert_disk_extent(st, subvol, ino, file_off, &FileExtentItem::hole(t, len))
+}

@@ -1,0 +1,711 @@
+//! File data operations, with the kernel's exact rules (fs/btrfs file.c,
+//! inode.c, reflink.c): buffered, direct and mapped writes, reads,
+//! truncate, fallocate (with keep-size), punch hole, zero range and clone.
+
+use super::extents::{self, drop_extents, extent_key, extents_in};
+use super::filesystem::{Filesystem, Loc};
+use super::inode::*;
+use super::pagecache::PAGE;
+use super::writeback::Reason;
+use crate::format::consts::*;
+use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
+use crate::trans::delayed::BackRef;
+use crate::trans::TreeId;
+use crate::{Error, Result};
+use zerocopy::IntoBytes;
+
+/// Largest file size (MAX_LFS_FILESIZE on 64-bit).
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+/// Largest preallocated extent.
+const MAX_PREALLOC: u64 = 256 << 20;
+
+/// What the extent map shows at an offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MapAt {
+    /// No item, or an explicit hole item: `[start, end)` of the hole.
+    Hole(u64, u64),
+    /// A preallocated extent `[start, end)`.
+    Prealloc(u64, u64),
+    /// Written data (regular or inline) `[start, end)`.
+    Written(u64, u64),
+}
+
+impl Filesystem {
+    fn regular(&mut self, l: Loc, what: &str) -> Result<crate::format::inode::InodeItem> {
+        let it = self.item(l)?;
+        let m = it.mode.get();
+        if is_dir(m) {
+            return Err(Error::errno(libc::EISDIR, format!("{what}: is a directory")));
+        }
+        if !is_reg(m) {
+            return Err(Error::errno(libc::EINVAL, format!("{what}: not a regular file")));
+        }
+        Ok(it)
+    }
+
+    /// The extent map at `pos`.
+    fn map_at(&mut self, l: Loc, pos: u64) -> Result<MapAt> {
+        let ss = self.store.sectorsize() as u64;
+        let items = extents_in(&mut self.store, l.subvol, l.ino, pos, pos + 1)?;
+        if let Some((k, d)) = items.into_iter().next() {
+            let (s, e) = extents::extent_span(ss, k.offset, &d).unwrap_or((k.offset, k.offset + ss));
+            return Ok(match parse_file_extent(&d) {
+                Ok(FileExtent::Inline { .. }) => MapAt::Written(s, e),
+                Ok(FileExtent::Disk { head, item }) if item.disk_bytenr.get() == 0 => {
+                    let _ = head;
+                    MapAt::Hole(s, e)
+                }
+                Ok(FileExtent::Disk { head, .. }) if head.type_ == BTRFS_FILE_EXTENT_PREALLOC => MapAt::Prealloc(s, e),
+                _ => MapAt::Written(s, e),
+            });
+        }
+        // A gap: from the end of the previous item to the next one.
+        let next = match self.store.next_item(TreeId::Tree(l.subvol), &extent_key(l.ino, pos))? {
+            Some((k, _)) if k.objectid == l.ino && k.ty == BTRFS_EXTENT_DATA_KEY => k.offset,
+            _ => u64::MAX,
+        };
+        Ok(MapAt::Hole(pos / ss * ss, next))
+    }
+
+    /// The current bytes of page `idx`: the dirty page, or what the disk
+    /// holds (zeros past the in-memory size, in holes and prealloc).
+    fn page_now(&mut self, l: Loc, idx: u64) -> Result<Box<[u8]>> {
+        if let Some(p) = self.rt(l)?.pages.get(idx) {
+            return Ok(p.to_vec().into_boxed_slice());
+        }
+        let i_size = self.rt(l)?.i_size;
+        let datasum = self.datasum(l)?;
+        let mut page = vec![0u8; PAGE as usize].into_boxed_slice();
+        let start = idx * PAGE;
+        if start < i_size {
+            let d = super::read::read_range(&mut self.store, l.subvol, l.ino, i_size, start, PAGE, datasum)?;
+            page[..d.len()].copy_from_slice(&d);
+        }
+        Ok(page)
+    }
+
+    /// Put a dirty page.
+    fn dirty_page(&mut self, l: Loc, idx: u64, page: Box<[u8]>) -> Result<()> {
+        let rt = self.rt(l)?;
+        if rt.pages.insert(idx, page) {
+            self.dirty_bytes += PAGE;
+        }
+        self.note_dirty(l);
+        self.dirtied();
+        Ok(())
+    }
+
+    /// Drop cached pages `[start, end)` (byte range, page aligned outward).
+    fn drop_pages(&mut self, l: Loc, start: u64, end: u64) -> Result<()> {
+        let rt = self.rt(l)?;
+        let n = rt.pages.drop_range(start / PAGE, end.div_ceil(PAGE)) as u64;
+        let empty = rt.pages.is_empty();
+        self.dirty_bytes = self.dirty_bytes.saturating_sub(n * PAGE);
+        if empty {
+            self.note_clean(l);
+        }
+        Ok(())
+    }
+
+    /// btrfs_truncate_block (6.16+): zero the part of the block holding
+    /// `offset` that lies in `[start, end]` (`end` None: to infinity) and
+    /// dirty the whole block, unless the range is block aligned at the edge
+    /// that block is on. Holes and prealloc are dirtied too: they become
+    /// written data.
+    fn truncate_block(&mut self, l: Loc, offset: u64, start: u64, end: Option<u64>) -> Result<()> {
+        let ss = self.store.sectorsize() as u64;
+        let tail_aligned = end.is_none_or(|e| (e + 1) % ss == 0);
+        if start % ss == 0 && tail_aligned {
+            return Ok(());
+        }
+        let in_head = offset / ss == start / ss;
+        let in_tail = end.is_some_and(|e| offset / ss == e / ss);
+        let need_head = in_head && start % ss != 0;
+        let need_tail = in_tail && !tail_aligned;
+        if !need_head && !need_tail {
+            return Ok(());
+        }
+        let bs = offset / ss * ss;
+        let be = bs + ss - 1;
+        let (a, b) = (bs.max(start), end.map_or(be, |e| e.min(be)));
+        let idx = bs / PAGE;
+        let mut p = self.page_now(l, idx)?;
+        if a <= b {
+            p[(a - bs) as usize..=(b - bs) as usize].fill(0);
+        }
+        self.dirty_page(l, idx, p)
+    }
+
+    /// btrfs_cont_expand: grow from `old` to `size`: the old end's block
+    /// gets zeros after it (and is dirtied), and without no-holes the new
+    /// range outside preallocated space gets a hole item.
+    fn cont_expand(&mut self, l: Loc, old: u64, size: u64) -> Result<()> {
+        self.truncate_block(l, old, old, None)?;
+        let ss = self.store.sectorsize() as u64;
+        let (hole_start, block_end) = (old.div_ceil(ss) * ss, size.div_ceil(ss) * ss);
+        if size <= hole_start || self.no_holes() {
+            return Ok(());
+        }
+        // One hole item per stretch that is not preallocated.
+        let transid = self.transid();
+        let mut pos = hole_start;
+        while pos < block_end {
+            let m = self.map_at(l, pos)?;
+            let (kind_prealloc, end) = match m {
+                MapAt::Prealloc(_, e) => (true, e),
+                MapAt::Hole(_, e) | MapAt::Written(_, e) => (false, e),
+            };
+            let end = end.min(block_end).max(pos + ss);
+            if !kind_prealloc {
+                let d = drop_extents(&mut self.store, l.subvol, l.ino, pos, end)?;
+                self.store.insert_item(TreeId::Tree(l.subvol), &extent_key(l.ino, pos), FileExtentItem::hole(transid, end - pos).as_bytes())?;
+                if d.nbytes > 0 {
+                    let mut it = self.item(l)?;
+                    it.nbytes.set(it.nbytes.get().saturating_sub(d.nbytes));
+                    self.put_item(l, &it)?;
+                }
+            }
+            pos = end;
+        }
+        Ok(())
+    }
+
+    /// Buffered pwrite of `data` at `off` (btrfs_buffered_write): times
+    /// change in memory, the item follows at writeback.
+    pub fn write(&mut self, l: Loc, off: u64, data: &[u8]) -> Result<()> {
+        self.regular(l, "write")?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = off.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or_else(|| Error::errno(libc::EFBIG, "write past the largest file size"))?;
+        let ss = self.store.sectorsize() as u64;
+        let i_size = self.rt(l)?.i_size;
+        if off > i_size {
+            self.cont_expand(l, i_size, end.div_ceil(ss) * ss)?;
+        }
+        let mut pos = off;
+        while pos < end {
+            let idx = pos / PAGE;
+            let base = idx * PAGE;
+            let (a, b) = (pos, end.min(base + PAGE));
+            let mut page = if a == base && b == base + PAGE { vec![0u8; PAGE as usize].into_boxed_slice() } else { self.page_now(l, idx)? };
+            page[(a - base) as usize..(b - base) as usize].copy_from_slice(&data[(a - off) as usize..(b - off) as usize]);
+            self.dirty_page(l, idx, page)?;
+            pos = b;
+        }
+        let now = self.now();
+        let rt = self.rt(l)?;
+        rt.i_size = rt.i_size.max(end);
+        rt.pending_times = Some((now, now));
+        Ok(())
+    }
+
+    /// Stores through a shared mapping: pages change, the size does not.
+    pub fn mmap_write(&mut self, l: Loc, off: u64, data: &[u8]) -> Result<()> {
+        self.regular(l, "mwrite")?;
+        let i_size = self.rt(l)?.i_size;
+        if off + data.len() as u64 > i_size.div_ceil(PAGE) * PAGE {
+            return Err(Error::errno(libc::EFAULT, "store past the end of the mapped file (SIGBUS)"));
+        }
+        self.write(l, off, data)?;
+        // Bytes past the end in the last page are not part of the file.
+        self.rt(l)?.i_size = i_size;
+        Ok(())
+    }
+
+    /// pread: what a reader sees (dirty pages over the disk's data).
+    pub fn read(&mut self, l: Loc, off: u64, len: u64) -> Result<Vec<u8>> {
+        let it = self.item(l)?;
+        if is_dir(it.mode.get()) {
+            return Err(Error::errno(libc::EISDIR, "read: is a directory"));
+        }
+        let i_size = if is_reg(it.mode.get()) { self.rt(l)?.i_size } else { it.size.get() };
+        let end = off.saturating_add(len).min(i_size);
+        if off >= end {
+            return Ok(Vec::new());
+        }
+        let datasum = self.datasum(l)?;
+        let mut out = super::read::read_range(&mut self.store, l.subvol, l.ino, i_size, off, end - off, datasum)?;
+        let rt = self.rt(l)?;
+        for idx in off / PAGE..end.div_ceil(PAGE) {
+            if let Some(p) = rt.pages.get(idx) {
+                let base = idx * PAGE;
+                let (a, b) = (base.max(off), (base + PAGE).min(end));
+                out[(a - off) as usize..(b - off) as usize].copy_from_slice(&p[(a - base) as usize..(b - base) as usize]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Size of the in-memory and on-disk inode after a size change.
+    fn set_size(&mut self, l: Loc, size: u64) -> Result<()> {
+        self.rt(l)?.i_size = size;
+        self.set_disk_size(l)
+    }
+
+    /// truncate(2) (btrfs_setsize / btrfs_truncate).
+    pub fn truncate(&mut self, l: Loc, size: u64) -> Result<()> {
+        self.regular(l, "truncate")?;
+        if size > MAX_FILE_SIZE {
+            return Err(Error::errno(libc::EFBIG, "truncate past the largest file size"));
+        }
+        let old = self.rt(l)?.i_size;
+        if size > old {
+            self.cont_expand(l, old, size)?;
+            self.set_size(l, size)?;
+            return self.stamp(l, true, true);
+        }
+        // Shrink (or the same size): pages past the end go, the partial
+        // page is zeroed in memory only; extents past the new end go.
+        let ss = self.store.sectorsize() as u64;
+        self.drop_pages(l, size.div_ceil(PAGE) * PAGE, u64::MAX)?;
+        if size % PAGE != 0 {
+            if let Some(p) = self.rt(l)?.pages.get_mut(size / PAGE) {
+                p[(size % PAGE) as usize..].fill(0);
+            }
+        }
+        let from = size.div_ceil(ss) * ss;
+        let mut found = !extents_in(&mut self.store, l.subvol, l.ino, from, u64::MAX)?.is_empty();
+        let d = drop_extents(&mut self.store, l.subvol, l.ino, from, u64::MAX)?;
+        let mut it = self.item(l)?;
+        it.nbytes.set(it.nbytes.get().saturating_sub(d.nbytes));
+        self.put_item(l, &it)?;
+        // An inline extent reaching past the new size.
+        let k = extent_key(l.ino, 0);
+        let t = TreeId::Tree(l.subvol);
+        if let Some(dd) = self.store.lookup(t, &k)? {
+            if let Ok(FileExtent::Inline { head, data }) = parse_file_extent(&dd) {
+                let ram = head.ram_bytes.get();
+                if size < ram {
+                    found = true;
+                    if size == 0 {
+                        self.store.delete_item(t, &k)?;
+                        let mut it = self.item(l)?;
+                        it.nbytes.set(it.nbytes.get().saturating_sub(ram));
+                        self.put_item(l, &it)?;
+                    } else if head.compression == BTRFS_COMPRESS_NONE && (size as usize) <= data.len() {
+                        let nd = crate::format::file_extent::encode_inline_extent(head.generation.get(), size, 0, &data[..size as usize]);
+                        self.store.update_item(t, &k, &nd)?;
+                        let mut it = self.item(l)?;
+                        it.nbytes.set(it.nbytes.get().saturating_sub(ram - size));
+                        self.put_item(l, &it)?;
+                    } else {
+                        // A compressed inline extent is not cut: its block is
+                        // rewritten (zeros after the new end).
+                        self.rt(l)?.i_size = size;
+                        self.truncate_block(l, size, size, None)?;
+                    }
+                }
+            }
+        }
+        if found {
+            self.rt(l)?.full_sync = true;
+        }
+        self.set_size(l, size)?;
+        self.stamp(l, true, true)?;
+        self.note_modified(l, size.min(old), size.max(old).max(size + 1))
+    }
+
+    /// fallocate(2) mode 0 or KEEP_SIZE.
+    pub fn fallocate(&mut self, l: Loc, off: u64, len: u64, keep: bool) -> Result<()> {
+        self.regular(l, "fallocate")?;
+        if len == 0 {
+            return Err(Error::errno(libc::EINVAL, "fallocate of 0 bytes"));
+        }
+        let end = off.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE).ok_or_else(|| Error::errno(libc::EFBIG, "fallocate past the largest file size"))?;
+        let (alloc_start, alloc_end) = self.fallocate_prelude(l, off, end)?;
+        let i_size = self.rt(l)?.i_size;
+        // Holes, and anything at or past the size that is not prealloc.
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut pos = alloc_start;
+        while pos < alloc_end {
+            let m = self.map_at(l, pos)?;
+            let (pick, e) = match m {
+                MapAt::Hole(_, e) => (true, e),
+                MapAt::Prealloc(_, e) => (false, e),
+                MapAt::Written(_, e) => (pos >= i_size, e),
+            };
+            let e = e.min(alloc_end).max(pos + self.store.sectorsize() as u64);
+            if pick {
+                match ranges.last_mut() {
+                    Some(r) if r.1 == pos => r.1 = e,
+                    _ => ranges.push((pos, e)),
+                }
+            }
+            pos = e;
+        }
+        for (a, b) in ranges {
+            self.prealloc_range(l, a, b, if keep { None } else { Some(end) })?;
+        }
+        self.fallocate_update_isize(l, end, keep)
+    }
+
+    /// What every fallocate mode does first: size check, times, expansion
+    /// to the range (holes without no-holes) or the end block zeroed, and
+    /// writeback of the aligned range. Returns the aligned range.
+    fn fallocate_prelude(&mut self, l: Loc, off: u64, end: u64) -> Result<(u64, u64)> {
+        let ss = self.store.sectorsize() as u64;
+        let (alloc_start, alloc_end) = (off / ss * ss, end.div_ceil(ss) * ss);
+        self.stamp(l, true, true)?;
+        let i_size = self.rt(l)?.i_size;
+        if alloc_start > i_size {
+            self.cont_expand(l, i_size, alloc_start)?;
+        } else if end > i_size {
+            self.truncate_block(l, i_size, i_size, None)?;
+        }
+        self.writeback(l, alloc_start, alloc_end, Reason::Sync)?;
+        Ok((alloc_start, alloc_end))
+    }
+
+    /// __btrfs_prealloc_file_range over `[a, b)`: extents of at most 256
+    /// MiB replacing whatever is there; with `grow_to`, the size follows
+    /// each extent up to it.
+    fn prealloc_range(&mut self, l: Loc, a: u64, b: u64, grow_to: Option<u64>) -> Result<()> {
+        let ss = self.store.sectorsize() as u64;
+        let transid = self.transid();
+        let mut p = a;
+        while p < b {
+            let want = (b - p).min(MAX_PREALLOC);
+            let bytenr = self.store.alloc_space(BTRFS_BLOCK_GROUP_DATA, want, ss, true)?;
+            let d = drop_extents(&mut self.store, l.subvol, l.ino, p, p + want)?;
+            let fe = FileExtentItem::new(BTRFS_FILE_EXTENT_PREALLOC, transid, bytenr, want, 0, want, want, BTRFS_COMPRESS_NONE);
+            self.store.insert_item(TreeId::Tree(l.subvol), &extent_key(l.ino, p), fe.as_bytes())?;
+            super::data::reference_new_extent(&mut self.store, bytenr, want, BackRef::Data { root: l.subvol, objectid: l.ino, offset: p });
+            let now = self.now();
+            let mut it = self.item(l)?;
+            it.nbytes.set(it.nbytes.get().saturating_sub(d.nbytes) + want);
+            it.flags.set(it.flags.get() | BTRFS_INODE_PREALLOC);
+            it.ctime = now;
+            it.transid.set(transid);
+            self.put_item(l, &it)?;
+            p += want;
+            if let Some(g) = grow_to {
+                let i_size = self.rt(l)?.i_size;
+                if g > i_size && p > i_size {
+                    self.set_size(l, p.min(g))?;
+                }
+            }
+            self.note_modified(l, p - want, p)?;
+        }
+        Ok(())
+    }
+
+    /// btrfs_fallocate_update_isize: without keep-size, a range past the
+    /// end grows the file (ctime only).
+    fn fallocate_update_isize(&mut self, l: Loc, end: u64, keep: bool) -> Result<()> {
+        if keep || end <= self.rt(l)?.i_size {
+            return Ok(());
+        }
+        self.set_size(l, end)?;
+        self.stamp(l, true, false)
+    }
+
+    /// The first byte at or after `off` (before `end`) that is not a hole,
+    /// or None when `[off, end)` is all hole.
+    fn first_non_hole(&mut self, l: Loc, off: u64, end: u64) -> Result<Option<u64>> {
+        let ss = self.store.sectorsize() as u64;
+        match self.map_at(l, off / ss * ss)? {
+            MapAt::Hole(_, he) if he >= end => Ok(None),
+            MapAt::Hole(_, he) => Ok(Some(he.max(off))),
+            _ => Ok(Some(off)),
+        }
+    }
+
+    /// FALLOC_FL_PUNCH_HOLE | KEEP_SIZE (btrfs_punch_hole).
+    pub fn punch_hole(&mut self, l: Loc, off: u64, len: u64) -> Result<()> {
+        self.regular(l, "punch")?;
+        if len == 0 {
+            return Err(Error::errno(libc::EINVAL, "punch of 0 bytes"));
+        }
+        let end = off.checked_add(len).ok_or_else(|| Error::errno(libc::EINVAL, "punch range overflows"))?;
+        let ss = self.store.sectorsize() as u64;
+        let (orig_start, orig_end) = (off, end - 1);
+        self.writeback(l, off, end, Reason::Sync)?;
+        let ino_size = self.rt(l)?.i_size.div_ceil(ss) * ss;
+        let Some(offset) = self.first_non_hole(l, off, end)? else { return Ok(()) };
+        let moved = offset != off;
+        let len = end - offset;
+        let mut lockstart = offset.div_ceil(ss) * ss;
+        let lockend = (offset + len) / ss * ss;
+        let same_block = offset / ss == (offset + len - 1) / ss;
+        if same_block && len < ss {
+            if offset < ino_size {
+                self.truncate_block(l, offset + len - 1, orig_start, Some(orig_end))?;
+            }
+            return self.stamp(l, true, true);
+        }
+        if offset < ino_size {
+            self.truncate_block(l, offset, orig_start, Some(orig_end))?;
+        }
+        if !moved && lockstart < lockend {
+            match self.first_non_hole(l, lockstart, lockend)? {
+                None => return self.stamp(l, true, true),
+                Some(p) => lockstart = p,
+            }
+        }
+        let tail_start = lockend;
+        if offset + len > tail_start && tail_start < offset + len {
+            let tail_is_hole = matches!(self.map_at(l, tail_start)?, MapAt::Hole(..));
+            if !tail_is_hole && offset + len < ino_size {
+                self.truncate_block(l, offset + len - 1, orig_start, Some(orig_end))?;
+            }
+        }
+        if lockstart >= lockend {
+            return self.stamp(l, true, true);
+        }
+        self.drop_pages(l, lockstart, lockend)?;
+        let d = drop_extents(&mut self.store, l.subvol, l.ino, lockstart, lockend)?;
+        let mut it = self.item(l)?;
+        it.nbytes.set(it.nbytes.get().saturating_sub(d.nbytes));
+        self.put_item(l, &it)?;
+        if lockstart < ino_size {
+            self.fill_holes(l, lockstart, lockend)?;
+        }
+        self.note_modified(l, lockstart, lockend)?;
+        self.stamp(l, true, true)
+    }
+
+    /// FALLOC_FL_ZERO_RANGE [| KEEP_SIZE] (btrfs_zero_range).
+    pub fn zero_range(&mut self, l: Loc, off: u64, len: u64, keep: bool) -> Result<()> {
+        self.regular(l, "zero-range")?;
+        if len == 0 {
+            return Err(Error::errno(libc::EINVAL, "zero-range of 0 bytes"));
+        }
+        let end = off.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE).ok_or_else(|| Error::errno(libc::EFBIG, "zero-range past the largest file size"))?;
+        let ss = self.store.sectorsize() as u64;
+        let (orig_start, orig_end) = (off, end - 1);
+        let (mut alloc_start, _) = self.fallocate_prelude(l, off, end)?;
+        let mut offset = off;
+        // A preallocated extent at the start is kept as it is.
+        if let MapAt::Prealloc(s, e) = self.map_at(l, alloc_start)? {
+            if s <= alloc_start {
+                if e >= end {
+                    return self.fallocate_update_isize(l, end, keep);
+                }
+                alloc_start = e;
+                offset = e;
+            }
+        }
+        let (mut a, mut b);
+        if offset / ss == (end - 1) / ss {
+            // Within one block.
+            match self.map_at(l, offset / ss * ss)? {
+                MapAt::Prealloc(..) => return self.fallocate_update_isize(l, end, keep),
+                MapAt::Written(..) if end - offset < ss => {
+                    self.truncate_block(l, end - 1, orig_start, Some(orig_end))?;
+                    return self.fallocate_update_isize(l, end, keep);
+                }
+                _ => {
+                    a = offset / ss * ss;
+                    b = a + ss;
+                }
+            }
+        } else {
+            a = offset.div_ceil(ss) * ss;
+            b = end / ss * ss;
+            if offset % ss != 0 {
+                match self.map_at(l, offset / ss * ss)? {
+                    MapAt::Hole(..) => a = offset / ss * ss,
+                    MapAt::Written(..) => self.truncate_block(l, offset, orig_start, Some(orig_end))?,
+                    MapAt::Prealloc(..) => {}
+                }
+            }
+            if end % ss != 0 {
+                match self.map_at(l, end / ss * ss)? {
+                    MapAt::Hole(..) => b = end.div_ceil(ss) * ss,
+                    MapAt::Written(..) => self.truncate_block(l, end, orig_start, Some(orig_end))?,
+                    MapAt::Prealloc(..) => {}
+                }
+            }
+        }
+        let _ = alloc_start;
+        if a < b {
+            self.drop_pages(l, a, b)?;
+            self.prealloc_range(l, a, b, if keep { None } else { Some(end) })?;
+        }
+        self.fallocate_update_isize(l, end, keep)
+    }
+
+    /// FALLOC_FL_COLLAPSE_RANGE: btrfs does not support it.
+    pub fn collapse_range(&mut self, l: Loc, _off: u64, _len: u64) -> Result<()> {
+        self.regular(l, "collapse")?;
+        Err(Error::errno(libc::EOPNOTSUPP, "collapse: btrfs does not support FALLOC_FL_COLLAPSE_RANGE"))
+    }
+
+    /// O_DIRECT pwrite. A checksummed file (and any unaligned write) is
+    /// written through the page cache and flushed at once, as btrfs does;
+    /// a nodatasum file's aligned writes go to new extents, or in place
+    /// where the file owns the space.
+    pub fn direct_write(&mut self, l: Loc, off: u64, data: &[u8]) -> Result<()> {
+        self.regular(l, "dwrite")?;
+        let ss = self.store.sectorsize() as u64;
+        let end = off + data.len() as u64;
+        let datasum = self.datasum(l)?;
+        if datasum || off % ss != 0 || data.len() as u64 % ss != 0 || data.is_empty() {
+            self.write(l, off, data)?;
+            return self.writeback(l, off / ss * ss, end.div_ceil(ss) * ss, Reason::Fsync);
+        }
+        let i_size = self.rt(l)?.i_size;
+        if off > i_size {
+            self.cont_expand(l, i_size, end)?;
+        }
+        // Cached pages of the range are written first and dropped.
+        self.writeback(l, 0, u64::MAX, Reason::Fsync)?;
+        let rt = self.rt(l)?;
+        rt.i_size = rt.i_size.max(end);
+        let now = self.now();
+        self.rt(l)?.pending_times = Some((now, now));
+        self.write_direct_run(l, off, data)
+    }
+
+    /// fsync, fdatasync and msync (issue 9: a commit after writeback; the
+    /// log writer replaces it).
+    pub fn fsync(&mut self, l: Loc, _datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
+        self.stats.fsyncs += 1;
+        let (a, b) = range.unwrap_or((0, u64::MAX));
+        self.writeback(l, a, b, Reason::Fsync)?;
+        self.commit("fsync")
+    }
+
+    /// sync_file_range: write (and wait for) the data; metadata is not
+    /// made durable.
+    pub fn sync_file_range(&mut self, l: Loc, off: u64, len: u64, flags: u32) -> Result<()> {
+        self.regular(l, "sync-range")?;
+        let end = if len == 0 { u64::MAX } else { off.saturating_add(len) };
+        if flags & crate::workload::script::SYNC_RANGE_WRITE != 0 {
+            self.writeback(l, off, end, Reason::Fsync)?;
+        }
+        Ok(())
+    }
+
+    /// FICLONERANGE (btrfs_remap_file_range, btrfs_clone_files): `dst`
+    /// shares `src[soff..soff+len]`'s extents (len 0: to the end of `src`).
+    pub fn clone_range(&mut self, src: Loc, soff: u64, dst: Loc, doff: u64, len: u64) -> Result<()> {
+        self.regular(src, "clone")?;
+        self.regular(dst, "clone")?;
+        if self.datasum(src)? != self.datasum(dst)? {
+            return Err(Error::errno(libc::EINVAL, "clone: one file keeps checksums and the other not"));
+        }
+        let ss = self.store.sectorsize() as u64;
+        let src_size = self.rt(src)?.i_size;
+        let len = if len == 0 {
+            if soff == src_size {
+                return Ok(());
+            }
+            if soff > src_size {
+                return Err(Error::errno(libc::EINVAL, "clone: source offset past its end"));
+            }
+            src_size - soff
+        } else {
+            len
+        };
+        if soff >= src_size || soff.checked_add(len).is_none_or(|e| e > src_size) || doff.checked_add(len).is_none_or(|e| e > MAX_FILE_SIZE) {
+            return Err(Error::errno(libc::EINVAL, "clone: range past the end of the source"));
+        }
+        let to_eof = soff + len == src_size;
+        if soff % ss != 0 || doff % ss != 0 || (len % ss != 0 && !to_eof) {
+            return Err(Error::errno(libc::EINVAL, "clone: offsets and length must be block aligned"));
+        }
+        let dst_size = self.rt(dst)?.i_size;
+        if len % ss != 0 && doff + len < dst_size {
+            return Err(Error::errno(libc::EINVAL, "clone: an unaligned tail must land at the destination's end"));
+        }
+        let alen = len.div_ceil(ss) * ss;
+        if src == dst && soff < doff + alen && doff < soff + alen {
+            return Err(Error::errno(libc::EINVAL, "clone: overlapping ranges in one file"));
+        }
+        self.stamp(dst, true, true)?;
+        // All of the source's dirty data, and the destination's in range.
+        self.writeback(src, 0, u64::MAX, Reason::Sync)?;
+        self.writeback(dst, doff, doff + alen, Reason::Sync)?;
+        if doff > dst_size {
+            self.cont_expand(dst, dst_size, doff)?;
+            self.writeback(dst, 0, u64::MAX, Reason::Sync)?;
+        }
+        self.drop_pages(dst, doff, doff + alen)?;
+        let items = extents_in(&mut self.store, src.subvol, src.ino, soff, soff + alen)?;
+        let no_holes = self.no_holes();
+        let mut last_end = doff;
+        let mut nbytes_add = 0u64;
+        let mut inline_copy: Option<Vec<u8>> = None;
+        for (k, data) in items {
+            match parse_file_extent(&data).map_err(|e| e.at(0, k))? {
+                FileExtent::Inline { head, .. } => {
+                    let datal = head.ram_bytes.get();
+                    let dst_i = self.rt(dst)?.i_size;
+                    let dst_has_other = extents_in(&mut self.store, dst.subvol, dst.ino, 0, u64::MAX)?
+                        .iter()
+                        .any(|(dk, dd)| !(dk.offset == 0 && matches!(parse_file_extent(dd), Ok(FileExtent::Inline { .. }))));
+                    if doff == 0 && dst_i <= datal && !dst_has_other {
+                        let dd = drop_extents(&mut self.store, dst.subvol, dst.ino, 0, datal.div_ceil(ss) * ss)?;
+                        self.store.insert_item(TreeId::Tree(dst.subvol), &extent_key(dst.ino, 0), &data)?;
+                        let mut it = self.item(dst)?;
+                        it.nbytes.set(it.nbytes.get().saturating_sub(dd.nbytes) + datal);
+                        self.put_item(dst, &it)?;
+                    } else {
+                        inline_copy = Some(self.read(src, 0, datal)?);
+                    }
+                    last_end = doff + datal.div_ceil(ss) * ss;
+                }
+                FileExtent::Disk { item, .. } => {
+                    let (s, e) = (k.offset, k.offset + item.num_bytes.get());
+                    let (a, b) = (s.max(soff), e.min(soff + alen));
+                    if a >= b {
+                        continue;
+                    }
+                    let at = doff + (a - soff);
+                    let dd = drop_extents(&mut self.store, dst.subvol, dst.ino, last_end.min(at), at + (b - a))?;
+                    let mut it = self.item(dst)?;
+                    it.nbytes.set(it.nbytes.get().saturating_sub(dd.nbytes));
+                    self.put_item(dst, &it)?;
+                    if last_end < at {
+                        self.fill_holes(dst, last_end, at)?;
+                    }
+                    if item.disk_bytenr.get() != 0 || !no_holes {
+                        let mut n = *item;
+                        n.offset.set(item.offset.get() + (a - s));
+                        n.num_bytes.set(b - a);
+                        if item.disk_bytenr.get() == 0 {
+                            n.ram_bytes.set(b - a);
+                        }
+                        extents::insert_disk_extent(&mut self.store, dst.subvol, dst.ino, at, &n)?;
+                        if item.disk_bytenr.get() != 0 {
+                            nbytes_add += b - a;
+                        }
+                    }
+                    last_end = at + (b - a);
+                }
+            }
+        }
+        // The trailing gap is punched.
+        if last_end < doff + alen {
+            let dd = drop_extents(&mut self.store, dst.subvol, dst.ino, last_end, doff + alen)?;
+            let mut it = self.item(dst)?;
+            it.nbytes.set(it.nbytes.get().saturating_sub(dd.nbytes));
+            self.put_item(dst, &it)?;
+            let lim = self.rt(dst)?.i_size.div_ceil(ss) * ss;
+            if last_end < lim {
+                self.fill_holes(dst, last_end, (doff + alen).min(lim))?;
+            }
+        }
+        let mut it = self.item(dst)?;
+        it.nbytes.set(it.nbytes.get() + nbytes_add);
+        self.put_item(dst, &it)?;
+        let new_end = doff + len;
+        if new_end > self.rt(dst)?.i_size {
+            self.set_size(dst, new_end)?;
+        }
+        if let Some(bytes) = inline_copy {
+            // Into the page cache, then written as the wait that follows does.
+            let mut block = bytes;
+            block.resize(ss as usize, 0);
+            let keep = self.rt(dst)?.i_size;
+            self.write(dst, doff, &block)?;
+            self.rt(dst)?.i_size = keep.max(self.rt(dst)?.i_size.min(keep));
+            self.writeback(dst, doff, doff + ss, Reason::Sync)?;
+        }
+        self.rt(dst)?.full_sync = true;
+        self.note_modified(dst, doff, doff + alen)?;
+        self.stamp(dst, true, true)
+    }
+}

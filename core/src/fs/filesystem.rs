@@ -1,0 +1,587 @@
+//! The mounted filesystem: the tree store plus what the kernel keeps in
+//! memory for a mount (inodes with their page cache, open files, the
+//! running transaction's age, the clock), and the operations a process
+//! performs on it.
+//!
+//! Invariants:
+//! - inode items in the tree are authoritative for everything but the
+//!   in-memory size (`i_size`, which runs ahead of the item's size while
+//!   written data is only in the page cache) and the runtime state;
+//! - the item's size is `disk_i_size`: what the data written back supports;
+//! - dirty pages are the only data not yet in an extent; a commit after a
+//!   `sync` (which writes them all back) leaves none.
+
+use super::inode::*;
+use super::options::MountOptions;
+use super::pagecache::PageCache;
+use crate::format::consts::*;
+use crate::format::inode::{InodeItem, Timespec};
+use crate::format::key::Key;
+use crate::io::BlockDevice;
+use crate::trans::{Store, TreeId};
+use crate::{Error, Result};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// An inode: (subvolume tree, inode number).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Loc {
+    pub subvol: u64,
+    pub ino: u64,
+}
+
+impl Loc {
+    pub fn new(subvol: u64, ino: u64) -> Loc {
+        Loc { subvol, ino }
+    }
+}
+
+/// Engine switches (`set NAME on|off`), each a result of Btrfs's history.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Switches {
+    /// Skip the log sync when a fast fsync finds nothing changed since the
+    /// last commit and no ordered extents in range.
+    pub fast_fsync_skip: bool,
+    /// Log inodes whose names a new inode takes instead of committing.
+    pub log_conflicting_inodes: bool,
+    /// Write data for fsync and O_SYNC at once, ahead of background
+    /// writeback.
+    pub sync_io_first: bool,
+}
+
+impl Default for Switches {
+    fn default() -> Switches {
+        Switches { fast_fsync_skip: true, log_conflicting_inodes: true, sync_io_first: true }
+    }
+}
+
+/// What the engine counts.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct EngineStats {
+    pub commits: u64,
+    pub commit_reasons: BTreeMap<String, u64>,
+    pub fsyncs: u64,
+    pub log_syncs: u64,
+    pub log_syncs_skipped: u64,
+    pub full_commits: u64,
+    pub full_commit_reasons: BTreeMap<String, u64>,
+    pub conflicting_inodes_logged: u64,
+    pub ordered_extents: u64,
+    pub writeback_bytes: u64,
+    pub compressed_extents: u64,
+    pub inline_extents: u64,
+    pub nocow_writes: u64,
+}
+
+/// Runtime state of an inode, as the kernel's in-core `btrfs_inode`.
+#[derive(Debug, Default)]
+pub struct InodeRt {
+    /// Size as a reader sees it (runs ahead of the item while data is dirty).
+    pub i_size: u64,
+    /// Size in the inode item: what written-back data supports.
+    pub disk_i_size: u64,
+    pub pages: PageCache,
+    /// Next directory index (directories), loaded on first use.
+    pub index_cnt: Option<u64>,
+    /// Open file descriptions on the inode.
+    pub opens: u32,
+    /// Transaction that last changed the inode.
+    pub last_trans: u64,
+    /// Log sub-transaction of the last change, and the last one logged.
+    pub last_sub_trans: u64,
+    pub last_log_commit: u64,
+    /// Transaction in which the inode was last logged (0: never).
+    pub logged_trans: u64,
+    /// The next fsync must log everything the slow way (truncate, clone,
+    /// reload after eviction in the transaction that changed it).
+    pub full_sync: bool,
+    /// File ranges whose extents changed since the inode was last logged
+    /// (what a fast fsync logs).
+    pub modified: Vec<(u64, u64)>,
+    /// (mtime, ctime) a buffered write set in memory; the item gets them
+    /// when the data is written back.
+    pub pending_times: Option<(Timespec, Timespec)>,
+}
+
+pub struct Filesystem {
+    pub store: Store,
+    pub opts: MountOptions,
+    pub switches: Switches,
+    pub stats: EngineStats,
+    inodes: HashMap<Loc, InodeRt>,
+    /// Inodes with dirty pages, and the clock reading when each first got
+    /// them since its last writeback (the flusher writes back what is old
+    /// enough).
+    dirty_inodes: BTreeMap<Loc, std::time::Duration>,
+    /// Clock reading of the flusher's last pass.
+    flusher_ran: std::time::Duration,
+    /// Next free inode number per subvolume (root->free_objectid).
+    free_ino: HashMap<u64, u64>,
+    /// Real time at mount plus what `sleep` added.
+    clock_base: std::time::SystemTime,
+    clock_offset: std::time::Duration,
+    /// Clock reading at the running transaction's first change.
+    trans_start: Option<std::time::Duration>,
+    /// Bytes of dirty pages over every inode.
+    pub(super) dirty_bytes: u64,
+    /// Dirty page bytes that start background writeback.
+    pub dirty_limit: u64,
+    /// Dirty tree block bytes that start a commit.
+    pub metadata_limit: u64,
+    /// The default subvolume (what a mount shows at `/`).
+    pub(super) default_subvol: u64,
+    /// Next subvolume id (the root tree's free objectid), once known.
+    pub(super) next_subvol_id: Option<u64>,
+    /// Deleted subvolumes waiting for the cleaner: (id, transaction of
+    /// the deletion).
+    pub(super) deleted_subvols: Vec<(u64, u64)>,
+    /// Subvolumes dropped in the last commit whose qgroups go next.
+    pub(super) dropped_qgroups: Vec<u64>,
+}
+
+pub const FS_TREE: u64 = BTRFS_FS_TREE_OBJECTID;
+pub const ROOT_DIR: u64 = BTRFS_FIRST_FREE_OBJECTID;
+
+/// Inodes kept in memory before clean, closed ones are evicted.
+const INODE_CACHE: usize = 16384;
+
+/// How often the flusher looks for old dirty data (dirty_writeback_centisecs).
+const FLUSHER_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Age at which the flusher writes back dirty data (dirty_expire_centisecs).
+const DIRTY_EXPIRE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Symlinks followed in one path resolution before ELOOP.
+const MAX_SYMLINKS: usize = 40;
+
+impl Filesystem {
+    /// Mount the filesystem on `dev` with `opts`. A filesystem with a log
+    /// must have it replayed first.
+    pub fn mount(dev: Arc<dyn BlockDevice>, opts: MountOptions) -> Result<Filesystem> {
+        let store = Store::open(dev)?;
+        Filesystem::with_store(store, opts)
+    }
+
+    pub fn with_store(store: Store, opts: MountOptions) -> Result<Filesystem> {
+        let mut fs = Filesystem {
+            store,
+            opts,
+            switches: Switches::default(),
+            stats: EngineStats::default(),
+            inodes: HashMap::new(),
+            dirty_inodes: BTreeMap::new(),
+            flusher_ran: std::time::Duration::ZERO,
+            free_ino: HashMap::new(),
+            clock_base: std::time::SystemTime::now(),
+            clock_offset: std::time::Duration::ZERO,
+            trans_start: None,
+            dirty_bytes: 0,
+            dirty_limit: 64 << 20,
+            metadata_limit: 64 << 20,
+            default_subvol: FS_TREE,
+            next_subvol_id: None,
+            deleted_subvols: Vec::new(),
+            dropped_qgroups: Vec::new(),
+        };
+        fs.default_subvol = fs.read_default_subvol()?;
+        fs.find_dead_subvols()?;
+        Ok(fs)
+    }
+
+    /// The subvolume the root tree's `default` entry names.
+    fn read_default_subvol(&mut self) -> Result<u64> {
+        let k = Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_DIR_ITEM_KEY, crate::format::dir::name_hash(b"default"));
+        if let Some(d) = self.store.lookup(TreeId::Root, &k)? {
+            for e in crate::format::dir::parse_dir_items(&d).map_err(|e| e.at(0, k))? {
+                if e.name == b"default" {
+                    let id = Key::from(&e.item.location).objectid;
+                    if self.store.tree_exists(id)? {
+                        return Ok(id);
+                    }
+                }
+            }
+        }
+        Ok(FS_TREE)
+    }
+
+    // ------------------------------------------------------------------
+    // Time
+
+    /// Seconds since mount on the engine's clock.
+    pub fn uptime(&self) -> std::time::Duration {
+        self.clock_offset
+    }
+
+    pub fn now(&self) -> Timespec {
+        let t = self.clock_base + self.clock_offset;
+        let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        Timespec { sec: d.as_secs().into(), nsec: d.subsec_nanos().into() }
+    }
+
+    /// Move the clock (a script's `sleep`); periodic work that falls due
+    /// runs, as the kernel's transaction thread would run it.
+    pub fn advance_clock(&mut self, by: std::time::Duration) -> Result<()> {
+        self.clock_offset += by;
+        self.periodic()
+    }
+
+    /// The commit interval and the dirty thresholds: called between
+    /// operations.
+    pub fn periodic(&mut self) -> Result<()> {
+        if self.dirty_bytes > self.dirty_limit {
+            self.writeback_all(super::writeback::Reason::Background)?;
+        }
+        // The flusher: data dirty for longer than dirty_expire (30 s).
+        let now = self.clock_offset;
+        // The flusher wakes every few seconds of clock time, not per step.
+        if now.saturating_sub(self.flusher_ran) >= FLUSHER_INTERVAL {
+            self.flusher_ran = now;
+            let expired: Vec<Loc> = self.dirty_inodes.iter().filter(|(_, t)| now.saturating_sub(**t) >= DIRTY_EXPIRE).map(|(l, _)| *l).collect();
+            for l in expired {
+                self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
+            }
+        }
+        // The transaction thread: a transaction older than the interval
+        // (counted from its first change) is committed.
+        if let Some(t0) = self.trans_start {
+            if now.saturating_sub(t0).as_secs() >= self.opts.commit_interval {
+                self.commit("interval")?;
+            }
+        }
+        if self.store.cache_dirty_bytes() > self.metadata_limit {
+            self.commit("metadata")?;
+        }
+        self.store.trim_cache();
+        if self.inodes.len() > INODE_CACHE {
+            // Memory pressure evicts inodes that are neither open nor dirty.
+            let dirty = &self.dirty_inodes;
+            self.inodes.retain(|l, rt| rt.opens > 0 || dirty.contains_key(l));
+        }
+        Ok(())
+    }
+
+    /// The inode got dirty pages (`first`: it had none).
+    pub(super) fn note_dirty(&mut self, l: Loc) {
+        let now = self.clock_offset;
+        self.dirty_inodes.entry(l).or_insert(now);
+    }
+
+    /// The inode has no dirty pages left.
+    pub(super) fn note_clean(&mut self, l: Loc) {
+        self.dirty_inodes.remove(&l);
+    }
+
+    /// Inodes with dirty pages.
+    pub(super) fn dirty_list(&self) -> Vec<Loc> {
+        self.dirty_inodes.keys().copied().collect()
+    }
+
+    /// Something changed: the running transaction's age counts from now
+    /// if it had no change yet.
+    pub(super) fn dirtied(&mut self) {
+        if self.trans_start.is_none() {
+            self.trans_start = Some(self.clock_offset);
+        }
+    }
+
+    /// Commit the running transaction (`reason` is counted).
+    pub fn commit(&mut self, reason: &str) -> Result<()> {
+        if self.opts.flushoncommit {
+            self.writeback_all(super::writeback::Reason::Sync)?;
+        }
+        self.finish_deleted_subvols()?;
+        self.store.flush_data()?;
+        self.store.commit()?;
+        self.stats.commits += 1;
+        *self.stats.commit_reasons.entry(reason.to_string()).or_default() += 1;
+        self.trans_start = None;
+        if !self.dropped_qgroups.is_empty() {
+            self.remove_dropped_qgroups()?;
+            self.dirtied();
+        }
+        Ok(())
+    }
+
+    /// sync(2)/syncfs(2): write back every dirty page, then commit.
+    pub fn sync(&mut self) -> Result<()> {
+        self.writeback_all(super::writeback::Reason::Sync)?;
+        self.commit("sync")
+    }
+
+    /// Drop what a `drop_caches` drops: clean tree blocks, and inodes that
+    /// are neither open nor dirty (their runtime state goes with them).
+    pub fn evict(&mut self) {
+        self.store.drop_clean_cache();
+        self.inodes.retain(|_, rt| rt.opens > 0 || !rt.pages.is_empty());
+    }
+
+    /// Unmount and mount again: everything durable is committed, all
+    /// runtime state goes, inode number counters restart from the trees.
+    pub fn remount(&mut self) -> Result<()> {
+        self.close_all()?;
+        self.sync()?;
+        self.inodes.clear();
+        self.free_ino.clear();
+        self.next_subvol_id = None;
+        self.store.drop_clean_cache();
+        self.default_subvol = self.read_default_subvol()?;
+        Ok(())
+    }
+
+    /// Close every open file (unmount): unlinked open files go.
+    pub fn close_all(&mut self) -> Result<()> {
+        let open: Vec<Loc> = self.inodes.iter().filter(|(_, r)| r.opens > 0).map(|(l, _)| *l).collect();
+        for l in open {
+            while self.inodes.get(&l).is_some_and(|r| r.opens > 0) {
+                self.close(l)?;
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Inodes
+
+    pub fn transid(&self) -> u64 {
+        self.store.transid
+    }
+
+    pub fn item(&mut self, l: Loc) -> Result<InodeItem> {
+        get_inode(&mut self.store, l.subvol, l.ino)?.ok_or_else(|| Error::errno(libc::ENOENT, format!("inode {} of subvolume {} does not exist", l.ino, l.subvol)))
+    }
+
+    pub(super) fn put_item(&mut self, l: Loc, item: &InodeItem) -> Result<()> {
+        put_inode(&mut self.store, l.subvol, l.ino, item)
+    }
+
+    /// The runtime state of an inode, loading it the first time.
+    pub fn rt(&mut self, l: Loc) -> Result<&mut InodeRt> {
+        if !self.inodes.contains_key(&l) {
+            let item = self.item(l)?;
+            let transid = self.store.transid;
+            let mut rt = InodeRt { i_size: item.size.get(), disk_i_size: item.size.get(), ..Default::default() };
+            // Changed in this transaction and evicted since: which extents
+            // changed is unknown, so the next fsync logs everything.
+            rt.last_trans = item.transid.get();
+            if item.transid.get() == transid {
+                rt.full_sync = true;
+            }
+            self.inodes.insert(l, rt);
+        }
+        self.inodes.get_mut(&l).ok_or_else(|| Error::Invalid("inode state".into()))
+    }
+
+    pub(super) fn rt_if_loaded(&mut self, l: Loc) -> Option<&mut InodeRt> {
+        self.inodes.get_mut(&l)
+    }
+
+    pub(super) fn forget_inode(&mut self, l: Loc) {
+        self.dirty_inodes.remove(&l);
+        if let Some(rt) = self.inodes.remove(&l) {
+            self.dirty_bytes = self.dirty_bytes.saturating_sub(rt.pages.dirty_bytes());
+        }
+    }
+
+    pub(super) fn loaded_inodes(&self) -> Vec<Loc> {
+        self.inodes.keys().copied().collect()
+    }
+
+    /// The inode changed in this transaction (log bookkeeping).
+    pub(super) fn touch_trans(&mut self, l: Loc) -> Result<()> {
+        let t = self.store.transid;
+        let rt = self.rt(l)?;
+        rt.last_trans = t;
+        self.dirtied();
+        Ok(())
+    }
+
+    /// A fresh inode number in `subvol`: one past the highest in the tree
+    /// at first use, then counting up (numbers are not reused before the
+    /// next mount), as the kernel's free objectid.
+    pub(super) fn alloc_ino(&mut self, subvol: u64) -> Result<u64> {
+        if !self.free_ino.contains_key(&subvol) {
+            let hi = Key::new(BTRFS_LAST_FREE_OBJECTID, u8::MAX, u64::MAX);
+            let lo = Key::new(BTRFS_FIRST_FREE_OBJECTID, 0, 0);
+            let next = match self.store.prev_item(TreeId::Tree(subvol), &hi, &lo)? {
+                Some((k, _)) => k.objectid + 1,
+                None => BTRFS_FIRST_FREE_OBJECTID,
+            };
+            self.free_ino.insert(subvol, next);
+        }
+        let n = self.free_ino.get_mut(&subvol).ok_or_else(|| Error::Invalid("free inode".into()))?;
+        if *n >= BTRFS_LAST_FREE_OBJECTID {
+            return Err(Error::errno(libc::ENOSPC, format!("no free inode numbers in subvolume {subvol}")));
+        }
+        let ino = *n;
+        *n += 1;
+        Ok(ino)
+    }
+
+    /// The next directory index of `dir`.
+    pub(super) fn next_index(&mut self, dir: Loc) -> Result<u64> {
+        let cur = self.rt(dir)?.index_cnt;
+        let idx = match cur {
+            Some(i) => i,
+            None => super::names::next_dir_index(&mut self.store, dir.subvol, dir.ino)?,
+        };
+        self.rt(dir)?.index_cnt = Some(idx + 1);
+        Ok(idx)
+    }
+
+    /// Set times and bump transid of an inode item (`m`: mtime too).
+    pub(super) fn stamp(&mut self, l: Loc, ctime: bool, mtime: bool) -> Result<()> {
+        let now = self.now();
+        let t = self.store.transid;
+        let mut it = self.item(l)?;
+        if ctime {
+            it.ctime = now;
+        }
+        if mtime {
+            it.mtime = now;
+        }
+        it.transid.set(t);
+        it.sequence.set(it.sequence.get() + 1);
+        self.put_item(l, &it)?;
+        self.touch_trans(l)
+    }
+
+    // ------------------------------------------------------------------
+    // Paths
+
+    /// The root directory of the default subvolume.
+    pub fn root(&self) -> Loc {
+        Loc::new(self.default_subvol, ROOT_DIR)
+    }
+
+    /// Look `name` up in directory `dir`: the inode it names (a subvolume
+    /// entry leads to that subvolume's root directory).
+    pub fn lookup(&mut self, dir: Loc, name: &[u8]) -> Result<Option<Loc>> {
+        Ok(super::names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.map(|(loc, _)| {
+            if loc.ty == BTRFS_ROOT_ITEM_KEY {
+                Loc::new(loc.objectid, ROOT_DIR)
+            } else {
+                Loc::new(dir.subvol, loc.objectid)
+            }
+        }))
+    }
+
+    /// Resolve a path from the root; `follow`: follow a symlink in the last
+    /// component too (intermediate ones are always followed).
+    pub fn resolve(&mut self, path: &str, follow: bool) -> Result<Loc> {
+        self.resolve_at(self.root(), path, follow, &mut 0)
+    }
+
+    fn resolve_at(&mut self, start: Loc, path: &str, follow: bool, links: &mut usize) -> Result<Loc> {
+        let mut cur = if path.starts_with('/') { self.root() } else { start };
+        let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+        let mut stack: Vec<Loc> = vec![cur];
+        for (i, c) in comps.iter().enumerate() {
+            let last = i + 1 == comps.len();
+            if *c == ".." {
+                stack.pop();
+                cur = stack.last().copied().unwrap_or_else(|| self.root());
+                if stack.is_empty() {
+                    stack.push(cur);
+                }
+                continue;
+            }
+            let it = self.item(cur)?;
+            if !is_dir(it.mode.get()) {
+                return Err(Error::errno(libc::ENOTDIR, format!("{path}: a component is not a directory")));
+            }
+            if c.len() > BTRFS_NAME_LEN {
+                return Err(Error::errno(libc::ENAMETOOLONG, format!("{path}: name too long")));
+            }
+            let next = self.lookup(cur, c.as_bytes())?.ok_or_else(|| Error::errno(libc::ENOENT, format!("{path}: no such file or directory")))?;
+            let nit = self.item(next)?;
+            if is_symlink(nit.mode.get()) && (!last || follow) {
+                *links += 1;
+                if *links > MAX_SYMLINKS {
+                    return Err(Error::errno(libc::ELOOP, format!("{path}: too many symbolic links")));
+                }
+                let target = self.read_link(next)?;
+                let t = String::from_utf8_lossy(&target).into_owned();
+                cur = self.resolve_at(cur, &t, true, links)?;
+                stack.push(cur);
+                continue;
+            }
+            cur = next;
+            stack.push(cur);
+        }
+        Ok(cur)
+    }
+
+    /// The directory holding the last component of `path`, and that name.
+    pub fn resolve_parent(&mut self, path: &str) -> Result<(Loc, Vec<u8>)> {
+        let t = path.trim_end_matches('/');
+        let (dir, name) = match t.rfind('/') {
+            Some(i) => (&t[..i], &t[i + 1..]),
+            None => ("", t),
+        };
+        if name.is_empty() || name == "." || name == ".." {
+            return Err(Error::errno(libc::EINVAL, format!("{path}: no name to operate on")));
+        }
+        if name.len() > BTRFS_NAME_LEN {
+            return Err(Error::errno(libc::ENAMETOOLONG, format!("{path}: name too long")));
+        }
+        let d = self.resolve(if dir.is_empty() { "/" } else { dir }, true)?;
+        if !is_dir(self.item(d)?.mode.get()) {
+            return Err(Error::errno(libc::ENOTDIR, format!("{path}: parent is not a directory")));
+        }
+        Ok((d, name.as_bytes().to_vec()))
+    }
+
+    /// A symlink's target.
+    pub fn read_link(&mut self, l: Loc) -> Result<Vec<u8>> {
+        let it = self.item(l)?;
+        if !is_symlink(it.mode.get()) {
+            return Err(Error::errno(libc::EINVAL, "not a symbolic link"));
+        }
+        super::read::read_range(&mut self.store, l.subvol, l.ino, it.size.get(), 0, it.size.get(), false)
+    }
+
+    /// Whether checksums are kept for an inode's data.
+    pub(super) fn datasum(&mut self, l: Loc) -> Result<bool> {
+        Ok(self.item(l)?.flags.get() & BTRFS_INODE_NODATASUM == 0)
+    }
+
+    pub fn no_holes(&self) -> bool {
+        self.store.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0
+    }
+
+    // ------------------------------------------------------------------
+    // Open files
+
+    /// Open an inode (a file descriptor's hold on it).
+    pub fn open(&mut self, l: Loc) -> Result<()> {
+        self.rt(l)?.opens += 1;
+        Ok(())
+    }
+
+    /// Close: an inode with no links left goes with its last close.
+    pub fn close(&mut self, l: Loc) -> Result<()> {
+        let rt = self.rt(l)?;
+        rt.opens = rt.opens.saturating_sub(1);
+        if rt.opens == 0 {
+            let it = self.item(l)?;
+            if it.nlink.get() == 0 {
+                self.delete_inode(l)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove an inode without links: its items, data references and
+    /// orphan item.
+    pub(super) fn delete_inode(&mut self, l: Loc) -> Result<()> {
+        self.forget_inode(l);
+        super::extents::drop_inode_items(&mut self.store, l.subvol, l.ino)?;
+        self.store.delete_item(TreeId::Tree(l.subvol), &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, l.ino))?;
+        Ok(())
+    }
+
+    /// Stats for `stats`: cache sizes and I/O counters.
+    pub fn cache_sizes(&self) -> (u64, u64, u64) {
+        (self.store.cache_clean_bytes(), self.store.cache_dirty_bytes(), self.dirty_bytes)
+    }
+}

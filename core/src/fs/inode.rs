@@ -1,0 +1,88 @@
+//! Inode items: reading, writing and making them, and the mode rules.
+
+use crate::format::consts::*;
+use crate::format::inode::{InodeItem, Timespec};
+use crate::format::key::Key;
+use crate::trans::{Store, TreeId};
+use crate::{Error, Result};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+pub const S_IFMT: u32 = 0o170000;
+pub const S_IFREG: u32 = 0o100000;
+pub const S_IFDIR: u32 = 0o040000;
+pub const S_IFLNK: u32 = 0o120000;
+pub const S_IFIFO: u32 = 0o010000;
+pub const S_IFCHR: u32 = 0o020000;
+pub const S_IFBLK: u32 = 0o060000;
+pub const S_IFSOCK: u32 = 0o140000;
+
+pub fn is_dir(mode: u32) -> bool {
+    mode & S_IFMT == S_IFDIR
+}
+pub fn is_reg(mode: u32) -> bool {
+    mode & S_IFMT == S_IFREG
+}
+pub fn is_symlink(mode: u32) -> bool {
+    mode & S_IFMT == S_IFLNK
+}
+
+/// Directory entry type (BTRFS_FT_*) of a mode (BTRFS_FT_UNKNOWN for none).
+pub fn ftype_of_mode(mode: u32) -> u8 {
+    crate::format::dir::ftype_of_mode(mode).unwrap_or(BTRFS_FT_UNKNOWN)
+}
+
+pub fn inode_key(ino: u64) -> Key {
+    Key::new(ino, BTRFS_INODE_ITEM_KEY, 0)
+}
+
+pub fn get_inode(st: &mut Store, subvol: u64, ino: u64) -> Result<Option<InodeItem>> {
+    let k = inode_key(ino);
+    match st.lookup(TreeId::Tree(subvol), &k)? {
+        Some(d) => Ok(Some(InodeItem::read_from_bytes(&d).map_err(|_| Error::corrupt_key("inode item size", 0, k))?)),
+        None => Ok(None),
+    }
+}
+
+pub fn put_inode(st: &mut Store, subvol: u64, ino: u64, item: &InodeItem) -> Result<()> {
+    st.update_item(TreeId::Tree(subvol), &inode_key(ino), item.as_bytes())
+}
+
+/// A new inode: one link, created in `transid` at `now`.
+pub fn new_inode_item(mode: u32, uid: u32, gid: u32, rdev: u64, now: Timespec, transid: u64) -> InodeItem {
+    let mut i = InodeItem::new_zeroed();
+    i.generation.set(transid);
+    i.transid.set(transid);
+    i.nlink.set(1);
+    i.uid.set(uid);
+    i.gid.set(gid);
+    i.mode.set(mode);
+    i.rdev.set(rdev);
+    i.atime = now;
+    i.mtime = now;
+    i.ctime = now;
+    i.otime = now;
+    i
+}
+
+/// The kernel's encoding of a device number in `rdev` (new_encode_dev).
+pub fn encode_dev(major: u32, minor: u32) -> u64 {
+    ((minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)) as u64
+}
+
+/// (major, minor) of an `rdev`.
+pub fn decode_dev(rdev: u64) -> (u32, u32) {
+    let d = rdev as u32;
+    ((d & 0xfff00) >> 8, (d & 0xff) | ((d >> 12) & 0xfff00))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn dev_numbers_roundtrip() {
+        for (a, b) in [(1, 3), (8, 17), (259, 70000)] {
+            assert_eq!(decode_dev(encode_dev(a, b)), (a, b));
+        }
+        assert_eq!(encode_dev(1, 3), 0x103);
+    }
+}

@@ -1,0 +1,426 @@
+//! Namespace operations: create, mkdir, mknod, symlink, link, unlink,
+//! rmdir, rename, O_TMPFILE, xattrs, chmod, chown, utimes, stat, readdir.
+//! Errors are the kernel's (EEXIST, ENOENT, ENOTEMPTY, EISDIR, ...).
+
+use super::filesystem::{Filesystem, Loc};
+use super::inode::*;
+use super::names;
+use crate::format::consts::*;
+use crate::format::key::Key;
+use crate::trans::TreeId;
+use crate::{Error, Result};
+
+/// Most links an inode has (BTRFS_LINK_MAX).
+pub const LINK_MAX: u32 = 65535;
+/// XATTR_NAME_MAX and XATTR_SIZE_MAX.
+const XATTR_NAME_MAX: usize = 255;
+const XATTR_SIZE_MAX: usize = 65536;
+
+/// What stat(2) shows.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Stat {
+    pub subvol: u64,
+    pub ino: u64,
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// 512-byte blocks: bytes on disk plus dirty data.
+    pub blocks: u64,
+    pub rdev: (u32, u32),
+    pub atime: (u64, u32),
+    pub mtime: (u64, u32),
+    pub ctime: (u64, u32),
+    pub generation: u64,
+    pub flags: u64,
+}
+
+fn name_str(n: &[u8]) -> String {
+    String::from_utf8_lossy(n).into_owned()
+}
+
+impl Filesystem {
+    /// Make a new inode under `dir` (not yet linked): number, item, flags
+    /// inherited as the kernel's btrfs_inherit_iflags and mount options.
+    fn new_inode(&mut self, dir: Loc, mode: u32, rdev: u64) -> Result<Loc> {
+        let ino = self.alloc_ino(dir.subvol)?;
+        let now = self.now();
+        let transid = self.transid();
+        let mut it = new_inode_item(mode, 0, 0, rdev, now, transid);
+        let dflags = self.item(dir)?.flags.get();
+        let mut flags = 0u64;
+        if dflags & BTRFS_INODE_NOCOMPRESS != 0 {
+            flags |= BTRFS_INODE_NOCOMPRESS;
+        } else if dflags & BTRFS_INODE_COMPRESS != 0 {
+            flags |= BTRFS_INODE_COMPRESS;
+        }
+        if dflags & BTRFS_INODE_NODATACOW != 0 {
+            flags |= BTRFS_INODE_NODATACOW;
+            if is_reg(mode) {
+                flags |= BTRFS_INODE_NODATASUM;
+            }
+        }
+        if is_reg(mode) {
+            if !self.opts.datasum {
+                flags |= BTRFS_INODE_NODATASUM;
+            }
+            if !self.opts.datacow {
+                flags |= BTRFS_INODE_NODATACOW | BTRFS_INODE_NODATASUM;
+            }
+        }
+        it.flags.set(flags);
+        let l = Loc::new(dir.subvol, ino);
+        self.put_item(l, &it)?;
+        self.touch_trans(l)?;
+        Ok(l)
+    }
+
+    /// Link `target` into `dir` as `name` at the directory's next index.
+    fn add_link(&mut self, dir: Loc, name: &[u8], target: Loc, mode: u32) -> Result<()> {
+        let idx = self.next_index(dir)?;
+        let t = self.transid();
+        names::add_name(&mut self.store, dir.subvol, dir.ino, inode_key(target.ino), name, ftype_of_mode(mode), idx, t)?;
+        self.stamp(dir, true, true)
+    }
+
+    fn check_new_name(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
+        if name.is_empty() || name == b"." || name == b".." {
+            return Err(Error::errno(libc::EEXIST, format!("{}: exists", name_str(name))));
+        }
+        if name.len() > BTRFS_NAME_LEN {
+            return Err(Error::errno(libc::ENAMETOOLONG, format!("{}: name too long", name_str(name))));
+        }
+        if !is_dir(self.item(dir)?.mode.get()) {
+            return Err(Error::errno(libc::ENOTDIR, "parent is not a directory"));
+        }
+        if self.lookup(dir, name)?.is_some() {
+            return Err(Error::errno(libc::EEXIST, format!("{}: file exists", name_str(name))));
+        }
+        Ok(())
+    }
+
+    /// open(O_CREAT): the existing file, or a new regular file.
+    pub fn create(&mut self, dir: Loc, name: &[u8], mode: u32) -> Result<Loc> {
+        if let Some(l) = self.lookup(dir, name)? {
+            if is_dir(self.item(l)?.mode.get()) {
+                return Err(Error::errno(libc::EISDIR, format!("{}: is a directory", name_str(name))));
+            }
+            return Ok(l);
+        }
+        self.mknod(dir, name, S_IFREG | (mode & 0o7777), 0)
+    }
+
+    /// mknod(2) (regular files, fifos, devices, sockets).
+    pub fn mknod(&mut self, dir: Loc, name: &[u8], mode: u32, rdev: u64) -> Result<Loc> {
+        self.check_new_name(dir, name)?;
+        let l = self.new_inode(dir, mode, rdev)?;
+        self.add_link(dir, name, l, mode)?;
+        Ok(l)
+    }
+
+    pub fn mkdir(&mut self, dir: Loc, name: &[u8], mode: u32) -> Result<Loc> {
+        self.check_new_name(dir, name)?;
+        let m = S_IFDIR | (mode & 0o7777);
+        let l = self.new_inode(dir, m, 0)?;
+        self.rt(l)?.index_cnt = Some(2);
+        self.add_link(dir, name, l, m)?;
+        Ok(l)
+    }
+
+    /// symlink(2): the target is the file's inline data.
+    pub fn symlink(&mut self, dir: Loc, name: &[u8], target: &[u8]) -> Result<Loc> {
+        self.check_new_name(dir, name)?;
+        let max = self.store.nodesize() as usize - crate::format::header::HEADER_SIZE - crate::format::header::ITEM_SIZE - crate::format::file_extent::FILE_EXTENT_INLINE_DATA_START;
+        if target.is_empty() || target.len() > max.min(4095) {
+            return Err(Error::errno(libc::ENAMETOOLONG, format!("symlink target of {} bytes", target.len())));
+        }
+        let m = S_IFLNK | 0o777;
+        let l = self.new_inode(dir, m, 0)?;
+        super::data::write_inline(&mut self.store, l.subvol, l.ino, target.len() as u64, BTRFS_COMPRESS_NONE, target)?;
+        let mut it = self.item(l)?;
+        it.size.set(target.len() as u64);
+        it.nbytes.set(target.len() as u64);
+        self.put_item(l, &it)?;
+        let rt = self.rt(l)?;
+        rt.i_size = target.len() as u64;
+        rt.disk_i_size = target.len() as u64;
+        self.add_link(dir, name, l, m)?;
+        Ok(l)
+    }
+
+    /// link(2).
+    pub fn link(&mut self, target: Loc, dir: Loc, name: &[u8]) -> Result<()> {
+        let it = self.item(target)?;
+        if is_dir(it.mode.get()) {
+            return Err(Error::errno(libc::EPERM, "link: hard links to directories are not allowed"));
+        }
+        if target.subvol != dir.subvol {
+            return Err(Error::errno(libc::EXDEV, "link: across subvolumes"));
+        }
+        if it.nlink.get() >= LINK_MAX {
+            return Err(Error::errno(libc::EMLINK, "link: too many links"));
+        }
+        self.check_new_name(dir, name)?;
+        self.add_link(dir, name, target, it.mode.get())?;
+        let mut it = self.item(target)?;
+        it.nlink.set(it.nlink.get() + 1);
+        self.put_item(target, &it)?;
+        self.stamp(target, true, false)?;
+        // A new name: the next fsync must log all of it.
+        self.rt(target)?.full_sync = true;
+        Ok(())
+    }
+
+    /// Remove one name; an inode left without names goes now, or at its
+    /// last close (an orphan item keeps it until then).
+    fn drop_name(&mut self, dir: Loc, name: &[u8]) -> Result<Loc> {
+        let now = self.now();
+        let (ino, nlink) = names::unlink(&mut self.store, dir.subvol, dir.ino, name, now)?;
+        let l = Loc::new(dir.subvol, ino);
+        self.touch_trans(dir)?;
+        self.touch_trans(l)?;
+        if nlink == 0 {
+            let open = self.rt_if_loaded(l).is_some_and(|r| r.opens > 0);
+            if open {
+                self.add_orphan(l)?;
+            } else {
+                self.delete_inode(l)?;
+            }
+        }
+        Ok(l)
+    }
+
+    pub(super) fn add_orphan(&mut self, l: Loc) -> Result<()> {
+        let k = Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, l.ino);
+        self.store.update_item(TreeId::Tree(l.subvol), &k, &[])
+    }
+
+    /// unlink(2).
+    pub fn unlink(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
+        let l = self.lookup(dir, name)?.ok_or_else(|| Error::errno(libc::ENOENT, format!("{}: no such file", name_str(name))))?;
+        if is_dir(self.item(l)?.mode.get()) {
+            return Err(Error::errno(libc::EISDIR, format!("{}: is a directory", name_str(name))));
+        }
+        self.drop_name(dir, name)?;
+        Ok(())
+    }
+
+    /// rmdir(2).
+    pub fn rmdir(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
+        let l = self.lookup(dir, name)?.ok_or_else(|| Error::errno(libc::ENOENT, format!("{}: no such directory", name_str(name))))?;
+        if !is_dir(self.item(l)?.mode.get()) {
+            return Err(Error::errno(libc::ENOTDIR, format!("{}: not a directory", name_str(name))));
+        }
+        if !names::dir_is_empty(&mut self.store, l.subvol, l.ino)? {
+            return Err(Error::errno(libc::ENOTEMPTY, format!("{}: directory not empty", name_str(name))));
+        }
+        if l.subvol != dir.subvol {
+            // An empty subvolume: rmdir deletes it, as the kernel allows.
+            return self.delete_subvol_entry(dir, name);
+        }
+        self.drop_name(dir, name)?;
+        Ok(())
+    }
+
+    /// Whether `anc` is `l` or one of its ancestors (walking `..`).
+    fn is_ancestor(&mut self, anc: Loc, mut l: Loc) -> Result<bool> {
+        for _ in 0..4096 {
+            if l == anc {
+                return Ok(true);
+            }
+            if l.ino == super::filesystem::ROOT_DIR {
+                return Ok(false);
+            }
+            let links = names::links_of(&mut self.store, l.subvol, l.ino)?;
+            let Some(p) = links.first() else { return Ok(false) };
+            l = Loc::new(l.subvol, p.parent);
+        }
+        Err(Error::corrupt("directory chain does not reach the root", l.ino))
+    }
+
+    /// rename(2), replacing an existing target.
+    pub fn rename(&mut self, odir: Loc, oname: &[u8], ndir: Loc, nname: &[u8]) -> Result<()> {
+        let src = self.lookup(odir, oname)?.ok_or_else(|| Error::errno(libc::ENOENT, format!("{}: no such file", name_str(oname))))?;
+        if odir.subvol != ndir.subvol || src.subvol != odir.subvol {
+            return Err(Error::errno(libc::EXDEV, "rename: across subvolumes"));
+        }
+        if nname.is_empty() || nname == b"." || nname == b".." {
+            return Err(Error::errno(libc::EINVAL, "rename: bad target name"));
+        }
+        if nname.len() > BTRFS_NAME_LEN {
+            return Err(Error::errno(libc::ENAMETOOLONG, "rename: name too long"));
+        }
+        let smode = self.item(src)?.mode.get();
+        if is_dir(smode) && self.is_ancestor(src, ndir)? {
+            return Err(Error::errno(libc::EINVAL, "rename: a directory into itself"));
+        }
+        if let Some(dst) = self.lookup(ndir, nname)? {
+            if dst == src {
+                return Ok(());
+            }
+            let dmode = self.item(dst)?.mode.get();
+            match (is_dir(smode), is_dir(dmode)) {
+                (true, false) => return Err(Error::errno(libc::ENOTDIR, "rename: directory over a non-directory")),
+                (false, true) => return Err(Error::errno(libc::EISDIR, "rename: over a directory")),
+                (true, true) if !names::dir_is_empty(&mut self.store, dst.subvol, dst.ino)? => {
+                    return Err(Error::errno(libc::ENOTEMPTY, "rename: target directory not empty"))
+                }
+                _ => {}
+            }
+            self.drop_name(ndir, nname)?;
+        }
+        // The old name goes without touching the link count.
+        let idx_old = names::links_in(&mut self.store, src.subvol, src.ino, odir.ino)?
+            .into_iter()
+            .find(|(_, n)| n == oname)
+            .map(|(i, _)| i)
+            .ok_or_else(|| Error::corrupt_key("name without inode ref", 0, Key::new(src.ino, BTRFS_INODE_REF_KEY, odir.ino)))?;
+        let t = self.transid();
+        names::remove_name(&mut self.store, odir.subvol, odir.ino, inode_key(src.ino), oname, idx_old, t)?;
+        self.add_link(ndir, nname, src, smode)?;
+        self.stamp(odir, true, true)?;
+        self.stamp(src, true, false)?;
+        Ok(())
+    }
+
+    /// open(O_TMPFILE): an open inode with no name (an orphan until closed).
+    pub fn tmpfile(&mut self, dir: Loc, mode: u32) -> Result<Loc> {
+        if !is_dir(self.item(dir)?.mode.get()) {
+            return Err(Error::errno(libc::ENOTDIR, "tmpfile: not a directory"));
+        }
+        let l = self.new_inode(dir, S_IFREG | (mode & 0o7777), 0)?;
+        let mut it = self.item(l)?;
+        it.nlink.set(0);
+        self.put_item(l, &it)?;
+        self.open(l)?;
+        self.add_orphan(l)?;
+        Ok(l)
+    }
+
+    /// setxattr(2) (creating or replacing).
+    pub fn set_xattr(&mut self, l: Loc, name: &[u8], value: &[u8]) -> Result<()> {
+        self.check_xattr_name(l, name)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Error::errno(libc::E2BIG, "setxattr: value too large"));
+        }
+        let max = self.store.nodesize() as usize - crate::format::header::HEADER_SIZE - crate::format::header::ITEM_SIZE - crate::format::dir::DIR_ITEM_SIZE;
+        if name.len() + value.len() > max {
+            return Err(Error::errno(libc::ENOSPC, "setxattr: name and value do not fit in a leaf"));
+        }
+        let t = self.transid();
+        super::xattr::set_xattr(&mut self.store, l.subvol, l.ino, name, value, t)?;
+        self.stamp(l, true, false)
+    }
+
+    /// removexattr(2).
+    pub fn remove_xattr(&mut self, l: Loc, name: &[u8]) -> Result<()> {
+        self.check_xattr_name(l, name)?;
+        if !super::xattr::remove_xattr(&mut self.store, l.subvol, l.ino, name)? {
+            return Err(Error::errno(libc::ENODATA, format!("removexattr {}: no such attribute", name_str(name))));
+        }
+        self.stamp(l, true, false)
+    }
+
+    pub fn get_xattr(&mut self, l: Loc, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        super::xattr::get_xattr(&mut self.store, l.subvol, l.ino, name)
+    }
+
+    pub fn list_xattrs(&mut self, l: Loc) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        super::xattr::list_xattrs(&mut self.store, l.subvol, l.ino)
+    }
+
+    fn check_xattr_name(&mut self, l: Loc, name: &[u8]) -> Result<()> {
+        if name.is_empty() || name.len() > XATTR_NAME_MAX {
+            return Err(Error::errno(libc::ERANGE, "xattr name length"));
+        }
+        let ok = [&b"user."[..], b"trusted.", b"security.", b"system.", b"btrfs."].iter().any(|p| name.starts_with(p) && name.len() > p.len());
+        if !ok {
+            return Err(Error::errno(libc::EOPNOTSUPP, format!("xattr {}: namespace not supported", name_str(name))));
+        }
+        let m = self.item(l)?.mode.get();
+        if name.starts_with(b"user.") && !is_reg(m) && !is_dir(m) {
+            return Err(Error::errno(libc::EPERM, "user xattrs only on files and directories"));
+        }
+        Ok(())
+    }
+
+    /// chmod(2).
+    pub fn chmod(&mut self, l: Loc, mode: u32) -> Result<()> {
+        let mut it = self.item(l)?;
+        it.mode.set((it.mode.get() & S_IFMT) | (mode & 0o7777));
+        self.put_item(l, &it)?;
+        self.stamp(l, true, false)
+    }
+
+    /// chown(2)/lchown(2): a regular file loses set-user-id (and
+    /// set-group-id with group execute), as Linux clears them.
+    pub fn chown(&mut self, l: Loc, uid: u32, gid: u32) -> Result<()> {
+        let mut it = self.item(l)?;
+        it.uid.set(uid);
+        it.gid.set(gid);
+        let m = it.mode.get();
+        if is_reg(m) {
+            let mut nm = m & !0o4000;
+            if m & 0o010 != 0 {
+                nm &= !0o2000;
+            }
+            it.mode.set(nm);
+        }
+        self.put_item(l, &it)?;
+        self.stamp(l, true, false)
+    }
+
+    /// utimes(NULL): access and modification times to now.
+    pub fn touch(&mut self, l: Loc) -> Result<()> {
+        let now = self.now();
+        let mut it = self.item(l)?;
+        it.atime = now;
+        it.mtime = now;
+        self.put_item(l, &it)?;
+        self.stamp(l, true, false)
+    }
+
+    /// stat(2) (lstat: of the inode itself).
+    pub fn stat(&mut self, l: Loc) -> Result<Stat> {
+        let it = self.item(l)?;
+        let m = it.mode.get();
+        let (size, dirty) = if is_reg(m) {
+            let rt = self.rt(l)?;
+            (rt.i_size, rt.pages.dirty_bytes())
+        } else {
+            (it.size.get(), 0)
+        };
+        let ts = |t: &crate::format::inode::Timespec| (t.sec.get(), t.nsec.get());
+        Ok(Stat {
+            subvol: l.subvol,
+            ino: l.ino,
+            mode: m,
+            nlink: it.nlink.get(),
+            uid: it.uid.get(),
+            gid: it.gid.get(),
+            size,
+            blocks: (it.nbytes.get() + dirty).div_ceil(512),
+            rdev: decode_dev(it.rdev.get()),
+            atime: ts(&it.atime),
+            mtime: ts(&it.mtime),
+            ctime: ts(&it.ctime),
+            generation: it.generation.get(),
+            flags: it.flags.get(),
+        })
+    }
+
+    /// The entries of a directory, in index order: (name, inode, type).
+    pub fn readdir(&mut self, l: Loc) -> Result<Vec<(Vec<u8>, Loc, u8)>> {
+        if !is_dir(self.item(l)?.mode.get()) {
+            return Err(Error::errno(libc::ENOTDIR, "readdir: not a directory"));
+        }
+        Ok(names::list_dir(&mut self.store, l.subvol, l.ino)?
+            .into_iter()
+            .map(|e| {
+                let loc = if e.location.ty == BTRFS_ROOT_ITEM_KEY { Loc::new(e.location.objectid, super::filesystem::ROOT_DIR) } else { Loc::new(l.subvol, e.location.objectid) };
+                (e.name, loc, e.ftype)
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,129 @@
+//! Reading file data from its extents: inline (compressed or not),
+//! regular (compressed or not, checksums verified as the kernel verifies
+//! them), preallocated (zeros) and holes (zeros).
+
+use super::compress;
+use super::extents::{extent_key, extents_in};
+use crate::format::consts::*;
+use crate::format::file_extent::{parse_file_extent, FileExtent};
+use crate::trans::Store;
+use crate::{Error, Result};
+
+/// One run of a file's extent map, as FIEMAP reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapKind {
+    Data,
+    Unwritten,
+}
+
+/// Read `[off, off+len)` of inode `ino` as the filesystem holds it (no
+/// page cache), clipped to `size`. Checksums are verified unless the inode
+/// is nodatasum: a mismatch is an I/O error, as the kernel returns EIO.
+pub fn read_range(st: &mut Store, subvol: u64, ino: u64, size: u64, off: u64, len: u64, datasum: bool) -> Result<Vec<u8>> {
+    let end = off.saturating_add(len).min(size);
+    if off >= end {
+        return Ok(Vec::new());
+    }
+    let mut out = vec![0u8; (end - off) as usize];
+    let ss = st.sectorsize() as u64;
+    for (k, d) in extents_in(st, subvol, ino, off, end)? {
+        let fe = parse_file_extent(&d).map_err(|e| e.at(0, k))?;
+        match fe {
+            FileExtent::Inline { head, data } => {
+                let ram = head.ram_bytes.get() as usize;
+                let bytes = if head.compression != BTRFS_COMPRESS_NONE {
+                    compress::decompress(head.compression, data, ram, ss as usize).map_err(|e| e.at(0, k))?
+                } else {
+                    data.to_vec()
+                };
+                copy_in(&mut out, off, k.offset, &bytes);
+            }
+            FileExtent::Disk { head, item } => {
+                let bytenr = item.disk_bytenr.get();
+                if bytenr == 0 || head.type_ == BTRFS_FILE_EXTENT_PREALLOC {
+                    continue;
+                }
+                let (es, ee) = (k.offset, k.offset + item.num_bytes.get());
+                let (a, b) = (es.max(off), ee.min(end));
+                if head.compression != BTRFS_COMPRESS_NONE {
+                    let dlen = item.disk_num_bytes.get();
+                    let mut disk = vec![0u8; dlen as usize];
+                    st.read_data(bytenr, &mut disk)?;
+                    if datasum {
+                        verify(st, bytenr, &disk, ino, k.offset)?;
+                    }
+                    let ram = compress::decompress(head.compression, &disk, item.ram_bytes.get() as usize, ss as usize).map_err(|e| e.at(0, k))?;
+                    let from = (item.offset.get() + (a - es)) as usize;
+                    let to = from + (b - a) as usize;
+                    let src = ram.get(from..to).ok_or_else(|| Error::corrupt_key("compressed extent shorter than its reference", 0, k))?;
+                    out[(a - off) as usize..(b - off) as usize].copy_from_slice(src);
+                } else {
+                    // Whole sectors, so checksums can be verified.
+                    let lo = bytenr + item.offset.get() + (a - es);
+                    let slo = lo / ss * ss;
+                    let shi = (lo + (b - a)).div_ceil(ss) * ss;
+                    let mut buf = vec![0u8; (shi - slo) as usize];
+                    st.read_data(slo, &mut buf)?;
+                    if datasum {
+                        verify(st, slo, &buf, ino, k.offset)?;
+                    }
+                    let from = (lo - slo) as usize;
+                    out[(a - off) as usize..(b - off) as usize].copy_from_slice(&buf[from..from + (b - a) as usize]);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn copy_in(out: &mut [u8], off: u64, at: u64, bytes: &[u8]) {
+    let end = off + out.len() as u64;
+    let (a, b) = (at.max(off), (at + bytes.len() as u64).min(end));
+    if a < b {
+        out[(a - off) as usize..(b - off) as usize].copy_from_slice(&bytes[(a - at) as usize..(b - at) as usize]);
+    }
+}
+
+/// Compare data read at `bytenr` with its stored checksums; sectors
+/// without a checksum pass (nodatasum data, or written before checksums).
+fn verify(st: &mut Store, bytenr: u64, data: &[u8], ino: u64, file_off: u64) -> Result<()> {
+    let ss = st.sectorsize() as usize;
+    let csum = st.image().csum;
+    let cs = csum.size();
+    let sums = st.csum_lookup(bytenr, data.len() as u64)?;
+    for (i, (sector, want)) in data.chunks(ss).zip(sums.iter()).enumerate() {
+        if let Some(w) = want {
+            if csum.compute(sector)[..cs] != w[..] {
+                return Err(Error::io(
+                    format!("inode {ino} data at file offset {file_off}: checksum mismatch at logical {}", bytenr + (i * ss) as u64),
+                    std::io::Error::from_raw_os_error(libc::EIO),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The file's extent map as FIEMAP shows it: data and unwritten runs,
+/// adjacent runs of one kind merged, holes left out.
+pub fn extent_map(st: &mut Store, subvol: u64, ino: u64) -> Result<Vec<(u64, u64, MapKind)>> {
+    let mut out: Vec<(u64, u64, MapKind)> = Vec::new();
+    let ss = st.sectorsize() as u64;
+    for (k, d) in st.items_in(crate::trans::TreeId::Tree(subvol), extent_key(ino, 0), extent_key(ino, u64::MAX))? {
+        let (s, e, kind) = match parse_file_extent(&d).map_err(|e| e.at(0, k))? {
+            FileExtent::Inline { head, .. } => (k.offset, k.offset + head.ram_bytes.get().div_ceil(ss) * ss, MapKind::Data),
+            FileExtent::Disk { head, item } => {
+                if item.disk_bytenr.get() == 0 {
+                    continue;
+                }
+                let kind = if head.type_ == BTRFS_FILE_EXTENT_PREALLOC { MapKind::Unwritten } else { MapKind::Data };
+                (k.offset, k.offset + item.num_bytes.get(), kind)
+            }
+        };
+        match out.last_mut() {
+            Some(l) if l.1 == s && l.2 == kind => l.1 = e,
+            _ => out.push((s, e, kind)),
+        }
+    }
+    Ok(out)
+}

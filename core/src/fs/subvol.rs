@@ -1,0 +1,341 @@
+//! Subvolumes and snapshots, the default subvolume, quotas and metadata
+//! balance, as the kernel's ioctls do them (ioctl.c, transaction.c
+//! create_pending_snapshot, inode.c btrfs_delete_subvolume, qgroup.c).
+
+use super::filesystem::{Filesystem, Loc, ROOT_DIR};
+use super::inode::*;
+use super::names;
+use crate::format::consts::*;
+use crate::format::dir::{encode_dir_entry, name_hash, parse_dir_items};
+use crate::format::key::Key;
+use crate::format::root::{parse_root_ref, RootItem, RootRef};
+use crate::trans::TreeId;
+use crate::{Error, Result};
+use zerocopy::IntoBytes;
+
+fn uuid_key(u: &[u8; 16], ty: u8) -> Key {
+    let hi = u64::from_le_bytes(u[..8].try_into().unwrap_or([0; 8]));
+    let lo = u64::from_le_bytes(u[8..].try_into().unwrap_or([0; 8]));
+    Key::new(hi, ty, lo)
+}
+
+fn root_ref_bytes(dirid: u64, index: u64, name: &[u8]) -> Vec<u8> {
+    let r = RootRef { dirid: dirid.into(), sequence: index.into(), name_len: (name.len() as u16).into() };
+    let mut v = r.as_bytes().to_vec();
+    v.extend_from_slice(name);
+    v
+}
+
+impl Filesystem {
+    /// The next subvolume id (the root tree's free objectid, raised past
+    /// any level-0 qgroup id).
+    fn alloc_subvol_id(&mut self) -> Result<u64> {
+        let hi = Key::new(BTRFS_LAST_FREE_OBJECTID, u8::MAX, u64::MAX);
+        let lo = Key::new(BTRFS_FIRST_FREE_OBJECTID, 0, 0);
+        let mut next = match self.store.prev_item(TreeId::Root, &hi, &lo)? {
+            Some((k, _)) => (k.objectid + 1).max(BTRFS_FIRST_FREE_OBJECTID),
+            None => BTRFS_FIRST_FREE_OBJECTID,
+        };
+        if let Some(&q) = self.store.qgroups.groups.keys().filter(|q| **q >> 48 == 0).max() {
+            if q >= next {
+                next = q + 1;
+            }
+        }
+        if let Some(n) = self.next_subvol_id {
+            next = next.max(n);
+        }
+        self.next_subvol_id = Some(next + 1);
+        Ok(next)
+    }
+
+    /// Link subvolume `id` into directory `dir` as `name`: dir entries
+    /// (location `(id, ROOT_ITEM, offset)`), ROOT_REF and ROOT_BACKREF.
+    fn link_subvol(&mut self, dir: Loc, name: &[u8], id: u64, loc_offset: u64) -> Result<()> {
+        let index = self.next_index(dir)?;
+        let t = self.transid();
+        names::add_name(&mut self.store, dir.subvol, dir.ino, Key::new(id, BTRFS_ROOT_ITEM_KEY, loc_offset), name, BTRFS_FT_DIR, index, t)?;
+        let rr = root_ref_bytes(dir.ino, index, name);
+        self.store.insert_item(TreeId::Root, &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id), &rr)?;
+        self.store.insert_item(TreeId::Root, &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol), &rr)?;
+        self.stamp(dir, true, true)
+    }
+
+    fn uuid_add(&mut self, u: &[u8; 16], ty: u8, id: u64) -> Result<()> {
+        if !self.store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
+            return Ok(());
+        }
+        let k = uuid_key(u, ty);
+        let mut v = self.store.lookup(BTRFS_UUID_TREE_OBJECTID, &k)?.unwrap_or_default();
+        if !v.chunks_exact(8).any(|c| c == id.to_le_bytes()) {
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        self.store.update_item(BTRFS_UUID_TREE_OBJECTID, &k, &v)
+    }
+
+    fn uuid_remove(&mut self, u: &[u8; 16], ty: u8, id: u64) -> Result<()> {
+        if !self.store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
+            return Ok(());
+        }
+        let k = uuid_key(u, ty);
+        let Some(v) = self.store.lookup(BTRFS_UUID_TREE_OBJECTID, &k)? else { return Ok(()) };
+        let rest: Vec<u8> = v.chunks_exact(8).filter(|c| *c != id.to_le_bytes()).flatten().copied().collect();
+        if rest.is_empty() {
+            self.store.delete_item(BTRFS_UUID_TREE_OBJECTID, &k)?;
+        } else {
+            self.store.update_item(BTRFS_UUID_TREE_OBJECTID, &k, &rest)?;
+        }
+        Ok(())
+    }
+
+    /// `btrfs subvolume create` (create_subvol): no commit.
+    pub fn subvol_create(&mut self, dir: Loc, name: &[u8]) -> Result<Loc> {
+        if self.lookup(dir, name)?.is_some() {
+            return Err(Error::errno(libc::EEXIST, format!("{}: exists", String::from_utf8_lossy(name))));
+        }
+        if !is_dir(self.item(dir)?.mode.get()) {
+            return Err(Error::errno(libc::ENOTDIR, "not a directory"));
+        }
+        let id = self.alloc_subvol_id()?;
+        let t = self.transid();
+        let now = self.now();
+        let ns = self.store.nodesize() as u64;
+        let uuid = crate::mkfs::random_uuid();
+        let mut ri = crate::mkfs::new_root_item(now.sec.get(), t, ROOT_DIR, Some(uuid));
+        ri.inode.generation.set(1);
+        ri.inode.size.set(3);
+        ri.inode.nlink.set(1);
+        ri.inode.nbytes.set(ns);
+        ri.inode.mode.set(S_IFDIR | 0o755);
+        ri.inode.flags.set(BTRFS_INODE_ROOT_ITEM_INIT);
+        ri.ctime = now;
+        ri.otime = now;
+        ri.ctransid.set(t);
+        ri.otransid.set(t);
+        self.store.create_tree(id, ri)?;
+        // Inode 256 with its ".." reference to itself.
+        let root_inode = new_inode_item(S_IFDIR | 0o755, 0, 0, 0, now, t);
+        put_inode(&mut self.store, id, ROOT_DIR, &root_inode)?;
+        let mut r = Vec::new();
+        crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
+        self.store.insert_item(TreeId::Tree(id), &Key::new(ROOT_DIR, BTRFS_INODE_REF_KEY, ROOT_DIR), &r)?;
+        self.uuid_add(&uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
+        self.store.qgroup_create(id)?;
+        self.link_subvol(dir, name, id, 0)?;
+        let l = Loc::new(id, ROOT_DIR);
+        self.rt(l)?.index_cnt = Some(2);
+        Ok(l)
+    }
+
+    /// `btrfs subvolume snapshot` (create_pending_snapshot): the source's
+    /// dirty data is written back, everything before is committed, the
+    /// snapshot shares the source's tree as committed, and it is committed.
+    pub fn snapshot(&mut self, src: Loc, dir: Loc, name: &[u8]) -> Result<Loc> {
+        if src.ino != ROOT_DIR {
+            return Err(Error::errno(libc::EINVAL, "snapshot: the source is not a subvolume"));
+        }
+        if self.lookup(dir, name)?.is_some() {
+            return Err(Error::errno(libc::EEXIST, format!("{}: exists", String::from_utf8_lossy(name))));
+        }
+        if !is_dir(self.item(dir)?.mode.get()) {
+            return Err(Error::errno(libc::ENOTDIR, "not a directory"));
+        }
+        let sri = self.store.root_item(src.subvol)?;
+        if sri.refs.get() == 0 {
+            return Err(Error::errno(libc::ENOENT, "snapshot: the source subvolume is being deleted"));
+        }
+        let inodes: Vec<Loc> = self.dirty_list().into_iter().filter(|l| l.subvol == src.subvol).collect();
+        for l in inodes {
+            self.writeback(l, 0, u64::MAX, super::writeback::Reason::Sync)?;
+        }
+        self.commit("snapshot")?;
+        let id = self.alloc_subvol_id()?;
+        let t = self.transid();
+        let now = self.now();
+        let mut ri: RootItem = self.store.root_item(src.subvol)?;
+        let uuid = crate::mkfs::random_uuid();
+        ri.flags.set(ri.flags.get() & !BTRFS_ROOT_SUBVOL_RDONLY);
+        ri.generation_v2.set(t);
+        ri.parent_uuid = ri.uuid;
+        ri.uuid = uuid;
+        ri.received_uuid = [0; 16];
+        ri.stransid.set(0);
+        ri.rtransid.set(0);
+        ri.stime = Default::default();
+        ri.rtime = Default::default();
+        ri.otime = now;
+        ri.otransid.set(t);
+        ri.last_snapshot.set(t);
+        self.store.update_root_item(src.subvol, |r| r.last_snapshot.set(t))?;
+        self.store.snapshot_tree(src.subvol, id, ri, t)?;
+        if self.store.qgroups.enabled {
+            // The source's counters are current; the snapshot starts as its
+            // copy (btrfs_qgroup_inherit), then a commit makes that state
+            // the one later changes are accounted from.
+            self.store.qgroup_create(id)?;
+            self.store.account_now()?;
+            self.store.qgroup_inherit_snapshot(src.subvol, id)?;
+            self.commit("snapshot")?;
+        }
+        self.uuid_add(&uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
+        self.link_subvol(dir, name, id, u64::MAX)?;
+        // Files the source had open and unlinked are gone in the snapshot.
+        let orphans = self.store.items_in(TreeId::Tree(id), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX))?;
+        self.commit("snapshot")?;
+        for (k, _) in orphans {
+            self.delete_inode(Loc::new(id, k.offset))?;
+        }
+        Ok(Loc::new(id, ROOT_DIR))
+    }
+
+    /// `btrfs subvolume delete` (btrfs_delete_subvolume): the entry and
+    /// root references go, the root is marked dead with an orphan item;
+    /// its tree is dropped once that is committed. No commit.
+    pub fn subvol_delete(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
+        let (loc, _) = names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.ok_or_else(|| Error::errno(libc::ENOENT, format!("{}: no such subvolume", String::from_utf8_lossy(name))))?;
+        if loc.ty != BTRFS_ROOT_ITEM_KEY {
+            return Err(Error::errno(libc::EINVAL, format!("{}: not a subvolume", String::from_utf8_lossy(name))));
+        }
+        self.delete_subvol_entry(dir, name)
+    }
+
+    /// The deletion itself (also rmdir of an empty subvolume).
+    pub(super) fn delete_subvol_entry(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
+        let (loc, _) = names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
+        let id = loc.objectid;
+        if id == self.default_subvol {
+            return Err(Error::errno(libc::EPERM, "cannot delete the default subvolume"));
+        }
+        // Subvolumes inside it must go first.
+        if let Some((k, _)) = self.store.next_item(TreeId::Root, &Key::new(id, BTRFS_ROOT_REF_KEY, 0))? {
+            if k.objectid == id && k.ty == BTRFS_ROOT_REF_KEY {
+                return Err(Error::errno(libc::ENOTEMPTY, "subvolume contains subvolumes"));
+            }
+        }
+        let idx = names::list_dir(&mut self.store, dir.subvol, dir.ino)?.into_iter().find(|e| e.name == name).map(|e| e.index).ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
+        let t = self.transid();
+        names::remove_name(&mut self.store, dir.subvol, dir.ino, loc, name, idx, t)?;
+        self.store.delete_item(TreeId::Root, &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id))?;
+        self.store.delete_item(TreeId::Root, &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol))?;
+        self.stamp(dir, true, true)?;
+        let ri = self.store.root_item(id)?;
+        self.store.update_root_item(id, |r| {
+            r.flags.set(r.flags.get() | BTRFS_ROOT_SUBVOL_DEAD);
+            r.refs.set(0);
+            r.drop_progress = Key::MIN.to_disk();
+            r.drop_level = 0;
+        })?;
+        self.store.insert_item(TreeId::Root, &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id), &[])?;
+        self.uuid_remove(&ri.uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
+        if ri.received_uuid != [0; 16] {
+            self.uuid_remove(&ri.received_uuid, BTRFS_UUID_KEY_RECEIVED_SUBVOL, id)?;
+        }
+        let gone: Vec<Loc> = self.loaded_inodes().into_iter().filter(|l| l.subvol == id).collect();
+        for l in gone {
+            self.forget_inode(l);
+        }
+        self.deleted_subvols.push((id, t));
+        Ok(())
+    }
+
+    /// The cleaner: subvolumes whose deletion an earlier transaction made
+    /// durable lose their trees, root items, orphan items and qgroups.
+    pub(super) fn finish_deleted_subvols(&mut self) -> Result<()> {
+        let t = self.transid();
+        let (ready, later): (Vec<(u64, u64)>, Vec<(u64, u64)>) = self.deleted_subvols.drain(..).partition(|(_, dt)| *dt < t);
+        self.deleted_subvols = later;
+        for (id, _) in ready {
+            if !self.store.tree_exists(id)? {
+                continue;
+            }
+            self.store.drop_tree(id)?;
+            let key = self.store.root_key(id)?;
+            self.store.delete_item(TreeId::Root, &key)?;
+            self.store.delete_item(TreeId::Root, &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id))?;
+            self.store.forget_tree(id);
+            self.dropped_qgroups.push(id);
+        }
+        Ok(())
+    }
+
+    /// Qgroups of dropped subvolumes go once the drop is committed.
+    pub(super) fn remove_dropped_qgroups(&mut self) -> Result<()> {
+        for id in std::mem::take(&mut self.dropped_qgroups) {
+            self.store.qgroup_remove(id)?;
+        }
+        Ok(())
+    }
+
+    /// Dead subvolumes an earlier mount left (orphan items in the root
+    /// tree): dropped by the cleaner at the next commit.
+    pub(super) fn find_dead_subvols(&mut self) -> Result<()> {
+        let orphans = self.store.items_in(TreeId::Root, Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX))?;
+        for (k, _) in orphans {
+            if !self.deleted_subvols.iter().any(|(id, _)| *id == k.offset) {
+                self.deleted_subvols.push((k.offset, 0));
+            }
+        }
+        Ok(())
+    }
+
+    /// `btrfs subvolume set-default`: the root tree's `default` entry names
+    /// it (seen at the next mount). No commit.
+    pub fn set_default_subvol(&mut self, l: Loc) -> Result<()> {
+        if l.ino != ROOT_DIR {
+            return Err(Error::errno(libc::EINVAL, "set-default: not a subvolume"));
+        }
+        let loc = if l.subvol == BTRFS_FS_TREE_OBJECTID { Key::new(l.subvol, BTRFS_ROOT_ITEM_KEY, 0) } else { Key::new(l.subvol, BTRFS_ROOT_ITEM_KEY, self.store.root_key(l.subvol)?.offset) };
+        let dk = Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_DIR_ITEM_KEY, name_hash(b"default"));
+        let d = self.store.lookup(TreeId::Root, &dk)?.ok_or_else(|| Error::corrupt("root tree has no default entry", BTRFS_ROOT_TREE_DIR_OBJECTID))?;
+        let mut out = Vec::new();
+        for e in parse_dir_items(&d).map_err(|e| e.at(0, dk))? {
+            if e.name == b"default" {
+                encode_dir_entry(&mut out, &loc, e.item.transid.get(), e.item.type_, e.name, e.data);
+            } else {
+                out.extend_from_slice(e.item.as_bytes());
+                out.extend_from_slice(e.name);
+                out.extend_from_slice(e.data);
+            }
+        }
+        self.store.update_item(TreeId::Root, &dk, &out)?;
+        let f = self.store.sb.incompat_flags.get() | BTRFS_FEATURE_INCOMPAT_DEFAULT_SUBVOL;
+        self.store.sb.incompat_flags.set(f);
+        self.dirtied();
+        Ok(())
+    }
+
+    /// `btrfs quota enable` (and the rescan it starts, waited for): a
+    /// commit, the quota tree and a qgroup per subvolume, a commit, the
+    /// rescan counting every extent, a commit.
+    pub fn quota_enable(&mut self) -> Result<()> {
+        if self.store.qgroups.enabled {
+            return Ok(());
+        }
+        let mut subvols = Vec::new();
+        for (k, d) in self.store.items_in(TreeId::Root, Key::new(0, BTRFS_ROOT_REF_KEY, 0), Key::new(BTRFS_LAST_FREE_OBJECTID, BTRFS_ROOT_REF_KEY, u64::MAX))? {
+            if k.ty == BTRFS_ROOT_REF_KEY {
+                parse_root_ref(&d).map_err(|e| e.at(0, k))?;
+                subvols.push(k.offset);
+            }
+        }
+        subvols.sort_unstable();
+        subvols.dedup();
+        self.store.quota_enable(&subvols)?;
+        self.commit("quota")?;
+        self.writeback_all(super::writeback::Reason::Sync)?;
+        self.store.account_now()?;
+        self.store.quota_rescan()?;
+        self.commit("quota")
+    }
+}
+
+impl Filesystem {
+    /// `btrfs balance start -m`: dirty data is written back and committed,
+    /// then every metadata and system block group is emptied into new
+    /// chunks and removed (each step committed).
+    pub fn balance_metadata(&mut self) -> Result<()> {
+        self.sync()?;
+        self.store.relocate_metadata()?;
+        self.dirtied();
+        self.commit("balance")
+    }
+}

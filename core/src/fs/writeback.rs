@@ -1,0 +1,605 @@
+//! Writeback: dirty pages become extents through ordered extents, as the
+//! kernel's delalloc path does (btrfs_run_delalloc_range):
+//! - inodes with NODATACOW or PREALLOC go through the in-place path: space
+//!   the file alone owns (preallocated, or regular in a nodatacow file) is
+//!   overwritten; the rest is copied-on-write, never inline or compressed;
+//! - compressible data (compress-force, or compress with the heuristic
+//!   saying yes) is compressed in pieces of 128 KiB within chunks of
+//!   512 KiB; a piece that does not save a block ends compression for its
+//!   chunk and marks the inode NOCOMPRESS (unless forced);
+//! - the rest is plain copy-on-write: inline for a whole small file, else
+//!   extents of at most 128 MiB.
+//!
+//! An ordered extent is created when its data is submitted; its completion
+//! puts the file extent item, the checksums and the extent reference in the
+//! tree, writes the inode's pending times and moves its on-disk size.
+
+use super::compress;
+use super::extents::{self, drop_extents, extent_key, extents_in, fill_hole, MAX_COMPRESSED, MAX_EXTENT_SIZE};
+use super::filesystem::{Filesystem, Loc};
+use super::pagecache::PAGE;
+use crate::format::consts::*;
+use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
+use crate::trans::delayed::BackRef;
+use crate::trans::TreeId;
+use crate::Result;
+use zerocopy::IntoBytes;
+
+/// Why data is written back (it decides whether it goes first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Memory pressure or age (the flusher threads).
+    Background,
+    /// sync(2), a commit that flushes.
+    Sync,
+    /// fsync, msync, O_SYNC writes, sync_file_range.
+    Fsync,
+}
+
+/// Where an ordered extent's data went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrderedKind {
+    /// A new extent (copy-on-write).
+    Cow,
+    /// Over an existing regular extent, in place (nodatacow).
+    NoCow,
+    /// Into preallocated space, in place; completion marks it written.
+    Prealloc,
+}
+
+/// Data submitted for one extent, not yet in the file's extent map.
+#[derive(Clone, Debug)]
+pub struct OrderedExtent {
+    pub loc: Loc,
+    pub file_off: u64,
+    pub len: u64,
+    pub disk_bytenr: u64,
+    pub disk_len: u64,
+    /// Offset of this data within the disk extent (in place writes).
+    pub extent_offset: u64,
+    pub ram_bytes: u64,
+    pub compression: u8,
+    pub kind: OrderedKind,
+    /// Checksums were recorded for the data (the inode keeps them).
+    pub datasum: bool,
+}
+
+/// Piece of a nocow decision: where the data goes in place.
+struct InPlace {
+    len: u64,
+    kind: OrderedKind,
+    bytenr: u64,
+    disk_len: u64,
+    ext_off: u64,
+}
+
+impl Filesystem {
+    /// Write back every inode's dirty pages.
+    pub fn writeback_all(&mut self, reason: Reason) -> Result<()> {
+        for l in self.dirty_list() {
+            self.writeback(l, 0, u64::MAX, reason)?;
+        }
+        Ok(())
+    }
+
+    /// Write back the dirty pages of `l` meeting `[start, end)`.
+    pub fn writeback(&mut self, l: Loc, start: u64, end: u64, _reason: Reason) -> Result<()> {
+        let (from, to) = (start / PAGE, end.div_ceil(PAGE));
+        let rt = self.rt(l)?;
+        if !rt.pages.any_in(from, to) {
+            return Ok(());
+        }
+        let i_size = rt.i_size;
+        let pages = rt.pages.take_range(from, to);
+        if rt.pages.is_empty() {
+            self.note_clean(l);
+        }
+        let n = pages.len() as u64 * PAGE;
+        self.dirty_bytes = self.dirty_bytes.saturating_sub(n);
+        // Runs of consecutive pages.
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (idx, p) in pages {
+            match runs.last_mut() {
+                Some((s, buf)) if *s + buf.len() as u64 == idx * PAGE => buf.extend_from_slice(&p),
+                _ => runs.push((idx * PAGE, p.to_vec())),
+            }
+        }
+        for (s, buf) in runs {
+            self.write_run(l, s, &buf, i_size, false)?;
+        }
+        Ok(())
+    }
+
+    /// Write sector-aligned data straight to extents (O_DIRECT on a
+    /// nodatasum inode): never inline, never compressed.
+    pub(super) fn write_direct_run(&mut self, l: Loc, start: u64, data: &[u8]) -> Result<()> {
+        let i_size = self.rt(l)?.i_size;
+        self.write_run(l, start, data, i_size, true)
+    }
+
+    fn write_run(&mut self, l: Loc, start: u64, data: &[u8], i_size: u64, direct: bool) -> Result<()> {
+        self.stats.writeback_bytes += data.len() as u64;
+        let flags = self.item(l)?.flags.get();
+        if flags & (BTRFS_INODE_NODATACOW | BTRFS_INODE_PREALLOC) != 0 {
+            return self.run_nocow(l, start, data, flags);
+        }
+        if !direct && self.wants_compression(flags, &data[..data.len().min(MAX_COMPRESSED as usize)]) {
+            return self.run_compressed(l, start, data, i_size);
+        }
+        self.run_cow(l, start, data, i_size, !direct)
+    }
+
+    /// Plain copy-on-write of a run: inline when it is the whole small
+    /// file, else new extents of at most 128 MiB.
+    fn run_cow(&mut self, l: Loc, start: u64, data: &[u8], i_size: u64, inline_ok: bool) -> Result<()> {
+        if inline_ok && start == 0 && self.try_inline(l, data, i_size, None)? {
+            return Ok(());
+        }
+        let datasum = self.datasum(l)?;
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let n = ((data.len() - pos) as u64).min(MAX_EXTENT_SIZE) as usize;
+            self.cow_extent(l, start + pos as u64, &data[pos..pos + n], n as u64, BTRFS_COMPRESS_NONE, datasum)?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Allocate, write and complete one new extent holding `disk` for
+    /// `[off, off+len)` of the file.
+    fn cow_extent(&mut self, l: Loc, off: u64, disk: &[u8], len: u64, compression: u8, datasum: bool) -> Result<()> {
+        let bytenr = super::data::write_data_extent(&mut self.store, disk, datasum)?;
+        let oe = OrderedExtent {
+            loc: l,
+            file_off: off,
+            len,
+            disk_bytenr: bytenr,
+            disk_len: disk.len() as u64,
+            extent_offset: 0,
+            ram_bytes: len,
+            compression,
+            kind: OrderedKind::Cow,
+            datasum,
+        };
+        self.complete_ordered(&oe)
+    }
+
+    /// The in-place path (run_delalloc_nocow): space the file alone owns is
+    /// written in place; everything else is gathered into copy-on-write
+    /// runs (never inline, never compressed).
+    fn run_nocow(&mut self, l: Loc, start: u64, data: &[u8], flags: u64) -> Result<()> {
+        let nocow_inode = flags & BTRFS_INODE_NODATACOW != 0;
+        let i_size = self.rt(l)?.i_size;
+        let end = start + data.len() as u64;
+        let mut pos = start;
+        let mut cow_start: Option<u64> = None;
+        while pos < end {
+            match self.nocow_target(l, pos, end - pos, nocow_inode)? {
+                Some(t) => {
+                    if let Some(cs) = cow_start.take() {
+                        self.run_cow(l, cs, &data[(cs - start) as usize..(pos - start) as usize], i_size, false)?;
+                    }
+                    let at = (pos - start) as usize;
+                    self.write_in_place(l, pos, &data[at..at + t.len as usize], &t)?;
+                    pos += t.len;
+                }
+                None => {
+                    cow_start.get_or_insert(pos);
+                    pos = self.next_extent_boundary(l, pos, end)?;
+                }
+            }
+        }
+        if let Some(cs) = cow_start {
+            self.run_cow(l, cs, &data[(cs - start) as usize..], i_size, false)?;
+        }
+        Ok(())
+    }
+
+    /// The end of the extent item (or gap) holding `pos`, at most `end`.
+    fn next_extent_boundary(&mut self, l: Loc, pos: u64, end: u64) -> Result<u64> {
+        let ss = self.store.sectorsize() as u64;
+        let mut next = end;
+        for (k, d) in extents_in(&mut self.store, l.subvol, l.ino, pos, end)? {
+            let Some((s, e)) = extents::extent_span(ss, k.offset, &d) else { continue };
+            if s <= pos && e > pos {
+                next = next.min(e);
+            } else if s > pos {
+                next = next.min(s);
+            }
+        }
+        Ok(next.max(pos + PAGE.min(end - pos)).min(end))
+    }
+
+    /// Whether data at `off` may be written in place (can_nocow_file_extent):
+    /// a preallocated extent, or a regular one of a nodatacow inode; not
+    /// compressed; written after the last snapshot; referenced only by this
+    /// file at this offset; with no checksums. Returns how much of
+    /// `[off, off+len)` it covers.
+    fn nocow_target(&mut self, l: Loc, off: u64, len: u64, nocow_inode: bool) -> Result<Option<InPlace>> {
+        let items = extents_in(&mut self.store, l.subvol, l.ino, off, off + 1)?;
+        let Some((k, d)) = items.into_iter().next() else { return Ok(None) };
+        let Ok(FileExtent::Disk { head, item }) = parse_file_extent(&d) else { return Ok(None) };
+        let bytenr = item.disk_bytenr.get();
+        if bytenr == 0 || head.compression != BTRFS_COMPRESS_NONE || head.encryption != 0 || head.other_encoding.get() != 0 || k.offset > off {
+            return Ok(None);
+        }
+        let kind = match head.type_ {
+            BTRFS_FILE_EXTENT_PREALLOC => OrderedKind::Prealloc,
+            BTRFS_FILE_EXTENT_REG if nocow_inode => OrderedKind::NoCow,
+            _ => return Ok(None),
+        };
+        let last_snapshot = match self.store.root_state(l.subvol)?.item.as_ref() {
+            Some((_, ri)) => ri.last_snapshot.get(),
+            None => 0,
+        };
+        if head.generation.get() <= last_snapshot {
+            return Ok(None);
+        }
+        let r = extents::data_backref(l.subvol, l.ino, k.offset, item);
+        if !self.store.data_extent_exclusive(bytenr, r)? {
+            return Ok(None);
+        }
+        let end = (k.offset + item.num_bytes.get()).min(off + len);
+        let ext_off = item.offset.get() + (off - k.offset);
+        if self.store.csum_lookup(bytenr + ext_off, end - off)?.iter().any(Option::is_some) {
+            return Ok(None);
+        }
+        Ok(Some(InPlace { len: end - off, kind, bytenr, disk_len: item.disk_num_bytes.get(), ext_off }))
+    }
+
+    /// Write data over space the file owns, then complete.
+    fn write_in_place(&mut self, l: Loc, off: u64, data: &[u8], t: &InPlace) -> Result<()> {
+        let datasum = self.datasum(l)?;
+        let at = t.bytenr + t.ext_off;
+        let phys = self.store.image().chunks.map(at, data.len() as u64, self.store.image().devid)?;
+        for p in phys {
+            self.store.write_in_place_data(p, data)?;
+        }
+        if datasum {
+            let sums = super::data::sector_csums(&self.store, data);
+            self.store.csum_insert(at, &sums)?;
+        }
+        self.stats.nocow_writes += 1;
+        let oe = OrderedExtent {
+            loc: l,
+            file_off: off,
+            len: data.len() as u64,
+            disk_bytenr: t.bytenr,
+            disk_len: t.disk_len,
+            extent_offset: t.ext_off,
+            ram_bytes: t.disk_len,
+            compression: BTRFS_COMPRESS_NONE,
+            kind: t.kind,
+            datasum,
+        };
+        self.complete_ordered(&oe)
+    }
+
+    /// Whether writeback of this inode compresses (inode_need_compress):
+    /// compress-force always; compress (or the inode's compress flag) when
+    /// the heuristic finds the data compressible, unless the inode gave up
+    /// (NOCOMPRESS).
+    fn wants_compression(&self, flags: u64, sample: &[u8]) -> bool {
+        if flags & (BTRFS_INODE_NODATACOW | BTRFS_INODE_NODATASUM) != 0 {
+            return false;
+        }
+        if self.opts.compress.is_none() {
+            return flags & BTRFS_INODE_COMPRESS != 0 && compress::heuristic(sample);
+        }
+        if self.opts.compress_force {
+            return true;
+        }
+        flags & BTRFS_INODE_NOCOMPRESS == 0 && compress::heuristic(sample)
+    }
+
+    /// The compression path (compress_file_range): chunks of 512 KiB, each
+    /// compressed in pieces of 128 KiB. A piece that does not save a block
+    /// ends compression for the rest of its chunk (and marks the inode
+    /// NOCOMPRESS unless compression is forced); a piece the heuristic
+    /// rejects ends it without the mark.
+    fn run_compressed(&mut self, l: Loc, start: u64, data: &[u8], i_size: u64) -> Result<()> {
+        const CHUNK: u64 = 512 << 10;
+        let ss = self.store.sectorsize() as u64;
+        let method = self.opts.compress.unwrap_or(compress::Method { kind: BTRFS_COMPRESS_ZLIB, level: 3 });
+        let end = start + data.len() as u64;
+        let slice = |a: u64, b: u64| &data[(a - start) as usize..(b - start) as usize];
+        let mut chunk = start;
+        while chunk < end {
+            let chunk_end = (chunk + CHUNK).min(end);
+            let mut pos = chunk;
+            while pos < chunk_end {
+                let piece_end = (pos + MAX_COMPRESSED).min(chunk_end);
+                // Only bytes below the file's size are compressed.
+                let in_len = piece_end.min(i_size).saturating_sub(pos);
+                if pos > chunk {
+                    let flags = self.item(l)?.flags.get();
+                    if !self.wants_compression(flags, slice(pos, piece_end)) {
+                        self.run_cow(l, pos, slice(pos, chunk_end), i_size, true)?;
+                        break;
+                    }
+                }
+                let compressed = if in_len > 0 { compress::compress(method, &slice(pos, pos + in_len)[..], ss as usize) } else { None };
+                // The whole small file: compressed inline, else plain inline.
+                if pos == 0 && piece_end >= i_size {
+                    if let Some(c) = &compressed {
+                        if self.try_inline(l, slice(pos, piece_end), i_size, Some((method.kind, c)))? {
+                            pos = piece_end;
+                            continue;
+                        }
+                    }
+                    if self.try_inline(l, slice(pos, piece_end), i_size, None)? {
+                        pos = piece_end;
+                        continue;
+                    }
+                }
+                let total_in = in_len.div_ceil(ss) * ss;
+                let good = compressed.filter(|c| (c.len() as u64).div_ceil(ss) * ss + ss <= total_in);
+                match good {
+                    Some(mut disk) => {
+                        disk.resize(((disk.len() as u64).div_ceil(ss) * ss) as usize, 0);
+                        self.stats.compressed_extents += 1;
+                        self.cow_extent(l, pos, &disk, total_in, method.kind, true)?;
+                        pos += total_in;
+                    }
+                    None => {
+                        if !self.opts.compress_force {
+                            let mut it = self.item(l)?;
+                            it.flags.set(it.flags.get() | BTRFS_INODE_NOCOMPRESS);
+                            self.put_item(l, &it)?;
+                        }
+                        self.run_cow(l, pos, slice(pos, chunk_end), i_size, true)?;
+                        break;
+                    }
+                }
+            }
+            chunk = chunk_end;
+        }
+        Ok(())
+    }
+
+    /// Store the whole small file inline (can_cow_file_range_inline): the
+    /// run starts at 0, the file ends within the first block, and the
+    /// stored bytes (`compressed`, or the file's bytes) are fewer than a
+    /// block and at most `max_inline`. Never for nodatacow or preallocating
+    /// inodes.
+    fn try_inline(&mut self, l: Loc, data: &[u8], i_size: u64, compressed: Option<(u8, &Vec<u8>)>) -> Result<bool> {
+        let ss = self.store.sectorsize() as u64;
+        if i_size == 0 || i_size > ss || (data.len() as u64) < i_size {
+            return Ok(false);
+        }
+        let flags = self.item(l)?.flags.get();
+        if flags & (BTRFS_INODE_NODATACOW | BTRFS_INODE_PREALLOC) != 0 {
+            return Ok(false);
+        }
+        let (compression, payload): (u8, &[u8]) = match compressed {
+            Some((k, c)) => (k, &c[..]),
+            None => (BTRFS_COMPRESS_NONE, &data[..i_size as usize]),
+        };
+        let data_len = payload.len() as u64;
+        let max_inline = self.opts.max_inline.min(ss);
+        if data_len >= ss || data_len > max_inline || data_len > extents::max_inline_data(&self.store) {
+            return Ok(false);
+        }
+        let dropped = drop_extents(&mut self.store, l.subvol, l.ino, 0, ss)?;
+        super::data::write_inline(&mut self.store, l.subvol, l.ino, i_size, compression, payload)?;
+        self.stats.inline_extents += 1;
+        let mut it = self.item(l)?;
+        it.nbytes.set(it.nbytes.get().saturating_sub(dropped.nbytes) + i_size);
+        let t = self.transid();
+        it.transid.set(t);
+        self.put_item(l, &it)?;
+        self.apply_pending_times(l)?;
+        self.set_disk_size(l)?;
+        self.rt(l)?.full_sync = true;
+        self.note_modified(l, 0, ss)?;
+        Ok(true)
+    }
+
+    /// The completion of an ordered extent (btrfs_finish_one_ordered): the
+    /// file extent item and reference (or, in place, nothing / the
+    /// prealloc conversion), nbytes, the pending times, the on-disk size.
+    pub(super) fn complete_ordered(&mut self, oe: &OrderedExtent) -> Result<()> {
+        let l = oe.loc;
+        let t = TreeId::Tree(l.subvol);
+        let transid = self.transid();
+        self.stats.ordered_extents += 1;
+        let (start, end) = (oe.file_off, oe.file_off + oe.len);
+        let mut nbytes_delta: i64 = 0;
+        match oe.kind {
+            OrderedKind::Cow => {
+                let d = drop_extents(&mut self.store, l.subvol, l.ino, start, end)?;
+                nbytes_delta -= d.nbytes as i64;
+                let fe = FileExtentItem::new(BTRFS_FILE_EXTENT_REG, transid, oe.disk_bytenr, oe.disk_len, 0, oe.len, oe.ram_bytes, oe.compression);
+                self.store.insert_item(t, &extent_key(l.ino, start), fe.as_bytes())?;
+                let r = BackRef::Data { root: l.subvol, objectid: l.ino, offset: start };
+                super::data::reference_new_extent(&mut self.store, oe.disk_bytenr, oe.disk_len, r);
+                nbytes_delta += oe.len as i64;
+            }
+            OrderedKind::NoCow => {}
+            OrderedKind::Prealloc => self.mark_written(l, start, end)?,
+        }
+        let mut it = self.item(l)?;
+        it.nbytes.set((it.nbytes.get() as i64 + nbytes_delta).max(0) as u64);
+        it.transid.set(transid);
+        self.put_item(l, &it)?;
+        self.apply_pending_times(l)?;
+        self.set_disk_size(l)?;
+        self.note_modified(l, start, end)
+    }
+
+    /// The on-disk size after an update (btrfs_inode_safe_disk_i_size_write
+    /// with 0): the in-memory size, or without no-holes only as far as
+    /// extent items cover the file contiguously from 0.
+    pub(super) fn set_disk_size(&mut self, l: Loc) -> Result<()> {
+        let i_size = self.rt(l)?.i_size;
+        let new = if self.no_holes() { i_size } else { i_size.min(self.covered_from_zero(l, i_size)?) };
+        let rt = self.rt(l)?;
+        if new != rt.disk_i_size {
+            rt.disk_i_size = new;
+        }
+        let mut it = self.item(l)?;
+        if it.size.get() != new {
+            it.size.set(new);
+            self.put_item(l, &it)?;
+        }
+        Ok(())
+    }
+
+    /// How far extent items (holes included) cover the file without a gap
+    /// from offset 0, looking no further than `limit`.
+    fn covered_from_zero(&mut self, l: Loc, limit: u64) -> Result<u64> {
+        let ss = self.store.sectorsize() as u64;
+        let mut pos = 0u64;
+        for (k, d) in extents_in(&mut self.store, l.subvol, l.ino, 0, limit.max(1))? {
+            let Some((s, e)) = extents::extent_span(ss, k.offset, &d) else { continue };
+            if s > pos {
+                break;
+            }
+            pos = pos.max(e);
+        }
+        Ok(pos)
+    }
+
+    /// Write the times a buffered write set in memory into the item.
+    pub(super) fn apply_pending_times(&mut self, l: Loc) -> Result<()> {
+        let Some((mtime, ctime)) = self.rt(l)?.pending_times.take() else { return Ok(()) };
+        let mut it = self.item(l)?;
+        it.mtime = mtime;
+        it.ctime = ctime;
+        it.sequence.set(it.sequence.get() + 1);
+        self.put_item(l, &it)
+    }
+
+    /// Turn preallocated `[start, end)` into written data
+    /// (btrfs_mark_extent_written): the written part of the prealloc item
+    /// joins a neighbouring written item of the same extent when it can,
+    /// else the item is split and the middle becomes regular (one more
+    /// reference per new item).
+    fn mark_written(&mut self, l: Loc, start: u64, end: u64) -> Result<()> {
+        let t = TreeId::Tree(l.subvol);
+        let transid = self.transid();
+        let items = extents_in(&mut self.store, l.subvol, l.ino, start, end)?;
+        for (k, d) in items {
+            let Ok(FileExtent::Disk { head, item }) = parse_file_extent(&d) else { continue };
+            if head.type_ != BTRFS_FILE_EXTENT_PREALLOC {
+                continue;
+            }
+            let fe = *item;
+            let (s, e) = (k.offset, k.offset + fe.num_bytes.get());
+            let (a, b) = (s.max(start), e.min(end));
+            let bytenr = fe.disk_bytenr.get();
+            let orig = k.offset.wrapping_sub(fe.offset.get());
+            let r = extents::data_backref(l.subvol, l.ino, k.offset, &fe);
+            let mergeable = |x: &FileExtentItem| {
+                x.disk_bytenr.get() == bytenr && x.type_ == BTRFS_FILE_EXTENT_REG && x.compression == 0 && x.encryption == 0 && x.other_encoding.get() == 0
+            };
+            // Written at the front, the previous item written and adjacent.
+            if a == s && b < e {
+                if let Some((pk, pd)) = self.store.prev_item(t, &extent_key(l.ino, s.saturating_sub(1)), &extent_key(l.ino, 0))? {
+                    if let Ok(FileExtent::Disk { item: p, .. }) = parse_file_extent(&pd) {
+                        if mergeable(p) && pk.offset + p.num_bytes.get() == s && pk.offset.wrapping_sub(p.offset.get()) == orig {
+                            let mut np = *p;
+                            np.num_bytes.set(b - pk.offset);
+                            np.generation.set(transid);
+                            self.store.update_item(t, &pk, np.as_bytes())?;
+                            let mut rest = fe;
+                            rest.offset.set(b - orig);
+                            rest.num_bytes.set(e - b);
+                            rest.generation.set(transid);
+                            self.store.delete_item(t, &k)?;
+                            self.store.insert_item(t, &extent_key(l.ino, b), rest.as_bytes())?;
+                            continue;
+                        }
+                    }
+                }
+            }
+            // Written at the back, the next item written and adjacent.
+            if b == e && a > s {
+                if let Some((nk, nd)) = self.store.next_item(t, &extent_key(l.ino, e))? {
+                    if nk.objectid == l.ino && nk.ty == BTRFS_EXTENT_DATA_KEY && nk.offset == e {
+                        if let Ok(FileExtent::Disk { item: n, .. }) = parse_file_extent(&nd) {
+                            if mergeable(n) && nk.offset.wrapping_sub(n.offset.get()) == orig {
+                                let mut cur = fe;
+                                cur.num_bytes.set(a - s);
+                                cur.generation.set(transid);
+                                self.store.update_item(t, &k, cur.as_bytes())?;
+                                let mut nn = *n;
+                                nn.offset.set(a - orig);
+                                nn.num_bytes.set(n.num_bytes.get() + (e - a));
+                                nn.generation.set(transid);
+                                self.store.delete_item(t, &nk)?;
+                                self.store.insert_item(t, &extent_key(l.ino, a), nn.as_bytes())?;
+                                continue;
+                            }
+                        }
+                    }
+                }
+            }
+            let mut pieces = 0i64;
+            if s < a {
+                let mut left = fe;
+                left.num_bytes.set(a - s);
+                left.generation.set(transid);
+                self.store.update_item(t, &k, left.as_bytes())?;
+                pieces += 1;
+            } else {
+                self.store.delete_item(t, &k)?;
+            }
+            let mut mid = fe;
+            mid.type_ = BTRFS_FILE_EXTENT_REG;
+            mid.generation.set(transid);
+            mid.offset.set(fe.offset.get() + (a - s));
+            mid.num_bytes.set(b - a);
+            self.store.insert_item(t, &extent_key(l.ino, a), mid.as_bytes())?;
+            pieces += 1;
+            if b < e {
+                let mut right = fe;
+                right.offset.set(fe.offset.get() + (b - s));
+                right.num_bytes.set(e - b);
+                right.generation.set(transid);
+                self.store.insert_item(t, &extent_key(l.ino, b), right.as_bytes())?;
+                pieces += 1;
+            }
+            if pieces > 1 {
+                self.store.queue_data_ref(bytenr, fe.disk_num_bytes.get(), r, pieces - 1);
+            }
+        }
+        Ok(())
+    }
+
+    /// The extent map of `[start, end)` changed (what a fast fsync logs).
+    pub(super) fn note_modified(&mut self, l: Loc, start: u64, end: u64) -> Result<()> {
+        let rt = self.rt(l)?;
+        match rt.modified.last_mut() {
+            Some(r) if r.1 >= start && r.0 <= end => {
+                r.0 = r.0.min(start);
+                r.1 = r.1.max(end);
+            }
+            _ => rt.modified.push((start, end)),
+        }
+        self.touch_trans(l)
+    }
+
+    /// Cover `[start, end)` with explicit holes where the filesystem has no
+    /// no-holes feature and no extent covers it.
+    pub(super) fn fill_holes(&mut self, l: Loc, start: u64, end: u64) -> Result<()> {
+        if self.no_holes() || start >= end {
+            return Ok(());
+        }
+        let ss = self.store.sectorsize() as u64;
+        let mut pos = start;
+        let items = extents_in(&mut self.store, l.subvol, l.ino, start, end)?;
+        let transid = self.transid();
+        for (k, d) in items {
+            let Some((s, e)) = extents::extent_span(ss, k.offset, &d) else { continue };
+            if s > pos {
+                fill_hole(&mut self.store, l.subvol, l.ino, pos, s.min(end), transid)?;
+            }
+            pos = pos.max(e);
+        }
+        if pos < end {
+            fill_hole(&mut self.store, l.subvol, l.ino, pos, end, transid)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,162 @@
+//! Delayed references: changes to the back references of extents (tree
+//! blocks and data) are queued during a transaction and applied to the
+//! extent tree when the commit runs them, as the kernel's delayed refs are.
+//!
+//! Queuing is what makes a drop and a re-add of the same reference within
+//! one transaction a no-op: the deltas of one extent are merged by back
+//! reference, and when the head runs, additions are applied before drops,
+//! so an extent whose last reference is dropped and taken again is never
+//! freed on the way (and keeps its checksums). An extent is freed only when
+//! the merged count reaches zero.
+//!
+//! Invariant: a head with `new` set describes an extent this transaction
+//! allocated whose extent item does not exist yet; its net deltas are never
+//! negative.
+
+use crate::format::extent::InlineRef;
+use crate::format::key::Key;
+use std::collections::BTreeMap;
+
+/// The identity of one back reference; counts live in the deltas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BackRef {
+    /// A tree block referenced by a tree's root or an unshared parent.
+    Tree { root: u64 },
+    /// A tree block referenced by a full-backref parent block.
+    SharedTree { parent: u64 },
+    /// A data extent referenced by file extent items of (root, inode) at
+    /// file offset minus extent offset.
+    Data { root: u64, objectid: u64, offset: u64 },
+    /// A data extent referenced from a full-backref leaf.
+    SharedData { parent: u64 },
+}
+
+impl BackRef {
+    /// The inline form with `count` references.
+    pub fn inline(&self, count: u32) -> InlineRef {
+        match *self {
+            BackRef::Tree { root } => InlineRef::TreeBlock { root },
+            BackRef::SharedTree { parent } => InlineRef::SharedBlock { parent },
+            BackRef::Data { root, objectid, offset } => InlineRef::ExtentData { root, objectid, offset, count },
+            BackRef::SharedData { parent } => InlineRef::SharedData { parent, count },
+        }
+    }
+
+    /// The back reference an inline ref stands for (None for owner refs).
+    pub fn of_inline(r: &InlineRef) -> Option<BackRef> {
+        Some(match *r {
+            InlineRef::TreeBlock { root } => BackRef::Tree { root },
+            InlineRef::SharedBlock { parent } => BackRef::SharedTree { parent },
+            InlineRef::ExtentData { root, objectid, offset, .. } => BackRef::Data { root, objectid, offset },
+            InlineRef::SharedData { parent, .. } => BackRef::SharedData { parent },
+            InlineRef::Owner { .. } => return None,
+        })
+    }
+
+    pub fn is_data(&self) -> bool {
+        matches!(self, BackRef::Data { .. } | BackRef::SharedData { .. })
+    }
+}
+
+/// What the extent item of an extent allocated in this transaction holds
+/// besides its references.
+#[derive(Clone, Copy, Debug)]
+pub struct NewExtent {
+    pub generation: u64,
+    pub flags: u64,
+    /// First key of a tree block when it was allocated (non-skinny items).
+    pub first_key: Key,
+}
+
+/// The queued changes of one extent.
+#[derive(Clone, Debug)]
+pub struct RefHead {
+    pub num_bytes: u64,
+    /// Level of a tree block; None for data.
+    pub level: Option<u8>,
+    pub new: Option<NewExtent>,
+    pub refs: BTreeMap<BackRef, i64>,
+}
+
+impl RefHead {
+    /// Net change of the extent's reference count.
+    pub fn delta(&self) -> i64 {
+        self.refs.values().sum()
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct DelayedRefs {
+    heads: BTreeMap<u64, RefHead>,
+}
+
+impl DelayedRefs {
+    fn head(&mut self, bytenr: u64, num_bytes: u64, level: Option<u8>) -> &mut RefHead {
+        self.heads.entry(bytenr).or_insert_with(|| RefHead { num_bytes, level, new: None, refs: BTreeMap::new() })
+    }
+
+    /// Queue `delta` on one back reference of an existing (or new) extent.
+    pub fn add(&mut self, bytenr: u64, num_bytes: u64, level: Option<u8>, r: BackRef, delta: i64) {
+        let h = self.head(bytenr, num_bytes, level);
+        let e = h.refs.entry(r).or_insert(0);
+        *e += delta;
+        if *e == 0 {
+            h.refs.remove(&r);
+        }
+    }
+
+    /// Queue a new extent with its first reference.
+    pub fn add_new(&mut self, bytenr: u64, num_bytes: u64, level: Option<u8>, new: NewExtent, r: BackRef) {
+        let h = self.head(bytenr, num_bytes, level);
+        h.new = Some(new);
+        h.num_bytes = num_bytes;
+        h.level = level;
+        *h.refs.entry(r).or_insert(0) += 1;
+    }
+
+    pub fn get(&self, bytenr: u64) -> Option<&RefHead> {
+        self.heads.get(&bytenr)
+    }
+
+    pub fn remove(&mut self, bytenr: u64) -> Option<RefHead> {
+        self.heads.remove(&bytenr)
+    }
+
+    /// Net pending change of an extent's reference count.
+    pub fn delta(&self, bytenr: u64) -> i64 {
+        self.heads.get(&bytenr).map_or(0, RefHead::delta)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.heads.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// Every head, in bytenr order, leaving the queue empty.
+    pub fn take_all(&mut self) -> BTreeMap<u64, RefHead> {
+        std::mem::take(&mut self.heads)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drop_and_readd_merge_to_nothing() {
+        let mut d = DelayedRefs::default();
+        let r = BackRef::Data { root: 5, objectid: 257, offset: 0 };
+        d.add(4096, 8192, None, r, -1);
+        d.add(4096, 8192, None, r, 1);
+        assert_eq!(d.delta(4096), 0);
+        assert!(d.get(4096).is_some_and(|h| h.refs.is_empty()));
+        let n = NewExtent { generation: 7, flags: 1, first_key: Key::MIN };
+        d.add_new(1 << 20, 4096, Some(0), n, BackRef::Tree { root: 5 });
+        assert_eq!(d.delta(1 << 20), 1);
+        assert_eq!(d.take_all().len(), 2);
+        assert!(d.is_empty());
+    }
+}

@@ -1,0 +1,363 @@
+//! Qgroup accounting, as the kernel keeps it: every extent whose
+//! references a transaction changed is accounted at commit by comparing the
+//! subvolumes that referenced it before (the committed trees) with those
+//! that reference it after. A qgroup's `rfer` counts every extent one of its
+//! subvolumes references; `excl` counts those no subvolume outside it
+//! references. Higher-level qgroups cover the subvolumes of their members.
+//!
+//! Invariant: with quotas on, the info items equal that definition after
+//! every commit, given they did before (the same rule `btrfs check`
+//! verifies).
+
+use super::backref::{RootCache, View};
+use super::delayed::{BackRef, RefHead};
+use super::{Store, TreeId};
+use crate::format::consts::*;
+use crate::format::key::Key;
+use crate::format::qgroup::{QgroupInfoItem, QgroupStatusItem};
+use crate::{Error, Result};
+use std::collections::{BTreeMap, BTreeSet};
+use zerocopy::{FromBytes, IntoBytes};
+
+const QUOTA_TREE: TreeId = TreeId::Tree(BTRFS_QUOTA_TREE_OBJECTID);
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub rfer: u64,
+    pub rfer_cmpr: u64,
+    pub excl: u64,
+    pub excl_cmpr: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Qgroups {
+    pub enabled: bool,
+    /// qgroup id -> counters.
+    pub groups: BTreeMap<u64, Counts>,
+    /// child qgroup -> its parents.
+    pub parents: BTreeMap<u64, BTreeSet<u64>>,
+    dirty: BTreeSet<u64>,
+    /// Extents whose references changed in this transaction: bytenr ->
+    /// (bytes, level of a tree block).
+    extents: BTreeMap<u64, (u64, Option<u8>)>,
+    status_written: bool,
+}
+
+/// Whether a changed extent can count in some qgroup: data, or a tree
+/// block of a subvolume (directly or through a shared parent).
+fn may_count(head: &RefHead) -> bool {
+    head.level.is_none() || head.refs.keys().any(|r| matches!(r, BackRef::Tree { root } if is_fstree(*root)) || matches!(r, BackRef::SharedTree { .. }))
+}
+
+impl Store {
+    /// Read the quota tree when quotas are on.
+    pub(super) fn load_qgroups(&mut self) -> Result<()> {
+        if !self.tree_exists(BTRFS_QUOTA_TREE_OBJECTID)? {
+            return Ok(());
+        }
+        let status_key = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);
+        let Some(d) = self.lookup(QUOTA_TREE, &status_key)? else { return Ok(()) };
+        let st = QgroupStatusItem::read_from_prefix(&d).map_err(|_| Error::corrupt_key("qgroup status item size", 0, status_key))?.0;
+        if st.flags.get() & BTRFS_QGROUP_STATUS_FLAG_ON == 0 {
+            return Ok(());
+        }
+        let mut q = Qgroups { enabled: true, ..Default::default() };
+        for (k, d) in self.items_in(QUOTA_TREE, Key::new(0, BTRFS_QGROUP_INFO_KEY, 0), Key::new(0, BTRFS_QGROUP_INFO_KEY, u64::MAX))? {
+            let i = QgroupInfoItem::read_from_bytes(&d).map_err(|_| Error::corrupt_key("qgroup info item size", 0, k))?;
+            q.groups.insert(k.offset, Counts { rfer: i.rfer.get(), rfer_cmpr: i.rfer_cmpr.get(), excl: i.excl.get(), excl_cmpr: i.excl_cmpr.get() });
+        }
+        // Relations are stored both ways; (child, RELATION, parent) has
+        // the child first (child < parent as qgroup ids: parents have a
+        // higher level).
+        for (k, _) in self.items_in(QUOTA_TREE, Key::new(0, BTRFS_QGROUP_RELATION_KEY, 0), Key::new(u64::MAX, BTRFS_QGROUP_RELATION_KEY, u64::MAX))? {
+            if k.ty == BTRFS_QGROUP_RELATION_KEY && k.objectid < k.offset {
+                q.parents.entry(k.objectid).or_default().insert(k.offset);
+            }
+        }
+        self.qgroups = q;
+        Ok(())
+    }
+
+    /// Note an extent whose references changed (its head is about to run).
+    pub(super) fn qgroup_note_extent(&mut self, bytenr: u64, head: &RefHead) {
+        if self.qgroups.enabled && may_count(head) {
+            self.qgroups.extents.entry(bytenr).or_insert((head.num_bytes, head.level));
+        }
+    }
+
+    /// Account every noted extent and write the changed info items and the
+    /// status item (once per commit). Returns whether the quota tree changed.
+    pub(super) fn account_qgroups(&mut self) -> Result<bool> {
+        if !self.qgroups.enabled {
+            return Ok(false);
+        }
+        let extents = std::mem::take(&mut self.qgroups.extents);
+        let mut cache = RootCache::new();
+        for (bytenr, (num_bytes, level)) in extents {
+            let old = self.extent_roots(View::Committed, bytenr, level, &mut cache)?;
+            let new = self.extent_roots(View::Current, bytenr, level, &mut cache)?;
+            if old != new {
+                self.qgroups.account(num_bytes, &old, &new);
+            }
+        }
+        let mut changed = false;
+        let transid = self.transid;
+        for id in std::mem::take(&mut self.qgroups.dirty) {
+            let Some(c) = self.qgroups.groups.get(&id).copied() else { continue };
+            let item = QgroupInfoItem { generation: transid.into(), rfer: c.rfer.into(), rfer_cmpr: c.rfer_cmpr.into(), excl: c.excl.into(), excl_cmpr: c.excl_cmpr.into() };
+            self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_INFO_KEY, id), item.as_bytes())?;
+            changed = true;
+        }
+        if !self.qgroups.status_written {
+            let k = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);
+            if let Some(mut d) = self.lookup(QUOTA_TREE, &k)? {
+                if d.len() >= 16 {
+                    d[8..16].copy_from_slice(&transid.to_le_bytes());
+                    self.update_item(QUOTA_TREE, &k, &d)?;
+                }
+            }
+            self.qgroups.status_written = true;
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// Create qgroup 0/`id` with zero counters (a new subvolume).
+    pub fn qgroup_create(&mut self, id: u64) -> Result<()> {
+        if !self.qgroups.enabled {
+            return Ok(());
+        }
+        self.qgroups.groups.insert(id, Counts::default());
+        self.write_qgroup_items(id, true)
+    }
+
+    /// Write qgroup `id`'s info item (and with `limit`, a zero limit item).
+    fn write_qgroup_items(&mut self, id: u64, limit: bool) -> Result<()> {
+        let c = self.qgroups.groups.get(&id).copied().unwrap_or_default();
+        let t = self.transid;
+        let item = QgroupInfoItem { generation: t.into(), rfer: c.rfer.into(), rfer_cmpr: c.rfer_cmpr.into(), excl: c.excl.into(), excl_cmpr: c.excl_cmpr.into() };
+        self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_INFO_KEY, id), item.as_bytes())?;
+        if limit {
+            let z = crate::format::qgroup::QgroupLimitItem { flags: 0.into(), max_rfer: 0.into(), max_excl: 0.into(), rsv_rfer: 0.into(), rsv_excl: 0.into() };
+            self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, id), z.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Remove qgroup 0/`id` (its subvolume is gone): info, limit, relations.
+    pub fn qgroup_remove(&mut self, id: u64) -> Result<()> {
+        if !self.qgroups.enabled {
+            return Ok(());
+        }
+        self.qgroups.groups.remove(&id);
+        self.qgroups.dirty.remove(&id);
+        self.delete_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_INFO_KEY, id))?;
+        self.delete_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, id))?;
+        if let Some(ps) = self.qgroups.parents.remove(&id) {
+            for p in ps {
+                self.delete_item(QUOTA_TREE, &Key::new(id, BTRFS_QGROUP_RELATION_KEY, p))?;
+                self.delete_item(QUOTA_TREE, &Key::new(p, BTRFS_QGROUP_RELATION_KEY, id))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A snapshot's qgroup after the source was accounted
+    /// (btrfs_qgroup_inherit): it references what the source references;
+    /// each has only its root block to itself.
+    pub fn qgroup_inherit_snapshot(&mut self, src: u64, dst: u64) -> Result<()> {
+        if !self.qgroups.enabled {
+            return Ok(());
+        }
+        let ns = self.nodesize() as u64;
+        let s = self.qgroups.groups.get(&src).copied().unwrap_or_default();
+        self.qgroups.groups.insert(dst, Counts { rfer: s.rfer, rfer_cmpr: s.rfer_cmpr, excl: ns, excl_cmpr: ns });
+        if let Some(c) = self.qgroups.groups.get_mut(&src) {
+            c.excl = ns;
+            c.excl_cmpr = ns;
+        }
+        self.qgroups.dirty.insert(src);
+        self.qgroups.dirty.insert(dst);
+        if let Ok(Some(d)) = self.lookup(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, src)) {
+            self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, dst), &d)?;
+        } else {
+            self.write_qgroup_items(dst, true)?;
+        }
+        self.write_qgroup_items(dst, false)
+    }
+
+    /// Run the delayed references and account them now (not waiting for
+    /// the commit): the counters are then those of the current trees.
+    pub fn account_now(&mut self) -> Result<()> {
+        while !self.delayed.is_empty() {
+            for (bytenr, head) in self.delayed.take_all() {
+                self.qgroup_note_extent(bytenr, &head);
+                self.run_ref_head(bytenr, head)?;
+            }
+        }
+        self.account_qgroups().map(drop)
+    }
+
+    /// Turn quotas on (btrfs_quota_enable): the quota tree with its status
+    /// item, a qgroup for every subvolume, then a rescan that counts every
+    /// extent of the extent tree. The caller commits before and after.
+    pub fn quota_enable(&mut self, subvols: &[u64]) -> Result<()> {
+        if self.qgroups.enabled {
+            return Ok(());
+        }
+        if !self.tree_exists(BTRFS_QUOTA_TREE_OBJECTID)? {
+            let t = self.transid;
+            let ri = crate::mkfs::new_root_item(0, t, 0, None);
+            self.create_tree(BTRFS_QUOTA_TREE_OBJECTID, ri)?;
+        }
+        let t = self.transid;
+        let mut st = vec![0u8; crate::format::qgroup::QGROUP_STATUS_SIMPLE_SIZE];
+        st[..8].copy_from_slice(&1u64.to_le_bytes());
+        st[8..16].copy_from_slice(&t.to_le_bytes());
+        st[16..24].copy_from_slice(&(BTRFS_QGROUP_STATUS_FLAG_ON | BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT).to_le_bytes());
+        self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0), &st)?;
+        self.qgroups = Qgroups { enabled: true, ..Default::default() };
+        for &id in subvols.iter().chain(std::iter::once(&BTRFS_FS_TREE_OBJECTID)) {
+            self.qgroups.groups.insert(id, Counts::default());
+            self.write_qgroup_items(id, true)?;
+        }
+        Ok(())
+    }
+
+    /// The rescan: every counter from zero over every extent (current
+    /// trees), then the status says consistent and rescan done.
+    pub fn quota_rescan(&mut self) -> Result<()> {
+        if !self.qgroups.enabled {
+            return Ok(());
+        }
+        for c in self.qgroups.groups.values_mut() {
+            *c = Counts::default();
+        }
+        let ids: Vec<u64> = self.qgroups.groups.keys().copied().collect();
+        self.qgroups.dirty.extend(ids);
+        let mut cache = RootCache::new();
+        for (bytenr, num_bytes, level) in self.all_extents()? {
+            let new = self.extent_roots(View::Current, bytenr, level, &mut cache)?;
+            if !new.is_empty() {
+                self.qgroups.account(num_bytes, &BTreeSet::new(), &new);
+            }
+        }
+        let k = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);
+        if let Some(mut d) = self.lookup(QUOTA_TREE, &k)? {
+            if d.len() >= 32 {
+                let t = self.transid;
+                d[8..16].copy_from_slice(&t.to_le_bytes());
+                d[16..24].copy_from_slice(&BTRFS_QGROUP_STATUS_FLAG_ON.to_le_bytes());
+                d[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+                self.update_item(QUOTA_TREE, &k, &d)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After the commit: the next transaction writes its status again.
+    pub(super) fn qgroups_committed(&mut self) {
+        self.qgroups.status_written = false;
+    }
+}
+
+impl Qgroups {
+    /// Note an extent for accounting at commit.
+    pub fn note_extent(&mut self, bytenr: u64, num_bytes: u64, level: Option<u8>) {
+        if self.enabled {
+            self.extents.entry(bytenr).or_insert((num_bytes, level));
+        }
+    }
+
+    /// The qgroups covering subvolume `root`: its level-0 qgroup and every
+    /// ancestor.
+    fn covering(&self, root: u64) -> BTreeSet<u64> {
+        let mut out = BTreeSet::new();
+        if !self.groups.contains_key(&root) {
+            return out;
+        }
+        let mut todo = vec![root];
+        while let Some(q) = todo.pop() {
+            if out.insert(q) {
+                if let Some(ps) = self.parents.get(&q) {
+                    todo.extend(ps.iter().copied());
+                }
+            }
+        }
+        out
+    }
+
+    /// Move counters for one extent of `num_bytes` whose referencing
+    /// subvolumes went from `old` to `new`.
+    pub fn account(&mut self, num_bytes: u64, old: &BTreeSet<u64>, new: &BTreeSet<u64>) {
+        let (nr_old, nr_new) = (old.len(), new.len());
+        let mut counts: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+        for r in old {
+            for q in self.covering(*r) {
+                counts.entry(q).or_default().0 += 1;
+            }
+        }
+        for r in new {
+            for q in self.covering(*r) {
+                counts.entry(q).or_default().1 += 1;
+            }
+        }
+        for (q, (o, n)) in counts {
+            let Some(c) = self.groups.get_mut(&q) else { continue };
+            let before = *c;
+            if o == 0 && n > 0 {
+                c.rfer += num_bytes;
+                c.rfer_cmpr += num_bytes;
+            } else if o > 0 && n == 0 {
+                c.rfer = c.rfer.saturating_sub(num_bytes);
+                c.rfer_cmpr = c.rfer_cmpr.saturating_sub(num_bytes);
+            }
+            // Exclusive: every referencing subvolume is under this qgroup.
+            let excl_before = o > 0 && o == nr_old;
+            let excl_after = n > 0 && n == nr_new;
+            if excl_before && !excl_after {
+                c.excl = c.excl.saturating_sub(num_bytes);
+                c.excl_cmpr = c.excl_cmpr.saturating_sub(num_bytes);
+            } else if !excl_before && excl_after {
+                c.excl += num_bytes;
+                c.excl_cmpr += num_bytes;
+            }
+            if *c != before {
+                self.dirty.insert(q);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exclusive_and_shared() {
+        let mut q = Qgroups { enabled: true, ..Default::default() };
+        q.groups.insert(5, Counts::default());
+        q.groups.insert(256, Counts::default());
+        let l1 = (1u64 << 48) | 1;
+        q.groups.insert(l1, Counts::default());
+        q.parents.entry(5).or_default().insert(l1);
+        q.parents.entry(256).or_default().insert(l1);
+        let s = |v: &[u64]| v.iter().copied().collect::<BTreeSet<u64>>();
+        // New in 5: exclusive to 5 and to 1/1.
+        q.account(4096, &s(&[]), &s(&[5]));
+        assert_eq!((q.groups[&5].rfer, q.groups[&5].excl), (4096, 4096));
+        // Snapshot shares it: 5 loses exclusivity, 1/1 keeps it.
+        q.account(4096, &s(&[5]), &s(&[5, 256]));
+        assert_eq!((q.groups[&5].rfer, q.groups[&5].excl), (4096, 0));
+        assert_eq!((q.groups[&256].rfer, q.groups[&256].excl), (4096, 0));
+        assert_eq!((q.groups[&l1].rfer, q.groups[&l1].excl), (4096, 4096));
+        // 5 drops it: exclusive to 256 now.
+        q.account(4096, &s(&[5, 256]), &s(&[256]));
+        assert_eq!((q.groups[&5].rfer, q.groups[&5].excl), (0, 0));
+        assert_eq!((q.groups[&256].rfer, q.groups[&256].excl), (4096, 4096));
+        // Gone.
+        q.account(4096, &s(&[256]), &s(&[]));
+        assert_eq!(q.groups[&256], Counts::default());
+        assert_eq!(q.groups[&l1], Counts::default());
+    }
+}

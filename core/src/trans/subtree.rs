@@ -1,0 +1,197 @@
+//! Whole-tree operations: a snapshot's root (a copy of another tree's
+//! root node sharing every child), dropping a deleted subvolume's tree, and
+//! root item updates.
+
+use super::delayed::BackRef;
+use super::{RootState, Store, TreeId};
+use crate::format::consts::*;
+use crate::format::file_extent::{parse_file_extent, FileExtent};
+use crate::format::key::Key;
+use crate::format::root::RootItem;
+use crate::tree::edit;
+use crate::tree::node::Expect;
+use crate::{Error, Result};
+
+/// Bound on blocks one drop visits (far more than any real tree).
+const MAX_DROP: usize = 1 << 26;
+
+impl Store {
+    /// Change tree `id`'s root item (written at commit).
+    pub fn update_root_item(&mut self, id: u64, f: impl FnOnce(&mut RootItem)) -> Result<()> {
+        self.root_state(id)?;
+        let st = self.roots.get_mut(&TreeId::Tree(id)).ok_or_else(|| Error::Invalid(format!("tree {id} not loaded")))?;
+        let Some((_, ri)) = st.item.as_mut() else { return Err(Error::Invalid(format!("tree {id} has no root item"))) };
+        f(ri);
+        st.dirty = true;
+        Ok(())
+    }
+
+    /// A copy of tree `id`'s root item as it stands.
+    pub fn root_item(&mut self, id: u64) -> Result<RootItem> {
+        match &self.root_state(id)?.item {
+            Some((_, ri)) => Ok(*ri),
+            None => Err(Error::Invalid(format!("tree {id} has no root item"))),
+        }
+    }
+
+    /// The key tree `id`'s root item has in the root tree.
+    pub fn root_key(&mut self, id: u64) -> Result<Key> {
+        match &self.root_state(id)?.item {
+            Some((k, _)) => Ok(*k),
+            None => Err(Error::Invalid(format!("tree {id} has no root item"))),
+        }
+    }
+
+    /// Make tree `new_id` a snapshot of tree `src`: its root is a copy of
+    /// `src`'s root node (as btrfs_copy_root does), every child gains a
+    /// reference from the new tree, and the root item (`item`, with the
+    /// new location filled in) is inserted under `(new_id, ROOT_ITEM,
+    /// key_offset)`.
+    pub fn snapshot_tree(&mut self, src: u64, new_id: u64, mut item: RootItem, key_offset: u64) -> Result<()> {
+        let tid = TreeId::Tree(new_id);
+        if self.tree_exists(new_id)? {
+            return Err(Error::Invalid(format!("tree {new_id} exists")));
+        }
+        // The source root as it stands (CoW'd in this transaction or not).
+        let sroot = self.load_root(TreeId::Tree(src))?;
+        let buf = self.buf(sroot)?.clone();
+        let level = edit::level(&buf);
+        let first = if edit::nritems(&buf) > 0 { edit::key_at(&buf, 0) } else { Key::MIN };
+        let key = Key::new(new_id, BTRFS_ROOT_ITEM_KEY, key_offset);
+        item.bytes_used.set(0);
+        self.roots.insert(tid, RootState { id: tid, bytenr: 0, level, item: Some((key, item)), dirty: true });
+        let nb = self.alloc_tree_block(tid, level, first)?;
+        let mut nbuf = buf;
+        edit::set_header_location(&mut nbuf, nb, self.transid, new_id);
+        self.change_children_refs(new_id, &nbuf, nb, false, 1)?;
+        self.cache.insert_dirty(nb, tid, nbuf);
+        self.set_root(tid, nb, level)?;
+        let data = zerocopy::IntoBytes::as_bytes(&item).to_vec();
+        self.insert_item(TreeId::Root, &key, &data)
+    }
+
+    /// Free every block and data reference of tree `id` (a deleted
+    /// subvolume), as the cleaner's btrfs_drop_snapshot does: blocks other
+    /// trees share lose only this tree's reference, the rest go with their
+    /// contents. With quotas on, every extent below a shared block changes
+    /// owners and is accounted. The root item stays (the caller removes it).
+    pub fn drop_tree(&mut self, id: u64) -> Result<()> {
+        let tid = TreeId::Tree(id);
+        let st = self.root_state(id)?.clone();
+        let gen = st.item.as_ref().map(|(_, ri)| ri.generation.get());
+        // (block, level, the reference that reaches it)
+        let mut stack: Vec<(u64, u8, BackRef, Option<u64>)> = vec![(st.bytenr, st.level, BackRef::Tree { root: id }, gen)];
+        let mut visited = 0usize;
+        while let Some((b, level, r, g)) = stack.pop() {
+            visited += 1;
+            if visited > MAX_DROP {
+                return Err(Error::corrupt("tree drop does not end", b));
+            }
+            let (refs, flags) = self.extent_refs_now(b, Some(level))?;
+            let ns = self.nodesize() as u64;
+            if refs > 1 {
+                // Shared: only this reference goes; the subtree's owners
+                // change.
+                self.delayed.add(b, ns, Some(level), r, -1);
+                if self.qgroups.enabled {
+                    self.trace_subtree(tid, b, level)?;
+                }
+                continue;
+            }
+            self.load(tid, b, Expect { level: Some(level), generation: g, owner: None, first_key: None })?;
+            let buf = self.buf(b)?.clone();
+            let full = flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0;
+            if level > 0 {
+                for i in 0..edit::nritems(&buf) {
+                    let (c, cg) = edit::node_ptr(&buf, i);
+                    let cr = if full { BackRef::SharedTree { parent: b } } else { BackRef::Tree { root: id } };
+                    stack.push((c, level - 1, cr, Some(cg)));
+                }
+            } else {
+                for i in 0..edit::nritems(&buf) {
+                    let k = edit::leaf_key(&buf, i);
+                    if k.ty != BTRFS_EXTENT_DATA_KEY {
+                        continue;
+                    }
+                    if let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(edit::item_data(&buf, i)) {
+                        let db = item.disk_bytenr.get();
+                        if db == 0 {
+                            continue;
+                        }
+                        let dr = if full { BackRef::SharedData { parent: b } } else { BackRef::Data { root: id, objectid: k.objectid, offset: k.offset.wrapping_sub(item.offset.get()) } };
+                        self.delayed.add(db, item.disk_num_bytes.get(), None, dr, -1);
+                    }
+                }
+            }
+            self.delayed.add(b, ns, Some(level), r, -1);
+            self.cache.remove(b);
+        }
+        if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tid) {
+            ri.bytes_used.set(0);
+        }
+        Ok(())
+    }
+
+    /// Note every extent below tree block `b` for qgroup accounting (their
+    /// referencing trees change although their references do not).
+    fn trace_subtree(&mut self, tid: TreeId, b: u64, level: u8) -> Result<()> {
+        let ns = self.nodesize() as u64;
+        let mut stack = vec![(b, level)];
+        let mut n = 0usize;
+        while let Some((x, l)) = stack.pop() {
+            n += 1;
+            if n > MAX_DROP {
+                return Err(Error::corrupt("subtree trace does not end", b));
+            }
+            self.qgroups.note_extent(x, ns, Some(l));
+            self.load(tid, x, Expect { level: Some(l), ..Expect::default() })?;
+            let buf = self.buf(x)?.clone();
+            if l > 0 {
+                for i in 0..edit::nritems(&buf) {
+                    stack.push((edit::node_ptr(&buf, i).0, l - 1));
+                }
+            } else {
+                for i in 0..edit::nritems(&buf) {
+                    if edit::leaf_key(&buf, i).ty != BTRFS_EXTENT_DATA_KEY {
+                        continue;
+                    }
+                    if let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(edit::item_data(&buf, i)) {
+                        if item.disk_bytenr.get() != 0 {
+                            self.qgroups.note_extent(item.disk_bytenr.get(), item.disk_num_bytes.get(), None);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forget a tree entirely (after its drop): its root state goes.
+    pub fn forget_tree(&mut self, id: u64) {
+        self.roots.remove(&TreeId::Tree(id));
+    }
+
+    /// Every extent of the extent tree as (bytenr, bytes, level of a tree
+    /// block): what a quota rescan accounts.
+    pub fn all_extents(&mut self) -> Result<Vec<(u64, u64, Option<u8>)>> {
+        let ns = self.nodesize() as u64;
+        let mut out = Vec::new();
+        let mut k = Key::MIN;
+        while let Some((key, d)) = self.next_item(BTRFS_EXTENT_TREE_OBJECTID, &k)? {
+            k = super::btree::next_key(&key);
+            match key.ty {
+                BTRFS_EXTENT_ITEM_KEY => {
+                    let v = crate::format::extent::parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
+                    let tb = v.item.flags.get() & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0;
+                    out.push((key.objectid, key.offset, if tb { Some(v.tree_block_info.map(|t| t.level).unwrap_or(0)) } else { None }));
+                }
+                BTRFS_METADATA_ITEM_KEY => out.push((key.objectid, ns, Some(key.offset as u8))),
+                _ => {}
+            }
+            if key == Key::MAX {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,150 @@
+//! Deterministic file contents shared by every backend, so a workload run on
+//! the engine and on the kernel writes the same bytes.
+
+use super::script::Fill;
+
+/// Deterministic pseudo-random bytes (xorshift64*), for fills and file bodies.
+#[derive(Clone, Debug)]
+pub struct Prng(u64);
+
+impl Prng {
+    pub fn new(seed: u64) -> Prng {
+        Prng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for c in buf.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+}
+
+/// Size of file `i` of a `writefiles` step over `min..=max`.
+pub fn file_size(i: u32, min: u64, max: u64) -> u64 {
+    let span = max - min + 1;
+    min + (Prng::new(0x5eed ^ i as u64).next_u64() % span)
+}
+
+/// Content of file `i` of a `writefiles` step: its name first, so no two
+/// files are alike, then pseudo-random bytes.
+pub fn file_content(i: u32, len: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len as usize];
+    Prng::new(i as u64 + 1).fill(&mut v);
+    let tag = format!("file {i:05}\n");
+    let n = tag.len().min(v.len());
+    v[..n].copy_from_slice(&tag.as_bytes()[..n]);
+    v
+}
+
+pub fn file_name(i: u32) -> String {
+    format!("f{i:05}")
+}
+
+/// Bytes of a write, produced in pieces: a byte fill, a text written once,
+/// or a seeded stream. `next(buf)` fills `buf` with the next bytes.
+pub struct FillStream {
+    fill: Fill,
+    rng: Option<Prng>,
+    pos: usize,
+}
+
+impl FillStream {
+    pub fn new(fill: &Fill) -> FillStream {
+        let rng = match fill {
+            Fill::Random(s) => Some(Prng::new(*s)),
+            _ => None,
+        };
+        FillStream { fill: fill.clone(), rng, pos: 0 }
+    }
+    /// Fill `buf` with the next `buf.len()` bytes of the stream. A random
+    /// stream advances eight bytes at a time, so pieces must be multiples of
+    /// eight bytes except the last (as the writers use them).
+    pub fn next(&mut self, buf: &mut [u8]) {
+        match &self.fill {
+            Fill::Byte(b) => buf.fill(*b),
+            Fill::Text(t) => {
+                for x in buf.iter_mut() {
+                    *x = t.get(self.pos).copied().unwrap_or(0);
+                    self.pos += 1;
+                }
+            }
+            Fill::Random(_) => {
+                if let Some(r) = self.rng.as_mut() {
+                    r.fill(buf);
+                }
+            }
+        }
+    }
+}
+
+/// The whole content of a write of `len` bytes.
+pub fn fill_bytes(fill: &Fill, len: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len as usize];
+    FillStream::new(fill).next(&mut v);
+    v
+}
+
+/// The warm-up every kernel scenario starts with unless it says `warmup
+/// no`: files in two data size classes, each flushed before the next, then
+/// a commit. Engine runs that compare with the kernel run the same steps.
+///
+/// Why the kernel needs it: it sorts data block groups into extent size
+/// classes and allocates a new chunk rather than put an extent into a group
+/// of another class; a chunk allocated in the running transaction makes the
+/// next fsync commit instead of log. The warm-up gives both classes their
+/// own block group before the steps start.
+pub const WARMUP_DIR: &str = ".kcrash-warmup";
+
+pub fn warmup_steps() -> Vec<super::script::Step> {
+    use super::script::Step;
+    let d = format!("/{WARMUP_DIR}");
+    let mut v = vec![Step::Mkdir(d.clone())];
+    for (name, len, seed) in [("small", 4096u64, 0xa11u64), ("medium", 256 << 10, 0xa12)] {
+        let p = format!("{d}/{name}");
+        v.push(Step::Write { path: p.clone(), off: 0, len, fill: Fill::Random(seed), enospc_ok: false });
+        v.push(Step::Fdatasync(p));
+    }
+    v.push(Step::Sync);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_contents_are_distinct_and_sized() {
+        let a = file_content(1, file_size(1, 100, 4000));
+        let b = file_content(2, file_size(2, 100, 4000));
+        assert_ne!(a, b);
+        assert!((100..=4000).contains(&(a.len() as u64)));
+        assert!(a.starts_with(b"file 00001\n"));
+        assert_eq!(file_content(3, 5), b"file ");
+    }
+
+    #[test]
+    fn streams_in_pieces_equal_whole() {
+        let whole = fill_bytes(&Fill::Random(9), 100);
+        let mut s = FillStream::new(&Fill::Random(9));
+        let mut a = vec![0u8; 64];
+        let mut b = vec![0u8; 36];
+        s.next(&mut a);
+        s.next(&mut b);
+        assert_eq!([a, b].concat(), whole);
+        assert_eq!(fill_bytes(&Fill::Text(b"ab".to_vec()), 3), b"ab\0");
+    }
+}

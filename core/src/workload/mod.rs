@@ -1,0 +1,11 @@
+//! Workloads: the script language (one parser for the engine and the
+//! kernel harness), shared file contents, and manifests of what a user sees.
+
+pub mod content;
+pub mod engine;
+pub mod manifest;
+pub mod session;
+pub mod script;
+
+pub use manifest::{check_expectations, Entry, Manifest, Outcome};
+pub use script::{Expect, Fill, NodeKind, ParseError, Script, Step, SyncKind};

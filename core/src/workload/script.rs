@@ -1,0 +1,983 @@
+//! The workload script language: one parser for every backend (the engine
+//! behind `btrkit-shell`, and the kernel harness of the tests).
+//!
+//! One command a line; `#` starts a comment; numbers are decimal or `0x`
+//! hex with an optional K/M/G suffix; `"..."` is a string with C escapes
+//! (`\n \t \r \0 \\ \" \xHH`, octal `\NNN`); `<N x 'C'>` is N copies of C.
+//! Paths are relative to the root of the filesystem (a leading `/` is
+//! allowed). Lines starting with `!` are ignored.
+//!
+//! Directives (they apply to the whole run wherever they appear): `mkfs
+//! ARGS...` (mkfs.btrfs options), `fssize SIZE` (default 512M), `mount OPTS`
+//! (comma separated mount options), `expect-log yes|no|any`, `warmup yes|no`.
+//!
+//! Steps: see [`Step`]; expectations: see [`Expect`]. The language is the one
+//! the kernel oracle (`kcrash.py`) documents, plus `writefiles`, `chown`,
+//! `mkfifo`, `random:SEED` fills, `expect fill`, and the shell's `read`,
+//! `ls`, `stat`, `stats`, `set` and `crash --keep-random SEED`.
+
+use std::fmt;
+
+/// A parse error with its 1-based line (0 when the error is not tied to one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseError {
+    pub line: usize,
+    pub msg: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line > 0 {
+            write!(f, "line {}: {}", self.line, self.msg)
+        } else {
+            f.write_str(&self.msg)
+        }
+    }
+}
+
+type Res<T> = std::result::Result<T, String>;
+
+pub const DEFAULT_FSSIZE: u64 = 512 << 20;
+/// Fill byte of `write`, `dwrite` and `mwrite` without one.
+pub const DEFAULT_FILL: u8 = 0xcd;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fill {
+    Byte(u8),
+    /// Written once at the offset; its length is the write length.
+    Text(Vec<u8>),
+    /// A deterministic pseudo-random stream seeded by the value.
+    Random(u64),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncKind {
+    None,
+    Fsync,
+    Fdatasync,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    Fifo,
+    Chr(u32, u32),
+    Blk(u32, u32),
+}
+
+/// `sync_file_range` flags, as the syscall numbers them.
+pub const SYNC_RANGE_WAIT_BEFORE: u32 = 1;
+pub const SYNC_RANGE_WRITE: u32 = 2;
+pub const SYNC_RANGE_WAIT_AFTER: u32 = 4;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    Mkdir(String),
+    Create(String),
+    /// Buffered pwrite; with `enospc_ok` running out of space ends the
+    /// write quietly.
+    Write { path: String, off: u64, len: u64, fill: Fill, enospc_ok: bool },
+    /// O_DIRECT writes of `chunk` bytes each.
+    Dwrite { path: String, off: u64, len: u64, byte: u8, chunk: u64 },
+    /// Stores through a shared mapping, nothing synced.
+    Mwrite { path: String, off: u64, len: u64, byte: u8 },
+    /// msync(MS_SYNC) of a range (the whole file without one).
+    Msync { path: String, range: Option<(u64, u64)> },
+    SyncRange { path: String, off: u64, len: u64, flags: u32 },
+    Truncate(String, u64),
+    Fallocate { path: String, off: u64, len: u64, keep: bool },
+    Punch { path: String, off: u64, len: u64 },
+    ZeroRange { path: String, off: u64, len: u64, keep: bool },
+    Collapse { path: String, off: u64, len: u64 },
+    /// FICLONERANGE; `len` 0 clones to the end of the source.
+    Clone { src: String, src_off: u64, dst: String, dst_off: u64, len: u64 },
+    Link(String, String),
+    Symlink { target: String, path: String },
+    Rename(String, String),
+    Unlink(String),
+    Rmdir(String),
+    SetXattr { path: String, name: String, value: Vec<u8> },
+    RemoveXattr { path: String, name: String },
+    Fsync(String),
+    Fdatasync(String),
+    Sync,
+    Chmod(String, u32),
+    Chown(String, u32, u32),
+    /// Create if missing, then set the times to now.
+    Touch(String),
+    Mknod(String, NodeKind),
+    /// An O_TMPFILE in the root directory, held open under the handle name.
+    Tmpfile(String),
+    OpenFd(String),
+    CloseFd(String),
+    Evict,
+    /// Seconds (the engine moves its clock; the kernel sleeps).
+    Sleep(f64),
+    Remount,
+    SubvolCreate(String),
+    Snapshot(String, String),
+    SubvolDelete(String),
+    SubvolSetDefault(String),
+    QuotaEnable,
+    BalanceMetadata,
+    /// Create `count` files `dir/fNNNNN` with distinct content, sizes spread
+    /// over `min..=max`, each synced after it is written when asked.
+    WriteFiles { dir: String, count: u32, min: u64, max: u64, sync: SyncKind },
+    /// Power failure; with `keep_random` a random subset of the unflushed
+    /// writes (seeded) survives too.
+    Crash { keep_random: Option<u64> },
+    // Inspection and engine control (btrkit-shell).
+    Read { path: String, off: u64, len: Option<u64> },
+    Ls(String),
+    Stat(String),
+    Stats { json: bool },
+    Set { name: String, on: bool },
+}
+
+impl Step {
+    /// The verb as written in a script.
+    pub fn verb(&self) -> &'static str {
+        use Step::*;
+        match self {
+            Mkdir(_) => "mkdir",
+            Create(_) => "create",
+            Write { .. } => "write",
+            Dwrite { .. } => "dwrite",
+            Mwrite { .. } => "mwrite",
+            Msync { .. } => "msync",
+            SyncRange { .. } => "sync-range",
+            Truncate(..) => "truncate",
+            Fallocate { .. } => "fallocate",
+            Punch { .. } => "punch",
+            ZeroRange { .. } => "zero-range",
+            Collapse { .. } => "collapse",
+            Clone { .. } => "clone",
+            Link(..) => "link",
+            Symlink { .. } => "symlink",
+            Rename(..) => "rename",
+            Unlink(_) => "unlink",
+            Rmdir(_) => "rmdir",
+            SetXattr { .. } => "setxattr",
+            RemoveXattr { .. } => "removexattr",
+            Fsync(_) => "fsync",
+            Fdatasync(_) => "fdatasync",
+            Sync => "sync",
+            Chmod(..) => "chmod",
+            Chown(..) => "chown",
+            Touch(_) => "touch",
+            Mknod(..) => "mknod",
+            Tmpfile(_) => "tmpfile",
+            OpenFd(_) => "open-fd",
+            CloseFd(_) => "close-fd",
+            Evict => "evict",
+            Sleep(_) => "sleep",
+            Remount => "remount",
+            SubvolCreate(_) => "subvol-create",
+            Snapshot(..) => "snapshot",
+            SubvolDelete(_) => "subvol-delete",
+            SubvolSetDefault(_) => "subvol-set-default",
+            QuotaEnable => "quota-enable",
+            BalanceMetadata => "balance-metadata",
+            WriteFiles { .. } => "writefiles",
+            Crash { .. } => "crash",
+            Read { .. } => "read",
+            Ls(_) => "ls",
+            Stat(_) => "stat",
+            Stats { .. } => "stats",
+            Set { .. } => "set",
+        }
+    }
+
+    /// Whether the step may leave something that only a log sync made
+    /// durable (the filesystem may still commit instead).
+    pub fn logs(&self) -> bool {
+        use Step::*;
+        match self {
+            Fsync(_) | Fdatasync(_) | Msync { .. } => true,
+            SyncRange { flags, .. } => flags & SYNC_RANGE_WAIT_AFTER != 0,
+            WriteFiles { sync, .. } => *sync != SyncKind::None,
+            _ => false,
+        }
+    }
+
+    /// Whether the step commits the transaction, which empties the log.
+    pub fn commits(&self) -> bool {
+        use Step::*;
+        matches!(self, Sync | Snapshot(..) | SubvolCreate(_) | SubvolDelete(_) | QuotaEnable | BalanceMetadata | Remount)
+    }
+
+    pub fn is_crash(&self) -> bool {
+        matches!(self, Step::Crash { .. })
+    }
+}
+
+/// A regular-file extent map kind in `expect alloc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocKind {
+    Data,
+    Unwritten,
+    Hole,
+    /// Data or unwritten.
+    Extent,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expect {
+    Exists(String),
+    Absent(String),
+    Size(String, u64),
+    Md5(String, String),
+    Nlink(String, u64),
+    /// Exact set of names in a directory (sorted).
+    Entries(String, Vec<String>),
+    Xattr(String, String, Vec<u8>),
+    NoXattr(String, String),
+    /// Exact set of `user.*` xattr names (sorted).
+    XattrNames(String, Vec<String>),
+    Target(String, String),
+    /// `f` file, `d` dir, `l` symlink, `p` fifo, `c` chr, `b` blk, `s` sock.
+    Type(String, char),
+    Mode(String, u32),
+    Alloc(String, Vec<(u64, u64, AllocKind)>),
+    Consistent,
+    /// A step run on the recovered filesystem; it must succeed.
+    Post(Step),
+    /// Every byte of the file is this one.
+    Fill(String, u8),
+}
+
+/// A parsed script.
+#[derive(Clone, Debug)]
+pub struct Script {
+    pub name: String,
+    /// The text as written (caches are keyed by it).
+    pub text: String,
+    pub mkfs: Vec<String>,
+    pub fssize: u64,
+    pub mount: Vec<String>,
+    /// `expect-log yes|no`; None when unsaid or `any`.
+    pub expect_log: Option<bool>,
+    /// `expect-log any`: the filesystem may commit or log.
+    pub log_optional: bool,
+    /// `warmup yes|no`; None when unsaid (each backend has its default).
+    pub warmup: Option<bool>,
+    /// Steps with their 1-based line numbers.
+    pub steps: Vec<(usize, Step)>,
+    pub expects: Vec<(usize, Expect)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tok {
+    Word(String),
+    Quoted(Vec<u8>),
+}
+
+impl Tok {
+    pub fn bytes(&self) -> Vec<u8> {
+        match self {
+            Tok::Word(w) => w.as_bytes().to_vec(),
+            Tok::Quoted(b) => b.clone(),
+        }
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes()).into_owned()
+    }
+}
+
+/// Split a line into words and quoted strings.
+pub fn tokenize(line: &str) -> Res<Vec<Tok>> {
+    let b = line.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c.is_ascii_whitespace() {
+            i += 1;
+        } else if c == b'#' {
+            break;
+        } else if c == b'"' {
+            let mut v = Vec::new();
+            i += 1;
+            loop {
+                match b.get(i) {
+                    None => return Err("unterminated string".into()),
+                    Some(b'"') => {
+                        i += 1;
+                        break;
+                    }
+                    Some(b'\\') => {
+                        let e = *b.get(i + 1).ok_or("dangling backslash")?;
+                        i += 2;
+                        match e {
+                            b'n' => v.push(b'\n'),
+                            b't' => v.push(b'\t'),
+                            b'r' => v.push(b'\r'),
+                            b'x' => {
+                                let hex = line.get(i..i + 2).ok_or("short \\x escape")?;
+                                i += 2;
+                                v.push(u8::from_str_radix(hex, 16).map_err(|_| format!("bad \\x escape {hex}"))?);
+                            }
+                            b'0'..=b'7' => {
+                                // Up to three octal digits.
+                                let mut val = (e - b'0') as u32;
+                                let mut n = 1;
+                                while n < 3 && matches!(b.get(i), Some(b'0'..=b'7')) {
+                                    val = val * 8 + (b[i] - b'0') as u32;
+                                    i += 1;
+                                    n += 1;
+                                }
+                                v.push(u8::try_from(val).map_err(|_| "octal escape above \\377")?);
+                            }
+                            other => v.push(other),
+                        }
+                    }
+                    Some(&ch) => {
+                        v.push(ch);
+                        i += 1;
+                    }
+                }
+            }
+            out.push(Tok::Quoted(v));
+        } else if c == b'<' && line[i..].contains(" x '") {
+            let end = line[i..].find("'>").ok_or("unterminated <N x 'C'>")? + i;
+            let inner = &line[i + 1..end];
+            let (n, ch) = inner.split_once(" x '").ok_or("bad <N x 'C'>")?;
+            let n: usize = n.trim().parse().map_err(|_| format!("bad count in <{inner}'>"))?;
+            if n > 1 << 24 {
+                return Err(format!("<{n} x ...> is too long"));
+            }
+            let ch = ch.as_bytes();
+            if ch.len() != 1 {
+                return Err(format!("<N x 'C'> needs one character, got {inner:?}"));
+            }
+            out.push(Tok::Quoted(vec![ch[0]; n]));
+            i = end + 2;
+        } else {
+            let start = i;
+            while i < b.len() && !b[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            out.push(Tok::Word(line[start..i].to_string()));
+        }
+    }
+    Ok(out)
+}
+
+/// A size or offset: decimal or 0x hex, optional K/M/G suffix.
+pub fn parse_num(s: &str) -> Res<u64> {
+    let s = s.trim();
+    let (digits, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let v = match digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => digits.parse(),
+    }
+    .map_err(|_| format!("bad number {s:?}"))?;
+    v.checked_mul(mult).ok_or_else(|| format!("number {s:?} overflows"))
+}
+
+fn parse_byte(s: &str) -> Res<u8> {
+    u8::try_from(parse_num(s)?).map_err(|_| format!("{s} is not a byte"))
+}
+
+fn parse_fill(t: &Tok) -> Res<Fill> {
+    match t {
+        Tok::Quoted(b) => Ok(Fill::Text(b.clone())),
+        Tok::Word(w) => match w.strip_prefix("random:") {
+            Some(seed) => Ok(Fill::Random(parse_num(seed)?)),
+            None => Ok(Fill::Byte(parse_byte(w)?)),
+        },
+    }
+}
+
+fn need(args: &[Tok], min: usize, max: usize, usage: &str) -> Res<()> {
+    if args.len() < min || args.len() > max {
+        return Err(format!("usage: {usage}"));
+    }
+    Ok(())
+}
+
+fn one(args: &[Tok]) -> Res<&Tok> {
+    match args {
+        [a] => Ok(a),
+        _ => Err(format!("expected one argument, got {}", args.len())),
+    }
+}
+
+/// `a/b`, `/a/b/` -> `/a/b`; the root is `/`.
+pub fn norm(p: &str) -> String {
+    let t = p.trim_matches('/');
+    format!("/{t}")
+}
+
+impl Script {
+    pub fn parse(name: &str, text: &str) -> std::result::Result<Script, ParseError> {
+        let mut s = Script {
+            name: name.to_string(),
+            text: text.to_string(),
+            mkfs: Vec::new(),
+            fssize: DEFAULT_FSSIZE,
+            mount: Vec::new(),
+            expect_log: None,
+            log_optional: false,
+            warmup: None,
+            steps: Vec::new(),
+            expects: Vec::new(),
+        };
+        for (i, line) in text.lines().enumerate() {
+            let n = i + 1;
+            s.parse_line(n, line).map_err(|msg| ParseError { line: n, msg })?;
+        }
+        Ok(s)
+    }
+
+    /// Parse one line into this script (directives, steps, expectations).
+    pub fn parse_line(&mut self, n: usize, line: &str) -> Res<()> {
+        let toks = tokenize(line)?;
+        let Some(first) = toks.first() else { return Ok(()) };
+        let Tok::Word(verb) = first else {
+            return Err("a line starts with a verb".into());
+        };
+        if verb.starts_with('!') {
+            return Ok(());
+        }
+        let args = &toks[1..];
+        match verb.as_str() {
+            "mkfs" => self.mkfs.extend(args.iter().map(Tok::text)),
+            "fssize" => self.fssize = parse_num(&one(args)?.text())?,
+            "mount" => {
+                for a in args {
+                    self.mount.extend(a.text().split(',').filter(|o| !o.is_empty()).map(str::to_string));
+                }
+            }
+            "warmup" => {
+                self.warmup = Some(match one(args)?.text().as_str() {
+                    "yes" => true,
+                    "no" => false,
+                    o => return Err(format!("warmup yes|no, not {o}")),
+                })
+            }
+            "expect-log" => match one(args)?.text().as_str() {
+                "yes" => self.expect_log = Some(true),
+                "no" => self.expect_log = Some(false),
+                "any" => self.log_optional = true,
+                o => return Err(format!("expect-log yes|no|any, not {o}")),
+            },
+            "expect" => self.expects.push((n, parse_expect(args)?)),
+            _ => self.steps.push((n, parse_step(verb, args)?)),
+        }
+        Ok(())
+    }
+
+    /// Mount options with `commit=600` unless the script sets its own
+    /// interval (the kernel oracle's live mount).
+    pub fn mount_options(&self) -> String {
+        let mut o = self.mount.clone();
+        if !o.iter().any(|x| x.starts_with("commit=")) {
+            o.insert(0, "commit=600".into());
+        }
+        o.join(",")
+    }
+
+    /// Whether the final state must hold a log tree: by default when a step
+    /// that syncs the log comes after the last commit (or intermediate
+    /// crash, whose recovery commits) before the final crash.
+    pub fn wants_log(&self) -> bool {
+        if self.log_optional {
+            return false;
+        }
+        if let Some(e) = self.expect_log {
+            return e;
+        }
+        let end = self.steps.iter().rposition(|(_, s)| s.is_crash()).unwrap_or(self.steps.len());
+        let mut pending = false;
+        for (_, st) in &self.steps[..end] {
+            if st.commits() || st.is_crash() {
+                pending = false;
+            } else if st.logs() {
+                pending = true;
+            }
+        }
+        pending
+    }
+
+    /// Steps before the final crash (all of them without one), and whether
+    /// there was a final crash: what a differential run executes.
+    pub fn steps_before_final_crash(&self) -> (&[(usize, Step)], bool) {
+        match self.steps.iter().rposition(|(_, s)| s.is_crash()) {
+            Some(i) => (&self.steps[..i], true),
+            None => (&self.steps[..], false),
+        }
+    }
+}
+
+fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
+    let t = |i: usize| a[i].text();
+    let num = |i: usize| parse_num(&a[i].text());
+    Ok(match verb {
+        "mkdir" => {
+            need(a, 1, 1, "mkdir P")?;
+            Step::Mkdir(t(0))
+        }
+        "create" => {
+            need(a, 1, 1, "create P")?;
+            Step::Create(t(0))
+        }
+        "write" => {
+            need(a, 3, 5, "write P OFF LEN [BYTE|\"text\"|random:SEED] [enospc-ok]")?;
+            let mut rest: Vec<&Tok> = a[3..].iter().collect();
+            let enospc_ok = rest.last().is_some_and(|x| **x == Tok::Word("enospc-ok".into()));
+            if enospc_ok {
+                rest.pop();
+            }
+            if rest.len() > 1 {
+                return Err("usage: write P OFF LEN [BYTE|\"text\"|random:SEED] [enospc-ok]".into());
+            }
+            let fill = match rest.first() {
+                Some(f) => parse_fill(f)?,
+                None => Fill::Byte(DEFAULT_FILL),
+            };
+            let len = match &fill {
+                Fill::Text(b) => b.len() as u64,
+                _ => num(2)?,
+            };
+            Step::Write { path: t(0), off: num(1)?, len, fill, enospc_ok }
+        }
+        "dwrite" => {
+            need(a, 3, 5, "dwrite P OFF LEN [BYTE] [CHUNK]")?;
+            let len = num(2)?;
+            let byte = if a.len() > 3 { parse_byte(&t(3))? } else { DEFAULT_FILL };
+            let chunk = if a.len() > 4 { num(4)? } else { len.min(1 << 20) };
+            if chunk == 0 && len > 0 {
+                return Err("dwrite: CHUNK must not be 0".into());
+            }
+            Step::Dwrite { path: t(0), off: num(1)?, len, byte, chunk }
+        }
+        "mwrite" => {
+            need(a, 3, 4, "mwrite P OFF LEN [BYTE]")?;
+            let byte = if a.len() > 3 { parse_byte(&t(3))? } else { DEFAULT_FILL };
+            Step::Mwrite { path: t(0), off: num(1)?, len: num(2)?, byte }
+        }
+        "msync" => {
+            if a.len() != 1 && a.len() != 3 {
+                return Err("usage: msync P [OFF LEN]".into());
+            }
+            let range = if a.len() == 3 { Some((num(1)?, num(2)?)) } else { None };
+            Step::Msync { path: t(0), range }
+        }
+        "sync-range" => {
+            need(a, 4, 4, "sync-range P OFF LEN wait_before|write|wait_after")?;
+            let mut flags = 0;
+            for f in t(3).split('|') {
+                flags |= match f {
+                    "wait_before" => SYNC_RANGE_WAIT_BEFORE,
+                    "write" => SYNC_RANGE_WRITE,
+                    "wait_after" => SYNC_RANGE_WAIT_AFTER,
+                    o => return Err(format!("sync-range: unknown flag {o}")),
+                };
+            }
+            Step::SyncRange { path: t(0), off: num(1)?, len: num(2)?, flags }
+        }
+        "truncate" => {
+            need(a, 2, 2, "truncate P SIZE")?;
+            Step::Truncate(t(0), num(1)?)
+        }
+        "fallocate" | "zero-range" => {
+            need(a, 3, 4, &format!("{verb} P OFF LEN [keep]"))?;
+            let keep = match a.get(3).map(Tok::text).as_deref() {
+                None => false,
+                Some("keep") => true,
+                Some(o) => return Err(format!("{verb}: unknown flag {o}")),
+            };
+            let (path, off, len) = (t(0), num(1)?, num(2)?);
+            if verb == "fallocate" {
+                Step::Fallocate { path, off, len, keep }
+            } else {
+                Step::ZeroRange { path, off, len, keep }
+            }
+        }
+        "punch" => {
+            need(a, 3, 3, "punch P OFF LEN")?;
+            Step::Punch { path: t(0), off: num(1)?, len: num(2)? }
+        }
+        "collapse" => {
+            need(a, 3, 3, "collapse P OFF LEN")?;
+            Step::Collapse { path: t(0), off: num(1)?, len: num(2)? }
+        }
+        "clone" => {
+            need(a, 5, 5, "clone SRC SRCOFF DST DSTOFF LEN")?;
+            Step::Clone { src: t(0), src_off: num(1)?, dst: t(2), dst_off: num(3)?, len: num(4)? }
+        }
+        "link" => {
+            need(a, 2, 2, "link OLD NEW")?;
+            Step::Link(t(0), t(1))
+        }
+        "symlink" => {
+            need(a, 2, 2, "symlink TARGET P")?;
+            Step::Symlink { target: t(0), path: t(1) }
+        }
+        "rename" => {
+            need(a, 2, 2, "rename OLD NEW")?;
+            Step::Rename(t(0), t(1))
+        }
+        "unlink" => {
+            need(a, 1, 1, "unlink P")?;
+            Step::Unlink(t(0))
+        }
+        "rmdir" => {
+            need(a, 1, 1, "rmdir P")?;
+            Step::Rmdir(t(0))
+        }
+        "setxattr" => {
+            need(a, 3, 3, "setxattr P NAME VALUE")?;
+            Step::SetXattr { path: t(0), name: t(1), value: a[2].bytes() }
+        }
+        "removexattr" => {
+            need(a, 2, 2, "removexattr P NAME")?;
+            Step::RemoveXattr { path: t(0), name: t(1) }
+        }
+        "fsync" => {
+            need(a, 1, 1, "fsync P")?;
+            Step::Fsync(t(0))
+        }
+        "fdatasync" => {
+            need(a, 1, 1, "fdatasync P")?;
+            Step::Fdatasync(t(0))
+        }
+        "sync" => {
+            need(a, 0, 0, "sync")?;
+            Step::Sync
+        }
+        "chmod" => {
+            need(a, 2, 2, "chmod P OCTAL")?;
+            let m = u32::from_str_radix(&t(1), 8).map_err(|_| format!("bad mode {}", t(1)))?;
+            if m > 0o7777 {
+                return Err(format!("mode {} has bits beyond 07777", t(1)));
+            }
+            Step::Chmod(t(0), m)
+        }
+        "chown" => {
+            need(a, 3, 3, "chown P UID GID")?;
+            let id = |i: usize| -> Res<u32> { u32::try_from(num(i)?).map_err(|_| "id out of range".to_string()) };
+            Step::Chown(t(0), id(1)?, id(2)?)
+        }
+        "touch" => {
+            need(a, 1, 1, "touch P")?;
+            Step::Touch(t(0))
+        }
+        "mkfifo" => {
+            need(a, 1, 1, "mkfifo P")?;
+            Step::Mknod(t(0), NodeKind::Fifo)
+        }
+        "mknod" => {
+            need(a, 2, 4, "mknod P fifo | mknod P chr|blk MAJ MIN")?;
+            let dev = |what: &str| -> Res<(u32, u32)> {
+                if a.len() != 4 {
+                    return Err(format!("usage: mknod P {what} MAJ MIN"));
+                }
+                let n = |i: usize| -> Res<u32> { u32::try_from(num(i)?).map_err(|_| "device number out of range".to_string()) };
+                Ok((n(2)?, n(3)?))
+            };
+            let kind = match t(1).as_str() {
+                "fifo" if a.len() == 2 => NodeKind::Fifo,
+                "chr" => {
+                    let (x, y) = dev("chr")?;
+                    NodeKind::Chr(x, y)
+                }
+                "blk" => {
+                    let (x, y) = dev("blk")?;
+                    NodeKind::Blk(x, y)
+                }
+                o => return Err(format!("mknod: unknown type {o}")),
+            };
+            Step::Mknod(t(0), kind)
+        }
+        "tmpfile" => {
+            need(a, 1, 1, "tmpfile H")?;
+            Step::Tmpfile(t(0))
+        }
+        "open-fd" => {
+            need(a, 1, 1, "open-fd P")?;
+            Step::OpenFd(t(0))
+        }
+        "close-fd" => {
+            need(a, 1, 1, "close-fd P")?;
+            Step::CloseFd(t(0))
+        }
+        "evict" => {
+            need(a, 0, 0, "evict")?;
+            Step::Evict
+        }
+        "sleep" => {
+            need(a, 1, 1, "sleep SECONDS")?;
+            let s: f64 = t(0).parse().map_err(|_| format!("bad seconds {}", t(0)))?;
+            if !(0.0..=1e9).contains(&s) {
+                return Err(format!("sleep {s}: out of range"));
+            }
+            Step::Sleep(s)
+        }
+        "remount" => {
+            need(a, 0, 0, "remount")?;
+            Step::Remount
+        }
+        "subvol-create" => {
+            need(a, 1, 1, "subvol-create P")?;
+            Step::SubvolCreate(t(0))
+        }
+        "snapshot" => {
+            need(a, 2, 2, "snapshot SRC DST")?;
+            Step::Snapshot(t(0), t(1))
+        }
+        "subvol-delete" => {
+            need(a, 1, 1, "subvol-delete P")?;
+            Step::SubvolDelete(t(0))
+        }
+        "subvol-set-default" => {
+            need(a, 1, 1, "subvol-set-default P")?;
+            Step::SubvolSetDefault(t(0))
+        }
+        "quota-enable" => {
+            need(a, 0, 0, "quota-enable")?;
+            Step::QuotaEnable
+        }
+        "balance-metadata" => {
+            need(a, 0, 0, "balance-metadata")?;
+            Step::BalanceMetadata
+        }
+        "writefiles" => {
+            need(a, 3, 4, "writefiles DIR N SIZE[-MAX] [fsync|fdatasync|none]")?;
+            let count = u32::try_from(num(1)?).map_err(|_| "too many files".to_string())?;
+            let sz = t(2);
+            let (min, max) = match sz.split_once('-') {
+                Some((lo, hi)) => (parse_num(lo)?, parse_num(hi)?),
+                None => (parse_num(&sz)?, parse_num(&sz)?),
+            };
+            if min > max {
+                return Err(format!("size range {sz} is empty"));
+            }
+            let sync = match a.get(3).map(Tok::text).as_deref() {
+                None | Some("none") => SyncKind::None,
+                Some("fsync") => SyncKind::Fsync,
+                Some("fdatasync") => SyncKind::Fdatasync,
+                Some(o) => return Err(format!("writefiles: unknown sync mode {o}")),
+            };
+            Step::WriteFiles { dir: t(0), count, min, max, sync }
+        }
+        "crash" => match a {
+            [] => Step::Crash { keep_random: None },
+            [f, s] if f.text() == "--keep-random" => Step::Crash { keep_random: Some(parse_num(&s.text())?) },
+            _ => return Err("usage: crash [--keep-random SEED]".into()),
+        },
+        "read" => {
+            need(a, 1, 3, "read P [OFF [LEN]]")?;
+            let off = if a.len() > 1 { num(1)? } else { 0 };
+            let len = if a.len() > 2 { Some(num(2)?) } else { None };
+            Step::Read { path: t(0), off, len }
+        }
+        "ls" => {
+            need(a, 0, 1, "ls [P]")?;
+            Step::Ls(if a.is_empty() { "/".into() } else { t(0) })
+        }
+        "stat" => {
+            need(a, 1, 1, "stat P")?;
+            Step::Stat(t(0))
+        }
+        "stats" => match a {
+            [] => Step::Stats { json: false },
+            [f] if f.text() == "--json" => Step::Stats { json: true },
+            _ => return Err("usage: stats [--json]".into()),
+        },
+        "set" => {
+            need(a, 2, 2, "set NAME on|off")?;
+            let on = match t(1).as_str() {
+                "on" => true,
+                "off" => false,
+                o => return Err(format!("set {}: on or off, not {o}", t(0))),
+            };
+            Step::Set { name: t(0), on }
+        }
+        other => return Err(format!("unknown verb {other:?}")),
+    })
+}
+
+fn parse_kind(s: &str) -> Res<char> {
+    Ok(match s {
+        "file" => 'f',
+        "dir" => 'd',
+        "symlink" => 'l',
+        "fifo" => 'p',
+        "chr" => 'c',
+        "blk" => 'b',
+        "sock" => 's',
+        o => return Err(format!("unknown type {o}")),
+    })
+}
+
+fn parse_alloc_range(s: &str) -> Res<(u64, u64, AllocKind)> {
+    let bad = || format!("bad range {s:?}, want [A,B)=data|unwritten|hole|extent");
+    let rest = s.strip_prefix('[').ok_or_else(bad)?;
+    let (range, kind) = rest.split_once(")=").ok_or_else(bad)?;
+    let (a, b) = range.split_once(',').ok_or_else(bad)?;
+    let (a, b) = (parse_num(a)?, parse_num(b)?);
+    if a >= b {
+        return Err(format!("empty range {s:?}"));
+    }
+    let k = match kind {
+        "data" => AllocKind::Data,
+        "unwritten" => AllocKind::Unwritten,
+        "hole" => AllocKind::Hole,
+        "extent" => AllocKind::Extent,
+        _ => return Err(bad()),
+    };
+    Ok((a, b, k))
+}
+
+fn parse_expect(a: &[Tok]) -> Res<Expect> {
+    let kind = a.first().ok_or("expect what?")?.text();
+    let a = &a[1..];
+    let t = |i: usize| a[i].text();
+    Ok(match kind.as_str() {
+        "exists" => {
+            need(a, 1, 1, "expect exists P")?;
+            Expect::Exists(norm(&t(0)))
+        }
+        "absent" => {
+            need(a, 1, 1, "expect absent P")?;
+            Expect::Absent(norm(&t(0)))
+        }
+        "size" => {
+            need(a, 2, 2, "expect size P N")?;
+            Expect::Size(norm(&t(0)), parse_num(&t(1))?)
+        }
+        "md5" => {
+            need(a, 2, 2, "expect md5 P HEX")?;
+            let h = t(1).to_ascii_lowercase();
+            if h.len() != 32 || !h.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return Err(format!("bad md5 {h}"));
+            }
+            Expect::Md5(norm(&t(0)), h)
+        }
+        "nlink" => {
+            need(a, 2, 2, "expect nlink P N")?;
+            Expect::Nlink(norm(&t(0)), parse_num(&t(1))?)
+        }
+        "entries" => {
+            need(a, 1, usize::MAX, "expect entries DIR [NAME...]")?;
+            let mut names: Vec<String> = a[1..].iter().map(Tok::text).collect();
+            names.sort();
+            Expect::Entries(norm(&t(0)), names)
+        }
+        "xattr" => {
+            need(a, 3, 3, "expect xattr P NAME VALUE")?;
+            Expect::Xattr(norm(&t(0)), t(1), a[2].bytes())
+        }
+        "noxattr" => {
+            need(a, 2, 2, "expect noxattr P NAME")?;
+            Expect::NoXattr(norm(&t(0)), t(1))
+        }
+        "xattrnames" => {
+            need(a, 1, usize::MAX, "expect xattrnames P [NAME...]")?;
+            let mut names: Vec<String> = a[1..].iter().map(Tok::text).collect();
+            names.sort();
+            Expect::XattrNames(norm(&t(0)), names)
+        }
+        "target" => {
+            need(a, 2, 2, "expect target P T")?;
+            Expect::Target(norm(&t(0)), t(1))
+        }
+        "type" => {
+            need(a, 2, 2, "expect type P file|dir|symlink|fifo|chr|blk|sock")?;
+            Expect::Type(norm(&t(0)), parse_kind(&t(1))?)
+        }
+        "mode" => {
+            need(a, 2, 2, "expect mode P OCTAL")?;
+            Expect::Mode(norm(&t(0)), u32::from_str_radix(&t(1), 8).map_err(|_| format!("bad mode {}", t(1)))?)
+        }
+        "alloc" => {
+            need(a, 2, usize::MAX, "expect alloc P [A,B)=KIND ...")?;
+            let ranges = a[1..].iter().map(|x| parse_alloc_range(&x.text())).collect::<Res<Vec<_>>>()?;
+            Expect::Alloc(norm(&t(0)), ranges)
+        }
+        "consistent" => {
+            need(a, 0, 0, "expect consistent")?;
+            Expect::Consistent
+        }
+        "post" => {
+            let Some(Tok::Word(verb)) = a.first() else {
+                return Err("usage: expect post STEP...".into());
+            };
+            let st = parse_step(verb, &a[1..])?;
+            if st.is_crash() {
+                return Err("expect post: a post step cannot crash".into());
+            }
+            Expect::Post(st)
+        }
+        "fill" => {
+            need(a, 2, 2, "expect fill P BYTE")?;
+            Expect::Fill(norm(&t(0)), parse_byte(&t(1))?)
+        }
+        o => return Err(format!("unknown expectation {o:?}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_form() {
+        let text = "# comment\nmkfs -n 4096 -O ^no-holes\nmount compress=zstd\nfssize 1G\n\
+            mkdir /a\nwrite /a/f 0 64K 0xaa\nwrite /a/g 10 0 \"hi\\n\\x41\\101\"\nsetxattr /a/f user.k <3 x 'z'>\n\
+            writefiles /a 10 100-4000 fsync\nfsync /a/f # trailing\ndwrite /a/d 0 1M 7 4K\nmwrite /a/d 4096 100\n\
+            msync /a/d\nmsync /a/d 0 4096\nsync-range /a/d 0 8K write|wait_after\ncollapse /a/d 0 4096\n\
+            clone /a/f 0 /a/g 8192 0\nmknod /a/c chr 1 3\nmkfifo /a/p\ntmpfile h\nopen-fd /a/f\nclose-fd /a/f\n\
+            sleep 0.5\nremount\nsubvol-delete /s\nsubvol-set-default /s\nquota-enable\nbalance-metadata\ntouch /a/t\n\
+            write /a/x 0 1G 0 enospc-ok\n!ignored line\ncrash --keep-random 7\nexpect size /a/f 64K\n\
+            expect entries /a f g\nexpect alloc /a/f [0,4096)=data [4096,8192)=hole\nexpect post unlink /a/f\n\
+            expect md5 /a/f 0123456789abcdef0123456789ABCDEF\nexpect type /a/c chr\nexpect consistent\n";
+        let s = Script::parse("t", text).unwrap();
+        assert_eq!(s.mkfs, ["-n", "4096", "-O", "^no-holes"]);
+        assert_eq!(s.mount_options(), "commit=600,compress=zstd");
+        assert_eq!(s.fssize, 1 << 30);
+        let st: Vec<&Step> = s.steps.iter().map(|(_, x)| x).collect();
+        assert_eq!(*st[2], Step::Write { path: "/a/g".into(), off: 10, len: 5, fill: Fill::Text(b"hi\nAA".to_vec()), enospc_ok: false });
+        assert_eq!(*st[3], Step::SetXattr { path: "/a/f".into(), name: "user.k".into(), value: b"zzz".to_vec() });
+        assert_eq!(*st[4], Step::WriteFiles { dir: "/a".into(), count: 10, min: 100, max: 4000, sync: SyncKind::Fsync });
+        assert_eq!(*st[6], Step::Dwrite { path: "/a/d".into(), off: 0, len: 1 << 20, byte: 7, chunk: 4096 });
+        assert_eq!(*st[9], Step::Msync { path: "/a/d".into(), range: Some((0, 4096)) });
+        assert_eq!(*st[10], Step::SyncRange { path: "/a/d".into(), off: 0, len: 8192, flags: SYNC_RANGE_WRITE | SYNC_RANGE_WAIT_AFTER });
+        assert_eq!(*st[12], Step::Clone { src: "/a/f".into(), src_off: 0, dst: "/a/g".into(), dst_off: 8192, len: 0 });
+        assert_eq!(*st[13], Step::Mknod("/a/c".into(), NodeKind::Chr(1, 3)));
+        assert_eq!(*st[14], Step::Mknod("/a/p".into(), NodeKind::Fifo));
+        assert_eq!(*st[18], Step::Sleep(0.5));
+        assert!(matches!(st[25], Step::Write { enospc_ok: true, fill: Fill::Byte(0), .. }));
+        assert_eq!(*st[26], Step::Crash { keep_random: Some(7) });
+        assert_eq!(s.expects[1].1, Expect::Entries("/a".into(), vec!["f".into(), "g".into()]));
+        assert_eq!(s.expects[2].1, Expect::Alloc("/a/f".into(), vec![(0, 4096, AllocKind::Data), (4096, 8192, AllocKind::Hole)]));
+        assert_eq!(s.expects[3].1, Expect::Post(Step::Unlink("/a/f".into())));
+        assert_eq!(s.expects[4].1, Expect::Md5("/a/f".into(), "0123456789abcdef0123456789abcdef".into()));
+        assert_eq!(s.expects[5].1, Expect::Type("/a/c".into(), 'c'));
+        // Line numbers are kept.
+        assert_eq!(s.steps[0].0, 5);
+    }
+
+    #[test]
+    fn refuses_bad_lines_with_their_line() {
+        for (text, line) in [("bogus x", 1), ("mkdir a\nwrite f 0", 2), ("write f 0 1 300", 1), ("chmod f 9", 1), ("crash now", 1), ("set x maybe", 1), ("expect alloc f [5,1)=data", 1), ("\"x\" y", 1), ("write f 0 1 \"abc", 1)] {
+            let e = Script::parse("t", text).unwrap_err();
+            assert_eq!(e.line, line, "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn log_expectation() {
+        assert!(Script::parse("t", "write f 0 1\nfsync f\ncrash").unwrap().wants_log());
+        assert!(!Script::parse("t", "write f 0 1\nfsync f\nsync\ncrash").unwrap().wants_log());
+        assert!(!Script::parse("t", "expect-log any\nwrite f 0 1\nfsync f\ncrash").unwrap().wants_log());
+        let s = Script::parse("t", "mount commit=5 compress-force=lzo").unwrap();
+        assert_eq!(s.mount_options(), "commit=5,compress-force=lzo");
+    }
+}

@@ -1,0 +1,229 @@
+//! A workload session on an image: the device (with a volatile write cache
+//! when the session may crash), the mounted filesystem, the steps that act
+//! on the session rather than the filesystem (`crash`, `remount`, `set`,
+//! `stats`), and the final check of a script's expectations.
+
+use super::engine::{manifest, EngineRunner, StepOutput};
+use super::manifest::{check_expectations, Manifest, Outcome};
+use super::script::{Expect, Script, Step};
+use crate::fs::{Filesystem, MountOptions};
+use crate::io::{BlockDevice, FileDevice, VolatileFile};
+use crate::{Error, Result};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The device under a session.
+enum Dev {
+    /// Crashes possible: writes can be taken back until flushed.
+    Volatile(Arc<VolatileFile>),
+    /// No crash support (benchmarks): writes go straight to the file.
+    Plain(Arc<FileDevice>),
+}
+
+impl Dev {
+    fn block(&self) -> Arc<dyn BlockDevice> {
+        match self {
+            Dev::Volatile(d) => d.clone(),
+            Dev::Plain(d) => d.clone(),
+        }
+    }
+}
+
+/// How a session opens its image.
+#[derive(Clone, Debug, Default)]
+pub struct SessionOptions {
+    /// Support `crash` (a volatile write cache over the file).
+    pub crashable: bool,
+    /// Keep written bytes too, for `crash --keep-random`.
+    pub record_writes: bool,
+}
+
+pub struct Session {
+    path: PathBuf,
+    dev: Dev,
+    fs: Option<Filesystem>,
+    pub runner: EngineRunner,
+    mount: MountOptions,
+    switches: crate::fs::Switches,
+    /// Replays done by mounts after crashes.
+    pub replays: u64,
+}
+
+impl Session {
+    /// Open `path` for `script`: made by mkfs from the script's `mkfs` and
+    /// `fssize` when it does not exist, its log replayed when it has one,
+    /// mounted with the script's options.
+    pub fn open(path: &Path, script: &Script, o: &SessionOptions) -> Result<Session> {
+        if !path.exists() {
+            let mk = crate::mkfs::MkfsOptions::from_mkfs_args(&script.mkfs)?;
+            crate::mkfs::make_image(path, script.fssize, &mk)?;
+        }
+        let mount = MountOptions::parse(&[script.mount_options()])?;
+        let file = FileDevice::open(path, true)?;
+        let dev = if o.crashable { Dev::Volatile(Arc::new(VolatileFile::new(file, o.record_writes)?)) } else { Dev::Plain(Arc::new(file)) };
+        let mut s = Session { path: path.to_path_buf(), dev, fs: None, runner: EngineRunner::new(), mount, switches: Default::default(), replays: 0 };
+        s.mount_now()?;
+        Ok(s)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Mount: replay a log first, as the kernel's mount does.
+    fn mount_now(&mut self) -> Result<()> {
+        let dev = self.dev.block();
+        let sb = crate::image::read_superblock(dev.as_ref(), 0)?;
+        if sb.log_root.get() != 0 {
+            let mut st = crate::trans::Store::open_for_replay(dev.clone())?;
+            crate::log::replay::replay(&mut st, Default::default())?;
+            self.replays += 1;
+        }
+        let mut fs = Filesystem::mount(dev, self.mount.clone())?;
+        fs.switches = self.switches;
+        self.fs = Some(fs);
+        Ok(())
+    }
+
+    pub fn fs(&mut self) -> Result<&mut Filesystem> {
+        self.fs.as_mut().ok_or_else(|| Error::Invalid("no filesystem mounted".into()))
+    }
+
+    /// Run one step.
+    pub fn apply(&mut self, st: &Step) -> Result<StepOutput> {
+        match st {
+            Step::Crash { keep_random } => {
+                self.crash(*keep_random)?;
+                Ok(StepOutput::default())
+            }
+            Step::Remount => {
+                let fs = self.fs.as_mut().ok_or_else(|| Error::Invalid("no filesystem mounted".into()))?;
+                self.runner.close_all(fs)?;
+                fs.remount()?;
+                Ok(StepOutput::default())
+            }
+            Step::Set { name, on } => {
+                match name.as_str() {
+                    "fast-fsync-skip" => self.switches.fast_fsync_skip = *on,
+                    "log-conflicting-inodes" => self.switches.log_conflicting_inodes = *on,
+                    "sync-io-first" => self.switches.sync_io_first = *on,
+                    o => return Err(Error::Invalid(format!("unknown switch {o:?} (fast-fsync-skip, log-conflicting-inodes, sync-io-first)"))),
+                }
+                let sw = self.switches;
+                self.fs()?.switches = sw;
+                Ok(StepOutput::default())
+            }
+            Step::Stats { json } => {
+                let text = self.stats_text(*json)?;
+                Ok(StepOutput { text: Some(text) })
+            }
+            _ => {
+                let fs = self.fs.as_mut().ok_or_else(|| Error::Invalid("no filesystem mounted".into()))?;
+                self.runner.apply(fs, st)
+            }
+        }
+    }
+
+    /// Power failure: nothing more is written, the device keeps what was
+    /// flushed (and with `keep_random` a random subset of the rest), and
+    /// the filesystem is mounted again (its log replayed).
+    pub fn crash(&mut self, keep_random: Option<u64>) -> Result<()> {
+        let Dev::Volatile(d) = &self.dev else {
+            return Err(Error::Invalid("this session cannot crash (opened without crash support)".into()));
+        };
+        let d = d.clone();
+        self.runner.drop_all();
+        self.fs = None;
+        d.power_fail(keep_random)?;
+        self.mount_now()
+    }
+
+    /// The engine's counters as text or one line of JSON.
+    pub fn stats_text(&mut self, json: bool) -> Result<String> {
+        let fs = self.fs()?;
+        let (clean, dirty_meta, dirty_data) = fs.cache_sizes();
+        let io = fs.store.stats;
+        let st = fs.stats.clone();
+        let v = serde_json::json!({
+            "commits": st.commits,
+            "commit_reasons": st.commit_reasons,
+            "fsyncs": st.fsyncs,
+            "log_syncs": st.log_syncs,
+            "log_syncs_skipped": st.log_syncs_skipped,
+            "full_commits": st.full_commits,
+            "full_commit_reasons": st.full_commit_reasons,
+            "conflicting_inodes_logged": st.conflicting_inodes_logged,
+            "flushes": io.flushes,
+            "bytes_written": {"data": io.data_bytes, "log": io.log_bytes, "metadata": io.metadata_bytes, "super": io.super_bytes},
+            "ordered_extents": st.ordered_extents,
+            "writeback_bytes": st.writeback_bytes,
+            "compressed_extents": st.compressed_extents,
+            "inline_extents": st.inline_extents,
+            "nocow_writes": st.nocow_writes,
+            "cache": {"clean_tree_bytes": clean, "dirty_tree_bytes": dirty_meta, "dirty_data_bytes": dirty_data},
+            "switches": fs.switches,
+        });
+        if json {
+            return Ok(v.to_string());
+        }
+        let mut lines = Vec::new();
+        if let Some(o) = v.as_object() {
+            for (k, x) in o {
+                lines.push(format!("{k:<26} {x}"));
+            }
+        }
+        Ok(lines.join("\n"))
+    }
+
+    /// Check a script's expectations against the filesystem as it stands
+    /// (after the final crash and recovery, if the script ended with one).
+    pub fn check(&mut self, script: &Script) -> Result<Vec<String>> {
+        if script.expects.is_empty() {
+            return Ok(Vec::new());
+        }
+        let m = self.manifest()?;
+        let mut out = Outcome::default();
+        if script.expects.iter().any(|(_, e)| matches!(e, Expect::Consistent)) {
+            out.consistent = Some(self.consistent()?);
+        }
+        for (_, e) in &script.expects {
+            if let Expect::Post(st) = e {
+                out.posts.push(self.apply(st).map(drop).map_err(|e| e.to_string()));
+            }
+        }
+        Ok(check_expectations(script, &m, &out))
+    }
+
+    pub fn manifest(&mut self) -> Result<Manifest> {
+        manifest(self.fs()?)
+    }
+
+    /// Commit, then run the checker on the image: Err with the first errors.
+    pub fn consistent(&mut self) -> Result<std::result::Result<(), String>> {
+        self.fs()?.sync()?;
+        let img = crate::image::Image::open(self.dev.block(), Default::default())?;
+        let r = crate::check::check_image(&img, Default::default(), &crate::check::NoProgress);
+        if r.is_clean() {
+            return Ok(Ok(()));
+        }
+        let first: Vec<String> = r.findings.iter().filter(|f| f.severity == crate::check::findings::Severity::Error).take(3).map(|f| f.message.clone()).collect();
+        Ok(Err(format!("{} error(s): {}", r.errors, first.join(" | "))))
+    }
+
+    /// Unmount: close every file and commit (`clean`), or leave the last
+    /// commit as it is (after an internal error, nothing half-done is
+    /// committed).
+    pub fn close(mut self, clean: bool) -> Result<()> {
+        if let Some(mut fs) = self.fs.take() {
+            if clean {
+                self.runner.close_all(&mut fs)?;
+                fs.close_all()?;
+                fs.sync()?;
+            }
+        }
+        if let Dev::Volatile(d) = &self.dev {
+            d.flush()?;
+        }
+        Ok(())
+    }
+}
