@@ -54,7 +54,7 @@ fn replay_o(img: &Path, out: &Path) -> serde_json::Value {
 #[test]
 fn output_is_a_reflink_where_the_filesystem_allows_one() {
     if let Err(why) = kcrash::can_run() {
-        eprintln!("SKIP: output_is_a_reflink_where_the_filesystem_allows_one: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let scn = kcrash::load_scenario(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/many-files-fsync-each.scn")).unwrap();

@@ -390,7 +390,7 @@ fn run_image(scn: &Scenario, cache: &Path) -> Result<ImageOutcome, String> {
 #[test]
 fn salvage_every_log_block_of_kernel_crash_images() {
     if let Err(why) = kcrash::can_run() {
-        eprintln!("SKIP: salvage_every_log_block_of_kernel_crash_images: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let cache = kcrash::default_cache_dir();
@@ -433,7 +433,7 @@ fn salvage_every_log_block_of_kernel_crash_images() {
 #[test]
 fn salvage_headline_one_leaf_lost() {
     if let Err(why) = kcrash::can_run() {
-        eprintln!("SKIP: salvage_headline_one_leaf_lost: {why}");
+        btrkit_tests::skip(&why);
         return;
     }
     let n = kcrash::HEADLINE_FILES;
