@@ -14,6 +14,8 @@
 #
 #   scripts/bench/replay-bench.sh [RUNS] [SCENARIO]   (default 5 runs, headline)
 #   BTRKIT_REPLAY_BIN=PROG replaces btrkit-replay (e.g. tests/scripts/kernel-replay-shim.sh)
+#   TMPDIR=DIR puts the working copies in DIR (a reflink-capable filesystem
+#   there makes `-o` a reflink copy)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runs=${1:-5}
@@ -34,7 +36,9 @@ else
 fi
 echo "crash image: $img ($(du -h "$img" | cut -f1) used)"
 
-work=$(mktemp -d /tmp/replay-bench.XXXXXX)
+# The copies live under $TMPDIR (default /tmp): on a btrfs or XFS there,
+# `-o` copies with a reflink.
+work=$(mktemp -d "${TMPDIR:-/tmp}/replay-bench.XXXXXX")
 mnt=$work/mnt
 mkdir "$mnt"
 cleanup() {

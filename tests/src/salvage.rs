@@ -19,11 +19,17 @@ pub struct LogBlock {
     pub subvol: u64,
     /// Physical offsets of every copy (DUP metadata has two).
     pub copies: Vec<u64>,
+    /// Key of its first item or pointer.
+    pub first_key: Option<btrkit_core::format::key::Key>,
 }
 
 impl LogBlock {
     pub fn in_root_tree(&self) -> bool {
         self.subvol == BTRFS_TREE_LOG_OBJECTID
+    }
+    /// A leaf of data checksums (EXTENT_CSUM items).
+    pub fn is_csum_leaf(&self) -> bool {
+        self.level == 0 && self.first_key.is_some_and(|k| k.objectid == btrkit_core::format::consts::BTRFS_EXTENT_CSUM_OBJECTID)
     }
     pub fn describe(&self) -> String {
         let tree = if self.in_root_tree() { "log root tree".to_string() } else { format!("log of subvol {}", self.subvol) };
@@ -43,7 +49,7 @@ pub fn log_blocks(img: &Path) -> Result<Vec<LogBlock>, String> {
     for (subvol, t) in trees {
         for b in &t.blocks {
             let copies = image.chunks.map(b.bytenr, image.nodesize as u64, image.devid).map_err(|e| e.to_string())?;
-            out.push(LogBlock { bytenr: b.bytenr, level: b.level, subvol, copies });
+            out.push(LogBlock { bytenr: b.bytenr, level: b.level, subvol, copies, first_key: b.first_key });
         }
     }
     Ok(out)

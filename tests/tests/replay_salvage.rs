@@ -432,6 +432,34 @@ fn salvage_every_log_block_of_kernel_crash_images() {
 /// spread over the log, default 6; 0 means every leaf).
 #[test]
 fn salvage_headline_one_leaf_lost() {
+    let want: usize = std::env::var("BTRKIT_SALVAGE_HEADLINE_LEAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(6);
+    headline_leaves_lost(|leaves| {
+        if want == 0 || want >= leaves.len() {
+            return leaves.to_vec();
+        }
+        // Spread over the log: first, last, and evenly between.
+        let mut idx: Vec<usize> = (0..want).map(|i| i * (leaves.len() - 1) / (want - 1).max(1)).collect();
+        idx.dedup();
+        idx.into_iter().map(|i| leaves[i]).collect()
+    });
+}
+
+/// The same with each leaf of the headline log's data checksums lost (the
+/// leaves whose loss costs the most files: about 137 each). Ignored for now:
+/// with some of them lost, replay stops with "no leaf split point fits the
+/// item": the B-tree code (core/src/trans/btree.rs) splits a full leaf in
+/// two only, and an inline extent of about 2 KiB to be inserted in the
+/// middle of a full 4 KiB leaf fits in neither half (the kernel splits such
+/// a leaf in three). Run with `--ignored` once that is fixed.
+#[test]
+#[ignore]
+fn salvage_headline_checksum_leaf_lost() {
+    headline_leaves_lost(|leaves| leaves.iter().copied().filter(|b| b.is_csum_leaf()).collect());
+}
+
+/// Lose each leaf `pick` chooses of the headline log in turn, salvage, and
+/// require 80 % of what zero-log loses back with the right contents.
+fn headline_leaves_lost(pick: impl for<'a> Fn(&[&'a LogBlock]) -> Vec<&'a LogBlock>) {
     if let Err(why) = kcrash::can_run() {
         btrkit_tests::skip(&why);
         return;
@@ -458,15 +486,7 @@ fn salvage_headline_one_leaf_lost() {
     let blocks = log_blocks(&crash.path).unwrap();
     let leaves: Vec<&LogBlock> = blocks.iter().filter(|b| b.level == 0 && !b.in_root_tree()).collect();
     let levels = blocks.iter().map(|b| b.level).max().unwrap_or(0);
-    let want: usize = std::env::var("BTRKIT_SALVAGE_HEADLINE_LEAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(6);
-    let picked: Vec<&LogBlock> = if want == 0 || want >= leaves.len() {
-        leaves.clone()
-    } else {
-        // Spread over the log: first, last, and evenly between.
-        let mut idx: Vec<usize> = (0..want).map(|i| i * (leaves.len() - 1) / (want - 1).max(1)).collect();
-        idx.dedup();
-        idx.into_iter().map(|i| leaves[i]).collect()
-    };
+    let picked = pick(&leaves);
     eprintln!(
         "headline log: {} blocks, {} leaves, {} levels; zero-log keeps {zl_right} of {n} files; damaging {} leaves",
         blocks.len(),
@@ -475,6 +495,7 @@ fn salvage_headline_one_leaf_lost() {
         picked.len()
     );
     assert!(levels >= 1, "the headline log has one level only");
+    assert!(!picked.is_empty(), "no leaf to damage");
     let dmg = w.join("damaged.img");
     let out = w.join("out.img");
     let mut worst = (f64::MAX, 0u64);

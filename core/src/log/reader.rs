@@ -117,6 +117,8 @@ pub struct BlockRead {
     pub depth: usize,
     /// Items (leaf) or pointers (node).
     pub nritems: usize,
+    /// Key of its first item or pointer.
+    pub first_key: Option<Key>,
     /// The block has validation problems (only with [`OnDamage::Keep`]).
     pub damaged: bool,
 }
@@ -524,6 +526,7 @@ impl Reader<'_> {
                 generation: node.generation(),
                 depth: p.depth,
                 nritems: node.nr_safe(),
+                first_key: node.key(0),
                 damaged: !problems.is_empty(),
             });
             if node.is_leaf() {
