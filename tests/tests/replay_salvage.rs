@@ -276,6 +276,14 @@ fn check_salvaged(b: &LogBlock, out: &Path, report: &Value, r: &Reference) -> Re
             }
         }
     }
+    // An inode reported recovered that the kernel's replay keeps is there.
+    for (&(sv, ino), &recovered) in &said {
+        let Some(root) = r.subvols.iter().find(|(_, &id)| id == sv).map(|(p, _)| p.clone()) else { continue };
+        let key = (root, ino);
+        if recovered && k.contains_key(&key) && !m.contains_key(&key) {
+            problems.push(format!("inode {ino} of subvolume {sv} is reported recovered, but it is missing (the kernel keeps it at {})", k[&key].0));
+        }
+    }
     for (key, (path, _)) in &z {
         if k.contains_key(key) && !m.contains_key(key) {
             problems.push(format!("{path} (inode {}) is kept by the kernel and by zero-log, but lost", key.1));
@@ -331,7 +339,20 @@ fn run_image(scn: &Scenario, cache: &Path) -> Result<ImageOutcome, String> {
         let report = salvage(&c.path, &out)?;
         let s = &report["summary"]["salvage"];
         if s["not_recovered"] != 0 || !s["zero_log"].is_null() || !s["lost_blocks"].as_array().is_some_and(|v| v.is_empty()) {
-            o.failures.push(format!("undamaged log: salvage does not recover everything: {s}"));
+            let not: Vec<String> = s["inodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|i| i["outcome"] != "recovered")
+                .take(5)
+                .map(|i| format!("inode {} {}: {}", i["ino"], i["path"], i["reason"]))
+                .collect();
+            o.failures.push(format!(
+                "undamaged log: salvage does not recover everything ({} not recovered, zero_log {}): {}",
+                s["not_recovered"],
+                s["zero_log"],
+                not.join("; ")
+            ));
         }
         kcrash::btrfs_check(&out)?;
         let mine = kcrash::manifest_in_place(&out, "ro")?;

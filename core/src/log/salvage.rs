@@ -628,17 +628,19 @@ impl Committed {
     }
 }
 
-/// After replay: a recovered inode that replay removed had no name left
-/// (a directory it was named in could not be replayed).
+/// After replay: an inode logged as unlinked that is still there kept its
+/// committed state (the entry naming it could only go with a log that was
+/// not replayed).
 pub(crate) fn after_replay(fs: &mut Store, report: &mut SalvageReport, logs: &[LogTree]) -> Result<()> {
     for o in report.inodes.iter_mut().filter(|o| o.outcome == Outcome::Recovered) {
         let Some(log) = logs.iter().find(|l| l.subvol == o.subvol) else { continue };
         let Some(logged) = log.inode_item(o.ino) else { continue };
+        // A replayed inode that replay removed lost its names to logs that
+        // were replayed (a directory's logged deletions, its own names), as
+        // in the kernel's replay: the selection never leaves one whose new
+        // directory is missing without a name.
         let exists = crate::fs::inode::get_inode(fs, o.subvol, o.ino)?.is_some();
-        if logged.nlink.get() != 0 && !exists {
-            o.outcome = Outcome::NotRecovered;
-            o.reason = Some("replayed, but no name of it could be (its directory was not recovered); it was removed".into());
-        } else if logged.nlink.get() == 0 && exists {
+        if logged.nlink.get() == 0 && exists {
             // Logged as unlinked: the kernel's replay removes it once the
             // entries naming it go, which other inodes' logs decide.
             o.outcome = Outcome::NotRecovered;
