@@ -17,5 +17,6 @@ pub mod log;
 pub mod image;
 pub mod check;
 pub mod workload;
+pub mod util;
 
 pub use error::{Error, Result};

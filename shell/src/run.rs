@@ -62,8 +62,13 @@ pub fn run_script(image: &Path, arg: &str, quiet: bool) -> i32 {
             }
         }
     }
-    for (line, st) in &script.steps {
-        match s.apply(st) {
+    let final_crash = script.final_crash();
+    for (i, (line, st)) in script.steps.iter().enumerate() {
+        let r = match st {
+            Step::Crash { keep_random } if Some(i) == final_crash => s.crash_final(*keep_random).map(|_| Default::default()),
+            _ => s.apply(st),
+        };
+        match r {
             Ok(out) => {
                 if let Some(t) = out.text {
                     println!("{t}");

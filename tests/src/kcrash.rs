@@ -672,7 +672,8 @@ impl Runner {
     }
 
     fn falloc(&self, path: &str, mode: libc::c_int, off: u64, len: u64) -> Res<()> {
-        let (fd, _own) = self.fd(path, libc::O_WRONLY)?;
+        // fallocate(1), which kcrash.py runs, creates a missing file.
+        let (fd, _own) = self.fd(path, libc::O_WRONLY | libc::O_CREAT)?;
         check(unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) }, "fallocate", &self.p(path))
     }
 }

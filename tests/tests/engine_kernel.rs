@@ -45,8 +45,7 @@ fn cut(s: &Scenario) -> Option<Scenario> {
 }
 
 fn scenarios() -> Vec<Scenario> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
-    let mut all = kcrash::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let mut all = families::corpus();
     all.extend(families::all_families());
     let mut out: Vec<Scenario> = all.iter().filter_map(cut).collect();
     if let Ok(only) = std::env::var("BTRKIT_ENGINE_SCENARIOS") {

@@ -24,8 +24,7 @@ use std::time::{Duration, Instant};
 mod families;
 
 fn scenarios() -> Vec<Scenario> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
-    let mut all = kcrash::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let mut all = families::corpus();
     all.extend(families::all_families());
     if let Ok(only) = std::env::var("BTRKIT_SCENARIOS") {
         let names: Vec<&str> = only.split(',').map(str::trim).collect();

@@ -43,7 +43,7 @@ fn unlink_in_snapshotted_subvolume() {
             u64::from_le_bytes(d[..8].try_into().unwrap())
         };
         for i in (0..1500).filter(|i| i % 3 != 0) {
-            { let (ino, n) = btrkit_core::fs::names::unlink(&mut fs, BTRFS_FS_TREE_OBJECTID, dir_ino, format!("f{i:04}").as_bytes(), now_ts(1)).unwrap(); if n == 0 { btrkit_core::fs::extents::drop_inode_items(&mut fs, BTRFS_FS_TREE_OBJECTID, ino).unwrap(); } }
+            { let (ino, n, _) = btrkit_core::fs::names::unlink(&mut fs, BTRFS_FS_TREE_OBJECTID, dir_ino, format!("f{i:04}").as_bytes(), now_ts(1)).unwrap(); if n == 0 { btrkit_core::fs::extents::drop_inode_items(&mut fs, BTRFS_FS_TREE_OBJECTID, ino).unwrap(); } }
             if i % 500 == 499 {
                 fs.commit().unwrap();
             }

@@ -35,6 +35,17 @@ impl Method {
         let level = level.unwrap_or(def);
         range.contains(&level).then_some(Method { kind, level })
     }
+
+    /// `kind` at `level` as btrfs_compress_set_level makes it: 0 is the
+    /// type's default, anything else is clamped to the type's range.
+    pub fn with_level(kind: u8, level: i32) -> Method {
+        let (def, lo, hi) = match kind {
+            BTRFS_COMPRESS_ZLIB => (3, 1, 9),
+            BTRFS_COMPRESS_ZSTD => (3, 1, 15),
+            _ => (0, 0, 0),
+        };
+        Method { kind, level: if level == 0 { def } else { level.clamp(lo, hi) } }
+    }
 }
 
 fn bad(what: &str) -> Error {

@@ -60,7 +60,11 @@ pub fn data_backref(subvol: u64, ino: u64, key_off: u64, item: &FileExtentItem) 
 
 /// Every extent item of an inode whose range meets `[start, end)`.
 pub fn extents_in(st: &mut Store, subvol: u64, ino: u64, start: u64, end: u64) -> Result<Vec<(Key, Vec<u8>)>> {
-    let t = TreeId::Tree(subvol);
+    extents_in_tree(st, TreeId::Tree(subvol), ino, start, end)
+}
+
+/// [`extents_in`] of any tree holding file extent items (a log tree too).
+pub fn extents_in_tree(st: &mut Store, t: TreeId, ino: u64, start: u64, end: u64) -> Result<Vec<(Key, Vec<u8>)>> {
     let ss = st.sectorsize() as u64;
     let mut items = Vec::new();
     if let Some(p) = st.prev_item(t, &extent_key(ino, start), &extent_key(ino, 0))? {
@@ -89,13 +93,22 @@ pub struct Dropped {
 /// keeps its bytes before `start` (uncompressed), or stays whole when
 /// compressed (the kernel never cuts one). Holes are not filled here.
 pub fn drop_extents(st: &mut Store, subvol: u64, ino: u64, start: u64, end: u64) -> Result<Dropped> {
-    let t = TreeId::Tree(subvol);
+    drop_extents_in(st, TreeId::Tree(subvol), ino, start, end)
+}
+
+/// [`drop_extents`] in any tree: a subvolume's (references change with
+/// the items) or a log tree (its items hold no references).
+pub fn drop_extents_in(st: &mut Store, t: TreeId, ino: u64, start: u64, end: u64) -> Result<Dropped> {
+    let refs = match t {
+        TreeId::Tree(s) => Some(s),
+        _ => None,
+    };
     let ss = st.sectorsize() as u64;
     let mut out = Dropped::default();
     if start >= end {
         return Ok(out);
     }
-    for (k, d) in extents_in(st, subvol, ino, start, end)? {
+    for (k, d) in extents_in_tree(st, t, ino, start, end)? {
         let Some((s, e)) = extent_span(ss, k.offset, &d) else { continue };
         match parse_file_extent(&d).map_err(|e| e.at(0, k))? {
             FileExtent::Inline { head, data } => {
@@ -136,7 +149,7 @@ pub fn drop_extents(st: &mut Store, subvol: u64, ino: u64, start: u64, end: u64)
                     r.num_bytes.set(e - end);
                     st.insert_item(t, &extent_key(ino, end), r.as_bytes())?;
                 }
-                if bytenr != 0 {
+                if let (true, Some(subvol)) = (bytenr != 0, refs) {
                     // Both pieces carry the same back reference (key offset
                     // minus extent offset does not change).
                     let r = data_backref(subvol, ino, k.offset, &fe);

@@ -75,7 +75,8 @@ impl Filesystem {
         }
         let i_size = self.rt(l)?.i_size;
         let datasum = self.datasum(l)?;
-        let mut page = vec![0u8; PAGE as usize].into_boxed_slice();
+        let mut page = self.alloc_page();
+        page.fill(0);
         let start = idx * PAGE;
         if start < i_size {
             let d = super::read::read_range(&mut self.store, l.subvol, l.ino, i_size, start, PAGE, datasum)?;
@@ -188,9 +189,16 @@ impl Filesystem {
             let idx = pos / PAGE;
             let base = idx * PAGE;
             let (a, b) = (pos, end.min(base + PAGE));
-            let mut page = if a == base && b == base + PAGE { vec![0u8; PAGE as usize].into_boxed_slice() } else { self.page_now(l, idx)? };
-            page[(a - base) as usize..(b - base) as usize].copy_from_slice(&data[(a - off) as usize..(b - off) as usize]);
-            self.dirty_page(l, idx, page)?;
+            let src = &data[(a - off) as usize..(b - off) as usize];
+            let (pa, pb) = ((a - base) as usize, (b - base) as usize);
+            if let Some(p) = self.rt(l)?.pages.get_mut(idx) {
+                p[pa..pb].copy_from_slice(src);
+            } else {
+                // A whole-page write needs nothing of the old contents.
+                let mut page = if pa == 0 && pb == PAGE as usize { self.alloc_page() } else { self.page_now(l, idx)? };
+                page[pa..pb].copy_from_slice(src);
+                self.dirty_page(l, idx, page)?;
+            }
             pos = b;
         }
         let now = self.now();
@@ -558,15 +566,6 @@ impl Filesystem {
         self.write_direct_run(l, off, data)
     }
 
-    /// fsync, fdatasync and msync (issue 9: a commit after writeback; the
-    /// log writer replaces it).
-    pub fn fsync(&mut self, l: Loc, _datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
-        self.stats.fsyncs += 1;
-        let (a, b) = range.unwrap_or((0, u64::MAX));
-        self.writeback(l, a, b, Reason::Fsync)?;
-        self.commit("fsync")
-    }
-
     /// sync_file_range: write (and wait for) the data; metadata is not
     /// made durable.
     pub fn sync_file_range(&mut self, l: Loc, off: u64, len: u64, flags: u32) -> Result<()> {
@@ -628,6 +627,7 @@ impl Filesystem {
         let mut last_end = doff;
         let mut nbytes_add = 0u64;
         let mut inline_copy: Option<Vec<u8>> = None;
+        let mut src_shares_new = false;
         for (k, data) in items {
             match parse_file_extent(&data).map_err(|e| e.at(0, k))? {
                 FileExtent::Inline { head, .. } => {
@@ -661,13 +661,16 @@ impl Filesystem {
                     if last_end < at {
                         self.fill_holes(dst, last_end, at)?;
                     }
+                    if item.disk_bytenr.get() != 0 && item.generation.get() == self.store.transid {
+                        src_shares_new = true;
+                    }
                     if item.disk_bytenr.get() != 0 || !no_holes {
                         let mut n = *item;
                         n.offset.set(item.offset.get() + (a - s));
+                        // A hole's item keeps its ram_bytes, as the kernel's
+                        // copy of the source item does (its offset moves like
+                        // a data extent's).
                         n.num_bytes.set(b - a);
-                        if item.disk_bytenr.get() == 0 {
-                            n.ram_bytes.set(b - a);
-                        }
                         extents::insert_disk_extent(&mut self.store, dst.subvol, dst.ino, at, &n)?;
                         if item.disk_bytenr.get() != 0 {
                             nbytes_add += b - a;
@@ -704,7 +707,15 @@ impl Filesystem {
             self.rt(dst)?.i_size = keep.max(self.rt(dst)?.i_size.min(keep));
             self.writeback(dst, doff, doff + ss, Reason::Sync)?;
         }
-        self.rt(dst)?.full_sync = true;
+        // The destination is logged in full, with the extents it shares
+        // (last_reflink_trans); the source only when what it shares is new.
+        let t = self.store.transid;
+        let rt = self.rt(dst)?;
+        rt.full_sync = true;
+        rt.last_reflink_trans = t;
+        if src_shares_new {
+            self.rt(src)?.last_reflink_trans = t;
+        }
         self.note_modified(dst, doff, doff + alen)?;
         self.stamp(dst, true, true)
     }

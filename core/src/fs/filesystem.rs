@@ -20,7 +20,8 @@ use crate::format::key::Key;
 use crate::io::BlockDevice;
 use crate::trans::{Store, TreeId};
 use crate::{Error, Result};
-use std::collections::{BTreeMap, HashMap};
+use crate::util::hash::FastMap as HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// An inode: (subvolume tree, inode number).
@@ -87,24 +88,75 @@ pub struct InodeRt {
     pub opens: u32,
     /// Transaction that last changed the inode.
     pub last_trans: u64,
-    /// Log sub-transaction of the last change, and the last one logged.
-    pub last_sub_trans: u64,
-    pub last_log_commit: u64,
-    /// Transaction in which the inode was last logged (0: never).
+    /// Log sub-transaction (the subvolume's log_transid) of the last
+    /// change, and the last one logged; the inode is in the synced log
+    /// when logged in this transaction and `last_sub_trans` is at most both
+    /// its and the subvolume's `last_log_commit`.
+    pub last_sub_trans: i64,
+    pub last_log_commit: i64,
+    /// Transaction in which the inode was last logged (0: not known, the
+    /// log tree says).
     pub logged_trans: u64,
-    /// The next fsync must log everything the slow way (truncate, clone,
-    /// reload after eviction in the transaction that changed it).
+    /// The next fsync must log everything the slow way (new inode, truncate
+    /// that dropped extents, clone, inline extent, reload after eviction in
+    /// the transaction that changed it).
     pub full_sync: bool,
+    /// The next logging copies the inode item, names and xattrs again
+    /// (xattr change, new name): COPY_EVERYTHING.
+    pub copy_everything: bool,
+    /// Transaction of the last unlink or rename away of one of its names
+    /// (for a directory: of an entry moved out, a subvolume deleted or
+    /// made in it), and of the last clone into or out of it.
+    pub last_unlink_trans: u64,
+    pub last_reflink_trans: u64,
+    /// Directories: the highest index logged in this transaction, and the
+    /// first one the new-dentries walk has not looked at.
+    pub last_dir_index_offset: u64,
+    pub first_dir_index_to_log: u64,
     /// File ranges whose extents changed since the inode was last logged
     /// (what a fast fsync logs).
     pub modified: Vec<(u64, u64)>,
     /// (mtime, ctime) a buffered write set in memory; the item gets them
     /// when the data is written back.
     pub pending_times: Option<(Timespec, Timespec)>,
+    /// The compression type of the inode's `btrfs.compression` property
+    /// (0: none); `None` until read.
+    pub prop_compress: Option<u8>,
+}
+
+/// A subvolume's log bookkeeping (root->log_transid, last_log_commit):
+/// the log sub-transaction now being filled, and the last one synced.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SubvolLog {
+    pub log_transid: i64,
+    pub last_log_commit: i64,
+}
+
+/// A change to names the log must reflect when it already holds the
+/// inode or directory: applied by the log writer before it logs anything
+/// else or syncs.
+#[derive(Clone, Debug)]
+pub enum LogOp {
+    /// A name went (unlink, rmdir, a rename's replaced target):
+    /// btrfs_del_inode_ref_in_log and btrfs_del_dir_entries_in_log.
+    Unlink { dir: Loc, name: Vec<u8>, index: u64, inode: Loc },
+    /// A name came (link; rename with the old name): btrfs_log_new_name.
+    NewName { inode: Loc, old: Option<(Loc, Vec<u8>, u64)>, parent: Loc },
+}
+
+/// The filesystem's log state.
+#[derive(Debug, Default)]
+pub struct LogState {
+    pub subvols: HashMap<u64, SubvolLog>,
+    /// Transaction in which logging gave up: every later fsync in it
+    /// commits (last_trans_log_full_commit).
+    pub full_commit_trans: u64,
+    pub pending: Vec<LogOp>,
 }
 
 pub struct Filesystem {
     pub store: Store,
+    pub log: LogState,
     pub opts: MountOptions,
     pub switches: Switches,
     pub stats: EngineStats,
@@ -115,6 +167,9 @@ pub struct Filesystem {
     dirty_inodes: BTreeMap<Loc, std::time::Duration>,
     /// Clock reading of the flusher's last pass.
     flusher_ran: std::time::Duration,
+    /// Pages written back, for reuse by the next writes (their memory stays
+    /// mapped, so a write does not fault in fresh pages).
+    free_pages: Vec<Box<[u8]>>,
     /// Next free inode number per subvolume (root->free_objectid).
     free_ino: HashMap<u64, u64>,
     /// Real time at mount plus what `sleep` added.
@@ -165,13 +220,15 @@ impl Filesystem {
     pub fn with_store(store: Store, opts: MountOptions) -> Result<Filesystem> {
         let mut fs = Filesystem {
             store,
+            log: LogState::default(),
             opts,
             switches: Switches::default(),
             stats: EngineStats::default(),
-            inodes: HashMap::new(),
+            inodes: HashMap::default(),
             dirty_inodes: BTreeMap::new(),
             flusher_ran: std::time::Duration::ZERO,
-            free_ino: HashMap::new(),
+            free_ino: HashMap::default(),
+            free_pages: Vec::new(),
             clock_base: std::time::SystemTime::now(),
             clock_offset: std::time::Duration::ZERO,
             trans_start: None,
@@ -183,6 +240,17 @@ impl Filesystem {
             deleted_subvols: Vec::new(),
             dropped_qgroups: Vec::new(),
         };
+        // As open_ctree: features a read-write mount always has, and the
+        // mount's compression type.
+        fs.set_incompat(BTRFS_FEATURE_INCOMPAT_MIXED_BACKREF);
+        if fs.store.nodesize() > 4096 {
+            fs.set_incompat(BTRFS_FEATURE_INCOMPAT_BIG_METADATA);
+        }
+        match fs.opts.compress.map(|m| m.kind) {
+            Some(BTRFS_COMPRESS_LZO) => fs.set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_LZO),
+            Some(BTRFS_COMPRESS_ZSTD) => fs.set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_ZSTD),
+            _ => {}
+        }
         fs.default_subvol = fs.read_default_subvol()?;
         fs.find_dead_subvols()?;
         Ok(fs)
@@ -292,6 +360,8 @@ impl Filesystem {
         self.finish_deleted_subvols()?;
         self.store.flush_data()?;
         self.store.commit()?;
+        // The log went with the commit.
+        self.log.pending.clear();
         self.stats.commits += 1;
         *self.stats.commit_reasons.entry(reason.to_string()).or_default() += 1;
         self.trans_start = None;
@@ -350,8 +420,14 @@ impl Filesystem {
         get_inode(&mut self.store, l.subvol, l.ino)?.ok_or_else(|| Error::errno(libc::ENOENT, format!("inode {} of subvolume {} does not exist", l.ino, l.subvol)))
     }
 
+    /// Write an inode item back (btrfs_update_inode): its transid is the
+    /// running transaction's.
     pub(super) fn put_item(&mut self, l: Loc, item: &InodeItem) -> Result<()> {
-        put_inode(&mut self.store, l.subvol, l.ino, item)
+        let mut it = *item;
+        it.transid.set(self.store.transid);
+        put_inode(&mut self.store, l.subvol, l.ino, &it)?;
+        self.mark_changed(l);
+        Ok(())
     }
 
     /// The runtime state of an inode, loading it the first time.
@@ -361,11 +437,15 @@ impl Filesystem {
             let transid = self.store.transid;
             let mut rt = InodeRt { i_size: item.size.get(), disk_i_size: item.size.get(), ..Default::default() };
             // Changed in this transaction and evicted since: which extents
-            // changed is unknown, so the next fsync logs everything.
+            // changed is unknown, so the next fsync logs everything. The
+            // unlink and reflink transactions were not kept: assume the
+            // last change was one (btrfs_read_locked_inode).
             rt.last_trans = item.transid.get();
             if item.transid.get() == transid {
                 rt.full_sync = true;
             }
+            rt.last_unlink_trans = rt.last_trans;
+            rt.last_reflink_trans = rt.last_trans;
             self.inodes.insert(l, rt);
         }
         self.inodes.get_mut(&l).ok_or_else(|| Error::Invalid("inode state".into()))
@@ -386,13 +466,42 @@ impl Filesystem {
         self.inodes.keys().copied().collect()
     }
 
-    /// The inode changed in this transaction (log bookkeeping).
+    /// The inode changed in this transaction (btrfs_set_inode_last_trans):
+    /// it is no longer in the synced log.
     pub(super) fn touch_trans(&mut self, l: Loc) -> Result<()> {
-        let t = self.store.transid;
-        let rt = self.rt(l)?;
-        rt.last_trans = t;
+        self.rt(l)?;
+        self.mark_changed(l);
         self.dirtied();
         Ok(())
+    }
+
+    /// Log bookkeeping of a change, when the inode's state is in memory
+    /// (a later load takes the transaction from the item).
+    pub(super) fn mark_changed(&mut self, l: Loc) {
+        let t = self.store.transid;
+        let lt = self.log.subvols.get(&l.subvol).map_or(0, |s| s.log_transid);
+        if let Some(rt) = self.inodes.get_mut(&l) {
+            rt.last_trans = t;
+            rt.last_sub_trans = lt;
+            rt.last_log_commit = lt - 1;
+        }
+    }
+
+    /// Whether the inode is in this transaction's log (inode_logged):
+    /// known from memory, else from the log tree.
+    pub fn inode_logged(&mut self, l: Loc) -> Result<bool> {
+        let t = self.store.transid;
+        let lt = self.rt(l)?.logged_trans;
+        if lt == t {
+            return Ok(true);
+        }
+        if lt > 0 || !self.store.has_log(l.subvol) {
+            return Ok(false);
+        }
+        let found = self.store.lookup(TreeId::Log(l.subvol), &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))?.is_some();
+        let rt = self.rt(l)?;
+        rt.logged_trans = if found { t } else { t - 1 };
+        Ok(found)
     }
 
     /// A fresh inode number in `subvol`: one past the highest in the tree
@@ -432,17 +541,53 @@ impl Filesystem {
     pub(super) fn stamp(&mut self, l: Loc, ctime: bool, mtime: bool) -> Result<()> {
         let now = self.now();
         let t = self.store.transid;
-        let mut it = self.item(l)?;
-        if ctime {
-            it.ctime = now;
-        }
-        if mtime {
-            it.mtime = now;
-        }
-        it.transid.set(t);
-        it.sequence.set(it.sequence.get() + 1);
-        self.put_item(l, &it)?;
+        self.modify(l, |it| {
+            if ctime {
+                it.ctime = now;
+            }
+            if mtime {
+                it.mtime = now;
+            }
+            it.transid.set(t);
+            it.sequence.set(it.sequence.get() + 1);
+        })?;
         self.touch_trans(l)
+    }
+
+    /// Change an inode item in place (one copy-on-write search).
+    pub(super) fn modify(&mut self, l: Loc, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
+        let t = self.store.transid;
+        let g = |it: &mut InodeItem| {
+            f(it);
+            it.transid.set(t);
+        };
+        if !modify_inode(&mut self.store, l.subvol, l.ino, g)? {
+            return Err(Error::errno(libc::ENOENT, format!("inode {} of subvolume {} does not exist", l.ino, l.subvol)));
+        }
+        self.mark_changed(l);
+        Ok(())
+    }
+
+    /// A page buffer (contents undefined).
+    pub(super) fn alloc_page(&mut self) -> Box<[u8]> {
+        self.free_pages.pop().unwrap_or_else(|| vec![0u8; super::pagecache::PAGE as usize].into_boxed_slice())
+    }
+
+    /// Keep written-back pages for reuse, up to 16 MiB of them.
+    pub(super) fn recycle_pages(&mut self, pages: Vec<(u64, Box<[u8]>)>) {
+        const KEEP: usize = 4096;
+        let room = KEEP.saturating_sub(self.free_pages.len());
+        self.free_pages.extend(pages.into_iter().take(room).map(|(_, p)| p));
+    }
+
+    /// Runtime state for an inode just made (its item is known).
+    pub(super) fn new_rt(&mut self, l: Loc, size: u64) {
+        let t = self.store.transid;
+        // A new inode is logged in full the first time (its number may
+        // have been logged and removed in this transaction).
+        self.inodes.insert(l, InodeRt { i_size: size, disk_i_size: size, last_trans: t, full_sync: true, prop_compress: Some(0), ..Default::default() });
+        self.mark_changed(l);
+        self.dirtied();
     }
 
     // ------------------------------------------------------------------
@@ -541,7 +686,7 @@ impl Filesystem {
     }
 
     /// Whether checksums are kept for an inode's data.
-    pub(super) fn datasum(&mut self, l: Loc) -> Result<bool> {
+    pub fn datasum(&mut self, l: Loc) -> Result<bool> {
         Ok(self.item(l)?.flags.get() & BTRFS_INODE_NODATASUM == 0)
     }
 

@@ -37,9 +37,26 @@ pub fn inode_key(ino: u64) -> Key {
 
 pub fn get_inode(st: &mut Store, subvol: u64, ino: u64) -> Result<Option<InodeItem>> {
     let k = inode_key(ino);
-    match st.lookup(TreeId::Tree(subvol), &k)? {
-        Some(d) => Ok(Some(InodeItem::read_from_bytes(&d).map_err(|_| Error::corrupt_key("inode item size", 0, k))?)),
+    match st.with_item(TreeId::Tree(subvol), &k, |d| InodeItem::read_from_bytes(d).ok())? {
+        Some(Some(i)) => Ok(Some(i)),
+        Some(None) => Err(Error::corrupt_key("inode item size", 0, k)),
         None => Ok(None),
+    }
+}
+
+/// Change an inode item in place; false when the inode does not exist.
+pub fn modify_inode(st: &mut Store, subvol: u64, ino: u64, f: impl FnOnce(&mut InodeItem)) -> Result<bool> {
+    let k = inode_key(ino);
+    match st.modify_item(TreeId::Tree(subvol), &k, |d| match InodeItem::mut_from_bytes(d) {
+        Ok(i) => {
+            f(i);
+            true
+        }
+        Err(_) => false,
+    })? {
+        Some(true) => Ok(true),
+        Some(false) => Err(Error::corrupt_key("inode item size", 0, k)),
+        None => Ok(false),
     }
 }
 

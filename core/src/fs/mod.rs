@@ -13,13 +13,14 @@ pub mod names;
 pub mod ops;
 pub mod options;
 mod pagecache;
+mod props;
 pub mod read;
 mod subvol;
 pub mod writeback;
 pub mod xattr;
 
 pub use extents::{MAX_EXTENT_SIZE, MAX_INLINE};
-pub use filesystem::{EngineStats, Filesystem, InodeRt, Loc, Switches, FS_TREE, ROOT_DIR};
+pub use filesystem::{EngineStats, Filesystem, InodeRt, Loc, LogOp, LogState, SubvolLog, Switches, FS_TREE, ROOT_DIR};
 pub use inode::ftype_of_mode;
 pub use ops::Stat;
 pub use options::MountOptions;

@@ -258,12 +258,11 @@ pub fn remove_name(st: &mut Store, subvol: u64, dir: u64, location: Key, name: &
 
 /// The directory size rule: +/- twice the name length per entry.
 fn adjust_dir_size(st: &mut Store, subvol: u64, dir: u64, name_len: i64, transid: u64) -> Result<()> {
-    if let Some(mut d) = get_inode(st, subvol, dir)? {
+    super::inode::modify_inode(st, subvol, dir, |d| {
         let size = (d.size.get() as i64 + 2 * name_len).max(0) as u64;
         d.size.set(size);
         d.transid.set(transid);
-        put_inode(st, subvol, dir, &d)?;
-    }
+    })?;
     Ok(())
 }
 
@@ -271,7 +270,7 @@ fn adjust_dir_size(st: &mut Store, subvol: u64, dir: u64, name_len: i64, transid
 /// loses the link (a directory all of them) and its ctime moves, the
 /// directory's times move. Returns the inode and the links it has left;
 /// dropping an inode with none is the caller's (it may still be open).
-pub fn unlink(st: &mut Store, subvol: u64, dir: u64, name: &[u8], now: crate::format::inode::Timespec) -> Result<(u64, u32)> {
+pub fn unlink(st: &mut Store, subvol: u64, dir: u64, name: &[u8], now: crate::format::inode::Timespec) -> Result<(u64, u32, u64)> {
     let transid = st.transid;
     let (loc, _) = lookup_name(st, subvol, dir, name)?.ok_or_else(|| Error::Invalid(format!("no entry '{}' in directory {dir}", String::from_utf8_lossy(name))))?;
     if loc.ty != BTRFS_INODE_ITEM_KEY {
@@ -295,5 +294,5 @@ pub fn unlink(st: &mut Store, subvol: u64, dir: u64, name: &[u8], now: crate::fo
         p.ctime = now;
         put_inode(st, subvol, dir, &p)?;
     }
-    Ok((ino, nlink))
+    Ok((ino, nlink, index))
 }

@@ -72,7 +72,8 @@ impl Filesystem {
         it.flags.set(flags);
         let l = Loc::new(dir.subvol, ino);
         self.put_item(l, &it)?;
-        self.touch_trans(l)?;
+        self.new_rt(l, 0);
+        self.inherit_props(l, dir)?;
         Ok(l)
     }
 
@@ -167,19 +168,22 @@ impl Filesystem {
         it.nlink.set(it.nlink.get() + 1);
         self.put_item(target, &it)?;
         self.stamp(target, true, false)?;
-        // A new name: the next fsync must log all of it.
-        self.rt(target)?.full_sync = true;
-        Ok(())
+        self.log_new_name(target, None, dir)
     }
 
     /// Remove one name; an inode left without names goes now, or at its
-    /// last close (an orphan item keeps it until then).
+    /// last close (an orphan item keeps it until then). A log holding the
+    /// name loses it before the next log sync (__btrfs_unlink_inode's log
+    /// hooks).
     fn drop_name(&mut self, dir: Loc, name: &[u8]) -> Result<Loc> {
         let now = self.now();
-        let (ino, nlink) = names::unlink(&mut self.store, dir.subvol, dir.ino, name, now)?;
+        let (ino, nlink, index) = names::unlink(&mut self.store, dir.subvol, dir.ino, name, now)?;
         let l = Loc::new(dir.subvol, ino);
         self.touch_trans(dir)?;
         self.touch_trans(l)?;
+        if self.store.has_log(dir.subvol) {
+            self.log.pending.push(super::filesystem::LogOp::Unlink { dir, name: name.to_vec(), index, inode: l });
+        }
         if nlink == 0 {
             let open = self.rt_if_loaded(l).is_some_and(|r| r.opens > 0);
             if open {
@@ -202,6 +206,10 @@ impl Filesystem {
         if is_dir(self.item(l)?.mode.get()) {
             return Err(Error::errno(libc::EISDIR, format!("{}: is a directory", name_str(name))));
         }
+        // btrfs_record_unlink_dir: a later fsync of the inode logs its
+        // old parents.
+        let t = self.transid();
+        self.rt(l)?.last_unlink_trans = t;
         self.drop_name(dir, name)?;
         Ok(())
     }
@@ -218,6 +226,12 @@ impl Filesystem {
         if l.subvol != dir.subvol {
             // An empty subvolume: rmdir deletes it, as the kernel allows.
             return self.delete_subvol_entry(dir, name);
+        }
+        // A directory that lost a subvolume (or passed such a loss up)
+        // passes it to its parent: its deletion cannot be logged.
+        let t = self.transid();
+        if self.rt(l)?.last_unlink_trans >= t {
+            self.rt(dir)?.last_unlink_trans = t;
         }
         self.drop_name(dir, name)?;
         Ok(())
@@ -277,10 +291,46 @@ impl Filesystem {
             .map(|(i, _)| i)
             .ok_or_else(|| Error::corrupt_key("name without inode ref", 0, Key::new(src.ino, BTRFS_INODE_REF_KEY, odir.ino)))?;
         let t = self.transid();
+        if odir != ndir {
+            self.record_unlink_dir(odir, src, true)?;
+        }
         names::remove_name(&mut self.store, odir.subvol, odir.ino, inode_key(src.ino), oname, idx_old, t)?;
         self.add_link(ndir, nname, src, smode)?;
         self.stamp(odir, true, true)?;
         self.stamp(src, true, false)?;
+        self.log_new_name(src, Some((odir, oname.to_vec(), idx_old)), ndir)?;
+        Ok(())
+    }
+
+    /// btrfs_record_unlink_dir: the inode lost a name in this transaction;
+    /// for a rename out of `dir` that the log cannot follow (neither the
+    /// directory nor the inode is in it), the directory is marked too, so
+    /// fully logging it commits instead.
+    fn record_unlink_dir(&mut self, dir: Loc, l: Loc, for_rename: bool) -> Result<()> {
+        let t = self.transid();
+        self.rt(l)?.last_unlink_trans = t;
+        if !for_rename || self.inode_logged(dir)? || self.inode_logged(l)? {
+            return Ok(());
+        }
+        self.rt(dir)?.last_unlink_trans = t;
+        Ok(())
+    }
+
+    /// btrfs_log_new_name's bookkeeping: the inode's names are copied again
+    /// at its next logging, its old parents are logged, and a log that
+    /// holds it (or the old directory) is brought up to date before the
+    /// next log sync.
+    fn log_new_name(&mut self, l: Loc, old: Option<(Loc, Vec<u8>, u64)>, parent: Loc) -> Result<()> {
+        let t = self.transid();
+        let dir = is_dir(self.item(l)?.mode.get());
+        let rt = self.rt(l)?;
+        rt.copy_everything = true;
+        if !dir {
+            rt.last_unlink_trans = t;
+        }
+        if self.store.has_log(l.subvol) {
+            self.log.pending.push(super::filesystem::LogOp::NewName { inode: l, old, parent });
+        }
         Ok(())
     }
 
@@ -308,17 +358,25 @@ impl Filesystem {
         if name.len() + value.len() > max {
             return Err(Error::errno(libc::ENOSPC, "setxattr: name and value do not fit in a leaf"));
         }
+        if name.starts_with(b"btrfs.") {
+            return self.set_prop(l, name, Some(value), false);
+        }
         let t = self.transid();
         super::xattr::set_xattr(&mut self.store, l.subvol, l.ino, name, value, t)?;
+        self.rt(l)?.copy_everything = true;
         self.stamp(l, true, false)
     }
 
     /// removexattr(2).
     pub fn remove_xattr(&mut self, l: Loc, name: &[u8]) -> Result<()> {
         self.check_xattr_name(l, name)?;
+        if name.starts_with(b"btrfs.") {
+            return self.set_prop(l, name, None, true);
+        }
         if !super::xattr::remove_xattr(&mut self.store, l.subvol, l.ino, name)? {
             return Err(Error::errno(libc::ENODATA, format!("removexattr {}: no such attribute", name_str(name))));
         }
+        self.rt(l)?.copy_everything = true;
         self.stamp(l, true, false)
     }
 

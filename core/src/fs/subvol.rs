@@ -118,9 +118,13 @@ impl Filesystem {
         let mut r = Vec::new();
         crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
         self.store.insert_item(TreeId::Tree(id), &Key::new(ROOT_DIR, BTRFS_INODE_REF_KEY, ROOT_DIR), &r)?;
+        // Properties come from the parent subvolume's root, not from `dir`.
+        self.inherit_props(Loc::new(id, ROOT_DIR), Loc::new(dir.subvol, ROOT_DIR))?;
         self.uuid_add(&uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
         self.store.qgroup_create(id)?;
         self.link_subvol(dir, name, id, 0)?;
+        // btrfs_record_new_subvolume: the new entry cannot be logged.
+        self.rt(dir)?.last_unlink_trans = t;
         let l = Loc::new(id, ROOT_DIR);
         self.rt(l)?.index_cnt = Some(2);
         Ok(l)
@@ -217,6 +221,9 @@ impl Filesystem {
         self.store.delete_item(TreeId::Root, &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id))?;
         self.store.delete_item(TreeId::Root, &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol))?;
         self.stamp(dir, true, true)?;
+        // btrfs_record_snapshot_destroy: replay cannot remove a subvolume
+        // entry, so fully logging the directory commits instead.
+        self.rt(dir)?.last_unlink_trans = t;
         let ri = self.store.root_item(id)?;
         self.store.update_root_item(id, |r| {
             r.flags.set(r.flags.get() | BTRFS_ROOT_SUBVOL_DEAD);

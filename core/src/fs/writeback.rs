@@ -98,7 +98,8 @@ impl Filesystem {
         self.dirty_bytes = self.dirty_bytes.saturating_sub(n);
         // Runs of consecutive pages.
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
-        for (idx, p) in pages {
+        for (idx, p) in &pages {
+            let idx = *idx;
             match runs.last_mut() {
                 Some((s, buf)) if *s + buf.len() as u64 == idx * PAGE => buf.extend_from_slice(&p),
                 _ => runs.push((idx * PAGE, p.to_vec())),
@@ -107,6 +108,7 @@ impl Filesystem {
         for (s, buf) in runs {
             self.write_run(l, s, &buf, i_size, false)?;
         }
+        self.recycle_pages(pages);
         Ok(())
     }
 
@@ -123,7 +125,7 @@ impl Filesystem {
         if flags & (BTRFS_INODE_NODATACOW | BTRFS_INODE_PREALLOC) != 0 {
             return self.run_nocow(l, start, data, flags);
         }
-        if !direct && self.wants_compression(flags, &data[..data.len().min(MAX_COMPRESSED as usize)]) {
+        if !direct && self.wants_compression(l, flags, &data[..data.len().min(MAX_COMPRESSED as usize)])? {
             return self.run_compressed(l, start, data, i_size);
         }
         self.run_cow(l, start, data, i_size, !direct)
@@ -276,20 +278,34 @@ impl Filesystem {
     }
 
     /// Whether writeback of this inode compresses (inode_need_compress):
-    /// compress-force always; compress (or the inode's compress flag) when
-    /// the heuristic finds the data compressible, unless the inode gave up
-    /// (NOCOMPRESS).
-    fn wants_compression(&self, flags: u64, sample: &[u8]) -> bool {
+    /// compress-force always; else not once the inode gave up
+    /// (NOCOMPRESS); else the heuristic decides when the mount option, the
+    /// inode's compress flag (chattr +c) or its compression property asks
+    /// for compression.
+    fn wants_compression(&mut self, l: Loc, flags: u64, sample: &[u8]) -> Result<bool> {
         if flags & (BTRFS_INODE_NODATACOW | BTRFS_INODE_NODATASUM) != 0 {
-            return false;
+            return Ok(false);
         }
-        if self.opts.compress.is_none() {
-            return flags & BTRFS_INODE_COMPRESS != 0 && compress::heuristic(sample);
+        if self.opts.compress.is_some() && self.opts.compress_force {
+            return Ok(true);
         }
-        if self.opts.compress_force {
-            return true;
+        if flags & BTRFS_INODE_NOCOMPRESS != 0 {
+            return Ok(false);
         }
-        flags & BTRFS_INODE_NOCOMPRESS == 0 && compress::heuristic(sample)
+        let asked = self.opts.compress.is_some() || flags & BTRFS_INODE_COMPRESS != 0 || self.prop_compress(l)? != 0;
+        Ok(asked && compress::heuristic(sample))
+    }
+
+    /// The algorithm and level for a compressed write: the property's type
+    /// before the mount option's (zlib when neither names one); the mount
+    /// option's level, clamped to the type's range, or its default.
+    fn compress_method(&mut self, l: Loc) -> Result<compress::Method> {
+        let mount = self.opts.compress;
+        let kind = match self.prop_compress(l)? {
+            0 => mount.map_or(BTRFS_COMPRESS_ZLIB, |m| m.kind),
+            k => k,
+        };
+        Ok(compress::Method::with_level(kind, mount.map_or(0, |m| m.level)))
     }
 
     /// The compression path (compress_file_range): chunks of 512 KiB, each
@@ -300,7 +316,7 @@ impl Filesystem {
     fn run_compressed(&mut self, l: Loc, start: u64, data: &[u8], i_size: u64) -> Result<()> {
         const CHUNK: u64 = 512 << 10;
         let ss = self.store.sectorsize() as u64;
-        let method = self.opts.compress.unwrap_or(compress::Method { kind: BTRFS_COMPRESS_ZLIB, level: 3 });
+        let method = self.compress_method(l)?;
         let end = start + data.len() as u64;
         let slice = |a: u64, b: u64| &data[(a - start) as usize..(b - start) as usize];
         let mut chunk = start;
@@ -313,7 +329,7 @@ impl Filesystem {
                 let in_len = piece_end.min(i_size).saturating_sub(pos);
                 if pos > chunk {
                     let flags = self.item(l)?.flags.get();
-                    if !self.wants_compression(flags, slice(pos, piece_end)) {
+                    if !self.wants_compression(l, flags, slice(pos, piece_end))? {
                         self.run_cow(l, pos, slice(pos, chunk_end), i_size, true)?;
                         break;
                     }
@@ -342,7 +358,7 @@ impl Filesystem {
                         pos += total_in;
                     }
                     None => {
-                        if !self.opts.compress_force {
+                        if !self.opts.compress_force && self.prop_compress(l)? == 0 {
                             let mut it = self.item(l)?;
                             it.flags.set(it.flags.get() | BTRFS_INODE_NOCOMPRESS);
                             self.put_item(l, &it)?;
@@ -367,6 +383,11 @@ impl Filesystem {
         if i_size == 0 || i_size > ss || (data.len() as u64) < i_size {
             return Ok(false);
         }
+        // Never inline a block's worth or more, nor past max_inline
+        // uncompressed (checked before reading anything).
+        if compressed.is_none() && (i_size >= ss || i_size > self.opts.max_inline.min(ss)) {
+            return Ok(false);
+        }
         let flags = self.item(l)?.flags.get();
         if flags & (BTRFS_INODE_NODATACOW | BTRFS_INODE_PREALLOC) != 0 {
             return Ok(false);
@@ -383,13 +404,7 @@ impl Filesystem {
         let dropped = drop_extents(&mut self.store, l.subvol, l.ino, 0, ss)?;
         super::data::write_inline(&mut self.store, l.subvol, l.ino, i_size, compression, payload)?;
         self.stats.inline_extents += 1;
-        let mut it = self.item(l)?;
-        it.nbytes.set(it.nbytes.get().saturating_sub(dropped.nbytes) + i_size);
-        let t = self.transid();
-        it.transid.set(t);
-        self.put_item(l, &it)?;
-        self.apply_pending_times(l)?;
-        self.set_disk_size(l)?;
+        self.finish_inode_update(l, i_size as i64 - dropped.nbytes as i64)?;
         self.rt(l)?.full_sync = true;
         self.note_modified(l, 0, ss)?;
         Ok(true)
@@ -418,21 +433,35 @@ impl Filesystem {
             OrderedKind::NoCow => {}
             OrderedKind::Prealloc => self.mark_written(l, start, end)?,
         }
-        let mut it = self.item(l)?;
-        it.nbytes.set((it.nbytes.get() as i64 + nbytes_delta).max(0) as u64);
-        it.transid.set(transid);
-        self.put_item(l, &it)?;
-        self.apply_pending_times(l)?;
-        self.set_disk_size(l)?;
+        self.finish_inode_update(l, nbytes_delta)?;
         self.note_modified(l, start, end)
     }
 
+    /// The inode update that ends an ordered extent or an inline write
+    /// (btrfs_update_inode): nbytes, transid, the times a write left
+    /// pending and the on-disk size, in one change of the item.
+    fn finish_inode_update(&mut self, l: Loc, nbytes_delta: i64) -> Result<()> {
+        let transid = self.transid();
+        let new_size = self.disk_size_now(l)?;
+        let rt = self.rt(l)?;
+        let times = rt.pending_times.take();
+        rt.disk_i_size = new_size;
+        self.modify(l, |it| {
+            it.nbytes.set((it.nbytes.get() as i64 + nbytes_delta).max(0) as u64);
+            it.transid.set(transid);
+            if let Some((m, c)) = times {
+                it.mtime = m;
+                it.ctime = c;
+                it.sequence.set(it.sequence.get() + 1);
+            }
+            it.size.set(new_size);
+        })
+    }
     /// The on-disk size after an update (btrfs_inode_safe_disk_i_size_write
     /// with 0): the in-memory size, or without no-holes only as far as
     /// extent items cover the file contiguously from 0.
     pub(super) fn set_disk_size(&mut self, l: Loc) -> Result<()> {
-        let i_size = self.rt(l)?.i_size;
-        let new = if self.no_holes() { i_size } else { i_size.min(self.covered_from_zero(l, i_size)?) };
+        let new = self.disk_size_now(l)?;
         let rt = self.rt(l)?;
         if new != rt.disk_i_size {
             rt.disk_i_size = new;
@@ -443,6 +472,12 @@ impl Filesystem {
             self.put_item(l, &it)?;
         }
         Ok(())
+    }
+
+    /// What the on-disk size becomes now.
+    fn disk_size_now(&mut self, l: Loc) -> Result<u64> {
+        let i_size = self.rt(l)?.i_size;
+        Ok(if self.no_holes() { i_size } else { i_size.min(self.covered_from_zero(l, i_size)?) })
     }
 
     /// How far extent items (holes included) cover the file without a gap
@@ -458,16 +493,6 @@ impl Filesystem {
             pos = pos.max(e);
         }
         Ok(pos)
-    }
-
-    /// Write the times a buffered write set in memory into the item.
-    pub(super) fn apply_pending_times(&mut self, l: Loc) -> Result<()> {
-        let Some((mtime, ctime)) = self.rt(l)?.pending_times.take() else { return Ok(()) };
-        let mut it = self.item(l)?;
-        it.mtime = mtime;
-        it.ctime = ctime;
-        it.sequence.set(it.sequence.get() + 1);
-        self.put_item(l, &it)
     }
 
     /// Turn preallocated `[start, end)` into written data

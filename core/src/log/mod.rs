@@ -1,10 +1,11 @@
 //! The fsync log: one reader of it ([`reader`]), shown to people
-//! ([`inspect`]), replayed offline ([`replay`]), and replayed in part when it
-//! is damaged ([`salvage`]). The log writer will live here too.
+//! ([`inspect`]), replayed offline ([`replay`]), replayed in part when it is
+//! damaged ([`salvage`]), and written at fsync ([`writer`]).
 
 pub mod inspect;
 pub mod reader;
 pub mod replay;
 pub mod salvage;
+pub mod writer;
 
 pub use inspect::{inspect_log, LogDump};

@@ -80,6 +80,33 @@ impl Store {
         }
     }
 
+    /// Items of tree `id` with keys in `[start, end]` as the last commit
+    /// left them (empty when the tree did not exist then).
+    pub fn committed_items_in(&mut self, id: u64, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
+        let mut cache = RootCache::new();
+        let Some((rb, rl, rg)) = self.view_root(View::Committed, id, &mut cache)? else { return Ok(Vec::new()) };
+        let t = TreeId::Tree(id);
+        let root = self.load_root_at(t, rb, rl, Some(rg))?;
+        let mut out = Vec::new();
+        let mut k = start;
+        while let Some((key, d, _)) = self.next_item_from(t, root, &k)? {
+            if key > end {
+                break;
+            }
+            out.push((key, d));
+            if key == Key::MAX {
+                break;
+            }
+            k = super::btree::next_key(&key);
+        }
+        Ok(out)
+    }
+
+    /// The item of tree `id` with exactly `key`, as the last commit left it.
+    pub fn committed_lookup(&mut self, id: u64, key: &Key) -> Result<Option<Vec<u8>>> {
+        Ok(self.committed_items_in(id, *key, *key)?.into_iter().next().map(|(_, d)| d))
+    }
+
     /// The back references (with counts) of an extent in `view`: the
     /// extent tree's item, inline and keyed.
     fn view_backrefs(&mut self, view: View, bytenr: u64, cache: &mut RootCache) -> Result<Vec<(BackRef, u64)>> {

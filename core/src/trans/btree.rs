@@ -49,6 +49,40 @@ impl Store {
         Ok(self.next_item_from(tree, b, key)?.map(|(k, d, _)| (k, d)))
     }
 
+    /// Run `f` on the data of the item with exactly `key` (None when there
+    /// is none), without copying it out.
+    pub fn with_item<R>(&mut self, tree: impl Into<TreeId>, key: &Key, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        let tree: TreeId = tree.into();
+        let mut b = self.load_root(tree)?;
+        for _ in 0..=crate::format::consts::BTRFS_MAX_LEVEL {
+            let buf = self.buf(b)?;
+            if edit::level(buf) == 0 {
+                return Ok(match edit::search(buf, key) {
+                    Ok(s) => Some(f(edit::item_data(buf, s))),
+                    Err(_) => None,
+                });
+            }
+            let slot = match edit::search(buf, key) {
+                Ok(s) => s,
+                Err(s) => s.saturating_sub(1),
+            };
+            b = self.load_child(tree, b, slot)?;
+        }
+        Err(Error::corrupt("tree deeper than the format allows", b))
+    }
+
+    /// Change the data of the item with exactly `key` in place (its size
+    /// stays): one copy-on-write search. None when there is no such item.
+    pub fn modify_item<R>(&mut self, tree: impl Into<TreeId>, key: &Key, f: impl FnOnce(&mut [u8]) -> R) -> Result<Option<R>> {
+        let tree: TreeId = tree.into();
+        let (path, found) = self.search_mut(tree, key, None)?;
+        if !found {
+            return Ok(None);
+        }
+        let Step { bytenr, slot } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
+        Ok(Some(f(edit::item_data_mut(self.buf_mut(bytenr)?, slot))))
+    }
+
     /// The first item with key >= `key` in the tree whose root block is
     /// `root` (loaded), with the leaf holding it.
     pub(super) fn next_item_from(&mut self, tree: TreeId, root: u64, key: &Key) -> Result<Option<(Key, Vec<u8>, u64)>> {
@@ -189,6 +223,62 @@ impl Store {
             Some((k, d)) if k == *key => Some(d),
             _ => None,
         })
+    }
+
+    /// The first key >= `key` in a leaf of transaction `min_trans` or
+    /// later, never entering a subtree older than that
+    /// (btrfs_search_forward): what a transaction changed, found without
+    /// reading what it did not.
+    pub fn search_forward(&mut self, tree: impl Into<TreeId>, key: &Key, min_trans: u64) -> Result<Option<Key>> {
+        let tree: TreeId = tree.into();
+        let root = self.load_root(tree)?;
+        if block_generation(self.buf(root)?) < min_trans {
+            return Ok(None);
+        }
+        self.search_forward_in(tree, root, key, min_trans, 0)
+    }
+
+    fn search_forward_in(&mut self, tree: TreeId, b: u64, key: &Key, min_trans: u64, depth: usize) -> Result<Option<Key>> {
+        if depth > crate::format::consts::BTRFS_MAX_LEVEL as usize {
+            return Err(Error::corrupt("tree deeper than the format allows", b));
+        }
+        let buf = self.buf(b)?;
+        let n = edit::nritems(buf);
+        if edit::level(buf) == 0 {
+            let slot = match edit::search(buf, key) {
+                Ok(s) | Err(s) => s,
+            };
+            return Ok((slot < n).then(|| edit::leaf_key(buf, slot)));
+        }
+        let start = match edit::search(buf, key) {
+            Ok(s) => s,
+            Err(s) => s.saturating_sub(1),
+        };
+        for i in start..n {
+            if edit::node_ptr(self.buf(b)?, i).1 < min_trans {
+                continue;
+            }
+            let child = self.load_child(tree, b, i)?;
+            let k = if i == start { *key } else { Key::MIN };
+            if let Some(r) = self.search_forward_in(tree, child, &k, min_trans, depth + 1)? {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The leaf holding the first item >= `key`: its generation and its
+    /// items from that one to its end.
+    pub fn leaf_from(&mut self, tree: impl Into<TreeId>, key: &Key) -> Result<Option<(u64, Vec<(Key, Vec<u8>)>)>> {
+        let tree: TreeId = tree.into();
+        let root = self.load_root(tree)?;
+        let Some((k, _, leaf)) = self.next_item_from(tree, root, key)? else { return Ok(None) };
+        let buf = self.buf(leaf)?;
+        let slot = match edit::search(buf, &k) {
+            Ok(s) | Err(s) => s,
+        };
+        let items = (slot..edit::nritems(buf)).map(|i| (edit::leaf_key(buf, i), edit::item_data(buf, i).to_vec())).collect();
+        Ok(Some((block_generation(buf), items)))
     }
 
     /// Every item with key in `[start, end]`.
@@ -373,14 +463,16 @@ impl Store {
         let n = edit::nritems(buf);
         let free = edit::leaf_free(buf);
         let short = need - free;
-        let sizes: Vec<usize> = (0..n).map(|i| ITEM_SIZE + edit::item_size(buf, i)).collect();
+        // Only the items that might move are measured (most attempts look
+        // at a few).
+        let size = |buf: &[u8], i: usize| ITEM_SIZE + edit::item_size(buf, i);
         // Right: the fewest tail items [j, n) (j >= slot) covering `short`.
         if ps + 1 < pn {
             let mut moved = 0;
             let mut j = n;
             while j > slot && moved < short {
                 j -= 1;
-                moved += sizes[j];
+                moved += size(buf, j);
             }
             if moved >= short && j < n {
                 let r = self.load_child(tree, p, ps + 1)?;
@@ -401,7 +493,7 @@ impl Store {
             let mut moved = 0;
             let mut k = 0;
             while k < slot && k + 1 < n && moved < short {
-                moved += sizes[k];
+                moved += size(self.buf(b)?, k);
                 k += 1;
             }
             if moved >= short && k > 0 {
@@ -652,4 +744,9 @@ pub fn next_key(k: &Key) -> Key {
     } else {
         Key::new(k.objectid.saturating_add(1), 0, 0)
     }
+}
+
+/// The generation in a block's header.
+fn block_generation(buf: &[u8]) -> u64 {
+    u64::from_le_bytes(buf[0x50..0x58].try_into().unwrap_or([0; 8]))
 }

@@ -8,7 +8,7 @@
 
 use super::TreeId;
 use std::cell::Cell;
-use std::collections::HashMap;
+use crate::util::hash::FastMap as HashMap;
 
 struct Cached {
     data: Vec<u8>,
@@ -28,7 +28,7 @@ pub struct BlockCache {
 
 impl BlockCache {
     pub fn new(nodesize: usize, clean_limit: usize) -> BlockCache {
-        BlockCache { blocks: HashMap::new(), dirty: HashMap::new(), clock: Cell::new(0), clean_limit, nodesize }
+        BlockCache { blocks: HashMap::default(), dirty: HashMap::default(), clock: Cell::new(0), clean_limit, nodesize }
     }
 
     pub fn contains(&self, bytenr: u64) -> bool {

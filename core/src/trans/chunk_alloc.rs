@@ -158,6 +158,7 @@ impl Store {
         // could copy a tree block that a copy-on-write in progress is
         // replacing (this runs when an allocation finds no room).
         self.pending_chunks.push(PendingChunk { key, item, placements, stripe });
+        self.chunk_allocated = true;
         Ok(logical)
     }
 

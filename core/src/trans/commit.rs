@@ -113,6 +113,7 @@ impl Store {
         self.alloc.unpin_all();
         self.qgroups_committed();
         self.log_blocks.clear();
+        self.chunk_allocated = false;
         self.img.sb = Box::new(self.sb);
         self.transid += 1;
         self.stats.commits += 1;

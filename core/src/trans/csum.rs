@@ -22,19 +22,25 @@ impl Store {
 
     /// Record `sums` (one checksum per sector) for data starting at `start`.
     pub fn csum_insert(&mut self, start: u64, sums: &[u8]) -> Result<()> {
+        self.csum_insert_in(CSUM_TREE, start, sums)
+    }
+
+    /// [`csum_insert`](Self::csum_insert) into `tree`: the csum tree, or a
+    /// log tree (which keeps the checksums of the data it logs).
+    pub fn csum_insert_in(&mut self, tree: TreeId, start: u64, sums: &[u8]) -> Result<()> {
         let cs = self.image().csum.size();
         let ss = self.sectorsize() as u64;
         let max = self.max_csum_item();
         let mut start = start;
         let mut sums = sums;
         // Extend the previous item when it ends exactly at `start`.
-        if let Some((k, d)) = self.csum_item_before(start)? {
+        if let Some((k, d)) = self.csum_item_before(tree, start)? {
             let end = k.offset + (d.len() / cs) as u64 * ss;
             if end == start && d.len() < max {
                 let take = (max - d.len()).min(sums.len());
                 let mut nd = d;
                 nd.extend_from_slice(&sums[..take]);
-                self.update_item(CSUM_TREE, &k, &nd)?;
+                self.update_item(tree, &k, &nd)?;
                 start += (take / cs) as u64 * ss;
                 sums = &sums[take..];
             }
@@ -42,7 +48,7 @@ impl Store {
         while !sums.is_empty() {
             let take = max.min(sums.len());
             let k = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, start);
-            self.insert_item(CSUM_TREE, &k, &sums[..take])?;
+            self.insert_item(tree, &k, &sums[..take])?;
             start += (take / cs) as u64 * ss;
             sums = &sums[take..];
         }
@@ -50,25 +56,30 @@ impl Store {
     }
 
     /// The csum item with the greatest start <= `bytenr`.
-    fn csum_item_before(&mut self, bytenr: u64) -> Result<Option<(Key, Vec<u8>)>> {
+    fn csum_item_before(&mut self, tree: TreeId, bytenr: u64) -> Result<Option<(Key, Vec<u8>)>> {
         // Items are few per leaf; search back from the key just after bytenr.
         let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0);
         let hi = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, bytenr);
-        self.prev_item(CSUM_TREE, &hi, &lo)
+        self.prev_item(tree, &hi, &lo)
     }
 
     /// Remove the checksums of `[start, start+len)`.
     pub fn csum_delete(&mut self, start: u64, len: u64) -> Result<()> {
+        self.csum_delete_in(CSUM_TREE, start, len)
+    }
+
+    /// [`csum_delete`](Self::csum_delete) in `tree`.
+    pub fn csum_delete_in(&mut self, tree: TreeId, start: u64, len: u64) -> Result<()> {
         let cs = self.image().csum.size();
         let ss = self.sectorsize() as u64;
         let end = start + len;
         let mut items = Vec::new();
-        if let Some(p) = self.csum_item_before(start)? {
+        if let Some(p) = self.csum_item_before(tree, start)? {
             items.push(p);
         }
         let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, start);
         let hi = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, end.saturating_sub(1));
-        for it in self.items_in(CSUM_TREE, lo, hi)? {
+        for it in self.items_in(tree, lo, hi)? {
             if !items.iter().any(|(k, _)| *k == it.0) {
                 items.push(it);
             }
@@ -79,14 +90,14 @@ impl Store {
             if iend <= start || istart >= end {
                 continue;
             }
-            self.delete_item(CSUM_TREE, &k)?;
+            self.delete_item(tree, &k)?;
             if istart < start {
                 let n = ((start - istart) / ss) as usize * cs;
-                self.insert_item(CSUM_TREE, &k, &d[..n])?;
+                self.insert_item(tree, &k, &d[..n])?;
             }
             if iend > end {
                 let skip = ((end - istart) / ss) as usize * cs;
-                self.insert_item(CSUM_TREE, &Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, end), &d[skip..])?;
+                self.insert_item(tree, &Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, end), &d[skip..])?;
             }
         }
         Ok(())
@@ -100,7 +111,7 @@ impl Store {
         let n = (len / ss) as usize;
         let mut out = vec![None; n];
         let mut items = Vec::new();
-        if let Some(p) = self.csum_item_before(start)? {
+        if let Some(p) = self.csum_item_before(CSUM_TREE, start)? {
             items.push(p);
         }
         let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, start);

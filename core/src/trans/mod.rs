@@ -28,11 +28,13 @@ mod commit;
 mod csum;
 pub mod delayed;
 mod fst;
+mod logsync;
 pub mod qgroup;
 mod refs;
 mod relocate;
 mod subtree;
 
+pub use btree::next_key;
 pub use cache::BlockCache;
 
 use crate::alloc::{super_stripes, Allocator, BlockGroup, RangeSet};
@@ -120,6 +122,7 @@ pub struct IoStats {
     pub super_bytes: u64,
     pub flushes: u64,
     pub commits: u64,
+    pub log_syncs: u64,
 }
 
 /// Clean tree blocks kept in memory before the least recently used go.
@@ -141,6 +144,8 @@ pub struct Store {
     /// Data written to new extents, combined into large sequential writes:
     /// (physical offset of the first byte, bytes). Flushed before commit.
     data_wbuf: Option<(u64, Vec<u8>)>,
+    /// The write buffer's memory between uses (its pages stay mapped).
+    data_spare: Vec<u8>,
     /// Blocks of log trees (allocated without extent items): bytenr ->
     /// written to disk by a log sync.
     log_blocks: HashMap<u64, bool>,
@@ -148,6 +153,9 @@ pub struct Store {
     pub qgroups: qgroup::Qgroups,
     /// Chunks allocated in this transaction, their tree items not yet in.
     pending_chunks: Vec<chunk_alloc::PendingChunk>,
+    /// A chunk was allocated in this transaction: a log must not depend on
+    /// it (btrfs_make_block_group forces a full commit).
+    pub chunk_allocated: bool,
     pub stats: IoStats,
 }
 
@@ -235,9 +243,11 @@ impl Store {
             chunk_tree_uuid,
             bg_tree,
             data_wbuf: None,
+            data_spare: Vec::new(),
             log_blocks: HashMap::new(),
             qgroups: qgroup::Qgroups::default(),
             pending_chunks: Vec::new(),
+            chunk_allocated: false,
             stats: IoStats::default(),
         };
         fs.load_block_groups()?;
@@ -592,7 +602,8 @@ impl Store {
             self.stats.data_bytes += data.len() as u64;
             return self.img.device().write_at(phys, data);
         }
-        let mut v = Vec::with_capacity(LIMIT);
+        let mut v = std::mem::take(&mut self.data_spare);
+        v.reserve(LIMIT);
         v.extend_from_slice(data);
         self.data_wbuf = Some((phys, v));
         Ok(())
@@ -623,9 +634,11 @@ impl Store {
     }
 
     pub fn flush_data(&mut self) -> Result<()> {
-        if let Some((start, buf)) = self.data_wbuf.take() {
+        if let Some((start, mut buf)) = self.data_wbuf.take() {
             self.stats.data_bytes += buf.len() as u64;
             self.img.device().write_at(start, &buf)?;
+            buf.clear();
+            self.data_spare = buf;
         }
         Ok(())
     }

@@ -147,19 +147,23 @@ impl EngineRunner {
                 fs.truncate(l, *size).map_err(|e| ino_err(p, e))?;
             }
             Step::Fallocate { path, off, len, keep } => {
-                let l = self.target(fs, path, true)?;
+                // As fallocate(1): the file is created if missing.
+                let l = self.target_create(fs, path)?;
                 fs.fallocate(l, *off, *len, *keep).map_err(|e| ino_err(path, e))?;
             }
             Step::Punch { path, off, len } => {
-                let l = self.target(fs, path, true)?;
+                // As fallocate(1): the file is created if missing.
+                let l = self.target_create(fs, path)?;
                 fs.punch_hole(l, *off, *len).map_err(|e| ino_err(path, e))?;
             }
             Step::ZeroRange { path, off, len, keep } => {
-                let l = self.target(fs, path, true)?;
+                // As fallocate(1): the file is created if missing.
+                let l = self.target_create(fs, path)?;
                 fs.zero_range(l, *off, *len, *keep).map_err(|e| ino_err(path, e))?;
             }
             Step::Collapse { path, off, len } => {
-                let l = self.target(fs, path, true)?;
+                // As fallocate(1): the file is created if missing.
+                let l = self.target_create(fs, path)?;
                 fs.collapse_range(l, *off, *len).map_err(|e| ino_err(path, e))?;
             }
             Step::Clone { src, src_off, dst, dst_off, len } => {

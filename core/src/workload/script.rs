@@ -208,6 +208,11 @@ impl Step {
     pub fn is_crash(&self) -> bool {
         matches!(self, Step::Crash { .. })
     }
+
+    /// Steps that only look (the shell's read, ls, stat, stats).
+    pub fn is_inspection(&self) -> bool {
+        matches!(self, Step::Read { .. } | Step::Ls(..) | Step::Stat(..) | Step::Stats { .. })
+    }
 }
 
 /// A regular-file extent map kind in `expect alloc`.
@@ -263,6 +268,16 @@ pub struct Script {
     /// Steps with their 1-based line numbers.
     pub steps: Vec<(usize, Step)>,
     pub expects: Vec<(usize, Expect)>,
+}
+
+impl Script {
+    /// The position in `steps` of the crash that ends the workload (only
+    /// inspection follows it): the image is left as that power failure
+    /// leaves it.
+    pub fn final_crash(&self) -> Option<usize> {
+        let i = self.steps.iter().rposition(|(_, s)| !s.is_inspection())?;
+        self.steps[i].1.is_crash().then_some(i)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -18,6 +18,9 @@ enum Dev {
     Volatile(Arc<VolatileFile>),
     /// No crash support (benchmarks): writes go straight to the file.
     Plain(Arc<FileDevice>),
+    /// After the final crash: the image stays as the power failure left it;
+    /// recovery and what follows happen in memory over it.
+    Overlay(Arc<crate::io::OverlayDevice>),
 }
 
 impl Dev {
@@ -25,6 +28,7 @@ impl Dev {
         match self {
             Dev::Volatile(d) => d.clone(),
             Dev::Plain(d) => d.clone(),
+            Dev::Overlay(d) => d.clone(),
         }
     }
 }
@@ -138,6 +142,22 @@ impl Session {
         self.mount_now()
     }
 
+    /// The power failure that ends a workload: the image keeps what it
+    /// left (its log not replayed, for the kernel or btrkit-replay to
+    /// recover); the session goes on, for expectations, on a recovery made
+    /// in memory over it.
+    pub fn crash_final(&mut self, keep_random: Option<u64>) -> Result<()> {
+        let Dev::Volatile(d) = &self.dev else {
+            return Err(Error::Invalid("this session cannot crash (opened without crash support)".into()));
+        };
+        let d = d.clone();
+        self.runner.drop_all();
+        self.fs = None;
+        d.power_fail(keep_random)?;
+        self.dev = Dev::Overlay(Arc::new(crate::io::OverlayDevice::new(d)));
+        self.mount_now()
+    }
+
     /// The engine's counters as text or one line of JSON.
     pub fn stats_text(&mut self, json: bool) -> Result<String> {
         let fs = self.fs()?;
@@ -221,8 +241,10 @@ impl Session {
                 fs.sync()?;
             }
         }
-        if let Dev::Volatile(d) = &self.dev {
-            d.flush()?;
+        match &self.dev {
+            Dev::Volatile(d) => d.flush()?,
+            Dev::Plain(d) => d.flush()?,
+            Dev::Overlay(_) => {}
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use btrkit_tests::kcrash::Scenario;
+use btrkit_tests::kcrash::{self, Scenario};
 
 /// `r(n)`: a reproducible number below `n` (xorshift64 seeded from `seed`).
 pub fn xorshift(seed: u64, mul: u64) -> impl FnMut(u64) -> u64 {
@@ -443,5 +443,18 @@ pub fn all_families() -> Vec<Scenario> {
     all.extend(seeded("random-ns-", "BTRKIT_RANDOM_NS_SCENARIOS", &[], random_ns_scenario));
     all.extend(seeded("random-clone-", "BTRKIT_RANDOM_CLONE_SCENARIOS", &[], random_clone_scenario));
     all.extend(seeded("random-quota-", "BTRKIT_RANDOM_QUOTA_SCENARIOS", &[], random_quota_scenario));
+    all
+}
+
+/// The written scenarios: `tests/scenarios/*.scn` and the README's example
+/// workload (`examples/*.scn`), which the kernel must run as it says.
+pub fn corpus() -> Vec<Scenario> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut all = kcrash::load_dir(&root.join("scenarios")).unwrap_or_else(|e| panic!("{e}"));
+    let examples = kcrash::load_dir(&root.join("../examples")).unwrap_or_else(|e| panic!("{e}"));
+    all.extend(examples.into_iter().map(|mut s| {
+        s.name = format!("example-{}", s.name);
+        s
+    }));
     all
 }

@@ -1,0 +1,1037 @@
+//! The fsync log writer: the inverse of `replay.rs`, as the kernel's
+//! tree-log.c writes it (Linux 6.18).
+//!
+//! An fsync writes the file's dirty pages back, then either skips (the
+//! inode is already in the synced log, or unchanged since the last commit),
+//! or logs the inode into its subvolume's log tree and syncs the log
+//! (`Store::sync_log`: log blocks, flush, primary superblock naming the log
+//! root tree, flush), or gives up and commits the transaction, counting
+//! why. The running transaction stays in memory either way.
+//!
+//! What an inode's logging writes (btrfs_log_inode):
+//! - full sync (new inode, truncate that dropped extents, clone, inline
+//!   extent, reload after eviction): every item of the inode in the log is
+//!   replaced: the inode item, all its names, all its xattrs, the extents
+//!   the transaction made (all of them after a clone), those at or past
+//!   the end of the file, their checksums, and with no-holes a hole item
+//!   for every gap;
+//! - fast: the inode item, the extents of the ranges changed since the
+//!   last logging, their checksums, prealloc past the end;
+//! - "exists" (ancestors, new entries of a logged directory, conflicting
+//!   inodes, new names): an inode item of generation 0 (replay keeps an
+//!   existing inode's item), names and xattrs, no data;
+//! - a directory: its item, names, xattrs, the index entries added in this
+//!   transaction and DIR_LOG_INDEX ranges over which replay deletes the
+//!   committed entries the log does not hold.
+//! Then the inode's new ancestors, its old parents after an unlink or
+//! rename, the targets of new directory entries and the inodes whose names
+//! a new inode took are logged too, as the kernel does.
+
+use crate::error::{Error, Result};
+use crate::format::consts::*;
+use crate::format::dir::{parse_dir_items, DirLogItem};
+use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
+use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem};
+use crate::format::key::Key;
+use crate::fs::extents::{drop_extents_in, extent_key, extents_in, extents_in_tree};
+use crate::fs::inode::{is_dir, is_reg, is_symlink as is_lnk};
+use crate::fs::writeback::Reason;
+use crate::fs::{Filesystem, LogOp, Loc, ROOT_DIR};
+use crate::trans::TreeId;
+use std::collections::VecDeque;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// How much of an inode a logging writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogMode {
+    /// Everything needed to reproduce it (LOG_INODE_ALL).
+    All,
+    /// That it exists, with its names (LOG_INODE_EXISTS).
+    Exists,
+}
+
+/// Conflicting inodes logged per fsync before it commits instead.
+const MAX_CONFLICT_INODES: usize = 10;
+
+/// Ancestors walked before the chain is taken as broken.
+const MAX_DEPTH: usize = 4096;
+
+/// Why a logging call stopped.
+#[derive(Debug)]
+enum Stop {
+    /// The log cannot express this: commit the transaction (the reason is
+    /// counted).
+    Commit(&'static str),
+    Err(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Stop {
+        Stop::Err(e)
+    }
+}
+
+type LResult<T> = std::result::Result<T, Stop>;
+
+/// What an fsync's logging ended with.
+enum Outcome {
+    /// Sync the log.
+    Sync,
+    /// Already in the synced log: nothing to write (BTRFS_NO_LOG_SYNC).
+    NoSync,
+}
+
+/// One logging's working state (btrfs_log_ctx).
+struct Ctx {
+    /// The inode the fsync (or new name) is for.
+    inode: Loc,
+    /// A fully logged directory had new entries whose targets need logging.
+    log_new_dentries: bool,
+    logging_new_name: bool,
+    logging_conflict_inodes: bool,
+    /// Inodes whose names a newly logged inode took: (inode, parent).
+    conflicts: VecDeque<(u64, u64)>,
+    conflicts_seen: usize,
+}
+
+impl Ctx {
+    fn new(inode: Loc) -> Ctx {
+        Ctx { inode, log_new_dentries: false, logging_new_name: false, logging_conflict_inodes: false, conflicts: VecDeque::new(), conflicts_seen: 0 }
+    }
+}
+
+fn log_tree(l: Loc) -> TreeId {
+    TreeId::Log(l.subvol)
+}
+
+fn fs_tree(l: Loc) -> TreeId {
+    TreeId::Tree(l.subvol)
+}
+
+/// Every item of `ino` with a type in `[lo, hi]`.
+fn inode_range(ino: u64, lo: u8, hi: u8) -> (Key, Key) {
+    (Key::new(ino, lo, 0), Key::new(ino, hi, u64::MAX))
+}
+
+impl Filesystem {
+    /// fsync(2), fdatasync(2), msync(MS_SYNC) (btrfs_sync_file): the range
+    /// and `datasync` change nothing, as in the kernel, which always syncs
+    /// the whole file.
+    pub fn fsync(&mut self, l: Loc, _datasync: bool, _range: Option<(u64, u64)>) -> Result<()> {
+        self.stats.fsyncs += 1;
+        let it = self.item(l)?;
+        let m = it.mode.get();
+        if !is_reg(m) && !is_dir(m) && !is_lnk(m) {
+            return Err(Error::errno(libc::EINVAL, "fsync: not a file or directory"));
+        }
+        if is_reg(m) {
+            self.writeback(l, 0, u64::MAX, Reason::Fsync)?;
+        }
+        let t = self.transid();
+        let committed = t - 1;
+        let rt = self.rt(l)?;
+        let (full, last_trans) = (rt.full_sync, rt.last_trans);
+        // The 2015 change: a fast fsync of an inode unchanged since the
+        // last commit, with nothing in flight, syncs nothing. Without it
+        // every fast fsync syncs the log.
+        let may_skip = full || self.switches.fast_fsync_skip;
+        if may_skip && (self.in_synced_log(l)? || last_trans <= committed) {
+            self.rt(l)?.full_sync = false;
+            self.stats.log_syncs_skipped += 1;
+            return Ok(());
+        }
+        let mut ctx = Ctx::new(l);
+        let r = self.apply_log_ops().and_then(|_| self.log_inode_parent(l, LogMode::All, &mut ctx));
+        match r {
+            Ok(Outcome::NoSync) => {
+                self.stats.log_syncs_skipped += 1;
+                Ok(())
+            }
+            Ok(Outcome::Sync) => self.sync_log(l.subvol),
+            Err(Stop::Commit(reason)) => self.full_commit(reason),
+            Err(Stop::Err(e)) => Err(e),
+        }
+    }
+
+    /// Make the subvolume's log durable and move its log sub-transaction
+    /// on.
+    fn sync_log(&mut self, subvol: u64) -> Result<()> {
+        self.store.sync_log(subvol)?;
+        let s = self.log.subvols.entry(subvol).or_default();
+        s.last_log_commit = s.log_transid;
+        s.log_transid += 1;
+        self.stats.log_syncs += 1;
+        Ok(())
+    }
+
+    /// The fsync commits the transaction instead of logging.
+    fn full_commit(&mut self, reason: &'static str) -> Result<()> {
+        self.stats.full_commits += 1;
+        *self.stats.full_commit_reasons.entry(reason.to_string()).or_default() += 1;
+        self.commit("fsync")
+    }
+
+    /// btrfs_inode_in_log: logged in this transaction, and nothing changed
+    /// since the log sync that holds it.
+    fn in_synced_log(&mut self, l: Loc) -> Result<bool> {
+        let t = self.transid();
+        let root_commit = self.log.subvols.get(&l.subvol).map_or(0, |s| s.last_log_commit);
+        let rt = self.rt(l)?;
+        Ok(rt.logged_trans == t && rt.last_sub_trans <= rt.last_log_commit && rt.last_sub_trans <= root_commit)
+    }
+
+    /// Whether the inode exists now.
+    fn exists(&mut self, l: Loc) -> Result<bool> {
+        Ok(crate::fs::inode::get_inode(&mut self.store, l.subvol, l.ino)?.is_some())
+    }
+
+    /// inode_logged for an inode that may be gone: its log tree says.
+    fn logged_maybe_gone(&mut self, l: Loc) -> Result<bool> {
+        if self.exists(l)? {
+            return self.inode_logged(l);
+        }
+        if !self.store.has_log(l.subvol) {
+            return Ok(false);
+        }
+        Ok(self.store.lookup(log_tree(l), &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))?.is_some())
+    }
+
+    /// need_log_inode: an unchanged directory, or an inode already logged
+    /// in this transaction with nothing to copy again, needs nothing.
+    fn need_log_inode(&mut self, l: Loc) -> Result<bool> {
+        let t = self.transid();
+        let dir = is_dir(self.item(l)?.mode.get());
+        if dir && self.rt(l)?.last_trans < t {
+            return Ok(false);
+        }
+        if self.inode_logged(l)? && !self.rt(l)?.copy_everything {
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// btrfs_log_inode_parent.
+    fn log_inode_parent(&mut self, l: Loc, mode: LogMode, ctx: &mut Ctx) -> LResult<Outcome> {
+        let t = self.transid();
+        if !self.opts.treelog {
+            return Err(Stop::Commit("notreelog"));
+        }
+        let ri = self.store.root_item(l.subvol)?;
+        if ri.refs.get() == 0 {
+            return Err(Stop::Commit("subvolume being deleted"));
+        }
+        if ri.generation.get() == t {
+            return Err(Stop::Commit("subvolume created in this transaction"));
+        }
+        let it = self.item(l)?;
+        if it.nlink.get() == 0 || self.in_synced_log(l)? {
+            return Ok(Outcome::NoSync);
+        }
+        if self.store.chunk_allocated {
+            self.log.full_commit_trans = t;
+        }
+        if self.log.full_commit_trans == t {
+            return Err(Stop::Commit("new chunk or failed logging in this transaction"));
+        }
+        if self.store.start_log(l.subvol)? {
+            self.log.subvols.insert(l.subvol, Default::default());
+        }
+        self.log_inode(l, mode, ctx)?;
+        let rt = self.rt(l)?;
+        let (last_unlink, gen) = (rt.last_unlink_trans, it.generation.get());
+        if is_reg(it.mode.get()) && gen < t && last_unlink < t {
+            return Ok(Outcome::Sync);
+        }
+        let log_dentries = is_dir(it.mode.get()) && ctx.log_new_dentries;
+        if last_unlink >= t {
+            self.log_all_parents(l, ctx)?;
+        }
+        self.log_all_new_ancestors(l, ctx)?;
+        if log_dentries {
+            self.log_new_dir_dentries(l, ctx)?;
+        }
+        Ok(Outcome::Sync)
+    }
+
+    /// btrfs_log_inode.
+    fn log_inode(&mut self, l: Loc, mode: LogMode, ctx: &mut Ctx) -> LResult<()> {
+        let t = self.transid();
+        let it = self.item(l)?;
+        let m = it.mode.get();
+        // A symlink's target is its data: always logged whole.
+        let mode = if is_lnk(m) { LogMode::All } else { mode };
+        let dir = is_dir(m);
+        let logged_before = self.inode_logged(l)?;
+        if dir && mode == LogMode::All && self.rt(l)?.last_unlink_trans >= t {
+            return Err(Stop::Commit("directory lost an entry the log cannot follow"));
+        }
+        let log = log_tree(l);
+        if dir {
+            self.rt(l)?.copy_everything = false;
+            if logged_before {
+                self.log_drop_items(log, l.ino, BTRFS_XATTR_ITEM_KEY)?;
+            }
+            self.log_copy_meta(l, mode, 0, ctx)?;
+        } else {
+            let i_size = self.rt(l)?.i_size;
+            let mut logged_isize = 0;
+            if mode == LogMode::Exists && logged_before {
+                // The size an earlier logging recorded, never more than now.
+                logged_isize = match self.store.lookup(log, &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))? {
+                    Some(d) => InodeItem::read_from_prefix(&d).map(|(x, _)| x.size.get().min(i_size)).unwrap_or(0),
+                    None => 0,
+                };
+            }
+            let rt = self.rt(l)?;
+            if rt.full_sync {
+                if mode == LogMode::Exists {
+                    if logged_before {
+                        self.log_drop_items(log, l.ino, BTRFS_XATTR_ITEM_KEY)?;
+                    }
+                    self.log_copy_meta(l, mode, logged_isize, ctx)?;
+                } else {
+                    rt.full_sync = false;
+                    rt.copy_everything = false;
+                    if logged_before {
+                        self.log_drop_items(log, l.ino, u8::MAX)?;
+                    }
+                    self.log_copy_meta(l, mode, logged_isize, ctx)?;
+                    self.log_extents_full(l)?;
+                }
+            } else if std::mem::take(&mut rt.copy_everything) || mode == LogMode::Exists {
+                if logged_before {
+                    self.log_drop_items(log, l.ino, BTRFS_XATTR_ITEM_KEY)?;
+                }
+                self.log_copy_meta(l, mode, logged_isize, ctx)?;
+                if mode == LogMode::All {
+                    self.log_changed_extents(l, logged_before)?;
+                }
+            } else {
+                // The fast path: the inode item, the changed extents.
+                self.log_inode_item(l, LogMode::All, 0)?;
+                if self.rt(l)?.logged_trans < t {
+                    self.log_copy_xattrs(l)?;
+                }
+                self.log_changed_extents(l, logged_before)?;
+            }
+        }
+        if dir && mode == LogMode::All {
+            self.log_directory_changes(l, logged_before, ctx)?;
+        }
+        let rt = self.rt(l)?;
+        rt.logged_trans = t;
+        if !ctx.logging_new_name && mode == LogMode::All {
+            rt.last_log_commit = rt.last_sub_trans;
+        }
+        if mode == LogMode::All {
+            rt.last_reflink_trans = 0;
+        }
+        self.log_conflicting_inodes(l, ctx)
+    }
+
+    /// Delete every item of `ino` with type <= `max_type` from the log
+    /// (drop_inode_items; with 255 all of them, as truncating the inode in
+    /// the log does).
+    fn log_drop_items(&mut self, log: TreeId, ino: u64, max_type: u8) -> Result<()> {
+        let (lo, hi) = inode_range(ino, 0, max_type);
+        for (k, _) in self.store.items_in(log, lo, hi)? {
+            self.store.delete_item(log, &k)?;
+        }
+        Ok(())
+    }
+
+    /// The inode item as the log records it (fill_inode_item): "exists"
+    /// gives generation 0 and the size an earlier logging recorded (replay
+    /// then keeps an existing inode's own item); otherwise the inode as it
+    /// is, with its in-memory size.
+    fn log_inode_item(&mut self, l: Loc, mode: LogMode, logged_isize: u64) -> Result<()> {
+        let t = self.transid();
+        let mut it = self.item(l)?;
+        match mode {
+            LogMode::Exists => {
+                it.generation.set(0);
+                it.size.set(logged_isize);
+            }
+            LogMode::All => {
+                if is_reg(it.mode.get()) {
+                    let s = self.rt(l)?.i_size;
+                    it.size.set(s);
+                }
+            }
+        }
+        it.transid.set(t);
+        it.block_group.set(0);
+        self.store.update_item(log_tree(l), &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0), it.as_bytes())
+    }
+
+    /// Inode item, every name (checked for names another inode had at the
+    /// last commit), every xattr (copy_inode_items_to_log).
+    fn log_copy_meta(&mut self, l: Loc, mode: LogMode, logged_isize: u64, ctx: &mut Ctx) -> LResult<()> {
+        self.log_inode_item(l, mode, logged_isize)?;
+        let t = self.transid();
+        let gen = self.item(l)?.generation.get();
+        let (lo, hi) = inode_range(l.ino, BTRFS_INODE_REF_KEY, BTRFS_INODE_EXTREF_KEY);
+        let refs = self.store.items_in(fs_tree(l), lo, hi)?;
+        for (k, d) in refs {
+            self.store.update_item(log_tree(l), &k, &d)?;
+            if gen == t || ctx.logging_conflict_inodes {
+                let names: Vec<(u64, Vec<u8>)> = match k.ty {
+                    BTRFS_INODE_REF_KEY => parse_inode_refs(&d).map_err(|e| e.at(0, k))?.iter().map(|e| (k.offset, e.name.to_vec())).collect(),
+                    _ => parse_inode_extrefs(&d).map_err(|e| e.at(0, k))?.iter().map(|e| (e.parent, e.name.to_vec())).collect(),
+                };
+                for (parent, name) in names {
+                    self.check_ref_name_override(l, parent, &name, ctx)?;
+                }
+            }
+        }
+        self.log_copy_xattrs(l)?;
+        Ok(())
+    }
+
+    /// Every xattr of the inode: replay deletes those the log lacks.
+    fn log_copy_xattrs(&mut self, l: Loc) -> Result<()> {
+        let (lo, hi) = inode_range(l.ino, BTRFS_XATTR_ITEM_KEY, BTRFS_XATTR_ITEM_KEY);
+        for (k, d) in self.store.items_in(fs_tree(l), lo, hi)? {
+            self.store.update_item(log_tree(l), &k, &d)?;
+        }
+        Ok(())
+    }
+
+    /// One file extent item into the log, over whatever the log held in
+    /// its range, with the checksums of its data when the transaction
+    /// wrote it.
+    fn log_one_extent(&mut self, l: Loc, key: Key, data: &[u8], drop_first: bool, datasum: bool) -> Result<()> {
+        let log = log_tree(l);
+        let ss = self.store.sectorsize() as u64;
+        let t = self.transid();
+        if drop_first {
+            if let Some((s, e)) = crate::fs::extents::extent_span(ss, key.offset, data) {
+                drop_extents_in(&mut self.store, log, l.ino, s, e)?;
+            }
+        }
+        self.store.update_item(log, &key, data)?;
+        if let FileExtent::Disk { head, item } = parse_file_extent(data).map_err(|e| e.at(0, key))? {
+            let b = item.disk_bytenr.get();
+            if datasum && b != 0 && head.type_ == BTRFS_FILE_EXTENT_REG && head.generation.get() == t {
+                let (start, len) = if head.compression != BTRFS_COMPRESS_NONE {
+                    (b, item.disk_num_bytes.get())
+                } else {
+                    (b + item.offset.get(), item.num_bytes.get())
+                };
+                self.log_csums(l, start, len)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The csum tree's checksums of `[start, start+len)` into the log, over
+    /// any it held there (shared extents may have put some in already).
+    fn log_csums(&mut self, l: Loc, start: u64, len: u64) -> Result<()> {
+        let log = log_tree(l);
+        let ss = self.store.sectorsize() as u64;
+        let sums = self.store.csum_lookup(start, len)?;
+        self.store.csum_delete_in(log, start, len)?;
+        let mut run_start = start;
+        let mut run: Vec<u8> = Vec::new();
+        for (i, c) in sums.into_iter().enumerate() {
+            let at = start + i as u64 * ss;
+            match c {
+                Some(c) => {
+                    if run.is_empty() {
+                        run_start = at;
+                    }
+                    run.extend_from_slice(&c);
+                }
+                None => {
+                    if !run.is_empty() {
+                        self.store.csum_insert_in(log, run_start, &run)?;
+                        run.clear();
+                    }
+                }
+            }
+        }
+        if !run.is_empty() {
+            self.store.csum_insert_in(log, run_start, &run)?;
+        }
+        Ok(())
+    }
+
+    /// A hole item (btrfs_insert_hole_extent): replay drops the range.
+    fn log_hole(&mut self, l: Loc, start: u64, len: u64) -> Result<()> {
+        let t = self.transid();
+        let fe = FileExtentItem::new(BTRFS_FILE_EXTENT_REG, t, 0, 0, 0, len, len, BTRFS_COMPRESS_NONE);
+        self.store.update_item(log_tree(l), &extent_key(l.ino, start), fe.as_bytes())
+    }
+
+    /// The full-sync extents: those the transaction made or that lie at or
+    /// past the end (all of them after a clone in this transaction), and
+    /// with no-holes a hole item for every gap up to the end
+    /// (copy_items, btrfs_log_prealloc_extents, btrfs_log_holes).
+    fn log_extents_full(&mut self, l: Loc) -> Result<()> {
+        let t = self.transid();
+        let ss = self.store.sectorsize() as u64;
+        let rt = self.rt(l)?;
+        let (i_size, reflinked) = (rt.i_size, rt.last_reflink_trans >= t);
+        rt.modified.clear();
+        let datasum = self.datasum(l)?;
+        let items = extents_in(&mut self.store, l.subvol, l.ino, 0, u64::MAX)?;
+        let mut prev_end = 0u64;
+        let mut holes = Vec::new();
+        for (k, d) in &items {
+            let gen = u64::from_le_bytes(d.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
+            if gen == t || k.offset >= i_size || reflinked {
+                self.log_one_extent(l, *k, d, false, datasum)?;
+            }
+            if let Some((s, e)) = crate::fs::extents::extent_span(ss, k.offset, d) {
+                if s > prev_end {
+                    holes.push((prev_end, s - prev_end));
+                }
+                prev_end = prev_end.max(e);
+            }
+        }
+        if self.no_holes() && i_size > 0 {
+            let end = i_size.div_ceil(ss) * ss;
+            if prev_end < end {
+                holes.push((prev_end, end - prev_end));
+            }
+            for (s, len) in holes {
+                if s < end {
+                    self.log_hole(l, s, len.min(end - s))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The fast path's extents: in every range changed since the last
+    /// logging, the items the transaction made and a hole item for every
+    /// gap (btrfs_log_changed_extents); then prealloc past the end.
+    fn log_changed_extents(&mut self, l: Loc, logged_before: bool) -> Result<()> {
+        let t = self.transid();
+        let ss = self.store.sectorsize() as u64;
+        let datasum = self.datasum(l)?;
+        let rt = self.rt(l)?;
+        let i_size = rt.i_size;
+        let mut ranges = std::mem::take(&mut rt.modified);
+        ranges.sort_unstable();
+        let end_of_file = i_size.div_ceil(ss) * ss;
+        let mut logged_upto = 0u64;
+        for (a, b) in ranges {
+            let b = b.min(end_of_file.max(a));
+            if a >= b {
+                continue;
+            }
+            let items = extents_in(&mut self.store, l.subvol, l.ino, a, b)?;
+            let mut pos = a;
+            for (k, d) in items {
+                let Some((s, e)) = crate::fs::extents::extent_span(ss, k.offset, &d) else { continue };
+                if s > pos {
+                    self.log_gap(l, pos, s, logged_before)?;
+                }
+                pos = pos.max(e);
+                if s < logged_upto {
+                    continue;
+                }
+                let (gen, prealloc) = match parse_file_extent(&d).map_err(|e| e.at(0, k))? {
+                    FileExtent::Inline { head, .. } => (head.generation.get(), false),
+                    FileExtent::Disk { head, .. } => (head.generation.get(), head.type_ == BTRFS_FILE_EXTENT_PREALLOC),
+                };
+                if gen < t || (prealloc && s >= i_size) {
+                    continue;
+                }
+                self.log_one_extent(l, k, &d, logged_before, datasum)?;
+                logged_upto = e;
+            }
+            if pos < b {
+                self.log_gap(l, pos, b, logged_before)?;
+            }
+        }
+        self.log_prealloc_extents(l)
+    }
+
+    /// A gap among the subvolume's extents in a changed range: a hole.
+    fn log_gap(&mut self, l: Loc, s: u64, e: u64, logged_before: bool) -> Result<()> {
+        if logged_before {
+            drop_extents_in(&mut self.store, log_tree(l), l.ino, s, e)?;
+        }
+        self.log_hole(l, s, e - s)
+    }
+
+    /// Extents at or past the end of a preallocating file, which replay
+    /// would otherwise cut off (btrfs_log_prealloc_extents).
+    fn log_prealloc_extents(&mut self, l: Loc) -> Result<()> {
+        if self.item(l)?.flags.get() & BTRFS_INODE_PREALLOC == 0 {
+            return Ok(());
+        }
+        let i_size = self.rt(l)?.i_size;
+        let ss = self.store.sectorsize() as u64;
+        let items = extents_in(&mut self.store, l.subvol, l.ino, i_size, u64::MAX)?;
+        let mut truncate_at = i_size;
+        let mut past = Vec::new();
+        for (k, d) in items {
+            if k.offset < i_size {
+                // A prealloc extent across the end keeps its logged copy.
+                if let Some((_, e)) = crate::fs::extents::extent_span(ss, k.offset, &d) {
+                    truncate_at = truncate_at.max(e);
+                }
+                continue;
+            }
+            past.push((k, d));
+        }
+        let Some(first) = past.first().map(|(k, _)| k.offset) else { return Ok(()) };
+        let log = log_tree(l);
+        let from = first.min(truncate_at);
+        for (k, _) in extents_in_tree(&mut self.store, log, l.ino, from, u64::MAX)? {
+            if k.offset >= from {
+                self.store.delete_item(log, &k)?;
+            }
+        }
+        for (k, d) in past {
+            self.store.update_item(log, &k, &d)?;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Directories
+
+    /// log_directory_changes: the index entries this transaction added and
+    /// the ranges in which replay deletes what the log lacks, leaf by leaf
+    /// over the leaves this transaction changed.
+    fn log_directory_changes(&mut self, dir: Loc, logged_before: bool, ctx: &mut Ctx) -> Result<()> {
+        if self.rt(dir)?.last_dir_index_offset == 0 {
+            let last = if logged_before {
+                self.store
+                    .prev_item(log_tree(dir), &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX), &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0))?
+                    .map_or(1, |(k, _)| k.offset)
+            } else {
+                1
+            };
+            self.rt(dir)?.last_dir_index_offset = last;
+        }
+        let mut min_offset = 2u64;
+        for _ in 0..(1 << 20) {
+            let last = self.log_dir_items(dir, min_offset, ctx)?;
+            if last == u64::MAX {
+                return Ok(());
+            }
+            min_offset = last + 1;
+        }
+        Err(Error::corrupt("directory index ranges do not end", dir.ino))
+    }
+
+    /// log_dir_items from `min_offset`: returns the last index the pass
+    /// covered (u64::MAX: the end).
+    fn log_dir_items(&mut self, dir: Loc, min_offset: u64, ctx: &mut Ctx) -> Result<u64> {
+        let t = self.transid();
+        let fs = fs_tree(dir);
+        let is_index = |k: &Key| k.objectid == dir.ino && k.ty == BTRFS_DIR_INDEX_KEY;
+        let mut last_old = min_offset - 1;
+        let mut last_offset = u64::MAX;
+        let lo = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0);
+        let start = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, min_offset);
+        let found = self.store.search_forward(fs, &start, t)?.filter(is_index);
+        let Some(first) = found else {
+            // No changed leaf from here: deletions can only be past the
+            // last entry.
+            if let Some((k, _)) = self.store.prev_item(fs, &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX), &lo)? {
+                last_old = k.offset;
+            }
+            self.insert_dir_log_key(dir, last_old + 1, u64::MAX)?;
+            return Ok(u64::MAX);
+        };
+        if first.offset > 0 {
+            if let Some((k, _)) = self.store.prev_item(fs, &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, first.offset - 1), &lo)? {
+                last_old = k.offset;
+            }
+        }
+        let mut cur = first;
+        let mut batch: Vec<(Key, Vec<u8>)> = Vec::new();
+        for _ in 0..(1 << 20) {
+            let Some((_, items)) = self.store.leaf_from(fs, &cur)? else { break };
+            let mut last_key = None;
+            let mut left_dir = false;
+            for (k, d) in items {
+                if !is_index(&k) {
+                    left_dir = true;
+                    break;
+                }
+                last_key = Some(k);
+                let e = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
+                let Some(e) = e.first() else { continue };
+                if e.item.transid.get() < t {
+                    if k.offset > last_old + 1 {
+                        self.insert_dir_log_key(dir, last_old + 1, k.offset - 1)?;
+                    }
+                    last_old = k.offset;
+                } else if k.offset > self.rt(dir)?.last_dir_index_offset {
+                    if Key::from(&e.item.location).ty != BTRFS_ROOT_ITEM_KEY {
+                        ctx.log_new_dentries = true;
+                    }
+                    batch.push((k, d.clone()));
+                }
+            }
+            self.flush_dir_batch(dir, &mut batch)?;
+            if left_dir {
+                break;
+            }
+            let Some(lk) = last_key else { break };
+            match self.store.leaf_from(fs, &crate::trans::next_key(&lk))? {
+                Some((gen, items)) => {
+                    let Some((fk, _)) = items.first() else { break };
+                    if !is_index(fk) {
+                        break;
+                    }
+                    if gen != t {
+                        last_offset = fk.offset - 1;
+                        break;
+                    }
+                    cur = *fk;
+                }
+                None => break,
+            }
+        }
+        if last_old < last_offset {
+            self.insert_dir_log_key(dir, last_old + 1, last_offset)?;
+        }
+        Ok(last_offset)
+    }
+
+    /// Copy new index entries into the log (flush_dir_items_batch).
+    fn flush_dir_batch(&mut self, dir: Loc, batch: &mut Vec<(Key, Vec<u8>)>) -> Result<()> {
+        let (Some(first), Some(last)) = (batch.first().map(|(k, _)| k.offset), batch.last().map(|(k, _)| k.offset)) else { return Ok(()) };
+        for (k, d) in batch.drain(..) {
+            self.store.update_item(log_tree(dir), &k, &d)?;
+        }
+        let rt = self.rt(dir)?;
+        rt.last_dir_index_offset = last;
+        if rt.first_dir_index_to_log == 0 {
+            rt.first_dir_index_to_log = first;
+        }
+        Ok(())
+    }
+
+    /// A DIR_LOG_INDEX range `[first, last]` (inclusive); ranges with the
+    /// same start only grow (insert_dir_log_key).
+    fn insert_dir_log_key(&mut self, dir: Loc, first: u64, last: u64) -> Result<()> {
+        let log = log_tree(dir);
+        let k = Key::new(dir.ino, BTRFS_DIR_LOG_INDEX_KEY, first);
+        let end = match self.store.lookup(log, &k)? {
+            Some(d) => DirLogItem::read_from_prefix(&d).map(|(x, _)| x.end.get().max(last)).unwrap_or(last),
+            None => last,
+        };
+        let item = DirLogItem { end: end.into() };
+        self.store.update_item(log, &k, item.as_bytes())
+    }
+
+    /// log_new_dir_dentries: the targets of the entries a directory
+    /// logging copied: files "exist", directories in full, breadth first.
+    fn log_new_dir_dentries(&mut self, start: Loc, ctx: &mut Ctx) -> LResult<()> {
+        if ctx.logging_new_name {
+            return Ok(());
+        }
+        let t = self.transid();
+        let mut queue = VecDeque::from([start]);
+        let mut guard = 0usize;
+        while let Some(d) = queue.pop_front() {
+            guard += 1;
+            if guard > 1 << 20 {
+                return Err(Error::corrupt("directory tree does not end", d.ino).into());
+            }
+            let from = self.rt(d)?.first_dir_index_to_log;
+            if from == 0 {
+                continue;
+            }
+            let items = self.store.items_in(log_tree(d), Key::new(d.ino, BTRFS_DIR_INDEX_KEY, from), Key::new(d.ino, BTRFS_DIR_INDEX_KEY, u64::MAX))?;
+            let mut next = from;
+            for (k, data) in items {
+                next = k.offset + 1;
+                let entries = parse_dir_items(&data).map_err(|e| e.at(0, k))?;
+                let Some(e) = entries.first() else { continue };
+                let loc = Key::from(&e.item.location);
+                if e.item.transid.get() != t || loc.ty == BTRFS_ROOT_ITEM_KEY {
+                    continue;
+                }
+                let target = Loc::new(d.subvol, loc.objectid);
+                if !self.exists(target)? || !self.need_log_inode(target)? {
+                    continue;
+                }
+                if e.item.type_ == BTRFS_FT_DIR {
+                    ctx.log_new_dentries = false;
+                    self.log_inode(target, LogMode::All, ctx)?;
+                    if ctx.log_new_dentries {
+                        queue.push_back(target);
+                    }
+                } else {
+                    self.log_inode(target, LogMode::Exists, ctx)?;
+                }
+            }
+            self.rt(d)?.first_dir_index_to_log = next;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Parents
+
+    /// The first parent of an inode (its only one when it has one link).
+    fn first_parent(&mut self, l: Loc) -> Result<Option<Loc>> {
+        let links = crate::fs::names::links_of(&mut self.store, l.subvol, l.ino)?;
+        Ok(links.first().map(|x| Loc::new(l.subvol, x.parent)))
+    }
+
+    /// Ancestors made in this transaction, from `dir` up, "exist"
+    /// (log_new_ancestors): replay needs them to put the inode's names in.
+    fn log_new_ancestors_from(&mut self, dir: Loc, ctx: &mut Ctx) -> LResult<()> {
+        let t = self.transid();
+        let mut p = dir;
+        for _ in 0..MAX_DEPTH {
+            if !self.exists(p)? {
+                return Err(Stop::Commit("an ancestor directory is gone"));
+            }
+            if self.item(p)?.generation.get() >= t && self.need_log_inode(p)? {
+                self.log_inode(p, LogMode::Exists, ctx)?;
+            }
+            if p.ino == ROOT_DIR {
+                return Ok(());
+            }
+            match self.first_parent(p)? {
+                Some(q) => p = q,
+                None => return Err(Stop::Commit("an ancestor has no name")),
+            }
+        }
+        Err(Error::corrupt("directory chain does not reach the root", dir.ino).into())
+    }
+
+    /// log_all_new_ancestors: through the inode's one parent, or through
+    /// every parent of a hard-linked inode.
+    fn log_all_new_ancestors(&mut self, l: Loc, ctx: &mut Ctx) -> LResult<()> {
+        if l.ino == ROOT_DIR {
+            return Ok(());
+        }
+        let it = self.item(l)?;
+        if it.nlink.get() < 2 || is_dir(it.mode.get()) {
+            return match self.first_parent(l)? {
+                Some(p) => self.log_new_ancestors_from(p, ctx),
+                None => Ok(()),
+            };
+        }
+        let (lo, hi) = inode_range(l.ino, BTRFS_INODE_REF_KEY, BTRFS_INODE_EXTREF_KEY);
+        let refs = self.store.items_in(fs_tree(l), lo, hi)?;
+        if refs.iter().any(|(k, _)| k.ty == BTRFS_INODE_EXTREF_KEY) {
+            return Err(Stop::Commit("hard links in extended references"));
+        }
+        for (k, _) in refs {
+            self.log_new_ancestors_from(Loc::new(l.subvol, k.offset), ctx)?;
+        }
+        Ok(())
+    }
+
+    /// btrfs_log_all_parents: after an unlink or rename away, every
+    /// directory the inode had a name in at the last commit is logged in
+    /// full, so replay drops the names it lost.
+    fn log_all_parents(&mut self, l: Loc, ctx: &mut Ctx) -> LResult<()> {
+        let (lo, hi) = inode_range(l.ino, BTRFS_INODE_REF_KEY, BTRFS_INODE_EXTREF_KEY);
+        let mut parents: Vec<u64> = Vec::new();
+        for (k, d) in self.store.committed_items_in(l.subvol, lo, hi)? {
+            match k.ty {
+                BTRFS_INODE_REF_KEY => parents.push(k.offset),
+                _ => parents.extend(parse_inode_extrefs(&d).map_err(|e| e.at(0, k))?.iter().map(|e| e.parent)),
+            }
+        }
+        parents.dedup();
+        for p in parents {
+            let pl = Loc::new(l.subvol, p);
+            if !self.exists(pl)? {
+                return Err(Stop::Commit("an old parent directory is gone"));
+            }
+            if self.need_log_inode(pl)? {
+                ctx.log_new_dentries = false;
+                self.log_inode(pl, LogMode::All, ctx)?;
+                if ctx.log_new_dentries {
+                    self.log_new_dir_dentries(pl, ctx)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Name conflicts (the 2016 change)
+
+    /// btrfs_check_ref_name_override: `name` in `parent` belonged at the
+    /// last commit to another inode (since renamed or unlinked). Replay
+    /// would drop that inode's name for ours, so it is logged too (its
+    /// new names, or its deletion); without the switch, commit.
+    fn check_ref_name_override(&mut self, l: Loc, parent: u64, name: &[u8], ctx: &mut Ctx) -> LResult<()> {
+        let k = Key::new(parent, BTRFS_DIR_ITEM_KEY, crate::format::dir::name_hash(name));
+        let Some(d) = self.store.committed_lookup(l.subvol, &k)? else { return Ok(()) };
+        let entries = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
+        let Some(e) = entries.iter().find(|e| e.name == name) else { return Ok(()) };
+        let loc = Key::from(&e.item.location);
+        if loc.ty == BTRFS_ROOT_ITEM_KEY {
+            return Err(Stop::Commit("name was a subvolume's"));
+        }
+        if loc.objectid == l.ino || loc.objectid == ctx.inode.ino {
+            return Ok(());
+        }
+        self.add_conflicting_inode(Loc::new(l.subvol, loc.objectid), parent, ctx)
+    }
+
+    fn add_conflicting_inode(&mut self, other: Loc, parent: u64, ctx: &mut Ctx) -> LResult<()> {
+        if !self.switches.log_conflicting_inodes {
+            return Err(Stop::Commit("name taken from a renamed or unlinked inode"));
+        }
+        if ctx.conflicts_seen >= MAX_CONFLICT_INODES {
+            return Err(Stop::Commit("too many conflicting inodes"));
+        }
+        if !self.exists(other)? {
+            // Gone: replay drops its entry when it adds ours, unless it was
+            // a directory (which may have held subvolumes): then its
+            // parent is logged.
+            let was_dir = match self.store.committed_lookup(other.subvol, &Key::new(other.ino, BTRFS_INODE_ITEM_KEY, 0))? {
+                Some(d) => InodeItem::read_from_prefix(&d).map(|(x, _)| is_dir(x.mode.get())).unwrap_or(false),
+                None => false,
+            };
+            if was_dir {
+                ctx.conflicts_seen += 1;
+                ctx.conflicts.push_back((other.ino, parent));
+            }
+            return Ok(());
+        }
+        if !self.need_log_inode(other)? {
+            return Ok(());
+        }
+        ctx.conflicts_seen += 1;
+        ctx.conflicts.push_back((other.ino, parent));
+        Ok(())
+    }
+
+    /// log_conflicting_inodes: by the outermost logging only.
+    fn log_conflicting_inodes(&mut self, l: Loc, ctx: &mut Ctx) -> LResult<()> {
+        if ctx.logging_conflict_inodes || ctx.conflicts.is_empty() {
+            return Ok(());
+        }
+        ctx.logging_conflict_inodes = true;
+        let r = (|| {
+            while let Some((ino, parent)) = ctx.conflicts.pop_front() {
+                let other = Loc::new(l.subvol, ino);
+                if !self.exists(other)? {
+                    let p = Loc::new(l.subvol, parent);
+                    if self.exists(p)? {
+                        self.log_inode(p, LogMode::All, ctx)?;
+                        self.stats.conflicting_inodes_logged += 1;
+                    }
+                } else if self.need_log_inode(other)? {
+                    self.log_inode(other, LogMode::Exists, ctx)?;
+                    self.stats.conflicting_inodes_logged += 1;
+                }
+            }
+            Ok(())
+        })();
+        ctx.logging_conflict_inodes = false;
+        ctx.conflicts.clear();
+        r
+    }
+
+    // ------------------------------------------------------------------
+    // Name changes of logged inodes
+
+    /// Bring the log up to date with the name changes made since the last
+    /// logging (the kernel makes these edits as the unlink or rename
+    /// happens; none can be seen before the next log sync, which comes
+    /// after this).
+    fn apply_log_ops(&mut self) -> LResult<()> {
+        let ops = std::mem::take(&mut self.log.pending);
+        for op in ops {
+            match op {
+                LogOp::Unlink { dir, name, index, inode } => {
+                    if !self.store.has_log(dir.subvol) {
+                        continue;
+                    }
+                    if self.logged_maybe_gone(inode)? {
+                        self.log_del_inode_ref(inode, dir.ino, &name)?;
+                    }
+                    if self.logged_maybe_gone(dir)? {
+                        self.log_del_dir_entry(dir, &name, index)?;
+                    }
+                }
+                LogOp::NewName { inode, old, parent: _ } => {
+                    if !self.store.has_log(inode.subvol) || !self.exists(inode)? {
+                        continue;
+                    }
+                    let t = self.transid();
+                    if !self.inode_logged(inode)? {
+                        let Some((odir, _, _)) = &old else { continue };
+                        if !self.logged_maybe_gone(*odir)? {
+                            continue;
+                        }
+                    }
+                    if let Some((odir, oname, oidx)) = &old {
+                        if self.exists(*odir)? && self.inode_logged(*odir)? && self.rt(*odir)?.logged_trans == t && !self.log_del_dir_entry(*odir, oname, *oidx)? {
+                            self.insert_dir_log_key(*odir, *oidx, *oidx)?;
+                        }
+                    }
+                    let mut ctx = Ctx::new(inode);
+                    ctx.logging_new_name = true;
+                    match self.log_inode_parent(inode, LogMode::Exists, &mut ctx) {
+                        Ok(_) => {}
+                        Err(Stop::Commit(_)) => self.log.full_commit_trans = t,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove one name from the inode's logged reference item
+    /// (btrfs_del_inode_ref on the log).
+    fn log_del_inode_ref(&mut self, inode: Loc, parent: u64, name: &[u8]) -> Result<()> {
+        let log = log_tree(inode);
+        let k = Key::new(inode.ino, BTRFS_INODE_REF_KEY, parent);
+        if let Some(d) = self.store.lookup(log, &k)? {
+            let entries = parse_inode_refs(&d).map_err(|e| e.at(0, k))?;
+            if entries.iter().any(|e| e.name == name) {
+                let mut out = Vec::new();
+                for e in entries.iter().filter(|e| e.name != name) {
+                    crate::format::inode::encode_inode_ref(&mut out, e.index, e.name);
+                }
+                if out.is_empty() {
+                    self.store.delete_item(log, &k)?;
+                } else {
+                    self.store.update_item(log, &k, &out)?;
+                }
+                return Ok(());
+            }
+        }
+        let k = Key::new(inode.ino, BTRFS_INODE_EXTREF_KEY, crate::format::dir::extref_hash(parent, name));
+        if let Some(d) = self.store.lookup(log, &k)? {
+            let entries = parse_inode_extrefs(&d).map_err(|e| e.at(0, k))?;
+            let mut out = Vec::new();
+            for e in entries.iter().filter(|e| !(e.parent == parent && e.name == name)) {
+                crate::format::inode::encode_inode_extref(&mut out, e.parent, e.index, e.name);
+            }
+            if out.is_empty() {
+                self.store.delete_item(log, &k)?;
+            } else {
+                self.store.update_item(log, &k, &out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete a logged index entry of `dir` (del_logged_dentry); whether
+    /// the log held it.
+    fn log_del_dir_entry(&mut self, dir: Loc, name: &[u8], index: u64) -> Result<bool> {
+        let log = log_tree(dir);
+        let k = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, index);
+        let Some(d) = self.store.lookup(log, &k)? else { return Ok(false) };
+        let entries = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
+        if !entries.iter().any(|e| e.name == name) {
+            return Ok(false);
+        }
+        self.store.delete_item(log, &k)?;
+        Ok(true)
+    }
+}

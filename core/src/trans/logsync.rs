@@ -1,0 +1,101 @@
+//! Making the log durable without committing (btrfs_sync_log): the data
+//! the logged extents point to, every dirty block of the log trees and of
+//! the log root tree, a flush, then the primary superblock as the last
+//! commit wrote it but with `log_root` naming the log root tree, and a
+//! flush. The running transaction's own trees stay in memory.
+//!
+//! Log trees are kept under `TreeId::Log(subvolume)`; each has a root item
+//! in the log root tree keyed (TREE_LOG, ROOT_ITEM, subvolume). A block a
+//! log sync wrote is copied before it changes again, so the log the
+//! superblock names stays whole until the next log sync or commit replaces
+//! it.
+
+use super::{RootState, Store, TreeId};
+use crate::format::consts::*;
+use crate::format::key::Key;
+use crate::format::root::RootItem;
+use crate::{Error, Result};
+use zerocopy::IntoBytes;
+
+/// The root item of a new log tree (btrfs_add_log_tree): an inode of a
+/// directory, everything else zero until the log is synced.
+fn log_root_item(nodesize: u32) -> RootItem {
+    let mut ri: RootItem = zerocopy::FromZeros::new_zeroed();
+    ri.inode.generation.set(1);
+    ri.inode.size.set(3);
+    ri.inode.nlink.set(1);
+    ri.inode.nbytes.set(nodesize as u64);
+    ri.inode.mode.set(0o040755);
+    ri
+}
+
+impl Store {
+    /// Whether the subvolume has a log tree in this transaction.
+    pub fn has_log(&self, subvol: u64) -> bool {
+        self.roots.contains_key(&TreeId::Log(subvol))
+    }
+
+    /// Subvolumes with a log tree in this transaction.
+    pub fn logged_subvols(&self) -> Vec<u64> {
+        self.roots.keys().filter_map(|t| if let TreeId::Log(s) = t { Some(*s) } else { None }).collect()
+    }
+
+    /// The log tree of `subvol`, created (with the log root tree) on first
+    /// use in a transaction. Returns whether it was created.
+    pub fn start_log(&mut self, subvol: u64) -> Result<bool> {
+        if !self.roots.contains_key(&TreeId::LogRoot) {
+            self.create_log_tree(TreeId::LogRoot, None)?;
+        }
+        if self.has_log(subvol) {
+            return Ok(false);
+        }
+        let key = Key::new(BTRFS_TREE_LOG_OBJECTID, BTRFS_ROOT_ITEM_KEY, subvol);
+        let ri = log_root_item(self.nodesize());
+        self.create_log_tree(TreeId::Log(subvol), Some((key, ri)))?;
+        Ok(true)
+    }
+
+    /// Write the log of `subvol` out and point the superblock at it. The
+    /// log root tree keeps the other subvolumes' logs as their last syncs
+    /// left them.
+    pub fn sync_log(&mut self, subvol: u64) -> Result<()> {
+        if !self.roots.contains_key(&TreeId::LogRoot) || !self.has_log(subvol) {
+            return Err(Error::Invalid("log sync without a log".into()));
+        }
+        // The log tree's root item, as it stands now, in the log root tree.
+        for t in [TreeId::Log(subvol)] {
+            let Some(st) = self.roots.get(&t).cloned() else { continue };
+            let RootState { bytenr, level, item: Some((key, mut ri)), .. } = st else { continue };
+            let node_gen = self.cache.get(bytenr).map(|b| u64::from_le_bytes(b[0x50..0x58].try_into().unwrap_or([0; 8]))).unwrap_or(self.transid);
+            ri.bytenr.set(bytenr);
+            ri.level = level;
+            ri.generation.set(node_gen);
+            ri.generation_v2.set(node_gen);
+            if let Some(RootState { item: Some((_, r)), .. }) = self.roots.get_mut(&t) {
+                *r = ri;
+            }
+            self.update_item(TreeId::LogRoot, &key, ri.as_bytes())?;
+        }
+        self.flush_data()?;
+        self.write_blocks(&|t: TreeId| t == TreeId::Log(subvol) || t == TreeId::LogRoot)?;
+        self.flush_device()?;
+        let (log_root, log_level) = {
+            let st = self.roots.get(&TreeId::LogRoot).ok_or_else(|| Error::Invalid("log root tree".into()))?;
+            (st.bytenr, st.level)
+        };
+        // The superblock of the last commit, naming the log; only the
+        // primary copy (write_all_supers with one mirror).
+        let mut sb = *self.img.sb;
+        sb.log_root.set(log_root);
+        sb.log_root_level = log_level;
+        sb.bytenr.set(btrfs_sb_offset(0));
+        let mut bytes = sb.as_bytes().to_vec();
+        let c = crate::csum::block_csum(self.img.csum, &bytes);
+        bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+        self.device().write_at(btrfs_sb_offset(0), &bytes)?;
+        self.stats.super_bytes += bytes.len() as u64;
+        self.flush_device()?;
+        self.stats.log_syncs += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,3 @@
+//! Small shared pieces with no better home.
+
+pub mod hash;

@@ -1,0 +1,211 @@
+//! btrkit's fsync log writer against the kernel, scenario by scenario.
+//!
+//! Every scenario of the replay corpus and the seeded random families runs
+//! through `btrkit-shell` up to its final crash, which leaves the image as
+//! the power failure would, log and all. Then:
+//! - the kernel mounts a copy of it, replaying **our** log; every
+//!   expectation of the scenario must hold on what it recovers, and
+//!   `btrfs check` must find the result clean;
+//! - what the kernel recovers from our log must equal what it recovers from
+//!   its own run of the same script (its own crash image), except for the
+//!   named exceptions below, each explained, and in at least 95 % of all;
+//! - `btrkit-replay` of our crash image must give the tree the kernel's
+//!   replay of it gives.
+//!
+//! `BTRKIT_LOG_SCENARIOS=a,b*` runs only the named ones; the
+//! `BTRKIT_RANDOM_*_SCENARIOS` variables set how many seeded ones of each
+//! family run (16 by default).
+
+use btrkit_tests::kcrash::{self, Manifest, Scenario};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[path = "common/families.rs"]
+mod families;
+
+/// Scenarios whose recovered tree may differ from the kernel's own run,
+/// and why. The expectations must still hold and the image be clean.
+const EXCEPTIONS: &[(&str, &str)] = &[];
+
+fn scenarios() -> Vec<Scenario> {
+    let mut all = families::corpus();
+    all.extend(families::all_families());
+    all.retain(|s| s.text.lines().any(|l| l.trim_start().starts_with("crash")));
+    if let Ok(only) = std::env::var("BTRKIT_LOG_SCENARIOS") {
+        let names: Vec<&str> = only.split(',').map(str::trim).collect();
+        all.retain(|s| {
+            names.iter().any(|n| match n.strip_suffix('*') {
+                Some(p) => s.name.starts_with(p),
+                None => *n == s.name,
+            })
+        });
+    }
+    all
+}
+
+fn last_line(s: &str) -> &str {
+    s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
+}
+
+/// Run the whole scenario through btrkit-shell; the image is left as its
+/// final crash left it. Err only when there is no image to look at.
+fn shell_run(scn: &Scenario, work: &Path, notes: &mut Vec<String>) -> Result<std::path::PathBuf, String> {
+    let img = work.join("ours.img");
+    let _ = std::fs::remove_file(&img);
+    let mut text = scn.text.clone();
+    if scn.warmup.unwrap_or(true) {
+        text = format!("warmup yes\n{text}");
+    }
+    let script = work.join("ours.scn");
+    std::fs::write(&script, text).map_err(|e| e.to_string())?;
+    let o = Command::new(btrkit_tests::bin_path("btrkit-shell"))
+        .arg(&img)
+        .arg(&script)
+        .arg("-q")
+        .output()
+        .map_err(|e| format!("btrkit-shell: {e}"))?;
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr).trim().to_string();
+        if !img.exists() || !err.contains("expect") {
+            return Err(format!("btrkit-shell exit {:?}: {}", o.status.code(), last_line(&err)));
+        }
+        notes.push(format!("btrkit-shell's own recovery breaks expectations: {}", err.lines().take(3).collect::<Vec<_>>().join(" | ")));
+    }
+    Ok(img)
+}
+
+struct Result1 {
+    name: String,
+    /// The kernel recovered from our log what it recovers from its own.
+    equal: bool,
+    problems: Vec<String>,
+    notes: Vec<String>,
+    had_log: bool,
+}
+
+fn run_one(scn: &Scenario, cache: &Path) -> Result1 {
+    let mut r = Result1 { name: scn.name.clone(), equal: false, problems: Vec::new(), notes: Vec::new(), had_log: false };
+    let theirs_img = match kcrash::cached_crash_image(scn, cache) {
+        Ok(c) => c,
+        Err(e) => {
+            r.problems.push(format!("kernel run: {e}"));
+            return r;
+        }
+    };
+    let _slot = kcrash::slot();
+    let work = match tempfile::Builder::new().prefix(&format!("log-{}-", scn.name)).tempdir() {
+        Ok(w) => w,
+        Err(e) => {
+            r.problems.push(e.to_string());
+            return r;
+        }
+    };
+    let w = work.path();
+    let theirs = match kcrash::manifest_of_image(&theirs_img.path, w) {
+        Ok(m) => m,
+        Err(e) => {
+            r.problems.push(format!("kernel's own replay: {e}"));
+            return r;
+        }
+    };
+    let ours = match shell_run(scn, w, &mut r.notes) {
+        Ok(p) => p,
+        Err(e) => {
+            r.problems.push(e);
+            return r;
+        }
+    };
+    r.had_log = kcrash::super_log_root(&ours).map(|(_, l)| l != 0).unwrap_or(false);
+    // The kernel replays our log.
+    let kcopy = w.join("kernel-replays-ours.img");
+    let k_ours: Manifest = match kcrash::manifest_via_copy(&ours, &kcopy, "rw") {
+        Ok(m) => m,
+        Err(e) => {
+            r.problems.push(format!("the kernel cannot mount our crash image: {e}"));
+            return r;
+        }
+    };
+    let consistent = match kcrash::btrfs_check(&kcopy) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            r.problems.push(format!("btrfs check after the kernel replayed our log: {}", e.lines().take(12).collect::<Vec<_>>().join(" | ")));
+            Err(last_line(&e).to_string())
+        }
+    };
+    let posts_img = w.join("posts.img");
+    let posts = kcrash::copy_sparse(&kcopy, &posts_img).and_then(|_| kcrash::run_posts(&posts_img, scn));
+    let _ = std::fs::remove_file(&posts_img);
+    match posts {
+        Ok(posts) => {
+            let fails = kcrash::check_expectations(scn, &k_ours, &kcrash::Outcome { consistent: Some(consistent), posts });
+            if !fails.is_empty() {
+                r.problems.push(format!("the kernel's replay of our log breaks expectations: {}", fails.join("; ")));
+            }
+        }
+        Err(e) => r.problems.push(format!("post steps: {e}")),
+    }
+    r.equal = k_ours == theirs;
+    if !r.equal {
+        r.notes.push(format!("the kernel recovers from our log (B) other than from its own (A):\n{}", theirs.short_diff(&k_ours, 12)));
+    }
+    // btrkit-replay of our crash image agrees with the kernel's replay.
+    let out = w.join("btrkit-replayed.img");
+    let o = Command::new(btrkit_tests::bin_path("btrkit-replay")).arg(&ours).arg("-o").arg(&out).output();
+    match o {
+        Ok(o) if o.status.success() => match kcrash::manifest_via_copy(&out, &w.join("btrkit-replayed-copy.img"), "ro") {
+            Ok(m) if m != k_ours => r.problems.push(format!("btrkit-replay of our log (B) differs from the kernel's replay of it (A):\n{}", k_ours.short_diff(&m, 12))),
+            Ok(_) => {}
+            Err(e) => r.problems.push(format!("mount of btrkit-replay's result: {e}")),
+        },
+        Ok(o) => r.problems.push(format!("btrkit-replay exit {:?}: {}", o.status.code(), last_line(&String::from_utf8_lossy(&o.stderr)))),
+        Err(e) => r.problems.push(format!("btrkit-replay: {e}")),
+    }
+    r
+}
+
+#[test]
+fn kernel_replays_our_logs() {
+    if let Err(why) = kcrash::can_run() {
+        btrkit_tests::skip(&why);
+        return;
+    }
+    let t = Instant::now();
+    let cache = kcrash::default_cache_dir();
+    let all = scenarios();
+    assert!(!all.is_empty(), "no scenarios");
+    let results = kcrash::parallel_map(&all, kcrash::max_jobs(), |_, s| {
+        let t0 = Instant::now();
+        let r = run_one(s, &cache);
+        let verdict = if !r.problems.is_empty() {
+            "FAIL"
+        } else if r.equal {
+            "equal"
+        } else {
+            "differs"
+        };
+        eprintln!("{:<40} {:<7} log {:<3} ({:.1}s)", s.name, verdict, if r.had_log { "yes" } else { "no" }, t0.elapsed().as_secs_f64());
+        r
+    });
+    let failed: Vec<&Result1> = results.iter().filter(|r| !r.problems.is_empty()).collect();
+    let differing: Vec<&Result1> = results.iter().filter(|r| r.problems.is_empty() && !r.equal).collect();
+    let unexplained: Vec<&&Result1> = differing.iter().filter(|r| !EXCEPTIONS.iter().any(|(n, _)| *n == r.name)).collect();
+    let n = results.len();
+    let equal = results.iter().filter(|r| r.equal && r.problems.is_empty()).count();
+    eprintln!(
+        "{n} scenarios: {equal} equal to the kernel's own run, {} differ ({} unexplained), {} fail; {:.0}s",
+        differing.len(),
+        unexplained.len(),
+        failed.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let mut report = Vec::new();
+    for r in &failed {
+        report.push(format!("--- {} FAILS\n{}\n{}", r.name, r.problems.join("\n"), r.notes.join("\n")));
+    }
+    for r in &unexplained {
+        report.push(format!("--- {} differs from the kernel's own run (not a named exception)\n{}", r.name, r.notes.join("\n")));
+    }
+    assert!(failed.is_empty() && unexplained.is_empty() && equal * 100 >= n * 95, "{}", report.join("\n").lines().take(400).collect::<Vec<_>>().join("\n"));
+    let _ = Duration::ZERO;
+}
