@@ -9,7 +9,7 @@
 //! `key`, `itemoff`, `itemsize` and the decoded `body`.
 
 use crate::render::{leaf_free_space, uuid_string};
-use crate::tree::{Event, Sink};
+use crate::sink::{Event, Sink};
 use btrkit_core::format::consts::*;
 use btrkit_core::format::extent::InlineRef;
 use btrkit_core::format::file_extent::FileExtent;

@@ -5,7 +5,7 @@
 use btrkit_core::format::names::{key_string, objectid_name};
 use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::log::inspect::{
-    csum_range_needed, inspect_log, DirEntryKind, DirLogKind, ExtentKind, LogDump, LogProblem, LoggedExtent, LoggedInode, NameKind, OtherItem,
+    inspect_log, DirEntryKind, DirLogKind, ExtentKind, LogDump, LogProblem, LoggedExtent, LoggedInode, NameKind, OtherItem,
     SubvolLog, Time, TreeInfo,
 };
 use comfy_table::{presets, Cell, Table};
@@ -215,10 +215,8 @@ fn render_inode(o: &mut String, i: &LoggedInode) {
     for x in &i.xattrs {
         t.add_row(vec!["XATTR_ITEM".to_string(), "(hash)".to_string(), format!("{} = {} ({} bytes)", x.name, x.value_preview, x.value_len)]);
     }
-    // Data of a NODATASUM inode has no checksums to log.
-    let nodatasum = i.inode.as_ref().is_some_and(|s| s.flags & btrkit_core::format::consts::BTRFS_INODE_NODATASUM != 0);
     for e in &i.extents {
-        t.add_row(vec!["EXTENT_DATA".to_string(), e.file_offset.to_string(), extent_str(e, nodatasum)]);
+        t.add_row(vec!["EXTENT_DATA".to_string(), e.file_offset.to_string(), extent_str(e)]);
     }
     for x in &i.other {
         t.add_row(vec![x.type_name.clone(), x.key.offset.to_string(), other_str(x)]);
@@ -226,7 +224,7 @@ fn render_inode(o: &mut String, i: &LoggedInode) {
     let _ = writeln!(o, "{t}");
 }
 
-fn extent_str(e: &LoggedExtent, nodatasum: bool) -> String {
+fn extent_str(e: &LoggedExtent) -> String {
     let mut s = match e.kind {
         ExtentKind::Inline => format!("inline {} bytes, ram {}", e.inline_len.unwrap_or(0), e.ram_bytes),
         ExtentKind::Regular | ExtentKind::Prealloc => {
@@ -244,8 +242,7 @@ fn extent_str(e: &LoggedExtent, nodatasum: bool) -> String {
     if e.compression != "none" {
         let _ = write!(s, ", {}", e.compression);
     }
-    if let (Some(have), Some((start, end)), false) = (e.csum_bytes_in_log, csum_range_needed(e), nodatasum) {
-        let need = end - start;
+    if let (Some(have), Some(need)) = (e.csum_bytes_in_log, e.csum_bytes_needed) {
         if have < need {
             let _ = write!(s, ", log csums for {have} of {need} bytes");
         }

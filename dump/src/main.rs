@@ -4,7 +4,9 @@
 mod json;
 mod log;
 mod render;
+mod sink;
 mod super_cmd;
+mod text;
 mod tree;
 
 use clap::{Parser, Subcommand};

@@ -1,65 +1,47 @@
 //! Text rendering of tree blocks and their items, shaped line for line like
 //! btrfs-progs 6.2 `print-tree.c` so the two dumps can be diffed.
 //!
-//! Rendering works on raw bytes and never fails: every field read past the
-//! end of the block reads as zero, so a damaged item prints what can be read
-//! of it (as btrfs does) instead of stopping the dump. Item bodies are read
-//! from the item's start to the end of the block, as btrfs reads them, while
-//! loops over packed entries are bounded by the item size.
+//! Items are read through core's typed views (`btrkit_core::format`), never
+//! by byte offsets of their own. Rendering never fails: as btrfs does, the
+//! fields of a fixed-size structure are read from the item's start however
+//! short the item is (up to the end of the block, zero past it, see
+//! [`read_lenient`]), so a damaged item prints what can be read of it
+//! instead of stopping the dump, while loops over packed entries are bounded
+//! by the item size.
 //!
 //! Output goes into one byte buffer that the caller flushes in large writes;
 //! numbers are formatted by hand and no line allocates.
 
+use btrkit_core::format::block_group::BlockGroupItem;
+use btrkit_core::format::chunk::{ChunkItem, Stripe, CHUNK_ITEM_SIZE, STRIPE_SIZE};
 use btrkit_core::format::consts::*;
+use btrkit_core::format::dev::{DevExtent, DevItem};
+use btrkit_core::format::dir::{DirItem, DirLogItem};
+use btrkit_core::format::extent::{ExtentDataRef, ExtentInlineRef, ExtentItem, SharedDataRef, TreeBlockInfo};
+use btrkit_core::format::file_extent::{FileExtentItem, FILE_EXTENT_INLINE_DATA_START};
+use btrkit_core::format::free_space::{FreeSpaceHeader, FreeSpaceInfo};
 use btrkit_core::format::header::{HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
+use btrkit_core::format::inode::{InodeExtref, InodeItem, InodeRef, Timespec};
 use btrkit_core::format::key::Key;
+use btrkit_core::format::misc::{BalanceItem, DevReplaceItem, DiskBalanceArgs, DEV_STAT_NAMES};
 use btrkit_core::format::names::{key_type_name, objectid_name, write_key, write_objectid};
+use btrkit_core::format::qgroup::{QgroupInfoItem, QgroupLimitItem, QgroupStatusItem};
+use btrkit_core::format::root::{RootItem, RootRef};
+use btrkit_core::format::{read_lenient, Le64};
 use btrkit_core::tree::Node;
+use std::mem::size_of;
+use zerocopy::{FromBytes, IntoBytes};
 
-/// Little-endian field reads that read zero past the end of the bytes.
-#[derive(Clone, Copy)]
-pub struct R<'a>(pub &'a [u8]);
+/// The structure at byte `off` of `d` (an item's bytes to the end of its
+/// block), fields past the end reading as zero.
+fn at<T: FromBytes + IntoBytes>(d: &[u8], off: usize) -> T {
+    read_lenient(d.get(off..).unwrap_or(&[]))
+}
 
-impl<'a> R<'a> {
-    #[inline]
-    fn arr<const N: usize>(&self, o: usize) -> [u8; N] {
-        let mut b = [0u8; N];
-        if let Some(s) = self.0.get(o..) {
-            let n = s.len().min(N);
-            b[..n].copy_from_slice(&s[..n]);
-        }
-        b
-    }
-    #[inline]
-    pub fn u8(&self, o: usize) -> u8 {
-        self.0.get(o).copied().unwrap_or(0)
-    }
-    #[inline]
-    pub fn u16(&self, o: usize) -> u16 {
-        u16::from_le_bytes(self.arr(o))
-    }
-    #[inline]
-    pub fn u32(&self, o: usize) -> u32 {
-        u32::from_le_bytes(self.arr(o))
-    }
-    #[inline]
-    pub fn u64(&self, o: usize) -> u64 {
-        u64::from_le_bytes(self.arr(o))
-    }
-    pub fn key(&self, o: usize) -> Key {
-        Key::new(self.u64(o), self.u8(o + 8), self.u64(o + 9))
-    }
-    pub fn uuid(&self, o: usize) -> [u8; 16] {
-        self.arr(o)
-    }
-    /// Up to `len` bytes from `o`, fewer where the bytes end.
-    pub fn bytes(&self, o: usize, len: usize) -> &'a [u8] {
-        let s = self.0.get(o..).unwrap_or(&[]);
-        &s[..len.min(s.len())]
-    }
-    pub fn from(&self, o: usize) -> R<'a> {
-        R(self.0.get(o..).unwrap_or(&[]))
-    }
+/// Up to `len` bytes of `d` from `off`, fewer where the bytes end.
+fn bytes(d: &[u8], off: usize, len: usize) -> &[u8] {
+    let rest = d.get(off..).unwrap_or(&[]);
+    &rest[..len.min(rest.len())]
 }
 
 /// Converts timestamps to local time as `localtime_r` does, asking libc for
@@ -363,9 +345,8 @@ impl Text {
         self.out.extend_from_slice(self.scratch.as_bytes());
     }
 
-    fn timespec(&mut self, prefix: &str, r: R<'_>, off: usize) {
-        let sec = r.u64(off);
-        let nsec = r.u32(off + 8);
+    fn timespec(&mut self, prefix: &str, t: &Timespec) {
+        let (sec, nsec) = (t.sec.get(), t.nsec.get());
         let o = &mut self.out;
         s(o, prefix);
         u(o, sec);
@@ -379,19 +360,16 @@ impl Text {
     /// A whole block: header lines, then key pointers or items.
     pub fn block(&mut self, node: &Node) {
         self.header(node);
-        let b = node.bytes();
         if node.is_leaf() {
             self.leaf_items(node);
         } else {
-            for slot in 0..node.nr_safe() {
-                let p = HEADER_SIZE + slot * KEY_PTR_SIZE;
-                let r = R(b).from(p);
+            for p in (0..node.nr_safe()).filter_map(|slot| node.key_ptr(slot)) {
                 self.out.push(b'\t');
-                self.key(&r.key(0));
+                self.key(&Key::from(&p.key));
                 s(&mut self.out, " block ");
-                u(&mut self.out, r.u64(17));
+                u(&mut self.out, p.blockptr.get());
                 s(&mut self.out, " gen ");
-                u(&mut self.out, r.u64(25));
+                u(&mut self.out, p.generation.get());
                 self.out.push(b'\n');
             }
         }
@@ -457,11 +435,9 @@ impl Text {
     fn leaf_items(&mut self, node: &Node) {
         let b = node.bytes();
         let data_size = b.len() - HEADER_SIZE;
-        for slot in 0..node.nr_safe() {
-            let ih = R(b).from(HEADER_SIZE + slot * ITEM_SIZE);
-            let key = ih.key(0);
-            let off = ih.u32(17);
-            let size = ih.u32(21);
+        for (slot, it) in (0..node.nr_safe()).filter_map(|slot| node.item(slot).map(|it| (slot, it))) {
+            let key = Key::from(&it.key);
+            let (off, size) = (it.offset.get(), it.size.get());
             if off as usize > data_size || off as u64 + size as u64 > data_size as u64 {
                 // btrfs stops printing the leaf here; so do we, but say why.
                 s(&mut self.out, "ERROR: leaf ");
@@ -487,88 +463,97 @@ impl Text {
             u(&mut self.out, size as u64);
             self.out.push(b'\n');
             let start = HEADER_SIZE + off as usize;
-            self.item(&key, R(&b[start..]), size as usize);
+            self.item(&key, &b[start..], size as usize);
         }
     }
 
-    /// The decoded lines of one item. `r` runs from the item's first byte to
-    /// the end of the block; `size` is the item size.
-    pub fn item(&mut self, key: &Key, r: R<'_>, size: usize) {
+    /// The decoded lines of one item. `d` runs from the item's first byte to
+    /// the end of the block and `size` is the item size: as btrfs does, the
+    /// fields of a fixed-size structure are read wherever they fall (zero
+    /// past the block), while loops over packed entries stop at the item
+    /// size.
+    pub fn item(&mut self, key: &Key, d: &[u8], size: usize) {
         if key.ty == 0 && key.objectid == BTRFS_FREE_SPACE_OBJECTID {
-            self.free_space_header(r);
+            self.free_space_header(&at(d, 0));
         }
         match key.ty {
-            BTRFS_INODE_ITEM_KEY => self.inode_item(r),
-            BTRFS_INODE_REF_KEY => self.inode_refs(r, size),
-            BTRFS_INODE_EXTREF_KEY => self.inode_extrefs(r, size),
-            BTRFS_DIR_ITEM_KEY | BTRFS_DIR_INDEX_KEY | BTRFS_XATTR_ITEM_KEY => self.dir_items(r, size),
+            BTRFS_INODE_ITEM_KEY => self.inode_item(&at(d, 0)),
+            BTRFS_INODE_REF_KEY => self.inode_refs(d, size),
+            BTRFS_INODE_EXTREF_KEY => self.inode_extrefs(d, size),
+            BTRFS_DIR_ITEM_KEY | BTRFS_DIR_INDEX_KEY | BTRFS_XATTR_ITEM_KEY => self.dir_items(d, size),
             BTRFS_DIR_LOG_INDEX_KEY | BTRFS_DIR_LOG_ITEM_KEY => {
+                let dl: DirLogItem = at(d, 0);
                 s(&mut self.out, "\t\tdir log end ");
-                u(&mut self.out, r.u64(0));
+                u(&mut self.out, dl.end.get());
                 self.out.push(b'\n');
             }
             BTRFS_ORPHAN_ITEM_KEY => s(&mut self.out, "\t\torphan item\n"),
-            BTRFS_ROOT_ITEM_KEY => self.root_item(r, size),
-            BTRFS_ROOT_REF_KEY => self.root_ref(r, "ref"),
-            BTRFS_ROOT_BACKREF_KEY => self.root_ref(r, "backref"),
-            BTRFS_EXTENT_ITEM_KEY => self.extent_item(key, r, size, false),
-            BTRFS_METADATA_ITEM_KEY => self.extent_item(key, r, size, true),
+            BTRFS_ROOT_ITEM_KEY => self.root_item(d, size),
+            BTRFS_ROOT_REF_KEY => self.root_ref(d, "ref"),
+            BTRFS_ROOT_BACKREF_KEY => self.root_ref(d, "backref"),
+            BTRFS_EXTENT_ITEM_KEY => self.extent_item(key, d, size, false),
+            BTRFS_METADATA_ITEM_KEY => self.extent_item(key, d, size, true),
             BTRFS_TREE_BLOCK_REF_KEY => s(&mut self.out, "\t\ttree block backref\n"),
             BTRFS_SHARED_BLOCK_REF_KEY => s(&mut self.out, "\t\tshared block backref\n"),
-            BTRFS_EXTENT_DATA_REF_KEY => self.extent_data_ref(r, 0),
+            BTRFS_EXTENT_DATA_REF_KEY => self.extent_data_ref(&at(d, 0)),
             BTRFS_SHARED_DATA_REF_KEY => {
+                let r: SharedDataRef = at(d, 0);
                 s(&mut self.out, "\t\tshared data backref count ");
-                u(&mut self.out, r.u32(0) as u64);
+                u(&mut self.out, r.count.get() as u64);
                 self.out.push(b'\n');
             }
             BTRFS_EXTENT_REF_V0_KEY => s(&mut self.out, "\t\textent ref v0 (deprecated)\n"),
             BTRFS_CSUM_ITEM_KEY => s(&mut self.out, "\t\tcsum item\n"),
-            BTRFS_EXTENT_CSUM_KEY => self.extent_csum(key.offset, r, size),
-            BTRFS_EXTENT_DATA_KEY => self.file_extent(r, size),
+            BTRFS_EXTENT_CSUM_KEY => self.extent_csum(key.offset, d, size),
+            BTRFS_EXTENT_DATA_KEY => self.file_extent(&at(d, 0), size),
             BTRFS_BLOCK_GROUP_ITEM_KEY => {
+                let bg: BlockGroupItem = at(d, 0);
                 let o = &mut self.out;
                 s(o, "\t\tblock group used ");
-                u(o, r.u64(0));
+                u(o, bg.used.get());
                 s(o, " chunk_objectid ");
-                u(o, r.u64(8));
+                u(o, bg.chunk_objectid.get());
                 s(o, " flags ");
-                bg_flags(o, r.u64(16));
+                bg_flags(o, bg.flags.get());
                 o.push(b'\n');
             }
             BTRFS_FREE_SPACE_INFO_KEY => {
+                let fi: FreeSpaceInfo = at(d, 0);
                 let o = &mut self.out;
                 s(o, "\t\tfree space info extent count ");
-                u(o, r.u32(0) as u64);
+                u(o, fi.extent_count.get() as u64);
                 s(o, " flags ");
-                u(o, r.u32(4) as u64);
+                u(o, fi.flags.get() as u64);
                 o.push(b'\n');
             }
             BTRFS_FREE_SPACE_EXTENT_KEY => s(&mut self.out, "\t\tfree space extent\n"),
             BTRFS_FREE_SPACE_BITMAP_KEY => s(&mut self.out, "\t\tfree space bitmap\n"),
-            BTRFS_CHUNK_ITEM_KEY => self.chunk(r),
-            BTRFS_DEV_ITEM_KEY => self.dev_item(r),
+            BTRFS_CHUNK_ITEM_KEY => self.chunk(d),
+            BTRFS_DEV_ITEM_KEY => self.dev_item(&at(d, 0)),
             BTRFS_DEV_EXTENT_KEY => {
+                let de: DevExtent = at(d, 0);
                 let o = &mut self.out;
                 s(o, "\t\tdev extent chunk_tree ");
-                u(o, r.u64(0));
+                u(o, de.chunk_tree.get());
                 s(o, "\n\t\tchunk_objectid ");
-                u(o, r.u64(8));
+                u(o, de.chunk_objectid.get());
                 s(o, " chunk_offset ");
-                u(o, r.u64(16));
+                u(o, de.chunk_offset.get());
                 s(o, " length ");
-                u(o, r.u64(24));
+                u(o, de.length.get());
                 s(o, "\n\t\tchunk_tree_uuid ");
-                uuid(o, &r.uuid(32));
+                uuid(o, &de.chunk_tree_uuid);
                 o.push(b'\n');
             }
             BTRFS_QGROUP_STATUS_KEY => {
+                let st: QgroupStatusItem = at(d, 0);
                 let o = &mut self.out;
                 s(o, "\t\tversion ");
-                u(o, r.u64(0));
+                u(o, st.version.get());
                 s(o, " generation ");
-                u(o, r.u64(8));
+                u(o, st.generation.get());
                 s(o, " flags ");
-                let f = r.u64(16);
+                let f = st.flags.get();
                 s(o, if f & BTRFS_QGROUP_STATUS_FLAG_ON != 0 { "ON" } else { "OFF" });
                 if f & BTRFS_QGROUP_STATUS_FLAG_RESCAN != 0 {
                     s(o, "|SCANNING");
@@ -577,36 +562,38 @@ impl Text {
                     s(o, "|INCONSISTENT");
                 }
                 s(o, " scan ");
-                u(o, r.u64(24));
+                u(o, st.rescan.get());
                 o.push(b'\n');
             }
             BTRFS_QGROUP_RELATION_KEY => {}
             BTRFS_QGROUP_INFO_KEY => {
+                let qi: QgroupInfoItem = at(d, 0);
                 let o = &mut self.out;
                 s(o, "\t\tgeneration ");
-                u(o, r.u64(0));
+                u(o, qi.generation.get());
                 s(o, "\n\t\treferenced ");
-                u(o, r.u64(8));
+                u(o, qi.rfer.get());
                 s(o, " referenced_compressed ");
-                u(o, r.u64(16));
+                u(o, qi.rfer_cmpr.get());
                 s(o, "\n\t\texclusive ");
-                u(o, r.u64(24));
+                u(o, qi.excl.get());
                 s(o, " exclusive_compressed ");
-                u(o, r.u64(32));
+                u(o, qi.excl_cmpr.get());
                 o.push(b'\n');
             }
             BTRFS_QGROUP_LIMIT_KEY => {
+                let ql: QgroupLimitItem = at(d, 0);
                 let o = &mut self.out;
                 s(o, "\t\tflags ");
-                hex(o, r.u64(0));
+                hex(o, ql.flags.get());
                 s(o, "\n\t\tmax_referenced ");
-                i(o, r.u64(8) as i64);
+                i(o, ql.max_rfer.get() as i64);
                 s(o, " max_exclusive ");
-                i(o, r.u64(16) as i64);
+                i(o, ql.max_excl.get() as i64);
                 s(o, "\n\t\trsv_referenced ");
-                i(o, r.u64(24) as i64);
+                i(o, ql.rsv_rfer.get() as i64);
                 s(o, " rsv_exclusive ");
-                i(o, r.u64(32) as i64);
+                i(o, ql.rsv_excl.get() as i64);
                 o.push(b'\n');
             }
             BTRFS_UUID_KEY_SUBVOL | BTRFS_UUID_KEY_RECEIVED_SUBVOL => {
@@ -618,120 +605,122 @@ impl Text {
                 } else {
                     for n in 0..size / 8 {
                         s(o, "\t\tsubvol_id ");
-                        u(o, r.u64(n * 8));
+                        u(o, at::<Le64>(d, n * 8).get());
                         o.push(b'\n');
                     }
                 }
             }
             BTRFS_STRING_ITEM_KEY => {
                 s(&mut self.out, "\t\titem data ");
-                cstr(&mut self.out, r.bytes(0, size), size);
+                cstr(&mut self.out, bytes(d, 0, size), size);
                 self.out.push(b'\n');
             }
-            BTRFS_PERSISTENT_ITEM_KEY => self.persistent(key, r, size),
-            BTRFS_TEMPORARY_ITEM_KEY => self.temporary(key, r),
-            BTRFS_DEV_REPLACE_KEY => self.dev_replace(r),
+            BTRFS_PERSISTENT_ITEM_KEY => self.persistent(key, d, size),
+            BTRFS_TEMPORARY_ITEM_KEY => self.temporary(key, d),
+            BTRFS_DEV_REPLACE_KEY => self.dev_replace(&at(d, 0)),
             // btrfs 6.2 prints nothing for other types; show the bytes.
-            _ if size > 0 && !(key.ty == 0 && key.objectid == BTRFS_FREE_SPACE_OBJECTID) => self.raw(r.bytes(0, size)),
+            _ if size > 0 && !(key.ty == 0 && key.objectid == BTRFS_FREE_SPACE_OBJECTID) => self.raw(bytes(d, 0, size)),
             _ => {}
         }
     }
 
-    fn free_space_header(&mut self, r: R<'_>) {
+    fn free_space_header(&mut self, h: &FreeSpaceHeader) {
         s(&mut self.out, "\t\tlocation ");
-        self.key(&r.key(0));
+        self.key(&Key::from(&h.location));
         let o = &mut self.out;
         s(o, "\n\t\tcache generation ");
-        u(o, r.u64(17));
+        u(o, h.generation.get());
         s(o, " entries ");
-        u(o, r.u64(25));
+        u(o, h.num_entries.get());
         s(o, " bitmaps ");
-        u(o, r.u64(33));
+        u(o, h.num_bitmaps.get());
         o.push(b'\n');
     }
 
-    fn inode_item(&mut self, r: R<'_>) {
+    fn inode_item(&mut self, ii: &InodeItem) {
         let o = &mut self.out;
         s(o, "\t\tgeneration ");
-        u(o, r.u64(0));
+        u(o, ii.generation.get());
         s(o, " transid ");
-        u(o, r.u64(8));
+        u(o, ii.transid.get());
         s(o, " size ");
-        u(o, r.u64(16));
+        u(o, ii.size.get());
         s(o, " nbytes ");
-        u(o, r.u64(24));
+        u(o, ii.nbytes.get());
         s(o, "\n\t\tblock group ");
-        u(o, r.u64(32));
+        u(o, ii.block_group.get());
         s(o, " mode ");
-        oct(o, r.u32(52));
+        oct(o, ii.mode.get());
         s(o, " links ");
-        u(o, r.u32(40) as u64);
+        u(o, ii.nlink.get() as u64);
         s(o, " uid ");
-        u(o, r.u32(44) as u64);
+        u(o, ii.uid.get() as u64);
         s(o, " gid ");
-        u(o, r.u32(48) as u64);
+        u(o, ii.gid.get() as u64);
         s(o, " rdev ");
-        u(o, r.u64(56));
+        u(o, ii.rdev.get());
         s(o, "\n\t\tsequence ");
-        u(o, r.u64(72));
+        u(o, ii.sequence.get());
         s(o, " flags 0x");
-        let flags = r.u64(64);
+        let flags = ii.flags.get();
         hex(o, flags);
         o.push(b'(');
         inode_flags(o, flags);
         s(o, ")\n");
-        self.timespec("\t\tatime ", r, 112);
-        self.timespec("\t\tctime ", r, 124);
-        self.timespec("\t\tmtime ", r, 136);
-        self.timespec("\t\totime ", r, 148);
+        self.timespec("\t\tatime ", &ii.atime);
+        self.timespec("\t\tctime ", &ii.ctime);
+        self.timespec("\t\tmtime ", &ii.mtime);
+        self.timespec("\t\totime ", &ii.otime);
     }
 
-    fn inode_refs(&mut self, r: R<'_>, size: usize) {
+    fn inode_refs(&mut self, d: &[u8], size: usize) {
+        let head = size_of::<InodeRef>();
         let mut cur = 0;
         while cur < size {
-            let e = r.from(cur);
-            let name_len = e.u16(8) as usize;
+            let r: InodeRef = at(d, cur);
+            let name_len = r.name_len.get() as usize;
             let o = &mut self.out;
             s(o, "\t\tindex ");
-            u(o, e.u64(0));
+            u(o, r.index.get());
             s(o, " namelen ");
             u(o, name_len as u64);
             s(o, " name: ");
-            cstr(o, e.bytes(10, name_len), BTRFS_NAME_LEN);
+            cstr(o, bytes(d, cur + head, name_len), BTRFS_NAME_LEN);
             o.push(b'\n');
-            cur += 10 + name_len;
+            cur += head + name_len;
         }
     }
 
-    fn inode_extrefs(&mut self, r: R<'_>, size: usize) {
+    fn inode_extrefs(&mut self, d: &[u8], size: usize) {
+        let head = size_of::<InodeExtref>();
         let mut cur = 0;
         while cur < size {
-            let e = r.from(cur);
-            let name_len = e.u16(16) as usize;
+            let r: InodeExtref = at(d, cur);
+            let name_len = r.name_len.get() as usize;
             let o = &mut self.out;
             s(o, "\t\tindex ");
-            u(o, e.u64(8));
+            u(o, r.index.get());
             s(o, " parent ");
-            u(o, e.u64(0));
+            u(o, r.parent_objectid.get());
             s(o, " namelen ");
             u(o, name_len as u64);
             s(o, " name: ");
-            cstr(o, e.bytes(18, name_len), BTRFS_NAME_LEN);
+            cstr(o, bytes(d, cur + head, name_len), BTRFS_NAME_LEN);
             o.push(b'\n');
-            cur += 18 + name_len;
+            cur += head + name_len;
         }
     }
 
-    fn dir_items(&mut self, r: R<'_>, size: usize) {
+    fn dir_items(&mut self, d: &[u8], size: usize) {
+        let head = size_of::<DirItem>();
         let mut cur = 0;
         while cur < size {
-            let e = r.from(cur);
+            let e: DirItem = at(d, cur);
             s(&mut self.out, "\t\tlocation ");
-            self.key(&e.key(0));
+            self.key(&Key::from(&e.location));
             let o = &mut self.out;
             s(o, " type ");
-            let ty = e.u8(29);
-            match ty {
+            match e.type_ {
                 BTRFS_FT_REG_FILE => s(o, "FILE"),
                 BTRFS_FT_DIR => s(o, "DIR"),
                 BTRFS_FT_CHRDEV => s(o, "CHRDEV"),
@@ -740,130 +729,128 @@ impl Text {
                 BTRFS_FT_SOCK => s(o, "SOCK"),
                 BTRFS_FT_SYMLINK => s(o, "SYMLINK"),
                 BTRFS_FT_XATTR => s(o, "XATTR"),
-                _ => {
+                ty => {
                     s(o, "DIR_ITEM.");
                     u(o, ty as u64);
                 }
             }
-            let data_len = e.u16(25) as usize;
-            let name_len = e.u16(27) as usize;
+            let data_len = e.data_len.get() as usize;
+            let name_len = e.name_len.get() as usize;
             s(o, "\n\t\ttransid ");
-            u(o, e.u64(17));
+            u(o, e.transid.get());
             s(o, " data_len ");
             u(o, data_len as u64);
             s(o, " name_len ");
             u(o, name_len as u64);
             s(o, "\n\t\tname: ");
-            cstr(o, e.bytes(30, name_len), BTRFS_NAME_LEN);
+            cstr(o, bytes(d, cur + head, name_len), BTRFS_NAME_LEN);
             o.push(b'\n');
             if data_len > 0 {
                 s(o, "\t\tdata ");
-                cstr(o, e.bytes(30 + name_len, data_len), BTRFS_NAME_LEN);
+                cstr(o, bytes(d, cur + head + name_len, data_len), BTRFS_NAME_LEN);
                 o.push(b'\n');
             }
-            cur += 30 + name_len + data_len;
+            cur += head + name_len + data_len;
         }
     }
 
-    fn root_item(&mut self, r: R<'_>, size: usize) {
+    fn root_item(&mut self, d: &[u8], size: usize) {
         // btrfs copies the item into a zeroed root item: bytes past the item
         // read as zero (legacy 239-byte items have no v2 fields).
-        let mut buf = [0u8; 439];
-        let src = r.bytes(0, size.min(439));
-        buf[..src.len()].copy_from_slice(src);
-        let r = R(&buf);
+        let ri: RootItem = read_lenient(bytes(d, 0, size));
         let o = &mut self.out;
-        let gen = r.u64(160);
+        let gen = ri.generation.get();
         s(o, "\t\tgeneration ");
         u(o, gen);
         s(o, " root_dirid ");
-        u(o, r.u64(168));
+        u(o, ri.root_dirid.get());
         s(o, " bytenr ");
-        u(o, r.u64(176));
+        u(o, ri.bytenr.get());
         s(o, " byte_limit ");
-        u(o, r.u64(184));
+        u(o, ri.byte_limit.get());
         s(o, " bytes_used ");
-        u(o, r.u64(192));
+        u(o, ri.bytes_used.get());
         s(o, "\n\t\tlast_snapshot ");
-        u(o, r.u64(200));
+        u(o, ri.last_snapshot.get());
         s(o, " flags 0x");
-        let flags = r.u64(208);
+        let flags = ri.flags.get();
         hex(o, flags);
         s(o, if flags & BTRFS_ROOT_SUBVOL_RDONLY != 0 { "(RDONLY)" } else { "(none)" });
         s(o, " refs ");
-        u(o, r.u32(216) as u64);
+        u(o, ri.refs.get() as u64);
         s(o, "\n\t\tdrop_progress ");
-        self.key(&r.key(220));
+        self.key(&Key::from(&ri.drop_progress));
         let o = &mut self.out;
         s(o, " drop_level ");
-        u(o, r.u8(237) as u64);
+        u(o, ri.drop_level as u64);
         s(o, "\n\t\tlevel ");
-        u(o, r.u8(238) as u64);
+        u(o, ri.level as u64);
         s(o, " generation_v2 ");
-        let gen2 = r.u64(239);
-        u(o, gen2);
+        u(o, ri.generation_v2.get());
         o.push(b'\n');
-        if gen == gen2 {
-            for (name, off) in [("uuid", 247), ("parent_uuid", 263), ("received_uuid", 279)] {
+        if ri.has_v2() {
+            for (name, id) in [("uuid", &ri.uuid), ("parent_uuid", &ri.parent_uuid), ("received_uuid", &ri.received_uuid)] {
                 s(o, "\t\t");
                 s(o, name);
                 o.push(b' ');
-                uuid(o, &r.uuid(off));
+                uuid(o, id);
                 o.push(b'\n');
             }
             s(o, "\t\tctransid ");
-            u(o, r.u64(295));
+            u(o, ri.ctransid.get());
             s(o, " otransid ");
-            u(o, r.u64(303));
+            u(o, ri.otransid.get());
             s(o, " stransid ");
-            u(o, r.u64(311));
+            u(o, ri.stransid.get());
             s(o, " rtransid ");
-            u(o, r.u64(319));
+            u(o, ri.rtransid.get());
             o.push(b'\n');
-            self.timespec("\t\tctime ", r, 327);
-            self.timespec("\t\totime ", r, 339);
-            self.timespec("\t\tstime ", r, 351);
-            self.timespec("\t\trtime ", r, 363);
+            self.timespec("\t\tctime ", &ri.ctime);
+            self.timespec("\t\totime ", &ri.otime);
+            self.timespec("\t\tstime ", &ri.stime);
+            self.timespec("\t\trtime ", &ri.rtime);
         }
     }
 
-    fn root_ref(&mut self, r: R<'_>, tag: &str) {
+    fn root_ref(&mut self, d: &[u8], tag: &str) {
+        let r: RootRef = at(d, 0);
         let o = &mut self.out;
-        let n = r.u16(16) as usize;
+        let n = r.name_len.get() as usize;
         s(o, "\t\troot ");
         s(o, tag);
         s(o, " key dirid ");
-        u(o, r.u64(0));
+        u(o, r.dirid.get());
         s(o, " sequence ");
-        u(o, r.u64(8));
+        u(o, r.sequence.get());
         s(o, " name ");
-        cstr(o, r.bytes(18, n), n);
+        cstr(o, bytes(d, size_of::<RootRef>(), n), n);
         o.push(b'\n');
     }
 
-    fn extent_data_ref(&mut self, r: R<'_>, at: usize) {
+    fn extent_data_ref(&mut self, r: &ExtentDataRef) {
         s(&mut self.out, "\t\textent data backref root ");
-        self.objectid(r.u64(at), 0);
+        self.objectid(r.root.get(), 0);
         let o = &mut self.out;
         s(o, " objectid ");
-        u(o, r.u64(at + 8));
+        u(o, r.objectid.get());
         s(o, " offset ");
-        u(o, r.u64(at + 16));
+        u(o, r.offset.get());
         s(o, " count ");
-        u(o, r.u32(at + 24) as u64);
+        u(o, r.count.get() as u64);
         o.push(b'\n');
     }
 
-    fn extent_item(&mut self, key: &Key, r: R<'_>, size: usize, metadata: bool) {
-        if size < 24 {
+    fn extent_item(&mut self, key: &Key, d: &[u8], size: usize, metadata: bool) {
+        if size < size_of::<ExtentItem>() {
             return;
         }
-        let flags = r.u64(16);
+        let ei: ExtentItem = at(d, 0);
+        let flags = ei.flags.get();
         let o = &mut self.out;
         s(o, "\t\trefs ");
-        u(o, r.u64(0));
+        u(o, ei.refs.get());
         s(o, " gen ");
-        u(o, r.u64(8));
+        u(o, ei.generation.get());
         s(o, " flags ");
         if flags & BTRFS_EXTENT_FLAG_DATA != 0 {
             s(o, "DATA");
@@ -878,48 +865,52 @@ impl Text {
             s(o, "|FULL_BACKREF");
         }
         o.push(b'\n');
-        let mut p = 24;
+        let mut p = size_of::<ExtentItem>();
         if flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0 && !metadata {
+            let tb: TreeBlockInfo = at(d, p);
             s(o, "\t\ttree block ");
-            self.key(&r.key(24));
+            self.key(&Key::from(&tb.key));
             let o = &mut self.out;
             s(o, " level ");
-            u(o, r.u8(41) as u64);
+            u(o, tb.level as u64);
             o.push(b'\n');
-            p += 18;
+            p += size_of::<TreeBlockInfo>();
         } else if metadata {
             s(o, "\t\ttree block skinny level ");
             i(o, key.offset as i32 as i64);
             o.push(b'\n');
         }
+        // Each inline ref: its type and offset, then for data refs the rest
+        // of the ref (an extent data ref overlays the offset field).
+        let head = size_of::<ExtentInlineRef>();
         while p < size {
-            let ty = r.u8(p);
-            let off = r.u64(p + 1);
-            let len = match ty {
+            let r: ExtentInlineRef = at(d, p);
+            let len = match r.type_ {
                 BTRFS_TREE_BLOCK_REF_KEY => {
                     s(&mut self.out, "\t\ttree block backref root ");
-                    self.objectid(off, 0);
+                    self.objectid(r.offset.get(), 0);
                     self.out.push(b'\n');
-                    9
+                    head
                 }
                 BTRFS_SHARED_BLOCK_REF_KEY => {
                     s(&mut self.out, "\t\tshared block backref parent ");
-                    u(&mut self.out, off);
+                    u(&mut self.out, r.offset.get());
                     self.out.push(b'\n');
-                    9
+                    head
                 }
                 BTRFS_EXTENT_DATA_REF_KEY => {
-                    self.extent_data_ref(r, p + 1);
-                    29
+                    self.extent_data_ref(&at(d, p + 1));
+                    1 + size_of::<ExtentDataRef>()
                 }
                 BTRFS_SHARED_DATA_REF_KEY => {
+                    let sd: SharedDataRef = at(d, p + head);
                     let o = &mut self.out;
                     s(o, "\t\tshared data backref parent ");
-                    u(o, off);
+                    u(o, r.offset.get());
                     s(o, " count ");
-                    u(o, r.u32(p + 9) as u64);
+                    u(o, sd.count.get() as u64);
                     o.push(b'\n');
-                    13
+                    head + size_of::<SharedDataRef>()
                 }
                 _ => return,
             };
@@ -927,7 +918,7 @@ impl Text {
         }
     }
 
-    fn extent_csum(&mut self, start: u64, r: R<'_>, size: usize) {
+    fn extent_csum(&mut self, start: u64, d: &[u8], size: usize) {
         let cs = self.csum_size.max(1);
         let len = ((size / cs) as u32).wrapping_mul(self.sectorsize);
         let o = &mut self.out;
@@ -942,7 +933,7 @@ impl Text {
             // As many checksums a line as fit in 32 bytes of hex, at least one.
             let per_line = (BTRFS_CSUM_SIZE / cs / 2).max(1);
             let mut off = start;
-            for (n, c) in r.bytes(0, size).chunks_exact(cs).enumerate() {
+            for (n, c) in bytes(d, 0, size).chunks_exact(cs).enumerate() {
                 if n == 0 {
                     s(o, "\t\t");
                 } else if n % per_line == 0 {
@@ -960,12 +951,11 @@ impl Text {
         }
     }
 
-    fn file_extent(&mut self, r: R<'_>, size: usize) {
+    fn file_extent(&mut self, fe: &FileExtentItem, size: usize) {
         let o = &mut self.out;
-        let ty = r.u8(20);
-        let comp = r.u8(16);
+        let ty = fe.type_;
         s(o, "\t\tgeneration ");
-        u(o, r.u64(0));
+        u(o, fe.generation.get());
         s(o, " type ");
         u(o, ty as u64);
         s(
@@ -979,117 +969,119 @@ impl Text {
         );
         if ty == BTRFS_FILE_EXTENT_INLINE {
             s(o, "\t\tinline extent data size ");
-            u(o, (size as u32).wrapping_sub(21) as u64);
+            u(o, (size as u32).wrapping_sub(FILE_EXTENT_INLINE_DATA_START as u32) as u64);
             s(o, " ram_bytes ");
-            u(o, r.u64(8));
+            u(o, fe.ram_bytes.get());
             s(o, " compression ");
-            compression(o, comp);
+            compression(o, fe.compression);
             o.push(b'\n');
             return;
         }
         let word = if ty == BTRFS_FILE_EXTENT_PREALLOC { "\t\tprealloc" } else { "\t\textent" };
         s(o, word);
         s(o, " data disk byte ");
-        u(o, r.u64(21));
+        u(o, fe.disk_bytenr.get());
         s(o, " nr ");
-        u(o, r.u64(29));
+        u(o, fe.disk_num_bytes.get());
         o.push(b'\n');
         s(o, word);
         s(o, " data offset ");
-        u(o, r.u64(37));
+        u(o, fe.offset.get());
         s(o, " nr ");
-        u(o, r.u64(45));
+        u(o, fe.num_bytes.get());
         if ty == BTRFS_FILE_EXTENT_PREALLOC {
             o.push(b'\n');
             return;
         }
         s(o, " ram ");
-        u(o, r.u64(8));
+        u(o, fe.ram_bytes.get());
         s(o, "\n\t\textent compression ");
-        compression(o, comp);
+        compression(o, fe.compression);
         o.push(b'\n');
     }
 
-    fn chunk(&mut self, r: R<'_>) {
+    fn chunk(&mut self, d: &[u8]) {
+        let c: ChunkItem = at(d, 0);
         let o = &mut self.out;
-        let n = r.u16(44);
+        let n = c.num_stripes.get();
         if n < 1 {
             s(o, "invalid num_stripes: ");
             u(o, n as u64);
             o.push(b'\n');
             return;
         }
-        if r.0.len() < 48 + 32 * n as usize {
+        // btrfs checks the stripes against the end of the block, not the item.
+        if d.len() < CHUNK_ITEM_SIZE + STRIPE_SIZE * n as usize {
             s(o, "\t\tchunk item invalid\n");
             return;
         }
         s(o, "\t\tlength ");
-        u(o, r.u64(0));
+        u(o, c.length.get());
         s(o, " owner ");
-        u(o, r.u64(8));
+        u(o, c.owner.get());
         s(o, " stripe_len ");
-        u(o, r.u64(16));
+        u(o, c.stripe_len.get());
         s(o, " type ");
-        bg_flags(o, r.u64(24));
+        bg_flags(o, c.type_.get());
         s(o, "\n\t\tio_align ");
-        u(o, r.u32(32) as u64);
+        u(o, c.io_align.get() as u64);
         s(o, " io_width ");
-        u(o, r.u32(36) as u64);
+        u(o, c.io_width.get() as u64);
         s(o, " sector_size ");
-        u(o, r.u32(40) as u64);
+        u(o, c.sector_size.get() as u64);
         s(o, "\n\t\tnum_stripes ");
         u(o, n as u64);
         s(o, " sub_stripes ");
-        u(o, r.u16(46) as u64);
+        u(o, c.sub_stripes.get() as u64);
         o.push(b'\n');
         for k in 0..n as usize {
-            let st = r.from(48 + k * 32);
+            let st: Stripe = at(d, CHUNK_ITEM_SIZE + k * STRIPE_SIZE);
             s(o, "\t\t\tstripe ");
             u(o, k as u64);
             s(o, " devid ");
-            u(o, st.u64(0));
+            u(o, st.devid.get());
             s(o, " offset ");
-            u(o, st.u64(8));
+            u(o, st.offset.get());
             s(o, "\n\t\t\tdev_uuid ");
-            uuid(o, &st.uuid(16));
+            uuid(o, &st.dev_uuid);
             o.push(b'\n');
         }
     }
 
-    fn dev_item(&mut self, r: R<'_>) {
+    fn dev_item(&mut self, di: &DevItem) {
         let o = &mut self.out;
         s(o, "\t\tdevid ");
-        u(o, r.u64(0));
+        u(o, di.devid.get());
         s(o, " total_bytes ");
-        u(o, r.u64(8));
+        u(o, di.total_bytes.get());
         s(o, " bytes_used ");
-        u(o, r.u64(16));
+        u(o, di.bytes_used.get());
         s(o, "\n\t\tio_align ");
-        u(o, r.u32(24) as u64);
+        u(o, di.io_align.get() as u64);
         s(o, " io_width ");
-        u(o, r.u32(28) as u64);
+        u(o, di.io_width.get() as u64);
         s(o, " sector_size ");
-        u(o, r.u32(32) as u64);
+        u(o, di.sector_size.get() as u64);
         s(o, " type ");
-        u(o, r.u64(36));
+        u(o, di.type_.get());
         s(o, "\n\t\tgeneration ");
-        u(o, r.u64(44));
+        u(o, di.generation.get());
         s(o, " start_offset ");
-        u(o, r.u64(52));
+        u(o, di.start_offset.get());
         s(o, " dev_group ");
-        u(o, r.u32(60) as u64);
+        u(o, di.dev_group.get() as u64);
         s(o, "\n\t\tseek_speed ");
-        u(o, r.u8(64) as u64);
+        u(o, di.seek_speed as u64);
         s(o, " bandwidth ");
-        u(o, r.u8(65) as u64);
+        u(o, di.bandwidth as u64);
         s(o, "\n\t\tuuid ");
-        uuid(o, &r.uuid(66));
+        uuid(o, &di.uuid);
         s(o, "\n\t\tfsid ");
-        uuid(o, &r.uuid(82));
+        uuid(o, &di.fsid);
         o.push(b'\n');
     }
 
-    fn persistent(&mut self, key: &Key, r: R<'_>, size: usize) {
+    fn persistent(&mut self, key: &Key, d: &[u8], size: usize) {
         s(&mut self.out, "\t\tpersistent item objectid ");
         self.objectid(key.objectid, BTRFS_PERSISTENT_ITEM_KEY);
         let o = &mut self.out;
@@ -1102,35 +1094,36 @@ impl Text {
             o.push(b'\n');
             return;
         }
+        // An array of 64-bit counters, named as far as btrfs knows them.
+        let value = |n: usize| at::<Le64>(d, n * 8).get();
         s(o, "\t\tdevice stats\n");
-        let names = ["write_errs", "read_errs", "flush_errs", "corruption_errs", "generation"];
-        for (n, name) in names.iter().enumerate() {
+        for (n, name) in DEV_STAT_NAMES.iter().enumerate() {
             s(o, if n == 0 { "\t\t" } else { " " });
             s(o, name);
             o.push(b' ');
-            u(o, r.u64(n * 8));
+            u(o, value(n));
         }
         o.push(b'\n');
-        let known = names.len() * 8;
+        let known = DEV_STAT_NAMES.len() * 8;
         if known < size {
             // btrfs 6.2 ends this line without a newline; so do we.
             s(o, "\t\tunknown stats item bytes ");
             u(o, (size - known) as u64);
-            let mut n = names.len();
+            let mut n = DEV_STAT_NAMES.len();
             while n * 8 < size {
                 s(o, "\t\tunknown item ");
                 u(o, n as u64);
                 s(o, " offset ");
                 u(o, (n * 8) as u64);
                 s(o, " value ");
-                u(o, r.u64(n * 8));
+                u(o, value(n));
                 o.push(b'\n');
                 n += 1;
             }
         }
     }
 
-    fn temporary(&mut self, key: &Key, r: R<'_>) {
+    fn temporary(&mut self, key: &Key, d: &[u8]) {
         s(&mut self.out, "\t\ttemporary item objectid ");
         self.objectid(key.objectid, BTRFS_TEMPORARY_ITEM_KEY);
         let o = &mut self.out;
@@ -1139,14 +1132,15 @@ impl Text {
         o.push(b'\n');
         match key.objectid {
             BTRFS_BALANCE_OBJECTID => {
+                let b: BalanceItem = at(d, 0);
                 s(o, "\t\tbalance status flags ");
-                u(o, r.u64(0));
+                u(o, b.flags.get());
                 o.push(b'\n');
-                for (name, off) in [("DATA", 8), ("METADATA", 144), ("SYSTEM", 280)] {
+                for (name, args) in [("DATA", &b.data), ("METADATA", &b.meta), ("SYSTEM", &b.sys)] {
                     s(o, "\t\t");
                     s(o, name);
                     o.push(b'\n');
-                    balance_args(o, r.from(off));
+                    balance_args(o, args);
                 }
             }
             // The csum-conversion root of btrfstune (BTRFS_CSUM_TREE_TMP_OBJECTID).
@@ -1164,16 +1158,16 @@ impl Text {
     }
 
     /// Not printed by btrfs 6.2; the layout of later btrfs-progs.
-    fn dev_replace(&mut self, r: R<'_>) {
+    fn dev_replace(&mut self, r: &DevReplaceItem) {
         let o = &mut self.out;
         s(o, "\t\tsrc devid ");
-        i(o, r.u64(0) as i64);
+        i(o, r.src_devid.get() as i64);
         s(o, " cursor left ");
-        u(o, r.u64(8));
+        u(o, r.cursor_left.get());
         s(o, " cursor right ");
-        u(o, r.u64(16));
+        u(o, r.cursor_right.get());
         s(o, " mode ");
-        match r.u64(24) {
+        match r.cont_reading_from_srcdev_mode.get() {
             0 => s(o, "ALWAYS"),
             1 => s(o, "AVOID"),
             m => {
@@ -1183,7 +1177,7 @@ impl Text {
             }
         }
         s(o, "\n\t\tstate ");
-        match r.u64(32) {
+        match r.replace_state.get() {
             0 => s(o, "NEVER_STARTED"),
             1 => s(o, "STARTED"),
             2 => s(o, "FINISHED"),
@@ -1196,12 +1190,11 @@ impl Text {
             }
         }
         s(o, " write errors ");
-        u(o, r.u64(56));
+        u(o, r.num_write_errors.get());
         s(o, " uncorrectable read errors ");
-        u(o, r.u64(64));
+        u(o, r.num_uncorrectable_read_errors.get());
         o.push(b'\n');
-        for (name, off) in [("\t\tstart time ", 40), ("\t\tstop time ", 48)] {
-            let t = r.u64(off);
+        for (name, t) in [("\t\tstart time ", r.time_started.get()), ("\t\tstop time ", r.time_stopped.get())] {
             s(&mut self.out, name);
             u(&mut self.out, t);
             s(&mut self.out, " (");
@@ -1232,11 +1225,12 @@ pub fn leaf_free_space(node: &Node) -> i32 {
     if nr == 0 {
         return data_size;
     }
-    let item = |slot: usize| R(b).from(HEADER_SIZE + slot * ITEM_SIZE);
+    // Offset and size of an item header (zero where there is none).
+    let item = |slot: usize| node.item(slot).map_or((0, 0), |it| (it.offset.get(), it.size.get()));
     let first = item(0);
     let last = item(nr.min(node.nr_safe()).saturating_sub(1));
-    let used = (first.u32(17).wrapping_add(first.u32(21)) as i32)
-        .wrapping_sub(last.u32(17) as i32)
+    let used = (first.0.wrapping_add(first.1) as i32)
+        .wrapping_sub(last.0 as i32)
         .wrapping_add((ITEM_SIZE as i32).wrapping_mul(nr as i32));
     data_size.wrapping_sub(used)
 }
@@ -1329,35 +1323,37 @@ pub fn bg_flags(o: &mut Vec<u8>, flags: u64) {
     s(o, profile);
 }
 
-fn balance_args(o: &mut Vec<u8>, r: R<'_>) {
+fn balance_args(o: &mut Vec<u8>, a: &DiskBalanceArgs) {
+    // usage, limit and stripes each hold a min (low half) and a max (high half).
+    let (usage, limit, stripes) = (a.usage.get(), a.limit.get(), a.stripes.get());
     s(o, "\t\tprofiles ");
-    u(o, r.u64(0));
+    u(o, a.profiles.get());
     s(o, " devid ");
-    u(o, r.u64(16));
+    u(o, a.devid.get());
     s(o, " target ");
-    u(o, r.u64(56));
+    u(o, a.target.get());
     s(o, " flags ");
-    u(o, r.u64(64));
+    u(o, a.flags.get());
     s(o, "\n\t\tusage_min ");
-    u(o, r.u32(8) as u64);
+    u(o, usage as u32 as u64);
     s(o, " usage_max ");
-    u(o, r.u32(12) as u64);
+    u(o, usage >> 32);
     s(o, " pstart ");
-    u(o, r.u64(24));
+    u(o, a.pstart.get());
     s(o, " pend ");
-    u(o, r.u64(32));
+    u(o, a.pend.get());
     s(o, "\n\t\tvstart ");
-    u(o, r.u64(40));
+    u(o, a.vstart.get());
     s(o, " vend ");
-    u(o, r.u64(48));
+    u(o, a.vend.get());
     s(o, " limit_min ");
-    u(o, r.u32(72) as u64);
+    u(o, limit as u32 as u64);
     s(o, " limit_max ");
-    u(o, r.u32(76) as u64);
+    u(o, limit >> 32);
     s(o, "\n\t\tstripes_min ");
-    u(o, r.u32(80) as u64);
+    u(o, stripes as u32 as u64);
     s(o, " stripes_max ");
-    u(o, r.u32(84) as u64);
+    u(o, stripes >> 32);
     o.push(b'\n');
 }
 
@@ -1402,7 +1398,7 @@ mod tests {
         d.extend_from_slice(&5u16.to_le_bytes());
         d.extend_from_slice(b"hello");
         let mut t = text();
-        t.item(&Key::new(257, BTRFS_INODE_REF_KEY, 256), R(&d), d.len());
+        t.item(&Key::new(257, BTRFS_INODE_REF_KEY, 256), &d, d.len());
         assert_eq!(out(&t), "\t\tindex 3 namelen 5 name: hello\n");
     }
 
@@ -1416,7 +1412,7 @@ mod tests {
         d.push(BTRFS_FT_XATTR);
         d.extend_from_slice(b"user.foobar");
         let mut t = text();
-        t.item(&Key::new(257, BTRFS_XATTR_ITEM_KEY, 1), R(&d), d.len());
+        t.item(&Key::new(257, BTRFS_XATTR_ITEM_KEY, 1), &d, d.len());
         assert_eq!(
             out(&t),
             "\t\tlocation key (0 UNKNOWN.0 0) type XATTR\n\t\ttransid 7 data_len 3 name_len 8\n\t\tname: user.foo\n\t\tdata bar\n"
@@ -1438,7 +1434,7 @@ mod tests {
         d.extend_from_slice(&30408704u64.to_le_bytes());
         d.extend_from_slice(&1u32.to_le_bytes());
         let mut t = text();
-        t.item(&Key::new(13631488, BTRFS_EXTENT_ITEM_KEY, 4096), R(&d), d.len());
+        t.item(&Key::new(13631488, BTRFS_EXTENT_ITEM_KEY, 4096), &d, d.len());
         assert_eq!(
             out(&t),
             "\t\trefs 2 gen 9 flags DATA\n\
@@ -1456,7 +1452,7 @@ mod tests {
         d.push(BTRFS_TREE_BLOCK_REF_KEY);
         d.extend_from_slice(&2u64.to_le_bytes());
         let mut t = text();
-        t.item(&Key::new(30408704, BTRFS_METADATA_ITEM_KEY, 0), R(&d), d.len());
+        t.item(&Key::new(30408704, BTRFS_METADATA_ITEM_KEY, 0), &d, d.len());
         assert_eq!(
             out(&t),
             "\t\trefs 1 gen 6 flags TREE_BLOCK\n\t\ttree block skinny level 0\n\t\ttree block backref root EXTENT_TREE\n"
@@ -1474,7 +1470,7 @@ mod tests {
         d[29..37].copy_from_slice(&4096u64.to_le_bytes());
         d[45..53].copy_from_slice(&8192u64.to_le_bytes());
         let mut t = text();
-        t.item(&Key::new(257, BTRFS_EXTENT_DATA_KEY, 0), R(&d), d.len());
+        t.item(&Key::new(257, BTRFS_EXTENT_DATA_KEY, 0), &d, d.len());
         assert_eq!(
             out(&t),
             "\t\tgeneration 7 type 1 (regular)\n\t\textent data disk byte 13631488 nr 4096\n\
@@ -1483,7 +1479,7 @@ mod tests {
         let mut t = text();
         let mut d = vec![0u8; 21 + 10];
         d[8] = 10;
-        t.item(&Key::new(257, BTRFS_EXTENT_DATA_KEY, 0), R(&d), d.len());
+        t.item(&Key::new(257, BTRFS_EXTENT_DATA_KEY, 0), &d, d.len());
         assert_eq!(
             out(&t),
             "\t\tgeneration 0 type 0 (inline)\n\t\tinline extent data size 10 ram_bytes 10 compression 0 (none)\n"
@@ -1493,15 +1489,15 @@ mod tests {
     #[test]
     fn truncated_item_reads_zero_and_unknown_is_raw() {
         let mut t = text();
-        t.item(&Key::new(1, BTRFS_DEV_EXTENT_KEY, 0), R(&[1, 0]), 2);
+        t.item(&Key::new(1, BTRFS_DEV_EXTENT_KEY, 0), &[1, 0], 2);
         assert!(out(&t).starts_with("\t\tdev extent chunk_tree 1\n\t\tchunk_objectid 0 "));
         let mut t = text();
-        t.item(&Key::new(257, 99, 0), R(&[0xab, 0x01]), 2);
+        t.item(&Key::new(257, 99, 0), &[0xab, 0x01], 2);
         assert_eq!(out(&t), "\t\tdata (2 bytes)\n\t\t\tab01\n");
         assert!(std::panic::catch_unwind(|| {
             let mut t = text();
             for ty in 0..=255u8 {
-                t.item(&Key::new(256, ty, 0), R(&[0xff; 7]), 4000);
+                t.item(&Key::new(256, ty, 0), &[0xff; 7], 4000);
             }
         })
         .is_ok());
@@ -1566,7 +1562,7 @@ mod tests {
         d[64] = (BTRFS_INODE_NODATASUM | BTRFS_INODE_PREALLOC) as u8;
         d[120..124].copy_from_slice(&17u32.to_le_bytes()); // atime nsec
         let mut t = text();
-        t.item(&Key::new(257, BTRFS_INODE_ITEM_KEY, 0), R(&d), d.len());
+        t.item(&Key::new(257, BTRFS_INODE_ITEM_KEY, 0), &d, d.len());
         let s = out(&t);
         let lines: Vec<&str> = s.lines().collect();
         assert_eq!(lines[0], "\t\tgeneration 6 transid 7 size 4096 nbytes 0");
@@ -1584,7 +1580,7 @@ mod tests {
         d[176..184].copy_from_slice(&30408704u64.to_le_bytes());
         d[238] = 1; // level
         let mut t = text();
-        t.item(&Key::new(5, BTRFS_ROOT_ITEM_KEY, 0), R(&d), d.len());
+        t.item(&Key::new(5, BTRFS_ROOT_ITEM_KEY, 0), &d, d.len());
         assert_eq!(
             out(&t),
             "\t\tgeneration 9 root_dirid 0 bytenr 30408704 byte_limit 0 bytes_used 0\n\
@@ -1609,7 +1605,7 @@ mod tests {
         d[88..96].copy_from_slice(&(9u64 << 20).to_le_bytes());
         d[96] = 0xab;
         let mut t = text();
-        t.item(&Key::new(256, BTRFS_CHUNK_ITEM_KEY, 1 << 20), R(&d), d.len());
+        t.item(&Key::new(256, BTRFS_CHUNK_ITEM_KEY, 1 << 20), &d, d.len());
         assert_eq!(
             out(&t),
             "\t\tlength 8388608 owner 2 stripe_len 65536 type METADATA|DUP\n\

@@ -7,15 +7,17 @@
 //! printed, and the exit code is 1.
 
 use crate::json::JsonSink;
-use crate::render::{s, u, uuid, Text};
+use crate::render::Text;
+use crate::sink::{Event, Sink};
+use crate::text::TextSink;
 use btrkit_core::format::consts::*;
 use btrkit_core::format::key::Key;
-use btrkit_core::format::names::{key_string, parse_tree_name};
+use btrkit_core::format::names::parse_tree_name;
 use btrkit_core::format::root::RootItem;
 use btrkit_core::image::{tree_root_of, Image, OpenOptions};
-use btrkit_core::tree::{Expect, Node, Problem, TreeRoot};
+use btrkit_core::tree::{Expect, Node, TreeRoot};
 use std::collections::{HashSet, VecDeque};
-use std::io::{self, Write};
+use std::io;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -62,96 +64,6 @@ fn parse_u64(s: &str) -> Result<u64, String> {
         None => s.parse(),
     };
     r.map_err(|_| format!("'{s}' is not a number"))
-}
-
-/// What a dump produces, in order. Text and JSON render the same events.
-pub enum Event<'a> {
-    /// A tree starts. `key` is the ROOT_ITEM key it was found by, if any.
-    Section { title: &'a str, tree: u64, key: Option<Key> },
-    /// A block that was read; its problems come first (empty when valid).
-    Block { node: &'a Node, problems: &'a [Problem] },
-    /// Something could not be read at all.
-    Error { message: &'a str, bytenr: Option<u64>, key: Option<Key> },
-    Totals { total_bytes: u64, bytes_used: u64, fsid: [u8; 16] },
-}
-
-pub trait Sink {
-    fn event(&mut self, ev: Event<'_>) -> io::Result<()>;
-    fn finish(&mut self) -> io::Result<()>;
-}
-
-/// The text dump, written through one buffer flushed in large writes.
-pub struct TextSink<W: Write> {
-    pub text: Text,
-    w: W,
-}
-
-impl<W: Write> TextSink<W> {
-    pub fn new(w: W, text: Text) -> Self {
-        TextSink { text, w }
-    }
-    fn spill(&mut self) -> io::Result<()> {
-        if self.text.out.len() >= 1 << 20 {
-            self.w.write_all(&self.text.out)?;
-            self.text.out.clear();
-        }
-        Ok(())
-    }
-}
-
-fn error_line(o: &mut Vec<u8>, message: &str, bytenr: Option<u64>, key: Option<Key>) {
-    s(o, "ERROR: ");
-    if let Some(b) = bytenr {
-        s(o, "tree block ");
-        u(o, b);
-        if let Some(k) = key {
-            s(o, " key ");
-            s(o, &key_string(&k));
-        }
-        s(o, ": ");
-    }
-    s(o, message);
-    o.push(b'\n');
-}
-
-impl<W: Write> Sink for TextSink<W> {
-    fn event(&mut self, ev: Event<'_>) -> io::Result<()> {
-        let t = &mut self.text;
-        match ev {
-            Event::Section { title, key, .. } => {
-                s(&mut t.out, title);
-                if let Some(k) = key {
-                    s(&mut t.out, " tree ");
-                    t.key(&k);
-                    t.out.push(b' ');
-                }
-                t.out.push(b'\n');
-            }
-            Event::Block { node, problems } => {
-                for p in problems {
-                    error_line(&mut t.out, &p.message, Some(p.bytenr), p.key);
-                }
-                t.block(node);
-            }
-            Event::Error { message, bytenr, key } => error_line(&mut t.out, message, bytenr, key),
-            Event::Totals { total_bytes, bytes_used, fsid } => {
-                let o = &mut t.out;
-                s(o, "total bytes ");
-                u(o, total_bytes);
-                s(o, "\nbytes used ");
-                u(o, bytes_used);
-                s(o, "\nuuid ");
-                uuid(o, &fsid);
-                o.push(b'\n');
-            }
-        }
-        self.spill()
-    }
-    fn finish(&mut self) -> io::Result<()> {
-        self.w.write_all(&self.text.out)?;
-        self.text.out.clear();
-        self.w.flush()
-    }
 }
 
 /// The word dump-tree puts before " tree key (...)" for a ROOT_ITEM.
@@ -547,7 +459,7 @@ mod tests {
         sink.event(Event::Totals { total_bytes: 10, bytes_used: 2, fsid: [0xab; 16] }).unwrap();
         sink.finish().unwrap();
         assert_eq!(
-            String::from_utf8(sink.w.clone()).unwrap(),
+            String::from_utf8(sink.into_inner()).unwrap(),
             "root tree\nfs tree key (FS_TREE ROOT_ITEM 0) \n\
              ERROR: tree block 4096 key (256 INODE_ITEM 0): cannot read: bad\n\
              total bytes 10\nbytes used 2\nuuid abababab-abab-abab-abab-abababababab\n"

@@ -4,7 +4,7 @@
 mod report;
 
 use anyhow::{bail, Context};
-use btrkit_core::io::{BlockDevice, FileDevice, OverlayDevice};
+use btrkit_core::io::{clone_or_copy, BlockDevice, CopyMethod, FileDevice, OverlayDevice};
 use btrkit_core::log::replay::{replay_with_progress, ReplayOptions, ReplaySummary};
 use btrkit_core::trans::Store;
 use clap::Parser;
@@ -16,12 +16,13 @@ use std::sync::Arc;
     name = "btrkit-replay",
     version,
     about = "Replay the fsync log of a Btrfs image offline",
-    after_help = "Examples:\n  btrkit-replay crash.img                 replay in place\n  btrkit-replay crash.img -o fixed.img    write the recovered image to fixed.img\n  btrkit-replay crash.img --dry-run       show what replay would change\n\nExit status: 0 replayed or no log to replay, 1 error (the image is left as it was)."
+    after_help = "Examples:\n  btrkit-replay crash.img                 replay in place\n  btrkit-replay crash.img -o fixed.img    write the recovered image to fixed.img\n  btrkit-replay crash.img --dry-run       show what replay would change\n  btrkit-replay crash.img --salvage --dry-run   what a damaged log still gives\n  btrkit-replay crash.img --salvage -o fixed.img\n\nExit status: 0 replayed or no log to replay, 1 error (the image is left as it was)."
 )]
 struct Args {
     /// The crash image (file or block device).
     image: PathBuf,
-    /// Write the recovered image here (sparse copy) and leave IMAGE untouched.
+    /// Write the recovered image here and leave IMAGE untouched (a reflink
+    /// copy where the filesystem supports it, else a sparse copy).
     #[arg(short = 'o', long = "output")]
     output: Option<PathBuf>,
     /// Print what replay would change without writing anything.
@@ -30,6 +31,11 @@ struct Args {
     /// Replay even when the log lacks data checksums.
     #[arg(long)]
     force: bool,
+    /// The log is damaged: replay every logged inode whose items are all
+    /// still readable, keep the committed state of the others, and report
+    /// per inode what was recovered (never worse than zero-log).
+    #[arg(long, conflicts_with = "force")]
+    salvage: bool,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -40,7 +46,11 @@ fn main() {
     match run(&a) {
         Ok(()) => {}
         Err(e) => {
-            eprintln!("btrkit-replay: error: {}", format!("{e:#}").replace('\n', " "));
+            let mut msg = format!("{e:#}").replace('\n', " ");
+            if !a.salvage && msg.contains("log tree block") {
+                msg.push_str(" (the log is damaged: --salvage replays what the rest of it still proves)");
+            }
+            eprintln!("btrkit-replay: error: {msg}");
             std::process::exit(1);
         }
     }
@@ -70,6 +80,21 @@ fn run_replay(fs: &mut Store, opts: ReplayOptions) -> anyhow::Result<ReplaySumma
     Ok(r?)
 }
 
+/// Copy the image to the new file `out`: a reflink where the filesystem
+/// can, else a sparse copy. A copy that fails half way is removed.
+fn copy_image(image: &std::path::Path, out: &std::path::Path) -> anyhow::Result<CopyMethod> {
+    match clone_or_copy(image, out) {
+        Ok(m) => Ok(m),
+        Err(e) => {
+            // create_new failed only if `out` appeared meanwhile; then it is not ours.
+            if !matches!(&e, btrkit_core::Error::Io { context, .. } if context.starts_with("cannot create")) {
+                let _ = std::fs::remove_file(out);
+            }
+            Err(e).with_context(|| format!("copying {} to {}", image.display(), out.display()))
+        }
+    }
+}
+
 fn run(a: &Args) -> anyhow::Result<()> {
     if a.dry_run && a.output.is_some() {
         bail!("--dry-run and -o cannot be combined");
@@ -80,29 +105,29 @@ fn run(a: &Args) -> anyhow::Result<()> {
             if out.exists() {
                 bail!("{} exists; refusing to overwrite it", out.display());
             }
-            btrkit_core::io::sparse_copy(&a.image, out)?;
+            copy_image(&a.image, out)?;
         }
         report::no_log(&a.image, a.json);
         return Ok(());
     }
-    let opts = ReplayOptions { force: a.force };
+    let opts = ReplayOptions { force: a.force, salvage: a.salvage };
     if a.dry_run {
         let base: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&a.image, false)?);
         let overlay: Arc<dyn BlockDevice> = Arc::new(OverlayDevice::new(base));
         let mut fs = Store::open_for_replay(overlay)?;
         let s = run_replay(&mut fs, opts)?;
-        report::print(&s, true, a.json);
+        report::print(&s, true, a.json, None);
         return Ok(());
     }
-    let target = match &a.output {
+    let (target, copy) = match &a.output {
         Some(out) => {
             if out.exists() {
                 bail!("{} exists; refusing to overwrite it", out.display());
             }
-            btrkit_core::io::sparse_copy(&a.image, out).with_context(|| format!("copying {} to {}", a.image.display(), out.display()))?;
-            out.clone()
+            let m = copy_image(&a.image, out)?;
+            (out.clone(), Some(m))
         }
-        None => a.image.clone(),
+        None => (a.image.clone(), None),
     };
     let result = (|| -> anyhow::Result<_> {
         let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&target, true)?);
@@ -111,7 +136,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
     })();
     match result {
         Ok(s) => {
-            report::print(&s, false, a.json);
+            report::print(&s, false, a.json, copy);
             Ok(())
         }
         Err(e) => {

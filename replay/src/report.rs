@@ -1,4 +1,7 @@
+use btrkit_core::format::names::key_string;
+use btrkit_core::io::CopyMethod;
 use btrkit_core::log::replay::{Event, ReplaySummary};
+use btrkit_core::log::salvage::{Outcome, SalvageReport};
 use comfy_table::Table;
 
 pub fn no_log(image: &std::path::Path, json: bool) {
@@ -9,11 +12,16 @@ pub fn no_log(image: &std::path::Path, json: bool) {
     }
 }
 
-pub fn print(s: &ReplaySummary, dry_run: bool, json: bool) {
+pub fn print(s: &ReplaySummary, dry_run: bool, json: bool, copy: Option<CopyMethod>) {
     if json {
-        let v = serde_json::json!({ "dry_run": dry_run, "summary": s });
+        let v = serde_json::json!({ "dry_run": dry_run, "copy": copy, "summary": s });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return;
+    }
+    match copy {
+        Some(CopyMethod::Reflink) => println!("output: reflink copy of the image (blocks shared until written)"),
+        Some(CopyMethod::Sparse) => println!("output: sparse copy of the image"),
+        None => {}
     }
     if dry_run {
         let mut t = Table::new();
@@ -35,6 +43,9 @@ pub fn print(s: &ReplaySummary, dry_run: bool, json: bool) {
         println!("{t}");
         println!("dry run: nothing was written");
     }
+    if let Some(r) = &s.salvage {
+        print_salvage(r);
+    }
     let mut t = Table::new();
     t.set_header(vec!["log trees", "log blocks", "log items", "inodes created", "inodes updated", "inodes removed", "names added", "names removed", "data replaced"]);
     t.add_row(vec![
@@ -52,4 +63,43 @@ pub fn print(s: &ReplaySummary, dry_run: bool, json: bool) {
     if !dry_run {
         println!("log replayed; new generation {}", s.generation);
     }
+}
+
+/// Salvage: the lost blocks, then one row per inode the readable log names.
+fn print_salvage(r: &SalvageReport) {
+    if !r.lost_blocks.is_empty() {
+        let mut t = Table::new();
+        t.set_header(vec!["lost log block", "log of subvol", "level", "key range", "why"]);
+        for b in &r.lost_blocks {
+            let end = b.end_key.as_ref().map(key_string).unwrap_or_else(|| "end".into());
+            t.add_row(vec![b.bytenr.to_string(), b.subvol.to_string(), b.level.to_string(), format!("{} .. {end}", key_string(&b.first_key)), b.why.clone()]);
+        }
+        println!("{t}");
+    }
+    if let Some(why) = &r.zero_log {
+        println!("salvage: {why}");
+        return;
+    }
+    let mut t = Table::new();
+    t.set_header(vec!["subvol", "inode", "path", "type", "result", "detail"]);
+    for i in &r.inodes {
+        t.add_row(vec![
+            i.subvol.to_string(),
+            i.ino.to_string(),
+            i.path.clone().unwrap_or_else(|| "(no name)".into()),
+            i.kind.unwrap_or("?").to_string(),
+            match i.outcome {
+                Outcome::Recovered => "recovered".to_string(),
+                Outcome::NotRecovered => "not recovered".to_string(),
+            },
+            i.reason.clone().unwrap_or_default(),
+        ]);
+    }
+    println!("{t}");
+    println!(
+        "salvage: {} logged inode(s) recovered, {} not recovered (they keep their committed state); {} log block(s) lost",
+        r.recovered,
+        r.not_recovered,
+        r.lost_blocks.len()
+    );
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Offline log replay against the kernel's own, on the headline crash image
-# (10,000 files created and fsynced one by one, then a power failure; made
-# by the kernel on a loop mount and cached under the target directory).
+# Offline log replay against the kernel's own, on a kernel crash image: by
+# default the headline one (10,000 files created and fsynced one by one, then
+# a power failure), or the crash image of SCENARIO (for example
+# scripts/bench/replay-1000.scn, a log of 1,000 inodes); made by the kernel on
+# a loop mount and cached under the target directory.
 #
 #   btrkit-replay IMG -o OUT                   offline replay to a new image
 #   mount -o loop COPY MNT && umount MNT       the kernel replays at mount
@@ -10,11 +12,14 @@
 # is made outside the timing). Uses hyperfine when installed, else a loop
 # around /usr/bin/time. Needs root, loop devices, btrfs, btrfs-progs.
 #
-#   scripts/bench/replay-bench.sh [RUNS]      (default 5)
+#   scripts/bench/replay-bench.sh [RUNS] [SCENARIO]   (default 5 runs, headline)
 #   BTRKIT_REPLAY_BIN=PROG replaces btrkit-replay (e.g. tests/scripts/kernel-replay-shim.sh)
+#   TMPDIR=DIR puts the working copies in DIR (a reflink-capable filesystem
+#   there makes `-o` a reflink copy)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runs=${1:-5}
+scenario=${2:-}
 target=${CARGO_TARGET_DIR:-target}
 
 if [ "$(id -u)" != 0 ]; then
@@ -24,10 +29,16 @@ fi
 
 cargo build -q --release -p btrkit-replay -p btrkit-tests --bin btrkit-replay --bin btrkit-kcrash
 replay=${BTRKIT_REPLAY_BIN:-$target/release/btrkit-replay}
-img=$("$target/release/btrkit-kcrash" headline)
+if [ -n "$scenario" ]; then
+    img=$("$target/release/btrkit-kcrash" cached "$scenario")
+else
+    img=$("$target/release/btrkit-kcrash" headline)
+fi
 echo "crash image: $img ($(du -h "$img" | cut -f1) used)"
 
-work=$(mktemp -d /tmp/replay-bench.XXXXXX)
+# The copies live under $TMPDIR (default /tmp): on a btrfs or XFS there,
+# `-o` copies with a reflink.
+work=$(mktemp -d "${TMPDIR:-/tmp}/replay-bench.XXXXXX")
 mnt=$work/mnt
 mkdir "$mnt"
 cleanup() {

@@ -10,6 +10,8 @@
 //! - [`rich`]: builds an image full of the things the kernel writes (inline,
 //!   prealloc, compressed, holes, xattrs, links, subvolumes, multi-level trees).
 //! - [`fsck_support`]: running btrkit-fsck, locating and damaging items.
+//! - [`salvage`]: log blocks of a crash image, damaging them, comparing a
+//!   salvaged image with the kernel's replay and zero-log.
 //! - [`dumpcmp`]: compares `btrkit-dump tree` against `btrfs inspect-internal
 //!   dump-tree` on their item lines.
 
@@ -21,6 +23,7 @@ pub mod fsck_support;
 pub mod kcrash;
 pub mod kimage;
 pub mod rich;
+pub mod salvage;
 
 pub use bins::bin_path;
 pub use env::{oracles_required, repo_root, require_btrfs_progs, require_kernel_mount, require_loop, require_root, require_shared, skip, skip_part, test_name};

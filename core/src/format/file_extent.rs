@@ -48,6 +48,27 @@ impl<'a> FileExtent<'a> {
             FileExtent::Inline { head, .. } | FileExtent::Disk { head, .. } => head,
         }
     }
+
+    /// The disk bytes `[start, end)` whose data checksums this extent
+    /// relies on, when its inode keeps checksums (no NODATASUM): for a
+    /// regular uncompressed extent the part of the disk extent it refers to,
+    /// for a compressed one the whole disk extent (checksums cover the
+    /// compressed bytes, and reading any of the file range decompresses all
+    /// of them). None for inline and prealloc extents and holes, which have
+    /// no checksummed data.
+    pub fn csum_span(&self) -> Option<(u64, u64)> {
+        let FileExtent::Disk { head, item } = self else { return None };
+        let db = item.disk_bytenr.get();
+        if head.type_ != BTRFS_FILE_EXTENT_REG || db == 0 {
+            return None;
+        }
+        if head.compression != BTRFS_COMPRESS_NONE {
+            Some((db, db.saturating_add(item.disk_num_bytes.get())))
+        } else {
+            let start = db.saturating_add(item.offset.get());
+            Some((start, start.saturating_add(item.num_bytes.get())))
+        }
+    }
 }
 
 /// An inline extent item: head (ram_bytes is the uncompressed length)
@@ -137,5 +158,37 @@ mod tests {
             FileExtent::Disk { item, .. } => assert_eq!((item.disk_bytenr.get(), item.num_bytes.get(), item.ram_bytes.get()), (0, 8192, 8192)),
             _ => panic!(),
         }
+    }
+
+    #[test]
+    fn csum_span() {
+        let mut it = FileExtentItem {
+            generation: 1.into(),
+            ram_bytes: 16384.into(),
+            compression: BTRFS_COMPRESS_NONE,
+            encryption: 0,
+            other_encoding: 0.into(),
+            type_: BTRFS_FILE_EXTENT_REG,
+            disk_bytenr: (1 << 20).into(),
+            disk_num_bytes: 16384.into(),
+            offset: 4096.into(),
+            num_bytes: 8192.into(),
+        };
+        let span = |it: &FileExtentItem| parse_file_extent(it.as_bytes()).unwrap().csum_span();
+        // Uncompressed: only the referenced part of the disk extent.
+        assert_eq!(span(&it), Some(((1 << 20) + 4096, (1 << 20) + 12288)));
+        // Compressed: the whole disk extent, whatever part the file uses.
+        it.compression = BTRFS_COMPRESS_ZSTD;
+        it.disk_num_bytes.set(4096);
+        assert_eq!(span(&it), Some((1 << 20, (1 << 20) + 4096)));
+        it.type_ = BTRFS_FILE_EXTENT_PREALLOC;
+        assert_eq!(span(&it), None);
+        it.type_ = BTRFS_FILE_EXTENT_REG;
+        it.disk_bytenr.set(0);
+        assert_eq!(span(&it), None, "a hole");
+        let mut inline = it.as_bytes()[..FILE_EXTENT_INLINE_DATA_START].to_vec();
+        inline[20] = BTRFS_FILE_EXTENT_INLINE;
+        inline.extend_from_slice(b"data");
+        assert_eq!(parse_file_extent(&inline).unwrap().csum_span(), None);
     }
 }

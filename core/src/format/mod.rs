@@ -44,6 +44,22 @@ where
     }
 }
 
+/// A structure read from the front of `data`, fields past the end of
+/// `data` reading as zero. This is how btrfs-progs prints an item whose size
+/// is wrong (it reads each field wherever it falls), so a dump can show
+/// what a damaged item holds; anything that acts on an item decodes it with
+/// [`item::decode`], which refuses wrong sizes.
+pub fn read_lenient<T>(data: &[u8]) -> T
+where
+    T: zerocopy::FromBytes + zerocopy::IntoBytes,
+{
+    let mut v = T::new_zeroed();
+    let dst = v.as_mut_bytes();
+    let n = dst.len().min(data.len());
+    dst[..n].copy_from_slice(&data[..n]);
+    v
+}
+
 #[cfg(test)]
 pub(crate) fn roundtrip<T>(bytes: &[u8])
 where

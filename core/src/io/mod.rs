@@ -3,6 +3,7 @@
 //! ([`MemDevice`]) and [`CrashDevice`], which keeps what was flushed apart from
 //! what was only written so any crash point can be replayed.
 
+mod copy;
 mod crash;
 mod file;
 mod iobuf;
@@ -15,7 +16,8 @@ pub use crash::CrashDevice;
 pub use file::FileDevice;
 pub use iobuf::IoBuf;
 pub use mem::MemDevice;
-pub use overlay::{sparse_copy, OverlayDevice};
+pub use copy::{clone_or_copy, sparse_copy, CopyMethod};
+pub use overlay::OverlayDevice;
 pub use staged::StagedSuper;
 pub use volatile::VolatileFile;
 

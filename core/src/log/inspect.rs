@@ -3,24 +3,24 @@
 //! entries and dir-log ranges, xattrs, file extents, orphan marks), the data
 //! checksum ranges the log carries, and everything else as "other items".
 //!
-//! Inspection is lenient by construction: damaged or unreadable log blocks
-//! become [`LogProblem`]s and the walk goes on with whatever is still
-//! reachable, so a damaged log can still be looked at. Nothing here fails.
+//! Inspection reads the log with the shared reader ([`super::reader`]) in
+//! its lenient mode: damaged or unreadable log blocks become [`LogProblem`]s
+//! and the walk goes on with whatever is still reachable, so a damaged log
+//! can still be looked at. Nothing here fails.
 
+use super::reader::{covered_bytes, read_log, LogTree, OnDamage, ReadOptions, TreeRead};
+pub use super::reader::LogProblem;
 use crate::format::consts::*;
 use crate::format::file_extent::FileExtent;
 use crate::format::inode::InodeItem;
 use crate::format::item::{decode, ItemBody};
 use crate::format::key::Key;
 use crate::format::names::key_type_name;
-use crate::format::root::RootItem;
 use crate::image::Image;
-use crate::tree::node::{Node, Problem};
-use crate::tree::{walk_tree, TreeIter, TreeRoot, WalkEvent};
+use crate::tree::{TreeIter, TreeRoot};
 use crate::Error;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
-use std::ops::ControlFlow;
 
 /// The whole log of an image whose superblock has a non-zero `log_root`.
 #[derive(Clone, Debug, Serialize)]
@@ -64,15 +64,15 @@ pub struct TreeInfo {
 }
 
 impl TreeInfo {
-    fn new(root: &TreeRoot) -> TreeInfo {
+    fn of(r: &TreeRead, items: usize) -> TreeInfo {
         TreeInfo {
-            bytenr: root.bytenr,
-            level: root.level,
-            generation: root.generation,
-            block_generation: None,
-            blocks: 0,
-            leaves: 0,
-            items: 0,
+            bytenr: r.root.bytenr,
+            level: r.root.level,
+            generation: r.root.generation,
+            block_generation: r.root_block_generation,
+            blocks: r.blocks.len(),
+            leaves: r.leaves(),
+            items,
         }
     }
 }
@@ -90,15 +90,6 @@ pub struct SubvolLog {
     /// Items that belong to no inode.
     pub other: Vec<OtherItem>,
     pub problems: Vec<LogProblem>,
-}
-
-/// One thing wrong with the log: a damaged or unreadable block, or an item
-/// that does not decode.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct LogProblem {
-    pub bytenr: u64,
-    pub key: Option<Key>,
-    pub message: String,
 }
 
 /// Everything the log holds about one inode.
@@ -244,11 +235,15 @@ pub struct LoggedExtent {
     pub offset: Option<u64>,
     /// Length of the file range.
     pub num_bytes: Option<u64>,
-    /// For a regular extent with data: how many bytes of the data it
-    /// references (the whole disk extent when compressed) the log's
-    /// EXTENT_CSUM items cover. Less than `num_bytes` (or `disk_num_bytes`)
-    /// means the log lacks checksums for some of it, which is normal only for
-    /// NODATASUM inodes.
+    /// Bytes of data checksums replay needs for this extent, by the one
+    /// rule of [`LogTree::csum_needs`]: what a regular extent refers to of
+    /// its disk extent (all of it when compressed), for an inode that keeps
+    /// checksums. None when nothing is needed (inline, prealloc, hole,
+    /// NODATASUM).
+    pub csum_bytes_needed: Option<u64>,
+    /// How many of the needed bytes the log's EXTENT_CSUM items cover; less
+    /// than `csum_bytes_needed` means replay must find the rest in the csum
+    /// tree (data committed before) or the log lacks them.
     pub csum_bytes_in_log: Option<u64>,
 }
 
@@ -272,127 +267,55 @@ pub struct OtherItem {
 
 /// Read the log of `img`: None when the superblock has no log root.
 pub fn inspect_log(img: &Image) -> Option<LogDump> {
-    let lr = img.log_root_tree()?;
-    let mut info = TreeInfo::new(&lr);
-    let mut roots: Vec<(Key, RootItem)> = Vec::new();
-    let mut other = Vec::new();
-    let mut problems = Vec::new();
-    walk_collect(img, lr, &mut info, &mut problems, |node, slot, key, data, block_problems, problems| {
-        if key.objectid == BTRFS_TREE_LOG_OBJECTID && key.ty == BTRFS_ROOT_ITEM_KEY {
-            match RootItem::parse(data) {
-                Ok(ri) => roots.push((key, ri)),
-                Err(e) => {
-                    let msg = error_text(&e);
-                    if !has_slot_problem(block_problems, slot) {
-                        problems.push(LogProblem { bytenr: node.bytenr, key: Some(key), message: msg.clone() });
-                    }
-                    other.push(other_item(key, data.len(), Some(msg)));
-                }
-            }
-        } else {
-            other.push(other_item(key, data.len(), None));
-        }
-    });
-
-    let mut subvols = Vec::new();
-    for (key, ri) in roots {
-        let root = TreeRoot { id: BTRFS_TREE_LOG_OBJECTID, bytenr: ri.bytenr.get(), level: ri.level, generation: ri.generation.get() };
-        subvols.push(inspect_subvol_log(img, key.offset, root));
-    }
+    // Lenient reading fails only without a log.
+    let read = read_log(img, ReadOptions::new(OnDamage::Keep)).ok()??;
+    let other = read.root_tree_other.iter().map(|(k, size, err)| other_item(*k, *size, err.clone())).collect();
+    let root_items = read.roots.len() + read.root_tree_other.len();
+    let subvols = read.trees.iter().map(|t| inspect_subvol_log(img, t)).collect();
     Some(LogDump {
-        super_generation: img.sb.generation.get(),
-        log_root_transid: img.sb.log_root_transid.get(),
-        log_root: info,
+        super_generation: read.super_generation,
+        log_root_transid: read.log_root_transid,
+        log_root: TreeInfo::of(&read.root_tree, root_items),
         subvols,
         other,
-        problems,
+        problems: read.root_tree.problems.clone(),
     })
 }
 
-/// Walk one log tree and group its items.
-fn inspect_subvol_log(img: &Image, subvol: u64, root: TreeRoot) -> SubvolLog {
-    let mut info = TreeInfo::new(&root);
-    let mut problems = Vec::new();
+/// Group the items of one log tree by inode.
+fn inspect_subvol_log(img: &Image, tree: &LogTree) -> SubvolLog {
+    let mut problems = tree.read.problems.clone();
     let mut g = LogGrouper::new(img.csum.size(), img.sectorsize);
-    walk_collect(img, root, &mut info, &mut problems, |node, slot, key, data, block_problems, problems| {
-        if let Err(e) = g.add(key, data) {
-            if !has_slot_problem(block_problems, slot) {
-                problems.push(LogProblem { bytenr: node.bytenr, key: Some(key), message: error_text(&e) });
+    for (i, (key, data)) in tree.items.iter().enumerate() {
+        if let Err(e) = g.add(*key, data) {
+            // Validation may have named this item already.
+            if !problems.iter().any(|p| p.key == Some(*key)) {
+                let bytenr = tree.leaf_of(i);
+                problems.push(LogProblem {
+                    bytenr,
+                    key: Some(*key),
+                    message: error_text(&e),
+                    class: super::reader::ProblemClass::Item,
+                    slot: None,
+                });
             }
         }
-    });
+    }
     let (mut inodes, csums, other) = g.finish();
-    fill_csum_coverage(&mut inodes, &csums);
+    fill_csum_coverage(&mut inodes, tree, img.csum.size(), img.sectorsize);
     // Ancestors the log does not name are looked up in the committed fs tree
     // of the subvolume; a damaged or missing fs tree only costs path detail.
+    let subvol = tree.subvol;
     let fs_root = img.find_root(subvol).ok().flatten();
     let mut cache: HashMap<u64, Option<(u64, String)>> = HashMap::new();
     resolve_paths(&mut inodes, |ino| {
         cache.entry(ino).or_insert_with(|| fs_root.and_then(|r| committed_name(img, r, ino))).clone()
     });
-    SubvolLog { subvol, tree: info, inodes, csums, other, problems }
+    SubvolLog { subvol, tree: TreeInfo::of(&tree.read, tree.items.len()), inodes, csums, other, problems }
 }
 
-/// Walk `root` with `walk_tree`, counting blocks and items into `info`,
-/// turning block damage into problems and handing every readable leaf item
-/// to `item` as (leaf, slot, key, body, the leaf's problems, problem list).
-fn walk_collect<F>(img: &Image, root: TreeRoot, info: &mut TreeInfo, problems: &mut Vec<LogProblem>, mut item: F)
-where
-    F: FnMut(&Node, usize, Key, &[u8], &[Problem], &mut Vec<LogProblem>),
-{
-    let _ = walk_tree(img, root, |ev| {
-        match ev {
-            WalkEvent::Block { node, problems: ps, depth } => {
-                info.blocks += 1;
-                if depth == 0 {
-                    info.block_generation = Some(node.generation());
-                }
-                problems.extend(ps.iter().map(|p| LogProblem { bytenr: p.bytenr, key: p.key, message: p.message.clone() }));
-                if node.is_leaf() {
-                    info.leaves += 1;
-                    for slot in 0..node.nr_safe() {
-                        let Some(key) = node.key(slot) else { continue };
-                        info.items += 1;
-                        match node.item_data(slot) {
-                            Ok(data) => item(node, slot, key, data, ps, problems),
-                            Err(e) => {
-                                if !has_slot_problem(ps, slot) {
-                                    problems.push(LogProblem { bytenr: node.bytenr, key: Some(key), message: error_text(&e) });
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            WalkEvent::Unreadable { bytenr, parent, key, error } => {
-                let from = match parent {
-                    Some(p) => format!(" (referenced by block {p})"),
-                    None => " (tree root)".to_string(),
-                };
-                problems.push(LogProblem { bytenr, key, message: format!("unreadable block{from}: {error}") });
-            }
-            WalkEvent::Revisit { bytenr, parent } => {
-                problems.push(LogProblem {
-                    bytenr,
-                    key: None,
-                    message: format!("block {bytenr} is referenced again by block {parent} (a loop or shared block in the log)"),
-                });
-            }
-        }
-        ControlFlow::Continue(())
-    });
-}
-
-fn has_slot_problem(ps: &[Problem], slot: usize) -> bool {
-    ps.iter().any(|p| p.slot == Some(slot))
-}
-
-/// An error's message without its location, which the problem carries.
 fn error_text(e: &Error) -> String {
-    match e {
-        Error::Corrupt { what, .. } => what.clone(),
-        e => e.to_string(),
-    }
+    super::reader::error_text(e)
 }
 
 fn other_item(key: Key, size: usize, error: Option<String>) -> OtherItem {
@@ -404,7 +327,7 @@ fn other_item(key: Key, size: usize, error: Option<String>) -> OtherItem {
 }
 
 /// The first name of `ino` in the committed tree `root`: (parent, name).
-fn committed_name(img: &Image, root: TreeRoot, ino: u64) -> Option<(u64, String)> {
+pub(crate) fn committed_name(img: &Image, root: TreeRoot, ino: u64) -> Option<(u64, String)> {
     let mut it = TreeIter::new(img, root, Key::new(ino, BTRFS_INODE_REF_KEY, 0)).ok()?;
     let item = it.next_item()?.ok()?;
     if item.key.objectid != ino {
@@ -522,35 +445,17 @@ impl LogGrouper {
     }
 }
 
-/// The disk range whose checksums a logged extent needs: what it references
-/// of an uncompressed extent, the whole extent when compressed (checksums
-/// cover the compressed bytes). None for inline, prealloc and holes.
-pub fn csum_range_needed(e: &LoggedExtent) -> Option<(u64, u64)> {
-    if e.kind != ExtentKind::Regular {
-        return None;
-    }
-    let db = e.disk_bytenr.filter(|&d| d != 0)?;
-    if e.compression != "none" {
-        Some((db, db.saturating_add(e.disk_num_bytes.unwrap_or(0))))
-    } else {
-        let start = db.saturating_add(e.offset.unwrap_or(0));
-        Some((start, start.saturating_add(e.num_bytes.unwrap_or(0))))
-    }
-}
-
-/// Set `csum_bytes_in_log` of every regular extent from the log's ranges.
-pub fn fill_csum_coverage(inodes: &mut [LoggedInode], csums: &[CsumRange]) {
-    for e in inodes.iter_mut().flat_map(|i| i.extents.iter_mut()) {
-        if let Some((start, end)) = csum_range_needed(e) {
-            // Log csum items never overlap one another, so overlaps add up.
-            let covered = csums
-                .iter()
-                .map(|c| {
-                    let (cs, ce) = (c.start, c.start.saturating_add(c.len));
-                    ce.min(end).saturating_sub(cs.max(start))
-                })
-                .sum();
-            e.csum_bytes_in_log = Some(covered);
+/// Set `csum_bytes_needed` and `csum_bytes_in_log` of every extent of
+/// `inodes` from the shared rule and the log's checksum items.
+pub fn fill_csum_coverage(inodes: &mut [LoggedInode], tree: &LogTree, csum_size: usize, sectorsize: u32) {
+    let have = tree.csum_ranges(csum_size, sectorsize);
+    let needs: HashMap<(u64, u64), (u64, u64)> = tree.csum_needs().into_iter().map(|n| ((n.ino, n.file_offset), (n.start, n.end))).collect();
+    for i in inodes.iter_mut() {
+        for e in i.extents.iter_mut() {
+            if let Some(&(start, end)) = needs.get(&(i.ino, e.file_offset)) {
+                e.csum_bytes_needed = Some(end - start);
+                e.csum_bytes_in_log = Some(covered_bytes(&have, start, end));
+            }
         }
     }
 }
@@ -640,6 +545,7 @@ fn summarize_extent(file_offset: u64, fe: &FileExtent<'_>) -> LoggedExtent {
         disk_num_bytes: None,
         offset: None,
         num_bytes: None,
+        csum_bytes_needed: None,
         csum_bytes_in_log: None,
     };
     match fe {
@@ -777,7 +683,7 @@ mod tests {
     use crate::format::dir::{DirItem, DirLogItem};
     use crate::format::file_extent::FileExtentItem;
     use crate::format::inode::{InodeExtref, InodeRef};
-    use zerocopy::IntoBytes;
+    use zerocopy::{FromBytes, IntoBytes};
 
     fn inode_item(mode: u32, size: u64, nlink: u32) -> Vec<u8> {
         let i = InodeItem {
@@ -832,31 +738,48 @@ mod tests {
 
     #[test]
     fn groups_items_by_inode() {
-        let mut g = LogGrouper::new(4, 4096);
         let k = Key::new;
-        g.add(k(257, BTRFS_INODE_ITEM_KEY, 0), &inode_item(0o40755, 48, 1)).unwrap();
-        g.add(k(257, BTRFS_INODE_REF_KEY, 256), &inode_ref(2, b"d")).unwrap();
-        g.add(k(257, BTRFS_DIR_LOG_INDEX_KEY, 2), DirLogItem { end: u64::MAX.into() }.as_bytes()).unwrap();
-        g.add(k(257, BTRFS_DIR_INDEX_KEY, 5), &dir_item(k(258, BTRFS_INODE_ITEM_KEY, 0), BTRFS_FT_REG_FILE, b"f\x01", b""))
-            .unwrap();
-        g.add(k(258, BTRFS_INODE_ITEM_KEY, 0), &inode_item(0o100644, 8192, 2)).unwrap();
-        g.add(k(258, BTRFS_INODE_REF_KEY, 257), &inode_ref(5, b"f\x01")).unwrap();
+        let mut items: Vec<(Key, Vec<u8>)> = Vec::new();
+        let mut add = |key: Key, data: &[u8]| items.push((key, data.to_vec()));
+        add(k(257, BTRFS_INODE_ITEM_KEY, 0), &inode_item(0o40755, 48, 1));
+        add(k(257, BTRFS_INODE_REF_KEY, 256), &inode_ref(2, b"d"));
+        add(k(257, BTRFS_DIR_LOG_INDEX_KEY, 2), DirLogItem { end: u64::MAX.into() }.as_bytes());
+        add(k(257, BTRFS_DIR_INDEX_KEY, 5), &dir_item(k(258, BTRFS_INODE_ITEM_KEY, 0), BTRFS_FT_REG_FILE, b"f\x01", b""));
+        add(k(258, BTRFS_INODE_ITEM_KEY, 0), &inode_item(0o100644, 8192, 2));
+        add(k(258, BTRFS_INODE_REF_KEY, 257), &inode_ref(5, b"f\x01"));
         let mut ext = InodeExtref { parent_objectid: 256.into(), index: 9.into(), name_len: 1.into() }.as_bytes().to_vec();
         ext.push(b'x');
-        g.add(k(258, BTRFS_INODE_EXTREF_KEY, 1234), &ext).unwrap();
-        g.add(k(258, BTRFS_XATTR_ITEM_KEY, 99), &dir_item(Key::MIN, BTRFS_FT_XATTR, b"user.a", b"blue")).unwrap();
-        g.add(k(258, BTRFS_EXTENT_DATA_KEY, 0), &reg_extent(BTRFS_FILE_EXTENT_REG, 1 << 20, 4096)).unwrap();
-        g.add(k(258, BTRFS_EXTENT_DATA_KEY, 4096), &reg_extent(BTRFS_FILE_EXTENT_PREALLOC, 2 << 20, 4096)).unwrap();
-        g.add(k(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 300), &[]).unwrap();
-        g.add(k(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 1 << 20), &[0u8; 8]).unwrap();
-        g.add(k(258, BTRFS_VERITY_DESC_ITEM_KEY, 5), &[1, 2, 3]).unwrap();
-        g.add(k(BTRFS_FREE_SPACE_OBJECTID, 0, 0), &[0; 3]).unwrap();
+        add(k(258, BTRFS_INODE_EXTREF_KEY, 1234), &ext);
+        add(k(258, BTRFS_XATTR_ITEM_KEY, 99), &dir_item(Key::MIN, BTRFS_FT_XATTR, b"user.a", b"blue"));
+        add(k(258, BTRFS_EXTENT_DATA_KEY, 0), &reg_extent(BTRFS_FILE_EXTENT_REG, 1 << 20, 4096));
+        add(k(258, BTRFS_EXTENT_DATA_KEY, 4096), &reg_extent(BTRFS_FILE_EXTENT_PREALLOC, 2 << 20, 4096));
+        add(k(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 300), &[]);
+        add(k(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 1 << 20), &[0u8; 8]);
+        add(k(258, BTRFS_VERITY_DESC_ITEM_KEY, 5), &[1, 2, 3]);
+        add(k(BTRFS_FREE_SPACE_OBJECTID, 0, 0), &[0; 3]);
         // A body that does not decode is kept and reported.
-        assert!(g.add(k(259, BTRFS_INODE_ITEM_KEY, 0), &[0u8; 10]).is_err());
+        add(k(259, BTRFS_INODE_ITEM_KEY, 0), &[0u8; 10]);
+        // An inode that keeps checksums, with a compressed extent and an
+        // uncompressed one referring to the middle of its disk extent.
+        let mut plain = inode_item(0o100644, 8192, 1);
+        plain[64..72].copy_from_slice(&0u64.to_le_bytes());
+        add(k(260, BTRFS_INODE_ITEM_KEY, 0), &plain);
+        add(k(260, BTRFS_EXTENT_DATA_KEY, 0), &reg_extent(BTRFS_FILE_EXTENT_REG, 1 << 20, 4096));
+        let mut mid = FileExtentItem::read_from_bytes(&reg_extent(BTRFS_FILE_EXTENT_REG, 1 << 20, 16384)).unwrap();
+        mid.compression = BTRFS_COMPRESS_NONE;
+        mid.offset.set(4096);
+        mid.num_bytes.set(8192);
+        add(k(260, BTRFS_EXTENT_DATA_KEY, 4096), mid.as_bytes());
+        items.sort_by_key(|i| i.0);
 
+        let mut g = LogGrouper::new(4, 4096);
+        let errors = items.iter().filter(|(key, d)| g.add(*key, d).is_err()).count();
+        assert_eq!(errors, 1);
+        let root = TreeRoot { id: BTRFS_TREE_LOG_OBJECTID, bytenr: 0, level: 0, generation: 0 };
+        let tree = LogTree { subvol: 5, items, read: TreeRead::new(root) };
         let (mut inodes, csums, other) = g.finish();
-    fill_csum_coverage(&mut inodes, &csums);
-        assert_eq!(inodes.iter().map(|i| i.ino).collect::<Vec<_>>(), vec![257, 258, 259, 300]);
+        fill_csum_coverage(&mut inodes, &tree, 4, 4096);
+        assert_eq!(inodes.iter().map(|i| i.ino).collect::<Vec<_>>(), vec![257, 258, 259, 260, 300]);
         let d = &inodes[0];
         assert_eq!(d.inode.as_ref().unwrap().kind, "dir");
         assert_eq!(d.dir_log_ranges, vec![DirLogRange { kind: DirLogKind::DirLogIndex, start: 2, end: u64::MAX }]);
@@ -880,20 +803,17 @@ mod tests {
         assert_eq!(f.other.len(), 1);
         assert_eq!(f.other[0].type_name, "VERITY_DESC_ITEM");
         assert!(inodes[2].other[0].error.is_some());
-        assert!(inodes[3].orphan && inodes[3].inode.is_none());
+        assert!(inodes[4].orphan && inodes[4].inode.is_none());
         assert_eq!(csums, vec![CsumRange { start: 1 << 20, len: 8192, csums: 2 }]);
-        fill_csum_coverage(&mut inodes, &csums);
-        // Compressed: the whole 4 KiB disk extent is needed and covered.
-        assert_eq!(inodes[1].extents[0].csum_bytes_in_log, Some(4096));
+        // 258 is NODATASUM: nothing needed. 260 keeps checksums: its
+        // compressed extent needs the whole 4 KiB disk extent (covered), its
+        // uncompressed one what it refers to, [+4096, +12288), half covered.
+        assert_eq!(inodes[1].extents[0].csum_bytes_needed, None);
         assert_eq!(inodes[1].extents[1].csum_bytes_in_log, None);
-        let mut e = inodes[1].extents[0].clone();
-        e.compression = "none".into();
-        e.offset = Some(4096);
-        e.num_bytes = Some(8192);
-        assert_eq!(csum_range_needed(&e), Some(((1 << 20) + 4096, (1 << 20) + 12288)));
-        let mut one = vec![LoggedInode { ino: 1, extents: vec![e], ..Default::default() }];
-        fill_csum_coverage(&mut one, &csums);
-        assert_eq!(one[0].extents[0].csum_bytes_in_log, Some(4096));
+        let c = inodes.iter().find(|i| i.ino == 260).unwrap();
+        assert_eq!((c.extents[0].csum_bytes_needed, c.extents[0].csum_bytes_in_log), (Some(4096), Some(4096)));
+        assert_eq!((c.extents[1].csum_bytes_needed, c.extents[1].csum_bytes_in_log), (Some(8192), Some(4096)));
+        inodes.retain(|i| i.ino != 260);
         assert_eq!(other.len(), 1);
 
         // 257 and 258 are named in the log; 300 only in the "committed" tree,

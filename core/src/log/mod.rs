@@ -1,8 +1,11 @@
-//! The fsync log: reading it for inspection ([`inspect`]), offline
-//! replay ([`replay`]) and writing it at fsync ([`writer`]).
+//! The fsync log: one reader of it ([`reader`]), shown to people
+//! ([`inspect`]), replayed offline ([`replay`]), replayed in part when it is
+//! damaged ([`salvage`]), and written at fsync ([`writer`]).
 
 pub mod inspect;
+pub mod reader;
 pub mod replay;
+pub mod salvage;
 pub mod writer;
 
 pub use inspect::{inspect_log, LogDump};

@@ -19,24 +19,26 @@
 //! to the intact log, so replay can simply be run again.
 
 use crate::format::consts::*;
-use crate::format::dir::{parse_dir_items, DirItem};
+use crate::format::dir::parse_dir_items;
 use crate::trans::delayed::BackRef;
 use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
 use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem, Timespec};
 use crate::format::key::Key;
-use crate::format::root::RootItem;
+use super::reader::{read_log, uncovered, OnDamage, ReadOptions};
+pub use super::reader::LogTree;
 use crate::fs::{extents, inode as finode, names};
 use crate::trans::{Store, TreeId};
-use crate::tree::{walk_tree, TreeIter, TreeRoot, WalkEvent};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::ops::ControlFlow;
 use zerocopy::{FromBytes, IntoBytes};
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReplayOptions {
     /// Replay even when logged data extents lack checksums in the log.
     pub force: bool,
+    /// Replay what a damaged log still proves ([`super::salvage`]) instead
+    /// of refusing a log with a damaged block.
+    pub salvage: bool,
 }
 
 /// What replay changed, for `--dry-run` and the summary.
@@ -67,22 +69,8 @@ pub struct ReplaySummary {
     pub inodes_removed: usize,
     pub generation: u64,
     pub events: Vec<Event>,
-}
-
-/// One log tree, read into memory.
-struct LogTree {
-    subvol: u64,
-    items: Vec<(Key, Vec<u8>)>,
-}
-
-impl LogTree {
-    fn find(&self, key: &Key) -> Option<&[u8]> {
-        self.items.binary_search_by(|(k, _)| k.cmp(key)).ok().map(|i| &self.items[i].1[..])
-    }
-    fn range(&self, lo: Key, hi: Key) -> impl Iterator<Item = &(Key, Vec<u8>)> {
-        let s = self.items.partition_point(|(k, _)| *k < lo);
-        self.items[s..].iter().take_while(move |(k, _)| *k <= hi)
-    }
+    /// With `salvage`: what was lost, and per inode what was recovered.
+    pub salvage: Option<super::salvage::SalvageReport>,
 }
 
 fn lossy(n: &[u8]) -> String {
@@ -100,110 +88,28 @@ fn is_reg(mode: u32) -> bool {
     mode & 0o170000 == 0o100000
 }
 
-/// Read the log root tree and every log tree; `check_csums` verifies that
-/// every logged data extent that needs checksums has them in the log.
+/// Read every log tree with the shared reader; any damage is an error
+/// (replay must not guess). Returns the trees and every log block to pin.
 fn read_logs(fs: &Store) -> Result<(Vec<LogTree>, Vec<u64>)> {
-    let img = fs.image();
-    let lrt = img.log_root_tree().ok_or_else(|| Error::Invalid("no log to replay".into()))?;
-    let mut blocks = Vec::new();
-    collect_blocks(img, lrt, &mut blocks)?;
-    let mut logs = Vec::new();
-    for (k, ri) in img.root_items_in(lrt)? {
-        if k.objectid != BTRFS_TREE_LOG_OBJECTID {
-            continue;
-        }
-        let root = TreeRoot { id: BTRFS_TREE_LOG_OBJECTID, bytenr: ri.bytenr.get(), level: ri.level, generation: ri.generation.get() };
-        if ri.generation.get() > img.sb.generation.get() + 1 {
-            return Err(Error::corrupt(
-                format!("log tree of subvolume {} has generation {}, newer than the filesystem's {} + 1", k.offset, ri.generation.get(), img.sb.generation.get()),
-                ri.bytenr.get(),
-            ));
-        }
-        collect_blocks(img, root, &mut blocks)?;
-        let mut items = Vec::new();
-        for it in TreeIter::new(img, root, Key::MIN)? {
-            let it = it?;
-            items.push((it.key, it.data()?.to_vec()));
-        }
-        logs.push(LogTree { subvol: k.offset, items });
-    }
-    Ok((logs, blocks))
+    let read = read_log(fs.image(), ReadOptions::new(OnDamage::Fail))?.ok_or_else(|| Error::Invalid("no log to replay".into()))?;
+    let mut blocks: Vec<u64> = read.root_tree.blocks.iter().map(|b| b.bytenr).collect();
+    blocks.extend(read.trees.iter().flat_map(|t| t.read.blocks.iter().map(|b| b.bytenr)));
+    Ok((read.trees, blocks))
 }
 
-/// Every block of a log tree; any damage is an error (replay must not
-/// guess).
-fn collect_blocks(img: &crate::image::Image, root: TreeRoot, blocks: &mut Vec<u64>) -> Result<()> {
-    let mut err = None;
-    let _ = walk_tree(img, root, |ev| match ev {
-        WalkEvent::Block { node, problems, .. } => {
-            if let Some(p) = problems.first() {
-                err = Some(Error::corrupt(format!("log tree block: {}", p.message), node.bytenr));
-                return ControlFlow::Break(());
-            }
-            blocks.push(node.bytenr);
-            ControlFlow::Continue(())
-        }
-        WalkEvent::Unreadable { error, bytenr, .. } => {
-            err = Some(Error::corrupt(format!("log tree block unreadable: {error}"), bytenr));
-            ControlFlow::Break(())
-        }
-        WalkEvent::Revisit { bytenr, .. } => {
-            err = Some(Error::corrupt("log tree block referenced twice", bytenr));
-            ControlFlow::Break(())
-        }
-    });
-    match err {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
-}
-
-/// Logged data extents whose checksums the log lacks (inode without
-/// NODATASUM, regular uncompressed or compressed extents).
+/// Logged data extents whose checksums neither the log nor the csum tree
+/// holds (the shared rule of [`LogTree::csum_needs`]), one line each.
 fn missing_csums(fs: &mut Store, logs: &[LogTree]) -> Result<Vec<String>> {
-    let cs = fs.image().csum.size();
-    let ss = fs.sectorsize() as u64;
+    let (cs, ss) = (fs.image().csum.size(), fs.sectorsize());
     let mut out = Vec::new();
     for log in logs {
-        let mut sums: Vec<(u64, u64)> = Vec::new();
-        for (k, d) in log.range(Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0), Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, u64::MAX)) {
-            sums.push((k.offset, k.offset + (d.len() / cs.max(1)) as u64 * ss));
-        }
-        for (k, d) in &log.items {
-            if k.ty != BTRFS_EXTENT_DATA_KEY {
-                continue;
-            }
-            let nodatasum = log
-                .find(&Key::new(k.objectid, BTRFS_INODE_ITEM_KEY, 0))
-                .and_then(|d| InodeItem::read_from_bytes(d).ok())
-                .is_some_and(|i| i.flags.get() & BTRFS_INODE_NODATASUM != 0);
-            if nodatasum {
-                continue;
-            }
-            if let Ok(FileExtent::Disk { head, item }) = parse_file_extent(d) {
-                if head.type_ != BTRFS_FILE_EXTENT_REG || item.disk_bytenr.get() == 0 {
-                    continue;
-                }
-                let (s, e) = if head.compression != 0 {
-                    (item.disk_bytenr.get(), item.disk_bytenr.get() + item.disk_num_bytes.get())
-                } else {
-                    let s = item.disk_bytenr.get() + item.offset.get();
-                    (s, s + item.num_bytes.get())
-                };
-                // Every sector of [s, e) must be covered by some csum item.
-                let mut pos = s;
-                while pos < e {
-                    match sums.iter().find(|(a, b)| *a <= pos && pos < *b) {
-                        Some(&(_, b)) => pos = b,
-                        None => break,
-                    }
-                }
-                if pos < e {
-                    // Checksums committed before the crash count too.
-                    let have = fs.csum_lookup(pos, e - pos)?;
-                    if have.iter().any(|c| c.is_none()) {
-                        out.push(format!("inode {} offset {} (disk bytes {}..{})", k.objectid, k.offset, s, e));
-                    }
+        let have = log.csum_ranges(cs, ss);
+        for n in log.csum_needs() {
+            for (a, b) in uncovered(&have, n.start, n.end) {
+                // Checksums committed before the crash count too.
+                if fs.csum_lookup(a, b - a)?.iter().any(|c| c.is_none()) {
+                    out.push(format!("inode {} offset {} (disk bytes {}..{})", n.ino, n.file_offset, n.start, n.end));
+                    break;
                 }
             }
         }
@@ -709,6 +615,9 @@ pub fn replay(fs: &mut Store, opts: ReplayOptions) -> Result<ReplaySummary> {
 
 /// [`replay`], reporting `(stage name, items done, items in all logs)`.
 pub fn replay_with_progress(fs: &mut Store, opts: ReplayOptions, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
+    if opts.salvage {
+        return salvage_with_progress(fs, progress);
+    }
     let (logs, blocks) = read_logs(fs)?;
     if !opts.force {
         let missing = missing_csums(fs, &logs)?;
@@ -723,7 +632,48 @@ pub fn replay_with_progress(fs: &mut Store, opts: ReplayOptions, progress: &mut 
             });
         }
     }
-    let mut sum = ReplaySummary { log_trees: logs.len(), log_blocks: blocks.len(), ..Default::default() };
+    replay_logs(fs, logs, blocks, None, progress)
+}
+
+/// Most inodes salvage leaves out, one attempt each, after their replay failed.
+const SALVAGE_RETRIES: usize = 16;
+
+/// Salvage: replay what the damaged log still proves. An error naming a
+/// logged inode (an item that reads but cannot be replayed) costs that
+/// inode, not the salvage: nothing is written before the commit, so the
+/// filesystem is opened again and the replay starts over without it.
+fn salvage_with_progress(fs: &mut Store, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
+    let mut refused: BTreeMap<u64, String> = BTreeMap::new();
+    loop {
+        let p = super::salvage::prepare(fs, &refused)?;
+        let logged: BTreeSet<u64> =
+            p.logs.iter().flat_map(|l| l.items.iter().map(|(k, _)| k.objectid)).filter(|&o| o <= BTRFS_LAST_FREE_OBJECTID).collect();
+        match replay_logs(fs, p.logs, p.blocks, Some(p.report), progress) {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                let ino = match &e {
+                    Error::Corrupt { key: Some(k), .. } if logged.contains(&k.objectid) => k.objectid,
+                    _ => return Err(e),
+                };
+                if refused.len() >= SALVAGE_RETRIES || refused.contains_key(&ino) {
+                    return Err(e);
+                }
+                refused.insert(ino, format!("its log items could not be replayed: {e}"));
+                *fs = Store::open_for_replay(fs.device().clone())?;
+            }
+        }
+    }
+}
+
+/// Replay `logs` (pinning `blocks`, the log's blocks) and commit.
+fn replay_logs(
+    fs: &mut Store,
+    logs: Vec<LogTree>,
+    blocks: Vec<u64>,
+    salvage: Option<super::salvage::SalvageReport>,
+    progress: &mut dyn FnMut(&'static str, u64, u64),
+) -> Result<ReplaySummary> {
+    let mut sum = ReplaySummary { log_trees: logs.len(), log_blocks: blocks.len(), salvage, ..Default::default() };
     // Stage 1: pin the log and the data extents it references.
     let ns = fs.nodesize() as u64;
     for &b in &blocks {
@@ -831,11 +781,12 @@ pub fn replay_with_progress(fs: &mut Store, opts: ReplayOptions, progress: &mut 
             sum.events.push(e);
         }
     }
+    if let Some(report) = sum.salvage.as_mut() {
+        super::salvage::after_replay(fs, report, &logs)?;
+    }
     progress("commit", total, total);
     fs.clear_log_root();
     fs.commit()?;
     sum.generation = fs.image().sb.generation.get();
-    let _ = RootItem::parse;
-    let _ = DirItem::read_from_bytes;
     Ok(sum)
 }

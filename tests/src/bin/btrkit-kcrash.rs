@@ -7,6 +7,7 @@
 //!   btrkit-kcrash diff IMAGE_A IMAGE_B      manifests of both, their differences
 //!   btrkit-kcrash headline                  build (or reuse) the cached crash image of
 //!                                           the 10,000-file headline workload, print its path
+//!   btrkit-kcrash cached SCENARIO.scn       the same for any scenario
 //!
 //! Needs root, loop devices, btrfs in the kernel and btrfs-progs.
 
@@ -21,7 +22,7 @@ fn main() {
 }
 
 fn usage() -> String {
-    "usage: btrkit-kcrash run SCENARIO OUTDIR | manifest IMAGE [--ro] | diff IMAGE_A IMAGE_B | headline".into()
+    "usage: btrkit-kcrash run SCENARIO OUTDIR | manifest IMAGE [--ro] | diff IMAGE_A IMAGE_B | headline | cached SCENARIO".into()
 }
 
 fn manifest(img: &Path, opts: &str) -> Result<kcrash::Manifest, String> {
@@ -79,6 +80,12 @@ fn real_main() -> Result<(), String> {
                 &kcrash::headline_scenario(),
                 &kcrash::default_cache_dir(),
             )?;
+            println!("{}", c.path.display());
+            Ok(())
+        }
+        ["cached", scn] => {
+            let s = kcrash::load_scenario(Path::new(scn))?;
+            let c = kcrash::cached_crash_image(&s, &kcrash::default_cache_dir())?;
             println!("{}", c.path.display());
             Ok(())
         }
