@@ -1,10 +1,11 @@
 //! btrkit-shell: run workload scripts on a Btrfs image through btrkit's own
 //! engine, or an interactive shell on one.
 
+mod explore;
 mod interactive;
 mod run;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -15,11 +16,15 @@ use std::path::PathBuf;
     after_help = "The script language is the one of the kernel oracle (kcrash.py): mkfs/fssize/mount directives, \
 steps (mkdir, write, fsync, rename, crash, ...) and expect lines, plus read, ls, stat, stats [--json] and \
 set NAME on|off.\n\nExamples:\n  btrkit-shell disk.img workload.scn      # disk.img is made from the script's mkfs/fssize if missing\n  \
-echo 'write /f 0 4K' | btrkit-shell disk.img -\n  btrkit-shell disk.img                   # interactive"
+echo 'write /f 0 4K' | btrkit-shell disk.img -\n  btrkit-shell disk.img                   # interactive\n  \
+btrkit-shell explore disk.img workload.scn --random 4 --json",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
     /// The image (created by the script's `mkfs` and `fssize` when missing).
-    image: PathBuf,
+    image: Option<PathBuf>,
     /// Script file, or `-` for standard input. Without one on a terminal:
     /// an interactive shell.
     script: Option<String>,
@@ -28,12 +33,27 @@ struct Cli {
     quiet: bool,
 }
 
+#[derive(Subcommand)]
+enum Cmd {
+    /// Crash the script at every flush point (and random subsets of the
+    /// unflushed writes), recover each image, check it and every fsync's
+    /// promise; exit 1 on a violation.
+    Explore(explore::ExploreArgs),
+}
+
 fn main() {
     let cli = Cli::parse();
+    if let Some(Cmd::Explore(a)) = &cli.cmd {
+        std::process::exit(explore::run(a));
+    }
+    let Some(image) = &cli.image else {
+        eprintln!("btrkit-shell: error: an IMAGE is needed (see --help)");
+        std::process::exit(2);
+    };
     let code = match &cli.script {
-        Some(s) => run::run_script(&cli.image, s, cli.quiet),
-        None if std::io::IsTerminal::is_terminal(&std::io::stdin()) => interactive::run(&cli.image),
-        None => run::run_script(&cli.image, "-", cli.quiet),
+        Some(s) => run::run_script(image, s, cli.quiet),
+        None if std::io::IsTerminal::is_terminal(&std::io::stdin()) => interactive::run(image),
+        None => run::run_script(image, "-", cli.quiet),
     };
     std::process::exit(code);
 }

@@ -231,6 +231,16 @@ impl Filesystem {
 
     /// pread: what a reader sees (dirty pages over the disk's data).
     pub fn read(&mut self, l: Loc, off: u64, len: u64) -> Result<Vec<u8>> {
+        let out = self.read_untracked(l, off, len)?;
+        if !out.is_empty() {
+            self.rt(l)?.has_page_cache = true;
+        }
+        Ok(out)
+    }
+
+    /// What `read` returns, without the read's side effect on the page
+    /// cache (an observer's read: crash exploration, manifests).
+    pub fn read_untracked(&mut self, l: Loc, off: u64, len: u64) -> Result<Vec<u8>> {
         let it = self.item(l)?;
         if is_dir(it.mode.get()) {
             return Err(Error::errno(libc::EISDIR, "read: is a directory"));
@@ -243,7 +253,6 @@ impl Filesystem {
         let datasum = self.datasum(l)?;
         let mut out = super::read::read_range(&mut self.store, l.subvol, l.ino, i_size, off, end - off, datasum)?;
         let rt = self.rt(l)?;
-        rt.has_page_cache = true;
         for idx in off / PAGE..end.div_ceil(PAGE) {
             if let Some(p) = rt.pages.get(idx) {
                 let base = idx * PAGE;

@@ -174,11 +174,19 @@ impl Filesystem {
         if self.store.qgroups.enabled {
             // The source's counters are current; the snapshot starts as its
             // copy (btrfs_qgroup_inherit), then a commit makes that state
-            // the one later changes are accounted from.
+            // the one later changes are accounted from. Until it is linked
+            // the new root is an orphan (no references, an orphan item):
+            // a crash before the link leaves a root the next mount drops,
+            // never a subvolume no directory names.
             self.store.qgroup_create(id)?;
             self.store.account_now()?;
             self.store.qgroup_inherit_snapshot(src.subvol, id)?;
+            let orphan = Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id);
+            self.store.update_root_item(id, |r| r.refs.set(0))?;
+            self.store.insert_item(TreeId::Root, &orphan, &[])?;
             self.commit("snapshot")?;
+            self.store.update_root_item(id, |r| r.refs.set(1))?;
+            self.store.delete_item(TreeId::Root, &orphan)?;
         }
         self.uuid_add(&uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
         self.link_subvol(dir, name, id, u64::MAX)?;

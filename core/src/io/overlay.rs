@@ -17,6 +17,21 @@ impl OverlayDevice {
     pub fn new(inner: Arc<dyn BlockDevice>) -> OverlayDevice {
         OverlayDevice { inner, pages: Mutex::new(BTreeMap::new()) }
     }
+    /// A second view over the same device with this one's writes so far;
+    /// the two go their own ways from here.
+    pub fn fork(&self) -> OverlayDevice {
+        let pages = self.pages.lock().map(|p| p.clone()).unwrap_or_default();
+        OverlayDevice { inner: self.inner.clone(), pages: Mutex::new(pages) }
+    }
+    /// Write this view's pages to `dev` (a copy of the device under it).
+    pub fn write_pages_to(&self, dev: &dyn BlockDevice) -> Result<()> {
+        let pages = self.pages.lock().map_err(|_| Error::Invalid("overlay lock poisoned".into()))?;
+        for (p, data) in pages.iter() {
+            let n = PAGE.min(dev.size().saturating_sub(*p)) as usize;
+            dev.write_at(*p, &data[..n])?;
+        }
+        dev.flush()
+    }
     /// Bytes written so far.
     pub fn written(&self) -> u64 {
         self.pages.lock().map(|p| p.len() as u64 * PAGE).unwrap_or(0)

@@ -425,7 +425,7 @@ fn describe(fs: &mut Filesystem, l: Loc) -> Result<Entry> {
     };
     match kind {
         'f' => {
-            let data = fs.read(l, 0, s.size)?;
+            let data = fs.read_untracked(l, 0, s.size)?;
             e.hash = Some(content_hash(&data));
             e.md5 = Some(md5_hex(&data));
             e.alloc = alloc_map(fs, l)?;

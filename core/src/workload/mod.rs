@@ -3,6 +3,7 @@
 
 pub mod content;
 pub mod engine;
+pub mod explore;
 pub mod manifest;
 pub mod session;
 pub mod script;

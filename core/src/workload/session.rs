@@ -21,6 +21,8 @@ enum Dev {
     /// After the final crash: the image stays as the power failure left it;
     /// recovery and what follows happen in memory over it.
     Overlay(Arc<crate::io::OverlayDevice>),
+    /// A device the caller made (crash exploration records on one).
+    Other(Arc<dyn BlockDevice>),
 }
 
 impl Dev {
@@ -29,6 +31,7 @@ impl Dev {
             Dev::Volatile(d) => d.clone(),
             Dev::Plain(d) => d.clone(),
             Dev::Overlay(d) => d.clone(),
+            Dev::Other(d) => d.clone(),
         }
     }
 }
@@ -66,6 +69,15 @@ impl Session {
         let file = FileDevice::open(path, true)?;
         let dev = if o.crashable { Dev::Volatile(Arc::new(VolatileFile::new(file, o.record_writes)?)) } else { Dev::Plain(Arc::new(file)) };
         let mut s = Session { path: path.to_path_buf(), dev, fs: None, runner: EngineRunner::new(), mount, switches: Default::default(), replays: 0 };
+        s.mount_now()?;
+        Ok(s)
+    }
+
+    /// A session on a device the caller made, holding an image already
+    /// (its log replayed first, as at any mount). It cannot `crash`.
+    pub fn on_device(dev: Arc<dyn BlockDevice>, script: &Script) -> Result<Session> {
+        let mount = MountOptions::parse(&[script.mount_options()])?;
+        let mut s = Session { path: PathBuf::new(), dev: Dev::Other(dev), fs: None, runner: EngineRunner::new(), mount, switches: Default::default(), replays: 0 };
         s.mount_now()?;
         Ok(s)
     }
@@ -245,6 +257,7 @@ impl Session {
             Dev::Volatile(d) => d.flush()?,
             Dev::Plain(d) => d.flush()?,
             Dev::Overlay(_) => {}
+            Dev::Other(d) => d.flush()?,
         }
         Ok(())
     }
