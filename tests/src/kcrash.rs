@@ -484,6 +484,12 @@ impl Runner {
                 let (fd, _own) = self.fd(path, libc::O_CREAT | libc::O_WRONLY)?;
                 write_fill_fd(fd, &self.p(path), *off, *len, fill, *enospc_ok)
             }
+            Step::Swrite { path, off, len, byte, datasync } => {
+                let p = self.p(path);
+                let flag = if *datasync { libc::O_DSYNC } else { libc::O_SYNC };
+                let f = open_fd(&p, libc::O_CREAT | libc::O_WRONLY | flag, 0o644)?;
+                write_fill_fd(f.0, &p, *off, *len, &Fill::Byte(*byte), false)
+            }
             Step::Dwrite { path, off, len, byte, chunk } => {
                 let p = self.p(path);
                 let f = open_fd(&p, libc::O_CREAT | libc::O_WRONLY | libc::O_DIRECT, 0o644)?;

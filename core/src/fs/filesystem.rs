@@ -64,6 +64,8 @@ pub struct EngineStats {
     pub fsyncs: u64,
     pub log_syncs: u64,
     pub log_syncs_skipped: u64,
+    /// fsyncs made durable by another client's log sync (batched).
+    pub log_syncs_joined: u64,
     pub full_commits: u64,
     pub full_commit_reasons: BTreeMap<String, u64>,
     pub conflicting_inodes_logged: u64,

@@ -2,6 +2,7 @@
 //! ([`inspect`]), replayed offline ([`replay`]), replayed in part when it is
 //! damaged ([`salvage`]), and written at fsync ([`writer`]).
 
+pub mod batch;
 pub mod inspect;
 pub mod reader;
 pub mod replay;

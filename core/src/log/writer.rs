@@ -116,11 +116,39 @@ fn inode_range(ino: u64, lo: u8, hi: u8) -> (Key, Key) {
     (Key::new(ino, lo, 0), Key::new(ino, hi, u64::MAX))
 }
 
+/// What an fsync has left to do after logging: nothing, or the sync of
+/// the log sub-transaction it logged into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsyncTicket {
+    Done,
+    LogSync { inode: Loc, trans: u64, log_transid: i64 },
+}
+
 impl Filesystem {
     /// fsync(2), fdatasync(2), msync(MS_SYNC) (btrfs_sync_file): the range
     /// and `datasync` change nothing, as in the kernel, which always syncs
     /// the whole file.
-    pub fn fsync(&mut self, l: Loc, _datasync: bool, _range: Option<(u64, u64)>) -> Result<()> {
+    pub fn fsync(&mut self, l: Loc, datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
+        let ticket = self.fsync_prepare(l, datasync, range)?;
+        self.fsync_finish(ticket)
+    }
+
+    /// pwrite on an O_SYNC (`datasync`: O_DSYNC) descriptor: the write,
+    /// then generic_write_sync's fsync of the written range, whose data
+    /// goes out as an fsync's does (ahead of background writeback with
+    /// sync-io-first).
+    pub fn write_sync(&mut self, l: Loc, off: u64, data: &[u8], datasync: bool) -> Result<()> {
+        self.write(l, off, data)?;
+        let end = off.saturating_add(data.len() as u64);
+        self.fsync(l, datasync, Some((off, end)))
+    }
+
+    /// The first half of an fsync: write back, then log the inode (or
+    /// skip, or commit). What is left is the log sync the ticket names,
+    /// which an fsync of another client may do for it: every fsync that
+    /// logged into a log sub-transaction before it is synced is made
+    /// durable by that one sync (btrfs_sync_log's batching).
+    pub fn fsync_prepare(&mut self, l: Loc, _datasync: bool, _range: Option<(u64, u64)>) -> Result<FsyncTicket> {
         self.stats.fsyncs += 1;
         let it = self.item(l)?;
         let m = it.mode.get();
@@ -141,7 +169,7 @@ impl Filesystem {
         if may_skip && (self.in_synced_log(l)? || last_trans <= committed) {
             self.rt(l)?.full_sync = false;
             self.stats.log_syncs_skipped += 1;
-            return Ok(());
+            return Ok(FsyncTicket::Done);
         }
         let mut ctx = Ctx::new(l);
         ctx.always_sync = !may_skip;
@@ -149,12 +177,34 @@ impl Filesystem {
         match r {
             Ok(Outcome::NoSync) => {
                 self.stats.log_syncs_skipped += 1;
-                Ok(())
+                Ok(FsyncTicket::Done)
             }
-            Ok(Outcome::Sync) => self.sync_log(l),
-            Err(Stop::Commit(reason)) => self.full_commit(reason),
+            Ok(Outcome::Sync) => {
+                let log_transid = self.log.subvols.get(&l.subvol).map_or(0, |s| s.log_transid);
+                Ok(FsyncTicket::LogSync { inode: l, trans: t, log_transid })
+            }
+            Err(Stop::Commit(reason)) => self.full_commit(reason).map(|_| FsyncTicket::Done),
             Err(Stop::Err(e)) => Err(e),
         }
+    }
+
+    /// The second half: sync the log the ticket needs, unless a commit or
+    /// another fsync's log sync made it durable already.
+    pub fn fsync_finish(&mut self, ticket: FsyncTicket) -> Result<()> {
+        let FsyncTicket::LogSync { inode, trans, log_transid } = ticket else { return Ok(()) };
+        if self.transid() != trans {
+            // Committed since: the log went with the commit.
+            self.stats.log_syncs_joined += 1;
+            return Ok(());
+        }
+        // A log sync moves the sub-transaction on: one past the ticket's
+        // means the ticket's was synced.
+        let synced = self.log.subvols.get(&inode.subvol).is_some_and(|s| s.log_transid > log_transid);
+        if synced {
+            self.stats.log_syncs_joined += 1;
+            return Ok(());
+        }
+        self.sync_log(inode)
     }
 
     /// Make the subvolume's log durable and move its log sub-transaction

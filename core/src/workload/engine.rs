@@ -94,6 +94,16 @@ impl EngineRunner {
                 let (d, n) = fs.resolve_parent(p).map_err(|e| ino_err(p, e))?;
                 fs.create(d, &n, 0o644).map_err(|e| ino_err(p, e))?;
             }
+            Step::Swrite { path, off, len, byte, datasync } => {
+                let l = self.target_create(fs, path)?;
+                let buf = vec![*byte; (*len).min(1 << 20) as usize];
+                let mut done = 0u64;
+                while done < *len {
+                    let n = (*len - done).min(buf.len() as u64) as usize;
+                    fs.write_sync(l, off + done, &buf[..n], *datasync).map_err(|e| ino_err(path, e))?;
+                    done += n as u64;
+                }
+            }
             Step::Write { path, off, len, fill, enospc_ok } => {
                 let l = self.target_create(fs, path)?;
                 let mut s = FillStream::new(fill);

@@ -78,6 +78,9 @@ pub enum Step {
     Write { path: String, off: u64, len: u64, fill: Fill, enospc_ok: bool },
     /// O_DIRECT writes of `chunk` bytes each.
     Dwrite { path: String, off: u64, len: u64, byte: u8, chunk: u64 },
+    /// Buffered pwrite on a descriptor opened O_SYNC (or O_DSYNC with
+    /// `datasync`): every write of at most 1 MiB is durable when it returns.
+    Swrite { path: String, off: u64, len: u64, byte: u8, datasync: bool },
     /// Stores through a shared mapping, nothing synced.
     Mwrite { path: String, off: u64, len: u64, byte: u8 },
     /// msync(MS_SYNC) of a range (the whole file without one).
@@ -142,6 +145,7 @@ impl Step {
             Create(_) => "create",
             Write { .. } => "write",
             Dwrite { .. } => "dwrite",
+            Swrite { .. } => "swrite",
             Mwrite { .. } => "mwrite",
             Msync { .. } => "msync",
             SyncRange { .. } => "sync-range",
@@ -192,7 +196,7 @@ impl Step {
     pub fn logs(&self) -> bool {
         use Step::*;
         match self {
-            Fsync(_) | Fdatasync(_) | Msync { .. } => true,
+            Fsync(_) | Fdatasync(_) | Msync { .. } | Swrite { .. } => true,
             SyncRange { flags, .. } => flags & SYNC_RANGE_WAIT_AFTER != 0,
             WriteFiles { sync, .. } => *sync != SyncKind::None,
             _ => false,
@@ -560,6 +564,27 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
                 _ => num(2)?,
             };
             Step::Write { path: t(0), off: num(1)?, len, fill, enospc_ok }
+        }
+        "swrite" => {
+            need(a, 3, 5, "swrite P OFF LEN [BYTE] [sync|dsync]")?;
+            let mut rest: Vec<String> = a[3..].iter().map(|x| x.text()).collect();
+            let datasync = match rest.last().map(String::as_str) {
+                Some("dsync") => {
+                    rest.pop();
+                    true
+                }
+                Some("sync") => {
+                    rest.pop();
+                    false
+                }
+                _ => false,
+            };
+            let byte = match rest.as_slice() {
+                [] => DEFAULT_FILL,
+                [b] => u8::try_from(parse_num(b)?).map_err(|_| format!("swrite: fill byte {b} is not 0-255"))?,
+                _ => return Err("usage: swrite P OFF LEN [BYTE] [sync|dsync]".into()),
+            };
+            Step::Swrite { path: t(0), off: num(1)?, len: num(2)?, byte, datasync }
         }
         "dwrite" => {
             need(a, 3, 5, "dwrite P OFF LEN [BYTE] [CHUNK]")?;

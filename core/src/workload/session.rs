@@ -182,6 +182,7 @@ impl Session {
             "fsyncs": st.fsyncs,
             "log_syncs": st.log_syncs,
             "log_syncs_skipped": st.log_syncs_skipped,
+            "log_syncs_joined": st.log_syncs_joined,
             "full_commits": st.full_commits,
             "full_commit_reasons": st.full_commit_reasons,
             "conflicting_inodes_logged": st.conflicting_inodes_logged,

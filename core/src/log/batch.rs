@@ -1,0 +1,48 @@
+//! Several clients (threads) on one filesystem, their fsyncs batched into
+//! shared log syncs as btrfs_sync_log batches the writers of one log
+//! sub-transaction: a client logs its inode, lets go of the filesystem so
+//! others can log theirs, then syncs the log; whoever syncs first makes all
+//! of them durable and the rest find their sub-transaction synced.
+
+use super::writer::FsyncTicket;
+use crate::fs::{Filesystem, Loc};
+use crate::Result;
+use std::sync::{Mutex, MutexGuard};
+
+pub struct SharedFs {
+    fs: Mutex<Filesystem>,
+}
+
+impl SharedFs {
+    pub fn new(fs: Filesystem) -> SharedFs {
+        SharedFs { fs: Mutex::new(fs) }
+    }
+
+    /// The filesystem, for one operation at a time. A client that panicked
+    /// holding it leaves it as it was at the panic.
+    pub fn lock(&self) -> MutexGuard<'_, Filesystem> {
+        match self.fs.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// fsync from one client: log under the lock, give the others a
+    /// chance to log into the same sub-transaction, then sync it (or find
+    /// it synced by one of them).
+    pub fn fsync(&self, l: Loc, datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
+        let ticket = self.lock().fsync_prepare(l, datasync, range)?;
+        if ticket == FsyncTicket::Done {
+            return Ok(());
+        }
+        std::thread::yield_now();
+        self.lock().fsync_finish(ticket)
+    }
+
+    pub fn into_inner(self) -> Filesystem {
+        match self.fs.into_inner() {
+            Ok(f) => f,
+            Err(p) => p.into_inner(),
+        }
+    }
+}
