@@ -1,6 +1,7 @@
 //! btrkit-shell: run workload scripts on a Btrfs image through btrkit's own
 //! engine, or an interactive shell on one.
 
+mod bench;
 mod explore;
 mod interactive;
 mod run;
@@ -39,12 +40,17 @@ enum Cmd {
     /// unflushed writes), recover each image, check it and every fsync's
     /// promise; exit 1 on a violation.
     Explore(explore::ExploreArgs),
+    /// Benchmarks on btrkit's engine (sysbench's fileio).
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 fn main() {
     let cli = Cli::parse();
-    if let Some(Cmd::Explore(a)) = &cli.cmd {
-        std::process::exit(explore::run(a));
+    match &cli.cmd {
+        Some(Cmd::Explore(a)) => std::process::exit(explore::run(a)),
+        Some(Cmd::Bench(b)) => std::process::exit(bench::run(b)),
+        None => {}
     }
     let Some(image) = &cli.image else {
         eprintln!("btrkit-shell: error: an IMAGE is needed (see --help)");

@@ -39,6 +39,21 @@ impl SharedFs {
         self.lock().fsync_finish(ticket)
     }
 
+    /// pwrite on an O_SYNC / O_DSYNC descriptor from one client: the
+    /// write and its logging under the lock, the log sync batched.
+    pub fn write_sync(&self, l: Loc, off: u64, data: &[u8], datasync: bool) -> Result<()> {
+        let ticket = {
+            let mut fs = self.lock();
+            fs.write(l, off, data)?;
+            fs.fsync_prepare(l, datasync, Some((off, off.saturating_add(data.len() as u64))))?
+        };
+        if ticket == FsyncTicket::Done {
+            return Ok(());
+        }
+        std::thread::yield_now();
+        self.lock().fsync_finish(ticket)
+    }
+
     pub fn into_inner(self) -> Filesystem {
         match self.fs.into_inner() {
             Ok(f) => f,

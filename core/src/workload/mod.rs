@@ -4,6 +4,7 @@
 pub mod content;
 pub mod engine;
 pub mod explore;
+pub mod fileio;
 pub mod manifest;
 pub mod session;
 pub mod script;
