@@ -15,6 +15,37 @@ use std::sync::Arc;
 pub enum BenchCmd {
     /// sysbench 1.0 fileio: prepare the files, run the test, report.
     Fileio(FileioArgs),
+    /// dbench: N clients replay an NBENCH loadfile (dbench's client.txt).
+    Dbench(DbenchArgs),
+}
+
+#[derive(Args)]
+pub struct DbenchArgs {
+    /// The image (made by btrkit's mkfs, `--size` bytes, when missing).
+    pub image: PathBuf,
+    /// The loadfile, e.g. /usr/share/dbench/client.txt.
+    pub loadfile: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub clients: u64,
+    /// Seconds (0: until --passes).
+    #[arg(long, default_value_t = 60.0)]
+    pub time: f64,
+    /// Passes of the loadfile per client (0: until --time).
+    #[arg(long, default_value_t = 0)]
+    pub passes: u64,
+    /// Only the first N lines of the loadfile (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub lines: usize,
+    /// Engine switch: fast-fsync-skip, log-conflicting-inodes, sync-io-first.
+    #[arg(long = "set", value_name = "NAME=on|off")]
+    pub set: Vec<String>,
+    #[arg(long, default_value = "")]
+    pub mount: String,
+    #[arg(long, default_value = "8G", value_parser = size)]
+    pub size: u64,
+    /// One line of JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn on_off(s: &str) -> Result<bool, String> {
@@ -85,14 +116,53 @@ pub struct FileioArgs {
 }
 
 pub fn run(cmd: &BenchCmd) -> i32 {
-    let BenchCmd::Fileio(a) = cmd;
-    match fileio_cmd(a) {
+    let (what, r) = match cmd {
+        BenchCmd::Fileio(a) => ("fileio", fileio_cmd(a)),
+        BenchCmd::Dbench(a) => ("dbench", dbench_cmd(a)),
+    };
+    match r {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("btrkit-shell: bench fileio: {e}");
+            eprintln!("btrkit-shell: bench {what}: {e}");
             1
         }
     }
+}
+
+fn dbench_cmd(a: &DbenchArgs) -> anyhow::Result<()> {
+    use btrkit_core::workload::dbench;
+    let text = std::fs::read_to_string(&a.loadfile).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.loadfile.display()))?;
+    let mut load = dbench::parse_loadfile(&text)?;
+    if a.lines > 0 {
+        load.retain(|l| l.line <= a.lines);
+    }
+    let sw = switches(&a.set)?;
+    let o = dbench::DbenchOptions { clients: a.clients, time: a.time, passes: a.passes };
+    let mut fs = open(&a.image, a.size, &a.mount)?;
+    fs.switches = sw;
+    let shared = SharedFs::new(fs);
+    let r = dbench::run(&shared, &load, &o)?;
+    let mut fs = shared.into_inner();
+    fs.close_all()?;
+    fs.sync()?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.set_header(vec!["operation", "count", "avg lat (ms)", "max lat (ms)"]);
+    for (k, v) in &r.ops {
+        t.add_row(vec![k.clone(), v.count.to_string(), format!("{:.3}", v.avg_ms), format!("{:.3}", v.max_ms)]);
+    }
+    println!("{t}");
+    println!(
+        "Throughput {:.3} MB/sec  {} clients  max latency {:.3} ms  ({} loadfile passes in {:.1} s, {} unexpected statuses; {} fsyncs: {} log syncs, {} joined, {} full commits)",
+        r.mb_per_s, r.clients, r.max_latency_ms, r.loadfile_passes, r.seconds, r.unexpected, r.stats.fsyncs, r.stats.log_syncs, r.stats.log_syncs_joined, r.stats.full_commits
+    );
+    for e in &r.unexpected_examples {
+        eprintln!("unexpected: {e}");
+    }
+    Ok(())
 }
 
 fn switches(set: &[String]) -> anyhow::Result<Switches> {

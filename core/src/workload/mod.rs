@@ -2,6 +2,7 @@
 //! kernel harness), shared file contents, and manifests of what a user sees.
 
 pub mod content;
+pub mod dbench;
 pub mod engine;
 pub mod explore;
 pub mod fileio;

@@ -1,0 +1,586 @@
+//! dbench on btrkit's engine: NBENCH loadfiles (dbench 4's `client.txt`)
+//! replayed by N clients, each in its own `/clients/clientN` tree, as
+//! dbench's fileio backend runs them on a local filesystem: NTCreateX
+//! opens or creates by its create options and disposition, WriteX and
+//! ReadX are pwrite and pread, Flush is fsync, QUERY_* are stats, FIND_FIRST
+//! lists a directory, Deltree removes a tree. Each line's expected status
+//! is compared with what happened; a different one is counted as
+//! unexpected (dbench warns about it). Throughput counts the bytes of
+//! ReadX and WriteX, as dbench does.
+
+use crate::fs::{Filesystem, Loc};
+use crate::log::batch::SharedFs;
+use crate::{Error, Result};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// One operation of a loadfile.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NbOp {
+    NtCreateX { path: String, options: u32, disposition: u32, fnum: i64 },
+    Close { fnum: i64 },
+    WriteX { fnum: i64, off: u64, size: u64 },
+    ReadX { fnum: i64, off: u64, size: u64 },
+    Flush { fnum: i64 },
+    Rename { from: String, to: String },
+    Unlink { path: String },
+    Deltree { path: String },
+    Mkdir { path: String },
+    Rmdir { path: String },
+    QueryPath { path: String },
+    QueryFile { fnum: i64 },
+    QueryFs,
+    SetFile { fnum: i64, level: u32 },
+    FindFirst { pattern: String },
+    Lock { fnum: i64 },
+}
+
+impl NbOp {
+    pub fn name(&self) -> &'static str {
+        match self {
+            NbOp::NtCreateX { .. } => "NTCreateX",
+            NbOp::Close { .. } => "Close",
+            NbOp::WriteX { .. } => "WriteX",
+            NbOp::ReadX { .. } => "ReadX",
+            NbOp::Flush { .. } => "Flush",
+            NbOp::Rename { .. } => "Rename",
+            NbOp::Unlink { .. } => "Unlink",
+            NbOp::Deltree { .. } => "Deltree",
+            NbOp::Mkdir { .. } => "Mkdir",
+            NbOp::Rmdir { .. } => "Rmdir",
+            NbOp::QueryPath { .. } => "Qpathinfo",
+            NbOp::QueryFile { .. } => "Qfileinfo",
+            NbOp::QueryFs => "Qfsinfo",
+            NbOp::SetFile { .. } => "Sfileinfo",
+            NbOp::FindFirst { .. } => "Find",
+            NbOp::Lock { .. } => "LockX",
+        }
+    }
+}
+
+/// A line: the operation and the status it expects to succeed with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NbLine {
+    pub line: usize,
+    pub op: NbOp,
+    pub ok: bool,
+}
+
+fn words(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    for c in s.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            c if c.is_whitespace() && !quoted => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+fn num(s: &str, line: usize) -> Result<u64> {
+    let r = match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| Error::Invalid(format!("loadfile line {line}: {s:?} is not a number")))
+}
+
+/// Parse a loadfile. Unknown operations are an error naming the line; a
+/// leading timestamp (dbench 3 loadfiles) is skipped.
+pub fn parse_loadfile(text: &str) -> Result<Vec<NbLine>> {
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        let mut w = words(raw.trim());
+        if w.is_empty() || w[0].starts_with('#') {
+            continue;
+        }
+        if w[0].parse::<f64>().is_ok() && w.len() > 1 {
+            w.remove(0);
+        }
+        let status = w.last().cloned().unwrap_or_default();
+        if !status.starts_with("NT_STATUS_") {
+            return Err(Error::Invalid(format!("loadfile line {line}: no NT_STATUS at the end")));
+        }
+        let need = |n: usize| -> Result<()> {
+            if w.len() < n + 2 {
+                return Err(Error::Invalid(format!("loadfile line {line}: {} needs {n} arguments", w[0])));
+            }
+            Ok(())
+        };
+        let fnum = |s: &str| -> Result<i64> { s.parse::<i64>().map_err(|_| Error::Invalid(format!("loadfile line {line}: {s:?} is not a handle"))) };
+        let op = match w[0].as_str() {
+            "NTCreateX" => {
+                need(4)?;
+                NbOp::NtCreateX { path: w[1].clone(), options: num(&w[2], line)? as u32, disposition: num(&w[3], line)? as u32, fnum: fnum(&w[4])? }
+            }
+            "Close" => {
+                need(1)?;
+                NbOp::Close { fnum: fnum(&w[1])? }
+            }
+            "WriteX" => {
+                need(4)?;
+                NbOp::WriteX { fnum: fnum(&w[1])?, off: num(&w[2], line)?, size: num(&w[3], line)? }
+            }
+            "ReadX" => {
+                need(4)?;
+                NbOp::ReadX { fnum: fnum(&w[1])?, off: num(&w[2], line)?, size: num(&w[3], line)? }
+            }
+            "Flush" => {
+                need(1)?;
+                NbOp::Flush { fnum: fnum(&w[1])? }
+            }
+            "Rename" => {
+                need(2)?;
+                NbOp::Rename { from: w[1].clone(), to: w[2].clone() }
+            }
+            "Unlink" => {
+                need(1)?;
+                NbOp::Unlink { path: w[1].clone() }
+            }
+            "Deltree" => {
+                need(1)?;
+                NbOp::Deltree { path: w[1].clone() }
+            }
+            "Mkdir" => {
+                need(1)?;
+                NbOp::Mkdir { path: w[1].clone() }
+            }
+            "Rmdir" => {
+                need(1)?;
+                NbOp::Rmdir { path: w[1].clone() }
+            }
+            "QUERY_PATH_INFORMATION" | "Qpathinfo" => {
+                need(1)?;
+                NbOp::QueryPath { path: w[1].clone() }
+            }
+            "QUERY_FILE_INFORMATION" | "Qfileinfo" => {
+                need(1)?;
+                NbOp::QueryFile { fnum: fnum(&w[1])? }
+            }
+            "QUERY_FS_INFORMATION" | "Qfsinfo" => NbOp::QueryFs,
+            "SET_FILE_INFORMATION" | "Sfileinfo" => {
+                need(2)?;
+                NbOp::SetFile { fnum: fnum(&w[1])?, level: num(&w[2], line)? as u32 }
+            }
+            "FIND_FIRST" | "Find" => {
+                need(1)?;
+                NbOp::FindFirst { pattern: w[1].clone() }
+            }
+            "LockX" | "UnlockX" => {
+                need(1)?;
+                NbOp::Lock { fnum: fnum(&w[1])? }
+            }
+            o => return Err(Error::Invalid(format!("loadfile line {line}: unknown operation {o}"))),
+        };
+        out.push(NbLine { line, op, ok: status == "NT_STATUS_OK" });
+    }
+    if out.is_empty() {
+        return Err(Error::Invalid("the loadfile has no operations".into()));
+    }
+    Ok(out)
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct OpStats {
+    pub count: u64,
+    pub avg_ms: f64,
+    pub max_ms: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DbenchReport {
+    pub clients: u64,
+    pub seconds: f64,
+    pub mb_per_s: f64,
+    pub max_latency_ms: f64,
+    /// Lines whose status was not the one the loadfile expects.
+    pub unexpected: u64,
+    /// The first few of them, for a person to read.
+    pub unexpected_examples: Vec<String>,
+    /// Whole passes of the loadfile, all clients together.
+    pub loadfile_passes: u64,
+    pub ops: BTreeMap<String, OpStats>,
+    pub stats: crate::fs::EngineStats,
+}
+
+#[derive(Clone, Debug)]
+pub struct DbenchOptions {
+    pub clients: u64,
+    /// Seconds; with `passes`, whichever ends first (0: no time limit).
+    pub time: f64,
+    /// Passes of the loadfile per client (0: until the time is up).
+    pub passes: u64,
+}
+
+/// Per-client state: the handles of the loadfile mapped to inodes.
+struct Client {
+    id: u64,
+    handles: HashMap<i64, Loc>,
+    wbuf: Vec<u8>,
+}
+
+/// A loadfile path for client `id`: `client1` becomes `clientN`, `\` is
+/// `/`, and names are case-folded as a case-insensitive server sees them.
+fn client_path(p: &str, id: u64) -> String {
+    let p = p.replace('\\', "/").to_lowercase();
+    p.replacen("/clients/client1", &format!("/clients/client{id}"), 1)
+}
+
+fn errno_of(e: &Error) -> i32 {
+    e.as_errno()
+}
+
+impl Client {
+    /// Run one line: Ok(true) when it succeeded.
+    fn apply(&mut self, fs: &mut Filesystem, op: &NbOp) -> Result<bool> {
+        let id = self.id;
+        let soft = |r: Result<()>| -> Result<bool> {
+            match r {
+                Ok(()) => Ok(true),
+                Err(e) if errno_of(&e) != 0 && errno_of(&e) != libc::EIO => Ok(false),
+                Err(e) => Err(e),
+            }
+        };
+        match op {
+            NbOp::NtCreateX { path, options, disposition, fnum } => {
+                let p = client_path(path, id);
+                let dir = options & 0x1 != 0;
+                let r = (|| -> Result<Loc> {
+                    let found = match fs.resolve(&p, true) {
+                        Ok(l) => Some(l),
+                        Err(e) if errno_of(&e) == libc::ENOENT => None,
+                        Err(e) => return Err(e),
+                    };
+                    // FILE_OPEN 1, FILE_CREATE 2, FILE_OPEN_IF 3,
+                    // FILE_OVERWRITE 4, FILE_OVERWRITE_IF 5, FILE_SUPERSEDE 0.
+                    let l = match (found, disposition) {
+                        (Some(_), 2) => return Err(Error::errno(libc::EEXIST, "exists")),
+                        (Some(l), _) => l,
+                        (None, 1) | (None, 4) => return Err(Error::errno(libc::ENOENT, "not found")),
+                        (None, _) => {
+                            let (d, n) = fs.resolve_parent(&p)?;
+                            if dir {
+                                fs.mkdir(d, &n, 0o755)?
+                            } else {
+                                fs.create(d, &n, 0o644)?
+                            }
+                        }
+                    };
+                    if !dir && matches!(disposition, 0 | 4 | 5) && crate::fs::inode::is_reg(fs.item(l)?.mode.get()) {
+                        fs.truncate(l, 0)?;
+                    }
+                    fs.open(l)?;
+                    Ok(l)
+                })();
+                match r {
+                    Ok(l) => {
+                        if let Some(old) = self.handles.insert(*fnum, l) {
+                            fs.close(old)?;
+                        }
+                        Ok(true)
+                    }
+                    Err(e) => soft(Err(e)),
+                }
+            }
+            NbOp::Close { fnum } => match self.handles.remove(fnum) {
+                Some(l) => soft(fs.close(l)),
+                None => Ok(false),
+            },
+            NbOp::WriteX { fnum, off, size } => {
+                let Some(&l) = self.handles.get(fnum) else { return Ok(false) };
+                if self.wbuf.len() < *size as usize {
+                    self.wbuf.resize(*size as usize, (id as u8).wrapping_mul(37).wrapping_add(1));
+                }
+                let r = fs.write(l, *off, &self.wbuf[..*size as usize]);
+                let ok = soft(r)?;
+                fs.periodic()?;
+                Ok(ok)
+            }
+            NbOp::ReadX { fnum, off, size } => {
+                let Some(&l) = self.handles.get(fnum) else { return Ok(false) };
+                soft(fs.read(l, *off, *size).map(drop))
+            }
+            NbOp::Flush { .. } => unreachable!("Flush runs through the shared fsync"),
+            NbOp::Rename { from, to } => {
+                let (a, b) = (client_path(from, id), client_path(to, id));
+                soft((|| {
+                    let (od, on) = fs.resolve_parent(&a)?;
+                    let (nd, nn) = fs.resolve_parent(&b)?;
+                    fs.rename(od, &on, nd, &nn)
+                })())
+            }
+            NbOp::Unlink { path } => {
+                let p = client_path(path, id);
+                soft((|| {
+                    let (d, n) = fs.resolve_parent(&p)?;
+                    fs.unlink(d, &n)
+                })())
+            }
+            NbOp::Deltree { path } => {
+                let p = client_path(path, id);
+                match fs.resolve(&p, false) {
+                    Ok(l) => {
+                        deltree(fs, l, 0)?;
+                        let (d, n) = fs.resolve_parent(&p)?;
+                        soft(fs.rmdir(d, &n))
+                    }
+                    Err(e) if errno_of(&e) == libc::ENOENT => Ok(false),
+                    Err(e) => Err(e),
+                }
+            }
+            NbOp::Mkdir { path } => {
+                let p = client_path(path, id);
+                soft((|| {
+                    let (d, n) = fs.resolve_parent(&p)?;
+                    fs.mkdir(d, &n, 0o755).map(drop)
+                })())
+            }
+            NbOp::Rmdir { path } => {
+                let p = client_path(path, id);
+                soft((|| {
+                    let (d, n) = fs.resolve_parent(&p)?;
+                    fs.rmdir(d, &n)
+                })())
+            }
+            NbOp::QueryPath { path } => {
+                let p = client_path(path, id);
+                soft(fs.resolve(&p, true).and_then(|l| fs.stat(l)).map(drop))
+            }
+            NbOp::QueryFile { fnum } => {
+                let Some(&l) = self.handles.get(fnum) else { return Ok(false) };
+                soft(fs.stat(l).map(drop))
+            }
+            NbOp::QueryFs => Ok(true),
+            NbOp::SetFile { fnum, level } => {
+                let Some(&l) = self.handles.get(fnum) else { return Ok(false) };
+                // SMB_SET_FILE_BASIC_INFO: times; the other levels carry
+                // nothing the loadfile gives.
+                if *level == 1004 {
+                    soft(fs.touch(l))
+                } else {
+                    Ok(true)
+                }
+            }
+            NbOp::FindFirst { pattern } => {
+                let p = client_path(pattern, id);
+                let (dir, pat) = match p.rsplit_once('/') {
+                    Some((d, f)) => (if d.is_empty() { "/".to_string() } else { d.to_string() }, f.to_string()),
+                    None => ("/".to_string(), p.clone()),
+                };
+                let l = match fs.resolve(&dir, true) {
+                    Ok(l) => l,
+                    Err(e) if errno_of(&e) == libc::ENOENT => return Ok(false),
+                    Err(e) => return Err(e),
+                };
+                let names = fs.readdir(l)?;
+                Ok(names.iter().any(|(n, _, _)| glob(&pat, &String::from_utf8_lossy(n).to_lowercase())))
+            }
+            NbOp::Lock { fnum } => Ok(self.handles.contains_key(fnum)),
+        }
+    }
+}
+
+/// Remove everything under directory `l` (bounded depth).
+fn deltree(fs: &mut Filesystem, l: Loc, depth: u32) -> Result<()> {
+    if depth > 64 {
+        return Err(Error::Invalid("deltree: directories nested too deep".into()));
+    }
+    for (name, child, _) in fs.readdir(l)? {
+        if crate::fs::inode::is_dir(fs.item(child)?.mode.get()) {
+            deltree(fs, child, depth + 1)?;
+            fs.rmdir(l, &name)?;
+        } else {
+            fs.unlink(l, &name)?;
+        }
+    }
+    Ok(())
+}
+
+/// `*` and `?` matching, as FIND_FIRST patterns use them.
+fn glob(p: &str, s: &str) -> bool {
+    let (p, s): (Vec<char>, Vec<char>) = (p.chars().collect(), s.chars().collect());
+    let (mut pi, mut si, mut star, mut mark) = (0usize, 0usize, None::<usize>, 0usize);
+    while si < s.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == s[si]) {
+            pi += 1;
+            si += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = si;
+            pi += 1;
+        } else if let Some(st) = star {
+            pi = st + 1;
+            mark += 1;
+            si = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// Run `clients` clients over the loadfile until the time or the passes
+/// are done. Each client's tree is made first (`/clients`).
+pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<DbenchReport> {
+    if o.clients == 0 {
+        return Err(Error::Invalid("--clients must be at least 1".into()));
+    }
+    if o.time <= 0.0 && o.passes == 0 {
+        return Err(Error::Invalid("set --time or --passes: the run would never end".into()));
+    }
+    {
+        let mut fs = shared.lock();
+        let root = fs.root();
+        if fs.lookup(root, b"clients")?.is_none() {
+            fs.mkdir(root, b"clients", 0o755)?;
+        }
+    }
+    let before = shared.lock().stats.clone();
+    let stop = AtomicBool::new(false);
+    let started = Instant::now();
+    let deadline = (o.time > 0.0).then(|| started + Duration::from_secs_f64(o.time));
+    type ClientOut = (u64, u64, u64, Vec<String>, BTreeMap<String, (u64, f64, f64)>);
+    let outs: Vec<Result<ClientOut>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (1..=o.clients)
+            .map(|id| {
+                let stop = &stop;
+                s.spawn(move || -> Result<ClientOut> {
+                    let mut c = Client { id, handles: HashMap::new(), wbuf: Vec::new() };
+                    let (mut bytes, mut unexpected, mut passes) = (0u64, 0u64, 0u64);
+                    let mut examples = Vec::new();
+                    let mut ops: BTreeMap<String, (u64, f64, f64)> = BTreeMap::new();
+                    'outer: loop {
+                        for l in load {
+                            if stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
+                                break 'outer;
+                            }
+                            let t0 = Instant::now();
+                            let ok = match &l.op {
+                                NbOp::Flush { fnum } => match c.handles.get(fnum) {
+                                    Some(&h) => match shared.fsync(h, false, None) {
+                                        Ok(()) => true,
+                                        Err(e) if errno_of(&e) != 0 => false,
+                                        Err(e) => return Err(e),
+                                    },
+                                    None => false,
+                                },
+                                op => {
+                                    let mut fs = shared.lock();
+                                    c.apply(&mut fs, op)?
+                                }
+                            };
+                            let ms = t0.elapsed().as_secs_f64() * 1000.0;
+                            if ok {
+                                if let NbOp::WriteX { size, .. } | NbOp::ReadX { size, .. } = &l.op {
+                                    bytes += size;
+                                }
+                            }
+                            // dbench does not check Deltree and Mkdir (a
+                            // tree left by an earlier run, the shared
+                            // \clients made by the first client).
+                            let checked = !matches!(l.op, NbOp::Deltree { .. } | NbOp::Mkdir { .. });
+                            if checked && ok != l.ok {
+                                unexpected += 1;
+                                if examples.len() < 5 {
+                                    examples.push(format!("client {id}, line {}: {} {}", l.line, l.op.name(), if l.ok { "failed" } else { "succeeded" }));
+                                }
+                            }
+                            let e = ops.entry(l.op.name().to_string()).or_insert((0, 0.0, 0.0));
+                            e.0 += 1;
+                            e.1 += ms;
+                            e.2 = e.2.max(ms);
+                        }
+                        passes += 1;
+                        if o.passes > 0 && passes >= o.passes {
+                            break;
+                        }
+                    }
+                    let mut fs = shared.lock();
+                    for (_, h) in c.handles.drain() {
+                        fs.close(h)?;
+                    }
+                    Ok((bytes, unexpected, passes, examples, ops))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("a client thread panicked".into())))).collect()
+    });
+    let secs = started.elapsed().as_secs_f64();
+    let mut r = DbenchReport { clients: o.clients, seconds: secs, ..Default::default() };
+    let mut bytes = 0;
+    let mut ops: BTreeMap<String, (u64, f64, f64)> = BTreeMap::new();
+    for x in outs {
+        let (b, u, p, ex, o) = x?;
+        bytes += b;
+        r.unexpected += u;
+        r.loadfile_passes += p;
+        for e in ex {
+            if r.unexpected_examples.len() < 10 {
+                r.unexpected_examples.push(e);
+            }
+        }
+        for (k, (n, sum, max)) in o {
+            let e = ops.entry(k).or_insert((0, 0.0, 0.0));
+            e.0 += n;
+            e.1 += sum;
+            e.2 = e.2.max(max);
+        }
+    }
+    r.mb_per_s = bytes as f64 / 1e6 / secs.max(1e-9);
+    for (k, (n, sum, max)) in ops {
+        r.max_latency_ms = r.max_latency_ms.max(max);
+        r.ops.insert(k, OpStats { count: n, avg_ms: if n > 0 { sum / n as f64 } else { 0.0 }, max_ms: max });
+    }
+    let after = shared.lock().stats.clone();
+    let mut st = after.clone();
+    st.fsyncs -= before.fsyncs.min(st.fsyncs);
+    st.log_syncs -= before.log_syncs.min(st.log_syncs);
+    st.log_syncs_skipped -= before.log_syncs_skipped.min(st.log_syncs_skipped);
+    st.log_syncs_joined -= before.log_syncs_joined.min(st.log_syncs_joined);
+    st.full_commits -= before.full_commits.min(st.full_commits);
+    st.commits -= before.commits.min(st.commits);
+    st.conflicting_inodes_logged -= before.conflicting_inodes_logged.min(st.conflicting_inodes_logged);
+    r.stats = st;
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_standard_forms() {
+        let t = "Deltree \"\\clients\\client1\" NT_STATUS_OK\nNTCreateX \"\\clients\\client1\\a b\" 0x40 0x2 9938 NT_STATUS_OK\nWriteX 9938 0 65536 65536 NT_STATUS_OK\nFIND_FIRST \"\\clients\\client1\\FILLER.*\" 260 1366 0 NT_STATUS_NO_SUCH_FILE\n";
+        let l = parse_loadfile(t).unwrap();
+        assert_eq!(l.len(), 4);
+        assert_eq!(l[1].op, NbOp::NtCreateX { path: "\\clients\\client1\\a b".into(), options: 0x40, disposition: 2, fnum: 9938 });
+        assert_eq!(l[2].op, NbOp::WriteX { fnum: 9938, off: 0, size: 65536 });
+        assert!(!l[3].ok);
+        assert!(parse_loadfile("Frobnicate 1 NT_STATUS_OK").unwrap_err().to_string().contains("line 1"));
+        assert!(parse_loadfile("WriteX 1 NT_STATUS_OK").is_err());
+    }
+
+    #[test]
+    fn paths_and_patterns() {
+        assert_eq!(client_path("\\clients\\client1\\~dmtmp\\WORD", 7), "/clients/client7/~dmtmp/word");
+        assert!(glob("filler.*", "filler.000"));
+        assert!(!glob("filler.*", "fill.000"));
+        assert!(glob("*.t?t", "a.txt"));
+    }
+}
