@@ -214,6 +214,9 @@ pub struct DbenchReport {
     pub loadfile_passes: u64,
     pub ops: BTreeMap<String, OpStats>,
     pub stats: crate::fs::EngineStats,
+    pub io: super::fileio::IoSummary,
+    /// Bytes of ReadX and WriteX payload.
+    pub payload_written: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -452,17 +455,18 @@ pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<Dben
         }
     }
     let before = shared.lock().stats.clone();
+    let io0 = super::fileio::IoSummary::of(&shared.lock());
     let stop = AtomicBool::new(false);
     let started = Instant::now();
     let deadline = (o.time > 0.0).then(|| started + Duration::from_secs_f64(o.time));
-    type ClientOut = (u64, u64, u64, Vec<String>, BTreeMap<String, (u64, f64, f64)>);
+    type ClientOut = (u64, u64, u64, Vec<String>, BTreeMap<String, (u64, f64, f64)>, u64);
     let outs: Vec<Result<ClientOut>> = std::thread::scope(|s| {
         let hs: Vec<_> = (1..=o.clients)
             .map(|id| {
                 let stop = &stop;
                 s.spawn(move || -> Result<ClientOut> {
                     let mut c = Client { id, handles: HashMap::new(), wbuf: Vec::new() };
-                    let (mut bytes, mut unexpected, mut passes) = (0u64, 0u64, 0u64);
+                    let (mut bytes, mut unexpected, mut passes, mut written) = (0u64, 0u64, 0u64, 0u64);
                     let mut examples = Vec::new();
                     let mut ops: BTreeMap<String, (u64, f64, f64)> = BTreeMap::new();
                     'outer: loop {
@@ -490,6 +494,9 @@ pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<Dben
                                 if let NbOp::WriteX { size, .. } | NbOp::ReadX { size, .. } = &l.op {
                                     bytes += size;
                                 }
+                                if let NbOp::WriteX { size, .. } = &l.op {
+                                    written += size;
+                                }
                             }
                             // dbench does not check Deltree and Mkdir (a
                             // tree left by an earlier run, the shared
@@ -515,7 +522,7 @@ pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<Dben
                     for (_, h) in c.handles.drain() {
                         fs.close(h)?;
                     }
-                    Ok((bytes, unexpected, passes, examples, ops))
+                    Ok((bytes, unexpected, passes, examples, ops, written))
                 })
             })
             .collect();
@@ -526,8 +533,9 @@ pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<Dben
     let mut bytes = 0;
     let mut ops: BTreeMap<String, (u64, f64, f64)> = BTreeMap::new();
     for x in outs {
-        let (b, u, p, ex, o) = x?;
+        let (b, u, p, ex, o, w) = x?;
         bytes += b;
+        r.payload_written += w;
         r.unexpected += u;
         r.loadfile_passes += p;
         for e in ex {
@@ -557,6 +565,7 @@ pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<Dben
     st.commits -= before.commits.min(st.commits);
     st.conflicting_inodes_logged -= before.conflicting_inodes_logged.min(st.conflicting_inodes_logged);
     r.stats = st;
+    r.io = super::fileio::IoSummary::of(&shared.lock()).since(io0);
     Ok(r)
 }
 

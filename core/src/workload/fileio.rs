@@ -185,6 +185,42 @@ pub struct FileioReport {
     pub events_per_thread: Vec<u64>,
     pub latency_ms: Latency,
     pub stats: EngineStats,
+    pub io: IoSummary,
+}
+
+/// What the run wrote to the device, and how many flushes it asked for.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct IoSummary {
+    pub flushes: u64,
+    pub bytes_written: u64,
+    pub data_bytes: u64,
+    pub log_bytes: u64,
+    pub metadata_bytes: u64,
+    pub super_bytes: u64,
+}
+
+impl IoSummary {
+    pub fn of(fs: &Filesystem) -> IoSummary {
+        let s = fs.store.stats;
+        IoSummary {
+            flushes: s.flushes,
+            bytes_written: s.data_bytes + s.log_bytes + s.metadata_bytes + s.super_bytes,
+            data_bytes: s.data_bytes,
+            log_bytes: s.log_bytes,
+            metadata_bytes: s.metadata_bytes,
+            super_bytes: s.super_bytes,
+        }
+    }
+    pub fn since(self, a: IoSummary) -> IoSummary {
+        IoSummary {
+            flushes: self.flushes - a.flushes.min(self.flushes),
+            bytes_written: self.bytes_written - a.bytes_written.min(self.bytes_written),
+            data_bytes: self.data_bytes - a.data_bytes.min(self.data_bytes),
+            log_bytes: self.log_bytes - a.log_bytes.min(self.log_bytes),
+            metadata_bytes: self.metadata_bytes - a.metadata_bytes.min(self.metadata_bytes),
+            super_bytes: self.super_bytes - a.super_bytes.min(self.super_bytes),
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -212,6 +248,7 @@ pub fn run(shared: &SharedFs, files: &[Loc], o: &FileioOptions) -> Result<Fileio
     o.validate()?;
     let plan = Arc::new(Plan { requests: AtomicU64::new(0), writes: AtomicU64::new(0), seq: Mutex::new((0, 0)), fsync_next: Mutex::new(None), stop: AtomicBool::new(false) });
     let before = shared.lock().stats.clone();
+    let io0 = IoSummary::of(&shared.lock());
     let started = Instant::now();
     let deadline = (o.time > 0.0).then(|| started + Duration::from_secs_f64(o.time));
     let results: Vec<Result<(u64, u64, u64, Vec<f64>)>> = std::thread::scope(|s| {
@@ -256,6 +293,7 @@ pub fn run(shared: &SharedFs, files: &[Loc], o: &FileioOptions) -> Result<Fileio
         };
     }
     r.stats = diff_stats(&before, &shared.lock().stats);
+    r.io = IoSummary::of(&shared.lock()).since(io0);
     Ok(r)
 }
 
