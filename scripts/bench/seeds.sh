@@ -64,7 +64,7 @@ print(json.dumps(out))
 }
 
 loopdev_stat() { # writes, sectors written, flushes of a loop device
-  awk '{print $5, $7, $15}' "/sys/block/$(basename "$1")/stat"
+  awk '{print $5, $7, $16}' "/sys/block/$(basename "$1")/stat"
 }
 
 kernel() { # name, image, then the command to run inside the mount ($MNT)
@@ -90,7 +90,7 @@ out = {"run": name, "engine": "kernel", "bytes_written": sectors * 512, "flushes
 def f(pat):
     m = re.search(pat, t)
     return float(m.group(1)) if m else None
-if "Throughput" in t:
+if "MB/sec" in t:
     out.update(mb_per_s=f(r"Throughput ([0-9.]+) MB/sec"), max_latency_ms=f(r"max_latency=([0-9.]+) ms"))
 else:
     out.update(writes_per_s=f(r"writes/s:\s+([0-9.]+)"), fsyncs_per_s=f(r"fsyncs/s:\s+([0-9.]+)"),

@@ -17,7 +17,14 @@ pub struct FileDevice {
     /// A map of the file never read through, for mincore; made on first use.
     residency_map: std::sync::OnceLock<Option<memmap2::Mmap>>,
     path: std::path::PathBuf,
+    /// Bytes written since writeback of the file was last started.
+    unkicked: std::sync::atomic::AtomicU64,
 }
+
+/// Start writeback of the file's dirty pages after this many bytes
+/// written, so the device works while the engine does and the flush that
+/// follows finds little left (write-behind).
+const WRITE_BEHIND: u64 = 32 << 20;
 
 impl FileDevice {
     pub fn open(path: &Path, writable: bool) -> Result<FileDevice> {
@@ -28,7 +35,7 @@ impl FileDevice {
         }
         let file = OpenOptions::new().read(true).write(writable).open(path).map_err(|e| Error::io(ctx(), e))?;
         let size = device_size(&file).map_err(|e| Error::io(ctx(), e))?;
-        Ok(FileDevice { file, size, writable, map: None, direct: std::sync::OnceLock::new(), residency_map: std::sync::OnceLock::new(), path: path.to_path_buf() })
+        Ok(FileDevice { file, size, writable, map: None, direct: std::sync::OnceLock::new(), residency_map: std::sync::OnceLock::new(), path: path.to_path_buf(), unkicked: std::sync::atomic::AtomicU64::new(0) })
     }
 
     /// Open read-only with a memory map for fast whole-image scans.
@@ -144,7 +151,22 @@ impl BlockDevice for FileDevice {
         }
         self.file
             .write_all_at(buf, offset)
-            .map_err(|e| Error::io(format!("write of {} bytes at byte {offset}", buf.len()), e))
+            .map_err(|e| Error::io(format!("write of {} bytes at byte {offset}", buf.len()), e))?;
+        use std::sync::atomic::Ordering;
+        if self.unkicked.fetch_add(buf.len() as u64, Ordering::Relaxed) + buf.len() as u64 >= WRITE_BEHIND {
+            self.unkicked.store(0, Ordering::Relaxed);
+            #[cfg(target_os = "linux")]
+            {
+                use std::os::fd::AsRawFd;
+                // SAFETY: an advisory call on a descriptor we own: it only
+                // starts writeback, and its result changes nothing here
+                // (the flush that makes data durable is fdatasync).
+                unsafe {
+                    libc::sync_file_range(self.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+                }
+            }
+        }
+        Ok(())
     }
     fn flush(&self) -> Result<()> {
         if !self.writable {
