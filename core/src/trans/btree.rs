@@ -549,7 +549,15 @@ impl Store {
                 break;
             }
         }
-        let (mid, goes_left) = best.ok_or_else(|| Error::NoSpace("no leaf split point fits the item".into()))?;
+        // No single split leaves room on the item's side (a big item in
+        // the middle of a full leaf): split at the item's slot, then once
+        // more so the item has a leaf of its own (split_leaf's second
+        // split in the kernel). Parents keep room for three pointers.
+        let (mid, goes_left, again) = match best {
+            Some((m, l)) => (m, l, false),
+            None if s > 0 && s < n => (s, false, true),
+            None => return Err(Error::NoSpace("no leaf split point fits the item".into())),
+        };
         if d == 0 {
             self.grow_root(tree, path)?;
         }
@@ -566,6 +574,9 @@ impl Store {
         if !goes_left {
             path[d] = Step { bytenr: right, slot: s - mid };
             path[d - 1].slot = ps + 1;
+        }
+        if again {
+            return self.split_leaf(tree, path, need);
         }
         Ok(())
     }
