@@ -568,7 +568,23 @@ impl Filesystem {
         let cur = self.rt(dir)?.index_cnt;
         let idx = match cur {
             Some(i) => i,
-            None => super::names::next_dir_index(&mut self.store, dir.subvol, dir.ino)?,
+            None => {
+                // Counted from the directory's entries as the kernel sees
+                // them on reloading the inode: deletions made in this
+                // transaction are delayed items not yet in the tree, so
+                // the committed entries still count. An index freed in the
+                // transaction is never handed out again in it (a log could
+                // otherwise name an index the committed tree still uses).
+                let mut next = super::names::next_dir_index(&mut self.store, dir.subvol, dir.ino)?;
+                if self.item(dir)?.transid.get() == self.store.transid {
+                    let lo = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0);
+                    let hi = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX);
+                    if let Some((k, _)) = self.store.committed_items_in(dir.subvol, lo, hi)?.last() {
+                        next = next.max(k.offset + 1);
+                    }
+                }
+                next
+            }
         };
         self.rt(dir)?.index_cnt = Some(idx + 1);
         Ok(idx)
