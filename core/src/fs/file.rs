@@ -335,7 +335,7 @@ impl Filesystem {
             }
         }
         if found {
-            self.rt(l)?.full_sync = true;
+            self.set_full_sync(l)?;
         }
         self.set_size(l, size)?;
         self.stamp(l, true, true)?;

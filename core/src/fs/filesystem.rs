@@ -455,6 +455,18 @@ impl Filesystem {
         Ok(())
     }
 
+    /// btrfs_set_inode_full_sync: the next fsync logs the inode the slow
+    /// way, and, as a reflink may have happened in the transaction that
+    /// last changed it, with every extent of it (last_reflink_trans
+    /// catches up with last_trans: an earlier fsync in the transaction may
+    /// have reset it).
+    pub(super) fn set_full_sync(&mut self, l: Loc) -> Result<()> {
+        let rt = self.rt(l)?;
+        rt.full_sync = true;
+        rt.last_reflink_trans = rt.last_reflink_trans.max(rt.last_trans);
+        Ok(())
+    }
+
     /// Load the runtime state of an inode that already has an item (a new
     /// inode's state is set up by its creator).
     fn load_rt_if_exists(&mut self, l: Loc) -> Result<()> {

@@ -425,7 +425,7 @@ impl Filesystem {
         super::data::write_inline(&mut self.store, l.subvol, l.ino, i_size, compression, payload)?;
         self.stats.inline_extents += 1;
         self.finish_inode_update(l, i_size as i64 - dropped.nbytes as i64)?;
-        self.rt(l)?.full_sync = true;
+        self.set_full_sync(l)?;
         self.note_modified(l, 0, ss)?;
         Ok(true)
     }

@@ -441,7 +441,7 @@ pub fn all_families() -> Vec<Scenario> {
     let mut all = Vec::new();
     all.extend(seeded("random-", "BTRKIT_RANDOM_SCENARIOS", REGRESSION_SEEDS, random_scenario));
     all.extend(seeded("random-ns-", "BTRKIT_RANDOM_NS_SCENARIOS", &[126], random_ns_scenario));
-    all.extend(seeded("random-clone-", "BTRKIT_RANDOM_CLONE_SCENARIOS", &[], random_clone_scenario));
+    all.extend(seeded("random-clone-", "BTRKIT_RANDOM_CLONE_SCENARIOS", &[74], random_clone_scenario));
     all.extend(seeded("random-quota-", "BTRKIT_RANDOM_QUOTA_SCENARIOS", &[], random_quota_scenario));
     all
 }
