@@ -95,11 +95,14 @@ struct Ctx {
     /// Log and sync even an inode already in the synced log (fast fsync
     /// without the 2015 skip: one log sync per fsync).
     always_sync: bool,
+    /// Logging the targets of a directory's new entries
+    /// (logging_new_delayed_dentries).
+    logging_new_delayed: bool,
 }
 
 impl Ctx {
     fn new(inode: Loc) -> Ctx {
-        Ctx { inode, log_new_dentries: false, logging_new_name: false, logging_conflict_inodes: false, conflicts: VecDeque::new(), conflicts_seen: 0, always_sync: false }
+        Ctx { inode, log_new_dentries: false, logging_new_name: false, logging_conflict_inodes: false, conflicts: VecDeque::new(), conflicts_seen: 0, always_sync: false, logging_new_delayed: false }
     }
 }
 
@@ -381,6 +384,7 @@ impl Filesystem {
         if dir && mode == LogMode::All {
             self.log_directory_changes(l, logged_before, ctx)?;
         }
+        let new_delayed = if dir && mode == LogMode::All && !ctx.logging_new_delayed { self.new_entries(l)? } else { Vec::new() };
         let rt = self.rt(l)?;
         rt.logged_trans = t;
         if !ctx.logging_new_name && mode == LogMode::All {
@@ -389,7 +393,57 @@ impl Filesystem {
         if mode == LogMode::All {
             rt.last_reflink_trans = 0;
         }
-        self.log_conflicting_inodes(l, ctx)
+        self.log_conflicting_inodes(l, ctx)?;
+        self.log_new_delayed_dentries(l, new_delayed, ctx)
+    }
+
+    /// The entries a directory got in this transaction, as (index, target,
+    /// is a directory): in the kernel they are delayed items until the
+    /// transaction commits.
+    fn new_entries(&mut self, dir: Loc) -> Result<Vec<(Loc, bool)>> {
+        let t = self.transid();
+        let items = self.store.items_in(fs_tree(dir), Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0), Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX))?;
+        let mut out = Vec::new();
+        for (k, data) in items {
+            let entries = parse_dir_items(&data).map_err(|e| e.at(0, k))?;
+            let Some(e) = entries.first() else { continue };
+            let loc = Key::from(&e.item.location);
+            if e.item.transid.get() != t || loc.ty == BTRFS_ROOT_ITEM_KEY {
+                continue;
+            }
+            out.push((Loc::new(dir.subvol, loc.objectid), e.item.type_ == BTRFS_FT_DIR));
+        }
+        Ok(out)
+    }
+
+    /// log_new_delayed_dentries: a fully logged directory's entries made in
+    /// this transaction are still delayed items in the kernel, and their
+    /// targets are logged with it (as existing; directories in full), a
+    /// new name's logging included, so replay finds an inode for every
+    /// entry it puts back.
+    fn log_new_delayed_dentries(&mut self, _dir: Loc, entries: Vec<(Loc, bool)>, ctx: &mut Ctx) -> LResult<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let saved = ctx.log_new_dentries;
+        ctx.logging_new_delayed = true;
+        let mut r = Ok(());
+        for (target, is_dir) in entries {
+            if !self.exists(target)? || !self.need_log_inode(target)? {
+                continue;
+            }
+            ctx.log_new_dentries = false;
+            r = self.log_inode(target, if is_dir { LogMode::All } else { LogMode::Exists }, ctx);
+            if r.is_ok() && ctx.log_new_dentries {
+                r = self.log_new_dir_dentries(target, ctx);
+            }
+            if r.is_err() {
+                break;
+            }
+        }
+        ctx.log_new_dentries = saved;
+        ctx.logging_new_delayed = false;
+        r
     }
 
     /// Delete every item of `ino` with type <= `max_type` from the log
