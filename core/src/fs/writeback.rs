@@ -108,20 +108,31 @@ impl Filesystem {
         }
         let n = pages.len() as u64 * PAGE;
         self.dirty_bytes = self.dirty_bytes.saturating_sub(n);
-        // Runs of consecutive pages.
-        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
-        for (idx, p) in &pages {
-            let idx = *idx;
+        // Runs of consecutive pages, as [first, end) into `pages`; a run of
+        // one page is written from the page itself.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (i, (idx, _)) in pages.iter().enumerate() {
             match runs.last_mut() {
-                Some((s, buf)) if *s + buf.len() as u64 == idx * PAGE => buf.extend_from_slice(&p),
-                _ => runs.push((idx * PAGE, p.to_vec())),
+                Some((a, b)) if pages[*a].0 + (*b - *a) as u64 == *idx => *b = i + 1,
+                _ => runs.push((i, i + 1)),
             }
         }
         // An fsync's own data goes out at once, ahead of what background
         // writeback queued (sync-io-first); otherwise it queues too.
         let direct = reason == Reason::Fsync && self.switches.sync_io_first;
         self.store.set_data_context((l.subvol, l.ino), direct);
-        let r = runs.into_iter().try_for_each(|(s, buf)| self.write_run(l, s, &buf, i_size, false));
+        let mut joined: Vec<u8> = Vec::new();
+        let r = runs.into_iter().try_for_each(|(a, b)| {
+            let start = pages[a].0 * PAGE;
+            if b - a == 1 {
+                return self.write_run(l, start, &pages[a].1, i_size, false);
+            }
+            joined.clear();
+            for (_, p) in &pages[a..b] {
+                joined.extend_from_slice(p);
+            }
+            self.write_run(l, start, &joined, i_size, false)
+        });
         self.store.set_data_context((l.subvol, l.ino), false);
         r?;
         self.recycle_pages(pages);
