@@ -316,7 +316,7 @@ impl Client {
                 let Some(&l) = self.handles.get(fnum) else { return Ok(false) };
                 soft(fs.read(l, *off, *size).map(drop))
             }
-            NbOp::Flush { .. } => unreachable!("Flush runs through the shared fsync"),
+            NbOp::Flush { .. } => Err(Error::Invalid("Flush runs through the shared fsync, not Client::apply".into())),
             NbOp::Rename { from, to } => {
                 let (a, b) = (client_path(from, id), client_path(to, id));
                 soft((|| {
@@ -555,15 +555,7 @@ pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<Dben
         r.max_latency_ms = r.max_latency_ms.max(max);
         r.ops.insert(k, OpStats { count: n, avg_ms: if n > 0 { sum / n as f64 } else { 0.0 }, max_ms: max });
     }
-    let after = shared.lock().stats.clone();
-    let mut st = after.clone();
-    st.fsyncs -= before.fsyncs.min(st.fsyncs);
-    st.log_syncs -= before.log_syncs.min(st.log_syncs);
-    st.log_syncs_skipped -= before.log_syncs_skipped.min(st.log_syncs_skipped);
-    st.log_syncs_joined -= before.log_syncs_joined.min(st.log_syncs_joined);
-    st.full_commits -= before.full_commits.min(st.full_commits);
-    st.commits -= before.commits.min(st.commits);
-    st.conflicting_inodes_logged -= before.conflicting_inodes_logged.min(st.conflicting_inodes_logged);
+    let st = super::fileio::diff_stats(&before, &shared.lock().stats);
     r.stats = st;
     r.io = super::fileio::IoSummary::of(&shared.lock()).since(io0);
     Ok(r)

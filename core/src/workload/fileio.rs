@@ -298,7 +298,7 @@ pub fn run(shared: &SharedFs, files: &[Loc], o: &FileioOptions) -> Result<Fileio
 }
 
 /// Counters of the run alone.
-fn diff_stats(a: &EngineStats, b: &EngineStats) -> EngineStats {
+pub(super) fn diff_stats(a: &EngineStats, b: &EngineStats) -> EngineStats {
     let mut d = b.clone();
     d.commits -= a.commits.min(d.commits);
     d.fsyncs -= a.fsyncs.min(d.fsyncs);
