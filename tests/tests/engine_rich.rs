@@ -173,9 +173,26 @@ fn shell_changes_kernel_written_images() {
         Ok(_) => {}
         Err(e) => problems.push(format!("kernel mount of our image: {e}")),
     }
+    // The kernel's choice to compress a range is made by an async worker
+    // and has been seen to differ between two kernel runs of the same
+    // script on the same image (once in CI: a 104 KiB append written
+    // uncompressed). A mismatch is therefore checked against a second
+    // kernel run: ours must equal one of the kernel's own outcomes.
+    let mut second: Option<std::path::PathBuf> = None;
     for f in COMPRESSION_CHECKED {
         match (extents_of(&theirs, f), extents_of(&ours, f)) {
-            (Ok(a), Ok(b)) if a != b => problems.push(format!("{f}: extents (offset, length, compression): kernel {a:?}, ours {b:?}")),
+            (Ok(a), Ok(b)) if a != b => {
+                let again = second.get_or_insert_with(|| {
+                    let p = w.join("kernel2.img");
+                    kcrash::copy_sparse(k.image(), &p).expect("copy");
+                    kernel_apply(&p, &w.join("mnt"), &changes).expect("second kernel run");
+                    p
+                });
+                match extents_of(again, f) {
+                    Ok(c) if c == b => println!("{f}: the kernel's two runs differ ({a:?} / {c:?}); ours equals the second"),
+                    c => problems.push(format!("{f}: extents (offset, length, compression): kernel {a:?} (again {c:?}), ours {b:?}")),
+                }
+            }
             (Ok(a), Ok(_)) => assert!(!a.is_empty(), "{f} has no extents"),
             (a, b) => problems.push(format!("{f}: {a:?} / {b:?}")),
         }
