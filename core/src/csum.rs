@@ -37,7 +37,11 @@ impl CsumType {
             "xxhash" | "xxhash64" => CsumType::Xxhash64,
             "sha256" => CsumType::Sha256,
             "blake2" | "blake2b" => CsumType::Blake2b,
-            _ => return Err(Error::Invalid(format!("unknown checksum type '{name}' (crc32c, xxhash, sha256, blake2)"))),
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "unknown checksum type '{name}' (crc32c, xxhash, sha256, blake2)"
+                )))
+            }
         })
     }
     pub fn name(self) -> &'static str {
@@ -64,7 +68,9 @@ impl CsumType {
             }
             CsumType::Blake2b => {
                 use blake2::Digest;
-                out.copy_from_slice(&blake2::Blake2b::<blake2::digest::consts::U32>::digest(data));
+                out.copy_from_slice(&blake2::Blake2b::<blake2::digest::consts::U32>::digest(
+                    data,
+                ));
             }
         }
         out
@@ -93,16 +99,27 @@ mod tests {
     #[test]
     fn known_vectors() {
         // crc32c("123456789") = 0xe3069283
-        assert_eq!(&CsumType::Crc32c.compute(b"123456789")[..4], &0xe3069283u32.to_le_bytes());
+        assert_eq!(
+            &CsumType::Crc32c.compute(b"123456789")[..4],
+            &0xe3069283u32.to_le_bytes()
+        );
         // xxh64("", 0) = 0xef46db3751d8e999
-        assert_eq!(&CsumType::Xxhash64.compute(b"")[..8], &0xef46db3751d8e999u64.to_le_bytes());
+        assert_eq!(
+            &CsumType::Xxhash64.compute(b"")[..8],
+            &0xef46db3751d8e999u64.to_le_bytes()
+        );
         let s = CsumType::Sha256.compute(b"abc");
         assert_eq!(s[0], 0xba);
         assert_eq!(s[31], 0xad);
         // BLAKE2b-256("abc") starts bd dd 81 3c
         let b = CsumType::Blake2b.compute(b"abc");
         assert_eq!(&b[..4], &[0xbd, 0xdd, 0x81, 0x3c]);
-        for t in [CsumType::Crc32c, CsumType::Xxhash64, CsumType::Sha256, CsumType::Blake2b] {
+        for t in [
+            CsumType::Crc32c,
+            CsumType::Xxhash64,
+            CsumType::Sha256,
+            CsumType::Blake2b,
+        ] {
             assert_eq!(CsumType::from_disk(t.to_disk()).unwrap(), t);
             let mut blk = vec![7u8; 4096];
             let c = block_csum(t, &blk);

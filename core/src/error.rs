@@ -16,7 +16,10 @@ pub enum Error {
     /// The OS error is part of the message (not a separate source), so a
     /// binary printing the error chain shows it once.
     #[error("{context}: {err}")]
-    Io { context: String, err: std::io::Error },
+    Io {
+        context: String,
+        err: std::io::Error,
+    },
     #[error("unsupported: {0}")]
     Unsupported(String),
     #[error("no space left: {0}")]
@@ -85,16 +88,30 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn corrupt(what: impl Into<String>, bytenr: u64) -> Self {
-        Error::Corrupt { what: what.into(), bytenr, key: None }
+        Error::Corrupt {
+            what: what.into(),
+            bytenr,
+            key: None,
+        }
     }
     pub fn corrupt_key(what: impl Into<String>, bytenr: u64, key: Key) -> Self {
-        Error::Corrupt { what: what.into(), bytenr, key: Some(key) }
+        Error::Corrupt {
+            what: what.into(),
+            bytenr,
+            key: Some(key),
+        }
     }
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io { context: context.into(), err: source }
+        Error::Io {
+            context: context.into(),
+            err: source,
+        }
     }
     pub fn errno(errno: i32, msg: impl Into<String>) -> Self {
-        Error::Errno { errno, msg: msg.into() }
+        Error::Errno {
+            errno,
+            msg: msg.into(),
+        }
     }
     /// The errno a system call would return for this error.
     pub fn as_errno(&self) -> i32 {
@@ -111,7 +128,11 @@ impl Error {
     /// raised without knowing where the item lives.
     pub fn at(self, bytenr: u64, key: Key) -> Self {
         match self {
-            Error::Corrupt { what, .. } => Error::Corrupt { what, bytenr, key: Some(key) },
+            Error::Corrupt { what, .. } => Error::Corrupt {
+                what,
+                bytenr,
+                key: Some(key),
+            },
             e => e,
         }
     }

@@ -91,7 +91,9 @@ impl Image {
                         if let Err(e) = map.insert(item.key.offset, c, s) {
                             match e {
                                 Error::Unsupported(_) => return Err(e),
-                                e if self.lenient => warnings.push(e.at(item.node.bytenr, item.key).to_string()),
+                                e if self.lenient => {
+                                    warnings.push(e.at(item.node.bytenr, item.key).to_string())
+                                }
                                 e => return Err(e.at(item.node.bytenr, item.key)),
                             }
                         }
@@ -110,7 +112,11 @@ impl Image {
             )));
         }
         if self.sb.num_devices.get() != 1 {
-            let m = format!("superblock num_devices is {} but the chunk tree has {} device", self.sb.num_devices.get(), devs.len());
+            let m = format!(
+                "superblock num_devices is {} but the chunk tree has {} device",
+                self.sb.num_devices.get(),
+                devs.len()
+            );
             if !self.lenient && devs.len() != 1 {
                 return Err(Error::Unsupported(m));
             }
@@ -139,13 +145,23 @@ impl Image {
     /// Every copy of a tree block, in mirror order; a copy that cannot be
     /// read is an Err in its slot.
     pub fn read_block_copies(&self, bytenr: u64) -> Result<Vec<Result<Vec<u8>>>> {
-        Ok(self.block_copy_addrs(bytenr)?.into_iter().map(|p| self.read_block_at(p)).collect())
+        Ok(self
+            .block_copy_addrs(bytenr)?
+            .into_iter()
+            .map(|p| self.read_block_at(p))
+            .collect())
     }
 
     /// Physical addresses of every copy of a tree block, in mirror order.
     fn block_copy_addrs(&self, bytenr: u64) -> Result<Vec<u64>> {
         if bytenr % self.sectorsize as u64 != 0 {
-            return Err(Error::corrupt(format!("tree block address {bytenr} is not aligned to sectorsize {}", self.sectorsize), bytenr));
+            return Err(Error::corrupt(
+                format!(
+                    "tree block address {bytenr} is not aligned to sectorsize {}",
+                    self.sectorsize
+                ),
+                bytenr,
+            ));
         }
         self.chunks.map(bytenr, self.nodesize as u64, self.devid)
     }
@@ -166,7 +182,12 @@ impl Image {
     /// Read and validate a tree block. The first copy with no problem wins;
     /// in strict mode a block with problems in every copy is an error, in
     /// lenient mode the copy with the fewest problems is returned with them.
-    pub fn read_tree_block_checked(&self, bytenr: u64, expect: &Expect, log: bool) -> Result<(Node, Vec<Problem>)> {
+    pub fn read_tree_block_checked(
+        &self,
+        bytenr: u64,
+        expect: &Expect,
+        log: bool,
+    ) -> Result<(Node, Vec<Problem>)> {
         let ctx = self.ctx(log);
         let mut best: Option<(Node, Vec<Problem>)> = None;
         let mut io_err = None;
@@ -190,10 +211,18 @@ impl Image {
         }
         match best {
             Some((node, problems)) => {
-                if self.lenient && !problems.iter().any(|p| p.kind == ProblemKind::Level && expect.level.is_some()) {
+                if self.lenient
+                    && !problems
+                        .iter()
+                        .any(|p| p.kind == ProblemKind::Level && expect.level.is_some())
+                {
                     Ok((node, problems))
                 } else {
-                    Err(problems.into_iter().next().map(Problem::into_error).unwrap_or_else(|| Error::corrupt("tree block", bytenr)))
+                    Err(problems
+                        .into_iter()
+                        .next()
+                        .map(Problem::into_error)
+                        .unwrap_or_else(|| Error::corrupt("tree block", bytenr)))
                 }
             }
             None => Err(io_err.unwrap_or_else(|| Error::corrupt("tree block unreadable", bytenr))),
@@ -201,7 +230,8 @@ impl Image {
     }
 
     pub fn read_tree_block(&self, bytenr: u64, expect: &Expect, log: bool) -> Result<Node> {
-        self.read_tree_block_checked(bytenr, expect, log).map(|(n, _)| n)
+        self.read_tree_block_checked(bytenr, expect, log)
+            .map(|(n, _)| n)
     }
 
     pub fn root_tree(&self) -> TreeRoot {
@@ -263,35 +293,57 @@ impl Image {
 }
 
 pub fn tree_root_of(id: u64, ri: &RootItem) -> TreeRoot {
-    TreeRoot { id, bytenr: ri.bytenr.get(), level: ri.level, generation: ri.generation.get() }
+    TreeRoot {
+        id,
+        bytenr: ri.bytenr.get(),
+        level: ri.level,
+        generation: ri.generation.get(),
+    }
 }
 
 /// Read and verify superblock copy `mirror`.
 pub fn read_superblock(dev: &dyn BlockDevice, mirror: usize) -> Result<Superblock> {
     if mirror >= BTRFS_SUPER_MIRROR_MAX {
-        return Err(Error::Invalid(format!("superblock mirror {mirror} does not exist (0, 1 or 2)")));
+        return Err(Error::Invalid(format!(
+            "superblock mirror {mirror} does not exist (0, 1 or 2)"
+        )));
     }
     let off = btrfs_sb_offset(mirror);
     let size = dev.size();
     if size < off + BTRFS_SUPER_INFO_SIZE as u64 {
         return Err(if mirror == 0 {
-            Error::NotBtrfs(format!("image is {size} bytes, too small to hold a superblock at 64 KiB"))
+            Error::NotBtrfs(format!(
+                "image is {size} bytes, too small to hold a superblock at 64 KiB"
+            ))
         } else {
-            Error::Invalid(format!("image of {size} bytes has no superblock mirror {mirror} (at byte {off})"))
+            Error::Invalid(format!(
+                "image of {size} bytes has no superblock mirror {mirror} (at byte {off})"
+            ))
         });
     }
     let mut buf = [0u8; BTRFS_SUPER_INFO_SIZE];
     dev.read_at(off, &mut buf)?;
     let sb = Superblock::read_from_bytes(&buf).map_err(|_| Error::corrupt("superblock", off))?;
     if sb.magic.get() != BTRFS_MAGIC {
-        return Err(Error::NotBtrfs(format!("no btrfs magic in the superblock at byte {off}")));
+        return Err(Error::NotBtrfs(format!(
+            "no btrfs magic in the superblock at byte {off}"
+        )));
     }
     let csum = CsumType::from_disk(sb.csum_type.get())?;
     if !verify_block(csum, &buf) {
-        return Err(Error::corrupt(format!("superblock {} checksum mismatch", csum.name()), off));
+        return Err(Error::corrupt(
+            format!("superblock {} checksum mismatch", csum.name()),
+            off,
+        ));
     }
     if sb.bytenr.get() != off {
-        return Err(Error::corrupt(format!("superblock says it lives at byte {} but was read at {off}", sb.bytenr.get()), off));
+        return Err(Error::corrupt(
+            format!(
+                "superblock says it lives at byte {} but was read at {off}",
+                sb.bytenr.get()
+            ),
+            off,
+        ));
     }
     Ok(sb)
 }
@@ -343,14 +395,21 @@ impl SuperStatus {
 /// whatever the magic, checksum and bytenr say, with a [`SuperStatus`] saying
 /// which of them hold. Fails only when the copy does not exist (mirror number
 /// out of range, image too small) or cannot be read.
-pub fn read_superblock_raw(dev: &dyn BlockDevice, mirror: usize) -> Result<(Superblock, SuperStatus)> {
+pub fn read_superblock_raw(
+    dev: &dyn BlockDevice,
+    mirror: usize,
+) -> Result<(Superblock, SuperStatus)> {
     if mirror >= BTRFS_SUPER_MIRROR_MAX {
-        return Err(Error::Invalid(format!("superblock mirror {mirror} does not exist (0, 1 or 2)")));
+        return Err(Error::Invalid(format!(
+            "superblock mirror {mirror} does not exist (0, 1 or 2)"
+        )));
     }
     let off = btrfs_sb_offset(mirror);
     let size = dev.size();
     if size < off + BTRFS_SUPER_INFO_SIZE as u64 {
-        return Err(Error::Invalid(format!("image of {size} bytes has no superblock mirror {mirror} (at byte {off})")));
+        return Err(Error::Invalid(format!(
+            "image of {size} bytes has no superblock mirror {mirror} (at byte {off})"
+        )));
     }
     let mut buf = [0u8; BTRFS_SUPER_INFO_SIZE];
     dev.read_at(off, &mut buf)?;
@@ -358,7 +417,11 @@ pub fn read_superblock_raw(dev: &dyn BlockDevice, mirror: usize) -> Result<(Supe
     let (csum_ok, stored_csum, computed_csum) = match CsumType::from_disk(sb.csum_type.get()) {
         Ok(t) => {
             let c = crate::csum::block_csum(t, &buf);
-            (Some(verify_block(t, &buf)), sb.csum[..t.size()].to_vec(), Some(c[..t.size()].to_vec()))
+            (
+                Some(verify_block(t, &buf)),
+                sb.csum[..t.size()].to_vec(),
+                Some(c[..t.size()].to_vec()),
+            )
         }
         Err(_) => (None, sb.csum.to_vec(), None),
     };
@@ -377,36 +440,67 @@ pub fn read_superblock_raw(dev: &dyn BlockDevice, mirror: usize) -> Result<(Supe
 
 /// Sanity checks of a superblock that make reading possible at all. In
 /// lenient mode, checks that only indicate damage elsewhere become warnings.
-pub fn check_superblock(sb: &Superblock, dev_size: u64, lenient: bool, warnings: &mut Vec<String>) -> Result<()> {
+pub fn check_superblock(
+    sb: &Superblock,
+    dev_size: u64,
+    lenient: bool,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
     let off = sb.bytenr.get();
     let ns = sb.nodesize.get();
     let ss = sb.sectorsize.get();
     if !ss.is_power_of_two() || !(4096..=65536).contains(&ss) {
-        return Err(Error::corrupt(format!("superblock sectorsize {ss} invalid"), off));
+        return Err(Error::corrupt(
+            format!("superblock sectorsize {ss} invalid"),
+            off,
+        ));
     }
     if !ns.is_power_of_two() || ns < ss || ns > BTRFS_MAX_NODESIZE {
-        return Err(Error::corrupt(format!("superblock nodesize {ns} invalid"), off));
+        return Err(Error::corrupt(
+            format!("superblock nodesize {ns} invalid"),
+            off,
+        ));
     }
     let unknown = sb.incompat_flags.get() & !SUPPORTED_INCOMPAT;
     if unknown != 0 {
         let names = crate::format::names::incompat_names(unknown).join(", ");
-        return Err(Error::Unsupported(format!("incompat feature flags 0x{unknown:x} ({names})")));
+        return Err(Error::Unsupported(format!(
+            "incompat feature flags 0x{unknown:x} ({names})"
+        )));
     }
     let unknown_ro = sb.compat_ro_flags.get() & !SUPPORTED_COMPAT_RO;
     if unknown_ro != 0 {
-        warnings.push(format!("unknown compat_ro flags 0x{unknown_ro:x}: read-only access only"));
+        warnings.push(format!(
+            "unknown compat_ro flags 0x{unknown_ro:x}: read-only access only"
+        ));
     }
     for (name, v) in [("root", sb.root.get()), ("chunk_root", sb.chunk_root.get())] {
         if v == 0 || v % ss as u64 != 0 {
-            return Err(Error::corrupt(format!("superblock {name} {v} is not a sector-aligned address"), off));
+            return Err(Error::corrupt(
+                format!("superblock {name} {v} is not a sector-aligned address"),
+                off,
+            ));
         }
     }
     if sb.log_root.get() % ss as u64 != 0 {
-        return Err(Error::corrupt(format!("superblock log_root {} is not sector aligned", sb.log_root.get()), off));
+        return Err(Error::corrupt(
+            format!(
+                "superblock log_root {} is not sector aligned",
+                sb.log_root.get()
+            ),
+            off,
+        ));
     }
-    for (name, l) in [("root_level", sb.root_level), ("chunk_root_level", sb.chunk_root_level), ("log_root_level", sb.log_root_level)] {
+    for (name, l) in [
+        ("root_level", sb.root_level),
+        ("chunk_root_level", sb.chunk_root_level),
+        ("log_root_level", sb.log_root_level),
+    ] {
         if l >= BTRFS_MAX_LEVEL {
-            return Err(Error::corrupt(format!("superblock {name} {l} exceeds {}", BTRFS_MAX_LEVEL - 1), off));
+            return Err(Error::corrupt(
+                format!("superblock {name} {l} exceeds {}", BTRFS_MAX_LEVEL - 1),
+                off,
+            ));
         }
     }
     if sb.num_devices.get() == 0 {
@@ -418,11 +512,22 @@ pub fn check_superblock(sb: &Superblock, dev_size: u64, lenient: bool, warnings:
             sb.num_devices.get()
         )));
     }
-    if sb.total_bytes.get() > dev_size.max(sb.dev_item.total_bytes.get()) && dev_size < sb.dev_item.total_bytes.get() {
-        warnings.push(format!("image is {dev_size} bytes but the device item says {}: the image may be truncated", sb.dev_item.total_bytes.get()));
+    if sb.total_bytes.get() > dev_size.max(sb.dev_item.total_bytes.get())
+        && dev_size < sb.dev_item.total_bytes.get()
+    {
+        warnings.push(format!(
+            "image is {dev_size} bytes but the device item says {}: the image may be truncated",
+            sb.dev_item.total_bytes.get()
+        ));
     }
     if sb.sys_chunk_array_size.get() as usize > BTRFS_SYSTEM_CHUNK_ARRAY_SIZE {
-        return Err(Error::corrupt(format!("superblock sys_chunk_array_size {} too large", sb.sys_chunk_array_size.get()), off));
+        return Err(Error::corrupt(
+            format!(
+                "superblock sys_chunk_array_size {} too large",
+                sb.sys_chunk_array_size.get()
+            ),
+            off,
+        ));
     }
     Ok(())
 }

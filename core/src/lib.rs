@@ -3,20 +3,20 @@
 //! Layers only call downward: `format` <- `io` <- `chunk` <- `tree` <- the rest.
 //! Nothing in this crate prints or exits; every failure is an [`Error`].
 
+pub mod alloc;
+pub mod check;
+pub mod chunk;
 pub mod csum;
 pub mod error;
 pub mod format;
-pub mod io;
-pub mod chunk;
-pub mod tree;
-pub mod alloc;
-pub mod trans;
-pub mod mkfs;
 pub mod fs;
-pub mod log;
 pub mod image;
-pub mod check;
-pub mod workload;
+pub mod io;
+pub mod log;
+pub mod mkfs;
+pub mod trans;
+pub mod tree;
 pub mod util;
+pub mod workload;
 
 pub use error::{Error, Result};

@@ -39,10 +39,17 @@ fn a_big_item_in_the_middle_of_a_full_leaf_splits_it_twice() {
     drop(st);
     let mut st = Store::open(dev.clone()).unwrap();
     for i in 0..120u64 {
-        assert_eq!(st.lookup(tree, &key(i * 2)).unwrap().as_deref(), Some(&small[..]), "item {i}");
+        assert_eq!(
+            st.lookup(tree, &key(i * 2)).unwrap().as_deref(),
+            Some(&small[..]),
+            "item {i}"
+        );
     }
     assert_eq!(st.lookup(tree, &k).unwrap().as_deref(), Some(&big[..]));
     let all = st.items_in(tree, key(0), key(u64::MAX)).unwrap();
     assert_eq!(all.len(), 121);
-    assert!(all.windows(2).all(|w| w[0].0 < w[1].0), "items out of order");
+    assert!(
+        all.windows(2).all(|w| w[0].0 < w[1].0),
+        "items out of order"
+    );
 }

@@ -26,13 +26,25 @@ fn have(cmd: &str) -> bool {
 fn mkfs(path: &Path, size: u64, args: &[&str]) -> bool {
     let f = std::fs::File::create(path).unwrap();
     f.set_len(size).unwrap();
-    let st = Command::new("mkfs.btrfs").args(["-f", "-q"]).args(args).arg(path).status();
+    let st = Command::new("mkfs.btrfs")
+        .args(["-f", "-q"])
+        .args(args)
+        .arg(path)
+        .status();
     matches!(st, Ok(s) if s.success())
 }
 
 fn btrfs_check(path: &Path) -> (bool, String) {
-    let o = Command::new("btrfs").args(["check", "--readonly"]).arg(path).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     (o.status.success(), text)
 }
 
@@ -75,9 +87,15 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
     let img = dir.path().join("img");
     if extra == ["btrkit"] {
         // The same model on an image made by our own mkfs.
-        std::fs::File::create(&img).unwrap().set_len(512 << 20).unwrap();
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(512 << 20)
+            .unwrap();
         let dev = Arc::new(FileDevice::open(&img, true).unwrap());
-        let o = btrkit_core::mkfs::MkfsOptions { nodesize: nodesize.parse().unwrap(), ..Default::default() };
+        let o = btrkit_core::mkfs::MkfsOptions {
+            nodesize: nodesize.parse().unwrap(),
+            ..Default::default()
+        };
         let (fs, staged, _) = btrkit_core::mkfs::make(dev, &o).unwrap();
         btrkit_core::mkfs::finish(fs, &staged).unwrap();
     } else {
@@ -94,7 +112,8 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
         for i in 0..ops {
             let tree = trees[rng.below(2) as usize];
             let op = rng.below(10);
-            let existing: Vec<(u64, Key)> = model.keys().filter(|(t, _)| *t == tree).copied().collect();
+            let existing: Vec<(u64, Key)> =
+                model.keys().filter(|(t, _)| *t == tree).copied().collect();
             if op < 6 || existing.is_empty() {
                 let name = format!("user.k{}", rng.next() % 100_000_000).into_bytes();
                 let vlen = [0usize, 5, 40, 300, 1500][rng.below(5) as usize];
@@ -103,14 +122,16 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
                 if model.contains_key(&(tree, key)) {
                     continue;
                 }
-                fs.insert_item(tree, &key, &xattr_item(&name, &value, fs.transid)).unwrap();
+                fs.insert_item(tree, &key, &xattr_item(&name, &value, fs.transid))
+                    .unwrap();
                 model.insert((tree, key), (name, value));
             } else if op < 8 {
                 let k = existing[rng.below(existing.len() as u64) as usize];
                 let vlen = [0usize, 9, 120, 700][rng.below(4) as usize];
                 let value: Vec<u8> = (0..vlen).map(|_| rng.next() as u8).collect();
                 let name = model[&k].0.clone();
-                fs.update_item(k.0, &k.1, &xattr_item(&name, &value, fs.transid)).unwrap();
+                fs.update_item(k.0, &k.1, &xattr_item(&name, &value, fs.transid))
+                    .unwrap();
                 model.insert(k, (name, value));
             } else {
                 let k = existing[rng.below(existing.len() as u64) as usize];
@@ -118,7 +139,8 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
                 model.remove(&k);
             }
             if (i + 1) % commit_every == 0 {
-                fs.commit().unwrap_or_else(|e| panic!("commit after op {i}: {e}"));
+                fs.commit()
+                    .unwrap_or_else(|e| panic!("commit after op {i}: {e}"));
             }
         }
         fs.commit().unwrap();
@@ -138,10 +160,17 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
             let d = it.data().unwrap();
             let nl = u16::from_le_bytes([d[27], d[28]]) as usize;
             let dl = u16::from_le_bytes([d[25], d[26]]) as usize;
-            got.push((it.key, d[30..30 + nl].to_vec(), d[30 + nl..30 + nl + dl].to_vec()));
+            got.push((
+                it.key,
+                d[30..30 + nl].to_vec(),
+                d[30 + nl..30 + nl + dl].to_vec(),
+            ));
         }
-        let want: Vec<(Key, Vec<u8>, Vec<u8>)> =
-            model.iter().filter(|((t, _), _)| *t == tree).map(|((_, k), (n, v))| (*k, n.clone(), v.clone())).collect();
+        let want: Vec<(Key, Vec<u8>, Vec<u8>)> = model
+            .iter()
+            .filter(|((t, _), _)| *t == tree)
+            .map(|((_, k), (n, v))| (*k, n.clone(), v.clone()))
+            .collect();
         assert_eq!(got.len(), want.len(), "tree {tree}: item count");
         assert!(got == want, "tree {tree}: contents differ from the model");
     }
@@ -150,7 +179,10 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
     }
     let (ok, text) = btrfs_check(&img);
     assert!(ok, "btrfs check failed:\n{text}");
-    assert!(text.contains("no error found"), "btrfs check output:\n{text}");
+    assert!(
+        text.contains("no error found"),
+        "btrfs check output:\n{text}"
+    );
     max_level
 }
 
@@ -162,12 +194,21 @@ fn model_16k_nodes() {
 #[test]
 fn model_4k_nodes_deep_trees() {
     let level = run_model(0xbeef, "4096", 4000, 400, &[]);
-    assert!(level >= 2 || !have("mkfs.btrfs"), "trees should have grown to level 2, got {level}");
+    assert!(
+        level >= 2 || !have("mkfs.btrfs"),
+        "trees should have grown to level 2, got {level}"
+    );
 }
 
 #[test]
 fn model_non_skinny_no_fst() {
-    run_model(0xfeed, "4096", 1500, 300, &["-O", "^skinny-metadata", "-R", "^free-space-tree"]);
+    run_model(
+        0xfeed,
+        "4096",
+        1500,
+        300,
+        &["-O", "^skinny-metadata", "-R", "^free-space-tree"],
+    );
 }
 
 #[test]

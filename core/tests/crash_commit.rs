@@ -37,9 +37,14 @@ fn state(img: Vec<u8>) -> Result<(u64, Vec<Vec<u8>>), String> {
 
 fn state_dev(dev: Arc<dyn BlockDevice>) -> Result<(u64, Vec<Vec<u8>>), String> {
     let image = Image::open(dev, OpenOptions::default()).map_err(|e| e.to_string())?;
-    let root = image.find_root(BTRFS_FS_TREE_OBJECTID).map_err(|e| e.to_string())?.ok_or("no fs tree")?;
+    let root = image
+        .find_root(BTRFS_FS_TREE_OBJECTID)
+        .map_err(|e| e.to_string())?
+        .ok_or("no fs tree")?;
     let mut names = Vec::new();
-    for it in TreeIter::new(&image, root, Key::new(256, BTRFS_XATTR_ITEM_KEY, 0)).map_err(|e| e.to_string())? {
+    for it in TreeIter::new(&image, root, Key::new(256, BTRFS_XATTR_ITEM_KEY, 0))
+        .map_err(|e| e.to_string())?
+    {
         let it = it.map_err(|e| e.to_string())?;
         if it.key.ty != BTRFS_XATTR_ITEM_KEY {
             break;
@@ -49,7 +54,10 @@ fn state_dev(dev: Arc<dyn BlockDevice>) -> Result<(u64, Vec<Vec<u8>>), String> {
         names.push(d[30..30 + nl].to_vec());
     }
     // Every tree must be readable in full, not just the fs tree.
-    for (k, ri) in image.root_items_in(image.root_tree()).map_err(|e| e.to_string())? {
+    for (k, ri) in image
+        .root_items_in(image.root_tree())
+        .map_err(|e| e.to_string())?
+    {
         let t = btrkit_core::image::tree_root_of(k.objectid, &ri);
         for it in TreeIter::new(&image, t, Key::MIN).map_err(|e| e.to_string())? {
             it.map_err(|e| e.to_string())?;
@@ -63,20 +71,33 @@ fn apply(fs: &mut Store, range: std::ops::Range<u32>) {
     for i in range {
         let name = format!("user.crash{i:05}").into_bytes();
         let key = Key::new(256, BTRFS_XATTR_ITEM_KEY, name_hash(&name));
-        fs.insert_item(BTRFS_FS_TREE_OBJECTID, &key, &xattr(&name, &[i as u8; 200])).unwrap();
+        fs.insert_item(BTRFS_FS_TREE_OBJECTID, &key, &xattr(&name, &[i as u8; 200]))
+            .unwrap();
     }
 }
 
 #[test]
 fn commit_cut_at_every_write() {
-    if Command::new("mkfs.btrfs").arg("--version").output().is_err() {
+    if Command::new("mkfs.btrfs")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         skip::skip("mkfs.btrfs not installed");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("img");
-    std::fs::File::create(&path).unwrap().set_len(128 << 20).unwrap();
-    assert!(Command::new("mkfs.btrfs").args(["-f", "-q", "-n", "4096"]).arg(&path).status().unwrap().success());
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(128 << 20)
+        .unwrap();
+    assert!(Command::new("mkfs.btrfs")
+        .args(["-f", "-q", "-n", "4096"])
+        .arg(&path)
+        .status()
+        .unwrap()
+        .success());
     let base = std::fs::read(&path).unwrap();
 
     // Generation A: 300 xattrs committed.
@@ -127,27 +148,44 @@ fn commit_cut_at_every_write() {
                 1 => d.crash_image(|_| true),
                 _ => d.crash_image(|i| (s >> (i % 64)) & 1 == 1),
             };
-            let (g, names) = state(img).unwrap_or_else(|e| panic!("cut {cut} variant {variant}: image unreadable: {e}"));
+            let (g, names) = state(img)
+                .unwrap_or_else(|e| panic!("cut {cut} variant {variant}: image unreadable: {e}"));
             if g == ga {
-                assert_eq!(names, names_a, "cut {cut} variant {variant}: old generation with new contents");
+                assert_eq!(
+                    names, names_a,
+                    "cut {cut} variant {variant}: old generation with new contents"
+                );
             } else {
                 assert_eq!(g, ga + 1, "cut {cut} variant {variant}");
-                assert_eq!(names, names_b, "cut {cut} variant {variant}: new generation with wrong contents");
+                assert_eq!(
+                    names, names_b,
+                    "cut {cut} variant {variant}: new generation with wrong contents"
+                );
             }
         }
         // Torn writes: random 4 KiB pages of each unflushed write survive.
         for variant in 0..4u64 {
             let s = seed.wrapping_mul(variant + 1) | 1;
             let torn = d.crash_device_torn(|i, j| {
-                let h = (s ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (j as u64).wrapping_mul(0xc2b2_ae3d_27d4_eb4f)).wrapping_mul(0x2545_f491_4f6c_dd1d);
+                let h = (s
+                    ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    ^ (j as u64).wrapping_mul(0xc2b2_ae3d_27d4_eb4f))
+                .wrapping_mul(0x2545_f491_4f6c_dd1d);
                 h >> 63 == 1
             });
-            let (g, names) = state_dev(Arc::new(torn)).unwrap_or_else(|e| panic!("cut {cut} torn {variant}: image unreadable: {e}"));
+            let (g, names) = state_dev(Arc::new(torn))
+                .unwrap_or_else(|e| panic!("cut {cut} torn {variant}: image unreadable: {e}"));
             if g == ga {
-                assert_eq!(names, names_a, "cut {cut} torn {variant}: old generation with new contents");
+                assert_eq!(
+                    names, names_a,
+                    "cut {cut} torn {variant}: old generation with new contents"
+                );
             } else {
                 assert_eq!(g, ga + 1, "cut {cut} torn {variant}");
-                assert_eq!(names, names_b, "cut {cut} torn {variant}: new generation with wrong contents");
+                assert_eq!(
+                    names, names_b,
+                    "cut {cut} torn {variant}: new generation with wrong contents"
+                );
             }
         }
     }

@@ -39,7 +39,8 @@ fn durable_view(dev: &CrashDevice) -> Result<(StateKey, Manifest), String> {
     let copy = Arc::new(dev.crash_device(|_| false));
     let key = state_key(copy.as_ref())?;
     let mut fs = mount(copy, &[]).map_err(|e| format!("mount: {e}"))?;
-    let m = btrkit_core::workload::engine::manifest(&mut fs).map_err(|e| format!("manifest: {e}"))?;
+    let m =
+        btrkit_core::workload::engine::manifest(&mut fs).map_err(|e| format!("manifest: {e}"))?;
     Ok((key, m))
 }
 
@@ -68,13 +69,21 @@ struct Tap {
 
 impl Tap {
     fn new(inner: Arc<CrashDevice>, fail_flush: Option<usize>, record: bool) -> Arc<Tap> {
-        Arc::new(Tap { inner, fail_flush, record, st: Mutex::new(TapState::default()) })
+        Arc::new(Tap {
+            inner,
+            fail_flush,
+            record,
+            st: Mutex::new(TapState::default()),
+        })
     }
     fn state(&self) -> std::sync::MutexGuard<'_, TapState> {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
     fn power_off() -> btrkit_core::Error {
-        btrkit_core::Error::io("simulated power failure", std::io::Error::other("flush refused"))
+        btrkit_core::Error::io(
+            "simulated power failure",
+            std::io::Error::other("flush refused"),
+        )
     }
 }
 
@@ -139,21 +148,37 @@ fn run_workload(w: &Workload, dev: Arc<Tap>) -> Result<(), String> {
 
 /// The crashed image must mount, be clean, and show the durable state
 /// before the crash or the next one.
-fn verify_crash(img: Arc<CrashDevice>, before: StateKey, states: &[(StateKey, Manifest)], what: &str) -> Result<(), String> {
+fn verify_crash(
+    img: Arc<CrashDevice>,
+    before: StateKey,
+    states: &[(StateKey, Manifest)],
+    what: &str,
+) -> Result<(), String> {
     let key = state_key(img.as_ref()).map_err(|e| format!("{what}: {e}"))?;
-    let i = states.iter().position(|s| s.0 == before).ok_or_else(|| format!("{what}: the state before the crash {before:?} was never recorded"))?;
+    let i = states.iter().position(|s| s.0 == before).ok_or_else(|| {
+        format!("{what}: the state before the crash {before:?} was never recorded")
+    })?;
     let allowed: Vec<&(StateKey, Manifest)> = states[i..].iter().take(2).collect();
     let Some((_, want)) = allowed.iter().find(|s| s.0 == key) else {
-        return Err(format!("{what}: superblock names {key:?}; expected {:?}", allowed.iter().map(|s| s.0).collect::<Vec<_>>()));
+        return Err(format!(
+            "{what}: superblock names {key:?}; expected {:?}",
+            allowed.iter().map(|s| s.0).collect::<Vec<_>>()
+        ));
     };
     let d: Arc<dyn BlockDevice> = img;
     let mut fs = mount(d.clone(), &[]).map_err(|e| format!("{what}: does not mount: {e}"))?;
-    let got = btrkit_core::workload::engine::manifest(&mut fs).map_err(|e| format!("{what}: manifest: {e}"))?;
+    let got = btrkit_core::workload::engine::manifest(&mut fs)
+        .map_err(|e| format!("{what}: manifest: {e}"))?;
     drop(fs);
     if &got != want {
-        return Err(format!("{what}: state {key:?} differs from the recorded one:\n{}", want.short_diff(&got, 12)));
+        return Err(format!(
+            "{what}: state {key:?} differs from the recorded one:\n{}",
+            want.short_diff(&got, 12)
+        ));
     }
-    check_clean(d).map(drop).map_err(|e| format!("{what}: checker: {e}"))
+    check_clean(d)
+        .map(drop)
+        .map_err(|e| format!("{what}: checker: {e}"))
 }
 
 /// Points of one workload: every flush (sampled past the cap) and cuts
@@ -163,7 +188,8 @@ fn crash_workload(w: &Workload, seed: u64) {
     let base = || Arc::new(made.crash_device(|_| false));
     // The undisturbed run.
     let tap = Tap::new(base(), None, true);
-    run_workload(w, tap.clone()).unwrap_or_else(|e| panic!("{}: the workload fails without a crash: {e}", w.name));
+    run_workload(w, tap.clone())
+        .unwrap_or_else(|e| panic!("{}: the workload fails without a crash: {e}", w.name));
     let st = std::mem::take(&mut *tap.state());
     if let Some(e) = st.record_error {
         panic!("{}: a durable state does not mount: {e}", w.name);
@@ -174,13 +200,22 @@ fn crash_workload(w: &Workload, seed: u64) {
             states.push(s);
         }
     }
-    assert!(states.len() >= 6, "{}: only {} durable states; the workload should commit more", w.name, states.len());
+    assert!(
+        states.len() >= 6,
+        "{}: only {} durable states; the workload should commit more",
+        w.name,
+        states.len()
+    );
     let flushes = st.flushes;
     let mut writes_at = vec![0u64];
     writes_at.extend(st.flush_writes.iter().copied());
 
     let cap = env_num("BTRKIT_CRASH_POINTS", 48) as usize;
-    let points: Vec<usize> = if cap == 0 || flushes <= cap { (0..flushes).collect() } else { (0..cap).map(|i| i * flushes / cap).collect() };
+    let points: Vec<usize> = if cap == 0 || flushes <= cap {
+        (0..flushes).collect()
+    } else {
+        (0..cap).map(|i| i * flushes / cap).collect()
+    };
     let cuts_per = env_num("BTRKIT_CRASH_CUTS", 1);
     let mut rng = Rng::new(seed);
     let mut tried = 0;
@@ -190,23 +225,54 @@ fn crash_workload(w: &Workload, seed: u64) {
         let inner = base();
         let tap = Tap::new(inner.clone(), Some(k), false);
         let r = run_workload(w, tap);
-        assert!(r.is_err(), "{}: the run did not notice the failed flush {k}", w.name);
+        assert!(
+            r.is_err(),
+            "{}: the run did not notice the failed flush {k}",
+            w.name
+        );
         let before = state_key(&inner.crash_device(|_| false)).unwrap();
         let s = rng.next();
         let variants: Vec<(String, CrashDevice)> = vec![
             ("none kept".into(), inner.crash_device(|_| false)),
             ("all kept".into(), inner.crash_device(|_| true)),
-            (format!("subset {s:#x}"), inner.crash_device(|i| (s.rotate_left(i as u32 % 64) & 1) == 1)),
-            (format!("subset {:#x}", !s), inner.crash_device(|i| (s.rotate_left(i as u32 % 64) & 1) == 0)),
-            (format!("torn {s:#x}"), inner.crash_device_torn(|i, j| (s ^ (i as u64).wrapping_mul(0x9e37_79b9) ^ (j as u64).wrapping_mul(0x85eb_ca6b)).count_ones() % 2 == 0)),
-            (format!("torn all-but-last-page {s:#x}"), inner.crash_device_torn(|i, j| j == 0 || (s >> (i % 64)) & 1 == 1)),
+            (
+                format!("subset {s:#x}"),
+                inner.crash_device(|i| (s.rotate_left(i as u32 % 64) & 1) == 1),
+            ),
+            (
+                format!("subset {:#x}", !s),
+                inner.crash_device(|i| (s.rotate_left(i as u32 % 64) & 1) == 0),
+            ),
+            (
+                format!("torn {s:#x}"),
+                inner.crash_device_torn(|i, j| {
+                    (s ^ (i as u64).wrapping_mul(0x9e37_79b9)
+                        ^ (j as u64).wrapping_mul(0x85eb_ca6b))
+                    .count_ones()
+                        % 2
+                        == 0
+                }),
+            ),
+            (
+                format!("torn all-but-last-page {s:#x}"),
+                inner.crash_device_torn(|i, j| j == 0 || (s >> (i % 64)) & 1 == 1),
+            ),
         ];
         for (what, img) in variants {
             tried += 1;
-            verify_crash(Arc::new(img), before, &states, &format!("{}: flush {k} of {flushes}, {what}", w.name)).unwrap_or_else(|e| panic!("{e}"));
+            verify_crash(
+                Arc::new(img),
+                before,
+                &states,
+                &format!("{}: flush {k} of {flushes}, {what}", w.name),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
         }
         // Cuts after a random number of the writes before flush k.
-        let (lo, hi) = (writes_at[k], writes_at.get(k + 1).copied().unwrap_or(writes_at[k] + 1));
+        let (lo, hi) = (
+            writes_at[k],
+            writes_at.get(k + 1).copied().unwrap_or(writes_at[k] + 1),
+        );
         for _ in 0..cuts_per {
             if hi <= lo + 1 {
                 break;
@@ -215,21 +281,43 @@ fn crash_workload(w: &Workload, seed: u64) {
             let inner = base();
             inner.fail_after_writes(Some(n));
             let r = run_workload(w, Tap::new(inner.clone(), None, false));
-            assert!(r.is_err(), "{}: the run did not notice the refused write {n}", w.name);
+            assert!(
+                r.is_err(),
+                "{}: the run did not notice the refused write {n}",
+                w.name
+            );
             let before = state_key(&inner.crash_device(|_| false)).unwrap();
             let s = rng.next();
             for (what, img) in [
                 ("none kept", inner.crash_device(|_| false)),
                 ("all kept", inner.crash_device(|_| true)),
-                ("subset", inner.crash_device(|i| (s.rotate_left(i as u32 % 64) & 1) == 1)),
-                ("torn", inner.crash_device_torn(|i, j| (s ^ ((i * 31 + j) as u64)).count_ones() % 2 == 1)),
+                (
+                    "subset",
+                    inner.crash_device(|i| (s.rotate_left(i as u32 % 64) & 1) == 1),
+                ),
+                (
+                    "torn",
+                    inner.crash_device_torn(|i, j| {
+                        (s ^ ((i * 31 + j) as u64)).count_ones() % 2 == 1
+                    }),
+                ),
             ] {
                 tried += 1;
-                verify_crash(Arc::new(img), before, &states, &format!("{}: after write {n} (flush {k}), {what}", w.name)).unwrap_or_else(|e| panic!("{e}"));
+                verify_crash(
+                    Arc::new(img),
+                    before,
+                    &states,
+                    &format!("{}: after write {n} (flush {k}), {what}", w.name),
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
             }
         }
     }
-    eprintln!("{}: {} durable states, {flushes} flushes, {tried} crash images checked", w.name, states.len());
+    eprintln!(
+        "{}: {} durable states, {flushes} flushes, {tried} crash images checked",
+        w.name,
+        states.len()
+    );
 }
 
 /// Files: data of every kind (inline, compressed or not, prealloc, holes,
@@ -296,12 +384,28 @@ sync
 
 #[test]
 fn files_workload_4k_nodes() {
-    crash_workload(&Workload { name: "files-4k", mkfs: &["-n", "4096"], mount: &[], script: FILES }, 1);
+    crash_workload(
+        &Workload {
+            name: "files-4k",
+            mkfs: &["-n", "4096"],
+            mount: &[],
+            script: FILES,
+        },
+        1,
+    );
 }
 
 #[test]
 fn files_workload_compressed_no_holes_off() {
-    crash_workload(&Workload { name: "files-zstd", mkfs: &["-n", "16384", "-O", "^no-holes"], mount: &["compress=zstd", "max_inline=0"], script: FILES }, 2);
+    crash_workload(
+        &Workload {
+            name: "files-zstd",
+            mkfs: &["-n", "16384", "-O", "^no-holes"],
+            mount: &["compress=zstd", "max_inline=0"],
+            script: FILES,
+        },
+        2,
+    );
 }
 
 /// Quotas (enable with its rescan), subvolumes with data, deletion and the
@@ -327,12 +431,28 @@ sync
 
 #[test]
 fn subvolume_workload() {
-    crash_workload(&Workload { name: "subvols", mkfs: &["-n", "4096"], mount: &[], script: SUBVOLS }, 3);
+    crash_workload(
+        &Workload {
+            name: "subvols",
+            mkfs: &["-n", "4096"],
+            mount: &[],
+            script: SUBVOLS,
+        },
+        3,
+    );
 }
 
 #[test]
 fn quota_workload() {
-    crash_workload(&Workload { name: "quotas", mkfs: &["-n", "16384", "-O", "block-group-tree"], mount: &[], script: QUOTAS }, 4);
+    crash_workload(
+        &Workload {
+            name: "quotas",
+            mkfs: &["-n", "16384", "-O", "block-group-tree"],
+            mount: &[],
+            script: QUOTAS,
+        },
+        4,
+    );
 }
 
 /// With quotas on, a snapshot commits after creating the snapshot's tree
@@ -359,7 +479,9 @@ fn orphans_left_by_a_crash_are_removed_at_mount() {
     let d: Arc<dyn BlockDevice> = made.clone();
     let mut fs = mount(d.clone(), &[]).unwrap();
     let mut r = EngineRunner::new();
-    for st in steps("write /x 0 100000 random:1\nopen-fd /x\nunlink /x\ntmpfile t\nwrite t 0 5000 2\nsync\n") {
+    for st in steps(
+        "write /x 0 100000 random:1\nopen-fd /x\nunlink /x\ntmpfile t\nwrite t 0 5000 2\nsync\n",
+    ) {
         apply(&mut fs, &mut r, &d, &[], &st).unwrap();
     }
     // Power fails with both files open.
@@ -368,10 +490,26 @@ fn orphans_left_by_a_crash_are_removed_at_mount() {
     assert_clean(crashed.clone(), "orphans after the crash");
     let mut fs = mount(crashed.clone(), &[]).unwrap();
     fs.sync().unwrap();
-    let orphans = fs.store.items_in(5, Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX)).unwrap();
-    assert!(orphans.is_empty(), "orphan items left after mount and commit: {:?}", orphans.iter().map(|(k, _)| k.offset).collect::<Vec<_>>());
+    let orphans = fs
+        .store
+        .items_in(
+            5,
+            Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0),
+            Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX),
+        )
+        .unwrap();
+    assert!(
+        orphans.is_empty(),
+        "orphan items left after mount and commit: {:?}",
+        orphans.iter().map(|(k, _)| k.offset).collect::<Vec<_>>()
+    );
     for ino in [257u64, 258] {
-        assert!(btrkit_core::fs::inode::get_inode(&mut fs.store, 5, ino).unwrap().is_none(), "inode {ino} still exists");
+        assert!(
+            btrkit_core::fs::inode::get_inode(&mut fs.store, 5, ino)
+                .unwrap()
+                .is_none(),
+            "inode {ino} still exists"
+        );
     }
     drop(fs);
     assert_clean(crashed, "after orphan cleanup");

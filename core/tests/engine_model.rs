@@ -31,8 +31,8 @@ use btrkit_core::check::{Finding, Severity};
 use btrkit_core::format::file_extent::{parse_file_extent, FileExtent};
 use btrkit_core::fs::Filesystem;
 use btrkit_core::image::{Image, OpenOptions};
-use btrkit_core::tree::node::Expect;
 use btrkit_core::io::BlockDevice;
+use btrkit_core::tree::node::Expect;
 use btrkit_core::workload::content::fill_bytes;
 use btrkit_core::workload::engine::EngineRunner;
 use btrkit_core::workload::manifest::content_hash;
@@ -116,9 +116,24 @@ fn within(p: &str, anc: &str) -> bool {
 
 impl Model {
     fn new() -> Model {
-        let mut m = Model { paths: BTreeMap::new(), nodes: BTreeMap::new(), next: 1, next_subvol: 1, cleaner_pending: 0, quotas: false };
+        let mut m = Model {
+            paths: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            next: 1,
+            next_subvol: 1,
+            cleaner_pending: 0,
+            quotas: false,
+        };
         m.paths.insert("/".into(), 0);
-        m.nodes.insert(0, Node { kind: Kind::Dir, xattrs: BTreeMap::new(), subvol: 0, root: true });
+        m.nodes.insert(
+            0,
+            Node {
+                kind: Kind::Dir,
+                xattrs: BTreeMap::new(),
+                subvol: 0,
+                root: true,
+            },
+        );
         m
     }
 
@@ -132,26 +147,50 @@ impl Model {
         matches!(self.node(p).map(|n| &n.kind), Some(Kind::File(_)))
     }
     fn children(&self, dir: &str) -> Vec<String> {
-        self.paths.keys().filter(|p| p.as_str() != "/" && parent(p) == dir).cloned().collect()
+        self.paths
+            .keys()
+            .filter(|p| p.as_str() != "/" && parent(p) == dir)
+            .cloned()
+            .collect()
     }
     fn nlink(&self, id: u64) -> u64 {
         self.paths.values().filter(|x| **x == id).count() as u64
     }
 
     fn dirs(&self) -> Vec<String> {
-        self.paths.keys().filter(|p| self.is_dir(p)).cloned().collect()
+        self.paths
+            .keys()
+            .filter(|p| self.is_dir(p))
+            .cloned()
+            .collect()
     }
     fn files(&self) -> Vec<String> {
-        self.paths.keys().filter(|p| self.is_file(p)).cloned().collect()
+        self.paths
+            .keys()
+            .filter(|p| self.is_file(p))
+            .cloned()
+            .collect()
     }
     fn non_root(&self) -> Vec<String> {
-        self.paths.keys().filter(|p| p.as_str() != "/").cloned().collect()
+        self.paths
+            .keys()
+            .filter(|p| p.as_str() != "/")
+            .cloned()
+            .collect()
     }
 
     /// A new node named `p`, in its parent's subvolume.
     fn add(&mut self, p: &str, kind: Kind) {
         let subvol = self.subvol_of(parent(p));
-        self.add_node(p, Node { kind, xattrs: BTreeMap::new(), subvol, root: false });
+        self.add_node(
+            p,
+            Node {
+                kind,
+                xattrs: BTreeMap::new(),
+                subvol,
+                root: false,
+            },
+        );
     }
 
     fn add_node(&mut self, p: &str, n: Node) -> u64 {
@@ -170,10 +209,18 @@ impl Model {
     }
     /// Subvolume roots strictly below `p`.
     fn nested_subvols(&self, p: &str) -> Vec<String> {
-        self.paths.keys().filter(|q| q.as_str() != p && within(q, p) && self.is_subvol_root(q)).cloned().collect()
+        self.paths
+            .keys()
+            .filter(|q| q.as_str() != p && within(q, p) && self.is_subvol_root(q))
+            .cloned()
+            .collect()
     }
     fn subvol_roots(&self) -> Vec<String> {
-        self.paths.keys().filter(|p| self.is_subvol_root(p)).cloned().collect()
+        self.paths
+            .keys()
+            .filter(|p| self.is_subvol_root(p))
+            .cloned()
+            .collect()
     }
 
     /// Remove one name; the node goes with its last name.
@@ -221,7 +268,13 @@ impl Model {
                     Some(_) => {}
                 }
             }
-            Step::Write { path, off, len, fill, .. } => {
+            Step::Write {
+                path,
+                off,
+                len,
+                fill,
+                ..
+            } => {
                 if !self.paths.contains_key(path) {
                     self.check_parent(path)?;
                     self.add(path, Kind::File(Vec::new()));
@@ -237,7 +290,12 @@ impl Model {
             Step::Truncate(p, size) => {
                 self.file_mut(p)?.resize(*size as usize, 0);
             }
-            Step::Fallocate { path, off, len, keep } => {
+            Step::Fallocate {
+                path,
+                off,
+                len,
+                keep,
+            } => {
                 let d = self.file_mut(path)?;
                 if *len == 0 {
                     return Err(EINVAL);
@@ -251,10 +309,18 @@ impl Model {
                 if *len == 0 {
                     return Err(EINVAL);
                 }
-                let (a, b) = ((*off as usize).min(d.len()), ((off + len) as usize).min(d.len()));
+                let (a, b) = (
+                    (*off as usize).min(d.len()),
+                    ((off + len) as usize).min(d.len()),
+                );
                 d[a..b].fill(0);
             }
-            Step::ZeroRange { path, off, len, keep } => {
+            Step::ZeroRange {
+                path,
+                off,
+                len,
+                keep,
+            } => {
                 let d = self.file_mut(path)?;
                 if *len == 0 {
                     return Err(EINVAL);
@@ -262,14 +328,24 @@ impl Model {
                 if !keep && d.len() < (off + len) as usize {
                     d.resize((off + len) as usize, 0);
                 }
-                let (a, b) = ((*off as usize).min(d.len()), ((off + len) as usize).min(d.len()));
+                let (a, b) = (
+                    (*off as usize).min(d.len()),
+                    ((off + len) as usize).min(d.len()),
+                );
                 d[a..b].fill(0);
             }
-            Step::Clone { src, src_off, dst, dst_off, len } => {
+            Step::Clone {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                len,
+            } => {
                 let s = self.file_mut(src)?.clone();
                 let same = self.paths.get(src) == self.paths.get(dst);
                 let d = self.file_mut(dst)?;
-                let (soff, doff, ssize, dsize) = (*src_off, *dst_off, s.len() as u64, d.len() as u64);
+                let (soff, doff, ssize, dsize) =
+                    (*src_off, *dst_off, s.len() as u64, d.len() as u64);
                 // FICLONERANGE: len 0 is "to the source's end"; the range must
                 // lie within the source; offsets block aligned, the length
                 // too unless it ends at the source's end, and then it must
@@ -356,7 +432,15 @@ impl Model {
                 }
                 let sv = self.next_subvol;
                 self.next_subvol += 1;
-                self.add_node(p, Node { kind: Kind::Dir, xattrs: BTreeMap::new(), subvol: sv, root: true });
+                self.add_node(
+                    p,
+                    Node {
+                        kind: Kind::Dir,
+                        xattrs: BTreeMap::new(),
+                        subvol: sv,
+                        root: true,
+                    },
+                );
             }
             Step::Snapshot(src, p) => {
                 let root = self.node(src).ok_or(ENOENT)?.clone();
@@ -375,19 +459,28 @@ impl Model {
                 let inside: Vec<(String, u64)> = self
                     .paths
                     .iter()
-                    .filter(|(q, id)| q.as_str() != src && within(q, src) && self.nodes[*id].subvol == root.subvol)
+                    .filter(|(q, id)| {
+                        q.as_str() != src && within(q, src) && self.nodes[*id].subvol == root.subvol
+                    })
                     .map(|(q, id)| (q.clone(), *id))
                     .collect();
                 self.add_node(p, Node { subvol: sv, ..root });
                 let mut copies: BTreeMap<u64, u64> = BTreeMap::new();
                 for (q, id) in inside {
-                    let to = if src == "/" { format!("{p}{q}") } else { format!("{p}{}", &q[src.len()..]) };
+                    let to = if src == "/" {
+                        format!("{p}{q}")
+                    } else {
+                        format!("{p}{}", &q[src.len()..])
+                    };
                     match copies.get(&id) {
                         Some(&c) => {
                             self.paths.insert(to, c);
                         }
                         None => {
-                            let n = Node { subvol: sv, ..self.nodes[&id].clone() };
+                            let n = Node {
+                                subvol: sv,
+                                ..self.nodes[&id].clone()
+                            };
                             let c = self.add_node(&to, n);
                             copies.insert(id, c);
                         }
@@ -405,7 +498,12 @@ impl Model {
                     return Err(ENOTEMPTY);
                 }
                 self.cleaner_pending = 2;
-                let gone: Vec<String> = self.paths.keys().filter(|q| within(q, p)).cloned().collect();
+                let gone: Vec<String> = self
+                    .paths
+                    .keys()
+                    .filter(|q| within(q, p))
+                    .cloned()
+                    .collect();
                 for q in gone {
                     self.remove_name(&q);
                 }
@@ -431,7 +529,9 @@ impl Model {
             Step::Fsync(p) | Step::Fdatasync(p) => {
                 self.paths.get(p).ok_or(ENOENT)?;
             }
-            Step::Sync | Step::Remount => self.cleaner_pending = self.cleaner_pending.saturating_sub(1),
+            Step::Sync | Step::Remount => {
+                self.cleaner_pending = self.cleaner_pending.saturating_sub(1)
+            }
             Step::Evict => {}
             other => panic!("the model does not know {other:?}"),
         }
@@ -473,7 +573,12 @@ impl Model {
             }
             self.remove_name(b);
         }
-        let moved: Vec<(String, u64)> = self.paths.iter().filter(|(p, _)| within(p, a)).map(|(p, id)| (p.clone(), *id)).collect();
+        let moved: Vec<(String, u64)> = self
+            .paths
+            .iter()
+            .filter(|(p, _)| within(p, a))
+            .map(|(p, id)| (p.clone(), *id))
+            .collect();
         for (p, _) in &moved {
             self.paths.remove(p);
         }
@@ -499,11 +604,21 @@ impl Model {
         let mut ino_of: BTreeMap<u64, u64> = BTreeMap::new();
         let mut node_of: BTreeMap<(u64, u64), u64> = BTreeMap::new();
         for (p, id) in &self.paths {
-            let Some(e) = got.entries.get(p) else { continue };
+            let Some(e) = got.entries.get(p) else {
+                continue;
+            };
             let n = &self.nodes[id];
             let (kind, mode, size, nlink) = match &n.kind {
                 Kind::File(d) => ('f', 0o644, d.len() as u64, self.nlink(*id)),
-                Kind::Dir => ('d', 0o755, self.children(p).iter().map(|c| 2 * base(c).len() as u64).sum(), 1),
+                Kind::Dir => (
+                    'd',
+                    0o755,
+                    self.children(p)
+                        .iter()
+                        .map(|c| 2 * base(c).len() as u64)
+                        .sum(),
+                    1,
+                ),
                 Kind::Symlink(t) => ('l', 0o777, t.len() as u64, self.nlink(*id)),
             };
             let mut d = Vec::new();
@@ -530,14 +645,22 @@ impl Model {
                 }
             }
             if e.xattrs != n.xattrs {
-                d.push(format!("xattrs {:?} want {:?}", e.xattrs.keys().collect::<Vec<_>>(), n.xattrs.keys().collect::<Vec<_>>()));
+                d.push(format!(
+                    "xattrs {:?} want {:?}",
+                    e.xattrs.keys().collect::<Vec<_>>(),
+                    n.xattrs.keys().collect::<Vec<_>>()
+                ));
             }
             match ino_of.insert(*id, e.ino) {
-                Some(i) if i != e.ino => d.push(format!("inode {} but another name of it has {i}", e.ino)),
+                Some(i) if i != e.ino => {
+                    d.push(format!("inode {} but another name of it has {i}", e.ino))
+                }
                 _ => {}
             }
             match node_of.insert((n.subvol, e.ino), *id) {
-                Some(o) if o != *id => d.push(format!("inode {} shared with an unrelated path", e.ino)),
+                Some(o) if o != *id => {
+                    d.push(format!("inode {} shared with an unrelated path", e.ino))
+                }
                 _ => {}
             }
             if !d.is_empty() {
@@ -557,25 +680,94 @@ impl Model {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Create { dir: u8, name: u8 },
-    Mkdir { dir: u8, name: u8 },
-    Write { file: u8, off: u64, len: u64, fill: u16 },
-    Truncate { file: u8, size: u64 },
-    Fallocate { file: u8, off: u64, len: u64, keep: bool },
-    Punch { file: u8, off: u64, len: u64 },
-    ZeroRange { file: u8, off: u64, len: u64, keep: bool },
-    Clone { src: u8, dst: u8, soff: u8, doff: u8, len: u8 },
-    Link { src: u8, dir: u8, name: u8 },
-    Symlink { dir: u8, name: u8, target: u8 },
-    Unlink { path: u8 },
-    Rmdir { path: u8 },
-    Rename { src: u8, dir: u8, name: u8 },
-    SetXattr { path: u8, name: u8, len: u16, seed: u8 },
-    RemoveXattr { path: u8, name: u8 },
-    Fsync { file: u8 },
-    SubvolCreate { dir: u8, name: u8 },
-    Snapshot { src: u8, dir: u8, name: u8 },
-    SubvolDelete { path: u8 },
+    Create {
+        dir: u8,
+        name: u8,
+    },
+    Mkdir {
+        dir: u8,
+        name: u8,
+    },
+    Write {
+        file: u8,
+        off: u64,
+        len: u64,
+        fill: u16,
+    },
+    Truncate {
+        file: u8,
+        size: u64,
+    },
+    Fallocate {
+        file: u8,
+        off: u64,
+        len: u64,
+        keep: bool,
+    },
+    Punch {
+        file: u8,
+        off: u64,
+        len: u64,
+    },
+    ZeroRange {
+        file: u8,
+        off: u64,
+        len: u64,
+        keep: bool,
+    },
+    Clone {
+        src: u8,
+        dst: u8,
+        soff: u8,
+        doff: u8,
+        len: u8,
+    },
+    Link {
+        src: u8,
+        dir: u8,
+        name: u8,
+    },
+    Symlink {
+        dir: u8,
+        name: u8,
+        target: u8,
+    },
+    Unlink {
+        path: u8,
+    },
+    Rmdir {
+        path: u8,
+    },
+    Rename {
+        src: u8,
+        dir: u8,
+        name: u8,
+    },
+    SetXattr {
+        path: u8,
+        name: u8,
+        len: u16,
+        seed: u8,
+    },
+    RemoveXattr {
+        path: u8,
+        name: u8,
+    },
+    Fsync {
+        file: u8,
+    },
+    SubvolCreate {
+        dir: u8,
+        name: u8,
+    },
+    Snapshot {
+        src: u8,
+        dir: u8,
+        name: u8,
+    },
+    SubvolDelete {
+        path: u8,
+    },
     QuotaEnable,
     Sync,
     Remount,
@@ -583,7 +775,12 @@ enum Op {
 }
 
 const NAMES: [&str; 6] = ["a", "b", "c", "d", "e", "a-name-of-a-hundred-and-twenty-bytes-------------------------------------------------------------------------------end"];
-const XATTRS: [&str; 4] = ["user.a", "user.b", "user.checksum", "user.x-long-attribute-name"];
+const XATTRS: [&str; 4] = [
+    "user.a",
+    "user.b",
+    "user.checksum",
+    "user.x-long-attribute-name",
+];
 
 fn pick(v: &[String], i: u8) -> Option<&String> {
     if v.is_empty() {
@@ -619,23 +816,86 @@ impl Op {
                 Step::Create(p)
             }
             Op::Mkdir { dir: d, name: n } => Step::Mkdir(join(&dir(d), name(n))),
-            Op::Write { file: f, off, len, fill } => {
+            Op::Write {
+                file: f,
+                off,
+                len,
+                fill,
+            } => {
                 let path = file(f).unwrap_or_else(|| join(&dir(f), name(f)));
                 if m.paths.contains_key(&path) && !m.is_file(&path) {
                     return None;
                 }
-                let fill = if fill % 3 == 0 { Fill::Byte(fill as u8) } else { Fill::Random(fill as u64) };
-                Step::Write { path, off, len, fill, enospc_ok: false }
+                let fill = if fill % 3 == 0 {
+                    Fill::Byte(fill as u8)
+                } else {
+                    Fill::Random(fill as u64)
+                };
+                Step::Write {
+                    path,
+                    off,
+                    len,
+                    fill,
+                    enospc_ok: false,
+                }
             }
             Op::Truncate { file: f, size } => Step::Truncate(file(f)?, size),
-            Op::Fallocate { file: f, off, len, keep } => Step::Fallocate { path: file(f)?, off, len, keep },
-            Op::Punch { file: f, off, len } => Step::Punch { path: file(f)?, off, len },
-            Op::ZeroRange { file: f, off, len, keep } => Step::ZeroRange { path: file(f)?, off, len, keep },
-            Op::Clone { src, dst, soff, doff, len } => {
+            Op::Fallocate {
+                file: f,
+                off,
+                len,
+                keep,
+            } => Step::Fallocate {
+                path: file(f)?,
+                off,
+                len,
+                keep,
+            },
+            Op::Punch { file: f, off, len } => Step::Punch {
+                path: file(f)?,
+                off,
+                len,
+            },
+            Op::ZeroRange {
+                file: f,
+                off,
+                len,
+                keep,
+            } => Step::ZeroRange {
+                path: file(f)?,
+                off,
+                len,
+                keep,
+            },
+            Op::Clone {
+                src,
+                dst,
+                soff,
+                doff,
+                len,
+            } => {
                 let s = file(src)?;
                 let d = file(dst)?;
-                let ssize = m.node(&s).map(|n| if let Kind::File(v) = &n.kind { v.len() as u64 } else { 0 }).unwrap_or(0);
-                let dsize = m.node(&d).map(|n| if let Kind::File(v) = &n.kind { v.len() as u64 } else { 0 }).unwrap_or(0);
+                let ssize = m
+                    .node(&s)
+                    .map(|n| {
+                        if let Kind::File(v) = &n.kind {
+                            v.len() as u64
+                        } else {
+                            0
+                        }
+                    })
+                    .unwrap_or(0);
+                let dsize = m
+                    .node(&d)
+                    .map(|n| {
+                        if let Kind::File(v) = &n.kind {
+                            v.len() as u64
+                        } else {
+                            0
+                        }
+                    })
+                    .unwrap_or(0);
                 // Mostly valid ranges: a block inside the source, a block
                 // at most two past the destination's end; length 0 (to the
                 // end) or a few blocks.
@@ -647,21 +907,45 @@ impl Op {
                     1 => ssize.saturating_sub(src_off),
                     _ => (len as u64 % 16 + 1) * BS,
                 };
-                Step::Clone { src: s, src_off, dst: d, dst_off, len }
+                Step::Clone {
+                    src: s,
+                    src_off,
+                    dst: d,
+                    dst_off,
+                    len,
+                }
             }
-            Op::Link { src, dir: d, name: n } => {
+            Op::Link {
+                src,
+                dir: d,
+                name: n,
+            } => {
                 let nondir: Vec<String> = all.iter().filter(|p| !m.is_dir(p)).cloned().collect();
                 let (a, b) = (pick(&nondir, src)?.clone(), join(&dir(d), name(n)));
                 // Known bug: see errno_order_with_subvolumes.
-                if m.subvol_of(&a) != m.subvol_of(parent(&b)) && m.paths.contains_key(&b) && avoid_known_bugs() {
+                if m.subvol_of(&a) != m.subvol_of(parent(&b))
+                    && m.paths.contains_key(&b)
+                    && avoid_known_bugs()
+                {
                     return None;
                 }
                 Step::Link(a, b)
             }
-            Op::Symlink { dir: d, name: n, target } => Step::Symlink { target: format!("../nowhere/t{target}"), path: join(&dir(d), name(n)) },
+            Op::Symlink {
+                dir: d,
+                name: n,
+                target,
+            } => Step::Symlink {
+                target: format!("../nowhere/t{target}"),
+                path: join(&dir(d), name(n)),
+            },
             Op::Unlink { path } => Step::Unlink(pick(&all, path)?.clone()),
             Op::Rmdir { path } => Step::Rmdir(pick(&all, path)?.clone()),
-            Op::Rename { src, dir: d, name: n } => {
+            Op::Rename {
+                src,
+                dir: d,
+                name: n,
+            } => {
                 let (a, b) = (pick(&all, src)?.clone(), join(&dir(d), name(n)));
                 // Known bugs: see rename_of_a_file_over_its_ancestor,
                 // rename_a_subvolume (subvol_quota.rs) and
@@ -673,34 +957,59 @@ impl Op {
                     return None;
                 }
                 // Known bug: see errno_order_with_subvolumes.
-                if m.subvol_of(&a) != m.subvol_of(parent(&b)) && (m.paths.contains_key(&b) || within(parent(&b), &a)) && avoid_known_bugs() {
+                if m.subvol_of(&a) != m.subvol_of(parent(&b))
+                    && (m.paths.contains_key(&b) || within(parent(&b), &a))
+                    && avoid_known_bugs()
+                {
                     return None;
                 }
                 Step::Rename(a, b)
             }
-            Op::SetXattr { path, name: n, len, seed } => {
+            Op::SetXattr {
+                path,
+                name: n,
+                len,
+                seed,
+            } => {
                 let mut paths = all.clone();
                 paths.push("/".into());
                 // Short values vary byte by byte, long ones repeat one letter
                 // (so failing scripts stay readable).
                 // Known bug: see big_item_in_the_middle_of_a_full_leaf (an
                 // item over half a leaf can need a leaf of its own).
-                let len = if avoid_known_bugs() { len.min(1900) } else { len };
+                let len = if avoid_known_bugs() {
+                    len.min(1900)
+                } else {
+                    len
+                };
                 let value: Vec<u8> = if len <= 64 {
-                    (0..len as usize).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+                    (0..len as usize)
+                        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+                        .collect()
                 } else {
                     vec![b'a' + seed % 26; len as usize]
                 };
-                Step::SetXattr { path: pick(&paths, path)?.clone(), name: XATTRS[n as usize % XATTRS.len()].into(), value }
+                Step::SetXattr {
+                    path: pick(&paths, path)?.clone(),
+                    name: XATTRS[n as usize % XATTRS.len()].into(),
+                    value,
+                }
             }
             Op::RemoveXattr { path, name: n } => {
                 let mut paths = all.clone();
                 paths.push("/".into());
-                Step::RemoveXattr { path: pick(&paths, path)?.clone(), name: XATTRS[n as usize % XATTRS.len()].into() }
+                Step::RemoveXattr {
+                    path: pick(&paths, path)?.clone(),
+                    name: XATTRS[n as usize % XATTRS.len()].into(),
+                }
             }
             Op::Fsync { file: f } => Step::Fsync(file(f)?),
             Op::SubvolCreate { dir: d, name: n } => Step::SubvolCreate(join(&dir(d), name(n))),
-            Op::Snapshot { src, dir: d, name: n } => {
+            Op::Snapshot {
+                src,
+                dir: d,
+                name: n,
+            } => {
                 let roots = m.subvol_roots();
                 let src = pick(&roots, src)?.clone();
                 // Known bug: see nested_subvolume_in_a_snapshot_is_an_empty_directory
@@ -737,7 +1046,11 @@ impl Op {
 }
 
 fn offset() -> impl Strategy<Value = u64> {
-    prop_oneof![0u64..9000, (0u64..300).prop_map(|k| k * BS), 0u64..(1 << 20)]
+    prop_oneof![
+        0u64..9000,
+        (0u64..300).prop_map(|k| k * BS),
+        0u64..(1 << 20)
+    ]
 }
 
 fn length() -> impl Strategy<Value = u64> {
@@ -783,7 +1096,14 @@ const MKFS: [&[&str]; 5] = [
 ];
 
 /// Mount options of a case.
-const MOUNT: [&[&str]; 6] = [&[], &["compress=zstd"], &["compress-force=lzo"], &["nodatacow"], &["max_inline=0"], &["compress=zlib", "max_inline=0"]];
+const MOUNT: [&[&str]; 6] = [
+    &[],
+    &["compress=zstd"],
+    &["compress-force=lzo"],
+    &["nodatacow"],
+    &["max_inline=0"],
+    &["compress=zlib", "max_inline=0"],
+];
 
 // ---------------------------------------------------------------------------
 // Running a case
@@ -794,22 +1114,53 @@ fn line(st: &Step) -> String {
         if v.len() > 8 && v.iter().all(|&b| b == v[0] && b.is_ascii_alphanumeric()) {
             format!("<{} x '{}'>", v.len(), v[0] as char)
         } else {
-            format!("\"{}\"", v.iter().map(|b| format!("\\x{b:02x}")).collect::<String>())
+            format!(
+                "\"{}\"",
+                v.iter().map(|b| format!("\\x{b:02x}")).collect::<String>()
+            )
         }
     };
     match st {
         Step::Create(p) => format!("create {p}"),
         Step::Mkdir(p) => format!("mkdir {p}"),
-        Step::Write { path, off, len, fill, .. } => match fill {
+        Step::Write {
+            path,
+            off,
+            len,
+            fill,
+            ..
+        } => match fill {
             Fill::Byte(b) => format!("write {path} {off} {len} {b}"),
             Fill::Random(s) => format!("write {path} {off} {len} random:{s}"),
             Fill::Text(t) => format!("write {path} {off} {len} {}", q(t)),
         },
         Step::Truncate(p, s) => format!("truncate {p} {s}"),
-        Step::Fallocate { path, off, len, keep } => format!("fallocate {path} {off} {len}{}", if *keep { " keep" } else { "" }),
-        Step::ZeroRange { path, off, len, keep } => format!("zero-range {path} {off} {len}{}", if *keep { " keep" } else { "" }),
+        Step::Fallocate {
+            path,
+            off,
+            len,
+            keep,
+        } => format!(
+            "fallocate {path} {off} {len}{}",
+            if *keep { " keep" } else { "" }
+        ),
+        Step::ZeroRange {
+            path,
+            off,
+            len,
+            keep,
+        } => format!(
+            "zero-range {path} {off} {len}{}",
+            if *keep { " keep" } else { "" }
+        ),
         Step::Punch { path, off, len } => format!("punch {path} {off} {len}"),
-        Step::Clone { src, src_off, dst, dst_off, len } => format!("clone {src} {src_off} {dst} {dst_off} {len}"),
+        Step::Clone {
+            src,
+            src_off,
+            dst,
+            dst_off,
+            len,
+        } => format!("clone {src} {src_off} {dst} {dst_off} {len}"),
         Step::Link(a, b) => format!("link {a} {b}"),
         Step::Symlink { target, path } => format!("symlink {target} {path}"),
         Step::Unlink(p) => format!("unlink {p}"),
@@ -832,7 +1183,12 @@ fn line(st: &Step) -> String {
 /// Run steps on a fresh image with the engine and the model side by side.
 /// `next` yields the next step from the model's state (None: done).
 /// `tolerate`: checker findings of known bugs do not fail the case.
-fn run_case(mkfs: &[&str], mount_opts: &[&str], tolerate: bool, mut next: impl FnMut(&Model) -> Option<Option<Step>>) -> Result<(), String> {
+fn run_case(
+    mkfs: &[&str],
+    mount_opts: &[&str],
+    tolerate: bool,
+    mut next: impl FnMut(&Model) -> Option<Option<Step>>,
+) -> Result<(), String> {
     let dev = new_image(IMAGE_SIZE, mkfs);
     let d: Arc<dyn BlockDevice> = dev.clone();
     let mut fs = mount(d.clone(), mount_opts).map_err(|e| format!("mount: {e}"))?;
@@ -840,18 +1196,42 @@ fn run_case(mkfs: &[&str], mount_opts: &[&str], tolerate: bool, mut next: impl F
     let mut model = Model::new();
     let mut script: Vec<String> = Vec::new();
     let fail = |script: &[String], msg: String| -> String {
-        format!("mkfs {}\nmount {}\n{}\n# ^ {msg}", mkfs.join(" "), mount_opts.join(","), script.join("\n"))
+        format!(
+            "mkfs {}\nmount {}\n{}\n# ^ {msg}",
+            mkfs.join(" "),
+            mount_opts.join(","),
+            script.join("\n")
+        )
     };
-    let verify = |fs: &mut Filesystem, model: &Model, script: &[String], when: &str| -> Result<(), String> {
-        let got = btrkit_core::workload::engine::manifest(fs).map_err(|e| fail(script, format!("{when}: manifest: {e}")))?;
-        model.compare(&got).map_err(|e| fail(script, format!("{when}: engine differs from the model:\n{e}")))?;
-        let r = check(d.clone());
-        let real: Vec<&Finding> = r.findings.iter().filter(|f| f.severity == Severity::Error && !(tolerate && hole_past_ram_bytes(&d, f))).collect();
-        if real.is_empty() && r.errors as usize == r.findings.iter().filter(|f| f.severity == Severity::Error).count() {
-            return Ok(());
-        }
-        Err(fail(script, format!("{when}: checker: {}", errors_of(&r))))
-    };
+    let verify =
+        |fs: &mut Filesystem, model: &Model, script: &[String], when: &str| -> Result<(), String> {
+            let got = btrkit_core::workload::engine::manifest(fs)
+                .map_err(|e| fail(script, format!("{when}: manifest: {e}")))?;
+            model.compare(&got).map_err(|e| {
+                fail(
+                    script,
+                    format!("{when}: engine differs from the model:\n{e}"),
+                )
+            })?;
+            let r = check(d.clone());
+            let real: Vec<&Finding> = r
+                .findings
+                .iter()
+                .filter(|f| {
+                    f.severity == Severity::Error && !(tolerate && hole_past_ram_bytes(&d, f))
+                })
+                .collect();
+            if real.is_empty()
+                && r.errors as usize
+                    == r.findings
+                        .iter()
+                        .filter(|f| f.severity == Severity::Error)
+                        .count()
+            {
+                return Ok(());
+            }
+            Err(fail(script, format!("{when}: checker: {}", errors_of(&r))))
+        };
     while let Some(st) = next(&model) {
         let Some(st) = st else { continue };
         script.push(line(&st));
@@ -861,8 +1241,13 @@ fn run_case(mkfs: &[&str], mount_opts: &[&str], tolerate: bool, mut next: impl F
             (Ok(()), Ok(())) => {}
             (Err(w), Err(e)) if e.as_errno() == *w => {}
             _ => {
-                let g = got.as_ref().map(|_| "ok".to_string()).unwrap_or_else(|e| format!("{e} (errno {})", e.as_errno()));
-                let w = want.map(|_| "ok".to_string()).unwrap_or_else(|e| format!("errno {e}"));
+                let g = got
+                    .as_ref()
+                    .map(|_| "ok".to_string())
+                    .unwrap_or_else(|e| format!("{e} (errno {})", e.as_errno()));
+                let w = want
+                    .map(|_| "ok".to_string())
+                    .unwrap_or_else(|e| format!("errno {e}"));
                 return Err(fail(&script, format!("engine: {g}; model: {w}")));
             }
         }
@@ -870,13 +1255,23 @@ fn run_case(mkfs: &[&str], mount_opts: &[&str], tolerate: bool, mut next: impl F
             verify(&mut fs, &model, &script, "after sync")?;
         }
     }
-    runner.close_all(&mut fs).map_err(|e| fail(&script, format!("close: {e}")))?;
-    fs.sync().map_err(|e| fail(&script, format!("final sync: {e}")))?;
+    runner
+        .close_all(&mut fs)
+        .map_err(|e| fail(&script, format!("close: {e}")))?;
+    fs.sync()
+        .map_err(|e| fail(&script, format!("final sync: {e}")))?;
     verify(&mut fs, &model, &script, "at the end")?;
     drop(fs);
-    let mut fresh = mount(d.clone(), mount_opts).map_err(|e| fail(&script, format!("mount at the end: {e}")))?;
-    let got = btrkit_core::workload::engine::manifest(&mut fresh).map_err(|e| fail(&script, format!("manifest after mount: {e}")))?;
-    model.compare(&got).map_err(|e| fail(&script, format!("a fresh mount differs from the model:\n{e}")))
+    let mut fresh = mount(d.clone(), mount_opts)
+        .map_err(|e| fail(&script, format!("mount at the end: {e}")))?;
+    let got = btrkit_core::workload::engine::manifest(&mut fresh)
+        .map_err(|e| fail(&script, format!("manifest after mount: {e}")))?;
+    model.compare(&got).map_err(|e| {
+        fail(
+            &script,
+            format!("a fresh mount differs from the model:\n{e}"),
+        )
+    })
 }
 
 /// A checker finding of the known hole bugs (see
@@ -886,15 +1281,28 @@ fn hole_past_ram_bytes(dev: &Arc<dyn BlockDevice>, f: &Finding) -> bool {
     if f.category != "file-extent" || !f.message.contains("exceeds ram_bytes") {
         return false;
     }
-    let (Some(bytenr), Some(key)) = (f.bytenr, f.key) else { return false };
-    let Ok(img) = Image::open(dev.clone(), OpenOptions::default()) else { return false };
-    let Ok(leaf) = img.read_tree_block(bytenr, &Expect::default(), false) else { return false };
-    let Ok(slot) = leaf.bin_search(&key) else { return false };
+    let (Some(bytenr), Some(key)) = (f.bytenr, f.key) else {
+        return false;
+    };
+    let Ok(img) = Image::open(dev.clone(), OpenOptions::default()) else {
+        return false;
+    };
+    let Ok(leaf) = img.read_tree_block(bytenr, &Expect::default(), false) else {
+        return false;
+    };
+    let Ok(slot) = leaf.bin_search(&key) else {
+        return false;
+    };
     matches!(leaf.item_data(slot).ok().map(parse_file_extent), Some(Ok(FileExtent::Disk { item, .. })) if item.disk_bytenr.get() == 0)
 }
 
 /// Run a fixed script (a kept regression) against the model.
-fn run_script(mkfs: &[&str], mount_opts: &[&str], tolerate: bool, text: &str) -> Result<(), String> {
+fn run_script(
+    mkfs: &[&str],
+    mount_opts: &[&str],
+    tolerate: bool,
+    text: &str,
+) -> Result<(), String> {
     let mut it = steps(text).into_iter();
     run_case(mkfs, mount_opts, tolerate, move |_| it.next().map(Some))
 }
@@ -908,7 +1316,12 @@ struct Case {
 
 fn case() -> impl Strategy<Value = Case> {
     let max = env_num("BTRKIT_MODEL_OPS", 48) as usize;
-    (0..MKFS.len(), 0..MOUNT.len(), proptest::collection::vec(op(), 1..max.max(2))).prop_map(|(mkfs, mount, ops)| Case { mkfs, mount, ops })
+    (
+        0..MKFS.len(),
+        0..MOUNT.len(),
+        proptest::collection::vec(op(), 1..max.max(2)),
+    )
+        .prop_map(|(mkfs, mount, ops)| Case { mkfs, mount, ops })
 }
 
 proptest! {
@@ -1013,7 +1426,11 @@ fn errors_as_linux_returns_them() {
 /// A hard link renamed over another name of the same file changes nothing.
 #[test]
 fn rename_between_names_of_one_file() {
-    must_pass(&["-n", "4096"], &[], "write /a 0 10 1\nlink /a /b\nrename /a /b\nsync\nrename /b /a\nsync\n");
+    must_pass(
+        &["-n", "4096"],
+        &[],
+        "write /a 0 10 1\nlink /a /b\nrename /a /b\nsync\nrename /b /a\nsync\n",
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -1026,7 +1443,11 @@ fn rename_between_names_of_one_file() {
 #[test]
 #[ignore = "bug: clone of part of a hole item (^no-holes) writes offset + num_bytes > ram_bytes"]
 fn clone_of_part_of_a_hole_item() {
-    must_pass_strictly(&["-n", "4096", "-O", "^no-holes"], &[], "write /a 372736 28672 0\nclone /a 180224 /a 241664 12288\nsync\n");
+    must_pass_strictly(
+        &["-n", "4096", "-O", "^no-holes"],
+        &[],
+        "write /a 372736 28672 0\nclone /a 180224 /a 241664 12288\nsync\n",
+    );
 }
 
 /// rename(2) of a file onto a directory that is its own ancestor: Linux
@@ -1035,7 +1456,11 @@ fn clone_of_part_of_a_hole_item() {
 #[test]
 #[ignore = "bug: rename of a file over its ancestor directory returns EISDIR, Linux ENOTEMPTY"]
 fn rename_of_a_file_over_its_ancestor() {
-    must_pass_strictly(&["-n", "4096"], &[], "mkdir /a\nmkdir /a/b\ncreate /a/b/f\nrename /a/b/f /a/b\nrename /a/b/f /a\nsync\n");
+    must_pass_strictly(
+        &["-n", "4096"],
+        &[],
+        "mkdir /a\nmkdir /a/b\ncreate /a/b/f\nrename /a/b/f /a/b\nrename /a/b/f /a\nsync\n",
+    );
 }
 
 /// Punching next to a hole item that an earlier fallocate split (a
@@ -1046,7 +1471,11 @@ fn rename_of_a_file_over_its_ancestor() {
 #[test]
 #[ignore = "bug: fill_hole extends a split hole item keeping its offset (offset + num_bytes > ram_bytes)"]
 fn punch_next_to_a_split_hole_item() {
-    must_pass_strictly(&["-n", "4096", "-O", "^no-holes"], &[], "write /a 406667 117622 0\nfallocate /a 0 1\npunch /a 278528 131072\nsync\n");
+    must_pass_strictly(
+        &["-n", "4096", "-O", "^no-holes"],
+        &[],
+        "write /a 406667 117622 0\nfallocate /a 0 1\npunch /a 278528 131072\nsync\n",
+    );
 }
 
 /// An item larger than half a leaf whose key falls in the middle of a

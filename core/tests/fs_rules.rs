@@ -42,10 +42,27 @@ fn dyn_dev(dev: &Arc<CrashDevice>) -> Arc<dyn BlockDevice> {
 /// size and nbytes when it adds data).
 fn new_file(st: &mut Store, ino: u64, name: &str) {
     let t = st.transid;
-    let it = new_inode_item(S_IFREG | 0o644, 0, 0, 0, btrkit_core::mkfs::now_ts(1_700_000_000), t);
+    let it = new_inode_item(
+        S_IFREG | 0o644,
+        0,
+        0,
+        0,
+        btrkit_core::mkfs::now_ts(1_700_000_000),
+        t,
+    );
     put_inode(st, FS, ino, &it).unwrap();
     let idx = names::next_dir_index(st, FS, ROOT).unwrap();
-    names::add_name(st, FS, ROOT, inode_key(ino), name.as_bytes(), BTRFS_FT_REG_FILE, idx, t).unwrap();
+    names::add_name(
+        st,
+        FS,
+        ROOT,
+        inode_key(ino),
+        name.as_bytes(),
+        BTRFS_FT_REG_FILE,
+        idx,
+        t,
+    )
+    .unwrap();
 }
 
 fn set_size(st: &mut Store, ino: u64, size: u64, nbytes: u64) {
@@ -61,24 +78,41 @@ fn dir_size(st: &mut Store, dir: u64) -> u64 {
 
 /// (refs, [(backref, count)]) of the extent item of data extent `bytenr`.
 fn extent_refs(st: &mut Store, bytenr: u64) -> Option<(u64, Vec<String>)> {
-    let (k, d) = st.next_item(BTRFS_EXTENT_TREE_OBJECTID, &Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, 0)).unwrap()?;
+    let (k, d) = st
+        .next_item(
+            BTRFS_EXTENT_TREE_OBJECTID,
+            &Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, 0),
+        )
+        .unwrap()?;
     if k.objectid != bytenr || k.ty != BTRFS_EXTENT_ITEM_KEY {
         return None;
     }
     let v = parse_extent_item(&k, &d).unwrap();
-    Some((v.item.refs.get(), v.refs.iter().map(|r| format!("{r:?}")).collect()))
+    Some((
+        v.item.refs.get(),
+        v.refs.iter().map(|r| format!("{r:?}")).collect(),
+    ))
 }
 
 /// The file extent items of inode `ino`: (file offset, disk bytenr, offset, num_bytes).
 fn file_extents(st: &mut Store, ino: u64) -> Vec<(u64, u64, u64, u64)> {
-    st.items_in(TreeId::Tree(FS), extent_key(ino, 0), extent_key(ino, u64::MAX))
-        .unwrap()
-        .into_iter()
-        .map(|(k, d)| match parse_file_extent(&d).unwrap() {
-            FileExtent::Disk { item, .. } => (k.offset, item.disk_bytenr.get(), item.offset.get(), item.num_bytes.get()),
-            FileExtent::Inline { head, .. } => (k.offset, 0, 0, head.ram_bytes.get()),
-        })
-        .collect()
+    st.items_in(
+        TreeId::Tree(FS),
+        extent_key(ino, 0),
+        extent_key(ino, u64::MAX),
+    )
+    .unwrap()
+    .into_iter()
+    .map(|(k, d)| match parse_file_extent(&d).unwrap() {
+        FileExtent::Disk { item, .. } => (
+            k.offset,
+            item.disk_bytenr.get(),
+            item.offset.get(),
+            item.num_bytes.get(),
+        ),
+        FileExtent::Inline { head, .. } => (k.offset, 0, 0, head.ram_bytes.get()),
+    })
+    .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -92,7 +126,10 @@ fn directory_size_rule() {
     let mut st = store(&dev);
     assert_eq!(dir_size(&mut st, ROOT), 0);
     let mut want = 0u64;
-    for (i, name) in ["a", "bb", "a-longer-name", &"x".repeat(255)].iter().enumerate() {
+    for (i, name) in ["a", "bb", "a-longer-name", &"x".repeat(255)]
+        .iter()
+        .enumerate()
+    {
         new_file(&mut st, 257 + i as u64, name);
         want += 2 * name.len() as u64;
         assert_eq!(dir_size(&mut st, ROOT), want, "after adding {name:?}");
@@ -100,7 +137,17 @@ fn directory_size_rule() {
     // A second name of 257 in the same directory.
     let t = st.transid;
     let idx = names::next_dir_index(&mut st, FS, ROOT).unwrap();
-    names::add_name(&mut st, FS, ROOT, inode_key(257), b"second", BTRFS_FT_REG_FILE, idx, t).unwrap();
+    names::add_name(
+        &mut st,
+        FS,
+        ROOT,
+        inode_key(257),
+        b"second",
+        BTRFS_FT_REG_FILE,
+        idx,
+        t,
+    )
+    .unwrap();
     let mut it = get_inode(&mut st, FS, 257).unwrap().unwrap();
     it.nlink.set(2);
     put_inode(&mut st, FS, 257, &it).unwrap();
@@ -115,8 +162,12 @@ fn directory_size_rule() {
     assert_eq!((ino, left), (257, 1));
     want -= 2;
     assert_eq!(dir_size(&mut st, ROOT), want);
-    assert!(names::lookup_name(&mut st, FS, ROOT, b"a").unwrap().is_none());
-    assert!(names::lookup_name(&mut st, FS, ROOT, b"second").unwrap().is_some());
+    assert!(names::lookup_name(&mut st, FS, ROOT, b"a")
+        .unwrap()
+        .is_none());
+    assert!(names::lookup_name(&mut st, FS, ROOT, b"second")
+        .unwrap()
+        .is_some());
     // remove_name of a name that is not there changes nothing.
     let t = st.transid;
     assert!(!names::remove_name(&mut st, FS, ROOT, inode_key(257), b"nothere", 999, t).unwrap());
@@ -152,7 +203,13 @@ fn hash_colliding_names_share_a_dir_item() {
     fs.write(lb, 0, b"second").unwrap();
     let key = Key::new(ROOT, BTRFS_DIR_ITEM_KEY, name_hash(a.as_bytes()));
     let item = fs.store.lookup(FS, &key).unwrap().unwrap();
-    assert_eq!(btrkit_core::format::dir::parse_dir_items(&item).unwrap().len(), 2, "one DIR_ITEM holds both names");
+    assert_eq!(
+        btrkit_core::format::dir::parse_dir_items(&item)
+            .unwrap()
+            .len(),
+        2,
+        "one DIR_ITEM holds both names"
+    );
     fs.sync().unwrap();
     assert_clean(dyn_dev(&dev), "colliding names");
     assert_eq!(fs.lookup(root, a.as_bytes()).unwrap(), Some(la));
@@ -184,20 +241,46 @@ fn inode_refs_spill_into_extrefs() {
     let name = |i: usize| format!("{i:03}{}", "n".repeat(252));
     let links = 30;
     for i in 0..links {
-        fs.link(f, dir, name(i).as_bytes()).unwrap_or_else(|e| panic!("link {i}: {e}"));
+        fs.link(f, dir, name(i).as_bytes())
+            .unwrap_or_else(|e| panic!("link {i}: {e}"));
     }
     let ino = f.ino;
-    let r = fs.store.lookup(FS, &Key::new(ino, BTRFS_INODE_REF_KEY, dir.ino)).unwrap().expect("an INODE_REF for d");
-    assert!(r.len() <= 4096 - 101 - 25, "INODE_REF item of {} bytes does not fit a leaf", r.len());
-    let extrefs = fs.store.items_in(FS, Key::new(ino, BTRFS_INODE_EXTREF_KEY, 0), Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX)).unwrap();
-    assert!(!extrefs.is_empty(), "names past a full INODE_REF go to extrefs");
+    let r = fs
+        .store
+        .lookup(FS, &Key::new(ino, BTRFS_INODE_REF_KEY, dir.ino))
+        .unwrap()
+        .expect("an INODE_REF for d");
+    assert!(
+        r.len() <= 4096 - 101 - 25,
+        "INODE_REF item of {} bytes does not fit a leaf",
+        r.len()
+    );
+    let extrefs = fs
+        .store
+        .items_in(
+            FS,
+            Key::new(ino, BTRFS_INODE_EXTREF_KEY, 0),
+            Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX),
+        )
+        .unwrap();
+    assert!(
+        !extrefs.is_empty(),
+        "names past a full INODE_REF go to extrefs"
+    );
     for (k, d) in &extrefs {
         for e in btrkit_core::format::inode::parse_inode_extrefs(d).unwrap() {
             assert_eq!(e.parent, dir.ino);
-            assert_eq!(k.offset, extref_hash(dir.ino, e.name), "extref keyed by the hash of its parent and name");
+            assert_eq!(
+                k.offset,
+                extref_hash(dir.ino, e.name),
+                "extref keyed by the hash of its parent and name"
+            );
         }
     }
-    assert_eq!(names::count_links(&mut fs.store, FS, ino).unwrap(), links as u32 + 1);
+    assert_eq!(
+        names::count_links(&mut fs.store, FS, ino).unwrap(),
+        links as u32 + 1
+    );
     assert_eq!(fs.stat(f).unwrap().nlink, links as u32 + 1);
     fs.sync().unwrap();
     assert_clean(d.clone(), "links in refs and extrefs");
@@ -214,9 +297,17 @@ fn inode_refs_spill_into_extrefs() {
     assert_clean(d.clone(), "after a rename");
     drop(fs);
     let m = seen_on_disk(d.clone());
-    let names_of_f: Vec<&String> = m.entries.iter().filter(|(_, e)| e.ino == ino).map(|(p, _)| p).collect();
+    let names_of_f: Vec<&String> = m
+        .entries
+        .iter()
+        .filter(|(_, e)| e.ino == ino)
+        .map(|(p, _)| p)
+        .collect();
     assert_eq!(names_of_f.len(), links - 3);
-    assert!(m.entries.get("/moved").is_some_and(|e| e.nlink == links as u64 - 3));
+    assert!(m
+        .entries
+        .get("/moved")
+        .is_some_and(|e| e.nlink == links as u64 - 3));
 }
 
 /// Without extended refs, a link that would outgrow the INODE_REF item is
@@ -243,7 +334,11 @@ fn full_inode_ref_without_extref() {
     }
     let (n, e) = refused.expect("a full INODE_REF refuses more names");
     assert_eq!(e.as_errno(), libc::EMLINK, "{e}");
-    assert_eq!(fs.lookup(root, n.as_bytes()).unwrap(), None, "the refused name must not exist");
+    assert_eq!(
+        fs.lookup(root, n.as_bytes()).unwrap(),
+        None,
+        "the refused name must not exist"
+    );
     fs.sync().unwrap();
     assert_clean(d, "after a refused link");
 }
@@ -256,7 +351,10 @@ fn full_inode_ref_without_extref() {
 /// references from the same back reference; nbytes loses the middle.
 #[test]
 fn drop_extents_splits_and_counts_refs() {
-    for args in [&["-n", "4096"][..], &["-n", "16384", "-O", "^no-holes,^skinny-metadata"][..]] {
+    for args in [
+        &["-n", "4096"][..],
+        &["-n", "16384", "-O", "^no-holes,^skinny-metadata"][..],
+    ] {
         let dev = new_image(IMAGE_SIZE, args);
         let mut st = store(&dev);
         new_file(&mut st, 257, "f");
@@ -270,7 +368,10 @@ fn drop_extents_splits_and_counts_refs() {
         let dropped = drop_extents(&mut st, FS, 257, 16384, 32768).unwrap();
         assert!(dropped.changed);
         assert_eq!(dropped.nbytes, 16384);
-        assert_eq!(file_extents(&mut st, 257), vec![(0, bytenr, 0, 16384), (32768, bytenr, 32768, 32768)]);
+        assert_eq!(
+            file_extents(&mut st, 257),
+            vec![(0, bytenr, 0, 16384), (32768, bytenr, 32768, 32768)]
+        );
         if !args.contains(&"^no-holes,^skinny-metadata") {
             set_size(&mut st, 257, 65536, nb - 16384);
         } else {
@@ -282,7 +383,11 @@ fn drop_extents_splits_and_counts_refs() {
         st.commit().unwrap();
         let (refs, inline) = extent_refs(&mut st, bytenr).unwrap();
         assert_eq!(refs, 2, "two items reference the extent: {inline:?}");
-        assert_eq!(inline.len(), 1, "one back reference with count 2: {inline:?}");
+        assert_eq!(
+            inline.len(),
+            1,
+            "one back reference with count 2: {inline:?}"
+        );
         drop(st);
         assert_clean(dyn_dev(&dev), &format!("split extent {args:?}"));
 
@@ -291,12 +396,24 @@ fn drop_extents_splits_and_counts_refs() {
         let dropped = drop_extents(&mut st, FS, 257, 0, u64::MAX).unwrap();
         assert_eq!(dropped.nbytes, 16384 + 32768);
         let hole_items: Vec<(u64, u64, u64, u64)> = file_extents(&mut st, 257);
-        assert!(hole_items.iter().all(|e| e.1 == 0), "only holes may be left: {hole_items:?}");
+        assert!(
+            hole_items.iter().all(|e| e.1 == 0),
+            "only holes may be left: {hole_items:?}"
+        );
         st.delete_item(FS, &extent_key(257, 16384)).unwrap();
         set_size(&mut st, 257, 0, 0);
         st.commit().unwrap();
-        assert!(extent_refs(&mut st, bytenr).is_none(), "the extent item goes with its last reference");
-        assert!(st.csum_lookup(bytenr, 65536).unwrap().iter().all(|c| c.is_none()), "its checksums go too");
+        assert!(
+            extent_refs(&mut st, bytenr).is_none(),
+            "the extent item goes with its last reference"
+        );
+        assert!(
+            st.csum_lookup(bytenr, 65536)
+                .unwrap()
+                .iter()
+                .all(|c| c.is_none()),
+            "its checksums go too"
+        );
         drop(st);
         assert_clean(dyn_dev(&dev), &format!("extent dropped {args:?}"));
     }
@@ -314,7 +431,12 @@ fn drop_extents_on_inline_extents() {
     set_size(&mut st, 257, 1000, 1000);
     new_file(&mut st, 258, "zstd");
     let text = vec![b'z'; 3000];
-    let packed = btrkit_core::fs::compress::compress(btrkit_core::fs::compress::Method::parse("zstd").unwrap(), &text, 4096).expect("compressible");
+    let packed = btrkit_core::fs::compress::compress(
+        btrkit_core::fs::compress::Method::parse("zstd").unwrap(),
+        &text,
+        4096,
+    )
+    .expect("compressible");
     data::write_inline(&mut st, FS, 258, 3000, BTRFS_COMPRESS_ZSTD, &packed).unwrap();
     set_size(&mut st, 258, 3000, 3000);
     st.commit().unwrap();
@@ -361,7 +483,10 @@ fn drop_extents_splits_prealloc_and_holes() {
     fs.sync().unwrap();
     assert_clean(d.clone(), "prealloc and hole");
     let before = file_extents(&mut fs.store, f.ino);
-    assert!(before.iter().any(|e| e.1 == 0), "a hole item past the prealloc: {before:?}");
+    assert!(
+        before.iter().any(|e| e.1 == 0),
+        "a hole item past the prealloc: {before:?}"
+    );
     let r = drop_extents(&mut fs.store, FS, f.ino, 4096, 8192).unwrap();
     assert_eq!(r.nbytes, 4096);
     let r = drop_extents(&mut fs.store, FS, f.ino, (2 << 20) + 4096, (2 << 20) + 8192).unwrap();
@@ -378,7 +503,15 @@ fn drop_extents_splits_prealloc_and_holes() {
     // Fill the gaps back the way the kernel leaves them and check.
     let t = fs.store.transid;
     btrkit_core::fs::extents::fill_hole(&mut fs.store, FS, f.ino, 4096, 8192, t).unwrap();
-    btrkit_core::fs::extents::fill_hole(&mut fs.store, FS, f.ino, (2 << 20) + 4096, (2 << 20) + 8192, t).unwrap();
+    btrkit_core::fs::extents::fill_hole(
+        &mut fs.store,
+        FS,
+        f.ino,
+        (2 << 20) + 4096,
+        (2 << 20) + 8192,
+        t,
+    )
+    .unwrap();
     let mut it = get_inode(&mut fs.store, FS, f.ino).unwrap().unwrap();
     it.nbytes.set(it.nbytes.get() - 4096);
     put_inode(&mut fs.store, FS, f.ino, &it).unwrap();
@@ -417,7 +550,11 @@ fn drop_and_readd_of_a_reference_keeps_checksums() {
     insert_disk_extent(&mut st, FS, 257, 0, &fe).unwrap();
     st.commit().unwrap();
     assert_eq!(extent_refs(&mut st, bytenr).map(|r| r.0), Some(1));
-    assert_eq!(st.csum_lookup(bytenr, 32768).unwrap(), sums, "checksums kept");
+    assert_eq!(
+        st.csum_lookup(bytenr, 32768).unwrap(),
+        sums,
+        "checksums kept"
+    );
     drop(st);
     assert_clean(dyn_dev(&dev), "reference dropped and re-added");
 
@@ -431,7 +568,11 @@ fn drop_and_readd_of_a_reference_keeps_checksums() {
     let (refs, r) = extent_refs(&mut st, bytenr).unwrap();
     assert_eq!(refs, 1);
     assert!(r[0].contains("objectid: 258"), "{r:?}");
-    assert_eq!(st.csum_lookup(bytenr, 32768).unwrap(), sums, "checksums kept");
+    assert_eq!(
+        st.csum_lookup(bytenr, 32768).unwrap(),
+        sums,
+        "checksums kept"
+    );
     let back = btrkit_core::fs::read::read_range(&mut st, FS, 258, 32768, 0, 32768, true).unwrap();
     assert_eq!(back, data);
     drop(st);
@@ -452,7 +593,10 @@ fn clone_over_itself_then_unlink_the_source() {
     }
     assert_clean(d.clone(), "clones and unlink");
     let b = fs.resolve("/b", true).unwrap();
-    assert_eq!(fs.read(b, 0, 65536).unwrap(), btrkit_core::workload::content::fill_bytes(&btrkit_core::workload::Fill::Random(4), 65536));
+    assert_eq!(
+        fs.read(b, 0, 65536).unwrap(),
+        btrkit_core::workload::content::fill_bytes(&btrkit_core::workload::Fill::Random(4), 65536)
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -466,17 +610,29 @@ fn clone_over_itself_then_unlink_the_source() {
 fn big_item_in_the_middle_of_a_leaf() {
     let dev = new_image(IMAGE_SIZE, &["-n", "4096"]);
     let mut st = store(&dev);
-    let mut names: Vec<(u64, String)> = (0..8).map(|i| format!("user.small{i}")).map(|n| (name_hash(n.as_bytes()), n)).collect();
+    let mut names: Vec<(u64, String)> = (0..8)
+        .map(|i| format!("user.small{i}"))
+        .map(|n| (name_hash(n.as_bytes()), n))
+        .collect();
     names.sort();
     let (lo, hi) = (names[3].0, names[4].0);
-    let big = (0..100_000).map(|i| format!("user.big{i}")).find(|n| (lo..hi).contains(&name_hash(n.as_bytes()))).expect("a name hashing between");
+    let big = (0..100_000)
+        .map(|i| format!("user.big{i}"))
+        .find(|n| (lo..hi).contains(&name_hash(n.as_bytes())))
+        .expect("a name hashing between");
     let t = st.transid;
     for (_, n) in &names {
         xattr::set_xattr(&mut st, FS, ROOT, n.as_bytes(), &[b's'; 330], t).unwrap();
     }
-    xattr::set_xattr(&mut st, FS, ROOT, big.as_bytes(), &[b'b'; 3000], t).unwrap_or_else(|e| panic!("the big xattr: {e}"));
+    xattr::set_xattr(&mut st, FS, ROOT, big.as_bytes(), &[b'b'; 3000], t)
+        .unwrap_or_else(|e| panic!("the big xattr: {e}"));
     st.commit().unwrap();
-    assert_eq!(xattr::get_xattr(&mut st, FS, ROOT, big.as_bytes()).unwrap().map(|v| v.len()), Some(3000));
+    assert_eq!(
+        xattr::get_xattr(&mut st, FS, ROOT, big.as_bytes())
+            .unwrap()
+            .map(|v| v.len()),
+        Some(3000)
+    );
     drop(st);
     assert_clean(dyn_dev(&dev), "big item");
 }
@@ -499,7 +655,13 @@ fn large_file_on_a_small_filesystem() {
     run(&mut fs, &d, &[], "write /a 0 80M random:1\nsync\n");
     assert_clean(d.clone(), "an 80 MiB file");
     let a = fs.resolve("/a", true).unwrap();
-    assert_eq!(fs.read(a, 79 << 20, 1 << 20).unwrap(), btrkit_core::workload::content::fill_bytes(&btrkit_core::workload::Fill::Random(1), 80 << 20)[79 << 20..]);
+    assert_eq!(
+        fs.read(a, 79 << 20, 1 << 20).unwrap(),
+        btrkit_core::workload::content::fill_bytes(
+            &btrkit_core::workload::Fill::Random(1),
+            80 << 20
+        )[79 << 20..]
+    );
 }
 
 /// Buffered writes past the free data space: the kernel reserves data
@@ -517,9 +679,14 @@ fn buffered_writes_past_free_space_fail_at_write() {
         script += &format!("write /f{i} 0 20M random:{i} enospc-ok\n");
     }
     run(&mut fs, &d, &[], &script);
-    fs.sync().unwrap_or_else(|e| panic!("sync after writes that were accepted: {e}"));
+    fs.sync()
+        .unwrap_or_else(|e| panic!("sync after writes that were accepted: {e}"));
     let live = seen(&mut fs);
     drop(fs);
     assert_clean(d.clone(), "a full filesystem");
-    assert_eq!(seen_on_disk(d).diff(&live), Vec::<String>::new(), "what the writes were told was written is what is on disk");
+    assert_eq!(
+        seen_on_disk(d).diff(&live),
+        Vec::<String>::new(),
+        "what the writes were told was written is what is on disk"
+    );
 }

@@ -18,14 +18,25 @@ use std::sync::Arc;
 use zerocopy::FromZeros;
 
 fn check(img: &Path) {
-    let o = Command::new("btrfs").args(["check", "--readonly"]).arg(img).output().unwrap();
-    let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(img)
+        .output()
+        .unwrap();
+    let t = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(o.status.success() && t.contains("no error found"), "{t}");
 }
 
 fn bitmap_groups(img: &Path) -> usize {
     let image = Image::open_path(img, OpenOptions::default()).unwrap();
-    let root = image.find_root(BTRFS_FREE_SPACE_TREE_OBJECTID).unwrap().unwrap();
+    let root = image
+        .find_root(BTRFS_FREE_SPACE_TREE_OBJECTID)
+        .unwrap()
+        .unwrap();
     let mut n = 0;
     for it in TreeIter::new(&image, root, Key::MIN).unwrap() {
         let it = it.unwrap();
@@ -47,10 +58,16 @@ fn fragmented_group_converts_to_bitmaps() {
     }
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("img");
-    std::fs::File::create(&img).unwrap().set_len(512 << 20).unwrap();
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(512 << 20)
+        .unwrap();
     {
         let dev = Arc::new(FileDevice::open(&img, true).unwrap());
-        let o = btrkit_core::mkfs::MkfsOptions { nodesize: 4096, ..Default::default() };
+        let o = btrkit_core::mkfs::MkfsOptions {
+            nodesize: 4096,
+            ..Default::default()
+        };
         let (fs, staged, _) = btrkit_core::mkfs::make(dev, &o).unwrap();
         btrkit_core::mkfs::finish(fs, &staged).unwrap();
     }
@@ -62,9 +79,30 @@ fn fragmented_group_converts_to_bitmaps() {
     for i in 0..n {
         let ino = 257 + i;
         let name = format!("f{i:05}");
-        { let t = fs.transid; btrkit_core::fs::names::add_name(&mut fs, tree, 256, btrkit_core::fs::inode::inode_key(ino), name.as_bytes(), BTRFS_FT_REG_FILE, 2 + i, t).unwrap(); }
+        {
+            let t = fs.transid;
+            btrkit_core::fs::names::add_name(
+                &mut fs,
+                tree,
+                256,
+                btrkit_core::fs::inode::inode_key(ino),
+                name.as_bytes(),
+                BTRFS_FT_REG_FILE,
+                2 + i,
+                t,
+            )
+            .unwrap();
+        }
         dir_size += 2 * name.len() as u64;
-        let nb = btrkit_core::fs::data::write_extent(&mut fs, tree, ino, 0, &vec![(i % 251) as u8; 4096], true).unwrap();
+        let nb = btrkit_core::fs::data::write_extent(
+            &mut fs,
+            tree,
+            ino,
+            0,
+            &vec![(i % 251) as u8; 4096],
+            true,
+        )
+        .unwrap();
         let mut it = InodeItem::new_zeroed();
         it.generation.set(fs.transid);
         it.transid.set(fs.transid);
@@ -74,7 +112,9 @@ fn fragmented_group_converts_to_bitmaps() {
         it.mode.set(0o100644);
         btrkit_core::fs::inode::put_inode(&mut fs, tree, ino, &it).unwrap();
     }
-    let mut root = btrkit_core::fs::inode::get_inode(&mut fs, tree, 256).unwrap().unwrap();
+    let mut root = btrkit_core::fs::inode::get_inode(&mut fs, tree, 256)
+        .unwrap()
+        .unwrap();
     root.size.set(dir_size);
     btrkit_core::fs::inode::put_inode(&mut fs, tree, 256, &root).unwrap();
     fs.commit().unwrap();
@@ -86,17 +126,44 @@ fn fragmented_group_converts_to_bitmaps() {
     let mut fs = Store::open(dev).unwrap();
     let now = btrkit_core::mkfs::now_ts(1);
     for i in (0..n).step_by(2) {
-        { let (ino, n, _) = btrkit_core::fs::names::unlink(&mut fs, tree, 256, format!("f{i:05}").as_bytes(), now).unwrap(); if n == 0 { btrkit_core::fs::extents::drop_inode_items(&mut fs, tree, ino).unwrap(); } }
+        {
+            let (ino, n, _) = btrkit_core::fs::names::unlink(
+                &mut fs,
+                tree,
+                256,
+                format!("f{i:05}").as_bytes(),
+                now,
+            )
+            .unwrap();
+            if n == 0 {
+                btrkit_core::fs::extents::drop_inode_items(&mut fs, tree, ino).unwrap();
+            }
+        }
     }
     fs.commit().unwrap();
     drop(fs);
     check(&img);
-    assert!(bitmap_groups(&img) >= 1, "a fragmented data group should use bitmaps");
+    assert!(
+        bitmap_groups(&img) >= 1,
+        "a fragmented data group should use bitmaps"
+    );
 
     let dev = Arc::new(FileDevice::open(&img, true).unwrap());
     let mut fs = Store::open(dev).unwrap();
     for i in (1..n).step_by(2) {
-        { let (ino, n, _) = btrkit_core::fs::names::unlink(&mut fs, tree, 256, format!("f{i:05}").as_bytes(), now).unwrap(); if n == 0 { btrkit_core::fs::extents::drop_inode_items(&mut fs, tree, ino).unwrap(); } }
+        {
+            let (ino, n, _) = btrkit_core::fs::names::unlink(
+                &mut fs,
+                tree,
+                256,
+                format!("f{i:05}").as_bytes(),
+                now,
+            )
+            .unwrap();
+            if n == 0 {
+                btrkit_core::fs::extents::drop_inode_items(&mut fs, tree, ino).unwrap();
+            }
+        }
     }
     fs.commit().unwrap();
     drop(fs);

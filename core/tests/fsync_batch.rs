@@ -14,7 +14,9 @@ const CLIENTS: usize = 8;
 const ROUNDS: usize = 25;
 
 fn body(client: usize, round: usize) -> Vec<u8> {
-    (0..4096 + client * 100).map(|i| (i * 31 + client * 7 + round * 13) as u8).collect()
+    (0..4096 + client * 100)
+        .map(|i| (i * 31 + client * 7 + round * 13) as u8)
+        .collect()
 }
 
 #[test]
@@ -24,7 +26,9 @@ fn concurrent_fsyncs_share_log_syncs_and_keep_their_data() {
     let mut fs = mount(base.clone(), &[]).unwrap();
     let root = fs.root();
     let dir = fs.mkdir(root, b"clients", 0o755).unwrap();
-    let files: Vec<_> = (0..CLIENTS).map(|c| fs.create(dir, format!("c{c}").as_bytes(), 0o644).unwrap()).collect();
+    let files: Vec<_> = (0..CLIENTS)
+        .map(|c| fs.create(dir, format!("c{c}").as_bytes(), 0o644).unwrap())
+        .collect();
     fs.sync().unwrap();
     let before = fs.stats.clone();
     let shared = Arc::new(SharedFs::new(fs));
@@ -46,7 +50,10 @@ fn concurrent_fsyncs_share_log_syncs_and_keep_their_data() {
     for h in handles {
         h.join().unwrap();
     }
-    let fs = Arc::try_unwrap(shared).ok().expect("clients done").into_inner();
+    let fs = Arc::try_unwrap(shared)
+        .ok()
+        .expect("clients done")
+        .into_inner();
     let st = &fs.stats;
     let fsyncs = st.fsyncs - before.fsyncs;
     let syncs = st.log_syncs - before.log_syncs;
@@ -54,8 +61,15 @@ fn concurrent_fsyncs_share_log_syncs_and_keep_their_data() {
     let skipped = st.log_syncs_skipped - before.log_syncs_skipped;
     let commits = st.full_commits - before.full_commits;
     assert_eq!(fsyncs, (CLIENTS * ROUNDS) as u64);
-    assert_eq!(syncs + joined + skipped + commits, fsyncs, "every fsync is a log sync, joined one, skipped or committed: {st:?}");
-    assert!(joined > 0 && syncs < fsyncs, "no fsync joined another's log sync: {syncs} log syncs for {fsyncs} fsyncs");
+    assert_eq!(
+        syncs + joined + skipped + commits,
+        fsyncs,
+        "every fsync is a log sync, joined one, skipped or committed: {st:?}"
+    );
+    assert!(
+        joined > 0 && syncs < fsyncs,
+        "no fsync joined another's log sync: {syncs} log syncs for {fsyncs} fsyncs"
+    );
     eprintln!("{fsyncs} fsyncs from {CLIENTS} clients: {syncs} log syncs, {joined} joined, {skipped} skipped, {commits} full commits");
 
     // Power failure now: only what was flushed survives.
@@ -65,7 +79,11 @@ fn concurrent_fsyncs_share_log_syncs_and_keep_their_data() {
     for (c, l) in files.iter().enumerate() {
         let want = body(c, ROUNDS - 1);
         let got = after.read(*l, 0, want.len() as u64 + 10).unwrap();
-        assert!(got == want, "client {c}: its last fsynced data is not what survived ({} bytes)", got.len());
+        assert!(
+            got == want,
+            "client {c}: its last fsynced data is not what survived ({} bytes)",
+            got.len()
+        );
     }
     drop(after);
     assert_clean(crashed, "after the crash and the log replay");

@@ -15,9 +15,22 @@ use btrkit_core::mkfs::{self, MkfsOptions};
 use common::*;
 use std::sync::Arc;
 
-const CSUMS: [(&str, u16); 4] = [("crc32c", BTRFS_CSUM_TYPE_CRC32), ("xxhash", BTRFS_CSUM_TYPE_XXHASH), ("sha256", BTRFS_CSUM_TYPE_SHA256), ("blake2", BTRFS_CSUM_TYPE_BLAKE2)];
+const CSUMS: [(&str, u16); 4] = [
+    ("crc32c", BTRFS_CSUM_TYPE_CRC32),
+    ("xxhash", BTRFS_CSUM_TYPE_XXHASH),
+    ("sha256", BTRFS_CSUM_TYPE_SHA256),
+    ("blake2", BTRFS_CSUM_TYPE_BLAKE2),
+];
 const NODESIZES: [u32; 3] = [4096, 16384, 65536];
-const FEATURES: [&str; 7] = ["", "^no-holes", "^skinny-metadata", "block-group-tree", "^free-space-tree", "^extref", "^no-holes,^skinny-metadata,^extref"];
+const FEATURES: [&str; 7] = [
+    "",
+    "^no-holes",
+    "^skinny-metadata",
+    "block-group-tree",
+    "^free-space-tree",
+    "^extref",
+    "^no-holes,^skinny-metadata,^extref",
+];
 
 /// What a workload leaves, through the engine: inline, regular, compressed
 /// and preallocated data, holes, links, xattrs.
@@ -37,7 +50,12 @@ sync
 fn mkfs_matrix_for(csum: &str, ty: u16) {
     for ns in NODESIZES {
         for feat in FEATURES {
-            let mut args = vec!["-n".to_string(), ns.to_string(), "--csum".into(), csum.into()];
+            let mut args = vec![
+                "-n".to_string(),
+                ns.to_string(),
+                "--csum".into(),
+                csum.into(),
+            ];
             if !feat.is_empty() {
                 args.extend(["-O".to_string(), feat.to_string()]);
             }
@@ -50,16 +68,45 @@ fn mkfs_matrix_for(csum: &str, ty: u16) {
             assert_eq!(sb.csum_type.get(), ty, "{what}");
             let incompat = sb.incompat_flags.get();
             let compat_ro = sb.compat_ro_flags.get();
-            assert_eq!(incompat & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0, !feat.contains("^no-holes"), "{what}");
-            assert_eq!(incompat & BTRFS_FEATURE_INCOMPAT_SKINNY_METADATA != 0, !feat.contains("^skinny-metadata"), "{what}");
-            assert_eq!(incompat & BTRFS_FEATURE_INCOMPAT_EXTENDED_IREF != 0, !feat.contains("^extref"), "{what}");
-            assert_eq!(incompat & BTRFS_FEATURE_INCOMPAT_BIG_METADATA != 0, ns > 4096, "{what}");
-            assert_eq!(compat_ro & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE != 0, !feat.contains("^free-space-tree"), "{what}");
-            assert_eq!(compat_ro & BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE != 0, feat.contains("block-group-tree"), "{what}");
+            assert_eq!(
+                incompat & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0,
+                !feat.contains("^no-holes"),
+                "{what}"
+            );
+            assert_eq!(
+                incompat & BTRFS_FEATURE_INCOMPAT_SKINNY_METADATA != 0,
+                !feat.contains("^skinny-metadata"),
+                "{what}"
+            );
+            assert_eq!(
+                incompat & BTRFS_FEATURE_INCOMPAT_EXTENDED_IREF != 0,
+                !feat.contains("^extref"),
+                "{what}"
+            );
+            assert_eq!(
+                incompat & BTRFS_FEATURE_INCOMPAT_BIG_METADATA != 0,
+                ns > 4096,
+                "{what}"
+            );
+            assert_eq!(
+                compat_ro & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE != 0,
+                !feat.contains("^free-space-tree"),
+                "{what}"
+            );
+            assert_eq!(
+                compat_ro & BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE != 0,
+                feat.contains("block-group-tree"),
+                "{what}"
+            );
             assert_clean(d.clone(), &what);
             let mut fs = mount(d.clone(), &[]).unwrap_or_else(|e| panic!("{what}: mount: {e}"));
             run(&mut fs, &d, &[], FILES);
-            run(&mut fs, &d, &["compress-force=zstd"], "write /z 0 100000 0\nsync\n");
+            run(
+                &mut fs,
+                &d,
+                &["compress-force=zstd"],
+                "write /z 0 100000 0\nsync\n",
+            );
             let live = seen(&mut fs);
             drop(fs);
             assert_clean(d.clone(), &format!("{what}, files written"));
@@ -124,8 +171,15 @@ fn bad_options_write_nothing() {
             Ok(o) => o,
         };
         let dev = Arc::new(CrashDevice::new(vec![0u8; IMAGE_SIZE as usize]));
-        assert!(mkfs::make(dev.clone(), &o).is_err(), "mkfs {args:?} must be refused");
-        assert_eq!(dev.writes(), 0, "mkfs {args:?} was refused but wrote to the device");
+        assert!(
+            mkfs::make(dev.clone(), &o).is_err(),
+            "mkfs {args:?} must be refused"
+        );
+        assert_eq!(
+            dev.writes(),
+            0,
+            "mkfs {args:?} was refused but wrote to the device"
+        );
     }
 }
 
@@ -137,13 +191,35 @@ fn usable_copies_are_clean(dev: Arc<CrashDevice>, what: &str) -> usize {
         if btrfs_sb_offset(mirror) + BTRFS_SUPER_INFO_SIZE as u64 > dev.size() {
             break;
         }
-        let Ok(img) = Image::open(dev.clone(), OpenOptions { mirror, ..Default::default() }) else { continue };
+        let Ok(img) = Image::open(
+            dev.clone(),
+            OpenOptions {
+                mirror,
+                ..Default::default()
+            },
+        ) else {
+            continue;
+        };
         usable += 1;
-        let r = check_image(&img, CheckOptions { check_data_csum: true }, &NoProgress);
+        let r = check_image(
+            &img,
+            CheckOptions {
+                check_data_csum: true,
+            },
+            &NoProgress,
+        );
         // Checked through a mirror, the other copies' state is phase 1's
         // business (a zeroed primary is what mkfs leaves on purpose).
-        let damage: Vec<_> = r.findings.iter().filter(|f| f.severity == Severity::Error && !(mirror > 0 && f.phase == 1)).collect();
-        assert!(damage.is_empty() && r.suppressed == 0, "{what}: superblock copy {mirror} names a damaged filesystem: {}", errors_of(&r));
+        let damage: Vec<_> = r
+            .findings
+            .iter()
+            .filter(|f| f.severity == Severity::Error && !(mirror > 0 && f.phase == 1))
+            .collect();
+        assert!(
+            damage.is_empty() && r.suppressed == 0,
+            "{what}: superblock copy {mirror} names a damaged filesystem: {}",
+            errors_of(&r)
+        );
     }
     usable
 }
@@ -173,13 +249,31 @@ fn mkfs_cut_at_every_write() {
     for cut in 0..total {
         let d = base();
         d.fail_after_writes(Some(cut));
-        assert!(mkfs::make(d.clone(), &o).and_then(|(fs, staged, _)| mkfs::finish(fs, &staged)).is_err(), "cut {cut} of {total}: mkfs did not notice");
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        assert!(
+            mkfs::make(d.clone(), &o)
+                .and_then(|(fs, staged, _)| mkfs::finish(fs, &staged))
+                .is_err(),
+            "cut {cut} of {total}: mkfs did not notice"
+        );
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let s = seed;
-        for (v, img) in [d.crash_device(|_| false), d.crash_device(|_| true), d.crash_device(|i| (s >> (i % 64)) & 1 == 1), d.crash_device_torn(|i, j| (s >> ((i + j) % 64)) & 1 == 0)].into_iter().enumerate() {
+        for (v, img) in [
+            d.crash_device(|_| false),
+            d.crash_device(|_| true),
+            d.crash_device(|i| (s >> (i % 64)) & 1 == 1),
+            d.crash_device_torn(|i, j| (s >> ((i + j) % 64)) & 1 == 0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let img = Arc::new(img);
-            let usable = usable_copies_are_clean(img.clone(), &format!("cut {cut} of {total}, variant {v}"));
-            if usable > 0 && read_superblock(img.as_ref(), 0).is_ok_and(|sb| sb.fsid == *b"btrkit-new-fs-id") {
+            let usable =
+                usable_copies_are_clean(img.clone(), &format!("cut {cut} of {total}, variant {v}"));
+            if usable > 0
+                && read_superblock(img.as_ref(), 0).is_ok_and(|sb| sb.fsid == *b"btrkit-new-fs-id")
+            {
                 complete += 1;
             }
         }

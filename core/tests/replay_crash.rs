@@ -17,13 +17,21 @@ use std::process::Command;
 use std::sync::Arc;
 
 fn fixture(name: &str) -> Option<Vec<u8>> {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/btrfs-progs-fsck");
+    let shared =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/btrfs-progs-fsck");
     let tar = shared.join(format!("{name}.tar.xz"));
     if !tar.exists() {
         return None;
     }
     let dir = tempfile::tempdir().ok()?;
-    let ok = Command::new("tar").arg("-xJf").arg(&tar).arg("-C").arg(dir.path()).status().ok()?.success();
+    let ok = Command::new("tar")
+        .arg("-xJf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(dir.path())
+        .status()
+        .ok()?
+        .success();
     if !ok {
         return None;
     }
@@ -34,7 +42,11 @@ fn fixture(name: &str) -> Option<Vec<u8>> {
 fn state(dev: Arc<dyn BlockDevice>) -> (bool, Vec<(Key, Vec<u8>)>) {
     let image = Image::open(dev, OpenOptions::default()).expect("image opens after a crash");
     let mut items = Vec::new();
-    for id in [BTRFS_FS_TREE_OBJECTID, BTRFS_EXTENT_TREE_OBJECTID, BTRFS_CSUM_TREE_OBJECTID] {
+    for id in [
+        BTRFS_FS_TREE_OBJECTID,
+        BTRFS_EXTENT_TREE_OBJECTID,
+        BTRFS_CSUM_TREE_OBJECTID,
+    ] {
         let root = image.find_root(id).unwrap().unwrap();
         for it in TreeIter::new(&image, root, Key::MIN).unwrap() {
             let it = it.unwrap();
@@ -75,7 +87,10 @@ fn replay_cut_at_every_write_can_restart() {
         let d = Arc::new(CrashDevice::from_shared(base.clone()));
         let mut fs = Store::open_for_replay(d.clone()).unwrap();
         d.fail_after_writes(Some(cut));
-        assert!(replay(&mut fs, ReplayOptions::default()).is_err(), "cut {cut} of {count} should fail");
+        assert!(
+            replay(&mut fs, ReplayOptions::default()).is_err(),
+            "cut {cut} of {count} should fail"
+        );
         drop(fs);
         for variant in 0..3 {
             seed ^= seed << 13;
@@ -90,8 +105,14 @@ fn replay_cut_at_every_write_can_restart() {
             let (log_left, _) = state(img.clone());
             let fin = if log_left { replay_all(img) } else { img };
             let (left, got) = state(fin);
-            assert!(!left, "cut {cut} variant {variant}: log still present after re-replay");
-            assert!(got == want, "cut {cut} variant {variant}: result differs from an uninterrupted replay");
+            assert!(
+                !left,
+                "cut {cut} variant {variant}: log still present after re-replay"
+            );
+            assert!(
+                got == want,
+                "cut {cut} variant {variant}: result differs from an uninterrupted replay"
+            );
         }
     }
 }

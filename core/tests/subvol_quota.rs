@@ -27,12 +27,17 @@ impl Rig {
     fn new(args: &[&str]) -> Rig {
         let dev: Arc<dyn BlockDevice> = new_image(IMAGE_SIZE, args);
         let fs = mount(dev.clone(), &[]).unwrap();
-        Rig { dev, fs, runner: EngineRunner::new() }
+        Rig {
+            dev,
+            fs,
+            runner: EngineRunner::new(),
+        }
     }
     /// Run script lines; each must succeed.
     fn run(&mut self, text: &str) {
         for st in steps(text) {
-            apply(&mut self.fs, &mut self.runner, &self.dev, &[], &st).unwrap_or_else(|e| panic!("{st:?}: {e}"));
+            apply(&mut self.fs, &mut self.runner, &self.dev, &[], &st)
+                .unwrap_or_else(|e| panic!("{st:?}: {e}"));
         }
     }
     /// Run one script line that must fail with `errno`.
@@ -49,7 +54,10 @@ impl Rig {
         let r = assert_clean(self.dev.clone(), what);
         if quotas {
             let q = r.phases.iter().find(|p| p.phase == 9).expect("quota phase");
-            assert!(q.ran && q.checked > 0, "{what}: the quota phase did not check anything");
+            assert!(
+                q.ran && q.checked > 0,
+                "{what}: the quota phase did not check anything"
+            );
         }
         r
     }
@@ -76,22 +84,37 @@ fn qgroups_through_snapshots_and_deletion() {
 
     r.run("snapshot / /snap");
     r.clean("snapshot of the top level", true);
-    let (a, s) = (r.qgroup(5).unwrap(), r.qgroup(256).expect("qgroup of the snapshot"));
-    assert!(s.rfer >= 1 << 20 && a.excl < 1 << 20 && s.excl < 1 << 20, "shared data counts for both, exclusively for neither: {a:?} {s:?}");
+    let (a, s) = (
+        r.qgroup(5).unwrap(),
+        r.qgroup(256).expect("qgroup of the snapshot"),
+    );
+    assert!(
+        s.rfer >= 1 << 20 && a.excl < 1 << 20 && s.excl < 1 << 20,
+        "shared data counts for both, exclusively for neither: {a:?} {s:?}"
+    );
 
     r.run("write /a/f 0 256K random:2\nwrite /snap/a/f 512K 128K 3\nwrite /snap/new 0 64K random:4\nwrite /a/new 0 5000 5\n");
     r.clean("writes on both sides", true);
     let (a2, s2) = (r.qgroup(5).unwrap(), r.qgroup(256).unwrap());
-    assert!(a2.excl >= 256 << 10 && s2.excl >= 192 << 10, "{a2:?} {s2:?}");
+    assert!(
+        a2.excl >= 256 << 10 && s2.excl >= 192 << 10,
+        "{a2:?} {s2:?}"
+    );
 
     r.run("subvol-create /sv\nwrite /sv/x 0 300K random:6\nclone /sv/x 0 /sv/y 0 0\n");
     r.clean("a subvolume with a clone", true);
     let sv = r.qgroup(257).expect("qgroup of the subvolume");
-    assert!(sv.rfer >= 300 << 10 && sv.rfer < 400 << 10, "a clone in one subvolume counts once: {sv:?}");
+    assert!(
+        sv.rfer >= 300 << 10 && sv.rfer < 400 << 10,
+        "a clone in one subvolume counts once: {sv:?}"
+    );
     r.run("snapshot /sv /sv-snap\nunlink /sv/x\nunlink /sv/y\n");
     r.clean("snapshot of the subvolume, originals unlinked", true);
     let (sv, ss) = (r.qgroup(257).unwrap(), r.qgroup(258).unwrap());
-    assert!(ss.excl >= 300 << 10 && sv.rfer < 64 << 10, "the snapshot holds the data alone now: {sv:?} {ss:?}");
+    assert!(
+        ss.excl >= 300 << 10 && sv.rfer < 64 << 10,
+        "the snapshot holds the data alone now: {sv:?} {ss:?}"
+    );
 
     // Delete the top-level snapshot: its tree is dropped by the cleaner
     // in the next transaction, then its qgroup goes.
@@ -99,10 +122,19 @@ fn qgroups_through_snapshots_and_deletion() {
     r.clean("snapshot deleted", true);
     r.clean("the cleaner ran", true);
     r.clean("qgroup removed", true);
-    assert!(!r.tree_exists(256), "the deleted snapshot's tree is dropped");
-    assert!(r.qgroup(256).is_none(), "the deleted snapshot's qgroup is removed");
+    assert!(
+        !r.tree_exists(256),
+        "the deleted snapshot's tree is dropped"
+    );
+    assert!(
+        r.qgroup(256).is_none(),
+        "the deleted snapshot's qgroup is removed"
+    );
     let a3 = r.qgroup(5).unwrap();
-    assert_eq!(a3.excl, a3.rfer, "nothing of the top level is shared any more: {a3:?}");
+    assert_eq!(
+        a3.excl, a3.rfer,
+        "nothing of the top level is shared any more: {a3:?}"
+    );
     r.run("remount");
     r.clean("after a remount", true);
 }
@@ -131,13 +163,31 @@ fn subvolume_create_and_delete() {
     r.clean("subvolumes deleted", false);
     r.clean("the cleaner dropped them", false);
     assert!(!r.tree_exists(sv) && !r.tree_exists(inner));
-    let orphans = r.fs.store.items_in(btrkit_core::trans::TreeId::Root, btrkit_core::format::key::Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0), btrkit_core::format::key::Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX)).unwrap();
-    assert!(orphans.is_empty(), "orphan items of dropped subvolumes go with them");
+    let orphans =
+        r.fs.store
+            .items_in(
+                btrkit_core::trans::TreeId::Root,
+                btrkit_core::format::key::Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0),
+                btrkit_core::format::key::Key::new(
+                    BTRFS_ORPHAN_OBJECTID,
+                    BTRFS_ORPHAN_ITEM_KEY,
+                    u64::MAX,
+                ),
+            )
+            .unwrap();
+    assert!(
+        orphans.is_empty(),
+        "orphan items of dropped subvolumes go with them"
+    );
 
     // The default subvolume: seen at the next mount, and not deletable.
     r.run("subvol-create /def\nwrite /def/inside 0 10 1\nsubvol-set-default /def\nremount\n");
     let m = seen(&mut r.fs);
-    assert!(m.entries.contains_key("/inside") && !m.entries.contains_key("/top"), "the default subvolume is the mount's root:\n{}", m.render());
+    assert!(
+        m.entries.contains_key("/inside") && !m.entries.contains_key("/top"),
+        "the default subvolume is the mount's root:\n{}",
+        m.render()
+    );
     r.clean("set-default and remount", false);
     let root = r.fs.root();
     assert_eq!(root.subvol, 259);
@@ -157,7 +207,10 @@ fn deleted_subvolume_dropped_after_remount() {
     r.run("subvol-delete /sv");
     // Unmount right after the deletion commit: the cleaner has not run.
     r.fs.commit("test").unwrap();
-    drop(std::mem::replace(&mut r.fs, mount(r.dev.clone(), &[]).unwrap()));
+    drop(std::mem::replace(
+        &mut r.fs,
+        mount(r.dev.clone(), &[]).unwrap(),
+    ));
     r.clean("dead root found at mount", false);
     r.clean("dropped", false);
     assert!(!r.tree_exists(256));
@@ -181,27 +234,45 @@ fn rename_a_subvolume() {
 /// with quotas on and after a remount.
 #[test]
 fn metadata_balance() {
-    for args in [&["-n", "4096"][..], &["-n", "16384", "-O", "block-group-tree,^no-holes"][..]] {
+    for args in [
+        &["-n", "4096"][..],
+        &["-n", "16384", "-O", "block-group-tree,^no-holes"][..],
+    ] {
         let mut r = Rig::new(args);
         r.run("writefiles / 300 10-20000\nmkdir /x\nsetxattr /x user.big <1500 x 'q'>\nsubvol-create /sv\nwritefiles /sv 100 100-5000\nsnapshot /sv /snap\nquota-enable\n");
         r.clean("before the balance", true);
         let before = seen(&mut r.fs);
         let meta_chunks = |dev: &Arc<dyn BlockDevice>| -> Vec<u64> {
             let img = Image::open(dev.clone(), OpenOptions::default()).unwrap();
-            img.chunks.iter().filter(|c| c.type_flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) != 0).map(|c| c.logical).collect()
+            img.chunks
+                .iter()
+                .filter(|c| {
+                    c.type_flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) != 0
+                })
+                .map(|c| c.logical)
+                .collect()
         };
         let old = meta_chunks(&r.dev);
         r.run("balance-metadata");
         r.clean("after the balance", true);
         let new = meta_chunks(&r.dev);
-        assert!(old.iter().all(|c| !new.contains(c)), "every metadata chunk moved: {old:?} -> {new:?}");
+        assert!(
+            old.iter().all(|c| !new.contains(c)),
+            "every metadata chunk moved: {old:?} -> {new:?}"
+        );
         assert_eq!(seen(&mut r.fs).diff(&before), Vec::<String>::new());
         r.run("write /x/after 0 5000 1\nremount\n");
         r.clean("after a remount", true);
         let after = seen(&mut r.fs);
-        assert!(after.entries.get("/x/after").is_some_and(|e| e.size == 5000));
+        assert!(after
+            .entries
+            .get("/x/after")
+            .is_some_and(|e| e.size == 5000));
         // Only the new name changed anything (its directory's size).
-        assert_eq!(after.without("/x/after").diff(&before), vec!["differs /x: size 10 vs 0".to_string()]);
+        assert_eq!(
+            after.without("/x/after").diff(&before),
+            vec!["differs /x: size 10 vs 0".to_string()]
+        );
     }
 }
 
@@ -219,8 +290,16 @@ fn nested_subvolume_in_a_snapshot_is_an_empty_directory() {
     r.run("subvol-create /sv\nwrite /sv/f 0 10 1\nsnapshot / /snap\n");
     r.clean("snapshot over a nested subvolume", false);
     let m = seen(&mut r.fs);
-    assert!(m.entries.get("/snap/sv").is_some_and(|e| e.kind == 'd'), "{}", m.render());
-    assert!(!m.entries.contains_key("/snap/sv/f"), "the snapshot shows the nested subvolume's files:\n{}", m.render());
+    assert!(
+        m.entries.get("/snap/sv").is_some_and(|e| e.kind == 'd'),
+        "{}",
+        m.render()
+    );
+    assert!(
+        !m.entries.contains_key("/snap/sv/f"),
+        "the snapshot shows the nested subvolume's files:\n{}",
+        m.render()
+    );
 }
 
 /// quota enable while a deleted snapshot waits for the cleaner: the
@@ -252,6 +331,8 @@ fn quota_enable_with_a_deleted_snapshot_pending() {
 #[ignore = "bug: snapshot while a deleted subvolume awaits the cleaner counts shared extents twice in the new snapshot's qgroup"]
 fn snapshot_while_a_deletion_awaits_the_cleaner() {
     let mut r = Rig::new(&["-n", "4096"]);
-    r.run("writefiles / 100 10-3000\nquota-enable\nsnapshot / /b\nsubvol-delete /b\nsnapshot / /c\n");
+    r.run(
+        "writefiles / 100 10-3000\nquota-enable\nsnapshot / /b\nsubvol-delete /b\nsnapshot / /c\n",
+    );
     r.clean("snapshot after a deletion", true);
 }

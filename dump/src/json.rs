@@ -135,7 +135,11 @@ impl<W: Write> Sink for JsonSink<W> {
     fn event(&mut self, ev: Event<'_>) -> io::Result<()> {
         match ev {
             Event::Section { title, tree, key } => {
-                let t = if key.is_some() { format!("{title} tree") } else { title.to_string() };
+                let t = if key.is_some() {
+                    format!("{title} tree")
+                } else {
+                    title.to_string()
+                };
                 self.open_tree(&t, Some(tree), key)
             }
             Event::Block { node, problems } => {
@@ -149,12 +153,21 @@ impl<W: Write> Sink for JsonSink<W> {
                 self.buf = buf;
                 r
             }
-            Event::Error { message, bytenr, key } => {
+            Event::Error {
+                message,
+                bytenr,
+                key,
+            } => {
                 self.damaged += 1;
-                let v = json!({"error": message, "bytenr": bytenr, "key": key.map(|k| key_json(&k))});
+                let v =
+                    json!({"error": message, "bytenr": bytenr, "key": key.map(|k| key_json(&k))});
                 self.entry(&v)
             }
-            Event::Totals { total_bytes, bytes_used, .. } => {
+            Event::Totals {
+                total_bytes,
+                bytes_used,
+                ..
+            } => {
                 self.totals = Some((total_bytes, bytes_used));
                 Ok(())
             }
@@ -326,7 +339,13 @@ impl<'a> Obj<'a> {
 }
 
 /// One block as a JSON object, appended to `o`.
-pub fn block_json(o: &mut Vec<u8>, node: &Node, problems: &[btrkit_core::tree::Problem], csum_size: usize, sectorsize: u32) {
+pub fn block_json(
+    o: &mut Vec<u8>,
+    node: &Node,
+    problems: &[btrkit_core::tree::Problem],
+    csum_size: usize,
+    sectorsize: u32,
+) {
     let h = node.header();
     let b = node.bytes();
     let free = if h.level == 0 {
@@ -365,13 +384,17 @@ pub fn block_json(o: &mut Vec<u8>, node: &Node, problems: &[btrkit_core::tree::P
         m.f(
             "ptrs",
             &With(|o| {
-                arr(o, (0..node.nr_safe()).filter_map(|slot| node.key_ptr(slot)), |o, p| {
-                    Obj::new(o)
-                        .f("key", &KeyJ(&Key::from(&p.key)))
-                        .f("blockptr", &p.blockptr.get())
-                        .f("generation", &p.generation.get())
-                        .end()
-                })
+                arr(
+                    o,
+                    (0..node.nr_safe()).filter_map(|slot| node.key_ptr(slot)),
+                    |o, p| {
+                        Obj::new(o)
+                            .f("key", &KeyJ(&Key::from(&p.key)))
+                            .f("blockptr", &p.blockptr.get())
+                            .f("generation", &p.generation.get())
+                            .end()
+                    },
+                )
             }),
         );
     } else {
@@ -431,7 +454,14 @@ fn balance_args(a: &DiskBalanceArgs) -> impl J + '_ {
     })
 }
 
-fn body_json(o: &mut Vec<u8>, key: &Key, body: &ItemBody<'_>, raw: &[u8], csum_size: usize, sectorsize: u32) {
+fn body_json(
+    o: &mut Vec<u8>,
+    key: &Key,
+    body: &ItemBody<'_>,
+    raw: &[u8],
+    csum_size: usize,
+    sectorsize: u32,
+) {
     let mut m = Obj::new(o);
     match body {
         ItemBody::InodeItem(ii) => {
@@ -457,14 +487,27 @@ fn body_json(o: &mut Vec<u8>, key: &Key, body: &ItemBody<'_>, raw: &[u8], csum_s
         ItemBody::InodeRef(v) => {
             m.f("kind", "inode_ref").f(
                 "refs",
-                &With(|o| arr(o, v.iter(), |o, r| Obj::new(o).f("index", &r.index).f("name", &Lossy(r.name)).end())),
+                &With(|o| {
+                    arr(o, v.iter(), |o, r| {
+                        Obj::new(o)
+                            .f("index", &r.index)
+                            .f("name", &Lossy(r.name))
+                            .end()
+                    })
+                }),
             );
         }
         ItemBody::InodeExtref(v) => {
             m.f("kind", "inode_extref").f(
                 "refs",
                 &With(|o| {
-                    arr(o, v.iter(), |o, r| Obj::new(o).f("index", &r.index).f("parent", &r.parent).f("name", &Lossy(r.name)).end())
+                    arr(o, v.iter(), |o, r| {
+                        Obj::new(o)
+                            .f("index", &r.index)
+                            .f("parent", &r.parent)
+                            .f("name", &Lossy(r.name))
+                            .end()
+                    })
                 }),
             );
         }
@@ -528,7 +571,10 @@ fn body_json(o: &mut Vec<u8>, key: &Key, body: &ItemBody<'_>, raw: &[u8], csum_s
             m.f("kind", "extent_csum")
                 .f("start", &key.offset)
                 .f("length", &(n as u64 * sectorsize as u64))
-                .f("csums", &With(|o| arr(o, d.chunks_exact(cs), |o, c| Hex(c).put(o))));
+                .f(
+                    "csums",
+                    &With(|o| arr(o, d.chunks_exact(cs), |o, c| Hex(c).put(o))),
+                );
         }
         ItemBody::RootItem(ri) => {
             m.f("kind", "root_item")
@@ -559,41 +605,68 @@ fn body_json(o: &mut Vec<u8>, key: &Key, body: &ItemBody<'_>, raw: &[u8], csum_s
             }
         }
         ItemBody::RootRef(r, n) => {
-            m.f("kind", if key.ty == BTRFS_ROOT_REF_KEY { "root_ref" } else { "root_backref" })
-                .f("dirid", &r.dirid.get())
-                .f("sequence", &r.sequence.get())
-                .f("name", &Lossy(n));
+            m.f(
+                "kind",
+                if key.ty == BTRFS_ROOT_REF_KEY {
+                    "root_ref"
+                } else {
+                    "root_backref"
+                },
+            )
+            .f("dirid", &r.dirid.get())
+            .f("sequence", &r.sequence.get())
+            .f("name", &Lossy(n));
         }
         ItemBody::Extent(ev) => {
-            m.f("kind", if key.ty == BTRFS_METADATA_ITEM_KEY { "metadata_item" } else { "extent_item" })
-                .f("refs", &ev.item.refs.get())
-                .f("generation", &ev.item.generation.get())
-                .f("flags", &ev.item.flags.get())
-                .f(
-                    "inline_refs",
-                    &With(|o| {
-                        arr(o, ev.refs.iter(), |o, r| {
-                            let mut e = Obj::new(o);
-                            match *r {
-                                InlineRef::TreeBlock { root } => e.f("type", "tree_block_ref").f("root", &root),
-                                InlineRef::SharedBlock { parent } => e.f("type", "shared_block_ref").f("parent", &parent),
-                                InlineRef::ExtentData { root, objectid, offset, count } => e
-                                    .f("type", "extent_data_ref")
-                                    .f("root", &root)
-                                    .f("objectid", &objectid)
-                                    .f("offset", &offset)
-                                    .f("count", &count),
-                                InlineRef::SharedData { parent, count } => {
-                                    e.f("type", "shared_data_ref").f("parent", &parent).f("count", &count)
-                                }
-                                InlineRef::Owner { root } => e.f("type", "extent_owner_ref").f("root", &root),
-                            };
-                            e.end();
-                        })
-                    }),
-                );
+            m.f(
+                "kind",
+                if key.ty == BTRFS_METADATA_ITEM_KEY {
+                    "metadata_item"
+                } else {
+                    "extent_item"
+                },
+            )
+            .f("refs", &ev.item.refs.get())
+            .f("generation", &ev.item.generation.get())
+            .f("flags", &ev.item.flags.get())
+            .f(
+                "inline_refs",
+                &With(|o| {
+                    arr(o, ev.refs.iter(), |o, r| {
+                        let mut e = Obj::new(o);
+                        match *r {
+                            InlineRef::TreeBlock { root } => {
+                                e.f("type", "tree_block_ref").f("root", &root)
+                            }
+                            InlineRef::SharedBlock { parent } => {
+                                e.f("type", "shared_block_ref").f("parent", &parent)
+                            }
+                            InlineRef::ExtentData {
+                                root,
+                                objectid,
+                                offset,
+                                count,
+                            } => e
+                                .f("type", "extent_data_ref")
+                                .f("root", &root)
+                                .f("objectid", &objectid)
+                                .f("offset", &offset)
+                                .f("count", &count),
+                            InlineRef::SharedData { parent, count } => e
+                                .f("type", "shared_data_ref")
+                                .f("parent", &parent)
+                                .f("count", &count),
+                            InlineRef::Owner { root } => {
+                                e.f("type", "extent_owner_ref").f("root", &root)
+                            }
+                        };
+                        e.end();
+                    })
+                }),
+            );
             if let Some(tb) = ev.tree_block_info {
-                m.f("tree_block_key", &KeyJ(&Key::from(&tb.key))).f("tree_block_level", &tb.level);
+                m.f("tree_block_key", &KeyJ(&Key::from(&tb.key)))
+                    .f("tree_block_level", &tb.level);
             } else if key.ty == BTRFS_METADATA_ITEM_KEY {
                 m.f("tree_block_level", &key.offset);
             }
@@ -625,13 +698,20 @@ fn body_json(o: &mut Vec<u8>, key: &Key, body: &ItemBody<'_>, raw: &[u8], csum_s
                 .f("flags_name", &block_group_flags_str(bg.flags.get()));
         }
         ItemBody::FreeSpaceInfo(fi) => {
-            m.f("kind", "free_space_info").f("extent_count", &fi.extent_count.get()).f("flags", &fi.flags.get());
+            m.f("kind", "free_space_info")
+                .f("extent_count", &fi.extent_count.get())
+                .f("flags", &fi.flags.get());
         }
         ItemBody::FreeSpaceExtent => {
-            m.f("kind", "free_space_extent").f("start", &key.objectid).f("length", &key.offset);
+            m.f("kind", "free_space_extent")
+                .f("start", &key.objectid)
+                .f("length", &key.offset);
         }
         ItemBody::FreeSpaceBitmap(d) => {
-            m.f("kind", "free_space_bitmap").f("start", &key.objectid).f("length", &key.offset).f("bitmap", &Hex(d));
+            m.f("kind", "free_space_bitmap")
+                .f("start", &key.objectid)
+                .f("length", &key.offset)
+                .f("bitmap", &Hex(d));
         }
         ItemBody::DevExtent(de) => {
             m.f("kind", "dev_extent")
@@ -713,12 +793,17 @@ fn body_json(o: &mut Vec<u8>, key: &Key, body: &ItemBody<'_>, raw: &[u8], csum_s
                 .f("rsv_exclusive", &ql.rsv_excl.get());
         }
         ItemBody::QgroupRelation => {
-            m.f("kind", "qgroup_relation").f("src", &qgroupid_str(key.objectid)).f("dst", &qgroupid_str(key.offset));
+            m.f("kind", "qgroup_relation")
+                .f("src", &qgroupid_str(key.objectid))
+                .f("dst", &qgroupid_str(key.offset));
         }
         ItemBody::DevStats(vals) => {
             m.f("kind", "dev_stats");
             for (n, v) in vals.iter().enumerate() {
-                let k = DEV_STAT_NAMES.get(n).map(|s| s.to_string()).unwrap_or_else(|| format!("unknown_{n}"));
+                let k = DEV_STAT_NAMES
+                    .get(n)
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| format!("unknown_{n}"));
                 m.f(&k, v);
             }
         }
@@ -727,12 +812,18 @@ fn body_json(o: &mut Vec<u8>, key: &Key, body: &ItemBody<'_>, raw: &[u8], csum_s
                 .f("src_devid", &r.src_devid.get())
                 .f("cursor_left", &r.cursor_left.get())
                 .f("cursor_right", &r.cursor_right.get())
-                .f("cont_reading_from_srcdev_mode", &r.cont_reading_from_srcdev_mode.get())
+                .f(
+                    "cont_reading_from_srcdev_mode",
+                    &r.cont_reading_from_srcdev_mode.get(),
+                )
                 .f("replace_state", &r.replace_state.get())
                 .f("time_started", &r.time_started.get())
                 .f("time_stopped", &r.time_stopped.get())
                 .f("num_write_errors", &r.num_write_errors.get())
-                .f("num_uncorrectable_read_errors", &r.num_uncorrectable_read_errors.get());
+                .f(
+                    "num_uncorrectable_read_errors",
+                    &r.num_uncorrectable_read_errors.get(),
+                );
         }
         ItemBody::Balance(b) => {
             m.f("kind", "balance")
@@ -742,7 +833,10 @@ fn body_json(o: &mut Vec<u8>, key: &Key, body: &ItemBody<'_>, raw: &[u8], csum_s
                 .f("sys", &balance_args(&b.sys));
         }
         ItemBody::VerityDesc(d, rest) => {
-            m.f("kind", "verity_desc").f("size", &d.size.get()).f("encryption", &d.encryption).f("data", &Hex(rest));
+            m.f("kind", "verity_desc")
+                .f("size", &d.size.get())
+                .f("encryption", &d.encryption)
+                .f("data", &Hex(rest));
         }
         ItemBody::VerityMerkle(d) => {
             m.f("kind", "verity_merkle").f("data", &Hex(d));

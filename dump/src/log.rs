@@ -5,8 +5,8 @@
 use btrkit_core::format::names::{key_string, objectid_name};
 use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::log::inspect::{
-    inspect_log, DirEntryKind, DirLogKind, ExtentKind, LogDump, LogProblem, LoggedExtent, LoggedInode, NameKind, OtherItem,
-    SubvolLog, Time, TreeInfo,
+    inspect_log, DirEntryKind, DirLogKind, ExtentKind, LogDump, LogProblem, LoggedExtent,
+    LoggedInode, NameKind, OtherItem, SubvolLog, Time, TreeInfo,
 };
 use comfy_table::{presets, Cell, Table};
 use serde::Serialize;
@@ -15,10 +15,12 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
-#[command(after_help = "Prints `(no log)` (JSON: {\"log\": null}) when the superblock has no log root.\n\
+#[command(
+    after_help = "Prints `(no log)` (JSON: {\"log\": null}) when the superblock has no log root.\n\
 Exit status: 0 when the log (or its absence) was read cleanly, 1 when a log block or item is \
 damaged (everything still readable is printed) or the image cannot be opened.\n\nExamples:\n  \
-btrkit-dump log crash.img\n  btrkit-dump log crash.img --json")]
+btrkit-dump log crash.img\n  btrkit-dump log crash.img --json"
+)]
 pub struct Args {
     /// The image file or block device.
     pub image: PathBuf,
@@ -33,11 +35,19 @@ struct JsonOut<'a> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let img = match Image::open_path(&a.image, OpenOptions { lenient: true, ..Default::default() }) {
+    let img = match Image::open_path(
+        &a.image,
+        OpenOptions {
+            lenient: true,
+            ..Default::default()
+        },
+    ) {
         Ok(i) => i,
         // I/O errors already name the path.
         Err(e @ btrkit_core::Error::Io { .. }) => return Err(e.into()),
-        Err(e) => return Err(anyhow::Error::new(e).context(format!("cannot open {}", a.image.display()))),
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!("cannot open {}", a.image.display())))
+        }
     };
     let dump = inspect_log(&img);
     let stdout = std::io::stdout();
@@ -54,7 +64,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     out.flush()?;
     match &dump {
         Some(d) if d.is_damaged() => {
-            eprintln!("btrkit-dump: the log is damaged: {} problem(s), see the output", d.problem_count());
+            eprintln!(
+                "btrkit-dump: the log is damaged: {} problem(s), see the output",
+                d.problem_count()
+            );
             Ok(1)
         }
         _ => Ok(0),
@@ -68,7 +81,10 @@ fn table() -> Table {
 }
 
 fn tree_line(t: &TreeInfo) -> String {
-    let mut s = format!("bytenr {} level {} generation {}", t.bytenr, t.level, t.generation);
+    let mut s = format!(
+        "bytenr {} level {} generation {}",
+        t.bytenr, t.level, t.generation
+    );
     match t.block_generation {
         Some(g) if g != t.generation => {
             let _ = write!(s, " (root block says {g})");
@@ -76,7 +92,14 @@ fn tree_line(t: &TreeInfo) -> String {
         Some(_) => {}
         None => s.push_str(" (root block unreadable)"),
     }
-    let _ = write!(s, ", {} block{}, {} item{}", t.blocks, plural(t.blocks), t.items, plural(t.items));
+    let _ = write!(
+        s,
+        ", {} block{}, {} item{}",
+        t.blocks,
+        plural(t.blocks),
+        t.items,
+        plural(t.items)
+    );
     s
 }
 
@@ -100,7 +123,12 @@ fn render(d: &LogDump) -> String {
     if d.log_root_transid != 0 {
         let _ = writeln!(o, "log_root_transid (deprecated) {}", d.log_root_transid);
     }
-    let _ = writeln!(o, "{} subvolume log{}", d.subvols.len(), plural(d.subvols.len()));
+    let _ = writeln!(
+        o,
+        "{} subvolume log{}",
+        d.subvols.len(),
+        plural(d.subvols.len())
+    );
     if !d.other.is_empty() {
         o.push_str("\nother items in the log root tree\n");
         o.push_str(&other_table(&d.other));
@@ -143,11 +171,21 @@ fn render_subvol(o: &mut String, s: &SubvolLog) {
     }
     if !s.csums.is_empty() {
         let total: u64 = s.csums.iter().map(|c| c.len).sum();
-        let _ = writeln!(o, "\ndata checksums: {} item{}, {total} bytes of data", s.csums.len(), plural(s.csums.len()));
+        let _ = writeln!(
+            o,
+            "\ndata checksums: {} item{}, {total} bytes of data",
+            s.csums.len(),
+            plural(s.csums.len())
+        );
         let mut t = table();
         t.set_header(vec!["disk start", "disk end", "length", "csums"]);
         for c in &s.csums {
-            t.add_row(vec![c.start.to_string(), (c.start.saturating_add(c.len)).to_string(), c.len.to_string(), c.csums.to_string()]);
+            t.add_row(vec![
+                c.start.to_string(),
+                (c.start.saturating_add(c.len)).to_string(),
+                c.len.to_string(),
+                c.csums.to_string(),
+            ]);
         }
         let _ = writeln!(o, "{t}");
     }
@@ -164,13 +202,21 @@ fn render_subvol(o: &mut String, s: &SubvolLog) {
 }
 
 fn render_inode(o: &mut String, i: &LoggedInode) {
-    let kind = i.inode.as_ref().map(|s| s.kind).unwrap_or("no inode item logged");
+    let kind = i
+        .inode
+        .as_ref()
+        .map(|s| s.kind)
+        .unwrap_or("no inode item logged");
     let path = i.path.as_deref().unwrap_or("(no name)");
     let _ = writeln!(o, "inode {}  {path}  ({kind})", i.ino);
     let mut t = table();
     t.set_header(vec!["item", "key offset", "details"]);
     if let Some(s) = &i.inode {
-        let flags = if s.flag_names.is_empty() { "none".to_string() } else { s.flag_names.join("|") };
+        let flags = if s.flag_names.is_empty() {
+            "none".to_string()
+        } else {
+            s.flag_names.join("|")
+        };
         let mut d = format!(
             "mode {:o} size {} nbytes {} nlink {} uid {} gid {}\ngeneration {} transid {} sequence {} flags 0x{:x} ({flags})",
             s.mode, s.size, s.nbytes, s.nlink, s.uid, s.gid, s.generation, s.transid, s.sequence, s.flags
@@ -178,28 +224,49 @@ fn render_inode(o: &mut String, i: &LoggedInode) {
         if s.rdev != 0 {
             let _ = write!(d, " rdev {}", s.rdev);
         }
-        for (n, tm) in [("atime", &s.atime), ("ctime", &s.ctime), ("mtime", &s.mtime), ("otime", &s.otime)] {
+        for (n, tm) in [
+            ("atime", &s.atime),
+            ("ctime", &s.ctime),
+            ("mtime", &s.mtime),
+            ("otime", &s.otime),
+        ] {
             let _ = write!(d, "\n{n} {}", time_str(tm));
         }
         t.add_row(vec![Cell::new("INODE_ITEM"), Cell::new("0"), Cell::new(d)]);
     }
     if i.orphan {
-        t.add_row(vec!["ORPHAN_ITEM", "", "orphan: no links left; replay deletes the inode"]);
+        t.add_row(vec![
+            "ORPHAN_ITEM",
+            "",
+            "orphan: no links left; replay deletes the inode",
+        ]);
     }
     for n in &i.names {
         let (ty, off) = match n.kind {
             NameKind::Ref => ("INODE_REF", n.parent.to_string()),
             NameKind::Extref => ("INODE_EXTREF", "(hash)".to_string()),
         };
-        t.add_row(vec![ty.to_string(), off, format!("\"{}\" in dir {} index {}", n.name, n.parent, n.index)]);
+        t.add_row(vec![
+            ty.to_string(),
+            off,
+            format!("\"{}\" in dir {} index {}", n.name, n.parent, n.index),
+        ]);
     }
     for r in &i.dir_log_ranges {
         let ty = match r.kind {
             DirLogKind::DirLogItem => "DIR_LOG_ITEM",
             DirLogKind::DirLogIndex => "DIR_LOG_INDEX",
         };
-        let end = if r.end == u64::MAX { "-1 (end)".to_string() } else { r.end.to_string() };
-        t.add_row(vec![ty.to_string(), r.start.to_string(), format!("logged range {} .. {end}", r.start)]);
+        let end = if r.end == u64::MAX {
+            "-1 (end)".to_string()
+        } else {
+            r.end.to_string()
+        };
+        t.add_row(vec![
+            ty.to_string(),
+            r.start.to_string(),
+            format!("logged range {} .. {end}", r.start),
+        ]);
     }
     for e in &i.dir_entries {
         let ty = match e.kind {
@@ -209,33 +276,66 @@ fn render_inode(o: &mut String, i: &LoggedInode) {
         t.add_row(vec![
             ty.to_string(),
             e.key_offset.to_string(),
-            format!("\"{}\" -> {} {} transid {}", e.name, key_string(&e.location), e.type_name, e.transid),
+            format!(
+                "\"{}\" -> {} {} transid {}",
+                e.name,
+                key_string(&e.location),
+                e.type_name,
+                e.transid
+            ),
         ]);
     }
     for x in &i.xattrs {
-        t.add_row(vec!["XATTR_ITEM".to_string(), "(hash)".to_string(), format!("{} = {} ({} bytes)", x.name, x.value_preview, x.value_len)]);
+        t.add_row(vec![
+            "XATTR_ITEM".to_string(),
+            "(hash)".to_string(),
+            format!("{} = {} ({} bytes)", x.name, x.value_preview, x.value_len),
+        ]);
     }
     for e in &i.extents {
-        t.add_row(vec!["EXTENT_DATA".to_string(), e.file_offset.to_string(), extent_str(e)]);
+        t.add_row(vec![
+            "EXTENT_DATA".to_string(),
+            e.file_offset.to_string(),
+            extent_str(e),
+        ]);
     }
     for x in &i.other {
-        t.add_row(vec![x.type_name.clone(), x.key.offset.to_string(), other_str(x)]);
+        t.add_row(vec![
+            x.type_name.clone(),
+            x.key.offset.to_string(),
+            other_str(x),
+        ]);
     }
     let _ = writeln!(o, "{t}");
 }
 
 fn extent_str(e: &LoggedExtent) -> String {
     let mut s = match e.kind {
-        ExtentKind::Inline => format!("inline {} bytes, ram {}", e.inline_len.unwrap_or(0), e.ram_bytes),
+        ExtentKind::Inline => format!(
+            "inline {} bytes, ram {}",
+            e.inline_len.unwrap_or(0),
+            e.ram_bytes
+        ),
         ExtentKind::Regular | ExtentKind::Prealloc => {
-            let what = if e.kind == ExtentKind::Prealloc { "prealloc" } else { "regular" };
-            let (db, dn, off, n) =
-                (e.disk_bytenr.unwrap_or(0), e.disk_num_bytes.unwrap_or(0), e.offset.unwrap_or(0), e.num_bytes.unwrap_or(0));
+            let what = if e.kind == ExtentKind::Prealloc {
+                "prealloc"
+            } else {
+                "regular"
+            };
+            let (db, dn, off, n) = (
+                e.disk_bytenr.unwrap_or(0),
+                e.disk_num_bytes.unwrap_or(0),
+                e.offset.unwrap_or(0),
+                e.num_bytes.unwrap_or(0),
+            );
             let range = format!("[{}, {})", e.file_offset, e.file_offset.saturating_add(n));
             if db == 0 {
                 format!("{what} hole {range}, ram {}", e.ram_bytes)
             } else {
-                format!("{what} {range}: disk {db} len {dn} offset {off}, ram {}", e.ram_bytes)
+                format!(
+                    "{what} {range}: disk {db} len {dn} offset {off}, ram {}",
+                    e.ram_bytes
+                )
             }
         }
     };
@@ -248,7 +348,11 @@ fn extent_str(e: &LoggedExtent) -> String {
         }
     }
     if e.encryption != 0 || e.other_encoding != 0 {
-        let _ = write!(s, ", encryption {} other_encoding {}", e.encryption, e.other_encoding);
+        let _ = write!(
+            s,
+            ", encryption {} other_encoding {}",
+            e.encryption, e.other_encoding
+        );
     }
     let _ = write!(s, ", gen {}", e.generation);
     s
@@ -265,7 +369,14 @@ fn other_table(v: &[OtherItem]) -> String {
     let mut t = table();
     t.set_header(vec!["key", "size", "note"]);
     for x in v {
-        t.add_row(vec![key_string(&x.key), x.size.to_string(), x.error.clone().map(|e| format!("DAMAGED: {e}")).unwrap_or_default()]);
+        t.add_row(vec![
+            key_string(&x.key),
+            x.size.to_string(),
+            x.error
+                .clone()
+                .map(|e| format!("DAMAGED: {e}"))
+                .unwrap_or_default(),
+        ]);
     }
     format!("{t}")
 }
@@ -274,7 +385,11 @@ fn problem_table(v: &[LogProblem]) -> String {
     let mut t = table();
     t.set_header(vec!["block", "key", "problem"]);
     for p in v {
-        t.add_row(vec![p.bytenr.to_string(), p.key.as_ref().map(key_string).unwrap_or_default(), p.message.clone()]);
+        t.add_row(vec![
+            p.bytenr.to_string(),
+            p.key.as_ref().map(key_string).unwrap_or_default(),
+            p.message.clone(),
+        ]);
     }
     format!("{t}")
 }
@@ -284,7 +399,14 @@ fn time_str(t: &Time) -> String {
     let days = t.sec.div_euclid(86400);
     let secs = t.sec.rem_euclid(86400);
     let (y, m, d) = civil_from_days(days);
-    format!("{}.{:09} ({y:04}-{m:02}-{d:02} {:02}:{:02}:{:02})", t.sec, t.nsec, secs / 3600, secs / 60 % 60, secs % 60)
+    format!(
+        "{}.{:09} ({y:04}-{m:02}-{d:02} {:02}:{:02}:{:02})",
+        t.sec,
+        t.nsec,
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
 }
 
 /// Proleptic Gregorian date of a day count from 1970-01-01.
@@ -310,6 +432,12 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
         assert_eq!(civil_from_days(-1), (1969, 12, 31));
-        assert_eq!(time_str(&Time { sec: 1796023614, nsec: 823479627 }), "1796023614.823479627 (2026-11-30 07:26:54)");
+        assert_eq!(
+            time_str(&Time {
+                sec: 1796023614,
+                nsec: 823479627
+            }),
+            "1796023614.823479627 (2026-11-30 07:26:54)"
+        );
     }
 }

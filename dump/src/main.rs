@@ -11,7 +11,6 @@ mod tree;
 
 use clap::{Parser, Subcommand};
 
-
 #[derive(Parser)]
 #[command(
     name = "btrkit-dump",
@@ -45,7 +44,10 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             // One line: the chain of causes joined, never a backtrace.
-            eprintln!("btrkit-dump: error: {}", format!("{e:#}").replace('\n', " "));
+            eprintln!(
+                "btrkit-dump: error: {}",
+                format!("{e:#}").replace('\n', " ")
+            );
             std::process::exit(1);
         }
     }

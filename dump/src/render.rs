@@ -17,7 +17,9 @@ use btrkit_core::format::chunk::{ChunkItem, Stripe, CHUNK_ITEM_SIZE, STRIPE_SIZE
 use btrkit_core::format::consts::*;
 use btrkit_core::format::dev::{DevExtent, DevItem};
 use btrkit_core::format::dir::{DirItem, DirLogItem};
-use btrkit_core::format::extent::{ExtentDataRef, ExtentInlineRef, ExtentItem, SharedDataRef, TreeBlockInfo};
+use btrkit_core::format::extent::{
+    ExtentDataRef, ExtentInlineRef, ExtentItem, SharedDataRef, TreeBlockInfo,
+};
 use btrkit_core::format::file_extent::{FileExtentItem, FILE_EXTENT_INLINE_DATA_START};
 use btrkit_core::format::free_space::{FreeSpaceHeader, FreeSpaceInfo};
 use btrkit_core::format::header::{HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
@@ -435,7 +437,9 @@ impl Text {
     fn leaf_items(&mut self, node: &Node) {
         let b = node.bytes();
         let data_size = b.len() - HEADER_SIZE;
-        for (slot, it) in (0..node.nr_safe()).filter_map(|slot| node.item(slot).map(|it| (slot, it))) {
+        for (slot, it) in
+            (0..node.nr_safe()).filter_map(|slot| node.item(slot).map(|it| (slot, it)))
+        {
             let key = Key::from(&it.key);
             let (off, size) = (it.offset.get(), it.size.get());
             if off as usize > data_size || off as u64 + size as u64 > data_size as u64 {
@@ -480,7 +484,9 @@ impl Text {
             BTRFS_INODE_ITEM_KEY => self.inode_item(&at(d, 0)),
             BTRFS_INODE_REF_KEY => self.inode_refs(d, size),
             BTRFS_INODE_EXTREF_KEY => self.inode_extrefs(d, size),
-            BTRFS_DIR_ITEM_KEY | BTRFS_DIR_INDEX_KEY | BTRFS_XATTR_ITEM_KEY => self.dir_items(d, size),
+            BTRFS_DIR_ITEM_KEY | BTRFS_DIR_INDEX_KEY | BTRFS_XATTR_ITEM_KEY => {
+                self.dir_items(d, size)
+            }
             BTRFS_DIR_LOG_INDEX_KEY | BTRFS_DIR_LOG_ITEM_KEY => {
                 let dl: DirLogItem = at(d, 0);
                 s(&mut self.out, "\t\tdir log end ");
@@ -554,7 +560,14 @@ impl Text {
                 u(o, st.generation.get());
                 s(o, " flags ");
                 let f = st.flags.get();
-                s(o, if f & BTRFS_QGROUP_STATUS_FLAG_ON != 0 { "ON" } else { "OFF" });
+                s(
+                    o,
+                    if f & BTRFS_QGROUP_STATUS_FLAG_ON != 0 {
+                        "ON"
+                    } else {
+                        "OFF"
+                    },
+                );
                 if f & BTRFS_QGROUP_STATUS_FLAG_RESCAN != 0 {
                     s(o, "|SCANNING");
                 }
@@ -619,7 +632,9 @@ impl Text {
             BTRFS_TEMPORARY_ITEM_KEY => self.temporary(key, d),
             BTRFS_DEV_REPLACE_KEY => self.dev_replace(&at(d, 0)),
             // btrfs 6.2 prints nothing for other types; show the bytes.
-            _ if size > 0 && !(key.ty == 0 && key.objectid == BTRFS_FREE_SPACE_OBJECTID) => self.raw(bytes(d, 0, size)),
+            _ if size > 0 && !(key.ty == 0 && key.objectid == BTRFS_FREE_SPACE_OBJECTID) => {
+                self.raw(bytes(d, 0, size))
+            }
             _ => {}
         }
     }
@@ -775,7 +790,14 @@ impl Text {
         s(o, " flags 0x");
         let flags = ri.flags.get();
         hex(o, flags);
-        s(o, if flags & BTRFS_ROOT_SUBVOL_RDONLY != 0 { "(RDONLY)" } else { "(none)" });
+        s(
+            o,
+            if flags & BTRFS_ROOT_SUBVOL_RDONLY != 0 {
+                "(RDONLY)"
+            } else {
+                "(none)"
+            },
+        );
         s(o, " refs ");
         u(o, ri.refs.get() as u64);
         s(o, "\n\t\tdrop_progress ");
@@ -789,7 +811,11 @@ impl Text {
         u(o, ri.generation_v2.get());
         o.push(b'\n');
         if ri.has_v2() {
-            for (name, id) in [("uuid", &ri.uuid), ("parent_uuid", &ri.parent_uuid), ("received_uuid", &ri.received_uuid)] {
+            for (name, id) in [
+                ("uuid", &ri.uuid),
+                ("parent_uuid", &ri.parent_uuid),
+                ("received_uuid", &ri.received_uuid),
+            ] {
                 s(o, "\t\t");
                 s(o, name);
                 o.push(b' ');
@@ -969,7 +995,10 @@ impl Text {
         );
         if ty == BTRFS_FILE_EXTENT_INLINE {
             s(o, "\t\tinline extent data size ");
-            u(o, (size as u32).wrapping_sub(FILE_EXTENT_INLINE_DATA_START as u32) as u64);
+            u(
+                o,
+                (size as u32).wrapping_sub(FILE_EXTENT_INLINE_DATA_START as u32) as u64,
+            );
             s(o, " ram_bytes ");
             u(o, fe.ram_bytes.get());
             s(o, " compression ");
@@ -977,7 +1006,11 @@ impl Text {
             o.push(b'\n');
             return;
         }
-        let word = if ty == BTRFS_FILE_EXTENT_PREALLOC { "\t\tprealloc" } else { "\t\textent" };
+        let word = if ty == BTRFS_FILE_EXTENT_PREALLOC {
+            "\t\tprealloc"
+        } else {
+            "\t\textent"
+        };
         s(o, word);
         s(o, " data disk byte ");
         u(o, fe.disk_bytenr.get());
@@ -1194,7 +1227,10 @@ impl Text {
         s(o, " uncorrectable read errors ");
         u(o, r.num_uncorrectable_read_errors.get());
         o.push(b'\n');
-        for (name, t) in [("\t\tstart time ", r.time_started.get()), ("\t\tstop time ", r.time_stopped.get())] {
+        for (name, t) in [
+            ("\t\tstart time ", r.time_started.get()),
+            ("\t\tstop time ", r.time_stopped.get()),
+        ] {
             s(&mut self.out, name);
             u(&mut self.out, t);
             s(&mut self.out, " (");
@@ -1226,7 +1262,10 @@ pub fn leaf_free_space(node: &Node) -> i32 {
         return data_size;
     }
     // Offset and size of an item header (zero where there is none).
-    let item = |slot: usize| node.item(slot).map_or((0, 0), |it| (it.offset.get(), it.size.get()));
+    let item = |slot: usize| {
+        node.item(slot)
+            .map_or((0, 0), |it| (it.offset.get(), it.size.get()))
+    };
     let first = item(0);
     let last = item(nr.min(node.nr_safe()).saturating_sub(1));
     let used = (first.0.wrapping_add(first.1) as i32)
@@ -1380,8 +1419,20 @@ mod tests {
         hex(&mut o, 0x1f);
         o.push(b' ');
         oct(&mut o, 0o100644);
-        assert_eq!(std::str::from_utf8(&o).unwrap(), "0 18446744073709551615 -5 1f 100644");
-        for v in [1u64, 9, 10, 99, 100, 12345, 9_999_999_999, 10_000_000_000_000_000_000] {
+        assert_eq!(
+            std::str::from_utf8(&o).unwrap(),
+            "0 18446744073709551615 -5 1f 100644"
+        );
+        for v in [
+            1u64,
+            9,
+            10,
+            99,
+            100,
+            12345,
+            9_999_999_999,
+            10_000_000_000_000_000_000,
+        ] {
             let mut o = Vec::new();
             u(&mut o, v);
             assert_eq!(std::str::from_utf8(&o).unwrap(), v.to_string());
@@ -1434,7 +1485,11 @@ mod tests {
         d.extend_from_slice(&30408704u64.to_le_bytes());
         d.extend_from_slice(&1u32.to_le_bytes());
         let mut t = text();
-        t.item(&Key::new(13631488, BTRFS_EXTENT_ITEM_KEY, 4096), &d, d.len());
+        t.item(
+            &Key::new(13631488, BTRFS_EXTENT_ITEM_KEY, 4096),
+            &d,
+            d.len(),
+        );
         assert_eq!(
             out(&t),
             "\t\trefs 2 gen 9 flags DATA\n\
@@ -1505,7 +1560,26 @@ mod tests {
 
     #[test]
     fn keys_agree_with_names_write_key() {
-        let ids = [0u64, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 255, 256, 257, 1 << 20, u64::MAX, u64::MAX - 8, u64::MAX - 10];
+        let ids = [
+            0u64,
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+            7,
+            9,
+            10,
+            11,
+            255,
+            256,
+            257,
+            1 << 20,
+            u64::MAX,
+            u64::MAX - 8,
+            u64::MAX - 10,
+        ];
         let offs = [0u64, 1, 5, 256, 1 << 48 | 5, u64::MAX, u64::MAX - 8];
         for &id in &ids {
             for ty in 0..=255u8 {
@@ -1513,7 +1587,11 @@ mod tests {
                     let k = Key::new(id, ty, off);
                     let mut t = text();
                     t.key(&k);
-                    assert_eq!(out(&t), format!("key {}", btrkit_core::format::names::key_string(&k)), "{k:?}");
+                    assert_eq!(
+                        out(&t),
+                        format!("key {}", btrkit_core::format::names::key_string(&k)),
+                        "{k:?}"
+                    );
                 }
             }
             let mut t = text();
@@ -1566,7 +1644,10 @@ mod tests {
         let s = out(&t);
         let lines: Vec<&str> = s.lines().collect();
         assert_eq!(lines[0], "\t\tgeneration 6 transid 7 size 4096 nbytes 0");
-        assert_eq!(lines[1], "\t\tblock group 0 mode 100644 links 1 uid 0 gid 0 rdev 0");
+        assert_eq!(
+            lines[1],
+            "\t\tblock group 0 mode 100644 links 1 uid 0 gid 0 rdev 0"
+        );
         assert_eq!(lines[2], "\t\tsequence 0 flags 0x11(NODATASUM|PREALLOC)");
         assert!(lines[3].starts_with("\t\tatime 0.17 ("), "{}", lines[3]);
         assert!(lines[6].starts_with("\t\totime 0.0 ("));
@@ -1596,7 +1677,8 @@ mod tests {
         d[0..8].copy_from_slice(&(8u64 << 20).to_le_bytes());
         d[8] = 2;
         d[16..24].copy_from_slice(&65536u64.to_le_bytes());
-        d[24..32].copy_from_slice(&(BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP).to_le_bytes());
+        d[24..32]
+            .copy_from_slice(&(BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP).to_le_bytes());
         d[41] = 0x10; // sector_size 4096
         d[44] = 2;
         d[48] = 1;
@@ -1626,6 +1708,9 @@ mod tests {
         bg_flags(&mut o, BTRFS_BLOCK_GROUP_DATA);
         o.push(b' ');
         bg_flags(&mut o, BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_METADATA);
-        assert_eq!(std::str::from_utf8(&o).unwrap(), "METADATA|DUP DATA|single DATA|METADATA|single");
+        assert_eq!(
+            std::str::from_utf8(&o).unwrap(),
+            "METADATA|DUP DATA|single DATA|METADATA|single"
+        );
     }
 }

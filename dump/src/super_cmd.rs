@@ -18,10 +18,12 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
-#[command(after_help = "Exit status: 0 when every copy printed is valid (magic, checksum, bytenr), \
+#[command(
+    after_help = "Exit status: 0 when every copy printed is valid (magic, checksum, bytenr), \
 1 when one is damaged or the image cannot be read. Copies beyond the end of the image are \
 reported as absent, which is not an error.\n\nExamples:\n  btrkit-dump super disk.img\n  \
-btrkit-dump super disk.img --all-mirrors\n  btrkit-dump super disk.img --mirror 1 --json")]
+btrkit-dump super disk.img --all-mirrors\n  btrkit-dump super disk.img --mirror 1 --json"
+)]
 pub struct Args {
     /// The image file or block device.
     pub image: PathBuf,
@@ -39,26 +41,46 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<i32> {
     // The device error already names the path.
     let dev = FileDevice::open_mmap(&a.image)?;
-    let mirrors: Vec<usize> = if a.all_mirrors { (0..BTRFS_SUPER_MIRROR_MAX).collect() } else { vec![a.mirror as usize] };
+    let mirrors: Vec<usize> = if a.all_mirrors {
+        (0..BTRFS_SUPER_MIRROR_MAX).collect()
+    } else {
+        vec![a.mirror as usize]
+    };
     let copies: Vec<CopyReport> = mirrors.iter().map(|&m| read_copy(&dev, m)).collect();
     let damaged = copies.iter().any(|c| c.present && !c.valid);
     let damage_line = copies.iter().find(|c| c.present && !c.valid).map(|c| {
         let no_magic = c.status.as_ref().is_some_and(|s| !s.magic_ok);
-        let what = if c.all_zero { "all 4096 bytes are zero".to_string() } else { c.defects.join(", ") };
+        let what = if c.all_zero {
+            "all 4096 bytes are zero".to_string()
+        } else {
+            c.defects.join(", ")
+        };
         format!(
             "{}superblock copy {} at byte {} is invalid: {what}",
-            if no_magic && c.mirror == 0 { "not a btrfs image: " } else { "" },
+            if no_magic && c.mirror == 0 {
+                "not a btrfs image: "
+            } else {
+                ""
+            },
             c.mirror,
             c.offset
         )
     });
     // Asking for one copy that the image cannot hold is a usage error.
-    let absent_error = if a.all_mirrors { None } else { copies.iter().find(|c| !c.present).map(|c| c.error.clone()) };
+    let absent_error = if a.all_mirrors {
+        None
+    } else {
+        copies.iter().find(|c| !c.present).map(|c| c.error.clone())
+    };
 
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     if a.json {
-        let report = Report { image: a.image.display().to_string(), image_size: dev.size(), superblocks: copies };
+        let report = Report {
+            image: a.image.display().to_string(),
+            image_size: dev.size(),
+            superblocks: copies,
+        };
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;
     } else {
@@ -134,7 +156,10 @@ fn read_copy(dev: &dyn BlockDevice, mirror: usize) -> CopyReport {
         error: Some(error),
     };
     if dev.size() < offset + BTRFS_SUPER_INFO_SIZE as u64 {
-        return absent(format!("the image ({} bytes) ends before copy {mirror} at byte {offset}", dev.size()));
+        return absent(format!(
+            "the image ({} bytes) ends before copy {mirror} at byte {offset}",
+            dev.size()
+        ));
     }
     match read_superblock_raw(dev, mirror) {
         Ok((sb, st)) => CopyReport {
@@ -329,15 +354,38 @@ fn csum_type_name(t: u16) -> &'static str {
 
 fn label_text(sb: &Superblock) -> String {
     // As dump-super: up to the first NUL, unprintable bytes as '.'.
-    sb.label.iter().take_while(|&&b| b != 0).map(|&b| if (0x20..0x7f).contains(&b) { b as char } else { '.' }).collect()
+    sb.label
+        .iter()
+        .take_while(|&&b| b != 0)
+        .map(|&b| {
+            if (0x20..0x7f).contains(&b) {
+                b as char
+            } else {
+                '.'
+            }
+        })
+        .collect()
 }
 
 fn magic_text(sb: &Superblock) -> String {
-    sb.magic.get().to_le_bytes().iter().map(|&b| if (0x20..0x7f).contains(&b) { b as char } else { '.' }).collect()
+    sb.magic
+        .get()
+        .to_le_bytes()
+        .iter()
+        .map(|&b| {
+            if (0x20..0x7f).contains(&b) {
+                b as char
+            } else {
+                '.'
+            }
+        })
+        .collect()
 }
 
 fn csum_size_of(sb: &Superblock) -> usize {
-    btrkit_core::csum::CsumType::from_disk(sb.csum_type.get()).map(|t| t.size()).unwrap_or(BTRFS_CSUM_SIZE)
+    btrkit_core::csum::CsumType::from_disk(sb.csum_type.get())
+        .map(|t| t.size())
+        .unwrap_or(BTRFS_CSUM_SIZE)
 }
 
 fn dev_fsid_match(sb: &Superblock) -> bool {
@@ -411,7 +459,12 @@ fn super_json(sb: &Superblock) -> SuperJson {
             items: entries.iter().map(sys_chunk_json).collect(),
             error: err.map(|e| e.to_string()),
         },
-        backup_roots: sb.super_roots.iter().enumerate().map(|(i, b)| backup_json(i, b)).collect(),
+        backup_roots: sb
+            .super_roots
+            .iter()
+            .enumerate()
+            .map(|(i, b)| backup_json(i, b))
+            .collect(),
         padding_nonzero: sb.padding.iter().filter(|&&b| b != 0).count(),
     }
 }
@@ -436,17 +489,33 @@ fn sys_chunk_json(e: &SysChunkEntry) -> SysChunkJson {
 }
 
 fn stripe_json(s: &Stripe) -> StripeJson {
-    StripeJson { devid: s.devid.get(), offset: s.offset.get(), dev_uuid: uuid_str(&s.dev_uuid) }
+    StripeJson {
+        devid: s.devid.get(),
+        offset: s.offset.get(),
+        dev_uuid: uuid_str(&s.dev_uuid),
+    }
 }
 
 fn backup_json(slot: usize, b: &RootBackup) -> BackupJson {
-    let r = |bytenr: u64, generation: u64, level: u8| TreeRef { bytenr, generation, level };
+    let r = |bytenr: u64, generation: u64, level: u8| TreeRef {
+        bytenr,
+        generation,
+        level,
+    };
     BackupJson {
         slot,
         empty: backup_empty(b),
         tree_root: r(b.tree_root.get(), b.tree_root_gen.get(), b.tree_root_level),
-        chunk_root: r(b.chunk_root.get(), b.chunk_root_gen.get(), b.chunk_root_level),
-        extent_root: r(b.extent_root.get(), b.extent_root_gen.get(), b.extent_root_level),
+        chunk_root: r(
+            b.chunk_root.get(),
+            b.chunk_root_gen.get(),
+            b.chunk_root_level,
+        ),
+        extent_root: r(
+            b.extent_root.get(),
+            b.extent_root_gen.get(),
+            b.extent_root_level,
+        ),
         fs_root: r(b.fs_root.get(), b.fs_root_gen.get(), b.fs_root_level),
         dev_root: r(b.dev_root.get(), b.dev_root_gen.get(), b.dev_root_level),
         csum_root: r(b.csum_root.get(), b.csum_root_gen.get(), b.csum_root_level),
@@ -497,26 +566,55 @@ fn render_copy(c: &CopyReport, device: &str) -> String {
     let mut o = String::new();
     let (Some(sj), Some(st)) = (&c.superblock, &c.status) else {
         let _ = writeln!(o, "superblock: bytenr={}, device={device}", c.offset);
-        let _ = writeln!(o, "---------------------------------------------------------");
-        kv(&mut o, "status", format!("absent: {}", c.error.as_deref().unwrap_or("not readable")));
+        let _ = writeln!(
+            o,
+            "---------------------------------------------------------"
+        );
+        kv(
+            &mut o,
+            "status",
+            format!("absent: {}", c.error.as_deref().unwrap_or("not readable")),
+        );
         o.push('\n');
         return o;
     };
     let _ = writeln!(o, "superblock: bytenr={}, device={device}", c.offset);
-    let _ = writeln!(o, "---------------------------------------------------------");
+    let _ = writeln!(
+        o,
+        "---------------------------------------------------------"
+    );
     if c.all_zero {
         // Every field would print as 0; say it once instead.
-        kv(&mut o, "status", format!("INVALID (mirror {}): no superblock, all 4096 bytes are zero", c.mirror));
+        kv(
+            &mut o,
+            "status",
+            format!(
+                "INVALID (mirror {}): no superblock, all 4096 bytes are zero",
+                c.mirror
+            ),
+        );
         o.push('\n');
         return o;
     }
     if c.valid {
         kv(&mut o, "status", format!("valid (mirror {})", c.mirror));
     } else {
-        kv(&mut o, "status", format!("INVALID (mirror {}): {}", c.mirror, c.defects.join(", ")));
+        kv(
+            &mut o,
+            "status",
+            format!("INVALID (mirror {}): {}", c.mirror, c.defects.join(", ")),
+        );
     }
     let known = st.csum_ok.is_some();
-    kv(&mut o, "csum_type", format!("{} ({})", sj.csum_type, if known { sj.csum_type_name } else { "INVALID" }));
+    kv(
+        &mut o,
+        "csum_type",
+        format!(
+            "{} ({})",
+            sj.csum_type,
+            if known { sj.csum_type_name } else { "INVALID" }
+        ),
+    );
     kv(&mut o, "csum_size", sj.csum_size);
     let mark = match (st.csum_ok, &st.computed_csum) {
         (Some(true), _) => "[match]".to_string(),
@@ -524,10 +622,30 @@ fn render_copy(c: &CopyReport, device: &str) -> String {
         _ => "[UNKNOWN CSUM TYPE OR SIZE]".to_string(),
     };
     kv(&mut o, "csum", format!("{} {mark}", sj.csum));
-    kv(&mut o, "bytenr", if st.bytenr_ok { sj.bytenr.to_string() } else { format!("{} [DOES NOT MATCH offset {}]", sj.bytenr, c.offset) });
+    kv(
+        &mut o,
+        "bytenr",
+        if st.bytenr_ok {
+            sj.bytenr.to_string()
+        } else {
+            format!("{} [DOES NOT MATCH offset {}]", sj.bytenr, c.offset)
+        },
+    );
     kv(&mut o, "flags", format!("0x{:x}", sj.flags));
     flag_lines(&mut o, &sj.flag_names);
-    kv(&mut o, "magic", format!("{} {}", sj.magic, if sj.magic_ok { "[match]" } else { "[DON'T MATCH]" }));
+    kv(
+        &mut o,
+        "magic",
+        format!(
+            "{} {}",
+            sj.magic,
+            if sj.magic_ok {
+                "[match]"
+            } else {
+                "[DON'T MATCH]"
+            }
+        ),
+    );
     kv(&mut o, "fsid", &sj.fsid);
     // dump-super prints the uuid tree blocks carry under this name.
     kv(&mut o, "metadata_uuid", &sj.tree_fsid);
@@ -551,15 +669,35 @@ fn render_copy(c: &CopyReport, device: &str) -> String {
     kv(&mut o, "root_dir", sj.root_dir);
     kv(&mut o, "num_devices", sj.num_devices);
     kv(&mut o, "compat_flags", format!("0x{:x}", sj.compat_flags));
-    kv(&mut o, "compat_ro_flags", format!("0x{:x}", sj.compat_ro_flags));
+    kv(
+        &mut o,
+        "compat_ro_flags",
+        format!("0x{:x}", sj.compat_ro_flags),
+    );
     flag_lines(&mut o, &sj.compat_ro_names);
-    kv(&mut o, "incompat_flags", format!("0x{:x}", sj.incompat_flags));
+    kv(
+        &mut o,
+        "incompat_flags",
+        format!("0x{:x}", sj.incompat_flags),
+    );
     flag_lines(&mut o, &sj.incompat_names);
     kv(&mut o, "cache_generation", sj.cache_generation);
     kv(&mut o, "uuid_tree_generation", sj.uuid_tree_generation);
     let d = &sj.dev_item;
     kv(&mut o, "dev_item.uuid", &d.uuid);
-    kv(&mut o, "dev_item.fsid", format!("{} {}", d.fsid, if sj.dev_item_fsid_match { "[match]" } else { "[DON'T MATCH]" }));
+    kv(
+        &mut o,
+        "dev_item.fsid",
+        format!(
+            "{} {}",
+            d.fsid,
+            if sj.dev_item_fsid_match {
+                "[match]"
+            } else {
+                "[DON'T MATCH]"
+            }
+        ),
+    );
     kv(&mut o, "dev_item.type", d.type_);
     kv(&mut o, "dev_item.total_bytes", d.total_bytes);
     kv(&mut o, "dev_item.bytes_used", d.bytes_used);
@@ -580,14 +718,30 @@ fn render_copy(c: &CopyReport, device: &str) -> String {
         kv(&mut o, "reserved (not zero)", words.join(" "));
     }
     if sj.padding_nonzero != 0 {
-        kv(&mut o, "padding (not zero)", format!("{} bytes", sj.padding_nonzero));
+        kv(
+            &mut o,
+            "padding (not zero)",
+            format!("{} bytes", sj.padding_nonzero),
+        );
     }
     let _ = writeln!(o, "sys_chunk_array[{BTRFS_SYSTEM_CHUNK_ARRAY_SIZE}]:");
     for (i, e) in sj.sys_chunk_array.items.iter().enumerate() {
         let _ = writeln!(o, "\titem {i} key {}", key_string(&e.key));
-        let _ = writeln!(o, "\t\tlength {} owner {} stripe_len {} type {}", e.length, e.owner, e.stripe_len, e.type_name);
-        let _ = writeln!(o, "\t\tio_align {} io_width {} sector_size {}", e.io_align, e.io_width, e.sector_size);
-        let _ = writeln!(o, "\t\tnum_stripes {} sub_stripes {}", e.num_stripes, e.sub_stripes);
+        let _ = writeln!(
+            o,
+            "\t\tlength {} owner {} stripe_len {} type {}",
+            e.length, e.owner, e.stripe_len, e.type_name
+        );
+        let _ = writeln!(
+            o,
+            "\t\tio_align {} io_width {} sector_size {}",
+            e.io_align, e.io_width, e.sector_size
+        );
+        let _ = writeln!(
+            o,
+            "\t\tnum_stripes {} sub_stripes {}",
+            e.num_stripes, e.sub_stripes
+        );
         for (j, s) in e.stripes.iter().enumerate() {
             let _ = writeln!(o, "\t\t\tstripe {j} devid {} offset {}", s.devid, s.offset);
             let _ = writeln!(o, "\t\t\tdev_uuid {}", s.dev_uuid);
@@ -605,11 +759,24 @@ fn render_copy(c: &CopyReport, device: &str) -> String {
         }
         let _ = writeln!(o, "\tbackup {}:", b.slot);
         let t = |o: &mut String, name: &str, sep: &str, r: &TreeRef| {
-            let _ = writeln!(o, "\t\t{name}:{sep}{}\tgen: {}\tlevel: {}", r.bytenr, r.generation, r.level);
+            let _ = writeln!(
+                o,
+                "\t\t{name}:{sep}{}\tgen: {}\tlevel: {}",
+                r.bytenr, r.generation, r.level
+            );
         };
         t(&mut o, "backup_tree_root", "\t", &b.tree_root);
         t(&mut o, "backup_chunk_root", "\t", &b.chunk_root);
-        t(&mut o, if v2 { "backup_block_group_root" } else { "backup_extent_root" }, "\t", &b.extent_root);
+        t(
+            &mut o,
+            if v2 {
+                "backup_block_group_root"
+            } else {
+                "backup_extent_root"
+            },
+            "\t",
+            &b.extent_root,
+        );
         t(&mut o, "backup_fs_root", "\t\t", &b.fs_root);
         t(&mut o, "backup_dev_root", "\t", &b.dev_root);
         t(&mut o, "csum_root", "\t", &b.csum_root);
@@ -637,6 +804,9 @@ mod tests {
             s,
             "csum_type\t\t0\nchunk_root_generation\t6\nlog_root_transid (deprecated)\t0\nbytenr\t\t\t65536\ndev_item.total_bytes\t1\n"
         );
-        assert_eq!(uuid_str(&[0xab; 16]), "abababab-abab-abab-abab-abababababab");
+        assert_eq!(
+            uuid_str(&[0xab; 16]),
+            "abababab-abab-abab-abab-abababababab"
+        );
     }
 }

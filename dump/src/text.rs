@@ -66,8 +66,16 @@ impl<W: Write> Sink for TextSink<W> {
                 }
                 t.block(node);
             }
-            Event::Error { message, bytenr, key } => error_line(&mut t.out, message, bytenr, key),
-            Event::Totals { total_bytes, bytes_used, fsid } => {
+            Event::Error {
+                message,
+                bytenr,
+                key,
+            } => error_line(&mut t.out, message, bytenr, key),
+            Event::Totals {
+                total_bytes,
+                bytes_used,
+                fsid,
+            } => {
                 let o = &mut t.out;
                 s(o, "total bytes ");
                 u(o, total_bytes);

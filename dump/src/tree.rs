@@ -21,11 +21,13 @@ use std::io;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
-#[command(after_help = "Examples:\n  btrkit-dump tree disk.img\n  btrkit-dump tree disk.img --tree fs\n  \
+#[command(
+    after_help = "Examples:\n  btrkit-dump tree disk.img\n  btrkit-dump tree disk.img --tree fs\n  \
 btrkit-dump tree disk.img --tree 256\n  btrkit-dump tree disk.img --tree log\n  \
 btrkit-dump tree disk.img --block 30408704 --follow\n  btrkit-dump tree disk.img --json > dump.json\n\n\
 Exit status: 0 when every block read was valid; 1 when a block was damaged (each problem is an\n\
-ERROR: line in the dump, which goes on with the rest) or the image cannot be opened.")]
+ERROR: line in the dump, which goes on with the rest) or the image cannot be opened."
+)]
 pub struct Args {
     /// The image file or block device.
     pub image: PathBuf,
@@ -123,15 +125,29 @@ impl<'a> Dumper<'a> {
         use std::io::IsTerminal;
         let progress = (io::stderr().is_terminal() && !io::stdout().is_terminal()).then(|| {
             let pb = indicatif::ProgressBar::new_spinner();
-            pb.set_style(indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()));
+            pb.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
             pb
         });
-        Dumper { img, sink, dfs, damaged: 0, progress, blocks_read: 0 }
+        Dumper {
+            img,
+            sink,
+            dfs,
+            damaged: 0,
+            progress,
+            blocks_read: 0,
+        }
     }
 
     fn error(&mut self, message: &str, bytenr: Option<u64>, key: Option<Key>) -> io::Result<()> {
         self.damaged += 1;
-        self.sink.event(Event::Error { message, bytenr, key })
+        self.sink.event(Event::Error {
+            message,
+            bytenr,
+            key,
+        })
     }
 
     /// Walk the tree under `start`. `print` sends blocks to the sink; with
@@ -150,16 +166,29 @@ impl<'a> Dumper<'a> {
         mut roots: Option<&mut Vec<FoundRoot>>,
     ) -> io::Result<()> {
         let mut queue = VecDeque::new();
-        queue.push_back(Ptr { bytenr: start, expect, parent: None, hi: None });
+        queue.push_back(Ptr {
+            bytenr: start,
+            expect,
+            parent: None,
+            hi: None,
+        });
         let mut seen = HashSet::new();
         let mut children = Vec::new();
-        while let Some(p) = if self.dfs { queue.pop_back() } else { queue.pop_front() } {
+        while let Some(p) = if self.dfs {
+            queue.pop_back()
+        } else {
+            queue.pop_front()
+        } {
             if !seen.insert(p.bytenr) {
-                let m = format!("referenced a second time in this tree (from block {})", p.parent.unwrap_or(0));
+                let m = format!(
+                    "referenced a second time in this tree (from block {})",
+                    p.parent.unwrap_or(0)
+                );
                 self.error(&m, Some(p.bytenr), p.expect.first_key)?;
                 continue;
             }
-            let (node, problems) = match self.img.read_tree_block_checked(p.bytenr, &p.expect, log) {
+            let (node, problems) = match self.img.read_tree_block_checked(p.bytenr, &p.expect, log)
+            {
                 Ok(x) => x,
                 Err(e) => {
                     let m = match p.parent {
@@ -180,10 +209,17 @@ impl<'a> Dumper<'a> {
                 }
             }
             if print {
-                self.sink.event(Event::Block { node: &node, problems: &problems })?;
+                self.sink.event(Event::Block {
+                    node: &node,
+                    problems: &problems,
+                })?;
             } else {
                 for pr in &problems {
-                    self.sink.event(Event::Error { message: &pr.message, bytenr: Some(pr.bytenr), key: pr.key })?;
+                    self.sink.event(Event::Error {
+                        message: &pr.message,
+                        bytenr: Some(pr.bytenr),
+                        key: pr.key,
+                    })?;
                 }
             }
             if node.is_leaf() {
@@ -199,7 +235,11 @@ impl<'a> Dumper<'a> {
             children.clear();
             let nr = node.nr_safe();
             for slot in 0..nr {
-                let hi = if slot + 1 < nr { node.key(slot + 1) } else { p.hi };
+                let hi = if slot + 1 < nr {
+                    node.key(slot + 1)
+                } else {
+                    p.hi
+                };
                 if let (Some(d), Some(h)) = (drop, hi) {
                     if h <= d {
                         continue;
@@ -243,7 +283,11 @@ impl<'a> Dumper<'a> {
                 Ok(ri) => {
                     let dp = Key::from(&ri.drop_progress);
                     let drop = (dp.objectid != 0).then_some(dp);
-                    out.push(FoundRoot { key, root: tree_root_of(key.objectid, &ri), drop })
+                    out.push(FoundRoot {
+                        key,
+                        root: tree_root_of(key.objectid, &ri),
+                        drop,
+                    })
                 }
                 Err(e) => {
                     let m = format!("root item unreadable, its tree is skipped: {e}");
@@ -255,21 +299,49 @@ impl<'a> Dumper<'a> {
     }
 
     /// Print a whole tree from its root.
-    fn tree(&mut self, root: TreeRoot, drop: Option<Key>, roots: Option<&mut Vec<FoundRoot>>) -> io::Result<()> {
-        self.walk(root.bytenr, expect_root(&root), root.id == BTRFS_TREE_LOG_OBJECTID, true, true, drop, roots)
+    fn tree(
+        &mut self,
+        root: TreeRoot,
+        drop: Option<Key>,
+        roots: Option<&mut Vec<FoundRoot>>,
+    ) -> io::Result<()> {
+        self.walk(
+            root.bytenr,
+            expect_root(&root),
+            root.id == BTRFS_TREE_LOG_OBJECTID,
+            true,
+            true,
+            drop,
+            roots,
+        )
     }
 
     /// The ROOT_ITEMs of `root`, walked without printing (errors still count).
     fn roots_of(&mut self, root: TreeRoot) -> io::Result<Vec<FoundRoot>> {
         let mut v = Vec::new();
-        self.walk(root.bytenr, expect_root(&root), root.id == BTRFS_TREE_LOG_OBJECTID, true, false, None, Some(&mut v))?;
+        self.walk(
+            root.bytenr,
+            expect_root(&root),
+            root.id == BTRFS_TREE_LOG_OBJECTID,
+            true,
+            false,
+            None,
+            Some(&mut v),
+        )?;
         Ok(v)
     }
 
     fn found_trees(&mut self, found: &[FoundRoot], only: Option<u64>) -> io::Result<usize> {
         let mut n = 0;
-        for f in found.iter().filter(|f| only.is_none_or(|id| id == f.key.objectid)) {
-            self.sink.event(Event::Section { title: section_name(f.key.objectid), tree: f.key.objectid, key: Some(f.key) })?;
+        for f in found
+            .iter()
+            .filter(|f| only.is_none_or(|id| id == f.key.objectid))
+        {
+            self.sink.event(Event::Section {
+                title: section_name(f.key.objectid),
+                tree: f.key.objectid,
+                key: Some(f.key),
+            })?;
             self.tree(f.root, f.drop, None)?;
             n += 1;
         }
@@ -278,7 +350,11 @@ impl<'a> Dumper<'a> {
 
     fn totals(&mut self) -> io::Result<()> {
         let sb = &self.img.sb;
-        self.sink.event(Event::Totals { total_bytes: sb.total_bytes.get(), bytes_used: sb.bytes_used.get(), fsid: sb.fsid })
+        self.sink.event(Event::Totals {
+            total_bytes: sb.total_bytes.get(),
+            bytes_used: sb.bytes_used.get(),
+            fsid: sb.fsid,
+        })
     }
 
     /// Everything, in dump-tree's order: root tree, chunk tree, log root
@@ -286,13 +362,25 @@ impl<'a> Dumper<'a> {
     pub fn all(&mut self) -> io::Result<()> {
         let img = self.img;
         let mut found = Vec::new();
-        self.sink.event(Event::Section { title: "root tree", tree: BTRFS_ROOT_TREE_OBJECTID, key: None })?;
+        self.sink.event(Event::Section {
+            title: "root tree",
+            tree: BTRFS_ROOT_TREE_OBJECTID,
+            key: None,
+        })?;
         self.tree(img.root_tree(), None, Some(&mut found))?;
-        self.sink.event(Event::Section { title: "chunk tree", tree: BTRFS_CHUNK_TREE_OBJECTID, key: None })?;
+        self.sink.event(Event::Section {
+            title: "chunk tree",
+            tree: BTRFS_CHUNK_TREE_OBJECTID,
+            key: None,
+        })?;
         self.tree(img.chunk_tree(), None, None)?;
         let mut logs = Vec::new();
         if let Some(lr) = img.log_root_tree() {
-            self.sink.event(Event::Section { title: "log root tree", tree: BTRFS_TREE_LOG_OBJECTID, key: None })?;
+            self.sink.event(Event::Section {
+                title: "log root tree",
+                tree: BTRFS_TREE_LOG_OBJECTID,
+                key: None,
+            })?;
             self.tree(lr, None, Some(&mut logs))?;
         }
         self.found_trees(&found, None)?;
@@ -305,24 +393,44 @@ impl<'a> Dumper<'a> {
         let img = self.img;
         match id {
             BTRFS_ROOT_TREE_OBJECTID => {
-                self.sink.event(Event::Section { title: "root tree", tree: id, key: None })?;
+                self.sink.event(Event::Section {
+                    title: "root tree",
+                    tree: id,
+                    key: None,
+                })?;
                 self.tree(img.root_tree(), None, None)?;
             }
             BTRFS_CHUNK_TREE_OBJECTID => {
-                self.sink.event(Event::Section { title: "chunk tree", tree: id, key: None })?;
+                self.sink.event(Event::Section {
+                    title: "chunk tree",
+                    tree: id,
+                    key: None,
+                })?;
                 self.tree(img.chunk_tree(), None, None)?;
             }
             BTRFS_TREE_LOG_OBJECTID => {
-                let Some(lr) = img.log_root_tree() else { return Ok(false) };
-                self.sink.event(Event::Section { title: "log root tree", tree: id, key: None })?;
+                let Some(lr) = img.log_root_tree() else {
+                    return Ok(false);
+                };
+                self.sink.event(Event::Section {
+                    title: "log root tree",
+                    tree: id,
+                    key: None,
+                })?;
                 let mut logs = Vec::new();
                 self.tree(lr, None, Some(&mut logs))?;
                 self.found_trees(&logs, None)?;
             }
             BTRFS_BLOCK_GROUP_TREE_OBJECTID => {
                 let found = self.roots_of(img.root_tree())?;
-                let Some(f) = found.iter().find(|f| f.key.objectid == id) else { return Ok(false) };
-                self.sink.event(Event::Section { title: "block group tree", tree: id, key: None })?;
+                let Some(f) = found.iter().find(|f| f.key.objectid == id) else {
+                    return Ok(false);
+                };
+                self.sink.event(Event::Section {
+                    title: "block group tree",
+                    tree: id,
+                    key: None,
+                })?;
                 self.tree(f.root, f.drop, None)?;
             }
             _ => {
@@ -352,7 +460,12 @@ impl<'a> Dumper<'a> {
 /// What the root block of a tree must look like. Subvolume trees share
 /// blocks with snapshots, so their owner is only checked to be a subvolume.
 fn expect_root(root: &TreeRoot) -> Expect {
-    Expect { level: Some(root.level), generation: Some(root.generation), owner: Some(root.id), first_key: None }
+    Expect {
+        level: Some(root.level),
+        generation: Some(root.generation),
+        owner: Some(root.id),
+        first_key: None,
+    }
 }
 
 /// A tree id as dump-tree's `-t` takes it: a number, or a name in any case,
@@ -381,15 +494,25 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }),
         None => None,
     };
-    let img = Image::open_path(&a.image, OpenOptions { lenient: true, ..Default::default() })
-        .map_err(|e| anyhow::anyhow!("{}: {e}", a.image.display()))?;
+    let img = Image::open_path(
+        &a.image,
+        OpenOptions {
+            lenient: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {e}", a.image.display()))?;
     for w in &img.open_warnings {
         eprintln!("btrkit-dump: warning: {w}");
     }
     let stdout = io::stdout();
     let lock = stdout.lock();
     let mut sink: Box<dyn Sink> = if a.json {
-        Box::new(JsonSink::new(io::BufWriter::with_capacity(1 << 20, lock), &img, &a.image))
+        Box::new(JsonSink::new(
+            io::BufWriter::with_capacity(1 << 20, lock),
+            &img,
+            &a.image,
+        ))
     } else {
         let mut text = Text::new(img.csum.size(), img.sectorsize);
         text.csum_headers = a.csum_headers;
@@ -420,11 +543,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             anyhow::bail!("{}: no tree {t} in this image", a.image.display());
         }
         // A closed pipe (`| head`) ends the dump quietly.
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(if damaged > 0 { 1 } else { 0 }),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+            return Ok(if damaged > 0 { 1 } else { 0 })
+        }
         Err(e) => return Err(anyhow::anyhow!("writing the dump: {e}")),
     }
     if damaged > 0 {
-        eprintln!("btrkit-dump: {damaged} damaged tree block(s) or references; see the ERROR lines");
+        eprintln!(
+            "btrkit-dump: {damaged} damaged tree block(s) or references; see the ERROR lines"
+        );
         return Ok(1);
     }
     Ok(0)
@@ -445,18 +572,41 @@ mod tests {
         assert_eq!(tree_id("log"), Some(BTRFS_TREE_LOG_OBJECTID));
         assert_eq!(tree_id("checksum"), Some(BTRFS_CSUM_TREE_OBJECTID));
         assert_eq!(tree_id("nonsense"), None);
-        assert_eq!(tree_id("18446744073709551610"), Some(BTRFS_TREE_LOG_OBJECTID));
+        assert_eq!(
+            tree_id("18446744073709551610"),
+            Some(BTRFS_TREE_LOG_OBJECTID)
+        );
         assert_eq!(tree_id("-6"), Some(BTRFS_TREE_LOG_OBJECTID));
     }
 
     #[test]
     fn sections_and_errors_as_text() {
         let mut sink = TextSink::new(Vec::new(), Text::new(4, 4096));
-        sink.event(Event::Section { title: "root tree", tree: 1, key: None }).unwrap();
+        sink.event(Event::Section {
+            title: "root tree",
+            tree: 1,
+            key: None,
+        })
+        .unwrap();
         let k = Key::new(5, BTRFS_ROOT_ITEM_KEY, 0);
-        sink.event(Event::Section { title: section_name(5), tree: 5, key: Some(k) }).unwrap();
-        sink.event(Event::Error { message: "cannot read: bad", bytenr: Some(4096), key: Some(Key::new(256, 1, 0)) }).unwrap();
-        sink.event(Event::Totals { total_bytes: 10, bytes_used: 2, fsid: [0xab; 16] }).unwrap();
+        sink.event(Event::Section {
+            title: section_name(5),
+            tree: 5,
+            key: Some(k),
+        })
+        .unwrap();
+        sink.event(Event::Error {
+            message: "cannot read: bad",
+            bytenr: Some(4096),
+            key: Some(Key::new(256, 1, 0)),
+        })
+        .unwrap();
+        sink.event(Event::Totals {
+            total_bytes: 10,
+            bytes_used: 2,
+            fsid: [0xab; 16],
+        })
+        .unwrap();
         sink.finish().unwrap();
         assert_eq!(
             String::from_utf8(sink.into_inner()).unwrap(),

@@ -17,7 +17,11 @@ fn main() {
     let args = match cli::Args::try_parse() {
         Ok(a) => a,
         Err(e) => {
-            let code = if e.use_stderr() { EXIT_USAGE } else { EXIT_CLEAN };
+            let code = if e.use_stderr() {
+                EXIT_USAGE
+            } else {
+                EXIT_CLEAN
+            };
             let _ = e.print();
             std::process::exit(code);
         }
@@ -55,7 +59,9 @@ fn tune_allocator() {
 fn run(args: &cli::Args) -> anyhow::Result<i32> {
     tune_allocator();
     let bar = progress::Bar::new(args.progress);
-    let opts = btrkit_core::check::CheckOptions { check_data_csum: args.check_data_csum };
+    let opts = btrkit_core::check::CheckOptions {
+        check_data_csum: args.check_data_csum,
+    };
     let report = btrkit_core::check::check_path(&args.image, opts, &bar)?;
     bar.finish();
     if args.json {
@@ -63,5 +69,9 @@ fn run(args: &cli::Args) -> anyhow::Result<i32> {
     } else {
         render::human(&args.image, &report);
     }
-    Ok(if report.is_clean() { EXIT_CLEAN } else { EXIT_ERRORS })
+    Ok(if report.is_clean() {
+        EXIT_CLEAN
+    } else {
+        EXIT_ERRORS
+    })
 }

@@ -14,9 +14,11 @@ impl Bar {
             return Bar { pb: None };
         }
         let pb = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
-        let style = ProgressStyle::with_template("{spinner} phase {prefix}: {msg} [{bar:30}] {pos}/{len} ({elapsed})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> ");
+        let style = ProgressStyle::with_template(
+            "{spinner} phase {prefix}: {msg} [{bar:30}] {pos}/{len} ({elapsed})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
         pb.set_style(style);
         Bar { pb: Some(pb) }
     }

@@ -13,7 +13,11 @@ fn table_width() -> u16 {
     if let Some((w, _)) = terminal_size() {
         return w;
     }
-    std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse::<u16>().ok()).filter(|&w| w >= 40).unwrap_or(120)
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<u16>().ok())
+        .filter(|&w| w >= 40)
+        .unwrap_or(120)
 }
 
 fn terminal_size() -> Option<(u16, u16)> {
@@ -36,12 +40,18 @@ fn new_table(width: u16) -> Table {
 pub fn human(image: &Path, r: &Report) {
     let width = table_width();
     let mut t = new_table(width);
-    t.set_header(vec!["phase", "checks", "checked", "errors", "warnings", "ms"]);
+    t.set_header(vec![
+        "phase", "checks", "checked", "errors", "warnings", "ms",
+    ]);
     for p in &r.phases {
         t.add_row(vec![
             p.phase.to_string(),
             p.name.to_string(),
-            if p.ran { p.checked.to_string() } else { "skipped".into() },
+            if p.ran {
+                p.checked.to_string()
+            } else {
+                "skipped".into()
+            },
             p.errors.to_string(),
             p.warnings.to_string(),
             p.millis.to_string(),
@@ -50,7 +60,9 @@ pub fn human(image: &Path, r: &Report) {
     println!("{t}");
     if !r.findings.is_empty() {
         let mut f = new_table(width);
-        f.set_header(vec!["phase", "severity", "category", "tree", "bytenr", "key", "message"]);
+        f.set_header(vec![
+            "phase", "severity", "category", "tree", "bytenr", "key", "message",
+        ]);
         for x in &r.findings {
             f.add_row(vec![
                 x.phase.to_string(),
@@ -70,8 +82,17 @@ pub fn human(image: &Path, r: &Report) {
     if r.suppressed > 0 {
         println!("{} more findings not listed", r.suppressed);
     }
-    let verdict = if r.errors == 0 { "clean" } else { "errors found" };
-    println!("{}: {verdict} ({} errors, {} warnings)", image.display(), r.errors, r.warnings);
+    let verdict = if r.errors == 0 {
+        "clean"
+    } else {
+        "errors found"
+    };
+    println!(
+        "{}: {verdict} ({} errors, {} warnings)",
+        image.display(),
+        r.errors,
+        r.warnings
+    );
 }
 
 pub fn json(image: &Path, r: &Report) -> anyhow::Result<()> {

@@ -67,8 +67,12 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
         }
         None => (t, 1),
     };
-    let n: u64 = num.trim().parse().with_context(|| format!("size '{s}' is not a number"))?;
-    n.checked_mul(mult).with_context(|| format!("size '{s}' is too large"))
+    let n: u64 = num
+        .trim()
+        .parse()
+        .with_context(|| format!("size '{s}' is not a number"))?;
+    n.checked_mul(mult)
+        .with_context(|| format!("size '{s}' is too large"))
 }
 
 impl Args {
@@ -100,7 +104,8 @@ impl Args {
 
 /// Name of a filesystem already on `path`, if one is recognised.
 pub fn existing_filesystem(path: &Path) -> anyhow::Result<Option<&'static str>> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut buf = vec![0u8; 65536 + 4096];
     let mut n = 0;
     while n < buf.len() {

@@ -15,7 +15,10 @@ fn main() {
     match run(a) {
         Ok(()) => {}
         Err(e) => {
-            eprintln!("btrkit-mkfs: error: {}", format!("{e:#}").replace('\n', " "));
+            eprintln!(
+                "btrkit-mkfs: error: {}",
+                format!("{e:#}").replace('\n', " ")
+            );
             std::process::exit(1);
         }
     }
@@ -30,7 +33,10 @@ fn run(a: args::Args) -> anyhow::Result<()> {
     }
     if exists && !a.force {
         if let Some(what) = args::existing_filesystem(path)? {
-            bail!("{} already contains a {what} filesystem; use -f to overwrite it", path.display());
+            bail!(
+                "{} already contains a {what} filesystem; use -f to overwrite it",
+                path.display()
+            );
         }
     }
     // Scan the source before touching the image: an unreadable entry is
@@ -43,12 +49,17 @@ fn run(a: args::Args) -> anyhow::Result<()> {
         let Some(size) = opts.size else {
             bail!("{} does not exist; give its size with -b", path.display());
         };
-        let f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-        f.set_len(size).with_context(|| format!("cannot size {}", path.display()))?;
+        let f = std::fs::File::create(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        f.set_len(size)
+            .with_context(|| format!("cannot size {}", path.display()))?;
     } else if let Some(size) = opts.size {
         let meta = std::fs::metadata(path)?;
         if meta.is_file() && meta.len() < size {
-            std::fs::OpenOptions::new().write(true).open(path)?.set_len(size)?;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)?
+                .set_len(size)?;
         }
     }
     let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(path, true)?);
@@ -59,17 +70,25 @@ fn run(a: args::Args) -> anyhow::Result<()> {
         // space keeps what was committed.
         staged.publish()?;
         let pb = report::progress_bar(listing.total_bytes);
-        let r = mkfs::rootdir::populate(&mut fs, listing, &mut |files, bytes| report::tick(&pb, files, bytes));
+        let r = mkfs::rootdir::populate(&mut fs, listing, &mut |files, bytes| {
+            report::tick(&pb, files, bytes)
+        });
         pb.finish_and_clear();
         match r {
             Ok(s) => stats = Some(s),
             Err(e @ btrkit_core::Error::NoSpace(_)) => {
-                bail!("{e} while copying {}; the image keeps the files committed before the failure", dir.display())
+                bail!(
+                    "{e} while copying {}; the image keeps the files committed before the failure",
+                    dir.display()
+                )
             }
             Err(e) => {
                 drop(fs);
                 mkfs::wipe_superblocks(dev.as_ref())?;
-                return Err(anyhow::Error::new(e).context(format!("copying {} (the image was left unusable)", dir.display())));
+                return Err(anyhow::Error::new(e).context(format!(
+                    "copying {} (the image was left unusable)",
+                    dir.display()
+                )));
             }
         }
     } else {

@@ -49,17 +49,35 @@ pub fn print(s: &MkfsSummary, stats: Option<&RootdirStats>, json: bool, quiet: b
     }
     let mut t = Table::new();
     t.load_preset(NOTHING);
-    t.add_row(vec!["Label:", if s.label.is_empty() { "(null)" } else { &s.label }]);
+    t.add_row(vec![
+        "Label:",
+        if s.label.is_empty() {
+            "(null)"
+        } else {
+            &s.label
+        },
+    ]);
     t.add_row(vec!["UUID:", &s.uuid]);
     t.add_row(vec!["Node size:", &s.node_size.to_string()]);
     t.add_row(vec!["Sector size:", &s.sector_size.to_string()]);
-    t.add_row(vec!["Filesystem size:".to_string(), human(s.filesystem_size)]);
+    t.add_row(vec![
+        "Filesystem size:".to_string(),
+        human(s.filesystem_size),
+    ]);
     t.add_row(vec!["Checksum:", &s.checksum]);
     t.add_row(vec!["Features:".to_string(), s.features.join(", ")]);
     if let Some(r) = stats {
         t.add_row(vec![
             "Copied:".to_string(),
-            format!("{} files, {} dirs, {} symlinks, {} hard links, {} special, {}", r.files, r.dirs, r.symlinks, r.hardlinks, r.special, human(r.bytes)),
+            format!(
+                "{} files, {} dirs, {} symlinks, {} hard links, {} special, {}",
+                r.files,
+                r.dirs,
+                r.symlinks,
+                r.hardlinks,
+                r.special,
+                human(r.bytes)
+            ),
         ]);
     }
     println!("{t}");

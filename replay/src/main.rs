@@ -48,7 +48,9 @@ fn main() {
         Err(e) => {
             let mut msg = format!("{e:#}").replace('\n', " ");
             if !a.salvage && msg.contains("log tree block") {
-                msg.push_str(" (the log is damaged: --salvage replays what the rest of it still proves)");
+                msg.push_str(
+                    " (the log is damaged: --salvage replays what the rest of it still proves)",
+                );
             }
             eprintln!("btrkit-replay: error: {msg}");
             std::process::exit(1);
@@ -70,7 +72,10 @@ fn run_replay(fs: &mut Store, opts: ReplayOptions) -> anyhow::Result<ReplaySumma
     if !std::io::stderr().is_terminal() {
         pb.set_draw_target(ProgressDrawTarget::hidden());
     }
-    pb.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    pb.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
     let r = replay_with_progress(fs, opts, &mut |stage, done, total| {
         pb.set_length(total);
         pb.set_position(done);
@@ -87,7 +92,8 @@ fn copy_image(image: &std::path::Path, out: &std::path::Path) -> anyhow::Result<
         Ok(m) => Ok(m),
         Err(e) => {
             // create_new failed only if `out` appeared meanwhile; then it is not ours.
-            if !matches!(&e, btrkit_core::Error::Io { context, .. } if context.starts_with("cannot create")) {
+            if !matches!(&e, btrkit_core::Error::Io { context, .. } if context.starts_with("cannot create"))
+            {
                 let _ = std::fs::remove_file(out);
             }
             Err(e).with_context(|| format!("copying {} to {}", image.display(), out.display()))
@@ -110,7 +116,10 @@ fn run(a: &Args) -> anyhow::Result<()> {
         report::no_log(&a.image, a.json);
         return Ok(());
     }
-    let opts = ReplayOptions { force: a.force, salvage: a.salvage };
+    let opts = ReplayOptions {
+        force: a.force,
+        salvage: a.salvage,
+    };
     if a.dry_run {
         let base: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&a.image, false)?);
         let overlay: Arc<dyn BlockDevice> = Arc::new(OverlayDevice::new(base));

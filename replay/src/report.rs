@@ -6,7 +6,10 @@ use comfy_table::Table;
 
 pub fn no_log(image: &std::path::Path, json: bool) {
     if json {
-        println!("{}", serde_json::json!({ "image": image, "log": null, "replayed": false }));
+        println!(
+            "{}",
+            serde_json::json!({ "image": image, "log": null, "replayed": false })
+        );
     } else {
         println!("{}: no log to replay", image.display());
     }
@@ -19,7 +22,9 @@ pub fn print(s: &ReplaySummary, dry_run: bool, json: bool, copy: Option<CopyMeth
         return;
     }
     match copy {
-        Some(CopyMethod::Reflink) => println!("output: reflink copy of the image (blocks shared until written)"),
+        Some(CopyMethod::Reflink) => {
+            println!("output: reflink copy of the image (blocks shared until written)")
+        }
         Some(CopyMethod::Sparse) => println!("output: sparse copy of the image"),
         None => {}
     }
@@ -28,15 +33,86 @@ pub fn print(s: &ReplaySummary, dry_run: bool, json: bool, copy: Option<CopyMeth
         t.set_header(vec!["change", "subvol", "inode", "detail"]);
         for e in &s.events {
             let row: Vec<String> = match e {
-                Event::InodeCreated { subvol, ino, mode, size } => vec!["inode created".into(), subvol.to_string(), ino.to_string(), format!("mode {mode:o} size {size}")],
-                Event::InodeUpdated { subvol, ino, mode, size } => vec!["inode updated".into(), subvol.to_string(), ino.to_string(), format!("mode {mode:o} size {size}")],
-                Event::NameAdded { subvol, dir, name, ino } => vec!["name added".into(), subvol.to_string(), ino.to_string(), format!("dir {dir}: {name}")],
-                Event::NameRemoved { subvol, dir, name, ino } => vec!["name removed".into(), subvol.to_string(), ino.to_string(), format!("dir {dir}: {name}")],
-                Event::DataReplaced { subvol, ino, offset, len, kind } => vec!["data replaced".into(), subvol.to_string(), ino.to_string(), format!("[{offset}, {}) {kind}", offset + len)],
-                Event::Truncated { subvol, ino, size } => vec!["truncated".into(), subvol.to_string(), ino.to_string(), format!("to {size}")],
-                Event::XattrSet { subvol, ino, name } => vec!["xattr set".into(), subvol.to_string(), ino.to_string(), name.clone()],
-                Event::XattrRemoved { subvol, ino, name } => vec!["xattr removed".into(), subvol.to_string(), ino.to_string(), name.clone()],
-                Event::InodeRemoved { subvol, ino } => vec!["inode removed".into(), subvol.to_string(), ino.to_string(), String::new()],
+                Event::InodeCreated {
+                    subvol,
+                    ino,
+                    mode,
+                    size,
+                } => vec![
+                    "inode created".into(),
+                    subvol.to_string(),
+                    ino.to_string(),
+                    format!("mode {mode:o} size {size}"),
+                ],
+                Event::InodeUpdated {
+                    subvol,
+                    ino,
+                    mode,
+                    size,
+                } => vec![
+                    "inode updated".into(),
+                    subvol.to_string(),
+                    ino.to_string(),
+                    format!("mode {mode:o} size {size}"),
+                ],
+                Event::NameAdded {
+                    subvol,
+                    dir,
+                    name,
+                    ino,
+                } => vec![
+                    "name added".into(),
+                    subvol.to_string(),
+                    ino.to_string(),
+                    format!("dir {dir}: {name}"),
+                ],
+                Event::NameRemoved {
+                    subvol,
+                    dir,
+                    name,
+                    ino,
+                } => vec![
+                    "name removed".into(),
+                    subvol.to_string(),
+                    ino.to_string(),
+                    format!("dir {dir}: {name}"),
+                ],
+                Event::DataReplaced {
+                    subvol,
+                    ino,
+                    offset,
+                    len,
+                    kind,
+                } => vec![
+                    "data replaced".into(),
+                    subvol.to_string(),
+                    ino.to_string(),
+                    format!("[{offset}, {}) {kind}", offset + len),
+                ],
+                Event::Truncated { subvol, ino, size } => vec![
+                    "truncated".into(),
+                    subvol.to_string(),
+                    ino.to_string(),
+                    format!("to {size}"),
+                ],
+                Event::XattrSet { subvol, ino, name } => vec![
+                    "xattr set".into(),
+                    subvol.to_string(),
+                    ino.to_string(),
+                    name.clone(),
+                ],
+                Event::XattrRemoved { subvol, ino, name } => vec![
+                    "xattr removed".into(),
+                    subvol.to_string(),
+                    ino.to_string(),
+                    name.clone(),
+                ],
+                Event::InodeRemoved { subvol, ino } => vec![
+                    "inode removed".into(),
+                    subvol.to_string(),
+                    ino.to_string(),
+                    String::new(),
+                ],
             };
             t.add_row(row);
         }
@@ -47,7 +123,17 @@ pub fn print(s: &ReplaySummary, dry_run: bool, json: bool, copy: Option<CopyMeth
         print_salvage(r);
     }
     let mut t = Table::new();
-    t.set_header(vec!["log trees", "log blocks", "log items", "inodes created", "inodes updated", "inodes removed", "names added", "names removed", "data replaced"]);
+    t.set_header(vec![
+        "log trees",
+        "log blocks",
+        "log items",
+        "inodes created",
+        "inodes updated",
+        "inodes removed",
+        "names added",
+        "names removed",
+        "data replaced",
+    ]);
     t.add_row(vec![
         s.log_trees.to_string(),
         s.log_blocks.to_string(),
@@ -69,10 +155,26 @@ pub fn print(s: &ReplaySummary, dry_run: bool, json: bool, copy: Option<CopyMeth
 fn print_salvage(r: &SalvageReport) {
     if !r.lost_blocks.is_empty() {
         let mut t = Table::new();
-        t.set_header(vec!["lost log block", "log of subvol", "level", "key range", "why"]);
+        t.set_header(vec![
+            "lost log block",
+            "log of subvol",
+            "level",
+            "key range",
+            "why",
+        ]);
         for b in &r.lost_blocks {
-            let end = b.end_key.as_ref().map(key_string).unwrap_or_else(|| "end".into());
-            t.add_row(vec![b.bytenr.to_string(), b.subvol.to_string(), b.level.to_string(), format!("{} .. {end}", key_string(&b.first_key)), b.why.clone()]);
+            let end = b
+                .end_key
+                .as_ref()
+                .map(key_string)
+                .unwrap_or_else(|| "end".into());
+            t.add_row(vec![
+                b.bytenr.to_string(),
+                b.subvol.to_string(),
+                b.level.to_string(),
+                format!("{} .. {end}", key_string(&b.first_key)),
+                b.why.clone(),
+            ]);
         }
         println!("{t}");
     }

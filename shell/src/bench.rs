@@ -2,8 +2,9 @@
 //! 1.0's fileio test on btrkit's engine (core's workload::fileio does it).
 
 use btrkit_core::fs::{Filesystem, MountOptions, Switches};
-use btrkit_core::io::{BlockDevice, FileDevice};
+use btrkit_core::io::{BlockDevice, FileDevice, VolatileFile};
 use btrkit_core::log::batch::SharedFs;
+use btrkit_core::workload::durable;
 use btrkit_core::workload::fileio::{self, ExtraFlag, FileioOptions, FileioReport, TestMode};
 use btrkit_core::workload::script::parse_num;
 use clap::{Args, Subcommand};
@@ -43,6 +44,11 @@ pub struct DbenchArgs {
     pub mount: String,
     #[arg(long, default_value = "8G", value_parser = size)]
     pub size: u64,
+    /// End with a power failure instead of an unmount, recover (log
+    /// replay), run the checker and check that every file a Flush
+    /// acknowledged is there; exit 1 when one is not.
+    #[arg(long = "crash-check")]
+    pub crash_check: bool,
     /// One line of JSON.
     #[arg(long)]
     pub json: bool,
@@ -110,6 +116,11 @@ pub struct FileioArgs {
     pub size: u64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// End with a power failure instead of an unmount, recover (log
+    /// replay), run the checker and check that every acknowledged write is
+    /// there; exit 1 when one is not.
+    #[arg(long = "crash-check")]
+    pub crash_check: bool,
     /// One line of JSON.
     #[arg(long)]
     pub json: bool,
@@ -131,28 +142,69 @@ pub fn run(cmd: &BenchCmd) -> i32 {
 
 fn dbench_cmd(a: &DbenchArgs) -> anyhow::Result<()> {
     use btrkit_core::workload::dbench;
-    let text = std::fs::read_to_string(&a.loadfile).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.loadfile.display()))?;
+    let text = std::fs::read_to_string(&a.loadfile)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.loadfile.display()))?;
     let mut load = dbench::parse_loadfile(&text)?;
     if a.lines > 0 {
         load.retain(|l| l.line <= a.lines);
     }
     let sw = switches(&a.set)?;
-    let o = dbench::DbenchOptions { clients: a.clients, time: a.time, passes: a.passes };
-    let mut fs = open(&a.image, a.size, &a.mount)?;
+    let o = dbench::DbenchOptions {
+        clients: a.clients,
+        time: a.time,
+        passes: a.passes,
+    };
+    let (mut fs, vol) = open_on(&a.image, a.size, &a.mount, a.crash_check)?;
     fs.switches = sw;
     let shared = SharedFs::new(fs);
-    let r = dbench::run(&shared, &load, &o)?;
+    let (r, tracked) = with_progress(
+        &format!("dbench, {} clients", a.clients),
+        a.time,
+        a.json,
+        || dbench::run_with(&shared, &load, &o, a.crash_check),
+    )?;
     let mut fs = shared.into_inner();
-    fs.close_all()?;
-    fs.sync()?;
+    let check = match vol {
+        Some(vol) => {
+            drop(fs);
+            let mut cc = durable::CrashCheck::default();
+            let mut fs =
+                durable::crash_and_recover(&vol, &a.image, mount_options(&a.mount)?, &mut cc)?;
+            let mut v = dbench::verify_durable(&mut fs, &tracked)?;
+            (v.replayed_log, v.checker_errors) = (cc.replayed_log, cc.checker_errors);
+            Some(v)
+        }
+        None => {
+            fs.close_all()?;
+            fs.sync()?;
+            None
+        }
+    };
+    let verdict = match &check {
+        Some(cc) if !cc.ok() => Err(anyhow::anyhow!(
+            "crash check failed: {} files lost acknowledged data, {} checker errors",
+            cc.lost,
+            cc.checker_errors
+        )),
+        _ => Ok(()),
+    };
     if a.json {
-        println!("{}", serde_json::to_string(&r)?);
-        return Ok(());
+        let mut v = serde_json::to_value(&r)?;
+        if let (Some(cc), Some(m)) = (&check, v.as_object_mut()) {
+            m.insert("crash_check".into(), serde_json::to_value(cc)?);
+        }
+        println!("{v}");
+        return verdict;
     }
     let mut t = Table::new();
     t.set_header(vec!["operation", "count", "avg lat (ms)", "max lat (ms)"]);
     for (k, v) in &r.ops {
-        t.add_row(vec![k.clone(), v.count.to_string(), format!("{:.3}", v.avg_ms), format!("{:.3}", v.max_ms)]);
+        t.add_row(vec![
+            k.clone(),
+            v.count.to_string(),
+            format!("{:.3}", v.avg_ms),
+            format!("{:.3}", v.max_ms),
+        ]);
     }
     println!("{t}");
     println!(
@@ -162,36 +214,65 @@ fn dbench_cmd(a: &DbenchArgs) -> anyhow::Result<()> {
     for e in &r.unexpected_examples {
         eprintln!("unexpected: {e}");
     }
-    Ok(())
+    if let Some(cc) = &check {
+        print_crash_check(cc);
+    }
+    verdict
 }
 
 fn switches(set: &[String]) -> anyhow::Result<Switches> {
     let mut sw = Switches::default();
     for s in set {
-        let (name, v) = s.split_once('=').ok_or_else(|| anyhow::anyhow!("--set {s}: NAME=on|off"))?;
+        let (name, v) = s
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--set {s}: NAME=on|off"))?;
         let on = on_off(v).map_err(|e| anyhow::anyhow!("--set {name}: {e}"))?;
         match name {
             "fast-fsync-skip" => sw.fast_fsync_skip = on,
             "log-conflicting-inodes" => sw.log_conflicting_inodes = on,
             "sync-io-first" => sw.sync_io_first = on,
-            o => anyhow::bail!("unknown switch {o:?} (fast-fsync-skip, log-conflicting-inodes, sync-io-first)"),
+            o => anyhow::bail!(
+                "unknown switch {o:?} (fast-fsync-skip, log-conflicting-inodes, sync-io-first)"
+            ),
         }
     }
     Ok(sw)
 }
 
-fn open(image: &Path, size: u64, mount: &str) -> anyhow::Result<Filesystem> {
+/// Mount `image` (made when missing, its log replayed); with `crashable`,
+/// over a volatile write cache that a power failure can take back.
+fn open_on(
+    image: &Path,
+    size: u64,
+    mount: &str,
+    crashable: bool,
+) -> anyhow::Result<(Filesystem, Option<Arc<VolatileFile>>)> {
     if !image.exists() {
-        btrkit_core::mkfs::make_image(image, size, &Default::default()).map_err(|e| anyhow::anyhow!("{}: {e}", image.display()))?;
+        btrkit_core::mkfs::make_image(image, size, &Default::default())
+            .map_err(|e| anyhow::anyhow!("{}: {e}", image.display()))?;
     }
-    let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(image, true).map_err(|e| anyhow::anyhow!("{}: {e}", image.display()))?);
+    let file =
+        FileDevice::open(image, true).map_err(|e| anyhow::anyhow!("{}: {e}", image.display()))?;
+    let (dev, vol): (Arc<dyn BlockDevice>, _) = if crashable {
+        let v = Arc::new(VolatileFile::new(file, false)?);
+        (v.clone(), Some(v))
+    } else {
+        (Arc::new(file), None)
+    };
     let sb = btrkit_core::image::read_superblock(dev.as_ref(), 0)?;
     if sb.log_root.get() != 0 {
         let mut st = btrkit_core::trans::Store::open_for_replay(dev.clone())?;
         btrkit_core::log::replay::replay(&mut st, Default::default())?;
     }
-    let opts = if mount.is_empty() { MountOptions::default() } else { MountOptions::parse(&[mount.to_string()])? };
-    Ok(Filesystem::mount(dev, opts)?)
+    Ok((Filesystem::mount(dev, mount_options(mount)?)?, vol))
+}
+
+fn mount_options(mount: &str) -> anyhow::Result<MountOptions> {
+    Ok(if mount.is_empty() {
+        MountOptions::default()
+    } else {
+        MountOptions::parse(&[mount.to_string()])?
+    })
 }
 
 fn fileio_cmd(a: &FileioArgs) -> anyhow::Result<()> {
@@ -216,24 +297,87 @@ fn fileio_cmd(a: &FileioArgs) -> anyhow::Result<()> {
     };
     o.validate()?;
     let sw = switches(&a.set)?;
-    let mut fs = open(&a.image, a.size, &a.mount)?;
+    let (mut fs, vol) = open_on(&a.image, a.size, &a.mount, a.crash_check)?;
     fs.switches = sw;
     if !a.json {
-        eprintln!("prepare: {} files of {} bytes{}", o.file_num, o.file_size(), if o.prealloc { " (fallocated)" } else { "" });
+        eprintln!(
+            "prepare: {} files of {} bytes{}",
+            o.file_num,
+            o.file_size(),
+            if o.prealloc { " (fallocated)" } else { "" }
+        );
     }
     let root = fs.root();
     let files = fileio::prepare(&mut fs, root, &o)?;
+    let ledger = match a.crash_check {
+        true => Some(durable::Ledger::new(
+            o.block_size,
+            durable::initial_hashes(&mut fs, &files, o.file_size(), o.block_size)?,
+        )?),
+        false => None,
+    };
     let shared = SharedFs::new(fs);
-    let r = fileio::run(&shared, &files, &o)?;
+    let r = with_progress(&format!("fileio {}", a.mode), o.time, a.json, || {
+        fileio::run_with(&shared, &files, &o, ledger.as_ref())
+    })?;
     let mut fs = shared.into_inner();
-    fs.close_all()?;
-    fs.sync()?;
+    let check = match (ledger, vol) {
+        (Some(lg), Some(vol)) => {
+            // The power failure ends the run: no close, no commit.
+            drop(fs);
+            let mut cc = durable::CrashCheck::default();
+            let mut fs =
+                durable::crash_and_recover(&vol, &a.image, mount_options(&a.mount)?, &mut cc)?;
+            let names: Vec<String> = (0..o.file_num).map(|n| format!("test_file.{n}")).collect();
+            let root = fs.root();
+            durable::verify_files(&mut fs, root, &names, &files, &lg, &mut cc)?;
+            Some(cc)
+        }
+        _ => {
+            fs.close_all()?;
+            fs.sync()?;
+            None
+        }
+    };
     if a.json {
-        println!("{}", serde_json::to_string(&r)?);
+        let mut v = serde_json::to_value(&r)?;
+        if let (Some(cc), Some(m)) = (&check, v.as_object_mut()) {
+            m.insert("crash_check".into(), serde_json::to_value(cc)?);
+        }
+        println!("{v}");
     } else {
         print_report(&o, &r);
+        if let Some(cc) = &check {
+            print_crash_check(cc);
+        }
     }
-    Ok(())
+    match check {
+        Some(cc) if !cc.ok() => anyhow::bail!(
+            "crash check failed: {} blocks lost an acknowledged write, {} hold no write's content, {} checker errors",
+            cc.lost,
+            cc.garbage,
+            cc.checker_errors
+        ),
+        _ => Ok(()),
+    }
+}
+
+fn print_crash_check(cc: &durable::CrashCheck) {
+    println!(
+        "crash check: {} writes, {} acknowledged as durable; after the power failure and {}: {} {}s checked, {} with an acknowledged write; {} lost one, {} torn or foreign, {} checker errors",
+        cc.writes,
+        cc.acknowledged,
+        if cc.replayed_log { "a log replay" } else { "no log to replay" },
+        cc.checked,
+        cc.unit,
+        cc.checked_acknowledged,
+        cc.lost,
+        cc.garbage,
+        cc.checker_errors
+    );
+    for e in &cc.examples {
+        println!("  {e}");
+    }
 }
 
 fn print_report(o: &FileioOptions, r: &FileioReport) {
@@ -247,15 +391,84 @@ fn print_report(o: &FileioOptions, r: &FileioReport) {
         ("written, MiB/s", format!("{:.2}", r.written_mib_per_s)),
         ("total time", format!("{:.4} s", r.seconds)),
         ("total number of events", r.events.to_string()),
-        ("latency min/avg/max (ms)", format!("{:.2} / {:.2} / {:.2}", r.latency_ms.min, r.latency_ms.avg, r.latency_ms.max)),
-        ("latency 95th percentile (ms)", format!("{:.2}", r.latency_ms.p95)),
-        ("events per thread", r.events_per_thread.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")),
-        ("log syncs (skipped, joined)", format!("{} ({}, {})", r.stats.log_syncs, r.stats.log_syncs_skipped, r.stats.log_syncs_joined)),
+        (
+            "latency min/avg/max (ms)",
+            format!(
+                "{:.2} / {:.2} / {:.2}",
+                r.latency_ms.min, r.latency_ms.avg, r.latency_ms.max
+            ),
+        ),
+        (
+            "latency 95th percentile (ms)",
+            format!("{:.2}", r.latency_ms.p95),
+        ),
+        (
+            "events per thread",
+            r.events_per_thread
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        (
+            "log syncs (skipped, joined)",
+            format!(
+                "{} ({}, {})",
+                r.stats.log_syncs, r.stats.log_syncs_skipped, r.stats.log_syncs_joined
+            ),
+        ),
         ("full commits", r.stats.full_commits.to_string()),
     ];
     for (k, v) in rows {
         t.add_row(vec![k.to_string(), v]);
     }
-    println!("fileio {:?}, {} threads, {} files, block {}", o.mode, o.threads, o.file_num, o.block_size);
+    println!(
+        "fileio {:?}, {} threads, {} files, block {}",
+        o.mode, o.threads, o.file_num, o.block_size
+    );
     println!("{t}");
+}
+
+/// A progress bar over the run's seconds (a spinner when it ends by
+/// passes or events) while `f` runs, on a terminal only.
+fn with_progress<T>(label: &str, secs: f64, json: bool, f: impl FnOnce() -> T) -> T {
+    use std::io::IsTerminal;
+    if json || !std::io::stderr().is_terminal() {
+        return f();
+    }
+    let pb = if secs > 0.0 {
+        let pb = indicatif::ProgressBar::new((secs * 10.0) as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{msg} {bar:40} [{elapsed}/{duration}]")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    } else {
+        let pb = indicatif::ProgressBar::new_spinner();
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{msg} {spinner} [{elapsed}]")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        pb
+    };
+    pb.set_message(label.to_string());
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let out = std::thread::scope(|s| {
+        s.spawn(|| {
+            let t0 = std::time::Instant::now();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if secs > 0.0 {
+                    pb.set_position((t0.elapsed().as_secs_f64() * 10.0) as u64);
+                } else {
+                    pb.tick();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        });
+        let out = f();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    });
+    pb.finish_and_clear();
+    out
 }

@@ -48,12 +48,17 @@ pub fn run(a: &ExploreArgs) -> i32 {
 }
 
 fn run_inner(a: &ExploreArgs) -> anyhow::Result<ExploreReport> {
-    let text = std::fs::read_to_string(&a.script).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.script))?;
-    let script = Script::parse(&a.script, &text).map_err(|e| anyhow::anyhow!("{}:{}: {}", a.script, e.line, e.msg))?;
+    let text = std::fs::read_to_string(&a.script)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.script))?;
+    let script = Script::parse(&a.script, &text)
+        .map_err(|e| anyhow::anyhow!("{}:{}: {}", a.script, e.line, e.msg))?;
     let pb = std::io::stderr().is_terminal().then(|| {
         let pb = indicatif::ProgressBar::new(0);
         pb.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} crash states [{elapsed}]").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} crash states [{elapsed}]",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         pb
     });
@@ -66,8 +71,13 @@ fn run_inner(a: &ExploreArgs) -> anyhow::Result<ExploreReport> {
     if let Some(d) = &a.save {
         std::fs::create_dir_all(d).map_err(|e| anyhow::anyhow!("{}: {e}", d.display()))?;
     }
-    let o = ExploreOptions { random: a.random, seed: a.seed, save_dir: a.save.clone() };
-    let r = explore(&a.image, &script, &o, &mut progress).map_err(|e| anyhow::anyhow!("{}: {e}", a.image.display()))?;
+    let o = ExploreOptions {
+        random: a.random,
+        seed: a.seed,
+        save_dir: a.save.clone(),
+    };
+    let r = explore(&a.image, &script, &o, &mut progress)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.image.display()))?;
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
@@ -76,14 +86,32 @@ fn run_inner(a: &ExploreArgs) -> anyhow::Result<ExploreReport> {
         return Ok(r);
     }
     let mut t = Table::new();
-    t.set_header(vec!["steps", "writes", "flush points", "states checked", "fsync promises", "violations"]);
-    t.add_row(vec![r.steps, r.writes, r.flush_points, r.states_checked, r.promises, r.violations.len()]);
+    t.set_header(vec![
+        "steps",
+        "writes",
+        "flush points",
+        "states checked",
+        "fsync promises",
+        "violations",
+    ]);
+    t.add_row(vec![
+        r.steps,
+        r.writes,
+        r.flush_points,
+        r.states_checked,
+        r.promises,
+        r.violations.len(),
+    ]);
     println!("{t}");
     if !r.violations.is_empty() {
         let mut v = Table::new();
         v.set_header(vec!["flush point", "subset", "what"]);
         for x in r.violations.iter().take(50) {
-            v.add_row(vec![x.flush_point.to_string(), x.subset.map_or("-".into(), |s| s.to_string()), x.what.clone()]);
+            v.add_row(vec![
+                x.flush_point.to_string(),
+                x.subset.map_or("-".into(), |s| s.to_string()),
+                x.what.clone(),
+            ]);
         }
         println!("{v}");
     }

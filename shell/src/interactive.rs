@@ -14,11 +14,56 @@ use std::path::Path;
 use std::rc::Rc;
 
 const VERBS: &[&str] = &[
-    "mkdir", "create", "write", "dwrite", "mwrite", "msync", "sync-range", "truncate", "fallocate", "punch", "zero-range",
-    "collapse", "clone", "link", "symlink", "rename", "unlink", "rmdir", "setxattr", "removexattr", "fsync", "fdatasync",
-    "sync", "chmod", "chown", "touch", "mknod", "mkfifo", "tmpfile", "open-fd", "close-fd", "evict", "sleep", "remount",
-    "subvol-create", "snapshot", "subvol-delete", "subvol-set-default", "quota-enable", "balance-metadata", "writefiles",
-    "crash", "read", "ls", "stat", "stats", "set", "expect", "help", "quit",
+    "mkdir",
+    "create",
+    "write",
+    "dwrite",
+    "mwrite",
+    "msync",
+    "sync-range",
+    "truncate",
+    "fallocate",
+    "punch",
+    "zero-range",
+    "collapse",
+    "clone",
+    "link",
+    "symlink",
+    "rename",
+    "unlink",
+    "rmdir",
+    "setxattr",
+    "removexattr",
+    "fsync",
+    "fdatasync",
+    "sync",
+    "chmod",
+    "chown",
+    "touch",
+    "mknod",
+    "mkfifo",
+    "tmpfile",
+    "open-fd",
+    "close-fd",
+    "evict",
+    "sleep",
+    "remount",
+    "subvol-create",
+    "snapshot",
+    "subvol-delete",
+    "subvol-set-default",
+    "quota-enable",
+    "balance-metadata",
+    "writefiles",
+    "crash",
+    "read",
+    "ls",
+    "stat",
+    "stats",
+    "set",
+    "expect",
+    "help",
+    "quit",
 ];
 
 struct ShellHelper {
@@ -27,12 +72,24 @@ struct ShellHelper {
 
 impl Completer for ShellHelper {
     type Candidate = Pair;
-    fn complete(&self, line: &str, pos: usize, _: &Context<'_>) -> rustyline::Result<(usize, Vec<Pair>)> {
+    fn complete(
+        &self,
+        line: &str,
+        pos: usize,
+        _: &Context<'_>,
+    ) -> rustyline::Result<(usize, Vec<Pair>)> {
         let head = &line[..pos];
         let start = head.rfind(char::is_whitespace).map(|i| i + 1).unwrap_or(0);
         let word = &head[start..];
         if start == 0 {
-            let c = VERBS.iter().filter(|v| v.starts_with(word)).map(|v| Pair { display: v.to_string(), replacement: format!("{v} ") }).collect();
+            let c = VERBS
+                .iter()
+                .filter(|v| v.starts_with(word))
+                .map(|v| Pair {
+                    display: v.to_string(),
+                    replacement: format!("{v} "),
+                })
+                .collect();
             return Ok((0, c));
         }
         // A path: complete the last component from the directory's entries.
@@ -48,9 +105,18 @@ impl Completer for ShellHelper {
                         for (n, child, _) in ents {
                             let n = String::from_utf8_lossy(&n).into_owned();
                             if n.starts_with(part) {
-                                let is_dir = fs.stat(child).map(|st| st.mode & 0o170000 == 0o040000).unwrap_or(false);
+                                let is_dir = fs
+                                    .stat(child)
+                                    .map(|st| st.mode & 0o170000 == 0o040000)
+                                    .unwrap_or(false);
                                 let prefix = if word.contains('/') { dir } else { "" };
-                                out.push(Pair { display: n.clone(), replacement: format!("{prefix}{n}{}", if is_dir { "/" } else { " " }) });
+                                out.push(Pair {
+                                    display: n.clone(),
+                                    replacement: format!(
+                                        "{prefix}{n}{}",
+                                        if is_dir { "/" } else { " " }
+                                    ),
+                                });
                             }
                         }
                     }
@@ -69,7 +135,10 @@ impl Helper for ShellHelper {}
 
 pub fn run(image: &Path) -> i32 {
     let empty = Script::parse("interactive", "").unwrap_or_else(|_| unreachable_script());
-    let opts = SessionOptions { crashable: true, record_writes: true };
+    let opts = SessionOptions {
+        crashable: true,
+        record_writes: true,
+    };
     let session = match Session::open(image, &empty, &opts) {
         Ok(s) => s,
         Err(e) => {
@@ -85,8 +154,13 @@ pub fn run(image: &Path) -> i32 {
             return 1;
         }
     };
-    ed.set_helper(Some(ShellHelper { session: cell.clone() }));
-    println!("btrkit-shell on {} (help: verbs; quit or ^D: unmount and leave)", image.display());
+    ed.set_helper(Some(ShellHelper {
+        session: cell.clone(),
+    }));
+    println!(
+        "btrkit-shell on {} (help: verbs; quit or ^D: unmount and leave)",
+        image.display()
+    );
     let mut n = 0usize;
     loop {
         let line = match ed.readline("btrkit> ") {
@@ -140,7 +214,9 @@ pub fn run(image: &Path) -> i32 {
             }
         }
         if !sc.mkfs.is_empty() || !sc.mount.is_empty() {
-            eprintln!("mkfs and mount directives apply when the image is opened; they are ignored here");
+            eprintln!(
+                "mkfs and mount directives apply when the image is opened; they are ignored here"
+            );
         }
     }
     let s = cell.borrow_mut().take();

@@ -14,21 +14,35 @@ fn read_script(arg: &str) -> anyhow::Result<(String, String)> {
         std::io::stdin().read_to_string(&mut s)?;
         return Ok(("-".into(), s));
     }
-    let text = std::fs::read_to_string(arg).map_err(|e| anyhow::anyhow!("cannot read {arg}: {e}"))?;
+    let text =
+        std::fs::read_to_string(arg).map_err(|e| anyhow::anyhow!("cannot read {arg}: {e}"))?;
     Ok((arg.to_string(), text))
 }
 
 /// Whether an error leaves the filesystem as consistent as before the
 /// step (a refusal, as the kernel refuses), so unmounting may commit.
 fn is_refusal(e: &btrkit_core::Error) -> bool {
-    matches!(e, btrkit_core::Error::Errno { .. } | btrkit_core::Error::NoSpace(_))
+    matches!(
+        e,
+        btrkit_core::Error::Errno { .. } | btrkit_core::Error::NoSpace(_)
+    )
 }
 
 /// Options a script's steps call for: crash support only when it crashes.
 pub fn session_options(script: &Script) -> SessionOptions {
     let crashes = script.steps.iter().any(|(_, s)| s.is_crash());
-    let keep = script.steps.iter().any(|(_, s)| matches!(s, Step::Crash { keep_random: Some(_) }));
-    SessionOptions { crashable: crashes, record_writes: keep }
+    let keep = script.steps.iter().any(|(_, s)| {
+        matches!(
+            s,
+            Step::Crash {
+                keep_random: Some(_)
+            }
+        )
+    });
+    SessionOptions {
+        crashable: crashes,
+        record_writes: keep,
+    }
 }
 
 pub fn run_script(image: &Path, arg: &str, quiet: bool) -> i32 {
@@ -65,7 +79,9 @@ pub fn run_script(image: &Path, arg: &str, quiet: bool) -> i32 {
     let final_crash = script.final_crash();
     for (i, (line, st)) in script.steps.iter().enumerate() {
         let r = match st {
-            Step::Crash { keep_random } if Some(i) == final_crash => s.crash_final(*keep_random).map(|_| Default::default()),
+            Step::Crash { keep_random } if Some(i) == final_crash => {
+                s.crash_final(*keep_random).map(|_| Default::default())
+            }
             _ => s.apply(st),
         };
         match r {
@@ -94,7 +110,10 @@ pub fn run_script(image: &Path, arg: &str, quiet: bool) -> i32 {
     };
     for f in &fails {
         // "line N: what was found"
-        let (line, msg) = f.strip_prefix("line ").and_then(|r| r.split_once(": ")).unwrap_or(("?", f));
+        let (line, msg) = f
+            .strip_prefix("line ")
+            .and_then(|r| r.split_once(": "))
+            .unwrap_or(("?", f));
         eprintln!("{name}:{line}: expect: {msg}");
     }
     if let Err(e) = s.close(true) {

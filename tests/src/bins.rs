@@ -26,7 +26,9 @@ fn profile_dir() -> PathBuf {
     let deps = exe.parent().expect("test exe has a parent directory");
     // `deps/` for integration tests and unit tests alike.
     if deps.file_name().is_some_and(|n| n == "deps") {
-        deps.parent().map(Path::to_path_buf).unwrap_or_else(|| deps.to_path_buf())
+        deps.parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| deps.to_path_buf())
     } else {
         deps.to_path_buf()
     }
@@ -47,10 +49,21 @@ pub fn bin_path(name: &str) -> PathBuf {
     let no_build = std::env::var_os("BTRKIT_NO_BUILD").is_some_and(|v| v != "0" && !v.is_empty());
     if !no_build {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let target_dir = prof.parent().map(Path::to_path_buf).unwrap_or_else(|| prof.clone());
+        let target_dir = prof
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| prof.clone());
         let mut cmd = Command::new(cargo);
         cmd.current_dir(crate::env::repo_root())
-            .args(["build", "--quiet", "-p", name, "--bin", name, "--target-dir"])
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                name,
+                "--bin",
+                name,
+                "--target-dir",
+            ])
             .arg(&target_dir);
         // The output directory is named after the profile (`debug` is dev).
         match prof.file_name().and_then(|n| n.to_str()) {
@@ -61,8 +74,13 @@ pub fn bin_path(name: &str) -> PathBuf {
         }
         match cmd.output() {
             Ok(out) if out.status.success() => {}
-            Ok(out) => panic!("cargo build -p {name} failed:\n{}", String::from_utf8_lossy(&out.stderr)),
-            Err(e) if bin.exists() => eprintln!("warning: cannot run cargo ({e}); using {}", bin.display()),
+            Ok(out) => panic!(
+                "cargo build -p {name} failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) if bin.exists() => {
+                eprintln!("warning: cannot run cargo ({e}); using {}", bin.display())
+            }
             Err(e) => panic!("cannot run cargo to build {name}: {e}"),
         }
     }

@@ -19,18 +19,26 @@ pub fn item_lines(text: &str) -> Vec<String> {
 
 /// `^\titem \d+ key `
 fn is_item_line(l: &str) -> bool {
-    let Some(rest) = l.strip_prefix("\titem ") else { return false };
+    let Some(rest) = l.strip_prefix("\titem ") else {
+        return false;
+    };
     let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
     digits > 0 && rest[digits..].starts_with(" key ")
 }
 
 fn run_capture(cmd: &mut Command) -> Result<String, String> {
     let shown = format!("{cmd:?}");
-    let out = cmd.output().map_err(|e| format!("{shown}: cannot start: {e}"))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("{shown}: cannot start: {e}"))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let err: Vec<&str> = err.lines().take(10).collect();
-        return Err(format!("{shown} exited with {}: {}", out.status, err.join(" | ")));
+        return Err(format!(
+            "{shown} exited with {}: {}",
+            out.status,
+            err.join(" | ")
+        ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -56,8 +64,11 @@ pub fn json_item_lines(image: &Path, tree: Option<&str>) -> Result<Vec<String>, 
         c.args(["--tree", t]);
     }
     let text = run_capture(&mut c)?;
-    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("btrkit-dump tree --json: not JSON: {e}"))?;
-    let trees = doc["trees"].as_array().ok_or("btrkit-dump tree --json: no \"trees\" array")?;
+    let doc: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("btrkit-dump tree --json: not JSON: {e}"))?;
+    let trees = doc["trees"]
+        .as_array()
+        .ok_or("btrkit-dump tree --json: no \"trees\" array")?;
     let mut out = Vec::new();
     for t in trees {
         for b in t["blocks"].as_array().ok_or("a tree without \"blocks\"")? {
@@ -68,7 +79,11 @@ pub fn json_item_lines(image: &Path, tree: Option<&str>) -> Result<Vec<String>, 
             let damaged = b["problems"].as_array().is_some_and(|p| !p.is_empty());
             if let Some(items) = b["items"].as_array() {
                 if items.len() != nr && !damaged {
-                    return Err(format!("block {}: nritems {nr} but {} items", b["bytenr"], items.len()));
+                    return Err(format!(
+                        "block {}: nritems {nr} but {} items",
+                        b["bytenr"],
+                        items.len()
+                    ));
                 }
                 for it in items {
                     if !it["body"].is_object() {
@@ -76,11 +91,18 @@ pub fn json_item_lines(image: &Path, tree: Option<&str>) -> Result<Vec<String>, 
                     }
                     out.push(format!(
                         "\titem {} key {} itemoff {} itemsize {}",
-                        it["slot"], it["key"]["text"].as_str().unwrap_or("?"), it["itemoff"], it["itemsize"]
+                        it["slot"],
+                        it["key"]["text"].as_str().unwrap_or("?"),
+                        it["itemoff"],
+                        it["itemsize"]
                     ));
                 }
             } else if b["ptrs"].as_array().map(|p| p.len()) != Some(nr) && !damaged {
-                return Err(format!("node {}: nritems {nr} but pointers {:?}", b["bytenr"], b["ptrs"].as_array().map(|p| p.len())));
+                return Err(format!(
+                    "node {}: nritems {nr} but pointers {:?}",
+                    b["bytenr"],
+                    b["ptrs"].as_array().map(|p| p.len())
+                ));
             }
         }
     }
@@ -155,7 +177,11 @@ pub fn compare(ours: &[String], theirs: &[String]) -> Comparison {
     let same_multiset = co == ct;
     let mut report = String::new();
     if !in_order {
-        let first = ours.iter().zip(theirs).position(|(a, b)| a != b).unwrap_or(ours.len().min(theirs.len()));
+        let first = ours
+            .iter()
+            .zip(theirs)
+            .position(|(a, b)| a != b)
+            .unwrap_or(ours.len().min(theirs.len()));
         report += &format!(
             "--- btrkit-dump ({} item lines)\n+++ btrfs dump-tree ({} item lines)\n@@ first difference at item line {} @@\n",
             ours.len(),
@@ -199,7 +225,13 @@ pub fn compare(ours: &[String], theirs: &[String]) -> Comparison {
             }
         }
     }
-    Comparison { ours: ours.len(), theirs: theirs.len(), in_order, same_multiset, report }
+    Comparison {
+        ours: ours.len(),
+        theirs: theirs.len(),
+        in_order,
+        same_multiset,
+        report,
+    }
 }
 
 /// How strict a comparison is.
@@ -213,12 +245,18 @@ pub enum Order {
 
 /// Dump `image` (whole, or one tree) with both tools and compare item lines.
 /// Returns `Err(report)` on a mismatch or when a tool fails.
-pub fn check_image(label: &str, image: &Path, tree: Option<&str>, order: Order) -> Result<usize, String> {
+pub fn check_image(
+    label: &str,
+    image: &Path,
+    tree: Option<&str>,
+    order: Order,
+) -> Result<usize, String> {
     let what = match tree {
         Some(t) => format!("{label} --tree {t}"),
         None => format!("{label} (all trees)"),
     };
-    let theirs_txt = dump_progs(image, tree).map_err(|e| format!("{what}: btrfs-progs failed: {e}"))?;
+    let theirs_txt =
+        dump_progs(image, tree).map_err(|e| format!("{what}: btrfs-progs failed: {e}"))?;
     let ours_txt = dump_ours(image, tree).map_err(|e| {
         if e.contains("unexpected argument '--tree'") {
             format!("{what}: btrkit-dump has no --tree option yet")
@@ -236,12 +274,17 @@ pub fn check_image(label: &str, image: &Path, tree: Option<&str>, order: Order) 
     let json = json_item_lines(image, tree).map_err(|e| format!("{what}: {e}"))?;
     if json != ours {
         let c = compare(&json, &ours);
-        return Err(format!("{what}: --json items differ from the text dump's\n{}", c.report.replace("btrfs dump-tree", "btrkit-dump text")));
+        return Err(format!(
+            "{what}: --json items differ from the text dump's\n{}",
+            c.report.replace("btrfs dump-tree", "btrkit-dump text")
+        ));
     }
     // A whole image always has items; one tree may be empty (the csum tree
     // of a fresh image), and then both sides must agree on that.
     if theirs.is_empty() && (tree.is_none() || !theirs_txt.contains("leaf ")) {
-        return Err(format!("{what}: btrfs dump-tree printed no item lines nor an empty leaf"));
+        return Err(format!(
+            "{what}: btrfs dump-tree printed no item lines nor an empty leaf"
+        ));
     }
     let c = compare(&ours, &theirs);
     if c.in_order {
@@ -249,7 +292,10 @@ pub fn check_image(label: &str, image: &Path, tree: Option<&str>, order: Order) 
         return Ok(c.ours);
     }
     if c.same_multiset && order == Order::AnyTreeOrder {
-        eprintln!("ok: {what}: {} item lines equal as multisets; the order of trees differs", c.ours);
+        eprintln!(
+            "ok: {what}: {} item lines equal as multisets; the order of trees differs",
+            c.ours
+        );
         return Ok(c.ours);
     }
     // Name the most likely cause when the only difference is the log trees.
@@ -280,7 +326,11 @@ pub fn assert_all(results: Vec<Result<usize, String>>) {
         for f in &fails {
             eprintln!("MISMATCH: {f}");
         }
-        panic!("{} comparison(s) failed:\n{}", fails.len(), fails.join("\n"));
+        panic!(
+            "{} comparison(s) failed:\n{}",
+            fails.len(),
+            fails.join("\n")
+        );
     }
 }
 
@@ -291,14 +341,23 @@ mod tests {
     #[test]
     fn item_line_filter() {
         let t = "leaf 1 items 2\n\titem 0 key (1 INODE_ITEM 0) itemoff 1 itemsize 2 \n\t\titem x\n\titem a key\n\titem 12 key (2 X 3) itemoff 0 itemsize 0\n";
-        assert_eq!(item_lines(t), vec!["\titem 0 key (1 INODE_ITEM 0) itemoff 1 itemsize 2", "\titem 12 key (2 X 3) itemoff 0 itemsize 0"]);
+        assert_eq!(
+            item_lines(t),
+            vec![
+                "\titem 0 key (1 INODE_ITEM 0) itemoff 1 itemsize 2",
+                "\titem 12 key (2 X 3) itemoff 0 itemsize 0"
+            ]
+        );
     }
 
     #[test]
     fn log_sections() {
         let t = "root tree\nleaf 1\n\titem 0 key (a) x\nlog root tree\n\titem 0 key (l) x\nfs tree key (FS_TREE ROOT_ITEM 0) \n\titem 0 key (f) x\nlog tree key (TREE_LOG ROOT_ITEM 5) \n\titem 0 key (g) x\ntotal bytes 1\n";
         assert_eq!(item_lines(t).len(), 4);
-        assert_eq!(item_lines_without_logs(t), vec!["\titem 0 key (a) x", "\titem 0 key (f) x"]);
+        assert_eq!(
+            item_lines_without_logs(t),
+            vec!["\titem 0 key (a) x", "\titem 0 key (f) x"]
+        );
     }
 
     #[test]

@@ -25,7 +25,10 @@ macro_rules! skip_unless {
 
 /// The running test's name (libtest names each test thread after the test).
 pub fn test_name() -> String {
-    std::thread::current().name().unwrap_or("<unnamed>").to_string()
+    std::thread::current()
+        .name()
+        .unwrap_or("<unnamed>")
+        .to_string()
 }
 
 /// True when `BTRKIT_REQUIRE_ORACLES` asks for every oracle to be present.
@@ -38,7 +41,10 @@ pub fn oracles_required() -> bool {
 pub fn skip(reason: &str) {
     eprintln!("SKIP: {}: {}", test_name(), reason);
     if oracles_required() {
-        panic!("BTRKIT_REQUIRE_ORACLES is set, so this test may not skip: {}: {reason}", test_name());
+        panic!(
+            "BTRKIT_REQUIRE_ORACLES is set, so this test may not skip: {}: {reason}",
+            test_name()
+        );
     }
 }
 
@@ -46,7 +52,10 @@ pub fn skip(reason: &str) {
 pub fn skip_part(what: &str, reason: &str) {
     eprintln!("SKIP part: {}: {what}: {reason}", test_name());
     if oracles_required() {
-        panic!("BTRKIT_REQUIRE_ORACLES is set, so no part of this test may skip: {}: {what}: {reason}", test_name());
+        panic!(
+            "BTRKIT_REQUIRE_ORACLES is set, so no part of this test may skip: {}: {what}: {reason}",
+            test_name()
+        );
     }
 }
 
@@ -67,7 +76,11 @@ fn is_root() -> bool {
 
 /// Running as root (needed for mount, losetup).
 pub fn require_root() -> bool {
-    report(&if is_root() { Ok(()) } else { Err("not running as root".into()) })
+    report(&if is_root() {
+        Ok(())
+    } else {
+        Err("not running as root".into())
+    })
 }
 
 fn runs(prog: &str, args: &[&str]) -> bool {
@@ -109,7 +122,8 @@ pub fn require_loop() -> bool {
         let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
         let f = dir.path().join("probe.img");
         let file = std::fs::File::create(&f).map_err(|e| format!("create probe file: {e}"))?;
-        file.set_len(1 << 20).map_err(|e| format!("probe file: {e}"))?;
+        file.set_len(1 << 20)
+            .map_err(|e| format!("probe file: {e}"))?;
         let dev = crate::kimage::losetup_attach(&f).map_err(|e| format!("losetup failed: {e}"))?;
         crate::kimage::losetup_detach(&dev);
         let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();

@@ -6,7 +6,10 @@ use std::process::Command;
 
 /// The repository root (the workspace directory).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// `../shared/fixtures/btrfs-progs-fsck` relative to the repository root.
@@ -21,11 +24,16 @@ pub fn fsck_bin() -> PathBuf {
     static BUILD: std::sync::Once = std::sync::Once::new();
     let exe = std::env::current_exe().unwrap_or_default();
     // target/<profile>/deps/<test> -> target/<profile>/btrkit-fsck
-    let dir = exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
     BUILD.call_once(|| {
         let release = dir.file_name().is_some_and(|n| n == "release");
         let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        c.args(["build", "-q", "-p", "btrkit-fsck"]).current_dir(repo_root());
+        c.args(["build", "-q", "-p", "btrkit-fsck"])
+            .current_dir(repo_root());
         if release {
             c.arg("--release");
         }
@@ -75,10 +83,17 @@ pub fn run_fsck(image: &Path, extra: &[&str], limit: std::time::Duration) -> Fsc
 
 pub fn run_with_limit(mut c: Command, limit: std::time::Duration) -> FsckRun {
     use std::io::Read;
-    c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     let mut child = match c.spawn() {
         Ok(ch) => ch,
-        Err(e) => return FsckRun { code: -1, stdout: String::new(), stderr: format!("spawn failed: {e}") },
+        Err(e) => {
+            return FsckRun {
+                code: -1,
+                stdout: String::new(),
+                stderr: format!("spawn failed: {e}"),
+            }
+        }
     };
     let mut out = child.stdout.take();
     let mut err = child.stderr.take();
@@ -109,12 +124,20 @@ pub fn run_with_limit(mut c: Command, limit: std::time::Duration) -> FsckRun {
             Err(_) => break -1,
         }
     };
-    FsckRun { code, stdout: t_out.join().unwrap_or_default(), stderr: t_err.join().unwrap_or_default() }
+    FsckRun {
+        code,
+        stdout: t_out.join().unwrap_or_default(),
+        stderr: t_err.join().unwrap_or_default(),
+    }
 }
 
 /// True when `prog` can be run.
 pub fn have(prog: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {prog} >/dev/null 2>&1")).status().is_ok_and(|s| s.success())
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {prog} >/dev/null 2>&1"))
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 pub fn is_root() -> bool {
@@ -129,7 +152,10 @@ pub struct Mount {
 
 impl Mount {
     pub fn new(image: &Path, opts: &str) -> Result<Mount, String> {
-        let dir = tempfile::Builder::new().prefix("btrkit-fsck-mnt").tempdir().map_err(|e| e.to_string())?;
+        let dir = tempfile::Builder::new()
+            .prefix("btrkit-fsck-mnt")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
         for attempt in 0..5 {
             let st = Command::new("mount")
                 .args(["-o", &format!("loop,{opts}")])
@@ -153,7 +179,11 @@ impl Drop for Mount {
     fn drop(&mut self) {
         // `umount` of a loop mount made with -o loop detaches the device too.
         for _ in 0..5 {
-            if Command::new("umount").arg(self.dir.path()).status().is_ok_and(|s| s.success()) {
+            if Command::new("umount")
+                .arg(self.dir.path())
+                .status()
+                .is_ok_and(|s| s.success())
+            {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(200));
@@ -166,16 +196,29 @@ pub fn sh(cmd: &str) {
     let o = Command::new("sh").arg("-c").arg(cmd).output();
     match o {
         Ok(o) if o.status.success() => {}
-        Ok(o) => panic!("`{cmd}` failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+        Ok(o) => panic!(
+            "`{cmd}` failed: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
         Err(e) => panic!("`{cmd}` could not run: {e}"),
     }
 }
 
 /// Make a small kernel-written image: mkfs (free space tree left to the
 /// kernel, see fsck_kernel.rs), mount, run `script` inside, unmount.
-pub fn kernel_image(dir: &Path, name: &str, mkfs_args: &str, mount_opts: &str, script: &str) -> PathBuf {
+pub fn kernel_image(
+    dir: &Path,
+    name: &str,
+    mkfs_args: &str,
+    mount_opts: &str,
+    script: &str,
+) -> PathBuf {
     let img = dir.join(name);
-    sh(&format!("truncate -s 256M '{0}' && mkfs.btrfs -q -f -R ^free-space-tree {mkfs_args} '{0}'", img.display()));
+    sh(&format!(
+        "truncate -s 256M '{0}' && mkfs.btrfs -q -f -R ^free-space-tree {mkfs_args} '{0}'",
+        img.display()
+    ));
     {
         let m = Mount::new(&img, &format!("space_cache=v2,{mount_opts}")).expect("mount");
         sh(&format!("cd '{}' && {script}", m.path().display()));
@@ -210,7 +253,12 @@ pub struct ItemAt {
 }
 
 /// The `nth` item of tree `tree` for which `pred(key, data)` holds.
-pub fn find_item(image: &Path, tree: u64, nth: usize, pred: &dyn Fn(&btrkit_core::format::key::Key, &[u8]) -> bool) -> Option<ItemAt> {
+pub fn find_item(
+    image: &Path,
+    tree: u64,
+    nth: usize,
+    pred: &dyn Fn(&btrkit_core::format::key::Key, &[u8]) -> bool,
+) -> Option<ItemAt> {
     use btrkit_core::format::consts::*;
     use btrkit_core::format::header::HEADER_SIZE;
     use btrkit_core::image::{Image, OpenOptions};
@@ -245,14 +293,30 @@ pub fn find_item(image: &Path, tree: u64, nth: usize, pred: &dyn Fn(&btrkit_core
 /// Change tree block `bytenr` in place with `f`, on every copy (or only
 /// copy 0 when `all_copies` is false), re-computing its checksum when
 /// `fix_csum`.
-pub fn patch_block(image: &Path, bytenr: u64, all_copies: bool, fix_csum: bool, f: &dyn Fn(&mut [u8])) {
+pub fn patch_block(
+    image: &Path,
+    bytenr: u64,
+    all_copies: bool,
+    fix_csum: bool,
+    f: &dyn Fn(&mut [u8]),
+) {
     use btrkit_core::image::{Image, OpenOptions};
     use std::os::unix::fs::FileExt;
     let (phys, ns, csum) = {
         let img = Image::open_path(image, OpenOptions::default()).expect("open image");
-        (img.chunks.map(bytenr, img.nodesize as u64, img.devid).expect("map block"), img.nodesize as usize, img.csum)
+        (
+            img.chunks
+                .map(bytenr, img.nodesize as u64, img.devid)
+                .expect("map block"),
+            img.nodesize as usize,
+            img.csum,
+        )
     };
-    let file = std::fs::OpenOptions::new().read(true).write(true).open(image).expect("open rw");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)
+        .expect("open rw");
     for (i, p) in phys.iter().enumerate() {
         if i > 0 && !all_copies {
             break;
@@ -272,11 +336,18 @@ pub fn patch_block(image: &Path, bytenr: u64, all_copies: bool, fix_csum: bool, 
 /// Size and modification time of a file, to prove a run did not write to it.
 pub fn file_stamp(p: &Path) -> (u64, Option<std::time::SystemTime>) {
     let m = std::fs::metadata(p).ok();
-    (m.as_ref().map(|m| m.len()).unwrap_or(0), m.and_then(|m| m.modified().ok()))
+    (
+        m.as_ref().map(|m| m.len()).unwrap_or(0),
+        m.and_then(|m| m.modified().ok()),
+    )
 }
 
 /// Like [`find_item`], over every log tree of the image's fsync log.
-pub fn find_log_item(image: &Path, nth: usize, pred: &dyn Fn(&btrkit_core::format::key::Key, &[u8]) -> bool) -> Option<ItemAt> {
+pub fn find_log_item(
+    image: &Path,
+    nth: usize,
+    pred: &dyn Fn(&btrkit_core::format::key::Key, &[u8]) -> bool,
+) -> Option<ItemAt> {
     use btrkit_core::format::consts::*;
     use btrkit_core::format::header::HEADER_SIZE;
     use btrkit_core::image::{tree_root_of, Image, OpenOptions};

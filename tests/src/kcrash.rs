@@ -35,8 +35,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 pub use btrkit_core::workload::content::{file_content, file_name, file_size, FillStream, Prng};
-pub use btrkit_core::workload::manifest::{check_expectations, content_hash, md5_hex, Entry, Manifest, Outcome};
-pub use btrkit_core::workload::script::{parse_num, Expect, Fill, NodeKind, Script as Scenario, Step, SyncKind};
+pub use btrkit_core::workload::manifest::{
+    check_expectations, content_hash, md5_hex, Entry, Manifest, Outcome,
+};
+pub use btrkit_core::workload::script::{
+    parse_num, Expect, Fill, NodeKind, Script as Scenario, Step, SyncKind,
+};
 
 /// Errors of this module are strings: they end up in test failure messages.
 pub type Res<T> = Result<T, String>;
@@ -48,7 +52,10 @@ pub const GENERATOR_VERSION: u32 = 3;
 /// A scenario file.
 pub fn load_scenario(path: &Path) -> Res<Scenario> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     Scenario::parse(&name, &text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -356,7 +363,11 @@ fn cpath(p: &Path) -> Res<CString> {
 }
 
 fn errno(what: &str, p: &Path) -> String {
-    format!("{what} {}: {}", p.display(), std::io::Error::last_os_error())
+    format!(
+        "{what} {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    )
 }
 
 fn check(r: libc::c_int, what: &str, p: &Path) -> Res<()> {
@@ -379,7 +390,14 @@ fn fsync_fd(fd: libc::c_int, data_only: bool, p: &Path) -> Res<()> {
 
 /// Write `len` bytes of `fill` at `off` through `fd` in 1 MiB pieces. With
 /// `enospc_ok`, running out of space ends the write quietly.
-fn write_fill_fd(fd: libc::c_int, p: &Path, off: u64, len: u64, fill: &Fill, enospc_ok: bool) -> Res<()> {
+fn write_fill_fd(
+    fd: libc::c_int,
+    p: &Path,
+    off: u64,
+    len: u64,
+    fill: &Fill,
+    enospc_ok: bool,
+) -> Res<()> {
     let mut stream = FillStream::new(fill);
     let mut buf = vec![0u8; len.min(1 << 20) as usize];
     let mut done = 0u64;
@@ -388,7 +406,14 @@ fn write_fill_fd(fd: libc::c_int, p: &Path, off: u64, len: u64, fill: &Fill, eno
         stream.next(&mut buf[..n]);
         let mut w = 0;
         while w < n {
-            let r = unsafe { libc::pwrite(fd, buf[w..n].as_ptr().cast(), n - w, (off + done + w as u64) as libc::off_t) };
+            let r = unsafe {
+                libc::pwrite(
+                    fd,
+                    buf[w..n].as_ptr().cast(),
+                    n - w,
+                    (off + done + w as u64) as libc::off_t,
+                )
+            };
             if r < 0 {
                 let e = std::io::Error::last_os_error();
                 if enospc_ok && e.raw_os_error() == Some(libc::ENOSPC) {
@@ -432,7 +457,10 @@ pub struct Runner {
 
 impl Runner {
     pub fn new(root: &Path) -> Runner {
-        Runner { root: root.to_path_buf(), fds: HashMap::new() }
+        Runner {
+            root: root.to_path_buf(),
+            fds: HashMap::new(),
+        }
     }
 
     fn p(&self, rel: &str) -> PathBuf {
@@ -473,29 +501,62 @@ impl Runner {
     /// [`generate`]; the shell's inspection verbs do nothing here and its
     /// engine switches are refused.
     pub fn apply(&mut self, st: &Step) -> Res<()> {
-        let io = |what: &str, p: &Path, r: std::io::Result<()>| r.map_err(|e| format!("{what} {}: {e}", p.display()));
+        let io = |what: &str, p: &Path, r: std::io::Result<()>| {
+            r.map_err(|e| format!("{what} {}: {e}", p.display()))
+        };
         match st {
             Step::Mkdir(p) => io("mkdir", &self.p(p), std::fs::create_dir(self.p(p))),
             Step::Create(p) => {
                 let p = self.p(p);
                 open_fd(&p, libc::O_CREAT | libc::O_WRONLY, 0o644).map(drop)
             }
-            Step::Write { path, off, len, fill, enospc_ok } => {
+            Step::Write {
+                path,
+                off,
+                len,
+                fill,
+                enospc_ok,
+            } => {
                 let (fd, _own) = self.fd(path, libc::O_CREAT | libc::O_WRONLY)?;
                 write_fill_fd(fd, &self.p(path), *off, *len, fill, *enospc_ok)
             }
-            Step::Swrite { path, off, len, byte, datasync } => {
+            Step::Swrite {
+                path,
+                off,
+                len,
+                byte,
+                datasync,
+            } => {
                 let p = self.p(path);
-                let flag = if *datasync { libc::O_DSYNC } else { libc::O_SYNC };
+                let flag = if *datasync {
+                    libc::O_DSYNC
+                } else {
+                    libc::O_SYNC
+                };
                 let f = open_fd(&p, libc::O_CREAT | libc::O_WRONLY | flag, 0o644)?;
                 write_fill_fd(f.0, &p, *off, *len, &Fill::Byte(*byte), false)
             }
-            Step::Dwrite { path, off, len, byte, chunk } => {
+            Step::Dwrite {
+                path,
+                off,
+                len,
+                byte,
+                chunk,
+            } => {
                 let p = self.p(path);
                 let f = open_fd(&p, libc::O_CREAT | libc::O_WRONLY | libc::O_DIRECT, 0o644)?;
                 // O_DIRECT wants an aligned buffer: a private anonymous mapping.
                 let n = (*chunk).max(1) as usize;
-                let buf = unsafe { libc::mmap(std::ptr::null_mut(), n, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+                let buf = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        n,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    )
+                };
                 if buf == libc::MAP_FAILED {
                     return Err(errno("mmap", &p));
                 }
@@ -514,7 +575,12 @@ impl Runner {
                 unsafe { libc::munmap(buf, n) };
                 res
             }
-            Step::Mwrite { path, off, len, byte } => {
+            Step::Mwrite {
+                path,
+                off,
+                len,
+                byte,
+            } => {
                 let p = self.p(path);
                 let f = open_fd(&p, libc::O_RDWR, 0)?;
                 let pg = 4096u64;
@@ -523,11 +589,26 @@ impl Runner {
                 if maplen == 0 {
                     return Ok(());
                 }
-                let m = unsafe { libc::mmap(std::ptr::null_mut(), maplen, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.0, start as libc::off_t) };
+                let m = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        maplen,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED,
+                        f.0,
+                        start as libc::off_t,
+                    )
+                };
                 if m == libc::MAP_FAILED {
                     return Err(errno("mmap", &p));
                 }
-                unsafe { std::ptr::write_bytes((m as *mut u8).add((off - start) as usize), *byte, *len as usize) };
+                unsafe {
+                    std::ptr::write_bytes(
+                        (m as *mut u8).add((off - start) as usize),
+                        *byte,
+                        *len as usize,
+                    )
+                };
                 // munmap: the pages stay dirty, nothing is synced.
                 unsafe { libc::munmap(m, maplen) };
                 Ok(())
@@ -535,7 +616,9 @@ impl Runner {
             Step::Msync { path, range } => {
                 let p = self.p(path);
                 let f = open_fd(&p, libc::O_RDWR, 0)?;
-                let size = std::fs::metadata(&p).map_err(|e| format!("stat {}: {e}", p.display()))?.len();
+                let size = std::fs::metadata(&p)
+                    .map_err(|e| format!("stat {}: {e}", p.display()))?
+                    .len();
                 let (off, len) = range.unwrap_or((0, size));
                 let pg = 4096u64;
                 let start = off / pg * pg;
@@ -543,7 +626,16 @@ impl Runner {
                 if maplen == 0 {
                     return Ok(());
                 }
-                let m = unsafe { libc::mmap(std::ptr::null_mut(), maplen, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.0, start as libc::off_t) };
+                let m = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        maplen,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED,
+                        f.0,
+                        start as libc::off_t,
+                    )
+                };
                 if m == libc::MAP_FAILED {
                     return Err(errno("mmap", &p));
                 }
@@ -551,44 +643,108 @@ impl Runner {
                 unsafe { libc::munmap(m, maplen) };
                 check(r, "msync", &p)
             }
-            Step::SyncRange { path, off, len, flags } => {
+            Step::SyncRange {
+                path,
+                off,
+                len,
+                flags,
+            } => {
                 let p = self.p(path);
                 let f = open_fd(&p, libc::O_RDWR, 0)?;
-                check(unsafe { libc::sync_file_range(f.0, *off as i64, *len as i64, *flags) }, "sync_file_range", &p)
+                check(
+                    unsafe { libc::sync_file_range(f.0, *off as i64, *len as i64, *flags) },
+                    "sync_file_range",
+                    &p,
+                )
             }
             Step::Truncate(p, size) => {
                 let (fd, _own) = self.fd(p, libc::O_WRONLY)?;
-                check(unsafe { libc::ftruncate(fd, *size as libc::off_t) }, "truncate", &self.p(p))
+                check(
+                    unsafe { libc::ftruncate(fd, *size as libc::off_t) },
+                    "truncate",
+                    &self.p(p),
+                )
             }
-            Step::Fallocate { path, off, len, keep } => self.falloc(path, if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 }, *off, *len),
-            Step::Punch { path, off, len } => self.falloc(path, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, *off, *len),
-            Step::ZeroRange { path, off, len, keep } => {
-                self.falloc(path, libc::FALLOC_FL_ZERO_RANGE | if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 }, *off, *len)
+            Step::Fallocate {
+                path,
+                off,
+                len,
+                keep,
+            } => self.falloc(
+                path,
+                if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 },
+                *off,
+                *len,
+            ),
+            Step::Punch { path, off, len } => self.falloc(
+                path,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                *off,
+                *len,
+            ),
+            Step::ZeroRange {
+                path,
+                off,
+                len,
+                keep,
+            } => self.falloc(
+                path,
+                libc::FALLOC_FL_ZERO_RANGE | if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 },
+                *off,
+                *len,
+            ),
+            Step::Collapse { path, off, len } => {
+                self.falloc(path, libc::FALLOC_FL_COLLAPSE_RANGE, *off, *len)
             }
-            Step::Collapse { path, off, len } => self.falloc(path, libc::FALLOC_FL_COLLAPSE_RANGE, *off, *len),
-            Step::Clone { src, src_off, dst, dst_off, len } => {
+            Step::Clone {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                len,
+            } => {
                 let (sfd, _s) = self.fd(src, libc::O_RDONLY)?;
                 let (dfd, _d) = self.fd(dst, libc::O_RDWR | libc::O_CREAT)?;
                 // struct file_clone_range { s64 src_fd; u64 src_offset, src_length, dest_offset; }
                 let arg: [u64; 4] = [sfd as u64, *src_off, *len, *dst_off];
                 const FICLONERANGE: libc::c_ulong = 0x4020_940d;
-                check(unsafe { libc::ioctl(dfd, FICLONERANGE as _, arg.as_ptr()) }, "clone", &self.p(dst))
+                check(
+                    unsafe { libc::ioctl(dfd, FICLONERANGE as _, arg.as_ptr()) },
+                    "clone",
+                    &self.p(dst),
+                )
             }
             Step::Link(a, b) => io("link", &self.p(b), std::fs::hard_link(self.p(a), self.p(b))),
-            Step::Symlink { target, path } => io("symlink", &self.p(path), std::os::unix::fs::symlink(target, self.p(path))),
+            Step::Symlink { target, path } => io(
+                "symlink",
+                &self.p(path),
+                std::os::unix::fs::symlink(target, self.p(path)),
+            ),
             Step::Rename(a, b) => io("rename", &self.p(a), std::fs::rename(self.p(a), self.p(b))),
             Step::Unlink(p) => io("unlink", &self.p(p), std::fs::remove_file(self.p(p))),
             Step::Rmdir(p) => io("rmdir", &self.p(p), std::fs::remove_dir(self.p(p))),
             Step::SetXattr { path, name, value } => {
                 let p = self.p(path);
                 let cn = CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?;
-                let r = unsafe { libc::lsetxattr(cpath(&p)?.as_ptr(), cn.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+                let r = unsafe {
+                    libc::lsetxattr(
+                        cpath(&p)?.as_ptr(),
+                        cn.as_ptr(),
+                        value.as_ptr().cast(),
+                        value.len(),
+                        0,
+                    )
+                };
                 check(r, &format!("setxattr {name}"), &p)
             }
             Step::RemoveXattr { path, name } => {
                 let p = self.p(path);
                 let cn = CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?;
-                check(unsafe { libc::lremovexattr(cpath(&p)?.as_ptr(), cn.as_ptr()) }, &format!("removexattr {name}"), &p)
+                check(
+                    unsafe { libc::lremovexattr(cpath(&p)?.as_ptr(), cn.as_ptr()) },
+                    &format!("removexattr {name}"),
+                    &p,
+                )
             }
             Step::Fsync(p) | Step::Fdatasync(p) => {
                 let (fd, _own) = self.fd(p, libc::O_RDONLY)?;
@@ -602,15 +758,29 @@ impl Runner {
             Step::Chmod(p, mode) => {
                 use std::os::unix::fs::PermissionsExt;
                 let p = self.p(p);
-                io("chmod", &p, std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)))
+                io(
+                    "chmod",
+                    &p,
+                    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)),
+                )
             }
-            Step::Chown(p, u, g) => io("chown", &self.p(p), std::os::unix::fs::lchown(self.p(p), Some(*u), Some(*g))),
+            Step::Chown(p, u, g) => io(
+                "chown",
+                &self.p(p),
+                std::os::unix::fs::lchown(self.p(p), Some(*u), Some(*g)),
+            ),
             Step::Touch(p) => {
                 let p = self.p(p);
                 if std::fs::symlink_metadata(&p).is_err() {
                     open_fd(&p, libc::O_CREAT | libc::O_WRONLY, 0o644)?;
                 }
-                check(unsafe { libc::utimensat(libc::AT_FDCWD, cpath(&p)?.as_ptr(), std::ptr::null(), 0) }, "touch", &p)
+                check(
+                    unsafe {
+                        libc::utimensat(libc::AT_FDCWD, cpath(&p)?.as_ptr(), std::ptr::null(), 0)
+                    },
+                    "touch",
+                    &p,
+                )
             }
             Step::Mknod(p, kind) => {
                 let p = self.p(p);
@@ -619,7 +789,11 @@ impl Runner {
                     NodeKind::Chr(a, b) => (libc::S_IFCHR | 0o644, libc::makedev(*a, *b)),
                     NodeKind::Blk(a, b) => (libc::S_IFBLK | 0o644, libc::makedev(*a, *b)),
                 };
-                check(unsafe { libc::mknod(cpath(&p)?.as_ptr(), mode, dev) }, "mknod", &p)
+                check(
+                    unsafe { libc::mknod(cpath(&p)?.as_ptr(), mode, dev) },
+                    "mknod",
+                    &p,
+                )
             }
             Step::Tmpfile(h) => {
                 let f = open_fd(&self.root, libc::O_TMPFILE | libc::O_RDWR, 0o644)?;
@@ -628,13 +802,22 @@ impl Runner {
             }
             Step::OpenFd(p) => {
                 let path = self.p(p);
-                let flags = if path.is_dir() { libc::O_RDONLY } else { libc::O_RDWR };
+                let flags = if path.is_dir() {
+                    libc::O_RDONLY
+                } else {
+                    libc::O_RDWR
+                };
                 let f = open_fd(&path, flags, 0)?;
                 self.fds.insert(p.clone(), f);
                 Ok(())
             }
-            Step::CloseFd(p) => self.fds.remove(p).map(drop).ok_or_else(|| format!("close-fd {p}: not open")),
-            Step::Evict => std::fs::write("/proc/sys/vm/drop_caches", "2\n").map_err(|e| format!("drop_caches: {e}")),
+            Step::CloseFd(p) => self
+                .fds
+                .remove(p)
+                .map(drop)
+                .ok_or_else(|| format!("close-fd {p}: not open")),
+            Step::Evict => std::fs::write("/proc/sys/vm/drop_caches", "2\n")
+                .map_err(|e| format!("drop_caches: {e}")),
             Step::Sleep(s) => {
                 std::thread::sleep(Duration::from_secs_f64(*s));
                 Ok(())
@@ -642,25 +825,43 @@ impl Runner {
             Step::SubvolCreate(p) => self.btrfs(&["subvolume", "create"], Some(&self.p(p))),
             Step::Snapshot(a, b) => {
                 let mut c = Command::new("btrfs");
-                c.args(["subvolume", "snapshot"]).arg(self.p(a)).arg(self.p(b));
+                c.args(["subvolume", "snapshot"])
+                    .arg(self.p(a))
+                    .arg(self.p(b));
                 run(&mut c).map(drop)
             }
             Step::SubvolDelete(p) => self.btrfs(&["subvolume", "delete"], Some(&self.p(p))),
-            Step::SubvolSetDefault(p) => self.btrfs(&["subvolume", "set-default"], Some(&self.p(p))),
+            Step::SubvolSetDefault(p) => {
+                self.btrfs(&["subvolume", "set-default"], Some(&self.p(p)))
+            }
             Step::QuotaEnable => {
                 // Enabling starts a rescan; wait for it, so the counters are
                 // complete before the next steps.
                 self.btrfs(&["quota", "enable"], Some(&self.root.clone()))?;
                 self.btrfs(&["quota", "rescan", "-W"], Some(&self.root.clone()))
             }
-            Step::BalanceMetadata => self.btrfs(&["balance", "start", "-m"], Some(&self.root.clone())),
-            Step::WriteFiles { dir, count, min, max, sync } => {
+            Step::BalanceMetadata => {
+                self.btrfs(&["balance", "start", "-m"], Some(&self.root.clone()))
+            }
+            Step::WriteFiles {
+                dir,
+                count,
+                min,
+                max,
+                sync,
+            } => {
                 let d = self.p(dir);
                 for i in 0..*count {
                     let p = d.join(file_name(i));
                     let data = file_content(i, file_size(i, *min, *max));
-                    let f = OpenOptions::new().write(true).create_new(true).mode(0o644).open(&p).map_err(|e| format!("create {}: {e}", p.display()))?;
-                    f.write_all_at(&data, 0).map_err(|e| format!("write {}: {e}", p.display()))?;
+                    let f = OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o644)
+                        .open(&p)
+                        .map_err(|e| format!("create {}: {e}", p.display()))?;
+                    f.write_all_at(&data, 0)
+                        .map_err(|e| format!("write {}: {e}", p.display()))?;
                     let r = match sync {
                         SyncKind::None => Ok(()),
                         SyncKind::Fsync => f.sync_all(),
@@ -671,16 +872,29 @@ impl Runner {
                 Ok(())
             }
             Step::Read { .. } | Step::Ls(_) | Step::Stat(_) | Step::Stats { .. } => Ok(()),
-            Step::Set { name, .. } => Err(format!("set {name}: an engine switch; the kernel has none")),
-            Step::Crash { keep_random: Some(_) } => Err("crash --keep-random: the kernel harness can only take the image as it is".into()),
-            Step::Crash { .. } | Step::Remount => Err(format!("{}: needs the mount (run through generate)", st.verb())),
+            Step::Set { name, .. } => {
+                Err(format!("set {name}: an engine switch; the kernel has none"))
+            }
+            Step::Crash {
+                keep_random: Some(_),
+            } => Err(
+                "crash --keep-random: the kernel harness can only take the image as it is".into(),
+            ),
+            Step::Crash { .. } | Step::Remount => Err(format!(
+                "{}: needs the mount (run through generate)",
+                st.verb()
+            )),
         }
     }
 
     fn falloc(&self, path: &str, mode: libc::c_int, off: u64, len: u64) -> Res<()> {
         // fallocate(1), which kcrash.py runs, creates a missing file.
         let (fd, _own) = self.fd(path, libc::O_WRONLY | libc::O_CREAT)?;
-        check(unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) }, "fallocate", &self.p(path))
+        check(
+            unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) },
+            "fallocate",
+            &self.p(path),
+        )
     }
 }
 
@@ -697,8 +911,10 @@ pub struct CrashImage {
 
 /// Superblock `(generation, log_root)` of an image.
 pub fn super_log_root(img: &Path) -> Res<(u64, u64)> {
-    let dev = btrkit_core::io::FileDevice::open(img, false).map_err(|e| format!("{}: {e}", img.display()))?;
-    let sb = btrkit_core::image::read_superblock(&dev, 0).map_err(|e| format!("{}: {e}", img.display()))?;
+    let dev = btrkit_core::io::FileDevice::open(img, false)
+        .map_err(|e| format!("{}: {e}", img.display()))?;
+    let sb = btrkit_core::image::read_superblock(&dev, 0)
+        .map_err(|e| format!("{}: {e}", img.display()))?;
     Ok((sb.generation.get(), sb.log_root.get()))
 }
 
@@ -711,8 +927,14 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
     let crash = work.join("crash.img");
     let _ = std::fs::remove_file(&live);
     let _ = std::fs::remove_file(&crash);
-    File::create(&live).and_then(|f| f.set_len(scn.fssize)).map_err(|e| format!("{}: {e}", live.display()))?;
-    run(Command::new("mkfs.btrfs").args(["-q", "-f"]).args(&scn.mkfs).arg(&live)).map_err(|e| format!("{}: {e}", scn.name))?;
+    File::create(&live)
+        .and_then(|f| f.set_len(scn.fssize))
+        .map_err(|e| format!("{}: {e}", live.display()))?;
+    run(Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .args(&scn.mkfs)
+        .arg(&live))
+    .map_err(|e| format!("{}: {e}", scn.name))?;
     let opts = scn.mount_options();
     let mnt = work.join("mnt");
     let mut m = Some(LoopMount::mount(&live, &mnt, &opts)?);
@@ -756,7 +978,9 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
                 }
                 m = Some(LoopMount::mount(&live, &mnt, &opts)?);
             }
-            _ => r.apply(st).map_err(|e| format!("{} line {line}: {e}", scn.name))?,
+            _ => r
+                .apply(st)
+                .map_err(|e| format!("{} line {line}: {e}", scn.name))?,
         }
     }
     r.close_all();
@@ -773,11 +997,17 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
         return Err(format!("{}: the crash image has no log tree (log_root 0), the kernel committed instead of logging", scn.name));
     }
     if scn.expect_log == Some(false) && log_root != 0 {
-        return Err(format!("{}: the crash image has a log tree at {log_root}, the scenario expects none", scn.name));
+        return Err(format!(
+            "{}: the crash image has a log tree at {log_root}, the scenario expects none",
+            scn.name
+        ));
     }
-    Ok(CrashImage { path: crash, log_root, generation })
+    Ok(CrashImage {
+        path: crash,
+        log_root,
+        generation,
+    })
 }
-
 
 /// Key of a cached crash image: scenario text, generator version, kernel.
 
@@ -1232,11 +1462,24 @@ pub fn count_headline_files(root: &Path) -> Res<(u32, u32)> {
 /// Run the scenario's `expect post` steps on `img` (mounted read-write),
 /// in order; one result each. `img` is changed: pass a copy.
 pub fn run_posts(img: &Path, scn: &Scenario) -> Res<Vec<Res<()>>> {
-    let posts: Vec<&Step> = scn.expects.iter().filter_map(|(_, e)| if let Expect::Post(s) = e { Some(s) } else { None }).collect();
+    let posts: Vec<&Step> = scn
+        .expects
+        .iter()
+        .filter_map(|(_, e)| {
+            if let Expect::Post(s) = e {
+                Some(s)
+            } else {
+                None
+            }
+        })
+        .collect();
     if posts.is_empty() {
         return Ok(Vec::new());
     }
-    let mnt = tempfile::Builder::new().prefix("kcrash-post-").tempdir().map_err(|e| e.to_string())?;
+    let mnt = tempfile::Builder::new()
+        .prefix("kcrash-post-")
+        .tempdir()
+        .map_err(|e| e.to_string())?;
     let m = LoopMount::mount(img, &mnt.path().join("m"), "commit=600")?;
     let mut r = Runner::new(m.path());
     let out = posts.iter().map(|s| r.apply(s)).collect();

@@ -32,7 +32,14 @@ pub struct MkfsOpts {
 
 impl Default for MkfsOpts {
     fn default() -> Self {
-        MkfsOpts { size: 512 << 20, nodesize: None, csum: None, features: None, label: None, extra: Vec::new() }
+        MkfsOpts {
+            size: 512 << 20,
+            nodesize: None,
+            csum: None,
+            features: None,
+            label: None,
+            extra: Vec::new(),
+        }
     }
 }
 
@@ -84,7 +91,10 @@ impl MkfsOpts {
 /// command line with its stderr otherwise.
 pub fn try_run(cmd: &mut Command) -> Result<Output, String> {
     let shown = format!("{cmd:?}");
-    let out = cmd.stdin(Stdio::null()).output().map_err(|e| format!("{shown}: cannot start: {e}"))?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{shown}: cannot start: {e}"))?;
     if out.status.success() {
         Ok(out)
     } else {
@@ -136,7 +146,8 @@ pub fn losetup_detach(dev: &Path) {
 
 /// Read superblock copy 0 of an image file with btrkit-core.
 pub fn superblock_of(image: &Path) -> Superblock {
-    let dev = FileDevice::open(image, false).unwrap_or_else(|e| panic!("open {}: {e}", image.display()));
+    let dev =
+        FileDevice::open(image, false).unwrap_or_else(|e| panic!("open {}: {e}", image.display()));
     read_superblock(&dev, 0).unwrap_or_else(|e| panic!("superblock of {}: {e}", image.display()))
 }
 
@@ -165,7 +176,10 @@ pub struct KernelImage {
 impl KernelImage {
     /// Create the image with `mkfs.btrfs -f -q` (not mounted).
     pub fn mkfs(opts: &MkfsOpts) -> KernelImage {
-        let dir = tempfile::Builder::new().prefix("btrkit-kimg-").tempdir().expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix("btrkit-kimg-")
+            .tempdir()
+            .expect("tempdir");
         let image = dir.path().join("disk.img");
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).expect("mkdir mount point");
@@ -173,7 +187,14 @@ impl KernelImage {
         f.set_len(opts.size).expect("size image file");
         drop(f);
         run(Command::new("mkfs.btrfs").args(opts.args()).arg(&image));
-        KernelImage { dir, image, mnt, loopdev: None, mounted: false, mkfs: opts.clone() }
+        KernelImage {
+            dir,
+            image,
+            mnt,
+            loopdev: None,
+            mounted: false,
+            mkfs: opts.clone(),
+        }
     }
 
     /// `mkfs` then mount with `commit=600` plus `extra_opts` (comma list,
@@ -198,7 +219,12 @@ impl KernelImage {
         let dev = losetup_attach(&self.image).unwrap_or_else(|e| panic!("losetup: {e}"));
         let mut last = String::new();
         for attempt in 0..5u64 {
-            match try_run(Command::new("mount").args(["-t", "btrfs", "-o", &o]).arg(&dev).arg(&self.mnt)) {
+            match try_run(
+                Command::new("mount")
+                    .args(["-t", "btrfs", "-o", &o])
+                    .arg(&dev)
+                    .arg(&self.mnt),
+            ) {
                 Ok(_) => {
                     self.loopdev = Some(dev);
                     self.mounted = true;
@@ -262,7 +288,9 @@ impl KernelImage {
     /// Commit the running transaction (`btrfs filesystem sync`).
     pub fn sync(&self) {
         assert!(self.mounted, "sync needs a mount");
-        run(Command::new("btrfs").args(["filesystem", "sync"]).arg(&self.mnt));
+        run(Command::new("btrfs")
+            .args(["filesystem", "sync"])
+            .arg(&self.mnt));
     }
 
     /// Generation of the last committed transaction, from the superblock in
@@ -280,16 +308,26 @@ impl KernelImage {
     /// fsync, `cp --sparse=always`. Panics unless the copy has a log tree.
     pub fn crash_copy(&self, name: &str) -> CrashCopy {
         let c = self.crash_copy_unchecked(name);
-        assert!(c.log_root != 0, "crash copy {} has no log tree (log_root 0): a commit happened?", c.path.display());
+        assert!(
+            c.log_root != 0,
+            "crash copy {} has no log tree (log_root 0): a commit happened?",
+            c.path.display()
+        );
         c
     }
 
     /// As [`crash_copy`](Self::crash_copy), without requiring a log tree.
     pub fn crash_copy_unchecked(&self, name: &str) -> CrashCopy {
         assert!(self.mounted, "crash_copy needs a live mount");
-        let dir = tempfile::Builder::new().prefix("btrkit-crash-").tempdir().expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix("btrkit-crash-")
+            .tempdir()
+            .expect("tempdir");
         let path = dir.path().join(name);
-        run(Command::new("cp").arg("--sparse=always").arg(&self.image).arg(&path));
+        run(Command::new("cp")
+            .arg("--sparse=always")
+            .arg(&self.image)
+            .arg(&path));
         let sb = superblock_of(&path);
         CrashCopy {
             _dir: dir,
@@ -311,17 +349,34 @@ impl Drop for KernelImage {
 /// with btrkit-core.
 pub fn tree_levels(image: &Path) -> Vec<(u64, u64, u8)> {
     use btrkit_core::image::{Image, OpenOptions};
-    let img = Image::open_path(image, OpenOptions::default()).unwrap_or_else(|e| panic!("open {}: {e}", image.display()));
-    let items = img.root_items_in(img.root_tree()).unwrap_or_else(|e| panic!("root items: {e}"));
-    items.into_iter().map(|(k, ri)| (k.objectid, k.offset, ri.level)).collect()
+    let img = Image::open_path(image, OpenOptions::default())
+        .unwrap_or_else(|e| panic!("open {}: {e}", image.display()));
+    let items = img
+        .root_items_in(img.root_tree())
+        .unwrap_or_else(|e| panic!("root items: {e}"));
+    items
+        .into_iter()
+        .map(|(k, ri)| (k.objectid, k.offset, ri.level))
+        .collect()
 }
 
 /// `(tree id, level)` of every log tree in the log root tree (empty when the
 /// image has no log), and the log root tree's own level.
 pub fn log_tree_levels(image: &Path) -> (Option<u8>, Vec<(u64, u8)>) {
     use btrkit_core::image::{Image, OpenOptions};
-    let img = Image::open_path(image, OpenOptions::default()).unwrap_or_else(|e| panic!("open {}: {e}", image.display()));
-    let Some(lrt) = img.log_root_tree() else { return (None, Vec::new()) };
-    let items = img.root_items_in(lrt).unwrap_or_else(|e| panic!("log root items: {e}"));
-    (Some(lrt.level), items.into_iter().map(|(k, ri)| (k.offset, ri.level)).collect())
+    let img = Image::open_path(image, OpenOptions::default())
+        .unwrap_or_else(|e| panic!("open {}: {e}", image.display()));
+    let Some(lrt) = img.log_root_tree() else {
+        return (None, Vec::new());
+    };
+    let items = img
+        .root_items_in(lrt)
+        .unwrap_or_else(|e| panic!("log root items: {e}"));
+    (
+        Some(lrt.level),
+        items
+            .into_iter()
+            .map(|(k, ri)| (k.offset, ri.level))
+            .collect(),
+    )
 }

@@ -26,5 +26,8 @@ pub mod rich;
 pub mod salvage;
 
 pub use bins::bin_path;
-pub use env::{oracles_required, repo_root, require_btrfs_progs, require_kernel_mount, require_loop, require_root, require_shared, skip, skip_part, test_name};
+pub use env::{
+    oracles_required, repo_root, require_btrfs_progs, require_kernel_mount, require_loop,
+    require_root, require_shared, skip, skip_part, test_name,
+};
 pub use kimage::{KernelImage, MkfsOpts};

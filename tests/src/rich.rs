@@ -56,7 +56,9 @@ pub fn compressible(len: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(len + 64);
     let mut i = 0u64;
     while v.len() < len {
-        v.extend_from_slice(format!("line {i:08} the quick brown fox jumps over the lazy dog\n").as_bytes());
+        v.extend_from_slice(
+            format!("line {i:08} the quick brown fox jumps over the lazy dog\n").as_bytes(),
+        );
         i += 1;
     }
     v.truncate(len);
@@ -69,40 +71,88 @@ fn cstr(p: &Path) -> CString {
 
 pub fn write_file(p: &Path, data: &[u8]) {
     let mut f = File::create(p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
-    f.write_all(data).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    f.write_all(data)
+        .unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
 }
 
 pub fn write_at(p: &Path, off: u64, data: &[u8]) {
-    let f = OpenOptions::new().create(true).write(true).truncate(false).open(p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
-    f.write_all_at(data, off).unwrap_or_else(|e| panic!("pwrite {}: {e}", p.display()));
+    let f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(p)
+        .unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
+    f.write_all_at(data, off)
+        .unwrap_or_else(|e| panic!("pwrite {}: {e}", p.display()));
 }
 
 /// `fallocate(2)`; `keep_size` leaves i_size alone (prealloc past EOF).
 pub fn fallocate(p: &Path, off: u64, len: u64, keep_size: bool) {
-    let f = OpenOptions::new().create(true).write(true).truncate(false).open(p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
-    let mode = if keep_size { libc::FALLOC_FL_KEEP_SIZE } else { 0 };
+    let f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(p)
+        .unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
+    let mode = if keep_size {
+        libc::FALLOC_FL_KEEP_SIZE
+    } else {
+        0
+    };
     // SAFETY: valid open fd; plain integer arguments.
     let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as libc::off_t, len as libc::off_t) };
-    assert_eq!(r, 0, "fallocate {}: {}", p.display(), std::io::Error::last_os_error());
+    assert_eq!(
+        r,
+        0,
+        "fallocate {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
 }
 
 pub fn setxattr(p: &Path, name: &str, value: &[u8]) {
     let (cp, cn) = (cstr(p), CString::new(name).expect("xattr name")); // OK: our own names
-    // SAFETY: NUL-terminated strings and a live buffer of the given length.
-    let r = unsafe { libc::lsetxattr(cp.as_ptr(), cn.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
-    assert_eq!(r, 0, "setxattr {} {name}: {}", p.display(), std::io::Error::last_os_error());
+                                                                       // SAFETY: NUL-terminated strings and a live buffer of the given length.
+    let r = unsafe {
+        libc::lsetxattr(
+            cp.as_ptr(),
+            cn.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setxattr {} {name}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
 }
 
 pub fn fsync(p: &Path) {
     let f = File::open(p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
-    f.sync_all().unwrap_or_else(|e| panic!("fsync {}: {e}", p.display()));
+    f.sync_all()
+        .unwrap_or_else(|e| panic!("fsync {}: {e}", p.display()));
 }
 
 /// Populate a mounted image with the rich content (see the module doc).
 /// `k` stays mounted.
 pub fn populate_rich(k: &KernelImage, many_files: usize) {
     let p = |r: &str| k.path(r);
-    for d in ["inline", "data", "prealloc", "compressed", "chattr", "holes", "xattr", "links", "links/sub", "many"] {
+    for d in [
+        "inline",
+        "data",
+        "prealloc",
+        "compressed",
+        "chattr",
+        "holes",
+        "xattr",
+        "links",
+        "links/sub",
+        "many",
+    ] {
         fs::create_dir(p(d)).unwrap_or_else(|e| panic!("mkdir {d}: {e}"));
     }
     // Inline extents: small files up to just under the default max_inline.
@@ -119,10 +169,17 @@ pub fn populate_rich(k: &KernelImage, many_files: usize) {
     write_file(&p("prealloc/keep"), &random_bytes(4, 4096));
     fallocate(&p("prealloc/keep"), 4096, 1 << 20, true);
     fallocate(&p("prealloc/partial"), 0, 2 << 20, false);
-    write_at(&p("prealloc/partial"), 512 << 10, &random_bytes(5, 64 << 10));
+    write_at(
+        &p("prealloc/partial"),
+        512 << 10,
+        &random_bytes(5, 64 << 10),
+    );
     // Compression: zstd inherited from the directory property, and zlib (the
     // default algorithm) from `chattr +c` on an empty file.
-    run(Command::new("btrfs").args(["property", "set"]).arg(p("compressed")).args(["compression", "zstd"]));
+    run(Command::new("btrfs")
+        .args(["property", "set"])
+        .arg(p("compressed"))
+        .args(["compression", "zstd"]));
     write_file(&p("compressed/text1m"), &compressible(1 << 20));
     write_file(&p("compressed/text300k"), &compressible(300_000));
     write_file(&p("compressed/random"), &random_bytes(6, 256 << 10));
@@ -133,9 +190,21 @@ pub fn populate_rich(k: &KernelImage, many_files: usize) {
     write_at(&p("holes/sparse1"), 0, &random_bytes(7, 4096));
     write_at(&p("holes/sparse1"), 1 << 20, &random_bytes(8, 4096));
     write_at(&p("holes/sparse1"), 5 << 20, &random_bytes(9, 8192));
-    File::options().write(true).open(p("holes/sparse1")).expect("open").set_len(8 << 20).expect("truncate");
-    File::create(p("holes/sparse2")).expect("create").set_len(2 << 20).expect("truncate");
-    write_at(&p("holes/sparse2"), (2 << 20) - 4096, &random_bytes(10, 4096));
+    File::options()
+        .write(true)
+        .open(p("holes/sparse1"))
+        .expect("open")
+        .set_len(8 << 20)
+        .expect("truncate");
+    File::create(p("holes/sparse2"))
+        .expect("create")
+        .set_len(2 << 20)
+        .expect("truncate");
+    write_at(
+        &p("holes/sparse2"),
+        (2 << 20) - 4096,
+        &random_bytes(10, 4096),
+    );
     // xattrs on a file, a directory and a symlink; many on one file.
     write_file(&p("xattr/f1"), b"has xattrs\n");
     setxattr(&p("xattr/f1"), "user.a", b"1");
@@ -143,7 +212,11 @@ pub fn populate_rich(k: &KernelImage, many_files: usize) {
     setxattr(&p("xattr"), "user.dir", b"on a directory");
     write_file(&p("xattr/many"), b"many xattrs\n");
     for i in 0..50 {
-        setxattr(&p("xattr/many"), &format!("user.x{i:03}"), format!("value {i}").as_bytes());
+        setxattr(
+            &p("xattr/many"),
+            &format!("user.x{i:03}"),
+            format!("value {i}").as_bytes(),
+        );
     }
     // Hard links across directories, symlinks (short, long, dangling), a fifo.
     write_file(&p("links/orig"), &random_bytes(11, 10_000));
@@ -165,7 +238,10 @@ pub fn populate_rich(k: &KernelImage, many_files: usize) {
         if i % 2 == 0 {
             write_file(&name, &random_bytes(100 + i as u64, 4096 + (i % 7) * 100));
         } else {
-            write_file(&name, format!("file {i} {}\n", "y".repeat(i % 50)).as_bytes());
+            write_file(
+                &name,
+                format!("file {i} {}\n", "y".repeat(i % 50)).as_bytes(),
+            );
         }
     }
     // Unlink some so the directory has gaps in its index.
@@ -174,15 +250,23 @@ pub fn populate_rich(k: &KernelImage, many_files: usize) {
     }
     // A subvolume, a snapshot of it changed afterwards, and a snapshot of the
     // top level (shares all the blocks of the big fs tree).
-    run(Command::new("btrfs").args(["subvolume", "create"]).arg(p("sub")));
+    run(Command::new("btrfs")
+        .args(["subvolume", "create"])
+        .arg(p("sub")));
     fs::create_dir(p("sub/dir")).expect("mkdir sub/dir");
     write_file(&p("sub/dir/a"), &random_bytes(12, 200_000));
     write_file(&p("sub/b"), b"small in subvolume\n");
     k.sync();
-    run(Command::new("btrfs").args(["subvolume", "snapshot"]).arg(p("sub")).arg(p("snap")));
+    run(Command::new("btrfs")
+        .args(["subvolume", "snapshot"])
+        .arg(p("sub"))
+        .arg(p("snap")));
     write_at(&p("snap/dir/a"), 4096, &random_bytes(13, 8192));
     write_file(&p("snap/new"), b"only in the snapshot\n");
-    run(Command::new("btrfs").args(["subvolume", "snapshot"]).arg(k.mnt()).arg(p("topsnap")));
+    run(Command::new("btrfs")
+        .args(["subvolume", "snapshot"])
+        .arg(k.mnt())
+        .arg(p("topsnap")));
 }
 
 /// mkfs, mount, [`populate_rich`], unmount. The image is left unmounted and

@@ -29,10 +29,17 @@ impl LogBlock {
     }
     /// A leaf of data checksums (EXTENT_CSUM items).
     pub fn is_csum_leaf(&self) -> bool {
-        self.level == 0 && self.first_key.is_some_and(|k| k.objectid == btrkit_core::format::consts::BTRFS_EXTENT_CSUM_OBJECTID)
+        self.level == 0
+            && self.first_key.is_some_and(|k| {
+                k.objectid == btrkit_core::format::consts::BTRFS_EXTENT_CSUM_OBJECTID
+            })
     }
     pub fn describe(&self) -> String {
-        let tree = if self.in_root_tree() { "log root tree".to_string() } else { format!("log of subvol {}", self.subvol) };
+        let tree = if self.in_root_tree() {
+            "log root tree".to_string()
+        } else {
+            format!("log of subvol {}", self.subvol)
+        };
         format!("block {} (level {}, {tree})", self.bytenr, self.level)
     }
 }
@@ -40,16 +47,33 @@ impl LogBlock {
 /// Every block of the log of `img`, in walk order: the log root tree, then
 /// each subvolume log.
 pub fn log_blocks(img: &Path) -> Result<Vec<LogBlock>, String> {
-    let image = Image::open_path(img, OpenOptions { lenient: true, ..Default::default() }).map_err(|e| format!("{}: {e}", img.display()))?;
+    let image = Image::open_path(
+        img,
+        OpenOptions {
+            lenient: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("{}: {e}", img.display()))?;
     let read = read_log(&image, ReadOptions::new(OnDamage::Keep))
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{}: no log", img.display()))?;
     let mut out = Vec::new();
-    let trees = std::iter::once((BTRFS_TREE_LOG_OBJECTID, &read.root_tree)).chain(read.trees.iter().map(|t| (t.subvol, &t.read)));
+    let trees = std::iter::once((BTRFS_TREE_LOG_OBJECTID, &read.root_tree))
+        .chain(read.trees.iter().map(|t| (t.subvol, &t.read)));
     for (subvol, t) in trees {
         for b in &t.blocks {
-            let copies = image.chunks.map(b.bytenr, image.nodesize as u64, image.devid).map_err(|e| e.to_string())?;
-            out.push(LogBlock { bytenr: b.bytenr, level: b.level, subvol, copies, first_key: b.first_key });
+            let copies = image
+                .chunks
+                .map(b.bytenr, image.nodesize as u64, image.devid)
+                .map_err(|e| e.to_string())?;
+            out.push(LogBlock {
+                bytenr: b.bytenr,
+                level: b.level,
+                subvol,
+                copies,
+                first_key: b.first_key,
+            });
         }
     }
     Ok(out)
@@ -58,7 +82,11 @@ pub fn log_blocks(img: &Path) -> Result<Vec<LogBlock>, String> {
 /// Make `b` unreadable in `img`: every copy gets a wrong checksum (its
 /// first checksum byte inverted), as a bad sector on both mirrors would.
 pub fn damage_block(img: &Path, b: &LogBlock) -> Result<(), String> {
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(img).map_err(|e| e.to_string())?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(img)
+        .map_err(|e| e.to_string())?;
     for &p in &b.copies {
         let mut byte = [0u8; 1];
         f.read_exact_at(&mut byte, p).map_err(|e| e.to_string())?;
@@ -72,7 +100,12 @@ pub fn damage_block(img: &Path, b: &LogBlock) -> Result<(), String> {
 /// compared: (subvolume root path, inode) -> entry. A subvolume's root
 /// directory is inode 256 (the top level's too).
 pub fn by_inode(m: &Manifest) -> BTreeMap<(String, u64), (String, Entry)> {
-    let mut roots: Vec<&String> = m.entries.iter().filter(|(_, e)| e.kind == 'd' && e.ino == 256).map(|(p, _)| p).collect();
+    let mut roots: Vec<&String> = m
+        .entries
+        .iter()
+        .filter(|(_, e)| e.kind == 'd' && e.ino == 256)
+        .map(|(p, _)| p)
+        .collect();
     roots.sort_by_key(|p| std::cmp::Reverse(p.len()));
     let mut out = BTreeMap::new();
     for (p, e) in &m.entries {
@@ -82,7 +115,8 @@ pub fn by_inode(m: &Manifest) -> BTreeMap<(String, u64), (String, Entry)> {
             .map(|r| (*r).clone())
             .unwrap_or_else(|| "/".into());
         // A subvolume root belongs to itself, not to its parent.
-        out.entry((root, e.ino)).or_insert_with(|| (p.clone(), e.clone()));
+        out.entry((root, e.ino))
+            .or_insert_with(|| (p.clone(), e.clone()));
     }
     out
 }
@@ -90,7 +124,11 @@ pub fn by_inode(m: &Manifest) -> BTreeMap<(String, u64), (String, Entry)> {
 /// What an inode holds, apart from its names: for a directory the entries
 /// (and so its size and link count) are the names of others.
 pub fn same_content(a: &Entry, b: &Entry) -> bool {
-    let common = a.kind == b.kind && a.mode == b.mode && a.uid == b.uid && a.gid == b.gid && a.xattrs == b.xattrs;
+    let common = a.kind == b.kind
+        && a.mode == b.mode
+        && a.uid == b.uid
+        && a.gid == b.gid
+        && a.xattrs == b.xattrs;
     if a.kind == 'd' {
         return common;
     }

@@ -119,13 +119,7 @@ fn unmapped_logical(img: &Image) -> u64 {
     (end + (1 << 30)) & !0xfff
 }
 
-fn check(
-    case: &Case,
-    sub: &str,
-    want: Want,
-    o: &RunOutput,
-    failures: &mut Vec<String>,
-) {
+fn check(case: &Case, sub: &str, want: Want, o: &RunOutput, failures: &mut Vec<String>) {
     let what = format!("{} / dump {sub}", case.name);
     if o.timed_out {
         failures.push(format!("{what}: still running after {LIMIT:?}"));

@@ -597,7 +597,9 @@ mod props {
                 "property corpus: {} tree blocks of a fresh image",
                 c.blocks.len()
             ),
-            None => btrkit_tests::skip("mkfs.btrfs missing; mutated-real-block properties ran on nothing"),
+            None => btrkit_tests::skip(
+                "mkfs.btrfs missing; mutated-real-block properties ran on nothing",
+            ),
         }
     }
 }

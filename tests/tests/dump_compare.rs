@@ -34,11 +34,18 @@ fn fresh_default() {
 fn csum_case(csum: &str, nodesize: u32) {
     let mut k = KernelImage::new_mounted(&MkfsOpts::default().csum(csum).nodesize(nodesize), "");
     for i in 0..4u64 {
-        write_file(&k.path(&format!("f{i}")), &random_bytes(i, (1 << 20) + i as usize * 5000));
+        write_file(
+            &k.path(&format!("f{i}")),
+            &random_bytes(i, (1 << 20) + i as usize * 5000),
+        );
     }
     write_file(&k.path("small"), b"inline\n");
     k.umount();
-    compare_all(&format!("{csum} nodesize {nodesize}"), k.image(), &["1", "2", "3", "5", "7"]);
+    compare_all(
+        &format!("{csum} nodesize {nodesize}"),
+        k.image(),
+        &["1", "2", "3", "5", "7"],
+    );
 }
 
 #[test]
@@ -69,19 +76,50 @@ fn rich_case(label: &str, opts: RichOpts, holes: bool) {
     let k = build_rich(&opts);
     // The fixture must really hold what it claims (checked in progs' words).
     let fs = btrkit_tests::dumpcmp::dump_progs(k.image(), Some("5")).expect("btrfs dump-tree -t 5");
-    for want in ["(inline)", "(prealloc)", "compression 3 (zstd)", "compression 1 (zlib)", "XATTR_ITEM", "INODE_REF"] {
+    for want in [
+        "(inline)",
+        "(prealloc)",
+        "compression 3 (zstd)",
+        "compression 1 (zlib)",
+        "XATTR_ITEM",
+        "INODE_REF",
+    ] {
         assert!(fs.contains(want), "{label}: fs tree lacks {want}");
     }
     let hole_items = fs.matches("extent data disk byte 0 nr 0").count();
-    assert_eq!(hole_items > 0, holes, "{label}: {hole_items} explicit hole extents");
+    assert_eq!(
+        hole_items > 0,
+        holes,
+        "{label}: {hole_items} explicit hole extents"
+    );
     let levels = tree_levels(k.image());
     eprintln!("{label}: tree levels (id, offset, level): {levels:?}");
-    let level = |id: u64| levels.iter().filter(|l| l.0 == id).map(|l| l.2).max().unwrap_or(0);
-    assert!(level(5) >= 2, "{label}: fs tree should have level >= 2: {levels:?}");
-    assert!(level(2) >= 2, "{label}: extent tree should have level >= 2: {levels:?}");
+    let level = |id: u64| {
+        levels
+            .iter()
+            .filter(|l| l.0 == id)
+            .map(|l| l.2)
+            .max()
+            .unwrap_or(0)
+    };
+    assert!(
+        level(5) >= 2,
+        "{label}: fs tree should have level >= 2: {levels:?}"
+    );
+    assert!(
+        level(2) >= 2,
+        "{label}: extent tree should have level >= 2: {levels:?}"
+    );
     // 256 is `sub`, 257 `snap`, 258 `topsnap` (created in that order).
-    let subvols: Vec<u64> = levels.iter().map(|l| l.0).filter(|&id| (256..1 << 48).contains(&id)).collect();
-    assert!(subvols.len() >= 3, "{label}: expected subvolume and snapshots: {levels:?}");
+    let subvols: Vec<u64> = levels
+        .iter()
+        .map(|l| l.0)
+        .filter(|&id| (256..1 << 48).contains(&id))
+        .collect();
+    assert!(
+        subvols.len() >= 3,
+        "{label}: expected subvolume and snapshots: {levels:?}"
+    );
     let ids: Vec<String> = subvols.iter().map(u64::to_string).collect();
     let mut trees = vec!["1", "2", "3", "5", "7"];
     trees.extend(ids.iter().map(String::as_str));
@@ -122,7 +160,10 @@ fn crash_fsync_log() {
     fsync(&k.path("inline"));
     let c = k.crash_copy("crash.img");
     drop(k);
-    eprintln!("crash image: log_root {} level {} generation {}", c.log_root, c.log_root_level, c.generation);
+    eprintln!(
+        "crash image: log_root {} level {} generation {}",
+        c.log_root, c.log_root_level, c.generation
+    );
     compare_all("crash fsync log", &c.path, &["1", "5"]);
 }
 
@@ -144,18 +185,30 @@ fn crash_log_multilevel() {
         for i in 0..3000usize {
             let p = k.path(&format!("logged/f{i:05}"));
             // ~1 KiB inline each: a handful per 4 KiB log leaf, hundreds of leaves.
-            write_file(&p, format!("fsynced file {i} {}\n", "z".repeat(900 + i % 100)).as_bytes());
+            write_file(
+                &p,
+                format!("fsynced file {i} {}\n", "z".repeat(900 + i % 100)).as_bytes(),
+            );
             fsync(&p);
         }
         let c = k.crash_copy("crash.img");
         if c.generation == committed {
             break c;
         }
-        eprintln!("attempt {attempt}: a commit happened during the fsyncs (generation {committed} -> {})", c.generation);
-        assert!(attempt < 4, "a transaction commit intervened in every attempt");
+        eprintln!(
+            "attempt {attempt}: a commit happened during the fsyncs (generation {committed} -> {})",
+            c.generation
+        );
+        assert!(
+            attempt < 4,
+            "a transaction commit intervened in every attempt"
+        );
     };
     let (lrt, logs) = log_tree_levels(&c.path);
     eprintln!("log root tree level {lrt:?}, log trees (subvol, level): {logs:?}");
-    assert!(logs.iter().any(|&(id, lvl)| id == 5 && lvl >= 2), "fs tree log should reach level 2: {logs:?}");
+    assert!(
+        logs.iter().any(|&(id, lvl)| id == 5 && lvl >= 2),
+        "fs tree log should reach level 2: {logs:?}"
+    );
     compare_all("crash multi-level log", &c.path, &["1", "5"]);
 }

@@ -84,30 +84,56 @@ fn engine_run(scn: &Scenario, work: &Path) -> Result<std::path::PathBuf, String>
         .output()
         .map_err(|e| format!("btrkit-shell: {e}"))?;
     if !o.status.success() {
-        return Err(format!("btrkit-shell exit {:?}: {}", o.status.code(), last_line(&String::from_utf8_lossy(&o.stderr))));
+        return Err(format!(
+            "btrkit-shell exit {:?}: {}",
+            o.status.code(),
+            last_line(&String::from_utf8_lossy(&o.stderr))
+        ));
     }
     Ok(img)
 }
 
 fn fsck_clean(img: &Path) -> Result<(), String> {
-    let r = btrkit_tests::fsck_support::run_fsck(img, &["--check-data-csum"], Duration::from_secs(300));
-    let errors: Vec<String> = r.errors().into_iter().map(|(phase, cat, msg)| format!("phase {phase} {cat}: {msg}")).collect();
+    let r =
+        btrkit_tests::fsck_support::run_fsck(img, &["--check-data-csum"], Duration::from_secs(300));
+    let errors: Vec<String> = r
+        .errors()
+        .into_iter()
+        .map(|(phase, cat, msg)| format!("phase {phase} {cat}: {msg}"))
+        .collect();
     if r.code == 0 && errors.is_empty() {
         return Ok(());
     }
-    Err(format!("btrkit-fsck exit {}: {}", r.code, errors.iter().take(4).cloned().collect::<Vec<_>>().join(" | ")))
+    Err(format!(
+        "btrkit-fsck exit {}: {}",
+        r.code,
+        errors
+            .iter()
+            .take(4)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" | ")
+    ))
 }
 
 fn run_one(scn: &Scenario, cache: &Path) -> Result<(), String> {
-    let kernel_img = kcrash::cached_crash_image(scn, cache).map_err(|e| format!("kernel run: {e}"))?;
+    let kernel_img =
+        kcrash::cached_crash_image(scn, cache).map_err(|e| format!("kernel run: {e}"))?;
     let _slot = kcrash::slot();
-    let work = tempfile::Builder::new().prefix(&format!("engine-{}-", scn.name)).tempdir().map_err(|e| e.to_string())?;
+    let work = tempfile::Builder::new()
+        .prefix(&format!("engine-{}-", scn.name))
+        .tempdir()
+        .map_err(|e| e.to_string())?;
     let w = work.path();
-    let kernel = kcrash::manifest_of_image(&kernel_img.path, w).map_err(|e| format!("kernel manifest: {e}"))?;
+    let kernel = kcrash::manifest_of_image(&kernel_img.path, w)
+        .map_err(|e| format!("kernel manifest: {e}"))?;
     let ours = engine_run(scn, w)?;
     let mut problems = Vec::new();
     match kcrash::manifest_via_copy(&ours, &w.join("ours-copy.img"), "ro") {
-        Ok(m) if m != kernel => problems.push(format!("the kernel sees our image differently (A = kernel run, B = btrkit run):\n{}", kernel.short_diff(&m, 12))),
+        Ok(m) if m != kernel => problems.push(format!(
+            "the kernel sees our image differently (A = kernel run, B = btrkit run):\n{}",
+            kernel.short_diff(&m, 12)
+        )),
         Ok(_) => {}
         Err(e) => problems.push(format!("kernel mount of our image: {e}")),
     }
@@ -137,10 +163,34 @@ fn engine_equals_kernel_on_every_workload() {
     let results = kcrash::parallel_map(&all, kcrash::max_jobs(), |_, s| {
         let t0 = Instant::now();
         let r = run_one(s, &cache);
-        eprintln!("{:<44} {} ({:.1}s)", s.name, if r.is_ok() { "pass" } else { "FAIL" }, t0.elapsed().as_secs_f64());
+        eprintln!(
+            "{:<44} {} ({:.1}s)",
+            s.name,
+            if r.is_ok() { "pass" } else { "FAIL" },
+            t0.elapsed().as_secs_f64()
+        );
         (s.name.clone(), r)
     });
-    let failed: Vec<String> = results.iter().filter_map(|(n, r)| r.as_ref().err().map(|e| format!("--- {n}\n{e}"))).collect();
-    eprintln!("{}/{} workloads pass, {:.0}s", results.len() - failed.len(), results.len(), t.elapsed().as_secs_f64());
-    assert!(failed.is_empty(), "{} of {} workloads differ:\n{}", failed.len(), results.len(), failed.join("\n").lines().take(300).collect::<Vec<_>>().join("\n"));
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|(n, r)| r.as_ref().err().map(|e| format!("--- {n}\n{e}")))
+        .collect();
+    eprintln!(
+        "{}/{} workloads pass, {:.0}s",
+        results.len() - failed.len(),
+        results.len(),
+        t.elapsed().as_secs_f64()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {} workloads differ:\n{}",
+        failed.len(),
+        results.len(),
+        failed
+            .join("\n")
+            .lines()
+            .take(300)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }

@@ -97,17 +97,28 @@ fn extents_of(img: &Path, path: &str) -> Result<Vec<(u64, u64, u8)>, String> {
     use btrkit_core::format::file_extent::{parse_file_extent, FileExtent};
     use btrkit_core::fs::extents::extent_key;
     let dev = btrkit_core::io::FileDevice::open(img, false).map_err(|e| e.to_string())?;
-    let mut fs = btrkit_core::fs::Filesystem::mount(std::sync::Arc::new(dev), Default::default()).map_err(|e| e.to_string())?;
-    let l = fs.resolve(path, false).map_err(|e| format!("{path}: {e}"))?;
+    let mut fs = btrkit_core::fs::Filesystem::mount(std::sync::Arc::new(dev), Default::default())
+        .map_err(|e| e.to_string())?;
+    let l = fs
+        .resolve(path, false)
+        .map_err(|e| format!("{path}: {e}"))?;
     let items = fs
         .store
-        .items_in(btrkit_core::trans::TreeId::Tree(l.subvol), extent_key(l.ino, 0), extent_key(l.ino, u64::MAX))
+        .items_in(
+            btrkit_core::trans::TreeId::Tree(l.subvol),
+            extent_key(l.ino, 0),
+            extent_key(l.ino, u64::MAX),
+        )
         .map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for (k, d) in items {
         match parse_file_extent(&d).map_err(|e| e.to_string())? {
-            FileExtent::Inline { head, .. } => out.push((k.offset, head.ram_bytes.get(), head.compression)),
-            FileExtent::Disk { head, item } => out.push((k.offset, item.num_bytes.get(), head.compression)),
+            FileExtent::Inline { head, .. } => {
+                out.push((k.offset, head.ram_bytes.get(), head.compression))
+            }
+            FileExtent::Disk { head, item } => {
+                out.push((k.offset, item.num_bytes.get(), head.compression))
+            }
         }
     }
     Ok(out)
@@ -123,7 +134,11 @@ fn shell(img: &Path, script: &Path) -> Result<(), String> {
     if o.status.success() {
         Ok(())
     } else {
-        Err(format!("btrkit-shell exit {:?}: {}", o.status.code(), String::from_utf8_lossy(&o.stderr).trim()))
+        Err(format!(
+            "btrkit-shell exit {:?}: {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
     }
 }
 
@@ -148,14 +163,20 @@ fn shell_changes_kernel_written_images() {
     let reflinks = Scenario::parse("reflinks", KERNEL_REFLINKS).expect("parse reflinks");
     let mut r = Runner::new(k.mnt());
     for (line, st) in &reflinks.steps {
-        r.apply(st).unwrap_or_else(|e| panic!("reflinks line {line}: {e}"));
+        r.apply(st)
+            .unwrap_or_else(|e| panic!("reflinks line {line}: {e}"));
     }
     r.close_all();
     k.umount();
-    run(Command::new("btrfs").args(["check", "--readonly"]).arg(k.image()));
+    run(Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(k.image()));
 
     let changes = Scenario::parse("changes", CHANGES).expect("parse changes");
-    let work = tempfile::Builder::new().prefix("engine-rich-").tempdir().expect("tempdir");
+    let work = tempfile::Builder::new()
+        .prefix("engine-rich-")
+        .tempdir()
+        .expect("tempdir");
     let w = work.path();
     let theirs = w.join("kernel.img");
     let ours = w.join("ours.img");
@@ -167,9 +188,13 @@ fn shell_changes_kernel_written_images() {
     shell(&ours, &script).expect("btrkit-shell run");
 
     let mut problems = Vec::new();
-    let kernel = kcrash::manifest_via_copy(&theirs, &w.join("kernel-copy.img"), "ro").expect("kernel manifest");
+    let kernel = kcrash::manifest_via_copy(&theirs, &w.join("kernel-copy.img"), "ro")
+        .expect("kernel manifest");
     match kcrash::manifest_via_copy(&ours, &w.join("ours-copy.img"), "ro") {
-        Ok(m) if m != kernel => problems.push(format!("the kernel sees our image differently (A = kernel run, B = btrkit run):\n{}", kernel.short_diff(&m, 20))),
+        Ok(m) if m != kernel => problems.push(format!(
+            "the kernel sees our image differently (A = kernel run, B = btrkit run):\n{}",
+            kernel.short_diff(&m, 20)
+        )),
         Ok(_) => {}
         Err(e) => problems.push(format!("kernel mount of our image: {e}")),
     }
@@ -204,11 +229,20 @@ fn shell_changes_kernel_written_images() {
     }
     // What btrkit-fsck finds in ours must be what it finds in the kernel's
     // (mkfs.btrfs before 6.3 leaves stale free-space entries behind).
-    let fsck = |img: &Path| btrkit_tests::fsck_support::run_fsck(img, &["--check-data-csum"], Duration::from_secs(300)).errors();
+    let fsck = |img: &Path| {
+        btrkit_tests::fsck_support::run_fsck(img, &["--check-data-csum"], Duration::from_secs(300))
+            .errors()
+    };
     let known = fsck(&theirs);
-    let new: Vec<_> = fsck(&ours).into_iter().filter(|e| !known.contains(e)).collect();
+    let new: Vec<_> = fsck(&ours)
+        .into_iter()
+        .filter(|e| !known.contains(e))
+        .collect();
     if !new.is_empty() {
-        problems.push(format!("btrkit-fsck finds in ours only: {:?}", new.into_iter().take(4).collect::<Vec<_>>()));
+        problems.push(format!(
+            "btrkit-fsck finds in ours only: {:?}",
+            new.into_iter().take(4).collect::<Vec<_>>()
+        ));
     }
     // The kernel mounts ours read-write too and can keep changing it.
     match LoopMount::mount(&ours, &w.join("mnt2"), "") {

@@ -17,17 +17,31 @@ fn shell() -> PathBuf {
 }
 
 fn explore(img: &Path, script: &Path, extra: &[&str]) -> Output {
-    Command::new(shell()).arg("explore").arg(img).arg(script).args(extra).output().expect("spawn btrkit-shell explore")
+    Command::new(shell())
+        .arg("explore")
+        .arg(img)
+        .arg(script)
+        .args(extra)
+        .output()
+        .expect("spawn btrkit-shell explore")
 }
 
 fn report(o: &Output) -> serde_json::Value {
     let out = String::from_utf8_lossy(&o.stdout);
-    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not one JSON line ({e}): {out}\nstderr: {}", String::from_utf8_lossy(&o.stderr)))
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| {
+        panic!(
+            "not one JSON line ({e}): {out}\nstderr: {}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
 }
 
 #[test]
 fn random_workloads_keep_every_promise_at_every_flush_point() {
-    let n: u64 = std::env::var("BTRKIT_EXPLORE_SCENARIOS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
+    let n: u64 = std::env::var("BTRKIT_EXPLORE_SCENARIOS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
     let makers: [(&str, fn(u64) -> String); 4] = [
         ("random", families::random_scenario),
         ("random-ns", families::random_ns_scenario),
@@ -54,11 +68,18 @@ fn random_workloads_keep_every_promise_at_every_flush_point() {
         let r = report(&o);
         let v = r["violations"].as_array().map_or(0, Vec::len);
         if !o.status.success() || v > 0 {
-            bad.push(format!("{name}: exit {:?}, {v} violation(s): {}", o.status.code(), r["violations"]));
+            bad.push(format!(
+                "{name}: exit {:?}, {v} violation(s): {}",
+                o.status.code(),
+                r["violations"]
+            ));
         }
         let fp = r["flush_points"].as_u64().unwrap_or(0);
         assert!(fp >= 2, "{name}: only {fp} flush point(s): {r}");
-        assert!(r["states_checked"].as_u64().unwrap_or(0) >= fp, "{name}: fewer states than flush points: {r}");
+        assert!(
+            r["states_checked"].as_u64().unwrap_or(0) >= fp,
+            "{name}: fewer states than flush points: {r}"
+        );
         points += fp;
         states += r["states_checked"].as_u64().unwrap_or(0);
         promises += r["promises"].as_u64().unwrap_or(0);
@@ -83,7 +104,10 @@ fn the_starting_image_is_not_changed() {
     let o = explore(&img, &script, &["--random", "3", "--json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(report(&o)["violations"].as_array().map(Vec::len), Some(0));
-    assert!(std::fs::read(&img).unwrap() == before, "explore wrote to the starting image");
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "explore wrote to the starting image"
+    );
 }
 
 #[test]
@@ -121,4 +145,3 @@ fn bad_input_gets_one_line_and_a_non_zero_exit() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read"));
 }
-

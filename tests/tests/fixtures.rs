@@ -9,8 +9,7 @@
 //! clean must dump without any ERROR line.
 
 use btrkit_tests::fixtures::{
-    fsck_fixture, fsck_fixture_dir, fsck_fixture_names, fsck_verdicts, run_dump,
-    FixtureCacheGuard,
+    fsck_fixture, fsck_fixture_dir, fsck_fixture_names, fsck_verdicts, run_dump, FixtureCacheGuard,
 };
 use btrkit_tests::fsck_support::run_fsck;
 use std::collections::BTreeSet;
@@ -97,13 +96,19 @@ fn dump_every_fsck_fixture() {
                 let damaged = damaged_blocks(&img);
                 for b in &damaged {
                     let needle = b.to_string();
-                    if !errs.iter().any(|l| l.split(|c: char| !c.is_ascii_digit()).any(|w| w == needle)) {
+                    if !errs
+                        .iter()
+                        .any(|l| l.split(|c: char| !c.is_ascii_digit()).any(|w| w == needle))
+                    {
                         failures.push(format!("{what}: btrkit-fsck finds tree block {b} damaged but no ERROR line names it"));
                     }
                 }
                 damaged_blocks_seen += damaged.len();
                 if verdicts.get(name.as_str()).is_some_and(|v| v == "clean") && !errs.is_empty() {
-                    failures.push(format!("{what}: a clean image dumps with ERROR lines: {:?}", &errs[..errs.len().min(3)]));
+                    failures.push(format!(
+                        "{what}: a clean image dumps with ERROR lines: {:?}",
+                        &errs[..errs.len().min(3)]
+                    ));
                 }
             }
             if sub == "tree" && !errs.is_empty() {
@@ -147,7 +152,10 @@ fn dump_every_fsck_fixture() {
     );
     // The fixtures hold block-level damage (bad item offsets, transids,
     // levels): a dump that reported none would have stopped checking.
-    assert!(damaged_blocks_seen > 0 && reported_damage > 0, "no damaged block reported at all");
+    assert!(
+        damaged_blocks_seen > 0 && reported_damage > 0,
+        "no damaged block reported at all"
+    );
     assert!(
         failures.is_empty(),
         "{} failure(s):\n{}",
@@ -165,7 +173,16 @@ fn damaged_blocks(img: &std::path::Path) -> BTreeSet<u64> {
     for f in v["findings"].as_array().into_iter().flatten() {
         let cat = f["category"].as_str().unwrap_or("");
         let msg = f["message"].as_str().unwrap_or("");
-        let block_level = matches!(cat, "checksum" | "header" | "parent-transid" | "key-order" | "item-bounds" | "item" | "unreadable");
+        let block_level = matches!(
+            cat,
+            "checksum"
+                | "header"
+                | "parent-transid"
+                | "key-order"
+                | "item-bounds"
+                | "item"
+                | "unreadable"
+        );
         if f["phase"] == 3 && f["severity"] == "error" && block_level && !msg.starts_with("copy ") {
             if let Some(b) = f["bytenr"].as_u64() {
                 out.insert(b);

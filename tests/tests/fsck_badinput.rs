@@ -14,10 +14,18 @@ fn fsck_missing_file_and_directory() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let r = run_fsck(&tmp.path().join("nope.img"), &[], Duration::from_secs(30));
     assert_eq!(r.code, 8, "missing file: {}", r.stderr);
-    assert!(one_line(&r.stderr) && r.stderr.contains("nope.img"), "stderr: {:?}", r.stderr);
+    assert!(
+        one_line(&r.stderr) && r.stderr.contains("nope.img"),
+        "stderr: {:?}",
+        r.stderr
+    );
     let r = run_fsck(tmp.path(), &[], Duration::from_secs(30));
     assert_eq!(r.code, 8, "directory: {}", r.stderr);
-    assert!(one_line(&r.stderr) && r.stderr.contains("directory"), "stderr: {:?}", r.stderr);
+    assert!(
+        one_line(&r.stderr) && r.stderr.contains("directory"),
+        "stderr: {:?}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -48,7 +56,10 @@ fn fsck_truncated_and_wiped_images() {
     };
     let tmp = tempfile::tempdir().expect("tempdir");
     let img = tmp.path().join("base.img");
-    sh(&format!("truncate -s 256M '{0}' && mkfs.btrfs -q -f '{0}'", img.display()));
+    sh(&format!(
+        "truncate -s 256M '{0}' && mkfs.btrfs -q -f '{0}'",
+        img.display()
+    ));
     let r = run_fsck(&img, &[], Duration::from_secs(60));
     assert!(matches!(r.code, 0 | 4), "fresh mkfs image: {}", r.stderr);
     // Cut at several points, wipe the primary superblock, wipe the chunk tree area.
@@ -56,11 +67,21 @@ fn fsck_truncated_and_wiped_images() {
         ("cut-1m", "truncate -s 1M"),
         ("cut-20m", "truncate -s 20M"),
         ("cut-40m", "truncate -s 40M"),
-        ("no-primary-sb", "dd if=/dev/zero bs=4096 seek=16 count=1 conv=notrunc status=none of="),
-        ("wiped-metadata", "dd if=/dev/zero bs=1M seek=21 count=16 conv=notrunc status=none of="),
+        (
+            "no-primary-sb",
+            "dd if=/dev/zero bs=4096 seek=16 count=1 conv=notrunc status=none of=",
+        ),
+        (
+            "wiped-metadata",
+            "dd if=/dev/zero bs=1M seek=21 count=16 conv=notrunc status=none of=",
+        ),
     ] {
         let p = tmp.path().join(format!("{name}.img"));
-        sh(&format!("cp --sparse=always '{}' '{}'", img.display(), p.display()));
+        sh(&format!(
+            "cp --sparse=always '{}' '{}'",
+            img.display(),
+            p.display()
+        ));
         if cmd.ends_with("of=") {
             sh(&format!("{cmd}'{}'", p.display()));
         } else {
@@ -69,7 +90,12 @@ fn fsck_truncated_and_wiped_images() {
         let stamp = file_stamp(&p);
         let r = run_fsck(&p, &["--check-data-csum"], Duration::from_secs(60));
         eprintln!("{name}: exit {} {:?}", r.code, r.errors().first());
-        assert!(matches!(r.code, 4 | 8), "{name}: exit {} {}", r.code, r.stderr);
+        assert!(
+            matches!(r.code, 4 | 8),
+            "{name}: exit {} {}",
+            r.code,
+            r.stderr
+        );
         assert!(!r.stderr.contains("panicked"), "{name}: {}", r.stderr);
         assert_eq!(stamp, file_stamp(&p), "{name}: image modified");
     }

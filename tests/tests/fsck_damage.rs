@@ -20,7 +20,10 @@ echo more >> a/f7
 sync"#;
 
 fn u64_at(d: &[u8], o: usize) -> u64 {
-    d.get(o..o + 8).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes).unwrap_or(0)
+    d.get(o..o + 8)
+        .and_then(|s| s.try_into().ok())
+        .map(u64::from_le_bytes)
+        .unwrap_or(0)
 }
 
 fn put_u64(b: &mut [u8], o: usize, v: u64) {
@@ -48,8 +51,12 @@ fn cases() -> Vec<Case> {
             phase: 3,
             extra: &[],
             apply: |img| {
-                let it = item(img, 5, 0, &|k, _| k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300);
-                patch_block(img, it.bytenr, false, false, &|b| b[it.data_off + 40] ^= 0x55);
+                let it = item(img, 5, 0, &|k, _| {
+                    k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300
+                });
+                patch_block(img, it.bytenr, false, false, &|b| {
+                    b[it.data_off + 40] ^= 0x55
+                });
             },
         },
         Case {
@@ -57,8 +64,12 @@ fn cases() -> Vec<Case> {
             phase: 3,
             extra: &[],
             apply: |img| {
-                let it = item(img, 5, 0, &|k, _| k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300);
-                patch_block(img, it.bytenr, true, false, &|b| b[it.data_off + 40] ^= 0x55);
+                let it = item(img, 5, 0, &|k, _| {
+                    k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300
+                });
+                patch_block(img, it.bytenr, true, false, &|b| {
+                    b[it.data_off + 40] ^= 0x55
+                });
             },
         },
         Case {
@@ -67,13 +78,24 @@ fn cases() -> Vec<Case> {
             extra: &[],
             apply: |img| {
                 use std::os::unix::fs::FileExt;
-                let it = item(img, 5, 0, &|k, _| k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300);
+                let it = item(img, 5, 0, &|k, _| {
+                    k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300
+                });
                 let phys = {
-                    let i = btrkit_core::image::Image::open_path(img, btrkit_core::image::OpenOptions::default()).expect("open");
-                    i.chunks.map(it.bytenr, i.nodesize as u64, i.devid).expect("map")
+                    let i = btrkit_core::image::Image::open_path(
+                        img,
+                        btrkit_core::image::OpenOptions::default(),
+                    )
+                    .expect("open");
+                    i.chunks
+                        .map(it.bytenr, i.nodesize as u64, i.devid)
+                        .expect("map")
                 };
                 assert!(phys.len() == 2, "metadata is not DUP");
-                let f = std::fs::OpenOptions::new().write(true).open(img).expect("open");
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(img)
+                    .expect("open");
                 f.write_all_at(&[0x5a; 64], phys[1] + 2000).expect("write");
             },
         },
@@ -82,7 +104,9 @@ fn cases() -> Vec<Case> {
             phase: 3,
             extra: &[],
             apply: |img| {
-                let it = item(img, 5, 0, &|k, _| k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300);
+                let it = item(img, 5, 0, &|k, _| {
+                    k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300
+                });
                 // Push the key of the next slot's objectid below this one.
                 let slot = it.slot + 1;
                 patch_block(img, it.bytenr, true, true, &|b| {
@@ -96,7 +120,9 @@ fn cases() -> Vec<Case> {
             phase: 4,
             extra: &[],
             apply: |img| {
-                let it = item(img, 2, 3, &|k, d| k.ty == BTRFS_EXTENT_ITEM_KEY && u64_at(d, 16) & BTRFS_EXTENT_FLAG_DATA != 0);
+                let it = item(img, 2, 3, &|k, d| {
+                    k.ty == BTRFS_EXTENT_ITEM_KEY && u64_at(d, 16) & BTRFS_EXTENT_FLAG_DATA != 0
+                });
                 patch_block(img, it.bytenr, true, true, &|b| {
                     let r = u64_at(b, it.data_off);
                     put_u64(b, it.data_off, r + 1);
@@ -108,9 +134,14 @@ fn cases() -> Vec<Case> {
             phase: 6,
             extra: &[],
             apply: |img| {
-                let it = item(img, 5, 20, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && u32::from_le_bytes([d[52], d[53], d[54], d[55]]) & 0o170000 == 0o100000);
+                let it = item(img, 5, 20, &|k, d| {
+                    k.ty == BTRFS_INODE_ITEM_KEY
+                        && u32::from_le_bytes([d[52], d[53], d[54], d[55]]) & 0o170000 == 0o100000
+                });
                 // nlink is at byte 40 of the inode item.
-                patch_block(img, it.bytenr, true, true, &|b| put_u32(b, it.data_off + 40, 2));
+                patch_block(img, it.bytenr, true, true, &|b| {
+                    put_u32(b, it.data_off + 40, 2)
+                });
             },
         },
         Case {
@@ -168,7 +199,10 @@ fn cases() -> Vec<Case> {
             phase: 2,
             extra: &[],
             apply: |img| {
-                let it = item(img, 2, 0, &|k, d| k.ty == BTRFS_BLOCK_GROUP_ITEM_KEY && u64_at(d, 16) & BTRFS_BLOCK_GROUP_DATA != 0);
+                let it = item(img, 2, 0, &|k, d| {
+                    k.ty == BTRFS_BLOCK_GROUP_ITEM_KEY
+                        && u64_at(d, 16) & BTRFS_BLOCK_GROUP_DATA != 0
+                });
                 patch_block(img, it.bytenr, true, true, &|b| {
                     let v = u64_at(b, it.data_off);
                     put_u64(b, it.data_off, v + 4096);
@@ -195,18 +229,42 @@ fn fsck_damage_one_thing_at_a_time() {
     let mut failures = Vec::new();
     for c in cases() {
         let img = tmp.path().join("damaged.img");
-        sh(&format!("cp --sparse=always '{}' '{}'", base.display(), img.display()));
+        sh(&format!(
+            "cp --sparse=always '{}' '{}'",
+            base.display(),
+            img.display()
+        ));
         (c.apply)(&img);
         let stamp = file_stamp(&img);
         let r = run_fsck(&img, c.extra, Duration::from_secs(120));
         let errs = r.errors();
         let ok = r.code == 4 && errs.iter().any(|e| e.0 == c.phase);
-        eprintln!("{}: exit {} phases {:?}", c.name, r.code, errs.iter().map(|e| e.0).collect::<std::collections::BTreeSet<_>>());
+        eprintln!(
+            "{}: exit {} phases {:?}",
+            c.name,
+            r.code,
+            errs.iter()
+                .map(|e| e.0)
+                .collect::<std::collections::BTreeSet<_>>()
+        );
         if !ok {
-            failures.push(format!("{}: exit {}, wanted an error in phase {}: {:?} {}", c.name, r.code, c.phase, errs, r.stderr));
+            failures.push(format!(
+                "{}: exit {}, wanted an error in phase {}: {:?} {}",
+                c.name, r.code, c.phase, errs, r.stderr
+            ));
         }
-        assert!(!r.stderr.contains("panicked"), "{}: panic: {}", c.name, r.stderr);
-        assert_eq!(stamp, file_stamp(&img), "{}: the image was modified", c.name);
+        assert!(
+            !r.stderr.contains("panicked"),
+            "{}: panic: {}",
+            c.name,
+            r.stderr
+        );
+        assert_eq!(
+            stamp,
+            file_stamp(&img),
+            "{}: the image was modified",
+            c.name
+        );
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -244,10 +302,16 @@ fn fsck_damage_random_never_panics() {
     };
     for round in 0..30 {
         let img = tmp.path().join("fuzz.img");
-        sh(&format!("cp --sparse=always '{}' '{}'", base.display(), img.display()));
+        sh(&format!(
+            "cp --sparse=always '{}' '{}'",
+            base.display(),
+            img.display()
+        ));
         let b = blocks[(rnd() % blocks.len() as u64) as usize];
         let fix = round % 3 != 0;
-        let hits: Vec<(usize, u8)> = (0..1 + rnd() % 16).map(|_| (32 + (rnd() % 4000) as usize, rnd() as u8)).collect();
+        let hits: Vec<(usize, u8)> = (0..1 + rnd() % 16)
+            .map(|_| (32 + (rnd() % 4000) as usize, rnd() as u8))
+            .collect();
         patch_block(&img, b, true, fix, &|blk| {
             for &(o, v) in &hits {
                 if o < blk.len() {
@@ -256,8 +320,17 @@ fn fsck_damage_random_never_panics() {
             }
         });
         let r = run_fsck(&img, &["--check-data-csum"], Duration::from_secs(120));
-        assert!(matches!(r.code, 0 | 4 | 8), "round {round} block {b}: exit {} {}", r.code, r.stderr);
-        assert!(!r.stderr.contains("panicked"), "round {round} block {b}: {}", r.stderr);
+        assert!(
+            matches!(r.code, 0 | 4 | 8),
+            "round {round} block {b}: exit {} {}",
+            r.code,
+            r.stderr
+        );
+        assert!(
+            !r.stderr.contains("panicked"),
+            "round {round} block {b}: {}",
+            r.stderr
+        );
     }
 }
 
@@ -271,7 +344,10 @@ fn fsck_damage_log_tree() {
     }
     let tmp = tempfile::tempdir().expect("tempdir");
     let img = tmp.path().join("live.img");
-    sh(&format!("truncate -s 256M '{0}' && mkfs.btrfs -q -f -R ^free-space-tree '{0}'", img.display()));
+    sh(&format!(
+        "truncate -s 256M '{0}' && mkfs.btrfs -q -f -R ^free-space-tree '{0}'",
+        img.display()
+    ));
     let crash = tmp.path().join("crash.img");
     // The kernel commits instead of logging when an fsync's transaction had
     // to allocate a chunk (a new data size class): write files of the same
@@ -279,14 +355,24 @@ fn fsck_damage_log_tree() {
     for attempt in 0..4 {
         let _ = std::fs::remove_file(&crash);
         if attempt > 0 {
-            sh(&format!("mkfs.btrfs -q -f -R ^free-space-tree '{0}'", img.display()));
+            sh(&format!(
+                "mkfs.btrfs -q -f -R ^free-space-tree '{0}'",
+                img.display()
+            ));
         }
         let m = Mount::new(&img, "space_cache=v2,commit=600").expect("mount");
         let p = m.path().display().to_string();
         sh(&format!("cd '{p}' && mkdir d && xfs_io -f -c 'pwrite 0 64k' w1 >/dev/null && xfs_io -f -c 'pwrite 0 20k' w2 >/dev/null && sync && xfs_io -f -c 'pwrite 0 64k' -c fsync d/a >/dev/null && xfs_io -f -c 'pwrite 0 20k' -c fsync d/b >/dev/null"));
-        sh(&format!("cp --sparse=always '{}' '{}'", img.display(), crash.display()));
+        sh(&format!(
+            "cp --sparse=always '{}' '{}'",
+            img.display(),
+            crash.display()
+        ));
         drop(m);
-        let logged = find_log_item(&crash, 0, &|k, d| k.ty == BTRFS_EXTENT_DATA_KEY && d.len() == 53).is_some()
+        let logged = find_log_item(&crash, 0, &|k, d| {
+            k.ty == BTRFS_EXTENT_DATA_KEY && d.len() == 53
+        })
+        .is_some()
             && find_log_item(&crash, 0, &|k, _| k.ty == BTRFS_EXTENT_CSUM_KEY).is_some();
         if logged {
             break;
@@ -298,8 +384,11 @@ fn fsck_damage_log_tree() {
     type Damage = fn(&Path);
     let damages: [(&str, Damage); 3] = [
         ("logged extent moved outside data", |p: &Path| {
-            let it = find_log_item(p, 0, &|k, d| k.ty == BTRFS_EXTENT_DATA_KEY && d.len() == 53).expect("logged extent");
-            patch_block(p, it.bytenr, true, true, &|b| put_u64(b, it.data_off + 21, 4096));
+            let it = find_log_item(p, 0, &|k, d| k.ty == BTRFS_EXTENT_DATA_KEY && d.len() == 53)
+                .expect("logged extent");
+            patch_block(p, it.bytenr, true, true, &|b| {
+                put_u64(b, it.data_off + 21, 4096)
+            });
         }),
         ("log csum item removed from coverage", |p: &Path| {
             let it = find_log_item(p, 0, &|k, _| k.ty == BTRFS_EXTENT_CSUM_KEY).expect("log csum");
@@ -311,18 +400,29 @@ fn fsck_damage_log_tree() {
             });
         }),
         ("log leaf checksum", |p: &Path| {
-            let it = find_log_item(p, 0, &|k, _| k.ty == BTRFS_INODE_ITEM_KEY).expect("logged inode");
+            let it =
+                find_log_item(p, 0, &|k, _| k.ty == BTRFS_INODE_ITEM_KEY).expect("logged inode");
             patch_block(p, it.bytenr, true, false, &|b| b[it.data_off + 8] ^= 1);
         }),
     ];
     for (name, f) in damages {
         let p = tmp.path().join("damaged.img");
-        sh(&format!("cp --sparse=always '{}' '{}'", crash.display(), p.display()));
+        sh(&format!(
+            "cp --sparse=always '{}' '{}'",
+            crash.display(),
+            p.display()
+        ));
         f(&p);
         let r = run_fsck(&p, &[], Duration::from_secs(60));
         let errs = r.errors();
         eprintln!("{name}: exit {} {:?}", r.code, errs);
-        assert!(r.code == 4 && errs.iter().any(|e| e.0 == 8), "{name}: exit {} {:?} {}", r.code, errs, r.stderr);
+        assert!(
+            r.code == 4 && errs.iter().any(|e| e.0 == 8),
+            "{name}: exit {} {:?} {}",
+            r.code,
+            errs,
+            r.stderr
+        );
     }
 }
 
@@ -346,8 +446,16 @@ fn fsck_damage_superblock_fields_never_panic() {
     };
     for round in 0..40 {
         let img = tmp.path().join("sb.img");
-        sh(&format!("cp --sparse=always '{}' '{}'", base.display(), img.display()));
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(&img).expect("open");
+        sh(&format!(
+            "cp --sparse=always '{}' '{}'",
+            base.display(),
+            img.display()
+        ));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&img)
+            .expect("open");
         let mut sb = vec![0u8; 4096];
         f.read_exact_at(&mut sb, 65536).expect("read sb");
         // Mostly the fixed fields (up to the system chunk array), sometimes the array.
@@ -364,7 +472,16 @@ fn fsck_damage_superblock_fields_never_panic() {
         f.write_all_at(&sb, 65536).expect("write sb");
         drop(f);
         let r = run_fsck(&img, &["--check-data-csum"], Duration::from_secs(120));
-        assert!(matches!(r.code, 0 | 4 | 8), "round {round}: exit {} {}", r.code, r.stderr);
-        assert!(!r.stderr.contains("panicked"), "round {round}: {}", r.stderr);
+        assert!(
+            matches!(r.code, 0 | 4 | 8),
+            "round {round}: exit {} {}",
+            r.code,
+            r.stderr
+        );
+        assert!(
+            !r.stderr.contains("panicked"),
+            "round {round}: {}",
+            r.stderr
+        );
     }
 }

@@ -22,8 +22,16 @@ use std::time::Duration;
 /// Every checksummed sector: (logical, physical offset of each copy).
 fn csum_sectors(image: &Path) -> Vec<(u64, Vec<u64>)> {
     let img = Image::open_path(image, OpenOptions::default()).expect("open image");
-    let root = img.find_root(BTRFS_CSUM_TREE_OBJECTID).expect("csum root").expect("csum tree");
-    let mut it = TreeIter::new(&img, root, Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0)).expect("iter");
+    let root = img
+        .find_root(BTRFS_CSUM_TREE_OBJECTID)
+        .expect("csum root")
+        .expect("csum tree");
+    let mut it = TreeIter::new(
+        &img,
+        root,
+        Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0),
+    )
+    .expect("iter");
     let ss = img.sectorsize as u64;
     let mut out = Vec::new();
     while let Some(item) = it.next_item() {
@@ -41,7 +49,11 @@ fn csum_sectors(image: &Path) -> Vec<(u64, Vec<u64>)> {
 }
 
 fn flip(image: &Path, phys: u64) {
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(image).expect("open for damage");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)
+        .expect("open for damage");
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, phys + 100).expect("read byte");
     b[0] ^= 0x5a;
@@ -55,7 +67,12 @@ fn data_findings(r: &FsckRun) -> Vec<(u64, String)> {
         .map(|a| {
             a.iter()
                 .filter(|f| f["category"] == "data-csum" && f["severity"] == "error")
-                .map(|f| (f["bytenr"].as_u64().unwrap_or(0), f["message"].as_str().unwrap_or("").to_string()))
+                .map(|f| {
+                    (
+                        f["bytenr"].as_u64().unwrap_or(0),
+                        f["message"].as_str().unwrap_or("").to_string(),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -67,7 +84,11 @@ fn source_tree(dir: &Path) {
     // make many short csum runs with gaps between them.
     std::fs::write(dir.join("big"), random_bytes(1, 40_000_000)).unwrap();
     for i in 1..=60 {
-        std::fs::write(dir.join(format!("f{i}")), random_bytes(100 + i as u64, 4096 * (i % 7 + 1) + 123 * i)).unwrap();
+        std::fs::write(
+            dir.join(format!("f{i}")),
+            random_bytes(100 + i as u64, 4096 * (i % 7 + 1) + 123 * i),
+        )
+        .unwrap();
     }
 }
 
@@ -78,9 +99,22 @@ fn data_damage_in_dup_copies_is_found_exactly() {
     let src = td.path().join("src");
     source_tree(&src);
     let img = td.path().join("dup.img");
-    std::fs::File::create(&img).unwrap().set_len(512 << 20).unwrap();
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(512 << 20)
+        .unwrap();
     let ok = Command::new("mkfs.btrfs")
-        .args(["-q", "-f", "-d", "dup", "-m", "dup", "-R", "^free-space-tree", "--rootdir"])
+        .args([
+            "-q",
+            "-f",
+            "-d",
+            "dup",
+            "-m",
+            "dup",
+            "-R",
+            "^free-space-tree",
+            "--rootdir",
+        ])
         .arg(&src)
         .arg(&img)
         .output()
@@ -94,8 +128,15 @@ fn data_damage_in_dup_copies_is_found_exactly() {
     assert_eq!(r.code, 0, "fresh image: {:?}", r.errors());
 
     let sectors = csum_sectors(&img);
-    assert!(sectors.len() > 10_000, "{} checksummed sectors", sectors.len());
-    assert!(sectors.iter().all(|s| s.1.len() == 2), "DUP data has two copies of every sector");
+    assert!(
+        sectors.len() > 10_000,
+        "{} checksummed sectors",
+        sectors.len()
+    );
+    assert!(
+        sectors.iter().all(|s| s.1.len() == 2),
+        "DUP data has two copies of every sector"
+    );
     let first = &sectors[0];
     // 35 MB into the data: past the first 32 MiB read window.
     let middle = &sectors[35_000_000 / 4096];
@@ -106,18 +147,32 @@ fn data_damage_in_dup_copies_is_found_exactly() {
     flip(&img, last.1[1]);
 
     let r = run_fsck(&img, &[], Duration::from_secs(120));
-    assert_eq!(r.code, 0, "without --check-data-csum data is not read: {:?}", r.errors());
+    assert_eq!(
+        r.code,
+        0,
+        "without --check-data-csum data is not read: {:?}",
+        r.errors()
+    );
 
     let r = run_fsck(&img, &["--check-data-csum"], Duration::from_secs(120));
     assert_eq!(r.code, 4, "{}", r.stderr);
     let found = data_findings(&r);
-    let want = [(first.0, "1 of 2"), (middle.0, "2 of 2"), (last.0, "1 of 2")];
+    let want = [
+        (first.0, "1 of 2"),
+        (middle.0, "2 of 2"),
+        (last.0, "1 of 2"),
+    ];
     assert_eq!(found.len(), want.len(), "{found:?}");
     for ((at, msg), (w_at, w_msg)) in found.iter().zip(want) {
         assert_eq!(*at, w_at, "{msg}");
         assert!(msg.contains(w_msg), "{msg}: expected {w_msg} copies bad");
     }
-    assert_eq!(r.errors().len(), want.len(), "only the data is damaged: {:?}", r.errors());
+    assert_eq!(
+        r.errors().len(),
+        want.len(),
+        "only the data is damaged: {:?}",
+        r.errors()
+    );
 }
 
 #[test]
@@ -126,9 +181,21 @@ fn unreadable_data_is_reported_sector_by_sector() {
     let src = td.path().join("src");
     source_tree(&src);
     let img = td.path().join("single.img");
-    std::fs::File::create(&img).unwrap().set_len(512 << 20).unwrap();
-    let out = Command::new(bin_path("btrkit-mkfs")).args(["-q", "-r"]).arg(&src).arg(&img).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(512 << 20)
+        .unwrap();
+    let out = Command::new(bin_path("btrkit-mkfs"))
+        .args(["-q", "-r"])
+        .arg(&src)
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r = run_fsck(&img, &["--check-data-csum"], Duration::from_secs(120));
     assert_eq!(r.code, 0, "fresh image: {:?}", r.errors());
 
@@ -151,8 +218,17 @@ fn unreadable_data_is_reported_sector_by_sector() {
     phys.sort_unstable();
     let cut = phys[phys.len() - 1500] + 4096 * 3 + 4096 / 2;
     let cut = cut - cut % 4096;
-    std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(cut).unwrap();
-    let past: BTreeSet<u64> = sectors.iter().filter(|s| s.1[0] + 4096 > cut).map(|s| s.0).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let past: BTreeSet<u64> = sectors
+        .iter()
+        .filter(|s| s.1[0] + 4096 > cut)
+        .map(|s| s.0)
+        .collect();
     assert!(past.len() > 1000);
     let r = run_fsck(&img, &["--check-data-csum"], Duration::from_secs(120));
     assert_eq!(r.code, 4, "{}", r.stderr);
@@ -165,6 +241,13 @@ fn unreadable_data_is_reported_sector_by_sector() {
     let expected: Vec<u64> = want.iter().copied().take(listed.len()).collect();
     assert!(!listed.is_empty());
     assert_eq!(listed, expected);
-    let phase7 = r.json()["phases"].as_array().and_then(|a| a.iter().find(|p| p["phase"] == 7).cloned()).unwrap();
-    assert_eq!(phase7["errors"].as_u64(), Some(want.len() as u64), "{phase7}");
+    let phase7 = r.json()["phases"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["phase"] == 7).cloned())
+        .unwrap();
+    assert_eq!(
+        phase7["errors"].as_u64(),
+        Some(want.len() as u64),
+        "{phase7}"
+    );
 }

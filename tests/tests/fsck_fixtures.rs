@@ -22,9 +22,15 @@ fn fsck_fixture_verdicts() {
     let mut n = 0;
     for line in tsv.lines().skip(1) {
         let mut it = line.split('\t');
-        let (Some(name), Some(expected)) = (it.next(), it.next()) else { continue };
+        let (Some(name), Some(expected)) = (it.next(), it.next()) else {
+            continue;
+        };
         let archive = dir.join(format!("{name}.tar.xz"));
-        sh(&format!("tar -xJf '{}' -C '{}'", archive.display(), tmp.path().display()));
+        sh(&format!(
+            "tar -xJf '{}' -C '{}'",
+            archive.display(),
+            tmp.path().display()
+        ));
         let img = tmp.path().join(format!("{name}.raw"));
         for extra in [&[][..], &["--check-data-csum"][..]] {
             let r = run_fsck(&img, extra, Duration::from_secs(120));
@@ -34,12 +40,22 @@ fn fsck_fixture_verdicts() {
                 _ => "failed",
             };
             if got != expected || r.stderr.contains("panicked") {
-                wrong.push(format!("{name} {extra:?}: expected {expected}, got {got} (exit {}): {:?} {}", r.code, r.errors().first(), r.stderr));
+                wrong.push(format!(
+                    "{name} {extra:?}: expected {expected}, got {got} (exit {}): {:?} {}",
+                    r.code,
+                    r.errors().first(),
+                    r.stderr
+                ));
             }
         }
         let _ = std::fs::remove_file(&img);
         n += 1;
     }
     assert!(n >= 54, "only {n} fixtures listed");
-    assert!(wrong.is_empty(), "{} of {n} verdicts wrong:\n{}", wrong.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} of {n} verdicts wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
 }

@@ -11,7 +11,14 @@ fn kernel_ready() -> Option<String> {
     if !is_root() {
         return Some("not root".into());
     }
-    for p in ["mkfs.btrfs", "btrfs", "mount", "umount", "xfs_io", "setfattr"] {
+    for p in [
+        "mkfs.btrfs",
+        "btrfs",
+        "mount",
+        "umount",
+        "xfs_io",
+        "setfattr",
+    ] {
         if !have(p) {
             return Some(format!("{p} not installed"));
         }
@@ -28,7 +35,11 @@ fn kernel_ready() -> Option<String> {
 /// mount from the block groups that exist.
 fn mkfs(dir: &Path, name: &str, size: &str, args: &str) -> PathBuf {
     let img = dir.join(name);
-    sh(&format!("truncate -s {size} '{}' && mkfs.btrfs -q -f -R ^free-space-tree {args} '{}'", img.display(), img.display()));
+    sh(&format!(
+        "truncate -s {size} '{}' && mkfs.btrfs -q -f -R ^free-space-tree {args} '{}'",
+        img.display(),
+        img.display()
+    ));
     img
 }
 
@@ -75,12 +86,32 @@ fn populate(mnt: &Path) {
 
 fn assert_clean(img: &Path, what: &str) {
     let r = run_fsck(img, &[], Duration::from_secs(300));
-    assert_eq!(r.code, 0, "{what}: btrkit-fsck exit {}: {:?}\n{}", r.code, r.errors(), r.stderr);
+    assert_eq!(
+        r.code,
+        0,
+        "{what}: btrkit-fsck exit {}: {:?}\n{}",
+        r.code,
+        r.errors(),
+        r.stderr
+    );
     let r = run_fsck(img, &["--check-data-csum"], Duration::from_secs(300));
-    assert_eq!(r.code, 0, "{what} --check-data-csum: exit {}: {:?}", r.code, r.errors());
-    let oracle = std::process::Command::new("btrfs").args(["check", "--readonly"]).arg(img).output();
+    assert_eq!(
+        r.code,
+        0,
+        "{what} --check-data-csum: exit {}: {:?}",
+        r.code,
+        r.errors()
+    );
+    let oracle = std::process::Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(img)
+        .output();
     if let Ok(o) = oracle {
-        assert!(o.status.success(), "{what}: btrfs check disagrees: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{what}: btrfs check disagrees: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
 }
 
@@ -93,9 +124,21 @@ fn fsck_kernel_feature_images_clean() {
     let tmp = tempfile::tempdir().expect("tempdir");
     for (name, mkfs_args, mount_opts) in [
         ("default-zstd.img", "", "compress=zstd"),
-        ("holes-lzo.img", "-O ^no-holes -n 4096", "compress-force=lzo"),
-        ("zlib-64k-xxhash.img", "-n 65536 --csum xxhash", "compress=zlib"),
-        ("sha256-blake.img", "--csum sha256 -m single", "compress=zstd:1"),
+        (
+            "holes-lzo.img",
+            "-O ^no-holes -n 4096",
+            "compress-force=lzo",
+        ),
+        (
+            "zlib-64k-xxhash.img",
+            "-n 65536 --csum xxhash",
+            "compress=zlib",
+        ),
+        (
+            "sha256-blake.img",
+            "--csum sha256 -m single",
+            "compress=zstd:1",
+        ),
         ("blake2-mixed.img", "--csum blake2 -M", "compress=zlib"),
     ] {
         let img = mkfs(tmp.path(), name, "512M", mkfs_args);
@@ -131,7 +174,11 @@ fn fsck_kernel_log_tree_clean() {
              && setfattr -n user.x -v y b/new && xfs_io -c fsync b/new \
              && xfs_io -c 'pwrite 100k 4k' -c 'fpunch 0 64k' -c fsync b/new >/dev/null"
         ));
-        sh(&format!("cp --sparse=always '{}' '{}'", img.display(), crash.display()));
+        sh(&format!(
+            "cp --sparse=always '{}' '{}'",
+            img.display(),
+            crash.display()
+        ));
     }
     let r = run_fsck(&crash, &[], Duration::from_secs(120));
     let log_blocks = r.json()["phases"][7]["checked"].as_u64().unwrap_or(0);

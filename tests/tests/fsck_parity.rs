@@ -22,10 +22,16 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(120);
 
 fn u64_at(d: &[u8], o: usize) -> u64 {
-    d.get(o..o + 8).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes).unwrap_or(0)
+    d.get(o..o + 8)
+        .and_then(|s| s.try_into().ok())
+        .map(u64::from_le_bytes)
+        .unwrap_or(0)
 }
 fn u32_at(d: &[u8], o: usize) -> u32 {
-    d.get(o..o + 4).and_then(|s| s.try_into().ok()).map(u32::from_le_bytes).unwrap_or(0)
+    d.get(o..o + 4)
+        .and_then(|s| s.try_into().ok())
+        .map(u32::from_le_bytes)
+        .unwrap_or(0)
 }
 fn put_u64(b: &mut [u8], o: usize, v: u64) {
     b[o..o + 8].copy_from_slice(&v.to_le_bytes());
@@ -71,7 +77,9 @@ fn patch_key_offset(img: &Path, it: ItemAt, v: u64) {
 
 /// Inode number of the regular file named `name` in the top-level tree.
 fn ino_of(img: &Path, name: &[u8]) -> u64 {
-    let it = item(img, 5, 0, &|k, d| k.ty == BTRFS_DIR_INDEX_KEY && d.len() >= 30 && &d[30..] == name);
+    let it = item(img, 5, 0, &|k, d| {
+        k.ty == BTRFS_DIR_INDEX_KEY && d.len() >= 30 && &d[30..] == name
+    });
     let d = read_item(img, 5, it);
     u64_at(&d, 0)
 }
@@ -107,7 +115,11 @@ fn first_key(img: &Path, tree: u64, ty: u8, min: u64) -> Key {
 /// The superblock, changed by `f`, checksum recomputed (primary copy).
 fn patch_super(img: &Path, f: &dyn Fn(&mut [u8])) {
     use std::os::unix::fs::FileExt;
-    let file = std::fs::OpenOptions::new().read(true).write(true).open(img).expect("open");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(img)
+        .expect("open");
     let mut sb = vec![0u8; 4096];
     file.read_exact_at(&mut sb, 65536).expect("read sb");
     f(&mut sb);
@@ -118,15 +130,36 @@ fn patch_super(img: &Path, f: &dyn Fn(&mut [u8])) {
 
 /// What the installed `btrfs check --readonly` says: (damaged, output).
 fn progs_check(img: &Path) -> (bool, String) {
-    let o = Command::new("btrfs").args(["check", "--readonly"]).arg(img).output().expect("btrfs check");
-    (!o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    let o = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(img)
+        .output()
+        .expect("btrfs check");
+    (
+        !o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
 }
 
 /// Installed btrfs-progs version as (major, minor).
 fn progs_version() -> (u32, u32) {
-    let o = Command::new("btrfs").arg("--version").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    let v = o.split_whitespace().find(|w| w.starts_with('v')).unwrap_or("v0.0");
-    let mut it = v.trim_start_matches('v').split('.').map(|x| x.parse::<u32>().unwrap_or(0));
+    let o = Command::new("btrfs")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let v = o
+        .split_whitespace()
+        .find(|w| w.starts_with('v'))
+        .unwrap_or("v0.0");
+    let mut it = v
+        .trim_start_matches('v')
+        .split('.')
+        .map(|x| x.parse::<u32>().unwrap_or(0));
     (it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
@@ -206,7 +239,10 @@ fn build_base(dir: &Path, base: Base) -> PathBuf {
         Base::SpaceCacheV1 => {
             let img = dir.join("v1.img");
             // The kernel keeps no v1 cache for block groups under 100 MiB.
-            sh(&format!("truncate -s 1G '{0}' && mkfs.btrfs -q -f -R ^free-space-tree '{0}'", img.display()));
+            sh(&format!(
+                "truncate -s 1G '{0}' && mkfs.btrfs -q -f -R ^free-space-tree '{0}'",
+                img.display()
+            ));
             {
                 let m = Mount::new(&img, "space_cache=v1").expect("mount");
                 sh(&format!("cd '{}' && {V1_WORKLOAD}", m.path().display()));
@@ -219,233 +255,704 @@ fn build_base(dir: &Path, base: Base) -> PathBuf {
 fn cases() -> Vec<Case> {
     use Base::*;
     vec![
-        Case { class: "I_ERR_INVALID_IMODE / INODE_MODE_ERROR", category: "inode-mode", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 3, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
-            patch_item(img, it, &|d| put_u32(d, II_MODE, 0o170644));
-        }},
-        Case { class: "I_ERR_INVALID_GEN / INVALID_GENERATION", category: "inode-generation", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 4, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
-            patch_item(img, it, &|d| { let g = u64_at(d, II_GENERATION); put_u64(d, II_GENERATION, g + 1000) });
-        }},
-        Case { class: "I_ERR_INVALID_NLINK (directory hard link)", category: "inode-nlink", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 1, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && mode_of(d) & 0o170000 == 0o040000);
-            patch_item(img, it, &|d| put_u32(d, II_NLINK, 2));
-        }},
-        Case { class: "I_ERR_ODD_INODE_FLAGS / INODE_FLAGS_ERROR", category: "inode-flags", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 0, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && mode_of(d) & 0o170000 == 0o120000);
-            patch_item(img, it, &|d| { let f = u64_at(d, II_FLAGS); put_u64(d, II_FLAGS, f | BTRFS_INODE_IMMUTABLE) });
-        }},
+        Case {
+            class: "I_ERR_INVALID_IMODE / INODE_MODE_ERROR",
+            category: "inode-mode",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 3, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
+                patch_item(img, it, &|d| put_u32(d, II_MODE, 0o170644));
+            },
+        },
+        Case {
+            class: "I_ERR_INVALID_GEN / INVALID_GENERATION",
+            category: "inode-generation",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 4, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
+                patch_item(img, it, &|d| {
+                    let g = u64_at(d, II_GENERATION);
+                    put_u64(d, II_GENERATION, g + 1000)
+                });
+            },
+        },
+        Case {
+            class: "I_ERR_INVALID_NLINK (directory hard link)",
+            category: "inode-nlink",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 1, &|k, d| {
+                    k.ty == BTRFS_INODE_ITEM_KEY && mode_of(d) & 0o170000 == 0o040000
+                });
+                patch_item(img, it, &|d| put_u32(d, II_NLINK, 2));
+            },
+        },
+        Case {
+            class: "I_ERR_ODD_INODE_FLAGS / INODE_FLAGS_ERROR",
+            category: "inode-flags",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 0, &|k, d| {
+                    k.ty == BTRFS_INODE_ITEM_KEY && mode_of(d) & 0o170000 == 0o120000
+                });
+                patch_item(img, it, &|d| {
+                    let f = u64_at(d, II_FLAGS);
+                    put_u64(d, II_FLAGS, f | BTRFS_INODE_IMMUTABLE)
+                });
+            },
+        },
         // No btrfs check release looks for this (the kernel never writes it): ours only.
-        Case { class: "inode flags contradictory (compress + nocompress)", category: "inode-flags", base: Fs, progs_since: NEVER, apply: |img| {
-            let it = item(img, 5, 5, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
-            patch_item(img, it, &|d| { let f = u64_at(d, II_FLAGS); put_u64(d, II_FLAGS, f | BTRFS_INODE_COMPRESS | BTRFS_INODE_NOCOMPRESS) });
-        }},
-        Case { class: "I_ERR_LINK_COUNT_WRONG / LINK_COUNT_ERROR", category: "inode", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 6, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
-            patch_item(img, it, &|d| put_u32(d, II_NLINK, 3));
-        }},
-        Case { class: "I_ERR_NO_ORPHAN_ITEM / ORPHAN_ITEM", category: "orphan", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 7, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
-            patch_item(img, it, &|d| put_u32(d, II_NLINK, 0));
-        }},
-        Case { class: "I_ERR_FILE_NBYTES_WRONG / NBYTES_ERROR", category: "inode", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 8, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
-            patch_item(img, it, &|d| { let n = u64_at(d, II_NBYTES); put_u64(d, II_NBYTES, n + 4096) });
-        }},
-        Case { class: "I_ERR_DIR_ISIZE_WRONG / ISIZE_ERROR", category: "inode", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 1, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && mode_of(d) & 0o170000 == 0o040000);
-            patch_item(img, it, &|d| { let n = u64_at(d, II_SIZE); put_u64(d, II_SIZE, n + 2) });
-        }},
-        Case { class: "I_ERR_MISMATCH_DIR_HASH / DIR_ITEM_HASH_MISMATCH", category: "name", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 10, &|k, _| k.ty == BTRFS_DIR_ITEM_KEY);
-            patch_item(img, it, &|d| d[30] ^= 0x20);
-        }},
-        Case { class: "REF_ERR_FILETYPE_UNMATCH / DIR_ITEM_MISMATCH", category: "name", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 12, &|k, d| k.ty == BTRFS_DIR_INDEX_KEY && d[29] == BTRFS_FT_REG_FILE);
-            patch_item(img, it, &|d| d[29] = BTRFS_FT_FIFO);
-        }},
-        Case { class: "REF_ERR_INDEX_UNMATCH / DIR_INDEX_MISMATCH", category: "name", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 20, &|k, _| k.ty == BTRFS_INODE_REF_KEY);
-            patch_item(img, it, &|d| { let i = u64_at(d, 0); put_u64(d, 0, i + 7777) });
-        }},
-        Case { class: "REF_ERR_NO_DIR_ITEM + NO_DIR_INDEX (entry points nowhere)", category: "name", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 14, &|k, _| k.ty == BTRFS_DIR_INDEX_KEY);
-            patch_item(img, it, &|d| { let o = u64_at(d, 0); put_u64(d, 0, o + 100_000) });
-        }},
-        Case { class: "REF_ERR_NAME_TOO_LONG", category: "item", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 3, &|k, _| k.ty == BTRFS_DIR_ITEM_KEY);
-            patch_item(img, it, &|d| put_u16(d, 27, 300));
-        }},
-        Case { class: "I_ERR_FILE_EXTENT_OVERLAP", category: "file-extent", base: Fs, progs_since: (0, 0), apply: |img| {
-            // The first extent of "holey" (64 KiB) made to reach into the hole extent after it.
-            let ino = ino_of(img, b"holey");
-            let it = item(img, 5, 0, &|k, _| k.objectid == ino && k.ty == BTRFS_EXTENT_DATA_KEY);
-            patch_item(img, it, &|d| { let n = u64_at(d, 45); put_u64(d, 45, n + 8192); put_u64(d, 8, u64_at(d, 8) + 8192) });
-        }},
-        Case { class: "I_ERR_BAD_FILE_EXTENT / FILE_EXTENT_ERROR (unaligned)", category: "file-extent", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 3, &|k, d| k.ty == BTRFS_EXTENT_DATA_KEY && d.len() == 53 && d[20] == 1);
-            patch_item(img, it, &|d| { let n = u64_at(d, 45); put_u64(d, 45, n - 1) });
-        }},
-        Case { class: "I_ERR_INLINE_RAM_BYTES_WRONG", category: "file-extent", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 5, &|k, d| k.ty == BTRFS_EXTENT_DATA_KEY && d.len() > 21 && d[20] == 0 && d[16] == 0);
-            patch_item(img, it, &|d| { let n = u64_at(d, 8); put_u64(d, 8, n + 1) });
-        }},
-        Case { class: "I_ERR_FILE_EXTENT_DISCOUNT (missing hole, no no-holes)", category: "inode", base: Fs, progs_since: (0, 0), apply: |img| {
-            // Drop the hole extent after the first 64 KiB of "holey" by making it a zero-length gap.
-            let ino = ino_of(img, b"holey");
-            let it = item(img, 5, 0, &|k, _| k.objectid == ino && k.ty == BTRFS_EXTENT_DATA_KEY);
-            patch_key_offset(img, it, 4096);
-        }},
-        Case { class: "I_ERR_SOME_CSUM_MISSING / CSUM_ITEM_MISSING", category: "csum-missing", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 7, 0, &|k, _| k.ty == BTRFS_EXTENT_CSUM_KEY);
-            patch_key_offset(img, it, it.key.offset + (64 << 20));
-        }},
-        Case { class: "I_ERR_ODD_CSUM_ITEM / ODD_CSUM_ITEM (nodatasum with csums)", category: "csum-odd", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 0, &|k, d| {
-                k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d) && u64_at(d, II_SIZE) == 40000
-            });
-            patch_item(img, it, &|d| { let f = u64_at(d, II_FLAGS); put_u64(d, II_FLAGS, f | BTRFS_INODE_NODATASUM) });
-        }},
-        Case { class: "REF_ERR_NO_ROOT_BACKREF / ROOT_REF_MISSING", category: "root-ref", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 1, 0, &|k, _| k.ty == BTRFS_ROOT_BACKREF_KEY);
-            patch_key_offset(img, it, 7);
-        }},
-        Case { class: "fs tree missing orphan item (deleted subvolume)", category: "root-orphan", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 1, 0, &|k, _| k.ty == BTRFS_ROOT_ITEM_KEY && k.objectid == 257);
-            // root_item.refs follows the inode item and seven u64 fields.
-            patch_item(img, it, &|d| put_u32(d, 216, 0));
-        }},
-        Case { class: "extent backref count (REF_ERR / BACKREF_MISMATCH)", category: "extent-refs", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 2, 3, &|k, d| k.ty == BTRFS_EXTENT_ITEM_KEY && u64_at(d, 16) & BTRFS_EXTENT_FLAG_DATA != 0);
-            patch_item(img, it, &|d| { let r = u64_at(d, 0); put_u64(d, 0, r + 1) });
-        }},
-        Case { class: "BG_ACCOUNTING_ERROR (block group used)", category: "block-group", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 2, 0, &|k, d| k.ty == BTRFS_BLOCK_GROUP_ITEM_KEY && u64_at(d, 16) & BTRFS_BLOCK_GROUP_DATA != 0);
-            patch_item(img, it, &|d| { let u = u64_at(d, 0); put_u64(d, 0, u + 4096) });
-        }},
-        Case { class: "CHUNK_TYPE_MISMATCH (block group flags against chunk)", category: "block-group", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 2, 0, &|k, d| k.ty == BTRFS_BLOCK_GROUP_ITEM_KEY && u64_at(d, 16) & BTRFS_BLOCK_GROUP_DATA != 0);
-            patch_item(img, it, &|d| { let f = u64_at(d, 16); put_u64(d, 16, (f & !BTRFS_BLOCK_GROUP_DATA) | BTRFS_BLOCK_GROUP_METADATA) });
-        }},
-        Case { class: "SUPER_BYTES_USED_ERROR", category: "superblock", base: Fs, progs_since: (0, 0), apply: |img| {
-            patch_super(img, &|sb| { let u = u64_at(sb, 0x78); put_u64(sb, 0x78, u + 4096) });
-        }},
-        Case { class: "device item bytes_used against dev extents", category: "dev-item", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 3, 0, &|k, _| k.ty == BTRFS_DEV_ITEM_KEY);
-            patch_item(img, it, &|d| { let u = u64_at(d, 16); put_u64(d, 16, u + (1 << 20)) });
-        }},
-        Case { class: "block device smaller than the device item's total_bytes", category: "dev-item", base: Fs, progs_since: (0, 0), apply: |img| {
-            let f = std::fs::OpenOptions::new().write(true).open(img).expect("open");
-            let len = f.metadata().expect("stat").len();
-            f.set_len(len - (1 << 20)).expect("truncate");
-        }},
-        Case { class: "invalid chunk (stripe_len), chunk tree and sys_chunk_array", category: "chunk", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 3, 0, &|k, d| k.ty == BTRFS_CHUNK_ITEM_KEY && u64_at(d, 24) & BTRFS_BLOCK_GROUP_DATA != 0);
-            patch_item(img, it, &|d| put_u64(d, 16, 1 << 45));
-        }},
-        Case { class: "superblock members (invalid stripesize)", category: "superblock", base: Fs, progs_since: (0, 0), apply: |img| {
-            patch_super(img, &|sb| put_u32(sb, 0x9c, 593920));
-        }},
-        Case { class: "v1 free space cache inode mode", category: "space-cache", base: SpaceCacheV1, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 1, 0, &|k, _| k.ty == BTRFS_INODE_ITEM_KEY && k.objectid >= 256);
-            patch_item(img, it, &|d| put_u32(d, II_MODE, 0));
-        }},
-        Case { class: "v1 free space cache with more free space than the group", category: "space-cache", base: SpaceCacheV1, progs_since: (0, 0), apply: grow_v1_cache_entry },
-        Case { class: "unknown inode flags (tree checker)", category: "inode-flags", base: Fs, progs_since: (6, 4), apply: |img| {
-            let it = item(img, 5, 9, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
-            patch_item(img, it, &|d| { let f = u64_at(d, II_FLAGS); put_u64(d, II_FLAGS, f | (1 << 20)) });
-        }},
-        Case { class: "unknown inode mode bits (tree checker)", category: "inode-mode", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 5, 10, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
-            patch_item(img, it, &|d| { let m = mode_of(d); put_u32(d, II_MODE, m | (1 << 20)) });
-        }},
-        Case { class: "REF_ERR_NO_INODE_REF / INODE_REF_MISSING", category: "name", base: Fs, progs_since: (0, 0), apply: |img| {
-            // A file with one name: its INODE_REF now names another parent.
-            let ino = ino_of(img, b"holey");
-            let it = item(img, 5, 0, &|k, _| k.objectid == ino && k.ty == BTRFS_INODE_REF_KEY);
-            patch_key_offset(img, it, it.key.offset + 1);
-        }},
-        Case { class: "BACKREF_OUT_OF_ORDER (inline refs)", category: "extent-item", base: Quota, progs_since: (6, 6), apply: |img| {
-            // A data extent of a file in a snapshotted leaf that was then
-            // changed: an inline data ref, then an inline shared data ref.
-            let it = item(img, 2, 0, &|k, d| k.ty == BTRFS_EXTENT_ITEM_KEY && d.len() == 24 + 29 + 13 && d[24] == BTRFS_EXTENT_DATA_REF_KEY && d[53] == BTRFS_SHARED_DATA_REF_KEY);
-            patch_item(img, it, &|d| {
-                let data_ref = d[24..53].to_vec();
-                let shared_ref = d[53..66].to_vec();
-                d[24..37].copy_from_slice(&shared_ref);
-                d[37..66].copy_from_slice(&data_ref);
-            });
-        }},
-        Case { class: "metadata backref level out of range (053)", category: "extent-item", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 2, 2, &|k, _| k.ty == BTRFS_METADATA_ITEM_KEY && k.offset == 0);
-            patch_key_offset(img, it, 256);
-        }},
+        Case {
+            class: "inode flags contradictory (compress + nocompress)",
+            category: "inode-flags",
+            base: Fs,
+            progs_since: NEVER,
+            apply: |img| {
+                let it = item(img, 5, 5, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
+                patch_item(img, it, &|d| {
+                    let f = u64_at(d, II_FLAGS);
+                    put_u64(
+                        d,
+                        II_FLAGS,
+                        f | BTRFS_INODE_COMPRESS | BTRFS_INODE_NOCOMPRESS,
+                    )
+                });
+            },
+        },
+        Case {
+            class: "I_ERR_LINK_COUNT_WRONG / LINK_COUNT_ERROR",
+            category: "inode",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 6, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
+                patch_item(img, it, &|d| put_u32(d, II_NLINK, 3));
+            },
+        },
+        Case {
+            class: "I_ERR_NO_ORPHAN_ITEM / ORPHAN_ITEM",
+            category: "orphan",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 7, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
+                patch_item(img, it, &|d| put_u32(d, II_NLINK, 0));
+            },
+        },
+        Case {
+            class: "I_ERR_FILE_NBYTES_WRONG / NBYTES_ERROR",
+            category: "inode",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 8, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
+                patch_item(img, it, &|d| {
+                    let n = u64_at(d, II_NBYTES);
+                    put_u64(d, II_NBYTES, n + 4096)
+                });
+            },
+        },
+        Case {
+            class: "I_ERR_DIR_ISIZE_WRONG / ISIZE_ERROR",
+            category: "inode",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 1, &|k, d| {
+                    k.ty == BTRFS_INODE_ITEM_KEY && mode_of(d) & 0o170000 == 0o040000
+                });
+                patch_item(img, it, &|d| {
+                    let n = u64_at(d, II_SIZE);
+                    put_u64(d, II_SIZE, n + 2)
+                });
+            },
+        },
+        Case {
+            class: "I_ERR_MISMATCH_DIR_HASH / DIR_ITEM_HASH_MISMATCH",
+            category: "name",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 10, &|k, _| k.ty == BTRFS_DIR_ITEM_KEY);
+                patch_item(img, it, &|d| d[30] ^= 0x20);
+            },
+        },
+        Case {
+            class: "REF_ERR_FILETYPE_UNMATCH / DIR_ITEM_MISMATCH",
+            category: "name",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 12, &|k, d| {
+                    k.ty == BTRFS_DIR_INDEX_KEY && d[29] == BTRFS_FT_REG_FILE
+                });
+                patch_item(img, it, &|d| d[29] = BTRFS_FT_FIFO);
+            },
+        },
+        Case {
+            class: "REF_ERR_INDEX_UNMATCH / DIR_INDEX_MISMATCH",
+            category: "name",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 20, &|k, _| k.ty == BTRFS_INODE_REF_KEY);
+                patch_item(img, it, &|d| {
+                    let i = u64_at(d, 0);
+                    put_u64(d, 0, i + 7777)
+                });
+            },
+        },
+        Case {
+            class: "REF_ERR_NO_DIR_ITEM + NO_DIR_INDEX (entry points nowhere)",
+            category: "name",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 14, &|k, _| k.ty == BTRFS_DIR_INDEX_KEY);
+                patch_item(img, it, &|d| {
+                    let o = u64_at(d, 0);
+                    put_u64(d, 0, o + 100_000)
+                });
+            },
+        },
+        Case {
+            class: "REF_ERR_NAME_TOO_LONG",
+            category: "item",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 3, &|k, _| k.ty == BTRFS_DIR_ITEM_KEY);
+                patch_item(img, it, &|d| put_u16(d, 27, 300));
+            },
+        },
+        Case {
+            class: "I_ERR_FILE_EXTENT_OVERLAP",
+            category: "file-extent",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                // The first extent of "holey" (64 KiB) made to reach into the hole extent after it.
+                let ino = ino_of(img, b"holey");
+                let it = item(img, 5, 0, &|k, _| {
+                    k.objectid == ino && k.ty == BTRFS_EXTENT_DATA_KEY
+                });
+                patch_item(img, it, &|d| {
+                    let n = u64_at(d, 45);
+                    put_u64(d, 45, n + 8192);
+                    put_u64(d, 8, u64_at(d, 8) + 8192)
+                });
+            },
+        },
+        Case {
+            class: "I_ERR_BAD_FILE_EXTENT / FILE_EXTENT_ERROR (unaligned)",
+            category: "file-extent",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 3, &|k, d| {
+                    k.ty == BTRFS_EXTENT_DATA_KEY && d.len() == 53 && d[20] == 1
+                });
+                patch_item(img, it, &|d| {
+                    let n = u64_at(d, 45);
+                    put_u64(d, 45, n - 1)
+                });
+            },
+        },
+        Case {
+            class: "I_ERR_INLINE_RAM_BYTES_WRONG",
+            category: "file-extent",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 5, &|k, d| {
+                    k.ty == BTRFS_EXTENT_DATA_KEY && d.len() > 21 && d[20] == 0 && d[16] == 0
+                });
+                patch_item(img, it, &|d| {
+                    let n = u64_at(d, 8);
+                    put_u64(d, 8, n + 1)
+                });
+            },
+        },
+        Case {
+            class: "I_ERR_FILE_EXTENT_DISCOUNT (missing hole, no no-holes)",
+            category: "inode",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                // Drop the hole extent after the first 64 KiB of "holey" by making it a zero-length gap.
+                let ino = ino_of(img, b"holey");
+                let it = item(img, 5, 0, &|k, _| {
+                    k.objectid == ino && k.ty == BTRFS_EXTENT_DATA_KEY
+                });
+                patch_key_offset(img, it, 4096);
+            },
+        },
+        Case {
+            class: "I_ERR_SOME_CSUM_MISSING / CSUM_ITEM_MISSING",
+            category: "csum-missing",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 7, 0, &|k, _| k.ty == BTRFS_EXTENT_CSUM_KEY);
+                patch_key_offset(img, it, it.key.offset + (64 << 20));
+            },
+        },
+        Case {
+            class: "I_ERR_ODD_CSUM_ITEM / ODD_CSUM_ITEM (nodatasum with csums)",
+            category: "csum-odd",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 0, &|k, d| {
+                    k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d) && u64_at(d, II_SIZE) == 40000
+                });
+                patch_item(img, it, &|d| {
+                    let f = u64_at(d, II_FLAGS);
+                    put_u64(d, II_FLAGS, f | BTRFS_INODE_NODATASUM)
+                });
+            },
+        },
+        Case {
+            class: "REF_ERR_NO_ROOT_BACKREF / ROOT_REF_MISSING",
+            category: "root-ref",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 1, 0, &|k, _| k.ty == BTRFS_ROOT_BACKREF_KEY);
+                patch_key_offset(img, it, 7);
+            },
+        },
+        Case {
+            class: "fs tree missing orphan item (deleted subvolume)",
+            category: "root-orphan",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 1, 0, &|k, _| {
+                    k.ty == BTRFS_ROOT_ITEM_KEY && k.objectid == 257
+                });
+                // root_item.refs follows the inode item and seven u64 fields.
+                patch_item(img, it, &|d| put_u32(d, 216, 0));
+            },
+        },
+        Case {
+            class: "extent backref count (REF_ERR / BACKREF_MISMATCH)",
+            category: "extent-refs",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 2, 3, &|k, d| {
+                    k.ty == BTRFS_EXTENT_ITEM_KEY && u64_at(d, 16) & BTRFS_EXTENT_FLAG_DATA != 0
+                });
+                patch_item(img, it, &|d| {
+                    let r = u64_at(d, 0);
+                    put_u64(d, 0, r + 1)
+                });
+            },
+        },
+        Case {
+            class: "BG_ACCOUNTING_ERROR (block group used)",
+            category: "block-group",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 2, 0, &|k, d| {
+                    k.ty == BTRFS_BLOCK_GROUP_ITEM_KEY
+                        && u64_at(d, 16) & BTRFS_BLOCK_GROUP_DATA != 0
+                });
+                patch_item(img, it, &|d| {
+                    let u = u64_at(d, 0);
+                    put_u64(d, 0, u + 4096)
+                });
+            },
+        },
+        Case {
+            class: "CHUNK_TYPE_MISMATCH (block group flags against chunk)",
+            category: "block-group",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 2, 0, &|k, d| {
+                    k.ty == BTRFS_BLOCK_GROUP_ITEM_KEY
+                        && u64_at(d, 16) & BTRFS_BLOCK_GROUP_DATA != 0
+                });
+                patch_item(img, it, &|d| {
+                    let f = u64_at(d, 16);
+                    put_u64(
+                        d,
+                        16,
+                        (f & !BTRFS_BLOCK_GROUP_DATA) | BTRFS_BLOCK_GROUP_METADATA,
+                    )
+                });
+            },
+        },
+        Case {
+            class: "SUPER_BYTES_USED_ERROR",
+            category: "superblock",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                patch_super(img, &|sb| {
+                    let u = u64_at(sb, 0x78);
+                    put_u64(sb, 0x78, u + 4096)
+                });
+            },
+        },
+        Case {
+            class: "device item bytes_used against dev extents",
+            category: "dev-item",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 3, 0, &|k, _| k.ty == BTRFS_DEV_ITEM_KEY);
+                patch_item(img, it, &|d| {
+                    let u = u64_at(d, 16);
+                    put_u64(d, 16, u + (1 << 20))
+                });
+            },
+        },
+        Case {
+            class: "block device smaller than the device item's total_bytes",
+            category: "dev-item",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(img)
+                    .expect("open");
+                let len = f.metadata().expect("stat").len();
+                f.set_len(len - (1 << 20)).expect("truncate");
+            },
+        },
+        Case {
+            class: "invalid chunk (stripe_len), chunk tree and sys_chunk_array",
+            category: "chunk",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 3, 0, &|k, d| {
+                    k.ty == BTRFS_CHUNK_ITEM_KEY && u64_at(d, 24) & BTRFS_BLOCK_GROUP_DATA != 0
+                });
+                patch_item(img, it, &|d| put_u64(d, 16, 1 << 45));
+            },
+        },
+        Case {
+            class: "superblock members (invalid stripesize)",
+            category: "superblock",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                patch_super(img, &|sb| put_u32(sb, 0x9c, 593920));
+            },
+        },
+        Case {
+            class: "v1 free space cache inode mode",
+            category: "space-cache",
+            base: SpaceCacheV1,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 1, 0, &|k, _| {
+                    k.ty == BTRFS_INODE_ITEM_KEY && k.objectid >= 256
+                });
+                patch_item(img, it, &|d| put_u32(d, II_MODE, 0));
+            },
+        },
+        Case {
+            class: "v1 free space cache with more free space than the group",
+            category: "space-cache",
+            base: SpaceCacheV1,
+            progs_since: (0, 0),
+            apply: grow_v1_cache_entry,
+        },
+        Case {
+            class: "unknown inode flags (tree checker)",
+            category: "inode-flags",
+            base: Fs,
+            progs_since: (6, 4),
+            apply: |img| {
+                let it = item(img, 5, 9, &|k, d| k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d));
+                patch_item(img, it, &|d| {
+                    let f = u64_at(d, II_FLAGS);
+                    put_u64(d, II_FLAGS, f | (1 << 20))
+                });
+            },
+        },
+        Case {
+            class: "unknown inode mode bits (tree checker)",
+            category: "inode-mode",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 5, 10, &|k, d| {
+                    k.ty == BTRFS_INODE_ITEM_KEY && is_reg(d)
+                });
+                patch_item(img, it, &|d| {
+                    let m = mode_of(d);
+                    put_u32(d, II_MODE, m | (1 << 20))
+                });
+            },
+        },
+        Case {
+            class: "REF_ERR_NO_INODE_REF / INODE_REF_MISSING",
+            category: "name",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                // A file with one name: its INODE_REF now names another parent.
+                let ino = ino_of(img, b"holey");
+                let it = item(img, 5, 0, &|k, _| {
+                    k.objectid == ino && k.ty == BTRFS_INODE_REF_KEY
+                });
+                patch_key_offset(img, it, it.key.offset + 1);
+            },
+        },
+        Case {
+            class: "BACKREF_OUT_OF_ORDER (inline refs)",
+            category: "extent-item",
+            base: Quota,
+            progs_since: (6, 6),
+            apply: |img| {
+                // A data extent of a file in a snapshotted leaf that was then
+                // changed: an inline data ref, then an inline shared data ref.
+                let it = item(img, 2, 0, &|k, d| {
+                    k.ty == BTRFS_EXTENT_ITEM_KEY
+                        && d.len() == 24 + 29 + 13
+                        && d[24] == BTRFS_EXTENT_DATA_REF_KEY
+                        && d[53] == BTRFS_SHARED_DATA_REF_KEY
+                });
+                patch_item(img, it, &|d| {
+                    let data_ref = d[24..53].to_vec();
+                    let shared_ref = d[53..66].to_vec();
+                    d[24..37].copy_from_slice(&shared_ref);
+                    d[37..66].copy_from_slice(&data_ref);
+                });
+            },
+        },
+        Case {
+            class: "metadata backref level out of range (053)",
+            category: "extent-item",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 2, 2, &|k, _| {
+                    k.ty == BTRFS_METADATA_ITEM_KEY && k.offset == 0
+                });
+                patch_key_offset(img, it, 256);
+            },
+        },
         // btrfs check compares only the level's range; ours the block's real level.
-        Case { class: "metadata backref level differs from the block's", category: "extent-item", base: Fs, progs_since: NEVER, apply: |img| {
-            let it = item(img, 2, 2, &|k, _| k.ty == BTRFS_METADATA_ITEM_KEY && k.offset == 0);
-            patch_key_offset(img, it, 1);
-        }},
-        Case { class: "overlapping csum items (045, core's writer)", category: "csum-overlap", base: Fs, progs_since: (0, 0), apply: |img| {
-            // A second csum item starting one sector into the first.
-            let first = item(img, 7, 0, &|k, d| k.ty == BTRFS_EXTENT_CSUM_KEY && d.len() >= 8);
-            let data = read_item(img, 7, first);
-            let k = Key { objectid: BTRFS_EXTENT_CSUM_OBJECTID, ty: BTRFS_EXTENT_CSUM_KEY, offset: first.key.offset + 4096 };
-            with_writer(img, &|fs| fs.insert_item(7, &k, &data[4..8]).expect("insert"));
-        }},
-        Case { class: "dev extent past the device (036, 068)", category: "dev-extent", base: Fs, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 4, 0, &|k, _| k.ty == BTRFS_DEV_EXTENT_KEY);
-            // btrfs_dev_extent: chunk_tree, chunk_objectid, chunk_offset, length.
-            patch_item(img, it, &|d| put_u64(d, 24, 1 << 40));
-        }},
-        Case { class: "qgroup relation without its reverse or parent", category: "qgroup-relation", base: Quota, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 8, 0, &|k, _| k.ty == BTRFS_QGROUP_RELATION_KEY && k.objectid == 256);
-            patch_key_offset(img, it, it.key.offset + 1);
-        }},
-        Case { class: "qgroup limit item without its qgroup", category: "qgroup-limit", base: Quota, progs_since: NEVER, apply: |img| {
-            let it = item(img, 8, 0, &|k, _| k.ty == BTRFS_QGROUP_LIMIT_KEY && k.offset == 256);
-            patch_key_offset(img, it, 255);
-        }},
-        Case { class: "I_ERR_NO_INODE_ITEM / INODE_ITEM_MISSING (core's writer)", category: "inode", base: Fs, progs_since: (0, 0), apply: |img| {
-            let ino = ino_of(img, b"holey");
-            with_writer(img, &|fs| { fs.delete_item(5, &Key { objectid: ino, ty: BTRFS_INODE_ITEM_KEY, offset: 0 }).expect("delete"); });
-        }},
-        Case { class: "I_ERR_DUP_DIR_INDEX (two entries in one DIR_INDEX, core's writer)", category: "item", base: Fs, progs_since: (0, 0), apply: |img| {
-            let k = first_key(img, 5, BTRFS_DIR_INDEX_KEY, 256);
-            with_writer(img, &|fs| {
-                let d = fs.lookup(5, &k).expect("lookup").expect("dir index");
-                let mut two = d.clone();
-                two.extend_from_slice(&d);
-                fs.update_item(5, &k, &two).expect("update");
-            });
-        }},
-        Case { class: "I_ERR_DUP_FILENAME / DUP_FILENAME_ERROR (core's writer)", category: "name", base: Fs, progs_since: (6, 16), apply: |img| {
-            let k = first_key(img, 5, BTRFS_DIR_ITEM_KEY, 256);
-            with_writer(img, &|fs| {
-                let d = fs.lookup(5, &k).expect("lookup").expect("dir item");
-                let mut two = d.clone();
-                two.extend_from_slice(&d);
-                fs.update_item(5, &k, &two).expect("update");
-            });
-        }},
-        Case { class: "UNKNOWN_KEY in a subvolume tree (core's writer)", category: "unknown-key", base: Fs, progs_since: (6, 19), apply: |img| {
-            let ino = ino_of(img, b"holey");
-            with_writer(img, &|fs| fs.insert_item(5, &Key { objectid: ino, ty: 100, offset: 0 }, &[]).expect("insert"));
-        }},
-        Case { class: "I_ERR_DEPRECATED_FREE_INO (inode cache item, core's writer)", category: "inode-cache", base: Fs, progs_since: (6, 11), apply: |img| {
-            with_writer(img, &|fs| fs.insert_item(5, &Key { objectid: BTRFS_FREE_INO_OBJECTID, ty: BTRFS_INODE_ITEM_KEY, offset: 0 }, &[0u8; 160]).expect("insert"));
-        }},
-        Case { class: "qgroup counts (level 0): referenced", category: "qgroup-count", base: Quota, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 8, 0, &|k, _| k.ty == BTRFS_QGROUP_INFO_KEY && k.offset == 256);
-            patch_item(img, it, &|d| { let r = u64_at(d, 8); put_u64(d, 8, r + 4096); put_u64(d, 16, r + 4096) });
-        }},
-        Case { class: "qgroup counts (level 0, snapshot): exclusive", category: "qgroup-count", base: Quota, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 8, 0, &|k, _| k.ty == BTRFS_QGROUP_INFO_KEY && k.offset == 258);
-            patch_item(img, it, &|d| { let e = u64_at(d, 24); put_u64(d, 24, e + 16384); put_u64(d, 32, e + 16384) });
-        }},
-        Case { class: "qgroup counts (level 1 through relations)", category: "qgroup-count", base: Quota, progs_since: (0, 0), apply: |img| {
-            let it = item(img, 8, 0, &|k, _| k.ty == BTRFS_QGROUP_INFO_KEY && k.offset == (1 << 48) | 100);
-            patch_item(img, it, &|d| { let e = u64_at(d, 24); put_u64(d, 24, e.saturating_sub(16384)); put_u64(d, 32, e.saturating_sub(16384)) });
-        }},
+        Case {
+            class: "metadata backref level differs from the block's",
+            category: "extent-item",
+            base: Fs,
+            progs_since: NEVER,
+            apply: |img| {
+                let it = item(img, 2, 2, &|k, _| {
+                    k.ty == BTRFS_METADATA_ITEM_KEY && k.offset == 0
+                });
+                patch_key_offset(img, it, 1);
+            },
+        },
+        Case {
+            class: "overlapping csum items (045, core's writer)",
+            category: "csum-overlap",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                // A second csum item starting one sector into the first.
+                let first = item(img, 7, 0, &|k, d| {
+                    k.ty == BTRFS_EXTENT_CSUM_KEY && d.len() >= 8
+                });
+                let data = read_item(img, 7, first);
+                let k = Key {
+                    objectid: BTRFS_EXTENT_CSUM_OBJECTID,
+                    ty: BTRFS_EXTENT_CSUM_KEY,
+                    offset: first.key.offset + 4096,
+                };
+                with_writer(img, &|fs| {
+                    fs.insert_item(7, &k, &data[4..8]).expect("insert")
+                });
+            },
+        },
+        Case {
+            class: "dev extent past the device (036, 068)",
+            category: "dev-extent",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 4, 0, &|k, _| k.ty == BTRFS_DEV_EXTENT_KEY);
+                // btrfs_dev_extent: chunk_tree, chunk_objectid, chunk_offset, length.
+                patch_item(img, it, &|d| put_u64(d, 24, 1 << 40));
+            },
+        },
+        Case {
+            class: "qgroup relation without its reverse or parent",
+            category: "qgroup-relation",
+            base: Quota,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 8, 0, &|k, _| {
+                    k.ty == BTRFS_QGROUP_RELATION_KEY && k.objectid == 256
+                });
+                patch_key_offset(img, it, it.key.offset + 1);
+            },
+        },
+        Case {
+            class: "qgroup limit item without its qgroup",
+            category: "qgroup-limit",
+            base: Quota,
+            progs_since: NEVER,
+            apply: |img| {
+                let it = item(img, 8, 0, &|k, _| {
+                    k.ty == BTRFS_QGROUP_LIMIT_KEY && k.offset == 256
+                });
+                patch_key_offset(img, it, 255);
+            },
+        },
+        Case {
+            class: "I_ERR_NO_INODE_ITEM / INODE_ITEM_MISSING (core's writer)",
+            category: "inode",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let ino = ino_of(img, b"holey");
+                with_writer(img, &|fs| {
+                    fs.delete_item(
+                        5,
+                        &Key {
+                            objectid: ino,
+                            ty: BTRFS_INODE_ITEM_KEY,
+                            offset: 0,
+                        },
+                    )
+                    .expect("delete");
+                });
+            },
+        },
+        Case {
+            class: "I_ERR_DUP_DIR_INDEX (two entries in one DIR_INDEX, core's writer)",
+            category: "item",
+            base: Fs,
+            progs_since: (0, 0),
+            apply: |img| {
+                let k = first_key(img, 5, BTRFS_DIR_INDEX_KEY, 256);
+                with_writer(img, &|fs| {
+                    let d = fs.lookup(5, &k).expect("lookup").expect("dir index");
+                    let mut two = d.clone();
+                    two.extend_from_slice(&d);
+                    fs.update_item(5, &k, &two).expect("update");
+                });
+            },
+        },
+        Case {
+            class: "I_ERR_DUP_FILENAME / DUP_FILENAME_ERROR (core's writer)",
+            category: "name",
+            base: Fs,
+            progs_since: (6, 16),
+            apply: |img| {
+                let k = first_key(img, 5, BTRFS_DIR_ITEM_KEY, 256);
+                with_writer(img, &|fs| {
+                    let d = fs.lookup(5, &k).expect("lookup").expect("dir item");
+                    let mut two = d.clone();
+                    two.extend_from_slice(&d);
+                    fs.update_item(5, &k, &two).expect("update");
+                });
+            },
+        },
+        Case {
+            class: "UNKNOWN_KEY in a subvolume tree (core's writer)",
+            category: "unknown-key",
+            base: Fs,
+            progs_since: (6, 19),
+            apply: |img| {
+                let ino = ino_of(img, b"holey");
+                with_writer(img, &|fs| {
+                    fs.insert_item(
+                        5,
+                        &Key {
+                            objectid: ino,
+                            ty: 100,
+                            offset: 0,
+                        },
+                        &[],
+                    )
+                    .expect("insert")
+                });
+            },
+        },
+        Case {
+            class: "I_ERR_DEPRECATED_FREE_INO (inode cache item, core's writer)",
+            category: "inode-cache",
+            base: Fs,
+            progs_since: (6, 11),
+            apply: |img| {
+                with_writer(img, &|fs| {
+                    fs.insert_item(
+                        5,
+                        &Key {
+                            objectid: BTRFS_FREE_INO_OBJECTID,
+                            ty: BTRFS_INODE_ITEM_KEY,
+                            offset: 0,
+                        },
+                        &[0u8; 160],
+                    )
+                    .expect("insert")
+                });
+            },
+        },
+        Case {
+            class: "qgroup counts (level 0): referenced",
+            category: "qgroup-count",
+            base: Quota,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 8, 0, &|k, _| {
+                    k.ty == BTRFS_QGROUP_INFO_KEY && k.offset == 256
+                });
+                patch_item(img, it, &|d| {
+                    let r = u64_at(d, 8);
+                    put_u64(d, 8, r + 4096);
+                    put_u64(d, 16, r + 4096)
+                });
+            },
+        },
+        Case {
+            class: "qgroup counts (level 0, snapshot): exclusive",
+            category: "qgroup-count",
+            base: Quota,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 8, 0, &|k, _| {
+                    k.ty == BTRFS_QGROUP_INFO_KEY && k.offset == 258
+                });
+                patch_item(img, it, &|d| {
+                    let e = u64_at(d, 24);
+                    put_u64(d, 24, e + 16384);
+                    put_u64(d, 32, e + 16384)
+                });
+            },
+        },
+        Case {
+            class: "qgroup counts (level 1 through relations)",
+            category: "qgroup-count",
+            base: Quota,
+            progs_since: (0, 0),
+            apply: |img| {
+                let it = item(img, 8, 0, &|k, _| {
+                    k.ty == BTRFS_QGROUP_INFO_KEY && k.offset == (1 << 48) | 100
+                });
+                patch_item(img, it, &|d| {
+                    let e = u64_at(d, 24);
+                    put_u64(d, 24, e.saturating_sub(16384));
+                    put_u64(d, 32, e.saturating_sub(16384))
+                });
+            },
+        },
     ]
 }
 
@@ -455,10 +962,14 @@ fn cases() -> Vec<Case> {
 fn grow_v1_cache_entry(img: &Path) {
     use btrkit_core::image::{Image, OpenOptions};
     use std::os::unix::fs::FileExt;
-    let hdr = item(img, 1, 0, &|k, d| k.objectid == BTRFS_FREE_SPACE_OBJECTID && u64_at(d, 25) > 0);
+    let hdr = item(img, 1, 0, &|k, d| {
+        k.objectid == BTRFS_FREE_SPACE_OBJECTID && u64_at(d, 25) > 0
+    });
     let hd = read_item(img, 1, hdr);
     let ino = u64_at(&hd, 0);
-    let ext = item(img, 1, 0, &|k, _| k.objectid == ino && k.ty == BTRFS_EXTENT_DATA_KEY);
+    let ext = item(img, 1, 0, &|k, _| {
+        k.objectid == ino && k.ty == BTRFS_EXTENT_DATA_KEY
+    });
     let ed = read_item(img, 1, ext);
     let disk = u64_at(&ed, 21) + u64_at(&ed, 37);
     let phys = {
@@ -466,11 +977,17 @@ fn grow_v1_cache_entry(img: &Path) {
         i.chunks.map(disk, 4096, i.devid).expect("map")[0]
     };
     let isize = {
-        let it = item(img, 1, 0, &|k, _| k.objectid == ino && k.ty == BTRFS_INODE_ITEM_KEY);
+        let it = item(img, 1, 0, &|k, _| {
+            k.objectid == ino && k.ty == BTRFS_INODE_ITEM_KEY
+        });
         u64_at(&read_item(img, 1, it), II_SIZE)
     };
     let pages = isize.div_ceil(4096) as usize;
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(img).expect("open");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(img)
+        .expect("open");
     let mut page = vec![0u8; 4096];
     f.read_exact_at(&mut page, phys).expect("read");
     let e = 4 * pages + 8;
@@ -495,18 +1012,36 @@ fn fsck_parity_with_btrfs_check() {
         let img = build_base(tmp.path(), base);
         let (pd, pout) = progs_check(&img);
         let r = run_fsck(&img, &["--check-data-csum"], LIMIT);
-        assert!(!pd, "{base:?} base image: btrfs check finds damage:\n{pout}");
-        assert_eq!(r.code, 0, "{base:?} base image not clean for btrkit-fsck: {:?}", r.errors());
+        assert!(
+            !pd,
+            "{base:?} base image: btrfs check finds damage:\n{pout}"
+        );
+        assert_eq!(
+            r.code,
+            0,
+            "{base:?} base image not clean for btrkit-fsck: {:?}",
+            r.errors()
+        );
         if base == Base::Quota {
             let v = r.json();
-            let phase9 = v["phases"].as_array().and_then(|a| a.iter().find(|p| p["phase"] == 9).cloned()).unwrap_or_default();
-            assert!(phase9["ran"] == true && phase9["checked"].as_u64().unwrap_or(0) >= 6, "quota phase did not check the qgroups: {phase9}");
+            let phase9 = v["phases"]
+                .as_array()
+                .and_then(|a| a.iter().find(|p| p["phase"] == 9).cloned())
+                .unwrap_or_default();
+            assert!(
+                phase9["ran"] == true && phase9["checked"].as_u64().unwrap_or(0) >= 6,
+                "quota phase did not check the qgroups: {phase9}"
+            );
         }
         bases.insert(base, img);
     }
     for c in cases() {
         let img = tmp.path().join("damaged.img");
-        sh(&format!("cp --sparse=always '{}' '{}'", bases[&c.base].display(), img.display()));
+        sh(&format!(
+            "cp --sparse=always '{}' '{}'",
+            bases[&c.base].display(),
+            img.display()
+        ));
         (c.apply)(&img);
         let stamp = file_stamp(&img);
         let r = run_fsck(&img, &[], LIMIT);
@@ -518,19 +1053,42 @@ fn fsck_parity_with_btrfs_check() {
             "{}: btrkit-fsck exit {} categories {:?}; btrfs check {}",
             c.class,
             r.code,
-            errs.iter().map(|e| e.1.as_str()).collect::<std::collections::BTreeSet<_>>(),
+            errs.iter()
+                .map(|e| e.1.as_str())
+                .collect::<std::collections::BTreeSet<_>>(),
             if theirs { "damaged" } else { "clean" }
         );
         if !ours {
-            failures.push(format!("{}: wanted an error in category {}: exit {} {:?} {}", c.class, c.category, r.code, errs, r.stderr));
+            failures.push(format!(
+                "{}: wanted an error in category {}: exit {} {:?} {}",
+                c.class, c.category, r.code, errs, r.stderr
+            ));
         }
         if progs_knows && !theirs {
-            failures.push(format!("{}: btrfs check {}.{} calls the damaged image clean:\n{pout}", c.class, progs.0, progs.1));
+            failures.push(format!(
+                "{}: btrfs check {}.{} calls the damaged image clean:\n{pout}",
+                c.class, progs.0, progs.1
+            ));
         }
-        assert!(!r.stderr.contains("panicked"), "{}: panic: {}", c.class, r.stderr);
-        assert_eq!(stamp, file_stamp(&img), "{}: the image was modified", c.class);
+        assert!(
+            !r.stderr.contains("panicked"),
+            "{}: panic: {}",
+            c.class,
+            r.stderr
+        );
+        assert_eq!(
+            stamp,
+            file_stamp(&img),
+            "{}: the image was modified",
+            c.class
+        );
     }
-    assert!(failures.is_empty(), "{} case(s) failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} case(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// Orphans both ways: an inode with no links and an orphan item is valid
@@ -546,7 +1104,10 @@ fn open_unlinked_file_and_directory_are_valid_orphans() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let img = tmp.path().join("live.img");
     let snap = tmp.path().join("orphans.img");
-    sh(&format!("truncate -s 256M '{0}' && mkfs.btrfs -q -f -R ^free-space-tree '{0}'", img.display()));
+    sh(&format!(
+        "truncate -s 256M '{0}' && mkfs.btrfs -q -f -R ^free-space-tree '{0}'",
+        img.display()
+    ));
     {
         let m = Mount::new(&img, "space_cache=v2,commit=600").expect("mount");
         let p = m.path().display().to_string();
@@ -555,20 +1116,36 @@ fn open_unlinked_file_and_directory_are_valid_orphans() {
         let mut holder = Command::new("sh")
             .arg("-c")
             // One process (exec), so killing it closes both.
-            .arg(format!("cd '{p}/dir/sub' && exec 3<'{p}/file' && exec sleep 600"))
+            .arg(format!(
+                "cd '{p}/dir/sub' && exec 3<'{p}/file' && exec sleep 600"
+            ))
             .spawn()
             .expect("holder");
         std::thread::sleep(Duration::from_millis(300));
-        sh(&format!("rm -f '{p}/file' && rm -rf '{p}/dir' && sync && cp --sparse=always '{}' '{}'", img.display(), snap.display()));
+        sh(&format!(
+            "rm -f '{p}/file' && rm -rf '{p}/dir' && sync && cp --sparse=always '{}' '{}'",
+            img.display(),
+            snap.display()
+        ));
         let _ = holder.kill();
         let _ = holder.wait();
     }
-    let orphans = (0..4).filter_map(|n| find_item(&snap, 5, n, &|k, _| k.ty == BTRFS_ORPHAN_ITEM_KEY)).count();
-    assert!(orphans >= 2, "the kernel left {orphans} orphan items, wanted the file's and the directory's");
+    let orphans = (0..4)
+        .filter_map(|n| find_item(&snap, 5, n, &|k, _| k.ty == BTRFS_ORPHAN_ITEM_KEY))
+        .count();
+    assert!(
+        orphans >= 2,
+        "the kernel left {orphans} orphan items, wanted the file's and the directory's"
+    );
     let (theirs, pout) = progs_check(&snap);
     assert!(!theirs, "btrfs check finds the orphans damaged:\n{pout}");
     let r = run_fsck(&snap, &[], LIMIT);
-    assert_eq!(r.code, 0, "btrkit-fsck finds the orphans damaged: {:?}", r.errors());
+    assert_eq!(
+        r.code,
+        0,
+        "btrkit-fsck finds the orphans damaged: {:?}",
+        r.errors()
+    );
 }
 
 /// Long findings wrap inside the table instead of widening it.
@@ -580,11 +1157,23 @@ fn findings_table_fits_the_width() {
     };
     let _ = dir;
     let _cache = btrkit_tests::fixtures::FixtureCacheGuard;
-    let img = btrkit_tests::fixtures::fsck_fixture("058-bad-free-space-tree-entry--corrupt-free-space-tree2").expect("fixture");
-    let o = Command::new(fsck_bin()).arg(&img).env("COLUMNS", "100").output().expect("run");
+    let img = btrkit_tests::fixtures::fsck_fixture(
+        "058-bad-free-space-tree-entry--corrupt-free-space-tree2",
+    )
+    .expect("fixture");
+    let o = Command::new(fsck_bin())
+        .arg(&img)
+        .env("COLUMNS", "100")
+        .output()
+        .expect("run");
     let out = String::from_utf8_lossy(&o.stdout);
     // Table lines (the verdict line names the image path, which may be long).
-    let widest = out.lines().filter(|l| l.starts_with(['│', '┌', '└', '╞', '├'])).map(|l| l.chars().count()).max().unwrap_or(0);
+    let widest = out
+        .lines()
+        .filter(|l| l.starts_with(['│', '┌', '└', '╞', '├']))
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0);
     assert!(out.contains("stale entry"), "{out}");
     assert!(widest <= 110, "a line of {widest} columns:\n{out}");
 }

@@ -27,14 +27,20 @@ fn measure(cmd: &[&str], img: &str) -> (f64, u64) {
     let mut best = (f64::MAX, u64::MAX);
     for _ in 0..5 {
         drop_cache(img);
-        let o = Command::new("/usr/bin/time").arg("-v").args(cmd).output().expect("run /usr/bin/time");
+        let o = Command::new("/usr/bin/time")
+            .arg("-v")
+            .args(cmd)
+            .output()
+            .expect("run /usr/bin/time");
         let err = String::from_utf8_lossy(&o.stderr);
         let mut wall = f64::MAX;
         let mut rss = u64::MAX;
         for l in err.lines() {
             let l = l.trim();
             if let Some(v) = l.strip_prefix("Elapsed (wall clock) time (h:mm:ss or m:ss): ") {
-                wall = v.split(':').fold(0.0, |a, x| a * 60.0 + x.parse::<f64>().unwrap_or(0.0));
+                wall = v
+                    .split(':')
+                    .fold(0.0, |a, x| a * 60.0 + x.parse::<f64>().unwrap_or(0.0));
             }
             if let Some(v) = l.strip_prefix("Maximum resident set size (kbytes): ") {
                 rss = v.parse().unwrap_or(u64::MAX);
@@ -73,22 +79,44 @@ fn fsck_speed_vs_btrfs_check() {
     let img = tmp.path().join("100k.img");
     make_image(&img);
     let bin = fsck_bin();
-    let (i, b) = (img.to_str().unwrap_or_default(), bin.to_str().unwrap_or_default());
+    let (i, b) = (
+        img.to_str().unwrap_or_default(),
+        bin.to_str().unwrap_or_default(),
+    );
     let theirs = measure(&["btrfs", "check", "--readonly", i], i);
     let ours = measure(&[b, i], i);
     let theirs_c = measure(&["btrfs", "check", "--readonly", "--check-data-csum", i], i);
     let ours_c = measure(&[b, "--check-data-csum", i], i);
-    eprintln!("btrfs check --readonly:                    {:.2} s, {} KiB", theirs.0, theirs.1);
-    eprintln!("btrkit-fsck:                               {:.2} s, {} KiB", ours.0, ours.1);
-    eprintln!("btrfs check --readonly --check-data-csum:  {:.2} s, {} KiB", theirs_c.0, theirs_c.1);
-    eprintln!("btrkit-fsck --check-data-csum:             {:.2} s, {} KiB", ours_c.0, ours_c.1);
+    eprintln!(
+        "btrfs check --readonly:                    {:.2} s, {} KiB",
+        theirs.0, theirs.1
+    );
+    eprintln!(
+        "btrkit-fsck:                               {:.2} s, {} KiB",
+        ours.0, ours.1
+    );
+    eprintln!(
+        "btrfs check --readonly --check-data-csum:  {:.2} s, {} KiB",
+        theirs_c.0, theirs_c.1
+    );
+    eprintln!(
+        "btrkit-fsck --check-data-csum:             {:.2} s, {} KiB",
+        ours_c.0, ours_c.1
+    );
     // Figures for BENCHMARKS.md; no timing threshold here (timings vary
     // with the machine's load, and tests must not depend on them).
-    eprintln!("speed ratio: {:.2}x, data csum {:.2}x", theirs.0 / ours.0, theirs_c.0 / ours_c.0);
+    eprintln!(
+        "speed ratio: {:.2}x, data csum {:.2}x",
+        theirs.0 / ours.0,
+        theirs_c.0 / ours_c.0
+    );
     if let Some(rust) = std::env::var_os("BTRFSUTILS_BTRFS") {
         let r = rust.to_string_lossy().into_owned();
         let utils = measure(&[&r, "check", "--readonly", i], i);
-        eprintln!("btrfsutils btrfs check --readonly:         {:.2} s, {} KiB", utils.0, utils.1);
+        eprintln!(
+            "btrfsutils btrfs check --readonly:         {:.2} s, {} KiB",
+            utils.0, utils.1
+        );
         eprintln!("speed ratio against btrfsutils: {:.2}x", utils.0 / ours.0);
     }
 }

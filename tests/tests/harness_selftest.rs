@@ -2,13 +2,16 @@
 //! the shared fixture directory.
 
 use btrkit_tests::rich::{fsync, write_file};
-use btrkit_tests::{bin_path, require_kernel_mount, require_shared, skip_unless, KernelImage, MkfsOpts};
+use btrkit_tests::{
+    bin_path, require_kernel_mount, require_shared, skip_unless, KernelImage, MkfsOpts,
+};
 use std::path::{Path, PathBuf};
 
 fn mounted_at(p: &Path) -> bool {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let want = p.to_string_lossy().to_string();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
 }
 
 fn backing_file(dev: &Path) -> Option<PathBuf> {
@@ -23,7 +26,11 @@ fn backing_file(dev: &Path) -> Option<PathBuf> {
 fn drop_cleans_up_after_panic() {
     skip_unless!(require_kernel_mount());
     let k = KernelImage::new_mounted(&MkfsOpts::default(), "");
-    let (mnt, image, dev) = (k.mnt().to_path_buf(), k.image().to_path_buf(), k.loop_device().unwrap().to_path_buf());
+    let (mnt, image, dev) = (
+        k.mnt().to_path_buf(),
+        k.image().to_path_buf(),
+        k.loop_device().unwrap().to_path_buf(),
+    );
     assert!(mounted_at(&mnt));
     assert_eq!(backing_file(&dev).as_deref(), Some(image.as_path()));
     let r = std::panic::catch_unwind(move || {
@@ -32,7 +39,12 @@ fn drop_cleans_up_after_panic() {
     });
     assert!(r.is_err());
     assert!(!mounted_at(&mnt), "{} still mounted", mnt.display());
-    assert_ne!(backing_file(&dev).as_deref(), Some(image.as_path()), "{} still bound", dev.display());
+    assert_ne!(
+        backing_file(&dev).as_deref(),
+        Some(image.as_path()),
+        "{} still bound",
+        dev.display()
+    );
     assert!(!image.exists(), "temporary directory left behind");
 }
 
@@ -49,7 +61,10 @@ fn crash_copy_captures_log() {
     fsync(&k.path("b"));
     let after = k.crash_copy("after.img");
     assert_ne!(after.log_root, 0);
-    assert_eq!(after.generation, before.generation, "no commit between the copies");
+    assert_eq!(
+        after.generation, before.generation,
+        "no commit between the copies"
+    );
     drop(k);
     assert!(after.path.exists(), "a crash copy outlives its live image");
 }
@@ -57,13 +72,22 @@ fn crash_copy_captures_log() {
 #[test]
 fn bin_path_finds_dump() {
     let p = bin_path("btrkit-dump");
-    let out = std::process::Command::new(&p).arg("--help").output().unwrap();
+    let out = std::process::Command::new(&p)
+        .arg("--help")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{} --help failed", p.display());
     assert_eq!(bin_path("btrkit-dump"), p, "second lookup is cached");
 }
 
 #[test]
 fn shared_fixtures_resolve_relative_to_repo() {
-    let Some(shared) = require_shared() else { return };
-    assert!(shared.join("DESIGN.md").is_file(), "{} has no DESIGN.md", shared.display());
+    let Some(shared) = require_shared() else {
+        return;
+    };
+    assert!(
+        shared.join("DESIGN.md").is_file(),
+        "{} has no DESIGN.md",
+        shared.display()
+    );
 }

@@ -18,12 +18,25 @@ fn shell(img: &Path, script: &str) -> (i32, String, String) {
     let dir = img.parent().expect("image dir");
     let p = dir.join(format!("s{}.scn", script.len()));
     std::fs::write(&p, script).expect("write script");
-    let o = Command::new(btrkit_tests::bin_path("btrkit-shell")).arg(img).arg(&p).arg("-q").output().expect("btrkit-shell");
-    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    let o = Command::new(btrkit_tests::bin_path("btrkit-shell"))
+        .arg(img)
+        .arg(&p)
+        .arg("-q")
+        .output()
+        .expect("btrkit-shell");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 fn stats(out: &str) -> serde_json::Value {
-    let line = out.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no stats line in {out}"));
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no stats line in {out}"));
     serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
 }
 
@@ -50,13 +63,19 @@ fn log_conflicting_inodes_counts() {
     for (on, commits, logged) in [("on", 0, 1), ("off", 1, 0)] {
         let d = tempfile::tempdir().expect("tempdir");
         let img = d.path().join("c.img");
-        let (code, out, err) = shell(&img, &format!("set log-conflicting-inodes {on}\n{CONFLICT}"));
+        let (code, out, err) = shell(
+            &img,
+            &format!("set log-conflicting-inodes {on}\n{CONFLICT}"),
+        );
         assert_eq!(code, 0, "{on}: {err}");
         let v = stats(&out);
         assert_eq!(v["full_commits"], commits, "{on}: {v}");
         assert_eq!(v["conflicting_inodes_logged"], logged, "{on}: {v}");
         if on == "off" {
-            assert_eq!(v["full_commit_reasons"]["name taken from a renamed or unlinked inode"], 1, "{v}");
+            assert_eq!(
+                v["full_commit_reasons"]["name taken from a renamed or unlinked inode"], 1,
+                "{v}"
+            );
         } else {
             assert_eq!(v["log_syncs"], 1, "{v}");
         }
@@ -65,10 +84,20 @@ fn log_conflicting_inodes_counts() {
             btrkit_tests::skip(&why);
             continue;
         }
-        let m = kcrash::manifest_via_copy(&img, &d.path().join("k.img"), "rw").expect("kernel mount");
-        assert_eq!(m.entries.get("/e/a").map(|e| e.size), Some(4096), "{on}: {m:?}");
-        assert_eq!(m.entries.get("/d/a").map(|e| e.size), Some(8192), "{on}: {m:?}");
-        kcrash::btrfs_check(&d.path().join("k.img")).expect("btrfs check after the kernel's replay");
+        let m =
+            kcrash::manifest_via_copy(&img, &d.path().join("k.img"), "rw").expect("kernel mount");
+        assert_eq!(
+            m.entries.get("/e/a").map(|e| e.size),
+            Some(4096),
+            "{on}: {m:?}"
+        );
+        assert_eq!(
+            m.entries.get("/d/a").map(|e| e.size),
+            Some(8192),
+            "{on}: {m:?}"
+        );
+        kcrash::btrfs_check(&d.path().join("k.img"))
+            .expect("btrfs check after the kernel's replay");
     }
 }
 
@@ -96,13 +125,19 @@ fn sync_io_first_same_result() {
 fn bad_input_is_one_line_and_keeps_what_was_durable() {
     let d = tempfile::tempdir().expect("tempdir");
     let img = d.path().join("b.img");
-    let (code, _, err) = shell(&img, "write /kept 0 4K 0x41\nfsync /kept\nset fast-fsync-never on\n");
+    let (code, _, err) = shell(
+        &img,
+        "write /kept 0 4K 0x41\nfsync /kept\nset fast-fsync-never on\n",
+    );
     assert_ne!(code, 0);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains(":3: set:"), "{err}");
     let (code, _, err) = shell(&img, "fsync /missing\n");
     assert_ne!(code, 0);
-    assert!(err.contains("ENOENT") && err.trim().lines().count() == 1, "{err}");
+    assert!(
+        err.contains("ENOENT") && err.trim().lines().count() == 1,
+        "{err}"
+    );
     let (code, _, err) = shell(&img, "fsnyc /kept\n");
     assert_eq!(code, 2, "{err}");
     let (code, _, err) = shell(&img, "expect size /kept 4K\n");

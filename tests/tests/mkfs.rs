@@ -12,7 +12,10 @@ fn bin(name: &str) -> PathBuf {
     let dir = exe.parent().unwrap().parent().unwrap();
     let p = dir.join(name);
     if !p.exists() {
-        let st = Command::new(env!("CARGO")).args(["build", "-q", "-p", name]).status().unwrap();
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", name])
+            .status()
+            .unwrap();
         assert!(st.success());
     }
     p
@@ -27,22 +30,56 @@ fn is_root() -> bool {
 }
 
 fn can_mount() -> bool {
-    is_root() && std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false) && Path::new("/dev/loop-control").exists()
+    is_root()
+        && std::fs::read_to_string("/proc/filesystems")
+            .map(|s| s.contains("btrfs"))
+            .unwrap_or(false)
+        && Path::new("/dev/loop-control").exists()
 }
 
 fn mkfs(args: &[&str], img: &Path) -> Output {
-    Command::new(bin("btrkit-mkfs")).args(args).arg(img).output().unwrap()
+    Command::new(bin("btrkit-mkfs"))
+        .args(args)
+        .arg(img)
+        .output()
+        .unwrap()
 }
 
 fn check(img: &Path) {
-    let o = Command::new("btrfs").args(["check", "--readonly"]).arg(img).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(o.status.success() && text.contains("no error found"), "btrfs check {}:\n{text}", img.display());
+    let o = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(img)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        o.status.success() && text.contains("no error found"),
+        "btrfs check {}:\n{text}",
+        img.display()
+    );
     // btrkit-fsck, data checksums included, finds nothing either: no error
     // and no warning.
-    let r = btrkit_tests::fsck_support::run_fsck(img, &["--check-data-csum"], std::time::Duration::from_secs(120));
-    let findings = r.json()["findings"].as_array().map(|a| a.len()).unwrap_or(usize::MAX);
-    assert!(r.code == 0 && findings == 0, "btrkit-fsck {}: exit {}, {findings} findings:\n{}{}", img.display(), r.code, r.stdout, r.stderr);
+    let r = btrkit_tests::fsck_support::run_fsck(
+        img,
+        &["--check-data-csum"],
+        std::time::Duration::from_secs(120),
+    );
+    let findings = r.json()["findings"]
+        .as_array()
+        .map(|a| a.len())
+        .unwrap_or(usize::MAX);
+    assert!(
+        r.code == 0 && findings == 0,
+        "btrkit-fsck {}: exit {}, {findings} findings:\n{}{}",
+        img.display(),
+        r.code,
+        r.stdout,
+        r.stderr
+    );
 }
 
 /// A loop mount that is undone even when the test fails.
@@ -54,7 +91,12 @@ impl Mount {
         let dir = tempfile::tempdir().unwrap();
         let mut last = String::new();
         for _ in 0..5 {
-            let o = Command::new("mount").args(["-o", &format!("loop,{opts}")]).arg(img).arg(dir.path()).output().unwrap();
+            let o = Command::new("mount")
+                .args(["-o", &format!("loop,{opts}")])
+                .arg(img)
+                .arg(dir.path())
+                .output()
+                .unwrap();
             if o.status.success() {
                 return Mount { dir };
             }
@@ -70,12 +112,20 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         for _ in 0..10 {
-            if Command::new("umount").arg(self.dir.path()).status().map(|s| s.success()).unwrap_or(false) {
+            if Command::new("umount")
+                .arg(self.dir.path())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+            {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
@@ -90,7 +140,11 @@ fn every_csum_and_nodesize_checks_clean_and_mounts() {
         for ns in ["4096", "16384", "65536"] {
             let img = t.path().join(format!("{csum}-{ns}.img"));
             let o = mkfs(&["-q", "-b", "256M", "-n", ns, "--csum", csum], &img);
-            assert!(o.status.success(), "mkfs {csum} {ns}: {}", String::from_utf8_lossy(&o.stderr));
+            assert!(
+                o.status.success(),
+                "mkfs {csum} {ns}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
             check(&img);
             if can_mount() {
                 let m = Mount::new(&img, "rw");
@@ -116,7 +170,12 @@ fn features_and_options() {
         vec!["-O", "^no-holes"],
         vec!["-O", "^skinny-metadata", "-R", "^free-space-tree"],
         vec!["-O", "block-group-tree"],
-        vec!["-L", "mylabel", "-U", "0f0e0d0c-0b0a-4908-8706-050403020100"],
+        vec![
+            "-L",
+            "mylabel",
+            "-U",
+            "0f0e0d0c-0b0a-4908-8706-050403020100",
+        ],
     ]
     .iter()
     .enumerate()
@@ -125,12 +184,23 @@ fn features_and_options() {
         let mut args = vec!["-q", "-b", "300M"];
         args.extend(extra.iter());
         let o = mkfs(&args, &img);
-        assert!(o.status.success(), "mkfs {extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "mkfs {extra:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         check(&img);
         if i == 3 {
-            let o = Command::new("btrfs").args(["inspect-internal", "dump-super"]).arg(&img).output().unwrap();
+            let o = Command::new("btrfs")
+                .args(["inspect-internal", "dump-super"])
+                .arg(&img)
+                .output()
+                .unwrap();
             let s = String::from_utf8_lossy(&o.stdout);
-            assert!(s.contains("mylabel") && s.contains("0f0e0d0c-0b0a-4908-8706-050403020100"), "{s}");
+            assert!(
+                s.contains("mylabel") && s.contains("0f0e0d0c-0b0a-4908-8706-050403020100"),
+                "{s}"
+            );
         }
     }
 }
@@ -158,7 +228,10 @@ fn make_source(root: &Path) {
     // Sparse: data, hole, data, trailing hole.
     let f = std::fs::File::create(root.join("sparse")).unwrap();
     f.set_len(20 << 20).unwrap();
-    let mut f = std::fs::OpenOptions::new().write(true).open(root.join("sparse")).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(root.join("sparse"))
+        .unwrap();
     f.write_all(&rnd(10000)).unwrap();
     use std::io::Seek;
     f.seek(std::io::SeekFrom::Start(9 << 20)).unwrap();
@@ -166,7 +239,11 @@ fn make_source(root: &Path) {
     std::fs::hard_link(root.join("tiny"), root.join("a/tiny-link")).unwrap();
     std::fs::hard_link(root.join("tiny"), root.join("a/b/c/tiny-link2")).unwrap();
     std::os::unix::fs::symlink("../tiny", root.join("a/sym")).unwrap();
-    std::os::unix::fs::symlink("/nonexistent/target/of/a/dangling/link", root.join("dangling")).unwrap();
+    std::os::unix::fs::symlink(
+        "/nonexistent/target/of/a/dangling/link",
+        root.join("dangling"),
+    )
+    .unwrap();
     for i in 0..1500 {
         std::fs::write(root.join(format!("many/file-{i:05}")), rnd(i % 300)).unwrap();
     }
@@ -175,9 +252,18 @@ fn make_source(root: &Path) {
     if is_root() {
         std::os::unix::fs::chown(root.join("a/4096"), Some(1234), Some(5678)).unwrap();
     }
-    let _ = Command::new("setfattr").args(["-n", "user.color", "-v", "blue"]).arg(root.join("a/4096")).status();
-    let _ = Command::new("setfattr").args(["-n", "user.empty"]).arg(root.join("tiny")).status();
-    let _ = Command::new("setfattr").args(["-n", "user.dir", "-v", "0x00ff00ff"]).arg(root.join("a")).status();
+    let _ = Command::new("setfattr")
+        .args(["-n", "user.color", "-v", "blue"])
+        .arg(root.join("a/4096"))
+        .status();
+    let _ = Command::new("setfattr")
+        .args(["-n", "user.empty"])
+        .arg(root.join("tiny"))
+        .status();
+    let _ = Command::new("setfattr")
+        .args(["-n", "user.dir", "-v", "0x00ff00ff"])
+        .arg(root.join("a"))
+        .status();
 }
 
 /// Everything a user sees of a tree: per path, type, mode, uid, gid, size,
@@ -197,7 +283,11 @@ fn describe(root: &Path) -> Vec<String> {
         };
         let body = if m.is_file() {
             let d = std::fs::read(&p).unwrap();
-            format!("{:016x}", d.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3)))
+            format!(
+                "{:016x}",
+                d.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64)
+                    .wrapping_mul(0x100000001b3))
+            )
         } else if m.file_type().is_symlink() {
             std::fs::read_link(&p).unwrap().display().to_string()
         } else {
@@ -205,9 +295,30 @@ fn describe(root: &Path) -> Vec<String> {
         };
         let size = if m.is_dir() { 0 } else { m.len() };
         let nlink = if m.is_dir() { 0 } else { m.nlink() };
-        let xa = Command::new("getfattr").args(["-h", "-d", "-m", "-", "--absolute-names"]).arg(&p).output().map(|o| String::from_utf8_lossy(&o.stdout).lines().skip(1).collect::<Vec<_>>().join(",")).unwrap_or_default();
-        let mtime = if m.file_type().is_symlink() { 0 } else { m.mtime() };
-        out.push(format!("{} {kind} {:o} {}:{} {size} {nlink} {mtime} {body} [{xa}]", rel.display(), m.mode(), m.uid(), m.gid()));
+        let xa = Command::new("getfattr")
+            .args(["-h", "-d", "-m", "-", "--absolute-names"])
+            .arg(&p)
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .skip(1)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default();
+        let mtime = if m.file_type().is_symlink() {
+            0
+        } else {
+            m.mtime()
+        };
+        out.push(format!(
+            "{} {kind} {:o} {}:{} {size} {nlink} {mtime} {body} [{xa}]",
+            rel.display(),
+            m.mode(),
+            m.uid(),
+            m.gid()
+        ));
         if m.is_dir() {
             for e in std::fs::read_dir(&p).unwrap() {
                 stack.push(rel.join(e.unwrap().file_name()));
@@ -227,12 +338,23 @@ fn rootdir_copy_equals_source() {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     make_source(&src);
-    for (i, extra) in [vec![], vec!["-n", "4096", "-O", "^no-holes", "--csum", "xxhash"], vec!["-n", "65536", "--csum", "blake2"]].iter().enumerate() {
+    for (i, extra) in [
+        vec![],
+        vec!["-n", "4096", "-O", "^no-holes", "--csum", "xxhash"],
+        vec!["-n", "65536", "--csum", "blake2"],
+    ]
+    .iter()
+    .enumerate()
+    {
         let img = t.path().join(format!("r{i}.img"));
         let mut args = vec!["-q", "-b", "512M", "-r", src.to_str().unwrap()];
         args.extend(extra.iter());
         let o = mkfs(&args, &img);
-        assert!(o.status.success(), "mkfs --rootdir {extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "mkfs --rootdir {extra:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         check(&img);
         if !can_mount() {
             btrkit_tests::skip_part("mount comparison", "needs root and loop devices");
@@ -240,9 +362,17 @@ fn rootdir_copy_equals_source() {
         }
         let m = Mount::new(&img, "ro");
         let (want, got) = (describe(&src), describe(m.path()));
-        let diff: Vec<_> = want.iter().zip(got.iter()).filter(|(a, b)| a != b).take(5).collect();
+        let diff: Vec<_> = want
+            .iter()
+            .zip(got.iter())
+            .filter(|(a, b)| a != b)
+            .take(5)
+            .collect();
         assert_eq!(want.len(), got.len(), "entry count differs");
-        assert!(diff.is_empty(), "{extra:?}: differences (source, image): {diff:#?}");
+        assert!(
+            diff.is_empty(),
+            "{extra:?}: differences (source, image): {diff:#?}"
+        );
     }
 }
 
@@ -291,15 +421,24 @@ fn bad_input_is_refused() {
     one_line(&mkfs(&["-b", "10M"], &img), "too small");
     one_line(&mkfs(&["-b", "300M", "-n", "12288"], &img), "nodesize");
     one_line(&mkfs(&["-b", "300M", "-n", "131072"], &img), "nodesize");
-    one_line(&mkfs(&["-b", "300M", "-O", "frobnicate"], &img), "unknown feature");
+    one_line(
+        &mkfs(&["-b", "300M", "-O", "frobnicate"], &img),
+        "unknown feature",
+    );
     one_line(&mkfs(&["-b", "300M", "--csum", "md5"], &img), "checksum");
-    one_line(&mkfs(&["-b", "300M", "-r", "/nonexistent/dir"], &img), "nonexistent");
+    one_line(
+        &mkfs(&["-b", "300M", "-r", "/nonexistent/dir"], &img),
+        "nonexistent",
+    );
     // An existing filesystem is not overwritten without -f.
     let o = mkfs(&["-q", "-b", "300M"], &img);
     assert!(o.status.success());
     let before = std::fs::read(&img).unwrap();
     one_line(&mkfs(&["-b", "300M"], &img), "already contains a btrfs");
-    assert!(std::fs::read(&img).unwrap() == before, "refused mkfs changed the image");
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "refused mkfs changed the image"
+    );
     assert!(mkfs(&["-q", "-f", "-b", "300M"], &img).status.success());
     // An unreadable source file (checked as an unprivileged user) is
     // reported before the image is touched.
@@ -307,7 +446,8 @@ fn bad_input_is_refused() {
         let src = t.path().join("src");
         std::fs::create_dir(&src).unwrap();
         std::fs::write(src.join("secret"), b"data").unwrap();
-        std::fs::set_permissions(src.join("secret"), std::fs::Permissions::from_mode(0o000)).unwrap();
+        std::fs::set_permissions(src.join("secret"), std::fs::Permissions::from_mode(0o000))
+            .unwrap();
         std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
         let out = t.path().join("u.img");
         let o = Command::new("setpriv")
@@ -318,7 +458,15 @@ fn bad_input_is_refused() {
             .output()
             .unwrap();
         one_line(&o, "secret");
-        assert!(!out.exists() || std::fs::metadata(&out).unwrap().len() == 0 || btrkit_core::image::read_superblock(&btrkit_core::io::FileDevice::open(&out, false).unwrap(), 0).is_err());
+        assert!(
+            !out.exists()
+                || std::fs::metadata(&out).unwrap().len() == 0
+                || btrkit_core::image::read_superblock(
+                    &btrkit_core::io::FileDevice::open(&out, false).unwrap(),
+                    0
+                )
+                .is_err()
+        );
     } else {
         btrkit_tests::skip_part("unreadable source", "needs root and setpriv");
     }

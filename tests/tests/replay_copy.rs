@@ -26,7 +26,13 @@ fn shared_bytes(p: &Path) -> (u64, u64) {
         buf[3] = N as u64;
         // SAFETY: the buffer is large enough for the header and N extents.
         let r = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FIEMAP as _, buf.as_mut_ptr()) };
-        assert_eq!(r, 0, "fiemap {}: {}", p.display(), std::io::Error::last_os_error());
+        assert_eq!(
+            r,
+            0,
+            "fiemap {}: {}",
+            p.display(),
+            std::io::Error::last_os_error()
+        );
         let mapped = (buf[2] >> 32) as usize;
         let mut last = mapped == 0;
         for i in 0..mapped.min(N) {
@@ -46,8 +52,18 @@ fn shared_bytes(p: &Path) -> (u64, u64) {
 }
 
 fn replay_o(img: &Path, out: &Path) -> serde_json::Value {
-    let o = Command::new(kcrash::replay_bin()).arg("--json").arg(img).arg("-o").arg(out).output().unwrap();
-    assert!(o.status.success(), "btrkit-replay -o: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(kcrash::replay_bin())
+        .arg("--json")
+        .arg(img)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "btrkit-replay -o: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
@@ -57,17 +73,35 @@ fn output_is_a_reflink_where_the_filesystem_allows_one() {
         btrkit_tests::skip(&why);
         return;
     }
-    let scn = kcrash::load_scenario(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/many-files-fsync-each.scn")).unwrap();
-    let crash = kcrash::cached_crash_image(&scn, &kcrash::default_cache_dir()).unwrap_or_else(|e| panic!("{e}"));
-    let work = tempfile::Builder::new().prefix("replay-copy-").tempdir().unwrap();
+    let scn = kcrash::load_scenario(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/many-files-fsync-each.scn"),
+    )
+    .unwrap();
+    let crash = kcrash::cached_crash_image(&scn, &kcrash::default_cache_dir())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::Builder::new()
+        .prefix("replay-copy-")
+        .tempdir()
+        .unwrap();
     let w = work.path();
     let kernel = kcrash::manifest_of_image(&crash.path, w).unwrap();
 
     // A btrfs filesystem to hold the image: it can share extents.
     let host = w.join("host.img");
-    std::fs::File::create(&host).unwrap().set_len(2 << 30).unwrap();
-    let o = Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&host).output().unwrap();
-    assert!(o.status.success(), "mkfs.btrfs: {}", String::from_utf8_lossy(&o.stderr));
+    std::fs::File::create(&host)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let o = Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&host)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "mkfs.btrfs: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let _slot = kcrash::slot();
     let m = kcrash::LoopMount::mount(&host, &w.join("host"), "").unwrap_or_else(|e| panic!("{e}"));
     let img = m.path().join("crash.img");
@@ -75,15 +109,29 @@ fn output_is_a_reflink_where_the_filesystem_allows_one() {
     let before = kcrash::image_digest(&img).unwrap();
     let out = m.path().join("out.img");
     let v = replay_o(&img, &out);
-    assert_eq!(v["copy"], "reflink", "on btrfs the output is a reflink copy: {v}");
+    assert_eq!(
+        v["copy"], "reflink",
+        "on btrfs the output is a reflink copy: {v}"
+    );
     let (mapped, shared) = shared_bytes(&out);
     eprintln!("OUT: {mapped} bytes mapped, {shared} shared with the image");
     // Replay rewrites a few blocks (copied on write); the rest stays shared.
-    assert!(shared * 2 > mapped, "only {shared} of {mapped} bytes of OUT are shared with the image");
-    assert_eq!(kcrash::image_digest(&img).unwrap(), before, "the input image changed");
+    assert!(
+        shared * 2 > mapped,
+        "only {shared} of {mapped} bytes of OUT are shared with the image"
+    );
+    assert_eq!(
+        kcrash::image_digest(&img).unwrap(),
+        before,
+        "the input image changed"
+    );
     kcrash::btrfs_check(&out).unwrap_or_else(|e| panic!("{e}"));
     let mine = kcrash::manifest_via_copy(&out, &w.join("mine.img"), "ro").unwrap();
-    assert!(kernel == mine, "reflinked output differs from the kernel's replay:\n{}", kernel.short_diff(&mine, 10));
+    assert!(
+        kernel == mine,
+        "reflinked output differs from the kernel's replay:\n{}",
+        kernel.short_diff(&mine, 10)
+    );
     drop(m);
 
     // On the scratch directory's filesystem: whatever it supports, the
@@ -94,5 +142,9 @@ fn output_is_a_reflink_where_the_filesystem_allows_one() {
     assert!(v["copy"] == "reflink" || v["copy"] == "sparse", "{v}");
     kcrash::btrfs_check(&out2).unwrap_or_else(|e| panic!("{e}"));
     let mine = kcrash::manifest_via_copy(&out2, &w.join("mine2.img"), "ro").unwrap();
-    assert!(kernel == mine, "copied output differs from the kernel's replay:\n{}", kernel.short_diff(&mine, 10));
+    assert!(
+        kernel == mine,
+        "copied output differs from the kernel's replay:\n{}",
+        kernel.short_diff(&mine, 10)
+    );
 }

@@ -29,10 +29,12 @@ fn scenarios() -> Vec<Scenario> {
     if let Ok(only) = std::env::var("BTRKIT_SCENARIOS") {
         let names: Vec<&str> = only.split(',').map(str::trim).collect();
         // `name*` keeps every scenario whose name starts with `name`.
-        all.retain(|s| names.iter().any(|n| match n.strip_suffix('*') {
-            Some(pre) => s.name.starts_with(pre),
-            None => *n == s.name,
-        }));
+        all.retain(|s| {
+            names.iter().any(|n| match n.strip_suffix('*') {
+                Some(pre) => s.name.starts_with(pre),
+                None => *n == s.name,
+            })
+        });
     }
     all
 }
@@ -85,11 +87,7 @@ type KernelSide = (Manifest, Vec<String>, Option<Vec<String>>);
 /// The kernel's result for a crash image: replayed by mounting a copy
 /// read-write, then the replayed copy mounted again read-only must show the
 /// same (the manifest is stable and the replay was committed).
-fn kernel_side(
-    scn: &Scenario,
-    crash: &Path,
-    work: &Path,
-) -> Result<KernelSide, String> {
+fn kernel_side(scn: &Scenario, crash: &Path, work: &Path) -> Result<KernelSide, String> {
     let mut notes = Vec::new();
     let kcopy = work.join("kernel.img");
     let kernel =
@@ -162,9 +160,14 @@ fn damage_lines(report: &str) -> Vec<String> {
 /// free-space entries mkfs.btrfs 6.2 leaves for its temporary chunks (every
 /// image here starts from it; upstream btrfs check also calls them errors).
 fn fsck_clean(img: &Path) -> Result<(), String> {
-    let r = btrkit_tests::fsck_support::run_fsck(img, &["--check-data-csum"], Duration::from_secs(300));
+    let r =
+        btrkit_tests::fsck_support::run_fsck(img, &["--check-data-csum"], Duration::from_secs(300));
     if r.code != 0 && r.code != 4 {
-        return Err(format!("btrkit-fsck: exit {}: {}", r.code, last_line(&r.stderr)));
+        return Err(format!(
+            "btrkit-fsck: exit {}: {}",
+            r.code,
+            last_line(&r.stderr)
+        ));
     }
     let errors: Vec<String> = r
         .errors()
@@ -175,7 +178,16 @@ fn fsck_clean(img: &Path) -> Result<(), String> {
     if errors.is_empty() {
         return Ok(());
     }
-    Err(format!("btrkit-fsck finds {} error(s): {}", errors.len(), errors.iter().take(5).cloned().collect::<Vec<_>>().join(" | ")))
+    Err(format!(
+        "btrkit-fsck finds {} error(s): {}",
+        errors.len(),
+        errors
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" | ")
+    ))
 }
 
 /// Checks of one replayed image against the kernel's manifest.
@@ -184,7 +196,13 @@ fn fsck_clean(img: &Path) -> Result<(), String> {
 /// same damage, not none: the kernel is the reference, and some logs leave
 /// it with, for example, a missing hole item on a filesystem without
 /// no-holes.
-fn check_replayed(what: &str, img: &Path, kernel: &Manifest, kernel_damage: Option<&Vec<String>>, work: &Path) -> Result<(), String> {
+fn check_replayed(
+    what: &str,
+    img: &Path,
+    kernel: &Manifest,
+    kernel_damage: Option<&Vec<String>>,
+    work: &Path,
+) -> Result<(), String> {
     // Every check runs, so one failure report says all that is wrong.
     let mut problems = Vec::new();
     match kcrash::super_log_root(img) {
@@ -194,12 +212,17 @@ fn check_replayed(what: &str, img: &Path, kernel: &Manifest, kernel_damage: Opti
     }
     match (kcrash::btrfs_check(img), kernel_damage) {
         (Ok(()), None) => {}
-        (Ok(()), Some(k)) => problems.push(format!("btrfs check finds nothing, but on the kernel's result: {}", k.join(" | "))),
+        (Ok(()), Some(k)) => problems.push(format!(
+            "btrfs check finds nothing, but on the kernel's result: {}",
+            k.join(" | ")
+        )),
         (Err(e), None) => problems.push(e),
         (Err(e), Some(k)) => {
             let ours = damage_lines(&e);
             if &ours != k {
-                problems.push(format!("btrfs check damage differs from the kernel's: ours {ours:?}, kernel's {k:?}"));
+                problems.push(format!(
+                    "btrfs check damage differs from the kernel's: ours {ours:?}, kernel's {k:?}"
+                ));
             }
         }
     }
@@ -207,7 +230,10 @@ fn check_replayed(what: &str, img: &Path, kernel: &Manifest, kernel_damage: Opti
     // and finding the damage btrfs check finds where it is not.
     match (fsck_clean(img), kernel_damage) {
         (Err(e), None) => problems.push(e),
-        (Ok(()), Some(k)) => problems.push(format!("btrkit-fsck finds nothing, where btrfs check finds {}", k.join(" | "))),
+        (Ok(()), Some(k)) => problems.push(format!(
+            "btrkit-fsck finds nothing, where btrfs check finds {}",
+            k.join(" | ")
+        )),
         _ => {}
     }
     let copy = work.join("check-copy.img");

@@ -139,7 +139,10 @@ fn scenarios() -> Vec<Scenario> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut v: Vec<Scenario> = CORPUS
         .iter()
-        .map(|n| kcrash::load_scenario(&dir.join(format!("{n}.scn"))).unwrap_or_else(|e| panic!("{n}: {e}")))
+        .map(|n| {
+            kcrash::load_scenario(&dir.join(format!("{n}.scn")))
+                .unwrap_or_else(|e| panic!("{n}: {e}"))
+        })
         .collect();
     v.push(Scenario::parse("salvage-multi", SALVAGE_MULTI).expect("salvage-multi parses"));
     v.push(Scenario::parse("salvage-multi-ns", SALVAGE_MULTI_NS).expect("salvage-multi-ns parses"));
@@ -153,15 +156,21 @@ fn scenarios() -> Vec<Scenario> {
 /// The blocks to damage: all of them, or for a large log every interior
 /// node and log root tree block plus leaves spread evenly up to `max`.
 fn pick(blocks: &[LogBlock]) -> Vec<&LogBlock> {
-    let max: usize = std::env::var("BTRKIT_SALVAGE_MAX_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(48);
+    let max: usize = std::env::var("BTRKIT_SALVAGE_MAX_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48);
     if max == 0 || blocks.len() <= max {
         return blocks.iter().collect();
     }
-    let (inner, leaves): (Vec<&LogBlock>, Vec<&LogBlock>) = blocks.iter().partition(|b| b.level > 0 || b.in_root_tree());
+    let (inner, leaves): (Vec<&LogBlock>, Vec<&LogBlock>) =
+        blocks.iter().partition(|b| b.level > 0 || b.in_root_tree());
     let want = max.saturating_sub(inner.len()).max(2);
     let mut out = inner;
     let step = (leaves.len() - 1) as f64 / (want - 1) as f64;
-    let mut idx: Vec<usize> = (0..want).map(|i| (i as f64 * step).round() as usize).collect();
+    let mut idx: Vec<usize> = (0..want)
+        .map(|i| (i as f64 * step).round() as usize)
+        .collect();
     idx.dedup();
     out.extend(idx.into_iter().filter_map(|i| leaves.get(i).copied()));
     out
@@ -169,12 +178,22 @@ fn pick(blocks: &[LogBlock]) -> Vec<&LogBlock> {
 
 /// `btrfs rescue zero-log` on a copy of `crash`, then its manifest and the
 /// subvolume id of every subvolume root path in it.
-fn zero_log_manifest(crash: &Path, work: &Path) -> Result<(Manifest, BTreeMap<String, u64>), String> {
+fn zero_log_manifest(
+    crash: &Path,
+    work: &Path,
+) -> Result<(Manifest, BTreeMap<String, u64>), String> {
     let zl = work.join("zero-log.img");
     kcrash::copy_sparse(crash, &zl)?;
-    let o = Command::new("btrfs").args(["rescue", "zero-log"]).arg(&zl).output().map_err(|e| e.to_string())?;
+    let o = Command::new("btrfs")
+        .args(["rescue", "zero-log"])
+        .arg(&zl)
+        .output()
+        .map_err(|e| e.to_string())?;
     if !o.status.success() {
-        return Err(format!("btrfs rescue zero-log: {}", String::from_utf8_lossy(&o.stderr)));
+        return Err(format!(
+            "btrfs rescue zero-log: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ));
     }
     let mnt = kcrash::LoopMount::mount(&zl, &work.join("zl-mnt"), "ro")?;
     let r = kcrash::manifest_of_tree(mnt.path()).and_then(|m| {
@@ -182,8 +201,15 @@ fn zero_log_manifest(crash: &Path, work: &Path) -> Result<(Manifest, BTreeMap<St
         for (p, e) in &m.entries {
             if e.kind == 'd' && e.ino == 256 {
                 let full = mnt.path().join(p.trim_start_matches('/'));
-                let o = Command::new("btrfs").args(["inspect-internal", "rootid"]).arg(&full).output().map_err(|e| e.to_string())?;
-                let id = String::from_utf8_lossy(&o.stdout).trim().parse::<u64>().map_err(|e| format!("rootid of {p}: {e}"))?;
+                let o = Command::new("btrfs")
+                    .args(["inspect-internal", "rootid"])
+                    .arg(&full)
+                    .output()
+                    .map_err(|e| e.to_string())?;
+                let id = String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|e| format!("rootid of {p}: {e}"))?;
                 ids.insert(p.clone(), id);
             }
         }
@@ -214,13 +240,22 @@ fn salvage_run(img: &Path, more: &[&Path]) -> Result<Value, String> {
         .output()
         .map_err(|e| e.to_string())?;
     if !o.status.success() {
-        return Err(format!("btrkit-replay --salvage: exit {:?}: {}", o.status.code(), String::from_utf8_lossy(&o.stderr).trim()));
+        return Err(format!(
+            "btrkit-replay --salvage: exit {:?}: {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
     }
     serde_json::from_slice(&o.stdout).map_err(|e| format!("--json output: {e}"))
 }
 
 /// Every property of one salvaged image; Err lists what fails.
-fn check_salvaged(b: &LogBlock, out: &Path, report: &Value, r: &Reference) -> Result<(usize, usize), String> {
+fn check_salvaged(
+    b: &LogBlock,
+    out: &Path,
+    report: &Value,
+    r: &Reference,
+) -> Result<(usize, usize), String> {
     let mut problems = Vec::new();
     let s = &report["summary"]["salvage"];
     if s.is_null() {
@@ -237,17 +272,26 @@ fn check_salvaged(b: &LogBlock, out: &Path, report: &Value, r: &Reference) -> Re
     let mine = kcrash::manifest_in_place(out, "ro").map_err(|e| format!("mount: {e}"))?;
     if b.in_root_tree() {
         if s["zero_log"].is_null() {
-            problems.push("the log root tree is damaged but the report does not say the result is zero-log".into());
+            problems.push(
+                "the log root tree is damaged but the report does not say the result is zero-log"
+                    .into(),
+            );
         }
         if mine != r.zero_log {
-            problems.push(format!("damaged log root tree, but not the zero-log result:\n{}", r.zero_log.short_diff(&mine, 10)));
+            problems.push(format!(
+                "damaged log root tree, but not the zero-log result:\n{}",
+                r.zero_log.short_diff(&mine, 10)
+            ));
         }
     }
     let (k, z, m) = (by_inode(&r.kernel), by_inode(&r.zero_log), by_inode(&mine));
     // How the report calls each inode: (subvol id, ino) -> recovered.
     let mut said: BTreeMap<(u64, u64), bool> = BTreeMap::new();
     for i in s["inodes"].as_array().into_iter().flatten() {
-        let (sv, ino) = (i["subvol"].as_u64().unwrap_or(0), i["ino"].as_u64().unwrap_or(0));
+        let (sv, ino) = (
+            i["subvol"].as_u64().unwrap_or(0),
+            i["ino"].as_u64().unwrap_or(0),
+        );
         said.insert((sv, ino), i["outcome"] == "recovered");
     }
     for (key, (path, e)) in &m {
@@ -269,16 +313,29 @@ fn check_salvaged(b: &LogBlock, out: &Path, report: &Value, r: &Reference) -> Re
         let subvol = r.subvols.get(&key.0).copied().unwrap_or(0);
         if let Some(&recovered) = said.get(&(subvol, key.1)) {
             if recovered && !as_kernel {
-                problems.push(format!("{path} (inode {}) is reported recovered but is not the kernel's", key.1));
+                problems.push(format!(
+                    "{path} (inode {}) is reported recovered but is not the kernel's",
+                    key.1
+                ));
             }
             if !recovered && !as_commit && !b.in_root_tree() {
-                problems.push(format!("{path} (inode {}) is reported not recovered but is not the last commit's", key.1));
+                problems.push(format!(
+                    "{path} (inode {}) is reported not recovered but is not the last commit's",
+                    key.1
+                ));
             }
         }
     }
     // An inode reported recovered that the kernel's replay keeps is there.
     for (&(sv, ino), &recovered) in &said {
-        let Some(root) = r.subvols.iter().find(|(_, &id)| id == sv).map(|(p, _)| p.clone()) else { continue };
+        let Some(root) = r
+            .subvols
+            .iter()
+            .find(|(_, &id)| id == sv)
+            .map(|(p, _)| p.clone())
+        else {
+            continue;
+        };
         let key = (root, ino);
         if recovered && k.contains_key(&key) && !m.contains_key(&key) {
             problems.push(format!("inode {ino} of subvolume {sv} is reported recovered, but it is missing (the kernel keeps it at {})", k[&key].0));
@@ -286,7 +343,10 @@ fn check_salvaged(b: &LogBlock, out: &Path, report: &Value, r: &Reference) -> Re
     }
     for (key, (path, _)) in &z {
         if k.contains_key(key) && !m.contains_key(key) {
-            problems.push(format!("{path} (inode {}) is kept by the kernel and by zero-log, but lost", key.1));
+            problems.push(format!(
+                "{path} (inode {}) is kept by the kernel and by zero-log, but lost",
+                key.1
+            ));
         }
     }
     let recovered = s["recovered"].as_u64().unwrap_or(0) as usize;
@@ -314,12 +374,19 @@ fn run_image(scn: &Scenario, cache: &Path) -> Result<ImageOutcome, String> {
     if c.log_root == 0 {
         return Err("the crash image has no log".into());
     }
-    let work = tempfile::Builder::new().prefix(&format!("salvage-{}-", scn.name)).tempdir().map_err(|e| e.to_string())?;
+    let work = tempfile::Builder::new()
+        .prefix(&format!("salvage-{}-", scn.name))
+        .tempdir()
+        .map_err(|e| e.to_string())?;
     let w = work.path();
     let r = {
         let _slot = kcrash::slot();
         let (zero_log, subvols) = zero_log_manifest(&c.path, w)?;
-        Reference { kernel: kcrash::manifest_of_image(&c.path, w)?, zero_log, subvols }
+        Reference {
+            kernel: kcrash::manifest_of_image(&c.path, w)?,
+            zero_log,
+            subvols,
+        }
     };
     let blocks = log_blocks(&c.path)?;
     let mut o = ImageOutcome {
@@ -338,7 +405,10 @@ fn run_image(scn: &Scenario, cache: &Path) -> Result<ImageOutcome, String> {
         let _slot = kcrash::slot();
         let report = salvage(&c.path, &out)?;
         let s = &report["summary"]["salvage"];
-        if s["not_recovered"] != 0 || !s["zero_log"].is_null() || !s["lost_blocks"].as_array().is_some_and(|v| v.is_empty()) {
+        if s["not_recovered"] != 0
+            || !s["zero_log"].is_null()
+            || !s["lost_blocks"].as_array().is_some_and(|v| v.is_empty())
+        {
             let not: Vec<String> = s["inodes"]
                 .as_array()
                 .into_iter()
@@ -357,7 +427,10 @@ fn run_image(scn: &Scenario, cache: &Path) -> Result<ImageOutcome, String> {
         kcrash::btrfs_check(&out)?;
         let mine = kcrash::manifest_in_place(&out, "ro")?;
         if mine != r.kernel {
-            o.failures.push(format!("undamaged log: salvage differs from the kernel's replay:\n{}", r.kernel.short_diff(&mine, 10)));
+            o.failures.push(format!(
+                "undamaged log: salvage differs from the kernel's replay:\n{}",
+                r.kernel.short_diff(&mine, 10)
+            ));
         }
         let _ = std::fs::remove_file(&out);
     }
@@ -366,7 +439,9 @@ fn run_image(scn: &Scenario, cache: &Path) -> Result<ImageOutcome, String> {
         let _ = std::fs::remove_file(&out);
         kcrash::copy_sparse(&c.path, &dmg)?;
         damage_block(&dmg, b)?;
-        let before = (n % 8 == 0).then(|| kcrash::image_digest(&dmg)).transpose()?;
+        let before = (n % 8 == 0)
+            .then(|| kcrash::image_digest(&dmg))
+            .transpose()?;
         let _slot = kcrash::slot();
         // Now and then a dry run first: it writes nothing and reports what
         // the real run then does.
@@ -374,7 +449,10 @@ fn run_image(scn: &Scenario, cache: &Path) -> Result<ImageOutcome, String> {
             Some(d) => {
                 let v = salvage_run(&dmg, &[Path::new("--dry-run")])?;
                 if &kcrash::image_digest(&dmg)? != d {
-                    return Err(format!("{}: --salvage --dry-run changed the image", b.describe()));
+                    return Err(format!(
+                        "{}: --salvage --dry-run changed the image",
+                        b.describe()
+                    ));
                 }
                 Some(v)
             }
@@ -389,7 +467,10 @@ fn run_image(scn: &Scenario, cache: &Path) -> Result<ImageOutcome, String> {
             if let Some(v) = &dry {
                 let (a, b) = (&v["summary"]["salvage"], &report["summary"]["salvage"]);
                 if a["inodes"] != b["inodes"] || a["zero_log"] != b["zero_log"] {
-                    return Err(format!("the dry run reports otherwise than the run: {} vs {}", a["recovered"], b["recovered"]));
+                    return Err(format!(
+                        "the dry run reports otherwise than the run: {} vs {}",
+                        a["recovered"], b["recovered"]
+                    ));
                 }
             }
             check_salvaged(b, &out, &report, &r)
@@ -419,7 +500,14 @@ fn salvage_every_log_block_of_kernel_crash_images() {
     let outcomes = kcrash::parallel_map(&all, kcrash::max_jobs(), |_, s| {
         let o = run_image(s, &cache);
         match &o {
-            Ok(o) => eprintln!("{:<36} {:>5} blocks, {:>5} damaged, {} failing ({:.0}s)", o.name, o.blocks, o.tried, o.failures.len(), o.secs),
+            Ok(o) => eprintln!(
+                "{:<36} {:>5} blocks, {:>5} damaged, {} failing ({:.0}s)",
+                o.name,
+                o.blocks,
+                o.tried,
+                o.failures.len(),
+                o.secs
+            ),
             Err(e) => eprintln!("{:<36} ERROR {e}", s.name),
         }
         (s.name.clone(), o)
@@ -429,20 +517,35 @@ fn salvage_every_log_block_of_kernel_crash_images() {
     for (name, o) in &outcomes {
         match o {
             Ok(o) => {
-                let fewest = if o.recovered_min == usize::MAX { "-".to_string() } else { o.recovered_min.to_string() };
-                table += &format!("{:<36} {:>6} {:>7}  {fewest} of {}\n", name, o.blocks, o.tried, o.logged_max);
+                let fewest = if o.recovered_min == usize::MAX {
+                    "-".to_string()
+                } else {
+                    o.recovered_min.to_string()
+                };
+                table += &format!(
+                    "{:<36} {:>6} {:>7}  {fewest} of {}\n",
+                    name, o.blocks, o.tried, o.logged_max
+                );
                 for f in o.failures.iter().take(3) {
                     failed.push(format!("--- {name}: {f}"));
                 }
                 if o.failures.len() > 3 {
-                    failed.push(format!("--- {name}: and {} more failing blocks", o.failures.len() - 3));
+                    failed.push(format!(
+                        "--- {name}: and {} more failing blocks",
+                        o.failures.len() - 3
+                    ));
                 }
             }
             Err(e) => failed.push(format!("--- {name}: {e}")),
         }
     }
     eprintln!("{table}");
-    let detail: String = failed.join("\n").lines().take(300).collect::<Vec<_>>().join("\n");
+    let detail: String = failed
+        .join("\n")
+        .lines()
+        .take(300)
+        .collect::<Vec<_>>()
+        .join("\n");
     assert!(failed.is_empty(), "salvage fails:\n{detail}");
 }
 
@@ -453,13 +556,18 @@ fn salvage_every_log_block_of_kernel_crash_images() {
 /// spread over the log, default 6; 0 means every leaf).
 #[test]
 fn salvage_headline_one_leaf_lost() {
-    let want: usize = std::env::var("BTRKIT_SALVAGE_HEADLINE_LEAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(6);
+    let want: usize = std::env::var("BTRKIT_SALVAGE_HEADLINE_LEAVES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
     headline_leaves_lost(|leaves| {
         if want == 0 || want >= leaves.len() {
             return leaves.to_vec();
         }
         // Spread over the log: first, last, and evenly between.
-        let mut idx: Vec<usize> = (0..want).map(|i| i * (leaves.len() - 1) / (want - 1).max(1)).collect();
+        let mut idx: Vec<usize> = (0..want)
+            .map(|i| i * (leaves.len() - 1) / (want - 1).max(1))
+            .collect();
         idx.dedup();
         idx.into_iter().map(|i| leaves[i]).collect()
     });
@@ -474,7 +582,13 @@ fn salvage_headline_one_leaf_lost() {
 #[test]
 #[ignore]
 fn salvage_headline_checksum_leaf_lost() {
-    headline_leaves_lost(|leaves| leaves.iter().copied().filter(|b| b.is_csum_leaf()).collect());
+    headline_leaves_lost(|leaves| {
+        leaves
+            .iter()
+            .copied()
+            .filter(|b| b.is_csum_leaf())
+            .collect()
+    });
 }
 
 /// Lose each leaf `pick` chooses of the headline log in turn, salvage, and
@@ -485,26 +599,46 @@ fn headline_leaves_lost(pick: impl for<'a> Fn(&[&'a LogBlock]) -> Vec<&'a LogBlo
         return;
     }
     let n = kcrash::HEADLINE_FILES;
-    let crash = kcrash::cached_crash_image(&kcrash::headline_scenario(), &kcrash::default_cache_dir()).unwrap_or_else(|e| panic!("{e}"));
-    let work = tempfile::Builder::new().prefix("salvage-headline-").tempdir().unwrap();
+    let crash =
+        kcrash::cached_crash_image(&kcrash::headline_scenario(), &kcrash::default_cache_dir())
+            .unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::Builder::new()
+        .prefix("salvage-headline-")
+        .tempdir()
+        .unwrap();
     let w = work.path();
     let count = |img: &Path| -> (u32, u32) {
-        let m = kcrash::LoopMount::mount(img, &w.join("mnt"), "ro").unwrap_or_else(|e| panic!("{e}"));
+        let m =
+            kcrash::LoopMount::mount(img, &w.join("mnt"), "ro").unwrap_or_else(|e| panic!("{e}"));
         let r = kcrash::count_headline_files(m.path()).unwrap_or_else(|e| panic!("{e}"));
         m.unmount().unwrap_or_else(|e| panic!("{e}"));
         r
     };
     let zl = w.join("zero-log.img");
     kcrash::copy_sparse(&crash.path, &zl).unwrap();
-    let o = Command::new("btrfs").args(["rescue", "zero-log"]).arg(&zl).output().unwrap();
-    assert!(o.status.success(), "btrfs rescue zero-log: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("btrfs")
+        .args(["rescue", "zero-log"])
+        .arg(&zl)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "btrfs rescue zero-log: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let (_, zl_right) = count(&zl);
     std::fs::remove_file(&zl).unwrap();
     let lost_by_zero_log = n - zl_right;
-    assert!(lost_by_zero_log > 0, "every file was committed: nothing to recover");
+    assert!(
+        lost_by_zero_log > 0,
+        "every file was committed: nothing to recover"
+    );
 
     let blocks = log_blocks(&crash.path).unwrap();
-    let leaves: Vec<&LogBlock> = blocks.iter().filter(|b| b.level == 0 && !b.in_root_tree()).collect();
+    let leaves: Vec<&LogBlock> = blocks
+        .iter()
+        .filter(|b| b.level == 0 && !b.in_root_tree())
+        .collect();
     let levels = blocks.iter().map(|b| b.level).max().unwrap_or(0);
     let picked = pick(&leaves);
     eprintln!(
@@ -542,11 +676,25 @@ fn headline_leaves_lost(pick: impl for<'a> Fn(&[&'a LogBlock]) -> Vec<&'a LogBlo
             s["recovered"],
             s["not_recovered"]
         );
-        assert_eq!(present, right, "{}: a file with the wrong contents", b.describe());
+        assert_eq!(
+            present,
+            right,
+            "{}: a file with the wrong contents",
+            b.describe()
+        );
         if share < worst.0 {
             worst = (share, b.bytenr);
         }
     }
-    eprintln!("worst leaf: {} ({:.1} % of what zero-log loses recovered)", worst.1, worst.0 * 100.0);
-    assert!(worst.0 >= 0.8, "with leaf {} lost only {:.1} % of the files zero-log loses are recovered", worst.1, worst.0 * 100.0);
+    eprintln!(
+        "worst leaf: {} ({:.1} % of what zero-log loses recovered)",
+        worst.1,
+        worst.0 * 100.0
+    );
+    assert!(
+        worst.0 >= 0.8,
+        "with leaf {} lost only {:.1} % of the files zero-log loses are recovered",
+        worst.1,
+        worst.0 * 100.0
+    );
 }

@@ -13,8 +13,19 @@ fn shell() -> PathBuf {
 }
 
 fn run(img: &Path, script: &str) -> Output {
-    let mut c = Command::new(shell()).arg(img).arg("-").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn btrkit-shell");
-    c.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("write script");
+    let mut c = Command::new(shell())
+        .arg(img)
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn btrkit-shell");
+    c.stdin
+        .take()
+        .expect("stdin")
+        .write_all(script.as_bytes())
+        .expect("write script");
     c.wait_with_output().expect("wait")
 }
 
@@ -23,8 +34,17 @@ fn stderr(o: &Output) -> String {
 }
 
 fn fsck_clean(img: &Path) {
-    let o = Command::new(btrkit_tests::bin_path("btrkit-fsck")).arg("--check-data-csum").arg(img).output().expect("btrkit-fsck");
-    assert!(o.status.success(), "btrkit-fsck: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(btrkit_tests::bin_path("btrkit-fsck"))
+        .arg("--check-data-csum")
+        .arg(img)
+        .output()
+        .expect("btrkit-fsck");
+    assert!(
+        o.status.success(),
+        "btrkit-fsck: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
@@ -44,11 +64,23 @@ fn image_made_from_directives_and_checked() {
     // expectation that fails names what it found.
     let md5 = btrkit_core::workload::manifest::md5_hex(&vec![0x61u8; 10 << 10]);
     let scn = d.path().join("w.scn");
-    std::fs::write(&scn, format!("expect size /d/f 10K\nexpect md5 /d/f {md5}\n")).expect("write");
-    let o = Command::new(shell()).arg(&img).arg(&scn).output().expect("run");
+    std::fs::write(
+        &scn,
+        format!("expect size /d/f 10K\nexpect md5 /d/f {md5}\n"),
+    )
+    .expect("write");
+    let o = Command::new(shell())
+        .arg(&img)
+        .arg(&scn)
+        .output()
+        .expect("run");
     assert!(o.status.success(), "{}", stderr(&o));
     std::fs::write(&scn, format!("expect md5 /d/f {}\n", "0".repeat(32))).expect("write");
-    let o = Command::new(shell()).arg(&img).arg(&scn).output().expect("run");
+    let o = Command::new(shell())
+        .arg(&img)
+        .arg(&scn)
+        .output()
+        .expect("run");
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains(&md5), "{}", stderr(&o));
 }
@@ -58,8 +90,16 @@ fn failing_step_names_line_and_keeps_what_was_committed() {
     let d = tempfile::tempdir().expect("tempdir");
     let img = d.path().join("a.img");
     let scn = d.path().join("fail.scn");
-    std::fs::write(&scn, "write /kept 0 8K 0x11\nsync\nwrite /kept 8K 4K 0x22\nunlink /missing\nwrite /never 0 4K\n").expect("write");
-    let o = Command::new(shell()).arg(&img).arg(&scn).output().expect("run");
+    std::fs::write(
+        &scn,
+        "write /kept 0 8K 0x11\nsync\nwrite /kept 8K 4K 0x22\nunlink /missing\nwrite /never 0 4K\n",
+    )
+    .expect("write");
+    let o = Command::new(shell())
+        .arg(&img)
+        .arg(&scn)
+        .output()
+        .expect("run");
     assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
     let want = format!("{}:4: unlink: ", scn.display());
@@ -79,8 +119,14 @@ fn parse_errors_and_failed_expectations() {
     let o = run(&img, "mkdir /a\nfrobnicate /a\n");
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).starts_with("-:2: "), "{}", stderr(&o));
-    assert!(!img.exists(), "a script that does not parse must not create the image");
-    let o = run(&img, "write /f 0 5000\nexpect size /f 4096\nexpect absent /f\nexpect nlink /f 1\n");
+    assert!(
+        !img.exists(),
+        "a script that does not parse must not create the image"
+    );
+    let o = run(
+        &img,
+        "write /f 0 5000\nexpect size /f 4096\nexpect absent /f\nexpect nlink /f 1\n",
+    );
     assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
     assert!(e.contains("-:2: expect:") && e.contains("5000"), "{e}");
@@ -92,12 +138,18 @@ fn parse_errors_and_failed_expectations() {
 fn bad_images_are_refused_untouched() {
     let d = tempfile::tempdir().expect("tempdir");
     let img = d.path().join("garbage.img");
-    let bytes: Vec<u8> = (0..(4u32 << 20)).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let bytes: Vec<u8> = (0..(4u32 << 20))
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     std::fs::write(&img, &bytes).expect("write");
     let o = run(&img, "write /f 0 4K\nsync\n");
     assert!(!o.status.success());
     assert_eq!(stderr(&o).trim().lines().count(), 1, "{}", stderr(&o));
-    assert_eq!(std::fs::read(&img).expect("read"), bytes, "the image changed");
+    assert_eq!(
+        std::fs::read(&img).expect("read"),
+        bytes,
+        "the image changed"
+    );
     let o = run(&d.path().join("no/such/dir/x.img"), "sync\n");
     assert!(!o.status.success());
     assert_eq!(stderr(&o).trim().lines().count(), 1, "{}", stderr(&o));
@@ -110,7 +162,8 @@ fn stats_json_reports_the_engine() {
     let o = run(&img, "mount compress=zstd\nwrite /f 0 1M 0x00\nfsync /f\nwrite /g 0 100 0x01\nsync\nstats --json\n");
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     // The fsync syncs the log; only `sync` commits.
     assert!(v["commits"].as_u64().unwrap_or(0) >= 1, "{v}");
     assert_eq!(v["log_syncs"].as_u64(), Some(1), "{v}");
@@ -156,15 +209,30 @@ fn interactive_shell_on_a_terminal() {
             }
         })
     };
-    let prompts = || String::from_utf8_lossy(&seen.lock().expect("lock")).matches("btrkit> ").count();
+    let prompts = || {
+        String::from_utf8_lossy(&seen.lock().expect("lock"))
+            .matches("btrkit> ")
+            .count()
+    };
     // One line at a time, each after its prompt, as typed (a line editor
     // in raw mode may drop what was typed ahead): a step, an inspection, a
     // bad line, an expectation, then quit (which unmounts and commits).
-    let lines = ["write /dir/new 0 100 0x42", "ls /dir", "bogus", "expect size /dir/new 100", "quit"];
+    let lines = [
+        "write /dir/new 0 100 0x42",
+        "ls /dir",
+        "bogus",
+        "expect size /dir/new 100",
+        "quit",
+    ];
     for (i, l) in lines.iter().enumerate() {
         let t0 = std::time::Instant::now();
         while prompts() <= i {
-            assert!(t0.elapsed() < std::time::Duration::from_secs(60), "no prompt {}: {}", i + 1, String::from_utf8_lossy(&seen.lock().expect("lock")));
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "no prompt {}: {}",
+                i + 1,
+                String::from_utf8_lossy(&seen.lock().expect("lock"))
+            );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         input.write_all(format!("{l}\n").as_bytes()).expect("type");
@@ -173,11 +241,18 @@ fn interactive_shell_on_a_terminal() {
     let status = c.wait().expect("wait");
     drop(input);
     reader.join().expect("reader");
-    let o = Output { status, stdout: seen.lock().expect("lock").clone(), stderr: Vec::new() };
+    let o = Output {
+        status,
+        stdout: seen.lock().expect("lock").clone(),
+        stderr: Vec::new(),
+    };
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}");
     assert!(out.contains("btrkit>"), "no prompt: {out}");
-    assert!(out.contains("file") && out.contains("new"), "ls output: {out}");
+    assert!(
+        out.contains("file") && out.contains("new"),
+        "ls output: {out}"
+    );
     assert!(out.contains("ok"), "expectation: {out}");
     let o = run(&img, "expect size /dir/new 100\nexpect size /dir/file 4K\n");
     assert!(o.status.success(), "{}", stderr(&o));

@@ -13,8 +13,16 @@ use std::process::Command;
 use std::sync::Arc;
 
 fn check(img: &std::path::Path) {
-    let o = Command::new("btrfs").args(["check", "--readonly"]).arg(img).output().unwrap();
-    let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(img)
+        .output()
+        .unwrap();
+    let t = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(o.status.success() && t.contains("no error found"), "{t}");
 }
 
@@ -22,13 +30,24 @@ fn check(img: &std::path::Path) {
 fn unlink_in_snapshotted_subvolume() {
     skip_unless!(require_btrfs_progs(), require_kernel_mount());
     for nodesize in [4096u32, 16384] {
-        let mut k = KernelImage::new_mounted(&MkfsOpts::default().size(512 << 20).nodesize(nodesize), "");
+        let mut k =
+            KernelImage::new_mounted(&MkfsOpts::default().size(512 << 20).nodesize(nodesize), "");
         std::fs::create_dir(k.path("d")).unwrap();
         for i in 0..1500 {
-            std::fs::write(k.path(&format!("d/f{i:04}")), vec![(i % 251) as u8; 5000 + i]).unwrap();
+            std::fs::write(
+                k.path(&format!("d/f{i:04}")),
+                vec![(i % 251) as u8; 5000 + i],
+            )
+            .unwrap();
         }
         k.sync();
-        assert!(Command::new("btrfs").args(["subvolume", "snapshot"]).arg(k.mnt()).arg(k.path("snap")).status().unwrap().success());
+        assert!(Command::new("btrfs")
+            .args(["subvolume", "snapshot"])
+            .arg(k.mnt())
+            .arg(k.path("snap"))
+            .status()
+            .unwrap()
+            .success());
         k.sync();
         k.umount();
         check(k.image());
@@ -38,12 +57,33 @@ fn unlink_in_snapshotted_subvolume() {
         let dev = Arc::new(FileDevice::open(k.image(), true).unwrap());
         let mut fs = Store::open(dev).unwrap();
         let dir_ino = {
-            let key = btrkit_core::format::key::Key::new(256, BTRFS_DIR_ITEM_KEY, btrkit_core::format::dir::name_hash(b"d"));
+            let key = btrkit_core::format::key::Key::new(
+                256,
+                BTRFS_DIR_ITEM_KEY,
+                btrkit_core::format::dir::name_hash(b"d"),
+            );
             let d = fs.lookup(BTRFS_FS_TREE_OBJECTID, &key).unwrap().unwrap();
             u64::from_le_bytes(d[..8].try_into().unwrap())
         };
         for i in (0..1500).filter(|i| i % 3 != 0) {
-            { let (ino, n, _) = btrkit_core::fs::names::unlink(&mut fs, BTRFS_FS_TREE_OBJECTID, dir_ino, format!("f{i:04}").as_bytes(), now_ts(1)).unwrap(); if n == 0 { btrkit_core::fs::extents::drop_inode_items(&mut fs, BTRFS_FS_TREE_OBJECTID, ino).unwrap(); } }
+            {
+                let (ino, n, _) = btrkit_core::fs::names::unlink(
+                    &mut fs,
+                    BTRFS_FS_TREE_OBJECTID,
+                    dir_ino,
+                    format!("f{i:04}").as_bytes(),
+                    now_ts(1),
+                )
+                .unwrap();
+                if n == 0 {
+                    btrkit_core::fs::extents::drop_inode_items(
+                        &mut fs,
+                        BTRFS_FS_TREE_OBJECTID,
+                        ino,
+                    )
+                    .unwrap();
+                }
+            }
             if i % 500 == 499 {
                 fs.commit().unwrap();
             }

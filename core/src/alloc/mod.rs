@@ -68,7 +68,9 @@ pub fn super_stripes(chunks: &ChunkMap, start: u64, length: u64, dev_size: u64) 
     if start < BTRFS_SUPER_INFO_OFFSET {
         out.push((start, BTRFS_SUPER_INFO_OFFSET.min(end)));
     }
-    let Some(m) = chunks.lookup(start) else { return out };
+    let Some(m) = chunks.lookup(start) else {
+        return out;
+    };
     for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
         let phys = btrfs_sb_offset(mirror);
         if phys >= dev_size && mirror > 0 {
@@ -115,12 +117,23 @@ impl Allocator {
     /// counting as used: no extent item will describe it.
     pub fn alloc(&mut self, ty: u64, len: u64, align: u64, account: bool) -> Result<u64> {
         let hint = self.cursor.get(&ty).copied().unwrap_or(0);
-        let starts: Vec<u64> = self.groups.values().filter(|g| g.flags & ty != 0).map(|g| g.start).collect();
+        let starts: Vec<u64> = self
+            .groups
+            .values()
+            .filter(|g| g.flags & ty != 0)
+            .map(|g| g.start)
+            .collect();
         // Next fit: begin in the group holding the cursor, then wrap around.
-        let first = starts.iter().position(|&s| self.groups.get(&s).is_some_and(|g| g.end() > hint)).unwrap_or(0);
+        let first = starts
+            .iter()
+            .position(|&s| self.groups.get(&s).is_some_and(|g| g.end() > hint))
+            .unwrap_or(0);
         for i in 0..starts.len() {
             let s = starts[(first + i) % starts.len()];
-            let g = self.groups.get_mut(&s).ok_or_else(|| Error::Invalid("block group vanished".into()))?;
+            let g = self
+                .groups
+                .get_mut(&s)
+                .ok_or_else(|| Error::Invalid("block group vanished".into()))?;
             if g.read_only || g.length - g.used < len {
                 continue;
             }
@@ -135,14 +148,28 @@ impl Allocator {
                 return Ok(at);
             }
         }
-        Err(Error::NoSpace(format!("no free {len}-byte extent in any {} block group", crate::format::names::block_group_flags_str(ty).split('|').next().unwrap_or("?"))))
+        Err(Error::NoSpace(format!(
+            "no free {len}-byte extent in any {} block group",
+            crate::format::names::block_group_flags_str(ty)
+                .split('|')
+                .next()
+                .unwrap_or("?")
+        )))
     }
 
     /// Mark `[bytenr, +len)` allocated (replaying a known allocation).
     pub fn reserve(&mut self, bytenr: u64, len: u64) -> Result<()> {
-        let g = self.group_of_mut(bytenr).ok_or_else(|| Error::corrupt(format!("extent {bytenr}+{len} outside every block group"), bytenr))?;
+        let g = self.group_of_mut(bytenr).ok_or_else(|| {
+            Error::corrupt(
+                format!("extent {bytenr}+{len} outside every block group"),
+                bytenr,
+            )
+        })?;
         if !g.free.contains(bytenr, bytenr + len) {
-            return Err(Error::corrupt(format!("extent {bytenr}+{len} is not free"), bytenr));
+            return Err(Error::corrupt(
+                format!("extent {bytenr}+{len} is not free"),
+                bytenr,
+            ));
         }
         g.free.remove(bytenr, bytenr + len);
         g.used += len;
@@ -153,7 +180,12 @@ impl Allocator {
     /// Release an extent. `committed` extents stay pinned until the running
     /// transaction is durable; extents allocated in it are free at once.
     pub fn release(&mut self, bytenr: u64, len: u64, committed: bool) -> Result<()> {
-        let g = self.group_of_mut(bytenr).ok_or_else(|| Error::corrupt(format!("freed extent {bytenr}+{len} outside every block group"), bytenr))?;
+        let g = self.group_of_mut(bytenr).ok_or_else(|| {
+            Error::corrupt(
+                format!("freed extent {bytenr}+{len} outside every block group"),
+                bytenr,
+            )
+        })?;
         g.used = g.used.saturating_sub(len);
         g.dirty = true;
         if committed {
@@ -167,7 +199,12 @@ impl Allocator {
     /// Release space taken without accounting (a log tree block): free at
     /// once, or pinned until the commit when it was written.
     pub fn release_unaccounted(&mut self, bytenr: u64, len: u64, pinned: bool) -> Result<()> {
-        let g = self.group_of_mut(bytenr).ok_or_else(|| Error::corrupt(format!("freed log block {bytenr}+{len} outside every block group"), bytenr))?;
+        let g = self.group_of_mut(bytenr).ok_or_else(|| {
+            Error::corrupt(
+                format!("freed log block {bytenr}+{len} outside every block group"),
+                bytenr,
+            )
+        })?;
         if pinned {
             // The free space tree never lost it: nothing to rewrite.
             g.pinned.insert(bytenr, bytenr + len);

@@ -26,7 +26,12 @@ impl RangeSet {
     }
     /// Ranges intersecting `[start, end)`, clipped to it.
     pub fn iter_in(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let first = self.map.range(..=start).next_back().map(|(&s, _)| s).unwrap_or(start);
+        let first = self
+            .map
+            .range(..=start)
+            .next_back()
+            .map(|(&s, _)| s)
+            .unwrap_or(start);
         self.map.range(first..end).filter_map(move |(&s, &e)| {
             let (a, b) = (s.max(start), e.min(end));
             (a < b).then_some((a, b))

@@ -4,14 +4,14 @@
 
 use super::findings::F;
 use super::Ctx;
+use crate::format::chunk::{chunk_problems, parse_chunk, CHUNK_ITEM_SIZE, STRIPE_SIZE};
 use crate::format::consts::*;
 use crate::format::item::{decode, ItemBody};
-use crate::format::key::Key;
-use crate::format::chunk::{chunk_problems, parse_chunk, CHUNK_ITEM_SIZE, STRIPE_SIZE};
 use crate::format::key::DiskKey;
+use crate::format::key::Key;
 use crate::format::names::block_group_flags_str;
-use zerocopy::FromBytes;
 use crate::tree::Node;
+use zerocopy::FromBytes;
 
 const P: u8 = 2;
 
@@ -99,20 +99,28 @@ pub(super) fn on_chunk_leaf(cx: &mut Ctx, node: &Node) {
     let ss = cx.img.sectorsize;
     for slot in 0..node.nr_safe() {
         let Some(k) = node.key(slot) else { continue };
-        let Ok(d) = node.item_data(slot) else { continue };
+        let Ok(d) = node.item_data(slot) else {
+            continue;
+        };
         match decode(&k, d, cs) {
             Ok(ItemBody::Chunk(c, s)) => {
                 for m in chunk_problems(c, k.offset, ss, mixed) {
-                    cx.report(F::err(P, "chunk").tree(3).at(node.bytenr).key(k).msg(format!("chunk at {}: {m}", k.offset)));
+                    cx.report(
+                        F::err(P, "chunk")
+                            .tree(3)
+                            .at(node.bytenr)
+                            .key(k)
+                            .msg(format!("chunk at {}: {m}", k.offset)),
+                    );
                 }
                 cx.chunks.chunks.push(ChunkRec {
-                logical: k.offset,
-                length: c.length.get(),
-                flags: c.type_.get(),
-                num_stripes: c.num_stripes.get() as u64,
-                sub_stripes: c.sub_stripes.get() as u64,
-                stripes: s.iter().map(|s| (s.devid.get(), s.offset.get())).collect(),
-            })
+                    logical: k.offset,
+                    length: c.length.get(),
+                    flags: c.type_.get(),
+                    num_stripes: c.num_stripes.get() as u64,
+                    sub_stripes: c.sub_stripes.get() as u64,
+                    stripes: s.iter().map(|s| (s.devid.get(), s.offset.get())).collect(),
+                })
             }
             Ok(ItemBody::DevItem(d)) => cx.chunks.dev_items.push(DevRec {
                 devid: d.devid.get(),
@@ -130,7 +138,9 @@ pub(super) fn on_dev_leaf(cx: &mut Ctx, node: &Node) {
         if k.ty != BTRFS_DEV_EXTENT_KEY {
             continue;
         }
-        let Ok(d) = node.item_data(slot) else { continue };
+        let Ok(d) = node.item_data(slot) else {
+            continue;
+        };
         if let Ok(ItemBody::DevExtent(e)) = decode(&k, d, 0) {
             cx.chunks.dev_extents.push(DevExtRec {
                 devid: k.objectid,
@@ -145,7 +155,12 @@ pub(super) fn on_dev_leaf(cx: &mut Ctx, node: &Node) {
 /// Block group items live in the extent tree or the block group tree.
 pub(super) fn on_bg_item(cx: &mut Ctx, k: &Key, d: &[u8]) {
     if let Ok(ItemBody::BlockGroup(b)) = decode(k, d, 0) {
-        cx.chunks.block_groups.push(BgRec { start: k.objectid, length: k.offset, used: b.used.get(), flags: b.flags.get() });
+        cx.chunks.block_groups.push(BgRec {
+            start: k.objectid,
+            length: k.offset,
+            used: b.used.get(),
+            flags: b.flags.get(),
+        });
     }
 }
 
@@ -157,19 +172,29 @@ pub(super) fn check(cx: &mut Ctx) {
     let bgs = std::mem::take(&mut cx.chunks.block_groups);
     let ss = cx.img.sectorsize as u64;
     let dev_size = cx.img.device().size();
-    cx.sink.checked(P, (chunks.len() + dexts.len() + bgs.len()) as u64);
+    cx.sink
+        .checked(P, (chunks.len() + dexts.len() + bgs.len()) as u64);
 
     // Chunks: sane, non-overlapping, each stripe backed by its dev extent.
     let mut prev_end = 0u64;
     for c in &chunks {
         if c.length == 0 || c.length % ss != 0 || c.logical % ss != 0 {
-            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!("chunk at {} has invalid length {}", c.logical, c.length)));
+            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!(
+                "chunk at {} has invalid length {}",
+                c.logical, c.length
+            )));
         }
         if c.flags & BTRFS_BLOCK_GROUP_TYPE_MASK == 0 {
-            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!("chunk at {} has no data/metadata/system type", c.logical)));
+            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!(
+                "chunk at {} has no data/metadata/system type",
+                c.logical
+            )));
         }
         if c.logical < prev_end {
-            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!("chunk at {} overlaps the previous chunk", c.logical)));
+            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!(
+                "chunk at {} overlaps the previous chunk",
+                c.logical
+            )));
         }
         prev_end = prev_end.max(c.logical.saturating_add(c.length));
         let want = c.dev_extent_len();
@@ -197,7 +222,9 @@ pub(super) fn check(cx: &mut Ctx) {
     let mut prev: Option<DevExtRec> = None;
     for d in &dexts {
         let i = chunks.partition_point(|c| c.logical < d.chunk_offset);
-        let owned = chunks.get(i).is_some_and(|c| c.logical == d.chunk_offset && c.stripes.contains(&(d.devid, d.physical)));
+        let owned = chunks.get(i).is_some_and(|c| {
+            c.logical == d.chunk_offset && c.stripes.contains(&(d.devid, d.physical))
+        });
         if !owned {
             cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!(
                 "dev extent {}:{} length {} points to chunk {} which has no such stripe",
@@ -222,7 +249,12 @@ pub(super) fn check(cx: &mut Ctx) {
                 )));
             }
         } else {
-            cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!("dev extent on unknown device {}", d.devid)));
+            cx.report(
+                F::err(P, "dev-extent")
+                    .tree(4)
+                    .at(d.physical)
+                    .msg(format!("dev extent on unknown device {}", d.devid)),
+            );
         }
         if d.devid == cx.img.devid && end > dev_size {
             cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!(
@@ -249,7 +281,11 @@ pub(super) fn check(cx: &mut Ctx) {
                 dev.devid, dev.total_bytes
             )));
         }
-        let used = used_by_dev.iter().find(|(id, _)| *id == dev.devid).map(|x| x.1).unwrap_or(0);
+        let used = used_by_dev
+            .iter()
+            .find(|(id, _)| *id == dev.devid)
+            .map(|x| x.1)
+            .unwrap_or(0);
         if used != dev.bytes_used {
             cx.report(F::err(P, "dev-item").tree(3).msg(format!(
                 "device {} bytes_used {} but its dev extents total {used}",
@@ -258,7 +294,11 @@ pub(super) fn check(cx: &mut Ctx) {
         }
     }
     if devs.is_empty() {
-        cx.report(F::err(P, "dev-item").tree(3).msg("the chunk tree holds no device item"));
+        cx.report(
+            F::err(P, "dev-item")
+                .tree(3)
+                .msg("the chunk tree holds no device item"),
+        );
     }
 
     // Block groups against chunks, and their used bytes against the extent tree.
@@ -279,16 +319,26 @@ pub(super) fn check(cx: &mut Ctx) {
                         )));
                     }
                 }
-                _ => cx.report(F::err(P, "block-group").at(b.start).msg(format!("block group {}+{} has no chunk", b.start, b.length))),
+                _ => cx.report(
+                    F::err(P, "block-group")
+                        .at(b.start)
+                        .msg(format!("block group {}+{} has no chunk", b.start, b.length)),
+                ),
             }
             if b.used > b.length {
-                cx.report(F::err(P, "block-group").at(b.start).msg(format!("block group {} used {} exceeds its length {}", b.start, b.used, b.length)));
+                cx.report(F::err(P, "block-group").at(b.start).msg(format!(
+                    "block group {} used {} exceeds its length {}",
+                    b.start, b.used, b.length
+                )));
             }
         }
         for c in &chunks {
             let i = bgs.partition_point(|b| b.start < c.logical);
             if !bgs.get(i).is_some_and(|b| b.start == c.logical) {
-                cx.report(F::err(P, "block-group").at(c.logical).msg(format!("chunk {}+{} has no block group item", c.logical, c.length)));
+                cx.report(F::err(P, "block-group").at(c.logical).msg(format!(
+                    "chunk {}+{} has no block group item",
+                    c.logical, c.length
+                )));
             }
         }
         for (i, b) in bgs.iter().enumerate() {
@@ -300,7 +350,11 @@ pub(super) fn check(cx: &mut Ctx) {
                 )));
             }
             if i > 0 && bgs[i - 1].end() > b.start {
-                cx.report(F::err(P, "block-group").at(b.start).msg(format!("block group {} overlaps the previous one", b.start)));
+                cx.report(
+                    F::err(P, "block-group")
+                        .at(b.start)
+                        .msg(format!("block group {} overlaps the previous one", b.start)),
+                );
             }
         }
     }
@@ -340,13 +394,25 @@ fn check_sys_chunk_array(cx: &mut Ctx, tree_chunks: &[ChunkRec]) {
             problems.push(format!("sys_chunk_array chunk at {}: {m}", key.offset));
         }
         if c.type_.get() & BTRFS_BLOCK_GROUP_SYSTEM == 0 {
-            problems.push(format!("sys_chunk_array chunk at {} is not a system chunk", key.offset));
+            problems.push(format!(
+                "sys_chunk_array chunk at {} is not a system chunk",
+                key.offset
+            ));
         }
         let stripes: Vec<(u64, u64)> = st.iter().map(|s| (s.devid.get(), s.offset.get())).collect();
         match tree_chunks.iter().find(|t| t.logical == key.offset) {
-            Some(t) if t.length == c.length.get() && t.flags == c.type_.get() && t.stripes == stripes => {}
-            Some(_) => problems.push(format!("sys_chunk_array chunk at {} differs from the chunk tree's", key.offset)),
-            None if !tree_chunks.is_empty() => problems.push(format!("sys_chunk_array chunk at {} is not in the chunk tree", key.offset)),
+            Some(t)
+                if t.length == c.length.get()
+                    && t.flags == c.type_.get()
+                    && t.stripes == stripes => {}
+            Some(_) => problems.push(format!(
+                "sys_chunk_array chunk at {} differs from the chunk tree's",
+                key.offset
+            )),
+            None if !tree_chunks.is_empty() => problems.push(format!(
+                "sys_chunk_array chunk at {} is not in the chunk tree",
+                key.offset
+            )),
             None => {}
         }
         found.push(key.offset);
@@ -356,7 +422,10 @@ fn check_sys_chunk_array(cx: &mut Ctx, tree_chunks: &[ChunkRec]) {
     }
     for t in tree_chunks {
         if t.flags & BTRFS_BLOCK_GROUP_SYSTEM != 0 && !found.contains(&t.logical) {
-            cx.report(F::warn(P, "sys-chunk-array").at(at).msg(format!("system chunk at {} is missing from the superblock's sys_chunk_array", t.logical)));
+            cx.report(F::warn(P, "sys-chunk-array").at(at).msg(format!(
+                "system chunk at {} is missing from the superblock's sys_chunk_array",
+                t.logical
+            )));
         }
     }
 }

@@ -58,7 +58,9 @@ pub(crate) fn covered(union: &[(u64, u64)], start: u64, len: u64) -> bool {
         return true;
     }
     let i = union.partition_point(|&(s, _)| s <= start);
-    let Some(&(s, e)) = i.checked_sub(1).and_then(|i| union.get(i)) else { return false };
+    let Some(&(s, e)) = i.checked_sub(1).and_then(|i| union.get(i)) else {
+        return false;
+    };
     s <= start && start.saturating_add(len) <= e
 }
 
@@ -68,13 +70,25 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
     for slot in 0..node.nr_safe() {
         let Some(k) = node.key(slot) else { continue };
         if k.objectid != BTRFS_EXTENT_CSUM_OBJECTID || k.ty != BTRFS_EXTENT_CSUM_KEY {
-            cx.report(F::err(P, "csum-item").tree(7).at(node.bytenr).key(k).msg("unexpected key in the checksum tree"));
+            cx.report(
+                F::err(P, "csum-item")
+                    .tree(7)
+                    .at(node.bytenr)
+                    .key(k)
+                    .msg("unexpected key in the checksum tree"),
+            );
             continue;
         }
         let Some(it) = node.item(slot) else { continue };
         let size = it.size.get() as u64;
         if size % cs != 0 || k.offset % ss != 0 {
-            cx.report(F::err(P, "csum-item").tree(7).at(node.bytenr).key(k).msg("csum item size or start misaligned"));
+            cx.report(
+                F::err(P, "csum-item")
+                    .tree(7)
+                    .at(node.bytenr)
+                    .key(k)
+                    .msg("csum item size or start misaligned"),
+            );
             continue;
         }
         cx.csum.items.push((k.offset, size / cs * ss, node.bytenr));
@@ -101,14 +115,22 @@ pub(super) fn check(cx: &mut Ctx) {
     for w in items.windows(2) {
         let ((s0, l0, _), (s1, _, leaf)) = (w[0], w[1]);
         if s0.saturating_add(l0) > s1 {
-            cx.report(F::err(P, "csum-overlap").tree(7).at(leaf).msg(format!("csum item at {s1} overlaps the one at {s0} (ends {})", s0.saturating_add(l0))));
+            cx.report(F::err(P, "csum-overlap").tree(7).at(leaf).msg(format!(
+                "csum item at {s1} overlaps the one at {s0} (ends {})",
+                s0.saturating_add(l0)
+            )));
         }
     }
     cx.csum.union = union_of(items.iter().map(|&(s, l, _)| (s, l)).collect());
 
     // Checksums only where data extents are.
     let data: Vec<(u64, u64)> = union_of(
-        cx.ext.recs.iter().filter(|r| r.flags & BTRFS_EXTENT_FLAG_DATA != 0).map(|r| (r.bytenr, r.len)).collect(),
+        cx.ext
+            .recs
+            .iter()
+            .filter(|r| r.flags & BTRFS_EXTENT_FLAG_DATA != 0)
+            .map(|r| (r.bytenr, r.len))
+            .collect(),
     );
     if cx.ext.loaded {
         let mut reported = 0;
@@ -116,7 +138,9 @@ pub(super) fn check(cx: &mut Ctx) {
             if !covered(&data, s, e - s) && reported < 100 {
                 // Find the first uncovered point for the message.
                 reported += 1;
-                cx.report(F::warn(P, "csum-orphan").tree(7).at(s).msg(format!("checksums for [{s}, {e}) cover space that is not a data extent")));
+                cx.report(F::warn(P, "csum-orphan").tree(7).at(s).msg(format!(
+                    "checksums for [{s}, {e}) cover space that is not a data extent"
+                )));
             }
         }
     }
@@ -131,17 +155,28 @@ pub(super) fn check(cx: &mut Ctx) {
         }
         last = Some((n.start, n.len));
         if !cx.csum.covered(n.start, n.len) {
-            cx.report(F::err(P, "csum-missing").tree(n.root).at(n.start).msg(format!(
-                "inode {} data [{}, +{}) has no checksums (or only some)",
-                n.ino, n.start, n.len
-            )));
+            cx.report(
+                F::err(P, "csum-missing")
+                    .tree(n.root)
+                    .at(n.start)
+                    .msg(format!(
+                        "inode {} data [{}, +{}) has no checksums (or only some)",
+                        n.ino, n.start, n.len
+                    )),
+            );
         }
     }
 
     // Ranges that must not have checksums (I_ERR_ODD_CSUM_ITEM).
     let forbidden = std::mem::take(&mut cx.csum_forbidden);
     if !forbidden.is_empty() {
-        let mut written: Vec<u64> = cx.ext.found_data.iter().filter(|d| d.regular).map(|d| d.bytenr).collect();
+        let mut written: Vec<u64> = cx
+            .ext
+            .found_data
+            .iter()
+            .filter(|d| d.regular)
+            .map(|d| d.bytenr)
+            .collect();
         written.sort_unstable();
         written.dedup();
         let mut reported = 0u32;
@@ -167,7 +202,10 @@ pub(super) fn check(cx: &mut Ctx) {
     if cx.opts.check_data_csum {
         let sbf = cx.img.sb.flags.get();
         if sbf & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0 {
-            cx.report(F::warn(P, "data-csum").msg("metadump image holds no data: data checksums not verified"));
+            cx.report(
+                F::warn(P, "data-csum")
+                    .msg("metadump image holds no data: data checksums not verified"),
+            );
         } else {
             let (sectors, bad) = match cx.data_verified.take() {
                 Some(r) => r,

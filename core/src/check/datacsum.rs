@@ -66,8 +66,14 @@ type BadCopy = (u64, u8);
 /// Read and verify every checksummed sector of the image.
 pub(crate) fn verify_all(img: &Image) -> DataResult {
     let mut unmapped: Vec<(u64, String)> = Vec::new();
-    let Ok(Some(root)) = img.find_root(BTRFS_CSUM_TREE_OBJECTID) else { return (0, unmapped) };
-    let Ok(mut it) = TreeIter::new(img, root, Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0)) else {
+    let Ok(Some(root)) = img.find_root(BTRFS_CSUM_TREE_OBJECTID) else {
+        return (0, unmapped);
+    };
+    let Ok(mut it) = TreeIter::new(
+        img,
+        root,
+        Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0),
+    ) else {
         return (0, unmapped);
     };
     let cs = img.csum.size().max(1);
@@ -78,8 +84,13 @@ pub(crate) fn verify_all(img: &Image) -> DataResult {
     let (tx, rx) = sync_channel::<Request>(2 * WORKERS);
     let rx = Mutex::new(rx);
     let bad_copies: Vec<BadCopy> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..WORKERS).map(|_| scope.spawn(|| worker(img, &rx))).collect();
-        let mut win = Window { sums: Vec::new(), segs: Vec::new() };
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|_| scope.spawn(|| worker(img, &rx)))
+            .collect();
+        let mut win = Window {
+            sums: Vec::new(),
+            segs: Vec::new(),
+        };
         let mut win_bytes = 0u64;
         loop {
             let item = match it.next_item() {
@@ -89,7 +100,9 @@ pub(crate) fn verify_all(img: &Image) -> DataResult {
             };
             let done = item.is_none();
             if let Some(item) = item {
-                if item.key.objectid != BTRFS_EXTENT_CSUM_OBJECTID || item.key.ty != BTRFS_EXTENT_CSUM_KEY {
+                if item.key.objectid != BTRFS_EXTENT_CSUM_OBJECTID
+                    || item.key.ty != BTRFS_EXTENT_CSUM_KEY
+                {
                     if item.key.objectid > BTRFS_EXTENT_CSUM_OBJECTID {
                         break_window(&tx, &mut win, &mut win_bytes);
                         break;
@@ -101,7 +114,15 @@ pub(crate) fn verify_all(img: &Image) -> DataResult {
                 sectors += n;
                 let base = win.sums.len();
                 win.sums.extend_from_slice(&data[..n as usize * cs]);
-                add_segments(img, item.key.offset, n, base, per_seg, &mut win.segs, &mut unmapped);
+                add_segments(
+                    img,
+                    item.key.offset,
+                    n,
+                    base,
+                    per_seg,
+                    &mut win.segs,
+                    &mut unmapped,
+                );
                 win_bytes = win_bytes.saturating_add(n.saturating_mul(ss));
             }
             if done || win_bytes >= WINDOW_BYTES {
@@ -112,7 +133,10 @@ pub(crate) fn verify_all(img: &Image) -> DataResult {
             }
         }
         drop(tx);
-        workers.into_iter().flat_map(|w| w.join().unwrap_or_default()).collect()
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_default())
+            .collect()
     });
 
     // A sector is bad when any copy of it is; say how many.
@@ -124,7 +148,12 @@ pub(crate) fn verify_all(img: &Image) -> DataResult {
     }
     let mut bad: Vec<(u64, String)> = by_sector
         .into_iter()
-        .map(|(l, (b, n))| (l, format!("data checksum mismatch at logical {l} ({b} of {n} copies bad)")))
+        .map(|(l, (b, n))| {
+            (
+                l,
+                format!("data checksum mismatch at logical {l} ({b} of {n} copies bad)"),
+            )
+        })
         .collect();
     bad.extend(unmapped);
     bad.sort_by_key(|b| b.0);
@@ -154,14 +183,26 @@ fn add_segments(
                 Some(l) => ((l - at).div_ceil(ss)).min(n - i),
                 None => n - i,
             };
-            unmapped.push((at, format!("checksummed data [{at}, +{}) is outside every chunk", skip * ss)));
+            unmapped.push((
+                at,
+                format!(
+                    "checksummed data [{at}, +{}) is outside every chunk",
+                    skip * ss
+                ),
+            ));
             i += skip;
             continue;
         };
         let in_chunk = (chunk.end() - at) / ss;
         if in_chunk == 0 {
             // A chunk whose end is not sector aligned: nothing to map here.
-            unmapped.push((at, format!("checksummed sector {at} crosses the end of chunk {}", chunk.logical)));
+            unmapped.push((
+                at,
+                format!(
+                    "checksummed sector {at} crosses the end of chunk {}",
+                    chunk.logical
+                ),
+            ));
             i += 1;
             continue;
         }
@@ -170,10 +211,19 @@ fn add_segments(
             Ok(phys) => {
                 let copies = phys.len().min(u8::MAX as usize) as u8;
                 for p in phys {
-                    segs.push(Segment { phys: p, len: k * ss, logical: at, sum_off: sum_base + (i as usize) * cs, copies });
+                    segs.push(Segment {
+                        phys: p,
+                        len: k * ss,
+                        logical: at,
+                        sum_off: sum_base + (i as usize) * cs,
+                        copies,
+                    });
                 }
             }
-            Err(e) => unmapped.push((at, format!("checksummed data [{at}, +{}) cannot be mapped: {e}", k * ss))),
+            Err(e) => unmapped.push((
+                at,
+                format!("checksummed data [{at}, +{}) cannot be mapped: {e}", k * ss),
+            )),
         }
         i += k;
     }
@@ -187,7 +237,13 @@ fn break_window(tx: &std::sync::mpsc::SyncSender<Request>, win: &mut Window, win
         win.sums.clear();
         return;
     }
-    let mut w = std::mem::replace(win, Window { sums: Vec::new(), segs: Vec::new() });
+    let mut w = std::mem::replace(
+        win,
+        Window {
+            sums: Vec::new(),
+            segs: Vec::new(),
+        },
+    );
     w.segs.sort_unstable_by_key(|s| s.phys);
     let w = Arc::new(w);
     let mut start = 0usize;
@@ -198,14 +254,27 @@ fn break_window(tx: &std::sync::mpsc::SyncSender<Request>, win: &mut Window, win
             end = s_end;
             continue;
         }
-        if tx.send(Request { window: w.clone(), segs: start..i, phys, len: end - phys }).is_err() {
+        if tx
+            .send(Request {
+                window: w.clone(),
+                segs: start..i,
+                phys,
+                len: end - phys,
+            })
+            .is_err()
+        {
             return;
         }
         start = i;
         phys = s.phys;
         end = s_end;
     }
-    let _ = tx.send(Request { window: w.clone(), segs: start..w.segs.len(), phys, len: end - phys });
+    let _ = tx.send(Request {
+        window: w.clone(),
+        segs: start..w.segs.len(),
+        phys,
+        len: end - phys,
+    });
 }
 
 fn worker(img: &Image, rx: &Mutex<Receiver<Request>>) -> Vec<BadCopy> {
@@ -243,12 +312,18 @@ fn verify_request(img: &Image, req: &Request, buf: &mut IoBuf, bad: &mut Vec<Bad
     let cs = img.csum.size().max(1);
     let mut sector = vec![0u8; ss as usize];
     for s in segs {
-        if dev.read_once(s.phys, s.len as usize, buf, &mut |data| check_segment(img, sums, s, data, bad)).is_ok() {
+        if dev
+            .read_once(s.phys, s.len as usize, buf, &mut |data| {
+                check_segment(img, sums, s, data, bad)
+            })
+            .is_ok()
+        {
             continue;
         }
         for k in 0..s.len / ss {
             let want = sums.get(s.sum_off + k as usize * cs..s.sum_off + (k as usize + 1) * cs);
-            let good = dev.read_at(s.phys + k * ss, &mut sector).is_ok() && want.is_some_and(|w| img.csum.verify(&sector, w));
+            let good = dev.read_at(s.phys + k * ss, &mut sector).is_ok()
+                && want.is_some_and(|w| img.csum.verify(&sector, w));
             if !good {
                 bad.push((s.logical + k * ss, s.copies));
             }

@@ -30,7 +30,11 @@ impl std::fmt::Display for RefKey {
         match self {
             RefKey::Tree(r) => write!(f, "tree block ref (root {})", *r as i64),
             RefKey::Shared(p) => write!(f, "shared block ref (parent {p})"),
-            RefKey::Data { root, ino, offset } => write!(f, "data ref (root {} inode {ino} offset {offset})", *root as i64),
+            RefKey::Data { root, ino, offset } => write!(
+                f,
+                "data ref (root {} inode {ino} offset {offset})",
+                *root as i64
+            ),
             RefKey::SharedData(p) => write!(f, "shared data ref (parent {p})"),
         }
     }
@@ -97,7 +101,10 @@ impl Facts {
     /// Bytes of extents starting in `[start, end)`.
     pub fn used_in(&self, start: u64, end: u64, _nodesize: u64) -> u64 {
         let i = self.recs.partition_point(|r| r.bytenr < start);
-        self.recs[i..].iter().take_while(|r| r.bytenr < end).fold(0u64, |a, r| a.saturating_add(r.len))
+        self.recs[i..]
+            .iter()
+            .take_while(|r| r.bytenr < end)
+            .fold(0u64, |a, r| a.saturating_add(r.len))
     }
 }
 
@@ -107,19 +114,33 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
     let skinny = cx.has_incompat(BTRFS_FEATURE_INCOMPAT_SKINNY_METADATA);
     for slot in 0..node.nr_safe() {
         let Some(k) = node.key(slot) else { continue };
-        let Ok(d) = node.item_data(slot) else { continue };
+        let Ok(d) = node.item_data(slot) else {
+            continue;
+        };
         match k.ty {
             BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY => {
                 let v = match decode(&k, d, 0) {
                     Ok(ItemBody::Extent(v)) => v,
                     Ok(_) => continue,
                     Err(e) => {
-                        cx.report(F::err(P, "extent-item").tree(2).at(node.bytenr).key(k).msg(format!("extent item unreadable: {e}")));
+                        cx.report(
+                            F::err(P, "extent-item")
+                                .tree(2)
+                                .at(node.bytenr)
+                                .key(k)
+                                .msg(format!("extent item unreadable: {e}")),
+                        );
                         continue;
                     }
                 };
                 if k.ty == BTRFS_METADATA_ITEM_KEY && !skinny {
-                    cx.report(F::err(P, "extent-item").tree(2).at(node.bytenr).key(k).msg("metadata item without the skinny_metadata feature"));
+                    cx.report(
+                        F::err(P, "extent-item")
+                            .tree(2)
+                            .at(node.bytenr)
+                            .key(k)
+                            .msg("metadata item without the skinny_metadata feature"),
+                    );
                 }
                 let flags = v.item.flags.get();
                 let (len, level) = if k.ty == BTRFS_METADATA_ITEM_KEY {
@@ -134,62 +155,120 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
                     generation: v.item.generation.get(),
                     flags,
                     level,
-                    owner_root: v.refs.iter().find_map(|r| match *r {
-                        InlineRef::Owner { root } => Some(root),
-                        _ => None,
-                    }).unwrap_or(0),
+                    owner_root: v
+                        .refs
+                        .iter()
+                        .find_map(|r| match *r {
+                            InlineRef::Owner { root } => Some(root),
+                            _ => None,
+                        })
+                        .unwrap_or(0),
                 });
                 let mut last: Option<(u8, u64)> = None;
                 for r in &v.refs {
                     let (rk, count) = match *r {
                         InlineRef::TreeBlock { root } => (RefKey::Tree(root), 1),
                         InlineRef::SharedBlock { parent } => (RefKey::Shared(parent), 1),
-                        InlineRef::ExtentData { root, objectid, offset, count } => {
-                            (RefKey::Data { root, ino: objectid, offset }, count as u64)
+                        InlineRef::ExtentData {
+                            root,
+                            objectid,
+                            offset,
+                            count,
+                        } => (
+                            RefKey::Data {
+                                root,
+                                ino: objectid,
+                                offset,
+                            },
+                            count as u64,
+                        ),
+                        InlineRef::SharedData { parent, count } => {
+                            (RefKey::SharedData(parent), count as u64)
                         }
-                        InlineRef::SharedData { parent, count } => (RefKey::SharedData(parent), count as u64),
                         InlineRef::Owner { .. } => continue,
                     };
                     let seq = match *r {
-                        InlineRef::ExtentData { root, objectid, offset, .. } => extent_data_ref_hash(root, objectid, offset),
-                        InlineRef::TreeBlock { root: v } | InlineRef::SharedBlock { parent: v } | InlineRef::SharedData { parent: v, .. } => v,
+                        InlineRef::ExtentData {
+                            root,
+                            objectid,
+                            offset,
+                            ..
+                        } => extent_data_ref_hash(root, objectid, offset),
+                        InlineRef::TreeBlock { root: v }
+                        | InlineRef::SharedBlock { parent: v }
+                        | InlineRef::SharedData { parent: v, .. } => v,
                         InlineRef::Owner { root } => root,
                     };
                     let t = r.type_key();
                     // Types ascend; within a type the kernel keeps offsets/hashes descending.
                     if let Some(l) = last {
                         if t < l.0 || (t == l.0 && seq > l.1) {
-                            cx.report(F::err(P, "extent-item").tree(2).at(node.bytenr).key(k).msg(format!(
-                                "inline refs out of order: type {t} after type {}",
-                                l.0
-                            )));
+                            cx.report(F::err(P, "extent-item").tree(2).at(node.bytenr).key(k).msg(
+                                format!("inline refs out of order: type {t} after type {}", l.0),
+                            ));
                         }
                     }
                     last = Some((t, seq));
-                    cx.ext.declared.push(RefRec { bytenr: k.objectid, key: rk, count });
+                    cx.ext.declared.push(RefRec {
+                        bytenr: k.objectid,
+                        key: rk,
+                        count,
+                    });
                 }
             }
-            BTRFS_TREE_BLOCK_REF_KEY | BTRFS_SHARED_BLOCK_REF_KEY | BTRFS_EXTENT_DATA_REF_KEY | BTRFS_SHARED_DATA_REF_KEY => {
+            BTRFS_TREE_BLOCK_REF_KEY
+            | BTRFS_SHARED_BLOCK_REF_KEY
+            | BTRFS_EXTENT_DATA_REF_KEY
+            | BTRFS_SHARED_DATA_REF_KEY => {
                 let rk = match decode(&k, d, 0) {
                     Ok(ItemBody::TreeBlockRef) => (RefKey::Tree(k.offset), 1),
                     Ok(ItemBody::SharedBlockRef) => (RefKey::Shared(k.offset), 1),
                     Ok(ItemBody::ExtentDataRef(r)) => {
                         let (root, ino, off) = (r.root.get(), r.objectid.get(), r.offset.get());
                         if extent_data_ref_hash(root, ino, off) != k.offset {
-                            cx.report(F::err(P, "extent-ref").tree(2).at(node.bytenr).key(k).msg("extent data ref key offset is not the hash of its contents"));
+                            cx.report(
+                                F::err(P, "extent-ref").tree(2).at(node.bytenr).key(k).msg(
+                                    "extent data ref key offset is not the hash of its contents",
+                                ),
+                            );
                         }
-                        (RefKey::Data { root, ino, offset: off }, r.count.get() as u64)
+                        (
+                            RefKey::Data {
+                                root,
+                                ino,
+                                offset: off,
+                            },
+                            r.count.get() as u64,
+                        )
                     }
-                    Ok(ItemBody::SharedDataRef(r)) => (RefKey::SharedData(k.offset), r.count.get() as u64),
+                    Ok(ItemBody::SharedDataRef(r)) => {
+                        (RefKey::SharedData(k.offset), r.count.get() as u64)
+                    }
                     _ => continue,
                 };
                 if cx.ext.recs.last().is_none_or(|r| r.bytenr != k.objectid) {
-                    cx.report(F::err(P, "extent-ref").tree(2).at(node.bytenr).key(k).msg("back reference without an extent item"));
+                    cx.report(
+                        F::err(P, "extent-ref")
+                            .tree(2)
+                            .at(node.bytenr)
+                            .key(k)
+                            .msg("back reference without an extent item"),
+                    );
                 }
-                cx.ext.declared.push(RefRec { bytenr: k.objectid, key: rk.0, count: rk.1 });
+                cx.ext.declared.push(RefRec {
+                    bytenr: k.objectid,
+                    key: rk.0,
+                    count: rk.1,
+                });
             }
             BTRFS_EXTENT_REF_V0_KEY => {
-                cx.report(F::err(P, "extent-ref").tree(2).at(node.bytenr).key(k).msg("v0 extent back reference (unsupported ancient format)"));
+                cx.report(
+                    F::err(P, "extent-ref")
+                        .tree(2)
+                        .at(node.bytenr)
+                        .key(k)
+                        .msg("v0 extent back reference (unsupported ancient format)"),
+                );
             }
             BTRFS_BLOCK_GROUP_ITEM_KEY => super::chunks::on_bg_item(cx, &k, d),
             _ => {}
@@ -205,8 +284,12 @@ pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
         if k.ty != BTRFS_EXTENT_DATA_KEY {
             continue;
         }
-        let Ok(d) = node.item_data(slot) else { continue };
-        let Ok(ItemBody::FileExtent(FileExtent::Disk { head, item })) = decode(&k, d, 0) else { continue };
+        let Ok(d) = node.item_data(slot) else {
+            continue;
+        };
+        let Ok(ItemBody::FileExtent(FileExtent::Disk { head, item })) = decode(&k, d, 0) else {
+            continue;
+        };
         let bytenr = item.disk_bytenr.get();
         if bytenr == 0 {
             continue;
@@ -232,7 +315,9 @@ pub(super) fn check(cx: &mut Ctx) {
 
     let full_backref = |parent: u64| {
         let i = recs.partition_point(|r| r.bytenr < parent);
-        recs.get(i).filter(|r| r.bytenr == parent).is_some_and(|r| r.flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0)
+        recs.get(i)
+            .filter(|r| r.bytenr == parent)
+            .is_some_and(|r| r.flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0)
     };
 
     // Resolve what the trees reference into extent-tree terms.
@@ -249,15 +334,33 @@ pub(super) fn check(cx: &mut Ctx) {
         } else {
             RefKey::Tree(t.owner)
         };
-        found.push((RefRec { bytenr: t.bytenr, key, count: 1 }, ns));
+        found.push((
+            RefRec {
+                bytenr: t.bytenr,
+                key,
+                count: 1,
+            },
+            ns,
+        ));
     }
     for d in &found_data {
         let key = if full_backref(d.leaf) {
             RefKey::SharedData(d.leaf)
         } else {
-            RefKey::Data { root: d.owner, ino: d.ino, offset: d.offset }
+            RefKey::Data {
+                root: d.owner,
+                ino: d.ino,
+                offset: d.offset,
+            }
         };
-        found.push((RefRec { bytenr: d.bytenr, key, count: 1 }, d.disk_len));
+        found.push((
+            RefRec {
+                bytenr: d.bytenr,
+                key,
+                count: 1,
+            },
+            d.disk_len,
+        ));
     }
     // Both lists run to hundreds of thousands of entries: sorted on every core.
     found.par_sort_unstable_by(|a, b| (a.0.bytenr, a.0.key).cmp(&(b.0.bytenr, b.0.key)));
@@ -293,17 +396,33 @@ pub(super) fn check(cx: &mut Ctx) {
             j += 1;
         }
         if prev_start == Some(b) {
-            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!("extent {b} has more than one extent item")));
+            cx.report(
+                F::err(P, "extent-item")
+                    .tree(2)
+                    .at(b)
+                    .msg(format!("extent {b} has more than one extent item")),
+            );
         } else if b < prev_end {
-            cx.report(F::err(P, "extent-overlap").tree(2).at(b).msg(format!("extent {b}+{} overlaps the previous extent ending at {prev_end}", r.len)));
+            cx.report(F::err(P, "extent-overlap").tree(2).at(b).msg(format!(
+                "extent {b}+{} overlaps the previous extent ending at {prev_end}",
+                r.len
+            )));
         }
         prev_start = Some(b);
         prev_end = prev_end.max(b.saturating_add(r.len));
         if sum != r.refs {
-            cx.report(F::err(P, "extent-refs").tree(2).at(b).msg(format!("extent {b}+{} item says {} refs but holds {sum}", r.len, r.refs)));
+            cx.report(F::err(P, "extent-refs").tree(2).at(b).msg(format!(
+                "extent {b}+{} item says {} refs but holds {sum}",
+                r.len, r.refs
+            )));
         }
         if r.refs == 0 {
-            cx.report(F::err(P, "extent-refs").tree(2).at(b).msg(format!("extent {b} has zero refs")));
+            cx.report(
+                F::err(P, "extent-refs")
+                    .tree(2)
+                    .at(b)
+                    .msg(format!("extent {b} has zero refs")),
+            );
         }
         if r.generation > gen.saturating_add(1) {
             cx.report(F::err(P, "extent-generation").tree(2).at(b).msg(format!(
@@ -316,23 +435,45 @@ pub(super) fn check(cx: &mut Ctx) {
         let is_data = r.flags & BTRFS_EXTENT_FLAG_DATA != 0;
         let ss = cx.img.sectorsize as u64;
         if b % ss != 0 || r.len == 0 || r.len % ss != 0 {
-            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!("extent {b}+{} is not aligned to the sector size {ss}", r.len)));
+            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!(
+                "extent {b}+{} is not aligned to the sector size {ss}",
+                r.len
+            )));
         }
         if is_tree == is_data {
-            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!("extent {b} flags 0x{:x} are neither data nor tree block", r.flags)));
+            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!(
+                "extent {b} flags 0x{:x} are neither data nor tree block",
+                r.flags
+            )));
         }
         if is_data && r.flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0 {
-            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!("data extent {b} has the full backref flag")));
+            cx.report(
+                F::err(P, "extent-item")
+                    .tree(2)
+                    .at(b)
+                    .msg(format!("data extent {b} has the full backref flag")),
+            );
         }
         match cx.chunks.bg_of(b).copied() {
-            None => cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!("extent {b}+{} is outside every block group", r.len))),
+            None => cx.report(
+                F::err(P, "extent-placement")
+                    .tree(2)
+                    .at(b)
+                    .msg(format!("extent {b}+{} is outside every block group", r.len)),
+            ),
             Some(bg) => {
                 if b.saturating_add(r.len) > bg.end() {
-                    cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!("extent {b}+{} crosses the end of block group {}", r.len, bg.start)));
+                    cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!(
+                        "extent {b}+{} crosses the end of block group {}",
+                        r.len, bg.start
+                    )));
                 }
                 let want = if is_data {
                     BTRFS_BLOCK_GROUP_DATA
-                } else if declared[di..j].iter().any(|d| d.key == RefKey::Tree(BTRFS_CHUNK_TREE_OBJECTID)) {
+                } else if declared[di..j]
+                    .iter()
+                    .any(|d| d.key == RefKey::Tree(BTRFS_CHUNK_TREE_OBJECTID))
+                {
                     BTRFS_BLOCK_GROUP_SYSTEM
                 } else {
                     BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM
@@ -347,23 +488,38 @@ pub(super) fn check(cx: &mut Ctx) {
                 }
                 if is_tree {
                     let off = b - bg.start;
-                    if off / BTRFS_STRIPE_LEN != off.saturating_add(ns.max(1) - 1) / BTRFS_STRIPE_LEN {
-                        cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!("tree block [{b}, {}) crosses a 64KiB stripe boundary", b.saturating_add(ns))));
+                    if off / BTRFS_STRIPE_LEN
+                        != off.saturating_add(ns.max(1) - 1) / BTRFS_STRIPE_LEN
+                    {
+                        cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!(
+                            "tree block [{b}, {}) crosses a 64KiB stripe boundary",
+                            b.saturating_add(ns)
+                        )));
                     }
                     if b % ns != 0 {
-                        cx.report(F::warn(P, "extent-placement").tree(2).at(b).msg(format!("tree block {b} is not nodesize aligned")));
+                        cx.report(
+                            F::warn(P, "extent-placement")
+                                .tree(2)
+                                .at(b)
+                                .msg(format!("tree block {b} is not nodesize aligned")),
+                        );
                     }
                 }
             }
         }
         if is_tree && r.len != ns {
-            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!("tree block extent {b} has length {} not nodesize {ns}", r.len)));
+            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!(
+                "tree block extent {b} has length {} not nodesize {ns}",
+                r.len
+            )));
         }
     }
 
     // Declared against found, per (bytenr, ref).
-    let level_of: std::collections::HashMap<u64, u8> = found_tree.iter().map(|t| (t.bytenr, t.level)).collect();
-    let tree_of: std::collections::HashMap<u64, u64> = found_tree.iter().map(|t| (t.bytenr, t.tree)).collect();
+    let level_of: std::collections::HashMap<u64, u8> =
+        found_tree.iter().map(|t| (t.bytenr, t.level)).collect();
+    let tree_of: std::collections::HashMap<u64, u64> =
+        found_tree.iter().map(|t| (t.bytenr, t.tree)).collect();
     // The checksum and quota phases use the references too.
     cx.ext.found_tree = found_tree;
     cx.ext.found_data = found_data;
@@ -387,7 +543,10 @@ pub(super) fn check(cx: &mut Ctx) {
                 if let Some(t) = tree {
                     f = f.tree(t);
                 }
-                cx.report(f.msg(format!("extent {} declares {} (count {}) that no tree holds", d.bytenr, d.key, d.count)));
+                cx.report(f.msg(format!(
+                    "extent {} declares {} (count {}) that no tree holds",
+                    d.bytenr, d.key, d.count
+                )));
                 i += 1;
             }
             Ordering::Greater => {
@@ -396,12 +555,19 @@ pub(super) fn check(cx: &mut Ctx) {
                     Err(_) => {
                         if missing_item_reported != Some(f.bytenr) {
                             missing_item_reported = Some(f.bytenr);
-                            let what = if matches!(f.key, RefKey::Tree(_) | RefKey::Shared(_)) { "tree block" } else { "data extent" };
+                            let what = if matches!(f.key, RefKey::Tree(_) | RefKey::Shared(_)) {
+                                "tree block"
+                            } else {
+                                "data extent"
+                            };
                             let mut fi = F::err(P, "extent-missing").at(f.bytenr);
                             if let Some(t) = tree_of.get(&f.bytenr) {
                                 fi = fi.tree(*t);
                             }
-                            cx.report(fi.msg(format!("{what} {}+{len} referenced by {} has no extent item", f.bytenr, f.key)));
+                            cx.report(fi.msg(format!(
+                                "{what} {}+{len} referenced by {} has no extent item",
+                                f.bytenr, f.key
+                            )));
                         }
                     }
                     Ok(_) => cx.report(F::err(P, "extent-ref").at(f.bytenr).msg(format!(
@@ -420,7 +586,11 @@ pub(super) fn check(cx: &mut Ctx) {
                         d.bytenr, d.key, d.count, f.count
                     )));
                 }
-                if let Some(r) = recs.binary_search_by_key(&d.bytenr, |r| r.bytenr).ok().map(|x| recs[x]) {
+                if let Some(r) = recs
+                    .binary_search_by_key(&d.bytenr, |r| r.bytenr)
+                    .ok()
+                    .map(|x| recs[x])
+                {
                     match d.key {
                         RefKey::Data { .. } | RefKey::SharedData(_) => {
                             if len != r.len {

@@ -26,7 +26,11 @@ pub const PHASES: [(u8, &str); 9] = [
 ];
 
 pub fn phase_name(p: u8) -> &'static str {
-    PHASES.iter().find(|(n, _)| *n == p).map(|(_, s)| *s).unwrap_or("?")
+    PHASES
+        .iter()
+        .find(|(n, _)| *n == p)
+        .map(|(_, s)| *s)
+        .unwrap_or("?")
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -87,7 +91,12 @@ impl Sink {
             p.phase = i as u8;
             p.name = phase_name(i as u8);
         }
-        Sink { findings: Vec::new(), stored: [0; 10], phases, suppressed: 0 }
+        Sink {
+            findings: Vec::new(),
+            stored: [0; 10],
+            phases,
+            suppressed: 0,
+        }
     }
 
     pub fn push(&mut self, f: Finding) {
@@ -119,11 +128,18 @@ impl Sink {
     }
 
     pub fn into_report(mut self) -> Report {
-        self.findings.sort_by_key(|f| (f.phase, std::cmp::Reverse(f.severity)));
+        self.findings
+            .sort_by_key(|f| (f.phase, std::cmp::Reverse(f.severity)));
         let phases: Vec<PhaseSummary> = self.phases.into_iter().skip(1).collect();
         let errors = phases.iter().map(|p| p.errors).sum();
         let warnings = phases.iter().map(|p| p.warnings).sum();
-        Report { phases, findings: self.findings, suppressed: self.suppressed, errors, warnings }
+        Report {
+            phases,
+            findings: self.findings,
+            suppressed: self.suppressed,
+            errors,
+            warnings,
+        }
     }
 }
 
@@ -132,7 +148,15 @@ pub(crate) struct F(Finding);
 
 impl F {
     pub fn err(phase: u8, category: &'static str) -> F {
-        F(Finding { phase, category, severity: Severity::Error, tree: None, bytenr: None, key: None, message: String::new() })
+        F(Finding {
+            phase,
+            category,
+            severity: Severity::Error,
+            tree: None,
+            bytenr: None,
+            key: None,
+            message: String::new(),
+        })
     }
     pub fn warn(phase: u8, category: &'static str) -> F {
         let mut f = F::err(phase, category);

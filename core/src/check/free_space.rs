@@ -33,9 +33,14 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
     cx.fst.loaded = true;
     let ss = cx.img.sectorsize as u64;
     for slot in 0..node.nr_safe() {
-        let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else { continue };
+        let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else {
+            continue;
+        };
         let cur = cx.fst.infos.last().copied();
-        let inside = cur.is_some_and(|i| k.objectid >= i.start && k.objectid.saturating_add(k.offset) <= i.start.saturating_add(i.len));
+        let inside = cur.is_some_and(|i| {
+            k.objectid >= i.start
+                && k.objectid.saturating_add(k.offset) <= i.start.saturating_add(i.len)
+        });
         match k.ty {
             BTRFS_FREE_SPACE_INFO_KEY => {
                 if let Ok(ItemBody::FreeSpaceInfo(fi)) = decode(&k, d, 0) {
@@ -50,34 +55,67 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
             BTRFS_FREE_SPACE_EXTENT_KEY | BTRFS_FREE_SPACE_BITMAP_KEY => {
                 let is_bitmap = k.ty == BTRFS_FREE_SPACE_BITMAP_KEY;
                 if !inside {
-                    cx.report(F::err(P, "free-space").tree(T).at(node.bytenr).key(k).msg("free space entry outside its block group's info"));
+                    cx.report(
+                        F::err(P, "free-space")
+                            .tree(T)
+                            .at(node.bytenr)
+                            .key(k)
+                            .msg("free space entry outside its block group's info"),
+                    );
                     continue;
                 }
                 if cur.is_some_and(|i| i.bitmaps != is_bitmap) {
-                    cx.report(F::err(P, "free-space").tree(T).at(node.bytenr).key(k).msg(format!(
-                        "free space {} entry in a block group whose info says {}",
-                        if is_bitmap { "bitmap" } else { "extent" },
-                        if is_bitmap { "extents" } else { "bitmaps" }
-                    )));
+                    cx.report(
+                        F::err(P, "free-space")
+                            .tree(T)
+                            .at(node.bytenr)
+                            .key(k)
+                            .msg(format!(
+                                "free space {} entry in a block group whose info says {}",
+                                if is_bitmap { "bitmap" } else { "extent" },
+                                if is_bitmap { "extents" } else { "bitmaps" }
+                            )),
+                    );
                 }
                 if k.offset == 0 {
-                    cx.report(F::err(P, "free-space").tree(T).at(node.bytenr).key(k).msg("empty free space entry"));
+                    cx.report(
+                        F::err(P, "free-space")
+                            .tree(T)
+                            .at(node.bytenr)
+                            .key(k)
+                            .msg("empty free space entry"),
+                    );
                     continue;
                 }
                 if is_bitmap {
                     let bits = k.offset / ss.max(1);
                     if (d.len() as u64) != bits.div_ceil(8) {
-                        cx.report(F::err(P, "free-space").tree(T).at(node.bytenr).key(k).msg(format!("bitmap of {} bytes for {bits} sectors", d.len())));
+                        cx.report(
+                            F::err(P, "free-space")
+                                .tree(T)
+                                .at(node.bytenr)
+                                .key(k)
+                                .msg(format!("bitmap of {} bytes for {bits} sectors", d.len())),
+                        );
                         continue;
                     }
                     for (s, l) in bitmap_ranges(d, k.objectid, ss) {
-                        cx.fst.free.push((s, l.min(k.objectid.saturating_add(k.offset).saturating_sub(s))));
+                        cx.fst.free.push((
+                            s,
+                            l.min(k.objectid.saturating_add(k.offset).saturating_sub(s)),
+                        ));
                     }
                 } else {
                     cx.fst.free.push((k.objectid, k.offset));
                 }
             }
-            _ => cx.report(F::err(P, "free-space").tree(T).at(node.bytenr).key(k).msg("unexpected key in the free space tree")),
+            _ => cx.report(
+                F::err(P, "free-space")
+                    .tree(T)
+                    .at(node.bytenr)
+                    .key(k)
+                    .msg("unexpected key in the free space tree"),
+            ),
         }
     }
 }
@@ -97,7 +135,9 @@ pub(super) fn excluded(cx: &Ctx, start: u64, end: u64) -> Vec<(u64, u64)> {
             let slen = c.dev_extent_len();
             for &(_, p) in &c.stripes {
                 if sb >= p && sb < p.saturating_add(slen) {
-                    let l = c.logical.saturating_add((sb - p) / BTRFS_STRIPE_LEN * BTRFS_STRIPE_LEN);
+                    let l = c
+                        .logical
+                        .saturating_add((sb - p) / BTRFS_STRIPE_LEN * BTRFS_STRIPE_LEN);
                     let e = l.saturating_add(BTRFS_STRIPE_LEN).min(end);
                     if l < end && e > start {
                         out.push((l.max(start), e));
@@ -111,7 +151,12 @@ pub(super) fn excluded(cx: &Ctx, start: u64, end: u64) -> Vec<(u64, u64)> {
 }
 
 pub(super) fn check(cx: &mut Ctx) {
-    if !cx.img.sb.has_compat_ro(BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE) || !cx.fst.loaded {
+    if !cx
+        .img
+        .sb
+        .has_compat_ro(BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE)
+        || !cx.fst.loaded
+    {
         return;
     }
     let infos = std::mem::take(&mut cx.fst.infos);
@@ -123,12 +168,17 @@ pub(super) fn check(cx: &mut Ctx) {
         if !bgs.iter().any(|b| b.start == i.start && b.length == i.len) {
             // mkfs.btrfs before 6.3 leaves these behind for its temporary
             // chunks; upstream btrfs check reports them (fsck-tests 058).
-            cx.report(F::err(P, "free-space-stale").tree(T).at(i.start).msg(format!(
+            cx.report(
+                F::err(P, "free-space-stale")
+                    .tree(T)
+                    .at(i.start)
+                    .msg(format!(
                 "free space info {}+{} for a block group that does not exist (stale entry; \
                  mkfs.btrfs before 6.3 leaves these for its temporary chunks, and \
                  `btrfs check --clear-space-cache v2` rebuilds the tree)",
                 i.start, i.len
-            )));
+            )),
+            );
         }
     }
     if !cx.chunks.bg_loaded {
@@ -137,7 +187,10 @@ pub(super) fn check(cx: &mut Ctx) {
     let mut reported = 0;
     for b in &bgs {
         let Some(info) = infos.iter().find(|i| i.start == b.start) else {
-            cx.report(F::err(P, "free-space").tree(T).at(b.start).msg(format!("block group {}+{} has no free space info", b.start, b.length)));
+            cx.report(F::err(P, "free-space").tree(T).at(b.start).msg(format!(
+                "block group {}+{} has no free space info",
+                b.start, b.length
+            )));
             continue;
         };
         let (s, e) = (b.start, b.end());
@@ -200,11 +253,17 @@ pub(super) fn gaps(cx: &Ctx, s: u64, e: u64) -> Vec<(u64, u64)> {
 
 fn inside(set: &[(u64, u64)], x: u64) -> bool {
     let i = set.partition_point(|&(s, _)| s <= x);
-    i.checked_sub(1).and_then(|i| set.get(i)).is_some_and(|&(_, e)| x < e)
+    i.checked_sub(1)
+        .and_then(|i| set.get(i))
+        .is_some_and(|&(_, e)| x < e)
 }
 
 /// First range where exactly one of `want` and `have` holds, outside `excl`.
-pub(super) fn first_difference(want: &[(u64, u64)], have: &[(u64, u64)], excl: &[(u64, u64)]) -> Option<(u64, u64)> {
+pub(super) fn first_difference(
+    want: &[(u64, u64)],
+    have: &[(u64, u64)],
+    excl: &[(u64, u64)],
+) -> Option<(u64, u64)> {
     let mut pts: Vec<u64> = Vec::with_capacity(2 * (want.len() + have.len() + excl.len()));
     for &(s, e) in want.iter().chain(have).chain(excl) {
         pts.push(s);

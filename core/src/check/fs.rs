@@ -142,10 +142,16 @@ impl FsTree {
             let Some(k) = node.key(slot) else { continue };
             if k.objectid != self.cur.ino || self.cur.items == 0 {
                 self.finish_inode();
-                self.cur = Cur { ino: k.objectid, first_key: Some(k), ..Cur::default() };
+                self.cur = Cur {
+                    ino: k.objectid,
+                    first_key: Some(k),
+                    ..Cur::default()
+                };
             }
             self.cur.items += 1;
-            let Ok(d) = node.item_data(slot) else { continue };
+            let Ok(d) = node.item_data(slot) else {
+                continue;
+            };
             self.item(node.bytenr, k, d, cs);
         }
     }
@@ -157,11 +163,20 @@ impl FsTree {
             return;
         }
         if ino == BTRFS_FREE_INO_OBJECTID || ino == BTRFS_FREE_SPACE_OBJECTID {
-            self.out.push(self.err("inode-cache").at(bytenr).key(k).msg("deprecated inode cache item (mount option inode_cache was removed)"));
+            self.out.push(
+                self.err("inode-cache")
+                    .at(bytenr)
+                    .key(k)
+                    .msg("deprecated inode cache item (mount option inode_cache was removed)"),
+            );
             return;
         }
         if !(BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&ino) {
-            self.out.push(self.err("unknown-key").at(bytenr).key(k).msg(format!("unexpected objectid {} in a subvolume tree", ino as i64)));
+            self.out
+                .push(self.err("unknown-key").at(bytenr).key(k).msg(format!(
+                    "unexpected objectid {} in a subvolume tree",
+                    ino as i64
+                )));
             return;
         }
         let body = match k.ty {
@@ -178,7 +193,12 @@ impl FsTree {
             },
             BTRFS_VERITY_DESC_ITEM_KEY | BTRFS_VERITY_MERKLE_ITEM_KEY => return,
             t => {
-                self.out.push(self.err("unknown-key").at(bytenr).key(k).msg(format!("unknown item type {t} in a subvolume tree")));
+                self.out.push(
+                    self.err("unknown-key")
+                        .at(bytenr)
+                        .key(k)
+                        .msg(format!("unknown item type {t} in a subvolume tree")),
+                );
                 return;
             }
         };
@@ -190,38 +210,66 @@ impl FsTree {
                 }
                 let mode = ii.mode.get();
                 if ftype_of_mode(mode).is_none() {
-                    self.out.push(self.err("inode-mode").at(bytenr).key(k).msg(format!("inode {ino} has invalid mode 0{mode:o}")));
+                    self.out.push(
+                        self.err("inode-mode")
+                            .at(bytenr)
+                            .key(k)
+                            .msg(format!("inode {ino} has invalid mode 0{mode:o}")),
+                    );
                 } else if mode & !VALID_MODE_BITS != 0 {
-                    self.out.push(self.err("inode-mode").at(bytenr).key(k).msg(format!(
-                        "inode {ino} mode 0{mode:o} has unknown bits 0{:o}",
-                        mode & !VALID_MODE_BITS
-                    )));
+                    self.out
+                        .push(self.err("inode-mode").at(bytenr).key(k).msg(format!(
+                            "inode {ino} mode 0{mode:o} has unknown bits 0{:o}",
+                            mode & !VALID_MODE_BITS
+                        )));
                 }
                 if mode & S_IFMT == S_IFDIR && ii.nlink.get() > 1 {
-                    self.out.push(self.err("inode-nlink").at(bytenr).key(k).msg(format!(
-                        "directory {ino} has nlink {} (a directory has no hard links)",
-                        ii.nlink.get()
-                    )));
+                    self.out
+                        .push(self.err("inode-nlink").at(bytenr).key(k).msg(format!(
+                            "directory {ino} has nlink {} (a directory has no hard links)",
+                            ii.nlink.get()
+                        )));
                 }
                 if ii.generation.get() > gen_limit || ii.transid.get() > gen_limit {
-                    self.out.push(self.err("inode-generation").at(bytenr).key(k).msg(format!(
-                        "inode {ino} generation {} / transid {} newer than the filesystem ({})",
-                        ii.generation.get(),
-                        ii.transid.get(),
-                        self.gen
-                    )));
+                    self.out
+                        .push(self.err("inode-generation").at(bytenr).key(k).msg(format!(
+                            "inode {ino} generation {} / transid {} newer than the filesystem ({})",
+                            ii.generation.get(),
+                            ii.transid.get(),
+                            self.gen
+                        )));
                 }
                 // Low 32 bits: inode flags; high 32 bits: read-only compat flags (verity).
                 let flags = ii.flags.get();
                 for (sev, m) in inode_flag_problems(mode, flags) {
-                    let f = if sev { self.err("inode-flags") } else { F::warn(P, "inode-flags").tree(self.root) };
-                    self.out.push(f.at(bytenr).key(k).msg(format!("inode {ino}: {m}")));
+                    let f = if sev {
+                        self.err("inode-flags")
+                    } else {
+                        F::warn(P, "inode-flags").tree(self.root)
+                    };
+                    self.out
+                        .push(f.at(bytenr).key(k).msg(format!("inode {ino}: {m}")));
                 }
-                if self.cur.first_key.is_some_and(|f| f.ty != BTRFS_INODE_ITEM_KEY) {
+                if self
+                    .cur
+                    .first_key
+                    .is_some_and(|f| f.ty != BTRFS_INODE_ITEM_KEY)
+                {
                     // Items sorted before the inode item are impossible in a valid tree.
-                    self.out.push(self.err("inode").at(bytenr).key(k).msg(format!("inode {ino} has items before its inode item")));
+                    self.out.push(
+                        self.err("inode")
+                            .at(bytenr)
+                            .key(k)
+                            .msg(format!("inode {ino} has items before its inode item")),
+                    );
                 }
-                let f = InodeFacts { mode, nlink: ii.nlink.get(), size: ii.size.get(), nbytes: ii.nbytes.get(), flags: ii.flags.get() };
+                let f = InodeFacts {
+                    mode,
+                    nlink: ii.nlink.get(),
+                    size: ii.size.get(),
+                    nbytes: ii.nbytes.get(),
+                    flags: ii.flags.get(),
+                };
                 self.cur.item = Some(f);
                 self.inodes.push((ino, mode, f.nlink));
             }
@@ -229,22 +277,43 @@ impl FsTree {
                 for e in v {
                     if k.offset == ino && ino == self.root_dirid && e.name == b".." {
                         if e.index != 0 {
-                            self.out.push(self.err("name").at(bytenr).key(k).msg(format!("root directory {ino} '..' ref has index {} (must be 0)", e.index)));
+                            self.out
+                                .push(self.err("name").at(bytenr).key(k).msg(format!(
+                                    "root directory {ino} '..' ref has index {} (must be 0)",
+                                    e.index
+                                )));
                         }
                         self.root_dotdot = true;
                         continue;
                     }
                     self.cur.refs += 1;
-                    self.names.push(NameRec { parent: k.offset, child: ino, index: e.index, hash: name_hash(e.name) as u32, src: SRC_REF, ftype: 0 });
+                    self.names.push(NameRec {
+                        parent: k.offset,
+                        child: ino,
+                        index: e.index,
+                        hash: name_hash(e.name) as u32,
+                        src: SRC_REF,
+                        ftype: 0,
+                    });
                 }
             }
             ItemBody::InodeExtref(v) => {
                 for e in v {
                     if extref_hash(e.parent, e.name) != k.offset {
-                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!("inode {ino} extref key offset is not the hash of its name")));
+                        self.out
+                            .push(self.err("name").at(bytenr).key(k).msg(format!(
+                                "inode {ino} extref key offset is not the hash of its name"
+                            )));
                     }
                     self.cur.refs += 1;
-                    self.names.push(NameRec { parent: e.parent, child: ino, index: e.index, hash: name_hash(e.name) as u32, src: SRC_REF, ftype: 0 });
+                    self.names.push(NameRec {
+                        parent: e.parent,
+                        child: ino,
+                        index: e.index,
+                        hash: name_hash(e.name) as u32,
+                        src: SRC_REF,
+                        ftype: 0,
+                    });
                 }
             }
             ItemBody::DirItem(v) => {
@@ -261,18 +330,24 @@ impl FsTree {
                 for e in &v {
                     let h = name_hash(e.name);
                     if !is_index && h != k.offset {
-                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!(
-                            "{} '{}' hash 0x{h:x} does not match key offset 0x{:x}",
-                            if is_xattr { "xattr" } else { "dir item" },
-                            String::from_utf8_lossy(e.name),
-                            k.offset
-                        )));
+                        self.out
+                            .push(self.err("name").at(bytenr).key(k).msg(format!(
+                                "{} '{}' hash 0x{h:x} does not match key offset 0x{:x}",
+                                if is_xattr { "xattr" } else { "dir item" },
+                                String::from_utf8_lossy(e.name),
+                                k.offset
+                            )));
                     }
                     if e.name.is_empty() {
-                        self.out.push(self.err("name").at(bytenr).key(k).msg("empty name"));
+                        self.out
+                            .push(self.err("name").at(bytenr).key(k).msg("empty name"));
                     }
                     if seen_names.contains(&e.name) {
-                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!("duplicate name '{}' in directory {ino}", String::from_utf8_lossy(e.name))));
+                        self.out
+                            .push(self.err("name").at(bytenr).key(k).msg(format!(
+                                "duplicate name '{}' in directory {ino}",
+                                String::from_utf8_lossy(e.name)
+                            )));
                     }
                     seen_names.push(e.name);
                     if is_xattr {
@@ -283,7 +358,11 @@ impl FsTree {
                     let loc = Key::from(&e.item.location);
                     let ft = e.item.type_ & !BTRFS_FT_ENCRYPTED;
                     if ft == BTRFS_FT_UNKNOWN || ft >= BTRFS_FT_XATTR {
-                        self.out.push(self.err("name").at(bytenr).key(k).msg(format!("dir entry '{}' has invalid type {ft}", String::from_utf8_lossy(e.name))));
+                        self.out
+                            .push(self.err("name").at(bytenr).key(k).msg(format!(
+                                "dir entry '{}' has invalid type {ft}",
+                                String::from_utf8_lossy(e.name)
+                            )));
                     }
                     match loc.ty {
                         BTRFS_INODE_ITEM_KEY => self.names.push(NameRec {
@@ -291,7 +370,11 @@ impl FsTree {
                             child: loc.objectid,
                             index: if is_index { k.offset } else { 0 },
                             hash: h as u32,
-                            src: if is_index { SRC_DIR_INDEX } else { SRC_DIR_ITEM },
+                            src: if is_index {
+                                SRC_DIR_INDEX
+                            } else {
+                                SRC_DIR_ITEM
+                            },
                             ftype: ft,
                         }),
                         BTRFS_ROOT_ITEM_KEY => {
@@ -299,7 +382,12 @@ impl FsTree {
                                 self.subvol_dirents.push((ino, loc.objectid));
                             }
                         }
-                        t => self.out.push(self.err("name").at(bytenr).key(k).msg(format!("dir entry location has key type {t}"))),
+                        t => self.out.push(
+                            self.err("name")
+                                .at(bytenr)
+                                .key(k)
+                                .msg(format!("dir entry location has key type {t}")),
+                        ),
                     }
                 }
             }
@@ -319,7 +407,10 @@ impl FsTree {
             c.extent_end = k.offset;
         }
         if c.extent_end > k.offset {
-            bad.push(format!("file extent at {} overlaps the previous one ending at {}", k.offset, c.extent_end));
+            bad.push(format!(
+                "file extent at {} overlaps the previous one ending at {}",
+                k.offset, c.extent_end
+            ));
         } else if c.extent_end < k.offset && c.first_gap.is_none() {
             c.first_gap = Some(c.extent_end);
         }
@@ -336,14 +427,22 @@ impl FsTree {
                 let max_inline = mask.min(self.nodesize - 101 - 25 - 21);
                 if head.compression != BTRFS_COMPRESS_NONE {
                     if data.len() as u64 > max_inline || ram > ss {
-                        bad.push(format!("compressed inline extent too large ({} bytes, ram {ram})", data.len()));
+                        bad.push(format!(
+                            "compressed inline extent too large ({} bytes, ram {ram})",
+                            data.len()
+                        ));
                     }
                 } else {
                     if ram > max_inline {
-                        bad.push(format!("inline extent ram_bytes {ram} exceeds the inline limit {max_inline}"));
+                        bad.push(format!(
+                            "inline extent ram_bytes {ram} exceeds the inline limit {max_inline}"
+                        ));
                     }
                     if data.len() as u64 != ram {
-                        bad.push(format!("inline extent holds {} bytes but ram_bytes says {ram}", data.len()));
+                        bad.push(format!(
+                            "inline extent holds {} bytes but ram_bytes says {ram}",
+                            data.len()
+                        ));
                     }
                 }
                 if k.offset != 0 {
@@ -360,10 +459,17 @@ impl FsTree {
                     bad.push(format!("file extent num_bytes {num_bytes} is not a positive multiple of the sector size"));
                 }
                 if num_bytes.saturating_add(off) > head.ram_bytes.get() {
-                    bad.push(format!("file extent offset {off} + num_bytes {num_bytes} exceeds ram_bytes {}", head.ram_bytes.get()));
+                    bad.push(format!(
+                        "file extent offset {off} + num_bytes {num_bytes} exceeds ram_bytes {}",
+                        head.ram_bytes.get()
+                    ));
                 }
                 let prealloc = head.type_ == BTRFS_FILE_EXTENT_PREALLOC;
-                if prealloc && (head.compression != 0 || head.encryption != 0 || head.other_encoding.get() != 0) {
+                if prealloc
+                    && (head.compression != 0
+                        || head.encryption != 0
+                        || head.other_encoding.get() != 0)
+                {
                     bad.push("prealloc extent with compression or encoding".into());
                 }
                 if head.compression != 0 && nodatasum {
@@ -371,22 +477,40 @@ impl FsTree {
                 }
                 if disk != 0 {
                     c.found_size = c.found_size.saturating_add(num_bytes);
-                    if disk & mask != 0 || item.disk_num_bytes.get() & mask != 0 || item.disk_num_bytes.get() == 0 {
-                        bad.push(format!("file extent disk range {disk}+{} is not sector aligned", item.disk_num_bytes.get()));
+                    if disk & mask != 0
+                        || item.disk_num_bytes.get() & mask != 0
+                        || item.disk_num_bytes.get() == 0
+                    {
+                        bad.push(format!(
+                            "file extent disk range {disk}+{} is not sector aligned",
+                            item.disk_num_bytes.get()
+                        ));
                     }
                     let (s, l) = if head.compression != 0 {
                         (disk, item.disk_num_bytes.get())
                     } else {
                         (disk.saturating_add(off), num_bytes)
                     };
-                    let regular_file = facts.is_some_and(|f| matches!(f.mode & S_IFMT, S_IFREG | S_IFLNK));
+                    let regular_file =
+                        facts.is_some_and(|f| matches!(f.mode & S_IFMT, S_IFREG | S_IFLNK));
                     if !self.csum_exempt && facts.is_some() {
                         if !prealloc && !nodatasum {
-                            self.needs.push(Need { start: s, len: l, root: self.root, ino: k.objectid });
+                            self.needs.push(Need {
+                                start: s,
+                                len: l,
+                                root: self.root,
+                                ino: k.objectid,
+                            });
                         } else if regular_file {
                             // nodatasum data, and prealloc extents never
                             // written, have no checksums (I_ERR_ODD_CSUM_ITEM).
-                            self.forbids.push(Forbid { start: s, len: l, root: self.root, ino: k.objectid, prealloc_of: prealloc.then_some(disk) });
+                            self.forbids.push(Forbid {
+                                start: s,
+                                len: l,
+                                root: self.root,
+                                ino: k.objectid,
+                                prealloc_of: prealloc.then_some(disk),
+                            });
                         }
                     }
                 }
@@ -397,7 +521,12 @@ impl FsTree {
         }
         c.extent_end = k.offset.saturating_add(num_bytes);
         for m in bad {
-            self.out.push(self.err("file-extent").at(bytenr).key(k).msg(format!("inode {}: {m}", k.objectid)));
+            self.out.push(
+                self.err("file-extent")
+                    .at(bytenr)
+                    .key(k)
+                    .msg(format!("inode {}: {m}", k.objectid)),
+            );
         }
     }
 
@@ -410,7 +539,11 @@ impl FsTree {
         let ino = c.ino;
         let Some(f) = c.item else {
             if !self.lost {
-                self.out.push(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino} has items but no inode item")));
+                self.out.push(
+                    self.err("inode")
+                        .opt_key(c.first_key)
+                        .msg(format!("inode {ino} has items but no inode item")),
+                );
             }
             return;
         };
@@ -418,22 +551,34 @@ impl FsTree {
         let mut errs = Vec::<String>::new();
         if fmt == S_IFDIR {
             if c.dir_names != f.size {
-                errs.push(format!("directory size {} but its entries add up to {}", f.size, c.dir_names));
+                errs.push(format!(
+                    "directory size {} but its entries add up to {}",
+                    f.size, c.dir_names
+                ));
             }
             if c.extents > 0 {
                 errs.push("directory with file extents".into());
             }
-
         } else if fmt == S_IFREG || fmt == S_IFLNK {
             if c.dir_entries > 0 || c.dir_items_of_unlinked {
                 errs.push("non-directory with directory entries".into());
             }
             if f.nlink > 0 && c.found_size != f.nbytes {
-                errs.push(format!("nbytes {} but its extents add up to {}", f.nbytes, c.found_size));
+                errs.push(format!(
+                    "nbytes {} but its extents add up to {}",
+                    f.nbytes, c.found_size
+                ));
             }
             let gap_before_size = c.first_gap.is_some_and(|g| g < f.size);
-            if f.nlink > 0 && !self.no_holes && f.size > 0 && (c.extent_end < f.size || c.extent_start != Some(0) || gap_before_size) {
-                errs.push(format!("file extents do not cover the file (size {}): missing extent or hole item", f.size));
+            if f.nlink > 0
+                && !self.no_holes
+                && f.size > 0
+                && (c.extent_end < f.size || c.extent_start != Some(0) || gap_before_size)
+            {
+                errs.push(format!(
+                    "file extents do not cover the file (size {}): missing extent or hole item",
+                    f.size
+                ));
             }
         }
         if self.link_checks && ino != self.root_dirid {
@@ -441,17 +586,27 @@ impl FsTree {
                 self.unlinked.push(ino);
             }
             if c.refs != f.nlink && !self.lost {
-                errs.push(format!("link count {} but {} names refer to it", f.nlink, c.refs));
+                errs.push(format!(
+                    "link count {} but {} names refer to it",
+                    f.nlink, c.refs
+                ));
             }
         }
         for m in errs {
-            self.out.push(self.err("inode").opt_key(c.first_key).msg(format!("inode {ino}: {m}")));
+            self.out.push(
+                self.err("inode")
+                    .opt_key(c.first_key)
+                    .msg(format!("inode {ino}: {m}")),
+            );
         }
     }
 
     /// (mode, nlink) of an inode of this tree (after `finish` sorted them).
     fn inode(&self, ino: u64) -> Option<(u32, u32)> {
-        self.inodes.binary_search_by_key(&ino, |i| i.0).ok().map(|i| (self.inodes[i].1, self.inodes[i].2))
+        self.inodes
+            .binary_search_by_key(&ino, |i| i.0)
+            .ok()
+            .map(|i| (self.inodes[i].1, self.inodes[i].2))
     }
 
     /// Everything left once the last leaf is in: the last inode, the root
@@ -465,23 +620,38 @@ impl FsTree {
         }
         let mut out = Vec::new();
         match self.inode(self.root_dirid) {
-            None if !self.lost => out.push(self.err("inode").msg(format!("root directory {} has no inode item", self.root_dirid))),
+            None if !self.lost => out.push(self.err("inode").msg(format!(
+                "root directory {} has no inode item",
+                self.root_dirid
+            ))),
             Some((mode, nlink)) if self.link_checks => {
                 if mode & S_IFMT != S_IFDIR {
-                    out.push(self.err("inode-mode").msg(format!("root directory {} is not a directory (mode 0{mode:o})", self.root_dirid)));
+                    out.push(self.err("inode-mode").msg(format!(
+                        "root directory {} is not a directory (mode 0{mode:o})",
+                        self.root_dirid
+                    )));
                 }
                 if nlink != 1 {
-                    out.push(self.err("inode-nlink").msg(format!("root directory {} has nlink {nlink} (must be 1)", self.root_dirid)));
+                    out.push(self.err("inode-nlink").msg(format!(
+                        "root directory {} has nlink {nlink} (must be 1)",
+                        self.root_dirid
+                    )));
                 }
                 if !self.root_dotdot && !self.lost {
-                    out.push(self.err("name").msg(format!("root directory {} has no '..' INODE_REF", self.root_dirid)));
+                    out.push(self.err("name").msg(format!(
+                        "root directory {} has no '..' INODE_REF",
+                        self.root_dirid
+                    )));
                 }
             }
             _ => {}
         }
         for ino in std::mem::take(&mut self.unlinked) {
             if !self.orphans.contains(&ino) {
-                out.push(self.err("orphan").msg(format!("inode {ino} has no links and no orphan item")));
+                out.push(
+                    self.err("orphan")
+                        .msg(format!("inode {ino} has no links and no orphan item")),
+                );
             }
         }
         self.out.extend(out);
@@ -499,7 +669,11 @@ impl FsTree {
         cx.csum_forbidden.append(&mut self.forbids);
         cx.sink.checked(P, self.inodes_checked);
         for (dir, child) in std::mem::take(&mut self.subvol_dirents) {
-            cx.subvol_dirents.push(super::SubvolDirent { tree: self.root, dir, child });
+            cx.subvol_dirents.push(super::SubvolDirent {
+                tree: self.root,
+                dir,
+                child,
+            });
         }
     }
 
@@ -510,9 +684,16 @@ impl FsTree {
         while i < names.len() {
             let g0 = names[i];
             let mut j = i;
-            let (mut item, mut index, mut iref) = (None::<NameRec>, Vec::<NameRec>::new(), Vec::<NameRec>::new());
+            let (mut item, mut index, mut iref) = (
+                None::<NameRec>,
+                Vec::<NameRec>::new(),
+                Vec::<NameRec>::new(),
+            );
             let mut dup_items = 0;
-            while j < names.len() && (names[j].parent, names[j].child, names[j].hash) == (g0.parent, g0.child, g0.hash) {
+            while j < names.len()
+                && (names[j].parent, names[j].child, names[j].hash)
+                    == (g0.parent, g0.child, g0.hash)
+            {
                 let n = names[j];
                 match n.src {
                     SRC_DIR_ITEM => {
@@ -553,20 +734,29 @@ impl FsTree {
             }
             for x in &index {
                 if !iref.is_empty() && !iref.iter().any(|r| r.index == x.index) {
-                    errs.push(format!("DIR_INDEX {} does not match the INODE_REF index {}", x.index, iref[0].index));
+                    errs.push(format!(
+                        "DIR_INDEX {} does not match the INODE_REF index {}",
+                        x.index, iref[0].index
+                    ));
                 }
             }
             if let Some((m, _)) = child {
                 let want = ftype_of_mode(m);
                 for x in item.iter().chain(index.iter()) {
                     if Some(x.ftype) != want && want.is_some() {
-                        errs.push(format!("type {} does not match the inode's mode 0{m:o}", x.ftype));
+                        errs.push(format!(
+                            "type {} does not match the inode's mode 0{m:o}",
+                            x.ftype
+                        ));
                         break;
                     }
                 }
             }
             for e in errs {
-                self.out.push(self.err("name").msg(format!("name in directory {p} for inode {ch} {e}")));
+                self.out.push(
+                    self.err("name")
+                        .msg(format!("name in directory {p} for inode {ch} {e}")),
+                );
             }
         }
     }
@@ -586,29 +776,48 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
     }
     for (&(parent, child), r) in &refs {
         match backrefs.get(&(parent, child)) {
-            None => cx.report(F::err(P, "root-ref").tree(1).key(r.key).msg(format!("root ref {parent} -> {child} has no root backref"))),
+            None => cx.report(
+                F::err(P, "root-ref")
+                    .tree(1)
+                    .key(r.key)
+                    .msg(format!("root ref {parent} -> {child} has no root backref")),
+            ),
             Some(b) => {
                 if b.dirid != r.dirid || b.sequence != r.sequence || b.name != r.name {
-                    cx.report(F::err(P, "root-ref").tree(1).key(r.key).msg(format!("root ref and backref of {parent} -> {child} disagree")));
+                    cx.report(F::err(P, "root-ref").tree(1).key(r.key).msg(format!(
+                        "root ref and backref of {parent} -> {child} disagree"
+                    )));
                 }
             }
         }
     }
     for (&(parent, child), b) in &backrefs {
         if !refs.contains_key(&(parent, child)) {
-            cx.report(F::err(P, "root-ref").tree(1).key(b.key).msg(format!("root backref {child} <- {parent} has no root ref")));
+            cx.report(
+                F::err(P, "root-ref")
+                    .tree(1)
+                    .key(b.key)
+                    .msg(format!("root backref {child} <- {parent} has no root ref")),
+            );
         }
     }
     let live: HashSet<u64> = cx
         .roots
         .iter()
-        .filter(|r| r.key.objectid >= BTRFS_FIRST_FREE_OBJECTID && r.key.objectid <= BTRFS_LAST_FREE_OBJECTID)
-        .filter(|r| r.item.refs.get() > 0 && r.drop_key().is_none() && !cx.orphan_roots.contains(&r.id()))
+        .filter(|r| {
+            r.key.objectid >= BTRFS_FIRST_FREE_OBJECTID
+                && r.key.objectid <= BTRFS_LAST_FREE_OBJECTID
+        })
+        .filter(|r| {
+            r.item.refs.get() > 0 && r.drop_key().is_none() && !cx.orphan_roots.contains(&r.id())
+        })
         .map(|r| r.id())
         .collect();
     for id in &live {
         if !backrefs.keys().any(|(_, c)| c == id) {
-            cx.report(F::err(P, "root-ref").tree(*id).msg(format!("subvolume {id} has no root backref: it is not linked anywhere")));
+            cx.report(F::err(P, "root-ref").tree(*id).msg(format!(
+                "subvolume {id} has no root backref: it is not linked anywhere"
+            )));
         }
     }
     // A subvolume is linked once (root item refs 1) or deleted (refs 0):
@@ -624,20 +833,26 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
         }
         let refs = r.item.refs.get();
         if refs > 1 {
-            found.push(F::err(P, "root-ref").tree(id).key(r.key).msg(format!("subvolume {id} root item has refs {refs}; a subvolume is linked at most once")));
+            found.push(F::err(P, "root-ref").tree(id).key(r.key).msg(format!(
+                "subvolume {id} root item has refs {refs}; a subvolume is linked at most once"
+            )));
         }
         if refs == 0 {
             if !cx.orphan_roots.contains(&id) {
                 orphans_missing.push((id, r.key));
             }
             if let Some((p, _)) = backrefs.keys().find(|(_, c)| *c == id) {
-                found.push(F::err(P, "root-ref").tree(id).key(r.key).msg(format!("deleted subvolume {id} (root item refs 0) is still linked from {p}")));
+                found.push(F::err(P, "root-ref").tree(id).key(r.key).msg(format!(
+                    "deleted subvolume {id} (root item refs 0) is still linked from {p}"
+                )));
             }
         }
     }
     for &id in &cx.orphan_roots {
         if !cx.roots.iter().any(|r| r.id() == id) {
-            found.push(F::warn(P, "root-orphan").tree(id).msg(format!("orphan item for subvolume {id}, which has no root item")));
+            found.push(F::warn(P, "root-orphan").tree(id).msg(format!(
+                "orphan item for subvolume {id}, which has no root item"
+            )));
         }
     }
     for f in found {
@@ -655,9 +870,13 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
     // only the other direction is checked: a root ref needs its entry.
     for ((parent, child), r) in &refs {
         if live.contains(parent) || *parent == BTRFS_FS_TREE_OBJECTID {
-            let ok = dirents.iter().any(|d| d.tree == *parent && d.child == *child && d.dir == r.dirid);
+            let ok = dirents
+                .iter()
+                .any(|d| d.tree == *parent && d.child == *child && d.dir == r.dirid);
             if !ok && live.contains(child) {
-                cx.report(F::err(P, "root-ref").tree(*parent).key(r.key).msg(format!("root ref {parent} -> {child} has no directory entry")));
+                cx.report(F::err(P, "root-ref").tree(*parent).key(r.key).msg(format!(
+                    "root ref {parent} -> {child} has no directory entry"
+                )));
             }
         }
     }
@@ -675,11 +894,17 @@ pub(crate) fn inode_flag_problems(mode: u32, flags: u64) -> Vec<(bool, String)> 
         out.push((true, format!("unknown inode flags 0x{:x}", lo & !known)));
     }
     if ro & !1 != 0 {
-        out.push((true, format!("unknown read-only inode flags 0x{:x}", ro & !1)));
+        out.push((
+            true,
+            format!("unknown read-only inode flags 0x{:x}", ro & !1),
+        ));
     }
     // btrfs check: a symlink can be neither immutable nor append-only.
     if mode & S_IFMT == S_IFLNK && lo & (BTRFS_INODE_IMMUTABLE | BTRFS_INODE_APPEND) != 0 {
-        out.push((true, "symlink with the immutable or append-only flag".into()));
+        out.push((
+            true,
+            "symlink with the immutable or append-only flag".into(),
+        ));
     }
     // The kernel clears one whenever it sets the other.
     if lo & BTRFS_INODE_COMPRESS != 0 && lo & BTRFS_INODE_NOCOMPRESS != 0 {
@@ -687,10 +912,14 @@ pub(crate) fn inode_flag_problems(mode: u32, flags: u64) -> Vec<(bool, String)> 
     }
     // The kernel refuses these together since 5.x, and sets nodatasum with
     // nodatacow on every file; older kernels may have left either.
-    if mode & S_IFMT == S_IFREG && lo & BTRFS_INODE_COMPRESS != 0 && lo & BTRFS_INODE_NODATACOW != 0 {
+    if mode & S_IFMT == S_IFREG && lo & BTRFS_INODE_COMPRESS != 0 && lo & BTRFS_INODE_NODATACOW != 0
+    {
         out.push((false, "both the compress and the nodatacow flags".into()));
     }
-    if mode & S_IFMT == S_IFREG && lo & BTRFS_INODE_NODATACOW != 0 && lo & BTRFS_INODE_NODATASUM == 0 {
+    if mode & S_IFMT == S_IFREG
+        && lo & BTRFS_INODE_NODATACOW != 0
+        && lo & BTRFS_INODE_NODATASUM == 0
+    {
         out.push((false, "nodatacow without nodatasum".into()));
     }
     out

@@ -10,7 +10,9 @@ use super::Ctx;
 use crate::format::consts::*;
 use crate::format::file_extent::FileExtent;
 use crate::format::item::{decode, ItemBody};
-use crate::log::reader::{read_log, uncovered, LogTree, OnDamage, ProblemClass, ReadOptions, TreeRead};
+use crate::log::reader::{
+    read_log, uncovered, LogTree, OnDamage, ProblemClass, ReadOptions, TreeRead,
+};
 use std::collections::HashSet;
 
 const P: u8 = 8;
@@ -20,12 +22,20 @@ pub(super) fn check(cx: &mut Ctx) {
     // The log as replay would read it (the shared reader), every damaged
     // block reported and read through where possible. The log root tree's
     // generation is checked here, as a finding of its own.
-    let opts = ReadOptions { on_damage: OnDamage::Keep, root_generation: false };
+    let opts = ReadOptions {
+        on_damage: OnDamage::Keep,
+        root_generation: false,
+    };
     let read = match read_log(cx.img, opts) {
         Ok(Some(r)) => r,
         Ok(None) => return,
         Err(e) => {
-            cx.report(F::err(P, "log-block").tree(LOG).at(cx.img.sb.log_root.get()).msg(format!("log unreadable: {e}")));
+            cx.report(
+                F::err(P, "log-block")
+                    .tree(LOG)
+                    .at(cx.img.sb.log_root.get())
+                    .msg(format!("log unreadable: {e}")),
+            );
             return;
         }
     };
@@ -42,23 +52,44 @@ pub(super) fn check(cx: &mut Ctx) {
     for (k, ri) in &read.roots {
         let subvol = k.offset;
         if k.objectid != LOG {
-            cx.report(F::err(P, "log-root").tree(LOG).key(*k).msg("unexpected root item in the log root tree"));
+            cx.report(
+                F::err(P, "log-root")
+                    .tree(LOG)
+                    .key(*k)
+                    .msg("unexpected root item in the log root tree"),
+            );
             continue;
         }
         if !fs_roots.contains(&subvol) {
-            cx.report(F::err(P, "log-root").tree(subvol).key(*k).msg(format!("log tree for subvolume {subvol}, which does not exist")));
-        }
-        if ri.generation.get() > want_gen {
-            cx.report(F::err(P, "log-generation").tree(subvol).key(*k).msg(format!(
-                "log tree generation {} newer than the superblock's + 1 ({want_gen})",
-                ri.generation.get()
+            cx.report(F::err(P, "log-root").tree(subvol).key(*k).msg(format!(
+                "log tree for subvolume {subvol}, which does not exist"
             )));
         }
+        if ri.generation.get() > want_gen {
+            cx.report(
+                F::err(P, "log-generation")
+                    .tree(subvol)
+                    .key(*k)
+                    .msg(format!(
+                        "log tree generation {} newer than the superblock's + 1 ({want_gen})",
+                        ri.generation.get()
+                    )),
+            );
+        }
         if ri.level >= BTRFS_MAX_LEVEL {
-            cx.report(F::err(P, "log-root").tree(subvol).key(*k).msg("log tree level too high"));
+            cx.report(
+                F::err(P, "log-root")
+                    .tree(subvol)
+                    .key(*k)
+                    .msg("log tree level too high"),
+            );
             continue;
         }
-        if let Some(t) = read.trees.iter().find(|t| t.subvol == subvol && t.read.root.bytenr == ri.bytenr.get()) {
+        if let Some(t) = read
+            .trees
+            .iter()
+            .find(|t| t.subvol == subvol && t.read.root.bytenr == ri.bytenr.get())
+        {
             blocks(cx, &t.read, subvol);
             items(cx, t);
         }
@@ -70,14 +101,27 @@ pub(super) fn check(cx: &mut Ctx) {
 fn blocks(cx: &mut Ctx, read: &TreeRead, tree: u64) {
     for p in &read.problems {
         let f = match p.class {
-            ProblemClass::Revisit => F::err(P, "log-shape").tree(tree).at(p.bytenr).msg(format!("log block {} is referenced twice", p.bytenr)),
-            ProblemClass::Unreadable => F::err(P, "log-block").tree(tree).at(p.bytenr).opt_key(p.key).msg(format!("log {}", p.message)),
-            ProblemClass::Damaged => F::err(P, "log-block").tree(tree).at(p.bytenr).opt_key(p.key).msg(p.message.clone()),
+            ProblemClass::Revisit => F::err(P, "log-shape")
+                .tree(tree)
+                .at(p.bytenr)
+                .msg(format!("log block {} is referenced twice", p.bytenr)),
+            ProblemClass::Unreadable => F::err(P, "log-block")
+                .tree(tree)
+                .at(p.bytenr)
+                .opt_key(p.key)
+                .msg(format!("log {}", p.message)),
+            ProblemClass::Damaged => F::err(P, "log-block")
+                .tree(tree)
+                .at(p.bytenr)
+                .opt_key(p.key)
+                .msg(p.message.clone()),
             // An undecodable log root item; item bounds inside log trees are
             // already block problems.
-            ProblemClass::Item if tree == LOG => {
-                F::err(P, "log-root").tree(LOG).at(p.bytenr).opt_key(p.key).msg(p.message.clone())
-            }
+            ProblemClass::Item if tree == LOG => F::err(P, "log-root")
+                .tree(LOG)
+                .at(p.bytenr)
+                .opt_key(p.key)
+                .msg(p.message.clone()),
             ProblemClass::Item => continue,
         };
         cx.report(f);
@@ -87,16 +131,27 @@ fn blocks(cx: &mut Ctx, read: &TreeRead, tree: u64) {
         let b = b.bytenr;
         // Log blocks live in free metadata space, never on top of a committed extent.
         match cx.chunks.bg_of(b).copied() {
-            Some(bg) if bg.flags & BTRFS_BLOCK_GROUP_METADATA == 0 => {
-                cx.report(F::err(P, "log-block").tree(tree).at(b).msg("log block outside metadata block groups"))
-            }
-            None if cx.chunks.bg_loaded => cx.report(F::err(P, "log-block").tree(tree).at(b).msg("log block outside every block group")),
+            Some(bg) if bg.flags & BTRFS_BLOCK_GROUP_METADATA == 0 => cx.report(
+                F::err(P, "log-block")
+                    .tree(tree)
+                    .at(b)
+                    .msg("log block outside metadata block groups"),
+            ),
+            None if cx.chunks.bg_loaded => cx.report(
+                F::err(P, "log-block")
+                    .tree(tree)
+                    .at(b)
+                    .msg("log block outside every block group"),
+            ),
             _ => {}
         }
         let i = cx.ext.recs.partition_point(|r| r.bytenr <= b);
         if let Some(r) = i.checked_sub(1).and_then(|i| cx.ext.recs.get(i)) {
             if b < r.bytenr.saturating_add(r.len) {
-                cx.report(F::err(P, "log-block").tree(tree).at(b).msg(format!("log block overlaps allocated extent {}+{}", r.bytenr, r.len)));
+                cx.report(F::err(P, "log-block").tree(tree).at(b).msg(format!(
+                    "log block overlaps allocated extent {}+{}",
+                    r.bytenr, r.len
+                )));
             }
         }
     }
@@ -119,11 +174,15 @@ fn items(cx: &mut Ctx, t: &LogTree) {
                 }
                 let dlen = item.disk_num_bytes.get();
                 match cx.chunks.bg_of(addr).copied() {
-                    Some(bg) if bg.flags & BTRFS_BLOCK_GROUP_DATA != 0 && addr.saturating_add(dlen) <= bg.end() => {}
-                    _ => cx.report(F::err(P, "log-extent").tree(subvol).at(at).key(*k).msg(format!(
+                    Some(bg)
+                        if bg.flags & BTRFS_BLOCK_GROUP_DATA != 0
+                            && addr.saturating_add(dlen) <= bg.end() => {}
+                    _ => cx.report(F::err(P, "log-extent").tree(subvol).at(at).key(*k).msg(
+                        format!(
                         "logged extent {addr}+{dlen} of inode {} is not inside a data block group",
                         k.objectid
-                    ))),
+                    ),
+                    )),
                 }
             }
             ItemBody::DirLog(dl) => {
@@ -133,7 +192,16 @@ fn items(cx: &mut Ctx, t: &LogTree) {
                 // (btrfs_del_dir_entries_in_log), and replay handles
                 // each range on its own. Key order is phase 3's check.
                 if end < k.offset {
-                    cx.report(F::err(P, "log-dir-range").tree(subvol).at(at).key(*k).msg(format!("dir log range [{}, {end}] ends before it starts", k.offset)));
+                    cx.report(
+                        F::err(P, "log-dir-range")
+                            .tree(subvol)
+                            .at(at)
+                            .key(*k)
+                            .msg(format!(
+                                "dir log range [{}, {end}] ends before it starts",
+                                k.offset
+                            )),
+                    );
                 }
             }
             _ => {}
@@ -141,7 +209,9 @@ fn items(cx: &mut Ctx, t: &LogTree) {
     }
     let have = t.csum_ranges(cs, cx.img.sectorsize);
     for n in t.csum_needs() {
-        let missing = uncovered(&have, n.start, n.end).into_iter().any(|(a, b)| !cx.csum.covered(a, b - a));
+        let missing = uncovered(&have, n.start, n.end)
+            .into_iter()
+            .any(|(a, b)| !cx.csum.covered(a, b - a));
         if missing {
             let (a, l) = (n.start, n.end - n.start);
             cx.report(F::err(P, "log-csum").tree(subvol).at(a).msg(format!(

@@ -11,11 +11,11 @@
 //! per-inode facts; the later phases then compare those facts. Nothing here
 //! prints: the binary renders the [`Report`].
 
-pub mod findings;
 mod chunks;
 mod csums;
 mod datacsum;
 mod extents;
+pub mod findings;
 mod free_space;
 mod fs;
 mod log;
@@ -130,15 +130,26 @@ impl<'a> Ctx<'a> {
 /// unusable, a mirror is tried, and the damage is a phase-1 error. Fails
 /// only when no superblock copy can be used or the file cannot be read.
 pub fn check_path(path: &Path, opts: CheckOptions, progress: &dyn Progress) -> Result<Report> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
     if meta.is_dir() {
-        return Err(Error::Invalid(format!("{} is a directory, not an image", path.display())));
+        return Err(Error::Invalid(format!(
+            "{} is a directory, not an image",
+            path.display()
+        )));
     }
     // Positioned reads, not a memory map: mapped pages of the image would
     // count in the checker's resident memory, and every block is read once.
     let open = |mirror| -> Result<Image> {
         let dev = std::sync::Arc::new(crate::io::FileDevice::open(path, false)?);
-        Image::open(dev, OpenOptions { mirror, lenient: true, writable: false })
+        Image::open(
+            dev,
+            OpenOptions {
+                mirror,
+                lenient: true,
+                writable: false,
+            },
+        )
     };
     let primary_err = match open(0) {
         Ok(img) => {
@@ -151,9 +162,13 @@ pub fn check_path(path: &Path, opts: CheckOptions, progress: &dyn Progress) -> R
     for mirror in 1..BTRFS_SUPER_MIRROR_MAX {
         if let Ok(img) = open(mirror) {
             let mut pre = Sink::new();
-            pre.push(findings::F::err(1, "superblock").at(BTRFS_SUPER_INFO_OFFSET).msg(format!(
+            pre.push(
+                findings::F::err(1, "superblock")
+                    .at(BTRFS_SUPER_INFO_OFFSET)
+                    .msg(format!(
                 "primary superblock unusable ({primary_err}); checked using mirror {mirror}"
-            )));
+            )),
+            );
             let early = written_metadata(path, &img);
             return Ok(run(&img, opts, progress, pre, early));
         }
@@ -177,7 +192,9 @@ const EARLY_PREFETCH_LIMIT: u64 = 256 << 20;
 /// (a block device) or the total is large.
 fn written_metadata(path: &Path, img: &Image) -> Vec<(u64, u64)> {
     use std::os::fd::AsRawFd;
-    let Ok(f) = std::fs::File::open(path) else { return Vec::new() };
+    let Ok(f) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
     let fd = f.as_raw_fd();
     let mut runs = Vec::new();
     let mut total = 0u64;
@@ -185,7 +202,9 @@ fn written_metadata(path: &Path, img: &Image) -> Vec<(u64, u64)> {
         if c.type_flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) == 0 {
             continue;
         }
-        let Some(&(_, start)) = c.stripes.iter().find(|s| s.0 == img.devid) else { continue };
+        let Some(&(_, start)) = c.stripes.iter().find(|s| s.0 == img.devid) else {
+            continue;
+        };
         let end = start.saturating_add(c.length);
         let mut pos = start;
         // Bounded: every step moves past at least one byte of the chunk.
@@ -210,7 +229,12 @@ fn written_metadata(path: &Path, img: &Image) -> Vec<(u64, u64)> {
         }
     }
     // A file without holes says nothing: the whole chunks would be read.
-    let chunk_total: u64 = img.chunks.iter().filter(|c| c.type_flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) != 0).map(|c| c.length).sum();
+    let chunk_total: u64 = img
+        .chunks
+        .iter()
+        .filter(|c| c.type_flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) != 0)
+        .map(|c| c.length)
+        .sum();
     if total >= chunk_total {
         return Vec::new();
     }
@@ -218,21 +242,31 @@ fn written_metadata(path: &Path, img: &Image) -> Vec<(u64, u64)> {
     runs
 }
 
-fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink, early: Vec<(u64, u64)>) -> Report {
-    let metadump = img.sb.flags.get() & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0;
+fn run(
+    img: &Image,
+    opts: CheckOptions,
+    progress: &dyn Progress,
+    sink: Sink,
+    early: Vec<(u64, u64)>,
+) -> Report {
+    let metadump =
+        img.sb.flags.get() & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0;
     std::thread::scope(|scope| {
         // Data verification is I/O bound and independent of the metadata
         // phases: it starts at once on its own thread.
-        let data = (opts.check_data_csum && !metadump).then(|| scope.spawn(|| datacsum::verify_all(img)));
+        let data =
+            (opts.check_data_csum && !metadump).then(|| scope.spawn(|| datacsum::verify_all(img)));
         // The written parts of the metadata chunks, asked for at once.
         let early_prefetched = !early.is_empty();
         if early_prefetched {
             let dev = img.device().clone();
-            let _ = std::thread::Builder::new().name("meta-early".into()).spawn_scoped(scope, move || {
-                for (s, e) in early {
-                    dev.prefetch(s, e - s);
-                }
-            });
+            let _ = std::thread::Builder::new()
+                .name("meta-early".into())
+                .spawn_scoped(scope, move || {
+                    for (s, e) in early {
+                        dev.prefetch(s, e - s);
+                    }
+                });
         }
         run_phases(img, opts, progress, sink, data, early_prefetched)
     })

@@ -33,8 +33,10 @@ use std::collections::{BTreeMap, HashMap};
 const P: u8 = 9;
 const Q: u64 = BTRFS_QUOTA_TREE_OBJECTID;
 const STATUS_VERSION: u64 = 1;
-const KNOWN_STATUS_FLAGS: u64 =
-    BTRFS_QGROUP_STATUS_FLAG_ON | BTRFS_QGROUP_STATUS_FLAG_RESCAN | BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT | BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE;
+const KNOWN_STATUS_FLAGS: u64 = BTRFS_QGROUP_STATUS_FLAG_ON
+    | BTRFS_QGROUP_STATUS_FLAG_RESCAN
+    | BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT
+    | BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE;
 /// max_rfer, max_excl, rsv_rfer, rsv_excl, rfer_cmpr, excl_cmpr.
 const KNOWN_LIMIT_FLAGS: u64 = 0x3f;
 /// Most per-qgroup count findings stored (the rest are counted).
@@ -86,7 +88,9 @@ pub(crate) struct Facts {
 pub(super) fn on_quota_leaf(cx: &mut Ctx, node: &Node) {
     cx.qgroups.present = true;
     for slot in 0..node.nr_safe() {
-        let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else { continue };
+        let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else {
+            continue;
+        };
         match decode(&k, d, 0) {
             Ok(ItemBody::QgroupStatus(s, enable_gen)) => {
                 cx.qgroups.statuses += 1;
@@ -118,7 +122,13 @@ pub(super) fn on_quota_leaf(cx: &mut Ctx, node: &Node) {
             Ok(ItemBody::QgroupRelation) => cx.qgroups.relations.push((k.objectid, k.offset)),
             // Malformed items were reported with the block.
             Err(_) => {}
-            Ok(_) => cx.report(F::err(P, "qgroup-item").tree(Q).at(node.bytenr).key(k).msg(format!("unexpected item type {} in the quota tree", k.ty))),
+            Ok(_) => cx.report(
+                F::err(P, "qgroup-item")
+                    .tree(Q)
+                    .at(node.bytenr)
+                    .key(k)
+                    .msg(format!("unexpected item type {} in the quota tree", k.ty)),
+            ),
         }
     }
 }
@@ -130,7 +140,8 @@ fn level(id: u64) -> u64 {
 /// Trees quotas account: the top-level subvolume and every subvolume or
 /// snapshot (not the data relocation tree, whose id is negative).
 fn is_subvol(id: u64) -> bool {
-    id == BTRFS_FS_TREE_OBJECTID || (BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&id)
+    id == BTRFS_FS_TREE_OBJECTID
+        || (BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&id)
 }
 
 pub(super) fn check(cx: &mut Ctx) {
@@ -140,11 +151,20 @@ pub(super) fn check(cx: &mut Ctx) {
     }
     let gen = cx.gen;
     let Some(st) = facts.status else {
-        cx.report(F::err(P, "qgroup-status").tree(Q).msg("the quota tree has no status item"));
+        cx.report(
+            F::err(P, "qgroup-status")
+                .tree(Q)
+                .msg("the quota tree has no status item"),
+        );
         return;
     };
     if facts.statuses > 1 {
-        cx.report(F::err(P, "qgroup-status").tree(Q).key(st.key).msg(format!("{} status items in the quota tree", facts.statuses)));
+        cx.report(
+            F::err(P, "qgroup-status")
+                .tree(Q)
+                .key(st.key)
+                .msg(format!("{} status items in the quota tree", facts.statuses)),
+        );
     }
     if st.version != STATUS_VERSION {
         cx.report(F::warn(P, "qgroup-status").tree(Q).key(st.key).msg(format!(
@@ -154,7 +174,10 @@ pub(super) fn check(cx: &mut Ctx) {
         return;
     }
     if st.flags & !KNOWN_STATUS_FLAGS != 0 {
-        cx.report(F::warn(P, "qgroup-status").tree(Q).key(st.key).msg(format!("unknown quota status flags 0x{:x}", st.flags & !KNOWN_STATUS_FLAGS)));
+        cx.report(F::warn(P, "qgroup-status").tree(Q).key(st.key).msg(format!(
+            "unknown quota status flags 0x{:x}",
+            st.flags & !KNOWN_STATUS_FLAGS
+        )));
     }
     if st.generation != gen {
         cx.report(F::warn(P, "qgroup-status").tree(Q).key(st.key).msg(format!(
@@ -168,10 +191,17 @@ pub(super) fn check(cx: &mut Ctx) {
     let infos: BTreeMap<u64, Info> = facts.infos.iter().map(|i| (i.id, *i)).collect();
     for l in &facts.limits {
         if !infos.contains_key(&l.id) {
-            cx.report(F::err(P, "qgroup-limit").tree(Q).key(l.key).msg(format!("limit item for qgroup {}, which has no info item", qgroupid_str(l.id))));
+            cx.report(F::err(P, "qgroup-limit").tree(Q).key(l.key).msg(format!(
+                "limit item for qgroup {}, which has no info item",
+                qgroupid_str(l.id)
+            )));
         }
         if l.flags & !KNOWN_LIMIT_FLAGS != 0 {
-            cx.report(F::warn(P, "qgroup-limit").tree(Q).key(l.key).msg(format!("qgroup {} limit has unknown flags 0x{:x}", qgroupid_str(l.id), l.flags & !KNOWN_LIMIT_FLAGS)));
+            cx.report(F::warn(P, "qgroup-limit").tree(Q).key(l.key).msg(format!(
+                "qgroup {} limit has unknown flags 0x{:x}",
+                qgroupid_str(l.id),
+                l.flags & !KNOWN_LIMIT_FLAGS
+            )));
         }
     }
     let mut rels = facts.relations.clone();
@@ -198,7 +228,11 @@ pub(super) fn check(cx: &mut Ctx) {
             bad.push(format!("parent {} does not exist", qgroupid_str(parent)));
         }
         if level(member) >= level(parent) {
-            bad.push(format!("member level {} is not below parent level {}", level(member), level(parent)));
+            bad.push(format!(
+                "member level {} is not below parent level {}",
+                level(member),
+                level(parent)
+            ));
         }
         if bad.is_empty() {
             parents.entry(member).or_default().push(parent);
@@ -213,7 +247,11 @@ pub(super) fn check(cx: &mut Ctx) {
     }
     for i in infos.values() {
         if i.generation > gen.saturating_add(1) {
-            cx.report(F::warn(P, "qgroup-info").tree(Q).key(i.key).msg(format!("qgroup {} generation {} newer than the filesystem's {gen}", qgroupid_str(i.id), i.generation)));
+            cx.report(F::warn(P, "qgroup-info").tree(Q).key(i.key).msg(format!(
+                "qgroup {} generation {} newer than the filesystem's {gen}",
+                qgroupid_str(i.id),
+                i.generation
+            )));
         }
     }
     // Every live subvolume is accounted from its creation on.
@@ -225,10 +263,15 @@ pub(super) fn check(cx: &mut Ctx) {
         }
     }
     for id in missing {
-        cx.report(F::warn(P, "qgroup-info").tree(Q).msg(format!("subvolume {id} has no qgroup 0/{id}")));
+        cx.report(
+            F::warn(P, "qgroup-info")
+                .tree(Q)
+                .msg(format!("subvolume {id} has no qgroup 0/{id}")),
+        );
     }
 
-    let skip = st.flags & (BTRFS_QGROUP_STATUS_FLAG_RESCAN | BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT) != 0;
+    let skip =
+        st.flags & (BTRFS_QGROUP_STATUS_FLAG_RESCAN | BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT) != 0;
     if st.flags & BTRFS_QGROUP_STATUS_FLAG_RESCAN != 0 {
         cx.report(F::warn(P, "qgroup-status").tree(Q).key(st.key).msg(format!(
             "a quota rescan is in progress (at {}): counts are not final and are not compared",
@@ -240,7 +283,8 @@ pub(super) fn check(cx: &mut Ctx) {
         ));
     }
 
-    let simple = cx.has_incompat(BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA) || st.flags & BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE != 0;
+    let simple = cx.has_incompat(BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA)
+        || st.flags & BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE != 0;
     let computed = if simple {
         recompute_simple(cx, &infos, &parents, st.enable_gen.unwrap_or(0))
     } else {
@@ -280,12 +324,22 @@ pub(super) fn check(cx: &mut Ctx) {
         }
     }
     for l in &facts.limits {
-        let Some(&(rfer, excl)) = computed.get(&l.id) else { continue };
+        let Some(&(rfer, excl)) = computed.get(&l.id) else {
+            continue;
+        };
         if l.flags & 1 != 0 && rfer > l.max_rfer {
-            cx.report(F::warn(P, "qgroup-limit").tree(Q).key(l.key).msg(format!("qgroup {} refers to {rfer} bytes, over its limit {}", qgroupid_str(l.id), l.max_rfer)));
+            cx.report(F::warn(P, "qgroup-limit").tree(Q).key(l.key).msg(format!(
+                "qgroup {} refers to {rfer} bytes, over its limit {}",
+                qgroupid_str(l.id),
+                l.max_rfer
+            )));
         }
         if l.flags & 2 != 0 && excl > l.max_excl {
-            cx.report(F::warn(P, "qgroup-limit").tree(Q).key(l.key).msg(format!("qgroup {} has {excl} exclusive bytes, over its limit {}", qgroupid_str(l.id), l.max_excl)));
+            cx.report(F::warn(P, "qgroup-limit").tree(Q).key(l.key).msg(format!(
+                "qgroup {} has {excl} exclusive bytes, over its limit {}",
+                qgroupid_str(l.id),
+                l.max_excl
+            )));
         }
     }
 }
@@ -308,7 +362,12 @@ fn ancestors(parents: &HashMap<u64, Vec<u64>>, q: u64) -> Vec<u64> {
 /// Simple quotas: an extent made since quotas were enabled belongs to
 /// one subvolume only, the one that allocated it (a data extent's owner
 /// ref, a tree block's header owner), exclusively, whoever shares it later.
-fn recompute_simple(cx: &Ctx, infos: &BTreeMap<u64, Info>, parents: &HashMap<u64, Vec<u64>>, enable_gen: u64) -> HashMap<u64, (u64, u64)> {
+fn recompute_simple(
+    cx: &Ctx,
+    infos: &BTreeMap<u64, Info>,
+    parents: &HashMap<u64, Vec<u64>>,
+    enable_gen: u64,
+) -> HashMap<u64, (u64, u64)> {
     let mut owner_of: HashMap<u64, u64> = cx.ext.block_owner.iter().copied().collect();
     let mut result: HashMap<u64, (u64, u64)> = infos.keys().map(|&q| (q, (0, 0))).collect();
     for r in &cx.ext.recs {
@@ -360,7 +419,10 @@ impl Sets {
             [one] => *one,
             _ if ids.iter().all(|&i| i == ids[0]) => ids[0],
             _ => {
-                let mut v: Vec<u64> = ids.iter().flat_map(|&i| self.sets[i as usize].iter().copied()).collect();
+                let mut v: Vec<u64> = ids
+                    .iter()
+                    .flat_map(|&i| self.sets[i as usize].iter().copied())
+                    .collect();
                 v.sort_unstable();
                 v.dedup();
                 self.intern(v)
@@ -370,7 +432,11 @@ impl Sets {
 }
 
 /// (referenced, exclusive) of every qgroup, from the references the walk saw.
-fn recompute(cx: &Ctx, infos: &BTreeMap<u64, Info>, parents: &HashMap<u64, Vec<u64>>) -> HashMap<u64, (u64, u64)> {
+fn recompute(
+    cx: &Ctx,
+    infos: &BTreeMap<u64, Info>,
+    parents: &HashMap<u64, Vec<u64>>,
+) -> HashMap<u64, (u64, u64)> {
     let ns = cx.img.nodesize as u64;
     let tree = &cx.ext.found_tree;
     // Blocks, parents before children (a parent's level is higher).
@@ -407,7 +473,12 @@ fn recompute(cx: &Ctx, infos: &BTreeMap<u64, Info>, parents: &HashMap<u64, Vec<u
             *bytes.entry(s).or_default() += ns;
         }
     }
-    let mut data: Vec<(u64, u32)> = cx.ext.found_data.iter().map(|d| (d.bytenr, set_of.get(&d.leaf).copied().unwrap_or(0))).collect();
+    let mut data: Vec<(u64, u32)> = cx
+        .ext
+        .found_data
+        .iter()
+        .map(|d| (d.bytenr, set_of.get(&d.leaf).copied().unwrap_or(0)))
+        .collect();
     data.sort_unstable();
     let recs = &cx.ext.recs;
     let mut j = 0;
@@ -422,7 +493,9 @@ fn recompute(cx: &Ctx, infos: &BTreeMap<u64, Info>, parents: &HashMap<u64, Vec<u
         if s == 0 {
             continue;
         }
-        let Ok(r) = recs.binary_search_by_key(&b, |r| r.bytenr) else { continue };
+        let Ok(r) = recs.binary_search_by_key(&b, |r| r.bytenr) else {
+            continue;
+        };
         *bytes.entry(s).or_default() += recs[r].len;
     }
     let mut groups_of: HashMap<u64, Vec<u64>> = HashMap::new();

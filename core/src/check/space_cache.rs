@@ -66,7 +66,9 @@ pub(crate) struct Facts {
 /// extents) that hold the caches.
 pub(super) fn on_root_leaf(cx: &mut Ctx, node: &Node) {
     for slot in 0..node.nr_safe() {
-        let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else { continue };
+        let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else {
+            continue;
+        };
         if k.objectid == BTRFS_FREE_SPACE_OBJECTID && k.ty == 0 {
             match FreeSpaceHeader::read_from_bytes(d) {
                 Ok(h) => cx.space_cache.headers.push(Header {
@@ -77,11 +79,17 @@ pub(super) fn on_root_leaf(cx: &mut Ctx, node: &Node) {
                     entries: h.num_entries.get(),
                     bitmaps: h.num_bitmaps.get(),
                 }),
-                Err(_) => cx.report(F::err(P, "space-cache").tree(ROOT).at(node.bytenr).key(k).msg(format!(
-                    "free space header item of {} bytes, want {}",
-                    d.len(),
-                    std::mem::size_of::<FreeSpaceHeader>()
-                ))),
+                Err(_) => cx.report(
+                    F::err(P, "space-cache")
+                        .tree(ROOT)
+                        .at(node.bytenr)
+                        .key(k)
+                        .msg(format!(
+                            "free space header item of {} bytes, want {}",
+                            d.len(),
+                            std::mem::size_of::<FreeSpaceHeader>()
+                        )),
+                ),
             }
             continue;
         }
@@ -89,15 +97,17 @@ pub(super) fn on_root_leaf(cx: &mut Ctx, node: &Node) {
             continue;
         }
         match (k.ty, decode(&k, d, 0)) {
-            (BTRFS_INODE_ITEM_KEY, Ok(ItemBody::InodeItem(ii))) => cx.space_cache.inodes.push(CacheInode {
-                ino: k.objectid,
-                key: k,
-                leaf: node.bytenr,
-                mode: ii.mode.get(),
-                generation: ii.generation.get(),
-                size: ii.size.get(),
-                flags: ii.flags.get(),
-            }),
+            (BTRFS_INODE_ITEM_KEY, Ok(ItemBody::InodeItem(ii))) => {
+                cx.space_cache.inodes.push(CacheInode {
+                    ino: k.objectid,
+                    key: k,
+                    leaf: node.bytenr,
+                    mode: ii.mode.get(),
+                    generation: ii.generation.get(),
+                    size: ii.size.get(),
+                    flags: ii.flags.get(),
+                })
+            }
             (BTRFS_EXTENT_DATA_KEY, Ok(ItemBody::FileExtent(fe))) => {
                 let e = match fe {
                     FileExtent::Disk { head, item } => CacheExtent {
@@ -106,9 +116,18 @@ pub(super) fn on_root_leaf(cx: &mut Ctx, node: &Node) {
                         disk: item.disk_bytenr.get(),
                         offset: item.offset.get(),
                         num_bytes: item.num_bytes.get(),
-                        regular: head.type_ == BTRFS_FILE_EXTENT_REG && head.compression == 0 && item.disk_bytenr.get() != 0,
+                        regular: head.type_ == BTRFS_FILE_EXTENT_REG
+                            && head.compression == 0
+                            && item.disk_bytenr.get() != 0,
                     },
-                    FileExtent::Inline { .. } => CacheExtent { ino: k.objectid, file_off: k.offset, disk: 0, offset: 0, num_bytes: 0, regular: false },
+                    FileExtent::Inline { .. } => CacheExtent {
+                        ino: k.objectid,
+                        file_off: k.offset,
+                        disk: 0,
+                        offset: 0,
+                        num_bytes: 0,
+                        regular: false,
+                    },
                 };
                 cx.space_cache.extents.push(e);
             }
@@ -123,12 +142,20 @@ pub(super) fn check(cx: &mut Ctx) {
     // their mode only: they have no names).
     for i in &facts.inodes {
         if i.mode != FREE_SPACE_CACHE_INODE_MODE {
-            cx.report(F::err(P, "space-cache").tree(ROOT).at(i.leaf).key(i.key).msg(format!(
-                "free space cache inode {} has mode 0{:o}, want 0{:o}",
-                i.ino, i.mode, FREE_SPACE_CACHE_INODE_MODE
-            )));
+            cx.report(
+                F::err(P, "space-cache")
+                    .tree(ROOT)
+                    .at(i.leaf)
+                    .key(i.key)
+                    .msg(format!(
+                        "free space cache inode {} has mode 0{:o}, want 0{:o}",
+                        i.ino, i.mode, FREE_SPACE_CACHE_INODE_MODE
+                    )),
+            );
         }
-        if i.flags & (BTRFS_INODE_NODATASUM | BTRFS_INODE_NODATACOW) != (BTRFS_INODE_NODATASUM | BTRFS_INODE_NODATACOW) {
+        if i.flags & (BTRFS_INODE_NODATASUM | BTRFS_INODE_NODATACOW)
+            != (BTRFS_INODE_NODATASUM | BTRFS_INODE_NODATACOW)
+        {
             cx.report(F::warn(P, "space-cache").tree(ROOT).at(i.leaf).key(i.key).msg(format!(
                 "free space cache inode {} flags 0x{:x} lack nodatasum/nodatacow (an old-style cache inode the kernel converts)",
                 i.ino, i.flags
@@ -140,7 +167,10 @@ pub(super) fn check(cx: &mut Ctx) {
     let (gen, cache_gen) = (sb.generation.get(), sb.cache_generation.get());
     // As the kernel and btrfs check: with the free space tree the v1 cache
     // is not used, and caches older than the superblock are rebuilt.
-    if sb.has_compat_ro(BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE) || !cx.chunks.bg_loaded || !cx.ext.loaded {
+    if sb.has_compat_ro(BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE)
+        || !cx.chunks.bg_loaded
+        || !cx.ext.loaded
+    {
         return;
     }
     if cache_gen != u64::MAX && cache_gen != 0 && cache_gen != gen {
@@ -154,11 +184,16 @@ pub(super) fn check(cx: &mut Ctx) {
     let bgs = cx.chunks.block_groups.clone();
     for h in &facts.headers {
         if !bgs.iter().any(|b| b.start == h.bg_start) {
-            cx.report(F::warn(P, "space-cache").tree(ROOT).key(h.key).msg(format!("free space cache for {}, which is no block group", h.bg_start)));
+            cx.report(F::warn(P, "space-cache").tree(ROOT).key(h.key).msg(format!(
+                "free space cache for {}, which is no block group",
+                h.bg_start
+            )));
         }
     }
     for b in &bgs {
-        let Some(h) = facts.headers.iter().find(|h| h.bg_start == b.start) else { continue };
+        let Some(h) = facts.headers.iter().find(|h| h.bg_start == b.start) else {
+            continue;
+        };
         let free = match load(cx, &facts, h) {
             Load::Skip => continue,
             Load::Ignored(why) => {
@@ -172,7 +207,11 @@ pub(super) fn check(cx: &mut Ctx) {
         };
         let (s, e) = (b.start, b.end());
         let excl = super::free_space::excluded(cx, s, e);
-        let bytes_super: u64 = crate::check::csums::union_of(excl.iter().map(|&(a, z)| (a, z - a)).collect()).iter().map(|&(a, z)| z - a).sum();
+        let bytes_super: u64 =
+            crate::check::csums::union_of(excl.iter().map(|&(a, z)| (a, z - a)).collect())
+                .iter()
+                .map(|&(a, z)| z - a)
+                .sum();
         let bg_free = b.length.saturating_sub(b.used).saturating_sub(bytes_super);
         let cached: u64 = free.iter().map(|&(a, z)| z - a).sum();
         if cached > bg_free {
@@ -219,7 +258,10 @@ fn load(cx: &Ctx, facts: &Facts, h: &Header) -> Load {
         return Load::Skip;
     }
     if inode.generation != h.generation {
-        return Load::Ignored(format!("inode generation {} differs from the header's {}", inode.generation, h.generation));
+        return Load::Ignored(format!(
+            "inode generation {} differs from the header's {}",
+            inode.generation, h.generation
+        ));
     }
     if h.entries == 0 {
         return Load::Skip;
@@ -238,17 +280,30 @@ fn load(cx: &Ctx, facts: &Facts, h: &Header) -> Load {
             break;
         }
         if !e.regular || e.file_off != filled {
-            return Load::Ignored(format!("file extent at {} is not a written extent continuing the file", e.file_off));
+            return Load::Ignored(format!(
+                "file extent at {} is not a written extent continuing the file",
+                e.file_off
+            ));
         }
         let len = e.num_bytes.min(inode.size - filled) as usize;
         let at = filled as usize;
-        if cx.img.read_logical(e.disk.saturating_add(e.offset), &mut data[at..at + len]).is_err() {
-            return Load::Ignored(format!("its data at {} cannot be read", e.disk.saturating_add(e.offset)));
+        if cx
+            .img
+            .read_logical(e.disk.saturating_add(e.offset), &mut data[at..at + len])
+            .is_err()
+        {
+            return Load::Ignored(format!(
+                "its data at {} cannot be read",
+                e.disk.saturating_add(e.offset)
+            ));
         }
         filled = filled.saturating_add(e.num_bytes);
     }
     if filled < inode.size {
-        return Load::Ignored(format!("file extents cover {filled} of its {} bytes", inode.size));
+        return Load::Ignored(format!(
+            "file extents cover {filled} of its {} bytes",
+            inode.size
+        ));
     }
     match parse(&data, ss as usize, h.generation, h.entries, h.bitmaps) {
         Ok(free) => Load::Loaded(free),
@@ -257,12 +312,20 @@ fn load(cx: &Ctx, facts: &Facts, h: &Header) -> Load {
 }
 
 /// The cache file's free ranges, as the kernel reads them.
-fn parse(data: &[u8], page: usize, generation: u64, entries: u64, bitmaps: u64) -> Result<Vec<(u64, u64)>, String> {
+fn parse(
+    data: &[u8],
+    page: usize,
+    generation: u64,
+    entries: u64,
+    bitmaps: u64,
+) -> Result<Vec<(u64, u64)>, String> {
     let pages = data.len().div_ceil(page);
     let crc_area = 4 * pages;
     let entry_size = std::mem::size_of::<FreeSpaceEntry>();
     if crc_area + 8 + entry_size > page {
-        return Err(format!("{pages} pages do not leave room for entries in the first"));
+        return Err(format!(
+            "{pages} pages do not leave room for entries in the first"
+        ));
     }
     let page_ok = |i: usize| -> bool {
         let (s, e) = (i * page, ((i + 1) * page).min(data.len()));
@@ -275,7 +338,9 @@ fn parse(data: &[u8], page: usize, generation: u64, entries: u64, bitmaps: u64) 
     }
     let gen = u64::from_le_bytes(data[crc_area..crc_area + 8].try_into().unwrap_or([0; 8]));
     if gen != generation {
-        return Err(format!("generation {gen} in the file, {generation} in the header"));
+        return Err(format!(
+            "generation {gen} in the file, {generation} in the header"
+        ));
     }
     let mut idx = 0usize;
     let mut pos = crc_area + 8;
@@ -285,7 +350,9 @@ fn parse(data: &[u8], page: usize, generation: u64, entries: u64, bitmaps: u64) 
         if pos + entry_size > (idx + 1) * page {
             idx += 1;
             if idx >= pages || !page_ok(idx) {
-                return Err(format!("entry page {idx} missing or its checksum mismatches"));
+                return Err(format!(
+                    "entry page {idx} missing or its checksum mismatches"
+                ));
             }
             pos = idx * page;
         }
@@ -312,7 +379,9 @@ fn parse(data: &[u8], page: usize, generation: u64, entries: u64, bitmaps: u64) 
     for (n, start) in bitmap_starts.into_iter().enumerate() {
         let i = idx + 1 + n;
         if i >= pages || !page_ok(i) {
-            return Err(format!("bitmap page {i} missing or its checksum mismatches"));
+            return Err(format!(
+                "bitmap page {i} missing or its checksum mismatches"
+            ));
         }
         for (s, l) in bitmap_ranges(&data[i * page..(i + 1) * page], start, page as u64) {
             ranges.push((s, s.saturating_add(l)));
@@ -366,9 +435,21 @@ mod tests {
 
     #[test]
     fn entries_and_bitmaps() {
-        let d = file(2, 7, &[(1 << 20, 8192, 1), (4 << 20, 4096, 2)], &[vec![0b101]]);
+        let d = file(
+            2,
+            7,
+            &[(1 << 20, 8192, 1), (4 << 20, 4096, 2)],
+            &[vec![0b101]],
+        );
         let r = parse(&d, 4096, 7, 2, 1).unwrap();
-        assert_eq!(r, vec![((1 << 20), (1 << 20) + 8192), (4 << 20, (4 << 20) + 4096), ((4 << 20) + 8192, (4 << 20) + 12288)]);
+        assert_eq!(
+            r,
+            vec![
+                ((1 << 20), (1 << 20) + 8192),
+                (4 << 20, (4 << 20) + 4096),
+                ((4 << 20) + 8192, (4 << 20) + 12288)
+            ]
+        );
         // Wrong generation, a flipped byte, an empty entry: the kernel ignores the cache.
         assert!(parse(&d, 4096, 8, 2, 1).is_err());
         let mut bad = d.clone();

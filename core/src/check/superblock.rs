@@ -23,29 +23,56 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
         cx.sink.checked(P, 1);
         let mut buf = [0u8; BTRFS_SUPER_INFO_SIZE];
         if let Err(e) = dev.read_at(off, &mut buf) {
-            cx.report(F::err(P, "superblock").at(off).msg(format!("superblock mirror {mirror} unreadable: {e}")));
+            cx.report(
+                F::err(P, "superblock")
+                    .at(off)
+                    .msg(format!("superblock mirror {mirror} unreadable: {e}")),
+            );
             continue;
         }
-        let Ok(m) = Superblock::read_from_bytes(&buf) else { continue };
+        let Ok(m) = Superblock::read_from_bytes(&buf) else {
+            continue;
+        };
         if m.magic.get() != BTRFS_MAGIC {
             // A filesystem grown past a mirror's offset after mkfs may lack it.
             if mirror == 0 {
-                cx.report(F::err(P, "superblock").at(off).msg("primary superblock has no btrfs magic"));
+                cx.report(
+                    F::err(P, "superblock")
+                        .at(off)
+                        .msg("primary superblock has no btrfs magic"),
+                );
             } else {
-                cx.report(F::warn(P, "superblock").at(off).msg(format!("superblock mirror {mirror} has no btrfs magic")));
+                cx.report(
+                    F::warn(P, "superblock")
+                        .at(off)
+                        .msg(format!("superblock mirror {mirror} has no btrfs magic")),
+                );
             }
             continue;
         }
-        let ok_csum = CsumType::from_disk(m.csum_type.get()).map(|t| verify_block(t, &buf)).unwrap_or(false);
+        let ok_csum = CsumType::from_disk(m.csum_type.get())
+            .map(|t| verify_block(t, &buf))
+            .unwrap_or(false);
         if !ok_csum {
-            cx.report(F::err(P, "superblock").at(off).msg(format!("superblock mirror {mirror} checksum mismatch")));
+            cx.report(
+                F::err(P, "superblock")
+                    .at(off)
+                    .msg(format!("superblock mirror {mirror} checksum mismatch")),
+            );
             continue;
         }
         if m.bytenr.get() != off {
-            cx.report(F::err(P, "superblock").at(off).msg(format!("superblock mirror {mirror} says it lives at {}", m.bytenr.get())));
+            cx.report(F::err(P, "superblock").at(off).msg(format!(
+                "superblock mirror {mirror} says it lives at {}",
+                m.bytenr.get()
+            )));
         }
         if m.fsid != sb.fsid {
-            cx.report(F::err(P, "superblock").at(off).msg(format!("superblock mirror {mirror} has a different fsid")));
+            cx.report(
+                F::err(P, "superblock")
+                    .at(off)
+                    .msg(format!("superblock mirror {mirror} has a different fsid")),
+            );
         }
         if m.generation.get() != sb.generation.get() {
             cx.report(F::warn(P, "superblock").at(off).msg(format!(
@@ -60,10 +87,17 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
     let off = img.mirror;
     let at = btrfs_sb_offset(off);
     if sb.leafsize.get() != sb.nodesize.get() {
-        cx.report(F::err(P, "superblock").at(at).msg(format!("leafsize {} differs from nodesize {}", sb.leafsize.get(), sb.nodesize.get())));
+        cx.report(F::err(P, "superblock").at(at).msg(format!(
+            "leafsize {} differs from nodesize {}",
+            sb.leafsize.get(),
+            sb.nodesize.get()
+        )));
     }
     if sb.total_bytes.get() % ss != 0 {
-        cx.report(F::warn(P, "superblock").at(at).msg(format!("total_bytes {} is not aligned to sectorsize {ss}", sb.total_bytes.get())));
+        cx.report(F::warn(P, "superblock").at(at).msg(format!(
+            "total_bytes {} is not aligned to sectorsize {ss}",
+            sb.total_bytes.get()
+        )));
     }
     if sb.dev_item.total_bytes.get() % ss != 0 {
         cx.report(F::warn(P, "superblock").at(at).msg(format!(
@@ -72,28 +106,50 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
         )));
     }
     if sb.root_dir_objectid.get() != BTRFS_ROOT_TREE_DIR_OBJECTID {
-        cx.report(F::warn(P, "superblock").at(at).msg(format!("root_dir_objectid is {}", sb.root_dir_objectid.get())));
+        cx.report(F::warn(P, "superblock").at(at).msg(format!(
+            "root_dir_objectid is {}",
+            sb.root_dir_objectid.get()
+        )));
     }
     // The members btrfs check validates before it opens a filesystem.
     let ns = sb.nodesize.get();
     let stripesize = sb.stripesize.get();
     if stripesize != 4096 && stripesize != sb.sectorsize.get() {
-        cx.report(F::err(P, "superblock").at(at).msg(format!("invalid stripesize {stripesize}")));
+        cx.report(
+            F::err(P, "superblock")
+                .at(at)
+                .msg(format!("invalid stripesize {stripesize}")),
+        );
     }
     if sb.total_bytes.get() == 0 {
         cx.report(F::err(P, "superblock").at(at).msg("total_bytes is 0"));
     }
     if sb.bytes_used.get() < 6 * ns as u64 {
-        cx.report(F::err(P, "superblock").at(at).msg(format!("bytes_used {} is less than six tree blocks", sb.bytes_used.get())));
+        cx.report(F::err(P, "superblock").at(at).msg(format!(
+            "bytes_used {} is less than six tree blocks",
+            sb.bytes_used.get()
+        )));
     }
-    let meta_uuid = if sb.has_incompat(BTRFS_FEATURE_INCOMPAT_METADATA_UUID) { sb.metadata_uuid } else { sb.fsid };
+    let meta_uuid = if sb.has_incompat(BTRFS_FEATURE_INCOMPAT_METADATA_UUID) {
+        sb.metadata_uuid
+    } else {
+        sb.fsid
+    };
     if sb.dev_item.fsid != meta_uuid {
-        cx.report(F::err(P, "superblock").at(at).msg("the device item's fsid differs from the filesystem's"));
+        cx.report(
+            F::err(P, "superblock")
+                .at(at)
+                .msg("the device item's fsid differs from the filesystem's"),
+        );
     }
     if sb.num_devices.get() > 1 << 31 {
-        cx.report(F::warn(P, "superblock").at(at).msg(format!("suspicious number of devices {}", sb.num_devices.get())));
+        cx.report(F::warn(P, "superblock").at(at).msg(format!(
+            "suspicious number of devices {}",
+            sb.num_devices.get()
+        )));
     }
-    let min_sys = std::mem::size_of::<crate::format::key::DiskKey>() + crate::format::chunk::CHUNK_ITEM_SIZE;
+    let min_sys =
+        std::mem::size_of::<crate::format::key::DiskKey>() + crate::format::chunk::CHUNK_ITEM_SIZE;
     if (sb.sys_chunk_array_size.get() as usize) < min_sys {
         cx.report(F::err(P, "superblock").at(at).msg(format!(
             "sys_chunk_array_size {} cannot hold a chunk",
@@ -101,17 +157,32 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
         )));
     }
     let ro = sb.compat_ro_flags.get();
-    if ro & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID != 0 && ro & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE == 0 {
-        cx.report(F::err(P, "features").at(at).msg("free_space_tree_valid is set without free_space_tree"));
+    if ro & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID != 0
+        && ro & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE == 0
+    {
+        cx.report(
+            F::err(P, "features")
+                .at(at)
+                .msg("free_space_tree_valid is set without free_space_tree"),
+        );
     }
     // btrfstune sets these while it rewrites the filesystem and clears them
     // when done: the kernel refuses to mount until it is resumed.
     for (flag, what) in [
         (BTRFS_SUPER_FLAG_CHANGING_FSID, "fsid change"),
         (BTRFS_SUPER_FLAG_CHANGING_FSID_V2, "metadata_uuid change"),
-        (BTRFS_SUPER_FLAG_CHANGING_BG_TREE, "block group tree conversion"),
-        (BTRFS_SUPER_FLAG_CHANGING_DATA_CSUM, "data checksum conversion"),
-        (BTRFS_SUPER_FLAG_CHANGING_META_CSUM, "metadata checksum conversion"),
+        (
+            BTRFS_SUPER_FLAG_CHANGING_BG_TREE,
+            "block group tree conversion",
+        ),
+        (
+            BTRFS_SUPER_FLAG_CHANGING_DATA_CSUM,
+            "data checksum conversion",
+        ),
+        (
+            BTRFS_SUPER_FLAG_CHANGING_META_CSUM,
+            "metadata checksum conversion",
+        ),
     ] {
         if sb.flags.get() & flag != 0 {
             cx.report(F::err(P, "superblock").at(at).msg(format!(
@@ -120,10 +191,18 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
         }
     }
     if sb.flags.get() & BTRFS_SUPER_FLAG_ERROR != 0 {
-        cx.report(F::warn(P, "superblock").at(at).msg("the filesystem was marked as having an error"));
+        cx.report(
+            F::warn(P, "superblock")
+                .at(at)
+                .msg("the filesystem was marked as having an error"),
+        );
     }
     if sb.flags.get() & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0 {
-        cx.report(F::warn(P, "superblock").at(at).msg("metadump image: data blocks are not present"));
+        cx.report(
+            F::warn(P, "superblock")
+                .at(at)
+                .msg("metadump image: data blocks are not present"),
+        );
     }
     let gen = sb.generation.get();
     for (i, b) in sb.super_roots.iter().enumerate() {
@@ -151,16 +230,34 @@ pub(super) fn check_against_trees(cx: &mut Ctx) {
     let at = btrfs_sb_offset(cx.img.mirror);
     let ndev = cx.chunks.dev_items.len() as u64;
     if ndev > 0 && sb.num_devices.get() != ndev {
-        let m = format!("superblock num_devices {} but the chunk tree holds {ndev} device item(s)", sb.num_devices.get());
+        let m = format!(
+            "superblock num_devices {} but the chunk tree holds {ndev} device item(s)",
+            sb.num_devices.get()
+        );
         cx.report(F::err(P, "superblock").at(at).msg(m));
     }
-    let dev_total: u64 = cx.chunks.dev_items.iter().map(|d| d.total_bytes).fold(0u64, |a, b| a.saturating_add(b));
+    let dev_total: u64 = cx
+        .chunks
+        .dev_items
+        .iter()
+        .map(|d| d.total_bytes)
+        .fold(0u64, |a, b| a.saturating_add(b));
     if ndev > 0 && sb.total_bytes.get() < dev_total {
-        let m = format!("superblock total_bytes {} smaller than the devices' total {dev_total}", sb.total_bytes.get());
+        let m = format!(
+            "superblock total_bytes {} smaller than the devices' total {dev_total}",
+            sb.total_bytes.get()
+        );
         cx.report(F::err(P, "superblock").at(at).msg(m));
     }
-    if let Some(d) = cx.chunks.dev_items.iter().find(|d| d.devid == sb.dev_item.devid.get()) {
-        if d.total_bytes != sb.dev_item.total_bytes.get() || d.bytes_used != sb.dev_item.bytes_used.get() {
+    if let Some(d) = cx
+        .chunks
+        .dev_items
+        .iter()
+        .find(|d| d.devid == sb.dev_item.devid.get())
+    {
+        if d.total_bytes != sb.dev_item.total_bytes.get()
+            || d.bytes_used != sb.dev_item.bytes_used.get()
+        {
             let m = format!(
                 "superblock device item (total {} used {}) differs from the chunk tree's (total {} used {})",
                 sb.dev_item.total_bytes.get(),
@@ -172,9 +269,17 @@ pub(super) fn check_against_trees(cx: &mut Ctx) {
         }
     }
     if cx.chunks.bg_loaded {
-        let used: u64 = cx.chunks.block_groups.iter().map(|b| b.used).fold(0u64, |a, b| a.saturating_add(b));
+        let used: u64 = cx
+            .chunks
+            .block_groups
+            .iter()
+            .map(|b| b.used)
+            .fold(0u64, |a, b| a.saturating_add(b));
         if used != sb.bytes_used.get() {
-            let m = format!("superblock bytes_used {} but the block groups use {used}", sb.bytes_used.get());
+            let m = format!(
+                "superblock bytes_used {} but the block groups use {used}",
+                sb.bytes_used.get()
+            );
             cx.report(F::err(P, "superblock").at(at).msg(m));
         }
     }

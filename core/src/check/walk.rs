@@ -13,8 +13,8 @@ use crate::format::key::Key;
 use crate::format::root::RootItem;
 use crate::image::Image;
 use crate::tree::node::{Expect, Problem, ProblemKind};
-use rayon::prelude::*;
 use crate::tree::{Node, TreeRoot};
+use rayon::prelude::*;
 use std::collections::HashSet;
 
 const P: u8 = 3;
@@ -104,20 +104,40 @@ fn load(img: &Image, bytenr: u64, expect: &Expect) -> Loaded {
 
 /// Walk every tree. Subvolume checks still running are left in `pending`
 /// for the caller to join (they need nothing the later phases change).
-pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(cx: &mut Ctx<'a>, scope: &'scope std::thread::Scope<'scope, 'env>, pending: &mut Vec<FsPending<'scope>>) {
+pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
+    cx: &mut Ctx<'a>,
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    pending: &mut Vec<FsPending<'scope>>,
+) {
     let mut seen: HashSet<u64> = HashSet::new();
     let img = cx.img;
     let total: u64 = 2;
     cx.progress.phase(P, "tree blocks", total);
 
-    let root_spec = Spec { root: img.root_tree(), kind: Kind::Root, ref_root: BTRFS_ROOT_TREE_OBJECTID, drop_key: None, fs_check: None };
+    let root_spec = Spec {
+        root: img.root_tree(),
+        kind: Kind::Root,
+        ref_root: BTRFS_ROOT_TREE_OBJECTID,
+        drop_key: None,
+        fs_check: None,
+    };
     let mut mirrors = Vec::new();
     walk_blocks(cx, &mut seen, &mut mirrors, &root_spec, &mut |_| {});
-    let chunk_spec = Spec { root: img.chunk_tree(), kind: Kind::Chunk, ref_root: BTRFS_CHUNK_TREE_OBJECTID, drop_key: None, fs_check: None };
+    let chunk_spec = Spec {
+        root: img.chunk_tree(),
+        kind: Kind::Chunk,
+        ref_root: BTRFS_CHUNK_TREE_OBJECTID,
+        drop_key: None,
+        fs_check: None,
+    };
 
     // Progress: root items say how many bytes of tree blocks each tree has.
     let ns = img.nodesize as u64;
-    let est: u64 = cx.roots.iter().map(|r| r.item.bytes_used.get() / ns.max(1)).fold(0u64, |a, b| a.saturating_add(b));
+    let est: u64 = cx
+        .roots
+        .iter()
+        .map(|r| r.item.bytes_used.get() / ns.max(1))
+        .fold(0u64, |a, b| a.saturating_add(b));
     cx.progress.phase(P, "tree blocks", est);
 
     let mut specs = vec![chunk_spec];
@@ -135,7 +155,12 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(cx: &mut Ctx<'a>, scope: &'scop
             )));
         }
         if ri.level >= BTRFS_MAX_LEVEL {
-            cx.report(F::err(P, "root-item").tree(id).key(r.key).msg(format!("root item level {} too high", ri.level)));
+            cx.report(
+                F::err(P, "root-item")
+                    .tree(id)
+                    .key(r.key)
+                    .msg(format!("root item level {} too high", ri.level)),
+            );
             continue;
         }
         let kind = kind_of(id);
@@ -143,7 +168,12 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(cx: &mut Ctx<'a>, scope: &'scop
         let dead = ri.refs.get() == 0 || cx.orphan_roots.contains(&id);
         let fs_check = (kind == Kind::Fs && !dropping && !dead).then(|| r.clone());
         specs.push(Spec {
-            root: TreeRoot { id, bytenr: ri.bytenr.get(), level: ri.level, generation: ri.generation.get() },
+            root: TreeRoot {
+                id,
+                bytenr: ri.bytenr.get(),
+                level: ri.level,
+                generation: ri.generation.get(),
+            },
             kind,
             ref_root: id,
             drop_key: r.drop_key(),
@@ -155,14 +185,27 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(cx: &mut Ctx<'a>, scope: &'scop
         (BTRFS_DEV_TREE_OBJECTID, None),
         (BTRFS_FS_TREE_OBJECTID, None),
         (BTRFS_CSUM_TREE_OBJECTID, None),
-        (BTRFS_FREE_SPACE_TREE_OBJECTID, Some(BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE)),
-        (BTRFS_BLOCK_GROUP_TREE_OBJECTID, Some(BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE)),
+        (
+            BTRFS_FREE_SPACE_TREE_OBJECTID,
+            Some(BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE),
+        ),
+        (
+            BTRFS_BLOCK_GROUP_TREE_OBJECTID,
+            Some(BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE),
+        ),
     ] {
         if feat.is_none_or(|f| img.sb.has_compat_ro(f)) && !have.contains(&id) {
-            cx.report(F::err(P, "root-item").tree(id).msg(format!("the root tree has no root item for tree {id}")));
+            cx.report(
+                F::err(P, "root-item")
+                    .tree(id)
+                    .msg(format!("the root tree has no root item for tree {id}")),
+            );
         }
     }
-    if img.sb.has_compat_ro(BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE) {
+    if img
+        .sb
+        .has_compat_ro(BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE)
+    {
         cx.chunks.bg_loaded = have.contains(&BTRFS_BLOCK_GROUP_TREE_OBJECTID);
     } else {
         cx.chunks.bg_loaded = have.contains(&BTRFS_EXTENT_TREE_OBJECTID);
@@ -205,7 +248,10 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(cx: &mut Ctx<'a>, scope: &'scop
                     })
                     .ok();
                 if complete {
-                    mirror_check = std::thread::Builder::new().name("meta-mirrors".into()).spawn_scoped(scope, move || verify_copies(img, copies)).ok();
+                    mirror_check = std::thread::Builder::new()
+                        .name("meta-mirrors".into())
+                        .spawn_scoped(scope, move || verify_copies(img, copies))
+                        .ok();
                 }
             }
         }
@@ -221,7 +267,9 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(cx: &mut Ctx<'a>, scope: &'scop
                     }
                     let i = bad.partition_point(|b| b.0 < bytenr);
                     for &(_, copy, phys) in bad[i..].iter().take_while(|b| b.0 == bytenr) {
-                        cx.report(F::err(P, "checksum").tree(tree).at(bytenr).msg(format!("copy {copy} of the block (at physical {phys}) is damaged")));
+                        cx.report(F::err(P, "checksum").tree(tree).at(bytenr).msg(format!(
+                            "copy {copy} of the block (at physical {phys}) is damaged"
+                        )));
                     }
                 }
                 late
@@ -270,16 +318,18 @@ pub(crate) fn walk<'scope, 'env>(
     };
     let mut fs = FsTree::new(cx, r);
     let (tx, rx) = std::sync::mpsc::sync_channel::<FsFeed>(256);
-    let checker = std::thread::Builder::new().name("fs-checks".into()).spawn_scoped(scope, move || {
-        for m in rx {
-            match m {
-                FsFeed::Leaf(n) => fs.leaf(&n),
-                FsFeed::Lost => fs.lost_block(),
+    let checker = std::thread::Builder::new()
+        .name("fs-checks".into())
+        .spawn_scoped(scope, move || {
+            for m in rx {
+                match m {
+                    FsFeed::Leaf(n) => fs.leaf(&n),
+                    FsFeed::Lost => fs.lost_block(),
+                }
             }
-        }
-        fs.finish();
-        fs
-    });
+            fs.finish();
+            fs
+        });
     match checker {
         Ok(h) => {
             walk_blocks(cx, seen, mirrors, spec, &mut |m| {
@@ -301,15 +351,31 @@ pub(crate) fn walk<'scope, 'env>(
     }
 }
 
-fn walk_blocks(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u64)>, spec: &Spec, feed: &mut dyn FnMut(FsFeed)) {
+fn walk_blocks(
+    cx: &mut Ctx,
+    seen: &mut HashSet<u64>,
+    mirrors: &mut Vec<(u64, u64)>,
+    spec: &Spec,
+    feed: &mut dyn FnMut(FsFeed),
+) {
     let img = cx.img;
     let root = spec.root;
     let check_owner = !matches!(spec.kind, Kind::Reloc);
     let fs_check = spec.fs_check.is_some();
     let mut here: HashSet<u64> = HashSet::new();
     // A relocation tree's root block is referenced by itself (full backref).
-    let root_parent = if spec.kind == Kind::Reloc { root.bytenr } else { 0 };
-    cx.ext.found_tree.push(FoundTree { bytenr: root.bytenr, parent: root_parent, owner: spec.ref_root, level: root.level, tree: root.id });
+    let root_parent = if spec.kind == Kind::Reloc {
+        root.bytenr
+    } else {
+        0
+    };
+    cx.ext.found_tree.push(FoundTree {
+        bytenr: root.bytenr,
+        parent: root_parent,
+        owner: spec.ref_root,
+        level: root.level,
+        tree: root.id,
+    });
     let mut stack = vec![Pending {
         bytenr: root.bytenr,
         expect: Expect {
@@ -323,7 +389,15 @@ fn walk_blocks(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u6
     }];
     while let Some(p) = stack.pop() {
         if !here.insert(p.bytenr) {
-            cx.report(F::err(P, "tree-shape").tree(root.id).at(p.bytenr).msg(format!("block {} is referenced twice in tree {}", p.bytenr, root.id as i64)));
+            cx.report(
+                F::err(P, "tree-shape")
+                    .tree(root.id)
+                    .at(p.bytenr)
+                    .msg(format!(
+                        "block {} is referenced twice in tree {}",
+                        p.bytenr, root.id as i64
+                    )),
+            );
             continue;
         }
         let first = seen.insert(p.bytenr);
@@ -338,7 +412,13 @@ fn walk_blocks(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u6
             Ok(x) => x,
             Err(e) => {
                 if first {
-                    cx.report(F::err(P, "unreadable").tree(root.id).at(p.bytenr).opt_key(p.expect.first_key).msg(format!("tree block unreadable: {e}")));
+                    cx.report(
+                        F::err(P, "unreadable")
+                            .tree(root.id)
+                            .at(p.bytenr)
+                            .opt_key(p.expect.first_key)
+                            .msg(format!("tree block unreadable: {e}")),
+                    );
                 }
                 if fs_check {
                     feed(FsFeed::Lost);
@@ -359,27 +439,54 @@ fn walk_blocks(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u6
                     ProblemKind::ItemBounds => "item-bounds",
                     ProblemKind::ItemBody => "item",
                 };
-                cx.report(F::err(P, cat).tree(root.id).at(p.bytenr).opt_key(pr.key).msg(pr.message.clone()));
+                cx.report(
+                    F::err(P, cat)
+                        .tree(root.id)
+                        .at(p.bytenr)
+                        .opt_key(pr.key)
+                        .msg(pr.message.clone()),
+                );
             }
             if !check_owner {
                 let o = node.owner();
                 if o != BTRFS_TREE_RELOC_OBJECTID && !is_fstree(o) {
-                    cx.report(F::err(P, "header").tree(root.id).at(p.bytenr).msg(format!("owner {} in a relocation tree", o as i64)));
+                    cx.report(
+                        F::err(P, "header")
+                            .tree(root.id)
+                            .at(p.bytenr)
+                            .msg(format!("owner {} in a relocation tree", o as i64)),
+                    );
                 }
             }
             for (i, phys) in bad {
-                cx.report(F::err(P, "checksum").tree(root.id).at(node.bytenr).msg(format!("copy {i} of the block (at physical {phys}) is damaged")));
+                cx.report(
+                    F::err(P, "checksum")
+                        .tree(root.id)
+                        .at(node.bytenr)
+                        .msg(format!(
+                            "copy {i} of the block (at physical {phys}) is damaged"
+                        )),
+                );
             }
             if mirrors_later {
                 mirrors.push((node.bytenr, root.id));
             }
-            if let (Some(hi), Some(last)) = (p.hi, node.nr_safe().checked_sub(1).and_then(|s| node.key(s))) {
+            if let (Some(hi), Some(last)) = (
+                p.hi,
+                node.nr_safe().checked_sub(1).and_then(|s| node.key(s)),
+            ) {
                 if last >= hi {
-                    cx.report(F::err(P, "key-order").tree(root.id).at(p.bytenr).key(last).msg(format!(
-                        "last key {} is not below the parent's next key {}",
-                        super::fmt_key(&last),
-                        super::fmt_key(&hi)
-                    )));
+                    cx.report(
+                        F::err(P, "key-order")
+                            .tree(root.id)
+                            .at(p.bytenr)
+                            .key(last)
+                            .msg(format!(
+                                "last key {} is not below the parent's next key {}",
+                                super::fmt_key(&last),
+                                super::fmt_key(&hi)
+                            )),
+                    );
                 }
             }
         }
@@ -396,9 +503,15 @@ fn walk_blocks(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u6
         let n = node.nr_safe();
         let mut pushed = 0usize;
         for slot in (0..n).rev() {
-            let Some(kp) = node.key_ptr(slot) else { continue };
+            let Some(kp) = node.key_ptr(slot) else {
+                continue;
+            };
             let k = Key::from(&kp.key);
-            let next = if slot + 1 < n { node.key(slot + 1) } else { p.hi };
+            let next = if slot + 1 < n {
+                node.key(slot + 1)
+            } else {
+                p.hi
+            };
             if let (Some(d), Some(nx)) = (spec.drop_key, next) {
                 if nx <= d {
                     continue;
@@ -406,7 +519,13 @@ fn walk_blocks(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u6
             }
             let child = kp.blockptr.get();
             if first {
-                cx.ext.found_tree.push(FoundTree { bytenr: child, parent: node.bytenr, owner: node.owner(), level, tree: root.id });
+                cx.ext.found_tree.push(FoundTree {
+                    bytenr: child,
+                    parent: node.bytenr,
+                    owner: node.owner(),
+                    level,
+                    tree: root.id,
+                });
             }
             stack.push(Pending {
                 bytenr: child,
@@ -427,7 +546,9 @@ fn walk_blocks(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u6
         // key order.
         let from = stack.len() - pushed;
         let descend_seen = fs_check;
-        let todo: Vec<usize> = (from..stack.len()).filter(|&i| descend_seen || !seen.contains(&stack[i].bytenr)).collect();
+        let todo: Vec<usize> = (from..stack.len())
+            .filter(|&i| descend_seen || !seen.contains(&stack[i].bytenr))
+            .collect();
         if !cx.meta_prefetched {
             for &i in todo.iter().rev() {
                 prefetch_block(img, stack[i].bytenr);
@@ -438,7 +559,10 @@ fn walk_blocks(cx: &mut Ctx, seen: &mut HashSet<u64>, mirrors: &mut Vec<(u64, u6
             // at PRELOAD blocks whatever the node size and fan-out.
             const PRELOAD: usize = 32;
             let near: Vec<usize> = todo.iter().rev().take(PRELOAD).copied().collect();
-            let loaded: Vec<Loaded> = near.par_iter().map(|&i| load(img, stack[i].bytenr, &stack[i].expect)).collect();
+            let loaded: Vec<Loaded> = near
+                .par_iter()
+                .map(|&i| load(img, stack[i].bytenr, &stack[i].expect))
+                .collect();
             for (i, l) in near.into_iter().zip(loaded) {
                 stack[i].pre = Some(Box::new(l));
             }
@@ -481,7 +605,9 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
         bad.extend(res.into_iter().flatten());
     }
     for (p, i, bytenr, tree) in bad {
-        cx.report(F::err(P, "checksum").tree(tree).at(bytenr).msg(format!("copy {i} of the block (at physical {p}) is damaged")));
+        cx.report(F::err(P, "checksum").tree(tree).at(bytenr).msg(format!(
+            "copy {i} of the block (at physical {p}) is damaged"
+        )));
     }
 }
 
@@ -522,7 +648,9 @@ fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, Vec<(u64, usize, u64)>, bool) {
     let mut run: Option<(u64, u64)> = None;
     for p in phys {
         run = match run {
-            Some((s, e)) if p <= e.saturating_add(256 << 10) && e - s < (8 << 20) => Some((s, e.max(p + ns))),
+            Some((s, e)) if p <= e.saturating_add(256 << 10) && e - s < (8 << 20) => {
+                Some((s, e.max(p + ns)))
+            }
             Some(r) => {
                 runs.push(r);
                 Some((p, p + ns))
@@ -538,7 +666,10 @@ fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, Vec<(u64, usize, u64)>, bool) {
 /// with large direct reads. Returns the blocks covered (sorted) and the
 /// damaged copies (bytenr, copy index, physical; sorted).
 #[allow(clippy::type_complexity)]
-fn verify_copies(img: &Image, copies: Vec<(u64, usize, u64)>) -> (Vec<u64>, Vec<(u64, usize, u64)>) {
+fn verify_copies(
+    img: &Image,
+    copies: Vec<(u64, usize, u64)>,
+) -> (Vec<u64>, Vec<(u64, usize, u64)>) {
     const REQUEST: u64 = 2 << 20;
     let ns = img.nodesize as u64;
     let mut bad = Vec::new();
@@ -548,22 +679,30 @@ fn verify_copies(img: &Image, copies: Vec<(u64, usize, u64)>) -> (Vec<u64>, Vec<
         // A run of copies that are next to each other on disk (small gaps read through).
         let start = copies[i].0;
         let mut j = i + 1;
-        while j < copies.len() && copies[j].0 >= copies[j - 1].0 + ns && copies[j].0 - (copies[j - 1].0 + ns) <= 64 << 10 && copies[j].0 + ns - start <= REQUEST {
+        while j < copies.len()
+            && copies[j].0 >= copies[j - 1].0 + ns
+            && copies[j].0 - (copies[j - 1].0 + ns) <= 64 << 10
+            && copies[j].0 + ns - start <= REQUEST
+        {
             j += 1;
         }
         let len = (copies[j - 1].0 + ns - start) as usize;
         let run = &copies[i..j];
         let mut ok = false;
-        let _ = img.device().read_once(start, len, &mut buf, &mut |data: &[u8]| {
-            ok = true;
-            for &(p, copy, bytenr) in run {
-                let o = (p - start) as usize;
-                let good = data.get(o..o + ns as usize).is_some_and(|b| copy_ok(img, b, bytenr));
-                if !good {
-                    bad.push((bytenr, copy, p));
+        let _ = img
+            .device()
+            .read_once(start, len, &mut buf, &mut |data: &[u8]| {
+                ok = true;
+                for &(p, copy, bytenr) in run {
+                    let o = (p - start) as usize;
+                    let good = data
+                        .get(o..o + ns as usize)
+                        .is_some_and(|b| copy_ok(img, b, bytenr));
+                    if !good {
+                        bad.push((bytenr, copy, p));
+                    }
                 }
-            }
-        });
+            });
         if !ok {
             // Unreadable as a whole: block by block.
             let mut b = vec![0u8; ns as usize];
@@ -595,7 +734,9 @@ fn prefetch_block(img: &Image, bytenr: u64) {
 /// of their own: (copy index, physical offset).
 fn bad_copies(img: &Image, node: &Node, from: usize) -> Vec<(usize, u64)> {
     let ns = img.nodesize as usize;
-    let Ok(phys) = img.chunks.map(node.bytenr, ns as u64, img.devid) else { return Vec::new() };
+    let Ok(phys) = img.chunks.map(node.bytenr, ns as u64, img.devid) else {
+        return Vec::new();
+    };
     if phys.len() < 2 {
         return Vec::new();
     }
@@ -615,7 +756,11 @@ fn bad_copies(img: &Image, node: &Node, from: usize) -> Vec<(usize, u64)> {
 }
 
 fn copy_ok(img: &Image, b: &[u8], bytenr: u64) -> bool {
-    crate::csum::verify_block(img.csum, b) && b.get(0x30..0x38).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes) == Some(bytenr)
+    crate::csum::verify_block(img.csum, b)
+        && b.get(0x30..0x38)
+            .and_then(|s| s.try_into().ok())
+            .map(u64::from_le_bytes)
+            == Some(bytenr)
 }
 
 fn leaf(cx: &mut Ctx, spec: &Spec, node: &Node) {
@@ -631,7 +776,9 @@ fn leaf(cx: &mut Ctx, spec: &Spec, node: &Node) {
         Kind::Dev => super::chunks::on_dev_leaf(cx, node),
         Kind::BlockGroup => {
             for slot in 0..node.nr_safe() {
-                let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else { continue };
+                let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else {
+                    continue;
+                };
                 if k.ty == BTRFS_BLOCK_GROUP_ITEM_KEY {
                     super::chunks::on_bg_item(cx, &k, d);
                 }
@@ -647,18 +794,36 @@ fn leaf(cx: &mut Ctx, spec: &Spec, node: &Node) {
 
 fn root_leaf(cx: &mut Ctx, node: &Node) {
     for slot in 0..node.nr_safe() {
-        let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else { continue };
+        let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else {
+            continue;
+        };
         match k.ty {
             BTRFS_ROOT_ITEM_KEY => match RootItem::parse(d) {
-                Ok(ri) => cx.roots.push(RootRec { key: k, item: Box::new(ri) }),
-                Err(e) => cx.report(F::err(P, "root-item").tree(1).at(node.bytenr).key(k).msg(format!("root item unreadable: {e}"))),
+                Ok(ri) => cx.roots.push(RootRec {
+                    key: k,
+                    item: Box::new(ri),
+                }),
+                Err(e) => cx.report(
+                    F::err(P, "root-item")
+                        .tree(1)
+                        .at(node.bytenr)
+                        .key(k)
+                        .msg(format!("root item unreadable: {e}")),
+                ),
             },
             BTRFS_ROOT_REF_KEY | BTRFS_ROOT_BACKREF_KEY => {
                 if let Ok(ItemBody::RootRef(r, name)) = decode(&k, d, 0) {
-                    cx.root_links.push(RootLink { key: k, dirid: r.dirid.get(), sequence: r.sequence.get(), name: name.to_vec() });
+                    cx.root_links.push(RootLink {
+                        key: k,
+                        dirid: r.dirid.get(),
+                        sequence: r.sequence.get(),
+                        name: name.to_vec(),
+                    });
                 }
             }
-            BTRFS_ORPHAN_ITEM_KEY if k.objectid == BTRFS_ORPHAN_OBJECTID => cx.orphan_roots.push(k.offset),
+            BTRFS_ORPHAN_ITEM_KEY if k.objectid == BTRFS_ORPHAN_OBJECTID => {
+                cx.orphan_roots.push(k.offset)
+            }
             _ => {}
         }
     }

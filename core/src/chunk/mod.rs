@@ -43,7 +43,10 @@ impl ChunkMap {
         let arr = sb.sys_chunk_array();
         if sb.sys_chunk_array_size.get() as usize > BTRFS_SYSTEM_CHUNK_ARRAY_SIZE {
             return Err(Error::corrupt(
-                format!("superblock sys_chunk_array_size {} exceeds {BTRFS_SYSTEM_CHUNK_ARRAY_SIZE}", sb.sys_chunk_array_size.get()),
+                format!(
+                    "superblock sys_chunk_array_size {} exceeds {BTRFS_SYSTEM_CHUNK_ARRAY_SIZE}",
+                    sb.sys_chunk_array_size.get()
+                ),
                 BTRFS_SUPER_INFO_OFFSET,
             ));
         }
@@ -51,13 +54,21 @@ impl ChunkMap {
         let mut p = 0usize;
         while p < arr.len() {
             let dk = DiskKey::read_from_prefix(&arr[p..])
-                .map_err(|_| Error::corrupt(format!("sys_chunk_array truncated key at offset {p}"), BTRFS_SUPER_INFO_OFFSET))?
+                .map_err(|_| {
+                    Error::corrupt(
+                        format!("sys_chunk_array truncated key at offset {p}"),
+                        BTRFS_SUPER_INFO_OFFSET,
+                    )
+                })?
                 .0;
             let key = Key::from(dk);
             p += 17;
             if key.ty != BTRFS_CHUNK_ITEM_KEY {
                 return Err(Error::corrupt_key(
-                    format!("sys_chunk_array entry at offset {} is not a chunk item", p - 17),
+                    format!(
+                        "sys_chunk_array entry at offset {} is not a chunk item",
+                        p - 17
+                    ),
                     BTRFS_SUPER_INFO_OFFSET,
                     key,
                 ));
@@ -65,10 +76,14 @@ impl ChunkMap {
             let rest = &arr[p..];
             let (c, s) = parse_chunk(rest).map_err(|e| e.at(BTRFS_SUPER_INFO_OFFSET, key))?;
             p += CHUNK_ITEM_SIZE + s.len() * STRIPE_SIZE;
-            map.insert(key.offset, c, s).map_err(|e| e.at(BTRFS_SUPER_INFO_OFFSET, key))?;
+            map.insert(key.offset, c, s)
+                .map_err(|e| e.at(BTRFS_SUPER_INFO_OFFSET, key))?;
         }
         if map.map.is_empty() {
-            return Err(Error::corrupt("superblock sys_chunk_array holds no chunk", BTRFS_SUPER_INFO_OFFSET));
+            return Err(Error::corrupt(
+                "superblock sys_chunk_array holds no chunk",
+                BTRFS_SUPER_INFO_OFFSET,
+            ));
         }
         Ok(map)
     }
@@ -83,12 +98,22 @@ impl ChunkMap {
     pub fn insert(&mut self, logical: u64, c: &ChunkItem, stripes: &[Stripe]) -> Result<()> {
         let length = c.length.get();
         if length == 0 || logical.checked_add(length).is_none() {
-            return Err(Error::corrupt(format!("chunk at {logical} has invalid length {length}"), 0));
+            return Err(Error::corrupt(
+                format!("chunk at {logical} has invalid length {length}"),
+                0,
+            ));
         }
         let ty = c.type_.get();
         let profile = ty & BTRFS_BLOCK_GROUP_PROFILE_MASK;
-        let mirrored = profile == 0 || profile & (BTRFS_BLOCK_GROUP_DUP | BTRFS_BLOCK_GROUP_RAID1 | BTRFS_BLOCK_GROUP_RAID1C3 | BTRFS_BLOCK_GROUP_RAID1C4) != 0;
-        let single_stripe_striped = stripes.len() == 1 && profile & (BTRFS_BLOCK_GROUP_RAID0 | BTRFS_BLOCK_GROUP_RAID10) != 0;
+        let mirrored = profile == 0
+            || profile
+                & (BTRFS_BLOCK_GROUP_DUP
+                    | BTRFS_BLOCK_GROUP_RAID1
+                    | BTRFS_BLOCK_GROUP_RAID1C3
+                    | BTRFS_BLOCK_GROUP_RAID1C4)
+                != 0;
+        let single_stripe_striped = stripes.len() == 1
+            && profile & (BTRFS_BLOCK_GROUP_RAID0 | BTRFS_BLOCK_GROUP_RAID10) != 0;
         if !mirrored && !single_stripe_striped {
             return Err(Error::Unsupported(format!(
                 "chunk at {logical} uses profile {} with {} stripes (only SINGLE and DUP on one device are supported)",
@@ -101,7 +126,10 @@ impl ChunkMap {
             length,
             type_flags: ty,
             stripe_len: c.stripe_len.get(),
-            stripes: stripes.iter().map(|s| (s.devid.get(), s.offset.get())).collect(),
+            stripes: stripes
+                .iter()
+                .map(|s| (s.devid.get(), s.offset.get()))
+                .collect(),
         };
         if let Some((_, prev)) = self.map.range(..=logical).next_back() {
             if prev.logical == logical {
@@ -112,12 +140,18 @@ impl ChunkMap {
                 }
             }
             if prev.end() > logical {
-                return Err(Error::corrupt(format!("chunk at {logical} overlaps chunk at {}", prev.logical), 0));
+                return Err(Error::corrupt(
+                    format!("chunk at {logical} overlaps chunk at {}", prev.logical),
+                    0,
+                ));
             }
         }
         if let Some((&next, _)) = self.map.range(logical + 1..).next() {
             if next < logical + length {
-                return Err(Error::corrupt(format!("chunk at {logical} overlaps chunk at {next}"), 0));
+                return Err(Error::corrupt(
+                    format!("chunk at {logical} overlaps chunk at {next}"),
+                    0,
+                ));
             }
         }
         self.map.insert(logical, m);
@@ -132,10 +166,18 @@ impl ChunkMap {
     /// Physical offsets of every copy of `[logical, logical+len)` on device
     /// `devid`. The range must lie inside one chunk.
     pub fn map(&self, logical: u64, len: u64, devid: u64) -> Result<Vec<u64>> {
-        let m = self.lookup(logical).ok_or_else(|| Error::corrupt(format!("logical address {logical} is outside every chunk"), logical))?;
+        let m = self.lookup(logical).ok_or_else(|| {
+            Error::corrupt(
+                format!("logical address {logical} is outside every chunk"),
+                logical,
+            )
+        })?;
         if logical.checked_add(len).is_none_or(|e| e > m.end()) {
             return Err(Error::corrupt(
-                format!("range {logical}+{len} crosses the end of chunk {}+{}", m.logical, m.length),
+                format!(
+                    "range {logical}+{len} crosses the end of chunk {}+{}",
+                    m.logical, m.length
+                ),
                 logical,
             ));
         }
@@ -144,12 +186,21 @@ impl ChunkMap {
         for s in m.stripes.iter().filter(|s| s.0 == devid) {
             // Stripe offsets come from disk: one near u64::MAX maps nowhere.
             let p = s.1.checked_add(off).ok_or_else(|| {
-                Error::corrupt(format!("chunk at {} has a stripe at physical {} past any device", m.logical, s.1), logical)
+                Error::corrupt(
+                    format!(
+                        "chunk at {} has a stripe at physical {} past any device",
+                        m.logical, s.1
+                    ),
+                    logical,
+                )
             })?;
             v.push(p);
         }
         if v.is_empty() {
-            return Err(Error::Unsupported(format!("chunk at {} has no stripe on device {devid} (multi-device filesystem)", m.logical)));
+            return Err(Error::Unsupported(format!(
+                "chunk at {} has no stripe on device {devid} (multi-device filesystem)",
+                m.logical
+            )));
         }
         Ok(v)
     }
@@ -184,7 +235,14 @@ mod tests {
         };
         let mut v = c.as_bytes().to_vec();
         for &(d, o) in stripes {
-            v.extend_from_slice(Stripe { devid: d.into(), offset: o.into(), dev_uuid: [0; 16] }.as_bytes());
+            v.extend_from_slice(
+                Stripe {
+                    devid: d.into(),
+                    offset: o.into(),
+                    dev_uuid: [0; 16],
+                }
+                .as_bytes(),
+            );
         }
         v
     }
@@ -192,10 +250,17 @@ mod tests {
     #[test]
     fn dup_maps_to_two_copies_and_bounds() {
         let mut m = ChunkMap::new();
-        let d = chunk(8 << 20, BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP, &[(1, 100 << 20), (1, 200 << 20)]);
+        let d = chunk(
+            8 << 20,
+            BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP,
+            &[(1, 100 << 20), (1, 200 << 20)],
+        );
         let (c, s) = parse_chunk(&d).unwrap();
         m.insert(30 << 20, c, s).unwrap();
-        assert_eq!(m.map((30 << 20) + 4096, 4096, 1).unwrap(), vec![(100 << 20) + 4096, (200 << 20) + 4096]);
+        assert_eq!(
+            m.map((30 << 20) + 4096, 4096, 1).unwrap(),
+            vec![(100 << 20) + 4096, (200 << 20) + 4096]
+        );
         assert!(m.map((38 << 20) - 4096, 8192, 1).is_err());
         assert!(m.map(1 << 20, 4096, 1).is_err());
         assert!(m.insert(31 << 20, c, s).is_err());
@@ -207,8 +272,15 @@ mod tests {
         top.insert(u64::MAX - (1 << 20), c, s).unwrap();
         assert!(top.map(u64::MAX - 4096, 16384, 1).is_err());
         assert!(top.map(u64::MAX - (1 << 19), 4096, 1).is_err());
-        let r = chunk(8 << 20, BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID0, &[(1, 0), (2, 0)]);
+        let r = chunk(
+            8 << 20,
+            BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID0,
+            &[(1, 0), (2, 0)],
+        );
         let (c, s) = parse_chunk(&r).unwrap();
-        assert!(matches!(m.insert(100 << 20, c, s), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            m.insert(100 << 20, c, s),
+            Err(Error::Unsupported(_))
+        ));
     }
 }

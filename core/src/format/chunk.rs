@@ -40,7 +40,13 @@ pub fn parse_chunk(data: &[u8]) -> Result<(&ChunkItem, &[Stripe])> {
     }
     let want = CHUNK_ITEM_SIZE + n * STRIPE_SIZE;
     if data.len() < want {
-        return Err(Error::corrupt(format!("chunk item of {} bytes holds fewer than its {n} stripes", data.len()), 0));
+        return Err(Error::corrupt(
+            format!(
+                "chunk item of {} bytes holds fewer than its {n} stripes",
+                data.len()
+            ),
+            0,
+        ));
     }
     let stripes = <[Stripe]>::ref_from_bytes(&data[CHUNK_ITEM_SIZE..want])
         .map_err(|_| Error::corrupt("chunk stripes", 0))?;
@@ -50,7 +56,12 @@ pub fn parse_chunk(data: &[u8]) -> Result<(&ChunkItem, &[Stripe])> {
 /// Every way a chunk item breaks the rules the kernel's tree checker
 /// enforces (btrfs_check_chunk_valid), for a chunk at `logical` of a
 /// filesystem with `sectorsize`; empty when the chunk is valid.
-pub fn chunk_problems(c: &ChunkItem, logical: u64, sectorsize: u32, mixed_groups: bool) -> Vec<String> {
+pub fn chunk_problems(
+    c: &ChunkItem,
+    logical: u64,
+    sectorsize: u32,
+    mixed_groups: bool,
+) -> Vec<String> {
     use super::consts::*;
     let mut out = Vec::new();
     let (length, stripe_len, ty) = (c.length.get(), c.stripe_len.get(), c.type_.get());
@@ -68,17 +79,24 @@ pub fn chunk_problems(c: &ChunkItem, logical: u64, sectorsize: u32, mixed_groups
     if num == 0 {
         out.push("num_stripes is 0".to_string());
     } else if num < ncopies {
-        out.push(format!("num_stripes {num} below the profile's {ncopies} copies"));
+        out.push(format!(
+            "num_stripes {num} below the profile's {ncopies} copies"
+        ));
     }
     if nparity > 0 && num == nparity {
         out.push(format!("num_stripes {num} equals the parity stripes"));
     }
     let ss = sectorsize as u64;
     if ss == 0 || logical % ss != 0 {
-        out.push(format!("logical {logical} not aligned to the sector size {sectorsize}"));
+        out.push(format!(
+            "logical {logical} not aligned to the sector size {sectorsize}"
+        ));
     }
     if c.sector_size.get() != sectorsize {
-        out.push(format!("sector_size {} differs from the filesystem's {sectorsize}", c.sector_size.get()));
+        out.push(format!(
+            "sector_size {} differs from the filesystem's {sectorsize}",
+            c.sector_size.get()
+        ));
     }
     if length == 0 || ss == 0 || length % ss != 0 {
         out.push(format!("invalid length {length}"));
@@ -87,13 +105,18 @@ pub fn chunk_problems(c: &ChunkItem, logical: u64, sectorsize: u32, mixed_groups
         out.push(format!("logical {logical} + length {length} overflows"));
     }
     if stripe_len != BTRFS_STRIPE_LEN {
-        out.push(format!("stripe_len {stripe_len}, must be {BTRFS_STRIPE_LEN}"));
+        out.push(format!(
+            "stripe_len {stripe_len}, must be {BTRFS_STRIPE_LEN}"
+        ));
     }
     if length >= (u32::MAX as u64) << 16 {
         out.push(format!("length {length} too large"));
     }
     if ty & !(BTRFS_BLOCK_GROUP_TYPE_MASK | BTRFS_BLOCK_GROUP_PROFILE_MASK) != 0 {
-        out.push(format!("unknown type bits 0x{:x}", ty & !(BTRFS_BLOCK_GROUP_TYPE_MASK | BTRFS_BLOCK_GROUP_PROFILE_MASK)));
+        out.push(format!(
+            "unknown type bits 0x{:x}",
+            ty & !(BTRFS_BLOCK_GROUP_TYPE_MASK | BTRFS_BLOCK_GROUP_PROFILE_MASK)
+        ));
     }
     if profile.count_ones() > 1 {
         out.push(format!("more than one profile bit: 0x{profile:x}"));
@@ -101,11 +124,15 @@ pub fn chunk_problems(c: &ChunkItem, logical: u64, sectorsize: u32, mixed_groups
     if ty & BTRFS_BLOCK_GROUP_TYPE_MASK == 0 {
         out.push("no data/metadata/system type".to_string());
     }
-    if ty & BTRFS_BLOCK_GROUP_SYSTEM != 0 && ty & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DATA) != 0 {
+    if ty & BTRFS_BLOCK_GROUP_SYSTEM != 0
+        && ty & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DATA) != 0
+    {
         out.push(format!("system chunk also data or metadata: 0x{ty:x}"));
     }
     if !mixed_groups && ty & BTRFS_BLOCK_GROUP_METADATA != 0 && ty & BTRFS_BLOCK_GROUP_DATA != 0 {
-        out.push(format!("mixed data and metadata without the mixed_groups feature: 0x{ty:x}"));
+        out.push(format!(
+            "mixed data and metadata without the mixed_groups feature: 0x{ty:x}"
+        ));
     }
     let stripes_ok = match profile {
         BTRFS_BLOCK_GROUP_RAID0 => true,
@@ -120,7 +147,9 @@ pub fn chunk_problems(c: &ChunkItem, logical: u64, sectorsize: u32, mixed_groups
         _ => true,
     };
     if profile.count_ones() <= 1 && !stripes_ok {
-        out.push(format!("num_stripes:sub_stripes {num}:{sub} invalid for profile 0x{profile:x}"));
+        out.push(format!(
+            "num_stripes:sub_stripes {num}:{sub} invalid for profile 0x{profile:x}"
+        ));
     }
     out
 }

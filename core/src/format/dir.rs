@@ -41,11 +41,18 @@ pub fn parse_dir_items(mut data: &[u8]) -> Result<Vec<DirEntry<'_>>> {
         let rest = &data[DIR_ITEM_SIZE..];
         if rest.len() < n + d {
             return Err(Error::corrupt(
-                format!("dir item name_len {n} + data_len {d} past item end ({} bytes left)", rest.len()),
+                format!(
+                    "dir item name_len {n} + data_len {d} past item end ({} bytes left)",
+                    rest.len()
+                ),
                 0,
             ));
         }
-        out.push(DirEntry { item: h, name: &rest[..n], data: &rest[n..n + d] });
+        out.push(DirEntry {
+            item: h,
+            name: &rest[..n],
+            data: &rest[n..n + d],
+        });
         data = &rest[n + d..];
     }
     Ok(out)
@@ -53,7 +60,14 @@ pub fn parse_dir_items(mut data: &[u8]) -> Result<Vec<DirEntry<'_>>> {
 
 /// Append one packed dir entry (DIR_ITEM, DIR_INDEX or XATTR_ITEM body):
 /// header, name, data.
-pub fn encode_dir_entry(out: &mut Vec<u8>, location: &super::key::Key, transid: u64, ftype: u8, name: &[u8], data: &[u8]) {
+pub fn encode_dir_entry(
+    out: &mut Vec<u8>,
+    location: &super::key::Key,
+    transid: u64,
+    ftype: u8,
+    name: &[u8],
+    data: &[u8],
+) {
     let h = DirItem {
         location: location.to_disk(),
         transid: transid.into(),
@@ -126,10 +140,20 @@ mod tests {
         let k = crate::format::key::Key::new(257, 1, 0);
         let mut d = Vec::new();
         encode_dir_entry(&mut d, &k, 7, 1, b"name", b"");
-        encode_dir_entry(&mut d, &crate::format::key::Key::MIN, 8, 8, b"user.x", b"value");
+        encode_dir_entry(
+            &mut d,
+            &crate::format::key::Key::MIN,
+            8,
+            8,
+            b"user.x",
+            b"value",
+        );
         let e = parse_dir_items(&d).unwrap();
         assert_eq!(e.len(), 2);
-        assert_eq!((e[0].name, e[1].data, e[1].item.type_), (&b"name"[..], &b"value"[..], 8));
+        assert_eq!(
+            (e[0].name, e[1].data, e[1].item.type_),
+            (&b"name"[..], &b"value"[..], 8)
+        );
         assert_eq!(encode_dir_entries(&e), d);
         assert_eq!(encode_dir_entries(&e[1..]), d[34..]);
     }

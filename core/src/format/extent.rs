@@ -61,12 +61,26 @@ pub const TREE_BLOCK_INFO_SIZE: usize = 18;
 /// One inline back reference of an extent item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InlineRef {
-    TreeBlock { root: u64 },
-    SharedBlock { parent: u64 },
-    ExtentData { root: u64, objectid: u64, offset: u64, count: u32 },
-    SharedData { parent: u64, count: u32 },
+    TreeBlock {
+        root: u64,
+    },
+    SharedBlock {
+        parent: u64,
+    },
+    ExtentData {
+        root: u64,
+        objectid: u64,
+        offset: u64,
+        count: u32,
+    },
+    SharedData {
+        parent: u64,
+        count: u32,
+    },
     /// Simple-quota owner (EXTENT_OWNER_REF).
-    Owner { root: u64 },
+    Owner {
+        root: u64,
+    },
 }
 
 impl InlineRef {
@@ -82,7 +96,9 @@ impl InlineRef {
     /// The number of references this entry stands for.
     pub fn count(&self) -> u64 {
         match self {
-            InlineRef::ExtentData { count, .. } | InlineRef::SharedData { count, .. } => *count as u64,
+            InlineRef::ExtentData { count, .. } | InlineRef::SharedData { count, .. } => {
+                *count as u64
+            }
             InlineRef::Owner { .. } => 0,
             _ => 1,
         }
@@ -109,9 +125,14 @@ pub struct ExtentView<'a> {
 pub fn parse_extent_item<'a>(key: &Key, data: &'a [u8]) -> Result<ExtentView<'a>> {
     if data.len() < EXTENT_ITEM_SIZE {
         if data.len() == 4 {
-            return Err(Error::Unsupported("v0 extent item (pre-2.6.31 format)".into()));
+            return Err(Error::Unsupported(
+                "v0 extent item (pre-2.6.31 format)".into(),
+            ));
         }
-        return Err(Error::corrupt(format!("extent item size {} too small", data.len()), 0));
+        return Err(Error::corrupt(
+            format!("extent item size {} too small", data.len()),
+            0,
+        ));
     }
     let item: &ExtentItem = super::view(data, "extent item")?;
     let mut p = EXTENT_ITEM_SIZE;
@@ -128,10 +149,18 @@ pub fn parse_extent_item<'a>(key: &Key, data: &'a [u8]) -> Result<ExtentView<'a>
             BTRFS_TREE_BLOCK_REF_KEY | BTRFS_SHARED_BLOCK_REF_KEY | BTRFS_EXTENT_OWNER_REF_KEY => 8,
             BTRFS_EXTENT_DATA_REF_KEY => 28,
             BTRFS_SHARED_DATA_REF_KEY => 12,
-            _ => return Err(Error::corrupt(format!("extent item inline ref type {t} unknown at item offset {p}"), 0)),
+            _ => {
+                return Err(Error::corrupt(
+                    format!("extent item inline ref type {t} unknown at item offset {p}"),
+                    0,
+                ))
+            }
         };
         if rest.len() < need {
-            return Err(Error::corrupt(format!("extent item inline ref type {t} at item offset {p} truncated"), 0));
+            return Err(Error::corrupt(
+                format!("extent item inline ref type {t} at item offset {p} truncated"),
+                0,
+            ));
         }
         let u64_at = |o: usize| u64::from_le_bytes(rest[o..o + 8].try_into().unwrap_or([0; 8]));
         let u32_at = |o: usize| u32::from_le_bytes(rest[o..o + 4].try_into().unwrap_or([0; 4]));
@@ -145,11 +174,18 @@ pub fn parse_extent_item<'a>(key: &Key, data: &'a [u8]) -> Result<ExtentView<'a>
                 offset: u64_at(16),
                 count: u32_at(24),
             },
-            _ => InlineRef::SharedData { parent: u64_at(0), count: u32_at(8) },
+            _ => InlineRef::SharedData {
+                parent: u64_at(0),
+                count: u32_at(8),
+            },
         });
         p += 1 + need;
     }
-    Ok(ExtentView { item, tree_block_info, refs })
+    Ok(ExtentView {
+        item,
+        tree_block_info,
+        refs,
+    })
 }
 
 /// Key offset of a keyed EXTENT_DATA_REF: the kernel's `hash_extent_data_ref`.
@@ -166,13 +202,23 @@ pub fn write_inline_refs(out: &mut Vec<u8>, refs: &[InlineRef]) {
     for r in refs {
         out.push(r.type_key());
         match *r {
-            InlineRef::TreeBlock { root: v } | InlineRef::SharedBlock { parent: v } | InlineRef::Owner { root: v } => {
-                out.extend_from_slice(&v.to_le_bytes())
-            }
-            InlineRef::ExtentData { root, objectid, offset, count } => {
+            InlineRef::TreeBlock { root: v }
+            | InlineRef::SharedBlock { parent: v }
+            | InlineRef::Owner { root: v } => out.extend_from_slice(&v.to_le_bytes()),
+            InlineRef::ExtentData {
+                root,
+                objectid,
+                offset,
+                count,
+            } => {
                 out.extend_from_slice(
-                    ExtentDataRef { root: root.into(), objectid: objectid.into(), offset: offset.into(), count: count.into() }
-                        .as_bytes(),
+                    ExtentDataRef {
+                        root: root.into(),
+                        objectid: objectid.into(),
+                        offset: offset.into(),
+                        count: count.into(),
+                    }
+                    .as_bytes(),
                 );
             }
             InlineRef::SharedData { parent, count } => {
@@ -198,15 +244,31 @@ mod tests {
         let refs = vec![
             InlineRef::TreeBlock { root: 5 },
             InlineRef::SharedBlock { parent: 1 << 20 },
-            InlineRef::ExtentData { root: 5, objectid: 257, offset: 0, count: 2 },
-            InlineRef::SharedData { parent: 30408704, count: 1 },
+            InlineRef::ExtentData {
+                root: 5,
+                objectid: 257,
+                offset: 0,
+                count: 2,
+            },
+            InlineRef::SharedData {
+                parent: 30408704,
+                count: 1,
+            },
         ];
-        let mut d = ExtentItem { refs: 5.into(), generation: 7.into(), flags: BTRFS_EXTENT_FLAG_DATA.into() }
-            .as_bytes()
-            .to_vec();
+        let mut d = ExtentItem {
+            refs: 5.into(),
+            generation: 7.into(),
+            flags: BTRFS_EXTENT_FLAG_DATA.into(),
+        }
+        .as_bytes()
+        .to_vec();
         write_inline_refs(&mut d, &refs);
         let v = parse_extent_item(&Key::new(1 << 20, BTRFS_EXTENT_ITEM_KEY, 4096), &d).unwrap();
         assert_eq!(v.refs, refs);
-        assert!(parse_extent_item(&Key::new(1 << 20, BTRFS_EXTENT_ITEM_KEY, 4096), &d[..d.len() - 1]).is_err());
+        assert!(parse_extent_item(
+            &Key::new(1 << 20, BTRFS_EXTENT_ITEM_KEY, 4096),
+            &d[..d.len() - 1]
+        )
+        .is_err());
     }
 }

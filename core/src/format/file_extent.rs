@@ -37,9 +37,15 @@ pub const FILE_EXTENT_ITEM_SIZE: usize = 53;
 
 #[derive(Debug, Clone, Copy)]
 pub enum FileExtent<'a> {
-    Inline { head: &'a FileExtentHead, data: &'a [u8] },
+    Inline {
+        head: &'a FileExtentHead,
+        data: &'a [u8],
+    },
     /// REG or PREALLOC; `disk_bytenr == 0` is a hole.
-    Disk { head: &'a FileExtentHead, item: &'a FileExtentItem },
+    Disk {
+        head: &'a FileExtentHead,
+        item: &'a FileExtentItem,
+    },
 }
 
 impl<'a> FileExtent<'a> {
@@ -57,7 +63,9 @@ impl<'a> FileExtent<'a> {
     /// of them). None for inline and prealloc extents and holes, which have
     /// no checksummed data.
     pub fn csum_span(&self) -> Option<(u64, u64)> {
-        let FileExtent::Disk { head, item } = self else { return None };
+        let FileExtent::Disk { head, item } = self else {
+            return None;
+        };
         let db = item.disk_bytenr.get();
         if head.type_ != BTRFS_FILE_EXTENT_REG || db == 0 {
             return None;
@@ -73,7 +81,12 @@ impl<'a> FileExtent<'a> {
 
 /// An inline extent item: head (ram_bytes is the uncompressed length)
 /// followed by the (possibly compressed) bytes.
-pub fn encode_inline_extent(generation: u64, ram_bytes: u64, compression: u8, data: &[u8]) -> Vec<u8> {
+pub fn encode_inline_extent(
+    generation: u64,
+    ram_bytes: u64,
+    compression: u8,
+    data: &[u8],
+) -> Vec<u8> {
     let h = FileExtentHead {
         generation: generation.into(),
         ram_bytes: ram_bytes.into(),
@@ -92,7 +105,16 @@ impl FileExtentItem {
     /// A regular (`BTRFS_FILE_EXTENT_REG`) or preallocated item; a hole is a
     /// regular item with `disk_bytenr` 0.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(type_: u8, generation: u64, disk_bytenr: u64, disk_num_bytes: u64, offset: u64, num_bytes: u64, ram_bytes: u64, compression: u8) -> FileExtentItem {
+    pub fn new(
+        type_: u8,
+        generation: u64,
+        disk_bytenr: u64,
+        disk_num_bytes: u64,
+        offset: u64,
+        num_bytes: u64,
+        ram_bytes: u64,
+        compression: u8,
+    ) -> FileExtentItem {
         FileExtentItem {
             generation: generation.into(),
             ram_bytes: ram_bytes.into(),
@@ -116,7 +138,10 @@ impl FileExtentItem {
 pub fn parse_file_extent(data: &[u8]) -> Result<FileExtent<'_>> {
     let head: &FileExtentHead = super::view(data, "file extent")?;
     match head.type_ {
-        BTRFS_FILE_EXTENT_INLINE => Ok(FileExtent::Inline { head, data: &data[FILE_EXTENT_INLINE_DATA_START..] }),
+        BTRFS_FILE_EXTENT_INLINE => Ok(FileExtent::Inline {
+            head,
+            data: &data[FILE_EXTENT_INLINE_DATA_START..],
+        }),
         BTRFS_FILE_EXTENT_REG | BTRFS_FILE_EXTENT_PREALLOC => {
             if data.len() != FILE_EXTENT_ITEM_SIZE {
                 return Err(Error::corrupt(
@@ -124,7 +149,10 @@ pub fn parse_file_extent(data: &[u8]) -> Result<FileExtent<'_>> {
                     0,
                 ));
             }
-            Ok(FileExtent::Disk { head, item: super::view(data, "file extent")? })
+            Ok(FileExtent::Disk {
+                head,
+                item: super::view(data, "file extent")?,
+            })
         }
         t => Err(Error::corrupt(format!("file extent type {t} unknown"), 0)),
     }
@@ -135,12 +163,21 @@ mod tests {
     use super::*;
     #[test]
     fn layout() {
-        assert_eq!(core::mem::size_of::<FileExtentHead>(), FILE_EXTENT_INLINE_DATA_START);
-        assert_eq!(core::mem::size_of::<FileExtentItem>(), FILE_EXTENT_ITEM_SIZE);
+        assert_eq!(
+            core::mem::size_of::<FileExtentHead>(),
+            FILE_EXTENT_INLINE_DATA_START
+        );
+        assert_eq!(
+            core::mem::size_of::<FileExtentItem>(),
+            FILE_EXTENT_ITEM_SIZE
+        );
         let mut b: Vec<u8> = (0..53u32).map(|i| (i * 11) as u8).collect();
         crate::format::roundtrip::<FileExtentItem>(&b);
         b[20] = BTRFS_FILE_EXTENT_REG;
-        assert!(matches!(parse_file_extent(&b).unwrap(), FileExtent::Disk { .. }));
+        assert!(matches!(
+            parse_file_extent(&b).unwrap(),
+            FileExtent::Disk { .. }
+        ));
         b[20] = BTRFS_FILE_EXTENT_INLINE;
         match parse_file_extent(&b).unwrap() {
             FileExtent::Inline { data, .. } => assert_eq!(data.len(), 32),
@@ -150,12 +187,22 @@ mod tests {
         assert!(parse_file_extent(&b).is_err());
         let v = encode_inline_extent(5, 3, 0, b"abc");
         match parse_file_extent(&v).unwrap() {
-            FileExtent::Inline { head, data } => assert_eq!((head.generation.get(), head.ram_bytes.get(), data), (5, 3, &b"abc"[..])),
+            FileExtent::Inline { head, data } => assert_eq!(
+                (head.generation.get(), head.ram_bytes.get(), data),
+                (5, 3, &b"abc"[..])
+            ),
             _ => panic!(),
         }
         let h = FileExtentItem::hole(9, 8192);
         match parse_file_extent(h.as_bytes()).unwrap() {
-            FileExtent::Disk { item, .. } => assert_eq!((item.disk_bytenr.get(), item.num_bytes.get(), item.ram_bytes.get()), (0, 8192, 8192)),
+            FileExtent::Disk { item, .. } => assert_eq!(
+                (
+                    item.disk_bytenr.get(),
+                    item.num_bytes.get(),
+                    item.ram_bytes.get()
+                ),
+                (0, 8192, 8192)
+            ),
             _ => panic!(),
         }
     }

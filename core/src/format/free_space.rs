@@ -75,6 +75,9 @@ mod tests {
         crate::format::roundtrip::<FreeSpaceHeader>(&raw);
         crate::format::roundtrip::<FreeSpaceEntry>(&raw[..17]);
         crate::format::roundtrip::<FreeSpaceInfo>(&[1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(bitmap_ranges(&[0b0000_0110, 0x80], 1000, 10), vec![(1010, 20), (1150, 10)]);
+        assert_eq!(
+            bitmap_ranges(&[0b0000_0110, 0x80], 1000, 10),
+            vec![(1010, 20), (1150, 10)]
+        );
     }
 }

@@ -71,9 +71,15 @@ pub fn parse_inode_refs(mut data: &[u8]) -> Result<Vec<InodeRefEntry<'_>>> {
         let n = h.name_len.get() as usize;
         let rest = &data[10..];
         if rest.len() < n {
-            return Err(Error::corrupt(format!("inode ref name_len {n} past item end"), 0));
+            return Err(Error::corrupt(
+                format!("inode ref name_len {n} past item end"),
+                0,
+            ));
         }
-        out.push(InodeRefEntry { index: h.index.get(), name: &rest[..n] });
+        out.push(InodeRefEntry {
+            index: h.index.get(),
+            name: &rest[..n],
+        });
         data = &rest[n..];
     }
     Ok(out)
@@ -87,9 +93,16 @@ pub fn parse_inode_extrefs(mut data: &[u8]) -> Result<Vec<InodeExtrefEntry<'_>>>
         let n = h.name_len.get() as usize;
         let rest = &data[18..];
         if rest.len() < n {
-            return Err(Error::corrupt(format!("inode extref name_len {n} past item end"), 0));
+            return Err(Error::corrupt(
+                format!("inode extref name_len {n} past item end"),
+                0,
+            ));
         }
-        out.push(InodeExtrefEntry { parent: h.parent_objectid.get(), index: h.index.get(), name: &rest[..n] });
+        out.push(InodeExtrefEntry {
+            parent: h.parent_objectid.get(),
+            index: h.index.get(),
+            name: &rest[..n],
+        });
         data = &rest[n..];
     }
     Ok(out)
@@ -97,13 +110,26 @@ pub fn parse_inode_extrefs(mut data: &[u8]) -> Result<Vec<InodeExtrefEntry<'_>>>
 
 /// Append one packed `INODE_REF` entry.
 pub fn encode_inode_ref(out: &mut Vec<u8>, index: u64, name: &[u8]) {
-    out.extend_from_slice(InodeRef { index: index.into(), name_len: (name.len() as u16).into() }.as_bytes());
+    out.extend_from_slice(
+        InodeRef {
+            index: index.into(),
+            name_len: (name.len() as u16).into(),
+        }
+        .as_bytes(),
+    );
     out.extend_from_slice(name);
 }
 
 /// Append one packed `INODE_EXTREF` entry.
 pub fn encode_inode_extref(out: &mut Vec<u8>, parent: u64, index: u64, name: &[u8]) {
-    out.extend_from_slice(InodeExtref { parent_objectid: parent.into(), index: index.into(), name_len: (name.len() as u16).into() }.as_bytes());
+    out.extend_from_slice(
+        InodeExtref {
+            parent_objectid: parent.into(),
+            index: index.into(),
+            name_len: (name.len() as u16).into(),
+        }
+        .as_bytes(),
+    );
     out.extend_from_slice(name);
 }
 
@@ -124,7 +150,13 @@ mod tests {
     fn packed_refs() {
         let mut d = Vec::new();
         for (idx, name) in [(2u64, &b"a"[..]), (3, b"bcd")] {
-            d.extend_from_slice(InodeRef { index: idx.into(), name_len: (name.len() as u16).into() }.as_bytes());
+            d.extend_from_slice(
+                InodeRef {
+                    index: idx.into(),
+                    name_len: (name.len() as u16).into(),
+                }
+                .as_bytes(),
+            );
             d.extend_from_slice(name);
         }
         let r = parse_inode_refs(&d).unwrap();

@@ -11,7 +11,9 @@ use super::dir::{parse_dir_items, DirEntry, DirLogItem};
 use super::extent::{parse_extent_item, ExtentDataRef, ExtentView, SharedDataRef};
 use super::file_extent::{parse_file_extent, FileExtent};
 use super::free_space::FreeSpaceInfo;
-use super::inode::{parse_inode_extrefs, parse_inode_refs, InodeExtrefEntry, InodeItem, InodeRefEntry};
+use super::inode::{
+    parse_inode_extrefs, parse_inode_refs, InodeExtrefEntry, InodeItem, InodeRefEntry,
+};
 use super::key::Key;
 use super::misc::{BalanceItem, DevReplaceItem, VerityDescItem};
 use super::qgroup::{QgroupInfoItem, QgroupLimitItem, QgroupStatusItem};
@@ -67,7 +69,11 @@ where
 {
     if data.len() != core::mem::size_of::<T>() {
         return Err(Error::corrupt(
-            format!("{what} item size {} want {}", data.len(), core::mem::size_of::<T>()),
+            format!(
+                "{what} item size {} want {}",
+                data.len(),
+                core::mem::size_of::<T>()
+            ),
             0,
         ));
     }
@@ -76,7 +82,10 @@ where
 
 fn empty(data: &[u8], what: &str) -> Result<()> {
     if !data.is_empty() {
-        return Err(Error::corrupt(format!("{what} item size {} want 0", data.len()), 0));
+        return Err(Error::corrupt(
+            format!("{what} item size {} want 0", data.len()),
+            0,
+        ));
     }
     Ok(())
 }
@@ -107,16 +116,24 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
                 return Err(Error::corrupt("empty dir item", 0));
             }
             if key.ty == BTRFS_DIR_INDEX_KEY && v.len() != 1 {
-                return Err(Error::corrupt(format!("dir index item holds {} entries, want 1", v.len()), 0));
+                return Err(Error::corrupt(
+                    format!("dir index item holds {} entries, want 1", v.len()),
+                    0,
+                ));
             }
             for e in &v {
                 if e.name.len() > BTRFS_NAME_LEN {
-                    return Err(Error::corrupt(format!("dir item name_len {} > {BTRFS_NAME_LEN}", e.name.len()), 0));
+                    return Err(Error::corrupt(
+                        format!("dir item name_len {} > {BTRFS_NAME_LEN}", e.name.len()),
+                        0,
+                    ));
                 }
             }
             ItemBody::DirItem(v)
         }
-        BTRFS_DIR_LOG_ITEM_KEY | BTRFS_DIR_LOG_INDEX_KEY => ItemBody::DirLog(exact(data, "dir log")?),
+        BTRFS_DIR_LOG_ITEM_KEY | BTRFS_DIR_LOG_INDEX_KEY => {
+            ItemBody::DirLog(exact(data, "dir log")?)
+        }
         BTRFS_ORPHAN_ITEM_KEY => {
             empty(data, "orphan")?;
             ItemBody::Orphan
@@ -125,7 +142,10 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
         BTRFS_EXTENT_CSUM_KEY => {
             if csum_size == 0 || data.len() % csum_size != 0 || data.is_empty() {
                 return Err(Error::corrupt(
-                    format!("csum item size {} not a non-zero multiple of csum size {csum_size}", data.len()),
+                    format!(
+                        "csum item size {} not a non-zero multiple of csum size {csum_size}",
+                        data.len()
+                    ),
                     0,
                 ));
             }
@@ -136,7 +156,9 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
             let (r, n) = parse_root_ref(data)?;
             ItemBody::RootRef(r, n)
         }
-        BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY => ItemBody::Extent(parse_extent_item(key, data)?),
+        BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY => {
+            ItemBody::Extent(parse_extent_item(key, data)?)
+        }
         BTRFS_TREE_BLOCK_REF_KEY => {
             empty(data, "tree block ref")?;
             ItemBody::TreeBlockRef
@@ -163,20 +185,36 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
         BTRFS_CHUNK_ITEM_KEY => {
             let (c, s) = parse_chunk(data)?;
             if data.len() != super::chunk::CHUNK_ITEM_SIZE + s.len() * super::chunk::STRIPE_SIZE {
-                return Err(Error::corrupt(format!("chunk item size {} does not match {} stripes", data.len(), s.len()), 0));
+                return Err(Error::corrupt(
+                    format!(
+                        "chunk item size {} does not match {} stripes",
+                        data.len(),
+                        s.len()
+                    ),
+                    0,
+                ));
             }
             ItemBody::Chunk(c, s)
         }
         BTRFS_UUID_KEY_SUBVOL | BTRFS_UUID_KEY_RECEIVED_SUBVOL => {
             if data.is_empty() || data.len() % 8 != 0 {
-                return Err(Error::corrupt(format!("uuid item size {} not a multiple of 8", data.len()), 0));
+                return Err(Error::corrupt(
+                    format!("uuid item size {} not a multiple of 8", data.len()),
+                    0,
+                ));
             }
-            ItemBody::Uuid(data.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+            ItemBody::Uuid(
+                data.chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                    .collect(),
+            )
         }
         BTRFS_QGROUP_STATUS_KEY => {
             let s: &QgroupStatusItem = super::view(data, "qgroup status")?;
             let enable_gen = if data.len() >= super::qgroup::QGROUP_STATUS_SIMPLE_SIZE {
-                Some(u64::from_le_bytes(data[32..40].try_into().unwrap_or([0; 8])))
+                Some(u64::from_le_bytes(
+                    data[32..40].try_into().unwrap_or([0; 8]),
+                ))
             } else {
                 None
             };
@@ -186,7 +224,11 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
         BTRFS_QGROUP_LIMIT_KEY => ItemBody::QgroupLimit(exact(data, "qgroup limit")?),
         BTRFS_QGROUP_RELATION_KEY => ItemBody::QgroupRelation,
         BTRFS_PERSISTENT_ITEM_KEY if key.objectid == BTRFS_DEV_STATS_OBJECTID => {
-            ItemBody::DevStats(data.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+            ItemBody::DevStats(
+                data.chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                    .collect(),
+            )
         }
         BTRFS_DEV_REPLACE_KEY => ItemBody::DevReplace(exact(data, "dev replace")?),
         BTRFS_TEMPORARY_ITEM_KEY if key.objectid == BTRFS_BALANCE_OBJECTID => {

@@ -24,20 +24,40 @@ pub struct Key {
 }
 
 impl Key {
-    pub const MIN: Key = Key { objectid: 0, ty: 0, offset: 0 };
-    pub const MAX: Key = Key { objectid: u64::MAX, ty: u8::MAX, offset: u64::MAX };
+    pub const MIN: Key = Key {
+        objectid: 0,
+        ty: 0,
+        offset: 0,
+    };
+    pub const MAX: Key = Key {
+        objectid: u64::MAX,
+        ty: u8::MAX,
+        offset: u64::MAX,
+    };
 
     pub const fn new(objectid: u64, ty: u8, offset: u64) -> Self {
-        Key { objectid, ty, offset }
+        Key {
+            objectid,
+            ty,
+            offset,
+        }
     }
     pub fn to_disk(self) -> DiskKey {
-        DiskKey { objectid: self.objectid.into(), type_: self.ty, offset: self.offset.into() }
+        DiskKey {
+            objectid: self.objectid.into(),
+            type_: self.ty,
+            offset: self.offset.into(),
+        }
     }
 }
 
 impl From<&DiskKey> for Key {
     fn from(d: &DiskKey) -> Self {
-        Key { objectid: d.objectid.get(), ty: d.type_, offset: d.offset.get() }
+        Key {
+            objectid: d.objectid.get(),
+            ty: d.type_,
+            offset: d.offset.get(),
+        }
     }
 }
 impl From<DiskKey> for Key {

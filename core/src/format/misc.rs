@@ -1,13 +1,17 @@
 //! Persistent and temporary items decoded for printing only: device stats,
 //! dev-replace state, balance state.
 
-
 use super::Le64;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 pub const BTRFS_DEV_STAT_VALUES_MAX: usize = 5;
-pub const DEV_STAT_NAMES: [&str; BTRFS_DEV_STAT_VALUES_MAX] =
-    ["write_errs", "read_errs", "flush_errs", "corruption_errs", "generation"];
+pub const DEV_STAT_NAMES: [&str; BTRFS_DEV_STAT_VALUES_MAX] = [
+    "write_errs",
+    "read_errs",
+    "flush_errs",
+    "corruption_errs",
+    "generation",
+];
 
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
@@ -66,7 +70,6 @@ pub struct VerityDescItem {
     pub reserved: [Le64; 2],
     pub encryption: u8,
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -2,23 +2,23 @@
 //! views (zerocopy, alignment 1, so a view can sit at any byte of a block),
 //! constants named after the C names of `btrfs_tree.h`.
 
+pub mod block_group;
+pub mod chunk;
 pub mod consts;
-pub mod key;
-pub mod superblock;
+pub mod dev;
+pub mod dir;
+pub mod extent;
+pub mod file_extent;
+pub mod free_space;
 pub mod header;
 pub mod inode;
-pub mod dir;
-pub mod file_extent;
-pub mod extent;
-pub mod root;
-pub mod block_group;
-pub mod free_space;
-pub mod chunk;
-pub mod dev;
-pub mod qgroup;
-pub mod misc;
 pub mod item;
+pub mod key;
+pub mod misc;
 pub mod names;
+pub mod qgroup;
+pub mod root;
+pub mod superblock;
 
 pub use consts::*;
 pub use key::Key;
@@ -38,7 +38,11 @@ where
     match T::ref_from_prefix(data) {
         Ok((v, _)) => Ok(v),
         Err(_) => Err(crate::Error::corrupt(
-            format!("{what}: {} bytes, need {}", data.len(), core::mem::size_of::<T>()),
+            format!(
+                "{what}: {} bytes, need {}",
+                data.len(),
+                core::mem::size_of::<T>()
+            ),
             0,
         )),
     }
@@ -63,7 +67,11 @@ where
 #[cfg(test)]
 pub(crate) fn roundtrip<T>(bytes: &[u8])
 where
-    T: zerocopy::FromBytes + zerocopy::IntoBytes + zerocopy::KnownLayout + zerocopy::Immutable + zerocopy::Unaligned,
+    T: zerocopy::FromBytes
+        + zerocopy::IntoBytes
+        + zerocopy::KnownLayout
+        + zerocopy::Immutable
+        + zerocopy::Unaligned,
 {
     let v = T::ref_from_bytes(bytes).expect("size");
     assert_eq!(v.as_bytes(), bytes);

@@ -240,7 +240,10 @@ pub fn incompat_names(flags: u64) -> Vec<String> {
 pub fn compat_ro_names(flags: u64) -> Vec<String> {
     let table: &[(u64, &str)] = &[
         (BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE, "FREE_SPACE_TREE"),
-        (BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID, "FREE_SPACE_TREE_VALID"),
+        (
+            BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID,
+            "FREE_SPACE_TREE_VALID",
+        ),
         (BTRFS_FEATURE_COMPAT_RO_VERITY, "VERITY"),
         (BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE, "BLOCK_GROUP_TREE"),
     ];
@@ -308,19 +311,44 @@ mod tests {
     #[test]
     fn keys_as_btrfs_progs() {
         assert_eq!(key_string(&Key::new(256, 1, 0)), "(256 INODE_ITEM 0)");
-        assert_eq!(key_string(&Key::new(5, 132, u64::MAX)), "(FS_TREE ROOT_ITEM 18446744073709551615)");
-        assert_eq!(key_string(&Key::new(2, 132, 0)), "(EXTENT_TREE ROOT_ITEM 0)");
         assert_eq!(
-            key_string(&Key::new(BTRFS_TREE_RELOC_OBJECTID, 132, BTRFS_DATA_RELOC_TREE_OBJECTID)),
+            key_string(&Key::new(5, 132, u64::MAX)),
+            "(FS_TREE ROOT_ITEM 18446744073709551615)"
+        );
+        assert_eq!(
+            key_string(&Key::new(2, 132, 0)),
+            "(EXTENT_TREE ROOT_ITEM 0)"
+        );
+        assert_eq!(
+            key_string(&Key::new(
+                BTRFS_TREE_RELOC_OBJECTID,
+                132,
+                BTRFS_DATA_RELOC_TREE_OBJECTID
+            )),
             "(TREE_RELOC ROOT_ITEM DATA_RELOC_TREE)"
         );
-        assert_eq!(key_string(&Key::new(256, 228, 22020096)), "(FIRST_CHUNK_TREE CHUNK_ITEM 22020096)");
+        assert_eq!(
+            key_string(&Key::new(256, 228, 22020096)),
+            "(FIRST_CHUNK_TREE CHUNK_ITEM 22020096)"
+        );
         assert_eq!(key_string(&Key::new(1, 216, 1)), "(DEV_ITEMS DEV_ITEM 1)");
-        assert_eq!(key_string(&Key::new(1, 204, 1 << 20)), "(1 DEV_EXTENT 1048576)");
-        assert_eq!(key_string(&Key::new(0x1234, 251, 0xabcd)), "(0x0000000000001234 UUID_KEY_SUBVOL 0x000000000000abcd)");
+        assert_eq!(
+            key_string(&Key::new(1, 204, 1 << 20)),
+            "(1 DEV_EXTENT 1048576)"
+        );
+        assert_eq!(
+            key_string(&Key::new(0x1234, 251, 0xabcd)),
+            "(0x0000000000001234 UUID_KEY_SUBVOL 0x000000000000abcd)"
+        );
         assert_eq!(key_string(&Key::new(0, 242, 5)), "(0 QGROUP_INFO 0/5)");
-        assert_eq!(key_string(&Key::new(BTRFS_FREE_SPACE_OBJECTID, 0, 0)), "(FREE_SPACE UNTYPED 0)");
-        assert_eq!(key_string(&Key::new(0, 249, 1)), "(DEV_STATS PERSISTENT_ITEM 1)");
+        assert_eq!(
+            key_string(&Key::new(BTRFS_FREE_SPACE_OBJECTID, 0, 0)),
+            "(FREE_SPACE UNTYPED 0)"
+        );
+        assert_eq!(
+            key_string(&Key::new(0, 249, 1)),
+            "(DEV_STATS PERSISTENT_ITEM 1)"
+        );
         assert_eq!(key_string(&Key::new(7, 3, 1)), "(CSUM_TREE UNKNOWN.3 1)");
     }
 }

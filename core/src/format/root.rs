@@ -46,7 +46,13 @@ impl RootItem {
     /// the kernel's `btrfs_read_root_item` does.
     pub fn parse(data: &[u8]) -> Result<RootItem> {
         if data.len() < ROOT_ITEM_LEGACY_SIZE {
-            return Err(Error::corrupt(format!("root item size {} smaller than {ROOT_ITEM_LEGACY_SIZE}", data.len()), 0));
+            return Err(Error::corrupt(
+                format!(
+                    "root item size {} smaller than {ROOT_ITEM_LEGACY_SIZE}",
+                    data.len()
+                ),
+                0,
+            ));
         }
         let mut buf = [0u8; ROOT_ITEM_SIZE];
         let n = data.len().min(ROOT_ITEM_SIZE);
@@ -71,7 +77,13 @@ pub fn parse_root_ref(data: &[u8]) -> Result<(&RootRef, &[u8])> {
     let r: &RootRef = super::view(data, "root ref")?;
     let n = r.name_len.get() as usize;
     if data.len() != 18 + n {
-        return Err(Error::corrupt(format!("root ref name_len {n} does not fit item size {}", data.len()), 0));
+        return Err(Error::corrupt(
+            format!(
+                "root ref name_len {n} does not fit item size {}",
+                data.len()
+            ),
+            0,
+        ));
     }
     Ok((r, &data[18..]))
 }
@@ -82,7 +94,10 @@ mod tests {
     #[test]
     fn layout() {
         assert_eq!(core::mem::size_of::<RootItem>(), ROOT_ITEM_SIZE);
-        assert_eq!(core::mem::offset_of!(RootItem, level), ROOT_ITEM_LEGACY_SIZE - 1);
+        assert_eq!(
+            core::mem::offset_of!(RootItem, level),
+            ROOT_ITEM_LEGACY_SIZE - 1
+        );
         assert_eq!(core::mem::size_of::<RootRef>(), 18);
         let b: Vec<u8> = (0..ROOT_ITEM_SIZE as u32).map(|i| (i * 3) as u8).collect();
         crate::format::roundtrip::<RootItem>(&b);

@@ -81,7 +81,11 @@ pub struct Superblock {
 
 impl Superblock {
     pub fn label_str(&self) -> String {
-        let end = self.label.iter().position(|&b| b == 0).unwrap_or(self.label.len());
+        let end = self
+            .label
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.label.len());
         String::from_utf8_lossy(&self.label[..end]).into_owned()
     }
     /// The uuid written into tree block headers: `metadata_uuid` when the
@@ -107,24 +111,41 @@ impl Superblock {
         let size = self.sys_chunk_array_size.get() as usize;
         let mut out = Vec::new();
         if size > BTRFS_SYSTEM_CHUNK_ARRAY_SIZE {
-            let e = Error::corrupt(format!("sys_chunk_array_size {size} exceeds {BTRFS_SYSTEM_CHUNK_ARRAY_SIZE}"), at);
+            let e = Error::corrupt(
+                format!("sys_chunk_array_size {size} exceeds {BTRFS_SYSTEM_CHUNK_ARRAY_SIZE}"),
+                at,
+            );
             return (out, Some(e));
         }
         let arr = self.sys_chunk_array();
         let mut p = 0usize;
         while p < arr.len() {
             let Ok((dk, _)) = DiskKey::read_from_prefix(&arr[p..]) else {
-                return (out, Some(Error::corrupt(format!("sys_chunk_array truncated key at offset {p}"), at)));
+                return (
+                    out,
+                    Some(Error::corrupt(
+                        format!("sys_chunk_array truncated key at offset {p}"),
+                        at,
+                    )),
+                );
             };
             let key = Key::from(dk);
             if key.ty != BTRFS_CHUNK_ITEM_KEY {
-                let e = Error::corrupt_key(format!("sys_chunk_array entry at offset {p} is not a chunk item"), at, key);
+                let e = Error::corrupt_key(
+                    format!("sys_chunk_array entry at offset {p} is not a chunk item"),
+                    at,
+                    key,
+                );
                 return (out, Some(e));
             }
             p += DISK_KEY_SIZE;
             match parse_chunk(&arr[p..]) {
                 Ok((c, s)) => {
-                    out.push(SysChunkEntry { key, chunk: *c, stripes: s.to_vec() });
+                    out.push(SysChunkEntry {
+                        key,
+                        chunk: *c,
+                        stripes: s.to_vec(),
+                    });
                     p += CHUNK_ITEM_SIZE + s.len() * STRIPE_SIZE;
                 }
                 Err(e) => return (out, Some(e.at(at, key))),
@@ -182,7 +203,11 @@ mod tests {
     fn sys_chunk_entries_decode_and_stop_at_damage() {
         let mut sb = Superblock::new_zeroed();
         let mut arr = Vec::new();
-        arr.extend_from_slice(Key::new(256, BTRFS_CHUNK_ITEM_KEY, 22020096).to_disk().as_bytes());
+        arr.extend_from_slice(
+            Key::new(256, BTRFS_CHUNK_ITEM_KEY, 22020096)
+                .to_disk()
+                .as_bytes(),
+        );
         let mut chunk = vec![0u8; CHUNK_ITEM_SIZE + 2 * STRIPE_SIZE];
         chunk[..8].copy_from_slice(&(8u64 << 20).to_le_bytes());
         chunk[44] = 2; // num_stripes
@@ -190,7 +215,11 @@ mod tests {
         arr.extend_from_slice(&chunk);
         let good = arr.len();
         // A second entry cut off inside its chunk item.
-        arr.extend_from_slice(Key::new(256, BTRFS_CHUNK_ITEM_KEY, 1 << 30).to_disk().as_bytes());
+        arr.extend_from_slice(
+            Key::new(256, BTRFS_CHUNK_ITEM_KEY, 1 << 30)
+                .to_disk()
+                .as_bytes(),
+        );
         arr.extend_from_slice(&chunk[..20]);
         sb.sys_chunk_array[..arr.len()].copy_from_slice(&arr);
 

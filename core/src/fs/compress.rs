@@ -44,7 +44,10 @@ impl Method {
             BTRFS_COMPRESS_ZSTD => (3, 1, 15),
             _ => (0, 0, 0),
         };
-        Method { kind, level: if level == 0 { def } else { level.clamp(lo, hi) } }
+        Method {
+            kind,
+            level: if level == 0 { def } else { level.clamp(lo, hi) },
+        }
     }
 }
 
@@ -63,10 +66,16 @@ pub fn decompress(kind: u8, src: &[u8], ram_bytes: usize, sectorsize: usize) -> 
         }
         BTRFS_COMPRESS_ZSTD => {
             // One frame; the sector padding after it is not another frame.
-            let flen = zstd::zstd_safe::find_frame_compressed_size(src).map_err(|e| bad(&format!("zstd: {}", zstd::zstd_safe::get_error_name(e))))?;
-            let frame = src.get(..flen).ok_or_else(|| bad("zstd frame past the end"))?;
-            let mut d = zstd::stream::read::Decoder::with_buffer(frame).map_err(|e| bad(&format!("zstd: {e}")))?.single_frame();
-            d.window_log_max(ZSTD_WINDOW_LOG + 1).map_err(|e| bad(&format!("zstd: {e}")))?;
+            let flen = zstd::zstd_safe::find_frame_compressed_size(src)
+                .map_err(|e| bad(&format!("zstd: {}", zstd::zstd_safe::get_error_name(e))))?;
+            let frame = src
+                .get(..flen)
+                .ok_or_else(|| bad("zstd frame past the end"))?;
+            let mut d = zstd::stream::read::Decoder::with_buffer(frame)
+                .map_err(|e| bad(&format!("zstd: {e}")))?
+                .single_frame();
+            d.window_log_max(ZSTD_WINDOW_LOG + 1)
+                .map_err(|e| bad(&format!("zstd: {e}")))?;
             read_up_to(&mut d, &mut out).map_err(|e| bad(&format!("zstd: {e}")))?;
         }
         BTRFS_COMPRESS_LZO => lzo_decompress(src, &mut out, sectorsize)?,
@@ -90,13 +99,18 @@ fn read_up_to(r: &mut dyn Read, out: &mut [u8]) -> std::io::Result<()> {
 }
 
 fn le32(b: &[u8], at: usize) -> Result<usize> {
-    b.get(at..at + 4).map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]) as usize).ok_or_else(|| bad("lzo header past the end"))
+    b.get(at..at + 4)
+        .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]) as usize)
+        .ok_or_else(|| bad("lzo header past the end"))
 }
 
 fn lzo_decompress(src: &[u8], out: &mut [u8], ss: usize) -> Result<()> {
     let total = le32(src, 0)?;
     if total > src.len() || total < 4 {
-        return Err(bad(&format!("lzo total length {total} of {} bytes", src.len())));
+        return Err(bad(&format!(
+            "lzo total length {total} of {} bytes",
+            src.len()
+        )));
     }
     let mut pos = 4usize;
     let mut done = 0usize;
@@ -110,10 +124,13 @@ fn lzo_decompress(src: &[u8], out: &mut [u8], ss: usize) -> Result<()> {
         }
         let seg = le32(src, pos)?;
         pos += 4;
-        let body = src.get(pos..pos + seg).ok_or_else(|| bad("lzo segment past the end"))?;
+        let body = src
+            .get(pos..pos + seg)
+            .ok_or_else(|| bad("lzo segment past the end"))?;
         // A segment holds up to one sector (the last one may be shorter).
         let room = ss.min(out.len() - done);
-        lzo::decompress_into(body, &mut out[done..done + room]).map_err(|e| bad(&format!("lzo: {e:?}")))?;
+        lzo::decompress_into(body, &mut out[done..done + room])
+            .map_err(|e| bad(&format!("lzo: {e:?}")))?;
         done += room;
         pos += seg;
     }
@@ -180,7 +197,10 @@ pub fn heuristic(data: &[u8]) -> bool {
 pub fn compress(m: Method, src: &[u8], sectorsize: usize) -> Option<Vec<u8>> {
     let out = match m.kind {
         BTRFS_COMPRESS_ZLIB => {
-            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(m.level as u32));
+            let mut e = flate2::write::ZlibEncoder::new(
+                Vec::new(),
+                flate2::Compression::new(m.level as u32),
+            );
             e.write_all(src).ok()?;
             e.finish().ok()?
         }
@@ -228,7 +248,11 @@ mod tests {
             let m = Method::parse(m).unwrap();
             let c = compress(m, &data, 4096).unwrap();
             assert!(c.len() < data.len() / 4, "{m:?}: {}", c.len());
-            assert_eq!(decompress(m.kind, &c, data.len(), 4096).unwrap(), data, "{m:?}");
+            assert_eq!(
+                decompress(m.kind, &c, data.len(), 4096).unwrap(),
+                data,
+                "{m:?}"
+            );
         }
         // Incompressible data is refused.
         let mut rnd = vec![0u8; 8192];
@@ -244,7 +268,11 @@ mod tests {
             c.resize(c.len().div_ceil(4096) * 4096, 0);
             let d = decompress(m.kind, &c, 73728, 4096).unwrap();
             assert_eq!(&d[..70000], short, "{m:?}");
-            assert!(d[70000..].iter().all(|&b| b == 0), "{m:?} tail {:?}", &d[70000..70040]);
+            assert!(
+                d[70000..].iter().all(|&b| b == 0),
+                "{m:?} tail {:?}",
+                &d[70000..70040]
+            );
         }
         // Damaged input is an error, not a panic.
         let c = compress(Method::parse("lzo").unwrap(), &data, 4096).unwrap();

@@ -52,7 +52,14 @@ pub fn reference_new_extent(st: &mut Store, bytenr: u64, len: u64, r: BackRef) {
 /// `ino` (padded with zeros to the sector size): data, checksums, extent
 /// item and file extent item. The range must be free of extent items.
 /// Returns the bytes the extent adds to nbytes.
-pub fn write_extent(st: &mut Store, subvol: u64, ino: u64, file_off: u64, data: &[u8], datasum: bool) -> Result<u64> {
+pub fn write_extent(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    file_off: u64,
+    data: &[u8],
+    datasum: bool,
+) -> Result<u64> {
     let ss = st.sectorsize() as u64;
     let len = (data.len() as u64).div_ceil(ss) * ss;
     let padded;
@@ -66,15 +73,44 @@ pub fn write_extent(st: &mut Store, subvol: u64, ino: u64, file_off: u64, data: 
         &padded[..]
     };
     let bytenr = write_data_extent(st, disk, datasum)?;
-    let item = FileExtentItem::new(BTRFS_FILE_EXTENT_REG, st.transid, bytenr, len, 0, len, len, BTRFS_COMPRESS_NONE);
-    st.insert_item(TreeId::Tree(subvol), &extent_key(ino, file_off), zerocopy::IntoBytes::as_bytes(&item))?;
-    reference_new_extent(st, bytenr, len, BackRef::Data { root: subvol, objectid: ino, offset: file_off });
+    let item = FileExtentItem::new(
+        BTRFS_FILE_EXTENT_REG,
+        st.transid,
+        bytenr,
+        len,
+        0,
+        len,
+        len,
+        BTRFS_COMPRESS_NONE,
+    );
+    st.insert_item(
+        TreeId::Tree(subvol),
+        &extent_key(ino, file_off),
+        zerocopy::IntoBytes::as_bytes(&item),
+    )?;
+    reference_new_extent(
+        st,
+        bytenr,
+        len,
+        BackRef::Data {
+            root: subvol,
+            objectid: ino,
+            offset: file_off,
+        },
+    );
     Ok(len)
 }
 
 /// Store `data` inline at offset 0 (`ram_bytes` uncompressed bytes;
 /// `data` compressed with `compression`, or the bytes themselves).
-pub fn write_inline(st: &mut Store, subvol: u64, ino: u64, ram_bytes: u64, compression: u8, data: &[u8]) -> Result<()> {
+pub fn write_inline(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    ram_bytes: u64,
+    compression: u8,
+    data: &[u8],
+) -> Result<()> {
     let v = encode_inline_extent(st.transid, ram_bytes, compression, data);
     st.insert_item(TreeId::Tree(subvol), &extent_key(ino, 0), &v)
 }

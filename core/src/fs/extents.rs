@@ -4,7 +4,9 @@
 //! clones and log replay all use.
 
 use crate::format::consts::*;
-use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem, FILE_EXTENT_INLINE_DATA_START};
+use crate::format::file_extent::{
+    parse_file_extent, FileExtent, FileExtentItem, FILE_EXTENT_INLINE_DATA_START,
+};
 use crate::format::key::Key;
 use crate::trans::delayed::BackRef;
 use crate::trans::{Store, TreeId};
@@ -24,7 +26,10 @@ pub fn extent_key(ino: u64, off: u64) -> Key {
 
 /// Largest inline data a leaf holds (BTRFS_MAX_INLINE_DATA_SIZE).
 pub fn max_inline_data(st: &Store) -> u64 {
-    st.nodesize() as u64 - crate::format::header::HEADER_SIZE as u64 - crate::format::header::ITEM_SIZE as u64 - FILE_EXTENT_INLINE_DATA_START as u64
+    st.nodesize() as u64
+        - crate::format::header::HEADER_SIZE as u64
+        - crate::format::header::ITEM_SIZE as u64
+        - FILE_EXTENT_INLINE_DATA_START as u64
 }
 
 /// Whether a whole file of `size` bytes is stored inline uncompressed:
@@ -32,14 +37,20 @@ pub fn max_inline_data(st: &Store) -> u64 {
 /// what a leaf holds.
 pub fn can_inline(st: &Store, size: u64, len: u64, max_inline: u64) -> bool {
     let ss = st.sectorsize() as u64;
-    len == size && size > 0 && size < ss && size <= max_inline.min(ss) && size <= max_inline_data(st)
+    len == size
+        && size > 0
+        && size < ss
+        && size <= max_inline.min(ss)
+        && size <= max_inline_data(st)
 }
 
 /// File range `[start, end)` an extent item at `off` covers (inline items
 /// reach the end of their sector).
 pub fn extent_span(ss: u64, off: u64, d: &[u8]) -> Option<(u64, u64)> {
     match parse_file_extent(d).ok()? {
-        FileExtent::Inline { head, .. } => Some((off, off + head.ram_bytes.get().div_ceil(ss) * ss)),
+        FileExtent::Inline { head, .. } => {
+            Some((off, off + head.ram_bytes.get().div_ceil(ss) * ss))
+        }
         FileExtent::Disk { item, .. } => Some((off, off.checked_add(item.num_bytes.get())?)),
     }
 }
@@ -55,23 +66,43 @@ pub fn nbytes_of(d: &[u8]) -> u64 {
 
 /// The back reference a disk extent item holds.
 pub fn data_backref(subvol: u64, ino: u64, key_off: u64, item: &FileExtentItem) -> BackRef {
-    BackRef::Data { root: subvol, objectid: ino, offset: key_off.wrapping_sub(item.offset.get()) }
+    BackRef::Data {
+        root: subvol,
+        objectid: ino,
+        offset: key_off.wrapping_sub(item.offset.get()),
+    }
 }
 
 /// Every extent item of an inode whose range meets `[start, end)`.
-pub fn extents_in(st: &mut Store, subvol: u64, ino: u64, start: u64, end: u64) -> Result<Vec<(Key, Vec<u8>)>> {
+pub fn extents_in(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    start: u64,
+    end: u64,
+) -> Result<Vec<(Key, Vec<u8>)>> {
     extents_in_tree(st, TreeId::Tree(subvol), ino, start, end)
 }
 
 /// [`extents_in`] of any tree holding file extent items (a log tree too).
-pub fn extents_in_tree(st: &mut Store, t: TreeId, ino: u64, start: u64, end: u64) -> Result<Vec<(Key, Vec<u8>)>> {
+pub fn extents_in_tree(
+    st: &mut Store,
+    t: TreeId,
+    ino: u64,
+    start: u64,
+    end: u64,
+) -> Result<Vec<(Key, Vec<u8>)>> {
     let ss = st.sectorsize() as u64;
     let mut items = Vec::new();
     if let Some(p) = st.prev_item(t, &extent_key(ino, start), &extent_key(ino, 0))? {
         items.push(p);
     }
     if start < u64::MAX && end > start.saturating_add(1) {
-        for it in st.items_in(t, extent_key(ino, start.saturating_add(1)), extent_key(ino, end - 1))? {
+        for it in st.items_in(
+            t,
+            extent_key(ino, start.saturating_add(1)),
+            extent_key(ino, end - 1),
+        )? {
             items.push(it);
         }
     }
@@ -92,13 +123,25 @@ pub struct Dropped {
 /// reference; a removed one loses its reference, queued). An inline extent
 /// keeps its bytes before `start` (uncompressed), or stays whole when
 /// compressed (the kernel never cuts one). Holes are not filled here.
-pub fn drop_extents(st: &mut Store, subvol: u64, ino: u64, start: u64, end: u64) -> Result<Dropped> {
+pub fn drop_extents(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    start: u64,
+    end: u64,
+) -> Result<Dropped> {
     drop_extents_in(st, TreeId::Tree(subvol), ino, start, end)
 }
 
 /// [`drop_extents`] in any tree: a subvolume's (references change with
 /// the items) or a log tree (its items hold no references).
-pub fn drop_extents_in(st: &mut Store, t: TreeId, ino: u64, start: u64, end: u64) -> Result<Dropped> {
+pub fn drop_extents_in(
+    st: &mut Store,
+    t: TreeId,
+    ino: u64,
+    start: u64,
+    end: u64,
+) -> Result<Dropped> {
     let refs = match t {
         TreeId::Tree(s) => Some(s),
         _ => None,
@@ -109,7 +152,9 @@ pub fn drop_extents_in(st: &mut Store, t: TreeId, ino: u64, start: u64, end: u64
         return Ok(out);
     }
     for (k, d) in extents_in_tree(st, t, ino, start, end)? {
-        let Some((s, e)) = extent_span(ss, k.offset, &d) else { continue };
+        let Some((s, e)) = extent_span(ss, k.offset, &d) else {
+            continue;
+        };
         match parse_file_extent(&d).map_err(|e| e.at(0, k))? {
             FileExtent::Inline { head, data } => {
                 if start <= s {
@@ -167,11 +212,22 @@ pub fn drop_extents_in(st: &mut Store, t: TreeId, ino: u64, start: u64, end: u64
 
 /// Insert a disk extent item (regular, prealloc or hole) at `off` and the
 /// reference it holds. The range must be free of items.
-pub fn insert_disk_extent(st: &mut Store, subvol: u64, ino: u64, off: u64, item: &FileExtentItem) -> Result<()> {
+pub fn insert_disk_extent(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    off: u64,
+    item: &FileExtentItem,
+) -> Result<()> {
     st.insert_item(TreeId::Tree(subvol), &extent_key(ino, off), item.as_bytes())?;
     let b = item.disk_bytenr.get();
     if b != 0 {
-        st.queue_data_ref(b, item.disk_num_bytes.get(), data_backref(subvol, ino, off, item), 1);
+        st.queue_data_ref(
+            b,
+            item.disk_num_bytes.get(),
+            data_backref(subvol, ino, off, item),
+            1,
+        );
     }
     Ok(())
 }
@@ -179,7 +235,14 @@ pub fn insert_disk_extent(st: &mut Store, subvol: u64, ino: u64, off: u64, item:
 /// Cover `[start, end)` with a hole item (filesystems without no-holes
 /// must have no gap in a file's extents), extending a hole item that ends
 /// at `start` instead of adding one, as the kernel's fill_holes does.
-pub fn fill_hole(st: &mut Store, subvol: u64, ino: u64, start: u64, end: u64, transid: u64) -> Result<()> {
+pub fn fill_hole(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    start: u64,
+    end: u64,
+    transid: u64,
+) -> Result<()> {
     if start >= end {
         return Ok(());
     }
@@ -187,7 +250,10 @@ pub fn fill_hole(st: &mut Store, subvol: u64, ino: u64, start: u64, end: u64, tr
     if start > 0 {
         if let Some((k, d)) = st.prev_item(t, &extent_key(ino, start - 1), &extent_key(ino, 0))? {
             if let Ok(FileExtent::Disk { head, item }) = parse_file_extent(&d) {
-                if item.disk_bytenr.get() == 0 && head.type_ == BTRFS_FILE_EXTENT_REG && k.offset + item.num_bytes.get() == start {
+                if item.disk_bytenr.get() == 0
+                    && head.type_ == BTRFS_FILE_EXTENT_REG
+                    && k.offset + item.num_bytes.get() == start
+                {
                     let mut n = *item;
                     n.num_bytes.set(end - k.offset);
                     n.ram_bytes.set(end - k.offset);
@@ -196,12 +262,24 @@ pub fn fill_hole(st: &mut Store, subvol: u64, ino: u64, start: u64, end: u64, tr
             }
         }
     }
-    st.insert_item(t, &extent_key(ino, start), FileExtentItem::hole(transid, end - start).as_bytes())
+    st.insert_item(
+        t,
+        &extent_key(ino, start),
+        FileExtentItem::hole(transid, end - start).as_bytes(),
+    )
 }
 
 /// Recount an inode's nbytes from its extent items.
 pub fn count_nbytes(st: &mut Store, subvol: u64, ino: u64) -> Result<u64> {
-    Ok(st.items_in(TreeId::Tree(subvol), extent_key(ino, 0), extent_key(ino, u64::MAX))?.iter().map(|(_, d)| nbytes_of(d)).sum())
+    Ok(st
+        .items_in(
+            TreeId::Tree(subvol),
+            extent_key(ino, 0),
+            extent_key(ino, u64::MAX),
+        )?
+        .iter()
+        .map(|(_, d)| nbytes_of(d))
+        .sum())
 }
 
 /// Remove every item of inode `ino`, dropping its extents' references
@@ -215,7 +293,12 @@ pub fn drop_inode_items(st: &mut Store, subvol: u64, ino: u64) -> Result<()> {
             if let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(&d) {
                 let b = item.disk_bytenr.get();
                 if b != 0 {
-                    st.queue_data_ref(b, item.disk_num_bytes.get(), data_backref(subvol, ino, k.offset, item), -1);
+                    st.queue_data_ref(
+                        b,
+                        item.disk_num_bytes.get(),
+                        data_backref(subvol, ino, k.offset, item),
+                        -1,
+                    );
                 }
             }
         }

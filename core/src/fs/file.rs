@@ -35,10 +35,16 @@ impl Filesystem {
         let it = self.item(l)?;
         let m = it.mode.get();
         if is_dir(m) {
-            return Err(Error::errno(libc::EISDIR, format!("{what}: is a directory")));
+            return Err(Error::errno(
+                libc::EISDIR,
+                format!("{what}: is a directory"),
+            ));
         }
         if !is_reg(m) {
-            return Err(Error::errno(libc::EINVAL, format!("{what}: not a regular file")));
+            return Err(Error::errno(
+                libc::EINVAL,
+                format!("{what}: not a regular file"),
+            ));
         }
         Ok(it)
     }
@@ -48,19 +54,25 @@ impl Filesystem {
         let ss = self.store.sectorsize() as u64;
         let items = extents_in(&mut self.store, l.subvol, l.ino, pos, pos + 1)?;
         if let Some((k, d)) = items.into_iter().next() {
-            let (s, e) = extents::extent_span(ss, k.offset, &d).unwrap_or((k.offset, k.offset + ss));
+            let (s, e) =
+                extents::extent_span(ss, k.offset, &d).unwrap_or((k.offset, k.offset + ss));
             return Ok(match parse_file_extent(&d) {
                 Ok(FileExtent::Inline { .. }) => MapAt::Written(s, e),
                 Ok(FileExtent::Disk { head, item }) if item.disk_bytenr.get() == 0 => {
                     let _ = head;
                     MapAt::Hole(s, e)
                 }
-                Ok(FileExtent::Disk { head, .. }) if head.type_ == BTRFS_FILE_EXTENT_PREALLOC => MapAt::Prealloc(s, e),
+                Ok(FileExtent::Disk { head, .. }) if head.type_ == BTRFS_FILE_EXTENT_PREALLOC => {
+                    MapAt::Prealloc(s, e)
+                }
                 _ => MapAt::Written(s, e),
             });
         }
         // A gap: from the end of the previous item to the next one.
-        let next = match self.store.next_item(TreeId::Tree(l.subvol), &extent_key(l.ino, pos))? {
+        let next = match self
+            .store
+            .next_item(TreeId::Tree(l.subvol), &extent_key(l.ino, pos))?
+        {
             Some((k, _)) if k.objectid == l.ino && k.ty == BTRFS_EXTENT_DATA_KEY => k.offset,
             _ => u64::MAX,
         };
@@ -79,7 +91,15 @@ impl Filesystem {
         page.fill(0);
         let start = idx * PAGE;
         if start < i_size {
-            let d = super::read::read_range(&mut self.store, l.subvol, l.ino, i_size, start, PAGE, datasum)?;
+            let d = super::read::read_range(
+                &mut self.store,
+                l.subvol,
+                l.ino,
+                i_size,
+                start,
+                PAGE,
+                datasum,
+            )?;
             page[..d.len()].copy_from_slice(&d);
         }
         Ok(page)
@@ -167,7 +187,11 @@ impl Filesystem {
             } else if !kind_prealloc {
                 self.note_modified(l, pos, end)?;
                 let d = drop_extents(&mut self.store, l.subvol, l.ino, pos, end)?;
-                self.store.insert_item(TreeId::Tree(l.subvol), &extent_key(l.ino, pos), FileExtentItem::hole(transid, end - pos).as_bytes())?;
+                self.store.insert_item(
+                    TreeId::Tree(l.subvol),
+                    &extent_key(l.ino, pos),
+                    FileExtentItem::hole(transid, end - pos).as_bytes(),
+                )?;
                 if d.nbytes > 0 {
                     let mut it = self.item(l)?;
                     it.nbytes.set(it.nbytes.get().saturating_sub(d.nbytes));
@@ -186,7 +210,10 @@ impl Filesystem {
         if data.is_empty() {
             return Ok(());
         }
-        let end = off.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or_else(|| Error::errno(libc::EFBIG, "write past the largest file size"))?;
+        let end = off
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or_else(|| Error::errno(libc::EFBIG, "write past the largest file size"))?;
         let ss = self.store.sectorsize() as u64;
         let i_size = self.rt(l)?.i_size;
         if off > i_size {
@@ -203,7 +230,11 @@ impl Filesystem {
                 p[pa..pb].copy_from_slice(src);
             } else {
                 // A whole-page write needs nothing of the old contents.
-                let mut page = if pa == 0 && pb == PAGE as usize { self.alloc_page() } else { self.page_now(l, idx)? };
+                let mut page = if pa == 0 && pb == PAGE as usize {
+                    self.alloc_page()
+                } else {
+                    self.page_now(l, idx)?
+                };
                 page[pa..pb].copy_from_slice(src);
                 self.dirty_page(l, idx, page)?;
             }
@@ -221,7 +252,10 @@ impl Filesystem {
         self.regular(l, "mwrite")?;
         let i_size = self.rt(l)?.i_size;
         if off + data.len() as u64 > i_size.div_ceil(PAGE) * PAGE {
-            return Err(Error::errno(libc::EFAULT, "store past the end of the mapped file (SIGBUS)"));
+            return Err(Error::errno(
+                libc::EFAULT,
+                "store past the end of the mapped file (SIGBUS)",
+            ));
         }
         self.write(l, off, data)?;
         // Bytes past the end in the last page are not part of the file.
@@ -245,19 +279,32 @@ impl Filesystem {
         if is_dir(it.mode.get()) {
             return Err(Error::errno(libc::EISDIR, "read: is a directory"));
         }
-        let i_size = if is_reg(it.mode.get()) { self.rt(l)?.i_size } else { it.size.get() };
+        let i_size = if is_reg(it.mode.get()) {
+            self.rt(l)?.i_size
+        } else {
+            it.size.get()
+        };
         let end = off.saturating_add(len).min(i_size);
         if off >= end {
             return Ok(Vec::new());
         }
         let datasum = self.datasum(l)?;
-        let mut out = super::read::read_range(&mut self.store, l.subvol, l.ino, i_size, off, end - off, datasum)?;
+        let mut out = super::read::read_range(
+            &mut self.store,
+            l.subvol,
+            l.ino,
+            i_size,
+            off,
+            end - off,
+            datasum,
+        )?;
         let rt = self.rt(l)?;
         for idx in off / PAGE..end.div_ceil(PAGE) {
             if let Some(p) = rt.pages.get(idx) {
                 let base = idx * PAGE;
                 let (a, b) = (base.max(off), (base + PAGE).min(end));
-                out[(a - off) as usize..(b - off) as usize].copy_from_slice(&p[(a - base) as usize..(b - base) as usize]);
+                out[(a - off) as usize..(b - off) as usize]
+                    .copy_from_slice(&p[(a - base) as usize..(b - base) as usize]);
             }
         }
         Ok(out)
@@ -273,7 +320,10 @@ impl Filesystem {
     pub fn truncate(&mut self, l: Loc, size: u64) -> Result<()> {
         self.regular(l, "truncate")?;
         if size > MAX_FILE_SIZE {
-            return Err(Error::errno(libc::EFBIG, "truncate past the largest file size"));
+            return Err(Error::errno(
+                libc::EFBIG,
+                "truncate past the largest file size",
+            ));
         }
         let old = self.rt(l)?.i_size;
         if size > old {
@@ -319,8 +369,15 @@ impl Filesystem {
                         let mut it = self.item(l)?;
                         it.nbytes.set(it.nbytes.get().saturating_sub(ram));
                         self.put_item(l, &it)?;
-                    } else if head.compression == BTRFS_COMPRESS_NONE && (size as usize) <= data.len() {
-                        let nd = crate::format::file_extent::encode_inline_extent(head.generation.get(), size, 0, &data[..size as usize]);
+                    } else if head.compression == BTRFS_COMPRESS_NONE
+                        && (size as usize) <= data.len()
+                    {
+                        let nd = crate::format::file_extent::encode_inline_extent(
+                            head.generation.get(),
+                            size,
+                            0,
+                            &data[..size as usize],
+                        );
                         self.store.update_item(t, &k, &nd)?;
                         let mut it = self.item(l)?;
                         it.nbytes.set(it.nbytes.get().saturating_sub(ram - size));
@@ -348,7 +405,10 @@ impl Filesystem {
         if len == 0 {
             return Err(Error::errno(libc::EINVAL, "fallocate of 0 bytes"));
         }
-        let end = off.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE).ok_or_else(|| Error::errno(libc::EFBIG, "fallocate past the largest file size"))?;
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or_else(|| Error::errno(libc::EFBIG, "fallocate past the largest file size"))?;
         let (alloc_start, alloc_end) = self.fallocate_prelude(l, off, end)?;
         let i_size = self.rt(l)?.i_size;
         // Holes, and anything at or past the size that is not prealloc.
@@ -402,14 +462,36 @@ impl Filesystem {
         let mut p = a;
         while p < b {
             let want = (b - p).min(MAX_PREALLOC);
-            let bytenr = self.store.alloc_space(BTRFS_BLOCK_GROUP_DATA, want, ss, true)?;
+            let bytenr = self
+                .store
+                .alloc_space(BTRFS_BLOCK_GROUP_DATA, want, ss, true)?;
             let d = drop_extents(&mut self.store, l.subvol, l.ino, p, p + want)?;
-            let fe = FileExtentItem::new(BTRFS_FILE_EXTENT_PREALLOC, transid, bytenr, want, 0, want, want, BTRFS_COMPRESS_NONE);
-            self.store.insert_item(TreeId::Tree(l.subvol), &extent_key(l.ino, p), fe.as_bytes())?;
-            super::data::reference_new_extent(&mut self.store, bytenr, want, BackRef::Data { root: l.subvol, objectid: l.ino, offset: p });
+            let fe = FileExtentItem::new(
+                BTRFS_FILE_EXTENT_PREALLOC,
+                transid,
+                bytenr,
+                want,
+                0,
+                want,
+                want,
+                BTRFS_COMPRESS_NONE,
+            );
+            self.store
+                .insert_item(TreeId::Tree(l.subvol), &extent_key(l.ino, p), fe.as_bytes())?;
+            super::data::reference_new_extent(
+                &mut self.store,
+                bytenr,
+                want,
+                BackRef::Data {
+                    root: l.subvol,
+                    objectid: l.ino,
+                    offset: p,
+                },
+            );
             let now = self.now();
             let mut it = self.item(l)?;
-            it.nbytes.set(it.nbytes.get().saturating_sub(d.nbytes) + want);
+            it.nbytes
+                .set(it.nbytes.get().saturating_sub(d.nbytes) + want);
             it.flags.set(it.flags.get() | BTRFS_INODE_PREALLOC);
             it.ctime = now;
             it.transid.set(transid);
@@ -453,12 +535,16 @@ impl Filesystem {
         if len == 0 {
             return Err(Error::errno(libc::EINVAL, "punch of 0 bytes"));
         }
-        let end = off.checked_add(len).ok_or_else(|| Error::errno(libc::EINVAL, "punch range overflows"))?;
+        let end = off
+            .checked_add(len)
+            .ok_or_else(|| Error::errno(libc::EINVAL, "punch range overflows"))?;
         let ss = self.store.sectorsize() as u64;
         let (orig_start, orig_end) = (off, end - 1);
         self.writeback(l, off, end, Reason::Sync)?;
         let ino_size = self.rt(l)?.i_size.div_ceil(ss) * ss;
-        let Some(offset) = self.first_non_hole(l, off, end)? else { return Ok(()) };
+        let Some(offset) = self.first_non_hole(l, off, end)? else {
+            return Ok(());
+        };
         let moved = offset != off;
         let len = end - offset;
         let mut lockstart = offset.div_ceil(ss) * ss;
@@ -507,7 +593,10 @@ impl Filesystem {
         if len == 0 {
             return Err(Error::errno(libc::EINVAL, "zero-range of 0 bytes"));
         }
-        let end = off.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE).ok_or_else(|| Error::errno(libc::EFBIG, "zero-range past the largest file size"))?;
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or_else(|| Error::errno(libc::EFBIG, "zero-range past the largest file size"))?;
         let ss = self.store.sectorsize() as u64;
         let (orig_start, orig_end) = (off, end - 1);
         let (mut alloc_start, _) = self.fallocate_prelude(l, off, end)?;
@@ -542,14 +631,18 @@ impl Filesystem {
             if offset % ss != 0 {
                 match self.map_at(l, offset / ss * ss)? {
                     MapAt::Hole(..) => a = offset / ss * ss,
-                    MapAt::Written(..) => self.truncate_block(l, offset, orig_start, Some(orig_end))?,
+                    MapAt::Written(..) => {
+                        self.truncate_block(l, offset, orig_start, Some(orig_end))?
+                    }
                     MapAt::Prealloc(..) => {}
                 }
             }
             if end % ss != 0 {
                 match self.map_at(l, end / ss * ss)? {
                     MapAt::Hole(..) => b = end.div_ceil(ss) * ss,
-                    MapAt::Written(..) => self.truncate_block(l, end, orig_start, Some(orig_end))?,
+                    MapAt::Written(..) => {
+                        self.truncate_block(l, end, orig_start, Some(orig_end))?
+                    }
                     MapAt::Prealloc(..) => {}
                 }
             }
@@ -565,7 +658,10 @@ impl Filesystem {
     /// FALLOC_FL_COLLAPSE_RANGE: btrfs does not support it.
     pub fn collapse_range(&mut self, l: Loc, _off: u64, _len: u64) -> Result<()> {
         self.regular(l, "collapse")?;
-        Err(Error::errno(libc::EOPNOTSUPP, "collapse: btrfs does not support FALLOC_FL_COLLAPSE_RANGE"))
+        Err(Error::errno(
+            libc::EOPNOTSUPP,
+            "collapse: btrfs does not support FALLOC_FL_COLLAPSE_RANGE",
+        ))
     }
 
     /// O_DIRECT pwrite. A checksummed file (and any unaligned write) is
@@ -602,7 +698,11 @@ impl Filesystem {
     /// made durable.
     pub fn sync_file_range(&mut self, l: Loc, off: u64, len: u64, flags: u32) -> Result<()> {
         self.regular(l, "sync-range")?;
-        let end = if len == 0 { u64::MAX } else { off.saturating_add(len) };
+        let end = if len == 0 {
+            u64::MAX
+        } else {
+            off.saturating_add(len)
+        };
         if flags & crate::workload::script::SYNC_RANGE_WRITE != 0 {
             self.writeback(l, off, end, Reason::Fsync)?;
         }
@@ -611,11 +711,21 @@ impl Filesystem {
 
     /// FICLONERANGE (btrfs_remap_file_range, btrfs_clone_files): `dst`
     /// shares `src[soff..soff+len]`'s extents (len 0: to the end of `src`).
-    pub fn clone_range(&mut self, src: Loc, soff: u64, dst: Loc, doff: u64, len: u64) -> Result<()> {
+    pub fn clone_range(
+        &mut self,
+        src: Loc,
+        soff: u64,
+        dst: Loc,
+        doff: u64,
+        len: u64,
+    ) -> Result<()> {
         self.regular(src, "clone")?;
         self.regular(dst, "clone")?;
         if self.datasum(src)? != self.datasum(dst)? {
-            return Err(Error::errno(libc::EINVAL, "clone: one file keeps checksums and the other not"));
+            return Err(Error::errno(
+                libc::EINVAL,
+                "clone: one file keeps checksums and the other not",
+            ));
         }
         let ss = self.store.sectorsize() as u64;
         let src_size = self.rt(src)?.i_size;
@@ -624,26 +734,44 @@ impl Filesystem {
                 return Ok(());
             }
             if soff > src_size {
-                return Err(Error::errno(libc::EINVAL, "clone: source offset past its end"));
+                return Err(Error::errno(
+                    libc::EINVAL,
+                    "clone: source offset past its end",
+                ));
             }
             src_size - soff
         } else {
             len
         };
-        if soff >= src_size || soff.checked_add(len).is_none_or(|e| e > src_size) || doff.checked_add(len).is_none_or(|e| e > MAX_FILE_SIZE) {
-            return Err(Error::errno(libc::EINVAL, "clone: range past the end of the source"));
+        if soff >= src_size
+            || soff.checked_add(len).is_none_or(|e| e > src_size)
+            || doff.checked_add(len).is_none_or(|e| e > MAX_FILE_SIZE)
+        {
+            return Err(Error::errno(
+                libc::EINVAL,
+                "clone: range past the end of the source",
+            ));
         }
         let to_eof = soff + len == src_size;
         if soff % ss != 0 || doff % ss != 0 || (len % ss != 0 && !to_eof) {
-            return Err(Error::errno(libc::EINVAL, "clone: offsets and length must be block aligned"));
+            return Err(Error::errno(
+                libc::EINVAL,
+                "clone: offsets and length must be block aligned",
+            ));
         }
         let dst_size = self.rt(dst)?.i_size;
         if len % ss != 0 && doff + len < dst_size {
-            return Err(Error::errno(libc::EINVAL, "clone: an unaligned tail must land at the destination's end"));
+            return Err(Error::errno(
+                libc::EINVAL,
+                "clone: an unaligned tail must land at the destination's end",
+            ));
         }
         let alen = len.div_ceil(ss) * ss;
         if src == dst && soff < doff + alen && doff < soff + alen {
-            return Err(Error::errno(libc::EINVAL, "clone: overlapping ranges in one file"));
+            return Err(Error::errno(
+                libc::EINVAL,
+                "clone: overlapping ranges in one file",
+            ));
         }
         self.stamp(dst, true, true)?;
         // All of the source's dirty data, and the destination's in range.
@@ -668,14 +796,32 @@ impl Filesystem {
                 FileExtent::Inline { head, .. } => {
                     let datal = head.ram_bytes.get();
                     let dst_i = self.rt(dst)?.i_size;
-                    let dst_has_other = extents_in(&mut self.store, dst.subvol, dst.ino, 0, u64::MAX)?
-                        .iter()
-                        .any(|(dk, dd)| !(dk.offset == 0 && matches!(parse_file_extent(dd), Ok(FileExtent::Inline { .. }))));
+                    let dst_has_other =
+                        extents_in(&mut self.store, dst.subvol, dst.ino, 0, u64::MAX)?
+                            .iter()
+                            .any(|(dk, dd)| {
+                                !(dk.offset == 0
+                                    && matches!(
+                                        parse_file_extent(dd),
+                                        Ok(FileExtent::Inline { .. })
+                                    ))
+                            });
                     if doff == 0 && dst_i <= datal && !dst_has_other {
-                        let dd = drop_extents(&mut self.store, dst.subvol, dst.ino, 0, datal.div_ceil(ss) * ss)?;
-                        self.store.insert_item(TreeId::Tree(dst.subvol), &extent_key(dst.ino, 0), &data)?;
+                        let dd = drop_extents(
+                            &mut self.store,
+                            dst.subvol,
+                            dst.ino,
+                            0,
+                            datal.div_ceil(ss) * ss,
+                        )?;
+                        self.store.insert_item(
+                            TreeId::Tree(dst.subvol),
+                            &extent_key(dst.ino, 0),
+                            &data,
+                        )?;
                         let mut it = self.item(dst)?;
-                        it.nbytes.set(it.nbytes.get().saturating_sub(dd.nbytes) + datal);
+                        it.nbytes
+                            .set(it.nbytes.get().saturating_sub(dd.nbytes) + datal);
                         self.put_item(dst, &it)?;
                     } else {
                         inline_copy = Some(self.read(src, 0, datal)?);
@@ -689,7 +835,13 @@ impl Filesystem {
                         continue;
                     }
                     let at = doff + (a - soff);
-                    let dd = drop_extents(&mut self.store, dst.subvol, dst.ino, last_end.min(at), at + (b - a))?;
+                    let dd = drop_extents(
+                        &mut self.store,
+                        dst.subvol,
+                        dst.ino,
+                        last_end.min(at),
+                        at + (b - a),
+                    )?;
                     let mut it = self.item(dst)?;
                     it.nbytes.set(it.nbytes.get().saturating_sub(dd.nbytes));
                     self.put_item(dst, &it)?;

@@ -19,8 +19,8 @@ use crate::format::inode::{InodeItem, Timespec};
 use crate::format::key::Key;
 use crate::io::BlockDevice;
 use crate::trans::{Store, TreeId};
-use crate::{Error, Result};
 use crate::util::hash::FastMap as HashMap;
+use crate::{Error, Result};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
@@ -52,7 +52,11 @@ pub struct Switches {
 
 impl Default for Switches {
     fn default() -> Switches {
-        Switches { fast_fsync_skip: true, log_conflicting_inodes: true, sync_io_first: true }
+        Switches {
+            fast_fsync_skip: true,
+            log_conflicting_inodes: true,
+            sync_io_first: true,
+        }
     }
 }
 
@@ -144,9 +148,18 @@ pub struct SubvolLog {
 pub enum LogOp {
     /// A name went (unlink, rmdir, a rename's replaced target):
     /// btrfs_del_inode_ref_in_log and btrfs_del_dir_entries_in_log.
-    Unlink { dir: Loc, name: Vec<u8>, index: u64, inode: Loc },
+    Unlink {
+        dir: Loc,
+        name: Vec<u8>,
+        index: u64,
+        inode: Loc,
+    },
     /// A name came (link; rename with the old name): btrfs_log_new_name.
-    NewName { inode: Loc, old: Option<(Loc, Vec<u8>, u64)>, parent: Loc },
+    NewName {
+        inode: Loc,
+        old: Option<(Loc, Vec<u8>, u64)>,
+        parent: Loc,
+    },
 }
 
 /// The filesystem's log state.
@@ -263,7 +276,11 @@ impl Filesystem {
 
     /// The subvolume the root tree's `default` entry names.
     fn read_default_subvol(&mut self) -> Result<u64> {
-        let k = Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_DIR_ITEM_KEY, crate::format::dir::name_hash(b"default"));
+        let k = Key::new(
+            BTRFS_ROOT_TREE_DIR_OBJECTID,
+            BTRFS_DIR_ITEM_KEY,
+            crate::format::dir::name_hash(b"default"),
+        );
         if let Some(d) = self.store.lookup(TreeId::Root, &k)? {
             for e in crate::format::dir::parse_dir_items(&d).map_err(|e| e.at(0, k))? {
                 if e.name == b"default" {
@@ -288,7 +305,10 @@ impl Filesystem {
     pub fn now(&self) -> Timespec {
         let t = self.clock_base + self.clock_offset;
         let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        Timespec { sec: d.as_secs().into(), nsec: d.subsec_nanos().into() }
+        Timespec {
+            sec: d.as_secs().into(),
+            nsec: d.subsec_nanos().into(),
+        }
     }
 
     /// Move the clock (a script's `sleep`); periodic work that falls due
@@ -309,7 +329,12 @@ impl Filesystem {
         // The flusher wakes every few seconds of clock time, not per step.
         if now.saturating_sub(self.flusher_ran) >= FLUSHER_INTERVAL {
             self.flusher_ran = now;
-            let expired: Vec<Loc> = self.dirty_inodes.iter().filter(|(_, t)| now.saturating_sub(**t) >= DIRTY_EXPIRE).map(|(l, _)| *l).collect();
+            let expired: Vec<Loc> = self
+                .dirty_inodes
+                .iter()
+                .filter(|(_, t)| now.saturating_sub(**t) >= DIRTY_EXPIRE)
+                .map(|(l, _)| *l)
+                .collect();
             for l in expired {
                 self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
             }
@@ -328,7 +353,8 @@ impl Filesystem {
         if self.inodes.len() > INODE_CACHE {
             // Memory pressure evicts inodes that are neither open nor dirty.
             let dirty = &self.dirty_inodes;
-            self.inodes.retain(|l, rt| rt.opens > 0 || dirty.contains_key(l));
+            self.inodes
+                .retain(|l, rt| rt.opens > 0 || dirty.contains_key(l));
         }
         Ok(())
     }
@@ -368,7 +394,11 @@ impl Filesystem {
         // The log went with the commit.
         self.log.pending.clear();
         self.stats.commits += 1;
-        *self.stats.commit_reasons.entry(reason.to_string()).or_default() += 1;
+        *self
+            .stats
+            .commit_reasons
+            .entry(reason.to_string())
+            .or_default() += 1;
         self.trans_start = None;
         if !self.dropped_qgroups.is_empty() {
             self.remove_dropped_qgroups()?;
@@ -391,7 +421,12 @@ impl Filesystem {
         self.store.drop_clean_cache();
         let mut keep: HashSet<Loc> = HashSet::new();
         keep.insert(Loc::new(BTRFS_FS_TREE_OBJECTID, ROOT_DIR));
-        let open: Vec<Loc> = self.inodes.iter().filter(|(_, rt)| rt.opens > 0).map(|(l, _)| *l).collect();
+        let open: Vec<Loc> = self
+            .inodes
+            .iter()
+            .filter(|(_, rt)| rt.opens > 0)
+            .map(|(l, _)| *l)
+            .collect();
         for mut l in open {
             // Bounded: a directory chain deeper than this is not a tree.
             for _ in 0..4096 {
@@ -404,7 +439,9 @@ impl Filesystem {
                 }
             }
         }
-        self.inodes.retain(|l, rt| rt.opens > 0 || rt.has_page_cache || !rt.pages.is_empty() || keep.contains(l));
+        self.inodes.retain(|l, rt| {
+            rt.opens > 0 || rt.has_page_cache || !rt.pages.is_empty() || keep.contains(l)
+        });
     }
 
     /// Unmount and mount again: everything durable is committed, all
@@ -422,7 +459,12 @@ impl Filesystem {
 
     /// Close every open file (unmount): unlinked open files go.
     pub fn close_all(&mut self) -> Result<()> {
-        let open: Vec<Loc> = self.inodes.iter().filter(|(_, r)| r.opens > 0).map(|(l, _)| *l).collect();
+        let open: Vec<Loc> = self
+            .inodes
+            .iter()
+            .filter(|(_, r)| r.opens > 0)
+            .map(|(l, _)| *l)
+            .collect();
         for l in open {
             while self.inodes.get(&l).is_some_and(|r| r.opens > 0) {
                 self.close(l)?;
@@ -439,7 +481,12 @@ impl Filesystem {
     }
 
     pub fn item(&mut self, l: Loc) -> Result<InodeItem> {
-        get_inode(&mut self.store, l.subvol, l.ino)?.ok_or_else(|| Error::errno(libc::ENOENT, format!("inode {} of subvolume {} does not exist", l.ino, l.subvol)))
+        get_inode(&mut self.store, l.subvol, l.ino)?.ok_or_else(|| {
+            Error::errno(
+                libc::ENOENT,
+                format!("inode {} of subvolume {} does not exist", l.ino, l.subvol),
+            )
+        })
     }
 
     /// Write an inode item back (btrfs_update_inode): its transid is the
@@ -484,7 +531,11 @@ impl Filesystem {
         if !self.inodes.contains_key(&l) {
             let item = self.item(l)?;
             let transid = self.store.transid;
-            let mut rt = InodeRt { i_size: item.size.get(), disk_i_size: item.size.get(), ..Default::default() };
+            let mut rt = InodeRt {
+                i_size: item.size.get(),
+                disk_i_size: item.size.get(),
+                ..Default::default()
+            };
             // Changed in this transaction and evicted since: which extents
             // changed is unknown, so the next fsync logs everything. The
             // unlink and reflink transactions were not kept: assume the
@@ -497,7 +548,9 @@ impl Filesystem {
             rt.last_reflink_trans = rt.last_trans;
             self.inodes.insert(l, rt);
         }
-        self.inodes.get_mut(&l).ok_or_else(|| Error::Invalid("inode state".into()))
+        self.inodes
+            .get_mut(&l)
+            .ok_or_else(|| Error::Invalid("inode state".into()))
     }
 
     pub(super) fn rt_if_loaded(&mut self, l: Loc) -> Option<&mut InodeRt> {
@@ -547,7 +600,13 @@ impl Filesystem {
         if lt > 0 || !self.store.has_log(l.subvol) {
             return Ok(false);
         }
-        let found = self.store.lookup(TreeId::Log(l.subvol), &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))?.is_some();
+        let found = self
+            .store
+            .lookup(
+                TreeId::Log(l.subvol),
+                &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0),
+            )?
+            .is_some();
         let rt = self.rt(l)?;
         rt.logged_trans = if found { t } else { t - 1 };
         Ok(found)
@@ -566,9 +625,15 @@ impl Filesystem {
             };
             self.free_ino.insert(subvol, next);
         }
-        let n = self.free_ino.get_mut(&subvol).ok_or_else(|| Error::Invalid("free inode".into()))?;
+        let n = self
+            .free_ino
+            .get_mut(&subvol)
+            .ok_or_else(|| Error::Invalid("free inode".into()))?;
         if *n >= BTRFS_LAST_FREE_OBJECTID {
-            return Err(Error::errno(libc::ENOSPC, format!("no free inode numbers in subvolume {subvol}")));
+            return Err(Error::errno(
+                libc::ENOSPC,
+                format!("no free inode numbers in subvolume {subvol}"),
+            ));
         }
         let ino = *n;
         *n += 1;
@@ -591,7 +656,8 @@ impl Filesystem {
                 if self.item(dir)?.transid.get() == self.store.transid {
                     let lo = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0);
                     let hi = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX);
-                    if let Some((k, _)) = self.store.committed_items_in(dir.subvol, lo, hi)?.last() {
+                    if let Some((k, _)) = self.store.committed_items_in(dir.subvol, lo, hi)?.last()
+                    {
                         next = next.max(k.offset + 1);
                     }
                 }
@@ -628,7 +694,10 @@ impl Filesystem {
             it.transid.set(t);
         };
         if !modify_inode(&mut self.store, l.subvol, l.ino, g)? {
-            return Err(Error::errno(libc::ENOENT, format!("inode {} of subvolume {} does not exist", l.ino, l.subvol)));
+            return Err(Error::errno(
+                libc::ENOENT,
+                format!("inode {} of subvolume {} does not exist", l.ino, l.subvol),
+            ));
         }
         self.mark_changed(l);
         Ok(())
@@ -636,14 +705,17 @@ impl Filesystem {
 
     /// A page buffer (contents undefined).
     pub(super) fn alloc_page(&mut self) -> Box<[u8]> {
-        self.free_pages.pop().unwrap_or_else(|| vec![0u8; super::pagecache::PAGE as usize].into_boxed_slice())
+        self.free_pages
+            .pop()
+            .unwrap_or_else(|| vec![0u8; super::pagecache::PAGE as usize].into_boxed_slice())
     }
 
     /// Keep written-back pages for reuse, up to 16 MiB of them.
     pub(super) fn recycle_pages(&mut self, pages: Vec<(u64, Box<[u8]>)>) {
         const KEEP: usize = 4096;
         let room = KEEP.saturating_sub(self.free_pages.len());
-        self.free_pages.extend(pages.into_iter().take(room).map(|(_, p)| p));
+        self.free_pages
+            .extend(pages.into_iter().take(room).map(|(_, p)| p));
     }
 
     /// Runtime state for an inode just made (its item is known).
@@ -651,7 +723,17 @@ impl Filesystem {
         let t = self.store.transid;
         // A new inode is logged in full the first time (its number may
         // have been logged and removed in this transaction).
-        self.inodes.insert(l, InodeRt { i_size: size, disk_i_size: size, last_trans: t, full_sync: true, prop_compress: Some(0), ..Default::default() });
+        self.inodes.insert(
+            l,
+            InodeRt {
+                i_size: size,
+                disk_i_size: size,
+                last_trans: t,
+                full_sync: true,
+                prop_compress: Some(0),
+                ..Default::default()
+            },
+        );
         self.mark_changed(l);
         self.dirtied();
     }
@@ -672,13 +754,15 @@ impl Filesystem {
     /// operation that follows changes them.
     pub fn lookup(&mut self, dir: Loc, name: &[u8]) -> Result<Option<Loc>> {
         self.load_rt_if_exists(dir)?;
-        let found = super::names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.map(|(loc, _)| {
-            if loc.ty == BTRFS_ROOT_ITEM_KEY {
-                Loc::new(loc.objectid, ROOT_DIR)
-            } else {
-                Loc::new(dir.subvol, loc.objectid)
-            }
-        });
+        let found = super::names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.map(
+            |(loc, _)| {
+                if loc.ty == BTRFS_ROOT_ITEM_KEY {
+                    Loc::new(loc.objectid, ROOT_DIR)
+                } else {
+                    Loc::new(dir.subvol, loc.objectid)
+                }
+            },
+        );
         if let Some(l) = found {
             self.load_rt_if_exists(l)?;
         }
@@ -691,9 +775,22 @@ impl Filesystem {
         self.resolve_at(self.root(), path, follow, &mut 0)
     }
 
-    fn resolve_at(&mut self, start: Loc, path: &str, follow: bool, links: &mut usize) -> Result<Loc> {
-        let mut cur = if path.starts_with('/') { self.root() } else { start };
-        let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    fn resolve_at(
+        &mut self,
+        start: Loc,
+        path: &str,
+        follow: bool,
+        links: &mut usize,
+    ) -> Result<Loc> {
+        let mut cur = if path.starts_with('/') {
+            self.root()
+        } else {
+            start
+        };
+        let comps: Vec<&str> = path
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .collect();
         let mut stack: Vec<Loc> = vec![cur];
         for (i, c) in comps.iter().enumerate() {
             let last = i + 1 == comps.len();
@@ -707,17 +804,28 @@ impl Filesystem {
             }
             let it = self.item(cur)?;
             if !is_dir(it.mode.get()) {
-                return Err(Error::errno(libc::ENOTDIR, format!("{path}: a component is not a directory")));
+                return Err(Error::errno(
+                    libc::ENOTDIR,
+                    format!("{path}: a component is not a directory"),
+                ));
             }
             if c.len() > BTRFS_NAME_LEN {
-                return Err(Error::errno(libc::ENAMETOOLONG, format!("{path}: name too long")));
+                return Err(Error::errno(
+                    libc::ENAMETOOLONG,
+                    format!("{path}: name too long"),
+                ));
             }
-            let next = self.lookup(cur, c.as_bytes())?.ok_or_else(|| Error::errno(libc::ENOENT, format!("{path}: no such file or directory")))?;
+            let next = self.lookup(cur, c.as_bytes())?.ok_or_else(|| {
+                Error::errno(libc::ENOENT, format!("{path}: no such file or directory"))
+            })?;
             let nit = self.item(next)?;
             if is_symlink(nit.mode.get()) && (!last || follow) {
                 *links += 1;
                 if *links > MAX_SYMLINKS {
-                    return Err(Error::errno(libc::ELOOP, format!("{path}: too many symbolic links")));
+                    return Err(Error::errno(
+                        libc::ELOOP,
+                        format!("{path}: too many symbolic links"),
+                    ));
                 }
                 let target = self.read_link(next)?;
                 let t = String::from_utf8_lossy(&target).into_owned();
@@ -739,14 +847,23 @@ impl Filesystem {
             None => ("", t),
         };
         if name.is_empty() || name == "." || name == ".." {
-            return Err(Error::errno(libc::EINVAL, format!("{path}: no name to operate on")));
+            return Err(Error::errno(
+                libc::EINVAL,
+                format!("{path}: no name to operate on"),
+            ));
         }
         if name.len() > BTRFS_NAME_LEN {
-            return Err(Error::errno(libc::ENAMETOOLONG, format!("{path}: name too long")));
+            return Err(Error::errno(
+                libc::ENAMETOOLONG,
+                format!("{path}: name too long"),
+            ));
         }
         let d = self.resolve(if dir.is_empty() { "/" } else { dir }, true)?;
         if !is_dir(self.item(d)?.mode.get()) {
-            return Err(Error::errno(libc::ENOTDIR, format!("{path}: parent is not a directory")));
+            return Err(Error::errno(
+                libc::ENOTDIR,
+                format!("{path}: parent is not a directory"),
+            ));
         }
         Ok((d, name.as_bytes().to_vec()))
     }
@@ -757,7 +874,15 @@ impl Filesystem {
         if !is_symlink(it.mode.get()) {
             return Err(Error::errno(libc::EINVAL, "not a symbolic link"));
         }
-        super::read::read_range(&mut self.store, l.subvol, l.ino, it.size.get(), 0, it.size.get(), false)
+        super::read::read_range(
+            &mut self.store,
+            l.subvol,
+            l.ino,
+            it.size.get(),
+            0,
+            it.size.get(),
+            false,
+        )
     }
 
     /// Whether checksums are kept for an inode's data.
@@ -796,12 +921,19 @@ impl Filesystem {
     pub(super) fn delete_inode(&mut self, l: Loc) -> Result<()> {
         self.forget_inode(l);
         super::extents::drop_inode_items(&mut self.store, l.subvol, l.ino)?;
-        self.store.delete_item(TreeId::Tree(l.subvol), &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, l.ino))?;
+        self.store.delete_item(
+            TreeId::Tree(l.subvol),
+            &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, l.ino),
+        )?;
         Ok(())
     }
 
     /// Stats for `stats`: cache sizes and I/O counters.
     pub fn cache_sizes(&self) -> (u64, u64, u64) {
-        (self.store.cache_clean_bytes(), self.store.cache_dirty_bytes(), self.dirty_bytes)
+        (
+            self.store.cache_clean_bytes(),
+            self.store.cache_dirty_bytes(),
+            self.dirty_bytes,
+        )
     }
 }

@@ -37,7 +37,9 @@ pub fn inode_key(ino: u64) -> Key {
 
 pub fn get_inode(st: &mut Store, subvol: u64, ino: u64) -> Result<Option<InodeItem>> {
     let k = inode_key(ino);
-    match st.with_item(TreeId::Tree(subvol), &k, |d| InodeItem::read_from_bytes(d).ok())? {
+    match st.with_item(TreeId::Tree(subvol), &k, |d| {
+        InodeItem::read_from_bytes(d).ok()
+    })? {
         Some(Some(i)) => Ok(Some(i)),
         Some(None) => Err(Error::corrupt_key("inode item size", 0, k)),
         None => Ok(None),
@@ -45,15 +47,24 @@ pub fn get_inode(st: &mut Store, subvol: u64, ino: u64) -> Result<Option<InodeIt
 }
 
 /// Change an inode item in place; false when the inode does not exist.
-pub fn modify_inode(st: &mut Store, subvol: u64, ino: u64, f: impl FnOnce(&mut InodeItem)) -> Result<bool> {
+pub fn modify_inode(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    f: impl FnOnce(&mut InodeItem),
+) -> Result<bool> {
     let k = inode_key(ino);
-    match st.modify_item(TreeId::Tree(subvol), &k, |d| match InodeItem::mut_from_bytes(d) {
-        Ok(i) => {
-            f(i);
-            true
-        }
-        Err(_) => false,
-    })? {
+    match st.modify_item(
+        TreeId::Tree(subvol),
+        &k,
+        |d| match InodeItem::mut_from_bytes(d) {
+            Ok(i) => {
+                f(i);
+                true
+            }
+            Err(_) => false,
+        },
+    )? {
         Some(true) => Ok(true),
         Some(false) => Err(Error::corrupt_key("inode item size", 0, k)),
         None => Ok(false),
@@ -65,7 +76,14 @@ pub fn put_inode(st: &mut Store, subvol: u64, ino: u64, item: &InodeItem) -> Res
 }
 
 /// A new inode: one link, created in `transid` at `now`.
-pub fn new_inode_item(mode: u32, uid: u32, gid: u32, rdev: u64, now: Timespec, transid: u64) -> InodeItem {
+pub fn new_inode_item(
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u64,
+    now: Timespec,
+    transid: u64,
+) -> InodeItem {
     let mut i = InodeItem::new_zeroed();
     i.generation.set(transid);
     i.transid.set(transid);

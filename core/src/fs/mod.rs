@@ -20,7 +20,9 @@ pub mod writeback;
 pub mod xattr;
 
 pub use extents::{MAX_EXTENT_SIZE, MAX_INLINE};
-pub use filesystem::{EngineStats, Filesystem, InodeRt, Loc, LogOp, LogState, SubvolLog, Switches, FS_TREE, ROOT_DIR};
+pub use filesystem::{
+    EngineStats, Filesystem, InodeRt, Loc, LogOp, LogState, SubvolLog, Switches, FS_TREE, ROOT_DIR,
+};
 pub use inode::ftype_of_mode;
 pub use ops::Stat;
 pub use options::MountOptions;

@@ -8,8 +8,12 @@
 
 use super::inode::{get_inode, put_inode};
 use crate::format::consts::*;
-use crate::format::dir::{encode_dir_entries, encode_dir_entry, extref_hash, name_hash, parse_dir_items};
-use crate::format::inode::{encode_inode_extref, encode_inode_ref, parse_inode_extrefs, parse_inode_refs};
+use crate::format::dir::{
+    encode_dir_entries, encode_dir_entry, extref_hash, name_hash, parse_dir_items,
+};
+use crate::format::inode::{
+    encode_inode_extref, encode_inode_ref, parse_inode_extrefs, parse_inode_refs,
+};
 use crate::format::key::Key;
 use crate::trans::{Store, TreeId};
 use crate::{Error, Result};
@@ -38,9 +42,16 @@ fn max_item(st: &Store) -> usize {
 }
 
 /// The entry `name` of directory `dir`: (location, file type).
-pub fn lookup_name(st: &mut Store, subvol: u64, dir: u64, name: &[u8]) -> Result<Option<(Key, u8)>> {
+pub fn lookup_name(
+    st: &mut Store,
+    subvol: u64,
+    dir: u64,
+    name: &[u8],
+) -> Result<Option<(Key, u8)>> {
     let k = Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name));
-    let Some(d) = st.lookup(TreeId::Tree(subvol), &k)? else { return Ok(None) };
+    let Some(d) = st.lookup(TreeId::Tree(subvol), &k)? else {
+        return Ok(None);
+    };
     for e in parse_dir_items(&d).map_err(|e| e.at(0, k))? {
         if e.name == name {
             return Ok(Some((Key::from(&e.item.location), e.item.type_)));
@@ -50,19 +61,36 @@ pub fn lookup_name(st: &mut Store, subvol: u64, dir: u64, name: &[u8]) -> Result
 }
 
 /// The entry with dir index `index` in `dir`: (name, location, type).
-pub fn entry_at(st: &mut Store, subvol: u64, dir: u64, index: u64) -> Result<Option<(Vec<u8>, Key, u8)>> {
+pub fn entry_at(
+    st: &mut Store,
+    subvol: u64,
+    dir: u64,
+    index: u64,
+) -> Result<Option<(Vec<u8>, Key, u8)>> {
     let k = Key::new(dir, BTRFS_DIR_INDEX_KEY, index);
-    let Some(d) = st.lookup(TreeId::Tree(subvol), &k)? else { return Ok(None) };
+    let Some(d) = st.lookup(TreeId::Tree(subvol), &k)? else {
+        return Ok(None);
+    };
     let e = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
-    Ok(e.first().map(|e| (e.name.to_vec(), Key::from(&e.item.location), e.item.type_)))
+    Ok(e.first()
+        .map(|e| (e.name.to_vec(), Key::from(&e.item.location), e.item.type_)))
 }
 
 /// Every entry of `dir`, in index order.
 pub fn list_dir(st: &mut Store, subvol: u64, dir: u64) -> Result<Vec<DirEntryInfo>> {
     let mut out = Vec::new();
-    for (k, d) in st.items_in(TreeId::Tree(subvol), Key::new(dir, BTRFS_DIR_INDEX_KEY, 0), Key::new(dir, BTRFS_DIR_INDEX_KEY, u64::MAX))? {
+    for (k, d) in st.items_in(
+        TreeId::Tree(subvol),
+        Key::new(dir, BTRFS_DIR_INDEX_KEY, 0),
+        Key::new(dir, BTRFS_DIR_INDEX_KEY, u64::MAX),
+    )? {
         if let Some(e) = parse_dir_items(&d).map_err(|e| e.at(0, k))?.first() {
-            out.push(DirEntryInfo { name: e.name.to_vec(), location: Key::from(&e.item.location), ftype: e.item.type_, index: k.offset });
+            out.push(DirEntryInfo {
+                name: e.name.to_vec(),
+                location: Key::from(&e.item.location),
+                ftype: e.item.type_,
+                index: k.offset,
+            });
         }
     }
     Ok(out)
@@ -70,26 +98,40 @@ pub fn list_dir(st: &mut Store, subvol: u64, dir: u64) -> Result<Vec<DirEntryInf
 
 /// Whether a directory has no entries.
 pub fn dir_is_empty(st: &mut Store, subvol: u64, dir: u64) -> Result<bool> {
-    Ok(match st.next_item(TreeId::Tree(subvol), &Key::new(dir, BTRFS_DIR_INDEX_KEY, 0))? {
-        Some((k, _)) => !(k.objectid == dir && k.ty == BTRFS_DIR_INDEX_KEY),
-        None => true,
-    })
+    Ok(
+        match st.next_item(TreeId::Tree(subvol), &Key::new(dir, BTRFS_DIR_INDEX_KEY, 0))? {
+            Some((k, _)) => !(k.objectid == dir && k.ty == BTRFS_DIR_INDEX_KEY),
+            None => true,
+        },
+    )
 }
 
 /// Every name of inode `ino` (refs and extrefs).
 pub fn links_of(st: &mut Store, subvol: u64, ino: u64) -> Result<Vec<Link>> {
     let mut out = Vec::new();
     let t = TreeId::Tree(subvol);
-    for (k, d) in st.items_in(t, Key::new(ino, BTRFS_INODE_REF_KEY, 0), Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX))? {
+    for (k, d) in st.items_in(
+        t,
+        Key::new(ino, BTRFS_INODE_REF_KEY, 0),
+        Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX),
+    )? {
         match k.ty {
             BTRFS_INODE_REF_KEY => {
                 for e in parse_inode_refs(&d).map_err(|e| e.at(0, k))? {
-                    out.push(Link { parent: k.offset, index: e.index, name: e.name.to_vec() });
+                    out.push(Link {
+                        parent: k.offset,
+                        index: e.index,
+                        name: e.name.to_vec(),
+                    });
                 }
             }
             BTRFS_INODE_EXTREF_KEY => {
                 for e in parse_inode_extrefs(&d).map_err(|e| e.at(0, k))? {
-                    out.push(Link { parent: e.parent, index: e.index, name: e.name.to_vec() });
+                    out.push(Link {
+                        parent: e.parent,
+                        index: e.index,
+                        name: e.name.to_vec(),
+                    });
                 }
             }
             _ => {}
@@ -108,7 +150,11 @@ pub fn links_in(st: &mut Store, subvol: u64, ino: u64, dir: u64) -> Result<Vec<(
             out.push((e.index, e.name.to_vec()));
         }
     }
-    for (k, d) in st.items_in(t, Key::new(ino, BTRFS_INODE_EXTREF_KEY, 0), Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX))? {
+    for (k, d) in st.items_in(
+        t,
+        Key::new(ino, BTRFS_INODE_EXTREF_KEY, 0),
+        Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX),
+    )? {
         for e in parse_inode_extrefs(&d).map_err(|e| e.at(0, k))? {
             if e.parent == dir {
                 out.push((e.index, e.name.to_vec()));
@@ -147,9 +193,17 @@ fn append_packed(st: &mut Store, t: TreeId, key: &Key, entry: &[u8]) -> Result<(
 
 /// Remove the entry named `name` (for extrefs: with parent `parent`) from
 /// a packed item; the item goes when it empties. Returns whether it was there.
-pub fn remove_packed(st: &mut Store, subvol: u64, key: &Key, name: &[u8], parent: u64) -> Result<bool> {
+pub fn remove_packed(
+    st: &mut Store,
+    subvol: u64,
+    key: &Key,
+    name: &[u8],
+    parent: u64,
+) -> Result<bool> {
     let t = TreeId::Tree(subvol);
-    let Some(d) = st.lookup(t, key)? else { return Ok(false) };
+    let Some(d) = st.lookup(t, key)? else {
+        return Ok(false);
+    };
     let mut rest = Vec::with_capacity(d.len());
     let mut found = false;
     match key.ty {
@@ -173,11 +227,14 @@ pub fn remove_packed(st: &mut Store, subvol: u64, key: &Key, name: &[u8], parent
         }
         _ => {
             let ents = parse_dir_items(&d).map_err(|e| e.at(0, *key))?;
-            let keep: Vec<_> = ents.iter().filter(|e| {
-                let hit = !found && e.name == name;
-                found |= hit;
-                !hit
-            }).collect();
+            let keep: Vec<_> = ents
+                .iter()
+                .filter(|e| {
+                    let hit = !found && e.name == name;
+                    found |= hit;
+                    !hit
+                })
+                .collect();
             rest = encode_dir_entries(keep.into_iter());
         }
     }
@@ -197,14 +254,28 @@ pub fn remove_packed(st: &mut Store, subvol: u64, key: &Key, name: &[u8], parent
 /// directory's size and transid follow; link counts and times are the
 /// caller's.
 #[allow(clippy::too_many_arguments)]
-pub fn add_name(st: &mut Store, subvol: u64, dir: u64, location: Key, name: &[u8], ftype: u8, index: u64, transid: u64) -> Result<()> {
+pub fn add_name(
+    st: &mut Store,
+    subvol: u64,
+    dir: u64,
+    location: Key,
+    name: &[u8],
+    ftype: u8,
+    index: u64,
+    transid: u64,
+) -> Result<()> {
     if name.is_empty() || name.len() > BTRFS_NAME_LEN {
         return Err(Error::Invalid(format!("name of {} bytes", name.len())));
     }
     let t = TreeId::Tree(subvol);
     let mut d = Vec::with_capacity(30 + name.len());
     encode_dir_entry(&mut d, &location, transid, ftype, name, &[]);
-    append_packed(st, t, &Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name)), &d)?;
+    append_packed(
+        st,
+        t,
+        &Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name)),
+        &d,
+    )?;
     st.insert_item(t, &Key::new(dir, BTRFS_DIR_INDEX_KEY, index), &d)?;
     if location.ty == BTRFS_INODE_ITEM_KEY {
         add_backref(st, subvol, location.objectid, dir, name, index)?;
@@ -214,13 +285,22 @@ pub fn add_name(st: &mut Store, subvol: u64, dir: u64, location: Key, name: &[u8
 
 /// The inode's back reference for a new name: packed into its INODE_REF
 /// for this parent, or an INODE_EXTREF once that item would not fit a leaf.
-fn add_backref(st: &mut Store, subvol: u64, ino: u64, dir: u64, name: &[u8], index: u64) -> Result<()> {
+fn add_backref(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    dir: u64,
+    name: &[u8],
+    index: u64,
+) -> Result<()> {
     let t = TreeId::Tree(subvol);
     let rkey = Key::new(ino, BTRFS_INODE_REF_KEY, dir);
     let mut r = Vec::with_capacity(10 + name.len());
     encode_inode_ref(&mut r, index, name);
     let cur = st.lookup(t, &rkey)?;
-    let fits = cur.as_ref().is_none_or(|c| c.len() + r.len() <= max_item(st));
+    let fits = cur
+        .as_ref()
+        .is_none_or(|c| c.len() + r.len() <= max_item(st));
     if fits {
         return match cur {
             Some(mut c) => {
@@ -231,23 +311,56 @@ fn add_backref(st: &mut Store, subvol: u64, ino: u64, dir: u64, name: &[u8], ind
         };
     }
     if st.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_EXTENDED_IREF == 0 {
-        return Err(Error::NoSpace(format!("too many links to inode {ino} in directory {dir} (no extended inode refs)")));
+        return Err(Error::NoSpace(format!(
+            "too many links to inode {ino} in directory {dir} (no extended inode refs)"
+        )));
     }
     let mut x = Vec::with_capacity(18 + name.len());
     encode_inode_extref(&mut x, dir, index, name);
-    append_packed(st, t, &Key::new(ino, BTRFS_INODE_EXTREF_KEY, extref_hash(dir, name)), &x)
+    append_packed(
+        st,
+        t,
+        &Key::new(ino, BTRFS_INODE_EXTREF_KEY, extref_hash(dir, name)),
+        &x,
+    )
 }
 
 /// Remove name `name` (index `index`) of `location` from `dir`: the
 /// mirror of [`add_name`]. Returns whether the directory had it.
-pub fn remove_name(st: &mut Store, subvol: u64, dir: u64, location: Key, name: &[u8], index: u64, transid: u64) -> Result<bool> {
+pub fn remove_name(
+    st: &mut Store,
+    subvol: u64,
+    dir: u64,
+    location: Key,
+    name: &[u8],
+    index: u64,
+    transid: u64,
+) -> Result<bool> {
     let t = TreeId::Tree(subvol);
-    let had = remove_packed(st, subvol, &Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name)), name, dir)?;
+    let had = remove_packed(
+        st,
+        subvol,
+        &Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name)),
+        name,
+        dir,
+    )?;
     let had_index = st.delete_item(t, &Key::new(dir, BTRFS_DIR_INDEX_KEY, index))?;
     if location.ty == BTRFS_INODE_ITEM_KEY {
         let ino = location.objectid;
-        if !remove_packed(st, subvol, &Key::new(ino, BTRFS_INODE_REF_KEY, dir), name, dir)? {
-            remove_packed(st, subvol, &Key::new(ino, BTRFS_INODE_EXTREF_KEY, extref_hash(dir, name)), name, dir)?;
+        if !remove_packed(
+            st,
+            subvol,
+            &Key::new(ino, BTRFS_INODE_REF_KEY, dir),
+            name,
+            dir,
+        )? {
+            remove_packed(
+                st,
+                subvol,
+                &Key::new(ino, BTRFS_INODE_EXTREF_KEY, extref_hash(dir, name)),
+                name,
+                dir,
+            )?;
         }
     }
     if had || had_index {
@@ -257,7 +370,13 @@ pub fn remove_name(st: &mut Store, subvol: u64, dir: u64, location: Key, name: &
 }
 
 /// The directory size rule: +/- twice the name length per entry.
-fn adjust_dir_size(st: &mut Store, subvol: u64, dir: u64, name_len: i64, transid: u64) -> Result<()> {
+fn adjust_dir_size(
+    st: &mut Store,
+    subvol: u64,
+    dir: u64,
+    name_len: i64,
+    transid: u64,
+) -> Result<()> {
     super::inode::modify_inode(st, subvol, dir, |d| {
         let size = (d.size.get() as i64 + 2 * name_len).max(0) as u64;
         d.size.set(size);
@@ -270,21 +389,46 @@ fn adjust_dir_size(st: &mut Store, subvol: u64, dir: u64, name_len: i64, transid
 /// loses the link (a directory all of them) and its ctime moves, the
 /// directory's times move. Returns the inode and the links it has left;
 /// dropping an inode with none is the caller's (it may still be open).
-pub fn unlink(st: &mut Store, subvol: u64, dir: u64, name: &[u8], now: crate::format::inode::Timespec) -> Result<(u64, u32, u64)> {
+pub fn unlink(
+    st: &mut Store,
+    subvol: u64,
+    dir: u64,
+    name: &[u8],
+    now: crate::format::inode::Timespec,
+) -> Result<(u64, u32, u64)> {
     let transid = st.transid;
-    let (loc, _) = lookup_name(st, subvol, dir, name)?.ok_or_else(|| Error::Invalid(format!("no entry '{}' in directory {dir}", String::from_utf8_lossy(name))))?;
+    let (loc, _) = lookup_name(st, subvol, dir, name)?.ok_or_else(|| {
+        Error::Invalid(format!(
+            "no entry '{}' in directory {dir}",
+            String::from_utf8_lossy(name)
+        ))
+    })?;
     if loc.ty != BTRFS_INODE_ITEM_KEY {
-        return Err(Error::Invalid(format!("'{}' is a subvolume", String::from_utf8_lossy(name))));
+        return Err(Error::Invalid(format!(
+            "'{}' is a subvolume",
+            String::from_utf8_lossy(name)
+        )));
     }
     let ino = loc.objectid;
     let index = links_in(st, subvol, ino, dir)?
         .into_iter()
         .find(|(_, n)| n == name)
         .map(|(i, _)| i)
-        .ok_or_else(|| Error::corrupt_key("name without inode ref", 0, Key::new(ino, BTRFS_INODE_REF_KEY, dir)))?;
+        .ok_or_else(|| {
+            Error::corrupt_key(
+                "name without inode ref",
+                0,
+                Key::new(ino, BTRFS_INODE_REF_KEY, dir),
+            )
+        })?;
     remove_name(st, subvol, dir, loc, name, index, transid)?;
-    let mut inode = get_inode(st, subvol, ino)?.ok_or_else(|| Error::corrupt("entry names a missing inode", ino))?;
-    let nlink = if super::inode::is_dir(inode.mode.get()) { 0 } else { inode.nlink.get().saturating_sub(1) };
+    let mut inode = get_inode(st, subvol, ino)?
+        .ok_or_else(|| Error::corrupt("entry names a missing inode", ino))?;
+    let nlink = if super::inode::is_dir(inode.mode.get()) {
+        0
+    } else {
+        inode.nlink.get().saturating_sub(1)
+    };
     inode.nlink.set(nlink);
     inode.ctime = now;
     inode.transid.set(transid);

@@ -81,22 +81,40 @@ impl Filesystem {
     fn add_link(&mut self, dir: Loc, name: &[u8], target: Loc, mode: u32) -> Result<()> {
         let idx = self.next_index(dir)?;
         let t = self.transid();
-        names::add_name(&mut self.store, dir.subvol, dir.ino, inode_key(target.ino), name, ftype_of_mode(mode), idx, t)?;
+        names::add_name(
+            &mut self.store,
+            dir.subvol,
+            dir.ino,
+            inode_key(target.ino),
+            name,
+            ftype_of_mode(mode),
+            idx,
+            t,
+        )?;
         self.stamp(dir, true, true)
     }
 
     fn check_new_name(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
         if name.is_empty() || name == b"." || name == b".." {
-            return Err(Error::errno(libc::EEXIST, format!("{}: exists", name_str(name))));
+            return Err(Error::errno(
+                libc::EEXIST,
+                format!("{}: exists", name_str(name)),
+            ));
         }
         if name.len() > BTRFS_NAME_LEN {
-            return Err(Error::errno(libc::ENAMETOOLONG, format!("{}: name too long", name_str(name))));
+            return Err(Error::errno(
+                libc::ENAMETOOLONG,
+                format!("{}: name too long", name_str(name)),
+            ));
         }
         if !is_dir(self.item(dir)?.mode.get()) {
             return Err(Error::errno(libc::ENOTDIR, "parent is not a directory"));
         }
         if self.lookup(dir, name)?.is_some() {
-            return Err(Error::errno(libc::EEXIST, format!("{}: file exists", name_str(name))));
+            return Err(Error::errno(
+                libc::EEXIST,
+                format!("{}: file exists", name_str(name)),
+            ));
         }
         Ok(())
     }
@@ -105,7 +123,10 @@ impl Filesystem {
     pub fn create(&mut self, dir: Loc, name: &[u8], mode: u32) -> Result<Loc> {
         if let Some(l) = self.lookup(dir, name)? {
             if is_dir(self.item(l)?.mode.get()) {
-                return Err(Error::errno(libc::EISDIR, format!("{}: is a directory", name_str(name))));
+                return Err(Error::errno(
+                    libc::EISDIR,
+                    format!("{}: is a directory", name_str(name)),
+                ));
             }
             return Ok(l);
         }
@@ -132,13 +153,26 @@ impl Filesystem {
     /// symlink(2): the target is the file's inline data.
     pub fn symlink(&mut self, dir: Loc, name: &[u8], target: &[u8]) -> Result<Loc> {
         self.check_new_name(dir, name)?;
-        let max = self.store.nodesize() as usize - crate::format::header::HEADER_SIZE - crate::format::header::ITEM_SIZE - crate::format::file_extent::FILE_EXTENT_INLINE_DATA_START;
+        let max = self.store.nodesize() as usize
+            - crate::format::header::HEADER_SIZE
+            - crate::format::header::ITEM_SIZE
+            - crate::format::file_extent::FILE_EXTENT_INLINE_DATA_START;
         if target.is_empty() || target.len() > max.min(4095) {
-            return Err(Error::errno(libc::ENAMETOOLONG, format!("symlink target of {} bytes", target.len())));
+            return Err(Error::errno(
+                libc::ENAMETOOLONG,
+                format!("symlink target of {} bytes", target.len()),
+            ));
         }
         let m = S_IFLNK | 0o777;
         let l = self.new_inode(dir, m, 0)?;
-        super::data::write_inline(&mut self.store, l.subvol, l.ino, target.len() as u64, BTRFS_COMPRESS_NONE, target)?;
+        super::data::write_inline(
+            &mut self.store,
+            l.subvol,
+            l.ino,
+            target.len() as u64,
+            BTRFS_COMPRESS_NONE,
+            target,
+        )?;
         let mut it = self.item(l)?;
         it.size.set(target.len() as u64);
         it.nbytes.set(target.len() as u64);
@@ -154,7 +188,10 @@ impl Filesystem {
     pub fn link(&mut self, target: Loc, dir: Loc, name: &[u8]) -> Result<()> {
         let it = self.item(target)?;
         if is_dir(it.mode.get()) {
-            return Err(Error::errno(libc::EPERM, "link: hard links to directories are not allowed"));
+            return Err(Error::errno(
+                libc::EPERM,
+                "link: hard links to directories are not allowed",
+            ));
         }
         if target.subvol != dir.subvol {
             return Err(Error::errno(libc::EXDEV, "link: across subvolumes"));
@@ -182,7 +219,12 @@ impl Filesystem {
         self.touch_trans(dir)?;
         self.touch_trans(l)?;
         if self.store.has_log(dir.subvol) {
-            self.log.pending.push(super::filesystem::LogOp::Unlink { dir, name: name.to_vec(), index, inode: l });
+            self.log.pending.push(super::filesystem::LogOp::Unlink {
+                dir,
+                name: name.to_vec(),
+                index,
+                inode: l,
+            });
         }
         if nlink == 0 {
             let open = self.rt_if_loaded(l).is_some_and(|r| r.opens > 0);
@@ -202,9 +244,14 @@ impl Filesystem {
 
     /// unlink(2).
     pub fn unlink(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
-        let l = self.lookup(dir, name)?.ok_or_else(|| Error::errno(libc::ENOENT, format!("{}: no such file", name_str(name))))?;
+        let l = self.lookup(dir, name)?.ok_or_else(|| {
+            Error::errno(libc::ENOENT, format!("{}: no such file", name_str(name)))
+        })?;
         if is_dir(self.item(l)?.mode.get()) {
-            return Err(Error::errno(libc::EISDIR, format!("{}: is a directory", name_str(name))));
+            return Err(Error::errno(
+                libc::EISDIR,
+                format!("{}: is a directory", name_str(name)),
+            ));
         }
         // btrfs_record_unlink_dir: a later fsync of the inode logs its
         // old parents.
@@ -216,12 +263,23 @@ impl Filesystem {
 
     /// rmdir(2).
     pub fn rmdir(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
-        let l = self.lookup(dir, name)?.ok_or_else(|| Error::errno(libc::ENOENT, format!("{}: no such directory", name_str(name))))?;
+        let l = self.lookup(dir, name)?.ok_or_else(|| {
+            Error::errno(
+                libc::ENOENT,
+                format!("{}: no such directory", name_str(name)),
+            )
+        })?;
         if !is_dir(self.item(l)?.mode.get()) {
-            return Err(Error::errno(libc::ENOTDIR, format!("{}: not a directory", name_str(name))));
+            return Err(Error::errno(
+                libc::ENOTDIR,
+                format!("{}: not a directory", name_str(name)),
+            ));
         }
         if !names::dir_is_empty(&mut self.store, l.subvol, l.ino)? {
-            return Err(Error::errno(libc::ENOTEMPTY, format!("{}: directory not empty", name_str(name))));
+            return Err(Error::errno(
+                libc::ENOTEMPTY,
+                format!("{}: directory not empty", name_str(name)),
+            ));
         }
         if l.subvol != dir.subvol {
             // An empty subvolume: rmdir deletes it, as the kernel allows.
@@ -247,15 +305,22 @@ impl Filesystem {
                 return Ok(false);
             }
             let links = names::links_of(&mut self.store, l.subvol, l.ino)?;
-            let Some(p) = links.first() else { return Ok(false) };
+            let Some(p) = links.first() else {
+                return Ok(false);
+            };
             l = Loc::new(l.subvol, p.parent);
         }
-        Err(Error::corrupt("directory chain does not reach the root", l.ino))
+        Err(Error::corrupt(
+            "directory chain does not reach the root",
+            l.ino,
+        ))
     }
 
     /// rename(2), replacing an existing target.
     pub fn rename(&mut self, odir: Loc, oname: &[u8], ndir: Loc, nname: &[u8]) -> Result<()> {
-        let src = self.lookup(odir, oname)?.ok_or_else(|| Error::errno(libc::ENOENT, format!("{}: no such file", name_str(oname))))?;
+        let src = self.lookup(odir, oname)?.ok_or_else(|| {
+            Error::errno(libc::ENOENT, format!("{}: no such file", name_str(oname)))
+        })?;
         if odir.subvol != ndir.subvol || src.subvol != odir.subvol {
             return Err(Error::errno(libc::EXDEV, "rename: across subvolumes"));
         }
@@ -267,7 +332,10 @@ impl Filesystem {
         }
         let smode = self.item(src)?.mode.get();
         if is_dir(smode) && self.is_ancestor(src, ndir)? {
-            return Err(Error::errno(libc::EINVAL, "rename: a directory into itself"));
+            return Err(Error::errno(
+                libc::EINVAL,
+                "rename: a directory into itself",
+            ));
         }
         if let Some(dst) = self.lookup(ndir, nname)? {
             if dst == src {
@@ -275,10 +343,20 @@ impl Filesystem {
             }
             let dmode = self.item(dst)?.mode.get();
             match (is_dir(smode), is_dir(dmode)) {
-                (true, false) => return Err(Error::errno(libc::ENOTDIR, "rename: directory over a non-directory")),
-                (false, true) => return Err(Error::errno(libc::EISDIR, "rename: over a directory")),
+                (true, false) => {
+                    return Err(Error::errno(
+                        libc::ENOTDIR,
+                        "rename: directory over a non-directory",
+                    ))
+                }
+                (false, true) => {
+                    return Err(Error::errno(libc::EISDIR, "rename: over a directory"))
+                }
                 (true, true) if !names::dir_is_empty(&mut self.store, dst.subvol, dst.ino)? => {
-                    return Err(Error::errno(libc::ENOTEMPTY, "rename: target directory not empty"))
+                    return Err(Error::errno(
+                        libc::ENOTEMPTY,
+                        "rename: target directory not empty",
+                    ))
                 }
                 _ => {}
             }
@@ -289,12 +367,26 @@ impl Filesystem {
             .into_iter()
             .find(|(_, n)| n == oname)
             .map(|(i, _)| i)
-            .ok_or_else(|| Error::corrupt_key("name without inode ref", 0, Key::new(src.ino, BTRFS_INODE_REF_KEY, odir.ino)))?;
+            .ok_or_else(|| {
+                Error::corrupt_key(
+                    "name without inode ref",
+                    0,
+                    Key::new(src.ino, BTRFS_INODE_REF_KEY, odir.ino),
+                )
+            })?;
         let t = self.transid();
         if odir != ndir {
             self.record_unlink_dir(odir, src, true)?;
         }
-        names::remove_name(&mut self.store, odir.subvol, odir.ino, inode_key(src.ino), oname, idx_old, t)?;
+        names::remove_name(
+            &mut self.store,
+            odir.subvol,
+            odir.ino,
+            inode_key(src.ino),
+            oname,
+            idx_old,
+            t,
+        )?;
         self.add_link(ndir, nname, src, smode)?;
         self.stamp(odir, true, true)?;
         self.stamp(src, true, false)?;
@@ -320,7 +412,12 @@ impl Filesystem {
     /// at its next logging, its old parents are logged, and a log that
     /// holds it (or the old directory) is brought up to date before the
     /// next log sync.
-    fn log_new_name(&mut self, l: Loc, old: Option<(Loc, Vec<u8>, u64)>, parent: Loc) -> Result<()> {
+    fn log_new_name(
+        &mut self,
+        l: Loc,
+        old: Option<(Loc, Vec<u8>, u64)>,
+        parent: Loc,
+    ) -> Result<()> {
         let t = self.transid();
         let dir = is_dir(self.item(l)?.mode.get());
         let rt = self.rt(l)?;
@@ -329,7 +426,11 @@ impl Filesystem {
             rt.last_unlink_trans = t;
         }
         if self.store.has_log(l.subvol) {
-            self.log.pending.push(super::filesystem::LogOp::NewName { inode: l, old, parent });
+            self.log.pending.push(super::filesystem::LogOp::NewName {
+                inode: l,
+                old,
+                parent,
+            });
         }
         Ok(())
     }
@@ -354,9 +455,15 @@ impl Filesystem {
         if value.len() > XATTR_SIZE_MAX {
             return Err(Error::errno(libc::E2BIG, "setxattr: value too large"));
         }
-        let max = self.store.nodesize() as usize - crate::format::header::HEADER_SIZE - crate::format::header::ITEM_SIZE - crate::format::dir::DIR_ITEM_SIZE;
+        let max = self.store.nodesize() as usize
+            - crate::format::header::HEADER_SIZE
+            - crate::format::header::ITEM_SIZE
+            - crate::format::dir::DIR_ITEM_SIZE;
         if name.len() + value.len() > max {
-            return Err(Error::errno(libc::ENOSPC, "setxattr: name and value do not fit in a leaf"));
+            return Err(Error::errno(
+                libc::ENOSPC,
+                "setxattr: name and value do not fit in a leaf",
+            ));
         }
         if name.starts_with(b"btrfs.") {
             return self.set_prop(l, name, Some(value), false);
@@ -374,7 +481,10 @@ impl Filesystem {
             return self.set_prop(l, name, None, true);
         }
         if !super::xattr::remove_xattr(&mut self.store, l.subvol, l.ino, name)? {
-            return Err(Error::errno(libc::ENODATA, format!("removexattr {}: no such attribute", name_str(name))));
+            return Err(Error::errno(
+                libc::ENODATA,
+                format!("removexattr {}: no such attribute", name_str(name)),
+            ));
         }
         self.rt(l)?.copy_everything = true;
         self.stamp(l, true, false)
@@ -392,13 +502,27 @@ impl Filesystem {
         if name.is_empty() || name.len() > XATTR_NAME_MAX {
             return Err(Error::errno(libc::ERANGE, "xattr name length"));
         }
-        let ok = [&b"user."[..], b"trusted.", b"security.", b"system.", b"btrfs."].iter().any(|p| name.starts_with(p) && name.len() > p.len());
+        let ok = [
+            &b"user."[..],
+            b"trusted.",
+            b"security.",
+            b"system.",
+            b"btrfs.",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p) && name.len() > p.len());
         if !ok {
-            return Err(Error::errno(libc::EOPNOTSUPP, format!("xattr {}: namespace not supported", name_str(name))));
+            return Err(Error::errno(
+                libc::EOPNOTSUPP,
+                format!("xattr {}: namespace not supported", name_str(name)),
+            ));
         }
         let m = self.item(l)?.mode.get();
         if name.starts_with(b"user.") && !is_reg(m) && !is_dir(m) {
-            return Err(Error::errno(libc::EPERM, "user xattrs only on files and directories"));
+            return Err(Error::errno(
+                libc::EPERM,
+                "user xattrs only on files and directories",
+            ));
         }
         Ok(())
     }
@@ -476,7 +600,11 @@ impl Filesystem {
         Ok(names::list_dir(&mut self.store, l.subvol, l.ino)?
             .into_iter()
             .map(|e| {
-                let loc = if e.location.ty == BTRFS_ROOT_ITEM_KEY { Loc::new(e.location.objectid, super::filesystem::ROOT_DIR) } else { Loc::new(l.subvol, e.location.objectid) };
+                let loc = if e.location.ty == BTRFS_ROOT_ITEM_KEY {
+                    Loc::new(e.location.objectid, super::filesystem::ROOT_DIR)
+                } else {
+                    Loc::new(l.subvol, e.location.objectid)
+                };
                 (e.name, loc, e.ftype)
             })
             .collect())

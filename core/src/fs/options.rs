@@ -44,18 +44,76 @@ impl Default for MountOptions {
 
 /// Options the kernel accepts that change nothing offline.
 const ACCEPTED: &[&str] = &[
-    "rw", "ro", "defaults", "noatime", "relatime", "atime", "strictatime", "lazytime", "nodiratime", "diratime", "ssd", "nossd",
-    "ssd_spread", "nossd_spread", "discard", "nodiscard", "space_cache", "nospace_cache", "autodefrag", "noautodefrag",
-    "barrier", "nobarrier", "acl", "noacl", "user_xattr", "norecovery", "usebackuproot", "skip_balance", "enospc_debug",
-    "noenospc_debug", "treelog_verbose", "rescan_uuid_tree", "clear_cache", "degraded", "inode_cache", "noinode_cache",
-    "check_int", "ref_verify", "datasum", "datacow", "dev", "nodev", "exec", "noexec", "suid", "nosuid", "sync", "async",
+    "rw",
+    "ro",
+    "defaults",
+    "noatime",
+    "relatime",
+    "atime",
+    "strictatime",
+    "lazytime",
+    "nodiratime",
+    "diratime",
+    "ssd",
+    "nossd",
+    "ssd_spread",
+    "nossd_spread",
+    "discard",
+    "nodiscard",
+    "space_cache",
+    "nospace_cache",
+    "autodefrag",
+    "noautodefrag",
+    "barrier",
+    "nobarrier",
+    "acl",
+    "noacl",
+    "user_xattr",
+    "norecovery",
+    "usebackuproot",
+    "skip_balance",
+    "enospc_debug",
+    "noenospc_debug",
+    "treelog_verbose",
+    "rescan_uuid_tree",
+    "clear_cache",
+    "degraded",
+    "inode_cache",
+    "noinode_cache",
+    "check_int",
+    "ref_verify",
+    "datasum",
+    "datacow",
+    "dev",
+    "nodev",
+    "exec",
+    "noexec",
+    "suid",
+    "nosuid",
+    "sync",
+    "async",
     "loop",
 ];
 
 /// Options with a value the kernel accepts that change nothing offline.
 const ACCEPTED_VALUED: &[&str] = &[
-    "space_cache", "discard", "subvol", "subvolid", "device", "thread_pool", "metadata_ratio", "fatal_errors", "rescue",
-    "fragment", "context", "fscontext", "defcontext", "rootcontext", "uid", "gid", "mode",
+    "space_cache",
+    "discard",
+    "subvol",
+    "subvolid",
+    "device",
+    "thread_pool",
+    "metadata_ratio",
+    "fatal_errors",
+    "rescue",
+    "fragment",
+    "context",
+    "fscontext",
+    "defcontext",
+    "rootcontext",
+    "uid",
+    "gid",
+    "mode",
 ];
 
 fn parse_size(v: &str) -> Option<u64> {
@@ -75,7 +133,12 @@ impl MountOptions {
     pub fn parse<S: AsRef<str>>(opts: &[S]) -> Result<MountOptions> {
         let mut o = MountOptions::default();
         for raw in opts {
-            for opt in raw.as_ref().split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            for opt in raw
+                .as_ref()
+                .split(',')
+                .map(str::trim)
+                .filter(|x| !x.is_empty())
+            {
                 o.apply(opt)?;
                 o.given.push(opt.to_string());
             }
@@ -143,9 +206,21 @@ mod tests {
 
     #[test]
     fn parses_the_options_that_matter() {
-        let o = MountOptions::parse(&["commit=5,compress-force=zstd:9", "max_inline=0", "noatime,ssd,space_cache=v2", "notreelog,flushoncommit"]).unwrap();
+        let o = MountOptions::parse(&[
+            "commit=5,compress-force=zstd:9",
+            "max_inline=0",
+            "noatime,ssd,space_cache=v2",
+            "notreelog,flushoncommit",
+        ])
+        .unwrap();
         assert_eq!(o.commit_interval, 5);
-        assert_eq!(o.compress, Some(Method { kind: BTRFS_COMPRESS_ZSTD, level: 9 }));
+        assert_eq!(
+            o.compress,
+            Some(Method {
+                kind: BTRFS_COMPRESS_ZSTD,
+                level: 9
+            })
+        );
         assert!(o.compress_force && !o.treelog && o.flushoncommit);
         assert_eq!(o.max_inline, 0);
         let o = MountOptions::parse(&["nodatacow"]).unwrap();

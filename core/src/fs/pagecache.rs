@@ -42,7 +42,9 @@ impl PageCache {
     /// Take pages `[from, to)` out, in order.
     pub fn take_range(&mut self, from: u64, to: u64) -> Vec<(u64, Box<[u8]>)> {
         let keys: Vec<u64> = self.pages.range(from..to).map(|(k, _)| *k).collect();
-        keys.into_iter().filter_map(|k| self.pages.remove(&k).map(|p| (k, p))).collect()
+        keys.into_iter()
+            .filter_map(|k| self.pages.remove(&k).map(|p| (k, p)))
+            .collect()
     }
     /// Runs of consecutive dirty pages as byte ranges `[start, end)`.
     pub fn dirty_ranges(&self) -> Vec<(u64, u64)> {

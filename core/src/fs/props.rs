@@ -31,10 +31,14 @@ fn parse_compression(v: &[u8]) -> Option<Compression> {
     if v == b"no" || v == b"none" {
         return Some(Compression::Never);
     }
-    [(&b"zlib"[..], BTRFS_COMPRESS_ZLIB), (b"lzo", BTRFS_COMPRESS_LZO), (b"zstd", BTRFS_COMPRESS_ZSTD)]
-        .iter()
-        .find(|(n, _)| v.starts_with(n))
-        .map(|(_, k)| Compression::Kind(*k))
+    [
+        (&b"zlib"[..], BTRFS_COMPRESS_ZLIB),
+        (b"lzo", BTRFS_COMPRESS_LZO),
+        (b"zstd", BTRFS_COMPRESS_ZSTD),
+    ]
+    .iter()
+    .find(|(n, _)| v.starts_with(n))
+    .map(|(_, k)| Compression::Kind(*k))
 }
 
 pub fn kind_name(kind: u8) -> Option<&'static [u8]> {
@@ -72,7 +76,13 @@ impl Filesystem {
     /// inode; on an inode that is neither a file nor a directory the call
     /// succeeds and does nothing. An empty value removes the property.
     /// `must_exist`: removexattr (ENODATA when there is nothing to remove).
-    pub(super) fn set_prop(&mut self, l: Loc, name: &[u8], value: Option<&[u8]>, must_exist: bool) -> Result<()> {
+    pub(super) fn set_prop(
+        &mut self,
+        l: Loc,
+        name: &[u8],
+        value: Option<&[u8]>,
+        must_exist: bool,
+    ) -> Result<()> {
         if name != COMPRESSION {
             return Err(einval("unknown btrfs property"));
         }
@@ -97,9 +107,13 @@ impl Filesystem {
                 parse_compression(v).unwrap_or(Compression::Reset)
             }
             None => {
-                let removed = super::xattr::remove_xattr(&mut self.store, l.subvol, l.ino, COMPRESSION)?;
+                let removed =
+                    super::xattr::remove_xattr(&mut self.store, l.subvol, l.ino, COMPRESSION)?;
                 if !removed && must_exist {
-                    return Err(Error::errno(libc::ENODATA, "removexattr btrfs.compression: no such attribute"));
+                    return Err(Error::errno(
+                        libc::ENODATA,
+                        "removexattr btrfs.compression: no such attribute",
+                    ));
                 }
                 Compression::Reset
             }
@@ -131,14 +145,25 @@ impl Filesystem {
     /// when the new inode cannot compress.
     pub(super) fn inherit_props(&mut self, child: Loc, parent: Loc) -> Result<()> {
         let kind = self.prop_compress(parent)?;
-        let Some(name) = kind_name(kind) else { return Ok(()) };
+        let Some(name) = kind_name(kind) else {
+            return Ok(());
+        };
         let it = self.item(child)?;
         let m = it.mode.get();
-        if (!is_reg(m) && !is_dir(m)) || it.flags.get() & (BTRFS_INODE_NODATACOW | BTRFS_INODE_NODATASUM) != 0 {
+        if (!is_reg(m) && !is_dir(m))
+            || it.flags.get() & (BTRFS_INODE_NODATACOW | BTRFS_INODE_NODATASUM) != 0
+        {
             return Ok(());
         }
         let t = self.transid();
-        super::xattr::set_xattr(&mut self.store, child.subvol, child.ino, COMPRESSION, name, t)?;
+        super::xattr::set_xattr(
+            &mut self.store,
+            child.subvol,
+            child.ino,
+            COMPRESSION,
+            name,
+            t,
+        )?;
         self.apply_compression(child, Compression::Kind(kind))
     }
 
@@ -159,16 +184,29 @@ mod tests {
         assert_eq!(parse_compression(b""), Some(Compression::Reset));
         assert_eq!(parse_compression(b"no"), Some(Compression::Never));
         assert_eq!(parse_compression(b"none"), Some(Compression::Never));
-        assert_eq!(parse_compression(b"zstd"), Some(Compression::Kind(BTRFS_COMPRESS_ZSTD)));
-        assert_eq!(parse_compression(b"zstd:9"), Some(Compression::Kind(BTRFS_COMPRESS_ZSTD)));
-        assert_eq!(parse_compression(b"lzo"), Some(Compression::Kind(BTRFS_COMPRESS_LZO)));
-        assert_eq!(parse_compression(b"zlib"), Some(Compression::Kind(BTRFS_COMPRESS_ZLIB)));
+        assert_eq!(
+            parse_compression(b"zstd"),
+            Some(Compression::Kind(BTRFS_COMPRESS_ZSTD))
+        );
+        assert_eq!(
+            parse_compression(b"zstd:9"),
+            Some(Compression::Kind(BTRFS_COMPRESS_ZSTD))
+        );
+        assert_eq!(
+            parse_compression(b"lzo"),
+            Some(Compression::Kind(BTRFS_COMPRESS_LZO))
+        );
+        assert_eq!(
+            parse_compression(b"zlib"),
+            Some(Compression::Kind(BTRFS_COMPRESS_ZLIB))
+        );
         assert_eq!(parse_compression(b"zl"), None);
         assert_eq!(parse_compression(b"nope"), None);
     }
 
     fn fresh() -> Filesystem {
-        let dev: std::sync::Arc<dyn crate::io::BlockDevice> = std::sync::Arc::new(crate::io::MemDevice::zeroed(256 << 20));
+        let dev: std::sync::Arc<dyn crate::io::BlockDevice> =
+            std::sync::Arc::new(crate::io::MemDevice::zeroed(256 << 20));
         let (st, staged, _) = crate::mkfs::make(dev.clone(), &Default::default()).unwrap();
         crate::mkfs::finish(st, &staged).unwrap();
         Filesystem::mount(dev, Default::default()).unwrap()
@@ -186,8 +224,14 @@ mod tests {
         let mut fs = fresh();
         let root = fs.root();
         let d = fs.mkdir(root, b"d", 0o755).unwrap();
-        assert_eq!(errno(fs.set_xattr(d, b"btrfs.bogus", b"zstd")), libc::EINVAL);
-        assert_eq!(errno(fs.set_xattr(d, b"btrfs.compression", b"gzip")), libc::EINVAL);
+        assert_eq!(
+            errno(fs.set_xattr(d, b"btrfs.bogus", b"zstd")),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(fs.set_xattr(d, b"btrfs.compression", b"gzip")),
+            libc::EINVAL
+        );
         fs.set_xattr(d, b"btrfs.compression", b"zstd").unwrap();
         let flags = fs.item(d).unwrap().flags.get();
         assert!(flags & BTRFS_INODE_COMPRESS != 0 && flags & BTRFS_INODE_NOCOMPRESS == 0);
@@ -198,7 +242,10 @@ mod tests {
         let sub = fs.mkdir(d, b"sub", 0o755).unwrap();
         let s = fs.symlink(d, b"s", b"f").unwrap();
         for l in [f, sub] {
-            assert_eq!(fs.get_xattr(l, COMPRESSION).unwrap().as_deref(), Some(&b"zstd"[..]));
+            assert_eq!(
+                fs.get_xattr(l, COMPRESSION).unwrap().as_deref(),
+                Some(&b"zstd"[..])
+            );
             assert!(fs.item(l).unwrap().flags.get() & BTRFS_INODE_COMPRESS != 0);
         }
         assert_eq!(fs.get_xattr(s, COMPRESSION).unwrap(), None);
@@ -210,8 +257,14 @@ mod tests {
         assert!(flags & BTRFS_INODE_NOCOMPRESS != 0 && flags & BTRFS_INODE_COMPRESS == 0);
         assert_eq!(fs.prop_compress(f).unwrap(), 0);
         fs.remove_xattr(f, b"btrfs.compression").unwrap();
-        assert_eq!(fs.item(f).unwrap().flags.get() & (BTRFS_INODE_COMPRESS | BTRFS_INODE_NOCOMPRESS), 0);
-        assert_eq!(errno(fs.remove_xattr(f, b"btrfs.compression")), libc::ENODATA);
+        assert_eq!(
+            fs.item(f).unwrap().flags.get() & (BTRFS_INODE_COMPRESS | BTRFS_INODE_NOCOMPRESS),
+            0
+        );
+        assert_eq!(
+            errno(fs.remove_xattr(f, b"btrfs.compression")),
+            libc::ENODATA
+        );
         // An empty value removes it without complaint.
         fs.set_xattr(sub, b"btrfs.compression", b"").unwrap();
         assert_eq!(fs.get_xattr(sub, COMPRESSION).unwrap(), None);

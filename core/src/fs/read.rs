@@ -19,7 +19,15 @@ pub enum MapKind {
 /// Read `[off, off+len)` of inode `ino` as the filesystem holds it (no
 /// page cache), clipped to `size`. Checksums are verified unless the inode
 /// is nodatasum: a mismatch is an I/O error, as the kernel returns EIO.
-pub fn read_range(st: &mut Store, subvol: u64, ino: u64, size: u64, off: u64, len: u64, datasum: bool) -> Result<Vec<u8>> {
+pub fn read_range(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    size: u64,
+    off: u64,
+    len: u64,
+    datasum: bool,
+) -> Result<Vec<u8>> {
     let end = off.saturating_add(len).min(size);
     if off >= end {
         return Ok(Vec::new());
@@ -32,7 +40,8 @@ pub fn read_range(st: &mut Store, subvol: u64, ino: u64, size: u64, off: u64, le
             FileExtent::Inline { head, data } => {
                 let ram = head.ram_bytes.get() as usize;
                 let bytes = if head.compression != BTRFS_COMPRESS_NONE {
-                    compress::decompress(head.compression, data, ram, ss as usize).map_err(|e| e.at(0, k))?
+                    compress::decompress(head.compression, data, ram, ss as usize)
+                        .map_err(|e| e.at(0, k))?
                 } else {
                     data.to_vec()
                 };
@@ -52,10 +61,18 @@ pub fn read_range(st: &mut Store, subvol: u64, ino: u64, size: u64, off: u64, le
                     if datasum {
                         verify(st, bytenr, &disk, ino, k.offset)?;
                     }
-                    let ram = compress::decompress(head.compression, &disk, item.ram_bytes.get() as usize, ss as usize).map_err(|e| e.at(0, k))?;
+                    let ram = compress::decompress(
+                        head.compression,
+                        &disk,
+                        item.ram_bytes.get() as usize,
+                        ss as usize,
+                    )
+                    .map_err(|e| e.at(0, k))?;
                     let from = (item.offset.get() + (a - es)) as usize;
                     let to = from + (b - a) as usize;
-                    let src = ram.get(from..to).ok_or_else(|| Error::corrupt_key("compressed extent shorter than its reference", 0, k))?;
+                    let src = ram.get(from..to).ok_or_else(|| {
+                        Error::corrupt_key("compressed extent shorter than its reference", 0, k)
+                    })?;
                     out[(a - off) as usize..(b - off) as usize].copy_from_slice(src);
                 } else {
                     // Whole sectors, so checksums can be verified.
@@ -68,7 +85,8 @@ pub fn read_range(st: &mut Store, subvol: u64, ino: u64, size: u64, off: u64, le
                         verify(st, slo, &buf, ino, k.offset)?;
                     }
                     let from = (lo - slo) as usize;
-                    out[(a - off) as usize..(b - off) as usize].copy_from_slice(&buf[from..from + (b - a) as usize]);
+                    out[(a - off) as usize..(b - off) as usize]
+                        .copy_from_slice(&buf[from..from + (b - a) as usize]);
                 }
             }
         }
@@ -80,7 +98,8 @@ fn copy_in(out: &mut [u8], off: u64, at: u64, bytes: &[u8]) {
     let end = off + out.len() as u64;
     let (a, b) = (at.max(off), (at + bytes.len() as u64).min(end));
     if a < b {
-        out[(a - off) as usize..(b - off) as usize].copy_from_slice(&bytes[(a - at) as usize..(b - at) as usize]);
+        out[(a - off) as usize..(b - off) as usize]
+            .copy_from_slice(&bytes[(a - at) as usize..(b - at) as usize]);
     }
 }
 
@@ -109,14 +128,26 @@ fn verify(st: &mut Store, bytenr: u64, data: &[u8], ino: u64, file_off: u64) -> 
 pub fn extent_map(st: &mut Store, subvol: u64, ino: u64) -> Result<Vec<(u64, u64, MapKind)>> {
     let mut out: Vec<(u64, u64, MapKind)> = Vec::new();
     let ss = st.sectorsize() as u64;
-    for (k, d) in st.items_in(crate::trans::TreeId::Tree(subvol), extent_key(ino, 0), extent_key(ino, u64::MAX))? {
+    for (k, d) in st.items_in(
+        crate::trans::TreeId::Tree(subvol),
+        extent_key(ino, 0),
+        extent_key(ino, u64::MAX),
+    )? {
         let (s, e, kind) = match parse_file_extent(&d).map_err(|e| e.at(0, k))? {
-            FileExtent::Inline { head, .. } => (k.offset, k.offset + head.ram_bytes.get().div_ceil(ss) * ss, MapKind::Data),
+            FileExtent::Inline { head, .. } => (
+                k.offset,
+                k.offset + head.ram_bytes.get().div_ceil(ss) * ss,
+                MapKind::Data,
+            ),
             FileExtent::Disk { head, item } => {
                 if item.disk_bytenr.get() == 0 {
                     continue;
                 }
-                let kind = if head.type_ == BTRFS_FILE_EXTENT_PREALLOC { MapKind::Unwritten } else { MapKind::Data };
+                let kind = if head.type_ == BTRFS_FILE_EXTENT_PREALLOC {
+                    MapKind::Unwritten
+                } else {
+                    MapKind::Data
+                };
                 (k.offset, k.offset + item.num_bytes.get(), kind)
             }
         };

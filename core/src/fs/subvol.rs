@@ -20,7 +20,11 @@ fn uuid_key(u: &[u8; 16], ty: u8) -> Key {
 }
 
 fn root_ref_bytes(dirid: u64, index: u64, name: &[u8]) -> Vec<u8> {
-    let r = RootRef { dirid: dirid.into(), sequence: index.into(), name_len: (name.len() as u16).into() };
+    let r = RootRef {
+        dirid: dirid.into(),
+        sequence: index.into(),
+        name_len: (name.len() as u16).into(),
+    };
     let mut v = r.as_bytes().to_vec();
     v.extend_from_slice(name);
     v
@@ -36,7 +40,14 @@ impl Filesystem {
             Some((k, _)) => (k.objectid + 1).max(BTRFS_FIRST_FREE_OBJECTID),
             None => BTRFS_FIRST_FREE_OBJECTID,
         };
-        if let Some(&q) = self.store.qgroups.groups.keys().filter(|q| **q >> 48 == 0).max() {
+        if let Some(&q) = self
+            .store
+            .qgroups
+            .groups
+            .keys()
+            .filter(|q| **q >> 48 == 0)
+            .max()
+        {
             if q >= next {
                 next = q + 1;
             }
@@ -53,10 +64,27 @@ impl Filesystem {
     fn link_subvol(&mut self, dir: Loc, name: &[u8], id: u64, loc_offset: u64) -> Result<()> {
         let index = self.next_index(dir)?;
         let t = self.transid();
-        names::add_name(&mut self.store, dir.subvol, dir.ino, Key::new(id, BTRFS_ROOT_ITEM_KEY, loc_offset), name, BTRFS_FT_DIR, index, t)?;
+        names::add_name(
+            &mut self.store,
+            dir.subvol,
+            dir.ino,
+            Key::new(id, BTRFS_ROOT_ITEM_KEY, loc_offset),
+            name,
+            BTRFS_FT_DIR,
+            index,
+            t,
+        )?;
         let rr = root_ref_bytes(dir.ino, index, name);
-        self.store.insert_item(TreeId::Root, &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id), &rr)?;
-        self.store.insert_item(TreeId::Root, &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol), &rr)?;
+        self.store.insert_item(
+            TreeId::Root,
+            &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id),
+            &rr,
+        )?;
+        self.store.insert_item(
+            TreeId::Root,
+            &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol),
+            &rr,
+        )?;
         self.stamp(dir, true, true)
     }
 
@@ -65,7 +93,10 @@ impl Filesystem {
             return Ok(());
         }
         let k = uuid_key(u, ty);
-        let mut v = self.store.lookup(BTRFS_UUID_TREE_OBJECTID, &k)?.unwrap_or_default();
+        let mut v = self
+            .store
+            .lookup(BTRFS_UUID_TREE_OBJECTID, &k)?
+            .unwrap_or_default();
         if !v.chunks_exact(8).any(|c| c == id.to_le_bytes()) {
             v.extend_from_slice(&id.to_le_bytes());
         }
@@ -77,12 +108,20 @@ impl Filesystem {
             return Ok(());
         }
         let k = uuid_key(u, ty);
-        let Some(v) = self.store.lookup(BTRFS_UUID_TREE_OBJECTID, &k)? else { return Ok(()) };
-        let rest: Vec<u8> = v.chunks_exact(8).filter(|c| *c != id.to_le_bytes()).flatten().copied().collect();
+        let Some(v) = self.store.lookup(BTRFS_UUID_TREE_OBJECTID, &k)? else {
+            return Ok(());
+        };
+        let rest: Vec<u8> = v
+            .chunks_exact(8)
+            .filter(|c| *c != id.to_le_bytes())
+            .flatten()
+            .copied()
+            .collect();
         if rest.is_empty() {
             self.store.delete_item(BTRFS_UUID_TREE_OBJECTID, &k)?;
         } else {
-            self.store.update_item(BTRFS_UUID_TREE_OBJECTID, &k, &rest)?;
+            self.store
+                .update_item(BTRFS_UUID_TREE_OBJECTID, &k, &rest)?;
         }
         Ok(())
     }
@@ -90,7 +129,10 @@ impl Filesystem {
     /// `btrfs subvolume create` (create_subvol): no commit.
     pub fn subvol_create(&mut self, dir: Loc, name: &[u8]) -> Result<Loc> {
         if self.lookup(dir, name)?.is_some() {
-            return Err(Error::errno(libc::EEXIST, format!("{}: exists", String::from_utf8_lossy(name))));
+            return Err(Error::errno(
+                libc::EEXIST,
+                format!("{}: exists", String::from_utf8_lossy(name)),
+            ));
         }
         if !is_dir(self.item(dir)?.mode.get()) {
             return Err(Error::errno(libc::ENOTDIR, "not a directory"));
@@ -117,7 +159,11 @@ impl Filesystem {
         put_inode(&mut self.store, id, ROOT_DIR, &root_inode)?;
         let mut r = Vec::new();
         crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
-        self.store.insert_item(TreeId::Tree(id), &Key::new(ROOT_DIR, BTRFS_INODE_REF_KEY, ROOT_DIR), &r)?;
+        self.store.insert_item(
+            TreeId::Tree(id),
+            &Key::new(ROOT_DIR, BTRFS_INODE_REF_KEY, ROOT_DIR),
+            &r,
+        )?;
         // Properties come from the parent subvolume's root, not from `dir`.
         self.inherit_props(Loc::new(id, ROOT_DIR), Loc::new(dir.subvol, ROOT_DIR))?;
         self.uuid_add(&uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
@@ -135,19 +181,32 @@ impl Filesystem {
     /// snapshot shares the source's tree as committed, and it is committed.
     pub fn snapshot(&mut self, src: Loc, dir: Loc, name: &[u8]) -> Result<Loc> {
         if src.ino != ROOT_DIR {
-            return Err(Error::errno(libc::EINVAL, "snapshot: the source is not a subvolume"));
+            return Err(Error::errno(
+                libc::EINVAL,
+                "snapshot: the source is not a subvolume",
+            ));
         }
         if self.lookup(dir, name)?.is_some() {
-            return Err(Error::errno(libc::EEXIST, format!("{}: exists", String::from_utf8_lossy(name))));
+            return Err(Error::errno(
+                libc::EEXIST,
+                format!("{}: exists", String::from_utf8_lossy(name)),
+            ));
         }
         if !is_dir(self.item(dir)?.mode.get()) {
             return Err(Error::errno(libc::ENOTDIR, "not a directory"));
         }
         let sri = self.store.root_item(src.subvol)?;
         if sri.refs.get() == 0 {
-            return Err(Error::errno(libc::ENOENT, "snapshot: the source subvolume is being deleted"));
+            return Err(Error::errno(
+                libc::ENOENT,
+                "snapshot: the source subvolume is being deleted",
+            ));
         }
-        let inodes: Vec<Loc> = self.dirty_list().into_iter().filter(|l| l.subvol == src.subvol).collect();
+        let inodes: Vec<Loc> = self
+            .dirty_list()
+            .into_iter()
+            .filter(|l| l.subvol == src.subvol)
+            .collect();
         for l in inodes {
             self.writeback(l, 0, u64::MAX, super::writeback::Reason::Sync)?;
         }
@@ -169,7 +228,8 @@ impl Filesystem {
         ri.otime = now;
         ri.otransid.set(t);
         ri.last_snapshot.set(t);
-        self.store.update_root_item(src.subvol, |r| r.last_snapshot.set(t))?;
+        self.store
+            .update_root_item(src.subvol, |r| r.last_snapshot.set(t))?;
         self.store.snapshot_tree(src.subvol, id, ri, t)?;
         if self.store.qgroups.enabled {
             // The source's counters are current; the snapshot starts as its
@@ -191,7 +251,11 @@ impl Filesystem {
         self.uuid_add(&uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
         self.link_subvol(dir, name, id, u64::MAX)?;
         // Files the source had open and unlinked are gone in the snapshot.
-        let orphans = self.store.items_in(TreeId::Tree(id), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX))?;
+        let orphans = self.store.items_in(
+            TreeId::Tree(id),
+            Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0),
+            Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX),
+        )?;
         self.commit("snapshot")?;
         for (k, _) in orphans {
             self.delete_inode(Loc::new(id, k.offset))?;
@@ -203,31 +267,58 @@ impl Filesystem {
     /// root references go, the root is marked dead with an orphan item;
     /// its tree is dropped once that is committed. No commit.
     pub fn subvol_delete(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
-        let (loc, _) = names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.ok_or_else(|| Error::errno(libc::ENOENT, format!("{}: no such subvolume", String::from_utf8_lossy(name))))?;
+        let (loc, _) =
+            names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.ok_or_else(|| {
+                Error::errno(
+                    libc::ENOENT,
+                    format!("{}: no such subvolume", String::from_utf8_lossy(name)),
+                )
+            })?;
         if loc.ty != BTRFS_ROOT_ITEM_KEY {
-            return Err(Error::errno(libc::EINVAL, format!("{}: not a subvolume", String::from_utf8_lossy(name))));
+            return Err(Error::errno(
+                libc::EINVAL,
+                format!("{}: not a subvolume", String::from_utf8_lossy(name)),
+            ));
         }
         self.delete_subvol_entry(dir, name)
     }
 
     /// The deletion itself (also rmdir of an empty subvolume).
     pub(super) fn delete_subvol_entry(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
-        let (loc, _) = names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
+        let (loc, _) = names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?
+            .ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
         let id = loc.objectid;
         if id == self.default_subvol {
-            return Err(Error::errno(libc::EPERM, "cannot delete the default subvolume"));
+            return Err(Error::errno(
+                libc::EPERM,
+                "cannot delete the default subvolume",
+            ));
         }
         // Subvolumes inside it must go first.
-        if let Some((k, _)) = self.store.next_item(TreeId::Root, &Key::new(id, BTRFS_ROOT_REF_KEY, 0))? {
+        if let Some((k, _)) = self
+            .store
+            .next_item(TreeId::Root, &Key::new(id, BTRFS_ROOT_REF_KEY, 0))?
+        {
             if k.objectid == id && k.ty == BTRFS_ROOT_REF_KEY {
-                return Err(Error::errno(libc::ENOTEMPTY, "subvolume contains subvolumes"));
+                return Err(Error::errno(
+                    libc::ENOTEMPTY,
+                    "subvolume contains subvolumes",
+                ));
             }
         }
-        let idx = names::list_dir(&mut self.store, dir.subvol, dir.ino)?.into_iter().find(|e| e.name == name).map(|e| e.index).ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
+        let idx = names::list_dir(&mut self.store, dir.subvol, dir.ino)?
+            .into_iter()
+            .find(|e| e.name == name)
+            .map(|e| e.index)
+            .ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
         let t = self.transid();
         names::remove_name(&mut self.store, dir.subvol, dir.ino, loc, name, idx, t)?;
-        self.store.delete_item(TreeId::Root, &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id))?;
-        self.store.delete_item(TreeId::Root, &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol))?;
+        self.store
+            .delete_item(TreeId::Root, &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id))?;
+        self.store.delete_item(
+            TreeId::Root,
+            &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol),
+        )?;
         self.stamp(dir, true, true)?;
         // btrfs_record_snapshot_destroy: replay cannot remove a subvolume
         // entry, so fully logging the directory commits instead.
@@ -239,12 +330,20 @@ impl Filesystem {
             r.drop_progress = Key::MIN.to_disk();
             r.drop_level = 0;
         })?;
-        self.store.insert_item(TreeId::Root, &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id), &[])?;
+        self.store.insert_item(
+            TreeId::Root,
+            &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id),
+            &[],
+        )?;
         self.uuid_remove(&ri.uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
         if ri.received_uuid != [0; 16] {
             self.uuid_remove(&ri.received_uuid, BTRFS_UUID_KEY_RECEIVED_SUBVOL, id)?;
         }
-        let gone: Vec<Loc> = self.loaded_inodes().into_iter().filter(|l| l.subvol == id).collect();
+        let gone: Vec<Loc> = self
+            .loaded_inodes()
+            .into_iter()
+            .filter(|l| l.subvol == id)
+            .collect();
         for l in gone {
             self.forget_inode(l);
         }
@@ -256,7 +355,8 @@ impl Filesystem {
     /// durable lose their trees, root items, orphan items and qgroups.
     pub(super) fn finish_deleted_subvols(&mut self) -> Result<()> {
         let t = self.transid();
-        let (ready, later): (Vec<(u64, u64)>, Vec<(u64, u64)>) = self.deleted_subvols.drain(..).partition(|(_, dt)| *dt < t);
+        let (ready, later): (Vec<(u64, u64)>, Vec<(u64, u64)>) =
+            self.deleted_subvols.drain(..).partition(|(_, dt)| *dt < t);
         self.deleted_subvols = later;
         for (id, _) in ready {
             if !self.store.tree_exists(id)? {
@@ -265,7 +365,10 @@ impl Filesystem {
             self.store.drop_tree(id)?;
             let key = self.store.root_key(id)?;
             self.store.delete_item(TreeId::Root, &key)?;
-            self.store.delete_item(TreeId::Root, &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id))?;
+            self.store.delete_item(
+                TreeId::Root,
+                &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id),
+            )?;
             self.store.forget_tree(id);
             self.dropped_qgroups.push(id);
         }
@@ -283,7 +386,11 @@ impl Filesystem {
     /// Dead subvolumes an earlier mount left (orphan items in the root
     /// tree): dropped by the cleaner at the next commit.
     pub(super) fn find_dead_subvols(&mut self) -> Result<()> {
-        let orphans = self.store.items_in(TreeId::Root, Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX))?;
+        let orphans = self.store.items_in(
+            TreeId::Root,
+            Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0),
+            Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX),
+        )?;
         for (k, _) in orphans {
             if !self.deleted_subvols.iter().any(|(id, _)| *id == k.offset) {
                 self.deleted_subvols.push((k.offset, 0));
@@ -298,13 +405,37 @@ impl Filesystem {
         if l.ino != ROOT_DIR {
             return Err(Error::errno(libc::EINVAL, "set-default: not a subvolume"));
         }
-        let loc = if l.subvol == BTRFS_FS_TREE_OBJECTID { Key::new(l.subvol, BTRFS_ROOT_ITEM_KEY, 0) } else { Key::new(l.subvol, BTRFS_ROOT_ITEM_KEY, self.store.root_key(l.subvol)?.offset) };
-        let dk = Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_DIR_ITEM_KEY, name_hash(b"default"));
-        let d = self.store.lookup(TreeId::Root, &dk)?.ok_or_else(|| Error::corrupt("root tree has no default entry", BTRFS_ROOT_TREE_DIR_OBJECTID))?;
+        let loc = if l.subvol == BTRFS_FS_TREE_OBJECTID {
+            Key::new(l.subvol, BTRFS_ROOT_ITEM_KEY, 0)
+        } else {
+            Key::new(
+                l.subvol,
+                BTRFS_ROOT_ITEM_KEY,
+                self.store.root_key(l.subvol)?.offset,
+            )
+        };
+        let dk = Key::new(
+            BTRFS_ROOT_TREE_DIR_OBJECTID,
+            BTRFS_DIR_ITEM_KEY,
+            name_hash(b"default"),
+        );
+        let d = self.store.lookup(TreeId::Root, &dk)?.ok_or_else(|| {
+            Error::corrupt(
+                "root tree has no default entry",
+                BTRFS_ROOT_TREE_DIR_OBJECTID,
+            )
+        })?;
         let mut out = Vec::new();
         for e in parse_dir_items(&d).map_err(|e| e.at(0, dk))? {
             if e.name == b"default" {
-                encode_dir_entry(&mut out, &loc, e.item.transid.get(), e.item.type_, e.name, e.data);
+                encode_dir_entry(
+                    &mut out,
+                    &loc,
+                    e.item.transid.get(),
+                    e.item.type_,
+                    e.name,
+                    e.data,
+                );
             } else {
                 out.extend_from_slice(e.item.as_bytes());
                 out.extend_from_slice(e.name);
@@ -326,7 +457,11 @@ impl Filesystem {
             return Ok(());
         }
         let mut subvols = Vec::new();
-        for (k, d) in self.store.items_in(TreeId::Root, Key::new(0, BTRFS_ROOT_REF_KEY, 0), Key::new(BTRFS_LAST_FREE_OBJECTID, BTRFS_ROOT_REF_KEY, u64::MAX))? {
+        for (k, d) in self.store.items_in(
+            TreeId::Root,
+            Key::new(0, BTRFS_ROOT_REF_KEY, 0),
+            Key::new(BTRFS_LAST_FREE_OBJECTID, BTRFS_ROOT_REF_KEY, u64::MAX),
+        )? {
             if k.ty == BTRFS_ROOT_REF_KEY {
                 parse_root_ref(&d).map_err(|e| e.at(0, k))?;
                 subvols.push(k.offset);

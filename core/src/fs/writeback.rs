@@ -15,7 +15,9 @@
 //! tree, writes the inode's pending times and moves its on-disk size.
 
 use super::compress;
-use super::extents::{self, drop_extents, extent_key, extents_in, fill_hole, MAX_COMPRESSED, MAX_EXTENT_SIZE};
+use super::extents::{
+    self, drop_extents, extent_key, extents_in, fill_hole, MAX_COMPRESSED, MAX_EXTENT_SIZE,
+};
 use super::filesystem::{Filesystem, Loc};
 use super::pagecache::PAGE;
 use crate::format::consts::*;
@@ -150,13 +152,22 @@ impl Filesystem {
         r
     }
 
-    fn write_run(&mut self, l: Loc, start: u64, data: &[u8], i_size: u64, direct: bool) -> Result<()> {
+    fn write_run(
+        &mut self,
+        l: Loc,
+        start: u64,
+        data: &[u8],
+        i_size: u64,
+        direct: bool,
+    ) -> Result<()> {
         self.stats.writeback_bytes += data.len() as u64;
         let flags = self.item(l)?.flags.get();
         if flags & (BTRFS_INODE_NODATACOW | BTRFS_INODE_PREALLOC) != 0 {
             return self.run_nocow(l, start, data, flags);
         }
-        if !direct && self.wants_compression(l, flags, &data[..data.len().min(MAX_COMPRESSED as usize)])? {
+        if !direct
+            && self.wants_compression(l, flags, &data[..data.len().min(MAX_COMPRESSED as usize)])?
+        {
             return self.run_compressed(l, start, data, i_size);
         }
         self.run_cow(l, start, data, i_size, !direct)
@@ -164,7 +175,14 @@ impl Filesystem {
 
     /// Plain copy-on-write of a run: inline when it is the whole small
     /// file, else new extents of at most 128 MiB.
-    fn run_cow(&mut self, l: Loc, start: u64, data: &[u8], i_size: u64, inline_ok: bool) -> Result<()> {
+    fn run_cow(
+        &mut self,
+        l: Loc,
+        start: u64,
+        data: &[u8],
+        i_size: u64,
+        inline_ok: bool,
+    ) -> Result<()> {
         if inline_ok && start == 0 && self.try_inline(l, data, i_size, None)? {
             return Ok(());
         }
@@ -172,7 +190,14 @@ impl Filesystem {
         let mut pos = 0usize;
         while pos < data.len() {
             let n = ((data.len() - pos) as u64).min(MAX_EXTENT_SIZE) as usize;
-            self.cow_extent(l, start + pos as u64, &data[pos..pos + n], n as u64, BTRFS_COMPRESS_NONE, datasum)?;
+            self.cow_extent(
+                l,
+                start + pos as u64,
+                &data[pos..pos + n],
+                n as u64,
+                BTRFS_COMPRESS_NONE,
+                datasum,
+            )?;
             pos += n;
         }
         Ok(())
@@ -180,7 +205,15 @@ impl Filesystem {
 
     /// Allocate, write and complete one new extent holding `disk` for
     /// `[off, off+len)` of the file.
-    fn cow_extent(&mut self, l: Loc, off: u64, disk: &[u8], len: u64, compression: u8, datasum: bool) -> Result<()> {
+    fn cow_extent(
+        &mut self,
+        l: Loc,
+        off: u64,
+        disk: &[u8],
+        len: u64,
+        compression: u8,
+        datasum: bool,
+    ) -> Result<()> {
         let bytenr = super::data::write_data_extent(&mut self.store, disk, datasum)?;
         let oe = OrderedExtent {
             loc: l,
@@ -210,7 +243,13 @@ impl Filesystem {
             match self.nocow_target(l, pos, end - pos, nocow_inode)? {
                 Some(t) => {
                     if let Some(cs) = cow_start.take() {
-                        self.run_cow(l, cs, &data[(cs - start) as usize..(pos - start) as usize], i_size, false)?;
+                        self.run_cow(
+                            l,
+                            cs,
+                            &data[(cs - start) as usize..(pos - start) as usize],
+                            i_size,
+                            false,
+                        )?;
                     }
                     let at = (pos - start) as usize;
                     self.write_in_place(l, pos, &data[at..at + t.len as usize], &t)?;
@@ -233,7 +272,9 @@ impl Filesystem {
         let ss = self.store.sectorsize() as u64;
         let mut next = end;
         for (k, d) in extents_in(&mut self.store, l.subvol, l.ino, pos, end)? {
-            let Some((s, e)) = extents::extent_span(ss, k.offset, &d) else { continue };
+            let Some((s, e)) = extents::extent_span(ss, k.offset, &d) else {
+                continue;
+            };
             if s <= pos && e > pos {
                 next = next.min(e);
             } else if s > pos {
@@ -248,12 +289,27 @@ impl Filesystem {
     /// compressed; written after the last snapshot; referenced only by this
     /// file at this offset; with no checksums. Returns how much of
     /// `[off, off+len)` it covers.
-    fn nocow_target(&mut self, l: Loc, off: u64, len: u64, nocow_inode: bool) -> Result<Option<InPlace>> {
+    fn nocow_target(
+        &mut self,
+        l: Loc,
+        off: u64,
+        len: u64,
+        nocow_inode: bool,
+    ) -> Result<Option<InPlace>> {
         let items = extents_in(&mut self.store, l.subvol, l.ino, off, off + 1)?;
-        let Some((k, d)) = items.into_iter().next() else { return Ok(None) };
-        let Ok(FileExtent::Disk { head, item }) = parse_file_extent(&d) else { return Ok(None) };
+        let Some((k, d)) = items.into_iter().next() else {
+            return Ok(None);
+        };
+        let Ok(FileExtent::Disk { head, item }) = parse_file_extent(&d) else {
+            return Ok(None);
+        };
         let bytenr = item.disk_bytenr.get();
-        if bytenr == 0 || head.compression != BTRFS_COMPRESS_NONE || head.encryption != 0 || head.other_encoding.get() != 0 || k.offset > off {
+        if bytenr == 0
+            || head.compression != BTRFS_COMPRESS_NONE
+            || head.encryption != 0
+            || head.other_encoding.get() != 0
+            || k.offset > off
+        {
             return Ok(None);
         }
         let kind = match head.type_ {
@@ -274,17 +330,32 @@ impl Filesystem {
         }
         let end = (k.offset + item.num_bytes.get()).min(off + len);
         let ext_off = item.offset.get() + (off - k.offset);
-        if self.store.csum_lookup(bytenr + ext_off, end - off)?.iter().any(Option::is_some) {
+        if self
+            .store
+            .csum_lookup(bytenr + ext_off, end - off)?
+            .iter()
+            .any(Option::is_some)
+        {
             return Ok(None);
         }
-        Ok(Some(InPlace { len: end - off, kind, bytenr, disk_len: item.disk_num_bytes.get(), ext_off }))
+        Ok(Some(InPlace {
+            len: end - off,
+            kind,
+            bytenr,
+            disk_len: item.disk_num_bytes.get(),
+            ext_off,
+        }))
     }
 
     /// Write data over space the file owns, then complete.
     fn write_in_place(&mut self, l: Loc, off: u64, data: &[u8], t: &InPlace) -> Result<()> {
         let datasum = self.datasum(l)?;
         let at = t.bytenr + t.ext_off;
-        let phys = self.store.image().chunks.map(at, data.len() as u64, self.store.image().devid)?;
+        let phys =
+            self.store
+                .image()
+                .chunks
+                .map(at, data.len() as u64, self.store.image().devid)?;
         for p in phys {
             self.store.write_in_place_data(p, data)?;
         }
@@ -323,7 +394,9 @@ impl Filesystem {
         if flags & BTRFS_INODE_NOCOMPRESS != 0 {
             return Ok(false);
         }
-        let asked = self.opts.compress.is_some() || flags & BTRFS_INODE_COMPRESS != 0 || self.prop_compress(l)? != 0;
+        let asked = self.opts.compress.is_some()
+            || flags & BTRFS_INODE_COMPRESS != 0
+            || self.prop_compress(l)? != 0;
         Ok(asked && compress::heuristic(sample))
     }
 
@@ -336,7 +409,10 @@ impl Filesystem {
             0 => mount.map_or(BTRFS_COMPRESS_ZLIB, |m| m.kind),
             k => k,
         };
-        Ok(compress::Method::with_level(kind, mount.map_or(0, |m| m.level)))
+        Ok(compress::Method::with_level(
+            kind,
+            mount.map_or(0, |m| m.level),
+        ))
     }
 
     /// The compression path (compress_file_range): chunks of 512 KiB, each
@@ -365,11 +441,20 @@ impl Filesystem {
                         break;
                     }
                 }
-                let compressed = if in_len > 0 { compress::compress(method, &slice(pos, pos + in_len)[..], ss as usize) } else { None };
+                let compressed = if in_len > 0 {
+                    compress::compress(method, &slice(pos, pos + in_len)[..], ss as usize)
+                } else {
+                    None
+                };
                 // The whole small file: compressed inline, else plain inline.
                 if pos == 0 && piece_end >= i_size {
                     if let Some(c) = &compressed {
-                        if self.try_inline(l, slice(pos, piece_end), i_size, Some((method.kind, c)))? {
+                        if self.try_inline(
+                            l,
+                            slice(pos, piece_end),
+                            i_size,
+                            Some((method.kind, c)),
+                        )? {
                             pos = piece_end;
                             continue;
                         }
@@ -380,7 +465,8 @@ impl Filesystem {
                     }
                 }
                 let total_in = in_len.div_ceil(ss) * ss;
-                let good = compressed.filter(|c| (c.len() as u64).div_ceil(ss) * ss + ss <= total_in);
+                let good =
+                    compressed.filter(|c| (c.len() as u64).div_ceil(ss) * ss + ss <= total_in);
                 match good {
                     Some(mut disk) => {
                         disk.resize(((disk.len() as u64).div_ceil(ss) * ss) as usize, 0);
@@ -409,7 +495,13 @@ impl Filesystem {
     /// stored bytes (`compressed`, or the file's bytes) are fewer than a
     /// block and at most `max_inline`. Never for nodatacow or preallocating
     /// inodes.
-    fn try_inline(&mut self, l: Loc, data: &[u8], i_size: u64, compressed: Option<(u8, &Vec<u8>)>) -> Result<bool> {
+    fn try_inline(
+        &mut self,
+        l: Loc,
+        data: &[u8],
+        i_size: u64,
+        compressed: Option<(u8, &Vec<u8>)>,
+    ) -> Result<bool> {
         let ss = self.store.sectorsize() as u64;
         if i_size == 0 || i_size > ss || (data.len() as u64) < i_size {
             return Ok(false);
@@ -429,11 +521,21 @@ impl Filesystem {
         };
         let data_len = payload.len() as u64;
         let max_inline = self.opts.max_inline.min(ss);
-        if data_len >= ss || data_len > max_inline || data_len > extents::max_inline_data(&self.store) {
+        if data_len >= ss
+            || data_len > max_inline
+            || data_len > extents::max_inline_data(&self.store)
+        {
             return Ok(false);
         }
         let dropped = drop_extents(&mut self.store, l.subvol, l.ino, 0, ss)?;
-        super::data::write_inline(&mut self.store, l.subvol, l.ino, i_size, compression, payload)?;
+        super::data::write_inline(
+            &mut self.store,
+            l.subvol,
+            l.ino,
+            i_size,
+            compression,
+            payload,
+        )?;
         self.stats.inline_extents += 1;
         self.finish_inode_update(l, i_size as i64 - dropped.nbytes as i64)?;
         self.set_full_sync(l)?;
@@ -455,9 +557,23 @@ impl Filesystem {
             OrderedKind::Cow => {
                 let d = drop_extents(&mut self.store, l.subvol, l.ino, start, end)?;
                 nbytes_delta -= d.nbytes as i64;
-                let fe = FileExtentItem::new(BTRFS_FILE_EXTENT_REG, transid, oe.disk_bytenr, oe.disk_len, 0, oe.len, oe.ram_bytes, oe.compression);
-                self.store.insert_item(t, &extent_key(l.ino, start), fe.as_bytes())?;
-                let r = BackRef::Data { root: l.subvol, objectid: l.ino, offset: start };
+                let fe = FileExtentItem::new(
+                    BTRFS_FILE_EXTENT_REG,
+                    transid,
+                    oe.disk_bytenr,
+                    oe.disk_len,
+                    0,
+                    oe.len,
+                    oe.ram_bytes,
+                    oe.compression,
+                );
+                self.store
+                    .insert_item(t, &extent_key(l.ino, start), fe.as_bytes())?;
+                let r = BackRef::Data {
+                    root: l.subvol,
+                    objectid: l.ino,
+                    offset: start,
+                };
                 super::data::reference_new_extent(&mut self.store, oe.disk_bytenr, oe.disk_len, r);
                 nbytes_delta += oe.len as i64;
             }
@@ -478,7 +594,8 @@ impl Filesystem {
         let times = rt.pending_times.take();
         rt.disk_i_size = new_size;
         self.modify(l, |it| {
-            it.nbytes.set((it.nbytes.get() as i64 + nbytes_delta).max(0) as u64);
+            it.nbytes
+                .set((it.nbytes.get() as i64 + nbytes_delta).max(0) as u64);
             it.transid.set(transid);
             if let Some((m, c)) = times {
                 it.mtime = m;
@@ -508,7 +625,11 @@ impl Filesystem {
     /// What the on-disk size becomes now.
     fn disk_size_now(&mut self, l: Loc) -> Result<u64> {
         let i_size = self.rt(l)?.i_size;
-        Ok(if self.no_holes() { i_size } else { i_size.min(self.covered_from_zero(l, i_size)?) })
+        Ok(if self.no_holes() {
+            i_size
+        } else {
+            i_size.min(self.covered_from_zero(l, i_size)?)
+        })
     }
 
     /// How far extent items (holes included) cover the file without a gap
@@ -517,7 +638,9 @@ impl Filesystem {
         let ss = self.store.sectorsize() as u64;
         let mut pos = 0u64;
         for (k, d) in extents_in(&mut self.store, l.subvol, l.ino, 0, limit.max(1))? {
-            let Some((s, e)) = extents::extent_span(ss, k.offset, &d) else { continue };
+            let Some((s, e)) = extents::extent_span(ss, k.offset, &d) else {
+                continue;
+            };
             if s > pos {
                 break;
             }
@@ -536,7 +659,9 @@ impl Filesystem {
         let transid = self.transid();
         let items = extents_in(&mut self.store, l.subvol, l.ino, start, end)?;
         for (k, d) in items {
-            let Ok(FileExtent::Disk { head, item }) = parse_file_extent(&d) else { continue };
+            let Ok(FileExtent::Disk { head, item }) = parse_file_extent(&d) else {
+                continue;
+            };
             if head.type_ != BTRFS_FILE_EXTENT_PREALLOC {
                 continue;
             }
@@ -547,13 +672,24 @@ impl Filesystem {
             let orig = k.offset.wrapping_sub(fe.offset.get());
             let r = extents::data_backref(l.subvol, l.ino, k.offset, &fe);
             let mergeable = |x: &FileExtentItem| {
-                x.disk_bytenr.get() == bytenr && x.type_ == BTRFS_FILE_EXTENT_REG && x.compression == 0 && x.encryption == 0 && x.other_encoding.get() == 0
+                x.disk_bytenr.get() == bytenr
+                    && x.type_ == BTRFS_FILE_EXTENT_REG
+                    && x.compression == 0
+                    && x.encryption == 0
+                    && x.other_encoding.get() == 0
             };
             // Written at the front, the previous item written and adjacent.
             if a == s && b < e {
-                if let Some((pk, pd)) = self.store.prev_item(t, &extent_key(l.ino, s.saturating_sub(1)), &extent_key(l.ino, 0))? {
+                if let Some((pk, pd)) = self.store.prev_item(
+                    t,
+                    &extent_key(l.ino, s.saturating_sub(1)),
+                    &extent_key(l.ino, 0),
+                )? {
                     if let Ok(FileExtent::Disk { item: p, .. }) = parse_file_extent(&pd) {
-                        if mergeable(p) && pk.offset + p.num_bytes.get() == s && pk.offset.wrapping_sub(p.offset.get()) == orig {
+                        if mergeable(p)
+                            && pk.offset + p.num_bytes.get() == s
+                            && pk.offset.wrapping_sub(p.offset.get()) == orig
+                        {
                             let mut np = *p;
                             np.num_bytes.set(b - pk.offset);
                             np.generation.set(transid);
@@ -563,7 +699,8 @@ impl Filesystem {
                             rest.num_bytes.set(e - b);
                             rest.generation.set(transid);
                             self.store.delete_item(t, &k)?;
-                            self.store.insert_item(t, &extent_key(l.ino, b), rest.as_bytes())?;
+                            self.store
+                                .insert_item(t, &extent_key(l.ino, b), rest.as_bytes())?;
                             continue;
                         }
                     }
@@ -584,7 +721,8 @@ impl Filesystem {
                                 nn.num_bytes.set(n.num_bytes.get() + (e - a));
                                 nn.generation.set(transid);
                                 self.store.delete_item(t, &nk)?;
-                                self.store.insert_item(t, &extent_key(l.ino, a), nn.as_bytes())?;
+                                self.store
+                                    .insert_item(t, &extent_key(l.ino, a), nn.as_bytes())?;
                                 continue;
                             }
                         }
@@ -606,18 +744,21 @@ impl Filesystem {
             mid.generation.set(transid);
             mid.offset.set(fe.offset.get() + (a - s));
             mid.num_bytes.set(b - a);
-            self.store.insert_item(t, &extent_key(l.ino, a), mid.as_bytes())?;
+            self.store
+                .insert_item(t, &extent_key(l.ino, a), mid.as_bytes())?;
             pieces += 1;
             if b < e {
                 let mut right = fe;
                 right.offset.set(fe.offset.get() + (b - s));
                 right.num_bytes.set(e - b);
                 right.generation.set(transid);
-                self.store.insert_item(t, &extent_key(l.ino, b), right.as_bytes())?;
+                self.store
+                    .insert_item(t, &extent_key(l.ino, b), right.as_bytes())?;
                 pieces += 1;
             }
             if pieces > 1 {
-                self.store.queue_data_ref(bytenr, fe.disk_num_bytes.get(), r, pieces - 1);
+                self.store
+                    .queue_data_ref(bytenr, fe.disk_num_bytes.get(), r, pieces - 1);
             }
         }
         Ok(())
@@ -647,7 +788,9 @@ impl Filesystem {
         let items = extents_in(&mut self.store, l.subvol, l.ino, start, end)?;
         let transid = self.transid();
         for (k, d) in items {
-            let Some((s, e)) = extents::extent_span(ss, k.offset, &d) else { continue };
+            let Some((s, e)) = extents::extent_span(ss, k.offset, &d) else {
+                continue;
+            };
             if s > pos {
                 fill_hole(&mut self.store, l.subvol, l.ino, pos, s.min(end), transid)?;
             }

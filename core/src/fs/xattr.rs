@@ -12,9 +12,19 @@ fn xkey(ino: u64, name: &[u8]) -> Key {
 }
 
 /// Set (or replace) `name` of inode `ino`.
-pub fn set_xattr(st: &mut Store, subvol: u64, ino: u64, name: &[u8], value: &[u8], transid: u64) -> Result<()> {
+pub fn set_xattr(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    name: &[u8],
+    value: &[u8],
+    transid: u64,
+) -> Result<()> {
     if name.is_empty() || name.len() > BTRFS_NAME_LEN {
-        return Err(Error::Invalid(format!("xattr name of {} bytes", name.len())));
+        return Err(Error::Invalid(format!(
+            "xattr name of {} bytes",
+            name.len()
+        )));
     }
     let t = TreeId::Tree(subvol);
     let k = xkey(ino, name);
@@ -26,9 +36,15 @@ pub fn set_xattr(st: &mut Store, subvol: u64, ino: u64, name: &[u8], value: &[u8
         None => Vec::new(),
     };
     encode_dir_entry(&mut item, &Key::MIN, transid, BTRFS_FT_XATTR, name, value);
-    let max = st.nodesize() as usize - crate::format::header::HEADER_SIZE - crate::format::header::ITEM_SIZE;
+    let max = st.nodesize() as usize
+        - crate::format::header::HEADER_SIZE
+        - crate::format::header::ITEM_SIZE;
     if item.len() > max {
-        return Err(Error::NoSpace(format!("xattr {} of {} bytes does not fit in a tree block", String::from_utf8_lossy(name), value.len())));
+        return Err(Error::NoSpace(format!(
+            "xattr {} of {} bytes does not fit in a tree block",
+            String::from_utf8_lossy(name),
+            value.len()
+        )));
     }
     st.update_item(t, &k, &item)
 }
@@ -40,14 +56,24 @@ pub fn remove_xattr(st: &mut Store, subvol: u64, ino: u64, name: &[u8]) -> Resul
 
 pub fn get_xattr(st: &mut Store, subvol: u64, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
     let k = xkey(ino, name);
-    let Some(d) = st.lookup(TreeId::Tree(subvol), &k)? else { return Ok(None) };
-    Ok(parse_dir_items(&d).map_err(|e| e.at(0, k))?.into_iter().find(|e| e.name == name).map(|e| e.data.to_vec()))
+    let Some(d) = st.lookup(TreeId::Tree(subvol), &k)? else {
+        return Ok(None);
+    };
+    Ok(parse_dir_items(&d)
+        .map_err(|e| e.at(0, k))?
+        .into_iter()
+        .find(|e| e.name == name)
+        .map(|e| e.data.to_vec()))
 }
 
 /// Every (name, value) of an inode.
 pub fn list_xattrs(st: &mut Store, subvol: u64, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut out = Vec::new();
-    for (k, d) in st.items_in(TreeId::Tree(subvol), Key::new(ino, BTRFS_XATTR_ITEM_KEY, 0), Key::new(ino, BTRFS_XATTR_ITEM_KEY, u64::MAX))? {
+    for (k, d) in st.items_in(
+        TreeId::Tree(subvol),
+        Key::new(ino, BTRFS_XATTR_ITEM_KEY, 0),
+        Key::new(ino, BTRFS_XATTR_ITEM_KEY, u64::MAX),
+    )? {
         for e in parse_dir_items(&d).map_err(|e| e.at(0, k))? {
             out.push((e.name.to_vec(), e.data.to_vec()));
         }

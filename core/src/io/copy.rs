@@ -21,7 +21,10 @@ pub enum CopyMethod {
 
 fn open_pair(src: &Path, dst: &Path) -> Result<(File, File, u64)> {
     let s = File::open(src).map_err(|e| Error::io(format!("cannot open {}", src.display()), e))?;
-    let len = s.metadata().map_err(|e| Error::io(format!("cannot stat {}", src.display()), e))?.len();
+    let len = s
+        .metadata()
+        .map_err(|e| Error::io(format!("cannot stat {}", src.display()), e))?
+        .len();
     let d = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -44,14 +47,27 @@ pub fn clone_or_copy(src: &Path, dst: &Path) -> Result<CopyMethod> {
         // No reflink here (another filesystem, one without shared extents,
         // two mounts): copy instead. Anything else is a real error.
         match e.raw_os_error() {
-            Some(libc::EOPNOTSUPP | libc::EXDEV | libc::EINVAL | libc::ENOTTY | libc::ENOSYS | libc::EPERM) => {
+            Some(
+                libc::EOPNOTSUPP
+                | libc::EXDEV
+                | libc::EINVAL
+                | libc::ENOTTY
+                | libc::ENOSYS
+                | libc::EPERM,
+            ) => {
                 copy_data(&s, &d, len, src, dst)?;
                 CopyMethod::Sparse
             }
-            _ => return Err(Error::io(format!("cannot clone {} to {}", src.display(), dst.display()), e)),
+            _ => {
+                return Err(Error::io(
+                    format!("cannot clone {} to {}", src.display(), dst.display()),
+                    e,
+                ))
+            }
         }
     };
-    d.sync_all().map_err(|e| Error::io(format!("sync {}", dst.display()), e))?;
+    d.sync_all()
+        .map_err(|e| Error::io(format!("sync {}", dst.display()), e))?;
     Ok(method)
 }
 
@@ -59,11 +75,13 @@ pub fn clone_or_copy(src: &Path, dst: &Path) -> Result<CopyMethod> {
 pub fn sparse_copy(src: &Path, dst: &Path) -> Result<()> {
     let (s, d, len) = open_pair(src, dst)?;
     copy_data(&s, &d, len, src, dst)?;
-    d.sync_all().map_err(|e| Error::io(format!("sync {}", dst.display()), e))
+    d.sync_all()
+        .map_err(|e| Error::io(format!("sync {}", dst.display()), e))
 }
 
 fn copy_data(s: &File, d: &File, len: u64, src: &Path, dst: &Path) -> Result<()> {
-    d.set_len(len).map_err(|e| Error::io(format!("cannot size {}", dst.display()), e))?;
+    d.set_len(len)
+        .map_err(|e| Error::io(format!("cannot size {}", dst.display()), e))?;
     let fd = s.as_raw_fd();
     let mut buf = Vec::new();
     let mut pos: i64 = 0;
@@ -92,8 +110,10 @@ fn copy_data(s: &File, d: &File, len: u64, src: &Path, dst: &Path) -> Result<()>
             if buf.len() < n {
                 buf.resize(n, 0);
             }
-            s.read_exact_at(&mut buf[..n], off).map_err(|e| Error::io(format!("read {}", src.display()), e))?;
-            d.write_all_at(&buf[..n], off).map_err(|e| Error::io(format!("write {}", dst.display()), e))?;
+            s.read_exact_at(&mut buf[..n], off)
+                .map_err(|e| Error::io(format!("read {}", src.display()), e))?;
+            d.write_all_at(&buf[..n], off)
+                .map_err(|e| Error::io(format!("write {}", dst.display()), e))?;
             off += n as u64;
         }
         pos = hole;

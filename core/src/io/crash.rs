@@ -36,7 +36,13 @@ impl CrashDevice {
     pub fn from_shared(base: Arc<Vec<u8>>) -> CrashDevice {
         CrashDevice {
             base,
-            inner: Mutex::new(CrashState { durable: BTreeMap::new(), pending: Vec::new(), writes: 0, budget: None, crashed: false }),
+            inner: Mutex::new(CrashState {
+                durable: BTreeMap::new(),
+                pending: Vec::new(),
+                writes: 0,
+                budget: None,
+                crashed: false,
+            }),
         }
     }
     fn state(&self) -> std::sync::MutexGuard<'_, CrashState> {
@@ -70,7 +76,8 @@ impl CrashDevice {
                 v.into_boxed_slice()
             });
             let (a, b) = (p.max(off), (p + PAGE).min(end));
-            page[(a - p) as usize..(b - p) as usize].copy_from_slice(&data[(a - off) as usize..(b - off) as usize]);
+            page[(a - p) as usize..(b - p) as usize]
+                .copy_from_slice(&data[(a - off) as usize..(b - off) as usize]);
             p += PAGE;
         }
     }
@@ -87,7 +94,13 @@ impl CrashDevice {
         }
         CrashDevice {
             base: self.base.clone(),
-            inner: Mutex::new(CrashState { durable, pending: Vec::new(), writes: 0, budget: None, crashed: false }),
+            inner: Mutex::new(CrashState {
+                durable,
+                pending: Vec::new(),
+                writes: 0,
+                budget: None,
+                crashed: false,
+            }),
         }
     }
 
@@ -106,7 +119,13 @@ impl CrashDevice {
         }
         CrashDevice {
             base: self.base.clone(),
-            inner: Mutex::new(CrashState { durable, pending: Vec::new(), writes: 0, budget: None, crashed: false }),
+            inner: Mutex::new(CrashState {
+                durable,
+                pending: Vec::new(),
+                writes: 0,
+                budget: None,
+                crashed: false,
+            }),
         }
     }
 
@@ -133,13 +152,17 @@ impl BlockDevice for CrashDevice {
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let size = self.base.len() as u64;
-        let end = offset.checked_add(buf.len() as u64).filter(|&e| e <= size).ok_or_else(|| past_end(offset, buf.len(), size))?;
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= size)
+            .ok_or_else(|| past_end(offset, buf.len(), size))?;
         buf.copy_from_slice(&self.base[offset as usize..end as usize]);
         let s = self.state();
         for (&p, page) in s.durable.range(offset / PAGE * PAGE..end) {
             let (a, b) = (p.max(offset), (p + PAGE).min(end));
             if a < b {
-                buf[(a - offset) as usize..(b - offset) as usize].copy_from_slice(&page[(a - p) as usize..(b - p) as usize]);
+                buf[(a - offset) as usize..(b - offset) as usize]
+                    .copy_from_slice(&page[(a - p) as usize..(b - p) as usize]);
             }
         }
         // Later writes win: overlay pending writes in order.
@@ -147,7 +170,8 @@ impl BlockDevice for CrashDevice {
             let (ws, we) = (*o, *o + d.len() as u64);
             let (s0, e0) = (ws.max(offset), we.min(end));
             if s0 < e0 {
-                buf[(s0 - offset) as usize..(e0 - offset) as usize].copy_from_slice(&d[(s0 - ws) as usize..(e0 - ws) as usize]);
+                buf[(s0 - offset) as usize..(e0 - offset) as usize]
+                    .copy_from_slice(&d[(s0 - ws) as usize..(e0 - ws) as usize]);
             }
         }
         Ok(())
@@ -156,10 +180,16 @@ impl BlockDevice for CrashDevice {
         let mut s = self.state();
         if s.crashed || s.budget.is_some_and(|b| s.writes >= b) {
             s.crashed = true;
-            return Err(Error::io("simulated power failure", std::io::Error::other("write after crash point")));
+            return Err(Error::io(
+                "simulated power failure",
+                std::io::Error::other("write after crash point"),
+            ));
         }
         let size = self.base.len() as u64;
-        if offset.checked_add(buf.len() as u64).is_none_or(|e| e > size) {
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|e| e > size)
+        {
             return Err(past_end(offset, buf.len(), size));
         }
         s.writes += 1;
@@ -169,7 +199,10 @@ impl BlockDevice for CrashDevice {
     fn flush(&self) -> Result<()> {
         let mut s = self.state();
         if s.crashed {
-            return Err(Error::io("simulated power failure", std::io::Error::other("flush after crash point")));
+            return Err(Error::io(
+                "simulated power failure",
+                std::io::Error::other("flush after crash point"),
+            ));
         }
         let pending = std::mem::take(&mut s.pending);
         for (o, d) in pending {

@@ -31,11 +31,27 @@ impl FileDevice {
         let ctx = || format!("cannot open {}", path.display());
         let meta = std::fs::metadata(path).map_err(|e| Error::io(ctx(), e))?;
         if meta.is_dir() {
-            return Err(Error::Invalid(format!("{} is a directory, not an image", path.display())));
+            return Err(Error::Invalid(format!(
+                "{} is a directory, not an image",
+                path.display()
+            )));
         }
-        let file = OpenOptions::new().read(true).write(writable).open(path).map_err(|e| Error::io(ctx(), e))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(path)
+            .map_err(|e| Error::io(ctx(), e))?;
         let size = device_size(&file).map_err(|e| Error::io(ctx(), e))?;
-        Ok(FileDevice { file, size, writable, map: None, direct: std::sync::OnceLock::new(), residency_map: std::sync::OnceLock::new(), path: path.to_path_buf(), unkicked: std::sync::atomic::AtomicU64::new(0) })
+        Ok(FileDevice {
+            file,
+            size,
+            writable,
+            map: None,
+            direct: std::sync::OnceLock::new(),
+            residency_map: std::sync::OnceLock::new(),
+            path: path.to_path_buf(),
+            unkicked: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
     /// Open read-only with a memory map for fast whole-image scans.
@@ -45,7 +61,11 @@ impl FileDevice {
             // SAFETY: the map is read-only; if another process truncates the
             // file under us reads may fault, as with any mmap reader. The
             // tools document that an image must not change while they run.
-            let m = unsafe { memmap2::MmapOptions::new().len(d.size as usize).map(&d.file) };
+            let m = unsafe {
+                memmap2::MmapOptions::new()
+                    .len(d.size as usize)
+                    .map(&d.file)
+            };
             if let Ok(m) = m {
                 #[cfg(unix)]
                 let _ = m.advise(memmap2::Advice::Random);
@@ -72,7 +92,12 @@ impl FileDevice {
                     }
                     // SAFETY: read-only shared map that is never read
                     // through; it only gives mincore an address range.
-                    unsafe { memmap2::MmapOptions::new().len(self.size as usize).map(&self.file) }.ok()
+                    unsafe {
+                        memmap2::MmapOptions::new()
+                            .len(self.size as usize)
+                            .map(&self.file)
+                    }
+                    .ok()
                 })
                 .as_ref()
             else {
@@ -88,8 +113,17 @@ impl FileDevice {
             let mut vec = vec![0u8; ((end - start) / PAGE) as usize + 1];
             // SAFETY: the range lies inside our mapping (page aligned: the
             // map starts on a page boundary) and `vec` has a byte per page.
-            let r = unsafe { libc::mincore(m.as_ptr().add(start as usize) as *mut libc::c_void, (end - start) as usize, vec.as_mut_ptr()) };
-            return r == 0 && vec[..((end - start).div_ceil(PAGE)) as usize].iter().all(|v| v & 1 == 1);
+            let r = unsafe {
+                libc::mincore(
+                    m.as_ptr().add(start as usize) as *mut libc::c_void,
+                    (end - start) as usize,
+                    vec.as_mut_ptr(),
+                )
+            };
+            return r == 0
+                && vec[..((end - start).div_ceil(PAGE)) as usize]
+                    .iter()
+                    .all(|v| v & 1 == 1);
         }
         #[allow(unreachable_code)]
         false
@@ -101,7 +135,11 @@ impl FileDevice {
                 #[cfg(target_os = "linux")]
                 {
                     use std::os::unix::fs::OpenOptionsExt;
-                    let f = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&self.path).ok()?;
+                    let f = OpenOptions::new()
+                        .read(true)
+                        .custom_flags(libc::O_DIRECT)
+                        .open(&self.path)
+                        .ok()?;
                     // The path must still name the file we opened.
                     let (a, b) = (f.metadata().ok()?, self.file.metadata().ok()?);
                     use std::os::unix::fs::MetadataExt;
@@ -153,7 +191,9 @@ impl BlockDevice for FileDevice {
             .write_all_at(buf, offset)
             .map_err(|e| Error::io(format!("write of {} bytes at byte {offset}", buf.len()), e))?;
         use std::sync::atomic::Ordering;
-        if self.unkicked.fetch_add(buf.len() as u64, Ordering::Relaxed) + buf.len() as u64 >= WRITE_BEHIND {
+        if self.unkicked.fetch_add(buf.len() as u64, Ordering::Relaxed) + buf.len() as u64
+            >= WRITE_BEHIND
+        {
             self.unkicked.store(0, Ordering::Relaxed);
             #[cfg(target_os = "linux")]
             {
@@ -172,7 +212,9 @@ impl BlockDevice for FileDevice {
         if !self.writable {
             return Ok(());
         }
-        self.file.sync_data().map_err(|e| Error::io("flush (fdatasync)", e))
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io("flush (fdatasync)", e))
     }
     fn prefetch(&self, offset: u64, len: u64) {
         #[cfg(unix)]
@@ -181,11 +223,22 @@ impl BlockDevice for FileDevice {
             // SAFETY: a plain advisory call on a descriptor we own; its
             // result is only a hint and is ignored.
             unsafe {
-                libc::posix_fadvise(self.file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED);
+                libc::posix_fadvise(
+                    self.file.as_raw_fd(),
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                    libc::POSIX_FADV_WILLNEED,
+                );
             }
         }
     }
-    fn read_once(&self, offset: u64, len: usize, buf: &mut IoBuf, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+    fn read_once(
+        &self,
+        offset: u64,
+        len: usize,
+        buf: &mut IoBuf,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<()> {
         let end = offset.checked_add(len as u64);
         if end.is_none_or(|e| e > self.size) {
             return Err(past_end(offset, len, self.size));
@@ -200,10 +253,19 @@ impl BlockDevice for FileDevice {
         // refuses (alignment, a file system without O_DIRECT) goes through
         // the page cache.
         let direct_ok = offset % 4096 == 0 && len % 4096 == 0 && !self.all_cached(offset, len);
-        match self.direct_file().filter(|_| direct_ok).map(|d| d.read_exact_at(b, offset)) {
+        match self
+            .direct_file()
+            .filter(|_| direct_ok)
+            .map(|d| d.read_exact_at(b, offset))
+        {
             Some(Ok(())) => {}
-            Some(Err(e)) if e.raw_os_error() != Some(libc::EINVAL) => return Err(Error::io(ctx(), e)),
-            _ => self.file.read_exact_at(b, offset).map_err(|e| Error::io(ctx(), e))?,
+            Some(Err(e)) if e.raw_os_error() != Some(libc::EINVAL) => {
+                return Err(Error::io(ctx(), e))
+            }
+            _ => self
+                .file
+                .read_exact_at(b, offset)
+                .map_err(|e| Error::io(ctx(), e))?,
         }
         f(b);
         Ok(())
@@ -226,7 +288,9 @@ mod tests {
     fn read_once_matches_read_at() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("img");
-        let data: Vec<u8> = (0..(3u32 << 20) + 1000).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let data: Vec<u8> = (0..(3u32 << 20) + 1000)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
         std::fs::write(&p, &data).unwrap();
         let dev = FileDevice::open(&p, false).unwrap();
         let mut buf = IoBuf::new();
@@ -237,16 +301,31 @@ mod tests {
                 use std::os::fd::AsRawFd;
                 dev.file.sync_all().unwrap();
                 // SAFETY: advisory call on a descriptor we own.
-                unsafe { libc::posix_fadvise(dev.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+                unsafe {
+                    libc::posix_fadvise(dev.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+                };
             }
-            for (off, len) in [(0u64, 4096usize), (8192, 2 << 20), (4096, (3 << 20) - 4096), (100, 5000), ((3 << 20) - 24, 1024)] {
+            for (off, len) in [
+                (0u64, 4096usize),
+                (8192, 2 << 20),
+                (4096, (3 << 20) - 4096),
+                (100, 5000),
+                ((3 << 20) - 24, 1024),
+            ] {
                 let mut got = Vec::new();
-                dev.read_once(off, len, &mut buf, &mut |b| got.extend_from_slice(b)).unwrap();
-                assert_eq!(got, &data[off as usize..off as usize + len], "pass {pass}: {off}+{len}");
+                dev.read_once(off, len, &mut buf, &mut |b| got.extend_from_slice(b))
+                    .unwrap();
+                assert_eq!(
+                    got,
+                    &data[off as usize..off as usize + len],
+                    "pass {pass}: {off}+{len}"
+                );
             }
         }
         let mut called = false;
-        assert!(dev.read_once((3 << 20) - 4096, 8192, &mut buf, &mut |_| called = true).is_err());
+        assert!(dev
+            .read_once((3 << 20) - 4096, 8192, &mut buf, &mut |_| called = true)
+            .is_err());
         assert!(!called);
     }
 }

@@ -23,7 +23,11 @@ impl Default for IoBuf {
 
 impl IoBuf {
     pub fn new() -> IoBuf {
-        IoBuf { mem: None, start: 0, cap: 0 }
+        IoBuf {
+            mem: None,
+            start: 0,
+            cap: 0,
+        }
     }
 
     /// A buffer of at least `len` bytes (its contents are whatever the last
@@ -31,7 +35,8 @@ impl IoBuf {
     pub fn get(&mut self, len: usize) -> Result<&mut [u8]> {
         if self.mem.is_none() || self.cap < len {
             let cap = len.max(1).next_multiple_of(HUGE);
-            let mut m = memmap2::MmapMut::map_anon(cap + HUGE).map_err(|e| Error::io(format!("cannot map a {cap}-byte read buffer"), e))?;
+            let mut m = memmap2::MmapMut::map_anon(cap + HUGE)
+                .map_err(|e| Error::io(format!("cannot map a {cap}-byte read buffer"), e))?;
             let start = (HUGE - (m.as_ptr() as usize) % HUGE) % HUGE;
             #[cfg(target_os = "linux")]
             {

@@ -22,16 +22,25 @@ pub struct JournalDevice {
 
 impl JournalDevice {
     pub fn new(inner: Arc<dyn BlockDevice>) -> JournalDevice {
-        JournalDevice { inner, events: Mutex::new(Vec::new()) }
+        JournalDevice {
+            inner,
+            events: Mutex::new(Vec::new()),
+        }
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Vec<JournalEvent>>> {
-        self.events.lock().map_err(|_| Error::Invalid("journal lock poisoned".into()))
+        self.events
+            .lock()
+            .map_err(|_| Error::Invalid("journal lock poisoned".into()))
     }
 
     /// Flushes seen so far.
     pub fn flushes(&self) -> Result<usize> {
-        Ok(self.lock()?.iter().filter(|e| matches!(e, JournalEvent::Flush)).count())
+        Ok(self
+            .lock()?
+            .iter()
+            .filter(|e| matches!(e, JournalEvent::Flush))
+            .count())
     }
 
     /// The events so far.
@@ -49,7 +58,10 @@ impl BlockDevice for JournalDevice {
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         self.inner.write_at(offset, buf)?;
-        self.lock()?.push(JournalEvent::Write { offset, data: buf.to_vec() });
+        self.lock()?.push(JournalEvent::Write {
+            offset,
+            data: buf.to_vec(),
+        });
         Ok(())
     }
     fn flush(&self) -> Result<()> {

@@ -9,7 +9,9 @@ pub struct MemDevice {
 
 impl MemDevice {
     pub fn new(data: Vec<u8>) -> MemDevice {
-        MemDevice { data: RwLock::new(data) }
+        MemDevice {
+            data: RwLock::new(data),
+        }
     }
     pub fn zeroed(size: usize) -> MemDevice {
         MemDevice::new(vec![0; size])
@@ -24,16 +26,28 @@ impl BlockDevice for MemDevice {
         self.data.read().map(|d| d.len() as u64).unwrap_or(0)
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let d = self.data.read().map_err(|_| Error::Invalid("memory device lock poisoned".into()))?;
+        let d = self
+            .data
+            .read()
+            .map_err(|_| Error::Invalid("memory device lock poisoned".into()))?;
         let size = d.len() as u64;
-        let end = offset.checked_add(buf.len() as u64).filter(|&e| e <= size).ok_or_else(|| past_end(offset, buf.len(), size))?;
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= size)
+            .ok_or_else(|| past_end(offset, buf.len(), size))?;
         buf.copy_from_slice(&d[offset as usize..end as usize]);
         Ok(())
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
-        let mut d = self.data.write().map_err(|_| Error::Invalid("memory device lock poisoned".into()))?;
+        let mut d = self
+            .data
+            .write()
+            .map_err(|_| Error::Invalid("memory device lock poisoned".into()))?;
         let size = d.len() as u64;
-        let end = offset.checked_add(buf.len() as u64).filter(|&e| e <= size).ok_or_else(|| past_end(offset, buf.len(), size))?;
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= size)
+            .ok_or_else(|| past_end(offset, buf.len(), size))?;
         d[offset as usize..end as usize].copy_from_slice(buf);
         Ok(())
     }

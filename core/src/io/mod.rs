@@ -13,12 +13,12 @@ mod overlay;
 mod staged;
 mod volatile;
 
+pub use copy::{clone_or_copy, sparse_copy, CopyMethod};
 pub use crash::CrashDevice;
 pub use file::FileDevice;
 pub use iobuf::IoBuf;
 pub use journal::{JournalDevice, JournalEvent};
 pub use mem::MemDevice;
-pub use copy::{clone_or_copy, sparse_copy, CopyMethod};
 pub use overlay::OverlayDevice;
 pub use staged::StagedSuper;
 pub use volatile::VolatileFile;
@@ -46,7 +46,13 @@ pub trait BlockDevice: Send + Sync {
     /// them past the page cache (O_DIRECT) into `buf`, so the device sees
     /// one large request and the cache is not filled with data nobody
     /// reads twice.
-    fn read_once(&self, offset: u64, len: usize, buf: &mut IoBuf, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+    fn read_once(
+        &self,
+        offset: u64,
+        len: usize,
+        buf: &mut IoBuf,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<()> {
         let b = buf.get(len)?;
         self.read_at(offset, b)?;
         f(b);

@@ -15,17 +15,26 @@ pub struct OverlayDevice {
 
 impl OverlayDevice {
     pub fn new(inner: Arc<dyn BlockDevice>) -> OverlayDevice {
-        OverlayDevice { inner, pages: Mutex::new(BTreeMap::new()) }
+        OverlayDevice {
+            inner,
+            pages: Mutex::new(BTreeMap::new()),
+        }
     }
     /// A second view over the same device with this one's writes so far;
     /// the two go their own ways from here.
     pub fn fork(&self) -> OverlayDevice {
         let pages = self.pages.lock().map(|p| p.clone()).unwrap_or_default();
-        OverlayDevice { inner: self.inner.clone(), pages: Mutex::new(pages) }
+        OverlayDevice {
+            inner: self.inner.clone(),
+            pages: Mutex::new(pages),
+        }
     }
     /// Write this view's pages to `dev` (a copy of the device under it).
     pub fn write_pages_to(&self, dev: &dyn BlockDevice) -> Result<()> {
-        let pages = self.pages.lock().map_err(|_| Error::Invalid("overlay lock poisoned".into()))?;
+        let pages = self
+            .pages
+            .lock()
+            .map_err(|_| Error::Invalid("overlay lock poisoned".into()))?;
         for (p, data) in pages.iter() {
             let n = PAGE.min(dev.size().saturating_sub(*p)) as usize;
             dev.write_at(*p, &data[..n])?;
@@ -34,7 +43,10 @@ impl OverlayDevice {
     }
     /// Bytes written so far.
     pub fn written(&self) -> u64 {
-        self.pages.lock().map(|p| p.len() as u64 * PAGE).unwrap_or(0)
+        self.pages
+            .lock()
+            .map(|p| p.len() as u64 * PAGE)
+            .unwrap_or(0)
     }
 }
 
@@ -44,12 +56,16 @@ impl BlockDevice for OverlayDevice {
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.inner.read_at(offset, buf)?;
-        let pages = self.pages.lock().map_err(|_| Error::Invalid("overlay lock poisoned".into()))?;
+        let pages = self
+            .pages
+            .lock()
+            .map_err(|_| Error::Invalid("overlay lock poisoned".into()))?;
         let end = offset + buf.len() as u64;
         for (&p, data) in pages.range(offset / PAGE * PAGE..end) {
             let (a, b) = (p.max(offset), (p + PAGE).min(end));
             if a < b {
-                buf[(a - offset) as usize..(b - offset) as usize].copy_from_slice(&data[(a - p) as usize..(b - p) as usize]);
+                buf[(a - offset) as usize..(b - offset) as usize]
+                    .copy_from_slice(&data[(a - p) as usize..(b - p) as usize]);
             }
         }
         Ok(())
@@ -62,7 +78,10 @@ impl BlockDevice for OverlayDevice {
         let mut p = offset / PAGE * PAGE;
         while p < end {
             let mut page = {
-                let pages = self.pages.lock().map_err(|_| Error::Invalid("overlay lock poisoned".into()))?;
+                let pages = self
+                    .pages
+                    .lock()
+                    .map_err(|_| Error::Invalid("overlay lock poisoned".into()))?;
                 pages.get(&p).cloned()
             };
             if page.is_none() {
@@ -73,8 +92,12 @@ impl BlockDevice for OverlayDevice {
             }
             let mut page = page.unwrap_or_else(|| vec![0u8; PAGE as usize].into_boxed_slice());
             let (a, b) = (p.max(offset), (p + PAGE).min(end));
-            page[(a - p) as usize..(b - p) as usize].copy_from_slice(&buf[(a - offset) as usize..(b - offset) as usize]);
-            self.pages.lock().map_err(|_| Error::Invalid("overlay lock poisoned".into()))?.insert(p, page);
+            page[(a - p) as usize..(b - p) as usize]
+                .copy_from_slice(&buf[(a - offset) as usize..(b - offset) as usize]);
+            self.pages
+                .lock()
+                .map_err(|_| Error::Invalid("overlay lock poisoned".into()))?
+                .insert(p, page);
             p += PAGE;
         }
         Ok(())

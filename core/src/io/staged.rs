@@ -26,7 +26,11 @@ fn is_super_range(offset: u64, len: usize) -> bool {
 
 impl StagedSuper {
     pub fn new(inner: Arc<dyn BlockDevice>) -> StagedSuper {
-        StagedSuper { inner, supers: Mutex::new(Vec::new()), published: AtomicBool::new(false) }
+        StagedSuper {
+            inner,
+            supers: Mutex::new(Vec::new()),
+            published: AtomicBool::new(false),
+        }
     }
 
     /// Write the held superblocks to the device and flush.
@@ -54,9 +58,13 @@ impl BlockDevice for StagedSuper {
         if is_super_range(offset, buf.len()) {
             if let Ok(s) = self.supers.lock() {
                 for (o, d) in s.iter() {
-                    let (a, b) = ((*o).max(offset), (*o + d.len() as u64).min(offset + buf.len() as u64));
+                    let (a, b) = (
+                        (*o).max(offset),
+                        (*o + d.len() as u64).min(offset + buf.len() as u64),
+                    );
                     if a < b {
-                        buf[(a - offset) as usize..(b - offset) as usize].copy_from_slice(&d[(a - o) as usize..(b - o) as usize]);
+                        buf[(a - offset) as usize..(b - offset) as usize]
+                            .copy_from_slice(&d[(a - o) as usize..(b - o) as usize]);
                     }
                 }
             }
@@ -64,7 +72,10 @@ impl BlockDevice for StagedSuper {
         Ok(())
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
-        if !self.published.load(Ordering::SeqCst) && is_super_range(offset, buf.len()) && buf.len() == BTRFS_SUPER_INFO_SIZE {
+        if !self.published.load(Ordering::SeqCst)
+            && is_super_range(offset, buf.len())
+            && buf.len() == BTRFS_SUPER_INFO_SIZE
+        {
             if let Ok(mut s) = self.supers.lock() {
                 s.retain(|(o, _)| *o != offset);
                 s.push((offset, buf.to_vec()));

@@ -26,15 +26,21 @@ struct Journal {
 impl Journal {
     fn append(&mut self, data: &[u8]) -> Result<u64> {
         let at = self.len;
-        self.file.write_all_at(data, at).map_err(|e| Error::io("write the crash journal", e))?;
+        self.file
+            .write_all_at(data, at)
+            .map_err(|e| Error::io("write the crash journal", e))?;
         self.len += data.len() as u64;
         Ok(at)
     }
     fn read(&self, at: u64, buf: &mut [u8]) -> Result<()> {
-        self.file.read_exact_at(buf, at).map_err(|e| Error::io("read the crash journal", e))
+        self.file
+            .read_exact_at(buf, at)
+            .map_err(|e| Error::io("read the crash journal", e))
     }
     fn clear(&mut self) -> Result<()> {
-        self.file.set_len(0).map_err(|e| Error::io("truncate the crash journal", e))?;
+        self.file
+            .set_len(0)
+            .map_err(|e| Error::io("truncate the crash journal", e))?;
         self.len = 0;
         Ok(())
     }
@@ -60,7 +66,15 @@ impl VolatileFile {
     /// bytes too, so a crash can keep a random subset of them.
     pub fn new(inner: FileDevice, record_writes: bool) -> Result<VolatileFile> {
         let file = tempfile::tempfile().map_err(|e| Error::io("create the crash journal", e))?;
-        Ok(VolatileFile { inner, state: Mutex::new(State { saved: BTreeMap::new(), writes: Vec::new(), journal: Journal { file, len: 0 }, record_writes }) })
+        Ok(VolatileFile {
+            inner,
+            state: Mutex::new(State {
+                saved: BTreeMap::new(),
+                writes: Vec::new(),
+                journal: Journal { file, len: 0 },
+                record_writes,
+            }),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -79,7 +93,12 @@ impl VolatileFile {
     fn save_old(&self, s: &mut State, off: u64, end: u64) -> Result<()> {
         let mut gaps = Vec::new();
         let mut pos = off;
-        let first = s.saved.range(..=off).next_back().map(|(k, _)| *k).unwrap_or(off);
+        let first = s
+            .saved
+            .range(..=off)
+            .next_back()
+            .map(|(k, _)| *k)
+            .unwrap_or(off);
         for (&a, &(b, _)) in s.saved.range(first..end) {
             if b <= pos {
                 continue;
@@ -152,12 +171,18 @@ impl BlockDevice for VolatileFile {
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         let mut s = self.lock();
-        let end = offset.checked_add(buf.len() as u64).ok_or_else(|| Error::Invalid("write range overflows".into()))?;
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .ok_or_else(|| Error::Invalid("write range overflows".into()))?;
         if end > self.inner.size() {
             return Err(super::past_end(offset, buf.len(), self.inner.size()));
         }
         self.save_old(&mut s, offset, end)?;
-        let j = if s.record_writes { Some(s.journal.append(buf)?) } else { None };
+        let j = if s.record_writes {
+            Some(s.journal.append(buf)?)
+        } else {
+            None
+        };
         s.writes.push((offset, buf.len() as u64, j));
         drop(s);
         self.inner.write_at(offset, buf)

@@ -45,7 +45,11 @@ impl SharedFs {
         let ticket = {
             let mut fs = self.lock();
             fs.write(l, off, data)?;
-            fs.fsync_prepare(l, datasync, Some((off, off.saturating_add(data.len() as u64))))?
+            fs.fsync_prepare(
+                l,
+                datasync,
+                Some((off, off.saturating_add(data.len() as u64))),
+            )?
         };
         if ticket == FsyncTicket::Done {
             return Ok(());

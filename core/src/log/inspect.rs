@@ -8,8 +8,8 @@
 //! and the walk goes on with whatever is still reachable, so a damaged log
 //! can still be looked at. Nothing here fails.
 
-use super::reader::{covered_bytes, read_log, LogTree, OnDamage, ReadOptions, TreeRead};
 pub use super::reader::LogProblem;
+use super::reader::{covered_bytes, read_log, LogTree, OnDamage, ReadOptions, TreeRead};
 use crate::format::consts::*;
 use crate::format::file_extent::FileExtent;
 use crate::format::inode::InodeItem;
@@ -269,9 +269,17 @@ pub struct OtherItem {
 pub fn inspect_log(img: &Image) -> Option<LogDump> {
     // Lenient reading fails only without a log.
     let read = read_log(img, ReadOptions::new(OnDamage::Keep)).ok()??;
-    let other = read.root_tree_other.iter().map(|(k, size, err)| other_item(*k, *size, err.clone())).collect();
+    let other = read
+        .root_tree_other
+        .iter()
+        .map(|(k, size, err)| other_item(*k, *size, err.clone()))
+        .collect();
     let root_items = read.roots.len() + read.root_tree_other.len();
-    let subvols = read.trees.iter().map(|t| inspect_subvol_log(img, t)).collect();
+    let subvols = read
+        .trees
+        .iter()
+        .map(|t| inspect_subvol_log(img, t))
+        .collect();
     Some(LogDump {
         super_generation: read.super_generation,
         log_root_transid: read.log_root_transid,
@@ -309,9 +317,19 @@ fn inspect_subvol_log(img: &Image, tree: &LogTree) -> SubvolLog {
     let fs_root = img.find_root(subvol).ok().flatten();
     let mut cache: HashMap<u64, Option<(u64, String)>> = HashMap::new();
     resolve_paths(&mut inodes, |ino| {
-        cache.entry(ino).or_insert_with(|| fs_root.and_then(|r| committed_name(img, r, ino))).clone()
+        cache
+            .entry(ino)
+            .or_insert_with(|| fs_root.and_then(|r| committed_name(img, r, ino)))
+            .clone()
     });
-    SubvolLog { subvol, tree: TreeInfo::of(&tree.read, tree.items.len()), inodes, csums, other, problems }
+    SubvolLog {
+        subvol,
+        tree: TreeInfo::of(&tree.read, tree.items.len()),
+        inodes,
+        csums,
+        other,
+        problems,
+    }
 }
 
 fn error_text(e: &Error) -> String {
@@ -323,7 +341,12 @@ fn other_item(key: Key, size: usize, error: Option<String>) -> OtherItem {
         Some(n) => n.to_string(),
         None => format!("UNKNOWN.{}", key.ty),
     };
-    OtherItem { key, type_name, size, error }
+    OtherItem {
+        key,
+        type_name,
+        size,
+        error,
+    }
 }
 
 /// The first name of `ino` in the committed tree `root`: (parent, name).
@@ -353,11 +376,20 @@ pub struct LogGrouper {
 
 impl LogGrouper {
     pub fn new(csum_size: usize, sectorsize: u32) -> LogGrouper {
-        LogGrouper { csum_size, sectorsize, inodes: BTreeMap::new(), csums: Vec::new(), other: Vec::new() }
+        LogGrouper {
+            csum_size,
+            sectorsize,
+            inodes: BTreeMap::new(),
+            csums: Vec::new(),
+            other: Vec::new(),
+        }
     }
 
     fn inode(&mut self, ino: u64) -> &mut LoggedInode {
-        self.inodes.entry(ino).or_insert_with(|| LoggedInode { ino, ..Default::default() })
+        self.inodes.entry(ino).or_insert_with(|| LoggedInode {
+            ino,
+            ..Default::default()
+        })
     }
 
     /// Place one log tree item. An item whose body does not decode is kept
@@ -381,7 +413,11 @@ impl LogGrouper {
             if let ItemBody::ExtentCsum(d) = body {
                 // decode guarantees a non-zero csum_size dividing the item.
                 let csums = (d.len() / self.csum_size.max(1)) as u64;
-                self.csums.push(CsumRange { start: key.offset, len: csums * self.sectorsize as u64, csums });
+                self.csums.push(CsumRange {
+                    start: key.offset,
+                    len: csums * self.sectorsize as u64,
+                    csums,
+                });
                 return Ok(());
             }
         }
@@ -395,7 +431,9 @@ impl LogGrouper {
         }
         let ino = self.inode(key.objectid);
         match body {
-            ItemBody::InodeItem(i) if key.ty == BTRFS_INODE_ITEM_KEY => ino.inode = Some(summarize_inode(i)),
+            ItemBody::InodeItem(i) if key.ty == BTRFS_INODE_ITEM_KEY => {
+                ino.inode = Some(summarize_inode(i))
+            }
             ItemBody::InodeRef(v) => ino.names.extend(v.iter().map(|r| LoggedName {
                 kind: NameKind::Ref,
                 parent: key.offset,
@@ -416,7 +454,11 @@ impl LogGrouper {
                 }))
             }
             ItemBody::DirItem(v) => {
-                let kind = if key.ty == BTRFS_DIR_INDEX_KEY { DirEntryKind::DirIndex } else { DirEntryKind::DirItem };
+                let kind = if key.ty == BTRFS_DIR_INDEX_KEY {
+                    DirEntryKind::DirIndex
+                } else {
+                    DirEntryKind::DirItem
+                };
                 ino.dir_entries.extend(v.iter().map(|e| LoggedDirEntry {
                     kind,
                     key_offset: key.offset,
@@ -428,7 +470,11 @@ impl LogGrouper {
                 }))
             }
             ItemBody::DirLog(d) => ino.dir_log_ranges.push(DirLogRange {
-                kind: if key.ty == BTRFS_DIR_LOG_INDEX_KEY { DirLogKind::DirLogIndex } else { DirLogKind::DirLogItem },
+                kind: if key.ty == BTRFS_DIR_LOG_INDEX_KEY {
+                    DirLogKind::DirLogIndex
+                } else {
+                    DirLogKind::DirLogItem
+                },
                 start: key.offset,
                 end: d.end.get(),
             }),
@@ -447,9 +493,18 @@ impl LogGrouper {
 
 /// Set `csum_bytes_needed` and `csum_bytes_in_log` of every extent of
 /// `inodes` from the shared rule and the log's checksum items.
-pub fn fill_csum_coverage(inodes: &mut [LoggedInode], tree: &LogTree, csum_size: usize, sectorsize: u32) {
+pub fn fill_csum_coverage(
+    inodes: &mut [LoggedInode],
+    tree: &LogTree,
+    csum_size: usize,
+    sectorsize: u32,
+) {
     let have = tree.csum_ranges(csum_size, sectorsize);
-    let needs: HashMap<(u64, u64), (u64, u64)> = tree.csum_needs().into_iter().map(|n| ((n.ino, n.file_offset), (n.start, n.end))).collect();
+    let needs: HashMap<(u64, u64), (u64, u64)> = tree
+        .csum_needs()
+        .into_iter()
+        .map(|n| ((n.ino, n.file_offset), (n.start, n.end)))
+        .collect();
     for i in inodes.iter_mut() {
         for e in i.extents.iter_mut() {
             if let Some(&(start, end)) = needs.get(&(i.ino, e.file_offset)) {
@@ -466,8 +521,10 @@ pub fn resolve_paths<F>(inodes: &mut [LoggedInode], mut committed: F)
 where
     F: FnMut(u64) -> Option<(u64, String)>,
 {
-    let logged: HashMap<u64, (u64, String)> =
-        inodes.iter().filter_map(|i| i.names.first().map(|n| (i.ino, (n.parent, n.name.clone())))).collect();
+    let logged: HashMap<u64, (u64, String)> = inodes
+        .iter()
+        .filter_map(|i| i.names.first().map(|n| (i.ino, (n.parent, n.name.clone()))))
+        .collect();
     for i in inodes.iter_mut() {
         i.path = path_of(i.ino, &logged, &mut committed);
     }
@@ -506,7 +563,10 @@ where
 }
 
 fn summarize_inode(i: &InodeItem) -> InodeSummary {
-    let t = |ts: &crate::format::inode::Timespec| Time { sec: ts.sec.get() as i64, nsec: ts.nsec.get() };
+    let t = |ts: &crate::format::inode::Timespec| Time {
+        sec: ts.sec.get() as i64,
+        nsec: ts.nsec.get(),
+    };
     let mode = i.mode.get();
     InodeSummary {
         mode,
@@ -551,7 +611,11 @@ fn summarize_extent(file_offset: u64, fe: &FileExtent<'_>) -> LoggedExtent {
     match fe {
         FileExtent::Inline { data, .. } => e.inline_len = Some(data.len() as u64),
         FileExtent::Disk { head, item } => {
-            e.kind = if head.type_ == BTRFS_FILE_EXTENT_PREALLOC { ExtentKind::Prealloc } else { ExtentKind::Regular };
+            e.kind = if head.type_ == BTRFS_FILE_EXTENT_PREALLOC {
+                ExtentKind::Prealloc
+            } else {
+                ExtentKind::Regular
+            };
             e.disk_bytenr = Some(item.disk_bytenr.get());
             e.disk_num_bytes = Some(item.disk_num_bytes.get());
             e.offset = Some(item.offset.get());
@@ -667,7 +731,9 @@ const PREVIEW_MAX: usize = 64;
 fn preview_value(v: &[u8]) -> String {
     let cut = &v[..v.len().min(PREVIEW_MAX)];
     let more = if v.len() > PREVIEW_MAX { "..." } else { "" };
-    let text = std::str::from_utf8(cut).ok().filter(|t| !t.chars().any(|c| c.is_control() && c != '\n' && c != '\t'));
+    let text = std::str::from_utf8(cut)
+        .ok()
+        .filter(|t| !t.chars().any(|c| c.is_control() && c != '\n' && c != '\t'));
     match text {
         Some(t) => format!("\"{}\"{more}", t.escape_debug()),
         None => {
@@ -699,7 +765,12 @@ mod tests {
     }
 
     fn inode_ref(index: u64, name: &[u8]) -> Vec<u8> {
-        let mut v = InodeRef { index: index.into(), name_len: (name.len() as u16).into() }.as_bytes().to_vec();
+        let mut v = InodeRef {
+            index: index.into(),
+            name_len: (name.len() as u16).into(),
+        }
+        .as_bytes()
+        .to_vec();
         v.extend_from_slice(name);
         v
     }
@@ -743,18 +814,53 @@ mod tests {
         let mut add = |key: Key, data: &[u8]| items.push((key, data.to_vec()));
         add(k(257, BTRFS_INODE_ITEM_KEY, 0), &inode_item(0o40755, 48, 1));
         add(k(257, BTRFS_INODE_REF_KEY, 256), &inode_ref(2, b"d"));
-        add(k(257, BTRFS_DIR_LOG_INDEX_KEY, 2), DirLogItem { end: u64::MAX.into() }.as_bytes());
-        add(k(257, BTRFS_DIR_INDEX_KEY, 5), &dir_item(k(258, BTRFS_INODE_ITEM_KEY, 0), BTRFS_FT_REG_FILE, b"f\x01", b""));
-        add(k(258, BTRFS_INODE_ITEM_KEY, 0), &inode_item(0o100644, 8192, 2));
+        add(
+            k(257, BTRFS_DIR_LOG_INDEX_KEY, 2),
+            DirLogItem {
+                end: u64::MAX.into(),
+            }
+            .as_bytes(),
+        );
+        add(
+            k(257, BTRFS_DIR_INDEX_KEY, 5),
+            &dir_item(
+                k(258, BTRFS_INODE_ITEM_KEY, 0),
+                BTRFS_FT_REG_FILE,
+                b"f\x01",
+                b"",
+            ),
+        );
+        add(
+            k(258, BTRFS_INODE_ITEM_KEY, 0),
+            &inode_item(0o100644, 8192, 2),
+        );
         add(k(258, BTRFS_INODE_REF_KEY, 257), &inode_ref(5, b"f\x01"));
-        let mut ext = InodeExtref { parent_objectid: 256.into(), index: 9.into(), name_len: 1.into() }.as_bytes().to_vec();
+        let mut ext = InodeExtref {
+            parent_objectid: 256.into(),
+            index: 9.into(),
+            name_len: 1.into(),
+        }
+        .as_bytes()
+        .to_vec();
         ext.push(b'x');
         add(k(258, BTRFS_INODE_EXTREF_KEY, 1234), &ext);
-        add(k(258, BTRFS_XATTR_ITEM_KEY, 99), &dir_item(Key::MIN, BTRFS_FT_XATTR, b"user.a", b"blue"));
-        add(k(258, BTRFS_EXTENT_DATA_KEY, 0), &reg_extent(BTRFS_FILE_EXTENT_REG, 1 << 20, 4096));
-        add(k(258, BTRFS_EXTENT_DATA_KEY, 4096), &reg_extent(BTRFS_FILE_EXTENT_PREALLOC, 2 << 20, 4096));
+        add(
+            k(258, BTRFS_XATTR_ITEM_KEY, 99),
+            &dir_item(Key::MIN, BTRFS_FT_XATTR, b"user.a", b"blue"),
+        );
+        add(
+            k(258, BTRFS_EXTENT_DATA_KEY, 0),
+            &reg_extent(BTRFS_FILE_EXTENT_REG, 1 << 20, 4096),
+        );
+        add(
+            k(258, BTRFS_EXTENT_DATA_KEY, 4096),
+            &reg_extent(BTRFS_FILE_EXTENT_PREALLOC, 2 << 20, 4096),
+        );
         add(k(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 300), &[]);
-        add(k(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 1 << 20), &[0u8; 8]);
+        add(
+            k(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 1 << 20),
+            &[0u8; 8],
+        );
         add(k(258, BTRFS_VERITY_DESC_ITEM_KEY, 5), &[1, 2, 3]);
         add(k(BTRFS_FREE_SPACE_OBJECTID, 0, 0), &[0; 3]);
         // A body that does not decode is kept and reported.
@@ -764,8 +870,13 @@ mod tests {
         let mut plain = inode_item(0o100644, 8192, 1);
         plain[64..72].copy_from_slice(&0u64.to_le_bytes());
         add(k(260, BTRFS_INODE_ITEM_KEY, 0), &plain);
-        add(k(260, BTRFS_EXTENT_DATA_KEY, 0), &reg_extent(BTRFS_FILE_EXTENT_REG, 1 << 20, 4096));
-        let mut mid = FileExtentItem::read_from_bytes(&reg_extent(BTRFS_FILE_EXTENT_REG, 1 << 20, 16384)).unwrap();
+        add(
+            k(260, BTRFS_EXTENT_DATA_KEY, 0),
+            &reg_extent(BTRFS_FILE_EXTENT_REG, 1 << 20, 4096),
+        );
+        let mut mid =
+            FileExtentItem::read_from_bytes(&reg_extent(BTRFS_FILE_EXTENT_REG, 1 << 20, 16384))
+                .unwrap();
         mid.compression = BTRFS_COMPRESS_NONE;
         mid.offset.set(4096);
         mid.num_bytes.set(8192);
@@ -773,16 +884,38 @@ mod tests {
         items.sort_by_key(|i| i.0);
 
         let mut g = LogGrouper::new(4, 4096);
-        let errors = items.iter().filter(|(key, d)| g.add(*key, d).is_err()).count();
+        let errors = items
+            .iter()
+            .filter(|(key, d)| g.add(*key, d).is_err())
+            .count();
         assert_eq!(errors, 1);
-        let root = TreeRoot { id: BTRFS_TREE_LOG_OBJECTID, bytenr: 0, level: 0, generation: 0 };
-        let tree = LogTree { subvol: 5, items, read: TreeRead::new(root) };
+        let root = TreeRoot {
+            id: BTRFS_TREE_LOG_OBJECTID,
+            bytenr: 0,
+            level: 0,
+            generation: 0,
+        };
+        let tree = LogTree {
+            subvol: 5,
+            items,
+            read: TreeRead::new(root),
+        };
         let (mut inodes, csums, other) = g.finish();
         fill_csum_coverage(&mut inodes, &tree, 4, 4096);
-        assert_eq!(inodes.iter().map(|i| i.ino).collect::<Vec<_>>(), vec![257, 258, 259, 260, 300]);
+        assert_eq!(
+            inodes.iter().map(|i| i.ino).collect::<Vec<_>>(),
+            vec![257, 258, 259, 260, 300]
+        );
         let d = &inodes[0];
         assert_eq!(d.inode.as_ref().unwrap().kind, "dir");
-        assert_eq!(d.dir_log_ranges, vec![DirLogRange { kind: DirLogKind::DirLogIndex, start: 2, end: u64::MAX }]);
+        assert_eq!(
+            d.dir_log_ranges,
+            vec![DirLogRange {
+                kind: DirLogKind::DirLogIndex,
+                start: 2,
+                end: u64::MAX
+            }]
+        );
         assert_eq!(d.dir_entries.len(), 1);
         assert_eq!(d.dir_entries[0].name, "f\\x01");
         assert_eq!(d.dir_entries[0].location, k(258, BTRFS_INODE_ITEM_KEY, 0));
@@ -790,11 +923,37 @@ mod tests {
         let f = &inodes[1];
         let s = f.inode.as_ref().unwrap();
         assert_eq!((s.kind, s.size, s.nlink), ("file", 8192, 2));
-        assert_eq!(s.flag_names, vec!["NODATASUM".to_string(), "0x10000000000".to_string()]);
+        assert_eq!(
+            s.flag_names,
+            vec!["NODATASUM".to_string(), "0x10000000000".to_string()]
+        );
         assert_eq!(f.names.len(), 2);
-        assert_eq!(f.names[0], LoggedName { kind: NameKind::Ref, parent: 257, index: 5, name: "f\\x01".into() });
-        assert_eq!(f.names[1], LoggedName { kind: NameKind::Extref, parent: 256, index: 9, name: "x".into() });
-        assert_eq!(f.xattrs, vec![LoggedXattr { name: "user.a".into(), value_len: 4, value_preview: "\"blue\"".into() }]);
+        assert_eq!(
+            f.names[0],
+            LoggedName {
+                kind: NameKind::Ref,
+                parent: 257,
+                index: 5,
+                name: "f\\x01".into()
+            }
+        );
+        assert_eq!(
+            f.names[1],
+            LoggedName {
+                kind: NameKind::Extref,
+                parent: 256,
+                index: 9,
+                name: "x".into()
+            }
+        );
+        assert_eq!(
+            f.xattrs,
+            vec![LoggedXattr {
+                name: "user.a".into(),
+                value_len: 4,
+                value_preview: "\"blue\"".into()
+            }]
+        );
         assert_eq!(f.extents.len(), 2);
         assert_eq!(f.extents[0].kind, ExtentKind::Regular);
         assert_eq!(f.extents[0].compression, "zstd");
@@ -804,21 +963,42 @@ mod tests {
         assert_eq!(f.other[0].type_name, "VERITY_DESC_ITEM");
         assert!(inodes[2].other[0].error.is_some());
         assert!(inodes[4].orphan && inodes[4].inode.is_none());
-        assert_eq!(csums, vec![CsumRange { start: 1 << 20, len: 8192, csums: 2 }]);
+        assert_eq!(
+            csums,
+            vec![CsumRange {
+                start: 1 << 20,
+                len: 8192,
+                csums: 2
+            }]
+        );
         // 258 is NODATASUM: nothing needed. 260 keeps checksums: its
         // compressed extent needs the whole 4 KiB disk extent (covered), its
         // uncompressed one what it refers to, [+4096, +12288), half covered.
         assert_eq!(inodes[1].extents[0].csum_bytes_needed, None);
         assert_eq!(inodes[1].extents[1].csum_bytes_in_log, None);
         let c = inodes.iter().find(|i| i.ino == 260).unwrap();
-        assert_eq!((c.extents[0].csum_bytes_needed, c.extents[0].csum_bytes_in_log), (Some(4096), Some(4096)));
-        assert_eq!((c.extents[1].csum_bytes_needed, c.extents[1].csum_bytes_in_log), (Some(8192), Some(4096)));
+        assert_eq!(
+            (
+                c.extents[0].csum_bytes_needed,
+                c.extents[0].csum_bytes_in_log
+            ),
+            (Some(4096), Some(4096))
+        );
+        assert_eq!(
+            (
+                c.extents[1].csum_bytes_needed,
+                c.extents[1].csum_bytes_in_log
+            ),
+            (Some(8192), Some(4096))
+        );
         inodes.retain(|i| i.ino != 260);
         assert_eq!(other.len(), 1);
 
         // 257 and 258 are named in the log; 300 only in the "committed" tree,
         // 259 nowhere.
-        resolve_paths(&mut inodes, |ino| (ino == 300).then(|| (257, "tmp".to_string())));
+        resolve_paths(&mut inodes, |ino| {
+            (ino == 300).then(|| (257, "tmp".to_string()))
+        });
         let paths: Vec<_> = inodes.iter().map(|i| i.path.clone()).collect();
         let want = [Some("/d"), Some("/d/f\\x01"), None, Some("/d/tmp")];
         assert_eq!(paths, want.map(|p| p.map(String::from)));
@@ -829,12 +1009,22 @@ mod tests {
         let mut inodes = vec![
             LoggedInode {
                 ino: 500,
-                names: vec![LoggedName { kind: NameKind::Ref, parent: 501, index: 2, name: "a".into() }],
+                names: vec![LoggedName {
+                    kind: NameKind::Ref,
+                    parent: 501,
+                    index: 2,
+                    name: "a".into(),
+                }],
                 ..Default::default()
             },
             LoggedInode {
                 ino: 501,
-                names: vec![LoggedName { kind: NameKind::Ref, parent: 500, index: 2, name: "b".into() }],
+                names: vec![LoggedName {
+                    kind: NameKind::Ref,
+                    parent: 500,
+                    index: 2,
+                    name: "b".into(),
+                }],
                 ..Default::default()
             },
         ];
@@ -844,7 +1034,12 @@ mod tests {
         // An ancestor the committed tree does not know either.
         let mut inodes = vec![LoggedInode {
             ino: 600,
-            names: vec![LoggedName { kind: NameKind::Ref, parent: 601, index: 2, name: "c".into() }],
+            names: vec![LoggedName {
+                kind: NameKind::Ref,
+                parent: 601,
+                index: 2,
+                name: "c".into(),
+            }],
             ..Default::default()
         }];
         resolve_paths(&mut inodes, |_| None);
@@ -853,13 +1048,19 @@ mod tests {
 
     /// Extract a btrfs-progs fsck fixture into `dir`, or say why not.
     fn fixture(name: &str, dir: &std::path::Path) -> Option<std::path::PathBuf> {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/btrfs-progs-fsck");
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/fixtures/btrfs-progs-fsck");
         let tar = root.join(format!("{name}.tar.xz"));
         if !tar.exists() {
             eprintln!("SKIP: fixture {} not present", tar.display());
             return None;
         }
-        let st = std::process::Command::new("tar").arg("-xJf").arg(&tar).arg("-C").arg(dir).status();
+        let st = std::process::Command::new("tar")
+            .arg("-xJf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(dir)
+            .status();
         if !matches!(st, Ok(s) if s.success()) {
             eprintln!("SKIP: cannot extract {} with tar", tar.display());
             return None;
@@ -877,7 +1078,9 @@ mod tests {
     fn kernel_log_fixture() {
         use crate::image::OpenOptions;
         let tmp = tempfile::tempdir().unwrap();
-        let Some(raw) = fixture("065-valid-log-tree--compressed", tmp.path()) else { return };
+        let Some(raw) = fixture("065-valid-log-tree--compressed", tmp.path()) else {
+            return;
+        };
         let img = Image::open_path(&raw, OpenOptions::default()).unwrap();
         let d = inspect_log(&img).expect("the fixture has a log");
         assert!(!d.is_damaged(), "{:?}", d.problems);
@@ -892,12 +1095,18 @@ mod tests {
         assert_eq!(f.inode.as_ref().map(|i| i.kind), Some("file"));
         assert_eq!(f.names.len(), 1);
         assert_eq!(f.extents.len(), 1);
-        assert_eq!((f.extents[0].kind, f.extents[0].compression.as_str()), (ExtentKind::Regular, "zlib"));
+        assert_eq!(
+            (f.extents[0].kind, f.extents[0].compression.as_str()),
+            (ExtentKind::Regular, "zlib")
+        );
         assert_eq!(s.csums.len(), 1);
         assert_eq!(s.csums[0].start, f.extents[0].disk_bytenr.unwrap());
         assert_eq!(f.extents[0].csum_bytes_in_log, f.extents[0].disk_num_bytes);
         let leaf = s.tree.bytenr;
-        let copies = img.chunks.map(leaf, img.nodesize as u64, img.devid).unwrap();
+        let copies = img
+            .chunks
+            .map(leaf, img.nodesize as u64, img.devid)
+            .unwrap();
         drop(img);
 
         // Damage every copy of the log leaf: still shown, reported damaged.
@@ -908,7 +1117,14 @@ mod tests {
                 f.write_all_at(&[0xa5; 8], p + 0x300).unwrap();
             }
         }
-        let img = Image::open_path(&raw, OpenOptions { lenient: true, ..Default::default() }).unwrap();
+        let img = Image::open_path(
+            &raw,
+            OpenOptions {
+                lenient: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let d = inspect_log(&img).unwrap();
         assert!(d.is_damaged());
         assert_eq!(d.subvols[0].problems[0].bytenr, leaf);
@@ -928,7 +1144,10 @@ mod tests {
         assert_eq!(preview_value(b"blue"), "\"blue\"");
         assert_eq!(preview_value(&[0, 1, 2]), "0x000102");
         assert!(preview_value(&[b'a'; 100]).ends_with("\"..."));
-        assert_eq!(file_type_name(BTRFS_FT_DIR | BTRFS_FT_ENCRYPTED), "dir+encrypted");
+        assert_eq!(
+            file_type_name(BTRFS_FT_DIR | BTRFS_FT_ENCRYPTED),
+            "dir+encrypted"
+        );
         assert_eq!(compression_name(9), "unknown(9)");
         assert_eq!(mode_kind(0o120777), "symlink");
     }

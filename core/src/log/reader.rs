@@ -51,7 +51,10 @@ pub struct ReadOptions {
 
 impl ReadOptions {
     pub fn new(on_damage: OnDamage) -> ReadOptions {
-        ReadOptions { on_damage, root_generation: true }
+        ReadOptions {
+            on_damage,
+            root_generation: true,
+        }
     }
 }
 
@@ -140,7 +143,14 @@ pub struct TreeRead {
 
 impl TreeRead {
     pub(crate) fn new(root: TreeRoot) -> TreeRead {
-        TreeRead { root, blocks: Vec::new(), lost: Vec::new(), problems: Vec::new(), root_block_generation: None, leaf_starts: Vec::new() }
+        TreeRead {
+            root,
+            blocks: Vec::new(),
+            lost: Vec::new(),
+            problems: Vec::new(),
+            root_block_generation: None,
+            leaf_starts: Vec::new(),
+        }
     }
     pub fn leaves(&self) -> usize {
         self.blocks.iter().filter(|b| b.level == 0).count()
@@ -172,7 +182,10 @@ pub struct CsumNeed {
 
 impl LogTree {
     pub fn find(&self, key: &Key) -> Option<&[u8]> {
-        self.items.binary_search_by(|(k, _)| k.cmp(key)).ok().map(|i| &self.items[i].1[..])
+        self.items
+            .binary_search_by(|(k, _)| k.cmp(key))
+            .ok()
+            .map(|i| &self.items[i].1[..])
     }
     /// Items with keys in `[lo, hi]`.
     pub fn range(&self, lo: Key, hi: Key) -> impl Iterator<Item = &(Key, Vec<u8>)> {
@@ -184,11 +197,14 @@ impl LogTree {
     pub fn leaf_of(&self, index: usize) -> u64 {
         let l = &self.read.leaf_starts;
         let i = l.partition_point(|&(first, _)| first <= index);
-        i.checked_sub(1).and_then(|i| l.get(i)).map_or(self.read.root.bytenr, |&(_, b)| b)
+        i.checked_sub(1)
+            .and_then(|i| l.get(i))
+            .map_or(self.read.root.bytenr, |&(_, b)| b)
     }
     /// The logged inode item of `ino`, when the log holds one that decodes.
     pub fn inode_item(&self, ino: u64) -> Option<InodeItem> {
-        self.find(&Key::new(ino, BTRFS_INODE_ITEM_KEY, 0)).and_then(|d| InodeItem::read_from_bytes(d).ok())
+        self.find(&Key::new(ino, BTRFS_INODE_ITEM_KEY, 0))
+            .and_then(|d| InodeItem::read_from_bytes(d).ok())
     }
 
     /// Whether the data of `ino` carries checksums: not when its logged inode
@@ -197,7 +213,8 @@ impl LogTree {
     /// extent, so this only matters for damaged logs, where assuming less
     /// would let data without checksums through).
     pub fn keeps_csums(&self, ino: u64) -> bool {
-        self.inode_item(ino).is_none_or(|i| i.flags.get() & BTRFS_INODE_NODATASUM == 0)
+        self.inode_item(ino)
+            .is_none_or(|i| i.flags.get() & BTRFS_INODE_NODATASUM == 0)
     }
 
     /// Every logged data extent that needs checksums: the one rule replay,
@@ -222,7 +239,12 @@ impl LogTree {
                 continue;
             }
             if let Some((start, end)) = parse_file_extent(d).ok().and_then(|fe| fe.csum_span()) {
-                out.push(CsumNeed { ino: k.objectid, file_offset: k.offset, start, end });
+                out.push(CsumNeed {
+                    ino: k.objectid,
+                    file_offset: k.offset,
+                    start,
+                    end,
+                });
             }
         }
         out
@@ -234,7 +256,13 @@ impl LogTree {
         let hi = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, u64::MAX);
         let mut v: Vec<(u64, u64)> = self
             .range(lo, hi)
-            .map(|(k, d)| (k.offset, k.offset.saturating_add((d.len() / csum_size.max(1)) as u64 * sectorsize as u64)))
+            .map(|(k, d)| {
+                (
+                    k.offset,
+                    k.offset
+                        .saturating_add((d.len() / csum_size.max(1)) as u64 * sectorsize as u64),
+                )
+            })
             .filter(|(s, e)| s < e)
             .collect();
         merge_ranges(&mut v);
@@ -258,7 +286,11 @@ pub fn merge_ranges(v: &mut Vec<(u64, u64)>) {
 /// Bytes of `[start, end)` that the merged ranges `cover` include.
 pub fn covered_bytes(cover: &[(u64, u64)], start: u64, end: u64) -> u64 {
     let i = cover.partition_point(|&(_, e)| e <= start);
-    cover[i..].iter().take_while(|&&(s, _)| s < end).map(|&(s, e)| e.min(end).saturating_sub(s.max(start))).sum()
+    cover[i..]
+        .iter()
+        .take_while(|&&(s, _)| s < end)
+        .map(|&(s, e)| e.min(end).saturating_sub(s.max(start)))
+        .sum()
 }
 
 /// The parts of `[start, end)` that the merged ranges `cover` miss.
@@ -308,7 +340,12 @@ impl LogRead {
     }
     /// Every block whose contents were used, across the whole log.
     pub fn block_count(&self) -> usize {
-        self.root_tree.blocks.len() + self.trees.iter().map(|t| t.read.blocks.len()).sum::<usize>()
+        self.root_tree.blocks.len()
+            + self
+                .trees
+                .iter()
+                .map(|t| t.read.blocks.len())
+                .sum::<usize>()
     }
 }
 
@@ -321,13 +358,28 @@ pub fn read_log(img: &Image, opts: ReadOptions) -> Result<Option<LogRead>> {
 
 /// [`read_log`], treating the blocks in `excluded` as damaged for the reason
 /// given (salvage uses it for blocks it cannot trust although they read).
-pub fn read_log_with(img: &Image, opts: ReadOptions, excluded: &HashMap<u64, String>) -> Result<Option<LogRead>> {
-    let Some(lrt) = img.log_root_tree() else { return Ok(None) };
+pub fn read_log_with(
+    img: &Image,
+    opts: ReadOptions,
+    excluded: &HashMap<u64, String>,
+) -> Result<Option<LogRead>> {
+    let Some(lrt) = img.log_root_tree() else {
+        return Ok(None);
+    };
     let mut seen = HashSet::new();
-    let mut reader = Reader { img, opts, seen: &mut seen, excluded };
+    let mut reader = Reader {
+        img,
+        opts,
+        seen: &mut seen,
+        excluded,
+    };
     let mut root_tree = TreeRead::new(lrt);
     let mut root_items = Vec::new();
-    reader.read_tree(&mut root_tree, opts.root_generation.then_some(lrt.generation), &mut root_items)?;
+    reader.read_tree(
+        &mut root_tree,
+        opts.root_generation.then_some(lrt.generation),
+        &mut root_items,
+    )?;
     let mut roots = Vec::new();
     let mut root_tree_other = Vec::new();
     for (k, d) in root_items {
@@ -359,10 +411,22 @@ pub fn read_log_with(img: &Image, opts: ReadOptions, excluded: &HashMap<u64, Str
         if k.objectid != BTRFS_TREE_LOG_OBJECTID {
             continue;
         }
-        let root = TreeRoot { id: BTRFS_TREE_LOG_OBJECTID, bytenr: ri.bytenr.get(), level: ri.level, generation: ri.generation.get() };
+        let root = TreeRoot {
+            id: BTRFS_TREE_LOG_OBJECTID,
+            bytenr: ri.bytenr.get(),
+            level: ri.level,
+            generation: ri.generation.get(),
+        };
         let mut read = TreeRead::new(root);
         let mut items = Vec::new();
-        let whole = |why: String| LostBlock { bytenr: root.bytenr, parent: None, level: root.level, lo: Key::MIN, hi: None, why };
+        let whole = |why: String| LostBlock {
+            bytenr: root.bytenr,
+            parent: None,
+            level: root.level,
+            lo: Key::MIN,
+            hi: None,
+            why,
+        };
         let bad_root = if ri.generation.get() > max_gen {
             Some(format!(
                 "log tree of subvolume {} has generation {}, newer than the filesystem's {} + 1",
@@ -371,23 +435,42 @@ pub fn read_log_with(img: &Image, opts: ReadOptions, excluded: &HashMap<u64, Str
                 img.sb.generation.get()
             ))
         } else if ri.level >= BTRFS_MAX_LEVEL {
-            Some(format!("log tree of subvolume {} has level {}", k.offset, ri.level))
+            Some(format!(
+                "log tree of subvolume {} has level {}",
+                k.offset, ri.level
+            ))
         } else {
             None
         };
         match (bad_root, opts.on_damage) {
             (Some(why), OnDamage::Fail) => return Err(Error::corrupt(why, root.bytenr)),
             (Some(why), _) if ri.level >= BTRFS_MAX_LEVEL => {
-                read.problems.push(LogProblem { bytenr: root.bytenr, key: Some(*k), message: why.clone(), class: ProblemClass::Item, slot: None });
+                read.problems.push(LogProblem {
+                    bytenr: root.bytenr,
+                    key: Some(*k),
+                    message: why.clone(),
+                    class: ProblemClass::Item,
+                    slot: None,
+                });
                 read.lost.push(whole(why));
             }
             (Some(why), OnDamage::Skip) => {
-                read.problems.push(LogProblem { bytenr: root.bytenr, key: Some(*k), message: why.clone(), class: ProblemClass::Item, slot: None });
+                read.problems.push(LogProblem {
+                    bytenr: root.bytenr,
+                    key: Some(*k),
+                    message: why.clone(),
+                    class: ProblemClass::Item,
+                    slot: None,
+                });
                 read.lost.push(whole(why));
             }
             _ => reader.read_tree(&mut read, Some(root.generation), &mut items)?,
         }
-        trees.push(LogTree { subvol: k.offset, items, read });
+        trees.push(LogTree {
+            subvol: k.offset,
+            items,
+            read,
+        });
     }
     Ok(Some(LogRead {
         super_generation: img.sb.generation.get(),
@@ -429,11 +512,21 @@ struct Pending {
 impl Reader<'_> {
     /// Walk one tree in key order, appending its items to `items` (sorted on
     /// return) and recording blocks, damage and lost ranges in `read`.
-    fn read_tree(&mut self, read: &mut TreeRead, generation: Option<u64>, items: &mut Vec<(Key, Vec<u8>)>) -> Result<()> {
+    fn read_tree(
+        &mut self,
+        read: &mut TreeRead,
+        generation: Option<u64>,
+        items: &mut Vec<(Key, Vec<u8>)>,
+    ) -> Result<()> {
         let root = read.root;
         let mut stack = vec![Pending {
             bytenr: root.bytenr,
-            expect: Expect { level: Some(root.level), generation, owner: Some(BTRFS_TREE_LOG_OBJECTID), first_key: None },
+            expect: Expect {
+                level: Some(root.level),
+                generation,
+                owner: Some(BTRFS_TREE_LOG_OBJECTID),
+                first_key: None,
+            },
             parent: None,
             depth: 0,
             lo: Key::MIN,
@@ -458,7 +551,13 @@ impl Reader<'_> {
                     p.bytenr,
                     p.parent.unwrap_or(0)
                 );
-                read.problems.push(LogProblem { bytenr: p.bytenr, key: None, message: message.clone(), class: ProblemClass::Revisit, slot: None });
+                read.problems.push(LogProblem {
+                    bytenr: p.bytenr,
+                    key: None,
+                    message: message.clone(),
+                    class: ProblemClass::Revisit,
+                    slot: None,
+                });
                 read.lost.push(lost(message));
                 continue;
             }
@@ -466,15 +565,25 @@ impl Reader<'_> {
                 if fail {
                     return Err(Error::corrupt(format!("log tree block {why}"), p.bytenr));
                 }
-                read.problems.push(LogProblem { bytenr: p.bytenr, key: p.expect.first_key, message: why.clone(), class: ProblemClass::Damaged, slot: None });
+                read.problems.push(LogProblem {
+                    bytenr: p.bytenr,
+                    key: p.expect.first_key,
+                    message: why.clone(),
+                    class: ProblemClass::Damaged,
+                    slot: None,
+                });
                 read.lost.push(lost(why.clone()));
                 continue;
             }
-            let (node, problems) = match self.img.read_tree_block_checked(p.bytenr, &p.expect, true) {
+            let (node, problems) = match self.img.read_tree_block_checked(p.bytenr, &p.expect, true)
+            {
                 Ok(x) => x,
                 Err(e) => {
                     if fail {
-                        return Err(Error::corrupt(format!("log tree block unreadable: {e}"), p.bytenr));
+                        return Err(Error::corrupt(
+                            format!("log tree block unreadable: {e}"),
+                            p.bytenr,
+                        ));
                     }
                     let from = match p.parent {
                         Some(b) => format!(" (referenced by block {b})"),
@@ -488,7 +597,8 @@ impl Reader<'_> {
                         class: ProblemClass::Unreadable,
                         slot: None,
                     });
-                    read.lost.push(lost(format!("unreadable: {}", error_text(&e))));
+                    read.lost
+                        .push(lost(format!("unreadable: {}", error_text(&e))));
                     continue;
                 }
             };
@@ -496,7 +606,10 @@ impl Reader<'_> {
             // Keys outside the range the parent gives: the block does not
             // belong where it is linked (tree-checker does not see this; a
             // wrong block with a valid checksum would).
-            if let Some(slot) = (0..node.nr_safe()).find(|&s| node.key(s).is_some_and(|k| k < p.lo || p.hi.is_some_and(|h| k >= h))) {
+            if let Some(slot) = (0..node.nr_safe()).find(|&s| {
+                node.key(s)
+                    .is_some_and(|k| k < p.lo || p.hi.is_some_and(|h| k >= h))
+            }) {
                 let key = node.key(slot);
                 problems.push(Problem {
                     bytenr: p.bytenr,
@@ -511,13 +624,21 @@ impl Reader<'_> {
             }
             if let Some(first) = problems.first() {
                 match self.opts.on_damage {
-                    OnDamage::Fail => return Err(Error::corrupt(format!("log tree block: {}", first.message), p.bytenr)),
+                    OnDamage::Fail => {
+                        return Err(Error::corrupt(
+                            format!("log tree block: {}", first.message),
+                            p.bytenr,
+                        ))
+                    }
                     OnDamage::Skip => {
-                        read.problems.extend(problems.iter().map(|pr| block_problem(pr)));
+                        read.problems
+                            .extend(problems.iter().map(|pr| block_problem(pr)));
                         read.lost.push(lost(format!("damaged: {}", first.message)));
                         continue;
                     }
-                    OnDamage::Keep => read.problems.extend(problems.iter().map(|pr| block_problem(pr))),
+                    OnDamage::Keep => read
+                        .problems
+                        .extend(problems.iter().map(|pr| block_problem(pr))),
                 }
             }
             read.blocks.push(BlockRead {
@@ -546,7 +667,13 @@ impl Reader<'_> {
         Ok(())
     }
 
-    fn take_items(&mut self, node: &Node, problems: &[Problem], read: &mut TreeRead, items: &mut Vec<(Key, Vec<u8>)>) -> Result<()> {
+    fn take_items(
+        &mut self,
+        node: &Node,
+        problems: &[Problem],
+        read: &mut TreeRead,
+        items: &mut Vec<(Key, Vec<u8>)>,
+    ) -> Result<()> {
         read.leaf_starts.push((items.len(), node.bytenr));
         for slot in 0..node.nr_safe() {
             let Some(key) = node.key(slot) else { continue };
@@ -578,10 +705,16 @@ impl Reader<'_> {
         // from its pointer's key (the parent's lower bound for the first) to
         // the next pointer's key (the parent's upper bound for the last).
         for slot in (0..n).rev() {
-            let Some(kp) = node.key_ptr(slot) else { continue };
+            let Some(kp) = node.key_ptr(slot) else {
+                continue;
+            };
             let key = Key::from(&kp.key);
             let lo = if slot == 0 { p.lo.min(key) } else { key };
-            let hi = if slot + 1 < n { node.key(slot + 1) } else { p.hi };
+            let hi = if slot + 1 < n {
+                node.key(slot + 1)
+            } else {
+                p.hi
+            };
             stack.push(Pending {
                 bytenr: kp.blockptr.get(),
                 expect: Expect {
@@ -600,7 +733,13 @@ impl Reader<'_> {
 }
 
 fn block_problem(p: &Problem) -> LogProblem {
-    LogProblem { bytenr: p.bytenr, key: p.key, message: p.message.clone(), class: ProblemClass::Damaged, slot: p.slot }
+    LogProblem {
+        bytenr: p.bytenr,
+        key: p.key,
+        message: p.message.clone(),
+        class: ProblemClass::Damaged,
+        slot: p.slot,
+    }
 }
 
 #[cfg(test)]
@@ -623,7 +762,14 @@ mod tests {
     #[test]
     fn lost_ranges() {
         let k = |o| Key::new(o, BTRFS_INODE_ITEM_KEY, 0);
-        let l = LostBlock { bytenr: 1, parent: None, level: 0, lo: k(260), hi: Some(k(300)), why: String::new() };
+        let l = LostBlock {
+            bytenr: 1,
+            parent: None,
+            level: 0,
+            lo: k(260),
+            hi: Some(k(300)),
+            why: String::new(),
+        };
         assert!(l.contains(k(260)));
         assert!(!l.contains(k(300)));
         assert!(!l.overlaps(Key::new(259, 0, 0), Key::new(259, 255, u64::MAX)));

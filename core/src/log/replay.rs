@@ -18,15 +18,15 @@
 //! A crash during replay leaves the previous superblock, which still points
 //! to the intact log, so replay can simply be run again.
 
+pub use super::reader::LogTree;
+use super::reader::{read_log, uncovered, OnDamage, ReadOptions};
 use crate::format::consts::*;
 use crate::format::dir::parse_dir_items;
-use crate::trans::delayed::BackRef;
 use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
 use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem, Timespec};
 use crate::format::key::Key;
-use super::reader::{read_log, uncovered, OnDamage, ReadOptions};
-pub use super::reader::LogTree;
 use crate::fs::{extents, inode as finode, names};
+use crate::trans::delayed::BackRef;
 use crate::trans::{Store, TreeId};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -45,15 +45,56 @@ pub struct ReplayOptions {
 #[derive(Clone, Debug, serde::Serialize, PartialEq, Eq)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    InodeCreated { subvol: u64, ino: u64, mode: u32, size: u64 },
-    InodeUpdated { subvol: u64, ino: u64, mode: u32, size: u64 },
-    NameAdded { subvol: u64, dir: u64, name: String, ino: u64 },
-    NameRemoved { subvol: u64, dir: u64, name: String, ino: u64 },
-    DataReplaced { subvol: u64, ino: u64, offset: u64, len: u64, kind: String },
-    Truncated { subvol: u64, ino: u64, size: u64 },
-    XattrSet { subvol: u64, ino: u64, name: String },
-    XattrRemoved { subvol: u64, ino: u64, name: String },
-    InodeRemoved { subvol: u64, ino: u64 },
+    InodeCreated {
+        subvol: u64,
+        ino: u64,
+        mode: u32,
+        size: u64,
+    },
+    InodeUpdated {
+        subvol: u64,
+        ino: u64,
+        mode: u32,
+        size: u64,
+    },
+    NameAdded {
+        subvol: u64,
+        dir: u64,
+        name: String,
+        ino: u64,
+    },
+    NameRemoved {
+        subvol: u64,
+        dir: u64,
+        name: String,
+        ino: u64,
+    },
+    DataReplaced {
+        subvol: u64,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        kind: String,
+    },
+    Truncated {
+        subvol: u64,
+        ino: u64,
+        size: u64,
+    },
+    XattrSet {
+        subvol: u64,
+        ino: u64,
+        name: String,
+    },
+    XattrRemoved {
+        subvol: u64,
+        ino: u64,
+        name: String,
+    },
+    InodeRemoved {
+        subvol: u64,
+        ino: u64,
+    },
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -91,9 +132,14 @@ fn is_reg(mode: u32) -> bool {
 /// Read every log tree with the shared reader; any damage is an error
 /// (replay must not guess). Returns the trees and every log block to pin.
 fn read_logs(fs: &Store) -> Result<(Vec<LogTree>, Vec<u64>)> {
-    let read = read_log(fs.image(), ReadOptions::new(OnDamage::Fail))?.ok_or_else(|| Error::Invalid("no log to replay".into()))?;
+    let read = read_log(fs.image(), ReadOptions::new(OnDamage::Fail))?
+        .ok_or_else(|| Error::Invalid("no log to replay".into()))?;
     let mut blocks: Vec<u64> = read.root_tree.blocks.iter().map(|b| b.bytenr).collect();
-    blocks.extend(read.trees.iter().flat_map(|t| t.read.blocks.iter().map(|b| b.bytenr)));
+    blocks.extend(
+        read.trees
+            .iter()
+            .flat_map(|t| t.read.blocks.iter().map(|b| b.bytenr)),
+    );
     Ok((read.trees, blocks))
 }
 
@@ -108,7 +154,10 @@ fn missing_csums(fs: &mut Store, logs: &[LogTree]) -> Result<Vec<String>> {
             for (a, b) in uncovered(&have, n.start, n.end) {
                 // Checksums committed before the crash count too.
                 if fs.csum_lookup(a, b - a)?.iter().any(|c| c.is_none()) {
-                    out.push(format!("inode {} offset {} (disk bytes {}..{})", n.ino, n.file_offset, n.start, n.end));
+                    out.push(format!(
+                        "inode {} offset {} (disk bytes {}..{})",
+                        n.ino, n.file_offset, n.start, n.end
+                    ));
                     break;
                 }
             }
@@ -159,25 +208,54 @@ impl Replayer<'_> {
     /// inode's link count is recounted later.
     fn unlink_name(&mut self, dir: u64, ino: u64, name: &[u8], index: u64) -> Result<()> {
         let t = self.fs.transid;
-        names::remove_name(self.fs, self.subvol, dir, finode::inode_key(ino), name, index, t)?;
+        names::remove_name(
+            self.fs,
+            self.subvol,
+            dir,
+            finode::inode_key(ino),
+            name,
+            index,
+            t,
+        )?;
         if let Some(mut i) = self.get_inode(ino)? {
             i.nlink.set(i.nlink.get().saturating_sub(1));
             self.put_inode(ino, &i)?;
         }
         self.fixups.insert(ino);
         let sv = self.subvol;
-        self.ev(Event::NameRemoved { subvol: sv, dir, name: lossy(name), ino });
+        self.ev(Event::NameRemoved {
+            subvol: sv,
+            dir,
+            name: lossy(name),
+            ino,
+        });
         Ok(())
     }
 
     /// Add name `name` for `ino` in `dir` at `index`.
     fn add_name(&mut self, dir: u64, ino: u64, name: &[u8], index: u64) -> Result<()> {
-        let inode = self.get_inode(ino)?.ok_or_else(|| Error::Invalid("add_name on missing inode".into()))?;
+        let inode = self
+            .get_inode(ino)?
+            .ok_or_else(|| Error::Invalid("add_name on missing inode".into()))?;
         let ftype = finode::ftype_of_mode(inode.mode.get());
         let (sv, t) = (self.subvol, self.fs.transid);
-        names::add_name(self.fs, sv, dir, finode::inode_key(ino), name, ftype, index, t)?;
+        names::add_name(
+            self.fs,
+            sv,
+            dir,
+            finode::inode_key(ino),
+            name,
+            ftype,
+            index,
+            t,
+        )?;
         self.fixups.insert(ino);
-        self.ev(Event::NameAdded { subvol: sv, dir, name: lossy(name), ino });
+        self.ev(Event::NameAdded {
+            subvol: sv,
+            dir,
+            name: lossy(name),
+            ino,
+        });
         Ok(())
     }
 
@@ -189,13 +267,24 @@ impl Replayer<'_> {
         if del_all {
             ranges.push((0, u64::MAX));
         } else if let Some(log) = log {
-            for (k, d) in log.range(Key::new(dir, BTRFS_DIR_LOG_INDEX_KEY, 0), Key::new(dir, BTRFS_DIR_LOG_INDEX_KEY, u64::MAX)) {
-                let end = d.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).unwrap_or(k.offset);
+            for (k, d) in log.range(
+                Key::new(dir, BTRFS_DIR_LOG_INDEX_KEY, 0),
+                Key::new(dir, BTRFS_DIR_LOG_INDEX_KEY, u64::MAX),
+            ) {
+                let end = d
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+                    .unwrap_or(k.offset);
                 ranges.push((k.offset, end));
             }
         }
         for (lo, hi) in ranges {
-            let items = self.fs.items_in(TreeId::Tree(self.subvol), Key::new(dir, BTRFS_DIR_INDEX_KEY, lo), Key::new(dir, BTRFS_DIR_INDEX_KEY, hi))?;
+            let items = self.fs.items_in(
+                TreeId::Tree(self.subvol),
+                Key::new(dir, BTRFS_DIR_INDEX_KEY, lo),
+                Key::new(dir, BTRFS_DIR_INDEX_KEY, hi),
+            )?;
             for (k, d) in items {
                 let ents = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
                 let Some(e) = ents.first() else { continue };
@@ -203,7 +292,9 @@ impl Replayer<'_> {
                 let ino = Key::from(&e.item.location).objectid;
                 let in_log = !del_all
                     && log.is_some_and(|l| {
-                        l.find(&k).and_then(|ld| parse_dir_items(ld).ok()).is_some_and(|le| le.iter().any(|x| x.name == name))
+                        l.find(&k)
+                            .and_then(|ld| parse_dir_items(ld).ok())
+                            .is_some_and(|le| le.iter().any(|x| x.name == name))
                     });
                 if in_log {
                     continue;
@@ -220,15 +311,26 @@ impl Replayer<'_> {
     }
 
     fn replay_xattr_deletes(&mut self, log: &LogTree, ino: u64) -> Result<()> {
-        let items = self.fs.items_in(TreeId::Tree(self.subvol), Key::new(ino, BTRFS_XATTR_ITEM_KEY, 0), Key::new(ino, BTRFS_XATTR_ITEM_KEY, u64::MAX))?;
+        let items = self.fs.items_in(
+            TreeId::Tree(self.subvol),
+            Key::new(ino, BTRFS_XATTR_ITEM_KEY, 0),
+            Key::new(ino, BTRFS_XATTR_ITEM_KEY, u64::MAX),
+        )?;
         for (k, d) in items {
             for e in parse_dir_items(&d).map_err(|e| e.at(0, k))? {
-                let logged = log.find(&k).and_then(|ld| parse_dir_items(ld).ok()).is_some_and(|le| le.iter().any(|x| x.name == e.name));
+                let logged = log
+                    .find(&k)
+                    .and_then(|ld| parse_dir_items(ld).ok())
+                    .is_some_and(|le| le.iter().any(|x| x.name == e.name));
                 if !logged {
                     let name = e.name.to_vec();
                     names::remove_packed(self.fs, self.subvol, &k, &name, 0)?;
                     let sv = self.subvol;
-                    self.ev(Event::XattrRemoved { subvol: sv, ino, name: lossy(&name) });
+                    self.ev(Event::XattrRemoved {
+                        subvol: sv,
+                        ino,
+                        name: lossy(&name),
+                    });
                 }
             }
         }
@@ -269,7 +371,12 @@ impl Replayer<'_> {
                 }
                 if src.as_bytes() != dst.as_bytes() {
                     self.put_inode(ino, &src)?;
-                    self.ev(Event::InodeUpdated { subvol: sv, ino, mode, size: src.size.get() });
+                    self.ev(Event::InodeUpdated {
+                        subvol: sv,
+                        ino,
+                        mode,
+                        size: src.size.get(),
+                    });
                 }
             }
             None => {
@@ -281,7 +388,12 @@ impl Replayer<'_> {
                     src.generation.set(self.fs.transid);
                 }
                 self.put_inode(ino, &src)?;
-                self.ev(Event::InodeCreated { subvol: sv, ino, mode, size: src.size.get() });
+                self.ev(Event::InodeCreated {
+                    subvol: sv,
+                    ino,
+                    mode,
+                    size: src.size.get(),
+                });
             }
         }
         // Extents past the size go, as the kernel does before replaying
@@ -291,7 +403,11 @@ impl Replayer<'_> {
             let ss = self.fs.sectorsize() as u64;
             let from = size.div_ceil(ss) * ss;
             if self.drop_extents(ino, from, u64::MAX)? {
-                self.ev(Event::Truncated { subvol: sv, ino, size });
+                self.ev(Event::Truncated {
+                    subvol: sv,
+                    ino,
+                    size,
+                });
             }
         }
         self.fixups.insert(ino);
@@ -324,12 +440,20 @@ impl Replayer<'_> {
         if let Some((i, _)) = self.dir_lookup(dir, &name)? {
             if i == ino {
                 // Same name and inode under another index: keep the log's.
-                let old: Vec<(u64, Vec<u8>)> = self.names_in(ino, dir)?.into_iter().filter(|(_, n)| *n == name).collect();
+                let old: Vec<(u64, Vec<u8>)> = self
+                    .names_in(ino, dir)?
+                    .into_iter()
+                    .filter(|(_, n)| *n == name)
+                    .collect();
                 for (idx, n) in old {
                     self.unlink_name(dir, ino, &n, idx)?;
                 }
             } else {
-                let victim: Vec<(u64, Vec<u8>)> = self.names_in(i, dir)?.into_iter().filter(|(_, n)| *n == name).collect();
+                let victim: Vec<(u64, Vec<u8>)> = self
+                    .names_in(i, dir)?
+                    .into_iter()
+                    .filter(|(_, n)| *n == name)
+                    .collect();
                 for (idx, n) in victim {
                     self.unlink_name(dir, i, &n, idx)?;
                 }
@@ -349,9 +473,17 @@ impl Replayer<'_> {
     fn replay_inode_ref(&mut self, log: &LogTree, key: Key, data: &[u8]) -> Result<()> {
         let ino = key.objectid;
         let entries: Vec<(u64, u64, Vec<u8>)> = if key.ty == BTRFS_INODE_REF_KEY {
-            parse_inode_refs(data).map_err(|e| e.at(0, key))?.iter().map(|e| (key.offset, e.index, e.name.to_vec())).collect()
+            parse_inode_refs(data)
+                .map_err(|e| e.at(0, key))?
+                .iter()
+                .map(|e| (key.offset, e.index, e.name.to_vec()))
+                .collect()
         } else {
-            parse_inode_extrefs(data).map_err(|e| e.at(0, key))?.iter().map(|e| (e.parent, e.index, e.name.to_vec())).collect()
+            parse_inode_extrefs(data)
+                .map_err(|e| e.at(0, key))?
+                .iter()
+                .map(|e| (e.parent, e.index, e.name.to_vec()))
+                .collect()
         };
         if self.get_inode(ino)?.is_none() {
             return Ok(());
@@ -367,7 +499,11 @@ impl Replayer<'_> {
             // Another inode holding this name in the directory loses it.
             if let Some((i, _)) = self.dir_lookup(dir, name)? {
                 if i != ino {
-                    let victim: Vec<(u64, Vec<u8>)> = self.names_in(i, dir)?.into_iter().filter(|(_, n)| n == name).collect();
+                    let victim: Vec<(u64, Vec<u8>)> = self
+                        .names_in(i, dir)?
+                        .into_iter()
+                        .filter(|(_, n)| n == name)
+                        .collect();
                     for (idx, n) in victim {
                         self.unlink_name(dir, i, &n, idx)?;
                     }
@@ -379,11 +515,17 @@ impl Replayer<'_> {
                     self.unlink_name(dir, i, &n, index)?;
                 }
             }
-            let present = self.dir_index(dir, index)?.is_some_and(|(n, i)| n == *name && i == ino)
+            let present = self
+                .dir_index(dir, index)?
+                .is_some_and(|(n, i)| n == *name && i == ino)
                 && self.dir_lookup(dir, name)?.is_some_and(|(i, _)| i == ino);
             if !present {
                 // The same name under another index is replaced.
-                let stale: Vec<(u64, Vec<u8>)> = self.names_in(ino, dir)?.into_iter().filter(|(idx, n)| n == name && *idx != index).collect();
+                let stale: Vec<(u64, Vec<u8>)> = self
+                    .names_in(ino, dir)?
+                    .into_iter()
+                    .filter(|(idx, n)| n == name && *idx != index)
+                    .collect();
                 for (idx, n) in stale {
                     self.unlink_name(dir, ino, &n, idx)?;
                 }
@@ -414,7 +556,11 @@ impl Replayer<'_> {
             if let Ok(ents) = parse_dir_items(data) {
                 let sv = self.subvol;
                 for e in ents {
-                    self.ev(Event::XattrSet { subvol: sv, ino, name: lossy(e.name) });
+                    self.ev(Event::XattrSet {
+                        subvol: sv,
+                        ino,
+                        name: lossy(e.name),
+                    });
                 }
             }
         }
@@ -435,8 +581,19 @@ impl Replayer<'_> {
     /// Add a reference from (subvol, ino, ref_off) to a data extent,
     /// creating its extent item when the extent tree does not know it (an
     /// extent written in the crashed transaction).
-    fn add_data_ref(&mut self, ino: u64, ref_off: u64, bytenr: u64, len: u64, generation: Option<u64>) -> Result<()> {
-        let r = BackRef::Data { root: self.subvol, objectid: ino, offset: ref_off };
+    fn add_data_ref(
+        &mut self,
+        ino: u64,
+        ref_off: u64,
+        bytenr: u64,
+        len: u64,
+        generation: Option<u64>,
+    ) -> Result<()> {
+        let r = BackRef::Data {
+            root: self.subvol,
+            objectid: ino,
+            offset: ref_off,
+        };
         if self.fs.data_extent_exists(bytenr, len)? {
             self.fs.queue_data_ref(bytenr, len, r, 1);
         } else {
@@ -458,7 +615,11 @@ impl Replayer<'_> {
             return Ok(());
         }
         let Some((start, end)) = self.extent_span(key.offset, data) else {
-            return Err(Error::corrupt_key("logged file extent does not parse", 0, key));
+            return Err(Error::corrupt_key(
+                "logged file extent does not parse",
+                0,
+                key,
+            ));
         };
         self.drop_extents(ino, start, end)?;
         let fe = parse_file_extent(data).map_err(|e| e.at(0, key))?;
@@ -477,9 +638,21 @@ impl Replayer<'_> {
                         self.fs.insert_item(TreeId::Tree(sv), &key, data)?;
                     }
                 } else {
-                    kind = if head.type_ == BTRFS_FILE_EXTENT_PREALLOC { "prealloc" } else if head.compression != 0 { "compressed" } else { "regular" };
+                    kind = if head.type_ == BTRFS_FILE_EXTENT_PREALLOC {
+                        "prealloc"
+                    } else if head.compression != 0 {
+                        "compressed"
+                    } else {
+                        "regular"
+                    };
                     let ref_off = key.offset.wrapping_sub(item.offset.get());
-                    self.add_data_ref(ino, ref_off, bytenr, item.disk_num_bytes.get(), Some(head.generation.get()))?;
+                    self.add_data_ref(
+                        ino,
+                        ref_off,
+                        bytenr,
+                        item.disk_num_bytes.get(),
+                        Some(head.generation.get()),
+                    )?;
                     if head.type_ == BTRFS_FILE_EXTENT_REG {
                         let (cs, ce) = if head.compression != 0 {
                             (bytenr, bytenr + item.disk_num_bytes.get())
@@ -493,7 +666,13 @@ impl Replayer<'_> {
                 }
             }
         }
-        self.ev(Event::DataReplaced { subvol: sv, ino, offset: start, len: end - start, kind: kind.into() });
+        self.ev(Event::DataReplaced {
+            subvol: sv,
+            ino,
+            offset: start,
+            len: end - start,
+            kind: kind.into(),
+        });
         Ok(())
     }
 
@@ -504,7 +683,11 @@ impl Replayer<'_> {
         // Only ranges the log has checksums for are replaced: an extent
         // whose checksums were committed earlier keeps them.
         let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0);
-        let hi = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, e.saturating_sub(1));
+        let hi = Key::new(
+            BTRFS_EXTENT_CSUM_OBJECTID,
+            BTRFS_EXTENT_CSUM_KEY,
+            e.saturating_sub(1),
+        );
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         for (k, d) in log.range(lo, hi) {
             let n = d.len() / cs.max(1);
@@ -526,7 +709,9 @@ impl Replayer<'_> {
 
     /// Recount nbytes of a regular file or symlink from its extents.
     fn fix_nbytes(&mut self, ino: u64) -> Result<()> {
-        let Some(mut inode) = self.get_inode(ino)? else { return Ok(()) };
+        let Some(mut inode) = self.get_inode(ino)? else {
+            return Ok(());
+        };
         if is_dir(inode.mode.get()) {
             return Ok(());
         }
@@ -546,7 +731,9 @@ impl Replayer<'_> {
             if guard > 10_000_000 {
                 return Err(Error::Invalid("link count fixup does not terminate".into()));
             }
-            let Some(mut inode) = self.get_inode(ino)? else { continue };
+            let Some(mut inode) = self.get_inode(ino)? else {
+                continue;
+            };
             let mut count = names::count_links(self.fs, self.subvol, ino)?;
             if ino == BTRFS_FIRST_FREE_OBJECTID && is_dir(inode.mode.get()) {
                 // A subvolume's root directory is named by its root ref.
@@ -558,9 +745,16 @@ impl Replayer<'_> {
             }
             if count == 0 {
                 if is_dir(inode.mode.get()) {
-                    let items = self.fs.items_in(TreeId::Tree(self.subvol), Key::new(ino, BTRFS_DIR_INDEX_KEY, 0), Key::new(ino, BTRFS_DIR_INDEX_KEY, u64::MAX))?;
+                    let items = self.fs.items_in(
+                        TreeId::Tree(self.subvol),
+                        Key::new(ino, BTRFS_DIR_INDEX_KEY, 0),
+                        Key::new(ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
+                    )?;
                     for (k, d) in items {
-                        if let Some(e) = parse_dir_items(&d).ok().and_then(|v| v.first().map(|e| (e.name.to_vec(), Key::from(&e.item.location)))) {
+                        if let Some(e) = parse_dir_items(&d).ok().and_then(|v| {
+                            v.first()
+                                .map(|e| (e.name.to_vec(), Key::from(&e.item.location)))
+                        }) {
                             if e.1.ty == BTRFS_INODE_ITEM_KEY {
                                 self.unlink_name(ino, e.1.objectid, &e.0, k.offset)?;
                             }
@@ -575,7 +769,11 @@ impl Replayer<'_> {
             self.fix_nbytes(ino)?;
         }
         // Orphans the log recorded or earlier crashes left: finish them.
-        let orphans = self.fs.items_in(TreeId::Tree(self.subvol), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0), Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX))?;
+        let orphans = self.fs.items_in(
+            TreeId::Tree(self.subvol),
+            Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0),
+            Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX),
+        )?;
         for (k, _) in orphans {
             let ino = k.offset;
             if let Some(i) = self.get_inode(ino)? {
@@ -599,8 +797,13 @@ fn log_has_ref(log: &LogTree, ino: u64, dir: u64, name: &[u8]) -> bool {
             return true;
         }
     }
-    if let Some(d) = log.find(&Key::new(ino, BTRFS_INODE_EXTREF_KEY, crate::format::dir::extref_hash(dir, name))) {
-        if parse_inode_extrefs(d).is_ok_and(|v| v.iter().any(|e| e.name == name && e.parent == dir)) {
+    if let Some(d) = log.find(&Key::new(
+        ino,
+        BTRFS_INODE_EXTREF_KEY,
+        crate::format::dir::extref_hash(dir, name),
+    )) {
+        if parse_inode_extrefs(d).is_ok_and(|v| v.iter().any(|e| e.name == name && e.parent == dir))
+        {
             return true;
         }
     }
@@ -614,7 +817,11 @@ pub fn replay(fs: &mut Store, opts: ReplayOptions) -> Result<ReplaySummary> {
 }
 
 /// [`replay`], reporting `(stage name, items done, items in all logs)`.
-pub fn replay_with_progress(fs: &mut Store, opts: ReplayOptions, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
+pub fn replay_with_progress(
+    fs: &mut Store,
+    opts: ReplayOptions,
+    progress: &mut dyn FnMut(&'static str, u64, u64),
+) -> Result<ReplaySummary> {
     if opts.salvage {
         return salvage_with_progress(fs, progress);
     }
@@ -642,17 +849,26 @@ const SALVAGE_RETRIES: usize = 16;
 /// logged inode (an item that reads but cannot be replayed) costs that
 /// inode, not the salvage: nothing is written before the commit, so the
 /// filesystem is opened again and the replay starts over without it.
-fn salvage_with_progress(fs: &mut Store, progress: &mut dyn FnMut(&'static str, u64, u64)) -> Result<ReplaySummary> {
+fn salvage_with_progress(
+    fs: &mut Store,
+    progress: &mut dyn FnMut(&'static str, u64, u64),
+) -> Result<ReplaySummary> {
     let mut refused: BTreeMap<u64, String> = BTreeMap::new();
     loop {
         let p = super::salvage::prepare(fs, &refused)?;
-        let logged: BTreeSet<u64> =
-            p.logs.iter().flat_map(|l| l.items.iter().map(|(k, _)| k.objectid)).filter(|&o| o <= BTRFS_LAST_FREE_OBJECTID).collect();
+        let logged: BTreeSet<u64> = p
+            .logs
+            .iter()
+            .flat_map(|l| l.items.iter().map(|(k, _)| k.objectid))
+            .filter(|&o| o <= BTRFS_LAST_FREE_OBJECTID)
+            .collect();
         match replay_logs(fs, p.logs, p.blocks, Some(p.report), progress) {
             Ok(s) => return Ok(s),
             Err(e) => {
                 let ino = match &e {
-                    Error::Corrupt { key: Some(k), .. } if logged.contains(&k.objectid) => k.objectid,
+                    Error::Corrupt { key: Some(k), .. } if logged.contains(&k.objectid) => {
+                        k.objectid
+                    }
                     _ => return Err(e),
                 };
                 if refused.len() >= SALVAGE_RETRIES || refused.contains_key(&ino) {
@@ -673,7 +889,12 @@ fn replay_logs(
     salvage: Option<super::salvage::SalvageReport>,
     progress: &mut dyn FnMut(&'static str, u64, u64),
 ) -> Result<ReplaySummary> {
-    let mut sum = ReplaySummary { log_trees: logs.len(), log_blocks: blocks.len(), salvage, ..Default::default() };
+    let mut sum = ReplaySummary {
+        log_trees: logs.len(),
+        log_blocks: blocks.len(),
+        salvage,
+        ..Default::default()
+    };
     // Stage 1: pin the log and the data extents it references.
     let ns = fs.nodesize() as u64;
     for &b in &blocks {
@@ -691,7 +912,12 @@ fn replay_logs(
                 if b == 0 || seen.insert(b, l).is_some() {
                     continue;
                 }
-                let known = fs.lookup(BTRFS_EXTENT_TREE_OBJECTID, &Key::new(b, BTRFS_EXTENT_ITEM_KEY, l))?.is_some();
+                let known = fs
+                    .lookup(
+                        BTRFS_EXTENT_TREE_OBJECTID,
+                        &Key::new(b, BTRFS_EXTENT_ITEM_KEY, l),
+                    )?
+                    .is_some();
                 if !known {
                     fs.pin_range(b, l).map_err(|e| e.at(0, *k))?;
                 }
@@ -721,7 +947,14 @@ fn replay_logs(
         };
         for log in &logs {
             let entry = reps.entry(log.subvol).or_default();
-            let mut r = Replayer { fs, subvol: log.subvol, fixups: std::mem::take(&mut entry.0), events: Vec::new(), no_holes, now };
+            let mut r = Replayer {
+                fs,
+                subvol: log.subvol,
+                fixups: std::mem::take(&mut entry.0),
+                events: Vec::new(),
+                no_holes,
+                now,
+            };
             let mut ignored: BTreeSet<u64> = BTreeSet::new();
             for (k, d) in &log.items {
                 done += 1;
@@ -750,7 +983,9 @@ fn replay_logs(
                 match (stage, k.ty) {
                     (3, BTRFS_DIR_INDEX_KEY) => r.replay_dir_index(log, *k, d)?,
                     (4, BTRFS_XATTR_ITEM_KEY) => r.replay_xattr(*k, d)?,
-                    (4, BTRFS_INODE_REF_KEY) | (4, BTRFS_INODE_EXTREF_KEY) => r.replay_inode_ref(log, *k, d)?,
+                    (4, BTRFS_INODE_REF_KEY) | (4, BTRFS_INODE_EXTREF_KEY) => {
+                        r.replay_inode_ref(log, *k, d)?
+                    }
                     (4, BTRFS_EXTENT_DATA_KEY) => {
                         r.replay_extent(log, *k, d)?;
                         r.fixups.insert(k.objectid);

@@ -33,7 +33,9 @@
 //! reads but does not make sense), nothing has been written yet: salvage
 //! starts over from the image with that inode left out as well.
 
-use super::inspect::{committed_name, escape_bytes, mode_kind, resolve_paths, LoggedInode, LoggedName, NameKind};
+use super::inspect::{
+    committed_name, escape_bytes, mode_kind, resolve_paths, LoggedInode, LoggedName, NameKind,
+};
 use super::reader::{read_log_with, uncovered, LogTree, LostBlock, OnDamage, ReadOptions};
 use crate::format::consts::*;
 use crate::format::dir::parse_dir_items;
@@ -122,9 +124,20 @@ pub(crate) fn prepare(fs: &mut Store, refused: &BTreeMap<u64, String>) -> Result
         let r = read_log_with(fs.image(), ReadOptions::new(OnDamage::Skip), &excluded)?
             .ok_or_else(|| crate::Error::Invalid("no log to replay".into()))?;
         let mut more = false;
-        for b in r.root_tree.blocks.iter().chain(r.trees.iter().flat_map(|t| t.read.blocks.iter())) {
+        for b in r
+            .root_tree
+            .blocks
+            .iter()
+            .chain(r.trees.iter().flat_map(|t| t.read.blocks.iter()))
+        {
             if let Err(e) = fs.pin_range(b.bytenr, ns) {
-                excluded.insert(b.bytenr, format!("cannot be kept out of allocation: {}", super::reader::error_text(&e)));
+                excluded.insert(
+                    b.bytenr,
+                    format!(
+                        "cannot be kept out of allocation: {}",
+                        super::reader::error_text(&e)
+                    ),
+                );
                 more = true;
             }
         }
@@ -133,10 +146,17 @@ pub(crate) fn prepare(fs: &mut Store, refused: &BTreeMap<u64, String>) -> Result
             break;
         }
     }
-    let Some(read) = read else { return Err(crate::Error::Invalid("no log to replay".into())) };
+    let Some(read) = read else {
+        return Err(crate::Error::Invalid("no log to replay".into()));
+    };
     let mut blocks: Vec<u64> = Vec::new();
     for t in std::iter::once(&read.root_tree).chain(read.trees.iter().map(|t| &t.read)) {
-        blocks.extend(t.blocks.iter().map(|b| b.bytenr).filter(|b| !excluded.contains_key(b)));
+        blocks.extend(
+            t.blocks
+                .iter()
+                .map(|b| b.bytenr)
+                .filter(|b| !excluded.contains_key(b)),
+        );
         // Lost blocks are kept out of allocation too where possible, so a
         // replay cut short and run again finds the log as it was.
         for l in &t.lost {
@@ -151,19 +171,38 @@ pub(crate) fn prepare(fs: &mut Store, refused: &BTreeMap<u64, String>) -> Result
         end_key: l.hi,
         why: l.why.clone(),
     };
-    report.lost_blocks.extend(read.root_tree.lost.iter().map(|l| lost_report(BTRFS_TREE_LOG_OBJECTID, l)));
-    let root_damage = read.root_tree.lost.first().map(|l| format!("block {} {}", l.bytenr, l.why)).or_else(|| {
-        read.root_tree.problems.first().map(|p| format!("block {}: {}", p.bytenr, p.message))
-    });
+    report.lost_blocks.extend(
+        read.root_tree
+            .lost
+            .iter()
+            .map(|l| lost_report(BTRFS_TREE_LOG_OBJECTID, l)),
+    );
+    let root_damage = read
+        .root_tree
+        .lost
+        .first()
+        .map(|l| format!("block {} {}", l.bytenr, l.why))
+        .or_else(|| {
+            read.root_tree
+                .problems
+                .first()
+                .map(|p| format!("block {}: {}", p.bytenr, p.message))
+        });
     if let Some(why) = root_damage {
         report.zero_log = Some(format!(
             "the log root tree is damaged ({why}): which subvolume logs exist cannot be known, so none is replayed and the result is the last commit, as btrfs rescue zero-log gives"
         ));
-        return Ok(Prepared { logs: Vec::new(), blocks, report });
+        return Ok(Prepared {
+            logs: Vec::new(),
+            blocks,
+            report,
+        });
     }
     let mut logs = Vec::new();
     for tree in read.trees {
-        report.lost_blocks.extend(tree.read.lost.iter().map(|l| lost_report(tree.subvol, l)));
+        report
+            .lost_blocks
+            .extend(tree.read.lost.iter().map(|l| lost_report(tree.subvol, l)));
         // A log of a subvolume deleted before the crash has nothing to
         // replay into (replay skips it as the kernel does).
         if !fs.tree_exists(tree.subvol)? {
@@ -179,9 +218,17 @@ pub(crate) fn prepare(fs: &mut Store, refused: &BTreeMap<u64, String>) -> Result
         report.inodes.extend(sel.outcomes(fs, &tree));
         logs.push(sel.filter(tree));
     }
-    report.recovered = report.inodes.iter().filter(|i| i.outcome == Outcome::Recovered).count();
+    report.recovered = report
+        .inodes
+        .iter()
+        .filter(|i| i.outcome == Outcome::Recovered)
+        .count();
     report.not_recovered = report.inodes.len() - report.recovered;
-    Ok(Prepared { logs, blocks, report })
+    Ok(Prepared {
+        logs,
+        blocks,
+        report,
+    })
 }
 
 /// What the log says of one inode (readable items only).
@@ -203,7 +250,9 @@ impl Logged {
         self.inode.as_ref().is_some_and(|i| i.nlink.get() == 0)
     }
     fn is_dir(&self) -> bool {
-        self.inode.as_ref().is_some_and(|i| i.mode.get() & 0o170000 == 0o040000)
+        self.inode
+            .as_ref()
+            .is_some_and(|i| i.mode.get() & 0o170000 == 0o040000)
     }
 }
 
@@ -234,28 +283,40 @@ impl Selection {
                 BTRFS_INODE_ITEM_KEY => l.inode = InodeItem::read_from_bytes(d).ok(),
                 BTRFS_INODE_REF_KEY => {
                     if let Ok(v) = parse_inode_refs(d) {
-                        l.refs.extend(v.iter().map(|r| (k.offset, r.index, r.name.to_vec())));
+                        l.refs
+                            .extend(v.iter().map(|r| (k.offset, r.index, r.name.to_vec())));
                     }
                 }
                 BTRFS_INODE_EXTREF_KEY => {
                     if let Ok(v) = parse_inode_extrefs(d) {
-                        l.refs.extend(v.iter().map(|r| (r.parent, r.index, r.name.to_vec())));
+                        l.refs
+                            .extend(v.iter().map(|r| (r.parent, r.index, r.name.to_vec())));
                     }
                 }
                 BTRFS_DIR_INDEX_KEY => {
                     if let Some(e) = parse_dir_items(d).ok().and_then(|v| v.into_iter().next()) {
                         let loc = Key::from(&e.item.location);
-                        l.dir_index.push((k.offset, e.name.to_vec(), loc.objectid, loc.ty));
+                        l.dir_index
+                            .push((k.offset, e.name.to_vec(), loc.objectid, loc.ty));
                     }
                 }
                 BTRFS_DIR_LOG_INDEX_KEY => {
-                    let end = d.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).unwrap_or(k.offset);
+                    let end = d
+                        .get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u64::from_le_bytes)
+                        .unwrap_or(k.offset);
                     l.dir_log.push((k.offset, end));
                 }
                 _ => {}
             }
         }
-        let mut sel = Selection { subvol: tree.subvol, logged, not: HashMap::new(), lost_memo: HashMap::new() };
+        let mut sel = Selection {
+            subvol: tree.subvol,
+            logged,
+            not: HashMap::new(),
+            lost_memo: HashMap::new(),
+        };
         // Data the inode needs checksums for that neither the readable log
         // nor the csum tree has (the shared rule of csum_needs).
         let have = tree.csum_ranges(fs.image().csum.size(), fs.sectorsize());
@@ -284,19 +345,28 @@ impl Selection {
             if k.ty != BTRFS_EXTENT_DATA_KEY || !is_inode(k.objectid) {
                 continue;
             }
-            let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(d) else { continue };
+            let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(d) else {
+                continue;
+            };
             let (b, l) = (item.disk_bytenr.get(), item.disk_num_bytes.get());
             if b == 0 {
                 continue;
             }
             if checked.insert(b) {
-                let known = fs.lookup(BTRFS_EXTENT_TREE_OBJECTID, &Key::new(b, BTRFS_EXTENT_ITEM_KEY, l))?.is_some();
+                let known = fs
+                    .lookup(
+                        BTRFS_EXTENT_TREE_OBJECTID,
+                        &Key::new(b, BTRFS_EXTENT_ITEM_KEY, l),
+                    )?
+                    .is_some();
                 if !known && fs.pin_range(b, l).is_err() {
                     bad_extents.insert((b, l));
                 }
             }
             if bad_extents.contains(&(b, l)) {
-                sel.not.entry(k.objectid).or_insert_with(|| format!("its data extent {b}+{l} overlaps space the filesystem uses"));
+                sel.not.entry(k.objectid).or_insert_with(|| {
+                    format!("its data extent {b}+{l} overlaps space the filesystem uses")
+                });
             }
         }
         let inos: Vec<u64> = sel.logged.keys().copied().collect();
@@ -315,7 +385,12 @@ impl Selection {
             .or_insert_with(|| {
                 tree.read
                     .lost_in(Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX))
-                    .map(|l| format!("some of its log items were in lost log block {} ({})", l.bytenr, l.why))
+                    .map(|l| {
+                        format!(
+                            "some of its log items were in lost log block {} ({})",
+                            l.bytenr, l.why
+                        )
+                    })
             })
             .clone()
     }
@@ -332,7 +407,10 @@ impl Selection {
         if self.not.is_empty() && tree.read.lost.is_empty() {
             return Ok(self);
         }
-        let mut c = Committed { subvol: self.subvol, exists: HashMap::new() };
+        let mut c = Committed {
+            subvol: self.subvol,
+            exists: HashMap::new(),
+        };
         // Every round takes out at least one inode or ends.
         for _ in 0..=self.logged.len() {
             let mut out: Vec<(u64, String)> = Vec::new();
@@ -356,8 +434,16 @@ impl Selection {
     }
 
     /// Why replaying `x` would change an inode that is not replayed, if it would.
-    fn violation(&mut self, fs: &mut Store, tree: &LogTree, c: &mut Committed, x: u64) -> Result<Option<String>> {
-        let Some(l) = self.logged.get(&x) else { return Ok(None) };
+    fn violation(
+        &mut self,
+        fs: &mut Store,
+        tree: &LogTree,
+        c: &mut Committed,
+        x: u64,
+    ) -> Result<Option<String>> {
+        let Some(l) = self.logged.get(&x) else {
+            return Ok(None);
+        };
         if l.linkless() {
             return Ok(None);
         }
@@ -379,7 +465,10 @@ impl Selection {
                         continue;
                     }
                     if let Some(why) = self.subtree_blocked(fs, tree, c, t)? {
-                        return Ok(Some(format!("its log removes the entry \"{}\", but {why}", String::from_utf8_lossy(&name))));
+                        return Ok(Some(format!(
+                            "its log removes the entry \"{}\", but {why}",
+                            String::from_utf8_lossy(&name)
+                        )));
                     }
                 }
             }
@@ -393,16 +482,22 @@ impl Selection {
             let shown = String::from_utf8_lossy(name);
             if let Some((n, i)) = c.dir_index(fs, x, *idx)? {
                 if !(n == *name && i == *t) && !self.ok(tree, i) {
-                    return Ok(Some(format!("its entry \"{shown}\" replaces one of inode {i}, which is not recovered")));
+                    return Ok(Some(format!(
+                        "its entry \"{shown}\" replaces one of inode {i}, which is not recovered"
+                    )));
                 }
             }
             if let Some(i) = c.lookup(fs, x, name)? {
                 if !self.ok(tree, i) {
-                    return Ok(Some(format!("its entry \"{shown}\" is held by inode {i}, which is not recovered")));
+                    return Ok(Some(format!(
+                        "its entry \"{shown}\" is held by inode {i}, which is not recovered"
+                    )));
                 }
             }
             if !self.ok(tree, *t) && c.exists(fs, *t)? {
-                return Ok(Some(format!("its entry \"{shown}\" names inode {t}, which is not recovered")));
+                return Ok(Some(format!(
+                    "its entry \"{shown}\" names inode {t}, which is not recovered"
+                )));
             }
         }
         // Its own names: added where the directory will exist, replacing
@@ -415,7 +510,12 @@ impl Selection {
                 continue;
             }
             parents += 1;
-            let will_exist = c.exists(fs, *d)? || (self.ok(tree, *d) && self.logged.get(d).is_some_and(|p| p.inode.is_some() && !p.linkless()));
+            let will_exist = c.exists(fs, *d)?
+                || (self.ok(tree, *d)
+                    && self
+                        .logged
+                        .get(d)
+                        .is_some_and(|p| p.inode.is_some() && !p.linkless()));
             if !will_exist {
                 if !self.ok(tree, *d) {
                     blocked_parent.get_or_insert(*d);
@@ -437,7 +537,9 @@ impl Selection {
         }
         if parents > 0 && reachable == 0 {
             if let Some(d) = blocked_parent {
-                return Ok(Some(format!("the directory it is named in (inode {d}) is not recovered")));
+                return Ok(Some(format!(
+                    "the directory it is named in (inode {d}) is not recovered"
+                )));
             }
         }
         // A directory has one name. A committed name of it outside the
@@ -460,7 +562,13 @@ impl Selection {
     /// Why removing a name of `t` could change something that is not
     /// replayed: `t` itself, or (a directory that may lose its last name
     /// takes its entries with it) anything below it.
-    fn subtree_blocked(&mut self, fs: &mut Store, tree: &LogTree, c: &mut Committed, t: u64) -> Result<Option<String>> {
+    fn subtree_blocked(
+        &mut self,
+        fs: &mut Store,
+        tree: &LogTree,
+        c: &mut Committed,
+        t: u64,
+    ) -> Result<Option<String>> {
         let mut stack = vec![t];
         let mut seen = HashSet::new();
         while let Some(i) = stack.pop() {
@@ -488,7 +596,8 @@ impl Selection {
     /// The log with only the items replay may use: those of inodes it
     /// replays, the checksum items, and items that belong to no inode.
     fn filter(&self, mut tree: LogTree) -> LogTree {
-        tree.items.retain(|(k, _)| !is_inode(k.objectid) || !self.not.contains_key(&k.objectid));
+        tree.items
+            .retain(|(k, _)| !is_inode(k.objectid) || !self.not.contains_key(&k.objectid));
         tree
     }
 
@@ -513,34 +622,64 @@ impl Selection {
                     .map(|l| {
                         l.refs
                             .iter()
-                            .map(|(d, idx, n)| LoggedName { kind: NameKind::Ref, parent: *d, index: *idx, name: escape_bytes(n) })
+                            .map(|(d, idx, n)| LoggedName {
+                                kind: NameKind::Ref,
+                                parent: *d,
+                                index: *idx,
+                                name: escape_bytes(n),
+                            })
                             .collect()
                     })
                     .unwrap_or_default();
-                LoggedInode { ino, names, ..Default::default() }
+                LoggedInode {
+                    ino,
+                    names,
+                    ..Default::default()
+                }
             })
             .collect();
         // Directory entries name inodes too, where their refs are missing.
         let entry_names: HashMap<u64, (u64, String)> = self
             .logged
             .iter()
-            .flat_map(|(d, l)| l.dir_index.iter().map(move |(_, n, t, _)| (*t, (*d, escape_bytes(n)))))
+            .flat_map(|(d, l)| {
+                l.dir_index
+                    .iter()
+                    .map(move |(_, n, t, _)| (*t, (*d, escape_bytes(n))))
+            })
             .collect();
         let img = fs.image();
         let fs_root = img.find_root(self.subvol).ok().flatten();
-        resolve_paths(&mut named, |ino| entry_names.get(&ino).cloned().or_else(|| fs_root.and_then(|r| committed_name(img, r, ino))));
+        resolve_paths(&mut named, |ino| {
+            entry_names
+                .get(&ino)
+                .cloned()
+                .or_else(|| fs_root.and_then(|r| committed_name(img, r, ino)))
+        });
         named
             .into_iter()
             .map(|n| {
                 let ino = n.ino;
-                let kind = self.logged.get(&ino).and_then(|l| l.inode.as_ref()).map(|i| mode_kind(i.mode.get()));
-                let reason = self.not.get(&ino).cloned().or_else(|| self.lost_memo_or_scan(tree, ino));
+                let kind = self
+                    .logged
+                    .get(&ino)
+                    .and_then(|l| l.inode.as_ref())
+                    .map(|i| mode_kind(i.mode.get()));
+                let reason = self
+                    .not
+                    .get(&ino)
+                    .cloned()
+                    .or_else(|| self.lost_memo_or_scan(tree, ino));
                 InodeOutcome {
                     subvol: self.subvol,
                     ino,
                     path: n.path,
                     kind,
-                    outcome: if reason.is_none() { Outcome::Recovered } else { Outcome::NotRecovered },
+                    outcome: if reason.is_none() {
+                        Outcome::Recovered
+                    } else {
+                        Outcome::NotRecovered
+                    },
                     reason,
                 }
             })
@@ -553,7 +692,12 @@ impl Selection {
             None => tree
                 .read
                 .lost_in(Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX))
-                .map(|l| format!("its log items were in lost log block {} ({})", l.bytenr, l.why)),
+                .map(|l| {
+                    format!(
+                        "its log items were in lost log block {} ({})",
+                        l.bytenr, l.why
+                    )
+                }),
         }
     }
 }
@@ -583,11 +727,14 @@ impl Committed {
         Ok(self.mode(fs, ino)?.is_some())
     }
     fn is_dir(&mut self, fs: &mut Store, ino: u64) -> Result<bool> {
-        Ok(self.mode(fs, ino)?.is_some_and(|m| m & 0o170000 == 0o040000))
+        Ok(self
+            .mode(fs, ino)?
+            .is_some_and(|m| m & 0o170000 == 0o040000))
     }
     /// (name, inode) of the entry at index `idx` of `dir`.
     fn dir_index(&mut self, fs: &mut Store, dir: u64, idx: u64) -> Result<Option<(Vec<u8>, u64)>> {
-        Ok(crate::fs::names::entry_at(fs, self.subvol, dir, idx)?.map(|(n, loc, _)| (n, loc.objectid)))
+        Ok(crate::fs::names::entry_at(fs, self.subvol, dir, idx)?
+            .map(|(n, loc, _)| (n, loc.objectid)))
     }
     /// The inode the entry `name` of `dir` names.
     fn lookup(&mut self, fs: &mut Store, dir: u64, name: &[u8]) -> Result<Option<u64>> {
@@ -595,7 +742,11 @@ impl Committed {
     }
     /// (directory, index, name) of every name of `ino`.
     fn names(&mut self, fs: &mut Store, ino: u64) -> Result<Vec<(u64, u64, Vec<u8>)>> {
-        let items = fs.items_in(self.subvol, Key::new(ino, BTRFS_INODE_REF_KEY, 0), Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX))?;
+        let items = fs.items_in(
+            self.subvol,
+            Key::new(ino, BTRFS_INODE_REF_KEY, 0),
+            Key::new(ino, BTRFS_INODE_EXTREF_KEY, u64::MAX),
+        )?;
         let mut out = Vec::new();
         for (k, d) in items {
             if k.ty == BTRFS_INODE_REF_KEY {
@@ -614,8 +765,18 @@ impl Committed {
     }
     /// (index, name, target, target key type) of the entries of `dir` with
     /// index in `[lo, hi]`.
-    fn entries(&mut self, fs: &mut Store, dir: u64, lo: u64, hi: u64) -> Result<Vec<(u64, Vec<u8>, u64, u8)>> {
-        let items = fs.items_in(self.subvol, Key::new(dir, BTRFS_DIR_INDEX_KEY, lo), Key::new(dir, BTRFS_DIR_INDEX_KEY, hi))?;
+    fn entries(
+        &mut self,
+        fs: &mut Store,
+        dir: u64,
+        lo: u64,
+        hi: u64,
+    ) -> Result<Vec<(u64, Vec<u8>, u64, u8)>> {
+        let items = fs.items_in(
+            self.subvol,
+            Key::new(dir, BTRFS_DIR_INDEX_KEY, lo),
+            Key::new(dir, BTRFS_DIR_INDEX_KEY, hi),
+        )?;
         let mut out = Vec::with_capacity(items.len());
         for (k, d) in items {
             let v = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
@@ -631,10 +792,22 @@ impl Committed {
 /// After replay: an inode logged as unlinked that is still there kept its
 /// committed state (the entry naming it could only go with a log that was
 /// not replayed).
-pub(crate) fn after_replay(fs: &mut Store, report: &mut SalvageReport, logs: &[LogTree]) -> Result<()> {
-    for o in report.inodes.iter_mut().filter(|o| o.outcome == Outcome::Recovered) {
-        let Some(log) = logs.iter().find(|l| l.subvol == o.subvol) else { continue };
-        let Some(logged) = log.inode_item(o.ino) else { continue };
+pub(crate) fn after_replay(
+    fs: &mut Store,
+    report: &mut SalvageReport,
+    logs: &[LogTree],
+) -> Result<()> {
+    for o in report
+        .inodes
+        .iter_mut()
+        .filter(|o| o.outcome == Outcome::Recovered)
+    {
+        let Some(log) = logs.iter().find(|l| l.subvol == o.subvol) else {
+            continue;
+        };
+        let Some(logged) = log.inode_item(o.ino) else {
+            continue;
+        };
         // A replayed inode that replay removed lost its names to logs that
         // were replayed (a directory's logged deletions, its own names), as
         // in the kernel's replay: the selection never leaves one whose new
@@ -647,7 +820,11 @@ pub(crate) fn after_replay(fs: &mut Store, report: &mut SalvageReport, logs: &[L
             o.reason = Some("logged as unlinked, but an entry naming it could only be removed by a log that was not recovered; it keeps its committed state".into());
         }
     }
-    report.recovered = report.inodes.iter().filter(|i| i.outcome == Outcome::Recovered).count();
+    report.recovered = report
+        .inodes
+        .iter()
+        .filter(|i| i.outcome == Outcome::Recovered)
+        .count();
     report.not_recovered = report.inodes.len() - report.recovered;
     Ok(())
 }

@@ -36,7 +36,7 @@ use crate::format::key::Key;
 use crate::fs::extents::{drop_extents_in, extent_key, extents_in, extents_in_tree};
 use crate::fs::inode::{is_dir, is_reg, is_symlink as is_lnk};
 use crate::fs::writeback::Reason;
-use crate::fs::{Filesystem, LogOp, Loc, ROOT_DIR};
+use crate::fs::{Filesystem, Loc, LogOp, ROOT_DIR};
 use crate::trans::TreeId;
 use std::collections::VecDeque;
 use zerocopy::{FromBytes, IntoBytes};
@@ -102,7 +102,16 @@ struct Ctx {
 
 impl Ctx {
     fn new(inode: Loc) -> Ctx {
-        Ctx { inode, log_new_dentries: false, logging_new_name: false, logging_conflict_inodes: false, conflicts: VecDeque::new(), conflicts_seen: 0, always_sync: false, logging_new_delayed: false }
+        Ctx {
+            inode,
+            log_new_dentries: false,
+            logging_new_name: false,
+            logging_conflict_inodes: false,
+            conflicts: VecDeque::new(),
+            conflicts_seen: 0,
+            always_sync: false,
+            logging_new_delayed: false,
+        }
     }
 }
 
@@ -124,7 +133,11 @@ fn inode_range(ino: u64, lo: u8, hi: u8) -> (Key, Key) {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FsyncTicket {
     Done,
-    LogSync { inode: Loc, trans: u64, log_transid: i64 },
+    LogSync {
+        inode: Loc,
+        trans: u64,
+        log_transid: i64,
+    },
 }
 
 impl Filesystem {
@@ -151,7 +164,12 @@ impl Filesystem {
     /// which an fsync of another client may do for it: every fsync that
     /// logged into a log sub-transaction before it is synced is made
     /// durable by that one sync (btrfs_sync_log's batching).
-    pub fn fsync_prepare(&mut self, l: Loc, _datasync: bool, _range: Option<(u64, u64)>) -> Result<FsyncTicket> {
+    pub fn fsync_prepare(
+        &mut self,
+        l: Loc,
+        _datasync: bool,
+        _range: Option<(u64, u64)>,
+    ) -> Result<FsyncTicket> {
         self.stats.fsyncs += 1;
         let it = self.item(l)?;
         let m = it.mode.get();
@@ -176,7 +194,9 @@ impl Filesystem {
         }
         let mut ctx = Ctx::new(l);
         ctx.always_sync = !may_skip;
-        let r = self.apply_log_ops().and_then(|_| self.log_inode_parent(l, LogMode::All, &mut ctx));
+        let r = self
+            .apply_log_ops()
+            .and_then(|_| self.log_inode_parent(l, LogMode::All, &mut ctx));
         match r {
             Ok(Outcome::NoSync) => {
                 self.stats.log_syncs_skipped += 1;
@@ -184,7 +204,11 @@ impl Filesystem {
             }
             Ok(Outcome::Sync) => {
                 let log_transid = self.log.subvols.get(&l.subvol).map_or(0, |s| s.log_transid);
-                Ok(FsyncTicket::LogSync { inode: l, trans: t, log_transid })
+                Ok(FsyncTicket::LogSync {
+                    inode: l,
+                    trans: t,
+                    log_transid,
+                })
             }
             Err(Stop::Commit(reason)) => self.full_commit(reason).map(|_| FsyncTicket::Done),
             Err(Stop::Err(e)) => Err(e),
@@ -194,7 +218,14 @@ impl Filesystem {
     /// The second half: sync the log the ticket needs, unless a commit or
     /// another fsync's log sync made it durable already.
     pub fn fsync_finish(&mut self, ticket: FsyncTicket) -> Result<()> {
-        let FsyncTicket::LogSync { inode, trans, log_transid } = ticket else { return Ok(()) };
+        let FsyncTicket::LogSync {
+            inode,
+            trans,
+            log_transid,
+        } = ticket
+        else {
+            return Ok(());
+        };
         if self.transid() != trans {
             // Committed since: the log went with the commit.
             self.stats.log_syncs_joined += 1;
@@ -202,7 +233,11 @@ impl Filesystem {
         }
         // A log sync moves the sub-transaction on: one past the ticket's
         // means the ticket's was synced.
-        let synced = self.log.subvols.get(&inode.subvol).is_some_and(|s| s.log_transid > log_transid);
+        let synced = self
+            .log
+            .subvols
+            .get(&inode.subvol)
+            .is_some_and(|s| s.log_transid > log_transid);
         if synced {
             self.stats.log_syncs_joined += 1;
             return Ok(());
@@ -233,7 +268,11 @@ impl Filesystem {
     /// The fsync commits the transaction instead of logging.
     fn full_commit(&mut self, reason: &'static str) -> Result<()> {
         self.stats.full_commits += 1;
-        *self.stats.full_commit_reasons.entry(reason.to_string()).or_default() += 1;
+        *self
+            .stats
+            .full_commit_reasons
+            .entry(reason.to_string())
+            .or_default() += 1;
         self.commit("fsync")
     }
 
@@ -241,9 +280,15 @@ impl Filesystem {
     /// since the log sync that holds it.
     fn in_synced_log(&mut self, l: Loc) -> Result<bool> {
         let t = self.transid();
-        let root_commit = self.log.subvols.get(&l.subvol).map_or(0, |s| s.last_log_commit);
+        let root_commit = self
+            .log
+            .subvols
+            .get(&l.subvol)
+            .map_or(0, |s| s.last_log_commit);
         let rt = self.rt(l)?;
-        Ok(rt.logged_trans == t && rt.last_sub_trans <= rt.last_log_commit && rt.last_sub_trans <= root_commit)
+        Ok(rt.logged_trans == t
+            && rt.last_sub_trans <= rt.last_log_commit
+            && rt.last_sub_trans <= root_commit)
     }
 
     /// Whether the inode exists now.
@@ -259,7 +304,10 @@ impl Filesystem {
         if !self.store.has_log(l.subvol) {
             return Ok(false);
         }
-        Ok(self.store.lookup(log_tree(l), &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))?.is_some())
+        Ok(self
+            .store
+            .lookup(log_tree(l), &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))?
+            .is_some())
     }
 
     /// need_log_inode: an unchanged directory, or an inode already logged
@@ -297,7 +345,9 @@ impl Filesystem {
             self.log.full_commit_trans = t;
         }
         if self.log.full_commit_trans == t {
-            return Err(Stop::Commit("new chunk or failed logging in this transaction"));
+            return Err(Stop::Commit(
+                "new chunk or failed logging in this transaction",
+            ));
         }
         if self.store.start_log(l.subvol)? {
             self.log.subvols.insert(l.subvol, Default::default());
@@ -329,7 +379,9 @@ impl Filesystem {
         let dir = is_dir(m);
         let logged_before = self.inode_logged(l)?;
         if dir && mode == LogMode::All && self.rt(l)?.last_unlink_trans >= t {
-            return Err(Stop::Commit("directory lost an entry the log cannot follow"));
+            return Err(Stop::Commit(
+                "directory lost an entry the log cannot follow",
+            ));
         }
         let log = log_tree(l);
         if dir {
@@ -343,8 +395,13 @@ impl Filesystem {
             let mut logged_isize = 0;
             if mode == LogMode::Exists && logged_before {
                 // The size an earlier logging recorded, never more than now.
-                logged_isize = match self.store.lookup(log, &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))? {
-                    Some(d) => InodeItem::read_from_prefix(&d).map(|(x, _)| x.size.get().min(i_size)).unwrap_or(0),
+                logged_isize = match self
+                    .store
+                    .lookup(log, &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))?
+                {
+                    Some(d) => InodeItem::read_from_prefix(&d)
+                        .map(|(x, _)| x.size.get().min(i_size))
+                        .unwrap_or(0),
                     None => 0,
                 };
             }
@@ -384,7 +441,11 @@ impl Filesystem {
         if dir && mode == LogMode::All {
             self.log_directory_changes(l, logged_before, ctx)?;
         }
-        let new_delayed = if dir && mode == LogMode::All && !ctx.logging_new_delayed { self.new_entries(l)? } else { Vec::new() };
+        let new_delayed = if dir && mode == LogMode::All && !ctx.logging_new_delayed {
+            self.new_entries(l)?
+        } else {
+            Vec::new()
+        };
         let rt = self.rt(l)?;
         rt.logged_trans = t;
         if !ctx.logging_new_name && mode == LogMode::All {
@@ -402,7 +463,11 @@ impl Filesystem {
     /// transaction commits.
     fn new_entries(&mut self, dir: Loc) -> Result<Vec<(Loc, bool)>> {
         let t = self.transid();
-        let items = self.store.items_in(fs_tree(dir), Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0), Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX))?;
+        let items = self.store.items_in(
+            fs_tree(dir),
+            Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0),
+            Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
+        )?;
         let mut out = Vec::new();
         for (k, data) in items {
             let entries = parse_dir_items(&data).map_err(|e| e.at(0, k))?;
@@ -411,7 +476,10 @@ impl Filesystem {
             if e.item.transid.get() != t || loc.ty == BTRFS_ROOT_ITEM_KEY {
                 continue;
             }
-            out.push((Loc::new(dir.subvol, loc.objectid), e.item.type_ == BTRFS_FT_DIR));
+            out.push((
+                Loc::new(dir.subvol, loc.objectid),
+                e.item.type_ == BTRFS_FT_DIR,
+            ));
         }
         Ok(out)
     }
@@ -421,7 +489,12 @@ impl Filesystem {
     /// targets are logged with it (as existing; directories in full), a
     /// new name's logging included, so replay finds an inode for every
     /// entry it puts back.
-    fn log_new_delayed_dentries(&mut self, _dir: Loc, entries: Vec<(Loc, bool)>, ctx: &mut Ctx) -> LResult<()> {
+    fn log_new_delayed_dentries(
+        &mut self,
+        _dir: Loc,
+        entries: Vec<(Loc, bool)>,
+        ctx: &mut Ctx,
+    ) -> LResult<()> {
         if entries.is_empty() {
             return Ok(());
         }
@@ -433,7 +506,15 @@ impl Filesystem {
                 continue;
             }
             ctx.log_new_dentries = false;
-            r = self.log_inode(target, if is_dir { LogMode::All } else { LogMode::Exists }, ctx);
+            r = self.log_inode(
+                target,
+                if is_dir {
+                    LogMode::All
+                } else {
+                    LogMode::Exists
+                },
+                ctx,
+            );
             if r.is_ok() && ctx.log_new_dentries {
                 r = self.log_new_dir_dentries(target, ctx);
             }
@@ -478,12 +559,22 @@ impl Filesystem {
         }
         it.transid.set(t);
         it.block_group.set(0);
-        self.store.update_item(log_tree(l), &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0), it.as_bytes())
+        self.store.update_item(
+            log_tree(l),
+            &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0),
+            it.as_bytes(),
+        )
     }
 
     /// Inode item, every name (checked for names another inode had at the
     /// last commit), every xattr (copy_inode_items_to_log).
-    fn log_copy_meta(&mut self, l: Loc, mode: LogMode, logged_isize: u64, ctx: &mut Ctx) -> LResult<()> {
+    fn log_copy_meta(
+        &mut self,
+        l: Loc,
+        mode: LogMode,
+        logged_isize: u64,
+        ctx: &mut Ctx,
+    ) -> LResult<()> {
         self.log_inode_item(l, mode, logged_isize)?;
         let t = self.transid();
         let gen = self.item(l)?.generation.get();
@@ -493,8 +584,16 @@ impl Filesystem {
             self.store.update_item(log_tree(l), &k, &d)?;
             if gen == t || ctx.logging_conflict_inodes {
                 let names: Vec<(u64, Vec<u8>)> = match k.ty {
-                    BTRFS_INODE_REF_KEY => parse_inode_refs(&d).map_err(|e| e.at(0, k))?.iter().map(|e| (k.offset, e.name.to_vec())).collect(),
-                    _ => parse_inode_extrefs(&d).map_err(|e| e.at(0, k))?.iter().map(|e| (e.parent, e.name.to_vec())).collect(),
+                    BTRFS_INODE_REF_KEY => parse_inode_refs(&d)
+                        .map_err(|e| e.at(0, k))?
+                        .iter()
+                        .map(|e| (k.offset, e.name.to_vec()))
+                        .collect(),
+                    _ => parse_inode_extrefs(&d)
+                        .map_err(|e| e.at(0, k))?
+                        .iter()
+                        .map(|e| (e.parent, e.name.to_vec()))
+                        .collect(),
                 };
                 for (parent, name) in names {
                     self.check_ref_name_override(l, parent, &name, ctx)?;
@@ -517,7 +616,14 @@ impl Filesystem {
     /// One file extent item into the log, over whatever the log held in
     /// its range, with the checksums of its data when the transaction
     /// wrote it.
-    fn log_one_extent(&mut self, l: Loc, key: Key, data: &[u8], drop_first: bool, datasum: bool) -> Result<()> {
+    fn log_one_extent(
+        &mut self,
+        l: Loc,
+        key: Key,
+        data: &[u8],
+        drop_first: bool,
+        datasum: bool,
+    ) -> Result<()> {
         let log = log_tree(l);
         let ss = self.store.sectorsize() as u64;
         let t = self.transid();
@@ -527,9 +633,15 @@ impl Filesystem {
             }
         }
         self.store.update_item(log, &key, data)?;
-        if let FileExtent::Disk { head, item } = parse_file_extent(data).map_err(|e| e.at(0, key))? {
+        if let FileExtent::Disk { head, item } =
+            parse_file_extent(data).map_err(|e| e.at(0, key))?
+        {
             let b = item.disk_bytenr.get();
-            if datasum && b != 0 && head.type_ == BTRFS_FILE_EXTENT_REG && head.generation.get() == t {
+            if datasum
+                && b != 0
+                && head.type_ == BTRFS_FILE_EXTENT_REG
+                && head.generation.get() == t
+            {
                 let (start, len) = if head.compression != BTRFS_COMPRESS_NONE {
                     (b, item.disk_num_bytes.get())
                 } else {
@@ -576,8 +688,18 @@ impl Filesystem {
     /// A hole item (btrfs_insert_hole_extent): replay drops the range.
     fn log_hole(&mut self, l: Loc, start: u64, len: u64) -> Result<()> {
         let t = self.transid();
-        let fe = FileExtentItem::new(BTRFS_FILE_EXTENT_REG, t, 0, 0, 0, len, len, BTRFS_COMPRESS_NONE);
-        self.store.update_item(log_tree(l), &extent_key(l.ino, start), fe.as_bytes())
+        let fe = FileExtentItem::new(
+            BTRFS_FILE_EXTENT_REG,
+            t,
+            0,
+            0,
+            0,
+            len,
+            len,
+            BTRFS_COMPRESS_NONE,
+        );
+        self.store
+            .update_item(log_tree(l), &extent_key(l.ino, start), fe.as_bytes())
     }
 
     /// The full-sync extents: those the transaction made or that lie at or
@@ -595,7 +717,8 @@ impl Filesystem {
         let mut prev_end = 0u64;
         let mut holes = Vec::new();
         for (k, d) in &items {
-            let gen = u64::from_le_bytes(d.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
+            let gen =
+                u64::from_le_bytes(d.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
             if gen == t || k.offset >= i_size || reflinked {
                 self.log_one_extent(l, *k, d, false, datasum)?;
             }
@@ -641,7 +764,9 @@ impl Filesystem {
             let items = extents_in(&mut self.store, l.subvol, l.ino, a, b)?;
             let mut pos = a;
             for (k, d) in items {
-                let Some((s, e)) = crate::fs::extents::extent_span(ss, k.offset, &d) else { continue };
+                let Some((s, e)) = crate::fs::extents::extent_span(ss, k.offset, &d) else {
+                    continue;
+                };
                 if s > pos {
                     self.log_gap(l, pos, s, logged_before)?;
                 }
@@ -651,7 +776,10 @@ impl Filesystem {
                 }
                 let (gen, prealloc) = match parse_file_extent(&d).map_err(|e| e.at(0, k))? {
                     FileExtent::Inline { head, .. } => (head.generation.get(), false),
-                    FileExtent::Disk { head, .. } => (head.generation.get(), head.type_ == BTRFS_FILE_EXTENT_PREALLOC),
+                    FileExtent::Disk { head, .. } => (
+                        head.generation.get(),
+                        head.type_ == BTRFS_FILE_EXTENT_PREALLOC,
+                    ),
                 };
                 if gen < t || (prealloc && s >= i_size) {
                     continue;
@@ -695,7 +823,9 @@ impl Filesystem {
             }
             past.push((k, d));
         }
-        let Some(first) = past.first().map(|(k, _)| k.offset) else { return Ok(()) };
+        let Some(first) = past.first().map(|(k, _)| k.offset) else {
+            return Ok(());
+        };
         let log = log_tree(l);
         let from = first.min(truncate_at);
         for (k, _) in extents_in_tree(&mut self.store, log, l.ino, from, u64::MAX)? {
@@ -715,11 +845,20 @@ impl Filesystem {
     /// log_directory_changes: the index entries this transaction added and
     /// the ranges in which replay deletes what the log lacks, leaf by leaf
     /// over the leaves this transaction changed.
-    fn log_directory_changes(&mut self, dir: Loc, logged_before: bool, ctx: &mut Ctx) -> Result<()> {
+    fn log_directory_changes(
+        &mut self,
+        dir: Loc,
+        logged_before: bool,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
         if self.rt(dir)?.last_dir_index_offset == 0 {
             let last = if logged_before {
                 self.store
-                    .prev_item(log_tree(dir), &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX), &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0))?
+                    .prev_item(
+                        log_tree(dir),
+                        &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
+                        &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0),
+                    )?
                     .map_or(1, |(k, _)| k.offset)
             } else {
                 1
@@ -751,21 +890,30 @@ impl Filesystem {
         let Some(first) = found else {
             // No changed leaf from here: deletions can only be past the
             // last entry.
-            if let Some((k, _)) = self.store.prev_item(fs, &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX), &lo)? {
+            if let Some((k, _)) =
+                self.store
+                    .prev_item(fs, &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX), &lo)?
+            {
                 last_old = k.offset;
             }
             self.insert_dir_log_key(dir, last_old + 1, u64::MAX)?;
             return Ok(u64::MAX);
         };
         if first.offset > 0 {
-            if let Some((k, _)) = self.store.prev_item(fs, &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, first.offset - 1), &lo)? {
+            if let Some((k, _)) = self.store.prev_item(
+                fs,
+                &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, first.offset - 1),
+                &lo,
+            )? {
                 last_old = k.offset;
             }
         }
         let mut cur = first;
         let mut batch: Vec<(Key, Vec<u8>)> = Vec::new();
         for _ in 0..(1 << 20) {
-            let Some((_, items)) = self.store.leaf_from(fs, &cur)? else { break };
+            let Some((_, items)) = self.store.leaf_from(fs, &cur)? else {
+                break;
+            };
             let mut last_key = None;
             let mut left_dir = false;
             for (k, d) in items {
@@ -816,7 +964,12 @@ impl Filesystem {
 
     /// Copy new index entries into the log (flush_dir_items_batch).
     fn flush_dir_batch(&mut self, dir: Loc, batch: &mut Vec<(Key, Vec<u8>)>) -> Result<()> {
-        let (Some(first), Some(last)) = (batch.first().map(|(k, _)| k.offset), batch.last().map(|(k, _)| k.offset)) else { return Ok(()) };
+        let (Some(first), Some(last)) = (
+            batch.first().map(|(k, _)| k.offset),
+            batch.last().map(|(k, _)| k.offset),
+        ) else {
+            return Ok(());
+        };
         for (k, d) in batch.drain(..) {
             self.store.update_item(log_tree(dir), &k, &d)?;
         }
@@ -834,7 +987,9 @@ impl Filesystem {
         let log = log_tree(dir);
         let k = Key::new(dir.ino, BTRFS_DIR_LOG_INDEX_KEY, first);
         let end = match self.store.lookup(log, &k)? {
-            Some(d) => DirLogItem::read_from_prefix(&d).map(|(x, _)| x.end.get().max(last)).unwrap_or(last),
+            Some(d) => DirLogItem::read_from_prefix(&d)
+                .map(|(x, _)| x.end.get().max(last))
+                .unwrap_or(last),
             None => last,
         };
         let item = DirLogItem { end: end.into() };
@@ -859,7 +1014,11 @@ impl Filesystem {
             if from == 0 {
                 continue;
             }
-            let items = self.store.items_in(log_tree(d), Key::new(d.ino, BTRFS_DIR_INDEX_KEY, from), Key::new(d.ino, BTRFS_DIR_INDEX_KEY, u64::MAX))?;
+            let items = self.store.items_in(
+                log_tree(d),
+                Key::new(d.ino, BTRFS_DIR_INDEX_KEY, from),
+                Key::new(d.ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
+            )?;
             let mut next = from;
             for (k, data) in items {
                 next = k.offset + 1;
@@ -953,7 +1112,12 @@ impl Filesystem {
         for (k, d) in self.store.committed_items_in(l.subvol, lo, hi)? {
             match k.ty {
                 BTRFS_INODE_REF_KEY => parents.push(k.offset),
-                _ => parents.extend(parse_inode_extrefs(&d).map_err(|e| e.at(0, k))?.iter().map(|e| e.parent)),
+                _ => parents.extend(
+                    parse_inode_extrefs(&d)
+                        .map_err(|e| e.at(0, k))?
+                        .iter()
+                        .map(|e| e.parent),
+                ),
             }
         }
         parents.dedup();
@@ -980,11 +1144,25 @@ impl Filesystem {
     /// last commit to another inode (since renamed or unlinked). Replay
     /// would drop that inode's name for ours, so it is logged too (its
     /// new names, or its deletion); without the switch, commit.
-    fn check_ref_name_override(&mut self, l: Loc, parent: u64, name: &[u8], ctx: &mut Ctx) -> LResult<()> {
-        let k = Key::new(parent, BTRFS_DIR_ITEM_KEY, crate::format::dir::name_hash(name));
-        let Some(d) = self.store.committed_lookup(l.subvol, &k)? else { return Ok(()) };
+    fn check_ref_name_override(
+        &mut self,
+        l: Loc,
+        parent: u64,
+        name: &[u8],
+        ctx: &mut Ctx,
+    ) -> LResult<()> {
+        let k = Key::new(
+            parent,
+            BTRFS_DIR_ITEM_KEY,
+            crate::format::dir::name_hash(name),
+        );
+        let Some(d) = self.store.committed_lookup(l.subvol, &k)? else {
+            return Ok(());
+        };
         let entries = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
-        let Some(e) = entries.iter().find(|e| e.name == name) else { return Ok(()) };
+        let Some(e) = entries.iter().find(|e| e.name == name) else {
+            return Ok(());
+        };
         let loc = Key::from(&e.item.location);
         if loc.ty == BTRFS_ROOT_ITEM_KEY {
             return Err(Stop::Commit("name was a subvolume's"));
@@ -1006,8 +1184,13 @@ impl Filesystem {
             // Gone: replay drops its entry when it adds ours, unless it was
             // a directory (which may have held subvolumes): then its
             // parent is logged.
-            let was_dir = match self.store.committed_lookup(other.subvol, &Key::new(other.ino, BTRFS_INODE_ITEM_KEY, 0))? {
-                Some(d) => InodeItem::read_from_prefix(&d).map(|(x, _)| is_dir(x.mode.get())).unwrap_or(false),
+            let was_dir = match self
+                .store
+                .committed_lookup(other.subvol, &Key::new(other.ino, BTRFS_INODE_ITEM_KEY, 0))?
+            {
+                Some(d) => InodeItem::read_from_prefix(&d)
+                    .map(|(x, _)| is_dir(x.mode.get()))
+                    .unwrap_or(false),
                 None => false,
             };
             if was_dir {
@@ -1062,7 +1245,12 @@ impl Filesystem {
         let ops = std::mem::take(&mut self.log.pending);
         for op in ops {
             match op {
-                LogOp::Unlink { dir, name, index, inode } => {
+                LogOp::Unlink {
+                    dir,
+                    name,
+                    index,
+                    inode,
+                } => {
                     if !self.store.has_log(dir.subvol) {
                         continue;
                     }
@@ -1073,7 +1261,11 @@ impl Filesystem {
                         self.log_del_dir_entry(dir, &name, index)?;
                     }
                 }
-                LogOp::NewName { inode, old, parent: _ } => {
+                LogOp::NewName {
+                    inode,
+                    old,
+                    parent: _,
+                } => {
                     if !self.store.has_log(inode.subvol) {
                         continue;
                     }
@@ -1085,7 +1277,11 @@ impl Filesystem {
                         // that is left to take out of the log.
                         if let Some((odir, oname, oidx)) = &old {
                             let t = self.transid();
-                            if self.exists(*odir)? && self.inode_logged(*odir)? && self.rt(*odir)?.logged_trans == t && !self.log_del_dir_entry(*odir, oname, *oidx)? {
+                            if self.exists(*odir)?
+                                && self.inode_logged(*odir)?
+                                && self.rt(*odir)?.logged_trans == t
+                                && !self.log_del_dir_entry(*odir, oname, *oidx)?
+                            {
                                 self.insert_dir_log_key(*odir, *oidx, *oidx)?;
                             }
                             self.log_del_inode_ref(inode, odir.ino, oname)?;
@@ -1100,7 +1296,11 @@ impl Filesystem {
                         }
                     }
                     if let Some((odir, oname, oidx)) = &old {
-                        if self.exists(*odir)? && self.inode_logged(*odir)? && self.rt(*odir)?.logged_trans == t && !self.log_del_dir_entry(*odir, oname, *oidx)? {
+                        if self.exists(*odir)?
+                            && self.inode_logged(*odir)?
+                            && self.rt(*odir)?.logged_trans == t
+                            && !self.log_del_dir_entry(*odir, oname, *oidx)?
+                        {
                             self.insert_dir_log_key(*odir, *oidx, *oidx)?;
                         }
                     }
@@ -1137,11 +1337,18 @@ impl Filesystem {
                 return Ok(());
             }
         }
-        let k = Key::new(inode.ino, BTRFS_INODE_EXTREF_KEY, crate::format::dir::extref_hash(parent, name));
+        let k = Key::new(
+            inode.ino,
+            BTRFS_INODE_EXTREF_KEY,
+            crate::format::dir::extref_hash(parent, name),
+        );
         if let Some(d) = self.store.lookup(log, &k)? {
             let entries = parse_inode_extrefs(&d).map_err(|e| e.at(0, k))?;
             let mut out = Vec::new();
-            for e in entries.iter().filter(|e| !(e.parent == parent && e.name == name)) {
+            for e in entries
+                .iter()
+                .filter(|e| !(e.parent == parent && e.name == name))
+            {
                 crate::format::inode::encode_inode_extref(&mut out, e.parent, e.index, e.name);
             }
             if out.is_empty() {
@@ -1158,7 +1365,9 @@ impl Filesystem {
     fn log_del_dir_entry(&mut self, dir: Loc, name: &[u8], index: u64) -> Result<bool> {
         let log = log_tree(dir);
         let k = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, index);
-        let Some(d) = self.store.lookup(log, &k)? else { return Ok(false) };
+        let Some(d) = self.store.lookup(log, &k)? else {
+            return Ok(false);
+        };
         let entries = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
         if !entries.iter().any(|e| e.name == name) {
             return Ok(false);

@@ -38,7 +38,13 @@ pub struct Features {
 impl Default for Features {
     /// mkfs.btrfs 6.x defaults on one device.
     fn default() -> Self {
-        Features { no_holes: true, skinny_metadata: true, extref: true, free_space_tree: true, block_group_tree: false }
+        Features {
+            no_holes: true,
+            skinny_metadata: true,
+            extref: true,
+            free_space_tree: true,
+            block_group_tree: false,
+        }
     }
 }
 
@@ -63,7 +69,9 @@ impl Features {
             }
         }
         if self.block_group_tree && !self.free_space_tree {
-            return Err(Error::Invalid("block-group-tree requires free-space-tree".into()));
+            return Err(Error::Invalid(
+                "block-group-tree requires free-space-tree".into(),
+            ));
         }
         Ok(())
     }
@@ -93,7 +101,10 @@ impl Default for MkfsOptions {
             label: String::new(),
             fsid: None,
             features: Features::default(),
-            now: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            now: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
         }
     }
 }
@@ -126,7 +137,10 @@ pub fn random_uuid() -> [u8; 16] {
         let _ = std::io::Read::read_exact(&mut f, &mut u);
     }
     if u == [0; 16] {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(1);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(1);
         u = (t ^ (std::process::id() as u128) << 64).to_le_bytes();
     }
     u[6] = (u[6] & 0x0f) | 0x40;
@@ -136,7 +150,14 @@ pub fn random_uuid() -> [u8; 16] {
 
 pub fn uuid_str(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 pub fn parse_uuid(s: &str) -> Result<[u8; 16]> {
@@ -146,7 +167,8 @@ pub fn parse_uuid(s: &str) -> Result<[u8; 16]> {
     }
     let mut u = [0u8; 16];
     for i in 0..16 {
-        u[i] = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).map_err(|_| Error::Invalid(format!("'{s}' is not a UUID")))?;
+        u[i] = u8::from_str_radix(&h[2 * i..2 * i + 2], 16)
+            .map_err(|_| Error::Invalid(format!("'{s}' is not a UUID")))?;
     }
     Ok(u)
 }
@@ -161,23 +183,36 @@ pub fn min_size(nodesize: u32) -> u64 {
 fn validate(o: &MkfsOptions, dev_size: u64) -> Result<u64> {
     let ss = o.sectorsize;
     if ss != 4096 {
-        return Err(Error::Invalid(format!("sectorsize {ss} unsupported (only 4096)")));
+        return Err(Error::Invalid(format!(
+            "sectorsize {ss} unsupported (only 4096)"
+        )));
     }
     let ns = o.nodesize;
     if !ns.is_power_of_two() || ns < ss || ns > BTRFS_MAX_NODESIZE {
-        return Err(Error::Invalid(format!("nodesize {ns} invalid: must be a power of two between {ss} and {BTRFS_MAX_NODESIZE}")));
+        return Err(Error::Invalid(format!(
+            "nodesize {ns} invalid: must be a power of two between {ss} and {BTRFS_MAX_NODESIZE}"
+        )));
     }
     let size = o.size.unwrap_or(dev_size);
     if size > dev_size {
-        return Err(Error::Invalid(format!("size {size} is larger than the device ({dev_size} bytes)")));
+        return Err(Error::Invalid(format!(
+            "size {size} is larger than the device ({dev_size} bytes)"
+        )));
     }
     let size = size / ss as u64 * ss as u64;
     let min = min_size(ns) * MIB;
     if size < min {
-        return Err(Error::Invalid(format!("size {size} bytes is too small: the minimum is {} MiB", min / MIB)));
+        return Err(Error::Invalid(format!(
+            "size {size} bytes is too small: the minimum is {} MiB",
+            min / MIB
+        )));
     }
     if o.label.len() >= BTRFS_LABEL_SIZE {
-        return Err(Error::Invalid(format!("label is {} bytes, the maximum is {}", o.label.len(), BTRFS_LABEL_SIZE - 1)));
+        return Err(Error::Invalid(format!(
+            "label is {} bytes, the maximum is {}",
+            o.label.len(),
+            BTRFS_LABEL_SIZE - 1
+        )));
     }
     Ok(size)
 }
@@ -194,7 +229,13 @@ pub fn plan_chunks(size: u64) -> [ChunkPlan; 3] {
         phys += len;
         p
     };
-    let s = ChunkPlan { flags: BTRFS_BLOCK_GROUP_SYSTEM | BTRFS_BLOCK_GROUP_DUP, logical: MIB, length: sys, physical: [take(sys), take(sys)], copies: 2 };
+    let s = ChunkPlan {
+        flags: BTRFS_BLOCK_GROUP_SYSTEM | BTRFS_BLOCK_GROUP_DUP,
+        logical: MIB,
+        length: sys,
+        physical: [take(sys), take(sys)],
+        copies: 2,
+    };
     let m = ChunkPlan {
         flags: BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP,
         logical: s.logical + sys,
@@ -202,11 +243,21 @@ pub fn plan_chunks(size: u64) -> [ChunkPlan; 3] {
         physical: [take(meta), take(meta)],
         copies: 2,
     };
-    let d = ChunkPlan { flags: BTRFS_BLOCK_GROUP_DATA, logical: m.logical + meta, length: data, physical: [take(data), 0], copies: 1 };
+    let d = ChunkPlan {
+        flags: BTRFS_BLOCK_GROUP_DATA,
+        logical: m.logical + meta,
+        length: data,
+        physical: [take(data), 0],
+        copies: 1,
+    };
     [s, m, d]
 }
 
-fn chunk_item_bytes(p: &ChunkPlan, sectorsize: u32, dev_uuid: [u8; 16]) -> (ChunkItem, Vec<Stripe>, Vec<u8>) {
+fn chunk_item_bytes(
+    p: &ChunkPlan,
+    sectorsize: u32,
+    dev_uuid: [u8; 16],
+) -> (ChunkItem, Vec<Stripe>, Vec<u8>) {
     let c = ChunkItem {
         length: p.length.into(),
         owner: BTRFS_EXTENT_TREE_OBJECTID.into(),
@@ -218,7 +269,14 @@ fn chunk_item_bytes(p: &ChunkPlan, sectorsize: u32, dev_uuid: [u8; 16]) -> (Chun
         num_stripes: (p.copies as u16).into(),
         sub_stripes: 1.into(),
     };
-    let stripes: Vec<Stripe> = p.physical[..p.copies].iter().map(|&o| Stripe { devid: 1.into(), offset: o.into(), dev_uuid }).collect();
+    let stripes: Vec<Stripe> = p.physical[..p.copies]
+        .iter()
+        .map(|&o| Stripe {
+            devid: 1.into(),
+            offset: o.into(),
+            dev_uuid,
+        })
+        .collect();
     let mut v = c.as_bytes().to_vec();
     for s in &stripes {
         v.extend_from_slice(s.as_bytes());
@@ -227,7 +285,10 @@ fn chunk_item_bytes(p: &ChunkPlan, sectorsize: u32, dev_uuid: [u8; 16]) -> (Chun
 }
 
 pub fn now_ts(now: u64) -> Timespec {
-    Timespec { sec: now.into(), nsec: 0.into() }
+    Timespec {
+        sec: now.into(),
+        nsec: 0.into(),
+    }
 }
 
 /// A directory inode item as mkfs creates it for tree root directories.
@@ -246,7 +307,12 @@ pub fn dir_inode(now: u64, generation: u64, nbytes: u64) -> InodeItem {
     i
 }
 
-pub fn new_root_item(now: u64, generation: u64, root_dirid: u64, uuid: Option<[u8; 16]>) -> RootItem {
+pub fn new_root_item(
+    now: u64,
+    generation: u64,
+    root_dirid: u64,
+    uuid: Option<[u8; 16]>,
+) -> RootItem {
     let mut r = RootItem::new_zeroed();
     r.inode = dir_inode(0, 3, 0);
     r.inode.nlink.set(1);
@@ -269,7 +335,10 @@ pub fn new_root_item(now: u64, generation: u64, root_dirid: u64, uuid: Option<[u
 /// Make a filesystem on `dev`. Returns the summary and the open engine
 /// (superblock still held) so `--rootdir` can populate it before
 /// [`finish`] publishes the superblock.
-pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<StagedSuper>, MkfsSummary)> {
+pub fn make(
+    dev: Arc<dyn BlockDevice>,
+    o: &MkfsOptions,
+) -> Result<(Store, Arc<StagedSuper>, MkfsSummary)> {
     let dev_size = dev.size();
     let size = validate(o, dev_size)?;
     // Any old superblock goes first, so a failure below cannot leave the
@@ -303,8 +372,16 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<St
     let root_tree = take();
     let extent_tree = take();
     let dev_tree = take();
-    let fst = if f.free_space_tree { Some(take()) } else { None };
-    let bgt = if f.block_group_tree { Some(take()) } else { None };
+    let fst = if f.free_space_tree {
+        Some(take())
+    } else {
+        None
+    };
+    let bgt = if f.block_group_tree {
+        Some(take())
+    } else {
+        None
+    };
 
     let new_leaf = |bytenr: u64, owner: u64| {
         let mut b = vec![0u8; ns as usize];
@@ -328,15 +405,30 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<St
     di.uuid = dev_uuid;
     di.fsid = fsid;
     let mut chunk_leaf = new_leaf(chunk_root, BTRFS_CHUNK_TREE_OBJECTID);
-    push(&mut chunk_leaf, Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, 1), di.as_bytes())?;
+    push(
+        &mut chunk_leaf,
+        Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, 1),
+        di.as_bytes(),
+    )?;
     for p in &plans {
         let (_, _, bytes) = chunk_item_bytes(p, o.sectorsize, dev_uuid);
-        push(&mut chunk_leaf, Key::new(BTRFS_FIRST_CHUNK_TREE_OBJECTID, BTRFS_CHUNK_ITEM_KEY, p.logical), &bytes)?;
+        push(
+            &mut chunk_leaf,
+            Key::new(
+                BTRFS_FIRST_CHUNK_TREE_OBJECTID,
+                BTRFS_CHUNK_ITEM_KEY,
+                p.logical,
+            ),
+            &bytes,
+        )?;
     }
 
     // Dev tree: one dev extent per stripe, in physical order.
     let mut dev_leaf = new_leaf(dev_tree, BTRFS_DEV_TREE_OBJECTID);
-    let mut exts: Vec<(u64, &ChunkPlan)> = plans.iter().flat_map(|p| p.physical[..p.copies].iter().map(move |&ph| (ph, p))).collect();
+    let mut exts: Vec<(u64, &ChunkPlan)> = plans
+        .iter()
+        .flat_map(|p| p.physical[..p.copies].iter().map(move |&ph| (ph, p)))
+        .collect();
     exts.sort_by_key(|e| e.0);
     for (ph, p) in exts {
         let de = DevExtent {
@@ -346,12 +438,21 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<St
             length: p.length.into(),
             chunk_tree_uuid,
         };
-        push(&mut dev_leaf, Key::new(1, BTRFS_DEV_EXTENT_KEY, ph), de.as_bytes())?;
+        push(
+            &mut dev_leaf,
+            Key::new(1, BTRFS_DEV_EXTENT_KEY, ph),
+            de.as_bytes(),
+        )?;
     }
 
     // Extent tree: block group items (unless in the block group tree) and
     // a tree block item for each bootstrap block.
-    let mut blocks: Vec<(u64, u64)> = vec![(chunk_root, BTRFS_CHUNK_TREE_OBJECTID), (root_tree, BTRFS_ROOT_TREE_OBJECTID), (extent_tree, BTRFS_EXTENT_TREE_OBJECTID), (dev_tree, BTRFS_DEV_TREE_OBJECTID)];
+    let mut blocks: Vec<(u64, u64)> = vec![
+        (chunk_root, BTRFS_CHUNK_TREE_OBJECTID),
+        (root_tree, BTRFS_ROOT_TREE_OBJECTID),
+        (extent_tree, BTRFS_EXTENT_TREE_OBJECTID),
+        (dev_tree, BTRFS_DEV_TREE_OBJECTID),
+    ];
     if let Some(b) = fst {
         blocks.push((b, BTRFS_FREE_SPACE_TREE_OBJECTID));
     }
@@ -360,12 +461,22 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<St
     }
     let mut items: Vec<(Key, Vec<u8>)> = Vec::new();
     for &(b, owner) in &blocks {
-        let head = ExtentItem { refs: 1.into(), generation: gen.into(), flags: BTRFS_EXTENT_FLAG_TREE_BLOCK.into() };
+        let head = ExtentItem {
+            refs: 1.into(),
+            generation: gen.into(),
+            flags: BTRFS_EXTENT_FLAG_TREE_BLOCK.into(),
+        };
         let mut d = head.as_bytes().to_vec();
         let key = if f.skinny_metadata {
             Key::new(b, BTRFS_METADATA_ITEM_KEY, 0)
         } else {
-            d.extend_from_slice(TreeBlockInfo { key: Key::MIN.to_disk(), level: 0 }.as_bytes());
+            d.extend_from_slice(
+                TreeBlockInfo {
+                    key: Key::MIN.to_disk(),
+                    level: 0,
+                }
+                .as_bytes(),
+            );
             Key::new(b, BTRFS_EXTENT_ITEM_KEY, ns)
         };
         write_inline_refs(&mut d, &[InlineRef::TreeBlock { root: owner }]);
@@ -373,9 +484,20 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<St
     }
     let mut bg_items: Vec<(Key, Vec<u8>)> = Vec::new();
     for p in &plans {
-        let used: u64 = blocks.iter().filter(|(b, _)| *b >= p.logical && *b < p.logical + p.length).count() as u64 * ns;
-        let bi = BlockGroupItem { used: used.into(), chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(), flags: p.flags.into() };
-        bg_items.push((Key::new(p.logical, BTRFS_BLOCK_GROUP_ITEM_KEY, p.length), bi.as_bytes().to_vec()));
+        let used: u64 = blocks
+            .iter()
+            .filter(|(b, _)| *b >= p.logical && *b < p.logical + p.length)
+            .count() as u64
+            * ns;
+        let bi = BlockGroupItem {
+            used: used.into(),
+            chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
+            flags: p.flags.into(),
+        };
+        bg_items.push((
+            Key::new(p.logical, BTRFS_BLOCK_GROUP_ITEM_KEY, p.length),
+            bi.as_bytes().to_vec(),
+        ));
     }
     if bgt.is_none() {
         items.extend(bg_items.iter().cloned());
@@ -400,7 +522,10 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<St
 
     // Root tree: root items of the bootstrap trees.
     let mut root_leaf = new_leaf(root_tree, BTRFS_ROOT_TREE_OBJECTID);
-    let mut roots = vec![(BTRFS_EXTENT_TREE_OBJECTID, extent_tree), (BTRFS_DEV_TREE_OBJECTID, dev_tree)];
+    let mut roots = vec![
+        (BTRFS_EXTENT_TREE_OBJECTID, extent_tree),
+        (BTRFS_DEV_TREE_OBJECTID, dev_tree),
+    ];
     if let Some(b) = fst {
         roots.push((BTRFS_FREE_SPACE_TREE_OBJECTID, b));
     }
@@ -411,7 +536,11 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<St
         let mut ri = new_root_item(o.now, gen, 0, None);
         ri.bytenr.set(b);
         ri.bytes_used.set(ns);
-        push(&mut root_leaf, Key::new(id, BTRFS_ROOT_ITEM_KEY, 0), ri.as_bytes())?;
+        push(
+            &mut root_leaf,
+            Key::new(id, BTRFS_ROOT_ITEM_KEY, 0),
+            ri.as_bytes(),
+        )?;
     }
 
     // Write the bootstrap blocks to every copy.
@@ -422,7 +551,10 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<St
         let c = crate::csum::block_csum(o.csum, &b);
         b[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
         let bytenr = u64::from_le_bytes(b[0x30..0x38].try_into().unwrap_or([0; 8]));
-        let plan = plans.iter().find(|p| bytenr >= p.logical && bytenr < p.logical + p.length).ok_or_else(|| Error::Invalid("bootstrap block outside its chunk".into()))?;
+        let plan = plans
+            .iter()
+            .find(|p| bytenr >= p.logical && bytenr < p.logical + p.length)
+            .ok_or_else(|| Error::Invalid("bootstrap block outside its chunk".into()))?;
         for ph in &plan.physical[..plan.copies] {
             staged.write_at(ph + (bytenr - plan.logical), &b)?;
         }
@@ -448,7 +580,8 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<St
     sb.flags.set(BTRFS_HEADER_FLAG_WRITTEN);
     let mut compat_ro = 0;
     if f.free_space_tree {
-        compat_ro |= BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE | BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID;
+        compat_ro |=
+            BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE | BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID;
     }
     if f.block_group_tree {
         compat_ro |= BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE;
@@ -472,7 +605,12 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<St
     sb.dev_item = di;
     sb.label[..o.label.len()].copy_from_slice(o.label.as_bytes());
     let (_, _, sys_bytes) = chunk_item_bytes(&sys, o.sectorsize, dev_uuid);
-    let k = Key::new(BTRFS_FIRST_CHUNK_TREE_OBJECTID, BTRFS_CHUNK_ITEM_KEY, sys.logical).to_disk();
+    let k = Key::new(
+        BTRFS_FIRST_CHUNK_TREE_OBJECTID,
+        BTRFS_CHUNK_ITEM_KEY,
+        sys.logical,
+    )
+    .to_disk();
     sb.sys_chunk_array[..17].copy_from_slice(k.as_bytes());
     sb.sys_chunk_array[17..17 + sys_bytes.len()].copy_from_slice(&sys_bytes);
     sb.sys_chunk_array_size.set((17 + sys_bytes.len()) as u32);
@@ -504,8 +642,20 @@ pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Arc<St
         sector_size: o.sectorsize,
         filesystem_size: size,
         checksum: o.csum.name().to_string(),
-        features: crate::format::names::incompat_names(incompat).into_iter().chain(crate::format::names::compat_ro_names(compat_ro)).collect(),
-        chunks: plans.iter().map(|p| (crate::format::names::block_group_flags_str(p.flags), p.logical, p.length)).collect(),
+        features: crate::format::names::incompat_names(incompat)
+            .into_iter()
+            .chain(crate::format::names::compat_ro_names(compat_ro))
+            .collect(),
+        chunks: plans
+            .iter()
+            .map(|p| {
+                (
+                    crate::format::names::block_group_flags_str(p.flags),
+                    p.logical,
+                    p.length,
+                )
+            })
+            .collect(),
     };
     Ok((fs, staged, summary))
 }
@@ -516,31 +666,83 @@ fn populate(fs: &mut Store, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
     let t = fs.transid;
     let ns = o.nodesize as u64;
     let fs_uuid = random_uuid();
-    fs.create_tree(BTRFS_FS_TREE_OBJECTID, new_root_item(o.now, t, BTRFS_FIRST_FREE_OBJECTID, Some(fs_uuid)))?;
+    fs.create_tree(
+        BTRFS_FS_TREE_OBJECTID,
+        new_root_item(o.now, t, BTRFS_FIRST_FREE_OBJECTID, Some(fs_uuid)),
+    )?;
     fs.create_tree(BTRFS_CSUM_TREE_OBJECTID, new_root_item(o.now, t, 0, None))?;
     fs.create_tree(BTRFS_UUID_TREE_OBJECTID, new_root_item(o.now, t, 0, None))?;
-    fs.create_tree(BTRFS_DATA_RELOC_TREE_OBJECTID, new_root_item(o.now, t, BTRFS_FIRST_FREE_OBJECTID, Some(random_uuid())))?;
+    fs.create_tree(
+        BTRFS_DATA_RELOC_TREE_OBJECTID,
+        new_root_item(o.now, t, BTRFS_FIRST_FREE_OBJECTID, Some(random_uuid())),
+    )?;
     for tree in [BTRFS_FS_TREE_OBJECTID, BTRFS_DATA_RELOC_TREE_OBJECTID] {
         let ino = dir_inode(o.now, t, ns);
-        fs.insert_item(tree, &Key::new(BTRFS_FIRST_FREE_OBJECTID, BTRFS_INODE_ITEM_KEY, 0), ino.as_bytes())?;
+        fs.insert_item(
+            tree,
+            &Key::new(BTRFS_FIRST_FREE_OBJECTID, BTRFS_INODE_ITEM_KEY, 0),
+            ino.as_bytes(),
+        )?;
         let mut r = Vec::new();
         crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
-        fs.insert_item(tree, &Key::new(BTRFS_FIRST_FREE_OBJECTID, BTRFS_INODE_REF_KEY, BTRFS_FIRST_FREE_OBJECTID), &r)?;
+        fs.insert_item(
+            tree,
+            &Key::new(
+                BTRFS_FIRST_FREE_OBJECTID,
+                BTRFS_INODE_REF_KEY,
+                BTRFS_FIRST_FREE_OBJECTID,
+            ),
+            &r,
+        )?;
     }
     // The uuid tree maps the fs tree's uuid to its id.
-    let (hi, lo) = (u64::from_le_bytes(fs_uuid[..8].try_into().unwrap_or([0; 8])), u64::from_le_bytes(fs_uuid[8..].try_into().unwrap_or([0; 8])));
-    fs.insert_item(BTRFS_UUID_TREE_OBJECTID, &Key::new(hi, BTRFS_UUID_KEY_SUBVOL, lo), &BTRFS_FS_TREE_OBJECTID.to_le_bytes())?;
+    let (hi, lo) = (
+        u64::from_le_bytes(fs_uuid[..8].try_into().unwrap_or([0; 8])),
+        u64::from_le_bytes(fs_uuid[8..].try_into().unwrap_or([0; 8])),
+    );
+    fs.insert_item(
+        BTRFS_UUID_TREE_OBJECTID,
+        &Key::new(hi, BTRFS_UUID_KEY_SUBVOL, lo),
+        &BTRFS_FS_TREE_OBJECTID.to_le_bytes(),
+    )?;
     fs.sb.uuid_tree_generation.set(t);
     // Root tree directory: inode 6 with a `default` entry naming the fs tree.
     let ino = dir_inode(o.now, t, ns);
-    fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_INODE_ITEM_KEY, 0), ino.as_bytes())?;
+    fs.insert_item(
+        BTRFS_ROOT_TREE_OBJECTID,
+        &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_INODE_ITEM_KEY, 0),
+        ino.as_bytes(),
+    )?;
     let mut r = Vec::new();
     crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
-    fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_INODE_REF_KEY, BTRFS_ROOT_TREE_DIR_OBJECTID), &r)?;
+    fs.insert_item(
+        BTRFS_ROOT_TREE_OBJECTID,
+        &Key::new(
+            BTRFS_ROOT_TREE_DIR_OBJECTID,
+            BTRFS_INODE_REF_KEY,
+            BTRFS_ROOT_TREE_DIR_OBJECTID,
+        ),
+        &r,
+    )?;
     let name = b"default";
     let mut d = Vec::new();
-    crate::format::dir::encode_dir_entry(&mut d, &Key::new(BTRFS_FS_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX), t, BTRFS_FT_DIR, name, &[]);
-    fs.insert_item(BTRFS_ROOT_TREE_OBJECTID, &Key::new(BTRFS_ROOT_TREE_DIR_OBJECTID, BTRFS_DIR_ITEM_KEY, crate::format::dir::name_hash(name)), &d)?;
+    crate::format::dir::encode_dir_entry(
+        &mut d,
+        &Key::new(BTRFS_FS_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX),
+        t,
+        BTRFS_FT_DIR,
+        name,
+        &[],
+    );
+    fs.insert_item(
+        BTRFS_ROOT_TREE_OBJECTID,
+        &Key::new(
+            BTRFS_ROOT_TREE_DIR_OBJECTID,
+            BTRFS_DIR_ITEM_KEY,
+            crate::format::dir::name_hash(name),
+        ),
+        &d,
+    )?;
     Ok(())
 }
 
@@ -580,7 +782,11 @@ pub fn parse_size(s: &str) -> Result<u64> {
         }
         None => (t, 1),
     };
-    num.trim().parse::<u64>().ok().and_then(|n| n.checked_mul(mult)).ok_or_else(bad)
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(bad)
 }
 
 impl MkfsOptions {
@@ -598,7 +804,9 @@ impl MkfsOptions {
             // `--opt=value` and `-nVALUE` forms too.
             let (flag, inline) = match a.split_once('=') {
                 Some((f, v)) if a.starts_with("--") => (f, Some(v)),
-                _ if a.len() > 2 && a.starts_with('-') && !a.starts_with("--") => (&a[..2], Some(&a[2..])),
+                _ if a.len() > 2 && a.starts_with('-') && !a.starts_with("--") => {
+                    (&a[..2], Some(&a[2..]))
+                }
                 _ => (a, None),
             };
             let mut value = || -> Result<&str> {
@@ -606,7 +814,9 @@ impl MkfsOptions {
                     return Ok(v);
                 }
                 i += 1;
-                args.get(i).copied().ok_or_else(|| Error::Invalid(format!("mkfs option {flag} needs a value")))
+                args.get(i)
+                    .copied()
+                    .ok_or_else(|| Error::Invalid(format!("mkfs option {flag} needs a value")))
             };
             match flag {
                 "-n" | "--nodesize" => o.nodesize = parse_size(value()?)? as u32,
@@ -618,11 +828,19 @@ impl MkfsOptions {
                 "-b" | "--byte-count" => o.size = Some(parse_size(value()?)?),
                 "-m" | "--metadata" => match value()?.to_ascii_lowercase().as_str() {
                     "dup" => {}
-                    p => return Err(Error::Unsupported(format!("metadata profile {p} (one device: dup)"))),
+                    p => {
+                        return Err(Error::Unsupported(format!(
+                            "metadata profile {p} (one device: dup)"
+                        )))
+                    }
                 },
                 "-d" | "--data" => match value()?.to_ascii_lowercase().as_str() {
                     "single" => {}
-                    p => return Err(Error::Unsupported(format!("data profile {p} (one device: single)"))),
+                    p => {
+                        return Err(Error::Unsupported(format!(
+                            "data profile {p} (one device: single)"
+                        )))
+                    }
                 },
                 "-f" | "--force" | "-q" | "--quiet" | "-K" | "--nodiscard" => {}
                 "-M" | "--mixed" => return Err(Error::Unsupported("mixed block groups".into())),
@@ -637,8 +855,10 @@ impl MkfsOptions {
 
 /// Create a filesystem on a new image file of `size` bytes (sparse).
 pub fn make_image(path: &std::path::Path, size: u64, o: &MkfsOptions) -> Result<()> {
-    let f = std::fs::File::create(path).map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
-    f.set_len(size).map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?;
+    let f = std::fs::File::create(path)
+        .map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
+    f.set_len(size)
+        .map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?;
     drop(f);
     let dev: Arc<dyn BlockDevice> = Arc::new(crate::io::FileDevice::open(path, true)?);
     let mut o = o.clone();
@@ -652,7 +872,9 @@ mod args_tests {
     use super::*;
     #[test]
     fn mkfs_arguments() {
-        let o = MkfsOptions::from_mkfs_args(&["-n", "4096", "-O", "^no-holes", "--csum=sha256", "-f"]).unwrap();
+        let o =
+            MkfsOptions::from_mkfs_args(&["-n", "4096", "-O", "^no-holes", "--csum=sha256", "-f"])
+                .unwrap();
         assert_eq!(o.nodesize, 4096);
         assert!(!o.features.no_holes);
         assert_eq!(o.csum, crate::csum::CsumType::Sha256);

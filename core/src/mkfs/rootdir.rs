@@ -55,10 +55,18 @@ fn io_err(p: &Path, what: &str, e: std::io::Error) -> Error {
 pub fn scan(root: &Path) -> Result<Listing> {
     let meta = std::fs::symlink_metadata(root).map_err(|e| io_err(root, "cannot stat", e))?;
     if !meta.is_dir() {
-        return Err(Error::Invalid(format!("{} is not a directory", root.display())));
+        return Err(Error::Invalid(format!(
+            "{} is not a directory",
+            root.display()
+        )));
     }
     let mut l = Listing::default();
-    l.entries.push(Entry { path: root.to_path_buf(), parent: None, name: Vec::new(), meta });
+    l.entries.push(Entry {
+        path: root.to_path_buf(),
+        parent: None,
+        name: Vec::new(),
+        meta,
+    });
     let mut i = 0;
     while i < l.entries.len() {
         if l.entries[i].meta.is_dir() {
@@ -72,9 +80,13 @@ pub fn scan(root: &Path) -> Result<Listing> {
             kids.sort();
             for (name, path) in kids {
                 if name.len() > BTRFS_NAME_LEN {
-                    return Err(Error::Invalid(format!("{}: name longer than {BTRFS_NAME_LEN} bytes", path.display())));
+                    return Err(Error::Invalid(format!(
+                        "{}: name longer than {BTRFS_NAME_LEN} bytes",
+                        path.display()
+                    )));
                 }
-                let m = std::fs::symlink_metadata(&path).map_err(|e| io_err(&path, "cannot stat", e))?;
+                let m = std::fs::symlink_metadata(&path)
+                    .map_err(|e| io_err(&path, "cannot stat", e))?;
                 if m.is_file() {
                     // Fail now rather than half-way through the copy.
                     std::fs::File::open(&path).map_err(|e| io_err(&path, "cannot read", e))?;
@@ -82,7 +94,12 @@ pub fn scan(root: &Path) -> Result<Listing> {
                 } else if m.file_type().is_symlink() {
                     std::fs::read_link(&path).map_err(|e| io_err(&path, "cannot read link", e))?;
                 }
-                l.entries.push(Entry { path, parent: Some(i), name, meta: m });
+                l.entries.push(Entry {
+                    path,
+                    parent: Some(i),
+                    name,
+                    meta: m,
+                });
             }
         }
         i += 1;
@@ -91,7 +108,10 @@ pub fn scan(root: &Path) -> Result<Listing> {
 }
 
 fn ts(sec: i64, nsec: i64) -> Timespec {
-    Timespec { sec: (sec.max(0) as u64).into(), nsec: (nsec.clamp(0, 999_999_999) as u32).into() }
+    Timespec {
+        sec: (sec.max(0) as u64).into(),
+        nsec: (nsec.clamp(0, 999_999_999) as u32).into(),
+    }
 }
 
 fn inode_from(m: &std::fs::Metadata, transid: u64) -> InodeItem {
@@ -111,16 +131,27 @@ fn inode_from(m: &std::fs::Metadata, transid: u64) -> InodeItem {
 }
 
 fn xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| Error::Invalid(format!("{}: NUL in path", path.display())))?;
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::Invalid(format!("{}: NUL in path", path.display())))?;
     // SAFETY: plain libc calls with valid buffers and lengths.
     let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
     if n <= 0 {
         return Ok(Vec::new());
     }
     let mut names = vec![0u8; n as usize];
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr() as *mut libc::c_char, names.len()) };
+    let n = unsafe {
+        libc::llistxattr(
+            c.as_ptr(),
+            names.as_mut_ptr() as *mut libc::c_char,
+            names.len(),
+        )
+    };
     if n < 0 {
-        return Err(io_err(path, "cannot list xattrs of", std::io::Error::last_os_error()));
+        return Err(io_err(
+            path,
+            "cannot list xattrs of",
+            std::io::Error::last_os_error(),
+        ));
     }
     names.truncate(n as usize);
     let mut out = Vec::new();
@@ -128,12 +159,27 @@ fn xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let cn = CString::new(name).map_err(|_| Error::Invalid("xattr name".into()))?;
         let vn = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), std::ptr::null_mut(), 0) };
         if vn < 0 {
-            return Err(io_err(path, "cannot read xattrs of", std::io::Error::last_os_error()));
+            return Err(io_err(
+                path,
+                "cannot read xattrs of",
+                std::io::Error::last_os_error(),
+            ));
         }
         let mut v = vec![0u8; vn as usize];
-        let vn = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr() as *mut libc::c_void, v.len()) };
+        let vn = unsafe {
+            libc::lgetxattr(
+                c.as_ptr(),
+                cn.as_ptr(),
+                v.as_mut_ptr() as *mut libc::c_void,
+                v.len(),
+            )
+        };
         if vn < 0 {
-            return Err(io_err(path, "cannot read xattrs of", std::io::Error::last_os_error()));
+            return Err(io_err(
+                path,
+                "cannot read xattrs of",
+                std::io::Error::last_os_error(),
+            ));
         }
         v.truncate(vn as usize);
         out.push((name.to_vec(), v));
@@ -177,8 +223,15 @@ fn data_ranges(f: &std::fs::File, size: u64, ss: u64) -> Vec<(u64, u64)> {
 /// Where a regular file's data comes from: read ahead in full, or an open
 /// file read extent by extent.
 enum FileSource<'a> {
-    Read { ranges: Vec<(u64, u64)>, data: Vec<u8> },
-    Open { f: std::fs::File, ranges: Vec<(u64, u64)>, path: &'a Path },
+    Read {
+        ranges: Vec<(u64, u64)>,
+        data: Vec<u8>,
+    },
+    Open {
+        f: std::fs::File,
+        ranges: Vec<(u64, u64)>,
+        path: &'a Path,
+    },
 }
 
 impl FileSource<'_> {
@@ -193,7 +246,8 @@ impl FileSource<'_> {
             FileSource::Read { data, .. } => Ok(&data[off as usize..(off + len) as usize]),
             FileSource::Open { f, path, .. } => {
                 buf.resize(len as usize, 0);
-                f.read_exact_at(buf, off).map_err(|err| io_err(path, "cannot read", err))?;
+                f.read_exact_at(buf, off)
+                    .map_err(|err| io_err(path, "cannot read", err))?;
                 Ok(&buf[..])
             }
         }
@@ -203,7 +257,15 @@ impl FileSource<'_> {
 /// Write a file's data: inline when small, else one extent per data range
 /// (at most MAX_EXTENT_SIZE each), holes left sparse (or explicit hole
 /// extents without no-holes). Returns the inode's nbytes.
-fn copy_file_data(fs: &mut Store, tree: u64, ino: u64, size: u64, src: FileSource<'_>, no_holes: bool, buf: &mut Vec<u8>) -> Result<u64> {
+fn copy_file_data(
+    fs: &mut Store,
+    tree: u64,
+    ino: u64,
+    size: u64,
+    src: FileSource<'_>,
+    no_holes: bool,
+    buf: &mut Vec<u8>,
+) -> Result<u64> {
     let ss = fs.sectorsize() as u64;
     if size == 0 {
         return Ok(0);
@@ -260,12 +322,25 @@ fn prefetch(e: &Entry, ss: u64) -> Result<Prefetched> {
     let size = e.meta.len();
     let f = std::fs::File::open(&e.path).map_err(|err| io_err(&e.path, "cannot read", err))?;
     let mut data = vec![0u8; size as usize];
-    f.read_exact_at(&mut data, 0).map_err(|err| io_err(&e.path, "cannot read", err))?;
-    let ranges = if size > 0 { data_ranges(&f, size, ss) } else { Vec::new() };
-    Ok(Prefetched { ranges, data, xattrs: xattrs(&e.path)? })
+    f.read_exact_at(&mut data, 0)
+        .map_err(|err| io_err(&e.path, "cannot read", err))?;
+    let ranges = if size > 0 {
+        data_ranges(&f, size, ss)
+    } else {
+        Vec::new()
+    };
+    Ok(Prefetched {
+        ranges,
+        data,
+        xattrs: xattrs(&e.path)?,
+    })
 }
 
-pub fn populate(fs: &mut Store, listing: &Listing, progress: &mut dyn FnMut(u64, u64)) -> Result<RootdirStats> {
+pub fn populate(
+    fs: &mut Store,
+    listing: &Listing,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<RootdirStats> {
     let ss = fs.sectorsize() as u64;
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Result<Prefetched>)>(1024);
@@ -278,7 +353,9 @@ pub fn populate(fs: &mut Store, listing: &Listing, progress: &mut dyn FnMut(u64,
         });
         populate_with(fs, listing, progress, &mut |i| match rx.recv() {
             Ok((j, r)) if j == i => r,
-            Ok((j, _)) => Err(Error::Invalid(format!("reader out of step: entry {j} for {i}"))),
+            Ok((j, _)) => Err(Error::Invalid(format!(
+                "reader out of step: entry {j} for {i}"
+            ))),
             Err(_) => Err(Error::Invalid("reader thread stopped".into())),
         })
     })
@@ -315,7 +392,9 @@ fn populate_with(
         let pino = ino_of[parent];
         let m = &e.meta;
         let ftype = ftype_of_mode(m.mode());
-        let idx = next_index.get_mut(&parent).ok_or_else(|| Error::Invalid("parent not a directory".into()))?;
+        let idx = next_index
+            .get_mut(&parent)
+            .ok_or_else(|| Error::Invalid("parent not a directory".into()))?;
         let index = *idx;
         *idx += 1;
         // Hard links: a second name for an inode already copied.
@@ -343,7 +422,8 @@ fn populate_with(
             next_index.insert(i, 2);
             st.dirs += 1;
         } else if m.file_type().is_symlink() {
-            let target = std::fs::read_link(&e.path).map_err(|err| io_err(&e.path, "cannot read link", err))?;
+            let target = std::fs::read_link(&e.path)
+                .map_err(|err| io_err(&e.path, "cannot read link", err))?;
             let tb = target.as_os_str().as_bytes();
             data::write_inline(fs, tree, ino, tb.len() as u64, BTRFS_COMPRESS_NONE, tb)?;
             item.size.set(tb.len() as u64);
@@ -354,11 +434,23 @@ fn populate_with(
             let src = if prefetchable(e) {
                 let p = next(i)?;
                 pre_xattrs = Some(p.xattrs);
-                FileSource::Read { ranges: p.ranges, data: p.data }
+                FileSource::Read {
+                    ranges: p.ranges,
+                    data: p.data,
+                }
             } else {
-                let f = std::fs::File::open(&e.path).map_err(|err| io_err(&e.path, "cannot read", err))?;
-                let ranges = if size > 0 { data_ranges(&f, size, ss) } else { Vec::new() };
-                FileSource::Open { f, ranges, path: &e.path }
+                let f = std::fs::File::open(&e.path)
+                    .map_err(|err| io_err(&e.path, "cannot read", err))?;
+                let ranges = if size > 0 {
+                    data_ranges(&f, size, ss)
+                } else {
+                    Vec::new()
+                };
+                FileSource::Open {
+                    f,
+                    ranges,
+                    path: &e.path,
+                }
             };
             let nbytes = copy_file_data(fs, tree, ino, size, src, no_holes, &mut buf)?;
             item.size.set(size);

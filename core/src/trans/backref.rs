@@ -41,7 +41,9 @@ pub(super) struct RootCache {
 
 impl RootCache {
     pub(super) fn new() -> RootCache {
-        RootCache { committed: BTreeMap::new() }
+        RootCache {
+            committed: BTreeMap::new(),
+        }
     }
 }
 
@@ -54,7 +56,11 @@ impl Store {
                     return Ok(None);
                 }
                 let st = self.root_state(id)?.clone();
-                let gen = st.item.as_ref().map(|(_, ri)| ri.generation.get()).unwrap_or(self.transid);
+                let gen = st
+                    .item
+                    .as_ref()
+                    .map(|(_, ri)| ri.generation.get())
+                    .unwrap_or(self.transid);
                 Ok(Some((st.bytenr, st.level, gen)))
             }
             View::Committed => {
@@ -62,11 +68,23 @@ impl Store {
                     return Ok(*r);
                 }
                 let r = if id == BTRFS_ROOT_TREE_OBJECTID {
-                    Some((self.img.sb.root.get(), self.img.sb.root_level, self.img.sb.generation.get()))
+                    Some((
+                        self.img.sb.root.get(),
+                        self.img.sb.root_level,
+                        self.img.sb.generation.get(),
+                    ))
                 } else {
-                    let (rb, rl, rg) = (self.img.sb.root.get(), self.img.sb.root_level, self.img.sb.generation.get());
+                    let (rb, rl, rg) = (
+                        self.img.sb.root.get(),
+                        self.img.sb.root_level,
+                        self.img.sb.generation.get(),
+                    );
                     let root = self.load_root_at(TreeId::Root, rb, rl, Some(rg))?;
-                    match self.next_item_from(TreeId::Root, root, &Key::new(id, BTRFS_ROOT_ITEM_KEY, 0))? {
+                    match self.next_item_from(
+                        TreeId::Root,
+                        root,
+                        &Key::new(id, BTRFS_ROOT_ITEM_KEY, 0),
+                    )? {
                         Some((k, d, _)) if k.objectid == id && k.ty == BTRFS_ROOT_ITEM_KEY => {
                             let ri = RootItem::parse(&d).map_err(|e| e.at(0, k))?;
                             Some((ri.bytenr.get(), ri.level, ri.generation.get()))
@@ -82,9 +100,16 @@ impl Store {
 
     /// Items of tree `id` with keys in `[start, end]` as the last commit
     /// left them (empty when the tree did not exist then).
-    pub fn committed_items_in(&mut self, id: u64, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
+    pub fn committed_items_in(
+        &mut self,
+        id: u64,
+        start: Key,
+        end: Key,
+    ) -> Result<Vec<(Key, Vec<u8>)>> {
         let mut cache = RootCache::new();
-        let Some((rb, rl, rg)) = self.view_root(View::Committed, id, &mut cache)? else { return Ok(Vec::new()) };
+        let Some((rb, rl, rg)) = self.view_root(View::Committed, id, &mut cache)? else {
+            return Ok(Vec::new());
+        };
         let t = TreeId::Tree(id);
         let root = self.load_root_at(t, rb, rl, Some(rg))?;
         let mut out = Vec::new();
@@ -104,13 +129,24 @@ impl Store {
 
     /// The item of tree `id` with exactly `key`, as the last commit left it.
     pub fn committed_lookup(&mut self, id: u64, key: &Key) -> Result<Option<Vec<u8>>> {
-        Ok(self.committed_items_in(id, *key, *key)?.into_iter().next().map(|(_, d)| d))
+        Ok(self
+            .committed_items_in(id, *key, *key)?
+            .into_iter()
+            .next()
+            .map(|(_, d)| d))
     }
 
     /// The back references (with counts) of an extent in `view`: the
     /// extent tree's item, inline and keyed.
-    fn view_backrefs(&mut self, view: View, bytenr: u64, cache: &mut RootCache) -> Result<Vec<(BackRef, u64)>> {
-        let Some((rb, rl, rg)) = self.view_root(view, BTRFS_EXTENT_TREE_OBJECTID, cache)? else { return Ok(Vec::new()) };
+    fn view_backrefs(
+        &mut self,
+        view: View,
+        bytenr: u64,
+        cache: &mut RootCache,
+    ) -> Result<Vec<(BackRef, u64)>> {
+        let Some((rb, rl, rg)) = self.view_root(view, BTRFS_EXTENT_TREE_OBJECTID, cache)? else {
+            return Ok(Vec::new());
+        };
         let t = TreeId::Tree(BTRFS_EXTENT_TREE_OBJECTID);
         let root = self.load_root_at(t, rb, rl, Some(rg))?;
         let mut out = Vec::new();
@@ -130,19 +166,35 @@ impl Store {
                     }
                 }
                 BTRFS_TREE_BLOCK_REF_KEY => out.push((BackRef::Tree { root: key.offset }, 1)),
-                BTRFS_SHARED_BLOCK_REF_KEY => out.push((BackRef::SharedTree { parent: key.offset }, 1)),
+                BTRFS_SHARED_BLOCK_REF_KEY => {
+                    out.push((BackRef::SharedTree { parent: key.offset }, 1))
+                }
                 BTRFS_EXTENT_DATA_REF_KEY => {
-                    let x = ExtentDataRef::read_from_bytes(&d).map_err(|_| Error::corrupt_key("extent data ref size", bytenr, key))?;
-                    out.push((BackRef::Data { root: x.root.get(), objectid: x.objectid.get(), offset: x.offset.get() }, x.count.get() as u64));
+                    let x = ExtentDataRef::read_from_bytes(&d)
+                        .map_err(|_| Error::corrupt_key("extent data ref size", bytenr, key))?;
+                    out.push((
+                        BackRef::Data {
+                            root: x.root.get(),
+                            objectid: x.objectid.get(),
+                            offset: x.offset.get(),
+                        },
+                        x.count.get() as u64,
+                    ));
                 }
                 BTRFS_SHARED_DATA_REF_KEY => {
-                    let c = d.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).unwrap_or(1);
+                    let c = d
+                        .get(..4)
+                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .unwrap_or(1);
                     out.push((BackRef::SharedData { parent: key.offset }, c as u64));
                 }
                 _ => {}
             }
             if out.len() > MAX_VISITS {
-                return Err(Error::corrupt("extent with too many back references", bytenr));
+                return Err(Error::corrupt(
+                    "extent with too many back references",
+                    bytenr,
+                ));
             }
         }
         Ok(out)
@@ -150,7 +202,13 @@ impl Store {
 
     /// Subvolume trees (fs tree ids) that reference extent `bytenr` (a tree
     /// block when `level` is Some) in `view`.
-    pub(super) fn extent_roots(&mut self, view: View, bytenr: u64, level: Option<u8>, cache: &mut RootCache) -> Result<BTreeSet<u64>> {
+    pub(super) fn extent_roots(
+        &mut self,
+        view: View,
+        bytenr: u64,
+        level: Option<u8>,
+        cache: &mut RootCache,
+    ) -> Result<BTreeSet<u64>> {
         let mut roots = BTreeSet::new();
         let mut seen = BTreeSet::new();
         // (extent, level of the block; None for data)
@@ -164,7 +222,9 @@ impl Store {
             }
             for (r, count) in self.view_backrefs(view, b, cache)? {
                 match r {
-                    BackRef::SharedTree { parent } => work.push((parent, Some(lvl.unwrap_or(0) + 1))),
+                    BackRef::SharedTree { parent } => {
+                        work.push((parent, Some(lvl.unwrap_or(0) + 1)))
+                    }
                     BackRef::SharedData { parent } => work.push((parent, Some(0))),
                     BackRef::Tree { root } => {
                         let Some(l) = lvl else { continue };
@@ -180,11 +240,17 @@ impl Store {
                             }
                         }
                     }
-                    BackRef::Data { root, objectid, offset } => {
+                    BackRef::Data {
+                        root,
+                        objectid,
+                        offset,
+                    } => {
                         if lvl.is_some() || !is_fstree(root) {
                             continue;
                         }
-                        for leaf in self.data_parents(view, root, b, objectid, offset, count, cache)? {
+                        for leaf in
+                            self.data_parents(view, root, b, objectid, offset, count, cache)?
+                        {
                             work.push((leaf, Some(0)));
                         }
                     }
@@ -196,8 +262,17 @@ impl Store {
 
     /// The block of tree `root` that points to tree block `b` (at `level`),
     /// or `Root` when `b` is the tree's root.
-    fn tree_parent(&mut self, view: View, root: u64, b: u64, level: u8, cache: &mut RootCache) -> Result<Option<Parent>> {
-        let Some((rb, rl, rg)) = self.view_root(view, root, cache)? else { return Ok(None) };
+    fn tree_parent(
+        &mut self,
+        view: View,
+        root: u64,
+        b: u64,
+        level: u8,
+        cache: &mut RootCache,
+    ) -> Result<Option<Parent>> {
+        let Some((rb, rl, rg)) = self.view_root(view, root, cache)? else {
+            return Ok(None);
+        };
         if rb == b {
             return Ok(Some(Parent::Root));
         }
@@ -208,18 +283,35 @@ impl Store {
         let (_, first) = self.block_head(t, b)?;
         let Some(first) = first else { return Ok(None) };
         let top = self.load_root_at(t, rb, rl, Some(rg))?;
-        let Some((node, _)) = self.node_on_path(t, top, &first, level + 1)? else { return Ok(None) };
+        let Some((node, _)) = self.node_on_path(t, top, &first, level + 1)? else {
+            return Ok(None);
+        };
         // The pointer is in this node (the search path of the block's first
         // key leads to it); a stale reference finds nothing.
-        Ok(self.node_children(node)?.iter().any(|(_, c)| *c == b).then_some(Parent::Block(node)))
+        Ok(self
+            .node_children(node)?
+            .iter()
+            .any(|(_, c)| *c == b)
+            .then_some(Parent::Block(node)))
     }
 
     /// Leaves of tree `root` holding file extent items of inode `objectid`
     /// that point to data extent `b` with reference offset `offset` (at most
     /// `count` items are looked for, as many as the reference counts).
     #[allow(clippy::too_many_arguments)]
-    fn data_parents(&mut self, view: View, root: u64, b: u64, objectid: u64, offset: u64, count: u64, cache: &mut RootCache) -> Result<Vec<u64>> {
-        let Some((rb, rl, rg)) = self.view_root(view, root, cache)? else { return Ok(Vec::new()) };
+    fn data_parents(
+        &mut self,
+        view: View,
+        root: u64,
+        b: u64,
+        objectid: u64,
+        offset: u64,
+        count: u64,
+        cache: &mut RootCache,
+    ) -> Result<Vec<u64>> {
+        let Some((rb, rl, rg)) = self.view_root(view, root, cache)? else {
+            return Ok(Vec::new());
+        };
         let t = TreeId::Tree(root);
         let top = self.load_root_at(t, rb, rl, Some(rg))?;
         let mut leaves = Vec::new();
@@ -240,7 +332,9 @@ impl Store {
             }
             k = super::btree::next_key(&key);
             if let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(&d) {
-                if item.disk_bytenr.get() == b && key.offset.wrapping_sub(item.offset.get()) == offset {
+                if item.disk_bytenr.get() == b
+                    && key.offset.wrapping_sub(item.offset.get()) == offset
+                {
                     if leaves.last() != Some(&leaf) {
                         leaves.push(leaf);
                     }

@@ -23,7 +23,16 @@ impl Store {
         let (child, gen) = edit::node_ptr(pb, slot);
         let level = edit::level(pb) - 1;
         let first = edit::node_key(pb, slot);
-        self.load(tree, child, Expect { level: Some(level), generation: Some(gen), owner: None, first_key: Some(first) })?;
+        self.load(
+            tree,
+            child,
+            Expect {
+                level: Some(level),
+                generation: Some(gen),
+                owner: None,
+                first_key: Some(first),
+            },
+        )?;
         Ok(child)
     }
 
@@ -37,13 +46,26 @@ impl Store {
                 // The log root tree: its generation is the log's transaction.
                 (None, _) => None,
             };
-            self.load(tree, st.bytenr, Expect { level: Some(st.level), generation: gen, owner: None, first_key: None })?;
+            self.load(
+                tree,
+                st.bytenr,
+                Expect {
+                    level: Some(st.level),
+                    generation: gen,
+                    owner: None,
+                    first_key: None,
+                },
+            )?;
         }
         Ok(st.bytenr)
     }
 
     /// Read-only search: the first item with key >= `key`, with its data.
-    pub fn next_item(&mut self, tree: impl Into<TreeId>, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+    pub fn next_item(
+        &mut self,
+        tree: impl Into<TreeId>,
+        key: &Key,
+    ) -> Result<Option<(Key, Vec<u8>)>> {
         let tree: TreeId = tree.into();
         let b = self.load_root(tree)?;
         Ok(self.next_item_from(tree, b, key)?.map(|(k, d, _)| (k, d)))
@@ -51,7 +73,12 @@ impl Store {
 
     /// Run `f` on the data of the item with exactly `key` (None when there
     /// is none), without copying it out.
-    pub fn with_item<R>(&mut self, tree: impl Into<TreeId>, key: &Key, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+    pub fn with_item<R>(
+        &mut self,
+        tree: impl Into<TreeId>,
+        key: &Key,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
         let tree: TreeId = tree.into();
         let mut b = self.load_root(tree)?;
         for _ in 0..=crate::format::consts::BTRFS_MAX_LEVEL {
@@ -73,19 +100,31 @@ impl Store {
 
     /// Change the data of the item with exactly `key` in place (its size
     /// stays): one copy-on-write search. None when there is no such item.
-    pub fn modify_item<R>(&mut self, tree: impl Into<TreeId>, key: &Key, f: impl FnOnce(&mut [u8]) -> R) -> Result<Option<R>> {
+    pub fn modify_item<R>(
+        &mut self,
+        tree: impl Into<TreeId>,
+        key: &Key,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<Option<R>> {
         let tree: TreeId = tree.into();
         let (path, found) = self.search_mut(tree, key, None)?;
         if !found {
             return Ok(None);
         }
-        let Step { bytenr, slot } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
+        let Step { bytenr, slot } = *path
+            .last()
+            .ok_or_else(|| Error::Invalid("empty path".into()))?;
         Ok(Some(f(edit::item_data_mut(self.buf_mut(bytenr)?, slot))))
     }
 
     /// The first item with key >= `key` in the tree whose root block is
     /// `root` (loaded), with the leaf holding it.
-    pub(super) fn next_item_from(&mut self, tree: TreeId, root: u64, key: &Key) -> Result<Option<(Key, Vec<u8>, u64)>> {
+    pub(super) fn next_item_from(
+        &mut self,
+        tree: TreeId,
+        root: u64,
+        key: &Key,
+    ) -> Result<Option<(Key, Vec<u8>, u64)>> {
         let mut b = root;
         // Stack of (node, slot) to continue to the right when a leaf is exhausted.
         let mut stack: Vec<(u64, usize)> = Vec::new();
@@ -96,11 +135,17 @@ impl Store {
                     Ok(s) | Err(s) => s,
                 };
                 if slot < edit::nritems(buf) {
-                    return Ok(Some((edit::leaf_key(buf, slot), edit::item_data(buf, slot).to_vec(), b)));
+                    return Ok(Some((
+                        edit::leaf_key(buf, slot),
+                        edit::item_data(buf, slot).to_vec(),
+                        b,
+                    )));
                 }
                 // Past the end of this leaf: next leaf to the right.
                 loop {
-                    let Some((n, s)) = stack.pop() else { return Ok(None) };
+                    let Some((n, s)) = stack.pop() else {
+                        return Ok(None);
+                    };
                     if s + 1 < edit::nritems(self.buf(n)?) {
                         let mut c = self.load_child(tree, n, s + 1)?;
                         while edit::level(self.buf(c)?) > 0 {
@@ -108,7 +153,11 @@ impl Store {
                         }
                         let cb = self.buf(c)?;
                         if edit::nritems(cb) > 0 {
-                            return Ok(Some((edit::leaf_key(cb, 0), edit::item_data(cb, 0).to_vec(), c)));
+                            return Ok(Some((
+                                edit::leaf_key(cb, 0),
+                                edit::item_data(cb, 0).to_vec(),
+                                c,
+                            )));
                         }
                         stack.push((n, s + 1));
                         continue;
@@ -126,14 +175,35 @@ impl Store {
 
     /// Load the root block of a tree given by its location (a committed
     /// root, say) and return it.
-    pub(super) fn load_root_at(&mut self, tree: TreeId, bytenr: u64, level: u8, generation: Option<u64>) -> Result<u64> {
-        self.load(tree, bytenr, Expect { level: Some(level), generation, owner: None, first_key: None })?;
+    pub(super) fn load_root_at(
+        &mut self,
+        tree: TreeId,
+        bytenr: u64,
+        level: u8,
+        generation: Option<u64>,
+    ) -> Result<u64> {
+        self.load(
+            tree,
+            bytenr,
+            Expect {
+                level: Some(level),
+                generation,
+                owner: None,
+                first_key: None,
+            },
+        )?;
         Ok(bytenr)
     }
 
     /// The node at `level` on the search path of `key` from `root`, and the
     /// slot followed in it (the last key <= `key`).
-    pub(super) fn node_on_path(&mut self, tree: TreeId, root: u64, key: &Key, level: u8) -> Result<Option<(u64, usize)>> {
+    pub(super) fn node_on_path(
+        &mut self,
+        tree: TreeId,
+        root: u64,
+        key: &Key,
+        level: u8,
+    ) -> Result<Option<(u64, usize)>> {
         let mut b = root;
         loop {
             let buf = self.buf(b)?;
@@ -161,7 +231,9 @@ impl Store {
         if edit::level(buf) == 0 {
             return Ok(Vec::new());
         }
-        Ok((0..edit::nritems(buf)).map(|i| (edit::node_key(buf, i), edit::node_ptr(buf, i).0)).collect())
+        Ok((0..edit::nritems(buf))
+            .map(|i| (edit::node_key(buf, i), edit::node_ptr(buf, i).0))
+            .collect())
     }
 
     /// (level, first key) of a tree block, reading it if needed.
@@ -173,7 +245,12 @@ impl Store {
     }
 
     /// Read-only search: the last item with `lo <= key <= hi`.
-    pub fn prev_item(&mut self, tree: impl Into<TreeId>, hi: &Key, lo: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+    pub fn prev_item(
+        &mut self,
+        tree: impl Into<TreeId>,
+        hi: &Key,
+        lo: &Key,
+    ) -> Result<Option<(Key, Vec<u8>)>> {
         let tree: TreeId = tree.into();
         let mut b = self.load_root(tree)?;
         let mut stack: Vec<(u64, usize)> = Vec::new();
@@ -191,7 +268,9 @@ impl Store {
                 }
                 // Before the first item of this leaf: the previous leaf's last.
                 loop {
-                    let Some((n, s)) = stack.pop() else { return Ok(None) };
+                    let Some((n, s)) = stack.pop() else {
+                        return Ok(None);
+                    };
                     if s > 0 {
                         let mut c = self.load_child(tree, n, s - 1)?;
                         while edit::level(self.buf(c)?) > 0 {
@@ -202,7 +281,9 @@ impl Store {
                         let cnt = edit::nritems(cb);
                         if cnt > 0 {
                             let k = edit::leaf_key(cb, cnt - 1);
-                            return Ok((k >= *lo).then(|| (k, edit::item_data(cb, cnt - 1).to_vec())));
+                            return Ok(
+                                (k >= *lo).then(|| (k, edit::item_data(cb, cnt - 1).to_vec()))
+                            );
                         }
                         stack.push((n, s - 1));
                     }
@@ -229,7 +310,12 @@ impl Store {
     /// later, never entering a subtree older than that
     /// (btrfs_search_forward): what a transaction changed, found without
     /// reading what it did not.
-    pub fn search_forward(&mut self, tree: impl Into<TreeId>, key: &Key, min_trans: u64) -> Result<Option<Key>> {
+    pub fn search_forward(
+        &mut self,
+        tree: impl Into<TreeId>,
+        key: &Key,
+        min_trans: u64,
+    ) -> Result<Option<Key>> {
         let tree: TreeId = tree.into();
         let root = self.load_root(tree)?;
         if block_generation(self.buf(root)?) < min_trans {
@@ -238,7 +324,14 @@ impl Store {
         self.search_forward_in(tree, root, key, min_trans, 0)
     }
 
-    fn search_forward_in(&mut self, tree: TreeId, b: u64, key: &Key, min_trans: u64, depth: usize) -> Result<Option<Key>> {
+    fn search_forward_in(
+        &mut self,
+        tree: TreeId,
+        b: u64,
+        key: &Key,
+        min_trans: u64,
+        depth: usize,
+    ) -> Result<Option<Key>> {
         if depth > crate::format::consts::BTRFS_MAX_LEVEL as usize {
             return Err(Error::corrupt("tree deeper than the format allows", b));
         }
@@ -269,20 +362,33 @@ impl Store {
 
     /// The leaf holding the first item >= `key`: its generation and its
     /// items from that one to its end.
-    pub fn leaf_from(&mut self, tree: impl Into<TreeId>, key: &Key) -> Result<Option<(u64, Vec<(Key, Vec<u8>)>)>> {
+    pub fn leaf_from(
+        &mut self,
+        tree: impl Into<TreeId>,
+        key: &Key,
+    ) -> Result<Option<(u64, Vec<(Key, Vec<u8>)>)>> {
         let tree: TreeId = tree.into();
         let root = self.load_root(tree)?;
-        let Some((k, _, leaf)) = self.next_item_from(tree, root, key)? else { return Ok(None) };
+        let Some((k, _, leaf)) = self.next_item_from(tree, root, key)? else {
+            return Ok(None);
+        };
         let buf = self.buf(leaf)?;
         let slot = match edit::search(buf, &k) {
             Ok(s) | Err(s) => s,
         };
-        let items = (slot..edit::nritems(buf)).map(|i| (edit::leaf_key(buf, i), edit::item_data(buf, i).to_vec())).collect();
+        let items = (slot..edit::nritems(buf))
+            .map(|i| (edit::leaf_key(buf, i), edit::item_data(buf, i).to_vec()))
+            .collect();
         Ok(Some((block_generation(buf), items)))
     }
 
     /// Every item with key in `[start, end]`.
-    pub fn items_in(&mut self, tree: impl Into<TreeId>, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
+    pub fn items_in(
+        &mut self,
+        tree: impl Into<TreeId>,
+        start: Key,
+        end: Key,
+    ) -> Result<Vec<(Key, Vec<u8>)>> {
         let tree: TreeId = tree.into();
         let mut out = Vec::new();
         let mut k = start;
@@ -302,7 +408,12 @@ impl Store {
     /// Search for `key`, CoW'ing every block on the path. With `ins =
     /// Some(n)`, blocks are split on the way so the leaf has `n` free bytes
     /// at the returned slot.
-    pub(super) fn search_mut(&mut self, tree: TreeId, key: &Key, ins: Option<usize>) -> Result<(Vec<Step>, bool)> {
+    pub(super) fn search_mut(
+        &mut self,
+        tree: TreeId,
+        key: &Key,
+        ins: Option<usize>,
+    ) -> Result<(Vec<Step>, bool)> {
         let r = self.load_root(tree)?;
         let nr = self.cow(tree, r)?;
         if nr != r {
@@ -321,7 +432,10 @@ impl Store {
                 };
                 path.push(Step { bytenr: b, slot });
                 if let Some(need) = ins {
-                    if !found && edit::leaf_free(self.buf(b)?) < need && !self.push_leaf(tree, &mut path, need)? {
+                    if !found
+                        && edit::leaf_free(self.buf(b)?) < need
+                        && !self.push_leaf(tree, &mut path, need)?
+                    {
                         self.split_leaf(tree, &mut path, need)?;
                     }
                 }
@@ -332,10 +446,18 @@ impl Store {
                 Err(s) => s.saturating_sub(1),
             };
             path.push(Step { bytenr: b, slot });
-            if ins.is_some() && edit::nritems(buf) + 3 >= edit::node_capacity(buf) && !self.push_node(tree, &mut path)? {
+            if ins.is_some()
+                && edit::nritems(buf) + 3 >= edit::node_capacity(buf)
+                && !self.push_node(tree, &mut path)?
+            {
                 self.split_node(tree, &mut path)?;
             }
-            let Step { bytenr: pb, slot: ps } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
+            let Step {
+                bytenr: pb,
+                slot: ps,
+            } = *path
+                .last()
+                .ok_or_else(|| Error::Invalid("empty path".into()))?;
             let child = self.load_child(tree, pb, ps)?;
             b = self.cow_child_at(tree, pb, ps, child)?;
         }
@@ -351,7 +473,13 @@ impl Store {
         let t = self.transid;
         edit::node_insert(self.buf_mut(nr)?, 0, &k0, old, t)?;
         self.set_root(tree, nr, level)?;
-        path.insert(0, Step { bytenr: nr, slot: 0 });
+        path.insert(
+            0,
+            Step {
+                bytenr: nr,
+                slot: 0,
+            },
+        );
         Ok(())
     }
 
@@ -367,7 +495,12 @@ impl Store {
 
     /// Run `f` on the buffers of two blocks copied in this transaction
     /// (moving items or pointers between siblings).
-    fn with_pair<R>(&mut self, a: u64, b: u64, f: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>) -> Result<R>) -> Result<R> {
+    fn with_pair<R>(
+        &mut self,
+        a: u64,
+        b: u64,
+        f: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>) -> Result<R>,
+    ) -> Result<R> {
         let mut x = std::mem::take(self.buf_mut(a)?);
         let mut y = std::mem::take(self.buf_mut(b)?);
         let r = f(&mut x, &mut y);
@@ -386,7 +519,10 @@ impl Store {
             return Ok(false);
         }
         let Step { bytenr: b, slot: s } = path[d];
-        let Step { bytenr: p, slot: ps } = path[d - 1];
+        let Step {
+            bytenr: p,
+            slot: ps,
+        } = path[d - 1];
         let pn = edit::nritems(self.buf(p)?);
         let cap = edit::node_capacity(self.buf(b)?);
         let n = edit::nritems(self.buf(b)?);
@@ -437,11 +573,17 @@ impl Store {
         let rk = edit::node_key(self.buf(b)?, mid);
         let right = self.new_block(tree, level, rk)?;
         self.with_pair(b, right, |src, dst| edit::node_move_tail(src, mid, dst))?;
-        let Step { bytenr: p, slot: ps } = path[d - 1];
+        let Step {
+            bytenr: p,
+            slot: ps,
+        } = path[d - 1];
         let t = self.transid;
         edit::node_insert(self.buf_mut(p)?, ps + 1, &rk, right, t)?;
         if slot >= mid {
-            path[d] = Step { bytenr: right, slot: slot - mid };
+            path[d] = Step {
+                bytenr: right,
+                slot: slot - mid,
+            };
             path[d - 1].slot = ps + 1;
         }
         Ok(())
@@ -457,7 +599,10 @@ impl Store {
             return Ok(false);
         }
         let Step { bytenr: b, slot } = path[d];
-        let Step { bytenr: p, slot: ps } = path[d - 1];
+        let Step {
+            bytenr: p,
+            slot: ps,
+        } = path[d - 1];
         let pn = edit::nritems(self.buf(p)?);
         let buf = self.buf(b)?;
         let n = edit::nritems(buf);
@@ -523,7 +668,10 @@ impl Store {
         let n = edit::nritems(buf);
         let cap = buf.len() - HEADER_SIZE;
         if need > cap {
-            return Err(Error::NoSpace(format!("item of {need} bytes cannot fit in a {}-byte leaf", buf.len())));
+            return Err(Error::NoSpace(format!(
+                "item of {need} bytes cannot fit in a {}-byte leaf",
+                buf.len()
+            )));
         }
         // prefix[i] = bytes used by items [0, i).
         let mut prefix = vec![0usize; n + 1];
@@ -531,9 +679,9 @@ impl Store {
             prefix[i + 1] = prefix[i] + ITEM_SIZE + edit::item_size(buf, i);
         }
         let mut best: Option<(usize, bool)> = None; // (mid, new item goes left)
-        // mid 0 (everything moves right, the new item stays alone on the
-        // left) and mid n (the new item alone on the right) are allowed, so
-        // a leaf with one big item can still take a new one.
+                                                    // mid 0 (everything moves right, the new item stays alone on the
+                                                    // left) and mid n (the new item alone on the right) are allowed, so
+                                                    // a leaf with one big item can still take a new one.
         let mut cands: Vec<usize> = (0..=n).collect();
         cands.sort_by_key(|&m| (m as isize - (n / 2) as isize).unsigned_abs());
         for m in cands {
@@ -562,17 +710,27 @@ impl Store {
             self.grow_root(tree, path)?;
         }
         let d = path.len() - 1;
-        let rk = if mid < n { edit::leaf_key(self.buf(b)?, mid) } else { Key::MIN };
+        let rk = if mid < n {
+            edit::leaf_key(self.buf(b)?, mid)
+        } else {
+            Key::MIN
+        };
         let right = self.new_block(tree, 0, rk)?;
         self.with_pair(b, right, |src, dst| edit::leaf_move_tail(src, mid, dst))?;
-        let Step { bytenr: p, slot: ps } = path[d - 1];
+        let Step {
+            bytenr: p,
+            slot: ps,
+        } = path[d - 1];
         // An empty right leaf takes the key of the item about to be inserted;
         // the caller's insert at slot 0 keeps the parent key exact.
         let key_for_parent = if mid < n { rk } else { Key::MIN };
         let t = self.transid;
         edit::node_insert(self.buf_mut(p)?, ps + 1, &key_for_parent, right, t)?;
         if !goes_left {
-            path[d] = Step { bytenr: right, slot: s - mid };
+            path[d] = Step {
+                bytenr: right,
+                slot: s - mid,
+            };
             path[d - 1].slot = ps + 1;
         }
         if again {
@@ -599,9 +757,14 @@ impl Store {
         let tree: TreeId = tree.into();
         let (path, found) = self.search_mut(tree, key, Some(ITEM_SIZE + data.len()))?;
         if found {
-            return Err(Error::Invalid(format!("item {} exists in tree {tree:?}", crate::format::names::key_string(key))));
+            return Err(Error::Invalid(format!(
+                "item {} exists in tree {tree:?}",
+                crate::format::names::key_string(key)
+            )));
         }
-        let Step { bytenr, slot } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
+        let Step { bytenr, slot } = *path
+            .last()
+            .ok_or_else(|| Error::Invalid("empty path".into()))?;
         edit::leaf_insert(self.buf_mut(bytenr)?, slot, key, data)?;
         if slot == 0 {
             self.fixup_low_keys(&path, key)?;
@@ -614,13 +777,17 @@ impl Store {
         let tree: TreeId = tree.into();
         let (path, found) = self.search_mut(tree, key, None)?;
         if found {
-            let Step { bytenr, slot } = *path.last().ok_or_else(|| Error::Invalid("empty path".into()))?;
+            let Step { bytenr, slot } = *path
+                .last()
+                .ok_or_else(|| Error::Invalid("empty path".into()))?;
             let buf = self.buf_mut(bytenr)?;
             if edit::item_size(buf, slot) == data.len() {
                 edit::item_data_mut(buf, slot).copy_from_slice(data);
                 return Ok(());
             }
-            if data.len() < edit::item_size(buf, slot) || edit::leaf_free(buf) >= data.len() - edit::item_size(buf, slot) {
+            if data.len() < edit::item_size(buf, slot)
+                || edit::leaf_free(buf) >= data.len() - edit::item_size(buf, slot)
+            {
                 edit::leaf_resize(buf, slot, data.len())?;
                 edit::item_data_mut(buf, slot).copy_from_slice(data);
                 return Ok(());
@@ -677,7 +844,10 @@ impl Store {
                 }
                 return Ok(());
             }
-            let Step { bytenr: p, slot: ps } = path[d - 1];
+            let Step {
+                bytenr: p,
+                slot: ps,
+            } = path[d - 1];
             if n == 0 {
                 edit::node_delete(self.buf_mut(p)?, ps, 1);
                 self.free_tree_block(tree, b, level)?;
@@ -706,11 +876,20 @@ impl Store {
     /// one block. Returns true when a pointer was removed from the parent.
     fn try_merge(&mut self, tree: TreeId, path: &mut [Step], d: usize) -> Result<bool> {
         let Step { bytenr: b, .. } = path[d];
-        let Step { bytenr: p, slot: ps } = path[d - 1];
+        let Step {
+            bytenr: p,
+            slot: ps,
+        } = path[d - 1];
         let buf = self.buf(b)?;
         let leaf = edit::level(buf) == 0;
         let cap = buf.len() - HEADER_SIZE;
-        let used = |buf: &[u8]| if leaf { edit::leaf_used(buf) } else { edit::nritems(buf) * crate::format::header::KEY_PTR_SIZE };
+        let used = |buf: &[u8]| {
+            if leaf {
+                edit::leaf_used(buf)
+            } else {
+                edit::nritems(buf) * crate::format::header::KEY_PTR_SIZE
+            }
+        };
         if used(buf) * 4 >= cap {
             return Ok(false);
         }

@@ -7,8 +7,8 @@
 //! sync), so dropping it loses nothing.
 
 use super::TreeId;
-use std::cell::Cell;
 use crate::util::hash::FastMap as HashMap;
+use std::cell::Cell;
 
 struct Cached {
     data: Vec<u8>,
@@ -28,7 +28,13 @@ pub struct BlockCache {
 
 impl BlockCache {
     pub fn new(nodesize: usize, clean_limit: usize) -> BlockCache {
-        BlockCache { blocks: HashMap::default(), dirty: HashMap::default(), clock: Cell::new(0), clean_limit, nodesize }
+        BlockCache {
+            blocks: HashMap::default(),
+            dirty: HashMap::default(),
+            clock: Cell::new(0),
+            clean_limit,
+            nodesize,
+        }
     }
 
     pub fn contains(&self, bytenr: u64) -> bool {
@@ -57,7 +63,10 @@ impl BlockCache {
 
     /// Keep a block read from disk.
     pub fn insert_clean(&mut self, bytenr: u64, data: Vec<u8>) {
-        let c = Cached { data, used: Cell::new(0) };
+        let c = Cached {
+            data,
+            used: Cell::new(0),
+        };
         self.touch(&c);
         self.blocks.insert(bytenr, c);
     }
@@ -84,7 +93,12 @@ impl BlockCache {
 
     /// Dirty blocks of the trees `which` selects, in address order.
     pub fn dirty_blocks(&self, which: &dyn Fn(TreeId) -> bool) -> Vec<u64> {
-        let mut v: Vec<u64> = self.dirty.iter().filter(|(_, t)| which(**t)).map(|(b, _)| *b).collect();
+        let mut v: Vec<u64> = self
+            .dirty
+            .iter()
+            .filter(|(_, t)| which(**t))
+            .map(|(b, _)| *b)
+            .collect();
         v.sort_unstable();
         v
     }
@@ -96,7 +110,12 @@ impl BlockCache {
 
     /// Drop every dirty block of the trees `which` selects, unwritten.
     pub fn discard_dirty(&mut self, which: &dyn Fn(TreeId) -> bool) {
-        let gone: Vec<u64> = self.dirty.iter().filter(|(_, t)| which(**t)).map(|(b, _)| *b).collect();
+        let gone: Vec<u64> = self
+            .dirty
+            .iter()
+            .filter(|(_, t)| which(**t))
+            .map(|(b, _)| *b)
+            .collect();
         for b in gone {
             self.remove(b);
         }
@@ -127,7 +146,12 @@ impl BlockCache {
             return 0;
         }
         let keep = self.clean_limit * 3 / 4 / self.nodesize.max(1);
-        let mut ages: Vec<(u64, u64)> = self.blocks.iter().filter(|(b, _)| !self.dirty.contains_key(b)).map(|(b, c)| (c.used.get(), *b)).collect();
+        let mut ages: Vec<(u64, u64)> = self
+            .blocks
+            .iter()
+            .filter(|(b, _)| !self.dirty.contains_key(b))
+            .map(|(b, c)| (c.used.get(), *b))
+            .collect();
         ages.sort_unstable();
         let n = ages.len().saturating_sub(keep);
         for &(_, b) in &ages[..n] {

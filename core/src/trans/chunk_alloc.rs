@@ -31,7 +31,11 @@ impl Store {
         let mut free = RangeSet::new();
         free.insert(MIB, total);
         let devid = self.sb.dev_item.devid.get();
-        for (k, d) in self.items_in(BTRFS_DEV_TREE_OBJECTID, Key::new(devid, BTRFS_DEV_EXTENT_KEY, 0), Key::new(devid, BTRFS_DEV_EXTENT_KEY, u64::MAX))? {
+        for (k, d) in self.items_in(
+            BTRFS_DEV_TREE_OBJECTID,
+            Key::new(devid, BTRFS_DEV_EXTENT_KEY, 0),
+            Key::new(devid, BTRFS_DEV_EXTENT_KEY, u64::MAX),
+        )? {
             let de: &DevExtent = crate::format::view(&d, "dev extent").map_err(|e| e.at(0, k))?;
             free.remove(k.offset, k.offset + de.length.get());
         }
@@ -46,7 +50,12 @@ impl Store {
     /// The profile new chunks of type `ty` get: the one existing groups of
     /// that type use, else DUP for metadata and system and SINGLE for data.
     fn profile_for(&self, ty: u64) -> u64 {
-        if let Some(g) = self.alloc.groups.values().find(|g| g.flags & BTRFS_BLOCK_GROUP_TYPE_MASK == ty) {
+        if let Some(g) = self
+            .alloc
+            .groups
+            .values()
+            .find(|g| g.flags & BTRFS_BLOCK_GROUP_TYPE_MASK == ty)
+        {
             return g.flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
         }
         if ty == BTRFS_BLOCK_GROUP_DATA {
@@ -59,7 +68,11 @@ impl Store {
     /// Allocate a chunk for block group type `ty` (DATA, METADATA or SYSTEM).
     pub fn alloc_chunk(&mut self, ty: u64) -> Result<u64> {
         let profile = self.profile_for(ty);
-        let copies: u64 = if profile & BTRFS_BLOCK_GROUP_DUP != 0 { 2 } else { 1 };
+        let copies: u64 = if profile & BTRFS_BLOCK_GROUP_DUP != 0 {
+            2
+        } else {
+            1
+        };
         let total = self.sb.total_bytes.get();
         let cap = match ty {
             BTRFS_BLOCK_GROUP_DATA => 1 << 30,
@@ -97,7 +110,14 @@ impl Store {
                 crate::format::names::block_group_flags_str(ty | profile)
             )));
         }
-        let logical = self.img.chunks.iter().map(|m| m.end()).max().unwrap_or(MIB).max(MIB);
+        let logical = self
+            .img
+            .chunks
+            .iter()
+            .map(|m| m.end())
+            .max()
+            .unwrap_or(MIB)
+            .max(MIB);
         let flags = ty | profile;
         let dev_uuid = self.sb.dev_item.uuid;
         let devid = self.sb.dev_item.devid.get();
@@ -112,8 +132,14 @@ impl Store {
             num_stripes: (copies as u16).into(),
             sub_stripes: 1.into(),
         };
-        let stripes: Vec<Stripe> =
-            placements.iter().map(|&p| Stripe { devid: devid.into(), offset: p.into(), dev_uuid }).collect();
+        let stripes: Vec<Stripe> = placements
+            .iter()
+            .map(|&p| Stripe {
+                devid: devid.into(),
+                offset: p.into(),
+                dev_uuid,
+            })
+            .collect();
         let mut item = chunk.as_bytes().to_vec();
         for s in &stripes {
             item.extend_from_slice(s.as_bytes());
@@ -141,7 +167,11 @@ impl Store {
         }
         self.alloc.groups.insert(logical, g);
 
-        let key = Key::new(BTRFS_FIRST_CHUNK_TREE_OBJECTID, BTRFS_CHUNK_ITEM_KEY, logical);
+        let key = Key::new(
+            BTRFS_FIRST_CHUNK_TREE_OBJECTID,
+            BTRFS_CHUNK_ITEM_KEY,
+            logical,
+        );
         if ty == BTRFS_BLOCK_GROUP_SYSTEM {
             let n = self.sb.sys_chunk_array_size.get() as usize;
             let add = 17 + item.len();
@@ -157,7 +187,12 @@ impl Store {
         // The chunk's tree items are written at commit: inserting them here
         // could copy a tree block that a copy-on-write in progress is
         // replacing (this runs when an allocation finds no room).
-        self.pending_chunks.push(PendingChunk { key, item, placements, stripe });
+        self.pending_chunks.push(PendingChunk {
+            key,
+            item,
+            placements,
+            stripe,
+        });
         self.chunk_allocated = true;
         Ok(logical)
     }
@@ -181,13 +216,18 @@ impl Store {
                     length: p.stripe.into(),
                     chunk_tree_uuid,
                 };
-                self.insert_item(BTRFS_DEV_TREE_OBJECTID, &Key::new(devid, BTRFS_DEV_EXTENT_KEY, x), de.as_bytes())?;
+                self.insert_item(
+                    BTRFS_DEV_TREE_OBJECTID,
+                    &Key::new(devid, BTRFS_DEV_EXTENT_KEY, x),
+                    de.as_bytes(),
+                )?;
             }
         }
         let used = self.sb.dev_item.bytes_used.get();
         let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
         if let Some(d) = self.lookup(BTRFS_CHUNK_TREE_OBJECTID, &dkey)? {
-            let mut di = DevItem::read_from_bytes(&d).map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
+            let mut di = DevItem::read_from_bytes(&d)
+                .map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
             di.bytes_used.set(used);
             self.update_item(BTRFS_CHUNK_TREE_OBJECTID, &dkey, di.as_bytes())?;
         }
@@ -214,7 +254,13 @@ impl Store {
 
     fn system_has_room(&self) -> Result<bool> {
         let ns = self.nodesize() as u64;
-        let free: u64 = self.alloc.groups.values().filter(|g| g.is_system() && !g.read_only).map(|g| g.free.total()).sum();
+        let free: u64 = self
+            .alloc
+            .groups
+            .values()
+            .filter(|g| g.is_system() && !g.read_only)
+            .map(|g| g.free.total())
+            .sum();
         Ok(free >= 8 * ns)
     }
 }

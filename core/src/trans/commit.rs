@@ -28,9 +28,17 @@ impl Store {
     }
 
     fn update_block_group_items(&mut self) -> Result<bool> {
-        let dirty: Vec<u64> = self.alloc.groups.values().filter(|g| g.dirty).map(|g| g.start).collect();
+        let dirty: Vec<u64> = self
+            .alloc
+            .groups
+            .values()
+            .filter(|g| g.dirty)
+            .map(|g| g.start)
+            .collect();
         for &s in &dirty {
-            let Some(g) = self.alloc.groups.get_mut(&s) else { continue };
+            let Some(g) = self.alloc.groups.get_mut(&s) else {
+                continue;
+            };
             g.dirty = false;
             g.on_disk = true;
             let (len, item) = (
@@ -42,7 +50,11 @@ impl Store {
                 },
             );
             let bgt = TreeId::Tree(self.bg_tree);
-            self.update_item(bgt, &Key::new(s, BTRFS_BLOCK_GROUP_ITEM_KEY, len), item.as_bytes())?;
+            self.update_item(
+                bgt,
+                &Key::new(s, BTRFS_BLOCK_GROUP_ITEM_KEY, len),
+                item.as_bytes(),
+            )?;
             if self.has_fst() {
                 self.update_fst_group(s)?;
             }
@@ -53,16 +65,30 @@ impl Store {
     fn update_root_items(&mut self) -> Result<bool> {
         // Root items of log trees live in the log root tree, written by a
         // log sync; the commit drops the log trees.
-        let dirty: Vec<TreeId> = self.roots.values().filter(|r| r.dirty && r.item.is_some() && !r.id.is_log()).map(|r| r.id).collect();
+        let dirty: Vec<TreeId> = self
+            .roots
+            .values()
+            .filter(|r| r.dirty && r.item.is_some() && !r.id.is_log())
+            .map(|r| r.id)
+            .collect();
         for &id in &dirty {
-            let Some(bytenr) = self.roots.get(&id).map(|st| st.bytenr) else { continue };
+            let Some(bytenr) = self.roots.get(&id).map(|st| st.bytenr) else {
+                continue;
+            };
             // The item's generation is its root node's (btrfs_set_root_node),
             // which did not change when only the item's fields did.
-            let node_gen = self.cache.get(bytenr).map(|b| u64::from_le_bytes(b[0x50..0x58].try_into().unwrap_or([0; 8])));
-            let Some(st) = self.roots.get_mut(&id) else { continue };
+            let node_gen = self
+                .cache
+                .get(bytenr)
+                .map(|b| u64::from_le_bytes(b[0x50..0x58].try_into().unwrap_or([0; 8])));
+            let Some(st) = self.roots.get_mut(&id) else {
+                continue;
+            };
             st.dirty = false;
             let level = st.level;
-            let Some((key, ri)) = st.item.as_mut() else { continue };
+            let Some((key, ri)) = st.item.as_mut() else {
+                continue;
+            };
             ri.bytenr.set(bytenr);
             ri.level = level;
             if let Some(g) = node_gen {
@@ -100,7 +126,9 @@ impl Store {
             }
         }
         if !settled {
-            return Err(Error::Invalid("commit did not settle: extent, free space and root trees kept changing".into()));
+            return Err(Error::Invalid(
+                "commit did not settle: extent, free space and root trees kept changing".into(),
+            ));
         }
         self.flush_data()?;
         self.write_blocks(&|t: TreeId| !t.is_log())?;
@@ -138,7 +166,10 @@ impl Store {
         let mut log_bytes = 0u64;
         for &b in &list {
             let is_log = self.cache.dirty_tree(b).is_some_and(|t| t.is_log());
-            let buf = self.cache.get_dirty_mut(b).ok_or_else(|| Error::Invalid("dirty block not cached".into()))?;
+            let buf = self
+                .cache
+                .get_dirty_mut(b)
+                .ok_or_else(|| Error::Invalid("dirty block not cached".into()))?;
             edit::mark_written(buf);
             let c = crate::csum::block_csum(csum, buf);
             buf[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
@@ -162,8 +193,15 @@ impl Store {
             let start = writes[i].0;
             run.clear();
             let mut j = i;
-            while j < writes.len() && writes[j].0 == start + (j - i) as u64 * ns && run.len() < (8 << 20) {
-                run.extend_from_slice(self.cache.get(writes[j].1).ok_or_else(|| Error::Invalid("dirty block not cached".into()))?);
+            while j < writes.len()
+                && writes[j].0 == start + (j - i) as u64 * ns
+                && run.len() < (8 << 20)
+            {
+                run.extend_from_slice(
+                    self.cache
+                        .get(writes[j].1)
+                        .ok_or_else(|| Error::Invalid("dirty block not cached".into()))?,
+                );
                 j += 1;
             }
             self.img.device().write_at(start, &run)?;
@@ -196,8 +234,14 @@ impl Store {
         }
         sb.bytes_used.set(self.alloc.total_used());
         // Backup roots: the slot after the newest one.
-        let newest = (0..BTRFS_NUM_BACKUP_ROOTS).max_by_key(|&i| sb.super_roots[i].tree_root_gen.get()).unwrap_or(0);
-        let slot = if sb.super_roots[newest].tree_root_gen.get() == self.transid { newest } else { (newest + 1) % BTRFS_NUM_BACKUP_ROOTS };
+        let newest = (0..BTRFS_NUM_BACKUP_ROOTS)
+            .max_by_key(|&i| sb.super_roots[i].tree_root_gen.get())
+            .unwrap_or(0);
+        let slot = if sb.super_roots[newest].tree_root_gen.get() == self.transid {
+            newest
+        } else {
+            (newest + 1) % BTRFS_NUM_BACKUP_ROOTS
+        };
         let mut b: RootBackup = sb.super_roots[slot];
         b.tree_root.set(sb.root.get());
         b.tree_root_gen.set(self.transid);
@@ -259,7 +303,12 @@ impl Store {
     /// (tree id, bytenr, generation, level) of the trees backup roots record.
     fn backup_tree_roots(&mut self) -> Result<Vec<(u64, u64, u64, u8)>> {
         let mut out = Vec::new();
-        for id in [BTRFS_EXTENT_TREE_OBJECTID, BTRFS_FS_TREE_OBJECTID, BTRFS_DEV_TREE_OBJECTID, BTRFS_CSUM_TREE_OBJECTID] {
+        for id in [
+            BTRFS_EXTENT_TREE_OBJECTID,
+            BTRFS_FS_TREE_OBJECTID,
+            BTRFS_DEV_TREE_OBJECTID,
+            BTRFS_CSUM_TREE_OBJECTID,
+        ] {
             if !self.tree_exists(id)? {
                 continue;
             }

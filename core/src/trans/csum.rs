@@ -4,9 +4,9 @@
 //! (as the kernel merges), up to what a leaf can hold; deletes trim or split
 //! items.
 
+use super::{Store, TreeId};
 use crate::format::consts::*;
 use crate::format::key::Key;
-use super::{Store, TreeId};
 use crate::Result;
 
 const CSUM_TREE: TreeId = TreeId::Tree(BTRFS_CSUM_TREE_OBJECTID);
@@ -15,7 +15,9 @@ impl Store {
     /// Largest csum item body, in bytes of checksums, a leaf takes.
     fn max_csum_item(&self) -> usize {
         let cs = self.image().csum.size();
-        let room = self.nodesize() as usize - crate::format::header::HEADER_SIZE - 2 * crate::format::header::ITEM_SIZE;
+        let room = self.nodesize() as usize
+            - crate::format::header::HEADER_SIZE
+            - 2 * crate::format::header::ITEM_SIZE;
         // Keep items well below a full leaf so neighbours still fit.
         (room / 2) / cs * cs
     }
@@ -78,7 +80,11 @@ impl Store {
             items.push(p);
         }
         let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, start);
-        let hi = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, end.saturating_sub(1));
+        let hi = Key::new(
+            BTRFS_EXTENT_CSUM_OBJECTID,
+            BTRFS_EXTENT_CSUM_KEY,
+            end.saturating_sub(1),
+        );
         for it in self.items_in(tree, lo, hi)? {
             if !items.iter().any(|(k, _)| *k == it.0) {
                 items.push(it);
@@ -97,7 +103,11 @@ impl Store {
             }
             if iend > end {
                 let skip = ((end - istart) / ss) as usize * cs;
-                self.insert_item(tree, &Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, end), &d[skip..])?;
+                self.insert_item(
+                    tree,
+                    &Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, end),
+                    &d[skip..],
+                )?;
             }
         }
         Ok(())
@@ -115,7 +125,11 @@ impl Store {
             items.push(p);
         }
         let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, start);
-        let hi = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, (start + len).saturating_sub(1));
+        let hi = Key::new(
+            BTRFS_EXTENT_CSUM_OBJECTID,
+            BTRFS_EXTENT_CSUM_KEY,
+            (start + len).saturating_sub(1),
+        );
         items.extend(self.items_in(CSUM_TREE, lo, hi)?);
         for (k, d) in items {
             for (i, c) in d.chunks_exact(cs).enumerate() {

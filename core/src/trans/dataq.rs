@@ -50,7 +50,11 @@ impl DataQueue {
                 v.extend_from_slice(data);
                 let mut owners = FastMap::default();
                 owners.insert(owner, ());
-                self.runs.push_back(Run { phys, data: v, owners });
+                self.runs.push_back(Run {
+                    phys,
+                    data: v,
+                    owners,
+                });
             }
         }
         self.bytes += data.len();
@@ -77,7 +81,10 @@ impl DataQueue {
 
     /// The runs holding data of `owner`.
     pub fn take_owner(&mut self, owner: Owner) -> Vec<Run> {
-        let (mine, rest): (Vec<Run>, Vec<Run>) = self.runs.drain(..).partition(|r| r.owners.contains_key(&owner));
+        let (mine, rest): (Vec<Run>, Vec<Run>) = self
+            .runs
+            .drain(..)
+            .partition(|r| r.owners.contains_key(&owner));
         self.runs = rest.into();
         self.bytes = self.runs.iter().map(|r| r.data.len()).sum();
         mine
@@ -85,7 +92,10 @@ impl DataQueue {
 
     /// The runs meeting `[phys, end)`.
     pub fn take_overlapping(&mut self, phys: u64, end: u64) -> Vec<Run> {
-        let (hit, rest): (Vec<Run>, Vec<Run>) = self.runs.drain(..).partition(|r| r.phys < end && phys < r.end());
+        let (hit, rest): (Vec<Run>, Vec<Run>) = self
+            .runs
+            .drain(..)
+            .partition(|r| r.phys < end && phys < r.end());
         self.runs = rest.into();
         self.bytes = self.runs.iter().map(|r| r.data.len()).sum();
         hit
@@ -104,7 +114,8 @@ impl DataQueue {
         for r in &self.runs {
             let (s, e) = (phys.max(r.phys), end.min(r.end()));
             if s < e {
-                buf[(s - phys) as usize..(e - phys) as usize].copy_from_slice(&r.data[(s - r.phys) as usize..(e - r.phys) as usize]);
+                buf[(s - phys) as usize..(e - phys) as usize]
+                    .copy_from_slice(&r.data[(s - r.phys) as usize..(e - r.phys) as usize]);
             }
         }
     }

@@ -26,7 +26,11 @@ pub enum BackRef {
     SharedTree { parent: u64 },
     /// A data extent referenced by file extent items of (root, inode) at
     /// file offset minus extent offset.
-    Data { root: u64, objectid: u64, offset: u64 },
+    Data {
+        root: u64,
+        objectid: u64,
+        offset: u64,
+    },
     /// A data extent referenced from a full-backref leaf.
     SharedData { parent: u64 },
 }
@@ -37,7 +41,16 @@ impl BackRef {
         match *self {
             BackRef::Tree { root } => InlineRef::TreeBlock { root },
             BackRef::SharedTree { parent } => InlineRef::SharedBlock { parent },
-            BackRef::Data { root, objectid, offset } => InlineRef::ExtentData { root, objectid, offset, count },
+            BackRef::Data {
+                root,
+                objectid,
+                offset,
+            } => InlineRef::ExtentData {
+                root,
+                objectid,
+                offset,
+                count,
+            },
             BackRef::SharedData { parent } => InlineRef::SharedData { parent, count },
         }
     }
@@ -47,7 +60,16 @@ impl BackRef {
         Some(match *r {
             InlineRef::TreeBlock { root } => BackRef::Tree { root },
             InlineRef::SharedBlock { parent } => BackRef::SharedTree { parent },
-            InlineRef::ExtentData { root, objectid, offset, .. } => BackRef::Data { root, objectid, offset },
+            InlineRef::ExtentData {
+                root,
+                objectid,
+                offset,
+                ..
+            } => BackRef::Data {
+                root,
+                objectid,
+                offset,
+            },
             InlineRef::SharedData { parent, .. } => BackRef::SharedData { parent },
             InlineRef::Owner { .. } => return None,
         })
@@ -92,7 +114,12 @@ pub struct DelayedRefs {
 
 impl DelayedRefs {
     fn head(&mut self, bytenr: u64, num_bytes: u64, level: Option<u8>) -> &mut RefHead {
-        self.heads.entry(bytenr).or_insert_with(|| RefHead { num_bytes, level, new: None, refs: BTreeMap::new() })
+        self.heads.entry(bytenr).or_insert_with(|| RefHead {
+            num_bytes,
+            level,
+            new: None,
+            refs: BTreeMap::new(),
+        })
     }
 
     /// Queue `delta` on one back reference of an existing (or new) extent.
@@ -106,7 +133,14 @@ impl DelayedRefs {
     }
 
     /// Queue a new extent with its first reference.
-    pub fn add_new(&mut self, bytenr: u64, num_bytes: u64, level: Option<u8>, new: NewExtent, r: BackRef) {
+    pub fn add_new(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        level: Option<u8>,
+        new: NewExtent,
+        r: BackRef,
+    ) {
         let h = self.head(bytenr, num_bytes, level);
         h.new = Some(new);
         h.num_bytes = num_bytes;
@@ -148,12 +182,20 @@ mod tests {
     #[test]
     fn drop_and_readd_merge_to_nothing() {
         let mut d = DelayedRefs::default();
-        let r = BackRef::Data { root: 5, objectid: 257, offset: 0 };
+        let r = BackRef::Data {
+            root: 5,
+            objectid: 257,
+            offset: 0,
+        };
         d.add(4096, 8192, None, r, -1);
         d.add(4096, 8192, None, r, 1);
         assert_eq!(d.delta(4096), 0);
         assert!(d.get(4096).is_some_and(|h| h.refs.is_empty()));
-        let n = NewExtent { generation: 7, flags: 1, first_key: Key::MIN };
+        let n = NewExtent {
+            generation: 7,
+            flags: 1,
+            first_key: Key::MIN,
+        };
         d.add_new(1 << 20, 4096, Some(0), n, BackRef::Tree { root: 5 });
         assert_eq!(d.delta(1 << 20), 1);
         assert_eq!(d.take_all().len(), 2);

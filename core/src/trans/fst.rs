@@ -32,20 +32,31 @@ impl Store {
 
     /// Bring the free space tree entries of group `start` up to date.
     pub(super) fn update_fst_group(&mut self, start: u64) -> Result<()> {
-        let Some(g) = self.alloc.groups.get(&start) else { return Ok(()) };
+        let Some(g) = self.alloc.groups.get(&start) else {
+            return Ok(());
+        };
         let (length, was_bitmaps) = (g.length, g.fst_bitmaps);
         let want = g.fst_free();
         let count = want.len() as u64;
         let (low, high) = self.fst_thresholds(length);
-        let bitmaps = if was_bitmaps { count >= low } else { count > high };
+        let bitmaps = if was_bitmaps {
+            count >= low
+        } else {
+            count > high
+        };
         let end = start + length;
         // Current entries (everything keyed inside the group but the info).
-        let existing = self.items_in(FST, Key::new(start, BTRFS_FREE_SPACE_INFO_KEY + 1, 0), Key::new(end - 1, u8::MAX, u64::MAX))?;
+        let existing = self.items_in(
+            FST,
+            Key::new(start, BTRFS_FREE_SPACE_INFO_KEY + 1, 0),
+            Key::new(end - 1, u8::MAX, u64::MAX),
+        )?;
         let ss = self.sectorsize() as u64;
         if !bitmaps {
             // Delete stale entries (all bitmaps, and extents not wanted exactly).
             for (k, _) in &existing {
-                let keep = k.ty == BTRFS_FREE_SPACE_EXTENT_KEY && is_whole(&want, k.objectid, k.objectid + k.offset);
+                let keep = k.ty == BTRFS_FREE_SPACE_EXTENT_KEY
+                    && is_whole(&want, k.objectid, k.objectid + k.offset);
                 if !keep {
                     self.delete_item(FST, k)?;
                 }
@@ -74,7 +85,10 @@ impl Store {
                     }
                 }
                 let k = Key::new(s, BTRFS_FREE_SPACE_BITMAP_KEY, len);
-                let cur = existing.iter().find(|(ek, _)| *ek == k).map(|(_, d)| d.clone());
+                let cur = existing
+                    .iter()
+                    .find(|(ek, _)| *ek == k)
+                    .map(|(_, d)| d.clone());
                 if cur.as_deref() != Some(&bm[..]) {
                     self.update_item(FST, &k, &bm)?;
                 }
@@ -83,9 +97,18 @@ impl Store {
         }
         let info = FreeSpaceInfo {
             extent_count: (count as u32).into(),
-            flags: (if bitmaps { BTRFS_FREE_SPACE_USING_BITMAPS } else { 0 }).into(),
+            flags: (if bitmaps {
+                BTRFS_FREE_SPACE_USING_BITMAPS
+            } else {
+                0
+            })
+            .into(),
         };
-        self.update_item(FST, &Key::new(start, BTRFS_FREE_SPACE_INFO_KEY, length), info.as_bytes())?;
+        self.update_item(
+            FST,
+            &Key::new(start, BTRFS_FREE_SPACE_INFO_KEY, length),
+            info.as_bytes(),
+        )?;
         if let Some(g) = self.alloc.groups.get_mut(&start) {
             g.fst_bitmaps = bitmaps;
         }

@@ -37,7 +37,16 @@ impl Store {
 
     /// Subvolumes with a log tree in this transaction.
     pub fn logged_subvols(&self) -> Vec<u64> {
-        self.roots.keys().filter_map(|t| if let TreeId::Log(s) = t { Some(*s) } else { None }).collect()
+        self.roots
+            .keys()
+            .filter_map(|t| {
+                if let TreeId::Log(s) = t {
+                    Some(*s)
+                } else {
+                    None
+                }
+            })
+            .collect()
     }
 
     /// The log tree of `subvol`, created (with the log root tree) on first
@@ -64,14 +73,31 @@ impl Store {
         }
         // The log tree's root item, as it stands now, in the log root tree.
         for t in [TreeId::Log(subvol)] {
-            let Some(st) = self.roots.get(&t).cloned() else { continue };
-            let RootState { bytenr, level, item: Some((key, mut ri)), .. } = st else { continue };
-            let node_gen = self.cache.get(bytenr).map(|b| u64::from_le_bytes(b[0x50..0x58].try_into().unwrap_or([0; 8]))).unwrap_or(self.transid);
+            let Some(st) = self.roots.get(&t).cloned() else {
+                continue;
+            };
+            let RootState {
+                bytenr,
+                level,
+                item: Some((key, mut ri)),
+                ..
+            } = st
+            else {
+                continue;
+            };
+            let node_gen = self
+                .cache
+                .get(bytenr)
+                .map(|b| u64::from_le_bytes(b[0x50..0x58].try_into().unwrap_or([0; 8])))
+                .unwrap_or(self.transid);
             ri.bytenr.set(bytenr);
             ri.level = level;
             ri.generation.set(node_gen);
             ri.generation_v2.set(node_gen);
-            if let Some(RootState { item: Some((_, r)), .. }) = self.roots.get_mut(&t) {
+            if let Some(RootState {
+                item: Some((_, r)), ..
+            }) = self.roots.get_mut(&t)
+            {
                 *r = ri;
             }
             self.update_item(TreeId::LogRoot, &key, ri.as_bytes())?;
@@ -81,7 +107,10 @@ impl Store {
         self.write_blocks(&|t: TreeId| t == TreeId::Log(subvol) || t == TreeId::LogRoot)?;
         self.flush_device()?;
         let (log_root, log_level) = {
-            let st = self.roots.get(&TreeId::LogRoot).ok_or_else(|| Error::Invalid("log root tree".into()))?;
+            let st = self
+                .roots
+                .get(&TreeId::LogRoot)
+                .ok_or_else(|| Error::Invalid("log root tree".into()))?;
             (st.bytenr, st.level)
         };
         // The superblock of the last commit, naming the log; only the

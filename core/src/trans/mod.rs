@@ -165,13 +165,21 @@ pub struct Store {
 impl Store {
     /// Open a writable filesystem on `dev`.
     pub fn open(dev: Arc<dyn BlockDevice>) -> Result<Store> {
-        let img = Image::open(dev, crate::image::OpenOptions { writable: true, ..Default::default() })?;
+        let img = Image::open(
+            dev,
+            crate::image::OpenOptions {
+                writable: true,
+                ..Default::default()
+            },
+        )?;
         Store::from_image(img)
     }
 
     pub fn from_image(img: Image) -> Result<Store> {
         if img.sb.log_root.get() != 0 {
-            return Err(Error::Unsupported("the filesystem has a log tree to replay; replay it before writing".into()));
+            return Err(Error::Unsupported(
+                "the filesystem has a log tree to replay; replay it before writing".into(),
+            ));
         }
         Store::from_image_any(img)
     }
@@ -179,7 +187,13 @@ impl Store {
     /// Open a filesystem whose log is about to be replayed: the log's blocks
     /// must be pinned (see `pin_range`) before anything is allocated.
     pub fn open_for_replay(dev: Arc<dyn BlockDevice>) -> Result<Store> {
-        let img = Image::open(dev, crate::image::OpenOptions { writable: true, ..Default::default() })?;
+        let img = Image::open(
+            dev,
+            crate::image::OpenOptions {
+                writable: true,
+                ..Default::default()
+            },
+        )?;
         Store::from_image_any(img)
     }
 
@@ -187,15 +201,26 @@ impl Store {
     /// durable, without an extent item (log blocks during replay). Fails when
     /// the range is not free space of a block group.
     pub fn pin_range(&mut self, start: u64, len: u64) -> Result<()> {
-        let g = self.alloc.group_of_mut(start).ok_or_else(|| Error::corrupt(format!("log block {start} outside every block group"), start))?;
+        let g = self.alloc.group_of_mut(start).ok_or_else(|| {
+            Error::corrupt(
+                format!("log block {start} outside every block group"),
+                start,
+            )
+        })?;
         if start + len > g.end() {
-            return Err(Error::corrupt(format!("log block {start}+{len} crosses the end of its block group"), start));
+            return Err(Error::corrupt(
+                format!("log block {start}+{len} crosses the end of its block group"),
+                start,
+            ));
         }
         if g.pinned.contains(start, start + len) {
             return Ok(());
         }
         if !g.free.contains(start, start + len) {
-            return Err(Error::corrupt(format!("log block {start} overlaps allocated space"), start));
+            return Err(Error::corrupt(
+                format!("log block {start} overlaps allocated space"),
+                start,
+            ));
         }
         g.free.remove(start, start + len);
         g.pinned.insert(start, start + len);
@@ -205,13 +230,21 @@ impl Store {
     /// A data extent written in the crashed transaction becomes allocated:
     /// it was pinned while the log was read, or is still free.
     pub fn account_data_extent(&mut self, start: u64, len: u64) -> Result<()> {
-        let g = self.alloc.group_of_mut(start).ok_or_else(|| Error::corrupt(format!("logged data extent {start}+{len} outside every block group"), start))?;
+        let g = self.alloc.group_of_mut(start).ok_or_else(|| {
+            Error::corrupt(
+                format!("logged data extent {start}+{len} outside every block group"),
+                start,
+            )
+        })?;
         if g.pinned.contains(start, start + len) {
             g.pinned.remove(start, start + len);
         } else if g.free.contains(start, start + len) {
             g.free.remove(start, start + len);
         } else {
-            return Err(Error::corrupt(format!("logged data extent {start}+{len} overlaps allocated space"), start));
+            return Err(Error::corrupt(
+                format!("logged data extent {start}+{len} overlaps allocated space"),
+                start,
+            ));
         }
         g.used += len;
         g.dirty = true;
@@ -295,7 +328,8 @@ impl Store {
                 }
                 continue;
             }
-            let bgi: &crate::format::block_group::BlockGroupItem = crate::format::view(&data, "block group item")?;
+            let bgi: &crate::format::block_group::BlockGroupItem =
+                crate::format::view(&data, "block group item")?;
             let (start, length) = (key.objectid, key.offset);
             let mut g = BlockGroup {
                 start,
@@ -328,19 +362,27 @@ impl Store {
                 BTRFS_METADATA_ITEM_KEY => ns,
                 _ => continue,
             };
-            let g = self
-                .alloc
-                .group_of_mut(key.objectid)
-                .ok_or_else(|| Error::corrupt_key("extent outside every block group", key.objectid, key))?;
+            let g = self.alloc.group_of_mut(key.objectid).ok_or_else(|| {
+                Error::corrupt_key("extent outside every block group", key.objectid, key)
+            })?;
             g.free.remove(key.objectid, key.objectid + len);
             g.used += len;
         }
         // Free space tree format per group.
         if self.has_fst() {
-            let starts: Vec<(u64, u64)> = self.alloc.groups.values().map(|g| (g.start, g.length)).collect();
+            let starts: Vec<(u64, u64)> = self
+                .alloc
+                .groups
+                .values()
+                .map(|g| (g.start, g.length))
+                .collect();
             for (s, l) in starts {
-                if let Some(d) = self.lookup(BTRFS_FREE_SPACE_TREE_OBJECTID, &Key::new(s, BTRFS_FREE_SPACE_INFO_KEY, l))? {
-                    let fi: &crate::format::free_space::FreeSpaceInfo = crate::format::view(&d, "free space info")?;
+                if let Some(d) = self.lookup(
+                    BTRFS_FREE_SPACE_TREE_OBJECTID,
+                    &Key::new(s, BTRFS_FREE_SPACE_INFO_KEY, l),
+                )? {
+                    let fi: &crate::format::free_space::FreeSpaceInfo =
+                        crate::format::view(&d, "free space info")?;
                     if let Some(g) = self.alloc.groups.get_mut(&s) {
                         g.fst_bitmaps = fi.flags.get() & BTRFS_FREE_SPACE_USING_BITMAPS != 0;
                     }
@@ -356,22 +398,46 @@ impl Store {
         let id = id.into();
         if !self.roots.contains_key(&id) {
             let st = match id {
-                TreeId::Root => RootState { id, bytenr: self.sb.root.get(), level: self.sb.root_level, item: None, dirty: false },
-                TreeId::Chunk => RootState { id, bytenr: self.sb.chunk_root.get(), level: self.sb.chunk_root_level, item: None, dirty: false },
+                TreeId::Root => RootState {
+                    id,
+                    bytenr: self.sb.root.get(),
+                    level: self.sb.root_level,
+                    item: None,
+                    dirty: false,
+                },
+                TreeId::Chunk => RootState {
+                    id,
+                    bytenr: self.sb.chunk_root.get(),
+                    level: self.sb.chunk_root_level,
+                    item: None,
+                    dirty: false,
+                },
                 TreeId::Tree(n) => {
                     let start = Key::new(n, BTRFS_ROOT_ITEM_KEY, 0);
                     let (key, data) = match self.next_item(TreeId::Root, &start)? {
                         Some((k, d)) if k.objectid == n && k.ty == BTRFS_ROOT_ITEM_KEY => (k, d),
-                        _ => return Err(Error::Invalid(format!("tree {} does not exist", n as i64))),
+                        _ => {
+                            return Err(Error::Invalid(format!("tree {} does not exist", n as i64)))
+                        }
                     };
                     let ri = RootItem::parse(&data).map_err(|e| e.at(0, key))?;
-                    RootState { id, bytenr: ri.bytenr.get(), level: ri.level, item: Some((key, ri)), dirty: false }
+                    RootState {
+                        id,
+                        bytenr: ri.bytenr.get(),
+                        level: ri.level,
+                        item: Some((key, ri)),
+                        dirty: false,
+                    }
                 }
-                TreeId::LogRoot | TreeId::Log(_) => return Err(Error::Invalid(format!("{id:?} does not exist"))),
+                TreeId::LogRoot | TreeId::Log(_) => {
+                    return Err(Error::Invalid(format!("{id:?} does not exist")))
+                }
             };
             self.roots.insert(id, st);
         }
-        self.roots.get(&id).ok_or_else(|| Error::Invalid("root state".into()))
+        self.roots
+            .get(&id)
+            .ok_or_else(|| Error::Invalid("root state".into()))
     }
 
     pub fn tree_exists(&mut self, id: impl Into<TreeId>) -> Result<bool> {
@@ -387,19 +453,32 @@ impl Store {
         if self.cache.contains(bytenr) {
             return Ok(());
         }
-        let node = self.img.read_tree_block(bytenr, &Expect { owner: Some(tree.owner()), ..expect }, tree.is_log())?;
+        let node = self.img.read_tree_block(
+            bytenr,
+            &Expect {
+                owner: Some(tree.owner()),
+                ..expect
+            },
+            tree.is_log(),
+        )?;
         self.cache.insert_clean(bytenr, node.into_vec());
         Ok(())
     }
 
     fn buf(&self, bytenr: u64) -> Result<&Vec<u8>> {
-        self.cache.get(bytenr).ok_or_else(|| Error::Invalid(format!("block {bytenr} not loaded")))
+        self.cache
+            .get(bytenr)
+            .ok_or_else(|| Error::Invalid(format!("block {bytenr} not loaded")))
     }
     fn buf_mut(&mut self, bytenr: u64) -> Result<&mut Vec<u8>> {
         if !self.cache.is_dirty(bytenr) {
-            return Err(Error::Invalid(format!("block {bytenr} modified without CoW")));
+            return Err(Error::Invalid(format!(
+                "block {bytenr} modified without CoW"
+            )));
         }
-        self.cache.get_dirty_mut(bytenr).ok_or_else(|| Error::Invalid(format!("block {bytenr} not loaded")))
+        self.cache
+            .get_dirty_mut(bytenr)
+            .ok_or_else(|| Error::Invalid(format!("block {bytenr} not loaded")))
     }
 
     /// Allocate a new tree block for `tree` at `level` and queue its ref.
@@ -407,15 +486,33 @@ impl Store {
     /// (replay pins them instead).
     fn alloc_tree_block(&mut self, tree: TreeId, level: u8, first_key: Key) -> Result<u64> {
         let ns = self.nodesize() as u64;
-        let ty = if tree == TreeId::Chunk { BTRFS_BLOCK_GROUP_SYSTEM } else { BTRFS_BLOCK_GROUP_METADATA };
+        let ty = if tree == TreeId::Chunk {
+            BTRFS_BLOCK_GROUP_SYSTEM
+        } else {
+            BTRFS_BLOCK_GROUP_METADATA
+        };
         let bytenr = self.alloc_space(ty, ns, ns, !tree.is_log())?;
         if tree.is_log() {
             self.log_blocks.insert(bytenr, false);
         } else {
-            let new = delayed::NewExtent { generation: self.transid, flags: BTRFS_EXTENT_FLAG_TREE_BLOCK, first_key };
-            self.delayed.add_new(bytenr, ns, Some(level), new, delayed::BackRef::Tree { root: tree.id() });
+            let new = delayed::NewExtent {
+                generation: self.transid,
+                flags: BTRFS_EXTENT_FLAG_TREE_BLOCK,
+                first_key,
+            };
+            self.delayed.add_new(
+                bytenr,
+                ns,
+                Some(level),
+                new,
+                delayed::BackRef::Tree { root: tree.id() },
+            );
         }
-        if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tree) {
+        if let Some(RootState {
+            item: Some((_, ri)),
+            ..
+        }) = self.roots.get_mut(&tree)
+        {
             ri.bytes_used.set(ri.bytes_used.get() + ns);
         }
         Ok(bytenr)
@@ -435,10 +532,20 @@ impl Store {
             self.delayed.remove(bytenr);
             self.alloc.release(bytenr, ns, false)?;
         } else {
-            self.delayed.add(bytenr, ns, Some(level), delayed::BackRef::Tree { root: tree.id() }, -1);
+            self.delayed.add(
+                bytenr,
+                ns,
+                Some(level),
+                delayed::BackRef::Tree { root: tree.id() },
+                -1,
+            );
         }
         self.cache.remove(bytenr);
-        if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tree) {
+        if let Some(RootState {
+            item: Some((_, ri)),
+            ..
+        }) = self.roots.get_mut(&tree)
+        {
             ri.bytes_used.set(ri.bytes_used.get().saturating_sub(ns));
         }
         Ok(())
@@ -454,11 +561,23 @@ impl Store {
         let level = crate::tree::edit::level(&buf);
         let hdr_gen = u64::from_le_bytes(buf[0x50..0x58].try_into().unwrap_or([0; 8]));
         let maybe_shared = match (tree, self.roots.get(&tree)) {
-            (TreeId::Tree(id), Some(RootState { item: Some((_, ri)), .. })) => is_fstree(id) && hdr_gen <= ri.last_snapshot.get(),
+            (
+                TreeId::Tree(id),
+                Some(RootState {
+                    item: Some((_, ri)),
+                    ..
+                }),
+            ) => is_fstree(id) && hdr_gen <= ri.last_snapshot.get(),
             _ => false,
         };
-        let still_used = maybe_shared && self.tree_block_shared(bytenr, level)? && self.cow_shared_refs(tree, bytenr, &buf)?;
-        let first_key = if crate::tree::edit::nritems(&buf) > 0 { crate::tree::edit::key_at(&buf, 0) } else { Key::MIN };
+        let still_used = maybe_shared
+            && self.tree_block_shared(bytenr, level)?
+            && self.cow_shared_refs(tree, bytenr, &buf)?;
+        let first_key = if crate::tree::edit::nritems(&buf) > 0 {
+            crate::tree::edit::key_at(&buf, 0)
+        } else {
+            Key::MIN
+        };
         let nb = self.alloc_tree_block(tree, level, first_key)?;
         let mut nbuf = buf;
         crate::tree::edit::set_header_location(&mut nbuf, nb, self.transid, tree.owner());
@@ -466,8 +585,13 @@ impl Store {
             // Other trees keep the old block; only this tree's reference
             // went (in cow_shared_refs).
             self.cache.remove(bytenr);
-            if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tree) {
-                ri.bytes_used.set(ri.bytes_used.get().saturating_sub(self.img.nodesize as u64));
+            if let Some(RootState {
+                item: Some((_, ri)),
+                ..
+            }) = self.roots.get_mut(&tree)
+            {
+                ri.bytes_used
+                    .set(ri.bytes_used.get().saturating_sub(self.img.nodesize as u64));
             }
         } else {
             self.free_tree_block(tree, bytenr, level)?;
@@ -488,13 +612,24 @@ impl Store {
         let nb = self.alloc_tree_block(tree, level, first_key)?;
         let mut buf = vec![0u8; self.nodesize() as usize];
         let fsid = self.sb.tree_fsid();
-        crate::tree::edit::init_block(&mut buf, nb, level, tree.owner(), self.transid, &fsid, &self.chunk_tree_uuid);
+        crate::tree::edit::init_block(
+            &mut buf,
+            nb,
+            level,
+            tree.owner(),
+            self.transid,
+            &fsid,
+            &self.chunk_tree_uuid,
+        );
         self.cache.insert_dirty(nb, tree, buf);
         Ok(nb)
     }
 
     fn set_root(&mut self, tree: TreeId, bytenr: u64, level: u8) -> Result<()> {
-        let st = self.roots.get_mut(&tree).ok_or_else(|| Error::Invalid("root not loaded".into()))?;
+        let st = self
+            .roots
+            .get_mut(&tree)
+            .ok_or_else(|| Error::Invalid("root not loaded".into()))?;
         st.bytenr = bytenr;
         st.level = level;
         st.dirty = true;
@@ -508,7 +643,16 @@ impl Store {
             return Err(Error::Invalid(format!("tree {id} exists")));
         }
         let key = Key::new(id, BTRFS_ROOT_ITEM_KEY, 0);
-        self.roots.insert(tid, RootState { id: tid, bytenr: 0, level: 0, item: Some((key, root_item)), dirty: true });
+        self.roots.insert(
+            tid,
+            RootState {
+                id: tid,
+                bytenr: 0,
+                level: 0,
+                item: Some((key, root_item)),
+                dirty: true,
+            },
+        );
         let b = self.new_block(tid, 0, Key::MIN)?;
         self.set_root(tid, b, 0)?;
         // The root item is inserted at commit with the final location.
@@ -520,14 +664,27 @@ impl Store {
     /// Create an empty log tree (`TreeId::Log`, with the root item it gets
     /// in the log root tree) or the log root tree. Its blocks have no
     /// extent items; the commit drops it.
-    pub fn create_log_tree(&mut self, id: TreeId, root_item: Option<(Key, RootItem)>) -> Result<()> {
+    pub fn create_log_tree(
+        &mut self,
+        id: TreeId,
+        root_item: Option<(Key, RootItem)>,
+    ) -> Result<()> {
         if !id.is_log() {
             return Err(Error::Invalid(format!("{id:?} is not a log tree")));
         }
         if self.roots.contains_key(&id) {
             return Err(Error::Invalid(format!("{id:?} exists")));
         }
-        self.roots.insert(id, RootState { id, bytenr: 0, level: 0, item: root_item, dirty: true });
+        self.roots.insert(
+            id,
+            RootState {
+                id,
+                bytenr: 0,
+                level: 0,
+                item: root_item,
+                dirty: true,
+            },
+        );
         let b = self.new_block(id, 0, Key::MIN)?;
         self.set_root(id, b, 0)
     }
@@ -543,7 +700,9 @@ impl Store {
         if !id.is_log() {
             return Err(Error::Invalid(format!("{id:?} is not a log tree")));
         }
-        let Some(st) = self.roots.remove(&id) else { return Ok(()) };
+        let Some(st) = self.roots.remove(&id) else {
+            return Ok(());
+        };
         // Every reachable block of the tree: dirty ones are in the cache,
         // written ones are read back to find their children.
         let ns = self.nodesize() as u64;
@@ -555,7 +714,14 @@ impl Store {
                 return Err(Error::corrupt("log tree does not end", b));
             }
             if level > 0 {
-                self.load(id, b, Expect { level: Some(level), ..Expect::default() })?;
+                self.load(
+                    id,
+                    b,
+                    Expect {
+                        level: Some(level),
+                        ..Expect::default()
+                    },
+                )?;
                 let buf = self.buf(b)?;
                 for i in 0..crate::tree::edit::nritems(buf) {
                     stack.push((crate::tree::edit::node_ptr(buf, i).0, level - 1));
@@ -631,7 +797,10 @@ impl Store {
     pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
         self.img.read_logical(bytenr, buf)?;
         if !self.dataq.is_empty() {
-            let phys = self.img.chunks.map(bytenr, buf.len() as u64, self.img.devid)?;
+            let phys = self
+                .img
+                .chunks
+                .map(bytenr, buf.len() as u64, self.img.devid)?;
             self.dataq.overlay(phys[0], buf);
         }
         Ok(())

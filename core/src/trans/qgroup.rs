@@ -46,7 +46,11 @@ pub struct Qgroups {
 /// Whether a changed extent can count in some qgroup: data, or a tree
 /// block of a subvolume (directly or through a shared parent).
 fn may_count(head: &RefHead) -> bool {
-    head.level.is_none() || head.refs.keys().any(|r| matches!(r, BackRef::Tree { root } if is_fstree(*root)) || matches!(r, BackRef::SharedTree { .. }))
+    head.level.is_none()
+        || head.refs.keys().any(|r| {
+            matches!(r, BackRef::Tree { root } if is_fstree(*root))
+                || matches!(r, BackRef::SharedTree { .. })
+        })
 }
 
 impl Store {
@@ -56,20 +60,44 @@ impl Store {
             return Ok(());
         }
         let status_key = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);
-        let Some(d) = self.lookup(QUOTA_TREE, &status_key)? else { return Ok(()) };
-        let st = QgroupStatusItem::read_from_prefix(&d).map_err(|_| Error::corrupt_key("qgroup status item size", 0, status_key))?.0;
+        let Some(d) = self.lookup(QUOTA_TREE, &status_key)? else {
+            return Ok(());
+        };
+        let st = QgroupStatusItem::read_from_prefix(&d)
+            .map_err(|_| Error::corrupt_key("qgroup status item size", 0, status_key))?
+            .0;
         if st.flags.get() & BTRFS_QGROUP_STATUS_FLAG_ON == 0 {
             return Ok(());
         }
-        let mut q = Qgroups { enabled: true, ..Default::default() };
-        for (k, d) in self.items_in(QUOTA_TREE, Key::new(0, BTRFS_QGROUP_INFO_KEY, 0), Key::new(0, BTRFS_QGROUP_INFO_KEY, u64::MAX))? {
-            let i = QgroupInfoItem::read_from_bytes(&d).map_err(|_| Error::corrupt_key("qgroup info item size", 0, k))?;
-            q.groups.insert(k.offset, Counts { rfer: i.rfer.get(), rfer_cmpr: i.rfer_cmpr.get(), excl: i.excl.get(), excl_cmpr: i.excl_cmpr.get() });
+        let mut q = Qgroups {
+            enabled: true,
+            ..Default::default()
+        };
+        for (k, d) in self.items_in(
+            QUOTA_TREE,
+            Key::new(0, BTRFS_QGROUP_INFO_KEY, 0),
+            Key::new(0, BTRFS_QGROUP_INFO_KEY, u64::MAX),
+        )? {
+            let i = QgroupInfoItem::read_from_bytes(&d)
+                .map_err(|_| Error::corrupt_key("qgroup info item size", 0, k))?;
+            q.groups.insert(
+                k.offset,
+                Counts {
+                    rfer: i.rfer.get(),
+                    rfer_cmpr: i.rfer_cmpr.get(),
+                    excl: i.excl.get(),
+                    excl_cmpr: i.excl_cmpr.get(),
+                },
+            );
         }
         // Relations are stored both ways; (child, RELATION, parent) has
         // the child first (child < parent as qgroup ids: parents have a
         // higher level).
-        for (k, _) in self.items_in(QUOTA_TREE, Key::new(0, BTRFS_QGROUP_RELATION_KEY, 0), Key::new(u64::MAX, BTRFS_QGROUP_RELATION_KEY, u64::MAX))? {
+        for (k, _) in self.items_in(
+            QUOTA_TREE,
+            Key::new(0, BTRFS_QGROUP_RELATION_KEY, 0),
+            Key::new(u64::MAX, BTRFS_QGROUP_RELATION_KEY, u64::MAX),
+        )? {
             if k.ty == BTRFS_QGROUP_RELATION_KEY && k.objectid < k.offset {
                 q.parents.entry(k.objectid).or_default().insert(k.offset);
             }
@@ -81,7 +109,10 @@ impl Store {
     /// Note an extent whose references changed (its head is about to run).
     pub(super) fn qgroup_note_extent(&mut self, bytenr: u64, head: &RefHead) {
         if self.qgroups.enabled && may_count(head) {
-            self.qgroups.extents.entry(bytenr).or_insert((head.num_bytes, head.level));
+            self.qgroups
+                .extents
+                .entry(bytenr)
+                .or_insert((head.num_bytes, head.level));
         }
     }
 
@@ -103,9 +134,21 @@ impl Store {
         let mut changed = false;
         let transid = self.transid;
         for id in std::mem::take(&mut self.qgroups.dirty) {
-            let Some(c) = self.qgroups.groups.get(&id).copied() else { continue };
-            let item = QgroupInfoItem { generation: transid.into(), rfer: c.rfer.into(), rfer_cmpr: c.rfer_cmpr.into(), excl: c.excl.into(), excl_cmpr: c.excl_cmpr.into() };
-            self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_INFO_KEY, id), item.as_bytes())?;
+            let Some(c) = self.qgroups.groups.get(&id).copied() else {
+                continue;
+            };
+            let item = QgroupInfoItem {
+                generation: transid.into(),
+                rfer: c.rfer.into(),
+                rfer_cmpr: c.rfer_cmpr.into(),
+                excl: c.excl.into(),
+                excl_cmpr: c.excl_cmpr.into(),
+            };
+            self.update_item(
+                QUOTA_TREE,
+                &Key::new(0, BTRFS_QGROUP_INFO_KEY, id),
+                item.as_bytes(),
+            )?;
             changed = true;
         }
         if !self.qgroups.status_written {
@@ -135,11 +178,31 @@ impl Store {
     fn write_qgroup_items(&mut self, id: u64, limit: bool) -> Result<()> {
         let c = self.qgroups.groups.get(&id).copied().unwrap_or_default();
         let t = self.transid;
-        let item = QgroupInfoItem { generation: t.into(), rfer: c.rfer.into(), rfer_cmpr: c.rfer_cmpr.into(), excl: c.excl.into(), excl_cmpr: c.excl_cmpr.into() };
-        self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_INFO_KEY, id), item.as_bytes())?;
+        let item = QgroupInfoItem {
+            generation: t.into(),
+            rfer: c.rfer.into(),
+            rfer_cmpr: c.rfer_cmpr.into(),
+            excl: c.excl.into(),
+            excl_cmpr: c.excl_cmpr.into(),
+        };
+        self.update_item(
+            QUOTA_TREE,
+            &Key::new(0, BTRFS_QGROUP_INFO_KEY, id),
+            item.as_bytes(),
+        )?;
         if limit {
-            let z = crate::format::qgroup::QgroupLimitItem { flags: 0.into(), max_rfer: 0.into(), max_excl: 0.into(), rsv_rfer: 0.into(), rsv_excl: 0.into() };
-            self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, id), z.as_bytes())?;
+            let z = crate::format::qgroup::QgroupLimitItem {
+                flags: 0.into(),
+                max_rfer: 0.into(),
+                max_excl: 0.into(),
+                rsv_rfer: 0.into(),
+                rsv_excl: 0.into(),
+            };
+            self.update_item(
+                QUOTA_TREE,
+                &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, id),
+                z.as_bytes(),
+            )?;
         }
         Ok(())
     }
@@ -171,7 +234,15 @@ impl Store {
         }
         let ns = self.nodesize() as u64;
         let s = self.qgroups.groups.get(&src).copied().unwrap_or_default();
-        self.qgroups.groups.insert(dst, Counts { rfer: s.rfer, rfer_cmpr: s.rfer_cmpr, excl: ns, excl_cmpr: ns });
+        self.qgroups.groups.insert(
+            dst,
+            Counts {
+                rfer: s.rfer,
+                rfer_cmpr: s.rfer_cmpr,
+                excl: ns,
+                excl_cmpr: ns,
+            },
+        );
         if let Some(c) = self.qgroups.groups.get_mut(&src) {
             c.excl = ns;
             c.excl_cmpr = ns;
@@ -214,10 +285,18 @@ impl Store {
         let mut st = vec![0u8; crate::format::qgroup::QGROUP_STATUS_SIMPLE_SIZE];
         st[..8].copy_from_slice(&1u64.to_le_bytes());
         st[8..16].copy_from_slice(&t.to_le_bytes());
-        st[16..24].copy_from_slice(&(BTRFS_QGROUP_STATUS_FLAG_ON | BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT).to_le_bytes());
+        st[16..24].copy_from_slice(
+            &(BTRFS_QGROUP_STATUS_FLAG_ON | BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT).to_le_bytes(),
+        );
         self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0), &st)?;
-        self.qgroups = Qgroups { enabled: true, ..Default::default() };
-        for &id in subvols.iter().chain(std::iter::once(&BTRFS_FS_TREE_OBJECTID)) {
+        self.qgroups = Qgroups {
+            enabled: true,
+            ..Default::default()
+        };
+        for &id in subvols
+            .iter()
+            .chain(std::iter::once(&BTRFS_FS_TREE_OBJECTID))
+        {
             self.qgroups.groups.insert(id, Counts::default());
             self.write_qgroup_items(id, true)?;
         }
@@ -303,7 +382,9 @@ impl Qgroups {
             }
         }
         for (q, (o, n)) in counts {
-            let Some(c) = self.groups.get_mut(&q) else { continue };
+            let Some(c) = self.groups.get_mut(&q) else {
+                continue;
+            };
             let before = *c;
             if o == 0 && n > 0 {
                 c.rfer += num_bytes;
@@ -335,7 +416,10 @@ mod tests {
 
     #[test]
     fn exclusive_and_shared() {
-        let mut q = Qgroups { enabled: true, ..Default::default() };
+        let mut q = Qgroups {
+            enabled: true,
+            ..Default::default()
+        };
         q.groups.insert(5, Counts::default());
         q.groups.insert(256, Counts::default());
         let l1 = (1u64 << 48) | 1;

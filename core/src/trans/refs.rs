@@ -10,7 +10,9 @@
 use super::delayed::{BackRef, NewExtent, RefHead};
 use super::{Store, TreeId};
 use crate::format::consts::*;
-use crate::format::extent::{extent_data_ref_hash, parse_extent_item, write_inline_refs, ExtentDataRef, InlineRef};
+use crate::format::extent::{
+    extent_data_ref_hash, parse_extent_item, write_inline_refs, ExtentDataRef, InlineRef,
+};
 use crate::format::file_extent::{parse_file_extent, FileExtent};
 use crate::format::key::Key;
 use crate::tree::edit;
@@ -24,7 +26,20 @@ fn same_ref(a: &InlineRef, b: &InlineRef) -> bool {
     match (a, b) {
         (TreeBlock { root: x }, TreeBlock { root: y }) => x == y,
         (SharedBlock { parent: x }, SharedBlock { parent: y }) => x == y,
-        (ExtentData { root: r1, objectid: o1, offset: f1, .. }, ExtentData { root: r2, objectid: o2, offset: f2, .. }) => r1 == r2 && o1 == o2 && f1 == f2,
+        (
+            ExtentData {
+                root: r1,
+                objectid: o1,
+                offset: f1,
+                ..
+            },
+            ExtentData {
+                root: r2,
+                objectid: o2,
+                offset: f2,
+                ..
+            },
+        ) => r1 == r2 && o1 == o2 && f1 == f2,
         (SharedData { parent: x, .. }, SharedData { parent: y, .. }) => x == y,
         _ => false,
     }
@@ -32,7 +47,17 @@ fn same_ref(a: &InlineRef, b: &InlineRef) -> bool {
 
 fn with_count(r: &InlineRef, count: u32) -> InlineRef {
     match *r {
-        InlineRef::ExtentData { root, objectid, offset, .. } => InlineRef::ExtentData { root, objectid, offset, count },
+        InlineRef::ExtentData {
+            root,
+            objectid,
+            offset,
+            ..
+        } => InlineRef::ExtentData {
+            root,
+            objectid,
+            offset,
+            count,
+        },
         InlineRef::SharedData { parent, .. } => InlineRef::SharedData { parent, count },
         other => other,
     }
@@ -44,7 +69,12 @@ pub(crate) fn sort_refs(refs: &mut [InlineRef]) {
         let v = match *r {
             InlineRef::TreeBlock { root } => root,
             InlineRef::SharedBlock { parent } => parent,
-            InlineRef::ExtentData { root, objectid, offset, .. } => extent_data_ref_hash(root, objectid, offset),
+            InlineRef::ExtentData {
+                root,
+                objectid,
+                offset,
+                ..
+            } => extent_data_ref_hash(root, objectid, offset),
             InlineRef::SharedData { parent, .. } => parent,
             InlineRef::Owner { root } => root,
         };
@@ -57,7 +87,16 @@ fn keyed_key(bytenr: u64, r: &InlineRef) -> Key {
     match *r {
         InlineRef::TreeBlock { root } => Key::new(bytenr, BTRFS_TREE_BLOCK_REF_KEY, root),
         InlineRef::SharedBlock { parent } => Key::new(bytenr, BTRFS_SHARED_BLOCK_REF_KEY, parent),
-        InlineRef::ExtentData { root, objectid, offset, .. } => Key::new(bytenr, BTRFS_EXTENT_DATA_REF_KEY, extent_data_ref_hash(root, objectid, offset)),
+        InlineRef::ExtentData {
+            root,
+            objectid,
+            offset,
+            ..
+        } => Key::new(
+            bytenr,
+            BTRFS_EXTENT_DATA_REF_KEY,
+            extent_data_ref_hash(root, objectid, offset),
+        ),
         InlineRef::SharedData { parent, .. } => Key::new(bytenr, BTRFS_SHARED_DATA_REF_KEY, parent),
         InlineRef::Owner { root } => Key::new(bytenr, BTRFS_EXTENT_OWNER_REF_KEY, root),
     }
@@ -65,13 +104,22 @@ fn keyed_key(bytenr: u64, r: &InlineRef) -> Key {
 
 impl Store {
     /// The extent item of a tree block (`level` Some) or data extent.
-    pub(super) fn extent_item_key(&mut self, bytenr: u64, level: Option<u8>) -> Result<(Key, Vec<u8>)> {
+    pub(super) fn extent_item_key(
+        &mut self,
+        bytenr: u64,
+        level: Option<u8>,
+    ) -> Result<(Key, Vec<u8>)> {
         let keys: Vec<Key> = match level {
-            Some(l) => vec![Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, l as u64), Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, self.nodesize() as u64)],
+            Some(l) => vec![
+                Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, l as u64),
+                Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, self.nodesize() as u64),
+            ],
             None => {
                 // A data extent's length is the key offset: find it.
                 match self.next_item(EXTENT_TREE, &Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, 0))? {
-                    Some((k, _)) if k.objectid == bytenr && k.ty == BTRFS_EXTENT_ITEM_KEY => vec![k],
+                    Some((k, _)) if k.objectid == bytenr && k.ty == BTRFS_EXTENT_ITEM_KEY => {
+                        vec![k]
+                    }
                     _ => vec![],
                 }
             }
@@ -87,7 +135,10 @@ impl Store {
     /// Reference count and flags of an extent as they stand with the
     /// queued changes applied: the extent item's, or a new extent's.
     pub(super) fn extent_refs_now(&mut self, bytenr: u64, level: Option<u8>) -> Result<(u64, u64)> {
-        let pending = self.delayed.get(bytenr).map(|h| (h.delta(), h.new.map(|n| n.flags)));
+        let pending = self
+            .delayed
+            .get(bytenr)
+            .map(|h| (h.delta(), h.new.map(|n| n.flags)));
         if let Some((delta, Some(flags))) = pending {
             return Ok((delta.max(0) as u64, flags));
         }
@@ -137,7 +188,12 @@ impl Store {
         if self.delayed.get(bytenr).is_some_and(|h| h.new.is_some()) {
             return Ok(true);
         }
-        Ok(self.lookup(EXTENT_TREE, &Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, num_bytes))?.is_some())
+        Ok(self
+            .lookup(
+                EXTENT_TREE,
+                &Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, num_bytes),
+            )?
+            .is_some())
     }
 
     /// Queue one more (`delta` > 0) or one less reference to a data extent.
@@ -147,8 +203,18 @@ impl Store {
 
     /// Queue a data extent allocated in this transaction with its first
     /// reference; the extent item is inserted when the refs run.
-    pub fn queue_new_data_extent(&mut self, bytenr: u64, num_bytes: u64, generation: u64, r: BackRef) {
-        let new = NewExtent { generation, flags: BTRFS_EXTENT_FLAG_DATA, first_key: Key::MIN };
+    pub fn queue_new_data_extent(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        generation: u64,
+        r: BackRef,
+    ) {
+        let new = NewExtent {
+            generation,
+            flags: BTRFS_EXTENT_FLAG_DATA,
+            first_key: Key::MIN,
+        };
         self.delayed.add_new(bytenr, num_bytes, None, new, r);
     }
 
@@ -156,7 +222,11 @@ impl Store {
     /// references, or add then drop references of an existing one (adds
     /// first, so the count never passes through zero on the way).
     pub(super) fn run_ref_head(&mut self, bytenr: u64, head: RefHead) -> Result<()> {
-        let (adds, drops): (Vec<(BackRef, i64)>, Vec<(BackRef, i64)>) = head.refs.iter().map(|(r, d)| (*r, *d)).partition(|(_, d)| *d > 0);
+        let (adds, drops): (Vec<(BackRef, i64)>, Vec<(BackRef, i64)>) = head
+            .refs
+            .iter()
+            .map(|(r, d)| (*r, *d))
+            .partition(|(_, d)| *d > 0);
         if let Some(new) = head.new {
             if let Some((r, d)) = drops.first() {
                 return Err(Error::Invalid(format!("extent {bytenr} allocated in this transaction loses reference {r:?} ({d}) it never had")));
@@ -181,14 +251,31 @@ impl Store {
     /// Insert the extent item of a new extent with `refs` (all positive):
     /// inline while the item stays within the kernel's inline limit, keyed
     /// after that.
-    fn insert_extent_item(&mut self, bytenr: u64, num_bytes: u64, level: Option<u8>, new: NewExtent, refs: &[(BackRef, i64)]) -> Result<()> {
+    fn insert_extent_item(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        level: Option<u8>,
+        new: NewExtent,
+        refs: &[(BackRef, i64)],
+    ) -> Result<()> {
         let total: i64 = refs.iter().map(|(_, d)| *d).sum();
-        let head = crate::format::extent::ExtentItem { refs: (total as u64).into(), generation: new.generation.into(), flags: new.flags.into() };
+        let head = crate::format::extent::ExtentItem {
+            refs: (total as u64).into(),
+            generation: new.generation.into(),
+            flags: new.flags.into(),
+        };
         let mut data = head.as_bytes().to_vec();
         let key = match level {
             Some(l) if self.skinny() => Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, l as u64),
             Some(l) => {
-                data.extend_from_slice(crate::format::extent::TreeBlockInfo { key: new.first_key.to_disk(), level: l }.as_bytes());
+                data.extend_from_slice(
+                    crate::format::extent::TreeBlockInfo {
+                        key: new.first_key.to_disk(),
+                        level: l,
+                    }
+                    .as_bytes(),
+                );
                 Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, num_bytes)
             }
             None => Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, num_bytes),
@@ -218,13 +305,20 @@ impl Store {
 
     /// Largest extent item (head and inline refs) the kernel keeps inline.
     fn max_inline_extent_item(&self) -> usize {
-        ((self.nodesize() as usize - crate::format::header::HEADER_SIZE) >> 4) - crate::format::header::ITEM_SIZE
+        ((self.nodesize() as usize - crate::format::header::HEADER_SIZE) >> 4)
+            - crate::format::header::ITEM_SIZE
     }
 
     /// Add `delta` (+1 or -1, or a count) to one back reference of an
     /// extent. When the last reference goes, the extent item goes and its
     /// space (and for data, its checksums) is released. Returns the refs left.
-    pub(super) fn modify_ref(&mut self, bytenr: u64, level: Option<u8>, r: InlineRef, delta: i64) -> Result<u64> {
+    pub(super) fn modify_ref(
+        &mut self,
+        bytenr: u64,
+        level: Option<u8>,
+        r: InlineRef,
+        delta: i64,
+    ) -> Result<u64> {
         let (key, d) = self.extent_item_key(bytenr, level)?;
         let v = parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
         let head_len = d.len() - v.refs.iter().map(|r| r.inline_size()).sum::<usize>();
@@ -232,7 +326,11 @@ impl Store {
         let mut refs = v.refs.clone();
         let total = v.item.refs.get() as i64 + delta;
         if total < 0 {
-            return Err(Error::corrupt_key("extent reference count would go negative", bytenr, key));
+            return Err(Error::corrupt_key(
+                "extent reference count would go negative",
+                bytenr,
+                key,
+            ));
         }
         let gen = v.item.generation.get();
         let flags = v.item.flags.get();
@@ -241,10 +339,17 @@ impl Store {
                 let c = refs[p].count().max(1) as i64 + delta;
                 if c <= 0 {
                     refs.remove(p);
-                } else if matches!(r, InlineRef::ExtentData { .. } | InlineRef::SharedData { .. }) {
+                } else if matches!(
+                    r,
+                    InlineRef::ExtentData { .. } | InlineRef::SharedData { .. }
+                ) {
                     refs[p] = with_count(&refs[p], c as u32);
                 } else {
-                    return Err(Error::corrupt_key("duplicate tree block reference", bytenr, key));
+                    return Err(Error::corrupt_key(
+                        "duplicate tree block reference",
+                        bytenr,
+                        key,
+                    ));
                 }
             }
             None => {
@@ -266,14 +371,19 @@ impl Store {
         }
         if total == 0 {
             self.delete_item(EXTENT_TREE, &key)?;
-            let len = if key.ty == BTRFS_METADATA_ITEM_KEY { self.nodesize() as u64 } else { key.offset };
+            let len = if key.ty == BTRFS_METADATA_ITEM_KEY {
+                self.nodesize() as u64
+            } else {
+                key.offset
+            };
             if level.is_none() {
                 self.csum_delete(bytenr, len)?;
             }
             // Data stays pinned until the commit is durable even when this
             // transaction wrote it: a log tree may point at it. A tree block
             // of this transaction was never written and is free at once.
-            self.alloc.release(bytenr, len, level.is_none() || gen < self.transid)?;
+            self.alloc
+                .release(bytenr, len, level.is_none() || gen < self.transid)?;
             return Ok(0);
         }
         let mut nd = head;
@@ -284,14 +394,32 @@ impl Store {
         Ok(total as u64)
     }
 
-    fn keyed_ref_update(&mut self, kk: Key, r: &InlineRef, delta: i64, cur: Option<Vec<u8>>) -> Result<()> {
+    fn keyed_ref_update(
+        &mut self,
+        kk: Key,
+        r: &InlineRef,
+        delta: i64,
+        cur: Option<Vec<u8>>,
+    ) -> Result<()> {
         match *r {
-            InlineRef::ExtentData { root, objectid, offset, .. } => {
+            InlineRef::ExtentData {
+                root,
+                objectid,
+                offset,
+                ..
+            } => {
                 let count = match &cur {
                     Some(c) => {
-                        let x = ExtentDataRef::read_from_bytes(c).map_err(|_| Error::corrupt_key("extent data ref size", kk.objectid, kk))?;
-                        if x.root.get() != root || x.objectid.get() != objectid || x.offset.get() != offset {
-                            return Err(Error::Unsupported("extent data ref hash collision".into()));
+                        let x = ExtentDataRef::read_from_bytes(c).map_err(|_| {
+                            Error::corrupt_key("extent data ref size", kk.objectid, kk)
+                        })?;
+                        if x.root.get() != root
+                            || x.objectid.get() != objectid
+                            || x.offset.get() != offset
+                        {
+                            return Err(Error::Unsupported(
+                                "extent data ref hash collision".into(),
+                            ));
                         }
                         x.count.get() as i64
                     }
@@ -300,12 +428,22 @@ impl Store {
                 if count <= 0 {
                     self.delete_item(EXTENT_TREE, &kk)?;
                 } else {
-                    let x = ExtentDataRef { root: root.into(), objectid: objectid.into(), offset: offset.into(), count: (count as u32).into() };
+                    let x = ExtentDataRef {
+                        root: root.into(),
+                        objectid: objectid.into(),
+                        offset: offset.into(),
+                        count: (count as u32).into(),
+                    };
                     self.update_item(EXTENT_TREE, &kk, x.as_bytes())?;
                 }
             }
             InlineRef::SharedData { .. } => {
-                let count = cur.as_deref().and_then(|c| c.get(..4)).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).unwrap_or(0) + delta;
+                let count = cur
+                    .as_deref()
+                    .and_then(|c| c.get(..4))
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
+                    .unwrap_or(0)
+                    + delta;
                 if count <= 0 {
                     self.delete_item(EXTENT_TREE, &kk)?;
                 } else {
@@ -315,11 +453,19 @@ impl Store {
             _ => {
                 if delta > 0 {
                     if cur.is_some() {
-                        return Err(Error::corrupt_key("duplicate keyed tree block reference", kk.objectid, kk));
+                        return Err(Error::corrupt_key(
+                            "duplicate keyed tree block reference",
+                            kk.objectid,
+                            kk,
+                        ));
                     }
                     self.insert_item(EXTENT_TREE, &kk, &[])?;
                 } else if cur.is_none() || !self.delete_item(EXTENT_TREE, &kk)? {
-                    return Err(Error::corrupt_key("dropping a reference the extent does not have", kk.objectid, kk));
+                    return Err(Error::corrupt_key(
+                        "dropping a reference the extent does not have",
+                        kk.objectid,
+                        kk,
+                    ));
                 }
             }
         }
@@ -328,7 +474,8 @@ impl Store {
 
     fn set_full_backref(&mut self, bytenr: u64, level: u8) -> Result<()> {
         let (key, mut d) = self.extent_item_key(bytenr, Some(level))?;
-        let f = u64::from_le_bytes(d[16..24].try_into().unwrap_or([0; 8])) | BTRFS_BLOCK_FLAG_FULL_BACKREF;
+        let f = u64::from_le_bytes(d[16..24].try_into().unwrap_or([0; 8]))
+            | BTRFS_BLOCK_FLAG_FULL_BACKREF;
         d[16..24].copy_from_slice(&f.to_le_bytes());
         self.update_item(EXTENT_TREE, &key, &d)
     }
@@ -336,13 +483,26 @@ impl Store {
     /// Add (`delta` 1) or remove (-1) a reference from every block and data
     /// extent `block` points to: shared ones naming `block` when `full`,
     /// plain ones naming `tree` otherwise.
-    pub(super) fn change_children_refs(&mut self, tree: u64, block: &[u8], block_bytenr: u64, full: bool, delta: i64) -> Result<()> {
+    pub(super) fn change_children_refs(
+        &mut self,
+        tree: u64,
+        block: &[u8],
+        block_bytenr: u64,
+        full: bool,
+        delta: i64,
+    ) -> Result<()> {
         let level = edit::level(block);
         let n = edit::nritems(block);
         if level > 0 {
             for i in 0..n {
                 let (child, _) = edit::node_ptr(block, i);
-                let r = if full { BackRef::SharedTree { parent: block_bytenr } } else { BackRef::Tree { root: tree } };
+                let r = if full {
+                    BackRef::SharedTree {
+                        parent: block_bytenr,
+                    }
+                } else {
+                    BackRef::Tree { root: tree }
+                };
                 let ns = self.nodesize() as u64;
                 self.delayed.add(child, ns, Some(level - 1), r, delta);
             }
@@ -353,17 +513,25 @@ impl Store {
             if k.ty != BTRFS_EXTENT_DATA_KEY {
                 continue;
             }
-            if let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(edit::item_data(block, i)) {
+            if let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(edit::item_data(block, i))
+            {
                 let b = item.disk_bytenr.get();
                 if b == 0 {
                     continue;
                 }
                 let r = if full {
-                    BackRef::SharedData { parent: block_bytenr }
+                    BackRef::SharedData {
+                        parent: block_bytenr,
+                    }
                 } else {
-                    BackRef::Data { root: tree, objectid: k.objectid, offset: k.offset.wrapping_sub(item.offset.get()) }
+                    BackRef::Data {
+                        root: tree,
+                        objectid: k.objectid,
+                        offset: k.offset.wrapping_sub(item.offset.get()),
+                    }
                 };
-                self.delayed.add(b, item.disk_num_bytes.get(), None, r, delta);
+                self.delayed
+                    .add(b, item.disk_num_bytes.get(), None, r, delta);
             }
         }
         Ok(())
@@ -372,7 +540,12 @@ impl Store {
     /// Reference bookkeeping before copying committed block `bytenr` of
     /// `tree` that may be shared. Returns true when the old block stays in
     /// use by other trees (so the copy must not free it).
-    pub(super) fn cow_shared_refs(&mut self, tree: TreeId, bytenr: u64, buf: &[u8]) -> Result<bool> {
+    pub(super) fn cow_shared_refs(
+        &mut self,
+        tree: TreeId,
+        bytenr: u64,
+        buf: &[u8],
+    ) -> Result<bool> {
         let level = edit::level(buf);
         let (refs, flags) = self.extent_refs_now(bytenr, Some(level))?;
         let owner = u64::from_le_bytes(buf[0x58..0x60].try_into().unwrap_or([0; 8]));
@@ -386,7 +559,8 @@ impl Store {
                 self.change_children_refs(tree, buf, bytenr, false, 1)?;
             }
             let ns = self.nodesize() as u64;
-            self.delayed.add(bytenr, ns, Some(level), BackRef::Tree { root: tree }, -1);
+            self.delayed
+                .add(bytenr, ns, Some(level), BackRef::Tree { root: tree }, -1);
             return Ok(true);
         }
         if full {

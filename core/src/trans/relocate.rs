@@ -21,7 +21,13 @@ impl Store {
     /// Relocate every metadata and system block group. The caller commits
     /// nothing before; this commits twice.
     pub fn relocate_metadata(&mut self) -> Result<()> {
-        let old: Vec<u64> = self.alloc.groups.values().filter(|g| g.is_metadata() || g.is_system()).map(|g| g.start).collect();
+        let old: Vec<u64> = self
+            .alloc
+            .groups
+            .values()
+            .filter(|g| g.is_metadata() || g.is_system())
+            .map(|g| g.start)
+            .collect();
         if old.is_empty() {
             return Ok(());
         }
@@ -39,7 +45,10 @@ impl Store {
         let mut k = Key::new(0, BTRFS_ROOT_ITEM_KEY, 0);
         while let Some((key, _)) = self.next_item(TreeId::Root, &k)? {
             k = super::btree::next_key(&key);
-            if key.ty == BTRFS_ROOT_ITEM_KEY && key.objectid != BTRFS_TREE_LOG_OBJECTID && !trees.contains(&TreeId::Tree(key.objectid)) {
+            if key.ty == BTRFS_ROOT_ITEM_KEY
+                && key.objectid != BTRFS_TREE_LOG_OBJECTID
+                && !trees.contains(&TreeId::Tree(key.objectid))
+            {
                 trees.push(TreeId::Tree(key.objectid));
             }
             if key.ty < BTRFS_ROOT_ITEM_KEY {
@@ -55,11 +64,23 @@ impl Store {
         // Blocks copied while the commit ran (extent, free space, root
         // trees changed by it) may still sit in the old groups: once more.
         for _ in 0..4 {
-            let used: u64 = old.iter().filter_map(|s| self.alloc.groups.get(s)).map(|g| g.used).sum();
+            let used: u64 = old
+                .iter()
+                .filter_map(|s| self.alloc.groups.get(s))
+                .map(|g| g.used)
+                .sum();
             if used == 0 {
                 break;
             }
-            for t in [TreeId::Root, TreeId::Chunk, TreeId::Tree(BTRFS_EXTENT_TREE_OBJECTID), TreeId::Tree(BTRFS_FREE_SPACE_TREE_OBJECTID), TreeId::Tree(BTRFS_DEV_TREE_OBJECTID), TreeId::Tree(BTRFS_BLOCK_GROUP_TREE_OBJECTID), TreeId::Tree(BTRFS_QUOTA_TREE_OBJECTID)] {
+            for t in [
+                TreeId::Root,
+                TreeId::Chunk,
+                TreeId::Tree(BTRFS_EXTENT_TREE_OBJECTID),
+                TreeId::Tree(BTRFS_FREE_SPACE_TREE_OBJECTID),
+                TreeId::Tree(BTRFS_DEV_TREE_OBJECTID),
+                TreeId::Tree(BTRFS_BLOCK_GROUP_TREE_OBJECTID),
+                TreeId::Tree(BTRFS_QUOTA_TREE_OBJECTID),
+            ] {
                 if self.tree_exists(t)? {
                     self.rewrite_tree(t)?;
                 }
@@ -67,9 +88,14 @@ impl Store {
             self.commit()?;
         }
         for s in old {
-            let Some(g) = self.alloc.groups.get(&s) else { continue };
+            let Some(g) = self.alloc.groups.get(&s) else {
+                continue;
+            };
             if g.used != 0 {
-                return Err(Error::NoSpace(format!("block group {s} still holds {} bytes after relocation", g.used)));
+                return Err(Error::NoSpace(format!(
+                    "block group {s} still holds {} bytes after relocation",
+                    g.used
+                )));
             }
             self.remove_block_group(s)?;
         }
@@ -82,7 +108,10 @@ impl Store {
         let mut k = Key::MIN;
         for _ in 0..MAX_LEAVES {
             let (path, _) = self.search_mut(t, &k, None)?;
-            let leaf = path.last().map(|s| s.bytenr).ok_or_else(|| Error::Invalid("empty path".into()))?;
+            let leaf = path
+                .last()
+                .map(|s| s.bytenr)
+                .ok_or_else(|| Error::Invalid("empty path".into()))?;
             let buf = self.buf(leaf)?;
             let n = crate::tree::edit::nritems(buf);
             if n == 0 {
@@ -103,11 +132,19 @@ impl Store {
 
     /// Remove an empty block group and its chunk.
     fn remove_block_group(&mut self, start: u64) -> Result<()> {
-        let g = self.alloc.groups.remove(&start).ok_or_else(|| Error::Invalid(format!("block group {start} not found")))?;
+        let g = self
+            .alloc
+            .groups
+            .remove(&start)
+            .ok_or_else(|| Error::Invalid(format!("block group {start} not found")))?;
         let bgt = TreeId::Tree(self.bg_tree);
         self.delete_item(bgt, &Key::new(start, BTRFS_BLOCK_GROUP_ITEM_KEY, g.length))?;
         if self.has_fst() {
-            let items = self.items_in(BTRFS_FREE_SPACE_TREE_OBJECTID, Key::new(start, 0, 0), Key::new(start + g.length - 1, u8::MAX, u64::MAX))?;
+            let items = self.items_in(
+                BTRFS_FREE_SPACE_TREE_OBJECTID,
+                Key::new(start, 0, 0),
+                Key::new(start + g.length - 1, u8::MAX, u64::MAX),
+            )?;
             for (k, _) in items {
                 if k.objectid >= start && k.objectid < start + g.length {
                     self.delete_item(BTRFS_FREE_SPACE_TREE_OBJECTID, &k)?;
@@ -115,20 +152,28 @@ impl Store {
             }
         }
         let ckey = Key::new(BTRFS_FIRST_CHUNK_TREE_OBJECTID, BTRFS_CHUNK_ITEM_KEY, start);
-        let cdata = self.lookup(TreeId::Chunk, &ckey)?.ok_or_else(|| Error::corrupt_key("block group without chunk item", start, ckey))?;
-        let (chunk, stripes) = crate::format::chunk::parse_chunk(&cdata).map_err(|e| e.at(start, ckey))?;
-        let (chunk, stripes): (ChunkItem, Vec<crate::format::chunk::Stripe>) = (*chunk, stripes.to_vec());
+        let cdata = self
+            .lookup(TreeId::Chunk, &ckey)?
+            .ok_or_else(|| Error::corrupt_key("block group without chunk item", start, ckey))?;
+        let (chunk, stripes) =
+            crate::format::chunk::parse_chunk(&cdata).map_err(|e| e.at(start, ckey))?;
+        let (chunk, stripes): (ChunkItem, Vec<crate::format::chunk::Stripe>) =
+            (*chunk, stripes.to_vec());
         self.delete_item(TreeId::Chunk, &ckey)?;
         let devid = self.sb.dev_item.devid.get();
         for s in &stripes {
-            self.delete_item(BTRFS_DEV_TREE_OBJECTID, &Key::new(s.devid.get(), BTRFS_DEV_EXTENT_KEY, s.offset.get()))?;
+            self.delete_item(
+                BTRFS_DEV_TREE_OBJECTID,
+                &Key::new(s.devid.get(), BTRFS_DEV_EXTENT_KEY, s.offset.get()),
+            )?;
         }
         let freed = chunk.length.get() * stripes.len() as u64;
         let used = self.sb.dev_item.bytes_used.get().saturating_sub(freed);
         self.sb.dev_item.bytes_used.set(used);
         let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
         if let Some(d) = self.lookup(TreeId::Chunk, &dkey)? {
-            let mut di = DevItem::read_from_bytes(&d).map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
+            let mut di = DevItem::read_from_bytes(&d)
+                .map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
             di.bytes_used.set(used);
             self.update_item(TreeId::Chunk, &dkey, di.as_bytes())?;
         }
@@ -146,10 +191,14 @@ impl Store {
         let mut out = Vec::with_capacity(n);
         let mut p = 0usize;
         while p + 17 <= arr.len() {
-            let key = Key::from(crate::format::view::<crate::format::key::DiskKey>(&arr[p..p + 17], "sys chunk key")?);
+            let key = Key::from(crate::format::view::<crate::format::key::DiskKey>(
+                &arr[p..p + 17],
+                "sys chunk key",
+            )?);
             let body = &arr[p + 17..];
             let (_, stripes) = crate::format::chunk::parse_chunk(body).map_err(|e| e.at(0, key))?;
-            let len = crate::format::chunk::CHUNK_ITEM_SIZE + stripes.len() * crate::format::chunk::STRIPE_SIZE;
+            let len = crate::format::chunk::CHUNK_ITEM_SIZE
+                + stripes.len() * crate::format::chunk::STRIPE_SIZE;
             if key.offset != logical {
                 out.extend_from_slice(&arr[p..p + 17 + len]);
             }

@@ -19,8 +19,13 @@ impl Store {
     /// Change tree `id`'s root item (written at commit).
     pub fn update_root_item(&mut self, id: u64, f: impl FnOnce(&mut RootItem)) -> Result<()> {
         self.root_state(id)?;
-        let st = self.roots.get_mut(&TreeId::Tree(id)).ok_or_else(|| Error::Invalid(format!("tree {id} not loaded")))?;
-        let Some((_, ri)) = st.item.as_mut() else { return Err(Error::Invalid(format!("tree {id} has no root item"))) };
+        let st = self
+            .roots
+            .get_mut(&TreeId::Tree(id))
+            .ok_or_else(|| Error::Invalid(format!("tree {id} not loaded")))?;
+        let Some((_, ri)) = st.item.as_mut() else {
+            return Err(Error::Invalid(format!("tree {id} has no root item")));
+        };
         f(ri);
         st.dirty = true;
         Ok(())
@@ -47,7 +52,13 @@ impl Store {
     /// reference from the new tree, and the root item (`item`, with the
     /// new location filled in) is inserted under `(new_id, ROOT_ITEM,
     /// key_offset)`.
-    pub fn snapshot_tree(&mut self, src: u64, new_id: u64, mut item: RootItem, key_offset: u64) -> Result<()> {
+    pub fn snapshot_tree(
+        &mut self,
+        src: u64,
+        new_id: u64,
+        mut item: RootItem,
+        key_offset: u64,
+    ) -> Result<()> {
         let tid = TreeId::Tree(new_id);
         if self.tree_exists(new_id)? {
             return Err(Error::Invalid(format!("tree {new_id} exists")));
@@ -56,10 +67,23 @@ impl Store {
         let sroot = self.load_root(TreeId::Tree(src))?;
         let buf = self.buf(sroot)?.clone();
         let level = edit::level(&buf);
-        let first = if edit::nritems(&buf) > 0 { edit::key_at(&buf, 0) } else { Key::MIN };
+        let first = if edit::nritems(&buf) > 0 {
+            edit::key_at(&buf, 0)
+        } else {
+            Key::MIN
+        };
         let key = Key::new(new_id, BTRFS_ROOT_ITEM_KEY, key_offset);
         item.bytes_used.set(0);
-        self.roots.insert(tid, RootState { id: tid, bytenr: 0, level, item: Some((key, item)), dirty: true });
+        self.roots.insert(
+            tid,
+            RootState {
+                id: tid,
+                bytenr: 0,
+                level,
+                item: Some((key, item)),
+                dirty: true,
+            },
+        );
         let nb = self.alloc_tree_block(tid, level, first)?;
         let mut nbuf = buf;
         edit::set_header_location(&mut nbuf, nb, self.transid, new_id);
@@ -80,7 +104,8 @@ impl Store {
         let st = self.root_state(id)?.clone();
         let gen = st.item.as_ref().map(|(_, ri)| ri.generation.get());
         // (block, level, the reference that reaches it)
-        let mut stack: Vec<(u64, u8, BackRef, Option<u64>)> = vec![(st.bytenr, st.level, BackRef::Tree { root: id }, gen)];
+        let mut stack: Vec<(u64, u8, BackRef, Option<u64>)> =
+            vec![(st.bytenr, st.level, BackRef::Tree { root: id }, gen)];
         let mut visited = 0usize;
         while let Some((b, level, r, g)) = stack.pop() {
             visited += 1;
@@ -98,13 +123,26 @@ impl Store {
                 }
                 continue;
             }
-            self.load(tid, b, Expect { level: Some(level), generation: g, owner: None, first_key: None })?;
+            self.load(
+                tid,
+                b,
+                Expect {
+                    level: Some(level),
+                    generation: g,
+                    owner: None,
+                    first_key: None,
+                },
+            )?;
             let buf = self.buf(b)?.clone();
             let full = flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0;
             if level > 0 {
                 for i in 0..edit::nritems(&buf) {
                     let (c, cg) = edit::node_ptr(&buf, i);
-                    let cr = if full { BackRef::SharedTree { parent: b } } else { BackRef::Tree { root: id } };
+                    let cr = if full {
+                        BackRef::SharedTree { parent: b }
+                    } else {
+                        BackRef::Tree { root: id }
+                    };
                     stack.push((c, level - 1, cr, Some(cg)));
                 }
             } else {
@@ -113,20 +151,35 @@ impl Store {
                     if k.ty != BTRFS_EXTENT_DATA_KEY {
                         continue;
                     }
-                    if let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(edit::item_data(&buf, i)) {
+                    if let Ok(FileExtent::Disk { item, .. }) =
+                        parse_file_extent(edit::item_data(&buf, i))
+                    {
                         let db = item.disk_bytenr.get();
                         if db == 0 {
                             continue;
                         }
-                        let dr = if full { BackRef::SharedData { parent: b } } else { BackRef::Data { root: id, objectid: k.objectid, offset: k.offset.wrapping_sub(item.offset.get()) } };
-                        self.delayed.add(db, item.disk_num_bytes.get(), None, dr, -1);
+                        let dr = if full {
+                            BackRef::SharedData { parent: b }
+                        } else {
+                            BackRef::Data {
+                                root: id,
+                                objectid: k.objectid,
+                                offset: k.offset.wrapping_sub(item.offset.get()),
+                            }
+                        };
+                        self.delayed
+                            .add(db, item.disk_num_bytes.get(), None, dr, -1);
                     }
                 }
             }
             self.delayed.add(b, ns, Some(level), r, -1);
             self.cache.remove(b);
         }
-        if let Some(RootState { item: Some((_, ri)), .. }) = self.roots.get_mut(&tid) {
+        if let Some(RootState {
+            item: Some((_, ri)),
+            ..
+        }) = self.roots.get_mut(&tid)
+        {
             ri.bytes_used.set(0);
         }
         Ok(())
@@ -144,7 +197,14 @@ impl Store {
                 return Err(Error::corrupt("subtree trace does not end", b));
             }
             self.qgroups.note_extent(x, ns, Some(l));
-            self.load(tid, x, Expect { level: Some(l), ..Expect::default() })?;
+            self.load(
+                tid,
+                x,
+                Expect {
+                    level: Some(l),
+                    ..Expect::default()
+                },
+            )?;
             let buf = self.buf(x)?.clone();
             if l > 0 {
                 for i in 0..edit::nritems(&buf) {
@@ -155,9 +215,15 @@ impl Store {
                     if edit::leaf_key(&buf, i).ty != BTRFS_EXTENT_DATA_KEY {
                         continue;
                     }
-                    if let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(edit::item_data(&buf, i)) {
+                    if let Ok(FileExtent::Disk { item, .. }) =
+                        parse_file_extent(edit::item_data(&buf, i))
+                    {
                         if item.disk_bytenr.get() != 0 {
-                            self.qgroups.note_extent(item.disk_bytenr.get(), item.disk_num_bytes.get(), None);
+                            self.qgroups.note_extent(
+                                item.disk_bytenr.get(),
+                                item.disk_num_bytes.get(),
+                                None,
+                            );
                         }
                     }
                 }
@@ -181,9 +247,18 @@ impl Store {
             k = super::btree::next_key(&key);
             match key.ty {
                 BTRFS_EXTENT_ITEM_KEY => {
-                    let v = crate::format::extent::parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
+                    let v = crate::format::extent::parse_extent_item(&key, &d)
+                        .map_err(|e| e.at(0, key))?;
                     let tb = v.item.flags.get() & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0;
-                    out.push((key.objectid, key.offset, if tb { Some(v.tree_block_info.map(|t| t.level).unwrap_or(0)) } else { None }));
+                    out.push((
+                        key.objectid,
+                        key.offset,
+                        if tb {
+                            Some(v.tree_block_info.map(|t| t.level).unwrap_or(0))
+                        } else {
+                            None
+                        },
+                    ));
                 }
                 BTRFS_METADATA_ITEM_KEY => out.push((key.objectid, ns, Some(key.offset as u8))),
                 _ => {}

@@ -11,10 +11,14 @@ use crate::{Error, Result};
 use zerocopy::{FromBytes, IntoBytes};
 
 fn hdr(buf: &[u8]) -> &Header {
-    Header::ref_from_prefix(buf).map(|(h, _)| h).unwrap_or_else(|_| unreachable!()) // OK: blocks are nodesize >= 4096
+    Header::ref_from_prefix(buf)
+        .map(|(h, _)| h)
+        .unwrap_or_else(|_| unreachable!()) // OK: blocks are nodesize >= 4096
 }
 fn hdr_mut(buf: &mut [u8]) -> &mut Header {
-    Header::mut_from_prefix(buf).map(|(h, _)| h).unwrap_or_else(|_| unreachable!()) // OK: blocks are nodesize >= 4096
+    Header::mut_from_prefix(buf)
+        .map(|(h, _)| h)
+        .unwrap_or_else(|_| unreachable!()) // OK: blocks are nodesize >= 4096
 }
 
 pub fn nritems(buf: &[u8]) -> usize {
@@ -29,7 +33,8 @@ pub fn level(buf: &[u8]) -> u8 {
 
 fn item_at(buf: &[u8], slot: usize) -> Item {
     let o = HEADER_SIZE + slot * ITEM_SIZE;
-    Item::read_from_bytes(&buf[o..o + ITEM_SIZE]).unwrap_or_else(|_| unreachable!()) // OK: fixed-size slice
+    Item::read_from_bytes(&buf[o..o + ITEM_SIZE]).unwrap_or_else(|_| unreachable!())
+    // OK: fixed-size slice
 }
 fn set_item_at(buf: &mut [u8], slot: usize, it: &Item) {
     let o = HEADER_SIZE + slot * ITEM_SIZE;
@@ -37,7 +42,8 @@ fn set_item_at(buf: &mut [u8], slot: usize, it: &Item) {
 }
 fn ptr_at(buf: &[u8], slot: usize) -> KeyPtr {
     let o = HEADER_SIZE + slot * KEY_PTR_SIZE;
-    KeyPtr::read_from_bytes(&buf[o..o + KEY_PTR_SIZE]).unwrap_or_else(|_| unreachable!()) // OK: fixed-size slice
+    KeyPtr::read_from_bytes(&buf[o..o + KEY_PTR_SIZE]).unwrap_or_else(|_| unreachable!())
+    // OK: fixed-size slice
 }
 fn set_ptr_at(buf: &mut [u8], slot: usize, p: &KeyPtr) {
     let o = HEADER_SIZE + slot * KEY_PTR_SIZE;
@@ -121,12 +127,20 @@ pub fn search(buf: &[u8], key: &Key) -> std::result::Result<usize, usize> {
 pub fn leaf_insert(buf: &mut [u8], slot: usize, key: &Key, data: &[u8]) -> Result<()> {
     let n = nritems(buf);
     if slot > n || leaf_free(buf) < ITEM_SIZE + data.len() {
-        return Err(Error::NoSpace(format!("leaf has {} bytes free, item needs {}", leaf_free(buf), ITEM_SIZE + data.len())));
+        return Err(Error::NoSpace(format!(
+            "leaf has {} bytes free, item needs {}",
+            leaf_free(buf),
+            ITEM_SIZE + data.len()
+        )));
     }
     let ds = data_start(buf);
     let size = data.len();
     // End of the data of the item currently at `slot` (the new item's data end).
-    let end = if slot == 0 { leaf_data_size(buf) } else { item_at(buf, slot - 1).offset.get() as usize };
+    let end = if slot == 0 {
+        leaf_data_size(buf)
+    } else {
+        item_at(buf, slot - 1).offset.get() as usize
+    };
     // Shift data of items slot.. down by `size`.
     buf.copy_within(HEADER_SIZE + ds..HEADER_SIZE + end, HEADER_SIZE + ds - size);
     for i in slot..n {
@@ -137,7 +151,11 @@ pub fn leaf_insert(buf: &mut [u8], slot: usize, key: &Key, data: &[u8]) -> Resul
     // Shift headers up by one slot.
     let hs = HEADER_SIZE + slot * ITEM_SIZE;
     buf.copy_within(hs..HEADER_SIZE + n * ITEM_SIZE, hs + ITEM_SIZE);
-    let it = Item { key: key.to_disk(), offset: ((end - size) as u32).into(), size: (size as u32).into() };
+    let it = Item {
+        key: key.to_disk(),
+        offset: ((end - size) as u32).into(),
+        size: (size as u32).into(),
+    };
     set_item_at(buf, slot, &it);
     buf[HEADER_SIZE + end - size..HEADER_SIZE + end].copy_from_slice(data);
     set_nritems(buf, n + 1);
@@ -152,11 +170,18 @@ pub fn leaf_delete(buf: &mut [u8], slot: usize, count: usize) {
     }
     let ds = data_start(buf);
     let last = item_at(buf, slot + count - 1);
-    let end = if slot == 0 { leaf_data_size(buf) } else { item_at(buf, slot - 1).offset.get() as usize };
+    let end = if slot == 0 {
+        leaf_data_size(buf)
+    } else {
+        item_at(buf, slot - 1).offset.get() as usize
+    };
     let removed = end - last.offset.get() as usize;
     // Data of items after the deleted run moves up by `removed`.
     let lo = last.offset.get() as usize;
-    buf.copy_within(HEADER_SIZE + ds..HEADER_SIZE + lo, HEADER_SIZE + ds + removed);
+    buf.copy_within(
+        HEADER_SIZE + ds..HEADER_SIZE + lo,
+        HEADER_SIZE + ds + removed,
+    );
     for i in slot + count..n {
         let mut it = item_at(buf, i);
         it.offset.set(it.offset.get() + removed as u32);
@@ -179,7 +204,11 @@ pub fn leaf_resize(buf: &mut [u8], slot: usize, new_size: usize) -> Result<()> {
         return Ok(());
     }
     if new_size > old && leaf_free(buf) < new_size - old {
-        return Err(Error::NoSpace(format!("leaf has {} bytes free, resize needs {}", leaf_free(buf), new_size - old)));
+        return Err(Error::NoSpace(format!(
+            "leaf has {} bytes free, resize needs {}",
+            leaf_free(buf),
+            new_size - old
+        )));
     }
     let key = leaf_key(buf, slot);
     let mut data = item_data(buf, slot).to_vec();
@@ -201,14 +230,28 @@ pub fn set_key(buf: &mut [u8], slot: usize, key: &Key) {
     }
 }
 
-pub fn node_insert(buf: &mut [u8], slot: usize, key: &Key, blockptr: u64, generation: u64) -> Result<()> {
+pub fn node_insert(
+    buf: &mut [u8],
+    slot: usize,
+    key: &Key,
+    blockptr: u64,
+    generation: u64,
+) -> Result<()> {
     let n = nritems(buf);
     if n >= node_capacity(buf) || slot > n {
         return Err(Error::NoSpace("node full".into()));
     }
     let hs = HEADER_SIZE + slot * KEY_PTR_SIZE;
     buf.copy_within(hs..HEADER_SIZE + n * KEY_PTR_SIZE, hs + KEY_PTR_SIZE);
-    set_ptr_at(buf, slot, &KeyPtr { key: key.to_disk(), blockptr: blockptr.into(), generation: generation.into() });
+    set_ptr_at(
+        buf,
+        slot,
+        &KeyPtr {
+            key: key.to_disk(),
+            blockptr: blockptr.into(),
+            generation: generation.into(),
+        },
+    );
     set_nritems(buf, n + 1);
     Ok(())
 }
@@ -226,7 +269,10 @@ pub fn node_delete(buf: &mut [u8], slot: usize, count: usize) {
         return;
     }
     let hs = HEADER_SIZE + slot * KEY_PTR_SIZE;
-    buf.copy_within(hs + count * KEY_PTR_SIZE..HEADER_SIZE + n * KEY_PTR_SIZE, hs);
+    buf.copy_within(
+        hs + count * KEY_PTR_SIZE..HEADER_SIZE + n * KEY_PTR_SIZE,
+        hs,
+    );
     let nn = n - count;
     buf[HEADER_SIZE + nn * KEY_PTR_SIZE..HEADER_SIZE + n * KEY_PTR_SIZE].fill(0);
     set_nritems(buf, nn);
@@ -276,7 +322,13 @@ pub fn node_move_tail_to_front(src: &mut [u8], from: usize, dst: &mut [u8]) -> R
     let n = nritems(src);
     for i in (from..n).rev() {
         let p = ptr_at(src, i);
-        node_insert(dst, 0, &Key::from(&p.key), p.blockptr.get(), p.generation.get())?;
+        node_insert(
+            dst,
+            0,
+            &Key::from(&p.key),
+            p.blockptr.get(),
+            p.generation.get(),
+        )?;
     }
     node_delete(src, from, n - from);
     Ok(())
@@ -287,7 +339,13 @@ pub fn node_move_tail(src: &mut [u8], from: usize, dst: &mut [u8]) -> Result<()>
     for i in from..n {
         let p = ptr_at(src, i);
         let at = nritems(dst);
-        node_insert(dst, at, &Key::from(&p.key), p.blockptr.get(), p.generation.get())?;
+        node_insert(
+            dst,
+            at,
+            &Key::from(&p.key),
+            p.blockptr.get(),
+            p.generation.get(),
+        )?;
     }
     node_delete(src, from, n - from);
     Ok(())
@@ -297,7 +355,13 @@ pub fn node_move_head(src: &mut [u8], count: usize, dst: &mut [u8]) -> Result<()
     for i in 0..count {
         let p = ptr_at(src, i);
         let at = nritems(dst);
-        node_insert(dst, at, &Key::from(&p.key), p.blockptr.get(), p.generation.get())?;
+        node_insert(
+            dst,
+            at,
+            &Key::from(&p.key),
+            p.blockptr.get(),
+            p.generation.get(),
+        )?;
     }
     node_delete(src, 0, count);
     Ok(())
@@ -305,12 +369,23 @@ pub fn node_move_head(src: &mut [u8], count: usize, dst: &mut [u8]) -> Result<()
 
 /// Reset a buffer to an empty block with the given header fields.
 #[allow(clippy::too_many_arguments)]
-pub fn init_block(buf: &mut [u8], bytenr: u64, level: u8, owner: u64, generation: u64, fsid: &[u8; 16], chunk_tree_uuid: &[u8; 16]) {
+pub fn init_block(
+    buf: &mut [u8],
+    bytenr: u64,
+    level: u8,
+    owner: u64,
+    generation: u64,
+    fsid: &[u8; 16],
+    chunk_tree_uuid: &[u8; 16],
+) {
     buf.fill(0);
     let h = hdr_mut(buf);
     h.fsid = *fsid;
     h.bytenr.set(bytenr);
-    h.flags.set((crate::format::consts::BTRFS_MIXED_BACKREF_REV as u64) << crate::format::consts::BTRFS_BACKREF_REV_SHIFT);
+    h.flags.set(
+        (crate::format::consts::BTRFS_MIXED_BACKREF_REV as u64)
+            << crate::format::consts::BTRFS_BACKREF_REV_SHIFT,
+    );
     h.chunk_tree_uuid = *chunk_tree_uuid;
     h.generation.set(generation);
     h.owner.set(owner);
@@ -323,13 +398,16 @@ pub fn set_header_location(buf: &mut [u8], bytenr: u64, generation: u64, owner: 
     h.generation.set(generation);
     h.owner.set(owner);
     // A fresh copy has not been written yet; the flag is set at write-out.
-    let f = h.flags.get() & !(crate::format::consts::BTRFS_HEADER_FLAG_WRITTEN | crate::format::consts::BTRFS_HEADER_FLAG_RELOC);
+    let f = h.flags.get()
+        & !(crate::format::consts::BTRFS_HEADER_FLAG_WRITTEN
+            | crate::format::consts::BTRFS_HEADER_FLAG_RELOC);
     h.flags.set(f);
 }
 
 pub fn mark_written(buf: &mut [u8]) {
     let h = hdr_mut(buf);
-    h.flags.set(h.flags.get() | crate::format::consts::BTRFS_HEADER_FLAG_WRITTEN);
+    h.flags
+        .set(h.flags.get() | crate::format::consts::BTRFS_HEADER_FLAG_WRITTEN);
 }
 
 #[cfg(test)]
@@ -347,7 +425,11 @@ mod tests {
         let mut end = leaf_data_size(b);
         for i in 0..n {
             let it = item_at(b, i);
-            assert_eq!(it.offset.get() as usize + it.size.get() as usize, end, "slot {i}");
+            assert_eq!(
+                it.offset.get() as usize + it.size.get() as usize,
+                end,
+                "slot {i}"
+            );
             end = it.offset.get() as usize;
             if i > 0 {
                 assert!(leaf_key(b, i - 1) < leaf_key(b, i));

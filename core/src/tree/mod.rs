@@ -1,10 +1,10 @@
 //! Tree blocks: read views with validation ([`node`]), search and iteration
 //! ([`search`]), and whole-tree walks ([`walk`]).
 
+pub mod edit;
 pub mod node;
 pub mod search;
 pub mod walk;
-pub mod edit;
 
 pub use node::{Expect, Node, Problem, ValidateCtx};
 pub use search::TreeIter;

@@ -60,7 +60,11 @@ pub enum ProblemKind {
 
 impl Problem {
     pub fn into_error(self) -> Error {
-        Error::Corrupt { what: format!("tree block: {}", self.message), bytenr: self.bytenr, key: self.key }
+        Error::Corrupt {
+            what: format!("tree block: {}", self.message),
+            bytenr: self.bytenr,
+            key: self.key,
+        }
     }
 }
 
@@ -72,7 +76,13 @@ pub struct Node {
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Node({} level {} nritems {})", self.bytenr, self.level(), self.nritems())
+        write!(
+            f,
+            "Node({} level {} nritems {})",
+            self.bytenr,
+            self.level(),
+            self.nritems()
+        )
     }
 }
 
@@ -80,7 +90,10 @@ impl Node {
     /// Wrap a block of exactly nodesize bytes (at least a header).
     pub fn from_vec(bytenr: u64, buf: Vec<u8>) -> Result<Node> {
         if buf.len() < HEADER_SIZE {
-            return Err(Error::corrupt(format!("tree block of {} bytes is smaller than a header", buf.len()), bytenr));
+            return Err(Error::corrupt(
+                format!("tree block of {} bytes is smaller than a header", buf.len()),
+                bytenr,
+            ));
         }
         Ok(Node { bytenr, buf })
     }
@@ -92,7 +105,9 @@ impl Node {
     }
     pub fn header(&self) -> &Header {
         // from_vec guarantees the header fits.
-        Header::ref_from_prefix(&self.buf).map(|(h, _)| h).unwrap_or_else(|_| unreachable!()) // OK: length checked in from_vec
+        Header::ref_from_prefix(&self.buf)
+            .map(|(h, _)| h)
+            .unwrap_or_else(|_| unreachable!()) // OK: length checked in from_vec
     }
     pub fn level(&self) -> u8 {
         self.header().level
@@ -112,7 +127,11 @@ impl Node {
     }
     /// How many item headers / key pointers actually fit in the block.
     pub fn nr_safe(&self) -> usize {
-        let per = if self.is_leaf() { ITEM_SIZE } else { KEY_PTR_SIZE };
+        let per = if self.is_leaf() {
+            ITEM_SIZE
+        } else {
+            KEY_PTR_SIZE
+        };
         self.nritems().min((self.buf.len() - HEADER_SIZE) / per)
     }
     pub fn item(&self, slot: usize) -> Option<&Item> {
@@ -139,12 +158,18 @@ impl Node {
     }
     /// Body of leaf item `slot`, bounds-checked against the block.
     pub fn item_data(&self, slot: usize) -> Result<&[u8]> {
-        let it = self.item(slot).ok_or_else(|| Error::corrupt(format!("item slot {slot} out of range"), self.bytenr))?;
+        let it = self
+            .item(slot)
+            .ok_or_else(|| Error::corrupt(format!("item slot {slot} out of range"), self.bytenr))?;
         let start = HEADER_SIZE as u64 + it.offset.get() as u64;
         let end = start + it.size.get() as u64;
         if end > self.buf.len() as u64 {
             return Err(Error::corrupt_key(
-                format!("item {slot} data [{}, +{}) past the end of the leaf", it.offset.get(), it.size.get()),
+                format!(
+                    "item {slot} data [{}, +{}) past the end of the leaf",
+                    it.offset.get(),
+                    it.size.get()
+                ),
                 self.bytenr,
                 Key::from(&it.key),
             ));
@@ -173,48 +198,120 @@ impl Node {
         let mut out = Vec::new();
         let b = self.bytenr;
         let mut push = |kind, slot: Option<usize>, key: Option<Key>, message: String| {
-            out.push(Problem { bytenr: b, key, slot, kind, message })
+            out.push(Problem {
+                bytenr: b,
+                key,
+                slot,
+                kind,
+                message,
+            })
         };
         if self.buf.len() != ctx.nodesize as usize {
-            push(ProblemKind::Header, None, None, format!("block size {} differs from nodesize {}", self.buf.len(), ctx.nodesize));
+            push(
+                ProblemKind::Header,
+                None,
+                None,
+                format!(
+                    "block size {} differs from nodesize {}",
+                    self.buf.len(),
+                    ctx.nodesize
+                ),
+            );
             return out;
         }
         if !verify_block(ctx.csum, &self.buf) {
-            push(ProblemKind::Checksum, None, None, format!("{} checksum mismatch", ctx.csum.name()));
+            push(
+                ProblemKind::Checksum,
+                None,
+                None,
+                format!("{} checksum mismatch", ctx.csum.name()),
+            );
         }
         let h = self.header();
         if h.bytenr.get() != b {
-            push(ProblemKind::Header, None, None, format!("header bytenr {} differs from its address {b}", h.bytenr.get()));
+            push(
+                ProblemKind::Header,
+                None,
+                None,
+                format!(
+                    "header bytenr {} differs from its address {b}",
+                    h.bytenr.get()
+                ),
+            );
         }
         if h.fsid != ctx.fsid {
-            push(ProblemKind::Header, None, None, "header fsid differs from the filesystem's".into());
+            push(
+                ProblemKind::Header,
+                None,
+                None,
+                "header fsid differs from the filesystem's".into(),
+            );
         }
         if h.level >= BTRFS_MAX_LEVEL {
-            push(ProblemKind::Level, None, None, format!("level {} exceeds the maximum {}", h.level, BTRFS_MAX_LEVEL - 1));
+            push(
+                ProblemKind::Level,
+                None,
+                None,
+                format!(
+                    "level {} exceeds the maximum {}",
+                    h.level,
+                    BTRFS_MAX_LEVEL - 1
+                ),
+            );
             return out;
         }
         if let Some(l) = expect.level {
             if l != h.level {
-                push(ProblemKind::Level, None, None, format!("level {} where the parent expects {l}", h.level));
+                push(
+                    ProblemKind::Level,
+                    None,
+                    None,
+                    format!("level {} where the parent expects {l}", h.level),
+                );
             }
         }
         let gen = h.generation.get();
         if let Some(g) = expect.generation {
             if g != gen {
-                push(ProblemKind::ParentTransid, None, None, format!("parent transid verify failed: wanted {g} found {gen}"));
+                push(
+                    ProblemKind::ParentTransid,
+                    None,
+                    None,
+                    format!("parent transid verify failed: wanted {g} found {gen}"),
+                );
             }
         }
         if gen > ctx.max_generation {
-            push(ProblemKind::Header, None, None, format!("generation {gen} newer than the filesystem's {}", ctx.max_generation));
+            push(
+                ProblemKind::Header,
+                None,
+                None,
+                format!(
+                    "generation {gen} newer than the filesystem's {}",
+                    ctx.max_generation
+                ),
+            );
         }
         let owner = h.owner.get();
         // Log and reloc tree blocks may be owned by the subvolume they log or
         // relocate (their ROOT_ITEM offset), which the caller does not know:
         // like the kernel's btrfs_check_eb_owner, their owner is not checked.
-        if let Some(o) = expect.owner.filter(|&o| o != BTRFS_TREE_LOG_OBJECTID && o != BTRFS_TREE_RELOC_OBJECTID) {
-            let ok = if is_fstree(o) { is_fstree(owner) } else { owner == o };
+        if let Some(o) = expect
+            .owner
+            .filter(|&o| o != BTRFS_TREE_LOG_OBJECTID && o != BTRFS_TREE_RELOC_OBJECTID)
+        {
+            let ok = if is_fstree(o) {
+                is_fstree(owner)
+            } else {
+                owner == o
+            };
             if !ok {
-                push(ProblemKind::Owner, None, None, format!("owner {} where tree {} is read", owner as i64, o as i64));
+                push(
+                    ProblemKind::Owner,
+                    None,
+                    None,
+                    format!("owner {} where tree {} is read", owner as i64, o as i64),
+                );
             }
         }
         let nr = self.nritems();
@@ -225,10 +322,20 @@ impl Node {
             (ctx.nodesize as usize - HEADER_SIZE) / KEY_PTR_SIZE
         };
         if nr > cap {
-            push(ProblemKind::ItemBounds, None, None, format!("nritems {nr} exceeds the block's capacity {cap}"));
+            push(
+                ProblemKind::ItemBounds,
+                None,
+                None,
+                format!("nritems {nr} exceeds the block's capacity {cap}"),
+            );
         }
         if !leaf && nr == 0 {
-            push(ProblemKind::ItemBounds, None, None, "node with no pointers".into());
+            push(
+                ProblemKind::ItemBounds,
+                None,
+                None,
+                "node with no pointers".into(),
+            );
         }
         let n = self.nr_safe();
         if let (Some(fk), Some(k0)) = (expect.first_key, self.key(0)) {
@@ -237,7 +344,11 @@ impl Node {
                     ProblemKind::FirstKey,
                     Some(0),
                     Some(k0),
-                    format!("first key {} differs from parent's {}", crate::format::names::key_string(&k0), crate::format::names::key_string(&fk)),
+                    format!(
+                        "first key {} differs from parent's {}",
+                        crate::format::names::key_string(&k0),
+                        crate::format::names::key_string(&fk)
+                    ),
                 );
             }
         }
@@ -255,7 +366,12 @@ impl Node {
                         ProblemKind::KeyOrder,
                         Some(slot),
                         Some(k),
-                        format!("bad key order: slot {} key {} >= slot {slot} key {}", slot - 1, crate::format::names::key_string(&p), crate::format::names::key_string(&k)),
+                        format!(
+                            "bad key order: slot {} key {} >= slot {slot} key {}",
+                            slot - 1,
+                            crate::format::names::key_string(&p),
+                            crate::format::names::key_string(&k)
+                        ),
                     );
                 }
             }
@@ -271,11 +387,19 @@ impl Node {
                         ProblemKind::ItemBounds,
                         Some(slot),
                         Some(k),
-                        format!("item {slot} data ends at {} but should end at {data_end}", off + size),
+                        format!(
+                            "item {slot} data ends at {} but should end at {data_end}",
+                            off + size
+                        ),
                     );
                 }
                 if off + size > data_size || off < (n * ITEM_SIZE) as u64 {
-                    push(ProblemKind::ItemBounds, Some(slot), Some(k), format!("item {slot} data [{off}, +{size}) outside the leaf's data area"));
+                    push(
+                        ProblemKind::ItemBounds,
+                        Some(slot),
+                        Some(k),
+                        format!("item {slot} data [{off}, +{size}) outside the leaf's data area"),
+                    );
                     data_end = off.min(data_end);
                     continue;
                 }
@@ -286,16 +410,35 @@ impl Node {
                             Error::Corrupt { what, .. } => what,
                             e => e.to_string(),
                         };
-                        push(ProblemKind::ItemBody, Some(slot), Some(k), format!("item {slot}: {msg}"));
+                        push(
+                            ProblemKind::ItemBody,
+                            Some(slot),
+                            Some(k),
+                            format!("item {slot}: {msg}"),
+                        );
                     }
                 }
             } else if let Some(p) = self.key_ptr(slot) {
                 let bp = p.blockptr.get();
                 if bp == 0 || bp % ctx.sectorsize as u64 != 0 {
-                    push(ProblemKind::ItemBounds, Some(slot), Some(k), format!("pointer {slot} to block {bp} is not sector aligned"));
+                    push(
+                        ProblemKind::ItemBounds,
+                        Some(slot),
+                        Some(k),
+                        format!("pointer {slot} to block {bp} is not sector aligned"),
+                    );
                 }
                 if p.generation.get() > ctx.max_generation {
-                    push(ProblemKind::Header, Some(slot), Some(k), format!("pointer {slot} generation {} newer than the filesystem's {}", p.generation.get(), ctx.max_generation));
+                    push(
+                        ProblemKind::Header,
+                        Some(slot),
+                        Some(k),
+                        format!(
+                            "pointer {slot} generation {} newer than the filesystem's {}",
+                            p.generation.get(),
+                            ctx.max_generation
+                        ),
+                    );
                 }
             }
         }
@@ -304,7 +447,9 @@ impl Node {
 
     /// Decode leaf item `slot`.
     pub fn decode_item(&self, slot: usize, csum_size: usize) -> Result<(Key, ItemBody<'_>)> {
-        let it = self.item(slot).ok_or_else(|| Error::corrupt(format!("item slot {slot} out of range"), self.bytenr))?;
+        let it = self
+            .item(slot)
+            .ok_or_else(|| Error::corrupt(format!("item slot {slot} out of range"), self.bytenr))?;
         let key = Key::from(&it.key);
         let d = self.item_data(slot)?;
         let body = decode(&key, d, csum_size).map_err(|e| e.at(self.bytenr, key))?;

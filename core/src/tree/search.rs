@@ -42,19 +42,41 @@ impl<'a> TreeIter<'a> {
     /// Position at the first item with key >= `start`.
     pub fn new(img: &'a Image, root: TreeRoot, start: Key) -> Result<TreeIter<'a>> {
         let log = root.id == BTRFS_TREE_LOG_OBJECTID;
-        let mut it = TreeIter { img, root, log, path: Vec::new(), done: false };
+        let mut it = TreeIter {
+            img,
+            root,
+            log,
+            path: Vec::new(),
+            done: false,
+        };
         it.seek(start)?;
         Ok(it)
     }
 
-    fn read(&self, bytenr: u64, level: u8, generation: Option<u64>, first_key: Option<Key>) -> Result<Arc<Node>> {
-        let e = Expect { level: Some(level), generation, owner: Some(self.root.id), first_key };
+    fn read(
+        &self,
+        bytenr: u64,
+        level: u8,
+        generation: Option<u64>,
+        first_key: Option<Key>,
+    ) -> Result<Arc<Node>> {
+        let e = Expect {
+            level: Some(level),
+            generation,
+            owner: Some(self.root.id),
+            first_key,
+        };
         Ok(Arc::new(self.img.read_tree_block(bytenr, &e, self.log)?))
     }
 
     fn seek(&mut self, start: Key) -> Result<()> {
         self.path.clear();
-        let mut node = self.read(self.root.bytenr, self.root.level, Some(self.root.generation), None)?;
+        let mut node = self.read(
+            self.root.bytenr,
+            self.root.level,
+            Some(self.root.generation),
+            None,
+        )?;
         loop {
             if node.is_leaf() {
                 let slot = match node.bin_search(&start) {
@@ -74,11 +96,19 @@ impl<'a> TreeIter<'a> {
     }
 
     fn child(&self, node: &Node, slot: usize) -> Result<Arc<Node>> {
-        let p = node
-            .key_ptr(slot)
-            .ok_or_else(|| Error::corrupt(format!("node has no pointer in slot {slot}"), node.bytenr))?;
-        let level = node.level().checked_sub(1).ok_or_else(|| Error::corrupt("leaf used as node", node.bytenr))?;
-        self.read(p.blockptr.get(), level, Some(p.generation.get()), Some(Key::from(&p.key)))
+        let p = node.key_ptr(slot).ok_or_else(|| {
+            Error::corrupt(format!("node has no pointer in slot {slot}"), node.bytenr)
+        })?;
+        let level = node
+            .level()
+            .checked_sub(1)
+            .ok_or_else(|| Error::corrupt("leaf used as node", node.bytenr))?;
+        self.read(
+            p.blockptr.get(),
+            level,
+            Some(p.generation.get()),
+            Some(Key::from(&p.key)),
+        )
     }
 
     /// The next item, or None at the end of the tree.
@@ -95,7 +125,11 @@ impl<'a> TreeIter<'a> {
                     Some(k) => k,
                     None => continue,
                 };
-                return Some(Ok(ItemRef { key, node: leaf.clone(), slot: s }));
+                return Some(Ok(ItemRef {
+                    key,
+                    node: leaf.clone(),
+                    slot: s,
+                }));
             }
             // Leaf exhausted: climb to the first ancestor with a next pointer.
             self.path.pop();

@@ -14,10 +14,19 @@ use std::ops::ControlFlow;
 
 pub enum WalkEvent<'a> {
     /// A block was read; `problems` is empty for a valid block.
-    Block { node: &'a Node, problems: &'a [Problem], depth: usize },
+    Block {
+        node: &'a Node,
+        problems: &'a [Problem],
+        depth: usize,
+    },
     /// A block could not be read at all (outside every chunk, I/O error, or
     /// a level that breaks the tree's shape).
-    Unreadable { bytenr: u64, parent: Option<u64>, key: Option<Key>, error: &'a Error },
+    Unreadable {
+        bytenr: u64,
+        parent: Option<u64>,
+        key: Option<Key>,
+        error: &'a Error,
+    },
     /// A block already visited in this walk was referenced again.
     Revisit { bytenr: u64, parent: u64 },
 }
@@ -33,23 +42,40 @@ where
     // reverse so they pop in key order.
     let mut stack = vec![(
         root.bytenr,
-        Expect { level: Some(root.level), generation: Some(root.generation), owner: Some(root.id), first_key: None },
+        Expect {
+            level: Some(root.level),
+            generation: Some(root.generation),
+            owner: Some(root.id),
+            first_key: None,
+        },
         None::<u64>,
         0usize,
     )];
     while let Some((bytenr, expect, parent, depth)) = stack.pop() {
         if !seen.insert(bytenr) {
-            visit(WalkEvent::Revisit { bytenr, parent: parent.unwrap_or(0) })?;
+            visit(WalkEvent::Revisit {
+                bytenr,
+                parent: parent.unwrap_or(0),
+            })?;
             continue;
         }
         let (node, problems) = match img.read_tree_block_checked(bytenr, &expect, log) {
             Ok(x) => x,
             Err(e) => {
-                visit(WalkEvent::Unreadable { bytenr, parent, key: expect.first_key, error: &e })?;
+                visit(WalkEvent::Unreadable {
+                    bytenr,
+                    parent,
+                    key: expect.first_key,
+                    error: &e,
+                })?;
                 continue;
             }
         };
-        visit(WalkEvent::Block { node: &node, problems: &problems, depth })?;
+        visit(WalkEvent::Block {
+            node: &node,
+            problems: &problems,
+            depth,
+        })?;
         if node.is_leaf() || depth >= BTRFS_MAX_LEVEL as usize {
             continue;
         }

@@ -68,7 +68,11 @@ impl FillStream {
             Fill::Random(s) => Some(Prng::new(*s)),
             _ => None,
         };
-        FillStream { fill: fill.clone(), rng, pos: 0 }
+        FillStream {
+            fill: fill.clone(),
+            rng,
+            pos: 0,
+        }
     }
     /// Fill `buf` with the next `buf.len()` bytes of the stream. A random
     /// stream advances eight bytes at a time, so pieces must be multiples of
@@ -115,7 +119,13 @@ pub fn warmup_steps() -> Vec<super::script::Step> {
     let mut v = vec![Step::Mkdir(d.clone())];
     for (name, len, seed) in [("small", 4096u64, 0xa11u64), ("medium", 256 << 10, 0xa12)] {
         let p = format!("{d}/{name}");
-        v.push(Step::Write { path: p.clone(), off: 0, len, fill: Fill::Random(seed), enospc_ok: false });
+        v.push(Step::Write {
+            path: p.clone(),
+            off: 0,
+            len,
+            fill: Fill::Random(seed),
+            enospc_ok: false,
+        });
         v.push(Step::Fdatasync(p));
     }
     v.push(Step::Sync);

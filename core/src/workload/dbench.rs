@@ -8,6 +8,7 @@
 //! unexpected (dbench warns about it). Throughput counts the bytes of
 //! ReadX and WriteX, as dbench does.
 
+use super::durable::{position_pattern, CrashCheck};
 use crate::fs::{Filesystem, Loc};
 use crate::log::batch::SharedFs;
 use crate::{Error, Result};
@@ -19,22 +20,61 @@ use std::time::{Duration, Instant};
 /// One operation of a loadfile.
 #[derive(Clone, Debug, PartialEq)]
 pub enum NbOp {
-    NtCreateX { path: String, options: u32, disposition: u32, fnum: i64 },
-    Close { fnum: i64 },
-    WriteX { fnum: i64, off: u64, size: u64 },
-    ReadX { fnum: i64, off: u64, size: u64 },
-    Flush { fnum: i64 },
-    Rename { from: String, to: String },
-    Unlink { path: String },
-    Deltree { path: String },
-    Mkdir { path: String },
-    Rmdir { path: String },
-    QueryPath { path: String },
-    QueryFile { fnum: i64 },
+    NtCreateX {
+        path: String,
+        options: u32,
+        disposition: u32,
+        fnum: i64,
+    },
+    Close {
+        fnum: i64,
+    },
+    WriteX {
+        fnum: i64,
+        off: u64,
+        size: u64,
+    },
+    ReadX {
+        fnum: i64,
+        off: u64,
+        size: u64,
+    },
+    Flush {
+        fnum: i64,
+    },
+    Rename {
+        from: String,
+        to: String,
+    },
+    Unlink {
+        path: String,
+    },
+    Deltree {
+        path: String,
+    },
+    Mkdir {
+        path: String,
+    },
+    Rmdir {
+        path: String,
+    },
+    QueryPath {
+        path: String,
+    },
+    QueryFile {
+        fnum: i64,
+    },
     QueryFs,
-    SetFile { fnum: i64, level: u32 },
-    FindFirst { pattern: String },
-    Lock { fnum: i64 },
+    SetFile {
+        fnum: i64,
+        level: u32,
+    },
+    FindFirst {
+        pattern: String,
+    },
+    Lock {
+        fnum: i64,
+    },
 }
 
 impl NbOp {
@@ -112,19 +152,32 @@ pub fn parse_loadfile(text: &str) -> Result<Vec<NbLine>> {
         }
         let status = w.last().cloned().unwrap_or_default();
         if !status.starts_with("NT_STATUS_") {
-            return Err(Error::Invalid(format!("loadfile line {line}: no NT_STATUS at the end")));
+            return Err(Error::Invalid(format!(
+                "loadfile line {line}: no NT_STATUS at the end"
+            )));
         }
         let need = |n: usize| -> Result<()> {
             if w.len() < n + 2 {
-                return Err(Error::Invalid(format!("loadfile line {line}: {} needs {n} arguments", w[0])));
+                return Err(Error::Invalid(format!(
+                    "loadfile line {line}: {} needs {n} arguments",
+                    w[0]
+                )));
             }
             Ok(())
         };
-        let fnum = |s: &str| -> Result<i64> { s.parse::<i64>().map_err(|_| Error::Invalid(format!("loadfile line {line}: {s:?} is not a handle"))) };
+        let fnum = |s: &str| -> Result<i64> {
+            s.parse::<i64>()
+                .map_err(|_| Error::Invalid(format!("loadfile line {line}: {s:?} is not a handle")))
+        };
         let op = match w[0].as_str() {
             "NTCreateX" => {
                 need(4)?;
-                NbOp::NtCreateX { path: w[1].clone(), options: num(&w[2], line)? as u32, disposition: num(&w[3], line)? as u32, fnum: fnum(&w[4])? }
+                NbOp::NtCreateX {
+                    path: w[1].clone(),
+                    options: num(&w[2], line)? as u32,
+                    disposition: num(&w[3], line)? as u32,
+                    fnum: fnum(&w[4])?,
+                }
             }
             "Close" => {
                 need(1)?;
@@ -132,11 +185,19 @@ pub fn parse_loadfile(text: &str) -> Result<Vec<NbLine>> {
             }
             "WriteX" => {
                 need(4)?;
-                NbOp::WriteX { fnum: fnum(&w[1])?, off: num(&w[2], line)?, size: num(&w[3], line)? }
+                NbOp::WriteX {
+                    fnum: fnum(&w[1])?,
+                    off: num(&w[2], line)?,
+                    size: num(&w[3], line)?,
+                }
             }
             "ReadX" => {
                 need(4)?;
-                NbOp::ReadX { fnum: fnum(&w[1])?, off: num(&w[2], line)?, size: num(&w[3], line)? }
+                NbOp::ReadX {
+                    fnum: fnum(&w[1])?,
+                    off: num(&w[2], line)?,
+                    size: num(&w[3], line)?,
+                }
             }
             "Flush" => {
                 need(1)?;
@@ -144,7 +205,10 @@ pub fn parse_loadfile(text: &str) -> Result<Vec<NbLine>> {
             }
             "Rename" => {
                 need(2)?;
-                NbOp::Rename { from: w[1].clone(), to: w[2].clone() }
+                NbOp::Rename {
+                    from: w[1].clone(),
+                    to: w[2].clone(),
+                }
             }
             "Unlink" => {
                 need(1)?;
@@ -173,19 +237,32 @@ pub fn parse_loadfile(text: &str) -> Result<Vec<NbLine>> {
             "QUERY_FS_INFORMATION" | "Qfsinfo" => NbOp::QueryFs,
             "SET_FILE_INFORMATION" | "Sfileinfo" => {
                 need(2)?;
-                NbOp::SetFile { fnum: fnum(&w[1])?, level: num(&w[2], line)? as u32 }
+                NbOp::SetFile {
+                    fnum: fnum(&w[1])?,
+                    level: num(&w[2], line)? as u32,
+                }
             }
             "FIND_FIRST" | "Find" => {
                 need(1)?;
-                NbOp::FindFirst { pattern: w[1].clone() }
+                NbOp::FindFirst {
+                    pattern: w[1].clone(),
+                }
             }
             "LockX" | "UnlockX" => {
                 need(1)?;
                 NbOp::Lock { fnum: fnum(&w[1])? }
             }
-            o => return Err(Error::Invalid(format!("loadfile line {line}: unknown operation {o}"))),
+            o => {
+                return Err(Error::Invalid(format!(
+                    "loadfile line {line}: unknown operation {o}"
+                )))
+            }
         };
-        out.push(NbLine { line, op, ok: status == "NT_STATUS_OK" });
+        out.push(NbLine {
+            line,
+            op,
+            ok: status == "NT_STATUS_OK",
+        });
     }
     if out.is_empty() {
         return Err(Error::Invalid("the loadfile has no operations".into()));
@@ -233,6 +310,140 @@ struct Client {
     id: u64,
     handles: HashMap<i64, Loc>,
     wbuf: Vec<u8>,
+    /// The path each handle was opened by.
+    paths: HashMap<i64, String>,
+    /// With a crash check: the client's files and what its Flushes
+    /// acknowledged.
+    durable: Option<DurableFiles>,
+}
+
+/// A written file: where, what was written since it was created (or
+/// truncated), and what a Flush acknowledged of that.
+struct Tracked {
+    loc: Loc,
+    size: u64,
+    ranges: BTreeMap<u64, u64>,
+    ack: Option<(u64, BTreeMap<u64, u64>)>,
+}
+
+/// One client's files, for the check after a crash. A file's
+/// acknowledgement stands until something the client did later may
+/// legitimately undo or move it without a sync (a truncate, an unlink, a
+/// rename of it or of a directory above it, a Deltree): from then on the
+/// file is no longer checked. Writes carry [`position_pattern`] bytes, so
+/// any write to a place writes the same bytes there.
+#[derive(Default)]
+pub struct DurableFiles {
+    files: HashMap<String, Tracked>,
+    writes: u64,
+    acknowledged: u64,
+}
+
+impl DurableFiles {
+    fn created(&mut self, path: &str, loc: Loc) {
+        self.files.insert(
+            path.to_string(),
+            Tracked {
+                loc,
+                size: 0,
+                ranges: BTreeMap::new(),
+                ack: None,
+            },
+        );
+    }
+
+    fn written(&mut self, path: &str, off: u64, len: u64) {
+        self.writes += 1;
+        let Some(t) = self.files.get_mut(path) else {
+            return;
+        };
+        t.size = t.size.max(off + len);
+        // Merge [off, off + len) into the disjoint ranges.
+        let (mut a, mut b) = (off, off + len);
+        let touching: Vec<(u64, u64)> = t
+            .ranges
+            .range(..=b)
+            .rev()
+            .take_while(|(_, &e)| e >= a)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in touching {
+            t.ranges.remove(&s);
+            a = a.min(s);
+            b = b.max(e);
+        }
+        t.ranges.insert(a, b);
+    }
+
+    /// `path` and everything under it.
+    fn forget(&mut self, path: &str) {
+        let under = format!("{}/", path.trim_end_matches('/'));
+        self.files
+            .retain(|p, _| p != path && !p.starts_with(&under));
+    }
+
+    fn snapshot(&self, path: &str) -> Option<(u64, BTreeMap<u64, u64>)> {
+        self.files.get(path).map(|t| (t.size, t.ranges.clone()))
+    }
+
+    fn acknowledge(&mut self, path: &str, snap: Option<(u64, BTreeMap<u64, u64>)>) {
+        if let (Some(t), Some(s)) = (self.files.get_mut(path), snap) {
+            self.acknowledged += 1;
+            t.ack = Some(s);
+        }
+    }
+}
+
+/// After a crash and recovery: every file a Flush acknowledged (and the
+/// client did not later truncate, unlink or move) is at its path, as the
+/// same inode, at least as long, with the acknowledged bytes.
+pub fn verify_durable(fs: &mut Filesystem, clients: &[DurableFiles]) -> Result<CrashCheck> {
+    let mut r = CrashCheck {
+        unit: "file",
+        ..Default::default()
+    };
+    for c in clients {
+        r.writes += c.writes;
+        r.acknowledged += c.acknowledged;
+        let mut paths: Vec<&String> = c.files.keys().collect();
+        paths.sort();
+        for p in paths {
+            let t = &c.files[p];
+            r.checked += 1;
+            let Some((size, ranges)) = &t.ack else {
+                continue;
+            };
+            r.checked_acknowledged += 1;
+            let problem = (|| -> Result<Option<String>> {
+                let l = match fs.resolve(p, false) {
+                    Ok(l) => l,
+                    Err(e) if errno_of(&e) == libc::ENOENT => return Ok(Some("missing".into())),
+                    Err(e) => return Err(e),
+                };
+                if l != t.loc {
+                    return Ok(Some(format!("inode {} where {} was", l.ino, t.loc.ino)));
+                }
+                let st = fs.stat(l)?;
+                if st.size < *size {
+                    return Ok(Some(format!("{} bytes, {} acknowledged", st.size, size)));
+                }
+                for (&a, &b) in ranges {
+                    let got = fs.read(l, a, b - a)?;
+                    if got != position_pattern(l.ino, a, (b - a) as usize) {
+                        return Ok(Some(format!("bytes {a}..{b} differ from what was written")));
+                    }
+                }
+                Ok(None)
+            })()?;
+            if let Some(why) = problem {
+                r.lost += 1;
+                if r.examples.len() < 8 {
+                    r.examples.push(format!("{p}: {why}"));
+                }
+            }
+        }
+    }
+    Ok(r)
 }
 
 /// A loadfile path for client `id`: `client1` becomes `clientN`, `\` is
@@ -258,10 +469,15 @@ impl Client {
             }
         };
         match op {
-            NbOp::NtCreateX { path, options, disposition, fnum } => {
+            NbOp::NtCreateX {
+                path,
+                options,
+                disposition,
+                fnum,
+            } => {
                 let p = client_path(path, id);
                 let dir = options & 0x1 != 0;
-                let r = (|| -> Result<Loc> {
+                let r = (|| -> Result<(Loc, bool)> {
                     let found = match fs.resolve(&p, true) {
                         Ok(l) => Some(l),
                         Err(e) if errno_of(&e) == libc::ENOENT => None,
@@ -269,56 +485,95 @@ impl Client {
                     };
                     // FILE_OPEN 1, FILE_CREATE 2, FILE_OPEN_IF 3,
                     // FILE_OVERWRITE 4, FILE_OVERWRITE_IF 5, FILE_SUPERSEDE 0.
-                    let l = match (found, disposition) {
+                    let (l, mut fresh) = match (found, disposition) {
                         (Some(_), 2) => return Err(Error::errno(libc::EEXIST, "exists")),
-                        (Some(l), _) => l,
-                        (None, 1) | (None, 4) => return Err(Error::errno(libc::ENOENT, "not found")),
+                        (Some(l), _) => (l, false),
+                        (None, 1) | (None, 4) => {
+                            return Err(Error::errno(libc::ENOENT, "not found"))
+                        }
                         (None, _) => {
                             let (d, n) = fs.resolve_parent(&p)?;
-                            if dir {
+                            let l = if dir {
                                 fs.mkdir(d, &n, 0o755)?
                             } else {
                                 fs.create(d, &n, 0o644)?
-                            }
+                            };
+                            (l, true)
                         }
                     };
-                    if !dir && matches!(disposition, 0 | 4 | 5) && crate::fs::inode::is_reg(fs.item(l)?.mode.get()) {
+                    let reg = crate::fs::inode::is_reg(fs.item(l)?.mode.get());
+                    if !dir && matches!(disposition, 0 | 4 | 5) && reg {
                         fs.truncate(l, 0)?;
+                        fresh = true;
                     }
                     fs.open(l)?;
-                    Ok(l)
+                    Ok((l, fresh && reg))
                 })();
                 match r {
-                    Ok(l) => {
+                    Ok((l, fresh)) => {
                         if let Some(old) = self.handles.insert(*fnum, l) {
                             fs.close(old)?;
                         }
+                        if let Some(d) = &mut self.durable {
+                            if fresh {
+                                d.created(&p, l);
+                            }
+                        }
+                        self.paths.insert(*fnum, p);
                         Ok(true)
                     }
                     Err(e) => soft(Err(e)),
                 }
             }
-            NbOp::Close { fnum } => match self.handles.remove(fnum) {
+            NbOp::Close { fnum } => match self.handles.remove(fnum).inspect(|_| {
+                self.paths.remove(fnum);
+            }) {
                 Some(l) => soft(fs.close(l)),
                 None => Ok(false),
             },
             NbOp::WriteX { fnum, off, size } => {
-                let Some(&l) = self.handles.get(fnum) else { return Ok(false) };
-                if self.wbuf.len() < *size as usize {
-                    self.wbuf.resize(*size as usize, (id as u8).wrapping_mul(37).wrapping_add(1));
-                }
-                let r = fs.write(l, *off, &self.wbuf[..*size as usize]);
+                let Some(&l) = self.handles.get(fnum) else {
+                    return Ok(false);
+                };
+                let r = match &mut self.durable {
+                    Some(d) => {
+                        let r = fs.write(l, *off, &position_pattern(l.ino, *off, *size as usize));
+                        if r.is_ok() {
+                            if let Some(p) = self.paths.get(fnum) {
+                                d.written(p, *off, *size);
+                            }
+                        }
+                        r
+                    }
+                    None => {
+                        if self.wbuf.len() < *size as usize {
+                            self.wbuf.resize(
+                                *size as usize,
+                                (id as u8).wrapping_mul(37).wrapping_add(1),
+                            );
+                        }
+                        fs.write(l, *off, &self.wbuf[..*size as usize])
+                    }
+                };
                 let ok = soft(r)?;
                 fs.periodic()?;
                 Ok(ok)
             }
             NbOp::ReadX { fnum, off, size } => {
-                let Some(&l) = self.handles.get(fnum) else { return Ok(false) };
+                let Some(&l) = self.handles.get(fnum) else {
+                    return Ok(false);
+                };
                 soft(fs.read(l, *off, *size).map(drop))
             }
-            NbOp::Flush { .. } => Err(Error::Invalid("Flush runs through the shared fsync, not Client::apply".into())),
+            NbOp::Flush { .. } => Err(Error::Invalid(
+                "Flush runs through the shared fsync, not Client::apply".into(),
+            )),
             NbOp::Rename { from, to } => {
                 let (a, b) = (client_path(from, id), client_path(to, id));
+                if let Some(d) = &mut self.durable {
+                    d.forget(&a);
+                    d.forget(&b);
+                }
                 soft((|| {
                     let (od, on) = fs.resolve_parent(&a)?;
                     let (nd, nn) = fs.resolve_parent(&b)?;
@@ -327,6 +582,9 @@ impl Client {
             }
             NbOp::Unlink { path } => {
                 let p = client_path(path, id);
+                if let Some(d) = &mut self.durable {
+                    d.forget(&p);
+                }
                 soft((|| {
                     let (d, n) = fs.resolve_parent(&p)?;
                     fs.unlink(d, &n)
@@ -334,6 +592,9 @@ impl Client {
             }
             NbOp::Deltree { path } => {
                 let p = client_path(path, id);
+                if let Some(d) = &mut self.durable {
+                    d.forget(&p);
+                }
                 match fs.resolve(&p, false) {
                     Ok(l) => {
                         deltree(fs, l, 0)?;
@@ -353,6 +614,9 @@ impl Client {
             }
             NbOp::Rmdir { path } => {
                 let p = client_path(path, id);
+                if let Some(d) = &mut self.durable {
+                    d.forget(&p);
+                }
                 soft((|| {
                     let (d, n) = fs.resolve_parent(&p)?;
                     fs.rmdir(d, &n)
@@ -363,12 +627,16 @@ impl Client {
                 soft(fs.resolve(&p, true).and_then(|l| fs.stat(l)).map(drop))
             }
             NbOp::QueryFile { fnum } => {
-                let Some(&l) = self.handles.get(fnum) else { return Ok(false) };
+                let Some(&l) = self.handles.get(fnum) else {
+                    return Ok(false);
+                };
                 soft(fs.stat(l).map(drop))
             }
             NbOp::QueryFs => Ok(true),
             NbOp::SetFile { fnum, level } => {
-                let Some(&l) = self.handles.get(fnum) else { return Ok(false) };
+                let Some(&l) = self.handles.get(fnum) else {
+                    return Ok(false);
+                };
                 // SMB_SET_FILE_BASIC_INFO: times; the other levels carry
                 // nothing the loadfile gives.
                 if *level == 1004 {
@@ -380,7 +648,14 @@ impl Client {
             NbOp::FindFirst { pattern } => {
                 let p = client_path(pattern, id);
                 let (dir, pat) = match p.rsplit_once('/') {
-                    Some((d, f)) => (if d.is_empty() { "/".to_string() } else { d.to_string() }, f.to_string()),
+                    Some((d, f)) => (
+                        if d.is_empty() {
+                            "/".to_string()
+                        } else {
+                            d.to_string()
+                        },
+                        f.to_string(),
+                    ),
                     None => ("/".to_string(), p.clone()),
                 };
                 let l = match fs.resolve(&dir, true) {
@@ -389,7 +664,9 @@ impl Client {
                     Err(e) => return Err(e),
                 };
                 let names = fs.readdir(l)?;
-                Ok(names.iter().any(|(n, _, _)| glob(&pat, &String::from_utf8_lossy(n).to_lowercase())))
+                Ok(names
+                    .iter()
+                    .any(|(n, _, _)| glob(&pat, &String::from_utf8_lossy(n).to_lowercase())))
             }
             NbOp::Lock { fnum } => Ok(self.handles.contains_key(fnum)),
         }
@@ -399,7 +676,9 @@ impl Client {
 /// Remove everything under directory `l` (bounded depth).
 fn deltree(fs: &mut Filesystem, l: Loc, depth: u32) -> Result<()> {
     if depth > 64 {
-        return Err(Error::Invalid("deltree: directories nested too deep".into()));
+        return Err(Error::Invalid(
+            "deltree: directories nested too deep".into(),
+        ));
     }
     for (name, child, _) in fs.readdir(l)? {
         if crate::fs::inode::is_dir(fs.item(child)?.mode.get()) {
@@ -441,11 +720,24 @@ fn glob(p: &str, s: &str) -> bool {
 /// Run `clients` clients over the loadfile until the time or the passes
 /// are done. Each client's tree is made first (`/clients`).
 pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<DbenchReport> {
+    Ok(run_with(shared, load, o, false)?.0)
+}
+
+/// [`run`]; with `track`, writes carry position patterns and each
+/// client's acknowledged files come back for [`verify_durable`].
+pub fn run_with(
+    shared: &SharedFs,
+    load: &[NbLine],
+    o: &DbenchOptions,
+    track: bool,
+) -> Result<(DbenchReport, Vec<DurableFiles>)> {
     if o.clients == 0 {
         return Err(Error::Invalid("--clients must be at least 1".into()));
     }
     if o.time <= 0.0 && o.passes == 0 {
-        return Err(Error::Invalid("set --time or --passes: the run would never end".into()));
+        return Err(Error::Invalid(
+            "set --time or --passes: the run would never end".into(),
+        ));
     }
     {
         let mut fs = shared.lock();
@@ -459,28 +751,57 @@ pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<Dben
     let stop = AtomicBool::new(false);
     let started = Instant::now();
     let deadline = (o.time > 0.0).then(|| started + Duration::from_secs_f64(o.time));
-    type ClientOut = (u64, u64, u64, Vec<String>, BTreeMap<String, (u64, f64, f64)>, u64);
+    type ClientOut = (
+        u64,
+        u64,
+        u64,
+        Vec<String>,
+        BTreeMap<String, (u64, f64, f64)>,
+        u64,
+        Option<DurableFiles>,
+    );
     let outs: Vec<Result<ClientOut>> = std::thread::scope(|s| {
         let hs: Vec<_> = (1..=o.clients)
             .map(|id| {
                 let stop = &stop;
                 s.spawn(move || -> Result<ClientOut> {
-                    let mut c = Client { id, handles: HashMap::new(), wbuf: Vec::new() };
-                    let (mut bytes, mut unexpected, mut passes, mut written) = (0u64, 0u64, 0u64, 0u64);
+                    let mut c = Client {
+                        id,
+                        handles: HashMap::new(),
+                        wbuf: Vec::new(),
+                        paths: HashMap::new(),
+                        durable: track.then(DurableFiles::default),
+                    };
+                    let (mut bytes, mut unexpected, mut passes, mut written) =
+                        (0u64, 0u64, 0u64, 0u64);
                     let mut examples = Vec::new();
                     let mut ops: BTreeMap<String, (u64, f64, f64)> = BTreeMap::new();
                     'outer: loop {
                         for l in load {
-                            if stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
+                            if stop.load(Ordering::Relaxed)
+                                || deadline.is_some_and(|d| Instant::now() >= d)
+                            {
                                 break 'outer;
                             }
                             let t0 = Instant::now();
                             let ok = match &l.op {
                                 NbOp::Flush { fnum } => match c.handles.get(fnum) {
-                                    Some(&h) => match shared.fsync(h, false, None) {
-                                        Ok(()) => true,
-                                        Err(e) if errno_of(&e) != 0 => false,
-                                        Err(e) => return Err(e),
+                                    Some(&h) => match (
+                                        c.paths.get(fnum).cloned(),
+                                        shared.fsync(h, false, None),
+                                    ) {
+                                        (Some(p), Ok(())) => {
+                                            if let Some(d) = &mut c.durable {
+                                                // What was written before the
+                                                // fsync (a client is one thread).
+                                                let snap = d.snapshot(&p);
+                                                d.acknowledge(&p, snap);
+                                            }
+                                            true
+                                        }
+                                        (None, Ok(())) => true,
+                                        (_, Err(e)) if errno_of(&e) != 0 => false,
+                                        (_, Err(e)) => return Err(e),
                                     },
                                     None => false,
                                 },
@@ -491,7 +812,8 @@ pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<Dben
                             };
                             let ms = t0.elapsed().as_secs_f64() * 1000.0;
                             if ok {
-                                if let NbOp::WriteX { size, .. } | NbOp::ReadX { size, .. } = &l.op {
+                                if let NbOp::WriteX { size, .. } | NbOp::ReadX { size, .. } = &l.op
+                                {
                                     bytes += size;
                                 }
                                 if let NbOp::WriteX { size, .. } = &l.op {
@@ -501,11 +823,17 @@ pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<Dben
                             // dbench does not check Deltree and Mkdir (a
                             // tree left by an earlier run, the shared
                             // \clients made by the first client).
-                            let checked = !matches!(l.op, NbOp::Deltree { .. } | NbOp::Mkdir { .. });
+                            let checked =
+                                !matches!(l.op, NbOp::Deltree { .. } | NbOp::Mkdir { .. });
                             if checked && ok != l.ok {
                                 unexpected += 1;
                                 if examples.len() < 5 {
-                                    examples.push(format!("client {id}, line {}: {} {}", l.line, l.op.name(), if l.ok { "failed" } else { "succeeded" }));
+                                    examples.push(format!(
+                                        "client {id}, line {}: {} {}",
+                                        l.line,
+                                        l.op.name(),
+                                        if l.ok { "failed" } else { "succeeded" }
+                                    ));
                                 }
                             }
                             let e = ops.entry(l.op.name().to_string()).or_insert((0, 0.0, 0.0));
@@ -522,18 +850,29 @@ pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<Dben
                     for (_, h) in c.handles.drain() {
                         fs.close(h)?;
                     }
-                    Ok((bytes, unexpected, passes, examples, ops, written))
+                    Ok((bytes, unexpected, passes, examples, ops, written, c.durable))
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("a client thread panicked".into())))).collect()
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Invalid("a client thread panicked".into())))
+            })
+            .collect()
     });
     let secs = started.elapsed().as_secs_f64();
-    let mut r = DbenchReport { clients: o.clients, seconds: secs, ..Default::default() };
+    let mut r = DbenchReport {
+        clients: o.clients,
+        seconds: secs,
+        ..Default::default()
+    };
     let mut bytes = 0;
     let mut ops: BTreeMap<String, (u64, f64, f64)> = BTreeMap::new();
+    let mut durable = Vec::new();
     for x in outs {
-        let (b, u, p, ex, o, w) = x?;
+        let (b, u, p, ex, o, w, d) = x?;
+        durable.extend(d);
         bytes += b;
         r.payload_written += w;
         r.unexpected += u;
@@ -553,12 +892,19 @@ pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<Dben
     r.mb_per_s = bytes as f64 / 1e6 / secs.max(1e-9);
     for (k, (n, sum, max)) in ops {
         r.max_latency_ms = r.max_latency_ms.max(max);
-        r.ops.insert(k, OpStats { count: n, avg_ms: if n > 0 { sum / n as f64 } else { 0.0 }, max_ms: max });
+        r.ops.insert(
+            k,
+            OpStats {
+                count: n,
+                avg_ms: if n > 0 { sum / n as f64 } else { 0.0 },
+                max_ms: max,
+            },
+        );
     }
     let st = super::fileio::diff_stats(&before, &shared.lock().stats);
     r.stats = st;
     r.io = super::fileio::IoSummary::of(&shared.lock()).since(io0);
-    Ok(r)
+    Ok((r, durable))
 }
 
 #[cfg(test)]
@@ -570,16 +916,37 @@ mod tests {
         let t = "Deltree \"\\clients\\client1\" NT_STATUS_OK\nNTCreateX \"\\clients\\client1\\a b\" 0x40 0x2 9938 NT_STATUS_OK\nWriteX 9938 0 65536 65536 NT_STATUS_OK\nFIND_FIRST \"\\clients\\client1\\FILLER.*\" 260 1366 0 NT_STATUS_NO_SUCH_FILE\n";
         let l = parse_loadfile(t).unwrap();
         assert_eq!(l.len(), 4);
-        assert_eq!(l[1].op, NbOp::NtCreateX { path: "\\clients\\client1\\a b".into(), options: 0x40, disposition: 2, fnum: 9938 });
-        assert_eq!(l[2].op, NbOp::WriteX { fnum: 9938, off: 0, size: 65536 });
+        assert_eq!(
+            l[1].op,
+            NbOp::NtCreateX {
+                path: "\\clients\\client1\\a b".into(),
+                options: 0x40,
+                disposition: 2,
+                fnum: 9938
+            }
+        );
+        assert_eq!(
+            l[2].op,
+            NbOp::WriteX {
+                fnum: 9938,
+                off: 0,
+                size: 65536
+            }
+        );
         assert!(!l[3].ok);
-        assert!(parse_loadfile("Frobnicate 1 NT_STATUS_OK").unwrap_err().to_string().contains("line 1"));
+        assert!(parse_loadfile("Frobnicate 1 NT_STATUS_OK")
+            .unwrap_err()
+            .to_string()
+            .contains("line 1"));
         assert!(parse_loadfile("WriteX 1 NT_STATUS_OK").is_err());
     }
 
     #[test]
     fn paths_and_patterns() {
-        assert_eq!(client_path("\\clients\\client1\\~dmtmp\\WORD", 7), "/clients/client7/~dmtmp/word");
+        assert_eq!(
+            client_path("\\clients\\client1\\~dmtmp\\WORD", 7),
+            "/clients/client7/~dmtmp/word"
+        );
         assert!(glob("filler.*", "filler.000"));
         assert!(!glob("filler.*", "fill.000"));
         assert!(glob("*.t?t", "a.txt"));

@@ -34,14 +34,23 @@ impl Default for EngineRunner {
 
 fn ino_err(path: &str, e: Error) -> Error {
     match e {
-        Error::Errno { errno, msg } => Error::Errno { errno, msg: if msg.contains(path) { msg } else { format!("{path}: {msg}") } },
+        Error::Errno { errno, msg } => Error::Errno {
+            errno,
+            msg: if msg.contains(path) {
+                msg
+            } else {
+                format!("{path}: {msg}")
+            },
+        },
         e => e,
     }
 }
 
 impl EngineRunner {
     pub fn new() -> EngineRunner {
-        EngineRunner { fds: HashMap::new() }
+        EngineRunner {
+            fds: HashMap::new(),
+        }
     }
 
     /// The inode a step names: a held descriptor, or a path.
@@ -60,7 +69,10 @@ impl EngineRunner {
         }
         match fs.resolve(name, true) {
             Ok(l) => Ok(l),
-            Err(Error::Errno { errno: libc::ENOENT, .. }) => {
+            Err(Error::Errno {
+                errno: libc::ENOENT,
+                ..
+            }) => {
                 let (dir, n) = fs.resolve_parent(name).map_err(|e| ino_err(name, e))?;
                 fs.create(dir, &n, 0o644).map_err(|e| ino_err(name, e))
             }
@@ -94,17 +106,30 @@ impl EngineRunner {
                 let (d, n) = fs.resolve_parent(p).map_err(|e| ino_err(p, e))?;
                 fs.create(d, &n, 0o644).map_err(|e| ino_err(p, e))?;
             }
-            Step::Swrite { path, off, len, byte, datasync } => {
+            Step::Swrite {
+                path,
+                off,
+                len,
+                byte,
+                datasync,
+            } => {
                 let l = self.target_create(fs, path)?;
                 let buf = vec![*byte; (*len).min(1 << 20) as usize];
                 let mut done = 0u64;
                 while done < *len {
                     let n = (*len - done).min(buf.len() as u64) as usize;
-                    fs.write_sync(l, off + done, &buf[..n], *datasync).map_err(|e| ino_err(path, e))?;
+                    fs.write_sync(l, off + done, &buf[..n], *datasync)
+                        .map_err(|e| ino_err(path, e))?;
                     done += n as u64;
                 }
             }
-            Step::Write { path, off, len, fill, enospc_ok } => {
+            Step::Write {
+                path,
+                off,
+                len,
+                fill,
+                enospc_ok,
+            } => {
                 let l = self.target_create(fs, path)?;
                 let mut s = FillStream::new(fill);
                 let mut done = 0u64;
@@ -127,59 +152,103 @@ impl EngineRunner {
                     }
                 }
             }
-            Step::Dwrite { path, off, len, byte, chunk } => {
+            Step::Dwrite {
+                path,
+                off,
+                len,
+                byte,
+                chunk,
+            } => {
                 let l = self.target_create(fs, path)?;
                 let buf = vec![*byte; (*chunk).max(1) as usize];
                 let mut done = 0u64;
                 while done < *len {
                     let n = (*len - done).min(buf.len() as u64) as usize;
-                    fs.direct_write(l, off + done, &buf[..n]).map_err(|e| ino_err(path, e))?;
+                    fs.direct_write(l, off + done, &buf[..n])
+                        .map_err(|e| ino_err(path, e))?;
                     done += n as u64;
                 }
             }
-            Step::Mwrite { path, off, len, byte } => {
+            Step::Mwrite {
+                path,
+                off,
+                len,
+                byte,
+            } => {
                 let l = self.target(fs, path, true)?;
-                fs.mmap_write(l, *off, &vec![*byte; *len as usize]).map_err(|e| ino_err(path, e))?;
+                fs.mmap_write(l, *off, &vec![*byte; *len as usize])
+                    .map_err(|e| ino_err(path, e))?;
             }
             Step::Msync { path, range } => {
                 let l = self.target(fs, path, true)?;
                 let size = fs.stat(l)?.size;
                 let (o, n) = range.unwrap_or((0, size));
-                fs.fsync(l, true, Some((o, o.saturating_add(n)))).map_err(|e| ino_err(path, e))?;
+                fs.fsync(l, true, Some((o, o.saturating_add(n))))
+                    .map_err(|e| ino_err(path, e))?;
             }
-            Step::SyncRange { path, off, len, flags } => {
+            Step::SyncRange {
+                path,
+                off,
+                len,
+                flags,
+            } => {
                 let l = self.target(fs, path, true)?;
-                let f = if flags & SYNC_RANGE_WAIT_AFTER != 0 { flags | SYNC_RANGE_WRITE } else { *flags };
-                fs.sync_file_range(l, *off, *len, f).map_err(|e| ino_err(path, e))?;
+                let f = if flags & SYNC_RANGE_WAIT_AFTER != 0 {
+                    flags | SYNC_RANGE_WRITE
+                } else {
+                    *flags
+                };
+                fs.sync_file_range(l, *off, *len, f)
+                    .map_err(|e| ino_err(path, e))?;
             }
             Step::Truncate(p, size) => {
                 let l = self.target(fs, p, true)?;
                 fs.truncate(l, *size).map_err(|e| ino_err(p, e))?;
             }
-            Step::Fallocate { path, off, len, keep } => {
+            Step::Fallocate {
+                path,
+                off,
+                len,
+                keep,
+            } => {
                 // As fallocate(1): the file is created if missing.
                 let l = self.target_create(fs, path)?;
-                fs.fallocate(l, *off, *len, *keep).map_err(|e| ino_err(path, e))?;
+                fs.fallocate(l, *off, *len, *keep)
+                    .map_err(|e| ino_err(path, e))?;
             }
             Step::Punch { path, off, len } => {
                 // As fallocate(1): the file is created if missing.
                 let l = self.target_create(fs, path)?;
                 fs.punch_hole(l, *off, *len).map_err(|e| ino_err(path, e))?;
             }
-            Step::ZeroRange { path, off, len, keep } => {
+            Step::ZeroRange {
+                path,
+                off,
+                len,
+                keep,
+            } => {
                 // As fallocate(1): the file is created if missing.
                 let l = self.target_create(fs, path)?;
-                fs.zero_range(l, *off, *len, *keep).map_err(|e| ino_err(path, e))?;
+                fs.zero_range(l, *off, *len, *keep)
+                    .map_err(|e| ino_err(path, e))?;
             }
             Step::Collapse { path, off, len } => {
                 // As fallocate(1): the file is created if missing.
                 let l = self.target_create(fs, path)?;
-                fs.collapse_range(l, *off, *len).map_err(|e| ino_err(path, e))?;
+                fs.collapse_range(l, *off, *len)
+                    .map_err(|e| ino_err(path, e))?;
             }
-            Step::Clone { src, src_off, dst, dst_off, len } => {
+            Step::Clone {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                len,
+            } => {
                 let s = self.target(fs, src, true)?;
                 let d = self.target_create(fs, dst)?;
-                fs.clone_range(s, *src_off, d, *dst_off, *len).map_err(|e| ino_err(dst, e))?;
+                fs.clone_range(s, *src_off, d, *dst_off, *len)
+                    .map_err(|e| ino_err(dst, e))?;
             }
             Step::Link(a, b) => {
                 let t = fs.resolve(a, false).map_err(|e| ino_err(a, e))?;
@@ -188,7 +257,8 @@ impl EngineRunner {
             }
             Step::Symlink { target, path } => {
                 let (d, n) = fs.resolve_parent(path).map_err(|e| ino_err(path, e))?;
-                fs.symlink(d, &n, target.as_bytes()).map_err(|e| ino_err(path, e))?;
+                fs.symlink(d, &n, target.as_bytes())
+                    .map_err(|e| ino_err(path, e))?;
             }
             Step::Rename(a, b) => {
                 let (od, on) = fs.resolve_parent(a).map_err(|e| ino_err(a, e))?;
@@ -205,15 +275,18 @@ impl EngineRunner {
             }
             Step::SetXattr { path, name, value } => {
                 let l = self.target(fs, path, false)?;
-                fs.set_xattr(l, name.as_bytes(), value).map_err(|e| ino_err(path, e))?;
+                fs.set_xattr(l, name.as_bytes(), value)
+                    .map_err(|e| ino_err(path, e))?;
             }
             Step::RemoveXattr { path, name } => {
                 let l = self.target(fs, path, false)?;
-                fs.remove_xattr(l, name.as_bytes()).map_err(|e| ino_err(path, e))?;
+                fs.remove_xattr(l, name.as_bytes())
+                    .map_err(|e| ino_err(path, e))?;
             }
             Step::Fsync(p) | Step::Fdatasync(p) => {
                 let l = self.target(fs, p, true)?;
-                fs.fsync(l, matches!(st, Step::Fdatasync(_)), None).map_err(|e| ino_err(p, e))?;
+                fs.fsync(l, matches!(st, Step::Fdatasync(_)), None)
+                    .map_err(|e| ino_err(p, e))?;
             }
             Step::Sync => fs.sync()?,
             Step::Chmod(p, m) => {
@@ -227,7 +300,10 @@ impl EngineRunner {
             Step::Touch(p) => {
                 let l = match fs.resolve(p, true) {
                     Ok(l) => l,
-                    Err(Error::Errno { errno: libc::ENOENT, .. }) => {
+                    Err(Error::Errno {
+                        errno: libc::ENOENT,
+                        ..
+                    }) => {
                         let (d, n) = fs.resolve_parent(p).map_err(|e| ino_err(p, e))?;
                         fs.create(d, &n, 0o644).map_err(|e| ino_err(p, e))?
                     }
@@ -259,7 +335,10 @@ impl EngineRunner {
                 }
             }
             Step::CloseFd(p) => {
-                let l = self.fds.remove(p).ok_or_else(|| Error::errno(libc::EBADF, format!("close-fd {p}: not open")))?;
+                let l = self
+                    .fds
+                    .remove(p)
+                    .ok_or_else(|| Error::errno(libc::EBADF, format!("close-fd {p}: not open")))?;
                 fs.close(l)?;
             }
             Step::Evict => fs.evict(),
@@ -283,11 +362,19 @@ impl EngineRunner {
             }
             Step::QuotaEnable => fs.quota_enable()?,
             Step::BalanceMetadata => fs.balance_metadata()?,
-            Step::WriteFiles { dir, count, min, max, sync } => {
+            Step::WriteFiles {
+                dir,
+                count,
+                min,
+                max,
+                sync,
+            } => {
                 let d = fs.resolve(dir, true).map_err(|e| ino_err(dir, e))?;
                 for i in 0..*count {
                     let name = file_name(i);
-                    let l = fs.mknod(d, name.as_bytes(), S_IFREG | 0o644, 0).map_err(|e| ino_err(&format!("{dir}/{name}"), e))?;
+                    let l = fs
+                        .mknod(d, name.as_bytes(), S_IFREG | 0o644, 0)
+                        .map_err(|e| ino_err(&format!("{dir}/{name}"), e))?;
                     fs.write(l, 0, &file_content(i, file_size(i, *min, *max)))?;
                     match sync {
                         SyncKind::None => {}
@@ -309,7 +396,14 @@ impl EngineRunner {
                 let mut lines = Vec::new();
                 for (name, child, _) in fs.readdir(l).map_err(|e| ino_err(p, e))? {
                     let s = fs.stat(child)?;
-                    lines.push(format!("{:>8} {} {:>3} {:>12} {}", s.ino, mode_string(s.mode), s.nlink, s.size, String::from_utf8_lossy(&name)));
+                    lines.push(format!(
+                        "{:>8} {} {:>3} {:>12} {}",
+                        s.ino,
+                        mode_string(s.mode),
+                        s.nlink,
+                        s.size,
+                        String::from_utf8_lossy(&name)
+                    ));
                 }
                 out.text = Some(lines.join("\n"));
             }
@@ -333,7 +427,10 @@ impl EngineRunner {
                 ));
             }
             Step::Stats { .. } | Step::Set { .. } | Step::Crash { .. } | Step::Remount => {
-                return Err(Error::Invalid(format!("{}: handled by the session", st.verb())));
+                return Err(Error::Invalid(format!(
+                    "{}: handled by the session",
+                    st.verb()
+                )));
             }
         }
         fs.periodic()?;
@@ -361,7 +458,9 @@ pub fn mode_string(mode: u32) -> String {
 
 /// Bytes for `read`: text when printable, else a hex dump.
 fn render_bytes(d: &[u8]) -> String {
-    if d.iter().all(|&b| b == b'\n' || b == b'\t' || (0x20..0x7f).contains(&b)) {
+    if d.iter()
+        .all(|&b| b == b'\n' || b == b'\t' || (0x20..0x7f).contains(&b))
+    {
         return String::from_utf8_lossy(d).into_owned();
     }
     let mut s = String::new();
@@ -393,7 +492,14 @@ pub fn manifest(fs: &mut Filesystem) -> Result<Manifest> {
         if e.kind == 'd' {
             for (name, child, _) in fs.readdir(l)? {
                 let n = String::from_utf8_lossy(&name);
-                stack.push((if path == "/" { format!("/{n}") } else { format!("{path}/{n}") }, child));
+                stack.push((
+                    if path == "/" {
+                        format!("/{n}")
+                    } else {
+                        format!("{path}/{n}")
+                    },
+                    child,
+                ));
             }
         }
         m.entries.insert(path, e);
@@ -449,10 +555,21 @@ fn describe(fs: &mut Filesystem, l: Loc) -> Result<Entry> {
 
 /// The extent map as FIEMAP shows it, with dirty (delalloc) ranges as data.
 fn alloc_map(fs: &mut Filesystem, l: Loc) -> Result<Vec<(u64, u64, &'static str)>> {
-    let mut runs: Vec<(u64, u64, &'static str)> = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?
-        .into_iter()
-        .map(|(s, e, k)| (s, e, if k == MapKind::Data { "data" } else { "unwritten" }))
-        .collect();
+    let mut runs: Vec<(u64, u64, &'static str)> =
+        crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?
+            .into_iter()
+            .map(|(s, e, k)| {
+                (
+                    s,
+                    e,
+                    if k == MapKind::Data {
+                        "data"
+                    } else {
+                        "unwritten"
+                    },
+                )
+            })
+            .collect();
     let dirty = fs.rt(l)?.pages.dirty_ranges();
     if !dirty.is_empty() {
         // Dirty pages win over what the disk holds.
@@ -460,16 +577,19 @@ fn alloc_map(fs: &mut Filesystem, l: Loc) -> Result<Vec<(u64, u64, &'static str)
         for (s, e, k) in runs {
             let mut pieces = vec![(s, e)];
             for &(ds, de) in &dirty {
-                pieces = pieces.into_iter().flat_map(|(a, b)| {
-                    let mut v = Vec::new();
-                    if a < ds.min(b) {
-                        v.push((a, ds.min(b)));
-                    }
-                    if de.max(a) < b {
-                        v.push((de.max(a), b));
-                    }
-                    v
-                }).collect();
+                pieces = pieces
+                    .into_iter()
+                    .flat_map(|(a, b)| {
+                        let mut v = Vec::new();
+                        if a < ds.min(b) {
+                            v.push((a, ds.min(b)));
+                        }
+                        if de.max(a) < b {
+                            v.push((de.max(a), b));
+                        }
+                        v
+                    })
+                    .collect();
             }
             cut.extend(pieces.into_iter().map(|(a, b)| (a, b, k)));
         }

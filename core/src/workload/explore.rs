@@ -71,13 +71,20 @@ struct Promise {
 /// Run `script` on a copy-on-write view of `image` (the image itself is
 /// not changed), then explore every flush point. `progress(done, total)`
 /// is called as crash images are checked.
-pub fn explore(image: &Path, script: &Script, o: &ExploreOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<ExploreReport> {
+pub fn explore(
+    image: &Path,
+    script: &Script,
+    o: &ExploreOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<ExploreReport> {
     if !image.exists() {
         let mk = crate::mkfs::MkfsOptions::from_mkfs_args(&script.mkfs)?;
         crate::mkfs::make_image(image, script.fssize, &mk)?;
     }
     let base: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(image, false)?);
-    let journal = Arc::new(JournalDevice::new(Arc::new(OverlayDevice::new(base.clone()))));
+    let journal = Arc::new(JournalDevice::new(Arc::new(OverlayDevice::new(
+        base.clone(),
+    ))));
     let mut session = Session::on_device(journal.clone(), script)?;
     let mut steps: Vec<Step> = Vec::new();
     if script.warmup == Some(true) {
@@ -102,12 +109,20 @@ pub fn explore(image: &Path, script: &Script, o: &ExploreOptions, progress: &mut
             Step::Fsync(p) | Step::Fdatasync(p) => Some(p.clone()),
             _ => None,
         };
-        let before = pre.as_ref().and_then(|p| session.fs().ok()?.resolve(p, true).ok());
-        session.apply(st).map_err(|e| Error::Invalid(format!("step {} ({}): {e}", i + 1, st.verb())))?;
+        let before = pre
+            .as_ref()
+            .and_then(|p| session.fs().ok()?.resolve(p, true).ok());
+        session
+            .apply(st)
+            .map_err(|e| Error::Invalid(format!("step {} ({}): {e}", i + 1, st.verb())))?;
         if let (Some(p), Some(l)) = (pre, before) {
             let fs = session.fs()?;
             if crate::fs::inode::is_reg(fs.item(l)?.mode.get()) {
-                promises.push(Promise { inode: l, step: i + 1, path: p });
+                promises.push(Promise {
+                    inode: l,
+                    step: i + 1,
+                    path: p,
+                });
             }
         }
         let fs = session.fs()?;
@@ -127,7 +142,10 @@ pub fn explore(image: &Path, script: &Script, o: &ExploreOptions, progress: &mut
     let mut segments: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new()];
     for e in events {
         match e {
-            JournalEvent::Write { offset, data } => segments.last_mut().map(|s| s.push((offset, data))).unwrap_or(()),
+            JournalEvent::Write { offset, data } => segments
+                .last_mut()
+                .map(|s| s.push((offset, data)))
+                .unwrap_or(()),
             JournalEvent::Flush => segments.push(Vec::new()),
         }
     }
@@ -151,7 +169,10 @@ pub fn explore(image: &Path, script: &Script, o: &ExploreOptions, progress: &mut
             }
         }
         // The last step that may have run when flush k+1 had not happened.
-        let upto = flushes_after.iter().position(|&f| f > k).unwrap_or(steps.len());
+        let upto = flushes_after
+            .iter()
+            .position(|&f| f > k)
+            .unwrap_or(steps.len());
         let mut subsets: Vec<Option<u32>> = vec![None];
         if !segments[k].is_empty() {
             subsets.extend((0..o.random).map(Some));
@@ -159,7 +180,8 @@ pub fn explore(image: &Path, script: &Script, o: &ExploreOptions, progress: &mut
         for subset in subsets {
             let dev = durable.fork();
             if let Some(r) = subset {
-                let mut rng = Prng::new(o.seed ^ ((k as u64) << 20) ^ r as u64 ^ 0x9e37_79b9_7f4a_7c15);
+                let mut rng =
+                    Prng::new(o.seed ^ ((k as u64) << 20) ^ r as u64 ^ 0x9e37_79b9_7f4a_7c15);
                 for (off, data) in &segments[k] {
                     match rng.below(4) {
                         0 => {}
@@ -175,10 +197,15 @@ pub fn explore(image: &Path, script: &Script, o: &ExploreOptions, progress: &mut
                     }
                 }
             }
-            let at = |what: String| Violation { flush_point: k, subset, what };
+            let at = |what: String| Violation {
+                flush_point: k,
+                subset,
+                what,
+            };
             let unrecovered = o.save_dir.as_ref().map(|_| dev.fork());
             let dev: Arc<dyn BlockDevice> = Arc::new(dev);
-            let found = check_crash_image(dev, &mount, &promises, &states, &flushes_after, k, upto)?;
+            let found =
+                check_crash_image(dev, &mount, &promises, &states, &flushes_after, k, upto)?;
             if let (Some(dir), Some(img), false) = (&o.save_dir, unrecovered, found.is_empty()) {
                 let name = match subset {
                     Some(s) => format!("point-{k}-subset-{s}.img"),
@@ -211,7 +238,11 @@ fn state_of(fs: &mut Filesystem, l: Loc) -> Result<State> {
     if it.nlink.get() == 0 {
         return Ok(None);
     }
-    let size = if crate::fs::inode::is_reg(it.mode.get()) { fs.rt(l)?.i_size } else { it.size.get() };
+    let size = if crate::fs::inode::is_reg(it.mode.get()) {
+        fs.rt(l)?.i_size
+    } else {
+        it.size.get()
+    };
     let data = fs.read_untracked(l, 0, size)?;
     Ok(Some((size, content_hash(&data))))
 }
@@ -238,7 +269,8 @@ fn check_crash_image(
         Err(e) => return Ok(vec![format!("no valid superblock: {e}")]),
     };
     if sb.log_root.get() != 0 {
-        let replayed = crate::trans::Store::open_for_replay(dev.clone()).and_then(|mut st| crate::log::replay::replay(&mut st, Default::default()));
+        let replayed = crate::trans::Store::open_for_replay(dev.clone())
+            .and_then(|mut st| crate::log::replay::replay(&mut st, Default::default()));
         if let Err(e) = replayed {
             return Ok(vec![format!("log replay fails: {e}")]);
         }
@@ -247,8 +279,18 @@ fn check_crash_image(
         Ok(img) => {
             let r = crate::check::check_image(&img, Default::default(), &crate::check::NoProgress);
             if !r.is_clean() {
-                let first: Vec<String> = r.findings.iter().filter(|f| f.severity == crate::check::findings::Severity::Error).take(3).map(|f| f.message.clone()).collect();
-                out.push(format!("the checker finds {} error(s): {}", r.errors, first.join(" | ")));
+                let first: Vec<String> = r
+                    .findings
+                    .iter()
+                    .filter(|f| f.severity == crate::check::findings::Severity::Error)
+                    .take(3)
+                    .map(|f| f.message.clone())
+                    .collect();
+                out.push(format!(
+                    "the checker finds {} error(s): {}",
+                    r.errors,
+                    first.join(" | ")
+                ));
             }
         }
         Err(e) => out.push(format!("the recovered image does not open: {e}")),
@@ -268,11 +310,16 @@ fn check_crash_image(
         let got = match state_of(&mut fs, p.inode) {
             Ok(s) => s,
             Err(e) => {
-                out.push(format!("{} (fsynced at step {}): cannot be read back: {e}", p.path, p.step));
+                out.push(format!(
+                    "{} (fsynced at step {}): cannot be read back: {e}",
+                    p.path, p.step
+                ));
                 continue;
             }
         };
-        let window: Vec<State> = (p.step..=upto.max(p.step)).filter_map(|j| states.get(j).and_then(|m| m.get(&p.inode)).copied()).collect();
+        let window: Vec<State> = (p.step..=upto.max(p.step))
+            .filter_map(|j| states.get(j).and_then(|m| m.get(&p.inode)).copied())
+            .collect();
         if let Some(v) = broken_promise(&got, &window) {
             out.push(format!("{} (fsynced at step {}): {v}", p.path, p.step));
         }
@@ -289,7 +336,9 @@ pub fn broken_promise(got: &State, window: &[State]) -> Option<String> {
     let promised = window.first().copied().flatten();
     Some(match (got, promised) {
         (None, _) => "lost: the file is gone".to_string(),
-        (Some((gs, _)), Some((ps, _))) if gs != &ps => format!("size {gs}, but it was {ps} at the fsync and never {gs} since"),
+        (Some((gs, _)), Some((ps, _))) if gs != &ps => {
+            format!("size {gs}, but it was {ps} at the fsync and never {gs} since")
+        }
         (Some(_), _) => "its data is not what was fsynced or written since".to_string(),
     })
 }
@@ -309,7 +358,9 @@ mod tests {
     #[test]
     fn older_or_invented_states_break_it() {
         let w = [Some((20, 2)), Some((30, 3))];
-        assert!(broken_promise(&Some((10, 1)), &w).unwrap().contains("size 10"));
+        assert!(broken_promise(&Some((10, 1)), &w)
+            .unwrap()
+            .contains("size 10"));
         assert!(broken_promise(&Some((20, 9)), &w).unwrap().contains("data"));
         assert!(broken_promise(&None, &w).unwrap().contains("gone"));
     }

@@ -9,6 +9,7 @@
 //! the kernel's do.
 
 use super::content::Prng;
+use super::durable::Ledger;
 use crate::fs::{EngineStats, Filesystem, Loc};
 use crate::log::batch::SharedFs;
 use crate::{Error, Result};
@@ -36,7 +37,11 @@ impl TestMode {
             "rndrd" => TestMode::Rndrd,
             "rndwr" => TestMode::Rndwr,
             "rndrw" => TestMode::Rndrw,
-            o => return Err(Error::Invalid(format!("unknown --file-test-mode {o} (seqwr, seqrewr, seqrd, rndrd, rndwr, rndrw)"))),
+            o => {
+                return Err(Error::Invalid(format!(
+                    "unknown --file-test-mode {o} (seqwr, seqrewr, seqrd, rndrd, rndwr, rndrw)"
+                )))
+            }
         })
     }
     fn sequential(self) -> bool {
@@ -61,7 +66,11 @@ impl ExtraFlag {
             "sync" => ExtraFlag::Sync,
             "dsync" => ExtraFlag::Dsync,
             "direct" => ExtraFlag::Direct,
-            o => return Err(Error::Invalid(format!("unknown --file-extra-flags {o} (sync, dsync, direct)"))),
+            o => {
+                return Err(Error::Invalid(format!(
+                    "unknown --file-extra-flags {o} (sync, dsync, direct)"
+                )))
+            }
         })
     }
 }
@@ -115,16 +124,26 @@ impl FileioOptions {
     }
     pub fn validate(&self) -> Result<()> {
         if self.file_num == 0 || self.block_size == 0 || self.threads == 0 {
-            return Err(Error::Invalid("--file-num, --file-block-size and --threads must be at least 1".into()));
+            return Err(Error::Invalid(
+                "--file-num, --file-block-size and --threads must be at least 1".into(),
+            ));
         }
         if self.file_size() < self.block_size {
-            return Err(Error::Invalid(format!("files of {} bytes are smaller than a block of {}", self.file_size(), self.block_size)));
+            return Err(Error::Invalid(format!(
+                "files of {} bytes are smaller than a block of {}",
+                self.file_size(),
+                self.block_size
+            )));
         }
         if self.extra == ExtraFlag::Direct && self.block_size % 4096 != 0 {
-            return Err(Error::Invalid("--file-extra-flags=direct needs a block size that is a multiple of 4096".into()));
+            return Err(Error::Invalid(
+                "--file-extra-flags=direct needs a block size that is a multiple of 4096".into(),
+            ));
         }
         if self.time <= 0.0 && self.events == 0 {
-            return Err(Error::Invalid("set --time or --events: the test would never end".into()));
+            return Err(Error::Invalid(
+                "set --time or --events: the test would never end".into(),
+            ));
         }
         Ok(())
     }
@@ -245,8 +264,25 @@ struct Plan {
 /// sysbench's `run` over prepared files. Latency covers each request,
 /// waiting for the filesystem included.
 pub fn run(shared: &SharedFs, files: &[Loc], o: &FileioOptions) -> Result<FileioReport> {
+    run_with(shared, files, o, None)
+}
+
+/// [`run`], with every write stamped and recorded in `ledger` and every
+/// fsync's acknowledgement with it, for a crash check after the run.
+pub fn run_with(
+    shared: &SharedFs,
+    files: &[Loc],
+    o: &FileioOptions,
+    ledger: Option<&Ledger>,
+) -> Result<FileioReport> {
     o.validate()?;
-    let plan = Arc::new(Plan { requests: AtomicU64::new(0), writes: AtomicU64::new(0), seq: Mutex::new((0, 0)), fsync_next: Mutex::new(None), stop: AtomicBool::new(false) });
+    let plan = Arc::new(Plan {
+        requests: AtomicU64::new(0),
+        writes: AtomicU64::new(0),
+        seq: Mutex::new((0, 0)),
+        fsync_next: Mutex::new(None),
+        stop: AtomicBool::new(false),
+    });
     let before = shared.lock().stats.clone();
     let io0 = IoSummary::of(&shared.lock());
     let started = Instant::now();
@@ -255,10 +291,16 @@ pub fn run(shared: &SharedFs, files: &[Loc], o: &FileioOptions) -> Result<Fileio
         let handles: Vec<_> = (0..o.threads)
             .map(|t| {
                 let plan = plan.clone();
-                s.spawn(move || client(shared, files, o, &plan, t, deadline))
+                s.spawn(move || client(shared, files, o, &plan, t, deadline, ledger))
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("a client thread panicked".into())))).collect()
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Invalid("a client thread panicked".into())))
+            })
+            .collect()
     });
     let mut r = FileioReport::default();
     let mut lat: Vec<f64> = Vec::new();
@@ -272,8 +314,8 @@ pub fn run(shared: &SharedFs, files: &[Loc], o: &FileioOptions) -> Result<Fileio
     }
     r.seconds = started.elapsed().as_secs_f64();
     if o.fsync_end {
-        for &l in files {
-            shared.fsync(l, false, None)?;
+        for (i, &l) in files.iter().enumerate() {
+            fsync(shared, ledger, i, l)?;
         }
     }
     r.events = r.reads + r.writes + r.fsyncs;
@@ -319,7 +361,23 @@ pub(super) fn diff_stats(a: &EngineStats, b: &EngineStats) -> EngineStats {
 }
 
 /// One client thread: requests until the time or the events run out.
-fn client(shared: &SharedFs, files: &[Loc], o: &FileioOptions, plan: &Plan, t: u64, deadline: Option<Instant>) -> Result<(u64, u64, u64, Vec<f64>)> {
+/// fsync file `i`, acknowledged in the ledger when there is one.
+fn fsync(shared: &SharedFs, ledger: Option<&Ledger>, i: usize, l: Loc) -> Result<()> {
+    match ledger {
+        Some(lg) => lg.fsync(i, || shared.fsync(l, false, None)),
+        None => shared.fsync(l, false, None),
+    }
+}
+
+fn client(
+    shared: &SharedFs,
+    files: &[Loc],
+    o: &FileioOptions,
+    plan: &Plan,
+    t: u64,
+    deadline: Option<Instant>,
+    ledger: Option<&Ledger>,
+) -> Result<(u64, u64, u64, Vec<f64>)> {
     let mut rng = Prng::new(o.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (t + 1));
     let size = o.file_size();
     let blocks = size / o.block_size;
@@ -336,10 +394,17 @@ fn client(shared: &SharedFs, files: &[Loc], o: &FileioOptions, plan: &Plan, t: u
         }
         // A request of the fsync pass under way, if there is one.
         let pass = {
-            let mut next = plan.fsync_next.lock().map_err(|_| Error::Invalid("fsync pass lock poisoned".into()))?;
+            let mut next = plan
+                .fsync_next
+                .lock()
+                .map_err(|_| Error::Invalid("fsync pass lock poisoned".into()))?;
             match *next {
                 Some(i) if i < files.len() => {
-                    *next = if i + 1 < files.len() { Some(i + 1) } else { None };
+                    *next = if i + 1 < files.len() {
+                        Some(i + 1)
+                    } else {
+                        None
+                    };
                     Some(i)
                 }
                 _ => None,
@@ -347,7 +412,7 @@ fn client(shared: &SharedFs, files: &[Loc], o: &FileioOptions, plan: &Plan, t: u
         };
         if let Some(i) = pass {
             let t1 = Instant::now();
-            shared.fsync(files[i], false, None)?;
+            fsync(shared, ledger, i, files[i])?;
             lat.push(t1.elapsed().as_secs_f64() * 1000.0);
             fsyncs += 1;
             continue;
@@ -355,14 +420,29 @@ fn client(shared: &SharedFs, files: &[Loc], o: &FileioOptions, plan: &Plan, t: u
         // What and where: sequential modes walk the files in order (one
         // shared position), random ones pick a file and a block.
         let (fi, off, op) = if o.mode.sequential() {
-            let mut p = plan.seq.lock().map_err(|_| Error::Invalid("sequence lock poisoned".into()))?;
+            let mut p = plan
+                .seq
+                .lock()
+                .map_err(|_| Error::Invalid("sequence lock poisoned".into()))?;
             let (f, b) = *p;
             if f >= files.len() as u64 {
                 plan.stop.store(true, Ordering::Relaxed);
                 break;
             }
-            *p = if b + 1 >= blocks { (f + 1, 0) } else { (f, b + 1) };
-            (f as usize, b * o.block_size, if o.mode == TestMode::Seqrd { Op::Read } else { Op::Write })
+            *p = if b + 1 >= blocks {
+                (f + 1, 0)
+            } else {
+                (f, b + 1)
+            };
+            (
+                f as usize,
+                b * o.block_size,
+                if o.mode == TestMode::Seqrd {
+                    Op::Read
+                } else {
+                    Op::Write
+                },
+            )
         } else {
             let f = rng.below(files.len() as u64) as usize;
             let b = rng.below(blocks);
@@ -387,15 +467,28 @@ fn client(shared: &SharedFs, files: &[Loc], o: &FileioOptions, plan: &Plan, t: u
             Op::Read => {
                 let data = shared.lock().read(l, off, o.block_size)?;
                 if data.len() as u64 != o.block_size {
-                    return Err(Error::Invalid(format!("test_file.{fi}: short read at {off}")));
+                    return Err(Error::Invalid(format!(
+                        "test_file.{fi}: short read at {off}"
+                    )));
                 }
                 reads += 1;
             }
             Op::Write => {
-                match o.extra {
-                    ExtraFlag::None => shared.lock().write(l, off, &wbuf)?,
-                    ExtraFlag::Direct => shared.lock().direct_write(l, off, &wbuf)?,
-                    ExtraFlag::Sync | ExtraFlag::Dsync => shared.write_sync(l, off, &wbuf, o.extra == ExtraFlag::Dsync)?,
+                let write = |buf: &[u8]| match o.extra {
+                    ExtraFlag::None => shared.lock().write(l, off, buf),
+                    ExtraFlag::Direct => shared.lock().direct_write(l, off, buf),
+                    ExtraFlag::Sync | ExtraFlag::Dsync => {
+                        shared.write_sync(l, off, buf, o.extra == ExtraFlag::Dsync)
+                    }
+                };
+                match ledger {
+                    Some(lg) => lg.write(
+                        fi,
+                        off / o.block_size,
+                        matches!(o.extra, ExtraFlag::Sync | ExtraFlag::Dsync),
+                        write,
+                    )?,
+                    None => write(&wbuf)?,
                 }
                 shared.lock().periodic()?;
                 writes += 1;
@@ -407,11 +500,14 @@ fn client(shared: &SharedFs, files: &[Loc], o: &FileioOptions, plan: &Plan, t: u
             if o.fsync_all {
                 // --file-fsync-all: the written file, after every write.
                 let t1 = Instant::now();
-                shared.fsync(l, false, None)?;
+                fsync(shared, ledger, fi, l)?;
                 lat.push(t1.elapsed().as_secs_f64() * 1000.0);
                 fsyncs += 1;
             } else if o.fsync_freq > 0 && n % o.fsync_freq == 0 {
-                let mut next = plan.fsync_next.lock().map_err(|_| Error::Invalid("fsync pass lock poisoned".into()))?;
+                let mut next = plan
+                    .fsync_next
+                    .lock()
+                    .map_err(|_| Error::Invalid("fsync pass lock poisoned".into()))?;
                 if next.is_none() {
                     *next = Some(0);
                 }

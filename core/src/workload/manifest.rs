@@ -82,11 +82,19 @@ impl Entry {
             v.push(("rdev", format!("{a}:{b}")));
         }
         if !self.xattrs.is_empty() {
-            let x: Vec<String> = self.xattrs.iter().map(|(k, v)| format!("{k}={:?}", String::from_utf8_lossy(v))).collect();
+            let x: Vec<String> = self
+                .xattrs
+                .iter()
+                .map(|(k, v)| format!("{k}={:?}", String::from_utf8_lossy(v)))
+                .collect();
             v.push(("xattrs", x.join(",")));
         }
         if !self.alloc.is_empty() {
-            let a: Vec<String> = self.alloc.iter().map(|(s, e, k)| format!("[{s},{e})={k}")).collect();
+            let a: Vec<String> = self
+                .alloc
+                .iter()
+                .map(|(s, e, k)| format!("[{s},{e})={k}"))
+                .collect();
             v.push(("alloc", a.join(" ")));
         }
         v
@@ -127,7 +135,11 @@ impl Manifest {
     pub fn render(&self) -> String {
         let mut s = String::new();
         for (p, e) in &self.entries {
-            let f: Vec<String> = e.fields().into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let f: Vec<String> = e
+                .fields()
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
             let _ = writeln!(s, "{p} {}", f.join(" "));
         }
         s
@@ -147,11 +159,22 @@ impl Manifest {
                 (Some(_), None) => out.push(format!("only in A: {k}")),
                 (None, Some(_)) => out.push(format!("only in B: {k}")),
                 (Some(a), Some(b)) => {
-                    let fa: BTreeMap<_, _> = a.fields().into_iter().filter(|(f, _)| !ignore.contains(f)).collect();
-                    let fb: BTreeMap<_, _> = b.fields().into_iter().filter(|(f, _)| !ignore.contains(f)).collect();
+                    let fa: BTreeMap<_, _> = a
+                        .fields()
+                        .into_iter()
+                        .filter(|(f, _)| !ignore.contains(f))
+                        .collect();
+                    let fb: BTreeMap<_, _> = b
+                        .fields()
+                        .into_iter()
+                        .filter(|(f, _)| !ignore.contains(f))
+                        .collect();
                     let mut d = Vec::new();
                     for f in fa.keys().chain(fb.keys()).collect::<BTreeSet<_>>() {
-                        let (x, y) = (fa.get(f).map(String::as_str).unwrap_or("-"), fb.get(f).map(String::as_str).unwrap_or("-"));
+                        let (x, y) = (
+                            fa.get(f).map(String::as_str).unwrap_or("-"),
+                            fb.get(f).map(String::as_str).unwrap_or("-"),
+                        );
                         if x != y {
                             d.push(format!("{f} {x} vs {y}"));
                         }
@@ -182,7 +205,14 @@ impl Manifest {
     /// The manifest without a subtree (say the warm-up directory).
     pub fn without(&self, dir: &str) -> Manifest {
         let pre = format!("{}/", dir.trim_end_matches('/'));
-        Manifest { entries: self.entries.iter().filter(|(k, _)| k.as_str() != dir && !k.starts_with(&pre)).map(|(k, v)| (k.clone(), v.clone())).collect() }
+        Manifest {
+            entries: self
+                .entries
+                .iter()
+                .filter(|(k, _)| k.as_str() != dir && !k.starts_with(&pre))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
     }
 }
 
@@ -217,7 +247,11 @@ pub fn check_expectations(script: &Script, m: &Manifest, out: &Outcome) -> Vec<S
             Expect::Size(p, n) | Expect::Nlink(p, n) => match get(p) {
                 None => fail(format!("{p} missing")),
                 Some(e) => {
-                    let (what, got) = if matches!(ex, Expect::Size(..)) { ("size", e.size) } else { ("nlink", e.nlink) };
+                    let (what, got) = if matches!(ex, Expect::Size(..)) {
+                        ("size", e.size)
+                    } else {
+                        ("nlink", e.nlink)
+                    };
                     if got != *n {
                         fail(format!("{p}: {what} {got}, expected {n}"));
                     }
@@ -225,7 +259,10 @@ pub fn check_expectations(script: &Script, m: &Manifest, out: &Outcome) -> Vec<S
             },
             Expect::Md5(p, h) => match get(p) {
                 None => fail(format!("{p} missing")),
-                Some(e) if e.md5.as_deref() != Some(h.as_str()) => fail(format!("{p}: md5 {}, expected {h}", e.md5.as_deref().unwrap_or("(not a file)"))),
+                Some(e) if e.md5.as_deref() != Some(h.as_str()) => fail(format!(
+                    "{p}: md5 {}, expected {h}",
+                    e.md5.as_deref().unwrap_or("(not a file)")
+                )),
                 _ => {}
             },
             Expect::Type(p, k) => match get(p) {
@@ -235,19 +272,25 @@ pub fn check_expectations(script: &Script, m: &Manifest, out: &Outcome) -> Vec<S
             },
             Expect::Mode(p, mode) => match get(p) {
                 None => fail(format!("{p} missing")),
-                Some(e) if e.mode != *mode => fail(format!("{p}: mode {:o}, expected {mode:o}", e.mode)),
+                Some(e) if e.mode != *mode => {
+                    fail(format!("{p}: mode {:o}, expected {mode:o}", e.mode))
+                }
                 _ => {}
             },
             Expect::Target(p, t) => match get(p) {
                 None => fail(format!("{p} missing")),
-                Some(e) if e.target.as_deref() != Some(t.as_str()) => fail(format!("{p}: target {:?}, expected {t:?}", e.target)),
+                Some(e) if e.target.as_deref() != Some(t.as_str()) => {
+                    fail(format!("{p}: target {:?}, expected {t:?}", e.target))
+                }
                 _ => {}
             },
             Expect::Xattr(p, n, v) => match get(p) {
                 None => fail(format!("{p} missing")),
                 Some(e) if e.xattrs.get(n) != Some(v) => fail(format!(
                     "{p}: xattr {n} = {:?}, expected {:?}",
-                    e.xattrs.get(n).map(|x| String::from_utf8_lossy(x).into_owned()),
+                    e.xattrs
+                        .get(n)
+                        .map(|x| String::from_utf8_lossy(x).into_owned()),
                     String::from_utf8_lossy(v)
                 )),
                 _ => {}
@@ -260,7 +303,12 @@ pub fn check_expectations(script: &Script, m: &Manifest, out: &Outcome) -> Vec<S
             Expect::XattrNames(p, names) => match get(p) {
                 None => fail(format!("{p} missing")),
                 Some(e) => {
-                    let got: Vec<String> = e.xattrs.keys().filter(|n| n.starts_with("user.")).cloned().collect();
+                    let got: Vec<String> = e
+                        .xattrs
+                        .keys()
+                        .filter(|n| n.starts_with("user."))
+                        .cloned()
+                        .collect();
                     if &got != names {
                         fail(format!("{p}: xattr names {got:?}, expected {names:?}"));
                     }
@@ -271,9 +319,18 @@ pub fn check_expectations(script: &Script, m: &Manifest, out: &Outcome) -> Vec<S
                     fail(format!("{d} missing"));
                     continue;
                 }
-                let pre = if d == "/" { "/".to_string() } else { format!("{d}/") };
-                let got: Vec<String> =
-                    m.entries.keys().filter_map(|k| k.strip_prefix(&pre)).filter(|r| !r.is_empty() && !r.contains('/')).map(str::to_string).collect();
+                let pre = if d == "/" {
+                    "/".to_string()
+                } else {
+                    format!("{d}/")
+                };
+                let got: Vec<String> = m
+                    .entries
+                    .keys()
+                    .filter_map(|k| k.strip_prefix(&pre))
+                    .filter(|r| !r.is_empty() && !r.contains('/'))
+                    .map(str::to_string)
+                    .collect();
                 if &got != names {
                     fail(format!("entries of {d}: {got:?}, expected {names:?}"));
                 }
@@ -284,14 +341,25 @@ pub fn check_expectations(script: &Script, m: &Manifest, out: &Outcome) -> Vec<S
                     for &(lo, hi, want) in ranges {
                         let got = e.kinds_in(lo, hi);
                         let ok = match want {
-                            AllocKind::Extent => got.iter().all(|k| *k == "data" || *k == "unwritten"),
+                            AllocKind::Extent => {
+                                got.iter().all(|k| *k == "data" || *k == "unwritten")
+                            }
                             AllocKind::Data => got.iter().all(|k| *k == "data"),
                             AllocKind::Unwritten => got.iter().all(|k| *k == "unwritten"),
                             AllocKind::Hole => got.iter().all(|k| *k == "hole"),
                         };
                         if !ok {
-                            let map: Vec<String> = e.alloc.iter().take(8).map(|(s, e, k)| format!("[{s},{e})={k}")).collect();
-                            fail(format!("{p}: [{lo},{hi}) is {}, want {want:?} (map {})", got.into_iter().collect::<Vec<_>>().join("+"), map.join(" ")));
+                            let map: Vec<String> = e
+                                .alloc
+                                .iter()
+                                .take(8)
+                                .map(|(s, e, k)| format!("[{s},{e})={k}"))
+                                .collect();
+                            fail(format!(
+                                "{p}: [{lo},{hi}) is {}, want {want:?} (map {})",
+                                got.into_iter().collect::<Vec<_>>().join("+"),
+                                map.join(" ")
+                            ));
                         }
                     }
                 }
@@ -351,16 +419,26 @@ mod tests {
         b.entries.insert("/y".into(), file(3));
         assert_eq!(a.diff(&b), ["differs /x: size 3 vs 4", "only in B: /y"]);
         assert!(a.diff(&a).is_empty());
-        assert!(a.diff_ignoring(&b, &["size"]).iter().all(|l| !l.contains("/x")));
+        assert!(a
+            .diff_ignoring(&b, &["size"])
+            .iter()
+            .all(|l| !l.contains("/x")));
     }
 
     #[test]
     fn alloc_expectations() {
         let mut m = Manifest::default();
         m.entries.insert("/x".into(), file(12288));
-        let s = Script::parse("t", "expect alloc /x [0,4096)=data [4096,8192)=hole [8192,12288)=unwritten [0,12288)=data").unwrap();
+        let s = Script::parse(
+            "t",
+            "expect alloc /x [0,4096)=data [4096,8192)=hole [8192,12288)=unwritten [0,12288)=data",
+        )
+        .unwrap();
         let f = check_expectations(&s, &m, &Outcome::default());
         assert_eq!(f.len(), 1, "{f:?}");
-        assert!(f[0].starts_with("line 1: /x: [0,12288) is data+hole+unwritten"), "{f:?}");
+        assert!(
+            f[0].starts_with("line 1: /x: [0,12288) is data+hole+unwritten"),
+            "{f:?}"
+        );
     }
 }

@@ -3,12 +3,13 @@
 
 pub mod content;
 pub mod dbench;
+pub mod durable;
 pub mod engine;
 pub mod explore;
 pub mod fileio;
 pub mod manifest;
-pub mod session;
 pub mod script;
+pub mod session;
 
 pub use manifest::{check_expectations, Entry, Manifest, Outcome};
 pub use script::{Expect, Fill, NodeKind, ParseError, Script, Step, SyncKind};

@@ -75,31 +75,96 @@ pub enum Step {
     Create(String),
     /// Buffered pwrite; with `enospc_ok` running out of space ends the
     /// write quietly.
-    Write { path: String, off: u64, len: u64, fill: Fill, enospc_ok: bool },
+    Write {
+        path: String,
+        off: u64,
+        len: u64,
+        fill: Fill,
+        enospc_ok: bool,
+    },
     /// O_DIRECT writes of `chunk` bytes each.
-    Dwrite { path: String, off: u64, len: u64, byte: u8, chunk: u64 },
+    Dwrite {
+        path: String,
+        off: u64,
+        len: u64,
+        byte: u8,
+        chunk: u64,
+    },
     /// Buffered pwrite on a descriptor opened O_SYNC (or O_DSYNC with
     /// `datasync`): every write of at most 1 MiB is durable when it returns.
-    Swrite { path: String, off: u64, len: u64, byte: u8, datasync: bool },
+    Swrite {
+        path: String,
+        off: u64,
+        len: u64,
+        byte: u8,
+        datasync: bool,
+    },
     /// Stores through a shared mapping, nothing synced.
-    Mwrite { path: String, off: u64, len: u64, byte: u8 },
+    Mwrite {
+        path: String,
+        off: u64,
+        len: u64,
+        byte: u8,
+    },
     /// msync(MS_SYNC) of a range (the whole file without one).
-    Msync { path: String, range: Option<(u64, u64)> },
-    SyncRange { path: String, off: u64, len: u64, flags: u32 },
+    Msync {
+        path: String,
+        range: Option<(u64, u64)>,
+    },
+    SyncRange {
+        path: String,
+        off: u64,
+        len: u64,
+        flags: u32,
+    },
     Truncate(String, u64),
-    Fallocate { path: String, off: u64, len: u64, keep: bool },
-    Punch { path: String, off: u64, len: u64 },
-    ZeroRange { path: String, off: u64, len: u64, keep: bool },
-    Collapse { path: String, off: u64, len: u64 },
+    Fallocate {
+        path: String,
+        off: u64,
+        len: u64,
+        keep: bool,
+    },
+    Punch {
+        path: String,
+        off: u64,
+        len: u64,
+    },
+    ZeroRange {
+        path: String,
+        off: u64,
+        len: u64,
+        keep: bool,
+    },
+    Collapse {
+        path: String,
+        off: u64,
+        len: u64,
+    },
     /// FICLONERANGE; `len` 0 clones to the end of the source.
-    Clone { src: String, src_off: u64, dst: String, dst_off: u64, len: u64 },
+    Clone {
+        src: String,
+        src_off: u64,
+        dst: String,
+        dst_off: u64,
+        len: u64,
+    },
     Link(String, String),
-    Symlink { target: String, path: String },
+    Symlink {
+        target: String,
+        path: String,
+    },
     Rename(String, String),
     Unlink(String),
     Rmdir(String),
-    SetXattr { path: String, name: String, value: Vec<u8> },
-    RemoveXattr { path: String, name: String },
+    SetXattr {
+        path: String,
+        name: String,
+        value: Vec<u8>,
+    },
+    RemoveXattr {
+        path: String,
+        name: String,
+    },
     Fsync(String),
     Fdatasync(String),
     Sync,
@@ -124,16 +189,33 @@ pub enum Step {
     BalanceMetadata,
     /// Create `count` files `dir/fNNNNN` with distinct content, sizes spread
     /// over `min..=max`, each synced after it is written when asked.
-    WriteFiles { dir: String, count: u32, min: u64, max: u64, sync: SyncKind },
+    WriteFiles {
+        dir: String,
+        count: u32,
+        min: u64,
+        max: u64,
+        sync: SyncKind,
+    },
     /// Power failure; with `keep_random` a random subset of the unflushed
     /// writes (seeded) survives too.
-    Crash { keep_random: Option<u64> },
+    Crash {
+        keep_random: Option<u64>,
+    },
     // Inspection and engine control (btrkit-shell).
-    Read { path: String, off: u64, len: Option<u64> },
+    Read {
+        path: String,
+        off: u64,
+        len: Option<u64>,
+    },
     Ls(String),
     Stat(String),
-    Stats { json: bool },
-    Set { name: String, on: bool },
+    Stats {
+        json: bool,
+    },
+    Set {
+        name: String,
+        on: bool,
+    },
 }
 
 impl Step {
@@ -206,7 +288,15 @@ impl Step {
     /// Whether the step commits the transaction, which empties the log.
     pub fn commits(&self) -> bool {
         use Step::*;
-        matches!(self, Sync | Snapshot(..) | SubvolCreate(_) | SubvolDelete(_) | QuotaEnable | BalanceMetadata | Remount)
+        matches!(
+            self,
+            Sync | Snapshot(..)
+                | SubvolCreate(_)
+                | SubvolDelete(_)
+                | QuotaEnable
+                | BalanceMetadata
+                | Remount
+        )
     }
 
     pub fn is_crash(&self) -> bool {
@@ -215,7 +305,10 @@ impl Step {
 
     /// Steps that only look (the shell's read, ls, stat, stats).
     pub fn is_inspection(&self) -> bool {
-        matches!(self, Step::Read { .. } | Step::Ls(..) | Step::Stat(..) | Step::Stats { .. })
+        matches!(
+            self,
+            Step::Read { .. } | Step::Ls(..) | Step::Stat(..) | Step::Stats { .. }
+        )
     }
 }
 
@@ -333,7 +426,10 @@ pub fn tokenize(line: &str) -> Res<Vec<Tok>> {
                             b'x' => {
                                 let hex = line.get(i..i + 2).ok_or("short \\x escape")?;
                                 i += 2;
-                                v.push(u8::from_str_radix(hex, 16).map_err(|_| format!("bad \\x escape {hex}"))?);
+                                v.push(
+                                    u8::from_str_radix(hex, 16)
+                                        .map_err(|_| format!("bad \\x escape {hex}"))?,
+                                );
                             }
                             b'0'..=b'7' => {
                                 // Up to three octal digits.
@@ -360,7 +456,10 @@ pub fn tokenize(line: &str) -> Res<Vec<Tok>> {
             let end = line[i..].find("'>").ok_or("unterminated <N x 'C'>")? + i;
             let inner = &line[i + 1..end];
             let (n, ch) = inner.split_once(" x '").ok_or("bad <N x 'C'>")?;
-            let n: usize = n.trim().parse().map_err(|_| format!("bad count in <{inner}'>"))?;
+            let n: usize = n
+                .trim()
+                .parse()
+                .map_err(|_| format!("bad count in <{inner}'>"))?;
             if n > 1 << 24 {
                 return Err(format!("<{n} x ...> is too long"));
             }
@@ -390,12 +489,16 @@ pub fn parse_num(s: &str) -> Res<u64> {
         Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    let v = match digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
+    let v = match digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
         Some(h) => u64::from_str_radix(h, 16),
         None => digits.parse(),
     }
     .map_err(|_| format!("bad number {s:?}"))?;
-    v.checked_mul(mult).ok_or_else(|| format!("number {s:?} overflows"))
+    v.checked_mul(mult)
+        .ok_or_else(|| format!("number {s:?} overflows"))
 }
 
 fn parse_byte(s: &str) -> Res<u8> {
@@ -448,7 +551,8 @@ impl Script {
         };
         for (i, line) in text.lines().enumerate() {
             let n = i + 1;
-            s.parse_line(n, line).map_err(|msg| ParseError { line: n, msg })?;
+            s.parse_line(n, line)
+                .map_err(|msg| ParseError { line: n, msg })?;
         }
         Ok(s)
     }
@@ -456,7 +560,9 @@ impl Script {
     /// Parse one line into this script (directives, steps, expectations).
     pub fn parse_line(&mut self, n: usize, line: &str) -> Res<()> {
         let toks = tokenize(line)?;
-        let Some(first) = toks.first() else { return Ok(()) };
+        let Some(first) = toks.first() else {
+            return Ok(());
+        };
         let Tok::Word(verb) = first else {
             return Err("a line starts with a verb".into());
         };
@@ -469,7 +575,12 @@ impl Script {
             "fssize" => self.fssize = parse_num(&one(args)?.text())?,
             "mount" => {
                 for a in args {
-                    self.mount.extend(a.text().split(',').filter(|o| !o.is_empty()).map(str::to_string));
+                    self.mount.extend(
+                        a.text()
+                            .split(',')
+                            .filter(|o| !o.is_empty())
+                            .map(str::to_string),
+                    );
                 }
             }
             "warmup" => {
@@ -511,7 +622,11 @@ impl Script {
         if let Some(e) = self.expect_log {
             return e;
         }
-        let end = self.steps.iter().rposition(|(_, s)| s.is_crash()).unwrap_or(self.steps.len());
+        let end = self
+            .steps
+            .iter()
+            .rposition(|(_, s)| s.is_crash())
+            .unwrap_or(self.steps.len());
         let mut pending = false;
         for (_, st) in &self.steps[..end] {
             if st.commits() || st.is_crash() {
@@ -546,14 +661,23 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
             Step::Create(t(0))
         }
         "write" => {
-            need(a, 3, 5, "write P OFF LEN [BYTE|\"text\"|random:SEED] [enospc-ok]")?;
+            need(
+                a,
+                3,
+                5,
+                "write P OFF LEN [BYTE|\"text\"|random:SEED] [enospc-ok]",
+            )?;
             let mut rest: Vec<&Tok> = a[3..].iter().collect();
-            let enospc_ok = rest.last().is_some_and(|x| **x == Tok::Word("enospc-ok".into()));
+            let enospc_ok = rest
+                .last()
+                .is_some_and(|x| **x == Tok::Word("enospc-ok".into()));
             if enospc_ok {
                 rest.pop();
             }
             if rest.len() > 1 {
-                return Err("usage: write P OFF LEN [BYTE|\"text\"|random:SEED] [enospc-ok]".into());
+                return Err(
+                    "usage: write P OFF LEN [BYTE|\"text\"|random:SEED] [enospc-ok]".into(),
+                );
             }
             let fill = match rest.first() {
                 Some(f) => parse_fill(f)?,
@@ -563,7 +687,13 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
                 Fill::Text(b) => b.len() as u64,
                 _ => num(2)?,
             };
-            Step::Write { path: t(0), off: num(1)?, len, fill, enospc_ok }
+            Step::Write {
+                path: t(0),
+                off: num(1)?,
+                len,
+                fill,
+                enospc_ok,
+            }
         }
         "swrite" => {
             need(a, 3, 5, "swrite P OFF LEN [BYTE] [sync|dsync]")?;
@@ -581,31 +711,65 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
             };
             let byte = match rest.as_slice() {
                 [] => DEFAULT_FILL,
-                [b] => u8::try_from(parse_num(b)?).map_err(|_| format!("swrite: fill byte {b} is not 0-255"))?,
+                [b] => u8::try_from(parse_num(b)?)
+                    .map_err(|_| format!("swrite: fill byte {b} is not 0-255"))?,
                 _ => return Err("usage: swrite P OFF LEN [BYTE] [sync|dsync]".into()),
             };
-            Step::Swrite { path: t(0), off: num(1)?, len: num(2)?, byte, datasync }
+            Step::Swrite {
+                path: t(0),
+                off: num(1)?,
+                len: num(2)?,
+                byte,
+                datasync,
+            }
         }
         "dwrite" => {
             need(a, 3, 5, "dwrite P OFF LEN [BYTE] [CHUNK]")?;
             let len = num(2)?;
-            let byte = if a.len() > 3 { parse_byte(&t(3))? } else { DEFAULT_FILL };
-            let chunk = if a.len() > 4 { num(4)? } else { len.min(1 << 20) };
+            let byte = if a.len() > 3 {
+                parse_byte(&t(3))?
+            } else {
+                DEFAULT_FILL
+            };
+            let chunk = if a.len() > 4 {
+                num(4)?
+            } else {
+                len.min(1 << 20)
+            };
             if chunk == 0 && len > 0 {
                 return Err("dwrite: CHUNK must not be 0".into());
             }
-            Step::Dwrite { path: t(0), off: num(1)?, len, byte, chunk }
+            Step::Dwrite {
+                path: t(0),
+                off: num(1)?,
+                len,
+                byte,
+                chunk,
+            }
         }
         "mwrite" => {
             need(a, 3, 4, "mwrite P OFF LEN [BYTE]")?;
-            let byte = if a.len() > 3 { parse_byte(&t(3))? } else { DEFAULT_FILL };
-            Step::Mwrite { path: t(0), off: num(1)?, len: num(2)?, byte }
+            let byte = if a.len() > 3 {
+                parse_byte(&t(3))?
+            } else {
+                DEFAULT_FILL
+            };
+            Step::Mwrite {
+                path: t(0),
+                off: num(1)?,
+                len: num(2)?,
+                byte,
+            }
         }
         "msync" => {
             if a.len() != 1 && a.len() != 3 {
                 return Err("usage: msync P [OFF LEN]".into());
             }
-            let range = if a.len() == 3 { Some((num(1)?, num(2)?)) } else { None };
+            let range = if a.len() == 3 {
+                Some((num(1)?, num(2)?))
+            } else {
+                None
+            };
             Step::Msync { path: t(0), range }
         }
         "sync-range" => {
@@ -619,7 +783,12 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
                     o => return Err(format!("sync-range: unknown flag {o}")),
                 };
             }
-            Step::SyncRange { path: t(0), off: num(1)?, len: num(2)?, flags }
+            Step::SyncRange {
+                path: t(0),
+                off: num(1)?,
+                len: num(2)?,
+                flags,
+            }
         }
         "truncate" => {
             need(a, 2, 2, "truncate P SIZE")?;
@@ -634,22 +803,46 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
             };
             let (path, off, len) = (t(0), num(1)?, num(2)?);
             if verb == "fallocate" {
-                Step::Fallocate { path, off, len, keep }
+                Step::Fallocate {
+                    path,
+                    off,
+                    len,
+                    keep,
+                }
             } else {
-                Step::ZeroRange { path, off, len, keep }
+                Step::ZeroRange {
+                    path,
+                    off,
+                    len,
+                    keep,
+                }
             }
         }
         "punch" => {
             need(a, 3, 3, "punch P OFF LEN")?;
-            Step::Punch { path: t(0), off: num(1)?, len: num(2)? }
+            Step::Punch {
+                path: t(0),
+                off: num(1)?,
+                len: num(2)?,
+            }
         }
         "collapse" => {
             need(a, 3, 3, "collapse P OFF LEN")?;
-            Step::Collapse { path: t(0), off: num(1)?, len: num(2)? }
+            Step::Collapse {
+                path: t(0),
+                off: num(1)?,
+                len: num(2)?,
+            }
         }
         "clone" => {
             need(a, 5, 5, "clone SRC SRCOFF DST DSTOFF LEN")?;
-            Step::Clone { src: t(0), src_off: num(1)?, dst: t(2), dst_off: num(3)?, len: num(4)? }
+            Step::Clone {
+                src: t(0),
+                src_off: num(1)?,
+                dst: t(2),
+                dst_off: num(3)?,
+                len: num(4)?,
+            }
         }
         "link" => {
             need(a, 2, 2, "link OLD NEW")?;
@@ -657,7 +850,10 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
         }
         "symlink" => {
             need(a, 2, 2, "symlink TARGET P")?;
-            Step::Symlink { target: t(0), path: t(1) }
+            Step::Symlink {
+                target: t(0),
+                path: t(1),
+            }
         }
         "rename" => {
             need(a, 2, 2, "rename OLD NEW")?;
@@ -673,11 +869,18 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
         }
         "setxattr" => {
             need(a, 3, 3, "setxattr P NAME VALUE")?;
-            Step::SetXattr { path: t(0), name: t(1), value: a[2].bytes() }
+            Step::SetXattr {
+                path: t(0),
+                name: t(1),
+                value: a[2].bytes(),
+            }
         }
         "removexattr" => {
             need(a, 2, 2, "removexattr P NAME")?;
-            Step::RemoveXattr { path: t(0), name: t(1) }
+            Step::RemoveXattr {
+                path: t(0),
+                name: t(1),
+            }
         }
         "fsync" => {
             need(a, 1, 1, "fsync P")?;
@@ -701,7 +904,9 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
         }
         "chown" => {
             need(a, 3, 3, "chown P UID GID")?;
-            let id = |i: usize| -> Res<u32> { u32::try_from(num(i)?).map_err(|_| "id out of range".to_string()) };
+            let id = |i: usize| -> Res<u32> {
+                u32::try_from(num(i)?).map_err(|_| "id out of range".to_string())
+            };
             Step::Chown(t(0), id(1)?, id(2)?)
         }
         "touch" => {
@@ -718,7 +923,9 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
                 if a.len() != 4 {
                     return Err(format!("usage: mknod P {what} MAJ MIN"));
                 }
-                let n = |i: usize| -> Res<u32> { u32::try_from(num(i)?).map_err(|_| "device number out of range".to_string()) };
+                let n = |i: usize| -> Res<u32> {
+                    u32::try_from(num(i)?).map_err(|_| "device number out of range".to_string())
+                };
                 Ok((n(2)?, n(3)?))
             };
             let kind = match t(1).as_str() {
@@ -788,7 +995,12 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
             Step::BalanceMetadata
         }
         "writefiles" => {
-            need(a, 3, 4, "writefiles DIR N SIZE[-MAX] [fsync|fdatasync|none]")?;
+            need(
+                a,
+                3,
+                4,
+                "writefiles DIR N SIZE[-MAX] [fsync|fdatasync|none]",
+            )?;
             let count = u32::try_from(num(1)?).map_err(|_| "too many files".to_string())?;
             let sz = t(2);
             let (min, max) = match sz.split_once('-') {
@@ -804,18 +1016,30 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
                 Some("fdatasync") => SyncKind::Fdatasync,
                 Some(o) => return Err(format!("writefiles: unknown sync mode {o}")),
             };
-            Step::WriteFiles { dir: t(0), count, min, max, sync }
+            Step::WriteFiles {
+                dir: t(0),
+                count,
+                min,
+                max,
+                sync,
+            }
         }
         "crash" => match a {
             [] => Step::Crash { keep_random: None },
-            [f, s] if f.text() == "--keep-random" => Step::Crash { keep_random: Some(parse_num(&s.text())?) },
+            [f, s] if f.text() == "--keep-random" => Step::Crash {
+                keep_random: Some(parse_num(&s.text())?),
+            },
             _ => return Err("usage: crash [--keep-random SEED]".into()),
         },
         "read" => {
             need(a, 1, 3, "read P [OFF [LEN]]")?;
             let off = if a.len() > 1 { num(1)? } else { 0 };
             let len = if a.len() > 2 { Some(num(2)?) } else { None };
-            Step::Read { path: t(0), off, len }
+            Step::Read {
+                path: t(0),
+                off,
+                len,
+            }
         }
         "ls" => {
             need(a, 0, 1, "ls [P]")?;
@@ -934,11 +1158,17 @@ fn parse_expect(a: &[Tok]) -> Res<Expect> {
         }
         "mode" => {
             need(a, 2, 2, "expect mode P OCTAL")?;
-            Expect::Mode(norm(&t(0)), u32::from_str_radix(&t(1), 8).map_err(|_| format!("bad mode {}", t(1)))?)
+            Expect::Mode(
+                norm(&t(0)),
+                u32::from_str_radix(&t(1), 8).map_err(|_| format!("bad mode {}", t(1)))?,
+            )
         }
         "alloc" => {
             need(a, 2, usize::MAX, "expect alloc P [A,B)=KIND ...")?;
-            let ranges = a[1..].iter().map(|x| parse_alloc_range(&x.text())).collect::<Res<Vec<_>>>()?;
+            let ranges = a[1..]
+                .iter()
+                .map(|x| parse_alloc_range(&x.text()))
+                .collect::<Res<Vec<_>>>()?;
             Expect::Alloc(norm(&t(0)), ranges)
         }
         "consistent" => {
@@ -983,22 +1213,103 @@ mod tests {
         assert_eq!(s.mount_options(), "commit=600,compress=zstd");
         assert_eq!(s.fssize, 1 << 30);
         let st: Vec<&Step> = s.steps.iter().map(|(_, x)| x).collect();
-        assert_eq!(*st[2], Step::Write { path: "/a/g".into(), off: 10, len: 5, fill: Fill::Text(b"hi\nAA".to_vec()), enospc_ok: false });
-        assert_eq!(*st[3], Step::SetXattr { path: "/a/f".into(), name: "user.k".into(), value: b"zzz".to_vec() });
-        assert_eq!(*st[4], Step::WriteFiles { dir: "/a".into(), count: 10, min: 100, max: 4000, sync: SyncKind::Fsync });
-        assert_eq!(*st[6], Step::Dwrite { path: "/a/d".into(), off: 0, len: 1 << 20, byte: 7, chunk: 4096 });
-        assert_eq!(*st[9], Step::Msync { path: "/a/d".into(), range: Some((0, 4096)) });
-        assert_eq!(*st[10], Step::SyncRange { path: "/a/d".into(), off: 0, len: 8192, flags: SYNC_RANGE_WRITE | SYNC_RANGE_WAIT_AFTER });
-        assert_eq!(*st[12], Step::Clone { src: "/a/f".into(), src_off: 0, dst: "/a/g".into(), dst_off: 8192, len: 0 });
+        assert_eq!(
+            *st[2],
+            Step::Write {
+                path: "/a/g".into(),
+                off: 10,
+                len: 5,
+                fill: Fill::Text(b"hi\nAA".to_vec()),
+                enospc_ok: false
+            }
+        );
+        assert_eq!(
+            *st[3],
+            Step::SetXattr {
+                path: "/a/f".into(),
+                name: "user.k".into(),
+                value: b"zzz".to_vec()
+            }
+        );
+        assert_eq!(
+            *st[4],
+            Step::WriteFiles {
+                dir: "/a".into(),
+                count: 10,
+                min: 100,
+                max: 4000,
+                sync: SyncKind::Fsync
+            }
+        );
+        assert_eq!(
+            *st[6],
+            Step::Dwrite {
+                path: "/a/d".into(),
+                off: 0,
+                len: 1 << 20,
+                byte: 7,
+                chunk: 4096
+            }
+        );
+        assert_eq!(
+            *st[9],
+            Step::Msync {
+                path: "/a/d".into(),
+                range: Some((0, 4096))
+            }
+        );
+        assert_eq!(
+            *st[10],
+            Step::SyncRange {
+                path: "/a/d".into(),
+                off: 0,
+                len: 8192,
+                flags: SYNC_RANGE_WRITE | SYNC_RANGE_WAIT_AFTER
+            }
+        );
+        assert_eq!(
+            *st[12],
+            Step::Clone {
+                src: "/a/f".into(),
+                src_off: 0,
+                dst: "/a/g".into(),
+                dst_off: 8192,
+                len: 0
+            }
+        );
         assert_eq!(*st[13], Step::Mknod("/a/c".into(), NodeKind::Chr(1, 3)));
         assert_eq!(*st[14], Step::Mknod("/a/p".into(), NodeKind::Fifo));
         assert_eq!(*st[18], Step::Sleep(0.5));
-        assert!(matches!(st[25], Step::Write { enospc_ok: true, fill: Fill::Byte(0), .. }));
-        assert_eq!(*st[26], Step::Crash { keep_random: Some(7) });
-        assert_eq!(s.expects[1].1, Expect::Entries("/a".into(), vec!["f".into(), "g".into()]));
-        assert_eq!(s.expects[2].1, Expect::Alloc("/a/f".into(), vec![(0, 4096, AllocKind::Data), (4096, 8192, AllocKind::Hole)]));
+        assert!(matches!(
+            st[25],
+            Step::Write {
+                enospc_ok: true,
+                fill: Fill::Byte(0),
+                ..
+            }
+        ));
+        assert_eq!(
+            *st[26],
+            Step::Crash {
+                keep_random: Some(7)
+            }
+        );
+        assert_eq!(
+            s.expects[1].1,
+            Expect::Entries("/a".into(), vec!["f".into(), "g".into()])
+        );
+        assert_eq!(
+            s.expects[2].1,
+            Expect::Alloc(
+                "/a/f".into(),
+                vec![(0, 4096, AllocKind::Data), (4096, 8192, AllocKind::Hole)]
+            )
+        );
         assert_eq!(s.expects[3].1, Expect::Post(Step::Unlink("/a/f".into())));
-        assert_eq!(s.expects[4].1, Expect::Md5("/a/f".into(), "0123456789abcdef0123456789abcdef".into()));
+        assert_eq!(
+            s.expects[4].1,
+            Expect::Md5("/a/f".into(), "0123456789abcdef0123456789abcdef".into())
+        );
         assert_eq!(s.expects[5].1, Expect::Type("/a/c".into(), 'c'));
         // Line numbers are kept.
         assert_eq!(s.steps[0].0, 5);
@@ -1006,7 +1317,17 @@ mod tests {
 
     #[test]
     fn refuses_bad_lines_with_their_line() {
-        for (text, line) in [("bogus x", 1), ("mkdir a\nwrite f 0", 2), ("write f 0 1 300", 1), ("chmod f 9", 1), ("crash now", 1), ("set x maybe", 1), ("expect alloc f [5,1)=data", 1), ("\"x\" y", 1), ("write f 0 1 \"abc", 1)] {
+        for (text, line) in [
+            ("bogus x", 1),
+            ("mkdir a\nwrite f 0", 2),
+            ("write f 0 1 300", 1),
+            ("chmod f 9", 1),
+            ("crash now", 1),
+            ("set x maybe", 1),
+            ("expect alloc f [5,1)=data", 1),
+            ("\"x\" y", 1),
+            ("write f 0 1 \"abc", 1),
+        ] {
             let e = Script::parse("t", text).unwrap_err();
             assert_eq!(e.line, line, "{text}: {e}");
         }
@@ -1014,9 +1335,17 @@ mod tests {
 
     #[test]
     fn log_expectation() {
-        assert!(Script::parse("t", "write f 0 1\nfsync f\ncrash").unwrap().wants_log());
-        assert!(!Script::parse("t", "write f 0 1\nfsync f\nsync\ncrash").unwrap().wants_log());
-        assert!(!Script::parse("t", "expect-log any\nwrite f 0 1\nfsync f\ncrash").unwrap().wants_log());
+        assert!(Script::parse("t", "write f 0 1\nfsync f\ncrash")
+            .unwrap()
+            .wants_log());
+        assert!(!Script::parse("t", "write f 0 1\nfsync f\nsync\ncrash")
+            .unwrap()
+            .wants_log());
+        assert!(
+            !Script::parse("t", "expect-log any\nwrite f 0 1\nfsync f\ncrash")
+                .unwrap()
+                .wants_log()
+        );
         let s = Script::parse("t", "mount commit=5 compress-force=lzo").unwrap();
         assert_eq!(s.mount_options(), "commit=5,compress-force=lzo");
     }

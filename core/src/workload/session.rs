@@ -67,8 +67,20 @@ impl Session {
         }
         let mount = MountOptions::parse(&[script.mount_options()])?;
         let file = FileDevice::open(path, true)?;
-        let dev = if o.crashable { Dev::Volatile(Arc::new(VolatileFile::new(file, o.record_writes)?)) } else { Dev::Plain(Arc::new(file)) };
-        let mut s = Session { path: path.to_path_buf(), dev, fs: None, runner: EngineRunner::new(), mount, switches: Default::default(), replays: 0 };
+        let dev = if o.crashable {
+            Dev::Volatile(Arc::new(VolatileFile::new(file, o.record_writes)?))
+        } else {
+            Dev::Plain(Arc::new(file))
+        };
+        let mut s = Session {
+            path: path.to_path_buf(),
+            dev,
+            fs: None,
+            runner: EngineRunner::new(),
+            mount,
+            switches: Default::default(),
+            replays: 0,
+        };
         s.mount_now()?;
         Ok(s)
     }
@@ -77,7 +89,15 @@ impl Session {
     /// (its log replayed first, as at any mount). It cannot `crash`.
     pub fn on_device(dev: Arc<dyn BlockDevice>, script: &Script) -> Result<Session> {
         let mount = MountOptions::parse(&[script.mount_options()])?;
-        let mut s = Session { path: PathBuf::new(), dev: Dev::Other(dev), fs: None, runner: EngineRunner::new(), mount, switches: Default::default(), replays: 0 };
+        let mut s = Session {
+            path: PathBuf::new(),
+            dev: Dev::Other(dev),
+            fs: None,
+            runner: EngineRunner::new(),
+            mount,
+            switches: Default::default(),
+            replays: 0,
+        };
         s.mount_now()?;
         Ok(s)
     }
@@ -102,7 +122,9 @@ impl Session {
     }
 
     pub fn fs(&mut self) -> Result<&mut Filesystem> {
-        self.fs.as_mut().ok_or_else(|| Error::Invalid("no filesystem mounted".into()))
+        self.fs
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("no filesystem mounted".into()))
     }
 
     /// Run one step.
@@ -113,7 +135,10 @@ impl Session {
                 Ok(StepOutput::default())
             }
             Step::Remount => {
-                let fs = self.fs.as_mut().ok_or_else(|| Error::Invalid("no filesystem mounted".into()))?;
+                let fs = self
+                    .fs
+                    .as_mut()
+                    .ok_or_else(|| Error::Invalid("no filesystem mounted".into()))?;
                 self.runner.close_all(fs)?;
                 fs.remount()?;
                 Ok(StepOutput::default())
@@ -134,7 +159,10 @@ impl Session {
                 Ok(StepOutput { text: Some(text) })
             }
             _ => {
-                let fs = self.fs.as_mut().ok_or_else(|| Error::Invalid("no filesystem mounted".into()))?;
+                let fs = self
+                    .fs
+                    .as_mut()
+                    .ok_or_else(|| Error::Invalid("no filesystem mounted".into()))?;
                 self.runner.apply(fs, st)
             }
         }
@@ -145,7 +173,9 @@ impl Session {
     /// the filesystem is mounted again (its log replayed).
     pub fn crash(&mut self, keep_random: Option<u64>) -> Result<()> {
         let Dev::Volatile(d) = &self.dev else {
-            return Err(Error::Invalid("this session cannot crash (opened without crash support)".into()));
+            return Err(Error::Invalid(
+                "this session cannot crash (opened without crash support)".into(),
+            ));
         };
         let d = d.clone();
         self.runner.drop_all();
@@ -160,7 +190,9 @@ impl Session {
     /// in memory over it.
     pub fn crash_final(&mut self, keep_random: Option<u64>) -> Result<()> {
         let Dev::Volatile(d) = &self.dev else {
-            return Err(Error::Invalid("this session cannot crash (opened without crash support)".into()));
+            return Err(Error::Invalid(
+                "this session cannot crash (opened without crash support)".into(),
+            ));
         };
         let d = d.clone();
         self.runner.drop_all();
@@ -216,12 +248,17 @@ impl Session {
         }
         let m = self.manifest()?;
         let mut out = Outcome::default();
-        if script.expects.iter().any(|(_, e)| matches!(e, Expect::Consistent)) {
+        if script
+            .expects
+            .iter()
+            .any(|(_, e)| matches!(e, Expect::Consistent))
+        {
             out.consistent = Some(self.consistent()?);
         }
         for (_, e) in &script.expects {
             if let Expect::Post(st) = e {
-                out.posts.push(self.apply(st).map(drop).map_err(|e| e.to_string()));
+                out.posts
+                    .push(self.apply(st).map(drop).map_err(|e| e.to_string()));
             }
         }
         Ok(check_expectations(script, &m, &out))
@@ -239,7 +276,13 @@ impl Session {
         if r.is_clean() {
             return Ok(Ok(()));
         }
-        let first: Vec<String> = r.findings.iter().filter(|f| f.severity == crate::check::findings::Severity::Error).take(3).map(|f| f.message.clone()).collect();
+        let first: Vec<String> = r
+            .findings
+            .iter()
+            .filter(|f| f.severity == crate::check::findings::Severity::Error)
+            .take(3)
+            .map(|f| f.message.clone())
+            .collect();
         Ok(Err(format!("{} error(s): {}", r.errors, first.join(" | "))))
     }
 

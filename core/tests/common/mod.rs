@@ -23,7 +23,8 @@ pub const IMAGE_SIZE: u64 = 256 * MIB;
 /// mkfs options from mkfs.btrfs-style arguments, with a fixed fsid and
 /// time so runs are reproducible.
 pub fn mkfs_options(args: &[&str]) -> MkfsOptions {
-    let mut o = MkfsOptions::from_mkfs_args(args).unwrap_or_else(|e| panic!("mkfs arguments {args:?}: {e}"));
+    let mut o = MkfsOptions::from_mkfs_args(args)
+        .unwrap_or_else(|e| panic!("mkfs arguments {args:?}: {e}"));
     o.fsid = Some(*b"btrkit-enginetst");
     o.now = 1_700_000_000;
     o
@@ -67,8 +68,15 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: &[&str]) -> btrkit_core::Result<Fi
 /// The checker's report on the image as the device holds it now, data
 /// checksums verified too.
 pub fn check(dev: Arc<dyn BlockDevice>) -> Report {
-    let img = Image::open(dev, OpenOptions::default()).unwrap_or_else(|e| panic!("image does not open for the checker: {e}"));
-    check_image(&img, CheckOptions { check_data_csum: true }, &NoProgress)
+    let img = Image::open(dev, OpenOptions::default())
+        .unwrap_or_else(|e| panic!("image does not open for the checker: {e}"));
+    check_image(
+        &img,
+        CheckOptions {
+            check_data_csum: true,
+        },
+        &NoProgress,
+    )
 }
 
 /// The first errors of a report, one a line.
@@ -100,7 +108,12 @@ pub fn assert_clean(dev: Arc<dyn BlockDevice>, what: &str) -> Report {
 
 /// Steps of a script text (no directives or expectations).
 pub fn steps(text: &str) -> Vec<Step> {
-    Script::parse("test", text).unwrap_or_else(|e| panic!("script: {e}\n{text}")).steps.into_iter().map(|(_, s)| s).collect()
+    Script::parse("test", text)
+        .unwrap_or_else(|e| panic!("script: {e}\n{text}"))
+        .steps
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect()
 }
 
 /// Run script text on a mounted filesystem; `remount` is a real unmount
@@ -115,7 +128,13 @@ pub fn run(fs: &mut Filesystem, dev: &Arc<dyn BlockDevice>, opts: &[&str], text:
 
 /// One step through the runner; `Remount` unmounts (closing everything and
 /// committing) and mounts again from the device.
-pub fn apply(fs: &mut Filesystem, r: &mut EngineRunner, dev: &Arc<dyn BlockDevice>, opts: &[&str], st: &Step) -> btrkit_core::Result<()> {
+pub fn apply(
+    fs: &mut Filesystem,
+    r: &mut EngineRunner,
+    dev: &Arc<dyn BlockDevice>,
+    opts: &[&str],
+    st: &Step,
+) -> btrkit_core::Result<()> {
     match st {
         Step::Remount => {
             r.close_all(fs)?;
@@ -164,5 +183,8 @@ impl Rng {
 
 /// A number from the environment, or the default.
 pub fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }

@@ -45,7 +45,11 @@ pub fn random_scenario(seed: u64) -> String {
     };
     for _ in 0..8 {
         let f = newname(&files, &mut r);
-        out.push(format!("write {f} 0 {} {}", [100, 3000, 5000, 70000][r(4) as usize], 1 + r(249)));
+        out.push(format!(
+            "write {f} 0 {} {}",
+            [100, 3000, 5000, 70000][r(4) as usize],
+            1 + r(249)
+        ));
         files.push(f);
     }
     out.push("sync".into());
@@ -56,9 +60,17 @@ pub fn random_scenario(seed: u64) -> String {
         let f = files[r(files.len() as u64) as usize].clone();
         let op = r(100);
         if op < 25 {
-            out.push(format!("write {f} {} {} {}", [0, 4096, 10000, 65536][r(4) as usize], [10, 4096, 20000][r(3) as usize], 1 + r(249)));
+            out.push(format!(
+                "write {f} {} {} {}",
+                [0, 4096, 10000, 65536][r(4) as usize],
+                [10, 4096, 20000][r(3) as usize],
+                1 + r(249)
+            ));
         } else if op < 35 {
-            out.push(format!("truncate {f} {}", [0, 1000, 4096, 100000][r(4) as usize]));
+            out.push(format!(
+                "truncate {f} {}",
+                [0, 1000, 4096, 100000][r(4) as usize]
+            ));
         } else if op < 42 {
             let g = newname(&files, &mut r);
             out.push(format!("link {f} {g}"));
@@ -84,16 +96,27 @@ pub fn random_scenario(seed: u64) -> String {
                 out.push(format!("removexattr {f} user.k{k}"));
             }
         } else if op < 75 {
-            out.push(format!("punch {f} {} {}", [0, 4096][r(2) as usize], [4096, 8192][r(2) as usize]));
+            out.push(format!(
+                "punch {f} {} {}",
+                [0, 4096][r(2) as usize],
+                [4096, 8192][r(2) as usize]
+            ));
         } else if op < 80 {
             let keep = if r(2) == 0 { " keep" } else { "" };
-            out.push(format!("fallocate {f} {} {}{keep}", [0, 8192, 100000][r(3) as usize], [4096, 65536][r(2) as usize]));
+            out.push(format!(
+                "fallocate {f} {} {}{keep}",
+                [0, 8192, 100000][r(3) as usize],
+                [4096, 65536][r(2) as usize]
+            ));
         } else if op < 92 {
             out.push(format!("fsync {f}"));
         } else if op < 96 {
             out.push(format!("fdatasync {f}"));
         } else {
-            out.push(format!("fsync {}", ["/a", "/b", "/a/c", "/"][r(4) as usize]));
+            out.push(format!(
+                "fsync {}",
+                ["/a", "/b", "/a/c", "/"][r(4) as usize]
+            ));
         }
     }
     let n = files.len();
@@ -130,7 +153,11 @@ pub fn random_ns_scenario(seed: u64) -> String {
     };
     for _ in 0..6 {
         let f = fresh(&dirs, &mut r, "f");
-        out.push(format!("write {f} 0 {} {}", [100, 3000, 5000, 70000][r(4) as usize], 1 + r(249)));
+        out.push(format!(
+            "write {f} 0 {} {}",
+            [100, 3000, 5000, 70000][r(4) as usize],
+            1 + r(249)
+        ));
         files.push(f);
     }
     out.push("sync".into());
@@ -144,7 +171,12 @@ pub fn random_ns_scenario(seed: u64) -> String {
         } else if op < 12 && !made.is_empty() {
             // Remove a made directory with everything in it, deepest first.
             let d = made[r(made.len() as u64) as usize].clone();
-            let mut inside: Vec<String> = files.iter().chain(others.iter()).filter(|f| f.starts_with(&d)).cloned().collect();
+            let mut inside: Vec<String> = files
+                .iter()
+                .chain(others.iter())
+                .filter(|f| f.starts_with(&d))
+                .cloned()
+                .collect();
             inside.sort();
             for f in &inside {
                 out.push(format!("unlink {f}"));
@@ -160,10 +192,18 @@ pub fn random_ns_scenario(seed: u64) -> String {
         } else if op < 16 && !made.is_empty() {
             // Rename a made directory under a fixed one (never into itself).
             let d = made[r(made.len() as u64) as usize].clone();
-            let n = format!("{}{}", ["/", "/a/", "/b/"][r(3) as usize], fresh(&vec!["".into()], &mut r, "r"));
+            let n = format!(
+                "{}{}",
+                ["/", "/a/", "/b/"][r(3) as usize],
+                fresh(&vec!["".into()], &mut r, "r")
+            );
             out.push(format!("rename {} {n}", d.trim_end_matches('/')));
             let nd = format!("{n}/");
-            for f in files.iter_mut().chain(others.iter_mut()).filter(|f| f.starts_with(&d)) {
+            for f in files
+                .iter_mut()
+                .chain(others.iter_mut())
+                .filter(|f| f.starts_with(&d))
+            {
                 *f = format!("{nd}{}", &f[d.len()..]);
             }
             for x in dirs.iter_mut().filter(|x| x.starts_with(&d)) {
@@ -181,7 +221,14 @@ pub fn random_ns_scenario(seed: u64) -> String {
             out.push("evict".into());
         } else if op < 32 {
             let d = &dirs[r(dirs.len() as u64) as usize];
-            out.push(format!("fsync {}", if d == "/" { "/" } else { d.trim_end_matches('/') }));
+            out.push(format!(
+                "fsync {}",
+                if d == "/" {
+                    "/"
+                } else {
+                    d.trim_end_matches('/')
+                }
+            ));
         } else if files.is_empty() {
             let f = fresh(&dirs, &mut r, "f");
             out.push(format!("create {f}"));
@@ -190,9 +237,17 @@ pub fn random_ns_scenario(seed: u64) -> String {
             let f = files[r(files.len() as u64) as usize].clone();
             let op = r(100);
             if op < 22 {
-                out.push(format!("write {f} {} {} {}", [0, 4096, 10000, 65536][r(4) as usize], [10, 4096, 20000][r(3) as usize], 1 + r(249)));
+                out.push(format!(
+                    "write {f} {} {} {}",
+                    [0, 4096, 10000, 65536][r(4) as usize],
+                    [10, 4096, 20000][r(3) as usize],
+                    1 + r(249)
+                ));
             } else if op < 30 {
-                out.push(format!("truncate {f} {}", [0, 1000, 4096, 100000][r(4) as usize]));
+                out.push(format!(
+                    "truncate {f} {}",
+                    [0, 1000, 4096, 100000][r(4) as usize]
+                ));
             } else if op < 38 {
                 let g = fresh(&dirs, &mut r, "f");
                 out.push(format!("link {f} {g}"));
@@ -208,14 +263,30 @@ pub fn random_ns_scenario(seed: u64) -> String {
             } else if op < 62 {
                 out.push(format!("setxattr {f} user.k{} v{}", r(3), r(100)));
             } else if op < 66 {
-                out.push(format!("chmod {f} {}", ["600", "644", "755"][r(3) as usize]));
+                out.push(format!(
+                    "chmod {f} {}",
+                    ["600", "644", "755"][r(3) as usize]
+                ));
             } else if op < 71 {
-                out.push(format!("zero-range {f} {} {}{}", [0, 4096][r(2) as usize], [4096, 8192][r(2) as usize], if r(2) == 0 { " keep" } else { "" }));
+                out.push(format!(
+                    "zero-range {f} {} {}{}",
+                    [0, 4096][r(2) as usize],
+                    [4096, 8192][r(2) as usize],
+                    if r(2) == 0 { " keep" } else { "" }
+                ));
             } else if op < 76 {
-                out.push(format!("punch {f} {} {}", [0, 4096][r(2) as usize], [4096, 8192][r(2) as usize]));
+                out.push(format!(
+                    "punch {f} {} {}",
+                    [0, 4096][r(2) as usize],
+                    [4096, 8192][r(2) as usize]
+                ));
             } else if op < 81 {
                 let keep = if r(2) == 0 { " keep" } else { "" };
-                out.push(format!("fallocate {f} {} {}{keep}", [0, 8192, 100000][r(3) as usize], [4096, 65536][r(2) as usize]));
+                out.push(format!(
+                    "fallocate {f} {} {}{keep}",
+                    [0, 8192, 100000][r(3) as usize],
+                    [4096, 65536][r(2) as usize]
+                ));
             } else if op < 94 {
                 out.push(format!("fsync {f}"));
             } else {
@@ -267,7 +338,11 @@ pub fn random_clone_scenario(seed: u64) -> String {
         let op = r(100);
         if op < 40 {
             // A clone: within the file (disjoint ranges) or from another.
-            let j = if r(2) == 0 { i } else { r(names.len() as u64) as usize };
+            let j = if r(2) == 0 {
+                i
+            } else {
+                r(names.len() as u64) as usize
+            };
             let blocks = size[j] / B;
             if blocks == 0 {
                 continue;
@@ -353,10 +428,22 @@ pub fn random_quota_scenario(seed: u64) -> String {
     }
     if r(3) != 0 {
         // A deleted subvolume: its tree stays until the cleaner drops it.
-        out.extend(["subvol-create /gone", "write /gone/x 0 200K 7", "sync", "subvol-delete /gone"].map(String::from));
+        out.extend(
+            [
+                "subvol-create /gone",
+                "write /gone/x 0 200K 7",
+                "sync",
+                "subvol-delete /gone",
+            ]
+            .map(String::from),
+        );
     }
     out.push("snapshot /sv /snap".into());
-    let snap: Vec<(String, u64)> = files.iter().filter(|(f, _)| f.starts_with("/sv/")).map(|(f, n)| (f.replacen("/sv/", "/snap/", 1), *n)).collect();
+    let snap: Vec<(String, u64)> = files
+        .iter()
+        .filter(|(f, _)| f.starts_with("/sv/"))
+        .map(|(f, n)| (f.replacen("/sv/", "/snap/", 1), *n))
+        .collect();
     files.extend(snap);
     if r(2) == 0 {
         out.push("snapshot / /rootsnap".into());
@@ -423,7 +510,10 @@ pub const REGRESSION_SEEDS: &[u64] = &[72, 467, 1900];
 /// the environment variable `env`, 16 by default), then the `extra` seeds
 /// beyond N.
 pub fn seeded(prefix: &str, env: &str, extra: &[u64], make: fn(u64) -> String) -> Vec<Scenario> {
-    let n: u64 = std::env::var(env).ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+    let n: u64 = std::env::var(env)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
     let mut seeds: Vec<u64> = (1..=n).collect();
     seeds.extend(extra.iter().filter(|&&s| s > n));
     seeds
@@ -435,14 +525,33 @@ pub fn seeded(prefix: &str, env: &str, extra: &[u64], make: fn(u64) -> String) -
         .collect()
 }
 
-
 /// Every family, as the corpus runs them.
 pub fn all_families() -> Vec<Scenario> {
     let mut all = Vec::new();
-    all.extend(seeded("random-", "BTRKIT_RANDOM_SCENARIOS", REGRESSION_SEEDS, random_scenario));
-    all.extend(seeded("random-ns-", "BTRKIT_RANDOM_NS_SCENARIOS", &[126], random_ns_scenario));
-    all.extend(seeded("random-clone-", "BTRKIT_RANDOM_CLONE_SCENARIOS", &[74], random_clone_scenario));
-    all.extend(seeded("random-quota-", "BTRKIT_RANDOM_QUOTA_SCENARIOS", &[], random_quota_scenario));
+    all.extend(seeded(
+        "random-",
+        "BTRKIT_RANDOM_SCENARIOS",
+        REGRESSION_SEEDS,
+        random_scenario,
+    ));
+    all.extend(seeded(
+        "random-ns-",
+        "BTRKIT_RANDOM_NS_SCENARIOS",
+        &[126],
+        random_ns_scenario,
+    ));
+    all.extend(seeded(
+        "random-clone-",
+        "BTRKIT_RANDOM_CLONE_SCENARIOS",
+        &[74],
+        random_clone_scenario,
+    ));
+    all.extend(seeded(
+        "random-quota-",
+        "BTRKIT_RANDOM_QUOTA_SCENARIOS",
+        &[],
+        random_quota_scenario,
+    ));
     all
 }
 
