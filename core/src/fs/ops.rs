@@ -258,7 +258,7 @@ impl Filesystem {
         let t = self.transid();
         self.rt(l)?.last_unlink_trans = t;
         self.drop_name(dir, name)?;
-        Ok(())
+        self.apply_log_ops_now()
     }
 
     /// rmdir(2).
@@ -292,7 +292,7 @@ impl Filesystem {
             self.rt(dir)?.last_unlink_trans = t;
         }
         self.drop_name(dir, name)?;
-        Ok(())
+        self.apply_log_ops_now()
     }
 
     /// Whether `anc` is `l` or one of its ancestors (walking `..`).
@@ -432,7 +432,7 @@ impl Filesystem {
                 parent,
             });
         }
-        Ok(())
+        self.apply_log_ops_now()
     }
 
     /// open(O_TMPFILE): an open inode with no name (an orphan until closed).

@@ -1241,6 +1241,27 @@ impl Filesystem {
     /// logging (the kernel makes these edits as the unlink or rename
     /// happens; none can be seen before the next log sync, which comes
     /// after this).
+    /// Bring the log up to date with the names just changed, as the
+    /// kernel's unlink, link and rename do inline (btrfs_log_new_name,
+    /// btrfs_del_dir_entries_in_log): the log must follow the namespace
+    /// as it was at the change, not as it is at the next fsync (a name
+    /// unlinked in between is not part of what the rename logged). A
+    /// logging that cannot be done marks the transaction for a full
+    /// commit, as btrfs_set_log_full_commit.
+    pub(crate) fn apply_log_ops_now(&mut self) -> Result<()> {
+        if self.log.pending.is_empty() {
+            return Ok(());
+        }
+        match self.apply_log_ops() {
+            Ok(()) => Ok(()),
+            Err(Stop::Commit(_)) => {
+                self.log.full_commit_trans = self.transid();
+                Ok(())
+            }
+            Err(Stop::Err(e)) => Err(e),
+        }
+    }
+
     fn apply_log_ops(&mut self) -> LResult<()> {
         let ops = std::mem::take(&mut self.log.pending);
         for op in ops {

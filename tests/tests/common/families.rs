@@ -504,7 +504,11 @@ pub fn random_quota_scenario(seed: u64) -> String {
 /// 1900: on a filesystem without no-holes the kernel's own replay leaves a
 /// file without a hole item for a gap (btrfs check: "file extent
 /// discount"); ours must leave the same, and btrkit-fsck must see it.
-pub const REGRESSION_SEEDS: &[u64] = &[72, 467, 1900];
+/// 35: a rename out of a logged directory logs its old parent at the
+/// rename, while a file there that is unlinked later is still an old entry
+/// (its name survives replay); logging the rename at the next fsync instead
+/// took the unlink along.
+pub const REGRESSION_SEEDS: &[u64] = &[35, 72, 467, 1900];
 
 /// Seeded scenarios named `{prefix}{seed:03}`: seeds 1 to N (the number in
 /// the environment variable `env`, 16 by default), then the `extra` seeds
@@ -537,7 +541,8 @@ pub fn all_families() -> Vec<Scenario> {
     all.extend(seeded(
         "random-ns-",
         "BTRKIT_RANDOM_NS_SCENARIOS",
-        &[126],
+        // 73: as random 35, through renames of directories and links.
+        &[73, 126],
         random_ns_scenario,
     ));
     all.extend(seeded(
