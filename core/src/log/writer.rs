@@ -384,6 +384,28 @@ impl Filesystem {
             ));
         }
         let log = log_tree(l);
+        // Logged as existing, a file carries the smaller of its logged and
+        // current sizes, and an exists-form size of 0 tells replay to keep
+        // the committed size. When that is what it would get and a full
+        // logging earlier in this log transaction is in the log, the full
+        // item stays: the exists form would undo what that fsync made
+        // durable (a truncate to 0, or a size the file was truncated from
+        // since). The kernel logs its in-memory item whenever the inode's
+        // leaf is unchanged (its delayed inode not yet written) and loses
+        // that fsync otherwise.
+        let full_item = match (dir, mode, logged_before) {
+            (false, LogMode::Exists, true) => {
+                let now = self.rt(l)?.i_size;
+                self.store
+                    .lookup(log, &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))?
+                    .filter(|d| {
+                        InodeItem::read_from_prefix(d).is_ok_and(|(x, _)| {
+                            x.generation.get() != 0 && x.size.get().min(now) == 0
+                        })
+                    })
+            }
+            _ => None,
+        };
         if dir {
             self.rt(l)?.copy_everything = false;
             if logged_before {
@@ -438,13 +460,25 @@ impl Filesystem {
                 self.log_changed_extents(l, logged_before)?;
             }
         }
+        if let Some(item) = full_item {
+            self.store
+                .update_item(log, &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0), &item)?;
+        }
+        // Entries an earlier logging of the directory in this transaction
+        // logged had their targets logged then: btrfs_log_get_delayed_items
+        // skips delayed items already logged, so a target changed since
+        // (an xattr, say) is not logged again through its entry.
+        let logged_upto = if dir && mode == LogMode::All && !ctx.logging_new_delayed {
+            Some(self.logged_dir_index(l, logged_before)?)
+        } else {
+            None
+        };
         if dir && mode == LogMode::All {
             self.log_directory_changes(l, logged_before, ctx)?;
         }
-        let new_delayed = if dir && mode == LogMode::All && !ctx.logging_new_delayed {
-            self.new_entries(l)?
-        } else {
-            Vec::new()
+        let new_delayed = match logged_upto {
+            Some(after) => self.new_entries(l, after)?,
+            None => Vec::new(),
         };
         let rt = self.rt(l)?;
         rt.logged_trans = t;
@@ -461,11 +495,11 @@ impl Filesystem {
     /// The entries a directory got in this transaction, as (index, target,
     /// is a directory): in the kernel they are delayed items until the
     /// transaction commits.
-    fn new_entries(&mut self, dir: Loc) -> Result<Vec<(Loc, bool)>> {
+    fn new_entries(&mut self, dir: Loc, after: u64) -> Result<Vec<(Loc, bool)>> {
         let t = self.transid();
         let items = self.store.items_in(
             fs_tree(dir),
-            Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0),
+            Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, after.saturating_add(1)),
             Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
         )?;
         let mut out = Vec::new();
@@ -845,12 +879,9 @@ impl Filesystem {
     /// log_directory_changes: the index entries this transaction added and
     /// the ranges in which replay deletes what the log lacks, leaf by leaf
     /// over the leaves this transaction changed.
-    fn log_directory_changes(
-        &mut self,
-        dir: Loc,
-        logged_before: bool,
-        ctx: &mut Ctx,
-    ) -> Result<()> {
+    /// The highest index of `dir` logged in this transaction
+    /// (update_last_dir_index_offset: found in the log when not known).
+    fn logged_dir_index(&mut self, dir: Loc, logged_before: bool) -> Result<u64> {
         if self.rt(dir)?.last_dir_index_offset == 0 {
             let last = if logged_before {
                 self.store
@@ -865,6 +896,16 @@ impl Filesystem {
             };
             self.rt(dir)?.last_dir_index_offset = last;
         }
+        Ok(self.rt(dir)?.last_dir_index_offset)
+    }
+
+    fn log_directory_changes(
+        &mut self,
+        dir: Loc,
+        logged_before: bool,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        self.logged_dir_index(dir, logged_before)?;
         let mut min_offset = 2u64;
         for _ in 0..(1 << 20) {
             let last = self.log_dir_items(dir, min_offset, ctx)?;

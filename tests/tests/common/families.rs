@@ -542,7 +542,12 @@ pub fn all_families() -> Vec<Scenario> {
         "random-ns-",
         "BTRKIT_RANDOM_NS_SCENARIOS",
         // 73: as random 35, through renames of directories and links.
-        &[73, 126],
+        // 41: a fully logged directory logs the targets of its entries
+        // that no earlier logging in the transaction logged (an xattr set
+        // since on an already logged target stays out).
+        // 164: a file fsynced after a truncate to 0, then logged as
+        // existing (a rename): the fsynced size survives replay.
+        &[41, 73, 126, 164],
         random_ns_scenario,
     ));
     all.extend(seeded(
