@@ -1287,20 +1287,19 @@ impl Filesystem {
     /// btrfs_del_dir_entries_in_log): the log must follow the namespace
     /// as it was at the change, not as it is at the next fsync (a name
     /// unlinked in between is not part of what the rename logged). A
-    /// logging that cannot be done marks the transaction for a full
-    /// commit, as btrfs_set_log_full_commit.
+    /// logging that cannot be done, for whatever reason, marks the
+    /// transaction for a full commit (btrfs_set_log_full_commit) and does
+    /// not fail the name change, which is already made: the next fsync
+    /// commits, and a real I/O error surfaces there.
     pub(crate) fn apply_log_ops_now(&mut self) -> Result<()> {
         if self.log.pending.is_empty() {
             return Ok(());
         }
-        match self.apply_log_ops() {
-            Ok(()) => Ok(()),
-            Err(Stop::Commit(_)) => {
-                self.log.full_commit_trans = self.transid();
-                Ok(())
-            }
-            Err(Stop::Err(e)) => Err(e),
+        if self.apply_log_ops().is_err() {
+            self.log.pending.clear();
+            self.log.full_commit_trans = self.transid();
         }
+        Ok(())
     }
 
     fn apply_log_ops(&mut self) -> LResult<()> {
