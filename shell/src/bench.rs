@@ -170,9 +170,8 @@ fn dbench_cmd(a: &DbenchArgs) -> anyhow::Result<()> {
             let mut cc = durable::CrashCheck::default();
             let mut fs =
                 durable::crash_and_recover(&vol, &a.image, mount_options(&a.mount)?, &mut cc)?;
-            let mut v = dbench::verify_durable(&mut fs, &tracked)?;
-            (v.replayed_log, v.checker_errors) = (cc.replayed_log, cc.checker_errors);
-            Some(v)
+            cc.absorb(dbench::verify_durable(&mut fs, &tracked)?);
+            Some(cc)
         }
         None => {
             fs.close_all()?;

@@ -33,8 +33,8 @@ pub fn level(buf: &[u8]) -> u8 {
 
 fn item_at(buf: &[u8], slot: usize) -> Item {
     let o = HEADER_SIZE + slot * ITEM_SIZE;
+    // OK: a slice of exactly the item's size cannot fail to convert.
     Item::read_from_bytes(&buf[o..o + ITEM_SIZE]).unwrap_or_else(|_| unreachable!())
-    // OK: fixed-size slice
 }
 fn set_item_at(buf: &mut [u8], slot: usize, it: &Item) {
     let o = HEADER_SIZE + slot * ITEM_SIZE;
@@ -42,8 +42,8 @@ fn set_item_at(buf: &mut [u8], slot: usize, it: &Item) {
 }
 fn ptr_at(buf: &[u8], slot: usize) -> KeyPtr {
     let o = HEADER_SIZE + slot * KEY_PTR_SIZE;
+    // OK: a slice of exactly the item's size cannot fail to convert.
     KeyPtr::read_from_bytes(&buf[o..o + KEY_PTR_SIZE]).unwrap_or_else(|_| unreachable!())
-    // OK: fixed-size slice
 }
 fn set_ptr_at(buf: &mut [u8], slot: usize, p: &KeyPtr) {
     let o = HEADER_SIZE + slot * KEY_PTR_SIZE;

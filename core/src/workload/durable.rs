@@ -290,6 +290,15 @@ pub struct CrashCheck {
 }
 
 impl CrashCheck {
+    /// Take the verdict of a verification into a check that holds the
+    /// recovery's facts (log replayed, checker errors) and maybe examples.
+    pub fn absorb(&mut self, v: CrashCheck) {
+        let examples = std::mem::take(&mut self.examples);
+        *self = CrashCheck { replayed_log: self.replayed_log, checker_errors: self.checker_errors, examples, ..v };
+        self.examples.extend(v.examples);
+        self.examples.truncate(8);
+    }
+
     pub fn ok(&self) -> bool {
         self.lost == 0 && self.garbage == 0 && self.checker_errors == 0
     }
@@ -367,14 +376,7 @@ pub fn verify_files(
         Some(l) => fs.read(l, b * bs, bs),
         None => Ok(Vec::new()),
     })?;
-    let (replayed, checker) = (r.replayed_log, r.checker_errors);
-    let mut examples = std::mem::take(&mut r.examples);
-    *r = v;
-    r.replayed_log = replayed;
-    r.checker_errors = checker;
-    examples.extend(std::mem::take(&mut r.examples));
-    examples.truncate(8);
-    r.examples = examples;
+    r.absorb(v);
     Ok(())
 }
 
