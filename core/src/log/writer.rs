@@ -671,6 +671,9 @@ impl Filesystem {
             parse_file_extent(data).map_err(|e| e.at(0, key))?
         {
             let b = item.disk_bytenr.get();
+            if b != 0 && head.type_ == BTRFS_FILE_EXTENT_REG && head.generation.get() == t {
+                self.store.write_data_in(b, item.disk_num_bytes.get())?;
+            }
             if datasum
                 && b != 0
                 && head.type_ == BTRFS_FILE_EXTENT_REG

@@ -812,6 +812,22 @@ impl Store {
         self.write_runs(all)
     }
 
+    /// Write the queued runs meeting logical `[bytenr, bytenr+len)`. A log
+    /// about to name an extent must find its data on the device before its
+    /// own flush: the kernel logs a file extent item only once the ordered
+    /// extent's write completed, and whoever syncs the log (maybe another
+    /// client's fsync) flushes only what was written by then.
+    pub fn write_data_in(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        if self.dataq.is_empty() || len == 0 {
+            return Ok(());
+        }
+        for phys in self.img.chunks.map(bytenr, len, self.img.devid)? {
+            let hit = self.dataq.take_overlapping(phys, phys + len);
+            self.write_runs(hit)?;
+        }
+        Ok(())
+    }
+
     /// Write the queued runs holding `owner`'s data (what an fsync of it
     /// waits for).
     pub fn write_data_of(&mut self, owner: dataq::Owner) -> Result<()> {

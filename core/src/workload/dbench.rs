@@ -428,7 +428,13 @@ pub fn verify_durable(fs: &mut Filesystem, clients: &[DurableFiles]) -> Result<C
                     return Ok(Some(format!("{} bytes, {} acknowledged", st.size, size)));
                 }
                 for (&a, &b) in ranges {
-                    let got = fs.read(l, a, b - a)?;
+                    let got = match fs.read(l, a, b - a) {
+                        Ok(g) => g,
+                        Err(e) if errno_of(&e) == libc::EIO => {
+                            return Ok(Some(format!("bytes {a}..{b} unreadable: {e}")))
+                        }
+                        Err(e) => return Err(e),
+                    };
                     if got != position_pattern(l.ino, a, (b - a) as usize) {
                         return Ok(Some(format!("bytes {a}..{b} differ from what was written")));
                     }

@@ -206,14 +206,20 @@ impl Ledger {
                     .filter(|(i, _)| *i < fl.durable)
                     .map(|(i, _)| *i)
                     .max();
-                let got = read(f, b)?;
                 r.checked += 1;
                 if required.is_some() {
                     r.checked_acknowledged += 1;
                 }
+                // A block that no longer reads (its checksum fails) is a
+                // finding, not the end of the check.
+                let got = match read(f, b) {
+                    Ok(g) => Ok(g),
+                    Err(e) if e.as_errno() == libc::EIO => Err(format!("unreadable: {e}")),
+                    Err(e) => return Err(e),
+                };
                 // Which version the block holds: Some(log index) for a
                 // write of this run, None for the start content.
-                let version = match read_stamp(&got) {
+                let version = got.and_then(|got| match read_stamp(&got) {
                     Some((gf, gb, s)) if gf == f as u64 && gb == b => {
                         match writes.iter().find(|(_, ws)| *ws == s) {
                             Some(&(i, _)) => Ok(Some(i)),
@@ -234,7 +240,7 @@ impl Ledger {
                         self.block_size
                     )),
                     None => Err("content that no write made (torn or foreign)".to_string()),
-                };
+                });
                 let problem = match (version, required) {
                     (Err(e), _) => {
                         r.garbage += 1;
@@ -294,7 +300,12 @@ impl CrashCheck {
     /// recovery's facts (log replayed, checker errors) and maybe examples.
     pub fn absorb(&mut self, v: CrashCheck) {
         let examples = std::mem::take(&mut self.examples);
-        *self = CrashCheck { replayed_log: self.replayed_log, checker_errors: self.checker_errors, examples, ..v };
+        *self = CrashCheck {
+            replayed_log: self.replayed_log,
+            checker_errors: self.checker_errors,
+            examples,
+            ..v
+        };
         self.examples.extend(v.examples);
         self.examples.truncate(8);
     }
@@ -438,5 +449,32 @@ mod tests {
         disk[0] = torn;
         let r = lg.verify(|_, b| Ok(disk[b as usize].clone())).unwrap();
         assert_eq!((r.lost, r.garbage), (0, 1));
+        // A block whose checksum fails is a finding that names it; the
+        // check goes on to the next block.
+        disk[0] = written[0].clone();
+        let r = lg
+            .verify(|_, b| {
+                if b == 1 {
+                    return Err(Error::io(
+                        "checksum mismatch",
+                        std::io::Error::from_raw_os_error(libc::EIO),
+                    ));
+                }
+                Ok(disk[b as usize].clone())
+            })
+            .unwrap();
+        assert_eq!((r.checked, r.lost, r.garbage), (2, 0, 1), "{r:?}");
+        assert!(
+            r.examples[0].contains("block 1") && r.examples[0].contains("unreadable"),
+            "{:?}",
+            r.examples
+        );
+        // Any other error ends the check.
+        assert!(lg
+            .verify(|_, _| Err(Error::io(
+                "gone",
+                std::io::Error::from_raw_os_error(libc::ENOENT)
+            )))
+            .is_err());
     }
 }
