@@ -139,6 +139,10 @@ pub struct InodeRt {
 pub struct SubvolLog {
     pub log_transid: i64,
     pub last_log_commit: i64,
+    /// Every log sub-transaction below this one is on disk
+    /// (log_transid_committed + 1): recorded once a sync's last flush
+    /// returned, never when it starts.
+    pub durable: i64,
 }
 
 /// A change to names the log must reflect when it already holds the
@@ -170,6 +174,8 @@ pub struct LogState {
     /// commits (last_trans_log_full_commit).
     pub full_commit_trans: u64,
     pub pending: Vec<LogOp>,
+    /// The log sync whose I/O may be running without the filesystem.
+    pub io: std::sync::Arc<crate::log::syncio::LogIoGate>,
 }
 
 pub struct Filesystem {
@@ -385,6 +391,9 @@ impl Filesystem {
 
     /// Commit the running transaction (`reason` is counted).
     pub fn commit(&mut self, reason: &str) -> Result<()> {
+        // A log sync's superblock must not land after the commit's.
+        self.log.io.wait_idle();
+        self.absorb_log_io();
         if self.opts.flushoncommit {
             self.writeback_all(super::writeback::Reason::Sync)?;
         }

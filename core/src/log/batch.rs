@@ -4,7 +4,7 @@
 //! others can log theirs, then syncs the log; whoever syncs first makes all
 //! of them durable and the rest find their sub-transaction synced.
 
-use super::writer::FsyncTicket;
+use super::writer::{FsyncTicket, LogSyncStep};
 use crate::fs::{Filesystem, Loc};
 use crate::Result;
 use std::sync::{Mutex, MutexGuard};
@@ -36,7 +36,31 @@ impl SharedFs {
             return Ok(());
         }
         std::thread::yield_now();
-        self.lock().fsync_finish(ticket)
+        self.finish(ticket)
+    }
+
+    /// The log sync a ticket needs: its I/O runs without the filesystem,
+    /// so the other clients write and log into the next sub-transaction
+    /// meanwhile; a client whose sub-transaction is being synced by
+    /// another waits for that sync's end and finds it durable.
+    fn finish(&self, ticket: FsyncTicket) -> Result<()> {
+        loop {
+            let (step, gate) = {
+                let mut fs = self.lock();
+                (fs.log_sync_begin(ticket)?, fs.log.io.clone())
+            };
+            match step {
+                LogSyncStep::Done => return Ok(()),
+                LogSyncStep::Wait => gate.wait_idle(),
+                LogSyncStep::Io(p) => {
+                    let r = p.run();
+                    if r.is_err() {
+                        self.lock().absorb_log_io();
+                    }
+                    return r;
+                }
+            }
+        }
     }
 
     /// pwrite on an O_SYNC / O_DSYNC descriptor from one client: the
@@ -55,7 +79,7 @@ impl SharedFs {
             return Ok(());
         }
         std::thread::yield_now();
-        self.lock().fsync_finish(ticket)
+        self.finish(ticket)
     }
 
     pub fn into_inner(self) -> Filesystem {

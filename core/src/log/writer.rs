@@ -38,6 +38,7 @@ use crate::fs::inode::{is_dir, is_reg, is_symlink as is_lnk};
 use crate::fs::writeback::Reason;
 use crate::fs::{Filesystem, Loc, LogOp, ROOT_DIR};
 use crate::trans::TreeId;
+use super::syncio::{LogIoDone, PendingLogSync};
 use std::collections::VecDeque;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -140,6 +141,14 @@ pub enum FsyncTicket {
     },
 }
 
+/// Where the log sync of a ticket stands (see
+/// [`Filesystem::log_sync_begin`]).
+pub enum LogSyncStep {
+    Done,
+    Wait,
+    Io(PendingLogSync),
+}
+
 impl Filesystem {
     /// fsync(2), fdatasync(2), msync(MS_SYNC) (btrfs_sync_file): the range
     /// and `datasync` change nothing, as in the kernel, which always syncs
@@ -170,6 +179,7 @@ impl Filesystem {
         _datasync: bool,
         _range: Option<(u64, u64)>,
     ) -> Result<FsyncTicket> {
+        self.absorb_log_io();
         self.stats.fsyncs += 1;
         let it = self.item(l)?;
         let m = it.mode.get();
@@ -216,53 +226,111 @@ impl Filesystem {
     }
 
     /// The second half: sync the log the ticket needs, unless a commit or
-    /// another fsync's log sync made it durable already.
+    /// another fsync's log sync made it durable already. Holding the
+    /// filesystem throughout; clients sharing it go through
+    /// [`Filesystem::log_sync_begin`] instead, and run the I/O without it.
     pub fn fsync_finish(&mut self, ticket: FsyncTicket) -> Result<()> {
+        loop {
+            match self.log_sync_begin(ticket)? {
+                LogSyncStep::Done => return Ok(()),
+                // Another client's log sync is writing; it needs nothing
+                // of the filesystem to end.
+                LogSyncStep::Wait => self.log.io.wait_idle(),
+                LogSyncStep::Io(p) => {
+                    let r = p.run();
+                    self.absorb_log_io();
+                    return r;
+                }
+            }
+        }
+    }
+
+    /// What the log sync a ticket needs is up to: done already (a commit,
+    /// or a log sync that ended since), wait for the log sync whose I/O is
+    /// running, or the I/O of a sync this caller runs. Before it is
+    /// prepared, the data the log's extents name and that still sat in the
+    /// queue is written; the sub-transaction moves on at once, so fsyncs
+    /// from now on log into the next one.
+    pub fn log_sync_begin(&mut self, ticket: FsyncTicket) -> Result<LogSyncStep> {
+        self.absorb_log_io();
         let FsyncTicket::LogSync {
             inode,
             trans,
             log_transid,
         } = ticket
         else {
-            return Ok(());
+            return Ok(LogSyncStep::Done);
         };
         if self.transid() != trans {
             // Committed since: the log went with the commit.
             self.stats.log_syncs_joined += 1;
-            return Ok(());
+            return Ok(LogSyncStep::Done);
         }
-        // A log sync moves the sub-transaction on: one past the ticket's
-        // means the ticket's was synced.
-        let synced = self
+        let durable = self
             .log
             .subvols
             .get(&inode.subvol)
-            .is_some_and(|s| s.log_transid > log_transid);
-        if synced {
+            .is_some_and(|s| s.durable > log_transid);
+        if durable {
             self.stats.log_syncs_joined += 1;
-            return Ok(());
+            return Ok(LogSyncStep::Done);
         }
-        self.sync_log(inode)
-    }
-
-    /// Make the subvolume's log durable and move its log sub-transaction
-    /// on.
-    fn sync_log(&mut self, l: Loc) -> Result<()> {
-        let subvol = l.subvol;
+        if self.log.io.busy() {
+            return Ok(LogSyncStep::Wait);
+        }
+        if self.log.full_commit_trans == trans {
+            // A log sync of this transaction failed: the log cannot be
+            // trusted to hold what it logged (btrfs_set_log_full_commit).
+            self.full_commit("log sync failed")?;
+            return Ok(LogSyncStep::Done);
+        }
         // The data the logged extents name: with sync-io-first, only the
         // queued runs holding this file's data (its own fsync writeback went
-        // out at once); without it, everything queued ahead of it too.
+        // out at once, and logging wrote what other logged files need);
+        // without it, everything queued ahead of it too.
         if self.switches.sync_io_first {
-            self.store.write_data_of((l.subvol, l.ino))?;
+            self.store.write_data_of((inode.subvol, inode.ino))?;
         } else {
             self.store.flush_data()?;
         }
-        self.store.sync_log(subvol)?;
-        let s = self.log.subvols.entry(subvol).or_default();
-        s.last_log_commit = s.log_transid;
+        let io = self.store.prepare_log_sync(inode.subvol)?;
+        let s = self.log.subvols.entry(inode.subvol).or_default();
+        let synced = s.log_transid;
         s.log_transid += 1;
         self.stats.log_syncs += 1;
-        Ok(())
+        if !self.log.io.start() {
+            return Err(Error::Invalid("log sync gate taken under the filesystem".into()));
+        }
+        Ok(LogSyncStep::Io(PendingLogSync::new(
+            io,
+            self.store.device().clone(),
+            self.log.io.clone(),
+            LogIoDone {
+                subvol: inode.subvol,
+                trans,
+                log_transid: synced,
+                ok: false,
+            },
+        )))
+    }
+
+    /// Take note of a log sync whose I/O ended: its sub-transaction is
+    /// durable, or, when it failed, every later fsync of the transaction
+    /// commits.
+    pub fn absorb_log_io(&mut self) {
+        let Some(d) = self.log.io.take_finished() else {
+            return;
+        };
+        if d.trans != self.transid() {
+            return;
+        }
+        if !d.ok {
+            self.log.full_commit_trans = d.trans;
+            return;
+        }
+        let s = self.log.subvols.entry(d.subvol).or_default();
+        s.last_log_commit = s.last_log_commit.max(d.log_transid);
+        s.durable = s.durable.max(d.log_transid + 1);
     }
 
     /// The fsync commits the transaction instead of logging.

@@ -159,6 +159,18 @@ impl Store {
     /// adjacent blocks coalesced into one write); they are clean after.
     /// Returns how many blocks were written.
     pub fn write_blocks(&mut self, which: &dyn Fn(TreeId) -> bool) -> Result<usize> {
+        let dev = self.img.device().clone();
+        self.emit_dirty_blocks(which, &mut |p, run| dev.write_at(p, run))
+    }
+
+    /// Every dirty block of the trees `which` selects, checksummed and
+    /// marked written, handed to `sink` as (physical offset, bytes) runs in
+    /// ascending order; they are clean after (the next change copies them).
+    pub(super) fn emit_dirty_blocks(
+        &mut self,
+        which: &dyn Fn(TreeId) -> bool,
+        sink: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<usize> {
         let list = self.cache.dirty_blocks(which);
         let csum = self.img.csum;
         // (physical, bytenr) of every copy, then written in ascending order.
@@ -204,7 +216,7 @@ impl Store {
                 );
                 j += 1;
             }
-            self.img.device().write_at(start, &run)?;
+            sink(start, &run)?;
             total += run.len() as u64;
             i = j;
         }

@@ -14,6 +14,7 @@ use super::{RootState, Store, TreeId};
 use crate::format::consts::*;
 use crate::format::key::Key;
 use crate::format::root::RootItem;
+use crate::io::BlockDevice;
 use crate::{Error, Result};
 use zerocopy::IntoBytes;
 
@@ -68,6 +69,18 @@ impl Store {
     /// data its extents name must be written first). The log root tree keeps the other subvolumes' logs as their last syncs
     /// left them.
     pub fn sync_log(&mut self, subvol: u64) -> Result<()> {
+        let io = self.prepare_log_sync(subvol)?;
+        io.run(self.device().as_ref())
+    }
+
+    /// A log sync's writes, taken out of the store so they can run while
+    /// the filesystem goes on (btrfs_sync_log does its I/O with only the
+    /// log mutexes held): the log's blocks are checksummed, marked written
+    /// and clean (the next change to one copies it), the superblock naming
+    /// the log is built. Nothing reaches the device until [`LogSyncIo::run`];
+    /// one may run at a time, and no commit may write its superblocks
+    /// while one runs.
+    pub fn prepare_log_sync(&mut self, subvol: u64) -> Result<LogSyncIo> {
         if !self.roots.contains_key(&TreeId::LogRoot) || !self.has_log(subvol) {
             return Err(Error::Invalid("log sync without a log".into()));
         }
@@ -104,8 +117,14 @@ impl Store {
         }
         // The logged data is on disk already (the caller wrote what the
         // logged extents need).
-        self.write_blocks(&|t: TreeId| t == TreeId::Log(subvol) || t == TreeId::LogRoot)?;
-        self.flush_device()?;
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        self.emit_dirty_blocks(
+            &|t: TreeId| t == TreeId::Log(subvol) || t == TreeId::LogRoot,
+            &mut |p, run| {
+                runs.push((p, run.to_vec()));
+                Ok(())
+            },
+        )?;
         let (log_root, log_level) = {
             let st = self
                 .roots
@@ -122,10 +141,33 @@ impl Store {
         let mut bytes = sb.as_bytes().to_vec();
         let c = crate::csum::block_csum(self.img.csum, &bytes);
         bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
-        self.device().write_at(btrfs_sb_offset(0), &bytes)?;
         self.stats.super_bytes += bytes.len() as u64;
-        self.flush_device()?;
+        self.stats.flushes += 2;
         self.stats.log_syncs += 1;
-        Ok(())
+        Ok(LogSyncIo {
+            runs,
+            super_at: btrfs_sb_offset(0),
+            super_bytes: bytes,
+        })
+    }
+}
+
+/// The writes of one log sync (see [`Store::prepare_log_sync`]): the log's
+/// blocks, a flush, the superblock naming the log, a flush. The superblock
+/// goes out only after the blocks it leads to are durable.
+pub struct LogSyncIo {
+    runs: Vec<(u64, Vec<u8>)>,
+    super_at: u64,
+    super_bytes: Vec<u8>,
+}
+
+impl LogSyncIo {
+    pub fn run(&self, dev: &dyn BlockDevice) -> Result<()> {
+        for (p, run) in &self.runs {
+            dev.write_at(*p, run)?;
+        }
+        dev.flush()?;
+        dev.write_at(self.super_at, &self.super_bytes)?;
+        dev.flush()
     }
 }
