@@ -140,3 +140,51 @@ fn a_joined_fsync_finds_its_queued_data_on_disk() {
     drop(after);
     assert_clean(crashed, "after the crash and the log replay");
 }
+
+/// btrfs_sync_log's batching: when a second client logged into the
+/// sub-transaction, the sync first waits (a tick at a time, while fsyncs
+/// keep coming) for more to join, on a rotating disk; with `ssd`, or with
+/// one client, it goes at once; once synced there is nothing to wait for.
+#[test]
+fn a_log_sync_waits_for_other_clients_unless_ssd() {
+    use btrkit_core::log::writer::FsyncTicket;
+    for (opts, multi) in [(&[][..], true), (&["ssd"][..], false)] {
+        let dev = new_image(256 << 20, &[]);
+        let base: Arc<dyn BlockDevice> = dev.clone();
+        let mut fs = mount(base, opts).unwrap();
+        let root = fs.root();
+        let a = fs.create(root, b"a", 0o644).unwrap();
+        let b = fs.create(root, b"b", 0o644).unwrap();
+        fs.sync().unwrap();
+        fs.write(a, 0, b"one").unwrap();
+        fs.write(b, 0, b"two").unwrap();
+        let ta = fs.fsync_prepare(a, false, None).unwrap();
+        assert!(ta != FsyncTicket::Done);
+        // One client so far: nothing to wait for.
+        assert_eq!(fs.log_batch_pending(ta), None, "{opts:?}");
+        // Another client (thread) logs into the same sub-transaction.
+        let shared = SharedFs::new(fs);
+        let tb = std::thread::scope(|s| {
+            s.spawn(|| shared.lock().fsync_prepare(b, false, None).unwrap())
+                .join()
+                .unwrap()
+        });
+        let mut fs = shared.into_inner();
+        let sub = |t: FsyncTicket| match t {
+            FsyncTicket::LogSync {
+                trans, log_transid, ..
+            } => Some((trans, log_transid)),
+            FsyncTicket::Done => None,
+        };
+        assert_eq!(sub(tb), sub(ta), "both logged into one sub-transaction");
+        let pending = fs.log_batch_pending(ta);
+        assert_eq!(pending.is_some(), multi, "{opts:?}: {pending:?}");
+        fs.fsync_finish(ta).unwrap();
+        assert_eq!(
+            fs.log_batch_pending(tb),
+            None,
+            "synced: nothing to wait for"
+        );
+        fs.fsync_finish(tb).unwrap();
+    }
+}

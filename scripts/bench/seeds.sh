@@ -91,13 +91,18 @@ def f(pat):
     m = re.search(pat, t)
     return float(m.group(1)) if m else None
 if "MB/sec" in t:
-    out.update(mb_per_s=f(r"Throughput ([0-9.]+) MB/sec"), max_latency_ms=f(r"max_latency=([0-9.]+) ms"))
+    out.update(mb_per_s=f(r"Throughput ([0-9.]+) MB/sec"), max_latency_ms=f(r"max_latency=([0-9.]+) ms"),
+               fsyncs=f(r"\n\s*Flush\s+([0-9]+)"))
 else:
     out.update(writes_per_s=f(r"writes/s:\s+([0-9.]+)"), fsyncs_per_s=f(r"fsyncs/s:\s+([0-9.]+)"),
                p95_ms=f(r"95th percentile:\s+([0-9.]+)"), seconds=f(r"total time:\s+([0-9.]+)s"),
                events=f(r"total number of events:\s+([0-9.]+)"))
     if out["events"] and out["seconds"]:
         out["requests_per_s"] = out["events"] / out["seconds"]
+    if out["fsyncs_per_s"] and out["seconds"]:
+        out["fsyncs"] = round(out["fsyncs_per_s"] * out["seconds"])
+if out.get("fsyncs"):
+    out["flushes_per_fsync"] = flushes / out["fsyncs"]
 print(json.dumps(out))
 EOF
 }

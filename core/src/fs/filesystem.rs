@@ -143,6 +143,14 @@ pub struct SubvolLog {
     /// (log_transid_committed + 1): recorded once a sync's last flush
     /// returned, never when it starts.
     pub durable: i64,
+    /// fsyncs that came to this subvolume (root->log_batch): a log sync
+    /// waiting for others to join goes out once it stops changing.
+    pub log_batch: u64,
+    /// The client (thread) that started logging into the running
+    /// sub-transaction (log_start_pid), and whether another one logged
+    /// into it too (BTRFS_ROOT_MULTI_LOG_TASKS).
+    pub start_client: Option<std::thread::ThreadId>,
+    pub multi_clients: bool,
 }
 
 /// A change to names the log must reflect when it already holds the

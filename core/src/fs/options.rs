@@ -22,6 +22,9 @@ pub struct MountOptions {
     pub treelog: bool,
     /// `flushoncommit`: a commit writes back dirty data first.
     pub flushoncommit: bool,
+    /// `ssd` (`ssd_spread`): a log sync goes out at once instead of
+    /// waiting a tick for other clients' fsyncs to join it.
+    pub ssd: bool,
     /// Every option as given, in order.
     pub given: Vec<String>,
 }
@@ -37,6 +40,7 @@ impl Default for MountOptions {
             max_inline: super::extents::MAX_INLINE,
             treelog: true,
             flushoncommit: false,
+            ssd: false,
             given: Vec::new(),
         }
     }
@@ -191,6 +195,8 @@ impl MountOptions {
             ("treelog", None) => self.treelog = true,
             ("flushoncommit", None) => self.flushoncommit = true,
             ("noflushoncommit", None) => self.flushoncommit = false,
+            ("ssd" | "ssd_spread", None) => self.ssd = true,
+            ("nossd" | "nossd_spread", None) => self.ssd = false,
             (n, None) if ACCEPTED.contains(&n) => {}
             (n, Some(_)) if ACCEPTED_VALUED.contains(&n) => {}
             _ => return Err(bad()),

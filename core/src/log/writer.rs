@@ -27,6 +27,7 @@
 //! rename, the targets of new directory entries and the inodes whose names
 //! a new inode took are logged too, as the kernel does.
 
+use super::syncio::{LogIoDone, PendingLogSync};
 use crate::error::{Error, Result};
 use crate::format::consts::*;
 use crate::format::dir::{parse_dir_items, DirLogItem};
@@ -36,9 +37,8 @@ use crate::format::key::Key;
 use crate::fs::extents::{drop_extents_in, extent_key, extents_in, extents_in_tree};
 use crate::fs::inode::{is_dir, is_reg, is_symlink as is_lnk};
 use crate::fs::writeback::Reason;
-use crate::fs::{Filesystem, Loc, LogOp, ROOT_DIR};
+use crate::fs::{Filesystem, Loc, LogOp, SubvolLog, ROOT_DIR};
 use crate::trans::TreeId;
-use super::syncio::{LogIoDone, PendingLogSync};
 use std::collections::VecDeque;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -181,6 +181,7 @@ impl Filesystem {
     ) -> Result<FsyncTicket> {
         self.absorb_log_io();
         self.stats.fsyncs += 1;
+        self.log.subvols.entry(l.subvol).or_default().log_batch += 1;
         let it = self.item(l)?;
         let m = it.mode.get();
         if !is_reg(m) && !is_dir(m) && !is_lnk(m) {
@@ -297,9 +298,12 @@ impl Filesystem {
         let s = self.log.subvols.entry(inode.subvol).or_default();
         let synced = s.log_transid;
         s.log_transid += 1;
+        s.start_client = None;
         self.stats.log_syncs += 1;
         if !self.log.io.start() {
-            return Err(Error::Invalid("log sync gate taken under the filesystem".into()));
+            return Err(Error::Invalid(
+                "log sync gate taken under the filesystem".into(),
+            ));
         }
         Ok(LogSyncStep::Io(PendingLogSync::new(
             io,
@@ -312,6 +316,29 @@ impl Filesystem {
                 ok: false,
             },
         )))
+    }
+
+    /// Before a client syncs the log a ticket needs: the subvolume's fsync
+    /// count, when the sync should first give other clients a tick to
+    /// join it (btrfs_sync_log on a non-ssd mount, when more than one
+    /// client logged into the sub-transaction); None when it should go at
+    /// once or is not needed any more.
+    pub fn log_batch_pending(&mut self, ticket: FsyncTicket) -> Option<u64> {
+        self.absorb_log_io();
+        let FsyncTicket::LogSync {
+            inode,
+            trans,
+            log_transid,
+        } = ticket
+        else {
+            return None;
+        };
+        if self.opts.ssd || self.transid() != trans {
+            return None;
+        }
+        let s = self.log.subvols.get(&inode.subvol)?;
+        (s.multi_clients && s.durable <= log_transid && s.log_transid == log_transid)
+            .then_some(s.log_batch)
     }
 
     /// Take note of a log sync whose I/O ended: its sub-transaction is
@@ -417,8 +444,27 @@ impl Filesystem {
                 "new chunk or failed logging in this transaction",
             ));
         }
+        let me = std::thread::current().id();
         if self.store.start_log(l.subvol)? {
-            self.log.subvols.insert(l.subvol, Default::default());
+            let batch = self.log.subvols.get(&l.subvol).map_or(0, |s| s.log_batch);
+            self.log.subvols.insert(
+                l.subvol,
+                SubvolLog {
+                    log_batch: batch,
+                    start_client: Some(me),
+                    ..Default::default()
+                },
+            );
+        } else {
+            let s = self.log.subvols.entry(l.subvol).or_default();
+            match s.start_client {
+                None => {
+                    s.start_client = Some(me);
+                    s.multi_clients = false;
+                }
+                Some(c) if c != me => s.multi_clients = true,
+                Some(_) => {}
+            }
         }
         self.log_inode(l, mode, ctx)?;
         let rt = self.rt(l)?;
