@@ -107,8 +107,10 @@ impl Filesystem {
 
     /// Put a dirty page.
     fn dirty_page(&mut self, l: Loc, idx: u64, page: Box<[u8]>) -> Result<()> {
+        let now = self.uptime();
         let rt = self.rt(l)?;
         rt.has_page_cache = true;
+        rt.pages_dirtied_at.get_or_insert(now);
         if rt.pages.insert(idx, page) {
             self.dirty_bytes += PAGE;
         }
@@ -675,10 +677,13 @@ impl Filesystem {
         let datasum = self.datasum(l)?;
         if datasum || off % ss != 0 || data.len() as u64 % ss != 0 || data.is_empty() {
             // Direct I/O leaves no pages in the page cache.
-            let cached = self.rt(l)?.has_page_cache;
+            let rt = self.rt(l)?;
+            let (cached, dirtied) = (rt.has_page_cache, rt.pages_dirtied_at);
             self.write(l, off, data)?;
             self.writeback(l, off / ss * ss, end.div_ceil(ss) * ss, Reason::Fsync)?;
-            self.rt(l)?.has_page_cache = cached;
+            let rt = self.rt(l)?;
+            rt.has_page_cache = cached;
+            rt.pages_dirtied_at = dirtied;
             return Ok(());
         }
         let i_size = self.rt(l)?.i_size;

@@ -131,6 +131,12 @@ pub struct InodeRt {
     /// The page cache holds (clean or dirty) pages of the file: such an
     /// inode is not evicted by `drop_caches` of dentries and inodes.
     pub has_page_cache: bool,
+    /// I_DIRTY_PAGES with its dirtied_when: a page was dirtied, and no
+    /// sync or flusher pass has written the inode back since (an fsync's
+    /// or a punch's ranged writeback does not clear it). Such an inode is
+    /// off the inode LRU, so `drop_caches` does not evict it, even once a
+    /// truncate emptied its page cache.
+    pub pages_dirtied_at: Option<std::time::Duration>,
 }
 
 /// A subvolume's log bookkeeping (root->log_transid, last_log_commit):
@@ -336,7 +342,7 @@ impl Filesystem {
     /// operations.
     pub fn periodic(&mut self) -> Result<()> {
         if self.dirty_bytes > self.dirty_limit {
-            self.writeback_all(super::writeback::Reason::Background)?;
+            self.writeback_inodes(super::writeback::Reason::Background)?;
         }
         // The flusher: data dirty for longer than dirty_expire (30 s).
         let now = self.clock_offset;
@@ -351,6 +357,16 @@ impl Filesystem {
                 .collect();
             for l in expired {
                 self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
+            }
+            // The same pass writes back every inode dirtied that long ago,
+            // pages or not (__writeback_single_inode clears its state).
+            for rt in self.inodes.values_mut() {
+                if rt
+                    .pages_dirtied_at
+                    .is_some_and(|t| now.saturating_sub(t) >= DIRTY_EXPIRE)
+                {
+                    rt.pages_dirtied_at = None;
+                }
             }
         }
         // The transaction thread: a transaction older than the interval
@@ -426,8 +442,19 @@ impl Filesystem {
 
     /// sync(2)/syncfs(2): write back every dirty page, then commit.
     pub fn sync(&mut self) -> Result<()> {
-        self.writeback_all(super::writeback::Reason::Sync)?;
+        self.writeback_inodes(super::writeback::Reason::Sync)?;
         self.commit("sync")
+    }
+
+    /// The flusher's or sync's writeback of whole inodes
+    /// (writeback_inodes_sb): every dirty page goes, and every inode's
+    /// dirty state is cleared, pages written or not.
+    fn writeback_inodes(&mut self, reason: super::writeback::Reason) -> Result<()> {
+        self.writeback_all(reason)?;
+        for rt in self.inodes.values_mut() {
+            rt.pages_dirtied_at = None;
+        }
+        Ok(())
     }
 
     /// Drop what a `drop_caches` drops: clean tree blocks, and inodes that
@@ -457,7 +484,11 @@ impl Filesystem {
             }
         }
         self.inodes.retain(|l, rt| {
-            rt.opens > 0 || rt.has_page_cache || !rt.pages.is_empty() || keep.contains(l)
+            rt.opens > 0
+                || rt.has_page_cache
+                || !rt.pages.is_empty()
+                || rt.pages_dirtied_at.is_some()
+                || keep.contains(l)
         });
     }
 
