@@ -568,7 +568,7 @@ impl Filesystem {
             }
         }
         let tail_start = lockend;
-        if offset + len > tail_start && tail_start < offset + len {
+        if offset + len > tail_start {
             let tail_is_hole = matches!(self.map_at(l, tail_start)?, MapAt::Hole(..));
             if !tail_is_hole && offset + len < ino_size {
                 self.truncate_block(l, offset + len - 1, orig_start, Some(orig_end))?;

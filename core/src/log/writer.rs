@@ -294,7 +294,15 @@ impl Filesystem {
         } else {
             self.store.flush_data()?;
         }
-        let io = self.store.prepare_log_sync(inode.subvol)?;
+        let io = match self.store.prepare_log_sync(inode.subvol) {
+            Ok(io) => io,
+            Err(e) => {
+                // Some of the log's blocks may count as written already:
+                // the log can no longer be trusted to be whole.
+                self.log.full_commit_trans = trans;
+                return Err(e);
+            }
+        };
         let s = self.log.subvols.entry(inode.subvol).or_default();
         let synced = s.log_transid;
         s.log_transid += 1;
