@@ -250,7 +250,12 @@ const MAX_SYMLINKS: usize = 40;
 impl Filesystem {
     /// Mount the filesystem on `dev` with `opts`. A filesystem with a log
     /// must have it replayed first.
-    pub fn mount(dev: Arc<dyn BlockDevice>, opts: MountOptions) -> Result<Filesystem> {
+    pub fn mount(dev: Arc<dyn BlockDevice>, mut opts: MountOptions) -> Result<Filesystem> {
+        // open_ctree: without ssd or nossd, a device that does not spin
+        // mounts as ssd.
+        if !opts.ssd_given {
+            opts.ssd = dev.rotational() == Some(false);
+        }
         let store = Store::open(dev)?;
         Filesystem::with_store(store, opts)
     }

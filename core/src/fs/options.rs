@@ -25,6 +25,9 @@ pub struct MountOptions {
     /// `ssd` (`ssd_spread`): a log sync goes out at once instead of
     /// waiting a tick for other clients' fsyncs to join it.
     pub ssd: bool,
+    /// `ssd`, `nossd` (or their `_spread` forms) given: the device's
+    /// rotational flag does not decide.
+    pub ssd_given: bool,
     /// Every option as given, in order.
     pub given: Vec<String>,
 }
@@ -41,6 +44,7 @@ impl Default for MountOptions {
             treelog: true,
             flushoncommit: false,
             ssd: false,
+            ssd_given: false,
             given: Vec::new(),
         }
     }
@@ -195,8 +199,8 @@ impl MountOptions {
             ("treelog", None) => self.treelog = true,
             ("flushoncommit", None) => self.flushoncommit = true,
             ("noflushoncommit", None) => self.flushoncommit = false,
-            ("ssd" | "ssd_spread", None) => self.ssd = true,
-            ("nossd" | "nossd_spread", None) => self.ssd = false,
+            ("ssd" | "ssd_spread", None) => (self.ssd, self.ssd_given) = (true, true),
+            ("nossd" | "nossd_spread", None) => (self.ssd, self.ssd_given) = (false, true),
             (n, None) if ACCEPTED.contains(&n) => {}
             (n, Some(_)) if ACCEPTED_VALUED.contains(&n) => {}
             _ => return Err(bad()),
@@ -236,5 +240,16 @@ mod tests {
         assert!(MountOptions::parse(&["bogus"]).is_err());
         assert!(MountOptions::parse(&["compress=brotli"]).is_err());
         assert!(MountOptions::parse(&["max_inline=x"]).is_err());
+    }
+
+    /// ssd and nossd, when given, decide over the device's rotational flag.
+    #[test]
+    fn ssd_given_or_left_to_the_device() {
+        let o = MountOptions::default();
+        assert!(!o.ssd && !o.ssd_given);
+        let o = MountOptions::parse(&["ssd_spread"]).unwrap();
+        assert!(o.ssd && o.ssd_given);
+        let o = MountOptions::parse(&["ssd,nossd"]).unwrap();
+        assert!(!o.ssd && o.ssd_given);
     }
 }

@@ -163,9 +163,49 @@ fn device_size(f: &File) -> std::io::Result<u64> {
     g.seek(SeekFrom::End(0))
 }
 
+/// The rotational flag of block device `major:minor` in sysfs; a
+/// partition's is its disk's.
+#[cfg(target_os = "linux")]
+fn sysfs_rotational(major: u64, minor: u64) -> Option<bool> {
+    let dev = std::path::PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    [
+        dev.join("queue/rotational"),
+        dev.join("../queue/rotational"),
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok())
+    .and_then(|v| match v.trim() {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    })
+}
+
 impl BlockDevice for FileDevice {
     fn size(&self) -> u64 {
         self.size
+    }
+    /// As a loop device over the image decides (loop_update_rotational):
+    /// a block device's own flag, or that of the device holding the file;
+    /// a file on a filesystem without one (tmpfs) counts as spinning.
+    fn rotational(&self) -> Option<bool> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            let md = self.file.metadata().ok()?;
+            let dev = if md.file_type().is_block_device() {
+                md.rdev()
+            } else {
+                md.dev()
+            };
+            let (major, minor) = (libc::major(dev) as u64, libc::minor(dev) as u64);
+            if major == 0 {
+                return Some(true);
+            }
+            sysfs_rotational(major, minor)
+        }
+        #[cfg(not(target_os = "linux"))]
+        None
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let end = offset.checked_add(buf.len() as u64);
@@ -280,6 +320,32 @@ impl BlockDevice for FileDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file on tmpfs (no block device) counts as spinning, as a loop
+    /// device over it does; a file on a block device gets that device's
+    /// flag from sysfs.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn rotational_as_a_loop_device_sees_it() {
+        if std::path::Path::new("/dev/shm").is_dir() {
+            let f = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+            let dev = FileDevice::open(f.path(), false).unwrap();
+            assert_eq!(dev.rotational(), Some(true));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img");
+        std::fs::write(&p, [0u8; 4096]).unwrap();
+        let dev = FileDevice::open(&p, false).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let d = std::fs::metadata(&p).unwrap().dev();
+        let (ma, mi) = (libc::major(d) as u64, libc::minor(d) as u64);
+        let want = if ma == 0 {
+            Some(true)
+        } else {
+            sysfs_rotational(ma, mi)
+        };
+        assert_eq!(dev.rotational(), want);
+    }
 
     /// `read_once` gives the same bytes as `read_at` on the direct path
     /// (aligned) and the page-cache path (unaligned), and refuses a range

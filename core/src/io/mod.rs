@@ -38,6 +38,12 @@ pub trait BlockDevice: Send + Sync {
     fn slice(&self, _offset: u64, _len: usize) -> Option<&[u8]> {
         None
     }
+    /// Whether the device under the image spins: Some(false) for a solid
+    /// state disk, None when it cannot be told. A mount on a device that
+    /// does not spin behaves as `-o ssd` (open_ctree: no rotating device).
+    fn rotational(&self) -> Option<bool> {
+        None
+    }
     /// Hint that `len` bytes at `offset` will be read soon, so a device that
     /// can start the reads in the background may do so. Never fails.
     fn prefetch(&self, _offset: u64, _len: u64) {}

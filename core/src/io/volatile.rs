@@ -166,6 +166,9 @@ impl BlockDevice for VolatileFile {
     fn size(&self) -> u64 {
         self.inner.size()
     }
+    fn rotational(&self) -> Option<bool> {
+        self.inner.rotational()
+    }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.inner.read_at(offset, buf)
     }
