@@ -188,3 +188,37 @@ fn a_log_sync_waits_for_other_clients_unless_ssd() {
         fs.fsync_finish(tb).unwrap();
     }
 }
+
+/// Two clients fsync one file: the first logged it and has not synced
+/// yet when the second fsyncs it. The kernel's inode lock holds the second
+/// fsync until the first one's log sync is done; here it runs at once, and
+/// must not answer before the log holding the file is on disk (at a log's
+/// first sub-transaction its bookkeeping says the file is synced): it
+/// waits for that sync instead of skipping.
+#[test]
+fn a_second_fsync_of_a_file_another_client_logged_waits_for_its_sync() {
+    use btrkit_core::log::writer::FsyncTicket;
+    let dev = new_image(256 << 20, &[]);
+    let base: Arc<dyn BlockDevice> = dev.clone();
+    let mut fs = mount(base, &[]).unwrap();
+    let root = fs.root();
+    let x = fs.create(root, b"x", 0o644).unwrap();
+    fs.sync().unwrap();
+    fs.write(x, 0, &[1u8; 5000]).unwrap();
+    let ta = fs.fsync_prepare(x, false, None).unwrap();
+    assert!(ta != FsyncTicket::Done);
+    let tb = fs.fsync_prepare(x, false, None).unwrap();
+    assert!(
+        tb != FsyncTicket::Done,
+        "the second fsync answered before the log holding the file was synced"
+    );
+    fs.fsync_finish(tb).unwrap();
+    // The power fails before the first client gets to its sync: the
+    // second's answer stands.
+    let crashed: Arc<dyn BlockDevice> = Arc::new(dev.crash_device(|_| false));
+    drop(fs);
+    let mut after = mount(crashed.clone(), &[]).unwrap();
+    assert!(after.read(x, 0, 10_000).unwrap() == vec![1u8; 5000]);
+    drop(after);
+    assert_clean(crashed, "after the crash and the log replay");
+}

@@ -100,6 +100,12 @@ pub struct InodeRt {
     /// its and the subvolume's `last_log_commit`.
     pub last_sub_trans: i64,
     pub last_log_commit: i64,
+    /// (transaction, log sub-transaction) the inode was last logged whole
+    /// into. The kernel's inode lock holds a second fsync of the inode
+    /// until the first one's log sync ended; clients sharing the engine
+    /// are not held, so until that sub-transaction is durable the inode
+    /// does not count as in the synced log.
+    pub logged_into: (u64, i64),
     /// Transaction in which the inode was last logged (0: not known, the
     /// log tree says).
     pub logged_trans: u64,

@@ -198,6 +198,19 @@ impl Filesystem {
         // last commit, with nothing in flight, syncs nothing. Without it
         // every fast fsync syncs the log.
         let may_skip = full || self.switches.fast_fsync_skip;
+        if may_skip && last_trans > committed {
+            // Logged by another client's fsync whose log sync has not
+            // ended, and unchanged since: that sync is what this one needs.
+            let rt = self.rt(l)?;
+            let unchanged = rt.logged_trans == t && rt.last_sub_trans <= rt.last_log_commit;
+            if let Some(sub) = self.sync_pending(l)?.filter(|_| unchanged) {
+                return Ok(FsyncTicket::LogSync {
+                    inode: l,
+                    trans: t,
+                    log_transid: sub,
+                });
+            }
+        }
         if may_skip && (self.in_synced_log(l)? || last_trans <= committed) {
             self.rt(l)?.full_sync = false;
             self.stats.log_syncs_skipped += 1;
@@ -389,9 +402,21 @@ impl Filesystem {
             .get(&l.subvol)
             .map_or(0, |s| s.last_log_commit);
         let rt = self.rt(l)?;
-        Ok(rt.logged_trans == t
+        let in_log = rt.logged_trans == t
             && rt.last_sub_trans <= rt.last_log_commit
-            && rt.last_sub_trans <= root_commit)
+            && rt.last_sub_trans <= root_commit;
+        Ok(in_log && self.sync_pending(l)?.is_none())
+    }
+
+    /// The log sub-transaction the inode was last logged whole into, while
+    /// its sync has not ended (one client's fsync logged it, another's
+    /// asks): the kernel's second fsync waits on the inode lock for that
+    /// sync, this one waits for it by ticket.
+    fn sync_pending(&mut self, l: Loc) -> Result<Option<i64>> {
+        let t = self.transid();
+        let durable = self.log.subvols.get(&l.subvol).map_or(0, |s| s.durable);
+        let rt = self.rt(l)?;
+        Ok((rt.logged_into.0 == t && rt.logged_into.1 >= durable).then_some(rt.logged_into.1))
     }
 
     /// Whether the inode exists now.
@@ -602,10 +627,12 @@ impl Filesystem {
             Some(after) => self.new_entries(l, after)?,
             None => Vec::new(),
         };
+        let sub = self.log.subvols.get(&l.subvol).map_or(0, |s| s.log_transid);
         let rt = self.rt(l)?;
         rt.logged_trans = t;
         if !ctx.logging_new_name && mode == LogMode::All {
             rt.last_log_commit = rt.last_sub_trans;
+            rt.logged_into = (t, sub);
         }
         if mode == LogMode::All {
             rt.last_reflink_trans = 0;
