@@ -65,14 +65,6 @@ impl Store {
         Ok(true)
     }
 
-    /// Write the log of `subvol` out and point the superblock at it (the
-    /// data its extents name must be written first). The log root tree keeps the other subvolumes' logs as their last syncs
-    /// left them.
-    pub fn sync_log(&mut self, subvol: u64) -> Result<()> {
-        let io = self.prepare_log_sync(subvol)?;
-        io.run(self.device().as_ref())
-    }
-
     /// A log sync's writes, taken out of the store so they can run while
     /// the filesystem goes on (btrfs_sync_log does its I/O with only the
     /// log mutexes held): the log's blocks are checksummed, marked written
