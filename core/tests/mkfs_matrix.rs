@@ -205,6 +205,7 @@ fn usable_copies_are_clean(dev: Arc<CrashDevice>, what: &str) -> usize {
             &img,
             CheckOptions {
                 check_data_csum: true,
+                check_mirrors: true,
             },
             &NoProgress,
         );
@@ -213,7 +214,10 @@ fn usable_copies_are_clean(dev: Arc<CrashDevice>, what: &str) -> usize {
         let damage: Vec<_> = r
             .findings
             .iter()
-            .filter(|f| f.severity == Severity::Error && !(mirror > 0 && f.phase == 1))
+            .filter(|f| {
+                (f.severity == Severity::Error || f.category == "mirror-copy")
+                    && !(mirror > 0 && f.phase == 1)
+            })
             .collect();
         assert!(
             damage.is_empty() && r.suppressed == 0,

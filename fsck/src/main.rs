@@ -61,6 +61,7 @@ fn run(args: &cli::Args) -> anyhow::Result<i32> {
     let bar = progress::Bar::new(args.progress);
     let opts = btrkit_core::check::CheckOptions {
         check_data_csum: args.check_data_csum,
+        check_mirrors: args.check_mirrors,
     };
     let report = btrkit_core::check::check_path(&args.image, opts, &bar)?;
     bar.finish();

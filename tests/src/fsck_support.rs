@@ -53,14 +53,16 @@ impl FsckRun {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout).unwrap_or(serde_json::Value::Null)
     }
-    /// Error findings as (phase, category, message).
+    /// Damage as (phase, category, message): error findings, and damaged
+    /// copies of DUP tree blocks (a warning for the user, since reads use
+    /// the good copy, but damage in anything we wrote).
     pub fn errors(&self) -> Vec<(u64, String, String)> {
         let v = self.json();
         v["findings"]
             .as_array()
             .map(|a| {
                 a.iter()
-                    .filter(|f| f["severity"] == "error")
+                    .filter(|f| f["severity"] == "error" || f["category"] == "mirror-copy")
                     .map(|f| {
                         (
                             f["phase"].as_u64().unwrap_or(0),

@@ -47,19 +47,6 @@ fn item(img: &Path, tree: u64, nth: usize, pred: &dyn Fn(&Key, &[u8]) -> bool) -
 fn cases() -> Vec<Case> {
     vec![
         Case {
-            name: "checksum of one copy of an fs tree leaf",
-            phase: 3,
-            extra: &[],
-            apply: |img| {
-                let it = item(img, 5, 0, &|k, _| {
-                    k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300
-                });
-                patch_block(img, it.bytenr, false, false, &|b| {
-                    b[it.data_off + 40] ^= 0x55
-                });
-            },
-        },
-        Case {
             name: "checksum of every copy of an fs tree leaf",
             phase: 3,
             extra: &[],
@@ -70,33 +57,6 @@ fn cases() -> Vec<Case> {
                 patch_block(img, it.bytenr, true, false, &|b| {
                     b[it.data_off + 40] ^= 0x55
                 });
-            },
-        },
-        Case {
-            name: "checksum of the second copy only of an fs tree leaf",
-            phase: 3,
-            extra: &[],
-            apply: |img| {
-                use std::os::unix::fs::FileExt;
-                let it = item(img, 5, 0, &|k, _| {
-                    k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300
-                });
-                let phys = {
-                    let i = btrkit_core::image::Image::open_path(
-                        img,
-                        btrkit_core::image::OpenOptions::default(),
-                    )
-                    .expect("open");
-                    i.chunks
-                        .map(it.bytenr, i.nodesize as u64, i.devid)
-                        .expect("map")
-                };
-                assert!(phys.len() == 2, "metadata is not DUP");
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(img)
-                    .expect("open");
-                f.write_all_at(&[0x5a; 64], phys[1] + 2000).expect("write");
             },
         },
         Case {
@@ -267,6 +227,97 @@ fn fsck_damage_one_thing_at_a_time() {
         );
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// One bad copy of a DUP tree block, the other good: btrfs check reads the
+/// good one and calls the image clean, and so does btrkit-fsck, with a
+/// warning naming the copy: always for copy 0 (read first, so its damage is
+/// seen), for copy 1 only with `--check-mirrors` (btrfs check never reads
+/// it).
+#[test]
+fn fsck_damage_one_copy_of_a_dup_block_is_a_warning() {
+    use std::os::unix::fs::FileExt;
+    if let Some(why) = kernel_unavailable() {
+        btrkit_tests::skip(&why);
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let base = base_image(tmp.path());
+    let it = item(&base, 5, 0, &|k, _| {
+        k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300
+    });
+    let phys = {
+        let i = btrkit_core::image::Image::open_path(
+            &base,
+            btrkit_core::image::OpenOptions::default(),
+        )
+        .expect("open");
+        i.chunks
+            .map(it.bytenr, i.nodesize as u64, i.devid)
+            .expect("map")
+    };
+    assert!(phys.len() == 2, "metadata is not DUP");
+    let warned = |r: &FsckRun, copy: usize| {
+        r.json()["findings"].as_array().is_some_and(|a| {
+            a.iter().any(|f| {
+                f["category"] == "mirror-copy"
+                    && f["severity"] == "warning"
+                    && f["bytenr"].as_u64() == Some(it.bytenr)
+                    && f["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with(&format!("copy {copy} ")))
+            })
+        })
+    };
+    for copy in [0usize, 1] {
+        let img = tmp.path().join(format!("copy{copy}.img"));
+        sh(&format!(
+            "cp --sparse=always '{}' '{}'",
+            base.display(),
+            img.display()
+        ));
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&img)
+            .expect("open");
+        f.write_all_at(&[0x5a; 64], phys[copy] + 2000).expect("write");
+        drop(f);
+        let progs = std::process::Command::new("btrfs")
+            .args(["check", "--readonly"])
+            .arg(&img)
+            .output()
+            .expect("btrfs check");
+        assert!(
+            progs.status.success(),
+            "copy {copy}: btrfs check calls the image damaged: {}",
+            String::from_utf8_lossy(&progs.stdout)
+        );
+        let plain = run_fsck(&img, &[], Duration::from_secs(120));
+        let all = run_fsck(&img, &["--check-mirrors"], Duration::from_secs(120));
+        for (what, r) in [("default", &plain), ("--check-mirrors", &all)] {
+            let errors: Vec<_> = r
+                .errors()
+                .into_iter()
+                .filter(|e| e.1 != "mirror-copy")
+                .collect();
+            assert!(
+                r.code == 0 && errors.is_empty(),
+                "copy {copy}, {what}: exit {} (btrfs check: clean): {errors:?}",
+                r.code
+            );
+        }
+        assert!(
+            warned(&all, copy),
+            "copy {copy}: --check-mirrors names no damaged copy: {}",
+            all.stdout
+        );
+        assert_eq!(
+            warned(&plain, copy),
+            copy == 0,
+            "copy {copy}: default mode: {}",
+            plain.stdout
+        );
+    }
 }
 
 /// Random damage to random tree blocks, with and without a valid checksum:

@@ -313,12 +313,14 @@ pub(super) fn check(cx: &mut Ctx) {
     let mut declared = std::mem::take(&mut cx.ext.declared);
     cx.sink.checked(P, recs.len() as u64);
 
-    let full_backref = |parent: u64| {
-        let i = recs.partition_point(|r| r.bytenr < parent);
-        recs.get(i)
-            .filter(|r| r.bytenr == parent)
-            .is_some_and(|r| r.flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0)
-    };
+    // Asked once per reference found (hundreds of thousands): a search of
+    // the few blocks with the flag, not of every extent item.
+    let full: Vec<u64> = recs
+        .iter()
+        .filter(|r| r.flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0)
+        .map(|r| r.bytenr)
+        .collect();
+    let full_backref = |parent: u64| full.binary_search(&parent).is_ok();
 
     // Resolve what the trees reference into extent-tree terms.
     let found_tree = std::mem::take(&mut cx.ext.found_tree);

@@ -72,6 +72,12 @@ impl Report {
     pub fn is_clean(&self) -> bool {
         self.errors == 0
     }
+    /// Clean, and every copy of every tree block checked was good: what an
+    /// image this engine wrote must be (a damaged DUP copy is only a
+    /// warning to a user, since reads use the good one).
+    pub fn is_pristine(&self) -> bool {
+        self.is_clean() && !self.findings.iter().any(|f| f.category == "mirror-copy")
+    }
 }
 
 /// Most findings stored per phase; the rest are only counted.

@@ -76,10 +76,11 @@ struct Pending {
 /// (done at the end of the walk, in disk order).
 type Loaded = (crate::Result<(Node, Vec<Problem>)>, Vec<(usize, u64)>, bool);
 
-fn load(img: &Image, bytenr: u64, expect: &Expect) -> Loaded {
-    // Common case first: copy 0 is good, so read it once and each other
-    // copy once to verify it. Anything else goes to the image's
-    // best-copy selection.
+fn load(img: &Image, bytenr: u64, expect: &Expect, all_copies: bool) -> Loaded {
+    // Common case first: copy 0 is good, so read it once (and, when every
+    // copy is checked, each other copy once later to verify it). Anything
+    // else goes to the image's best-copy selection, which reads the other
+    // copies anyway, so their state is reported whatever `all_copies` says.
     let ns = img.nodesize as usize;
     if let Ok(phys) = img.chunks.map(bytenr, ns as u64, img.devid) {
         if let Some(&p0) = phys.first() {
@@ -88,7 +89,11 @@ fn load(img: &Image, bytenr: u64, expect: &Expect) -> Loaded {
                 if let Ok(node) = Node::from_vec(bytenr, b) {
                     let problems = node.validate(&img.ctx(false), expect);
                     if problems.is_empty() {
-                        return (Ok((node, problems)), Vec::new(), phys.len() > 1);
+                        return (
+                            Ok((node, problems)),
+                            Vec::new(),
+                            all_copies && phys.len() > 1,
+                        );
                     }
                 }
             }
@@ -247,7 +252,7 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
                         }
                     })
                     .ok();
-                if complete {
+                if complete && cx.opts.check_mirrors {
                     mirror_check = std::thread::Builder::new()
                         .name("meta-mirrors".into())
                         .spawn_scoped(scope, move || verify_copies(img, copies))
@@ -267,9 +272,7 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
                     }
                     let i = bad.partition_point(|b| b.0 < bytenr);
                     for &(_, copy, phys) in bad[i..].iter().take_while(|b| b.0 == bytenr) {
-                        cx.report(F::err(P, "checksum").tree(tree).at(bytenr).msg(format!(
-                            "copy {copy} of the block (at physical {phys}) is damaged"
-                        )));
+                        cx.report(damaged_copy(tree, bytenr, copy, phys));
                     }
                 }
                 late
@@ -359,6 +362,7 @@ fn walk_blocks(
     feed: &mut dyn FnMut(FsFeed),
 ) {
     let img = cx.img;
+    let all_copies = cx.opts.check_mirrors;
     let root = spec.root;
     let check_owner = !matches!(spec.kind, Kind::Reloc);
     let fs_check = spec.fs_check.is_some();
@@ -406,7 +410,7 @@ fn walk_blocks(
         }
         let (read, bad, mirrors_later) = match p.pre {
             Some(l) => *l,
-            None => load(img, p.bytenr, &p.expect),
+            None => load(img, p.bytenr, &p.expect, all_copies),
         };
         let (node, problems) = match read {
             Ok(x) => x,
@@ -459,14 +463,7 @@ fn walk_blocks(
                 }
             }
             for (i, phys) in bad {
-                cx.report(
-                    F::err(P, "checksum")
-                        .tree(root.id)
-                        .at(node.bytenr)
-                        .msg(format!(
-                            "copy {i} of the block (at physical {phys}) is damaged"
-                        )),
-                );
+                cx.report(damaged_copy(root.id, node.bytenr, i, phys));
             }
             if mirrors_later {
                 mirrors.push((node.bytenr, root.id));
@@ -561,7 +558,7 @@ fn walk_blocks(
             let near: Vec<usize> = todo.iter().rev().take(PRELOAD).copied().collect();
             let loaded: Vec<Loaded> = near
                 .par_iter()
-                .map(|&i| load(img, stack[i].bytenr, &stack[i].expect))
+                .map(|&i| load(img, stack[i].bytenr, &stack[i].expect, all_copies))
                 .collect();
             for (i, l) in near.into_iter().zip(loaded) {
                 stack[i].pre = Some(Box::new(l));
@@ -605,9 +602,7 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
         bad.extend(res.into_iter().flatten());
     }
     for (p, i, bytenr, tree) in bad {
-        cx.report(F::err(P, "checksum").tree(tree).at(bytenr).msg(format!(
-            "copy {i} of the block (at physical {p}) is damaged"
-        )));
+        cx.report(damaged_copy(tree, bytenr, i, p));
     }
 }
 
@@ -753,6 +748,18 @@ fn bad_copies(img: &Image, node: &Node, from: usize) -> Vec<(usize, u64)> {
         }
     }
     bad
+}
+
+/// A copy of a tree block that fails its checksum or names another address
+/// while another copy is good. A warning, as btrfs check's verdict is: every
+/// read (the kernel's, btrfs check's, ours) takes the good copy, and the
+/// kernel's read repair or `btrfs scrub` rewrites the bad one; what is lost
+/// is redundancy, not data.
+fn damaged_copy(tree: u64, bytenr: u64, copy: usize, phys: u64) -> super::Finding {
+    F::warn(P, "mirror-copy").tree(tree).at(bytenr).msg(format!(
+        "copy {copy} of the block (at physical {phys}) is damaged; reads use another copy \
+         (`btrfs scrub` rewrites it)"
+    ))
 }
 
 fn copy_ok(img: &Image, b: &[u8], bytenr: u64) -> bool {

@@ -354,8 +354,18 @@ pub fn crash_and_recover(
         r.replayed_log = true;
     }
     let img = crate::image::Image::open(file.clone(), Default::default())?;
-    r.checker_errors =
-        crate::check::check_image(&img, Default::default(), &crate::check::NoProgress).errors;
+    let report = crate::check::check_image(
+        &img,
+        crate::check::CheckOptions::own_writes(),
+        &crate::check::NoProgress,
+    );
+    // A damaged DUP copy counts: the engine wrote both.
+    r.checker_errors = report.errors
+        + report
+            .findings
+            .iter()
+            .filter(|f| f.category == "mirror-copy")
+            .count() as u64;
     drop(img);
     Filesystem::mount(file, mount)
 }

@@ -277,12 +277,19 @@ fn check_crash_image(
     }
     match crate::image::Image::open(dev.clone(), Default::default()) {
         Ok(img) => {
-            let r = crate::check::check_image(&img, Default::default(), &crate::check::NoProgress);
-            if !r.is_clean() {
+            let r = crate::check::check_image(
+                &img,
+                crate::check::CheckOptions::own_writes(),
+                &crate::check::NoProgress,
+            );
+            if !r.is_pristine() {
                 let first: Vec<String> = r
                     .findings
                     .iter()
-                    .filter(|f| f.severity == crate::check::findings::Severity::Error)
+                    .filter(|f| {
+                        f.severity == crate::check::findings::Severity::Error
+                            || f.category == "mirror-copy"
+                    })
                     .take(3)
                     .map(|f| f.message.clone())
                     .collect();

@@ -272,14 +272,20 @@ impl Session {
     pub fn consistent(&mut self) -> Result<std::result::Result<(), String>> {
         self.fs()?.sync()?;
         let img = crate::image::Image::open(self.dev.block(), Default::default())?;
-        let r = crate::check::check_image(&img, Default::default(), &crate::check::NoProgress);
-        if r.is_clean() {
+        let r = crate::check::check_image(
+            &img,
+            crate::check::CheckOptions::own_writes(),
+            &crate::check::NoProgress,
+        );
+        if r.is_pristine() {
             return Ok(Ok(()));
         }
         let first: Vec<String> = r
             .findings
             .iter()
-            .filter(|f| f.severity == crate::check::findings::Severity::Error)
+            .filter(|f| {
+                f.severity == crate::check::findings::Severity::Error || f.category == "mirror-copy"
+            })
             .take(3)
             .map(|f| f.message.clone())
             .collect();
