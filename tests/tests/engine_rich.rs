@@ -79,6 +79,29 @@ rename /many/file000007 /many/renamed
 sync
 ";
 
+/// Whether the inode of `path` carries NOCOMPRESS: the kernel sets it when
+/// a compression attempt fails ("mark_incompressible").
+fn marked_incompressible(img: &Path, path: &str) -> Result<bool, String> {
+    use btrkit_core::format::consts::{BTRFS_INODE_ITEM_KEY, BTRFS_INODE_NOCOMPRESS};
+    use btrkit_core::format::inode::InodeItem;
+    use zerocopy::FromBytes;
+    let dev = btrkit_core::io::FileDevice::open(img, false).map_err(|e| e.to_string())?;
+    let mut fs = btrkit_core::fs::Filesystem::mount(std::sync::Arc::new(dev), Default::default())
+        .map_err(|e| e.to_string())?;
+    let l = fs
+        .resolve(path, false)
+        .map_err(|e| format!("{path}: {e}"))?;
+    let key = btrkit_core::format::key::Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0);
+    let d = fs
+        .store
+        .lookup(btrkit_core::trans::TreeId::Tree(l.subvol), &key)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{path}: no inode item"))?;
+    let (item, _) =
+        InodeItem::read_from_prefix(&d).map_err(|_| format!("{path}: short inode item"))?;
+    Ok(item.flags.get() & BTRFS_INODE_NOCOMPRESS != 0)
+}
+
 /// Files whose extents must be compressed (or not) as the kernel's are.
 const COMPRESSION_CHECKED: &[&str] = &[
     "/compressed/text1m",
@@ -213,8 +236,21 @@ fn shell_changes_kernel_written_images() {
                     kernel_apply(&p, &w.join("mnt"), &changes).expect("second kernel run");
                     p
                 });
+                // Seen here on one base image in three: both kernel runs
+                // store an 8 KiB overwrite of 0x42 bytes (which zstd
+                // shrinks to a few bytes) uncompressed and mark the file
+                // NOCOMPRESS, i.e. the kernel's compression attempt failed;
+                // the same steps on a fresh image compress. Ours may then
+                // differ in the compression of extents only, nowhere else.
+                let layout =
+                    |v: &[(u64, u64, u8)]| v.iter().map(|e| (e.0, e.1)).collect::<Vec<_>>();
+                let gave_up = marked_incompressible(&theirs, f).unwrap_or(false)
+                    && !marked_incompressible(&ours, f).unwrap_or(true);
                 match extents_of(again, f) {
                     Ok(c) if c == b => println!("{f}: the kernel's two runs differ ({a:?} / {c:?}); ours equals the second"),
+                    Ok(c) if c == a && gave_up && layout(&a) == layout(&b) => println!(
+                        "{f}: the kernel's compression attempt failed (NOCOMPRESS set, {a:?}); ours compressed, same extents otherwise ({b:?})"
+                    ),
                     c => problems.push(format!("{f}: extents (offset, length, compression): kernel {a:?} (again {c:?}), ours {b:?}")),
                 }
             }

@@ -247,11 +247,9 @@ fn fsck_damage_one_copy_of_a_dup_block_is_a_warning() {
         k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > 300
     });
     let phys = {
-        let i = btrkit_core::image::Image::open_path(
-            &base,
-            btrkit_core::image::OpenOptions::default(),
-        )
-        .expect("open");
+        let i =
+            btrkit_core::image::Image::open_path(&base, btrkit_core::image::OpenOptions::default())
+                .expect("open");
         i.chunks
             .map(it.bytenr, i.nodesize as u64, i.devid)
             .expect("map")
@@ -280,7 +278,8 @@ fn fsck_damage_one_copy_of_a_dup_block_is_a_warning() {
             .write(true)
             .open(&img)
             .expect("open");
-        f.write_all_at(&[0x5a; 64], phys[copy] + 2000).expect("write");
+        f.write_all_at(&[0x5a; 64], phys[copy] + 2000)
+            .expect("write");
         drop(f);
         let progs = std::process::Command::new("btrfs")
             .args(["check", "--readonly"])

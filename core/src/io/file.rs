@@ -14,6 +14,8 @@ pub struct FileDevice {
     map: Option<memmap2::Mmap>,
     /// The same file opened with O_DIRECT, for `read_once`; made on first use.
     direct: std::sync::OnceLock<Option<File>>,
+    /// The same file opened with O_DIRECT for writing, for `write_direct`.
+    direct_w: std::sync::OnceLock<Option<File>>,
     /// A map of the file never read through, for mincore; made on first use.
     residency_map: std::sync::OnceLock<Option<memmap2::Mmap>>,
     path: std::path::PathBuf,
@@ -48,6 +50,7 @@ impl FileDevice {
             writable,
             map: None,
             direct: std::sync::OnceLock::new(),
+            direct_w: std::sync::OnceLock::new(),
             residency_map: std::sync::OnceLock::new(),
             path: path.to_path_buf(),
             unkicked: std::sync::atomic::AtomicU64::new(0),
@@ -130,25 +133,31 @@ impl FileDevice {
     }
 
     fn direct_file(&self) -> Option<&File> {
-        self.direct
-            .get_or_init(|| {
-                #[cfg(target_os = "linux")]
-                {
-                    use std::os::unix::fs::OpenOptionsExt;
-                    let f = OpenOptions::new()
-                        .read(true)
-                        .custom_flags(libc::O_DIRECT)
-                        .open(&self.path)
-                        .ok()?;
-                    // The path must still name the file we opened.
-                    let (a, b) = (f.metadata().ok()?, self.file.metadata().ok()?);
-                    use std::os::unix::fs::MetadataExt;
-                    (a.dev() == b.dev() && a.ino() == b.ino()).then_some(f)
-                }
-                #[cfg(not(target_os = "linux"))]
-                None
-            })
-            .as_ref()
+        self.direct.get_or_init(|| self.open_direct(false)).as_ref()
+    }
+
+    /// The file again, with O_DIRECT: None where that cannot be had (no
+    /// O_DIRECT on its file system, or the path names another file now).
+    fn open_direct(&self, write: bool) -> Option<File> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            let f = OpenOptions::new()
+                .read(true)
+                .write(write)
+                .custom_flags(libc::O_DIRECT)
+                .open(&self.path)
+                .ok()?;
+            // The path must still name the file we opened.
+            let (a, b) = (f.metadata().ok()?, self.file.metadata().ok()?);
+            use std::os::unix::fs::MetadataExt;
+            (a.dev() == b.dev() && a.ino() == b.ino()).then_some(f)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = write;
+            None
+        }
     }
 }
 
@@ -247,6 +256,30 @@ impl BlockDevice for FileDevice {
             }
         }
         Ok(())
+    }
+    fn write_direct(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        const ALIGN: u64 = 4096;
+        let aligned = offset % ALIGN == 0
+            && buf.len() as u64 % ALIGN == 0
+            && buf.as_ptr() as u64 % ALIGN == 0
+            && offset.saturating_add(buf.len() as u64) <= self.size;
+        let direct = if aligned && self.writable {
+            self.direct_w
+                .get_or_init(|| self.open_direct(true))
+                .as_ref()
+        } else {
+            None
+        };
+        match direct.map(|d| d.write_all_at(buf, offset)) {
+            Some(Ok(())) => Ok(()),
+            // Refused (alignment the device wants larger): the cache takes it.
+            Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => self.write_at(offset, buf),
+            Some(Err(e)) => Err(Error::io(
+                format!("direct write of {} bytes at byte {offset}", buf.len()),
+                e,
+            )),
+            None => self.write_at(offset, buf),
+        }
     }
     fn flush(&self) -> Result<()> {
         if !self.writable {

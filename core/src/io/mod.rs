@@ -3,6 +3,7 @@
 //! ([`MemDevice`]) and [`CrashDevice`], which keeps what was flushed apart from
 //! what was only written so any crash point can be replayed.
 
+mod behind;
 mod copy;
 mod crash;
 mod file;
@@ -13,6 +14,7 @@ mod overlay;
 mod staged;
 mod volatile;
 
+pub use behind::WriteBehind;
 pub use copy::{clone_or_copy, sparse_copy, CopyMethod};
 pub use crash::CrashDevice;
 pub use file::FileDevice;
@@ -33,6 +35,14 @@ pub trait BlockDevice: Send + Sync {
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
     /// Make every completed write durable.
     fn flush(&self) -> Result<()>;
+    /// A large write the caller will not read back soon: a file writes it
+    /// past the page cache (O_DIRECT) when `buf` is page aligned in memory
+    /// and `offset` and its length are multiples of 4096, so the kernel
+    /// neither copies it into the cache nor leaves the flush to write it.
+    /// Same meaning as `write_at`, which is what every other device does.
+    fn write_direct(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.write_at(offset, buf)
+    }
     /// A zero-copy view of `len` bytes at `offset`, where the device can give
     /// one (a memory map); callers fall back to `read_at`.
     fn slice(&self, _offset: u64, _len: usize) -> Option<&[u8]> {

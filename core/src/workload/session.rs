@@ -16,8 +16,9 @@ use std::sync::Arc;
 enum Dev {
     /// Crashes possible: writes can be taken back until flushed.
     Volatile(Arc<VolatileFile>),
-    /// No crash support (benchmarks): writes go straight to the file.
-    Plain(Arc<FileDevice>),
+    /// No crash support (benchmarks): writes go to the file, carried out
+    /// behind the engine's back.
+    Plain(Arc<crate::io::WriteBehind>),
     /// After the final crash: the image stays as the power failure left it;
     /// recovery and what follows happen in memory over it.
     Overlay(Arc<crate::io::OverlayDevice>),
@@ -70,7 +71,7 @@ impl Session {
         let dev = if o.crashable {
             Dev::Volatile(Arc::new(VolatileFile::new(file, o.record_writes)?))
         } else {
-            Dev::Plain(Arc::new(file))
+            Dev::Plain(Arc::new(crate::io::WriteBehind::new(Arc::new(file))?))
         };
         let mut s = Session {
             path: path.to_path_buf(),
