@@ -278,6 +278,7 @@ fn run(
             let _ = std::thread::Builder::new()
                 .name("meta-early".into())
                 .spawn_scoped(scope, move || {
+                    walk::prefetch_extent_leaves(img);
                     for (s, e) in early {
                         dev.prefetch(s, e - s);
                     }

@@ -716,6 +716,58 @@ fn verify_copies(
     (done, bad)
 }
 
+/// The extent tree is walked first and its leaves lie among all the other
+/// metadata: ask for them before the bulk read-ahead of the metadata
+/// chunks, so that walk is not queued behind the rest of the disk. Its
+/// internal nodes (a handful of blocks) are read here to find the leaves.
+/// Only a hint: anything unreadable ends it quietly.
+pub(super) fn prefetch_extent_leaves(img: &Image) {
+    use zerocopy::FromBytes;
+    let key = Key::new(BTRFS_EXTENT_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, 0);
+    let Ok(Some(item)) = crate::tree::search::lookup(img, img.root_tree(), key) else {
+        return;
+    };
+    let Some((ri, _)) = item
+        .data()
+        .ok()
+        .and_then(|d| RootItem::read_from_prefix(d).ok())
+    else {
+        return;
+    };
+    let mut level = ri.level;
+    let mut frontier = vec![ri.bytenr.get()];
+    // Bounded: one level down per round, and at most this many nodes read.
+    let mut budget = 4096usize;
+    while level > 0 && !frontier.is_empty() {
+        let mut next = Vec::new();
+        for &b in &frontier {
+            if budget == 0 {
+                return;
+            }
+            budget -= 1;
+            let expect = Expect {
+                level: Some(level),
+                ..Default::default()
+            };
+            let Ok(node) = img.read_tree_block(b, &expect, false) else {
+                continue;
+            };
+            for slot in 0..node.nr_safe() {
+                if let Some(p) = node.key_ptr(slot) {
+                    next.push(p.blockptr.get());
+                }
+            }
+        }
+        level -= 1;
+        if level == 0 {
+            for &b in &next {
+                prefetch_block(img, b);
+            }
+        }
+        frontier = next;
+    }
+}
+
 fn prefetch_block(img: &Image, bytenr: u64) {
     let ns = img.nodesize as u64;
     if let Ok(phys) = img.chunks.map(bytenr, ns, img.devid) {
