@@ -205,6 +205,10 @@ pub struct Filesystem {
     pub switches: Switches,
     pub stats: EngineStats,
     inodes: HashMap<Loc, InodeRt>,
+    /// Inodes left after the last eviction (open or dirty ones stay): the
+    /// next one waits until a quarter of the cache more has come in, so
+    /// thousands of dirty inodes are not scanned again on every step.
+    inodes_kept: usize,
     /// Inodes with dirty pages, and the clock reading when each first got
     /// them since its last writeback (the flusher writes back what is old
     /// enough).
@@ -274,6 +278,7 @@ impl Filesystem {
             switches: Switches::default(),
             stats: EngineStats::default(),
             inodes: HashMap::default(),
+            inodes_kept: 0,
             dirty_inodes: BTreeMap::new(),
             flusher_ran: std::time::Duration::ZERO,
             free_ino: HashMap::default(),
@@ -391,11 +396,12 @@ impl Filesystem {
             self.commit("metadata")?;
         }
         self.store.trim_cache();
-        if self.inodes.len() > INODE_CACHE {
+        if self.inodes.len() > INODE_CACHE.max(self.inodes_kept + INODE_CACHE / 4) {
             // Memory pressure evicts inodes that are neither open nor dirty.
             let dirty = &self.dirty_inodes;
             self.inodes
                 .retain(|l, rt| rt.opens > 0 || dirty.contains_key(l));
+            self.inodes_kept = self.inodes.len();
         }
         Ok(())
     }
@@ -509,6 +515,7 @@ impl Filesystem {
         self.close_all()?;
         self.sync()?;
         self.inodes.clear();
+        self.inodes_kept = 0;
         self.free_ino.clear();
         self.next_subvol_id = None;
         self.store.drop_clean_cache();
