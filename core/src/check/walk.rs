@@ -84,8 +84,12 @@ fn load(img: &Image, bytenr: u64, expect: &Expect, all_copies: bool) -> Loaded {
     let ns = img.nodesize as usize;
     if let Ok(phys) = img.chunks.map(bytenr, ns as u64, img.devid) {
         if let Some(&p0) = phys.first() {
-            let mut b = vec![0u8; ns];
-            if img.device().read_at(p0, &mut b).is_ok() && copy_ok(img, &b, bytenr) {
+            if let Some(b) = img
+                .device()
+                .read_vec(p0, ns)
+                .ok()
+                .filter(|b| copy_ok(img, b, bytenr))
+            {
                 if let Ok(node) = Node::from_vec(bytenr, b) {
                     let problems = node.validate(&img.ctx(false), expect);
                     if problems.is_empty() {

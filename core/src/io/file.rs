@@ -229,6 +229,51 @@ impl BlockDevice for FileDevice {
             .read_exact_at(buf, offset)
             .map_err(|e| Error::io(format!("read of {} bytes at byte {offset}", buf.len()), e))
     }
+    fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let end = offset.checked_add(len as u64);
+        if end.is_none_or(|e| e > self.size) || self.map.is_some() {
+            let mut v = vec![0u8; len];
+            self.read_at(offset, &mut v)?;
+            return Ok(v);
+        }
+        let mut v: Vec<u8> = Vec::with_capacity(len);
+        let mut done = 0usize;
+        // Bounded: every round reads at least one byte or returns.
+        while done < len {
+            let spare = &mut v.spare_capacity_mut()[..len - done];
+            // SAFETY: pread writes at most `spare.len()` bytes into memory we
+            // own and never reads it; the bytes it reports written become
+            // initialized, and only those are added to the length below.
+            let n = unsafe {
+                libc::pread(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.file),
+                    spare.as_mut_ptr().cast(),
+                    spare.len(),
+                    (offset + done as u64) as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(Error::io(
+                    format!("read of {len} bytes at byte {offset}"),
+                    e,
+                ));
+            }
+            if n == 0 {
+                return Err(Error::io(
+                    format!("read of {len} bytes at byte {offset}"),
+                    std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+                ));
+            }
+            done += n as usize;
+            // SAFETY: pread initialized `done` bytes from the start in all.
+            unsafe { v.set_len(done) };
+        }
+        Ok(v)
+    }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         if !self.writable {
             return Err(Error::io(
@@ -353,6 +398,19 @@ impl BlockDevice for FileDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `read_vec` reads without zeroing first, and gives what `read_at`
+    /// gives; past the end is an error, as for `read_at`.
+    #[test]
+    fn read_vec_is_read_at() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(f.path(), &data).unwrap();
+        let dev = FileDevice::open(f.path(), false).unwrap();
+        assert_eq!(dev.read_vec(12_345, 40_000).unwrap(), data[12_345..52_345]);
+        assert_eq!(dev.read_vec(0, 0).unwrap(), Vec::<u8>::new());
+        assert!(dev.read_vec(90_000, 20_000).is_err());
+    }
 
     /// A file on tmpfs (no block device) counts as spinning, as a loop
     /// device over it does; a file on a block device gets that device's

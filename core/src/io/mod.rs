@@ -33,6 +33,15 @@ pub trait BlockDevice: Send + Sync {
     /// Fill `buf` from byte `offset`; reading past the end is an error.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
+    /// The `len` bytes at `offset` in a new vector. Same as `read_at` into
+    /// a zeroed one, which is what every device but a file does; a file
+    /// reads into the vector's spare room, skipping the zeroing (a checker
+    /// reads every tree block this way).
+    fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        self.read_at(offset, &mut v)?;
+        Ok(v)
+    }
     /// Make every completed write durable.
     fn flush(&self) -> Result<()>;
     /// A large write the caller will not read back soon: a file writes it
