@@ -94,8 +94,11 @@ fn engine_run(scn: &Scenario, work: &Path) -> Result<std::path::PathBuf, String>
 }
 
 fn fsck_clean(img: &Path) -> Result<(), String> {
-    let r =
-        btrkit_tests::fsck_support::run_fsck(img, &["--check-data-csum"], Duration::from_secs(300));
+    let r = btrkit_tests::fsck_support::run_fsck(
+        img,
+        &["--check-data-csum", "--check-mirrors"],
+        Duration::from_secs(300),
+    );
     let errors: Vec<String> = r
         .errors()
         .into_iter()

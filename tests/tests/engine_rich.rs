@@ -266,8 +266,12 @@ fn shell_changes_kernel_written_images() {
     // What btrkit-fsck finds in ours must be what it finds in the kernel's
     // (mkfs.btrfs before 6.3 leaves stale free-space entries behind).
     let fsck = |img: &Path| {
-        btrkit_tests::fsck_support::run_fsck(img, &["--check-data-csum"], Duration::from_secs(300))
-            .errors()
+        btrkit_tests::fsck_support::run_fsck(
+            img,
+            &["--check-data-csum", "--check-mirrors"],
+            Duration::from_secs(300),
+        )
+        .errors()
     };
     let known = fsck(&theirs);
     let new: Vec<_> = fsck(&ours)

@@ -65,7 +65,7 @@ fn check(img: &Path) {
     // and no warning.
     let r = btrkit_tests::fsck_support::run_fsck(
         img,
-        &["--check-data-csum"],
+        &["--check-data-csum", "--check-mirrors"],
         std::time::Duration::from_secs(120),
     );
     let findings = r.json()["findings"]

@@ -160,8 +160,11 @@ fn damage_lines(report: &str) -> Vec<String> {
 /// free-space entries mkfs.btrfs 6.2 leaves for its temporary chunks (every
 /// image here starts from it; upstream btrfs check also calls them errors).
 fn fsck_clean(img: &Path) -> Result<(), String> {
-    let r =
-        btrkit_tests::fsck_support::run_fsck(img, &["--check-data-csum"], Duration::from_secs(300));
+    let r = btrkit_tests::fsck_support::run_fsck(
+        img,
+        &["--check-data-csum", "--check-mirrors"],
+        Duration::from_secs(300),
+    );
     if r.code != 0 && r.code != 4 {
         return Err(format!(
             "btrkit-fsck: exit {}: {}",
