@@ -232,12 +232,13 @@ impl Filesystem {
                 p[pa..pb].copy_from_slice(src);
             } else {
                 // A whole-page write needs nothing of the old contents.
-                let mut page = if pa == 0 && pb == PAGE as usize {
-                    self.alloc_page()
+                let page = if pa == 0 && pb == PAGE as usize {
+                    self.page_of(src)
                 } else {
-                    self.page_now(l, idx)?
+                    let mut page = self.page_now(l, idx)?;
+                    page[pa..pb].copy_from_slice(src);
+                    page
                 };
-                page[pa..pb].copy_from_slice(src);
                 self.dirty_page(l, idx, page)?;
             }
             pos = b;

@@ -776,6 +776,18 @@ impl Filesystem {
             .unwrap_or_else(|| vec![0u8; super::pagecache::PAGE as usize].into_boxed_slice())
     }
 
+    /// A page holding `src` (a whole page of bytes): a recycled one, or a
+    /// new one filled by the copy (never zeroed first).
+    pub(super) fn page_of(&mut self, src: &[u8]) -> Box<[u8]> {
+        match self.free_pages.pop() {
+            Some(mut p) => {
+                p.copy_from_slice(src);
+                p
+            }
+            None => Box::from(src),
+        }
+    }
+
     /// Keep written-back pages for reuse, up to 16 MiB of them.
     pub(super) fn recycle_pages(&mut self, pages: Vec<(u64, Box<[u8]>)>) {
         const KEEP: usize = 4096;

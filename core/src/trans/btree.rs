@@ -590,9 +590,12 @@ impl Store {
     }
 
     /// Before splitting, try to make room by moving items to a sibling, as
-    /// the kernel does: items after the insertion slot go to the right
-    /// sibling's front, items before it to the left sibling's end. Only
-    /// whole moves that free `need` bytes are made.
+    /// the kernel's push_leaf_right and push_leaf_left do: items after the
+    /// insertion slot go to the right sibling's front, items before it to
+    /// the left sibling's end, as many as the sibling has room for (a
+    /// sibling filled once is not asked again at the next insert: moving
+    /// just enough made every following insert into a full leaf move and
+    /// shift again). A push is made only when it frees `need` bytes.
     fn push_leaf(&mut self, tree: TreeId, path: &mut [Step], need: usize) -> Result<bool> {
         let d = path.len() - 1;
         if d == 0 {
@@ -604,55 +607,62 @@ impl Store {
             slot: ps,
         } = path[d - 1];
         let pn = edit::nritems(self.buf(p)?);
-        let buf = self.buf(b)?;
-        let n = edit::nritems(buf);
-        let free = edit::leaf_free(buf);
-        let short = need - free;
-        // Only the items that might move are measured (most attempts look
-        // at a few).
+        let (n, short, movable_right, movable_left) = {
+            let buf = self.buf(b)?;
+            let n = edit::nritems(buf);
+            let short = need - edit::leaf_free(buf);
+            let size = |i: usize| ITEM_SIZE + edit::item_size(buf, i);
+            // Bytes the tail [slot, n) and the head [0, slot) could give
+            // at most: a push is only worth a sibling's load if the whole
+            // side covers the shortfall.
+            let right: usize = (slot..n).map(size).sum();
+            let left: usize = (0..slot.min(n.saturating_sub(1))).map(size).sum();
+            (n, short, right, left)
+        };
         let size = |buf: &[u8], i: usize| ITEM_SIZE + edit::item_size(buf, i);
-        // Right: the fewest tail items [j, n) (j >= slot) covering `short`.
-        if ps + 1 < pn {
+        // Right: the most tail items [j, n) (j >= slot) the sibling holds,
+        // keeping one item's header of slack there.
+        if ps + 1 < pn && movable_right >= short {
+            let r = self.load_child(tree, p, ps + 1)?;
+            let room = edit::leaf_free(self.buf(r)?).saturating_sub(ITEM_SIZE);
+            let buf = self.buf(b)?;
             let mut moved = 0;
             let mut j = n;
-            while j > slot && moved < short {
+            while j > slot && moved + size(buf, j - 1) <= room {
                 j -= 1;
                 moved += size(buf, j);
             }
             if moved >= short && j < n {
-                let r = self.load_child(tree, p, ps + 1)?;
-                if edit::leaf_free(self.buf(r)?) >= moved + ITEM_SIZE {
-                    let r2 = self.cow_child_at(tree, p, ps + 1, r)?;
-                    let k0 = self.with_pair(b, r2, |src, dst| {
-                        edit::leaf_move_tail_to_front(src, j, dst)?;
-                        Ok(edit::leaf_key(dst, 0))
-                    })?;
-                    edit::set_key(self.buf_mut(p)?, ps + 1, &k0);
-                    return Ok(true);
-                }
+                let r2 = self.cow_child_at(tree, p, ps + 1, r)?;
+                let k0 = self.with_pair(b, r2, |src, dst| {
+                    edit::leaf_move_tail_to_front(src, j, dst)?;
+                    Ok(edit::leaf_key(dst, 0))
+                })?;
+                edit::set_key(self.buf_mut(p)?, ps + 1, &k0);
+                return Ok(true);
             }
         }
-        // Left: the fewest head items [0, k) (k <= slot) covering `short`,
+        // Left: the most head items [0, k) (k <= slot) the sibling holds,
         // keeping at least one item so the leaf's parent key stays defined.
-        if ps > 0 {
+        if ps > 0 && movable_left >= short {
+            let l = self.load_child(tree, p, ps - 1)?;
+            let room = edit::leaf_free(self.buf(l)?);
+            let buf = self.buf(b)?;
             let mut moved = 0;
             let mut k = 0;
-            while k < slot && k + 1 < n && moved < short {
-                moved += size(self.buf(b)?, k);
+            while k < slot && k + 1 < n && moved + size(buf, k) <= room {
+                moved += size(buf, k);
                 k += 1;
             }
             if moved >= short && k > 0 {
-                let l = self.load_child(tree, p, ps - 1)?;
-                if edit::leaf_free(self.buf(l)?) >= moved {
-                    let l2 = self.cow_child_at(tree, p, ps - 1, l)?;
-                    let k0 = self.with_pair(b, l2, |src, dst| {
-                        edit::leaf_move_head(src, k, dst)?;
-                        Ok(edit::leaf_key(src, 0))
-                    })?;
-                    edit::set_key(self.buf_mut(p)?, ps, &k0);
-                    path[d].slot = slot - k;
-                    return Ok(true);
-                }
+                let l2 = self.cow_child_at(tree, p, ps - 1, l)?;
+                let k0 = self.with_pair(b, l2, |src, dst| {
+                    edit::leaf_move_head(src, k, dst)?;
+                    Ok(edit::leaf_key(src, 0))
+                })?;
+                edit::set_key(self.buf_mut(p)?, ps, &k0);
+                path[d].slot = slot - k;
+                return Ok(true);
             }
         }
         Ok(false)

@@ -197,8 +197,15 @@ pub fn leaf_delete(buf: &mut [u8], slot: usize, count: usize) {
 }
 
 /// Change the size of item `slot`, keeping its first bytes (truncating or
-/// zero-extending at the end).
+/// zero-extending at the end), in place: the item's data end stays where
+/// it is, so its bytes and those of every later item move by the change.
 pub fn leaf_resize(buf: &mut [u8], slot: usize, new_size: usize) -> Result<()> {
+    let n = nritems(buf);
+    if slot >= n {
+        return Err(Error::Invalid(format!(
+            "resize of slot {slot} in a leaf of {n} items"
+        )));
+    }
     let old = item_size(buf, slot);
     if new_size == old {
         return Ok(());
@@ -210,11 +217,40 @@ pub fn leaf_resize(buf: &mut [u8], slot: usize, new_size: usize) -> Result<()> {
             new_size - old
         )));
     }
-    let key = leaf_key(buf, slot);
-    let mut data = item_data(buf, slot).to_vec();
-    data.resize(new_size, 0);
-    leaf_delete(buf, slot, 1);
-    leaf_insert(buf, slot, &key, &data)
+    let ds = data_start(buf);
+    let off = item_at(buf, slot).offset.get() as usize;
+    if new_size > old {
+        let grow = new_size - old;
+        // [ds, off + old) down by `grow`; the new tail bytes are zero.
+        buf.copy_within(
+            HEADER_SIZE + ds..HEADER_SIZE + off + old,
+            HEADER_SIZE + ds - grow,
+        );
+        buf[HEADER_SIZE + off + old - grow..HEADER_SIZE + off + old].fill(0);
+        for i in slot..n {
+            let mut it = item_at(buf, i);
+            it.offset.set(it.offset.get() - grow as u32);
+            set_item_at(buf, i, &it);
+        }
+    } else {
+        let cut = old - new_size;
+        // The first `new_size` bytes and everything below them up by `cut`;
+        // the bytes freed at the bottom are zeroed (blocks stay deterministic).
+        buf.copy_within(
+            HEADER_SIZE + ds..HEADER_SIZE + off + new_size,
+            HEADER_SIZE + ds + cut,
+        );
+        buf[HEADER_SIZE + ds..HEADER_SIZE + ds + cut].fill(0);
+        for i in slot..n {
+            let mut it = item_at(buf, i);
+            it.offset.set(it.offset.get() + cut as u32);
+            set_item_at(buf, i, &it);
+        }
+    }
+    let mut it = item_at(buf, slot);
+    it.size.set(new_size as u32);
+    set_item_at(buf, slot, &it);
+    Ok(())
 }
 
 /// Replace the key of `slot` (the caller keeps the order).
@@ -278,28 +314,75 @@ pub fn node_delete(buf: &mut [u8], slot: usize, count: usize) {
     set_nritems(buf, nn);
 }
 
-/// Move items `[from..]` of leaf `src` to the front of... the end of `dst`
-/// (dst's keys must all be smaller). Used by split and merge.
+/// Copy items `[from, to)` of leaf `src` into leaf `dst` at slot `at`, in
+/// one move of their headers and one of their data (the keys must keep
+/// `dst` sorted). `src` is left as it was.
+fn leaf_copy_items(src: &[u8], from: usize, to: usize, dst: &mut [u8], at: usize) -> Result<()> {
+    let n = nritems(dst);
+    if from >= to || to > nritems(src) || at > n {
+        return Ok(());
+    }
+    let m = to - from;
+    // src's items [from, to) hold the data run [lo, hi), packed.
+    let hi = if from == 0 {
+        leaf_data_size(src)
+    } else {
+        item_at(src, from - 1).offset.get() as usize
+    };
+    let lo = item_at(src, to - 1).offset.get() as usize;
+    let total = hi - lo;
+    if leaf_free(dst) < m * ITEM_SIZE + total {
+        return Err(Error::NoSpace(format!(
+            "leaf has {} bytes free, {m} items need {}",
+            leaf_free(dst),
+            m * ITEM_SIZE + total
+        )));
+    }
+    let ds = data_start(dst);
+    let end = if at == 0 {
+        leaf_data_size(dst)
+    } else {
+        item_at(dst, at - 1).offset.get() as usize
+    };
+    // dst's items from `at` on: data down by `total`, headers up by `m`.
+    dst.copy_within(
+        HEADER_SIZE + ds..HEADER_SIZE + end,
+        HEADER_SIZE + ds - total,
+    );
+    for i in at..n {
+        let mut it = item_at(dst, i);
+        it.offset.set(it.offset.get() - total as u32);
+        set_item_at(dst, i, &it);
+    }
+    let hs = HEADER_SIZE + at * ITEM_SIZE;
+    dst.copy_within(hs..HEADER_SIZE + n * ITEM_SIZE, hs + m * ITEM_SIZE);
+    dst[HEADER_SIZE + end - total..HEADER_SIZE + end]
+        .copy_from_slice(&src[HEADER_SIZE + lo..HEADER_SIZE + hi]);
+    // The run ends at `end` in dst where it ended at `hi` in src.
+    for i in 0..m {
+        let mut it = item_at(src, from + i);
+        let off = it.offset.get() as usize + end - hi;
+        it.offset.set(off as u32);
+        set_item_at(dst, at + i, &it);
+    }
+    set_nritems(dst, n + m);
+    Ok(())
+}
+
+/// Move items `[from..]` of leaf `src` to the end of `dst` (dst's keys
+/// must all be smaller). Used by split and merge.
 pub fn leaf_move_tail(src: &mut [u8], from: usize, dst: &mut [u8]) -> Result<()> {
     let n = nritems(src);
-    for i in from..n {
-        let k = leaf_key(src, i);
-        let d = item_data(src, i).to_vec();
-        let at = nritems(dst);
-        leaf_insert(dst, at, &k, &d)?;
-    }
-    leaf_delete(src, from, n - from);
+    let at = nritems(dst);
+    leaf_copy_items(src, from, n, dst, at)?;
+    leaf_delete(src, from, n.saturating_sub(from));
     Ok(())
 }
 
 /// Move the first `count` items of leaf `src` to the end of leaf `dst`.
 pub fn leaf_move_head(src: &mut [u8], count: usize, dst: &mut [u8]) -> Result<()> {
-    for i in 0..count {
-        let k = leaf_key(src, i);
-        let d = item_data(src, i).to_vec();
-        let at = nritems(dst);
-        leaf_insert(dst, at, &k, &d)?;
-    }
+    let at = nritems(dst);
+    leaf_copy_items(src, 0, count, dst, at)?;
     leaf_delete(src, 0, count);
     Ok(())
 }
@@ -308,12 +391,8 @@ pub fn leaf_move_head(src: &mut [u8], count: usize, dst: &mut [u8]) -> Result<()
 /// keys must all be greater).
 pub fn leaf_move_tail_to_front(src: &mut [u8], from: usize, dst: &mut [u8]) -> Result<()> {
     let n = nritems(src);
-    for i in (from..n).rev() {
-        let k = leaf_key(src, i);
-        let d = item_data(src, i).to_vec();
-        leaf_insert(dst, 0, &k, &d)?;
-    }
-    leaf_delete(src, from, n - from);
+    leaf_copy_items(src, from, n, dst, 0)?;
+    leaf_delete(src, from, n.saturating_sub(from));
     Ok(())
 }
 
@@ -476,5 +555,99 @@ mod tests {
         }
         check(&c);
         assert!(leaf_free(&c) < ITEM_SIZE + 100);
+    }
+
+    fn items(b: &[u8]) -> Vec<(u64, Vec<u8>)> {
+        (0..nritems(b))
+            .map(|i| (leaf_key(b, i).objectid, item_data(b, i).to_vec()))
+            .collect()
+    }
+
+    fn filled(keys: std::ops::Range<u64>) -> Vec<u8> {
+        let mut b = leaf();
+        for k in keys {
+            let at = nritems(&b);
+            leaf_insert(
+                &mut b,
+                at,
+                &Key::new(k, 1, 0),
+                &vec![k as u8; (k % 37) as usize],
+            )
+            .unwrap();
+        }
+        b
+    }
+
+    #[test]
+    fn bulk_moves_match_item_by_item_moves() {
+        // Every split point of a leaf, moved to the end, from the head, and
+        // to the front of a neighbour that already holds items: the same
+        // items in the same order, packed, free bytes zero (blocks stay
+        // deterministic).
+        let n = nritems(&filled(10..60)) as usize;
+        for from in 0..=n {
+            let (mut a, mut b) = (filled(10..60), filled(100..110));
+            let want_a: Vec<_> = items(&a)[..from].to_vec();
+            let mut want_b = items(&b);
+            want_b.splice(0..0, items(&a)[from..].iter().cloned());
+            leaf_move_tail_to_front(&mut a, from, &mut b).unwrap();
+            check(&a);
+            check(&b);
+            assert_eq!(
+                (items(&a), items(&b)),
+                (want_a, want_b),
+                "to front from {from}"
+            );
+
+            let (mut a, mut c) = (filled(10..60), filled(0..5));
+            let mut want_c = items(&c);
+            want_c.extend(items(&a)[from..].iter().cloned());
+            leaf_move_tail(&mut a, from, &mut c).unwrap();
+            check(&c);
+            assert_eq!(items(&c), want_c, "tail from {from}");
+
+            let (mut a, mut c) = (filled(10..60), filled(0..5));
+            let mut want_c = items(&c);
+            want_c.extend(items(&a)[..from].iter().cloned());
+            let want_a: Vec<_> = items(&a)[from..].to_vec();
+            leaf_move_head(&mut a, from, &mut c).unwrap();
+            check(&a);
+            check(&c);
+            assert_eq!((items(&a), items(&c)), (want_a, want_c), "head {from}");
+            for blk in [&a, &c] {
+                let free_lo = HEADER_SIZE + nritems(blk) * ITEM_SIZE;
+                assert!(blk[free_lo..HEADER_SIZE + data_start(blk)]
+                    .iter()
+                    .all(|&x| x == 0));
+            }
+        }
+        // A move that does not fit is refused with both leaves intact.
+        let (mut a, mut full) = (filled(10..60), filled(100..180));
+        let (ia, ifull) = (items(&a), items(&full));
+        assert!(leaf_move_tail_to_front(&mut a, 0, &mut full).is_err());
+        assert_eq!((items(&a), items(&full)), (ia, ifull));
+    }
+
+    #[test]
+    fn resize_in_place_matches_delete_and_insert() {
+        for slot in [0usize, 7, 20, 49] {
+            for new_size in [0usize, 1, 5, 36, 37, 80, 400] {
+                let mut a = filled(10..60);
+                let mut want = items(&a);
+                want[slot].1.resize(new_size, 0);
+                leaf_resize(&mut a, slot, new_size).unwrap();
+                check(&a);
+                assert_eq!(items(&a), want, "slot {slot} to {new_size}");
+                let free_lo = HEADER_SIZE + nritems(&a) * ITEM_SIZE;
+                assert!(a[free_lo..HEADER_SIZE + data_start(&a)]
+                    .iter()
+                    .all(|&x| x == 0));
+            }
+        }
+        let mut a = filled(10..60);
+        let before = a.clone();
+        assert!(leaf_resize(&mut a, 3, 5000).is_err());
+        assert!(leaf_resize(&mut a, 50, 1).is_err());
+        assert_eq!(a, before);
     }
 }

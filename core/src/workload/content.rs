@@ -26,9 +26,17 @@ impl Prng {
         }
     }
     pub fn fill(&mut self, buf: &mut [u8]) {
-        for c in buf.chunks_mut(8) {
+        // Whole words as fixed-size stores (a copy of a length known only
+        // at run time was a call per word).
+        let mut words = buf.chunks_exact_mut(8);
+        for c in &mut words {
+            let c: &mut [u8; 8] = c.try_into().unwrap_or_else(|_| unreachable!()); // OK: chunks_exact
+            *c = self.next_u64().to_le_bytes();
+        }
+        let tail = words.into_remainder();
+        if !tail.is_empty() {
             let v = self.next_u64().to_le_bytes();
-            c.copy_from_slice(&v[..c.len()]);
+            tail.copy_from_slice(&v[..tail.len()]);
         }
     }
 }
@@ -42,8 +50,17 @@ pub fn file_size(i: u32, min: u64, max: u64) -> u64 {
 /// Content of file `i` of a `writefiles` step: its name first, so no two
 /// files are alike, then pseudo-random bytes.
 pub fn file_content(i: u32, len: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len as usize];
-    Prng::new(i as u64 + 1).fill(&mut v);
+    let len = len as usize;
+    let mut v = Vec::with_capacity(len);
+    let mut g = Prng::new(i as u64 + 1);
+    // Prng::fill's bytes, appended (the buffer is never zeroed first).
+    while v.len() + 8 <= len {
+        v.extend_from_slice(&g.next_u64().to_le_bytes());
+    }
+    if v.len() < len {
+        let w = g.next_u64().to_le_bytes();
+        v.extend_from_slice(&w[..len - v.len()]);
+    }
     let tag = format!("file {i:05}\n");
     let n = tag.len().min(v.len());
     v[..n].copy_from_slice(&tag.as_bytes()[..n]);
@@ -156,5 +173,27 @@ mod tests {
         s.next(&mut b);
         assert_eq!([a, b].concat(), whole);
         assert_eq!(fill_bytes(&Fill::Text(b"ab".to_vec()), 3), b"ab\0");
+    }
+
+    #[test]
+    fn fill_is_the_word_stream_little_endian() {
+        // The bytes every backend writes: word n of the generator, little
+        // endian, the last word cut to the length.
+        for len in [0usize, 1, 7, 8, 9, 4096, 4099] {
+            let mut want = Vec::new();
+            let mut g = Prng::new(77);
+            while want.len() < len {
+                want.extend_from_slice(&g.next_u64().to_le_bytes());
+            }
+            want.truncate(len);
+            let mut got = vec![0u8; len];
+            Prng::new(77).fill(&mut got);
+            assert_eq!(got, want, "length {len}");
+            let body = file_content(76, len as u64);
+            let tag = format!("file {:05}\n", 76).into_bytes();
+            let n = tag.len().min(len);
+            assert_eq!(&body[..n], &tag[..n]);
+            assert_eq!(&body[n..], &want[n..], "file body of length {len}");
+        }
     }
 }
