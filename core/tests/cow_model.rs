@@ -193,7 +193,7 @@ fn model_16k_nodes() {
 
 #[test]
 fn model_4k_nodes_deep_trees() {
-    let level = run_model(0xbeef, "4096", 4000, 400, &[]);
+    let level = run_model(0xbeef, "4096", 7000, 400, &[]);
     assert!(
         level >= 2 || !have("mkfs.btrfs"),
         "trees should have grown to level 2, got {level}"
