@@ -110,11 +110,26 @@ pub fn item_data_mut(buf: &mut [u8], slot: usize) -> &mut [u8] {
 
 /// Slot of `key` (Ok) or where it would go (Err).
 pub fn search(buf: &[u8], key: &Key) -> std::result::Result<usize, usize> {
-    let (mut lo, mut hi) = (0, nritems(buf));
+    // Keys are compared in place (objectid, type, offset as stored), the
+    // hottest loop of every tree walk; a block's items or pointers start
+    // with their key.
+    let stride = if level(buf) == 0 {
+        ITEM_SIZE
+    } else {
+        KEY_PTR_SIZE
+    };
+    let fits = buf.len().saturating_sub(HEADER_SIZE) / stride;
+    let want = (key.objectid, key.ty, key.offset);
+    let key_of = |i: usize| {
+        let o = HEADER_SIZE + i * stride;
+        let b = &buf[o..o + crate::format::key::DISK_KEY_SIZE];
+        let le = |x: &[u8]| u64::from_le_bytes(x.try_into().unwrap_or([0; 8]));
+        (le(&b[0..8]), b[8], le(&b[9..17]))
+    };
+    let (mut lo, mut hi) = (0, nritems(buf).min(fits));
     while lo < hi {
         let mid = (lo + hi) / 2;
-        let k = key_at(buf, mid);
-        match k.cmp(key) {
+        match key_of(mid).cmp(&want) {
             std::cmp::Ordering::Less => lo = mid + 1,
             std::cmp::Ordering::Greater => hi = mid,
             std::cmp::Ordering::Equal => return Ok(mid),
