@@ -245,6 +245,18 @@ pub struct Filesystem {
 pub const FS_TREE: u64 = BTRFS_FS_TREE_OBJECTID;
 pub const ROOT_DIR: u64 = BTRFS_FIRST_FREE_OBJECTID;
 
+/// Dirty page bytes that start background writeback. The kernel's
+/// threshold is a share of the machine's memory; the engine's is fixed,
+/// so its memory stays bounded whatever the machine (with the dirty tree
+/// blocks of a transaction, the clean block cache and the write queues,
+/// a run of 100,000 new files peaks under 256 MiB).
+const DIRTY_LIMIT: u64 = 32 << 20;
+
+/// Dirty tree block bytes that start a commit (the engine does not write
+/// a tree block twice in a transaction, as the kernel's writeback of
+/// dirty metadata does, so it commits instead).
+const DIRTY_METADATA_LIMIT: u64 = 64 << 20;
+
 /// Inodes kept in memory before clean, closed ones are evicted.
 const INODE_CACHE: usize = 16384;
 
@@ -287,8 +299,8 @@ impl Filesystem {
             clock_offset: std::time::Duration::ZERO,
             trans_start: None,
             dirty_bytes: 0,
-            dirty_limit: 64 << 20,
-            metadata_limit: 64 << 20,
+            dirty_limit: DIRTY_LIMIT,
+            metadata_limit: DIRTY_METADATA_LIMIT,
             default_subvol: FS_TREE,
             next_subvol_id: None,
             deleted_subvols: Vec::new(),

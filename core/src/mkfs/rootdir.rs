@@ -88,8 +88,11 @@ pub fn scan(root: &Path) -> Result<Listing> {
                 let m = std::fs::symlink_metadata(&path)
                     .map_err(|e| io_err(&path, "cannot stat", e))?;
                 if m.is_file() {
-                    // Fail now rather than half-way through the copy.
-                    std::fs::File::open(&path).map_err(|e| io_err(&path, "cannot read", e))?;
+                    // Fail now rather than half-way through the copy. The
+                    // permission check is enough (an open and a close per
+                    // file cost a fifth of the scan); the copy's own open
+                    // still reports whatever else goes wrong.
+                    readable(&path)?;
                     l.total_bytes += m.len();
                 } else if m.file_type().is_symlink() {
                     std::fs::read_link(&path).map_err(|e| io_err(&path, "cannot read link", e))?;
@@ -105,6 +108,19 @@ pub fn scan(root: &Path) -> Result<Listing> {
         i += 1;
     }
     Ok(l)
+}
+
+/// Whether this process may read `path` (faccessat with the effective ids,
+/// as open checks them).
+fn readable(path: &Path) -> Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::Invalid(format!("{}: NUL in path", path.display())))?;
+    // SAFETY: a NUL-terminated path; faccessat only reads it.
+    let r = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::R_OK, libc::AT_EACCESS) };
+    if r != 0 {
+        return Err(io_err(path, "cannot read", std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 fn ts(sec: i64, nsec: i64) -> Timespec {

@@ -12,9 +12,13 @@ use std::collections::VecDeque;
 pub type Owner = (u64, u64);
 
 /// Bytes in one combined run.
-const RUN_LIMIT: usize = 16 << 20;
-/// Bytes queued before the oldest runs are written.
-const QUEUE_LIMIT: usize = 16 << 20;
+const RUN_LIMIT: usize = 4 << 20;
+/// Bytes queued before the oldest runs are written. Small: what waits
+/// here is not being written yet, and a background writeback of the
+/// whole dirty limit at once would otherwise leave the disk idle while
+/// the queue fills (the device's own queue, write-behind where there is
+/// one, is where writes wait while the disk is busy).
+const QUEUE_LIMIT: usize = 4 << 20;
 
 pub struct Run {
     pub phys: u64,
