@@ -211,8 +211,11 @@ pub struct Filesystem {
     inodes_kept: usize,
     /// Inodes with dirty pages, and the clock reading when each first got
     /// them since its last writeback (the flusher writes back what is old
-    /// enough).
-    dirty_inodes: BTreeMap<Loc, std::time::Duration>,
+    /// enough) with a count that orders inodes dirtied at one reading
+    /// (background writeback goes oldest first).
+    dirty_inodes: BTreeMap<Loc, (std::time::Duration, u64)>,
+    /// The next of those counts.
+    dirty_seq: u64,
     /// Clock reading of the flusher's last pass.
     flusher_ran: std::time::Duration,
     /// Pages written back, for reuse by the next writes (their memory stays
@@ -245,11 +248,12 @@ pub struct Filesystem {
 pub const FS_TREE: u64 = BTRFS_FS_TREE_OBJECTID;
 pub const ROOT_DIR: u64 = BTRFS_FIRST_FREE_OBJECTID;
 
-/// Dirty page bytes that start background writeback. The kernel's
-/// threshold is a share of the machine's memory; the engine's is fixed,
-/// so its memory stays bounded whatever the machine (with the dirty tree
-/// blocks of a transaction, the clean block cache and the write queues,
-/// a run of 100,000 new files peaks under 256 MiB).
+/// Dirty page bytes that start background writeback (down to half of
+/// it, oldest inodes first). The kernel's threshold is a share of the
+/// machine's memory; the engine's is fixed, so its memory stays bounded
+/// whatever the machine (with the dirty tree blocks of a transaction, the
+/// clean block cache and the write queues, a run of 100,000 new files
+/// peaks under 256 MiB).
 const DIRTY_LIMIT: u64 = 32 << 20;
 
 /// Dirty tree block bytes that start a commit (the engine does not write
@@ -292,6 +296,7 @@ impl Filesystem {
             inodes: HashMap::default(),
             inodes_kept: 0,
             dirty_inodes: BTreeMap::new(),
+            dirty_seq: 0,
             flusher_ran: std::time::Duration::ZERO,
             free_ino: HashMap::default(),
             free_pages: Vec::new(),
@@ -370,7 +375,7 @@ impl Filesystem {
     /// operations.
     pub fn periodic(&mut self) -> Result<()> {
         if self.dirty_bytes > self.dirty_limit {
-            self.writeback_inodes(super::writeback::Reason::Background)?;
+            self.writeback_oldest(self.dirty_limit / 2)?;
         }
         // The flusher: data dirty for longer than dirty_expire (30 s).
         let now = self.clock_offset;
@@ -380,7 +385,7 @@ impl Filesystem {
             let expired: Vec<Loc> = self
                 .dirty_inodes
                 .iter()
-                .filter(|(_, t)| now.saturating_sub(**t) >= DIRTY_EXPIRE)
+                .filter(|(_, (t, _))| now.saturating_sub(*t) >= DIRTY_EXPIRE)
                 .map(|(l, _)| *l)
                 .collect();
             for l in expired {
@@ -421,7 +426,11 @@ impl Filesystem {
     /// The inode got dirty pages (`first`: it had none).
     pub(super) fn note_dirty(&mut self, l: Loc) {
         let now = self.clock_offset;
-        self.dirty_inodes.entry(l).or_insert(now);
+        let seq = self.dirty_seq;
+        if let std::collections::btree_map::Entry::Vacant(e) = self.dirty_inodes.entry(l) {
+            e.insert((now, seq));
+            self.dirty_seq += 1;
+        }
     }
 
     /// The inode has no dirty pages left.
@@ -482,6 +491,28 @@ impl Filesystem {
         self.writeback_all(reason)?;
         for rt in self.inodes.values_mut() {
             rt.pages_dirtied_at = None;
+        }
+        Ok(())
+    }
+
+    /// Background writeback past the dirty limit (wb_writeback for the
+    /// background threshold): whole inodes in the order they were dirtied,
+    /// until dirty data is down to `target`, each written inode's dirty
+    /// state cleared (__writeback_single_inode). The newest dirty data
+    /// stays in memory, so a file written and deleted soon after (dbench's
+    /// temporary files) is never written at all, as on the kernel.
+    fn writeback_oldest(&mut self, target: u64) -> Result<()> {
+        let mut order: Vec<((std::time::Duration, u64), Loc)> =
+            self.dirty_inodes.iter().map(|(l, t)| (*t, *l)).collect();
+        order.sort_unstable();
+        for (_, l) in order {
+            if self.dirty_bytes <= target {
+                break;
+            }
+            self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
+            if let Some(rt) = self.inodes.get_mut(&l) {
+                rt.pages_dirtied_at = None;
+            }
         }
         Ok(())
     }
@@ -800,9 +831,11 @@ impl Filesystem {
         }
     }
 
-    /// Keep written-back pages for reuse, up to 16 MiB of them.
+    /// Keep written-back pages for reuse, up to 4 MiB of them (more only
+    /// raises the peak: an allocator that keeps freed memory mapped, as
+    /// the shell's does, reuses the rest as well).
     pub(super) fn recycle_pages(&mut self, pages: Vec<(u64, Box<[u8]>)>) {
-        const KEEP: usize = 4096;
+        const KEEP: usize = 1024;
         let room = KEEP.saturating_sub(self.free_pages.len());
         self.free_pages
             .extend(pages.into_iter().take(room).map(|(_, p)| p));

@@ -23,9 +23,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-/// Most bytes queued and not yet written: room for most of a background
-/// writeback (the engine's dirty limit), so the engine goes on while the
-/// disk takes it.
+/// Most bytes queued and not yet written: room for a good part of a
+/// background writeback, so the engine goes on while the disk takes it.
 const IN_FLIGHT: usize = 20 << 20;
 /// Bytes of buffers kept for reuse (of the sizes writes come in).
 const POOL: usize = 4 << 20;
