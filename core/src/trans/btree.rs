@@ -37,10 +37,13 @@ impl Store {
     }
 
     pub(super) fn load_root(&mut self, tree: TreeId) -> Result<u64> {
-        let st = self.root_state(tree)?.clone();
-        if !self.cache.contains(st.bytenr) {
-            let gen = match (&st.item, tree) {
-                (Some((_, ri)), _) => Some(ri.generation.get()),
+        // Every search starts here: the root item is not copied out.
+        let st = self.root_state(tree)?;
+        let (bytenr, level) = (st.bytenr, st.level);
+        let item_gen = st.item.as_ref().map(|(_, ri)| ri.generation.get());
+        if !self.cache.contains(bytenr) {
+            let gen = match (item_gen, tree) {
+                (Some(g), _) => Some(g),
                 (None, TreeId::Root) => Some(self.img.sb.generation.get()),
                 (None, TreeId::Chunk) => Some(self.img.sb.chunk_root_generation.get()),
                 // The log root tree: its generation is the log's transaction.
@@ -48,16 +51,16 @@ impl Store {
             };
             self.load(
                 tree,
-                st.bytenr,
+                bytenr,
                 Expect {
-                    level: Some(st.level),
+                    level: Some(level),
                     generation: gen,
                     owner: None,
                     first_key: None,
                 },
             )?;
         }
-        Ok(st.bytenr)
+        Ok(bytenr)
     }
 
     /// Read-only search: the first item with key >= `key`, with its data.
