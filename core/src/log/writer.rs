@@ -293,9 +293,11 @@ impl Filesystem {
             return Ok(LogSyncStep::Wait);
         }
         if self.log.full_commit_trans == trans {
-            // A log sync of this transaction failed: the log cannot be
-            // trusted to hold what it logged (btrfs_set_log_full_commit).
-            self.full_commit("log sync failed")?;
+            // Since this client logged, the transaction was marked for full
+            // commits (btrfs_set_log_full_commit): a log sync or a logging
+            // failed, or another client's fsync met a new chunk. The log
+            // cannot be trusted to hold what it logged.
+            self.full_commit("new chunk or failed logging in this transaction")?;
             return Ok(LogSyncStep::Done);
         }
         // The data the logged extents name: with sync-io-first, only the
