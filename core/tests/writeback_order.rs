@@ -46,7 +46,12 @@ fn background_writeback_takes_the_oldest_inodes_down_to_half_the_limit() {
     // (The target is taken when the writeback starts; completing its
     // ordered extents dirties tree blocks of its own.)
     let (_, _, dirty) = fs.cache_sizes();
-    assert_eq!(written, 3 * limit / 4, "written back: {} MiB", written / MIB);
+    assert_eq!(
+        written,
+        3 * limit / 4,
+        "written back: {} MiB",
+        written / MIB
+    );
     assert!(dirty as usize <= half && dirty as usize + limit / 4 > half);
     assert_eq!(dirty as usize, limit / 4 + 4096);
 

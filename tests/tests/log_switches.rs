@@ -6,7 +6,8 @@
 //!   logged), one with it off; after the crash the kernel recovers both
 //!   files either way;
 //! - sync-io-first (2009): the same data reaches the disk either way; with
-//!   it on, an fsync writes its own data ahead of queued background data.
+//!   it on, an fsync writes its own data ahead of queued background data;
+//!   off, it waits for the queued batch (core/tests/fsync_batch.rs).
 //! Bad input (unknown switch or verb, missing path) is one line and a
 //! non-zero exit, with what was durable kept.
 

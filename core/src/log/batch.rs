@@ -4,7 +4,7 @@
 //! others can log theirs, then syncs the log; whoever syncs first makes all
 //! of them durable and the rest find their sub-transaction synced.
 
-use super::writer::{FsyncTicket, LogSyncStep};
+use super::writer::{sleep_until, FsyncTicket, LogSyncStep};
 use crate::fs::{Filesystem, Loc};
 use crate::Result;
 use std::sync::{Mutex, MutexGuard};
@@ -37,6 +37,9 @@ impl SharedFs {
     /// chance to log into the same sub-transaction, then sync it (or find
     /// it synced by one of them).
     pub fn fsync(&self, l: Loc, datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
+        if let Some(due) = self.lock().fsync_writeback(l)? {
+            sleep_until(due);
+        }
         let ticket = self.lock().fsync_prepare(l, datasync, range)?;
         if ticket == FsyncTicket::Done {
             return Ok(());
@@ -83,9 +86,16 @@ impl SharedFs {
     /// pwrite on an O_SYNC / O_DSYNC descriptor from one client: the
     /// write and its logging under the lock, the log sync batched.
     pub fn write_sync(&self, l: Loc, off: u64, data: &[u8], datasync: bool) -> Result<()> {
-        let ticket = {
+        let due = {
             let mut fs = self.lock();
             fs.write(l, off, data)?;
+            fs.fsync_writeback(l)?
+        };
+        if let Some(due) = due {
+            sleep_until(due);
+        }
+        let ticket = {
+            let mut fs = self.lock();
             fs.fsync_prepare(
                 l,
                 datasync,

@@ -154,8 +154,28 @@ impl Filesystem {
     /// and `datasync` change nothing, as in the kernel, which always syncs
     /// the whole file.
     pub fn fsync(&mut self, l: Loc, datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
+        if let Some(due) = self.fsync_writeback(l)? {
+            sleep_until(due);
+        }
         let ticket = self.fsync_prepare(l, datasync, range)?;
         self.fsync_finish(ticket)
+    }
+
+    /// An fsync's writeback of a regular file, and when its data is
+    /// written: with sync-io-first it went out at once (None); without
+    /// it, it joined the data queue's batch, and the caller waits for the
+    /// batch to go (the 2009 fsync waiting for its bios to be unplugged)
+    /// before [`Filesystem::fsync_prepare`] logs, without the filesystem
+    /// when clients share it.
+    pub fn fsync_writeback(&mut self, l: Loc) -> Result<Option<std::time::Instant>> {
+        if !is_reg(self.item(l)?.mode.get()) {
+            return Ok(None);
+        }
+        self.writeback(l, 0, u64::MAX, Reason::Fsync)?;
+        if self.switches.sync_io_first {
+            return Ok(None);
+        }
+        Ok(self.store.data_batch_due((l.subvol, l.ino)))
     }
 
     /// pwrite on an O_SYNC (`datasync`: O_DSYNC) descriptor: the write,
@@ -189,6 +209,11 @@ impl Filesystem {
         }
         if is_reg(m) {
             self.writeback(l, 0, u64::MAX, Reason::Fsync)?;
+            if !self.switches.sync_io_first {
+                // The batch a waiter of fsync_writeback waited for goes
+                // now (an unplug sends everything queued).
+                self.store.release_open_batch()?;
+            }
         }
         let t = self.transid();
         let committed = t - 1;
@@ -1589,5 +1614,13 @@ impl Filesystem {
         }
         self.store.delete_item(log, &k)?;
         Ok(true)
+    }
+}
+
+/// Sleep until `t` (no time when it passed).
+pub fn sleep_until(t: std::time::Instant) {
+    let now = std::time::Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
     }
 }

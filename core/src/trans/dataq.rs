@@ -4,9 +4,17 @@
 //! runs holding that file's data go, unless the 2009 behaviour is asked
 //! for and everything queued goes first). Runs remember which files'
 //! data they hold.
+//!
+//! The queue is also the batch a writer that did not ask for its data to
+//! go at once waits on: it goes when the block layer of the 2009 result
+//! would have unplugged it, 3 ms after its oldest run was queued or once
+//! it holds 4 runs (unplug_delay, unplug_thresh). Nobody waits on
+//! background data, so the queue otherwise keeps it until it fills and
+//! combines more.
 
 use crate::util::hash::FastMap;
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 /// Whose data a write is: (subvolume, inode).
 pub type Owner = (u64, u64);
@@ -19,11 +27,16 @@ const RUN_LIMIT: usize = 4 << 20;
 /// the queue fills (the device's own queue, write-behind where there is
 /// one, is where writes wait while the disk is busy).
 const QUEUE_LIMIT: usize = 4 << 20;
+/// How long the oldest queued run waits for others to join its batch.
+const UNPLUG_DELAY: Duration = Duration::from_millis(3);
+/// Runs that make a batch go at once.
+const UNPLUG_THRESH: usize = 4;
 
 pub struct Run {
     pub phys: u64,
     pub data: Vec<u8>,
     owners: FastMap<Owner, ()>,
+    queued: Instant,
 }
 
 impl Run {
@@ -58,6 +71,7 @@ impl DataQueue {
                     phys,
                     data: v,
                     owners,
+                    queued: Instant::now(),
                 });
             }
         }
@@ -131,6 +145,28 @@ impl DataQueue {
     pub fn is_empty(&self) -> bool {
         self.runs.is_empty()
     }
+
+    /// When the batch holding `owner`'s data goes, if that is still to
+    /// come (None: it holds none, or it may go now).
+    pub fn batch_due(&self, owner: Owner) -> Option<Instant> {
+        if !self.runs.iter().any(|r| r.owners.contains_key(&owner)) {
+            return None;
+        }
+        self.due().filter(|t| *t > Instant::now())
+    }
+
+    /// The batch may go now.
+    pub fn batch_open(&self) -> bool {
+        self.due().is_some_and(|t| t <= Instant::now())
+    }
+
+    fn due(&self) -> Option<Instant> {
+        let front = self.runs.front()?;
+        if self.runs.len() >= UNPLUG_THRESH {
+            return Some(front.queued);
+        }
+        Some(front.queued + UNPLUG_DELAY)
+    }
 }
 
 #[cfg(test)]
@@ -153,6 +189,28 @@ mod tests {
         assert!(!q.is_empty());
         assert_eq!(q.take_overlapping(0, 1 << 20).len(), 0);
         assert_eq!(q.take_all().len(), 1);
+    }
+
+    #[test]
+    fn batch_waits_for_the_unplug_delay_or_threshold() {
+        let mut q = DataQueue::default();
+        assert!(q.batch_due((5, 257)).is_none());
+        assert!(!q.batch_open());
+        q.push(0, &[1; 4096], (5, 257));
+        let queued = q.runs[0].queued;
+        assert_eq!(q.due(), Some(queued + UNPLUG_DELAY));
+        assert!(q.batch_due((5, 258)).is_none(), "holds none of 258's data");
+        std::thread::sleep(UNPLUG_DELAY);
+        assert!(q.batch_due((5, 257)).is_none());
+        assert!(q.batch_open());
+        q.take_all();
+        // Four runs (not contiguous) open the batch at once.
+        for i in 0..UNPLUG_THRESH as u64 {
+            q.push(i << 20, &[2; 4096], (5, 300 + i));
+        }
+        assert_eq!(q.due(), Some(q.runs[0].queued));
+        assert!(q.batch_open());
+        assert!(q.batch_due((5, 300)).is_none());
     }
 
     #[test]

@@ -243,16 +243,23 @@ mod tests {
         let refs = [
             BackRef::SharedData { parent: 9 },
             BackRef::Tree { root: 5 },
-            BackRef::Data { root: 5, objectid: 300, offset: 0 },
-            BackRef::Data { root: 5, objectid: 257, offset: 4096 },
+            BackRef::Data {
+                root: 5,
+                objectid: 300,
+                offset: 0,
+            },
+            BackRef::Data {
+                root: 5,
+                objectid: 257,
+                offset: 4096,
+            },
         ];
         for (i, r) in refs.iter().enumerate() {
             m.add(*r, i as i64 + 1);
         }
         m.add(refs[1], -2);
         m.add(refs[0], 0);
-        let mut want: Vec<(BackRef, i64)> =
-            vec![(refs[0], 1), (refs[2], 3), (refs[3], 4)];
+        let mut want: Vec<(BackRef, i64)> = vec![(refs[0], 1), (refs[2], 3), (refs[3], 4)];
         want.sort();
         assert_eq!(m.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>(), want);
         assert_eq!(m.values().sum::<i64>(), 8);

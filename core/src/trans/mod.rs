@@ -829,6 +829,20 @@ impl Store {
         Ok(())
     }
 
+    /// When the queued batch holding `owner`'s data goes (None: none
+    /// queued, or it may go now).
+    pub fn data_batch_due(&self, owner: dataq::Owner) -> Option<std::time::Instant> {
+        self.dataq.batch_due(owner)
+    }
+
+    /// Write the whole queue if its batch may go (see [`dataq`]).
+    pub fn release_open_batch(&mut self) -> Result<()> {
+        if self.dataq.batch_open() {
+            return self.flush_data();
+        }
+        Ok(())
+    }
+
     /// Write the queued runs holding `owner`'s data (what an fsync of it
     /// waits for).
     pub fn write_data_of(&mut self, owner: dataq::Owner) -> Result<()> {
