@@ -921,6 +921,8 @@ impl Filesystem {
             .filter(|c| !c.is_empty() && *c != ".")
             .collect();
         let mut stack: Vec<Loc> = vec![cur];
+        // The mode of `cur` when the previous step read it already.
+        let mut cur_mode: Option<u32> = None;
         for (i, c) in comps.iter().enumerate() {
             let last = i + 1 == comps.len();
             if *c == ".." {
@@ -929,10 +931,14 @@ impl Filesystem {
                 if stack.is_empty() {
                     stack.push(cur);
                 }
+                cur_mode = None;
                 continue;
             }
-            let it = self.item(cur)?;
-            if !is_dir(it.mode.get()) {
+            let mode = match cur_mode.take() {
+                Some(m) => m,
+                None => self.item(cur)?.mode.get(),
+            };
+            if !is_dir(mode) {
                 return Err(Error::errno(
                     libc::ENOTDIR,
                     format!("{path}: a component is not a directory"),
@@ -963,6 +969,7 @@ impl Filesystem {
                 continue;
             }
             cur = next;
+            cur_mode = Some(nit.mode.get());
             stack.push(cur);
         }
         Ok(cur)
