@@ -37,10 +37,16 @@ impl SharedFs {
     /// chance to log into the same sub-transaction, then sync it (or find
     /// it synced by one of them).
     pub fn fsync(&self, l: Loc, datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
-        if let Some(due) = self.lock().fsync_writeback(l)? {
-            sleep_until(due);
-        }
-        let ticket = self.lock().fsync_prepare(l, datasync, range)?;
+        let ticket = {
+            let mut fs = self.lock();
+            // The wait for the fsync's data is part of its writeback,
+            // which holds the filesystem as logging does (the kernel's
+            // holds the inode: on one file, the same thing).
+            if let Some(due) = fs.fsync_writeback(l)? {
+                sleep_until(due);
+            }
+            fs.fsync_prepare(l, datasync, range)?
+        };
         if ticket == FsyncTicket::Done {
             return Ok(());
         }
@@ -86,16 +92,12 @@ impl SharedFs {
     /// pwrite on an O_SYNC / O_DSYNC descriptor from one client: the
     /// write and its logging under the lock, the log sync batched.
     pub fn write_sync(&self, l: Loc, off: u64, data: &[u8], datasync: bool) -> Result<()> {
-        let due = {
-            let mut fs = self.lock();
-            fs.write(l, off, data)?;
-            fs.fsync_writeback(l)?
-        };
-        if let Some(due) = due {
-            sleep_until(due);
-        }
         let ticket = {
             let mut fs = self.lock();
+            fs.write(l, off, data)?;
+            if let Some(due) = fs.fsync_writeback(l)? {
+                sleep_until(due);
+            }
             fs.fsync_prepare(
                 l,
                 datasync,

@@ -164,9 +164,12 @@ impl Filesystem {
     /// An fsync's writeback of a regular file, and when its data is
     /// written: with sync-io-first it went out at once (None); without
     /// it, it joined the data queue's batch, and the caller waits for the
-    /// batch to go (the 2009 fsync waiting for its bios to be unplugged)
-    /// before [`Filesystem::fsync_prepare`] logs, without the filesystem
-    /// when clients share it.
+    /// batch to go (the 2009 fsync waiting for its bios to be unplugged,
+    /// inside ->fsync under the inode's i_mutex) before
+    /// [`Filesystem::fsync_prepare`] logs. Clients sharing the filesystem
+    /// wait holding it, as the engine holds it through an fsync's
+    /// writeback in either position (with the switch on, the fsync's own
+    /// writes go out under it).
     pub fn fsync_writeback(&mut self, l: Loc) -> Result<Option<std::time::Instant>> {
         if !is_reg(self.item(l)?.mode.get()) {
             return Ok(None);
