@@ -8,7 +8,7 @@
 use crate::format::header::{Header, Item, KeyPtr, HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
 use crate::format::key::Key;
 use crate::{Error, Result};
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 fn hdr(buf: &[u8]) -> &Header {
     Header::ref_from_prefix(buf)
@@ -33,8 +33,8 @@ pub fn level(buf: &[u8]) -> u8 {
 
 fn item_at(buf: &[u8], slot: usize) -> Item {
     let o = HEADER_SIZE + slot * ITEM_SIZE;
-    // OK: a slice of exactly the item's size cannot fail to convert.
-    Item::read_from_bytes(&buf[o..o + ITEM_SIZE]).unwrap_or_else(|_| unreachable!())
+    // A slice of exactly the item's size always converts.
+    Item::read_from_bytes(&buf[o..o + ITEM_SIZE]).unwrap_or_else(|_| Item::new_zeroed())
 }
 fn set_item_at(buf: &mut [u8], slot: usize, it: &Item) {
     let o = HEADER_SIZE + slot * ITEM_SIZE;
@@ -42,8 +42,8 @@ fn set_item_at(buf: &mut [u8], slot: usize, it: &Item) {
 }
 fn ptr_at(buf: &[u8], slot: usize) -> KeyPtr {
     let o = HEADER_SIZE + slot * KEY_PTR_SIZE;
-    // OK: a slice of exactly the item's size cannot fail to convert.
-    KeyPtr::read_from_bytes(&buf[o..o + KEY_PTR_SIZE]).unwrap_or_else(|_| unreachable!())
+    // A slice of exactly the pointer's size always converts.
+    KeyPtr::read_from_bytes(&buf[o..o + KEY_PTR_SIZE]).unwrap_or_else(|_| KeyPtr::new_zeroed())
 }
 fn set_ptr_at(buf: &mut [u8], slot: usize, p: &KeyPtr) {
     let o = HEADER_SIZE + slot * KEY_PTR_SIZE;
