@@ -4,7 +4,7 @@
 //! others can log theirs, then syncs the log; whoever syncs first makes all
 //! of them durable and the rest find their sub-transaction synced.
 
-use super::writer::{sleep_until, FsyncTicket, LogSyncStep};
+use super::writer::{FsyncTicket, LogSyncStep};
 use crate::fs::{Filesystem, Loc};
 use crate::Result;
 use std::sync::{Mutex, MutexGuard};
@@ -37,16 +37,7 @@ impl SharedFs {
     /// chance to log into the same sub-transaction, then sync it (or find
     /// it synced by one of them).
     pub fn fsync(&self, l: Loc, datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
-        let ticket = {
-            let mut fs = self.lock();
-            // The wait for the fsync's data is part of its writeback,
-            // which holds the filesystem as logging does (the kernel's
-            // holds the inode: on one file, the same thing).
-            if let Some(due) = fs.fsync_writeback(l)? {
-                sleep_until(due);
-            }
-            fs.fsync_prepare(l, datasync, range)?
-        };
+        let ticket = self.lock().fsync_prepare(l, datasync, range)?;
         if ticket == FsyncTicket::Done {
             return Ok(());
         }
@@ -95,9 +86,6 @@ impl SharedFs {
         let ticket = {
             let mut fs = self.lock();
             fs.write(l, off, data)?;
-            if let Some(due) = fs.fsync_writeback(l)? {
-                sleep_until(due);
-            }
             fs.fsync_prepare(
                 l,
                 datasync,

@@ -154,26 +154,26 @@ impl Filesystem {
     /// and `datasync` change nothing, as in the kernel, which always syncs
     /// the whole file.
     pub fn fsync(&mut self, l: Loc, datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
-        if let Some(due) = self.fsync_writeback(l)? {
-            sleep_until(due);
-        }
         let ticket = self.fsync_prepare(l, datasync, range)?;
         self.fsync_finish(ticket)
     }
 
-    /// An fsync's writeback of a regular file, and when its data is
-    /// written: with sync-io-first it went out at once (None); without
-    /// it, it joined the data queue's batch, and the caller waits for the
-    /// batch to go (the 2009 fsync waiting for its bios to be unplugged,
-    /// inside ->fsync under the inode's i_mutex) before
-    /// [`Filesystem::fsync_prepare`] logs. Clients sharing the filesystem
-    /// wait holding it, as the engine holds it through an fsync's
-    /// writeback in either position (with the switch on, the fsync's own
-    /// writes go out under it).
+    /// An fsync's writeback of a file (none for others), and when its
+    /// data is written: with sync-io-first it went out at once (None);
+    /// without it, it joined the data queue's batch, which
+    /// [`Filesystem::fsync_prepare`] waits for before it logs (the 2009
+    /// fsync waiting for its bios to be unplugged, inside ->fsync under
+    /// the inode's i_mutex). The wait holds the filesystem, as the engine
+    /// holds it through an fsync's writeback in either position (with the
+    /// switch on, the fsync's own writes go out under it).
     pub fn fsync_writeback(&mut self, l: Loc) -> Result<Option<std::time::Instant>> {
         if !is_reg(self.item(l)?.mode.get()) {
             return Ok(None);
         }
+        self.fsync_writeback_file(l)
+    }
+
+    fn fsync_writeback_file(&mut self, l: Loc) -> Result<Option<std::time::Instant>> {
         self.writeback(l, 0, u64::MAX, Reason::Fsync)?;
         if self.switches.sync_io_first {
             return Ok(None);
@@ -211,10 +211,12 @@ impl Filesystem {
             return Err(Error::errno(libc::EINVAL, "fsync: not a file or directory"));
         }
         if is_reg(m) {
-            self.writeback(l, 0, u64::MAX, Reason::Fsync)?;
+            if let Some(due) = self.fsync_writeback_file(l)? {
+                sleep_until(due);
+            }
             if !self.switches.sync_io_first {
-                // The batch a waiter of fsync_writeback waited for goes
-                // now (an unplug sends everything queued).
+                // The batch the fsync's data joined goes now (an unplug
+                // sends everything queued).
                 self.store.release_open_batch()?;
             }
         }
