@@ -221,6 +221,10 @@ pub struct Filesystem {
     /// Pages written back, for reuse by the next writes (their memory stays
     /// mapped, so a write does not fault in fresh pages).
     free_pages: Vec<Box<[u8]>>,
+    /// The buffer writeback joins a run of pages into, kept between calls:
+    /// a fresh one per run (multi-megabyte for dbench's files) is a fresh
+    /// mapping the kernel zeroes before the copy into it.
+    pub(super) join_buf: Vec<u8>,
     /// Next free inode number per subvolume (root->free_objectid).
     free_ino: HashMap<u64, u64>,
     /// Real time at mount plus what `sleep` added.
@@ -305,6 +309,7 @@ impl Filesystem {
             flusher_ran: std::time::Duration::ZERO,
             free_ino: HashMap::default(),
             free_pages: Vec::new(),
+            join_buf: Vec::new(),
             clock_base: std::time::SystemTime::now(),
             clock_offset: std::time::Duration::ZERO,
             trans_start: None,

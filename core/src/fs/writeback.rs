@@ -31,6 +31,9 @@ use zerocopy::IntoBytes;
 /// largest extent.
 const MAX_DELALLOC_PAGES: u64 = MAX_EXTENT_SIZE / PAGE;
 
+/// Capacity of the join buffer kept between writebacks.
+const JOIN_KEEP: usize = 16 << 20;
+
 /// Why data is written back (it decides whether it goes first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
@@ -123,18 +126,25 @@ impl Filesystem {
         // writeback queued (sync-io-first); otherwise it queues too.
         let direct = reason == Reason::Fsync && self.switches.sync_io_first;
         self.store.set_data_context((l.subvol, l.ino), direct);
-        let mut joined: Vec<u8> = Vec::new();
+        let mut joined = std::mem::take(&mut self.join_buf);
         let r = runs.into_iter().try_for_each(|(a, b)| {
             let start = pages[a].0 * PAGE;
             if b - a == 1 {
                 return self.write_run(l, start, &pages[a].1, i_size, false);
             }
             joined.clear();
+            joined.reserve((b - a) * PAGE as usize);
             for (_, p) in &pages[a..b] {
                 joined.extend_from_slice(p);
             }
             self.write_run(l, start, &joined, i_size, false)
         });
+        // Keep the buffer for the next run unless one extent's worth of
+        // pages made it large (the memory would stay held for nothing).
+        joined.clear();
+        if joined.capacity() <= JOIN_KEEP {
+            self.join_buf = joined;
+        }
         self.store.set_data_context((l.subvol, l.ino), false);
         r?;
         self.recycle_pages(pages);
