@@ -112,7 +112,7 @@ fn verify(st: &mut Store, bytenr: u64, data: &[u8], ino: u64, file_off: u64) -> 
     let sums = st.csum_lookup(bytenr, data.len() as u64)?;
     for (i, (sector, want)) in data.chunks(ss).zip(sums.iter()).enumerate() {
         if let Some(w) = want {
-            if csum.compute(sector)[..cs] != w[..] {
+            if csum.compute(sector)[..cs] != *w {
                 return Err(Error::io(
                     format!("inode {ino} data at file offset {file_off}: checksum mismatch at logical {}", bytenr + (i * ss) as u64),
                     std::io::Error::from_raw_os_error(libc::EIO),

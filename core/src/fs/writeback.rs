@@ -343,8 +343,7 @@ impl Filesystem {
         if self
             .store
             .csum_lookup(bytenr + ext_off, end - off)?
-            .iter()
-            .any(Option::is_some)
+            .any_present()
         {
             return Ok(None);
         }

@@ -153,7 +153,7 @@ fn missing_csums(fs: &mut Store, logs: &[LogTree]) -> Result<Vec<String>> {
         for n in log.csum_needs() {
             for (a, b) in uncovered(&have, n.start, n.end) {
                 // Checksums committed before the crash count too.
-                if fs.csum_lookup(a, b - a)?.iter().any(|c| c.is_none()) {
+                if fs.csum_lookup(a, b - a)?.any_missing() {
                     out.push(format!(
                         "inode {} offset {} (disk bytes {}..{})",
                         n.ino, n.file_offset, n.start, n.end

@@ -325,7 +325,7 @@ impl Selection {
                 continue;
             }
             for (a, b) in uncovered(&have, n.start, n.end) {
-                if fs.csum_lookup(a, b - a)?.iter().any(|c| c.is_none()) {
+                if fs.csum_lookup(a, b - a)?.any_missing() {
                     // A checksum item starting before `a` may cover it: one
                     // item covers far less than 64 MiB of data.
                     let why = match tree.read.lost_in(csum_key(a.saturating_sub(64 << 20)), csum_key(b)) {

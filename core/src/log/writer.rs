@@ -880,14 +880,14 @@ impl Filesystem {
         self.store.csum_delete_in(log, start, len)?;
         let mut run_start = start;
         let mut run: Vec<u8> = Vec::new();
-        for (i, c) in sums.into_iter().enumerate() {
+        for (i, c) in sums.iter().enumerate() {
             let at = start + i as u64 * ss;
             match c {
                 Some(c) => {
                     if run.is_empty() {
                         run_start = at;
                     }
-                    run.extend_from_slice(&c);
+                    run.extend_from_slice(c);
                 }
                 None => {
                     if !run.is_empty() {

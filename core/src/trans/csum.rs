@@ -113,13 +113,17 @@ impl Store {
         Ok(())
     }
 
-    /// Checksums stored for `[start, start+len)`, sector by sector (None
-    /// where a sector has none).
-    pub fn csum_lookup(&mut self, start: u64, len: u64) -> Result<Vec<Option<Vec<u8>>>> {
+    /// Checksums stored for `[start, start+len)`, sector by sector.
+    pub fn csum_lookup(&mut self, start: u64, len: u64) -> Result<SectorSums> {
         let cs = self.image().csum.size();
         let ss = self.sectorsize() as u64;
         let n = (len / ss) as usize;
-        let mut out = vec![None; n];
+        let mut out = SectorSums {
+            size: cs,
+            bytes: vec![0; n * cs],
+            have: vec![false; n],
+        };
+        let end = start + n as u64 * ss;
         let mut items = Vec::new();
         if let Some(p) = self.csum_item_before(CSUM_TREE, start)? {
             items.push(p);
@@ -132,13 +136,58 @@ impl Store {
         );
         items.extend(self.items_in(CSUM_TREE, lo, hi)?);
         for (k, d) in items {
-            for (i, c) in d.chunks_exact(cs).enumerate() {
-                let at = k.offset + i as u64 * ss;
-                if at >= start && at < start + len {
-                    out[((at - start) / ss) as usize] = Some(c.to_vec());
+            // Only the sectors both the item and the range cover; an item
+            // holds up to a leaf's worth of sums, the range often a page.
+            let count = (d.len() / cs) as u64;
+            let item_end = k.offset.saturating_add(count.saturating_mul(ss));
+            let mut at = k.offset.max(start);
+            if at > k.offset {
+                at = k.offset + (at - k.offset).div_ceil(ss) * ss;
+            }
+            while at < item_end.min(end) {
+                if (at - start) % ss == 0 {
+                    let src = ((at - k.offset) / ss) as usize * cs;
+                    let dst = ((at - start) / ss) as usize;
+                    out.bytes[dst * cs..(dst + 1) * cs].copy_from_slice(&d[src..src + cs]);
+                    out.have[dst] = true;
                 }
+                at += ss;
             }
         }
         Ok(out)
+    }
+}
+
+/// The checksums of a run of sectors, as the csum tree holds them: one
+/// buffer for all, and which sectors have one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SectorSums {
+    size: usize,
+    bytes: Vec<u8>,
+    have: Vec<bool>,
+}
+
+impl SectorSums {
+    pub fn len(&self) -> usize {
+        self.have.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.have.is_empty()
+    }
+    /// Sector `i`'s checksum, if it has one.
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        match self.have.get(i) {
+            Some(true) => Some(&self.bytes[i * self.size..(i + 1) * self.size]),
+            _ => None,
+        }
+    }
+    pub fn iter(&self) -> impl Iterator<Item = Option<&[u8]>> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
+    pub fn any_present(&self) -> bool {
+        self.have.iter().any(|&h| h)
+    }
+    pub fn any_missing(&self) -> bool {
+        self.have.iter().any(|&h| !h)
     }
 }

@@ -37,6 +37,7 @@ mod subtree;
 
 pub use btree::next_key;
 pub use cache::BlockCache;
+pub use csum::SectorSums;
 pub use logsync::LogSyncIo;
 
 use crate::alloc::{super_stripes, Allocator, BlockGroup, RangeSet};
