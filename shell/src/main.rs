@@ -51,18 +51,20 @@ enum Cmd {
     Bench(bench::BenchCmd),
 }
 
-/// Keep freed memory mapped for a second before handing it back. mimalloc's
-/// default (10 ms) returns a writeback's multi-megabyte buffers and pages
-/// between two fsyncs, and the next ones fault in fresh pages the kernel
-/// zeroes first (a tenth of dbench's CPU time). `MIMALLOC_PURGE_DELAY`
-/// still decides when set.
+/// Keep freed memory mapped. mimalloc's default hands memory unused for
+/// 10 ms back to the kernel, so a writeback's multi-megabyte buffers and
+/// pages go back between two fsyncs and the next ones fault in fresh pages
+/// the kernel zeroes first (a tenth of dbench's CPU time; a one-second
+/// delay still leaves part of it). What stays mapped is bounded by the
+/// engine's own peak (dirty limit plus caches), which the process reaches
+/// anyway. `MIMALLOC_PURGE_DELAY` still decides when set.
 fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // mimalloc.h's mi_option_purge_delay (15 in both of its versions;
-        // the bindings name no constant for it).
+        // the bindings name no constant for it); -1: never purge.
         const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
         // SAFETY: sets one of mimalloc's integer options; no memory is touched.
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 1000) };
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
     }
 }
 
