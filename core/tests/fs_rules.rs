@@ -641,13 +641,11 @@ fn big_item_in_the_middle_of_a_leaf() {
 // fs: data space
 
 /// A file larger than any block group's free space on a small filesystem
-/// with room for it: writeback asks for one extent of the whole dirty run
-/// (up to 128 MiB) and fails with ENOSPC ("no free N-byte extent in any
-/// DATA block group") when no group, nor a new chunk (capped at a tenth of
-/// the filesystem), has that much contiguous space. The kernel's
-/// btrfs_reserve_extent halves the request (down to a sector) and retries.
+/// with room for it: no group, nor a new chunk (capped at a tenth of the
+/// filesystem), has the whole dirty run in one piece, so writeback takes
+/// smaller extents (btrfs_reserve_extent halves the request after ENOSPC)
+/// instead of failing the sync.
 #[test]
-#[ignore = "bug: writeback needs one contiguous extent per dirty run; ENOSPC on a 256 MiB filesystem for an 80 MiB file"]
 fn large_file_on_a_small_filesystem() {
     let dev = new_image(IMAGE_SIZE, &["-n", "16384"]);
     let d = dyn_dev(&dev);

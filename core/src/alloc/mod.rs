@@ -157,6 +157,18 @@ impl Allocator {
         )))
     }
 
+    /// The longest free piece, in bytes, any writable group of type `ty`
+    /// has (what find_free_extent reports as max_extent_size).
+    pub fn largest_free(&self, ty: u64) -> u64 {
+        self.groups
+            .values()
+            .filter(|g| g.flags & ty != 0 && !g.read_only)
+            .flat_map(|g| g.free.iter_in(g.start, g.end()))
+            .map(|(s, e)| e - s)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Mark `[bytenr, +len)` allocated (replaying a known allocation).
     pub fn reserve(&mut self, bytenr: u64, len: u64) -> Result<()> {
         let g = self.group_of_mut(bytenr).ok_or_else(|| {

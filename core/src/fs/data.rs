@@ -31,6 +31,40 @@ pub fn write_data_extent(st: &mut Store, disk: &[u8], datasum: bool) -> Result<u
         return Err(Error::Invalid(format!("data extent of {len} bytes")));
     }
     let bytenr = st.alloc_space(BTRFS_BLOCK_GROUP_DATA, len, ss, true)?;
+    write_data_at(st, bytenr, disk, datasum)?;
+    Ok(bytenr)
+}
+
+/// Allocate data space for up to `want` bytes (a multiple of the sector
+/// size): all of it in one piece when a block group, or a new chunk, has
+/// that much; else, as btrfs_reserve_extent retries after ENOSPC, half of
+/// it or the longest free piece if that is shorter, down to one sector.
+/// Returns (address, length allocated). Writeback cuts a dirty run into
+/// as many extents as the free space needs; only a filesystem without a
+/// free sector fails.
+pub fn alloc_data_extent(st: &mut Store, want: u64) -> Result<(u64, u64)> {
+    let ss = st.sectorsize() as u64;
+    if want == 0 || want % ss != 0 || want > MAX_EXTENT_SIZE {
+        return Err(Error::Invalid(format!("data extent of {want} bytes")));
+    }
+    let mut len = want;
+    loop {
+        match st.alloc_space(BTRFS_BLOCK_GROUP_DATA, len, ss, true) {
+            Ok(bytenr) => return Ok((bytenr, len)),
+            // Each try halves at least, so this ends within 15 tries.
+            Err(Error::NoSpace(_)) if len > ss => {
+                let largest = st.largest_free(BTRFS_BLOCK_GROUP_DATA) / ss * ss;
+                len = (len / 2 / ss * ss).min(largest).max(ss);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Write `disk` to data space allocated at `bytenr` in this transaction
+/// and record its checksums (unless `nodatasum`).
+pub fn write_data_at(st: &mut Store, bytenr: u64, disk: &[u8], datasum: bool) -> Result<()> {
+    let len = disk.len() as u64;
     for phys in st.image().chunks.map(bytenr, len, st.image().devid)? {
         st.write_new_data(phys, disk)?;
     }
@@ -38,7 +72,7 @@ pub fn write_data_extent(st: &mut Store, disk: &[u8], datasum: bool) -> Result<u
         let sums = sector_csums(st, disk);
         st.csum_insert(bytenr, &sums)?;
     }
-    Ok(bytenr)
+    Ok(())
 }
 
 /// Queue the extent item of a data extent this transaction wrote, with

@@ -199,16 +199,24 @@ impl Filesystem {
         let datasum = self.datasum(l)?;
         let mut pos = 0usize;
         while pos < data.len() {
-            let n = ((data.len() - pos) as u64).min(MAX_EXTENT_SIZE) as usize;
-            self.cow_extent(
-                l,
-                start + pos as u64,
-                &data[pos..pos + n],
-                n as u64,
-                BTRFS_COMPRESS_NONE,
+            let want = ((data.len() - pos) as u64).min(MAX_EXTENT_SIZE);
+            // As much of the run as the free space has in one piece.
+            let (bytenr, n) = super::data::alloc_data_extent(&mut self.store, want)?;
+            let disk = &data[pos..pos + n as usize];
+            super::data::write_data_at(&mut self.store, bytenr, disk, datasum)?;
+            self.complete_ordered(&OrderedExtent {
+                loc: l,
+                file_off: start + pos as u64,
+                len: n,
+                disk_bytenr: bytenr,
+                disk_len: n,
+                extent_offset: 0,
+                ram_bytes: n,
+                compression: BTRFS_COMPRESS_NONE,
+                kind: OrderedKind::Cow,
                 datasum,
-            )?;
-            pos += n;
+            })?;
+            pos += n as usize;
         }
         Ok(())
     }

@@ -252,6 +252,11 @@ impl Store {
         }
     }
 
+    /// The longest free piece in the writable groups of type `ty`.
+    pub fn largest_free(&self, ty: u64) -> u64 {
+        self.alloc.largest_free(ty)
+    }
+
     fn system_has_room(&self) -> Result<bool> {
         let ns = self.nodesize() as u64;
         let free: u64 = self
