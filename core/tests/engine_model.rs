@@ -28,11 +28,8 @@
 mod common;
 
 use btrkit_core::check::{Finding, Severity};
-use btrkit_core::format::file_extent::{parse_file_extent, FileExtent};
 use btrkit_core::fs::Filesystem;
-use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::io::BlockDevice;
-use btrkit_core::tree::node::Expect;
 use btrkit_core::workload::content::fill_bytes;
 use btrkit_core::workload::engine::EngineRunner;
 use btrkit_core::workload::manifest::content_hash;
@@ -947,12 +944,8 @@ impl Op {
                 name: n,
             } => {
                 let (a, b) = (pick(&all, src)?.clone(), join(&dir(d), name(n)));
-                // Known bugs: see rename_of_a_file_over_its_ancestor,
-                // rename_a_subvolume (subvol_quota.rs) and
+                // Known bugs: see rename_a_subvolume (subvol_quota.rs) and
                 // errno_order_with_subvolumes (a subvolume as the target).
-                if !m.is_dir(&a) && m.is_dir(&b) && within(&a, &b) && avoid_known_bugs() {
-                    return None;
-                }
                 if (m.is_subvol_root(&a) || m.is_subvol_root(&b)) && avoid_known_bugs() {
                     return None;
                 }
@@ -975,13 +968,6 @@ impl Op {
                 paths.push("/".into());
                 // Short values vary byte by byte, long ones repeat one letter
                 // (so failing scripts stay readable).
-                // Known bug: see big_item_in_the_middle_of_a_full_leaf (an
-                // item over half a leaf can need a leaf of its own).
-                let len = if avoid_known_bugs() {
-                    len.min(1900)
-                } else {
-                    len
-                };
                 let value: Vec<u8> = if len <= 64 {
                     (0..len as usize)
                         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -1182,11 +1168,9 @@ fn line(st: &Step) -> String {
 
 /// Run steps on a fresh image with the engine and the model side by side.
 /// `next` yields the next step from the model's state (None: done).
-/// `tolerate`: checker findings of known bugs do not fail the case.
 fn run_case(
     mkfs: &[&str],
     mount_opts: &[&str],
-    tolerate: bool,
     mut next: impl FnMut(&Model) -> Option<Option<Step>>,
 ) -> Result<(), String> {
     let dev = new_image(IMAGE_SIZE, mkfs);
@@ -1218,7 +1202,7 @@ fn run_case(
                 .findings
                 .iter()
                 .filter(|f| {
-                    f.severity == Severity::Error && !(tolerate && hole_past_ram_bytes(&d, f))
+                    f.severity == Severity::Error
                 })
                 .collect();
             if real.is_empty()
@@ -1274,37 +1258,14 @@ fn run_case(
     })
 }
 
-/// A checker finding of the known hole bugs (see
-/// `clone_of_part_of_a_hole_item` and `punch_next_to_a_split_hole_item`):
-/// a hole item (disk_bytenr 0) whose offset + num_bytes passes ram_bytes.
-fn hole_past_ram_bytes(dev: &Arc<dyn BlockDevice>, f: &Finding) -> bool {
-    if f.category != "file-extent" || !f.message.contains("exceeds ram_bytes") {
-        return false;
-    }
-    let (Some(bytenr), Some(key)) = (f.bytenr, f.key) else {
-        return false;
-    };
-    let Ok(img) = Image::open(dev.clone(), OpenOptions::default()) else {
-        return false;
-    };
-    let Ok(leaf) = img.read_tree_block(bytenr, &Expect::default(), false) else {
-        return false;
-    };
-    let Ok(slot) = leaf.bin_search(&key) else {
-        return false;
-    };
-    matches!(leaf.item_data(slot).ok().map(parse_file_extent), Some(Ok(FileExtent::Disk { item, .. })) if item.disk_bytenr.get() == 0)
-}
-
 /// Run a fixed script (a kept regression) against the model.
 fn run_script(
     mkfs: &[&str],
     mount_opts: &[&str],
-    tolerate: bool,
     text: &str,
 ) -> Result<(), String> {
     let mut it = steps(text).into_iter();
-    run_case(mkfs, mount_opts, tolerate, move |_| it.next().map(Some))
+    run_case(mkfs, mount_opts, move |_| it.next().map(Some))
 }
 
 #[derive(Clone, Debug)]
@@ -1335,7 +1296,7 @@ proptest! {
     #[test]
     fn engine_matches_the_model(c in case()) {
         let mut ops = c.ops.iter();
-        let r = run_case(MKFS[c.mkfs], MOUNT[c.mount], avoid_known_bugs(), |m| ops.next().map(|o| o.step(m)));
+        let r = run_case(MKFS[c.mkfs], MOUNT[c.mount], |m| ops.next().map(|o| o.step(m)));
         prop_assert!(r.is_ok(), "{}", r.err().unwrap_or_default());
     }
 }
@@ -1343,19 +1304,19 @@ proptest! {
 // ---------------------------------------------------------------------------
 // Kept regressions and fixed cases
 
-/// A fixed script must pass; findings of the known hole bugs are let
-/// through (they have tests of their own).
+/// A fixed script must pass.
 #[track_caller]
 fn must_pass(mkfs: &[&str], mount_opts: &[&str], text: &str) {
-    if let Err(e) = run_script(mkfs, mount_opts, true, text) {
+    if let Err(e) = run_script(mkfs, mount_opts, text) {
         panic!("{e}");
     }
 }
 
-/// A fixed script must pass with no finding let through.
+/// A fixed script must pass (once findings of known bugs were let
+/// through [`must_pass`]; now the same).
 #[track_caller]
 fn must_pass_strictly(mkfs: &[&str], mount_opts: &[&str], text: &str) {
-    if let Err(e) = run_script(mkfs, mount_opts, false, text) {
+    if let Err(e) = run_script(mkfs, mount_opts, text) {
         panic!("{e}");
     }
 }
@@ -1441,7 +1402,6 @@ fn rename_between_names_of_one_file() {
 /// the cloned length, so offset + num_bytes > ram_bytes (the kernel keeps
 /// the source item's ram_bytes and sets the offset).
 #[test]
-#[ignore = "bug: clone of part of a hole item (^no-holes) writes offset + num_bytes > ram_bytes"]
 fn clone_of_part_of_a_hole_item() {
     must_pass_strictly(
         &["-n", "4096", "-O", "^no-holes"],
@@ -1454,7 +1414,6 @@ fn clone_of_part_of_a_hole_item() {
 /// checks "the target is an ancestor of the source" before the types and
 /// returns ENOTEMPTY; the engine returns EISDIR.
 #[test]
-#[ignore = "bug: rename of a file over its ancestor directory returns EISDIR, Linux ENOTEMPTY"]
 fn rename_of_a_file_over_its_ancestor() {
     must_pass_strictly(
         &["-n", "4096"],
@@ -1469,7 +1428,6 @@ fn rename_of_a_file_over_its_ancestor() {
 /// but keeping the item's offset, so offset + num_bytes > ram_bytes (the
 /// kernel's fill_holes also resets the offset to 0).
 #[test]
-#[ignore = "bug: fill_hole extends a split hole item keeping its offset (offset + num_bytes > ram_bytes)"]
 fn punch_next_to_a_split_hole_item() {
     must_pass_strictly(
         &["-n", "4096", "-O", "^no-holes"],
@@ -1484,7 +1442,6 @@ fn punch_next_to_a_split_hole_item() {
 /// item") where the kernel splits twice and gives the item a leaf of its
 /// own. Here: a 3000-byte xattr on a 4 KiB-node filesystem.
 #[test]
-#[ignore = "bug: split_leaf never splits twice: an item over half a leaf in mid-leaf fails with ENOSPC"]
 fn big_item_in_the_middle_of_a_full_leaf() {
     must_pass_strictly(
         &["-n", "4096", "-O", "^no-holes"],

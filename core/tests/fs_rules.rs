@@ -606,7 +606,6 @@ fn clone_over_itself_then_unlink_the_source() {
 /// hash falls in the middle: the leaf has more than the free space on
 /// each side of it, so it only fits in a leaf of its own.
 #[test]
-#[ignore = "bug: split_leaf never splits twice: an item over half a leaf in mid-leaf fails with ENOSPC"]
 fn big_item_in_the_middle_of_a_leaf() {
     let dev = new_image(IMAGE_SIZE, &["-n", "4096"]);
     let mut st = store(&dev);

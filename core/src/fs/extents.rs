@@ -254,9 +254,14 @@ pub fn fill_hole(
                     && head.type_ == BTRFS_FILE_EXTENT_REG
                     && k.offset + item.num_bytes.get() == start
                 {
+                    // The grown hole starts at the item's key: a hole
+                    // split earlier may carry an offset, which would put
+                    // offset + num_bytes past ram_bytes.
                     let mut n = *item;
                     n.num_bytes.set(end - k.offset);
                     n.ram_bytes.set(end - k.offset);
+                    n.offset.set(0);
+                    n.generation.set(transid);
                     return st.update_item(t, &k, n.as_bytes());
                 }
             }

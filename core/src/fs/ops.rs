@@ -342,6 +342,14 @@ impl Filesystem {
                 return Ok(());
             }
             let dmode = self.item(dst)?.mode.get();
+            // The VFS refuses a target that is an ancestor of the source
+            // (lock_rename's trap) before it compares the two types.
+            if is_dir(dmode) && self.is_ancestor(dst, odir)? {
+                return Err(Error::errno(
+                    libc::ENOTEMPTY,
+                    "rename: target is an ancestor of the source",
+                ));
+            }
             match (is_dir(smode), is_dir(dmode)) {
                 (true, false) => {
                     return Err(Error::errno(
