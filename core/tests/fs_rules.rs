@@ -661,12 +661,10 @@ fn large_file_on_a_small_filesystem() {
     );
 }
 
-/// Buffered writes past the free data space: the kernel reserves data
-/// space at write time, so write(2) fails with ENOSPC and a later sync
-/// succeeds. The engine accepts the writes (nothing is reserved) and the
-/// sync then fails with ENOSPC at writeback, so nothing can be committed.
+/// Buffered writes past the free data space: data space is reserved at
+/// write time, as the kernel does, so write(2) fails with ENOSPC and a
+/// later sync succeeds with everything the writes were told they wrote.
 #[test]
-#[ignore = "bug: buffered writes reserve no data space; writes past the free space succeed and the next sync fails with ENOSPC"]
 fn buffered_writes_past_free_space_fail_at_write() {
     let dev = new_image(IMAGE_SIZE, &["-n", "4096"]);
     let d = dyn_dev(&dev);

@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 pub struct RangeSet {
     /// start -> end; ranges never overlap or touch.
     map: BTreeMap<u64, u64>,
+    /// Sum of the ranges' lengths, kept as they change (free space is
+    /// asked for on every buffered write that dirties a new page).
+    bytes: u64,
 }
 
 impl RangeSet {
@@ -19,7 +22,7 @@ impl RangeSet {
         self.map.len()
     }
     pub fn total(&self) -> u64 {
-        self.map.iter().map(|(s, e)| e - s).sum()
+        self.bytes
     }
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.map.iter().map(|(&s, &e)| (s, e))
@@ -49,6 +52,7 @@ impl RangeSet {
                 s = ps;
                 e = e.max(pe);
                 self.map.remove(&ps);
+                self.bytes -= pe - ps;
             }
         }
         // Absorb following ranges that start within or at the end.
@@ -58,11 +62,13 @@ impl RangeSet {
                 Some((ns, ne)) if ns <= e => {
                     e = e.max(ne);
                     self.map.remove(&ns);
+                    self.bytes -= ne - ns;
                 }
                 _ => break,
             }
         }
         self.map.insert(s, e);
+        self.bytes += e - s;
     }
 
     pub fn remove(&mut self, start: u64, end: u64) {
@@ -77,11 +83,14 @@ impl RangeSet {
                 None => continue,
             };
             self.map.remove(&s);
+            self.bytes -= e - s;
             if s < a {
                 self.map.insert(s, a);
+                self.bytes += a - s;
             }
             if b < e {
                 self.map.insert(b, e);
+                self.bytes += e - b;
             }
         }
     }
@@ -146,6 +155,7 @@ mod tests {
                 let mut want = RangeSet::new();
                 for (i, &b) in bits.iter().enumerate() { if b { want.insert(i as u64, i as u64 + 1); } }
                 prop_assert_eq!(&r, &want);
+                prop_assert_eq!(r.total(), bits.iter().filter(|&&b| b).count() as u64);
             }
         }
     }

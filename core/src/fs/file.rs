@@ -217,6 +217,13 @@ impl Filesystem {
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or_else(|| Error::errno(libc::EFBIG, "write past the largest file size"))?;
         let ss = self.store.sectorsize() as u64;
+        let fresh = {
+            let pages = &self.rt(l)?.pages;
+            (off / PAGE..end.div_ceil(PAGE))
+                .filter(|&i| !pages.contains(i))
+                .count() as u64
+        };
+        self.reserve_data(l, fresh * PAGE)?;
         let i_size = self.rt(l)?.i_size;
         if off > i_size {
             self.cont_expand(l, i_size, end.div_ceil(ss) * ss)?;
@@ -248,6 +255,36 @@ impl Filesystem {
         rt.i_size = rt.i_size.max(end);
         rt.pending_times = Some((now, now));
         Ok(())
+    }
+
+    /// Make sure writeback will find room for `bytes` more of dirty pages
+    /// on top of those already dirty (btrfs_check_data_free_space): a
+    /// buffered write past the free data space fails with ENOSPC at once,
+    /// before it changes anything, instead of being accepted and failing
+    /// the next sync. Short of room, every dirty page is written back and
+    /// the transaction committed first, so space freed in it counts again,
+    /// as the kernel's data reservation flushes before it gives up. An
+    /// inode that may write in place (nodatacow, preallocated) goes on
+    /// without room, as btrfs_buffered_write does after its nocow check.
+    fn reserve_data(&mut self, l: Loc, bytes: u64) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let need = self.dirty_bytes.saturating_add(bytes);
+        if self.store.data_room(false)? >= need || self.store.data_room(true)? >= need {
+            return Ok(());
+        }
+        self.sync()?;
+        if self.store.data_room(true)? >= self.dirty_bytes.saturating_add(bytes) {
+            return Ok(());
+        }
+        if self.item(l)?.flags.get() & (BTRFS_INODE_NODATACOW | BTRFS_INODE_PREALLOC) != 0 {
+            return Ok(());
+        }
+        Err(Error::errno(
+            libc::ENOSPC,
+            format!("write: no data space for {bytes} more bytes of dirty pages"),
+        ))
     }
 
     /// Stores through a shared mapping: pages change, the size does not.

@@ -252,6 +252,36 @@ impl Store {
         }
     }
 
+    /// Bytes new data could still take: free space in the writable data
+    /// block groups and, with `unallocated`, the device space no chunk
+    /// holds yet (a scan of the device tree), which new data chunks can
+    /// take (btrfs_alloc_data_chunk_ondemand). Space freed in this
+    /// transaction is pinned until the commit and not counted.
+    pub fn data_room(&mut self, unallocated: bool) -> Result<u64> {
+        let in_groups: u64 = self
+            .alloc
+            .groups
+            .values()
+            .filter(|g| g.flags & BTRFS_BLOCK_GROUP_DATA != 0 && !g.read_only)
+            .map(|g| g.free.total())
+            .sum();
+        if !unallocated {
+            return Ok(in_groups);
+        }
+        let copies = if self.profile_for(BTRFS_BLOCK_GROUP_DATA) & BTRFS_BLOCK_GROUP_DUP != 0 {
+            2
+        } else {
+            1
+        };
+        // Chunks come in whole MiBs.
+        let spare: u64 = self
+            .unallocated()?
+            .iter()
+            .map(|(s, e)| (e - s) / MIB * MIB)
+            .sum();
+        Ok(in_groups + spare / copies)
+    }
+
     /// The longest free piece in the writable groups of type `ty`.
     pub fn largest_free(&self, ty: u64) -> u64 {
         self.alloc.largest_free(ty)
