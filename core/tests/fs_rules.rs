@@ -312,12 +312,9 @@ fn inode_refs_spill_into_extrefs() {
 
 /// Without extended refs, a link that would outgrow the INODE_REF item is
 /// refused with EMLINK (as the kernel's btrfs_insert_inode_ref does), and
-/// the refused link leaves nothing behind. The engine's add_name inserts
-/// the DIR_ITEM and DIR_INDEX first and fails on the back reference with
-/// ENOSPC, leaving a name without INODE_REF and a wrong directory size
-/// that the next commit writes.
+/// the refused link leaves nothing behind: the back reference goes in
+/// before the directory entries.
 #[test]
-#[ignore = "bug: a link past a full INODE_REF without extref fails with ENOSPC (not EMLINK) and leaves its dir entries behind"]
 fn full_inode_ref_without_extref() {
     let dev = new_image(IMAGE_SIZE, &["-n", "4096", "-O", "^extref"]);
     let d = dyn_dev(&dev);

@@ -268,17 +268,38 @@ pub fn add_name(
         return Err(Error::Invalid(format!("name of {} bytes", name.len())));
     }
     let t = TreeId::Tree(subvol);
+    // The back reference first, as btrfs_add_link does: a name the inode
+    // cannot take (a full INODE_REF without extended refs) is refused
+    // before any directory entry exists.
+    let ino = location.objectid;
+    if location.ty == BTRFS_INODE_ITEM_KEY {
+        add_backref(st, subvol, ino, dir, name, index)?;
+    }
     let mut d = Vec::with_capacity(30 + name.len());
     encode_dir_entry(&mut d, &location, transid, ftype, name, &[]);
-    append_packed(
+    let entries = append_packed(
         st,
         t,
         &Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name)),
         &d,
-    )?;
-    st.insert_item(t, &Key::new(dir, BTRFS_DIR_INDEX_KEY, index), &d)?;
-    if location.ty == BTRFS_INODE_ITEM_KEY {
-        add_backref(st, subvol, location.objectid, dir, name, index)?;
+    )
+    .and_then(|()| {
+        st.insert_item(t, &Key::new(dir, BTRFS_DIR_INDEX_KEY, index), &d)
+            .inspect_err(|_| {
+                let k = Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name));
+                let _ = remove_packed(st, subvol, &k, name, dir);
+            })
+    });
+    if let Err(e) = entries {
+        // Take the back reference away again; the error is the caller's.
+        if location.ty == BTRFS_INODE_ITEM_KEY {
+            let rk = Key::new(ino, BTRFS_INODE_REF_KEY, dir);
+            if !remove_packed(st, subvol, &rk, name, dir).unwrap_or(true) {
+                let xk = Key::new(ino, BTRFS_INODE_EXTREF_KEY, extref_hash(dir, name));
+                let _ = remove_packed(st, subvol, &xk, name, dir);
+            }
+        }
+        return Err(e);
     }
     adjust_dir_size(st, subvol, dir, name.len() as i64, transid)
 }
@@ -311,9 +332,10 @@ fn add_backref(
         };
     }
     if st.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_EXTENDED_IREF == 0 {
-        return Err(Error::NoSpace(format!(
-            "too many links to inode {ino} in directory {dir} (no extended inode refs)"
-        )));
+        return Err(Error::errno(
+            libc::EMLINK,
+            format!("too many links to inode {ino} in directory {dir} (no extended inode refs)"),
+        ));
     }
     let mut x = Vec::with_capacity(18 + name.len());
     encode_inode_extref(&mut x, dir, index, name);
