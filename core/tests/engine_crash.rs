@@ -471,7 +471,6 @@ fn snapshot_with_quotas_on() {
 /// mount deletes them (the kernel's orphan cleanup at mount), so after its
 /// first commit neither the inodes nor their data remain.
 #[test]
-#[ignore = "bug: mounting does no orphan cleanup; inodes left by a crash with open unlinked files are never freed"]
 fn orphans_left_by_a_crash_are_removed_at_mount() {
     use btrkit_core::format::consts::*;
     use btrkit_core::format::key::Key;

@@ -334,6 +334,7 @@ impl Filesystem {
         }
         fs.default_subvol = fs.read_default_subvol()?;
         fs.find_dead_subvols()?;
+        fs.orphan_cleanup()?;
         Ok(fs)
     }
 

@@ -399,6 +399,47 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Orphan cleanup at mount (btrfs_orphan_cleanup): an inode a crash
+    /// left with an orphan item and no links (unlinked while open, or an
+    /// O_TMPFILE) is deleted with its data; the orphan item of an inode
+    /// that still has links, or is gone already, is dropped. Subvolumes
+    /// being deleted are left to the cleaner, which drops them whole. No
+    /// commit: the next one writes the result.
+    pub(super) fn orphan_cleanup(&mut self) -> Result<()> {
+        let roots: Vec<u64> = self
+            .store
+            .items_in(
+                TreeId::Root,
+                Key::new(BTRFS_FS_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, 0),
+                Key::new(BTRFS_LAST_FREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX),
+            )?
+            .into_iter()
+            .filter(|(k, _)| k.ty == BTRFS_ROOT_ITEM_KEY && is_fstree(k.objectid))
+            .map(|(k, _)| k.objectid)
+            .collect();
+        for id in roots {
+            if self.deleted_subvols.iter().any(|(d, _)| *d == id) {
+                continue;
+            }
+            let t = TreeId::Tree(id);
+            let orphans = self.store.items_in(
+                t,
+                Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0),
+                Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX),
+            )?;
+            for (k, _) in orphans {
+                let l = Loc::new(id, k.offset);
+                match crate::fs::inode::get_inode(&mut self.store, id, k.offset)? {
+                    Some(it) if it.nlink.get() == 0 => self.delete_inode(l)?,
+                    _ => {
+                        self.store.delete_item(t, &k)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `btrfs subvolume set-default`: the root tree's `default` entry names
     /// it (seen at the next mount). No commit.
     pub fn set_default_subvol(&mut self, l: Loc) -> Result<()> {
