@@ -204,18 +204,7 @@ impl Filesystem {
             let (bytenr, n) = super::data::alloc_data_extent(&mut self.store, want)?;
             let disk = &data[pos..pos + n as usize];
             super::data::write_data_at(&mut self.store, bytenr, disk, datasum)?;
-            self.complete_ordered(&OrderedExtent {
-                loc: l,
-                file_off: start + pos as u64,
-                len: n,
-                disk_bytenr: bytenr,
-                disk_len: n,
-                extent_offset: 0,
-                ram_bytes: n,
-                compression: BTRFS_COMPRESS_NONE,
-                kind: OrderedKind::Cow,
-                datasum,
-            })?;
+            self.complete_cow(l, start + pos as u64, bytenr, n, n, BTRFS_COMPRESS_NONE, datasum)?;
             pos += n as usize;
         }
         Ok(())
@@ -233,19 +222,34 @@ impl Filesystem {
         datasum: bool,
     ) -> Result<()> {
         let bytenr = super::data::write_data_extent(&mut self.store, disk, datasum)?;
-        let oe = OrderedExtent {
+        self.complete_cow(l, off, bytenr, disk.len() as u64, len, compression, datasum)
+    }
+
+    /// Complete a new extent at `bytenr` (`disk_len` bytes on disk) holding
+    /// `[off, off+len)` of the file.
+    #[allow(clippy::too_many_arguments)]
+    fn complete_cow(
+        &mut self,
+        l: Loc,
+        off: u64,
+        bytenr: u64,
+        disk_len: u64,
+        len: u64,
+        compression: u8,
+        datasum: bool,
+    ) -> Result<()> {
+        self.complete_ordered(&OrderedExtent {
             loc: l,
             file_off: off,
             len,
             disk_bytenr: bytenr,
-            disk_len: disk.len() as u64,
+            disk_len,
             extent_offset: 0,
             ram_bytes: len,
             compression,
             kind: OrderedKind::Cow,
             datasum,
-        };
-        self.complete_ordered(&oe)
+        })
     }
 
     /// The in-place path (run_delalloc_nocow): space the file alone owns is
