@@ -1201,9 +1201,7 @@ fn run_case(
             let real: Vec<&Finding> = r
                 .findings
                 .iter()
-                .filter(|f| {
-                    f.severity == Severity::Error
-                })
+                .filter(|f| f.severity == Severity::Error)
                 .collect();
             if real.is_empty()
                 && r.errors as usize
@@ -1259,11 +1257,7 @@ fn run_case(
 }
 
 /// Run a fixed script (a kept regression) against the model.
-fn run_script(
-    mkfs: &[&str],
-    mount_opts: &[&str],
-    text: &str,
-) -> Result<(), String> {
+fn run_script(mkfs: &[&str], mount_opts: &[&str], text: &str) -> Result<(), String> {
     let mut it = steps(text).into_iter();
     run_case(mkfs, mount_opts, move |_| it.next().map(Some))
 }

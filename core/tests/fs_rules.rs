@@ -709,7 +709,18 @@ fn csum_lookup_matches_a_sector_model() {
     for s in 300..320 {
         model.remove(&s);
     }
-    for (from, n) in [(0u64, 1u64), (1, 2), (2, 6), (4, 10), (8, 3), (290, 40), (0, 2010), (905, 10), (1999, 5), (3000, 4)] {
+    for (from, n) in [
+        (0u64, 1u64),
+        (1, 2),
+        (2, 6),
+        (4, 10),
+        (8, 3),
+        (290, 40),
+        (0, 2010),
+        (905, 10),
+        (1999, 5),
+        (3000, 4),
+    ] {
         let got = st.csum_lookup(base + from * ss, n * ss).unwrap();
         assert_eq!(got.len() as u64, n);
         for i in 0..n {
@@ -723,5 +734,79 @@ fn csum_lookup_matches_a_sector_model() {
         let present = (from..from + n).filter(|s| model.contains_key(s)).count() as u64;
         assert_eq!(got.any_present(), present > 0);
         assert_eq!(got.any_missing(), present < n);
+    }
+}
+
+/// The item cache (inode and dir items by key) stays what a search from
+/// the root finds, through inserts, resizing updates, in-place changes,
+/// deletes, leaf splits and merges, and commits.
+#[test]
+fn item_cache_matches_the_tree() {
+    let dev = new_image(IMAGE_SIZE, &["-n", "4096"]);
+    let mut st = store(&dev);
+    let t = TreeId::Tree(FS);
+    let keys: Vec<Key> = (0..400u64)
+        .flat_map(|i| {
+            [
+                Key::new(1000 + i, BTRFS_INODE_ITEM_KEY, 0),
+                Key::new(1000 + i / 4, BTRFS_DIR_ITEM_KEY, i * 7919),
+                // Not cached, but shares the leaves.
+                Key::new(1000 + i, BTRFS_XATTR_ITEM_KEY, i),
+            ]
+        })
+        .collect();
+    let searched = |st: &mut Store, k: &Key| -> Option<Vec<u8>> {
+        match st.next_item(t, k).unwrap() {
+            Some((found, d)) if found == *k => Some(d),
+            _ => None,
+        }
+    };
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    for step in 0..6000u64 {
+        let k = keys[rnd(keys.len() as u64) as usize];
+        let len = 20 + rnd(300) as usize;
+        let fill = (step % 251) as u8;
+        match rnd(5) {
+            0 => {
+                if searched(&mut st, &k).is_none() {
+                    st.insert_item(t, &k, &vec![fill; len]).unwrap();
+                }
+            }
+            1 => st.update_item(t, &k, &vec![fill; len]).unwrap(),
+            2 => {
+                st.delete_item(t, &k).unwrap();
+            }
+            3 => {
+                st.modify_item(t, &k, |d| d.fill(fill)).unwrap();
+            }
+            _ => {
+                // A read first, so the next change meets a cached entry.
+                st.lookup(t, &k).unwrap();
+            }
+        }
+        if step % 1500 == 1499 {
+            st.commit().unwrap();
+        }
+        for _ in 0..3 {
+            let q = keys[rnd(keys.len() as u64) as usize];
+            assert_eq!(
+                st.lookup(t, &q).unwrap(),
+                searched(&mut st, &q),
+                "step {step}"
+            );
+        }
+    }
+    for k in &keys {
+        assert_eq!(st.lookup(t, k).unwrap(), searched(&mut st, k));
+        assert_eq!(
+            st.with_item(t, k, |d| d.len()).unwrap(),
+            searched(&mut st, k).map(|d| d.len())
+        );
     }
 }

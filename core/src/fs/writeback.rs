@@ -204,7 +204,15 @@ impl Filesystem {
             let (bytenr, n) = super::data::alloc_data_extent(&mut self.store, want)?;
             let disk = &data[pos..pos + n as usize];
             super::data::write_data_at(&mut self.store, bytenr, disk, datasum)?;
-            self.complete_cow(l, start + pos as u64, bytenr, n, n, BTRFS_COMPRESS_NONE, datasum)?;
+            self.complete_cow(
+                l,
+                start + pos as u64,
+                bytenr,
+                n,
+                n,
+                BTRFS_COMPRESS_NONE,
+                datasum,
+            )?;
             pos += n as usize;
         }
         Ok(())

@@ -3,7 +3,7 @@
 //! key fix-ups, and on delete removal of empty blocks, merges of sparse
 //! siblings and root shrink.
 
-use super::{Store, TreeId};
+use super::{items, Store, TreeId};
 use crate::format::header::{HEADER_SIZE, ITEM_SIZE};
 use crate::format::key::Key;
 use crate::tree::edit;
@@ -83,6 +83,24 @@ impl Store {
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>> {
         let tree: TreeId = tree.into();
+        if items::cacheable(tree, key) {
+            if let Some(hit) = self.items.get(tree, key) {
+                return Ok(hit.map(f));
+            }
+            let got = self.with_item_searched(tree, key, |d| d.to_vec())?;
+            self.items.put(tree, key, got.as_deref());
+            return Ok(got.map(|d| f(&d)));
+        }
+        self.with_item_searched(tree, key, f)
+    }
+
+    /// [`Store::with_item`] by a search from the root.
+    fn with_item_searched<R>(
+        &mut self,
+        tree: TreeId,
+        key: &Key,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
         let mut b = self.load_root(tree)?;
         for _ in 0..=crate::format::consts::BTRFS_MAX_LEVEL {
             let buf = self.buf(b)?;
@@ -110,6 +128,10 @@ impl Store {
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<Option<R>> {
         let tree: TreeId = tree.into();
+        let cached = items::cacheable(tree, key);
+        if cached {
+            self.items.forget(tree, key);
+        }
         let (path, found) = self.search_mut(tree, key, None)?;
         if !found {
             return Ok(None);
@@ -117,7 +139,13 @@ impl Store {
         let Step { bytenr, slot } = *path
             .last()
             .ok_or_else(|| Error::Invalid("empty path".into()))?;
-        Ok(Some(f(edit::item_data_mut(self.buf_mut(bytenr)?, slot))))
+        let data = edit::item_data_mut(self.buf_mut(bytenr)?, slot);
+        let r = f(data);
+        if cached {
+            let now = data.to_vec();
+            self.items.put(tree, key, Some(&now));
+        }
+        Ok(Some(r))
     }
 
     /// The first item with key >= `key` in the tree whose root block is
@@ -303,6 +331,9 @@ impl Store {
 
     pub fn lookup(&mut self, tree: impl Into<TreeId>, key: &Key) -> Result<Option<Vec<u8>>> {
         let tree: TreeId = tree.into();
+        if items::cacheable(tree, key) {
+            return self.with_item(tree, key, |d| d.to_vec());
+        }
         Ok(match self.next_item(tree, key)? {
             Some((k, d)) if k == *key => Some(d),
             _ => None,
@@ -775,6 +806,10 @@ impl Store {
     /// Insert an item; an existing item with the same key is an error.
     pub fn insert_item(&mut self, tree: impl Into<TreeId>, key: &Key, data: &[u8]) -> Result<()> {
         let tree: TreeId = tree.into();
+        let cached = items::cacheable(tree, key);
+        if cached {
+            self.items.forget(tree, key);
+        }
         let (path, found) = self.search_mut(tree, key, Some(ITEM_SIZE + data.len()))?;
         if found {
             return Err(Error::Invalid(format!(
@@ -789,27 +824,36 @@ impl Store {
         if slot == 0 {
             self.fixup_low_keys(&path, key)?;
         }
+        if cached {
+            self.items.put(tree, key, Some(data));
+        }
         Ok(())
     }
 
     /// Replace an item's data (inserting it when missing).
     pub fn update_item(&mut self, tree: impl Into<TreeId>, key: &Key, data: &[u8]) -> Result<()> {
         let tree: TreeId = tree.into();
+        let cached = items::cacheable(tree, key);
+        if cached {
+            self.items.forget(tree, key);
+        }
         let (path, found) = self.search_mut(tree, key, None)?;
         if found {
             let Step { bytenr, slot } = *path
                 .last()
                 .ok_or_else(|| Error::Invalid("empty path".into()))?;
             let buf = self.buf_mut(bytenr)?;
-            if edit::item_size(buf, slot) == data.len() {
+            let fits = edit::item_size(buf, slot) == data.len()
+                || data.len() < edit::item_size(buf, slot)
+                || edit::leaf_free(buf) >= data.len() - edit::item_size(buf, slot);
+            if fits {
+                if edit::item_size(buf, slot) != data.len() {
+                    edit::leaf_resize(buf, slot, data.len())?;
+                }
                 edit::item_data_mut(buf, slot).copy_from_slice(data);
-                return Ok(());
-            }
-            if data.len() < edit::item_size(buf, slot)
-                || edit::leaf_free(buf) >= data.len() - edit::item_size(buf, slot)
-            {
-                edit::leaf_resize(buf, slot, data.len())?;
-                edit::item_data_mut(buf, slot).copy_from_slice(data);
+                if cached {
+                    self.items.put(tree, key, Some(data));
+                }
                 return Ok(());
             }
             self.delete_item(tree, key)?;
@@ -820,14 +864,24 @@ impl Store {
     /// Delete an item; returns whether it existed.
     pub fn delete_item(&mut self, tree: impl Into<TreeId>, key: &Key) -> Result<bool> {
         let tree: TreeId = tree.into();
+        let cached = items::cacheable(tree, key);
+        if cached {
+            self.items.forget(tree, key);
+        }
         let (mut path, found) = self.search_mut(tree, key, None)?;
         if !found {
+            if cached {
+                self.items.put(tree, key, None);
+            }
             return Ok(false);
         }
         let d = path.len() - 1;
         let Step { bytenr, slot } = path[d];
         edit::leaf_delete(self.buf_mut(bytenr)?, slot, 1);
         self.rebalance_after_delete(tree, &mut path)?;
+        if cached {
+            self.items.put(tree, key, None);
+        }
         Ok(true)
     }
 

@@ -29,6 +29,7 @@ mod csum;
 pub mod dataq;
 pub mod delayed;
 mod fst;
+pub mod items;
 mod logsync;
 pub mod qgroup;
 mod refs;
@@ -137,6 +138,8 @@ pub struct Store {
     pub sb: Superblock,
     pub transid: u64,
     cache: BlockCache,
+    /// Inode and dir items by key (see [`items`]).
+    items: items::ItemCache,
     roots: BTreeMap<TreeId, RootState>,
     pub alloc: Allocator,
     /// Back reference changes not yet applied to the extent tree.
@@ -275,6 +278,7 @@ impl Store {
             sb,
             img,
             cache: BlockCache::new(nodesize, DEFAULT_CLEAN_CACHE),
+            items: Default::default(),
             roots: BTreeMap::new(),
             alloc: Allocator::default(),
             delayed: delayed::DelayedRefs::default(),
@@ -645,6 +649,7 @@ impl Store {
             return Err(Error::Invalid(format!("tree {id} exists")));
         }
         let key = Key::new(id, BTRFS_ROOT_ITEM_KEY, 0);
+        self.items.forget_tree(tid);
         self.roots.insert(
             tid,
             RootState {

@@ -74,6 +74,7 @@ impl Store {
         };
         let key = Key::new(new_id, BTRFS_ROOT_ITEM_KEY, key_offset);
         item.bytes_used.set(0);
+        self.items.forget_tree(tid);
         self.roots.insert(
             tid,
             RootState {
@@ -101,6 +102,7 @@ impl Store {
     /// owners and is accounted. The root item stays (the caller removes it).
     pub fn drop_tree(&mut self, id: u64) -> Result<()> {
         let tid = TreeId::Tree(id);
+        self.items.forget_tree(tid);
         let st = self.root_state(id)?.clone();
         let gen = st.item.as_ref().map(|(_, ri)| ri.generation.get());
         // (block, level, the reference that reaches it)
@@ -234,6 +236,7 @@ impl Store {
 
     /// Forget a tree entirely (after its drop): its root state goes.
     pub fn forget_tree(&mut self, id: u64) {
+        self.items.forget_tree(TreeId::Tree(id));
         self.roots.remove(&TreeId::Tree(id));
     }
 

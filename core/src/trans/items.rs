@@ -1,0 +1,69 @@
+//! The item cache: the data of inode items and dir items of subvolume
+//! trees, by exact key, so that path walks and inode reads do not search
+//! the tree again for what they read a moment ago (the kernel keeps the
+//! same things as dentries and in-memory inodes).
+//!
+//! Coherence is the btree layer's job and lives in one place: every item
+//! change (`insert_item`, `update_item`, `delete_item`, `modify_item`)
+//! writes its result through here, and a tree that is created, replaced
+//! or dropped loses all its entries. An entry is either the item's bytes
+//! or "no such item" (a lookup that missed, or a delete).
+
+use super::TreeId;
+use crate::format::consts::*;
+use crate::format::key::Key;
+use crate::util::hash::FastMap;
+
+/// Entries kept before the cache starts over (about 200 bytes each).
+const MAX_ENTRIES: usize = 1 << 17;
+
+#[derive(Default)]
+pub struct ItemCache {
+    map: FastMap<(TreeId, Key), Option<Box<[u8]>>>,
+}
+
+/// Whether items with `key` in `tree` are cached: the two kinds every
+/// path walk reads, in the trees that hold them.
+pub fn cacheable(tree: TreeId, key: &Key) -> bool {
+    matches!(tree, TreeId::Tree(_))
+        && (key.ty == BTRFS_INODE_ITEM_KEY || key.ty == BTRFS_DIR_ITEM_KEY)
+}
+
+impl ItemCache {
+    /// Some(None): known not to exist; None: not known.
+    pub fn get(&self, tree: TreeId, key: &Key) -> Option<Option<&[u8]>> {
+        self.map.get(&(tree, *key)).map(|v| v.as_deref())
+    }
+
+    /// The item now is `data` (None: there is none).
+    pub fn put(&mut self, tree: TreeId, key: &Key, data: Option<&[u8]>) {
+        if self.map.len() >= MAX_ENTRIES {
+            self.map.clear();
+        }
+        self.map.insert((tree, *key), data.map(Box::from));
+    }
+
+    /// Not known any more (before a change that might not finish).
+    pub fn forget(&mut self, tree: TreeId, key: &Key) {
+        self.map.remove(&(tree, *key));
+    }
+
+    /// Every entry of `tree` (created, replaced or dropped as a whole).
+    pub fn forget_tree(&mut self, tree: TreeId) {
+        if !self.map.is_empty() {
+            self.map.retain(|(t, _), _| *t != tree);
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.map.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
