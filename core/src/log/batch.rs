@@ -28,7 +28,10 @@ pub struct SharedFs {
 }
 
 impl SharedFs {
-    pub fn new(fs: Filesystem) -> SharedFs {
+    pub fn new(mut fs: Filesystem) -> SharedFs {
+        // Data runs go to the device off the lock while clients share it;
+        // a writer thread that cannot start leaves them written in line.
+        let _ = fs.store.start_data_writer();
         SharedFs {
             fs: Mutex::new(fs),
             batch_went: Condvar::new(),
@@ -142,10 +145,15 @@ impl SharedFs {
         self.finish(ticket)
     }
 
+    /// The filesystem for one caller again: its data writes are carried
+    /// out in line from now on, once the submitted ones are written (a
+    /// failed one stays to be reported by the next flush of data).
     pub fn into_inner(self) -> Filesystem {
-        match self.fs.into_inner() {
+        let mut fs = match self.fs.into_inner() {
             Ok(f) => f,
             Err(p) => p.into_inner(),
-        }
+        };
+        let _ = fs.store.stop_data_writer();
+        fs
     }
 }

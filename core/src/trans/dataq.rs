@@ -91,6 +91,13 @@ impl DataQueue {
         Some(r)
     }
 
+    /// A written run's buffer, for the next run to fill.
+    pub fn give_spare(&mut self, v: Vec<u8>) {
+        if self.spare.len() < 6 {
+            self.spare.push(v);
+        }
+    }
+
     /// Every queued run, oldest first.
     pub fn take_all(&mut self) -> Vec<Run> {
         self.bytes = 0;

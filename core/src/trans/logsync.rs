@@ -137,6 +137,7 @@ impl Store {
         self.stats.flushes += 2;
         self.stats.log_syncs += 1;
         Ok(LogSyncIo {
+            data: self.data_wait(),
             runs,
             super_at: btrfs_sb_offset(0),
             super_bytes: bytes,
@@ -148,6 +149,9 @@ impl Store {
 /// blocks, a flush, the superblock naming the log, a flush. The superblock
 /// goes out only after the blocks it leads to are durable.
 pub struct LogSyncIo {
+    /// The data writes submitted before the sync (the logged extents'
+    /// data among them), waited for before the flush.
+    data: Option<super::datawrite::DataWait>,
     runs: Vec<(u64, Vec<u8>)>,
     super_at: u64,
     super_bytes: Vec<u8>,
@@ -157,6 +161,9 @@ impl LogSyncIo {
     pub fn run(&self, dev: &dyn BlockDevice) -> Result<()> {
         for (p, run) in &self.runs {
             dev.write_at(*p, run)?;
+        }
+        if let Some(d) = &self.data {
+            d.wait()?;
         }
         dev.flush()?;
         dev.write_at(self.super_at, &self.super_bytes)?;

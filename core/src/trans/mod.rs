@@ -27,6 +27,7 @@ mod chunk_alloc;
 mod commit;
 mod csum;
 pub mod dataq;
+pub mod datawrite;
 pub mod delayed;
 mod fst;
 pub mod items;
@@ -154,6 +155,9 @@ pub struct Store {
     /// (an fsync's own data, ahead of the queue).
     data_owner: dataq::Owner,
     data_direct: bool,
+    /// Carries the queued runs to the device off the filesystem lock,
+    /// when clients share the filesystem (see [`datawrite`]).
+    writer: Option<datawrite::DataWriter>,
     /// Blocks of log trees (allocated without extent items): bytenr ->
     /// written to disk by a log sync.
     log_blocks: HashMap<u64, bool>,
@@ -285,6 +289,7 @@ impl Store {
             chunk_tree_uuid,
             bg_tree,
             dataq: Default::default(),
+            writer: None,
             data_owner: (0, 0),
             data_direct: false,
             log_blocks: HashMap::new(),
@@ -771,11 +776,43 @@ impl Store {
         self.data_direct = direct;
     }
 
+    /// Carry queued runs to the device from now on on a thread of their
+    /// own (several clients share the filesystem).
+    pub fn start_data_writer(&mut self) -> Result<()> {
+        if self.writer.is_none() {
+            self.writer = Some(datawrite::DataWriter::start(self.img.device().clone())?);
+        }
+        Ok(())
+    }
+
+    /// Back to writing runs on the caller's thread, once every submitted
+    /// one is written.
+    /// A failed write keeps the writer (and its sticky error, which every
+    /// later flush of data reports).
+    pub fn stop_data_writer(&mut self) -> Result<()> {
+        if let Some(w) = &self.writer {
+            w.wait_all()?;
+        }
+        self.writer = None;
+        Ok(())
+    }
+
+    /// A wait for the data writes submitted so far (None: there is no
+    /// writer thread, every write is done when it returns).
+    pub fn data_wait(&self) -> Option<datawrite::DataWait> {
+        self.writer.as_ref().map(|w| w.waiter())
+    }
+
     fn write_runs(&mut self, runs: Vec<dataq::Run>) -> Result<()> {
         for r in runs {
             self.stats.data_bytes += r.data.len() as u64;
-            self.img.device().write_at(r.phys, &r.data)?;
-            self.dataq.recycle(r);
+            match &self.writer {
+                Some(w) => w.submit(r.phys, r.data),
+                None => {
+                    self.img.device().write_at(r.phys, &r.data)?;
+                    self.dataq.recycle(r);
+                }
+            }
         }
         Ok(())
     }
@@ -784,8 +821,16 @@ impl Store {
     /// transaction: queued (combined with its neighbours), or at once.
     pub fn write_new_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
         if self.data_direct {
+            if let Some(w) = &self.writer {
+                w.wait_overlapping(phys, phys + data.len() as u64)?;
+            }
             self.stats.data_bytes += data.len() as u64;
             return self.img.device().write_at(phys, data);
+        }
+        if let Some(w) = &self.writer {
+            for v in w.take_spare() {
+                self.dataq.give_spare(v);
+            }
         }
         let out = self.dataq.push(phys, data, self.data_owner);
         self.write_runs(out)
@@ -794,29 +839,41 @@ impl Store {
     /// Overwrite data in place (nodatacow and preallocated extents): goes
     /// straight to the device, after any queued write to the same place.
     pub fn write_in_place_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
-        let hit = self.dataq.take_overlapping(phys, phys + data.len() as u64);
+        let end = phys + data.len() as u64;
+        let hit = self.dataq.take_overlapping(phys, end);
         self.write_runs(hit)?;
+        if let Some(w) = &self.writer {
+            w.wait_overlapping(phys, end)?;
+        }
         self.stats.data_bytes += data.len() as u64;
         self.img.device().write_at(phys, data)
     }
 
-    /// Read data at logical `bytenr`, including what is still queued.
+    /// Read data at logical `bytenr`, including what is still queued or
+    /// being written.
     pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
         self.img.read_logical(bytenr, buf)?;
-        if !self.dataq.is_empty() {
+        if !self.dataq.is_empty() || self.writer.is_some() {
             let phys = self
                 .img
                 .chunks
                 .map(bytenr, buf.len() as u64, self.img.devid)?;
+            if let Some(w) = &self.writer {
+                w.overlay(phys[0], buf);
+            }
             self.dataq.overlay(phys[0], buf);
         }
         Ok(())
     }
 
-    /// Write every queued run.
+    /// Write every queued run, and wait until all are on the device.
     pub fn flush_data(&mut self) -> Result<()> {
         let all = self.dataq.take_all();
-        self.write_runs(all)
+        self.write_runs(all)?;
+        match &self.writer {
+            Some(w) => w.wait_all(),
+            None => Ok(()),
+        }
     }
 
     /// Write the queued runs meeting logical `[bytenr, bytenr+len)`. A log

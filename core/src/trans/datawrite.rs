@@ -1,0 +1,296 @@
+//! Data writes carried out by a thread of their own, off the filesystem
+//! lock, when several clients share the filesystem: the queued runs of new
+//! data (see [`super::dataq`]) go to the device while the clients go on,
+//! as the kernel's writeback submits bios and the flusher does not hold
+//! the inode or the transaction while the disk takes them.
+//!
+//! Invariants, which make the writes look to the engine as if they were
+//! made at submission:
+//! - jobs reach the device in submission order (one writer, FIFO), so two
+//!   writes to one place end as they would;
+//! - a read overlays every job not yet completed, oldest first, so it sees
+//!   every write submitted before it;
+//! - whoever flushes the device to make data durable first waits for the
+//!   jobs submitted before (a log sync for those before it was prepared,
+//!   a commit for all);
+//! - a write that must not wait in line (in place, or an fsync's own data
+//!   going at once) first waits for the queued jobs it overlaps;
+//! - a failed write is sticky: every later wait reports it (as a mapping's
+//!   writeback error fails every later fsync), none is dropped;
+//! - at most [`IN_FLIGHT`] bytes wait (a submission past it waits for
+//!   room), so memory stays bounded.
+
+use crate::io::BlockDevice;
+use crate::{Error, Result};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+/// Most bytes submitted and not yet written.
+const IN_FLIGHT: usize = 16 << 20;
+/// Written buffers kept for the data queue to reuse (each up to a run).
+const SPARE: usize = 6;
+
+struct Job {
+    seq: u64,
+    phys: u64,
+    data: Arc<Vec<u8>>,
+}
+
+impl Job {
+    fn end(&self) -> u64 {
+        self.phys.saturating_add(self.data.len() as u64)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Jobs not yet completed, oldest first; the front one may be being
+    /// written now (it stays here until it is).
+    jobs: VecDeque<Job>,
+    bytes: usize,
+    submitted: u64,
+    completed: u64,
+    /// The first failed write, as (OS error kind, message).
+    failed: Option<(std::io::ErrorKind, String)>,
+    stop: bool,
+    spare: Vec<Vec<u8>>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// The writer has work (or should stop).
+    work: Condvar,
+    /// A job completed.
+    done: Condvar,
+    dev: Arc<dyn BlockDevice>,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn wait_done<'a>(&self, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        match self.done.wait(g) {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn wait_for(&self, seq: u64) -> Result<()> {
+        let mut s = self.state();
+        while s.completed < seq && s.failed.is_none() {
+            s = self.wait_done(s);
+        }
+        match &s.failed {
+            Some((kind, msg)) => Err(Error::Io {
+                context: "data write".into(),
+                err: std::io::Error::new(*kind, msg.clone()),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn run(&self) {
+        loop {
+            let (seq, phys, data) = {
+                let mut s = self.state();
+                loop {
+                    if let Some(j) = s.jobs.front() {
+                        break (j.seq, j.phys, j.data.clone());
+                    }
+                    if s.stop {
+                        return;
+                    }
+                    s = match self.work.wait(s) {
+                        Ok(g) => g,
+                        Err(p) => p.into_inner(),
+                    };
+                }
+            };
+            let r = self.dev.write_at(phys, &data);
+            let mut s = self.state();
+            if let Some(j) = s.jobs.pop_front() {
+                s.bytes -= j.data.len();
+                drop(j);
+            }
+            s.completed = seq;
+            if let Err(e) = r {
+                if s.failed.is_none() {
+                    let kind = match &e {
+                        Error::Io { err, .. } => err.kind(),
+                        _ => std::io::ErrorKind::Other,
+                    };
+                    s.failed = Some((kind, e.to_string()));
+                }
+            }
+            if let Ok(v) = Arc::try_unwrap(data) {
+                if s.spare.len() < SPARE {
+                    s.spare.push(v);
+                }
+            }
+            self.done.notify_all();
+        }
+    }
+}
+
+/// The writer thread and its queue.
+pub struct DataWriter {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Waits for the jobs submitted before it was made (a log sync takes one
+/// along to wait before its flush, off the filesystem lock).
+pub struct DataWait {
+    shared: Arc<Shared>,
+    seq: u64,
+}
+
+impl DataWait {
+    pub fn wait(&self) -> Result<()> {
+        self.shared.wait_for(self.seq)
+    }
+}
+
+impl DataWriter {
+    pub fn start(dev: Arc<dyn BlockDevice>) -> Result<DataWriter> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            dev,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("btrkit-data".into())
+            .spawn(move || s.run())
+            .map_err(|e| Error::Io {
+                context: "starting the data writer".into(),
+                err: e,
+            })?;
+        Ok(DataWriter {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queue `data` for device offset `phys`.
+    pub fn submit(&self, phys: u64, data: Vec<u8>) {
+        if data.is_empty() {
+            return;
+        }
+        let mut s = self.shared.state();
+        while s.bytes > 0 && s.bytes + data.len() > IN_FLIGHT && s.failed.is_none() {
+            s = self.shared.wait_done(s);
+        }
+        s.submitted += 1;
+        let seq = s.submitted;
+        s.bytes += data.len();
+        s.jobs.push_back(Job {
+            seq,
+            phys,
+            data: Arc::new(data),
+        });
+        self.shared.work.notify_one();
+    }
+
+    /// A wait for everything submitted so far.
+    pub fn waiter(&self) -> DataWait {
+        DataWait {
+            shared: self.shared.clone(),
+            seq: self.shared.state().submitted,
+        }
+    }
+
+    /// Wait until everything submitted so far is written.
+    pub fn wait_all(&self) -> Result<()> {
+        self.waiter().wait()
+    }
+
+    /// Wait until the jobs meeting `[phys, end)` are written.
+    pub fn wait_overlapping(&self, phys: u64, end: u64) -> Result<()> {
+        let last = {
+            let s = self.shared.state();
+            s.jobs
+                .iter()
+                .filter(|j| j.phys < end && phys < j.end())
+                .map(|j| j.seq)
+                .max()
+        };
+        match last {
+            Some(seq) => self.shared.wait_for(seq),
+            None => Ok(()),
+        }
+    }
+
+    /// Copy what jobs not yet completed hold for `[phys, phys+len)` over
+    /// `buf` (read from the device), oldest first.
+    pub fn overlay(&self, phys: u64, buf: &mut [u8]) {
+        let end = phys.saturating_add(buf.len() as u64);
+        let s = self.shared.state();
+        for j in s.jobs.iter().filter(|j| j.phys < end && phys < j.end()) {
+            let (a, b) = (phys.max(j.phys), end.min(j.end()));
+            buf[(a - phys) as usize..(b - phys) as usize]
+                .copy_from_slice(&j.data[(a - j.phys) as usize..(b - j.phys) as usize]);
+        }
+    }
+
+    /// Buffers the writer is done with.
+    pub fn take_spare(&self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.shared.state().spare)
+    }
+}
+
+impl Drop for DataWriter {
+    /// Every submitted job is written before the thread ends.
+    fn drop(&mut self) {
+        self.shared.state().stop = true;
+        self.shared.work.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::MemDevice;
+
+    #[test]
+    fn writes_land_in_order_and_reads_see_them_first() {
+        let mem = Arc::new(MemDevice::new(vec![0; 1 << 20]));
+        let w = DataWriter::start(mem.clone()).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..64u8 {
+            w.submit(4096 * (i as u64 % 8), vec![i; 4096]);
+            let mut b = vec![0u8; 4096];
+            mem.read_at(4096 * (i as u64 % 8), &mut b)
+                .unwrap_or_else(|e| panic!("{e}"));
+            w.overlay(4096 * (i as u64 % 8), &mut b);
+            assert!(b.iter().all(|&x| x == i), "read after write {i}");
+        }
+        w.wait_all().unwrap_or_else(|e| panic!("{e}"));
+        for slot in 0..8u64 {
+            let mut b = vec![0u8; 4096];
+            mem.read_at(4096 * slot, &mut b)
+                .unwrap_or_else(|e| panic!("{e}"));
+            // The last of the writes to each slot: 56..64.
+            assert!(b.iter().all(|&x| x as u64 == 56 + slot));
+        }
+    }
+
+    #[test]
+    fn a_failed_write_fails_every_later_wait() {
+        let mem = Arc::new(MemDevice::new(vec![0; 8192]));
+        let w = DataWriter::start(mem).unwrap_or_else(|e| panic!("{e}"));
+        w.submit(1 << 30, vec![1; 4096]);
+        assert!(w.wait_all().is_err());
+        w.submit(0, vec![1; 4096]);
+        assert!(w.wait_all().is_err(), "sticky");
+    }
+}
