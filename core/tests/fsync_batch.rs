@@ -145,12 +145,9 @@ fn a_joined_fsync_finds_its_queued_data_on_disk() {
 /// sub-transaction, the sync first waits (a tick at a time, while fsyncs
 /// keep coming) for more to join, on a rotating disk; with `ssd`, or with
 /// one client, it goes at once; once synced there is nothing to wait for.
-/// One client waits for the batch; another that wants the same
-/// sub-transaction synced waits for it, and takes the role over once the
-/// first lets go of it.
 #[test]
 fn a_log_sync_waits_for_other_clients_unless_ssd() {
-    use btrkit_core::log::writer::{BatchWait, FsyncTicket};
+    use btrkit_core::log::writer::FsyncTicket;
     for (opts, multi) in [(&[][..], true), (&["ssd"][..], false)] {
         let dev = new_image(256 << 20, &[]);
         let base: Arc<dyn BlockDevice> = dev.clone();
@@ -164,7 +161,7 @@ fn a_log_sync_waits_for_other_clients_unless_ssd() {
         let ta = fs.fsync_prepare(a, false, None).unwrap();
         assert!(ta != FsyncTicket::Done);
         // One client so far: nothing to wait for.
-        assert_eq!(fs.log_batch_pending(ta), BatchWait::Go, "{opts:?}");
+        assert_eq!(fs.log_batch_pending(ta), None, "{opts:?}");
         // Another client (thread) logs into the same sub-transaction.
         let shared = SharedFs::new(fs);
         let tb = std::thread::scope(|s| {
@@ -181,34 +178,11 @@ fn a_log_sync_waits_for_other_clients_unless_ssd() {
         };
         assert_eq!(sub(tb), sub(ta), "both logged into one sub-transaction");
         let pending = fs.log_batch_pending(ta);
-        assert_eq!(
-            matches!(pending, BatchWait::Tick(_)),
-            multi,
-            "{opts:?}: {pending:?}"
-        );
-        let shared = SharedFs::new(fs);
-        let other = |shared: &SharedFs| {
-            std::thread::scope(|s| {
-                s.spawn(|| shared.lock().log_batch_pending(tb))
-                    .join()
-                    .unwrap()
-            })
-        };
-        if multi {
-            assert_eq!(other(&shared), BatchWait::Join, "the batch has its client");
-            shared.lock().log_batch_leave(ta);
-            assert!(
-                matches!(other(&shared), BatchWait::Tick(_)),
-                "the role is free again"
-            );
-        } else {
-            assert_eq!(other(&shared), BatchWait::Go);
-        }
-        let mut fs = shared.into_inner();
+        assert_eq!(pending.is_some(), multi, "{opts:?}: {pending:?}");
         fs.fsync_finish(ta).unwrap();
         assert_eq!(
             fs.log_batch_pending(tb),
-            BatchWait::Go,
+            None,
             "synced: nothing to wait for"
         );
         fs.fsync_finish(tb).unwrap();

@@ -163,10 +163,6 @@ pub struct SubvolLog {
     /// into it too (BTRFS_ROOT_MULTI_LOG_TASKS).
     pub start_client: Option<std::thread::ThreadId>,
     pub multi_clients: bool,
-    /// The client waiting for the running sub-transaction's batch to
-    /// fill (the task that set log_commit[index] in btrfs_sync_log); the
-    /// others that want it synced wait for that client's sync.
-    pub batcher: Option<std::thread::ThreadId>,
 }
 
 /// A change to names the log must reflect when it already holds the

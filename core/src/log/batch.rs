@@ -4,27 +4,25 @@
 //! others can log theirs, then syncs the log; whoever syncs first makes all
 //! of them durable and the rest find their sub-transaction synced.
 
-use super::writer::{BatchWait, FsyncTicket, LogSyncStep};
+use super::writer::{FsyncTicket, LogSyncStep};
 use crate::fs::{Filesystem, Loc};
 use crate::Result;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 /// One scheduler tick of the kernel the benchmarks compare with (HZ=250),
 /// what btrfs_sync_log sleeps for other log writers to join.
 const LOG_BATCH_TICK: std::time::Duration = std::time::Duration::from_millis(4);
 /// Ticks a log sync waits at most while fsyncs keep joining (the kernel's
 /// loop has no bound; with 32 dbench clients every tick brings another
-/// fsync, so the bound is the batch window). Four ticks, 16 ms, keep
-/// flushes per fsync under the kernel's on the benchmarks (BENCHMARKS.md,
-/// 2026-12-02 07:00: 8 ticks gave 0.08 flushes per fsync and 412-496
-/// MB/s on dbench, 4 ticks 0.09 and 496-564, the kernel 0.11).
+/// fsync, so the bound is the batch window). Each client that waits for a
+/// sub-transaction's sync looks, and the first whose batch stopped growing
+/// (or who reached the bound) syncs it. Four ticks, 16 ms, keep flushes
+/// per fsync under the kernel's on the three benchmarks with more
+/// throughput than eight (BENCHMARKS.md, run of 2026-12-02 08:00).
 const LOG_BATCH_MAX_TICKS: usize = 4;
 
 pub struct SharedFs {
     fs: Mutex<Filesystem>,
-    /// Told when a client that waited for a batch starts its sync (or
-    /// finds none needed): the clients that joined its batch go on.
-    batch_went: Condvar,
 }
 
 impl SharedFs {
@@ -32,10 +30,7 @@ impl SharedFs {
         // Data runs go to the device off the lock while clients share it;
         // a writer thread that cannot start leaves them written in line.
         let _ = fs.store.start_data_writer();
-        SharedFs {
-            fs: Mutex::new(fs),
-            batch_went: Condvar::new(),
-        }
+        SharedFs { fs: Mutex::new(fs) }
     }
 
     /// The filesystem, for one operation at a time. A client that panicked
@@ -66,51 +61,19 @@ impl SharedFs {
     fn finish(&self, ticket: FsyncTicket) -> Result<()> {
         // btrfs_sync_log's batching: while other clients' fsyncs keep
         // coming, sleep a tick and look again (bounded here, so a steady
-        // stream of fsyncs cannot hold a sync back for long). One client
-        // does this for a sub-transaction, as one task sets log_commit in
-        // the kernel; the others wait for it to start the sync.
+        // stream of fsyncs cannot hold a sync back for long).
         let mut last = None;
-        let mut ticks = 0;
-        let mut batched = false;
-        let mut fs = self.lock();
-        loop {
-            match fs.log_batch_pending(ticket) {
-                BatchWait::Go => break,
-                BatchWait::Tick(b) => {
-                    batched = true;
-                    if last == Some(b) || ticks == LOG_BATCH_MAX_TICKS {
-                        break;
-                    }
-                    last = Some(b);
-                    ticks += 1;
-                    drop(fs);
-                    std::thread::sleep(LOG_BATCH_TICK);
-                    fs = self.lock();
-                }
-                BatchWait::Join => {
-                    // Bounded: the batching client is told to go within
-                    // its ticks; a commit meanwhile ends the wait too.
-                    fs = match self.batch_went.wait_timeout(fs, 2 * LOG_BATCH_TICK) {
-                        Ok((g, _)) => g,
-                        Err(p) => p.into_inner().0,
-                    };
-                }
+        for _ in 0..LOG_BATCH_MAX_TICKS {
+            match self.lock().log_batch_pending(ticket) {
+                Some(b) if last != Some(b) => last = Some(b),
+                _ => break,
             }
+            std::thread::sleep(LOG_BATCH_TICK);
         }
-        let mut held = Some(fs);
         loop {
             let (step, gate) = {
-                let mut fs = match held.take() {
-                    Some(g) => g,
-                    None => self.lock(),
-                };
-                let step = fs.log_sync_begin(ticket);
-                if batched {
-                    fs.log_batch_leave(ticket);
-                    self.batch_went.notify_all();
-                    batched = false;
-                }
-                (step?, fs.log.io.clone())
+                let mut fs = self.lock();
+                (fs.log_sync_begin(ticket)?, fs.log.io.clone())
             };
             match step {
                 LogSyncStep::Done => return Ok(()),

@@ -129,19 +129,6 @@ fn inode_range(ino: u64, lo: u8, hi: u8) -> (Key, Key) {
     (Key::new(ino, lo, 0), Key::new(ino, hi, u64::MAX))
 }
 
-/// What a client does before syncing the log (see
-/// [`Filesystem::log_batch_pending`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BatchWait {
-    /// Sync now (or find it done).
-    Go,
-    /// Sleep a tick for others to join, unless the fsync count is still
-    /// this one since the last tick.
-    Tick(u64),
-    /// Another client waits for the batch; wait for its sync to start.
-    Join,
-}
-
 /// What an fsync has left to do after logging: nothing, or the sync of
 /// the log sub-transaction it logged into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -365,7 +352,6 @@ impl Filesystem {
         let synced = s.log_transid;
         s.log_transid += 1;
         s.start_client = None;
-        s.batcher = None;
         self.stats.log_syncs += 1;
         if !self.log.io.start() {
             return Err(Error::Invalid(
@@ -385,12 +371,12 @@ impl Filesystem {
         )))
     }
 
-    /// Before a client syncs the log a ticket needs: whether the sync
-    /// should first give other clients a tick to join it (btrfs_sync_log
-    /// on a non-ssd mount, when more than one client logged into the
-    /// sub-transaction). One client waits for the batch; a client that
-    /// comes while it does waits for that client's sync instead.
-    pub fn log_batch_pending(&mut self, ticket: FsyncTicket) -> BatchWait {
+    /// Before a client syncs the log a ticket needs: the subvolume's fsync
+    /// count, when the sync should first give other clients a tick to
+    /// join it (btrfs_sync_log on a non-ssd mount, when more than one
+    /// client logged into the sub-transaction); None when it should go at
+    /// once or is not needed any more.
+    pub fn log_batch_pending(&mut self, ticket: FsyncTicket) -> Option<u64> {
         self.absorb_log_io();
         let FsyncTicket::LogSync {
             inode,
@@ -398,39 +384,14 @@ impl Filesystem {
             log_transid,
         } = ticket
         else {
-            return BatchWait::Go;
+            return None;
         };
         if self.opts.ssd || self.transid() != trans {
-            return BatchWait::Go;
+            return None;
         }
-        let Some(s) = self.log.subvols.get_mut(&inode.subvol) else {
-            return BatchWait::Go;
-        };
-        if !(s.multi_clients && s.durable <= log_transid && s.log_transid == log_transid) {
-            return BatchWait::Go;
-        }
-        let me = std::thread::current().id();
-        match s.batcher {
-            Some(c) if c != me => BatchWait::Join,
-            _ => {
-                s.batcher = Some(me);
-                BatchWait::Tick(s.log_batch)
-            }
-        }
-    }
-
-    /// The client that waited for a batch goes on to sync (or found it
-    /// done, or failed): the role is free again, so a client left
-    /// waiting for it never waits on a client that is gone.
-    pub fn log_batch_leave(&mut self, ticket: FsyncTicket) {
-        if let FsyncTicket::LogSync { inode, .. } = ticket {
-            let me = std::thread::current().id();
-            if let Some(s) = self.log.subvols.get_mut(&inode.subvol) {
-                if s.batcher == Some(me) {
-                    s.batcher = None;
-                }
-            }
-        }
+        let s = self.log.subvols.get(&inode.subvol)?;
+        (s.multi_clients && s.durable <= log_transid && s.log_transid == log_transid)
+            .then_some(s.log_batch)
     }
 
     /// Take note of a log sync whose I/O ended: its sub-transaction is
