@@ -27,6 +27,9 @@ const RUN_LIMIT: usize = 4 << 20;
 /// the queue fills (the device's own queue, write-behind where there is
 /// one, is where writes wait while the disk is busy).
 const QUEUE_LIMIT: usize = 4 << 20;
+/// Written runs' buffers kept for reuse (a run's buffer grows to a few
+/// MiB; a fresh one faults its pages in again).
+const SPARE_RUNS: usize = 4;
 /// How long the oldest queued run waits for others to join its batch.
 const UNPLUG_DELAY: Duration = Duration::from_millis(3);
 /// Runs that make a batch go at once.
@@ -93,7 +96,7 @@ impl DataQueue {
 
     /// A written run's buffer, for the next run to fill.
     pub fn give_spare(&mut self, v: Vec<u8>) {
-        if self.spare.len() < 6 {
+        if self.spare.len() < SPARE_RUNS {
             self.spare.push(v);
         }
     }
@@ -132,9 +135,7 @@ impl DataQueue {
 
     /// Keep a written run's buffer for reuse.
     pub fn recycle(&mut self, r: Run) {
-        if self.spare.len() < 2 {
-            self.spare.push(r.data);
-        }
+        self.give_spare(r.data);
     }
 
     /// Copy queued bytes of `[phys, phys + buf.len())` over `buf`.

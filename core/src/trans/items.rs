@@ -54,16 +54,4 @@ impl ItemCache {
             self.map.retain(|(t, _), _| *t != tree);
         }
     }
-
-    pub fn clear(&mut self) {
-        self.map.clear();
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
 }
