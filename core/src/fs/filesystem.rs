@@ -163,6 +163,9 @@ pub struct SubvolLog {
     /// into it too (BTRFS_ROOT_MULTI_LOG_TASKS).
     pub start_client: Option<std::thread::ThreadId>,
     pub multi_clients: bool,
+    /// More than one client logged into the sub-transaction synced last:
+    /// the next one's first client is likely to be joined too.
+    pub prev_multi_clients: bool,
 }
 
 /// A change to names the log must reflect when it already holds the

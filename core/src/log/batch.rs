@@ -7,22 +7,118 @@
 use super::writer::{FsyncTicket, LogSyncStep};
 use crate::fs::{Filesystem, Loc};
 use crate::Result;
-use std::sync::{Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// One scheduler tick of the kernel the benchmarks compare with (HZ=250),
 /// what btrfs_sync_log sleeps for other log writers to join.
-const LOG_BATCH_TICK: std::time::Duration = std::time::Duration::from_millis(4);
+const LOG_BATCH_TICK: Duration = Duration::from_millis(4);
 /// Ticks a log sync waits at most while fsyncs keep joining (the kernel's
 /// loop has no bound; with 32 dbench clients every tick brings another
 /// fsync, so the bound is the batch window). Each client that waits for a
 /// sub-transaction's sync looks, and the first whose batch stopped growing
-/// (or who reached the bound) syncs it. Four ticks, 16 ms, keep flushes
-/// per fsync under the kernel's on the three benchmarks with more
-/// throughput than eight (BENCHMARKS.md, run of 2026-12-02 08:00).
+/// (or who reached the bound) syncs it; a window also ends as soon as
+/// every seated client waits for the sync, since nobody is left to join.
+/// Four ticks, 16 ms, keep flushes per fsync under the kernel's on the
+/// three benchmarks with more throughput than eight (BENCHMARKS.md, runs
+/// of 2026-12-02 07:16 and 07:21).
 const LOG_BATCH_MAX_TICKS: usize = 4;
 
 pub struct SharedFs {
     fs: Mutex<Filesystem>,
+    seats: SeatBoard,
+}
+
+/// Key of one log sub-transaction's sync: (subvolume, transaction, log
+/// sub-transaction).
+type SyncKey = (u64, u64, i64);
+
+/// Who may still join a log sync: the clients that took a seat, and how
+/// many of them wait for each sub-transaction's sync. When every seated
+/// client waits for the same one, no fsync can join it any more and its
+/// batching window ends at once.
+#[derive(Default)]
+struct SeatBoard {
+    state: Mutex<Seats>,
+    /// Signalled when a client starts waiting for a log sync or leaves.
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Seats {
+    seated: usize,
+    waiting: HashMap<SyncKey, usize>,
+}
+
+/// A client's place at the filesystem, for as long as it runs a workload.
+pub struct Seat<'a> {
+    board: &'a SeatBoard,
+}
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        self.board.state().seated -= 1;
+        self.board.changed.notify_all();
+    }
+}
+
+/// A client waiting for one sub-transaction's sync, counted while it does.
+struct Waiting<'a> {
+    board: &'a SeatBoard,
+    key: SyncKey,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut s = self.board.state();
+        if let Some(n) = s.waiting.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                s.waiting.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl SeatBoard {
+    fn state(&self) -> MutexGuard<'_, Seats> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn seat(&self) -> Seat<'_> {
+        self.state().seated += 1;
+        Seat { board: self }
+    }
+
+    fn wait_for(&self, key: SyncKey) -> Waiting<'_> {
+        *self.state().waiting.entry(key).or_default() += 1;
+        self.changed.notify_all();
+        Waiting { board: self, key }
+    }
+
+    /// Sleep `tick`, or less when every seated client comes to wait for
+    /// the sync of `key` meanwhile (true then; never with nobody seated).
+    fn tick_or_all_waiting(&self, key: SyncKey, tick: Duration) -> bool {
+        let deadline = Instant::now() + tick;
+        let mut s = self.state();
+        loop {
+            if s.seated > 0 && s.waiting.get(&key).copied().unwrap_or(0) >= s.seated {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            s = match self.changed.wait_timeout(s, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
 }
 
 impl SharedFs {
@@ -30,7 +126,17 @@ impl SharedFs {
         // Data runs go to the device off the lock while clients share it;
         // a writer thread that cannot start leaves them written in line.
         let _ = fs.store.start_data_writer();
-        SharedFs { fs: Mutex::new(fs) }
+        SharedFs {
+            fs: Mutex::new(fs),
+            seats: SeatBoard::default(),
+        }
+    }
+
+    /// A seat for a client thread of a workload, given up when dropped.
+    /// Log syncs stop waiting for more fsyncs once every seated client
+    /// waits for them; with no client seated they wait out their window.
+    pub fn seat(&self) -> Seat<'_> {
+        self.seats.seat()
     }
 
     /// The filesystem, for one operation at a time. A client that panicked
@@ -59,25 +165,32 @@ impl SharedFs {
     /// meanwhile; a client whose sub-transaction is being synced by
     /// another waits for that sync's end and finds it durable.
     fn finish(&self, ticket: FsyncTicket) -> Result<()> {
-        // btrfs_sync_log's batching: while other clients' fsyncs keep
-        // coming, sleep a tick and look again (bounded here, so a steady
-        // stream of fsyncs cannot hold a sync back for long).
-        let mut last = None;
-        for _ in 0..LOG_BATCH_MAX_TICKS {
-            match self.lock().log_batch_pending(ticket) {
-                Some(b) if last != Some(b) => last = Some(b),
-                _ => break,
-            }
-            std::thread::sleep(LOG_BATCH_TICK);
-        }
+        let FsyncTicket::LogSync {
+            inode,
+            trans,
+            log_transid,
+        } = ticket
+        else {
+            return Ok(());
+        };
+        let key = (inode.subvol, trans, log_transid);
+        let _waiting = self.seats.wait_for(key);
+        let mut ticks = LOG_BATCH_MAX_TICKS;
         loop {
+            self.batch_window(ticket, key, &mut ticks);
             let (step, gate) = {
                 let mut fs = self.lock();
                 (fs.log_sync_begin(ticket)?, fs.log.io.clone())
             };
             match step {
                 LogSyncStep::Done => return Ok(()),
-                LogSyncStep::Wait => gate.wait_idle(),
+                LogSyncStep::Wait => {
+                    gate.wait_idle();
+                    // btrfs_sync_log waits for the previous sync before it
+                    // batches: the clients that sync returned get a tick
+                    // to log into this one, even past the bound.
+                    ticks = ticks.max(1);
+                }
                 LogSyncStep::Io(p) => {
                     let r = p.run();
                     if r.is_err() {
@@ -86,6 +199,25 @@ impl SharedFs {
                     return r;
                 }
             }
+        }
+    }
+
+    /// btrfs_sync_log's batching: while other clients' fsyncs keep
+    /// joining the ticket's sub-transaction, sleep a tick and look again,
+    /// spending at most `ticks` (so a steady stream of fsyncs cannot hold
+    /// a sync back for long), and no longer once every seated client
+    /// waits for this sync.
+    fn batch_window(&self, ticket: FsyncTicket, key: SyncKey, ticks: &mut usize) {
+        let mut last = None;
+        while *ticks > 0 {
+            match self.lock().log_batch_pending(ticket) {
+                Some(b) if last != Some(b) => last = Some(b),
+                _ => return,
+            }
+            if self.seats.tick_or_all_waiting(key, LOG_BATCH_TICK) {
+                return;
+            }
+            *ticks -= 1;
         }
     }
 
@@ -118,5 +250,58 @@ impl SharedFs {
         };
         let _ = fs.store.stop_data_writer();
         fs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LONG: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_window_ends_when_every_seated_client_waits_for_its_sync() {
+        let board = SeatBoard::default();
+        let key = (5, 7, 2);
+        let (_a, _b) = (board.seat(), board.seat());
+        let w1 = board.wait_for(key);
+        // One of two seated clients waits: the other may still join.
+        assert!(!board.tick_or_all_waiting(key, Duration::from_millis(1)));
+        // Waiting for another sub-transaction's sync does not count.
+        let other = board.wait_for((5, 7, 1));
+        assert!(!board.tick_or_all_waiting(key, Duration::from_millis(1)));
+        drop(other);
+        std::thread::scope(|s| {
+            let t = s.spawn(|| board.tick_or_all_waiting(key, LONG));
+            // The second client comes to wait: the window ends at once,
+            // long before its tick.
+            let _w2 = board.wait_for(key);
+            assert!(t.join().unwrap());
+        });
+        // Its waiters gone, the sync's count goes with them.
+        drop(w1);
+        assert!(board.state().waiting.is_empty());
+    }
+
+    #[test]
+    fn a_client_leaving_ends_a_window_the_rest_all_wait_for() {
+        let board = SeatBoard::default();
+        let key = (5, 7, 2);
+        let a = board.seat();
+        let _b = board.seat();
+        let _w = board.wait_for(key);
+        std::thread::scope(|s| {
+            let t = s.spawn(|| board.tick_or_all_waiting(key, LONG));
+            drop(a);
+            assert!(t.join().unwrap());
+        });
+    }
+
+    #[test]
+    fn with_nobody_seated_a_window_runs_its_tick() {
+        let board = SeatBoard::default();
+        let key = (5, 7, 2);
+        let _w = board.wait_for(key);
+        assert!(!board.tick_or_all_waiting(key, Duration::from_millis(1)));
     }
 }

@@ -352,6 +352,7 @@ impl Filesystem {
         let synced = s.log_transid;
         s.log_transid += 1;
         s.start_client = None;
+        s.prev_multi_clients = s.multi_clients;
         self.stats.log_syncs += 1;
         if !self.log.io.start() {
             return Err(Error::Invalid(
@@ -374,8 +375,10 @@ impl Filesystem {
     /// Before a client syncs the log a ticket needs: the subvolume's fsync
     /// count, when the sync should first give other clients a tick to
     /// join it (btrfs_sync_log on a non-ssd mount, when more than one
-    /// client logged into the sub-transaction); None when it should go at
-    /// once or is not needed any more.
+    /// client logged into the sub-transaction; here also when more than one
+    /// logged into the previous one, whose clients a sync's end sends back
+    /// to fsync together while the first of them would otherwise sync
+    /// alone); None when it should go at once or is not needed any more.
     pub fn log_batch_pending(&mut self, ticket: FsyncTicket) -> Option<u64> {
         self.absorb_log_io();
         let FsyncTicket::LogSync {
@@ -390,8 +393,8 @@ impl Filesystem {
             return None;
         }
         let s = self.log.subvols.get(&inode.subvol)?;
-        (s.multi_clients && s.durable <= log_transid && s.log_transid == log_transid)
-            .then_some(s.log_batch)
+        let multi = s.multi_clients || s.prev_multi_clients;
+        (multi && s.durable <= log_transid && s.log_transid == log_transid).then_some(s.log_batch)
     }
 
     /// Take note of a log sync whose I/O ended: its sub-transaction is

@@ -771,6 +771,7 @@ pub fn run_with(
             .map(|id| {
                 let stop = &stop;
                 s.spawn(move || -> Result<ClientOut> {
+                    let _seat = shared.seat();
                     let mut c = Client {
                         id,
                         handles: HashMap::new(),

@@ -378,6 +378,7 @@ fn client(
     deadline: Option<Instant>,
     ledger: Option<&Ledger>,
 ) -> Result<(u64, u64, u64, Vec<f64>)> {
+    let _seat = shared.seat();
     let mut rng = Prng::new(o.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (t + 1));
     let size = o.file_size();
     let blocks = size / o.block_size;
