@@ -41,6 +41,7 @@ fn acknowledged_files_survive_and_a_loss_is_reported() {
         clients: 2,
         time: 0.0,
         passes: 1,
+        warmup: 0.0,
     };
     let (r, tracked) = run_with(&shared, &load, &o, true).unwrap();
     assert_eq!(r.unexpected, 0, "{:?}", r.unexpected_examples);

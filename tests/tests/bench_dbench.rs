@@ -147,6 +147,46 @@ fn crash_check_after_the_standard_loadfile() {
     );
 }
 
+/// dbench's warmup: the clients run for `--warmup` seconds (a fifth of
+/// `--time` unless given) before the `--time` that is counted, and what
+/// they did in it is forgotten: operations, bytes, latencies and the
+/// engine's counters cover only the counted run.
+#[test]
+fn the_warmup_runs_and_is_not_counted() {
+    if !Path::new(LOADFILE).exists() {
+        btrkit_tests::skip(&format!("{LOADFILE} missing (install dbench)"));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["--clients", "4", "--time", "2", "--lines", "3000"];
+        args.extend_from_slice(extra);
+        let o = dbench(&dir.path().join("w.img"), Path::new(LOADFILE), &args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).trim()).expect("one line of JSON")
+    };
+    let counted = |r: &serde_json::Value| -> u64 {
+        r["ops"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v["count"].as_u64().unwrap())
+            .sum()
+    };
+    for (r, warm) in [(run(&["--warmup", "1"]), 1.0), (run(&[]), 0.4)] {
+        assert_eq!(r["warmup_seconds"].as_f64(), Some(warm), "{r}");
+        assert!(r["warmup_ops"].as_u64().unwrap() > 0, "{r}");
+        assert!(counted(&r) > 0, "{r}");
+        assert!(r["seconds"].as_f64().unwrap() >= 2.0, "{r}");
+        assert_eq!(r["unexpected"].as_u64(), Some(0), "{r}");
+    }
+    let r = run(&["--warmup", "0"]);
+    assert_eq!(r["warmup_ops"].as_u64(), Some(0), "{r}");
+    assert_eq!(r["warmup_seconds"].as_f64(), Some(0.0), "{r}");
+    // Nothing forgotten: the engine saw every Flush the table counts.
+    assert_eq!(r["ops"]["Flush"]["count"], r["stats"]["fsyncs"], "{r}");
+}
+
 #[test]
 fn a_bad_loadfile_names_its_line() {
     let dir = tempfile::tempdir().unwrap();

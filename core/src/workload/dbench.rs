@@ -292,8 +292,12 @@ pub struct DbenchReport {
     pub ops: BTreeMap<String, OpStats>,
     pub stats: crate::fs::EngineStats,
     pub io: super::fileio::IoSummary,
-    /// Bytes of ReadX and WriteX payload.
+    /// Bytes of WriteX payload.
     pub payload_written: u64,
+    /// Seconds of warmup before the `seconds` counted, and the operations
+    /// the clients finished in it (forgotten).
+    pub warmup_seconds: f64,
+    pub warmup_ops: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -303,6 +307,11 @@ pub struct DbenchOptions {
     pub time: f64,
     /// Passes of the loadfile per client (0: until the time is up).
     pub passes: u64,
+    /// Seconds of warmup before `time` starts, as dbench's: the clients
+    /// run, and what they did is then forgotten (bytes, operation counts,
+    /// latencies, the engine's counters); dbench's default is a fifth of
+    /// the time limit. Only with a time limit.
+    pub warmup: f64,
 }
 
 /// Per-client state: the handles of the loadfile mapped to inodes.
@@ -723,6 +732,20 @@ fn glob(p: &str, s: &str) -> bool {
     pi == p.len()
 }
 
+/// What one client did in the counted run (the warmup's forgotten but
+/// for its operation count; the statuses and passes of the whole run).
+struct ClientOut {
+    bytes: u64,
+    unexpected: u64,
+    passes: u64,
+    examples: Vec<String>,
+    /// Per operation: count, total and max latency (ms).
+    ops: BTreeMap<String, (u64, f64, f64)>,
+    written: u64,
+    warm_ops: u64,
+    durable: Option<DurableFiles>,
+}
+
 /// Run `clients` clients over the loadfile until the time or the passes
 /// are done. Each client's tree is made first (`/clients`).
 pub fn run(shared: &SharedFs, load: &[NbLine], o: &DbenchOptions) -> Result<DbenchReport> {
@@ -752,20 +775,19 @@ pub fn run_with(
             fs.mkdir(root, b"clients", 0o755)?;
         }
     }
-    let before = shared.lock().stats.clone();
-    let io0 = super::fileio::IoSummary::of(&shared.lock());
+    if !(o.warmup >= 0.0 && o.warmup.is_finite()) {
+        return Err(Error::Invalid("--warmup must be 0 or more seconds".into()));
+    }
+    let mut before = shared.lock().stats.clone();
+    let mut io0 = super::fileio::IoSummary::of(&shared.lock());
     let stop = AtomicBool::new(false);
-    let started = Instant::now();
-    let deadline = (o.time > 0.0).then(|| started + Duration::from_secs_f64(o.time));
-    type ClientOut = (
-        u64,
-        u64,
-        u64,
-        Vec<String>,
-        BTreeMap<String, (u64, f64, f64)>,
-        u64,
-        Option<DurableFiles>,
-    );
+    let mut started = Instant::now();
+    // The counted run starts when the warmup ends; whatever a client
+    // finishes before that is forgotten by the client itself.
+    let warm_end =
+        (o.time > 0.0 && o.warmup > 0.0).then(|| started + Duration::from_secs_f64(o.warmup));
+    let deadline =
+        (o.time > 0.0).then(|| warm_end.unwrap_or(started) + Duration::from_secs_f64(o.time));
     let outs: Vec<Result<ClientOut>> = std::thread::scope(|s| {
         let hs: Vec<_> = (1..=o.clients)
             .map(|id| {
@@ -783,6 +805,8 @@ pub fn run_with(
                         (0u64, 0u64, 0u64, 0u64);
                     let mut examples = Vec::new();
                     let mut ops: BTreeMap<String, (u64, f64, f64)> = BTreeMap::new();
+                    let mut warming = warm_end.is_some();
+                    let mut warm_ops = 0u64;
                     'outer: loop {
                         for l in load {
                             if stop.load(Ordering::Relaxed)
@@ -818,6 +842,13 @@ pub fn run_with(
                                 }
                             };
                             let ms = t0.elapsed().as_secs_f64() * 1000.0;
+                            if warming && warm_end.is_some_and(|w| Instant::now() >= w) {
+                                warming = false;
+                                warm_ops = ops.values().map(|e| e.0).sum();
+                                bytes = 0;
+                                written = 0;
+                                ops.clear();
+                            }
                             if ok {
                                 if let NbOp::WriteX { size, .. } | NbOp::ReadX { size, .. } = &l.op
                                 {
@@ -857,10 +888,29 @@ pub fn run_with(
                     for (_, h) in c.handles.drain() {
                         fs.close(h)?;
                     }
-                    Ok((bytes, unexpected, passes, examples, ops, written, c.durable))
+                    Ok(ClientOut {
+                        bytes,
+                        unexpected,
+                        passes,
+                        examples,
+                        ops,
+                        written,
+                        warm_ops,
+                        durable: c.durable,
+                    })
                 })
             })
             .collect();
+        if let Some(w) = warm_end {
+            // The engine's counters start over with the counted run too.
+            while Instant::now() < w && !hs.iter().all(|h| h.is_finished()) {
+                std::thread::sleep((w - Instant::now()).min(Duration::from_millis(20)));
+            }
+            let fs = shared.lock();
+            before = fs.stats.clone();
+            io0 = super::fileio::IoSummary::of(&fs);
+            started = w;
+        }
         hs.into_iter()
             .map(|h| {
                 h.join()
@@ -872,24 +922,26 @@ pub fn run_with(
     let mut r = DbenchReport {
         clients: o.clients,
         seconds: secs,
+        warmup_seconds: warm_end.map_or(0.0, |_| o.warmup),
         ..Default::default()
     };
     let mut bytes = 0;
     let mut ops: BTreeMap<String, (u64, f64, f64)> = BTreeMap::new();
     let mut durable = Vec::new();
     for x in outs {
-        let (b, u, p, ex, o, w, d) = x?;
-        durable.extend(d);
-        bytes += b;
-        r.payload_written += w;
-        r.unexpected += u;
-        r.loadfile_passes += p;
-        for e in ex {
+        let c = x?;
+        durable.extend(c.durable);
+        bytes += c.bytes;
+        r.payload_written += c.written;
+        r.warmup_ops += c.warm_ops;
+        r.unexpected += c.unexpected;
+        r.loadfile_passes += c.passes;
+        for e in c.examples {
             if r.unexpected_examples.len() < 10 {
                 r.unexpected_examples.push(e);
             }
         }
-        for (k, (n, sum, max)) in o {
+        for (k, (n, sum, max)) in c.ops {
             let e = ops.entry(k).or_insert((0, 0.0, 0.0));
             e.0 += n;
             e.1 += sum;
