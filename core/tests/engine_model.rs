@@ -1454,7 +1454,6 @@ fn big_item_in_the_middle_of_a_full_leaf() {
 /// directory renamed into a subvolume below itself is EINVAL, and a
 /// rename over an (empty) subvolume is ENOTEMPTY (the engine: EINVAL).
 #[test]
-#[ignore = "bug: link/rename with subvolumes: EXDEV before EEXIST/EISDIR/ENOTDIR/EINVAL, EPERM before EEXIST, EINVAL for ENOTEMPTY"]
 fn errno_order_with_subvolumes() {
     must_pass_strictly(
         &["-n", "4096"],

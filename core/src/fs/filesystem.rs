@@ -25,15 +25,45 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// An inode: (subvolume tree, inode number).
+///
+/// One kind of inode has no item: the empty directory the kernel shows
+/// for a subvolume entry that no ROOT_REF links under the directory
+/// holding it (a snapshot keeps its source's entry naming a nested
+/// subvolume, but the nested subvolume is not linked under the snapshot).
+/// Like the kernel's placeholder (new_simple_dir) it is inode
+/// BTRFS_EMPTY_SUBVOL_DIR_OBJECTID of the directory's tree, and `parent`
+/// is that directory (the placeholder takes its owner from it). `parent`
+/// is 0 for every inode with an item. Two placeholders in one directory
+/// are the same `Loc`: what tells them apart is the entry's name, which
+/// every operation on one has at hand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Loc {
     pub subvol: u64,
     pub ino: u64,
+    pub parent: u64,
 }
 
 impl Loc {
     pub fn new(subvol: u64, ino: u64) -> Loc {
-        Loc { subvol, ino }
+        Loc {
+            subvol,
+            ino,
+            parent: 0,
+        }
+    }
+
+    /// The empty-subvolume placeholder for an entry of directory `dir`.
+    pub fn placeholder(dir: Loc) -> Loc {
+        Loc {
+            subvol: dir.subvol,
+            ino: BTRFS_EMPTY_SUBVOL_DIR_OBJECTID,
+            parent: dir.ino,
+        }
+    }
+
+    /// Whether this is an empty-subvolume placeholder (no inode item).
+    pub fn is_placeholder(&self) -> bool {
+        self.ino == BTRFS_EMPTY_SUBVOL_DIR_OBJECTID
     }
 }
 
@@ -604,7 +634,12 @@ impl Filesystem {
         self.store.transid
     }
 
+    /// The inode item of `l` (for a placeholder, the one it shows: see
+    /// [`Filesystem::placeholder_item`]).
     pub fn item(&mut self, l: Loc) -> Result<InodeItem> {
+        if l.is_placeholder() {
+            return self.placeholder_item(l);
+        }
         get_inode(&mut self.store, l.subvol, l.ino)?.ok_or_else(|| {
             Error::errno(
                 libc::ENOENT,
@@ -613,9 +648,39 @@ impl Filesystem {
         })
     }
 
+    /// What stat(2) shows of an empty-subvolume placeholder, as
+    /// new_simple_dir makes it: a directory with mode 0755, one link, no
+    /// size, the owner and access time of the directory holding the
+    /// entry, changed and modified now (the kernel makes a new one at
+    /// every lookup: its dentry is never kept).
+    fn placeholder_item(&mut self, l: Loc) -> Result<InodeItem> {
+        let dir = self.item(Loc::new(l.subvol, l.parent))?;
+        let now = self.now();
+        let mut it = new_inode_item(S_IFDIR | 0o755, dir.uid.get(), dir.gid.get(), 0, now, 0);
+        it.generation.set(0);
+        it.atime = dir.atime;
+        Ok(it)
+    }
+
+    /// A placeholder has no item to change: every operation that would
+    /// write one refuses it first; this is the backstop.
+    fn refuse_placeholder(l: Loc) -> Result<()> {
+        if l.is_placeholder() {
+            return Err(Error::errno(
+                libc::EPERM,
+                format!(
+                    "the empty directory standing for a subvolume in directory {} of subvolume {} has no inode item",
+                    l.parent, l.subvol
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Write an inode item back (btrfs_update_inode): its transid is the
     /// running transaction's.
     pub(super) fn put_item(&mut self, l: Loc, item: &InodeItem) -> Result<()> {
+        Self::refuse_placeholder(l)?;
         // The kernel holds an inode in memory before changing it: its
         // runtime state comes from the item as it was, not as changed.
         self.load_rt_if_exists(l)?;
@@ -811,6 +876,7 @@ impl Filesystem {
 
     /// Change an inode item in place (one copy-on-write search).
     pub(super) fn modify(&mut self, l: Loc, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
+        Self::refuse_placeholder(l)?;
         self.load_rt_if_exists(l)?;
         let t = self.store.transid;
         let g = |it: &mut InodeItem| {
@@ -892,19 +958,42 @@ impl Filesystem {
     /// operation that follows changes them.
     pub fn lookup(&mut self, dir: Loc, name: &[u8]) -> Result<Option<Loc>> {
         self.load_rt_if_exists(dir)?;
-        let found = super::names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.map(
-            |(loc, _)| {
-                if loc.ty == BTRFS_ROOT_ITEM_KEY {
-                    Loc::new(loc.objectid, ROOT_DIR)
-                } else {
-                    Loc::new(dir.subvol, loc.objectid)
-                }
-            },
-        );
-        if let Some(l) = found {
-            self.load_rt_if_exists(l)?;
+        let Some((location, _)) =
+            super::names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?
+        else {
+            return Ok(None);
+        };
+        let l = self.entry_target(dir, name, &location)?;
+        self.load_rt_if_exists(l)?;
+        Ok(Some(l))
+    }
+
+    /// The inode entry `name` of `dir` (location `location`) leads to;
+    /// lookup and readdir both ask here. An inode's entry leads to it; a
+    /// subvolume's entry leads to the subvolume's root directory only when
+    /// a ROOT_REF links that subvolume under this very entry (same
+    /// directory, same name) and its tree exists, as the kernel's
+    /// fixup_tree_root_location checks. Any other subvolume entry (a
+    /// snapshot's copy of one naming a subvolume nested in its source)
+    /// leads to the empty placeholder directory.
+    pub(super) fn entry_target(&mut self, dir: Loc, name: &[u8], location: &Key) -> Result<Loc> {
+        if location.ty != BTRFS_ROOT_ITEM_KEY {
+            return Ok(Loc::new(dir.subvol, location.objectid));
         }
-        Ok(found)
+        let id = location.objectid;
+        let k = Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id);
+        let linked = match self.store.lookup(TreeId::Root, &k)? {
+            Some(d) => {
+                let (r, n) = crate::format::root::parse_root_ref(&d).map_err(|e| e.at(0, k))?;
+                r.dirid.get() == dir.ino && n == name
+            }
+            None => false,
+        };
+        if linked && self.store.tree_exists(id)? {
+            Ok(Loc::new(id, ROOT_DIR))
+        } else {
+            Ok(Loc::placeholder(dir))
+        }
     }
 
     /// Resolve a path from the root; `follow`: follow a symlink in the last

@@ -94,7 +94,11 @@ impl Filesystem {
         self.stamp(dir, true, true)
     }
 
-    fn check_new_name(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
+    /// The checks before a new name goes into `dir`, in the VFS's order.
+    /// `in_placeholder` is what the operation fails with in the empty
+    /// placeholder of a subvolume, whose inode has none of the directory
+    /// operations (open(O_CREAT) EACCES, mkdir/mknod/symlink/link EPERM).
+    fn check_new_name(&mut self, dir: Loc, name: &[u8], in_placeholder: i32) -> Result<()> {
         if name.is_empty() || name == b"." || name == b".." {
             return Err(Error::errno(
                 libc::EEXIST,
@@ -109,6 +113,15 @@ impl Filesystem {
         }
         if !is_dir(self.item(dir)?.mode.get()) {
             return Err(Error::errno(libc::ENOTDIR, "parent is not a directory"));
+        }
+        if dir.is_placeholder() {
+            return Err(Error::errno(
+                in_placeholder,
+                format!(
+                    "{}: the empty directory standing for a subvolume takes no entries",
+                    name_str(name)
+                ),
+            ));
         }
         if self.lookup(dir, name)?.is_some() {
             return Err(Error::errno(
@@ -130,19 +143,25 @@ impl Filesystem {
             }
             return Ok(l);
         }
-        self.mknod(dir, name, S_IFREG | (mode & 0o7777), 0)
+        self.check_new_name(dir, name, libc::EACCES)?;
+        self.make_node(dir, name, S_IFREG | (mode & 0o7777), 0)
     }
 
     /// mknod(2) (regular files, fifos, devices, sockets).
     pub fn mknod(&mut self, dir: Loc, name: &[u8], mode: u32, rdev: u64) -> Result<Loc> {
-        self.check_new_name(dir, name)?;
+        self.check_new_name(dir, name, libc::EPERM)?;
+        self.make_node(dir, name, mode, rdev)
+    }
+
+    /// A new inode linked as `name`, the name checked already.
+    fn make_node(&mut self, dir: Loc, name: &[u8], mode: u32, rdev: u64) -> Result<Loc> {
         let l = self.new_inode(dir, mode, rdev)?;
         self.add_link(dir, name, l, mode)?;
         Ok(l)
     }
 
     pub fn mkdir(&mut self, dir: Loc, name: &[u8], mode: u32) -> Result<Loc> {
-        self.check_new_name(dir, name)?;
+        self.check_new_name(dir, name, libc::EPERM)?;
         let m = S_IFDIR | (mode & 0o7777);
         let l = self.new_inode(dir, m, 0)?;
         self.rt(l)?.index_cnt = Some(2);
@@ -152,7 +171,7 @@ impl Filesystem {
 
     /// symlink(2): the target is the file's inline data.
     pub fn symlink(&mut self, dir: Loc, name: &[u8], target: &[u8]) -> Result<Loc> {
-        self.check_new_name(dir, name)?;
+        self.check_new_name(dir, name, libc::EPERM)?;
         let max = self.store.nodesize() as usize
             - crate::format::header::HEADER_SIZE
             - crate::format::header::ITEM_SIZE
@@ -184,8 +203,11 @@ impl Filesystem {
         Ok(l)
     }
 
-    /// link(2).
+    /// link(2). The checks in the kernel's order: the new name first (the
+    /// VFS creates its dentry: EEXIST), then vfs_link's (no directories:
+    /// EPERM), then btrfs_link's (EXDEV across subvolumes, EMLINK).
     pub fn link(&mut self, target: Loc, dir: Loc, name: &[u8]) -> Result<()> {
+        self.check_new_name(dir, name, libc::EPERM)?;
         let it = self.item(target)?;
         if is_dir(it.mode.get()) {
             return Err(Error::errno(
@@ -199,7 +221,6 @@ impl Filesystem {
         if it.nlink.get() >= LINK_MAX {
             return Err(Error::errno(libc::EMLINK, "link: too many links"));
         }
-        self.check_new_name(dir, name)?;
         self.add_link(dir, name, target, it.mode.get())?;
         let mut it = self.item(target)?;
         it.nlink.set(it.nlink.get() + 1);
@@ -281,6 +302,12 @@ impl Filesystem {
                 format!("{}: directory not empty", name_str(name)),
             ));
         }
+        if l.is_placeholder() {
+            // btrfs_rmdir lets the placeholder go: only its entry is
+            // removed, the subvolume it names is not touched.
+            self.remove_placeholder_entry(dir, name)?;
+            return Ok(());
+        }
         if l.subvol != dir.subvol {
             // An empty subvolume: rmdir deletes it, as the kernel allows.
             return self.delete_subvol_entry(dir, name);
@@ -295,14 +322,30 @@ impl Filesystem {
         self.apply_log_ops_now()
     }
 
-    /// Whether `anc` is `l` or one of its ancestors (walking `..`).
+    /// Whether `anc` is `l` or one of its ancestors, walking `..` as the
+    /// VFS's dentry tree does: from a subvolume's root to the directory
+    /// holding its entry (its ROOT_BACKREF), from a placeholder to its
+    /// directory, up to the mount's root.
     fn is_ancestor(&mut self, anc: Loc, mut l: Loc) -> Result<bool> {
         for _ in 0..4096 {
             if l == anc {
                 return Ok(true);
             }
-            if l.ino == super::filesystem::ROOT_DIR {
+            if l == self.root() {
                 return Ok(false);
+            }
+            if l.is_placeholder() {
+                l = Loc::new(l.subvol, l.parent);
+                continue;
+            }
+            if l.ino == super::filesystem::ROOT_DIR {
+                match self.subvol_parent(l.subvol)? {
+                    Some(p) => {
+                        l = p;
+                        continue;
+                    }
+                    None => return Ok(false),
+                }
             }
             let links = names::links_of(&mut self.store, l.subvol, l.ino)?;
             let Some(p) = links.first() else {
@@ -316,14 +359,17 @@ impl Filesystem {
         ))
     }
 
-    /// rename(2), replacing an existing target.
+    /// rename(2), replacing an existing target. The checks come in the
+    /// kernel's order: the VFS's first (the source exists, the ancestor
+    /// traps of lock_rename, then the types of source and target), then
+    /// btrfs_rename's (nothing goes into a placeholder: EPERM; only a
+    /// subvolume's entry moves across subvolumes: EXDEV; a placeholder
+    /// does not move and a subvolume is not replaced: ENOTEMPTY; nor is a
+    /// directory that has entries).
     pub fn rename(&mut self, odir: Loc, oname: &[u8], ndir: Loc, nname: &[u8]) -> Result<()> {
         let src = self.lookup(odir, oname)?.ok_or_else(|| {
             Error::errno(libc::ENOENT, format!("{}: no such file", name_str(oname)))
         })?;
-        if odir.subvol != ndir.subvol || src.subvol != odir.subvol {
-            return Err(Error::errno(libc::EXDEV, "rename: across subvolumes"));
-        }
         if nname.is_empty() || nname == b"." || nname == b".." {
             return Err(Error::errno(libc::EINVAL, "rename: bad target name"));
         }
@@ -337,8 +383,17 @@ impl Filesystem {
                 "rename: a directory into itself",
             ));
         }
-        if let Some(dst) = self.lookup(ndir, nname)? {
-            if dst == src {
+        let dst = self.lookup(ndir, nname)?;
+        if let Some(dst) = dst {
+            // The same inode under both names changes nothing. A
+            // placeholder is a new inode at every lookup: it is only the
+            // same as itself under the same name.
+            let same = if src.is_placeholder() {
+                odir == ndir && oname == nname
+            } else {
+                dst == src
+            };
+            if same {
                 return Ok(());
             }
             let dmode = self.item(dst)?.mode.get();
@@ -360,15 +415,44 @@ impl Filesystem {
                 (false, true) => {
                     return Err(Error::errno(libc::EISDIR, "rename: over a directory"))
                 }
-                (true, true) if !names::dir_is_empty(&mut self.store, dst.subvol, dst.ino)? => {
-                    return Err(Error::errno(
-                        libc::ENOTEMPTY,
-                        "rename: target directory not empty",
-                    ))
-                }
                 _ => {}
             }
-            self.drop_name(ndir, nname)?;
+        }
+        if ndir.is_placeholder() {
+            return Err(Error::errno(
+                libc::EPERM,
+                "rename: into the empty directory standing for a subvolume",
+            ));
+        }
+        // A subvolume's root directory, named by an entry of another tree.
+        let src_subvol = src.ino == super::filesystem::ROOT_DIR && src.subvol != odir.subvol;
+        if !src_subvol && odir.subvol != ndir.subvol {
+            return Err(Error::errno(libc::EXDEV, "rename: across subvolumes"));
+        }
+        if src.is_placeholder() {
+            return Err(Error::errno(
+                libc::ENOTEMPTY,
+                "rename: of the empty directory standing for a subvolume",
+            ));
+        }
+        if let Some(dst) = dst {
+            if dst.ino == super::filesystem::ROOT_DIR && dst.subvol != ndir.subvol {
+                return Err(Error::errno(libc::ENOTEMPTY, "rename: over a subvolume"));
+            }
+            if is_dir(smode) && !names::dir_is_empty(&mut self.store, dst.subvol, dst.ino)? {
+                return Err(Error::errno(
+                    libc::ENOTEMPTY,
+                    "rename: target directory not empty",
+                ));
+            }
+            if dst.is_placeholder() {
+                self.remove_placeholder_entry(ndir, nname)?;
+            } else {
+                self.drop_name(ndir, nname)?;
+            }
+        }
+        if src_subvol {
+            return self.rename_subvol_entry(odir, oname, ndir, nname, src.subvol);
         }
         // The old name goes without touching the link count.
         let idx_old = names::links_in(&mut self.store, src.subvol, src.ino, odir.ino)?
@@ -448,6 +532,12 @@ impl Filesystem {
         if !is_dir(self.item(dir)?.mode.get()) {
             return Err(Error::errno(libc::ENOTDIR, "tmpfile: not a directory"));
         }
+        if dir.is_placeholder() {
+            return Err(Error::errno(
+                libc::EOPNOTSUPP,
+                "tmpfile: in the empty directory standing for a subvolume",
+            ));
+        }
         let l = self.new_inode(dir, S_IFREG | (mode & 0o7777), 0)?;
         let mut it = self.item(l)?;
         it.nlink.set(0);
@@ -499,6 +589,7 @@ impl Filesystem {
     }
 
     pub fn get_xattr(&mut self, l: Loc, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        Self::no_xattrs_on_placeholder(l)?;
         super::xattr::get_xattr(&mut self.store, l.subvol, l.ino, name)
     }
 
@@ -506,10 +597,23 @@ impl Filesystem {
         super::xattr::list_xattrs(&mut self.store, l.subvol, l.ino)
     }
 
+    /// The placeholder's inode has no xattr support (IOP_XATTR cleared):
+    /// getting, setting and removing fail, listing finds none.
+    fn no_xattrs_on_placeholder(l: Loc) -> Result<()> {
+        if l.is_placeholder() {
+            return Err(Error::errno(
+                libc::EOPNOTSUPP,
+                "xattrs: the empty directory standing for a subvolume has none",
+            ));
+        }
+        Ok(())
+    }
+
     fn check_xattr_name(&mut self, l: Loc, name: &[u8]) -> Result<()> {
         if name.is_empty() || name.len() > XATTR_NAME_MAX {
             return Err(Error::errno(libc::ERANGE, "xattr name length"));
         }
+        Self::no_xattrs_on_placeholder(l)?;
         let ok = [
             &b"user."[..],
             b"trusted.",
@@ -535,8 +639,14 @@ impl Filesystem {
         Ok(())
     }
 
-    /// chmod(2).
+    /// chmod(2). chmod, chown and utimes of a placeholder succeed and
+    /// change nothing one can see: the kernel changes only the in-memory
+    /// placeholder (simple_setattr), and its dentry is dropped as the call
+    /// returns (btrfs_dentry_delete), so the next lookup makes a new one.
     pub fn chmod(&mut self, l: Loc, mode: u32) -> Result<()> {
+        if l.is_placeholder() {
+            return Ok(());
+        }
         let mut it = self.item(l)?;
         it.mode.set((it.mode.get() & S_IFMT) | (mode & 0o7777));
         self.put_item(l, &it)?;
@@ -546,6 +656,9 @@ impl Filesystem {
     /// chown(2)/lchown(2): a regular file loses set-user-id (and
     /// set-group-id with group execute), as Linux clears them.
     pub fn chown(&mut self, l: Loc, uid: u32, gid: u32) -> Result<()> {
+        if l.is_placeholder() {
+            return Ok(());
+        }
         let mut it = self.item(l)?;
         it.uid.set(uid);
         it.gid.set(gid);
@@ -563,6 +676,9 @@ impl Filesystem {
 
     /// utimes(NULL): access and modification times to now.
     pub fn touch(&mut self, l: Loc) -> Result<()> {
+        if l.is_placeholder() {
+            return Ok(());
+        }
         let now = self.now();
         let mut it = self.item(l)?;
         it.atime = now;
@@ -605,16 +721,12 @@ impl Filesystem {
         if !is_dir(self.item(l)?.mode.get()) {
             return Err(Error::errno(libc::ENOTDIR, "readdir: not a directory"));
         }
-        Ok(names::list_dir(&mut self.store, l.subvol, l.ino)?
-            .into_iter()
-            .map(|e| {
-                let loc = if e.location.ty == BTRFS_ROOT_ITEM_KEY {
-                    Loc::new(e.location.objectid, super::filesystem::ROOT_DIR)
-                } else {
-                    Loc::new(l.subvol, e.location.objectid)
-                };
-                (e.name, loc, e.ftype)
-            })
-            .collect())
+        let entries = names::list_dir(&mut self.store, l.subvol, l.ino)?;
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let loc = self.entry_target(l, &e.name, &e.location)?;
+            out.push((e.name, loc, e.ftype));
+        }
+        Ok(out)
     }
 }

@@ -126,8 +126,22 @@ impl Filesystem {
         Ok(())
     }
 
+    /// The subvolume ioctls are issued on a directory's descriptor; the
+    /// empty placeholder of a subvolume has no ioctls (its file operations
+    /// are simple_dir_operations): ENOTTY.
+    fn no_ioctl_on_placeholder(l: Loc) -> Result<()> {
+        if l.is_placeholder() {
+            return Err(Error::errno(
+                libc::ENOTTY,
+                "the empty directory standing for a subvolume has no ioctls",
+            ));
+        }
+        Ok(())
+    }
+
     /// `btrfs subvolume create` (create_subvol): no commit.
     pub fn subvol_create(&mut self, dir: Loc, name: &[u8]) -> Result<Loc> {
+        Self::no_ioctl_on_placeholder(dir)?;
         if self.lookup(dir, name)?.is_some() {
             return Err(Error::errno(
                 libc::EEXIST,
@@ -180,6 +194,7 @@ impl Filesystem {
     /// dirty data is written back, everything before is committed, the
     /// snapshot shares the source's tree as committed, and it is committed.
     pub fn snapshot(&mut self, src: Loc, dir: Loc, name: &[u8]) -> Result<Loc> {
+        Self::no_ioctl_on_placeholder(dir)?;
         if src.ino != ROOT_DIR {
             return Err(Error::errno(
                 libc::EINVAL,
@@ -274,13 +289,104 @@ impl Filesystem {
                     format!("{}: no such subvolume", String::from_utf8_lossy(name)),
                 )
             })?;
-        if loc.ty != BTRFS_ROOT_ITEM_KEY {
+        // The empty placeholder of a subvolume not linked here is no
+        // subvolume either (its inode is not BTRFS_FIRST_FREE_OBJECTID).
+        if loc.ty != BTRFS_ROOT_ITEM_KEY || self.entry_target(dir, name, &loc)?.is_placeholder() {
             return Err(Error::errno(
                 libc::EINVAL,
                 format!("{}: not a subvolume", String::from_utf8_lossy(name)),
             ));
         }
         self.delete_subvol_entry(dir, name)
+    }
+
+    /// The dir index of entry `name` of `dir`.
+    fn entry_index(&mut self, dir: Loc, name: &[u8]) -> Result<u64> {
+        names::list_dir(&mut self.store, dir.subvol, dir.ino)?
+            .into_iter()
+            .find(|e| e.name == name)
+            .map(|e| e.index)
+            .ok_or_else(|| {
+                Error::corrupt_key(
+                    "dir item without dir index",
+                    0,
+                    Key::new(dir.ino, BTRFS_DIR_ITEM_KEY, name_hash(name)),
+                )
+            })
+    }
+
+    /// Take subvolume entry `name` (location `loc`) out of `dir`
+    /// (btrfs_unlink_subvol): its dir item and dir index, and the
+    /// ROOT_REF/ROOT_BACKREF pair that links the subvolume there; the
+    /// directory's size and times follow.
+    fn unlink_subvol(&mut self, dir: Loc, name: &[u8], loc: Key) -> Result<()> {
+        let id = loc.objectid;
+        let idx = self.entry_index(dir, name)?;
+        let t = self.transid();
+        names::remove_name(&mut self.store, dir.subvol, dir.ino, loc, name, idx, t)?;
+        self.store
+            .delete_item(TreeId::Root, &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id))?;
+        self.store.delete_item(
+            TreeId::Root,
+            &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol),
+        )?;
+        self.stamp(dir, true, true)
+    }
+
+    /// rename(2) of a subvolume's entry (btrfs_rename with a subvolume
+    /// as the source; the caller made the checks and removed any target):
+    /// the entry and its root references leave `odir`, and a new entry in
+    /// `ndir` names the subvolume's root item by its key, as btrfs_add_link
+    /// does, with a new ROOT_REF/ROOT_BACKREF pair (btrfs_add_root_ref).
+    /// The two directories may be in different subvolumes. The log cannot
+    /// express any of it: the next fsync in this transaction commits it
+    /// (btrfs_set_log_full_commit).
+    pub(super) fn rename_subvol_entry(
+        &mut self,
+        odir: Loc,
+        oname: &[u8],
+        ndir: Loc,
+        nname: &[u8],
+        id: u64,
+    ) -> Result<()> {
+        let (loc, _) = names::lookup_name(&mut self.store, odir.subvol, odir.ino, oname)?
+            .ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
+        let root_key = self.store.root_key(id)?;
+        self.unlink_subvol(odir, oname, loc)?;
+        self.link_subvol(ndir, nname, id, root_key.offset)?;
+        self.log.full_commit_trans = self.transid();
+        Ok(())
+    }
+
+    /// Remove an entry that leads to the empty-subvolume placeholder
+    /// (btrfs_unlink_subvol for one): its dir item and dir index go. No
+    /// ROOT_REF links the subvolume it names under this entry, so the root
+    /// tree is left alone: the subvolume lives on wherever it is linked.
+    pub(super) fn remove_placeholder_entry(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
+        let (loc, _) = names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?
+            .ok_or_else(|| Error::errno(libc::ENOENT, "no such directory"))?;
+        let idx = self.entry_index(dir, name)?;
+        let t = self.transid();
+        names::remove_name(&mut self.store, dir.subvol, dir.ino, loc, name, idx, t)?;
+        self.stamp(dir, true, true)?;
+        // Replay cannot remove a subvolume entry: fully logging the
+        // directory commits instead.
+        self.rt(dir)?.last_unlink_trans = t;
+        Ok(())
+    }
+
+    /// The directory holding the entry that links subvolume `id` (from
+    /// its ROOT_BACKREF); None for the top level.
+    pub(super) fn subvol_parent(&mut self, id: u64) -> Result<Option<Loc>> {
+        let lo = Key::new(id, BTRFS_ROOT_BACKREF_KEY, 0);
+        let Some((k, d)) = self.store.next_item(TreeId::Root, &lo)? else {
+            return Ok(None);
+        };
+        if k.objectid != id || k.ty != BTRFS_ROOT_BACKREF_KEY {
+            return Ok(None);
+        }
+        let (r, _) = parse_root_ref(&d).map_err(|e| e.at(0, k))?;
+        Ok(Some(Loc::new(k.offset, r.dirid.get())))
     }
 
     /// The deletion itself (also rmdir of an empty subvolume).
@@ -306,20 +412,8 @@ impl Filesystem {
                 ));
             }
         }
-        let idx = names::list_dir(&mut self.store, dir.subvol, dir.ino)?
-            .into_iter()
-            .find(|e| e.name == name)
-            .map(|e| e.index)
-            .ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
+        self.unlink_subvol(dir, name, loc)?;
         let t = self.transid();
-        names::remove_name(&mut self.store, dir.subvol, dir.ino, loc, name, idx, t)?;
-        self.store
-            .delete_item(TreeId::Root, &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id))?;
-        self.store.delete_item(
-            TreeId::Root,
-            &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol),
-        )?;
-        self.stamp(dir, true, true)?;
         // btrfs_record_snapshot_destroy: replay cannot remove a subvolume
         // entry, so fully logging the directory commits instead.
         self.rt(dir)?.last_unlink_trans = t;
@@ -443,6 +537,7 @@ impl Filesystem {
     /// `btrfs subvolume set-default`: the root tree's `default` entry names
     /// it (seen at the next mount). No commit.
     pub fn set_default_subvol(&mut self, l: Loc) -> Result<()> {
+        Self::no_ioctl_on_placeholder(l)?;
         if l.ino != ROOT_DIR {
             return Err(Error::errno(libc::EINVAL, "set-default: not a subvolume"));
         }

@@ -205,6 +205,11 @@ impl Filesystem {
         self.absorb_log_io();
         self.stats.fsyncs += 1;
         self.log.subvols.entry(l.subvol).or_default().log_batch += 1;
+        if l.is_placeholder() {
+            // The empty-subvolume placeholder's fsync does nothing
+            // (noop_fsync): it has nothing on disk.
+            return Ok(FsyncTicket::Done);
+        }
         let it = self.item(l)?;
         let m = it.mode.get();
         if !is_reg(m) && !is_dir(m) && !is_lnk(m) {
