@@ -48,6 +48,9 @@ const ENOTEMPTY: i32 = libc::ENOTEMPTY;
 const ENODATA: i32 = libc::ENODATA;
 const EPERM: i32 = libc::EPERM;
 const EXDEV: i32 = libc::EXDEV;
+const EACCES: i32 = libc::EACCES;
+const ENOTTY: i32 = libc::ENOTTY;
+const EOPNOTSUPP: i32 = libc::EOPNOTSUPP;
 
 const BS: u64 = 4096;
 
@@ -70,6 +73,10 @@ struct Node {
     subvol: u64,
     /// The root directory of subvolume `subvol`.
     root: bool,
+    /// The empty placeholder a snapshot shows where its source held
+    /// another subvolume (no ROOT_REF links that one under the snapshot):
+    /// an empty directory, inode 2, that takes no entries.
+    placeholder: bool,
 }
 
 /// Paths (normalised, `/` the root) to nodes; a node with several paths is
@@ -129,6 +136,7 @@ impl Model {
                 xattrs: BTreeMap::new(),
                 subvol: 0,
                 root: true,
+                placeholder: false,
             },
         );
         m
@@ -186,6 +194,7 @@ impl Model {
                 xattrs: BTreeMap::new(),
                 subvol,
                 root: false,
+                placeholder: false,
             },
         );
     }
@@ -237,6 +246,18 @@ impl Model {
             Some(_) => Err(ENOTDIR),
         }
     }
+    fn is_placeholder(&self, p: &str) -> bool {
+        self.node(p).is_some_and(|n| n.placeholder)
+    }
+    /// check_parent, and a placeholder parent refuses the new name with
+    /// `in_placeholder` (its inode has no directory operations).
+    fn check_new(&self, p: &str, in_placeholder: i32) -> Result<(), i32> {
+        self.check_parent(p)?;
+        if self.is_placeholder(parent(p)) {
+            return Err(in_placeholder);
+        }
+        Ok(())
+    }
 
     fn file_mut(&mut self, p: &str) -> Result<&mut Vec<u8>, i32> {
         let id = *self.paths.get(p).ok_or(ENOENT)?;
@@ -251,14 +272,14 @@ impl Model {
     fn apply(&mut self, st: &Step) -> Result<(), i32> {
         match st {
             Step::Mkdir(p) => {
-                self.check_parent(p)?;
+                self.check_new(p, EPERM)?;
                 if self.paths.contains_key(p) {
                     return Err(EEXIST);
                 }
                 self.add(p, Kind::Dir);
             }
             Step::Create(p) => {
-                self.check_parent(p)?;
+                self.check_new(p, EACCES)?;
                 match self.node(p).map(|n| &n.kind) {
                     None => self.add(p, Kind::File(Vec::new())),
                     Some(Kind::Dir) => return Err(EISDIR),
@@ -273,7 +294,7 @@ impl Model {
                 ..
             } => {
                 if !self.paths.contains_key(path) {
-                    self.check_parent(path)?;
+                    self.check_new(path, EACCES)?;
                     self.add(path, Kind::File(Vec::new()));
                 }
                 let bytes = fill_bytes(fill, *len);
@@ -385,7 +406,7 @@ impl Model {
                 if self.paths.contains_key(b) {
                     return Err(EEXIST);
                 }
-                if self.is_dir(a) {
+                if self.is_dir(a) || self.is_placeholder(parent(b)) {
                     return Err(EPERM);
                 }
                 if self.subvol_of(a) != self.subvol_of(parent(b)) {
@@ -394,7 +415,7 @@ impl Model {
                 self.paths.insert(b.clone(), id);
             }
             Step::Symlink { target, path } => {
-                self.check_parent(path)?;
+                self.check_new(path, EPERM)?;
                 if self.paths.contains_key(path) {
                     return Err(EEXIST);
                 }
@@ -423,7 +444,7 @@ impl Model {
                 self.remove_name(p);
             }
             Step::SubvolCreate(p) => {
-                self.check_parent(p)?;
+                self.check_new(p, ENOTTY)?;
                 if self.paths.contains_key(p) {
                     return Err(EEXIST);
                 }
@@ -436,6 +457,7 @@ impl Model {
                         xattrs: BTreeMap::new(),
                         subvol: sv,
                         root: true,
+                        placeholder: false,
                     },
                 );
             }
@@ -444,20 +466,25 @@ impl Model {
                 if !root.root {
                     return Err(EINVAL);
                 }
-                self.check_parent(p)?;
+                self.check_new(p, ENOTTY)?;
                 if self.paths.contains_key(p) {
                     return Err(EEXIST);
                 }
                 let sv = self.next_subvol;
                 self.next_subvol += 1;
-                // The source as it is now, nested subvolumes excluded (each
-                // of this subvolume's nodes copied once, so hard links stay
-                // hard links).
+                // The source as it is now (each of this subvolume's nodes
+                // copied once, so hard links stay hard links); a subvolume
+                // nested in it becomes an empty placeholder, what is in
+                // that subvolume is not copied.
                 let inside: Vec<(String, u64)> = self
                     .paths
                     .iter()
                     .filter(|(q, id)| {
-                        q.as_str() != src && within(q, src) && self.nodes[*id].subvol == root.subvol
+                        q.as_str() != src
+                            && within(q, src)
+                            && (self.nodes[*id].subvol == root.subvol
+                                || (self.nodes[*id].root
+                                    && self.subvol_of(parent(q)) == root.subvol))
                     })
                     .map(|(q, id)| (q.clone(), *id))
                     .collect();
@@ -472,6 +499,16 @@ impl Model {
                     match copies.get(&id) {
                         Some(&c) => {
                             self.paths.insert(to, c);
+                        }
+                        None if self.nodes[&id].root => {
+                            let n = Node {
+                                kind: Kind::Dir,
+                                xattrs: BTreeMap::new(),
+                                subvol: sv,
+                                root: false,
+                                placeholder: true,
+                            };
+                            self.add_node(&to, n);
                         }
                         None => {
                             let n = Node {
@@ -510,6 +547,9 @@ impl Model {
             Step::SetXattr { path, name, value } => {
                 let id = *self.paths.get(path).ok_or(ENOENT)?;
                 let n = self.nodes.get_mut(&id).ok_or(ENOENT)?;
+                if n.placeholder {
+                    return Err(EOPNOTSUPP);
+                }
                 if matches!(n.kind, Kind::Symlink(_)) {
                     return Err(EPERM);
                 }
@@ -518,6 +558,9 @@ impl Model {
             Step::RemoveXattr { path, name } => {
                 let id = *self.paths.get(path).ok_or(ENOENT)?;
                 let n = self.nodes.get_mut(&id).ok_or(ENOENT)?;
+                if n.placeholder {
+                    return Err(EOPNOTSUPP);
+                }
                 if matches!(n.kind, Kind::Symlink(_)) {
                     return Err(EPERM);
                 }
@@ -558,11 +601,18 @@ impl Model {
                 _ => {}
             }
         }
-        // btrfs_rename: only a subvolume's own entry may move to another
-        // subvolume; a subvolume root or a non-empty directory is not
-        // replaced.
+        // btrfs_rename: nothing goes into a placeholder; only a
+        // subvolume's own entry may move to another subvolume; a
+        // placeholder does not move; a subvolume root or a non-empty
+        // directory is not replaced.
+        if self.is_placeholder(parent(b)) {
+            return Err(EPERM);
+        }
         if !self.is_subvol_root(a) && self.subvol_of(a) != self.subvol_of(parent(b)) {
             return Err(EXDEV);
+        }
+        if self.is_placeholder(a) {
+            return Err(ENOTEMPTY);
         }
         if self.paths.contains_key(b) {
             if self.is_subvol_root(b) || (sdir && !self.children(b).is_empty()) {
@@ -647,6 +697,16 @@ impl Model {
                     e.xattrs.keys().collect::<Vec<_>>(),
                     n.xattrs.keys().collect::<Vec<_>>()
                 ));
+            }
+            if n.placeholder {
+                // Every placeholder is inode 2, in whatever subvolume.
+                if e.ino != 2 {
+                    d.push(format!("inode {} want 2 (a placeholder)", e.ino));
+                }
+                if !d.is_empty() {
+                    diffs.push(format!("{p}: {}", d.join("; ")));
+                }
+                continue;
             }
             match ino_of.insert(*id, e.ino) {
                 Some(i) if i != e.ino => {
@@ -919,13 +979,6 @@ impl Op {
             } => {
                 let nondir: Vec<String> = all.iter().filter(|p| !m.is_dir(p)).cloned().collect();
                 let (a, b) = (pick(&nondir, src)?.clone(), join(&dir(d), name(n)));
-                // Known bug: see errno_order_with_subvolumes.
-                if m.subvol_of(&a) != m.subvol_of(parent(&b))
-                    && m.paths.contains_key(&b)
-                    && avoid_known_bugs()
-                {
-                    return None;
-                }
                 Step::Link(a, b)
             }
             Op::Symlink {
@@ -944,18 +997,6 @@ impl Op {
                 name: n,
             } => {
                 let (a, b) = (pick(&all, src)?.clone(), join(&dir(d), name(n)));
-                // Known bugs: see rename_a_subvolume (subvol_quota.rs) and
-                // errno_order_with_subvolumes (a subvolume as the target).
-                if (m.is_subvol_root(&a) || m.is_subvol_root(&b)) && avoid_known_bugs() {
-                    return None;
-                }
-                // Known bug: see errno_order_with_subvolumes.
-                if m.subvol_of(&a) != m.subvol_of(parent(&b))
-                    && (m.paths.contains_key(&b) || within(parent(&b), &a))
-                    && avoid_known_bugs()
-                {
-                    return None;
-                }
                 Step::Rename(a, b)
             }
             Op::SetXattr {
@@ -998,11 +1039,6 @@ impl Op {
             } => {
                 let roots = m.subvol_roots();
                 let src = pick(&roots, src)?.clone();
-                // Known bug: see nested_subvolume_in_a_snapshot_is_an_empty_directory
-                // (subvol_quota.rs).
-                if !m.nested_subvols(&src).is_empty() && avoid_known_bugs() {
-                    return None;
-                }
                 // Known bug: see snapshot_while_a_deletion_awaits_the_cleaner
                 // (subvol_quota.rs).
                 if m.quotas && m.cleaner_pending > 0 && avoid_known_bugs() {
@@ -1460,5 +1496,21 @@ fn errno_order_with_subvolumes() {
         &[],
         "subvol-create /sv\nmkdir /sv/d\ncreate /sv/f\ncreate /f\nmkdir /d\n\
          link /f /sv/f\nrename /f /sv/d\nrename /d /sv/f\nlink /d /f\nmkdir /a\nsubvol-create /a/s\nrename /a /a/s/x\nsubvol-create /empty\nmkdir /e\nrename /e /empty\nsync\n",
+    );
+}
+
+/// Snapshots over nested subvolumes: each nested one is an empty
+/// placeholder in the snapshot (all of them inode 2), which takes no
+/// entries, does not move, goes with rmdir and may be replaced by an empty
+/// directory; subvolumes move between subvolumes, also into a snapshot.
+#[test]
+fn placeholders_of_nested_subvolumes() {
+    must_pass(
+        &["-n", "4096"],
+        &[],
+        "subvol-create /sv\ncreate /sv/f\nsubvol-create /sv2\nsnapshot / /t\nsnapshot / /s\n\
+         mkdir /t/sv/x\ncreate /t/sv2/y\nrename /t/sv /t/z\nsetxattr /t/sv user.a 1\nsync\n\
+         rename /sv /t/moved\nrmdir /s/sv\nmkdir /t/e\nrename /t/e /t/sv2\nrename /t/moved /s/sv\nsync\n\
+         snapshot /t /u\nrmdir /u/sv\nremount\n",
     );
 }

@@ -194,13 +194,13 @@ impl Filesystem {
     /// dirty data is written back, everything before is committed, the
     /// snapshot shares the source's tree as committed, and it is committed.
     pub fn snapshot(&mut self, src: Loc, dir: Loc, name: &[u8]) -> Result<Loc> {
-        Self::no_ioctl_on_placeholder(dir)?;
         if src.ino != ROOT_DIR {
             return Err(Error::errno(
                 libc::EINVAL,
                 "snapshot: the source is not a subvolume",
             ));
         }
+        Self::no_ioctl_on_placeholder(dir)?;
         if self.lookup(dir, name)?.is_some() {
             return Err(Error::errno(
                 libc::EEXIST,
