@@ -496,15 +496,28 @@ impl Filesystem {
         }
     }
 
-    /// Commit the running transaction (`reason` is counted).
+    /// Commit the running transaction (`reason` is counted): with
+    /// flushoncommit the dirty data is written back first, and the cleaner
+    /// drops the subvolumes whose deletion an earlier commit made durable.
     pub fn commit(&mut self, reason: &str) -> Result<()> {
-        // A log sync's superblock must not land after the commit's.
+        // A log sync still under way finishes before the writeback (as the
+        // commit waits for it before anything else).
         self.log.io.wait_idle();
         self.absorb_log_io();
         if self.opts.flushoncommit {
             self.writeback_all(super::writeback::Reason::Sync)?;
         }
         self.finish_deleted_subvols()?;
+        self.commit_only(reason)
+    }
+
+    /// Commit the running transaction as it stands: nothing is added to it
+    /// that changes a reference (the commit that must follow a snapshot's
+    /// qgroup inherit directly).
+    pub(super) fn commit_only(&mut self, reason: &str) -> Result<()> {
+        // A log sync's superblock must not land after the commit's.
+        self.log.io.wait_idle();
+        self.absorb_log_io();
         self.store.flush_data()?;
         self.store.commit()?;
         // The log went with the commit.

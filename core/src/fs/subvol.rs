@@ -247,19 +247,22 @@ impl Filesystem {
             .update_root_item(src.subvol, |r| r.last_snapshot.set(t))?;
         self.store.snapshot_tree(src.subvol, id, ri, t)?;
         if self.store.qgroups.enabled {
-            // The source's counters are current; the snapshot starts as its
-            // copy (btrfs_qgroup_inherit), then a commit makes that state
-            // the one later changes are accounted from. Until it is linked
-            // the new root is an orphan (no references, an orphan item):
-            // a crash before the link leaves a root the next mount drops,
-            // never a subvolume no directory names.
+            // What the transaction changed is accounted without the new
+            // snapshot, which then starts as the source's copy
+            // (btrfs_qgroup_inherit); the commit right after makes that
+            // state the one later changes are accounted from, and it runs
+            // nothing that changes references (no cleaner, no writeback):
+            // the kernel does this inside the commit with every other
+            // writer shut out. Until it is linked the new root is an orphan
+            // (no references, an orphan item): a crash before the link
+            // leaves a root the next mount drops, never a subvolume no
+            // directory names.
             self.store.qgroup_create(id)?;
-            self.store.account_now()?;
-            self.store.qgroup_inherit_snapshot(src.subvol, id)?;
             let orphan = Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id);
             self.store.update_root_item(id, |r| r.refs.set(0))?;
             self.store.insert_item(TreeId::Root, &orphan, &[])?;
-            self.commit("snapshot")?;
+            self.store.qgroup_account_snapshot(src.subvol, id)?;
+            self.commit_only("snapshot")?;
             self.store.update_root_item(id, |r| r.refs.set(1))?;
             self.store.delete_item(TreeId::Root, &orphan)?;
         }
@@ -585,9 +588,9 @@ impl Filesystem {
         Ok(())
     }
 
-    /// `btrfs quota enable` (and the rescan it starts, waited for): a
-    /// commit, the quota tree and a qgroup per subvolume, a commit, the
-    /// rescan counting every extent, a commit.
+    /// `btrfs quota enable` (and the rescan it starts, waited for): the
+    /// quota tree and a qgroup per subvolume, a commit, the rescan counting
+    /// every extent of the trees that commit left, a commit.
     pub fn quota_enable(&mut self) -> Result<()> {
         if self.store.qgroups.enabled {
             return Ok(());
@@ -608,7 +611,9 @@ impl Filesystem {
         self.store.quota_enable(&subvols)?;
         self.commit("quota")?;
         self.writeback_all(super::writeback::Reason::Sync)?;
-        self.store.account_now()?;
+        // The rescan counts the committed trees; the writeback's changes
+        // and whatever the closing commit does (the cleaner may drop a
+        // deleted subvolume there) are accounted from the same trees.
         self.store.quota_rescan()?;
         self.commit("quota")
     }

@@ -136,6 +136,47 @@ impl Store {
             .map(|(_, d)| d))
     }
 
+    /// Every extent of the extent tree in `view`, as (bytenr, bytes, level
+    /// of a tree block): what a quota rescan accounts.
+    pub(super) fn view_extents(
+        &mut self,
+        view: View,
+        cache: &mut RootCache,
+    ) -> Result<Vec<(u64, u64, Option<u8>)>> {
+        let Some((rb, rl, rg)) = self.view_root(view, BTRFS_EXTENT_TREE_OBJECTID, cache)? else {
+            return Ok(Vec::new());
+        };
+        let t = TreeId::Tree(BTRFS_EXTENT_TREE_OBJECTID);
+        let root = self.load_root_at(t, rb, rl, Some(rg))?;
+        let ns = self.nodesize() as u64;
+        let mut out = Vec::new();
+        let mut k = Key::MIN;
+        while let Some((key, d, _)) = self.next_item_from(t, root, &k)? {
+            match key.ty {
+                BTRFS_EXTENT_ITEM_KEY => {
+                    let v = parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
+                    let tb = v.item.flags.get() & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0;
+                    let level = tb.then(|| v.tree_block_info.map(|t| t.level).unwrap_or(0));
+                    out.push((key.objectid, key.offset, level));
+                }
+                BTRFS_METADATA_ITEM_KEY => {
+                    // The level is the key's offset; anything past u8 is not
+                    // a level a tree can have.
+                    let level = u8::try_from(key.offset).map_err(|_| {
+                        Error::corrupt_key("metadata item level", key.objectid, key)
+                    })?;
+                    out.push((key.objectid, ns, Some(level)));
+                }
+                _ => {}
+            }
+            if key == Key::MAX {
+                break;
+            }
+            k = super::btree::next_key(&key);
+        }
+        Ok(out)
+    }
+
     /// The back references (with counts) of an extent in `view`: the
     /// extent tree's item, inline and keyed.
     fn view_backrefs(

@@ -14,9 +14,10 @@ use zerocopy::IntoBytes;
 const MAX_COMMIT_PASSES: usize = 64;
 
 impl Store {
-    /// Apply every queued back reference change to the extent tree.
-    /// Returns whether there was anything to run.
-    fn run_delayed_refs(&mut self) -> Result<bool> {
+    /// Apply every queued back reference change to the extent tree, each
+    /// extent noted for qgroup accounting. Returns whether there was
+    /// anything to run (running can queue more).
+    pub(super) fn run_delayed_refs(&mut self) -> Result<bool> {
         if self.delayed.is_empty() {
             return Ok(false);
         }

@@ -122,15 +122,7 @@ impl Store {
         if !self.qgroups.enabled {
             return Ok(false);
         }
-        let extents = std::mem::take(&mut self.qgroups.extents);
-        let mut cache = RootCache::new();
-        for (bytenr, (num_bytes, level)) in extents {
-            let old = self.extent_roots(View::Committed, bytenr, level, &mut cache)?;
-            let new = self.extent_roots(View::Current, bytenr, level, &mut cache)?;
-            if old != new {
-                self.qgroups.account(num_bytes, &old, &new);
-            }
-        }
+        self.account_noted(None)?;
         let mut changed = false;
         let transid = self.transid;
         for id in std::mem::take(&mut self.qgroups.dirty) {
@@ -163,6 +155,34 @@ impl Store {
             changed = true;
         }
         Ok(changed)
+    }
+
+    /// Account every extent noted in this transaction: the subvolumes that
+    /// referenced it in the committed trees against those that reference it
+    /// now. `skip` leaves one subvolume out of both sets (a snapshot whose
+    /// counters btrfs_qgroup_inherit sets right after).
+    ///
+    /// Invariant: the counters describe the committed trees plus what was
+    /// accounted since, so the committed trees are each extent's old roots.
+    /// Whatever sets counters from the trees as they stand (a snapshot's
+    /// inherit) is followed by a commit before any reference changes
+    /// (see `qgroup_account_snapshot`); a rescan counts the committed trees
+    /// (see `quota_rescan`).
+    fn account_noted(&mut self, skip: Option<u64>) -> Result<()> {
+        let extents = std::mem::take(&mut self.qgroups.extents);
+        let mut cache = RootCache::new();
+        for (bytenr, (num_bytes, level)) in extents {
+            let mut old = self.extent_roots(View::Committed, bytenr, level, &mut cache)?;
+            let mut new = self.extent_roots(View::Current, bytenr, level, &mut cache)?;
+            if let Some(id) = skip {
+                old.remove(&id);
+                new.remove(&id);
+            }
+            if old != new {
+                self.qgroups.account(num_bytes, &old, &new);
+            }
+        }
+        Ok(())
     }
 
     /// Create qgroup 0/`id` with zero counters (a new subvolume).
@@ -225,13 +245,24 @@ impl Store {
         Ok(())
     }
 
-    /// A snapshot's qgroup after the source was accounted
-    /// (btrfs_qgroup_inherit): it references what the source references;
-    /// each has only its root block to itself.
-    pub fn qgroup_inherit_snapshot(&mut self, src: u64, dst: u64) -> Result<()> {
+    /// The qgroup side of a snapshot (the kernel's qgroup_account_snapshot
+    /// in create_pending_snapshot): every reference change queued so far is
+    /// run and accounted with the new snapshot `dst` left out (its counters
+    /// are set next, whatever its tree shares), then `dst`'s qgroup becomes
+    /// a copy of `src`'s (btrfs_qgroup_inherit): it references what the
+    /// source references, and each has only its root block to itself.
+    ///
+    /// The caller commits next, before any reference changes: that commit
+    /// is the kernel's switch of commit roots after the inherit, so that
+    /// every later change is accounted from trees in which `dst` exists.
+    /// A reference change in between would be accounted from trees without
+    /// `dst` and count the extent for `dst` a second time.
+    pub fn qgroup_account_snapshot(&mut self, src: u64, dst: u64) -> Result<()> {
         if !self.qgroups.enabled {
             return Ok(());
         }
+        while self.run_delayed_refs()? {}
+        self.account_noted(Some(dst))?;
         let ns = self.nodesize() as u64;
         let s = self.qgroups.groups.get(&src).copied().unwrap_or_default();
         self.qgroups.groups.insert(
@@ -257,21 +288,9 @@ impl Store {
         self.write_qgroup_items(dst, false)
     }
 
-    /// Run the delayed references and account them now (not waiting for
-    /// the commit): the counters are then those of the current trees.
-    pub fn account_now(&mut self) -> Result<()> {
-        while !self.delayed.is_empty() {
-            for (bytenr, head) in self.delayed.take_all() {
-                self.qgroup_note_extent(bytenr, &head);
-                self.run_ref_head(bytenr, head)?;
-            }
-        }
-        self.account_qgroups().map(drop)
-    }
-
     /// Turn quotas on (btrfs_quota_enable): the quota tree with its status
-    /// item, a qgroup for every subvolume, then a rescan that counts every
-    /// extent of the extent tree. The caller commits before and after.
+    /// item and a qgroup for every subvolume. The caller commits, then
+    /// rescans (`quota_rescan`) and commits again.
     pub fn quota_enable(&mut self, subvols: &[u64]) -> Result<()> {
         if self.qgroups.enabled {
             return Ok(());
@@ -303,8 +322,17 @@ impl Store {
         Ok(())
     }
 
-    /// The rescan: every counter from zero over every extent (current
-    /// trees), then the status says consistent and rescan done.
+    /// The rescan (btrfs_qgroup_rescan_worker): every counter from zero,
+    /// then every extent of the committed extent tree counted for the
+    /// subvolumes that reference it in the committed trees; then the status
+    /// says consistent and rescan done.
+    ///
+    /// The committed trees, not the current ones: what the running
+    /// transaction changed is noted and accounted at its commit from the
+    /// committed trees, so the rescan must start from the same state, or a
+    /// change made before the rescan (writeback copying a shared block, the
+    /// cleaner dropping a deleted tree at the commit) is counted twice or
+    /// taken off what was never added. Noted extents are kept for that.
     pub fn quota_rescan(&mut self) -> Result<()> {
         if !self.qgroups.enabled {
             return Ok(());
@@ -315,10 +343,10 @@ impl Store {
         let ids: Vec<u64> = self.qgroups.groups.keys().copied().collect();
         self.qgroups.dirty.extend(ids);
         let mut cache = RootCache::new();
-        for (bytenr, num_bytes, level) in self.all_extents()? {
-            let new = self.extent_roots(View::Current, bytenr, level, &mut cache)?;
-            if !new.is_empty() {
-                self.qgroups.account(num_bytes, &BTreeSet::new(), &new);
+        for (bytenr, num_bytes, level) in self.view_extents(View::Committed, &mut cache)? {
+            let roots = self.extent_roots(View::Committed, bytenr, level, &mut cache)?;
+            if !roots.is_empty() {
+                self.qgroups.account(num_bytes, &BTreeSet::new(), &roots);
             }
         }
         let k = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);

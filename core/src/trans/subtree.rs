@@ -239,37 +239,4 @@ impl Store {
         self.items.forget_tree(TreeId::Tree(id));
         self.roots.remove(&TreeId::Tree(id));
     }
-
-    /// Every extent of the extent tree as (bytenr, bytes, level of a tree
-    /// block): what a quota rescan accounts.
-    pub fn all_extents(&mut self) -> Result<Vec<(u64, u64, Option<u8>)>> {
-        let ns = self.nodesize() as u64;
-        let mut out = Vec::new();
-        let mut k = Key::MIN;
-        while let Some((key, d)) = self.next_item(BTRFS_EXTENT_TREE_OBJECTID, &k)? {
-            k = super::btree::next_key(&key);
-            match key.ty {
-                BTRFS_EXTENT_ITEM_KEY => {
-                    let v = crate::format::extent::parse_extent_item(&key, &d)
-                        .map_err(|e| e.at(0, key))?;
-                    let tb = v.item.flags.get() & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0;
-                    out.push((
-                        key.objectid,
-                        key.offset,
-                        if tb {
-                            Some(v.tree_block_info.map(|t| t.level).unwrap_or(0))
-                        } else {
-                            None
-                        },
-                    ));
-                }
-                BTRFS_METADATA_ITEM_KEY => out.push((key.objectid, ns, Some(key.offset as u8))),
-                _ => {}
-            }
-            if key == Key::MAX {
-                break;
-            }
-        }
-        Ok(out)
-    }
 }
