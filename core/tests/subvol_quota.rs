@@ -433,3 +433,26 @@ fn snapshot_with_dirty_data_and_a_deletion_pending() {
     r.clean("the cleaner ran", true);
     assert!(!r.tree_exists(257) && !r.tree_exists(258) && r.tree_exists(259));
 }
+
+/// A subvolume id the cleaner freed is not handed out again before the
+/// next mount (the root tree's free objectid is set at mount and only
+/// counts up, as the kernel's): the deleted subvolume's free inode number
+/// would otherwise be taken for the new one, and a file created in it
+/// would get the number of an inode it already has.
+#[test]
+fn subvolume_id_freed_by_the_cleaner_is_not_reused() {
+    let mut r = Rig::new(&["-n", "4096"]);
+    r.run("create /a\ncreate /b\ncreate /c\nsnapshot / /e\nremount\ncreate /e/z\nsubvol-delete /e\ncreate /d\ncreate /f\nsync\nsync\n");
+    assert!(!r.tree_exists(256), "the deleted snapshot is dropped");
+    r.run("snapshot / /n\ncreate /n/g\n");
+    assert!(r.tree_exists(257), "the new snapshot has a fresh id");
+    let m = seen(&mut r.fs);
+    for p in ["/n/a", "/n/d", "/n/f", "/n/g"] {
+        assert!(
+            m.entries.get(p).is_some_and(|e| e.kind == 'f'),
+            "{p}:\n{}",
+            m.render()
+        );
+    }
+    r.clean("a snapshot after a drop", false);
+}

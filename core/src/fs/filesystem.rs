@@ -273,7 +273,8 @@ pub struct Filesystem {
     pub metadata_limit: u64,
     /// The default subvolume (what a mount shows at `/`).
     pub(super) default_subvol: u64,
-    /// Next subvolume id (the root tree's free objectid), once known.
+    /// Next subvolume id (the root tree's free objectid), from the mount
+    /// on (None only while the filesystem is being set up).
     pub(super) next_subvol_id: Option<u64>,
     /// Deleted subvolumes waiting for the cleaner: (id, transaction of
     /// the deletion).
@@ -366,6 +367,7 @@ impl Filesystem {
             _ => {}
         }
         fs.default_subvol = fs.read_default_subvol()?;
+        fs.next_subvol_id = Some(fs.root_tree_free_objectid()?);
         fs.find_dead_subvols()?;
         fs.orphan_cleanup()?;
         Ok(fs)
@@ -618,9 +620,9 @@ impl Filesystem {
         self.inodes.clear();
         self.inodes_kept = 0;
         self.free_ino.clear();
-        self.next_subvol_id = None;
         self.store.drop_clean_cache();
         self.default_subvol = self.read_default_subvol()?;
+        self.next_subvol_id = Some(self.root_tree_free_objectid()?);
         Ok(())
     }
 

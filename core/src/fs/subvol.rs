@@ -31,14 +31,27 @@ fn root_ref_bytes(dirid: u64, index: u64, name: &[u8]) -> Vec<u8> {
 }
 
 impl Filesystem {
-    /// The next subvolume id (the root tree's free objectid, raised past
-    /// any level-0 qgroup id).
-    fn alloc_subvol_id(&mut self) -> Result<u64> {
+    /// One past the highest objectid of the root tree: its free objectid
+    /// as a mount finds it (btrfs_init_root_free_objectid at open_ctree).
+    pub(super) fn root_tree_free_objectid(&mut self) -> Result<u64> {
         let hi = Key::new(BTRFS_LAST_FREE_OBJECTID, u8::MAX, u64::MAX);
         let lo = Key::new(BTRFS_FIRST_FREE_OBJECTID, 0, 0);
-        let mut next = match self.store.prev_item(TreeId::Root, &hi, &lo)? {
+        Ok(match self.store.prev_item(TreeId::Root, &hi, &lo)? {
             Some((k, _)) => (k.objectid + 1).max(BTRFS_FIRST_FREE_OBJECTID),
             None => BTRFS_FIRST_FREE_OBJECTID,
+        })
+    }
+
+    /// The next subvolume id: the root tree's free objectid, known since
+    /// the mount and only counting up until the next one, raised past any
+    /// level-0 qgroup id. An id the cleaner freed in this mount is never
+    /// handed out again in it: state kept by subvolume id (free inode
+    /// numbers, the log's per-subvolume state) may still be the dropped
+    /// subvolume's, as the kernel's in-memory roots may.
+    fn alloc_subvol_id(&mut self) -> Result<u64> {
+        let mut next = match self.next_subvol_id {
+            Some(n) => n,
+            None => self.root_tree_free_objectid()?,
         };
         if let Some(&q) = self
             .store
@@ -51,9 +64,6 @@ impl Filesystem {
             if q >= next {
                 next = q + 1;
             }
-        }
-        if let Some(n) = self.next_subvol_id {
-            next = next.max(n);
         }
         self.next_subvol_id = Some(next + 1);
         Ok(next)
