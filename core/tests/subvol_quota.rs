@@ -456,3 +456,33 @@ fn subvolume_id_freed_by_the_cleaner_is_not_reused() {
     }
     r.clean("a snapshot after a drop", false);
 }
+
+/// Deleting the source of a snapshot: the blocks the source created are
+/// shared with the snapshot, and the tree blocks below them name the
+/// source in their back references. The cleaner's drop gives them full
+/// back references first (naming their parent blocks), so the snapshot
+/// that keeps them still resolves as their owner and its qgroup holds all
+/// of them exclusively; before, they counted for no one once the source
+/// was gone. Then the snapshot changes and is snapshotted in turn.
+#[test]
+fn deleting_the_source_of_a_snapshot() {
+    let mut r = Rig::new(&["-n", "4096"]);
+    r.run("writefiles / 80 10-9000\nquota-enable\nsubvol-create /s\nwritefiles /s 30 100-5000\nsnapshot /s /t\nsubvol-delete /t\nsnapshot /s /u\nsubvol-delete /s\n");
+    r.clean("the source deleted", true);
+    r.clean("the cleaner dropped it", true);
+    assert!(!r.tree_exists(256));
+    let u = r.qgroup(258).expect("the snapshot's qgroup");
+    assert!(
+        u.excl == u.rfer && u.rfer > 100 << 10,
+        "the snapshot holds everything alone: {u:?}"
+    );
+    r.run(
+        "write /u/f00003 0 9000 1\nunlink /u/f00004\nsnapshot /u /v\nwrite /v/f00005 100 100 2\n",
+    );
+    r.clean("the snapshot changed and snapshotted", true);
+    r.run("subvol-delete /u\nremount\n");
+    r.clean("and deleted", true);
+    r.clean("and dropped", true);
+    let v = r.qgroup(259).expect("the second snapshot's qgroup");
+    assert_eq!(v.excl, v.rfer, "{v:?}");
+}

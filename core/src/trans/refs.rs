@@ -472,7 +472,7 @@ impl Store {
         Ok(())
     }
 
-    fn set_full_backref(&mut self, bytenr: u64, level: u8) -> Result<()> {
+    pub(super) fn set_full_backref(&mut self, bytenr: u64, level: u8) -> Result<()> {
         let (key, mut d) = self.extent_item_key(bytenr, Some(level))?;
         let f = u64::from_le_bytes(d[16..24].try_into().unwrap_or([0; 8]))
             | BTRFS_BLOCK_FLAG_FULL_BACKREF;
@@ -548,7 +548,7 @@ impl Store {
     ) -> Result<bool> {
         let level = edit::level(buf);
         let (refs, flags) = self.extent_refs_now(bytenr, Some(level))?;
-        let owner = u64::from_le_bytes(buf[0x58..0x60].try_into().unwrap_or([0; 8]));
+        let owner = edit::owner(buf);
         let tree = tree.id();
         let full = flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0;
         if refs > 1 {

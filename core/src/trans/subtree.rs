@@ -117,8 +117,10 @@ impl Store {
             let (refs, flags) = self.extent_refs_now(b, Some(level))?;
             let ns = self.nodesize() as u64;
             if refs > 1 {
-                // Shared: only this reference goes; the subtree's owners
-                // change.
+                // Shared: only this reference goes (what this tree created
+                // below takes full back references first); the subtree's
+                // owners change.
+                self.full_backrefs_below(tid, b, level, g)?;
                 self.delayed.add(b, ns, Some(level), r, -1);
                 if self.qgroups.enabled {
                     self.trace_subtree(tid, b, level)?;
@@ -183,6 +185,61 @@ impl Store {
         }) = self.roots.get_mut(&tid)
         {
             ri.bytes_used.set(0);
+        }
+        Ok(())
+    }
+
+    /// Before tree `tid` gives up its reference to shared block `b`: every
+    /// block of the subtree that `tid` created and that still holds its
+    /// children by references naming `tid` takes full back references
+    /// instead (the children name the block), as btrfs_drop_snapshot's
+    /// UPDATE_BACKREF stage does. The trees that keep the subtree reach
+    /// those children only through these blocks, and a reference naming a
+    /// tree that is gone can no longer be resolved to a parent (back
+    /// reference walks, qgroup accounting). Blocks another tree created
+    /// hold their children by that tree's name and are left alone, with
+    /// everything below them.
+    fn full_backrefs_below(
+        &mut self,
+        tid: TreeId,
+        b: u64,
+        level: u8,
+        gen: Option<u64>,
+    ) -> Result<()> {
+        let id = tid.id();
+        let mut stack = vec![(b, level, gen)];
+        let mut n = 0usize;
+        while let Some((x, l, g)) = stack.pop() {
+            n += 1;
+            if n > MAX_DROP {
+                return Err(Error::corrupt("subtree walk does not end", b));
+            }
+            self.load(
+                tid,
+                x,
+                Expect {
+                    level: Some(l),
+                    generation: g,
+                    owner: None,
+                    first_key: None,
+                },
+            )?;
+            let buf = self.buf(x)?.clone();
+            if edit::owner(&buf) != id {
+                continue;
+            }
+            let (_, flags) = self.extent_refs_now(x, Some(l))?;
+            if flags & BTRFS_BLOCK_FLAG_FULL_BACKREF == 0 {
+                self.change_children_refs(id, &buf, x, true, 1)?;
+                self.change_children_refs(id, &buf, x, false, -1)?;
+                self.set_full_backref(x, l)?;
+            }
+            if l > 0 {
+                for i in 0..edit::nritems(&buf) {
+                    let (c, cg) = edit::node_ptr(&buf, i);
+                    stack.push((c, l - 1, Some(cg)));
+                }
+            }
         }
         Ok(())
     }

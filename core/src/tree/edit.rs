@@ -30,6 +30,10 @@ fn set_nritems(buf: &mut [u8], n: usize) {
 pub fn level(buf: &[u8]) -> u8 {
     hdr(buf).level
 }
+/// The tree that created the block (the header's owner).
+pub fn owner(buf: &[u8]) -> u64 {
+    hdr(buf).owner.get()
+}
 
 fn item_at(buf: &[u8], slot: usize) -> Item {
     let o = HEADER_SIZE + slot * ITEM_SIZE;
