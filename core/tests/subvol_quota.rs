@@ -346,7 +346,9 @@ fn nested_subvolume_placeholder_operations() {
     let m = seen(&mut r.fs);
     assert!(!m.entries.contains_key("/snap/sv"), "{}", m.render());
     assert!(
-        m.entries.get("/snap2/sv").is_some_and(|e| e.kind == 'd' && e.ino != 2),
+        m.entries
+            .get("/snap2/sv")
+            .is_some_and(|e| e.kind == 'd' && e.ino != 2),
         "{}",
         m.render()
     );
@@ -362,7 +364,9 @@ fn nested_subvolume_placeholder_operations() {
 #[test]
 fn rename_a_subvolume_across_subvolumes() {
     let mut r = Rig::new(&["-n", "4096"]);
-    r.run("subvol-create /sv\nwrite /sv/f 0 10 1\nsubvol-create /other\nsnapshot /sv /snap\nsync\n");
+    r.run(
+        "subvol-create /sv\nwrite /sv/f 0 10 1\nsubvol-create /other\nsnapshot /sv /snap\nsync\n",
+    );
     r.run("rename /sv /other/sv\nrename /snap /other/s\ncreate /other/x\nfsync /other/x\n");
     r.clean("moved into another subvolume", false);
     let m = seen(&mut r.fs);
