@@ -86,16 +86,10 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
-        match self.q.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::sync::lock(&self.q)
     }
     fn wait<'a>(&self, g: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
-        match self.changed.wait(g) {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::sync::wait(&self.changed, g)
     }
     /// Wait until every queued write is carried out.
     fn drain(&self) -> MutexGuard<'_, Queue> {

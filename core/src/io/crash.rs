@@ -46,10 +46,7 @@ impl CrashDevice {
         }
     }
     fn state(&self) -> std::sync::MutexGuard<'_, CrashState> {
-        match self.inner.lock() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::sync::lock(&self.inner)
     }
     /// Refuse every write after the next `n`.
     pub fn fail_after_writes(&self, n: Option<u64>) {

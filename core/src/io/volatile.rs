@@ -78,10 +78,7 @@ impl VolatileFile {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        match self.state.lock() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::sync::lock(&self.state)
     }
 
     /// Writes since the last flush.

@@ -83,10 +83,7 @@ impl Drop for Waiting<'_> {
 
 impl SeatBoard {
     fn state(&self) -> MutexGuard<'_, Seats> {
-        match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::sync::lock(&self.state)
     }
 
     fn seat(&self) -> Seat<'_> {
@@ -113,10 +110,7 @@ impl SeatBoard {
             if now >= deadline {
                 return false;
             }
-            s = match self.changed.wait_timeout(s, deadline - now) {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
-            };
+            s = crate::util::sync::wait_timeout(&self.changed, s, deadline - now);
         }
     }
 }
@@ -142,10 +136,7 @@ impl SharedFs {
     /// The filesystem, for one operation at a time. A client that panicked
     /// holding it leaves it as it was at the panic.
     pub fn lock(&self) -> MutexGuard<'_, Filesystem> {
-        match self.fs.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::sync::lock(&self.fs)
     }
 
     /// fsync from one client: log under the lock, give the others a

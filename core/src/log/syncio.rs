@@ -42,10 +42,7 @@ pub struct LogIoGate {
 
 impl LogIoGate {
     fn state(&self) -> MutexGuard<'_, GateState> {
-        match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::sync::lock(&self.state)
     }
 
     pub fn busy(&self) -> bool {
@@ -73,10 +70,7 @@ impl LogIoGate {
     pub fn wait_idle(&self) {
         let mut s = self.state();
         while s.in_flight {
-            s = match self.idle.wait(s) {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
+            s = crate::util::sync::wait(&self.idle, s);
         }
     }
 

@@ -68,17 +68,11 @@ struct Shared {
 
 impl Shared {
     fn state(&self) -> MutexGuard<'_, State> {
-        match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::sync::lock(&self.state)
     }
 
     fn wait_done<'a>(&self, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        match self.done.wait(g) {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::sync::wait(&self.done, g)
     }
 
     fn wait_for(&self, seq: u64) -> Result<()> {
@@ -106,10 +100,7 @@ impl Shared {
                     if s.stop {
                         return;
                     }
-                    s = match self.work.wait(s) {
-                        Ok(g) => g,
-                        Err(p) => p.into_inner(),
-                    };
+                    s = crate::util::sync::wait(&self.work, s);
                 }
             };
             let r = self.dev.write_at(phys, &data);

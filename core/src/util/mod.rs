@@ -1,3 +1,4 @@
 //! Small shared pieces with no better home.
 
 pub mod hash;
+pub mod sync;
