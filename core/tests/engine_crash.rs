@@ -512,3 +512,77 @@ fn orphans_left_by_a_crash_are_removed_at_mount() {
     drop(fs);
     assert_clean(crashed, "after orphan cleanup");
 }
+
+/// Run `script` on a fresh image, then fail the power: the durable part of
+/// the device, mounted (its log replayed by btrkit's replay at mount).
+fn crash_after(mkfs: &[&str], size: u64, script: &str) -> (Arc<dyn BlockDevice>, Manifest) {
+    let made = new_image(size, mkfs);
+    let d: Arc<dyn BlockDevice> = made.clone();
+    let mut fs = mount(d.clone(), &[]).unwrap();
+    let mut r = EngineRunner::new();
+    for st in steps(script) {
+        apply(&mut fs, &mut r, &d, &[], &st).unwrap_or_else(|e| panic!("step {st:?}: {e}"));
+    }
+    let crashed: Arc<dyn BlockDevice> = Arc::new(made.crash_device(|_| false));
+    drop(fs);
+    let m = seen_on_disk(crashed.clone());
+    (crashed, m)
+}
+
+/// fsync through a descriptor of a file whose last link is gone (fstests
+/// generic/764): the kernel logs the inode (nlink 0) and the directory
+/// it lost its name from, so replay removes the name and the file. The
+/// engine used to skip the fsync and the file came back.
+#[test]
+fn fsync_of_an_unlinked_open_file_logs_its_deletion() {
+    for (what, script) in [
+        (
+            "one link",
+            "mkdir /d\nwrite /d/f 0 8192 1\nopen-fd /d/f\nsync\nunlink /d/f\nfsync /d/f\nclose-fd /d/f\n",
+        ),
+        (
+            "links gone one by one",
+            "mkdir /d\nmkdir /e\nwrite /d/f 0 8192 1\nlink /d/f /e/g\nopen-fd /d/f\nsync\n\
+             unlink /e/g\nfsync /d/f\nunlink /d/f\nfsync /d/f\nclose-fd /d/f\n",
+        ),
+        (
+            "renamed, then unlinked",
+            "mkdir /d\nmkdir /e\nwrite /d/f 0 8192 1\nopen-fd /d/f\nsync\n\
+             rename /d/f /e/g\nunlink /e/g\nfsync /d/f\nclose-fd /d/f\n",
+        ),
+    ] {
+        let (crashed, m) = crash_after(&["-n", "4096"], IMAGE_SIZE, script);
+        for gone in ["/d/f", "/e/g"] {
+            assert!(
+                !m.entries.contains_key(gone),
+                "{what}: {gone} is back after replay:\n{}",
+                m.render()
+            );
+        }
+        assert_clean(crashed, what);
+    }
+}
+
+/// Inode numbers are not handed out again in the mount that freed them
+/// (the kernel fixes a subvolume's free objectid when it loads the root):
+/// a log written after rmdir and mkdir of a directory that lost a
+/// snapshot (fstests btrfs/120) named the new directory by the old one's
+/// number, and a name of it by the number of the file fsynced, so the
+/// conflict check took the old directory for the fsynced file itself and
+/// logged instead of committing; replay then brought the deleted snapshot
+/// back.
+#[test]
+fn snapshot_churn_under_a_recreated_directory() {
+    let round = "snapshot / /t/snap\nsubvol-delete /t/snap\nrmdir /t\nmkdir /t\n";
+    let script = format!(
+        "mkdir /t\n{round}fsync /t\nremount\n{round}write /t/foobar 0 10 1\nfsync /t/foobar\n"
+    );
+    let (crashed, m) = crash_after(&["-n", "4096"], IMAGE_SIZE, &script);
+    assert!(m.entries.contains_key("/t/foobar"), "{}", m.render());
+    assert!(
+        !m.entries.keys().any(|p| p.contains("snap")),
+        "a deleted snapshot is back:\n{}",
+        m.render()
+    );
+    assert_clean(crashed, "after two rounds of snapshot churn");
+}

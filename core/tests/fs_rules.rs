@@ -810,3 +810,56 @@ fn item_cache_matches_the_tree() {
         );
     }
 }
+
+/// fallocate of a range larger than any data block group (a tenth of the
+/// filesystem) and than the longest free piece: preallocated in pieces
+/// (__btrfs_prealloc_file_range takes what btrfs_reserve_extent finds,
+/// down to a sector) while new data chunks are made, with and without
+/// keep-size, also over free space cut into 1 MiB pieces; a range larger
+/// than all the free space fails with ENOSPC before anything of it is
+/// preallocated.
+#[test]
+fn fallocate_larger_than_a_block_group() {
+    for keep in [false, true] {
+        let dev = new_image(512 * MIB, &["-n", "16384"]);
+        let d = dyn_dev(&dev);
+        let mut fs = mount(d.clone(), &[]).unwrap();
+        let k = if keep { " keep" } else { "" };
+        run(
+            &mut fs,
+            &d,
+            &[],
+            &format!("write /f 0 4M 1\nfsync /f\nfallocate /f 4202496 104857600{k}\nfsync /f\n"),
+        );
+        let f = fs.resolve("/f", true).unwrap();
+        let want = if keep { 4 << 20 } else { 4202496 + 104857600 };
+        assert_eq!(fs.stat(f).unwrap().size, want, "keep {keep}");
+        drop(fs);
+        assert_clean(d, "a 100 MiB fallocate");
+    }
+
+    // Fragmented: 1 MiB files, every other one deleted.
+    let dev = new_image(256 * MIB, &["-n", "4096"]);
+    let d = dyn_dev(&dev);
+    let mut fs = mount(d.clone(), &[]).unwrap();
+    let mut s = String::new();
+    for i in 0..120 {
+        s += &format!("write /g{i} 0 1M {}\n", 1 + i % 200);
+    }
+    s += "sync\n";
+    for i in (0..120).step_by(2) {
+        s += &format!("unlink /g{i}\n");
+    }
+    s += "sync\nfallocate /f 0 80M\nfsync /f\n";
+    run(&mut fs, &d, &[], &s);
+    let f = fs.resolve("/f", true).unwrap();
+    assert_eq!(fs.stat(f).unwrap().size, 80 << 20);
+    // More than is free: ENOSPC, and the file is as it was.
+    let before = seen(&mut fs);
+    let e = fs.fallocate(f, 80 << 20, 1 << 30, false).unwrap_err();
+    assert_eq!(e.as_errno(), libc::ENOSPC, "{e}");
+    assert_eq!(seen(&mut fs).diff(&before), Vec::<String>::new());
+    fs.sync().unwrap();
+    drop(fs);
+    assert_clean(d, "fallocate over fragmented free space");
+}

@@ -21,40 +21,45 @@ pub fn sector_csums(st: &Store, data: &[u8]) -> Vec<u8> {
 }
 
 /// Allocate a data extent of `disk.len()` bytes (a whole number of
-/// sectors), write `disk` there and record its checksums (unless
-/// `nodatasum`). Returns its address. The extent item comes with the first
-/// reference ([`reference_new_extent`]).
+/// sectors, in one piece: a compressed extent cannot be cut), write `disk`
+/// there and record its checksums (unless `nodatasum`). Returns its
+/// address. The extent item comes with the first reference
+/// ([`reference_new_extent`]).
 pub fn write_data_extent(st: &mut Store, disk: &[u8], datasum: bool) -> Result<u64> {
     let len = disk.len() as u64;
-    let ss = st.sectorsize() as u64;
-    if len == 0 || len % ss != 0 || len > MAX_EXTENT_SIZE {
+    if len > MAX_EXTENT_SIZE {
         return Err(Error::Invalid(format!("data extent of {len} bytes")));
     }
-    let bytenr = st.alloc_space(BTRFS_BLOCK_GROUP_DATA, len, ss, true)?;
+    let (bytenr, _) = reserve_data_extent(st, len, len)?;
     write_data_at(st, bytenr, disk, datasum)?;
     Ok(bytenr)
 }
 
-/// Allocate data space for up to `want` bytes (a multiple of the sector
-/// size): all of it in one piece when a block group, or a new chunk, has
-/// that much; else, as btrfs_reserve_extent retries after ENOSPC, half of
-/// it or the longest free piece if that is shorter, down to one sector.
-/// Returns (address, length allocated). Writeback cuts a dirty run into
-/// as many extents as the free space needs; only a filesystem without a
-/// free sector fails.
-pub fn alloc_data_extent(st: &mut Store, want: u64) -> Result<(u64, u64)> {
+/// The one rule for placing new data (btrfs_reserve_extent): `want` bytes
+/// (a multiple of the sector size) in one piece when a block group, or a
+/// new data chunk, has that much; else, as btrfs_reserve_extent retries
+/// after ENOSPC, the smaller of half the request and the longest free
+/// piece, never less than `min` bytes. Returns (address, length
+/// allocated). Writeback and fallocate ask for at least a sector and cut
+/// their range into as many extents as the free space needs; a compressed
+/// extent asks for all of it. Only a filesystem without `min` free bytes in
+/// one piece, and no room for a new chunk, fails (NoSpace).
+pub fn reserve_data_extent(st: &mut Store, want: u64, min: u64) -> Result<(u64, u64)> {
     let ss = st.sectorsize() as u64;
-    if want == 0 || want % ss != 0 || want > MAX_EXTENT_SIZE {
-        return Err(Error::Invalid(format!("data extent of {want} bytes")));
+    if want == 0 || want % ss != 0 || min == 0 || min % ss != 0 || min > want {
+        return Err(Error::Invalid(format!(
+            "data extent of {want} bytes (at least {min})"
+        )));
     }
     let mut len = want;
     loop {
         match st.alloc_space(BTRFS_BLOCK_GROUP_DATA, len, ss, true) {
             Ok(bytenr) => return Ok((bytenr, len)),
-            // Each try halves at least, so this ends within 15 tries.
-            Err(Error::NoSpace(_)) if len > ss => {
+            // The length strictly falls until it is `min`: at most about
+            // 64 tries from 2^64 down.
+            Err(Error::NoSpace(_)) if len > min => {
                 let largest = st.largest_free(BTRFS_BLOCK_GROUP_DATA) / ss * ss;
-                len = (len / 2 / ss * ss).min(largest).max(ss);
+                len = (len / 2 / ss * ss).min(largest).max(min);
             }
             Err(e) => return Err(e),
         }

@@ -261,21 +261,11 @@ impl Filesystem {
     /// on top of those already dirty (btrfs_check_data_free_space): a
     /// buffered write past the free data space fails with ENOSPC at once,
     /// before it changes anything, instead of being accepted and failing
-    /// the next sync. Short of room, every dirty page is written back and
-    /// the transaction committed first, so space freed in it counts again,
-    /// as the kernel's data reservation flushes before it gives up. An
-    /// inode that may write in place (nodatacow, preallocated) goes on
-    /// without room, as btrfs_buffered_write does after its nocow check.
+    /// the next sync. An inode that may write in place (nodatacow,
+    /// preallocated) goes on without room, as btrfs_buffered_write does
+    /// after its nocow check.
     fn reserve_data(&mut self, l: Loc, bytes: u64) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        let need = self.dirty_bytes.saturating_add(bytes);
-        if self.store.data_room(false)? >= need || self.store.data_room(true)? >= need {
-            return Ok(());
-        }
-        self.sync()?;
-        if self.store.data_room(true)? >= self.dirty_bytes.saturating_add(bytes) {
+        if self.data_space_for(bytes)? {
             return Ok(());
         }
         if self.item(l)?.flags.get() & (BTRFS_INODE_NODATACOW | BTRFS_INODE_PREALLOC) != 0 {
@@ -285,6 +275,24 @@ impl Filesystem {
             libc::ENOSPC,
             format!("write: no data space for {bytes} more bytes of dirty pages"),
         ))
+    }
+
+    /// Whether new data extents can take `bytes` more on top of the dirty
+    /// pages writeback will place (btrfs_reserve_data_bytes): free space
+    /// in the data block groups or device space new data chunks can take.
+    /// Short of room, every dirty page is written back and the transaction
+    /// committed first, so space freed in it counts again, as the kernel's
+    /// data reservation flushes before it gives up.
+    fn data_space_for(&mut self, bytes: u64) -> Result<bool> {
+        if bytes == 0 {
+            return Ok(true);
+        }
+        let need = self.dirty_bytes.saturating_add(bytes);
+        if self.store.data_room(false)? >= need || self.store.data_room(true)? >= need {
+            return Ok(true);
+        }
+        self.sync()?;
+        Ok(self.store.data_room(true)? >= self.dirty_bytes.saturating_add(bytes))
     }
 
     /// Stores through a shared mapping: pages change, the size does not.
@@ -470,6 +478,16 @@ impl Filesystem {
             }
             pos = e;
         }
+        // btrfs_fallocate reserves the space of every range before it
+        // preallocates any: without room, ENOSPC leaves the file as it was
+        // (but for what the prelude did, as in the kernel).
+        let need: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+        if !self.data_space_for(need)? {
+            return Err(Error::errno(
+                libc::ENOSPC,
+                format!("fallocate: no data space for {need} bytes"),
+            ));
+        }
         for (a, b) in ranges {
             self.prealloc_range(l, a, b, if keep { None } else { Some(end) })?;
         }
@@ -494,17 +512,16 @@ impl Filesystem {
     }
 
     /// __btrfs_prealloc_file_range over `[a, b)`: extents of at most 256
-    /// MiB replacing whatever is there; with `grow_to`, the size follows
-    /// each extent up to it.
+    /// MiB, each as large as the free space has in one piece (down to a
+    /// sector), replacing whatever is there; with `grow_to`, the size
+    /// follows each extent up to it.
     fn prealloc_range(&mut self, l: Loc, a: u64, b: u64, grow_to: Option<u64>) -> Result<()> {
         let ss = self.store.sectorsize() as u64;
         let transid = self.transid();
         let mut p = a;
         while p < b {
-            let want = (b - p).min(MAX_PREALLOC);
-            let bytenr = self
-                .store
-                .alloc_space(BTRFS_BLOCK_GROUP_DATA, want, ss, true)?;
+            let (bytenr, want) =
+                super::data::reserve_data_extent(&mut self.store, (b - p).min(MAX_PREALLOC), ss)?;
             let d = drop_extents(&mut self.store, l.subvol, l.ino, p, p + want)?;
             let fe = FileExtentItem::new(
                 BTRFS_FILE_EXTENT_PREALLOC,

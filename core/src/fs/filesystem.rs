@@ -151,6 +151,11 @@ pub struct InodeRt {
     /// made in it), and of the last clone into or out of it.
     pub last_unlink_trans: u64,
     pub last_reflink_trans: u64,
+    /// The directory that held the last name of an inode that has none
+    /// left but is still open (0: none): the parent of the open file's
+    /// dentry, where an fsync through the descriptor starts its walk up
+    /// the new ancestors.
+    pub unlinked_from: u64,
     /// Directories: the highest index logged in this transaction, and the
     /// first one the new-dentries walk has not looked at.
     pub last_dir_index_offset: u64,
@@ -816,19 +821,30 @@ impl Filesystem {
         Ok(found)
     }
 
-    /// A fresh inode number in `subvol`: one past the highest in the tree
-    /// at first use, then counting up (numbers are not reused before the
-    /// next mount), as the kernel's free objectid.
-    pub(super) fn alloc_ino(&mut self, subvol: u64) -> Result<u64> {
-        if !self.free_ino.contains_key(&subvol) {
-            let hi = Key::new(BTRFS_LAST_FREE_OBJECTID, u8::MAX, u64::MAX);
-            let lo = Key::new(BTRFS_FIRST_FREE_OBJECTID, 0, 0);
-            let next = match self.store.prev_item(TreeId::Tree(subvol), &hi, &lo)? {
-                Some((k, _)) => k.objectid + 1,
-                None => BTRFS_FIRST_FREE_OBJECTID,
-            };
-            self.free_ino.insert(subvol, next);
+    /// The subvolume's free objectid as the kernel sets it when it loads
+    /// the root (btrfs_init_root_free_objectid): one past the highest
+    /// objectid in the tree then. Numbers then count up and are not
+    /// reused before the next mount, so it must be fixed before anything
+    /// removes an inode (unlink, rmdir, orphan cleanup): counted after, a
+    /// deleted highest inode's number would come back, and a log could
+    /// name an inode number the committed tree still gives another inode.
+    pub(super) fn pin_free_ino(&mut self, subvol: u64) -> Result<()> {
+        if self.free_ino.contains_key(&subvol) {
+            return Ok(());
         }
+        let hi = Key::new(BTRFS_LAST_FREE_OBJECTID, u8::MAX, u64::MAX);
+        let lo = Key::new(BTRFS_FIRST_FREE_OBJECTID, 0, 0);
+        let next = match self.store.prev_item(TreeId::Tree(subvol), &hi, &lo)? {
+            Some((k, _)) => k.objectid + 1,
+            None => BTRFS_FIRST_FREE_OBJECTID,
+        };
+        self.free_ino.insert(subvol, next);
+        Ok(())
+    }
+
+    /// A fresh inode number in `subvol` (see [`Self::pin_free_ino`]).
+    pub(super) fn alloc_ino(&mut self, subvol: u64) -> Result<u64> {
+        self.pin_free_ino(subvol)?;
         let n = self
             .free_ino
             .get_mut(&subvol)
@@ -1168,6 +1184,7 @@ impl Filesystem {
     /// Remove an inode without links: its items, data references and
     /// orphan item.
     pub(super) fn delete_inode(&mut self, l: Loc) -> Result<()> {
+        self.pin_free_ino(l.subvol)?;
         self.forget_inode(l);
         super::extents::drop_inode_items(&mut self.store, l.subvol, l.ino)?;
         self.store.delete_item(

@@ -248,7 +248,13 @@ impl Filesystem {
             });
         }
         if nlink == 0 {
-            let open = self.rt_if_loaded(l).is_some_and(|r| r.opens > 0);
+            let open = match self.rt_if_loaded(l) {
+                Some(r) if r.opens > 0 => {
+                    r.unlinked_from = dir.ino;
+                    true
+                }
+                _ => false,
+            };
             if open {
                 self.add_orphan(l)?;
             } else {

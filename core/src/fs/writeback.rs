@@ -197,11 +197,12 @@ impl Filesystem {
             return Ok(());
         }
         let datasum = self.datasum(l)?;
+        let ss = self.store.sectorsize() as u64;
         let mut pos = 0usize;
         while pos < data.len() {
             let want = ((data.len() - pos) as u64).min(MAX_EXTENT_SIZE);
             // As much of the run as the free space has in one piece.
-            let (bytenr, n) = super::data::alloc_data_extent(&mut self.store, want)?;
+            let (bytenr, n) = super::data::reserve_data_extent(&mut self.store, want, ss)?;
             let disk = &data[pos..pos + n as usize];
             super::data::write_data_at(&mut self.store, bytenr, disk, datasum)?;
             self.complete_cow(

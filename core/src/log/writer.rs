@@ -505,8 +505,13 @@ impl Filesystem {
         if ri.generation.get() == t {
             return Err(Stop::Commit("subvolume created in this transaction"));
         }
+        // An inode with no links left (unlinked while open, or O_TMPFILE)
+        // is logged like any other (the kernel since 6.15): its item says
+        // nlink 0, which replay skips, and the directories it lost its
+        // names from are logged in full below (last_unlink_trans), so
+        // replay drops those names and the inode goes with its last one.
         let it = self.item(l)?;
-        if it.nlink.get() == 0 || (!ctx.always_sync && self.in_synced_log(l)?) {
+        if !ctx.always_sync && self.in_synced_log(l)? {
             return Ok(Outcome::NoSync);
         }
         if self.store.chunk_allocated {
@@ -1319,6 +1324,15 @@ impl Filesystem {
             return Ok(());
         }
         let it = self.item(l)?;
+        if it.nlink.get() == 0 {
+            // The open file's dentry still has the directory it was
+            // unlinked from as its parent (log_new_ancestors_fast).
+            let from = self.rt(l)?.unlinked_from;
+            if from == 0 || !self.exists(Loc::new(l.subvol, from))? {
+                return Ok(());
+            }
+            return self.log_new_ancestors_from(Loc::new(l.subvol, from), ctx);
+        }
         if it.nlink.get() < 2 || is_dir(it.mode.get()) {
             return match self.first_parent(l)? {
                 Some(p) => self.log_new_ancestors_from(p, ctx),
