@@ -306,6 +306,7 @@ impl Model {
                 off,
                 len,
                 keep,
+                ..
             } => {
                 let d = self.file_mut(path)?;
                 if *len == 0 {
@@ -898,6 +899,7 @@ impl Op {
                 off,
                 len,
                 keep,
+                enospc_ok: false,
             },
             Op::Punch { file: f, off, len } => Step::Punch {
                 path: file(f)?,
@@ -1141,6 +1143,7 @@ fn line(st: &Step) -> String {
             off,
             len,
             keep,
+            ..
         } => format!(
             "fallocate {path} {off} {len}{}",
             if *keep { " keep" } else { "" }

@@ -670,11 +670,13 @@ impl Runner {
                 off,
                 len,
                 keep,
-            } => self.falloc(
+                enospc_ok,
+            } => self.falloc_enospc_ok(
                 path,
                 if *keep { libc::FALLOC_FL_KEEP_SIZE } else { 0 },
                 *off,
                 *len,
+                *enospc_ok,
             ),
             Step::Punch { path, off, len } => self.falloc(
                 path,
@@ -888,13 +890,28 @@ impl Runner {
     }
 
     fn falloc(&self, path: &str, mode: libc::c_int, off: u64, len: u64) -> Res<()> {
+        self.falloc_enospc_ok(path, mode, off, len, false)
+    }
+
+    /// fallocate(2); with `enospc_ok`, ENOSPC is an outcome, not a failure.
+    fn falloc_enospc_ok(
+        &self,
+        path: &str,
+        mode: libc::c_int,
+        off: u64,
+        len: u64,
+        enospc_ok: bool,
+    ) -> Res<()> {
         // fallocate(1), which kcrash.py runs, creates a missing file.
         let (fd, _own) = self.fd(path, libc::O_WRONLY | libc::O_CREAT)?;
-        check(
-            unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) },
-            "fallocate",
-            &self.p(path),
-        )
+        let r = unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) };
+        if r != 0
+            && enospc_ok
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSPC)
+        {
+            return Ok(());
+        }
+        check(r, "fallocate", &self.p(path))
     }
 }
 

@@ -279,20 +279,28 @@ impl Filesystem {
 
     /// Whether new data extents can take `bytes` more on top of the dirty
     /// pages writeback will place (btrfs_reserve_data_bytes): free space
-    /// in the data block groups or device space new data chunks can take.
-    /// Short of room, every dirty page is written back and the transaction
-    /// committed first, so space freed in it counts again, as the kernel's
-    /// data reservation flushes before it gives up.
+    /// in the data block groups. Short of it, as the kernel's
+    /// priority_reclaim_data_space, new data chunks are made one at a
+    /// time until there is room or the device has no space left for one
+    /// (so a request larger than the filesystem leaves every unallocated
+    /// byte in data chunks, as the kernel's does); then every dirty page
+    /// is written back and the transaction committed, so space freed in it
+    /// counts again, before it gives up.
     fn data_space_for(&mut self, bytes: u64) -> Result<bool> {
         if bytes == 0 {
             return Ok(true);
         }
         let need = self.dirty_bytes.saturating_add(bytes);
-        if self.store.data_room(false)? >= need || self.store.data_room(true)? >= need {
+        if self.store.data_room()? >= need {
             return Ok(true);
         }
+        while self.store.force_data_chunk()? {
+            if self.store.data_room()? >= need {
+                return Ok(true);
+            }
+        }
         self.sync()?;
-        Ok(self.store.data_room(true)? >= self.dirty_bytes.saturating_add(bytes))
+        Ok(self.store.data_room()? >= self.dirty_bytes.saturating_add(bytes))
     }
 
     /// Stores through a shared mapping: pages change, the size does not.

@@ -65,6 +65,53 @@ impl Store {
         }
     }
 
+    /// Where a new chunk of type `ty` goes on the device and its stripe
+    /// size, by the kernel's rules for one device (gather_device_info,
+    /// decide_stripe_size_regular): the type's largest stripe (1 GiB for
+    /// data, 256 MiB for metadata, 1 GiB above 50 GiB, 32 MiB for system)
+    /// times `copies` is looked for in the first hole from 1 MiB that has
+    /// it, else the largest hole is taken; a chunk is at most a tenth of
+    /// the device, rounded up to 16 MiB, and its stripe is a whole number
+    /// of 64 KiB. DUP puts both stripes in the one hole, one after the
+    /// other.
+    fn chunk_geometry(&mut self, ty: u64, copies: u64) -> Result<(u64, u64)> {
+        const SZ_16M: u64 = 16 * MIB;
+        const SZ_1G: u64 = 1 << 30;
+        let total = self.sb.total_bytes.get();
+        let type_size = match ty {
+            BTRFS_BLOCK_GROUP_DATA => 10 * SZ_1G,
+            BTRFS_BLOCK_GROUP_METADATA if total > 50 * SZ_1G => SZ_1G,
+            BTRFS_BLOCK_GROUP_METADATA => 256 * MIB,
+            _ => 32 * MIB,
+        };
+        let max_stripe = type_size.min(SZ_1G);
+        let max_chunk = type_size.min(total / 10);
+        let want = max_stripe * copies;
+        let free = self.unallocated()?;
+        let holes: Vec<(u64, u64)> = free.iter().collect();
+        let (at, avail) = match holes.iter().find(|(s, e)| e - s >= want) {
+            Some(&(s, _)) => (s, want),
+            None => holes
+                .iter()
+                .map(|&(s, e)| (s, e - s))
+                // The first of the largest holes.
+                .fold((0, 0), |best, h| if h.1 > best.1 { h } else { best }),
+        };
+        if avail < BTRFS_STRIPE_LEN * copies {
+            return Err(Error::NoSpace(format!(
+                "no unallocated device space for a new {} chunk",
+                crate::format::names::block_group_flags_str(ty | self.profile_for(ty))
+            )));
+        }
+        // One data stripe for SINGLE and DUP alike.
+        let mut stripe = avail / copies;
+        if stripe > max_chunk {
+            stripe = max_chunk.div_ceil(SZ_16M).saturating_mul(SZ_16M).min(stripe);
+        }
+        let stripe = stripe.min(SZ_1G) / BTRFS_STRIPE_LEN * BTRFS_STRIPE_LEN;
+        Ok((at, stripe))
+    }
+
     /// Allocate a chunk for block group type `ty` (DATA, METADATA or SYSTEM).
     pub fn alloc_chunk(&mut self, ty: u64) -> Result<u64> {
         let profile = self.profile_for(ty);
@@ -73,43 +120,8 @@ impl Store {
         } else {
             1
         };
-        let total = self.sb.total_bytes.get();
-        let cap = match ty {
-            BTRFS_BLOCK_GROUP_DATA => 1 << 30,
-            BTRFS_BLOCK_GROUP_METADATA => 256 * MIB,
-            _ => 32 * MIB,
-        };
-        let cap = cap.min((total / 10 / MIB).max(1) * MIB);
-        let free = self.unallocated()?;
-        // Largest hole decides the stripe size; DUP may put both stripes in
-        // one hole, one after the other.
-        let best = free.iter().map(|(s, e)| (e - s, s)).max().unwrap_or((0, 0));
-        let mut stripe = cap;
-        let mut placements: Vec<u64> = Vec::new();
-        while stripe >= MIB {
-            placements.clear();
-            let mut f = free.clone();
-            for _ in 0..copies {
-                match f.find(MIB, u64::MAX, stripe, MIB, 0) {
-                    Some(p) => {
-                        f.remove(p, p + stripe);
-                        placements.push(p);
-                    }
-                    None => break,
-                }
-            }
-            if placements.len() as u64 == copies {
-                break;
-            }
-            stripe = (stripe / 2 / MIB) * MIB;
-        }
-        if (placements.len() as u64) < copies || stripe < MIB {
-            let _ = best;
-            return Err(Error::NoSpace(format!(
-                "no unallocated device space for a new {} chunk",
-                crate::format::names::block_group_flags_str(ty | profile)
-            )));
-        }
+        let (at, stripe) = self.chunk_geometry(ty, copies)?;
+        let placements: Vec<u64> = (0..copies).map(|i| at + i * stripe).collect();
         let logical = self
             .img
             .chunks
@@ -252,34 +264,33 @@ impl Store {
         }
     }
 
-    /// Bytes new data could still take: free space in the writable data
-    /// block groups and, with `unallocated`, the device space no chunk
-    /// holds yet (a scan of the device tree), which new data chunks can
-    /// take (btrfs_alloc_data_chunk_ondemand). Space freed in this
-    /// transaction is pinned until the commit and not counted.
-    pub fn data_room(&mut self, unallocated: bool) -> Result<u64> {
-        let in_groups: u64 = self
+    /// Bytes new data can take in the writable data block groups (space
+    /// freed in this transaction is pinned until the commit and does not
+    /// count).
+    pub fn data_room(&mut self) -> Result<u64> {
+        Ok(self
             .alloc
             .groups
             .values()
             .filter(|g| g.flags & BTRFS_BLOCK_GROUP_DATA != 0 && !g.read_only)
             .map(|g| g.free.total())
-            .sum();
-        if !unallocated {
-            return Ok(in_groups);
+            .sum())
+    }
+
+    /// One new data chunk, whether or not the data block groups have room
+    /// (ALLOC_CHUNK_FORCE); false when the device has no room for one.
+    pub fn force_data_chunk(&mut self) -> Result<bool> {
+        if !self.system_has_room()? {
+            match self.alloc_chunk(BTRFS_BLOCK_GROUP_SYSTEM) {
+                Err(Error::NoSpace(_)) => return Ok(false),
+                r => r?,
+            };
         }
-        let copies = if self.profile_for(BTRFS_BLOCK_GROUP_DATA) & BTRFS_BLOCK_GROUP_DUP != 0 {
-            2
-        } else {
-            1
-        };
-        // Chunks come in whole MiBs.
-        let spare: u64 = self
-            .unallocated()?
-            .iter()
-            .map(|(s, e)| (e - s) / MIB * MIB)
-            .sum();
-        Ok(in_groups + spare / copies)
+        match self.alloc_chunk(BTRFS_BLOCK_GROUP_DATA) {
+            Ok(_) => Ok(true),
+            Err(Error::NoSpace(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// The longest free piece in the writable groups of type `ty`.

@@ -210,11 +210,14 @@ impl EngineRunner {
                 off,
                 len,
                 keep,
+                enospc_ok,
             } => {
                 // As fallocate(1): the file is created if missing.
                 let l = self.target_create(fs, path)?;
-                fs.fallocate(l, *off, *len, *keep)
-                    .map_err(|e| ino_err(path, e))?;
+                match fs.fallocate(l, *off, *len, *keep) {
+                    Err(e) if *enospc_ok && e.as_errno() == libc::ENOSPC => {}
+                    r => r.map_err(|e| ino_err(path, e))?,
+                }
             }
             Step::Punch { path, off, len } => {
                 // As fallocate(1): the file is created if missing.

@@ -13,7 +13,8 @@
 //!
 //! Steps: see [`Step`]; expectations: see [`Expect`]. The language is the one
 //! the kernel oracle (`kcrash.py`) documents, plus `writefiles`, `chown`,
-//! `mkfifo`, `random:SEED` fills, `expect fill`, and the shell's `read`,
+//! `mkfifo`, `random:SEED` fills, `expect fill`, `enospc-ok` on `fallocate`,
+//! and the shell's `read`,
 //! `ls`, `stat`, `stats`, `set` and `crash --keep-random SEED`.
 
 use std::fmt;
@@ -118,11 +119,14 @@ pub enum Step {
         flags: u32,
     },
     Truncate(String, u64),
+    /// fallocate(2) mode 0 or KEEP_SIZE; with `enospc_ok`, ENOSPC is an
+    /// outcome, not a failure of the script.
     Fallocate {
         path: String,
         off: u64,
         len: u64,
         keep: bool,
+        enospc_ok: bool,
     },
     Punch {
         path: String,
@@ -795,12 +799,20 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
             Step::Truncate(t(0), num(1)?)
         }
         "fallocate" | "zero-range" => {
-            need(a, 3, 4, &format!("{verb} P OFF LEN [keep]"))?;
-            let keep = match a.get(3).map(Tok::text).as_deref() {
-                None => false,
-                Some("keep") => true,
-                Some(o) => return Err(format!("{verb}: unknown flag {o}")),
+            let usage = if verb == "fallocate" {
+                "fallocate P OFF LEN [keep] [enospc-ok]"
+            } else {
+                "zero-range P OFF LEN [keep]"
             };
+            need(a, 3, if verb == "fallocate" { 5 } else { 4 }, usage)?;
+            let (mut keep, mut enospc_ok) = (false, false);
+            for flag in a[3..].iter().map(Tok::text) {
+                match flag.as_str() {
+                    "keep" if !keep => keep = true,
+                    "enospc-ok" if verb == "fallocate" && !enospc_ok => enospc_ok = true,
+                    o => return Err(format!("{verb}: unknown or repeated flag {o} ({usage})")),
+                }
+            }
             let (path, off, len) = (t(0), num(1)?, num(2)?);
             if verb == "fallocate" {
                 Step::Fallocate {
@@ -808,6 +820,7 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
                     off,
                     len,
                     keep,
+                    enospc_ok,
                 }
             } else {
                 Step::ZeroRange {

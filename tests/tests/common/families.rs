@@ -495,6 +495,344 @@ pub fn random_quota_scenario(seed: u64) -> String {
     out.join("\n") + "\n"
 }
 
+/// A fifth random family around large fallocates: on small filesystems
+/// (256 or 512 MiB, data chunks of a tenth of that), free space cut into
+/// pieces by deleting every other of many files, then fallocates of ranges
+/// larger than a block group, larger than the longest free piece, and
+/// larger than all the free space (ENOSPC, which must leave nothing of the
+/// range behind), with and without keep-size, mixed with writes into the
+/// preallocated ranges, punches, truncates, unlinks, syncs and fsyncs.
+pub fn random_falloc_scenario(seed: u64) -> String {
+    const M: u64 = 1 << 20;
+    let mut r = xorshift(seed, 0x8cb9_2ba7_2f3d_8dd7);
+    let mut out = vec!["expect-log any".to_string()];
+    let fs_mib = [256u64, 512][r(2) as usize];
+    out.push(format!("fssize {fs_mib}M"));
+    if r(10) < 3 {
+        out.push("mkfs -n 4096".into());
+    }
+    out.push("mkdir /d".into());
+    // Fragments: 1 MiB (or 256 KiB) files, every other one deleted later.
+    let piece = [M, M / 4][r(2) as usize];
+    let nfrag = (fs_mib * M / 4 / piece).min(200) as usize / 2 * 2;
+    let mut used = 0u64;
+    for i in 0..3 {
+        out.push(format!("write /f{i} 0 4096 {}", 1 + r(249)));
+    }
+    for i in 0..nfrag {
+        out.push(format!("write /d/g{i} 0 {piece} {}", 1 + i % 250));
+        used += piece;
+    }
+    out.push("sync".into());
+    for i in (0..nfrag).step_by(2) {
+        out.push(format!("unlink /d/g{i}"));
+        used -= piece;
+    }
+    out.push("sync".into());
+    let files: Vec<String> = (0..3).map(|i| format!("/f{i}")).collect();
+    let mut size = vec![4096u64; files.len()];
+    // Room the fallocates below may take: well under what is free, so the
+    // kernel and btrkit agree on which succeed (metadata and chunk slack
+    // differ between them near a full filesystem).
+    let budget = fs_mib * M / 2 - used;
+    let mut taken = 0u64;
+    for _ in 0..6 + r(10) {
+        let i = r(files.len() as u64) as usize;
+        let f = &files[i];
+        let op = r(100);
+        if op < 40 {
+            let keep = if r(3) == 0 { " keep" } else { "" };
+            let off = [0, size[i], size[i] + 4096, 4202496][r(4) as usize];
+            let big = r(3) == 0;
+            if big {
+                // More than the whole filesystem: ENOSPC, nothing changes.
+                let len = fs_mib * M * [2, 4][r(2) as usize];
+                out.push(format!("fallocate {f} {off} {len}{keep} enospc-ok"));
+                continue;
+            }
+            let left = budget.saturating_sub(taken);
+            // Larger than a block group (a tenth of the filesystem) when
+            // the budget allows, else what it allows.
+            let want = [fs_mib * M / 8, fs_mib * M / 5, 3 * M, 64 * 1024][r(4) as usize];
+            let len = want.min(left) / 4096 * 4096;
+            if len == 0 {
+                continue;
+            }
+            out.push(format!("fallocate {f} {off} {len}{keep}"));
+            taken += len;
+            if keep.is_empty() {
+                size[i] = size[i].max(off + len);
+            }
+        } else if op < 55 {
+            let off = r(size[i] / 4096 + 1) * 4096;
+            let len = [4096, 100_000, M][r(3) as usize];
+            if taken + len > budget {
+                continue;
+            }
+            out.push(format!("write {f} {off} {len} {}", 1 + r(249)));
+            taken += len;
+            size[i] = size[i].max(off + len);
+        } else if op < 62 {
+            let off = r(size[i] / 4096 + 1) * 4096;
+            out.push(format!("punch {f} {off} {}", [4096, M][r(2) as usize]));
+        } else if op < 67 {
+            let n = r(size[i] / 4096 + 1) * 4096;
+            out.push(format!("truncate {f} {n}"));
+            size[i] = n;
+        } else if op < 72 {
+            let j = 1 + 2 * r(nfrag as u64 / 2) as usize;
+            out.push(format!("unlink /d/g{j}"));
+        } else if op < 77 {
+            out.push("sync".into());
+        } else {
+            out.push(format!("{} {f}", ["fsync", "fdatasync"][r(2) as usize]));
+        }
+    }
+    for f in &files {
+        out.push(format!("fsync {f}"));
+    }
+    out.push("crash".into());
+    let mut text = out.join("\n") + "\n";
+    // An unlink of a fragment twice would fail: drop repeats.
+    let mut seen = std::collections::HashSet::new();
+    text = text
+        .lines()
+        .filter(|l| !l.starts_with("unlink /d/g") || seen.insert(l.to_string()))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    text
+}
+
+/// A sixth random family around inodes that lose their last link while
+/// open: files with hard links in several directories (one of them made in
+/// the running transaction), descriptors opened on them, names removed one
+/// by one and renamed, fsyncs through the descriptors before and after the
+/// last name goes, writes through a descriptor of an unlinked file, and
+/// O_TMPFILE files written and fsynced. After replay, a file fsynced
+/// without names must be gone with nothing left behind.
+pub fn random_unlinked_scenario(seed: u64) -> String {
+    let mut r = xorshift(seed, 0x94d0_49bb_1331_11eb);
+    let mut out = vec!["expect-log any".to_string()];
+    if r(10) < 3 {
+        out.push("mkfs -n 4096".into());
+    }
+    out.extend(["mkdir /a", "mkdir /b"].map(String::from));
+    let mut dirs = vec!["/a".to_string(), "/b".to_string()];
+    // Per file: its names, and the descriptor name (the path it was opened
+    // by), once opened.
+    struct F {
+        names: Vec<String>,
+        fd: Option<String>,
+    }
+    let mut files: Vec<F> = Vec::new();
+    let mut n = 0u64;
+    for _ in 0..3 + r(4) {
+        n += 1;
+        let p = format!("{}/f{n}", dirs[r(2) as usize]);
+        out.push(format!("write {p} 0 {} {}", [10, 5000, 70000][r(3) as usize], 1 + r(249)));
+        let mut names = vec![p.clone()];
+        for _ in 0..r(3) {
+            n += 1;
+            let q = format!("{}/l{n}", dirs[r(2) as usize]);
+            out.push(format!("link {p} {q}"));
+            names.push(q);
+        }
+        files.push(F { names, fd: None });
+    }
+    out.push("sync".into());
+    if r(2) == 0 {
+        out.push("mkdir /c".into());
+        dirs.push("/c".into());
+    }
+    let mut tmp = 0u64;
+    for _ in 0..8 + r(16) {
+        let i = r(files.len() as u64) as usize;
+        let op = r(100);
+        let f = &mut files[i];
+        if op < 20 {
+            if f.fd.is_none() && !f.names.is_empty() {
+                let p = f.names[r(f.names.len() as u64) as usize].clone();
+                out.push(format!("open-fd {p}"));
+                f.fd = Some(p);
+            }
+        } else if op < 42 {
+            if !f.names.is_empty() {
+                let k = r(f.names.len() as u64) as usize;
+                let p = f.names.remove(k);
+                out.push(format!("unlink {p}"));
+            }
+        } else if op < 52 {
+            if !f.names.is_empty() {
+                let k = r(f.names.len() as u64) as usize;
+                n += 1;
+                let q = format!("{}/r{n}", dirs[r(dirs.len() as u64) as usize]);
+                out.push(format!("rename {} {q}", f.names[k]));
+                f.names[k] = q;
+            }
+        } else if op < 58 {
+            if !f.names.is_empty() {
+                n += 1;
+                let q = format!("{}/l{n}", dirs[r(dirs.len() as u64) as usize]);
+                out.push(format!("link {} {q}", f.names[0]));
+                f.names.push(q);
+            }
+        } else if op < 66 {
+            let target = f.fd.clone().or_else(|| f.names.first().cloned());
+            if let Some(t) = target {
+                out.push(format!("write {t} {} 4096 {}", r(20) * 4096, 1 + r(249)));
+            }
+        } else if op < 84 {
+            let target = f.fd.clone().or_else(|| f.names.first().cloned());
+            if let Some(t) = target {
+                out.push(format!("{} {t}", ["fsync", "fdatasync"][r(2) as usize]));
+            }
+        } else if op < 88 {
+            if let Some(fd) = f.fd.take() {
+                out.push(format!("close-fd {fd}"));
+                if f.names.is_empty() {
+                    files.remove(i);
+                    if files.is_empty() {
+                        break;
+                    }
+                }
+            }
+        } else if op < 93 {
+            tmp += 1;
+            out.push(format!("tmpfile t{tmp}"));
+            out.push(format!("write t{tmp} 0 {} {}", [10, 8192][r(2) as usize], 1 + r(249)));
+            out.push(format!("fsync t{tmp}"));
+        } else if op < 96 {
+            out.push(format!("fsync {}", dirs[r(dirs.len() as u64) as usize]));
+        } else {
+            out.push("sync".into());
+        }
+    }
+    // Every file still open is fsynced through its descriptor at the end.
+    for f in &files {
+        if let Some(fd) = &f.fd {
+            out.push(format!("fsync {fd}"));
+        }
+    }
+    out.push("crash".into());
+    out.join("\n") + "\n"
+}
+
+/// A seventh random family around snapshots and subvolumes made and
+/// deleted in directories that are then removed and made again under the
+/// same names (fstests btrfs/120 and its relatives), with files created
+/// and fsynced in them, fsyncs of the directories, syncs, and crashes in
+/// the middle whose replay the rest of the script runs on.
+pub fn random_snapshot_churn_scenario(seed: u64) -> String {
+    let mut r = xorshift(seed, 0xbf58_476d_1ce4_e5b9);
+    let mut out = vec!["expect-log any".to_string()];
+    if r(10) < 3 {
+        out.push("mkfs -n 4096".into());
+    }
+    // Top directories /t0../t2: whether each exists, the files and the
+    // subvolumes (snapshots or new subvolumes) in it.
+    #[derive(Default, Clone)]
+    struct D {
+        exists: bool,
+        files: Vec<String>,
+        subvols: Vec<String>,
+    }
+    let mut d: Vec<D> = vec![D::default(); 3];
+    let mut n = 0u64;
+    out.push("write /top 0 5000 7".into());
+    for (i, x) in d.iter_mut().enumerate() {
+        if r(3) != 0 {
+            out.push(format!("mkdir /t{i}"));
+            x.exists = true;
+        }
+    }
+    if r(2) == 0 {
+        out.push("sync".into());
+    }
+    let mut crashes = 0;
+    for _ in 0..10 + r(20) {
+        let i = r(d.len() as u64) as usize;
+        let t = format!("/t{i}");
+        let op = r(100);
+        let x = &mut d[i];
+        if !x.exists {
+            if op < 70 {
+                out.push(format!("mkdir {t}"));
+                x.exists = true;
+            }
+            continue;
+        }
+        if op < 18 {
+            n += 1;
+            let s = format!("{t}/s{n}");
+            if r(3) == 0 {
+                out.push(format!("subvol-create {s}"));
+            } else {
+                out.push(format!("snapshot / {s}"));
+            }
+            x.subvols.push(s);
+        } else if op < 34 {
+            if !x.subvols.is_empty() {
+                let k = r(x.subvols.len() as u64) as usize;
+                let s = x.subvols.remove(k);
+                out.push(format!("subvol-delete {s}"));
+            }
+        } else if op < 46 {
+            // rmdir takes the directory's contents first.
+            for f in x.files.drain(..) {
+                out.push(format!("unlink {f}"));
+            }
+            for s in x.subvols.drain(..) {
+                out.push(format!("subvol-delete {s}"));
+            }
+            out.push(format!("rmdir {t}"));
+            x.exists = false;
+            if r(2) == 0 {
+                out.push(format!("mkdir {t}"));
+                x.exists = true;
+            }
+        } else if op < 60 {
+            n += 1;
+            let f = format!("{t}/f{n}");
+            out.push(format!("write {f} 0 {} {}", [1, 10, 5000][r(3) as usize], 1 + r(249)));
+            x.files.push(f);
+        } else if op < 78 {
+            if !x.files.is_empty() && r(2) == 0 {
+                let f = &x.files[r(x.files.len() as u64) as usize];
+                out.push(format!("fsync {f}"));
+            } else {
+                out.push(format!("fsync {t}"));
+            }
+        } else if op < 84 {
+            out.push("fsync /".into());
+        } else if op < 90 {
+            out.push("sync".into());
+        } else if op < 94 && crashes < 2 {
+            // Everything fsynced first, so the rest of the script knows
+            // what the replayed filesystem holds.
+            for (j, y) in d.iter().enumerate() {
+                if y.exists {
+                    for f in &y.files {
+                        out.push(format!("fsync {f}"));
+                    }
+                    out.push(format!("fsync /t{j}"));
+                }
+            }
+            out.push("fsync /".into());
+            out.push("crash".into());
+            crashes += 1;
+        } else {
+            out.push("fsync /top".into());
+        }
+    }
+    for (i, x) in d.iter().enumerate() {
+        if x.exists {
+            out.push(format!("fsync /t{i}"));
+        }
+    }
+    out.push("crash".into());
+    out.join("\n") + "\n"
+}
+
 /// Seeds beyond the default 16 that once found a bug, kept in the corpus.
 /// 72: the kernel logs a deleted entry as a one-index dir log range inside
 /// a range it logged before; btrkit-fsck took the overlap for damage.
@@ -561,6 +899,24 @@ pub fn all_families() -> Vec<Scenario> {
         "BTRKIT_RANDOM_QUOTA_SCENARIOS",
         &[],
         random_quota_scenario,
+    ));
+    all.extend(seeded(
+        "random-falloc-",
+        "BTRKIT_RANDOM_FALLOC_SCENARIOS",
+        &[],
+        random_falloc_scenario,
+    ));
+    all.extend(seeded(
+        "random-unlinked-",
+        "BTRKIT_RANDOM_UNLINKED_SCENARIOS",
+        &[],
+        random_unlinked_scenario,
+    ));
+    all.extend(seeded(
+        "random-snapchurn-",
+        "BTRKIT_RANDOM_SNAPCHURN_SCENARIOS",
+        &[],
+        random_snapshot_churn_scenario,
     ));
     all
 }
