@@ -18,16 +18,33 @@ cc -O2 -o "$W/mkfiles" scripts/bench/mkfiles.c
   done
   echo sync
 } > "$W/files.scn"
+# The same files as a user would write them: a create and a write line
+# each (distinct contents), 200,101 lines, which btrkit-shell streams.
+awk 'BEGIN {
+  for (d = 0; d < 100; d++) {
+    printf "mkdir /d%02d\n", d
+    for (f = 0; f < 1000; f++) {
+      printf "create /d%02d/f%05d\n", d, f
+      printf "write /d%02d/f%05d 0 4096 random:%d\n", d, f, d * 1000 + f
+    }
+  }
+  print "sync"
+}' > "$W/files-plain.scn"
 
-rm -f "$W/shell.img" "$W/kernel.img"
+rm -f "$W/shell.img" "$W/shell-plain.img" "$W/kernel.img"
 target/release/btrkit-mkfs -q -b 8G "$W/shell.img"
+target/release/btrkit-mkfs -q -b 8G "$W/shell-plain.img"
 truncate -s 8G "$W/kernel.img"
 mkfs.btrfs -q -f "$W/kernel.img"
 sync
 echo 3 > /proc/sys/vm/drop_caches
 
-/usr/bin/time -f "btrkit-shell: %e s (user %U, sys %S), peak RSS %M KiB" \
+/usr/bin/time -f "btrkit-shell (writefiles): %e s (user %U, sys %S), peak RSS %M KiB" \
   target/release/btrkit-shell "$W/shell.img" "$W/files.scn" -q
+
+echo 3 > /proc/sys/vm/drop_caches
+/usr/bin/time -f "btrkit-shell (plain script, $(wc -l < "$W/files-plain.scn") lines): %e s (user %U, sys %S), peak RSS %M KiB" \
+  target/release/btrkit-shell "$W/shell-plain.img" "$W/files-plain.scn" -q
 
 mnt=$(mktemp -d)
 echo 3 > /proc/sys/vm/drop_caches
@@ -36,4 +53,10 @@ echo 3 > /proc/sys/vm/drop_caches
 rmdir "$mnt"
 
 # Both images hold the same tree: btrfs check is clean on ours.
-btrfs check --readonly "$W/shell.img" >/dev/null 2>&1 && echo "btrfs check: shell.img clean"
+for img in shell.img shell-plain.img; do
+  if btrfs check --readonly "$W/$img" >/dev/null 2>&1; then
+    echo "btrfs check: $img clean"
+  else
+    echo "btrfs check: $img NOT clean"
+  fi
+done

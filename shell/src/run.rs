@@ -1,22 +1,31 @@
 //! Running a script: every step in order; a failing step stops the run
 //! with `SCRIPT:LINE: VERB: reason`; expectations are checked at the end,
 //! against the state after the final crash and recovery.
+//!
+//! A script streams: a first pass reads the directives and expectations
+//! and notes whether and where it crashes, keeping no steps; the second
+//! parses and runs one line at a time. A script of a million lines costs
+//! no more memory than one of a thousand. Standard input is spooled to an
+//! unnamed temporary file first, so it can be read twice.
 
 use btrkit_core::workload::content::warmup_steps;
+use btrkit_core::workload::script::{StepSummary, StreamError};
 use btrkit_core::workload::session::{Session, SessionOptions};
 use btrkit_core::workload::{Script, Step};
-use std::io::Read;
+use std::fs::File;
+use std::io::{BufReader, Seek};
 use std::path::Path;
 
-fn read_script(arg: &str) -> anyhow::Result<(String, String)> {
+/// The script file, rewound (standard input spooled to a temporary file).
+fn open_script(arg: &str) -> anyhow::Result<(String, File)> {
     if arg == "-" {
-        let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s)?;
-        return Ok(("-".into(), s));
+        let mut f = tempfile::tempfile()?;
+        std::io::copy(&mut std::io::stdin().lock(), &mut f)?;
+        f.rewind()?;
+        return Ok(("-".into(), f));
     }
-    let text =
-        std::fs::read_to_string(arg).map_err(|e| anyhow::anyhow!("cannot read {arg}: {e}"))?;
-    Ok((arg.to_string(), text))
+    let f = File::open(arg).map_err(|e| anyhow::anyhow!("cannot read {arg}: {e}"))?;
+    Ok((arg.to_string(), f))
 }
 
 /// Whether an error leaves the filesystem as consistent as before the
@@ -29,38 +38,40 @@ fn is_refusal(e: &btrkit_core::Error) -> bool {
 }
 
 /// Options a script's steps call for: crash support only when it crashes.
-pub fn session_options(script: &Script) -> SessionOptions {
-    let crashes = script.steps.iter().any(|(_, s)| s.is_crash());
-    let keep = script.steps.iter().any(|(_, s)| {
-        matches!(
-            s,
-            Step::Crash {
-                keep_random: Some(_)
-            }
-        )
-    });
+fn options_of(sum: &StepSummary) -> SessionOptions {
     SessionOptions {
-        crashable: crashes,
-        record_writes: keep,
+        crashable: sum.crashes,
+        record_writes: sum.keep_random,
     }
 }
 
 pub fn run_script(image: &Path, arg: &str, quiet: bool) -> i32 {
-    let (name, text) = match read_script(arg) {
+    let (name, mut file) = match open_script(arg) {
         Ok(x) => x,
         Err(e) => {
             eprintln!("btrkit-shell: error: {e}");
             return 2;
         }
     };
-    let script = match Script::parse(&name, &text) {
+    // First pass: directives, expectations and what the steps need.
+    let mut sum = StepSummary::default();
+    let first = Script::stream(&name, BufReader::new(&file), |line, st| {
+        sum.add(line, &st);
+        Ok::<(), ()>(())
+    });
+    let script = match first {
         Ok(s) => s,
-        Err(e) => {
+        Err(StreamError::Parse(e)) => {
             eprintln!("{name}:{}: {}", e.line, e.msg);
             return 2;
         }
+        Err(StreamError::Step { .. }) => return 2,
     };
-    let mut s = match Session::open(image, &script, &session_options(&script)) {
+    if let Err(e) = file.rewind() {
+        eprintln!("btrkit-shell: error: cannot read {name} again: {e}");
+        return 2;
+    }
+    let mut s = match Session::open(image, &script, &options_of(&sum)) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("btrkit-shell: error: {}: {e}", image.display());
@@ -76,28 +87,43 @@ pub fn run_script(image: &Path, arg: &str, quiet: bool) -> i32 {
             }
         }
     }
-    let final_crash = script.final_crash();
-    for (i, (line, st)) in script.steps.iter().enumerate() {
+    // Second pass: each step as its line is read.
+    let second = Script::stream(&name, BufReader::new(&file), |line, st| {
         let r = match st {
-            Step::Crash { keep_random } if Some(i) == final_crash => {
-                s.crash_final(*keep_random).map(|_| Default::default())
+            Step::Crash { keep_random } if Some(line) == sum.final_crash_line => {
+                s.crash_final(keep_random).map(|_| Default::default())
             }
-            _ => s.apply(st),
+            _ => s.apply(&st),
         };
         match r {
             Ok(out) => {
                 if let Some(t) = out.text {
                     println!("{t}");
                 }
+                Ok(())
             }
-            Err(e) => {
-                eprintln!("{name}:{line}: {}: {e}", st.verb());
-                let clean = is_refusal(&e);
-                if let Err(e2) = s.close(clean) {
-                    eprintln!("btrkit-shell: error: unmounting: {e2}");
-                }
-                return 1;
+            Err(e) => Err((st.verb(), e)),
+        }
+    });
+    match second {
+        Ok(_) => {}
+        Err(StreamError::Parse(e)) => {
+            // The first pass read the same bytes: only an I/O error or a
+            // file changed under us gets here.
+            eprintln!("{name}:{}: {}", e.line, e.msg);
+            let _ = s.close(true);
+            return 2;
+        }
+        Err(StreamError::Step {
+            line,
+            err: (verb, e),
+        }) => {
+            eprintln!("{name}:{line}: {verb}: {e}");
+            let clean = is_refusal(&e);
+            if let Err(e2) = s.close(clean) {
+                eprintln!("btrkit-shell: error: unmounting: {e2}");
             }
+            return 1;
         }
     }
     let fails = match s.check(&script) {

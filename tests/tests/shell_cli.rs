@@ -261,3 +261,71 @@ fn interactive_shell_on_a_terminal() {
     assert!(o.status.success(), "{}", stderr(&o));
     fsck_clean(&img);
 }
+
+/// Peak RSS in KiB of btrkit-shell running `script` (a file) on `img`.
+fn peak_rss_kib(img: &Path, script: &Path) -> (i64, String) {
+    let c = Command::new(shell())
+        .arg(img)
+        .arg(script)
+        .arg("-q")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn btrkit-shell");
+    let pid = c.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to fill.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our child, status and ru point at live locals.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    assert_eq!(r, pid, "wait4");
+    let mut err = String::new();
+    if let Some(mut e) = c.stderr {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "btrkit-shell failed: {err}"
+    );
+    (ru.ru_maxrss, err)
+}
+
+/// A script streams: it is parsed and run a line at a time, so 200,000
+/// lines cost no more memory than 1,000 (the whole text and its parsed
+/// steps used to be held; 200,000 lines of steps were tens of MiB). A bad
+/// line anywhere is found before the image is touched.
+#[test]
+fn a_long_script_streams_in_constant_memory() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let mut rss = Vec::new();
+    for n in [1_000usize, 200_000] {
+        let script = d.path().join(format!("s{n}.scn"));
+        let mut text = String::from("fssize 256M\nmkdir /d\nwrite /d/f 0 4K 0x61\n");
+        for i in 0..n {
+            // Steps that keep nothing: a stat and a comment-padded read.
+            if i % 2 == 0 {
+                text += "stat /d/f\n";
+            } else {
+                text += "read /d/f 0 16            # some padding to make the line longer than a step\n";
+            }
+        }
+        text += "sync\nexpect size /d/f 4K\n";
+        std::fs::write(&script, text).expect("script");
+        let img = d.path().join(format!("s{n}.img"));
+        rss.push(peak_rss_kib(&img, &script).0);
+    }
+    assert!(
+        rss[1] < rss[0] + 8 * 1024,
+        "peak RSS {} KiB for 200,000 lines against {} KiB for 1,000",
+        rss[1],
+        rss[0]
+    );
+
+    // A bad line at the end stops the script before it runs anything.
+    let img = d.path().join("bad.img");
+    let o = run(&img, "write /f 0 4K\nsync\nbogus verb\n");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("-:3:"), "{}", stderr(&o));
+    assert!(!img.exists(), "a script that does not parse made an image");
+}

@@ -539,11 +539,46 @@ pub fn norm(p: &str) -> String {
     format!("/{t}")
 }
 
+/// What stopped a streamed script: a line that does not parse, or the
+/// caller's own error for a step.
+#[derive(Debug)]
+pub enum StreamError<E> {
+    Parse(ParseError),
+    Step { line: usize, err: E },
+}
+
+/// What one pass over a script learns of its steps without keeping them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepSummary {
+    pub steps: usize,
+    /// Some step is a `crash`; some `crash` keeps a random subset.
+    pub crashes: bool,
+    pub keep_random: bool,
+    /// The line of the crash that ends the workload (see
+    /// [`Script::final_crash`]).
+    pub final_crash_line: Option<usize>,
+}
+
+impl StepSummary {
+    /// Count one step at `line`.
+    pub fn add(&mut self, line: usize, st: &Step) {
+        self.steps += 1;
+        if let Step::Crash { keep_random } = st {
+            self.crashes = true;
+            self.keep_random |= keep_random.is_some();
+        }
+        if !st.is_inspection() {
+            self.final_crash_line = st.is_crash().then_some(line);
+        }
+    }
+}
+
 impl Script {
-    pub fn parse(name: &str, text: &str) -> std::result::Result<Script, ParseError> {
-        let mut s = Script {
+    /// A script without text or steps, to be filled a line at a time.
+    fn empty(name: &str) -> Script {
+        Script {
             name: name.to_string(),
-            text: text.to_string(),
+            text: String::new(),
             mkfs: Vec::new(),
             fssize: DEFAULT_FSSIZE,
             mount: Vec::new(),
@@ -552,7 +587,46 @@ impl Script {
             warmup: None,
             steps: Vec::new(),
             expects: Vec::new(),
-        };
+        }
+    }
+
+    /// Parse a script from `r` a line at a time, handing each step to
+    /// `on_step` as soon as its line is parsed and keeping none: memory
+    /// does not grow with the number of steps. The script returned holds
+    /// the directives and expectations (no text, no steps). A step that
+    /// `on_step` refuses stops the stream there.
+    pub fn stream<R: std::io::BufRead, E>(
+        name: &str,
+        mut r: R,
+        mut on_step: impl FnMut(usize, Step) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Script, StreamError<E>> {
+        let mut s = Script::empty(name);
+        let mut line = String::new();
+        let mut n = 0usize;
+        loop {
+            line.clear();
+            let got = r.read_line(&mut line).map_err(|e| {
+                StreamError::Parse(ParseError {
+                    line: n + 1,
+                    msg: format!("cannot read the script: {e}"),
+                })
+            })?;
+            if got == 0 {
+                return Ok(s);
+            }
+            n += 1;
+            let text = line.trim_end_matches(['\n', '\r']);
+            s.parse_line(n, text)
+                .map_err(|msg| StreamError::Parse(ParseError { line: n, msg }))?;
+            for (ln, st) in std::mem::take(&mut s.steps) {
+                on_step(ln, st).map_err(|err| StreamError::Step { line: ln, err })?;
+            }
+        }
+    }
+
+    pub fn parse(name: &str, text: &str) -> std::result::Result<Script, ParseError> {
+        let mut s = Script::empty(name);
+        s.text = text.to_string();
         for (i, line) in text.lines().enumerate() {
             let n = i + 1;
             s.parse_line(n, line)
@@ -1361,5 +1435,69 @@ mod tests {
         );
         let s = Script::parse("t", "mount commit=5 compress-force=lzo").unwrap();
         assert_eq!(s.mount_options(), "commit=5,compress-force=lzo");
+    }
+
+    #[test]
+    fn stream_hands_each_step_over_as_its_line_is_read() {
+        let text = "fssize 300M\nwrite /f 0 4K\n\n# note\nfsync /f\r\nexpect size /f 4K\ncrash\nmkfs -n 4096\n";
+        let parsed = Script::parse("t", text).unwrap();
+        // A reader that counts the lines handed out: each step must come
+        // before the next line is read.
+        struct Counting<'a> {
+            lines: std::str::Lines<'a>,
+            read: std::rc::Rc<std::cell::Cell<usize>>,
+        }
+        impl std::io::Read for Counting<'_> {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                unreachable!("read through BufRead only")
+            }
+        }
+        impl std::io::BufRead for Counting<'_> {
+            fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+                unreachable!("read_line only")
+            }
+            fn consume(&mut self, _: usize) {}
+            fn read_line(&mut self, buf: &mut String) -> std::io::Result<usize> {
+                match self.lines.next() {
+                    None => Ok(0),
+                    Some(l) => {
+                        self.read.set(self.read.get() + 1);
+                        buf.push_str(l);
+                        buf.push('\n');
+                        Ok(l.len() + 1)
+                    }
+                }
+            }
+        }
+        let read = std::rc::Rc::new(std::cell::Cell::new(0));
+        let r = Counting { lines: text.lines(), read: read.clone() };
+        let mut got = Vec::new();
+        let s = Script::stream("t", r, |line, st| {
+            assert_eq!(read.get(), line, "step of line {line} handed over late");
+            got.push((line, st));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert_eq!(got, parsed.steps);
+        assert!(s.steps.is_empty() && s.text.is_empty());
+        assert_eq!((s.fssize, s.mkfs.clone()), (300 << 20, vec!["-n".to_string(), "4096".into()]));
+        assert_eq!(s.expects, parsed.expects);
+        let mut sum = StepSummary::default();
+        for (l, st) in &got {
+            sum.add(*l, st);
+        }
+        assert_eq!(sum.final_crash_line, Some(7));
+        assert!(sum.crashes && !sum.keep_random);
+
+        // A bad line stops the stream with its number; so does a step the
+        // caller refuses.
+        let e = Script::stream("t", "write /f 0 1\nbogus\n".as_bytes(), |_, _| Ok::<(), ()>(()));
+        assert!(matches!(e, Err(StreamError::Parse(ParseError { line: 2, .. }))));
+        let mut n = 0;
+        let e = Script::stream("t", "sync\nsync\nsync\n".as_bytes(), |_, _| {
+            n += 1;
+            if n == 2 { Err("no") } else { Ok(()) }
+        });
+        assert!(matches!(e, Err(StreamError::Step { line: 2, err: "no" })));
     }
 }
