@@ -521,15 +521,22 @@ impl Filesystem {
 
     /// __btrfs_prealloc_file_range over `[a, b)`: extents of at most 256
     /// MiB, each as large as the free space has in one piece (down to a
-    /// sector), replacing whatever is there; with `grow_to`, the size
+    /// sector) and never larger than the one before it (once the
+    /// allocator returns small pieces, only pieces that size are looked
+    /// for), replacing whatever is there; with `grow_to`, the size
     /// follows each extent up to it.
     fn prealloc_range(&mut self, l: Loc, a: u64, b: u64, grow_to: Option<u64>) -> Result<()> {
         let ss = self.store.sectorsize() as u64;
         let transid = self.transid();
         let mut p = a;
+        let mut last_alloc = MAX_PREALLOC;
         while p < b {
-            let (bytenr, want) =
-                super::data::reserve_data_extent(&mut self.store, (b - p).min(MAX_PREALLOC), ss)?;
+            let (bytenr, want) = super::data::reserve_data_extent(
+                &mut self.store,
+                (b - p).min(MAX_PREALLOC).min(last_alloc),
+                ss,
+            )?;
+            last_alloc = want;
             let d = drop_extents(&mut self.store, l.subvol, l.ino, p, p + want)?;
             let fe = FileExtentItem::new(
                 BTRFS_FILE_EXTENT_PREALLOC,
