@@ -263,12 +263,10 @@ fn open_on(
     } else {
         (Arc::new(file), None)
     };
-    let sb = btrkit_core::image::read_superblock(dev.as_ref(), 0)?;
-    if sb.log_root.get() != 0 {
-        let mut st = btrkit_core::trans::Store::open_for_replay(dev.clone())?;
-        btrkit_core::log::replay::replay(&mut st, Default::default())?;
-    }
-    Ok((Filesystem::mount(dev, mount_options(mount)?)?, vol))
+    Ok((
+        btrkit_core::log::replay::mount(dev, mount_options(mount)?)?,
+        vol,
+    ))
 }
 
 fn mount_options(mount: &str) -> anyhow::Result<MountOptions> {

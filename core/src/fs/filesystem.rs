@@ -842,6 +842,16 @@ impl Filesystem {
         Ok(())
     }
 
+    /// The free inode number of `subvol` is at least `next` (what a log
+    /// replay before this mount left, see `log::replay::mount`).
+    pub fn raise_free_ino(&mut self, subvol: u64, next: u64) -> Result<()> {
+        self.pin_free_ino(subvol)?;
+        if let Some(n) = self.free_ino.get_mut(&subvol) {
+            *n = (*n).max(next);
+        }
+        Ok(())
+    }
+
     /// A fresh inode number in `subvol` (see [`Self::pin_free_ino`]).
     pub(super) fn alloc_ino(&mut self, subvol: u64) -> Result<u64> {
         self.pin_free_ino(subvol)?;

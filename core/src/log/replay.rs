@@ -112,6 +112,12 @@ pub struct ReplaySummary {
     pub events: Vec<Event>,
     /// With `salvage`: what was lost, and per inode what was recovered.
     pub salvage: Option<super::salvage::SalvageReport>,
+    /// Per replayed subvolume, the free inode number the kernel's mount
+    /// goes on with (btrfs_init_root_free_objectid after the link-count
+    /// fixups): one past the highest objectid before the inodes replay
+    /// left without links are deleted, which the kernel does later, at
+    /// orphan cleanup. See [`mount`].
+    pub free_objectids: std::collections::BTreeMap<u64, u64>,
 }
 
 fn lossy(n: &[u8]) -> String {
@@ -816,6 +822,26 @@ pub fn replay(fs: &mut Store, opts: ReplayOptions) -> Result<ReplaySummary> {
     replay_with_progress(fs, opts, &mut |_, _, _| {})
 }
 
+/// Mount as the kernel does: a log the superblock names is replayed
+/// first, and the filesystem goes on with the free inode numbers the
+/// replay left (inodes it unlinked still count until they are deleted).
+pub fn mount(
+    dev: std::sync::Arc<dyn crate::io::BlockDevice>,
+    opts: crate::fs::MountOptions,
+) -> Result<crate::fs::Filesystem> {
+    let sb = crate::image::read_superblock(dev.as_ref(), 0)?;
+    let mut free = std::collections::BTreeMap::new();
+    if sb.log_root.get() != 0 {
+        let mut st = Store::open_for_replay(dev.clone())?;
+        free = replay(&mut st, Default::default())?.free_objectids;
+    }
+    let mut fs = crate::fs::Filesystem::mount(dev, opts)?;
+    for (subvol, next) in free {
+        fs.raise_free_ino(subvol, next)?;
+    }
+    Ok(fs)
+}
+
 /// [`replay`], reporting `(stage name, items done, items in all logs)`.
 pub fn replay_with_progress(
     fs: &mut Store,
@@ -939,6 +965,7 @@ fn replay_logs(
     // Stages 2-4, each over every log tree, as the kernel's walk does.
     let total: u64 = logs.iter().map(|l| l.items.len() as u64).sum::<u64>() * 3;
     let mut done = 0u64;
+    let mut free_objectids = std::collections::BTreeMap::new();
     for stage in 2..=4 {
         let stage_name = match stage {
             2 => "inodes",
@@ -994,6 +1021,13 @@ fn replay_logs(
                 }
             }
             if stage == 4 {
+                let hi = Key::new(BTRFS_LAST_FREE_OBJECTID, u8::MAX, u64::MAX);
+                let lo = Key::new(BTRFS_FIRST_FREE_OBJECTID, 0, 0);
+                let next = match r.fs.prev_item(TreeId::Tree(log.subvol), &hi, &lo)? {
+                    Some((k, _)) => k.objectid + 1,
+                    None => BTRFS_FIRST_FREE_OBJECTID,
+                };
+                free_objectids.insert(log.subvol, next);
                 r.fixup_links()?;
             }
             let (f, ev) = (std::mem::take(&mut r.fixups), std::mem::take(&mut r.events));
@@ -1002,6 +1036,7 @@ fn replay_logs(
             entry.1.extend(ev);
         }
     }
+    sum.free_objectids = free_objectids;
     for (_, (_, ev)) in reps {
         for e in ev {
             match &e {

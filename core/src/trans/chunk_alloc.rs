@@ -106,7 +106,10 @@ impl Store {
         // One data stripe for SINGLE and DUP alike.
         let mut stripe = avail / copies;
         if stripe > max_chunk {
-            stripe = max_chunk.div_ceil(SZ_16M).saturating_mul(SZ_16M).min(stripe);
+            stripe = max_chunk
+                .div_ceil(SZ_16M)
+                .saturating_mul(SZ_16M)
+                .min(stripe);
         }
         let stripe = stripe.min(SZ_1G) / BTRFS_STRIPE_LEN * BTRFS_STRIPE_LEN;
         Ok((at, stripe))

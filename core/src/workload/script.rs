@@ -1470,7 +1470,10 @@ mod tests {
             }
         }
         let read = std::rc::Rc::new(std::cell::Cell::new(0));
-        let r = Counting { lines: text.lines(), read: read.clone() };
+        let r = Counting {
+            lines: text.lines(),
+            read: read.clone(),
+        };
         let mut got = Vec::new();
         let s = Script::stream("t", r, |line, st| {
             assert_eq!(read.get(), line, "step of line {line} handed over late");
@@ -1480,7 +1483,10 @@ mod tests {
         .unwrap();
         assert_eq!(got, parsed.steps);
         assert!(s.steps.is_empty() && s.text.is_empty());
-        assert_eq!((s.fssize, s.mkfs.clone()), (300 << 20, vec!["-n".to_string(), "4096".into()]));
+        assert_eq!(
+            (s.fssize, s.mkfs.clone()),
+            (300 << 20, vec!["-n".to_string(), "4096".into()])
+        );
         assert_eq!(s.expects, parsed.expects);
         let mut sum = StepSummary::default();
         for (l, st) in &got {
@@ -1491,12 +1497,21 @@ mod tests {
 
         // A bad line stops the stream with its number; so does a step the
         // caller refuses.
-        let e = Script::stream("t", "write /f 0 1\nbogus\n".as_bytes(), |_, _| Ok::<(), ()>(()));
-        assert!(matches!(e, Err(StreamError::Parse(ParseError { line: 2, .. }))));
+        let e = Script::stream("t", "write /f 0 1\nbogus\n".as_bytes(), |_, _| {
+            Ok::<(), ()>(())
+        });
+        assert!(matches!(
+            e,
+            Err(StreamError::Parse(ParseError { line: 2, .. }))
+        ));
         let mut n = 0;
         let e = Script::stream("t", "sync\nsync\nsync\n".as_bytes(), |_, _| {
             n += 1;
-            if n == 2 { Err("no") } else { Ok(()) }
+            if n == 2 {
+                Err("no")
+            } else {
+                Ok(())
+            }
         });
         assert!(matches!(e, Err(StreamError::Step { line: 2, err: "no" })));
     }

@@ -110,13 +110,14 @@ impl Session {
     /// Mount: replay a log first, as the kernel's mount does.
     fn mount_now(&mut self) -> Result<()> {
         let dev = self.dev.block();
-        let sb = crate::image::read_superblock(dev.as_ref(), 0)?;
-        if sb.log_root.get() != 0 {
-            let mut st = crate::trans::Store::open_for_replay(dev.clone())?;
-            crate::log::replay::replay(&mut st, Default::default())?;
+        if crate::image::read_superblock(dev.as_ref(), 0)?
+            .log_root
+            .get()
+            != 0
+        {
             self.replays += 1;
         }
-        let mut fs = Filesystem::mount(dev, self.mount.clone())?;
+        let mut fs = crate::log::replay::mount(dev, self.mount.clone())?;
         fs.switches = self.switches;
         self.fs = Some(fs);
         Ok(())

@@ -57,12 +57,7 @@ pub fn mount_options(opts: &[&str]) -> MountOptions {
 /// Mount as the kernel does: a log left in the superblock is replayed
 /// first.
 pub fn mount(dev: Arc<dyn BlockDevice>, opts: &[&str]) -> btrkit_core::Result<Filesystem> {
-    let sb = btrkit_core::image::read_superblock(dev.as_ref(), 0)?;
-    if sb.log_root.get() != 0 {
-        let mut st = btrkit_core::trans::Store::open_for_replay(dev.clone())?;
-        btrkit_core::log::replay::replay(&mut st, Default::default())?;
-    }
-    Filesystem::mount(dev, mount_options(opts))
+    btrkit_core::log::replay::mount(dev, mount_options(opts))
 }
 
 /// The checker's report on the image as the device holds it now, data

@@ -629,7 +629,11 @@ pub fn random_unlinked_scenario(seed: u64) -> String {
     for _ in 0..3 + r(4) {
         n += 1;
         let p = format!("{}/f{n}", dirs[r(2) as usize]);
-        out.push(format!("write {p} 0 {} {}", [10, 5000, 70000][r(3) as usize], 1 + r(249)));
+        out.push(format!(
+            "write {p} 0 {} {}",
+            [10, 5000, 70000][r(3) as usize],
+            1 + r(249)
+        ));
         let mut names = vec![p.clone()];
         for _ in 0..r(3) {
             n += 1;
@@ -699,7 +703,11 @@ pub fn random_unlinked_scenario(seed: u64) -> String {
         } else if op < 93 {
             tmp += 1;
             out.push(format!("tmpfile t{tmp}"));
-            out.push(format!("write t{tmp} 0 {} {}", [10, 8192][r(2) as usize], 1 + r(249)));
+            out.push(format!(
+                "write t{tmp} 0 {} {}",
+                [10, 8192][r(2) as usize],
+                1 + r(249)
+            ));
             out.push(format!("fsync t{tmp}"));
         } else if op < 96 {
             out.push(format!("fsync {}", dirs[r(dirs.len() as u64) as usize]));
@@ -793,7 +801,11 @@ pub fn random_snapshot_churn_scenario(seed: u64) -> String {
         } else if op < 60 {
             n += 1;
             let f = format!("{t}/f{n}");
-            out.push(format!("write {f} 0 {} {}", [1, 10, 5000][r(3) as usize], 1 + r(249)));
+            out.push(format!(
+                "write {f} 0 {} {}",
+                [1, 10, 5000][r(3) as usize],
+                1 + r(249)
+            ));
             x.files.push(f);
         } else if op < 78 {
             if !x.files.is_empty() && r(2) == 0 {
