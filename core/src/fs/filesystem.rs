@@ -1055,11 +1055,10 @@ impl Filesystem {
         } else {
             start
         };
-        let comps: Vec<&str> = path
-            .split('/')
-            .filter(|c| !c.is_empty() && *c != ".")
-            .collect();
-        let mut stack: Vec<Loc> = vec![cur];
+        let mut comps: Vec<&str> = Vec::with_capacity(8);
+        comps.extend(path.split('/').filter(|c| !c.is_empty() && *c != "."));
+        let mut stack: Vec<Loc> = Vec::with_capacity(comps.len() + 1);
+        stack.push(cur);
         // The mode of `cur` when the previous step read it already.
         let mut cur_mode: Option<u32> = None;
         for (i, c) in comps.iter().enumerate() {

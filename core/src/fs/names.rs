@@ -180,15 +180,21 @@ pub fn next_dir_index(st: &mut Store, subvol: u64, dir: u64) -> Result<u64> {
     })
 }
 
-/// Append an entry to a packed item, creating the item when missing.
+/// Append an entry to a packed item, creating the item when missing. A
+/// packed item is at most what a leaf holds: past that, EOVERFLOW (as the
+/// kernel's btrfs_check_dir_item_collision).
 fn append_packed(st: &mut Store, t: TreeId, key: &Key, entry: &[u8]) -> Result<()> {
-    match st.lookup(t, key)? {
-        Some(mut d) => {
-            d.extend_from_slice(entry);
-            st.update_item(t, key, &d)
-        }
-        None => st.insert_item(t, key, entry),
+    let max = max_item(st);
+    if st.append_item(t, key, entry, max)? {
+        return Ok(());
     }
+    Err(Error::errno(
+        libc::EOVERFLOW,
+        format!(
+            "item {} cannot take another entry",
+            crate::format::names::key_string(key)
+        ),
+    ))
 }
 
 /// Remove the entry named `name` (for extrefs: with parent `parent`) from
@@ -264,6 +270,33 @@ pub fn add_name(
     index: u64,
     transid: u64,
 ) -> Result<()> {
+    add_name_with(
+        st,
+        subvol,
+        dir,
+        location,
+        name,
+        ftype,
+        index,
+        transid,
+        |_| {},
+    )
+}
+
+/// [`add_name`], with `dir_change` made to the directory's inode item in
+/// the same change as its size (its times, as a new name moves them).
+#[allow(clippy::too_many_arguments)]
+pub fn add_name_with(
+    st: &mut Store,
+    subvol: u64,
+    dir: u64,
+    location: Key,
+    name: &[u8],
+    ftype: u8,
+    index: u64,
+    transid: u64,
+    dir_change: impl FnOnce(&mut crate::format::inode::InodeItem),
+) -> Result<()> {
     if name.is_empty() || name.len() > BTRFS_NAME_LEN {
         return Err(Error::Invalid(format!("name of {} bytes", name.len())));
     }
@@ -301,7 +334,7 @@ pub fn add_name(
         }
         return Err(e);
     }
-    adjust_dir_size(st, subvol, dir, name.len() as i64, transid)
+    adjust_dir_size(st, subvol, dir, name.len() as i64, transid, dir_change)
 }
 
 /// The inode's back reference for a new name: packed into its INODE_REF
@@ -318,18 +351,9 @@ fn add_backref(
     let rkey = Key::new(ino, BTRFS_INODE_REF_KEY, dir);
     let mut r = Vec::with_capacity(10 + name.len());
     encode_inode_ref(&mut r, index, name);
-    let cur = st.lookup(t, &rkey)?;
-    let fits = cur
-        .as_ref()
-        .is_none_or(|c| c.len() + r.len() <= max_item(st));
-    if fits {
-        return match cur {
-            Some(mut c) => {
-                c.extend_from_slice(&r);
-                st.update_item(t, &rkey, &c)
-            }
-            None => st.insert_item(t, &rkey, &r),
-        };
+    let max = max_item(st);
+    if st.append_item(t, &rkey, &r, max)? {
+        return Ok(());
     }
     if st.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_EXTENDED_IREF == 0 {
         return Err(Error::errno(
@@ -386,7 +410,7 @@ pub fn remove_name(
         }
     }
     if had || had_index {
-        adjust_dir_size(st, subvol, dir, -(name.len() as i64), transid)?;
+        adjust_dir_size(st, subvol, dir, -(name.len() as i64), transid, |_| {})?;
     }
     Ok(had || had_index)
 }
@@ -398,11 +422,13 @@ fn adjust_dir_size(
     dir: u64,
     name_len: i64,
     transid: u64,
+    also: impl FnOnce(&mut crate::format::inode::InodeItem),
 ) -> Result<()> {
     super::inode::modify_inode(st, subvol, dir, |d| {
         let size = (d.size.get() as i64 + 2 * name_len).max(0) as u64;
         d.size.set(size);
         d.transid.set(transid);
+        also(d);
     })?;
     Ok(())
 }

@@ -71,8 +71,12 @@ impl Filesystem {
         }
         it.flags.set(flags);
         let l = Loc::new(dir.subvol, ino);
-        self.put_item(l, &it)?;
+        // Its runtime state first: there is no item to load it from.
         self.new_rt(l, 0);
+        if let Err(e) = self.put_item(l, &it) {
+            self.forget_inode(l);
+            return Err(e);
+        }
         self.inherit_props(l, dir)?;
         Ok(l)
     }
@@ -81,7 +85,10 @@ impl Filesystem {
     fn add_link(&mut self, dir: Loc, name: &[u8], target: Loc, mode: u32) -> Result<()> {
         let idx = self.next_index(dir)?;
         let t = self.transid();
-        names::add_name(
+        let now = self.now();
+        // The directory's times move with its size, in one item change
+        // (what stamp() would make a second one).
+        names::add_name_with(
             &mut self.store,
             dir.subvol,
             dir.ino,
@@ -90,8 +97,14 @@ impl Filesystem {
             ftype_of_mode(mode),
             idx,
             t,
+            |it| {
+                it.ctime = now;
+                it.mtime = now;
+                it.sequence.set(it.sequence.get() + 1);
+            },
         )?;
-        self.stamp(dir, true, true)
+        self.mark_changed(dir);
+        self.touch_trans(dir)
     }
 
     /// The checks before a new name goes into `dir`, in the VFS's order.

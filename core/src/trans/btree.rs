@@ -4,6 +4,7 @@
 //! siblings and root shrink.
 
 use super::{items, Store, TreeId};
+use crate::format::consts::BTRFS_MAX_LEVEL;
 use crate::format::header::{HEADER_SIZE, ITEM_SIZE};
 use crate::format::key::Key;
 use crate::tree::edit;
@@ -158,7 +159,7 @@ impl Store {
     ) -> Result<Option<(Key, Vec<u8>, u64)>> {
         let mut b = root;
         // Stack of (node, slot) to continue to the right when a leaf is exhausted.
-        let mut stack: Vec<(u64, usize)> = Vec::new();
+        let mut stack: Vec<(u64, usize)> = Vec::with_capacity(BTRFS_MAX_LEVEL as usize);
         loop {
             let buf = self.buf(b)?;
             if edit::level(buf) == 0 {
@@ -284,7 +285,7 @@ impl Store {
     ) -> Result<Option<(Key, Vec<u8>)>> {
         let tree: TreeId = tree.into();
         let mut b = self.load_root(tree)?;
-        let mut stack: Vec<(u64, usize)> = Vec::new();
+        let mut stack: Vec<(u64, usize)> = Vec::with_capacity(BTRFS_MAX_LEVEL as usize);
         loop {
             let buf = self.buf(b)?;
             if edit::level(buf) == 0 {
@@ -416,7 +417,8 @@ impl Store {
         Ok(Some((block_generation(buf), items)))
     }
 
-    /// Every item with key in `[start, end]`.
+    /// Every item with key in `[start, end]`: one search per leaf the
+    /// range covers, not one per item.
     pub fn items_in(
         &mut self,
         tree: impl Into<TreeId>,
@@ -426,14 +428,31 @@ impl Store {
         let tree: TreeId = tree.into();
         let mut out = Vec::new();
         let mut k = start;
-        while let Some((key, d)) = self.next_item(tree, &k)? {
-            if key > end {
+        loop {
+            let root = self.load_root(tree)?;
+            let Some((first, _, leaf)) = self.next_item_from(tree, root, &k)? else {
+                break;
+            };
+            if first > end {
                 break;
             }
-            out.push((key, d));
-            k = next_key(&key);
-            if key == Key::MAX {
-                break;
+            let buf = self.buf(leaf)?;
+            let mut slot = match edit::search(buf, &first) {
+                Ok(s) | Err(s) => s,
+            };
+            let mut last = None;
+            while slot < edit::nritems(buf) {
+                let key = edit::leaf_key(buf, slot);
+                if key > end {
+                    return Ok(out);
+                }
+                out.push((key, edit::item_data(buf, slot).to_vec()));
+                last = Some(key);
+                slot += 1;
+            }
+            match last {
+                Some(l) if l != Key::MAX => k = next_key(&l),
+                _ => break,
             }
         }
         Ok(out)
@@ -454,7 +473,7 @@ impl Store {
             let lvl = edit::level(self.buf(nr)?);
             self.set_root(tree, nr, lvl)?;
         }
-        let mut path: Vec<Step> = Vec::new();
+        let mut path: Vec<Step> = Vec::with_capacity(BTRFS_MAX_LEVEL as usize);
         let mut b = nr;
         loop {
             let buf = self.buf(b)?;
@@ -830,35 +849,99 @@ impl Store {
         Ok(())
     }
 
-    /// Replace an item's data (inserting it when missing).
+    /// Replace an item's data (inserting it when missing): one search,
+    /// which makes room for an insert on its way down.
     pub fn update_item(&mut self, tree: impl Into<TreeId>, key: &Key, data: &[u8]) -> Result<()> {
         let tree: TreeId = tree.into();
         let cached = items::cacheable(tree, key);
         if cached {
             self.items.forget(tree, key);
         }
-        let (path, found) = self.search_mut(tree, key, None)?;
-        if found {
-            let Step { bytenr, slot } = *path
-                .last()
-                .ok_or_else(|| Error::Invalid("empty path".into()))?;
-            let buf = self.buf_mut(bytenr)?;
-            let fits = edit::item_size(buf, slot) == data.len()
-                || data.len() < edit::item_size(buf, slot)
-                || edit::leaf_free(buf) >= data.len() - edit::item_size(buf, slot);
-            if fits {
-                if edit::item_size(buf, slot) != data.len() {
-                    edit::leaf_resize(buf, slot, data.len())?;
-                }
-                edit::item_data_mut(buf, slot).copy_from_slice(data);
-                if cached {
-                    self.items.put(tree, key, Some(data));
-                }
-                return Ok(());
+        let (path, found) = self.search_mut(tree, key, Some(ITEM_SIZE + data.len()))?;
+        let Step { bytenr, slot } = *path
+            .last()
+            .ok_or_else(|| Error::Invalid("empty path".into()))?;
+        let buf = self.buf_mut(bytenr)?;
+        if !found {
+            edit::leaf_insert(buf, slot, key, data)?;
+            if slot == 0 {
+                self.fixup_low_keys(&path, key)?;
             }
-            self.delete_item(tree, key)?;
+        } else {
+            let old = edit::item_size(buf, slot);
+            if data.len() > old && edit::leaf_free(buf) < data.len() - old {
+                // The leaf cannot hold the larger item: it goes in again,
+                // and that insert splits the leaf.
+                self.delete_item(tree, key)?;
+                return self.insert_item(tree, key, data);
+            }
+            if old != data.len() {
+                edit::leaf_resize(buf, slot, data.len())?;
+            }
+            edit::item_data_mut(buf, slot).copy_from_slice(data);
         }
-        self.insert_item(tree, key, data)
+        if cached {
+            self.items.put(tree, key, Some(data));
+        }
+        Ok(())
+    }
+
+    /// Append `data` to the item with `key`, or insert it when there is
+    /// none (btrfs_insert_empty_item, and btrfs_extend_item on EEXIST), in
+    /// one search: how packed items (dir items of colliding names, inode
+    /// refs) take one more entry. An item that would grow past `max`
+    /// bytes is left as it is: false.
+    pub fn append_item(
+        &mut self,
+        tree: impl Into<TreeId>,
+        key: &Key,
+        data: &[u8],
+        max: usize,
+    ) -> Result<bool> {
+        let tree: TreeId = tree.into();
+        if data.len() > max {
+            return Ok(false);
+        }
+        let cached = items::cacheable(tree, key);
+        if cached {
+            self.items.forget(tree, key);
+        }
+        let (path, found) = self.search_mut(tree, key, Some(ITEM_SIZE + data.len()))?;
+        let Step { bytenr, slot } = *path
+            .last()
+            .ok_or_else(|| Error::Invalid("empty path".into()))?;
+        let buf = self.buf_mut(bytenr)?;
+        if !found {
+            edit::leaf_insert(buf, slot, key, data)?;
+            if slot == 0 {
+                self.fixup_low_keys(&path, key)?;
+            }
+            if cached {
+                self.items.put(tree, key, Some(data));
+            }
+            return Ok(true);
+        }
+        let old = edit::item_size(buf, slot);
+        if old + data.len() > max {
+            if cached {
+                let now = edit::item_data(buf, slot).to_vec();
+                self.items.put(tree, key, Some(&now));
+            }
+            return Ok(false);
+        }
+        if edit::leaf_free(buf) < data.len() {
+            let mut all = edit::item_data(buf, slot).to_vec();
+            all.extend_from_slice(data);
+            self.update_item(tree, key, &all)?;
+            return Ok(true);
+        }
+        edit::leaf_resize(buf, slot, old + data.len())?;
+        edit::item_data_mut(buf, slot)[old..].copy_from_slice(data);
+        if cached {
+            let now = edit::item_data(buf, slot).to_vec();
+            self.items.put(tree, key, Some(&now));
+        }
+        Ok(true)
     }
 
     /// Delete an item; returns whether it existed.

@@ -24,6 +24,10 @@ pub struct EngineRunner {
     /// Descriptors held by `open-fd` and `tmpfile`, by the name the script
     /// gives them.
     pub fds: HashMap<String, Loc>,
+    /// The bytes of a `write` step, a piece at a time (kept: a script
+    /// writes many small files, and a fresh zeroed buffer each was a
+    /// measurable part of the files benchmark).
+    scratch: Vec<u8>,
 }
 
 impl Default for EngineRunner {
@@ -50,6 +54,7 @@ impl EngineRunner {
     pub fn new() -> EngineRunner {
         EngineRunner {
             fds: HashMap::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -133,7 +138,11 @@ impl EngineRunner {
                 let l = self.target_create(fs, path)?;
                 let mut s = FillStream::new(fill);
                 let mut done = 0u64;
-                let mut buf = vec![0u8; (*len).min(1 << 20) as usize];
+                let want = (*len).min(1 << 20) as usize;
+                if self.scratch.len() < want {
+                    self.scratch.resize(want, 0);
+                }
+                let buf = &mut self.scratch[..want];
                 while done < *len {
                     let n = (*len - done).min(buf.len() as u64) as usize;
                     s.next(&mut buf[..n]);

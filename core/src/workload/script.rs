@@ -395,14 +395,24 @@ impl Tok {
         }
     }
     pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.bytes()).into_owned()
+        self.str().into_owned()
+    }
+    /// The token as text, borrowed where it is already text.
+    pub fn str(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Tok::Word(w) => std::borrow::Cow::Borrowed(w),
+            Tok::Quoted(b) => String::from_utf8_lossy(b),
+        }
+    }
+    fn is_word(&self, w: &str) -> bool {
+        matches!(self, Tok::Word(x) if x == w)
     }
 }
 
 /// Split a line into words and quoted strings.
 pub fn tokenize(line: &str) -> Res<Vec<Tok>> {
     let b = line.as_bytes();
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(8);
     let mut i = 0;
     while i < b.len() {
         let c = b[i];
@@ -539,6 +549,9 @@ pub fn norm(p: &str) -> String {
     format!("/{t}")
 }
 
+/// How many steps [`Script::stream`] parses ahead of the one running.
+pub const STREAM_AHEAD: usize = 512;
+
 /// What stopped a streamed script: a line that does not parse, or the
 /// caller's own error for a step.
 #[derive(Debug)]
@@ -591,37 +604,85 @@ impl Script {
     }
 
     /// Parse a script from `r` a line at a time, handing each step to
-    /// `on_step` as soon as its line is parsed and keeping none: memory
-    /// does not grow with the number of steps. The script returned holds
-    /// the directives and expectations (no text, no steps). A step that
-    /// `on_step` refuses stops the stream there.
-    pub fn stream<R: std::io::BufRead, E>(
+    /// `on_step` in order and keeping none: memory does not grow with the
+    /// number of steps. The script returned holds the directives and
+    /// expectations (no text, no steps). A step that `on_step` refuses
+    /// stops the stream there; a line that does not parse stops it after
+    /// the steps before it ran.
+    ///
+    /// Lines are read and parsed on a thread of their own, at most
+    /// [`STREAM_AHEAD`] steps ahead of the one running, so that parsing
+    /// a long script overlaps the work its steps do.
+    pub fn stream<R: std::io::BufRead + Send, E>(
         name: &str,
-        mut r: R,
+        r: R,
         mut on_step: impl FnMut(usize, Step) -> std::result::Result<(), E>,
     ) -> std::result::Result<Script, StreamError<E>> {
-        let mut s = Script::empty(name);
-        let mut line = String::new();
-        let mut n = 0usize;
-        loop {
-            line.clear();
-            let got = r.read_line(&mut line).map_err(|e| {
-                StreamError::Parse(ParseError {
-                    line: n + 1,
-                    msg: format!("cannot read the script: {e}"),
-                })
-            })?;
-            if got == 0 {
-                return Ok(s);
-            }
-            n += 1;
-            let text = line.trim_end_matches(['\n', '\r']);
-            s.parse_line(n, text)
-                .map_err(|msg| StreamError::Parse(ParseError { line: n, msg }))?;
-            for (ln, st) in std::mem::take(&mut s.steps) {
-                on_step(ln, st).map_err(|err| StreamError::Step { line: ln, err })?;
-            }
+        enum Msg {
+            Steps(Vec<(usize, Step)>),
+            Failed(ParseError),
         }
+        const BATCH: usize = 64;
+        std::thread::scope(|sc| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(STREAM_AHEAD / BATCH - 1);
+            let reader = sc.spawn(move || {
+                let mut r = r;
+                let mut s = Script::empty(name);
+                let mut line = String::new();
+                let mut n = 0usize;
+                let mut batch = Vec::with_capacity(BATCH);
+                let failed = loop {
+                    line.clear();
+                    let got = match r.read_line(&mut line) {
+                        Ok(got) => got,
+                        Err(e) => {
+                            break Some(ParseError {
+                                line: n + 1,
+                                msg: format!("cannot read the script: {e}"),
+                            })
+                        }
+                    };
+                    if got == 0 {
+                        break None;
+                    }
+                    n += 1;
+                    let text = line.trim_end_matches(['\n', '\r']);
+                    if let Err(msg) = s.parse_line(n, text) {
+                        break Some(ParseError { line: n, msg });
+                    }
+                    batch.append(&mut s.steps);
+                    if batch.len() >= BATCH
+                        && tx.send(Msg::Steps(std::mem::take(&mut batch))).is_err()
+                    {
+                        // The runner stopped: nothing more is wanted.
+                        return s;
+                    }
+                };
+                if !batch.is_empty() && tx.send(Msg::Steps(batch)).is_err() {
+                    return s;
+                }
+                if let Some(e) = failed {
+                    let _ = tx.send(Msg::Failed(e));
+                }
+                s
+            });
+            for msg in rx.iter() {
+                match msg {
+                    Msg::Steps(steps) => {
+                        for (ln, st) in steps {
+                            on_step(ln, st).map_err(|err| StreamError::Step { line: ln, err })?;
+                        }
+                    }
+                    Msg::Failed(e) => return Err(StreamError::Parse(e)),
+                }
+            }
+            reader.join().map_err(|_| {
+                StreamError::Parse(ParseError {
+                    line: 0,
+                    msg: "the script reader failed".into(),
+                })
+            })
+        })
     }
 
     pub fn parse(name: &str, text: &str) -> std::result::Result<Script, ParseError> {
@@ -728,7 +789,7 @@ impl Script {
 
 fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
     let t = |i: usize| a[i].text();
-    let num = |i: usize| parse_num(&a[i].text());
+    let num = |i: usize| parse_num(&a[i].str());
     Ok(match verb {
         "mkdir" => {
             need(a, 1, 1, "mkdir P")?;
@@ -746,9 +807,7 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
                 "write P OFF LEN [BYTE|\"text\"|random:SEED] [enospc-ok]",
             )?;
             let mut rest: Vec<&Tok> = a[3..].iter().collect();
-            let enospc_ok = rest
-                .last()
-                .is_some_and(|x| **x == Tok::Word("enospc-ok".into()));
+            let enospc_ok = rest.last().is_some_and(|x| x.is_word("enospc-ok"));
             if enospc_ok {
                 rest.pop();
             }
@@ -1438,14 +1497,15 @@ mod tests {
     }
 
     #[test]
-    fn stream_hands_each_step_over_as_its_line_is_read() {
+    fn stream_hands_steps_over_a_bounded_distance_behind_the_reader() {
         let text = "fssize 300M\nwrite /f 0 4K\n\n# note\nfsync /f\r\nexpect size /f 4K\ncrash\nmkfs -n 4096\n";
         let parsed = Script::parse("t", text).unwrap();
-        // A reader that counts the lines handed out: each step must come
-        // before the next line is read.
+        // A reader that counts the lines handed out: a step must come
+        // before the reader is more than a bounded number of lines ahead,
+        // however long the script.
         struct Counting<'a> {
             lines: std::str::Lines<'a>,
-            read: std::rc::Rc<std::cell::Cell<usize>>,
+            read: std::sync::Arc<std::sync::atomic::AtomicUsize>,
         }
         impl std::io::Read for Counting<'_> {
             fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
@@ -1461,7 +1521,7 @@ mod tests {
                 match self.lines.next() {
                     None => Ok(0),
                     Some(l) => {
-                        self.read.set(self.read.get() + 1);
+                        self.read.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         buf.push_str(l);
                         buf.push('\n');
                         Ok(l.len() + 1)
@@ -1469,14 +1529,39 @@ mod tests {
                 }
             }
         }
-        let read = std::rc::Rc::new(std::cell::Cell::new(0));
+        let long = "sync\n".repeat(20 * STREAM_AHEAD);
+        let read = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let r = Counting {
+            lines: long.lines(),
+            read: read.clone(),
+        };
+        let mut seen = 0;
+        let mut lead = 0;
+        Script::stream("t", r, |line, _| {
+            seen += 1;
+            assert_eq!(line, seen);
+            let ahead = read.load(std::sync::atomic::Ordering::SeqCst) - line;
+            lead = lead.max(ahead);
+            assert!(
+                ahead <= 2 * STREAM_AHEAD,
+                "reader {ahead} lines ahead at {line}"
+            );
+            // A slow runner: the reader has every chance to run away.
+            if line % 1000 == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert_eq!(seen, 20 * STREAM_AHEAD);
+        assert!(lead > 0, "the reader parses ahead");
+
         let r = Counting {
             lines: text.lines(),
             read: read.clone(),
         };
         let mut got = Vec::new();
         let s = Script::stream("t", r, |line, st| {
-            assert_eq!(read.get(), line, "step of line {line} handed over late");
             got.push((line, st));
             Ok::<(), ()>(())
         })

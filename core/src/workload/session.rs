@@ -118,6 +118,9 @@ impl Session {
             self.replays += 1;
         }
         let mut fs = crate::log::replay::mount(dev, self.mount.clone())?;
+        if matches!(self.dev, Dev::Plain(_)) {
+            fs.store.start_data_writer()?;
+        }
         fs.switches = self.switches;
         self.fs = Some(fs);
         Ok(())
