@@ -5,10 +5,44 @@
 use crate::format::key::Key;
 use std::fmt;
 
+/// What a tree block check found wrong (btrfs-progs' tree-checker and the
+/// read-time checks of disk-io.c).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum ProblemKind {
+    Checksum,
+    Header,
+    ParentTransid,
+    Level,
+    Owner,
+    FirstKey,
+    KeyOrder,
+    ItemBounds,
+    ItemBody,
+}
+
+/// What kind of damage a [`Error::Corrupt`] is: callers decide on this,
+/// never on the message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum CorruptKind {
+    /// A tree block failed one of the block checks.
+    Block(ProblemKind),
+    /// A block of an fsync log tree is damaged, unreadable or linked
+    /// twice (what `btrkit-replay --salvage` works around).
+    LogBlock,
+    /// The shape of the trees: a loop, a block referenced twice, a tree
+    /// deeper than the format allows.
+    Structure,
+    /// The superblock.
+    Superblock,
+    /// An item, or anything else read from disk.
+    Other,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("corrupt {what} at {}{}", Loc(*bytenr), KeySuffix(key))]
     Corrupt {
+        kind: CorruptKind,
         what: String,
         bytenr: u64,
         key: Option<Key>,
@@ -28,6 +62,10 @@ pub enum Error {
     NotBtrfs(String),
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// The engine's own state is not what it must be (a bug, not bad
+    /// input and not damage on disk).
+    #[error("internal error: {0}")]
+    Internal(String),
     /// A file operation refused as the kernel refuses it (ENOENT, EEXIST,
     /// ENOTEMPTY, EISDIR...).
     #[error("{msg}: {}", errno_name(*errno))]
@@ -88,7 +126,11 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn corrupt(what: impl Into<String>, bytenr: u64) -> Self {
+        Self::corrupt_as(CorruptKind::Other, what, bytenr)
+    }
+    pub fn corrupt_as(kind: CorruptKind, what: impl Into<String>, bytenr: u64) -> Self {
         Error::Corrupt {
+            kind,
             what: what.into(),
             bytenr,
             key: None,
@@ -96,9 +138,20 @@ impl Error {
     }
     pub fn corrupt_key(what: impl Into<String>, bytenr: u64, key: Key) -> Self {
         Error::Corrupt {
+            kind: CorruptKind::Other,
             what: what.into(),
             bytenr,
             key: Some(key),
+        }
+    }
+    pub fn internal(what: impl Into<String>) -> Self {
+        Error::Internal(what.into())
+    }
+    /// The kind of damage, for a `Corrupt` error.
+    pub fn corrupt_kind(&self) -> Option<CorruptKind> {
+        match self {
+            Error::Corrupt { kind, .. } => Some(*kind),
+            _ => None,
         }
     }
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
@@ -128,7 +181,8 @@ impl Error {
     /// raised without knowing where the item lives.
     pub fn at(self, bytenr: u64, key: Key) -> Self {
         match self {
-            Error::Corrupt { what, .. } => Error::Corrupt {
+            Error::Corrupt { kind, what, .. } => Error::Corrupt {
+                kind,
                 what,
                 bytenr,
                 key: Some(key),

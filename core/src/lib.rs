@@ -19,4 +19,4 @@ pub mod tree;
 pub mod util;
 pub mod workload;
 
-pub use error::{Error, Result};
+pub use error::{CorruptKind, Error, Result};

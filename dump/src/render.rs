@@ -241,22 +241,7 @@ fn oct(o: &mut Vec<u8>, v: u32) {
     o.extend_from_slice(&b[i..]);
 }
 
-/// libuuid's `uuid_unparse` (lower case).
-pub fn uuid(o: &mut Vec<u8>, id: &[u8; 16]) {
-    for (n, &x) in id.iter().enumerate() {
-        if matches!(n, 4 | 6 | 8 | 10) {
-            o.push(b'-');
-        }
-        o.push(HEX[(x >> 4) as usize]);
-        o.push(HEX[(x & 15) as usize]);
-    }
-}
-
-pub fn uuid_string(id: &[u8; 16]) -> String {
-    let mut v = Vec::with_capacity(36);
-    uuid(&mut v, id);
-    String::from_utf8_lossy(&v).into_owned()
-}
+pub use btrkit_core::util::uuid::{uuid_str as uuid_string, write_uuid as uuid};
 
 /// printf `%.*s`: at most `max` bytes, stopping at a NUL.
 fn cstr(o: &mut Vec<u8>, b: &[u8], max: usize) {

@@ -197,17 +197,7 @@ fn hex(b: &[u8]) -> String {
     s
 }
 
-/// A uuid in its usual 8-4-4-4-12 form.
-pub(crate) fn uuid_str(u: &[u8; 16]) -> String {
-    let mut s = String::with_capacity(36);
-    for (i, b) in u.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            s.push('-');
-        }
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
+pub(crate) use btrkit_core::util::uuid::uuid_str;
 
 /// Every field of the superblock, flags also by name, uuids as text.
 #[derive(Serialize)]

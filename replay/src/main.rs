@@ -47,7 +47,11 @@ fn main() {
         Ok(()) => {}
         Err(e) => {
             let mut msg = format!("{e:#}").replace('\n', " ");
-            if !a.salvage && msg.contains("log tree block") {
+            let log_damaged = e
+                .chain()
+                .filter_map(|c| c.downcast_ref::<btrkit_core::Error>())
+                .any(|c| c.corrupt_kind() == Some(btrkit_core::CorruptKind::LogBlock));
+            if !a.salvage && log_damaged {
                 msg.push_str(
                     " (the log is damaged: --salvage replays what the rest of it still proves)",
                 );

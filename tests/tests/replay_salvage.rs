@@ -661,6 +661,24 @@ fn headline_leaves_lost(pick: impl for<'a> Fn(&[&'a LogBlock]) -> Vec<&'a LogBlo
         let _ = std::fs::remove_file(&out);
         kcrash::copy_sparse(&crash.path, &dmg).unwrap();
         damage_block(&dmg, b).unwrap();
+        if seen.len() == 1 {
+            // A plain replay refuses the damaged log, says so by the
+            // error's kind (a damaged log block), and points at --salvage.
+            let o = Command::new(kcrash::replay_bin())
+                .arg(&dmg)
+                .arg("-o")
+                .arg(&out)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{}: {err}", b.describe());
+            assert!(
+                err.contains("--salvage replays what the rest of it still proves"),
+                "{}: no hint of --salvage: {err}",
+                b.describe()
+            );
+            let _ = std::fs::remove_file(&out);
+        }
         let t = Instant::now();
         let report = salvage(&dmg, &out).unwrap_or_else(|e| panic!("{}: {e}", b.describe()));
         let secs = t.elapsed().as_secs_f64();

@@ -133,7 +133,7 @@ impl Allocator {
             let g = self
                 .groups
                 .get_mut(&s)
-                .ok_or_else(|| Error::Invalid("block group vanished".into()))?;
+                .ok_or_else(|| Error::Internal("block group vanished".into()))?;
             if g.read_only || g.length - g.used < len {
                 continue;
             }

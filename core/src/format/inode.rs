@@ -4,7 +4,7 @@
 
 use super::{Le16, Le32, Le64};
 use crate::{Error, Result};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug, Default)]
@@ -131,6 +131,30 @@ pub fn encode_inode_extref(out: &mut Vec<u8>, parent: u64, index: u64, name: &[u
         .as_bytes(),
     );
     out.extend_from_slice(name);
+}
+
+/// A time of whole seconds.
+pub fn now_ts(now: u64) -> Timespec {
+    Timespec {
+        sec: now.into(),
+        nsec: 0.into(),
+    }
+}
+
+/// A directory inode item as mkfs creates it for tree root directories.
+pub fn dir_inode(now: u64, generation: u64, nbytes: u64) -> InodeItem {
+    let mut i = InodeItem::new_zeroed();
+    i.generation.set(generation);
+    i.transid.set(generation);
+    i.nbytes.set(nbytes);
+    i.nlink.set(1);
+    i.mode.set(0o040755);
+    let t = now_ts(now);
+    i.atime = t;
+    i.ctime = t;
+    i.mtime = t;
+    i.otime = t;
+    i
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use super::inode::{InodeItem, Timespec};
 use super::key::DiskKey;
 use super::{Le16, Le32, Le64};
 use crate::{Error, Result};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
@@ -86,6 +86,34 @@ pub fn parse_root_ref(data: &[u8]) -> Result<(&RootRef, &[u8])> {
         ));
     }
     Ok((r, &data[18..]))
+}
+
+/// A root item for a new tree (mkfs, a new subvolume, the quota tree):
+/// its root directory's inode, generation, refs 1, and for a subvolume
+/// its UUID with creation times.
+pub fn new_root_item(
+    now: u64,
+    generation: u64,
+    root_dirid: u64,
+    uuid: Option<[u8; 16]>,
+) -> RootItem {
+    let mut r = RootItem::new_zeroed();
+    r.inode = super::inode::dir_inode(0, 3, 0);
+    r.inode.nlink.set(1);
+    r.inode.mode.set(0o040755);
+    r.inode.flags.set(0);
+    r.generation.set(generation);
+    r.generation_v2.set(generation);
+    r.root_dirid.set(root_dirid);
+    r.refs.set(1);
+    if let Some(u) = uuid {
+        r.uuid = u;
+        r.ctransid.set(generation);
+        r.otransid.set(generation);
+        r.ctime = super::inode::now_ts(now);
+        r.otime = super::inode::now_ts(now);
+    }
+    r
 }
 
 #[cfg(test)]

@@ -94,6 +94,21 @@ pub fn extents_in_tree(
 ) -> Result<Vec<(Key, Vec<u8>)>> {
     let ss = st.sectorsize() as u64;
     let mut items = Vec::new();
+    // The last item that starts before `end` first: when it starts at or
+    // before `start` it is the only one that can reach into the range (a
+    // new file's writeback finds none, in one search).
+    if end > start {
+        match st.prev_item(t, &extent_key(ino, end - 1), &extent_key(ino, 0))? {
+            None => return Ok(items),
+            Some((k, d)) if k.offset <= start => {
+                if extent_span(ss, k.offset, &d).is_some_and(|(s, e)| e > start && s < end) {
+                    items.push((k, d));
+                }
+                return Ok(items);
+            }
+            Some(_) => {}
+        }
+    }
     if let Some(p) = st.prev_item(t, &extent_key(ino, start), &extent_key(ino, 0))? {
         items.push(p);
     }

@@ -14,6 +14,11 @@ use crate::trans::TreeId;
 use crate::{Error, Result};
 use zerocopy::IntoBytes;
 
+/// `sync_file_range` flags, as the syscall numbers them.
+pub const SYNC_RANGE_WAIT_BEFORE: u32 = 1;
+pub const SYNC_RANGE_WRITE: u32 = 2;
+pub const SYNC_RANGE_WAIT_AFTER: u32 = 4;
+
 /// Largest file size (MAX_LFS_FILESIZE on 64-bit).
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 /// Largest preallocated extent.
@@ -778,7 +783,7 @@ impl Filesystem {
         } else {
             off.saturating_add(len)
         };
-        if flags & crate::workload::script::SYNC_RANGE_WRITE != 0 {
+        if flags & SYNC_RANGE_WRITE != 0 {
             self.writeback(l, off, end, Reason::Fsync)?;
         }
         Ok(())

@@ -233,7 +233,7 @@ pub struct LogState {
     pub full_commit_trans: u64,
     pub pending: Vec<LogOp>,
     /// The log sync whose I/O may be running without the filesystem.
-    pub io: std::sync::Arc<crate::log::syncio::LogIoGate>,
+    pub io: std::sync::Arc<crate::trans::loggate::LogIoGate>,
 }
 
 pub struct Filesystem {
@@ -265,8 +265,9 @@ pub struct Filesystem {
     pub(super) join_buf: Vec<u8>,
     /// Next free inode number per subvolume (root->free_objectid).
     free_ino: HashMap<u64, u64>,
-    /// Real time at mount plus what `sleep` added.
-    clock_base: std::time::SystemTime,
+    /// Wall time at mount, since the epoch: the clock is this plus what
+    /// `sleep` added (a duration, as every new name and write reads it).
+    clock_base: std::time::Duration,
     clock_offset: std::time::Duration,
     /// Clock reading at the running transaction's first change.
     trans_start: Option<std::time::Duration>,
@@ -349,7 +350,9 @@ impl Filesystem {
             free_ino: HashMap::default(),
             free_pages: Vec::new(),
             join_buf: Vec::new(),
-            clock_base: std::time::SystemTime::now(),
+            clock_base: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
             clock_offset: std::time::Duration::ZERO,
             trans_start: None,
             dirty_bytes: 0,
@@ -407,8 +410,7 @@ impl Filesystem {
     }
 
     pub fn now(&self) -> Timespec {
-        let t = self.clock_base + self.clock_offset;
-        let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let d = self.clock_base + self.clock_offset;
         Timespec {
             sec: d.as_secs().into(),
             nsec: d.subsec_nanos().into(),
@@ -759,7 +761,7 @@ impl Filesystem {
         }
         self.inodes
             .get_mut(&l)
-            .ok_or_else(|| Error::Invalid("inode state".into()))
+            .ok_or_else(|| Error::Internal("inode state".into()))
     }
 
     pub(super) fn rt_if_loaded(&mut self, l: Loc) -> Option<&mut InodeRt> {
@@ -858,7 +860,7 @@ impl Filesystem {
         let n = self
             .free_ino
             .get_mut(&subvol)
-            .ok_or_else(|| Error::Invalid("free inode".into()))?;
+            .ok_or_else(|| Error::Internal("free inode".into()))?;
         if *n >= BTRFS_LAST_FREE_OBJECTID {
             return Err(Error::errno(
                 libc::ENOSPC,

@@ -20,6 +20,7 @@ pub mod writeback;
 pub mod xattr;
 
 pub use extents::{MAX_EXTENT_SIZE, MAX_INLINE};
+pub use file::{SYNC_RANGE_WAIT_AFTER, SYNC_RANGE_WAIT_BEFORE, SYNC_RANGE_WRITE};
 pub use filesystem::{
     EngineStats, Filesystem, InodeRt, Loc, LogOp, LogState, SubvolLog, Switches, FS_TREE, ROOT_DIR,
 };

@@ -165,8 +165,8 @@ impl Filesystem {
         let t = self.transid();
         let now = self.now();
         let ns = self.store.nodesize() as u64;
-        let uuid = crate::mkfs::random_uuid();
-        let mut ri = crate::mkfs::new_root_item(now.sec.get(), t, ROOT_DIR, Some(uuid));
+        let uuid = crate::util::uuid::random_uuid();
+        let mut ri = crate::format::root::new_root_item(now.sec.get(), t, ROOT_DIR, Some(uuid));
         ri.inode.generation.set(1);
         ri.inode.size.set(3);
         ri.inode.nlink.set(1);
@@ -240,7 +240,7 @@ impl Filesystem {
         let t = self.transid();
         let now = self.now();
         let mut ri: RootItem = self.store.root_item(src.subvol)?;
-        let uuid = crate::mkfs::random_uuid();
+        let uuid = crate::util::uuid::random_uuid();
         ri.flags.set(ri.flags.get() & !BTRFS_ROOT_SUBVOL_RDONLY);
         ri.generation_v2.set(t);
         ri.parent_uuid = ri.uuid;

@@ -52,7 +52,7 @@ impl IoBuf {
         let start = self.start;
         match self.mem.as_mut() {
             Some(m) => Ok(&mut m[start..start + len]),
-            None => Err(Error::Invalid("read buffer missing".into())),
+            None => Err(Error::Internal("read buffer missing".into())),
         }
     }
 }

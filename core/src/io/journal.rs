@@ -31,7 +31,7 @@ impl JournalDevice {
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Vec<JournalEvent>>> {
         self.events
             .lock()
-            .map_err(|_| Error::Invalid("journal lock poisoned".into()))
+            .map_err(|_| Error::Internal("journal lock poisoned".into()))
     }
 
     /// Flushes seen so far.

@@ -29,7 +29,7 @@ impl BlockDevice for MemDevice {
         let d = self
             .data
             .read()
-            .map_err(|_| Error::Invalid("memory device lock poisoned".into()))?;
+            .map_err(|_| Error::Internal("memory device lock poisoned".into()))?;
         let size = d.len() as u64;
         let end = offset
             .checked_add(buf.len() as u64)
@@ -42,7 +42,7 @@ impl BlockDevice for MemDevice {
         let mut d = self
             .data
             .write()
-            .map_err(|_| Error::Invalid("memory device lock poisoned".into()))?;
+            .map_err(|_| Error::Internal("memory device lock poisoned".into()))?;
         let size = d.len() as u64;
         let end = offset
             .checked_add(buf.len() as u64)

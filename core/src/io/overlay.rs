@@ -34,7 +34,7 @@ impl OverlayDevice {
         let pages = self
             .pages
             .lock()
-            .map_err(|_| Error::Invalid("overlay lock poisoned".into()))?;
+            .map_err(|_| Error::Internal("overlay lock poisoned".into()))?;
         for (p, data) in pages.iter() {
             let n = PAGE.min(dev.size().saturating_sub(*p)) as usize;
             dev.write_at(*p, &data[..n])?;
@@ -59,7 +59,7 @@ impl BlockDevice for OverlayDevice {
         let pages = self
             .pages
             .lock()
-            .map_err(|_| Error::Invalid("overlay lock poisoned".into()))?;
+            .map_err(|_| Error::Internal("overlay lock poisoned".into()))?;
         let end = offset + buf.len() as u64;
         for (&p, data) in pages.range(offset / PAGE * PAGE..end) {
             let (a, b) = (p.max(offset), (p + PAGE).min(end));
@@ -81,7 +81,7 @@ impl BlockDevice for OverlayDevice {
                 let pages = self
                     .pages
                     .lock()
-                    .map_err(|_| Error::Invalid("overlay lock poisoned".into()))?;
+                    .map_err(|_| Error::Internal("overlay lock poisoned".into()))?;
                 pages.get(&p).cloned()
             };
             if page.is_none() {
@@ -96,7 +96,7 @@ impl BlockDevice for OverlayDevice {
                 .copy_from_slice(&buf[(a - offset) as usize..(b - offset) as usize]);
             self.pages
                 .lock()
-                .map_err(|_| Error::Invalid("overlay lock poisoned".into()))?
+                .map_err(|_| Error::Internal("overlay lock poisoned".into()))?
                 .insert(p, page);
             p += PAGE;
         }

@@ -134,7 +134,7 @@ impl VolatileFile {
             self.inner.write_at(a, &buf)?;
         }
         if let Some(seed) = keep_random {
-            let mut rng = crate::workload::content::Prng::new(seed);
+            let mut rng = crate::util::prng::Prng::new(seed);
             let writes = s.writes.clone();
             for (off, len, j) in writes {
                 let Some(j) = j else { continue };

@@ -7,7 +7,7 @@ pub mod inspect;
 pub mod reader;
 pub mod replay;
 pub mod salvage;
-pub mod syncio;
+pub use crate::trans::loggate as syncio;
 pub mod writer;
 
 pub use inspect::{inspect_log, LogDump};

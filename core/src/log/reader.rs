@@ -544,7 +544,11 @@ impl Reader<'_> {
             };
             if !self.seen.insert(p.bytenr) {
                 if fail {
-                    return Err(Error::corrupt("log tree block referenced twice", p.bytenr));
+                    return Err(Error::corrupt_as(
+                        crate::CorruptKind::LogBlock,
+                        "log tree block referenced twice",
+                        p.bytenr,
+                    ));
                 }
                 let message = format!(
                     "block {} is referenced again by block {} (a loop or shared block in the log)",
@@ -563,7 +567,11 @@ impl Reader<'_> {
             }
             if let Some(why) = self.excluded.get(&p.bytenr) {
                 if fail {
-                    return Err(Error::corrupt(format!("log tree block {why}"), p.bytenr));
+                    return Err(Error::corrupt_as(
+                        crate::CorruptKind::LogBlock,
+                        format!("log tree block {why}"),
+                        p.bytenr,
+                    ));
                 }
                 read.problems.push(LogProblem {
                     bytenr: p.bytenr,
@@ -580,7 +588,8 @@ impl Reader<'_> {
                 Ok(x) => x,
                 Err(e) => {
                     if fail {
-                        return Err(Error::corrupt(
+                        return Err(Error::corrupt_as(
+                            crate::CorruptKind::LogBlock,
                             format!("log tree block unreadable: {e}"),
                             p.bytenr,
                         ));
@@ -625,7 +634,8 @@ impl Reader<'_> {
             if let Some(first) = problems.first() {
                 match self.opts.on_damage {
                     OnDamage::Fail => {
-                        return Err(Error::corrupt(
+                        return Err(Error::corrupt_as(
+                            crate::CorruptKind::LogBlock,
                             format!("log tree block: {}", first.message),
                             p.bytenr,
                         ))

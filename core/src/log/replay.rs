@@ -242,7 +242,7 @@ impl Replayer<'_> {
     fn add_name(&mut self, dir: u64, ino: u64, name: &[u8], index: u64) -> Result<()> {
         let inode = self
             .get_inode(ino)?
-            .ok_or_else(|| Error::Invalid("add_name on missing inode".into()))?;
+            .ok_or_else(|| Error::Internal("add_name on missing inode".into()))?;
         let ftype = finode::ftype_of_mode(inode.mode.get());
         let (sv, t) = (self.subvol, self.fs.transid);
         names::add_name(
@@ -735,7 +735,9 @@ impl Replayer<'_> {
         while let Some(ino) = self.fixups.pop_first() {
             guard += 1;
             if guard > 10_000_000 {
-                return Err(Error::Invalid("link count fixup does not terminate".into()));
+                return Err(Error::Internal(
+                    "link count fixup does not terminate".into(),
+                ));
             }
             let Some(mut inode) = self.get_inode(ino)? else {
                 continue;
@@ -856,6 +858,7 @@ pub fn replay_with_progress(
         let missing = missing_csums(fs, &logs)?;
         if let Some(first) = missing.first() {
             return Err(Error::Corrupt {
+                kind: crate::CorruptKind::Other,
                 what: format!(
                     "log is missing data checksums for {} extent(s), first: {first}; replaying would leave data without checksums (use --force to replay anyway)",
                     missing.len()

@@ -13,9 +13,7 @@ use crate::format::chunk::{ChunkItem, Stripe};
 use crate::format::consts::*;
 use crate::format::dev::{DevExtent, DevItem};
 use crate::format::extent::{write_inline_refs, ExtentItem, InlineRef, TreeBlockInfo};
-use crate::format::inode::{InodeItem, Timespec};
 use crate::format::key::Key;
-use crate::format::root::RootItem;
 use crate::format::superblock::Superblock;
 use crate::io::{BlockDevice, StagedSuper};
 use crate::trans::Store;
@@ -131,47 +129,7 @@ pub struct MkfsSummary {
     pub chunks: Vec<(String, u64, u64)>,
 }
 
-pub fn random_uuid() -> [u8; 16] {
-    let mut u = [0u8; 16];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut u);
-    }
-    if u == [0; 16] {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(1);
-        u = (t ^ (std::process::id() as u128) << 64).to_le_bytes();
-    }
-    u[6] = (u[6] & 0x0f) | 0x40;
-    u[8] = (u[8] & 0x3f) | 0x80;
-    u
-}
-
-pub fn uuid_str(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
-pub fn parse_uuid(s: &str) -> Result<[u8; 16]> {
-    let h: String = s.chars().filter(|c| *c != '-').collect();
-    if h.len() != 32 {
-        return Err(Error::Invalid(format!("'{s}' is not a UUID")));
-    }
-    let mut u = [0u8; 16];
-    for i in 0..16 {
-        u[i] = u8::from_str_radix(&h[2 * i..2 * i + 2], 16)
-            .map_err(|_| Error::Invalid(format!("'{s}' is not a UUID")))?;
-    }
-    Ok(u)
-}
+pub use crate::util::uuid::{parse_uuid, random_uuid, uuid_str};
 
 /// Smallest filesystem this layout fits in.
 pub fn min_size(nodesize: u32) -> u64 {
@@ -284,53 +242,8 @@ fn chunk_item_bytes(
     (c, stripes, v)
 }
 
-pub fn now_ts(now: u64) -> Timespec {
-    Timespec {
-        sec: now.into(),
-        nsec: 0.into(),
-    }
-}
-
-/// A directory inode item as mkfs creates it for tree root directories.
-pub fn dir_inode(now: u64, generation: u64, nbytes: u64) -> InodeItem {
-    let mut i = InodeItem::new_zeroed();
-    i.generation.set(generation);
-    i.transid.set(generation);
-    i.nbytes.set(nbytes);
-    i.nlink.set(1);
-    i.mode.set(0o040755);
-    let t = now_ts(now);
-    i.atime = t;
-    i.ctime = t;
-    i.mtime = t;
-    i.otime = t;
-    i
-}
-
-pub fn new_root_item(
-    now: u64,
-    generation: u64,
-    root_dirid: u64,
-    uuid: Option<[u8; 16]>,
-) -> RootItem {
-    let mut r = RootItem::new_zeroed();
-    r.inode = dir_inode(0, 3, 0);
-    r.inode.nlink.set(1);
-    r.inode.mode.set(0o040755);
-    r.inode.flags.set(0);
-    r.generation.set(generation);
-    r.generation_v2.set(generation);
-    r.root_dirid.set(root_dirid);
-    r.refs.set(1);
-    if let Some(u) = uuid {
-        r.uuid = u;
-        r.ctransid.set(generation);
-        r.otransid.set(generation);
-        r.ctime = now_ts(now);
-        r.otime = now_ts(now);
-    }
-    r
-}
+pub use crate::format::inode::{dir_inode, now_ts};
+pub use crate::format::root::new_root_item;
 
 /// Make a filesystem on `dev`. Returns the summary and the open engine
 /// (superblock still held) so `--rootdir` can populate it before

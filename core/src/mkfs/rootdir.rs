@@ -372,7 +372,7 @@ pub fn populate(
             Ok((j, _)) => Err(Error::Invalid(format!(
                 "reader out of step: entry {j} for {i}"
             ))),
-            Err(_) => Err(Error::Invalid("reader thread stopped".into())),
+            Err(_) => Err(Error::Internal("reader thread stopped".into())),
         })
     })
 }

@@ -117,7 +117,11 @@ impl Store {
             };
             b = self.load_child(tree, b, slot)?;
         }
-        Err(Error::corrupt("tree deeper than the format allows", b))
+        Err(Error::corrupt_as(
+            crate::CorruptKind::Structure,
+            "tree deeper than the format allows",
+            b,
+        ))
     }
 
     /// Change the data of the item with exactly `key` in place (its size
@@ -139,7 +143,7 @@ impl Store {
         }
         let Step { bytenr, slot } = *path
             .last()
-            .ok_or_else(|| Error::Invalid("empty path".into()))?;
+            .ok_or_else(|| Error::Internal("empty path".into()))?;
         let data = edit::item_data_mut(self.buf_mut(bytenr)?, slot);
         let r = f(data);
         if cached {
@@ -368,7 +372,11 @@ impl Store {
         depth: usize,
     ) -> Result<Option<Key>> {
         if depth > crate::format::consts::BTRFS_MAX_LEVEL as usize {
-            return Err(Error::corrupt("tree deeper than the format allows", b));
+            return Err(Error::corrupt_as(
+                crate::CorruptKind::Structure,
+                "tree deeper than the format allows",
+                b,
+            ));
         }
         let buf = self.buf(b)?;
         let n = edit::nritems(buf);
@@ -510,7 +518,7 @@ impl Store {
                 slot: ps,
             } = *path
                 .last()
-                .ok_or_else(|| Error::Invalid("empty path".into()))?;
+                .ok_or_else(|| Error::Internal("empty path".into()))?;
             let child = self.load_child(tree, pb, ps)?;
             b = self.cow_child_at(tree, pb, ps, child)?;
         }
@@ -825,10 +833,25 @@ impl Store {
     /// Insert an item; an existing item with the same key is an error.
     pub fn insert_item(&mut self, tree: impl Into<TreeId>, key: &Key, data: &[u8]) -> Result<()> {
         let tree: TreeId = tree.into();
-        let cached = items::cacheable(tree, key);
-        if cached {
-            self.items.forget(tree, key);
+        let r = self.insert_item_in(tree, key, data);
+        self.cache_result(tree, key, r.is_ok(), data);
+        r
+    }
+
+    /// The item cache after a change to the item with `key` that left it
+    /// holding `data` (`done`), or that failed part way (then it is not
+    /// known any more).
+    fn cache_result(&mut self, tree: TreeId, key: &Key, done: bool, data: &[u8]) {
+        if items::cacheable(tree, key) {
+            if done {
+                self.items.put(tree, key, Some(data));
+            } else {
+                self.items.forget(tree, key);
+            }
         }
+    }
+
+    fn insert_item_in(&mut self, tree: TreeId, key: &Key, data: &[u8]) -> Result<()> {
         let (path, found) = self.search_mut(tree, key, Some(ITEM_SIZE + data.len()))?;
         if found {
             return Err(Error::Invalid(format!(
@@ -838,13 +861,10 @@ impl Store {
         }
         let Step { bytenr, slot } = *path
             .last()
-            .ok_or_else(|| Error::Invalid("empty path".into()))?;
+            .ok_or_else(|| Error::Internal("empty path".into()))?;
         edit::leaf_insert(self.buf_mut(bytenr)?, slot, key, data)?;
         if slot == 0 {
             self.fixup_low_keys(&path, key)?;
-        }
-        if cached {
-            self.items.put(tree, key, Some(data));
         }
         Ok(())
     }
@@ -853,36 +873,35 @@ impl Store {
     /// which makes room for an insert on its way down.
     pub fn update_item(&mut self, tree: impl Into<TreeId>, key: &Key, data: &[u8]) -> Result<()> {
         let tree: TreeId = tree.into();
-        let cached = items::cacheable(tree, key);
-        if cached {
-            self.items.forget(tree, key);
-        }
+        let r = self.update_item_in(tree, key, data);
+        self.cache_result(tree, key, r.is_ok(), data);
+        r
+    }
+
+    fn update_item_in(&mut self, tree: TreeId, key: &Key, data: &[u8]) -> Result<()> {
         let (path, found) = self.search_mut(tree, key, Some(ITEM_SIZE + data.len()))?;
         let Step { bytenr, slot } = *path
             .last()
-            .ok_or_else(|| Error::Invalid("empty path".into()))?;
+            .ok_or_else(|| Error::Internal("empty path".into()))?;
         let buf = self.buf_mut(bytenr)?;
         if !found {
             edit::leaf_insert(buf, slot, key, data)?;
             if slot == 0 {
                 self.fixup_low_keys(&path, key)?;
             }
-        } else {
-            let old = edit::item_size(buf, slot);
-            if data.len() > old && edit::leaf_free(buf) < data.len() - old {
-                // The leaf cannot hold the larger item: it goes in again,
-                // and that insert splits the leaf.
-                self.delete_item(tree, key)?;
-                return self.insert_item(tree, key, data);
-            }
-            if old != data.len() {
-                edit::leaf_resize(buf, slot, data.len())?;
-            }
-            edit::item_data_mut(buf, slot).copy_from_slice(data);
+            return Ok(());
         }
-        if cached {
-            self.items.put(tree, key, Some(data));
+        let old = edit::item_size(buf, slot);
+        if data.len() > old && edit::leaf_free(buf) < data.len() - old {
+            // The leaf cannot hold the larger item: it goes in again,
+            // and that insert splits the leaf.
+            self.delete_item(tree, key)?;
+            return self.insert_item_in(tree, key, data);
         }
+        if old != data.len() {
+            edit::leaf_resize(buf, slot, data.len())?;
+        }
+        edit::item_data_mut(buf, slot).copy_from_slice(data);
         Ok(())
     }
 
@@ -909,7 +928,7 @@ impl Store {
         let (path, found) = self.search_mut(tree, key, Some(ITEM_SIZE + data.len()))?;
         let Step { bytenr, slot } = *path
             .last()
-            .ok_or_else(|| Error::Invalid("empty path".into()))?;
+            .ok_or_else(|| Error::Internal("empty path".into()))?;
         let buf = self.buf_mut(bytenr)?;
         if !found {
             edit::leaf_insert(buf, slot, key, data)?;

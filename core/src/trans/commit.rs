@@ -182,7 +182,7 @@ impl Store {
             let buf = self
                 .cache
                 .get_dirty_mut(b)
-                .ok_or_else(|| Error::Invalid("dirty block not cached".into()))?;
+                .ok_or_else(|| Error::Internal("dirty block not cached".into()))?;
             edit::mark_written(buf);
             let c = crate::csum::block_csum(csum, buf);
             buf[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
@@ -213,7 +213,7 @@ impl Store {
                 run.extend_from_slice(
                     self.cache
                         .get(writes[j].1)
-                        .ok_or_else(|| Error::Invalid("dirty block not cached".into()))?,
+                        .ok_or_else(|| Error::Internal("dirty block not cached".into()))?,
                 );
                 j += 1;
             }

@@ -31,6 +31,7 @@ pub mod datawrite;
 pub mod delayed;
 mod fst;
 pub mod items;
+pub mod loggate;
 mod logsync;
 pub mod qgroup;
 mod refs;
@@ -448,7 +449,7 @@ impl Store {
         }
         self.roots
             .get(&id)
-            .ok_or_else(|| Error::Invalid("root state".into()))
+            .ok_or_else(|| Error::Internal("root state".into()))
     }
 
     pub fn tree_exists(&mut self, id: impl Into<TreeId>) -> Result<bool> {
@@ -640,7 +641,7 @@ impl Store {
         let st = self
             .roots
             .get_mut(&tree)
-            .ok_or_else(|| Error::Invalid("root not loaded".into()))?;
+            .ok_or_else(|| Error::Internal("root not loaded".into()))?;
         st.bytenr = bytenr;
         st.level = level;
         st.dirty = true;

@@ -297,7 +297,7 @@ impl Store {
         }
         if !self.tree_exists(BTRFS_QUOTA_TREE_OBJECTID)? {
             let t = self.transid;
-            let ri = crate::mkfs::new_root_item(0, t, 0, None);
+            let ri = crate::format::root::new_root_item(0, t, 0, None);
             self.create_tree(BTRFS_QUOTA_TREE_OBJECTID, ri)?;
         }
         let t = self.transid;

@@ -111,7 +111,7 @@ impl Store {
             let leaf = path
                 .last()
                 .map(|s| s.bytenr)
-                .ok_or_else(|| Error::Invalid("empty path".into()))?;
+                .ok_or_else(|| Error::Internal("empty path".into()))?;
             let buf = self.buf(leaf)?;
             let n = crate::tree::edit::nritems(buf);
             if n == 0 {
@@ -127,7 +127,7 @@ impl Store {
                 None => return Ok(()),
             }
         }
-        Err(Error::Invalid("tree rewrite does not end".into()))
+        Err(Error::Internal("tree rewrite does not end".into()))
     }
 
     /// Remove an empty block group and its chunk.

@@ -45,22 +45,12 @@ pub struct Problem {
     pub message: String,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub enum ProblemKind {
-    Checksum,
-    Header,
-    ParentTransid,
-    Level,
-    Owner,
-    FirstKey,
-    KeyOrder,
-    ItemBounds,
-    ItemBody,
-}
+pub use crate::error::ProblemKind;
 
 impl Problem {
     pub fn into_error(self) -> Error {
         Error::Corrupt {
+            kind: crate::error::CorruptKind::Block(self.kind),
             what: format!("tree block: {}", self.message),
             bytenr: self.bytenr,
             key: self.key,

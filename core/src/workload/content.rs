@@ -3,43 +3,7 @@
 
 use super::script::Fill;
 
-/// Deterministic pseudo-random bytes (xorshift64*), for fills and file bodies.
-#[derive(Clone, Debug)]
-pub struct Prng(u64);
-
-impl Prng {
-    pub fn new(seed: u64) -> Prng {
-        Prng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// A number below `n` (0 when `n` is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next_u64() % n
-        }
-    }
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        // Whole words as fixed-size stores (a copy of a length known only
-        // at run time was a call per word).
-        let mut words = buf.chunks_exact_mut(8);
-        for c in &mut words {
-            let c: &mut [u8; 8] = c.try_into().unwrap_or_else(|_| unreachable!()); // OK: chunks_exact
-            *c = self.next_u64().to_le_bytes();
-        }
-        let tail = words.into_remainder();
-        if !tail.is_empty() {
-            let v = self.next_u64().to_le_bytes();
-            tail.copy_from_slice(&v[..tail.len()]);
-        }
-    }
-}
+pub use crate::util::prng::Prng;
 
 /// Size of file `i` of a `writefiles` step over `min..=max`.
 pub fn file_size(i: u32, min: u64, max: u64) -> u64 {
@@ -50,17 +14,8 @@ pub fn file_size(i: u32, min: u64, max: u64) -> u64 {
 /// Content of file `i` of a `writefiles` step: its name first, so no two
 /// files are alike, then pseudo-random bytes.
 pub fn file_content(i: u32, len: u64) -> Vec<u8> {
-    let len = len as usize;
-    let mut v = Vec::with_capacity(len);
-    let mut g = Prng::new(i as u64 + 1);
-    // Prng::fill's bytes, appended (the buffer is never zeroed first).
-    while v.len() + 8 <= len {
-        v.extend_from_slice(&g.next_u64().to_le_bytes());
-    }
-    if v.len() < len {
-        let w = g.next_u64().to_le_bytes();
-        v.extend_from_slice(&w[..len - v.len()]);
-    }
+    let mut v = vec![0u8; len as usize];
+    Prng::new(i as u64 + 1).fill(&mut v);
     let tag = format!("file {i:05}\n");
     let n = tag.len().min(v.len());
     v[..n].copy_from_slice(&tag.as_bytes()[..n]);

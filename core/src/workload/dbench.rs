@@ -914,7 +914,7 @@ pub fn run_with(
         hs.into_iter()
             .map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(Error::Invalid("a client thread panicked".into())))
+                    .unwrap_or_else(|_| Err(Error::Internal("a client thread panicked".into())))
             })
             .collect()
     });

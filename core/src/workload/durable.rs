@@ -133,7 +133,7 @@ impl Ledger {
             .get(f)
             .ok_or_else(|| Error::Invalid(format!("file {f} is not in the ledger")))?;
         m.lock()
-            .map_err(|_| Error::Invalid("crash-check ledger lock poisoned".into()))
+            .map_err(|_| Error::Internal("crash-check ledger lock poisoned".into()))
     }
 
     /// Write a stamped block `block` of file `f` through `write`; with

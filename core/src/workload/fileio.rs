@@ -298,7 +298,7 @@ pub fn run_with(
             .into_iter()
             .map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(Error::Invalid("a client thread panicked".into())))
+                    .unwrap_or_else(|_| Err(Error::Internal("a client thread panicked".into())))
             })
             .collect()
     });
@@ -398,7 +398,7 @@ fn client(
             let mut next = plan
                 .fsync_next
                 .lock()
-                .map_err(|_| Error::Invalid("fsync pass lock poisoned".into()))?;
+                .map_err(|_| Error::Internal("fsync pass lock poisoned".into()))?;
             match *next {
                 Some(i) if i < files.len() => {
                     *next = if i + 1 < files.len() {
@@ -424,7 +424,7 @@ fn client(
             let mut p = plan
                 .seq
                 .lock()
-                .map_err(|_| Error::Invalid("sequence lock poisoned".into()))?;
+                .map_err(|_| Error::Internal("sequence lock poisoned".into()))?;
             let (f, b) = *p;
             if f >= files.len() as u64 {
                 plan.stop.store(true, Ordering::Relaxed);
@@ -508,7 +508,7 @@ fn client(
                 let mut next = plan
                     .fsync_next
                     .lock()
-                    .map_err(|_| Error::Invalid("fsync pass lock poisoned".into()))?;
+                    .map_err(|_| Error::Internal("fsync pass lock poisoned".into()))?;
                 if next.is_none() {
                     *next = Some(0);
                 }

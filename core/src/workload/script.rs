@@ -65,10 +65,7 @@ pub enum NodeKind {
     Blk(u32, u32),
 }
 
-/// `sync_file_range` flags, as the syscall numbers them.
-pub const SYNC_RANGE_WAIT_BEFORE: u32 = 1;
-pub const SYNC_RANGE_WRITE: u32 = 2;
-pub const SYNC_RANGE_WAIT_AFTER: u32 = 4;
+pub use crate::fs::{SYNC_RANGE_WAIT_AFTER, SYNC_RANGE_WAIT_BEFORE, SYNC_RANGE_WRITE};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
@@ -382,12 +379,13 @@ impl Script {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Tok {
-    Word(String),
+pub enum Tok<'a> {
+    /// A bare word, borrowed from the line.
+    Word(&'a str),
     Quoted(Vec<u8>),
 }
 
-impl Tok {
+impl Tok<'_> {
     pub fn bytes(&self) -> Vec<u8> {
         match self {
             Tok::Word(w) => w.as_bytes().to_vec(),
@@ -405,12 +403,12 @@ impl Tok {
         }
     }
     fn is_word(&self, w: &str) -> bool {
-        matches!(self, Tok::Word(x) if x == w)
+        matches!(self, Tok::Word(x) if *x == w)
     }
 }
 
 /// Split a line into words and quoted strings.
-pub fn tokenize(line: &str) -> Res<Vec<Tok>> {
+pub fn tokenize(line: &str) -> Res<Vec<Tok<'_>>> {
     let b = line.as_bytes();
     let mut out = Vec::with_capacity(8);
     let mut i = 0;
@@ -488,7 +486,7 @@ pub fn tokenize(line: &str) -> Res<Vec<Tok>> {
             while i < b.len() && !b[i].is_ascii_whitespace() {
                 i += 1;
             }
-            out.push(Tok::Word(line[start..i].to_string()));
+            out.push(Tok::Word(&line[start..i]));
         }
     }
     Ok(out)
@@ -536,7 +534,7 @@ fn need(args: &[Tok], min: usize, max: usize, usage: &str) -> Res<()> {
     Ok(())
 }
 
-fn one(args: &[Tok]) -> Res<&Tok> {
+fn one<'a, 'b>(args: &'b [Tok<'a>]) -> Res<&'b Tok<'a>> {
     match args {
         [a] => Ok(a),
         _ => Err(format!("expected one argument, got {}", args.len())),
@@ -709,7 +707,7 @@ impl Script {
             return Ok(());
         }
         let args = &toks[1..];
-        match verb.as_str() {
+        match *verb {
             "mkfs" => self.mkfs.extend(args.iter().map(Tok::text)),
             "fssize" => self.fssize = parse_num(&one(args)?.text())?,
             "mount" => {

@@ -10,8 +10,8 @@
 //! is recorded in the filesystem only after its last flush returned, so no
 //! fsync is answered before its log is on disk.
 
+use super::LogSyncIo;
 use crate::io::BlockDevice;
-use crate::trans::LogSyncIo;
 use crate::Result;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
