@@ -266,13 +266,49 @@ fn fsync_data_goes_at_once_only_with_sync_io_first() {
     }
 }
 
-/// A device that takes its time with large writes (data runs), so the
-/// data writer thread lags behind the log sync that needs its writes.
-struct SlowDataWrites {
+/// A device that holds large writes (data runs) at a gate while the test
+/// keeps it shut, so the data writer thread is certainly busy with a run
+/// at the moment the test chooses (no timing involved).
+struct HeldDataWrites {
     inner: Arc<btrkit_core::io::CrashDevice>,
+    gate: Arc<Gate>,
 }
 
-impl BlockDevice for SlowDataWrites {
+/// (open, writes held now)
+#[derive(Default)]
+struct Gate {
+    state: std::sync::Mutex<(bool, usize)>,
+    changed: std::sync::Condvar,
+}
+
+impl Gate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (bool, usize)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn set_open(&self, open: bool) {
+        self.lock().0 = open;
+        self.changed.notify_all();
+    }
+    /// Wait (a writer) until the gate is open.
+    fn pass(&self) {
+        let mut g = self.lock();
+        g.1 += 1;
+        self.changed.notify_all();
+        while !g.0 {
+            g = self.changed.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        g.1 -= 1;
+    }
+    /// Wait (the test) until a write is held at the gate.
+    fn wait_held(&self) {
+        let mut g = self.lock();
+        while g.1 == 0 {
+            g = self.changed.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl BlockDevice for HeldDataWrites {
     fn size(&self) -> u64 {
         self.inner.size()
     }
@@ -281,7 +317,7 @@ impl BlockDevice for SlowDataWrites {
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> btrkit_core::Result<()> {
         if buf.len() >= 64 << 10 {
-            std::thread::sleep(std::time::Duration::from_millis(50));
+            self.gate.pass();
         }
         self.inner.write_at(offset, buf)
     }
@@ -299,7 +335,12 @@ impl BlockDevice for SlowDataWrites {
 fn a_log_sync_waits_for_the_data_writer_thread() {
     use btrkit_core::fs::writeback::Reason;
     let dev = new_image(256 << 20, &[]);
-    let slow: Arc<dyn BlockDevice> = Arc::new(SlowDataWrites { inner: dev.clone() });
+    let gate = Arc::new(Gate::default());
+    gate.set_open(true);
+    let slow: Arc<dyn BlockDevice> = Arc::new(HeldDataWrites {
+        inner: dev.clone(),
+        gate: gate.clone(),
+    });
     let mut fs = mount(slow, &[]).unwrap();
     let root = fs.root();
     let a = fs.create(root, b"a", 0o644).unwrap();
@@ -311,16 +352,21 @@ fn a_log_sync_waits_for_the_data_writer_thread() {
     // Background writeback: the data waits in the queue, its extents exist.
     fs.writeback(a, 0, u64::MAX, Reason::Background).unwrap();
     let shared = SharedFs::new(fs);
+    // The fsync's log sync runs while a's run is certainly held in the
+    // writer: it must wait for it before its flush.
+    gate.set_open(false);
     std::thread::scope(|s| {
-        s.spawn(|| shared.fsync(a, false, None).unwrap())
-            .join()
-            .unwrap();
+        let f = s.spawn(|| shared.fsync(a, false, None).unwrap());
+        gate.wait_held();
+        gate.set_open(true);
+        f.join().unwrap();
     });
     // Power failure now, the writer thread perhaps still busy.
     let crashed: Arc<dyn BlockDevice> = Arc::new(dev.crash_device(|_| false));
     {
         // More than the queue holds: its oldest run (b's) goes to the
-        // writer, which sleeps on it; a read meanwhile sees every byte.
+        // writer, which is held on it; a read meanwhile sees every byte.
+        gate.set_open(false);
         let mut fs = shared.lock();
         let body_b: Vec<u8> = (0..4 << 20).map(|i| (i * 7 + i / 65536) as u8).collect();
         let mut files = Vec::new();
@@ -334,8 +380,10 @@ fn a_log_sync_waits_for_the_data_writer_thread() {
             fs.store.stats.data_bytes > body_a.len() as u64,
             "b's run went to the writer"
         );
+        gate.wait_held();
         let got = fs.read(files[0], 0, body_b.len() as u64).unwrap();
         assert!(got == body_b, "a read while the data writer runs");
+        gate.set_open(true);
     }
     let fs = shared.into_inner();
     drop(fs);

@@ -403,35 +403,64 @@ mod props {
         ctx: ValidateCtx,
     }
 
+    /// The corpus; None only when mkfs.btrfs is missing. Any other failure
+    /// to build it (mkfs failing, the image not opening, a tree not
+    /// walking) fails the test that asks: a property run on an empty or
+    /// partial corpus must not pass.
     fn corpus() -> Option<&'static Corpus> {
-        static C: OnceLock<Option<Corpus>> = OnceLock::new();
-        C.get_or_init(|| {
+        static C: OnceLock<Option<Result<Corpus, String>>> = OnceLock::new();
+        let c = C.get_or_init(|| {
             if !have_cmd("mkfs.btrfs") {
                 return None;
             }
-            let td = tempfile::tempdir().ok()?;
-            let p = td.path().join("corpus.img");
-            mkfs_btrfs(&p, 128 << 20, &["-n", "4096"]).ok()?;
-            let dev = Arc::new(MemDevice::new(std::fs::read(&p).ok()?));
-            let img = Image::open(dev.clone(), OpenOptions::default()).ok()?;
-            let mut sb = vec![0u8; BTRFS_SUPER_INFO_SIZE];
-            dev.read_at(BTRFS_SUPER_INFO_OFFSET, &mut sb).ok()?;
-            let mut blocks = Vec::new();
-            for t in all_trees(&img) {
-                let _ = walk_tree(&img, t, |ev| {
-                    if let WalkEvent::Block { node, .. } = ev {
-                        blocks.push((node.bytenr, node.bytes().to_vec()));
+            Some(build_corpus())
+        });
+        match c {
+            None => None,
+            Some(Ok(c)) => Some(c),
+            Some(Err(e)) => panic!("the property corpus cannot be built: {e}"),
+        }
+    }
+
+    fn build_corpus() -> Result<Corpus, String> {
+        let td = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let p = td.path().join("corpus.img");
+        mkfs_btrfs(&p, 128 << 20, &["-n", "4096"])?;
+        let bytes = std::fs::read(&p).map_err(|e| e.to_string())?;
+        let dev = Arc::new(MemDevice::new(bytes));
+        let img = Image::open(dev.clone(), OpenOptions::default()).map_err(|e| e.to_string())?;
+        let mut sb = vec![0u8; BTRFS_SUPER_INFO_SIZE];
+        dev.read_at(BTRFS_SUPER_INFO_OFFSET, &mut sb)
+            .map_err(|e| e.to_string())?;
+        let mut blocks = Vec::new();
+        for t in all_trees(&img) {
+            let mut bad = None;
+            let _ = walk_tree(&img, t, |ev| {
+                match ev {
+                    WalkEvent::Block { node, problems, .. } if problems.is_empty() => {
+                        blocks.push((node.bytenr, node.bytes().to_vec()))
                     }
-                    ControlFlow::Continue(())
-                });
+                    WalkEvent::Block { node, problems, .. } => {
+                        bad = Some(format!("block {}: {}", node.bytenr, problems[0].message))
+                    }
+                    WalkEvent::Unreadable { bytenr, error, .. } => {
+                        bad = Some(format!("block {bytenr}: {error}"))
+                    }
+                    WalkEvent::Revisit { bytenr, .. } => {
+                        bad = Some(format!("block {bytenr} referenced twice"))
+                    }
+                }
+                ControlFlow::Continue(())
+            });
+            if let Some(b) = bad {
+                return Err(format!("a fresh image's tree does not walk clean: {b}"));
             }
-            Some(Corpus {
-                sb,
-                blocks,
-                ctx: img.ctx(false),
-            })
+        }
+        Ok(Corpus {
+            sb,
+            blocks,
+            ctx: img.ctx(false),
         })
-        .as_ref()
     }
 
     /// The corpus, or a SKIP line (once per test; a failure when oracles are
@@ -590,16 +619,33 @@ mod props {
         }
     }
 
+    /// The corpus the mutation properties run on holds a block of every
+    /// tree a fresh image has, and a superblock that parses.
     #[test]
     fn corpus_available() {
-        match corpus() {
-            Some(c) => eprintln!(
-                "property corpus: {} tree blocks of a fresh image",
-                c.blocks.len()
-            ),
-            None => btrkit_tests::skip(
-                "mkfs.btrfs missing; mutated-real-block properties ran on nothing",
-            ),
-        }
+        let Some(c) = corpus() else {
+            btrkit_tests::skip("mkfs.btrfs missing; mutated-real-block properties ran on nothing");
+            return;
+        };
+        eprintln!(
+            "property corpus: {} tree blocks of a fresh image",
+            c.blocks.len()
+        );
+        let owners: std::collections::BTreeSet<u64> = c
+            .blocks
+            .iter()
+            .filter_map(|(b, buf)| Node::from_vec(*b, buf.clone()).ok().map(|n| n.owner()))
+            .collect();
+        // Root, extent, chunk, device, fs, checksum and free space trees
+        // at least (mkfs.btrfs 6.x makes a UUID tree and more too).
+        assert!(
+            owners.len() >= 6,
+            "the corpus has blocks of {} trees only: {owners:?}",
+            owners.len()
+        );
+        assert_eq!(c.sb.len(), BTRFS_SUPER_INFO_SIZE);
+        // struct btrfs_super_block: magic at byte 64.
+        let magic = u64::from_le_bytes(c.sb[64..72].try_into().unwrap());
+        assert_eq!(magic, BTRFS_MAGIC, "the corpus superblock has no magic");
     }
 }

@@ -1115,13 +1115,21 @@ fn open_unlinked_file_and_directory_are_valid_orphans() {
         // Hold the file and the directory open, delete both, commit.
         let mut holder = Command::new("sh")
             .arg("-c")
-            // One process (exec), so killing it closes both.
+            // One process (exec), so killing it closes both; it says so
+            // once both are open.
             .arg(format!(
-                "cd '{p}/dir/sub' && exec 3<'{p}/file' && exec sleep 600"
+                "cd '{p}/dir/sub' && exec 3<'{p}/file' && echo open && exec sleep 600"
             ))
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("holder");
-        std::thread::sleep(Duration::from_millis(300));
+        let mut said = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(holder.stdout.as_mut().expect("holder's stdout")),
+            &mut said,
+        )
+        .expect("holder's word");
+        assert_eq!(said, "open\n", "the holder did not open its files");
         sh(&format!(
             "rm -f '{p}/file' && rm -rf '{p}/dir' && sync && cp --sparse=always '{}' '{}'",
             img.display(),
