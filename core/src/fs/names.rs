@@ -49,15 +49,16 @@ pub fn lookup_name(
     name: &[u8],
 ) -> Result<Option<(Key, u8)>> {
     let k = Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name));
-    let Some(d) = st.lookup(TreeId::Tree(subvol), &k)? else {
-        return Ok(None);
-    };
-    for e in parse_dir_items(&d).map_err(|e| e.at(0, k))? {
-        if e.name == name {
-            return Ok(Some((Key::from(&e.item.location), e.item.type_)));
+    // Read in place: every path walk asks here.
+    let found = st.with_item(TreeId::Tree(subvol), &k, |d| -> Result<_> {
+        for e in parse_dir_items(d).map_err(|e| e.at(0, k))? {
+            if e.name == name {
+                return Ok(Some((Key::from(&e.item.location), e.item.type_)));
+            }
         }
-    }
-    Ok(None)
+        Ok(None)
+    })?;
+    found.unwrap_or(Ok(None))
 }
 
 /// The entry with dir index `index` in `dir`: (name, location, type).
