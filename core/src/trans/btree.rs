@@ -905,6 +905,45 @@ impl Store {
         Ok(())
     }
 
+    /// Grow the item just before `key` (the last one with a smaller key,
+    /// when it is in the leaf `key` belongs in) in place by the first
+    /// bytes of `data`: `accept` sees its key and data and says how many
+    /// bytes it takes (0: none). One search, and the item's bytes are not
+    /// copied out (btrfs_csum_file_blocks extends the checksum item before
+    /// the new range so). Returns the bytes taken; 0 also when the leaf
+    /// has no room or the item is in another leaf (the caller's slower
+    /// path then).
+    pub fn grow_prev_item(
+        &mut self,
+        tree: impl Into<TreeId>,
+        key: &Key,
+        data: &[u8],
+        accept: impl FnOnce(&Key, &[u8]) -> usize,
+    ) -> Result<usize> {
+        let tree: TreeId = tree.into();
+        let (path, found) = self.search_mut(tree, key, None)?;
+        let Step { bytenr, slot } = *path
+            .last()
+            .ok_or_else(|| Error::Internal("empty path".into()))?;
+        if found || slot == 0 {
+            return Ok(0);
+        }
+        let buf = self.buf_mut(bytenr)?;
+        let pk = edit::leaf_key(buf, slot - 1);
+        let take = accept(&pk, edit::item_data(buf, slot - 1)).min(data.len());
+        if take == 0 || edit::leaf_free(buf) < take {
+            return Ok(0);
+        }
+        let old = edit::item_size(buf, slot - 1);
+        edit::leaf_resize(buf, slot - 1, old + take)?;
+        edit::item_data_mut(buf, slot - 1)[old..].copy_from_slice(&data[..take]);
+        if items::cacheable(tree, &pk) {
+            let now = edit::item_data(buf, slot - 1).to_vec();
+            self.items.put(tree, &pk, Some(&now));
+        }
+        Ok(take)
+    }
+
     /// Append `data` to the item with `key`, or insert it when there is
     /// none (btrfs_insert_empty_item, and btrfs_extend_item on EEXIST), in
     /// one search: how packed items (dir items of colliding names, inode

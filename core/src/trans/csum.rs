@@ -35,8 +35,27 @@ impl Store {
         let max = self.max_csum_item();
         let mut start = start;
         let mut sums = sums;
-        // Extend the previous item when it ends exactly at `start`.
-        if let Some((k, d)) = self.csum_item_before(tree, start)? {
+        // Extend the previous item when it ends exactly at `start`: in
+        // place when it is in the leaf `start` goes in and there is room.
+        let in_place = self.grow_prev_item(
+            tree,
+            &Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, start),
+            sums,
+            |k, d| {
+                let csum_item =
+                    k.objectid == BTRFS_EXTENT_CSUM_OBJECTID && k.ty == BTRFS_EXTENT_CSUM_KEY;
+                let end = k.offset + (d.len() / cs) as u64 * ss;
+                if csum_item && end == start && d.len() < max {
+                    (max - d.len()).min(sums.len())
+                } else {
+                    0
+                }
+            },
+        )?;
+        if in_place > 0 {
+            start += (in_place / cs) as u64 * ss;
+            sums = &sums[in_place..];
+        } else if let Some((k, d)) = self.csum_item_before(tree, start)? {
             let end = k.offset + (d.len() / cs) as u64 * ss;
             if end == start && d.len() < max {
                 let take = (max - d.len()).min(sums.len());
