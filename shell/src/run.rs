@@ -56,7 +56,7 @@ pub fn run_script(image: &Path, arg: &str, quiet: bool) -> i32 {
     // First pass: directives, expectations and what the steps need.
     let mut sum = StepSummary::default();
     let first = Script::stream(&name, BufReader::new(&file), |line, st| {
-        sum.add(line, &st);
+        sum.add(line, st);
         Ok::<(), ()>(())
     });
     let script = match first {
@@ -91,9 +91,9 @@ pub fn run_script(image: &Path, arg: &str, quiet: bool) -> i32 {
     let second = Script::stream(&name, BufReader::new(&file), |line, st| {
         let r = match st {
             Step::Crash { keep_random } if Some(line) == sum.final_crash_line => {
-                s.crash_final(keep_random).map(|_| Default::default())
+                s.crash_final(*keep_random).map(|_| Default::default())
             }
-            _ => s.apply(&st),
+            _ => s.apply(st),
         };
         match r {
             Ok(out) => {

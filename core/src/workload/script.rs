@@ -614,7 +614,7 @@ impl Script {
     pub fn stream<R: std::io::BufRead + Send, E>(
         name: &str,
         r: R,
-        mut on_step: impl FnMut(usize, Step) -> std::result::Result<(), E>,
+        mut on_step: impl FnMut(usize, &Step) -> std::result::Result<(), E>,
     ) -> std::result::Result<Script, StreamError<E>> {
         enum Msg {
             Steps(Vec<(usize, Step)>),
@@ -623,12 +623,23 @@ impl Script {
         const BATCH: usize = 64;
         std::thread::scope(|sc| {
             let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(STREAM_AHEAD / BATCH - 1);
+            // Steps run go back to the reader, which made them: freed on
+            // the thread that allocated them (a free from another thread
+            // is the allocator's slow path), their batch's room reused.
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<Vec<(usize, Step)>>();
             let reader = sc.spawn(move || {
                 let mut r = r;
                 let mut s = Script::empty(name);
                 let mut line = String::new();
                 let mut n = 0usize;
-                let mut batch = Vec::with_capacity(BATCH);
+                let next_batch = || match done_rx.try_recv() {
+                    Ok(mut b) => {
+                        b.clear();
+                        b
+                    }
+                    Err(_) => Vec::with_capacity(BATCH),
+                };
+                let mut batch = next_batch();
                 let failed = loop {
                     line.clear();
                     let got = match r.read_line(&mut line) {
@@ -649,11 +660,12 @@ impl Script {
                         break Some(ParseError { line: n, msg });
                     }
                     batch.append(&mut s.steps);
-                    if batch.len() >= BATCH
-                        && tx.send(Msg::Steps(std::mem::take(&mut batch))).is_err()
-                    {
-                        // The runner stopped: nothing more is wanted.
-                        return s;
+                    if batch.len() >= BATCH {
+                        let full = std::mem::replace(&mut batch, next_batch());
+                        if tx.send(Msg::Steps(full)).is_err() {
+                            // The runner stopped: nothing more is wanted.
+                            return s;
+                        }
                     }
                 };
                 if !batch.is_empty() && tx.send(Msg::Steps(batch)).is_err() {
@@ -667,9 +679,11 @@ impl Script {
             for msg in rx.iter() {
                 match msg {
                     Msg::Steps(steps) => {
-                        for (ln, st) in steps {
-                            on_step(ln, st).map_err(|err| StreamError::Step { line: ln, err })?;
+                        for (ln, st) in &steps {
+                            on_step(*ln, st).map_err(|err| StreamError::Step { line: *ln, err })?;
                         }
+                        // The reader may be gone (it read the last line).
+                        let _ = done_tx.send(steps);
                     }
                     Msg::Failed(e) => return Err(StreamError::Parse(e)),
                 }
@@ -1560,7 +1574,7 @@ mod tests {
         };
         let mut got = Vec::new();
         let s = Script::stream("t", r, |line, st| {
-            got.push((line, st));
+            got.push((line, st.clone()));
             Ok::<(), ()>(())
         })
         .unwrap();
