@@ -3,6 +3,10 @@
 //! Layers only call downward: `format` <- `io` <- `chunk` <- `tree` <- the rest.
 //! Nothing in this crate prints or exits; every failure is an [`Error`].
 
+// Unsafe code lives in io/ only (file.rs, copy.rs, host.rs: system
+// calls), each block with a SAFETY comment.
+#![deny(unsafe_code)]
+
 pub mod alloc;
 pub mod check;
 pub mod chunk;

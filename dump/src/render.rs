@@ -130,17 +130,7 @@ impl LocalTime {
 }
 
 fn gmtoff(t: i64) -> i64 {
-    // SAFETY: localtime_r only writes the tm we own; a zeroed tm is a valid
-    // value of the plain C struct.
-    unsafe {
-        let tt = t as libc::time_t;
-        let mut tm: libc::tm = std::mem::zeroed();
-        if libc::localtime_r(&tt, &mut tm).is_null() {
-            0
-        } else {
-            tm.tm_gmtoff as i64
-        }
-    }
+    btrkit_core::io::host::local_time(t).map_or(0, |lt| lt.6)
 }
 
 /// Proleptic Gregorian date of a day count since 1970-01-01.
@@ -1594,21 +1584,8 @@ mod tests {
         while t < 4_000_000_000 {
             let mut o = Vec::new();
             lt.write(&mut o, t);
-            // SAFETY: as in gmtoff.
-            let want = unsafe {
-                let tt = t as libc::time_t;
-                let mut tm: libc::tm = std::mem::zeroed();
-                assert!(!libc::localtime_r(&tt, &mut tm).is_null());
-                format!(
-                    "{}-{:02}-{:02} {:02}:{:02}:{:02}",
-                    tm.tm_year as i64 + 1900,
-                    tm.tm_mon + 1,
-                    tm.tm_mday,
-                    tm.tm_hour,
-                    tm.tm_min,
-                    tm.tm_sec
-                )
-            };
+            let (y, mo, d, h, mi, se, _) = btrkit_core::io::host::local_time(t).unwrap();
+            let want = format!("{y}-{mo:02}-{d:02} {h:02}:{mi:02}:{se:02}");
             assert_eq!(std::str::from_utf8(&o).unwrap(), want, "t={t}");
             t += 7_777_777;
         }

@@ -2,6 +2,8 @@
 //! fsck(8): 0 clean, 4 errors found, 8 the image could not be checked,
 //! 16 usage error.
 
+#![deny(unsafe_code)]
+
 mod cli;
 mod progress;
 mod render;
@@ -43,21 +45,9 @@ fn main() {
     std::process::exit(code);
 }
 
-/// The checker reads thousands of node-sized blocks into short-lived
-/// buffers; glibc would hand the freed heap top back to the kernel and take
-/// it again, page fault by page fault. Keep it.
-fn tune_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only adjusts allocator thresholds; called before any
-    // other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 16 << 20);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-    }
-}
-
 fn run(args: &cli::Args) -> anyhow::Result<i32> {
-    tune_allocator();
+    // The checker reads thousands of node-sized blocks into short-lived buffers.
+    btrkit_core::io::host::keep_freed_heap();
     let bar = progress::Bar::new(args.progress);
     let opts = btrkit_core::check::CheckOptions {
         check_data_csum: args.check_data_csum,

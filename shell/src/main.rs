@@ -1,6 +1,8 @@
 //! btrkit-shell: run workload scripts on a Btrfs image through btrkit's own
 //! engine, or an interactive shell on one.
 
+#![deny(unsafe_code)]
+
 mod bench;
 mod explore;
 mod interactive;
@@ -58,6 +60,7 @@ enum Cmd {
 /// delay still leaves part of it). What stays mapped is bounded by the
 /// engine's own peak (dirty limit plus caches), which the process reaches
 /// anyway. `MIMALLOC_PURGE_DELAY` still decides when set.
+#[allow(unsafe_code)]
 fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // mimalloc.h's mi_option_purge_delay (15 in both of its versions;

@@ -69,10 +69,7 @@ fn report(res: &Result<(), String>) -> bool {
     }
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
+use crate::sys::is_root;
 
 /// Running as root (needed for mount, losetup).
 pub fn require_root() -> bool {

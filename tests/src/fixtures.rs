@@ -242,10 +242,7 @@ pub fn have_cmd(name: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
+pub use crate::sys::is_root;
 
 /// A sparse file of `size` bytes.
 pub fn sparse_file(path: &Path, size: u64) -> Result<(), String> {

@@ -142,10 +142,7 @@ pub fn have(prog: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
+pub use crate::sys::is_root;
 
 /// A loop mount that is unmounted (and its loop device detached) on drop.
 pub struct Mount {

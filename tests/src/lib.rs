@@ -15,15 +15,22 @@
 //! - [`dumpcmp`]: compares `btrkit-dump tree` against `btrfs inspect-internal
 //!   dump-tree` on their item lines.
 
+#![deny(unsafe_code)]
+
 pub mod bins;
 pub mod dumpcmp;
 pub mod env;
 pub mod fixtures;
 pub mod fsck_support;
+// Drives the kernel through system calls (mmap, pwrite, sync_file_range).
+#[allow(unsafe_code)]
 pub mod kcrash;
 pub mod kimage;
 pub mod rich;
 pub mod salvage;
+// Safe wrappers over the system calls the other helpers need.
+#[allow(unsafe_code)]
+pub mod sys;
 
 pub use bins::bin_path;
 pub use env::{

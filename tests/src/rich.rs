@@ -6,12 +6,9 @@
 //! snapshots. See [`build_rich`].
 
 use crate::kimage::{run, KernelImage, MkfsOpts};
-use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 
@@ -65,10 +62,6 @@ pub fn compressible(len: usize) -> Vec<u8> {
     v
 }
 
-fn cstr(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).expect("path without NUL") // OK: our own paths
-}
-
 pub fn write_file(p: &Path, data: &[u8]) {
     let mut f = File::create(p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
     f.write_all(data)
@@ -99,36 +92,13 @@ pub fn fallocate(p: &Path, off: u64, len: u64, keep_size: bool) {
     } else {
         0
     };
-    // SAFETY: valid open fd; plain integer arguments.
-    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as libc::off_t, len as libc::off_t) };
-    assert_eq!(
-        r,
-        0,
-        "fallocate {}: {}",
-        p.display(),
-        std::io::Error::last_os_error()
-    );
+    crate::sys::fallocate(&f, mode, off, len)
+        .unwrap_or_else(|e| panic!("fallocate {}: {e}", p.display()));
 }
 
 pub fn setxattr(p: &Path, name: &str, value: &[u8]) {
-    let (cp, cn) = (cstr(p), CString::new(name).expect("xattr name")); // OK: our own names
-                                                                       // SAFETY: NUL-terminated strings and a live buffer of the given length.
-    let r = unsafe {
-        libc::lsetxattr(
-            cp.as_ptr(),
-            cn.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(
-        r,
-        0,
-        "setxattr {} {name}: {}",
-        p.display(),
-        std::io::Error::last_os_error()
-    );
+    crate::sys::lsetxattr(p, name, value)
+        .unwrap_or_else(|e| panic!("setxattr {} {name}: {e}", p.display()));
 }
 
 pub fn fsync(p: &Path) {
@@ -227,9 +197,7 @@ pub fn populate_rich(k: &KernelImage, many_files: usize) {
     std::os::unix::fs::symlink("x".repeat(300), p("links/longsym")).expect("symlink");
     std::os::unix::fs::symlink("/nonexistent/target", p("links/dangling")).expect("symlink");
     setxattr(&p("links/sym"), "trusted.sym", b"on a symlink");
-    // SAFETY: NUL-terminated path.
-    let r = unsafe { libc::mkfifo(cstr(&p("links/fifo")).as_ptr(), 0o644) };
-    assert_eq!(r, 0, "mkfifo: {}", std::io::Error::last_os_error());
+    crate::sys::mkfifo(&p("links/fifo"), 0o644).expect("mkfifo");
     // A commit between phases, so the trees hold several generations.
     k.sync();
     // Many files in one directory: multi-level fs, extent and csum trees.

@@ -25,9 +25,7 @@ fn have_progs() -> bool {
     Command::new("btrfs").arg("--version").output().is_ok()
 }
 
-fn is_root() -> bool {
-    unsafe { libc::geteuid() == 0 }
-}
+use btrkit_tests::sys::is_root;
 
 fn can_mount() -> bool {
     is_root()

@@ -37,28 +37,20 @@ fn digest(p: &Path) -> u64 {
     // Hash only the data regions (SEEK_DATA/SEEK_HOLE): the images are
     // sparse and 1 GiB.
     use std::os::unix::fs::FileExt;
-    use std::os::unix::io::AsRawFd;
     let f = std::fs::File::open(p).unwrap();
-    let len = f.metadata().unwrap().len() as i64;
+    let len = f.metadata().unwrap().len();
     let mut h = 0xcbf29ce484222325u64;
-    let mut pos = 0i64;
-    while pos < len {
-        let d = unsafe { libc::lseek(f.as_raw_fd(), pos, libc::SEEK_DATA) };
-        if d < 0 {
-            break;
-        }
-        let e = unsafe { libc::lseek(f.as_raw_fd(), d, libc::SEEK_HOLE) }.max(d);
+    for (d, e) in btrkit_core::io::host::data_runs(&f, 0, len) {
         let mut buf = vec![0u8; (e - d) as usize];
-        f.read_exact_at(&mut buf, d as u64).unwrap();
+        f.read_exact_at(&mut buf, d).unwrap();
         for (i, c) in buf.chunks(4096).enumerate() {
             if c.iter().any(|&b| b != 0) {
-                h ^= d as u64 + i as u64 * 4096;
+                h ^= d + i as u64 * 4096;
                 for &b in c {
                     h = (h ^ b as u64).wrapping_mul(0x100000001b3);
                 }
             }
         }
-        pos = e;
     }
     h
 }

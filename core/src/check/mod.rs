@@ -206,11 +206,9 @@ const EARLY_PREFETCH_LIMIT: u64 = 256 << 20;
 /// walked from the page cache. Empty when the file has no holes to tell
 /// (a block device) or the total is large.
 fn written_metadata(path: &Path, img: &Image) -> Vec<(u64, u64)> {
-    use std::os::fd::AsRawFd;
     let Ok(f) = std::fs::File::open(path) else {
         return Vec::new();
     };
-    let fd = f.as_raw_fd();
     let mut runs = Vec::new();
     let mut total = 0u64;
     for c in img.chunks.iter() {
@@ -221,26 +219,12 @@ fn written_metadata(path: &Path, img: &Image) -> Vec<(u64, u64)> {
             continue;
         };
         let end = start.saturating_add(c.length);
-        let mut pos = start;
-        // Bounded: every step moves past at least one byte of the chunk.
-        while pos < end {
-            // SAFETY: lseek on a descriptor we own; only offsets are returned.
-            let d = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
-            if d < 0 || d as u64 >= end {
-                break;
-            }
-            // SAFETY: as above.
-            let h = unsafe { libc::lseek(fd, d, libc::SEEK_HOLE) };
-            let h = if h < 0 { end } else { (h as u64).min(end) };
-            if h <= d as u64 {
-                break;
-            }
-            runs.push((d as u64, h));
-            total = total.saturating_add(h - d as u64);
+        for (d, h) in crate::io::host::data_runs(&f, start, end) {
+            runs.push((d, h));
+            total = total.saturating_add(h - d);
             if total > EARLY_PREFETCH_LIMIT {
                 return Vec::new();
             }
-            pos = h;
         }
     }
     // A file without holes says nothing: the whole chunks would be read.

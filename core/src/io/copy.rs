@@ -84,19 +84,10 @@ fn copy_data(s: &File, d: &File, len: u64, src: &Path, dst: &Path) -> Result<()>
         .map_err(|e| Error::io(format!("cannot size {}", dst.display()), e))?;
     let fd = s.as_raw_fd();
     let mut buf = Vec::new();
-    let mut pos: i64 = 0;
-    while (pos as u64) < len {
-        // SAFETY: lseek on an open descriptor.
-        let data = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
-        if data < 0 {
-            break;
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
-        let hole = if hole < 0 { len as i64 } else { hole };
-        let mut off = data as u64;
-        while off < hole as u64 {
-            let n = ((hole as u64 - off) as usize).min(8 << 20);
+    for (data, hole) in super::host::data_runs(s, 0, len) {
+        let mut off = data;
+        while off < hole {
+            let n = ((hole - off) as usize).min(8 << 20);
             // In-kernel copy first (no round trip through user memory);
             // plain copy otherwise.
             let mut so = off as i64;
@@ -116,7 +107,6 @@ fn copy_data(s: &File, d: &File, len: u64, src: &Path, dst: &Path) -> Result<()>
                 .map_err(|e| Error::io(format!("write {}", dst.display()), e))?;
             off += n as u64;
         }
-        pos = hole;
     }
     Ok(())
 }

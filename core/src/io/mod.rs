@@ -4,9 +4,12 @@
 //! what was only written so any crash point can be replayed.
 
 mod behind;
+#[allow(unsafe_code)]
 mod copy;
 mod crash;
+#[allow(unsafe_code)]
 mod file;
+pub mod host;
 mod iobuf;
 mod journal;
 mod mem;

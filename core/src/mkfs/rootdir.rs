@@ -15,7 +15,6 @@ use crate::fs::{data, ftype_of_mode, names, xattr, MAX_EXTENT_SIZE, MAX_INLINE};
 use crate::trans::Store;
 use crate::{Error, Result};
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -110,17 +109,9 @@ pub fn scan(root: &Path) -> Result<Listing> {
     Ok(l)
 }
 
-/// Whether this process may read `path` (faccessat with the effective ids,
-/// as open checks them).
+/// Whether this process may read `path`.
 fn readable(path: &Path) -> Result<()> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| Error::Invalid(format!("{}: NUL in path", path.display())))?;
-    // SAFETY: a NUL-terminated path; faccessat only reads it.
-    let r = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::R_OK, libc::AT_EACCESS) };
-    if r != 0 {
-        return Err(io_err(path, "cannot read", std::io::Error::last_os_error()));
-    }
-    Ok(())
+    crate::io::host::readable(path).map_err(|e| io_err(path, "cannot read", e))
 }
 
 fn ts(sec: i64, nsec: i64) -> Timespec {
@@ -147,90 +138,18 @@ fn inode_from(m: &std::fs::Metadata, transid: u64) -> InodeItem {
 }
 
 fn xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| Error::Invalid(format!("{}: NUL in path", path.display())))?;
-    // SAFETY: plain libc calls with valid buffers and lengths.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
-    if n <= 0 {
-        return Ok(Vec::new());
-    }
-    let mut names = vec![0u8; n as usize];
-    let n = unsafe {
-        libc::llistxattr(
-            c.as_ptr(),
-            names.as_mut_ptr() as *mut libc::c_char,
-            names.len(),
-        )
-    };
-    if n < 0 {
-        return Err(io_err(
-            path,
-            "cannot list xattrs of",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    names.truncate(n as usize);
-    let mut out = Vec::new();
-    for name in names.split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        let cn = CString::new(name).map_err(|_| Error::Invalid("xattr name".into()))?;
-        let vn = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), std::ptr::null_mut(), 0) };
-        if vn < 0 {
-            return Err(io_err(
-                path,
-                "cannot read xattrs of",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        let mut v = vec![0u8; vn as usize];
-        let vn = unsafe {
-            libc::lgetxattr(
-                c.as_ptr(),
-                cn.as_ptr(),
-                v.as_mut_ptr() as *mut libc::c_void,
-                v.len(),
-            )
-        };
-        if vn < 0 {
-            return Err(io_err(
-                path,
-                "cannot read xattrs of",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        v.truncate(vn as usize);
-        out.push((name.to_vec(), v));
-    }
-    Ok(out)
+    crate::io::host::xattrs(path).map_err(|e| io_err(path, "cannot read xattrs of", e))
 }
 
 /// Data ranges of a file (SEEK_DATA/SEEK_HOLE), sector aligned outward.
 fn data_ranges(f: &std::fs::File, size: u64, ss: u64) -> Vec<(u64, u64)> {
-    use std::os::unix::io::AsRawFd;
-    let fd = f.as_raw_fd();
     let mut out: Vec<(u64, u64)> = Vec::new();
-    let mut pos: i64 = 0;
-    while (pos as u64) < size {
-        // SAFETY: lseek on an open descriptor.
-        let d = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
-        if d < 0 {
-            break;
-        }
-        let h = unsafe { libc::lseek(fd, d, libc::SEEK_HOLE) };
-        let h = if h < 0 { size as i64 } else { h };
-        let s = (d as u64) / ss * ss;
-        let e = ((h as u64).min(size)).div_ceil(ss) * ss;
+    for (d, h) in crate::io::host::data_runs(f, 0, size) {
+        let s = d / ss * ss;
+        let e = h.div_ceil(ss) * ss;
         match out.last_mut() {
             Some(last) if last.1 >= s => last.1 = last.1.max(e),
             _ => out.push((s, e)),
-        }
-        pos = h;
-    }
-    if out.is_empty() && size > 0 && unsafe { libc::lseek(fd, 0, libc::SEEK_DATA) } < 0 {
-        // Filesystems without SEEK_DATA support report ENXIO only for holes;
-        // any other failure means: treat the file as all data.
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::ENXIO) {
-            out.push((0, size.div_ceil(ss) * ss));
         }
     }
     out
