@@ -154,7 +154,7 @@ impl Image {
 
     /// Physical addresses of every copy of a tree block, in mirror order.
     fn block_copy_addrs(&self, bytenr: u64) -> Result<Vec<u64>> {
-        if bytenr % self.sectorsize as u64 != 0 {
+        if !bytenr.is_multiple_of(self.sectorsize as u64) {
             return Err(Error::corrupt(
                 format!(
                     "tree block address {bytenr} is not aligned to sectorsize {}",
@@ -482,7 +482,7 @@ pub fn check_superblock(
             ));
         }
     }
-    if sb.log_root.get() % ss as u64 != 0 {
+    if !sb.log_root.get().is_multiple_of(ss as u64) {
         return Err(Error::corrupt(
             format!(
                 "superblock log_root {} is not sector aligned",

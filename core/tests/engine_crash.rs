@@ -249,8 +249,7 @@ fn crash_workload(w: &Workload, seed: u64) {
                     (s ^ (i as u64).wrapping_mul(0x9e37_79b9)
                         ^ (j as u64).wrapping_mul(0x85eb_ca6b))
                     .count_ones()
-                        % 2
-                        == 0
+                    .is_multiple_of(2)
                 }),
             ),
             (

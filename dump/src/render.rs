@@ -586,7 +586,7 @@ impl Text {
             }
             BTRFS_UUID_KEY_SUBVOL | BTRFS_UUID_KEY_RECEIVED_SUBVOL => {
                 let o = &mut self.out;
-                if size % 8 != 0 {
+                if !size.is_multiple_of(8) {
                     s(o, "btrfs: uuid item with illegal size ");
                     u(o, size as u64);
                     s(o, "!\n");

@@ -204,7 +204,7 @@ impl<'a> Dumper<'a> {
             }
             self.blocks_read += 1;
             if let Some(pb) = &self.progress {
-                if self.blocks_read % 256 == 0 {
+                if self.blocks_read.is_multiple_of(256) {
                     pb.set_message(format!("{} tree blocks", self.blocks_read));
                 }
             }

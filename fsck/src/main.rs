@@ -2,8 +2,6 @@
 //! fsck(8): 0 clean, 4 errors found, 8 the image could not be checked,
 //! 16 usage error.
 
-#![deny(unsafe_code)]
-
 mod cli;
 mod progress;
 mod render;

@@ -1,8 +1,6 @@
 //! btrkit-mkfs: create a Btrfs filesystem image, optionally populated from
 //! a directory.
 
-#![deny(unsafe_code)]
-
 mod args;
 mod report;
 

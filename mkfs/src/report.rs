@@ -17,7 +17,7 @@ pub fn progress_bar(total_bytes: u64) -> ProgressBar {
 }
 
 pub fn tick(pb: &ProgressBar, files: u64, bytes: u64) {
-    if files % 256 == 0 {
+    if files.is_multiple_of(256) {
         pb.set_position(bytes);
         pb.set_message(format!("{files} files"));
     }

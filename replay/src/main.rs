@@ -1,8 +1,6 @@
 //! btrkit-replay: replay a Btrfs image's fsync log offline, as the kernel
 //! would at mount, so what fsync made durable is not lost.
 
-#![deny(unsafe_code)]
-
 mod report;
 
 use anyhow::{bail, Context};

@@ -1,8 +1,6 @@
 //! btrkit-shell: run workload scripts on a Btrfs image through btrkit's own
 //! engine, or an interactive shell on one.
 
-#![deny(unsafe_code)]
-
 mod bench;
 mod explore;
 mod interactive;

@@ -1027,8 +1027,6 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
 }
 
 /// Key of a cached crash image: scenario text, generator version, kernel.
-
-/// Key of a cached crash image: scenario text, generator version, kernel.
 fn cache_key(scn: &Scenario) -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let mut h = Fnv::new();
@@ -1199,51 +1197,22 @@ fn list_xattrs(p: &Path) -> Res<BTreeMap<String, Vec<u8>>> {
     Ok(out)
 }
 
-const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
-const FIEMAP_EXTENT_LAST: u32 = 0x1;
-const FIEMAP_EXTENT_UNWRITTEN: u32 = 0x800;
-
 /// Logical extent map of a file, adjacent runs of one kind merged (so the
 /// map does not depend on how the space is cut into extents on disk).
 fn fiemap(f: &File) -> Res<Vec<(u64, u64, &'static str)>> {
-    use std::os::fd::AsRawFd;
-    const N: usize = 128;
     let mut out: Vec<(u64, u64, &'static str)> = Vec::new();
-    let mut start = 0u64;
-    loop {
-        // struct fiemap (32 bytes) followed by N struct fiemap_extent (56 bytes).
-        let mut buf = vec![0u64; (32 + 56 * N) / 8];
-        buf[0] = start;
-        buf[1] = u64::MAX - start;
-        buf[3] = N as u64; // fm_extent_count (low half); fm_flags and fm_mapped_extents stay 0
-        let r = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FIEMAP as _, buf.as_mut_ptr()) };
-        if r != 0 {
-            return Err(format!("fiemap: {}", std::io::Error::last_os_error()));
-        }
-        let mapped = (buf[2] >> 32) as usize;
-        let mut last = mapped == 0;
-        for i in 0..mapped.min(N) {
-            let e = &buf[4 + i * 7..4 + i * 7 + 7];
-            let (logical, length) = (e[0], e[2]);
-            let flags = e[5] as u32;
-            let kind = if flags & FIEMAP_EXTENT_UNWRITTEN != 0 {
-                "unwritten"
-            } else {
-                "data"
-            };
-            match out.last_mut() {
-                Some(l) if l.1 == logical && l.2 == kind => l.1 = logical + length,
-                _ => out.push((logical, logical + length, kind)),
-            }
-            if flags & FIEMAP_EXTENT_LAST != 0 {
-                last = true;
-            }
-            start = logical + length;
-        }
-        if last || mapped < N {
-            return Ok(out);
+    for (logical, length, flags) in crate::sys::fiemap(f).map_err(|e| format!("fiemap: {e}"))? {
+        let kind = if flags & crate::sys::FIEMAP_EXTENT_UNWRITTEN != 0 {
+            "unwritten"
+        } else {
+            "data"
+        };
+        match out.last_mut() {
+            Some(l) if l.1 == logical && l.2 == kind => l.1 = logical + length,
+            _ => out.push((logical, logical + length, kind)),
         }
     }
+    Ok(out)
 }
 
 fn describe(p: &Path) -> Res<Entry> {

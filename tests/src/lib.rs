@@ -15,8 +15,6 @@
 //! - [`dumpcmp`]: compares `btrkit-dump tree` against `btrfs inspect-internal
 //!   dump-tree` on their item lines.
 
-#![deny(unsafe_code)]
-
 pub mod bins;
 pub mod dumpcmp;
 pub mod env;

@@ -17,11 +17,9 @@ use btrkit_core::image::{tree_root_of, Image, OpenOptions};
 use btrkit_core::io::{BlockDevice, MemDevice};
 use btrkit_core::tree::{walk_tree, TreeIter, TreeRoot, WalkEvent};
 use btrkit_tests::fixtures::{have_cmd, is_root, kernel_populated_image, mkfs_btrfs};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use btrkit_tests::sys::CappedAlloc;
 use std::ops::ControlFlow;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -31,37 +29,8 @@ const ALLOC_CAP: usize = 256 << 20;
 const CASE_LIMIT: Duration = Duration::from_secs(10);
 const CASES_PER_IMAGE: u64 = 250;
 
-struct CappedAlloc;
-thread_local! {
-    /// Set on the thread reading a damaged image; other threads (loading
-    /// whole images into memory) are not capped.
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-}
-static LARGEST_REFUSED: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for CappedAlloc {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if l.size() > ALLOC_CAP && ARMED.try_with(|a| a.get()).unwrap_or(false) {
-            LARGEST_REFUSED.fetch_max(l.size(), Ordering::Relaxed);
-            // Null makes the allocation fail loudly (abort naming the size).
-            return std::ptr::null_mut();
-        }
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        if new > ALLOC_CAP && ARMED.try_with(|a| a.get()).unwrap_or(false) {
-            LARGEST_REFUSED.fetch_max(new, Ordering::Relaxed);
-            return std::ptr::null_mut();
-        }
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: CappedAlloc = CappedAlloc;
+static ALLOC: CappedAlloc<ALLOC_CAP> = CappedAlloc;
 
 struct Rng(u64);
 impl Rng {
@@ -279,9 +248,7 @@ fn run_cases_n(label: &str, image: &Path, seed_base: u64, cases: u64) -> Vec<Str
         let d: Arc<dyn BlockDevice> = dev.clone();
         let t0 = Instant::now();
         let h = std::thread::spawn(move || {
-            ARMED.with(|a| a.set(true));
-            let n = exercise(d);
-            ARMED.with(|a| a.set(false));
+            let n = CappedAlloc::<ALLOC_CAP>::armed(|| exercise(d));
             let _ = tx.send(n);
         });
         match rx.recv_timeout(CASE_LIMIT) {
@@ -311,7 +278,7 @@ fn run_cases_n(label: &str, image: &Path, seed_base: u64, cases: u64) -> Vec<Str
             dev.write_at(off, &orig).expect("restore");
         }
     }
-    let refused = LARGEST_REFUSED.load(Ordering::Relaxed);
+    let refused = CappedAlloc::<ALLOC_CAP>::largest_refused();
     assert_eq!(
         refused, 0,
         "{label}: an allocation of {refused} bytes was attempted"
@@ -437,9 +404,9 @@ mod props {
             let mut bad = None;
             let _ = walk_tree(&img, t, |ev| {
                 match ev {
-                    WalkEvent::Block { node, problems, .. } if problems.is_empty() => {
-                        blocks.push((node.bytenr, node.bytes().to_vec()))
-                    }
+                    WalkEvent::Block {
+                        node, problems: [], ..
+                    } => blocks.push((node.bytenr, node.bytes().to_vec())),
                     WalkEvent::Block { node, problems, .. } => {
                         bad = Some(format!("block {}: {}", node.bytenr, problems[0].message))
                     }

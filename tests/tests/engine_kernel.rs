@@ -6,6 +6,7 @@
 //! - through the kernel on a loop mount of a mkfs.btrfs image (the oracle);
 //! - through `btrkit-shell` on an image btrkit makes from the same `mkfs`
 //!   and `fssize` directives.
+//!
 //! Then the kernel mounts our image and must see exactly the tree its own
 //! run left (names, types, modes, sizes, contents, xattrs, link counts,
 //! symlink targets, data/unwritten/hole ranges, inode numbers), and both

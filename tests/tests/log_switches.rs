@@ -8,6 +8,7 @@
 //! - sync-io-first (2009): the same data reaches the disk either way; with
 //!   it on, an fsync writes its own data ahead of queued background data;
 //!   off, it waits for the queued batch (core/tests/fsync_batch.rs).
+//!
 //! Bad input (unknown switch or verb, missing path) is one line and a
 //! non-zero exit, with what was durable kept.
 

@@ -3,52 +3,21 @@
 //! elsewhere; either way OUT is the replayed image and the input stays as
 //! it was.
 
-use btrkit_tests::kcrash;
-use std::os::fd::AsRawFd;
+use btrkit_tests::{kcrash, sys};
 use std::path::Path;
 use std::process::Command;
 
-const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
-const FIEMAP_EXTENT_LAST: u32 = 0x1;
-const FIEMAP_EXTENT_SHARED: u32 = 0x2000;
-
 /// (bytes mapped, bytes shared with another file) of `p`, from FIEMAP.
 fn shared_bytes(p: &Path) -> (u64, u64) {
-    const N: usize = 256;
     let f = std::fs::File::open(p).unwrap();
-    let (mut mapped_bytes, mut shared) = (0u64, 0u64);
-    let mut start = 0u64;
-    loop {
-        // struct fiemap (32 bytes) then N struct fiemap_extent (56 bytes each).
-        let mut buf = vec![0u64; (32 + 56 * N) / 8];
-        buf[0] = start;
-        buf[1] = u64::MAX - start;
-        buf[3] = N as u64;
-        // SAFETY: the buffer is large enough for the header and N extents.
-        let r = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FIEMAP as _, buf.as_mut_ptr()) };
-        assert_eq!(
-            r,
-            0,
-            "fiemap {}: {}",
-            p.display(),
-            std::io::Error::last_os_error()
-        );
-        let mapped = (buf[2] >> 32) as usize;
-        let mut last = mapped == 0;
-        for i in 0..mapped.min(N) {
-            let e = &buf[4 + i * 7..4 + i * 7 + 7];
-            let (logical, length, flags) = (e[0], e[2], e[5] as u32);
-            mapped_bytes += length;
-            if flags & FIEMAP_EXTENT_SHARED != 0 {
-                shared += length;
-            }
-            last |= flags & FIEMAP_EXTENT_LAST != 0;
-            start = logical + length;
-        }
-        if last || mapped < N {
-            return (mapped_bytes, shared);
-        }
-    }
+    let extents = sys::fiemap(&f).unwrap_or_else(|e| panic!("fiemap {}: {e}", p.display()));
+    let mapped = extents.iter().map(|e| e.1).sum();
+    let shared = extents
+        .iter()
+        .filter(|e| e.2 & sys::FIEMAP_EXTENT_SHARED != 0)
+        .map(|e| e.1)
+        .sum();
+    (mapped, shared)
 }
 
 fn replay_o(img: &Path, out: &Path) -> serde_json::Value {

@@ -264,31 +264,11 @@ fn interactive_shell_on_a_terminal() {
 
 /// Peak RSS in KiB of btrkit-shell running `script` (a file) on `img`.
 fn peak_rss_kib(img: &Path, script: &Path) -> (i64, String) {
-    let c = Command::new(shell())
-        .arg(img)
-        .arg(script)
-        .arg("-q")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn btrkit-shell");
-    let pid = c.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value for wait4 to fill.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: pid is our child, status and ru point at live locals.
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-    assert_eq!(r, pid, "wait4");
-    let mut err = String::new();
-    if let Some(mut e) = c.stderr {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut err);
-    }
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "btrkit-shell failed: {err}"
-    );
-    (ru.ru_maxrss, err)
+    let (ok, rss, err) =
+        btrkit_tests::sys::run_peak_rss(Command::new(shell()).arg(img).arg(script).arg("-q"))
+            .expect("run btrkit-shell");
+    assert!(ok, "btrkit-shell failed: {err}");
+    (rss, err)
 }
 
 /// A script streams: it is parsed and run a line at a time, so 200,000

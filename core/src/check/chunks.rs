@@ -334,7 +334,7 @@ pub(super) fn check(cx: &mut Ctx) {
         }
         for c in &chunks {
             let i = bgs.partition_point(|b| b.start < c.logical);
-            if !bgs.get(i).is_some_and(|b| b.start == c.logical) {
+            if bgs.get(i).is_none_or(|b| b.start != c.logical) {
                 cx.report(F::err(P, "block-group").at(c.logical).msg(format!(
                     "chunk {}+{} has no block group item",
                     c.logical, c.length

@@ -81,7 +81,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
         }
         let Some(it) = node.item(slot) else { continue };
         let size = it.size.get() as u64;
-        if size % cs != 0 || k.offset % ss != 0 {
+        if !size.is_multiple_of(cs) || k.offset % ss != 0 {
             cx.report(
                 F::err(P, "csum-item")
                     .tree(7)

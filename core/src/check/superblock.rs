@@ -93,13 +93,13 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
             sb.nodesize.get()
         )));
     }
-    if sb.total_bytes.get() % ss != 0 {
+    if !sb.total_bytes.get().is_multiple_of(ss) {
         cx.report(F::warn(P, "superblock").at(at).msg(format!(
             "total_bytes {} is not aligned to sectorsize {ss}",
             sb.total_bytes.get()
         )));
     }
-    if sb.dev_item.total_bytes.get() % ss != 0 {
+    if !sb.dev_item.total_bytes.get().is_multiple_of(ss) {
         cx.report(F::warn(P, "superblock").at(at).msg(format!(
             "device total_bytes {} is not aligned to sectorsize {ss}",
             sb.dev_item.total_bytes.get()

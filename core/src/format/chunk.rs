@@ -87,7 +87,7 @@ pub fn chunk_problems(
         out.push(format!("num_stripes {num} equals the parity stripes"));
     }
     let ss = sectorsize as u64;
-    if ss == 0 || logical % ss != 0 {
+    if ss == 0 || !logical.is_multiple_of(ss) {
         out.push(format!(
             "logical {logical} not aligned to the sector size {sectorsize}"
         ));

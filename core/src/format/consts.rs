@@ -22,7 +22,7 @@ pub fn btrfs_sb_offset(mirror: usize) -> u64 {
     if mirror == 0 {
         BTRFS_SUPER_INFO_OFFSET
     } else {
-        16 * 1024u64 << (BTRFS_SUPER_MIRROR_SHIFT as u64 * mirror as u64)
+        (16 * 1024u64) << (BTRFS_SUPER_MIRROR_SHIFT as u64 * mirror as u64)
     }
 }
 

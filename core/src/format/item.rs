@@ -140,7 +140,7 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
         }
         BTRFS_EXTENT_DATA_KEY => ItemBody::FileExtent(parse_file_extent(data)?),
         BTRFS_EXTENT_CSUM_KEY => {
-            if csum_size == 0 || data.len() % csum_size != 0 || data.is_empty() {
+            if csum_size == 0 || !data.len().is_multiple_of(csum_size) || data.is_empty() {
                 return Err(Error::corrupt(
                     format!(
                         "csum item size {} not a non-zero multiple of csum size {csum_size}",
@@ -197,7 +197,7 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
             ItemBody::Chunk(c, s)
         }
         BTRFS_UUID_KEY_SUBVOL | BTRFS_UUID_KEY_RECEIVED_SUBVOL => {
-            if data.is_empty() || data.len() % 8 != 0 {
+            if data.is_empty() || !data.len().is_multiple_of(8) {
                 return Err(Error::corrupt(
                     format!("uuid item size {} not a multiple of 8", data.len()),
                     0,

@@ -46,7 +46,7 @@ pub fn write_data_extent(st: &mut Store, disk: &[u8], datasum: bool) -> Result<u
 /// one piece, and no room for a new chunk, fails (NoSpace).
 pub fn reserve_data_extent(st: &mut Store, want: u64, min: u64) -> Result<(u64, u64)> {
     let ss = st.sectorsize() as u64;
-    if want == 0 || want % ss != 0 || min == 0 || min % ss != 0 || min > want {
+    if want == 0 || !want.is_multiple_of(ss) || min == 0 || !min.is_multiple_of(ss) || min > want {
         return Err(Error::Invalid(format!(
             "data extent of {want} bytes (at least {min})"
         )));

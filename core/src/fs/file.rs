@@ -144,12 +144,12 @@ impl Filesystem {
     fn truncate_block(&mut self, l: Loc, offset: u64, start: u64, end: Option<u64>) -> Result<()> {
         let ss = self.store.sectorsize() as u64;
         let tail_aligned = end.is_none_or(|e| (e + 1) % ss == 0);
-        if start % ss == 0 && tail_aligned {
+        if start.is_multiple_of(ss) && tail_aligned {
             return Ok(());
         }
         let in_head = offset / ss == start / ss;
         let in_tail = end.is_some_and(|e| offset / ss == e / ss);
-        let need_head = in_head && start % ss != 0;
+        let need_head = in_head && !start.is_multiple_of(ss);
         let need_tail = in_tail && !tail_aligned;
         if !need_head && !need_tail {
             return Ok(());
@@ -396,7 +396,7 @@ impl Filesystem {
         // page is zeroed in memory only; extents past the new end go.
         let ss = self.store.sectorsize() as u64;
         self.drop_pages(l, size.div_ceil(PAGE) * PAGE, u64::MAX)?;
-        if size % PAGE != 0 {
+        if !size.is_multiple_of(PAGE) {
             if let Some(p) = self.rt(l)?.pages.get_mut(size / PAGE) {
                 p[(size % PAGE) as usize..].fill(0);
             }
@@ -705,7 +705,7 @@ impl Filesystem {
         } else {
             a = offset.div_ceil(ss) * ss;
             b = end / ss * ss;
-            if offset % ss != 0 {
+            if !offset.is_multiple_of(ss) {
                 match self.map_at(l, offset / ss * ss)? {
                     MapAt::Hole(..) => a = offset / ss * ss,
                     MapAt::Written(..) => {
@@ -750,7 +750,11 @@ impl Filesystem {
         let ss = self.store.sectorsize() as u64;
         let end = off + data.len() as u64;
         let datasum = self.datasum(l)?;
-        if datasum || off % ss != 0 || data.len() as u64 % ss != 0 || data.is_empty() {
+        if datasum
+            || !off.is_multiple_of(ss)
+            || !(data.len() as u64).is_multiple_of(ss)
+            || data.is_empty()
+        {
             // Direct I/O leaves no pages in the page cache.
             let rt = self.rt(l)?;
             let (cached, dirtied) = (rt.has_page_cache, rt.pages_dirtied_at);
@@ -833,7 +837,7 @@ impl Filesystem {
             ));
         }
         let to_eof = soff + len == src_size;
-        if soff % ss != 0 || doff % ss != 0 || (len % ss != 0 && !to_eof) {
+        if !soff.is_multiple_of(ss) || !doff.is_multiple_of(ss) || (len % ss != 0 && !to_eof) {
             return Err(Error::errno(
                 libc::EINVAL,
                 "clone: offsets and length must be block aligned",

@@ -242,7 +242,7 @@ pub fn remove_packed(
                     !hit
                 })
                 .collect();
-            rest = encode_dir_entries(keep.into_iter());
+            rest = encode_dir_entries(keep);
         }
     }
     if !found {

@@ -472,7 +472,7 @@ impl Filesystem {
                     }
                 }
                 let compressed = if in_len > 0 {
-                    compress::compress(method, &slice(pos, pos + in_len)[..], ss as usize)
+                    compress::compress(method, slice(pos, pos + in_len), ss as usize)
                 } else {
                     None
                 };

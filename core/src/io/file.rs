@@ -304,9 +304,9 @@ impl BlockDevice for FileDevice {
     }
     fn write_direct(&self, offset: u64, buf: &[u8]) -> Result<()> {
         const ALIGN: u64 = 4096;
-        let aligned = offset % ALIGN == 0
-            && buf.len() as u64 % ALIGN == 0
-            && buf.as_ptr() as u64 % ALIGN == 0
+        let aligned = offset.is_multiple_of(ALIGN)
+            && (buf.len() as u64).is_multiple_of(ALIGN)
+            && (buf.as_ptr() as u64).is_multiple_of(ALIGN)
             && offset.saturating_add(buf.len() as u64) <= self.size;
         let direct = if aligned && self.writable {
             self.direct_w
@@ -370,7 +370,9 @@ impl BlockDevice for FileDevice {
         // is on 512- and 4096-byte devices. Anything the direct path
         // refuses (alignment, a file system without O_DIRECT) goes through
         // the page cache.
-        let direct_ok = offset % 4096 == 0 && len % 4096 == 0 && !self.all_cached(offset, len);
+        let direct_ok = offset.is_multiple_of(4096)
+            && len.is_multiple_of(4096)
+            && !self.all_cached(offset, len);
         match self
             .direct_file()
             .filter(|_| direct_ok)

@@ -641,14 +641,11 @@ impl Reader<'_> {
                         ))
                     }
                     OnDamage::Skip => {
-                        read.problems
-                            .extend(problems.iter().map(|pr| block_problem(pr)));
+                        read.problems.extend(problems.iter().map(block_problem));
                         read.lost.push(lost(format!("damaged: {}", first.message)));
                         continue;
                     }
-                    OnDamage::Keep => read
-                        .problems
-                        .extend(problems.iter().map(|pr| block_problem(pr))),
+                    OnDamage::Keep => read.problems.extend(problems.iter().map(block_problem)),
                 }
             }
             read.blocks.push(BlockRead {
@@ -671,7 +668,7 @@ impl Reader<'_> {
         }
         if !items.is_sorted_by(|a, b| a.0 <= b.0) {
             // Only a damaged tree read leniently gets here.
-            items.sort_by(|a, b| a.0.cmp(&b.0));
+            items.sort_by_key(|a| a.0);
             read.leaf_starts.clear();
         }
         Ok(())

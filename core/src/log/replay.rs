@@ -988,7 +988,7 @@ fn replay_logs(
             let mut ignored: BTreeSet<u64> = BTreeSet::new();
             for (k, d) in &log.items {
                 done += 1;
-                if done % 1024 == 0 {
+                if done.is_multiple_of(1024) {
                     progress(stage_name, done, total);
                 }
                 if k.objectid == BTRFS_EXTENT_CSUM_OBJECTID {

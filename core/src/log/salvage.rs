@@ -481,7 +481,7 @@ impl Selection {
             }
             let shown = String::from_utf8_lossy(name);
             if let Some((n, i)) = c.dir_index(fs, x, *idx)? {
-                if !(n == *name && i == *t) && !self.ok(tree, i) {
+                if !(n == *name && i == *t || self.ok(tree, i)) {
                     return Ok(Some(format!(
                         "its entry \"{shown}\" replaces one of inode {i}, which is not recovered"
                     )));
@@ -530,7 +530,7 @@ impl Selection {
                 }
             }
             if let Some((n, i)) = c.dir_index(fs, *d, *idx)? {
-                if !(n == *name && i == x) && !self.ok(tree, i) {
+                if !(n == *name && i == x || self.ok(tree, i)) {
                     return Ok(Some(format!("its name \"{shown}\" in directory {d} replaces one of inode {i}, which is not recovered")));
                 }
             }

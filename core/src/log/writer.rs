@@ -23,6 +23,7 @@
 //! - a directory: its item, names, xattrs, the index entries added in this
 //!   transaction and DIR_LOG_INDEX ranges over which replay deletes the
 //!   committed entries the log does not hold.
+//!
 //! Then the inode's new ancestors, its old parents after an unlink or
 //! rename, the targets of new directory entries and the inodes whose names
 //! a new inode took are logged too, as the kernel does.

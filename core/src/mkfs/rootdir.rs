@@ -250,7 +250,7 @@ struct Prefetched {
 const PREFETCH_MAX: u64 = 4 << 20;
 
 fn prefetchable(e: &Entry) -> bool {
-    e.parent.is_some() && e.meta.is_file() && e.meta.len() <= PREFETCH_MAX && !(e.meta.nlink() > 1)
+    e.parent.is_some() && e.meta.is_file() && e.meta.len() <= PREFETCH_MAX && (e.meta.nlink() <= 1)
 }
 
 fn prefetch(e: &Entry, ss: u64) -> Result<Prefetched> {

@@ -143,7 +143,7 @@ impl Store {
         self.qgroups_committed();
         self.log_blocks.clear();
         self.chunk_allocated = false;
-        self.img.sb = Box::new(self.sb);
+        *self.img.sb = self.sb;
         self.transid += 1;
         self.stats.commits += 1;
         self.cache.trim();

@@ -164,7 +164,7 @@ impl Store {
                 at = k.offset + (at - k.offset).div_ceil(ss) * ss;
             }
             while at < item_end.min(end) {
-                if (at - start) % ss == 0 {
+                if (at - start).is_multiple_of(ss) {
                     let src = ((at - k.offset) / ss) as usize * cs;
                     let dst = ((at - start) / ss) as usize;
                     out.bytes[dst * cs..(dst + 1) * cs].copy_from_slice(&d[src..src + cs]);

@@ -603,7 +603,7 @@ mod tests {
         // to the front of a neighbour that already holds items: the same
         // items in the same order, packed, free bytes zero (blocks stay
         // deterministic).
-        let n = nritems(&filled(10..60)) as usize;
+        let n = nritems(&filled(10..60));
         for from in 0..=n {
             let (mut a, mut b) = (filled(10..60), filled(100..110));
             let want_a: Vec<_> = items(&a)[..from].to_vec();

@@ -128,8 +128,8 @@ pub fn explore(
         let fs = session.fs()?;
         let mut now = BTreeMap::new();
         for p in &promises {
-            if !now.contains_key(&p.inode) {
-                now.insert(p.inode, state_of(fs, p.inode)?);
+            if let std::collections::btree_map::Entry::Vacant(e) = now.entry(p.inode) {
+                e.insert(state_of(fs, p.inode)?);
             }
         }
         states.push(now);

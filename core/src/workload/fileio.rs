@@ -135,7 +135,7 @@ impl FileioOptions {
                 self.block_size
             )));
         }
-        if self.extra == ExtraFlag::Direct && self.block_size % 4096 != 0 {
+        if self.extra == ExtraFlag::Direct && !self.block_size.is_multiple_of(4096) {
             return Err(Error::Invalid(
                 "--file-extra-flags=direct needs a block size that is a multiple of 4096".into(),
             ));
@@ -382,7 +382,7 @@ fn client(
     let mut rng = Prng::new(o.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (t + 1));
     let size = o.file_size();
     let blocks = size / o.block_size;
-    let wbuf: Vec<u8> = (0..o.block_size).map(|i| (i as u64 ^ t) as u8).collect();
+    let wbuf: Vec<u8> = (0..o.block_size).map(|i| (i ^ t) as u8).collect();
     let (mut reads, mut writes, mut fsyncs) = (0u64, 0u64, 0u64);
     let mut lat = Vec::new();
     loop {
@@ -504,7 +504,7 @@ fn client(
                 fsync(shared, ledger, fi, l)?;
                 lat.push(t1.elapsed().as_secs_f64() * 1000.0);
                 fsyncs += 1;
-            } else if o.fsync_freq > 0 && n % o.fsync_freq == 0 {
+            } else if o.fsync_freq > 0 && n.is_multiple_of(o.fsync_freq) {
                 let mut next = plan
                     .fsync_next
                     .lock()

@@ -415,7 +415,9 @@ mod tests {
         let mut a = Manifest::default();
         a.entries.insert("/x".into(), file(3));
         let mut b = a.clone();
-        b.entries.get_mut("/x").map(|e| e.size = 4);
+        if let Some(e) = b.entries.get_mut("/x") {
+            e.size = 4;
+        }
         b.entries.insert("/y".into(), file(3));
         assert_eq!(a.diff(&b), ["differs /x: size 3 vs 4", "only in B: /y"]);
         assert!(a.diff(&a).is_empty());
