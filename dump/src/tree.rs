@@ -231,7 +231,6 @@ impl<'a> Dumper<'a> {
             if !follow {
                 continue;
             }
-            let level = node.level() - 1;
             children.clear();
             let nr = node.nr_safe();
             for slot in 0..nr {
@@ -245,16 +244,15 @@ impl<'a> Dumper<'a> {
                         continue;
                     }
                 }
-                if let Some(kp) = node.key_ptr(slot) {
+                // A block asked for by address (-b) names no tree: its
+                // children are expected to share its owner, as the
+                // kernel's btrfs_read_node_slot expects.
+                let tree = p.expect.owner.unwrap_or_else(|| node.owner());
+                if let Some(c) = node.child_expect(slot, tree) {
                     children.push(Ptr {
                         hi,
-                        bytenr: kp.blockptr.get(),
-                        expect: Expect {
-                            level: Some(level),
-                            generation: Some(kp.generation.get()),
-                            owner: p.expect.owner,
-                            first_key: Some(Key::from(&kp.key)),
-                        },
+                        bytenr: c.bytenr,
+                        expect: c.expect,
                         parent: Some(node.bytenr),
                     });
                 }
@@ -307,7 +305,7 @@ impl<'a> Dumper<'a> {
     ) -> io::Result<()> {
         self.walk(
             root.bytenr,
-            expect_root(&root),
+            Expect::root(&root),
             root.id == BTRFS_TREE_LOG_OBJECTID,
             true,
             true,
@@ -321,7 +319,7 @@ impl<'a> Dumper<'a> {
         let mut v = Vec::new();
         self.walk(
             root.bytenr,
-            expect_root(&root),
+            Expect::root(&root),
             root.id == BTRFS_TREE_LOG_OBJECTID,
             true,
             false,
@@ -454,17 +452,6 @@ impl<'a> Dumper<'a> {
             self.walk(b, Expect::default(), log, follow, true, None, None)?;
         }
         Ok(())
-    }
-}
-
-/// What the root block of a tree must look like. Subvolume trees share
-/// blocks with snapshots, so their owner is only checked to be a subvolume.
-fn expect_root(root: &TreeRoot) -> Expect {
-    Expect {
-        level: Some(root.level),
-        generation: Some(root.generation),
-        owner: Some(root.id),
-        first_key: None,
     }
 }
 

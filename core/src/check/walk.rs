@@ -386,12 +386,7 @@ fn walk_blocks(
     });
     let mut stack = vec![Pending {
         bytenr: root.bytenr,
-        expect: Expect {
-            level: Some(root.level),
-            generation: Some(root.generation),
-            owner: check_owner.then_some(root.id),
-            first_key: None,
-        },
+        expect: Expect::root(&root),
         hi: None,
         pre: None,
     }];
@@ -500,14 +495,14 @@ fn walk_blocks(
             }
             continue;
         }
-        let level = node.level().saturating_sub(1);
         let n = node.nr_safe();
         let mut pushed = 0usize;
         for slot in (0..n).rev() {
-            let Some(kp) = node.key_ptr(slot) else {
+            // A relocation tree's id is its owner rule: validate does not
+            // compare it (its blocks belong to the subvolume it relocates).
+            let Some(c) = node.child_expect(slot, root.id) else {
                 continue;
             };
-            let k = Key::from(&kp.key);
             let next = if slot + 1 < n {
                 node.key(slot + 1)
             } else {
@@ -518,24 +513,18 @@ fn walk_blocks(
                     continue;
                 }
             }
-            let child = kp.blockptr.get();
             if first {
                 cx.ext.found_tree.push(FoundTree {
-                    bytenr: child,
+                    bytenr: c.bytenr,
                     parent: node.bytenr,
                     owner: node.owner(),
-                    level,
+                    level: c.expect.level.unwrap_or(0),
                     tree: root.id,
                 });
             }
             stack.push(Pending {
-                bytenr: child,
-                expect: Expect {
-                    level: Some(level),
-                    generation: Some(kp.generation.get()),
-                    owner: check_owner.then_some(root.id),
-                    first_key: Some(k),
-                },
+                bytenr: c.bytenr,
+                expect: c.expect,
                 hi: next,
                 pre: None,
             });
@@ -555,7 +544,7 @@ fn walk_blocks(
                 prefetch_block(img, stack[i].bytenr);
             }
         }
-        if level == 0 && pushed > 1 {
+        if node.level() == 1 && pushed > 1 {
             // Only the leaves popped next (top of the stack): memory stays
             // at PRELOAD blocks whatever the node size and fan-out.
             const PRELOAD: usize = 32;

@@ -521,11 +521,11 @@ impl Reader<'_> {
         let root = read.root;
         let mut stack = vec![Pending {
             bytenr: root.bytenr,
+            // The log root's generation is checked only when the caller
+            // knows it (a log root item's, not a damaged one's guess).
             expect: Expect {
-                level: Some(root.level),
                 generation,
-                owner: Some(BTRFS_TREE_LOG_OBJECTID),
-                first_key: None,
+                ..Expect::root(&root)
             },
             parent: None,
             depth: 0,
@@ -706,16 +706,15 @@ impl Reader<'_> {
     }
 
     fn push_children(&mut self, node: &Node, p: &Pending, stack: &mut Vec<Pending>) {
-        let level = node.level() - 1;
         let n = node.nr_safe();
         // Pushed in reverse so they pop in key order; child i covers keys
         // from its pointer's key (the parent's lower bound for the first) to
         // the next pointer's key (the parent's upper bound for the last).
         for slot in (0..n).rev() {
-            let Some(kp) = node.key_ptr(slot) else {
+            let Some(c) = node.child_expect(slot, BTRFS_TREE_LOG_OBJECTID) else {
                 continue;
             };
-            let key = Key::from(&kp.key);
+            let key = c.expect.first_key.unwrap_or(Key::MIN);
             let lo = if slot == 0 { p.lo.min(key) } else { key };
             let hi = if slot + 1 < n {
                 node.key(slot + 1)
@@ -723,13 +722,8 @@ impl Reader<'_> {
                 p.hi
             };
             stack.push(Pending {
-                bytenr: kp.blockptr.get(),
-                expect: Expect {
-                    level: Some(level),
-                    generation: Some(kp.generation.get()),
-                    owner: Some(BTRFS_TREE_LOG_OBJECTID),
-                    first_key: Some(key),
-                },
+                bytenr: c.bytenr,
+                expect: c.expect,
                 parent: Some(node.bytenr),
                 depth: p.depth + 1,
                 lo,

@@ -6,7 +6,7 @@ pub mod node;
 pub mod search;
 pub mod walk;
 
-pub use node::{Expect, Node, Problem, ValidateCtx};
+pub use node::{Child, Expect, Node, Problem, ValidateCtx};
 pub use search::TreeIter;
 pub use walk::{walk_tree, WalkEvent};
 

@@ -23,6 +23,32 @@ pub struct Expect {
     pub first_key: Option<Key>,
 }
 
+impl Expect {
+    /// What the pointer to a tree's root block (its root item, the
+    /// superblock, or a log root item) says about that block. The owner is
+    /// the tree's id; `Node::validate` decides how strictly it is compared
+    /// (any subvolume for a subvolume tree, not at all for log and
+    /// relocation trees).
+    pub fn root(root: &super::TreeRoot) -> Expect {
+        Expect {
+            level: Some(root.level),
+            generation: Some(root.generation),
+            owner: Some(root.id),
+            first_key: None,
+        }
+    }
+}
+
+/// A child of a node and what the node's pointer says about it.
+#[derive(Clone, Copy, Debug)]
+pub struct Child {
+    /// Logical address of the child block (the pointer's blockptr).
+    pub bytenr: u64,
+    /// The child's key range starts at `expect.first_key` (the pointer's
+    /// key).
+    pub expect: Expect,
+}
+
 /// Filesystem-wide facts a block is checked against.
 #[derive(Clone, Copy, Debug)]
 pub struct ValidateCtx {
@@ -139,6 +165,26 @@ impl Node {
         KeyPtr::ref_from_prefix(&self.buf[o..]).ok().map(|(p, _)| p)
     }
     /// Key of slot `slot` in a leaf or node.
+    /// The child that the pointer in `slot` names, with what the pointer
+    /// says about it: one level below this node, the pointer's generation
+    /// as its parent transid, the pointer's key as its first key, owned by
+    /// `tree` (the tree being read). This is the one place those
+    /// expectations are derived; every walk takes them from here. None for
+    /// a leaf or a slot past the pointers.
+    pub fn child_expect(&self, slot: usize, tree: u64) -> Option<Child> {
+        let level = self.level().checked_sub(1)?;
+        let p = self.key_ptr(slot)?;
+        Some(Child {
+            bytenr: p.blockptr.get(),
+            expect: Expect {
+                level: Some(level),
+                generation: Some(p.generation.get()),
+                owner: Some(tree),
+                first_key: Some(Key::from(&p.key)),
+            },
+        })
+    }
+
     pub fn key(&self, slot: usize) -> Option<Key> {
         if self.is_leaf() {
             self.item(slot).map(|i| Key::from(&i.key))

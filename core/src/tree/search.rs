@@ -53,30 +53,13 @@ impl<'a> TreeIter<'a> {
         Ok(it)
     }
 
-    fn read(
-        &self,
-        bytenr: u64,
-        level: u8,
-        generation: Option<u64>,
-        first_key: Option<Key>,
-    ) -> Result<Arc<Node>> {
-        let e = Expect {
-            level: Some(level),
-            generation,
-            owner: Some(self.root.id),
-            first_key,
-        };
-        Ok(Arc::new(self.img.read_tree_block(bytenr, &e, self.log)?))
+    fn read(&self, bytenr: u64, e: &Expect) -> Result<Arc<Node>> {
+        Ok(Arc::new(self.img.read_tree_block(bytenr, e, self.log)?))
     }
 
     fn seek(&mut self, start: Key) -> Result<()> {
         self.path.clear();
-        let mut node = self.read(
-            self.root.bytenr,
-            self.root.level,
-            Some(self.root.generation),
-            None,
-        )?;
+        let mut node = self.read(self.root.bytenr, &Expect::root(&self.root))?;
         loop {
             if node.is_leaf() {
                 let slot = match node.bin_search(&start) {
@@ -96,19 +79,13 @@ impl<'a> TreeIter<'a> {
     }
 
     fn child(&self, node: &Node, slot: usize) -> Result<Arc<Node>> {
-        let p = node.key_ptr(slot).ok_or_else(|| {
+        if node.is_leaf() {
+            return Err(Error::corrupt("leaf used as node", node.bytenr));
+        }
+        let c = node.child_expect(slot, self.root.id).ok_or_else(|| {
             Error::corrupt(format!("node has no pointer in slot {slot}"), node.bytenr)
         })?;
-        let level = node
-            .level()
-            .checked_sub(1)
-            .ok_or_else(|| Error::corrupt("leaf used as node", node.bytenr))?;
-        self.read(
-            p.blockptr.get(),
-            level,
-            Some(p.generation.get()),
-            Some(Key::from(&p.key)),
-        )
+        self.read(c.bytenr, &c.expect)
     }
 
     /// The next item, or None at the end of the tree.

@@ -40,17 +40,7 @@ where
     let mut seen = HashSet::new();
     // Explicit stack: (bytenr, expect, parent, depth). Children are pushed in
     // reverse so they pop in key order.
-    let mut stack = vec![(
-        root.bytenr,
-        Expect {
-            level: Some(root.level),
-            generation: Some(root.generation),
-            owner: Some(root.id),
-            first_key: None,
-        },
-        None::<u64>,
-        0usize,
-    )];
+    let mut stack = vec![(root.bytenr, Expect::root(&root), None::<u64>, 0usize)];
     while let Some((bytenr, expect, parent, depth)) = stack.pop() {
         if !seen.insert(bytenr) {
             visit(WalkEvent::Revisit {
@@ -79,20 +69,9 @@ where
         if node.is_leaf() || depth >= BTRFS_MAX_LEVEL as usize {
             continue;
         }
-        let level = node.level() - 1;
         for slot in (0..node.nr_safe()).rev() {
-            if let Some(p) = node.key_ptr(slot) {
-                stack.push((
-                    p.blockptr.get(),
-                    Expect {
-                        level: Some(level),
-                        generation: Some(p.generation.get()),
-                        owner: Some(root.id),
-                        first_key: Some(Key::from(&p.key)),
-                    },
-                    Some(bytenr),
-                    depth + 1,
-                ));
+            if let Some(c) = node.child_expect(slot, root.id) {
+                stack.push((c.bytenr, c.expect, Some(bytenr), depth + 1));
             }
         }
     }
