@@ -16,30 +16,52 @@ use std::path::Path;
 use std::sync::Arc;
 use zerocopy::FromBytes;
 
+/// How [`Image::open`] and [`Image::open_path`] open an image. The default is
+/// the primary superblock, strict, read-only.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OpenOptions {
     /// Superblock copy to use (0 primary, 1, 2).
     pub mirror: usize,
     /// Return damaged blocks with their problems instead of failing (fsck, dump).
     pub lenient: bool,
+    /// Open the file read-write, for a transaction. Otherwise it is opened
+    /// read-only and memory-mapped. Only [`Image::open_path`] looks at this.
     pub writable: bool,
 }
 
+/// An opened single-device filesystem, read side: the superblock copy in
+/// use, the chunk map and validated tree block reads, with DUP fallback
+/// (what btrfs-progs' `open_ctree` sets up for reading). Multi-device
+/// filesystems are refused.
 pub struct Image {
     dev: Arc<dyn BlockDevice>,
+    /// The superblock copy the image was opened from (copy `mirror`).
     pub sb: Box<Superblock>,
+    /// Superblock copy in use: 0 primary, 1 or 2.
     pub mirror: usize,
+    /// Checksum algorithm, from the superblock's `csum_type`.
     pub csum: CsumType,
+    /// Logical-to-physical map: the superblock's sys_chunk_array, then every
+    /// chunk of the chunk tree.
     pub chunks: ChunkMap,
+    /// Devid of this device (the superblock's `dev_item.devid`): the stripes
+    /// read are the ones on it.
     pub devid: u64,
+    /// Tree block size in bytes.
     pub nodesize: u32,
+    /// Sector size in bytes: the unit of data extents and of tree block
+    /// alignment.
     pub sectorsize: u32,
+    /// Opened with [`OpenOptions::lenient`]: damaged blocks are returned with
+    /// their problems instead of failing the read.
     pub lenient: bool,
     /// Problems noticed while opening that lenient mode let through.
     pub open_warnings: Vec<String>,
 }
 
 impl Image {
+    /// Open the image file or block device at `path`: read-write when
+    /// [`OpenOptions::writable`], else read-only through a memory map.
     pub fn open_path(path: &Path, opts: OpenOptions) -> Result<Image> {
         let dev: Arc<dyn BlockDevice> = if opts.writable {
             Arc::new(FileDevice::open(path, true)?)
@@ -49,6 +71,10 @@ impl Image {
         Image::open(dev, opts)
     }
 
+    /// Open the filesystem on `dev`: read and check superblock copy
+    /// `opts.mirror`, map the system chunks from its sys_chunk_array, then read
+    /// the whole chunk tree (`btrfs_read_sys_array` and `btrfs_read_chunk_tree`
+    /// of `open_ctree`).
     pub fn open(dev: Arc<dyn BlockDevice>, opts: OpenOptions) -> Result<Image> {
         let sb = Box::new(read_superblock(dev.as_ref(), opts.mirror)?);
         let mut warnings = Vec::new();
@@ -71,6 +97,7 @@ impl Image {
         Ok(img)
     }
 
+    /// The device the image is read from (and a transaction writes to).
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
         &self.dev
     }
@@ -126,6 +153,9 @@ impl Image {
         Ok(())
     }
 
+    /// What a tree block of this filesystem is validated against. `log`: the
+    /// block belongs to a log tree, written in the transaction after the
+    /// superblock's generation, so one generation more is allowed.
     pub fn ctx(&self, log: bool) -> ValidateCtx {
         ValidateCtx {
             nodesize: self.nodesize,
@@ -229,11 +259,15 @@ impl Image {
         }
     }
 
+    /// [`read_tree_block_checked`](Self::read_tree_block_checked), dropping the
+    /// problems a lenient read lets through.
     pub fn read_tree_block(&self, bytenr: u64, expect: &Expect, log: bool) -> Result<Node> {
         self.read_tree_block_checked(bytenr, expect, log)
             .map(|(n, _)| n)
     }
 
+    /// The root tree, from the superblock's `root`, `root_level` and
+    /// `generation`.
     pub fn root_tree(&self) -> TreeRoot {
         TreeRoot {
             id: BTRFS_ROOT_TREE_OBJECTID,
@@ -242,6 +276,8 @@ impl Image {
             generation: self.sb.generation.get(),
         }
     }
+    /// The chunk tree, from the superblock's `chunk_root`, `chunk_root_level`
+    /// and `chunk_root_generation`.
     pub fn chunk_tree(&self) -> TreeRoot {
         TreeRoot {
             id: BTRFS_CHUNK_TREE_OBJECTID,
@@ -292,6 +328,8 @@ impl Image {
     }
 }
 
+/// The root of tree `id` as its ROOT_ITEM `ri` records it (`bytenr`,
+/// `level`, `generation`).
 pub fn tree_root_of(id: u64, ri: &RootItem) -> TreeRoot {
     TreeRoot {
         id,
@@ -321,22 +359,20 @@ pub fn read_superblock(dev: &dyn BlockDevice, mirror: usize) -> Result<Superbloc
             ))
         });
     }
-    let mut buf = [0u8; BTRFS_SUPER_INFO_SIZE];
-    dev.read_at(off, &mut buf)?;
-    let sb = Superblock::read_from_bytes(&buf).map_err(|_| Error::corrupt("superblock", off))?;
-    if sb.magic.get() != BTRFS_MAGIC {
+    let (sb, status) = read_superblock_raw(dev, mirror)?;
+    if !status.magic_ok {
         return Err(Error::NotBtrfs(format!(
             "no btrfs magic in the superblock at byte {off}"
         )));
     }
     let csum = CsumType::from_disk(sb.csum_type.get())?;
-    if !verify_block(csum, &buf) {
+    if status.csum_ok != Some(true) {
         return Err(Error::corrupt(
             format!("superblock {} checksum mismatch", csum.name()),
             off,
         ));
     }
-    if sb.bytenr.get() != off {
+    if !status.bytenr_ok {
         return Err(Error::corrupt(
             format!(
                 "superblock says it lives at byte {} but was read at {off}",
@@ -350,11 +386,15 @@ pub fn read_superblock(dev: &dyn BlockDevice, mirror: usize) -> Result<Superbloc
 
 /// What a raw read of one superblock copy found. A copy is usable only when
 /// [`SuperStatus::is_valid`]; the other fields say what is wrong otherwise.
+/// This is the one judgement of a copy: [`read_superblock`], the checker's
+/// mirror phase and dump's `super` all take it from here.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct SuperStatus {
+    /// Copy number: 0 primary (at 64 KiB), 1 (64 MiB) or 2 (256 GiB).
     pub mirror: usize,
     /// Byte offset the copy was read from.
     pub offset: u64,
+    /// The `magic` field is `_BHRfS_M` (`BTRFS_MAGIC`).
     pub magic_ok: bool,
     /// None when the checksum type is not one this engine knows, so the
     /// checksum cannot be verified at all.
@@ -370,6 +410,8 @@ pub struct SuperStatus {
 }
 
 impl SuperStatus {
+    /// The copy is usable: magic, checksum and `bytenr` all hold (what the
+    /// kernel's `btrfs_read_dev_one_super` and `btrfs_check_super_csum` ask).
     pub fn is_valid(&self) -> bool {
         self.magic_ok && self.csum_ok == Some(true) && self.bytenr_ok
     }

@@ -1251,12 +1251,13 @@ pub fn leaf_free_space(node: &Node) -> i32 {
 
 fn compression(o: &mut Vec<u8>, c: u8) {
     u(o, c as u64);
-    match c {
-        BTRFS_COMPRESS_NONE => s(o, " (none)"),
-        BTRFS_COMPRESS_ZLIB => s(o, " (zlib)"),
-        BTRFS_COMPRESS_LZO => s(o, " (lzo)"),
-        BTRFS_COMPRESS_ZSTD => s(o, " (zstd)"),
-        _ => {
+    match btrkit_core::format::names::compression_name(c) {
+        Some(name) => {
+            s(o, " (");
+            s(o, name);
+            o.push(b')');
+        }
+        None => {
             s(o, " (UNKNOWN.");
             u(o, c as u64);
             o.push(b')');
@@ -1265,22 +1266,9 @@ fn compression(o: &mut Vec<u8>, c: u8) {
 }
 
 fn inode_flags(o: &mut Vec<u8>, flags: u64) {
-    let names: [(u64, &str); 12] = [
-        (BTRFS_INODE_NODATASUM, "NODATASUM"),
-        (BTRFS_INODE_NODATACOW, "NODATACOW"),
-        (BTRFS_INODE_READONLY, "READONLY"),
-        (BTRFS_INODE_NOCOMPRESS, "NOCOMPRESS"),
-        (BTRFS_INODE_PREALLOC, "PREALLOC"),
-        (BTRFS_INODE_SYNC, "SYNC"),
-        (BTRFS_INODE_IMMUTABLE, "IMMUTABLE"),
-        (BTRFS_INODE_APPEND, "APPEND"),
-        (BTRFS_INODE_NODUMP, "NODUMP"),
-        (BTRFS_INODE_NOATIME, "NOATIME"),
-        (BTRFS_INODE_DIRSYNC, "DIRSYNC"),
-        (BTRFS_INODE_COMPRESS, "COMPRESS"),
-    ];
+    use btrkit_core::format::names::{INODE_FLAG_NAMES, PROGS_INODE_FLAGS};
     let mut empty = true;
-    for (bit, name) in names {
+    for &(bit, name) in &INODE_FLAG_NAMES[..PROGS_INODE_FLAGS] {
         if flags & bit != 0 {
             if !empty {
                 o.push(b'|');

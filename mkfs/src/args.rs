@@ -50,29 +50,7 @@ pub struct Args {
 }
 
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let suf = t[i..].to_ascii_lowercase();
-            let m: u64 = match suf.trim_end_matches("ib").trim_end_matches('b') {
-                "" => 1,
-                "k" => 1 << 10,
-                "m" => 1 << 20,
-                "g" => 1 << 30,
-                "t" => 1 << 40,
-                "p" => 1 << 50,
-                _ => bail!("size '{s}' has an unknown suffix"),
-            };
-            (&t[..i], m)
-        }
-        None => (t, 1),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .with_context(|| format!("size '{s}' is not a number"))?;
-    n.checked_mul(mult)
-        .with_context(|| format!("size '{s}' is too large"))
+    btrkit_core::util::size::parse_size(s).map_err(|e| anyhow::anyhow!("size {e}"))
 }
 
 impl Args {

@@ -424,7 +424,9 @@ impl FsTree {
                 if ram == 0 {
                     bad.push("inline extent with ram_bytes 0".into());
                 }
-                let max_inline = mask.min(self.nodesize - 101 - 25 - 21);
+                let max_inline = mask.min(crate::format::file_extent::max_inline_data_size(
+                    self.nodesize as u32,
+                ));
                 if head.compression != BTRFS_COMPRESS_NONE {
                     if data.len() as u64 > max_inline || ram > ss {
                         bad.push(format!(

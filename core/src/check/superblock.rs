@@ -3,10 +3,7 @@
 
 use super::findings::F;
 use super::Ctx;
-use crate::csum::{verify_block, CsumType};
 use crate::format::consts::*;
-use crate::format::superblock::Superblock;
-use zerocopy::FromBytes;
 
 const P: u8 = 1;
 
@@ -21,19 +18,18 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
             continue;
         }
         cx.sink.checked(P, 1);
-        let mut buf = [0u8; BTRFS_SUPER_INFO_SIZE];
-        if let Err(e) = dev.read_at(off, &mut buf) {
-            cx.report(
-                F::err(P, "superblock")
-                    .at(off)
-                    .msg(format!("superblock mirror {mirror} unreadable: {e}")),
-            );
-            continue;
-        }
-        let Ok(m) = Superblock::read_from_bytes(&buf) else {
-            continue;
+        let (m, status) = match crate::image::read_superblock_raw(&*dev, mirror) {
+            Ok(x) => x,
+            Err(e) => {
+                cx.report(
+                    F::err(P, "superblock")
+                        .at(off)
+                        .msg(format!("superblock mirror {mirror} unreadable: {e}")),
+                );
+                continue;
+            }
         };
-        if m.magic.get() != BTRFS_MAGIC {
+        if !status.magic_ok {
             // A filesystem grown past a mirror's offset after mkfs may lack it.
             if mirror == 0 {
                 cx.report(
@@ -50,10 +46,7 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
             }
             continue;
         }
-        let ok_csum = CsumType::from_disk(m.csum_type.get())
-            .map(|t| verify_block(t, &buf))
-            .unwrap_or(false);
-        if !ok_csum {
+        if status.csum_ok != Some(true) {
             cx.report(
                 F::err(P, "superblock")
                     .at(off)
@@ -61,7 +54,7 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
             );
             continue;
         }
-        if m.bytenr.get() != off {
+        if !status.bytenr_ok {
             cx.report(F::err(P, "superblock").at(off).msg(format!(
                 "superblock mirror {mirror} says it lives at {}",
                 m.bytenr.get()

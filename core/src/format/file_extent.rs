@@ -33,6 +33,17 @@ pub struct FileExtentItem {
 }
 
 pub const FILE_EXTENT_INLINE_DATA_START: usize = 21;
+
+/// Most inline data one item can hold in a leaf of `nodesize` bytes
+/// (BTRFS_MAX_INLINE_DATA_SIZE): the leaf less its header, one item and
+/// the file extent item's fixed part. The inline limit of writeback and of
+/// the checker both start from this.
+pub fn max_inline_data_size(nodesize: u32) -> u64 {
+    (nodesize as u64)
+        .saturating_sub(crate::format::header::HEADER_SIZE as u64)
+        .saturating_sub(crate::format::header::ITEM_SIZE as u64)
+        .saturating_sub(FILE_EXTENT_INLINE_DATA_START as u64)
+}
 pub const FILE_EXTENT_ITEM_SIZE: usize = 53;
 
 #[derive(Debug, Clone, Copy)]

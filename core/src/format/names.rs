@@ -290,6 +290,60 @@ pub fn block_group_flags_str(flags: u64) -> String {
     format!("{ty}|{prof}")
 }
 
+/// Inode flags (`btrfs_inode_item.flags`) by name. The first
+/// [`PROGS_INODE_FLAGS`] are those btrfs-progs 6.2's print-tree names, in
+/// its order; then ROOT_ITEM_INIT and the read-only compat flag fs-verity
+/// sets in the field's upper half.
+pub const INODE_FLAG_NAMES: &[(u64, &str)] = &[
+    (BTRFS_INODE_NODATASUM, "NODATASUM"),
+    (BTRFS_INODE_NODATACOW, "NODATACOW"),
+    (BTRFS_INODE_READONLY, "READONLY"),
+    (BTRFS_INODE_NOCOMPRESS, "NOCOMPRESS"),
+    (BTRFS_INODE_PREALLOC, "PREALLOC"),
+    (BTRFS_INODE_SYNC, "SYNC"),
+    (BTRFS_INODE_IMMUTABLE, "IMMUTABLE"),
+    (BTRFS_INODE_APPEND, "APPEND"),
+    (BTRFS_INODE_NODUMP, "NODUMP"),
+    (BTRFS_INODE_NOATIME, "NOATIME"),
+    (BTRFS_INODE_DIRSYNC, "DIRSYNC"),
+    (BTRFS_INODE_COMPRESS, "COMPRESS"),
+    (BTRFS_INODE_ROOT_ITEM_INIT, "ROOT_ITEM_INIT"),
+    (1 << 32, "RO_VERITY"),
+];
+
+/// How many of [`INODE_FLAG_NAMES`] btrfs-progs 6.2's dump-tree prints.
+pub const PROGS_INODE_FLAGS: usize = 12;
+
+/// Names of the inode flags set in `flags`; bits without a name are shown
+/// as one hex remainder.
+pub fn inode_flag_names(flags: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = flags;
+    for &(bit, name) in INODE_FLAG_NAMES {
+        if flags & bit != 0 {
+            out.push(name.to_string());
+            rest &= !bit;
+        }
+    }
+    if rest != 0 {
+        out.push(format!("0x{rest:x}"));
+    }
+    out
+}
+
+/// Name of a compression type (`btrfs_file_extent_item.compression`,
+/// the `compression` property), None for a type this format does not
+/// define.
+pub fn compression_name(c: u8) -> Option<&'static str> {
+    match c {
+        BTRFS_COMPRESS_NONE => Some("none"),
+        BTRFS_COMPRESS_ZLIB => Some("zlib"),
+        BTRFS_COMPRESS_LZO => Some("lzo"),
+        BTRFS_COMPRESS_ZSTD => Some("zstd"),
+        _ => None,
+    }
+}
+
 fn flag_names(flags: u64, table: &[(u64, &str)]) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = flags;

@@ -26,10 +26,7 @@ pub fn extent_key(ino: u64, off: u64) -> Key {
 
 /// Largest inline data a leaf holds (BTRFS_MAX_INLINE_DATA_SIZE).
 pub fn max_inline_data(st: &Store) -> u64 {
-    st.nodesize() as u64
-        - crate::format::header::HEADER_SIZE as u64
-        - crate::format::header::ITEM_SIZE as u64
-        - FILE_EXTENT_INLINE_DATA_START as u64
+    crate::format::file_extent::max_inline_data_size(st.nodesize())
 }
 
 /// Whether a whole file of `size` bytes is stored inline uncompressed:

@@ -124,17 +124,6 @@ const ACCEPTED_VALUED: &[&str] = &[
     "mode",
 ];
 
-fn parse_size(v: &str) -> Option<u64> {
-    let v = v.trim();
-    let (d, m) = match v.chars().last()? {
-        'k' | 'K' => (&v[..v.len() - 1], 1u64 << 10),
-        'm' | 'M' => (&v[..v.len() - 1], 1 << 20),
-        'g' | 'G' => (&v[..v.len() - 1], 1 << 30),
-        _ => (v, 1),
-    };
-    d.parse::<u64>().ok()?.checked_mul(m)
-}
-
 impl MountOptions {
     /// Parse options (each may hold commas). Unknown options are refused,
     /// as the kernel refuses them.
@@ -194,7 +183,9 @@ impl MountOptions {
                 self.datasum = true;
                 self.datacow = true;
             }
-            ("max_inline", Some(v)) => self.max_inline = parse_size(v).ok_or_else(bad)?,
+            ("max_inline", Some(v)) => {
+                self.max_inline = crate::util::size::parse_size(v).map_err(|_| bad())?
+            }
             ("notreelog", None) => self.treelog = false,
             ("treelog", None) => self.treelog = true,
             ("flushoncommit", None) => self.flushoncommit = true,

@@ -658,49 +658,14 @@ pub fn file_type_name(t: u8) -> String {
     }
 }
 
+/// A compression type's name, `unknown(N)` for one the format does not
+/// define.
 pub fn compression_name(c: u8) -> String {
-    match c {
-        BTRFS_COMPRESS_NONE => "none".into(),
-        BTRFS_COMPRESS_ZLIB => "zlib".into(),
-        BTRFS_COMPRESS_LZO => "lzo".into(),
-        BTRFS_COMPRESS_ZSTD => "zstd".into(),
-        c => format!("unknown({c})"),
-    }
+    crate::format::names::compression_name(c)
+        .map_or_else(|| format!("unknown({c})"), str::to_string)
 }
 
-/// Names of the inode flags set in `flags`; bits without a name are shown
-/// as one hex remainder.
-pub fn inode_flag_names(flags: u64) -> Vec<String> {
-    const TABLE: &[(u64, &str)] = &[
-        (BTRFS_INODE_NODATASUM, "NODATASUM"),
-        (BTRFS_INODE_NODATACOW, "NODATACOW"),
-        (BTRFS_INODE_READONLY, "READONLY"),
-        (BTRFS_INODE_NOCOMPRESS, "NOCOMPRESS"),
-        (BTRFS_INODE_PREALLOC, "PREALLOC"),
-        (BTRFS_INODE_SYNC, "SYNC"),
-        (BTRFS_INODE_IMMUTABLE, "IMMUTABLE"),
-        (BTRFS_INODE_APPEND, "APPEND"),
-        (BTRFS_INODE_NODUMP, "NODUMP"),
-        (BTRFS_INODE_NOATIME, "NOATIME"),
-        (BTRFS_INODE_DIRSYNC, "DIRSYNC"),
-        (BTRFS_INODE_COMPRESS, "COMPRESS"),
-        (BTRFS_INODE_ROOT_ITEM_INIT, "ROOT_ITEM_INIT"),
-        // The read-only compat flags sit in the upper half of the field.
-        (1 << 32, "RO_VERITY"),
-    ];
-    let mut out = Vec::new();
-    let mut rest = flags;
-    for &(bit, name) in TABLE {
-        if flags & bit != 0 {
-            out.push(name.to_string());
-            rest &= !bit;
-        }
-    }
-    if rest != 0 {
-        out.push(format!("0x{rest:x}"));
-    }
-    out
-}
+pub use crate::format::names::inode_flag_names;
 
 /// Bytes as text: printable UTF-8 as is, a backslash doubled, everything
 /// else as `\xNN`, so any name can be shown on one line and told apart.

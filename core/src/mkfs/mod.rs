@@ -676,30 +676,15 @@ pub fn finish(fs: Store, staged: &StagedSuper) -> Result<()> {
     staged.publish()
 }
 
-/// A size with an optional K/M/G/T suffix (`16K`, `4096`, `1GiB`).
+/// A size as mkfs options take it (the one rule of `util::size`).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let bad = || Error::Invalid(format!("size '{s}' is not a size"));
-    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let suf = t[i..].to_ascii_lowercase();
-            let m: u64 = match suf.trim_end_matches("ib").trim_end_matches('b') {
-                "" => 1,
-                "k" => 1 << 10,
-                "m" => 1 << 20,
-                "g" => 1 << 30,
-                "t" => 1 << 40,
-                _ => return Err(bad()),
-            };
-            (&t[..i], m)
-        }
-        None => (t, 1),
-    };
-    num.trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(bad)
+    crate::util::size::parse_size(s).map_err(|e| Error::Invalid(format!("size {e}")))
+}
+
+/// A node or sector size: a size that fits the superblock's 32-bit field.
+fn parse_block_size(s: &str) -> Result<u32> {
+    u32::try_from(parse_size(s)?)
+        .map_err(|_| Error::Invalid(format!("block size '{s}' is out of range")))
 }
 
 impl MkfsOptions {
@@ -732,8 +717,8 @@ impl MkfsOptions {
                     .ok_or_else(|| Error::Invalid(format!("mkfs option {flag} needs a value")))
             };
             match flag {
-                "-n" | "--nodesize" => o.nodesize = parse_size(value()?)? as u32,
-                "-s" | "--sectorsize" => o.sectorsize = parse_size(value()?)? as u32,
+                "-n" | "--nodesize" => o.nodesize = parse_block_size(value()?)?,
+                "-s" | "--sectorsize" => o.sectorsize = parse_block_size(value()?)?,
                 "--csum" | "--checksum" => o.csum = crate::csum::CsumType::parse(value()?)?,
                 "-L" | "--label" => o.label = value()?.to_string(),
                 "-U" | "--uuid" => o.fsid = Some(parse_uuid(value()?)?),

@@ -2,5 +2,6 @@
 
 pub mod hash;
 pub mod prng;
+pub mod size;
 pub mod sync;
 pub mod uuid;

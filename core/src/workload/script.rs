@@ -492,25 +492,10 @@ pub fn tokenize(line: &str) -> Res<Vec<Tok<'_>>> {
     Ok(out)
 }
 
-/// A size or offset: decimal or 0x hex, optional K/M/G suffix.
+/// A size or offset (the one rule of `util::size`: decimal or 0x hex, an
+/// optional K/M/G/T/P/E suffix).
 pub fn parse_num(s: &str) -> Res<u64> {
-    let s = s.trim();
-    let (digits, mult) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let v = match digits
-        .strip_prefix("0x")
-        .or_else(|| digits.strip_prefix("0X"))
-    {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => digits.parse(),
-    }
-    .map_err(|_| format!("bad number {s:?}"))?;
-    v.checked_mul(mult)
-        .ok_or_else(|| format!("number {s:?} overflows"))
+    crate::util::size::parse_size(s).map_err(|e| format!("bad number: {e}"))
 }
 
 fn parse_byte(s: &str) -> Res<u8> {
