@@ -25,8 +25,8 @@ fn background_writeback_takes_the_oldest_inodes_down_to_half_the_limit() {
     }
     let (_, tree, _) = fs.cache_sizes();
     assert!(tree > 0);
-    let limit = (fs.dirty_limit - tree) as usize;
-    let half = fs.dirty_limit as usize / 2 - tree as usize;
+    let limit = (fs.dirty_limit() - tree) as usize;
+    let half = fs.dirty_limit() as usize / 2 - tree as usize;
     let before = fs.stats.writeback_bytes;
     // Four files of a quarter of the room each, then one more page: over
     // the limit by that page.

@@ -117,7 +117,7 @@ impl Filesystem {
         rt.has_page_cache = true;
         rt.pages_dirtied_at.get_or_insert(now);
         if rt.pages.insert(idx, page) {
-            self.dirty_bytes += PAGE;
+            self.dirty.bytes += PAGE;
         }
         self.note_dirty(l);
         self.dirtied();
@@ -129,7 +129,7 @@ impl Filesystem {
         let rt = self.rt(l)?;
         let n = rt.pages.drop_range(start / PAGE, end.div_ceil(PAGE)) as u64;
         let empty = rt.pages.is_empty();
-        self.dirty_bytes = self.dirty_bytes.saturating_sub(n * PAGE);
+        self.dirty.bytes = self.dirty.bytes.saturating_sub(n * PAGE);
         if empty {
             self.note_clean(l);
         }
@@ -295,7 +295,7 @@ impl Filesystem {
         if bytes == 0 {
             return Ok(true);
         }
-        let need = self.dirty_bytes.saturating_add(bytes);
+        let need = self.dirty.bytes.saturating_add(bytes);
         if self.store.data_room()? >= need {
             return Ok(true);
         }
@@ -305,7 +305,7 @@ impl Filesystem {
             }
         }
         self.sync()?;
-        Ok(self.store.data_room()? >= self.dirty_bytes.saturating_add(bytes))
+        Ok(self.store.data_room()? >= self.dirty.bytes.saturating_add(bytes))
     }
 
     /// Stores through a shared mapping: pages change, the size does not.

@@ -242,27 +242,9 @@ pub struct Filesystem {
     pub opts: MountOptions,
     pub switches: Switches,
     pub stats: EngineStats,
-    inodes: HashMap<Loc, InodeRt>,
-    /// Inodes left after the last eviction (open or dirty ones stay): the
-    /// next one waits until a quarter of the cache more has come in, so
-    /// thousands of dirty inodes are not scanned again on every step.
-    inodes_kept: usize,
-    /// Inodes with dirty pages, and the clock reading when each first got
-    /// them since its last writeback (the flusher writes back what is old
-    /// enough) with a count that orders inodes dirtied at one reading
-    /// (background writeback goes oldest first).
-    dirty_inodes: BTreeMap<Loc, (std::time::Duration, u64)>,
-    /// The next of those counts.
-    dirty_seq: u64,
-    /// Clock reading of the flusher's last pass.
-    flusher_ran: std::time::Duration,
-    /// Pages written back, for reuse by the next writes (their memory stays
-    /// mapped, so a write does not fault in fresh pages).
-    free_pages: Vec<Box<[u8]>>,
-    /// The buffer writeback joins a run of pages into, kept between calls:
-    /// a fresh one per run (multi-megabyte for dbench's files) is a fresh
-    /// mapping the kernel zeroes before the copy into it.
-    pub(super) join_buf: Vec<u8>,
+    inodes: super::icache::InodeCache,
+    /// Dirty file data awaiting writeback.
+    pub(super) dirty: super::dirty::DirtyData,
     /// Next free inode number per subvolume (root->free_objectid).
     free_ino: HashMap<u64, u64>,
     /// Wall time at mount, since the epoch: the clock is this plus what
@@ -271,12 +253,6 @@ pub struct Filesystem {
     clock_offset: std::time::Duration,
     /// Clock reading at the running transaction's first change.
     trans_start: Option<std::time::Duration>,
-    /// Bytes of dirty pages over every inode.
-    pub(super) dirty_bytes: u64,
-    /// Dirty page and tree block bytes that start background writeback.
-    pub dirty_limit: u64,
-    /// Dirty tree block bytes that start a commit.
-    pub metadata_limit: u64,
     /// The default subvolume (what a mount shows at `/`).
     pub(super) default_subvol: u64,
     /// Next subvolume id (the root tree's free objectid), from the mount
@@ -291,33 +267,6 @@ pub struct Filesystem {
 
 pub const FS_TREE: u64 = BTRFS_FS_TREE_OBJECTID;
 pub const ROOT_DIR: u64 = BTRFS_FIRST_FREE_OBJECTID;
-
-/// Dirty bytes, file pages and tree blocks together, past which data is
-/// written back in the background (oldest inodes first, until the two
-/// hold half of it), as the kernel counts the btree inode's dirty pages
-/// with the files' against one threshold. Tree blocks can only go with a
-/// commit, so a transaction heavy in metadata leaves less room for data:
-/// a run of 100,000 new files (60 MiB of tree blocks by its end) keeps
-/// memory bounded (peak RSS under 256 MiB with the clean block cache and
-/// the write queues), while a workload of short-lived files (dbench)
-/// keeps most of its data in memory until the files are gone. The
-/// kernel's threshold is a share of the machine's memory; the engine's is
-/// fixed, so its memory stays bounded whatever the machine.
-const DIRTY_LIMIT: u64 = 96 << 20;
-
-/// Dirty tree block bytes that start a commit (the engine does not write
-/// a tree block twice in a transaction, as the kernel's writeback of
-/// dirty metadata does, so it commits instead).
-const DIRTY_METADATA_LIMIT: u64 = 64 << 20;
-
-/// Inodes kept in memory before clean, closed ones are evicted.
-const INODE_CACHE: usize = 16384;
-
-/// How often the flusher looks for old dirty data (dirty_writeback_centisecs).
-const FLUSHER_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Age at which the flusher writes back dirty data (dirty_expire_centisecs).
-const DIRTY_EXPIRE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Symlinks followed in one path resolution before ELOOP.
 const MAX_SYMLINKS: usize = 40;
@@ -342,22 +291,14 @@ impl Filesystem {
             opts,
             switches: Switches::default(),
             stats: EngineStats::default(),
-            inodes: HashMap::default(),
-            inodes_kept: 0,
-            dirty_inodes: BTreeMap::new(),
-            dirty_seq: 0,
-            flusher_ran: std::time::Duration::ZERO,
+            inodes: Default::default(),
+            dirty: Default::default(),
             free_ino: HashMap::default(),
-            free_pages: Vec::new(),
-            join_buf: Vec::new(),
             clock_base: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default(),
             clock_offset: std::time::Duration::ZERO,
             trans_start: None,
-            dirty_bytes: 0,
-            dirty_limit: DIRTY_LIMIT,
-            metadata_limit: DIRTY_METADATA_LIMIT,
             default_subvol: FS_TREE,
             next_subvol_id: None,
             deleted_subvols: Vec::new(),
@@ -428,29 +369,21 @@ impl Filesystem {
     /// operations.
     pub fn periodic(&mut self) -> Result<()> {
         let dirty_tree = self.store.cache_dirty_bytes();
-        if self.dirty_bytes + dirty_tree > self.dirty_limit {
-            self.writeback_oldest((self.dirty_limit / 2).saturating_sub(dirty_tree))?;
+        if self.dirty.bytes + dirty_tree > self.dirty.limit {
+            self.writeback_oldest((self.dirty.limit / 2).saturating_sub(dirty_tree))?;
         }
         // The flusher: data dirty for longer than dirty_expire (30 s).
         let now = self.clock_offset;
-        // The flusher wakes every few seconds of clock time, not per step.
-        if now.saturating_sub(self.flusher_ran) >= FLUSHER_INTERVAL {
-            self.flusher_ran = now;
-            let expired: Vec<Loc> = self
-                .dirty_inodes
-                .iter()
-                .filter(|(_, (t, _))| now.saturating_sub(*t) >= DIRTY_EXPIRE)
-                .map(|(l, _)| *l)
-                .collect();
+        if let Some(expired) = self.dirty.flusher_pass(now) {
             for l in expired {
                 self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
             }
             // The same pass writes back every inode dirtied that long ago,
             // pages or not (__writeback_single_inode clears its state).
-            for rt in self.inodes.values_mut() {
+            for rt in self.inodes.states_mut() {
                 if rt
                     .pages_dirtied_at
-                    .is_some_and(|t| now.saturating_sub(t) >= DIRTY_EXPIRE)
+                    .is_some_and(|t| now.saturating_sub(t) >= super::dirty::DIRTY_EXPIRE)
                 {
                     rt.pages_dirtied_at = None;
                 }
@@ -463,38 +396,28 @@ impl Filesystem {
                 self.commit("interval")?;
             }
         }
-        if self.store.cache_dirty_bytes() > self.metadata_limit {
+        if self.store.cache_dirty_bytes() > self.dirty.metadata_limit {
             self.commit("metadata")?;
         }
         self.store.trim_cache();
-        if self.inodes.len() > INODE_CACHE.max(self.inodes_kept + INODE_CACHE / 4) {
-            // Memory pressure evicts inodes that are neither open nor dirty.
-            let dirty = &self.dirty_inodes;
-            self.inodes
-                .retain(|l, rt| rt.opens > 0 || dirty.contains_key(l));
-            self.inodes_kept = self.inodes.len();
-        }
+        let dirty = &self.dirty;
+        self.inodes.shrink(|l| dirty.is_dirty(l));
         Ok(())
     }
 
     /// The inode got dirty pages (`first`: it had none).
     pub(super) fn note_dirty(&mut self, l: Loc) {
-        let now = self.clock_offset;
-        let seq = self.dirty_seq;
-        if let std::collections::btree_map::Entry::Vacant(e) = self.dirty_inodes.entry(l) {
-            e.insert((now, seq));
-            self.dirty_seq += 1;
-        }
+        self.dirty.note_dirty(l, self.clock_offset);
     }
 
     /// The inode has no dirty pages left.
     pub(super) fn note_clean(&mut self, l: Loc) {
-        self.dirty_inodes.remove(&l);
+        self.dirty.note_clean(l);
     }
 
     /// Inodes with dirty pages.
     pub(super) fn dirty_list(&self) -> Vec<Loc> {
-        self.dirty_inodes.keys().copied().collect()
+        self.dirty.inodes()
     }
 
     /// Something changed: the running transaction's age counts from now
@@ -556,7 +479,7 @@ impl Filesystem {
     /// dirty state is cleared, pages written or not.
     fn writeback_inodes(&mut self, reason: super::writeback::Reason) -> Result<()> {
         self.writeback_all(reason)?;
-        for rt in self.inodes.values_mut() {
+        for rt in self.inodes.states_mut() {
             rt.pages_dirtied_at = None;
         }
         Ok(())
@@ -569,11 +492,8 @@ impl Filesystem {
     /// stays in memory, so a file written and deleted soon after (dbench's
     /// temporary files) is never written at all, as on the kernel.
     fn writeback_oldest(&mut self, target: u64) -> Result<()> {
-        let mut order: Vec<((std::time::Duration, u64), Loc)> =
-            self.dirty_inodes.iter().map(|(l, t)| (*t, *l)).collect();
-        order.sort_unstable();
-        for (_, l) in order {
-            if self.dirty_bytes <= target {
+        for l in self.dirty.oldest_first() {
+            if self.dirty.bytes <= target {
                 break;
             }
             self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
@@ -592,13 +512,7 @@ impl Filesystem {
         self.store.drop_clean_cache();
         let mut keep: HashSet<Loc> = HashSet::new();
         keep.insert(Loc::new(BTRFS_FS_TREE_OBJECTID, ROOT_DIR));
-        let open: Vec<Loc> = self
-            .inodes
-            .iter()
-            .filter(|(_, rt)| rt.opens > 0)
-            .map(|(l, _)| *l)
-            .collect();
-        for mut l in open {
+        for mut l in self.inodes.open() {
             // Bounded: a directory chain deeper than this is not a tree.
             for _ in 0..4096 {
                 if !keep.insert(l) || l.ino == ROOT_DIR {
@@ -610,13 +524,7 @@ impl Filesystem {
                 }
             }
         }
-        self.inodes.retain(|l, rt| {
-            rt.opens > 0
-                || rt.has_page_cache
-                || !rt.pages.is_empty()
-                || rt.pages_dirtied_at.is_some()
-                || keep.contains(l)
-        });
+        self.inodes.evict(&keep);
     }
 
     /// Unmount and mount again: everything durable is committed, all
@@ -625,7 +533,6 @@ impl Filesystem {
         self.close_all()?;
         self.sync()?;
         self.inodes.clear();
-        self.inodes_kept = 0;
         self.free_ino.clear();
         self.store.drop_clean_cache();
         self.default_subvol = self.read_default_subvol()?;
@@ -635,13 +542,7 @@ impl Filesystem {
 
     /// Close every open file (unmount): unlinked open files go.
     pub fn close_all(&mut self) -> Result<()> {
-        let open: Vec<Loc> = self
-            .inodes
-            .iter()
-            .filter(|(_, r)| r.opens > 0)
-            .map(|(l, _)| *l)
-            .collect();
-        for l in open {
+        for l in self.inodes.open() {
             while self.inodes.get(&l).is_some_and(|r| r.opens > 0) {
                 self.close(l)?;
             }
@@ -728,7 +629,7 @@ impl Filesystem {
     /// Load the runtime state of an inode that already has an item (a new
     /// inode's state is set up by its creator).
     fn load_rt_if_exists(&mut self, l: Loc) -> Result<()> {
-        if self.inodes.contains_key(&l) {
+        if self.inodes.contains(&l) {
             return Ok(());
         }
         if get_inode(&mut self.store, l.subvol, l.ino)?.is_some() {
@@ -739,7 +640,7 @@ impl Filesystem {
 
     /// The runtime state of an inode, loading it the first time.
     pub fn rt(&mut self, l: Loc) -> Result<&mut InodeRt> {
-        if !self.inodes.contains_key(&l) {
+        if !self.inodes.contains(&l) {
             let item = self.item(l)?;
             let transid = self.store.transid;
             let mut rt = InodeRt {
@@ -757,7 +658,7 @@ impl Filesystem {
             }
             rt.last_unlink_trans = rt.last_trans;
             rt.last_reflink_trans = rt.last_trans;
-            self.inodes.insert(l, rt);
+            return Ok(self.inodes.insert(l, rt));
         }
         self.inodes
             .get_mut(&l)
@@ -769,14 +670,14 @@ impl Filesystem {
     }
 
     pub(super) fn forget_inode(&mut self, l: Loc) {
-        self.dirty_inodes.remove(&l);
+        self.dirty.note_clean(l);
         if let Some(rt) = self.inodes.remove(&l) {
-            self.dirty_bytes = self.dirty_bytes.saturating_sub(rt.pages.dirty_bytes());
+            self.dirty.bytes = self.dirty.bytes.saturating_sub(rt.pages.dirty_bytes());
         }
     }
 
     pub(super) fn loaded_inodes(&self) -> Vec<Loc> {
-        self.inodes.keys().copied().collect()
+        self.inodes.locs()
     }
 
     /// The inode changed in this transaction (btrfs_set_inode_last_trans):
@@ -938,31 +839,17 @@ impl Filesystem {
 
     /// A page buffer (contents undefined).
     pub(super) fn alloc_page(&mut self) -> Box<[u8]> {
-        self.free_pages
-            .pop()
-            .unwrap_or_else(|| vec![0u8; super::pagecache::PAGE as usize].into_boxed_slice())
+        self.dirty.alloc_page()
     }
 
-    /// A page holding `src` (a whole page of bytes): a recycled one, or a
-    /// new one filled by the copy (never zeroed first).
+    /// A page holding `src` (a whole page of bytes), never zeroed first.
     pub(super) fn page_of(&mut self, src: &[u8]) -> Box<[u8]> {
-        match self.free_pages.pop() {
-            Some(mut p) => {
-                p.copy_from_slice(src);
-                p
-            }
-            None => Box::from(src),
-        }
+        self.dirty.page_of(src)
     }
 
-    /// Keep written-back pages for reuse, up to 4 MiB of them (more only
-    /// raises the peak: an allocator that keeps freed memory mapped, as
-    /// the shell's does, reuses the rest as well).
+    /// Keep written-back pages for reuse.
     pub(super) fn recycle_pages(&mut self, pages: Vec<(u64, Box<[u8]>)>) {
-        const KEEP: usize = 1024;
-        let room = KEEP.saturating_sub(self.free_pages.len());
-        self.free_pages
-            .extend(pages.into_iter().take(room).map(|(_, p)| p));
+        self.dirty.recycle_pages(pages)
     }
 
     /// Runtime state for an inode just made (its item is known).
@@ -1205,12 +1092,18 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Dirty page and tree block bytes past which data is written back in
+    /// the background.
+    pub fn dirty_limit(&self) -> u64 {
+        self.dirty.limit
+    }
+
     /// Stats for `stats`: cache sizes and I/O counters.
     pub fn cache_sizes(&self) -> (u64, u64, u64) {
         (
             self.store.cache_clean_bytes(),
             self.store.cache_dirty_bytes(),
-            self.dirty_bytes,
+            self.dirty.bytes,
         )
     }
 }

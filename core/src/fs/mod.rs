@@ -5,9 +5,11 @@
 
 pub mod compress;
 pub mod data;
+mod dirty;
 pub mod extents;
 mod file;
 mod filesystem;
+mod icache;
 pub mod inode;
 pub mod names;
 pub mod ops;

@@ -112,7 +112,7 @@ impl Filesystem {
             self.note_clean(l);
         }
         let n = pages.len() as u64 * PAGE;
-        self.dirty_bytes = self.dirty_bytes.saturating_sub(n);
+        self.dirty.bytes = self.dirty.bytes.saturating_sub(n);
         // Runs of consecutive pages, as [first, end) into `pages`; a run of
         // one page is written from the page itself.
         let mut runs: Vec<(usize, usize)> = Vec::new();
@@ -126,7 +126,7 @@ impl Filesystem {
         // writeback queued (sync-io-first); otherwise it queues too.
         let direct = reason == Reason::Fsync && self.switches.sync_io_first;
         self.store.set_data_context((l.subvol, l.ino), direct);
-        let mut joined = std::mem::take(&mut self.join_buf);
+        let mut joined = std::mem::take(&mut self.dirty.join_buf);
         let r = runs.into_iter().try_for_each(|(a, b)| {
             let start = pages[a].0 * PAGE;
             if b - a == 1 {
@@ -143,7 +143,7 @@ impl Filesystem {
         // pages made it large (the memory would stay held for nothing).
         joined.clear();
         if joined.capacity() <= JOIN_KEEP {
-            self.join_buf = joined;
+            self.dirty.join_buf = joined;
         }
         self.store.set_data_context((l.subvol, l.ino), false);
         r?;
