@@ -5,15 +5,24 @@ use crate::format::consts::*;
 use crate::{Error, Result};
 use serde::Serialize;
 
+/// Checksum algorithm of a filesystem, the superblock's `csum_type`
+/// (`BTRFS_CSUM_TYPE_*`). One algorithm covers the superblock, every tree
+/// block and, through the checksum tree, every data sector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum CsumType {
+    /// CRC-32C (Castagnoli), type 0, the default: 4-byte digest, little-endian.
     Crc32c,
+    /// xxHash64 with seed 0, type 1: 8-byte digest, little-endian.
     Xxhash64,
+    /// SHA-256, type 2: 32-byte digest.
     Sha256,
+    /// BLAKE2b with a 256-bit digest (BLAKE2b-256), type 3: 32 bytes.
     Blake2b,
 }
 
 impl CsumType {
+    /// The algorithm of an on-disk `csum_type` value; an unknown one is
+    /// `Unsupported`.
     pub fn from_disk(t: u16) -> Result<CsumType> {
         Ok(match t {
             BTRFS_CSUM_TYPE_CRC32 => CsumType::Crc32c,
@@ -23,6 +32,7 @@ impl CsumType {
             t => return Err(Error::Unsupported(format!("checksum type {t}"))),
         })
     }
+    /// The on-disk `csum_type` value (`BTRFS_CSUM_TYPE_*`).
     pub fn to_disk(self) -> u16 {
         match self {
             CsumType::Crc32c => BTRFS_CSUM_TYPE_CRC32,
@@ -31,6 +41,9 @@ impl CsumType {
             CsumType::Blake2b => BTRFS_CSUM_TYPE_BLAKE2,
         }
     }
+    /// Parse a name as `mkfs.btrfs --csum` takes it, ignoring case: crc32c
+    /// (or crc32), xxhash (or xxhash64), sha256, blake2 (or blake2b). Anything
+    /// else is `Invalid`.
     pub fn parse(name: &str) -> Result<CsumType> {
         Ok(match name.to_ascii_lowercase().as_str() {
             "crc32c" | "crc32" => CsumType::Crc32c,
@@ -44,6 +57,7 @@ impl CsumType {
             }
         })
     }
+    /// The name btrfs-progs prints (`crc32c`, `xxhash64`, `sha256`, `blake2b`).
     pub fn name(self) -> &'static str {
         crate::format::names::csum_type_name(self.to_disk())
     }
@@ -55,6 +69,8 @@ impl CsumType {
             CsumType::Sha256 | CsumType::Blake2b => 32,
         }
     }
+    /// Checksum of `data` laid out as the 32-byte on-disk field: the digest,
+    /// then zeroes (btrfs-progs' `btrfs_csum_data`).
     pub fn compute(self, data: &[u8]) -> [u8; BTRFS_CSUM_SIZE] {
         let mut out = [0u8; BTRFS_CSUM_SIZE];
         match self {
@@ -89,6 +105,10 @@ pub fn block_csum(t: CsumType, block: &[u8]) -> [u8; BTRFS_CSUM_SIZE] {
     t.compute(block.get(BTRFS_CSUM_SIZE..).unwrap_or(&[]))
 }
 
+/// True when the checksum stored in the first 32 bytes of a metadata block
+/// or superblock matches [`block_csum`] of it; false for a block of 32
+/// bytes or less. The kernel's `btrfs_check_super_csum` and the checksum
+/// step of `btrfs_validate_extent_buffer`.
 pub fn verify_block(t: CsumType, block: &[u8]) -> bool {
     block.len() > BTRFS_CSUM_SIZE && t.verify(&block[BTRFS_CSUM_SIZE..], &block[..BTRFS_CSUM_SIZE])
 }

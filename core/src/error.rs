@@ -9,14 +9,30 @@ use std::fmt;
 /// read-time checks of disk-io.c).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum ProblemKind {
+    /// The stored checksum does not match the block's contents.
     Checksum,
+    /// A header field is wrong: block size, `bytenr` not the block's address,
+    /// `fsid`, or a generation (of the block or of a pointer in it) newer than
+    /// the filesystem's.
     Header,
+    /// The block's generation differs from what its parent's pointer records
+    /// (`verify_parent_transid`): a lost or misdirected write.
     ParentTransid,
+    /// The level is `BTRFS_MAX_LEVEL` or more, or not the one the parent
+    /// expects.
     Level,
+    /// The header owner is not the tree being read (`btrfs_check_eb_owner`).
     Owner,
+    /// The first key differs from the parent's key for the block
+    /// (`btrfs_verify_level_key`).
     FirstKey,
+    /// Keys are not in strictly ascending order.
     KeyOrder,
+    /// Items or pointers out of place: `nritems` beyond the block's capacity, a
+    /// node with no pointers, item data not packed from the end of the leaf or
+    /// outside its data area, a child pointer not sector aligned.
     ItemBounds,
+    /// An item's body does not decode for its key type.
     ItemBody,
 }
 
@@ -38,28 +54,45 @@ pub enum CorruptKind {
     Other,
 }
 
+/// Every error of the engine. Callers decide on the variant (and on a
+/// `Corrupt` error's [`CorruptKind`]), never on the message.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Bytes read from disk are wrong: damage, not a bug and not bad input.
     #[error("corrupt {what} at {}{}", Loc(*bytenr), KeySuffix(key))]
     Corrupt {
+        /// What kind of damage, for callers to act on.
         kind: CorruptKind,
+        /// What was wrong, for a human.
         what: String,
+        /// Where: a logical address (of the tree block, or of the extent or
+        /// range at fault) or, for a superblock, the byte offset of the copy;
+        /// 0 when not known.
         bytenr: u64,
+        /// The key of the item at fault, when an item is.
         key: Option<Key>,
     },
     /// The OS error is part of the message (not a separate source), so a
     /// binary printing the error chain shows it once.
     #[error("{context}: {err}")]
     Io {
+        /// What was being done, such as `cannot open <path>`.
         context: String,
+        /// The OS error.
         err: std::io::Error,
     },
+    /// A valid filesystem, or request, using what this engine does not
+    /// implement: an incompat feature, a multi-device profile, a checksum type.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// No free space to allocate from (ENOSPC).
     #[error("no space left: {0}")]
     NoSpace(String),
+    /// The image holds no btrfs filesystem: no magic in the superblock copy
+    /// read, or too small to hold the primary one.
     #[error("not a btrfs image: {0}")]
     NotBtrfs(String),
+    /// A bad argument from the caller (EINVAL).
     #[error("invalid argument: {0}")]
     Invalid(String),
     /// The engine's own state is not what it must be (a bug, not bad
@@ -69,7 +102,12 @@ pub enum Error {
     /// A file operation refused as the kernel refuses it (ENOENT, EEXIST,
     /// ENOTEMPTY, EISDIR...).
     #[error("{msg}: {}", errno_name(*errno))]
-    Errno { errno: i32, msg: String },
+    Errno {
+        /// The errno value (`libc::E*`).
+        errno: i32,
+        /// What was refused, for a human.
+        msg: String,
+    },
 }
 
 /// The symbolic name and text of an errno value.
@@ -122,12 +160,15 @@ impl fmt::Display for KeySuffix<'_> {
     }
 }
 
+/// The result of every fallible engine call.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// A [`CorruptKind::Other`] corruption at `bytenr`, with no key.
     pub fn corrupt(what: impl Into<String>, bytenr: u64) -> Self {
         Self::corrupt_as(CorruptKind::Other, what, bytenr)
     }
+    /// A corruption of kind `kind` at `bytenr`, with no key.
     pub fn corrupt_as(kind: CorruptKind, what: impl Into<String>, bytenr: u64) -> Self {
         Error::Corrupt {
             kind,
@@ -136,6 +177,8 @@ impl Error {
             key: None,
         }
     }
+    /// A [`CorruptKind::Other`] corruption of the item with `key` in the block
+    /// at `bytenr`.
     pub fn corrupt_key(what: impl Into<String>, bytenr: u64, key: Key) -> Self {
         Error::Corrupt {
             kind: CorruptKind::Other,
@@ -144,6 +187,7 @@ impl Error {
             key: Some(key),
         }
     }
+    /// An [`Error::Internal`]: a broken invariant of the engine itself.
     pub fn internal(what: impl Into<String>) -> Self {
         Error::Internal(what.into())
     }
@@ -154,12 +198,15 @@ impl Error {
             _ => None,
         }
     }
+    /// An [`Error::Io`]: `source`, with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             context: context.into(),
             err: source,
         }
     }
+    /// An [`Error::Errno`]: an operation refused with the errno the kernel
+    /// would return.
     pub fn errno(errno: i32, msg: impl Into<String>) -> Self {
         Error::Errno {
             errno,

@@ -17,15 +17,32 @@ use crate::{Error, Result};
 pub use rangeset::RangeSet;
 use std::collections::BTreeMap;
 
+/// One block group, the in-memory counterpart of the kernel's `struct
+/// btrfs_block_group`, with its free space kept as exact logical byte ranges
+/// instead of a free space cache. Every byte of `[start, end())` is in
+/// exactly one of `free`, `pinned`, `excluded` or allocated (see the module
+/// docs); `used` counts the allocated bytes that extent items describe.
 #[derive(Clone, Debug)]
 pub struct BlockGroup {
+    /// Logical address of the first byte (the block group item's key objectid).
     pub start: u64,
+    /// Size in bytes (the item's key offset); the length of its chunk.
     pub length: u64,
+    /// `BTRFS_BLOCK_GROUP_*` type (DATA, METADATA, SYSTEM; DATA|METADATA when
+    /// mixed) and profile bits, as in the block group item and its chunk.
     pub flags: u64,
     /// Bytes allocated (the block group item's `used`).
     pub used: u64,
+    /// Allocatable ranges, logical byte addresses.
     pub free: RangeSet,
+    /// Freed in the running transaction but still referenced by the committed
+    /// trees; becomes `free` in [`Allocator::unpin_all`] once the commit is
+    /// durable (the kernel's pinned extents, released by
+    /// `btrfs_finish_extent_commit`).
     pub pinned: RangeSet,
+    /// The 64 KiB stripes holding superblock copies, and logical addresses
+    /// below 64 KiB ([`super_stripes`]): never allocatable and never free in
+    /// the free space tree (the kernel's `exclude_super_stripes`).
     pub excluded: RangeSet,
     /// Block group item or free space tree must be rewritten at commit.
     pub dirty: bool,
@@ -38,15 +55,19 @@ pub struct BlockGroup {
 }
 
 impl BlockGroup {
+    /// Logical address one past the group's last byte.
     pub fn end(&self) -> u64 {
         self.start + self.length
     }
+    /// Holds data (`BTRFS_BLOCK_GROUP_DATA`, also set on a mixed group).
     pub fn is_data(&self) -> bool {
         self.flags & BTRFS_BLOCK_GROUP_DATA != 0
     }
+    /// Holds tree blocks (`BTRFS_BLOCK_GROUP_METADATA`, also set on a mixed group).
     pub fn is_metadata(&self) -> bool {
         self.flags & BTRFS_BLOCK_GROUP_METADATA != 0
     }
+    /// Holds chunk tree blocks (`BTRFS_BLOCK_GROUP_SYSTEM`).
     pub fn is_system(&self) -> bool {
         self.flags & BTRFS_BLOCK_GROUP_SYSTEM != 0
     }
@@ -61,7 +82,8 @@ impl BlockGroup {
 }
 
 /// Logical ranges of `[start, start+length)` that hold superblock copies,
-/// 64 KiB each (the stripe the kernel excludes), plus anything below 1 MiB.
+/// 64 KiB each (the stripe the kernel excludes), plus any logical address
+/// below 64 KiB (`BTRFS_SUPER_INFO_OFFSET`).
 pub fn super_stripes(chunks: &ChunkMap, start: u64, length: u64, dev_size: u64) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let end = start + length;
@@ -93,8 +115,13 @@ pub fn super_stripes(chunks: &ChunkMap, start: u64, length: u64, dev_size: u64) 
     out
 }
 
+/// Every block group of the filesystem and the extent allocator over them:
+/// the part of the kernel's `find_free_extent` and block group cache a
+/// single-device engine needs. Allocation is next fit per group type, so a
+/// transaction's blocks come out contiguous.
 #[derive(Clone, Debug, Default)]
 pub struct Allocator {
+    /// Every block group, keyed by its logical start.
     pub groups: BTreeMap<u64, BlockGroup>,
     /// Next-fit cursors per group type, so consecutive allocations are
     /// contiguous and searches do not restart from the front.
@@ -102,10 +129,13 @@ pub struct Allocator {
 }
 
 impl Allocator {
+    /// The block group holding logical address `bytenr`, if any (the kernel's
+    /// `btrfs_lookup_block_group`).
     pub fn group_of(&self, bytenr: u64) -> Option<&BlockGroup> {
         let (_, g) = self.groups.range(..=bytenr).next_back()?;
         (bytenr < g.end()).then_some(g)
     }
+    /// Mutable [`group_of`](Self::group_of).
     pub fn group_of_mut(&mut self, bytenr: u64) -> Option<&mut BlockGroup> {
         let (_, g) = self.groups.range_mut(..=bytenr).next_back()?;
         (bytenr < g.end()).then_some(g)
@@ -241,6 +271,8 @@ impl Allocator {
         }
     }
 
+    /// Bytes allocated in every group together: the superblock's `bytes_used`
+    /// at commit.
     pub fn total_used(&self) -> u64 {
         self.groups.values().map(|g| g.used).sum()
     }

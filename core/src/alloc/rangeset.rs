@@ -2,6 +2,10 @@
 
 use std::collections::BTreeMap;
 
+/// Byte ranges `[start, end)`, kept merged: stored ranges never overlap or
+/// touch, so two sets holding the same bytes compare equal however they were
+/// built. Empty ranges are ignored. A [`BlockGroup`](super::BlockGroup) keeps
+/// its free, pinned and excluded space in these.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeSet {
     /// start -> end; ranges never overlap or touch.
@@ -12,18 +16,23 @@ pub struct RangeSet {
 }
 
 impl RangeSet {
+    /// An empty set.
     pub fn new() -> RangeSet {
         RangeSet::default()
     }
+    /// True when the set holds no byte.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
+    /// Number of disjoint ranges (not bytes: see [`total`](Self::total)).
     pub fn len(&self) -> usize {
         self.map.len()
     }
+    /// Bytes in the set, the sum of the ranges' lengths (kept, not counted).
     pub fn total(&self) -> u64 {
         self.bytes
     }
+    /// The ranges as `(start, end)`, in ascending order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.map.iter().map(|(&s, &e)| (s, e))
     }
@@ -41,6 +50,7 @@ impl RangeSet {
         })
     }
 
+    /// Add `[start, end)`, merging it with every range it overlaps or touches.
     pub fn insert(&mut self, start: u64, end: u64) {
         if start >= end {
             return;
@@ -71,6 +81,8 @@ impl RangeSet {
         self.bytes += e - s;
     }
 
+    /// Take `[start, end)` out, splitting a range that straddles either end;
+    /// bytes of it not in the set are ignored.
     pub fn remove(&mut self, start: u64, end: u64) {
         if start >= end {
             return;
@@ -95,12 +107,15 @@ impl RangeSet {
         }
     }
 
+    /// True when every byte of `[start, end)` is in the set (hence in one
+    /// stored range).
     pub fn contains(&self, start: u64, end: u64) -> bool {
         match self.map.range(..=start).next_back() {
             Some((_, &e)) => e >= end,
             None => false,
         }
     }
+    /// True when any byte of `[start, end)` is in the set.
     pub fn overlaps(&self, start: u64, end: u64) -> bool {
         self.iter_in(start, end).next().is_some()
     }

@@ -11,28 +11,43 @@ use crate::{Error, Result};
 use std::collections::BTreeMap;
 use zerocopy::FromBytes;
 
+/// One chunk's logical-to-physical mapping, built from a CHUNK_ITEM:
+/// btrfs-progs' `struct map_lookup`, the kernel's `struct btrfs_chunk_map`.
+/// Every stripe this engine accepts is a whole copy of the chunk, so offset
+/// `x` into the chunk is offset `x` into each stripe.
 #[derive(Clone, Debug)]
 pub struct ChunkMapping {
+    /// Logical address of the chunk's first byte (the CHUNK_ITEM key offset).
     pub logical: u64,
+    /// Size of the logical range in bytes (DUP takes twice this on disk).
     pub length: u64,
+    /// `BTRFS_BLOCK_GROUP_*` type and profile bits (the chunk item's `type`).
     pub type_flags: u64,
+    /// The chunk item's `stripe_len` in bytes, as recorded (`BTRFS_STRIPE_LEN`,
+    /// 64 KiB, when written by mkfs or the kernel); mapping does not use it,
+    /// every stripe being a whole copy.
     pub stripe_len: u64,
     /// (devid, physical offset) of each stripe.
     pub stripes: Vec<(u64, u64)>,
 }
 
 impl ChunkMapping {
+    /// Logical address one past the chunk's last byte.
     pub fn end(&self) -> u64 {
         self.logical + self.length
     }
 }
 
+/// Every chunk of the filesystem, keyed by logical start: the mapping tree
+/// (`fs_info->mapping_tree` in btrfs-progs and the kernel). Chunks never
+/// overlap.
 #[derive(Clone, Debug, Default)]
 pub struct ChunkMap {
     map: BTreeMap<u64, ChunkMapping>,
 }
 
 impl ChunkMap {
+    /// An empty map.
     pub fn new() -> ChunkMap {
         ChunkMap::default()
     }
@@ -88,13 +103,17 @@ impl ChunkMap {
         Ok(map)
     }
 
-    /// Add a chunk. Chunks must not overlap, must have a sane length and a
-    /// profile this engine can map.
     /// Forget the chunk at `logical` (removed by a balance).
     pub fn remove(&mut self, logical: u64) {
         self.map.remove(&logical);
     }
 
+    /// Add a chunk. Chunks must not overlap, must have a sane length and a
+    /// profile this engine can map (the insert of `read_one_chunk`). The same
+    /// chunk added again with the same length (from the sys_chunk_array, then
+    /// the chunk tree) replaces the first. A profile whose stripes are not whole
+    /// copies is `Unsupported`; a zero or overflowing length, or an overlap, is
+    /// `Corrupt`.
     pub fn insert(&mut self, logical: u64, c: &ChunkItem, stripes: &[Stripe]) -> Result<()> {
         let length = c.length.get();
         if length == 0 || logical.checked_add(length).is_none() {
@@ -158,13 +177,17 @@ impl ChunkMap {
         Ok(())
     }
 
+    /// The chunk holding logical address `logical`, if any (the kernel's
+    /// `btrfs_find_chunk_map`).
     pub fn lookup(&self, logical: u64) -> Option<&ChunkMapping> {
         let (_, m) = self.map.range(..=logical).next_back()?;
         (logical < m.end()).then_some(m)
     }
 
     /// Physical offsets of every copy of `[logical, logical+len)` on device
-    /// `devid`. The range must lie inside one chunk.
+    /// `devid`. The range must lie inside one chunk. The single-device,
+    /// whole-copy subset of `btrfs_map_block`: one offset per stripe, in
+    /// stripe (mirror) order.
     pub fn map(&self, logical: u64, len: u64, devid: u64) -> Result<Vec<u64>> {
         let m = self.lookup(logical).ok_or_else(|| {
             Error::corrupt(
@@ -205,12 +228,15 @@ impl ChunkMap {
         Ok(v)
     }
 
+    /// Every chunk, in ascending logical order.
     pub fn iter(&self) -> impl Iterator<Item = &ChunkMapping> {
         self.map.values()
     }
+    /// Number of chunks.
     pub fn len(&self) -> usize {
         self.map.len()
     }
+    /// True when no chunk is mapped.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

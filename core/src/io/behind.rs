@@ -101,6 +101,11 @@ impl Shared {
     }
 }
 
+/// A device whose writes a thread of its own carries out while the caller
+/// goes on. It behaves as `inner` but for timing: writes reach `inner` in
+/// the order made, a read waits for the queued writes it meets, `flush`
+/// waits for every queued write before flushing `inner`, and a failed write
+/// is reported by the next write or flush. At most 20 MiB wait in the queue.
 pub struct WriteBehind {
     inner: Arc<dyn BlockDevice>,
     shared: Arc<Shared>,
@@ -108,6 +113,8 @@ pub struct WriteBehind {
 }
 
 impl WriteBehind {
+    /// Wrap `inner`, starting the writer thread. Dropping the device carries
+    /// out the writes still queued, then ends the thread.
     pub fn new(inner: Arc<dyn BlockDevice>) -> Result<WriteBehind> {
         let shared = Arc::new(Shared {
             q: Mutex::new(Queue {

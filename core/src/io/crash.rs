@@ -1,3 +1,6 @@
+//! A device in memory that models a volatile write cache, for crash
+//! exploration: see [`CrashDevice`].
+
 use super::{past_end, BlockDevice};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
@@ -30,9 +33,12 @@ struct CrashState {
 }
 
 impl CrashDevice {
+    /// A device starting as `image`, nothing pending.
     pub fn new(image: Vec<u8>) -> CrashDevice {
         CrashDevice::from_shared(Arc::new(image))
     }
+    /// A device starting as `base`, which is shared and never written: many
+    /// devices (one per crash point) can start from one image.
     pub fn from_shared(base: Arc<Vec<u8>>) -> CrashDevice {
         CrashDevice {
             base,
@@ -58,6 +64,8 @@ impl CrashDevice {
     pub fn writes(&self) -> u64 {
         self.state().writes
     }
+    /// Writes since the last flush, not yet durable: the indices
+    /// [`crash_device`](Self::crash_device) asks `keep` about.
     pub fn pending_writes(&self) -> usize {
         self.state().pending.len()
     }

@@ -1,3 +1,7 @@
+//! A regular file or block device as a [`BlockDevice`]: positioned reads
+//! and writes, an optional read-only memory map, O_DIRECT for large reads
+//! and writes, fdatasync for flushes.
+
 use super::{past_end, BlockDevice, IoBuf};
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
@@ -29,6 +33,9 @@ pub struct FileDevice {
 const WRITE_BEHIND: u64 = 32 << 20;
 
 impl FileDevice {
+    /// Open the file or block device at `path`, read-write when `writable`. Its
+    /// size is fixed here: a file's length, or a block device's end. A
+    /// directory is `Invalid`.
     pub fn open(path: &Path, writable: bool) -> Result<FileDevice> {
         let ctx = || format!("cannot open {}", path.display());
         let meta = std::fs::metadata(path).map_err(|e| Error::io(ctx(), e))?;
@@ -78,6 +85,7 @@ impl FileDevice {
         Ok(d)
     }
 
+    /// The open file.
     pub fn file(&self) -> &File {
         &self.file
     }

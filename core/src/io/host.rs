@@ -23,6 +23,8 @@ pub fn data_runs(f: &File, start: u64, end: u64) -> DataRuns<'_> {
     }
 }
 
+/// The data runs of a file as `(start, end)` byte ranges, in order: see
+/// [`data_runs`].
 pub struct DataRuns<'a> {
     f: &'a File,
     pos: u64,

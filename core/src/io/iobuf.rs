@@ -8,6 +8,9 @@ use crate::{Error, Result};
 
 const HUGE: usize = 2 << 20;
 
+/// A reusable buffer for [`BlockDevice::read_once`](super::BlockDevice::read_once):
+/// aligned to 2 MiB, backed by huge pages where the kernel has them, grown
+/// on demand and never shrunk.
 pub struct IoBuf {
     mem: Option<memmap2::MmapMut>,
     /// Offset of the first huge-page-aligned byte in `mem`.
@@ -22,6 +25,7 @@ impl Default for IoBuf {
 }
 
 impl IoBuf {
+    /// An empty buffer; memory is mapped by the first [`get`](Self::get).
     pub fn new() -> IoBuf {
         IoBuf {
             mem: None,

@@ -10,7 +10,14 @@ use std::sync::{Arc, Mutex};
 /// One event the device saw.
 #[derive(Clone, Debug)]
 pub enum JournalEvent {
-    Write { offset: u64, data: Vec<u8> },
+    /// A write, as passed to `write_at`.
+    Write {
+        /// Byte offset of the write.
+        offset: u64,
+        /// The bytes written.
+        data: Vec<u8>,
+    },
+    /// A flush: every write before it is durable.
     Flush,
 }
 
@@ -21,6 +28,7 @@ pub struct JournalDevice {
 }
 
 impl JournalDevice {
+    /// Record everything done to `inner` from now on.
     pub fn new(inner: Arc<dyn BlockDevice>) -> JournalDevice {
         JournalDevice {
             inner,

@@ -1,3 +1,5 @@
+//! An image held in memory: see [`MemDevice`].
+
 use super::{past_end, BlockDevice};
 use crate::{Error, Result};
 use std::sync::RwLock;
@@ -8,14 +10,17 @@ pub struct MemDevice {
 }
 
 impl MemDevice {
+    /// A device holding `data`; its size is `data.len()` and never changes.
     pub fn new(data: Vec<u8>) -> MemDevice {
         MemDevice {
             data: RwLock::new(data),
         }
     }
+    /// A device of `size` zero bytes.
     pub fn zeroed(size: usize) -> MemDevice {
         MemDevice::new(vec![0; size])
     }
+    /// A copy of the device's current contents.
     pub fn snapshot(&self) -> Vec<u8> {
         self.data.read().map(|d| d.clone()).unwrap_or_default()
     }

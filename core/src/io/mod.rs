@@ -30,11 +30,18 @@ pub use volatile::VolatileFile;
 
 use crate::Result;
 
+/// A byte-addressed store holding one filesystem image; every read and write
+/// of the engine goes through one. Offsets and lengths are in bytes. A write
+/// is durable only once a later [`flush`](Self::flush) returns, the
+/// guarantee [`CrashDevice`], [`JournalDevice`] and [`VolatileFile`] test
+/// the engine against.
 pub trait BlockDevice: Send + Sync {
     /// Size in bytes.
     fn size(&self) -> u64;
     /// Fill `buf` from byte `offset`; reading past the end is an error.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    /// Write `buf` at byte `offset`; durable after the next
+    /// [`flush`](Self::flush). A device opened read-only refuses.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
     /// The `len` bytes at `offset` in a new vector. Same as `read_at` into
     /// a zeroed one, which is what every device but a file does; a file

@@ -1,3 +1,5 @@
+//! A copy-on-write view of a device: see [`OverlayDevice`].
+
 use super::BlockDevice;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
@@ -14,6 +16,7 @@ pub struct OverlayDevice {
 }
 
 impl OverlayDevice {
+    /// A view over `inner` with no write yet; `inner` is only ever read.
     pub fn new(inner: Arc<dyn BlockDevice>) -> OverlayDevice {
         OverlayDevice {
             inner,

@@ -1,3 +1,6 @@
+//! Superblock writes held back until a new filesystem is complete: see
+//! [`StagedSuper`].
+
 use super::BlockDevice;
 use crate::format::consts::*;
 use crate::Result;
@@ -25,6 +28,8 @@ fn is_super_range(offset: u64, len: usize) -> bool {
 }
 
 impl StagedSuper {
+    /// Hold the superblock writes to `inner` (4 KiB writes over a copy's
+    /// place) until [`publish`](Self::publish).
     pub fn new(inner: Arc<dyn BlockDevice>) -> StagedSuper {
         StagedSuper {
             inner,

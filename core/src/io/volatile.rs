@@ -56,6 +56,11 @@ struct State {
     record_writes: bool,
 }
 
+/// A [`FileDevice`] behind a modelled volatile write cache: writes reach the
+/// file at once, and [`power_fail`](Self::power_fail) takes back those made
+/// since the last flush, all of them or all but a random, possibly torn,
+/// subset. The bytes to restore are kept in an unlinked journal file, not
+/// in memory.
 pub struct VolatileFile {
     inner: FileDevice,
     state: Mutex<State>,
