@@ -5,29 +5,50 @@ use super::{Le16, Le32, Le64};
 use crate::{Error, Result};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+/// `struct btrfs_chunk` up to `sub_stripes`: the head of a CHUNK_ITEM, mapping
+/// the logical range (key offset, `length`) to its stripes. The first stripe,
+/// which C embeds, is parsed as part of the [`Stripe`] array.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct ChunkItem {
+    /// Logical size of the chunk in bytes.
     pub length: Le64,
+    /// Tree that owns the chunk's block group: BTRFS_EXTENT_TREE_OBJECTID (2).
     pub owner: Le64,
+    /// Bytes per stripe unit before moving to the next device:
+    /// BTRFS_STRIPE_LEN.
     pub stripe_len: Le64,
+    /// Type and profile bits (BTRFS_BLOCK_GROUP_*); C's `type`.
     pub type_: Le64,
+    /// Optimal I/O alignment in bytes (mkfs writes the stripe length).
     pub io_align: Le32,
+    /// Optimal I/O width in bytes (mkfs writes the stripe length).
     pub io_width: Le32,
+    /// Minimal I/O size in bytes: the filesystem's sector size.
     pub sector_size: Le32,
+    /// Number of [`Stripe`] records after the head; at least 1.
     pub num_stripes: Le16,
+    /// Copies per stripe set: 2 for RAID10; other profiles ignore it (the
+    /// kernel writes 1).
     pub sub_stripes: Le16,
 }
 
+/// `struct btrfs_stripe`: where one stripe of a chunk lives.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct Stripe {
+    /// Device holding the stripe.
     pub devid: Le64,
+    /// Physical byte offset of the stripe on that device.
     pub offset: Le64,
+    /// Uuid of that device (`btrfs_dev_item.uuid`).
     pub dev_uuid: [u8; 16],
 }
 
+/// Size of [`ChunkItem`] in bytes: `sizeof(struct btrfs_chunk)` less its
+/// embedded stripe.
 pub const CHUNK_ITEM_SIZE: usize = 48;
+/// Size of [`Stripe`] (`struct btrfs_stripe`) in bytes.
 pub const STRIPE_SIZE: usize = 32;
 
 /// Split a chunk item into its head and stripes; the item must be exactly

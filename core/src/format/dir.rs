@@ -7,31 +7,53 @@ use super::{Le16, Le64};
 use crate::{Error, Result};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+/// `struct btrfs_dir_item`, the 30-byte head of one directory entry or xattr;
+/// `name_len` bytes of name and `data_len` bytes of data follow.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct DirItem {
+    /// Key of the target: (ino, INODE_ITEM, 0) for an inode, (subvol id,
+    /// ROOT_ITEM, -1) for a subvolume, zero for an xattr.
     pub location: DiskKey,
+    /// Transaction that created the entry.
     pub transid: Le64,
+    /// Length of the data after the name: the xattr value, 0 for a directory
+    /// entry.
     pub data_len: Le16,
+    /// Length of the name in bytes, at most BTRFS_NAME_LEN.
     pub name_len: Le16,
+    /// BTRFS_FT_* type of the target, possibly with BTRFS_FT_ENCRYPTED; C's
+    /// `type`.
     pub type_: u8,
 }
 
+/// Size of [`DirItem`] in bytes.
 pub const DIR_ITEM_SIZE: usize = 30;
 
+/// `struct btrfs_dir_log_item`: body of DIR_LOG_ITEM / DIR_LOG_INDEX, keyed
+/// (dir, type, start): the log holds every entry of the directory in the
+/// range, so replay deletes entries of the range the log lacks.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct DirLogItem {
+    /// Last hash or index of the logged range, inclusive.
     pub end: Le64,
 }
 
+/// One entry of a parsed DIR_ITEM, DIR_INDEX or XATTR_ITEM, borrowing the
+/// item's bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct DirEntry<'a> {
+    /// The fixed head.
     pub item: &'a DirItem,
+    /// The name: file name or xattr name.
     pub name: &'a [u8],
+    /// The data: the xattr value, empty for directory entries.
     pub data: &'a [u8],
 }
 
+/// Split a DIR_ITEM, DIR_INDEX or XATTR_ITEM body into its packed entries; an
+/// entry whose name or data runs past the item end is an error.
 pub fn parse_dir_items(mut data: &[u8]) -> Result<Vec<DirEntry<'_>>> {
     let mut out = Vec::new();
     while !data.is_empty() {

@@ -8,40 +8,70 @@ use super::{Le32, Le64};
 use crate::{Error, Result};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+/// `struct btrfs_extent_item`: the 24-byte head of an EXTENT_ITEM or
+/// METADATA_ITEM, followed by a [`TreeBlockInfo`] for non-skinny tree blocks
+/// and then the inline refs.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct ExtentItem {
+    /// Total references to the extent, inline and keyed.
     pub refs: Le64,
+    /// Transaction that allocated the extent.
     pub generation: Le64,
+    /// BTRFS_EXTENT_FLAG_DATA or BTRFS_EXTENT_FLAG_TREE_BLOCK, the latter maybe
+    /// with BTRFS_BLOCK_FLAG_FULL_BACKREF.
     pub flags: Le64,
 }
 
+/// `struct btrfs_tree_block_info`: what an EXTENT_ITEM of a tree block records
+/// about it (SKINNY_METADATA moves the level into the key).
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct TreeBlockInfo {
+    /// First key of the block (unused by the kernel, often zero).
     pub key: DiskKey,
+    /// Level of the block.
     pub level: u8,
 }
 
+/// `struct btrfs_extent_inline_ref`: the type byte and first 8 bytes of an
+/// inline ref. For EXTENT_DATA_REF a whole [`ExtentDataRef`] starts at
+/// `offset`; SHARED_DATA_REF adds a le32 count.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct ExtentInlineRef {
+    /// Ref key type (TREE_BLOCK_REF, SHARED_BLOCK_REF, EXTENT_DATA_REF,
+    /// SHARED_DATA_REF, EXTENT_OWNER_REF); C's `type`.
     pub type_: u8,
+    /// Root id for TREE_BLOCK_REF and EXTENT_OWNER_REF, parent block bytenr for
+    /// SHARED_*.
     pub offset: Le64,
 }
 
+/// `struct btrfs_extent_data_ref`: a data extent referenced by file extents of
+/// one inode, inline or keyed (bytenr, EXTENT_DATA_REF,
+/// [`extent_data_ref_hash`]).
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct ExtentDataRef {
+    /// Id of the subvolume tree holding the file extent items.
     pub root: Le64,
+    /// Inode number of the file.
     pub objectid: Le64,
+    /// The referencing EXTENT_DATA key offset minus that item's `offset`: the
+    /// file offset where byte 0 of the extent would sit.
     pub offset: Le64,
+    /// Number of file extent items of that (root, inode, offset) referring to
+    /// the extent.
     pub count: Le32,
 }
 
+/// `struct btrfs_shared_data_ref`: a data extent referenced from the leaf at
+/// the key offset (bytenr, SHARED_DATA_REF, parent).
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct SharedDataRef {
+    /// Number of file extent items in that leaf referring to the extent.
     pub count: Le32,
 }
 
@@ -49,41 +79,62 @@ pub struct SharedDataRef {
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct ExtentRefV0 {
+    /// Id of the referencing tree.
     pub root: Le64,
+    /// Generation of the referencing block when the ref was made.
     pub generation: Le64,
+    /// Inode number for a data extent, level for a tree block.
     pub objectid: Le64,
+    /// Number of references this record stands for.
     pub count: Le32,
 }
 
+/// Size of [`ExtentItem`] in bytes.
 pub const EXTENT_ITEM_SIZE: usize = 24;
+/// Size of [`TreeBlockInfo`] in bytes.
 pub const TREE_BLOCK_INFO_SIZE: usize = 18;
 
 /// One inline back reference of an extent item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InlineRef {
+    /// TREE_BLOCK_REF: a tree block referenced by the tree `root`.
     TreeBlock {
+        /// Id of the referencing tree.
         root: u64,
     },
+    /// SHARED_BLOCK_REF: a tree block referenced by the node at `parent`
+    /// (FULL_BACKREF).
     SharedBlock {
+        /// Logical address of the referencing node.
         parent: u64,
     },
+    /// EXTENT_DATA_REF: a data extent referenced by file extents of one inode.
     ExtentData {
+        /// Id of the subvolume tree.
         root: u64,
+        /// Inode number.
         objectid: u64,
+        /// File offset of byte 0 of the extent (key offset less `offset`).
         offset: u64,
+        /// Number of file extent items referring to the extent.
         count: u32,
     },
+    /// SHARED_DATA_REF: a data extent referenced from the leaf at `parent`.
     SharedData {
+        /// Logical address of the referencing leaf.
         parent: u64,
+        /// Number of file extent items in that leaf referring to the extent.
         count: u32,
     },
     /// Simple-quota owner (EXTENT_OWNER_REF).
     Owner {
+        /// Subvolume the extent's space is charged to.
         root: u64,
     },
 }
 
 impl InlineRef {
+    /// The ref's key type, written as its inline type byte (BTRFS_*_REF_KEY).
     pub fn type_key(&self) -> u8 {
         match self {
             InlineRef::TreeBlock { .. } => BTRFS_TREE_BLOCK_REF_KEY,
@@ -113,11 +164,14 @@ impl InlineRef {
     }
 }
 
+/// A parsed EXTENT_ITEM or METADATA_ITEM, borrowing the item's bytes.
 #[derive(Debug, Clone)]
 pub struct ExtentView<'a> {
+    /// The fixed head.
     pub item: &'a ExtentItem,
     /// Present for EXTENT_ITEM keys of tree blocks (non-skinny metadata).
     pub tree_block_info: Option<&'a TreeBlockInfo>,
+    /// The inline refs, in item order.
     pub refs: Vec<InlineRef>,
 }
 

@@ -6,32 +6,58 @@ use super::{Le16, Le64};
 use crate::{Error, Result};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+/// The fields of `struct btrfs_file_extent_item` every type has, up to `type`;
+/// inline data starts right after.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct FileExtentHead {
+    /// Transaction that wrote the extent.
     pub generation: Le64,
+    /// Decoded size in bytes: of the inline data, or of the whole disk extent
+    /// after decompression.
     pub ram_bytes: Le64,
+    /// BTRFS_COMPRESS_* of the data.
     pub compression: u8,
+    /// Encryption of the data; always 0.
     pub encryption: u8,
+    /// Other encoding of the data; always 0.
     pub other_encoding: Le16,
+    /// BTRFS_FILE_EXTENT_INLINE, _REG or _PREALLOC; C's `type`.
     pub type_: u8,
 }
 
+/// `struct btrfs_file_extent_item` of a REG or PREALLOC extent: the head
+/// fields, then the file range's place in a disk extent. Keyed (ino,
+/// EXTENT_DATA, file offset).
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct FileExtentItem {
+    /// Transaction that wrote the extent.
     pub generation: Le64,
+    /// Size of the whole disk extent after decompression, in bytes (for a
+    /// hole, `num_bytes`).
     pub ram_bytes: Le64,
+    /// BTRFS_COMPRESS_* of the disk extent.
     pub compression: u8,
+    /// Encryption of the data; always 0.
     pub encryption: u8,
+    /// Other encoding of the data; always 0.
     pub other_encoding: Le16,
+    /// BTRFS_FILE_EXTENT_REG or _PREALLOC; C's `type`.
     pub type_: u8,
+    /// Logical start of the disk extent; 0 for a hole.
     pub disk_bytenr: Le64,
+    /// Size of the disk extent on disk (compressed size), in bytes; 0 for a
+    /// hole.
     pub disk_num_bytes: Le64,
+    /// Where the file range starts within the decompressed extent, in bytes.
     pub offset: Le64,
+    /// File bytes this item covers, from the key offset.
     pub num_bytes: Le64,
 }
 
+/// Offset of inline data in a file extent item: the size of [`FileExtentHead`]
+/// (BTRFS_FILE_EXTENT_INLINE_DATA_START).
 pub const FILE_EXTENT_INLINE_DATA_START: usize = 21;
 
 /// Most inline data one item can hold in a leaf of `nodesize` bytes
@@ -44,22 +70,30 @@ pub fn max_inline_data_size(nodesize: u32) -> u64 {
         .saturating_sub(crate::format::header::ITEM_SIZE as u64)
         .saturating_sub(FILE_EXTENT_INLINE_DATA_START as u64)
 }
+/// Size of a REG or PREALLOC file extent item ([`FileExtentItem`]) in bytes.
 pub const FILE_EXTENT_ITEM_SIZE: usize = 53;
 
+/// A parsed EXTENT_DATA item, borrowing the item's bytes.
 #[derive(Debug, Clone, Copy)]
 pub enum FileExtent<'a> {
+    /// INLINE: the data is in the item.
     Inline {
+        /// The head; `ram_bytes` is the decoded length of `data`.
         head: &'a FileExtentHead,
+        /// The stored bytes, compressed when `head.compression` says so.
         data: &'a [u8],
     },
     /// REG or PREALLOC; `disk_bytenr == 0` is a hole.
     Disk {
+        /// The head (the same bytes as the start of `item`).
         head: &'a FileExtentHead,
+        /// The whole item.
         item: &'a FileExtentItem,
     },
 }
 
 impl<'a> FileExtent<'a> {
+    /// The head common to both kinds.
     pub fn head(&self) -> &'a FileExtentHead {
         match self {
             FileExtent::Inline { head, .. } | FileExtent::Disk { head, .. } => head,
@@ -146,6 +180,8 @@ impl FileExtentItem {
     }
 }
 
+/// Parse an EXTENT_DATA item; a REG or PREALLOC item must be exactly
+/// [`FILE_EXTENT_ITEM_SIZE`] bytes, and an unknown type is an error.
 pub fn parse_file_extent(data: &[u8]) -> Result<FileExtent<'_>> {
     let head: &FileExtentHead = super::view(data, "file extent")?;
     match head.type_ {

@@ -13,27 +13,44 @@ use super::key::DiskKey;
 use super::{Le32, Le64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+/// `struct btrfs_free_space_info`, keyed (bg start, FREE_SPACE_INFO, bg length)
+/// in the free space tree.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct FreeSpaceInfo {
+    /// Number of free extents in the block group (FREE_SPACE_EXTENT items, or
+    /// runs of set bits in its bitmaps).
     pub extent_count: Le32,
+    /// BTRFS_FREE_SPACE_USING_BITMAPS when the group is described by bitmaps.
     pub flags: Le32,
 }
 
+/// `struct btrfs_free_space_header` of space cache v1, keyed (FREE_SPACE, 0, bg
+/// start) in the root tree.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct FreeSpaceHeader {
+    /// Key of the cache inode's INODE_ITEM in the root tree.
     pub location: DiskKey,
+    /// Generation the cache was written in; it must match the one in the cache
+    /// file.
     pub generation: Le64,
+    /// Number of `btrfs_free_space_entry` records in the file, bitmap entries
+    /// included.
     pub num_entries: Le64,
+    /// Number of bitmap entries, and of bitmap pages after the entries.
     pub num_bitmaps: Le64,
 }
 
+/// `struct btrfs_free_space_entry`, one record of a v1 cache file.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct FreeSpaceEntry {
+    /// Logical start of the free extent, or of the range a bitmap covers.
     pub offset: Le64,
+    /// Length of the free extent, or free bytes in the bitmap.
     pub bytes: Le64,
+    /// [`BTRFS_FREE_SPACE_EXTENT`] or [`BTRFS_FREE_SPACE_BITMAP`]; C's `type`.
     pub type_: u8,
 }
 

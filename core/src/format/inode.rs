@@ -6,60 +6,103 @@ use super::{Le16, Le32, Le64};
 use crate::{Error, Result};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+/// `struct btrfs_timespec` (12 bytes).
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug, Default)]
 pub struct Timespec {
+    /// Seconds since the Unix epoch (signed in practice).
     pub sec: Le64,
+    /// Nanoseconds, below 1e9.
     pub nsec: Le32,
 }
 
+/// `struct btrfs_inode_item`, keyed (ino, INODE_ITEM, 0); also embedded at the
+/// start of `btrfs_root_item`.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug, Default)]
 pub struct InodeItem {
+    /// Transaction that created the inode.
     pub generation: Le64,
+    /// Transaction that last changed the inode.
     pub transid: Le64,
+    /// File size in bytes (i_size); for a directory, twice the total length of
+    /// its entries' names.
     pub size: Le64,
+    /// Bytes of data the inode's extents account for, holes excluded (what
+    /// `st_blocks` reports).
     pub nbytes: Le64,
+    /// Allocation hint; unused, 0.
     pub block_group: Le64,
+    /// Link count: INODE_REF/INODE_EXTREF names pointing at the inode (1 for a
+    /// directory).
     pub nlink: Le32,
+    /// Owner user id.
     pub uid: Le32,
+    /// Owner group id.
     pub gid: Le32,
+    /// File type and permission bits (`st_mode`).
     pub mode: Le32,
+    /// Device number of a character or block device inode.
     pub rdev: Le64,
+    /// BTRFS_INODE_* in the low 32 bits, read-only compat flags (fs-verity) in
+    /// the high 32.
     pub flags: Le64,
+    /// Change counter for NFS (i_version).
     pub sequence: Le64,
+    /// Reserved, zero.
     pub reserved: [Le64; 4],
+    /// Last access time.
     pub atime: Timespec,
+    /// Last inode change time.
     pub ctime: Timespec,
+    /// Last data modification time.
     pub mtime: Timespec,
+    /// Creation time.
     pub otime: Timespec,
 }
 
+/// `struct btrfs_inode_ref`, the head of one name of an INODE_REF item (ino,
+/// INODE_REF, parent dir); `name_len` bytes of name follow.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct InodeRef {
+    /// DIR_INDEX key offset of the matching entry in the parent.
     pub index: Le64,
+    /// Length of the name in bytes.
     pub name_len: Le16,
 }
 
+/// `struct btrfs_inode_extref`, the head of one name of an INODE_EXTREF item
+/// (ino, INODE_EXTREF, [`extref_hash`](super::dir::extref_hash)); `name_len`
+/// bytes of name follow.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct InodeExtref {
+    /// Inode number of the parent directory.
     pub parent_objectid: Le64,
+    /// DIR_INDEX key offset of the matching entry in the parent.
     pub index: Le64,
+    /// Length of the name in bytes.
     pub name_len: Le16,
 }
 
+/// One parsed name of an INODE_REF item; the parent is the key offset.
 #[derive(Debug, Clone, Copy)]
 pub struct InodeRefEntry<'a> {
+    /// DIR_INDEX key offset in the parent.
     pub index: u64,
+    /// The name.
     pub name: &'a [u8],
 }
 
+/// One parsed name of an INODE_EXTREF item.
 #[derive(Debug, Clone, Copy)]
 pub struct InodeExtrefEntry<'a> {
+    /// Inode number of the parent directory.
     pub parent: u64,
+    /// DIR_INDEX key offset in the parent.
     pub index: u64,
+    /// The name.
     pub name: &'a [u8],
 }
 

@@ -21,43 +21,80 @@ use super::root::{parse_root_ref, RootItem, RootRef};
 use crate::{Error, Result};
 use zerocopy::FromBytes;
 
+/// A leaf item's body decoded by its key type, borrowing the leaf's bytes; made
+/// by [`decode`].
 #[derive(Debug, Clone)]
 pub enum ItemBody<'a> {
+    /// INODE_ITEM.
     InodeItem(&'a InodeItem),
+    /// INODE_REF: its names, at least one.
     InodeRef(Vec<InodeRefEntry<'a>>),
+    /// INODE_EXTREF: its names, at least one.
     InodeExtref(Vec<InodeExtrefEntry<'a>>),
     /// DIR_ITEM, DIR_INDEX and XATTR_ITEM share one layout.
     DirItem(Vec<DirEntry<'a>>),
+    /// DIR_LOG_ITEM or DIR_LOG_INDEX: the end of the logged range.
     DirLog(&'a DirLogItem),
+    /// ORPHAN_ITEM (empty).
     Orphan,
+    /// EXTENT_DATA.
     FileExtent(FileExtent<'a>),
+    /// EXTENT_CSUM: the checksums, a non-zero multiple of the checksum size.
     ExtentCsum(&'a [u8]),
+    /// ROOT_ITEM, zero-extended if legacy-sized.
     RootItem(Box<RootItem>),
+    /// ROOT_REF or ROOT_BACKREF: the head and the name.
     RootRef(&'a RootRef, &'a [u8]),
+    /// EXTENT_ITEM or METADATA_ITEM with its inline refs.
     Extent(ExtentView<'a>),
+    /// Keyed TREE_BLOCK_REF (empty; the root is the key offset).
     TreeBlockRef,
+    /// Keyed SHARED_BLOCK_REF (empty; the parent is the key offset).
     SharedBlockRef,
+    /// Keyed EXTENT_DATA_REF.
     ExtentDataRef(&'a ExtentDataRef),
+    /// Keyed SHARED_DATA_REF; the parent leaf is the key offset.
     SharedDataRef(&'a SharedDataRef),
+    /// Keyed EXTENT_OWNER_REF: the owning root id.
     ExtentOwnerRef(u64),
+    /// BLOCK_GROUP_ITEM.
     BlockGroup(&'a BlockGroupItem),
+    /// FREE_SPACE_INFO.
     FreeSpaceInfo(&'a FreeSpaceInfo),
+    /// FREE_SPACE_EXTENT (empty; the key is the free range).
     FreeSpaceExtent,
+    /// FREE_SPACE_BITMAP: one bit per sector from the key objectid.
     FreeSpaceBitmap(&'a [u8]),
+    /// DEV_EXTENT.
     DevExtent(&'a DevExtent),
+    /// DEV_ITEM.
     DevItem(&'a DevItem),
+    /// CHUNK_ITEM: the head and its stripes.
     Chunk(&'a ChunkItem, &'a [Stripe]),
     /// UUID_KEY_SUBVOL / UUID_KEY_RECEIVED_SUBVOL: subvolume ids.
     Uuid(Vec<u64>),
+    /// QGROUP_STATUS, with `enable_gen` when the item is long enough to hold it
+    /// (simple quotas).
     QgroupStatus(&'a QgroupStatusItem, Option<u64>),
+    /// QGROUP_INFO.
     QgroupInfo(&'a QgroupInfoItem),
+    /// QGROUP_LIMIT.
     QgroupLimit(&'a QgroupLimitItem),
+    /// QGROUP_RELATION (both qgroup ids are in the key).
     QgroupRelation,
+    /// Device stats, (DEV_STATS, PERSISTENT_ITEM, devid): the le64 counters in
+    /// BTRFS_DEV_STAT_* order.
     DevStats(Vec<u64>),
+    /// DEV_REPLACE.
     DevReplace(&'a DevReplaceItem),
+    /// Balance state, (BALANCE, TEMPORARY_ITEM, 0).
     Balance(&'a BalanceItem),
+    /// VERITY_DESC_ITEM at offset 0: the descriptor item head and any bytes
+    /// after it in the item.
     VerityDesc(&'a VerityDescItem, &'a [u8]),
+    /// VERITY_MERKLE_ITEM, or VERITY_DESC_ITEM past offset 0: raw bytes.
     VerityMerkle(&'a [u8]),
+    /// STRING_ITEM: raw bytes.
     StringItem(&'a [u8]),
     /// A type this engine does not decode (printed as raw bytes).
     Unknown(&'a [u8]),

@@ -25,8 +25,11 @@ pub use key::Key;
 
 use zerocopy::little_endian::{U16, U32, U64};
 
+/// A little-endian u16 as stored on disk (`__le16`), alignment 1.
 pub type Le16 = U16;
+/// A little-endian u32 as stored on disk (`__le32`), alignment 1.
 pub type Le32 = U32;
+/// A little-endian u64 as stored on disk (`__le64`), alignment 1.
 pub type Le64 = U64;
 
 /// Read a typed view from the front of `data`; `what` names the structure

@@ -7,6 +7,8 @@ use super::key::Key;
 use super::qgroup::qgroupid_str;
 use std::fmt::Write;
 
+/// print-tree.c's name of key type `ty` ("INODE_ITEM", ...); type 0 under
+/// FREE_SPACE_OBJECTID is "UNTYPED". None for an unknown type.
 pub fn key_type_name(objectid: u64, ty: u8) -> Option<&'static str> {
     Some(match ty {
         0 if objectid == BTRFS_FREE_SPACE_OBJECTID => "UNTYPED",
@@ -60,6 +62,8 @@ pub fn key_type_name(objectid: u64, ty: u8) -> Option<&'static str> {
     })
 }
 
+/// Append the name of key type `ty` to `out`, or `UNKNOWN.<ty>` as print-tree.c
+/// does.
 pub fn write_key_type(out: &mut String, objectid: u64, ty: u8) {
     match key_type_name(objectid, ty) {
         Some(n) => out.push_str(n),
@@ -168,6 +172,7 @@ pub fn write_key(out: &mut String, k: &Key) {
     }
 }
 
+/// A key as btrfs-progs prints it: `(OBJ TYPE OFF)`, see [`write_key`].
 pub fn key_string(k: &Key) -> String {
     let mut s = String::with_capacity(48);
     write_key(&mut s, k);
@@ -205,6 +210,8 @@ pub fn parse_tree_name(s: &str) -> Option<u64> {
     })
 }
 
+/// Name of a `btrfs_super_block.csum_type` as btrfs-progs prints it, "unknown"
+/// for an unknown type.
 pub fn csum_type_name(t: u16) -> &'static str {
     match t {
         BTRFS_CSUM_TYPE_CRC32 => "crc32c",
@@ -215,6 +222,8 @@ pub fn csum_type_name(t: u16) -> &'static str {
     }
 }
 
+/// Names of the incompat feature bits in `flags`, unknown bits as one "unknown
+/// flag: 0x.." entry.
 pub fn incompat_names(flags: u64) -> Vec<String> {
     let table: &[(u64, &str)] = &[
         (BTRFS_FEATURE_INCOMPAT_MIXED_BACKREF, "MIXED_BACKREF"),
@@ -237,6 +246,8 @@ pub fn incompat_names(flags: u64) -> Vec<String> {
     flag_names(flags, table)
 }
 
+/// Names of the compat_ro feature bits in `flags`, unknown bits as one "unknown
+/// flag: 0x.." entry.
 pub fn compat_ro_names(flags: u64) -> Vec<String> {
     let table: &[(u64, &str)] = &[
         (BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE, "FREE_SPACE_TREE"),
@@ -250,6 +261,8 @@ pub fn compat_ro_names(flags: u64) -> Vec<String> {
     flag_names(flags, table)
 }
 
+/// Names of the `btrfs_super_block.flags` bits in `flags`, unknown bits as one
+/// "unknown flag: 0x.." entry.
 pub fn super_flag_names(flags: u64) -> Vec<String> {
     let table: &[(u64, &str)] = &[
         (BTRFS_HEADER_FLAG_WRITTEN, "WRITTEN"),
@@ -267,6 +280,8 @@ pub fn super_flag_names(flags: u64) -> Vec<String> {
     flag_names(flags, table)
 }
 
+/// Block group or chunk flags as btrfs-progs prints them: `TYPE|profile`, e.g.
+/// `DATA|single`, `METADATA|DUP`.
 pub fn block_group_flags_str(flags: u64) -> String {
     let ty = match flags & BTRFS_BLOCK_GROUP_TYPE_MASK {
         BTRFS_BLOCK_GROUP_DATA => "DATA",

@@ -9,77 +9,151 @@ use super::{Le16, Le32, Le64};
 use crate::Error;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+/// `struct btrfs_root_backup`: the main tree roots of one recent commit, for
+/// mounting with `-o usebackuproot` when the newest roots are damaged.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct RootBackup {
+    /// Logical address of the root tree's root node.
     pub tree_root: Le64,
+    /// Generation of that node.
     pub tree_root_gen: Le64,
+    /// Logical address of the chunk tree's root node.
     pub chunk_root: Le64,
+    /// Generation of that node.
     pub chunk_root_gen: Le64,
+    /// Logical address of the extent tree's root node.
     pub extent_root: Le64,
+    /// Generation of that node.
     pub extent_root_gen: Le64,
+    /// Logical address of the FS_TREE root node.
     pub fs_root: Le64,
+    /// Generation of that node.
     pub fs_root_gen: Le64,
+    /// Logical address of the device tree's root node.
     pub dev_root: Le64,
+    /// Generation of that node.
     pub dev_root_gen: Le64,
+    /// Logical address of the csum tree's root node.
     pub csum_root: Le64,
+    /// Generation of that node.
     pub csum_root_gen: Le64,
+    /// The superblock's `total_bytes` at that commit.
     pub total_bytes: Le64,
+    /// The superblock's `bytes_used` at that commit.
     pub bytes_used: Le64,
+    /// The superblock's `num_devices` at that commit.
     pub num_devices: Le64,
+    /// Reserved, zero.
     pub unused_64: [Le64; 4],
+    /// Level of the root tree's root node.
     pub tree_root_level: u8,
+    /// Level of the chunk tree's root node.
     pub chunk_root_level: u8,
+    /// Level of the extent tree's root node.
     pub extent_root_level: u8,
+    /// Level of the FS_TREE root node.
     pub fs_root_level: u8,
+    /// Level of the device tree's root node.
     pub dev_root_level: u8,
+    /// Level of the csum tree's root node.
     pub csum_root_level: u8,
+    /// Reserved, zero.
     pub unused_8: [u8; 10],
 }
 
+/// `struct btrfs_super_block`, at [`btrfs_sb_offset`] on every device; all
+/// copies of a commit are equal except `bytenr`, `csum` and `dev_item`.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 pub struct Superblock {
+    /// Checksum of the rest of the block (bytes 32..4096), `csum_type` sets how
+    /// many bytes are used.
     pub csum: [u8; BTRFS_CSUM_SIZE],
+    /// Filesystem uuid, as users see it.
     pub fsid: [u8; BTRFS_FSID_SIZE],
+    /// Physical byte offset of this copy on its device; must equal where it was
+    /// read.
     pub bytenr: Le64,
+    /// BTRFS_SUPER_FLAG_*; the kernel also sets BTRFS_HEADER_FLAG_WRITTEN
+    /// when it writes the block.
     pub flags: Le64,
+    /// [`BTRFS_MAGIC`].
     pub magic: Le64,
+    /// Transaction this superblock commits.
     pub generation: Le64,
+    /// Logical address of the root tree's root node.
     pub root: Le64,
+    /// Logical address of the chunk tree's root node.
     pub chunk_root: Le64,
+    /// Logical address of the log root tree's root node, 0 when there is no log
+    /// to replay.
     pub log_root: Le64,
+    /// Deprecated, never used; 0.
     pub log_root_transid: Le64,
+    /// Sum of the sizes of all devices, in bytes.
     pub total_bytes: Le64,
+    /// Bytes allocated to extents, data and metadata.
     pub bytes_used: Le64,
+    /// Object id of the root tree directory: BTRFS_ROOT_TREE_DIR_OBJECTID (6).
     pub root_dir_objectid: Le64,
+    /// Number of devices in the filesystem.
     pub num_devices: Le64,
+    /// Sector size in bytes: the unit of data allocation and data checksums.
     pub sectorsize: Le32,
+    /// Tree block size in bytes.
     pub nodesize: Le32,
+    /// Obsolete leaf size; equals `nodesize`.
     pub leafsize: Le32,
+    /// Unused; mkfs writes the sector size.
     pub stripesize: Le32,
+    /// Bytes of `sys_chunk_array` in use.
     pub sys_chunk_array_size: Le32,
+    /// Generation of the chunk tree's root node.
     pub chunk_root_generation: Le64,
+    /// Compatible features; none are defined.
     pub compat_flags: Le64,
+    /// BTRFS_FEATURE_COMPAT_RO_*: features an unaware kernel may only mount
+    /// read-only.
     pub compat_ro_flags: Le64,
+    /// BTRFS_FEATURE_INCOMPAT_*: features an unaware kernel must refuse.
     pub incompat_flags: Le64,
+    /// BTRFS_CSUM_TYPE_* of all tree block and data checksums.
     pub csum_type: Le16,
+    /// Level of the root tree's root node.
     pub root_level: u8,
+    /// Level of the chunk tree's root node.
     pub chunk_root_level: u8,
+    /// Level of the log root tree's root node.
     pub log_root_level: u8,
+    /// The device item of the device this copy is on.
     pub dev_item: DevItem,
+    /// Filesystem label, NUL terminated unless it fills the field.
     pub label: [u8; BTRFS_LABEL_SIZE],
+    /// Generation the v1 free space cache was last written in; when it differs
+    /// from `generation` the kernel discards the whole cache.
     pub cache_generation: Le64,
+    /// Generation the UUID tree was last known complete in; when it differs
+    /// from `generation` the kernel checks and rebuilds the tree at mount.
     pub uuid_tree_generation: Le64,
+    /// Uuid written in tree block headers when METADATA_UUID is set (see
+    /// [`Superblock::tree_fsid`]).
     pub metadata_uuid: [u8; BTRFS_FSID_SIZE],
+    /// Number of global roots (extent tree v2).
     pub nr_global_roots: Le64,
+    /// Reserved, zero.
     pub reserved: [Le64; 27],
+    /// Packed (`btrfs_disk_key`, `btrfs_chunk` + stripes) pairs of the SYSTEM
+    /// chunks, enough to read the chunk tree.
     pub sys_chunk_array: [u8; BTRFS_SYSTEM_CHUNK_ARRAY_SIZE],
+    /// Backup roots of the last commits, used in rotation.
     pub super_roots: [RootBackup; BTRFS_NUM_BACKUP_ROOTS],
+    /// Padding to 4096 bytes, zero.
     pub padding: [u8; 565],
 }
 
 impl Superblock {
+    /// The label up to its first NUL, lossily decoded as UTF-8.
     pub fn label_str(&self) -> String {
         let end = self
             .label
@@ -153,9 +227,11 @@ impl Superblock {
         }
         (out, None)
     }
+    /// True when any of the incompat feature bits `f` is set.
     pub fn has_incompat(&self, f: u64) -> bool {
         self.incompat_flags.get() & f != 0
     }
+    /// True when any of the compat_ro feature bits `f` is set.
     pub fn has_compat_ro(&self, f: u64) -> bool {
         self.compat_ro_flags.get() & f != 0
     }
@@ -164,8 +240,11 @@ impl Superblock {
 /// One entry of the system chunk array, copied out of the superblock.
 #[derive(Clone, Debug)]
 pub struct SysChunkEntry {
+    /// The entry's key, (FIRST_CHUNK_TREE, CHUNK_ITEM, logical start).
     pub key: Key,
+    /// The chunk head.
     pub chunk: ChunkItem,
+    /// Its `num_stripes` stripes.
     pub stripes: Vec<Stripe>,
 }
 
