@@ -26,6 +26,7 @@ mod cache;
 mod chunk_alloc;
 mod commit;
 mod csum;
+pub mod dataio;
 pub mod dataq;
 pub mod datawrite;
 pub mod delayed;
@@ -149,16 +150,8 @@ pub struct Store {
     chunk_tree_uuid: [u8; 16],
     /// Tree holding block group items (extent tree, or block group tree).
     bg_tree: u64,
-    /// Data written to new extents, queued in long sequential runs until
-    /// the queue fills, a commit, or an fsync that needs it.
-    dataq: dataq::DataQueue,
-    /// Whose data the next writes are, and whether they go out at once
-    /// (an fsync's own data, ahead of the queue).
-    data_owner: dataq::Owner,
-    data_direct: bool,
-    /// Carries the queued runs to the device off the filesystem lock,
-    /// when clients share the filesystem (see [`datawrite`]).
-    writer: Option<datawrite::DataWriter>,
+    /// File data on its way to the device (see [`dataio`]).
+    data: dataio::DataIo,
     /// Blocks of log trees (allocated without extent items): bytenr ->
     /// written to disk by a log sync.
     log_blocks: HashMap<u64, bool>,
@@ -278,6 +271,7 @@ impl Store {
             BTRFS_EXTENT_TREE_OBJECTID
         };
         let nodesize = img.nodesize as usize;
+        let data = dataio::DataIo::new(img.device().clone());
         let mut fs = Store {
             transid: sb.generation.get() + 1,
             sb,
@@ -289,10 +283,7 @@ impl Store {
             delayed: delayed::DelayedRefs::default(),
             chunk_tree_uuid,
             bg_tree,
-            dataq: Default::default(),
-            writer: None,
-            data_owner: (0, 0),
-            data_direct: false,
+            data,
             log_blocks: HashMap::new(),
             qgroups: qgroup::Qgroups::default(),
             pending_chunks: Vec::new(),
@@ -773,108 +764,57 @@ impl Store {
     /// Whose data the following writes are; `direct`: they go to the
     /// device at once instead of joining the queue.
     pub fn set_data_context(&mut self, owner: dataq::Owner, direct: bool) {
-        self.data_owner = owner;
-        self.data_direct = direct;
+        self.data.set_context(owner, direct);
     }
 
     /// Carry queued runs to the device from now on on a thread of their
     /// own (several clients share the filesystem).
     pub fn start_data_writer(&mut self) -> Result<()> {
-        if self.writer.is_none() {
-            self.writer = Some(datawrite::DataWriter::start(self.img.device().clone())?);
-        }
-        Ok(())
+        self.data.start_writer()
     }
 
     /// Back to writing runs on the caller's thread, once every submitted
     /// one is written.
-    /// A failed write keeps the writer (and its sticky error, which every
-    /// later flush of data reports).
     pub fn stop_data_writer(&mut self) -> Result<()> {
-        if let Some(w) = &self.writer {
-            w.wait_all()?;
-        }
-        self.writer = None;
-        Ok(())
+        self.data.stop_writer()
     }
 
     /// A wait for the data writes submitted so far (None: there is no
     /// writer thread, every write is done when it returns).
     pub fn data_wait(&self) -> Option<datawrite::DataWait> {
-        self.writer.as_ref().map(|w| w.waiter())
-    }
-
-    fn write_runs(&mut self, runs: Vec<dataq::Run>) -> Result<()> {
-        for r in runs {
-            self.stats.data_bytes += r.data.len() as u64;
-            match &self.writer {
-                Some(w) => w.submit(r.phys, r.data),
-                None => {
-                    self.img.device().write_at(r.phys, &r.data)?;
-                    self.dataq.recycle(r);
-                }
-            }
-        }
-        Ok(())
+        self.data.wait_handle()
     }
 
     /// Write `data` to physical offset `phys` of space allocated in this
     /// transaction: queued (combined with its neighbours), or at once.
     pub fn write_new_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
-        if self.data_direct {
-            if let Some(w) = &self.writer {
-                w.wait_overlapping(phys, phys + data.len() as u64)?;
-            }
-            self.stats.data_bytes += data.len() as u64;
-            return self.img.device().write_at(phys, data);
-        }
-        if let Some(w) = &self.writer {
-            for v in w.take_spare() {
-                self.dataq.give_spare(v);
-            }
-        }
-        let out = self.dataq.push(phys, data, self.data_owner);
-        self.write_runs(out)
+        self.data.write_new(phys, data, &mut self.stats.data_bytes)
     }
 
     /// Overwrite data in place (nodatacow and preallocated extents): goes
     /// straight to the device, after any queued write to the same place.
     pub fn write_in_place_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
-        let end = phys + data.len() as u64;
-        let hit = self.dataq.take_overlapping(phys, end);
-        self.write_runs(hit)?;
-        if let Some(w) = &self.writer {
-            w.wait_overlapping(phys, end)?;
-        }
-        self.stats.data_bytes += data.len() as u64;
-        self.img.device().write_at(phys, data)
+        self.data
+            .write_in_place(phys, data, &mut self.stats.data_bytes)
     }
 
     /// Read data at logical `bytenr`, including what is still queued or
     /// being written.
     pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
         self.img.read_logical(bytenr, buf)?;
-        if !self.dataq.is_empty() || self.writer.is_some() {
+        if self.data.has_pending() {
             let phys = self
                 .img
                 .chunks
                 .map(bytenr, buf.len() as u64, self.img.devid)?;
-            if let Some(w) = &self.writer {
-                w.overlay(phys[0], buf);
-            }
-            self.dataq.overlay(phys[0], buf);
+            self.data.overlay(phys[0], buf);
         }
         Ok(())
     }
 
     /// Write every queued run, and wait until all are on the device.
     pub fn flush_data(&mut self) -> Result<()> {
-        let all = self.dataq.take_all();
-        self.write_runs(all)?;
-        match &self.writer {
-            Some(w) => w.wait_all(),
-            None => Ok(()),
-        }
+        self.data.flush(&mut self.stats.data_bytes)
     }
 
     /// Write the queued runs meeting logical `[bytenr, bytenr+len)`. A log
@@ -883,12 +823,12 @@ impl Store {
     /// extent's write completed, and whoever syncs the log (maybe another
     /// client's fsync) flushes only what was written by then.
     pub fn write_data_in(&mut self, bytenr: u64, len: u64) -> Result<()> {
-        if self.dataq.is_empty() || len == 0 {
+        if self.data.queue_empty() || len == 0 {
             return Ok(());
         }
         for phys in self.img.chunks.map(bytenr, len, self.img.devid)? {
-            let hit = self.dataq.take_overlapping(phys, phys + len);
-            self.write_runs(hit)?;
+            self.data
+                .write_overlapping(phys, phys + len, &mut self.stats.data_bytes)?;
         }
         Ok(())
     }
@@ -896,12 +836,12 @@ impl Store {
     /// When the queued batch holding `owner`'s data goes (None: none
     /// queued, or it may go now).
     pub fn data_batch_due(&self, owner: dataq::Owner) -> Option<std::time::Instant> {
-        self.dataq.batch_due(owner)
+        self.data.batch_due(owner)
     }
 
     /// Write the whole queue if its batch may go (see [`dataq`]).
     pub fn release_open_batch(&mut self) -> Result<()> {
-        if self.dataq.batch_open() {
+        if self.data.batch_open() {
             return self.flush_data();
         }
         Ok(())
@@ -910,7 +850,6 @@ impl Store {
     /// Write the queued runs holding `owner`'s data (what an fsync of it
     /// waits for).
     pub fn write_data_of(&mut self, owner: dataq::Owner) -> Result<()> {
-        let mine = self.dataq.take_owner(owner);
-        self.write_runs(mine)
+        self.data.write_owner(owner, &mut self.stats.data_bytes)
     }
 }
