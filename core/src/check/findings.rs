@@ -5,10 +5,18 @@
 use crate::format::key::Key;
 use serde::Serialize;
 
+/// How bad a [`Finding`] is. Any error makes the report unclean (fsck exits
+/// 4); a warning is reported but leaves the image clean. Ordered so that
+/// `Error > Warning`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
+    /// Something the kernel tolerates or reads around (a bad DUP mirror copy,
+    /// a stale v1 space cache, out-of-date qgroup counts): reported, but the
+    /// image stays clean.
     Warning,
+    /// A real inconsistency of the image (what `btrfs check` counts as an
+    /// error): the report is not clean.
     Error,
 }
 
@@ -25,6 +33,8 @@ pub const PHASES: [(u8, &str); 9] = [
     (9, "quota groups"),
 ];
 
+/// The name of phase `p` as [`PHASES`] lists it, or `"?"` for a number not
+/// in the list.
 pub fn phase_name(p: u8) -> &'static str {
     PHASES
         .iter()
@@ -33,42 +43,68 @@ pub fn phase_name(p: u8) -> &'static str {
         .unwrap_or("?")
 }
 
+/// One inconsistency found by the checker, with where it is and what is
+/// wrong. The fields other than `phase`, `category`, `severity` and
+/// `message` are filled only when they apply.
 #[derive(Clone, Debug, Serialize)]
 pub struct Finding {
+    /// Phase that found it, 1 to 9 (see [`PHASES`]).
     pub phase: u8,
+    /// Short, stable kebab-case tag of the kind of problem (`"superblock"`,
+    /// `"extent-ref"`, `"mirror-copy"`...), for grouping and for scripts.
     pub category: &'static str,
+    /// Whether this makes the image unclean.
     pub severity: Severity,
     /// Tree id the finding is about, when it is about one tree.
     pub tree: Option<u64>,
+    /// Address the finding is about: a logical byte address (tree block,
+    /// extent, chunk, block group), a physical byte offset on the device for
+    /// device extents and superblocks.
     pub bytenr: Option<u64>,
+    /// Item key the finding is about, when it is about one item.
     pub key: Option<Key>,
+    /// Human-readable description of the problem.
     pub message: String,
 }
 
+/// Counts and timing of one phase of a check run.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PhaseSummary {
+    /// Phase number, 1 to 9.
     pub phase: u8,
+    /// Phase name, as [`phase_name`] gives it.
     pub name: &'static str,
     /// Things examined (superblocks, blocks, items, extents, inodes, bytes...).
     pub checked: u64,
+    /// Error findings in this phase, including those not stored (over the cap).
     pub errors: u64,
+    /// Warning findings in this phase, including those not stored (over the cap).
     pub warnings: u64,
+    /// Wall-clock time spent in the phase, in milliseconds.
     pub millis: u64,
     /// False when the phase did not run (feature absent or not asked for).
     pub ran: bool,
 }
 
+/// The result of a check: per-phase summaries and the findings. Each phase
+/// stores at most 2000 findings; the counts include the ones dropped.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
+    /// Summary of every phase 1 to 9, in order, including those that did not run
+    /// (`ran == false`).
     pub phases: Vec<PhaseSummary>,
+    /// Stored findings, sorted by phase and, within a phase, errors first.
     pub findings: Vec<Finding>,
     /// Findings counted but not stored because of the cap.
     pub suppressed: u64,
+    /// Total error findings over all phases, stored or suppressed.
     pub errors: u64,
+    /// Total warning findings over all phases, stored or suppressed.
     pub warnings: u64,
 }
 
 impl Report {
+    /// No error was found (warnings allowed): fsck's exit code 0.
     pub fn is_clean(&self) -> bool {
         self.errors == 0
     }

@@ -35,6 +35,8 @@ use findings::Sink;
 use std::path::Path;
 use std::time::Instant;
 
+/// What the checker does beyond the metadata phases. The default is what
+/// `btrfs check --readonly` does: no data read, first good tree block copy only.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CheckOptions {
     /// Read every checksummed data sector and verify it (phase 7).
@@ -60,9 +62,12 @@ impl CheckOptions {
 pub trait Progress: Sync {
     /// A phase starts; `total` units of work are expected (0 if unknown).
     fn phase(&self, _phase: u8, _name: &str, _total: u64) {}
+    /// `n` more units of the current phase's `total` are done (tree blocks in
+    /// phase 3, data sectors in phase 7).
     fn advance(&self, _n: u64) {}
 }
 
+/// A [`Progress`] that ignores every call: for tests and non-interactive use.
 pub struct NoProgress;
 impl Progress for NoProgress {}
 

@@ -24,12 +24,24 @@ use zerocopy::{FromZeros, IntoBytes};
 
 const MIB: u64 = 1 << 20;
 
+/// Optional features of a new filesystem (mkfs.btrfs `-O`). Invariant,
+/// checked by [`Features::apply`]: `block_group_tree` needs `free_space_tree`.
 #[derive(Clone, Debug)]
 pub struct Features {
+    /// `NO_HOLES` incompat: holes in files are implicit, no hole file extent
+    /// items are written.
     pub no_holes: bool,
+    /// `SKINNY_METADATA` incompat: tree blocks are recorded as METADATA_ITEM
+    /// keys (level in the offset) instead of EXTENT_ITEM plus tree block info.
     pub skinny_metadata: bool,
+    /// `EXTENDED_IREF` incompat: inode names that do not fit an INODE_REF item
+    /// (many hard links in one directory) go to INODE_EXTREF items.
     pub extref: bool,
+    /// Free space tree (compat_ro `FREE_SPACE_TREE` and `FREE_SPACE_TREE_VALID`)
+    /// instead of the v1 space cache.
     pub free_space_tree: bool,
+    /// Block group items in their own tree (compat_ro `BLOCK_GROUP_TREE`)
+    /// instead of the extent tree.
     pub block_group_tree: bool,
 }
 
@@ -75,15 +87,26 @@ impl Features {
     }
 }
 
+/// Everything [`make`] needs to lay out a new single-device filesystem.
+/// `Default` is mkfs.btrfs's: 16 KiB nodes, 4 KiB sectors, crc32c, no label,
+/// random fsid, default features, the current time.
 #[derive(Clone, Debug)]
 pub struct MkfsOptions {
     /// Filesystem size; None = the whole device.
     pub size: Option<u64>,
+    /// Tree block size in bytes: a power of two from `sectorsize` to 64 KiB.
     pub nodesize: u32,
+    /// Sector size in bytes, the unit of data extents and checksums; only 4096
+    /// is accepted.
     pub sectorsize: u32,
+    /// Checksum algorithm for tree blocks, superblocks and data.
     pub csum: CsumType,
+    /// Filesystem label, at most 255 bytes (the superblock field is 256 bytes,
+    /// NUL-terminated).
     pub label: String,
+    /// Filesystem UUID (fsid); None = a random one.
     pub fsid: Option<[u8; 16]>,
+    /// Optional features to enable.
     pub features: Features,
     /// Creation time for inodes and root items (seconds since the epoch).
     pub now: u64,
@@ -110,22 +133,41 @@ impl Default for MkfsOptions {
 /// Layout of one chunk of the bootstrap.
 #[derive(Clone, Copy, Debug)]
 pub struct ChunkPlan {
+    /// Block group flags: type (SYSTEM, METADATA, DATA) and profile (DUP or
+    /// single).
     pub flags: u64,
+    /// Logical start address of the chunk, in bytes.
     pub logical: u64,
+    /// Chunk length in bytes (logical size; each copy takes this much on the
+    /// device).
     pub length: u64,
+    /// Physical byte offset on device 1 of each copy; only the first `copies`
+    /// entries are meaningful.
     pub physical: [u64; 2],
+    /// Number of copies (stripes): 2 for DUP, 1 for single.
     pub copies: usize,
 }
 
+/// What [`make`] created, for the mkfs binary's report (human and `--json`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MkfsSummary {
+    /// Filesystem label (may be empty).
     pub label: String,
+    /// Filesystem UUID (fsid), in the usual 8-4-4-4-12 hex form.
     pub uuid: String,
+    /// Tree block size in bytes.
     pub node_size: u32,
+    /// Sector size in bytes.
     pub sector_size: u32,
+    /// Usable size of the filesystem in bytes (the requested size rounded down
+    /// to a sector).
     pub filesystem_size: u64,
+    /// Checksum algorithm name (`crc32c`, `xxhash64`, `sha256`, `blake2b`).
     pub checksum: String,
+    /// Names of the incompat features, then the compat_ro ones, that were set.
     pub features: Vec<String>,
+    /// The initial chunks as (type and profile as btrfs-progs prints them,
+    /// e.g. `METADATA|DUP`; logical start; length), bytes.
     pub chunks: Vec<(String, u64, u64)>,
 }
 

@@ -20,29 +20,45 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use zerocopy::FromZeros;
 
+/// Counts of what [`populate`] copied into the filesystem.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct RootdirStats {
+    /// Regular files copied (each inode once; extra hard links are in
+    /// `hardlinks`).
     pub files: u64,
+    /// Directories created, not counting the root directory.
     pub dirs: u64,
+    /// Symbolic links created.
     pub symlinks: u64,
+    /// Special files (FIFOs, sockets, device nodes) created.
     pub special: u64,
+    /// Extra names given to an inode already copied (hard links).
     pub hardlinks: u64,
+    /// Sum of the sizes (i_size, holes included) of the regular files copied.
     pub bytes: u64,
 }
 
 /// One entry of the scanned source tree, in copy order (parents first).
 #[derive(Clone, Debug)]
 pub struct Entry {
+    /// Path of the entry on the host.
     pub path: PathBuf,
     /// Index of the parent entry in the listing (None for the root).
     pub parent: Option<usize>,
+    /// File name within the parent directory, as raw bytes (empty for the root).
     pub name: Vec<u8>,
+    /// The entry's own metadata (`lstat`: symlinks are not followed).
     pub meta: std::fs::Metadata,
 }
 
+/// The source tree of `--rootdir` as [`scan`] found it.
 #[derive(Debug, Default)]
 pub struct Listing {
+    /// Every entry, breadth first: the source root, then each directory's
+    /// children (sorted by name) after it.
     pub entries: Vec<Entry>,
+    /// Sum of the sizes of the regular files, in bytes, counted once per name
+    /// (hard links counted each time).
     pub total_bytes: u64,
 }
 
@@ -271,6 +287,14 @@ fn prefetch(e: &Entry, ss: u64) -> Result<Prefetched> {
     })
 }
 
+/// Copy the scanned tree into the top-level subvolume (fs tree 5): the
+/// root directory takes the source root's mode, owners, times and xattrs;
+/// hard links are found by (device, inode). Reading runs ahead on a helper
+/// thread. Commits after every 50,000 new inodes or every sixteenth of the
+/// filesystem size of file data (at least 64 MiB, at most 1 GiB), and once
+/// at the end. `progress(entries, bytes)` is called after each new inode
+/// with the files, directories and symlinks made so far and the file bytes
+/// copied. The superblock stays held until [`super::finish`].
 pub fn populate(
     fs: &mut Store,
     listing: &Listing,

@@ -4,6 +4,9 @@
 
 use std::hash::{BuildHasherDefault, Hasher};
 
+/// Multiply-mix hasher (FxHash style): each word is folded in by rotate, XOR and
+/// multiply. Fast, but not resistant to chosen keys; use it only for keys the
+/// engine makes itself (logical addresses, inode numbers, tree ids).
 #[derive(Default, Clone, Copy)]
 pub struct MixHasher(u64);
 
@@ -36,7 +39,9 @@ impl Hasher for MixHasher {
     }
 }
 
+/// `BuildHasher` for [`MixHasher`] (stateless: every map hashes the same way).
 pub type MixBuild = BuildHasherDefault<MixHasher>;
+/// `HashMap` hashed with [`MixHasher`]; build one with `FastMap::default()`.
 pub type FastMap<K, V> = std::collections::HashMap<K, V, MixBuild>;
 
 #[cfg(test)]

@@ -7,9 +7,13 @@
 pub struct Prng(u64);
 
 impl Prng {
+    /// A generator for `seed`. Every seed is usable, 0 included (the state is
+    /// forced odd, so never the all-zero fixed point of xorshift); equal seeds
+    /// give equal streams.
     pub fn new(seed: u64) -> Prng {
         Prng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
     }
+    /// The next 64-bit word of the stream.
     pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;

@@ -6,6 +6,8 @@
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+/// Locks `m`; if a holder panicked, takes the lock anyway and returns the
+/// state as the panic left it instead of propagating the poison.
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
@@ -13,6 +15,8 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
+/// `Condvar::wait` on `c`, releasing and re-taking `g`; ignores poison as
+/// [`lock`] does. Spurious wake-ups happen: callers re-check their condition.
 pub fn wait<'a, T>(c: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
     match c.wait(g) {
         Ok(g) => g,

@@ -22,6 +22,8 @@ pub fn file_content(i: u32, len: u64) -> Vec<u8> {
     v
 }
 
+/// Name of file `i` of a `writefiles` step: `f` and five decimal digits
+/// (`f00042`), in the step's directory.
 pub fn file_name(i: u32) -> String {
     format!("f{i:05}")
 }
@@ -35,6 +37,8 @@ pub struct FillStream {
 }
 
 impl FillStream {
+    /// A stream at the start of `fill`'s bytes (a random fill restarts from
+    /// its seed).
     pub fn new(fill: &Fill) -> FillStream {
         let rng = match fill {
             Fill::Random(s) => Some(Prng::new(*s)),
@@ -85,6 +89,9 @@ pub fn fill_bytes(fill: &Fill, len: u64) -> Vec<u8> {
 /// own block group before the steps start.
 pub const WARMUP_DIR: &str = ".kcrash-warmup";
 
+/// The warm-up as steps: in `/.kcrash-warmup`, a 4 KiB file and a
+/// 256 KiB file of random data, each written and fdatasync'ed in turn,
+/// then `sync`.
 pub fn warmup_steps() -> Vec<super::script::Step> {
     use super::script::Step;
     let d = format!("/{WARMUP_DIR}");

@@ -20,64 +20,112 @@ use std::time::{Duration, Instant};
 /// One operation of a loadfile.
 #[derive(Clone, Debug, PartialEq)]
 pub enum NbOp {
+    /// Open or create a file or directory, giving it handle `fnum`;
+    /// truncates a regular file for the overwriting dispositions.
     NtCreateX {
+        /// Loadfile path (`\clients\client1\...`), mapped to the client's own tree.
         path: String,
+        /// SMB create options; bit 0x1 (FILE_DIRECTORY_FILE) makes a directory.
         options: u32,
+        /// SMB create disposition: 0 supersede, 1 open, 2 create, 3 open-if,
+        /// 4 overwrite, 5 overwrite-if.
         disposition: u32,
+        /// Handle that later lines use to name the open file.
         fnum: i64,
     },
+    /// Close a handle.
     Close {
+        /// Handle from an earlier NTCreateX.
         fnum: i64,
     },
+    /// pwrite `size` bytes at byte offset `off` of an open file.
     WriteX {
+        /// Handle from an earlier NTCreateX.
         fnum: i64,
+        /// Byte offset in the file.
         off: u64,
+        /// Bytes to write.
         size: u64,
     },
+    /// pread `size` bytes at byte offset `off` of an open file.
     ReadX {
+        /// Handle from an earlier NTCreateX.
         fnum: i64,
+        /// Byte offset in the file.
         off: u64,
+        /// Bytes to read.
         size: u64,
     },
+    /// fsync an open file (through the shared fsync, so concurrent Flushes
+    /// batch their log syncs).
     Flush {
+        /// Handle from an earlier NTCreateX.
         fnum: i64,
     },
+    /// Rename a file or directory.
     Rename {
+        /// Loadfile path of the existing name.
         from: String,
+        /// Loadfile path of the new name.
         to: String,
     },
+    /// Remove a file's name.
     Unlink {
+        /// Loadfile path of the name to remove.
         path: String,
     },
+    /// Remove a directory and everything under it (status not checked, as
+    /// dbench does not).
     Deltree {
+        /// Loadfile path of the directory.
         path: String,
     },
+    /// Make a directory (status not checked, as dbench does not).
     Mkdir {
+        /// Loadfile path of the new directory.
         path: String,
     },
+    /// Remove an empty directory.
     Rmdir {
+        /// Loadfile path of the directory.
         path: String,
     },
+    /// QUERY_PATH_INFORMATION: stat a path (symlinks followed).
     QueryPath {
+        /// Loadfile path to stat.
         path: String,
     },
+    /// QUERY_FILE_INFORMATION: stat an open file.
     QueryFile {
+        /// Handle from an earlier NTCreateX.
         fnum: i64,
     },
+    /// QUERY_FS_INFORMATION: asks the engine nothing and always succeeds.
     QueryFs,
+    /// SET_FILE_INFORMATION on an open file.
     SetFile {
+        /// Handle from an earlier NTCreateX.
         fnum: i64,
+        /// SMB information level: 1004 (basic info) updates the times; other
+        /// levels change nothing.
         level: u32,
     },
+    /// FIND_FIRST: list a directory; succeeds when a name matches.
     FindFirst {
+        /// Loadfile path whose last component is a pattern with `*` and `?`,
+        /// matched case-insensitively.
         pattern: String,
     },
+    /// LockX or UnlockX: no lock is taken; succeeds when the handle is open.
     Lock {
+        /// Handle from an earlier NTCreateX.
         fnum: i64,
     },
 }
 
 impl NbOp {
+    /// The operation's name as dbench reports it (`NTCreateX`, `Qpathinfo`,
+    /// `LockX`...), the key of [`DbenchReport::ops`].
     pub fn name(&self) -> &'static str {
         match self {
             NbOp::NtCreateX { .. } => "NTCreateX",
@@ -103,8 +151,12 @@ impl NbOp {
 /// A line: the operation and the status it expects to succeed with.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NbLine {
+    /// Line number in the loadfile, from 1.
     pub line: usize,
+    /// The operation.
     pub op: NbOp,
+    /// The loadfile expects `NT_STATUS_OK` (true) or some failure status
+    /// (false).
     pub ok: bool,
 }
 
@@ -270,18 +322,30 @@ pub fn parse_loadfile(text: &str) -> Result<Vec<NbLine>> {
     Ok(out)
 }
 
+/// Count and latency of one operation kind over all clients in the counted
+/// run.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct OpStats {
+    /// Operations done.
     pub count: u64,
+    /// Mean latency in milliseconds.
     pub avg_ms: f64,
+    /// Largest latency in milliseconds.
     pub max_ms: f64,
 }
 
+/// The result of a dbench [`run`], in dbench's terms, plus the engine's
+/// counters and device I/O of the counted run (the warmup excluded).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct DbenchReport {
+    /// Client threads that ran.
     pub clients: u64,
+    /// Wall-clock length of the counted run in seconds (after the warmup).
     pub seconds: f64,
+    /// Throughput as dbench gives it: bytes of successful ReadX and WriteX,
+    /// in MB (10^6 bytes) per second.
     pub mb_per_s: f64,
+    /// Largest latency of any operation, in milliseconds.
     pub max_latency_ms: f64,
     /// Lines whose status was not the one the loadfile expects.
     pub unexpected: u64,
@@ -289,19 +353,26 @@ pub struct DbenchReport {
     pub unexpected_examples: Vec<String>,
     /// Whole passes of the loadfile, all clients together.
     pub loadfile_passes: u64,
+    /// Count and latency per operation, by name ([`NbOp::name`]).
     pub ops: BTreeMap<String, OpStats>,
+    /// Engine counters (commits, fsyncs, log syncs...) for the counted run.
     pub stats: crate::fs::EngineStats,
+    /// Device writes and flushes of the counted run.
     pub io: super::fileio::IoSummary,
     /// Bytes of WriteX payload.
     pub payload_written: u64,
     /// Seconds of warmup before the `seconds` counted, and the operations
     /// the clients finished in it (forgotten).
     pub warmup_seconds: f64,
+    /// Operations the clients finished during the warmup (not in `ops`).
     pub warmup_ops: u64,
 }
 
+/// How a dbench run is made and when it ends.
 #[derive(Clone, Debug)]
 pub struct DbenchOptions {
+    /// Number of clients, each a thread with its own `/clients/clientN`
+    /// tree; at least 1.
     pub clients: u64,
     /// Seconds; with `passes`, whichever ends first (0: no time limit).
     pub time: f64,

@@ -283,8 +283,13 @@ pub struct CrashCheck {
     pub checker_errors: u64,
     /// What is checked: fileio checks blocks, dbench files.
     pub unit: &'static str,
+    /// Writes the clients made, over all files.
     pub writes: u64,
+    /// Acknowledgements of durability: fileio counts the writes an fsync or
+    /// an O_SYNC/O_DSYNC write covered, dbench the Flushes that covered a
+    /// file.
     pub acknowledged: u64,
+    /// Units examined (blocks of every file, or files).
     pub checked: u64,
     /// Units with an acknowledged write.
     pub checked_acknowledged: u64,
@@ -292,6 +297,8 @@ pub struct CrashCheck {
     pub lost: u64,
     /// Units whose content matches no write and not the start content.
     pub garbage: u64,
+    /// Up to eight descriptions of the problems found (unit, offset, what it
+    /// held), for the report.
     pub examples: Vec<String>,
 }
 
@@ -310,6 +317,8 @@ impl CrashCheck {
         self.examples.truncate(8);
     }
 
+    /// Nothing acknowledged was lost, nothing unrecognisable was found, and the
+    /// checker found no error in the recovered image.
     pub fn ok(&self) -> bool {
         self.lost == 0 && self.garbage == 0 && self.checker_errors == 0
     }

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 /// What a step printed (inspection verbs), for the shell to show.
 #[derive(Debug, Default)]
 pub struct StepOutput {
+    /// Text to show the user, None when the step prints nothing.
     pub text: Option<String>,
 }
 
@@ -51,6 +52,7 @@ fn ino_err(path: &str, e: Error) -> Error {
 }
 
 impl EngineRunner {
+    /// A runner holding no descriptors.
     pub fn new() -> EngineRunner {
         EngineRunner {
             fds: HashMap::new(),

@@ -25,6 +25,8 @@ use std::sync::Arc;
 
 const PAGE: usize = 4096;
 
+/// How [`explore`] varies the crash images beyond the plain one at each
+/// flush point. The default tries only the plain images and saves none.
 #[derive(Clone, Debug, Default)]
 pub struct ExploreOptions {
     /// Random subsets of the unflushed writes tried at each flush point.
@@ -46,18 +48,27 @@ pub struct Violation {
     pub flush_point: usize,
     /// Which random subset of the unflushed writes was kept (None: none).
     pub subset: Option<u32>,
+    /// What is wrong, one line: a failed recovery, a checker error, or an
+    /// fsynced file whose size or content was never its state since the fsync.
     pub what: String,
 }
 
+/// The result of [`explore`]: what was run, how many crash images were
+/// checked, and every violation found.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ExploreReport {
+    /// Steps run, warm-up included, up to the script's first `crash`.
     pub steps: usize,
+    /// Device writes the run made, as the recording device saw them.
     pub writes: usize,
+    /// Crash points explored: one per flush the run made, plus the point
+    /// before the first flush.
     pub flush_points: usize,
     /// Crash images recovered and checked.
     pub states_checked: usize,
     /// fsyncs of regular files whose promise was checked.
     pub promises: usize,
+    /// Every violation found, in the order the crash images were checked.
     pub violations: Vec<Violation>,
 }
 

@@ -18,17 +18,27 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// `--file-test-mode`: which requests a run makes. Sequential modes walk
+/// all files block by block once (one position shared by the threads) and
+/// stop there; random modes pick a file and block for each request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum TestMode {
+    /// `seqwr`: sequential writes.
     Seqwr,
+    /// `seqrewr`: sequential rewrites (of the prepared files, as `seqwr` here).
     Seqrewr,
+    /// `seqrd`: sequential reads.
     Seqrd,
+    /// `rndrd`: random reads.
     Rndrd,
+    /// `rndwr`: random writes.
     Rndwr,
+    /// `rndrw`: random reads and writes, `rw_ratio` reads per write on average.
     Rndrw,
 }
 
 impl TestMode {
+    /// The mode named by a `--file-test-mode` value (`seqwr`, `rndrw`...).
     pub fn parse(s: &str) -> Result<TestMode> {
         Ok(match s {
             "seqwr" => TestMode::Seqwr,
@@ -52,14 +62,22 @@ impl TestMode {
 /// `--file-extra-flags`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub enum ExtraFlag {
+    /// Plain buffered writes (the default).
     #[default]
     None,
+    /// `sync`: O_SYNC writes, each durable (data and metadata) when it returns.
     Sync,
+    /// `dsync`: O_DSYNC writes, each durable when it returns (metadata only as
+    /// needed to read the data back).
     Dsync,
+    /// `direct`: O_DIRECT writes, bypassing the page cache; the block size
+    /// must be a multiple of 4096.
     Direct,
 }
 
 impl ExtraFlag {
+    /// The flag named by a `--file-extra-flags` value; the empty string is
+    /// [`ExtraFlag::None`].
     pub fn parse(s: &str) -> Result<ExtraFlag> {
         Ok(match s {
             "" => ExtraFlag::None,
@@ -78,15 +96,29 @@ impl ExtraFlag {
 /// sysbench's options, its defaults.
 #[derive(Clone, Debug, Serialize)]
 pub struct FileioOptions {
+    /// `--file-num`: number of files `test_file.0`... (default 128).
     pub file_num: u64,
+    /// `--file-block-size`: bytes per read or write request (default 16 KiB).
     pub block_size: u64,
+    /// `--file-total-size`: bytes over all files, split evenly (default 2 GiB).
     pub total_size: u64,
+    /// `--file-test-mode` (default `rndwr`).
     pub mode: TestMode,
+    /// `--file-fsync-freq`: after every this many writes (counted over all
+    /// threads) every file is fsynced in turn, one request each; 0 = never
+    /// (default 100).
     pub fsync_freq: u64,
+    /// `--file-fsync-all`: fsync the written file after every write, instead
+    /// of the `fsync_freq` passes.
     pub fsync_all: bool,
+    /// `--file-fsync-end`: fsync every file once when the run ends, outside
+    /// the timed requests (default on).
     pub fsync_end: bool,
+    /// `--file-extra-flags`: how writes are opened (default none).
     pub extra: ExtraFlag,
+    /// `--file-rw-ratio`: reads per write in `rndrw` (default 1.5).
     pub rw_ratio: f64,
+    /// `--threads`: client threads making requests at once (default 1).
     pub threads: u64,
     /// Seconds; 0: no limit.
     pub time: f64,
@@ -94,6 +126,8 @@ pub struct FileioOptions {
     pub events: u64,
     /// Prepare the files with fallocate instead of writing them.
     pub prealloc: bool,
+    /// Seed of the random file and block choices (each thread's generator is
+    /// derived from it and the thread number), so a run can be repeated.
     pub seed: u64,
 }
 
@@ -119,9 +153,13 @@ impl Default for FileioOptions {
 }
 
 impl FileioOptions {
+    /// Bytes per file: `total_size / file_num`, rounded down.
     pub fn file_size(&self) -> u64 {
         self.total_size / self.file_num.max(1)
     }
+    /// Refuse options that cannot run: zero files, block size or threads,
+    /// files smaller than a block, O_DIRECT with a block size not a multiple
+    /// of 4096, or neither a time nor an event limit.
     pub fn validate(&self) -> Result<()> {
         if self.file_num == 0 || self.block_size == 0 || self.threads == 0 {
             return Err(Error::Invalid(
@@ -180,45 +218,75 @@ pub fn prepare(fs: &mut Filesystem, dir: Loc, o: &FileioOptions) -> Result<Vec<L
     Ok(files)
 }
 
+/// Request latency over the run, in milliseconds (sysbench's figures).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Latency {
+    /// Fastest request.
     pub min: f64,
+    /// Mean over all requests.
     pub avg: f64,
+    /// Slowest request.
     pub max: f64,
+    /// 95th percentile: 95% of requests took at most this long.
     pub p95: f64,
 }
 
+/// The result of a fileio [`run`], as sysbench reports it, plus the
+/// engine's counters and device I/O for the run.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FileioReport {
+    /// Read requests done.
     pub reads: u64,
+    /// Write requests done.
     pub writes: u64,
+    /// fsync requests done during the run (not the final `fsync_end` pass).
     pub fsyncs: u64,
+    /// Wall-clock length of the run in seconds, not counting the final
+    /// `fsync_end` pass.
     pub seconds: f64,
+    /// Read requests per second.
     pub reads_per_s: f64,
+    /// Write requests per second.
     pub writes_per_s: f64,
+    /// fsync requests per second.
     pub fsyncs_per_s: f64,
+    /// Read throughput, MiB (2^20 bytes) per second.
     pub read_mib_per_s: f64,
+    /// Write throughput, MiB (2^20 bytes) per second.
     pub written_mib_per_s: f64,
     /// Every request, as sysbench counts events (reads, writes, fsyncs).
     pub events: u64,
+    /// Requests made by each client thread, in thread order (sysbench's
+    /// fairness figures).
     pub events_per_thread: Vec<u64>,
+    /// Latency of every request (reads, writes and fsyncs).
     pub latency_ms: Latency,
+    /// Engine counters (commits, fsyncs, log syncs...) for the run alone, the
+    /// final fsyncs included.
     pub stats: EngineStats,
+    /// Device writes and flushes of the run, the final fsyncs included.
     pub io: IoSummary,
 }
 
 /// What the run wrote to the device, and how many flushes it asked for.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct IoSummary {
+    /// Device cache flushes issued.
     pub flushes: u64,
+    /// All bytes written: the sum of the four kinds below.
     pub bytes_written: u64,
+    /// File data written (data extents).
     pub data_bytes: u64,
+    /// Log tree and log root tree blocks written (the fsync log).
     pub log_bytes: u64,
+    /// All other tree blocks written.
     pub metadata_bytes: u64,
+    /// Superblock copies written, by commits and log syncs.
     pub super_bytes: u64,
 }
 
 impl IoSummary {
+    /// The device totals of `fs` since it was mounted.
     pub fn of(fs: &Filesystem) -> IoSummary {
         let s = fs.store.stats;
         IoSummary {
@@ -230,6 +298,8 @@ impl IoSummary {
             super_bytes: s.super_bytes,
         }
     }
+    /// The difference `self - a` for each counter (`a` taken earlier), floored
+    /// at zero.
     pub fn since(self, a: IoSummary) -> IoSummary {
         IoSummary {
             flushes: self.flushes - a.flushes.min(self.flushes),

@@ -12,17 +12,24 @@ use std::fmt::Write as _;
 pub struct Entry {
     /// `f` file, `d` directory, `l` symlink, `p` fifo, `c`/`b` device, `s` socket.
     pub kind: char,
+    /// Inode number (`st_ino`); a diff can ignore it with the `ino` field name.
     pub ino: u64,
     /// Permission and set-id bits (the type is `kind`).
     pub mode: u32,
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id.
     pub gid: u32,
+    /// `st_size` in bytes: the file size, a symlink's target length, a
+    /// directory's Btrfs i_size (twice the total length of its names).
     pub size: u64,
+    /// Hard link count (`st_nlink`).
     pub nlink: u64,
     /// Content digest of a regular file ([`content_hash`]).
     pub hash: Option<String>,
     /// MD5 of a regular file's content, hex (`expect md5`).
     pub md5: Option<String>,
+    /// A symlink's target.
     pub target: Option<String>,
     /// Device number (major, minor) of a device node.
     pub rdev: Option<(u32, u32)>,
@@ -39,11 +46,13 @@ pub fn content_hash(data: &[u8]) -> String {
     hex(&crate::csum::CsumType::Blake2b.compute(data)[..32])
 }
 
+/// MD5 of a byte string, as 32 lowercase hex digits (`expect md5`).
 pub fn md5_hex(data: &[u8]) -> String {
     use md5::Digest;
     hex(&md5::Md5::digest(data))
 }
 
+/// Bytes as lowercase hex, two digits each, no separator.
 pub fn hex(b: &[u8]) -> String {
     b.iter().fold(String::new(), |mut s, x| {
         let _ = write!(s, "{x:02x}");
@@ -127,6 +136,8 @@ impl Entry {
 /// Every path of a filesystem (`/` is the root) with what a user sees of it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Manifest {
+    /// Every path, absolute from the filesystem root (`/`, `/a/b`), in byte
+    /// order.
     pub entries: BTreeMap<String, Entry>,
 }
 
@@ -221,7 +232,12 @@ impl Manifest {
 /// in script order.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {
+    /// The checker's verdict on the recovered image (`btrfs check` for the
+    /// kernel, the engine's checker for the engine), `Err` with the first
+    /// errors; None when the backend did not check.
     pub consistent: Option<Result<(), String>>,
+    /// Outcome of each `expect post` step, in script order; `Err` holds why
+    /// it failed.
     pub posts: Vec<Result<(), String>>,
 }
 

@@ -22,7 +22,9 @@ use std::fmt;
 /// A parse error with its 1-based line (0 when the error is not tied to one).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParseError {
+    /// 1-based line number; 0 when the error is about the script as a whole.
     pub line: usize,
+    /// What is wrong, for a person (often the usage of the verb).
     pub msg: String,
 }
 
@@ -38,12 +40,16 @@ impl fmt::Display for ParseError {
 
 type Res<T> = std::result::Result<T, String>;
 
+/// Size in bytes of the image a run creates when the script has no
+/// `fssize` directive: 512 MiB (the kernel oracle's default).
 pub const DEFAULT_FSSIZE: u64 = 512 << 20;
 /// Fill byte of `write`, `dwrite` and `mwrite` without one.
 pub const DEFAULT_FILL: u8 = 0xcd;
 
+/// The bytes a `write` step puts in the file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fill {
+    /// Every byte is this value (`write P OFF LEN 0xaa`; default 0xcd).
     Byte(u8),
     /// Written once at the offset; its length is the write length.
     Text(Vec<u8>),
@@ -51,170 +57,297 @@ pub enum Fill {
     Random(u64),
 }
 
+/// Whether a `writefiles` step syncs each file after writing it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncKind {
+    /// No sync: the files reach the disk by writeback and commits alone.
     None,
+    /// fsync each file.
     Fsync,
+    /// fdatasync each file.
     Fdatasync,
 }
 
+/// The kind of special file `mknod` (or `mkfifo`) makes; created with
+/// mode 0644.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeKind {
+    /// A named pipe.
     Fifo,
+    /// A character device (major, minor).
     Chr(u32, u32),
+    /// A block device (major, minor).
     Blk(u32, u32),
 }
 
 pub use crate::fs::{SYNC_RANGE_WAIT_AFTER, SYNC_RANGE_WAIT_BEFORE, SYNC_RANGE_WRITE};
 
+/// One step of a script: an operation on the filesystem (or, for
+/// `crash`, `remount` and `set`, on the session). A path is relative to
+/// the filesystem root; steps that take a file also accept the name a
+/// held descriptor was given by `open-fd` or `tmpfile`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
+    /// `mkdir P`: make a directory.
     Mkdir(String),
+    /// `create P`: make an empty regular file (open O_CREAT, mode 0644, close).
     Create(String),
     /// Buffered pwrite; with `enospc_ok` running out of space ends the
     /// write quietly.
     Write {
+        /// File to write; created (mode 0644) if missing.
         path: String,
+        /// Byte offset of the first byte written.
         off: u64,
+        /// Bytes to write (a text fill's own length).
         len: u64,
+        /// What the bytes are.
         fill: Fill,
+        /// Running out of space (ENOSPC) ends the write without failing the
+        /// script.
         enospc_ok: bool,
     },
     /// O_DIRECT writes of `chunk` bytes each.
     Dwrite {
+        /// File to write; created (mode 0644) if missing.
         path: String,
+        /// Byte offset of the first byte written.
         off: u64,
+        /// Bytes to write in all.
         len: u64,
+        /// Fill byte of every byte written.
         byte: u8,
+        /// Bytes per pwrite (default: `len`, at most 1 MiB); never 0 when `len`
+        /// is not.
         chunk: u64,
     },
     /// Buffered pwrite on a descriptor opened O_SYNC (or O_DSYNC with
     /// `datasync`): every write of at most 1 MiB is durable when it returns.
     Swrite {
+        /// File to write; created (mode 0644) if missing.
         path: String,
+        /// Byte offset of the first byte written.
         off: u64,
+        /// Bytes to write in all.
         len: u64,
+        /// Fill byte of every byte written.
         byte: u8,
+        /// O_DSYNC (`dsync`) rather than O_SYNC (`sync`, the default).
         datasync: bool,
     },
     /// Stores through a shared mapping, nothing synced.
     Mwrite {
+        /// File to map; it must exist.
         path: String,
+        /// Byte offset of the first byte stored.
         off: u64,
+        /// Bytes to store.
         len: u64,
+        /// Fill byte of every byte stored.
         byte: u8,
     },
     /// msync(MS_SYNC) of a range (the whole file without one).
     Msync {
+        /// File to sync.
         path: String,
+        /// (offset, length) in bytes; None = from 0 to the file size.
         range: Option<(u64, u64)>,
     },
+    /// `sync-range P OFF LEN FLAGS`: sync_file_range(2) of a range.
     SyncRange {
+        /// File to sync.
         path: String,
+        /// Byte offset of the range.
         off: u64,
+        /// Length of the range in bytes (0: to the end of the file).
         len: u64,
+        /// `SYNC_RANGE_WAIT_BEFORE`, `SYNC_RANGE_WRITE` and `SYNC_RANGE_WAIT_AFTER`
+        /// (1, 2, 4 as in the kernel), from `wait_before|write|wait_after`.
         flags: u32,
     },
+    /// `truncate P SIZE`: set the file size to SIZE bytes.
     Truncate(String, u64),
     /// fallocate(2) mode 0 or KEEP_SIZE; with `enospc_ok`, ENOSPC is an
     /// outcome, not a failure of the script.
     Fallocate {
+        /// File; created if missing (as fallocate(1) does).
         path: String,
+        /// Byte offset of the range.
         off: u64,
+        /// Length of the range in bytes.
         len: u64,
+        /// FALLOC_FL_KEEP_SIZE (`keep`): i_size does not grow.
         keep: bool,
+        /// ENOSPC (`enospc-ok`) does not fail the script.
         enospc_ok: bool,
     },
+    /// `punch P OFF LEN`: FALLOC_FL_PUNCH_HOLE (the size is kept).
     Punch {
+        /// File; created if missing (as fallocate(1) does).
         path: String,
+        /// Byte offset of the hole.
         off: u64,
+        /// Length of the hole in bytes.
         len: u64,
     },
+    /// `zero-range P OFF LEN [keep]`: FALLOC_FL_ZERO_RANGE.
     ZeroRange {
+        /// File; created if missing (as fallocate(1) does).
         path: String,
+        /// Byte offset of the range.
         off: u64,
+        /// Length of the range in bytes.
         len: u64,
+        /// FALLOC_FL_KEEP_SIZE (`keep`): i_size does not grow.
         keep: bool,
     },
+    /// `collapse P OFF LEN`: FALLOC_FL_COLLAPSE_RANGE, which Btrfs does not
+    /// support: the step fails with EOPNOTSUPP, on the kernel as here.
     Collapse {
+        /// File; created if missing (as fallocate(1) does).
         path: String,
+        /// Byte offset of the range removed.
         off: u64,
+        /// Length of the range removed, in bytes.
         len: u64,
     },
     /// FICLONERANGE; `len` 0 clones to the end of the source.
     Clone {
+        /// Source file; it must exist.
         src: String,
+        /// Byte offset in the source.
         src_off: u64,
+        /// Destination file; created (mode 0644) if missing.
         dst: String,
+        /// Byte offset in the destination.
         dst_off: u64,
+        /// Bytes to clone; 0 = to the end of the source.
         len: u64,
     },
+    /// `link OLD NEW`: a new hard link NEW to OLD (OLD not followed).
     Link(String, String),
+    /// `symlink TARGET P`: a symbolic link P to TARGET.
     Symlink {
+        /// The link's content, stored as written (not resolved).
         target: String,
+        /// Path of the new link.
         path: String,
     },
+    /// `rename OLD NEW`: rename(2), replacing NEW if it exists.
     Rename(String, String),
+    /// `unlink P`: remove a non-directory name.
     Unlink(String),
+    /// `rmdir P`: remove an empty directory.
     Rmdir(String),
+    /// `setxattr P NAME VALUE`: set an extended attribute (symlinks not
+    /// followed).
     SetXattr {
+        /// Inode to change.
         path: String,
+        /// Full attribute name, namespace included (`user.k`).
         name: String,
+        /// Value bytes (a quoted string may hold any byte).
         value: Vec<u8>,
     },
+    /// `removexattr P NAME`: remove an extended attribute (symlinks not
+    /// followed).
     RemoveXattr {
+        /// Inode to change.
         path: String,
+        /// Full attribute name, namespace included.
         name: String,
     },
+    /// `fsync P`: fsync(2): a log sync, or a transaction commit when the
+    /// inode cannot be logged.
     Fsync(String),
+    /// `fdatasync P`: fdatasync(2).
     Fdatasync(String),
+    /// `sync`: commit the transaction (`btrfs filesystem sync` on the kernel).
     Sync,
+    /// `chmod P OCTAL`: set the permission and set-id bits (at most 07777).
     Chmod(String, u32),
+    /// `chown P UID GID`: set the owner (lchown: symlinks not followed).
     Chown(String, u32, u32),
     /// Create if missing, then set the times to now.
     Touch(String),
+    /// `mknod P KIND` (or `mkfifo P`): make a special file, mode 0644.
     Mknod(String, NodeKind),
     /// An O_TMPFILE in the root directory, held open under the handle name.
     Tmpfile(String),
+    /// `open-fd P`: open P and hold the descriptor under the name P until
+    /// `close-fd P`; steps naming P use it (even after P is renamed or unlinked).
     OpenFd(String),
+    /// `close-fd P`: close the descriptor held under the name P.
     CloseFd(String),
+    /// `evict`: drop clean caches as `echo 2 > /proc/sys/vm/drop_caches`
+    /// (unused inodes and clean tree blocks; dirty and open ones stay).
     Evict,
     /// Seconds (the engine moves its clock; the kernel sleeps).
     Sleep(f64),
+    /// `remount`: close every held descriptor, unmount (a commit) and mount
+    /// again.
     Remount,
+    /// `subvol-create P`: make a subvolume (commits).
     SubvolCreate(String),
+    /// `snapshot SRC DST`: snapshot subvolume SRC as DST (commits).
     Snapshot(String, String),
+    /// `subvol-delete P`: delete a subvolume (commits).
     SubvolDelete(String),
+    /// `subvol-set-default P`: make P's subvolume the default one.
     SubvolSetDefault(String),
+    /// `quota-enable`: enable quota groups (commits).
     QuotaEnable,
+    /// `balance-metadata`: `btrfs balance start -m`, relocating every
+    /// metadata and system block group (commits).
     BalanceMetadata,
     /// Create `count` files `dir/fNNNNN` with distinct content, sizes spread
     /// over `min..=max`, each synced after it is written when asked.
     WriteFiles {
+        /// Directory the files go in; it must exist.
         dir: String,
+        /// Number of files, named `f00000`, `f00001`...
         count: u32,
+        /// Smallest file size in bytes.
         min: u64,
+        /// Largest file size in bytes (at least `min`).
         max: u64,
+        /// Sync done after each file is written.
         sync: SyncKind,
     },
     /// Power failure; with `keep_random` a random subset of the unflushed
     /// writes (seeded) survives too.
     Crash {
+        /// Seed of the random subset of unflushed writes that survives
+        /// (`--keep-random SEED`); None: only flushed writes survive.
         keep_random: Option<u64>,
     },
     // Inspection and engine control (btrkit-shell).
+    /// `read P [OFF [LEN]]`: print file bytes (text when printable, else a
+    /// hex dump).
     Read {
+        /// File to read.
         path: String,
+        /// Byte offset of the first byte (default 0).
         off: u64,
+        /// Bytes to read; None = to the end of the file.
         len: Option<u64>,
     },
+    /// `ls [P]`: list a directory (default `/`), one line per entry: inode,
+    /// mode, link count, size, name.
     Ls(String),
+    /// `stat P`: print an inode's attributes (symlinks not followed).
     Stat(String),
+    /// `stats [--json]`: print the engine's counters.
     Stats {
+        /// One line of JSON instead of a table.
         json: bool,
     },
+    /// `set NAME on|off`: switch an engine optimization (`fast-fsync-skip`,
+    /// `log-conflicting-inodes`, `sync-io-first`).
     Set {
+        /// Switch name.
         name: String,
+        /// On or off.
         on: bool,
     },
 }
@@ -300,6 +433,7 @@ impl Step {
         )
     }
 
+    /// The step is a `crash` (a power failure).
     pub fn is_crash(&self) -> bool {
         matches!(self, Step::Crash { .. })
     }
@@ -316,31 +450,54 @@ impl Step {
 /// A regular-file extent map kind in `expect alloc`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllocKind {
+    /// Written data (FIEMAP extents not flagged unwritten; dirty delalloc
+    /// data counts too).
     Data,
+    /// Preallocated and never written (FIEMAP_EXTENT_UNWRITTEN).
     Unwritten,
+    /// No extent at all.
     Hole,
     /// Data or unwritten.
     Extent,
 }
 
+/// One `expect` line: a property of the filesystem checked after the run
+/// (after the final crash and recovery when the script has one). Paths
+/// are normalized to start with `/`; symlinks are never followed.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Expect {
+    /// `expect exists P`: the path exists.
     Exists(String),
+    /// `expect absent P`: the path does not exist.
     Absent(String),
+    /// `expect size P N`: `st_size` is N bytes.
     Size(String, u64),
+    /// `expect md5 P HEX`: a regular file whose content has this MD5 (stored
+    /// as 32 lowercase hex digits).
     Md5(String, String),
+    /// `expect nlink P N`: the link count is N.
     Nlink(String, u64),
     /// Exact set of names in a directory (sorted).
     Entries(String, Vec<String>),
+    /// `expect xattr P NAME VALUE`: the `user.*` attribute NAME holds exactly
+    /// VALUE.
     Xattr(String, String, Vec<u8>),
+    /// `expect noxattr P NAME`: the `user.*` attribute NAME is absent.
     NoXattr(String, String),
     /// Exact set of `user.*` xattr names (sorted).
     XattrNames(String, Vec<String>),
+    /// `expect target P T`: a symlink whose target is T.
     Target(String, String),
     /// `f` file, `d` dir, `l` symlink, `p` fifo, `c` chr, `b` blk, `s` sock.
     Type(String, char),
+    /// `expect mode P OCTAL`: the permission and set-id bits (07777) are
+    /// exactly these.
     Mode(String, u32),
+    /// `expect alloc P [A,B)=KIND ...`: every byte range `[A, B)` of the
+    /// file's extent map is all of that kind.
     Alloc(String, Vec<(u64, u64, AllocKind)>),
+    /// `expect consistent`: the recovered image checks clean (btrfs check on
+    /// the kernel side, the engine's checker here).
     Consistent,
     /// A step run on the recovered filesystem; it must succeed.
     Post(Step),
@@ -351,11 +508,16 @@ pub enum Expect {
 /// A parsed script.
 #[derive(Clone, Debug)]
 pub struct Script {
+    /// Name the script is known by (usually its file name), for messages.
     pub name: String,
     /// The text as written (caches are keyed by it).
     pub text: String,
+    /// Extra mkfs.btrfs arguments from every `mkfs` directive, in order.
     pub mkfs: Vec<String>,
+    /// Image size in bytes (`fssize`; default [`DEFAULT_FSSIZE`]).
     pub fssize: u64,
+    /// Mount options from every `mount` directive, split at commas; see
+    /// [`Script::mount_options`].
     pub mount: Vec<String>,
     /// `expect-log yes|no`; None when unsaid or `any`.
     pub expect_log: Option<bool>,
@@ -365,6 +527,7 @@ pub struct Script {
     pub warmup: Option<bool>,
     /// Steps with their 1-based line numbers.
     pub steps: Vec<(usize, Step)>,
+    /// Expectations with their 1-based line numbers, in script order.
     pub expects: Vec<(usize, Expect)>,
 }
 
@@ -378,20 +541,24 @@ impl Script {
     }
 }
 
+/// A token of a script line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Tok<'a> {
     /// A bare word, borrowed from the line.
     Word(&'a str),
+    /// A quoted string or `<N x 'C'>`, escapes decoded: any bytes.
     Quoted(Vec<u8>),
 }
 
 impl Tok<'_> {
+    /// The token's bytes (a word's UTF-8, a quoted string's decoded bytes).
     pub fn bytes(&self) -> Vec<u8> {
         match self {
             Tok::Word(w) => w.as_bytes().to_vec(),
             Tok::Quoted(b) => b.clone(),
         }
     }
+    /// The token as an owned string (invalid UTF-8 replaced by U+FFFD).
     pub fn text(&self) -> String {
         self.str().into_owned()
     }
@@ -539,16 +706,25 @@ pub const STREAM_AHEAD: usize = 512;
 /// caller's own error for a step.
 #[derive(Debug)]
 pub enum StreamError<E> {
+    /// A line does not parse, or the script cannot be read.
     Parse(ParseError),
-    Step { line: usize, err: E },
+    /// The caller's `on_step` refused a step.
+    Step {
+        /// 1-based line of the step.
+        line: usize,
+        /// The caller's error.
+        err: E,
+    },
 }
 
 /// What one pass over a script learns of its steps without keeping them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepSummary {
+    /// Steps seen.
     pub steps: usize,
     /// Some step is a `crash`; some `crash` keeps a random subset.
     pub crashes: bool,
+    /// Some `crash` keeps a random subset (`--keep-random`).
     pub keep_random: bool,
     /// The line of the crash that ends the workload (see
     /// [`Script::final_crash`]).
@@ -682,6 +858,8 @@ impl Script {
         })
     }
 
+    /// Parse a whole script held in memory, keeping its text and every step;
+    /// the first line that does not parse is the error.
     pub fn parse(name: &str, text: &str) -> std::result::Result<Script, ParseError> {
         let mut s = Script::empty(name);
         s.text = text.to_string();

@@ -46,10 +46,15 @@ pub struct SessionOptions {
     pub record_writes: bool,
 }
 
+/// A script running on the engine: one image, its device, the mounted
+/// filesystem and the descriptors steps hold. Crash steps unmount, cut
+/// power and mount again (log replay included) within the session.
 pub struct Session {
     path: PathBuf,
     dev: Dev,
     fs: Option<Filesystem>,
+    /// Runs the filesystem steps and holds their descriptors (`open-fd`,
+    /// `tmpfile`); emptied by a crash.
     pub runner: EngineRunner,
     mount: MountOptions,
     switches: crate::fs::Switches,
@@ -103,6 +108,8 @@ impl Session {
         Ok(s)
     }
 
+    /// The image file the session was opened on; empty for a session made by
+    /// [`Session::on_device`].
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -126,6 +133,8 @@ impl Session {
         Ok(())
     }
 
+    /// The mounted filesystem; an error if none is mounted (a mount after a
+    /// crash failed).
     pub fn fs(&mut self) -> Result<&mut Filesystem> {
         self.fs
             .as_mut()
@@ -269,6 +278,7 @@ impl Session {
         Ok(check_expectations(script, &m, &out))
     }
 
+    /// What a user sees of the mounted filesystem now, every path.
     pub fn manifest(&mut self) -> Result<Manifest> {
         manifest(self.fs()?)
     }
