@@ -15,9 +15,12 @@ use btrkit_core::format::key::Key;
 use btrkit_core::format::names::parse_tree_name;
 use btrkit_core::format::root::RootItem;
 use btrkit_core::image::{tree_root_of, Image, OpenOptions};
-use btrkit_core::tree::{Expect, Node, TreeRoot};
-use std::collections::{HashSet, VecDeque};
+use btrkit_core::tree::{
+    walk, Expect, Node, OnDamage, Order, Place, Stop, TreeRoot, WalkEvent, WalkOptions,
+};
+use std::collections::HashSet;
 use std::io;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -112,14 +115,6 @@ pub struct Dumper<'a> {
     blocks_read: u64,
 }
 
-struct Ptr {
-    bytenr: u64,
-    expect: Expect,
-    parent: Option<u64>,
-    /// The first key right of this block's subtree, if known.
-    hi: Option<Key>,
-}
-
 impl<'a> Dumper<'a> {
     pub fn new(img: &'a Image, sink: &'a mut dyn Sink, dfs: bool) -> Self {
         use std::io::IsTerminal;
@@ -165,107 +160,103 @@ impl<'a> Dumper<'a> {
         drop: Option<Key>,
         mut roots: Option<&mut Vec<FoundRoot>>,
     ) -> io::Result<()> {
-        let mut queue = VecDeque::new();
-        queue.push_back(Ptr {
-            bytenr: start,
-            expect,
-            parent: None,
-            hi: None,
-        });
-        let mut seen = HashSet::new();
-        let mut children = Vec::new();
-        while let Some(p) = if self.dfs {
-            queue.pop_back()
-        } else {
-            queue.pop_front()
-        } {
-            if !seen.insert(p.bytenr) {
-                let m = format!(
-                    "referenced a second time in this tree (from block {})",
-                    p.parent.unwrap_or(0)
-                );
-                self.error(&m, Some(p.bytenr), p.expect.first_key)?;
-                continue;
-            }
-            let (node, problems) = match self.img.read_tree_block_checked(p.bytenr, &p.expect, log)
-            {
-                Ok(x) => x,
-                Err(e) => {
-                    let m = match p.parent {
-                        Some(parent) => format!("cannot read (pointer in block {parent}): {e}"),
-                        None => format!("cannot read: {e}"),
-                    };
-                    self.error(&m, Some(p.bytenr), p.expect.first_key)?;
-                    continue;
-                }
-            };
-            if !problems.is_empty() {
-                self.damaged += 1;
-            }
-            self.blocks_read += 1;
-            if let Some(pb) = &self.progress {
-                if self.blocks_read.is_multiple_of(256) {
-                    pb.set_message(format!("{} tree blocks", self.blocks_read));
-                }
-            }
-            if print {
-                self.sink.event(Event::Block {
-                    node: &node,
-                    problems: &problems,
-                })?;
+        let opts = WalkOptions {
+            order: if self.dfs {
+                Order::Depth
             } else {
-                for pr in &problems {
-                    self.sink.event(Event::Error {
-                        message: &pr.message,
-                        bytenr: Some(pr.bytenr),
-                        key: pr.key,
-                    })?;
-                }
-            }
-            if node.is_leaf() {
-                if let Some(r) = roots.as_deref_mut() {
-                    self.collect_roots(&node, r)?;
-                }
-                continue;
-            }
-            if !follow {
-                continue;
-            }
-            children.clear();
-            let nr = node.nr_safe();
-            for slot in 0..nr {
-                let hi = if slot + 1 < nr {
-                    node.key(slot + 1)
-                } else {
-                    p.hi
-                };
-                if let (Some(d), Some(h)) = (drop, hi) {
-                    if h <= d {
-                        continue;
+                Order::Breadth
+            },
+            on_damage: OnDamage::Keep,
+            log,
+            drop,
+            // Start the reads of the children now: on a cold page cache
+            // the disk then works while the blocks before them are printed.
+            prefetch: true,
+            ..Default::default()
+        };
+        let img = self.img;
+        let walked = walk(
+            img,
+            Place::start(start, expect),
+            &opts,
+            &mut HashSet::new(),
+            |ev| -> ControlFlow<io::Error, bool> {
+                let r = match ev {
+                    WalkEvent::Revisit { parent, at, .. } => {
+                        let m =
+                            format!("referenced a second time in this tree (from block {parent})");
+                        self.error(&m, Some(at.bytenr), at.expect.first_key)
                     }
+                    WalkEvent::Unreadable {
+                        bytenr,
+                        parent,
+                        key,
+                        error,
+                        ..
+                    } => {
+                        let m = match parent {
+                            Some(parent) => {
+                                format!("cannot read (pointer in block {parent}): {error}")
+                            }
+                            None => format!("cannot read: {error}"),
+                        };
+                        self.error(&m, Some(bytenr), key)
+                    }
+                    // No block is excluded from a dump.
+                    WalkEvent::Excluded { .. } => Ok(()),
+                    WalkEvent::Block { node, problems, .. } => {
+                        return match self.block(node, problems, print, roots.as_deref_mut()) {
+                            Ok(()) => ControlFlow::Continue(follow),
+                            Err(e) => ControlFlow::Break(e),
+                        }
+                    }
+                };
+                match r {
+                    Ok(()) => ControlFlow::Continue(true),
+                    Err(e) => ControlFlow::Break(e),
                 }
-                // A block asked for by address (-b) names no tree: its
-                // children are expected to share its owner, as the
-                // kernel's btrfs_read_node_slot expects.
-                let tree = p.expect.owner.unwrap_or_else(|| node.owner());
-                if let Some(c) = node.child_expect(slot, tree) {
-                    children.push(Ptr {
-                        hi,
-                        bytenr: c.bytenr,
-                        expect: c.expect,
-                        parent: Some(node.bytenr),
-                    });
-                }
+            },
+        );
+        match walked {
+            ControlFlow::Continue(()) => Ok(()),
+            ControlFlow::Break(Stop::Visitor(e)) => Err(e),
+            // A dump keeps what it can read: damage never stops it.
+            ControlFlow::Break(Stop::Damage(_)) => Ok(()),
+        }
+    }
+
+    /// One block read by the walk: counted, printed (or its problems
+    /// reported), and its ROOT_ITEMs collected.
+    fn block(
+        &mut self,
+        node: &Node,
+        problems: &[btrkit_core::tree::Problem],
+        print: bool,
+        roots: Option<&mut Vec<FoundRoot>>,
+    ) -> io::Result<()> {
+        if !problems.is_empty() {
+            self.damaged += 1;
+        }
+        self.blocks_read += 1;
+        if let Some(pb) = &self.progress {
+            if self.blocks_read.is_multiple_of(256) {
+                pb.set_message(format!("{} tree blocks", self.blocks_read));
             }
-            // Start the reads of the children now: on a cold page cache the
-            // disk then works while the blocks before them are printed.
-            for c in &children {
-                self.img.prefetch_tree_block(c.bytenr);
+        }
+        if print {
+            self.sink.event(Event::Block { node, problems })?;
+        } else {
+            for pr in problems {
+                self.sink.event(Event::Error {
+                    message: &pr.message,
+                    bytenr: Some(pr.bytenr),
+                    key: pr.key,
+                })?;
             }
-            if self.dfs {
-                queue.extend(children.drain(..).rev());
-            } else {
-                queue.extend(children.drain(..));
+        }
+        if node.is_leaf() {
+            if let Some(r) = roots {
+                self.collect_roots(node, r)?;
             }
         }
         Ok(())

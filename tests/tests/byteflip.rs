@@ -416,6 +416,9 @@ mod props {
                     WalkEvent::Revisit { bytenr, .. } => {
                         bad = Some(format!("block {bytenr} referenced twice"))
                     }
+                    WalkEvent::Excluded { why, at } => {
+                        bad = Some(format!("block {}: {why}", at.bytenr))
+                    }
                 }
                 ControlFlow::Continue(())
             });

@@ -21,24 +21,17 @@ use crate::format::key::Key;
 use crate::format::root::RootItem;
 use crate::image::Image;
 use crate::tree::node::{Expect, Node, Problem};
-use crate::tree::TreeRoot;
+use crate::tree::{walk, DamageKind, Order, Place, Stop, TreeRoot, WalkEvent, WalkOptions};
 use crate::{Error, Result};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 use zerocopy::FromBytes;
 
-/// What reading does with a block that is unreadable or fails validation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnDamage {
-    /// Stop with an error naming the block (replay must not guess).
-    Fail,
-    /// The block and everything under it is lost: its key range is recorded
-    /// in [`TreeRead::lost`] and none of its items are used (salvage).
-    Skip,
-    /// Use whatever can still be read of a damaged block (its items, its
-    /// pointers) and record the problems (inspection, the checker).
-    Keep,
-}
+/// What reading does with a block that is unreadable or fails validation
+/// (the tree walk's policy: replay fails, salvage loses the block,
+/// inspection and the checker keep what can be read).
+pub use crate::tree::OnDamage;
 
 #[derive(Clone, Copy, Debug)]
 pub struct ReadOptions {
@@ -498,17 +491,6 @@ struct Reader<'a> {
     excluded: &'a HashMap<u64, String>,
 }
 
-/// A block still to read: where it is, what its parent says of it, and the
-/// key range `[lo, hi)` its parent gives it.
-struct Pending {
-    bytenr: u64,
-    expect: Expect,
-    parent: Option<u64>,
-    depth: usize,
-    lo: Key,
-    hi: Option<Key>,
-}
-
 impl Reader<'_> {
     /// Walk one tree in key order, appending its items to `items` (sorted on
     /// return) and recording blocks, damage and lost ranges in `read`.
@@ -519,152 +501,130 @@ impl Reader<'_> {
         items: &mut Vec<(Key, Vec<u8>)>,
     ) -> Result<()> {
         let root = read.root;
-        let mut stack = vec![Pending {
-            bytenr: root.bytenr,
-            // The log root's generation is checked only when the caller
-            // knows it (a log root item's, not a damaged one's guess).
-            expect: Expect {
+        // The log root's generation is checked only when the caller knows
+        // it (a log root item's, not a damaged one's guess).
+        let start = Place::start(
+            root.bytenr,
+            Expect {
                 generation,
                 ..Expect::root(&root)
             },
-            parent: None,
-            depth: 0,
-            lo: Key::MIN,
-            hi: None,
-        }];
-        let fail = self.opts.on_damage == OnDamage::Fail;
-        while let Some(p) = stack.pop() {
-            let lost = |why: String| LostBlock {
-                bytenr: p.bytenr,
-                parent: p.parent,
-                level: p.expect.level.unwrap_or(0),
-                lo: p.lo,
-                hi: p.hi,
-                why,
-            };
-            if !self.seen.insert(p.bytenr) {
-                if fail {
-                    return Err(Error::corrupt_as(
-                        crate::CorruptKind::LogBlock,
-                        "log tree block referenced twice",
-                        p.bytenr,
-                    ));
+        );
+        let walk_opts = WalkOptions {
+            order: Order::Depth,
+            on_damage: self.opts.on_damage,
+            log: true,
+            check_range: true,
+            excluded: Some(self.excluded),
+            ..Default::default()
+        };
+        let opts = self.opts;
+        let lost = |at: &Place, why: String| LostBlock {
+            bytenr: at.bytenr,
+            parent: at.parent,
+            level: at.expect.level.unwrap_or(0),
+            lo: at.lo,
+            hi: at.hi,
+            why,
+        };
+        let walked = walk(self.img, start, &walk_opts, self.seen, |ev| {
+            match ev {
+                WalkEvent::Revisit { bytenr, parent, at } => {
+                    let message = format!(
+                        "block {bytenr} is referenced again by block {parent} (a loop or shared block in the log)"
+                    );
+                    read.problems.push(LogProblem {
+                        bytenr,
+                        key: None,
+                        message: message.clone(),
+                        class: ProblemClass::Revisit,
+                        slot: None,
+                    });
+                    read.lost.push(lost(at, message));
                 }
-                let message = format!(
-                    "block {} is referenced again by block {} (a loop or shared block in the log)",
-                    p.bytenr,
-                    p.parent.unwrap_or(0)
-                );
-                read.problems.push(LogProblem {
-                    bytenr: p.bytenr,
-                    key: None,
-                    message: message.clone(),
-                    class: ProblemClass::Revisit,
-                    slot: None,
-                });
-                read.lost.push(lost(message));
-                continue;
-            }
-            if let Some(why) = self.excluded.get(&p.bytenr) {
-                if fail {
-                    return Err(Error::corrupt_as(
-                        crate::CorruptKind::LogBlock,
-                        format!("log tree block {why}"),
-                        p.bytenr,
-                    ));
+                WalkEvent::Excluded { why, at } => {
+                    read.problems.push(LogProblem {
+                        bytenr: at.bytenr,
+                        key: at.expect.first_key,
+                        message: why.to_string(),
+                        class: ProblemClass::Damaged,
+                        slot: None,
+                    });
+                    read.lost.push(lost(at, why.to_string()));
                 }
-                read.problems.push(LogProblem {
-                    bytenr: p.bytenr,
-                    key: p.expect.first_key,
-                    message: why.clone(),
-                    class: ProblemClass::Damaged,
-                    slot: None,
-                });
-                read.lost.push(lost(why.clone()));
-                continue;
-            }
-            let (node, problems) = match self.img.read_tree_block_checked(p.bytenr, &p.expect, true)
-            {
-                Ok(x) => x,
-                Err(e) => {
-                    if fail {
-                        return Err(Error::corrupt_as(
-                            crate::CorruptKind::LogBlock,
-                            format!("log tree block unreadable: {e}"),
-                            p.bytenr,
-                        ));
-                    }
-                    let from = match p.parent {
+                WalkEvent::Unreadable {
+                    bytenr,
+                    parent,
+                    key,
+                    error,
+                    at,
+                } => {
+                    let from = match parent {
                         Some(b) => format!(" (referenced by block {b})"),
                         None => " (tree root)".to_string(),
                     };
-                    let message = format!("unreadable block{from}: {e}");
                     read.problems.push(LogProblem {
-                        bytenr: p.bytenr,
-                        key: p.expect.first_key,
-                        message,
+                        bytenr,
+                        key,
+                        message: format!("unreadable block{from}: {error}"),
                         class: ProblemClass::Unreadable,
                         slot: None,
                     });
                     read.lost
-                        .push(lost(format!("unreadable: {}", error_text(&e))));
-                    continue;
+                        .push(lost(at, format!("unreadable: {}", error_text(error))));
                 }
-            };
-            let mut problems: Vec<Problem> = problems;
-            // Keys outside the range the parent gives: the block does not
-            // belong where it is linked (tree-checker does not see this; a
-            // wrong block with a valid checksum would).
-            if let Some(slot) = (0..node.nr_safe()).find(|&s| {
-                node.key(s)
-                    .is_some_and(|k| k < p.lo || p.hi.is_some_and(|h| k >= h))
-            }) {
-                let key = node.key(slot);
-                problems.push(Problem {
-                    bytenr: p.bytenr,
-                    key,
-                    slot: Some(slot),
-                    kind: crate::tree::node::ProblemKind::KeyOrder,
-                    message: "key outside the range its parent gives the block".into(),
-                });
-            }
-            if p.depth == 0 {
-                read.root_block_generation = Some(node.generation());
-            }
-            if let Some(first) = problems.first() {
-                match self.opts.on_damage {
-                    OnDamage::Fail => {
-                        return Err(Error::corrupt_as(
-                            crate::CorruptKind::LogBlock,
-                            format!("log tree block: {}", first.message),
-                            p.bytenr,
-                        ))
+                WalkEvent::Block {
+                    node,
+                    problems,
+                    depth,
+                    at,
+                } => {
+                    if depth == 0 {
+                        read.root_block_generation = Some(node.generation());
                     }
-                    OnDamage::Skip => {
+                    if let Some(first) = problems.first() {
                         read.problems.extend(problems.iter().map(block_problem));
-                        read.lost.push(lost(format!("damaged: {}", first.message)));
-                        continue;
+                        if opts.on_damage == OnDamage::Skip {
+                            read.lost
+                                .push(lost(at, format!("damaged: {}", first.message)));
+                            return ControlFlow::Continue(false);
+                        }
                     }
-                    OnDamage::Keep => read.problems.extend(problems.iter().map(block_problem)),
+                    read.blocks.push(BlockRead {
+                        bytenr: node.bytenr,
+                        level: node.level(),
+                        generation: node.generation(),
+                        depth,
+                        nritems: node.nr_safe(),
+                        first_key: node.key(0),
+                        damaged: !problems.is_empty(),
+                    });
+                    if node.is_leaf() {
+                        if let Err(e) = take_items(opts, node, problems, read, items) {
+                            return ControlFlow::Break(e);
+                        }
+                    }
                 }
             }
-            read.blocks.push(BlockRead {
-                bytenr: p.bytenr,
-                level: node.level(),
-                generation: node.generation(),
-                depth: p.depth,
-                nritems: node.nr_safe(),
-                first_key: node.key(0),
-                damaged: !problems.is_empty(),
-            });
-            if node.is_leaf() {
-                self.take_items(&node, &problems, read, items)?;
-                continue;
+            ControlFlow::Continue(true)
+        });
+        match walked {
+            ControlFlow::Continue(()) => {}
+            ControlFlow::Break(Stop::Visitor(e)) => return Err(e),
+            ControlFlow::Break(Stop::Damage(d)) => {
+                let d = *d;
+                let what = match d.what {
+                    DamageKind::Revisit => "log tree block referenced twice".to_string(),
+                    DamageKind::Excluded(why) => format!("log tree block {why}"),
+                    DamageKind::Unreadable(e) => format!("log tree block unreadable: {e}"),
+                    DamageKind::Invalid(p) => format!("log tree block: {}", p.message),
+                };
+                return Err(Error::corrupt_as(
+                    crate::CorruptKind::LogBlock,
+                    what,
+                    d.at.bytenr,
+                ));
             }
-            if p.depth >= BTRFS_MAX_LEVEL as usize {
-                continue;
-            }
-            self.push_children(&node, &p, &mut stack);
         }
         if !items.is_sorted_by(|a, b| a.0 <= b.0) {
             // Only a damaged tree read leniently gets here.
@@ -673,64 +633,37 @@ impl Reader<'_> {
         }
         Ok(())
     }
+}
 
-    fn take_items(
-        &mut self,
-        node: &Node,
-        problems: &[Problem],
-        read: &mut TreeRead,
-        items: &mut Vec<(Key, Vec<u8>)>,
-    ) -> Result<()> {
-        read.leaf_starts.push((items.len(), node.bytenr));
-        for slot in 0..node.nr_safe() {
-            let Some(key) = node.key(slot) else { continue };
-            match node.item_data(slot) {
-                Ok(d) => items.push((key, d.to_vec())),
-                Err(e) => {
-                    if self.opts.on_damage == OnDamage::Fail {
-                        return Err(e);
-                    }
-                    if !problems.iter().any(|p| p.slot == Some(slot)) {
-                        read.problems.push(LogProblem {
-                            bytenr: node.bytenr,
-                            key: Some(key),
-                            message: error_text(&e),
-                            class: ProblemClass::Item,
-                            slot: Some(slot),
-                        });
-                    }
+fn take_items(
+    opts: ReadOptions,
+    node: &Node,
+    problems: &[Problem],
+    read: &mut TreeRead,
+    items: &mut Vec<(Key, Vec<u8>)>,
+) -> Result<()> {
+    read.leaf_starts.push((items.len(), node.bytenr));
+    for slot in 0..node.nr_safe() {
+        let Some(key) = node.key(slot) else { continue };
+        match node.item_data(slot) {
+            Ok(d) => items.push((key, d.to_vec())),
+            Err(e) => {
+                if opts.on_damage == OnDamage::Fail {
+                    return Err(e);
+                }
+                if !problems.iter().any(|p| p.slot == Some(slot)) {
+                    read.problems.push(LogProblem {
+                        bytenr: node.bytenr,
+                        key: Some(key),
+                        message: error_text(&e),
+                        class: ProblemClass::Item,
+                        slot: Some(slot),
+                    });
                 }
             }
         }
-        Ok(())
     }
-
-    fn push_children(&mut self, node: &Node, p: &Pending, stack: &mut Vec<Pending>) {
-        let n = node.nr_safe();
-        // Pushed in reverse so they pop in key order; child i covers keys
-        // from its pointer's key (the parent's lower bound for the first) to
-        // the next pointer's key (the parent's upper bound for the last).
-        for slot in (0..n).rev() {
-            let Some(c) = node.child_expect(slot, BTRFS_TREE_LOG_OBJECTID) else {
-                continue;
-            };
-            let key = c.expect.first_key.unwrap_or(Key::MIN);
-            let lo = if slot == 0 { p.lo.min(key) } else { key };
-            let hi = if slot + 1 < n {
-                node.key(slot + 1)
-            } else {
-                p.hi
-            };
-            stack.push(Pending {
-                bytenr: c.bytenr,
-                expect: c.expect,
-                parent: Some(node.bytenr),
-                depth: p.depth + 1,
-                lo,
-                hi,
-            });
-        }
-    }
+    Ok(())
 }
 
 fn block_problem(p: &Problem) -> LogProblem {

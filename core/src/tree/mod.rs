@@ -8,7 +8,9 @@ pub mod walk;
 
 pub use node::{Child, Expect, Node, Problem, ValidateCtx};
 pub use search::TreeIter;
-pub use walk::{walk_tree, WalkEvent};
+pub use walk::{
+    walk, walk_tree, Damage, DamageKind, OnDamage, Order, Place, Stop, WalkEvent, WalkOptions,
+};
 
 /// A tree to read: its root block and what that block must look like.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
