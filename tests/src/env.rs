@@ -106,29 +106,10 @@ pub fn require_btrfs_progs() -> bool {
 }
 
 /// A loop device can be attached and detached (probed once per process with a
-/// scratch file), and the kernel knows btrfs or can load it.
+/// scratch file), and the kernel knows btrfs or can load it; see
+/// [`crate::mount::probe`].
 pub fn require_loop() -> bool {
-    static P: OnceLock<Result<(), String>> = OnceLock::new();
-    report(P.get_or_init(|| {
-        if !is_root() {
-            return Err("not root, cannot set up loop devices".into());
-        }
-        if !std::path::Path::new("/dev/loop-control").exists() {
-            return Err("/dev/loop-control missing".into());
-        }
-        let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
-        let f = dir.path().join("probe.img");
-        let file = std::fs::File::create(&f).map_err(|e| format!("create probe file: {e}"))?;
-        file.set_len(1 << 20)
-            .map_err(|e| format!("probe file: {e}"))?;
-        let dev = crate::kimage::losetup_attach(&f).map_err(|e| format!("losetup failed: {e}"))?;
-        crate::kimage::losetup_detach(&dev);
-        let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
-        if !fs.contains("btrfs") && !runs("modprobe", &["btrfs"]) {
-            return Err("kernel has no btrfs support".into());
-        }
-        Ok(())
-    }))
+    report(&crate::mount::probe())
 }
 
 /// Everything a kernel-mount test needs: root, btrfs-progs, loop devices.

@@ -272,62 +272,13 @@ pub fn mkfs_btrfs(path: &Path, size: u64, extra: &[&str]) -> Result<(), String> 
     run_ok(Command::new("mkfs.btrfs").arg("-f").args(extra).arg(path)).map(|_| ())
 }
 
-/// A loop mount that is undone on drop, so a failing test leaves nothing
-/// mounted (`mount -o loop` sets autoclear: unmounting frees the loop device).
-pub struct LoopMount {
-    pub dir: tempfile::TempDir,
-    mounted: bool,
-}
-
-impl LoopMount {
-    pub fn new(image: &Path) -> Result<LoopMount, String> {
-        let dir = tempfile::Builder::new()
-            .prefix("btrkit-mnt-")
-            .tempdir()
-            .map_err(|e| e.to_string())?;
-        // A busy loop device is retried: other tests may be attaching at the same time.
-        let mut last = String::new();
-        for _ in 0..5 {
-            match run_ok(
-                Command::new("mount")
-                    .args(["-o", "loop"])
-                    .arg(image)
-                    .arg(dir.path()),
-            ) {
-                Ok(_) => return Ok(LoopMount { dir, mounted: true }),
-                Err(e) => last = e,
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Err(last)
-    }
-    pub fn path(&self) -> &Path {
-        self.dir.path()
-    }
-    pub fn unmount(&mut self) -> Result<(), String> {
-        if self.mounted {
-            run_ok(Command::new("umount").arg(self.dir.path()))?;
-            self.mounted = false;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for LoopMount {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = Command::new("umount").arg(self.dir.path()).status();
-        }
-    }
-}
-
 /// A small image written by the kernel: mkfs with 4 KiB nodes (so a few
 /// hundred files already give trees of more than one level), then loop-mount
 /// and create directories, small (inline) and larger files, a hard link, a
 /// symlink, xattrs and a deleted file. Needs root and mkfs.btrfs.
 pub fn kernel_populated_image(path: &Path, size: u64) -> Result<(), String> {
     mkfs_btrfs(path, size, &["-n", "4096"])?;
-    let mut m = LoopMount::new(path)?;
+    let m = crate::mount::LoopMount::new(path, "")?;
     let root = m.path().to_path_buf();
     let io = |e: std::io::Error| e.to_string();
     for d in 0..4 {

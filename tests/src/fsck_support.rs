@@ -1,8 +1,11 @@
 //! Helpers for the btrkit-fsck integration tests: locating the binary and
-//! the shared fixtures, running the checker, and loop-mount guards.
+//! the shared fixtures, running the checker, and kernel-written images
+//! (mounted with [`LoopMount`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use crate::mount::LoopMount;
 
 /// The repository root (the workspace directory).
 pub fn repo_root() -> PathBuf {
@@ -144,52 +147,6 @@ pub fn have(prog: &str) -> bool {
 
 pub use crate::sys::is_root;
 
-/// A loop mount that is unmounted (and its loop device detached) on drop.
-pub struct Mount {
-    pub dir: tempfile::TempDir,
-}
-
-impl Mount {
-    pub fn new(image: &Path, opts: &str) -> Result<Mount, String> {
-        let dir = tempfile::Builder::new()
-            .prefix("btrkit-fsck-mnt")
-            .tempdir()
-            .map_err(|e| e.to_string())?;
-        for attempt in 0..5 {
-            let st = Command::new("mount")
-                .args(["-o", &format!("loop,{opts}")])
-                .arg(image)
-                .arg(dir.path())
-                .status()
-                .map_err(|e| e.to_string())?;
-            if st.success() {
-                return Ok(Mount { dir });
-            }
-            std::thread::sleep(std::time::Duration::from_millis(200 * (attempt + 1)));
-        }
-        Err(format!("mount of {} failed", image.display()))
-    }
-    pub fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        // `umount` of a loop mount made with -o loop detaches the device too.
-        for _ in 0..5 {
-            if Command::new("umount")
-                .arg(self.dir.path())
-                .status()
-                .is_ok_and(|s| s.success())
-            {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-    }
-}
-
 /// Run a shell snippet, panicking with its output on failure (test setup).
 pub fn sh(cmd: &str) {
     let o = Command::new("sh").arg("-c").arg(cmd).output();
@@ -219,7 +176,8 @@ pub fn kernel_image(
         img.display()
     ));
     {
-        let m = Mount::new(&img, &format!("space_cache=v2,{mount_opts}")).expect("mount");
+        let m = LoopMount::new(&img, &format!("space_cache=v2,{mount_opts}"))
+            .unwrap_or_else(|e| panic!("{e}"));
         sh(&format!("cd '{}' && {script}", m.path().display()));
     }
     img

@@ -34,6 +34,8 @@ use std::process::{Command, Output};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use crate::mount::LoopMount;
+
 pub use btrkit_core::workload::content::{file_content, file_name, file_size, FillStream, Prng};
 pub use btrkit_core::workload::manifest::{
     check_expectations, content_hash, md5_hex, Entry, Manifest, Outcome,
@@ -71,7 +73,7 @@ pub fn load_dir(dir: &Path) -> Res<Vec<Scenario>> {
 }
 
 // ---------------------------------------------------------------------------
-// Commands and loop mounts
+// Commands
 
 fn run(cmd: &mut Command) -> Res<Output> {
     let desc = format!("{cmd:?}");
@@ -94,202 +96,18 @@ pub fn copy_sparse(from: &Path, to: &Path) -> Res<()> {
 
 /// Whether this machine can run the kernel oracle; `Err` says why not.
 pub fn can_run() -> Res<()> {
-    if unsafe { libc::geteuid() } != 0 {
+    if !crate::sys::is_root() {
         return Err("needs root (loop devices and mount)".into());
     }
-    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
-    if !fs.contains("btrfs") {
-        // The module may simply not be loaded yet.
-        let _ = Command::new("modprobe").arg("btrfs").output();
-        if !std::fs::read_to_string("/proc/filesystems")
-            .unwrap_or_default()
-            .contains("btrfs")
-        {
-            return Err("btrfs is not available in the kernel".into());
-        }
-    }
-    if !Path::new("/dev/loop-control").exists() {
-        return Err("no /dev/loop-control (loop devices)".into());
-    }
+    // Loop devices that attach and detach, btrfs in the kernel (loaded when
+    // it is a module).
+    crate::mount::probe()?;
     for tool in ["mkfs.btrfs", "btrfs", "losetup", "mount", "umount", "cp"] {
         if Command::new(tool).arg("--version").output().is_err() {
             return Err(format!("{tool} is not installed"));
         }
     }
     Ok(())
-}
-
-/// A btrfs image attached to a loop device and mounted. Dropping it unmounts
-/// and detaches, retrying while the kernel reports the mount busy, so a
-/// panicking test leaves nothing behind.
-pub struct LoopMount {
-    mnt: PathBuf,
-    dev: String,
-    mounted: bool,
-}
-
-impl LoopMount {
-    pub fn mount(img: &Path, mnt: &Path, opts: &str) -> Res<LoopMount> {
-        std::fs::create_dir_all(mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
-        let mut last = String::new();
-        for attempt in 0..8 {
-            if attempt > 0 {
-                std::thread::sleep(Duration::from_millis(150 * attempt));
-            }
-            let o = match Command::new("losetup")
-                .args(["--find", "--show"])
-                .arg(img)
-                .output()
-            {
-                Ok(o) => o,
-                Err(e) => return Err(format!("losetup: {e}")),
-            };
-            if !o.status.success() {
-                last = format!(
-                    "losetup {}: {}",
-                    img.display(),
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-                continue;
-            }
-            let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
-            // From here the guard owns the loop device, mounted or not.
-            let mut g = LoopMount {
-                mnt: mnt.to_path_buf(),
-                dev,
-                mounted: false,
-            };
-            let mut cmd = Command::new("mount");
-            cmd.args(["-t", "btrfs"]);
-            if !opts.is_empty() {
-                cmd.args(["-o", opts]);
-            }
-            let o = cmd
-                .arg(&g.dev)
-                .arg(mnt)
-                .output()
-                .map_err(|e| format!("mount: {e}"))?;
-            if o.status.success() {
-                g.mounted = true;
-                return Ok(g);
-            }
-            last = format!(
-                "mount -o {opts} {} ({}): {}{}",
-                img.display(),
-                g.dev,
-                String::from_utf8_lossy(&o.stderr).trim().replace('\n', " "),
-                kernel_says(&g.dev)
-            );
-            drop(g);
-            // Only a busy or racing device is worth another try; a refused
-            // filesystem is refused again.
-            if !(last.contains("busy")
-                || last.contains("already")
-                || last.contains("No such device"))
-            {
-                break;
-            }
-        }
-        Err(last)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.mnt
-    }
-
-    pub fn device(&self) -> &str {
-        &self.dev
-    }
-
-    /// Unmount and detach now, reporting failure (Drop can only try).
-    pub fn unmount(mut self) -> Res<()> {
-        self.release()
-    }
-
-    fn release(&mut self) -> Res<()> {
-        let mut err = None;
-        if self.mounted {
-            let mut ok = false;
-            let mut last = String::new();
-            for i in 0..60 {
-                match Command::new("umount").arg(&self.mnt).output() {
-                    Ok(o) if o.status.success() => {
-                        ok = true;
-                        break;
-                    }
-                    Ok(o) => last = String::from_utf8_lossy(&o.stderr).trim().to_string(),
-                    Err(e) => last = e.to_string(),
-                }
-                std::thread::sleep(Duration::from_millis(if i < 10 { 100 } else { 500 }));
-            }
-            if !ok {
-                let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
-                err = Some(format!(
-                    "umount {}: {last} (lazily unmounted)",
-                    self.mnt.display()
-                ));
-            }
-            self.mounted = false;
-        }
-        if !self.dev.is_empty() {
-            let mut last = String::new();
-            let mut ok = false;
-            for _ in 0..30 {
-                match Command::new("losetup").arg("-d").arg(&self.dev).output() {
-                    Ok(o) if o.status.success() => {
-                        ok = true;
-                        break;
-                    }
-                    // Already gone (autoclear raced us): nothing left to do.
-                    Ok(o) if String::from_utf8_lossy(&o.stderr).contains("No such device") => {
-                        ok = true;
-                        break;
-                    }
-                    Ok(o) => last = String::from_utf8_lossy(&o.stderr).trim().to_string(),
-                    Err(e) => last = e.to_string(),
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            if !ok && err.is_none() {
-                err = Some(format!("losetup -d {}: {last}", self.dev));
-            }
-            self.dev.clear();
-        }
-        let _ = std::fs::remove_dir(&self.mnt);
-        err.map_or(Ok(()), Err)
-    }
-}
-
-/// The kernel's last complaints about a device (why a mount failed), as
-/// "; kernel: ..." or nothing. Other runs may log meanwhile, so only lines
-/// naming the device count.
-fn kernel_says(dev: &str) -> String {
-    let name = dev.rsplit('/').next().unwrap_or(dev);
-    let tag = format!("(device {name})");
-    let Ok(o) = Command::new("dmesg").output() else {
-        return String::new();
-    };
-    let text = String::from_utf8_lossy(&o.stdout);
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains(&tag) && (l.contains("critical") || l.contains("error")))
-        .map(|l| l.split_once("] ").map_or(l, |(_, r)| r))
-        .collect();
-    let mut last: Vec<&str> = lines.iter().rev().take(3).copied().collect();
-    last.reverse();
-    if last.is_empty() {
-        String::new()
-    } else {
-        format!("; kernel: {}", last.join(" / "))
-    }
-}
-
-impl Drop for LoopMount {
-    fn drop(&mut self) {
-        if let Err(e) = self.release() {
-            eprintln!("warning: {e}");
-        }
-    }
 }
 
 /// At most this many kernel runs (mkfs, mount, workload, manifests) at once in

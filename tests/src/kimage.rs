@@ -3,7 +3,8 @@
 //! Every [`KernelImage`] lives in its own temporary directory (image file and
 //! mount point), so tests can run in parallel. Dropping it, also while a test
 //! panics, unmounts (retrying while busy, lazily as a last resort), detaches
-//! the loop device and removes the directory.
+//! the loop device and removes the directory: the mount is a
+//! [`LoopMount`](crate::mount::LoopMount).
 //!
 //! The helpers panic with the failing command's output: they are test
 //! fixtures, and a test cannot go on without its image.
@@ -13,7 +14,8 @@ use btrkit_core::image::read_superblock;
 use btrkit_core::io::FileDevice;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+
+use crate::mount::LoopMount;
 
 /// Options for `mkfs.btrfs`.
 #[derive(Clone, Debug)]
@@ -112,38 +114,6 @@ pub fn run(cmd: &mut Command) -> Output {
     try_run(cmd).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Attach `file` to a free loop device. Two processes can race for the same
-/// free device, so a failure is retried with a growing pause.
-pub fn losetup_attach(file: &Path) -> Result<PathBuf, String> {
-    let mut last = String::new();
-    for attempt in 0..20u64 {
-        match try_run(Command::new("losetup").args(["-f", "--show"]).arg(file)) {
-            Ok(out) => {
-                let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-                if dev.starts_with("/dev/") {
-                    return Ok(PathBuf::from(dev));
-                }
-                last = format!("losetup printed {dev:?}");
-            }
-            Err(e) => last = e,
-        }
-        std::thread::sleep(Duration::from_millis(50 * (attempt + 1)));
-    }
-    Err(last)
-}
-
-/// Detach a loop device. When it is still busy (a lazy unmount still holds
-/// it) the kernel marks it autoclear and frees it on last close.
-pub fn losetup_detach(dev: &Path) {
-    for _ in 0..20 {
-        if try_run(Command::new("losetup").arg("-d").arg(dev)).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    eprintln!("warning: could not detach {}", dev.display());
-}
-
 /// Read superblock copy 0 of an image file with btrkit-core.
 pub fn superblock_of(image: &Path) -> Superblock {
     let dev =
@@ -168,8 +138,8 @@ pub struct KernelImage {
     dir: tempfile::TempDir,
     image: PathBuf,
     mnt: PathBuf,
-    loopdev: Option<PathBuf>,
-    mounted: bool,
+    /// The live mount, while mounted.
+    mount: Option<LoopMount>,
     pub mkfs: MkfsOpts,
 }
 
@@ -191,8 +161,7 @@ impl KernelImage {
             dir,
             image,
             mnt,
-            loopdev: None,
-            mounted: false,
+            mount: None,
             mkfs: opts.clone(),
         }
     }
@@ -210,63 +179,36 @@ impl KernelImage {
     /// commit interval, so that no transaction commit happens behind the
     /// test's back (crash images rely on it).
     pub fn mount(&mut self, opts: &str) {
-        assert!(!self.mounted, "already mounted");
+        assert!(self.mount.is_none(), "already mounted");
         let mut o: Vec<&str> = opts.split(',').filter(|s| !s.is_empty()).collect();
         if !o.iter().any(|s| s.starts_with("commit=")) {
             o.insert(0, "commit=600");
         }
-        let o = o.join(",");
-        let dev = losetup_attach(&self.image).unwrap_or_else(|e| panic!("losetup: {e}"));
-        let mut last = String::new();
-        for attempt in 0..5u64 {
-            match try_run(
-                Command::new("mount")
-                    .args(["-t", "btrfs", "-o", &o])
-                    .arg(&dev)
-                    .arg(&self.mnt),
-            ) {
-                Ok(_) => {
-                    self.loopdev = Some(dev);
-                    self.mounted = true;
-                    return;
-                }
-                Err(e) => last = e,
-            }
-            std::thread::sleep(Duration::from_millis(200 * (attempt + 1)));
-        }
-        losetup_detach(&dev);
-        panic!("mount failed: {last}");
+        let m = LoopMount::mount(&self.image, &self.mnt, &o.join(","))
+            .unwrap_or_else(|e| panic!("mount failed: {e}"));
+        self.mount = Some(m);
     }
 
     /// Unmount and detach. Retries while the mount is busy, then falls back
     /// to a lazy unmount so a stuck test never leaves a mount behind.
     pub fn umount(&mut self) {
-        if self.mounted {
-            let mut ok = false;
-            for _ in 0..50 {
-                if try_run(Command::new("umount").arg(&self.mnt)).is_ok() {
-                    ok = true;
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
+        if let Some(m) = self.mount.take() {
+            if let Err(e) = m.unmount() {
+                eprintln!("warning: {e}");
             }
-            if !ok {
-                eprintln!("warning: {} busy, unmounting lazily", self.mnt.display());
-                let _ = try_run(Command::new("umount").arg("-l").arg(&self.mnt));
-            }
-            self.mounted = false;
-        }
-        if let Some(dev) = self.loopdev.take() {
-            losetup_detach(&dev);
         }
     }
 
     /// The loop device while mounted.
     pub fn loop_device(&self) -> Option<&Path> {
-        self.loopdev.as_deref()
+        self.mount.as_ref().map(LoopMount::device)
+    }
+    /// The live mount guard, while mounted.
+    pub fn loop_mount(&self) -> Option<&LoopMount> {
+        self.mount.as_ref()
     }
     pub fn is_mounted(&self) -> bool {
-        self.mounted
+        self.mount.is_some()
     }
     /// The image file.
     pub fn image(&self) -> &Path {
@@ -287,7 +229,7 @@ impl KernelImage {
 
     /// Commit the running transaction (`btrfs filesystem sync`).
     pub fn sync(&self) {
-        assert!(self.mounted, "sync needs a mount");
+        assert!(self.is_mounted(), "sync needs a mount");
         run(Command::new("btrfs")
             .args(["filesystem", "sync"])
             .arg(&self.mnt));
@@ -318,7 +260,7 @@ impl KernelImage {
 
     /// As [`crash_copy`](Self::crash_copy), without requiring a log tree.
     pub fn crash_copy_unchecked(&self, name: &str) -> CrashCopy {
-        assert!(self.mounted, "crash_copy needs a live mount");
+        assert!(self.is_mounted(), "crash_copy needs a live mount");
         let dir = tempfile::Builder::new()
             .prefix("btrkit-crash-")
             .tempdir()

@@ -5,6 +5,9 @@
 //!   under `BTRKIT_REQUIRE_ORACLES=1`); use them via [`skip_unless!`].
 //! - [`bins`]: paths to the workspace binaries (`bin_path("btrkit-dump")`),
 //!   building them on first use when missing or older than their sources.
+//! - [`mount`]: [`LoopMount`], the one loop-mount guard every test and helper
+//!   mounts through (unmounts and detaches on drop, also on panic), and
+//!   probes for mount points and loop devices.
 //! - [`kimage`]: kernel-mounted scratch images ([`kimage::KernelImage`]) with a
 //!   drop guard that unmounts and detaches, and crash-image capture.
 //! - [`rich`]: builds an image full of the things the kernel writes (inline,
@@ -24,6 +27,7 @@ pub mod fsck_support;
 #[allow(unsafe_code)]
 pub mod kcrash;
 pub mod kimage;
+pub mod mount;
 pub mod rich;
 pub mod salvage;
 // Safe wrappers over the system calls the other helpers need.
@@ -36,3 +40,4 @@ pub use env::{
     require_root, require_shared, skip, skip_part, test_name,
 };
 pub use kimage::{KernelImage, MkfsOpts};
+pub use mount::LoopMount;

@@ -6,9 +6,10 @@
 //! same tree (contents, sizes, allocation, inode numbers...), and both
 //! images must pass `btrfs check`, ours also `btrkit-fsck --check-data-csum`.
 
-use btrkit_tests::kcrash::{self, LoopMount, Runner, Scenario};
+use btrkit_tests::kcrash::{self, Runner, Scenario};
 use btrkit_tests::kimage::{run, KernelImage, MkfsOpts};
 use btrkit_tests::rich::populate_rich;
+use btrkit_tests::LoopMount;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

@@ -6,6 +6,7 @@ use btrkit_core::format::consts::*;
 use btrkit_core::format::header::{HEADER_SIZE, ITEM_SIZE};
 use btrkit_core::format::key::Key;
 use btrkit_tests::fsck_support::*;
+use btrkit_tests::LoopMount;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -410,7 +411,7 @@ fn fsck_damage_log_tree() {
                 img.display()
             ));
         }
-        let m = Mount::new(&img, "space_cache=v2,commit=600").expect("mount");
+        let m = LoopMount::new(&img, "space_cache=v2,commit=600").expect("mount");
         let p = m.path().display().to_string();
         sh(&format!("cd '{p}' && mkdir d && xfs_io -f -c 'pwrite 0 64k' w1 >/dev/null && xfs_io -f -c 'pwrite 0 20k' w2 >/dev/null && sync && xfs_io -f -c 'pwrite 0 64k' -c fsync d/a >/dev/null && xfs_io -f -c 'pwrite 0 20k' -c fsync d/b >/dev/null"));
         sh(&format!(

@@ -4,6 +4,7 @@
 //! subvolume, fsync log trees) must check clean, as `btrfs check` says.
 
 use btrkit_tests::fsck_support::*;
+use btrkit_tests::LoopMount;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -143,7 +144,7 @@ fn fsck_kernel_feature_images_clean() {
     ] {
         let img = mkfs(tmp.path(), name, "512M", mkfs_args);
         {
-            let m = Mount::new(&img, &format!("space_cache=v2,{mount_opts}")).expect("mount");
+            let m = LoopMount::new(&img, &format!("space_cache=v2,{mount_opts}")).expect("mount");
             populate(m.path());
         }
         assert_clean(&img, name);
@@ -160,7 +161,7 @@ fn fsck_kernel_log_tree_clean() {
     let img = mkfs(tmp.path(), "log.img", "512M", "");
     let crash = tmp.path().join("crash.img");
     {
-        let m = Mount::new(&img, "space_cache=v2,commit=600,compress=zstd").expect("mount");
+        let m = LoopMount::new(&img, "space_cache=v2,commit=600,compress=zstd").expect("mount");
         let p = m.path().display().to_string();
         sh(&format!("cd '{p}' && mkdir a b && for i in $(seq 1 300); do echo $i > a/f$i; done && head -c 1000000 /dev/urandom > a/big && sync"));
         sh(&format!(

@@ -15,6 +15,7 @@ use btrkit_core::format::consts::*;
 use btrkit_core::format::header::{HEADER_SIZE, ITEM_SIZE};
 use btrkit_core::format::key::Key;
 use btrkit_tests::fsck_support::*;
+use btrkit_tests::LoopMount;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -244,7 +245,7 @@ fn build_base(dir: &Path, base: Base) -> PathBuf {
                 img.display()
             ));
             {
-                let m = Mount::new(&img, "space_cache=v1").expect("mount");
+                let m = LoopMount::new(&img, "space_cache=v1").expect("mount");
                 sh(&format!("cd '{}' && {V1_WORKLOAD}", m.path().display()));
             }
             img
@@ -1109,7 +1110,7 @@ fn open_unlinked_file_and_directory_are_valid_orphans() {
         img.display()
     ));
     {
-        let m = Mount::new(&img, "space_cache=v2,commit=600").expect("mount");
+        let m = LoopMount::new(&img, "space_cache=v2,commit=600").expect("mount");
         let p = m.path().display().to_string();
         sh(&format!("mkdir -p '{p}/dir/sub' && for i in 1 2 3; do echo $i > '{p}/dir/f'$i; done && head -c 100000 /dev/urandom > '{p}/file' && sync"));
         // Hold the file and the directory open, delete both, commit.

@@ -26,13 +26,12 @@ fn have_progs() -> bool {
 }
 
 use btrkit_tests::sys::is_root;
+use btrkit_tests::LoopMount;
 
+/// Root, loop devices and btrfs in the kernel (probed once, quietly: the
+/// tests skip only their mount part).
 fn can_mount() -> bool {
-    is_root()
-        && std::fs::read_to_string("/proc/filesystems")
-            .map(|s| s.contains("btrfs"))
-            .unwrap_or(false)
-        && Path::new("/dev/loop-control").exists()
+    btrkit_tests::mount::probe().is_ok()
 }
 
 fn mkfs(args: &[&str], img: &Path) -> Output {
@@ -81,50 +80,8 @@ fn check(img: &Path) {
 }
 
 /// A loop mount that is undone even when the test fails.
-struct Mount {
-    dir: tempfile::TempDir,
-}
-impl Mount {
-    fn new(img: &Path, opts: &str) -> Mount {
-        let dir = tempfile::tempdir().unwrap();
-        let mut last = String::new();
-        for _ in 0..5 {
-            let o = Command::new("mount")
-                .args(["-o", &format!("loop,{opts}")])
-                .arg(img)
-                .arg(dir.path())
-                .output()
-                .unwrap();
-            if o.status.success() {
-                return Mount { dir };
-            }
-            last = String::from_utf8_lossy(&o.stderr).into_owned();
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-        panic!("mount {} failed: {last}", img.display());
-    }
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-impl Drop for Mount {
-    fn drop(&mut self) {
-        for _ in 0..10 {
-            if Command::new("umount")
-                .arg(self.dir.path())
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false)
-            {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
+fn mount(img: &Path, opts: &str) -> LoopMount {
+    LoopMount::new(img, opts).unwrap_or_else(|e| panic!("mount {} failed: {e}", img.display()))
 }
 
 #[test]
@@ -145,7 +102,7 @@ fn every_csum_and_nodesize_checks_clean_and_mounts() {
             );
             check(&img);
             if can_mount() {
-                let m = Mount::new(&img, "rw");
+                let m = mount(&img, "rw");
                 std::fs::write(m.path().join("f"), vec![7u8; 300_000]).unwrap();
                 drop(m);
                 check(&img);
@@ -358,7 +315,7 @@ fn rootdir_copy_equals_source() {
             btrkit_tests::skip_part("mount comparison", "needs root and loop devices");
             continue;
         }
-        let m = Mount::new(&img, "ro");
+        let m = mount(&img, "ro");
         let (want, got) = (describe(&src), describe(m.path()));
         let diff: Vec<_> = want
             .iter()
@@ -400,7 +357,7 @@ fn rootdir_enospc_fails_cleanly_and_keeps_last_commit() {
     assert!(err.contains("no space"), "{err}");
     check(&img);
     if can_mount() {
-        let m = Mount::new(&img, "ro");
+        let m = mount(&img, "ro");
         let n = std::fs::read_dir(m.path()).unwrap().count();
         assert!(n > 0, "some directories were committed before the failure");
     }

@@ -3,7 +3,7 @@
 //! elsewhere; either way OUT is the replayed image and the input stays as
 //! it was.
 
-use btrkit_tests::{kcrash, sys};
+use btrkit_tests::{kcrash, sys, LoopMount};
 use std::path::Path;
 use std::process::Command;
 
@@ -72,7 +72,7 @@ fn output_is_a_reflink_where_the_filesystem_allows_one() {
         String::from_utf8_lossy(&o.stderr)
     );
     let _slot = kcrash::slot();
-    let m = kcrash::LoopMount::mount(&host, &w.join("host"), "").unwrap_or_else(|e| panic!("{e}"));
+    let m = LoopMount::mount(&host, &w.join("host"), "").unwrap_or_else(|e| panic!("{e}"));
     let img = m.path().join("crash.img");
     kcrash::copy_sparse(&crash.path, &img).unwrap();
     let before = kcrash::image_digest(&img).unwrap();

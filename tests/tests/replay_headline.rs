@@ -7,7 +7,7 @@
 //! The crash image is cached under `target/<profile>/kcrash-cache` (making it
 //! takes 10,000 log syncs); `BTRKIT_KCRASH_FRESH=1` regenerates it.
 
-use btrkit_tests::kcrash;
+use btrkit_tests::{kcrash, LoopMount};
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
@@ -15,8 +15,8 @@ use std::time::Instant;
 fn count_on(img: &Path, opts: &str, work: &Path) -> (u32, u32) {
     let copy = work.join("count.img");
     kcrash::copy_sparse(img, &copy).unwrap();
-    let m = kcrash::LoopMount::mount(&copy, &work.join("count-mnt"), opts)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let m =
+        LoopMount::mount(&copy, &work.join("count-mnt"), opts).unwrap_or_else(|e| panic!("{e}"));
     let r = kcrash::count_headline_files(m.path()).unwrap_or_else(|e| panic!("{e}"));
     m.unmount().unwrap_or_else(|e| panic!("{e}"));
     std::fs::remove_file(&copy).unwrap();

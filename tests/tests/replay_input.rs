@@ -6,7 +6,7 @@ use btrkit_core::format::consts::*;
 use btrkit_core::image::{read_superblock, Image, OpenOptions};
 use btrkit_core::io::FileDevice;
 use btrkit_tests::{
-    bin_path, require_btrfs_progs, require_kernel_mount, require_shared, skip_unless,
+    bin_path, require_btrfs_progs, require_kernel_mount, require_shared, skip_unless, LoopMount,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -102,23 +102,14 @@ fn kernel_view(img: &Path) -> Vec<String> {
         .status()
         .unwrap()
         .success());
-    let mnt = dir.path().join("m");
-    std::fs::create_dir(&mnt).unwrap();
-    assert!(Command::new("mount")
-        .arg("-o")
-        .arg("loop")
-        .arg(&copy)
-        .arg(&mnt)
-        .status()
-        .unwrap()
-        .success());
+    let m = LoopMount::mount(&copy, &dir.path().join("m"), "").unwrap_or_else(|e| panic!("{e}"));
     let o = Command::new("sh")
         .arg("-c")
         .arg("cd \"$0\" && find . -printf '%p %y %m %s %n %l\\n' | sort && find . -type f -exec cksum {} + 2>&1 | sort")
-        .arg(&mnt)
+        .arg(m.path())
         .output()
         .unwrap();
-    let _ = Command::new("umount").arg(&mnt).status();
+    drop(m);
     String::from_utf8_lossy(&o.stdout)
         .lines()
         .map(String::from)

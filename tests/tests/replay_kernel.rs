@@ -16,6 +16,7 @@
 //! replaces the binary under test (relative to the repository root).
 
 use btrkit_tests::kcrash::{self, Manifest, Scenario};
+use btrkit_tests::LoopMount;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -616,10 +617,10 @@ fn loop_mount_guard_cleans_up_after_a_panic() {
     let mnt = work.path().join("mnt");
     let (img2, mnt2) = (img.clone(), mnt.clone());
     let r = std::thread::spawn(move || {
-        let m = kcrash::LoopMount::mount(&img2, &mnt2, "commit=600").unwrap();
+        let m = LoopMount::mount(&img2, &mnt2, "commit=600").unwrap();
         // Keep a file open too: the guard must still get the mount away.
         std::fs::write(m.path().join("f"), b"x").unwrap();
-        panic!("deliberate panic with {} mounted", m.device());
+        panic!("deliberate panic with {} mounted", m.device().display());
     })
     .join();
     assert!(r.is_err(), "the thread was meant to panic");
@@ -629,16 +630,9 @@ fn loop_mount_guard_cleans_up_after_a_panic() {
         "still mounted at {}",
         mnt.display()
     );
-    let o = Command::new("losetup")
-        .arg("-j")
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&o.stdout).trim().is_empty(),
-        "loop device left attached: {}",
-        String::from_utf8_lossy(&o.stdout)
-    );
+    assert!(!btrkit_tests::mount::is_mount_point(&mnt));
+    let left = btrkit_tests::mount::loop_devices_of(&img);
+    assert!(left.is_empty(), "loop device left attached: {left:?}");
 }
 
 /// Print the text of the scenarios `BTRKIT_SCENARIOS` selects (random ones

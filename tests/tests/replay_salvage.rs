@@ -25,6 +25,7 @@
 
 use btrkit_tests::kcrash::{self, Manifest, Scenario};
 use btrkit_tests::salvage::{by_inode, damage_block, log_blocks, same_content, LogBlock};
+use btrkit_tests::LoopMount;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -195,7 +196,7 @@ fn zero_log_manifest(
             String::from_utf8_lossy(&o.stderr)
         ));
     }
-    let mnt = kcrash::LoopMount::mount(&zl, &work.join("zl-mnt"), "ro")?;
+    let mnt = LoopMount::mount(&zl, &work.join("zl-mnt"), "ro")?;
     let r = kcrash::manifest_of_tree(mnt.path()).and_then(|m| {
         let mut ids = BTreeMap::new();
         for (p, e) in &m.entries {
@@ -608,8 +609,7 @@ fn headline_leaves_lost(pick: impl for<'a> Fn(&[&'a LogBlock]) -> Vec<&'a LogBlo
         .unwrap();
     let w = work.path();
     let count = |img: &Path| -> (u32, u32) {
-        let m =
-            kcrash::LoopMount::mount(img, &w.join("mnt"), "ro").unwrap_or_else(|e| panic!("{e}"));
+        let m = LoopMount::mount(img, &w.join("mnt"), "ro").unwrap_or_else(|e| panic!("{e}"));
         let r = kcrash::count_headline_files(m.path()).unwrap_or_else(|e| panic!("{e}"));
         m.unmount().unwrap_or_else(|e| panic!("{e}"));
         r
