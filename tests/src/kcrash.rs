@@ -944,21 +944,12 @@ impl Fnv {
 }
 
 pub fn image_digest(p: &Path) -> Res<String> {
-    use std::os::fd::AsRawFd;
     let f = File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
     let size = f.metadata().map_err(|e| e.to_string())?.len();
-    let fd = f.as_raw_fd();
     let mut parts = Vec::new();
     parts.extend_from_slice(&size.to_le_bytes());
-    let mut off = 0u64;
     let mut buf = vec![0u8; 4 << 20];
-    while off < size {
-        let data = unsafe { libc::lseek(fd, off as libc::off_t, libc::SEEK_DATA) };
-        if data < 0 {
-            break; // ENXIO: only a hole remains
-        }
-        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
-        let (start, end) = (data as u64, if hole < 0 { size } else { hole as u64 });
+    for (start, end) in btrkit_core::io::host::data_runs(&f, 0, size) {
         let mut pos = start;
         while pos < end {
             let n = (end - pos).min(buf.len() as u64) as usize;
@@ -973,7 +964,6 @@ pub fn image_digest(p: &Path) -> Res<String> {
             }
             pos += n as u64;
         }
-        off = end;
     }
     Ok(content_hash(&parts))
 }
