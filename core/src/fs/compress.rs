@@ -16,6 +16,7 @@ const ZSTD_WINDOW_LOG: u32 = 17;
 pub struct Method {
     /// BTRFS_COMPRESS_ZLIB, _LZO or _ZSTD.
     pub kind: u8,
+    /// Compression level: zlib 1..=9, zstd 1..=15 (default 3); always 0 for lzo.
     pub level: i32,
 }
 

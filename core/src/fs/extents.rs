@@ -20,6 +20,7 @@ pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
 /// Largest compressed extent (uncompressed bytes).
 pub const MAX_COMPRESSED: u64 = 128 << 10;
 
+/// Key of the EXTENT_DATA item of `ino` at file offset `off` (bytes).
 pub fn extent_key(ino: u64, off: u64) -> Key {
     Key::new(ino, BTRFS_EXTENT_DATA_KEY, off)
 }
@@ -125,6 +126,7 @@ pub fn extents_in_tree(
 /// What [`drop_extents`] did.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Dropped {
+    /// Whether any file extent item was deleted, trimmed or split.
     pub changed: bool,
     /// Bytes the inode's nbytes loses.
     pub nbytes: u64,

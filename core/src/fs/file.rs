@@ -16,7 +16,9 @@ use zerocopy::IntoBytes;
 
 /// `sync_file_range` flags, as the syscall numbers them.
 pub const SYNC_RANGE_WAIT_BEFORE: u32 = 1;
+/// `SYNC_FILE_RANGE_WRITE`: start writeback of the dirty pages in the range.
 pub const SYNC_RANGE_WRITE: u32 = 2;
+/// `SYNC_FILE_RANGE_WAIT_AFTER`: wait for the writeback of the range to finish.
 pub const SYNC_RANGE_WAIT_AFTER: u32 = 4;
 
 /// Largest file size (MAX_LFS_FILESIZE on 64-bit).

@@ -38,12 +38,16 @@ use std::sync::Arc;
 /// every operation on one has at hand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Loc {
+    /// Subvolume tree (root objectid) the inode lives in.
     pub subvol: u64,
+    /// Inode number in that tree (BTRFS_EMPTY_SUBVOL_DIR_OBJECTID for a placeholder).
     pub ino: u64,
+    /// For a placeholder, the directory whose entry it stands for; 0 otherwise.
     pub parent: u64,
 }
 
 impl Loc {
+    /// The inode `ino` of subvolume `subvol` (not a placeholder).
     pub fn new(subvol: u64, ino: u64) -> Loc {
         Loc {
             subvol,
@@ -93,20 +97,37 @@ impl Default for Switches {
 /// What the engine counts.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct EngineStats {
+    /// Transaction commits, for any reason.
     pub commits: u64,
+    /// Commits by the reason given to the commit (`"fsync"`, `"sync"`, ...).
     pub commit_reasons: BTreeMap<String, u64>,
+    /// fsync calls (every `fsync_prepare`, placeholders included).
     pub fsyncs: u64,
+    /// Log syncs started (btrfs_sync_log writing the log trees and the superblock).
     pub log_syncs: u64,
+    /// fsyncs that needed no log sync: the inode was already in the synced log,
+    /// unchanged since the last commit, or logging found nothing to sync.
     pub log_syncs_skipped: u64,
     /// fsyncs made durable by another client's log sync (batched).
     pub log_syncs_joined: u64,
+    /// fsyncs that committed the transaction instead of logging
+    /// (BTRFS_LOG_FORCE_COMMIT, or a log already marked for a full commit).
     pub full_commits: u64,
+    /// `full_commits` by the reason logging gave up.
     pub full_commit_reasons: BTreeMap<String, u64>,
+    /// Inodes logged because a logged inode took a name they had in the
+    /// committed tree (add_conflicting_inode, log_conflicting_inodes).
     pub conflicting_inodes_logged: u64,
+    /// Ordered extents completed (btrfs_finish_one_ordered).
     pub ordered_extents: u64,
+    /// Data bytes submitted by writeback and direct writes (uncompressed).
     pub writeback_bytes: u64,
+    /// Compressed extents written by writeback.
     pub compressed_extents: u64,
+    /// Inline extents written by writeback.
     pub inline_extents: u64,
+    /// In-place data writes, one per extent written over (nodatacow or
+    /// preallocated space).
     pub nocow_writes: u64,
 }
 
@@ -117,6 +138,7 @@ pub struct InodeRt {
     pub i_size: u64,
     /// Size in the inode item: what written-back data supports.
     pub disk_i_size: u64,
+    /// The file's page cache (the inode's address_space).
     pub pages: PageCache,
     /// Next directory index (directories), loaded on first use.
     pub index_cnt: Option<u64>,
@@ -129,6 +151,7 @@ pub struct InodeRt {
     /// when logged in this transaction and `last_sub_trans` is at most both
     /// its and the subvolume's `last_log_commit`.
     pub last_sub_trans: i64,
+    /// Log sub-transaction last logged for this inode (`btrfs_inode.last_log_commit`).
     pub last_log_commit: i64,
     /// (transaction, log sub-transaction) the inode was last logged whole
     /// into. The kernel's inode lock holds a second fsync of the inode
@@ -150,6 +173,8 @@ pub struct InodeRt {
     /// (for a directory: of an entry moved out, a subvolume deleted or
     /// made in it), and of the last clone into or out of it.
     pub last_unlink_trans: u64,
+    /// Transaction of the last clone into or out of the inode
+    /// (`btrfs_inode.last_reflink_trans`).
     pub last_reflink_trans: u64,
     /// The directory that held the last name of an inode that has none
     /// left but is still open (0: none): the parent of the open file's
@@ -159,6 +184,8 @@ pub struct InodeRt {
     /// Directories: the highest index logged in this transaction, and the
     /// first one the new-dentries walk has not looked at.
     pub last_dir_index_offset: u64,
+    /// First directory index the new-dentries walk has not looked at
+    /// (`btrfs_inode.first_dir_index_to_log`).
     pub first_dir_index_to_log: u64,
     /// File ranges whose extents changed since the inode was last logged
     /// (what a fast fsync logs).
@@ -184,7 +211,9 @@ pub struct InodeRt {
 /// the log sub-transaction now being filled, and the last one synced.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SubvolLog {
+    /// Log sub-transaction now being filled (`root->log_transid`).
     pub log_transid: i64,
+    /// Last log sub-transaction synced (`root->last_log_commit`).
     pub last_log_commit: i64,
     /// Every log sub-transaction below this one is on disk
     /// (log_transid_committed + 1): recorded once a sync's last flush
@@ -197,6 +226,8 @@ pub struct SubvolLog {
     /// sub-transaction (log_start_pid), and whether another one logged
     /// into it too (BTRFS_ROOT_MULTI_LOG_TASKS).
     pub start_client: Option<std::thread::ThreadId>,
+    /// Another client logged into the running sub-transaction too
+    /// (BTRFS_ROOT_MULTI_LOG_TASKS).
     pub multi_clients: bool,
     /// More than one client logged into the sub-transaction synced last:
     /// the next one's first client is likely to be joined too.
@@ -211,15 +242,22 @@ pub enum LogOp {
     /// A name went (unlink, rmdir, a rename's replaced target):
     /// btrfs_del_inode_ref_in_log and btrfs_del_dir_entries_in_log.
     Unlink {
+        /// Directory that held the name.
         dir: Loc,
+        /// The name removed.
         name: Vec<u8>,
+        /// DIR_INDEX of the name in `dir`.
         index: u64,
+        /// Inode the name pointed to.
         inode: Loc,
     },
     /// A name came (link; rename with the old name): btrfs_log_new_name.
     NewName {
+        /// Inode that got the new name.
         inode: Loc,
+        /// For a rename, the old name: (directory, name, DIR_INDEX); `None` for a link.
         old: Option<(Loc, Vec<u8>, u64)>,
+        /// Directory holding the new name.
         parent: Loc,
     },
 }
@@ -227,20 +265,31 @@ pub enum LogOp {
 /// The filesystem's log state.
 #[derive(Debug, Default)]
 pub struct LogState {
+    /// Log bookkeeping per subvolume (root objectid).
     pub subvols: HashMap<u64, SubvolLog>,
     /// Transaction in which logging gave up: every later fsync in it
     /// commits (last_trans_log_full_commit).
     pub full_commit_trans: u64,
+    /// Name changes not yet applied to the log, in order.
     pub pending: Vec<LogOp>,
     /// The log sync whose I/O may be running without the filesystem.
     pub io: std::sync::Arc<crate::trans::loggate::LogIoGate>,
 }
 
+/// A mounted filesystem: the tree store with its running transaction and
+/// log trees, the in-memory inodes, page cache and dirty data, and the
+/// engine's options, switches and counters (the kernel's `btrfs_fs_info`
+/// plus the VFS state of a mount).
 pub struct Filesystem {
+    /// The trees, the running transaction and the log trees.
     pub store: Store,
+    /// fsync log state (per-subvolume log sub-transactions, pending name changes).
     pub log: LogState,
+    /// Mount options.
     pub opts: MountOptions,
+    /// Engine switches selecting historical kernel behaviour.
     pub switches: Switches,
+    /// Counters of commits, fsyncs, log syncs and writeback.
     pub stats: EngineStats,
     inodes: super::icache::InodeCache,
     /// Dirty file data awaiting writeback.
@@ -265,7 +314,9 @@ pub struct Filesystem {
     pub(super) dropped_qgroups: Vec<u64>,
 }
 
+/// The default top-level subvolume (BTRFS_FS_TREE_OBJECTID, 5).
 pub const FS_TREE: u64 = BTRFS_FS_TREE_OBJECTID;
+/// Inode number of a subvolume's root directory (BTRFS_FIRST_FREE_OBJECTID, 256).
 pub const ROOT_DIR: u64 = BTRFS_FIRST_FREE_OBJECTID;
 
 /// Symlinks followed in one path resolution before ELOOP.
@@ -284,6 +335,9 @@ impl Filesystem {
         Filesystem::with_store(store, opts)
     }
 
+    /// Mount an already opened `store` with `opts`: sets the incompat features a
+    /// read-write mount has, reads the default subvolume, finds deleted
+    /// subvolumes and cleans up orphans (open_ctree's share of the work).
     pub fn with_store(store: Store, opts: MountOptions) -> Result<Filesystem> {
         let mut fs = Filesystem {
             store,
@@ -350,6 +404,8 @@ impl Filesystem {
         self.clock_offset
     }
 
+    /// Current time on the engine's clock: wall time at mount plus the time
+    /// `sleep` added. Every new timestamp reads it.
     pub fn now(&self) -> Timespec {
         let d = self.clock_base + self.clock_offset;
         Timespec {
@@ -553,6 +609,8 @@ impl Filesystem {
     // ------------------------------------------------------------------
     // Inodes
 
+    /// Transid of the running transaction (`fs_info->generation`).
+    /// The last committed one is this minus one.
     pub fn transid(&self) -> u64 {
         self.store.transid
     }
@@ -1053,6 +1111,8 @@ impl Filesystem {
         Ok(self.item(l)?.flags.get() & BTRFS_INODE_NODATASUM == 0)
     }
 
+    /// Whether the filesystem has the NO_HOLES incompat feature (no explicit
+    /// hole extent items).
     pub fn no_holes(&self) -> bool {
         self.store.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0
     }

@@ -7,21 +7,32 @@ use crate::trans::{Store, TreeId};
 use crate::{Error, Result};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
+/// Mask of the file type bits of `st_mode`.
 pub const S_IFMT: u32 = 0o170000;
+/// File type bits of a regular file.
 pub const S_IFREG: u32 = 0o100000;
+/// File type bits of a directory.
 pub const S_IFDIR: u32 = 0o040000;
+/// File type bits of a symbolic link.
 pub const S_IFLNK: u32 = 0o120000;
+/// File type bits of a FIFO.
 pub const S_IFIFO: u32 = 0o010000;
+/// File type bits of a character device.
 pub const S_IFCHR: u32 = 0o020000;
+/// File type bits of a block device.
 pub const S_IFBLK: u32 = 0o060000;
+/// File type bits of a Unix socket.
 pub const S_IFSOCK: u32 = 0o140000;
 
+/// Whether `mode` is a directory's.
 pub fn is_dir(mode: u32) -> bool {
     mode & S_IFMT == S_IFDIR
 }
+/// Whether `mode` is a regular file's.
 pub fn is_reg(mode: u32) -> bool {
     mode & S_IFMT == S_IFREG
 }
+/// Whether `mode` is a symbolic link's.
 pub fn is_symlink(mode: u32) -> bool {
     mode & S_IFMT == S_IFLNK
 }
@@ -31,10 +42,13 @@ pub fn ftype_of_mode(mode: u32) -> u8 {
     crate::format::dir::ftype_of_mode(mode).unwrap_or(BTRFS_FT_UNKNOWN)
 }
 
+/// Key of the INODE_ITEM of `ino`: `(ino, INODE_ITEM, 0)`.
 pub fn inode_key(ino: u64) -> Key {
     Key::new(ino, BTRFS_INODE_ITEM_KEY, 0)
 }
 
+/// The inode item of `ino` in subvolume `subvol`, `None` when it does not exist.
+/// An item of the wrong size is reported as corruption.
 pub fn get_inode(st: &mut Store, subvol: u64, ino: u64) -> Result<Option<InodeItem>> {
     let k = inode_key(ino);
     match st.with_item(TreeId::Tree(subvol), &k, |d| {
@@ -71,6 +85,7 @@ pub fn modify_inode(
     }
 }
 
+/// Write the inode item of `ino` in `subvol`: inserted when missing, overwritten otherwise.
 pub fn put_inode(st: &mut Store, subvol: u64, ino: u64, item: &InodeItem) -> Result<()> {
     st.update_item(TreeId::Tree(subvol), &inode_key(ino), item.as_bytes())
 }

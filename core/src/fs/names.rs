@@ -21,18 +21,24 @@ use crate::{Error, Result};
 /// One name of an inode.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Link {
+    /// Inode number of the directory holding the name.
     pub parent: u64,
+    /// DIR_INDEX sequence number of the name in `parent` (the INODE_REF index).
     pub index: u64,
+    /// The name's bytes, without a terminating NUL.
     pub name: Vec<u8>,
 }
 
 /// A directory entry as the directory holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntryInfo {
+    /// The entry's name bytes.
     pub name: Vec<u8>,
     /// (ino, INODE_ITEM, 0), or (subvol, ROOT_ITEM, -1) for a subvolume.
     pub location: Key,
+    /// File type of the target (BTRFS_FT_*).
     pub ftype: u8,
+    /// DIR_INDEX sequence number of the entry in its directory.
     pub index: u64,
 }
 

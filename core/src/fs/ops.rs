@@ -19,20 +19,34 @@ const XATTR_SIZE_MAX: usize = 65536;
 /// What stat(2) shows.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Stat {
+    /// Subvolume (root objectid) holding the inode.
     pub subvol: u64,
+    /// Inode number within `subvol`.
     pub ino: u64,
+    /// File type and permission bits (`st_mode`).
     pub mode: u32,
+    /// Number of names (hard links).
     pub nlink: u32,
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id.
     pub gid: u32,
+    /// Size in bytes: the in-memory i_size for regular files (including
+    /// data not yet written back), the inode item's size otherwise.
     pub size: u64,
     /// 512-byte blocks: bytes on disk plus dirty data.
     pub blocks: u64,
+    /// Device (major, minor) of a character or block device node.
     pub rdev: (u32, u32),
+    /// Access time (seconds, nanoseconds).
     pub atime: (u64, u32),
+    /// Modification time (seconds, nanoseconds).
     pub mtime: (u64, u32),
+    /// Change time (seconds, nanoseconds).
     pub ctime: (u64, u32),
+    /// Transid in which the inode was created (`st_gen`, the inode item's generation).
     pub generation: u64,
+    /// Inode flags (BTRFS_INODE_*: NODATACOW, NODATASUM, COMPRESS, ...).
     pub flags: u64,
 }
 
@@ -173,6 +187,8 @@ impl Filesystem {
         Ok(l)
     }
 
+    /// mkdir(2): a new directory `name` in `dir` with permission bits `mode`;
+    /// its DIR_INDEX counter starts at 2 as the kernel's.
     pub fn mkdir(&mut self, dir: Loc, name: &[u8], mode: u32) -> Result<Loc> {
         self.check_new_name(dir, name, libc::EPERM)?;
         let m = S_IFDIR | (mode & 0o7777);
@@ -607,11 +623,14 @@ impl Filesystem {
         self.stamp(l, true, false)
     }
 
+    /// getxattr(2): the value of `name`, `None` when it is not set;
+    /// EOPNOTSUPP in a subvolume placeholder.
     pub fn get_xattr(&mut self, l: Loc, name: &[u8]) -> Result<Option<Vec<u8>>> {
         Self::no_xattrs_on_placeholder(l)?;
         super::xattr::get_xattr(&mut self.store, l.subvol, l.ino, name)
     }
 
+    /// listxattr(2) with values: every (name, value) of the inode.
     pub fn list_xattrs(&mut self, l: Loc) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         super::xattr::list_xattrs(&mut self.store, l.subvol, l.ino)
     }

@@ -5,12 +5,16 @@
 use super::compress::Method;
 use crate::{Error, Result};
 
+/// The btrfs mount options of a mounted [`Filesystem`](super::Filesystem), parsed from
+/// the kernel's `-o` syntax; defaults are the kernel's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MountOptions {
     /// Seconds between periodic commits (`commit=N`).
     pub commit_interval: u64,
     /// `compress[=METHOD[:LEVEL]]` / `compress-force[=...]`.
     pub compress: Option<Method>,
+    /// `compress-force`: every data write is compressed (when `compress` is set),
+    /// bypassing the heuristic and the inode's NOCOMPRESS flag.
     pub compress_force: bool,
     /// `nodatacow`: new files are written in place (and get no checksums).
     pub datacow: bool,

@@ -12,7 +12,9 @@ use crate::{Error, Result};
 /// One run of a file's extent map, as FIEMAP reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapKind {
+    /// Written data: an inline or regular extent.
     Data,
+    /// Preallocated space not yet written (FIEMAP_EXTENT_UNWRITTEN); reads as zeros.
     Unwritten,
 }
 

@@ -59,15 +59,23 @@ pub enum OrderedKind {
 /// Data submitted for one extent, not yet in the file's extent map.
 #[derive(Clone, Debug)]
 pub struct OrderedExtent {
+    /// The inode the data belongs to.
     pub loc: Loc,
+    /// File offset of the data (bytes, sector aligned).
     pub file_off: u64,
+    /// Length of the data in the file (bytes); the file extent's `num_bytes`.
     pub len: u64,
+    /// Logical address of the disk extent.
     pub disk_bytenr: u64,
+    /// Size of the disk extent (bytes; compressed size when compressed).
     pub disk_len: u64,
     /// Offset of this data within the disk extent (in place writes).
     pub extent_offset: u64,
+    /// Uncompressed size of the whole disk extent (bytes).
     pub ram_bytes: u64,
+    /// Compression of the extent (BTRFS_COMPRESS_*).
     pub compression: u8,
+    /// Where the data went: a new extent or in place.
     pub kind: OrderedKind,
     /// Checksums were recorded for the data (the inode keeps them).
     pub datasum: bool,

@@ -54,6 +54,7 @@ pub fn remove_xattr(st: &mut Store, subvol: u64, ino: u64, name: &[u8]) -> Resul
     super::names::remove_packed(st, subvol, &xkey(ino, name), name, 0)
 }
 
+/// The value of extended attribute `name` of `ino`, `None` when it is not set.
 pub fn get_xattr(st: &mut Store, subvol: u64, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
     let k = xkey(ino, name);
     let Some(d) = st.lookup(TreeId::Tree(subvol), &k)? else {

@@ -25,6 +25,9 @@ const LOG_BATCH_TICK: Duration = Duration::from_millis(4);
 /// of 2026-12-02 07:16 and 07:21).
 const LOG_BATCH_MAX_TICKS: usize = 4;
 
+/// A [`Filesystem`] shared by client threads whose fsyncs batch into shared
+/// log syncs: logging happens under the lock, the log sync's I/O and its
+/// batching wait outside it.
 pub struct SharedFs {
     fs: Mutex<Filesystem>,
     seats: SeatBoard,
@@ -116,6 +119,8 @@ impl SeatBoard {
 }
 
 impl SharedFs {
+    /// Share `fs`; starts the store's data writer thread so data runs go to the
+    /// device off the lock.
     pub fn new(mut fs: Filesystem) -> SharedFs {
         // Data runs go to the device off the lock while clients share it;
         // a writer thread that cannot start leaves them written in line.

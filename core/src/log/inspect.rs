@@ -32,6 +32,7 @@ pub struct LogDump {
     pub log_root_transid: u64,
     /// The log root tree, which holds one ROOT_ITEM per subvolume log.
     pub log_root: TreeInfo,
+    /// One entry per subvolume log tree, in log root tree key order.
     pub subvols: Vec<SubvolLog>,
     /// Items of the log root tree that are not log tree ROOT_ITEMs.
     pub other: Vec<OtherItem>,
@@ -44,6 +45,7 @@ impl LogDump {
     pub fn problem_count(&self) -> usize {
         self.problems.len() + self.subvols.iter().map(|s| s.problems.len()).sum::<usize>()
     }
+    /// Whether any problem was found anywhere in the log.
     pub fn is_damaged(&self) -> bool {
         self.problem_count() > 0
     }
@@ -52,14 +54,19 @@ impl LogDump {
 /// Where a tree starts and how much of it was read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TreeInfo {
+    /// Logical address of the tree's root block.
     pub bytenr: u64,
+    /// Level of the root block, as its referrer gives it.
     pub level: u8,
     /// Generation the referrer (superblock or root item) expects of the root block.
     pub generation: u64,
     /// Generation in the root block's header, when that block could be read.
     pub block_generation: Option<u64>,
+    /// Blocks whose contents were used.
     pub blocks: usize,
+    /// Leaves among those blocks.
     pub leaves: usize,
+    /// Items read from the tree.
     pub items: usize,
 }
 
@@ -82,6 +89,7 @@ impl TreeInfo {
 pub struct SubvolLog {
     /// Subvolume (fs tree) id: the offset of the log's ROOT_ITEM key.
     pub subvol: u64,
+    /// Where the subvolume's log tree starts and how much of it was read.
     pub tree: TreeInfo,
     /// Logged inodes in inode number order.
     pub inodes: Vec<LoggedInode>,
@@ -89,59 +97,91 @@ pub struct SubvolLog {
     pub csums: Vec<CsumRange>,
     /// Items that belong to no inode.
     pub other: Vec<OtherItem>,
+    /// Damage found in this log tree.
     pub problems: Vec<LogProblem>,
 }
 
 /// Everything the log holds about one inode.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LoggedInode {
+    /// Inode number.
     pub ino: u64,
     /// A path inside the subvolume for orientation, built from the names in
     /// the log and, for ancestors the log does not name, from the committed
     /// fs tree. `<ino N>` stands for an ancestor whose name was not found;
     /// None when the inode itself has no name anywhere.
     pub path: Option<String>,
+    /// The logged INODE_ITEM, decoded; `None` when the log has none for the inode.
     pub inode: Option<InodeSummary>,
+    /// Its INODE_REF and INODE_EXTREF names.
     pub names: Vec<LoggedName>,
+    /// Its DIR_ITEM and DIR_INDEX entries (directories).
     pub dir_entries: Vec<LoggedDirEntry>,
+    /// Its DIR_LOG_ITEM / DIR_LOG_INDEX ranges (directories).
     pub dir_log_ranges: Vec<DirLogRange>,
+    /// Its XATTR_ITEMs.
     pub xattrs: Vec<LoggedXattr>,
+    /// Its EXTENT_DATA items, in file offset order.
     pub extents: Vec<LoggedExtent>,
     /// The log holds an ORPHAN_ITEM for this inode (a fsynced inode with no
     /// links left, such as an O_TMPFILE).
     pub orphan: bool,
+    /// Its items of other types, or whose body did not decode.
     pub other: Vec<OtherItem>,
 }
 
+/// A timestamp of an inode item.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Time {
+    /// Seconds since the epoch.
     pub sec: i64,
+    /// Nanoseconds within the second.
     pub nsec: u32,
 }
 
+/// A logged INODE_ITEM, field by field.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct InodeSummary {
+    /// File type and permission bits.
     pub mode: u32,
     /// File type from the mode: file, dir, symlink, chrdev, blkdev, fifo, sock.
     pub kind: &'static str,
+    /// i_size (bytes); for a directory, twice the length of its names.
     pub size: u64,
+    /// Bytes of data extents the inode references (the kernel's inode_get_bytes).
     pub nbytes: u64,
+    /// Link count.
     pub nlink: u32,
+    /// Transid that created the inode; 0 in the log marks an inode logged only
+    /// to say it exists (LOG_INODE_EXISTS), whose committed item replay keeps.
     pub generation: u64,
+    /// Transid of the last change to the inode.
     pub transid: u64,
+    /// Inode flags (BTRFS_INODE_*).
     pub flags: u64,
+    /// Names of the set `flags`.
     pub flag_names: Vec<String>,
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id.
     pub gid: u32,
+    /// Encoded device number (device nodes).
     pub rdev: u64,
+    /// Change counter (`i_version`).
     pub sequence: u64,
+    /// Block group hint; unused by current kernels.
     pub block_group: u64,
+    /// Access time.
     pub atime: Time,
+    /// Change time.
     pub ctime: Time,
+    /// Modification time.
     pub mtime: Time,
+    /// Creation time.
     pub otime: Time,
 }
 
+/// Which item holds a logged name of an inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NameKind {
@@ -151,15 +191,20 @@ pub enum NameKind {
     Extref,
 }
 
+/// One name of a logged inode, from its INODE_REF or INODE_EXTREF.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LoggedName {
+    /// Which item the name is in.
     pub kind: NameKind,
+    /// Inode number of the directory holding the name.
     pub parent: u64,
+    /// DIR_INDEX of the name in `parent`.
     pub index: u64,
     /// The name, with bytes that are not printable UTF-8 escaped as `\xNN`.
     pub name: String,
 }
 
+/// Which item holds a logged directory entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DirEntryKind {
@@ -169,23 +214,33 @@ pub enum DirEntryKind {
     DirIndex,
 }
 
+/// One logged directory entry (of a DIR_ITEM or DIR_INDEX).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LoggedDirEntry {
+    /// Which item the entry is in.
     pub kind: DirEntryKind,
+    /// Offset of the item's key: the name hash or the directory index.
     pub key_offset: u64,
+    /// The name, with bytes that are not printable UTF-8 escaped as `\xNN`.
     pub name: String,
     /// What the entry points to: (inode, INODE_ITEM, 0) or a subvolume's
     /// (root id, ROOT_ITEM, -1).
     pub location: Key,
+    /// File type of the target (BTRFS_FT_*).
     pub file_type: u8,
+    /// `file_type` as a word (`file`, `dir`, `symlink`, ...).
     pub type_name: String,
+    /// Transid recorded in the entry.
     pub transid: u64,
 }
 
+/// Which index of a directory a dir-log range covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DirLogKind {
+    /// DIR_LOG_ITEM: a range of DIR_ITEM key offsets (name hashes).
     DirLogItem,
+    /// DIR_LOG_INDEX: a range of DIR_INDEX key offsets (directory indexes).
     DirLogIndex,
 }
 
@@ -194,42 +249,61 @@ pub enum DirLogKind {
 /// entries in that range that the log does not have.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DirLogRange {
+    /// Which index the range covers.
     pub kind: DirLogKind,
+    /// First key offset of the range (the item's key offset).
     pub start: u64,
+    /// Last key offset of the range, inclusive (the item's body).
     pub end: u64,
 }
 
+/// One logged extended attribute.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LoggedXattr {
+    /// The attribute name, escaped as names are.
     pub name: String,
+    /// Length of the value (bytes).
     pub value_len: usize,
     /// Printable values in double quotes, others as hex; cut at 64 bytes
     /// (then ending in `...`).
     pub value_preview: String,
 }
 
+/// Type of a file extent item (BTRFS_FILE_EXTENT_*).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ExtentKind {
+    /// Data stored in the item itself.
     Inline,
+    /// Data in a disk extent (or a hole, when `disk_bytenr` is 0).
     Regular,
+    /// Preallocated disk extent not yet written (reads as zeros).
     Prealloc,
 }
 
+/// One logged EXTENT_DATA item, with the checksum coverage replay needs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LoggedExtent {
     /// File offset: the key offset.
     pub file_offset: u64,
+    /// Type of the extent.
     pub kind: ExtentKind,
+    /// Transid in which the extent was written.
     pub generation: u64,
+    /// Compression name (`none`, `zlib`, `lzo`, `zstd`, or `unknown(N)`).
     pub compression: String,
+    /// Encryption field of the item (always 0 on btrfs).
     pub encryption: u8,
+    /// Other-encoding field of the item (always 0 on btrfs).
     pub other_encoding: u16,
+    /// Uncompressed size of the data (bytes; of the whole disk extent for
+    /// regular and prealloc extents).
     pub ram_bytes: u64,
     /// Bytes of inline data in the item (inline extents only).
     pub inline_len: Option<u64>,
     /// The on-disk extent (regular and prealloc only; 0 is a hole).
     pub disk_bytenr: Option<u64>,
+    /// Size of the on-disk extent (bytes; compressed size when compressed).
     pub disk_num_bytes: Option<u64>,
     /// Offset into the on-disk extent where this file range starts.
     pub offset: Option<u64>,
@@ -250,16 +324,22 @@ pub struct LoggedExtent {
 /// One EXTENT_CSUM item: checksums of `csums` data sectors from `start`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CsumRange {
+    /// Logical address of the first data sector covered (the key offset).
     pub start: u64,
+    /// Bytes of data covered: `csums` times the sector size.
     pub len: u64,
+    /// Number of checksums in the item, one per data sector.
     pub csums: u64,
 }
 
 /// An item shown only by its key and size.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct OtherItem {
+    /// The item's key.
     pub key: Key,
+    /// Name of the key type.
     pub type_name: String,
+    /// Size of the item body (bytes).
     pub size: usize,
     /// Why the item's body could not be decoded, if it could not.
     pub error: Option<String>,
@@ -375,6 +455,8 @@ pub struct LogGrouper {
 }
 
 impl LogGrouper {
+    /// A grouper for a filesystem with checksums of `csum_size` bytes per
+    /// `sectorsize`-byte data sector.
     pub fn new(csum_size: usize, sectorsize: u32) -> LogGrouper {
         LogGrouper {
             csum_size,
@@ -625,6 +707,8 @@ fn summarize_extent(file_offset: u64, fe: &FileExtent<'_>) -> LoggedExtent {
     e
 }
 
+/// File type of `mode` as a word: file, dir, symlink, chrdev, blkdev, fifo,
+/// sock, or unknown.
 pub fn mode_kind(mode: u32) -> &'static str {
     match mode & 0o170000 {
         0o100000 => "file",
@@ -638,6 +722,8 @@ pub fn mode_kind(mode: u32) -> &'static str {
     }
 }
 
+/// A directory entry's file type (BTRFS_FT_*) as a word, with `+encrypted`
+/// for the encrypted flag and `type N` for unknown values.
 pub fn file_type_name(t: u8) -> String {
     let base = match t & !BTRFS_FT_ENCRYPTED {
         BTRFS_FT_UNKNOWN => "unknown",

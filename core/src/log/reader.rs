@@ -33,8 +33,10 @@ use zerocopy::FromBytes;
 /// inspection and the checker keep what can be read).
 pub use crate::tree::OnDamage;
 
+/// How [`read_log`] reads the log.
 #[derive(Clone, Copy, Debug)]
 pub struct ReadOptions {
+    /// What to do with a block that is unreadable or fails validation.
     pub on_damage: OnDamage,
     /// Require the log root tree's root block to carry the superblock's
     /// generation + 1 (its parent transid). The checker turns this off and
@@ -43,6 +45,7 @@ pub struct ReadOptions {
 }
 
 impl ReadOptions {
+    /// Options with `on_damage`, checking the log root tree's generation.
     pub fn new(on_damage: OnDamage) -> ReadOptions {
         ReadOptions {
             on_damage,
@@ -70,9 +73,13 @@ pub enum ProblemClass {
 /// One thing wrong with the log, located by block and, where it applies, key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LogProblem {
+    /// Logical address of the block the problem is in (or that could not be read).
     pub bytenr: u64,
+    /// The item's key, or the first key the parent gives the block; `None` when unknown.
     pub key: Option<Key>,
+    /// What is wrong, for people.
     pub message: String,
+    /// Kind of problem.
     #[serde(skip)]
     pub class: ProblemClass,
     /// Item slot in the block, when the problem is one item's.
@@ -84,13 +91,18 @@ pub struct LogProblem {
 /// `[lo, hi)`, `hi` None meaning to the end of the key space.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LostBlock {
+    /// Logical address of the lost block.
     pub bytenr: u64,
     /// The block that points to it; None for a tree's root block.
     pub parent: Option<u64>,
     /// Level the parent gives it (0: a leaf).
     pub level: u8,
+    /// First key of the lost range (the key the parent gives the block).
     pub lo: Key,
+    /// End of the lost range, exclusive: the parent's next key; `None` for the
+    /// end of the key space.
     pub hi: Option<Key>,
+    /// Why the block is lost: unreadable, damaged, revisited or excluded.
     pub why: String,
 }
 
@@ -99,6 +111,7 @@ impl LostBlock {
     pub fn overlaps(&self, a: Key, b: Key) -> bool {
         self.lo <= b && self.hi.is_none_or(|h| h > a)
     }
+    /// Whether key `k` may have been in this block.
     pub fn contains(&self, k: Key) -> bool {
         self.overlaps(k, k)
     }
@@ -107,9 +120,13 @@ impl LostBlock {
 /// One block that was read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockRead {
+    /// Logical address of the block.
     pub bytenr: u64,
+    /// Level in its header (0: a leaf).
     pub level: u8,
+    /// Generation (transid) in its header.
     pub generation: u64,
+    /// Distance from the tree's root block (0: the root).
     pub depth: usize,
     /// Items (leaf) or pointers (node).
     pub nritems: usize,
@@ -122,10 +139,13 @@ pub struct BlockRead {
 /// How one tree of the log was read.
 #[derive(Clone, Debug)]
 pub struct TreeRead {
+    /// Root of the tree as the log root tree (or, for the log root tree, the superblock) gives it.
     pub root: TreeRoot,
     /// Blocks whose contents were used, in walk order.
     pub blocks: Vec<BlockRead>,
+    /// Blocks whose items are not available, with their key ranges.
     pub lost: Vec<LostBlock>,
+    /// Everything found wrong while reading the tree.
     pub problems: Vec<LogProblem>,
     /// Generation in the root block's header, when it could be read.
     pub root_block_generation: Option<u64>,
@@ -145,6 +165,7 @@ impl TreeRead {
             leaf_starts: Vec::new(),
         }
     }
+    /// Number of leaves read.
     pub fn leaves(&self) -> usize {
         self.blocks.iter().filter(|b| b.level == 0).count()
     }
@@ -159,7 +180,9 @@ impl TreeRead {
 pub struct LogTree {
     /// Subvolume (fs tree) id: the offset of the log's ROOT_ITEM key.
     pub subvol: u64,
+    /// Items of the log tree in key order: (key, body).
     pub items: Vec<(Key, Vec<u8>)>,
+    /// How the tree was read: blocks, lost ranges, problems.
     pub read: TreeRead,
 }
 
@@ -167,13 +190,18 @@ pub struct LogTree {
 /// for data committed before, in the csum tree).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CsumNeed {
+    /// Inode the extent belongs to.
     pub ino: u64,
+    /// File offset of the extent item (its key offset).
     pub file_offset: u64,
+    /// Start (logical bytenr) of the data range that needs checksums.
     pub start: u64,
+    /// End of the data range, exclusive (see `FileExtent::csum_span`).
     pub end: u64,
 }
 
 impl LogTree {
+    /// The body of the item with key `key`, if the log tree has it.
     pub fn find(&self, key: &Key) -> Option<&[u8]> {
         self.items
             .binary_search_by(|(k, _)| k.cmp(key))

@@ -32,6 +32,7 @@ use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use zerocopy::{FromBytes, IntoBytes};
 
+/// How [`replay`] treats a log it cannot fully trust.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReplayOptions {
     /// Replay even when logged data extents lack checksums in the log.
@@ -45,70 +46,128 @@ pub struct ReplayOptions {
 #[derive(Clone, Debug, serde::Serialize, PartialEq, Eq)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
+    /// A logged inode the subvolume did not have was created from its logged item.
     InodeCreated {
+        /// Subvolume (root objectid).
         subvol: u64,
+        /// Inode number.
         ino: u64,
+        /// Mode of the logged inode item.
         mode: u32,
+        /// Size of the inode item written (bytes; 0 for a directory, whose size comes
+        /// from the names replayed).
         size: u64,
     },
+    /// An existing inode's item was overwritten with the logged one (nbytes kept).
     InodeUpdated {
+        /// Subvolume (root objectid).
         subvol: u64,
+        /// Inode number.
         ino: u64,
+        /// Mode of the logged inode item.
         mode: u32,
+        /// Size of the inode item written (bytes).
         size: u64,
     },
+    /// A logged name was added (DIR_ITEM, DIR_INDEX and INODE_REF/EXTREF).
     NameAdded {
+        /// Subvolume (root objectid).
         subvol: u64,
+        /// Directory inode holding the name.
         dir: u64,
+        /// The name, lossily decoded as UTF-8.
         name: String,
+        /// Inode the name points to.
         ino: u64,
     },
+    /// A name the log says is gone was removed, and its inode's link count lowered.
     NameRemoved {
+        /// Subvolume (root objectid).
         subvol: u64,
+        /// Directory inode that held the name.
         dir: u64,
+        /// The name, lossily decoded as UTF-8.
         name: String,
+        /// Inode the name pointed to.
         ino: u64,
     },
+    /// A file range was replaced by a logged file extent item
+    /// (replay_one_extent): old extents dropped, references and checksums added.
     DataReplaced {
+        /// Subvolume (root objectid).
         subvol: u64,
+        /// Inode number.
         ino: u64,
+        /// File offset of the range (bytes).
         offset: u64,
+        /// Length of the range (bytes).
         len: u64,
+        /// Kind of the logged extent: `inline`, `regular`, `compressed`, `prealloc` or `hole`.
         kind: String,
     },
+    /// Extents past the logged size were dropped (committed prealloc past EOF
+    /// the log does not have).
     Truncated {
+        /// Subvolume (root objectid).
         subvol: u64,
+        /// Inode number.
         ino: u64,
+        /// The file's size once its item replayed (bytes); extents from its next
+        /// sector boundary on went.
         size: u64,
     },
+    /// A logged xattr was set.
     XattrSet {
+        /// Subvolume (root objectid).
         subvol: u64,
+        /// Inode number.
         ino: u64,
+        /// Attribute name, lossily decoded as UTF-8.
         name: String,
     },
+    /// An xattr of a logged inode that the log lacks was removed.
     XattrRemoved {
+        /// Subvolume (root objectid).
         subvol: u64,
+        /// Inode number.
         ino: u64,
+        /// Attribute name, lossily decoded as UTF-8.
         name: String,
     },
+    /// An inode left with no links after the link-count fixups was removed
+    /// (orphan cleanup).
     InodeRemoved {
+        /// Subvolume (root objectid).
         subvol: u64,
+        /// Inode number.
         ino: u64,
     },
 }
 
+/// What a replay did: counts, the events, and the generation it committed.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ReplaySummary {
+    /// Subvolume log trees replayed.
     pub log_trees: usize,
+    /// Log blocks read (and pinned until the commit).
     pub log_blocks: usize,
+    /// Items in the log trees replayed.
     pub log_items: usize,
+    /// Number of [`Event::InodeCreated`].
     pub inodes_created: usize,
+    /// Number of [`Event::InodeUpdated`].
     pub inodes_updated: usize,
+    /// Number of [`Event::NameAdded`].
     pub names_added: usize,
+    /// Number of [`Event::NameRemoved`].
     pub names_removed: usize,
+    /// Sum of the lengths of [`Event::DataReplaced`] (bytes).
     pub data_bytes_replaced: u64,
+    /// Number of [`Event::InodeRemoved`].
     pub inodes_removed: usize,
+    /// Superblock generation after replay's commit (the commit that clears `log_root`).
     pub generation: u64,
+    /// Every change, in replay order per subvolume.
     pub events: Vec<Event>,
     /// With `salvage`: what was lost, and per inode what was recovered.
     pub salvage: Option<super::salvage::SalvageReport>,

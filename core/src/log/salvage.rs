@@ -59,24 +59,31 @@ pub struct SalvageReport {
     /// Every inode the readable log names, recovered or not, by subvolume
     /// and inode number.
     pub inodes: Vec<InodeOutcome>,
+    /// Inodes in `inodes` replayed ([`Outcome::Recovered`]).
     pub recovered: usize,
+    /// Inodes in `inodes` left in their committed state.
     pub not_recovered: usize,
 }
 
+/// A log block salvage could not use, with the key range lost with it.
 #[derive(Clone, Debug, Serialize)]
 pub struct LostBlockReport {
     /// Subvolume whose log tree held the block; the log root tree's own id
     /// (TREE_LOG, 18446744073709551610) for a block of the log root tree.
     pub subvol: u64,
+    /// Logical address of the block.
     pub bytenr: u64,
+    /// Level its parent gives it (0: a leaf).
     pub level: u8,
     /// First key the block may have held.
     pub first_key: Key,
     /// Keys at and after this one were not in it (None: to the end).
     pub end_key: Option<Key>,
+    /// Why it is lost: unreadable (no good copy) or failed validation.
     pub why: String,
 }
 
+/// Whether salvage replayed an inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -86,14 +93,18 @@ pub enum Outcome {
     NotRecovered,
 }
 
+/// Salvage's decision on one inode the readable log names.
 #[derive(Clone, Debug, Serialize)]
 pub struct InodeOutcome {
+    /// Subvolume (root objectid) of the inode.
     pub subvol: u64,
+    /// Inode number.
     pub ino: u64,
     /// A path for orientation (from the log's names, else the committed ones).
     pub path: Option<String>,
     /// file, dir, symlink...; None when its inode item was not readable.
     pub kind: Option<&'static str>,
+    /// Replayed or left as committed.
     pub outcome: Outcome,
     /// Why it was not recovered.
     pub reason: Option<String>,

@@ -134,10 +134,15 @@ fn inode_range(ino: u64, lo: u8, hi: u8) -> (Key, Key) {
 /// the log sub-transaction it logged into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FsyncTicket {
+    /// Nothing left: the fsync was skipped, committed, or needed no log sync.
     Done,
+    /// The log sub-transaction the fsync logged into must be synced.
     LogSync {
+        /// The inode fsynced (its subvolume's log is the one to sync).
         inode: Loc,
+        /// Transaction logged in; if it committed since, nothing is left to sync.
         trans: u64,
+        /// Log sub-transaction (`root->log_transid`) the inode was logged into.
         log_transid: i64,
     },
 }
@@ -145,8 +150,12 @@ pub enum FsyncTicket {
 /// Where the log sync of a ticket stands (see
 /// [`Filesystem::log_sync_begin`]).
 pub enum LogSyncStep {
+    /// The sub-transaction is durable (synced, or committed with the transaction).
     Done,
+    /// Another log sync's I/O is running: wait for it, then ask again.
     Wait,
+    /// This caller runs the log sync's I/O (off the filesystem lock), then
+    /// absorbs its result.
     Io(PendingLogSync),
 }
 
