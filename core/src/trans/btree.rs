@@ -334,6 +334,9 @@ impl Store {
         }
     }
 
+    /// A copy of the data of the item with exactly `key` in `tree`, None if there
+    /// is none (a `btrfs_search_slot` that must match). Inode and dir items of
+    /// subvolume trees are answered from the item cache when it knows them.
     pub fn lookup(&mut self, tree: impl Into<TreeId>, key: &Key) -> Result<Option<Vec<u8>>> {
         let tree: TreeId = tree.into();
         if items::cacheable(tree, key) {

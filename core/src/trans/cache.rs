@@ -16,6 +16,10 @@ struct Cached {
     used: Cell<u64>,
 }
 
+/// Tree blocks of the store by logical address, clean or dirty (see the
+/// module docs): the counterpart of the kernel's btree inode page cache and
+/// its dirty extent buffers. Clean blocks are evicted least recently used
+/// first; dirty ones stay until written or freed.
 pub struct BlockCache {
     blocks: HashMap<u64, Cached>,
     /// Dirty blocks and the tree each belongs to.
@@ -27,6 +31,8 @@ pub struct BlockCache {
 }
 
 impl BlockCache {
+    /// An empty cache of `nodesize`-byte blocks keeping up to `clean_limit`
+    /// bytes of clean blocks.
     pub fn new(nodesize: usize, clean_limit: usize) -> BlockCache {
         BlockCache {
             blocks: HashMap::default(),
@@ -37,6 +43,7 @@ impl BlockCache {
         }
     }
 
+    /// Whether block `bytenr` is cached, clean or dirty.
     pub fn contains(&self, bytenr: u64) -> bool {
         self.blocks.contains_key(&bytenr)
     }
@@ -47,6 +54,7 @@ impl BlockCache {
         c.used.set(t);
     }
 
+    /// Block `bytenr`'s bytes, clean or dirty, marking it recently used.
     pub fn get(&self, bytenr: u64) -> Option<&Vec<u8>> {
         let c = self.blocks.get(&bytenr)?;
         self.touch(c);
@@ -77,10 +85,13 @@ impl BlockCache {
         self.dirty.insert(bytenr, tree);
     }
 
+    /// Whether block `bytenr` is dirty: copied or created in the running
+    /// transaction (or log) and not yet written, so it may be changed in place.
     pub fn is_dirty(&self, bytenr: u64) -> bool {
         self.dirty.contains_key(&bytenr)
     }
 
+    /// The tree a dirty block belongs to; None if it is clean or not cached.
     pub fn dirty_tree(&self, bytenr: u64) -> Option<TreeId> {
         self.dirty.get(&bytenr).copied()
     }
@@ -121,18 +132,23 @@ impl BlockCache {
         }
     }
 
+    /// Number of dirty blocks.
     pub fn dirty_count(&self) -> usize {
         self.dirty.len()
     }
 
+    /// Bytes of dirty blocks (count × nodesize).
     pub fn dirty_bytes(&self) -> u64 {
         (self.dirty.len() * self.nodesize) as u64
     }
 
+    /// Bytes of clean blocks (count × nodesize).
     pub fn clean_bytes(&self) -> u64 {
         ((self.blocks.len() - self.dirty.len()) * self.nodesize) as u64
     }
 
+    /// Set the bytes of clean blocks kept before [`BlockCache::trim`] evicts;
+    /// nothing is evicted until then.
     pub fn set_clean_limit(&mut self, bytes: usize) {
         self.clean_limit = bytes;
     }

@@ -187,9 +187,11 @@ pub struct SectorSums {
 }
 
 impl SectorSums {
+    /// Number of sectors covered, with or without a checksum.
     pub fn len(&self) -> usize {
         self.have.len()
     }
+    /// Whether the run covers no sectors.
     pub fn is_empty(&self) -> bool {
         self.have.is_empty()
     }
@@ -200,12 +202,15 @@ impl SectorSums {
             _ => None,
         }
     }
+    /// Every sector's checksum in order, None for a sector without one.
     pub fn iter(&self) -> impl Iterator<Item = Option<&[u8]>> + '_ {
         (0..self.len()).map(|i| self.get(i))
     }
+    /// Whether at least one sector has a checksum.
     pub fn any_present(&self) -> bool {
         self.have.iter().any(|&h| h)
     }
+    /// Whether at least one sector has no checksum in the csum tree.
     pub fn any_missing(&self) -> bool {
         self.have.iter().any(|&h| !h)
     }

@@ -17,6 +17,9 @@ use crate::util::hash::FastMap;
 /// Entries kept before the cache starts over (about 200 bytes each).
 const MAX_ENTRIES: usize = 1 << 17;
 
+/// Inode and dir items of subvolume trees by (tree, key): each entry is the
+/// item's bytes or "no such item". Cleared wholesale when it reaches its
+/// entry limit; see the module docs for how it stays coherent.
 #[derive(Default)]
 pub struct ItemCache {
     map: FastMap<(TreeId, Key), Option<Box<[u8]>>>,

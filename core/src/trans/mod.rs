@@ -92,6 +92,8 @@ impl TreeId {
             TreeId::LogRoot | TreeId::Log(_) => BTRFS_TREE_LOG_OBJECTID,
         }
     }
+    /// Whether this is a log tree or the log root tree (blocks owned by TREE_LOG,
+    /// allocated without extent items, dropped by the next commit).
     pub fn is_log(self) -> bool {
         matches!(self, TreeId::LogRoot | TreeId::Log(_))
     }
@@ -110,40 +112,64 @@ impl From<u64> for TreeId {
 /// Where a tree's root lives and whether it changed.
 #[derive(Clone, Debug)]
 pub struct RootState {
+    /// The tree.
     pub id: TreeId,
+    /// Logical address (bytes) of the tree's current root block; changes when the
+    /// root is copied, split or collapsed in this transaction.
     pub bytenr: u64,
+    /// Level of the current root block.
     pub level: u8,
     /// The tree's ROOT_ITEM and its key (in the root tree, or for a log tree
     /// in the log root tree); None for the root, chunk and log root trees,
     /// which the superblock points to.
     pub item: Option<(Key, RootItem)>,
+    /// The root moved or the root item changed since the last commit: the commit
+    /// writes the root item back (`btrfs_update_root`).
     pub dirty: bool,
 }
 
 /// Bytes written and flushes issued, by kind (the engine's counters).
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct IoStats {
+    /// File data written to the device, in bytes.
     pub data_bytes: u64,
+    /// Log tree and log root tree blocks written by log syncs, in bytes (every
+    /// DUP copy counted).
     pub log_bytes: u64,
+    /// Other tree blocks written by commits, in bytes (every DUP copy counted).
     pub metadata_bytes: u64,
+    /// Superblock copies written by commits and log syncs, in bytes.
     pub super_bytes: u64,
+    /// Device write-cache flushes issued: by [`Store::flush_device`] (twice per
+    /// commit) and two per log sync.
     pub flushes: u64,
+    /// Transactions committed.
     pub commits: u64,
+    /// Log syncs prepared (superblocks naming a log root written).
     pub log_syncs: u64,
 }
 
 /// Clean tree blocks kept in memory before the least recently used go.
 pub const DEFAULT_CLEAN_CACHE: usize = 64 << 20;
 
+/// A filesystem open for writing with one running transaction, `transid`:
+/// the counterpart of the kernel's `btrfs_fs_info` together with its running
+/// `btrfs_transaction`. Tree blocks are read into a [`BlockCache`], copied on
+/// write, and stay in memory until [`Store::commit`] (or a log sync) writes
+/// them; see the module docs for the invariants kept.
 pub struct Store {
     img: Image,
     /// The superblock being built for the next commit.
     pub sb: Superblock,
+    /// Id of the running transaction (the last committed generation + 1): the
+    /// header generation of every block copied in it.
     pub transid: u64,
     cache: BlockCache,
     /// Inode and dir items by key (see [`items`]).
     items: items::ItemCache,
     roots: BTreeMap<TreeId, RootState>,
+    /// Block groups and their free, pinned and used space, kept exact in memory
+    /// and written back at commit.
     pub alloc: Allocator,
     /// Back reference changes not yet applied to the extent tree.
     delayed: delayed::DelayedRefs,
@@ -162,6 +188,7 @@ pub struct Store {
     /// A chunk was allocated in this transaction: a log must not depend on
     /// it (btrfs_make_block_group forces a full commit).
     pub chunk_allocated: bool,
+    /// I/O counters since the store was opened.
     pub stats: IoStats,
 }
 
@@ -178,6 +205,9 @@ impl Store {
         Store::from_image(img)
     }
 
+    /// Open a writable store on an image already opened writable. Refuses a
+    /// filesystem whose superblock names a log to replay (see
+    /// [`Store::open_for_replay`]).
     pub fn from_image(img: Image) -> Result<Store> {
         if img.sb.log_root.get() != 0 {
             return Err(Error::Unsupported(
@@ -295,18 +325,26 @@ impl Store {
         Ok(fs)
     }
 
+    /// The image the store was opened on. Its superblock is the last committed
+    /// one, not [`Store::sb`].
     pub fn image(&self) -> &Image {
         &self.img
     }
+    /// Tree block size in bytes.
     pub fn nodesize(&self) -> u32 {
         self.img.nodesize
     }
+    /// Sector size in bytes: the unit of data extents and checksums.
     pub fn sectorsize(&self) -> u32 {
         self.img.sectorsize
     }
+    /// Whether the free space tree is on (compat_ro FREE_SPACE_TREE), so commits
+    /// keep it in step with the block groups.
     pub fn has_fst(&self) -> bool {
         self.sb.compat_ro_flags.get() & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE != 0
     }
+    /// Whether tree block extents are METADATA_ITEMs keyed by level (incompat
+    /// SKINNY_METADATA) rather than EXTENT_ITEMs with a `btrfs_tree_block_info`.
     pub fn skinny(&self) -> bool {
         self.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_SKINNY_METADATA != 0
     }
@@ -443,6 +481,9 @@ impl Store {
             .ok_or_else(|| Error::Internal("root state".into()))
     }
 
+    /// Whether tree `id` exists: the root and chunk trees always, a tree with a
+    /// ROOT_ITEM in the root tree, and a log tree only once started in this
+    /// transaction. Loads its root state as a side effect.
     pub fn tree_exists(&mut self, id: impl Into<TreeId>) -> Result<bool> {
         match self.root_state(id) {
             Ok(_) => Ok(true),
@@ -742,6 +783,7 @@ impl Store {
     pub fn cache_dirty_bytes(&self) -> u64 {
         self.cache.dirty_bytes()
     }
+    /// Bytes of clean (evictable) tree blocks in the cache.
     pub fn cache_clean_bytes(&self) -> u64 {
         self.cache.clean_bytes()
     }
@@ -753,10 +795,13 @@ impl Store {
     pub fn drop_clean_cache(&mut self) {
         self.cache.drop_clean();
     }
+    /// Bytes of clean tree blocks the cache may keep (default
+    /// [`DEFAULT_CLEAN_CACHE`]); applied at the next trim.
     pub fn set_cache_limit(&mut self, bytes: usize) {
         self.cache.set_clean_limit(bytes);
     }
 
+    /// The device the filesystem is on.
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
         self.img.device()
     }

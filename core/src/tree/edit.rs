@@ -21,12 +21,14 @@ fn hdr_mut(buf: &mut [u8]) -> &mut Header {
         .unwrap_or_else(|_| unreachable!()) // OK: blocks are nodesize >= 4096
 }
 
+/// Number of items (leaf) or key pointers (node), as the header stores it.
 pub fn nritems(buf: &[u8]) -> usize {
     hdr(buf).nritems.get() as usize
 }
 fn set_nritems(buf: &mut [u8], n: usize) {
     hdr_mut(buf).nritems.set(n as u32);
 }
+/// Level of the block (header `level`): 0 for a leaf.
 pub fn level(buf: &[u8]) -> u8 {
     hdr(buf).level
 }
@@ -54,6 +56,10 @@ fn set_ptr_at(buf: &mut [u8], slot: usize, p: &KeyPtr) {
     buf[o..o + KEY_PTR_SIZE].copy_from_slice(p.as_bytes());
 }
 
+/// Bytes after the header available to item headers and data
+/// (`BTRFS_LEAF_DATA_SIZE`: nodesize minus the header). Item data offsets are
+/// relative to the end of the header, so this is also where the first item's
+/// data ends.
 pub fn leaf_data_size(buf: &[u8]) -> usize {
     buf.len() - HEADER_SIZE
 }
@@ -74,19 +80,26 @@ pub fn leaf_used(buf: &[u8]) -> usize {
     let n = nritems(buf);
     n * ITEM_SIZE + (leaf_data_size(buf) - data_start(buf))
 }
+/// Free bytes in a leaf between the item headers and the item data
+/// (`btrfs_leaf_free_space`).
 pub fn leaf_free(buf: &[u8]) -> usize {
     leaf_data_size(buf) - leaf_used(buf)
 }
+/// How many key pointers a node of this size holds
+/// (`BTRFS_NODEPTRS_PER_BLOCK`).
 pub fn node_capacity(buf: &[u8]) -> usize {
     (buf.len() - HEADER_SIZE) / KEY_PTR_SIZE
 }
 
+/// Key of item `slot` of a leaf (the caller checks the level and the slot).
 pub fn leaf_key(buf: &[u8], slot: usize) -> Key {
     Key::from(&item_at(buf, slot).key)
 }
+/// Key of pointer `slot` of a node (the caller checks the level and the slot).
 pub fn node_key(buf: &[u8], slot: usize) -> Key {
     Key::from(&ptr_at(buf, slot).key)
 }
+/// Key of `slot` in a leaf or node, by the block's level.
 pub fn key_at(buf: &[u8], slot: usize) -> Key {
     if level(buf) == 0 {
         leaf_key(buf, slot)
@@ -94,18 +107,25 @@ pub fn key_at(buf: &[u8], slot: usize) -> Key {
         node_key(buf, slot)
     }
 }
+/// Pointer `slot` of a node: (child's logical address, generation the child
+/// must carry).
 pub fn node_ptr(buf: &[u8], slot: usize) -> (u64, u64) {
     let p = ptr_at(buf, slot);
     (p.blockptr.get(), p.generation.get())
 }
+/// Size in bytes of the data of leaf item `slot`.
 pub fn item_size(buf: &[u8], slot: usize) -> usize {
     item_at(buf, slot).size.get() as usize
 }
+/// Data of leaf item `slot`. Panics if the item header points outside the
+/// buffer; only for blocks already validated or built here.
 pub fn item_data(buf: &[u8], slot: usize) -> &[u8] {
     let it = item_at(buf, slot);
     let s = HEADER_SIZE + it.offset.get() as usize;
     &buf[s..s + it.size.get() as usize]
 }
+/// Mutable data of leaf item `slot`, for in-place updates of a fixed-size
+/// item (same bounds contract as [`item_data`]).
 pub fn item_data_mut(buf: &mut [u8], slot: usize) -> &mut [u8] {
     let it = item_at(buf, slot);
     let s = HEADER_SIZE + it.offset.get() as usize;
@@ -285,6 +305,9 @@ pub fn set_key(buf: &mut [u8], slot: usize, key: &Key) {
     }
 }
 
+/// Insert a key pointer to `blockptr` (expected generation `generation`) at
+/// `slot` in a node, shifting later pointers right. `NoSpace` when the node is
+/// full.
 pub fn node_insert(
     buf: &mut [u8],
     slot: usize,
@@ -311,6 +334,8 @@ pub fn node_insert(
     Ok(())
 }
 
+/// Point node slot `slot` at a new block and generation, keeping its key (as
+/// after COW of the child).
 pub fn node_set_ptr(buf: &mut [u8], slot: usize, blockptr: u64, generation: u64) {
     let mut p = ptr_at(buf, slot);
     p.blockptr.set(blockptr);
@@ -318,6 +343,8 @@ pub fn node_set_ptr(buf: &mut [u8], slot: usize, blockptr: u64, generation: u64)
     set_ptr_at(buf, slot, &p);
 }
 
+/// Delete `count` pointers starting at `slot` from a node, zeroing the freed
+/// tail. Does nothing if the range is empty or runs past the last pointer.
 pub fn node_delete(buf: &mut [u8], slot: usize, count: usize) {
     let n = nritems(buf);
     if count == 0 || slot + count > n {
@@ -432,6 +459,8 @@ pub fn node_move_tail_to_front(src: &mut [u8], from: usize, dst: &mut [u8]) -> R
     Ok(())
 }
 
+/// Move pointers `[from..]` of node `src` to the end of node `dst` (dst's keys
+/// must all be smaller). Used by node split.
 pub fn node_move_tail(src: &mut [u8], from: usize, dst: &mut [u8]) -> Result<()> {
     let n = nritems(src);
     for i in from..n {
@@ -449,6 +478,7 @@ pub fn node_move_tail(src: &mut [u8], from: usize, dst: &mut [u8]) -> Result<()>
     Ok(())
 }
 
+/// Move the first `count` pointers of node `src` to the end of node `dst`.
 pub fn node_move_head(src: &mut [u8], count: usize, dst: &mut [u8]) -> Result<()> {
     for i in 0..count {
         let p = ptr_at(src, i);
@@ -490,6 +520,8 @@ pub fn init_block(
     h.level = level;
 }
 
+/// Stamp a copied block with its new address, generation and owner, and clear
+/// the WRITTEN and RELOC header flags: the header half of `btrfs_cow_block`.
 pub fn set_header_location(buf: &mut [u8], bytenr: u64, generation: u64, owner: u64) {
     let h = hdr_mut(buf);
     h.bytenr.set(bytenr);
@@ -502,6 +534,9 @@ pub fn set_header_location(buf: &mut [u8], bytenr: u64, generation: u64, owner: 
     h.flags.set(f);
 }
 
+/// Set `BTRFS_HEADER_FLAG_WRITTEN` in the header, as the kernel does when a
+/// block goes to disk: done to every dirty block at write-out, before its
+/// checksum is computed.
 pub fn mark_written(buf: &mut [u8]) {
     let h = hdr_mut(buf);
     h.flags

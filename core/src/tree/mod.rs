@@ -17,7 +17,12 @@ pub use walk::{
 pub struct TreeRoot {
     /// Tree id (ROOT_ITEM objectid; TREE_LOG for log trees).
     pub id: u64,
+    /// Logical address (bytes) of the root block.
     pub bytenr: u64,
+    /// Level of the root block (0 for a single-leaf tree), as its root item says.
     pub level: u8,
+    /// Generation of the root block as its referrer records it (the root item's
+    /// `generation`, or the matching superblock field for the root, chunk and
+    /// log root trees): the parent transid the block must carry.
     pub generation: u64,
 }

@@ -15,11 +15,15 @@ use zerocopy::FromBytes;
 /// What the referrer of a block says about it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Expect {
+    /// Level the block must have (one below the parent's pointer, or the root
+    /// item's level).
     pub level: Option<u8>,
     /// Parent transid: the generation in the parent's key pointer (or root item).
     pub generation: Option<u64>,
     /// Tree id of the tree being read.
     pub owner: Option<u64>,
+    /// Key the block's slot 0 must hold: the key of the parent's pointer to it
+    /// (`btrfs_key_ptr.key`); None for a root block.
     pub first_key: Option<Key>,
 }
 
@@ -52,9 +56,14 @@ pub struct Child {
 /// Filesystem-wide facts a block is checked against.
 #[derive(Clone, Copy, Debug)]
 pub struct ValidateCtx {
+    /// Tree block size in bytes (superblock `nodesize`); every block is exactly this.
     pub nodesize: u32,
+    /// Sector size in bytes; key pointers must be aligned to it.
     pub sectorsize: u32,
+    /// Checksum algorithm of the filesystem (superblock `csum_type`).
     pub csum: CsumType,
+    /// Filesystem id every block header must carry (the metadata uuid when the
+    /// METADATA_UUID incompat flag is set).
     pub fsid: [u8; 16],
     /// Newest generation a block may carry (superblock generation, +1 for log trees).
     pub max_generation: u64,
@@ -63,17 +72,23 @@ pub struct ValidateCtx {
 /// One thing wrong with a block.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Problem {
+    /// Logical address (bytes) of the block the problem is in.
     pub bytenr: u64,
+    /// Key of the offending item or pointer, when the problem is in one.
     pub key: Option<Key>,
     /// Item slot, when the problem is in one item.
     pub slot: Option<usize>,
+    /// Which check failed (checksum, header, level, key order, ...).
     pub kind: ProblemKind,
+    /// Human-readable description of what is wrong.
     pub message: String,
 }
 
 pub use crate::error::ProblemKind;
 
 impl Problem {
+    /// Turn the problem into an [`Error::Corrupt`] with a block kind, for callers
+    /// that stop at the first problem.
     pub fn into_error(self) -> Error {
         Error::Corrupt {
             kind: crate::error::CorruptKind::Block(self.kind),
@@ -84,8 +99,13 @@ impl Problem {
     }
 }
 
+/// A tree block (leaf or node) read into memory: one `nodesize` buffer and the
+/// logical address it was read from. Accessors are bounds-checked against the
+/// buffer, so a corrupt `nritems` or item offset cannot read past it; use
+/// [`Node::validate`] for the tree-checker's structural checks.
 #[derive(Clone)]
 pub struct Node {
+    /// Logical address (bytes) the block was read from.
     pub bytenr: u64,
     buf: Vec<u8>,
 }
@@ -113,27 +133,34 @@ impl Node {
         }
         Ok(Node { bytenr, buf })
     }
+    /// The raw block, header included.
     pub fn bytes(&self) -> &[u8] {
         &self.buf
     }
+    /// Take the raw block back, e.g. to edit it in place with [`super::edit`].
     pub fn into_vec(self) -> Vec<u8> {
         self.buf
     }
+    /// The block header (`struct btrfs_header`).
     pub fn header(&self) -> &Header {
         // from_vec guarantees the header fits.
         Header::ref_from_prefix(&self.buf)
             .map(|(h, _)| h)
             .unwrap_or_else(|_| unreachable!()) // OK: length checked in from_vec
     }
+    /// Level of the block: 0 for a leaf, else the height above the leaves.
     pub fn level(&self) -> u8 {
         self.header().level
     }
+    /// Whether this is a leaf (level 0), holding items rather than key pointers.
     pub fn is_leaf(&self) -> bool {
         self.level() == 0
     }
+    /// Transaction id that last wrote (COWed) the block (header `generation`).
     pub fn generation(&self) -> u64 {
         self.header().generation.get()
     }
+    /// Id of the tree that created the block (header `owner`).
     pub fn owner(&self) -> u64 {
         self.header().owner.get()
     }
@@ -150,6 +177,8 @@ impl Node {
         };
         self.nritems().min((self.buf.len() - HEADER_SIZE) / per)
     }
+    /// Item header (`btrfs_item`: key, data offset, size) of leaf slot `slot`;
+    /// None for a node or a slot past [`Node::nr_safe`].
     pub fn item(&self, slot: usize) -> Option<&Item> {
         if slot >= self.nr_safe() || !self.is_leaf() {
             return None;
@@ -157,6 +186,8 @@ impl Node {
         let o = HEADER_SIZE + slot * ITEM_SIZE;
         Item::ref_from_prefix(&self.buf[o..]).ok().map(|(i, _)| i)
     }
+    /// Key pointer (`btrfs_key_ptr`: key, blockptr, generation) of node slot
+    /// `slot`; None for a leaf or a slot past [`Node::nr_safe`].
     pub fn key_ptr(&self, slot: usize) -> Option<&KeyPtr> {
         if slot >= self.nr_safe() || self.is_leaf() {
             return None;
@@ -164,7 +195,6 @@ impl Node {
         let o = HEADER_SIZE + slot * KEY_PTR_SIZE;
         KeyPtr::ref_from_prefix(&self.buf[o..]).ok().map(|(p, _)| p)
     }
-    /// Key of slot `slot` in a leaf or node.
     /// The child that the pointer in `slot` names, with what the pointer
     /// says about it: one level below this node, the pointer's generation
     /// as its parent transid, the pointer's key as its first key, owned by
@@ -185,6 +215,8 @@ impl Node {
         })
     }
 
+    /// Key of slot `slot` in a leaf (the item's key) or node (the pointer's key);
+    /// None past [`Node::nr_safe`].
     pub fn key(&self, slot: usize) -> Option<Key> {
         if self.is_leaf() {
             self.item(slot).map(|i| Key::from(&i.key))

@@ -15,20 +15,31 @@ use std::sync::Arc;
 /// A leaf item found by iteration.
 #[derive(Clone)]
 pub struct ItemRef {
+    /// The item's key.
     pub key: Key,
+    /// The leaf holding the item, shared with the iterator's path.
     pub node: Arc<Node>,
+    /// Slot of the item in `node`.
     pub slot: usize,
 }
 
 impl ItemRef {
+    /// The item's body, bounds-checked against the leaf.
     pub fn data(&self) -> Result<&[u8]> {
         self.node.item_data(self.slot)
     }
+    /// Decode the item's body by its key type; `csum_size` is the checksum size
+    /// in bytes (for csum items).
     pub fn decode(&self, csum_size: usize) -> Result<(Key, ItemBody<'_>)> {
         self.node.decode_item(self.slot, csum_size)
     }
 }
 
+/// Forward iterator over the items of one tree in key order, from a start
+/// key to the end of the tree: the read-only counterpart of
+/// `btrfs_search_slot` followed by `btrfs_next_item`. Every block is read
+/// through [`Image::read_tree_block`] with what its parent expects of it, and
+/// an error ends the iteration.
 pub struct TreeIter<'a> {
     img: &'a Image,
     root: TreeRoot,
