@@ -35,8 +35,12 @@ const UNPLUG_DELAY: Duration = Duration::from_millis(3);
 /// Runs that make a batch go at once.
 const UNPLUG_THRESH: usize = 4;
 
+/// Contiguous file data queued for one physical range of the device, up to
+/// 4 MiB, combined from writes that each started where the previous ended.
 pub struct Run {
+    /// Physical byte offset on the device where the run goes.
     pub phys: u64,
+    /// The bytes to write at `phys`.
     pub data: Vec<u8>,
     owners: FastMap<Owner, ()>,
     queued: Instant,
@@ -48,6 +52,8 @@ impl Run {
     }
 }
 
+/// The queue of data [`Run`]s not yet submitted to the device, oldest first,
+/// bounded at 4 MiB in total (see the module docs).
 #[derive(Default)]
 pub struct DataQueue {
     runs: VecDeque<Run>,
@@ -150,6 +156,7 @@ impl DataQueue {
         }
     }
 
+    /// Whether nothing is queued.
     pub fn is_empty(&self) -> bool {
         self.runs.is_empty()
     }

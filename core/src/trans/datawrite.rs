@@ -143,12 +143,16 @@ pub struct DataWait {
 }
 
 impl DataWait {
+    /// Block until every job submitted before this wait was made is written.
+    /// Fails with the writer's sticky error if any write failed, even one
+    /// submitted later.
     pub fn wait(&self) -> Result<()> {
         self.shared.wait_for(self.seq)
     }
 }
 
 impl DataWriter {
+    /// Spawn the writer thread (`btrkit-data`) for `dev`, with an empty queue.
     pub fn start(dev: Arc<dyn BlockDevice>) -> Result<DataWriter> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),

@@ -21,18 +21,33 @@ use std::collections::BTreeMap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum BackRef {
     /// A tree block referenced by a tree's root or an unshared parent.
-    Tree { root: u64 },
+    Tree {
+        /// Id of the referencing tree (the TREE_BLOCK_REF key offset).
+        root: u64,
+    },
     /// A tree block referenced by a full-backref parent block.
-    SharedTree { parent: u64 },
+    SharedTree {
+        /// Logical address of the parent block (the SHARED_BLOCK_REF key
+        /// offset).
+        parent: u64,
+    },
     /// A data extent referenced by file extent items of (root, inode) at
     /// file offset minus extent offset.
     Data {
+        /// Id of the subvolume tree holding the file extent items.
         root: u64,
+        /// Inode number of the file.
         objectid: u64,
+        /// File offset of the items minus their offset into the extent
+        /// (`btrfs_extent_data_ref.offset`).
         offset: u64,
     },
     /// A data extent referenced from a full-backref leaf.
-    SharedData { parent: u64 },
+    SharedData {
+        /// Logical address of the leaf holding the file extent items (the
+        /// SHARED_DATA_REF key offset).
+        parent: u64,
+    },
 }
 
 impl BackRef {
@@ -75,6 +90,8 @@ impl BackRef {
         })
     }
 
+    /// Whether this is a data extent's reference (EXTENT_DATA_REF or
+    /// SHARED_DATA_REF) rather than a tree block's.
     pub fn is_data(&self) -> bool {
         matches!(self, BackRef::Data { .. } | BackRef::SharedData { .. })
     }
@@ -84,7 +101,10 @@ impl BackRef {
 /// besides its references.
 #[derive(Clone, Copy, Debug)]
 pub struct NewExtent {
+    /// Transaction that allocated the extent (the extent item's `generation`).
     pub generation: u64,
+    /// Extent item flags: `BTRFS_EXTENT_FLAG_DATA` or
+    /// `BTRFS_EXTENT_FLAG_TREE_BLOCK` (plus FULL_BACKREF when set).
     pub flags: u64,
     /// First key of a tree block when it was allocated (non-skinny items).
     pub first_key: Key,
@@ -113,18 +133,23 @@ impl RefDeltas {
             Err(_) => {}
         }
     }
+    /// The back references with a pending change, in order.
     pub fn keys(&self) -> impl Iterator<Item = &BackRef> {
         self.0.iter().map(|(k, _)| k)
     }
+    /// The pending count changes, in back reference order.
     pub fn values(&self) -> impl Iterator<Item = &i64> {
         self.0.iter().map(|(_, v)| v)
     }
+    /// Each back reference with its pending count change, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&BackRef, &i64)> {
         self.0.iter().map(|(k, v)| (k, v))
     }
+    /// Whether no back reference has a pending change.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+    /// Number of back references with a pending change.
     pub fn len(&self) -> usize {
         self.0.len()
     }
@@ -133,10 +158,14 @@ impl RefDeltas {
 /// The queued changes of one extent.
 #[derive(Clone, Debug)]
 pub struct RefHead {
+    /// Size of the extent in bytes (nodesize for a tree block).
     pub num_bytes: u64,
     /// Level of a tree block; None for data.
     pub level: Option<u8>,
+    /// Set when this transaction allocated the extent: running the head inserts
+    /// its extent item (the kernel's `must_insert_reserved`).
     pub new: Option<NewExtent>,
+    /// The merged count changes of its back references.
     pub refs: RefDeltas,
 }
 
@@ -147,6 +176,8 @@ impl RefHead {
     }
 }
 
+/// The delayed ref heads of the running transaction by extent bytenr: the
+/// kernel's `btrfs_delayed_ref_root`, run by the commit in bytenr order.
 #[derive(Clone, Debug, Default)]
 pub struct DelayedRefs {
     heads: BTreeMap<u64, RefHead>,
@@ -183,10 +214,13 @@ impl DelayedRefs {
         h.refs.add(r, 1);
     }
 
+    /// The head queued for the extent at `bytenr`, if any.
     pub fn get(&self, bytenr: u64) -> Option<&RefHead> {
         self.heads.get(&bytenr)
     }
 
+    /// Drop the head of `bytenr` with all its changes (an extent allocated and
+    /// freed in this transaction never gets an extent item).
     pub fn remove(&mut self, bytenr: u64) -> Option<RefHead> {
         self.heads.remove(&bytenr)
     }
@@ -196,10 +230,12 @@ impl DelayedRefs {
         self.heads.get(&bytenr).map_or(0, RefHead::delta)
     }
 
+    /// Whether no extent has queued changes.
     pub fn is_empty(&self) -> bool {
         self.heads.is_empty()
     }
 
+    /// Number of heads (extents with queued changes).
     pub fn len(&self) -> usize {
         self.heads.len()
     }
