@@ -5,6 +5,8 @@
 
 // Unsafe code lives in io/ only (file.rs, copy.rs, host.rs: system
 // calls), each block with a SAFETY comment.
+#![warn(missing_docs)]
+
 pub mod alloc;
 pub mod check;
 pub mod chunk;

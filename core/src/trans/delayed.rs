@@ -104,7 +104,7 @@ pub struct NewExtent {
     /// Transaction that allocated the extent (the extent item's `generation`).
     pub generation: u64,
     /// Extent item flags: `BTRFS_EXTENT_FLAG_DATA` or
-    /// `BTRFS_EXTENT_FLAG_TREE_BLOCK` (plus FULL_BACKREF when set).
+    /// `BTRFS_EXTENT_FLAG_TREE_BLOCK`.
     pub flags: u64,
     /// First key of a tree block when it was allocated (non-skinny items).
     pub first_key: Key,

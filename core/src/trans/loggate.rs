@@ -18,11 +18,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 /// How a log sync's I/O ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogIoDone {
+    /// The subvolume whose log the sync wrote.
     pub subvol: u64,
     /// The transaction the log belongs to.
     pub trans: u64,
     /// The log sub-transaction the sync made durable.
     pub log_transid: i64,
+    /// Whether every write and flush of the sync succeeded.
     pub ok: bool,
 }
 
@@ -45,6 +47,7 @@ impl LogIoGate {
         crate::util::sync::lock(&self.state)
     }
 
+    /// Whether a log sync's I/O is running now.
     pub fn busy(&self) -> bool {
         self.state().in_flight
     }
@@ -105,6 +108,8 @@ impl PendingLogSync {
         }
     }
 
+    /// Do the sync's writes (blocks, flush, superblock, flush) on this thread,
+    /// then release the gate, recording whether they succeeded.
     pub fn run(mut self) -> Result<()> {
         let r = match self.io.take() {
             Some(io) => io.run(self.dev.as_ref()),

@@ -158,6 +158,9 @@ pub struct LogSyncIo {
 }
 
 impl LogSyncIo {
+    /// Write the log's blocks, wait for the data writes submitted before the
+    /// sync, flush, write the primary superblock naming the log, and flush
+    /// again. The first error stops it.
     pub fn run(&self, dev: &dyn BlockDevice) -> Result<()> {
         for (p, run) in &self.runs {
             dev.write_at(*p, run)?;

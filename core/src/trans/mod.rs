@@ -112,7 +112,7 @@ impl From<u64> for TreeId {
 /// Where a tree's root lives and whether it changed.
 #[derive(Clone, Debug)]
 pub struct RootState {
-    /// The tree.
+    /// Which tree this is the root of.
     pub id: TreeId,
     /// Logical address (bytes) of the tree's current root block; changes when the
     /// root is copied, split or collapsed in this transaction.

@@ -21,16 +21,27 @@ use zerocopy::{FromBytes, IntoBytes};
 
 const QUOTA_TREE: TreeId = TreeId::Tree(BTRFS_QUOTA_TREE_OBJECTID);
 
+/// The counters of one qgroup, as its QGROUP_INFO item holds them, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
+    /// Bytes of every extent a subvolume of the qgroup references.
     pub rfer: u64,
+    /// Compressed-size counterpart of `rfer`, changed by the same amounts (as
+    /// the kernel does: both count on-disk extent bytes).
     pub rfer_cmpr: u64,
+    /// Bytes of the extents referenced only by subvolumes of the qgroup.
     pub excl: u64,
+    /// Compressed-size counterpart of `excl`, changed by the same amounts.
     pub excl_cmpr: u64,
 }
 
+/// The qgroup state of the store (the kernel's in-memory `btrfs_qgroup`
+/// tree): counters by qgroup id, the relation graph, and what the running
+/// transaction changed, accounted at commit.
 #[derive(Debug, Default)]
 pub struct Qgroups {
+    /// Quotas are on (the status item has `BTRFS_QGROUP_STATUS_FLAG_ON`);
+    /// nothing else here is kept when false.
     pub enabled: bool,
     /// qgroup id -> counters.
     pub groups: BTreeMap<u64, Counts>,

@@ -19,7 +19,8 @@ pub struct TreeRoot {
     pub id: u64,
     /// Logical address (bytes) of the root block.
     pub bytenr: u64,
-    /// Level of the root block (0 for a single-leaf tree), as its root item says.
+    /// Level of the root block (0 for a single-leaf tree), as its referrer
+    /// records it.
     pub level: u8,
     /// Generation of the root block as its referrer records it (the root item's
     /// `generation`, or the matching superblock field for the root, chunk and
