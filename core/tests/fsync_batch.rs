@@ -100,7 +100,7 @@ fn concurrent_fsyncs_share_log_syncs_and_keep_their_data() {
 #[test]
 fn a_joined_fsync_finds_its_queued_data_on_disk() {
     use btrkit_core::fs::writeback::Reason;
-    use btrkit_core::log::writer::FsyncTicket;
+    use btrkit_core::fs::FsyncTicket;
     let dev = new_image(256 << 20, &[]);
     let base: Arc<dyn BlockDevice> = dev.clone();
     let mut fs = mount(base, &[]).unwrap();
@@ -147,7 +147,7 @@ fn a_joined_fsync_finds_its_queued_data_on_disk() {
 /// one client, it goes at once; once synced there is nothing to wait for.
 #[test]
 fn a_log_sync_waits_for_other_clients_unless_ssd() {
-    use btrkit_core::log::writer::FsyncTicket;
+    use btrkit_core::fs::FsyncTicket;
     for (opts, multi) in [(&[][..], true), (&["ssd"][..], false)] {
         let dev = new_image(256 << 20, &[]);
         let base: Arc<dyn BlockDevice> = dev.clone();
@@ -197,7 +197,7 @@ fn a_log_sync_waits_for_other_clients_unless_ssd() {
 /// waits for that sync instead of skipping.
 #[test]
 fn a_second_fsync_of_a_file_another_client_logged_waits_for_its_sync() {
-    use btrkit_core::log::writer::FsyncTicket;
+    use btrkit_core::fs::FsyncTicket;
     let dev = new_image(256 << 20, &[]);
     let base: Arc<dyn BlockDevice> = dev.clone();
     let mut fs = mount(base, &[]).unwrap();
@@ -248,7 +248,7 @@ fn fsync_data_goes_at_once_only_with_sync_io_first() {
         } else {
             assert_eq!(written, 0, "the fsync's data waits in the batch");
             if let Some(t) = due {
-                btrkit_core::log::writer::sleep_until(t);
+                btrkit_core::fs::fsync::sleep_until(t);
             }
         }
         fs.fsync(x, false, None).unwrap();

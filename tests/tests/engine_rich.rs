@@ -87,8 +87,12 @@ fn marked_incompressible(img: &Path, path: &str) -> Result<bool, String> {
     use btrkit_core::format::inode::InodeItem;
     use zerocopy::FromBytes;
     let dev = btrkit_core::io::FileDevice::open(img, false).map_err(|e| e.to_string())?;
-    let mut fs = btrkit_core::fs::Filesystem::mount(std::sync::Arc::new(dev), Default::default())
-        .map_err(|e| e.to_string())?;
+    let mut fs = btrkit_core::fs::Filesystem::mount(
+        std::sync::Arc::new(dev),
+        Default::default(),
+        btrkit_core::log::LogState::boxed(),
+    )
+    .map_err(|e| e.to_string())?;
     let l = fs
         .resolve(path, false)
         .map_err(|e| format!("{path}: {e}"))?;
@@ -121,8 +125,12 @@ fn extents_of(img: &Path, path: &str) -> Result<Vec<(u64, u64, u8)>, String> {
     use btrkit_core::format::file_extent::{parse_file_extent, FileExtent};
     use btrkit_core::fs::extents::extent_key;
     let dev = btrkit_core::io::FileDevice::open(img, false).map_err(|e| e.to_string())?;
-    let mut fs = btrkit_core::fs::Filesystem::mount(std::sync::Arc::new(dev), Default::default())
-        .map_err(|e| e.to_string())?;
+    let mut fs = btrkit_core::fs::Filesystem::mount(
+        std::sync::Arc::new(dev),
+        Default::default(),
+        btrkit_core::log::LogState::boxed(),
+    )
+    .map_err(|e| e.to_string())?;
     let l = fs
         .resolve(path, false)
         .map_err(|e| format!("{path}: {e}"))?;

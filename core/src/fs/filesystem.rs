@@ -207,75 +207,6 @@ pub struct InodeRt {
     pub pages_dirtied_at: Option<std::time::Duration>,
 }
 
-/// A subvolume's log bookkeeping (root->log_transid, last_log_commit):
-/// the log sub-transaction now being filled, and the last one synced.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SubvolLog {
-    /// Log sub-transaction now being filled (`root->log_transid`).
-    pub log_transid: i64,
-    /// Last log sub-transaction synced (`root->last_log_commit`).
-    pub last_log_commit: i64,
-    /// Every log sub-transaction below this one is on disk
-    /// (log_transid_committed + 1): recorded once a sync's last flush
-    /// returned, never when it starts.
-    pub durable: i64,
-    /// fsyncs that came to this subvolume (root->log_batch): a log sync
-    /// waiting for others to join goes out once it stops changing.
-    pub log_batch: u64,
-    /// The client (thread) that started logging into the running
-    /// sub-transaction (log_start_pid), and whether another one logged
-    /// into it too (BTRFS_ROOT_MULTI_LOG_TASKS).
-    pub start_client: Option<std::thread::ThreadId>,
-    /// Another client logged into the running sub-transaction too
-    /// (BTRFS_ROOT_MULTI_LOG_TASKS).
-    pub multi_clients: bool,
-    /// More than one client logged into the sub-transaction synced last:
-    /// the next one's first client is likely to be joined too.
-    pub prev_multi_clients: bool,
-}
-
-/// A change to names the log must reflect when it already holds the
-/// inode or directory: applied by the log writer before it logs anything
-/// else or syncs.
-#[derive(Clone, Debug)]
-pub enum LogOp {
-    /// A name went (unlink, rmdir, a rename's replaced target):
-    /// btrfs_del_inode_ref_in_log and btrfs_del_dir_entries_in_log.
-    Unlink {
-        /// Directory that held the name.
-        dir: Loc,
-        /// The name removed.
-        name: Vec<u8>,
-        /// DIR_INDEX of the name in `dir`.
-        index: u64,
-        /// Inode the name pointed to.
-        inode: Loc,
-    },
-    /// A name came (link; rename with the old name): btrfs_log_new_name.
-    NewName {
-        /// Inode that got the new name.
-        inode: Loc,
-        /// For a rename, the old name: (directory, name, DIR_INDEX); `None` for a link.
-        old: Option<(Loc, Vec<u8>, u64)>,
-        /// Directory holding the new name.
-        parent: Loc,
-    },
-}
-
-/// The filesystem's log state.
-#[derive(Debug, Default)]
-pub struct LogState {
-    /// Log bookkeeping per subvolume (root objectid).
-    pub subvols: HashMap<u64, SubvolLog>,
-    /// Transaction in which logging gave up: every later fsync in it
-    /// commits (last_trans_log_full_commit).
-    pub full_commit_trans: u64,
-    /// Name changes not yet applied to the log, in order.
-    pub pending: Vec<LogOp>,
-    /// The log sync whose I/O may be running without the filesystem.
-    pub io: std::sync::Arc<crate::trans::loggate::LogIoGate>,
-}
-
 /// A mounted filesystem: the tree store with its running transaction and
 /// log trees, the in-memory inodes, page cache and dirty data, and the
 /// engine's options, switches and counters (the kernel's `btrfs_fs_info`
@@ -283,8 +214,10 @@ pub struct LogState {
 pub struct Filesystem {
     /// The trees, the running transaction and the log trees.
     pub store: Store,
-    /// fsync log state (per-subvolume log sub-transactions, pending name changes).
-    pub log: LogState,
+    /// The fsync log (its state is the log layer's).
+    log: Box<dyn super::fsync::FsyncLog>,
+    /// Name changes of the running namespace operation, for the log.
+    name_changes: Vec<super::fsync::NameChange>,
     /// Mount options.
     pub opts: MountOptions,
     /// Engine switches selecting historical kernel behaviour.
@@ -325,23 +258,32 @@ const MAX_SYMLINKS: usize = 40;
 impl Filesystem {
     /// Mount the filesystem on `dev` with `opts`. A filesystem with a log
     /// must have it replayed first.
-    pub fn mount(dev: Arc<dyn BlockDevice>, mut opts: MountOptions) -> Result<Filesystem> {
+    pub fn mount(
+        dev: Arc<dyn BlockDevice>,
+        mut opts: MountOptions,
+        log: Box<dyn super::fsync::FsyncLog>,
+    ) -> Result<Filesystem> {
         // open_ctree: without ssd or nossd, a device that does not spin
         // mounts as ssd.
         if !opts.ssd_given {
             opts.ssd = dev.rotational() == Some(false);
         }
         let store = Store::open(dev)?;
-        Filesystem::with_store(store, opts)
+        Filesystem::with_store(store, opts, log)
     }
 
     /// Mount an already opened `store` with `opts`: sets the incompat features a
     /// read-write mount has, reads the default subvolume, finds deleted
     /// subvolumes and cleans up orphans (open_ctree's share of the work).
-    pub fn with_store(store: Store, opts: MountOptions) -> Result<Filesystem> {
+    pub fn with_store(
+        store: Store,
+        opts: MountOptions,
+        log: Box<dyn super::fsync::FsyncLog>,
+    ) -> Result<Filesystem> {
         let mut fs = Filesystem {
             store,
-            log: LogState::default(),
+            log,
+            name_changes: Vec::new(),
             opts,
             switches: Switches::default(),
             stats: EngineStats::default(),
@@ -490,7 +432,7 @@ impl Filesystem {
     pub fn commit(&mut self, reason: &str) -> Result<()> {
         // A log sync still under way finishes before the writeback (as the
         // commit waits for it before anything else).
-        self.log.io.wait_idle();
+        self.log.io_gate().wait_idle();
         self.absorb_log_io();
         if self.opts.flushoncommit {
             self.writeback_all(super::writeback::Reason::Sync)?;
@@ -504,12 +446,12 @@ impl Filesystem {
     /// qgroup inherit directly).
     pub(super) fn commit_only(&mut self, reason: &str) -> Result<()> {
         // A log sync's superblock must not land after the commit's.
-        self.log.io.wait_idle();
+        self.log.io_gate().wait_idle();
         self.absorb_log_io();
         self.store.flush_data()?;
         self.store.commit()?;
         // The log went with the commit.
-        self.log.pending.clear();
+        self.name_changes.clear();
         self.stats.commits += 1;
         *self
             .stats
@@ -616,31 +558,10 @@ impl Filesystem {
     }
 
     /// The inode item of `l` (for a placeholder, the one it shows: see
-    /// [`Filesystem::placeholder_item`]).
+    /// [`read_item`]).
     pub fn item(&mut self, l: Loc) -> Result<InodeItem> {
-        if l.is_placeholder() {
-            return self.placeholder_item(l);
-        }
-        get_inode(&mut self.store, l.subvol, l.ino)?.ok_or_else(|| {
-            Error::errno(
-                libc::ENOENT,
-                format!("inode {} of subvolume {} does not exist", l.ino, l.subvol),
-            )
-        })
-    }
-
-    /// What stat(2) shows of an empty-subvolume placeholder, as
-    /// new_simple_dir makes it: a directory with mode 0755, one link, no
-    /// size, the owner and access time of the directory holding the
-    /// entry, changed and modified now (the kernel makes a new one at
-    /// every lookup: its dentry is never kept).
-    fn placeholder_item(&mut self, l: Loc) -> Result<InodeItem> {
-        let dir = self.item(Loc::new(l.subvol, l.parent))?;
         let now = self.now();
-        let mut it = new_inode_item(S_IFDIR | 0o755, dir.uid.get(), dir.gid.get(), 0, now, 0);
-        it.generation.set(0);
-        it.atime = dir.atime;
-        Ok(it)
+        read_item(&mut self.store, l, now)
     }
 
     /// A placeholder has no item to change: every operation that would
@@ -698,29 +619,8 @@ impl Filesystem {
 
     /// The runtime state of an inode, loading it the first time.
     pub fn rt(&mut self, l: Loc) -> Result<&mut InodeRt> {
-        if !self.inodes.contains(&l) {
-            let item = self.item(l)?;
-            let transid = self.store.transid;
-            let mut rt = InodeRt {
-                i_size: item.size.get(),
-                disk_i_size: item.size.get(),
-                ..Default::default()
-            };
-            // Changed in this transaction and evicted since: which extents
-            // changed is unknown, so the next fsync logs everything. The
-            // unlink and reflink transactions were not kept: assume the
-            // last change was one (btrfs_read_locked_inode).
-            rt.last_trans = item.transid.get();
-            if item.transid.get() == transid {
-                rt.full_sync = true;
-            }
-            rt.last_unlink_trans = rt.last_trans;
-            rt.last_reflink_trans = rt.last_trans;
-            return Ok(self.inodes.insert(l, rt));
-        }
-        self.inodes
-            .get_mut(&l)
-            .ok_or_else(|| Error::Internal("inode state".into()))
+        let now = self.now();
+        load_rt(&mut self.store, &mut self.inodes, l, now)
     }
 
     pub(super) fn rt_if_loaded(&mut self, l: Loc) -> Option<&mut InodeRt> {
@@ -751,7 +651,7 @@ impl Filesystem {
     /// (a later load takes the transaction from the item).
     pub(super) fn mark_changed(&mut self, l: Loc) {
         let t = self.store.transid;
-        let lt = self.log.subvols.get(&l.subvol).map_or(0, |s| s.log_transid);
+        let lt = self.log.sub_transaction(l.subvol);
         if let Some(rt) = self.inodes.get_mut(&l) {
             rt.last_trans = t;
             rt.last_sub_trans = lt;
@@ -762,24 +662,8 @@ impl Filesystem {
     /// Whether the inode is in this transaction's log (inode_logged):
     /// known from memory, else from the log tree.
     pub fn inode_logged(&mut self, l: Loc) -> Result<bool> {
-        let t = self.store.transid;
-        let lt = self.rt(l)?.logged_trans;
-        if lt == t {
-            return Ok(true);
-        }
-        if lt > 0 || !self.store.has_log(l.subvol) {
-            return Ok(false);
-        }
-        let found = self
-            .store
-            .lookup(
-                TreeId::Log(l.subvol),
-                &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0),
-            )?
-            .is_some();
-        let rt = self.rt(l)?;
-        rt.logged_trans = if found { t } else { t - 1 };
-        Ok(found)
+        let now = self.now();
+        inode_logged(&mut self.store, &mut self.inodes, l, now)
     }
 
     /// The subvolume's free objectid as the kernel sets it when it loads
@@ -1114,7 +998,48 @@ impl Filesystem {
     /// Whether the filesystem has the NO_HOLES incompat feature (no explicit
     /// hole extent items).
     pub fn no_holes(&self) -> bool {
-        self.store.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0
+        has_no_holes(&self.store)
+    }
+
+    /// The log and the parts of the mount a log writer may use, apart.
+    pub(super) fn log_fields(
+        &mut self,
+    ) -> (
+        &mut dyn super::fsync::FsyncLog,
+        &mut Store,
+        &mut super::icache::InodeCache,
+        &mut EngineStats,
+        &Switches,
+        &MountOptions,
+    ) {
+        (
+            &mut *self.log,
+            &mut self.store,
+            &mut self.inodes,
+            &mut self.stats,
+            &self.switches,
+            &self.opts,
+        )
+    }
+
+    /// The fsync log, to change.
+    pub(super) fn log_mut(&mut self) -> &mut dyn super::fsync::FsyncLog {
+        &mut *self.log
+    }
+
+    /// The fsync log.
+    pub(super) fn log_ref(&self) -> &dyn super::fsync::FsyncLog {
+        &*self.log
+    }
+
+    /// The name changes recorded since they were last handed to the log.
+    pub(super) fn take_name_changes(&mut self) -> Vec<super::fsync::NameChange> {
+        std::mem::take(&mut self.name_changes)
+    }
+
+    /// Record a name change for the log (applied when the operation ends).
+    pub(super) fn record_name_change(&mut self, c: super::fsync::NameChange) {
+        self.name_changes.push(c);
     }
 
     // ------------------------------------------------------------------
@@ -1166,4 +1091,89 @@ impl Filesystem {
             self.dirty.bytes,
         )
     }
+}
+
+/// Whether the filesystem has the NO_HOLES incompat feature.
+pub(super) fn has_no_holes(store: &Store) -> bool {
+    store.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0
+}
+
+/// The inode item of `l`. An empty-subvolume placeholder has none: what
+/// stat(2) shows of it is made as new_simple_dir makes it: a directory
+/// with mode 0755, one link, no size, the owner and access time of the
+/// directory holding the entry, changed and modified `now` (the kernel
+/// makes a new one at every lookup: its dentry is never kept).
+pub(super) fn read_item(store: &mut Store, l: Loc, now: Timespec) -> Result<InodeItem> {
+    if l.is_placeholder() {
+        let dir = read_item(store, Loc::new(l.subvol, l.parent), now)?;
+        let mut it = new_inode_item(S_IFDIR | 0o755, dir.uid.get(), dir.gid.get(), 0, now, 0);
+        it.generation.set(0);
+        it.atime = dir.atime;
+        return Ok(it);
+    }
+    get_inode(store, l.subvol, l.ino)?.ok_or_else(|| {
+        Error::errno(
+            libc::ENOENT,
+            format!("inode {} of subvolume {} does not exist", l.ino, l.subvol),
+        )
+    })
+}
+
+/// The runtime state of an inode, loaded from its item the first time.
+pub(super) fn load_rt<'c>(
+    store: &mut Store,
+    inodes: &'c mut super::icache::InodeCache,
+    l: Loc,
+    now: Timespec,
+) -> Result<&'c mut InodeRt> {
+    if !inodes.contains(&l) {
+        let item = read_item(store, l, now)?;
+        let transid = store.transid;
+        let mut rt = InodeRt {
+            i_size: item.size.get(),
+            disk_i_size: item.size.get(),
+            ..Default::default()
+        };
+        // Changed in this transaction and evicted since: which extents
+        // changed is unknown, so the next fsync logs everything. The
+        // unlink and reflink transactions were not kept: assume the
+        // last change was one (btrfs_read_locked_inode).
+        rt.last_trans = item.transid.get();
+        if item.transid.get() == transid {
+            rt.full_sync = true;
+        }
+        rt.last_unlink_trans = rt.last_trans;
+        rt.last_reflink_trans = rt.last_trans;
+        return Ok(inodes.insert(l, rt));
+    }
+    inodes
+        .get_mut(&l)
+        .ok_or_else(|| Error::Internal("inode state".into()))
+}
+
+/// Whether the inode is in this transaction's log (inode_logged): known
+/// from memory, else from the log tree (and then remembered).
+pub(super) fn inode_logged(
+    store: &mut Store,
+    inodes: &mut super::icache::InodeCache,
+    l: Loc,
+    now: Timespec,
+) -> Result<bool> {
+    let t = store.transid;
+    let lt = load_rt(store, inodes, l, now)?.logged_trans;
+    if lt == t {
+        return Ok(true);
+    }
+    if lt > 0 || !store.has_log(l.subvol) {
+        return Ok(false);
+    }
+    let found = store
+        .lookup(
+            TreeId::Log(l.subvol),
+            &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0),
+        )?
+        .is_some();
+    let rt = load_rt(store, inodes, l, now)?;
+    rt.logged_trans = if found { t } else { t - 1 };
+    Ok(found)
 }

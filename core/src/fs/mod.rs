@@ -9,6 +9,7 @@ mod dirty;
 pub mod extents;
 mod file;
 mod filesystem;
+pub mod fsync;
 mod icache;
 pub mod inode;
 pub mod names;
@@ -23,9 +24,8 @@ pub mod xattr;
 
 pub use extents::{MAX_EXTENT_SIZE, MAX_INLINE};
 pub use file::{SYNC_RANGE_WAIT_AFTER, SYNC_RANGE_WAIT_BEFORE, SYNC_RANGE_WRITE};
-pub use filesystem::{
-    EngineStats, Filesystem, InodeRt, Loc, LogOp, LogState, SubvolLog, Switches, FS_TREE, ROOT_DIR,
-};
+pub use filesystem::{EngineStats, Filesystem, InodeRt, Loc, Switches, FS_TREE, ROOT_DIR};
+pub use fsync::{FsyncLog, FsyncTicket, LogAnswer, LogContext, LogSyncStep, NameChange};
 pub use inode::ftype_of_mode;
 pub use ops::Stat;
 pub use options::MountOptions;

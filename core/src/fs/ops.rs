@@ -269,7 +269,7 @@ impl Filesystem {
         self.touch_trans(dir)?;
         self.touch_trans(l)?;
         if self.store.has_log(dir.subvol) {
-            self.log.pending.push(super::filesystem::LogOp::Unlink {
+            self.record_name_change(super::fsync::NameChange::Unlink {
                 dir,
                 name: name.to_vec(),
                 index,
@@ -314,7 +314,8 @@ impl Filesystem {
         let t = self.transid();
         self.rt(l)?.last_unlink_trans = t;
         self.drop_name(dir, name)?;
-        self.apply_log_ops_now()
+        self.log_name_changes();
+        Ok(())
     }
 
     /// rmdir(2).
@@ -354,7 +355,8 @@ impl Filesystem {
             self.rt(dir)?.last_unlink_trans = t;
         }
         self.drop_name(dir, name)?;
-        self.apply_log_ops_now()
+        self.log_name_changes();
+        Ok(())
     }
 
     /// Whether `anc` is `l` or one of its ancestors, walking `..` as the
@@ -553,13 +555,14 @@ impl Filesystem {
             rt.last_unlink_trans = t;
         }
         if self.store.has_log(l.subvol) {
-            self.log.pending.push(super::filesystem::LogOp::NewName {
+            self.record_name_change(super::fsync::NameChange::NewName {
                 inode: l,
                 old,
                 parent,
             });
         }
-        self.apply_log_ops_now()
+        self.log_name_changes();
+        Ok(())
     }
 
     /// open(O_TMPFILE): an open inode with no name (an orphan until closed).

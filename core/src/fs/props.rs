@@ -209,7 +209,7 @@ mod tests {
             std::sync::Arc::new(crate::io::MemDevice::zeroed(256 << 20));
         let (st, staged, _) = crate::mkfs::make(dev.clone(), &Default::default()).unwrap();
         crate::mkfs::finish(st, &staged).unwrap();
-        Filesystem::mount(dev, Default::default()).unwrap()
+        Filesystem::mount(dev, Default::default(), crate::log::LogState::boxed()).unwrap()
     }
 
     fn errno(r: Result<()>) -> i32 {

@@ -367,7 +367,8 @@ impl Filesystem {
         let root_key = self.store.root_key(id)?;
         self.unlink_subvol(odir, oname, loc)?;
         self.link_subvol(ndir, nname, id, root_key.offset)?;
-        self.log.full_commit_trans = self.transid();
+        let t = self.transid();
+        self.log_mut().force_full_commit(t);
         Ok(())
     }
 

@@ -4,8 +4,8 @@
 //! others can log theirs, then syncs the log; whoever syncs first makes all
 //! of them durable and the rest find their sub-transaction synced.
 
-use super::writer::{FsyncTicket, LogSyncStep};
 use crate::fs::{Filesystem, Loc};
+use crate::fs::{FsyncTicket, LogSyncStep};
 use crate::Result;
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -176,7 +176,7 @@ impl SharedFs {
             self.batch_window(ticket, key, &mut ticks);
             let (step, gate) = {
                 let mut fs = self.lock();
-                (fs.log_sync_begin(ticket)?, fs.log.io.clone())
+                (fs.log_sync_begin(ticket)?, fs.log_io_gate())
             };
             match step {
                 LogSyncStep::Done => return Ok(()),

@@ -11,3 +11,4 @@ pub use crate::trans::loggate as syncio;
 pub mod writer;
 
 pub use inspect::{inspect_log, LogDump};
+pub use writer::LogState;

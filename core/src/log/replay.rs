@@ -896,7 +896,7 @@ pub fn mount(
         let mut st = Store::open_for_replay(dev.clone())?;
         free = replay(&mut st, Default::default())?.free_objectids;
     }
-    let mut fs = crate::fs::Filesystem::mount(dev, opts)?;
+    let mut fs = crate::fs::Filesystem::mount(dev, opts, super::writer::LogState::boxed())?;
     for (subvol, next) in free {
         fs.raise_free_ino(subvol, next)?;
     }

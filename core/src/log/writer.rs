@@ -28,7 +28,7 @@
 //! rename, the targets of new directory entries and the inodes whose names
 //! a new inode took are logged too, as the kernel does.
 
-use super::syncio::{LogIoDone, PendingLogSync};
+use super::syncio::{LogIoDone, LogIoGate, PendingLogSync};
 use crate::error::{Error, Result};
 use crate::format::consts::*;
 use crate::format::dir::{parse_dir_items, DirLogItem};
@@ -36,9 +36,10 @@ use crate::format::file_extent::{parse_file_extent, FileExtent, FileExtentItem};
 use crate::format::inode::{parse_inode_extrefs, parse_inode_refs, InodeItem};
 use crate::format::key::Key;
 use crate::fs::extents::{drop_extents_in, extent_key, extents_in, extents_in_tree};
-use crate::fs::inode::{is_dir, is_reg, is_symlink as is_lnk};
-use crate::fs::writeback::Reason;
-use crate::fs::{Filesystem, Loc, LogOp, SubvolLog, ROOT_DIR};
+use crate::fs::inode::{is_dir, is_reg};
+use crate::fs::{
+    FsyncLog, FsyncTicket, Loc, LogAnswer, LogContext, LogSyncStep, NameChange, ROOT_DIR,
+};
 use crate::trans::TreeId;
 use std::collections::VecDeque;
 use zerocopy::{FromBytes, IntoBytes};
@@ -130,200 +131,228 @@ fn inode_range(ino: u64, lo: u8, hi: u8) -> (Key, Key) {
     (Key::new(ino, lo, 0), Key::new(ino, hi, u64::MAX))
 }
 
-/// What an fsync has left to do after logging: nothing, or the sync of
-/// the log sub-transaction it logged into.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FsyncTicket {
-    /// Nothing left: the fsync was skipped, committed, or needed no log sync.
-    Done,
-    /// The log sub-transaction the fsync logged into must be synced.
-    LogSync {
-        /// The inode fsynced (its subvolume's log is the one to sync).
-        inode: Loc,
-        /// Transaction logged in; if it committed since, nothing is left to sync.
-        trans: u64,
-        /// Log sub-transaction (`root->log_transid`) the inode was logged into.
-        log_transid: i64,
-    },
+/// A subvolume's log bookkeeping (root->log_transid, last_log_commit):
+/// the log sub-transaction now being filled, and the last one synced.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SubvolLog {
+    /// Log sub-transaction now being filled (`root->log_transid`).
+    pub log_transid: i64,
+    /// Last log sub-transaction synced (`root->last_log_commit`).
+    pub last_log_commit: i64,
+    /// Every log sub-transaction below this one is on disk
+    /// (log_transid_committed + 1): recorded once a sync's last flush
+    /// returned, never when it starts.
+    pub durable: i64,
+    /// fsyncs that came to this subvolume (root->log_batch): a log sync
+    /// waiting for others to join goes out once it stops changing.
+    pub log_batch: u64,
+    /// The client (thread) that started logging into the running
+    /// sub-transaction (log_start_pid), and whether another one logged
+    /// into it too (BTRFS_ROOT_MULTI_LOG_TASKS).
+    pub start_client: Option<std::thread::ThreadId>,
+    /// Another client logged into the running sub-transaction too
+    /// (BTRFS_ROOT_MULTI_LOG_TASKS).
+    pub multi_clients: bool,
+    /// More than one client logged into the sub-transaction synced last:
+    /// the next one's first client is likely to be joined too.
+    pub prev_multi_clients: bool,
 }
 
-/// Where the log sync of a ticket stands (see
-/// [`Filesystem::log_sync_begin`]).
-pub enum LogSyncStep {
-    /// The sub-transaction is durable (synced, or committed with the transaction).
-    Done,
-    /// Another log sync's I/O is running: wait for it, then ask again.
-    Wait,
-    /// This caller runs the log sync's I/O (off the filesystem lock), then
-    /// absorbs its result.
-    Io(PendingLogSync),
+/// The filesystem's fsync log (the tree log): per-subvolume log
+/// sub-transactions, the transaction in which logging gave up, and the
+/// log sync whose I/O may be running. A mount holds it as its
+/// [`FsyncLog`].
+#[derive(Debug, Default)]
+pub struct LogState {
+    /// Log bookkeeping per subvolume (root objectid).
+    pub subvols: std::collections::HashMap<u64, SubvolLog>,
+    /// Transaction in which logging gave up: every later fsync in it
+    /// commits (last_trans_log_full_commit).
+    pub full_commit_trans: u64,
+    /// The log sync whose I/O may be running without the filesystem.
+    pub io: std::sync::Arc<LogIoGate>,
 }
 
-impl Filesystem {
-    /// fsync(2), fdatasync(2), msync(MS_SYNC) (btrfs_sync_file): the range
-    /// and `datasync` change nothing, as in the kernel, which always syncs
-    /// the whole file.
-    pub fn fsync(&mut self, l: Loc, datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
-        let ticket = self.fsync_prepare(l, datasync, range)?;
-        self.fsync_finish(ticket)
+impl LogState {
+    /// A new log, as a mount holds it.
+    pub fn boxed() -> Box<dyn FsyncLog> {
+        Box::<LogState>::default()
+    }
+}
+
+/// The log writer at work: the log's state and what it may use of the
+/// mount (the trees it writes, the inode views it reads).
+struct LogWriter<'c, 'a> {
+    cx: &'c mut LogContext<'a>,
+    log: &'c mut LogState,
+}
+
+impl FsyncLog for LogState {
+    fn sub_transaction(&self, subvol: u64) -> i64 {
+        self.subvols.get(&subvol).map_or(0, |s| s.log_transid)
     }
 
-    /// An fsync's writeback of a file (none for others), and when its
-    /// data is written: with sync-io-first it went out at once (None);
-    /// without it, it joined the data queue's batch, which
-    /// [`Filesystem::fsync_prepare`] waits for before it logs (the 2009
-    /// fsync waiting for its bios to be unplugged, inside ->fsync under
-    /// the inode's i_mutex). The wait holds the filesystem, as the engine
-    /// holds it through an fsync's writeback in either position (with the
-    /// switch on, the fsync's own writes go out under it).
-    pub fn fsync_writeback(&mut self, l: Loc) -> Result<Option<std::time::Instant>> {
-        if !is_reg(self.item(l)?.mode.get()) {
-            return Ok(None);
+    fn io_gate(&self) -> &std::sync::Arc<LogIoGate> {
+        &self.io
+    }
+
+    fn absorb_io(&mut self, cx: &mut LogContext<'_>) {
+        let Some(d) = self.io.take_finished() else {
+            return;
+        };
+        if d.trans != cx.transid() {
+            return;
         }
-        self.fsync_writeback_file(l)
-    }
-
-    fn fsync_writeback_file(&mut self, l: Loc) -> Result<Option<std::time::Instant>> {
-        self.writeback(l, 0, u64::MAX, Reason::Fsync)?;
-        if self.switches.sync_io_first {
-            return Ok(None);
+        if !d.ok {
+            self.full_commit_trans = d.trans;
+            return;
         }
-        Ok(self.store.data_batch_due((l.subvol, l.ino)))
+        let s = self.subvols.entry(d.subvol).or_default();
+        s.last_log_commit = s.last_log_commit.max(d.log_transid);
+        s.durable = s.durable.max(d.log_transid + 1);
     }
 
-    /// pwrite on an O_SYNC (`datasync`: O_DSYNC) descriptor: the write,
-    /// then generic_write_sync's fsync of the written range, whose data
-    /// goes out as an fsync's does (ahead of background writeback with
-    /// sync-io-first).
-    pub fn write_sync(&mut self, l: Loc, off: u64, data: &[u8], datasync: bool) -> Result<()> {
-        self.write(l, off, data)?;
-        let end = off.saturating_add(data.len() as u64);
-        self.fsync(l, datasync, Some((off, end)))
+    fn fsync_begins(&mut self, cx: &mut LogContext<'_>, l: Loc) {
+        self.absorb_io(cx);
+        cx.stats.fsyncs += 1;
+        self.subvols.entry(l.subvol).or_default().log_batch += 1;
     }
 
-    /// The first half of an fsync: write back, then log the inode (or
-    /// skip, or commit). What is left is the log sync the ticket names,
-    /// which an fsync of another client may do for it: every fsync that
-    /// logged into a log sub-transaction before it is synced is made
-    /// durable by that one sync (btrfs_sync_log's batching).
-    pub fn fsync_prepare(
+    fn log_for_fsync(
         &mut self,
+        cx: &mut LogContext<'_>,
         l: Loc,
-        _datasync: bool,
-        _range: Option<(u64, u64)>,
-    ) -> Result<FsyncTicket> {
-        self.absorb_log_io();
-        self.stats.fsyncs += 1;
-        self.log.subvols.entry(l.subvol).or_default().log_batch += 1;
-        if l.is_placeholder() {
-            // The empty-subvolume placeholder's fsync does nothing
-            // (noop_fsync): it has nothing on disk.
-            return Ok(FsyncTicket::Done);
-        }
-        let it = self.item(l)?;
-        let m = it.mode.get();
-        if !is_reg(m) && !is_dir(m) && !is_lnk(m) {
-            return Err(Error::errno(libc::EINVAL, "fsync: not a file or directory"));
-        }
-        if is_reg(m) {
-            if let Some(due) = self.fsync_writeback_file(l)? {
-                sleep_until(due);
-            }
-            if !self.switches.sync_io_first {
-                // The batch the fsync's data joined goes now (an unplug
-                // sends everything queued).
-                self.store.release_open_batch()?;
-            }
-        }
-        let t = self.transid();
-        let committed = t - 1;
-        let rt = self.rt(l)?;
-        let (full, last_trans) = (rt.full_sync, rt.last_trans);
-        // The 2015 change: a fast fsync of an inode unchanged since the
-        // last commit, with nothing in flight, syncs nothing. Without it
-        // every fast fsync syncs the log.
-        let may_skip = full || self.switches.fast_fsync_skip;
-        if may_skip && last_trans > committed {
-            // Logged by another client's fsync whose log sync has not
-            // ended, and unchanged since: that sync is what this one needs.
-            let rt = self.rt(l)?;
-            let unchanged = rt.logged_trans == t && rt.last_sub_trans <= rt.last_log_commit;
-            if let Some(sub) = self.sync_pending(l)?.filter(|_| unchanged) {
-                return Ok(FsyncTicket::LogSync {
-                    inode: l,
-                    trans: t,
-                    log_transid: sub,
-                });
-            }
-        }
-        if may_skip && (self.in_synced_log(l)? || last_trans <= committed) {
-            self.rt(l)?.full_sync = false;
-            self.stats.log_syncs_skipped += 1;
-            return Ok(FsyncTicket::Done);
-        }
-        let mut ctx = Ctx::new(l);
-        ctx.always_sync = !may_skip;
-        let r = self
-            .apply_log_ops()
-            .and_then(|_| self.log_inode_parent(l, LogMode::All, &mut ctx));
-        match r {
-            Ok(Outcome::NoSync) => {
-                self.stats.log_syncs_skipped += 1;
-                Ok(FsyncTicket::Done)
-            }
-            Ok(Outcome::Sync) => {
-                let log_transid = self.log.subvols.get(&l.subvol).map_or(0, |s| s.log_transid);
-                Ok(FsyncTicket::LogSync {
-                    inode: l,
-                    trans: t,
-                    log_transid,
-                })
-            }
-            Err(Stop::Commit(reason)) => self.full_commit(reason).map(|_| FsyncTicket::Done),
-            Err(Stop::Err(e)) => Err(e),
-        }
+        changes: Vec<NameChange>,
+    ) -> Result<LogAnswer<FsyncTicket>> {
+        LogWriter { cx, log: self }.log_for_fsync(l, changes)
     }
 
-    /// The second half: sync the log the ticket needs, unless a commit or
-    /// another fsync's log sync made it durable already. Holding the
-    /// filesystem throughout; clients sharing it go through
-    /// [`Filesystem::log_sync_begin`] instead, and run the I/O without it.
-    pub fn fsync_finish(&mut self, ticket: FsyncTicket) -> Result<()> {
-        loop {
-            match self.log_sync_begin(ticket)? {
-                LogSyncStep::Done => return Ok(()),
-                // Another client's log sync is writing; it needs nothing
-                // of the filesystem to end.
-                LogSyncStep::Wait => self.log.io.wait_idle(),
-                LogSyncStep::Io(p) => {
-                    let r = p.run();
-                    self.absorb_log_io();
-                    return r;
-                }
-            }
-        }
+    fn sync_begin(
+        &mut self,
+        cx: &mut LogContext<'_>,
+        ticket: FsyncTicket,
+    ) -> Result<LogAnswer<LogSyncStep>> {
+        LogWriter { cx, log: self }.sync_begin(ticket)
     }
 
-    /// What the log sync a ticket needs is up to: done already (a commit,
-    /// or a log sync that ended since), wait for the log sync whose I/O is
-    /// running, or the I/O of a sync this caller runs. Before it is
-    /// prepared, the data the log's extents name and that still sat in the
-    /// queue is written; the sub-transaction moves on at once, so fsyncs
-    /// from now on log into the next one.
-    pub fn log_sync_begin(&mut self, ticket: FsyncTicket) -> Result<LogSyncStep> {
-        self.absorb_log_io();
+    fn batch_pending(&mut self, cx: &mut LogContext<'_>, ticket: FsyncTicket) -> Option<u64> {
+        self.absorb_io(cx);
         let FsyncTicket::LogSync {
             inode,
             trans,
             log_transid,
         } = ticket
         else {
-            return Ok(LogSyncStep::Done);
+            return None;
         };
-        if self.transid() != trans {
+        if cx.opts.ssd || cx.transid() != trans {
+            return None;
+        }
+        let s = self.subvols.get(&inode.subvol)?;
+        let multi = s.multi_clients || s.prev_multi_clients;
+        (multi && s.durable <= log_transid && s.log_transid == log_transid).then_some(s.log_batch)
+    }
+
+    /// Bring the log up to date with the names just changed, as the
+    /// kernel's unlink, link and rename do inline (btrfs_log_new_name,
+    /// btrfs_del_dir_entries_in_log): the log must follow the namespace
+    /// as it was at the change, not as it is at the next fsync (a name
+    /// unlinked in between is not part of what the rename logged). A
+    /// logging that cannot be done, for whatever reason, marks the
+    /// transaction for a full commit (btrfs_set_log_full_commit) and does
+    /// not fail the name change, which is already made: the next fsync
+    /// commits, and a real I/O error surfaces there.
+    fn names_changed(&mut self, cx: &mut LogContext<'_>, changes: Vec<NameChange>) {
+        if changes.is_empty() {
+            return;
+        }
+        let t = cx.transid();
+        if (LogWriter { cx, log: self })
+            .apply_log_ops(changes)
+            .is_err()
+        {
+            self.full_commit_trans = t;
+        }
+    }
+
+    fn force_full_commit(&mut self, trans: u64) {
+        self.full_commit_trans = trans;
+    }
+}
+
+impl LogWriter<'_, '_> {
+    /// The logging half of an fsync whose writeback is done: skip, log
+    /// (and leave the log sync to the ticket), or commit.
+    fn log_for_fsync(
+        &mut self,
+        l: Loc,
+        changes: Vec<NameChange>,
+    ) -> Result<LogAnswer<FsyncTicket>> {
+        let t = self.cx.transid();
+        let committed = t - 1;
+        let rt = self.cx.rt(l)?;
+        let (full, last_trans) = (rt.full_sync, rt.last_trans);
+        // The 2015 change: a fast fsync of an inode unchanged since the
+        // last commit, with nothing in flight, syncs nothing. Without it
+        // every fast fsync syncs the log.
+        let may_skip = full || self.cx.switches.fast_fsync_skip;
+        if may_skip && last_trans > committed {
+            // Logged by another client's fsync whose log sync has not
+            // ended, and unchanged since: that sync is what this one needs.
+            let rt = self.cx.rt(l)?;
+            let unchanged = rt.logged_trans == t && rt.last_sub_trans <= rt.last_log_commit;
+            if let Some(sub) = self.sync_pending(l)?.filter(|_| unchanged) {
+                return Ok(LogAnswer::Go(FsyncTicket::LogSync {
+                    inode: l,
+                    trans: t,
+                    log_transid: sub,
+                }));
+            }
+        }
+        if may_skip && (self.in_synced_log(l)? || last_trans <= committed) {
+            self.cx.rt(l)?.full_sync = false;
+            self.cx.stats.log_syncs_skipped += 1;
+            return Ok(LogAnswer::Go(FsyncTicket::Done));
+        }
+        let mut ctx = Ctx::new(l);
+        ctx.always_sync = !may_skip;
+        let r = self
+            .apply_log_ops(changes)
+            .and_then(|_| self.log_inode_parent(l, LogMode::All, &mut ctx));
+        match r {
+            Ok(Outcome::NoSync) => {
+                self.cx.stats.log_syncs_skipped += 1;
+                Ok(LogAnswer::Go(FsyncTicket::Done))
+            }
+            Ok(Outcome::Sync) => {
+                let log_transid = self.log.sub_transaction(l.subvol);
+                Ok(LogAnswer::Go(FsyncTicket::LogSync {
+                    inode: l,
+                    trans: t,
+                    log_transid,
+                }))
+            }
+            Err(Stop::Commit(reason)) => Ok(LogAnswer::Commit(reason)),
+            Err(Stop::Err(e)) => Err(e),
+        }
+    }
+
+    /// Where the log sync a ticket needs stands
+    /// ([`Filesystem::log_sync_begin`](crate::fs::Filesystem::log_sync_begin)).
+    fn sync_begin(&mut self, ticket: FsyncTicket) -> Result<LogAnswer<LogSyncStep>> {
+        self.log.absorb_io(self.cx);
+        let FsyncTicket::LogSync {
+            inode,
+            trans,
+            log_transid,
+        } = ticket
+        else {
+            return Ok(LogAnswer::Go(LogSyncStep::Done));
+        };
+        if self.cx.transid() != trans {
             // Committed since: the log went with the commit.
-            self.stats.log_syncs_joined += 1;
-            return Ok(LogSyncStep::Done);
+            self.cx.stats.log_syncs_joined += 1;
+            return Ok(LogAnswer::Go(LogSyncStep::Done));
         }
         let durable = self
             .log
@@ -331,30 +360,31 @@ impl Filesystem {
             .get(&inode.subvol)
             .is_some_and(|s| s.durable > log_transid);
         if durable {
-            self.stats.log_syncs_joined += 1;
-            return Ok(LogSyncStep::Done);
+            self.cx.stats.log_syncs_joined += 1;
+            return Ok(LogAnswer::Go(LogSyncStep::Done));
         }
         if self.log.io.busy() {
-            return Ok(LogSyncStep::Wait);
+            return Ok(LogAnswer::Go(LogSyncStep::Wait));
         }
         if self.log.full_commit_trans == trans {
             // Since this client logged, the transaction was marked for full
             // commits (btrfs_set_log_full_commit): a log sync or a logging
             // failed, or another client's fsync met a new chunk. The log
             // cannot be trusted to hold what it logged.
-            self.full_commit("new chunk or failed logging in this transaction")?;
-            return Ok(LogSyncStep::Done);
+            return Ok(LogAnswer::Commit(
+                "new chunk or failed logging in this transaction",
+            ));
         }
         // The data the logged extents name: with sync-io-first, only the
         // queued runs holding this file's data (its own fsync writeback went
         // out at once, and logging wrote what other logged files need);
         // without it, everything queued ahead of it too.
-        if self.switches.sync_io_first {
-            self.store.write_data_of((inode.subvol, inode.ino))?;
+        if self.cx.switches.sync_io_first {
+            self.cx.store.write_data_of((inode.subvol, inode.ino))?;
         } else {
-            self.store.flush_data()?;
+            self.cx.store.flush_data()?;
         }
-        let io = match self.store.prepare_log_sync(inode.subvol) {
+        let io = match self.cx.store.prepare_log_sync(inode.subvol) {
             Ok(io) => io,
             Err(e) => {
                 // Some of the log's blocks may count as written already:
@@ -368,15 +398,15 @@ impl Filesystem {
         s.log_transid += 1;
         s.start_client = None;
         s.prev_multi_clients = s.multi_clients;
-        self.stats.log_syncs += 1;
+        self.cx.stats.log_syncs += 1;
         if !self.log.io.start() {
-            return Err(Error::Invalid(
+            return Err(Error::Internal(
                 "log sync gate taken under the filesystem".into(),
             ));
         }
-        Ok(LogSyncStep::Io(PendingLogSync::new(
+        Ok(LogAnswer::Go(LogSyncStep::Io(PendingLogSync::new(
             io,
-            self.store.device().clone(),
+            self.cx.store.device().clone(),
             self.log.io.clone(),
             LogIoDone {
                 subvol: inode.subvol,
@@ -384,74 +414,21 @@ impl Filesystem {
                 log_transid: synced,
                 ok: false,
             },
-        )))
+        ))))
     }
+}
 
-    /// Before a client syncs the log a ticket needs: the subvolume's fsync
-    /// count, when the sync should first give other clients a tick to
-    /// join it (btrfs_sync_log on a non-ssd mount, when more than one
-    /// client logged into the sub-transaction; here also when more than one
-    /// logged into the previous one, whose clients a sync's end sends back
-    /// to fsync together while the first of them would otherwise sync
-    /// alone); None when it should go at once or is not needed any more.
-    pub fn log_batch_pending(&mut self, ticket: FsyncTicket) -> Option<u64> {
-        self.absorb_log_io();
-        let FsyncTicket::LogSync {
-            inode,
-            trans,
-            log_transid,
-        } = ticket
-        else {
-            return None;
-        };
-        if self.opts.ssd || self.transid() != trans {
-            return None;
-        }
-        let s = self.log.subvols.get(&inode.subvol)?;
-        let multi = s.multi_clients || s.prev_multi_clients;
-        (multi && s.durable <= log_transid && s.log_transid == log_transid).then_some(s.log_batch)
-    }
-
-    /// Take note of a log sync whose I/O ended: its sub-transaction is
-    /// durable, or, when it failed, every later fsync of the transaction
-    /// commits.
-    pub fn absorb_log_io(&mut self) {
-        let Some(d) = self.log.io.take_finished() else {
-            return;
-        };
-        if d.trans != self.transid() {
-            return;
-        }
-        if !d.ok {
-            self.log.full_commit_trans = d.trans;
-            return;
-        }
-        let s = self.log.subvols.entry(d.subvol).or_default();
-        s.last_log_commit = s.last_log_commit.max(d.log_transid);
-        s.durable = s.durable.max(d.log_transid + 1);
-    }
-
-    /// The fsync commits the transaction instead of logging.
-    fn full_commit(&mut self, reason: &'static str) -> Result<()> {
-        self.stats.full_commits += 1;
-        *self
-            .stats
-            .full_commit_reasons
-            .entry(reason.to_string())
-            .or_default() += 1;
-        self.commit("fsync")
-    }
-
+impl LogWriter<'_, '_> {
     /// btrfs_inode_in_log: logged in this transaction, and nothing changed
     /// since the log sync that holds it.
     fn in_synced_log(&mut self, l: Loc) -> Result<bool> {
-        let t = self.transid();
+        let t = self.cx.transid();
         let root_commit = self
             .log
             .subvols
             .get(&l.subvol)
             .map_or(0, |s| s.last_log_commit);
-        let rt = self.rt(l)?;
+        let rt = self.cx.rt(l)?;
         let in_log = rt.logged_trans == t
             && rt.last_sub_trans <= rt.last_log_commit
             && rt.last_sub_trans <= root_commit;
@@ -463,26 +440,27 @@ impl Filesystem {
     /// asks): the kernel's second fsync waits on the inode lock for that
     /// sync, this one waits for it by ticket.
     fn sync_pending(&mut self, l: Loc) -> Result<Option<i64>> {
-        let t = self.transid();
+        let t = self.cx.transid();
         let durable = self.log.subvols.get(&l.subvol).map_or(0, |s| s.durable);
-        let rt = self.rt(l)?;
+        let rt = self.cx.rt(l)?;
         Ok((rt.logged_into.0 == t && rt.logged_into.1 >= durable).then_some(rt.logged_into.1))
     }
 
     /// Whether the inode exists now.
     fn exists(&mut self, l: Loc) -> Result<bool> {
-        Ok(crate::fs::inode::get_inode(&mut self.store, l.subvol, l.ino)?.is_some())
+        Ok(crate::fs::inode::get_inode(self.cx.store, l.subvol, l.ino)?.is_some())
     }
 
     /// inode_logged for an inode that may be gone: its log tree says.
     fn logged_maybe_gone(&mut self, l: Loc) -> Result<bool> {
         if self.exists(l)? {
-            return self.inode_logged(l);
+            return self.cx.inode_logged(l);
         }
-        if !self.store.has_log(l.subvol) {
+        if !self.cx.store.has_log(l.subvol) {
             return Ok(false);
         }
         Ok(self
+            .cx
             .store
             .lookup(log_tree(l), &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))?
             .is_some())
@@ -491,12 +469,12 @@ impl Filesystem {
     /// need_log_inode: an unchanged directory, or an inode already logged
     /// in this transaction with nothing to copy again, needs nothing.
     fn need_log_inode(&mut self, l: Loc) -> Result<bool> {
-        let t = self.transid();
-        let dir = is_dir(self.item(l)?.mode.get());
-        if dir && self.rt(l)?.last_trans < t {
+        let t = self.cx.transid();
+        let dir = is_dir(self.cx.item(l)?.mode.get());
+        if dir && self.cx.rt(l)?.last_trans < t {
             return Ok(false);
         }
-        if self.inode_logged(l)? && !self.rt(l)?.copy_everything {
+        if self.cx.inode_logged(l)? && !self.cx.rt(l)?.copy_everything {
             return Ok(false);
         }
         Ok(true)
@@ -504,11 +482,11 @@ impl Filesystem {
 
     /// btrfs_log_inode_parent.
     fn log_inode_parent(&mut self, l: Loc, mode: LogMode, ctx: &mut Ctx) -> LResult<Outcome> {
-        let t = self.transid();
-        if !self.opts.treelog {
+        let t = self.cx.transid();
+        if !self.cx.opts.treelog {
             return Err(Stop::Commit("notreelog"));
         }
-        let ri = self.store.root_item(l.subvol)?;
+        let ri = self.cx.store.root_item(l.subvol)?;
         if ri.refs.get() == 0 {
             return Err(Stop::Commit("subvolume being deleted"));
         }
@@ -520,11 +498,11 @@ impl Filesystem {
         // nlink 0, which replay skips, and the directories it lost its
         // names from are logged in full below (last_unlink_trans), so
         // replay drops those names and the inode goes with its last one.
-        let it = self.item(l)?;
+        let it = self.cx.item(l)?;
         if !ctx.always_sync && self.in_synced_log(l)? {
             return Ok(Outcome::NoSync);
         }
-        if self.store.chunk_allocated {
+        if self.cx.store.chunk_allocated {
             self.log.full_commit_trans = t;
         }
         if self.log.full_commit_trans == t {
@@ -533,7 +511,7 @@ impl Filesystem {
             ));
         }
         let me = std::thread::current().id();
-        if self.store.start_log(l.subvol)? {
+        if self.cx.store.start_log(l.subvol)? {
             let batch = self.log.subvols.get(&l.subvol).map_or(0, |s| s.log_batch);
             self.log.subvols.insert(
                 l.subvol,
@@ -555,7 +533,7 @@ impl Filesystem {
             }
         }
         self.log_inode(l, mode, ctx)?;
-        let rt = self.rt(l)?;
+        let rt = self.cx.rt(l)?;
         let (last_unlink, gen) = (rt.last_unlink_trans, it.generation.get());
         if is_reg(it.mode.get()) && gen < t && last_unlink < t {
             return Ok(Outcome::Sync);
@@ -573,14 +551,18 @@ impl Filesystem {
 
     /// btrfs_log_inode.
     fn log_inode(&mut self, l: Loc, mode: LogMode, ctx: &mut Ctx) -> LResult<()> {
-        let t = self.transid();
-        let it = self.item(l)?;
+        let t = self.cx.transid();
+        let it = self.cx.item(l)?;
         let m = it.mode.get();
         // A symlink's target is its data: always logged whole.
-        let mode = if is_lnk(m) { LogMode::All } else { mode };
+        let mode = if crate::fs::inode::is_symlink(m) {
+            LogMode::All
+        } else {
+            mode
+        };
         let dir = is_dir(m);
-        let logged_before = self.inode_logged(l)?;
-        if dir && mode == LogMode::All && self.rt(l)?.last_unlink_trans >= t {
+        let logged_before = self.cx.inode_logged(l)?;
+        if dir && mode == LogMode::All && self.cx.rt(l)?.last_unlink_trans >= t {
             return Err(Stop::Commit(
                 "directory lost an entry the log cannot follow",
             ));
@@ -597,8 +579,9 @@ impl Filesystem {
         // that fsync otherwise.
         let full_item = match (dir, mode, logged_before) {
             (false, LogMode::Exists, true) => {
-                let now = self.rt(l)?.i_size;
-                self.store
+                let now = self.cx.rt(l)?.i_size;
+                self.cx
+                    .store
                     .lookup(log, &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))?
                     .filter(|d| {
                         InodeItem::read_from_prefix(d).is_ok_and(|(x, _)| {
@@ -609,17 +592,18 @@ impl Filesystem {
             _ => None,
         };
         if dir {
-            self.rt(l)?.copy_everything = false;
+            self.cx.rt(l)?.copy_everything = false;
             if logged_before {
                 self.log_drop_items(log, l.ino, BTRFS_XATTR_ITEM_KEY)?;
             }
             self.log_copy_meta(l, mode, 0, ctx)?;
         } else {
-            let i_size = self.rt(l)?.i_size;
+            let i_size = self.cx.rt(l)?.i_size;
             let mut logged_isize = 0;
             if mode == LogMode::Exists && logged_before {
                 // The size an earlier logging recorded, never more than now.
                 logged_isize = match self
+                    .cx
                     .store
                     .lookup(log, &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0))?
                 {
@@ -629,7 +613,7 @@ impl Filesystem {
                     None => 0,
                 };
             }
-            let rt = self.rt(l)?;
+            let rt = self.cx.rt(l)?;
             if rt.full_sync {
                 if mode == LogMode::Exists {
                     if logged_before {
@@ -656,14 +640,15 @@ impl Filesystem {
             } else {
                 // The fast path: the inode item, the changed extents.
                 self.log_inode_item(l, LogMode::All, 0)?;
-                if self.rt(l)?.logged_trans < t {
+                if self.cx.rt(l)?.logged_trans < t {
                     self.log_copy_xattrs(l)?;
                 }
                 self.log_changed_extents(l, logged_before)?;
             }
         }
         if let Some(item) = full_item {
-            self.store
+            self.cx
+                .store
                 .update_item(log, &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0), &item)?;
         }
         // Entries an earlier logging of the directory in this transaction
@@ -683,7 +668,7 @@ impl Filesystem {
             None => Vec::new(),
         };
         let sub = self.log.subvols.get(&l.subvol).map_or(0, |s| s.log_transid);
-        let rt = self.rt(l)?;
+        let rt = self.cx.rt(l)?;
         rt.logged_trans = t;
         if !ctx.logging_new_name && mode == LogMode::All {
             rt.last_log_commit = rt.last_sub_trans;
@@ -700,8 +685,8 @@ impl Filesystem {
     /// is a directory): in the kernel they are delayed items until the
     /// transaction commits.
     fn new_entries(&mut self, dir: Loc, after: u64) -> Result<Vec<(Loc, bool)>> {
-        let t = self.transid();
-        let items = self.store.items_in(
+        let t = self.cx.transid();
+        let items = self.cx.store.items_in(
             fs_tree(dir),
             Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, after.saturating_add(1)),
             Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
@@ -770,8 +755,8 @@ impl Filesystem {
     /// the log does).
     fn log_drop_items(&mut self, log: TreeId, ino: u64, max_type: u8) -> Result<()> {
         let (lo, hi) = inode_range(ino, 0, max_type);
-        for (k, _) in self.store.items_in(log, lo, hi)? {
-            self.store.delete_item(log, &k)?;
+        for (k, _) in self.cx.store.items_in(log, lo, hi)? {
+            self.cx.store.delete_item(log, &k)?;
         }
         Ok(())
     }
@@ -781,8 +766,8 @@ impl Filesystem {
     /// then keeps an existing inode's own item); otherwise the inode as it
     /// is, with its in-memory size.
     fn log_inode_item(&mut self, l: Loc, mode: LogMode, logged_isize: u64) -> Result<()> {
-        let t = self.transid();
-        let mut it = self.item(l)?;
+        let t = self.cx.transid();
+        let mut it = self.cx.item(l)?;
         match mode {
             LogMode::Exists => {
                 it.generation.set(0);
@@ -790,14 +775,14 @@ impl Filesystem {
             }
             LogMode::All => {
                 if is_reg(it.mode.get()) {
-                    let s = self.rt(l)?.i_size;
+                    let s = self.cx.rt(l)?.i_size;
                     it.size.set(s);
                 }
             }
         }
         it.transid.set(t);
         it.block_group.set(0);
-        self.store.update_item(
+        self.cx.store.update_item(
             log_tree(l),
             &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0),
             it.as_bytes(),
@@ -814,12 +799,12 @@ impl Filesystem {
         ctx: &mut Ctx,
     ) -> LResult<()> {
         self.log_inode_item(l, mode, logged_isize)?;
-        let t = self.transid();
-        let gen = self.item(l)?.generation.get();
+        let t = self.cx.transid();
+        let gen = self.cx.item(l)?.generation.get();
         let (lo, hi) = inode_range(l.ino, BTRFS_INODE_REF_KEY, BTRFS_INODE_EXTREF_KEY);
-        let refs = self.store.items_in(fs_tree(l), lo, hi)?;
+        let refs = self.cx.store.items_in(fs_tree(l), lo, hi)?;
         for (k, d) in refs {
-            self.store.update_item(log_tree(l), &k, &d)?;
+            self.cx.store.update_item(log_tree(l), &k, &d)?;
             if gen == t || ctx.logging_conflict_inodes {
                 let names: Vec<(u64, Vec<u8>)> = match k.ty {
                     BTRFS_INODE_REF_KEY => parse_inode_refs(&d)
@@ -845,8 +830,8 @@ impl Filesystem {
     /// Every xattr of the inode: replay deletes those the log lacks.
     fn log_copy_xattrs(&mut self, l: Loc) -> Result<()> {
         let (lo, hi) = inode_range(l.ino, BTRFS_XATTR_ITEM_KEY, BTRFS_XATTR_ITEM_KEY);
-        for (k, d) in self.store.items_in(fs_tree(l), lo, hi)? {
-            self.store.update_item(log_tree(l), &k, &d)?;
+        for (k, d) in self.cx.store.items_in(fs_tree(l), lo, hi)? {
+            self.cx.store.update_item(log_tree(l), &k, &d)?;
         }
         Ok(())
     }
@@ -863,20 +848,20 @@ impl Filesystem {
         datasum: bool,
     ) -> Result<()> {
         let log = log_tree(l);
-        let ss = self.store.sectorsize() as u64;
-        let t = self.transid();
+        let ss = self.cx.store.sectorsize() as u64;
+        let t = self.cx.transid();
         if drop_first {
             if let Some((s, e)) = crate::fs::extents::extent_span(ss, key.offset, data) {
-                drop_extents_in(&mut self.store, log, l.ino, s, e)?;
+                drop_extents_in(self.cx.store, log, l.ino, s, e)?;
             }
         }
-        self.store.update_item(log, &key, data)?;
+        self.cx.store.update_item(log, &key, data)?;
         if let FileExtent::Disk { head, item } =
             parse_file_extent(data).map_err(|e| e.at(0, key))?
         {
             let b = item.disk_bytenr.get();
             if b != 0 && head.type_ == BTRFS_FILE_EXTENT_REG && head.generation.get() == t {
-                self.store.write_data_in(b, item.disk_num_bytes.get())?;
+                self.cx.store.write_data_in(b, item.disk_num_bytes.get())?;
             }
             if datasum
                 && b != 0
@@ -898,9 +883,9 @@ impl Filesystem {
     /// any it held there (shared extents may have put some in already).
     fn log_csums(&mut self, l: Loc, start: u64, len: u64) -> Result<()> {
         let log = log_tree(l);
-        let ss = self.store.sectorsize() as u64;
-        let sums = self.store.csum_lookup(start, len)?;
-        self.store.csum_delete_in(log, start, len)?;
+        let ss = self.cx.store.sectorsize() as u64;
+        let sums = self.cx.store.csum_lookup(start, len)?;
+        self.cx.store.csum_delete_in(log, start, len)?;
         let mut run_start = start;
         let mut run: Vec<u8> = Vec::new();
         for (i, c) in sums.iter().enumerate() {
@@ -914,21 +899,21 @@ impl Filesystem {
                 }
                 None => {
                     if !run.is_empty() {
-                        self.store.csum_insert_in(log, run_start, &run)?;
+                        self.cx.store.csum_insert_in(log, run_start, &run)?;
                         run.clear();
                     }
                 }
             }
         }
         if !run.is_empty() {
-            self.store.csum_insert_in(log, run_start, &run)?;
+            self.cx.store.csum_insert_in(log, run_start, &run)?;
         }
         Ok(())
     }
 
     /// A hole item (btrfs_insert_hole_extent): replay drops the range.
     fn log_hole(&mut self, l: Loc, start: u64, len: u64) -> Result<()> {
-        let t = self.transid();
+        let t = self.cx.transid();
         let fe = FileExtentItem::new(
             BTRFS_FILE_EXTENT_REG,
             t,
@@ -939,7 +924,8 @@ impl Filesystem {
             len,
             BTRFS_COMPRESS_NONE,
         );
-        self.store
+        self.cx
+            .store
             .update_item(log_tree(l), &extent_key(l.ino, start), fe.as_bytes())
     }
 
@@ -948,13 +934,13 @@ impl Filesystem {
     /// with no-holes a hole item for every gap up to the end
     /// (copy_items, btrfs_log_prealloc_extents, btrfs_log_holes).
     fn log_extents_full(&mut self, l: Loc) -> Result<()> {
-        let t = self.transid();
-        let ss = self.store.sectorsize() as u64;
-        let rt = self.rt(l)?;
+        let t = self.cx.transid();
+        let ss = self.cx.store.sectorsize() as u64;
+        let rt = self.cx.rt(l)?;
         let (i_size, reflinked) = (rt.i_size, rt.last_reflink_trans >= t);
         rt.modified.clear();
-        let datasum = self.datasum(l)?;
-        let items = extents_in(&mut self.store, l.subvol, l.ino, 0, u64::MAX)?;
+        let datasum = self.cx.datasum(l)?;
+        let items = extents_in(self.cx.store, l.subvol, l.ino, 0, u64::MAX)?;
         let mut prev_end = 0u64;
         let mut holes = Vec::new();
         for (k, d) in &items {
@@ -970,7 +956,7 @@ impl Filesystem {
                 prev_end = prev_end.max(e);
             }
         }
-        if self.no_holes() && i_size > 0 {
+        if self.cx.no_holes() && i_size > 0 {
             let end = i_size.div_ceil(ss) * ss;
             if prev_end < end {
                 holes.push((prev_end, end - prev_end));
@@ -988,10 +974,10 @@ impl Filesystem {
     /// logging, the items the transaction made and a hole item for every
     /// gap (btrfs_log_changed_extents); then prealloc past the end.
     fn log_changed_extents(&mut self, l: Loc, logged_before: bool) -> Result<()> {
-        let t = self.transid();
-        let ss = self.store.sectorsize() as u64;
-        let datasum = self.datasum(l)?;
-        let rt = self.rt(l)?;
+        let t = self.cx.transid();
+        let ss = self.cx.store.sectorsize() as u64;
+        let datasum = self.cx.datasum(l)?;
+        let rt = self.cx.rt(l)?;
         let i_size = rt.i_size;
         let mut ranges = std::mem::take(&mut rt.modified);
         ranges.sort_unstable();
@@ -1002,7 +988,7 @@ impl Filesystem {
             if a >= b {
                 continue;
             }
-            let items = extents_in(&mut self.store, l.subvol, l.ino, a, b)?;
+            let items = extents_in(self.cx.store, l.subvol, l.ino, a, b)?;
             let mut pos = a;
             for (k, d) in items {
                 let Some((s, e)) = crate::fs::extents::extent_span(ss, k.offset, &d) else {
@@ -1038,7 +1024,7 @@ impl Filesystem {
     /// A gap among the subvolume's extents in a changed range: a hole.
     fn log_gap(&mut self, l: Loc, s: u64, e: u64, logged_before: bool) -> Result<()> {
         if logged_before {
-            drop_extents_in(&mut self.store, log_tree(l), l.ino, s, e)?;
+            drop_extents_in(self.cx.store, log_tree(l), l.ino, s, e)?;
         }
         self.log_hole(l, s, e - s)
     }
@@ -1046,12 +1032,12 @@ impl Filesystem {
     /// Extents at or past the end of a preallocating file, which replay
     /// would otherwise cut off (btrfs_log_prealloc_extents).
     fn log_prealloc_extents(&mut self, l: Loc) -> Result<()> {
-        if self.item(l)?.flags.get() & BTRFS_INODE_PREALLOC == 0 {
+        if self.cx.item(l)?.flags.get() & BTRFS_INODE_PREALLOC == 0 {
             return Ok(());
         }
-        let i_size = self.rt(l)?.i_size;
-        let ss = self.store.sectorsize() as u64;
-        let items = extents_in(&mut self.store, l.subvol, l.ino, i_size, u64::MAX)?;
+        let i_size = self.cx.rt(l)?.i_size;
+        let ss = self.cx.store.sectorsize() as u64;
+        let items = extents_in(self.cx.store, l.subvol, l.ino, i_size, u64::MAX)?;
         let mut truncate_at = i_size;
         let mut past = Vec::new();
         for (k, d) in items {
@@ -1069,13 +1055,13 @@ impl Filesystem {
         };
         let log = log_tree(l);
         let from = first.min(truncate_at);
-        for (k, _) in extents_in_tree(&mut self.store, log, l.ino, from, u64::MAX)? {
+        for (k, _) in extents_in_tree(self.cx.store, log, l.ino, from, u64::MAX)? {
             if k.offset >= from {
-                self.store.delete_item(log, &k)?;
+                self.cx.store.delete_item(log, &k)?;
             }
         }
         for (k, d) in past {
-            self.store.update_item(log, &k, &d)?;
+            self.cx.store.update_item(log, &k, &d)?;
         }
         Ok(())
     }
@@ -1089,9 +1075,10 @@ impl Filesystem {
     /// The highest index of `dir` logged in this transaction
     /// (update_last_dir_index_offset: found in the log when not known).
     fn logged_dir_index(&mut self, dir: Loc, logged_before: bool) -> Result<u64> {
-        if self.rt(dir)?.last_dir_index_offset == 0 {
+        if self.cx.rt(dir)?.last_dir_index_offset == 0 {
             let last = if logged_before {
-                self.store
+                self.cx
+                    .store
                     .prev_item(
                         log_tree(dir),
                         &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
@@ -1101,9 +1088,9 @@ impl Filesystem {
             } else {
                 1
             };
-            self.rt(dir)?.last_dir_index_offset = last;
+            self.cx.rt(dir)?.last_dir_index_offset = last;
         }
-        Ok(self.rt(dir)?.last_dir_index_offset)
+        Ok(self.cx.rt(dir)?.last_dir_index_offset)
     }
 
     fn log_directory_changes(
@@ -1127,28 +1114,33 @@ impl Filesystem {
     /// log_dir_items from `min_offset`: returns the last index the pass
     /// covered (u64::MAX: the end).
     fn log_dir_items(&mut self, dir: Loc, min_offset: u64, ctx: &mut Ctx) -> Result<u64> {
-        let t = self.transid();
+        let t = self.cx.transid();
         let fs = fs_tree(dir);
         let is_index = |k: &Key| k.objectid == dir.ino && k.ty == BTRFS_DIR_INDEX_KEY;
         let mut last_old = min_offset - 1;
         let mut last_offset = u64::MAX;
         let lo = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0);
         let start = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, min_offset);
-        let found = self.store.search_forward(fs, &start, t)?.filter(is_index);
+        let found = self
+            .cx
+            .store
+            .search_forward(fs, &start, t)?
+            .filter(is_index);
         let Some(first) = found else {
             // No changed leaf from here: deletions can only be past the
             // last entry.
-            if let Some((k, _)) =
-                self.store
-                    .prev_item(fs, &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX), &lo)?
-            {
+            if let Some((k, _)) = self.cx.store.prev_item(
+                fs,
+                &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
+                &lo,
+            )? {
                 last_old = k.offset;
             }
             self.insert_dir_log_key(dir, last_old + 1, u64::MAX)?;
             return Ok(u64::MAX);
         };
         if first.offset > 0 {
-            if let Some((k, _)) = self.store.prev_item(
+            if let Some((k, _)) = self.cx.store.prev_item(
                 fs,
                 &Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, first.offset - 1),
                 &lo,
@@ -1159,7 +1151,7 @@ impl Filesystem {
         let mut cur = first;
         let mut batch: Vec<(Key, Vec<u8>)> = Vec::new();
         for _ in 0..(1 << 20) {
-            let Some((_, items)) = self.store.leaf_from(fs, &cur)? else {
+            let Some((_, items)) = self.cx.store.leaf_from(fs, &cur)? else {
                 break;
             };
             let mut last_key = None;
@@ -1177,7 +1169,7 @@ impl Filesystem {
                         self.insert_dir_log_key(dir, last_old + 1, k.offset - 1)?;
                     }
                     last_old = k.offset;
-                } else if k.offset > self.rt(dir)?.last_dir_index_offset {
+                } else if k.offset > self.cx.rt(dir)?.last_dir_index_offset {
                     if Key::from(&e.item.location).ty != BTRFS_ROOT_ITEM_KEY {
                         ctx.log_new_dentries = true;
                     }
@@ -1189,7 +1181,7 @@ impl Filesystem {
                 break;
             }
             let Some(lk) = last_key else { break };
-            match self.store.leaf_from(fs, &crate::trans::next_key(&lk))? {
+            match self.cx.store.leaf_from(fs, &crate::trans::next_key(&lk))? {
                 Some((gen, items)) => {
                     let Some((fk, _)) = items.first() else { break };
                     if !is_index(fk) {
@@ -1219,9 +1211,9 @@ impl Filesystem {
             return Ok(());
         };
         for (k, d) in batch.drain(..) {
-            self.store.update_item(log_tree(dir), &k, &d)?;
+            self.cx.store.update_item(log_tree(dir), &k, &d)?;
         }
-        let rt = self.rt(dir)?;
+        let rt = self.cx.rt(dir)?;
         rt.last_dir_index_offset = last;
         if rt.first_dir_index_to_log == 0 {
             rt.first_dir_index_to_log = first;
@@ -1234,14 +1226,14 @@ impl Filesystem {
     fn insert_dir_log_key(&mut self, dir: Loc, first: u64, last: u64) -> Result<()> {
         let log = log_tree(dir);
         let k = Key::new(dir.ino, BTRFS_DIR_LOG_INDEX_KEY, first);
-        let end = match self.store.lookup(log, &k)? {
+        let end = match self.cx.store.lookup(log, &k)? {
             Some(d) => DirLogItem::read_from_prefix(&d)
                 .map(|(x, _)| x.end.get().max(last))
                 .unwrap_or(last),
             None => last,
         };
         let item = DirLogItem { end: end.into() };
-        self.store.update_item(log, &k, item.as_bytes())
+        self.cx.store.update_item(log, &k, item.as_bytes())
     }
 
     /// log_new_dir_dentries: the targets of the entries a directory
@@ -1250,7 +1242,7 @@ impl Filesystem {
         if ctx.logging_new_name {
             return Ok(());
         }
-        let t = self.transid();
+        let t = self.cx.transid();
         let mut queue = VecDeque::from([start]);
         let mut guard = 0usize;
         while let Some(d) = queue.pop_front() {
@@ -1258,11 +1250,11 @@ impl Filesystem {
             if guard > 1 << 20 {
                 return Err(Error::corrupt("directory tree does not end", d.ino).into());
             }
-            let from = self.rt(d)?.first_dir_index_to_log;
+            let from = self.cx.rt(d)?.first_dir_index_to_log;
             if from == 0 {
                 continue;
             }
-            let items = self.store.items_in(
+            let items = self.cx.store.items_in(
                 log_tree(d),
                 Key::new(d.ino, BTRFS_DIR_INDEX_KEY, from),
                 Key::new(d.ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
@@ -1290,7 +1282,7 @@ impl Filesystem {
                     self.log_inode(target, LogMode::Exists, ctx)?;
                 }
             }
-            self.rt(d)?.first_dir_index_to_log = next;
+            self.cx.rt(d)?.first_dir_index_to_log = next;
         }
         Ok(())
     }
@@ -1300,20 +1292,20 @@ impl Filesystem {
 
     /// The first parent of an inode (its only one when it has one link).
     fn first_parent(&mut self, l: Loc) -> Result<Option<Loc>> {
-        let links = crate::fs::names::links_of(&mut self.store, l.subvol, l.ino)?;
+        let links = crate::fs::names::links_of(self.cx.store, l.subvol, l.ino)?;
         Ok(links.first().map(|x| Loc::new(l.subvol, x.parent)))
     }
 
     /// Ancestors made in this transaction, from `dir` up, "exist"
     /// (log_new_ancestors): replay needs them to put the inode's names in.
     fn log_new_ancestors_from(&mut self, dir: Loc, ctx: &mut Ctx) -> LResult<()> {
-        let t = self.transid();
+        let t = self.cx.transid();
         let mut p = dir;
         for _ in 0..MAX_DEPTH {
             if !self.exists(p)? {
                 return Err(Stop::Commit("an ancestor directory is gone"));
             }
-            if self.item(p)?.generation.get() >= t && self.need_log_inode(p)? {
+            if self.cx.item(p)?.generation.get() >= t && self.need_log_inode(p)? {
                 self.log_inode(p, LogMode::Exists, ctx)?;
             }
             if p.ino == ROOT_DIR {
@@ -1333,11 +1325,11 @@ impl Filesystem {
         if l.ino == ROOT_DIR {
             return Ok(());
         }
-        let it = self.item(l)?;
+        let it = self.cx.item(l)?;
         if it.nlink.get() == 0 {
             // The open file's dentry still has the directory it was
             // unlinked from as its parent (log_new_ancestors_fast).
-            let from = self.rt(l)?.unlinked_from;
+            let from = self.cx.rt(l)?.unlinked_from;
             if from == 0 || !self.exists(Loc::new(l.subvol, from))? {
                 return Ok(());
             }
@@ -1350,7 +1342,7 @@ impl Filesystem {
             };
         }
         let (lo, hi) = inode_range(l.ino, BTRFS_INODE_REF_KEY, BTRFS_INODE_EXTREF_KEY);
-        let refs = self.store.items_in(fs_tree(l), lo, hi)?;
+        let refs = self.cx.store.items_in(fs_tree(l), lo, hi)?;
         if refs.iter().any(|(k, _)| k.ty == BTRFS_INODE_EXTREF_KEY) {
             return Err(Stop::Commit("hard links in extended references"));
         }
@@ -1366,7 +1358,7 @@ impl Filesystem {
     fn log_all_parents(&mut self, l: Loc, ctx: &mut Ctx) -> LResult<()> {
         let (lo, hi) = inode_range(l.ino, BTRFS_INODE_REF_KEY, BTRFS_INODE_EXTREF_KEY);
         let mut parents: Vec<u64> = Vec::new();
-        for (k, d) in self.store.committed_items_in(l.subvol, lo, hi)? {
+        for (k, d) in self.cx.store.committed_items_in(l.subvol, lo, hi)? {
             match k.ty {
                 BTRFS_INODE_REF_KEY => parents.push(k.offset),
                 _ => parents.extend(
@@ -1413,7 +1405,7 @@ impl Filesystem {
             BTRFS_DIR_ITEM_KEY,
             crate::format::dir::name_hash(name),
         );
-        let Some(d) = self.store.committed_lookup(l.subvol, &k)? else {
+        let Some(d) = self.cx.store.committed_lookup(l.subvol, &k)? else {
             return Ok(());
         };
         let entries = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
@@ -1431,7 +1423,7 @@ impl Filesystem {
     }
 
     fn add_conflicting_inode(&mut self, other: Loc, parent: u64, ctx: &mut Ctx) -> LResult<()> {
-        if !self.switches.log_conflicting_inodes {
+        if !self.cx.switches.log_conflicting_inodes {
             return Err(Stop::Commit("name taken from a renamed or unlinked inode"));
         }
         if ctx.conflicts_seen >= MAX_CONFLICT_INODES {
@@ -1442,6 +1434,7 @@ impl Filesystem {
             // a directory (which may have held subvolumes): then its
             // parent is logged.
             let was_dir = match self
+                .cx
                 .store
                 .committed_lookup(other.subvol, &Key::new(other.ino, BTRFS_INODE_ITEM_KEY, 0))?
             {
@@ -1477,11 +1470,11 @@ impl Filesystem {
                     let p = Loc::new(l.subvol, parent);
                     if self.exists(p)? {
                         self.log_inode(p, LogMode::All, ctx)?;
-                        self.stats.conflicting_inodes_logged += 1;
+                        self.cx.stats.conflicting_inodes_logged += 1;
                     }
                 } else if self.need_log_inode(other)? {
                     self.log_inode(other, LogMode::Exists, ctx)?;
-                    self.stats.conflicting_inodes_logged += 1;
+                    self.cx.stats.conflicting_inodes_logged += 1;
                 }
             }
             Ok(())
@@ -1498,37 +1491,16 @@ impl Filesystem {
     /// logging (the kernel makes these edits as the unlink or rename
     /// happens; none can be seen before the next log sync, which comes
     /// after this).
-    /// Bring the log up to date with the names just changed, as the
-    /// kernel's unlink, link and rename do inline (btrfs_log_new_name,
-    /// btrfs_del_dir_entries_in_log): the log must follow the namespace
-    /// as it was at the change, not as it is at the next fsync (a name
-    /// unlinked in between is not part of what the rename logged). A
-    /// logging that cannot be done, for whatever reason, marks the
-    /// transaction for a full commit (btrfs_set_log_full_commit) and does
-    /// not fail the name change, which is already made: the next fsync
-    /// commits, and a real I/O error surfaces there.
-    pub(crate) fn apply_log_ops_now(&mut self) -> Result<()> {
-        if self.log.pending.is_empty() {
-            return Ok(());
-        }
-        if self.apply_log_ops().is_err() {
-            self.log.pending.clear();
-            self.log.full_commit_trans = self.transid();
-        }
-        Ok(())
-    }
-
-    fn apply_log_ops(&mut self) -> LResult<()> {
-        let ops = std::mem::take(&mut self.log.pending);
-        for op in ops {
+    fn apply_log_ops(&mut self, changes: Vec<NameChange>) -> LResult<()> {
+        for op in changes {
             match op {
-                LogOp::Unlink {
+                NameChange::Unlink {
                     dir,
                     name,
                     index,
                     inode,
                 } => {
-                    if !self.store.has_log(dir.subvol) {
+                    if !self.cx.store.has_log(dir.subvol) {
                         continue;
                     }
                     if self.logged_maybe_gone(inode)? {
@@ -1538,12 +1510,12 @@ impl Filesystem {
                         self.log_del_dir_entry(dir, &name, index)?;
                     }
                 }
-                LogOp::NewName {
+                NameChange::NewName {
                     inode,
                     old,
                     parent: _,
                 } => {
-                    if !self.store.has_log(inode.subvol) {
+                    if !self.cx.store.has_log(inode.subvol) {
                         continue;
                     }
                     if !self.exists(inode)? {
@@ -1553,10 +1525,10 @@ impl Filesystem {
                         // the unlink then removed; the old name is all
                         // that is left to take out of the log.
                         if let Some((odir, oname, oidx)) = &old {
-                            let t = self.transid();
+                            let t = self.cx.transid();
                             if self.exists(*odir)?
-                                && self.inode_logged(*odir)?
-                                && self.rt(*odir)?.logged_trans == t
+                                && self.cx.inode_logged(*odir)?
+                                && self.cx.rt(*odir)?.logged_trans == t
                                 && !self.log_del_dir_entry(*odir, oname, *oidx)?
                             {
                                 self.insert_dir_log_key(*odir, *oidx, *oidx)?;
@@ -1565,8 +1537,8 @@ impl Filesystem {
                         }
                         continue;
                     }
-                    let t = self.transid();
-                    if !self.inode_logged(inode)? {
+                    let t = self.cx.transid();
+                    if !self.cx.inode_logged(inode)? {
                         let Some((odir, _, _)) = &old else { continue };
                         if !self.logged_maybe_gone(*odir)? {
                             continue;
@@ -1574,8 +1546,8 @@ impl Filesystem {
                     }
                     if let Some((odir, oname, oidx)) = &old {
                         if self.exists(*odir)?
-                            && self.inode_logged(*odir)?
-                            && self.rt(*odir)?.logged_trans == t
+                            && self.cx.inode_logged(*odir)?
+                            && self.cx.rt(*odir)?.logged_trans == t
                             && !self.log_del_dir_entry(*odir, oname, *oidx)?
                         {
                             self.insert_dir_log_key(*odir, *oidx, *oidx)?;
@@ -1599,7 +1571,7 @@ impl Filesystem {
     fn log_del_inode_ref(&mut self, inode: Loc, parent: u64, name: &[u8]) -> Result<()> {
         let log = log_tree(inode);
         let k = Key::new(inode.ino, BTRFS_INODE_REF_KEY, parent);
-        if let Some(d) = self.store.lookup(log, &k)? {
+        if let Some(d) = self.cx.store.lookup(log, &k)? {
             let entries = parse_inode_refs(&d).map_err(|e| e.at(0, k))?;
             if entries.iter().any(|e| e.name == name) {
                 let mut out = Vec::new();
@@ -1607,9 +1579,9 @@ impl Filesystem {
                     crate::format::inode::encode_inode_ref(&mut out, e.index, e.name);
                 }
                 if out.is_empty() {
-                    self.store.delete_item(log, &k)?;
+                    self.cx.store.delete_item(log, &k)?;
                 } else {
-                    self.store.update_item(log, &k, &out)?;
+                    self.cx.store.update_item(log, &k, &out)?;
                 }
                 return Ok(());
             }
@@ -1619,7 +1591,7 @@ impl Filesystem {
             BTRFS_INODE_EXTREF_KEY,
             crate::format::dir::extref_hash(parent, name),
         );
-        if let Some(d) = self.store.lookup(log, &k)? {
+        if let Some(d) = self.cx.store.lookup(log, &k)? {
             let entries = parse_inode_extrefs(&d).map_err(|e| e.at(0, k))?;
             let mut out = Vec::new();
             for e in entries
@@ -1629,9 +1601,9 @@ impl Filesystem {
                 crate::format::inode::encode_inode_extref(&mut out, e.parent, e.index, e.name);
             }
             if out.is_empty() {
-                self.store.delete_item(log, &k)?;
+                self.cx.store.delete_item(log, &k)?;
             } else {
-                self.store.update_item(log, &k, &out)?;
+                self.cx.store.update_item(log, &k, &out)?;
             }
         }
         Ok(())
@@ -1642,22 +1614,14 @@ impl Filesystem {
     fn log_del_dir_entry(&mut self, dir: Loc, name: &[u8], index: u64) -> Result<bool> {
         let log = log_tree(dir);
         let k = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, index);
-        let Some(d) = self.store.lookup(log, &k)? else {
+        let Some(d) = self.cx.store.lookup(log, &k)? else {
             return Ok(false);
         };
         let entries = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
         if !entries.iter().any(|e| e.name == name) {
             return Ok(false);
         }
-        self.store.delete_item(log, &k)?;
+        self.cx.store.delete_item(log, &k)?;
         Ok(true)
-    }
-}
-
-/// Sleep until `t` (no time when it passed).
-pub fn sleep_until(t: std::time::Instant) {
-    let now = std::time::Instant::now();
-    if t > now {
-        std::thread::sleep(t - now);
     }
 }

@@ -376,7 +376,7 @@ pub fn crash_and_recover(
             .filter(|f| f.category == "mirror-copy")
             .count() as u64;
     drop(img);
-    Filesystem::mount(file, mount)
+    Filesystem::mount(file, mount, crate::log::LogState::boxed())
 }
 
 /// Check the files of a run (the same inode numbers under the same names

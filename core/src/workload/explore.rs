@@ -313,7 +313,7 @@ fn check_crash_image(
         }
         Err(e) => out.push(format!("the recovered image does not open: {e}")),
     }
-    let mut fs = match Filesystem::mount(dev, mount.clone()) {
+    let mut fs = match Filesystem::mount(dev, mount.clone(), crate::log::LogState::boxed()) {
         Ok(fs) => fs,
         Err(e) => {
             out.push(format!("the recovered image does not mount: {e}"));
