@@ -89,6 +89,12 @@ impl MkfsOpts {
     }
 }
 
+/// Run a command that must succeed: its output, or a panic naming the
+/// command line with its stderr.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    try_run(cmd).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// Run a command, returning its output when it exits 0 and the rendered
 /// command line with its stderr otherwise.
 pub fn try_run(cmd: &mut Command) -> Result<Output, String> {
@@ -103,7 +109,9 @@ pub fn try_run(cmd: &mut Command) -> Result<Output, String> {
         Err(format!(
             "{shown}: {}: {}{}",
             out.status,
-            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stderr)
+                .trim()
+                .replace('\n', " "),
             String::from_utf8_lossy(&out.stdout).trim()
         ))
     }

@@ -19,32 +19,11 @@
 //! path is a mount point, which loop devices a file is attached to, whether
 //! this machine can loop-mount at all.
 
+use crate::kimage::try_run as run;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
-
-/// Run `cmd` (stdin closed), returning its output when it exits 0 and the
-/// rendered command line with its stderr otherwise.
-fn run(cmd: &mut Command) -> Result<Output, String> {
-    let shown = format!("{cmd:?}");
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{shown}: cannot start: {e}"))?;
-    if out.status.success() {
-        Ok(out)
-    } else {
-        Err(format!(
-            "{shown}: {}: {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-                .trim()
-                .replace('\n', " "),
-            String::from_utf8_lossy(&out.stdout).trim()
-        ))
-    }
-}
 
 /// Attach `file` to a free loop device and return the device. Two processes
 /// can race for the same free device, so a failure is retried with a

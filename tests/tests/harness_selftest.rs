@@ -1,6 +1,7 @@
 //! The test harness itself: cleanup on panic, crash copies, binary lookup,
 //! the shared fixture directory.
 
+use btrkit_tests::kimage::run_ok;
 use btrkit_tests::mount::{is_mount_point, loop_backing_file, loop_devices_of};
 use btrkit_tests::rich::{fsync, write_file};
 use btrkit_tests::{
@@ -15,16 +16,11 @@ fn mkfs_files(images: &[&Path], size: u64, extra: &[&str]) {
     for img in images {
         std::fs::File::create(img).unwrap().set_len(size).unwrap();
     }
-    let o = Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .args(extra)
-        .args(images)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "mkfs.btrfs: {}",
-        String::from_utf8_lossy(&o.stderr)
+    run_ok(
+        Command::new("mkfs.btrfs")
+            .args(["-q", "-f"])
+            .args(extra)
+            .args(images),
     );
 }
 

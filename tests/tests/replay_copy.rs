@@ -3,6 +3,7 @@
 //! elsewhere; either way OUT is the replayed image and the input stays as
 //! it was.
 
+use btrkit_tests::kimage::run_ok;
 use btrkit_tests::{kcrash, sys, LoopMount};
 use std::path::Path;
 use std::process::Command;
@@ -21,17 +22,12 @@ fn shared_bytes(p: &Path) -> (u64, u64) {
 }
 
 fn replay_o(img: &Path, out: &Path) -> serde_json::Value {
-    let o = Command::new(kcrash::replay_bin())
-        .arg("--json")
-        .arg(img)
-        .arg("-o")
-        .arg(out)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "btrkit-replay -o: {}",
-        String::from_utf8_lossy(&o.stderr)
+    let o = run_ok(
+        Command::new(kcrash::replay_bin())
+            .arg("--json")
+            .arg(img)
+            .arg("-o")
+            .arg(out),
     );
     serde_json::from_slice(&o.stdout).unwrap()
 }

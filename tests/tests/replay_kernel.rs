@@ -523,17 +523,12 @@ fn kcrash_py_agrees_on_the_examples() {
         let _slot = kcrash::slot();
         let work = tempfile::tempdir().unwrap();
         let out = work.path().join("py");
-        let o = Command::new("python3")
-            .arg(&script)
-            .arg("run")
-            .arg(&example)
-            .arg(&out)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "kcrash.py run {name}: {}",
-            String::from_utf8_lossy(&o.stderr)
+        btrkit_tests::kimage::run_ok(
+            Command::new("python3")
+                .arg(&script)
+                .arg("run")
+                .arg(&example)
+                .arg(&out),
         );
         let theirs: serde_json::Value =
             serde_json::from_slice(&std::fs::read(out.join("kernel.json")).unwrap()).unwrap();

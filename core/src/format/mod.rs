@@ -76,8 +76,8 @@ where
         + zerocopy::Immutable
         + zerocopy::Unaligned,
 {
-    let v = T::ref_from_bytes(bytes).expect("size");
+    let v = T::ref_from_bytes(bytes).expect("size"); // OK: test-only helper
     assert_eq!(v.as_bytes(), bytes);
-    let owned = T::read_from_bytes(bytes).expect("size");
+    let owned = T::read_from_bytes(bytes).expect("size"); // OK: test-only helper
     assert_eq!(owned.as_bytes(), bytes);
 }
