@@ -225,6 +225,8 @@ pub struct Filesystem {
     /// Counters of commits, fsyncs, log syncs and writeback.
     pub stats: EngineStats,
     inodes: super::icache::InodeCache,
+    /// Directories path walks found, by (directory, name).
+    pub(super) dcache: super::dcache::DirCache,
     /// Dirty file data awaiting writeback.
     pub(super) dirty: super::dirty::DirtyData,
     /// Next free inode number per subvolume (root->free_objectid).
@@ -288,6 +290,7 @@ impl Filesystem {
             switches: Switches::default(),
             stats: EngineStats::default(),
             inodes: Default::default(),
+            dcache: Default::default(),
             dirty: Default::default(),
             free_ino: HashMap::default(),
             clock_base: std::time::SystemTime::now()
@@ -523,6 +526,7 @@ impl Filesystem {
             }
         }
         self.inodes.evict(&keep);
+        self.dcache.clear();
     }
 
     /// Unmount and mount again: everything durable is committed, all
@@ -531,6 +535,7 @@ impl Filesystem {
         self.close_all()?;
         self.sync()?;
         self.inodes.clear();
+        self.dcache.clear();
         self.free_ino.clear();
         self.store.drop_clean_cache();
         self.default_subvol = self.read_default_subvol()?;
@@ -871,16 +876,18 @@ impl Filesystem {
     /// Resolve a path from the root; `follow`: follow a symlink in the last
     /// component too (intermediate ones are always followed).
     pub fn resolve(&mut self, path: &str, follow: bool) -> Result<Loc> {
-        self.resolve_at(self.root(), path, follow, &mut 0)
+        Ok(self.resolve_at(self.root(), path, follow, &mut 0)?.0)
     }
 
+    /// [`Filesystem::resolve`] from `start`, with the mode of what the
+    /// path leads to when the walk read it.
     fn resolve_at(
         &mut self,
         start: Loc,
         path: &str,
         follow: bool,
         links: &mut usize,
-    ) -> Result<Loc> {
+    ) -> Result<(Loc, Option<u32>)> {
         let mut cur = if path.starts_with('/') {
             self.root()
         } else {
@@ -919,10 +926,22 @@ impl Filesystem {
                     format!("{path}: name too long"),
                 ));
             }
+            if let Some((next, mode)) = self.dcache.get(cur, c.as_bytes()) {
+                // As the lookup would: both inodes in memory.
+                self.load_rt_if_exists(cur)?;
+                self.load_rt_if_exists(next)?;
+                cur = next;
+                cur_mode = Some(mode);
+                stack.push(cur);
+                continue;
+            }
             let next = self.lookup(cur, c.as_bytes())?.ok_or_else(|| {
                 Error::errno(libc::ENOENT, format!("{path}: no such file or directory"))
             })?;
             let nit = self.item(next)?;
+            if is_dir(nit.mode.get()) {
+                self.dcache.insert(cur, c.as_bytes(), next, nit.mode.get());
+            }
             if is_symlink(nit.mode.get()) && (!last || follow) {
                 *links += 1;
                 if *links > MAX_SYMLINKS {
@@ -933,7 +952,9 @@ impl Filesystem {
                 }
                 let target = self.read_link(next)?;
                 let t = String::from_utf8_lossy(&target).into_owned();
-                cur = self.resolve_at(cur, &t, true, links)?;
+                let (to, mode) = self.resolve_at(cur, &t, true, links)?;
+                cur = to;
+                cur_mode = mode;
                 stack.push(cur);
                 continue;
             }
@@ -941,7 +962,7 @@ impl Filesystem {
             cur_mode = Some(nit.mode.get());
             stack.push(cur);
         }
-        Ok(cur)
+        Ok((cur, cur_mode))
     }
 
     /// The directory holding the last component of `path`, and that name.
@@ -963,8 +984,17 @@ impl Filesystem {
                 format!("{path}: name too long"),
             ));
         }
-        let d = self.resolve(if dir.is_empty() { "/" } else { dir }, true)?;
-        if !is_dir(self.item(d)?.mode.get()) {
+        let (d, mode) = self.resolve_at(
+            self.root(),
+            if dir.is_empty() { "/" } else { dir },
+            true,
+            &mut 0,
+        )?;
+        let mode = match mode {
+            Some(m) => m,
+            None => self.item(d)?.mode.get(),
+        };
+        if !is_dir(mode) {
             return Err(Error::errno(
                 libc::ENOTDIR,
                 format!("{path}: parent is not a directory"),

@@ -5,6 +5,7 @@
 
 pub mod compress;
 pub mod data;
+mod dcache;
 mod dirty;
 pub mod extents;
 mod file;

@@ -264,6 +264,7 @@ impl Filesystem {
     /// hooks).
     fn drop_name(&mut self, dir: Loc, name: &[u8]) -> Result<Loc> {
         let now = self.now();
+        self.dcache.clear();
         let (ino, nlink, index) = names::unlink(&mut self.store, dir.subvol, dir.ino, name, now)?;
         let l = Loc::new(dir.subvol, ino);
         self.touch_trans(dir)?;
@@ -507,6 +508,7 @@ impl Filesystem {
         if odir != ndir {
             self.record_unlink_dir(odir, src, true)?;
         }
+        self.dcache.clear();
         names::remove_name(
             &mut self.store,
             odir.subvol,

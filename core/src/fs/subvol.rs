@@ -336,6 +336,7 @@ impl Filesystem {
         let id = loc.objectid;
         let idx = self.entry_index(dir, name)?;
         let t = self.transid();
+        self.dcache.clear();
         names::remove_name(&mut self.store, dir.subvol, dir.ino, loc, name, idx, t)?;
         self.store
             .delete_item(TreeId::Root, &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id))?;
@@ -381,6 +382,7 @@ impl Filesystem {
             .ok_or_else(|| Error::errno(libc::ENOENT, "no such directory"))?;
         let idx = self.entry_index(dir, name)?;
         let t = self.transid();
+        self.dcache.clear();
         names::remove_name(&mut self.store, dir.subvol, dir.ino, loc, name, idx, t)?;
         self.stamp(dir, true, true)?;
         // Replay cannot remove a subvolume entry: fully logging the
