@@ -17,10 +17,7 @@ use std::collections::{HashMap, HashSet};
 
 const P: u8 = 6;
 
-const S_IFMT: u32 = 0o170000;
-const S_IFDIR: u32 = 0o040000;
-const S_IFREG: u32 = 0o100000;
-const S_IFLNK: u32 = 0o120000;
+use crate::fs::inode::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 /// Type, set-id, sticky and permission bits: anything else in a mode is unknown.
 const VALID_MODE_BITS: u32 = S_IFMT | 0o7777;
 

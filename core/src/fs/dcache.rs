@@ -1,37 +1,41 @@
-//! The directory part of the dentry cache: which directory a name in a
-//! directory leads to, as path walks found it, so a walk down a path it
-//! has taken before does not search the trees again for each component
-//! (the kernel's dcache, for the positive dentries of directories).
+//! The dentry cache: which inode a name in a directory leads to, as path
+//! walks found it or a create made it (d_instantiate), so a walk down a
+//! path it has taken before does not search the trees again for each
+//! component (the kernel's dcache, positive dentries only).
 //!
 //! Invariant: an entry is what `Filesystem::lookup` of the name would
-//! give now. Adding a name changes no entry; removing or moving one
-//! (unlink, rmdir, rename, a subvolume's entry going) clears the whole
-//! cache, as does `drop_caches`, so no entry outlives the name it caches.
-//! Only directories (never symlinks, never the empty-subvolume
-//! placeholder, whose item is made up at every lookup) are kept.
+//! give now, with the file type of the inode. Adding a name changes no
+//! entry; removing or moving one (unlink, rmdir, rename, a subvolume's
+//! entry going) clears the whole cache, as does `drop_caches`, so no
+//! entry outlives the name it caches. An inode's type never changes, so
+//! the mode kept answers "directory?" and "symlink?" for as long as the
+//! entry lives (its permission bits may be stale: nothing reads them
+//! here). Symlinks (a walk must read their target) and the
+//! empty-subvolume placeholder (its item is made up at every lookup) are
+//! never kept.
 
 use super::filesystem::Loc;
 use crate::util::hash::FastMap as HashMap;
 
 /// Names cached before the cache is emptied and starts again.
-const MAX_ENTRIES: usize = 1 << 16;
+const MAX_ENTRIES: usize = 1 << 14;
 
-/// (directory, name) -> (directory it leads to, its mode).
+/// (directory, name) -> (inode it leads to, its mode).
 #[derive(Default)]
-pub struct DirCache {
+pub struct DentryCache {
     map: HashMap<Loc, HashMap<Box<[u8]>, (Loc, u32)>>,
     len: usize,
 }
 
-impl DirCache {
-    /// The directory `name` in `dir` leads to, with its mode, if cached.
+impl DentryCache {
+    /// The inode `name` in `dir` leads to, with its mode, if cached.
     pub fn get(&self, dir: Loc, name: &[u8]) -> Option<(Loc, u32)> {
         self.map.get(&dir)?.get(name).copied()
     }
 
-    /// Remember that `name` in `dir` leads to directory `to` (mode `mode`).
+    /// Remember that `name` in `dir` leads to `to` (mode `mode`).
     pub fn insert(&mut self, dir: Loc, name: &[u8], to: Loc, mode: u32) {
-        if to.is_placeholder() {
+        if to.is_placeholder() || super::inode::is_symlink(mode) {
             return;
         }
         if self.len >= MAX_ENTRIES {
@@ -63,7 +67,7 @@ mod tests {
 
     #[test]
     fn cached_names_until_cleared() {
-        let mut c = DirCache::default();
+        let mut c = DentryCache::default();
         let d = Loc::new(5, 256);
         let e = Loc::new(5, 257);
         assert_eq!(c.get(d, b"a"), None);
@@ -122,10 +126,11 @@ mod tests {
                 .as_errno(),
             libc::ENOTDIR
         );
-        // a symlink to a directory is followed, never cached
+        // a symlink to a directory is followed, never cached; files are
         fs.symlink(root, b"s", b"/old").unwrap();
         assert_eq!(fs.resolve("/s/f", true).unwrap(), f);
         assert!(fs.dcache.get(root, b"s").is_none());
+        assert!(fs.dcache.get(a, b"f").is_some());
         // drop_caches empties it
         fs.evict();
         assert!(fs.dcache.get(root, b"old").is_none());
@@ -134,7 +139,7 @@ mod tests {
 
     #[test]
     fn bounded() {
-        let mut c = DirCache::default();
+        let mut c = DentryCache::default();
         let d = Loc::new(5, 256);
         for i in 0..MAX_ENTRIES as u64 + 10 {
             c.insert(d, &i.to_le_bytes(), Loc::new(5, 300 + i), 0o40755);

@@ -225,8 +225,8 @@ pub struct Filesystem {
     /// Counters of commits, fsyncs, log syncs and writeback.
     pub stats: EngineStats,
     inodes: super::icache::InodeCache,
-    /// Directories path walks found, by (directory, name).
-    pub(super) dcache: super::dcache::DirCache,
+    /// What path walks found and new names made, by (directory, name).
+    pub(super) dcache: super::dcache::DentryCache,
     /// Dirty file data awaiting writeback.
     pub(super) dirty: super::dirty::DirtyData,
     /// Next free inode number per subvolume (root->free_objectid).
@@ -939,9 +939,7 @@ impl Filesystem {
                 Error::errno(libc::ENOENT, format!("{path}: no such file or directory"))
             })?;
             let nit = self.item(next)?;
-            if is_dir(nit.mode.get()) {
-                self.dcache.insert(cur, c.as_bytes(), next, nit.mode.get());
-            }
+            self.dcache.insert(cur, c.as_bytes(), next, nit.mode.get());
             if is_symlink(nit.mode.get()) && (!last || follow) {
                 *links += 1;
                 if *links > MAX_SYMLINKS {

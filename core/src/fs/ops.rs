@@ -184,6 +184,8 @@ impl Filesystem {
     fn make_node(&mut self, dir: Loc, name: &[u8], mode: u32, rdev: u64) -> Result<Loc> {
         let l = self.new_inode(dir, mode, rdev)?;
         self.add_link(dir, name, l, mode)?;
+        // d_instantiate: the new name is in the dentry cache.
+        self.dcache.insert(dir, name, l, mode);
         Ok(l)
     }
 
@@ -195,6 +197,7 @@ impl Filesystem {
         let l = self.new_inode(dir, m, 0)?;
         self.rt(l)?.index_cnt = Some(2);
         self.add_link(dir, name, l, m)?;
+        self.dcache.insert(dir, name, l, m);
         Ok(l)
     }
 
