@@ -8,7 +8,7 @@
 //! no more memory than one of a thousand. Standard input is spooled to an
 //! unnamed temporary file first, so it can be read twice.
 
-use btrkit_core::workload::content::warmup_steps;
+use btrkit_core::workload::content::{prepared_payload, warmup_steps};
 use btrkit_core::workload::script::{StepSummary, StreamError};
 use btrkit_core::workload::session::{Session, SessionOptions};
 use btrkit_core::workload::{Script, Step};
@@ -88,23 +88,28 @@ pub fn run_script(image: &Path, arg: &str, quiet: bool) -> i32 {
         }
     }
     // Second pass: each step as its line is read.
-    let second = Script::stream(&name, BufReader::new(&file), |line, st| {
-        let r = match st {
-            Step::Crash { keep_random } if Some(line) == sum.final_crash_line => {
-                s.crash_final(*keep_random).map(|_| Default::default())
-            }
-            _ => s.apply(st),
-        };
-        match r {
-            Ok(out) => {
-                if let Some(t) = out.text {
-                    println!("{t}");
+    let second = Script::stream_prepared(
+        &name,
+        BufReader::new(&file),
+        prepared_payload,
+        |line, st, payload| {
+            let r = match st {
+                Step::Crash { keep_random } if Some(line) == sum.final_crash_line => {
+                    s.crash_final(*keep_random).map(|_| Default::default())
                 }
-                Ok(())
+                _ => s.apply_prepared(st, payload),
+            };
+            match r {
+                Ok(out) => {
+                    if let Some(t) = out.text {
+                        println!("{t}");
+                    }
+                    Ok(())
+                }
+                Err(e) => Err((st.verb(), e)),
             }
-            Err(e) => Err((st.verb(), e)),
-        }
-    });
+        },
+    );
     match second {
         Ok(_) => {}
         Err(StreamError::Parse(e)) => {

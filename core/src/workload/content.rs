@@ -71,6 +71,25 @@ impl FillStream {
     }
 }
 
+/// Writes of a generated fill up to this size get their bytes made ahead,
+/// on the thread that reads the script: at most [`super::script::STREAM_AHEAD`]
+/// of them wait, so this bounds the memory that costs.
+pub const PREPARE_MAX: u64 = 16 << 10;
+
+/// The bytes of a step made ahead of running it, where that pays: a small
+/// write of a pseudo-random fill (generating them is most of such a
+/// step's own work). The runner writes exactly these bytes.
+pub fn prepared_payload(st: &super::script::Step) -> Option<Vec<u8>> {
+    match st {
+        super::script::Step::Write {
+            len,
+            fill: fill @ Fill::Random(_),
+            ..
+        } if *len <= PREPARE_MAX => Some(fill_bytes(fill, *len)),
+        _ => None,
+    }
+}
+
 /// The whole content of a write of `len` bytes.
 pub fn fill_bytes(fill: &Fill, len: u64) -> Vec<u8> {
     let mut v = vec![0u8; len as usize];
@@ -123,6 +142,45 @@ mod tests {
         assert!((100..=4000).contains(&(a.len() as u64)));
         assert!(a.starts_with(b"file 00001\n"));
         assert_eq!(file_content(3, 5), b"file ");
+    }
+
+    /// A write run with its bytes made ahead leaves the same file as one
+    /// whose runner makes them.
+    #[test]
+    fn prepared_writes_write_the_same_bytes() {
+        use super::super::engine::EngineRunner;
+        use super::super::script::Step;
+        let dev: std::sync::Arc<dyn crate::io::BlockDevice> =
+            std::sync::Arc::new(crate::io::MemDevice::zeroed(256 << 20));
+        let (st, staged, _) = crate::mkfs::make(dev.clone(), &Default::default()).unwrap();
+        crate::mkfs::finish(st, &staged).unwrap();
+        let mut fs =
+            crate::fs::Filesystem::mount(dev, Default::default(), crate::log::LogState::boxed())
+                .unwrap();
+        let mut r = EngineRunner::new();
+        for (i, len) in [1u64, 100, 4096, 5000, PREPARE_MAX, PREPARE_MAX + 1]
+            .into_iter()
+            .enumerate()
+        {
+            let step = |path: &str| Step::Write {
+                path: path.into(),
+                off: 3,
+                len,
+                fill: Fill::Random(i as u64 + 7),
+                enospc_ok: false,
+            };
+            let (a, b) = (format!("/a{i}"), format!("/b{i}"));
+            let pre = prepared_payload(&step(&a));
+            assert_eq!(pre.is_some(), len <= PREPARE_MAX);
+            r.apply_prepared(&mut fs, &step(&a), pre.as_deref())
+                .unwrap();
+            r.apply(&mut fs, &step(&b)).unwrap();
+            let la = fs.resolve(&a, true).unwrap();
+            let lb = fs.resolve(&b, true).unwrap();
+            let da = fs.read(la, 0, len + 3).unwrap();
+            assert_eq!(da, fs.read(lb, 0, len + 3).unwrap());
+            assert_eq!(&da[3..], &fill_bytes(&Fill::Random(i as u64 + 7), len)[..]);
+        }
     }
 
     #[test]

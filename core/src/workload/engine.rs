@@ -103,6 +103,18 @@ impl EngineRunner {
 
     /// Apply one step (not `Crash`, `Remount` or `Set`).
     pub fn apply(&mut self, fs: &mut Filesystem, st: &Step) -> Result<StepOutput> {
+        self.apply_prepared(fs, st, None)
+    }
+
+    /// [`EngineRunner::apply`], with the step's payload made ahead of time
+    /// where there is one ([`super::content::prepared_payload`]): the
+    /// bytes a write of a generated fill writes.
+    pub fn apply_prepared(
+        &mut self,
+        fs: &mut Filesystem,
+        st: &Step,
+        payload: Option<&[u8]>,
+    ) -> Result<StepOutput> {
         let mut out = StepOutput::default();
         match st {
             Step::Mkdir(p) => {
@@ -141,14 +153,22 @@ impl EngineRunner {
                 let mut s = FillStream::new(fill);
                 let mut done = 0u64;
                 let want = (*len).min(1 << 20) as usize;
-                if self.scratch.len() < want {
+                // A payload made ahead is the whole write, in one piece as
+                // the stream would give it (it is never over a piece).
+                let pre = payload.filter(|p| p.len() as u64 == *len && p.len() <= want);
+                if pre.is_none() && self.scratch.len() < want {
                     self.scratch.resize(want, 0);
                 }
-                let buf = &mut self.scratch[..want];
                 while done < *len {
-                    let n = (*len - done).min(buf.len() as u64) as usize;
-                    s.next(&mut buf[..n]);
-                    match fs.write(l, off + done, &buf[..n]) {
+                    let n = (*len - done).min(want as u64) as usize;
+                    let piece: &[u8] = match pre {
+                        Some(p) => p,
+                        None => {
+                            s.next(&mut self.scratch[..n]);
+                            &self.scratch[..n]
+                        }
+                    };
+                    match fs.write(l, off + done, piece) {
                         Ok(()) => {}
                         Err(e) if *enospc_ok && e.as_errno() == libc::ENOSPC => break,
                         Err(e) => return Err(ino_err(path, e)),

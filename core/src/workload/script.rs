@@ -777,8 +777,21 @@ impl Script {
         r: R,
         mut on_step: impl FnMut(usize, &Step) -> std::result::Result<(), E>,
     ) -> std::result::Result<Script, StreamError<E>> {
+        Script::stream_prepared(name, r, |_| None, |n, st, _| on_step(n, st))
+    }
+
+    /// [`Script::stream`], with `prepare` run on the reading thread for each
+    /// step as it is parsed, and what it made handed to `on_step` with the
+    /// step (a write's bytes, made while the step before it runs).
+    pub fn stream_prepared<R: std::io::BufRead + Send, E>(
+        name: &str,
+        r: R,
+        prepare: impl Fn(&Step) -> Option<Vec<u8>> + Send,
+        mut on_step: impl FnMut(usize, &Step, Option<&[u8]>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Script, StreamError<E>> {
+        type Batch = Vec<(usize, Step, Option<Vec<u8>>)>;
         enum Msg {
-            Steps(Vec<(usize, Step)>),
+            Steps(Batch),
             Failed(ParseError),
         }
         const BATCH: usize = 64;
@@ -787,7 +800,7 @@ impl Script {
             // Steps run go back to the reader, which made them: freed on
             // the thread that allocated them (a free from another thread
             // is the allocator's slow path), their batch's room reused.
-            let (done_tx, done_rx) = std::sync::mpsc::channel::<Vec<(usize, Step)>>();
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<Batch>();
             let reader = sc.spawn(move || {
                 let mut r = r;
                 let mut s = Script::empty(name);
@@ -820,7 +833,10 @@ impl Script {
                     if let Err(msg) = s.parse_line(n, text) {
                         break Some(ParseError { line: n, msg });
                     }
-                    batch.append(&mut s.steps);
+                    batch.extend(s.steps.drain(..).map(|(ln, st)| {
+                        let p = prepare(&st);
+                        (ln, st, p)
+                    }));
                     if batch.len() >= BATCH {
                         let full = std::mem::replace(&mut batch, next_batch());
                         if tx.send(Msg::Steps(full)).is_err() {
@@ -840,8 +856,9 @@ impl Script {
             for msg in rx.iter() {
                 match msg {
                     Msg::Steps(steps) => {
-                        for (ln, st) in &steps {
-                            on_step(*ln, st).map_err(|err| StreamError::Step { line: *ln, err })?;
+                        for (ln, st, p) in &steps {
+                            on_step(*ln, st, p.as_deref())
+                                .map_err(|err| StreamError::Step { line: *ln, err })?;
                         }
                         // The reader may be gone (it read the last line).
                         let _ = done_tx.send(steps);

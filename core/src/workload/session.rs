@@ -143,6 +143,12 @@ impl Session {
 
     /// Run one step.
     pub fn apply(&mut self, st: &Step) -> Result<StepOutput> {
+        self.apply_prepared(st, None)
+    }
+
+    /// [`Session::apply`] with the step's payload made ahead (see
+    /// [`super::content::prepared_payload`]).
+    pub fn apply_prepared(&mut self, st: &Step, payload: Option<&[u8]>) -> Result<StepOutput> {
         match st {
             Step::Crash { keep_random } => {
                 self.crash(*keep_random)?;
@@ -177,7 +183,7 @@ impl Session {
                     .fs
                     .as_mut()
                     .ok_or_else(|| Error::Invalid("no filesystem mounted".into()))?;
-                self.runner.apply(fs, st)
+                self.runner.apply_prepared(fs, st, payload)
             }
         }
     }
