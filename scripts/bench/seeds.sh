@@ -106,7 +106,9 @@ kernel() { # name, image, then the command to run inside the mount ($MNT)
   read -r w1 s1 f1 < <(loopdev_stat "$dev")
   local traced_fsyncs="" traced_payload=""
   if [ -n "$btpid" ]; then
-    kill -INT "$btpid"; wait "$btpid" || true
+    # bpftrace may have ended already (it failed to attach).
+    kill -INT "$btpid" 2>/dev/null || true
+    wait "$btpid" || true
     traced_fsyncs=$(awk '/^@fsyncs:/ {print $2}' "$bt")
     traced_payload=$(awk '/^@payload:/ {print $2}' "$bt")
   fi
