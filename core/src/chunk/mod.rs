@@ -29,12 +29,121 @@ pub struct ChunkMapping {
     pub stripe_len: u64,
     /// (devid, physical offset) of each stripe.
     pub stripes: Vec<(u64, u64)>,
+    /// Stripes per mirrored set of RAID10 (2); 1 for the other profiles.
+    pub sub_stripes: u16,
+}
+
+/// A piece of a logical range that lies in one stripe unit: every copy of
+/// it, as (devid, physical offset), in mirror order (what
+/// `btrfs_map_block` gives for a range inside one stripe).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StripePiece {
+    /// Offset of the piece in the chunk.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Every copy of the piece: (devid, physical offset).
+    pub copies: Vec<(u64, u64)>,
 }
 
 impl ChunkMapping {
     /// Logical address one past the chunk's last byte.
     pub fn end(&self) -> u64 {
         self.logical + self.length
+    }
+
+    /// `[offset, offset + len)` of the chunk, cut where it crosses from
+    /// one stripe unit to the next, with every copy of each piece on
+    /// every device, for the profiles SINGLE, DUP, RAID0, RAID1,
+    /// RAID1C3, RAID1C4 and RAID10 (the kernel's `btrfs_map_block`:
+    /// RAID0 puts stripe unit `n` on stripe `n % num_stripes`, row
+    /// `n / num_stripes`; RAID10 puts it on the mirrored set
+    /// `n % (num_stripes / sub_stripes)`; the others keep a whole copy of
+    /// the chunk on each stripe). RAID5/6 are `Unsupported` here.
+    pub fn map_range(&self, offset: u64, len: u64) -> Result<Vec<StripePiece>> {
+        let bad = |what: String| Error::corrupt(what, self.logical);
+        if offset.checked_add(len).is_none_or(|e| e > self.length) {
+            return Err(bad(format!(
+                "range {offset}+{len} is outside chunk {}+{}",
+                self.logical, self.length
+            )));
+        }
+        let n = self.stripes.len() as u64;
+        if n == 0 {
+            return Err(bad(format!("chunk at {} has no stripe", self.logical)));
+        }
+        let phys = |s: (u64, u64), at: u64| {
+            s.1.checked_add(at).map(|p| (s.0, p)).ok_or_else(|| {
+                bad(format!(
+                    "chunk at {} has a stripe at physical {} past any device",
+                    self.logical, s.1
+                ))
+            })
+        };
+        let profile = self.type_flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+        let striped = profile & (BTRFS_BLOCK_GROUP_RAID0 | BTRFS_BLOCK_GROUP_RAID10) != 0;
+        if profile & (BTRFS_BLOCK_GROUP_RAID5 | BTRFS_BLOCK_GROUP_RAID6) != 0 {
+            return Err(Error::Unsupported(format!(
+                "chunk at {} is {}: parity profiles are not mapped yet",
+                self.logical,
+                crate::format::names::block_group_flags_str(self.type_flags)
+            )));
+        }
+        if !striped {
+            let copies = self
+                .stripes
+                .iter()
+                .map(|&s| phys(s, offset))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(vec![StripePiece {
+                offset,
+                len,
+                copies,
+            }]);
+        }
+        let unit = self.stripe_len;
+        if !unit.is_power_of_two() || unit < 4096 {
+            return Err(bad(format!(
+                "chunk at {} has stripe_len {unit}, not a power of two of at least 4096",
+                self.logical
+            )));
+        }
+        // Stripes per mirrored set: RAID10 keeps sub_stripes copies of each
+        // unit side by side; RAID0 one.
+        let sub = if profile & BTRFS_BLOCK_GROUP_RAID10 != 0 {
+            u64::from(self.sub_stripes.max(1))
+        } else {
+            1
+        };
+        if !n.is_multiple_of(sub) {
+            return Err(bad(format!(
+                "chunk at {} has {n} stripes, not a multiple of sub_stripes {sub}",
+                self.logical
+            )));
+        }
+        let sets = n / sub;
+        let mut out = Vec::new();
+        let (mut at, end) = (offset, offset + len);
+        while at < end {
+            let unit_nr = at / unit;
+            let in_unit = at % unit;
+            let piece = (unit - in_unit).min(end - at);
+            let set = unit_nr % sets;
+            let row = unit_nr / sets;
+            let at_phys = row * unit + in_unit;
+            let first = (set * sub) as usize;
+            let copies = self.stripes[first..first + sub as usize]
+                .iter()
+                .map(|&s| phys(s, at_phys))
+                .collect::<Result<Vec<_>>>()?;
+            out.push(StripePiece {
+                offset: at,
+                len: piece,
+                copies,
+            });
+            at += piece;
+        }
+        Ok(out)
     }
 }
 
@@ -149,6 +258,7 @@ impl ChunkMap {
                 .iter()
                 .map(|s| (s.devid.get(), s.offset.get()))
                 .collect(),
+            sub_stripes: c.sub_stripes.get(),
         };
         if let Some((_, prev)) = self.map.range(..=logical).next_back() {
             if prev.logical == logical {
@@ -271,6 +381,139 @@ mod tests {
             );
         }
         v
+    }
+
+    fn mapping(ty: u64, sub: u16, stripes: &[(u64, u64)], length: u64) -> ChunkMapping {
+        ChunkMapping {
+            logical: 1 << 30,
+            length,
+            type_flags: BTRFS_BLOCK_GROUP_DATA | ty,
+            stripe_len: BTRFS_STRIPE_LEN,
+            stripes: stripes.to_vec(),
+            sub_stripes: sub,
+        }
+    }
+
+    /// Where byte `x` of the chunk lives, by the definition of each
+    /// profile, one byte at a time.
+    fn copies_of(m: &ChunkMapping, x: u64) -> Vec<(u64, u64)> {
+        let unit = m.stripe_len;
+        let n = m.stripes.len() as u64;
+        let p = m.type_flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+        if p & BTRFS_BLOCK_GROUP_RAID0 != 0 {
+            let u = x / unit;
+            let s = m.stripes[(u % n) as usize];
+            return vec![(s.0, s.1 + (u / n) * unit + x % unit)];
+        }
+        if p & BTRFS_BLOCK_GROUP_RAID10 != 0 {
+            let sets = n / 2;
+            let u = x / unit;
+            let set = (u % sets) as usize;
+            return m.stripes[set * 2..set * 2 + 2]
+                .iter()
+                .map(|s| (s.0, s.1 + (u / sets) * unit + x % unit))
+                .collect();
+        }
+        m.stripes.iter().map(|s| (s.0, s.1 + x)).collect()
+    }
+
+    #[test]
+    fn every_profile_maps_each_byte_where_its_definition_puts_it() {
+        let mib = 1u64 << 20;
+        let cases = [
+            mapping(0, 1, &[(1, 10 * mib)], 8 * mib),
+            mapping(
+                BTRFS_BLOCK_GROUP_DUP,
+                1,
+                &[(1, 10 * mib), (1, 30 * mib)],
+                8 * mib,
+            ),
+            mapping(
+                BTRFS_BLOCK_GROUP_RAID1,
+                1,
+                &[(1, 10 * mib), (2, 20 * mib)],
+                8 * mib,
+            ),
+            mapping(
+                BTRFS_BLOCK_GROUP_RAID1C3,
+                1,
+                &[(3, 0), (1, mib), (2, 5 * mib)],
+                8 * mib,
+            ),
+            mapping(
+                BTRFS_BLOCK_GROUP_RAID1C4,
+                1,
+                &[(1, mib), (2, mib), (3, mib), (4, mib)],
+                8 * mib,
+            ),
+            mapping(
+                BTRFS_BLOCK_GROUP_RAID0,
+                1,
+                &[(1, mib), (2, 2 * mib), (3, 3 * mib)],
+                6 * mib,
+            ),
+            mapping(BTRFS_BLOCK_GROUP_RAID0, 1, &[(2, 7 * mib)], 4 * mib),
+            mapping(
+                BTRFS_BLOCK_GROUP_RAID10,
+                2,
+                &[(1, mib), (2, mib), (3, 4 * mib), (4, 4 * mib)],
+                4 * mib,
+            ),
+            mapping(
+                BTRFS_BLOCK_GROUP_RAID10,
+                2,
+                &[(1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0)],
+                6 * mib,
+            ),
+        ];
+        // Ranges inside a unit, across units, across rows, unaligned.
+        let ranges = [
+            (0u64, 4096u64),
+            (65536 - 512, 1024),
+            (3 * 65536 + 100, 5 * 65536),
+            (200_000, 1_000_000),
+            (mib, 2 * mib + 4096),
+        ];
+        for m in &cases {
+            for &(off, len) in &ranges {
+                let pieces = m.map_range(off, len).unwrap();
+                let total: u64 = pieces.iter().map(|p| p.len).sum();
+                assert_eq!(total, len, "{m:?} {off}+{len}");
+                let mut at = off;
+                for p in &pieces {
+                    assert_eq!(p.offset, at);
+                    // First, last and a middle byte of each piece.
+                    for x in [p.offset, p.offset + p.len / 2, p.offset + p.len - 1] {
+                        let want = copies_of(m, x);
+                        let got: Vec<(u64, u64)> = p
+                            .copies
+                            .iter()
+                            .map(|c| (c.0, c.1 + (x - p.offset)))
+                            .collect();
+                        assert_eq!(got, want, "{m:?} byte {x}");
+                    }
+                    at += p.len;
+                }
+            }
+            assert!(m.map_range(m.length - 4096, 8192).is_err());
+            assert!(m.map_range(u64::MAX - 10, 100).is_err());
+        }
+        let r5 = mapping(
+            BTRFS_BLOCK_GROUP_RAID5,
+            1,
+            &[(1, 0), (2, 0), (3, 0)],
+            2 * mib,
+        );
+        assert!(matches!(r5.map_range(0, 4096), Err(Error::Unsupported(_))));
+        let mut odd = cases[7].clone();
+        odd.stripes.pop();
+        assert!(odd.map_range(0, 4096).is_err());
+        let mut unit = cases[5].clone();
+        unit.stripe_len = 1000;
+        assert!(unit.map_range(0, 4096).is_err());
+        let mut far = cases[2].clone();
+        far.stripes[1].1 = u64::MAX - 10;
+        assert!(far.map_range(4096, 4096).is_err());
     }
 
     #[test]
