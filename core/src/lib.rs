@@ -11,6 +11,7 @@ pub mod alloc;
 pub mod check;
 pub mod chunk;
 pub mod csum;
+pub mod devices;
 pub mod error;
 pub mod format;
 pub mod fs;

@@ -13,7 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["util", "csum"],
     &["io"],
     &["chunk"],
-    &["tree", "image"],
+    &["tree", "image", "devices"],
     &["alloc"],
     &["trans"],
     &["fs"],

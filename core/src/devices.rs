@@ -1,0 +1,300 @@
+//! A device set: the devices a filesystem spans, matched by their
+//! superblocks as `btrfs device scan` and the kernel's
+//! `device_list_add` match them: one fsid, one device per devid, every
+//! copy of the superblock from the same commit. What does not form one
+//! filesystem is refused with the reason and the devices named: a
+//! foreign fsid, a devid given twice, a device left behind at an older
+//! generation, a seed device, more devices than the filesystem has.
+//!
+//! Which devids are missing is known from the superblock's count alone
+//! only in number; their ids come from the chunk tree's device items
+//! ([`DeviceSet::missing_of`]).
+
+use crate::format::consts::*;
+use crate::format::superblock::Superblock;
+use crate::image::read_superblock;
+use crate::io::BlockDevice;
+use crate::util::uuid::uuid_str;
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One device of a set.
+pub struct Member {
+    /// The name it was given by (a path), for messages.
+    pub name: String,
+    /// The device.
+    pub dev: Arc<dyn BlockDevice>,
+    /// Its primary superblock.
+    pub sb: Box<Superblock>,
+}
+
+impl Member {
+    /// The device's id (its superblock's `dev_item.devid`).
+    pub fn devid(&self) -> u64 {
+        self.sb.dev_item.devid.get()
+    }
+}
+
+/// Devices of one filesystem, by devid.
+pub struct DeviceSet {
+    /// The filesystem's fsid.
+    pub fsid: [u8; 16],
+    /// Devices the filesystem has (the superblock's `num_devices`).
+    pub num_devices: u64,
+    /// The generation every member's superblock is at.
+    pub generation: u64,
+    members: BTreeMap<u64, Member>,
+}
+
+impl DeviceSet {
+    /// Match `devices` (name, device) into one filesystem by their
+    /// primary superblocks. At least one device; the set may lack
+    /// devices (see [`DeviceSet::missing_count`]).
+    pub fn assemble(devices: Vec<(String, Arc<dyn BlockDevice>)>) -> Result<DeviceSet> {
+        if devices.is_empty() {
+            return Err(Error::Invalid("no device given".into()));
+        }
+        let mut read = Vec::with_capacity(devices.len());
+        for (name, dev) in devices {
+            let sb = read_superblock(dev.as_ref(), 0).map_err(|e| match e {
+                Error::NotBtrfs(m) => Error::NotBtrfs(format!("{name}: {m}")),
+                e => Error::Invalid(format!("{name}: {e}")),
+            })?;
+            read.push(Member {
+                name,
+                dev,
+                sb: Box::new(sb),
+            });
+        }
+        let first = &read[0];
+        let fsid = first.sb.fsid;
+        for m in &read[1..] {
+            if m.sb.fsid != fsid {
+                return Err(Error::Invalid(format!(
+                    "{} belongs to filesystem {}, {} to filesystem {}: not one filesystem",
+                    first.name,
+                    uuid_str(&fsid),
+                    m.name,
+                    uuid_str(&m.sb.fsid)
+                )));
+            }
+        }
+        for m in &read {
+            if m.sb.flags.get() & BTRFS_SUPER_FLAG_SEEDING != 0 {
+                return Err(Error::Unsupported(format!(
+                    "{} is a seed device (filesystem {}): seed devices are not supported",
+                    m.name,
+                    uuid_str(&fsid)
+                )));
+            }
+            // The device item's fsid names the filesystem the device was
+            // added to; only a seed's sprouts differ.
+            if m.sb.dev_item.fsid != fsid {
+                return Err(Error::Invalid(format!(
+                    "{}: its device item belongs to filesystem {}, its superblock to {}",
+                    m.name,
+                    uuid_str(&m.sb.dev_item.fsid),
+                    uuid_str(&fsid)
+                )));
+            }
+        }
+        let newest = read
+            .iter()
+            .map(|m| m.sb.generation.get())
+            .max()
+            .unwrap_or(0);
+        if let Some(old) = read.iter().find(|m| m.sb.generation.get() != newest) {
+            let new = read
+                .iter()
+                .find(|m| m.sb.generation.get() == newest)
+                .map_or("", |m| m.name.as_str());
+            return Err(Error::Invalid(format!(
+                "{} is at generation {}, {} at {newest}: a stale device (left out of later commits)",
+                old.name,
+                old.sb.generation.get(),
+                new
+            )));
+        }
+        let num_devices = first.sb.num_devices.get();
+        if let Some(m) = read.iter().find(|m| m.sb.num_devices.get() != num_devices) {
+            return Err(Error::Invalid(format!(
+                "{} says the filesystem has {} devices, {} says {num_devices}",
+                m.name,
+                m.sb.num_devices.get(),
+                first.name
+            )));
+        }
+        let mut members: BTreeMap<u64, Member> = BTreeMap::new();
+        for m in read {
+            let id = m.devid();
+            if let Some(other) = members.get(&id) {
+                return Err(Error::Invalid(format!(
+                    "{} and {} are both device {id} of filesystem {}",
+                    other.name,
+                    m.name,
+                    uuid_str(&fsid)
+                )));
+            }
+            members.insert(id, m);
+        }
+        if members.len() as u64 > num_devices {
+            return Err(Error::Invalid(format!(
+                "{} devices given, the filesystem {} has {num_devices}",
+                members.len(),
+                uuid_str(&fsid)
+            )));
+        }
+        Ok(DeviceSet {
+            fsid,
+            num_devices,
+            generation: newest,
+            members,
+        })
+    }
+
+    /// The member with devid `devid`, if present.
+    pub fn get(&self, devid: u64) -> Option<&Member> {
+        self.members.get(&devid)
+    }
+
+    /// Every member, by devid.
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.members.values()
+    }
+
+    /// How many devices of the filesystem were not given.
+    pub fn missing_count(&self) -> u64 {
+        self.num_devices.saturating_sub(self.members.len() as u64)
+    }
+
+    /// Of the devids the chunk tree's device items name, those not in
+    /// the set, ascending.
+    pub fn missing_of(&self, devids: impl IntoIterator<Item = u64>) -> Vec<u64> {
+        let mut v: Vec<u64> = devids
+            .into_iter()
+            .filter(|d| !self.members.contains_key(d))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::MemDevice;
+    use zerocopy::IntoBytes;
+
+    /// A fresh filesystem's primary superblock on a device of its own.
+    fn fresh() -> Superblock {
+        let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::zeroed(256 << 20));
+        let (st, staged, _) = crate::mkfs::make(dev.clone(), &Default::default()).unwrap();
+        crate::mkfs::finish(st, &staged).unwrap();
+        read_superblock(dev.as_ref(), 0).unwrap()
+    }
+
+    /// A device holding `sb` (checksummed) as its primary superblock.
+    fn device(sb: &Superblock) -> Arc<dyn BlockDevice> {
+        let dev = MemDevice::zeroed(1 << 20);
+        let mut bytes = sb.as_bytes().to_vec();
+        let csum = crate::csum::CsumType::from_disk(sb.csum_type.get()).unwrap();
+        let c = crate::csum::block_csum(csum, &bytes);
+        bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+        dev.write_at(BTRFS_SUPER_INFO_OFFSET, &bytes).unwrap();
+        Arc::new(dev)
+    }
+
+    /// Superblocks of a set of `n` devices of one filesystem.
+    fn set_of(n: u64) -> Vec<Superblock> {
+        let base = fresh();
+        (1..=n)
+            .map(|id| {
+                let mut sb = base;
+                sb.num_devices.set(n);
+                sb.dev_item.devid.set(id);
+                sb
+            })
+            .collect()
+    }
+
+    fn assemble(sbs: &[Superblock]) -> Result<DeviceSet> {
+        DeviceSet::assemble(
+            sbs.iter()
+                .enumerate()
+                .map(|(i, sb)| (format!("d{i}.img"), device(sb)))
+                .collect(),
+        )
+    }
+
+    fn message(r: Result<DeviceSet>) -> String {
+        match r {
+            Ok(_) => panic!("assembled"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_whole_set_and_a_partial_one() {
+        let sbs = set_of(3);
+        let s = assemble(&sbs).unwrap();
+        assert_eq!(s.missing_count(), 0);
+        assert_eq!(
+            s.members().map(Member::devid).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        // Given in any order, matched by devid.
+        let s = assemble(&[sbs[2], sbs[0]]).unwrap();
+        assert_eq!(s.missing_count(), 1);
+        assert_eq!(s.missing_of([1, 2, 3]), [2]);
+        assert_eq!(s.get(3).unwrap().name, "d0.img");
+    }
+
+    #[test]
+    fn what_does_not_form_one_filesystem_is_named() {
+        let sbs = set_of(2);
+        let mut foreign = sbs[1];
+        foreign.fsid[0] ^= 1;
+        foreign.dev_item.fsid = foreign.fsid;
+        let m = message(assemble(&[sbs[0], foreign]));
+        assert!(
+            m.contains("d1.img") && m.contains("not one filesystem"),
+            "{m}"
+        );
+
+        let m = message(assemble(&[sbs[0], sbs[0]]));
+        assert!(m.contains("both device 1"), "{m}");
+
+        let mut stale = sbs[1];
+        stale.generation.set(sbs[1].generation.get() - 1);
+        let m = message(assemble(&[sbs[0], stale]));
+        assert!(
+            m.contains("d1.img is at generation") && m.contains("stale"),
+            "{m}"
+        );
+
+        let mut seed = sbs[1];
+        seed.flags.set(seed.flags.get() | BTRFS_SUPER_FLAG_SEEDING);
+        assert!(matches!(
+            assemble(&[sbs[0], seed]),
+            Err(Error::Unsupported(_))
+        ));
+
+        let mut three = set_of(3);
+        three[1].num_devices.set(2);
+        let m = message(assemble(&three));
+        assert!(m.contains("has 2 devices"), "{m}");
+
+        let mut one = set_of(1);
+        one.push(one[0]);
+        one[1].dev_item.devid.set(2);
+        let m = message(assemble(&one));
+        assert!(m.contains("2 devices given"), "{m}");
+
+        let junk: Arc<dyn BlockDevice> = Arc::new(MemDevice::zeroed(1 << 20));
+        let r = DeviceSet::assemble(vec![("junk.img".into(), junk)]);
+        assert!(matches!(r, Err(Error::NotBtrfs(ref m)) if m.starts_with("junk.img")));
+        assert!(DeviceSet::assemble(Vec::new()).is_err());
+    }
+}
