@@ -6,7 +6,7 @@
 //! tree and the v1 free space cache (5), every subvolume's inodes and names
 //! (6), data checksums (7), log trees (8) and quota groups (9).
 //!
-//! Phase 3 walks every tree once ([`walk`]) and hands each leaf to the
+//! Phase 3 walks every tree once (`walk`) and hands each leaf to the
 //! collectors of the later phases, which keep compact per-extent and
 //! per-inode facts; the later phases then compare those facts. Nothing here
 //! prints: the binary renders the [`Report`].

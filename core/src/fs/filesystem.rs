@@ -563,7 +563,7 @@ impl Filesystem {
     }
 
     /// The inode item of `l` (for a placeholder, the one it shows: see
-    /// [`read_item`]).
+    /// `read_item`).
     pub fn item(&mut self, l: Loc) -> Result<InodeItem> {
         let now = self.now();
         read_item(&mut self.store, l, now)

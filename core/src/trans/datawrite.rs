@@ -17,7 +17,7 @@
 //!   going at once) first waits for the queued jobs it overlaps;
 //! - a failed write is sticky: every later wait reports it (as a mapping's
 //!   writeback error fails every later fsync), none is dropped;
-//! - at most [`IN_FLIGHT`] bytes wait (a submission past it waits for
+//! - at most `IN_FLIGHT` bytes wait (a submission past it waits for
 //!   room), so memory stays bounded.
 
 use crate::io::BlockDevice;

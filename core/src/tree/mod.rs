@@ -1,5 +1,5 @@
 //! Tree blocks: read views with validation ([`node`]), search and iteration
-//! ([`search`]), and whole-tree walks ([`walk`]).
+//! ([`search`]), and whole-tree walks ([`walk()`]).
 
 pub mod edit;
 pub mod node;
