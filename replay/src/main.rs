@@ -62,9 +62,22 @@ fn main() {
     }
 }
 
+/// Whether the image's superblock names a log. A device of a filesystem
+/// on several devices is refused here, before anything is copied or
+/// written: replaying or copying one device of a set would give a
+/// filesystem missing the others.
 fn has_log(path: &std::path::Path) -> anyhow::Result<bool> {
     let dev = FileDevice::open(path, false)?;
     let sb = btrkit_core::image::read_superblock(&dev, 0)?;
+    if sb.num_devices.get() > 1 {
+        return Err(btrkit_core::Error::Unsupported(format!(
+            "{} is device {} of a filesystem on {} devices; filesystems on several devices are not supported yet (nothing written)",
+            path.display(),
+            sb.dev_item.devid.get(),
+            sb.num_devices.get()
+        ))
+        .into());
+    }
     Ok(sb.log_root.get() != 0)
 }
 

@@ -61,3 +61,35 @@ fn raid1c3_set_from_mkfs() {
     let e = open(&[&a, &a]).err().unwrap().to_string();
     assert!(e.contains("both device 1"), "{e}");
 }
+
+/// Until device sets are supported, btrkit-replay refuses one device of a
+/// set before writing anything (it once copied the one device given to
+/// `-o` and reported success).
+#[test]
+fn replay_refuses_one_device_of_a_set() {
+    skip_unless!(require_btrfs_progs());
+    let t = tempfile::tempdir().unwrap();
+    let [a, b] = ["a.img", "b.img"].map(|n| t.path().join(n));
+    mkfs(&[&a, &b], &["-d", "raid1", "-m", "raid1"]);
+    let before = std::fs::read(&a).unwrap();
+    let out = t.path().join("out.img");
+    let o = Command::new(btrkit_tests::kcrash::replay_bin())
+        .arg("-o")
+        .arg(&out)
+        .arg(&a)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("2 devices") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(!out.exists());
+    let o = Command::new(btrkit_tests::kcrash::replay_bin())
+        .arg(&a)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert_eq!(std::fs::read(&a).unwrap(), before);
+}
