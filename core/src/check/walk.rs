@@ -13,9 +13,12 @@ use crate::format::key::Key;
 use crate::format::root::RootItem;
 use crate::image::Image;
 use crate::tree::node::{Expect, Problem, ProblemKind};
-use crate::tree::{Node, TreeRoot};
+use crate::tree::{
+    walk_with, Node, OnDamage, Order, Place, TreeRoot, Visitor, WalkEvent, WalkOptions,
+};
 use rayon::prelude::*;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 
 const P: u8 = 3;
 
@@ -60,15 +63,6 @@ pub(crate) struct Spec {
     pub drop_key: Option<Key>,
     /// Run the inode checks (phase 6) on this tree.
     pub fs_check: Option<RootRec>,
-}
-
-struct Pending {
-    bytenr: u64,
-    expect: Expect,
-    /// Exclusive upper bound on every key in the block (next key in the parent).
-    hi: Option<Key>,
-    /// The block, already read (leaves are read in parallel, a node's worth at a time).
-    pre: Option<Box<Loaded>>,
 }
 
 /// A block read and validated, with its damaged mirror copies (copy index,
@@ -365,12 +359,7 @@ fn walk_blocks(
     spec: &Spec,
     feed: &mut dyn FnMut(FsFeed),
 ) {
-    let img = cx.img;
-    let all_copies = cx.opts.check_mirrors;
     let root = spec.root;
-    let check_owner = !matches!(spec.kind, Kind::Reloc);
-    let fs_check = spec.fs_check.is_some();
-    let mut here: HashSet<u64> = HashSet::new();
     // A relocation tree's root block is referenced by itself (full backref).
     let root_parent = if spec.kind == Kind::Reloc {
         root.bytenr
@@ -384,178 +373,227 @@ fn walk_blocks(
         level: root.level,
         tree: root.id,
     });
-    let mut stack = vec![Pending {
-        bytenr: root.bytenr,
-        expect: Expect::root(&root),
-        hi: None,
-        pre: None,
-    }];
-    while let Some(p) = stack.pop() {
-        if !here.insert(p.bytenr) {
+    let opts = WalkOptions {
+        order: Order::Depth,
+        on_damage: OnDamage::Keep,
+        drop: spec.drop_key,
+        ..Default::default()
+    };
+    let mut v = BlockCheck {
+        all_copies: cx.opts.check_mirrors,
+        cx,
+        validated: seen,
+        mirrors,
+        spec,
+        feed,
+        preloaded: HashMap::new(),
+        first: false,
+        bad: Vec::new(),
+        mirrors_later: false,
+    };
+    let start = Place::start(root.bytenr, Expect::root(&root));
+    // Blocks are revisited per tree (a block twice in one tree is a
+    // finding); `validated` is across trees.
+    let _ = walk_with(v.cx.img, start, &opts, &mut HashSet::new(), &mut v);
+}
+
+/// The checker's side of the walk of one tree. A block is validated, its
+/// references counted and its items collected once across all trees (the
+/// first tree to reach it); a subvolume with inode checks is descended
+/// through blocks shared with a tree walked before, so its checks see every
+/// leaf, in key order.
+struct BlockCheck<'c, 'a> {
+    cx: &'c mut Ctx<'a>,
+    /// Blocks validated by any tree's walk so far.
+    validated: &'c mut HashSet<u64>,
+    /// Blocks whose copies after the first are to be verified at the end.
+    mirrors: &'c mut Vec<(u64, u64)>,
+    spec: &'c Spec,
+    feed: &'c mut dyn FnMut(FsFeed),
+    all_copies: bool,
+    /// Leaves read ahead in parallel, taken when the walk reaches them.
+    preloaded: HashMap<u64, Loaded>,
+    /// The block just loaded is validated by this walk (not by an earlier tree's).
+    first: bool,
+    /// Its damaged mirror copies (copy index, physical).
+    bad: Vec<(usize, u64)>,
+    /// Its copies after the first are still to be verified.
+    mirrors_later: bool,
+}
+
+impl BlockCheck<'_, '_> {
+    fn fs_check(&self) -> bool {
+        self.spec.fs_check.is_some()
+    }
+
+    fn block(&mut self, node: &Node, problems: &[Problem], at: &Place) {
+        let cx = &mut *self.cx;
+        let root = self.spec.root;
+        cx.progress.advance(1);
+        cx.sink.checked(P, 1);
+        cx.ext.block_owner.push((node.bytenr, node.owner()));
+        for pr in problems {
+            let cat = match pr.kind {
+                ProblemKind::Checksum => "checksum",
+                ProblemKind::Header | ProblemKind::Owner | ProblemKind::Level => "header",
+                ProblemKind::ParentTransid => "parent-transid",
+                ProblemKind::FirstKey | ProblemKind::KeyOrder => "key-order",
+                ProblemKind::ItemBounds => "item-bounds",
+                ProblemKind::ItemBody => "item",
+            };
             cx.report(
-                F::err(P, "tree-shape")
+                F::err(P, cat)
                     .tree(root.id)
-                    .at(p.bytenr)
-                    .msg(format!(
-                        "block {} is referenced twice in tree {}",
-                        p.bytenr, root.id as i64
-                    )),
+                    .at(at.bytenr)
+                    .opt_key(pr.key)
+                    .msg(pr.message.clone()),
             );
-            continue;
         }
-        let first = seen.insert(p.bytenr);
-        if !first && !fs_check {
-            continue;
-        }
-        let (read, bad, mirrors_later) = match p.pre {
-            Some(l) => *l,
-            None => load(img, p.bytenr, &p.expect, all_copies),
-        };
-        let (node, problems) = match read {
-            Ok(x) => x,
-            Err(e) => {
-                if first {
-                    cx.report(
-                        F::err(P, "unreadable")
-                            .tree(root.id)
-                            .at(p.bytenr)
-                            .opt_key(p.expect.first_key)
-                            .msg(format!("tree block unreadable: {e}")),
-                    );
-                }
-                if fs_check {
-                    feed(FsFeed::Lost);
-                }
-                continue;
-            }
-        };
-        if first {
-            cx.progress.advance(1);
-            cx.sink.checked(P, 1);
-            cx.ext.block_owner.push((node.bytenr, node.owner()));
-            for pr in &problems {
-                let cat = match pr.kind {
-                    ProblemKind::Checksum => "checksum",
-                    ProblemKind::Header | ProblemKind::Owner | ProblemKind::Level => "header",
-                    ProblemKind::ParentTransid => "parent-transid",
-                    ProblemKind::FirstKey | ProblemKind::KeyOrder => "key-order",
-                    ProblemKind::ItemBounds => "item-bounds",
-                    ProblemKind::ItemBody => "item",
-                };
+        if self.spec.kind == Kind::Reloc {
+            // A relocation tree's blocks belong to the subvolume it relocates.
+            let o = node.owner();
+            if o != BTRFS_TREE_RELOC_OBJECTID && !is_fstree(o) {
                 cx.report(
-                    F::err(P, cat)
+                    F::err(P, "header")
                         .tree(root.id)
-                        .at(p.bytenr)
-                        .opt_key(pr.key)
-                        .msg(pr.message.clone()),
+                        .at(at.bytenr)
+                        .msg(format!("owner {} in a relocation tree", o as i64)),
                 );
             }
-            if !check_owner {
-                let o = node.owner();
-                if o != BTRFS_TREE_RELOC_OBJECTID && !is_fstree(o) {
-                    cx.report(
-                        F::err(P, "header")
-                            .tree(root.id)
-                            .at(p.bytenr)
-                            .msg(format!("owner {} in a relocation tree", o as i64)),
-                    );
-                }
-            }
-            for (i, phys) in bad {
-                cx.report(damaged_copy(root.id, node.bytenr, i, phys));
-            }
-            if mirrors_later {
-                mirrors.push((node.bytenr, root.id));
-            }
-            if let (Some(hi), Some(last)) = (
-                p.hi,
-                node.nr_safe().checked_sub(1).and_then(|s| node.key(s)),
-            ) {
-                if last >= hi {
-                    cx.report(
-                        F::err(P, "key-order")
-                            .tree(root.id)
-                            .at(p.bytenr)
-                            .key(last)
-                            .msg(format!(
-                                "last key {} is not below the parent's next key {}",
-                                super::fmt_key(&last),
-                                super::fmt_key(&hi)
-                            )),
-                    );
-                }
+        }
+        for (i, phys) in std::mem::take(&mut self.bad) {
+            cx.report(damaged_copy(root.id, node.bytenr, i, phys));
+        }
+        if self.mirrors_later {
+            self.mirrors.push((node.bytenr, root.id));
+        }
+        if let (Some(hi), Some(last)) = (
+            at.hi,
+            node.nr_safe().checked_sub(1).and_then(|s| node.key(s)),
+        ) {
+            if last >= hi {
+                cx.report(
+                    F::err(P, "key-order")
+                        .tree(root.id)
+                        .at(at.bytenr)
+                        .key(last)
+                        .msg(format!(
+                            "last key {} is not below the parent's next key {}",
+                            super::fmt_key(&last),
+                            super::fmt_key(&hi)
+                        )),
+                );
             }
         }
         if node.is_leaf() {
-            if first {
-                leaf(cx, spec, &node);
-            }
-            if fs_check {
-                feed(FsFeed::Leaf(node));
-            }
-            continue;
+            leaf(cx, self.spec, node);
         }
-        let n = node.nr_safe();
-        let mut pushed = 0usize;
-        for slot in (0..n).rev() {
-            // A relocation tree's id is its owner rule: validate does not
-            // compare it (its blocks belong to the subvolume it relocates).
-            let Some(c) = node.child_expect(slot, root.id) else {
-                continue;
-            };
-            let next = if slot + 1 < n {
-                node.key(slot + 1)
-            } else {
-                p.hi
-            };
-            if let (Some(d), Some(nx)) = (spec.drop_key, next) {
-                if nx <= d {
-                    continue;
+    }
+}
+
+impl Visitor for BlockCheck<'_, '_> {
+    type Break = std::convert::Infallible;
+
+    fn load(
+        &mut self,
+        img: &Image,
+        at: &Place,
+        _log: bool,
+    ) -> Option<crate::Result<(Node, Vec<Problem>)>> {
+        self.first = self.validated.insert(at.bytenr);
+        if !self.first && !self.fs_check() {
+            return None;
+        }
+        let (read, bad, later) = self
+            .preloaded
+            .remove(&at.bytenr)
+            .unwrap_or_else(|| load(img, at.bytenr, &at.expect, self.all_copies));
+        self.bad = bad;
+        self.mirrors_later = later;
+        Some(read)
+    }
+
+    fn event(&mut self, ev: WalkEvent<'_>) -> ControlFlow<Self::Break, bool> {
+        let root = self.spec.root;
+        match ev {
+            WalkEvent::Block {
+                node, problems, at, ..
+            } => {
+                if self.first {
+                    self.block(node, problems, at);
                 }
             }
-            if first {
-                cx.ext.found_tree.push(FoundTree {
+            WalkEvent::Unreadable { error, at, .. } => {
+                if self.first {
+                    self.cx.report(
+                        F::err(P, "unreadable")
+                            .tree(root.id)
+                            .at(at.bytenr)
+                            .opt_key(at.expect.first_key)
+                            .msg(format!("tree block unreadable: {error}")),
+                    );
+                }
+                if self.fs_check() {
+                    (self.feed)(FsFeed::Lost);
+                }
+            }
+            WalkEvent::Revisit { at, .. } => self.cx.report(
+                F::err(P, "tree-shape")
+                    .tree(root.id)
+                    .at(at.bytenr)
+                    .msg(format!(
+                        "block {} is referenced twice in tree {}",
+                        at.bytenr, root.id as i64
+                    )),
+            ),
+            WalkEvent::Excluded { .. } => {}
+        }
+        ControlFlow::Continue(true)
+    }
+
+    fn children(&mut self, img: &Image, node: &Node, children: &[Place]) {
+        if self.first {
+            for c in children {
+                self.cx.ext.found_tree.push(FoundTree {
                     bytenr: c.bytenr,
                     parent: node.bytenr,
                     owner: node.owner(),
                     level: c.expect.level.unwrap_or(0),
-                    tree: root.id,
+                    tree: self.spec.root.id,
                 });
             }
-            stack.push(Pending {
-                bytenr: c.bytenr,
-                expect: c.expect,
-                hi: next,
-                pre: None,
-            });
-            pushed += 1;
         }
         // Ask the kernel to start reading every child now (many reads in
         // flight instead of one at a time), then read and validate leaves
         // in parallel; the rest of the walk (and every finding) stays in
         // key order.
-        let from = stack.len() - pushed;
-        let descend_seen = fs_check;
-        let todo: Vec<usize> = (from..stack.len())
-            .filter(|&i| descend_seen || !seen.contains(&stack[i].bytenr))
+        let fs_check = self.fs_check();
+        let todo: Vec<&Place> = children
+            .iter()
+            .filter(|c| fs_check || !self.validated.contains(&c.bytenr))
             .collect();
-        if !cx.meta_prefetched {
-            for &i in todo.iter().rev() {
-                prefetch_block(img, stack[i].bytenr);
+        if !self.cx.meta_prefetched {
+            for c in &todo {
+                prefetch_block(img, c.bytenr);
             }
         }
-        if node.level() == 1 && pushed > 1 {
-            // Only the leaves popped next (top of the stack): memory stays
-            // at PRELOAD blocks whatever the node size and fan-out.
+        if node.level() == 1 && children.len() > 1 {
+            // Only the leaves walked next: memory stays at PRELOAD blocks
+            // whatever the node size and fan-out. Whatever is left of the
+            // previous node's (blocks the walk passed by) goes.
             const PRELOAD: usize = 32;
-            let near: Vec<usize> = todo.iter().rev().take(PRELOAD).copied().collect();
-            let loaded: Vec<Loaded> = near
+            let all_copies = self.all_copies;
+            self.preloaded = todo
                 .par_iter()
-                .map(|&i| load(img, stack[i].bytenr, &stack[i].expect, all_copies))
+                .take(PRELOAD)
+                .map(|c| (c.bytenr, load(img, c.bytenr, &c.expect, all_copies)))
                 .collect();
-            for (i, l) in near.into_iter().zip(loaded) {
-                stack[i].pre = Some(Box::new(l));
-            }
+        }
+    }
+
+    fn done(&mut self, node: Node) {
+        if self.fs_check() && node.is_leaf() {
+            (self.feed)(FsFeed::Leaf(node));
         }
     }
 }

@@ -9,7 +9,8 @@ pub mod walk;
 pub use node::{Child, Expect, Node, Problem, ValidateCtx};
 pub use search::TreeIter;
 pub use walk::{
-    walk, walk_tree, Damage, DamageKind, OnDamage, Order, Place, Stop, WalkEvent, WalkOptions,
+    walk, walk_tree, walk_with, Damage, DamageKind, OnDamage, Order, Place, Stop, Visitor,
+    WalkEvent, WalkOptions,
 };
 
 /// A tree to read: its root block and what that block must look like.

@@ -8,10 +8,12 @@
 //! does to the walk: stop it, lose the block and what is under it, or use
 //! what can still be read of it.
 //!
-//! Its callers: the log reader (replay, salvage, inspection), dump, and
-//! [`walk_tree`] (tests, tools). The checker keeps a walk of its own,
-//! which reads every copy of a block and loads leaves in parallel, but
-//! takes each child's expectations from the same place.
+//! Its callers: the log reader (replay, salvage, inspection), dump,
+//! [`walk_tree`] (tests, tools) and the checker. Most hand [`walk`] a
+//! closure; a caller that reads blocks its own way (the checker reads
+//! every mirror copy, passes by blocks another tree's walk validated and
+//! loads a node's leaves in parallel) or keeps the blocks it is handed
+//! implements [`Visitor`] and calls [`walk_with`].
 
 use super::node::{Expect, Node, Problem, ProblemKind};
 use super::TreeRoot;
@@ -192,6 +194,48 @@ pub enum Stop<B> {
     Damage(Box<Damage>),
 }
 
+/// What a walk calls back: [`Visitor::event`] hears every event; the
+/// other methods let a visitor read blocks its own way and keep what it
+/// is handed. The walk's shape (order, bounds, what a child must look
+/// like, the damage policy) stays the walk's.
+pub trait Visitor {
+    /// What a visitor stops the walk with.
+    type Break;
+
+    /// Reads and validates the block at `at`. `None` passes it by unread:
+    /// no event, nothing under it followed (a block another walk has
+    /// validated already).
+    fn load(
+        &mut self,
+        img: &Image,
+        at: &Place,
+        log: bool,
+    ) -> Option<crate::Result<(Node, Vec<Problem>)>> {
+        Some(img.read_tree_block_checked(at.bytenr, &at.expect, log))
+    }
+
+    /// An event; the answer to a `Block` says whether to follow its
+    /// pointers (other events' answers are ignored).
+    fn event(&mut self, ev: WalkEvent<'_>) -> ControlFlow<Self::Break, bool>;
+
+    /// The children of `node` the walk is about to take up, in key order,
+    /// before any of them is read (read-ahead).
+    fn children(&mut self, _img: &Image, _node: &Node, _children: &[Place]) {}
+
+    /// The walk is done with a block it read; the visitor may keep it.
+    fn done(&mut self, _node: Node) {}
+}
+
+/// A closure as a [`Visitor`] that reads blocks the default way.
+struct FnVisitor<F>(F);
+
+impl<B, F: FnMut(WalkEvent<'_>) -> ControlFlow<B, bool>> Visitor for FnVisitor<F> {
+    type Break = B;
+    fn event(&mut self, ev: WalkEvent<'_>) -> ControlFlow<B, bool> {
+        (self.0)(ev)
+    }
+}
+
 /// Walks the tree under `start`. Blocks in `seen` are not read again (a
 /// second reference is a [`WalkEvent::Revisit`]), and every block read is
 /// added to it, so a caller reading several trees that may share no block
@@ -204,8 +248,20 @@ pub fn walk<B>(
     start: Place,
     opts: &WalkOptions<'_>,
     seen: &mut HashSet<u64>,
-    mut visit: impl FnMut(WalkEvent<'_>) -> ControlFlow<B, bool>,
+    visit: impl FnMut(WalkEvent<'_>) -> ControlFlow<B, bool>,
 ) -> ControlFlow<Stop<B>> {
+    walk_with(img, start, opts, seen, &mut FnVisitor(visit))
+}
+
+/// [`walk`] with a [`Visitor`] that may read blocks its own way, look at a
+/// node's children before they are read and keep the blocks.
+pub fn walk_with<V: Visitor>(
+    img: &Image,
+    start: Place,
+    opts: &WalkOptions<'_>,
+    seen: &mut HashSet<u64>,
+    v: &mut V,
+) -> ControlFlow<Stop<V::Break>> {
     let fail = opts.on_damage == OnDamage::Fail;
     let stop = |what: DamageKind, at: Place| {
         ControlFlow::Break(Stop::Damage(Box::new(Damage { at, what })))
@@ -225,7 +281,7 @@ pub fn walk<B>(
                 parent: p.parent.unwrap_or(0),
                 at: &p,
             };
-            if let ControlFlow::Break(b) = visit(ev) {
+            if let ControlFlow::Break(b) = v.event(ev) {
                 return ControlFlow::Break(Stop::Visitor(b));
             }
             continue;
@@ -234,13 +290,15 @@ pub fn walk<B>(
             if fail {
                 return stop(DamageKind::Excluded(why.clone()), p);
             }
-            if let ControlFlow::Break(b) = visit(WalkEvent::Excluded { why, at: &p }) {
+            if let ControlFlow::Break(b) = v.event(WalkEvent::Excluded { why, at: &p }) {
                 return ControlFlow::Break(Stop::Visitor(b));
             }
             continue;
         }
-        let (node, mut problems) = match img.read_tree_block_checked(p.bytenr, &p.expect, opts.log)
-        {
+        let Some(read) = v.load(img, &p, opts.log) else {
+            continue;
+        };
+        let (node, mut problems) = match read {
             Ok(x) => x,
             Err(e) => {
                 if fail {
@@ -253,7 +311,7 @@ pub fn walk<B>(
                     error: &e,
                     at: &p,
                 };
-                if let ControlFlow::Break(b) = visit(ev) {
+                if let ControlFlow::Break(b) = v.event(ev) {
                     return ControlFlow::Break(Stop::Visitor(b));
                 }
                 continue;
@@ -282,12 +340,13 @@ pub fn walk<B>(
             depth: p.depth,
             at: &p,
         };
-        let follow = match visit(ev) {
+        let follow = match v.event(ev) {
             ControlFlow::Break(b) => return ControlFlow::Break(Stop::Visitor(b)),
             ControlFlow::Continue(f) => f,
         };
         let lost = opts.on_damage == OnDamage::Skip && !problems.is_empty();
         if !follow || lost || node.is_leaf() || p.depth >= BTRFS_MAX_LEVEL as usize {
+            v.done(node);
             continue;
         }
         // Child i covers keys from its pointer's key (the parent's lower
@@ -327,6 +386,8 @@ pub fn walk<B>(
                 img.prefetch_tree_block(c.bytenr);
             }
         }
+        v.children(img, &node, &children);
+        v.done(node);
         match opts.order {
             // Pushed in reverse so they pop in key order.
             Order::Depth => todo.extend(children.drain(..).rev()),
