@@ -12,11 +12,12 @@
 
 use crate::format::consts::*;
 use crate::format::superblock::Superblock;
-use crate::image::read_superblock;
-use crate::io::BlockDevice;
+use crate::image::{read_superblock, Image, OpenOptions};
+use crate::io::{BlockDevice, FileDevice};
 use crate::util::uuid::uuid_str;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// One device of a set.
@@ -151,6 +152,49 @@ impl DeviceSet {
             generation: newest,
             members,
         })
+    }
+
+    /// Open the image files or block devices at `paths` (read-only; memory
+    /// mapped when `mmap`, else read with positioned reads) and match them
+    /// into one filesystem.
+    pub fn open_files(paths: &[PathBuf], mmap: bool) -> Result<DeviceSet> {
+        let mut devices: Vec<(String, Arc<dyn BlockDevice>)> = Vec::with_capacity(paths.len());
+        for p in paths {
+            let dev = if mmap {
+                FileDevice::open_mmap(p)?
+            } else {
+                FileDevice::open(p, false)?
+            };
+            devices.push((p.display().to_string(), Arc::new(dev)));
+        }
+        DeviceSet::assemble(devices)
+    }
+
+    /// Open the filesystem the set holds, from the superblock of its
+    /// lowest devid present ([`Image::open_devices`]).
+    pub fn open(&self, opts: OpenOptions) -> Result<Image> {
+        let mut it = self.members.values();
+        let first = it
+            .next()
+            .ok_or_else(|| Error::Invalid("no device given".into()))?;
+        let others = it.map(|m| (m.devid(), m.dev.clone())).collect();
+        let names = self
+            .members
+            .iter()
+            .map(|(&id, m)| (id, m.name.clone()))
+            .collect();
+        Image::open_devices(first.dev.clone(), others, names, opts)
+    }
+
+    /// Open the filesystem on the devices at `paths` (read-only, memory
+    /// mapped): one path as [`Image::open_path`] opens it (any superblock
+    /// copy), several matched into one set first.
+    pub fn open_paths(paths: &[PathBuf], opts: OpenOptions) -> Result<Image> {
+        match paths {
+            [] => Err(Error::Invalid("no device given".into())),
+            [one] => Image::open_path(one, opts),
+            _ => DeviceSet::open_files(paths, true)?.open(opts),
+        }
     }
 
     /// The member with devid `devid`, if present.

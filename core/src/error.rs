@@ -85,6 +85,16 @@ pub enum Error {
     /// implement: an incompat feature, a multi-device profile, a checksum type.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// Devices of a filesystem on several devices that were not given, or a
+    /// read whose every copy lies on such a device.
+    #[error("{what}")]
+    MissingDevice {
+        /// The devids not present (empty when the chunk tree could not be
+        /// read to name them).
+        devids: Vec<u64>,
+        /// What is missing, for a human.
+        what: String,
+    },
     /// No free space to allocate from (ENOSPC).
     #[error("no space left: {0}")]
     NoSpace(String),

@@ -1,5 +1,6 @@
-//! An opened filesystem image, read side: superblock, chunk map, and tree
-//! block reads with validation and DUP fallback.
+//! An opened filesystem, read side: superblock, chunk map, the devices it
+//! spans, and tree block reads with validation and fallback from one copy
+//! to the next (DUP, and the copies of RAID1/RAID10 on other devices).
 
 use crate::chunk::ChunkMap;
 use crate::csum::{verify_block, CsumType};
@@ -12,6 +13,7 @@ use crate::io::{BlockDevice, FileDevice};
 use crate::tree::node::{Expect, Node, Problem, ProblemKind, ValidateCtx};
 use crate::tree::{TreeIter, TreeRoot};
 use crate::{Error, Result};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use zerocopy::FromBytes;
@@ -27,14 +29,29 @@ pub struct OpenOptions {
     /// Open the file read-write, for a transaction. Otherwise it is opened
     /// read-only and memory-mapped. Only [`Image::open_path`] looks at this.
     pub writable: bool,
+    /// Open a filesystem on several devices with some of them missing
+    /// (`mount -o degraded`): reads use the copies on the devices present.
+    /// Otherwise a missing device is [`Error::MissingDevice`].
+    pub degraded: bool,
 }
 
-/// An opened single-device filesystem, read side: the superblock copy in
-/// use, the chunk map and validated tree block reads, with DUP fallback
-/// (what btrfs-progs' `open_ctree` sets up for reading). Multi-device
-/// filesystems are refused.
+/// An opened filesystem, read side: the superblock copy in use, the chunk
+/// map, the devices (by devid) and validated tree block reads that fall
+/// back from copy to copy across devices (what btrfs-progs' `open_ctree`
+/// sets up for reading).
 pub struct Image {
+    /// The device the superblock was read from (and a single-device
+    /// transaction writes to).
     dev: Arc<dyn BlockDevice>,
+    /// Every device present, by devid (the superblock's device among them).
+    devs: BTreeMap<u64, Arc<dyn BlockDevice>>,
+    /// What each device was given as (a path), for messages.
+    names: BTreeMap<u64, String>,
+    /// Devids of the chunk tree's device items, ascending.
+    pub dev_items: Vec<u64>,
+    /// Devids of the chunk tree's device items with no device present
+    /// (only with [`OpenOptions::degraded`]).
+    pub missing: Vec<u64>,
     /// The superblock copy the image was opened from (copy `mirror`).
     pub sb: Box<Superblock>,
     /// Superblock copy in use: 0 primary, 1 or 2.
@@ -44,8 +61,8 @@ pub struct Image {
     /// Logical-to-physical map: the superblock's sys_chunk_array, then every
     /// chunk of the chunk tree.
     pub chunks: ChunkMap,
-    /// Devid of this device (the superblock's `dev_item.devid`): the stripes
-    /// read are the ones on it.
+    /// Devid of the superblock's device (its `dev_item.devid`): the one a
+    /// single-device transaction writes.
     pub devid: u64,
     /// Tree block size in bytes.
     pub nodesize: u32,
@@ -74,16 +91,43 @@ impl Image {
     /// Open the filesystem on `dev`: read and check superblock copy
     /// `opts.mirror`, map the system chunks from its sys_chunk_array, then read
     /// the whole chunk tree (`btrfs_read_sys_array` and `btrfs_read_chunk_tree`
-    /// of `open_ctree`).
+    /// of `open_ctree`). A filesystem on several devices needs the others
+    /// ([`Image::open_devices`]) or [`OpenOptions::degraded`].
     pub fn open(dev: Arc<dyn BlockDevice>, opts: OpenOptions) -> Result<Image> {
-        let sb = Box::new(read_superblock(dev.as_ref(), opts.mirror)?);
+        Image::open_devices(dev, Vec::new(), BTreeMap::new(), opts)
+    }
+
+    /// Open the filesystem on `primary` (its superblock is the one used) and
+    /// `others` (devid, device), devices already matched to it by their
+    /// superblocks (`DeviceSet`). Every device item of the chunk tree must
+    /// have its device unless `opts.degraded`; a device no device item names
+    /// is refused.
+    /// `names` (devid -> path) are for messages.
+    pub fn open_devices(
+        primary: Arc<dyn BlockDevice>,
+        others: Vec<(u64, Arc<dyn BlockDevice>)>,
+        names: BTreeMap<u64, String>,
+        opts: OpenOptions,
+    ) -> Result<Image> {
+        let sb = Box::new(read_superblock(primary.as_ref(), opts.mirror)?);
         let mut warnings = Vec::new();
-        check_superblock(&sb, dev.size(), opts.lenient, &mut warnings)?;
+        check_superblock(&sb, primary.size(), &mut warnings)?;
         let csum = CsumType::from_disk(sb.csum_type.get())?;
         let chunks = ChunkMap::from_sys_chunk_array(&sb)?;
+        let devid = sb.dev_item.devid.get();
+        let mut devs = BTreeMap::from([(devid, primary.clone())]);
+        for (id, d) in others {
+            if devs.insert(id, d).is_some() {
+                return Err(Error::Invalid(format!("device {id} given twice")));
+            }
+        }
         let mut img = Image {
-            dev,
-            devid: sb.dev_item.devid.get(),
+            dev: primary,
+            devs,
+            names,
+            dev_items: Vec::new(),
+            missing: Vec::new(),
+            devid,
             nodesize: sb.nodesize.get(),
             sectorsize: sb.sectorsize.get(),
             csum,
@@ -93,16 +137,92 @@ impl Image {
             lenient: opts.lenient,
             open_warnings: warnings,
         };
-        img.load_chunk_tree()?;
+        if let Err(e) = img.load_chunk_tree() {
+            // The chunk tree may lie on the devices not given: say so
+            // rather than what reading it ran into.
+            let have = img.devs.len() as u64;
+            let total = img.sb.num_devices.get();
+            if total > have {
+                return Err(Error::MissingDevice {
+                    devids: Vec::new(),
+                    what: format!(
+                        "the filesystem has {total} devices and {have} {} given; its chunk tree \
+                         cannot be read without the others ({e})",
+                        if have == 1 { "was" } else { "were" }
+                    ),
+                });
+            }
+            return Err(e);
+        }
+        if !img.missing.is_empty() {
+            let what = format!(
+                "the filesystem has {} devices; {} {} not given",
+                img.dev_items.len(),
+                if img.missing.len() == 1 {
+                    "devid"
+                } else {
+                    "devids"
+                },
+                list(&img.missing),
+            );
+            if !opts.degraded {
+                return Err(Error::MissingDevice {
+                    devids: img.missing.clone(),
+                    what: format!(
+                        "{what} (give every device, or open degraded to read what the others hold)"
+                    ),
+                });
+            }
+            img.open_warnings.push(format!("{what}: reading degraded"));
+        }
         Ok(img)
     }
 
-    /// The device the image is read from (and a transaction writes to).
+    /// The device the superblock was read from (and a single-device
+    /// transaction writes to).
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
         &self.dev
     }
 
-    /// Fill the chunk map from the chunk tree and refuse multi-device images.
+    /// The device with id `devid`, if present.
+    pub fn device_of(&self, devid: u64) -> Option<&Arc<dyn BlockDevice>> {
+        self.devs.get(&devid)
+    }
+
+    /// Every device present: (devid, device), by devid.
+    pub fn devices(&self) -> impl Iterator<Item = (u64, &Arc<dyn BlockDevice>)> {
+        self.devs.iter().map(|(&id, d)| (id, d))
+    }
+
+    /// The filesystem spans more than one device (present or not).
+    pub fn multi_device(&self) -> bool {
+        self.dev_items.len() > 1 || self.devs.len() > 1
+    }
+
+    /// A device for a message: `devid 2 (b.img)`, or `devid 2`.
+    pub fn device_name(&self, devid: u64) -> String {
+        match self.names.get(&devid) {
+            Some(n) => format!("devid {devid} ({n})"),
+            None => format!("devid {devid}"),
+        }
+    }
+
+    /// Read `buf.len()` bytes at `phys` on device `devid`: the one read of
+    /// one copy, whatever profile put it there.
+    pub fn read_copy(&self, devid: u64, phys: u64, buf: &mut [u8]) -> Result<()> {
+        self.copy_device(devid)?.read_at(phys, buf)
+    }
+
+    /// The device a copy lies on; a missing one is [`Error::MissingDevice`].
+    pub fn copy_device(&self, devid: u64) -> Result<&Arc<dyn BlockDevice>> {
+        self.devs.get(&devid).ok_or_else(|| Error::MissingDevice {
+            devids: vec![devid],
+            what: format!("device {devid} is missing"),
+        })
+    }
+
+    /// Fill the chunk map from the chunk tree and match its device items
+    /// against the devices given (`missing` says which have none).
     fn load_chunk_tree(&mut self) -> Result<()> {
         let root = self.chunk_tree();
         let mut map = self.chunks.clone();
@@ -132,23 +252,30 @@ impl Image {
         }
         drop(it);
         self.open_warnings.extend(warnings);
-        if devs.len() > 1 {
-            return Err(Error::Unsupported(format!(
-                "multi-device filesystem ({} devices); only single-device images are supported",
-                devs.len()
+        devs.sort_unstable();
+        devs.dedup();
+        if let Some(stray) = self.devs.keys().find(|d| devs.binary_search(d).is_err()) {
+            return Err(Error::Invalid(format!(
+                "{} is not a device of this filesystem (its chunk tree has devices {})",
+                self.device_name(*stray),
+                list(&devs)
             )));
         }
-        if self.sb.num_devices.get() != 1 {
-            let m = format!(
-                "superblock num_devices is {} but the chunk tree has {} device",
+        let missing: Vec<u64> = devs
+            .iter()
+            .copied()
+            .filter(|d| !self.devs.contains_key(d))
+            .collect();
+        if self.sb.num_devices.get() != devs.len() as u64 {
+            self.open_warnings.push(format!(
+                "superblock num_devices is {} but the chunk tree has {} device{}",
                 self.sb.num_devices.get(),
-                devs.len()
-            );
-            if !self.lenient && devs.len() != 1 {
-                return Err(Error::Unsupported(m));
-            }
-            self.open_warnings.push(m);
+                devs.len(),
+                if devs.len() == 1 { "" } else { "s" }
+            ));
         }
+        self.dev_items = devs;
+        self.missing = missing;
         self.chunks = map;
         Ok(())
     }
@@ -166,24 +293,53 @@ impl Image {
         }
     }
 
-    /// Read `len` bytes at logical address `logical` from the first copy.
+    /// Read `buf.len()` bytes at logical address `logical`: each stripe unit
+    /// the range crosses from the first of its copies that can be read (no
+    /// checksum is known here to choose by).
     pub fn read_logical(&self, logical: u64, buf: &mut [u8]) -> Result<()> {
-        let phys = self.chunks.map(logical, buf.len() as u64, self.devid)?;
-        self.dev.read_at(phys[0], buf)
+        let m = self.chunks.lookup(logical).ok_or_else(|| {
+            Error::corrupt(
+                format!("logical address {logical} is outside every chunk"),
+                logical,
+            )
+        })?;
+        let pieces = m.map_range(logical - m.logical, buf.len() as u64)?;
+        let mut at = 0usize;
+        for p in pieces {
+            let part = &mut buf[at..at + p.len as usize];
+            let mut err = None;
+            let mut done = false;
+            for &(devid, phys) in &p.copies {
+                match self.read_copy(devid, phys, part) {
+                    Ok(()) => {
+                        done = true;
+                        break;
+                    }
+                    Err(e) => {
+                        err.get_or_insert(e);
+                    }
+                }
+            }
+            if !done {
+                return Err(err.unwrap_or_else(|| Error::corrupt("no copy", logical)));
+            }
+            at += p.len as usize;
+        }
+        Ok(())
     }
 
     /// Every copy of a tree block, in mirror order; a copy that cannot be
-    /// read is an Err in its slot.
+    /// read (or lies on a missing device) is an Err in its slot.
     pub fn read_block_copies(&self, bytenr: u64) -> Result<Vec<Result<Vec<u8>>>> {
         Ok(self
             .block_copy_addrs(bytenr)?
             .into_iter()
-            .map(|p| self.read_block_at(p))
+            .map(|(d, p)| self.read_block_at(d, p))
             .collect())
     }
 
-    /// Physical addresses of every copy of a tree block, in mirror order.
-    fn block_copy_addrs(&self, bytenr: u64) -> Result<Vec<u64>> {
+    /// Every copy of a tree block, (devid, physical) in mirror order.
+    pub fn block_copy_addrs(&self, bytenr: u64) -> Result<Vec<(u64, u64)>> {
         if !bytenr.is_multiple_of(self.sectorsize as u64) {
             return Err(Error::corrupt(
                 format!(
@@ -193,20 +349,26 @@ impl Image {
                 bytenr,
             ));
         }
-        self.chunks.map(bytenr, self.nodesize as u64, self.devid)
+        self.chunks.copies(bytenr, self.nodesize as u64)
     }
 
-    /// Start reading the first copy of a tree block in the background
-    /// (a whole-tree walk calls this for the blocks it will visit next).
+    /// Start reading the first present copy of a tree block in the
+    /// background (a whole-tree walk calls this for the blocks it will visit
+    /// next).
     pub fn prefetch_tree_block(&self, bytenr: u64) {
-        if let Ok(Some(&p)) = self.block_copy_addrs(bytenr).as_deref().map(|v| v.first()) {
-            self.dev.prefetch(p, self.nodesize as u64);
+        if let Ok(copies) = self.block_copy_addrs(bytenr) {
+            if let Some((d, p)) = copies
+                .iter()
+                .find_map(|&(d, p)| Some((self.devs.get(&d)?, p)))
+            {
+                d.prefetch(p, self.nodesize as u64);
+            }
         }
     }
 
-    fn read_block_at(&self, phys: u64) -> Result<Vec<u8>> {
+    fn read_block_at(&self, devid: u64, phys: u64) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.nodesize as usize];
-        self.dev.read_at(phys, &mut v).map(|_| v)
+        self.read_copy(devid, phys, &mut v).map(|_| v)
     }
 
     /// Read and validate a tree block. The first copy with no problem wins;
@@ -222,8 +384,8 @@ impl Image {
         let mut best: Option<(Node, Vec<Problem>)> = None;
         let mut io_err = None;
         // Later copies are only read when the earlier ones are bad.
-        for phys in self.block_copy_addrs(bytenr)? {
-            let buf = match self.read_block_at(phys) {
+        for (devid, phys) in self.block_copy_addrs(bytenr)? {
+            let buf = match self.read_block_at(devid, phys) {
                 Ok(b) => b,
                 Err(e) => {
                     io_err.get_or_insert(e);
@@ -337,6 +499,14 @@ pub fn tree_root_of(id: u64, ri: &RootItem) -> TreeRoot {
         level: ri.level,
         generation: ri.generation.get(),
     }
+}
+
+/// Devids as `1, 2, 3`.
+fn list(ids: &[u64]) -> String {
+    ids.iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Read and verify superblock copy `mirror`.
@@ -480,14 +650,9 @@ pub fn read_superblock_raw(
     Ok((sb, status))
 }
 
-/// Sanity checks of a superblock that make reading possible at all. In
-/// lenient mode, checks that only indicate damage elsewhere become warnings.
-pub fn check_superblock(
-    sb: &Superblock,
-    dev_size: u64,
-    lenient: bool,
-    warnings: &mut Vec<String>,
-) -> Result<()> {
+/// Sanity checks of a superblock that make reading possible at all; what
+/// only indicates damage elsewhere is a warning.
+pub fn check_superblock(sb: &Superblock, dev_size: u64, warnings: &mut Vec<String>) -> Result<()> {
     let off = sb.bytenr.get();
     let ns = sb.nodesize.get();
     let ss = sb.sectorsize.get();
@@ -547,12 +712,6 @@ pub fn check_superblock(
     }
     if sb.num_devices.get() == 0 {
         return Err(Error::corrupt("superblock num_devices is 0", off));
-    }
-    if sb.num_devices.get() > 1 && !lenient {
-        return Err(Error::Unsupported(format!(
-            "multi-device filesystem ({} devices); only single-device images are supported",
-            sb.num_devices.get()
-        )));
     }
     if sb.total_bytes.get() > dev_size.max(sb.dev_item.total_bytes.get())
         && dev_size < sb.dev_item.total_bytes.get()

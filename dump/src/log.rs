@@ -3,7 +3,7 @@
 //! the result out as comfy-table tables or JSON.
 
 use btrkit_core::format::names::{key_string, objectid_name};
-use btrkit_core::image::{Image, OpenOptions};
+
 use btrkit_core::log::inspect::{
     inspect_log, DirEntryKind, DirLogKind, ExtentKind, LogDump, LogProblem, LoggedExtent,
     LoggedInode, NameKind, OtherItem, SubvolLog, Time, TreeInfo,
@@ -12,7 +12,6 @@ use comfy_table::{presets, Cell, Table};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::path::PathBuf;
 
 #[derive(clap::Args)]
 #[command(
@@ -22,8 +21,8 @@ damaged (everything still readable is printed) or the image cannot be opened.\n\
 btrkit-dump log crash.img\n  btrkit-dump log crash.img --json"
 )]
 pub struct Args {
-    /// The image file or block device.
-    pub image: PathBuf,
+    #[command(flatten)]
+    pub dev: crate::devices::Devices,
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
@@ -35,20 +34,7 @@ struct JsonOut<'a> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let img = match Image::open_path(
-        &a.image,
-        OpenOptions {
-            lenient: true,
-            ..Default::default()
-        },
-    ) {
-        Ok(i) => i,
-        // I/O errors already name the path.
-        Err(e @ btrkit_core::Error::Io { .. }) => return Err(e.into()),
-        Err(e) => {
-            return Err(anyhow::Error::new(e).context(format!("cannot open {}", a.image.display())))
-        }
-    };
+    let img = a.dev.open()?;
     let dump = inspect_log(&img);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

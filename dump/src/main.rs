@@ -1,6 +1,7 @@
 //! btrkit-dump: print the superblock, every tree, and the fsync log of a
 //! Btrfs image. Read-only: the image is opened without write access.
 
+mod devices;
 mod json;
 mod log;
 mod render;
@@ -16,7 +17,7 @@ use clap::{Parser, Subcommand};
     name = "btrkit-dump",
     version,
     about = "Inspect a Btrfs image: superblock, trees, and the fsync log",
-    after_help = "Examples:\n  btrkit-dump super disk.img --all-mirrors\n  btrkit-dump tree disk.img --tree fs\n  btrkit-dump tree disk.img --block 30408704\n  btrkit-dump log crash.img --json"
+    after_help = "Examples:\n  btrkit-dump super disk.img --all-mirrors\n  btrkit-dump tree a.img b.img --tree chunk   (a filesystem on two devices)\n  btrkit-dump tree disk.img --tree fs\n  btrkit-dump tree disk.img --block 30408704\n  btrkit-dump log crash.img --json"
 )]
 struct Cli {
     #[command(subcommand)]

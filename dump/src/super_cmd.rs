@@ -15,7 +15,7 @@ use btrkit_core::io::{BlockDevice, FileDevice};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 #[command(
@@ -25,8 +25,10 @@ reported as absent, which is not an error.\n\nExamples:\n  btrkit-dump super dis
 btrkit-dump super disk.img --all-mirrors\n  btrkit-dump super disk.img --mirror 1 --json"
 )]
 pub struct Args {
-    /// The image file or block device.
-    pub image: PathBuf,
+    /// The image file or block device; with several (the devices of a
+    /// filesystem on several devices), each device's superblock in turn.
+    #[arg(required = true, num_args = 1..)]
+    pub images: Vec<PathBuf>,
     /// Print every copy: at 64 KiB, 64 MiB and 256 GiB, as far as the image reaches.
     #[arg(long, conflicts_with = "mirror")]
     pub all_mirrors: bool,
@@ -39,8 +41,62 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
+    let mut reports = Vec::with_capacity(a.images.len());
+    let mut failures = Vec::new();
+    let mut damaged = false;
+    for image in &a.images {
+        let one = read_device(&a, image)?;
+        damaged |= one.damaged;
+        failures.extend(one.absent_error.map(|e| (true, e)));
+        failures.extend(one.damage_line.map(|l| (false, Some(l))));
+        reports.push(one.report);
+    }
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    if a.json {
+        match reports.as_slice() {
+            [one] => serde_json::to_writer_pretty(&mut out, one)?,
+            all => serde_json::to_writer_pretty(&mut out, &serde_json::json!({ "devices": all }))?,
+        }
+        writeln!(out)?;
+    } else {
+        for r in &reports {
+            for c in &r.superblocks {
+                out.write_all(render_copy(c, &r.image).as_bytes())?;
+            }
+        }
+    }
+    out.flush()?;
+    // Whatever was printed, a failure also gets one line on stderr naming it,
+    // so a script (or a person reading only stderr) sees why the exit is 1.
+    let mut absent = false;
+    for (is_absent, e) in failures {
+        if is_absent {
+            absent = true;
+            let e = e.as_deref().unwrap_or("superblock copy absent");
+            if a.mirror == 0 {
+                eprintln!("btrkit-dump: error: not a btrfs image: {e}");
+            } else {
+                eprintln!("btrkit-dump: error: {e}");
+            }
+        } else if let Some(l) = e {
+            eprintln!("btrkit-dump: error: {l}");
+        }
+    }
+    Ok(if absent || damaged { 1 } else { 0 })
+}
+
+/// What `super` found on one device.
+struct DeviceReport {
+    report: Report,
+    damaged: bool,
+    damage_line: Option<String>,
+    absent_error: Option<Option<String>>,
+}
+
+fn read_device(a: &Args, image: &Path) -> anyhow::Result<DeviceReport> {
     // The device error already names the path.
-    let dev = FileDevice::open_mmap(&a.image)?;
+    let dev = FileDevice::open_mmap(image)?;
     let mirrors: Vec<usize> = if a.all_mirrors {
         (0..BTRFS_SUPER_MIRROR_MAX).collect()
     } else {
@@ -73,38 +129,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         copies.iter().find(|c| !c.present).map(|c| c.error.clone())
     };
 
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
-    if a.json {
-        let report = Report {
-            image: a.image.display().to_string(),
+    Ok(DeviceReport {
+        report: Report {
+            image: image.display().to_string(),
             image_size: dev.size(),
             superblocks: copies,
-        };
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
-        let name = a.image.display().to_string();
-        for c in &copies {
-            out.write_all(render_copy(c, &name).as_bytes())?;
-        }
-    }
-    out.flush()?;
-    // Whatever was printed, a failure also gets one line on stderr naming it,
-    // so a script (or a person reading only stderr) sees why the exit is 1.
-    if let Some(e) = absent_error {
-        let e = e.as_deref().unwrap_or("superblock copy absent");
-        if a.mirror == 0 {
-            eprintln!("btrkit-dump: error: not a btrfs image: {e}");
-        } else {
-            eprintln!("btrkit-dump: error: {e}");
-        }
-        return Ok(1);
-    }
-    if let Some(l) = damage_line {
-        eprintln!("btrkit-dump: error: {l}");
-    }
-    Ok(if damaged { 1 } else { 0 })
+        },
+        damaged,
+        damage_line,
+        absent_error,
+    })
 }
 
 #[derive(Serialize)]

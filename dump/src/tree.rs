@@ -14,14 +14,13 @@ use btrkit_core::format::consts::*;
 use btrkit_core::format::key::Key;
 use btrkit_core::format::names::parse_tree_name;
 use btrkit_core::format::root::RootItem;
-use btrkit_core::image::{tree_root_of, Image, OpenOptions};
+use btrkit_core::image::{tree_root_of, Image};
 use btrkit_core::tree::{
     walk, Expect, Node, OnDamage, Order, Place, Stop, TreeRoot, WalkEvent, WalkOptions,
 };
 use std::collections::HashSet;
 use std::io;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 
 #[derive(clap::Args)]
 #[command(
@@ -32,8 +31,8 @@ Exit status: 0 when every block read was valid; 1 when a block was damaged (each
 ERROR: line in the dump, which goes on with the rest) or the image cannot be opened."
 )]
 pub struct Args {
-    /// The image file or block device.
-    pub image: PathBuf,
+    #[command(flatten)]
+    pub dev: crate::devices::Devices,
     /// Print only this tree: a number or a name (root, extent, chunk, dev,
     /// fs, csum, quota, uuid, free-space, block-group, data-reloc, log).
     /// `log` prints the log root tree and every log tree (a subvolume's
@@ -472,14 +471,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }),
         None => None,
     };
-    let img = Image::open_path(
-        &a.image,
-        OpenOptions {
-            lenient: true,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| anyhow::anyhow!("{}: {e}", a.image.display()))?;
+    let img = a.dev.open()?;
     for w in &img.open_warnings {
         eprintln!("btrkit-dump: warning: {w}");
     }
@@ -489,7 +481,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Box::new(JsonSink::new(
             io::BufWriter::with_capacity(1 << 20, lock),
             &img,
-            &a.image,
+            a.dev.first(),
         ))
     } else {
         let mut text = Text::new(img.csum.size(), img.sectorsize);
@@ -518,7 +510,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Ok(true) => {}
         Ok(false) => {
             let t = a.tree.as_deref().unwrap_or("");
-            anyhow::bail!("{}: no tree {t} in this image", a.image.display());
+            anyhow::bail!("{}: no tree {t} in this image", a.dev.first().display());
         }
         // A closed pipe (`| head`) ends the dump quietly.
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {

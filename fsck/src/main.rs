@@ -51,12 +51,13 @@ fn run(args: &cli::Args) -> anyhow::Result<i32> {
         check_data_csum: args.check_data_csum,
         check_mirrors: args.check_mirrors,
     };
-    let report = btrkit_core::check::check_path(&args.image, opts, &bar)?;
+    let paths: Vec<_> = args.images.iter().chain(&args.devices).cloned().collect();
+    let report = btrkit_core::check::check_paths(&paths, args.degraded, opts, &bar)?;
     bar.finish();
     if args.json {
-        render::json(&args.image, &report)?;
+        render::json(&paths, &report)?;
     } else {
-        render::human(&args.image, &report);
+        render::human(&paths, &report);
     }
     Ok(if report.is_clean() {
         EXIT_CLEAN

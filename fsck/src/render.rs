@@ -4,7 +4,7 @@
 use btrkit_core::check::{Report, Severity};
 use btrkit_core::format::names::key_string;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};
-use std::path::Path;
+use std::path::PathBuf;
 
 /// Width the tables must fit: the terminal's when stdout is one, else
 /// `$COLUMNS`, else 120 (a pager or a log file), so a long message wraps
@@ -37,7 +37,7 @@ fn new_table(width: u16) -> Table {
     t
 }
 
-pub fn human(image: &Path, r: &Report) {
+pub fn human(images: &[PathBuf], r: &Report) {
     let width = table_width();
     let mut t = new_table(width);
     t.set_header(vec![
@@ -89,15 +89,25 @@ pub fn human(image: &Path, r: &Report) {
     };
     println!(
         "{}: {verdict} ({} errors, {} warnings)",
-        image.display(),
+        names(images),
         r.errors,
         r.warnings
     );
 }
 
-pub fn json(image: &Path, r: &Report) -> anyhow::Result<()> {
+/// The devices checked, as one name: `a.img` or `a.img + b.img`.
+fn names(images: &[PathBuf]) -> String {
+    images
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+pub fn json(images: &[PathBuf], r: &Report) -> anyhow::Result<()> {
     let v = serde_json::json!({
-        "image": image.display().to_string(),
+        "image": images[0].display().to_string(),
+        "devices": images.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "clean": r.is_clean(),
         "errors": r.errors,
         "warnings": r.warnings,

@@ -49,6 +49,7 @@ pub(crate) struct DevRec {
     pub devid: u64,
     pub total_bytes: u64,
     pub bytes_used: u64,
+    pub uuid: [u8; 16],
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -82,6 +83,9 @@ pub(crate) struct Facts {
     pub block_groups: Vec<BgRec>,
     /// True when the tree holding block group items was read.
     pub bg_loaded: bool,
+    /// Each present device's own device item from its superblock, on a
+    /// filesystem of several devices: (devid, total_bytes, bytes_used, uuid).
+    pub sb_dev_items: Vec<(u64, u64, u64, [u8; 16])>,
 }
 
 impl Facts {
@@ -126,6 +130,7 @@ pub(super) fn on_chunk_leaf(cx: &mut Ctx, node: &Node) {
                 devid: d.devid.get(),
                 total_bytes: d.total_bytes.get(),
                 bytes_used: d.bytes_used.get(),
+                uuid: d.uuid,
             }),
             _ => {}
         }
@@ -171,7 +176,7 @@ pub(super) fn check(cx: &mut Ctx) {
     dexts.sort_by_key(|d| (d.devid, d.physical));
     let bgs = std::mem::take(&mut cx.chunks.block_groups);
     let ss = cx.img.sectorsize as u64;
-    let dev_size = cx.img.device().size();
+    let dev_size = |devid: u64| cx.img.device_of(devid).map(|d| d.size());
     cx.sink
         .checked(P, (chunks.len() + dexts.len() + bgs.len()) as u64);
 
@@ -256,9 +261,9 @@ pub(super) fn check(cx: &mut Ctx) {
                     .msg(format!("dev extent on unknown device {}", d.devid)),
             );
         }
-        if d.devid == cx.img.devid && end > dev_size {
+        if let Some(size) = dev_size(d.devid).filter(|&z| end > z) {
             cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!(
-                "dev extent {}:{} ends at {end}, past the end of the image ({dev_size} bytes)",
+                "dev extent {}:{} ends at {end}, past the end of the image ({size} bytes)",
                 d.devid, d.physical
             )));
         }
@@ -275,9 +280,9 @@ pub(super) fn check(cx: &mut Ctx) {
                 dev.devid, dev.bytes_used, dev.total_bytes
             )));
         }
-        if dev.devid == cx.img.devid && dev.total_bytes > dev_size {
+        if let Some(size) = dev_size(dev.devid).filter(|&z| dev.total_bytes > z) {
             cx.report(F::err(P, "dev-item").tree(3).msg(format!(
-                "device {} total_bytes {} but the image holds only {dev_size} bytes (a shrunk or truncated device)",
+                "device {} total_bytes {} but the image holds only {size} bytes (a shrunk or truncated device)",
                 dev.devid, dev.total_bytes
             )));
         }

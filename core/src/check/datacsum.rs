@@ -35,6 +35,8 @@ const WORKERS: usize = 8;
 /// One copy of a run of checksummed sectors.
 #[derive(Clone, Copy, Debug)]
 struct Segment {
+    /// The device the copy lies on.
+    devid: u64,
     phys: u64,
     len: u64,
     logical: u64,
@@ -45,13 +47,14 @@ struct Segment {
 
 struct Window {
     sums: Vec<u8>,
-    /// Sorted by physical offset.
+    /// Sorted by device and physical offset.
     segs: Vec<Segment>,
 }
 
 struct Request {
     window: Arc<Window>,
     segs: Range<usize>,
+    devid: u64,
     phys: u64,
     len: u64,
 }
@@ -207,17 +210,41 @@ fn add_segments(
             continue;
         }
         let k = in_chunk.min(n - i).min(per_seg);
-        match img.chunks.map(at, k * ss, img.devid) {
-            Ok(phys) => {
-                let copies = phys.len().min(u8::MAX as usize) as u8;
-                for p in phys {
-                    segs.push(Segment {
-                        phys: p,
-                        len: k * ss,
-                        logical: at,
-                        sum_off: sum_base + (i as usize) * cs,
-                        copies,
-                    });
+        // Striped profiles cut the run at stripe units; each piece has its
+        // own copies. Copies on a missing device are not read: the open
+        // says the device is missing, and a piece with no copy left is lost.
+        match chunk.map_range(at - chunk.logical, k * ss) {
+            Ok(pieces) => {
+                for piece in pieces {
+                    let logical = chunk.logical + piece.offset;
+                    let sum_off = sum_base + (i + (logical - at) / ss) as usize * cs;
+                    let present: Vec<(u64, u64)> = piece
+                        .copies
+                        .iter()
+                        .copied()
+                        .filter(|c| img.device_of(c.0).is_some())
+                        .collect();
+                    if present.is_empty() {
+                        unmapped.push((
+                            logical,
+                            format!(
+                                "checksummed data [{logical}, +{}) lies only on missing devices",
+                                piece.len
+                            ),
+                        ));
+                        continue;
+                    }
+                    let copies = present.len().min(u8::MAX as usize) as u8;
+                    for (devid, p) in present {
+                        segs.push(Segment {
+                            devid,
+                            phys: p,
+                            len: piece.len,
+                            logical,
+                            sum_off,
+                            copies,
+                        });
+                    }
                 }
             }
             Err(e) => unmapped.push((
@@ -244,13 +271,18 @@ fn break_window(tx: &std::sync::mpsc::SyncSender<Request>, win: &mut Window, win
             segs: Vec::new(),
         },
     );
-    w.segs.sort_unstable_by_key(|s| s.phys);
+    w.segs.sort_unstable_by_key(|s| (s.devid, s.phys));
     let w = Arc::new(w);
     let mut start = 0usize;
+    let mut devid = w.segs[0].devid;
     let (mut phys, mut end) = (w.segs[0].phys, w.segs[0].phys.saturating_add(w.segs[0].len));
     for (i, s) in w.segs.iter().enumerate().skip(1) {
         let s_end = s.phys.saturating_add(s.len);
-        if s.phys >= end && s.phys - end <= GAP_BYTES && s_end - phys <= REQUEST_BYTES {
+        if s.devid == devid
+            && s.phys >= end
+            && s.phys - end <= GAP_BYTES
+            && s_end - phys <= REQUEST_BYTES
+        {
             end = s_end;
             continue;
         }
@@ -258,6 +290,7 @@ fn break_window(tx: &std::sync::mpsc::SyncSender<Request>, win: &mut Window, win
             .send(Request {
                 window: w.clone(),
                 segs: start..i,
+                devid,
                 phys,
                 len: end - phys,
             })
@@ -266,12 +299,14 @@ fn break_window(tx: &std::sync::mpsc::SyncSender<Request>, win: &mut Window, win
             return;
         }
         start = i;
+        devid = s.devid;
         phys = s.phys;
         end = s_end;
     }
     let _ = tx.send(Request {
         window: w.clone(),
         segs: start..w.segs.len(),
+        devid,
         phys,
         len: end - phys,
     });
@@ -294,7 +329,9 @@ fn worker(img: &Image, rx: &Mutex<Receiver<Request>>) -> Vec<BadCopy> {
 }
 
 fn verify_request(img: &Image, req: &Request, buf: &mut IoBuf, bad: &mut Vec<BadCopy>) {
-    let dev = img.device();
+    let Some(dev) = img.device_of(req.devid) else {
+        return; // copies on present devices only are ever asked for
+    };
     let segs = &req.window.segs[req.segs.clone()];
     let sums = &req.window.sums;
     let whole = dev.read_once(req.phys, req.len as usize, buf, &mut |data| {

@@ -32,7 +32,7 @@ use crate::format::root::RootItem;
 use crate::image::{Image, OpenOptions};
 use crate::{Error, Result};
 use findings::Sink;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// What the checker does beyond the metadata phases. The default is what
@@ -146,37 +146,65 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// Open `path` read-only and check it. When the primary superblock is
-/// unusable, a mirror is tried, and the damage is a phase-1 error. Fails
-/// only when no superblock copy can be used or the file cannot be read.
+/// Open `path` read-only and check it: [`check_paths`] with one device.
 pub fn check_path(path: &Path, opts: CheckOptions, progress: &dyn Progress) -> Result<Report> {
-    let meta = std::fs::metadata(path)
-        .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
-    if meta.is_dir() {
-        return Err(Error::Invalid(format!(
-            "{} is a directory, not an image",
-            path.display()
-        )));
+    check_paths(&[path.to_path_buf()], false, opts, progress)
+}
+
+/// Open the devices at `paths` (image files or block devices of one
+/// filesystem, in any order) read-only and check the filesystem. With
+/// `degraded`, devices of the filesystem may be missing (a warning; what
+/// only they held is reported where it is needed). When the primary
+/// superblock of a single device is unusable, a mirror is tried, and the
+/// damage is a phase-1 error. Fails only when no superblock copy can be
+/// used, the devices do not form one filesystem, or a file cannot be read.
+pub fn check_paths(
+    paths: &[PathBuf],
+    degraded: bool,
+    opts: CheckOptions,
+    progress: &dyn Progress,
+) -> Result<Report> {
+    let Some(path) = paths.first() else {
+        return Err(Error::Invalid("no device given".into()));
+    };
+    for p in paths {
+        let meta = std::fs::metadata(p)
+            .map_err(|e| Error::io(format!("cannot open {}", p.display()), e))?;
+        if meta.is_dir() {
+            return Err(Error::Invalid(format!(
+                "{} is a directory, not an image",
+                p.display()
+            )));
+        }
+    }
+    let img_opts = |mirror| OpenOptions {
+        mirror,
+        lenient: true,
+        writable: false,
+        degraded,
+    };
+    if paths.len() > 1 {
+        // Positioned reads, as below.
+        let set = crate::devices::DeviceSet::open_files(paths, false)?;
+        let img = set.open(img_opts(0))?;
+        let early = set
+            .get(img.devid)
+            .map(|m| written_metadata(Path::new(&m.name), &img))
+            .unwrap_or_default();
+        return Ok(run(&img, opts, progress, Sink::new(), early));
     }
     // Positioned reads, not a memory map: mapped pages of the image would
     // count in the checker's resident memory, and every block is read once.
     let open = |mirror| -> Result<Image> {
         let dev = std::sync::Arc::new(crate::io::FileDevice::open(path, false)?);
-        Image::open(
-            dev,
-            OpenOptions {
-                mirror,
-                lenient: true,
-                writable: false,
-            },
-        )
+        Image::open(dev, img_opts(mirror))
     };
     let primary_err = match open(0) {
         Ok(img) => {
             let early = written_metadata(path, &img);
             return Ok(run(&img, opts, progress, Sink::new(), early));
         }
-        Err(e @ Error::Io { .. }) => return Err(e),
+        Err(e @ (Error::Io { .. } | Error::MissingDevice { .. })) => return Err(e),
         Err(e) => e,
     };
     for mirror in 1..BTRFS_SUPER_MIRROR_MAX {

@@ -9,22 +9,42 @@ const P: u8 = 1;
 
 pub(super) fn check_mirrors(cx: &mut Ctx) {
     let img = cx.img;
-    let dev = img.device().clone();
-    let size = dev.size();
+    let devs: Vec<_> = img.devices().map(|(id, d)| (id, d.clone())).collect();
+    for (devid, dev) in devs {
+        // On a filesystem of several devices, each device's copies are
+        // named with the device.
+        let of = if img.multi_device() {
+            format!(" of {}", img.device_name(devid))
+        } else {
+            String::new()
+        };
+        superblock_copies(cx, &*dev, &of);
+        if !of.is_empty() {
+            own_dev_item(cx, devid, &*dev, &of);
+        }
+    }
+    let img = cx.img;
     let sb = &img.sb;
+    general(cx, img, sb);
+}
+
+/// Every superblock copy of one device against the one in use.
+fn superblock_copies(cx: &mut Ctx, dev: &dyn crate::io::BlockDevice, of: &str) {
+    let sb = &cx.img.sb;
+    let size = dev.size();
     for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
         let off = btrfs_sb_offset(mirror);
         if off + BTRFS_SUPER_INFO_SIZE as u64 > size {
             continue;
         }
         cx.sink.checked(P, 1);
-        let (m, status) = match crate::image::read_superblock_raw(&*dev, mirror) {
+        let (m, status) = match crate::image::read_superblock_raw(dev, mirror) {
             Ok(x) => x,
             Err(e) => {
                 cx.report(
                     F::err(P, "superblock")
                         .at(off)
-                        .msg(format!("superblock mirror {mirror} unreadable: {e}")),
+                        .msg(format!("superblock mirror {mirror}{of} unreadable: {e}")),
                 );
                 continue;
             }
@@ -35,13 +55,13 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
                 cx.report(
                     F::err(P, "superblock")
                         .at(off)
-                        .msg("primary superblock has no btrfs magic"),
+                        .msg(format!("primary superblock{of} has no btrfs magic")),
                 );
             } else {
                 cx.report(
                     F::warn(P, "superblock")
                         .at(off)
-                        .msg(format!("superblock mirror {mirror} has no btrfs magic")),
+                        .msg(format!("superblock mirror {mirror}{of} has no btrfs magic")),
                 );
             }
             continue;
@@ -50,32 +70,65 @@ pub(super) fn check_mirrors(cx: &mut Ctx) {
             cx.report(
                 F::err(P, "superblock")
                     .at(off)
-                    .msg(format!("superblock mirror {mirror} checksum mismatch")),
+                    .msg(format!("superblock mirror {mirror}{of} checksum mismatch")),
             );
             continue;
         }
         if !status.bytenr_ok {
             cx.report(F::err(P, "superblock").at(off).msg(format!(
-                "superblock mirror {mirror} says it lives at {}",
+                "superblock mirror {mirror}{of} says it lives at {}",
                 m.bytenr.get()
             )));
         }
         if m.fsid != sb.fsid {
-            cx.report(
-                F::err(P, "superblock")
-                    .at(off)
-                    .msg(format!("superblock mirror {mirror} has a different fsid")),
-            );
+            cx.report(F::err(P, "superblock").at(off).msg(format!(
+                "superblock mirror {mirror}{of} has a different fsid"
+            )));
         }
         if m.generation.get() != sb.generation.get() {
             cx.report(F::warn(P, "superblock").at(off).msg(format!(
-                "superblock mirror {mirror} generation {} differs from the one in use ({})",
+                "superblock mirror {mirror}{of} generation {} differs from the one in use ({})",
                 m.generation.get(),
                 sb.generation.get()
             )));
         }
     }
+}
 
+/// A device's own device item (in its primary superblock) against the
+/// chunk tree's, and its size against its total_bytes: each device of a
+/// set carries its own.
+fn own_dev_item(cx: &mut Ctx, devid: u64, dev: &dyn crate::io::BlockDevice, of: &str) {
+    let Ok(m) = crate::image::read_superblock(dev, 0) else {
+        return; // reported with the copies
+    };
+    let at = BTRFS_SUPER_INFO_OFFSET;
+    if m.dev_item.devid.get() != devid {
+        cx.report(F::err(P, "superblock").at(at).msg(format!(
+            "the superblock{of} names device {}",
+            m.dev_item.devid.get()
+        )));
+    }
+    if m.num_devices.get() != cx.img.sb.num_devices.get()
+        || m.total_bytes.get() != cx.img.sb.total_bytes.get()
+    {
+        cx.report(F::err(P, "superblock").at(at).msg(format!(
+            "the superblock{of} says num_devices {} total_bytes {}, the one in use {} and {}",
+            m.num_devices.get(),
+            m.total_bytes.get(),
+            cx.img.sb.num_devices.get(),
+            cx.img.sb.total_bytes.get()
+        )));
+    }
+    cx.chunks.sb_dev_items.push((
+        devid,
+        m.dev_item.total_bytes.get(),
+        m.dev_item.bytes_used.get(),
+        m.dev_item.uuid,
+    ));
+}
+
+fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblock::Superblock) {
     let ss = sb.sectorsize.get() as u64;
     let off = img.mirror;
     let at = btrfs_sb_offset(off);
@@ -242,23 +295,51 @@ pub(super) fn check_against_trees(cx: &mut Ctx) {
         );
         cx.report(F::err(P, "superblock").at(at).msg(m));
     }
-    if let Some(d) = cx
-        .chunks
-        .dev_items
-        .iter()
-        .find(|d| d.devid == sb.dev_item.devid.get())
-    {
-        if d.total_bytes != sb.dev_item.total_bytes.get()
-            || d.bytes_used != sb.dev_item.bytes_used.get()
-        {
+    // Each device's superblock carries its own device item (the one in
+    // use when there is one device).
+    let mut own = std::mem::take(&mut cx.chunks.sb_dev_items);
+    if own.is_empty() {
+        own.push((
+            sb.dev_item.devid.get(),
+            sb.dev_item.total_bytes.get(),
+            sb.dev_item.bytes_used.get(),
+            sb.dev_item.uuid,
+        ));
+    }
+    let multi = cx.img.multi_device();
+    for (devid, total, used, uuid) in own {
+        let Some(d) = cx
+            .chunks
+            .dev_items
+            .iter()
+            .find(|d| d.devid == devid)
+            .copied()
+        else {
+            if multi {
+                let m = format!(
+                    "{} has no device item in the chunk tree",
+                    cx.img.device_name(devid)
+                );
+                cx.report(F::err(P, "superblock").at(at).msg(m));
+            }
+            continue;
+        };
+        let of = if multi {
+            format!(" of {}", cx.img.device_name(devid))
+        } else {
+            String::new()
+        };
+        if d.total_bytes != total || d.bytes_used != used {
             let m = format!(
-                "superblock device item (total {} used {}) differs from the chunk tree's (total {} used {})",
-                sb.dev_item.total_bytes.get(),
-                sb.dev_item.bytes_used.get(),
-                d.total_bytes,
-                d.bytes_used
+                "superblock device item{of} (total {total} used {used}) differs from the chunk tree's (total {} used {})",
+                d.total_bytes, d.bytes_used
             );
             cx.report(F::warn(P, "superblock").at(at).msg(m));
+        }
+        if multi && d.uuid != uuid {
+            let m =
+                format!("superblock device item{of} has another device uuid than the chunk tree's");
+            cx.report(F::err(P, "superblock").at(at).msg(m));
         }
     }
     if cx.chunks.bg_loaded {

@@ -66,9 +66,13 @@ pub(crate) struct Spec {
 }
 
 /// A block read and validated, with its damaged mirror copies (copy index,
-/// physical), and whether copies after the first are still to be verified
+/// (devid, physical)), and whether copies after the first are still to be verified
 /// (done at the end of the walk, in disk order).
-type Loaded = (crate::Result<(Node, Vec<Problem>)>, Vec<(usize, u64)>, bool);
+type Loaded = (
+    crate::Result<(Node, Vec<Problem>)>,
+    Vec<(usize, (u64, u64))>,
+    bool,
+);
 
 fn load(img: &Image, bytenr: u64, expect: &Expect, all_copies: bool) -> Loaded {
     // Common case first: copy 0 is good, so read it once (and, when every
@@ -76,12 +80,11 @@ fn load(img: &Image, bytenr: u64, expect: &Expect, all_copies: bool) -> Loaded {
     // else goes to the image's best-copy selection, which reads the other
     // copies anyway, so their state is reported whatever `all_copies` says.
     let ns = img.nodesize as usize;
-    if let Ok(phys) = img.chunks.map(bytenr, ns as u64, img.devid) {
-        if let Some(&p0) = phys.first() {
+    if let Ok(copies) = img.block_copy_addrs(bytenr) {
+        if let Some(&(d0, p0)) = copies.first() {
             if let Some(b) = img
-                .device()
-                .read_vec(p0, ns)
-                .ok()
+                .device_of(d0)
+                .and_then(|dev| dev.read_vec(p0, ns).ok())
                 .filter(|b| copy_ok(img, b, bytenr))
             {
                 if let Ok(node) = Node::from_vec(bytenr, b) {
@@ -90,7 +93,7 @@ fn load(img: &Image, bytenr: u64, expect: &Expect, all_copies: bool) -> Loaded {
                         return (
                             Ok((node, problems)),
                             Vec::new(),
-                            all_copies && phys.len() > 1,
+                            all_copies && copies.len() > 1,
                         );
                     }
                 }
@@ -241,12 +244,14 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
                     // Asked for already, with the rest of the written metadata.
                     runs.clear();
                 }
-                let dev = img.device().clone();
+                let devs: Vec<_> = img.devices().map(|(id, d)| (id, d.clone())).collect();
                 prefetching = std::thread::Builder::new()
                     .name("meta-prefetch".into())
                     .spawn(move || {
-                        for (s, e) in runs {
-                            dev.prefetch(s, e - s);
+                        for (devid, s, e) in runs {
+                            if let Some((_, dev)) = devs.iter().find(|d| d.0 == devid) {
+                                dev.prefetch(s, e - s);
+                            }
                         }
                     })
                     .ok();
@@ -269,8 +274,8 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
                         continue;
                     }
                     let i = bad.partition_point(|b| b.0 < bytenr);
-                    for &(_, copy, phys) in bad[i..].iter().take_while(|b| b.0 == bytenr) {
-                        cx.report(damaged_copy(tree, bytenr, copy, phys));
+                    for &(_, copy, devid, phys) in bad[i..].iter().take_while(|b| b.0 == bytenr) {
+                        cx.report(damaged_copy(img, tree, bytenr, copy, (devid, phys)));
                     }
                 }
                 late
@@ -415,8 +420,8 @@ struct BlockCheck<'c, 'a> {
     preloaded: HashMap<u64, Loaded>,
     /// The block just loaded is validated by this walk (not by an earlier tree's).
     first: bool,
-    /// Its damaged mirror copies (copy index, physical).
-    bad: Vec<(usize, u64)>,
+    /// Its damaged mirror copies (copy index, (devid, physical)).
+    bad: Vec<(usize, (u64, u64))>,
     /// Its copies after the first are still to be verified.
     mirrors_later: bool,
 }
@@ -461,8 +466,8 @@ impl BlockCheck<'_, '_> {
                 );
             }
         }
-        for (i, phys) in std::mem::take(&mut self.bad) {
-            cx.report(damaged_copy(root.id, node.bytenr, i, phys));
+        for (i, at) in std::mem::take(&mut self.bad) {
+            cx.report(damaged_copy(cx.img, root.id, node.bytenr, i, at));
         }
         if self.mirrors_later {
             self.mirrors.push((node.bytenr, root.id));
@@ -599,41 +604,46 @@ impl Visitor for BlockCheck<'_, '_> {
 }
 
 /// Second (and later) copies of blocks whose first copy was good, read in
-/// physical order, a batch ahead, and verified in parallel.
+/// physical order per device, a batch ahead, and verified in parallel.
+/// Copies on a missing device are not read (the open says it is missing).
 fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
     let img = cx.img;
     let ns = img.nodesize as usize;
-    let mut todo: Vec<(u64, usize, u64, u64)> = Vec::with_capacity(blocks.len());
+    let mut todo: Vec<((u64, u64), usize, u64, u64)> = Vec::with_capacity(blocks.len());
     for (bytenr, tree) in blocks {
-        if let Ok(phys) = img.chunks.map(bytenr, ns as u64, img.devid) {
-            for (i, &p) in phys.iter().enumerate().skip(1) {
-                todo.push((p, i, bytenr, tree));
+        if let Ok(copies) = img.block_copy_addrs(bytenr) {
+            for (i, &c) in copies.iter().enumerate().skip(1) {
+                if img.device_of(c.0).is_some() {
+                    todo.push((c, i, bytenr, tree));
+                }
             }
         }
     }
     todo.sort_unstable();
     const BATCH: usize = 256;
     let ahead = |from: usize| {
-        for &(p, ..) in todo.iter().skip(from).take(BATCH) {
-            img.device().prefetch(p, ns as u64);
+        for &((d, p), ..) in todo.iter().skip(from).take(BATCH) {
+            if let Some(dev) = img.device_of(d) {
+                dev.prefetch(p, ns as u64);
+            }
         }
     };
     ahead(0);
     let mut bad = Vec::new();
     for (n, chunk) in todo.chunks(BATCH).enumerate() {
         ahead((n + 1) * BATCH);
-        let res: Vec<Option<(u64, usize, u64, u64)>> = chunk
+        let res: Vec<Option<((u64, u64), usize, u64, u64)>> = chunk
             .par_iter()
-            .map(|&(p, i, bytenr, tree)| {
+            .map(|&(c, i, bytenr, tree)| {
                 let mut b = vec![0u8; ns];
-                let ok = img.device().read_at(p, &mut b).is_ok() && copy_ok(img, &b, bytenr);
-                (!ok).then_some((p, i, bytenr, tree))
+                let ok = img.read_copy(c.0, c.1, &mut b).is_ok() && copy_ok(img, &b, bytenr);
+                (!ok).then_some((c, i, bytenr, tree))
             })
             .collect();
         bad.extend(res.into_iter().flatten());
     }
-    for (p, i, bytenr, tree) in bad {
-        cx.report(damaged_copy(tree, bytenr, i, p));
+    for (c, i, bytenr, tree) in bad {
+        cx.report(damaged_copy(img, tree, bytenr, i, c));
     }
 }
 
@@ -641,106 +651,115 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
 const PREFETCH_LIMIT: u64 = 512 << 20;
 
 /// The extent tree lists every tree block: ask the kernel for the first
-/// copy of all of them in disk order, merged into large reads, so the walk
-/// of the other trees finds them in the page cache instead of waiting on
-/// each. Returns the (start, end) physical runs to ask for, the other
-/// copies (physical, copy index, bytenr) in disk order, and whether they
-/// hold every tree block (PREFETCH_LIMIT bounds them).
+/// present copy of all of them in disk order, merged into large reads, so
+/// the walk of the other trees finds them in the page cache instead of
+/// waiting on each. Returns the (devid, start, end) physical runs to ask
+/// for, the other copies on present devices (devid, physical, copy index,
+/// bytenr) in disk order, and whether they hold every tree block
+/// (PREFETCH_LIMIT bounds them).
 #[allow(clippy::type_complexity)]
-fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64)>, Vec<(u64, usize, u64)>, bool) {
+fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, usize, u64)>, bool) {
     let img = cx.img;
     let ns = img.nodesize as u64;
-    let mut phys: Vec<u64> = Vec::new();
-    let mut copies: Vec<(u64, usize, u64)> = Vec::new();
+    let mut first: Vec<(u64, u64)> = Vec::new();
+    let mut copies: Vec<(u64, u64, usize, u64)> = Vec::new();
     let mut complete = true;
     for r in &cx.ext.recs {
         if r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK == 0 {
             continue;
         }
-        if phys.len() as u64 * ns >= PREFETCH_LIMIT {
+        if first.len() as u64 * ns >= PREFETCH_LIMIT {
             complete = false;
             break;
         }
-        if let Ok(p) = img.chunks.map(r.bytenr, ns, img.devid) {
-            if let Some((&first, rest)) = p.split_first() {
-                phys.push(first);
-                copies.extend(rest.iter().enumerate().map(|(i, &q)| (q, i + 1, r.bytenr)));
-            }
+        let Ok(all) = img.block_copy_addrs(r.bytenr) else {
+            continue;
+        };
+        let mut present = all
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| img.device_of(c.0).is_some());
+        if let Some((_, &c)) = present.next() {
+            first.push(c);
+            copies.extend(present.map(|(i, &(d, p))| (d, p, i, r.bytenr)));
         }
     }
     copies.sort_unstable();
-    phys.sort_unstable();
+    first.sort_unstable();
     let mut runs = Vec::new();
-    let mut run: Option<(u64, u64)> = None;
-    for p in phys {
+    let mut run: Option<(u64, u64, u64)> = None;
+    for (d, p) in first {
         run = match run {
-            Some((s, e)) if p <= e.saturating_add(256 << 10) && e - s < (8 << 20) => {
-                Some((s, e.max(p + ns)))
+            Some((rd, s, e))
+                if rd == d && p <= e.saturating_add(256 << 10) && e - s < (8 << 20) =>
+            {
+                Some((d, s, e.max(p + ns)))
             }
             Some(r) => {
                 runs.push(r);
-                Some((p, p + ns))
+                Some((d, p, p + ns))
             }
-            None => Some((p, p + ns)),
+            None => Some((d, p, p + ns)),
         };
     }
     runs.extend(run);
     (runs, copies, complete)
 }
 
-/// Verify the given copies (physical, copy index, bytenr; in disk order)
-/// with large direct reads. Returns the blocks covered (sorted) and the
-/// damaged copies (bytenr, copy index, physical; sorted).
+/// Verify the given copies (devid, physical, copy index, bytenr; in disk
+/// order) with large direct reads. Returns the blocks covered (sorted) and
+/// the damaged copies (bytenr, copy index, devid, physical; sorted).
 #[allow(clippy::type_complexity)]
 fn verify_copies(
     img: &Image,
-    copies: Vec<(u64, usize, u64)>,
-) -> (Vec<u64>, Vec<(u64, usize, u64)>) {
+    copies: Vec<(u64, u64, usize, u64)>,
+) -> (Vec<u64>, Vec<(u64, usize, u64, u64)>) {
     const REQUEST: u64 = 2 << 20;
     let ns = img.nodesize as u64;
     let mut bad = Vec::new();
     let mut buf = crate::io::IoBuf::new();
     let mut i = 0;
     while i < copies.len() {
-        // A run of copies that are next to each other on disk (small gaps read through).
-        let start = copies[i].0;
+        // A run of copies next to each other on one device (small gaps read through).
+        let (devid, start) = (copies[i].0, copies[i].1);
         let mut j = i + 1;
         while j < copies.len()
-            && copies[j].0 >= copies[j - 1].0 + ns
-            && copies[j].0 - (copies[j - 1].0 + ns) <= 64 << 10
-            && copies[j].0 + ns - start <= REQUEST
+            && copies[j].0 == devid
+            && copies[j].1 >= copies[j - 1].1 + ns
+            && copies[j].1 - (copies[j - 1].1 + ns) <= 64 << 10
+            && copies[j].1 + ns - start <= REQUEST
         {
             j += 1;
         }
-        let len = (copies[j - 1].0 + ns - start) as usize;
+        let len = (copies[j - 1].1 + ns - start) as usize;
         let run = &copies[i..j];
         let mut ok = false;
-        let _ = img
-            .device()
-            .read_once(start, len, &mut buf, &mut |data: &[u8]| {
+        if let Some(dev) = img.device_of(devid) {
+            let _ = dev.read_once(start, len, &mut buf, &mut |data: &[u8]| {
                 ok = true;
-                for &(p, copy, bytenr) in run {
+                for &(d, p, copy, bytenr) in run {
                     let o = (p - start) as usize;
                     let good = data
                         .get(o..o + ns as usize)
                         .is_some_and(|b| copy_ok(img, b, bytenr));
                     if !good {
-                        bad.push((bytenr, copy, p));
+                        bad.push((bytenr, copy, d, p));
                     }
                 }
             });
+        }
         if !ok {
             // Unreadable as a whole: block by block.
             let mut b = vec![0u8; ns as usize];
-            for &(p, copy, bytenr) in run {
-                if !(img.device().read_at(p, &mut b).is_ok() && copy_ok(img, &b, bytenr)) {
-                    bad.push((bytenr, copy, p));
+            for &(d, p, copy, bytenr) in run {
+                if !(img.read_copy(d, p, &mut b).is_ok() && copy_ok(img, &b, bytenr)) {
+                    bad.push((bytenr, copy, d, p));
                 }
             }
         }
         i = j;
     }
-    let mut done: Vec<u64> = copies.iter().map(|c| c.2).collect();
+    let mut done: Vec<u64> = copies.iter().map(|c| c.3).collect();
     done.sort_unstable();
     done.dedup();
     bad.sort_unstable();
@@ -800,34 +819,31 @@ pub(super) fn prefetch_extent_leaves(img: &Image) {
 }
 
 fn prefetch_block(img: &Image, bytenr: u64) {
-    let ns = img.nodesize as u64;
-    if let Ok(phys) = img.chunks.map(bytenr, ns, img.devid) {
-        if let Some(&p) = phys.first() {
-            img.device().prefetch(p, ns);
-        }
-    }
+    img.prefetch_tree_block(bytenr);
 }
 
-/// Mirror copies of a block that do not carry a valid checksum and address
-/// of their own: (copy index, physical offset).
-fn bad_copies(img: &Image, node: &Node, from: usize) -> Vec<(usize, u64)> {
+/// Mirror copies of a block on present devices that do not carry a valid
+/// checksum and address of their own: (copy index, (devid, physical)).
+fn bad_copies(img: &Image, node: &Node, from: usize) -> Vec<(usize, (u64, u64))> {
     let ns = img.nodesize as usize;
-    let Ok(phys) = img.chunks.map(node.bytenr, ns as u64, img.devid) else {
+    let Ok(copies) = img.block_copy_addrs(node.bytenr) else {
         return Vec::new();
     };
-    if phys.len() < 2 {
+    if copies.len() < 2 {
         return Vec::new();
     }
-    let dev = img.device();
     let mut buf = vec![0u8; ns];
     let mut bad = Vec::new();
-    for (i, &p) in phys.iter().enumerate().skip(from) {
+    for (i, &(d, p)) in copies.iter().enumerate().skip(from) {
+        let Some(dev) = img.device_of(d) else {
+            continue;
+        };
         let ok = match dev.slice(p, ns) {
             Some(s) => copy_ok(img, s, node.bytenr),
             None => dev.read_at(p, &mut buf).is_ok() && copy_ok(img, &buf, node.bytenr),
         };
         if !ok {
-            bad.push((i, p));
+            bad.push((i, (d, p)));
         }
     }
     bad
@@ -838,9 +854,21 @@ fn bad_copies(img: &Image, node: &Node, from: usize) -> Vec<(usize, u64)> {
 /// read (the kernel's, btrfs check's, ours) takes the good copy, and the
 /// kernel's read repair or `btrfs scrub` rewrites the bad one; what is lost
 /// is redundancy, not data.
-fn damaged_copy(tree: u64, bytenr: u64, copy: usize, phys: u64) -> super::Finding {
+fn damaged_copy(
+    img: &Image,
+    tree: u64,
+    bytenr: u64,
+    copy: usize,
+    at: (u64, u64),
+) -> super::Finding {
+    let (devid, phys) = at;
+    let place = if img.multi_device() {
+        format!("at physical {phys} on {}", img.device_name(devid))
+    } else {
+        format!("at physical {phys}")
+    };
     F::warn(P, "mirror-copy").tree(tree).at(bytenr).msg(format!(
-        "copy {copy} of the block (at physical {phys}) is damaged; reads use another copy \
+        "copy {copy} of the block ({place}) is damaged; reads use another copy \
          (`btrfs scrub` rewrites it)"
     ))
 }

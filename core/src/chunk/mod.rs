@@ -1,7 +1,7 @@
 //! Logical -> physical mapping. Bootstrapped from the superblock's
 //! sys_chunk_array (enough to read the chunk tree), then filled from the
-//! chunk tree. One device only: SINGLE and DUP (and RAID1-like profiles whose
-//! every stripe is on this device) map to one or more whole copies.
+//! chunk tree. Every profile but the parity ones (RAID5/6) maps a logical
+//! range to its copies on the devices ([`ChunkMapping::map_range`]).
 
 use crate::format::chunk::{parse_chunk, ChunkItem, Stripe, CHUNK_ITEM_SIZE, STRIPE_SIZE};
 use crate::format::consts::*;
@@ -13,8 +13,8 @@ use zerocopy::FromBytes;
 
 /// One chunk's logical-to-physical mapping, built from a CHUNK_ITEM:
 /// btrfs-progs' `struct map_lookup`, the kernel's `struct btrfs_chunk_map`.
-/// Every stripe this engine accepts is a whole copy of the chunk, so offset
-/// `x` into the chunk is offset `x` into each stripe.
+/// Mirrored profiles keep a whole copy of the chunk on each stripe; RAID0
+/// and RAID10 spread it over the stripes in units of `stripe_len`.
 #[derive(Clone, Debug)]
 pub struct ChunkMapping {
     /// Logical address of the chunk's first byte (the CHUNK_ITEM key offset).
@@ -23,9 +23,9 @@ pub struct ChunkMapping {
     pub length: u64,
     /// `BTRFS_BLOCK_GROUP_*` type and profile bits (the chunk item's `type`).
     pub type_flags: u64,
-    /// The chunk item's `stripe_len` in bytes, as recorded (`BTRFS_STRIPE_LEN`,
-    /// 64 KiB, when written by mkfs or the kernel); mapping does not use it,
-    /// every stripe being a whole copy.
+    /// The chunk item's `stripe_len` in bytes (`BTRFS_STRIPE_LEN`, 64 KiB,
+    /// when written by mkfs or the kernel): the unit RAID0 and RAID10
+    /// stripe by; the mirrored profiles do not use it.
     pub stripe_len: u64,
     /// (devid, physical offset) of each stripe.
     pub stripes: Vec<(u64, u64)>,
@@ -220,9 +220,8 @@ impl ChunkMap {
     /// Add a chunk. Chunks must not overlap, must have a sane length and a
     /// profile this engine can map (the insert of `read_one_chunk`). The same
     /// chunk added again with the same length (from the sys_chunk_array, then
-    /// the chunk tree) replaces the first. A profile whose stripes are not whole
-    /// copies is `Unsupported`; a zero or overflowing length, or an overlap, is
-    /// `Corrupt`.
+    /// the chunk tree) replaces the first. RAID5/6 are `Unsupported`; a zero or
+    /// overflowing length, no stripe, or an overlap is `Corrupt`.
     pub fn insert(&mut self, logical: u64, c: &ChunkItem, stripes: &[Stripe]) -> Result<()> {
         let length = c.length.get();
         if length == 0 || logical.checked_add(length).is_none() {
@@ -232,22 +231,17 @@ impl ChunkMap {
             ));
         }
         let ty = c.type_.get();
-        let profile = ty & BTRFS_BLOCK_GROUP_PROFILE_MASK;
-        let mirrored = profile == 0
-            || profile
-                & (BTRFS_BLOCK_GROUP_DUP
-                    | BTRFS_BLOCK_GROUP_RAID1
-                    | BTRFS_BLOCK_GROUP_RAID1C3
-                    | BTRFS_BLOCK_GROUP_RAID1C4)
-                != 0;
-        let single_stripe_striped = stripes.len() == 1
-            && profile & (BTRFS_BLOCK_GROUP_RAID0 | BTRFS_BLOCK_GROUP_RAID10) != 0;
-        if !mirrored && !single_stripe_striped {
+        if ty & (BTRFS_BLOCK_GROUP_RAID5 | BTRFS_BLOCK_GROUP_RAID6) != 0 {
             return Err(Error::Unsupported(format!(
-                "chunk at {logical} uses profile {} with {} stripes (only SINGLE and DUP on one device are supported)",
+                "chunk at {logical} uses profile {} (RAID5/6 are not supported yet)",
                 crate::format::names::block_group_flags_str(ty),
-                stripes.len()
             )));
+        }
+        if stripes.is_empty() {
+            return Err(Error::corrupt(
+                format!("chunk at {logical} has no stripe"),
+                0,
+            ));
         }
         let m = ChunkMapping {
             logical,
@@ -294,11 +288,10 @@ impl ChunkMap {
         (logical < m.end()).then_some(m)
     }
 
-    /// Physical offsets of every copy of `[logical, logical+len)` on device
-    /// `devid`. The range must lie inside one chunk. The single-device,
-    /// whole-copy subset of `btrfs_map_block`: one offset per stripe, in
-    /// stripe (mirror) order.
-    pub fn map(&self, logical: u64, len: u64, devid: u64) -> Result<Vec<u64>> {
+    /// Every copy of `[logical, logical+len)`, as (devid, physical offset) in
+    /// mirror order. The range must lie in one stripe unit of one chunk (a
+    /// tree block always does; `leaf-crossing-stripes` is damage).
+    pub fn copies(&self, logical: u64, len: u64) -> Result<Vec<(u64, u64)>> {
         let m = self.lookup(logical).ok_or_else(|| {
             Error::corrupt(
                 format!("logical address {logical} is outside every chunk"),
@@ -314,25 +307,32 @@ impl ChunkMap {
                 logical,
             ));
         }
-        let off = logical - m.logical;
-        let mut v = Vec::with_capacity(m.stripes.len());
-        for s in m.stripes.iter().filter(|s| s.0 == devid) {
-            // Stripe offsets come from disk: one near u64::MAX maps nowhere.
-            let p = s.1.checked_add(off).ok_or_else(|| {
-                Error::corrupt(
-                    format!(
-                        "chunk at {} has a stripe at physical {} past any device",
-                        m.logical, s.1
-                    ),
-                    logical,
-                )
-            })?;
-            v.push(p);
+        let mut pieces = m.map_range(logical - m.logical, len)?;
+        if pieces.len() != 1 {
+            return Err(Error::corrupt(
+                format!(
+                    "range {logical}+{len} crosses a stripe boundary of chunk {}",
+                    m.logical
+                ),
+                logical,
+            ));
         }
+        Ok(pieces.swap_remove(0).copies)
+    }
+
+    /// Physical offsets of every copy of `[logical, logical+len)` on device
+    /// `devid`, in mirror order (the writers of a single-device filesystem).
+    /// The range must lie in one stripe unit of one chunk.
+    pub fn map(&self, logical: u64, len: u64, devid: u64) -> Result<Vec<u64>> {
+        let v: Vec<u64> = self
+            .copies(logical, len)?
+            .into_iter()
+            .filter(|c| c.0 == devid)
+            .map(|c| c.1)
+            .collect();
         if v.is_empty() {
             return Err(Error::Unsupported(format!(
-                "chunk at {} has no stripe on device {devid} (multi-device filesystem)",
-                m.logical
+                "the chunk at logical {logical} has no copy on device {devid} (multi-device filesystem)",
             )));
         }
         Ok(v)
@@ -541,14 +541,34 @@ mod tests {
         top.insert(u64::MAX - (1 << 20), c, s).unwrap();
         assert!(top.map(u64::MAX - 4096, 16384, 1).is_err());
         assert!(top.map(u64::MAX - (1 << 19), 4096, 1).is_err());
+        // Striped over two devices: each device holds every other 64 KiB.
         let r = chunk(
             8 << 20,
             BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID0,
-            &[(1, 0), (2, 0)],
+            &[(1, 1 << 30), (2, 2 << 30)],
         );
         let (c, s) = parse_chunk(&r).unwrap();
+        m.insert(100 << 20, c, s).unwrap();
+        let at = (100 << 20) + (3 << 16) + 512;
+        assert_eq!(
+            m.copies(at, 4096).unwrap(),
+            vec![(2, (2 << 30) + (1 << 16) + 512)]
+        );
+        assert_eq!(
+            m.map(at, 4096, 2).unwrap(),
+            vec![(2 << 30) + (1 << 16) + 512]
+        );
+        assert!(matches!(m.map(at, 4096, 1), Err(Error::Unsupported(_))));
+        // A range across a stripe unit has no single set of copies.
+        assert!(m.copies((100 << 20) + (1 << 16) - 4096, 8192).is_err());
+        let r6 = chunk(
+            8 << 20,
+            BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID6,
+            &[(1, 0), (2, 0), (3, 0), (4, 0)],
+        );
+        let (c, s) = parse_chunk(&r6).unwrap();
         assert!(matches!(
-            m.insert(100 << 20, c, s),
+            m.insert(200 << 20, c, s),
             Err(Error::Unsupported(_))
         ));
     }
