@@ -1,11 +1,16 @@
 //! Device sets made by mkfs.btrfs: every device of a RAID1C3 filesystem
 //! given in any order forms one set; a device missing is counted; a
-//! device of another filesystem is refused with both named.
+//! device of another filesystem is refused with both named. Sets of every
+//! profile written by the kernel: checked clean and dumped as btrfs-progs
+//! dumps them, read degraded, and a bad copy on one device reported and
+//! never read.
 
 use btrkit_core::devices::DeviceSet;
 use btrkit_core::io::{BlockDevice, FileDevice};
+use btrkit_tests::fsck_support::fsck_bin;
 use btrkit_tests::kimage::run_ok;
-use btrkit_tests::{require_btrfs_progs, skip_unless};
+use btrkit_tests::mount::{attach_loop, detach_loop, LoopMount};
+use btrkit_tests::{bin_path, require_btrfs_progs, require_kernel_mount, skip_unless};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -92,4 +97,283 @@ fn replay_refuses_one_device_of_a_set() {
         .unwrap();
     assert!(!o.status.success());
     assert_eq!(std::fs::read(&a).unwrap(), before);
+}
+
+/// A filesystem on `n` image files made by mkfs.btrfs with `args`, the
+/// files written by the kernel through a mount of all of them.
+struct KernelSet {
+    _dir: tempfile::TempDir,
+    paths: Vec<PathBuf>,
+}
+
+impl KernelSet {
+    fn new(n: usize, args: &[&str]) -> KernelSet {
+        let dir = tempfile::tempdir().unwrap();
+        let paths: Vec<PathBuf> = (1..=n)
+            .map(|i| dir.path().join(format!("d{i}.img")))
+            .collect();
+        let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+        // Without the free space tree: mkfs.btrfs 6.2 leaves stale entries
+        // in it; the kernel builds it at the first mount (space_cache=v2).
+        let mut a = vec!["-R", "^free-space-tree"];
+        a.extend_from_slice(args);
+        mkfs(&refs, &a);
+        let mut opts: Vec<String> = paths[1..]
+            .iter()
+            .map(|p| format!("device={}", p.display()))
+            .collect();
+        opts.push("space_cache=v2".into());
+        let m = LoopMount::new(&paths[0], &opts.join(",")).unwrap();
+        write_files(m.path());
+        drop(m);
+        KernelSet { _dir: dir, paths }
+    }
+}
+
+/// Files of many sizes (inline, one sector, several stripe units), a
+/// hard link, a symlink and an xattr, in a few directories.
+fn write_files(root: &Path) {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for d in 0..4 {
+        let dir = root.join(format!("dir{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..60 {
+            let len = match f % 4 {
+                0 => next() % 2000,
+                1 => 4096,
+                2 => next() % 300_000,
+                _ => 65536 * 3 + next() % 65536,
+            } as usize;
+            let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            std::fs::write(dir.join(format!("f{f}")), data).unwrap();
+        }
+    }
+    std::fs::hard_link(root.join("dir0/f1"), root.join("dir1/link")).unwrap();
+    std::os::unix::fs::symlink("dir0/f2", root.join("sym")).unwrap();
+    run_ok(
+        Command::new("setfattr")
+            .args(["-n", "user.k", "-v", "v"])
+            .arg(root.join("dir2/f3")),
+    );
+}
+
+/// btrkit-fsck's JSON report (exit code, report) over `devs`.
+fn fsck(devs: &[&Path], extra: &[&str]) -> (i32, serde_json::Value, String) {
+    let o = Command::new(fsck_bin())
+        .arg("--json")
+        .args(extra)
+        .args(devs)
+        .output()
+        .unwrap();
+    let code = o.status.code().unwrap_or(-1);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+    (code, v, err)
+}
+
+fn findings(r: &serde_json::Value) -> Vec<(String, String, String)> {
+    r["findings"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| {
+                    (
+                        f["severity"].as_str().unwrap_or("").to_string(),
+                        f["category"].as_str().unwrap_or("").to_string(),
+                        f["message"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `btrkit-dump tree` over `devs` (plus `extra` arguments).
+fn dump(devs: &[&Path], extra: &[&str]) -> String {
+    let o = Command::new(bin_path("btrkit-dump"))
+        .arg("tree")
+        .args(extra)
+        .args(devs)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "btrkit-dump tree {devs:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `btrfs inspect-internal dump-tree` of the set, its devices on loop
+/// devices (btrfs-progs finds the others by scanning).
+fn progs_dump(paths: &[PathBuf]) -> String {
+    let loops: Vec<PathBuf> = paths.iter().map(|p| attach_loop(p).unwrap()).collect();
+    let o = Command::new("btrfs")
+        .args(["inspect-internal", "dump-tree"])
+        .arg(&loops[0])
+        .output();
+    for l in &loops {
+        let _ = detach_loop(l);
+    }
+    let o = o.unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.starts_with("btrfs-progs"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// Every profile of a set: btrkit-fsck reads every copy of every tree
+/// block and of all data on every device and finds the kernel's filesystem
+/// clean; btrkit-dump prints every tree as dump-tree does.
+#[test]
+fn every_profile_checks_clean_and_dumps_as_progs() {
+    skip_unless!(require_kernel_mount());
+    for (n, args) in [
+        (2, &["-d", "raid1", "-m", "raid1"][..]),
+        (2, &["-d", "raid0", "-m", "raid1"][..]),
+        (4, &["-d", "raid10", "-m", "raid10"][..]),
+        (3, &["-d", "raid1c3", "-m", "raid1c3"][..]),
+        (4, &["-d", "raid1c4", "-m", "raid1c4"][..]),
+        (2, &["-d", "single", "-m", "dup"][..]),
+        (3, &["-d", "raid0", "-m", "raid0"][..]),
+    ] {
+        let set = KernelSet::new(n, args);
+        // Any order.
+        let devs: Vec<&Path> = set.paths.iter().rev().map(PathBuf::as_path).collect();
+        let (code, r, err) = fsck(&devs, &["--check-mirrors", "--check-data-csum"]);
+        assert_eq!(code, 0, "{args:?}: {err} {:?}", findings(&r));
+        assert!(findings(&r).is_empty(), "{args:?}: {:?}", findings(&r));
+        assert!(
+            r["phases"][6]["checked"].as_u64().unwrap_or(0) > 1000,
+            "{args:?}: {r}"
+        );
+        assert_eq!(dump(&devs, &[]), progs_dump(&set.paths), "{args:?}");
+        // One device alone: refused, the missing ones named.
+        let (code, _, err) = fsck(&devs[..1], &[]);
+        assert_eq!(code, 8, "{args:?}");
+        assert!(
+            err.contains(&format!("has {n} devices")) && err.lines().count() == 1,
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// With one device of a RAID1 or RAID10 set missing, `--degraded` reads
+/// everything from the copies left: the same trees, all data verified, the
+/// missing device a warning; without it, a refusal naming the device.
+#[test]
+fn degraded_sets_read_everything() {
+    skip_unless!(require_kernel_mount());
+    for (n, gone, args) in [
+        (2, 1, &["-d", "raid1", "-m", "raid1"][..]),
+        (4, 2, &["-d", "raid10", "-m", "raid10"][..]),
+        (3, 0, &["-d", "raid1c3", "-m", "raid1c3"][..]),
+    ] {
+        let set = KernelSet::new(n, args);
+        let all: Vec<&Path> = set.paths.iter().map(PathBuf::as_path).collect();
+        let full = dump(&all, &[]);
+        let rest: Vec<&Path> = all
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != gone)
+            .map(|(_, p)| *p)
+            .collect();
+        let devid = gone + 1;
+        let (code, _, err) = fsck(&rest, &[]);
+        assert_eq!(code, 8, "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("devid {devid} not given")) && err.contains("degraded"),
+            "{args:?}: {err}"
+        );
+        let (code, r, err) = fsck(&rest, &["--degraded", "--check-data-csum"]);
+        assert_eq!(code, 0, "{args:?}: {err} {:?}", findings(&r));
+        let f = findings(&r);
+        assert!(
+            f.len() == 1
+                && f[0].0 == "warning"
+                && f[0].2.contains(&format!("devid {devid} not given")),
+            "{args:?}: {f:?}"
+        );
+        assert_eq!(dump(&rest, &["--degraded"]), full, "{args:?}");
+    }
+}
+
+/// One copy of a tree block damaged on one device and one copy of a data
+/// sector on another: reads return the good copy (dump is unchanged),
+/// fsck names the device and offset of each bad copy.
+#[test]
+fn a_bad_copy_on_one_device_is_reported_and_never_read() {
+    use btrkit_core::devices::DeviceSet;
+    use btrkit_core::image::OpenOptions;
+    skip_unless!(require_kernel_mount());
+    let set = KernelSet::new(2, &["-d", "raid1", "-m", "raid1"]);
+    let devs: Vec<&Path> = set.paths.iter().map(PathBuf::as_path).collect();
+    let before = dump(&devs, &[]);
+    let img = DeviceSet::open_paths(&set.paths, OpenOptions::default()).unwrap();
+    let fs = img.find_root(5).unwrap().unwrap();
+    let csum = img.find_root(7).unwrap().unwrap();
+    // The fs tree's root: its second copy; the csum tree's root: its first.
+    let (d_fs, p_fs) = img.block_copy_addrs(fs.bytenr).unwrap()[1];
+    let (d_cs, p_cs) = img.block_copy_addrs(csum.bytenr).unwrap()[0];
+    // A data sector: the first checksummed one.
+    let node = img
+        .read_tree_block(csum.bytenr, &btrkit_core::tree::Expect::root(&csum), false)
+        .unwrap();
+    let data_at = (0..node.nr_safe())
+        .filter_map(|s| node.key(s))
+        .find(|k| k.ty == 128)
+        .expect("a csum item")
+        .offset;
+    let data_copies = img.chunks.copies(data_at, 4096).unwrap();
+    let (d_data, p_data) = data_copies[1];
+    drop(img);
+    let spoil = |devid: u64, phys: u64| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&set.paths[devid as usize - 1])
+            .unwrap();
+        f.write_all_at(&[0xa5u8; 512], phys + 1024).unwrap();
+    };
+    spoil(d_fs, p_fs);
+    spoil(d_cs, p_cs);
+    spoil(d_data, p_data);
+
+    assert_eq!(dump(&devs, &[]), before, "a read returned a bad copy");
+    let (code, r, err) = fsck(&devs, &["--check-mirrors", "--check-data-csum"]);
+    let f = findings(&r);
+    assert_eq!(code, 4, "{err} {f:?}");
+    let name = |d: u64| format!("devid {d} ({})", set.paths[d as usize - 1].display());
+    for (devid, phys) in [(d_fs, p_fs), (d_cs, p_cs)] {
+        assert!(
+            f.iter().any(|x| x.0 == "warning"
+                && x.1 == "mirror-copy"
+                && x.2
+                    .contains(&format!("at physical {phys} on {}", name(devid)))),
+            "copy at {devid}:{phys} not reported: {f:?}"
+        );
+    }
+    assert!(
+        f.iter().any(|x| x.1 == "data-csum"
+            && x.2.contains(&format!(
+                "1 of 2 copies bad; physical {p_data} on {}",
+                name(d_data)
+            ))),
+        "{f:?}"
+    );
+    assert_eq!(f.len(), 3, "{f:?}");
+    // Without --check-mirrors: the damaged first copy is still found (it
+    // was read), the second is not looked at.
+    let (code, r, _) = fsck(&devs, &[]);
+    let f = findings(&r);
+    assert_eq!(code, 0, "{f:?}");
+    assert!(f.len() == 1 && f[0].2.contains(&name(d_cs)), "{f:?}");
 }

@@ -63,8 +63,8 @@ struct Request {
 /// address, message), in logical order.
 pub(crate) type DataResult = (u64, Vec<(u64, String)>);
 
-/// A bad copy of a sector: (logical, copies of it).
-type BadCopy = (u64, u8);
+/// A bad copy of a sector: (logical, copies of it, devid, physical).
+type BadCopy = (u64, u8, u64, u64);
 
 /// Read and verify every checksummed sector of the image.
 pub(crate) fn verify_all(img: &Image) -> DataResult {
@@ -143,19 +143,29 @@ pub(crate) fn verify_all(img: &Image) -> DataResult {
     });
 
     // A sector is bad when any copy of it is; say how many.
-    let mut by_sector: BTreeMap<u64, (u8, u8)> = BTreeMap::new();
-    for (logical, copies) in bad_copies {
-        let e = by_sector.entry(logical).or_insert((0, copies));
+    // On several devices, each bad copy is named by device and offset (a
+    // scrub's report).
+    let mut by_sector: BTreeMap<u64, (u8, u8, Vec<(u64, u64)>)> = BTreeMap::new();
+    for (logical, copies, devid, phys) in bad_copies {
+        let e = by_sector.entry(logical).or_insert((0, copies, Vec::new()));
         // Overlapping csum items (a finding of their own) can name a copy twice.
-        e.0 = e.0.saturating_add(1).min(e.1);
+        if !e.2.contains(&(devid, phys)) {
+            e.0 = e.0.saturating_add(1).min(e.1);
+            e.2.push((devid, phys));
+        }
     }
+    let multi = img.multi_device();
     let mut bad: Vec<(u64, String)> = by_sector
         .into_iter()
-        .map(|(l, (b, n))| {
-            (
-                l,
-                format!("data checksum mismatch at logical {l} ({b} of {n} copies bad)"),
-            )
+        .map(|(l, (b, n, at))| {
+            let mut m = format!("data checksum mismatch at logical {l} ({b} of {n} copies bad");
+            if multi {
+                for (d, p) in at {
+                    m.push_str(&format!("; physical {p} on {}", img.device_name(d)));
+                }
+            }
+            m.push(')');
+            (l, m)
         })
         .collect();
     bad.extend(unmapped);
@@ -362,7 +372,7 @@ fn verify_request(img: &Image, req: &Request, buf: &mut IoBuf, bad: &mut Vec<Bad
             let good = dev.read_at(s.phys + k * ss, &mut sector).is_ok()
                 && want.is_some_and(|w| img.csum.verify(&sector, w));
             if !good {
-                bad.push((s.logical + k * ss, s.copies));
+                bad.push((s.logical + k * ss, s.copies, s.devid, s.phys + k * ss));
             }
         }
     }
@@ -374,7 +384,12 @@ fn check_segment(img: &Image, sums: &[u8], s: &Segment, data: &[u8], bad: &mut V
     for (k, sector) in data.chunks_exact(ss).enumerate() {
         let want = sums.get(s.sum_off + k * cs..s.sum_off + (k + 1) * cs);
         if !want.is_some_and(|w| img.csum.verify(sector, w)) {
-            bad.push((s.logical + (k * ss) as u64, s.copies));
+            bad.push((
+                s.logical + (k * ss) as u64,
+                s.copies,
+                s.devid,
+                s.phys + (k * ss) as u64,
+            ));
         }
     }
 }
