@@ -47,6 +47,9 @@ pub struct Image {
     devs: BTreeMap<u64, Arc<dyn BlockDevice>>,
     /// What each device was given as (a path), for messages.
     names: BTreeMap<u64, String>,
+    /// Each present device's own device item, from its superblock: what a
+    /// commit writes into that device's superblocks.
+    own_dev_items: BTreeMap<u64, crate::format::dev::DevItem>,
     /// Devids of the chunk tree's device items, ascending.
     pub dev_items: Vec<u64>,
     /// Devids of the chunk tree's device items with no device present
@@ -116,7 +119,17 @@ impl Image {
         let chunks = ChunkMap::from_sys_chunk_array(&sb)?;
         let devid = sb.dev_item.devid.get();
         let mut devs = BTreeMap::from([(devid, primary.clone())]);
+        let mut own_dev_items = BTreeMap::from([(devid, sb.dev_item)]);
         for (id, d) in others {
+            let theirs = read_superblock(d.as_ref(), 0)?;
+            if theirs.dev_item.devid.get() != id || theirs.fsid != sb.fsid {
+                return Err(Error::Invalid(format!(
+                    "device {id} holds device {} of filesystem {}",
+                    theirs.dev_item.devid.get(),
+                    crate::util::uuid::uuid_str(&theirs.fsid)
+                )));
+            }
+            own_dev_items.insert(id, theirs.dev_item);
             if devs.insert(id, d).is_some() {
                 return Err(Error::Invalid(format!("device {id} given twice")));
             }
@@ -125,6 +138,7 @@ impl Image {
             dev: primary,
             devs,
             names,
+            own_dev_items,
             dev_items: Vec::new(),
             missing: Vec::new(),
             devid,
@@ -192,6 +206,28 @@ impl Image {
     /// Every device present: (devid, device), by devid.
     pub fn devices(&self) -> impl Iterator<Item = (u64, &Arc<dyn BlockDevice>)> {
         self.devs.iter().map(|(&id, d)| (id, d))
+    }
+
+    /// Every device present, by devid, as shared handles.
+    pub fn device_list(&self) -> Vec<(u64, Arc<dyn BlockDevice>)> {
+        self.devs.iter().map(|(&id, d)| (id, d.clone())).collect()
+    }
+
+    /// The device item device `devid` carries in its own superblocks.
+    pub fn own_dev_item(&self, devid: u64) -> Option<&crate::format::dev::DevItem> {
+        self.own_dev_items.get(&devid)
+    }
+
+    /// Open the same devices again with `opts` (the superblock as it is on
+    /// disk now).
+    pub fn reopen(&self, opts: OpenOptions) -> Result<Image> {
+        let others = self
+            .devs
+            .iter()
+            .filter(|(&id, _)| id != self.devid)
+            .map(|(&id, d)| (id, d.clone()))
+            .collect();
+        Image::open_devices(self.dev.clone(), others, self.names.clone(), opts)
     }
 
     /// The filesystem spans more than one device (present or not).

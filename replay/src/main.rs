@@ -4,11 +4,13 @@
 mod report;
 
 use anyhow::{bail, Context};
+use btrkit_core::devices::DeviceSet;
+use btrkit_core::image::OpenOptions;
 use btrkit_core::io::{clone_or_copy, BlockDevice, CopyMethod, FileDevice, OverlayDevice};
 use btrkit_core::log::replay::{replay_with_progress, ReplayOptions, ReplaySummary};
 use btrkit_core::trans::Store;
 use clap::Parser;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(Parser)]
@@ -16,13 +18,20 @@ use std::sync::Arc;
     name = "btrkit-replay",
     version,
     about = "Replay the fsync log of a Btrfs image offline",
-    after_help = "Examples:\n  btrkit-replay crash.img                 replay in place\n  btrkit-replay crash.img -o fixed.img    write the recovered image to fixed.img\n  btrkit-replay crash.img --dry-run       show what replay would change\n  btrkit-replay crash.img --salvage --dry-run   what a damaged log still gives\n  btrkit-replay crash.img --salvage -o fixed.img\n\nExit status: 0 replayed or no log to replay, 1 error (the image is left as it was)."
+    after_help = "Examples:\n  btrkit-replay crash.img                 replay in place\n  btrkit-replay a.img b.img               replay a filesystem on two devices in place\n  btrkit-replay a.img b.img -o fixed/     one recovered file per device in fixed/\n  btrkit-replay crash.img -o fixed.img    write the recovered image to fixed.img\n  btrkit-replay crash.img --dry-run       show what replay would change\n  btrkit-replay crash.img --salvage --dry-run   what a damaged log still gives\n  btrkit-replay crash.img --salvage -o fixed.img\n\nExit status: 0 replayed or no log to replay, 1 error (the image is left as it was)."
 )]
 struct Args {
-    /// The crash image (file or block device).
-    image: PathBuf,
+    /// The crash image (file or block device), and the other devices of a
+    /// filesystem on several devices, in any order.
+    #[arg(required = true, num_args = 1..)]
+    images: Vec<PathBuf>,
+    /// Another device of the filesystem (repeatable; as `mount -o device=`).
+    #[arg(long = "device", value_name = "PATH")]
+    devices: Vec<PathBuf>,
     /// Write the recovered image here and leave IMAGE untouched (a reflink
-    /// copy where the filesystem supports it, else a sparse copy).
+    /// copy where the filesystem supports it, else a sparse copy). With
+    /// several devices, a directory that gets one file per device, named as
+    /// the device's file.
     #[arg(short = 'o', long = "output")]
     output: Option<PathBuf>,
     /// Print what replay would change without writing anything.
@@ -62,23 +71,56 @@ fn main() {
     }
 }
 
-/// Whether the image's superblock names a log. A device of a filesystem
-/// on several devices is refused here, before anything is copied or
-/// written: replaying or copying one device of a set would give a
-/// filesystem missing the others.
-fn has_log(path: &std::path::Path) -> anyhow::Result<bool> {
-    let dev = FileDevice::open(path, false)?;
-    let sb = btrkit_core::image::read_superblock(&dev, 0)?;
-    if sb.num_devices.get() > 1 {
-        return Err(btrkit_core::Error::Unsupported(format!(
-            "{} is device {} of a filesystem on {} devices; filesystems on several devices are not supported yet (nothing written)",
-            path.display(),
-            sb.dev_item.devid.get(),
-            sb.num_devices.get()
-        ))
+/// Whether the filesystem's superblock names a log. Every device must be
+/// given and match the others; one device of a filesystem on several
+/// devices is refused here, before anything is copied or written:
+/// replaying or copying one device of a set would give a filesystem
+/// missing the others.
+fn has_log(paths: &[PathBuf]) -> anyhow::Result<bool> {
+    let set = DeviceSet::open_files(paths, false)?;
+    let missing = set.missing_count();
+    if missing > 0 {
+        let given = paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(btrkit_core::Error::MissingDevice {
+            devids: Vec::new(),
+            what: format!(
+                "{given}: the filesystem has {} devices and {missing} {} not given; give every \
+                 device (nothing written)",
+                set.num_devices,
+                if missing == 1 { "was" } else { "were" }
+            ),
+        }
         .into());
     }
-    Ok(sb.log_root.get() != 0)
+    let first = set
+        .members()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("no device given"))?;
+    Ok(first.sb.log_root.get() != 0)
+}
+
+/// Open `paths` (read-write unless `dev` wraps them) as one filesystem for
+/// replay.
+fn open_for_replay(
+    paths: &[PathBuf],
+    wrap: &dyn Fn(Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice>,
+    writable: bool,
+) -> anyhow::Result<Store> {
+    let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::with_capacity(paths.len());
+    for p in paths {
+        let d: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(p, writable)?);
+        devs.push((p.display().to_string(), wrap(d)));
+    }
+    let set = DeviceSet::assemble(devs)?;
+    let img = set.open(OpenOptions {
+        writable: true,
+        ..Default::default()
+    })?;
+    Ok(Store::from_image_for_replay(img)?)
 }
 
 /// Replay with a progress bar on a terminal (hidden otherwise).
@@ -118,19 +160,73 @@ fn copy_image(image: &std::path::Path, out: &std::path::Path) -> anyhow::Result<
     }
 }
 
+/// Where `-o` puts each device's copy: OUT itself for one device, else
+/// OUT/<the device's file name> (OUT created when absent).
+fn output_paths(paths: &[PathBuf], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if paths.len() == 1 {
+        if out.exists() {
+            bail!("{} exists; refusing to overwrite it", out.display());
+        }
+        return Ok(vec![out.to_path_buf()]);
+    }
+    if out.exists() && !out.is_dir() {
+        bail!(
+            "{} is not a directory: with several devices, -o names a directory for one file per device",
+            out.display()
+        );
+    }
+    let mut v: Vec<PathBuf> = Vec::with_capacity(paths.len());
+    for p in paths {
+        let name = p
+            .file_name()
+            .ok_or_else(|| anyhow::anyhow!("{} has no file name", p.display()))?;
+        let o = out.join(name);
+        if v.contains(&o) {
+            bail!(
+                "two devices are both named {}: -o cannot hold both",
+                name.to_string_lossy()
+            );
+        }
+        if o.exists() {
+            bail!("{} exists; refusing to overwrite it", o.display());
+        }
+        v.push(o);
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    Ok(v)
+}
+
+/// Copy every device to its output; on failure, remove what was copied.
+fn copy_all(paths: &[PathBuf], outs: &[PathBuf]) -> anyhow::Result<CopyMethod> {
+    let mut method = None;
+    for (i, (p, o)) in paths.iter().zip(outs).enumerate() {
+        match copy_image(p, o) {
+            Ok(m) => {
+                method.get_or_insert(m);
+            }
+            Err(e) => {
+                for done in &outs[..i] {
+                    let _ = std::fs::remove_file(done);
+                }
+                return Err(e);
+            }
+        }
+    }
+    method.ok_or_else(|| anyhow::anyhow!("no device given"))
+}
+
 fn run(a: &Args) -> anyhow::Result<()> {
+    let paths: Vec<PathBuf> = a.images.iter().chain(&a.devices).cloned().collect();
     if a.dry_run && a.output.is_some() {
         bail!("--dry-run and -o cannot be combined");
     }
-    if !has_log(&a.image)? {
+    if !has_log(&paths)? {
         if let Some(out) = &a.output {
             // Nothing to replay: the recovered image is the image itself.
-            if out.exists() {
-                bail!("{} exists; refusing to overwrite it", out.display());
-            }
-            copy_image(&a.image, out)?;
+            let outs = output_paths(&paths, out)?;
+            copy_all(&paths, &outs)?;
         }
-        report::no_log(&a.image, a.json);
+        report::no_log(&paths[0], a.json);
         return Ok(());
     }
     let opts = ReplayOptions {
@@ -138,26 +234,23 @@ fn run(a: &Args) -> anyhow::Result<()> {
         salvage: a.salvage,
     };
     if a.dry_run {
-        let base: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&a.image, false)?);
-        let overlay: Arc<dyn BlockDevice> = Arc::new(OverlayDevice::new(base));
-        let mut fs = Store::open_for_replay(overlay)?;
+        let overlay =
+            |d: Arc<dyn BlockDevice>| -> Arc<dyn BlockDevice> { Arc::new(OverlayDevice::new(d)) };
+        let mut fs = open_for_replay(&paths, &overlay, false)?;
         let s = run_replay(&mut fs, opts)?;
         report::print(&s, true, a.json, None);
         return Ok(());
     }
-    let (target, copy) = match &a.output {
+    let (targets, outs, copy) = match &a.output {
         Some(out) => {
-            if out.exists() {
-                bail!("{} exists; refusing to overwrite it", out.display());
-            }
-            let m = copy_image(&a.image, out)?;
-            (out.clone(), Some(m))
+            let outs = output_paths(&paths, out)?;
+            let m = copy_all(&paths, &outs)?;
+            (outs.clone(), outs, Some(m))
         }
-        None => (a.image.clone(), None),
+        None => (paths.clone(), Vec::new(), None),
     };
     let result = (|| -> anyhow::Result<_> {
-        let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&target, true)?);
-        let mut fs = Store::open_for_replay(dev)?;
+        let mut fs = open_for_replay(&targets, &|d| d, true)?;
         run_replay(&mut fs, opts)
     })();
     match result {
@@ -166,8 +259,8 @@ fn run(a: &Args) -> anyhow::Result<()> {
             Ok(())
         }
         Err(e) => {
-            if let Some(out) = &a.output {
-                let _ = std::fs::remove_file(out);
+            for o in &outs {
+                let _ = std::fs::remove_file(o);
             }
             Err(e)
         }

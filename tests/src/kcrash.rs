@@ -738,7 +738,10 @@ pub use btrkit_core::workload::content::WARMUP_DIR;
 /// A crash image: the backing file of a live mount copied at `crash`.
 #[derive(Clone, Debug)]
 pub struct CrashImage {
+    /// The crash image (of a set: its first device).
     pub path: PathBuf,
+    /// Every device's crash image, `path` first.
+    pub devices: Vec<PathBuf>,
     /// Superblock `log_root` (0: no log, the kernel would not replay).
     pub log_root: u64,
     pub generation: u64,
@@ -757,20 +760,43 @@ pub fn super_log_root(img: &Path) -> Res<(u64, u64)> {
 /// run: it holds the live image and the mount point) and leave the crash
 /// image at `work/crash.img`. Checks the log expectation of the scenario.
 pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
+    generate_on_set(scn, work, 1, &[])
+}
+
+/// [`generate`] on a filesystem of `n` devices made with the scenario's
+/// mkfs options and `profile` (`-d raid1 -m raid1`...): the crash images
+/// are `work/crash.img` (devid 1) and `work/crash-N.img`, each copied from
+/// its device at the crash with nothing committed in between (commit=600).
+pub fn generate_on_set(scn: &Scenario, work: &Path, n: usize, profile: &[&str]) -> Res<CrashImage> {
     std::fs::create_dir_all(work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let live = work.join("live.img");
-    let crash = work.join("crash.img");
-    let _ = std::fs::remove_file(&live);
-    let _ = std::fs::remove_file(&crash);
-    File::create(&live)
-        .and_then(|f| f.set_len(scn.fssize))
-        .map_err(|e| format!("{}: {e}", live.display()))?;
+    let name = |base: &str, i: usize| {
+        if i == 1 {
+            work.join(format!("{base}.img"))
+        } else {
+            work.join(format!("{base}-{i}.img"))
+        }
+    };
+    let lives: Vec<PathBuf> = (1..=n).map(|i| name("live", i)).collect();
+    let crashes: Vec<PathBuf> = (1..=n).map(|i| name("crash", i)).collect();
+    for (l, c) in lives.iter().zip(&crashes) {
+        let _ = std::fs::remove_file(l);
+        let _ = std::fs::remove_file(c);
+        File::create(l)
+            .and_then(|f| f.set_len(scn.fssize))
+            .map_err(|e| format!("{}: {e}", l.display()))?;
+    }
     run(Command::new("mkfs.btrfs")
         .args(["-q", "-f"])
         .args(&scn.mkfs)
-        .arg(&live))
+        .args(profile)
+        .args(&lives))
     .map_err(|e| format!("{}: {e}", scn.name))?;
-    let opts = scn.mount_options();
+    let live = lives[0].clone();
+    let crash = crashes[0].clone();
+    let mut opts = scn.mount_options();
+    for l in &lives[1..] {
+        opts.push_str(&format!(",device={}", l.display()));
+    }
     let mnt = work.join("mnt");
     let mut m = Some(LoopMount::mount(&live, &mnt, &opts)?);
     let mut r = Runner::new(&mnt);
@@ -784,26 +810,34 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
     if !scn.warmup.unwrap_or(true) {
         r.apply(&Step::Sync)?;
     }
-    let crashes = scn.steps.iter().filter(|(_, s)| s.is_crash()).count();
+    let n_crashes = scn.steps.iter().filter(|(_, s)| s.is_crash()).count();
     let mut seen = 0;
     for (line, st) in &scn.steps {
         match st {
             Step::Crash { keep_random: None } => {
                 seen += 1;
-                let tmp = work.join("crash.tmp");
-                copy_sparse(&live, &tmp)?;
-                if seen < crashes {
+                let tmps: Vec<PathBuf> = (0..lives.len())
+                    .map(|i| work.join(format!("crash-{i}.tmp")))
+                    .collect();
+                for (l, t) in lives.iter().zip(&tmps) {
+                    copy_sparse(l, t)?;
+                }
+                if seen < n_crashes {
                     // The live filesystem is thrown away unsynced; the next
                     // steps run on what the kernel makes of the crash image.
                     r.close_all();
                     if let Some(old) = m.take() {
                         old.unmount()?;
                     }
-                    std::fs::rename(&tmp, &live).map_err(|e| e.to_string())?;
+                    for (t, l) in tmps.iter().zip(&lives) {
+                        std::fs::rename(t, l).map_err(|e| e.to_string())?;
+                    }
                     m = Some(LoopMount::mount(&live, &mnt, &opts)?);
                     continue;
                 }
-                std::fs::rename(&tmp, &crash).map_err(|e| e.to_string())?;
+                for (t, c) in tmps.iter().zip(&crashes) {
+                    std::fs::rename(t, c).map_err(|e| e.to_string())?;
+                }
                 break;
             }
             Step::Remount => {
@@ -820,12 +854,16 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
     }
     r.close_all();
     if !crash.exists() {
-        copy_sparse(&live, &crash)?;
+        for (l, c) in lives.iter().zip(&crashes) {
+            copy_sparse(l, c)?;
+        }
     }
     if let Some(m) = m.take() {
         m.unmount()?;
     }
-    let _ = std::fs::remove_file(&live);
+    for l in &lives {
+        let _ = std::fs::remove_file(l);
+    }
     let (generation, log_root) = super_log_root(&crash)?;
     let want = scn.wants_log();
     if want && log_root == 0 {
@@ -839,6 +877,7 @@ pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
     }
     Ok(CrashImage {
         path: crash,
+        devices: crashes,
         log_root,
         generation,
     })
@@ -880,6 +919,7 @@ pub fn cached_crash_image(scn: &Scenario, cache: &Path) -> Res<CrashImage> {
     if path.exists() && !fresh {
         let (generation, log_root) = super_log_root(&path)?;
         return Ok(CrashImage {
+            devices: vec![path.clone()],
             path,
             log_root,
             generation,
@@ -910,7 +950,11 @@ pub fn cached_crash_image(scn: &Scenario, cache: &Path) -> Res<CrashImage> {
     std::fs::rename(&c.path, &path)
         .or_else(|_| copy_sparse(&c.path, &path).map_err(std::io::Error::other))
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(CrashImage { path, ..c })
+    Ok(CrashImage {
+        devices: vec![path.clone()],
+        path,
+        ..c
+    })
 }
 
 /// Where the test binaries and tools keep cached crash images: next to the

@@ -381,7 +381,8 @@ fn bad_input_is_refused_cleanly() {
             tree: Want::Fail,
         });
 
-        // A real two-device filesystem; the first device is given to dump.
+        // A real two-device filesystem; only the first device is given to
+        // dump, which names the missing one.
         let d1 = dir.join("multi1.img");
         let d2 = dir.join("multi2.img");
         let made = sparse_file(&d1, IMG_SIZE)
@@ -396,9 +397,9 @@ fn bad_input_is_refused_cleanly() {
             });
         match made {
             Ok(_) => cases.push(Case {
-                name: "multi-device image",
+                name: "one device of a two-device filesystem",
                 path: d1,
-                needles: &["multi-device"],
+                needles: &["devid 2 not given"],
                 super_: Want::FailOrPrint,
                 tree: Want::Fail,
             }),

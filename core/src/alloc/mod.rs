@@ -82,9 +82,17 @@ impl BlockGroup {
 }
 
 /// Logical ranges of `[start, start+length)` that hold superblock copies,
-/// 64 KiB each (the stripe the kernel excludes), plus any logical address
-/// below 64 KiB (`BTRFS_SUPER_INFO_OFFSET`).
-pub fn super_stripes(chunks: &ChunkMap, start: u64, length: u64, dev_size: u64) -> Vec<(u64, u64)> {
+/// one stripe unit (64 KiB) each, on any device of the chunk, plus any
+/// logical address below 64 KiB (`BTRFS_SUPER_INFO_OFFSET`): the ranges the
+/// kernel's `exclude_super_stripes` takes out of a block group, found by
+/// `btrfs_rmap_block`'s arithmetic for every profile but RAID5/6.
+/// `dev_size(devid)` is a device's size (None: unknown, every copy counts).
+pub fn super_stripes(
+    chunks: &ChunkMap,
+    start: u64,
+    length: u64,
+    dev_size: &dyn Fn(u64) -> Option<u64>,
+) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let end = start + length;
     if start < BTRFS_SUPER_INFO_OFFSET {
@@ -93,22 +101,36 @@ pub fn super_stripes(chunks: &ChunkMap, start: u64, length: u64, dev_size: u64) 
     let Some(m) = chunks.lookup(start) else {
         return out;
     };
+    let profile = m.type_flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+    let n = m.stripes.len().max(1) as u64;
+    let sub = u64::from(m.sub_stripes.max(1));
+    // How much of each stripe the chunk fills, and which stripe unit of the
+    // chunk the `nr`th unit of stripe `i` is.
+    let (per_stripe, unit_of): (u64, Box<dyn Fn(u64, u64) -> u64>) =
+        if profile & BTRFS_BLOCK_GROUP_RAID0 != 0 {
+            (m.length / n, Box::new(move |nr, i| nr * n + i))
+        } else if profile & BTRFS_BLOCK_GROUP_RAID10 != 0 {
+            let sets = (n / sub).max(1);
+            (m.length / sets, Box::new(move |nr, i| nr * sets + i / sub))
+        } else {
+            (m.length, Box::new(|nr, _| nr))
+        };
+    let unit = BTRFS_STRIPE_LEN;
     for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
         let phys = btrfs_sb_offset(mirror);
-        if phys >= dev_size && mirror > 0 {
-            continue;
-        }
-        for &(_, pstart) in &m.stripes {
-            // SINGLE and DUP: each stripe is a full copy of the chunk.
-            if phys >= pstart && phys < pstart + m.length {
-                let stripe_len = BTRFS_STRIPE_LEN;
-                let rel = (phys - pstart) / stripe_len * stripe_len;
-                let l = m.logical + rel;
-                let e = (l + stripe_len).min(m.end());
-                let (a, b) = (l.max(start), e.min(end));
-                if a < b {
-                    out.push((a, b));
-                }
+        for (i, &(devid, pstart)) in m.stripes.iter().enumerate() {
+            if mirror > 0 && dev_size(devid).is_some_and(|z| phys >= z) {
+                continue;
+            }
+            if phys < pstart || phys >= pstart.saturating_add(per_stripe) {
+                continue;
+            }
+            let nr = (phys - pstart) / unit;
+            let l = m.logical + unit_of(nr, i as u64) * unit;
+            let e = (l + unit).min(m.end());
+            let (a, b) = (l.max(start), e.min(end));
+            if a < b {
+                out.push((a, b));
             }
         }
     }

@@ -120,33 +120,13 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
     }
 }
 
-/// Superblock copies inside `[start, end)`, which are neither used nor free.
+/// Superblock copies inside `[start, end)` (a block group), which are
+/// neither used nor free: the allocator's rule, for every profile.
 pub(super) fn excluded(cx: &Ctx, start: u64, end: u64) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    if start < BTRFS_SUPER_INFO_OFFSET {
-        out.push((start, BTRFS_SUPER_INFO_OFFSET.min(end)));
-    }
-    for m in 0..BTRFS_SUPER_MIRROR_MAX {
-        let sb = btrfs_sb_offset(m);
-        for c in &cx.chunks.chunks {
-            if c.logical.saturating_add(c.length) <= start || c.logical >= end {
-                continue;
-            }
-            let slen = c.dev_extent_len();
-            for &(_, p) in &c.stripes {
-                if sb >= p && sb < p.saturating_add(slen) {
-                    let l = c
-                        .logical
-                        .saturating_add((sb - p) / BTRFS_STRIPE_LEN * BTRFS_STRIPE_LEN);
-                    let e = l.saturating_add(BTRFS_STRIPE_LEN).min(end);
-                    if l < end && e > start {
-                        out.push((l.max(start), e));
-                    }
-                }
-            }
-        }
-    }
+    let mut out =
+        crate::alloc::super_stripes(&cx.img.chunks, start, end.saturating_sub(start), &|_| None);
     out.sort_unstable();
+    out.dedup();
     out
 }
 

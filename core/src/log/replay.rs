@@ -963,7 +963,7 @@ fn salvage_with_progress(
                     return Err(e);
                 }
                 refused.insert(ino, format!("its log items could not be replayed: {e}"));
-                *fs = Store::open_for_replay(fs.device().clone())?;
+                *fs = fs.reopen_for_replay()?;
             }
         }
     }

@@ -406,7 +406,6 @@ impl LogWriter<'_, '_> {
         }
         Ok(LogAnswer::Go(LogSyncStep::Io(PendingLogSync::new(
             io,
-            self.cx.store.device().clone(),
             self.log.io.clone(),
             LogIoDone {
                 subvol: inode.subvol,

@@ -117,6 +117,15 @@ impl Store {
 
     /// Allocate a chunk for block group type `ty` (DATA, METADATA or SYSTEM).
     pub fn alloc_chunk(&mut self, ty: u64) -> Result<u64> {
+        if self.img.multi_device() {
+            // The allocator knows one device's free space and profiles
+            // whose copies share it.
+            return Err(Error::NoSpace(format!(
+                "a new {} chunk is needed, and chunks are not allocated on a filesystem of \
+                 several devices yet (nothing was committed)",
+                crate::format::names::block_group_flags_str(ty)
+            )));
+        }
         let profile = self.profile_for(ty);
         let copies: u64 = if profile & BTRFS_BLOCK_GROUP_DUP != 0 {
             2
@@ -176,7 +185,8 @@ impl Store {
             read_only: false,
         };
         g.free.insert(logical, logical + stripe);
-        for (a, b) in super_stripes(&self.img.chunks, logical, stripe, self.device().size()) {
+        let size = self.device().size();
+        for (a, b) in super_stripes(&self.img.chunks, logical, stripe, &|_| Some(size)) {
             g.excluded.insert(a, b);
             g.free.remove(a, b);
         }

@@ -4,7 +4,7 @@ use super::{Store, TreeId};
 use crate::format::block_group::BlockGroupItem;
 use crate::format::consts::*;
 use crate::format::key::Key;
-use crate::format::superblock::RootBackup;
+use crate::format::superblock::{RootBackup, Superblock};
 use crate::tree::edit;
 use crate::{Error, Result};
 use zerocopy::IntoBytes;
@@ -150,32 +150,51 @@ impl Store {
         Ok(())
     }
 
-    /// Flush the device's write cache, counted.
+    /// Flush every device's write cache, counted once.
     pub fn flush_device(&mut self) -> Result<()> {
         self.stats.flushes += 1;
-        self.device().flush()
+        for (_, d) in self.img.devices() {
+            d.flush()?;
+        }
+        Ok(())
     }
 
-    /// Write every dirty block of the trees `which` selects (each DUP copy,
-    /// adjacent blocks coalesced into one write); they are clean after.
-    /// Returns how many blocks were written.
+    /// Write every dirty block of the trees `which` selects (every copy on
+    /// every device, adjacent blocks coalesced into one write); they are
+    /// clean after. Returns how many blocks were written. A failed write
+    /// names its device.
     pub fn write_blocks(&mut self, which: &dyn Fn(TreeId) -> bool) -> Result<usize> {
-        let dev = self.img.device().clone();
-        self.emit_dirty_blocks(which, &mut |p, run| dev.write_at(p, run))
+        let devs = self.img.device_list();
+        let names: Vec<String> = devs.iter().map(|d| self.img.device_name(d.0)).collect();
+        self.emit_dirty_blocks(which, &mut |devid, p, run| {
+            let i = devs
+                .iter()
+                .position(|d| d.0 == devid)
+                .ok_or_else(|| Error::MissingDevice {
+                    devids: vec![devid],
+                    what: format!("device {devid} is missing: a tree block copy cannot be written"),
+                })?;
+            devs[i]
+                .1
+                .write_at(p, run)
+                .map_err(|e| on_device(e, &names[i], devs.len()))
+        })
     }
 
     /// Every dirty block of the trees `which` selects, checksummed and
-    /// marked written, handed to `sink` as (physical offset, bytes) runs in
-    /// ascending order; they are clean after (the next change copies them).
+    /// marked written, handed to `sink` as (devid, physical offset, bytes)
+    /// runs in ascending order; they are clean after (the next change
+    /// copies them).
     pub(super) fn emit_dirty_blocks(
         &mut self,
         which: &dyn Fn(TreeId) -> bool,
-        sink: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+        sink: &mut dyn FnMut(u64, u64, &[u8]) -> Result<()>,
     ) -> Result<usize> {
         let list = self.cache.dirty_blocks(which);
         let csum = self.img.csum;
-        // (physical, bytenr) of every copy, then written in ascending order.
-        let mut writes: Vec<(u64, u64)> = Vec::with_capacity(list.len() * 2);
+        // ((devid, physical), bytenr) of every copy, then written in
+        // ascending order.
+        let mut writes: Vec<((u64, u64), u64)> = Vec::with_capacity(list.len() * 2);
         let mut log_bytes = 0u64;
         for &b in &list {
             let is_log = self.cache.dirty_tree(b).is_some_and(|t| t.is_log());
@@ -187,8 +206,8 @@ impl Store {
             let c = crate::csum::block_csum(csum, buf);
             buf[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
             let len = buf.len() as u64;
-            for p in self.img.chunks.map(b, len, self.img.devid)? {
-                writes.push((p, b));
+            for c in self.img.chunks.copies(b, len)? {
+                writes.push((c, b));
                 if is_log {
                     log_bytes += len;
                 }
@@ -203,11 +222,11 @@ impl Store {
         let mut run: Vec<u8> = Vec::new();
         let mut total = 0u64;
         while i < writes.len() {
-            let start = writes[i].0;
+            let (devid, start) = writes[i].0;
             run.clear();
             let mut j = i;
             while j < writes.len()
-                && writes[j].0 == start + (j - i) as u64 * ns
+                && writes[j].0 == (devid, start + (j - i) as u64 * ns)
                 && run.len() < (8 << 20)
             {
                 run.extend_from_slice(
@@ -217,7 +236,7 @@ impl Store {
                 );
                 j += 1;
             }
-            sink(start, &run)?;
+            sink(devid, start, &run)?;
             total += run.len() as u64;
             i = j;
         }
@@ -293,24 +312,40 @@ impl Store {
             }
         }
         self.sb.super_roots[slot] = b2;
-        let size = self.device().size();
-        for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
-            let off = btrfs_sb_offset(mirror);
-            if off + BTRFS_SUPER_INFO_SIZE as u64 > size {
-                break;
+        // Every device, each copy that fits it, with the device's own
+        // device item (write_all_supers).
+        let devs = self.img.device_list();
+        for (devid, dev) in &devs {
+            let sb = self.device_superblock(*devid);
+            let name = self.img.device_name(*devid);
+            let size = dev.size();
+            for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
+                let off = btrfs_sb_offset(mirror);
+                if off + BTRFS_SUPER_INFO_SIZE as u64 > size {
+                    break;
+                }
+                let bytes = super_bytes(&sb, off, self.img.csum);
+                dev.write_at(off, &bytes)
+                    .map_err(|e| on_device(e, &name, devs.len()))?;
+                self.stats.super_bytes += bytes.len() as u64;
             }
-            let mut copy = self.sb;
-            copy.bytenr.set(off);
-            let mut bytes = copy.as_bytes().to_vec();
-            let c = crate::csum::block_csum(self.img.csum, &bytes);
-            bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
-            self.device().write_at(off, &bytes)?;
-            self.stats.super_bytes += bytes.len() as u64;
         }
         if let Some(c) = self.roots.get_mut(&TreeId::Chunk) {
             c.dirty = false;
         }
         Ok(())
+    }
+
+    /// The superblock device `devid` gets: the filesystem's, with that
+    /// device's own device item (the superblock's device has it already).
+    pub(super) fn device_superblock(&self, devid: u64) -> Superblock {
+        let mut sb = self.sb;
+        if devid != self.sb.dev_item.devid.get() {
+            if let Some(d) = self.img.own_dev_item(devid) {
+                sb.dev_item = *d;
+            }
+        }
+        sb
     }
 
     /// (tree id, bytenr, generation, level) of the trees backup roots record.
@@ -331,5 +366,26 @@ impl Store {
             }
         }
         Ok(out)
+    }
+}
+
+/// Superblock `sb` as written at byte `off`: its `bytenr` set, checksummed.
+pub(super) fn super_bytes(sb: &Superblock, off: u64, csum: crate::csum::CsumType) -> Vec<u8> {
+    let mut copy = *sb;
+    copy.bytenr.set(off);
+    let mut bytes = copy.as_bytes().to_vec();
+    let c = crate::csum::block_csum(csum, &bytes);
+    bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+    bytes
+}
+
+/// A write error on one device of several names the device.
+pub(super) fn on_device(e: Error, name: &str, devices: usize) -> Error {
+    match e {
+        Error::Io { context, err } if devices > 1 => Error::Io {
+            context: format!("{name}: {context}"),
+            err,
+        },
+        e => e,
     }
 }

@@ -11,7 +11,6 @@
 //! fsync is answered before its log is on disk.
 
 use super::LogSyncIo;
-use crate::io::BlockDevice;
 use crate::Result;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -88,21 +87,14 @@ impl LogIoGate {
 /// it releases the gate as a failed sync.
 pub struct PendingLogSync {
     io: Option<LogSyncIo>,
-    dev: Arc<dyn BlockDevice>,
     gate: Arc<LogIoGate>,
     done: LogIoDone,
 }
 
 impl PendingLogSync {
-    pub(crate) fn new(
-        io: LogSyncIo,
-        dev: Arc<dyn BlockDevice>,
-        gate: Arc<LogIoGate>,
-        done: LogIoDone,
-    ) -> PendingLogSync {
+    pub(crate) fn new(io: LogSyncIo, gate: Arc<LogIoGate>, done: LogIoDone) -> PendingLogSync {
         PendingLogSync {
             io: Some(io),
-            dev,
             gate,
             done,
         }
@@ -112,7 +104,7 @@ impl PendingLogSync {
     /// then release the gate, recording whether they succeeded.
     pub fn run(mut self) -> Result<()> {
         let r = match self.io.take() {
-            Some(io) => io.run(self.dev.as_ref()),
+            Some(io) => io.run(),
             None => Ok(()),
         };
         self.gate.finish(LogIoDone {

@@ -16,6 +16,7 @@ use crate::format::key::Key;
 use crate::format::root::RootItem;
 use crate::io::BlockDevice;
 use crate::{Error, Result};
+use std::sync::Arc;
 use zerocopy::IntoBytes;
 
 /// The root item of a new log tree (btrfs_add_log_tree): an inode of a
@@ -109,11 +110,11 @@ impl Store {
         }
         // The logged data is on disk already (the caller wrote what the
         // logged extents need).
-        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut runs: Vec<(u64, u64, Vec<u8>)> = Vec::new();
         self.emit_dirty_blocks(
             &|t: TreeId| t == TreeId::Log(subvol) || t == TreeId::LogRoot,
-            &mut |p, run| {
-                runs.push((p, run.to_vec()));
+            &mut |devid, p, run| {
+                runs.push((devid, p, run.to_vec()));
                 Ok(())
             },
         )?;
@@ -124,23 +125,31 @@ impl Store {
                 .ok_or_else(|| Error::Invalid("log root tree".into()))?;
             (st.bytenr, st.level)
         };
-        // The superblock of the last commit, naming the log; only the
-        // primary copy (write_all_supers with one mirror).
-        let mut sb = *self.img.sb;
-        sb.log_root.set(log_root);
-        sb.log_root_level = log_level;
-        sb.bytenr.set(btrfs_sb_offset(0));
-        let mut bytes = sb.as_bytes().to_vec();
-        let c = crate::csum::block_csum(self.img.csum, &bytes);
-        bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
-        self.stats.super_bytes += bytes.len() as u64;
+        // The superblock of the last commit, naming the log, for every
+        // device with its own device item; only the primary copies
+        // (write_all_supers with one mirror).
+        let mut supers = Vec::new();
+        for (devid, dev) in self.img.device_list() {
+            let mut sb = *self.img.sb;
+            if devid != sb.dev_item.devid.get() {
+                if let Some(d) = self.img.own_dev_item(devid) {
+                    sb.dev_item = *d;
+                }
+            }
+            sb.log_root.set(log_root);
+            sb.log_root_level = log_level;
+            let bytes = super::commit::super_bytes(&sb, btrfs_sb_offset(0), self.img.csum);
+            self.stats.super_bytes += bytes.len() as u64;
+            supers.push((dev, bytes));
+        }
+        let devices = self.img.device_list();
         self.stats.flushes += 2;
         self.stats.log_syncs += 1;
         Ok(LogSyncIo {
             data: self.data_wait(),
             runs,
-            super_at: btrfs_sb_offset(0),
-            super_bytes: bytes,
+            devices,
+            supers,
         })
     }
 }
@@ -152,24 +161,40 @@ pub struct LogSyncIo {
     /// The data writes submitted before the sync (the logged extents'
     /// data among them), waited for before the flush.
     data: Option<super::datawrite::DataWait>,
-    runs: Vec<(u64, Vec<u8>)>,
-    super_at: u64,
-    super_bytes: Vec<u8>,
+    /// (devid, physical, bytes) of the log's blocks, every copy.
+    runs: Vec<(u64, u64, Vec<u8>)>,
+    /// Every device, by devid.
+    devices: Vec<(u64, Arc<dyn BlockDevice>)>,
+    /// Each device's primary superblock naming the log.
+    supers: Vec<(Arc<dyn BlockDevice>, Vec<u8>)>,
 }
 
 impl LogSyncIo {
     /// Write the log's blocks, wait for the data writes submitted before the
-    /// sync, flush, write the primary superblock naming the log, and flush
-    /// again. The first error stops it.
-    pub fn run(&self, dev: &dyn BlockDevice) -> Result<()> {
-        for (p, run) in &self.runs {
-            dev.write_at(*p, run)?;
+    /// sync, flush every device, write each device's primary superblock
+    /// naming the log, and flush again. The first error stops it.
+    pub fn run(&self) -> Result<()> {
+        for (devid, p, run) in &self.runs {
+            let dev = self.devices.iter().find(|d| d.0 == *devid).ok_or_else(|| {
+                Error::MissingDevice {
+                    devids: vec![*devid],
+                    what: format!("device {devid} is missing: a log block copy cannot be written"),
+                }
+            })?;
+            dev.1.write_at(*p, run)?;
         }
         if let Some(d) = &self.data {
             d.wait()?;
         }
-        dev.flush()?;
-        dev.write_at(self.super_at, &self.super_bytes)?;
-        dev.flush()
+        for (_, dev) in &self.devices {
+            dev.flush()?;
+        }
+        for (dev, bytes) in &self.supers {
+            dev.write_at(btrfs_sb_offset(0), bytes)?;
+        }
+        for (_, dev) in &self.devices {
+            dev.flush()?;
+        }
+        Ok(())
     }
 }

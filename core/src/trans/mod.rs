@@ -209,6 +209,15 @@ impl Store {
     /// filesystem whose superblock names a log to replay (see
     /// [`Store::open_for_replay`]).
     pub fn from_image(img: Image) -> Result<Store> {
+        if img.multi_device() {
+            // File data goes to one device (DataIo) and new chunks come
+            // from one device's free space: a set would get one copy.
+            return Err(Error::Unsupported(
+                "writing files to a filesystem on several devices is not supported yet \
+                 (replaying its log is)"
+                    .into(),
+            ));
+        }
         if img.sb.log_root.get() != 0 {
             return Err(Error::Unsupported(
                 "the filesystem has a log tree to replay; replay it before writing".into(),
@@ -227,6 +236,23 @@ impl Store {
                 ..Default::default()
             },
         )?;
+        Store::from_image_any(img)
+    }
+
+    /// [`Store::open_for_replay`] on an image already opened writable, on
+    /// one device or several (a replay writes tree blocks to every copy on
+    /// every device, and every device's superblocks).
+    pub fn from_image_for_replay(img: Image) -> Result<Store> {
+        Store::from_image_any(img)
+    }
+
+    /// Open the same devices again for replay, from what is on disk (a
+    /// salvage retry after a replay that failed before its commit).
+    pub fn reopen_for_replay(&self) -> Result<Store> {
+        let img = self.img.reopen(crate::image::OpenOptions {
+            writable: true,
+            ..Default::default()
+        })?;
         Store::from_image_any(img)
     }
 
@@ -351,7 +377,8 @@ impl Store {
 
     /// Read every block group and derive its free space from the extent tree.
     fn load_block_groups(&mut self) -> Result<()> {
-        let dev_size = self.img.device().size();
+        let sizes: BTreeMap<u64, u64> = self.img.devices().map(|(id, d)| (id, d.size())).collect();
+        let dev_size = |devid: u64| sizes.get(&devid).copied();
         // Block group items.
         let mut groups = BTreeMap::new();
         let bgt = self.root_state(self.bg_tree)?.clone();
@@ -386,7 +413,7 @@ impl Store {
                 read_only: false,
             };
             g.free.insert(start, start + length);
-            for (a, b) in super_stripes(&self.img.chunks, start, length, dev_size) {
+            for (a, b) in super_stripes(&self.img.chunks, start, length, &dev_size) {
                 g.excluded.insert(a, b);
                 g.free.remove(a, b);
             }

@@ -1,0 +1,216 @@
+//! `btrkit-replay` on filesystems of several devices against the kernel's
+//! own replay of the same crash: scenarios of the replay corpus run by the
+//! kernel on sets of loop devices (raid1 on two, raid10 on four, raid1c3 on
+//! three), every device copied at the crash. For each: the kernel replays a
+//! copy of the set at mount; `btrkit-replay a b ... -o DIR` writes one file
+//! per device, leaves the crash devices untouched, and its set mounts
+//! read-only with exactly the kernel's tree; btrkit-fsck and btrfs check
+//! find it clean; a second copy replayed in place gives the same.
+//!
+//! `BTRKIT_SET_SCENARIOS=N` runs every Nth scenario of the corpus per
+//! profile (default 4, each profile a different quarter).
+
+use btrkit_tests::kcrash::{self, Manifest, Scenario};
+use btrkit_tests::mount::{attach_loop, detach_loop};
+use btrkit_tests::{require_kernel_mount, skip_unless};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[path = "common/families.rs"]
+mod families;
+
+/// `device=` options naming every device after the first.
+fn device_opts(devs: &[PathBuf]) -> String {
+    devs[1..]
+        .iter()
+        .map(|d| format!(",device={}", d.display()))
+        .collect()
+}
+
+fn copy_set(devs: &[PathBuf], dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    std::fs::create_dir_all(dir).unwrap();
+    devs.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let c = dir.join(format!("{prefix}{}.img", i + 1));
+            kcrash::copy_sparse(d, &c).unwrap();
+            c
+        })
+        .collect()
+}
+
+fn manifest(devs: &[PathBuf], opts: &str) -> Result<Manifest, String> {
+    kcrash::manifest_in_place(&devs[0], &format!("{opts}{}", device_opts(devs)))
+}
+
+/// `btrfs check --readonly` of a set (its devices on loop devices, found
+/// by btrfs-progs' scan).
+fn progs_check(devs: &[PathBuf]) -> Result<(), String> {
+    let loops: Vec<PathBuf> = devs.iter().map(|d| attach_loop(d).unwrap()).collect();
+    let o = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(&loops[0])
+        .output();
+    for l in &loops {
+        let _ = detach_loop(l);
+    }
+    let o = o.map_err(|e| e.to_string())?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // mkfs.btrfs 6.2's stale free space entries are all it may report.
+    let bad: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("ERROR") || l.contains("error") && !l.contains("no error found"))
+        .filter(|l| !l.contains("free space") && !l.contains("errors found in free space"))
+        // The scan of every block device meets loop devices other tests
+        // are tearing down.
+        .filter(|l| !l.contains("cannot scan"))
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(bad.join(" | "))
+    }
+}
+
+/// btrkit-fsck over the set: no error but mkfs.btrfs 6.2's stale free
+/// space entries.
+fn fsck_clean(devs: &[PathBuf]) -> Result<(), String> {
+    let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
+        .args(["--json", "--check-mirrors", "--check-data-csum"])
+        .args(devs)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .map_err(|_| format!("btrkit-fsck: {}", String::from_utf8_lossy(&o.stderr)))?;
+    let errors: Vec<String> = v["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["severity"] == "error" && f["category"] != "free-space-stale")
+        .map(|f| format!("{}: {}", f["category"], f["message"]))
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join(" | "))
+    }
+}
+
+fn replay(args: &[&Path], flags: &[&str]) -> Result<(), String> {
+    let o = Command::new(kcrash::replay_bin())
+        .args(flags)
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "btrkit-replay {flags:?}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+fn one(scn: &Scenario, n: usize, profile: &[&str]) -> Result<(), String> {
+    let work = tempfile::Builder::new()
+        .prefix(&format!("set-{}-", scn.name))
+        .tempdir()
+        .map_err(|e| e.to_string())?;
+    let w = work.path();
+    let crash = {
+        let _s = kcrash::slot();
+        kcrash::generate_on_set(scn, &w.join("gen"), n, profile)?
+    };
+    let devs = crash.devices.clone();
+    assert_eq!(devs.len(), n);
+    let before: Vec<Vec<u8>> = devs.iter().map(|d| std::fs::read(d).unwrap()).collect();
+
+    // The kernel's replay of a copy.
+    let k = copy_set(&devs, &w.join("k"), "k");
+    let kernel = manifest(&k, "rw").map_err(|e| format!("kernel mount: {e}"))?;
+
+    // Ours, into one file per device (given in reverse order).
+    let rev: Vec<&Path> = devs.iter().rev().map(PathBuf::as_path).collect();
+    let out = w.join("out");
+    replay(&rev, &["-o", out.to_str().unwrap()])?;
+    for (d, b) in devs.iter().zip(&before) {
+        if std::fs::read(d).unwrap() != *b {
+            return Err(format!("{} changed by -o", d.display()));
+        }
+    }
+    let ours: Vec<PathBuf> = devs
+        .iter()
+        .map(|d| out.join(d.file_name().unwrap()))
+        .collect();
+    for o in &ours {
+        let (_, log) = kcrash::super_log_root(o)?;
+        if log != 0 {
+            return Err(format!("{}: log_root {log} after replay", o.display()));
+        }
+    }
+    fsck_clean(&ours).map_err(|e| format!("btrkit-fsck of ours: {e}"))?;
+    progs_check(&ours).map_err(|e| format!("btrfs check of ours: {e}"))?;
+    let m = manifest(&ours, "ro").map_err(|e| format!("mount of ours: {e}"))?;
+    if m != kernel {
+        return Err(format!(
+            "ours differs from the kernel's:\n{}",
+            kernel.short_diff(&m, 8)
+        ));
+    }
+
+    // In place, on another copy.
+    let inplace = copy_set(&devs, &w.join("p"), "p");
+    let refs: Vec<&Path> = inplace.iter().map(PathBuf::as_path).collect();
+    replay(&refs, &[])?;
+    let m = manifest(&inplace, "ro").map_err(|e| format!("mount in place: {e}"))?;
+    if m != kernel {
+        return Err(format!("in place differs:\n{}", kernel.short_diff(&m, 8)));
+    }
+    Ok(())
+}
+
+#[test]
+fn replay_on_sets_matches_the_kernel() {
+    skip_unless!(require_kernel_mount());
+    let every: usize = std::env::var("BTRKIT_SET_SCENARIOS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4)
+        .max(1);
+    // Scenarios that choose their own profiles keep them.
+    let corpus: Vec<Scenario> = families::corpus()
+        .into_iter()
+        .filter(|s| {
+            !s.mkfs
+                .iter()
+                .any(|a| matches!(a.as_str(), "-d" | "-m" | "-M" | "--mixed"))
+        })
+        .collect();
+    let profiles: [(usize, &[&str]); 3] = [
+        (2, &["-d", "raid1", "-m", "raid1"]),
+        (4, &["-d", "raid10", "-m", "raid10"]),
+        (3, &["-d", "raid1c3", "-m", "raid1c3"]),
+    ];
+    let mut jobs = Vec::new();
+    for (p, (n, args)) in profiles.iter().enumerate() {
+        for (i, s) in corpus.iter().enumerate() {
+            if i % every == p % every {
+                jobs.push((s.clone(), *n, *args));
+            }
+        }
+    }
+    let results = kcrash::parallel_map(&jobs, kcrash::max_jobs(), |_, (s, n, args)| {
+        (format!("{} on {args:?}", s.name), one(s, *n, args))
+    });
+    let failed: Vec<String> = results
+        .into_iter()
+        .filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e}")))
+        .collect();
+    eprintln!("{} set scenarios, {} failed", jobs.len(), failed.len());
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
