@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build the 100,000-file benchmark image.
 #
-# usage: make-bench-image.sh [--data] [--force] IMAGE
+# usage: make-bench-image.sh [--data] [--force] IMAGE [IMAGE...]
 #
-#   IMAGE     path of the image to create (a 4 GiB sparse file)
+#   IMAGE     path of the image to create (a 4 GiB sparse file); several
+#             make one filesystem on several devices (give the profiles in
+#             MKFS_OPTS, e.g. MKFS_OPTS="-d raid1 -m raid1")
 #   --data    also write ~1.2 GB of file data (4-20 KiB per file, random bytes),
 #             for `fsck --check-data-csum` benchmarks; without it files hold a
 #             few bytes (inline), except one in a hundred of 4-64 KiB
@@ -21,17 +23,18 @@ set -euo pipefail
 
 data=0
 force=0
-img=
+imgs=()
 for a in "$@"; do
     case "$a" in
         --data) data=1 ;;
         --force) force=1 ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "make-bench-image: unknown option $a" >&2; exit 2 ;;
-        *) [ -z "$img" ] || { echo "make-bench-image: one IMAGE only" >&2; exit 2; }; img=$a ;;
+        *) imgs+=("$a") ;;
     esac
 done
-[ -n "$img" ] || { echo "usage: make-bench-image.sh [--data] [--force] IMAGE" >&2; exit 2; }
+[ "${#imgs[@]}" -gt 0 ] || { echo "usage: make-bench-image.sh [--data] [--force] IMAGE [IMAGE...]" >&2; exit 2; }
+img=${imgs[0]}
 [ "$(id -u)" = 0 ] || { echo "make-bench-image: needs root (loop mount)" >&2; exit 1; }
 for t in mkfs.btrfs btrfs losetup python3; do
     command -v "$t" >/dev/null || { echo "make-bench-image: $t not found" >&2; exit 1; }
@@ -51,29 +54,39 @@ if [ -e "$img" ] && [ "$force" = 0 ]; then
 fi
 
 start=$(date +%s.%N)
-part="$img.partial"
-rm -f "$part"
-truncate -s 4G "$part"
+parts=()
+for i in "${imgs[@]}"; do
+    rm -f "$i.partial"
+    truncate -s 4G "$i.partial"
+    parts+=("$i.partial")
+done
+part=${parts[0]}
 # shellcheck disable=SC2086 # MKFS_OPTS is a word list on purpose
-mkfs.btrfs -f -q -L "$label" ${MKFS_OPTS:-} "$part"
+mkfs.btrfs -f -q -L "$label" ${MKFS_OPTS:-} "${parts[@]}"
 
 mnt=$(mktemp -d /tmp/btrkit-bench-mnt.XXXXXX)
-dev=
+loops=()
 cleanup() {
     if mountpoint -q "$mnt"; then
         umount "$mnt" 2>/dev/null || { sleep 1; umount "$mnt" 2>/dev/null; } || umount -l "$mnt"
     fi
-    [ -z "$dev" ] || losetup -d "$dev" 2>/dev/null || true
+    for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null || true; done
     rmdir "$mnt" 2>/dev/null || true
 }
 trap cleanup EXIT
-for i in 1 2 3 4 5; do
-    dev=$(losetup -f --show "$part") && break
+opts=noatime
+for p in "${parts[@]}"; do
     dev=
-    sleep "$i"
+    for i in 1 2 3 4 5; do
+        dev=$(losetup -f --show "$p") && break
+        dev=
+        sleep "$i"
+    done
+    [ -n "$dev" ] || { echo "make-bench-image: no free loop device" >&2; exit 1; }
+    loops+=("$dev")
+    [ "${#loops[@]}" = 1 ] || opts="$opts,device=$dev"
 done
-[ -n "$dev" ] || { echo "make-bench-image: no free loop device" >&2; exit 1; }
-mount -t btrfs -o noatime "$dev" "$mnt"
+mount -t btrfs -o "$opts" "${loops[0]}" "$mnt"
 
 python3 - "$mnt" "$data" <<'PY'
 import os, random, sys
@@ -109,11 +122,12 @@ print("make-bench-image: %d files, %d directories, %d bytes of data" % (n, 100, 
 PY
 
 umount "$mnt"
-losetup -d "$dev"
-dev=
+for l in "${loops[@]}"; do losetup -d "$l"; done
+loops=()
 rmdir "$mnt"
 trap - EXIT
-mv -f "$part" "$img"
+# The first device last: it is what the "already built" check reads.
+for i in "${imgs[@]:1}" "$img"; do mv -f "$i.partial" "$i"; done
 end=$(date +%s.%N)
 awk -v a="$start" -v b="$end" -v i="$img" -v l="$label" \
     'BEGIN { printf "make-bench-image: %s ready (%s) in %.1f s\n", i, l, b - a }'

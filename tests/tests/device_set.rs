@@ -377,3 +377,142 @@ fn a_bad_copy_on_one_device_is_reported_and_never_read() {
     assert_eq!(code, 0, "{f:?}");
     assert!(f.len() == 1 && f[0].2.contains(&name(d_cs)), "{f:?}");
 }
+
+/// The chunk items of a set, as (logical, length, flags, stripes).
+fn chunks_of(devs: &[&Path]) -> Vec<(u64, u64, u64, Vec<(u64, u64)>)> {
+    use btrkit_core::image::OpenOptions;
+    let paths: Vec<PathBuf> = devs.iter().map(|p| p.to_path_buf()).collect();
+    let img = DeviceSet::open_paths(&paths, OpenOptions::default()).unwrap();
+    img.chunks
+        .iter()
+        .map(|m| (m.logical, m.length, m.type_flags, m.stripes.clone()))
+        .collect()
+}
+
+/// A new chunk on a set goes where the kernel puts it: the same devices
+/// (most unallocated room first), offsets and length. The kernel's choice
+/// is seen by filling the data chunks of a set of devices of different
+/// sizes through a mount; ours by allocating a data chunk on a copy of the
+/// same set. The copy with our chunk is clean and mounts. RAID1 on three
+/// devices, RAID10 on four, RAID0 on three.
+#[test]
+fn a_new_chunk_on_a_set_goes_where_the_kernel_puts_it() {
+    skip_unless!(require_kernel_mount());
+    const G: u64 = 1 << 30;
+    new_chunk_as_the_kernel(&[2 * G, G, 3 * G], &["-d", "raid1", "-m", "raid1"]);
+    new_chunk_as_the_kernel(
+        &[2 * G, G, 2 * G, 3 * G / 2],
+        &["-d", "raid10", "-m", "raid1"],
+    );
+    new_chunk_as_the_kernel(&[G, 2 * G, 3 * G / 2], &["-d", "raid0", "-m", "raid1"]);
+}
+
+fn new_chunk_as_the_kernel(sizes: &[u64], profile: &[&str]) {
+    use btrkit_core::format::consts::BTRFS_BLOCK_GROUP_DATA;
+    use btrkit_core::image::OpenOptions;
+    use btrkit_core::trans::Store;
+    let t = tempfile::tempdir().unwrap();
+    let kern: Vec<PathBuf> = (0..sizes.len())
+        .map(|i| t.path().join(format!("k{i}.img")))
+        .collect();
+    let ours: Vec<PathBuf> = (0..sizes.len())
+        .map(|i| t.path().join(format!("o{i}.img")))
+        .collect();
+    for (p, &s) in kern.iter().zip(sizes) {
+        std::fs::File::create(p).unwrap().set_len(s).unwrap();
+    }
+    run_ok(
+        Command::new("mkfs.btrfs")
+            .args(["-q", "-f"])
+            .args(profile)
+            .args(&kern),
+    );
+    for (k, o) in kern.iter().zip(&ours) {
+        btrkit_tests::kcrash::copy_sparse(k, o).unwrap();
+    }
+    let kref: Vec<&Path> = kern.iter().map(PathBuf::as_path).collect();
+    let oref: Vec<&Path> = ours.iter().map(PathBuf::as_path).collect();
+    let device_opts = |devs: &[PathBuf]| -> String {
+        devs[1..]
+            .iter()
+            .map(|d| format!("device={}", d.display()))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let before = chunks_of(&kref);
+    let data_len: u64 = before
+        .iter()
+        .filter(|c| c.2 & BTRFS_BLOCK_GROUP_DATA != 0)
+        .map(|c| c.1)
+        .sum();
+
+    // The kernel: more data than the data chunks hold.
+    {
+        let m = LoopMount::new(&kern[0], &device_opts(&kern)).unwrap();
+        let n = (data_len + (64 << 20)) as usize;
+        let data: Vec<u8> = (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        std::fs::write(m.path().join("big"), data).unwrap();
+        drop(m);
+    }
+    let after = chunks_of(&kref);
+    let kernel_new: Vec<_> = after
+        .iter()
+        .filter(|c| !before.contains(c))
+        .cloned()
+        .collect();
+    assert_eq!(
+        kernel_new.len(),
+        1,
+        "{profile:?}: the kernel added {kernel_new:?}"
+    );
+
+    // Ours: one data chunk on the untouched copy.
+    let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::new();
+    for p in &ours {
+        let d: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(p, true).unwrap());
+        devs.push((p.display().to_string(), d));
+    }
+    let img = DeviceSet::assemble(devs)
+        .unwrap()
+        .open(OpenOptions {
+            writable: true,
+            ..Default::default()
+        })
+        .unwrap();
+    let mut st = Store::from_image_for_replay(img).unwrap();
+    st.alloc_chunk(BTRFS_BLOCK_GROUP_DATA).unwrap();
+    st.commit().unwrap();
+    drop(st);
+    let mine = chunks_of(&oref);
+    let our_new: Vec<_> = mine
+        .iter()
+        .filter(|c| !before.contains(c))
+        .cloned()
+        .collect();
+    assert_eq!(our_new, kernel_new, "{profile:?}");
+
+    // mkfs.btrfs 6.2 leaves stale free space entries for its temporary
+    // chunks: the only findings allowed, on both sides.
+    let others = |r: &serde_json::Value| -> Vec<(String, String, String)> {
+        findings(r)
+            .into_iter()
+            .filter(|f| f.1 != "free-space-stale")
+            .collect()
+    };
+    let (code, r, err) = fsck(&oref, &["--check-mirrors"]);
+    assert!(code == 0 || code == 4, "{profile:?}: {err}");
+    assert!(others(&r).is_empty(), "{profile:?}: {:?}", others(&r));
+    let m = LoopMount::new(&ours[0], &device_opts(&ours)).unwrap();
+    std::fs::write(m.path().join("after"), b"written by the kernel").unwrap();
+    drop(m);
+    let (_, r, err) = fsck(&oref, &["--check-mirrors", "--check-data-csum"]);
+    assert!(others(&r).is_empty(), "{profile:?}: {err} {:?}", others(&r));
+    let (_, r, _) = fsck(&kref, &["--check-mirrors"]);
+    assert!(
+        others(&r).is_empty(),
+        "{profile:?}: the kernel's: {:?}",
+        others(&r)
+    );
+}

@@ -147,6 +147,59 @@ impl ChunkMapping {
     }
 }
 
+/// What a profile asks of the devices a chunk is spread over (the kernel's
+/// `btrfs_raid_array`, RAID5/6 aside): how many devices at least and at
+/// most (0: as many as there are), in steps of `devs_increment`, stripes
+/// per device, copies of each byte, and stripes per mirrored set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaidAttr {
+    /// Fewest devices a chunk can use.
+    pub devs_min: u64,
+    /// Most devices a chunk uses (0: every device with room).
+    pub devs_max: u64,
+    /// The device count is a multiple of this.
+    pub devs_increment: u64,
+    /// Stripes on each device (DUP: 2).
+    pub dev_stripes: u64,
+    /// Copies of every byte.
+    pub ncopies: u64,
+    /// Stripes of one mirrored set (RAID10: 2).
+    pub sub_stripes: u64,
+}
+
+impl RaidAttr {
+    /// The attributes of the profile in block group `flags` (SINGLE when no
+    /// profile bit is set); None for RAID5/6.
+    pub fn of(flags: u64) -> Option<RaidAttr> {
+        let a = |devs_min, devs_max, devs_increment, dev_stripes, ncopies, sub_stripes| RaidAttr {
+            devs_min,
+            devs_max,
+            devs_increment,
+            dev_stripes,
+            ncopies,
+            sub_stripes,
+        };
+        let p = flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+        Some(if p & BTRFS_BLOCK_GROUP_RAID10 != 0 {
+            a(2, 0, 2, 1, 2, 2)
+        } else if p & BTRFS_BLOCK_GROUP_RAID1C4 != 0 {
+            a(4, 4, 4, 1, 4, 1)
+        } else if p & BTRFS_BLOCK_GROUP_RAID1C3 != 0 {
+            a(3, 3, 3, 1, 3, 1)
+        } else if p & BTRFS_BLOCK_GROUP_RAID1 != 0 {
+            a(2, 2, 2, 1, 2, 1)
+        } else if p & BTRFS_BLOCK_GROUP_DUP != 0 {
+            a(1, 1, 1, 2, 2, 1)
+        } else if p & BTRFS_BLOCK_GROUP_RAID0 != 0 {
+            a(1, 0, 1, 1, 1, 1)
+        } else if p & (BTRFS_BLOCK_GROUP_RAID5 | BTRFS_BLOCK_GROUP_RAID6) != 0 {
+            return None;
+        } else {
+            a(1, 1, 1, 1, 1, 1)
+        })
+    }
+}
+
 /// Every chunk of the filesystem, keyed by logical start: the mapping tree
 /// (`fs_info->mapping_tree` in btrfs-progs and the kernel). Chunks never
 /// overlap.

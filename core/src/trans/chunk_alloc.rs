@@ -6,6 +6,7 @@
 
 use super::Store;
 use crate::alloc::{super_stripes, BlockGroup, RangeSet};
+use crate::chunk::RaidAttr;
 use crate::format::chunk::{ChunkItem, Stripe};
 use crate::format::consts::*;
 use crate::format::dev::{DevExtent, DevItem};
@@ -20,17 +21,38 @@ const MIB: u64 = 1 << 20;
 pub(super) struct PendingChunk {
     key: Key,
     item: Vec<u8>,
-    placements: Vec<u64>,
+    /// (devid, physical) of every stripe.
+    placements: Vec<(u64, u64)>,
     stripe: u64,
 }
 
+/// A device a new chunk may use: its largest suitable hole and its
+/// unallocated total (the kernel's `btrfs_device_info`).
+struct Candidate {
+    devid: u64,
+    uuid: [u8; 16],
+    dev_offset: u64,
+    max_avail: u64,
+    total_avail: u64,
+}
+
 impl Store {
-    /// Unallocated device space: `[1 MiB, total_bytes)` minus dev extents.
-    fn unallocated(&mut self) -> Result<RangeSet> {
-        let total = self.sb.dev_item.total_bytes.get().min(self.device().size());
+    /// Every device's own device item (the superblock's device's is
+    /// [`Store::sb`]'s), as the next commit writes it.
+    pub(super) fn dev_item_of(&self, devid: u64) -> Option<DevItem> {
+        if devid == self.sb.dev_item.devid.get() {
+            return Some(self.sb.dev_item);
+        }
+        self.other_dev_items.get(&devid).copied()
+    }
+
+    /// Unallocated space of device `devid`: `[1 MiB, total_bytes)` minus
+    /// its dev extents and the stripes of chunks not yet in the trees.
+    fn unallocated(&mut self, devid: u64, total_bytes: u64) -> Result<RangeSet> {
+        let size = self.img.device_of(devid).map_or(0, |d| d.size());
+        let total = total_bytes.min(size);
         let mut free = RangeSet::new();
-        free.insert(MIB, total);
-        let devid = self.sb.dev_item.devid.get();
+        free.insert(MIB, total.max(MIB));
         for (k, d) in self.items_in(
             BTRFS_DEV_TREE_OBJECTID,
             Key::new(devid, BTRFS_DEV_EXTENT_KEY, 0),
@@ -40,15 +62,18 @@ impl Store {
             free.remove(k.offset, k.offset + de.length.get());
         }
         for p in &self.pending_chunks {
-            for &x in &p.placements {
-                free.remove(x, x + p.stripe);
+            for &(d, x) in &p.placements {
+                if d == devid {
+                    free.remove(x, x + p.stripe);
+                }
             }
         }
         Ok(free)
     }
 
     /// The profile new chunks of type `ty` get: the one existing groups of
-    /// that type use, else DUP for metadata and system and SINGLE for data.
+    /// that type use, else mkfs.btrfs's defaults (DUP metadata and system
+    /// on one device, RAID1 on several, SINGLE data).
     fn profile_for(&self, ty: u64) -> u64 {
         if let Some(g) = self
             .alloc
@@ -60,21 +85,30 @@ impl Store {
         }
         if ty == BTRFS_BLOCK_GROUP_DATA {
             0
+        } else if self.img.multi_device() {
+            BTRFS_BLOCK_GROUP_RAID1
         } else {
             BTRFS_BLOCK_GROUP_DUP
         }
     }
 
-    /// Where a new chunk of type `ty` goes on the device and its stripe
-    /// size, by the kernel's rules for one device (gather_device_info,
-    /// decide_stripe_size_regular): the type's largest stripe (1 GiB for
-    /// data, 256 MiB for metadata, 1 GiB above 50 GiB, 32 MiB for system)
-    /// times `copies` is looked for in the first hole from 1 MiB that has
-    /// it, else the largest hole is taken; a chunk is at most a tenth of
-    /// the device, rounded up to 16 MiB, and its stripe is a whole number
-    /// of 64 KiB. DUP puts both stripes in the one hole, one after the
-    /// other.
-    fn chunk_geometry(&mut self, ty: u64, copies: u64) -> Result<(u64, u64)> {
+    /// Where a new chunk of type `ty` and profile `attr` goes, by the
+    /// kernel's rules (gather_device_info, decide_stripe_size_regular):
+    /// on each present device the first hole from 1 MiB that holds the
+    /// type's largest stripe (1 GiB for data, 256 MiB for metadata, 1 GiB
+    /// above 50 GiB, 32 MiB for system) times the stripes per device, else
+    /// its largest hole; devices sorted by that hole, then by unallocated
+    /// space, as many as the profile takes; the stripe is the smallest
+    /// chosen hole over the stripes per device, the chunk at most a tenth
+    /// of the filesystem (stripe rounded up to 16 MiB) and a stripe at most
+    /// 1 GiB, a whole number of 64 KiB. Returns the stripes (devid, uuid,
+    /// physical) in order, the stripe size and the chunk's length.
+    #[allow(clippy::type_complexity)]
+    fn chunk_geometry(
+        &mut self,
+        ty: u64,
+        attr: RaidAttr,
+    ) -> Result<(Vec<(u64, [u8; 16], u64)>, u64, u64)> {
         const SZ_16M: u64 = 16 * MIB;
         const SZ_1G: u64 = 1 << 30;
         let total = self.sb.total_bytes.get();
@@ -86,54 +120,90 @@ impl Store {
         };
         let max_stripe = type_size.min(SZ_1G);
         let max_chunk = type_size.min(total / 10);
-        let want = max_stripe * copies;
-        let free = self.unallocated()?;
-        let holes: Vec<(u64, u64)> = free.iter().collect();
-        let (at, avail) = match holes.iter().find(|(s, e)| e - s >= want) {
-            Some(&(s, _)) => (s, want),
-            None => holes
-                .iter()
-                .map(|&(s, e)| (s, e - s))
-                // The first of the largest holes.
-                .fold((0, 0), |best, h| if h.1 > best.1 { h } else { best }),
-        };
-        if avail < BTRFS_STRIPE_LEN * copies {
+        let want = max_stripe * attr.dev_stripes;
+        let min = BTRFS_STRIPE_LEN * attr.dev_stripes;
+        let devids: Vec<u64> = self.img.devices().map(|(id, _)| id).collect();
+        let mut cands = Vec::new();
+        for devid in devids {
+            let Some(di) = self.dev_item_of(devid) else {
+                continue;
+            };
+            let free = self.unallocated(devid, di.total_bytes.get())?;
+            let holes: Vec<(u64, u64)> = free.iter().collect();
+            let (at, avail) = match holes.iter().find(|(s, e)| e - s >= want) {
+                Some(&(s, e)) => (s, e - s),
+                None => holes
+                    .iter()
+                    .map(|&(s, e)| (s, e - s))
+                    // The first of the largest holes.
+                    .fold((0, 0), |best, h| if h.1 > best.1 { h } else { best }),
+            };
+            if avail < min {
+                continue;
+            }
+            cands.push(Candidate {
+                devid,
+                uuid: di.uuid,
+                dev_offset: at,
+                max_avail: avail,
+                total_avail: di.total_bytes.get().saturating_sub(di.bytes_used.get()),
+            });
+        }
+        // Most room first (btrfs_cmp_device_info); stable, so devid order
+        // breaks ties.
+        cands.sort_by(|a, b| (b.max_avail, b.total_avail).cmp(&(a.max_avail, a.total_avail)));
+        let mut ndevs = cands.len() as u64;
+        if attr.devs_max > 0 {
+            ndevs = ndevs.min(attr.devs_max);
+        }
+        ndevs -= ndevs % attr.devs_increment.max(1);
+        if ndevs < attr.devs_min || ndevs == 0 {
             return Err(Error::NoSpace(format!(
-                "no unallocated device space for a new {} chunk",
-                crate::format::names::block_group_flags_str(ty | self.profile_for(ty))
+                "no unallocated device space for a new {} chunk ({} of the {} devices have room, it needs {})",
+                crate::format::names::block_group_flags_str(ty | self.profile_for(ty)),
+                cands.len(),
+                self.img.devices().count(),
+                attr.devs_min
             )));
         }
-        // One data stripe for SINGLE and DUP alike.
-        let mut stripe = avail / copies;
-        if stripe > max_chunk {
-            stripe = max_chunk
+        let chosen = &cands[..ndevs as usize];
+        let mut stripe = chosen[chosen.len() - 1].max_avail / attr.dev_stripes;
+        let num_stripes = ndevs * attr.dev_stripes;
+        let data_stripes = (num_stripes / attr.ncopies).max(1);
+        if stripe.saturating_mul(data_stripes) > max_chunk {
+            stripe = (max_chunk / data_stripes)
                 .div_ceil(SZ_16M)
                 .saturating_mul(SZ_16M)
                 .min(stripe);
         }
         let stripe = stripe.min(SZ_1G) / BTRFS_STRIPE_LEN * BTRFS_STRIPE_LEN;
-        Ok((at, stripe))
+        let mut stripes = Vec::with_capacity(num_stripes as usize);
+        for c in chosen {
+            for j in 0..attr.dev_stripes {
+                stripes.push((c.devid, c.uuid, c.dev_offset + j * stripe));
+            }
+        }
+        Ok((stripes, stripe, stripe * data_stripes))
     }
 
-    /// Allocate a chunk for block group type `ty` (DATA, METADATA or SYSTEM).
+    /// Allocate a chunk for block group type `ty` (DATA, METADATA or SYSTEM)
+    /// on the devices present.
     pub fn alloc_chunk(&mut self, ty: u64) -> Result<u64> {
-        if self.img.multi_device() {
-            // The allocator knows one device's free space and profiles
-            // whose copies share it.
+        if !self.img.missing.is_empty() {
             return Err(Error::NoSpace(format!(
-                "a new {} chunk is needed, and chunks are not allocated on a filesystem of \
-                 several devices yet (nothing was committed)",
+                "a new {} chunk is needed and devices of the filesystem are missing \
+                 (nothing was committed)",
                 crate::format::names::block_group_flags_str(ty)
             )));
         }
         let profile = self.profile_for(ty);
-        let copies: u64 = if profile & BTRFS_BLOCK_GROUP_DUP != 0 {
-            2
-        } else {
-            1
-        };
-        let (at, stripe) = self.chunk_geometry(ty, copies)?;
-        let placements: Vec<u64> = (0..copies).map(|i| at + i * stripe).collect();
+        let attr = RaidAttr::of(profile).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "allocating a {} chunk",
+                crate::format::names::block_group_flags_str(ty | profile)
+            ))
+        })?;
+        let (placed, stripe, length) = self.chunk_geometry(ty, attr)?;
         let logical = self
             .img
             .chunks
@@ -143,22 +213,20 @@ impl Store {
             .unwrap_or(MIB)
             .max(MIB);
         let flags = ty | profile;
-        let dev_uuid = self.sb.dev_item.uuid;
-        let devid = self.sb.dev_item.devid.get();
         let chunk = ChunkItem {
-            length: stripe.into(),
+            length: length.into(),
             owner: BTRFS_EXTENT_TREE_OBJECTID.into(),
             stripe_len: BTRFS_STRIPE_LEN.into(),
             type_: flags.into(),
             io_align: (BTRFS_STRIPE_LEN as u32).into(),
             io_width: (BTRFS_STRIPE_LEN as u32).into(),
             sector_size: self.sectorsize().into(),
-            num_stripes: (copies as u16).into(),
-            sub_stripes: 1.into(),
+            num_stripes: (placed.len() as u16).into(),
+            sub_stripes: (attr.sub_stripes as u16).into(),
         };
-        let stripes: Vec<Stripe> = placements
+        let stripes: Vec<Stripe> = placed
             .iter()
-            .map(|&p| Stripe {
+            .map(|&(devid, dev_uuid, p)| Stripe {
                 devid: devid.into(),
                 offset: p.into(),
                 dev_uuid,
@@ -173,7 +241,7 @@ impl Store {
         self.img.chunks.insert(logical, &chunk, &stripes)?;
         let mut g = BlockGroup {
             start: logical,
-            length: stripe,
+            length,
             flags,
             used: 0,
             free: RangeSet::new(),
@@ -184,9 +252,10 @@ impl Store {
             on_disk: false,
             read_only: false,
         };
-        g.free.insert(logical, logical + stripe);
-        let size = self.device().size();
-        for (a, b) in super_stripes(&self.img.chunks, logical, stripe, &|_| Some(size)) {
+        g.free.insert(logical, logical + length);
+        let sizes: Vec<(u64, u64)> = self.img.devices().map(|(id, d)| (id, d.size())).collect();
+        let size_of = |devid: u64| sizes.iter().find(|s| s.0 == devid).map(|s| s.1);
+        for (a, b) in super_stripes(&self.img.chunks, logical, length, &size_of) {
             g.excluded.insert(a, b);
             g.free.remove(a, b);
         }
@@ -207,33 +276,45 @@ impl Store {
             self.sb.sys_chunk_array[n + 17..n + add].copy_from_slice(&item);
             self.sb.sys_chunk_array_size.set((n + add) as u32);
         }
-        let used = self.sb.dev_item.bytes_used.get() + stripe * copies;
-        self.sb.dev_item.bytes_used.set(used);
+        for &(devid, _, _) in &placed {
+            if let Some(mut di) = self.dev_item_of(devid) {
+                di.bytes_used.set(di.bytes_used.get() + stripe);
+                self.set_dev_item(devid, di);
+            }
+        }
         // The chunk's tree items are written at commit: inserting them here
         // could copy a tree block that a copy-on-write in progress is
         // replacing (this runs when an allocation finds no room).
         self.pending_chunks.push(PendingChunk {
             key,
             item,
-            placements,
+            placements: placed.iter().map(|&(d, _, p)| (d, p)).collect(),
             stripe,
         });
         self.chunk_allocated = true;
         Ok(logical)
     }
 
+    fn set_dev_item(&mut self, devid: u64, di: DevItem) {
+        if devid == self.sb.dev_item.devid.get() {
+            self.sb.dev_item = di;
+        } else {
+            self.other_dev_items.insert(devid, di);
+        }
+    }
+
     /// Insert the items of chunks allocated since the last commit: chunk
-    /// item, dev extents, the device item's used bytes (as the kernel's
+    /// item, dev extents, each device item's used bytes (as the kernel's
     /// btrfs_create_pending_block_groups). Returns whether there were any.
     pub(super) fn create_pending_chunks(&mut self) -> Result<bool> {
         if self.pending_chunks.is_empty() {
             return Ok(false);
         }
-        let devid = self.sb.dev_item.devid.get();
         let chunk_tree_uuid = self.chunk_tree_uuid;
+        let mut touched = Vec::new();
         while let Some(p) = self.pending_chunks.pop() {
             self.insert_item(BTRFS_CHUNK_TREE_OBJECTID, &p.key, &p.item)?;
-            for &x in &p.placements {
+            for &(devid, x) in &p.placements {
                 let de = DevExtent {
                     chunk_tree: BTRFS_CHUNK_TREE_OBJECTID.into(),
                     chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
@@ -246,15 +327,22 @@ impl Store {
                     &Key::new(devid, BTRFS_DEV_EXTENT_KEY, x),
                     de.as_bytes(),
                 )?;
+                if !touched.contains(&devid) {
+                    touched.push(devid);
+                }
             }
         }
-        let used = self.sb.dev_item.bytes_used.get();
-        let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
-        if let Some(d) = self.lookup(BTRFS_CHUNK_TREE_OBJECTID, &dkey)? {
-            let mut di = DevItem::read_from_bytes(&d)
-                .map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
-            di.bytes_used.set(used);
-            self.update_item(BTRFS_CHUNK_TREE_OBJECTID, &dkey, di.as_bytes())?;
+        for devid in touched {
+            let Some(used) = self.dev_item_of(devid).map(|d| d.bytes_used.get()) else {
+                continue;
+            };
+            let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
+            if let Some(d) = self.lookup(BTRFS_CHUNK_TREE_OBJECTID, &dkey)? {
+                let mut di = DevItem::read_from_bytes(&d)
+                    .map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
+                di.bytes_used.set(used);
+                self.update_item(BTRFS_CHUNK_TREE_OBJECTID, &dkey, di.as_bytes())?;
+            }
         }
         Ok(true)
     }

@@ -340,10 +340,8 @@ impl Store {
     /// device's own device item (the superblock's device has it already).
     pub(super) fn device_superblock(&self, devid: u64) -> Superblock {
         let mut sb = self.sb;
-        if devid != self.sb.dev_item.devid.get() {
-            if let Some(d) = self.img.own_dev_item(devid) {
-                sb.dev_item = *d;
-            }
+        if let Some(d) = self.dev_item_of(devid) {
+            sb.dev_item = d;
         }
         sb
     }

@@ -130,10 +130,11 @@ impl Store {
         // (write_all_supers with one mirror).
         let mut supers = Vec::new();
         for (devid, dev) in self.img.device_list() {
+            // The last commit's superblock, each device's own item in it.
             let mut sb = *self.img.sb;
             if devid != sb.dev_item.devid.get() {
-                if let Some(d) = self.img.own_dev_item(devid) {
-                    sb.dev_item = *d;
+                if let Some(d) = self.dev_item_of(devid) {
+                    sb.dev_item = d;
                 }
             }
             sb.log_root.set(log_root);

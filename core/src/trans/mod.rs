@@ -185,6 +185,9 @@ pub struct Store {
     pub qgroups: qgroup::Qgroups,
     /// Chunks allocated in this transaction, their tree items not yet in.
     pending_chunks: Vec<chunk_alloc::PendingChunk>,
+    /// The device items of the devices other than the superblock's (whose
+    /// item is `sb.dev_item`), as each device's superblocks carry them.
+    other_dev_items: BTreeMap<u64, crate::format::dev::DevItem>,
     /// A chunk was allocated in this transaction: a log must not depend on
     /// it (btrfs_make_block_group forces a full commit).
     pub chunk_allocated: bool,
@@ -328,6 +331,11 @@ impl Store {
         };
         let nodesize = img.nodesize as usize;
         let data = dataio::DataIo::new(img.device().clone());
+        let other_dev_items = img
+            .devices()
+            .filter(|&(id, _)| id != sb.dev_item.devid.get())
+            .filter_map(|(id, _)| Some((id, *img.own_dev_item(id)?)))
+            .collect();
         let mut fs = Store {
             transid: sb.generation.get() + 1,
             sb,
@@ -343,6 +351,7 @@ impl Store {
             log_blocks: HashMap::new(),
             qgroups: qgroup::Qgroups::default(),
             pending_chunks: Vec::new(),
+            other_dev_items,
             chunk_allocated: false,
             stats: IoStats::default(),
         };
