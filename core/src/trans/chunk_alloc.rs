@@ -151,7 +151,7 @@ impl Store {
         }
         // Most room first (btrfs_cmp_device_info); stable, so devid order
         // breaks ties.
-        cands.sort_by(|a, b| (b.max_avail, b.total_avail).cmp(&(a.max_avail, a.total_avail)));
+        cands.sort_by_key(|c| std::cmp::Reverse((c.max_avail, c.total_avail)));
         let mut ndevs = cands.len() as u64;
         if attr.devs_max > 0 {
             ndevs = ndevs.min(attr.devs_max);
