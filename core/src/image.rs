@@ -75,6 +75,9 @@ pub struct Image {
     /// Opened with [`OpenOptions::lenient`]: damaged blocks are returned with
     /// their problems instead of failing the read.
     pub lenient: bool,
+    /// Opened with [`OpenOptions::degraded`]: devices in `missing` are
+    /// known to be gone, and writes go to the copies on the others.
+    pub degraded: bool,
     /// Problems noticed while opening that lenient mode let through.
     pub open_warnings: Vec<String>,
 }
@@ -149,6 +152,7 @@ impl Image {
             sb,
             mirror: opts.mirror,
             lenient: opts.lenient,
+            degraded: opts.degraded,
             open_warnings: warnings,
         };
         if let Err(e) = img.load_chunk_tree() {
@@ -219,8 +223,9 @@ impl Image {
     }
 
     /// Open the same devices again with `opts` (the superblock as it is on
-    /// disk now).
-    pub fn reopen(&self, opts: OpenOptions) -> Result<Image> {
+    /// disk now); degraded if this one was.
+    pub fn reopen(&self, mut opts: OpenOptions) -> Result<Image> {
+        opts.degraded |= self.degraded;
         let others = self
             .devs
             .iter()

@@ -34,6 +34,12 @@ struct Args {
     /// the device's file.
     #[arg(short = 'o', long = "output")]
     output: Option<PathBuf>,
+    /// Replay a filesystem on several devices with some of them missing
+    /// (as `mount -o degraded`): the copies on the devices given are
+    /// written, the missing ones keep what they had. Refused when the log
+    /// or the trees need a block with no copy on the devices given.
+    #[arg(long)]
+    degraded: bool,
     /// Print what replay would change without writing anything.
     #[arg(long)]
     dry_run: bool,
@@ -76,10 +82,10 @@ fn main() {
 /// devices is refused here, before anything is copied or written:
 /// replaying or copying one device of a set would give a filesystem
 /// missing the others.
-fn has_log(paths: &[PathBuf]) -> anyhow::Result<bool> {
+fn has_log(paths: &[PathBuf], degraded: bool) -> anyhow::Result<bool> {
     let set = DeviceSet::open_files(paths, false)?;
     let missing = set.missing_count();
-    if missing > 0 {
+    if missing > 0 && !degraded {
         let given = paths
             .iter()
             .map(|p| p.display().to_string())
@@ -89,7 +95,7 @@ fn has_log(paths: &[PathBuf]) -> anyhow::Result<bool> {
             devids: Vec::new(),
             what: format!(
                 "{given}: the filesystem has {} devices and {missing} {} not given; give every \
-                 device (nothing written)",
+                 device, or --degraded to replay onto the ones given (nothing written)",
                 set.num_devices,
                 if missing == 1 { "was" } else { "were" }
             ),
@@ -109,6 +115,7 @@ fn open_for_replay(
     paths: &[PathBuf],
     wrap: &dyn Fn(Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice>,
     writable: bool,
+    degraded: bool,
 ) -> anyhow::Result<Store> {
     let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::with_capacity(paths.len());
     for p in paths {
@@ -118,6 +125,7 @@ fn open_for_replay(
     let set = DeviceSet::assemble(devs)?;
     let img = set.open(OpenOptions {
         writable: true,
+        degraded,
         ..Default::default()
     })?;
     Ok(Store::from_image_for_replay(img)?)
@@ -220,7 +228,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
     if a.dry_run && a.output.is_some() {
         bail!("--dry-run and -o cannot be combined");
     }
-    if !has_log(&paths)? {
+    if !has_log(&paths, a.degraded)? {
         if let Some(out) = &a.output {
             // Nothing to replay: the recovered image is the image itself.
             let outs = output_paths(&paths, out)?;
@@ -236,7 +244,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
     if a.dry_run {
         let overlay =
             |d: Arc<dyn BlockDevice>| -> Arc<dyn BlockDevice> { Arc::new(OverlayDevice::new(d)) };
-        let mut fs = open_for_replay(&paths, &overlay, false)?;
+        let mut fs = open_for_replay(&paths, &overlay, false, a.degraded)?;
         let s = run_replay(&mut fs, opts)?;
         report::print(&s, true, a.json, None);
         return Ok(());
@@ -250,7 +258,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
         None => (paths.clone(), Vec::new(), None),
     };
     let result = (|| -> anyhow::Result<_> {
-        let mut fs = open_for_replay(&targets, &|d| d, true)?;
+        let mut fs = open_for_replay(&targets, &|d| d, true, a.degraded)?;
         run_replay(&mut fs, opts)
     })();
     match result {

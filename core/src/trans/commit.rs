@@ -166,14 +166,21 @@ impl Store {
     pub fn write_blocks(&mut self, which: &dyn Fn(TreeId) -> bool) -> Result<usize> {
         let devs = self.img.device_list();
         let names: Vec<String> = devs.iter().map(|d| self.img.device_name(d.0)).collect();
+        let degraded = self.img.degraded;
         self.emit_dirty_blocks(which, &mut |devid, p, run| {
-            let i = devs
-                .iter()
-                .position(|d| d.0 == devid)
-                .ok_or_else(|| Error::MissingDevice {
+            let Some(i) = devs.iter().position(|d| d.0 == devid) else {
+                // Opened degraded: the copies on a missing device are not
+                // written, as the kernel's degraded mount leaves them
+                // (every block keeps a copy on a device present, see
+                // emit_dirty_blocks).
+                if degraded {
+                    return Ok(());
+                }
+                return Err(Error::MissingDevice {
                     devids: vec![devid],
                     what: format!("device {devid} is missing: a tree block copy cannot be written"),
-                })?;
+                });
+            };
             devs[i]
                 .1
                 .write_at(p, run)
@@ -206,7 +213,14 @@ impl Store {
             let c = crate::csum::block_csum(csum, buf);
             buf[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
             let len = buf.len() as u64;
-            for c in self.img.chunks.copies(b, len)? {
+            let copies = self.img.chunks.copies(b, len)?;
+            if !copies.iter().any(|c| self.img.device_of(c.0).is_some()) {
+                return Err(Error::MissingDevice {
+                    devids: copies.iter().map(|c| c.0).collect(),
+                    what: format!("tree block {b} has no copy on a device present"),
+                });
+            }
+            for c in copies {
                 writes.push((c, b));
                 if is_log {
                     log_bytes += len;
