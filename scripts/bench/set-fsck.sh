@@ -10,7 +10,7 @@
 #       of every tree block and every data sector, on both devices)
 #   btrfs check --readonly --check-data-csum (on loop devices)
 #   btrfs scrub start -B on the kernel's mount of the set
-# Needs root, btrfs-progs, hyperfine and a release build.
+# Prints wall seconds per run. Needs root, btrfs-progs and a release build.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=${1:?usage: set-fsck.sh DIR [RUNS]}
@@ -32,9 +32,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
-hyperfine -N -w 1 -r "$runs" --prepare "sh -c '$cold'" --output=null \
-    "$fsck --check-mirrors --check-data-csum $dir/a.img $dir/b.img" \
-    "btrfs check --readonly --check-data-csum $la"
+# Interleaved, one cold run of each in turn: this machine's disk speed
+# drifts over minutes, so back-to-back batches would compare different
+# moments.
+t() { sh -c "$cold"; /usr/bin/time -f %e "$@" 2>&1 >/dev/null | tail -1; }
+echo "run btrkit-fsck btrfs-check"
+for r in $(seq "$runs"); do
+    echo "$r $(t "$fsck" --check-mirrors --check-data-csum "$dir/a.img" "$dir/b.img") $(t btrfs check --readonly --check-data-csum "$la")"
+done
 mount -o "ro,device=$lb" "$la" "$mnt"
-hyperfine -N -w 1 -r "$runs" --prepare "sh -c '$cold'" --output=null \
-    "btrfs scrub start -B -r $mnt"
+echo "run btrkit-fsck btrfs-scrub"
+for r in $(seq "$runs"); do
+    echo "$r $(t "$fsck" --check-mirrors --check-data-csum "$dir/a.img" "$dir/b.img") $(t btrfs scrub start -B -r "$mnt")"
+done
