@@ -106,15 +106,15 @@ pub fn super_stripes(
     let sub = u64::from(m.sub_stripes.max(1));
     // How much of each stripe the chunk fills, and which stripe unit of the
     // chunk the `nr`th unit of stripe `i` is.
-    let (per_stripe, unit_of): (u64, Box<dyn Fn(u64, u64) -> u64>) =
-        if profile & BTRFS_BLOCK_GROUP_RAID0 != 0 {
-            (m.length / n, Box::new(move |nr, i| nr * n + i))
-        } else if profile & BTRFS_BLOCK_GROUP_RAID10 != 0 {
-            let sets = (n / sub).max(1);
-            (m.length / sets, Box::new(move |nr, i| nr * sets + i / sub))
-        } else {
-            (m.length, Box::new(|nr, _| nr))
-        };
+    let per_stripe = crate::chunk::stripe_length(m.type_flags, m.length, n);
+    let unit_of: Box<dyn Fn(u64, u64) -> u64> = if profile & BTRFS_BLOCK_GROUP_RAID0 != 0 {
+        Box::new(move |nr, i| nr * n + i)
+    } else if profile & BTRFS_BLOCK_GROUP_RAID10 != 0 {
+        let sets = (n / sub).max(1);
+        Box::new(move |nr, i| nr * sets + i / sub)
+    } else {
+        Box::new(|nr, _| nr)
+    };
     let unit = BTRFS_STRIPE_LEN;
     for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
         let phys = btrfs_sb_offset(mirror);
@@ -297,5 +297,97 @@ impl Allocator {
     /// at commit.
     pub fn total_used(&self) -> u64 {
         self.groups.values().map(|g| g.used).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::chunk::{parse_chunk, ChunkItem, Stripe};
+    use zerocopy::IntoBytes;
+
+    fn map_with(logical: u64, len: u64, ty: u64, sub: u16, stripes: &[(u64, u64)]) -> ChunkMap {
+        let c = ChunkItem {
+            length: len.into(),
+            owner: 2.into(),
+            stripe_len: BTRFS_STRIPE_LEN.into(),
+            type_: ty.into(),
+            io_align: 65536.into(),
+            io_width: 65536.into(),
+            sector_size: 4096.into(),
+            num_stripes: (stripes.len() as u16).into(),
+            sub_stripes: sub.into(),
+        };
+        let mut v = c.as_bytes().to_vec();
+        for &(d, o) in stripes {
+            v.extend_from_slice(
+                Stripe {
+                    devid: d.into(),
+                    offset: o.into(),
+                    dev_uuid: [0; 16],
+                }
+                .as_bytes(),
+            );
+        }
+        let (c, s) = parse_chunk(&v).unwrap();
+        let mut m = ChunkMap::new();
+        m.insert(logical, &c, s).unwrap();
+        m
+    }
+
+    /// The superblock copy at 64 MiB of each device, mapped back to the
+    /// logical stripe unit holding it (btrfs_rmap_block).
+    #[test]
+    fn superblock_copies_map_back_through_the_stripes() {
+        let sb1 = btrfs_sb_offset(1);
+        let l = 1 << 30;
+        let none = |_| None;
+        // RAID0 over two devices: device 2's stripe starts 1 MiB before the
+        // copy, so it is that stripe's unit 16, the chunk's unit 33.
+        let m = map_with(
+            l,
+            512 << 20,
+            BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID0,
+            1,
+            &[(1, 200 << 20), (2, sb1 - (1 << 20))],
+        );
+        let u = l + 33 * BTRFS_STRIPE_LEN;
+        assert_eq!(
+            super_stripes(&m, l, 512 << 20, &none),
+            vec![(u, u + BTRFS_STRIPE_LEN)]
+        );
+        // RAID10 over four devices (two mirrored sets): stripes 2 and 3 are
+        // the second set; both hold the copy at the same row, one unit.
+        let m = map_with(
+            l,
+            512 << 20,
+            BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID10,
+            2,
+            &[
+                (1, 300 << 20),
+                (2, 300 << 20),
+                (3, sb1 - (2 << 20)),
+                (4, sb1 - (2 << 20)),
+            ],
+        );
+        let u = l + (32 * 2 + 1) * BTRFS_STRIPE_LEN;
+        assert_eq!(
+            super_stripes(&m, l, 512 << 20, &none),
+            vec![(u, u + BTRFS_STRIPE_LEN), (u, u + BTRFS_STRIPE_LEN)]
+        );
+        // A copy past a device's end is not looked for.
+        let m = map_with(
+            l,
+            256 << 20,
+            BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_RAID1,
+            1,
+            &[(1, sb1 - (1 << 20)), (2, sb1 - (1 << 20))],
+        );
+        let small = |d: u64| Some(if d == 1 { sb1 } else { 1 << 40 });
+        let u = l + 16 * BTRFS_STRIPE_LEN;
+        assert_eq!(
+            super_stripes(&m, l, 256 << 20, &small),
+            vec![(u, u + BTRFS_STRIPE_LEN)]
+        );
     }
 }

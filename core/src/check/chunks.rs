@@ -21,26 +21,13 @@ pub(crate) struct ChunkRec {
     pub length: u64,
     pub flags: u64,
     pub num_stripes: u64,
-    pub sub_stripes: u64,
     pub stripes: Vec<(u64, u64)>,
 }
 
 impl ChunkRec {
     /// Bytes each stripe occupies on its device.
     pub fn dev_extent_len(&self) -> u64 {
-        let n = self.num_stripes.max(1);
-        let f = self.flags;
-        if f & BTRFS_BLOCK_GROUP_RAID0 != 0 {
-            self.length / n
-        } else if f & BTRFS_BLOCK_GROUP_RAID10 != 0 {
-            self.length.saturating_mul(self.sub_stripes.max(1)) / n
-        } else if f & BTRFS_BLOCK_GROUP_RAID5 != 0 {
-            self.length / n.saturating_sub(1).max(1)
-        } else if f & BTRFS_BLOCK_GROUP_RAID6 != 0 {
-            self.length / n.saturating_sub(2).max(1)
-        } else {
-            self.length
-        }
+        crate::chunk::stripe_length(self.flags, self.length, self.num_stripes)
     }
 }
 
@@ -122,7 +109,6 @@ pub(super) fn on_chunk_leaf(cx: &mut Ctx, node: &Node) {
                     length: c.length.get(),
                     flags: c.type_.get(),
                     num_stripes: c.num_stripes.get() as u64,
-                    sub_stripes: c.sub_stripes.get() as u64,
                     stripes: s.iter().map(|s| (s.devid.get(), s.offset.get())).collect(),
                 })
             }

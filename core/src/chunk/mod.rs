@@ -147,6 +147,26 @@ impl ChunkMapping {
     }
 }
 
+/// How much of each device a chunk of `length` bytes over `num_stripes`
+/// stripes takes (its dev extents' length): the whole chunk per copy for
+/// the mirrored profiles, a share of it for the striped and parity ones
+/// (the kernel's `btrfs_calc_stripe_length`).
+pub fn stripe_length(flags: u64, length: u64, num_stripes: u64) -> u64 {
+    let n = num_stripes.max(1);
+    let p = flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+    let data_stripes = if p & BTRFS_BLOCK_GROUP_RAID5 != 0 {
+        n.saturating_sub(1)
+    } else if p & BTRFS_BLOCK_GROUP_RAID6 != 0 {
+        n.saturating_sub(2)
+    } else {
+        match RaidAttr::of(flags) {
+            Some(a) => n / a.ncopies.max(1),
+            None => 1,
+        }
+    };
+    length / data_stripes.max(1)
+}
+
 /// What a profile asks of the devices a chunk is spread over (the kernel's
 /// `btrfs_raid_array`, RAID5/6 aside): how many devices at least and at
 /// most (0: as many as there are), in steps of `devs_increment`, stripes
@@ -624,5 +644,21 @@ mod tests {
             m.insert(200 << 20, c, s),
             Err(Error::Unsupported(_))
         ));
+    }
+
+    #[test]
+    fn stripe_length_per_profile() {
+        use BTRFS_BLOCK_GROUP_DATA as D;
+        let g = 1u64 << 30;
+        assert_eq!(stripe_length(D, g, 1), g);
+        assert_eq!(stripe_length(D | BTRFS_BLOCK_GROUP_DUP, g, 2), g);
+        assert_eq!(stripe_length(D | BTRFS_BLOCK_GROUP_RAID1, g, 2), g);
+        assert_eq!(stripe_length(D | BTRFS_BLOCK_GROUP_RAID1C3, g, 3), g);
+        assert_eq!(stripe_length(D | BTRFS_BLOCK_GROUP_RAID0, g, 4), g / 4);
+        assert_eq!(stripe_length(D | BTRFS_BLOCK_GROUP_RAID10, g, 4), g / 2);
+        assert_eq!(stripe_length(D | BTRFS_BLOCK_GROUP_RAID5, 3 * g, 4), g);
+        assert_eq!(stripe_length(D | BTRFS_BLOCK_GROUP_RAID6, 2 * g, 4), g);
+        assert_eq!(RaidAttr::of(D | BTRFS_BLOCK_GROUP_RAID6), None);
+        assert_eq!(RaidAttr::of(D).map(|a| a.devs_max), Some(1));
     }
 }
