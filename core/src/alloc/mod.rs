@@ -331,7 +331,7 @@ mod tests {
         }
         let (c, s) = parse_chunk(&v).unwrap();
         let mut m = ChunkMap::new();
-        m.insert(logical, &c, s).unwrap();
+        m.insert(logical, c, s).unwrap();
         m
     }
 
