@@ -137,13 +137,15 @@ fn one(scn: &Scenario, n: usize, profile: &[&str]) -> Result<(), String> {
     let k = copy_set(&devs, &w.join("k"), "k");
     let kernel = manifest(&k, "rw").map_err(|e| format!("kernel mount: {e}"))?;
 
-    // Ours, into one file per device (given in reverse order).
+    // Ours, into one file per device (given in reverse order), after a
+    // dry run that writes nothing.
     let rev: Vec<&Path> = devs.iter().rev().map(PathBuf::as_path).collect();
+    replay(&rev, &["--dry-run"])?;
     let out = w.join("out");
     replay(&rev, &["-o", out.to_str().unwrap()])?;
     for (d, b) in devs.iter().zip(&before) {
         if std::fs::read(d).unwrap() != *b {
-            return Err(format!("{} changed by -o", d.display()));
+            return Err(format!("{} changed by --dry-run or -o", d.display()));
         }
     }
     let ours: Vec<PathBuf> = devs
