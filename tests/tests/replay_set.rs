@@ -179,6 +179,18 @@ fn one(scn: &Scenario, n: usize, profile: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
+/// The replay corpus but for scenarios that choose their own profiles.
+fn set_corpus() -> Vec<Scenario> {
+    families::corpus()
+        .into_iter()
+        .filter(|s| {
+            !s.mkfs
+                .iter()
+                .any(|a| matches!(a.as_str(), "-d" | "-m" | "-M" | "--mixed"))
+        })
+        .collect()
+}
+
 #[test]
 fn replay_on_sets_matches_the_kernel() {
     skip_unless!(require_kernel_mount());
@@ -187,15 +199,7 @@ fn replay_on_sets_matches_the_kernel() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(4)
         .max(1);
-    // Scenarios that choose their own profiles keep them.
-    let corpus: Vec<Scenario> = families::corpus()
-        .into_iter()
-        .filter(|s| {
-            !s.mkfs
-                .iter()
-                .any(|a| matches!(a.as_str(), "-d" | "-m" | "-M" | "--mixed"))
-        })
-        .collect();
+    let corpus = set_corpus();
     let profiles: [(usize, &[&str]); 3] = [
         (2, &["-d", "raid1", "-m", "raid1"]),
         (4, &["-d", "raid10", "-m", "raid10"]),
@@ -261,15 +265,7 @@ fn one_degraded(scn: &Scenario) -> Result<(), String> {
 #[test]
 fn degraded_replay_matches_the_kernel() {
     skip_unless!(require_kernel_mount());
-    let corpus: Vec<Scenario> = families::corpus()
-        .into_iter()
-        .filter(|s| {
-            !s.mkfs
-                .iter()
-                .any(|a| matches!(a.as_str(), "-d" | "-m" | "-M" | "--mixed"))
-        })
-        .step_by(8)
-        .collect();
+    let corpus: Vec<Scenario> = set_corpus().into_iter().step_by(8).collect();
     let results = kcrash::parallel_map(&corpus, kcrash::max_jobs(), |_, s| {
         (s.name.clone(), one_degraded(s))
     });

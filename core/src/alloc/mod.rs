@@ -107,13 +107,15 @@ pub fn super_stripes(
     // How much of each stripe the chunk fills, and which stripe unit of the
     // chunk the `nr`th unit of stripe `i` is.
     let per_stripe = crate::chunk::stripe_length(m.type_flags, m.length, n);
-    let unit_of: Box<dyn Fn(u64, u64) -> u64> = if profile & BTRFS_BLOCK_GROUP_RAID0 != 0 {
-        Box::new(move |nr, i| nr * n + i)
-    } else if profile & BTRFS_BLOCK_GROUP_RAID10 != 0 {
-        let sets = (n / sub).max(1);
-        Box::new(move |nr, i| nr * sets + i / sub)
-    } else {
-        Box::new(|nr, _| nr)
+    let sets = (n / sub).max(1);
+    let unit_of = |nr: u64, i: u64| {
+        if profile & BTRFS_BLOCK_GROUP_RAID0 != 0 {
+            nr * n + i
+        } else if profile & BTRFS_BLOCK_GROUP_RAID10 != 0 {
+            nr * sets + i / sub
+        } else {
+            nr
+        }
     };
     let unit = BTRFS_STRIPE_LEN;
     for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
