@@ -9,10 +9,11 @@ use std::path::{Path, PathBuf};
     name = "btrkit-mkfs",
     version,
     about = "Create a Btrfs filesystem on an image file or device",
-    after_help = "Examples:\n  btrkit-mkfs -b 1G disk.img\n  btrkit-mkfs -n 65536 --csum xxhash -L data -f disk.img\n  btrkit-mkfs -b 4G --rootdir ./tree disk.img"
+    after_help = "Examples:\n  btrkit-mkfs -b 1G disk.img\n  btrkit-mkfs -n 65536 --csum xxhash -L data -f disk.img\n  btrkit-mkfs -b 4G --rootdir ./tree disk.img\n  btrkit-mkfs -b 1G -m raid1 -d raid1 a.img b.img\n  btrkit-mkfs -b 1G -m raid1c3 -d raid10 a.img b.img c.img d.img"
 )]
 pub struct Args {
-    /// Filesystem size (K/M/G/T suffixes); creates or extends the image file.
+    /// Size of each device (K/M/G/T suffixes); creates or extends the image
+    /// files.
     #[arg(short = 'b', long = "byte-count")]
     pub size: Option<String>,
     /// Tree block size: a power of two from 4K to 64K.
@@ -35,6 +36,13 @@ pub struct Args {
     /// Runtime features (free-space-tree), as mkfs.btrfs -R.
     #[arg(short = 'R', long = "runtime-features")]
     pub runtime_features: Vec<String>,
+    /// Metadata (and system) profile: single, dup, raid0, raid1, raid1c3,
+    /// raid1c4, raid10. Default: dup on one device, raid1 on several.
+    #[arg(short = 'm', long = "metadata")]
+    pub metadata: Option<String>,
+    /// Data profile (as -m). Default: single.
+    #[arg(short = 'd', long = "data")]
+    pub data: Option<String>,
     /// Copy this directory's contents into the new filesystem.
     #[arg(short = 'r', long = "rootdir")]
     pub rootdir: Option<PathBuf>,
@@ -46,7 +54,10 @@ pub struct Args {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
-    pub image: PathBuf,
+    /// The image files or block devices; several make one filesystem over
+    /// all of them (devids in this order).
+    #[arg(required = true, value_name = "IMAGE")]
+    pub images: Vec<PathBuf>,
 }
 
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
@@ -76,6 +87,12 @@ impl Args {
             f.apply(l)?;
         }
         o.features = f;
+        if let Some(m) = &self.metadata {
+            o.metadata_profile = Some(btrkit_core::mkfs::parse_profile(m)?);
+        }
+        if let Some(d) = &self.data {
+            o.data_profile = Some(btrkit_core::mkfs::parse_profile(d)?);
+        }
         Ok(o)
     }
 }

@@ -26,44 +26,56 @@ fn main() {
 
 fn run(a: args::Args) -> anyhow::Result<()> {
     let opts: MkfsOptions = a.options()?;
-    let path = &a.image;
-    let exists = path.exists();
-    if exists && path.is_dir() {
-        bail!("{} is a directory", path.display());
-    }
-    if exists && !a.force {
-        if let Some(what) = args::existing_filesystem(path)? {
-            bail!(
-                "{} already contains a {what} filesystem; use -f to overwrite it",
-                path.display()
-            );
+    for (i, path) in a.images.iter().enumerate() {
+        if a.images[..i].iter().any(|p| same_file(p, path)) {
+            bail!("{} is given twice", path.display());
+        }
+        if path.exists() && path.is_dir() {
+            bail!("{} is a directory", path.display());
+        }
+        if path.exists() && !a.force {
+            if let Some(what) = args::existing_filesystem(path)? {
+                bail!(
+                    "{} already contains a {what} filesystem; use -f to overwrite it",
+                    path.display()
+                );
+            }
+        }
+        if !path.exists() && opts.size.is_none() {
+            bail!("{} does not exist; give its size with -b", path.display());
         }
     }
-    // Scan the source before touching the image: an unreadable entry is
-    // reported with the image unchanged.
+    // Scan the source before touching the images: an unreadable entry is
+    // reported with the images unchanged.
     let listing = match &a.rootdir {
         Some(dir) => Some(mkfs::rootdir::scan(dir)?),
         None => None,
     };
-    if !exists {
-        let Some(size) = opts.size else {
-            bail!("{} does not exist; give its size with -b", path.display());
-        };
-        let f = std::fs::File::create(path)
-            .with_context(|| format!("cannot create {}", path.display()))?;
-        f.set_len(size)
-            .with_context(|| format!("cannot size {}", path.display()))?;
-    } else if let Some(size) = opts.size {
-        let meta = std::fs::metadata(path)?;
-        if meta.is_file() && meta.len() < size {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)?
-                .set_len(size)?;
+    let mut devs: Vec<(Arc<dyn BlockDevice>, String)> = Vec::new();
+    for path in &a.images {
+        if !path.exists() {
+            let f = std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            if let Some(size) = opts.size {
+                f.set_len(size)
+                    .with_context(|| format!("cannot size {}", path.display()))?;
+            }
+        } else if let Some(size) = opts.size {
+            let meta = std::fs::metadata(path)?;
+            if meta.is_file() && meta.len() < size {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)?
+                    .set_len(size)?;
+            }
         }
+        devs.push((
+            Arc::new(FileDevice::open(path, true)?),
+            path.display().to_string(),
+        ));
     }
-    let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(path, true)?);
-    let (mut fs, staged, summary) = mkfs::make(dev.clone(), &opts)?;
+    let all: Vec<Arc<dyn BlockDevice>> = devs.iter().map(|d| d.0.clone()).collect();
+    let (mut fs, staged, summary) = mkfs::make_set(devs, &opts)?;
     let mut stats = None;
     if let (Some(dir), Some(listing)) = (&a.rootdir, &listing) {
         // From here on every commit is a valid filesystem: running out of
@@ -84,7 +96,9 @@ fn run(a: args::Args) -> anyhow::Result<()> {
             }
             Err(e) => {
                 drop(fs);
-                mkfs::wipe_superblocks(dev.as_ref())?;
+                for d in &all {
+                    mkfs::wipe_superblocks(d.as_ref())?;
+                }
                 return Err(anyhow::Error::new(e).context(format!(
                     "copying {} (the image was left unusable)",
                     dir.display()
@@ -96,4 +110,14 @@ fn run(a: args::Args) -> anyhow::Result<()> {
     }
     report::print(&summary, stats.as_ref(), a.json, a.quiet);
     Ok(())
+}
+
+/// Whether two paths name one file (the same device twice would make a
+/// set that overwrites itself).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => a == b,
+    }
 }

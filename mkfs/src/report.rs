@@ -65,6 +65,14 @@ pub fn print(s: &MkfsSummary, stats: Option<&RootdirStats>, json: bool, quiet: b
         human(s.filesystem_size),
     ]);
     t.add_row(vec!["Checksum:", &s.checksum]);
+    t.add_row(vec![
+        "Block group profiles:".to_string(),
+        format!("data {}, metadata {}", s.profiles.0, s.profiles.1),
+    ]);
+    t.add_row(vec![
+        "Number of devices:".to_string(),
+        s.devices.len().to_string(),
+    ]);
     t.add_row(vec!["Features:".to_string(), s.features.join(", ")]);
     if let Some(r) = stats {
         t.add_row(vec![
@@ -87,4 +95,12 @@ pub fn print(s: &MkfsSummary, stats: Option<&RootdirStats>, json: bool, quiet: b
         c.add_row(vec![ty.clone(), start.to_string(), human(*len)]);
     }
     println!("{c}");
+    if s.devices.len() > 1 {
+        let mut d = Table::new();
+        d.set_header(vec!["Devid", "Size", "Path"]);
+        for (id, size, path) in &s.devices {
+            d.add_row(vec![id.to_string(), human(*size), path.clone()]);
+        }
+        println!("{d}");
+    }
 }

@@ -393,6 +393,31 @@ impl ChunkMap {
         Ok(pieces.swap_remove(0).copies)
     }
 
+    /// `[logical, logical+len)` cut into pieces that each lie in one stripe
+    /// unit of one chunk, with every copy of each (what a data write of any
+    /// length becomes on a set of devices). Each piece's `offset` is its
+    /// logical address. The range must be covered by chunks without a gap.
+    pub fn pieces(&self, logical: u64, len: u64) -> Result<Vec<StripePiece>> {
+        let mut out = Vec::new();
+        let end = logical
+            .checked_add(len)
+            .ok_or_else(|| Error::corrupt(format!("range {logical}+{len} overflows"), logical))?;
+        let mut at = logical;
+        // Each turn consumes a whole chunk's part of the range.
+        while at < end {
+            let m = self.lookup(at).ok_or_else(|| {
+                Error::corrupt(format!("logical address {at} is outside every chunk"), at)
+            })?;
+            let upto = end.min(m.end());
+            for mut p in m.map_range(at - m.logical, upto - at)? {
+                p.offset += m.logical;
+                out.push(p);
+            }
+            at = upto;
+        }
+        Ok(out)
+    }
+
     /// Physical offsets of every copy of `[logical, logical+len)` on device
     /// `devid`, in mirror order (the writers of a single-device filesystem).
     /// The range must lie in one stripe unit of one chunk.
@@ -587,6 +612,41 @@ mod tests {
         let mut far = cases[2].clone();
         far.stripes[1].1 = u64::MAX - 10;
         assert!(far.map_range(4096, 4096).is_err());
+    }
+
+    #[test]
+    fn pieces_cross_stripe_units_and_chunks_but_not_gaps() {
+        let mib = 1u64 << 20;
+        let mut m = ChunkMap::new();
+        let a = chunk(
+            4 * mib,
+            BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID0,
+            &[(1, mib), (2, mib)],
+        );
+        let b = chunk(4 * mib, BTRFS_BLOCK_GROUP_DATA, &[(3, 9 * mib)]);
+        let (ca, sa) = crate::format::chunk::parse_chunk(&a).unwrap();
+        let (cb, sb) = crate::format::chunk::parse_chunk(&b).unwrap();
+        m.insert(100 * mib, ca, sa).unwrap();
+        m.insert(104 * mib, cb, sb).unwrap();
+        // The last 96 KiB of the raid0 chunk (units 62 and 63 in part) and
+        // the first 8 KiB of the single one.
+        let start = 104 * mib - 96 * 1024;
+        let p = m.pieces(start, 104 * 1024).unwrap();
+        let got: Vec<(u64, u64, Vec<(u64, u64)>)> =
+            p.into_iter().map(|p| (p.offset, p.len, p.copies)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (start, 32 * 1024, vec![(1, mib + 31 * 65536 + 32 * 1024)]),
+                (104 * mib - 65536, 65536, vec![(2, mib + 31 * 65536)]),
+                (104 * mib, 8192, vec![(3, 9 * mib)]),
+            ]
+        );
+        assert!(
+            m.pieces(108 * mib - 4096, 8192).is_err(),
+            "past the last chunk"
+        );
+        assert!(m.pieces(99 * mib, 8192).is_err(), "before the first");
     }
 
     #[test]

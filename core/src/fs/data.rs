@@ -69,10 +69,7 @@ pub fn reserve_data_extent(st: &mut Store, want: u64, min: u64) -> Result<(u64, 
 /// Write `disk` to data space allocated at `bytenr` in this transaction
 /// and record its checksums (unless `nodatasum`).
 pub fn write_data_at(st: &mut Store, bytenr: u64, disk: &[u8], datasum: bool) -> Result<()> {
-    let len = disk.len() as u64;
-    for phys in st.image().chunks.map(bytenr, len, st.image().devid)? {
-        st.write_new_data(phys, disk)?;
-    }
+    st.write_new_data(bytenr, disk)?;
     if datasum {
         let sums = sector_csums(st, disk);
         st.csum_insert(bytenr, &sums)?;

@@ -389,14 +389,7 @@ impl Filesystem {
     fn write_in_place(&mut self, l: Loc, off: u64, data: &[u8], t: &InPlace) -> Result<()> {
         let datasum = self.datasum(l)?;
         let at = t.bytenr + t.ext_off;
-        let phys =
-            self.store
-                .image()
-                .chunks
-                .map(at, data.len() as u64, self.store.image().devid)?;
-        for p in phys {
-            self.store.write_in_place_data(p, data)?;
-        }
+        self.store.write_in_place_data(at, data)?;
         if datasum {
             let sums = super::data::sector_csums(&self.store, data);
             self.store.csum_insert(at, &sums)?;

@@ -110,6 +110,12 @@ pub struct MkfsOptions {
     pub features: Features,
     /// Creation time for inodes and root items (seconds since the epoch).
     pub now: u64,
+    /// Metadata (and system) profile, as block group profile bits (0 is
+    /// SINGLE); None = mkfs.btrfs's default: DUP on one device, RAID1 on
+    /// several.
+    pub metadata_profile: Option<u64>,
+    /// Data profile; None = SINGLE.
+    pub data_profile: Option<u64>,
 }
 
 impl Default for MkfsOptions {
@@ -126,26 +132,66 @@ impl Default for MkfsOptions {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+            metadata_profile: None,
+            data_profile: None,
         }
     }
 }
 
+/// A profile name as mkfs.btrfs takes it (`-m`/`-d`), as block group
+/// profile bits: single, dup, raid0, raid1, raid1c3, raid1c4, raid10.
+/// RAID5/6 are refused as unsupported.
+pub fn parse_profile(name: &str) -> Result<u64> {
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "single" => 0,
+        "dup" => BTRFS_BLOCK_GROUP_DUP,
+        "raid0" => BTRFS_BLOCK_GROUP_RAID0,
+        "raid1" => BTRFS_BLOCK_GROUP_RAID1,
+        "raid1c3" => BTRFS_BLOCK_GROUP_RAID1C3,
+        "raid1c4" => BTRFS_BLOCK_GROUP_RAID1C4,
+        "raid10" => BTRFS_BLOCK_GROUP_RAID10,
+        "raid5" | "raid6" => {
+            return Err(Error::Unsupported(format!(
+                "profile {name}: parity profiles are not supported yet"
+            )))
+        }
+        _ => {
+            return Err(Error::Invalid(format!(
+                "unknown profile '{name}' (single, dup, raid0, raid1, raid1c3, raid1c4, raid10)"
+            )))
+        }
+    })
+}
+
+/// The profile's name as mkfs.btrfs prints it.
+fn profile_name(p: u64) -> &'static str {
+    match p & BTRFS_BLOCK_GROUP_PROFILE_MASK {
+        0 => "single",
+        BTRFS_BLOCK_GROUP_DUP => "DUP",
+        BTRFS_BLOCK_GROUP_RAID0 => "RAID0",
+        BTRFS_BLOCK_GROUP_RAID1 => "RAID1",
+        BTRFS_BLOCK_GROUP_RAID1C3 => "RAID1C3",
+        BTRFS_BLOCK_GROUP_RAID1C4 => "RAID1C4",
+        BTRFS_BLOCK_GROUP_RAID10 => "RAID10",
+        _ => "?",
+    }
+}
+
 /// Layout of one chunk of the bootstrap.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ChunkPlan {
-    /// Block group flags: type (SYSTEM, METADATA, DATA) and profile (DUP or
-    /// single).
+    /// Block group flags: type (SYSTEM, METADATA, DATA) and profile.
     pub flags: u64,
     /// Logical start address of the chunk, in bytes.
     pub logical: u64,
-    /// Chunk length in bytes (logical size; each copy takes this much on the
-    /// device).
+    /// Chunk length in bytes (logical size).
     pub length: u64,
-    /// Physical byte offset on device 1 of each copy; only the first `copies`
-    /// entries are meaningful.
-    pub physical: [u64; 2],
-    /// Number of copies (stripes): 2 for DUP, 1 for single.
-    pub copies: usize,
+    /// (devid, physical offset) of each stripe, in stripe order.
+    pub stripes: Vec<(u64, u64)>,
+    /// Bytes each stripe takes on its device (the dev extent length).
+    pub stripe_size: u64,
+    /// Stripes per mirrored set (RAID10: 2; 1 otherwise).
+    pub sub_stripes: u16,
 }
 
 /// What [`make`] created, for the mkfs binary's report (human and `--json`).
@@ -169,6 +215,11 @@ pub struct MkfsSummary {
     /// The initial chunks as (type and profile as btrfs-progs prints them,
     /// e.g. `METADATA|DUP`; logical start; length), bytes.
     pub chunks: Vec<(String, u64, u64)>,
+    /// Data and metadata profiles, as mkfs.btrfs prints them (`single`,
+    /// `DUP`, `RAID1`...).
+    pub profiles: (String, String),
+    /// Every device as (devid, size in bytes, its path or name).
+    pub devices: Vec<(u64, u64, String)>,
 }
 
 pub use crate::util::uuid::{parse_uuid, random_uuid, uuid_str};
@@ -217,8 +268,9 @@ fn validate(o: &MkfsOptions, dev_size: u64) -> Result<u64> {
     Ok(size)
 }
 
-/// Chunk layout for a filesystem of `size` bytes: DUP system and metadata,
-/// SINGLE data, sized as mkfs.btrfs sizes its first chunks.
+/// Chunk layout for a one-device filesystem of `size` bytes with the
+/// default profiles: DUP system and metadata, SINGLE data, sized as
+/// mkfs.btrfs sizes its first chunks.
 pub fn plan_chunks(size: u64) -> [ChunkPlan; 3] {
     let sys = 8 * MIB;
     let meta = (size / 20 / MIB * MIB).clamp(32 * MIB, 256 * MIB);
@@ -227,37 +279,111 @@ pub fn plan_chunks(size: u64) -> [ChunkPlan; 3] {
     let mut take = |len: u64| {
         let p = phys;
         phys += len;
-        p
+        (1, p)
     };
     let s = ChunkPlan {
         flags: BTRFS_BLOCK_GROUP_SYSTEM | BTRFS_BLOCK_GROUP_DUP,
         logical: MIB,
         length: sys,
-        physical: [take(sys), take(sys)],
-        copies: 2,
+        stripes: vec![take(sys), take(sys)],
+        stripe_size: sys,
+        sub_stripes: 1,
     };
     let m = ChunkPlan {
         flags: BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP,
         logical: s.logical + sys,
         length: meta,
-        physical: [take(meta), take(meta)],
-        copies: 2,
+        stripes: vec![take(meta), take(meta)],
+        stripe_size: meta,
+        sub_stripes: 1,
     };
     let d = ChunkPlan {
         flags: BTRFS_BLOCK_GROUP_DATA,
         logical: m.logical + meta,
         length: data,
-        physical: [take(data), 0],
-        copies: 1,
+        stripes: vec![take(data)],
+        stripe_size: data,
+        sub_stripes: 1,
     };
     [s, m, d]
 }
 
-fn chunk_item_bytes(
-    p: &ChunkPlan,
-    sectorsize: u32,
-    dev_uuid: [u8; 16],
-) -> (ChunkItem, Vec<Stripe>, Vec<u8>) {
+/// Chunk layout on devices of `sizes` bytes (devids 1..) for metadata
+/// profile `meta` (the system chunk's too, as mkfs.btrfs does) and data
+/// profile `data`: system, metadata and data chunks one after another in
+/// logical space from 1 MiB, each placed by the kernel's chunk allocator
+/// rules (`place_chunk`) on the space the chunks before it left.
+pub fn plan_set_chunks(sizes: &[u64], meta: u64, data: u64) -> Result<[ChunkPlan; 3]> {
+    use crate::trans::chunk_alloc::{pick_hole, place_chunk, Candidate};
+    let total: u64 = sizes.iter().sum();
+    let mut next: Vec<u64> = vec![MIB; sizes.len()];
+    let mut logical = MIB;
+    let mut plan = |ty: u64, profile: u64| -> Result<ChunkPlan> {
+        let flags = ty | profile;
+        let name = crate::format::names::block_group_flags_str(flags);
+        let attr = crate::chunk::RaidAttr::of(profile)
+            .ok_or_else(|| Error::Unsupported(format!("a {name} chunk")))?;
+        if (sizes.len() as u64) < attr.devs_min {
+            return Err(Error::Invalid(format!(
+                "profile {} needs at least {} devices, {} given",
+                profile_name(profile),
+                attr.devs_min,
+                sizes.len()
+            )));
+        }
+        let mut cands = Vec::new();
+        for (i, &size) in sizes.iter().enumerate() {
+            let hole = [(next[i], size.max(next[i]))];
+            if let Some((at, avail)) = pick_hole(&hole, ty, attr, total) {
+                cands.push(Candidate {
+                    devid: i as u64 + 1,
+                    uuid: [0; 16],
+                    dev_offset: at,
+                    max_avail: avail,
+                    total_avail: avail,
+                });
+            }
+        }
+        let (stripes, stripe_size, length) =
+            place_chunk(cands, ty, attr, total, &name, sizes.len()).map_err(|e| match e {
+                Error::NoSpace(m) => Error::Invalid(format!("the devices are too small: {m}")),
+                e => e,
+            })?;
+        // A chunk too small for the bootstrap and a first commit is of no
+        // use; mkfs.btrfs refuses such devices too.
+        let least = if ty == BTRFS_BLOCK_GROUP_SYSTEM {
+            4 * MIB
+        } else {
+            16 * MIB
+        };
+        if length < least {
+            return Err(Error::Invalid(format!(
+                "the devices are too small: the first {name} chunk would be {} KiB",
+                length >> 10
+            )));
+        }
+        for &(devid, _, p) in &stripes {
+            let i = (devid - 1) as usize;
+            next[i] = next[i].max(p + stripe_size);
+        }
+        let c = ChunkPlan {
+            flags,
+            logical,
+            length,
+            stripes: stripes.iter().map(|&(d, _, p)| (d, p)).collect(),
+            stripe_size,
+            sub_stripes: attr.sub_stripes as u16,
+        };
+        logical += length;
+        Ok(c)
+    };
+    let sys = plan(BTRFS_BLOCK_GROUP_SYSTEM, meta)?;
+    let m = plan(BTRFS_BLOCK_GROUP_METADATA, meta)?;
+    let d = plan(BTRFS_BLOCK_GROUP_DATA, data)?;
+    Ok([sys, m, d])
+}
+
+fn chunk_item_bytes(p: &ChunkPlan, sectorsize: u32, dev_uuids: &[[u8; 16]]) -> Vec<u8> {
     let c = ChunkItem {
         length: p.length.into(),
         owner: BTRFS_EXTENT_TREE_OBJECTID.into(),
@@ -266,22 +392,37 @@ fn chunk_item_bytes(
         io_align: (BTRFS_STRIPE_LEN as u32).into(),
         io_width: (BTRFS_STRIPE_LEN as u32).into(),
         sector_size: sectorsize.into(),
-        num_stripes: (p.copies as u16).into(),
-        sub_stripes: 1.into(),
+        num_stripes: (p.stripes.len() as u16).into(),
+        sub_stripes: p.sub_stripes.into(),
     };
-    let stripes: Vec<Stripe> = p.physical[..p.copies]
-        .iter()
-        .map(|&o| Stripe {
-            devid: 1.into(),
-            offset: o.into(),
-            dev_uuid,
-        })
-        .collect();
     let mut v = c.as_bytes().to_vec();
-    for s in &stripes {
+    for &(devid, offset) in &p.stripes {
+        let s = Stripe {
+            devid: devid.into(),
+            offset: offset.into(),
+            dev_uuid: dev_uuids[(devid - 1) as usize],
+        };
         v.extend_from_slice(s.as_bytes());
     }
-    (c, stripes, v)
+    v
+}
+
+/// Superblocks held back until the new filesystem is complete, one staged
+/// device per member (see [`finish`]).
+pub struct Staging {
+    devs: Vec<Arc<StagedSuper>>,
+}
+
+impl Staging {
+    /// Write every device's held superblocks: from here on the devices
+    /// form a valid filesystem. Every device's other writes were flushed
+    /// by the commit that made them.
+    pub fn publish(&self) -> Result<()> {
+        for d in &self.devs {
+            d.publish()?;
+        }
+        Ok(())
+    }
 }
 
 pub use crate::format::inode::{dir_inode, now_ts};
@@ -290,50 +431,105 @@ pub use crate::format::root::new_root_item;
 /// Make a filesystem on `dev`. Returns the summary and the open engine
 /// (superblock still held) so `--rootdir` can populate it before
 /// [`finish`] publishes the superblock.
-pub fn make(
-    dev: Arc<dyn BlockDevice>,
+pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Staging, MkfsSummary)> {
+    make_set(vec![(dev, String::new())], o)
+}
+
+/// Make one filesystem on the devices `devs` (device, name for messages),
+/// devids 1.. in the order given: the bootstrap on every device, each
+/// device's superblocks with its own device item, all held back until
+/// [`finish`]. Each device contributes its size (or `o.size`, which must
+/// fit it).
+pub fn make_set(
+    devs: Vec<(Arc<dyn BlockDevice>, String)>,
     o: &MkfsOptions,
-) -> Result<(Store, Arc<StagedSuper>, MkfsSummary)> {
-    let dev_size = dev.size();
-    let size = validate(o, dev_size)?;
+) -> Result<(Store, Staging, MkfsSummary)> {
+    if devs.is_empty() {
+        return Err(Error::Invalid("no device to make a filesystem on".into()));
+    }
+    let n = devs.len();
+    let mut sizes = Vec::with_capacity(n);
+    for (d, name) in &devs {
+        let size = validate(o, d.size()).map_err(|e| match (e, n) {
+            (Error::Invalid(m), n) if n > 1 => Error::Invalid(format!("{name}: {m}")),
+            (e, _) => e,
+        })?;
+        sizes.push(size);
+    }
+    let meta_profile = o.metadata_profile.unwrap_or(if n > 1 {
+        BTRFS_BLOCK_GROUP_RAID1
+    } else {
+        BTRFS_BLOCK_GROUP_DUP
+    });
+    let data_profile = o.data_profile.unwrap_or(0);
+    let plans: [ChunkPlan; 3] =
+        if n == 1 && meta_profile == BTRFS_BLOCK_GROUP_DUP && data_profile == 0 {
+            plan_chunks(sizes[0])
+        } else {
+            plan_set_chunks(&sizes, meta_profile, data_profile)?
+        };
     // Any old superblock goes first, so a failure below cannot leave the
     // previous filesystem looking intact over our half-written blocks.
-    for m in 0..BTRFS_SUPER_MIRROR_MAX {
-        let off = btrfs_sb_offset(m);
-        if off + BTRFS_SUPER_INFO_SIZE as u64 <= dev_size {
-            dev.write_at(off, &[0u8; BTRFS_SUPER_INFO_SIZE])?;
-        }
+    for (dev, _) in &devs {
+        wipe_superblocks(dev.as_ref())?;
     }
-    dev.flush()?;
-    let staged = Arc::new(StagedSuper::new(dev.clone()));
+    let staged: Vec<Arc<StagedSuper>> = devs
+        .iter()
+        .map(|(d, _)| Arc::new(StagedSuper::new(d.clone())))
+        .collect();
     let ns = o.nodesize as u64;
     let fsid = o.fsid.unwrap_or_else(random_uuid);
-    let dev_uuid = random_uuid();
+    let dev_uuids: Vec<[u8; 16]> = (0..n).map(|_| random_uuid()).collect();
     let chunk_tree_uuid = random_uuid();
-    let plans = plan_chunks(size);
-    let [sys, meta, _data] = plans;
+    let [sys, meta, _data] = &plans;
     let f = &o.features;
     let gen = 1u64;
 
+    // The chunk map of the plan, to place every copy of the bootstrap
+    // blocks.
+    let mut map = crate::chunk::ChunkMap::new();
+    for p in &plans {
+        let bytes = chunk_item_bytes(p, o.sectorsize, &dev_uuids);
+        let (c, st) = crate::format::chunk::parse_chunk(&bytes)?;
+        map.insert(p.logical, c, st)?;
+    }
     // Bootstrap blocks: chunk tree in the system chunk, the rest at the
-    // start of the metadata chunk (both start far from any superblock copy).
-    let chunk_root = sys.logical;
-    let mut next = meta.logical;
-    let mut take = || {
-        let b = next;
-        next += ns;
-        b
+    // start of the metadata chunk, each where no copy meets a superblock
+    // copy on its device.
+    let meets_super = |b: u64| -> Result<bool> {
+        Ok(map.copies(b, ns)?.iter().any(|&(_, p)| {
+            (0..BTRFS_SUPER_MIRROR_MAX).any(|m| {
+                let s = btrfs_sb_offset(m);
+                p < s + BTRFS_SUPER_INFO_SIZE as u64 && s < p + ns
+            })
+        }))
     };
-    let root_tree = take();
-    let extent_tree = take();
-    let dev_tree = take();
+    let first_free = |mut b: u64, end: u64| -> Result<u64> {
+        while meets_super(b)? {
+            b += ns;
+            if b + ns > end {
+                return Err(Error::Invalid("no room for the bootstrap blocks".into()));
+            }
+        }
+        Ok(b)
+    };
+    let chunk_root = first_free(sys.logical, sys.logical + sys.length)?;
+    let mut next = meta.logical;
+    let mut take = || -> Result<u64> {
+        let b = first_free(next, meta.logical + meta.length)?;
+        next = b + ns;
+        Ok(b)
+    };
+    let root_tree = take()?;
+    let extent_tree = take()?;
+    let dev_tree = take()?;
     let fst = if f.free_space_tree {
-        Some(take())
+        Some(take()?)
     } else {
         None
     };
     let bgt = if f.block_group_tree {
-        Some(take())
+        Some(take()?)
     } else {
         None
     };
@@ -348,25 +544,35 @@ pub fn make(
         edit::leaf_insert(b, at, &k, d)
     };
 
-    // Chunk tree: device item and the three chunks.
-    let dev_used: u64 = plans.iter().map(|p| p.length * p.copies as u64).sum();
-    let mut di = DevItem::new_zeroed();
-    di.devid.set(1);
-    di.total_bytes.set(size);
-    di.bytes_used.set(dev_used);
-    di.io_align.set(o.sectorsize);
-    di.io_width.set(o.sectorsize);
-    di.sector_size.set(o.sectorsize);
-    di.uuid = dev_uuid;
-    di.fsid = fsid;
+    // Chunk tree: a device item per device and the three chunks.
+    let dev_items: Vec<DevItem> = (0..n)
+        .map(|i| {
+            let devid = i as u64 + 1;
+            let used: u64 = plans
+                .iter()
+                .map(|p| p.stripes.iter().filter(|s| s.0 == devid).count() as u64 * p.stripe_size)
+                .sum();
+            let mut di = DevItem::new_zeroed();
+            di.devid.set(devid);
+            di.total_bytes.set(sizes[i]);
+            di.bytes_used.set(used);
+            di.io_align.set(o.sectorsize);
+            di.io_width.set(o.sectorsize);
+            di.sector_size.set(o.sectorsize);
+            di.uuid = dev_uuids[i];
+            di.fsid = fsid;
+            di
+        })
+        .collect();
     let mut chunk_leaf = new_leaf(chunk_root, BTRFS_CHUNK_TREE_OBJECTID);
-    push(
-        &mut chunk_leaf,
-        Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, 1),
-        di.as_bytes(),
-    )?;
+    for di in &dev_items {
+        push(
+            &mut chunk_leaf,
+            Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, di.devid.get()),
+            di.as_bytes(),
+        )?;
+    }
     for p in &plans {
-        let (_, _, bytes) = chunk_item_bytes(p, o.sectorsize, dev_uuid);
         push(
             &mut chunk_leaf,
             Key::new(
@@ -374,32 +580,31 @@ pub fn make(
                 BTRFS_CHUNK_ITEM_KEY,
                 p.logical,
             ),
-            &bytes,
+            &chunk_item_bytes(p, o.sectorsize, &dev_uuids),
         )?;
     }
 
-    // Dev tree: one dev extent per stripe, in physical order.
+    // Dev tree: one dev extent per stripe, by device and physical offset.
     let mut dev_leaf = new_leaf(dev_tree, BTRFS_DEV_TREE_OBJECTID);
-    let mut exts: Vec<(u64, &ChunkPlan)> = plans
+    let mut exts: Vec<(u64, u64, &ChunkPlan)> = plans
         .iter()
-        .flat_map(|p| p.physical[..p.copies].iter().map(move |&ph| (ph, p)))
+        .flat_map(|p| p.stripes.iter().map(move |&(d, ph)| (d, ph, p)))
         .collect();
-    exts.sort_by_key(|e| e.0);
-    for (ph, p) in exts {
+    exts.sort_by_key(|e| (e.0, e.1));
+    for (devid, ph, p) in exts {
         let de = DevExtent {
             chunk_tree: BTRFS_CHUNK_TREE_OBJECTID.into(),
             chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
             chunk_offset: p.logical.into(),
-            length: p.length.into(),
+            length: p.stripe_size.into(),
             chunk_tree_uuid,
         };
         push(
             &mut dev_leaf,
-            Key::new(1, BTRFS_DEV_EXTENT_KEY, ph),
+            Key::new(devid, BTRFS_DEV_EXTENT_KEY, ph),
             de.as_bytes(),
         )?;
     }
-
     // Extent tree: block group items (unless in the block group tree) and
     // a tree block item for each bootstrap block.
     let mut blocks: Vec<(u64, u64)> = vec![
@@ -506,12 +711,8 @@ pub fn make(
         let c = crate::csum::block_csum(o.csum, &b);
         b[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
         let bytenr = u64::from_le_bytes(b[0x30..0x38].try_into().unwrap_or([0; 8]));
-        let plan = plans
-            .iter()
-            .find(|p| bytenr >= p.logical && bytenr < p.logical + p.length)
-            .ok_or_else(|| Error::Invalid("bootstrap block outside its chunk".into()))?;
-        for ph in &plan.physical[..plan.copies] {
-            staged.write_at(ph + (bytenr - plan.logical), &b)?;
+        for (devid, ph) in map.copies(bytenr, ns)? {
+            staged[(devid - 1) as usize].write_at(ph, &b)?;
         }
     }
 
@@ -523,10 +724,10 @@ pub fn make(
     sb.generation.set(gen);
     sb.root.set(root_tree);
     sb.chunk_root.set(chunk_root);
-    sb.total_bytes.set(size);
+    sb.total_bytes.set(sizes.iter().sum());
     sb.bytes_used.set(blocks.len() as u64 * ns);
     sb.root_dir_objectid.set(BTRFS_ROOT_TREE_DIR_OBJECTID);
-    sb.num_devices.set(1);
+    sb.num_devices.set(n as u64);
     sb.sectorsize.set(o.sectorsize);
     sb.nodesize.set(o.nodesize);
     sb.leafsize.set(o.nodesize);
@@ -555,11 +756,14 @@ pub fn make(
     if f.no_holes {
         incompat |= BTRFS_FEATURE_INCOMPAT_NO_HOLES;
     }
+    if (meta_profile | data_profile) & (BTRFS_BLOCK_GROUP_RAID1C3 | BTRFS_BLOCK_GROUP_RAID1C4) != 0
+    {
+        incompat |= BTRFS_FEATURE_INCOMPAT_RAID1C34;
+    }
     sb.incompat_flags.set(incompat);
     sb.csum_type.set(o.csum.to_disk());
-    sb.dev_item = di;
     sb.label[..o.label.len()].copy_from_slice(o.label.as_bytes());
-    let (_, _, sys_bytes) = chunk_item_bytes(&sys, o.sectorsize, dev_uuid);
+    let sys_bytes = chunk_item_bytes(sys, o.sectorsize, &dev_uuids);
     let k = Key::new(
         BTRFS_FIRST_CHUNK_TREE_OBJECTID,
         BTRFS_CHUNK_ITEM_KEY,
@@ -569,21 +773,47 @@ pub fn make(
     sb.sys_chunk_array[..17].copy_from_slice(k.as_bytes());
     sb.sys_chunk_array[17..17 + sys_bytes.len()].copy_from_slice(&sys_bytes);
     sb.sys_chunk_array_size.set((17 + sys_bytes.len()) as u32);
-    for m in 0..BTRFS_SUPER_MIRROR_MAX {
-        let off = btrfs_sb_offset(m);
-        if off + BTRFS_SUPER_INFO_SIZE as u64 > size {
-            break;
+    for (i, dev) in staged.iter().enumerate() {
+        sb.dev_item = dev_items[i];
+        for m in 0..BTRFS_SUPER_MIRROR_MAX {
+            let off = btrfs_sb_offset(m);
+            if off + BTRFS_SUPER_INFO_SIZE as u64 > sizes[i] {
+                break;
+            }
+            let mut copy = sb;
+            copy.bytenr.set(off);
+            let mut bytes = copy.as_bytes().to_vec();
+            let c = crate::csum::block_csum(o.csum, &bytes);
+            bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+            dev.write_at(off, &bytes)?;
         }
-        let mut copy = sb;
-        copy.bytenr.set(off);
-        let mut bytes = copy.as_bytes().to_vec();
-        let c = crate::csum::block_csum(o.csum, &bytes);
-        bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
-        staged.write_at(off, &bytes)?;
     }
 
     // Generation 2: the rest, through the engine.
-    let mut fs = Store::open(staged.clone())?;
+    let others: Vec<(u64, Arc<dyn BlockDevice>)> = staged
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(i, d)| (i as u64 + 1, d.clone() as Arc<dyn BlockDevice>))
+        .collect();
+    let names = if n > 1 {
+        devs.iter()
+            .enumerate()
+            .map(|(i, (_, name))| (i as u64 + 1, name.clone()))
+            .collect()
+    } else {
+        Default::default()
+    };
+    let img = crate::image::Image::open_devices(
+        staged[0].clone(),
+        others,
+        names,
+        crate::image::OpenOptions {
+            writable: true,
+            ..Default::default()
+        },
+    )?;
+    let mut fs = Store::from_image(img)?;
     for g in fs.alloc.groups.values_mut() {
         g.dirty = true;
     }
@@ -595,7 +825,7 @@ pub fn make(
         uuid: uuid_str(&fsid),
         node_size: o.nodesize,
         sector_size: o.sectorsize,
-        filesystem_size: size,
+        filesystem_size: sizes.iter().sum(),
         checksum: o.csum.name().to_string(),
         features: crate::format::names::incompat_names(incompat)
             .into_iter()
@@ -611,8 +841,17 @@ pub fn make(
                 )
             })
             .collect(),
+        profiles: (
+            profile_name(data_profile).to_string(),
+            profile_name(meta_profile).to_string(),
+        ),
+        devices: devs
+            .iter()
+            .enumerate()
+            .map(|(i, (_, name))| (i as u64 + 1, sizes[i], name.clone()))
+            .collect(),
     };
-    Ok((fs, staged, summary))
+    Ok((fs, Staging { devs: staged }, summary))
 }
 
 /// Create the fs tree, csum tree, data relocation tree, uuid tree, and the
@@ -712,8 +951,8 @@ pub fn wipe_superblocks(dev: &dyn BlockDevice) -> Result<()> {
     dev.flush()
 }
 
-/// Publish the superblock: after this the image is a valid filesystem.
-pub fn finish(fs: Store, staged: &StagedSuper) -> Result<()> {
+/// Publish the superblocks: after this the devices are a valid filesystem.
+pub fn finish(fs: Store, staged: &Staging) -> Result<()> {
     drop(fs);
     staged.publish()
 }
@@ -732,7 +971,8 @@ fn parse_block_size(s: &str) -> Result<u32> {
 impl MkfsOptions {
     /// Options from mkfs.btrfs-style arguments (a script's `mkfs`
     /// directive): -n/--nodesize, -s/--sectorsize, --csum, -L, -U,
-    /// -O/--features, -R, -m/-d (single or dup, as one device allows), -b,
+    /// -O/--features, -R, -m/-d (profiles, checked against the devices by
+    /// [`make_set`]), -b,
     /// and -f/-q/-K which change nothing here. Anything else is refused.
     pub fn from_mkfs_args<S: AsRef<str>>(args: &[S]) -> Result<MkfsOptions> {
         let mut o = MkfsOptions::default();
@@ -766,22 +1006,8 @@ impl MkfsOptions {
                 "-U" | "--uuid" => o.fsid = Some(parse_uuid(value()?)?),
                 "-O" | "--features" | "-R" | "--runtime-features" => f.apply(value()?)?,
                 "-b" | "--byte-count" => o.size = Some(parse_size(value()?)?),
-                "-m" | "--metadata" => match value()?.to_ascii_lowercase().as_str() {
-                    "dup" => {}
-                    p => {
-                        return Err(Error::Unsupported(format!(
-                            "metadata profile {p} (one device: dup)"
-                        )))
-                    }
-                },
-                "-d" | "--data" => match value()?.to_ascii_lowercase().as_str() {
-                    "single" => {}
-                    p => {
-                        return Err(Error::Unsupported(format!(
-                            "data profile {p} (one device: single)"
-                        )))
-                    }
-                },
+                "-m" | "--metadata" => o.metadata_profile = Some(parse_profile(value()?)?),
+                "-d" | "--data" => o.data_profile = Some(parse_profile(value()?)?),
                 "-f" | "--force" | "-q" | "--quiet" | "-K" | "--nodiscard" => {}
                 "-M" | "--mixed" => return Err(Error::Unsupported("mixed block groups".into())),
                 _ => return Err(Error::Invalid(format!("unknown mkfs option {a}"))),
@@ -795,15 +1021,27 @@ impl MkfsOptions {
 
 /// Create a filesystem on a new image file of `size` bytes (sparse).
 pub fn make_image(path: &std::path::Path, size: u64, o: &MkfsOptions) -> Result<()> {
-    let f = std::fs::File::create(path)
-        .map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
-    f.set_len(size)
-        .map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?;
-    drop(f);
-    let dev: Arc<dyn BlockDevice> = Arc::new(crate::io::FileDevice::open(path, true)?);
+    make_images(&[path.to_path_buf()], size, o)
+}
+
+/// Create one filesystem on new image files of `size` bytes each
+/// (sparse), devids in the order of `paths`.
+pub fn make_images(paths: &[std::path::PathBuf], size: u64, o: &MkfsOptions) -> Result<()> {
+    let mut devs: Vec<(Arc<dyn BlockDevice>, String)> = Vec::new();
+    for path in paths {
+        let f = std::fs::File::create(path)
+            .map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
+        f.set_len(size)
+            .map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?;
+        drop(f);
+        devs.push((
+            Arc::new(crate::io::FileDevice::open(path, true)?),
+            path.display().to_string(),
+        ));
+    }
     let mut o = o.clone();
     o.size = Some(size);
-    let (fs, staged, _) = make(dev, &o)?;
+    let (fs, staged, _) = make_set(devs, &o)?;
     finish(fs, &staged)
 }
 
@@ -820,7 +1058,14 @@ mod args_tests {
         assert_eq!(o.csum, crate::csum::CsumType::Sha256);
         let o = MkfsOptions::from_mkfs_args(&["-n65536", "-m", "dup"]).unwrap();
         assert_eq!(o.nodesize, 65536);
-        assert!(MkfsOptions::from_mkfs_args(&["-d", "raid1"]).is_err());
+        let o = MkfsOptions::from_mkfs_args(&["-d", "raid1", "-m", "raid1c3"]).unwrap();
+        assert_eq!(o.data_profile, Some(BTRFS_BLOCK_GROUP_RAID1));
+        assert_eq!(o.metadata_profile, Some(BTRFS_BLOCK_GROUP_RAID1C3));
+        assert!(matches!(
+            MkfsOptions::from_mkfs_args(&["-d", "raid5"]),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(MkfsOptions::from_mkfs_args(&["-d", "raid7"]).is_err());
         assert!(MkfsOptions::from_mkfs_args(&["--bogus"]).is_err());
         assert!(MkfsOptions::from_mkfs_args(&["-n"]).is_err());
     }

@@ -28,12 +28,108 @@ pub(super) struct PendingChunk {
 
 /// A device a new chunk may use: its largest suitable hole and its
 /// unallocated total (the kernel's `btrfs_device_info`).
-struct Candidate {
-    devid: u64,
-    uuid: [u8; 16],
-    dev_offset: u64,
-    max_avail: u64,
-    total_avail: u64,
+pub(crate) struct Candidate {
+    pub devid: u64,
+    pub uuid: [u8; 16],
+    pub dev_offset: u64,
+    pub max_avail: u64,
+    pub total_avail: u64,
+}
+
+/// Stripes (devid, device uuid, physical offset) in stripe order, the
+/// stripe size on each device, and the chunk's logical length.
+pub(crate) type ChunkPlacement = (Vec<(u64, [u8; 16], u64)>, u64, u64);
+
+/// The largest stripe and the largest chunk of block group type `ty` on a
+/// filesystem of `total` bytes (the kernel's init_alloc_chunk_ctl_policy_regular):
+/// data 1 GiB stripes, chunks up to 10 GiB; metadata 256 MiB (1 GiB above
+/// 50 GiB); system 32 MiB; no chunk above a tenth of the filesystem.
+pub(crate) fn type_limits(ty: u64, total: u64) -> (u64, u64) {
+    const SZ_1G: u64 = 1 << 30;
+    let type_size = match ty {
+        BTRFS_BLOCK_GROUP_DATA => 10 * SZ_1G,
+        BTRFS_BLOCK_GROUP_METADATA if total > 50 * SZ_1G => SZ_1G,
+        BTRFS_BLOCK_GROUP_METADATA => 256 * MIB,
+        _ => 32 * MIB,
+    };
+    (type_size.min(SZ_1G), type_size.min(total / 10))
+}
+
+/// The hole on a device a chunk of `ty` and `attr` would use, among the
+/// device's unallocated `holes` (ascending): the first that holds the
+/// type's largest stripe times the stripes per device, else the first of
+/// the largest (gather_device_info). None when it is below the minimum.
+pub(crate) fn pick_hole(
+    holes: &[(u64, u64)],
+    ty: u64,
+    attr: RaidAttr,
+    total: u64,
+) -> Option<(u64, u64)> {
+    let (max_stripe, _) = type_limits(ty, total);
+    let want = max_stripe * attr.dev_stripes;
+    let min = BTRFS_STRIPE_LEN * attr.dev_stripes;
+    let (at, avail) = match holes.iter().find(|(s, e)| e - s >= want) {
+        Some(&(s, e)) => (s, e - s),
+        None => holes
+            .iter()
+            .map(|&(s, e)| (s, e - s))
+            .fold((0, 0), |best, h| if h.1 > best.1 { h } else { best }),
+    };
+    (avail >= min).then_some((at, avail))
+}
+
+/// Where a new chunk of type `ty` and profile `attr` goes among the
+/// devices `cands`, by the kernel's rules (gather_device_info,
+/// decide_stripe_size_regular): devices sorted by their hole, then by
+/// unallocated space, as many as the profile takes; the stripe is the
+/// smallest chosen hole over the stripes per device, the chunk at most a
+/// tenth of the filesystem (stripe rounded up to 16 MiB) and a stripe at
+/// most 1 GiB, a whole number of 64 KiB. `devices`: how many the
+/// filesystem has, for the error.
+pub(crate) fn place_chunk(
+    mut cands: Vec<Candidate>,
+    ty: u64,
+    attr: RaidAttr,
+    total: u64,
+    what: &str,
+    devices: usize,
+) -> Result<ChunkPlacement> {
+    const SZ_16M: u64 = 16 * MIB;
+    const SZ_1G: u64 = 1 << 30;
+    let (_, max_chunk) = type_limits(ty, total);
+    // Most room first (btrfs_cmp_device_info); stable, so devid order
+    // breaks ties.
+    cands.sort_by_key(|c| std::cmp::Reverse((c.max_avail, c.total_avail)));
+    let mut ndevs = cands.len() as u64;
+    if attr.devs_max > 0 {
+        ndevs = ndevs.min(attr.devs_max);
+    }
+    ndevs -= ndevs % attr.devs_increment.max(1);
+    if ndevs < attr.devs_min || ndevs == 0 {
+        return Err(Error::NoSpace(format!(
+            "no unallocated device space for a new {what} chunk ({} of the {devices} devices have room, it needs {})",
+            cands.len(),
+            attr.devs_min
+        )));
+    }
+    let chosen = &cands[..ndevs as usize];
+    let mut stripe = chosen[chosen.len() - 1].max_avail / attr.dev_stripes;
+    let num_stripes = ndevs * attr.dev_stripes;
+    let data_stripes = (num_stripes / attr.ncopies).max(1);
+    if stripe.saturating_mul(data_stripes) > max_chunk {
+        stripe = (max_chunk / data_stripes)
+            .div_ceil(SZ_16M)
+            .saturating_mul(SZ_16M)
+            .min(stripe);
+    }
+    let stripe = stripe.min(SZ_1G) / BTRFS_STRIPE_LEN * BTRFS_STRIPE_LEN;
+    let mut stripes = Vec::with_capacity(num_stripes as usize);
+    for c in chosen {
+        for j in 0..attr.dev_stripes {
+            stripes.push((c.devid, c.uuid, c.dev_offset + j * stripe));
+        }
+    }
+    Ok((stripes, stripe, stripe * data_stripes))
 }
 
 impl Store {
@@ -92,36 +188,10 @@ impl Store {
         }
     }
 
-    /// Where a new chunk of type `ty` and profile `attr` goes, by the
-    /// kernel's rules (gather_device_info, decide_stripe_size_regular):
-    /// on each present device the first hole from 1 MiB that holds the
-    /// type's largest stripe (1 GiB for data, 256 MiB for metadata, 1 GiB
-    /// above 50 GiB, 32 MiB for system) times the stripes per device, else
-    /// its largest hole; devices sorted by that hole, then by unallocated
-    /// space, as many as the profile takes; the stripe is the smallest
-    /// chosen hole over the stripes per device, the chunk at most a tenth
-    /// of the filesystem (stripe rounded up to 16 MiB) and a stripe at most
-    /// 1 GiB, a whole number of 64 KiB. Returns the stripes (devid, uuid,
-    /// physical) in order, the stripe size and the chunk's length.
-    #[allow(clippy::type_complexity)]
-    fn chunk_geometry(
-        &mut self,
-        ty: u64,
-        attr: RaidAttr,
-    ) -> Result<(Vec<(u64, [u8; 16], u64)>, u64, u64)> {
-        const SZ_16M: u64 = 16 * MIB;
-        const SZ_1G: u64 = 1 << 30;
+    /// Where a new chunk of type `ty` and profile `attr` goes (see
+    /// [`place_chunk`]), from each present device's unallocated space.
+    fn chunk_geometry(&mut self, ty: u64, attr: RaidAttr) -> Result<ChunkPlacement> {
         let total = self.sb.total_bytes.get();
-        let type_size = match ty {
-            BTRFS_BLOCK_GROUP_DATA => 10 * SZ_1G,
-            BTRFS_BLOCK_GROUP_METADATA if total > 50 * SZ_1G => SZ_1G,
-            BTRFS_BLOCK_GROUP_METADATA => 256 * MIB,
-            _ => 32 * MIB,
-        };
-        let max_stripe = type_size.min(SZ_1G);
-        let max_chunk = type_size.min(total / 10);
-        let want = max_stripe * attr.dev_stripes;
-        let min = BTRFS_STRIPE_LEN * attr.dev_stripes;
         let devids: Vec<u64> = self.img.devices().map(|(id, _)| id).collect();
         let mut cands = Vec::new();
         for devid in devids {
@@ -130,17 +200,9 @@ impl Store {
             };
             let free = self.unallocated(devid, di.total_bytes.get())?;
             let holes: Vec<(u64, u64)> = free.iter().collect();
-            let (at, avail) = match holes.iter().find(|(s, e)| e - s >= want) {
-                Some(&(s, e)) => (s, e - s),
-                None => holes
-                    .iter()
-                    .map(|&(s, e)| (s, e - s))
-                    // The first of the largest holes.
-                    .fold((0, 0), |best, h| if h.1 > best.1 { h } else { best }),
-            };
-            if avail < min {
+            let Some((at, avail)) = pick_hole(&holes, ty, attr, total) else {
                 continue;
-            }
+            };
             cands.push(Candidate {
                 devid,
                 uuid: di.uuid,
@@ -149,41 +211,8 @@ impl Store {
                 total_avail: di.total_bytes.get().saturating_sub(di.bytes_used.get()),
             });
         }
-        // Most room first (btrfs_cmp_device_info); stable, so devid order
-        // breaks ties.
-        cands.sort_by_key(|c| std::cmp::Reverse((c.max_avail, c.total_avail)));
-        let mut ndevs = cands.len() as u64;
-        if attr.devs_max > 0 {
-            ndevs = ndevs.min(attr.devs_max);
-        }
-        ndevs -= ndevs % attr.devs_increment.max(1);
-        if ndevs < attr.devs_min || ndevs == 0 {
-            return Err(Error::NoSpace(format!(
-                "no unallocated device space for a new {} chunk ({} of the {} devices have room, it needs {})",
-                crate::format::names::block_group_flags_str(ty | self.profile_for(ty)),
-                cands.len(),
-                self.img.devices().count(),
-                attr.devs_min
-            )));
-        }
-        let chosen = &cands[..ndevs as usize];
-        let mut stripe = chosen[chosen.len() - 1].max_avail / attr.dev_stripes;
-        let num_stripes = ndevs * attr.dev_stripes;
-        let data_stripes = (num_stripes / attr.ncopies).max(1);
-        if stripe.saturating_mul(data_stripes) > max_chunk {
-            stripe = (max_chunk / data_stripes)
-                .div_ceil(SZ_16M)
-                .saturating_mul(SZ_16M)
-                .min(stripe);
-        }
-        let stripe = stripe.min(SZ_1G) / BTRFS_STRIPE_LEN * BTRFS_STRIPE_LEN;
-        let mut stripes = Vec::with_capacity(num_stripes as usize);
-        for c in chosen {
-            for j in 0..attr.dev_stripes {
-                stripes.push((c.devid, c.uuid, c.dev_offset + j * stripe));
-            }
-        }
-        Ok((stripes, stripe, stripe * data_stripes))
+        let what = crate::format::names::block_group_flags_str(ty | self.profile_for(ty));
+        place_chunk(cands, ty, attr, total, &what, self.img.devices().count())
     }
 
     /// Allocate a chunk for block group type `ty` (DATA, METADATA or SYSTEM)
@@ -295,7 +324,7 @@ impl Store {
         Ok(logical)
     }
 
-    fn set_dev_item(&mut self, devid: u64, di: DevItem) {
+    pub(super) fn set_dev_item(&mut self, devid: u64, di: DevItem) {
         if devid == self.sb.dev_item.devid.get() {
             self.sb.dev_item = di;
         } else {

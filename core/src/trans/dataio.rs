@@ -1,19 +1,32 @@
-//! File data on its way to the device: the write queue that joins new
+//! File data on its way to the devices: the write queue that joins new
 //! data into long runs ([`super::dataq`]), whose data the next writes are
 //! and whether they skip the queue, and the writer thread that carries
-//! runs to the device off the filesystem lock ([`super::datawrite`]).
-//! Data, not trees: the store maps logical addresses and counts bytes;
-//! everything about when a run reaches the device is decided here.
+//! runs to the devices off the filesystem lock ([`super::datawrite`]).
+//! Data, not trees: the store counts bytes; everything about when a run
+//! reaches the devices is decided here.
+//!
+//! Runs are kept by logical address and mapped through the chunk map only
+//! when they are written: one run becomes a write to every copy of every
+//! stripe unit it covers, on whichever devices hold them (DUP twice on one
+//! device, RAID1 once per device, RAID0/RAID10 unit by unit). Reads that
+//! must see queued data overlay by logical address too.
 
 use super::dataq::{self, DataQueue, Owner};
-use super::datawrite::{DataWait, DataWriter};
+use super::datawrite::{DataWait, DataWriter, Target};
+use crate::chunk::ChunkMap;
 use crate::io::BlockDevice;
-use crate::Result;
+use crate::{Error, Result};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The data write path of a mounted filesystem.
 pub struct DataIo {
-    dev: Arc<dyn BlockDevice>,
+    /// The devices present, by devid, with their names for errors (empty
+    /// names on a single-device filesystem).
+    devs: BTreeMap<u64, (Arc<dyn BlockDevice>, Arc<str>)>,
+    /// Opened degraded: a copy on a missing device is not written (a piece
+    /// with no copy on a present device still fails).
+    degraded: bool,
     /// New data queued in long sequential runs until the queue fills, a
     /// commit, or an fsync that needs it.
     queue: DataQueue,
@@ -22,21 +35,76 @@ pub struct DataIo {
     /// The next writes go out at once (an fsync's own data, ahead of the
     /// queue).
     direct: bool,
-    /// Carries queued runs to the device off the filesystem lock, when
+    /// Carries queued runs to the devices off the filesystem lock, when
     /// clients share the filesystem or a script cannot crash.
     writer: Option<DataWriter>,
 }
 
 impl DataIo {
-    /// The data path of `dev`, writing on the caller's thread.
-    pub fn new(dev: Arc<dyn BlockDevice>) -> DataIo {
+    /// The data path of the devices `devs` (devid, device, name), writing
+    /// on the caller's thread.
+    pub fn new(devs: Vec<(u64, Arc<dyn BlockDevice>, String)>, degraded: bool) -> DataIo {
+        let named = devs.len() > 1;
         DataIo {
-            dev,
+            devs: devs
+                .into_iter()
+                .map(|(id, d, n)| (id, (d, Arc::from(if named { n.as_str() } else { "" }))))
+                .collect(),
+            degraded,
             queue: DataQueue::default(),
             owner: (0, 0),
             direct: false,
             writer: None,
         }
+    }
+
+    /// Every copy of logical `[at, at+len)`: a target per copy of each
+    /// stripe unit, on the devices present.
+    fn targets(&self, map: &ChunkMap, at: u64, len: usize) -> Result<Vec<Target>> {
+        let mut out = Vec::new();
+        for p in map.pieces(at, len as u64)? {
+            let from = (p.offset - at) as usize;
+            let mut written = 0;
+            let mut missing = Vec::new();
+            for (devid, phys) in p.copies {
+                match self.devs.get(&devid) {
+                    Some((dev, name)) => {
+                        out.push(Target {
+                            dev: dev.clone(),
+                            name: name.clone(),
+                            phys,
+                            from,
+                            len: p.len as usize,
+                        });
+                        written += 1;
+                    }
+                    None => missing.push(devid),
+                }
+            }
+            if written == 0 || (!missing.is_empty() && !self.degraded) {
+                return Err(Error::MissingDevice {
+                    what: format!(
+                        "data at logical {} has a copy on devid {} and the device is missing",
+                        p.offset,
+                        missing
+                            .iter()
+                            .map(u64::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    devids: missing,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Write `data` for logical `at` to every copy now, on this thread.
+    fn write_now(&self, map: &ChunkMap, at: u64, data: &[u8]) -> Result<()> {
+        for t in self.targets(map, at, data.len())? {
+            t.write(data)?;
+        }
+        Ok(())
     }
 
     /// Whose data the following writes are; `direct`: they go to the
@@ -46,10 +114,10 @@ impl DataIo {
         self.direct = direct;
     }
 
-    /// Carry queued runs to the device on a thread of their own from now on.
+    /// Carry queued runs to the devices on a thread of their own from now on.
     pub fn start_writer(&mut self) -> Result<()> {
         if self.writer.is_none() {
-            self.writer = Some(DataWriter::start(self.dev.clone())?);
+            self.writer = Some(DataWriter::start()?);
         }
         Ok(())
     }
@@ -71,15 +139,23 @@ impl DataIo {
         self.writer.as_ref().map(|w| w.waiter())
     }
 
-    /// Sends `runs` to the device (or the writer), counting their bytes
+    /// Sends `runs` to the devices (or the writer), counting their bytes
     /// into `written`.
-    fn write_runs(&mut self, runs: Vec<dataq::Run>, written: &mut u64) -> Result<()> {
+    fn write_runs(
+        &mut self,
+        map: &ChunkMap,
+        runs: Vec<dataq::Run>,
+        written: &mut u64,
+    ) -> Result<()> {
         for r in runs {
             *written += r.data.len() as u64;
+            let targets = self.targets(map, r.at, r.data.len())?;
             match &self.writer {
-                Some(w) => w.submit(r.phys, r.data),
+                Some(w) => w.submit(r.at, r.data, targets),
                 None => {
-                    self.dev.write_at(r.phys, &r.data)?;
+                    for t in &targets {
+                        t.write(&r.data)?;
+                    }
                     self.queue.recycle(r);
                 }
             }
@@ -87,57 +163,70 @@ impl DataIo {
         Ok(())
     }
 
-    /// Write `data` at physical `phys` of space allocated in this
-    /// transaction: queued (combined with its neighbours), or at once.
-    pub fn write_new(&mut self, phys: u64, data: &[u8], written: &mut u64) -> Result<()> {
+    /// Write `data` at logical `at`, space allocated in this transaction:
+    /// queued (combined with its neighbours), or at once.
+    pub fn write_new(
+        &mut self,
+        map: &ChunkMap,
+        at: u64,
+        data: &[u8],
+        written: &mut u64,
+    ) -> Result<()> {
         if self.direct {
             if let Some(w) = &self.writer {
-                w.wait_overlapping(phys, phys + data.len() as u64)?;
+                w.wait_overlapping(at, at + data.len() as u64)?;
             }
             *written += data.len() as u64;
-            return self.dev.write_at(phys, data);
+            return self.write_now(map, at, data);
         }
         if let Some(w) = &self.writer {
             for v in w.take_spare() {
                 self.queue.give_spare(v);
             }
         }
-        let out = self.queue.push(phys, data, self.owner);
-        self.write_runs(out, written)
+        let out = self.queue.push(at, data, self.owner);
+        self.write_runs(map, out, written)
     }
 
-    /// Overwrite data in place (nodatacow and preallocated extents): goes
-    /// straight to the device, after any queued write to the same place.
-    pub fn write_in_place(&mut self, phys: u64, data: &[u8], written: &mut u64) -> Result<()> {
-        let end = phys + data.len() as u64;
-        let hit = self.queue.take_overlapping(phys, end);
-        self.write_runs(hit, written)?;
+    /// Overwrite data in place at logical `at` (nodatacow and preallocated
+    /// extents): goes straight to the devices, after any queued write to
+    /// the same place.
+    pub fn write_in_place(
+        &mut self,
+        map: &ChunkMap,
+        at: u64,
+        data: &[u8],
+        written: &mut u64,
+    ) -> Result<()> {
+        let end = at + data.len() as u64;
+        let hit = self.queue.take_overlapping(at, end);
+        self.write_runs(map, hit, written)?;
         if let Some(w) = &self.writer {
-            w.wait_overlapping(phys, end)?;
+            w.wait_overlapping(at, end)?;
         }
         *written += data.len() as u64;
-        self.dev.write_at(phys, data)
+        self.write_now(map, at, data)
     }
 
-    /// Whether a read of the device may miss data still queued or being
+    /// Whether a read of the devices may miss data still queued or being
     /// written.
     pub fn has_pending(&self) -> bool {
         !self.queue.is_empty() || self.writer.is_some()
     }
 
-    /// Lays what is queued or being written at physical `phys` over `buf`
-    /// (read from the device).
-    pub fn overlay(&self, phys: u64, buf: &mut [u8]) {
+    /// Lays what is queued or being written at logical `at` over `buf`
+    /// (read from the devices).
+    pub fn overlay(&self, at: u64, buf: &mut [u8]) {
         if let Some(w) = &self.writer {
-            w.overlay(phys, buf);
+            w.overlay(at, buf);
         }
-        self.queue.overlay(phys, buf);
+        self.queue.overlay(at, buf);
     }
 
-    /// Write every queued run, and wait until all are on the device.
-    pub fn flush(&mut self, written: &mut u64) -> Result<()> {
+    /// Write every queued run, and wait until all are on the devices.
+    pub fn flush(&mut self, map: &ChunkMap, written: &mut u64) -> Result<()> {
         let all = self.queue.take_all();
-        self.write_runs(all, written)?;
+        self.write_runs(map, all, written)?;
         match &self.writer {
             Some(w) => w.wait_all(),
             None => Ok(()),
@@ -149,10 +238,16 @@ impl DataIo {
         self.queue.is_empty()
     }
 
-    /// Write the queued runs meeting physical `[phys, end)`.
-    pub fn write_overlapping(&mut self, phys: u64, end: u64, written: &mut u64) -> Result<()> {
-        let hit = self.queue.take_overlapping(phys, end);
-        self.write_runs(hit, written)
+    /// Write the queued runs meeting logical `[at, end)`.
+    pub fn write_overlapping(
+        &mut self,
+        map: &ChunkMap,
+        at: u64,
+        end: u64,
+        written: &mut u64,
+    ) -> Result<()> {
+        let hit = self.queue.take_overlapping(at, end);
+        self.write_runs(map, hit, written)
     }
 
     /// When the queued batch holding `owner`'s data goes (None: none
@@ -168,8 +263,8 @@ impl DataIo {
 
     /// Write the queued runs holding `owner`'s data (what an fsync of it
     /// waits for).
-    pub fn write_owner(&mut self, owner: Owner, written: &mut u64) -> Result<()> {
+    pub fn write_owner(&mut self, map: &ChunkMap, owner: Owner, written: &mut u64) -> Result<()> {
         let mine = self.queue.take_owner(owner);
-        self.write_runs(mine, written)
+        self.write_runs(map, mine, written)
     }
 }

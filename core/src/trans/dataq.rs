@@ -35,12 +35,12 @@ const UNPLUG_DELAY: Duration = Duration::from_millis(3);
 /// Runs that make a batch go at once.
 const UNPLUG_THRESH: usize = 4;
 
-/// Contiguous file data queued for one physical range of the device, up to
+/// Contiguous file data queued for one logical range, up to
 /// 4 MiB, combined from writes that each started where the previous ended.
 pub struct Run {
-    /// Physical byte offset on the device where the run goes.
-    pub phys: u64,
-    /// The bytes to write at `phys`.
+    /// Logical byte address where the run goes (mapped to its copies when written).
+    pub at: u64,
+    /// The bytes to write at `at`.
     pub data: Vec<u8>,
     owners: FastMap<Owner, ()>,
     queued: Instant,
@@ -48,7 +48,7 @@ pub struct Run {
 
 impl Run {
     fn end(&self) -> u64 {
-        self.phys + self.data.len() as u64
+        self.at + self.data.len() as u64
     }
 }
 
@@ -62,11 +62,11 @@ pub struct DataQueue {
 }
 
 impl DataQueue {
-    /// Queue `data` for `phys`; returns the runs that must be written now
+    /// Queue `data` for `at`; returns the runs that must be written now
     /// to keep the queue within its limit (oldest first).
-    pub fn push(&mut self, phys: u64, data: &[u8], owner: Owner) -> Vec<Run> {
+    pub fn push(&mut self, at: u64, data: &[u8], owner: Owner) -> Vec<Run> {
         match self.runs.back_mut() {
-            Some(r) if r.end() == phys && r.data.len() + data.len() <= RUN_LIMIT => {
+            Some(r) if r.end() == at && r.data.len() + data.len() <= RUN_LIMIT => {
                 r.data.extend_from_slice(data);
                 r.owners.insert(owner, ());
             }
@@ -77,7 +77,7 @@ impl DataQueue {
                 let mut owners = FastMap::default();
                 owners.insert(owner, ());
                 self.runs.push_back(Run {
-                    phys,
+                    at,
                     data: v,
                     owners,
                     queued: Instant::now(),
@@ -124,16 +124,16 @@ impl DataQueue {
         mine
     }
 
-    /// The runs meeting `[phys, end)`.
-    pub fn take_overlapping(&mut self, phys: u64, end: u64) -> Vec<Run> {
+    /// The runs meeting `[at, end)`.
+    pub fn take_overlapping(&mut self, at: u64, end: u64) -> Vec<Run> {
         // Most calls meet nothing: leave the queue as it is then.
-        if !self.runs.iter().any(|r| r.phys < end && phys < r.end()) {
+        if !self.runs.iter().any(|r| r.at < end && at < r.end()) {
             return Vec::new();
         }
         let (hit, rest): (Vec<Run>, Vec<Run>) = self
             .runs
             .drain(..)
-            .partition(|r| r.phys < end && phys < r.end());
+            .partition(|r| r.at < end && at < r.end());
         self.runs = rest.into();
         self.bytes = self.runs.iter().map(|r| r.data.len()).sum();
         hit
@@ -144,14 +144,14 @@ impl DataQueue {
         self.give_spare(r.data);
     }
 
-    /// Copy queued bytes of `[phys, phys + buf.len())` over `buf`.
-    pub fn overlay(&self, phys: u64, buf: &mut [u8]) {
-        let end = phys + buf.len() as u64;
+    /// Copy queued bytes of `[at, at + buf.len())` over `buf`.
+    pub fn overlay(&self, at: u64, buf: &mut [u8]) {
+        let end = at + buf.len() as u64;
         for r in &self.runs {
-            let (s, e) = (phys.max(r.phys), end.min(r.end()));
+            let (s, e) = (at.max(r.at), end.min(r.end()));
             if s < e {
-                buf[(s - phys) as usize..(e - phys) as usize]
-                    .copy_from_slice(&r.data[(s - r.phys) as usize..(e - r.phys) as usize]);
+                buf[(s - at) as usize..(e - at) as usize]
+                    .copy_from_slice(&r.data[(s - r.at) as usize..(e - r.at) as usize]);
             }
         }
     }

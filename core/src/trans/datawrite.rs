@@ -31,15 +31,53 @@ const IN_FLIGHT: usize = 16 << 20;
 /// Written buffers kept for the data queue to reuse (each up to a run).
 const SPARE: usize = 6;
 
+/// Where part of a job's bytes go: `len` bytes from `from` in its data to
+/// physical offset `phys` of `dev` (one copy of one stripe unit).
+pub struct Target {
+    /// The device the copy is on.
+    pub dev: Arc<dyn BlockDevice>,
+    /// The device's name for an error, empty on a single-device filesystem.
+    pub name: Arc<str>,
+    /// Physical byte offset on `dev`.
+    pub phys: u64,
+    /// Offset of the piece in the job's data.
+    pub from: usize,
+    /// Length of the piece.
+    pub len: usize,
+}
+
+impl Target {
+    /// Write this target's piece of `data`; an error names the device.
+    pub fn write(&self, data: &[u8]) -> Result<()> {
+        let piece = data.get(self.from..self.from + self.len).ok_or_else(|| {
+            Error::Internal(format!(
+                "data target {}+{} outside its run of {} bytes",
+                self.from,
+                self.len,
+                data.len()
+            ))
+        })?;
+        self.dev.write_at(self.phys, piece).map_err(|e| match e {
+            Error::Io { context, err } if !self.name.is_empty() => Error::Io {
+                context: format!("{}: {context}", self.name),
+                err,
+            },
+            e => e,
+        })
+    }
+}
+
+/// A run of data for logical address `at` and the copies it is written to.
 struct Job {
     seq: u64,
-    phys: u64,
+    at: u64,
     data: Arc<Vec<u8>>,
+    targets: Vec<Target>,
 }
 
 impl Job {
     fn end(&self) -> u64 {
-        self.phys.saturating_add(self.data.len() as u64)
+        self.at.saturating_add(self.data.len() as u64)
     }
 }
 
@@ -63,7 +101,6 @@ struct Shared {
     work: Condvar,
     /// A job completed.
     done: Condvar,
-    dev: Arc<dyn BlockDevice>,
 }
 
 impl Shared {
@@ -91,11 +128,12 @@ impl Shared {
 
     fn run(&self) {
         loop {
-            let (seq, phys, data) = {
+            let (seq, targets, data) = {
                 let mut s = self.state();
                 loop {
-                    if let Some(j) = s.jobs.front() {
-                        break (j.seq, j.phys, j.data.clone());
+                    if let Some(j) = s.jobs.front_mut() {
+                        // The targets leave the job: only the writer uses them.
+                        break (j.seq, std::mem::take(&mut j.targets), j.data.clone());
                     }
                     if s.stop {
                         return;
@@ -103,7 +141,8 @@ impl Shared {
                     s = crate::util::sync::wait(&self.work, s);
                 }
             };
-            let r = self.dev.write_at(phys, &data);
+            let r = targets.iter().try_for_each(|t| t.write(&data));
+            drop(targets);
             let mut s = self.state();
             if let Some(j) = s.jobs.pop_front() {
                 s.bytes -= j.data.len();
@@ -152,13 +191,12 @@ impl DataWait {
 }
 
 impl DataWriter {
-    /// Spawn the writer thread (`btrkit-data`) for `dev`, with an empty queue.
-    pub fn start(dev: Arc<dyn BlockDevice>) -> Result<DataWriter> {
+    /// Spawn the writer thread (`btrkit-data`), with an empty queue.
+    pub fn start() -> Result<DataWriter> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             done: Condvar::new(),
-            dev,
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -174,8 +212,8 @@ impl DataWriter {
         })
     }
 
-    /// Queue `data` for device offset `phys`.
-    pub fn submit(&self, phys: u64, data: Vec<u8>) {
+    /// Queue `data`, for logical address `at`, to be written to `targets`.
+    pub fn submit(&self, at: u64, data: Vec<u8>, targets: Vec<Target>) {
         if data.is_empty() {
             return;
         }
@@ -188,8 +226,9 @@ impl DataWriter {
         s.bytes += data.len();
         s.jobs.push_back(Job {
             seq,
-            phys,
+            at,
             data: Arc::new(data),
+            targets,
         });
         self.shared.work.notify_one();
     }
@@ -207,13 +246,13 @@ impl DataWriter {
         self.waiter().wait()
     }
 
-    /// Wait until the jobs meeting `[phys, end)` are written.
-    pub fn wait_overlapping(&self, phys: u64, end: u64) -> Result<()> {
+    /// Wait until the jobs meeting logical `[at, end)` are written.
+    pub fn wait_overlapping(&self, at: u64, end: u64) -> Result<()> {
         let last = {
             let s = self.shared.state();
             s.jobs
                 .iter()
-                .filter(|j| j.phys < end && phys < j.end())
+                .filter(|j| j.at < end && at < j.end())
                 .map(|j| j.seq)
                 .max()
         };
@@ -223,15 +262,15 @@ impl DataWriter {
         }
     }
 
-    /// Copy what jobs not yet completed hold for `[phys, phys+len)` over
-    /// `buf` (read from the device), oldest first.
-    pub fn overlay(&self, phys: u64, buf: &mut [u8]) {
-        let end = phys.saturating_add(buf.len() as u64);
+    /// Copy what jobs not yet completed hold for logical `[at, at+len)`
+    /// over `buf` (read from the devices), oldest first.
+    pub fn overlay(&self, at: u64, buf: &mut [u8]) {
+        let end = at.saturating_add(buf.len() as u64);
         let s = self.shared.state();
-        for j in s.jobs.iter().filter(|j| j.phys < end && phys < j.end()) {
-            let (a, b) = (phys.max(j.phys), end.min(j.end()));
-            buf[(a - phys) as usize..(b - phys) as usize]
-                .copy_from_slice(&j.data[(a - j.phys) as usize..(b - j.phys) as usize]);
+        for j in s.jobs.iter().filter(|j| j.at < end && at < j.end()) {
+            let (a, b) = (at.max(j.at), end.min(j.end()));
+            buf[(a - at) as usize..(b - at) as usize]
+                .copy_from_slice(&j.data[(a - j.at) as usize..(b - j.at) as usize]);
         }
     }
 
@@ -257,12 +296,23 @@ mod tests {
     use super::*;
     use crate::io::MemDevice;
 
+    fn to(dev: &Arc<MemDevice>, phys: u64, len: usize) -> Vec<Target> {
+        vec![Target {
+            dev: dev.clone(),
+            name: "".into(),
+            phys,
+            from: 0,
+            len,
+        }]
+    }
+
     #[test]
     fn writes_land_in_order_and_reads_see_them_first() {
         let mem = Arc::new(MemDevice::new(vec![0; 1 << 20]));
-        let w = DataWriter::start(mem.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let w = DataWriter::start().unwrap_or_else(|e| panic!("{e}"));
         for i in 0..64u8 {
-            w.submit(4096 * (i as u64 % 8), vec![i; 4096]);
+            let at = 4096 * (i as u64 % 8);
+            w.submit(at, vec![i; 4096], to(&mem, at, 4096));
             let mut b = vec![0u8; 4096];
             mem.read_at(4096 * (i as u64 % 8), &mut b)
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -282,10 +332,40 @@ mod tests {
     #[test]
     fn a_failed_write_fails_every_later_wait() {
         let mem = Arc::new(MemDevice::new(vec![0; 8192]));
-        let w = DataWriter::start(mem).unwrap_or_else(|e| panic!("{e}"));
-        w.submit(1 << 30, vec![1; 4096]);
+        let w = DataWriter::start().unwrap_or_else(|e| panic!("{e}"));
+        w.submit(1 << 30, vec![1; 4096], to(&mem, 1 << 30, 4096));
         assert!(w.wait_all().is_err());
-        w.submit(0, vec![1; 4096]);
+        w.submit(0, vec![1; 4096], to(&mem, 0, 4096));
         assert!(w.wait_all().is_err(), "sticky");
+    }
+
+    #[test]
+    fn one_job_goes_to_every_copy() {
+        let (a, b) = (
+            Arc::new(MemDevice::new(vec![0; 1 << 16])),
+            Arc::new(MemDevice::new(vec![0; 1 << 16])),
+        );
+        let w = DataWriter::start().unwrap_or_else(|e| panic!("{e}"));
+        let data: Vec<u8> = (0..8192u32).map(|i| (i / 4096) as u8 + 1).collect();
+        let mut t = to(&a, 4096, 8192);
+        t.extend(to(&b, 0, 4096));
+        t.push(Target {
+            dev: b.clone(),
+            name: "b".into(),
+            phys: 32768,
+            from: 4096,
+            len: 4096,
+        });
+        w.submit(1 << 40, data, t);
+        w.wait_all().unwrap_or_else(|e| panic!("{e}"));
+        let read = |d: &MemDevice, at: u64| {
+            let mut v = vec![0u8; 4096];
+            d.read_at(at, &mut v).unwrap_or_else(|e| panic!("{e}"));
+            v
+        };
+        assert_eq!(read(&a, 4096), vec![1; 4096]);
+        assert_eq!(read(&a, 8192), vec![2; 4096]);
+        assert_eq!(read(&b, 0), vec![1; 4096]);
+        assert_eq!(read(&b, 32768), vec![2; 4096]);
     }
 }

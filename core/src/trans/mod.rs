@@ -23,7 +23,7 @@
 mod backref;
 mod btree;
 mod cache;
-mod chunk_alloc;
+pub(crate) mod chunk_alloc;
 mod commit;
 mod csum;
 pub mod dataio;
@@ -212,15 +212,6 @@ impl Store {
     /// filesystem whose superblock names a log to replay (see
     /// [`Store::open_for_replay`]).
     pub fn from_image(img: Image) -> Result<Store> {
-        if img.multi_device() {
-            // File data goes to one device (DataIo) and new chunks come
-            // from one device's free space: a set would get one copy.
-            return Err(Error::Unsupported(
-                "writing files to a filesystem on several devices is not supported yet \
-                 (replaying its log is)"
-                    .into(),
-            ));
-        }
         if img.sb.log_root.get() != 0 {
             return Err(Error::Unsupported(
                 "the filesystem has a log tree to replay; replay it before writing".into(),
@@ -330,7 +321,12 @@ impl Store {
             BTRFS_EXTENT_TREE_OBJECTID
         };
         let nodesize = img.nodesize as usize;
-        let data = dataio::DataIo::new(img.device().clone());
+        let data = dataio::DataIo::new(
+            img.devices()
+                .map(|(id, d)| (id, d.clone(), img.device_name(id)))
+                .collect(),
+            img.degraded,
+        );
         let other_dev_items = img
             .devices()
             .filter(|&(id, _)| id != sb.dev_item.devid.get())
@@ -866,17 +862,20 @@ impl Store {
         self.data.wait_handle()
     }
 
-    /// Write `data` to physical offset `phys` of space allocated in this
-    /// transaction: queued (combined with its neighbours), or at once.
-    pub fn write_new_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
-        self.data.write_new(phys, data, &mut self.stats.data_bytes)
+    /// Write `data` at logical `bytenr`, space allocated in this
+    /// transaction, to every copy: queued (combined with its neighbours),
+    /// or at once.
+    pub fn write_new_data(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
+        self.data
+            .write_new(&self.img.chunks, bytenr, data, &mut self.stats.data_bytes)
     }
 
-    /// Overwrite data in place (nodatacow and preallocated extents): goes
-    /// straight to the device, after any queued write to the same place.
-    pub fn write_in_place_data(&mut self, phys: u64, data: &[u8]) -> Result<()> {
+    /// Overwrite data in place at logical `bytenr` (nodatacow and
+    /// preallocated extents), every copy: goes straight to the devices,
+    /// after any queued write to the same place.
+    pub fn write_in_place_data(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
         self.data
-            .write_in_place(phys, data, &mut self.stats.data_bytes)
+            .write_in_place(&self.img.chunks, bytenr, data, &mut self.stats.data_bytes)
     }
 
     /// Read data at logical `bytenr`, including what is still queued or
@@ -884,18 +883,15 @@ impl Store {
     pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
         self.img.read_logical(bytenr, buf)?;
         if self.data.has_pending() {
-            let phys = self
-                .img
-                .chunks
-                .map(bytenr, buf.len() as u64, self.img.devid)?;
-            self.data.overlay(phys[0], buf);
+            self.data.overlay(bytenr, buf);
         }
         Ok(())
     }
 
-    /// Write every queued run, and wait until all are on the device.
+    /// Write every queued run, and wait until all are on the devices.
     pub fn flush_data(&mut self) -> Result<()> {
-        self.data.flush(&mut self.stats.data_bytes)
+        self.data
+            .flush(&self.img.chunks, &mut self.stats.data_bytes)
     }
 
     /// Write the queued runs meeting logical `[bytenr, bytenr+len)`. A log
@@ -907,11 +903,12 @@ impl Store {
         if self.data.queue_empty() || len == 0 {
             return Ok(());
         }
-        for phys in self.img.chunks.map(bytenr, len, self.img.devid)? {
-            self.data
-                .write_overlapping(phys, phys + len, &mut self.stats.data_bytes)?;
-        }
-        Ok(())
+        self.data.write_overlapping(
+            &self.img.chunks,
+            bytenr,
+            bytenr + len,
+            &mut self.stats.data_bytes,
+        )
     }
 
     /// When the queued batch holding `owner`'s data goes (None: none
@@ -931,6 +928,7 @@ impl Store {
     /// Write the queued runs holding `owner`'s data (what an fsync of it
     /// waits for).
     pub fn write_data_of(&mut self, owner: dataq::Owner) -> Result<()> {
-        self.data.write_owner(owner, &mut self.stats.data_bytes)
+        self.data
+            .write_owner(&self.img.chunks, owner, &mut self.stats.data_bytes)
     }
 }

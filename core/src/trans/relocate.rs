@@ -160,22 +160,38 @@ impl Store {
         let (chunk, stripes): (ChunkItem, Vec<crate::format::chunk::Stripe>) =
             (*chunk, stripes.to_vec());
         self.delete_item(TreeId::Chunk, &ckey)?;
-        let devid = self.sb.dev_item.devid.get();
+        let stripe = crate::chunk::stripe_length(
+            chunk.type_.get(),
+            chunk.length.get(),
+            stripes.len() as u64,
+        );
+        let mut touched: Vec<u64> = Vec::new();
         for s in &stripes {
+            let devid = s.devid.get();
             self.delete_item(
                 BTRFS_DEV_TREE_OBJECTID,
-                &Key::new(s.devid.get(), BTRFS_DEV_EXTENT_KEY, s.offset.get()),
+                &Key::new(devid, BTRFS_DEV_EXTENT_KEY, s.offset.get()),
             )?;
+            if let Some(mut di) = self.dev_item_of(devid) {
+                di.bytes_used
+                    .set(di.bytes_used.get().saturating_sub(stripe));
+                self.set_dev_item(devid, di);
+            }
+            if !touched.contains(&devid) {
+                touched.push(devid);
+            }
         }
-        let freed = chunk.length.get() * stripes.len() as u64;
-        let used = self.sb.dev_item.bytes_used.get().saturating_sub(freed);
-        self.sb.dev_item.bytes_used.set(used);
-        let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
-        if let Some(d) = self.lookup(TreeId::Chunk, &dkey)? {
-            let mut di = DevItem::read_from_bytes(&d)
-                .map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
-            di.bytes_used.set(used);
-            self.update_item(TreeId::Chunk, &dkey, di.as_bytes())?;
+        for devid in touched {
+            let Some(used) = self.dev_item_of(devid).map(|d| d.bytes_used.get()) else {
+                continue;
+            };
+            let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
+            if let Some(d) = self.lookup(TreeId::Chunk, &dkey)? {
+                let mut di = DevItem::read_from_bytes(&d)
+                    .map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
+                di.bytes_used.set(used);
+                self.update_item(TreeId::Chunk, &dkey, di.as_bytes())?;
+            }
         }
         if g.is_system() {
             self.remove_sys_chunk(start)?;
