@@ -133,13 +133,15 @@ impl Highlighter for ShellHelper {}
 impl Validator for ShellHelper {}
 impl Helper for ShellHelper {}
 
-pub fn run(image: &Path) -> i32 {
-    let empty = Script::parse("interactive", "").unwrap_or_else(|_| unreachable_script());
+pub fn run(image: &Path, extra: &[std::path::PathBuf]) -> i32 {
+    let mut empty = Script::parse("interactive", "").unwrap_or_else(|_| unreachable_script());
+    empty.devices = 1 + extra.len();
+    let paths = crate::run::session_paths(image, extra, &empty);
     let opts = SessionOptions {
         crashable: true,
         record_writes: true,
     };
-    let session = match Session::open(image, &empty, &opts) {
+    let session = match Session::open_set(&paths, &empty, &opts) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("btrkit-shell: error: {}: {e}", image.display());
@@ -236,6 +238,7 @@ fn unreachable_script() -> Script {
         text: String::new(),
         mkfs: Vec::new(),
         fssize: btrkit_core::workload::script::DEFAULT_FSSIZE,
+        devices: 1,
         mount: Vec::new(),
         expect_log: None,
         log_optional: false,

@@ -24,7 +24,8 @@ use std::path::PathBuf;
 steps (mkdir, write, fsync, rename, crash, ...) and expect lines, plus read, ls, stat, stats [--json] and \
 set NAME on|off.\n\nExamples:\n  btrkit-shell disk.img workload.scn      # disk.img is made from the script's mkfs/fssize if missing\n  \
 echo 'write /f 0 4K' | btrkit-shell disk.img -\n  btrkit-shell disk.img                   # interactive\n  \
-btrkit-shell explore disk.img workload.scn --random 4 --json",
+btrkit-shell explore disk.img workload.scn --random 4 --json\n  \
+btrkit-shell a.img --device b.img raid1.scn     # raid1.scn says: devices 2, mkfs -m raid1 -d raid1",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -38,6 +39,11 @@ struct Cli {
     /// Print nothing but errors and the output of inspection steps.
     #[arg(short, long)]
     quiet: bool,
+    /// Another device of the filesystem (repeatable, devid order after
+    /// IMAGE). Without it a script's `devices N` uses IMAGE-2.EXT ...
+    /// beside IMAGE.
+    #[arg(long = "device", value_name = "PATH")]
+    devices: Vec<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -82,9 +88,11 @@ fn main() {
         std::process::exit(2);
     };
     let code = match &cli.script {
-        Some(s) => run::run_script(image, s, cli.quiet),
-        None if std::io::IsTerminal::is_terminal(&std::io::stdin()) => interactive::run(image),
-        None => run::run_script(image, "-", cli.quiet),
+        Some(s) => run::run_script(image, &cli.devices, s, cli.quiet),
+        None if std::io::IsTerminal::is_terminal(&std::io::stdin()) => {
+            interactive::run(image, &cli.devices)
+        }
+        None => run::run_script(image, &cli.devices, "-", cli.quiet),
     };
     std::process::exit(code);
 }

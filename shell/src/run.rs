@@ -14,7 +14,7 @@ use btrkit_core::workload::session::{Session, SessionOptions};
 use btrkit_core::workload::{Script, Step};
 use std::fs::File;
 use std::io::{BufReader, Seek};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The script file, rewound (standard input spooled to a temporary file).
 fn open_script(arg: &str) -> anyhow::Result<(String, File)> {
@@ -45,7 +45,18 @@ fn options_of(sum: &StepSummary) -> SessionOptions {
     }
 }
 
-pub fn run_script(image: &Path, arg: &str, quiet: bool) -> i32 {
+/// The image files of the session: IMAGE and the `--device` paths, or
+/// the script's `devices N` named beside IMAGE.
+pub fn session_paths(image: &Path, extra: &[PathBuf], script: &Script) -> Vec<PathBuf> {
+    if extra.is_empty() {
+        return btrkit_core::workload::session::device_paths(image, script.devices);
+    }
+    std::iter::once(image.to_path_buf())
+        .chain(extra.iter().cloned())
+        .collect()
+}
+
+pub fn run_script(image: &Path, extra: &[PathBuf], arg: &str, quiet: bool) -> i32 {
     let (name, mut file) = match open_script(arg) {
         Ok(x) => x,
         Err(e) => {
@@ -71,7 +82,8 @@ pub fn run_script(image: &Path, arg: &str, quiet: bool) -> i32 {
         eprintln!("btrkit-shell: error: cannot read {name} again: {e}");
         return 2;
     }
-    let mut s = match Session::open(image, &script, &options_of(&sum)) {
+    let paths = session_paths(image, extra, &script);
+    let mut s = match Session::open_set(&paths, &script, &options_of(&sum)) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("btrkit-shell: error: {}: {e}", image.display());

@@ -903,6 +903,46 @@ pub fn mount(
     Ok(fs)
 }
 
+/// [`mount`] on the devices of a set, (name, device) each, matched by
+/// their superblocks ([`crate::devices::DeviceSet`]); `degraded` as
+/// `mount -o degraded`. One device is [`mount`].
+pub fn mount_devices(
+    mut devs: Vec<(String, std::sync::Arc<dyn crate::io::BlockDevice>)>,
+    mut opts: crate::fs::MountOptions,
+    degraded: bool,
+) -> Result<crate::fs::Filesystem> {
+    if devs.len() == 1 && !degraded {
+        let (_, dev) = devs.remove(0);
+        return mount(dev, opts);
+    }
+    // open_ctree: a filesystem mounts as ssd when no device spins.
+    if !opts.ssd_given {
+        opts.ssd = devs.iter().all(|(_, d)| d.rotational() == Some(false));
+    }
+    let set = crate::devices::DeviceSet::assemble(devs)?;
+    let open = || {
+        set.open(crate::image::OpenOptions {
+            writable: true,
+            degraded,
+            ..Default::default()
+        })
+    };
+    let mut img = open()?;
+    let mut free = std::collections::BTreeMap::new();
+    if img.sb.log_root.get() != 0 {
+        let mut st = Store::from_image_for_replay(img)?;
+        free = replay(&mut st, Default::default())?.free_objectids;
+        drop(st);
+        img = open()?;
+    }
+    let store = Store::from_image(img)?;
+    let mut fs = crate::fs::Filesystem::with_store(store, opts, super::writer::LogState::boxed())?;
+    for (subvol, next) in free {
+        fs.raise_free_ino(subvol, next)?;
+    }
+    Ok(fs)
+}
+
 /// [`replay`], reporting `(stage name, items done, items in all logs)`.
 pub fn replay_with_progress(
     fs: &mut Store,

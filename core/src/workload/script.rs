@@ -8,8 +8,10 @@
 //! allowed). Lines starting with `!` are ignored.
 //!
 //! Directives (they apply to the whole run wherever they appear): `mkfs
-//! ARGS...` (mkfs.btrfs options), `fssize SIZE` (default 512M), `mount OPTS`
-//! (comma separated mount options), `expect-log yes|no|any`, `warmup yes|no`.
+//! ARGS...` (mkfs.btrfs options, profiles `-m`/`-d` included), `fssize SIZE`
+//! (default 512M; of each device), `devices N` (the filesystem spans N
+//! devices, default 1), `mount OPTS` (comma separated mount options),
+//! `expect-log yes|no|any`, `warmup yes|no`.
 //!
 //! Steps: see [`Step`]; expectations: see [`Expect`]. The language is the one
 //! the kernel oracle (`kcrash.py`) documents, plus `writefiles`, `chown`,
@@ -43,6 +45,9 @@ type Res<T> = std::result::Result<T, String>;
 /// Size in bytes of the image a run creates when the script has no
 /// `fssize` directive: 512 MiB (the kernel oracle's default).
 pub const DEFAULT_FSSIZE: u64 = 512 << 20;
+
+/// Most devices a script's filesystem may span (`devices N`).
+pub const MAX_DEVICES: u64 = 16;
 /// Fill byte of `write`, `dwrite` and `mwrite` without one.
 pub const DEFAULT_FILL: u8 = 0xcd;
 
@@ -514,8 +519,12 @@ pub struct Script {
     pub text: String,
     /// Extra mkfs.btrfs arguments from every `mkfs` directive, in order.
     pub mkfs: Vec<String>,
-    /// Image size in bytes (`fssize`; default [`DEFAULT_FSSIZE`]).
+    /// Image size in bytes (`fssize`; default [`DEFAULT_FSSIZE`]), of each
+    /// device.
     pub fssize: u64,
+    /// Devices the filesystem spans (`devices N`; default 1), each of
+    /// `fssize` bytes, devids in order.
+    pub devices: usize,
     /// Mount options from every `mount` directive, split at commas; see
     /// [`Script::mount_options`].
     pub mount: Vec<String>,
@@ -753,6 +762,7 @@ impl Script {
             text: String::new(),
             mkfs: Vec::new(),
             fssize: DEFAULT_FSSIZE,
+            devices: 1,
             mount: Vec::new(),
             expect_log: None,
             log_optional: false,
@@ -904,6 +914,13 @@ impl Script {
         match *verb {
             "mkfs" => self.mkfs.extend(args.iter().map(Tok::text)),
             "fssize" => self.fssize = parse_num(&one(args)?.text())?,
+            "devices" => {
+                let n = parse_num(&one(args)?.text())?;
+                if !(1..=MAX_DEVICES).contains(&n) {
+                    return Err(format!("devices N: from 1 to {MAX_DEVICES}, not {n}"));
+                }
+                self.devices = n as usize;
+            }
             "mount" => {
                 for a in args {
                     self.mount.extend(
@@ -1550,6 +1567,12 @@ mod tests {
         assert_eq!(s.mkfs, ["-n", "4096", "-O", "^no-holes"]);
         assert_eq!(s.mount_options(), "commit=600,compress=zstd");
         assert_eq!(s.fssize, 1 << 30);
+        assert_eq!(s.devices, 1);
+        let set = Script::parse("set", "devices 3\nmkfs -m raid1c3 -d raid0\n").unwrap();
+        assert_eq!((set.devices, set.mkfs.len()), (3, 4));
+        for bad in ["devices 0", "devices 17", "devices", "devices 2 3", "devices x"] {
+            assert!(Script::parse("bad", bad).is_err(), "{bad}");
+        }
         let st: Vec<&Step> = s.steps.iter().map(|(_, x)| x).collect();
         assert_eq!(
             *st[2],

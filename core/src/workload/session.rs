@@ -46,12 +46,32 @@ pub struct SessionOptions {
     pub record_writes: bool,
 }
 
-/// A script running on the engine: one image, its device, the mounted
-/// filesystem and the descriptors steps hold. Crash steps unmount, cut
-/// power and mount again (log replay included) within the session.
+/// The image files of a script's filesystem of `n` devices: `image`
+/// itself for devid 1, then `NAME-2.EXT`, `NAME-3.EXT`... beside it.
+pub fn device_paths(image: &Path, n: usize) -> Vec<PathBuf> {
+    let mut out = vec![image.to_path_buf()];
+    let stem = image
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    for i in 2..=n {
+        let name = match image.extension() {
+            Some(e) => format!("{stem}-{i}.{}", e.to_string_lossy()),
+            None => format!("{stem}-{i}"),
+        };
+        out.push(image.with_file_name(name));
+    }
+    out
+}
+
+/// A script running on the engine: its image files, their devices, the
+/// mounted filesystem and the descriptors steps hold. Crash steps unmount,
+/// cut power to every device and mount again (log replay included) within
+/// the session.
 pub struct Session {
-    path: PathBuf,
-    dev: Dev,
+    paths: Vec<PathBuf>,
+    /// One per device, devid order.
+    devs: Vec<Dev>,
     fs: Option<Filesystem>,
     /// Runs the filesystem steps and holds their descriptors (`open-fd`,
     /// `tmpfile`); emptied by a crash.
@@ -65,22 +85,53 @@ pub struct Session {
 impl Session {
     /// Open `path` for `script`: made by mkfs from the script's `mkfs` and
     /// `fssize` when it does not exist, its log replayed when it has one,
-    /// mounted with the script's options.
+    /// mounted with the script's options. A script on several devices
+    /// (`devices N`) uses the files [`device_paths`] names.
     pub fn open(path: &Path, script: &Script, o: &SessionOptions) -> Result<Session> {
-        if !path.exists() {
+        Session::open_set(&device_paths(path, script.devices), script, o)
+    }
+
+    /// [`Session::open`] on the image files `paths` (devid order), as
+    /// many as the script's `devices`. When none exists they are made by
+    /// mkfs; some existing and some not is an error.
+    pub fn open_set(paths: &[PathBuf], script: &Script, o: &SessionOptions) -> Result<Session> {
+        if paths.len() != script.devices {
+            return Err(Error::Invalid(format!(
+                "the script's filesystem spans {} device(s), {} given",
+                script.devices,
+                paths.len()
+            )));
+        }
+        let exist = paths.iter().filter(|p| p.exists()).count();
+        if exist == 0 {
             let mk = crate::mkfs::MkfsOptions::from_mkfs_args(&script.mkfs)?;
-            crate::mkfs::make_image(path, script.fssize, &mk)?;
+            crate::mkfs::make_images(paths, script.fssize, &mk)?;
+        } else if exist < paths.len() {
+            let missing: Vec<String> = paths
+                .iter()
+                .filter(|p| !p.exists())
+                .map(|p| p.display().to_string())
+                .collect();
+            return Err(Error::Invalid(format!(
+                "{} of the filesystem's devices exist and {} not: {}",
+                exist,
+                missing.len(),
+                missing.join(", ")
+            )));
         }
         let mount = MountOptions::parse(&[script.mount_options()])?;
-        let file = FileDevice::open(path, true)?;
-        let dev = if o.crashable {
-            Dev::Volatile(Arc::new(VolatileFile::new(file, o.record_writes)?))
-        } else {
-            Dev::Plain(Arc::new(crate::io::WriteBehind::new(Arc::new(file))?))
-        };
+        let mut devs = Vec::with_capacity(paths.len());
+        for path in paths {
+            let file = FileDevice::open(path, true)?;
+            devs.push(if o.crashable {
+                Dev::Volatile(Arc::new(VolatileFile::new(file, o.record_writes)?))
+            } else {
+                Dev::Plain(Arc::new(crate::io::WriteBehind::new(Arc::new(file))?))
+            });
+        }
         let mut s = Session {
-            path: path.to_path_buf(),
-            dev,
+            paths: paths.to_vec(),
+            devs,
             fs: None,
             runner: EngineRunner::new(),
             mount,
@@ -94,10 +145,15 @@ impl Session {
     /// A session on a device the caller made, holding an image already
     /// (its log replayed first, as at any mount). It cannot `crash`.
     pub fn on_device(dev: Arc<dyn BlockDevice>, script: &Script) -> Result<Session> {
+        Session::on_devices(vec![dev], script)
+    }
+
+    /// [`Session::on_device`] on the devices of a set, devid order.
+    pub fn on_devices(devs: Vec<Arc<dyn BlockDevice>>, script: &Script) -> Result<Session> {
         let mount = MountOptions::parse(&[script.mount_options()])?;
         let mut s = Session {
-            path: PathBuf::new(),
-            dev: Dev::Other(dev),
+            paths: Vec::new(),
+            devs: devs.into_iter().map(Dev::Other).collect(),
             fs: None,
             runner: EngineRunner::new(),
             mount,
@@ -108,24 +164,48 @@ impl Session {
         Ok(s)
     }
 
-    /// The image file the session was opened on; empty for a session made by
-    /// [`Session::on_device`].
+    /// The image file the session was opened on (devid 1's); empty for a
+    /// session made by [`Session::on_device`].
     pub fn path(&self) -> &Path {
-        &self.path
+        self.paths.first().map_or(Path::new(""), |p| p.as_path())
+    }
+
+    /// Every image file of the session, devid order.
+    pub fn paths(&self) -> &[PathBuf] {
+        &self.paths
+    }
+
+    /// The devices (devid order) with names for messages.
+    fn blocks(&self) -> Vec<(String, Arc<dyn BlockDevice>)> {
+        self.devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let name = match self.paths.get(i) {
+                    Some(p) => p.display().to_string(),
+                    None => format!("device {}", i + 1),
+                };
+                (name, d.block())
+            })
+            .collect()
     }
 
     /// Mount: replay a log first, as the kernel's mount does.
     fn mount_now(&mut self) -> Result<()> {
-        let dev = self.dev.block();
-        if crate::image::read_superblock(dev.as_ref(), 0)?
+        let first = self
+            .devs
+            .first()
+            .ok_or_else(|| Error::Invalid("no device".into()))?
+            .block();
+        if crate::image::read_superblock(first.as_ref(), 0)?
             .log_root
             .get()
             != 0
         {
             self.replays += 1;
         }
-        let mut fs = crate::log::replay::mount(dev, self.mount.clone())?;
-        if matches!(self.dev, Dev::Plain(_)) {
+        let mut fs = crate::log::replay::mount_devices(self.blocks(), self.mount.clone(), false)?;
+        if matches!(self.devs[0], Dev::Plain(_)) {
             fs.store.start_data_writer()?;
         }
         fs.switches = self.switches;
@@ -188,37 +268,44 @@ impl Session {
         }
     }
 
-    /// Power failure: nothing more is written, the device keeps what was
-    /// flushed (and with `keep_random` a random subset of the rest), and
-    /// the filesystem is mounted again (its log replayed).
+    /// The volatile devices of a crashable session.
+    fn volatile(&self) -> Result<Vec<Arc<VolatileFile>>> {
+        self.devs
+            .iter()
+            .map(|d| match d {
+                Dev::Volatile(v) => Ok(v.clone()),
+                _ => Err(Error::Invalid(
+                    "this session cannot crash (opened without crash support)".into(),
+                )),
+            })
+            .collect()
+    }
+
+    /// Power failure: nothing more is written, each device keeps what was
+    /// flushed to it (and with `keep_random` a random subset of the rest,
+    /// chosen for each device on its own: one may keep what another
+    /// lost), and the filesystem is mounted again (its log replayed).
     pub fn crash(&mut self, keep_random: Option<u64>) -> Result<()> {
-        let Dev::Volatile(d) = &self.dev else {
-            return Err(Error::Invalid(
-                "this session cannot crash (opened without crash support)".into(),
-            ));
-        };
-        let d = d.clone();
+        let devs = self.volatile()?;
         self.runner.drop_all();
         self.fs = None;
-        d.power_fail(keep_random)?;
+        power_fail_all(&devs, keep_random)?;
         self.mount_now()
     }
 
-    /// The power failure that ends a workload: the image keeps what it
+    /// The power failure that ends a workload: the images keep what it
     /// left (its log not replayed, for the kernel or btrkit-replay to
     /// recover); the session goes on, for expectations, on a recovery made
-    /// in memory over it.
+    /// in memory over them.
     pub fn crash_final(&mut self, keep_random: Option<u64>) -> Result<()> {
-        let Dev::Volatile(d) = &self.dev else {
-            return Err(Error::Invalid(
-                "this session cannot crash (opened without crash support)".into(),
-            ));
-        };
-        let d = d.clone();
+        let devs = self.volatile()?;
         self.runner.drop_all();
         self.fs = None;
-        d.power_fail(keep_random)?;
-        self.dev = Dev::Overlay(Arc::new(crate::io::OverlayDevice::new(d)));
+        power_fail_all(&devs, keep_random)?;
+        self.devs = devs
+            .into_iter()
+            .map(|d| Dev::Overlay(Arc::new(crate::io::OverlayDevice::new(d))))
+            .collect();
         self.mount_now()
     }
 
@@ -292,7 +379,7 @@ impl Session {
     /// Commit, then run the checker on the image: Err with the first errors.
     pub fn consistent(&mut self) -> Result<std::result::Result<(), String>> {
         self.fs()?.sync()?;
-        let img = crate::image::Image::open(self.dev.block(), Default::default())?;
+        let img = crate::devices::DeviceSet::assemble(self.blocks())?.open(Default::default())?;
         let r = crate::check::check_image(
             &img,
             crate::check::CheckOptions::own_writes(),
@@ -324,12 +411,23 @@ impl Session {
                 fs.sync()?;
             }
         }
-        match &self.dev {
-            Dev::Volatile(d) => d.flush()?,
-            Dev::Plain(d) => d.flush()?,
-            Dev::Overlay(_) => {}
-            Dev::Other(d) => d.flush()?,
+        for d in &self.devs {
+            match d {
+                Dev::Volatile(d) => d.flush()?,
+                Dev::Plain(d) => d.flush()?,
+                Dev::Overlay(_) => {}
+                Dev::Other(d) => d.flush()?,
+            }
         }
         Ok(())
     }
+}
+
+/// Cut power to every device at once; with `keep_random`, each device
+/// keeps its own random subset of its unflushed writes (seeded apart).
+fn power_fail_all(devs: &[Arc<VolatileFile>], keep_random: Option<u64>) -> Result<()> {
+    for (i, d) in devs.iter().enumerate() {
+        d.power_fail(keep_random.map(|s| s.wrapping_add(i as u64 * 0x9e37_79b9)))?;
+    }
+    Ok(())
 }
