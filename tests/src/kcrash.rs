@@ -759,8 +759,10 @@ pub fn super_log_root(img: &Path) -> Res<(u64, u64)> {
 /// Run `scn` in `work` (which must be empty or absent and private to this
 /// run: it holds the live image and the mount point) and leave the crash
 /// image at `work/crash.img`. Checks the log expectation of the scenario.
+/// A scenario with `devices N` runs on N devices (its `mkfs` names the
+/// profiles).
 pub fn generate(scn: &Scenario, work: &Path) -> Res<CrashImage> {
-    generate_on_set(scn, work, 1, &[])
+    generate_on_set(scn, work, scn.devices, &[])
 }
 
 /// [`generate`] on a filesystem of `n` devices made with the scenario's
@@ -910,31 +912,46 @@ pub fn cached_crash_image(scn: &Scenario, cache: &Path) -> Res<CrashImage> {
         .clone();
     let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
     let path = cache.join(format!("{key}.img"));
+    // A set's other devices beside it, as generate_on_set names them.
+    let paths: Vec<PathBuf> = std::iter::once(path.clone())
+        .chain((2..=scn.devices).map(|i| cache.join(format!("{key}-{i}.img"))))
+        .collect();
     let fresh = std::env::var("BTRKIT_KCRASH_FRESH").is_ok_and(|v| v == "1")
         && FRESH_DONE
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(HashSet::new)
             .insert(key.clone());
-    if path.exists() && !fresh {
+    if paths.iter().all(|p| p.exists()) && !fresh {
         let (generation, log_root) = super_log_root(&path)?;
         return Ok(CrashImage {
-            devices: vec![path.clone()],
+            devices: paths,
             path,
             log_root,
             generation,
         });
     }
     std::fs::create_dir_all(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
-    // Older images of this scenario (other text, generator or kernel) go.
+    // Older images of this scenario (other text, generator or kernel) go:
+    // `NAME-<16 hex>.img`, and `NAME-<16 hex>-N.img` of a set.
     if let Ok(rd) = std::fs::read_dir(cache) {
         for e in rd.flatten() {
             let f = e.file_name().to_string_lossy().into_owned();
-            let stale = f.len() == scn.name.len() + 21
-                && f.starts_with(&scn.name)
-                && f.ends_with(".img")
-                && f[scn.name.len()..].starts_with('-');
-            if stale && e.path() != path {
+            let Some(rest) = f
+                .strip_prefix(scn.name.as_str())
+                .and_then(|r| r.strip_prefix('-'))
+                .and_then(|r| r.strip_suffix(".img"))
+            else {
+                continue;
+            };
+            let hex = rest.split('-').next().unwrap_or("");
+            let tail_ok = rest[hex.len()..]
+                .strip_prefix('-')
+                .is_none_or(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+            let stale = hex.len() == 16
+                && hex.bytes().all(|b| b.is_ascii_hexdigit())
+                && (rest.len() == 16 || tail_ok);
+            if stale && !paths.contains(&e.path()) {
                 let _ = std::fs::remove_file(e.path());
             }
         }
@@ -947,11 +964,13 @@ pub fn cached_crash_image(scn: &Scenario, cache: &Path) -> Res<CrashImage> {
         let _s = slot();
         generate(scn, work.path())?
     };
-    std::fs::rename(&c.path, &path)
-        .or_else(|_| copy_sparse(&c.path, &path).map_err(std::io::Error::other))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    for (from, to) in c.devices.iter().zip(&paths) {
+        std::fs::rename(from, to)
+            .or_else(|_| copy_sparse(from, to).map_err(std::io::Error::other))
+            .map_err(|e| format!("{}: {e}", to.display()))?;
+    }
     Ok(CrashImage {
-        devices: vec![path.clone()],
+        devices: paths,
         path,
         ..c
     })
@@ -1300,6 +1319,11 @@ pub fn count_headline_files(root: &Path) -> Res<(u32, u32)> {
 /// Run the scenario's `expect post` steps on `img` (mounted read-write),
 /// in order; one result each. `img` is changed: pass a copy.
 pub fn run_posts(img: &Path, scn: &Scenario) -> Res<Vec<Res<()>>> {
+    run_posts_with(img, "", scn)
+}
+
+/// [`run_posts`] with more mount options (`,device=...` of a set).
+pub fn run_posts_with(img: &Path, extra_opts: &str, scn: &Scenario) -> Res<Vec<Res<()>>> {
     let posts: Vec<&Step> = scn
         .expects
         .iter()
@@ -1318,7 +1342,11 @@ pub fn run_posts(img: &Path, scn: &Scenario) -> Res<Vec<Res<()>>> {
         .prefix("kcrash-post-")
         .tempdir()
         .map_err(|e| e.to_string())?;
-    let m = LoopMount::mount(img, &mnt.path().join("m"), "commit=600")?;
+    let m = LoopMount::mount(
+        img,
+        &mnt.path().join("m"),
+        &format!("commit=600{extra_opts}"),
+    )?;
     let mut r = Runner::new(m.path());
     let out = posts.iter().map(|s| r.apply(s)).collect();
     r.close_all();

@@ -15,6 +15,8 @@
 //! - [`fsck_support`]: running btrkit-fsck, locating and damaging items.
 //! - [`salvage`]: log blocks of a crash image, damaging them, comparing a
 //!   salvaged image with the kernel's replay and zero-log.
+//! - [`sets`]: device sets: copies, the kernel's view, btrfs check and
+//!   btrkit-fsck over every device.
 //! - [`dumpcmp`]: compares `btrkit-dump tree` against `btrfs inspect-internal
 //!   dump-tree` on their item lines.
 
@@ -30,6 +32,7 @@ pub mod kimage;
 pub mod mount;
 pub mod rich;
 pub mod salvage;
+pub mod sets;
 // Safe wrappers over the system calls the other helpers need.
 #[allow(unsafe_code)]
 pub mod sys;

@@ -13,8 +13,8 @@
 //! `BTRKIT_SET_SCENARIOS=N` runs every Nth scenario of the corpus per
 //! profile (default 4, each profile a different quarter).
 
-use btrkit_tests::kcrash::{self, Manifest, Scenario};
-use btrkit_tests::mount::{attach_loop, detach_loop};
+use btrkit_tests::kcrash::{self, Scenario};
+use btrkit_tests::sets::{self, fsck_clean, manifest, progs_check};
 use btrkit_tests::{require_kernel_mount, skip_unless};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,85 +22,8 @@ use std::process::Command;
 #[path = "common/families.rs"]
 mod families;
 
-/// `device=` options naming every device after the first.
-fn device_opts(devs: &[PathBuf]) -> String {
-    devs[1..]
-        .iter()
-        .map(|d| format!(",device={}", d.display()))
-        .collect()
-}
-
 fn copy_set(devs: &[PathBuf], dir: &Path, prefix: &str) -> Vec<PathBuf> {
-    std::fs::create_dir_all(dir).unwrap();
-    devs.iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let c = dir.join(format!("{prefix}{}.img", i + 1));
-            kcrash::copy_sparse(d, &c).unwrap();
-            c
-        })
-        .collect()
-}
-
-fn manifest(devs: &[PathBuf], opts: &str) -> Result<Manifest, String> {
-    kcrash::manifest_in_place(&devs[0], &format!("{opts}{}", device_opts(devs)))
-}
-
-/// `btrfs check --readonly` of a set (its devices on loop devices, found
-/// by btrfs-progs' scan).
-fn progs_check(devs: &[PathBuf]) -> Result<(), String> {
-    let loops: Vec<PathBuf> = devs.iter().map(|d| attach_loop(d).unwrap()).collect();
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(&loops[0])
-        .output();
-    for l in &loops {
-        let _ = detach_loop(l);
-    }
-    let o = o.map_err(|e| e.to_string())?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    // mkfs.btrfs 6.2's stale free space entries are all it may report.
-    let bad: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("ERROR") || l.contains("error") && !l.contains("no error found"))
-        .filter(|l| !l.contains("free space") && !l.contains("errors found in free space"))
-        // The scan of every block device meets loop devices other tests
-        // are tearing down.
-        .filter(|l| !l.contains("cannot scan"))
-        .collect();
-    if bad.is_empty() {
-        Ok(())
-    } else {
-        Err(bad.join(" | "))
-    }
-}
-
-/// btrkit-fsck over the set: no error but mkfs.btrfs 6.2's stale free
-/// space entries.
-fn fsck_clean(devs: &[PathBuf]) -> Result<(), String> {
-    let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
-        .args(["--json", "--check-mirrors", "--check-data-csum"])
-        .args(devs)
-        .output()
-        .map_err(|e| e.to_string())?;
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
-        .map_err(|_| format!("btrkit-fsck: {}", String::from_utf8_lossy(&o.stderr)))?;
-    let errors: Vec<String> = v["findings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|f| f["severity"] == "error" && f["category"] != "free-space-stale")
-        .map(|f| format!("{}: {}", f["category"], f["message"]))
-        .collect();
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join(" | "))
-    }
+    sets::copy_set(devs, dir, prefix).unwrap()
 }
 
 fn replay(args: &[&Path], flags: &[&str]) -> Result<(), String> {

@@ -1570,7 +1570,13 @@ mod tests {
         assert_eq!(s.devices, 1);
         let set = Script::parse("set", "devices 3\nmkfs -m raid1c3 -d raid0\n").unwrap();
         assert_eq!((set.devices, set.mkfs.len()), (3, 4));
-        for bad in ["devices 0", "devices 17", "devices", "devices 2 3", "devices x"] {
+        for bad in [
+            "devices 0",
+            "devices 17",
+            "devices",
+            "devices 2 3",
+            "devices x",
+        ] {
             assert!(Script::parse("bad", bad).is_err(), "{bad}");
         }
         let st: Vec<&Step> = s.steps.iter().map(|(_, x)| x).collect();

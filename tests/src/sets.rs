@@ -1,0 +1,103 @@
+//! Device sets in the tests: copies of a set, the kernel's view of one
+//! (loop devices, `device=` options), `btrfs check` and btrkit-fsck over
+//! every device.
+
+use crate::kcrash::{self, Manifest};
+use crate::mount::{attach_loop, detach_loop};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `device=` options naming every device after the first.
+pub fn device_opts(devs: &[PathBuf]) -> String {
+    devs[1..]
+        .iter()
+        .map(|d| format!(",device={}", d.display()))
+        .collect()
+}
+
+/// Sparse copies of every device as `dir/PREFIXn.img`, devid order.
+pub fn copy_set(devs: &[PathBuf], dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    devs.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let c = dir.join(format!("{prefix}{}.img", i + 1));
+            kcrash::copy_sparse(d, &c).map(|_| c)
+        })
+        .collect()
+}
+
+/// What the kernel shows of the set mounted with `opts` (a read-write
+/// mount replays a log in place).
+pub fn manifest(devs: &[PathBuf], opts: &str) -> Result<Manifest, String> {
+    kcrash::manifest_in_place(&devs[0], &format!("{opts}{}", device_opts(devs)))
+}
+
+/// `btrfs check --readonly` of a set (its devices on loop devices, found
+/// by btrfs-progs' scan). mkfs.btrfs 6.2's stale free space entries are
+/// all it may report.
+pub fn progs_check(devs: &[PathBuf]) -> Result<(), String> {
+    let loops: Vec<PathBuf> = devs
+        .iter()
+        .map(|d| attach_loop(d))
+        .collect::<Result<_, _>>()?;
+    let o = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(&loops[0])
+        .output();
+    for l in &loops {
+        let _ = detach_loop(l);
+    }
+    let o = o.map_err(|e| e.to_string())?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let bad: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("ERROR") || l.contains("error") && !l.contains("no error found"))
+        .filter(|l| !l.contains("free space") && !l.contains("errors found in free space"))
+        // The scan of every block device meets loop devices other tests
+        // are tearing down.
+        .filter(|l| !l.contains("cannot scan"))
+        .collect();
+    if bad.is_empty() && text.contains("no error found") {
+        Ok(())
+    } else if bad.is_empty() && o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "btrfs check: {}",
+            if bad.is_empty() {
+                text.lines().take(8).collect::<Vec<_>>().join(" | ")
+            } else {
+                bad.join(" | ")
+            }
+        ))
+    }
+}
+
+/// btrkit-fsck --check-mirrors --check-data-csum over the set: no error
+/// but mkfs.btrfs 6.2's stale free space entries.
+pub fn fsck_clean(devs: &[PathBuf]) -> Result<(), String> {
+    let o = Command::new(crate::fsck_support::fsck_bin())
+        .args(["--json", "--check-mirrors", "--check-data-csum"])
+        .args(devs)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .map_err(|_| format!("btrkit-fsck: {}", String::from_utf8_lossy(&o.stderr)))?;
+    let errors: Vec<String> = v["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["severity"] == "error" && f["category"] != "free-space-stale")
+        .map(|f| format!("{}: {}", f["category"], f["message"]))
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("btrkit-fsck: {}", errors.join(" | ")))
+    }
+}
