@@ -25,6 +25,19 @@ fn main() {
 }
 
 fn run(a: args::Args) -> anyhow::Result<()> {
+    let mut created = Vec::new();
+    let r = make(&a, &mut created);
+    if r.is_err() {
+        // A refused or failed mkfs leaves no file that was not there.
+        for p in &created {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    r
+}
+
+/// [`run`]'s work; the image files it creates go to `created`.
+fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result<()> {
     let opts: MkfsOptions = a.options()?;
     for (i, path) in a.images.iter().enumerate() {
         if a.images[..i].iter().any(|p| same_file(p, path)) {
@@ -56,6 +69,7 @@ fn run(a: args::Args) -> anyhow::Result<()> {
         if !path.exists() {
             let f = std::fs::File::create(path)
                 .with_context(|| format!("cannot create {}", path.display()))?;
+            created.push(path.clone());
             if let Some(size) = opts.size {
                 f.set_len(size)
                     .with_context(|| format!("cannot size {}", path.display()))?;
@@ -89,6 +103,8 @@ fn run(a: args::Args) -> anyhow::Result<()> {
         match r {
             Ok(s) => stats = Some(s),
             Err(e @ btrkit_core::Error::NoSpace(_)) => {
+                // The images hold a valid filesystem: they stay.
+                created.clear();
                 bail!(
                     "{e} while copying {}; the image keeps the files committed before the failure",
                     dir.display()

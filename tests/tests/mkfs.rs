@@ -426,3 +426,230 @@ fn bad_input_is_refused() {
         btrkit_tests::skip_part("unreadable source", "needs root and setpriv");
     }
 }
+
+// ---------------------------------------------------------------------------
+// Several devices
+
+fn mkfs_set(args: &[&str], imgs: &[PathBuf]) -> Output {
+    Command::new(bin("btrkit-mkfs"))
+        .args(args)
+        .args(imgs)
+        .output()
+        .unwrap()
+}
+
+/// The profiles the kernel reports for the mounted set (`btrfs filesystem
+/// df`): "Data, RAID1", "Metadata, RAID10"...
+fn kernel_profiles(mnt: &Path) -> Vec<String> {
+    let o = Command::new("btrfs")
+        .args(["filesystem", "df"])
+        .arg(mnt)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split(':').next())
+        .filter(|l| !l.starts_with("GlobalReserve"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every profile on sets of 2 to 4 devices, devices of different sizes
+/// among them: `btrfs check` and btrkit-fsck (every copy) find the set
+/// clean; the kernel mounts it, reports the profiles asked for, takes
+/// files that outgrow the first data chunk (new chunks by the kernel),
+/// and the set still checks clean after.
+#[test]
+fn sets_of_every_profile_check_clean_and_mount() {
+    btrkit_tests::skip_unless!(btrkit_tests::require_kernel_mount());
+    let t = tempfile::tempdir().unwrap();
+    let cases: &[(&[u64], &str, &str, &str, &str)] = &[
+        (&[512, 512], "raid1", "raid1", "RAID1", "RAID1"),
+        (&[512, 384], "", "", "single", "RAID1"),
+        (&[300, 512, 400], "raid1c3", "raid0", "RAID0", "RAID1C3"),
+        (
+            &[512, 512, 512, 512],
+            "raid10",
+            "raid10",
+            "RAID10",
+            "RAID10",
+        ),
+        (
+            &[400, 400, 400, 600],
+            "raid1c4",
+            "raid1c3",
+            "RAID1C3",
+            "RAID1C4",
+        ),
+        (&[512, 512], "dup", "single", "single", "DUP"),
+        (&[512, 300], "raid0", "dup", "DUP", "RAID0"),
+        (&[512, 512, 512], "raid1", "raid10", "RAID10", "RAID1"),
+        (&[512], "single", "dup", "DUP", "single"),
+        (&[512], "raid0", "raid0", "RAID0", "RAID0"),
+    ];
+    for (i, (sizes, m, d, want_data, want_meta)) in cases.iter().enumerate() {
+        let imgs: Vec<PathBuf> = sizes
+            .iter()
+            .enumerate()
+            .map(|(j, mib)| {
+                let p = t.path().join(format!("s{i}-{j}.img"));
+                std::fs::File::create(&p)
+                    .unwrap()
+                    .set_len(mib << 20)
+                    .unwrap();
+                p
+            })
+            .collect();
+        let mut args = vec!["-q", "-f"];
+        if !m.is_empty() {
+            args.extend(["-m", m, "-d", d]);
+        }
+        let o = mkfs_set(&args, &imgs);
+        let what = format!("{sizes:?} -m {m} -d {d}");
+        assert!(
+            o.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        btrkit_tests::sets::progs_check(&imgs).unwrap_or_else(|e| panic!("{what}: {e}"));
+        btrkit_tests::sets::fsck_clean(&imgs).unwrap_or_else(|e| panic!("{what}: {e}"));
+        {
+            let opts = format!("rw{}", btrkit_tests::sets::device_opts(&imgs));
+            let m = LoopMount::mount(&imgs[0], &t.path().join(format!("m{i}")), &opts)
+                .unwrap_or_else(|e| panic!("{what}: mount: {e}"));
+            let profiles = kernel_profiles(m.path());
+            assert!(
+                profiles.contains(&format!("Data, {want_data}"))
+                    && profiles.contains(&format!("Metadata, {want_meta}"))
+                    && profiles.contains(&format!("System, {want_meta}")),
+                "{what}: the kernel reports {profiles:?}"
+            );
+            // More than the first data chunk holds: the kernel allocates.
+            let block: Vec<u8> = (0..1 << 20)
+                .map(|x: u32| (x * 7 + i as u32) as u8)
+                .collect();
+            for f in 0..96 {
+                std::fs::write(m.path().join(format!("f{f}")), &block).unwrap();
+            }
+            m.unmount().unwrap();
+        }
+        btrkit_tests::sets::progs_check(&imgs)
+            .unwrap_or_else(|e| panic!("{what}, after the kernel wrote: {e}"));
+        btrkit_tests::sets::fsck_clean(&imgs)
+            .unwrap_or_else(|e| panic!("{what}, after the kernel wrote: {e}"));
+        for p in &imgs {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// `--rootdir` onto a RAID10 set of four: the kernel reads back the source
+/// exactly; the set checks clean.
+#[test]
+fn rootdir_onto_a_set() {
+    btrkit_tests::skip_unless!(btrkit_tests::require_kernel_mount());
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_source(&src);
+    let imgs: Vec<PathBuf> = (1..=4)
+        .map(|i| t.path().join(format!("r{i}.img")))
+        .collect();
+    let o = mkfs_set(
+        &[
+            "-q",
+            "-b",
+            "400M",
+            "-m",
+            "raid1c3",
+            "-d",
+            "raid10",
+            "-r",
+            src.to_str().unwrap(),
+        ],
+        &imgs,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    btrkit_tests::sets::progs_check(&imgs).unwrap();
+    btrkit_tests::sets::fsck_clean(&imgs).unwrap();
+    let opts = format!("ro{}", btrkit_tests::sets::device_opts(&imgs));
+    let m = LoopMount::mount(&imgs[0], &t.path().join("m"), &opts).unwrap();
+    let (want, got) = (describe(&src), describe(m.path()));
+    assert_eq!(want, got, "the set differs from the source");
+}
+
+/// Sets refused with one line, nothing written to an existing image and no
+/// file left behind that was not there.
+#[test]
+fn set_bad_input_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let p = |n: &str| t.path().join(n);
+    let one_line = |o: &Output, want: &str| {
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "should fail: {want}");
+        assert_eq!(e.trim().lines().count(), 1, "one line: {e}");
+        assert!(e.to_lowercase().contains(want), "want '{want}' in: {e}");
+    };
+    let (a, b, c) = (p("a.img"), p("b.img"), p("c.img"));
+    one_line(
+        &mkfs_set(&["-b", "300M", "-m", "raid1"], std::slice::from_ref(&a)),
+        "needs at least 2 devices",
+    );
+    assert!(!a.exists(), "a refused mkfs left {}", a.display());
+    one_line(
+        &mkfs_set(
+            &["-b", "300M", "-d", "raid1c4"],
+            &[a.clone(), b.clone(), c.clone()],
+        ),
+        "needs at least 4 devices",
+    );
+    one_line(
+        &mkfs_set(
+            &["-b", "300M", "-d", "raid5"],
+            &[a.clone(), b.clone(), c.clone()],
+        ),
+        "raid5",
+    );
+    one_line(
+        &mkfs_set(&["-b", "300M", "-d", "raid7"], &[a.clone(), b.clone()]),
+        "unknown profile",
+    );
+    one_line(&mkfs_set(&["-b", "300M"], &[a.clone(), a.clone()]), "twice");
+    for f in [&a, &b, &c] {
+        assert!(!f.exists(), "a refused mkfs left {}", f.display());
+    }
+    // An existing filesystem among the devices: refused without -f, and
+    // no device is touched.
+    assert!(mkfs_set(&["-q", "-b", "300M"], std::slice::from_ref(&a))
+        .status
+        .success());
+    let before = std::fs::read(&a).unwrap();
+    one_line(
+        &mkfs_set(&["-b", "300M"], &[b.clone(), a.clone()]),
+        "already contains",
+    );
+    assert_eq!(std::fs::read(&a).unwrap(), before);
+    // A profile the devices cannot take: the existing image is unchanged.
+    one_line(
+        &mkfs_set(
+            &["-f", "-b", "300M", "-m", "raid1c3"],
+            &[a.clone(), b.clone()],
+        ),
+        "needs at least 3 devices",
+    );
+    assert_eq!(
+        std::fs::read(&a).unwrap(),
+        before,
+        "a refused mkfs -f changed the image"
+    );
+    // A device too small for its share.
+    let (big, small) = (p("big.img"), p("small.img"));
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(300 << 20)
+        .unwrap();
+    std::fs::File::create(&small)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    one_line(&mkfs_set(&[], &[big, small]), "too small");
+}

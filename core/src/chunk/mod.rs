@@ -220,6 +220,34 @@ impl RaidAttr {
     }
 }
 
+/// The profile new chunks get when block groups of a type use the
+/// profiles `flags` (their union) and `num_devices` devices can be written
+/// (the kernel's `btrfs_reduce_alloc_profile`): of the profiles those
+/// devices allow, the most redundant one among `flags`; SINGLE (0) when
+/// none is left, as on a RAID1 filesystem mounted degraded on one device.
+pub fn reduce_profile(flags: u64, num_devices: u64) -> u64 {
+    const ORDER: [u64; 8] = [
+        BTRFS_BLOCK_GROUP_RAID1C4,
+        BTRFS_BLOCK_GROUP_RAID6,
+        BTRFS_BLOCK_GROUP_RAID1C3,
+        BTRFS_BLOCK_GROUP_RAID5,
+        BTRFS_BLOCK_GROUP_RAID10,
+        BTRFS_BLOCK_GROUP_RAID1,
+        BTRFS_BLOCK_GROUP_DUP,
+        BTRFS_BLOCK_GROUP_RAID0,
+    ];
+    // devs_min of the parity profiles (btrfs_raid_array): RAID5 2, RAID6 3.
+    let devs_min = |p: u64| match p {
+        BTRFS_BLOCK_GROUP_RAID5 => 2,
+        BTRFS_BLOCK_GROUP_RAID6 => 3,
+        p => RaidAttr::of(p).map_or(u64::MAX, |a| a.devs_min),
+    };
+    ORDER
+        .into_iter()
+        .find(|&p| flags & p != 0 && devs_min(p) <= num_devices)
+        .unwrap_or(0)
+}
+
 /// Every chunk of the filesystem, keyed by logical start: the mapping tree
 /// (`fs_info->mapping_tree` in btrfs-progs and the kernel). Chunks never
 /// overlap.
@@ -612,6 +640,27 @@ mod tests {
         let mut far = cases[2].clone();
         far.stripes[1].1 = u64::MAX - 10;
         assert!(far.map_range(4096, 4096).is_err());
+    }
+
+    #[test]
+    fn reduced_profiles_follow_the_devices_left() {
+        use super::reduce_profile as r;
+        let (r1, r10, c3, dup) = (
+            BTRFS_BLOCK_GROUP_RAID1,
+            BTRFS_BLOCK_GROUP_RAID10,
+            BTRFS_BLOCK_GROUP_RAID1C3,
+            BTRFS_BLOCK_GROUP_DUP,
+        );
+        assert_eq!(r(r1, 2), r1);
+        assert_eq!(r(r1, 1), 0, "degraded raid1 on one device: single");
+        assert_eq!(r(r10, 4), r10);
+        assert_eq!(r(r10, 1), 0);
+        assert_eq!(r(c3, 2), 0);
+        assert_eq!(r(c3 | r1, 2), r1, "the most redundant the devices allow");
+        assert_eq!(r(c3 | r1, 3), c3);
+        assert_eq!(r(dup, 1), dup);
+        assert_eq!(r(0, 3), 0);
+        assert_eq!(r(BTRFS_BLOCK_GROUP_RAID0 | r1, 1), BTRFS_BLOCK_GROUP_RAID0);
     }
 
     #[test]

@@ -167,25 +167,33 @@ impl Store {
         Ok(free)
     }
 
-    /// The profile new chunks of type `ty` get: the one existing groups of
-    /// that type use, else mkfs.btrfs's defaults (DUP metadata and system
-    /// on one device, RAID1 on several, SINGLE data).
+    /// The profile new chunks of type `ty` get (btrfs_get_alloc_profile):
+    /// the profiles existing groups of that type use, reduced to what the
+    /// devices present allow ([`crate::chunk::reduce_profile`]: SINGLE on a
+    /// RAID1 set mounted degraded on one device); with no group of the
+    /// type yet, mkfs.btrfs's defaults (DUP metadata and system on one
+    /// device, RAID1 on several, SINGLE data).
     fn profile_for(&self, ty: u64) -> u64 {
-        if let Some(g) = self
+        let groups: Vec<u64> = self
             .alloc
             .groups
             .values()
-            .find(|g| g.flags & BTRFS_BLOCK_GROUP_TYPE_MASK == ty)
-        {
-            return g.flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
-        }
-        if ty == BTRFS_BLOCK_GROUP_DATA {
-            0
-        } else if self.img.multi_device() {
-            BTRFS_BLOCK_GROUP_RAID1
+            .filter(|g| g.flags & BTRFS_BLOCK_GROUP_TYPE_MASK == ty)
+            .map(|g| g.flags & BTRFS_BLOCK_GROUP_PROFILE_MASK)
+            .collect();
+        let avail = if groups.is_empty() {
+            if ty == BTRFS_BLOCK_GROUP_DATA {
+                0
+            } else if self.img.multi_device() {
+                BTRFS_BLOCK_GROUP_RAID1
+            } else {
+                BTRFS_BLOCK_GROUP_DUP
+            }
         } else {
-            BTRFS_BLOCK_GROUP_DUP
-        }
+            groups.iter().fold(0, |a, p| a | p)
+        };
+        let present = self.img.devices().count() as u64;
+        crate::chunk::reduce_profile(avail, present)
     }
 
     /// Where a new chunk of type `ty` and profile `attr` goes (see
@@ -218,12 +226,17 @@ impl Store {
     /// Allocate a chunk for block group type `ty` (DATA, METADATA or SYSTEM)
     /// on the devices present.
     pub fn alloc_chunk(&mut self, ty: u64) -> Result<u64> {
-        if !self.img.missing.is_empty() {
-            return Err(Error::NoSpace(format!(
-                "a new {} chunk is needed and devices of the filesystem are missing \
-                 (nothing was committed)",
-                crate::format::names::block_group_flags_str(ty)
-            )));
+        // Opened degraded, chunks go to the devices present in the profile
+        // they allow (profile_for), as at the kernel's degraded mount.
+        if !self.img.missing.is_empty() && !self.img.degraded {
+            return Err(Error::MissingDevice {
+                devids: self.img.missing.clone(),
+                what: format!(
+                    "a new {} chunk is needed and devices of the filesystem are missing \
+                     (nothing was committed; open degraded to write what the others allow)",
+                    crate::format::names::block_group_flags_str(ty)
+                ),
+            });
         }
         let profile = self.profile_for(ty);
         let attr = RaidAttr::of(profile).ok_or_else(|| {
