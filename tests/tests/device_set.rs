@@ -516,3 +516,109 @@ fn new_chunk_as_the_kernel(sizes: &[u64], profile: &[&str]) {
         others(&r)
     );
 }
+
+/// The kernel's profiles of a mounted filesystem (`btrfs filesystem df`).
+fn kernel_df(mnt: &Path) -> String {
+    let o = Command::new("btrfs")
+        .args(["filesystem", "df"])
+        .arg(mnt)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Writing to a RAID1 set with a device gone: refused unless degraded,
+/// with nothing written; degraded, the engine writes what the kernel's
+/// degraded mount writes — a file that outgrows the RAID1 data chunk gets
+/// a new chunk as single on the device left — and the kernel, mounting
+/// the device alone degraded, reads it back; btrkit-fsck --degraded finds
+/// the device clean. The kernel's own degraded writes are checked first,
+/// as the oracle of what "single" means here.
+#[test]
+fn degraded_writes_take_the_profile_the_devices_left_allow() {
+    skip_unless!(require_kernel_mount());
+    let t = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..160u32 << 20).map(|x| (x / 4096) as u8 ^ 0x5a).collect();
+
+    // The kernel, on its own set.
+    let set = KernelSet::new(2, &["-d", "raid1", "-m", "raid1"]);
+    {
+        let m = LoopMount::mount(&set.paths[0], &t.path().join("k"), "degraded").unwrap();
+        std::fs::write(m.path().join("big"), &data).unwrap();
+        let df = kernel_df(m.path());
+        assert!(
+            df.contains("Data, single"),
+            "the kernel's degraded writes: {df}"
+        );
+        m.unmount().unwrap();
+    }
+
+    // btrkit, on a set btrkit-mkfs made.
+    let imgs: Vec<PathBuf> = (1..=2)
+        .map(|i| t.path().join(format!("o{i}.img")))
+        .collect();
+    let o = Command::new(bin_path("btrkit-mkfs"))
+        .args(["-q", "-b", "512M", "-m", "raid1", "-d", "raid1"])
+        .args(&imgs)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let open = || -> Vec<(String, Arc<dyn BlockDevice>)> {
+        let d: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&imgs[0], true).unwrap());
+        vec![(imgs[0].display().to_string(), d)]
+    };
+    let before = std::fs::read(&imgs[0]).unwrap();
+    let opts = btrkit_core::fs::MountOptions::parse(&["commit=600"]).unwrap();
+    match btrkit_core::log::replay::mount_devices(open(), opts.clone(), false) {
+        Err(btrkit_core::Error::MissingDevice { devids, .. }) => assert_eq!(devids, vec![2]),
+        Err(e) => panic!("not degraded: {e}"),
+        Ok(_) => panic!("one device of two mounted without degraded"),
+    }
+    assert!(
+        std::fs::read(&imgs[0]).unwrap() == before,
+        "a refused mount wrote"
+    );
+    {
+        let mut fs = btrkit_core::log::replay::mount_devices(open(), opts, true).unwrap();
+        let script =
+            btrkit_core::workload::Script::parse("w", "write /big 0 160M 0\nsync\n").unwrap();
+        let mut r = btrkit_core::workload::engine::EngineRunner::new();
+        for (_, st) in &script.steps {
+            match st {
+                btrkit_core::workload::Step::Write { path, off, .. } => {
+                    let st = btrkit_core::workload::Step::Write {
+                        path: path.clone(),
+                        off: *off,
+                        len: data.len() as u64,
+                        fill: btrkit_core::workload::script::Fill::Text(data.clone()),
+                        enospc_ok: false,
+                    };
+                    r.apply(&mut fs, &st).unwrap();
+                }
+                st => {
+                    r.apply(&mut fs, st).unwrap();
+                }
+            }
+        }
+        r.close_all(&mut fs).unwrap();
+        fs.sync().unwrap();
+    }
+    let (code, rep, err) = fsck(&[&imgs[0]], &["--degraded", "--check-data-csum"]);
+    let f = findings(&rep);
+    assert!(
+        code == 0
+            && f.iter()
+                .all(|x| x.0 == "warning" && x.2.contains("devid 2 not given")),
+        "{err} {f:?}"
+    );
+    let m = LoopMount::mount(&imgs[0], &t.path().join("o"), "degraded,ro").unwrap();
+    let df = kernel_df(m.path());
+    assert!(
+        df.contains("Data, single") && df.contains("Data, RAID1"),
+        "btrkit's degraded writes: {df}"
+    );
+    assert!(
+        std::fs::read(m.path().join("big")).unwrap() == data,
+        "data read back differs"
+    );
+}
