@@ -105,7 +105,14 @@ impl DeviceSet {
             .map(|m| m.sb.generation.get())
             .max()
             .unwrap_or(0);
-        if let Some(old) = read.iter().find(|m| m.sb.generation.get() != newest) {
+        // A commit writes the superblocks device by device: a power failure
+        // between two leaves some devices one generation behind, which the
+        // kernel mounts (from the newest superblock, its latest_dev). Older
+        // than that, the device missed whole commits.
+        if let Some(old) = read
+            .iter()
+            .find(|m| m.sb.generation.get().saturating_add(1) < newest)
+        {
             let new = read
                 .iter()
                 .find(|m| m.sb.generation.get() == newest)
@@ -170,14 +177,26 @@ impl DeviceSet {
         DeviceSet::assemble(devices)
     }
 
+    /// The member whose superblock the filesystem is opened from: the
+    /// newest generation, the lowest devid among those.
+    pub fn primary(&self) -> Option<&Member> {
+        self.members
+            .values()
+            .find(|m| m.sb.generation.get() == self.generation)
+    }
+
     /// Open the filesystem the set holds, from the superblock of its
-    /// lowest devid present ([`Image::open_devices`]).
+    /// [`primary`](Self::primary) member ([`Image::open_devices`]).
     pub fn open(&self, opts: OpenOptions) -> Result<Image> {
-        let mut it = self.members.values();
-        let first = it
-            .next()
+        let first = self
+            .primary()
             .ok_or_else(|| Error::Invalid("no device given".into()))?;
-        let others = it.map(|m| (m.devid(), m.dev.clone())).collect();
+        let others = self
+            .members
+            .values()
+            .filter(|m| m.devid() != first.devid())
+            .map(|m| (m.devid(), m.dev.clone()))
+            .collect();
         let names = self
             .members
             .iter()
@@ -310,8 +329,18 @@ mod tests {
         let m = message(assemble(&[sbs[0], sbs[0]]));
         assert!(m.contains("both device 1"), "{m}");
 
+        // One generation behind: the last commit's superblock writes
+        // reached the other device only; the set opens from the newest.
+        let mut behind = sbs[1];
+        behind.generation.set(sbs[1].generation.get() - 1);
+        let set = assemble(&[sbs[0], behind]).unwrap();
+        assert_eq!(set.primary().map(Member::devid), Some(1));
+        let mut first_behind = sbs[0];
+        first_behind.generation.set(sbs[0].generation.get() - 1);
+        let set = assemble(&[first_behind, sbs[1]]).unwrap();
+        assert_eq!(set.primary().map(Member::devid), Some(2));
         let mut stale = sbs[1];
-        stale.generation.set(sbs[1].generation.get() - 1);
+        stale.generation.set(sbs[1].generation.get() - 2);
         let m = message(assemble(&[sbs[0], stale]));
         assert!(
             m.contains("d1.img is at generation") && m.contains("stale"),

@@ -1,7 +1,7 @@
 //! `btrkit-shell explore IMAGE SCRIPT`: crash the script at every flush
 //! point and check each recovery (core's workload::explore does the work).
 
-use btrkit_core::workload::explore::{explore, ExploreOptions, ExploreReport};
+use btrkit_core::workload::explore::{explore_set, ExploreOptions, ExploreReport};
 use btrkit_core::workload::Script;
 use clap::Args;
 use comfy_table::Table;
@@ -29,6 +29,11 @@ pub struct ExploreArgs {
     /// One line of JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Another device of the filesystem (repeatable, devid order after
+    /// IMAGE). Without it a script's `devices N` uses IMAGE-2.EXT ...
+    /// Each device keeps its own unflushed writes at a crash.
+    #[arg(long = "device", value_name = "PATH")]
+    pub devices: Vec<PathBuf>,
 }
 
 pub fn run(a: &ExploreArgs) -> i32 {
@@ -76,7 +81,8 @@ fn run_inner(a: &ExploreArgs) -> anyhow::Result<ExploreReport> {
         seed: a.seed,
         save_dir: a.save.clone(),
     };
-    let r = explore(&a.image, &script, &o, &mut progress)
+    let paths = crate::run::session_paths(&a.image, &a.devices, &script);
+    let r = explore_set(&paths, &script, &o, &mut progress)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.image.display()))?;
     if let Some(pb) = pb {
         pb.finish_and_clear();

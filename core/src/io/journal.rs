@@ -21,39 +21,76 @@ pub enum JournalEvent {
     Flush,
 }
 
-/// Passes everything to `inner` and remembers it.
-pub struct JournalDevice {
-    inner: Arc<dyn BlockDevice>,
-    events: Mutex<Vec<JournalEvent>>,
+/// The history of the devices of one set, in the one order their events
+/// happened: (device index, event).
+#[derive(Default)]
+pub struct Journal {
+    events: Mutex<Vec<(usize, JournalEvent)>>,
 }
 
-impl JournalDevice {
-    /// Record everything done to `inner` from now on.
-    pub fn new(inner: Arc<dyn BlockDevice>) -> JournalDevice {
-        JournalDevice {
-            inner,
-            events: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Vec<JournalEvent>>> {
+impl Journal {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Vec<(usize, JournalEvent)>>> {
         self.events
             .lock()
             .map_err(|_| Error::Internal("journal lock poisoned".into()))
     }
 
-    /// Flushes seen so far.
+    /// Flushes of any device seen so far.
     pub fn flushes(&self) -> Result<usize> {
         Ok(self
             .lock()?
             .iter()
-            .filter(|e| matches!(e, JournalEvent::Flush))
+            .filter(|e| matches!(e.1, JournalEvent::Flush))
             .count())
     }
 
-    /// The events so far.
-    pub fn events(&self) -> Result<Vec<JournalEvent>> {
+    /// Every device's events so far, in order, with the device's index.
+    pub fn events(&self) -> Result<Vec<(usize, JournalEvent)>> {
         Ok(self.lock()?.clone())
+    }
+}
+
+/// Passes everything to `inner` and remembers it in a [`Journal`], its own
+/// or one shared by the devices of a set (tagged with its index there).
+pub struct JournalDevice {
+    inner: Arc<dyn BlockDevice>,
+    journal: Arc<Journal>,
+    index: usize,
+}
+
+impl JournalDevice {
+    /// Record everything done to `inner` from now on.
+    pub fn new(inner: Arc<dyn BlockDevice>) -> JournalDevice {
+        JournalDevice::in_journal(inner, Arc::default(), 0)
+    }
+
+    /// Record everything done to `inner` in `journal`, as device `index`.
+    pub fn in_journal(
+        inner: Arc<dyn BlockDevice>,
+        journal: Arc<Journal>,
+        index: usize,
+    ) -> JournalDevice {
+        JournalDevice {
+            inner,
+            journal,
+            index,
+        }
+    }
+
+    /// Flushes seen so far (by every device of the journal).
+    pub fn flushes(&self) -> Result<usize> {
+        self.journal.flushes()
+    }
+
+    /// This device's events so far.
+    pub fn events(&self) -> Result<Vec<JournalEvent>> {
+        Ok(self
+            .journal
+            .lock()?
+            .iter()
+            .filter(|e| e.0 == self.index)
+            .map(|e| e.1.clone())
+            .collect())
     }
 }
 
@@ -66,15 +103,18 @@ impl BlockDevice for JournalDevice {
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         self.inner.write_at(offset, buf)?;
-        self.lock()?.push(JournalEvent::Write {
-            offset,
-            data: buf.to_vec(),
-        });
+        self.journal.lock()?.push((
+            self.index,
+            JournalEvent::Write {
+                offset,
+                data: buf.to_vec(),
+            },
+        ));
         Ok(())
     }
     fn flush(&self) -> Result<()> {
         self.inner.flush()?;
-        self.lock()?.push(JournalEvent::Flush);
+        self.journal.lock()?.push((self.index, JournalEvent::Flush));
         Ok(())
     }
 }

@@ -22,7 +22,7 @@ pub use copy::{clone_or_copy, sparse_copy, CopyMethod};
 pub use crash::CrashDevice;
 pub use file::FileDevice;
 pub use iobuf::IoBuf;
-pub use journal::{JournalDevice, JournalEvent};
+pub use journal::{Journal, JournalDevice, JournalEvent};
 pub use mem::MemDevice;
 pub use overlay::OverlayDevice;
 pub use staged::StagedSuper;

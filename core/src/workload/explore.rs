@@ -16,11 +16,11 @@ use super::content::Prng;
 use super::script::{Script, Step};
 use super::session::Session;
 use crate::fs::{Filesystem, Loc, MountOptions};
-use crate::io::{BlockDevice, FileDevice, JournalDevice, JournalEvent, OverlayDevice};
+use crate::io::{BlockDevice, FileDevice, Journal, JournalDevice, JournalEvent, OverlayDevice};
 use crate::{Error, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const PAGE: usize = 4096;
@@ -81,22 +81,67 @@ struct Promise {
 
 /// Run `script` on a copy-on-write view of `image` (the image itself is
 /// not changed), then explore every flush point. `progress(done, total)`
-/// is called as crash images are checked.
+/// is called as crash images are checked. A script on several devices
+/// (`devices N`) uses the files [`super::session::device_paths`] names.
 pub fn explore(
     image: &Path,
     script: &Script,
     o: &ExploreOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ExploreReport> {
-    if !image.exists() {
-        let mk = crate::mkfs::MkfsOptions::from_mkfs_args(&script.mkfs)?;
-        crate::mkfs::make_image(image, script.fssize, &mk)?;
+    let paths = super::session::device_paths(image, script.devices);
+    explore_set(&paths, script, o, progress)
+}
+
+/// [`explore`] on the image files `paths` (devid order), made by mkfs when
+/// none exists. Each device keeps its own history: a crash point is the
+/// moment before any device's flush (and the end); each device then holds
+/// what its own last flush made durable, and a random subset keeps or
+/// tears each device's unflushed writes on its own, so one device may
+/// keep what another lost.
+pub fn explore_set(
+    paths: &[PathBuf],
+    script: &Script,
+    o: &ExploreOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<ExploreReport> {
+    if paths.len() != script.devices {
+        return Err(Error::Invalid(format!(
+            "the script's filesystem spans {} device(s), {} given",
+            script.devices,
+            paths.len()
+        )));
     }
-    let base: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(image, false)?);
-    let journal = Arc::new(JournalDevice::new(Arc::new(OverlayDevice::new(
-        base.clone(),
-    ))));
-    let mut session = Session::on_device(journal.clone(), script)?;
+    match paths.iter().filter(|p| p.exists()).count() {
+        0 => {
+            let mk = crate::mkfs::MkfsOptions::from_mkfs_args(&script.mkfs)?;
+            crate::mkfs::make_images(paths, script.fssize, &mk)?;
+        }
+        n if n < paths.len() => {
+            return Err(Error::Invalid(format!(
+                "{n} of the filesystem's {} devices exist",
+                paths.len()
+            )))
+        }
+        _ => {}
+    }
+    let mut bases: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(paths.len());
+    for p in paths {
+        bases.push(Arc::new(FileDevice::open(p, false)?));
+    }
+    let journal = Arc::new(Journal::default());
+    let recorded: Vec<Arc<dyn BlockDevice>> = bases
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            Arc::new(JournalDevice::in_journal(
+                Arc::new(OverlayDevice::new(b.clone())),
+                journal.clone(),
+                i,
+            )) as Arc<dyn BlockDevice>
+        })
+        .collect();
+    let mut session = Session::on_devices(recorded, script)?;
     let mut steps: Vec<Step> = Vec::new();
     if script.warmup == Some(true) {
         steps.extend(super::content::warmup_steps());
@@ -149,94 +194,156 @@ pub fn explore(
     drop(session);
     let events = journal.events()?;
 
-    // The writes between flushes: segment k holds those after flush k.
-    let mut segments: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new()];
-    for e in events {
-        match e {
-            JournalEvent::Write { offset, data } => segments
-                .last_mut()
-                .map(|s| s.push((offset, data)))
-                .unwrap_or(()),
-            JournalEvent::Flush => segments.push(Vec::new()),
-        }
-    }
-    let points = segments.len();
+    let flushes = events
+        .iter()
+        .filter(|e| matches!(e.1, JournalEvent::Flush))
+        .count();
+    let points = flushes + 1;
     let mut report = ExploreReport {
         steps: steps.len(),
-        writes: segments.iter().map(Vec::len).sum(),
+        writes: events.len() - flushes,
         flush_points: points,
         promises: promises.len(),
         ..Default::default()
     };
     let mount = MountOptions::parse(&[script.mount_options()])?;
     let total = points * (1 + o.random as usize);
-    let durable = OverlayDevice::new(base.clone());
+    let ctx = PointCheck {
+        paths,
+        mount: &mount,
+        promises: &promises,
+        states: &states,
+        flushes_after: &flushes_after,
+        o,
+    };
+    // What each device's flushes made durable, and its writes since.
+    let durable: Vec<OverlayDevice> = bases
+        .iter()
+        .map(|b| OverlayDevice::new(b.clone()))
+        .collect();
+    let mut pending: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new(); bases.len()];
     let mut done = 0;
-    for k in 0..points {
-        // Flush k made segment k-1 durable.
-        if k > 0 {
-            for (off, data) in &segments[k - 1] {
-                durable.write_at(*off, data)?;
-            }
-        }
-        // The last step that may have run when flush k+1 had not happened.
-        let upto = flushes_after
-            .iter()
-            .position(|&f| f > k)
-            .unwrap_or(steps.len());
-        let mut subsets: Vec<Option<u32>> = vec![None];
-        if !segments[k].is_empty() {
-            subsets.extend((0..o.random).map(Some));
-        }
-        for subset in subsets {
-            let dev = durable.fork();
-            if let Some(r) = subset {
-                let mut rng =
-                    Prng::new(o.seed ^ ((k as u64) << 20) ^ r as u64 ^ 0x9e37_79b9_7f4a_7c15);
-                for (off, data) in &segments[k] {
-                    match rng.below(4) {
-                        0 => {}
-                        1 => {
-                            // Torn: some of its 4 KiB pages reach the disk.
-                            for (j, chunk) in data.chunks(PAGE).enumerate() {
-                                if rng.below(2) == 1 {
-                                    dev.write_at(off + (j * PAGE) as u64, chunk)?;
-                                }
-                            }
-                        }
-                        _ => dev.write_at(*off, data)?,
+    let mut k = 0;
+    // Each flush event (and the end) closes crash point k: the power fails
+    // before it, after k flushes.
+    for ev in events.into_iter().map(Some).chain([None]) {
+        match ev {
+            Some((d, JournalEvent::Write { offset, data })) => pending[d].push((offset, data)),
+            ev => {
+                let found = ctx.check_point(k, &durable, &pending, &mut |n| {
+                    done += n;
+                    progress(done, total);
+                })?;
+                report.states_checked += found.0;
+                report.violations.extend(found.1);
+                k += 1;
+                if let Some((d, _)) = ev {
+                    for (off, data) in pending[d].drain(..) {
+                        durable[d].write_at(off, &data)?;
                     }
                 }
             }
-            let at = |what: String| Violation {
-                flush_point: k,
-                subset,
-                what,
-            };
-            let unrecovered = o.save_dir.as_ref().map(|_| dev.fork());
-            let dev: Arc<dyn BlockDevice> = Arc::new(dev);
-            let found =
-                check_crash_image(dev, &mount, &promises, &states, &flushes_after, k, upto)?;
-            if let (Some(dir), Some(img), false) = (&o.save_dir, unrecovered, found.is_empty()) {
+        }
+    }
+    Ok(report)
+}
+
+/// What checking one crash point needs.
+struct PointCheck<'a> {
+    paths: &'a [PathBuf],
+    mount: &'a MountOptions,
+    promises: &'a [Promise],
+    states: &'a [BTreeMap<Loc, State>],
+    flushes_after: &'a [usize],
+    o: &'a ExploreOptions,
+}
+
+impl PointCheck<'_> {
+    /// Check crash point `k`: the durable state of every device, then
+    /// random subsets of the unflushed writes `pending` (each device's).
+    /// Returns the images checked and the violations.
+    fn check_point(
+        &self,
+        k: usize,
+        durable: &[OverlayDevice],
+        pending: &[Vec<(u64, Vec<u8>)>],
+        tick: &mut dyn FnMut(usize),
+    ) -> Result<(usize, Vec<Violation>)> {
+        // The last step that may have run when flush k+1 had not happened.
+        let upto = self
+            .flushes_after
+            .iter()
+            .position(|&f| f > k)
+            .unwrap_or(self.states.len() - 1);
+        let mut subsets: Vec<Option<u32>> = vec![None];
+        if pending.iter().any(|p| !p.is_empty()) {
+            subsets.extend((0..self.o.random).map(Some));
+        }
+        let mut checked = 0;
+        let mut violations = Vec::new();
+        for subset in subsets {
+            let devs: Vec<OverlayDevice> = durable.iter().map(OverlayDevice::fork).collect();
+            if let Some(r) = subset {
+                let mut rng =
+                    Prng::new(self.o.seed ^ ((k as u64) << 20) ^ r as u64 ^ 0x9e37_79b9_7f4a_7c15);
+                for (dev, writes) in devs.iter().zip(pending) {
+                    for (off, data) in writes {
+                        match rng.below(4) {
+                            0 => {}
+                            1 => {
+                                // Torn: some of its 4 KiB pages reach the disk.
+                                for (j, chunk) in data.chunks(PAGE).enumerate() {
+                                    if rng.below(2) == 1 {
+                                        dev.write_at(off + (j * PAGE) as u64, chunk)?;
+                                    }
+                                }
+                            }
+                            _ => dev.write_at(*off, data)?,
+                        }
+                    }
+                }
+            }
+            let unrecovered: Option<Vec<OverlayDevice>> = self
+                .o
+                .save_dir
+                .as_ref()
+                .map(|_| devs.iter().map(OverlayDevice::fork).collect());
+            let devs: Vec<Arc<dyn BlockDevice>> = devs
+                .into_iter()
+                .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+                .collect();
+            let found = check_crash_image(
+                devs,
+                self.mount,
+                self.promises,
+                self.states,
+                self.flushes_after,
+                k,
+                upto,
+            )?;
+            if let (Some(dir), Some(imgs), false) =
+                (&self.o.save_dir, unrecovered, found.is_empty())
+            {
                 let name = match subset {
                     Some(s) => format!("point-{k}-subset-{s}.img"),
                     None => format!("point-{k}.img"),
                 };
-                let dst = dir.join(name);
-                crate::io::sparse_copy(image, &dst)?;
-                img.write_pages_to(&FileDevice::open(&dst, true)?)?;
+                let dsts = super::session::device_paths(&dir.join(name), imgs.len());
+                for ((img, src), dst) in imgs.iter().zip(self.paths).zip(&dsts) {
+                    crate::io::sparse_copy(src, dst)?;
+                    img.write_pages_to(&FileDevice::open(dst, true)?)?;
+                }
             }
-            report.violations.extend(found.into_iter().map(at));
-            report.states_checked += 1;
-            done += 1;
-            progress(done, total);
+            violations.extend(found.into_iter().map(|what| Violation {
+                flush_point: k,
+                subset,
+                what,
+            }));
+            checked += 1;
+            tick(1);
         }
-        // Segments after flush k are never needed again here.
-        if k > 0 {
-            segments[k - 1] = Vec::new();
-        }
+        Ok((checked, violations))
     }
-    Ok(report)
 }
 
 /// Size and content hash of an inode, None when it does not exist.
@@ -266,7 +373,7 @@ fn content_hash(data: &[u8]) -> u64 {
 /// the checker finds nothing, and every promise made by flush `k` holds.
 /// Returns what is wrong, one line each.
 fn check_crash_image(
-    dev: Arc<dyn BlockDevice>,
+    devs: Vec<Arc<dyn BlockDevice>>,
     mount: &MountOptions,
     promises: &[Promise],
     states: &[BTreeMap<Loc, State>],
@@ -275,18 +382,30 @@ fn check_crash_image(
     upto: usize,
 ) -> Result<Vec<String>> {
     let mut out = Vec::new();
-    let sb = match crate::image::read_superblock(dev.as_ref(), 0) {
-        Ok(sb) => sb,
+    let named: Vec<(String, Arc<dyn BlockDevice>)> = devs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (format!("device {}", i + 1), d.clone()))
+        .collect();
+    let set = match crate::devices::DeviceSet::assemble(named.clone()) {
+        Ok(s) => s,
         Err(e) => return Ok(vec![format!("no valid superblock: {e}")]),
     };
-    if sb.log_root.get() != 0 {
-        let replayed = crate::trans::Store::open_for_replay(dev.clone())
+    let open = |writable: bool| {
+        set.open(crate::image::OpenOptions {
+            writable,
+            ..Default::default()
+        })
+    };
+    if set.primary().is_some_and(|m| m.sb.log_root.get() != 0) {
+        let replayed = open(true)
+            .and_then(crate::trans::Store::from_image_for_replay)
             .and_then(|mut st| crate::log::replay::replay(&mut st, Default::default()));
         if let Err(e) = replayed {
             return Ok(vec![format!("log replay fails: {e}")]);
         }
     }
-    match crate::image::Image::open(dev.clone(), Default::default()) {
+    match open(false) {
         Ok(img) => {
             let r = crate::check::check_image(
                 &img,
@@ -313,7 +432,7 @@ fn check_crash_image(
         }
         Err(e) => out.push(format!("the recovered image does not open: {e}")),
     }
-    let mut fs = match Filesystem::mount(dev, mount.clone(), crate::log::LogState::boxed()) {
+    let mut fs = match crate::log::replay::mount_devices(named, mount.clone(), false) {
         Ok(fs) => fs,
         Err(e) => {
             out.push(format!("the recovered image does not mount: {e}"));
