@@ -64,7 +64,7 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
         Some(dir) => Some(mkfs::rootdir::scan(dir)?),
         None => None,
     };
-    let mut devs: Vec<(Arc<dyn BlockDevice>, String)> = Vec::new();
+    let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::new();
     for path in &a.images {
         if !path.exists() {
             let f = std::fs::File::create(path)
@@ -84,11 +84,11 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
             }
         }
         devs.push((
-            Arc::new(FileDevice::open(path, true)?),
             path.display().to_string(),
+            Arc::new(FileDevice::open(path, true)?),
         ));
     }
-    let all: Vec<Arc<dyn BlockDevice>> = devs.iter().map(|d| d.0.clone()).collect();
+    let all: Vec<Arc<dyn BlockDevice>> = devs.iter().map(|d| d.1.clone()).collect();
     let (mut fs, staged, summary) = mkfs::make_set(devs, &opts)?;
     let mut stats = None;
     if let (Some(dir), Some(listing)) = (&a.rootdir, &listing) {

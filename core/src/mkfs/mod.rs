@@ -432,16 +432,16 @@ pub use crate::format::root::new_root_item;
 /// (superblock still held) so `--rootdir` can populate it before
 /// [`finish`] publishes the superblock.
 pub fn make(dev: Arc<dyn BlockDevice>, o: &MkfsOptions) -> Result<(Store, Staging, MkfsSummary)> {
-    make_set(vec![(dev, String::new())], o)
+    make_set(vec![(String::new(), dev)], o)
 }
 
-/// Make one filesystem on the devices `devs` (device, name for messages),
+/// Make one filesystem on the devices `devs` (name for messages, device),
 /// devids 1.. in the order given: the bootstrap on every device, each
 /// device's superblocks with its own device item, all held back until
 /// [`finish`]. Each device contributes its size (or `o.size`, which must
 /// fit it).
 pub fn make_set(
-    devs: Vec<(Arc<dyn BlockDevice>, String)>,
+    devs: Vec<(String, Arc<dyn BlockDevice>)>,
     o: &MkfsOptions,
 ) -> Result<(Store, Staging, MkfsSummary)> {
     if devs.is_empty() {
@@ -449,7 +449,7 @@ pub fn make_set(
     }
     let n = devs.len();
     let mut sizes = Vec::with_capacity(n);
-    for (d, name) in &devs {
+    for (name, d) in &devs {
         let size = validate(o, d.size()).map_err(|e| match (e, n) {
             (Error::Invalid(m), n) if n > 1 => Error::Invalid(format!("{name}: {m}")),
             (e, _) => e,
@@ -470,12 +470,12 @@ pub fn make_set(
         };
     // Any old superblock goes first, so a failure below cannot leave the
     // previous filesystem looking intact over our half-written blocks.
-    for (dev, _) in &devs {
+    for (_, dev) in &devs {
         wipe_superblocks(dev.as_ref())?;
     }
     let staged: Vec<Arc<StagedSuper>> = devs
         .iter()
-        .map(|(d, _)| Arc::new(StagedSuper::new(d.clone())))
+        .map(|(_, d)| Arc::new(StagedSuper::new(d.clone())))
         .collect();
     let ns = o.nodesize as u64;
     let fsid = o.fsid.unwrap_or_else(random_uuid);
@@ -799,7 +799,7 @@ pub fn make_set(
     let names = if n > 1 {
         devs.iter()
             .enumerate()
-            .map(|(i, (_, name))| (i as u64 + 1, name.clone()))
+            .map(|(i, (name, _))| (i as u64 + 1, name.clone()))
             .collect()
     } else {
         Default::default()
@@ -848,7 +848,7 @@ pub fn make_set(
         devices: devs
             .iter()
             .enumerate()
-            .map(|(i, (_, name))| (i as u64 + 1, sizes[i], name.clone()))
+            .map(|(i, (name, _))| (i as u64 + 1, sizes[i], name.clone()))
             .collect(),
     };
     Ok((fs, Staging { devs: staged }, summary))
@@ -1027,7 +1027,7 @@ pub fn make_image(path: &std::path::Path, size: u64, o: &MkfsOptions) -> Result<
 /// Create one filesystem on new image files of `size` bytes each
 /// (sparse), devids in the order of `paths`.
 pub fn make_images(paths: &[std::path::PathBuf], size: u64, o: &MkfsOptions) -> Result<()> {
-    let mut devs: Vec<(Arc<dyn BlockDevice>, String)> = Vec::new();
+    let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::new();
     for path in paths {
         let f = std::fs::File::create(path)
             .map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
@@ -1035,8 +1035,8 @@ pub fn make_images(paths: &[std::path::PathBuf], size: u64, o: &MkfsOptions) -> 
             .map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?;
         drop(f);
         devs.push((
-            Arc::new(crate::io::FileDevice::open(path, true)?),
             path.display().to_string(),
+            Arc::new(crate::io::FileDevice::open(path, true)?),
         ));
     }
     let mut o = o.clone();
