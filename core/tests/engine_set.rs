@@ -168,7 +168,7 @@ fn crashes_where_devices_keep_different_writes_recover_every_fsync() {
             .enumerate()
             .map(|(i, d)| {
                 let s = seed * 7 + i as u64;
-                Arc::new(d.crash_device(move |w| (w as u64 * 2654435761 + s) % 3 == 0))
+                Arc::new(d.crash_device(move |w| (w as u64 * 2654435761 + s).is_multiple_of(3)))
             })
             .collect();
         let mut fs = mount_set(&after).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
