@@ -16,9 +16,10 @@ pub struct Args {
     /// files.
     #[arg(short = 'b', long = "byte-count")]
     pub size: Option<String>,
-    /// Tree block size: a power of two from 4K to 64K.
-    #[arg(short = 'n', long = "nodesize", default_value = "16K")]
-    pub nodesize: String,
+    /// Tree block size: a power of two from 4K to 64K (default 16K; the
+    /// sector size with --mixed).
+    #[arg(short = 'n', long = "nodesize")]
+    pub nodesize: Option<String>,
     /// Data block size (only 4K).
     #[arg(short = 's', long = "sectorsize", default_value = "4K")]
     pub sectorsize: String,
@@ -43,6 +44,10 @@ pub struct Args {
     /// Data profile (as -m). Default: single.
     #[arg(short = 'd', long = "data")]
     pub data: Option<String>,
+    /// Mixed block groups: data and metadata share block groups (small
+    /// filesystems); nodes are one sector, -m and -d must agree.
+    #[arg(short = 'M', long = "mixed")]
+    pub mixed: bool,
     /// Copy this directory's contents into the new filesystem.
     #[arg(short = 'r', long = "rootdir")]
     pub rootdir: Option<PathBuf>,
@@ -70,7 +75,13 @@ impl Args {
         if let Some(s) = &self.size {
             o.size = Some(parse_size(s)?);
         }
-        let ns = parse_size(&self.nodesize)?;
+        let ns = match &self.nodesize {
+            Some(n) => {
+                o.nodesize_given = true;
+                parse_size(n)?
+            }
+            None => u64::from(o.nodesize),
+        };
         let ss = parse_size(&self.sectorsize)?;
         if ns > u32::MAX as u64 || ss > u32::MAX as u64 {
             bail!("nodesize {ns} or sectorsize {ss} out of range");
@@ -85,6 +96,9 @@ impl Args {
         let mut f = Features::default();
         for l in self.features.iter().chain(self.runtime_features.iter()) {
             f.apply(l)?;
+        }
+        if self.mixed {
+            f.mixed = true;
         }
         o.features = f;
         if let Some(m) = &self.metadata {

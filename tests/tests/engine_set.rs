@@ -3,8 +3,9 @@
 //!
 //! Scenarios of the replay corpus (those that do not choose their own
 //! profiles) get `devices N` and `mkfs -m P -d P` for each of: raid1 on
-//! two devices, raid10 on four, raid1c3 on three, and dup metadata with
-//! raid0 data on two. Each runs twice through each side:
+//! two devices, raid10 on four, raid1c3 on three, dup metadata with raid0
+//! data on two, and mixed block groups (`-M`) on one device and as raid1
+//! on two. Each runs twice through each side:
 //! - cut before its first crash and ended with `sync` (as engine_kernel):
 //!   btrkit-shell makes the set with btrkit-mkfs's layout, the kernel runs
 //!   the script on a set mkfs.btrfs made; the kernel mounts our set and must
@@ -28,16 +29,29 @@ use std::process::Command;
 #[path = "common/families.rs"]
 mod families;
 
-/// The profiles: (devices, mkfs arguments, short name).
-const PROFILES: [(usize, &str, &str); 4] = [
+/// The profiles: (devices, mkfs arguments, short name). Mixed block
+/// groups (one device and a raid1 pair) too.
+const PROFILES: [(usize, &str, &str); 6] = [
     (2, "-m raid1 -d raid1", "raid1"),
     (4, "-m raid10 -d raid10", "raid10"),
     (3, "-m raid1c3 -d raid1c3", "raid1c3"),
     (2, "-m dup -d raid0", "dup-raid0"),
+    (1, "-M", "mixed"),
+    (2, "-M -m raid1 -d raid1", "mixed-raid1"),
 ];
 
-/// `scn` on a set: `devices N` and the profiles ahead of its text.
+/// `scn` on a set: `devices N` and the profiles ahead of its text. Mixed
+/// block groups take one-sector nodes: a scenario choosing its node size
+/// does not run mixed.
 fn on_set(scn: &Scenario, n: usize, mkfs: &str, tag: &str) -> Option<Scenario> {
+    if mkfs.contains("-M")
+        && scn
+            .mkfs
+            .iter()
+            .any(|a| a.starts_with("-n") || a.starts_with("--nodesize"))
+    {
+        return None;
+    }
     let text = format!("devices {n}\nmkfs {mkfs}\n{}", scn.text);
     Scenario::parse(&format!("{}@{tag}", scn.name), &text).ok()
 }
@@ -195,19 +209,23 @@ fn log_one(scn: &Scenario) -> Result<(), String> {
             theirs.short_diff(&k_ours, 12)
         ));
     }
-    // btrkit-replay of our crash set, into one file per device.
+    // btrkit-replay of our crash set, into one file per device (the
+    // output file itself for one device).
     let out = w.join("replayed");
+    let r: Vec<PathBuf> = if ours.len() == 1 {
+        vec![w.join("replayed.img")]
+    } else {
+        ours.iter()
+            .map(|d| out.join(d.file_name().unwrap_or_default()))
+            .collect()
+    };
     let o = Command::new(kcrash::replay_bin())
         .args(&ours)
         .arg("-o")
-        .arg(&out)
+        .arg(if ours.len() == 1 { &r[0] } else { &out })
         .output()
         .map_err(|e| e.to_string())?;
     if o.status.success() {
-        let r: Vec<PathBuf> = ours
-            .iter()
-            .map(|d| out.join(d.file_name().unwrap_or_default()))
-            .collect();
         match sets::manifest(&r, "ro") {
             Ok(m) if m != k_ours => problems.push(format!(
                 "btrkit-replay of our log (B) differs from the kernel's replay of it (A):\n{}",

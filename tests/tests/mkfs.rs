@@ -653,3 +653,68 @@ fn set_bad_input_is_refused() {
         .unwrap();
     one_line(&mkfs_set(&[], &[big, small]), "too small");
 }
+
+/// Mixed block groups (`-M`), on one device and on sets: one-sector nodes
+/// by default, one DATA|METADATA profile (the kernel reports
+/// "Data+Metadata"), clean before and after the kernel fills it past the
+/// first chunk; a node size other than the sector or two different
+/// profiles are refused as mkfs.btrfs refuses them.
+#[test]
+fn mixed_block_groups_on_one_device_and_on_sets() {
+    btrkit_tests::skip_unless!(btrkit_tests::require_kernel_mount());
+    let t = tempfile::tempdir().unwrap();
+    for (i, (n, args, want)) in [
+        (1, &["-M"][..], "single"),
+        (1, &["-M", "-d", "dup"][..], "DUP"),
+        (2, &["-M", "-m", "raid1", "-d", "raid1"][..], "RAID1"),
+        (3, &["-M", "-d", "raid1c3"][..], "RAID1C3"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let imgs: Vec<PathBuf> = (0..*n)
+            .map(|j| t.path().join(format!("x{i}-{j}.img")))
+            .collect();
+        let mut a = vec!["-b", "300M", "--json"];
+        a.extend(args.iter());
+        let o = mkfs_set(&a, &imgs);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["summary"]["node_size"], 4096, "{args:?}");
+        btrkit_tests::sets::progs_check(&imgs).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        btrkit_tests::sets::fsck_clean(&imgs).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        {
+            let opts = format!("rw{}", btrkit_tests::sets::device_opts(&imgs));
+            let m = LoopMount::mount(&imgs[0], &t.path().join(format!("m{i}")), &opts).unwrap();
+            let profiles = kernel_profiles(m.path());
+            assert!(
+                profiles.contains(&format!("Data+Metadata, {want}")),
+                "{args:?}: {profiles:?}"
+            );
+            let block: Vec<u8> = (0..1 << 20)
+                .map(|x: u32| (x * 13 + i as u32) as u8)
+                .collect();
+            for f in 0..80 {
+                std::fs::write(m.path().join(format!("f{f}")), &block).unwrap();
+            }
+            m.unmount().unwrap();
+        }
+        btrkit_tests::sets::progs_check(&imgs).unwrap_or_else(|e| panic!("{args:?} after: {e}"));
+        btrkit_tests::sets::fsck_clean(&imgs).unwrap_or_else(|e| panic!("{args:?} after: {e}"));
+    }
+    let img = t.path().join("bad.img");
+    for (args, want) in [
+        (&["-M", "-n", "16K"][..], "sector size"),
+        (&["-M", "-m", "dup", "-d", "single"][..], "must be the same"),
+    ] {
+        let mut a = vec!["-b", "300M"];
+        a.extend(args.iter());
+        let o = mkfs(&a, &img);
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && e.contains(want), "{args:?}: {e}");
+    }
+}

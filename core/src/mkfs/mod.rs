@@ -43,6 +43,10 @@ pub struct Features {
     /// Block group items in their own tree (compat_ro `BLOCK_GROUP_TREE`)
     /// instead of the extent tree.
     pub block_group_tree: bool,
+    /// `MIXED_GROUPS` incompat (mkfs.btrfs `-M`): data and metadata share
+    /// block groups (DATA|METADATA); nodes are one sector, data and
+    /// metadata take one profile.
+    pub mixed: bool,
 }
 
 impl Default for Features {
@@ -54,6 +58,7 @@ impl Default for Features {
             extref: true,
             free_space_tree: true,
             block_group_tree: false,
+            mixed: false,
         }
     }
 }
@@ -72,10 +77,11 @@ impl Features {
                 "extref" => self.extref = on,
                 "free-space-tree" | "fst" => self.free_space_tree = on,
                 "block-group-tree" | "bgt" => self.block_group_tree = on,
-                "mixed-bg" | "raid56" | "zoned" | "raid1c34" | "quota" | "squota" | "extent-tree-v2" | "raid-stripe-tree" => {
+                "mixed-bg" => self.mixed = on,
+                "raid56" | "zoned" | "raid1c34" | "quota" | "squota" | "extent-tree-v2" | "raid-stripe-tree" => {
                     return Err(Error::Unsupported(format!("feature '{name}' is not supported by btrkit-mkfs")))
                 }
-                _ => return Err(Error::Invalid(format!("unknown feature '{name}' (known: no-holes, skinny-metadata, extref, free-space-tree, block-group-tree)"))),
+                _ => return Err(Error::Invalid(format!("unknown feature '{name}' (known: no-holes, skinny-metadata, extref, free-space-tree, block-group-tree, mixed-bg)"))),
             }
         }
         if self.block_group_tree && !self.free_space_tree {
@@ -116,6 +122,9 @@ pub struct MkfsOptions {
     pub metadata_profile: Option<u64>,
     /// Data profile; None = SINGLE.
     pub data_profile: Option<u64>,
+    /// The node size was given (`-n`); with mixed block groups and no
+    /// `-n`, nodes are one sector, as mkfs.btrfs makes them.
+    pub nodesize_given: bool,
 }
 
 impl Default for MkfsOptions {
@@ -134,6 +143,7 @@ impl Default for MkfsOptions {
                 .unwrap_or(0),
             metadata_profile: None,
             data_profile: None,
+            nodesize_given: false,
         }
     }
 }
@@ -271,7 +281,7 @@ fn validate(o: &MkfsOptions, dev_size: u64) -> Result<u64> {
 /// Chunk layout for a one-device filesystem of `size` bytes with the
 /// default profiles: DUP system and metadata, SINGLE data, sized as
 /// mkfs.btrfs sizes its first chunks.
-pub fn plan_chunks(size: u64) -> [ChunkPlan; 3] {
+pub fn plan_chunks(size: u64) -> Vec<ChunkPlan> {
     let sys = 8 * MIB;
     let meta = (size / 20 / MIB * MIB).clamp(32 * MIB, 256 * MIB);
     let data = (size / 10 / MIB * MIB).clamp(64 * MIB, 1024 * MIB);
@@ -305,7 +315,7 @@ pub fn plan_chunks(size: u64) -> [ChunkPlan; 3] {
         stripe_size: data,
         sub_stripes: 1,
     };
-    [s, m, d]
+    vec![s, m, d]
 }
 
 /// Chunk layout on devices of `sizes` bytes (devids 1..) for metadata
@@ -313,7 +323,13 @@ pub fn plan_chunks(size: u64) -> [ChunkPlan; 3] {
 /// profile `data`: system, metadata and data chunks one after another in
 /// logical space from 1 MiB, each placed by the kernel's chunk allocator
 /// rules (`place_chunk`) on the space the chunks before it left.
-pub fn plan_set_chunks(sizes: &[u64], meta: u64, data: u64) -> Result<[ChunkPlan; 3]> {
+pub fn plan_set_chunks(sizes: &[u64], meta: u64, data: u64) -> Result<Vec<ChunkPlan>> {
+    plan_chunks_of(sizes, meta, data, false)
+}
+
+/// [`plan_set_chunks`]; `mixed`: one DATA|METADATA chunk after the system
+/// chunk instead of a metadata and a data chunk (profile `meta`).
+fn plan_chunks_of(sizes: &[u64], meta: u64, data: u64, mixed: bool) -> Result<Vec<ChunkPlan>> {
     use crate::trans::chunk_alloc::{pick_hole, place_chunk, Candidate};
     let total: u64 = sizes.iter().sum();
     let mut next: Vec<u64> = vec![MIB; sizes.len()];
@@ -378,9 +394,13 @@ pub fn plan_set_chunks(sizes: &[u64], meta: u64, data: u64) -> Result<[ChunkPlan
         Ok(c)
     };
     let sys = plan(BTRFS_BLOCK_GROUP_SYSTEM, meta)?;
+    if mixed {
+        let m = plan(BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DATA, meta)?;
+        return Ok(vec![sys, m]);
+    }
     let m = plan(BTRFS_BLOCK_GROUP_METADATA, meta)?;
     let d = plan(BTRFS_BLOCK_GROUP_DATA, data)?;
-    Ok([sys, m, d])
+    Ok(vec![sys, m, d])
 }
 
 fn chunk_item_bytes(p: &ChunkPlan, sectorsize: u32, dev_uuids: &[[u8; 16]]) -> Vec<u8> {
@@ -447,6 +467,24 @@ pub fn make_set(
     if devs.is_empty() {
         return Err(Error::Invalid("no device to make a filesystem on".into()));
     }
+    // Mixed block groups hold data and tree blocks alike: a node is one
+    // sector.
+    let one_sector;
+    let o = if o.features.mixed {
+        if o.nodesize_given && o.nodesize != o.sectorsize {
+            return Err(Error::Invalid(format!(
+                "nodesize {} is not the sector size {} (mixed block groups need them equal)",
+                o.nodesize, o.sectorsize
+            )));
+        }
+        one_sector = MkfsOptions {
+            nodesize: o.sectorsize,
+            ..o.clone()
+        };
+        &one_sector
+    } else {
+        o
+    };
     let n = devs.len();
     let mut sizes = Vec::with_capacity(n);
     for (name, d) in &devs {
@@ -456,17 +494,34 @@ pub fn make_set(
         })?;
         sizes.push(size);
     }
-    let meta_profile = o.metadata_profile.unwrap_or(if n > 1 {
-        BTRFS_BLOCK_GROUP_RAID1
+    let mixed = o.features.mixed;
+    let (meta_profile, data_profile) = if mixed {
+        // One profile for both (mkfs.btrfs: data's default, single, and
+        // metadata follows it).
+        match (o.metadata_profile, o.data_profile) {
+            (Some(m), Some(d)) if m != d => {
+                return Err(Error::Invalid(
+                    "with mixed block groups data and metadata profiles must be the same".into(),
+                ))
+            }
+            (Some(p), _) | (None, Some(p)) => (p, p),
+            (None, None) => (0, 0),
+        }
     } else {
-        BTRFS_BLOCK_GROUP_DUP
-    });
-    let data_profile = o.data_profile.unwrap_or(0);
-    let plans: [ChunkPlan; 3] =
-        if n == 1 && meta_profile == BTRFS_BLOCK_GROUP_DUP && data_profile == 0 {
+        (
+            o.metadata_profile.unwrap_or(if n > 1 {
+                BTRFS_BLOCK_GROUP_RAID1
+            } else {
+                BTRFS_BLOCK_GROUP_DUP
+            }),
+            o.data_profile.unwrap_or(0),
+        )
+    };
+    let plans: Vec<ChunkPlan> =
+        if n == 1 && !mixed && meta_profile == BTRFS_BLOCK_GROUP_DUP && data_profile == 0 {
             plan_chunks(sizes[0])
         } else {
-            plan_set_chunks(&sizes, meta_profile, data_profile)?
+            plan_chunks_of(&sizes, meta_profile, data_profile, mixed)?
         };
     // Any old superblock goes first, so a failure below cannot leave the
     // previous filesystem looking intact over our half-written blocks.
@@ -481,7 +536,7 @@ pub fn make_set(
     let fsid = o.fsid.unwrap_or_else(random_uuid);
     let dev_uuids: Vec<[u8; 16]> = (0..n).map(|_| random_uuid()).collect();
     let chunk_tree_uuid = random_uuid();
-    let [sys, meta, _data] = &plans;
+    let (sys, meta) = (&plans[0], &plans[1]);
     let f = &o.features;
     let gen = 1u64;
 
@@ -760,6 +815,9 @@ pub fn make_set(
     {
         incompat |= BTRFS_FEATURE_INCOMPAT_RAID1C34;
     }
+    if mixed {
+        incompat |= BTRFS_FEATURE_INCOMPAT_MIXED_GROUPS;
+    }
     sb.incompat_flags.set(incompat);
     sb.csum_type.set(o.csum.to_disk());
     sb.label[..o.label.len()].copy_from_slice(o.label.as_bytes());
@@ -999,7 +1057,10 @@ impl MkfsOptions {
                     .ok_or_else(|| Error::Invalid(format!("mkfs option {flag} needs a value")))
             };
             match flag {
-                "-n" | "--nodesize" => o.nodesize = parse_block_size(value()?)?,
+                "-n" | "--nodesize" => {
+                    o.nodesize = parse_block_size(value()?)?;
+                    o.nodesize_given = true;
+                }
                 "-s" | "--sectorsize" => o.sectorsize = parse_block_size(value()?)?,
                 "--csum" | "--checksum" => o.csum = crate::csum::CsumType::parse(value()?)?,
                 "-L" | "--label" => o.label = value()?.to_string(),
@@ -1009,7 +1070,7 @@ impl MkfsOptions {
                 "-m" | "--metadata" => o.metadata_profile = Some(parse_profile(value()?)?),
                 "-d" | "--data" => o.data_profile = Some(parse_profile(value()?)?),
                 "-f" | "--force" | "-q" | "--quiet" | "-K" | "--nodiscard" => {}
-                "-M" | "--mixed" => return Err(Error::Unsupported("mixed block groups".into())),
+                "-M" | "--mixed" => f.mixed = true,
                 _ => return Err(Error::Invalid(format!("unknown mkfs option {a}"))),
             }
             i += 1;

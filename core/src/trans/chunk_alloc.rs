@@ -46,11 +46,15 @@ pub(crate) type ChunkPlacement = (Vec<(u64, [u8; 16], u64)>, u64, u64);
 /// 50 GiB); system 32 MiB; no chunk above a tenth of the filesystem.
 pub(crate) fn type_limits(ty: u64, total: u64) -> (u64, u64) {
     const SZ_1G: u64 = 1 << 30;
-    let type_size = match ty {
-        BTRFS_BLOCK_GROUP_DATA => 10 * SZ_1G,
-        BTRFS_BLOCK_GROUP_METADATA if total > 50 * SZ_1G => SZ_1G,
-        BTRFS_BLOCK_GROUP_METADATA => 256 * MIB,
-        _ => 32 * MIB,
+    // Mixed groups (DATA|METADATA) size as data (calc_chunk_size).
+    let type_size = if ty & BTRFS_BLOCK_GROUP_DATA != 0 {
+        10 * SZ_1G
+    } else if ty & BTRFS_BLOCK_GROUP_METADATA != 0 && total > 50 * SZ_1G {
+        SZ_1G
+    } else if ty & BTRFS_BLOCK_GROUP_METADATA != 0 {
+        256 * MIB
+    } else {
+        32 * MIB
     };
     (type_size.min(SZ_1G), type_size.min(total / 10))
 }
@@ -226,6 +230,15 @@ impl Store {
     /// Allocate a chunk for block group type `ty` (DATA, METADATA or SYSTEM)
     /// on the devices present.
     pub fn alloc_chunk(&mut self, ty: u64) -> Result<u64> {
+        // With mixed block groups, data and tree blocks get one kind of
+        // chunk.
+        let ty = if self.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_MIXED_GROUPS != 0
+            && ty & (BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_METADATA) != 0
+        {
+            BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_METADATA
+        } else {
+            ty
+        };
         // Opened degraded, chunks go to the devices present in the profile
         // they allow (profile_for), as at the kernel's degraded mount.
         if !self.img.missing.is_empty() && !self.img.degraded {
