@@ -195,6 +195,71 @@ pub fn keep_freed_heap() {
     }
 }
 
+/// Set extended attribute `name` of `path` itself (not of a symlink's
+/// target) to `value` (lsetxattr).
+pub fn set_xattr(path: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
+    let c = c_path(path)?;
+    let cn = CString::new(name).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "xattr name with a NUL")
+    })?;
+    #[allow(unsafe_code)]
+    // SAFETY: NUL-terminated path and name; the value is `value.len()`
+    // readable bytes.
+    let r = unsafe {
+        libc::lsetxattr(
+            c.as_ptr(),
+            cn.as_ptr(),
+            value.as_ptr() as *const libc::c_void,
+            value.len(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Set the access and modification times of `path` itself (a symlink is
+/// not followed): (seconds, nanoseconds) each (utimensat).
+pub fn set_times(path: &Path, atime: (u64, u32), mtime: (u64, u32)) -> std::io::Result<()> {
+    let c = c_path(path)?;
+    let ts = |t: (u64, u32)| libc::timespec {
+        tv_sec: t.0.min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: t.1.min(999_999_999) as libc::c_long,
+    };
+    let times = [ts(atime), ts(mtime)];
+    #[allow(unsafe_code)]
+    // SAFETY: a NUL-terminated path and an array of two timespecs.
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Make a special file at `path`: a FIFO, socket, or character or block
+/// device `(major, minor)`, with the type and permission bits of `mode`
+/// (mknod).
+pub fn mknod(path: &Path, mode: u32, rdev: (u32, u32)) -> std::io::Result<()> {
+    let c = c_path(path)?;
+    let dev = libc::makedev(rdev.0, rdev.1);
+    #[allow(unsafe_code)]
+    // SAFETY: a NUL-terminated path; mode and dev are plain values.
+    let r = unsafe { libc::mknod(c.as_ptr(), mode as libc::mode_t, dev) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,430 @@
+//! Getting files out of an image without writing it (`btrkit-restore`).
+//!
+//! The devices are opened behind copy-on-write overlays ([`OverlayDevice`]):
+//! the log replay, the mount's own work and anything else the engine
+//! writes land in memory, so the image is never changed while what is
+//! read is what the kernel shows after its replay. Then the tree is
+//! walked from a subvolume root and copied to a host directory; an inode
+//! or directory that cannot be read (a tree block damaged on every copy)
+//! is recorded as lost with the reason and the walk goes on.
+
+use crate::devices::DeviceSet;
+use crate::fs::read::MapKind;
+use crate::fs::{Filesystem, Loc, MountOptions};
+use crate::image::OpenOptions;
+use crate::io::{BlockDevice, OverlayDevice};
+use crate::log::replay::ReplayOptions;
+use crate::trans::Store;
+use crate::{Error, Result};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What to do with a log the superblock names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogMode {
+    /// Replay it (in memory), as the kernel's mount would.
+    #[default]
+    Replay,
+    /// Replay what a damaged log still proves (see [`crate::log::salvage`]).
+    Salvage,
+    /// Leave it: the state of the last commit.
+    Ignore,
+}
+
+/// How [`open_virtual`] opens the image.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReadOptions {
+    /// The log.
+    pub log: LogMode,
+    /// Read a set with devices missing from the copies left.
+    pub degraded: bool,
+    /// Superblock copy to start from (0 primary, 1 and 2 the mirrors).
+    pub mirror: usize,
+}
+
+/// Open the filesystem on `devs` (name, device) for reading only: every
+/// device behind an overlay that keeps writes in memory, the log replayed
+/// into it (or salvaged, or ignored), then mounted. Nothing reaches the
+/// devices.
+pub fn open_virtual(
+    devs: Vec<(String, Arc<dyn BlockDevice>)>,
+    o: &ReadOptions,
+) -> Result<Filesystem> {
+    let overlays: Vec<(String, Arc<dyn BlockDevice>)> = devs
+        .into_iter()
+        .map(|(n, d)| {
+            let d: Arc<dyn BlockDevice> = Arc::new(OverlayDevice::new(d));
+            (n, d)
+        })
+        .collect();
+    let open_opts = OpenOptions {
+        writable: true,
+        degraded: o.degraded,
+        mirror: o.mirror,
+        ..Default::default()
+    };
+    let open = || -> Result<crate::image::Image> {
+        if overlays.len() == 1 && !o.degraded {
+            crate::image::Image::open(overlays[0].1.clone(), open_opts)
+        } else {
+            DeviceSet::assemble(overlays.clone())?.open(open_opts)
+        }
+    };
+    let mut img = open()?;
+    if img.sb.log_root.get() != 0 {
+        let mut st = Store::from_image_for_replay(img)?;
+        match o.log {
+            LogMode::Replay | LogMode::Salvage => {
+                crate::log::replay::replay(
+                    &mut st,
+                    ReplayOptions {
+                        force: false,
+                        salvage: o.log == LogMode::Salvage,
+                    },
+                )?;
+            }
+            LogMode::Ignore => {
+                st.clear_log_root();
+                st.commit()?;
+            }
+        }
+        drop(st);
+        // The superblock the commit wrote is the overlay's mirror 0.
+        img = if overlays.len() == 1 && !o.degraded {
+            crate::image::Image::open(
+                overlays[0].1.clone(),
+                OpenOptions {
+                    mirror: 0,
+                    ..open_opts
+                },
+            )?
+        } else {
+            DeviceSet::assemble(overlays.clone())?.open(OpenOptions {
+                mirror: 0,
+                ..open_opts
+            })?
+        };
+    }
+    let store = Store::from_image(img)?;
+    Filesystem::with_store(
+        store,
+        MountOptions::default(),
+        crate::log::LogState::boxed(),
+    )
+}
+
+/// What [`restore`] copies and how.
+#[derive(Default)]
+pub struct RestoreOptions<'a> {
+    /// Owner, mode and times too (`btrfs restore -m`).
+    pub metadata: bool,
+    /// Replace files that exist at the destination (else they are skipped).
+    pub overwrite: bool,
+    /// List what would be restored; write nothing.
+    pub dry_run: bool,
+    /// Descend into snapshots (subvolumes made as snapshots are skipped
+    /// otherwise, as `btrfs restore` skips them without `-s`).
+    pub snapshots: bool,
+    /// Only paths (from the start, `/a/b`) this accepts are restored;
+    /// directories are always descended.
+    pub select: Option<&'a dyn Fn(&str) -> bool>,
+}
+
+/// Something that could not be restored.
+#[derive(Clone, Debug, Serialize)]
+pub struct Lost {
+    /// Its path from the start of the restore.
+    pub path: String,
+    /// Subvolume (root objectid) and inode number.
+    pub subvol: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Why: the error met reading it (naming the block where it is a
+    /// damaged tree block).
+    pub what: String,
+}
+
+/// What [`restore`] did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RestoreReport {
+    /// Regular files written (hard links not counted).
+    pub files: u64,
+    /// Directories made (the destination itself not counted).
+    pub dirs: u64,
+    /// Symbolic links made.
+    pub symlinks: u64,
+    /// Further names of files already restored, made as hard links.
+    pub hardlinks: u64,
+    /// FIFOs, sockets and device nodes made.
+    pub special: u64,
+    /// File bytes written (data, not holes).
+    pub bytes: u64,
+    /// Files left alone because they exist at the destination.
+    pub skipped_existing: u64,
+    /// Snapshots not descended into.
+    pub skipped_snapshots: u64,
+    /// What could not be read, with why.
+    pub lost: Vec<Lost>,
+    /// Extended attributes or metadata the destination refused (the file
+    /// itself was restored): path and why.
+    pub warnings: Vec<String>,
+    /// With `dry_run`: every path that would be restored, with its size.
+    pub listed: Vec<(String, u64)>,
+}
+
+/// Most entries one restore walks (a bound on a looping directory graph).
+const MAX_ENTRIES: u64 = 1 << 40;
+/// Largest read of file data at once.
+const READ_CHUNK: u64 = 4 << 20;
+
+/// Copy the tree under `start` to `dest` (made if missing). Errors only for
+/// what stops the whole restore (the destination cannot be written); what
+/// cannot be read is recorded in the report's `lost`.
+pub fn restore(
+    fs: &mut Filesystem,
+    start: Loc,
+    dest: &Path,
+    o: &RestoreOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<RestoreReport> {
+    let mut r = RestoreReport::default();
+    if !o.dry_run {
+        std::fs::create_dir_all(dest)
+            .map_err(|e| Error::io(format!("cannot make {}", dest.display()), e))?;
+    }
+    // (subvol, ino) of files with several names -> where the first went.
+    let mut linked: HashMap<(u64, u64), PathBuf> = HashMap::new();
+    // Directories whose times are set once their contents are in.
+    let mut dir_times: Vec<(PathBuf, (u64, u32), (u64, u32))> = Vec::new();
+    let mut stack: Vec<(String, Loc)> = vec![(String::new(), start)];
+    let mut seen = 0u64;
+    while let Some((rel, l)) = stack.pop() {
+        seen += 1;
+        if seen > MAX_ENTRIES {
+            return Err(Error::Invalid("restore: too many entries".into()));
+        }
+        let shown = if rel.is_empty() {
+            "/".to_string()
+        } else {
+            rel.clone()
+        };
+        let out = dest.join(rel.trim_start_matches('/'));
+        let lose = |r: &mut RestoreReport, e: Error| {
+            r.lost.push(Lost {
+                path: shown.clone(),
+                subvol: l.subvol,
+                ino: l.ino,
+                what: e.to_string(),
+            })
+        };
+        if l.ino == crate::format::consts::BTRFS_EMPTY_SUBVOL_DIR_OBJECTID {
+            // A subvolume whose root is not there: an empty directory, as
+            // the kernel shows it.
+            if !o.dry_run {
+                make_dir(&out, &mut r)?;
+            }
+            continue;
+        }
+        let st = match fs.stat(l) {
+            Ok(s) => s,
+            Err(e) => {
+                lose(&mut r, e);
+                continue;
+            }
+        };
+        let kind = st.mode & libc::S_IFMT;
+        if kind == libc::S_IFDIR {
+            let entries = match fs.readdir(l) {
+                Ok(v) => v,
+                Err(e) => {
+                    lose(&mut r, e);
+                    continue;
+                }
+            };
+            if !o.dry_run && !rel.is_empty() {
+                make_dir(&out, &mut r)?;
+            }
+            let mut children = Vec::with_capacity(entries.len());
+            for (name, child, _) in entries {
+                let name = String::from_utf8_lossy(&name).into_owned();
+                if child.subvol != l.subvol && !o.snapshots && is_snapshot(fs, child.subvol) {
+                    r.skipped_snapshots += 1;
+                    continue;
+                }
+                children.push((format!("{rel}/{name}"), child));
+            }
+            // Popped in name order.
+            children.sort_by(|a, b| b.0.cmp(&a.0));
+            stack.extend(children);
+            if !o.dry_run {
+                copy_xattrs(fs, l, &out, &shown, &mut r);
+                if o.metadata {
+                    set_owner_mode(&out, st.uid, st.gid, st.mode, false, &shown, &mut r);
+                    dir_times.push((out.clone(), st.atime, st.mtime));
+                }
+            }
+            continue;
+        }
+        if o.select.is_some_and(|f| !f(&shown)) {
+            continue;
+        }
+        if o.dry_run {
+            r.listed.push((shown, st.size));
+            continue;
+        }
+        if std::fs::symlink_metadata(&out).is_ok() {
+            if !o.overwrite {
+                r.skipped_existing += 1;
+                continue;
+            }
+            std::fs::remove_file(&out)
+                .map_err(|e| Error::io(format!("cannot replace {}", out.display()), e))?;
+        }
+        if st.nlink > 1 {
+            if let Some(first) = linked.get(&(l.subvol, l.ino)) {
+                std::fs::hard_link(first, &out)
+                    .map_err(|e| Error::io(format!("cannot link {}", out.display()), e))?;
+                r.hardlinks += 1;
+                continue;
+            }
+        }
+        let made = match kind {
+            libc::S_IFREG => copy_file(fs, l, st.size, &out, &mut r),
+            libc::S_IFLNK => match fs.read_link(l) {
+                Ok(t) => {
+                    use std::os::unix::ffi::OsStrExt;
+                    std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&t), &out)
+                        .map_err(|e| Error::io(format!("cannot make {}", out.display()), e))?;
+                    r.symlinks += 1;
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
+            _ => {
+                crate::io::host::mknod(&out, st.mode, st.rdev)
+                    .map_err(|e| Error::io(format!("cannot make {}", out.display()), e))?;
+                r.special += 1;
+                Ok(())
+            }
+        };
+        if let Err(e) = made {
+            let _ = std::fs::remove_file(&out);
+            lose(&mut r, e);
+            continue;
+        }
+        if st.nlink > 1 {
+            linked.insert((l.subvol, l.ino), out.clone());
+        }
+        copy_xattrs(fs, l, &out, &shown, &mut r);
+        if o.metadata {
+            let link = kind == libc::S_IFLNK;
+            set_owner_mode(&out, st.uid, st.gid, st.mode, link, &shown, &mut r);
+            if let Err(e) = crate::io::host::set_times(&out, st.atime, st.mtime) {
+                r.warnings.push(format!("{shown}: times: {e}"));
+            }
+        }
+        progress(r.files + r.symlinks + r.special, r.bytes);
+    }
+    // Innermost first: setting a directory's times before its parent's.
+    for (p, a, m) in dir_times.iter().rev() {
+        if let Err(e) = crate::io::host::set_times(p, *a, *m) {
+            r.warnings.push(format!("{}: times: {e}", p.display()));
+        }
+    }
+    Ok(r)
+}
+
+fn make_dir(out: &Path, r: &mut RestoreReport) -> Result<()> {
+    match std::fs::create_dir(out) {
+        Ok(()) => {
+            r.dirs += 1;
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && out.is_dir() => Ok(()),
+        Err(e) => Err(Error::io(format!("cannot make {}", out.display()), e)),
+    }
+}
+
+/// Whether subvolume `id` was made as a snapshot (its root item names a
+/// parent).
+fn is_snapshot(fs: &mut Filesystem, id: u64) -> bool {
+    fs.store
+        .root_state(id)
+        .ok()
+        .and_then(|s| s.item.as_ref().map(|(_, ri)| ri.parent_uuid != [0u8; 16]))
+        .unwrap_or(false)
+}
+
+/// Write a regular file's data: its data runs read (decompressed, with
+/// checksums verified) and written where they are; holes and
+/// preallocated space left as holes; the size set last.
+fn copy_file(
+    fs: &mut Filesystem,
+    l: Loc,
+    size: u64,
+    out: &Path,
+    r: &mut RestoreReport,
+) -> Result<()> {
+    let runs = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?;
+    let f = std::fs::File::create(out)
+        .map_err(|e| Error::io(format!("cannot create {}", out.display()), e))?;
+    for (s, e, kind) in runs {
+        if kind != MapKind::Data {
+            continue;
+        }
+        let (mut at, end) = (s, e.min(size));
+        while at < end {
+            let n = (end - at).min(READ_CHUNK);
+            let data = fs.read_untracked(l, at, n)?;
+            f.write_all_at(&data, at)
+                .map_err(|e| Error::io(format!("cannot write {}", out.display()), e))?;
+            r.bytes += data.len() as u64;
+            at += n;
+        }
+    }
+    f.set_len(size)
+        .map_err(|e| Error::io(format!("cannot size {}", out.display()), e))?;
+    r.files += 1;
+    Ok(())
+}
+
+fn copy_xattrs(fs: &mut Filesystem, l: Loc, out: &Path, shown: &str, r: &mut RestoreReport) {
+    match fs.list_xattrs(l) {
+        Ok(list) => {
+            for (n, v) in list {
+                if let Err(e) = crate::io::host::set_xattr(out, &n, &v) {
+                    r.warnings.push(format!(
+                        "{shown}: xattr {}: {e}",
+                        String::from_utf8_lossy(&n)
+                    ));
+                }
+            }
+        }
+        Err(e) => r.warnings.push(format!("{shown}: xattrs: {e}")),
+    }
+}
+
+fn set_owner_mode(
+    out: &Path,
+    uid: u32,
+    gid: u32,
+    mode: u32,
+    link: bool,
+    shown: &str,
+    r: &mut RestoreReport,
+) {
+    if let Err(e) = std::os::unix::fs::lchown(out, Some(uid), Some(gid)) {
+        r.warnings.push(format!("{shown}: owner: {e}"));
+    }
+    if !link {
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(e) =
+            std::fs::set_permissions(out, std::fs::Permissions::from_mode(mode & 0o7777))
+        {
+            r.warnings.push(format!("{shown}: mode: {e}"));
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! `btrkit-restore` against the kernel on crash images of the replay
+//! corpus: what it copies out (with `-m`: names, types, modes, owners,
+//! sizes, contents, `user.*` xattrs, symlink targets, device numbers, link
+//! counts of files) equals what the kernel shows after its own log replay
+//! of the same image, and with `--no-log` what it shows after `btrfs
+//! rescue zero-log`; the image's bytes are unchanged. `btrfs restore`
+//! (which ignores the log) gets no path our `--no-log` restore misses.
+//! Bad input gets one line and exit 16; an image that is not btrfs exit 2.
+//!
+//! `BTRKIT_RESTORE_SCENARIOS=N` runs every Nth corpus scenario (default 3).
+
+use btrkit_tests::kcrash::{self, Manifest, Scenario};
+use btrkit_tests::{require_kernel_mount, skip_unless};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[path = "common/families.rs"]
+mod families;
+
+fn restore_bin() -> PathBuf {
+    btrkit_tests::bin_path("btrkit-restore")
+}
+
+/// What a restore to a host directory keeps: inode numbers, extent maps
+/// and a directory's size and link count belong to the host filesystem.
+fn comparable(m: &Manifest) -> Manifest {
+    let mut out = m.clone();
+    for e in out.entries.values_mut() {
+        e.ino = 0;
+        e.alloc.clear();
+        if e.kind == 'd' {
+            e.size = 0;
+            e.nlink = 0;
+        }
+    }
+    out
+}
+
+fn restore(img: &Path, dest: &Path, extra: &[&str]) -> Result<serde_json::Value, String> {
+    let o = Command::new(restore_bin())
+        .arg(img)
+        .arg(dest)
+        .args(["-m", "--json"])
+        .args(extra)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !o.status.success() {
+        return Err(format!(
+            "btrkit-restore {extra:?} exit {:?}: {}{}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    serde_json::from_slice(&o.stdout).map_err(|e| format!("report: {e}"))
+}
+
+/// A scratch btrfs mounted for the restored trees: it takes every xattr
+/// the corpus sets (ext4 keeps a file's in one block) and answers FIEMAP
+/// (tmpfs does not); unmounted on drop.
+fn scratch(w: &Path) -> Result<btrkit_tests::LoopMount, String> {
+    let img = w.join("scratch.img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(2 << 30))
+        .map_err(|e| e.to_string())?;
+    let o = Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !o.status.success() {
+        return Err(format!(
+            "mkfs scratch: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    btrkit_tests::LoopMount::mount(&img, &w.join("t"), "")
+}
+
+fn one(scn: &Scenario) -> Result<(), String> {
+    let crash = kcrash::cached_crash_image(scn, &kcrash::default_cache_dir())?;
+    let work = tempfile::Builder::new()
+        .prefix(&format!("restore-{}-", scn.name))
+        .tempdir()
+        .map_err(|e| e.to_string())?;
+    let w = work.path();
+    let t = scratch(w)?;
+    let digest = kcrash::image_digest(&crash.path)?;
+
+    // With the log, against the kernel's replay.
+    let kernel = comparable(&kcrash::manifest_of_image(&crash.path, w)?);
+    let dest = t.path().join("out");
+    restore(&crash.path, &dest, &["--snapshots"])?;
+    let ours = comparable(&kcrash::manifest_of_tree(&dest)?);
+    if ours != kernel {
+        return Err(format!(
+            "restored (B) differs from the kernel's replay (A):\n{}",
+            kernel.short_diff(&ours, 10)
+        ));
+    }
+
+    // Without it, against the kernel's mount after zero-log.
+    let z = w.join("zero.img");
+    kcrash::copy_sparse(&crash.path, &z)?;
+    let o = Command::new("btrfs")
+        .args(["rescue", "zero-log"])
+        .arg(&z)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !o.status.success() {
+        return Err(format!("zero-log: {}", String::from_utf8_lossy(&o.stderr)));
+    }
+    let zeroed = comparable(&kcrash::manifest_via_copy(
+        &z,
+        &w.join("zero-copy.img"),
+        "ro",
+    )?);
+    let dest2 = t.path().join("out-nolog");
+    restore(&crash.path, &dest2, &["--no-log", "--snapshots"])?;
+    let ours2 = comparable(&kcrash::manifest_of_tree(&dest2)?);
+    if ours2 != zeroed {
+        return Err(format!(
+            "--no-log (B) differs from the kernel after zero-log (A):\n{}",
+            zeroed.short_diff(&ours2, 10)
+        ));
+    }
+
+    // btrfs restore (no log) gets nothing our --no-log restore does not.
+    let dest3 = t.path().join("progs");
+    std::fs::create_dir_all(&dest3).map_err(|e| e.to_string())?;
+    let _ = Command::new("btrfs")
+        .args(["restore", "-i", "-x", "-S"])
+        .arg(&crash.path)
+        .arg(&dest3)
+        .output();
+    let theirs = kcrash::manifest_of_tree(&dest3)?;
+    let missing: Vec<&String> = theirs
+        .entries
+        .keys()
+        .filter(|p| !ours2.entries.contains_key(*p))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!("btrfs restore gets what we miss: {missing:?}"));
+    }
+    if kcrash::image_digest(&crash.path)? != digest {
+        return Err("btrkit-restore changed the image".into());
+    }
+    Ok(())
+}
+
+#[test]
+fn restored_trees_equal_the_kernels_view() {
+    skip_unless!(require_kernel_mount());
+    let every: usize = std::env::var("BTRKIT_RESTORE_SCENARIOS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
+    let corpus: Vec<Scenario> = families::corpus()
+        .into_iter()
+        .filter(|s| s.devices == 1)
+        .step_by(every)
+        .collect();
+    let results = kcrash::parallel_map(&corpus, kcrash::max_jobs(), |_, s| {
+        let r = one(s);
+        eprintln!("{:<44} {}", s.name, if r.is_ok() { "pass" } else { "FAIL" });
+        (s.name.clone(), r)
+    });
+    let failed: Vec<String> = results
+        .into_iter()
+        .filter_map(|(n, r)| r.err().map(|e| format!("--- {n}\n{e}")))
+        .collect();
+    eprintln!(
+        "restore: {} scenarios, {} failed",
+        corpus.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+#[test]
+fn bad_input_gets_one_line() {
+    let t = tempfile::tempdir().unwrap();
+    let junk = t.path().join("junk.img");
+    std::fs::write(&junk, vec![0u8; 1 << 20]).unwrap();
+    for (args, code, want) in [
+        (vec![junk.to_str().unwrap().to_string()], 16, "required"),
+        (
+            vec![
+                junk.to_str().unwrap().to_string(),
+                t.path().join("d").to_str().unwrap().to_string(),
+            ],
+            2,
+            "not a btrfs",
+        ),
+        (
+            vec![
+                "/nonexistent.img".into(),
+                t.path().join("d").to_str().unwrap().to_string(),
+            ],
+            2,
+            "nonexistent",
+        ),
+        (vec!["--bogus".into()], 16, "bogus"),
+    ] {
+        let o = Command::new(restore_bin()).args(&args).output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {e}");
+        assert!(e.to_lowercase().contains(want), "{args:?}: {e}");
+        if code == 2 {
+            assert_eq!(e.trim().lines().count(), 1, "{args:?}: {e}");
+        }
+    }
+}
