@@ -33,6 +33,11 @@ pub struct OpenOptions {
     /// (`mount -o degraded`): reads use the copies on the devices present.
     /// Otherwise a missing device is [`Error::MissingDevice`].
     pub degraded: bool,
+    /// Use a tree block whose every copy fails its checksum when nothing
+    /// else is wrong with it (as `btrfs restore` reads such blocks): for
+    /// getting files out of a damaged image, never for checking it. Each
+    /// block so used is kept in [`Image::trusted_bad_csum`].
+    pub trust_bad_csum: bool,
 }
 
 /// An opened filesystem, read side: the superblock copy in use, the chunk
@@ -78,6 +83,11 @@ pub struct Image {
     /// Opened with [`OpenOptions::degraded`]: devices in `missing` are
     /// known to be gone, and writes go to the copies on the others.
     pub degraded: bool,
+    /// Opened with [`OpenOptions::trust_bad_csum`].
+    trust_bad_csum: bool,
+    /// Tree blocks read whose every copy failed its checksum and nothing
+    /// else (with [`OpenOptions::trust_bad_csum`]).
+    trusted: std::sync::Mutex<std::collections::BTreeSet<u64>>,
     /// Problems noticed while opening that lenient mode let through.
     pub open_warnings: Vec<String>,
 }
@@ -153,6 +163,8 @@ impl Image {
             mirror: opts.mirror,
             lenient: opts.lenient,
             degraded: opts.degraded,
+            trust_bad_csum: opts.trust_bad_csum,
+            trusted: Default::default(),
             open_warnings: warnings,
         };
         if let Err(e) = img.load_chunk_tree() {
@@ -233,6 +245,15 @@ impl Image {
             .map(|(&id, d)| (id, d.clone()))
             .collect();
         Image::open_devices(self.dev.clone(), others, self.names.clone(), opts)
+    }
+
+    /// Tree blocks used although every copy failed its checksum (opened
+    /// with [`OpenOptions::trust_bad_csum`]), ascending.
+    pub fn trusted_bad_csum(&self) -> Vec<u64> {
+        self.trusted
+            .lock()
+            .map(|t| t.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// The filesystem spans more than one device (present or not).
@@ -443,6 +464,15 @@ impl Image {
             }
         }
         match best {
+            Some((node, problems))
+                if self.trust_bad_csum
+                    && problems.iter().all(|p| p.kind == ProblemKind::Checksum) =>
+            {
+                if let Ok(mut t) = self.trusted.lock() {
+                    t.insert(bytenr);
+                }
+                Ok((node, Vec::new()))
+            }
             Some((node, problems)) => {
                 if self.lenient
                     && !problems

@@ -5,7 +5,7 @@
 use anyhow::{bail, Context};
 use btrkit_core::fs::Loc;
 use btrkit_core::io::{BlockDevice, FileDevice};
-use btrkit_core::restore::{self, LogMode, ReadOptions, RestoreOptions, RestoreReport};
+use btrkit_core::restore::{self, LogMode, ReadOptions, RestoreOptions, RestoreReport, RootChoice};
 use clap::Parser;
 use comfy_table::Table;
 use std::io::IsTerminal;
@@ -39,6 +39,17 @@ struct Args {
     /// Start from superblock copy N (0 primary, 1 and 2 the mirrors).
     #[arg(short = 's', long = "super", default_value_t = 0, value_name = "N")]
     mirror: usize,
+    /// Read from backup root slot N of the superblock (an older commit)
+    /// instead of the last commit's roots; see --list-roots.
+    #[arg(long, value_name = "N", conflicts_with = "tree_root")]
+    backup: Option<usize>,
+    /// Read from the root tree node at this logical address (as `btrfs
+    /// restore -t`).
+    #[arg(short = 't', long = "tree-root", value_name = "BYTENR")]
+    tree_root: Option<u64>,
+    /// List the backup roots and the trees of the root tree, then exit.
+    #[arg(long)]
+    list_roots: bool,
     /// Restore owner, mode and times too (as `btrfs restore -m`).
     #[arg(short = 'm', long)]
     metadata: bool,
@@ -101,6 +112,10 @@ fn run(a: &Args) -> anyhow::Result<RestoreReport> {
         );
         devs.push((p.display().to_string(), d));
     }
+    if a.list_roots {
+        list_roots(&devs, a)?;
+        return Ok(RestoreReport::default());
+    }
     let log = if a.no_log {
         LogMode::Ignore
     } else if a.salvage {
@@ -114,6 +129,11 @@ fn run(a: &Args) -> anyhow::Result<RestoreReport> {
             log,
             degraded: a.degraded,
             mirror: a.mirror,
+            root: match (a.backup, a.tree_root) {
+                (Some(n), _) => RootChoice::Backup(n),
+                (_, Some(b)) => RootChoice::TreeRoot(b),
+                _ => RootChoice::Latest,
+            },
         },
     )
     .context("opening the filesystem")?;
@@ -157,6 +177,69 @@ fn run(a: &Args) -> anyhow::Result<RestoreReport> {
     pb.finish_and_clear();
     print(&r, a);
     Ok(r)
+}
+
+/// `--list-roots`: the superblock's backup roots, newest first, and every
+/// tree of the root tree (root item key, node address, level).
+fn list_roots(devs: &[(String, Arc<dyn BlockDevice>)], a: &Args) -> anyhow::Result<()> {
+    let backups = restore::backup_roots(devs[0].1.as_ref(), a.mirror)?;
+    let img = if devs.len() == 1 {
+        btrkit_core::image::Image::open(
+            devs[0].1.clone(),
+            btrkit_core::image::OpenOptions {
+                mirror: a.mirror,
+                degraded: a.degraded,
+                ..Default::default()
+            },
+        )?
+    } else {
+        btrkit_core::devices::DeviceSet::assemble(devs.to_vec())?.open(
+            btrkit_core::image::OpenOptions {
+                mirror: a.mirror,
+                degraded: a.degraded,
+                ..Default::default()
+            },
+        )?
+    };
+    let trees: Vec<(u64, u64, u8)> = img
+        .root_items_in(img.root_tree())?
+        .into_iter()
+        .map(|(k, ri)| (k.objectid, ri.bytenr.get(), ri.level))
+        .collect();
+    if a.json {
+        let v = serde_json::json!({
+            "generation": img.sb.generation.get(),
+            "tree_root": img.sb.root.get(),
+            "backups": backups,
+            "trees": trees.iter().map(|(id, b, l)| serde_json::json!({"id": id, "bytenr": b, "level": l})).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.set_header(vec!["root", "generation", "tree root", "fs tree root"]);
+    t.add_row(vec![
+        "superblock".to_string(),
+        img.sb.generation.get().to_string(),
+        img.sb.root.get().to_string(),
+        String::new(),
+    ]);
+    for b in &backups {
+        t.add_row(vec![
+            format!("--backup {}", b.slot),
+            b.generation.to_string(),
+            b.tree_root.to_string(),
+            b.fs_root.to_string(),
+        ]);
+    }
+    println!("{t}");
+    let mut t = Table::new();
+    t.set_header(vec!["tree", "node", "level"]);
+    for (id, b, l) in &trees {
+        t.add_row(vec![id.to_string(), b.to_string(), l.to_string()]);
+    }
+    println!("{t}");
+    Ok(())
 }
 
 fn progress_bar() -> indicatif::ProgressBar {
@@ -220,5 +303,11 @@ fn print(r: &RestoreReport, a: &Args) {
     }
     for w in &r.warnings {
         eprintln!("btrkit-restore: warning: {w}");
+    }
+    for b in &r.bad_csum_blocks {
+        eprintln!(
+            "btrkit-restore: warning: tree block {b} fails its checksum on every copy; \
+             what it holds was restored as it stands"
+        );
     }
 }

@@ -182,6 +182,7 @@ pub fn check_paths(
         lenient: true,
         writable: false,
         degraded,
+        trust_bad_csum: false,
     };
     if paths.len() > 1 {
         // Positioned reads, as below.

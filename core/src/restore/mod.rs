@@ -9,6 +9,9 @@
 //! is recorded as lost with the reason and the walk goes on.
 
 use crate::devices::DeviceSet;
+use crate::format::consts::{
+    BTRFS_DIR_INDEX_KEY, BTRFS_FIRST_FREE_OBJECTID, BTRFS_FT_DIR, BTRFS_ROOT_ITEM_KEY,
+};
 use crate::fs::read::MapKind;
 use crate::fs::{Filesystem, Loc, MountOptions};
 use crate::image::OpenOptions;
@@ -34,6 +37,21 @@ pub enum LogMode {
     Ignore,
 }
 
+/// Which tree root the filesystem is read from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RootChoice {
+    /// The superblock's (the last commit).
+    #[default]
+    Latest,
+    /// The superblock's backup root slot N (0-3): the roots of one of the
+    /// last commits (`btrfs restore -u`-style recovery from older roots;
+    /// blocks reused since read as damaged).
+    Backup(usize),
+    /// A root tree node at this logical address (`btrfs restore -t`), its
+    /// level and generation from its header.
+    TreeRoot(u64),
+}
+
 /// How [`open_virtual`] opens the image.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReadOptions {
@@ -43,6 +61,118 @@ pub struct ReadOptions {
     pub degraded: bool,
     /// Superblock copy to start from (0 primary, 1 and 2 the mirrors).
     pub mirror: usize,
+    /// The tree root to read from. An older root has no log: a log
+    /// belongs to the newest commit.
+    pub root: RootChoice,
+}
+
+/// A backup root slot of the superblock, as `--list-roots` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct BackupRoot {
+    /// Slot (0-3).
+    pub slot: usize,
+    /// Generation of the commit.
+    pub generation: u64,
+    /// Logical address of its root tree node.
+    pub tree_root: u64,
+    /// Logical address of its FS_TREE root node.
+    pub fs_root: u64,
+}
+
+/// The superblock's backup roots (copy `mirror` of the first device),
+/// newest first; empty slots left out.
+pub fn backup_roots(dev: &dyn BlockDevice, mirror: usize) -> Result<Vec<BackupRoot>> {
+    let sb = crate::image::read_superblock(dev, mirror)?;
+    let mut v: Vec<BackupRoot> = sb
+        .super_roots
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.tree_root.get() != 0)
+        .map(|(slot, b)| BackupRoot {
+            slot,
+            generation: b.tree_root_gen.get(),
+            tree_root: b.tree_root.get(),
+            fs_root: b.fs_root.get(),
+        })
+        .collect();
+    v.sort_by_key(|b| std::cmp::Reverse(b.generation));
+    Ok(v)
+}
+
+/// Point every device's superblock (in its overlay, copy 0) at another
+/// tree root, with no log: what [`open_virtual`] reads from then.
+fn choose_root(devs: &[(String, Arc<dyn BlockDevice>)], o: &ReadOptions) -> Result<()> {
+    let first = &devs[0].1;
+    let sb0 = crate::image::read_superblock(first.as_ref(), o.mirror)?;
+    // (root, level, generation, chunk root and level if they change)
+    let (root, level, gen, chunk) = match o.root {
+        RootChoice::Latest => return Ok(()),
+        RootChoice::Backup(n) => {
+            let b = sb0.super_roots.get(n).ok_or_else(|| {
+                Error::Invalid(format!("backup root {n} does not exist (0 to 3)"))
+            })?;
+            if b.tree_root.get() == 0 {
+                return Err(Error::Invalid(format!("backup root slot {n} is empty")));
+            }
+            (
+                b.tree_root.get(),
+                b.tree_root_level,
+                b.tree_root_gen.get(),
+                Some((
+                    b.chunk_root.get(),
+                    b.chunk_root_level,
+                    b.chunk_root_gen.get(),
+                )),
+            )
+        }
+        RootChoice::TreeRoot(bytenr) => {
+            let img = if devs.len() == 1 {
+                crate::image::Image::open(
+                    first.clone(),
+                    OpenOptions {
+                        mirror: o.mirror,
+                        degraded: o.degraded,
+                        ..Default::default()
+                    },
+                )?
+            } else {
+                DeviceSet::assemble(devs.to_vec())?.open(OpenOptions {
+                    mirror: o.mirror,
+                    degraded: o.degraded,
+                    ..Default::default()
+                })?
+            };
+            let node = img.read_tree_block(bytenr, &crate::tree::Expect::default(), false)?;
+            let h = node.header();
+            if h.owner.get() != crate::format::consts::BTRFS_ROOT_TREE_OBJECTID {
+                return Err(Error::Invalid(format!(
+                    "the block at {bytenr} belongs to tree {}, not the root tree",
+                    h.owner.get()
+                )));
+            }
+            (bytenr, h.level, h.generation.get(), None)
+        }
+    };
+    let csum = crate::csum::CsumType::from_disk(sb0.csum_type.get())?;
+    for (_, d) in devs {
+        let mut sb = crate::image::read_superblock(d.as_ref(), o.mirror)?;
+        sb.root.set(root);
+        sb.root_level = level;
+        sb.generation.set(gen);
+        if let Some((c, cl, cg)) = chunk {
+            sb.chunk_root.set(c);
+            sb.chunk_root_level = cl;
+            sb.chunk_root_generation.set(cg);
+        }
+        sb.log_root.set(0);
+        sb.log_root_level = 0;
+        sb.bytenr.set(crate::format::consts::btrfs_sb_offset(0));
+        let mut bytes = zerocopy::IntoBytes::as_bytes(&sb).to_vec();
+        let c = crate::csum::block_csum(csum, &bytes);
+        bytes[..crate::format::consts::BTRFS_CSUM_SIZE].copy_from_slice(&c);
+        d.write_at(crate::format::consts::btrfs_sb_offset(0), &bytes)?;
+    }
+    Ok(())
 }
 
 /// Open the filesystem on `devs` (name, device) for reading only: every
@@ -60,10 +190,22 @@ pub fn open_virtual(
             (n, d)
         })
         .collect();
+    if o.root != RootChoice::Latest {
+        choose_root(&overlays, o)?;
+    }
     let open_opts = OpenOptions {
         writable: true,
         degraded: o.degraded,
-        mirror: o.mirror,
+        // A chosen root was written to copy 0 of the overlays.
+        mirror: if o.root == RootChoice::Latest {
+            o.mirror
+        } else {
+            0
+        },
+        // A tree block bad only in its checksum on every copy is read as
+        // it stands (btrfs restore does too); file data keeps its own
+        // checksums. The report lists such blocks.
+        trust_bad_csum: true,
         ..Default::default()
     };
     let open = || -> Result<crate::image::Image> {
@@ -173,6 +315,9 @@ pub struct RestoreReport {
     pub warnings: Vec<String>,
     /// With `dry_run`: every path that would be restored, with its size.
     pub listed: Vec<(String, u64)>,
+    /// Tree blocks read although every copy failed its checksum (nothing
+    /// else was wrong with them); what they hold was restored as it stands.
+    pub bad_csum_blocks: Vec<u64>,
 }
 
 /// Most entries one restore walks (a bound on a looping directory graph).
@@ -199,9 +344,10 @@ pub fn restore(
     let mut linked: HashMap<(u64, u64), PathBuf> = HashMap::new();
     // Directories whose times are set once their contents are in.
     let mut dir_times: Vec<(PathBuf, (u64, u32), (u64, u32))> = Vec::new();
-    let mut stack: Vec<(String, Loc)> = vec![(String::new(), start)];
+    // (path, inode, directory entry type; FT_DIR for the start)
+    let mut stack: Vec<(String, Loc, u8)> = vec![(String::new(), start, BTRFS_FT_DIR)];
     let mut seen = 0u64;
-    while let Some((rel, l)) = stack.pop() {
+    while let Some((rel, l, ft)) = stack.pop() {
         seen += 1;
         if seen > MAX_ENTRIES {
             return Err(Error::Invalid("restore: too many entries".into()));
@@ -229,37 +375,60 @@ pub fn restore(
             continue;
         }
         let st = match fs.stat(l) {
-            Ok(s) => s,
+            Ok(s) => Some(s),
+            // A directory whose inode item is lost still has its entries
+            // (DIR_INDEX items of its own, in other leaves maybe): restore
+            // them into a directory without its metadata.
+            Err(e) if ft == BTRFS_FT_DIR => {
+                r.warnings.push(format!(
+                    "{shown}: directory inode unreadable, entries salvaged: {e}"
+                ));
+                None
+            }
             Err(e) => {
                 lose(&mut r, e);
                 continue;
             }
         };
-        let kind = st.mode & libc::S_IFMT;
+        let kind = st.as_ref().map_or(libc::S_IFDIR, |s| s.mode & libc::S_IFMT);
         if kind == libc::S_IFDIR {
-            let entries = match fs.readdir(l) {
-                Ok(v) => v,
-                Err(e) => {
-                    lose(&mut r, e);
-                    continue;
-                }
+            // Read around damage: a leaf lost loses the entries it held.
+            let entries = match st.as_ref().map(|_| fs.readdir(l)) {
+                Some(Ok(v)) => v,
+                _ => match salvage_readdir(fs, l) {
+                    Ok((v, damaged)) => {
+                        for (bytenr, why) in damaged {
+                            r.lost.push(Lost {
+                                path: format!("{shown} (entries in tree block {bytenr})"),
+                                subvol: l.subvol,
+                                ino: l.ino,
+                                what: why,
+                            });
+                        }
+                        v
+                    }
+                    Err(e) => {
+                        lose(&mut r, e);
+                        continue;
+                    }
+                },
             };
             if !o.dry_run && !rel.is_empty() {
                 make_dir(&out, &mut r)?;
             }
             let mut children = Vec::with_capacity(entries.len());
-            for (name, child, _) in entries {
+            for (name, child, ty) in entries {
                 let name = String::from_utf8_lossy(&name).into_owned();
                 if child.subvol != l.subvol && !o.snapshots && is_snapshot(fs, child.subvol) {
                     r.skipped_snapshots += 1;
                     continue;
                 }
-                children.push((format!("{rel}/{name}"), child));
+                children.push((format!("{rel}/{name}"), child, ty));
             }
             // Popped in name order.
             children.sort_by(|a, b| b.0.cmp(&a.0));
             stack.extend(children);
-            if !o.dry_run {
+            if let (false, Some(st)) = (o.dry_run, &st) {
                 copy_xattrs(fs, l, &out, &shown, &mut r);
                 if o.metadata {
                     set_owner_mode(&out, st.uid, st.gid, st.mode, false, &shown, &mut r);
@@ -268,6 +437,7 @@ pub fn restore(
             }
             continue;
         }
+        let Some(st) = st else { continue };
         if o.select.is_some_and(|f| !f(&shown)) {
             continue;
         }
@@ -328,6 +498,7 @@ pub fn restore(
         }
         progress(r.files + r.symlinks + r.special, r.bytes);
     }
+    r.bad_csum_blocks = fs.store.image().trusted_bad_csum();
     // Innermost first: setting a directory's times before its parent's.
     for (p, a, m) in dir_times.iter().rev() {
         if let Err(e) = crate::io::host::set_times(p, *a, *m) {
@@ -335,6 +506,92 @@ pub fn restore(
         }
     }
     Ok(r)
+}
+
+/// The entries of directory `l` from its DIR_INDEX items, read around
+/// damage: the subvolume tree is walked over the directory's key range
+/// only, and a block that cannot be read loses just the entries it held.
+/// Returns the entries (name, inode, type) in index order and the
+/// damaged blocks with why.
+fn salvage_readdir(
+    fs: &mut Filesystem,
+    l: Loc,
+) -> Result<(Vec<(Vec<u8>, Loc, u8)>, Vec<(u64, String)>)> {
+    use crate::format::key::Key;
+    use crate::tree::walk::{walk, OnDamage, Place, WalkEvent, WalkOptions};
+    use std::ops::ControlFlow;
+    let img = fs.store.image();
+    let root = img
+        .find_root(l.subvol)?
+        .ok_or_else(|| Error::Invalid(format!("subvolume {} has no root", l.subvol)))?;
+    let (lo, hi) = (
+        Key::new(l.ino, BTRFS_DIR_INDEX_KEY, 0),
+        Key::new(l.ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
+    );
+    let mut out = Vec::new();
+    let mut damaged = Vec::new();
+    let opts = WalkOptions {
+        on_damage: OnDamage::Skip,
+        ..Default::default()
+    };
+    let mut seen = std::collections::HashSet::new();
+    let start = Place::start(root.bytenr, crate::tree::Expect::root(&root));
+    let _ = walk::<()>(img, start, &opts, &mut seen, |ev| match ev {
+        WalkEvent::Block {
+            node, problems, at, ..
+        } => {
+            // Only blocks whose key range meets the directory's.
+            if at.lo > hi || at.hi.is_some_and(|h| h <= lo) {
+                return ControlFlow::Continue(false);
+            }
+            if !problems.is_empty() {
+                damaged.push((node.bytenr, problems[0].message.clone()));
+                return ControlFlow::Continue(false);
+            }
+            if node.is_leaf() {
+                for slot in 0..node.nritems() {
+                    let Some(k) = node.key(slot) else { continue };
+                    if k < lo || k > hi {
+                        continue;
+                    }
+                    let Ok(data) = node.item_data(slot) else {
+                        continue;
+                    };
+                    let Ok(ents) = crate::format::dir::parse_dir_items(data) else {
+                        continue;
+                    };
+                    for e in ents {
+                        let loc = Key::from(e.item.location);
+                        let child = if loc.ty == BTRFS_ROOT_ITEM_KEY {
+                            Loc {
+                                subvol: loc.objectid,
+                                ino: BTRFS_FIRST_FREE_OBJECTID,
+                                parent: 0,
+                            }
+                        } else {
+                            Loc {
+                                subvol: l.subvol,
+                                ino: loc.objectid,
+                                parent: 0,
+                            }
+                        };
+                        out.push((e.name.to_vec(), child, e.item.type_));
+                    }
+                }
+            }
+            ControlFlow::Continue(true)
+        }
+        WalkEvent::Unreadable {
+            bytenr, error, at, ..
+        } => {
+            if !(at.lo > hi || at.hi.is_some_and(|h| h <= lo)) {
+                damaged.push((bytenr, error.to_string()));
+            }
+            ControlFlow::Continue(false)
+        }
+        _ => ControlFlow::Continue(false),
+    });
+    Ok((out, damaged))
 }
 
 fn make_dir(out: &Path, r: &mut RestoreReport) -> Result<()> {
