@@ -346,6 +346,11 @@ pub fn restore(
     let mut dir_times: Vec<(PathBuf, (u64, u32), (u64, u32))> = Vec::new();
     // (path, inode, directory entry type; FT_DIR for the start)
     let mut stack: Vec<(String, Loc, u8)> = vec![(String::new(), start, BTRFS_FT_DIR)];
+    let writers = Writers::start();
+    // Directories this restore made: nothing in them can exist already.
+    let mut fresh: std::collections::HashSet<PathBuf> = Default::default();
+    // Further names of files handed to the writers: linked once all are made.
+    let mut links: Vec<(PathBuf, PathBuf)> = Vec::new();
     let mut seen = 0u64;
     while let Some((rel, l, ft)) = stack.pop() {
         seen += 1;
@@ -413,8 +418,8 @@ pub fn restore(
                     }
                 },
             };
-            if !o.dry_run && !rel.is_empty() {
-                make_dir(&out, &mut r)?;
+            if !o.dry_run && !rel.is_empty() && make_dir(&out, &mut r)? {
+                fresh.insert(out.clone());
             }
             let mut children = Vec::with_capacity(entries.len());
             for (name, child, ty) in entries {
@@ -445,7 +450,8 @@ pub fn restore(
             r.listed.push((shown, st.size));
             continue;
         }
-        if std::fs::symlink_metadata(&out).is_ok() {
+        let in_fresh = out.parent().is_some_and(|p| fresh.contains(p));
+        if !in_fresh && std::fs::symlink_metadata(&out).is_ok() {
             if !o.overwrite {
                 r.skipped_existing += 1;
                 continue;
@@ -455,11 +461,45 @@ pub fn restore(
         }
         if st.nlink > 1 {
             if let Some(first) = linked.get(&(l.subvol, l.ino)) {
-                std::fs::hard_link(first, &out)
-                    .map_err(|e| Error::io(format!("cannot link {}", out.display()), e))?;
+                links.push((first.clone(), out.clone()));
                 r.hardlinks += 1;
                 continue;
             }
+        }
+        if kind == libc::S_IFREG && st.size <= SMALL_FILE {
+            match read_small(fs, l, st.size) {
+                Ok(data) => {
+                    let xattrs = match fs.list_xattrs(l) {
+                        Ok(x) => x,
+                        Err(e) => {
+                            r.warnings.push(format!("{shown}: xattrs: {e}"));
+                            Vec::new()
+                        }
+                    };
+                    r.bytes += data.iter().map(|d| d.1.len() as u64).sum::<u64>();
+                    r.files += 1;
+                    if st.nlink > 1 {
+                        linked.insert((l.subvol, l.ino), out.clone());
+                    }
+                    let meta = o
+                        .metadata
+                        .then_some((st.uid, st.gid, st.mode, st.atime, st.mtime));
+                    writers.send(
+                        FileJob {
+                            out,
+                            shown,
+                            size: st.size,
+                            data,
+                            xattrs,
+                            meta,
+                        },
+                        &mut r,
+                    )?;
+                    progress(r.files + r.symlinks + r.special, r.bytes);
+                }
+                Err(e) => lose(&mut r, e),
+            }
+            continue;
         }
         let made = match kind {
             libc::S_IFREG => copy_file(fs, l, st.size, &out, &mut r),
@@ -498,6 +538,11 @@ pub fn restore(
         }
         progress(r.files + r.symlinks + r.special, r.bytes);
     }
+    writers.finish(&mut r)?;
+    for (first, out) in links {
+        std::fs::hard_link(&first, &out)
+            .map_err(|e| Error::io(format!("cannot link {}", out.display()), e))?;
+    }
     r.bad_csum_blocks = fs.store.image().trusted_bad_csum();
     // Innermost first: setting a directory's times before its parent's.
     for (p, a, m) in dir_times.iter().rev() {
@@ -507,6 +552,141 @@ pub fn restore(
     }
     Ok(r)
 }
+
+/// A small file read whole, for a writer thread to make.
+struct FileJob {
+    out: PathBuf,
+    shown: String,
+    size: u64,
+    /// Data runs: (file offset, bytes).
+    data: Vec<(u64, Vec<u8>)>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Owner, group, mode, atime, mtime (with `metadata`).
+    meta: Option<(u32, u32, u32, (u64, u32), (u64, u32))>,
+}
+
+#[derive(Default)]
+struct WriterState {
+    /// The first write that failed: the restore stops with it.
+    fatal: Option<Error>,
+    warnings: Vec<String>,
+}
+
+/// Threads that make small files while the tree is read: creating files
+/// on the host is most of a restore's time, and it runs in parallel.
+struct Writers {
+    tx: Option<std::sync::mpsc::SyncSender<FileJob>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    state: Arc<std::sync::Mutex<WriterState>>,
+}
+
+impl Writers {
+    fn start() -> Writers {
+        let n = std::thread::available_parallelism()
+            .map_or(2, |n| n.get() * 2)
+            .clamp(2, 8);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<FileJob>(512);
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        let state: Arc<std::sync::Mutex<WriterState>> = Arc::default();
+        let threads = (0..n)
+            .filter_map(|i| {
+                let (rx, state) = (rx.clone(), state.clone());
+                std::thread::Builder::new()
+                    .name(format!("btrkit-restore-{i}"))
+                    .spawn(move || loop {
+                        let job = match rx.lock() {
+                            Ok(r) => r.recv(),
+                            Err(_) => return,
+                        };
+                        let Ok(job) = job else { return };
+                        let mut warnings = Vec::new();
+                        let r = write_job(&job, &mut warnings);
+                        if let Ok(mut s) = state.lock() {
+                            s.warnings.extend(warnings);
+                            if let Err(e) = r {
+                                s.fatal.get_or_insert(e);
+                            }
+                        }
+                    })
+                    .ok()
+            })
+            .collect();
+        Writers {
+            tx: Some(tx),
+            threads,
+            state,
+        }
+    }
+
+    /// Hand `job` to a writer (made here if no writer thread runs).
+    fn send(&self, job: FileJob, r: &mut RestoreReport) -> Result<()> {
+        if let Some(e) = self.state.lock().ok().and_then(|mut s| s.fatal.take()) {
+            return Err(e);
+        }
+        match &self.tx {
+            Some(tx) if !self.threads.is_empty() => tx
+                .send(job)
+                .map_err(|_| Error::Internal("restore writers stopped".into())),
+            _ => write_job(&job, &mut r.warnings),
+        }
+    }
+
+    /// Wait for every file handed over; the first failure, if any.
+    fn finish(mut self, r: &mut RestoreReport) -> Result<()> {
+        self.tx = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let mut s = self
+            .state
+            .lock()
+            .map_err(|_| Error::Internal("restore writer state poisoned".into()))?;
+        r.warnings.append(&mut s.warnings);
+        match s.fatal.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Make one small file: data, size, xattrs, then owner, mode and times.
+fn write_job(j: &FileJob, warnings: &mut Vec<String>) -> Result<()> {
+    let f = std::fs::File::create(&j.out)
+        .map_err(|e| Error::io(format!("cannot create {}", j.out.display()), e))?;
+    let mut end = 0;
+    for (at, data) in &j.data {
+        f.write_all_at(data, *at)
+            .map_err(|e| Error::io(format!("cannot write {}", j.out.display()), e))?;
+        end = at + data.len() as u64;
+    }
+    if end != j.size {
+        f.set_len(j.size)
+            .map_err(|e| Error::io(format!("cannot size {}", j.out.display()), e))?;
+    }
+    drop(f);
+    for (n, v) in &j.xattrs {
+        if let Err(e) = crate::io::host::set_xattr(&j.out, n, v) {
+            warnings.push(format!(
+                "{}: xattr {}: {e}",
+                j.shown,
+                String::from_utf8_lossy(n)
+            ));
+        }
+    }
+    if let Some((uid, gid, mode, atime, mtime)) = j.meta {
+        let mut r = RestoreReport::default();
+        set_owner_mode(&j.out, uid, gid, mode, false, &j.shown, &mut r);
+        warnings.append(&mut r.warnings);
+        if let Err(e) = crate::io::host::set_times(&j.out, atime, mtime) {
+            warnings.push(format!("{}: times: {e}", j.shown));
+        }
+    }
+    Ok(())
+}
+
+/// Largest file read whole and handed to a writer thread; larger ones are
+/// copied a piece at a time on the reading thread.
+const SMALL_FILE: u64 = 4 << 20;
 
 /// The entries of directory `l` from its DIR_INDEX items, read around
 /// damage: the subvolume tree is walked over the directory's key range
@@ -594,13 +774,14 @@ fn salvage_readdir(
     Ok((out, damaged))
 }
 
-fn make_dir(out: &Path, r: &mut RestoreReport) -> Result<()> {
+/// Make directory `out`; whether it is new (false: it was there).
+fn make_dir(out: &Path, r: &mut RestoreReport) -> Result<bool> {
     match std::fs::create_dir(out) {
         Ok(()) => {
             r.dirs += 1;
-            Ok(())
+            Ok(true)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && out.is_dir() => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && out.is_dir() => Ok(false),
         Err(e) => Err(Error::io(format!("cannot make {}", out.display()), e)),
     }
 }
@@ -613,6 +794,19 @@ fn is_snapshot(fs: &mut Filesystem, id: u64) -> bool {
         .ok()
         .and_then(|s| s.item.as_ref().map(|(_, ri)| ri.parent_uuid != [0u8; 16]))
         .unwrap_or(false)
+}
+
+/// A small file's data runs, read whole (decompressed, checksums verified).
+fn read_small(fs: &mut Filesystem, l: Loc, size: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for (s, e, kind) in crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)? {
+        if kind != MapKind::Data || s >= size {
+            continue;
+        }
+        let end = e.min(size);
+        out.push((s, fs.read_untracked(l, s, end - s)?));
+    }
+    Ok(out)
 }
 
 /// Write a regular file's data: its data runs read (decompressed, with
