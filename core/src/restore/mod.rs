@@ -345,6 +345,7 @@ pub fn restore(
     // Directories whose times are set once their contents are in.
     let mut dir_times: Vec<(PathBuf, (u64, u32), (u64, u32))> = Vec::new();
     // (path, inode, directory entry type; FT_DIR for the start)
+    warm(fs, start.subvol);
     let mut stack: Vec<(String, Loc, u8)> = vec![(String::new(), start, BTRFS_FT_DIR)];
     let writers = Writers::start();
     // Directories this restore made: nothing in them can exist already.
@@ -551,6 +552,32 @@ pub fn restore(
         }
     }
     Ok(r)
+}
+
+/// Read the tree blocks of subvolume `subvol` and of the checksum tree
+/// ahead, in block order with many reads in flight, so the walk's
+/// lookups (an inode, its directory, its extents and checksums: several
+/// searches per file, in no order the disk likes) find them cached. Damage
+/// is left for the walk to meet and report.
+fn warm(fs: &mut Filesystem, subvol: u64) {
+    use crate::tree::walk::{walk, OnDamage, Place, WalkOptions};
+    use std::ops::ControlFlow;
+    let img = fs.store.image();
+    let opts = WalkOptions {
+        on_damage: OnDamage::Skip,
+        prefetch: true,
+        ..Default::default()
+    };
+    for id in [subvol, crate::format::consts::BTRFS_CSUM_TREE_OBJECTID] {
+        let Ok(Some(root)) = img.find_root(id) else {
+            continue;
+        };
+        let mut seen = std::collections::HashSet::new();
+        let start = Place::start(root.bytenr, crate::tree::Expect::root(&root));
+        let _ = walk::<()>(img, start, &opts, &mut seen, |_| {
+            ControlFlow::Continue(true)
+        });
+    }
 }
 
 /// A small file read whole, for a writer thread to make.
