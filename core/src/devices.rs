@@ -165,14 +165,15 @@ impl DeviceSet {
     /// mapped when `mmap`, else read with positioned reads) and match them
     /// into one filesystem.
     pub fn open_files(paths: &[PathBuf], mmap: bool) -> Result<DeviceSet> {
+        if mmap {
+            return DeviceSet::assemble(FileDevice::open_all_mmap(paths)?);
+        }
         let mut devices: Vec<(String, Arc<dyn BlockDevice>)> = Vec::with_capacity(paths.len());
         for p in paths {
-            let dev = if mmap {
-                FileDevice::open_mmap(p)?
-            } else {
-                FileDevice::open(p, false)?
-            };
-            devices.push((p.display().to_string(), Arc::new(dev)));
+            devices.push((
+                p.display().to_string(),
+                Arc::new(FileDevice::open(p, false)?),
+            ));
         }
         DeviceSet::assemble(devices)
     }

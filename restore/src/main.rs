@@ -105,13 +105,8 @@ fn run(a: &Args) -> anyhow::Result<RestoreReport> {
         Some((d, i)) if !i.is_empty() => (d.clone(), i.to_vec()),
         _ => bail!("give the image and the destination directory"),
     };
-    let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::new();
-    for p in images.iter().chain(a.devices.iter()) {
-        let d: Arc<dyn BlockDevice> = Arc::new(
-            FileDevice::open_mmap(p).with_context(|| format!("cannot open {}", p.display()))?,
-        );
-        devs.push((p.display().to_string(), d));
-    }
+    let paths: Vec<PathBuf> = images.iter().chain(a.devices.iter()).cloned().collect();
+    let devs = FileDevice::open_all_mmap(&paths)?;
     if a.list_roots {
         list_roots(&devs, a)?;
         return Ok(RestoreReport::default());

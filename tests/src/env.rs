@@ -117,6 +117,11 @@ pub fn require_kernel_mount() -> bool {
     require_root() && require_btrfs_progs() && require_loop()
 }
 
+/// A FUSE mount can be made (root, /dev/fuse, fusermount3).
+pub fn require_fuse() -> bool {
+    require_root() && report(&crate::mount::fuse_probe())
+}
+
 /// Repository root: the parent of this crate's manifest directory.
 pub fn repo_root() -> PathBuf {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

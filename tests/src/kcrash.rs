@@ -1072,7 +1072,20 @@ fn list_xattrs(p: &Path) -> Res<BTreeMap<String, Vec<u8>>> {
 /// map does not depend on how the space is cut into extents on disk).
 fn fiemap(f: &File) -> Res<Vec<(u64, u64, &'static str)>> {
     let mut out: Vec<(u64, u64, &'static str)> = Vec::new();
-    for (logical, length, flags) in crate::sys::fiemap(f).map_err(|e| format!("fiemap: {e}"))? {
+    let extents = match crate::sys::fiemap(f) {
+        Ok(x) => x,
+        // A filesystem without FIEMAP (a FUSE mount): no allocation to show.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTTY | libc::EOPNOTSUPP | libc::ENOSYS)
+            ) =>
+        {
+            Vec::new()
+        }
+        Err(e) => return Err(format!("fiemap: {e}")),
+    };
+    for (logical, length, flags) in extents {
         let kind = if flags & crate::sys::FIEMAP_EXTENT_UNWRITTEN != 0 {
             "unwritten"
         } else {

@@ -445,6 +445,93 @@ impl std::fmt::Debug for LoopMount {
     }
 }
 
+/// A `btrkit-mount` FUSE mount (started as a user starts it: it returns
+/// once the mount is up and serves from a process of its own); dropping
+/// it unmounts with `fusermount3 -u`, as a user would.
+pub struct FuseMount {
+    mnt: PathBuf,
+    mounted: bool,
+}
+
+impl FuseMount {
+    /// Mount `images` (with `args` after them) on `mnt` (made if missing).
+    pub fn mount(images: &[&Path], mnt: &Path, args: &[&str]) -> Result<FuseMount, String> {
+        std::fs::create_dir_all(mnt).map_err(|e| format!("mkdir {}: {e}", mnt.display()))?;
+        let o = Command::new(crate::bin_path("btrkit-mount"))
+            .args(images)
+            .arg(mnt)
+            .args(args)
+            .output()
+            .map_err(|e| format!("btrkit-mount: {e}"))?;
+        if !o.status.success() {
+            return Err(format!(
+                "btrkit-mount {args:?} exit {:?}: {}",
+                o.status.code(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Ok(FuseMount {
+            mnt: mnt.to_path_buf(),
+            mounted: true,
+        })
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.mnt
+    }
+
+    /// Unmount now, waiting until the serving process is gone (its mount
+    /// point no longer listed), so the image is free afterwards.
+    pub fn unmount(mut self) -> Result<(), String> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), String> {
+        if !self.mounted {
+            return Ok(());
+        }
+        self.mounted = false;
+        let o = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .output()
+            .map_err(|e| format!("fusermount3: {e}"))?;
+        if !o.status.success() {
+            // Busy: detach it lazily so nothing is left mounted.
+            let _ = Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.mnt)
+                .status();
+            return Err(format!(
+                "fusermount3 -u {}: {}",
+                self.mnt.display(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if let Err(e) = self.release() {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+/// FUSE can be used here: /dev/fuse and fusermount3 (package fuse3).
+pub fn fuse_probe() -> Result<(), String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Err("/dev/fuse missing".into());
+    }
+    match Command::new("fusermount3").arg("-V").output() {
+        Ok(o) if o.status.success() => Ok(()),
+        _ => Err("fusermount3 not found (package fuse3)".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::unescape_mountinfo;

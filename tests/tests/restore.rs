@@ -1,9 +1,10 @@
-//! `btrkit-restore` against the kernel on crash images of the replay
-//! corpus: what it copies out (with `-m`: names, types, modes, owners,
+//! `btrkit-restore` and `btrkit-mount` against the kernel on crash images
+//! of the replay corpus: what it copies out (with `-m`: names, types, modes, owners,
 //! sizes, contents, `user.*` xattrs, symlink targets, device numbers, link
 //! counts of files) equals what the kernel shows after its own log replay
 //! of the same image, and with `--no-log` what it shows after `btrfs
-//! rescue zero-log`; the image's bytes are unchanged. `btrfs restore`
+//! rescue zero-log`; the image's bytes are unchanged. A `btrkit-mount` of the
+//! image shows the kernel's tree (all but inode numbers and extent maps). `btrfs restore`
 //! (which ignores the log) gets no path our `--no-log` restore misses.
 //! Bad input gets one line and exit 16; an image that is not btrfs exit 2.
 //!
@@ -32,6 +33,17 @@ fn comparable(m: &Manifest) -> Manifest {
             e.size = 0;
             e.nlink = 0;
         }
+    }
+    out
+}
+
+/// What a FUSE mount keeps: all but inode numbers (its own, one `st_dev`
+/// for every subvolume) and extent maps (FUSE has no FIEMAP).
+fn without_inodes(m: &Manifest) -> Manifest {
+    let mut out = m.clone();
+    for e in out.entries.values_mut() {
+        e.ino = 0;
+        e.alloc.clear();
     }
     out
 }
@@ -88,7 +100,8 @@ fn one(scn: &Scenario) -> Result<(), String> {
     let digest = kcrash::image_digest(&crash.path)?;
 
     // With the log, against the kernel's replay.
-    let kernel = comparable(&kcrash::manifest_of_image(&crash.path, w)?);
+    let kernel_raw = kcrash::manifest_of_image(&crash.path, w)?;
+    let kernel = comparable(&kernel_raw);
     let dest = t.path().join("out");
     restore(&crash.path, &dest, &["--snapshots"])?;
     let ours = comparable(&kcrash::manifest_of_tree(&dest)?);
@@ -96,6 +109,20 @@ fn one(scn: &Scenario) -> Result<(), String> {
         return Err(format!(
             "restored (B) differs from the kernel's replay (A):\n{}",
             kernel.short_diff(&ours, 10)
+        ));
+    }
+
+    // The same through btrkit-mount: what the kernel's mount shows
+    // (directory sizes and link counts as Btrfs keeps them).
+    let m = btrkit_tests::FuseMount::mount(&[&crash.path], &w.join("fuse"), &[])?;
+    let mounted = kcrash::manifest_of_tree(m.path());
+    m.unmount()?;
+    let mounted = without_inodes(&mounted?);
+    let kernel_full = without_inodes(&kernel_raw);
+    if mounted != kernel_full {
+        return Err(format!(
+            "btrkit-mount (B) differs from the kernel's replay (A):\n{}",
+            kernel_full.short_diff(&mounted, 10)
         ));
     }
 
@@ -150,7 +177,7 @@ fn one(scn: &Scenario) -> Result<(), String> {
 
 #[test]
 fn restored_trees_equal_the_kernels_view() {
-    skip_unless!(require_kernel_mount());
+    skip_unless!(require_kernel_mount() && btrkit_tests::require_fuse());
     let every: usize = std::env::var("BTRKIT_RESTORE_SCENARIOS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -211,6 +238,38 @@ fn bad_input_gets_one_line() {
             assert_eq!(e.trim().lines().count(), 1, "{args:?}: {e}");
         }
     }
+}
+
+#[test]
+fn mount_bad_input_gets_one_line() {
+    let t = tempfile::tempdir().unwrap();
+    let junk = t.path().join("junk.img");
+    std::fs::write(&junk, vec![0u8; 1 << 20]).unwrap();
+    let mnt = t.path().join("m");
+    std::fs::create_dir(&mnt).unwrap();
+    let (j, m) = (junk.to_str().unwrap(), mnt.to_str().unwrap());
+    for (args, code, want) in [
+        (vec![j], 16, "required"),
+        (vec![j, m], 1, "not a btrfs"),
+        (vec!["/nonexistent.img", m], 1, "nonexistent"),
+        (vec![j, "/nonexistent-dir"], 1, "not a directory"),
+        (vec![j, m, "--no-log", "--salvage"], 16, "cannot be used"),
+        (vec!["--bogus"], 16, "bogus"),
+    ] {
+        let o = Command::new(btrkit_tests::bin_path("btrkit-mount"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {e}");
+        assert!(e.to_lowercase().contains(want), "{args:?}: {e}");
+        if code == 1 {
+            assert_eq!(e.trim().lines().count(), 1, "{args:?}: {e}");
+        }
+    }
+    // Nothing was left mounted.
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!info.contains(m), "{info}");
 }
 
 /// A kernel image with one fs-tree leaf damaged on every copy. A bad
@@ -336,4 +395,64 @@ fn a_destroyed_leaf_loses_only_what_it_held() {
         "btrfs restore -i gets right what we miss: {missing:?}"
     );
     assert!(n_ours < n_all, "{n_ours} of {n_all} restored");
+
+    // btrkit-mount of the same image: the same files readable, each with
+    // the contents the kernel showed; the image unchanged.
+    if !btrkit_tests::require_fuse() {
+        return;
+    }
+    let digest = kcrash::image_digest(&img).unwrap();
+    let m = btrkit_tests::FuseMount::mount(&[&img], &t.path().join("fuse"), &[]).unwrap();
+    let readable = readable_files(m.path());
+    m.unmount().unwrap();
+    let right_mounted: Vec<&String> = readable
+        .iter()
+        .filter(|(p, md5)| before.entries.get(*p).and_then(|e| e.md5.as_ref()) == Some(md5))
+        .map(|(p, _)| p)
+        .collect();
+    eprintln!(
+        "destroyed leaf: btrkit-mount {} of {n_all} files readable and right",
+        right_mounted.len()
+    );
+    assert_eq!(
+        right_mounted.len(),
+        n_ours,
+        "mount and restore read the same files"
+    );
+    assert_eq!(
+        readable.len(),
+        n_ours,
+        "a file read through the mount is wrong"
+    );
+    assert_eq!(
+        kcrash::image_digest(&img).unwrap(),
+        digest,
+        "btrkit-mount changed the image"
+    );
+}
+
+/// Regular files under `root` that can be listed and read whole, with
+/// their md5: what a user gets out of a damaged mount by copying it.
+fn readable_files(root: &Path) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![(root.to_path_buf(), String::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for d in rd.flatten() {
+            let name = d.file_name().to_string_lossy().into_owned();
+            let (p, r) = (d.path(), format!("{rel}/{name}"));
+            match std::fs::symlink_metadata(&p) {
+                Ok(md) if md.is_dir() => stack.push((p, r)),
+                Ok(md) if md.is_file() => {
+                    if let Ok(data) = std::fs::read(&p) {
+                        out.insert(r, btrkit_tests::kcrash::md5_hex(&data));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
 }

@@ -85,6 +85,23 @@ impl FileDevice {
         Ok(d)
     }
 
+    /// Open the image files or block devices at `paths` read-only with
+    /// memory maps, each named by its path: the devices a reading tool
+    /// (restore, mount, a set's assembly) starts from.
+    pub fn open_all_mmap(
+        paths: &[std::path::PathBuf],
+    ) -> Result<Vec<(String, std::sync::Arc<dyn super::BlockDevice>)>> {
+        let mut out: Vec<(String, std::sync::Arc<dyn super::BlockDevice>)> =
+            Vec::with_capacity(paths.len());
+        for p in paths {
+            out.push((
+                p.display().to_string(),
+                std::sync::Arc::new(FileDevice::open_mmap(p)?),
+            ));
+        }
+        Ok(out)
+    }
+
     /// The open file.
     pub fn file(&self) -> &File {
         &self.file

@@ -25,6 +25,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub mod view;
+
 /// What to do with a log the superblock names.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LogMode {

@@ -1,0 +1,194 @@
+//! btrkit-mount: a read-only FUSE mount of a Btrfs image that never writes
+//! it, with the fsync log applied in memory first: what the kernel would
+//! show after its replay, on an image the kernel cannot (or should not)
+//! mount.
+
+mod fuse;
+
+use anyhow::{bail, Context};
+use btrkit_core::io::FileDevice;
+use btrkit_core::restore::view::ReadOnlyView;
+use btrkit_core::restore::{LogMode, ReadOptions, RootChoice};
+use clap::Parser;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "btrkit-mount",
+    version,
+    about = "Mount a Btrfs image read-only through FUSE without writing to it (the fsync log applied in memory)",
+    after_help = "Examples:\n  btrkit-mount crash.img /mnt                 as the kernel shows it after its log replay\n  btrkit-mount crash.img /mnt --no-log        the state of the last commit\n  btrkit-mount a.img b.img /mnt --degraded    a filesystem on several devices, some missing\n  btrkit-mount crash.img /mnt -f              in the foreground; Ctrl-C unmounts\n  fusermount3 -u /mnt                         unmount\n\nExit status: 0 mounted (and, in the foreground, unmounted cleanly), 1 the filesystem cannot be read, 16 usage."
+)]
+struct Args {
+    /// The image (and the other devices of a filesystem on several
+    /// devices, in any order), then the mount point.
+    #[arg(required = true, num_args = 2.., value_name = "IMAGE... MOUNTPOINT")]
+    paths: Vec<PathBuf>,
+    /// Another device of the filesystem (repeatable; as `mount -o device=`).
+    #[arg(long = "device", value_name = "PATH")]
+    devices: Vec<PathBuf>,
+    /// Read a filesystem on several devices with some missing.
+    #[arg(long)]
+    degraded: bool,
+    /// Ignore the fsync log: show the state of the last commit.
+    #[arg(long)]
+    no_log: bool,
+    /// The log is damaged: apply what the rest of it still proves.
+    #[arg(long, conflicts_with = "no_log")]
+    salvage: bool,
+    /// Start from superblock copy N (0 primary, 1 and 2 the mirrors).
+    #[arg(short = 's', long = "super", default_value_t = 0, value_name = "N")]
+    mirror: usize,
+    /// Read from backup root slot N of the superblock (an older commit).
+    #[arg(long, value_name = "N", conflicts_with = "tree_root")]
+    backup: Option<usize>,
+    /// Read from the root tree node at this logical address.
+    #[arg(short = 't', long = "tree-root", value_name = "BYTENR")]
+    tree_root: Option<u64>,
+    /// Mount this subvolume (its path in the filesystem or its id) instead
+    /// of the default one.
+    #[arg(long, value_name = "PATH|ID")]
+    subvol: Option<String>,
+    /// Stay in the foreground; Ctrl-C (or SIGTERM) unmounts.
+    #[arg(short, long)]
+    foreground: bool,
+    /// Let other users than the one mounting read the files.
+    #[arg(long)]
+    allow_other: bool,
+    /// Do not read the subvolume's metadata ahead at mount (a faster
+    /// mount of a big filesystem when only a few files are wanted).
+    #[arg(long)]
+    no_warm: bool,
+}
+
+fn main() {
+    let a = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let usage = !matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            );
+            let _ = e.print();
+            std::process::exit(if usage { 16 } else { 0 });
+        }
+    };
+    if let Err(e) = run(&a) {
+        say(format_args!(
+            "error: {}",
+            format!("{e:#}").replace('\n', " ")
+        ));
+        std::process::exit(1);
+    }
+}
+
+fn run(a: &Args) -> anyhow::Result<()> {
+    let (mountpoint, images) = match a.paths.split_last() {
+        Some((m, i)) if !i.is_empty() => (m.clone(), i.to_vec()),
+        _ => bail!("give the image and the mount point"),
+    };
+    if !mountpoint.is_dir() {
+        bail!("{}: not a directory", mountpoint.display());
+    }
+    if !a.foreground {
+        return daemonize(&mountpoint);
+    }
+    let paths: Vec<PathBuf> = images.iter().chain(a.devices.iter()).cloned().collect();
+    let devs = FileDevice::open_all_mmap(&paths)?;
+    let log = if a.no_log {
+        LogMode::Ignore
+    } else if a.salvage {
+        LogMode::Salvage
+    } else {
+        LogMode::Replay
+    };
+    let view = ReadOnlyView::open(
+        devs,
+        &ReadOptions {
+            log,
+            degraded: a.degraded,
+            mirror: a.mirror,
+            root: match (a.backup, a.tree_root) {
+                (Some(n), _) => RootChoice::Backup(n),
+                (_, Some(b)) => RootChoice::TreeRoot(b),
+                _ => RootChoice::Latest,
+            },
+        },
+        a.subvol.as_deref(),
+        !a.no_warm,
+    )
+    .context("opening the filesystem")?;
+    for b in view.bad_csum_blocks() {
+        say(format_args!(
+            "warning: tree block {b} fails its checksum on every copy; read as it stands"
+        ));
+    }
+    let source = std::fs::canonicalize(&images[0])
+        .unwrap_or_else(|_| images[0].clone())
+        .display()
+        .to_string();
+    let session = fuse::mount(view, &mountpoint, &source, a.allow_other)
+        .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
+    // Until a signal asks to unmount or the mount goes away (fusermount3 -u).
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("signal handler")?;
+    }
+    while !stop.load(Ordering::Relaxed) && !session.guard.is_finished() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if session.guard.is_finished() {
+        return session.join().context("the FUSE session");
+    }
+    session
+        .umount_and_join()
+        .with_context(|| format!("unmounting {}", mountpoint.display()))
+}
+
+/// Run this program again in the foreground, in its own process group,
+/// and return once its mount is up (or with its error when it fails
+/// first): the usual way of mount helpers, without forking a process
+/// that may already hold threads.
+fn daemonize(mountpoint: &Path) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("finding this program")?;
+    let target = std::fs::canonicalize(mountpoint)?;
+    let before = fuse::mounts_at(&target);
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(std::env::args_os().skip(1))
+        .arg("--foreground")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().context("starting the mount")?;
+    // What it says before the mount is up is passed on; after, it writes
+    // into a pipe nobody reads (and ignores that it cannot).
+    let relay = child.stderr.take().map(|mut from| {
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut from, &mut std::io::stderr());
+        })
+    });
+    loop {
+        if let Some(st) = child.try_wait()? {
+            if let Some(t) = relay {
+                let _ = t.join();
+            }
+            // It printed why.
+            std::process::exit(st.code().unwrap_or(1));
+        }
+        if fuse::mounts_at(&target) > before {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A line on stderr that never fails the program (a daemon's stderr is a
+/// pipe whose reader is gone once the mount is up).
+pub fn say(msg: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "btrkit-mount: {msg}");
+}
