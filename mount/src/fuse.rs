@@ -5,14 +5,14 @@ use btrkit_core::fs::ops::Stat;
 use btrkit_core::restore::view::ReadOnlyView;
 use fuser::{
     BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
-    SessionACL,
+    INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyXattr, Request, SessionACL,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may cache names and attributes: the filesystem
@@ -21,7 +21,21 @@ const TTL: Duration = Duration::from_secs(3600);
 
 struct Btrkit {
     view: Mutex<ReadOnlyView>,
+    /// Set once the session runs: pushes data into the kernel's cache.
+    notifier: Arc<OnceLock<Notifier>>,
+    /// Contents to push for the entries of the last listing answered: the
+    /// kernel makes their inodes only when the listing process reads the
+    /// answer, so they are pushed at the next request (the listing's next
+    /// call, or its release), when the inodes exist.
+    pending: Mutex<Vec<(u64, Vec<u8>)>>,
 }
+
+/// Regular files this small with inline data have their contents pushed
+/// into the kernel's page cache with the listing that names them
+/// (FUSE_NOTIFY_STORE): the data sits in the leaf the listing's
+/// attributes came from, and reading the file then needs no request. A
+/// page of cache per such file, reclaimable like any other.
+const PUSH_INLINE: u64 = 4096;
 
 /// Mount `view` on `mountpoint`, served by a background thread.
 pub fn mount(
@@ -29,6 +43,7 @@ pub fn mount(
     mountpoint: &Path,
     source: &str,
     allow_other: bool,
+    threads: usize,
 ) -> std::io::Result<BackgroundSession> {
     let mut cfg = Config::default();
     cfg.mount_options = vec![
@@ -41,13 +56,23 @@ pub fn mount(
     if allow_other {
         cfg.acl = SessionACL::All;
     }
-    fuser::spawn_mount(
+    // Several threads wait on the device, so a request finds one ready
+    // while the last answer is still on its way: the wait between two
+    // requests, not the answering, is most of a small file's read.
+    cfg.n_threads = Some(threads.max(1));
+    cfg.clone_fd = threads > 1;
+    let notifier = Arc::new(OnceLock::new());
+    let session = fuser::spawn_mount(
         Btrkit {
             view: Mutex::new(view),
+            notifier: notifier.clone(),
+            pending: Mutex::new(Vec::new()),
         },
         mountpoint,
         &cfg,
-    )
+    )?;
+    let _ = notifier.set(session.notifier());
+    Ok(session)
 }
 
 /// How many FUSE filesystems are mounted at `target` (canonical).
@@ -148,6 +173,19 @@ fn attr(node: u64, s: &Stat) -> FileAttr {
 }
 
 impl Btrkit {
+    /// Push what the last listing left pending (see `pending`). A push
+    /// the kernel refuses (an inode it has dropped already) only costs
+    /// the request it would have saved.
+    fn push_pending(&self) {
+        let Some(n) = self.notifier.get() else {
+            return;
+        };
+        let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        for (node, data) in batch {
+            let _ = n.store(INodeNo(node), 0, &data);
+        }
+    }
+
     fn view(&self) -> std::sync::MutexGuard<'_, ReadOnlyView> {
         // A callback that panicked left the view as it was (it is only
         // read): go on serving.
@@ -158,9 +196,13 @@ impl Btrkit {
 /// FUSE shows the node id as `st_ino` ([`ReadOnlyView`] picks them).
 impl fuser::Filesystem for Btrkit {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Large reads, symlinks cached: fewer round trips per file.
+        // Every request is a round trip between two processes, which costs
+        // more than answering it: large reads, symlinks cached, and
+        // readdirplus (a listing carries every entry's attributes, so no
+        // lookup per name follows).
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
         Ok(())
     }
 
@@ -191,12 +233,16 @@ impl fuser::Filesystem for Btrkit {
         }
     }
 
+    /// ENOSYS tells the kernel that files need no open and no release
+    /// (its no_open mode): two round trips fewer per file. The mount is
+    /// read-only, so the VFS refuses opens for writing before they come
+    /// here; the data needs no per-open state.
     fn open(&self, _req: &Request, _ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             reply.error(Errno::EROFS);
             return;
         }
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+        reply.error(Errno::ENOSYS);
     }
 
     fn read(
@@ -261,6 +307,63 @@ impl fuser::Filesystem for Btrkit {
         reply.ok();
     }
 
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let mut v = self.view();
+        let entries = match v.dir_entries(fh.0) {
+            Ok(e) => e,
+            Err(e) => {
+                reply.error(errno(&e));
+                return;
+            }
+        };
+        let mut small: Vec<(u64, u64)> = Vec::new();
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            // An entry whose inode cannot be read is listed with attributes
+            // valid for no time: using it asks lookup again, which fails
+            // with the error.
+            let (a, ttl) = match v.getattr(e.node) {
+                Ok(st) => (attr(e.node, &st), TTL),
+                Err(_) => (
+                    FileAttr {
+                        kind: dirent_kind(e.ftype),
+                        ..attr(e.node, &unreadable())
+                    },
+                    Duration::ZERO,
+                ),
+            };
+            if reply.add(
+                INodeNo(e.node),
+                i as u64 + 1,
+                OsStr::from_bytes(&e.name),
+                &ttl,
+                &a,
+                Generation(0),
+            ) {
+                break;
+            }
+            if a.kind == FileType::RegularFile && i >= 2 {
+                small.push((e.node, a.size));
+            }
+        }
+        reply.ok();
+        self.push_pending();
+        if self.notifier.get().is_some() {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            for (node, size) in small {
+                if let Some(data) = v.inline_contents(node, size, PUSH_INLINE) {
+                    p.push((node, data));
+                }
+            }
+        }
+    }
+
     fn releasedir(
         &self,
         _req: &Request,
@@ -271,6 +374,7 @@ impl fuser::Filesystem for Btrkit {
     ) {
         self.view().releasedir(fh.0);
         reply.ok();
+        self.push_pending();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -292,6 +396,26 @@ impl fuser::Filesystem for Btrkit {
             Ok(list) => xattr_reply(reply, &list, size),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+}
+
+/// Attributes of nothing, for an entry whose inode cannot be read.
+fn unreadable() -> Stat {
+    Stat {
+        subvol: 0,
+        ino: 0,
+        mode: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        blocks: 0,
+        rdev: (0, 0),
+        atime: (0, 0),
+        mtime: (0, 0),
+        ctime: (0, 0),
+        generation: 0,
+        flags: 0,
     }
 }
 

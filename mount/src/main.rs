@@ -58,6 +58,10 @@ struct Args {
     /// Let other users than the one mounting read the files.
     #[arg(long)]
     allow_other: bool,
+    /// Threads answering the kernel (they take turns on the filesystem;
+    /// more hide the kernel's hand-over between requests).
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    threads: usize,
     /// Do not read the subvolume's metadata ahead at mount (a faster
     /// mount of a big filesystem when only a few files are wanted).
     #[arg(long)]
@@ -130,7 +134,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
         .unwrap_or_else(|_| images[0].clone())
         .display()
         .to_string();
-    let session = fuse::mount(view, &mountpoint, &source, a.allow_other)
+    let session = fuse::mount(view, &mountpoint, &source, a.allow_other, a.threads)
         .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
     // Until a signal asks to unmount or the mount goes away (fusermount3 -u).
     let stop = Arc::new(AtomicBool::new(false));

@@ -96,3 +96,92 @@ pub fn fsck_clean(devs: &[PathBuf]) -> Result<(), String> {
         Err(format!("btrkit-fsck: {}", errors.join(" | ")))
     }
 }
+
+/// What a FUSE mount and a restore to a host directory cannot keep: inode
+/// numbers and extent maps (both), a directory's size and link count (a
+/// restore's directories belong to the host filesystem).
+pub fn without_host_fields(m: &Manifest, restored: bool) -> Manifest {
+    let mut out = m.clone();
+    for e in out.entries.values_mut() {
+        e.ino = 0;
+        e.alloc.clear();
+        if restored && e.kind == 'd' {
+            e.size = 0;
+            e.nlink = 0;
+        }
+    }
+    out
+}
+
+/// btrkit-mount and btrkit-restore of the crash set `devs` (its log
+/// applied in memory) show `want` (what the kernel shows after its own
+/// replay of the same set), and leave every device as it was.
+pub fn read_paths_match(devs: &[PathBuf], want: &Manifest, work: &Path) -> Result<(), String> {
+    let digests: Vec<String> = devs
+        .iter()
+        .map(|d| kcrash::image_digest(d))
+        .collect::<Result<_, _>>()?;
+    let paths: Vec<&Path> = devs.iter().map(PathBuf::as_path).collect();
+    let m = crate::FuseMount::mount(&paths, &work.join("fuse"), &[])?;
+    let mounted = kcrash::manifest_of_tree(m.path());
+    m.unmount()?;
+    let (mounted, want_m) = (
+        without_host_fields(&mounted?, false),
+        without_host_fields(want, false),
+    );
+    if mounted != want_m {
+        return Err(format!(
+            "btrkit-mount (B) differs from the kernel's replay (A):\n{}",
+            want_m.short_diff(&mounted, 12)
+        ));
+    }
+    let out = work.join("restored");
+    let o = Command::new(crate::bin_path("btrkit-restore"))
+        .args(devs)
+        .arg(&out)
+        .args(["-m", "--snapshots", "--json"])
+        .output()
+        .map_err(|e| format!("btrkit-restore: {e}"))?;
+    if !o.status.success() {
+        return Err(format!(
+            "btrkit-restore exit {:?}: {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    let (mut restored, mut want_r) = (
+        without_host_fields(&kcrash::manifest_of_tree(&out)?, true),
+        without_host_fields(want, true),
+    );
+    // The host directory may refuse xattrs (ext4 keeps a file's in one
+    // block): the report names each such file, whose xattrs are then not
+    // compared.
+    let report: serde_json::Value =
+        serde_json::from_slice(&o.stdout).map_err(|e| format!("restore report: {e}"))?;
+    for w in report["warnings"].as_array().into_iter().flatten() {
+        let w = w.as_str().unwrap_or("");
+        if let Some((path, _)) = w.split_once(": xattr") {
+            for m in [&mut restored, &mut want_r] {
+                if let Some(e) = m.entries.get_mut(path) {
+                    e.xattrs.clear();
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    if restored != want_r {
+        return Err(format!(
+            "btrkit-restore (B) differs from the kernel's replay (A):\n{}",
+            want_r.short_diff(&restored, 12)
+        ));
+    }
+    for (d, before) in devs.iter().zip(&digests) {
+        if &kcrash::image_digest(d)? != before {
+            return Err(format!(
+                "{} changed by btrkit-mount or btrkit-restore",
+                d.display()
+            ));
+        }
+    }
+    Ok(())
+}

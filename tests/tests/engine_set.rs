@@ -217,6 +217,11 @@ fn log_one(scn: &Scenario) -> Result<(), String> {
             theirs.short_diff(&k_ours, 12)
         ));
     }
+    // btrkit-mount and btrkit-restore read our crash set as the kernel
+    // replays it.
+    if let Err(e) = sets::read_paths_match(&ours, &k_ours, w) {
+        problems.push(e);
+    }
     // btrkit-replay of our crash set, into one file per device (the
     // output file itself for one device).
     let out = w.join("replayed");
@@ -316,6 +321,6 @@ fn engine_on_sets_equals_the_kernel() {
 
 #[test]
 fn kernel_replays_our_logs_on_sets() {
-    skip_unless!(require_kernel_mount());
+    skip_unless!(require_kernel_mount() && btrkit_tests::require_fuse());
     sweep("logs on sets", jobs(), log_one);
 }

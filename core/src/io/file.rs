@@ -247,6 +247,12 @@ impl BlockDevice for FileDevice {
             return Err(past_end(offset, buf.len(), self.size));
         }
         if let Some(m) = &self.map {
+            // The map is advised random (no readahead past what is asked),
+            // so a read of several pages would fault them in one by one:
+            // one hint first makes it one I/O when they are not cached.
+            if buf.len() > 4096 {
+                self.prefetch(offset, buf.len() as u64);
+            }
             buf.copy_from_slice(&m[offset as usize..offset as usize + buf.len()]);
             return Ok(());
         }

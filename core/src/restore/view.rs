@@ -303,6 +303,31 @@ impl ReadOnlyView {
         self.fs.read_untracked(l, off, len)
     }
 
+    /// The whole contents of a regular file of at most `max` bytes whose
+    /// data is inline (in its inode's leaf, read already): what a mount
+    /// can hand the kernel's page cache with the listing, so reading the
+    /// file costs no request. None for any other file.
+    pub fn inline_contents(&mut self, node: u64, size: u64, max: u64) -> Option<Vec<u8>> {
+        use crate::format::consts::BTRFS_EXTENT_DATA_KEY;
+        use crate::format::file_extent::{parse_file_extent, FileExtent};
+        if size == 0 || size > max {
+            return None;
+        }
+        let l = *self.locs.get(&node)?;
+        let k = crate::format::key::Key::new(l.ino, BTRFS_EXTENT_DATA_KEY, 0);
+        let item = self
+            .fs
+            .store
+            .lookup(crate::trans::TreeId::Tree(l.subvol), &k)
+            .ok()??;
+        match parse_file_extent(&item).ok()? {
+            FileExtent::Inline { .. } => {}
+            _ => return None,
+        }
+        let data = self.fs.read_untracked(l, 0, size).ok()?;
+        (data.len() as u64 == size).then_some(data)
+    }
+
     /// readlink.
     pub fn readlink(&mut self, node: u64) -> Result<Vec<u8>> {
         let l = self.loc(node)?;
