@@ -349,7 +349,7 @@ pub fn restore(
     // (path, inode, directory entry type; FT_DIR for the start)
     warm(fs, start.subvol);
     let mut stack: Vec<(String, Loc, u8)> = vec![(String::new(), start, BTRFS_FT_DIR)];
-    let writers = Writers::start();
+    let mut writers = Writers::start();
     // Directories this restore made: nothing in them can exist already.
     let mut fresh: std::collections::HashSet<PathBuf> = Default::default();
     // Further names of files handed to the writers: linked once all are made.
@@ -601,12 +601,42 @@ struct WriterState {
     warnings: Vec<String>,
 }
 
+/// Small files handed to a writer at once.
+const BATCH: usize = 64;
+/// Most file bytes read and not yet written (the reader waits above it).
+const IN_FLIGHT_BYTES: u64 = 256 << 20;
+/// Most files read and not yet written.
+const IN_FLIGHT_FILES: u64 = 64 << 10;
+
+/// Work handed over and not done: what bounds the reader's lead.
+#[derive(Default)]
+struct InFlight {
+    files: u64,
+    bytes: u64,
+}
+
 /// Threads that make small files while the tree is read: creating files
 /// on the host is most of a restore's time, and it runs in parallel.
+///
+/// Each directory's files go to one writer, the next directory's to the
+/// next: writers creating files in one host directory at once queue on
+/// its lock (the host kernel spins on it, which costs more than the
+/// files), while the reader, far faster, runs several directories ahead.
+/// Files go over in batches (a hand-over per file costs a wake-up), and
+/// what is read ahead is bounded in files and bytes.
 struct Writers {
-    tx: Option<std::sync::mpsc::SyncSender<FileJob>>,
+    txs: Vec<std::sync::mpsc::Sender<Vec<FileJob>>>,
     threads: Vec<std::thread::JoinHandle<()>>,
     state: Arc<std::sync::Mutex<WriterState>>,
+    flight: Arc<(std::sync::Mutex<InFlight>, std::sync::Condvar)>,
+    /// The directory being filled, its writer, and its jobs not handed over.
+    dir: Option<PathBuf>,
+    next: usize,
+    batch: Vec<FileJob>,
+}
+
+fn job_bytes(j: &FileJob) -> u64 {
+    j.data.iter().map(|d| d.1.len() as u64).sum::<u64>() + 256
 }
 
 impl Writers {
@@ -614,58 +644,111 @@ impl Writers {
         let n = std::thread::available_parallelism()
             .map_or(2, |n| n.get() * 2)
             .clamp(2, 8);
-        let (tx, rx) = std::sync::mpsc::sync_channel::<FileJob>(512);
-        let rx = Arc::new(std::sync::Mutex::new(rx));
         let state: Arc<std::sync::Mutex<WriterState>> = Arc::default();
-        let threads = (0..n)
-            .filter_map(|i| {
-                let (rx, state) = (rx.clone(), state.clone());
-                std::thread::Builder::new()
-                    .name(format!("btrkit-restore-{i}"))
-                    .spawn(move || loop {
-                        let job = match rx.lock() {
-                            Ok(r) => r.recv(),
-                            Err(_) => return,
-                        };
-                        let Ok(job) = job else { return };
+        let flight: Arc<(std::sync::Mutex<InFlight>, std::sync::Condvar)> = Arc::default();
+        let mut txs = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..n {
+            let (tx, rx) = std::sync::mpsc::channel::<Vec<FileJob>>();
+            let (state, flight) = (state.clone(), flight.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("btrkit-restore-{i}"))
+                .spawn(move || {
+                    while let Ok(batch) = rx.recv() {
                         let mut warnings = Vec::new();
-                        let r = write_job(&job, &mut warnings);
+                        let mut fatal = None;
+                        for job in &batch {
+                            if let Err(e) = write_job(job, &mut warnings) {
+                                fatal.get_or_insert(e);
+                            }
+                        }
                         if let Ok(mut s) = state.lock() {
                             s.warnings.extend(warnings);
-                            if let Err(e) = r {
+                            if let Some(e) = fatal {
                                 s.fatal.get_or_insert(e);
                             }
                         }
-                    })
-                    .ok()
-            })
-            .collect();
+                        let (m, cv) = &*flight;
+                        if let Ok(mut f) = m.lock() {
+                            f.files -= batch.len() as u64;
+                            f.bytes -= batch.iter().map(job_bytes).sum::<u64>();
+                        }
+                        cv.notify_all();
+                    }
+                });
+            if let Ok(t) = t {
+                txs.push(tx);
+                threads.push(t);
+            }
+        }
         Writers {
-            tx: Some(tx),
+            txs,
             threads,
             state,
+            flight,
+            dir: None,
+            next: 0,
+            batch: Vec::with_capacity(BATCH),
         }
     }
 
     /// Hand `job` to a writer (made here if no writer thread runs).
-    fn send(&self, job: FileJob, r: &mut RestoreReport) -> Result<()> {
+    fn send(&mut self, job: FileJob, r: &mut RestoreReport) -> Result<()> {
+        if self.txs.is_empty() {
+            return write_job(&job, &mut r.warnings);
+        }
+        let parent = job.out.parent().map(Path::to_path_buf);
+        if parent != self.dir {
+            self.flush()?;
+            self.dir = parent;
+            self.next = (self.next + 1) % self.txs.len();
+        }
+        self.batch.push(job);
+        if self.batch.len() >= BATCH {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
         if let Some(e) = self.state.lock().ok().and_then(|mut s| s.fatal.take()) {
             return Err(e);
         }
-        match &self.tx {
-            Some(tx) if !self.threads.is_empty() => tx
-                .send(job)
-                .map_err(|_| Error::Internal("restore writers stopped".into())),
-            _ => write_job(&job, &mut r.warnings),
+        if self.batch.is_empty() {
+            return Ok(());
         }
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
+        let (files, bytes) = (batch.len() as u64, batch.iter().map(job_bytes).sum::<u64>());
+        {
+            let (m, cv) = &*self.flight;
+            let mut f = m
+                .lock()
+                .map_err(|_| Error::Internal("restore writer state poisoned".into()))?;
+            // Wait for room (work in flight always drains: writers never
+            // wait on the reader).
+            while f.files > 0
+                && (f.files + files > IN_FLIGHT_FILES || f.bytes + bytes > IN_FLIGHT_BYTES)
+            {
+                f = cv
+                    .wait(f)
+                    .map_err(|_| Error::Internal("restore writer state poisoned".into()))?;
+            }
+            f.files += files;
+            f.bytes += bytes;
+        }
+        self.txs[self.next]
+            .send(batch)
+            .map_err(|_| Error::Internal("restore writers stopped".into()))
     }
 
     /// Wait for every file handed over; the first failure, if any.
     fn finish(mut self, r: &mut RestoreReport) -> Result<()> {
-        self.tx = None;
+        let flushed = self.flush();
+        self.txs.clear();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        flushed?;
         let mut s = self
             .state
             .lock()
