@@ -317,7 +317,9 @@ impl Filesystem {
         fs.default_subvol = fs.read_default_subvol()?;
         fs.next_subvol_id = Some(fs.root_tree_free_objectid()?);
         fs.find_dead_subvols()?;
-        fs.orphan_cleanup()?;
+        if !fs.opts.read_only {
+            fs.orphan_cleanup()?;
+        }
         Ok(fs)
     }
 

@@ -34,6 +34,11 @@ pub struct MountOptions {
     pub ssd_given: bool,
     /// Every option as given, in order.
     pub given: Vec<String>,
+    /// Read-only (`ro` as the readers use it): the mount writes nothing of
+    /// its own: no orphan cleanup (the kernel's btrfs_orphan_cleanup skips
+    /// a read-only mount too), so an image whose extent tree cannot take
+    /// a change still opens for reading.
+    pub read_only: bool,
 }
 
 impl Default for MountOptions {
@@ -50,6 +55,7 @@ impl Default for MountOptions {
             ssd: false,
             ssd_given: false,
             given: Vec::new(),
+            read_only: false,
         }
     }
 }

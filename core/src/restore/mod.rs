@@ -255,7 +255,10 @@ pub fn open_virtual(
     let store = Store::from_image(img)?;
     Filesystem::with_store(
         store,
-        MountOptions::default(),
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
         crate::log::LogState::boxed(),
     )
 }
@@ -392,6 +395,36 @@ pub fn restore(
                     "{shown}: directory inode unreadable, entries salvaged: {e}"
                 ));
                 None
+            }
+            // A regular file whose inode item is lost may still have its
+            // extent items (in other leaves): its data is restored from
+            // them, as btrfs restore does, sized to its last extent.
+            Err(e) if ft == crate::format::consts::BTRFS_FT_REG_FILE => {
+                if o.dry_run {
+                    lose(&mut r, e);
+                    continue;
+                }
+                if o.select.is_some_and(|f| !f(&shown)) {
+                    continue;
+                }
+                if std::fs::symlink_metadata(&out).is_ok() && !o.overwrite {
+                    r.skipped_existing += 1;
+                    continue;
+                }
+                match salvage_file(fs, l, &out, &mut r) {
+                    Ok(()) => r.warnings.push(format!(
+                        "{shown}: inode item unreadable ({e}); data restored from its extents, \
+                         size from the last one, mode and owner not known"
+                    )),
+                    Err(e2) => {
+                        let _ = std::fs::remove_file(&out);
+                        lose(
+                            &mut r,
+                            Error::Invalid(format!("{e}; from its extents: {e2}")),
+                        );
+                    }
+                }
+                continue;
             }
             Err(e) => {
                 lose(&mut r, e);
@@ -942,6 +975,37 @@ fn copy_file(
         while at < end {
             let n = (end - at).min(READ_CHUNK);
             let data = fs.read_untracked(l, at, n)?;
+            f.write_all_at(&data, at)
+                .map_err(|e| Error::io(format!("cannot write {}", out.display()), e))?;
+            r.bytes += data.len() as u64;
+            at += n;
+        }
+    }
+    f.set_len(size)
+        .map_err(|e| Error::io(format!("cannot size {}", out.display()), e))?;
+    r.files += 1;
+    Ok(())
+}
+
+/// Write a regular file whose inode item is lost from its extent items
+/// alone: the size is the end of the last extent, checksums are verified
+/// where the checksum tree has them (as for any file with data sums).
+fn salvage_file(fs: &mut Filesystem, l: Loc, out: &Path, r: &mut RestoreReport) -> Result<()> {
+    let runs = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?;
+    // No extent items either: an empty file under its name, as btrfs
+    // restore makes it (the warning says its size is not known).
+    let size = runs.iter().map(|x| x.1).max().unwrap_or(0);
+    let f = std::fs::File::create(out)
+        .map_err(|e| Error::io(format!("cannot create {}", out.display()), e))?;
+    for (s, e, kind) in runs {
+        if kind != MapKind::Data {
+            continue;
+        }
+        let mut at = s;
+        while at < e {
+            let n = (e - at).min(READ_CHUNK);
+            let data =
+                crate::fs::read::read_range(&mut fs.store, l.subvol, l.ino, size, at, n, true)?;
             f.write_all_at(&data, at)
                 .map_err(|e| Error::io(format!("cannot write {}", out.display()), e))?;
             r.bytes += data.len() as u64;
