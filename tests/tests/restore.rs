@@ -584,3 +584,55 @@ fn progs_fixtures_restore_at_least_what_btrfs_restore_does() {
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// `btrkit-mount -f` serves until Ctrl-C (SIGINT), then unmounts and
+/// exits 0; what it serves is the image's tree.
+#[test]
+fn mount_in_the_foreground_unmounts_on_ctrl_c() {
+    skip_unless!(require_kernel_mount() && btrkit_tests::require_fuse());
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::write(src.join("d/f"), b"contents").unwrap();
+    let img = t.path().join("img");
+    let o = Command::new(btrkit_tests::bin_path("btrkit-mkfs"))
+        .arg("-q")
+        .args(["-b", "256M", "-r"])
+        .arg(&src)
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mnt = t.path().join("m");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut child = Command::new(btrkit_tests::bin_path("btrkit-mount"))
+        .arg(&img)
+        .arg(&mnt)
+        .arg("-f")
+        .spawn()
+        .unwrap();
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .contains(&format!(" {} ", mnt.display()))
+    };
+    let start = std::time::Instant::now();
+    while !mounted() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "btrkit-mount -f exited"
+        );
+        assert!(start.elapsed().as_secs() < 60, "not mounted after 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let read = std::fs::read(mnt.join("d/f"));
+    let o = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(o.success());
+    let st = child.wait().unwrap();
+    assert_eq!(read.unwrap(), b"contents");
+    assert!(st.success(), "{st:?}");
+    assert!(!mounted(), "still mounted after Ctrl-C");
+}
