@@ -987,14 +987,20 @@ fn copy_file(
     Ok(())
 }
 
+/// The size of a file whose inode item is lost: the end of its last
+/// extent item; 0 when it has none (an empty file under its name, as
+/// btrfs restore makes it).
+fn size_from_extents(fs: &mut Filesystem, l: Loc) -> Result<u64> {
+    let runs = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?;
+    Ok(runs.iter().map(|x| x.1).max().unwrap_or(0))
+}
+
 /// Write a regular file whose inode item is lost from its extent items
 /// alone: the size is the end of the last extent, checksums are verified
 /// where the checksum tree has them (as for any file with data sums).
 fn salvage_file(fs: &mut Filesystem, l: Loc, out: &Path, r: &mut RestoreReport) -> Result<()> {
     let runs = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?;
-    // No extent items either: an empty file under its name, as btrfs
-    // restore makes it (the warning says its size is not known).
-    let size = runs.iter().map(|x| x.1).max().unwrap_or(0);
+    let size = size_from_extents(fs, l)?;
     let f = std::fs::File::create(out)
         .map_err(|e| Error::io(format!("cannot create {}", out.display()), e))?;
     for (s, e, kind) in runs {

@@ -67,7 +67,8 @@ pub struct ReadOnlyView {
     next_handle: u64,
     /// Damage read around since the last [`take_warnings`](Self::take_warnings).
     warnings: Vec<String>,
-    /// Directories whose inode item is lost: the attributes shown instead.
+    /// Directories and files whose inode item is lost: the attributes
+    /// shown instead.
     lost_dirs: HashMap<u64, Stat>,
 }
 
@@ -211,6 +212,23 @@ impl ReadOnlyView {
                 ));
                 lost_dir_stat(l)
             }
+            // A regular file whose inode item is lost: its data from its
+            // extent items, as restore writes it (read-only, size from the
+            // last extent).
+            Err(e) if ftype == crate::format::consts::BTRFS_FT_REG_FILE => {
+                let Ok(size) = super::size_from_extents(&mut self.fs, l) else {
+                    return Err(e);
+                };
+                self.warnings.push(format!(
+                    "inode {} of subvolume {}: inode item unreadable ({e}); data read from its extents",
+                    l.ino, l.subvol
+                ));
+                Stat {
+                    mode: libc::S_IFREG | 0o444,
+                    size,
+                    ..lost_dir_stat(l)
+                }
+            }
             Err(e) => return Err(e),
         };
         let n = self.node_of(l);
@@ -300,6 +318,20 @@ impl ReadOnlyView {
     /// zeros, data checksums verified (a mismatch on every copy is EIO).
     pub fn read(&mut self, node: u64, off: u64, len: u64) -> Result<Vec<u8>> {
         let l = self.loc(node)?;
+        if let Some(st) = self.lost_dirs.get(&node) {
+            if st.mode & libc::S_IFMT != libc::S_IFREG {
+                return Err(Error::errno(libc::EISDIR, "read: is a directory"));
+            }
+            return crate::fs::read::read_range(
+                &mut self.fs.store,
+                l.subvol,
+                l.ino,
+                st.size,
+                off,
+                len,
+                true,
+            );
+        }
         self.fs.read_untracked(l, off, len)
     }
 
