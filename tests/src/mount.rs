@@ -492,11 +492,25 @@ impl FuseMount {
             return Ok(());
         }
         self.mounted = false;
-        let o = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .output()
-            .map_err(|e| format!("fusermount3: {e}"))?;
+        // Busy for a moment when another thread of the test forks while
+        // a file of the mount is open (the child holds it until its exec):
+        // retried, as the loop mounts are.
+        let mut tries = 0;
+        let o = loop {
+            let o = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.mnt)
+                .output()
+                .map_err(|e| format!("fusermount3: {e}"))?;
+            tries += 1;
+            if o.status.success()
+                || tries >= 50
+                || !String::from_utf8_lossy(&o.stderr).contains("busy")
+            {
+                break o;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         if !o.status.success() {
             // Busy: detach it lazily so nothing is left mounted.
             let _ = Command::new("fusermount3")
