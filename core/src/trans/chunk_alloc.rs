@@ -387,7 +387,15 @@ impl Store {
                 }
             }
         }
-        for devid in touched {
+        self.write_dev_items_used(&touched)?;
+        Ok(true)
+    }
+
+    /// Carry the in-memory `bytes_used` of each device in `devids` into
+    /// its DEV_ITEM in the chunk tree, after chunks were added to or
+    /// removed from it (the superblock's copy follows at commit).
+    pub(super) fn write_dev_items_used(&mut self, devids: &[u64]) -> Result<()> {
+        for &devid in devids {
             let Some(used) = self.dev_item_of(devid).map(|d| d.bytes_used.get()) else {
                 continue;
             };
@@ -399,7 +407,7 @@ impl Store {
                 self.update_item(BTRFS_CHUNK_TREE_OBJECTID, &dkey, di.as_bytes())?;
             }
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Allocate `len` bytes of type `ty`, adding a chunk when every group is full.

@@ -9,10 +9,8 @@
 use super::{Store, TreeId};
 use crate::format::chunk::ChunkItem;
 use crate::format::consts::*;
-use crate::format::dev::DevItem;
 use crate::format::key::Key;
 use crate::{Error, Result};
-use zerocopy::{FromBytes, IntoBytes};
 
 /// Most leaves one tree's rewrite visits (bounds a damaged tree).
 const MAX_LEAVES: usize = 1 << 26;
@@ -181,18 +179,7 @@ impl Store {
                 touched.push(devid);
             }
         }
-        for devid in touched {
-            let Some(used) = self.dev_item_of(devid).map(|d| d.bytes_used.get()) else {
-                continue;
-            };
-            let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
-            if let Some(d) = self.lookup(TreeId::Chunk, &dkey)? {
-                let mut di = DevItem::read_from_bytes(&d)
-                    .map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
-                di.bytes_used.set(used);
-                self.update_item(TreeId::Chunk, &dkey, di.as_bytes())?;
-            }
-        }
+        self.write_dev_items_used(&touched)?;
         if g.is_system() {
             self.remove_sys_chunk(start)?;
         }
