@@ -333,7 +333,7 @@ impl fuser::Filesystem for Btrkit {
                 Err(_) => (
                     FileAttr {
                         kind: dirent_kind(e.ftype),
-                        ..attr(e.node, &unreadable())
+                        ..attr(e.node, &Stat::default())
                     },
                     Duration::ZERO,
                 ),
@@ -396,26 +396,6 @@ impl fuser::Filesystem for Btrkit {
             Ok(list) => xattr_reply(reply, &list, size),
             Err(e) => reply.error(errno(&e)),
         }
-    }
-}
-
-/// Attributes of nothing, for an entry whose inode cannot be read.
-fn unreadable() -> Stat {
-    Stat {
-        subvol: 0,
-        ino: 0,
-        mode: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        size: 0,
-        blocks: 0,
-        rdev: (0, 0),
-        atime: (0, 0),
-        mtime: (0, 0),
-        ctime: (0, 0),
-        generation: 0,
-        flags: 0,
     }
 }
 

@@ -102,24 +102,13 @@ fn run(a: &Args) -> anyhow::Result<()> {
     }
     let paths: Vec<PathBuf> = images.iter().chain(a.devices.iter()).cloned().collect();
     let devs = FileDevice::open_all_mmap(&paths)?;
-    let log = if a.no_log {
-        LogMode::Ignore
-    } else if a.salvage {
-        LogMode::Salvage
-    } else {
-        LogMode::Replay
-    };
     let view = ReadOnlyView::open(
         devs,
         &ReadOptions {
-            log,
+            log: LogMode::from_flags(a.no_log, a.salvage),
             degraded: a.degraded,
             mirror: a.mirror,
-            root: match (a.backup, a.tree_root) {
-                (Some(n), _) => RootChoice::Backup(n),
-                (_, Some(b)) => RootChoice::TreeRoot(b),
-                _ => RootChoice::Latest,
-            },
+            root: RootChoice::from_flags(a.backup, a.tree_root),
         },
         a.subvol.as_deref(),
         !a.no_warm,

@@ -111,24 +111,13 @@ fn run(a: &Args) -> anyhow::Result<RestoreReport> {
         list_roots(&devs, a)?;
         return Ok(RestoreReport::default());
     }
-    let log = if a.no_log {
-        LogMode::Ignore
-    } else if a.salvage {
-        LogMode::Salvage
-    } else {
-        LogMode::Replay
-    };
     let mut fs = restore::open_virtual(
         devs,
         &ReadOptions {
-            log,
+            log: LogMode::from_flags(a.no_log, a.salvage),
             degraded: a.degraded,
             mirror: a.mirror,
-            root: match (a.backup, a.tree_root) {
-                (Some(n), _) => RootChoice::Backup(n),
-                (_, Some(b)) => RootChoice::TreeRoot(b),
-                _ => RootChoice::Latest,
-            },
+            root: RootChoice::from_flags(a.backup, a.tree_root),
         },
     )
     .context("opening the filesystem")?;

@@ -17,7 +17,7 @@ const XATTR_NAME_MAX: usize = 255;
 const XATTR_SIZE_MAX: usize = 65536;
 
 /// What stat(2) shows.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stat {
     /// Subvolume (root objectid) holding the inode.
     pub subvol: u64,

@@ -54,6 +54,55 @@ pub enum RootChoice {
     TreeRoot(u64),
 }
 
+impl LogMode {
+    /// From the tools' flags: `--no-log` ignores it, `--salvage` salvages.
+    pub fn from_flags(no_log: bool, salvage: bool) -> LogMode {
+        if no_log {
+            LogMode::Ignore
+        } else if salvage {
+            LogMode::Salvage
+        } else {
+            LogMode::Replay
+        }
+    }
+}
+
+impl RootChoice {
+    /// From the tools' flags: `--backup N` first, then `--tree-root BYTENR`.
+    pub fn from_flags(backup: Option<usize>, tree_root: Option<u64>) -> RootChoice {
+        match (backup, tree_root) {
+            (Some(n), _) => RootChoice::Backup(n),
+            (_, Some(b)) => RootChoice::TreeRoot(b),
+            _ => RootChoice::Latest,
+        }
+    }
+}
+
+/// The directory a read starts from: the root of subvolume `subvol` (an
+/// id, or a path in the filesystem), the default subvolume's root if None.
+pub fn start_dir(fs: &mut Filesystem, subvol: Option<&str>) -> Result<Loc> {
+    let start = match subvol {
+        None => fs.root(),
+        Some(s) => match s.parse::<u64>() {
+            Ok(id) => {
+                let l = Loc::new(id, BTRFS_FIRST_FREE_OBJECTID);
+                fs.stat(l).map_err(|e| {
+                    Error::Invalid(format!("subvolume {id}: no root directory ({e})"))
+                })?;
+                l
+            }
+            Err(_) => fs.resolve(s, true)?,
+        },
+    };
+    if fs.stat(start)?.mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(Error::Invalid(format!(
+            "{}: not a directory",
+            subvol.unwrap_or("/")
+        )));
+    }
+    Ok(start)
+}
+
 /// How [`open_virtual`] opens the image.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReadOptions {
@@ -965,6 +1014,22 @@ fn copy_file(
     r: &mut RestoreReport,
 ) -> Result<()> {
     let runs = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?;
+    write_runs(fs, out, size, runs, r, |fs, at, n| {
+        fs.read_untracked(l, at, n)
+    })
+}
+
+/// Make `out` of `size` bytes from a file's data runs (as
+/// [`crate::fs::read::extent_map`] gives them), each read with `read`;
+/// holes and preallocated space stay holes.
+fn write_runs(
+    fs: &mut Filesystem,
+    out: &Path,
+    size: u64,
+    runs: Vec<(u64, u64, MapKind)>,
+    r: &mut RestoreReport,
+    mut read: impl FnMut(&mut Filesystem, u64, u64) -> Result<Vec<u8>>,
+) -> Result<()> {
     let f = std::fs::File::create(out)
         .map_err(|e| Error::io(format!("cannot create {}", out.display()), e))?;
     for (s, e, kind) in runs {
@@ -974,7 +1039,7 @@ fn copy_file(
         let (mut at, end) = (s, e.min(size));
         while at < end {
             let n = (end - at).min(READ_CHUNK);
-            let data = fs.read_untracked(l, at, n)?;
+            let data = read(fs, at, n)?;
             f.write_all_at(&data, at)
                 .map_err(|e| Error::io(format!("cannot write {}", out.display()), e))?;
             r.bytes += data.len() as u64;
@@ -992,7 +1057,11 @@ fn copy_file(
 /// btrfs restore makes it).
 fn size_from_extents(fs: &mut Filesystem, l: Loc) -> Result<u64> {
     let runs = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?;
-    Ok(runs.iter().map(|x| x.1).max().unwrap_or(0))
+    Ok(end_of_runs(&runs))
+}
+
+fn end_of_runs(runs: &[(u64, u64, MapKind)]) -> u64 {
+    runs.iter().map(|x| x.1).max().unwrap_or(0)
 }
 
 /// Write a regular file whose inode item is lost from its extent items
@@ -1000,28 +1069,10 @@ fn size_from_extents(fs: &mut Filesystem, l: Loc) -> Result<u64> {
 /// where the checksum tree has them (as for any file with data sums).
 fn salvage_file(fs: &mut Filesystem, l: Loc, out: &Path, r: &mut RestoreReport) -> Result<()> {
     let runs = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?;
-    let size = size_from_extents(fs, l)?;
-    let f = std::fs::File::create(out)
-        .map_err(|e| Error::io(format!("cannot create {}", out.display()), e))?;
-    for (s, e, kind) in runs {
-        if kind != MapKind::Data {
-            continue;
-        }
-        let mut at = s;
-        while at < e {
-            let n = (e - at).min(READ_CHUNK);
-            let data =
-                crate::fs::read::read_range(&mut fs.store, l.subvol, l.ino, size, at, n, true)?;
-            f.write_all_at(&data, at)
-                .map_err(|e| Error::io(format!("cannot write {}", out.display()), e))?;
-            r.bytes += data.len() as u64;
-            at += n;
-        }
-    }
-    f.set_len(size)
-        .map_err(|e| Error::io(format!("cannot size {}", out.display()), e))?;
-    r.files += 1;
-    Ok(())
+    let size = end_of_runs(&runs);
+    write_runs(fs, out, size, runs, r, |fs, at, n| {
+        crate::fs::read::read_range(&mut fs.store, l.subvol, l.ino, size, at, n, true)
+    })
 }
 
 fn copy_xattrs(fs: &mut Filesystem, l: Loc, out: &Path, shown: &str, r: &mut RestoreReport) {

@@ -9,7 +9,7 @@
 //! Ids are never reused: the filesystem does not change while mounted.
 
 use super::{open_virtual, ReadOptions};
-use crate::format::consts::{BTRFS_FIRST_FREE_OBJECTID, BTRFS_FT_DIR};
+use crate::format::consts::BTRFS_FT_DIR;
 use crate::fs::ops::Stat;
 use crate::fs::{Filesystem, Loc};
 use crate::io::BlockDevice;
@@ -83,16 +83,8 @@ fn lost_dir_stat(l: Loc) -> Stat {
         ino: l.ino,
         mode: libc::S_IFDIR | 0o555,
         nlink: 1,
-        uid: 0,
-        gid: 0,
-        size: 0,
-        blocks: 0,
-        rdev: (0, 0),
-        atime: (0, 0),
-        mtime: (0, 0),
-        ctime: (0, 0),
         generation: LOST,
-        flags: 0,
+        ..Default::default()
     }
 }
 
@@ -107,26 +99,7 @@ impl ReadOnlyView {
         warm: bool,
     ) -> Result<ReadOnlyView> {
         let mut fs = open_virtual(devs, o)?;
-        let start = match subvol {
-            None => fs.root(),
-            Some(s) => match s.parse::<u64>() {
-                Ok(id) => {
-                    let l = Loc::new(id, BTRFS_FIRST_FREE_OBJECTID);
-                    fs.stat(l).map_err(|e| {
-                        Error::Invalid(format!("subvolume {id}: no root directory ({e})"))
-                    })?;
-                    l
-                }
-                Err(_) => fs.resolve(s, true)?,
-            },
-        };
-        let st = fs.stat(start)?;
-        if st.mode & libc::S_IFMT != libc::S_IFDIR {
-            return Err(Error::Invalid(format!(
-                "{}: not a directory",
-                subvol.unwrap_or("/")
-            )));
-        }
+        let start = super::start_dir(&mut fs, subvol)?;
         if warm {
             super::warm(&mut fs, start.subvol);
         }
