@@ -445,9 +445,9 @@ pub fn restore(
                 ));
                 None
             }
-            // A regular file whose inode item is lost may still have its
-            // extent items (in other leaves): its data is restored from
-            // them, as btrfs restore does, sized to its last extent.
+            // A regular file whose inode item is lost and that has no
+            // extent items is made empty, as btrfs restore makes it; with
+            // extents its size is not known and it is lost.
             Err(e) if ft == crate::format::consts::BTRFS_FT_REG_FILE => {
                 if o.dry_run {
                     lose(&mut r, e);
@@ -462,8 +462,8 @@ pub fn restore(
                 }
                 match salvage_file(fs, l, &out, &mut r) {
                     Ok(()) => r.warnings.push(format!(
-                        "{shown}: inode item unreadable ({e}); data restored from its extents, \
-                         size from the last one, mode and owner not known"
+                        "{shown}: inode item unreadable ({e}); it has no extent items: \
+                         made empty, mode and owner not known"
                     )),
                     Err(e2) => {
                         let _ = std::fs::remove_file(&out);
@@ -1052,27 +1052,32 @@ fn write_runs(
     Ok(())
 }
 
-/// The size of a file whose inode item is lost: the end of its last
-/// extent item; 0 when it has none (an empty file under its name, as
-/// btrfs restore makes it).
+/// The size of a file whose inode item is lost, where it is known: 0 when
+/// it has no extent items either (an empty file under its name, as btrfs
+/// restore makes it). With extents, the size is not known (the last
+/// extent ends on a sector boundary, i_size anywhere before it): the
+/// file is lost rather than restored with contents that may be wrong.
 fn size_from_extents(fs: &mut Filesystem, l: Loc) -> Result<u64> {
     let runs = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?;
-    Ok(end_of_runs(&runs))
+    if runs.is_empty() {
+        Ok(0)
+    } else {
+        Err(Error::Invalid(format!(
+            "its size is not known ({} extent items, up to byte {})",
+            runs.len(),
+            runs.iter().map(|x| x.1).max().unwrap_or(0)
+        )))
+    }
 }
 
-fn end_of_runs(runs: &[(u64, u64, MapKind)]) -> u64 {
-    runs.iter().map(|x| x.1).max().unwrap_or(0)
-}
-
-/// Write a regular file whose inode item is lost from its extent items
-/// alone: the size is the end of the last extent, checksums are verified
-/// where the checksum tree has them (as for any file with data sums).
+/// Make the file a name stands for whose inode item is lost, when that
+/// is determined: an empty file (see [`size_from_extents`]).
 fn salvage_file(fs: &mut Filesystem, l: Loc, out: &Path, r: &mut RestoreReport) -> Result<()> {
-    let runs = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?;
-    let size = end_of_runs(&runs);
-    write_runs(fs, out, size, runs, r, |fs, at, n| {
-        crate::fs::read::read_range(&mut fs.store, l.subvol, l.ino, size, at, n, true)
-    })
+    size_from_extents(fs, l)?;
+    std::fs::File::create(out)
+        .map_err(|e| Error::io(format!("cannot create {}", out.display()), e))?;
+    r.files += 1;
+    Ok(())
 }
 
 fn copy_xattrs(fs: &mut Filesystem, l: Loc, out: &Path, shown: &str, r: &mut RestoreReport) {

@@ -185,15 +185,15 @@ impl ReadOnlyView {
                 ));
                 lost_dir_stat(l)
             }
-            // A regular file whose inode item is lost: its data from its
-            // extent items, as restore writes it (read-only, size from the
-            // last extent).
+            // A regular file whose inode item is lost and that has no
+            // extent items: shown empty, as restore makes it (with extents
+            // its size is not known: EIO).
             Err(e) if ftype == crate::format::consts::BTRFS_FT_REG_FILE => {
                 let Ok(size) = super::size_from_extents(&mut self.fs, l) else {
                     return Err(e);
                 };
                 self.warnings.push(format!(
-                    "inode {} of subvolume {}: inode item unreadable ({e}); data read from its extents",
+                    "inode {} of subvolume {}: inode item unreadable ({e}); no extent items: shown empty",
                     l.ino, l.subvol
                 ));
                 Stat {
