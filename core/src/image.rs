@@ -1,8 +1,10 @@
 //! An opened filesystem, read side: superblock, chunk map, the devices it
 //! spans, and tree block reads with validation and fallback from one copy
-//! to the next (DUP, and the copies of RAID1/RAID10 on other devices).
+//! to the next (DUP, and the copies of RAID1/RAID10 on other devices), or
+//! from a RAID5/6 stripe to its rebuild from parity.
 
-use crate::chunk::ChunkMap;
+use crate::chunk::rmw::{self, ParityWriter};
+use crate::chunk::{ChunkMap, StripePiece};
 use crate::csum::{verify_block, CsumType};
 use crate::format::consts::*;
 use crate::format::item::ItemBody;
@@ -38,6 +40,61 @@ pub struct OpenOptions {
     /// getting files out of a damaged image, never for checking it. Each
     /// block so used is kept in [`Image::trusted_bad_csum`].
     pub trust_bad_csum: bool,
+}
+
+/// Reads described in [`RebuiltReads`] before they are only counted.
+pub const REBUILT_KEPT: usize = 64;
+
+/// Reads of RAID5/6 data or tree blocks rebuilt from parity.
+#[derive(Clone, Debug, Default)]
+pub struct RebuiltReads {
+    /// How many pieces were rebuilt.
+    pub count: u64,
+    /// How many of them because their own stripe was damaged (the others:
+    /// unreadable or on a missing device).
+    pub damaged: u64,
+    /// How many of the damaged ones were tree blocks.
+    pub damaged_tree: u64,
+    /// The first [`REBUILT_KEPT`] of them.
+    pub described: Vec<RebuiltRead>,
+    /// Tree blocks counted already.
+    tree_blocks: std::collections::BTreeSet<u64>,
+}
+
+/// One piece read rebuilt from parity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RebuiltRead {
+    /// Logical address and length of the piece.
+    pub logical: u64,
+    /// Its length in bytes.
+    pub len: u64,
+    /// Where its own stripe is: device and physical offset.
+    pub devid: u64,
+    /// Physical offset of its stripe on `devid`.
+    pub phys: u64,
+    /// Its own stripe was read and found damaged (else it could not be
+    /// read: a missing device or an I/O error).
+    pub damaged: bool,
+    /// A tree block (else data).
+    pub tree_block: bool,
+}
+
+impl RebuiltRead {
+    /// One line for a report.
+    pub fn describe(&self, img: &Image) -> String {
+        format!(
+            "{} at logical {} (its RAID5/6 stripe at physical {} on {}) {}; read rebuilt from parity",
+            if self.tree_block { "tree block" } else { "data" },
+            self.logical,
+            self.phys,
+            img.device_name(self.devid),
+            if self.damaged {
+                "is damaged"
+            } else {
+                "cannot be read"
+            }
+        )
+    }
 }
 
 /// An opened filesystem, read side: the superblock copy in use, the chunk
@@ -88,6 +145,12 @@ pub struct Image {
     /// Tree blocks read whose every copy failed its checksum and nothing
     /// else (with [`OpenOptions::trust_bad_csum`]).
     trusted: std::sync::Mutex<std::collections::BTreeSet<u64>>,
+    /// Reads of RAID5/6 chunks whose own stripe was bad or missing and
+    /// that were rebuilt from parity: what fsck and dump report.
+    rebuilt: std::sync::Mutex<RebuiltReads>,
+    /// The one writer of this filesystem's RAID5/6 chunks (every writer of
+    /// the devices shares it, see [`crate::chunk::rmw`]).
+    pub parity: Arc<ParityWriter>,
     /// Problems noticed while opening that lenient mode let through.
     pub open_warnings: Vec<String>,
 }
@@ -165,6 +228,8 @@ impl Image {
             degraded: opts.degraded,
             trust_bad_csum: opts.trust_bad_csum,
             trusted: Default::default(),
+            rebuilt: Default::default(),
+            parity: Arc::new(ParityWriter::new()),
             open_warnings: warnings,
         };
         if let Err(e) = img.load_chunk_tree() {
@@ -224,6 +289,12 @@ impl Image {
         self.devs.iter().map(|(&id, d)| (id, d))
     }
 
+    /// Every device present, by devid (what the parity writer reads and
+    /// writes through).
+    pub fn device_map(&self) -> &BTreeMap<u64, Arc<dyn BlockDevice>> {
+        &self.devs
+    }
+
     /// Every device present, by devid, as shared handles.
     pub fn device_list(&self) -> Vec<(u64, Arc<dyn BlockDevice>)> {
         self.devs.iter().map(|(&id, d)| (id, d.clone())).collect()
@@ -254,6 +325,126 @@ impl Image {
             .lock()
             .map(|t| t.iter().copied().collect())
             .unwrap_or_default()
+    }
+
+    /// Reads rebuilt from parity so far (the first [`REBUILT_KEPT`]
+    /// described, then counted), and forget them.
+    pub fn take_rebuilt_reads(&self) -> RebuiltReads {
+        self.rebuilt
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default()
+    }
+
+    fn note_rebuilt(&self, p: &StripePiece, logical: u64, damaged: bool, tree_block: bool) {
+        if let Ok(mut r) = self.rebuilt.lock() {
+            // A tree block read again (each walk that meets it) counts once.
+            if tree_block && !r.tree_blocks.insert(logical) {
+                return;
+            }
+            r.count += 1;
+            r.damaged += damaged as u64;
+            r.damaged_tree += (damaged && tree_block) as u64;
+            if r.described.len() < REBUILT_KEPT {
+                let (devid, phys) = p.copies.first().copied().unwrap_or((0, 0));
+                r.described.push(RebuiltRead {
+                    logical,
+                    len: p.len,
+                    devid,
+                    phys,
+                    damaged,
+                    tree_block,
+                });
+            }
+        }
+    }
+
+    /// How many ways `p` can be read: its copies, or for RAID5/6 its own
+    /// stripe and then each rebuild from parity.
+    pub fn ways_of(p: &StripePiece) -> usize {
+        match &p.parity {
+            Some(c) => 1 + rmw::rebuild_attempts(c).len(),
+            None => p.copies.len(),
+        }
+    }
+
+    /// Read the piece `p` (one stripe unit, `buf.len()` = `p.len`) the
+    /// `way`th way (see [`Image::ways_of`]).
+    pub fn read_way(&self, p: &StripePiece, way: usize, buf: &mut [u8]) -> Result<()> {
+        match &p.parity {
+            Some(c) if way > 0 => {
+                let how = rmw::rebuild_attempts(c)
+                    .get(way - 1)
+                    .copied()
+                    .ok_or_else(|| Error::Internal(format!("read way {way} of a parity piece")))?;
+                rmw::read_column(c, how, &self.devs, buf)
+            }
+            _ => {
+                let &(devid, phys) = p.copies.get(way).ok_or_else(|| {
+                    Error::Internal(format!("read way {way} of {} copies", p.copies.len()))
+                })?;
+                self.read_copy(devid, phys, buf)
+            }
+        }
+    }
+
+    /// `[logical, logical + len)` cut at stripe units, each piece with its
+    /// copies (or its parity column); offsets are logical addresses.
+    pub fn pieces(&self, logical: u64, len: u64) -> Result<Vec<StripePiece>> {
+        self.chunks.pieces(logical, len)
+    }
+
+    /// Read `buf.len()` bytes at logical `logical`, each stripe unit the
+    /// first way `accept(logical of the piece, bytes)` takes: its copies in
+    /// mirror order, or its own stripe then rebuilds from parity. Unreadable
+    /// ways (missing devices, I/O errors) are skipped. A piece no way
+    /// passes is left as its first readable way gave it, and its logical
+    /// address returned. A rebuilt piece that passes is noted
+    /// ([`Image::take_rebuilt_reads`]).
+    pub fn read_logical_checked(
+        &self,
+        logical: u64,
+        buf: &mut [u8],
+        accept: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> Result<Vec<u64>> {
+        let mut failed = Vec::new();
+        let mut at = 0usize;
+        for p in self.pieces(logical, buf.len() as u64)? {
+            let part = &mut buf[at..at + p.len as usize];
+            at += p.len as usize;
+            let mut first_ok: Option<Vec<u8>> = None;
+            let mut err = None;
+            let mut done = false;
+            for way in 0..Image::ways_of(&p) {
+                match self.read_way(&p, way, part) {
+                    Ok(()) => {
+                        if accept(p.offset, part) {
+                            if way > 0 && p.parity.is_some() {
+                                self.note_rebuilt(&p, p.offset, first_ok.is_some(), false);
+                            }
+                            done = true;
+                            break;
+                        }
+                        if first_ok.is_none() {
+                            first_ok = Some(part.to_vec());
+                        }
+                    }
+                    Err(e) => {
+                        err.get_or_insert(e);
+                    }
+                }
+            }
+            if !done {
+                match first_ok {
+                    Some(v) => {
+                        part.copy_from_slice(&v);
+                        failed.push(p.offset);
+                    }
+                    None => return Err(err.unwrap_or_else(|| Error::corrupt("no copy", p.offset))),
+                }
+            }
+        }
+        Ok(failed)
     }
 
     /// The filesystem spans more than one device (present or not).
@@ -356,38 +547,12 @@ impl Image {
     }
 
     /// Read `buf.len()` bytes at logical address `logical`: each stripe unit
-    /// the range crosses from the first of its copies that can be read (no
-    /// checksum is known here to choose by).
+    /// the range crosses from the first of its copies that can be read, a
+    /// RAID5/6 stripe on a missing device rebuilt from parity (no checksum
+    /// is known here to choose by; [`Image::read_logical_checked`] has one).
     pub fn read_logical(&self, logical: u64, buf: &mut [u8]) -> Result<()> {
-        let m = self.chunks.lookup(logical).ok_or_else(|| {
-            Error::corrupt(
-                format!("logical address {logical} is outside every chunk"),
-                logical,
-            )
-        })?;
-        let pieces = m.map_range(logical - m.logical, buf.len() as u64)?;
-        let mut at = 0usize;
-        for p in pieces {
-            let part = &mut buf[at..at + p.len as usize];
-            let mut err = None;
-            let mut done = false;
-            for &(devid, phys) in &p.copies {
-                match self.read_copy(devid, phys, part) {
-                    Ok(()) => {
-                        done = true;
-                        break;
-                    }
-                    Err(e) => {
-                        err.get_or_insert(e);
-                    }
-                }
-            }
-            if !done {
-                return Err(err.unwrap_or_else(|| Error::corrupt("no copy", logical)));
-            }
-            at += p.len as usize;
-        }
-        Ok(())
+        self.read_logical_checked(logical, buf, &mut |_, _| true)
+            .map(|_| ())
     }
 
     /// Every copy of a tree block, in mirror order; a copy that cannot be
@@ -400,7 +565,22 @@ impl Image {
             .collect())
     }
 
-    /// Every copy of a tree block, (devid, physical) in mirror order.
+    /// A tree block's one stripe piece: its copies, or its RAID5/6 column.
+    pub fn block_piece(&self, bytenr: u64) -> Result<StripePiece> {
+        self.block_copy_addrs(bytenr)?;
+        let mut v = self.chunks.pieces(bytenr, self.nodesize as u64)?;
+        if v.len() != 1 {
+            return Err(Error::corrupt(
+                format!("tree block {bytenr} crosses a stripe boundary"),
+                bytenr,
+            ));
+        }
+        Ok(v.swap_remove(0))
+    }
+
+    /// Every copy of a tree block, (devid, physical) in mirror order (a
+    /// RAID5/6 block has one, its data stripe; its parity is in
+    /// [`Image::block_piece`]).
     pub fn block_copy_addrs(&self, bytenr: u64) -> Result<Vec<(u64, u64)>> {
         if !bytenr.is_multiple_of(self.sectorsize as u64) {
             return Err(Error::corrupt(
@@ -445,18 +625,21 @@ impl Image {
         let ctx = self.ctx(log);
         let mut best: Option<(Node, Vec<Problem>)> = None;
         let mut io_err = None;
-        // Later copies are only read when the earlier ones are bad.
-        for (devid, phys) in self.block_copy_addrs(bytenr)? {
-            let buf = match self.read_block_at(devid, phys) {
-                Ok(b) => b,
-                Err(e) => {
-                    io_err.get_or_insert(e);
-                    continue;
-                }
-            };
+        let piece = self.block_piece(bytenr)?;
+        // Later copies (and rebuilds) are only read when the earlier ones
+        // are bad.
+        for way in 0..Image::ways_of(&piece) {
+            let mut buf = vec![0u8; self.nodesize as usize];
+            if let Err(e) = self.read_way(&piece, way, &mut buf) {
+                io_err.get_or_insert(e);
+                continue;
+            }
             let node = Node::from_vec(bytenr, buf)?;
             let problems = node.validate(&ctx, expect);
             if problems.is_empty() {
+                if way > 0 && piece.parity.is_some() {
+                    self.note_rebuilt(&piece, bytenr, best.is_some(), true);
+                }
                 return Ok((node, problems));
             }
             if best.as_ref().is_none_or(|(_, p)| problems.len() < p.len()) {

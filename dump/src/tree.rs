@@ -518,6 +518,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
         Err(e) => return Err(anyhow::anyhow!("writing the dump: {e}")),
     }
+    let rebuilt = img.take_rebuilt_reads();
+    for d in &rebuilt.described {
+        eprintln!("btrkit-dump: warning: {}", d.describe(&img));
+    }
+    if rebuilt.count > rebuilt.described.len() as u64 {
+        eprintln!(
+            "btrkit-dump: warning: {} more reads rebuilt from RAID5/6 parity",
+            rebuilt.count - rebuilt.described.len() as u64
+        );
+    }
     if damaged > 0 {
         eprintln!(
             "btrkit-dump: {damaged} damaged tree block(s) or references; see the ERROR lines"

@@ -85,7 +85,8 @@ impl BlockGroup {
 /// one stripe unit (64 KiB) each, on any device of the chunk, plus any
 /// logical address below 64 KiB (`BTRFS_SUPER_INFO_OFFSET`): the ranges the
 /// kernel's `exclude_super_stripes` takes out of a block group, found by
-/// `btrfs_rmap_block`'s arithmetic for every profile but RAID5/6.
+/// `btrfs_rmap_block`'s arithmetic (for RAID5/6 the whole full stripe of
+/// the row the copy sits in).
 /// `dev_size(devid)` is a device's size (None: unknown, every copy counts).
 pub fn super_stripes(
     chunks: &ChunkMap,
@@ -108,8 +109,11 @@ pub fn super_stripes(
     // chunk the `nr`th unit of stripe `i` is.
     let per_stripe = crate::chunk::stripe_length(m.type_flags, m.length, n);
     let sets = (n / sub).max(1);
+    let np = m.nparity() as u64;
     let unit_of = |nr: u64, i: u64| {
-        if profile & BTRFS_BLOCK_GROUP_RAID0 != 0 {
+        if np > 0 {
+            nr * n.saturating_sub(np).max(1)
+        } else if profile & BTRFS_BLOCK_GROUP_RAID0 != 0 {
             nr * n + i
         } else if profile & BTRFS_BLOCK_GROUP_RAID10 != 0 {
             nr * sets + i / sub
@@ -129,7 +133,8 @@ pub fn super_stripes(
             }
             let nr = (phys - pstart) / unit;
             let l = m.logical + unit_of(nr, i as u64) * unit;
-            let e = (l + unit).min(m.end());
+            let span = if np > 0 { m.full_stripe_len() } else { unit };
+            let e = (l + span).min(m.end());
             let (a, b) = (l.max(start), e.min(end));
             if a < b {
                 out.push((a, b));

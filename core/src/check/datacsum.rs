@@ -8,6 +8,12 @@
 //! requests in turn (`BlockDevice::read_once`: direct reads into huge-page
 //! buffers, so each is one request to the device and no page cache).
 //! The tree walk and the metadata phases go on meanwhile.
+//!
+//! RAID5/6: each sector has one copy, its data stripe; a sector that fails
+//! there is rebuilt from parity and checked again, and a data stripe on a
+//! missing device is rebuilt from the rest of its row and verified (the
+//! segments of a missing device go to the workers as requests of their
+//! own, read through the parity).
 
 use crate::format::consts::*;
 use crate::format::key::Key;
@@ -43,6 +49,9 @@ struct Segment {
     /// Offset of the run's first checksum in the window's `sums`.
     sum_off: usize,
     copies: u8,
+    /// The copy is a RAID5/6 data stripe: a bad sector is rebuilt from
+    /// parity (and on a missing device every sector is).
+    parity: bool,
 }
 
 struct Window {
@@ -63,8 +72,17 @@ struct Request {
 /// address, message), in logical order.
 pub(crate) type DataResult = (u64, Vec<(u64, String)>);
 
-/// A bad copy of a sector: (logical, copies of it, devid, physical).
-type BadCopy = (u64, u8, u64, u64);
+/// A bad copy of a sector.
+#[derive(Clone, Copy, Debug)]
+struct BadCopy {
+    logical: u64,
+    /// Copies of the sector.
+    copies: u8,
+    devid: u64,
+    phys: u64,
+    /// For a RAID5/6 stripe: whether parity rebuilds the sector right.
+    rebuilt: Option<bool>,
+}
 
 /// Read and verify every checksummed sector of the image.
 pub(crate) fn verify_all(img: &Image) -> DataResult {
@@ -146,7 +164,34 @@ pub(crate) fn verify_all(img: &Image) -> DataResult {
     // On several devices, each bad copy is named by device and offset (a
     // scrub's report).
     let mut by_sector: BTreeMap<u64, (u8, u8, Vec<(u64, u64)>)> = BTreeMap::new();
-    for (logical, copies, devid, phys) in bad_copies {
+    let mut parity_bad: Vec<(u64, String)> = Vec::new();
+    for b in bad_copies {
+        let BadCopy {
+            logical,
+            copies,
+            devid,
+            phys,
+            rebuilt,
+        } = b;
+        if let Some(ok) = rebuilt {
+            let missing = img.device_of(devid).is_none();
+            let m = match (missing, ok) {
+                (true, _) => format!(
+                    "data at logical {logical} lies on missing {} (physical {phys}) and does not rebuild from parity to its checksum",
+                    img.device_name(devid)
+                ),
+                (false, true) => format!(
+                    "data checksum mismatch at logical {logical}: its RAID5/6 stripe at physical {phys} on {} is damaged; parity rebuilds it (`btrfs scrub` rewrites it)",
+                    img.device_name(devid)
+                ),
+                (false, false) => format!(
+                    "data checksum mismatch at logical {logical}: its RAID5/6 stripe at physical {phys} on {} is damaged and parity does not rebuild it",
+                    img.device_name(devid)
+                ),
+            };
+            parity_bad.push((logical, m));
+            continue;
+        }
         let e = by_sector.entry(logical).or_insert((0, copies, Vec::new()));
         // Overlapping csum items (a finding of their own) can name a copy twice.
         if !e.2.contains(&(devid, phys)) {
@@ -169,6 +214,7 @@ pub(crate) fn verify_all(img: &Image) -> DataResult {
         })
         .collect();
     bad.extend(unmapped);
+    bad.extend(parity_bad);
     bad.sort_by_key(|b| b.0);
     (sectors, bad)
 }
@@ -228,6 +274,21 @@ fn add_segments(
                 for piece in pieces {
                     let logical = chunk.logical + piece.offset;
                     let sum_off = sum_base + (i + (logical - at) / ss) as usize * cs;
+                    if piece.parity.is_some() {
+                        // One copy, read directly or (missing device)
+                        // rebuilt by the worker.
+                        let (devid, p) = piece.copies[0];
+                        segs.push(Segment {
+                            devid,
+                            phys: p,
+                            len: piece.len,
+                            logical,
+                            sum_off,
+                            copies: 1,
+                            parity: true,
+                        });
+                        continue;
+                    }
                     let present: Vec<(u64, u64)> = piece
                         .copies
                         .iter()
@@ -253,6 +314,7 @@ fn add_segments(
                             logical,
                             sum_off,
                             copies,
+                            parity: false,
                         });
                     }
                 }
@@ -339,11 +401,16 @@ fn worker(img: &Image, rx: &Mutex<Receiver<Request>>) -> Vec<BadCopy> {
 }
 
 fn verify_request(img: &Image, req: &Request, buf: &mut IoBuf, bad: &mut Vec<BadCopy>) {
-    let Some(dev) = img.device_of(req.devid) else {
-        return; // copies on present devices only are ever asked for
-    };
     let segs = &req.window.segs[req.segs.clone()];
     let sums = &req.window.sums;
+    let Some(dev) = img.device_of(req.devid) else {
+        // Only RAID5/6 stripes of a missing device are asked for: each is
+        // rebuilt from its row.
+        for s in segs.iter().filter(|s| s.parity) {
+            rebuild_segment(img, sums, s, bad);
+        }
+        return;
+    };
     let whole = dev.read_once(req.phys, req.len as usize, buf, &mut |data| {
         for s in segs {
             let o = (s.phys - req.phys) as usize;
@@ -372,7 +439,7 @@ fn verify_request(img: &Image, req: &Request, buf: &mut IoBuf, bad: &mut Vec<Bad
             let good = dev.read_at(s.phys + k * ss, &mut sector).is_ok()
                 && want.is_some_and(|w| img.csum.verify(&sector, w));
             if !good {
-                bad.push((s.logical + k * ss, s.copies, s.devid, s.phys + k * ss));
+                bad_sector(img, sums, s, k as usize, bad);
             }
         }
     }
@@ -384,12 +451,64 @@ fn check_segment(img: &Image, sums: &[u8], s: &Segment, data: &[u8], bad: &mut V
     for (k, sector) in data.chunks_exact(ss).enumerate() {
         let want = sums.get(s.sum_off + k * cs..s.sum_off + (k + 1) * cs);
         if !want.is_some_and(|w| img.csum.verify(sector, w)) {
-            bad.push((
-                s.logical + (k * ss) as u64,
-                s.copies,
-                s.devid,
-                s.phys + (k * ss) as u64,
-            ));
+            bad_sector(img, sums, s, k, bad);
+        }
+    }
+}
+
+/// Whether every sector of `data`, the sectors of segment `s` from its
+/// `first`th on, matches its checksum.
+fn sectors_ok(img: &Image, sums: &[u8], s: &Segment, first: usize, data: &[u8]) -> bool {
+    let ss = img.sectorsize as usize;
+    let cs = img.csum.size().max(1);
+    data.chunks_exact(ss).enumerate().all(|(j, sector)| {
+        let k = first + j;
+        sums.get(s.sum_off + k * cs..s.sum_off + (k + 1) * cs)
+            .is_some_and(|w| img.csum.verify(sector, w))
+    })
+}
+
+/// Record sector `k` of segment `s` as bad; on a RAID5/6 stripe, with
+/// whether parity rebuilds it.
+fn bad_sector(img: &Image, sums: &[u8], s: &Segment, k: usize, bad: &mut Vec<BadCopy>) {
+    let ss = img.sectorsize as u64;
+    let logical = s.logical + k as u64 * ss;
+    let rebuilt = s.parity.then(|| {
+        let mut b = vec![0u8; ss as usize];
+        img.read_logical_checked(logical, &mut b, &mut |_, d| sectors_ok(img, sums, s, k, d))
+            .is_ok_and(|failed| failed.is_empty())
+    });
+    bad.push(BadCopy {
+        logical,
+        copies: s.copies,
+        devid: s.devid,
+        phys: s.phys + k as u64 * ss,
+        rebuilt,
+    });
+}
+
+/// Rebuild segment `s` (a RAID5/6 stripe on a missing device) from its row
+/// and verify it; sectors that do not rebuild to their checksum are bad.
+fn rebuild_segment(img: &Image, sums: &[u8], s: &Segment, bad: &mut Vec<BadCopy>) {
+    let ss = img.sectorsize as usize;
+    let mut data = vec![0u8; s.len as usize];
+    let ok = img
+        .read_logical_checked(s.logical, &mut data, &mut |_, d| {
+            sectors_ok(img, sums, s, 0, d)
+        })
+        .is_ok_and(|failed| failed.is_empty());
+    if ok {
+        return;
+    }
+    for (k, sector) in data.chunks_exact(ss).enumerate() {
+        if !sectors_ok(img, sums, s, k, sector) {
+            bad.push(BadCopy {
+                logical: s.logical + (k * ss) as u64,
+                copies: 1,
+                devid: s.devid,
+                phys: s.phys + (k * ss) as u64,
+                rebuilt: Some(false),
+            });
         }
     }
 }

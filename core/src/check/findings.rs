@@ -112,7 +112,11 @@ impl Report {
     /// image this engine wrote must be (a damaged DUP copy is only a
     /// warning to a user, since reads use the good one).
     pub fn is_pristine(&self) -> bool {
-        self.is_clean() && !self.findings.iter().any(|f| f.category == "mirror-copy")
+        self.is_clean()
+            && !self
+                .findings
+                .iter()
+                .any(|f| f.category == "mirror-copy" || f.category == "parity-rebuild")
     }
 }
 

@@ -19,6 +19,7 @@ pub mod findings;
 mod free_space;
 mod fs;
 mod log;
+mod parity;
 mod qgroups;
 mod space_cache;
 mod superblock;
@@ -371,6 +372,7 @@ fn run_phases(
     if let Some(h) = data {
         cx.data_verified = h.join().ok();
     }
+    timed(&mut cx, 7, parity::check);
     timed(&mut cx, 7, csums::check);
     let quotas = cx.qgroups.present;
     timed(&mut cx, 9, qgroups::check);
@@ -380,7 +382,43 @@ fn run_phases(
     cx.ext.found_data = Vec::new();
     cx.ext.block_owner = Vec::new();
     timed(&mut cx, 8, log::check);
+    report_rebuilt(&mut cx);
     cx.sink.into_report()
+}
+
+/// Tree blocks read through RAID5/6 parity: a damaged stripe is a
+/// warning of its own (as a damaged mirror copy is: the data is there, the
+/// redundancy is not); stripes on missing devices one warning in all. Data
+/// rebuilt is reported by the data checksum check.
+fn report_rebuilt(cx: &mut Ctx) {
+    let r = cx.img.take_rebuilt_reads();
+    if r.count == 0 {
+        return;
+    }
+    let mut described = 0u64;
+    for d in r.described.iter().filter(|d| d.damaged && d.tree_block) {
+        described += 1;
+        cx.report(
+            findings::F::warn(3, "parity-rebuild")
+                .at(d.logical)
+                .msg(format!(
+                    "{} (`btrfs scrub` rewrites it)",
+                    d.describe(cx.img)
+                )),
+        );
+    }
+    if r.damaged_tree > described {
+        cx.report(findings::F::warn(3, "parity-rebuild").msg(format!(
+            "{} more damaged RAID5/6 stripes of tree blocks were read rebuilt from parity",
+            r.damaged_tree - described
+        )));
+    }
+    let unreadable = r.count - r.damaged;
+    if unreadable > 0 {
+        cx.report(findings::F::warn(3, "parity-rebuild").msg(format!(
+            "{unreadable} reads of RAID5/6 stripes that cannot be read (missing devices) were rebuilt from parity"
+        )));
+    }
 }
 
 fn timed(cx: &mut Ctx, phase: u8, f: fn(&mut Ctx)) {

@@ -1,7 +1,13 @@
 //! Logical -> physical mapping. Bootstrapped from the superblock's
 //! sys_chunk_array (enough to read the chunk tree), then filled from the
-//! chunk tree. Every profile but the parity ones (RAID5/6) maps a logical
-//! range to its copies on the devices ([`ChunkMapping::map_range`]).
+//! chunk tree. Every profile maps a logical range to where it lies on the
+//! devices ([`ChunkMapping::map_range`]): the copies of the mirrored and
+//! striped profiles, and for RAID5/6 the data stripe with the column of its
+//! full stripe that rebuilds it ([`ParityColumn`], arithmetic in
+//! [`parity`], writes in [`rmw`]).
+
+pub mod parity;
+pub mod rmw;
 
 use crate::format::chunk::{parse_chunk, ChunkItem, Stripe, CHUNK_ITEM_SIZE, STRIPE_SIZE};
 use crate::format::consts::*;
@@ -14,7 +20,9 @@ use zerocopy::FromBytes;
 /// One chunk's logical-to-physical mapping, built from a CHUNK_ITEM:
 /// btrfs-progs' `struct map_lookup`, the kernel's `struct btrfs_chunk_map`.
 /// Mirrored profiles keep a whole copy of the chunk on each stripe; RAID0
-/// and RAID10 spread it over the stripes in units of `stripe_len`.
+/// and RAID10 spread it over the stripes in units of `stripe_len`; RAID5
+/// and RAID6 spread it over all but one (two) stripes of each row, the
+/// parity rotating from row to row.
 #[derive(Clone, Debug)]
 pub struct ChunkMapping {
     /// Logical address of the chunk's first byte (the CHUNK_ITEM key offset).
@@ -42,14 +50,54 @@ pub struct StripePiece {
     pub offset: u64,
     /// Length in bytes.
     pub len: u64,
-    /// Every copy of the piece: (devid, physical offset).
+    /// Every copy of the piece: (devid, physical offset). RAID5/6 have one,
+    /// the data stripe's, and the column in `parity`.
     pub copies: Vec<(u64, u64)>,
+    /// RAID5/6: the piece's column of its full stripe (None for the other
+    /// profiles). A write of the piece must go through [`rmw`], never to
+    /// `copies` alone.
+    pub parity: Option<ParityColumn>,
+}
+
+/// One column of a RAID5/6 full stripe: the same byte range of each stripe
+/// of one row. Parity is computed column by column, so this is all a read
+/// needs to rebuild the piece and all a write needs to keep P and Q right.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParityColumn {
+    /// (devid, physical offset) of the column on each stripe of the row:
+    /// the data stripes in data order, then P, then Q (RAID6).
+    pub stripes: Vec<(u64, u64)>,
+    /// Parity stripes: 1 (RAID5) or 2 (RAID6).
+    pub nparity: usize,
+    /// Which data stripe holds the piece.
+    pub index: usize,
+    /// The row (full stripe number) in the chunk.
+    pub row: u64,
+}
+
+impl ParityColumn {
+    /// Data stripes of the row.
+    pub fn ndata(&self) -> usize {
+        self.stripes.len() - self.nparity
+    }
 }
 
 impl ChunkMapping {
     /// Logical address one past the chunk's last byte.
     pub fn end(&self) -> u64 {
         self.logical + self.length
+    }
+
+    /// Parity stripes per row: 1 for RAID5, 2 for RAID6, 0 otherwise.
+    pub fn nparity(&self) -> usize {
+        nparity(self.type_flags)
+    }
+
+    /// Logical bytes of one full stripe (a row of data stripe units) of a
+    /// RAID5/6 chunk; one stripe unit for the other profiles.
+    pub fn full_stripe_len(&self) -> u64 {
+        let n = self.stripes.len() as u64;
+        self.stripe_len * n.saturating_sub(self.nparity() as u64).max(1)
     }
 
     /// `[offset, offset + len)` of the chunk, cut where it crosses from
@@ -59,7 +107,11 @@ impl ChunkMapping {
     /// RAID0 puts stripe unit `n` on stripe `n % num_stripes`, row
     /// `n / num_stripes`; RAID10 puts it on the mirrored set
     /// `n % (num_stripes / sub_stripes)`; the others keep a whole copy of
-    /// the chunk on each stripe). RAID5/6 are `Unsupported` here.
+    /// the chunk on each stripe). RAID5/6 put stripe unit `n` in row
+    /// `r = n / d` (d data stripes) as data stripe `i = n % d`, on stripe
+    /// `(r + i) % num_stripes`, P on `(r + d) % num_stripes` and Q on the
+    /// next (the kernel's rotation in `btrfs_map_block`), each at `r`
+    /// stripe units into its stripe.
     pub fn map_range(&self, offset: u64, len: u64) -> Result<Vec<StripePiece>> {
         let bad = |what: String| Error::corrupt(what, self.logical);
         if offset.checked_add(len).is_none_or(|e| e > self.length) {
@@ -81,10 +133,11 @@ impl ChunkMapping {
             })
         };
         let profile = self.type_flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
-        let striped = profile & (BTRFS_BLOCK_GROUP_RAID0 | BTRFS_BLOCK_GROUP_RAID10) != 0;
-        if profile & (BTRFS_BLOCK_GROUP_RAID5 | BTRFS_BLOCK_GROUP_RAID6) != 0 {
-            return Err(Error::Unsupported(format!(
-                "chunk at {} is {}: parity profiles are not mapped yet",
+        let np = self.nparity();
+        let striped = np > 0 || profile & (BTRFS_BLOCK_GROUP_RAID0 | BTRFS_BLOCK_GROUP_RAID10) != 0;
+        if np > 0 && n < np as u64 + 1 {
+            return Err(bad(format!(
+                "chunk at {} is {} with {n} stripes",
                 self.logical,
                 crate::format::names::block_group_flags_str(self.type_flags)
             )));
@@ -99,6 +152,7 @@ impl ChunkMapping {
                 offset,
                 len,
                 copies,
+                parity: None,
             }]);
         }
         let unit = self.stripe_len;
@@ -124,10 +178,32 @@ impl ChunkMapping {
         let sets = n / sub;
         let mut out = Vec::new();
         let (mut at, end) = (offset, offset + len);
+        let ndata = n - np as u64;
         while at < end {
             let unit_nr = at / unit;
             let in_unit = at % unit;
             let piece = (unit - in_unit).min(end - at);
+            if np > 0 {
+                let row = unit_nr / ndata;
+                let index = unit_nr % ndata;
+                let at_phys = row * unit + in_unit;
+                let stripes = (0..n)
+                    .map(|i| phys(self.stripes[((row + i) % n) as usize], at_phys))
+                    .collect::<Result<Vec<_>>>()?;
+                out.push(StripePiece {
+                    offset: at,
+                    len: piece,
+                    copies: vec![stripes[index as usize]],
+                    parity: Some(ParityColumn {
+                        stripes,
+                        nparity: np,
+                        index: index as usize,
+                        row,
+                    }),
+                });
+                at += piece;
+                continue;
+            }
             let set = unit_nr % sets;
             let row = unit_nr / sets;
             let at_phys = row * unit + in_unit;
@@ -140,6 +216,7 @@ impl ChunkMapping {
                 offset: at,
                 len: piece,
                 copies,
+                parity: None,
             });
             at += piece;
         }
@@ -154,10 +231,8 @@ impl ChunkMapping {
 pub fn stripe_length(flags: u64, length: u64, num_stripes: u64) -> u64 {
     let n = num_stripes.max(1);
     let p = flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
-    let data_stripes = if p & BTRFS_BLOCK_GROUP_RAID5 != 0 {
-        n.saturating_sub(1)
-    } else if p & BTRFS_BLOCK_GROUP_RAID6 != 0 {
-        n.saturating_sub(2)
+    let data_stripes = if p & (BTRFS_BLOCK_GROUP_RAID5 | BTRFS_BLOCK_GROUP_RAID6) != 0 {
+        n.saturating_sub(nparity(flags) as u64)
     } else {
         match RaidAttr::of(flags) {
             Some(a) => n / a.ncopies.max(1),
@@ -167,10 +242,23 @@ pub fn stripe_length(flags: u64, length: u64, num_stripes: u64) -> u64 {
     length / data_stripes.max(1)
 }
 
+/// Parity stripes per row of a chunk of block group `flags`: 1 for RAID5, 2
+/// for RAID6, 0 for the other profiles.
+pub fn nparity(flags: u64) -> usize {
+    let p = flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+    if p & BTRFS_BLOCK_GROUP_RAID6 != 0 {
+        2
+    } else if p & BTRFS_BLOCK_GROUP_RAID5 != 0 {
+        1
+    } else {
+        0
+    }
+}
+
 /// What a profile asks of the devices a chunk is spread over (the kernel's
-/// `btrfs_raid_array`, RAID5/6 aside): how many devices at least and at
-/// most (0: as many as there are), in steps of `devs_increment`, stripes
-/// per device, copies of each byte, and stripes per mirrored set.
+/// `btrfs_raid_array`): how many devices at least and at most (0: as many
+/// as there are), in steps of `devs_increment`, stripes per device, copies
+/// of each byte, stripes per mirrored set and parity stripes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RaidAttr {
     /// Fewest devices a chunk can use.
@@ -185,11 +273,14 @@ pub struct RaidAttr {
     pub ncopies: u64,
     /// Stripes of one mirrored set (RAID10: 2).
     pub sub_stripes: u64,
+    /// Parity stripes (RAID5: 1, RAID6: 2).
+    pub nparity: u64,
 }
 
 impl RaidAttr {
     /// The attributes of the profile in block group `flags` (SINGLE when no
-    /// profile bit is set); None for RAID5/6.
+    /// profile bit is set). Always Some; an Option for the callers that
+    /// once had to refuse RAID5/6.
     pub fn of(flags: u64) -> Option<RaidAttr> {
         let a = |devs_min, devs_max, devs_increment, dev_stripes, ncopies, sub_stripes| RaidAttr {
             devs_min,
@@ -198,6 +289,7 @@ impl RaidAttr {
             dev_stripes,
             ncopies,
             sub_stripes,
+            nparity: 0,
         };
         let p = flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
         Some(if p & BTRFS_BLOCK_GROUP_RAID10 != 0 {
@@ -212,8 +304,16 @@ impl RaidAttr {
             a(1, 1, 1, 2, 2, 1)
         } else if p & BTRFS_BLOCK_GROUP_RAID0 != 0 {
             a(1, 0, 1, 1, 1, 1)
-        } else if p & (BTRFS_BLOCK_GROUP_RAID5 | BTRFS_BLOCK_GROUP_RAID6) != 0 {
-            return None;
+        } else if p & BTRFS_BLOCK_GROUP_RAID6 != 0 {
+            RaidAttr {
+                nparity: 2,
+                ..a(3, 0, 1, 1, 1, 1)
+            }
+        } else if p & BTRFS_BLOCK_GROUP_RAID5 != 0 {
+            RaidAttr {
+                nparity: 1,
+                ..a(2, 0, 1, 1, 1, 1)
+            }
         } else {
             a(1, 1, 1, 1, 1, 1)
         })
@@ -236,12 +336,7 @@ pub fn reduce_profile(flags: u64, num_devices: u64) -> u64 {
         BTRFS_BLOCK_GROUP_DUP,
         BTRFS_BLOCK_GROUP_RAID0,
     ];
-    // devs_min of the parity profiles (btrfs_raid_array): RAID5 2, RAID6 3.
-    let devs_min = |p: u64| match p {
-        BTRFS_BLOCK_GROUP_RAID5 => 2,
-        BTRFS_BLOCK_GROUP_RAID6 => 3,
-        p => RaidAttr::of(p).map_or(u64::MAX, |a| a.devs_min),
-    };
+    let devs_min = |p: u64| RaidAttr::of(p).map_or(u64::MAX, |a| a.devs_min);
     ORDER
         .into_iter()
         .find(|&p| flags & p != 0 && devs_min(p) <= num_devices)
@@ -313,6 +408,13 @@ impl ChunkMap {
         Ok(map)
     }
 
+    /// A map of the one chunk `m`.
+    pub fn of_one(m: ChunkMapping) -> ChunkMap {
+        let mut map = BTreeMap::new();
+        map.insert(m.logical, m);
+        ChunkMap { map }
+    }
+
     /// Forget the chunk at `logical` (removed by a balance).
     pub fn remove(&mut self, logical: u64) {
         self.map.remove(&logical);
@@ -321,8 +423,9 @@ impl ChunkMap {
     /// Add a chunk. Chunks must not overlap, must have a sane length and a
     /// profile this engine can map (the insert of `read_one_chunk`). The same
     /// chunk added again with the same length (from the sys_chunk_array, then
-    /// the chunk tree) replaces the first. RAID5/6 are `Unsupported`; a zero or
-    /// overflowing length, no stripe, or an overlap is `Corrupt`.
+    /// the chunk tree) replaces the first. A zero or overflowing length, no
+    /// stripe, too few stripes for a parity profile, or an overlap is
+    /// `Corrupt`.
     pub fn insert(&mut self, logical: u64, c: &ChunkItem, stripes: &[Stripe]) -> Result<()> {
         let length = c.length.get();
         if length == 0 || logical.checked_add(length).is_none() {
@@ -332,11 +435,15 @@ impl ChunkMap {
             ));
         }
         let ty = c.type_.get();
-        if ty & (BTRFS_BLOCK_GROUP_RAID5 | BTRFS_BLOCK_GROUP_RAID6) != 0 {
-            return Err(Error::Unsupported(format!(
-                "chunk at {logical} uses profile {} (RAID5/6 are not supported yet)",
-                crate::format::names::block_group_flags_str(ty),
-            )));
+        if stripes.len() <= nparity(ty) {
+            return Err(Error::corrupt(
+                format!(
+                    "chunk at {logical} is {} with {} stripes",
+                    crate::format::names::block_group_flags_str(ty),
+                    stripes.len()
+                ),
+                0,
+            ));
         }
         if stripes.is_empty() {
             return Err(Error::corrupt(
@@ -526,6 +633,13 @@ mod tests {
         let unit = m.stripe_len;
         let n = m.stripes.len() as u64;
         let p = m.type_flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+        let np = m.nparity() as u64;
+        if np > 0 {
+            let u = x / unit;
+            let (row, i) = (u / (n - np), u % (n - np));
+            let s = m.stripes[((row + i) % n) as usize];
+            return vec![(s.0, s.1 + row * unit + x % unit)];
+        }
         if p & BTRFS_BLOCK_GROUP_RAID0 != 0 {
             let u = x / unit;
             let s = m.stripes[(u % n) as usize];
@@ -591,6 +705,25 @@ mod tests {
                 &[(1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0)],
                 6 * mib,
             ),
+            mapping(
+                BTRFS_BLOCK_GROUP_RAID5,
+                1,
+                &[(1, mib), (2, 2 * mib), (3, 3 * mib)],
+                8 * mib,
+            ),
+            mapping(BTRFS_BLOCK_GROUP_RAID5, 1, &[(1, 0), (2, 0)], 4 * mib),
+            mapping(
+                BTRFS_BLOCK_GROUP_RAID6,
+                1,
+                &[(1, 0), (2, mib), (3, 0), (4, 5 * mib), (5, 0)],
+                6 * mib,
+            ),
+            mapping(
+                BTRFS_BLOCK_GROUP_RAID6,
+                1,
+                &[(1, 0), (2, 0), (3, 0)],
+                4 * mib,
+            ),
         ];
         // Ranges inside a unit, across units, across rows, unaligned.
         let ranges = [
@@ -624,13 +757,31 @@ mod tests {
             assert!(m.map_range(m.length - 4096, 8192).is_err());
             assert!(m.map_range(u64::MAX - 10, 100).is_err());
         }
-        let r5 = mapping(
-            BTRFS_BLOCK_GROUP_RAID5,
-            1,
-            &[(1, 0), (2, 0), (3, 0)],
-            2 * mib,
-        );
-        assert!(matches!(r5.map_range(0, 4096), Err(Error::Unsupported(_))));
+        // The parity of each row: the stripes the data does not use, P
+        // first, rotating by one stripe per row.
+        for m in &cases[9..] {
+            let n = m.stripes.len() as u64;
+            let np = m.nparity() as u64;
+            for row in 0..6u64 {
+                let off = row * m.full_stripe_len() + 4096;
+                let piece = &m.map_range(off, 4096).unwrap()[0];
+                let col = piece.parity.as_ref().unwrap();
+                assert_eq!(col.row, row);
+                assert_eq!(col.index, 0);
+                assert_eq!(piece.copies, vec![col.stripes[0]]);
+                let at = |k: u64| {
+                    let s = m.stripes[((row + k) % n) as usize];
+                    (s.0, s.1 + row * m.stripe_len + 4096)
+                };
+                assert_eq!(col.stripes[(n - np) as usize], at(n - np), "P of row {row}");
+                if np == 2 {
+                    assert_eq!(col.stripes[(n - 1) as usize], at(n - 1), "Q of row {row}");
+                }
+            }
+        }
+        let mut thin = cases[12].clone();
+        thin.stripes.truncate(2);
+        assert!(thin.map_range(0, 4096).is_err(), "raid6 on two stripes");
         let mut odd = cases[7].clone();
         odd.stripes.pop();
         assert!(odd.map_range(0, 4096).is_err());
@@ -749,9 +900,21 @@ mod tests {
             &[(1, 0), (2, 0), (3, 0), (4, 0)],
         );
         let (c, s) = parse_chunk(&r6).unwrap();
+        m.insert(200 << 20, c, s).unwrap();
+        // The second unit of row 1 is data stripe 1 of that row: on stripe 2.
+        assert_eq!(
+            m.copies((200 << 20) + 3 * 65536, 4096).unwrap(),
+            vec![(3, 65536)]
+        );
+        let r6 = chunk(
+            8 << 20,
+            BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_RAID6,
+            &[(1, 0), (2, 0)],
+        );
+        let (c, s) = parse_chunk(&r6).unwrap();
         assert!(matches!(
-            m.insert(200 << 20, c, s),
-            Err(Error::Unsupported(_))
+            m.insert(300 << 20, c, s),
+            Err(Error::Corrupt { .. })
         ));
     }
 
@@ -767,7 +930,10 @@ mod tests {
         assert_eq!(stripe_length(D | BTRFS_BLOCK_GROUP_RAID10, g, 4), g / 2);
         assert_eq!(stripe_length(D | BTRFS_BLOCK_GROUP_RAID5, 3 * g, 4), g);
         assert_eq!(stripe_length(D | BTRFS_BLOCK_GROUP_RAID6, 2 * g, 4), g);
-        assert_eq!(RaidAttr::of(D | BTRFS_BLOCK_GROUP_RAID6), None);
+        assert_eq!(
+            RaidAttr::of(D | BTRFS_BLOCK_GROUP_RAID6).map(|a| a.nparity),
+            Some(2)
+        );
         assert_eq!(RaidAttr::of(D).map(|a| a.devs_max), Some(1));
     }
 }

@@ -59,10 +59,7 @@ pub fn read_range(
                 if head.compression != BTRFS_COMPRESS_NONE {
                     let dlen = item.disk_num_bytes.get();
                     let mut disk = vec![0u8; dlen as usize];
-                    st.read_data(bytenr, &mut disk)?;
-                    if datasum {
-                        verify(st, bytenr, &disk, ino, k.offset)?;
-                    }
+                    read_verified(st, bytenr, &mut disk, datasum, ino, k.offset)?;
                     let ram = compress::decompress(
                         head.compression,
                         &disk,
@@ -82,10 +79,7 @@ pub fn read_range(
                     let slo = lo / ss * ss;
                     let shi = (lo + (b - a)).div_ceil(ss) * ss;
                     let mut buf = vec![0u8; (shi - slo) as usize];
-                    st.read_data(slo, &mut buf)?;
-                    if datasum {
-                        verify(st, slo, &buf, ino, k.offset)?;
-                    }
+                    read_verified(st, slo, &mut buf, datasum, ino, k.offset)?;
                     let from = (lo - slo) as usize;
                     out[(a - off) as usize..(b - off) as usize]
                         .copy_from_slice(&buf[from..from + (b - a) as usize]);
@@ -103,6 +97,40 @@ fn copy_in(out: &mut [u8], off: u64, at: u64, bytes: &[u8]) {
         out[(a - off) as usize..(b - off) as usize]
             .copy_from_slice(&bytes[(a - at) as usize..(b - at) as usize]);
     }
+}
+
+/// Read data at `bytenr` (whole sectors) and, unless `datasum` is false,
+/// verify it. Data that fails its checksums is read again from its other
+/// copies, or rebuilt from parity on RAID5/6, stripe unit by stripe unit,
+/// until each passes (the kernel's read repair, without the rewrite); a
+/// unit no copy gets right is an I/O error.
+fn read_verified(
+    st: &mut Store,
+    bytenr: u64,
+    buf: &mut [u8],
+    datasum: bool,
+    ino: u64,
+    file_off: u64,
+) -> Result<()> {
+    st.read_data(bytenr, buf)?;
+    if !datasum || verify(st, bytenr, buf, ino, file_off).is_ok() {
+        return Ok(());
+    }
+    let ss = st.sectorsize() as u64;
+    let csum = st.image().csum;
+    let cs = csum.size();
+    let sums = st.csum_lookup(bytenr, buf.len() as u64)?;
+    st.read_data_checked(bytenr, buf, &mut |at, bytes| {
+        let first = ((at - bytenr) / ss) as usize;
+        bytes
+            .chunks(ss as usize)
+            .enumerate()
+            .all(|(j, sector)| match sums.get(first + j) {
+                Some(w) => csum.compute(sector)[..cs] == *w,
+                None => true,
+            })
+    })?;
+    verify(st, bytenr, buf, ino, file_off)
 }
 
 /// Compare data read at `bytenr` with its stored checksums; sectors

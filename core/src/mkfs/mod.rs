@@ -47,6 +47,9 @@ pub struct Features {
     /// block groups (DATA|METADATA); nodes are one sector, data and
     /// metadata take one profile.
     pub mixed: bool,
+    /// `RAID56` incompat (`-O raid56`); set anyway when a profile is
+    /// RAID5 or RAID6, as mkfs.btrfs does.
+    pub raid56: bool,
 }
 
 impl Default for Features {
@@ -59,6 +62,7 @@ impl Default for Features {
             free_space_tree: true,
             block_group_tree: false,
             mixed: false,
+            raid56: false,
         }
     }
 }
@@ -78,10 +82,16 @@ impl Features {
                 "free-space-tree" | "fst" => self.free_space_tree = on,
                 "block-group-tree" | "bgt" => self.block_group_tree = on,
                 "mixed-bg" => self.mixed = on,
-                "raid56" | "zoned" | "raid1c34" | "quota" | "squota" | "extent-tree-v2" | "raid-stripe-tree" => {
+                "raid56" => self.raid56 = on,
+                "raid-stripe-tree" => {
+                    return Err(Error::Unsupported(
+                        "feature 'raid-stripe-tree' is not supported by btrkit-mkfs: RAID5/6 here use the classic layout (parity in every row, no stripe tree), which the kernel mounts without it".into(),
+                    ))
+                }
+                "zoned" | "raid1c34" | "quota" | "squota" | "extent-tree-v2" => {
                     return Err(Error::Unsupported(format!("feature '{name}' is not supported by btrkit-mkfs")))
                 }
-                _ => return Err(Error::Invalid(format!("unknown feature '{name}' (known: no-holes, skinny-metadata, extref, free-space-tree, block-group-tree, mixed-bg)"))),
+                _ => return Err(Error::Invalid(format!("unknown feature '{name}' (known: no-holes, skinny-metadata, extref, free-space-tree, block-group-tree, mixed-bg, raid56)"))),
             }
         }
         if self.block_group_tree && !self.free_space_tree {
@@ -149,8 +159,8 @@ impl Default for MkfsOptions {
 }
 
 /// A profile name as mkfs.btrfs takes it (`-m`/`-d`), as block group
-/// profile bits: single, dup, raid0, raid1, raid1c3, raid1c4, raid10.
-/// RAID5/6 are refused as unsupported.
+/// profile bits: single, dup, raid0, raid1, raid1c3, raid1c4, raid10,
+/// raid5, raid6.
 pub fn parse_profile(name: &str) -> Result<u64> {
     Ok(match name.to_ascii_lowercase().as_str() {
         "single" => 0,
@@ -160,14 +170,11 @@ pub fn parse_profile(name: &str) -> Result<u64> {
         "raid1c3" => BTRFS_BLOCK_GROUP_RAID1C3,
         "raid1c4" => BTRFS_BLOCK_GROUP_RAID1C4,
         "raid10" => BTRFS_BLOCK_GROUP_RAID10,
-        "raid5" | "raid6" => {
-            return Err(Error::Unsupported(format!(
-                "profile {name}: parity profiles are not supported yet"
-            )))
-        }
+        "raid5" => BTRFS_BLOCK_GROUP_RAID5,
+        "raid6" => BTRFS_BLOCK_GROUP_RAID6,
         _ => {
             return Err(Error::Invalid(format!(
-                "unknown profile '{name}' (single, dup, raid0, raid1, raid1c3, raid1c4, raid10)"
+                "unknown profile '{name}' (single, dup, raid0, raid1, raid1c3, raid1c4, raid10, raid5, raid6)"
             )))
         }
     })
@@ -183,6 +190,8 @@ fn profile_name(p: u64) -> &'static str {
         BTRFS_BLOCK_GROUP_RAID1C3 => "RAID1C3",
         BTRFS_BLOCK_GROUP_RAID1C4 => "RAID1C4",
         BTRFS_BLOCK_GROUP_RAID10 => "RAID10",
+        BTRFS_BLOCK_GROUP_RAID5 => "RAID5",
+        BTRFS_BLOCK_GROUP_RAID6 => "RAID6",
         _ => "?",
     }
 }
@@ -551,8 +560,17 @@ pub fn make_set(
     // Bootstrap blocks: chunk tree in the system chunk, the rest at the
     // start of the metadata chunk, each where no copy meets a superblock
     // copy on its device.
+    // A RAID5/6 block's write also writes its column's parity: every
+    // stripe of the column counts.
     let meets_super = |b: u64| -> Result<bool> {
-        Ok(map.copies(b, ns)?.iter().any(|&(_, p)| {
+        let mut at = Vec::new();
+        for p in map.pieces(b, ns)? {
+            at.extend(p.copies.iter().map(|c| c.1));
+            if let Some(col) = &p.parity {
+                at.extend(col.stripes.iter().map(|c| c.1));
+            }
+        }
+        Ok(at.iter().any(|&p| {
             (0..BTRFS_SUPER_MIRROR_MAX).any(|m| {
                 let s = btrfs_sb_offset(m);
                 p < s + BTRFS_SUPER_INFO_SIZE as u64 && s < p + ns
@@ -761,14 +779,31 @@ pub fn make_set(
     // Write the bootstrap blocks to every copy.
     let mut all = vec![chunk_leaf, root_leaf, extent_leaf, dev_leaf];
     all.extend(extra_leaves);
+    let mut parity_blocks = Vec::new();
     for mut b in all {
         edit::mark_written(&mut b);
         let c = crate::csum::block_csum(o.csum, &b);
         b[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
         let bytenr = u64::from_le_bytes(b[0x30..0x38].try_into().unwrap_or([0; 8]));
+        if map.lookup(bytenr).is_some_and(|m| m.nparity() > 0) {
+            parity_blocks.push((bytenr, b));
+            continue;
+        }
         for (devid, ph) in map.copies(bytenr, ns)? {
             staged[(devid - 1) as usize].write_at(ph, &b)?;
         }
+    }
+    if !parity_blocks.is_empty() {
+        let lookup: Vec<(u64, Arc<dyn BlockDevice>)> = staged
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (i as u64 + 1, d.clone() as Arc<dyn BlockDevice>))
+            .collect();
+        let refs: Vec<(u64, &[u8])> = parity_blocks
+            .iter()
+            .map(|(b, v)| (*b, v.as_slice()))
+            .collect();
+        crate::chunk::rmw::ParityWriter::new().write(&map, &refs, &lookup, false)?;
     }
 
     // The bootstrap superblock (held in memory by the staged device).
@@ -817,6 +852,11 @@ pub fn make_set(
     }
     if mixed {
         incompat |= BTRFS_FEATURE_INCOMPAT_MIXED_GROUPS;
+    }
+    if f.raid56
+        || (meta_profile | data_profile) & (BTRFS_BLOCK_GROUP_RAID5 | BTRFS_BLOCK_GROUP_RAID6) != 0
+    {
+        incompat |= BTRFS_FEATURE_INCOMPAT_RAID56;
     }
     sb.incompat_flags.set(incompat);
     sb.csum_type.set(o.csum.to_disk());
@@ -1122,8 +1162,11 @@ mod args_tests {
         let o = MkfsOptions::from_mkfs_args(&["-d", "raid1", "-m", "raid1c3"]).unwrap();
         assert_eq!(o.data_profile, Some(BTRFS_BLOCK_GROUP_RAID1));
         assert_eq!(o.metadata_profile, Some(BTRFS_BLOCK_GROUP_RAID1C3));
+        let o = MkfsOptions::from_mkfs_args(&["-d", "raid5", "-m", "raid6"]).unwrap();
+        assert_eq!(o.data_profile, Some(BTRFS_BLOCK_GROUP_RAID5));
+        assert_eq!(o.metadata_profile, Some(BTRFS_BLOCK_GROUP_RAID6));
         assert!(matches!(
-            MkfsOptions::from_mkfs_args(&["-d", "raid5"]),
+            MkfsOptions::from_mkfs_args(&["-O", "raid-stripe-tree"]),
             Err(Error::Unsupported(_))
         ));
         assert!(MkfsOptions::from_mkfs_args(&["-d", "raid7"]).is_err());

@@ -119,7 +119,7 @@ pub(crate) fn place_chunk(
     let chosen = &cands[..ndevs as usize];
     let mut stripe = chosen[chosen.len() - 1].max_avail / attr.dev_stripes;
     let num_stripes = ndevs * attr.dev_stripes;
-    let data_stripes = (num_stripes / attr.ncopies).max(1);
+    let data_stripes = (num_stripes.saturating_sub(attr.nparity) / attr.ncopies).max(1);
     if stripe.saturating_mul(data_stripes) > max_chunk {
         stripe = (max_chunk / data_stripes)
             .div_ceil(SZ_16M)
@@ -315,6 +315,14 @@ impl Store {
             g.free.remove(a, b);
         }
         self.alloc.groups.insert(logical, g);
+        // The first RAID5/6 chunk marks the filesystem (the kernel's
+        // check_raid56_incompat_flag).
+        if crate::chunk::nparity(flags) > 0 {
+            let f = self.sb.incompat_flags.get();
+            self.sb
+                .incompat_flags
+                .set(f | BTRFS_FEATURE_INCOMPAT_RAID56);
+        }
 
         let key = Key::new(
             BTRFS_FIRST_CHUNK_TREE_OBJECTID,

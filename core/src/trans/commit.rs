@@ -167,35 +167,53 @@ impl Store {
         let devs = self.img.device_list();
         let names: Vec<String> = devs.iter().map(|d| self.img.device_name(d.0)).collect();
         let degraded = self.img.degraded;
-        self.emit_dirty_blocks(which, &mut |devid, p, run| {
-            let Some(i) = devs.iter().position(|d| d.0 == devid) else {
-                // Opened degraded: the copies on a missing device are not
-                // written, as the kernel's degraded mount leaves them
-                // (every block keeps a copy on a device present, see
-                // emit_dirty_blocks).
-                if degraded {
-                    return Ok(());
-                }
-                return Err(Error::MissingDevice {
-                    devids: vec![devid],
-                    what: format!("device {devid} is missing: a tree block copy cannot be written"),
-                });
-            };
-            devs[i]
-                .1
-                .write_at(p, run)
-                .map_err(|e| on_device(e, &names[i], devs.len()))
-        })
+        let mut parity = Vec::new();
+        let n = self.emit_dirty_blocks(
+            which,
+            &mut |devid, p, run| {
+                let Some(i) = devs.iter().position(|d| d.0 == devid) else {
+                    // Opened degraded: the copies on a missing device are not
+                    // written, as the kernel's degraded mount leaves them
+                    // (every block keeps a copy on a device present, see
+                    // emit_dirty_blocks).
+                    if degraded {
+                        return Ok(());
+                    }
+                    return Err(Error::MissingDevice {
+                        devids: vec![devid],
+                        what: format!(
+                            "device {devid} is missing: a tree block copy cannot be written"
+                        ),
+                    });
+                };
+                devs[i]
+                    .1
+                    .write_at(p, run)
+                    .map_err(|e| on_device(e, &names[i], devs.len()))
+            },
+            &mut parity,
+        )?;
+        if !parity.is_empty() {
+            let refs: Vec<(u64, &[u8])> = parity.iter().map(|(b, v)| (*b, v.as_slice())).collect();
+            self.img
+                .parity
+                .write(&self.img.chunks, &refs, self.img.device_map(), degraded)?;
+        }
+        Ok(n)
     }
 
     /// Every dirty block of the trees `which` selects, checksummed and
     /// marked written, handed to `sink` as (devid, physical offset, bytes)
     /// runs in ascending order; they are clean after (the next change
     /// copies them).
+    ///
+    /// Blocks in RAID5/6 chunks are not handed to `sink`: they go to
+    /// `parity` as (bytenr, bytes), for the parity writer.
     pub(super) fn emit_dirty_blocks(
         &mut self,
         which: &dyn Fn(TreeId) -> bool,
         sink: &mut dyn FnMut(u64, u64, &[u8]) -> Result<()>,
+        parity: &mut Vec<(u64, Vec<u8>)>,
     ) -> Result<usize> {
         let list = self.cache.dirty_blocks(which);
         let csum = self.img.csum;
@@ -203,6 +221,7 @@ impl Store {
         // ascending order.
         let mut writes: Vec<((u64, u64), u64)> = Vec::with_capacity(list.len() * 2);
         let mut log_bytes = 0u64;
+        let mut parity_bytes = 0u64;
         for &b in &list {
             let is_log = self.cache.dirty_tree(b).is_some_and(|t| t.is_log());
             let buf = self
@@ -213,6 +232,15 @@ impl Store {
             let c = crate::csum::block_csum(csum, buf);
             buf[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
             let len = buf.len() as u64;
+            if self.img.chunks.lookup(b).is_some_and(|m| m.nparity() > 0) {
+                parity.push((b, buf.to_vec()));
+                parity_bytes += len;
+                if is_log {
+                    log_bytes += len;
+                    self.log_blocks.insert(b, true);
+                }
+                continue;
+            }
             let copies = self.img.chunks.copies(b, len)?;
             if !copies.iter().any(|c| self.img.device_of(c.0).is_some()) {
                 return Err(Error::MissingDevice {
@@ -234,7 +262,7 @@ impl Store {
         let ns = self.nodesize() as u64;
         let mut i = 0;
         let mut run: Vec<u8> = Vec::new();
-        let mut total = 0u64;
+        let mut total = parity_bytes;
         while i < writes.len() {
             let (devid, start) = writes[i].0;
             run.clear();

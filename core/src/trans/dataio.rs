@@ -12,18 +12,30 @@
 //! must see queued data overlay by logical address too.
 
 use super::dataq::{self, DataQueue, Owner};
-use super::datawrite::{DataWait, DataWriter, Target};
+use super::datawrite::{DataWait, DataWriter, Destination, ParitySink, Target};
+use crate::chunk::rmw::{DeviceLookup, ParityWriter};
 use crate::chunk::ChunkMap;
 use crate::io::BlockDevice;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// The devices present, by devid, with their names for errors.
+struct DevMap(BTreeMap<u64, (Arc<dyn BlockDevice>, Arc<str>)>);
+
+impl DeviceLookup for DevMap {
+    fn device(&self, devid: u64) -> Option<&dyn BlockDevice> {
+        self.0.get(&devid).map(|d| d.0.as_ref())
+    }
+}
+
 /// The data write path of a mounted filesystem.
 pub struct DataIo {
     /// The devices present, by devid, with their names for errors (empty
     /// names on a single-device filesystem).
-    devs: BTreeMap<u64, (Arc<dyn BlockDevice>, Arc<str>)>,
+    devs: Arc<DevMap>,
+    /// The filesystem's one writer of RAID5/6 rows.
+    parity: Arc<ParityWriter>,
     /// Opened degraded: a copy on a missing device is not written (a piece
     /// with no copy on a present device still fails).
     degraded: bool,
@@ -42,14 +54,20 @@ pub struct DataIo {
 
 impl DataIo {
     /// The data path of the devices `devs` (devid, device, name), writing
-    /// on the caller's thread.
-    pub fn new(devs: Vec<(u64, Arc<dyn BlockDevice>, String)>, degraded: bool) -> DataIo {
+    /// on the caller's thread; RAID5/6 rows through `parity`.
+    pub fn new(
+        devs: Vec<(u64, Arc<dyn BlockDevice>, String)>,
+        degraded: bool,
+        parity: Arc<ParityWriter>,
+    ) -> DataIo {
         let named = devs.len() > 1;
         DataIo {
-            devs: devs
-                .into_iter()
-                .map(|(id, d, n)| (id, (d, Arc::from(if named { n.as_str() } else { "" }))))
-                .collect(),
+            devs: Arc::new(DevMap(
+                devs.into_iter()
+                    .map(|(id, d, n)| (id, (d, Arc::from(if named { n.as_str() } else { "" }))))
+                    .collect(),
+            )),
+            parity,
             degraded,
             queue: DataQueue::default(),
             owner: (0, 0),
@@ -64,18 +82,50 @@ impl DataIo {
         let mut out = Vec::new();
         for p in map.pieces(at, len as u64)? {
             let from = (p.offset - at) as usize;
+            if p.parity.is_some() {
+                // The pieces of one chunk are one target, so a row the run
+                // covers is written whole, with no read.
+                let chunk = map
+                    .lookup(p.offset)
+                    .ok_or_else(|| Error::Internal("parity piece outside its chunk".into()))?;
+                if let Some(Target {
+                    len: l,
+                    to: Destination::Parity { sink, .. },
+                    ..
+                }) = out.last_mut()
+                {
+                    if sink.chunk.lookup(p.offset).is_some() {
+                        *l += p.len as usize;
+                        continue;
+                    }
+                }
+                out.push(Target {
+                    from,
+                    len: p.len as usize,
+                    to: Destination::Parity {
+                        logical: p.offset,
+                        sink: Arc::new(ParitySink {
+                            writer: self.parity.clone(),
+                            chunk: ChunkMap::of_one(chunk.clone()),
+                            devs: self.devs.clone(),
+                            degraded: self.degraded,
+                        }),
+                    },
+                });
+                continue;
+            }
             let mut written = 0;
             let mut missing = Vec::new();
             for (devid, phys) in p.copies {
-                match self.devs.get(&devid) {
+                match self.devs.0.get(&devid) {
                     Some((dev, name)) => {
-                        out.push(Target {
-                            dev: dev.clone(),
-                            name: name.clone(),
+                        out.push(Target::copy(
+                            dev.clone(),
+                            name.clone(),
                             phys,
                             from,
-                            len: p.len as usize,
-                        });
+                            p.len as usize,
+                        ));
                         written += 1;
                     }
                     None => missing.push(devid),

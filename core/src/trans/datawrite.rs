@@ -32,21 +32,69 @@ const IN_FLIGHT: usize = 16 << 20;
 const SPARE: usize = 6;
 
 /// Where part of a job's bytes go: `len` bytes from `from` in its data to
-/// physical offset `phys` of `dev` (one copy of one stripe unit).
+/// one copy of one stripe unit, or into a RAID5/6 chunk with its parity.
 pub struct Target {
-    /// The device the copy is on.
-    pub dev: Arc<dyn BlockDevice>,
-    /// The device's name for an error, empty on a single-device filesystem.
-    pub name: Arc<str>,
-    /// Physical byte offset on `dev`.
-    pub phys: u64,
     /// Offset of the piece in the job's data.
     pub from: usize,
     /// Length of the piece.
     pub len: usize,
+    /// Where it goes.
+    pub to: Destination,
+}
+
+/// The place a [`Target`]'s bytes are written.
+pub enum Destination {
+    /// One copy: physical offset `phys` of `dev`.
+    Copy {
+        /// The device the copy is on.
+        dev: Arc<dyn BlockDevice>,
+        /// The device's name for an error, empty on a single-device
+        /// filesystem.
+        name: Arc<str>,
+        /// Physical byte offset on `dev`.
+        phys: u64,
+    },
+    /// Logical address `logical` of a RAID5/6 chunk: written with the
+    /// parity of its rows by the filesystem's one parity writer, when the
+    /// job's turn comes (so the rows' other data is what the jobs before
+    /// left on the devices).
+    Parity {
+        /// The logical address of the piece.
+        logical: u64,
+        /// The writer, the chunk and the devices.
+        sink: Arc<ParitySink>,
+    },
+}
+
+/// What a parity [`Destination`] needs to write: the filesystem's parity
+/// writer, the chunk's mapping and the devices present.
+pub struct ParitySink {
+    /// The filesystem's one writer of RAID5/6 rows.
+    pub writer: Arc<crate::chunk::rmw::ParityWriter>,
+    /// The chunk the piece is in (alone).
+    pub chunk: crate::chunk::ChunkMap,
+    /// The devices present.
+    pub devs: Arc<dyn crate::chunk::rmw::DeviceLookup + Send + Sync>,
+    /// Stripes on missing devices are left unwritten.
+    pub degraded: bool,
 }
 
 impl Target {
+    /// A target of one copy.
+    pub fn copy(
+        dev: Arc<dyn BlockDevice>,
+        name: Arc<str>,
+        phys: u64,
+        from: usize,
+        len: usize,
+    ) -> Target {
+        Target {
+            from,
+            len,
+            to: Destination::Copy { dev, name, phys },
+        }
+    }
+
     /// Write this target's piece of `data`; an error names the device.
     pub fn write(&self, data: &[u8]) -> Result<()> {
         let piece = data.get(self.from..self.from + self.len).ok_or_else(|| {
@@ -57,13 +105,26 @@ impl Target {
                 data.len()
             ))
         })?;
-        self.dev.write_at(self.phys, piece).map_err(|e| match e {
-            Error::Io { context, err } if !self.name.is_empty() => Error::Io {
-                context: format!("{}: {context}", self.name),
-                err,
-            },
-            e => e,
-        })
+        match &self.to {
+            Destination::Copy { dev, name, phys } => {
+                dev.write_at(*phys, piece).map_err(|e| match e {
+                    Error::Io { context, err } if !name.is_empty() => Error::Io {
+                        context: format!("{name}: {context}"),
+                        err,
+                    },
+                    e => e,
+                })
+            }
+            Destination::Parity { logical, sink } => sink
+                .writer
+                .write(
+                    &sink.chunk,
+                    &[(*logical, piece)],
+                    sink.devs.as_ref(),
+                    sink.degraded,
+                )
+                .map(|_| ()),
+        }
     }
 }
 
@@ -297,13 +358,7 @@ mod tests {
     use crate::io::MemDevice;
 
     fn to(dev: &Arc<MemDevice>, phys: u64, len: usize) -> Vec<Target> {
-        vec![Target {
-            dev: dev.clone(),
-            name: "".into(),
-            phys,
-            from: 0,
-            len,
-        }]
+        vec![Target::copy(dev.clone(), "".into(), phys, 0, len)]
     }
 
     #[test]
@@ -349,13 +404,7 @@ mod tests {
         let data: Vec<u8> = (0..8192u32).map(|i| (i / 4096) as u8 + 1).collect();
         let mut t = to(&a, 4096, 8192);
         t.extend(to(&b, 0, 4096));
-        t.push(Target {
-            dev: b.clone(),
-            name: "b".into(),
-            phys: 32768,
-            from: 4096,
-            len: 4096,
-        });
+        t.push(Target::copy(b.clone(), "b".into(), 32768, 4096, 4096));
         w.submit(1 << 40, data, t);
         w.wait_all().unwrap_or_else(|e| panic!("{e}"));
         let read = |d: &MemDevice, at: u64| {

@@ -111,13 +111,24 @@ impl Store {
         // The logged data is on disk already (the caller wrote what the
         // logged extents need).
         let mut runs: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+        let mut parity_blocks = Vec::new();
         self.emit_dirty_blocks(
             &|t: TreeId| t == TreeId::Log(subvol) || t == TreeId::LogRoot,
             &mut |devid, p, run| {
                 runs.push((devid, p, run.to_vec()));
                 Ok(())
             },
+            &mut parity_blocks,
         )?;
+        // RAID5/6 blocks are written with their rows' parity when the sync
+        // runs, under the parity writer's lock (the rows' other blocks are
+        // then what is on the devices).
+        let parity = (!parity_blocks.is_empty()).then(|| ParityBlocks {
+            writer: self.img.parity.clone(),
+            chunks: self.img.chunks.clone(),
+            blocks: parity_blocks,
+            degraded: self.img.degraded,
+        });
         let (log_root, log_level) = {
             let st = self
                 .roots
@@ -149,10 +160,20 @@ impl Store {
         Ok(LogSyncIo {
             data: self.data_wait(),
             runs,
+            parity,
             devices,
             supers,
         })
     }
+}
+
+/// Tree blocks of a log sync that lie in RAID5/6 chunks.
+struct ParityBlocks {
+    writer: std::sync::Arc<crate::chunk::rmw::ParityWriter>,
+    chunks: crate::chunk::ChunkMap,
+    /// (bytenr, bytes).
+    blocks: Vec<(u64, Vec<u8>)>,
+    degraded: bool,
 }
 
 /// The writes of one log sync (see [`Store::prepare_log_sync`]): the log's
@@ -164,6 +185,8 @@ pub struct LogSyncIo {
     data: Option<super::datawrite::DataWait>,
     /// (devid, physical, bytes) of the log's blocks, every copy.
     runs: Vec<(u64, u64, Vec<u8>)>,
+    /// The log's blocks in RAID5/6 chunks.
+    parity: Option<ParityBlocks>,
     /// Every device, by devid.
     devices: Vec<(u64, Arc<dyn BlockDevice>)>,
     /// Each device's primary superblock naming the log.
@@ -183,6 +206,12 @@ impl LogSyncIo {
                 }
             })?;
             dev.1.write_at(*p, run)?;
+        }
+        if let Some(pb) = &self.parity {
+            let refs: Vec<(u64, &[u8])> =
+                pb.blocks.iter().map(|(b, v)| (*b, v.as_slice())).collect();
+            pb.writer
+                .write(&pb.chunks, &refs, &self.devices, pb.degraded)?;
         }
         if let Some(d) = &self.data {
             d.wait()?;

@@ -326,6 +326,7 @@ impl Store {
                 .map(|(id, d)| (id, d.clone(), img.device_name(id)))
                 .collect(),
             img.degraded,
+            img.parity.clone(),
         );
         let other_dev_items = img
             .devices()
@@ -882,6 +883,23 @@ impl Store {
     /// being written.
     pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
         self.img.read_logical(bytenr, buf)?;
+        if self.data.has_pending() {
+            self.data.overlay(bytenr, buf);
+        }
+        Ok(())
+    }
+
+    /// Read data at logical `bytenr` stripe unit by stripe unit from the
+    /// first copy (or RAID5/6 rebuild) `accept` takes (see
+    /// [`Image::read_logical_checked`]), then what is still queued or being
+    /// written over it.
+    pub fn read_data_checked(
+        &self,
+        bytenr: u64,
+        buf: &mut [u8],
+        accept: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> Result<()> {
+        self.img.read_logical_checked(bytenr, buf, accept)?;
         if self.data.has_pending() {
             self.data.overlay(bytenr, buf);
         }
