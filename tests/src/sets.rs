@@ -2,8 +2,11 @@
 //! (loop devices, `device=` options), `btrfs check` and btrkit-fsck over
 //! every device.
 
+use crate::bin_path;
+use crate::fsck_support::fsck_bin;
 use crate::kcrash::{self, Manifest};
-use crate::mount::{attach_loop, detach_loop};
+use crate::kimage::run_ok;
+use crate::mount::{attach_loop, detach_loop, LoopMount};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -117,12 +120,22 @@ pub fn without_host_fields(m: &Manifest, restored: bool) -> Manifest {
 /// applied in memory) show `want` (what the kernel shows after its own
 /// replay of the same set), and leave every device as it was.
 pub fn read_paths_match(devs: &[PathBuf], want: &Manifest, work: &Path) -> Result<(), String> {
+    read_paths_match_with(devs, want, work, &[])
+}
+
+/// [`read_paths_match`], both tools given `flags` (`--degraded`).
+pub fn read_paths_match_with(
+    devs: &[PathBuf],
+    want: &Manifest,
+    work: &Path,
+    flags: &[&str],
+) -> Result<(), String> {
     let digests: Vec<String> = devs
         .iter()
         .map(|d| kcrash::image_digest(d))
         .collect::<Result<_, _>>()?;
     let paths: Vec<&Path> = devs.iter().map(PathBuf::as_path).collect();
-    let m = crate::FuseMount::mount(&paths, &work.join("fuse"), &[])?;
+    let m = crate::FuseMount::mount(&paths, &work.join("fuse"), flags)?;
     let mounted = kcrash::manifest_of_tree(m.path());
     m.unmount()?;
     let (mounted, want_m) = (
@@ -137,6 +150,7 @@ pub fn read_paths_match(devs: &[PathBuf], want: &Manifest, work: &Path) -> Resul
     }
     let out = work.join("restored");
     let o = Command::new(crate::bin_path("btrkit-restore"))
+        .args(flags)
         .args(devs)
         .arg(&out)
         .args(["-m", "--snapshots", "--json"])
@@ -184,4 +198,154 @@ pub fn read_paths_match(devs: &[PathBuf], want: &Manifest, work: &Path) -> Resul
         }
     }
     Ok(())
+}
+
+/// Image files of 256 MiB made one filesystem by mkfs.btrfs `extra`.
+pub fn mkfs(images: &[&Path], extra: &[&str]) {
+    for img in images {
+        std::fs::File::create(img)
+            .unwrap()
+            .set_len(256 << 20)
+            .unwrap();
+    }
+    run_ok(
+        Command::new("mkfs.btrfs")
+            .args(["-q", "-f"])
+            .args(extra)
+            .args(images),
+    );
+}
+
+/// A filesystem on `n` image files made by mkfs.btrfs with `args`, the
+/// files written by the kernel through a mount of all of them.
+pub struct KernelSet {
+    _dir: tempfile::TempDir,
+    /// The device files, devid order.
+    pub paths: Vec<PathBuf>,
+}
+
+impl KernelSet {
+    /// Make it: `n` files of 256 MiB, mkfs.btrfs `args`, files written.
+    pub fn new(n: usize, args: &[&str]) -> KernelSet {
+        let dir = tempfile::tempdir().unwrap();
+        let paths: Vec<PathBuf> = (1..=n)
+            .map(|i| dir.path().join(format!("d{i}.img")))
+            .collect();
+        let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+        // Without the free space tree: mkfs.btrfs 6.2 leaves stale entries
+        // in it; the kernel builds it at the first mount (space_cache=v2).
+        let mut a = vec!["-R", "^free-space-tree"];
+        a.extend_from_slice(args);
+        mkfs(&refs, &a);
+        let mut opts: Vec<String> = paths[1..]
+            .iter()
+            .map(|p| format!("device={}", p.display()))
+            .collect();
+        opts.push("space_cache=v2".into());
+        let m = LoopMount::new(&paths[0], &opts.join(",")).unwrap();
+        write_files(m.path());
+        drop(m);
+        KernelSet { _dir: dir, paths }
+    }
+}
+
+/// Files of many sizes (inline, one sector, several stripe units), a
+/// hard link, a symlink and an xattr, in a few directories.
+pub fn write_files(root: &Path) {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for d in 0..4 {
+        let dir = root.join(format!("dir{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..60 {
+            let len = match f % 4 {
+                0 => next() % 2000,
+                1 => 4096,
+                2 => next() % 300_000,
+                _ => 65536 * 3 + next() % 65536,
+            } as usize;
+            let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            std::fs::write(dir.join(format!("f{f}")), data).unwrap();
+        }
+    }
+    std::fs::hard_link(root.join("dir0/f1"), root.join("dir1/link")).unwrap();
+    std::os::unix::fs::symlink("dir0/f2", root.join("sym")).unwrap();
+    run_ok(
+        Command::new("setfattr")
+            .args(["-n", "user.k", "-v", "v"])
+            .arg(root.join("dir2/f3")),
+    );
+}
+
+/// btrkit-fsck's JSON report (exit code, report) over `devs`.
+pub fn fsck(devs: &[&Path], extra: &[&str]) -> (i32, serde_json::Value, String) {
+    let o = Command::new(fsck_bin())
+        .arg("--json")
+        .args(extra)
+        .args(devs)
+        .output()
+        .unwrap();
+    let code = o.status.code().unwrap_or(-1);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+    (code, v, err)
+}
+
+/// (severity, category, message) of each finding of a JSON report.
+pub fn findings(r: &serde_json::Value) -> Vec<(String, String, String)> {
+    r["findings"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| {
+                    (
+                        f["severity"].as_str().unwrap_or("").to_string(),
+                        f["category"].as_str().unwrap_or("").to_string(),
+                        f["message"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `btrkit-dump tree` over `devs` (plus `extra` arguments).
+pub fn dump(devs: &[&Path], extra: &[&str]) -> String {
+    let o = Command::new(bin_path("btrkit-dump"))
+        .arg("tree")
+        .args(extra)
+        .args(devs)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "btrkit-dump tree {devs:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `btrfs inspect-internal dump-tree` of the set, its devices on loop
+/// devices (btrfs-progs finds the others by scanning).
+pub fn progs_dump(paths: &[PathBuf]) -> String {
+    let loops: Vec<PathBuf> = paths.iter().map(|p| attach_loop(p).unwrap()).collect();
+    let o = Command::new("btrfs")
+        .args(["inspect-internal", "dump-tree"])
+        .arg(&loops[0])
+        .output();
+    for l in &loops {
+        let _ = detach_loop(l);
+    }
+    let o = o.unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.starts_with("btrfs-progs"))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }

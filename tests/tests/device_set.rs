@@ -7,28 +7,13 @@
 
 use btrkit_core::devices::DeviceSet;
 use btrkit_core::io::{BlockDevice, FileDevice};
-use btrkit_tests::fsck_support::fsck_bin;
 use btrkit_tests::kimage::run_ok;
-use btrkit_tests::mount::{attach_loop, detach_loop, LoopMount};
+use btrkit_tests::mount::LoopMount;
+use btrkit_tests::sets::{dump, findings, fsck, mkfs, progs_dump, KernelSet};
 use btrkit_tests::{bin_path, require_btrfs_progs, require_kernel_mount, skip_unless};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-
-fn mkfs(images: &[&Path], extra: &[&str]) {
-    for img in images {
-        std::fs::File::create(img)
-            .unwrap()
-            .set_len(256 << 20)
-            .unwrap();
-    }
-    run_ok(
-        Command::new("mkfs.btrfs")
-            .args(["-q", "-f"])
-            .args(extra)
-            .args(images),
-    );
-}
 
 fn open(paths: &[&PathBuf]) -> btrkit_core::Result<DeviceSet> {
     DeviceSet::assemble(
@@ -97,137 +82,6 @@ fn replay_refuses_one_device_of_a_set() {
         .unwrap();
     assert!(!o.status.success());
     assert_eq!(std::fs::read(&a).unwrap(), before);
-}
-
-/// A filesystem on `n` image files made by mkfs.btrfs with `args`, the
-/// files written by the kernel through a mount of all of them.
-struct KernelSet {
-    _dir: tempfile::TempDir,
-    paths: Vec<PathBuf>,
-}
-
-impl KernelSet {
-    fn new(n: usize, args: &[&str]) -> KernelSet {
-        let dir = tempfile::tempdir().unwrap();
-        let paths: Vec<PathBuf> = (1..=n)
-            .map(|i| dir.path().join(format!("d{i}.img")))
-            .collect();
-        let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
-        // Without the free space tree: mkfs.btrfs 6.2 leaves stale entries
-        // in it; the kernel builds it at the first mount (space_cache=v2).
-        let mut a = vec!["-R", "^free-space-tree"];
-        a.extend_from_slice(args);
-        mkfs(&refs, &a);
-        let mut opts: Vec<String> = paths[1..]
-            .iter()
-            .map(|p| format!("device={}", p.display()))
-            .collect();
-        opts.push("space_cache=v2".into());
-        let m = LoopMount::new(&paths[0], &opts.join(",")).unwrap();
-        write_files(m.path());
-        drop(m);
-        KernelSet { _dir: dir, paths }
-    }
-}
-
-/// Files of many sizes (inline, one sector, several stripe units), a
-/// hard link, a symlink and an xattr, in a few directories.
-fn write_files(root: &Path) {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    for d in 0..4 {
-        let dir = root.join(format!("dir{d}"));
-        std::fs::create_dir(&dir).unwrap();
-        for f in 0..60 {
-            let len = match f % 4 {
-                0 => next() % 2000,
-                1 => 4096,
-                2 => next() % 300_000,
-                _ => 65536 * 3 + next() % 65536,
-            } as usize;
-            let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
-            std::fs::write(dir.join(format!("f{f}")), data).unwrap();
-        }
-    }
-    std::fs::hard_link(root.join("dir0/f1"), root.join("dir1/link")).unwrap();
-    std::os::unix::fs::symlink("dir0/f2", root.join("sym")).unwrap();
-    run_ok(
-        Command::new("setfattr")
-            .args(["-n", "user.k", "-v", "v"])
-            .arg(root.join("dir2/f3")),
-    );
-}
-
-/// btrkit-fsck's JSON report (exit code, report) over `devs`.
-fn fsck(devs: &[&Path], extra: &[&str]) -> (i32, serde_json::Value, String) {
-    let o = Command::new(fsck_bin())
-        .arg("--json")
-        .args(extra)
-        .args(devs)
-        .output()
-        .unwrap();
-    let code = o.status.code().unwrap_or(-1);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
-    (code, v, err)
-}
-
-fn findings(r: &serde_json::Value) -> Vec<(String, String, String)> {
-    r["findings"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|f| {
-                    (
-                        f["severity"].as_str().unwrap_or("").to_string(),
-                        f["category"].as_str().unwrap_or("").to_string(),
-                        f["message"].as_str().unwrap_or("").to_string(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// `btrkit-dump tree` over `devs` (plus `extra` arguments).
-fn dump(devs: &[&Path], extra: &[&str]) -> String {
-    let o = Command::new(bin_path("btrkit-dump"))
-        .arg("tree")
-        .args(extra)
-        .args(devs)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "btrkit-dump tree {devs:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// `btrfs inspect-internal dump-tree` of the set, its devices on loop
-/// devices (btrfs-progs finds the others by scanning).
-fn progs_dump(paths: &[PathBuf]) -> String {
-    let loops: Vec<PathBuf> = paths.iter().map(|p| attach_loop(p).unwrap()).collect();
-    let o = Command::new("btrfs")
-        .args(["inspect-internal", "dump-tree"])
-        .arg(&loops[0])
-        .output();
-    for l in &loops {
-        let _ = detach_loop(l);
-    }
-    let o = o.unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter(|l| !l.starts_with("btrfs-progs"))
-        .map(|l| format!("{l}\n"))
-        .collect()
 }
 
 /// Every profile of a set: btrkit-fsck reads every copy of every tree

@@ -4,8 +4,8 @@
 //! Scenarios of the replay corpus (those that do not choose their own
 //! profiles) get `devices N` and `mkfs -m P -d P` for each of: raid1 on
 //! two devices, raid10 on four, raid1c3 on three, dup metadata with raid0
-//! data on two, and mixed block groups (`-M`) on one device and as raid1
-//! on two. Each runs twice through each side:
+//! data on two, mixed block groups (`-M`) on one device and as raid1
+//! on two, raid5 on three and raid6 on four (every write through parity). Each runs twice through each side:
 //! - cut before its first crash and ended with `sync` (as engine_kernel):
 //!   btrkit-shell makes the set with btrkit-mkfs's layout, the kernel runs
 //!   the script on a set mkfs.btrfs made; the kernel mounts our set and must
@@ -31,13 +31,15 @@ mod families;
 
 /// The profiles: (devices, mkfs arguments, short name). Mixed block
 /// groups (one device and a raid1 pair) too.
-const PROFILES: [(usize, &str, &str); 6] = [
+const PROFILES: [(usize, &str, &str); 8] = [
     (2, "-m raid1 -d raid1", "raid1"),
     (4, "-m raid10 -d raid10", "raid10"),
     (3, "-m raid1c3 -d raid1c3", "raid1c3"),
     (2, "-m dup -d raid0", "dup-raid0"),
     (1, "-M", "mixed"),
     (2, "-M -m raid1 -d raid1", "mixed-raid1"),
+    (3, "-m raid5 -d raid5", "raid5"),
+    (4, "-m raid6 -d raid6", "raid6"),
 ];
 
 /// `scn` on a set: `devices N` and the profiles ahead of its text. Mixed

@@ -1,14 +1,18 @@
 //! `btrkit-replay` on filesystems of several devices against the kernel's
 //! own replay of the same crash: scenarios of the replay corpus run by the
 //! kernel on sets of loop devices (raid1 on two, raid10 on four, raid1c3 on
-//! three), every device copied at the crash. For each: the kernel replays a
+//! three, raid5 on three, raid6 on four), every device copied at the crash. For each: the kernel replays a
 //! copy of the set at mount; `btrkit-replay a b ... -o DIR` writes one file
 //! per device, leaves the crash devices untouched, and its set mounts
 //! read-only with exactly the kernel's tree; btrkit-fsck and btrfs check
 //! find it clean; a second copy replayed in place gives the same.
 //!
-//! Also degraded: a RAID1 crash set with a device lost, replayed by the
-//! kernel at a degraded mount and by `btrkit-replay --degraded`.
+//! Also degraded: RAID1, RAID5 and RAID6 crash sets with a device (RAID6:
+//! two) lost, replayed by the kernel at a degraded mount and by
+//! `btrkit-replay --degraded` (which writes the parity of the rows it
+//! touches on the devices left, as the kernel does); btrkit-fsck finds the
+//! parity of our degraded replay consistent once the set is whole again
+//! where the lost devices were not written.
 //!
 //! `BTRKIT_SET_SCENARIOS=N` runs every Nth scenario of the corpus per
 //! profile (default 4, each profile a different quarter).
@@ -123,10 +127,12 @@ fn replay_on_sets_matches_the_kernel() {
         .unwrap_or(4)
         .max(1);
     let corpus = set_corpus();
-    let profiles: [(usize, &[&str]); 3] = [
+    let profiles: [(usize, &[&str]); 5] = [
         (2, &["-d", "raid1", "-m", "raid1"]),
         (4, &["-d", "raid10", "-m", "raid10"]),
         (3, &["-d", "raid1c3", "-m", "raid1c3"]),
+        (3, &["-d", "raid5", "-m", "raid5"]),
+        (4, &["-d", "raid6", "-m", "raid6"]),
     ];
     let mut jobs = Vec::new();
     for (p, (n, args)) in profiles.iter().enumerate() {
@@ -147,11 +153,12 @@ fn replay_on_sets_matches_the_kernel() {
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
 
-/// A RAID1 crash set with its second device lost: the kernel replays the
-/// log at a degraded mount of the first alone; `btrkit-replay --degraded`
-/// on the first alone gives the same tree (without `--degraded`, a refusal
-/// that writes nothing).
-fn one_degraded(scn: &Scenario) -> Result<(), String> {
+/// A crash set of `n` devices made with `profile`, the devices `lose`
+/// (indexes) lost: the kernel replays the log at a degraded mount of the
+/// others; `btrkit-replay --degraded` on the others gives the same tree
+/// (without `--degraded`, a refusal that writes nothing), and btrkit-fsck
+/// reads ours degraded without an error.
+fn one_degraded(scn: &Scenario, n: usize, profile: &[&str], lose: &[usize]) -> Result<(), String> {
     let work = tempfile::Builder::new()
         .prefix(&format!("deg-{}-", scn.name))
         .tempdir()
@@ -159,18 +166,30 @@ fn one_degraded(scn: &Scenario) -> Result<(), String> {
     let w = work.path();
     let crash = {
         let _s = kcrash::slot();
-        kcrash::generate_on_set(scn, &w.join("gen"), 2, &["-d", "raid1", "-m", "raid1"])?
+        kcrash::generate_on_set(scn, &w.join("gen"), n, profile)?
     };
-    let first = &crash.devices[..1];
-    let k = copy_set(first, &w.join("k"), "k");
+    let left: Vec<PathBuf> = crash
+        .devices
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !lose.contains(i))
+        .map(|(_, d)| d.clone())
+        .collect();
+    let k = copy_set(&left, &w.join("k"), "k");
     let kernel = manifest(&k, "rw,degraded").map_err(|e| format!("kernel mount: {e}"))?;
 
-    let ours = copy_set(first, &w.join("o"), "o");
-    let before = std::fs::read(&ours[0]).unwrap();
-    if replay(&[&ours[0]], &[]).is_ok() || std::fs::read(&ours[0]).unwrap() != before {
-        return Err("one device of two replayed without --degraded".into());
+    let ours = copy_set(&left, &w.join("o"), "o");
+    let refs: Vec<&Path> = ours.iter().map(PathBuf::as_path).collect();
+    let before: Vec<Vec<u8>> = ours.iter().map(|d| std::fs::read(d).unwrap()).collect();
+    if replay(&refs, &[]).is_ok()
+        || ours
+            .iter()
+            .zip(&before)
+            .any(|(d, b)| std::fs::read(d).unwrap() != *b)
+    {
+        return Err("a set with devices lost replayed without --degraded".into());
     }
-    replay(&[&ours[0]], &["--degraded"])?;
+    replay(&refs, &["--degraded"])?;
     let (_, log) = kcrash::super_log_root(&ours[0])?;
     if log != 0 {
         return Err(format!("log_root {log} after replay"));
@@ -182,15 +201,50 @@ fn one_degraded(scn: &Scenario) -> Result<(), String> {
             kernel.short_diff(&m, 8)
         ));
     }
+    let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
+        .args(["--json", "--degraded", "--check-data-csum"])
+        .args(&ours)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .map_err(|_| format!("btrkit-fsck: {}", String::from_utf8_lossy(&o.stderr)))?;
+    let errors: Vec<String> = r["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["severity"] == "error" && f["category"] != "free-space-stale")
+        .map(|f| f["message"].to_string())
+        .collect();
+    if !errors.is_empty() {
+        return Err(format!(
+            "btrkit-fsck --degraded of ours: {}",
+            errors.join(" | ")
+        ));
+    }
     Ok(())
 }
 
 #[test]
 fn degraded_replay_matches_the_kernel() {
     skip_unless!(require_kernel_mount());
-    let corpus: Vec<Scenario> = set_corpus().into_iter().step_by(8).collect();
-    let results = kcrash::parallel_map(&corpus, kcrash::max_jobs(), |_, s| {
-        (s.name.clone(), one_degraded(s))
+    let profiles: [(usize, &[&str], &[usize]); 3] = [
+        (2, &["-d", "raid1", "-m", "raid1"], &[1]),
+        (3, &["-d", "raid5", "-m", "raid5"], &[1]),
+        (4, &["-d", "raid6", "-m", "raid6"], &[0, 2]),
+    ];
+    let mut corpus = Vec::new();
+    for (p, prof) in profiles.iter().enumerate() {
+        for (i, s) in set_corpus().into_iter().enumerate() {
+            if i % 8 == p {
+                corpus.push((s, *prof));
+            }
+        }
+    }
+    let results = kcrash::parallel_map(&corpus, kcrash::max_jobs(), |_, (s, (n, args, lose))| {
+        (
+            format!("{} on {args:?} without {lose:?}", s.name),
+            one_degraded(s, *n, args, lose),
+        )
     });
     let failed: Vec<String> = results
         .into_iter()
