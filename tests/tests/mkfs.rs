@@ -603,11 +603,15 @@ fn set_bad_input_is_refused() {
         "needs at least 4 devices",
     );
     one_line(
+        &mkfs_set(&["-b", "300M", "-d", "raid6"], &[a.clone(), b.clone()]),
+        "needs at least 3 devices",
+    );
+    one_line(
         &mkfs_set(
-            &["-b", "300M", "-d", "raid5"],
+            &["-b", "300M", "-O", "raid-stripe-tree", "-d", "raid5"],
             &[a.clone(), b.clone(), c.clone()],
         ),
-        "raid5",
+        "raid-stripe-tree",
     );
     one_line(
         &mkfs_set(&["-b", "300M", "-d", "raid7"], &[a.clone(), b.clone()]),

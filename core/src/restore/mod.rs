@@ -379,6 +379,21 @@ const MAX_ENTRIES: u64 = 1 << 40;
 /// Largest read of file data at once.
 const READ_CHUNK: u64 = 4 << 20;
 
+/// Reads of RAID5/6 stripes rebuilt from parity since the last call, as
+/// warnings (never silent: a damaged or missing stripe is redundancy
+/// lost).
+pub fn rebuilt_warnings(img: &crate::image::Image) -> Vec<String> {
+    let r = img.take_rebuilt_reads();
+    let mut out: Vec<String> = r.described.iter().map(|d| d.describe(img)).collect();
+    if r.count > r.described.len() as u64 {
+        out.push(format!(
+            "{} more reads rebuilt from RAID5/6 parity",
+            r.count - r.described.len() as u64
+        ));
+    }
+    out
+}
+
 /// Copy the tree under `start` to `dest` (made if missing). Errors only for
 /// what stops the whole restore (the destination cannot be written); what
 /// cannot be read is recorded in the report's `lost`.
@@ -629,6 +644,7 @@ pub fn restore(
             .map_err(|e| Error::io(format!("cannot link {}", out.display()), e))?;
     }
     r.bad_csum_blocks = fs.store.image().trusted_bad_csum();
+    r.warnings.extend(rebuilt_warnings(fs.store.image()));
     // Innermost first: setting a directory's times before its parent's.
     for (p, a, m) in dir_times.iter().rev() {
         if let Err(e) = crate::io::host::set_times(p, *a, *m) {

@@ -379,7 +379,9 @@ impl ReadOnlyView {
     /// without the entries a damaged block held): for the user, never
     /// silent.
     pub fn take_warnings(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.warnings)
+        let mut w = std::mem::take(&mut self.warnings);
+        w.extend(super::rebuilt_warnings(self.fs.store.image()));
+        w
     }
 
     /// Tree blocks read although every copy failed its checksum (see
