@@ -14,7 +14,9 @@
 //! - Sets made by btrkit-mkfs (raid5, raid6, with `--rootdir` so the
 //!   engine writes the data through the parity): btrfs check clean, the
 //!   kernel mounts them, writes more, and its scrub (which verifies parity
-//!   on RAID5/6) finds no error; btrkit-fsck agrees.
+//!   on RAID5/6) finds no error; btrkit-fsck agrees; with devices removed,
+//!   btrkit-mount and btrkit-restore `--degraded` show what the kernel
+//!   shows.
 
 use btrkit_core::devices::DeviceSet;
 use btrkit_core::image::OpenOptions;
@@ -220,10 +222,10 @@ fn btrkit_mkfs_sets_pass_the_kernels_scrub() {
     skip_unless!(require_kernel_mount());
     let src = tempfile::tempdir().unwrap();
     write_files(src.path());
-    for (n, args) in [
-        (3, &["-d", "raid5", "-m", "raid5"][..]),
-        (4, &["-d", "raid6", "-m", "raid6"][..]),
-        (6, &["-d", "raid6", "-m", "raid5"][..]),
+    for (n, args, lose) in [
+        (3, &["-d", "raid5", "-m", "raid5"][..], &[0usize][..]),
+        (4, &["-d", "raid6", "-m", "raid6"][..], &[1, 3][..]),
+        (6, &["-d", "raid6", "-m", "raid5"][..], &[5][..]),
     ] {
         let t = tempfile::tempdir().unwrap();
         let paths: Vec<PathBuf> = (1..=n)
@@ -290,5 +292,15 @@ fn btrkit_mkfs_sets_pass_the_kernels_scrub() {
         );
         assert!(findings(&r).is_empty(), "{args:?}: {:?}", findings(&r));
         progs_check(&paths).unwrap_or_else(|e| panic!("{args:?} after the kernel: {e}"));
+        // Devices lost: every file the kernel shows, rebuilt from parity.
+        let want = sets::manifest(&paths, "ro").unwrap();
+        let rest: Vec<PathBuf> = paths
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !lose.contains(i))
+            .map(|(_, p)| p.clone())
+            .collect();
+        sets::read_paths_match_with(&rest, &want, t.path(), &["--degraded"])
+            .unwrap_or_else(|e| panic!("{args:?} without {lose:?}: {e}"));
     }
 }
