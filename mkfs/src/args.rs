@@ -30,8 +30,20 @@ pub struct Args {
     pub label: String,
     #[arg(short = 'U', long = "uuid")]
     pub uuid: Option<String>,
+    /// The device's own UUID (dev_item.uuid); one device only.
+    #[arg(long = "device-uuid")]
+    pub device_uuid: Option<String>,
+    /// With --rootdir: compress the files, ALGO[:LEVEL] (zlib 1-9, lzo,
+    /// zstd 1-15, or no), in 128 KiB extents kept where they save space.
+    #[arg(long = "compress", value_name = "ALGO[:LEVEL]")]
+    pub compress: Option<String>,
+    /// Do not discard (TRIM) the devices; btrkit-mkfs never discards, so
+    /// this is accepted for mkfs.btrfs's command lines.
+    #[arg(short = 'K', long = "nodiscard")]
+    pub nodiscard: bool,
     /// Features, comma separated; ^name disables (no-holes, skinny-metadata,
-    /// extref, free-space-tree, block-group-tree).
+    /// extref, free-space-tree, block-group-tree, mixed-bg, raid56);
+    /// `-O list-all` lists them.
     #[arg(short = 'O', long = "features")]
     pub features: Vec<String>,
     /// Runtime features (free-space-tree), as mkfs.btrfs -R.
@@ -61,12 +73,20 @@ pub struct Args {
     pub json: bool,
     /// The image files or block devices; several make one filesystem over
     /// all of them (devids in this order).
-    #[arg(required = true, value_name = "IMAGE")]
+    #[arg(value_name = "IMAGE")]
     pub images: Vec<PathBuf>,
 }
 
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     btrkit_core::util::size::parse_size(s).map_err(|e| anyhow::anyhow!("size {e}"))
+}
+
+/// `-O list-all` was given.
+pub fn lists_features(a: &Args) -> bool {
+    a.features
+        .iter()
+        .flat_map(|l| l.split(','))
+        .any(|f| f.trim() == "list-all")
 }
 
 impl Args {
@@ -92,6 +112,22 @@ impl Args {
         o.label = self.label.clone();
         if let Some(u) = &self.uuid {
             o.fsid = Some(parse_uuid(u)?);
+        }
+        if let Some(u) = &self.device_uuid {
+            o.device_uuid = Some(parse_uuid(u)?);
+        }
+        if let Some(c) = &self.compress {
+            if self.rootdir.is_none() {
+                bail!("--compress needs --rootdir (it compresses the files copied in)");
+            }
+            o.compress = match c.to_ascii_lowercase().as_str() {
+                "no" | "none" => None,
+                s => Some(btrkit_core::fs::compress::Method::parse(s).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "unknown compression '{c}' (zlib[:1-9], lzo, zstd[:1-15] or no)"
+                    )
+                })?),
+            };
         }
         let mut f = Features::default();
         for l in self.features.iter().chain(self.runtime_features.iter()) {

@@ -25,6 +25,13 @@ fn main() {
 }
 
 fn run(a: args::Args) -> anyhow::Result<()> {
+    if args::lists_features(&a) {
+        print!("{}", btrkit_core::mkfs::Features::list_all());
+        return Ok(());
+    }
+    if a.images.is_empty() {
+        bail!("no image given (usage: btrkit-mkfs [OPTIONS] IMAGE...)");
+    }
     let mut created = Vec::new();
     let r = make(&a, &mut created);
     if r.is_err() {
@@ -96,7 +103,7 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
         // space keeps what was committed.
         staged.publish()?;
         let pb = report::progress_bar(listing.total_bytes);
-        let r = mkfs::rootdir::populate(&mut fs, listing, &mut |files, bytes| {
+        let r = mkfs::rootdir::populate(&mut fs, listing, opts.compress, &mut |files, bytes| {
             report::tick(&pb, files, bytes)
         });
         pb.finish_and_clear();

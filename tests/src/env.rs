@@ -117,6 +117,43 @@ pub fn require_kernel_mount() -> bool {
     require_root() && require_btrfs_progs() && require_loop()
 }
 
+/// btrfs-progs 6.14 beside the distribution's (`../shared/oracle/progs-new.sh`
+/// installs it on first use): its directory, holding `mkfs.btrfs` and
+/// `btrfs`.
+pub fn progs_new_dir() -> Option<PathBuf> {
+    static P: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let r = P.get_or_init(|| {
+        let script = repo_root().join("../shared/oracle/progs-new.sh");
+        if !script.exists() {
+            return Err(format!("{} is missing", script.display()));
+        }
+        let o = std::process::Command::new("bash")
+            .arg(&script)
+            .output()
+            .map_err(|e| format!("progs-new.sh: {e}"))?;
+        let dir = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+        if !o.status.success() || !dir.join("mkfs.btrfs").exists() {
+            return Err(format!(
+                "btrfs-progs 6.14 could not be installed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Ok(dir)
+    });
+    match r {
+        Ok(d) => Some(d.clone()),
+        Err(e) => {
+            let _ = report(&Err(e.clone()));
+            None
+        }
+    }
+}
+
+/// btrfs-progs 6.14 is there (see [`progs_new_dir`]).
+pub fn require_progs_new() -> bool {
+    progs_new_dir().is_some()
+}
+
 /// A FUSE mount can be made (root, /dev/fuse, fusermount3).
 pub fn require_fuse() -> bool {
     require_root() && report(&crate::mount::fuse_probe())

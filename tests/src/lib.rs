@@ -39,8 +39,9 @@ pub mod sys;
 
 pub use bins::bin_path;
 pub use env::{
-    oracles_required, repo_root, require_btrfs_progs, require_fuse, require_kernel_mount,
-    require_loop, require_root, require_shared, skip, skip_part, test_name,
+    oracles_required, progs_new_dir, repo_root, require_btrfs_progs, require_fuse,
+    require_kernel_mount, require_loop, require_progs_new, require_root, require_shared, skip,
+    skip_part, test_name,
 };
 pub use kimage::{KernelImage, MkfsOpts};
 pub use mount::{FuseMount, LoopMount};

@@ -193,8 +193,10 @@ pub fn heuristic(data: &[u8]) -> bool {
 }
 
 /// Compress `src` (whole sectors, or a whole small file for an inline
-/// extent). None when the result would not be smaller by at least a sector
-/// for a regular extent (the kernel then writes it uncompressed).
+/// extent). None when the algorithm gives up as the kernel's does: zlib
+/// and zstd when the output is not smaller, lzo when it grew past two
+/// sectors of input. Whether a regular extent keeps the result (it must
+/// save a sector) is the caller's rule.
 pub fn compress(m: Method, src: &[u8], sectorsize: usize) -> Option<Vec<u8>> {
     let out = match m.kind {
         BTRFS_COMPRESS_ZLIB => {
@@ -213,7 +215,14 @@ pub fn compress(m: Method, src: &[u8], sectorsize: usize) -> Option<Vec<u8>> {
             e.write_all(src).ok()?;
             e.finish().ok()?
         }
-        BTRFS_COMPRESS_LZO => lzo_compress(src, sectorsize),
+        BTRFS_COMPRESS_LZO => {
+            // The kernel's lzo gives up only on growth past two sectors of
+            // input (lzo_compress_folios), so a tiny file may store a
+            // larger compressed inline extent.
+            let out = lzo_compress(src, sectorsize);
+            let grew = out.len() > src.len();
+            return (!grew || src.len() <= 2 * sectorsize).then_some(out);
+        }
         _ => return None,
     };
     (out.len() < src.len()).then_some(out)

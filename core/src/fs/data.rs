@@ -137,6 +137,53 @@ pub fn write_extent(
     Ok(len)
 }
 
+/// Write `disk` (compressed with `compression`, padded here to whole
+/// sectors) as one new regular extent holding `ram` bytes (a whole number
+/// of sectors) at `file_off` of `ino`: data, checksums of the compressed
+/// bytes, extent item and file extent item. Returns the bytes the extent
+/// adds to nbytes (`ram`).
+pub fn write_compressed_extent(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    file_off: u64,
+    disk: &[u8],
+    ram: u64,
+    compression: u8,
+) -> Result<u64> {
+    let ss = st.sectorsize() as u64;
+    let len = (disk.len() as u64).div_ceil(ss) * ss;
+    let mut padded = disk.to_vec();
+    padded.resize(len as usize, 0);
+    let bytenr = write_data_extent(st, &padded, true)?;
+    let item = FileExtentItem::new(
+        BTRFS_FILE_EXTENT_REG,
+        st.transid,
+        bytenr,
+        len,
+        0,
+        ram,
+        ram,
+        compression,
+    );
+    st.insert_item(
+        TreeId::Tree(subvol),
+        &extent_key(ino, file_off),
+        zerocopy::IntoBytes::as_bytes(&item),
+    )?;
+    reference_new_extent(
+        st,
+        bytenr,
+        len,
+        BackRef::Data {
+            root: subvol,
+            objectid: ino,
+            offset: file_off,
+        },
+    );
+    Ok(ram)
+}
+
 /// Store `data` inline at offset 0 (`ram_bytes` uncompressed bytes;
 /// `data` compressed with `compression`, or the bytes themselves).
 pub fn write_inline(

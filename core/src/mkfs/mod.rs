@@ -68,6 +68,51 @@ impl Default for Features {
 }
 
 impl Features {
+    /// What `-O list-all` prints: every feature btrkit-mkfs takes, with
+    /// whether it is on by default (mkfs.btrfs's own list has the same
+    /// names).
+    pub fn list_all() -> String {
+        let d = Features::default();
+        let rows: [(&str, &str, bool); 8] = [
+            ("mixed-bg", "mixed data and metadata block groups", d.mixed),
+            (
+                "extref",
+                "increased hardlink limit per file to 65536",
+                d.extref,
+            ),
+            ("raid56", "raid56 extended format", d.raid56),
+            (
+                "skinny-metadata",
+                "reduced-size metadata extent refs",
+                d.skinny_metadata,
+            ),
+            ("no-holes", "no explicit hole extents for files", d.no_holes),
+            (
+                "free-space-tree",
+                "free space tree, improved space tracking (space_cache=v2)",
+                d.free_space_tree,
+            ),
+            (
+                "block-group-tree",
+                "block group tree, more efficient block group tracking to reduce mount time",
+                d.block_group_tree,
+            ),
+            (
+                "raid-stripe-tree",
+                "raid stripe tree (not supported by btrkit-mkfs)",
+                false,
+            ),
+        ];
+        let mut out = String::from("Filesystem features available:\n");
+        for (name, what, on) in rows {
+            out.push_str(&format!(
+                "{name:<22} - {what}{}\n",
+                if on { " (default)" } else { "" }
+            ));
+        }
+        out
+    }
+
     /// Apply a comma-separated `-O` list: `name` enables, `^name` disables.
     pub fn apply(&mut self, list: &str) -> Result<()> {
         for raw in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -135,6 +180,11 @@ pub struct MkfsOptions {
     /// The node size was given (`-n`); with mixed block groups and no
     /// `-n`, nodes are one sector, as mkfs.btrfs makes them.
     pub nodesize_given: bool,
+    /// The device's own UUID (`--device-uuid`, one device only); None =
+    /// a random one.
+    pub device_uuid: Option<[u8; 16]>,
+    /// Compress the files of `--rootdir` (`--compress`); None: plain.
+    pub compress: Option<crate::fs::compress::Method>,
 }
 
 impl Default for MkfsOptions {
@@ -154,6 +204,8 @@ impl Default for MkfsOptions {
             metadata_profile: None,
             data_profile: None,
             nodesize_given: false,
+            device_uuid: None,
+            compress: None,
         }
     }
 }
@@ -543,7 +595,14 @@ pub fn make_set(
         .collect();
     let ns = o.nodesize as u64;
     let fsid = o.fsid.unwrap_or_else(random_uuid);
-    let dev_uuids: Vec<[u8; 16]> = (0..n).map(|_| random_uuid()).collect();
+    if o.device_uuid.is_some() && n > 1 {
+        return Err(Error::Invalid(
+            "--device-uuid is for a filesystem on one device".into(),
+        ));
+    }
+    let dev_uuids: Vec<[u8; 16]> = (0..n)
+        .map(|_| o.device_uuid.unwrap_or_else(random_uuid))
+        .collect();
     let chunk_tree_uuid = random_uuid();
     let (sys, meta) = (&plans[0], &plans[1]);
     let f = &o.features;
@@ -852,6 +911,11 @@ pub fn make_set(
     }
     if mixed {
         incompat |= BTRFS_FEATURE_INCOMPAT_MIXED_GROUPS;
+    }
+    match o.compress.map(|m| m.kind) {
+        Some(BTRFS_COMPRESS_LZO) => incompat |= BTRFS_FEATURE_INCOMPAT_COMPRESS_LZO,
+        Some(BTRFS_COMPRESS_ZSTD) => incompat |= BTRFS_FEATURE_INCOMPAT_COMPRESS_ZSTD,
+        _ => {}
     }
     if f.raid56
         || (meta_profile | data_profile) & (BTRFS_BLOCK_GROUP_RAID5 | BTRFS_BLOCK_GROUP_RAID6) != 0

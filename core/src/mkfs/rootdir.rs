@@ -9,7 +9,9 @@
 
 use crate::format::consts::*;
 use crate::format::inode::{InodeItem, Timespec};
+use crate::fs::compress::{self, Method};
 use crate::fs::extents::can_inline;
+use crate::fs::extents::MAX_COMPRESSED;
 use crate::fs::inode::{get_inode, inode_key, put_inode};
 use crate::fs::{data, ftype_of_mode, names, xattr, MAX_EXTENT_SIZE, MAX_INLINE};
 use crate::trans::Store;
@@ -207,7 +209,19 @@ impl FileSource<'_> {
 
 /// Write a file's data: inline when small, else one extent per data range
 /// (at most MAX_EXTENT_SIZE each), holes left sparse (or explicit hole
-/// extents without no-holes). Returns the inode's nbytes.
+/// extents without no-holes). Returns the inode's nbytes and the inode
+/// flags compression gave it.
+///
+/// With `compress` (mkfs.btrfs `--compress`), as the kernel's writeback
+/// compresses a file written whole under `-o compress` (compress_file_range):
+/// a small file is stored inline compressed when its compressed bytes fit
+/// max_inline; a larger one in runs of 512 KiB, compressed while the inode
+/// has not given up (NOCOMPRESS) and the heuristic finds the rest of the
+/// run compressible, in extents of 128 KiB kept where they save a sector;
+/// the first that does not marks the inode NOCOMPRESS and the rest of its
+/// run goes plain. The inode is marked COMPRESS once an extent is kept, as
+/// mkfs.btrfs marks it.
+#[allow(clippy::too_many_arguments)]
 fn copy_file_data(
     fs: &mut Store,
     tree: u64,
@@ -215,19 +229,36 @@ fn copy_file_data(
     size: u64,
     src: FileSource<'_>,
     no_holes: bool,
+    compress: Option<Method>,
     buf: &mut Vec<u8>,
-) -> Result<u64> {
+) -> Result<(u64, u64)> {
     let ss = fs.sectorsize() as u64;
+    let mut flags = 0u64;
     if size == 0 {
-        return Ok(0);
+        return Ok((0, flags));
+    }
+    // A file within the first sector compressed: inline when its
+    // compressed bytes fit (the kernel's writeback inlines up to max_inline
+    // of compressed bytes, so a sector's worth of text goes inline too).
+    if let (Some(m), true) = (compress, size <= ss && !src.ranges().is_empty()) {
+        let d = src.read(0, size, buf)?;
+        let c = compress::heuristic(d)
+            .then(|| compress::compress(m, d, ss as usize))
+            .flatten();
+        if let Some(c) = c {
+            if can_inline(fs, c.len() as u64, c.len() as u64, MAX_INLINE) {
+                data::write_inline(fs, tree, ino, size, m.kind, &c)?;
+                return Ok((size, flags));
+            }
+        }
     }
     if can_inline(fs, size, size, MAX_INLINE) {
         if src.ranges().is_empty() {
-            return Ok(0);
+            return Ok((0, flags));
         }
         let d = src.read(0, size, buf)?;
         data::write_inline(fs, tree, ino, size, BTRFS_COMPRESS_NONE, d)?;
-        return Ok(size);
+        return Ok((size, flags));
     }
     let mut nbytes = 0u64;
     let mut covered = 0u64;
@@ -236,7 +267,56 @@ fn copy_file_data(
             data::write_hole(fs, tree, ino, covered, s - covered)?;
         }
         let mut off = s;
+        // End of the current compression run (512 KiB), and whether its
+        // remaining pieces are compressed.
+        let mut run_end = off;
+        let mut run_compressed = false;
         while off < e {
+            if let Some(m) = compress {
+                if off >= run_end {
+                    run_end = (off + COMPRESS_RUN).min(e);
+                    run_compressed = flags & BTRFS_INODE_NOCOMPRESS == 0;
+                }
+                // Before each piece, the heuristic looks at the rest of the
+                // run (inode_need_compress on [start, end] of the async
+                // chunk); a no leaves the rest plain, unmarked.
+                if run_compressed {
+                    let sample_end = run_end.min(size).max(off);
+                    run_compressed = sample_end > off
+                        && compress::heuristic(src.read(off, sample_end - off, buf)?);
+                }
+                let len = (run_end - off).min(if run_compressed {
+                    MAX_COMPRESSED
+                } else {
+                    MAX_EXTENT_SIZE
+                });
+                let want = len.min(size.saturating_sub(off));
+                let d = src.read(off, want, buf)?;
+                let total = want.div_ceil(ss) * ss;
+                let kept = (run_compressed && want > 0)
+                    .then(|| compress::compress(m, d, ss as usize))
+                    .flatten()
+                    .filter(|c| (c.len() as u64).div_ceil(ss) * ss + ss <= total);
+                match kept {
+                    Some(c) => {
+                        nbytes +=
+                            data::write_compressed_extent(fs, tree, ino, off, &c, total, m.kind)?;
+                        flags |= BTRFS_INODE_COMPRESS;
+                    }
+                    None => {
+                        if run_compressed {
+                            // Gave up: the rest of the run (and every later
+                            // run) goes plain.
+                            flags |= BTRFS_INODE_NOCOMPRESS;
+                            run_compressed = false;
+                            continue;
+                        }
+                        nbytes += data::write_extent(fs, tree, ino, off, d, true)?;
+                    }
+                }
+                off += len;
+                continue;
+            }
             let len = (e - off).min(MAX_EXTENT_SIZE);
             let want = len.min(size.saturating_sub(off));
             let d = src.read(off, want, buf)?;
@@ -249,8 +329,13 @@ fn copy_file_data(
     if !no_holes && covered < end {
         data::write_hole(fs, tree, ino, covered, end - covered)?;
     }
-    Ok(nbytes)
+    Ok((nbytes, flags))
 }
+
+/// The range the kernel's writeback compresses as one (an async chunk of
+/// compress_file_range): the heuristic and NOCOMPRESS are looked at once
+/// per run.
+const COMPRESS_RUN: u64 = 512 << 10;
 
 /// Copy the scanned tree into the fs tree. Commits every `COMMIT_EVERY`
 /// inodes and at the end.
@@ -298,6 +383,7 @@ fn prefetch(e: &Entry, ss: u64) -> Result<Prefetched> {
 pub fn populate(
     fs: &mut Store,
     listing: &Listing,
+    compress: Option<Method>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RootdirStats> {
     let ss = fs.sectorsize() as u64;
@@ -310,7 +396,7 @@ pub fn populate(
                 }
             }
         });
-        populate_with(fs, listing, progress, &mut |i| match rx.recv() {
+        populate_with(fs, listing, compress, progress, &mut |i| match rx.recv() {
             Ok((j, r)) if j == i => r,
             Ok((j, _)) => Err(Error::Invalid(format!(
                 "reader out of step: entry {j} for {i}"
@@ -323,6 +409,7 @@ pub fn populate(
 fn populate_with(
     fs: &mut Store,
     listing: &Listing,
+    compress: Option<Method>,
     progress: &mut dyn FnMut(u64, u64),
     next: &mut dyn FnMut(usize) -> Result<Prefetched>,
 ) -> Result<RootdirStats> {
@@ -411,9 +498,11 @@ fn populate_with(
                     path: &e.path,
                 }
             };
-            let nbytes = copy_file_data(fs, tree, ino, size, src, no_holes, &mut buf)?;
+            let (nbytes, flags) =
+                copy_file_data(fs, tree, ino, size, src, no_holes, compress, &mut buf)?;
             item.size.set(size);
             item.nbytes.set(nbytes);
+            item.flags.set(item.flags.get() | flags);
             st.files += 1;
             st.bytes += size;
         } else {
