@@ -37,6 +37,11 @@ pub struct Args {
     /// zstd 1-15, or no), in 128 KiB extents kept where they save space.
     #[arg(long = "compress", value_name = "ALGO[:LEVEL]")]
     pub compress: Option<String>,
+    /// With --rootdir: make SUBDIR (relative to it) a subvolume; TYPE rw
+    /// (default), ro, default (also the default subvolume) or default-ro.
+    /// Repeatable.
+    #[arg(short = 'u', long = "subvol", value_name = "TYPE:SUBDIR")]
+    pub subvol: Vec<String>,
     /// Do not discard (TRIM) the devices; btrkit-mkfs never discards, so
     /// this is accepted for mkfs.btrfs's command lines.
     #[arg(short = 'K', long = "nodiscard")]
@@ -90,6 +95,17 @@ pub fn lists_features(a: &Args) -> bool {
 }
 
 impl Args {
+    /// The `--subvol` arguments, parsed.
+    pub fn subvols(&self) -> anyhow::Result<Vec<btrkit_core::mkfs::rootdir::SubvolSpec>> {
+        if !self.subvol.is_empty() && self.rootdir.is_none() {
+            bail!("--subvol needs --rootdir (it names a directory copied in)");
+        }
+        self.subvol
+            .iter()
+            .map(|s| Ok(btrkit_core::mkfs::rootdir::SubvolSpec::parse(s)?))
+            .collect()
+    }
+
     pub fn options(&self) -> anyhow::Result<MkfsOptions> {
         let mut o = MkfsOptions::default();
         if let Some(s) = &self.size {

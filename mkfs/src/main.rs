@@ -67,9 +67,18 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
     }
     // Scan the source before touching the images: an unreadable entry is
     // reported with the images unchanged.
+    let subvols = a.subvols()?;
     let listing = match &a.rootdir {
-        Some(dir) => Some(mkfs::rootdir::scan(dir)?),
+        Some(dir) => {
+            let l = mkfs::rootdir::scan(dir)?;
+            mkfs::rootdir::check_subvols(&l, &subvols)?;
+            Some(l)
+        }
         None => None,
+    };
+    let rootdir_opts = mkfs::rootdir::RootdirOptions {
+        compress: opts.compress,
+        subvols,
     };
     let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::new();
     for path in &a.images {
@@ -103,7 +112,7 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
         // space keeps what was committed.
         staged.publish()?;
         let pb = report::progress_bar(listing.total_bytes);
-        let r = mkfs::rootdir::populate(&mut fs, listing, opts.compress, &mut |files, bytes| {
+        let r = mkfs::rootdir::populate(&mut fs, listing, &rootdir_opts, &mut |files, bytes| {
             report::tick(&pb, files, bytes)
         });
         pb.finish_and_clear();

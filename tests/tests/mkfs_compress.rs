@@ -310,3 +310,166 @@ fn options_around_compression() {
         "one device",
     );
 }
+
+/// Subvolumes of a mounted filesystem: (path, read-only) of each, and the
+/// default's path ("" for the top level).
+fn subvols_of(mnt: &Path) -> (Vec<(String, bool)>, String) {
+    let o = Command::new("btrfs")
+        .args(["subvolume", "list", "-a"])
+        .arg(mnt)
+        .output()
+        .unwrap();
+    let mut out = Vec::new();
+    for l in String::from_utf8_lossy(&o.stdout).lines() {
+        let Some(p) = l.split(" path ").nth(1) else {
+            continue;
+        };
+        let p = p.trim_start_matches("<FS_TREE>/").to_string();
+        let ro = Command::new("btrfs")
+            .args(["property", "get"])
+            .arg(mnt.join(&p))
+            .arg("ro")
+            .output()
+            .unwrap();
+        out.push((p, String::from_utf8_lossy(&ro.stdout).contains("ro=true")));
+    }
+    out.sort();
+    let d = Command::new("btrfs")
+        .args(["subvolume", "get-default"])
+        .arg(mnt)
+        .output()
+        .unwrap();
+    let d = String::from_utf8_lossy(&d.stdout);
+    let default = d.split(" path ").nth(1).unwrap_or("").trim().to_string();
+    (out, default)
+}
+
+#[test]
+fn subvolumes_as_mkfs_btrfs_6_14() {
+    skip_unless!(require_kernel_mount(), require_progs_new());
+    let new = progs_new_dir().unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    source(&src);
+    for d in ["a/x", "b", "c/d"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+    }
+    for (i, f) in ["a/f", "a/x/g", "b/h", "c/d/k", "c/plain"]
+        .iter()
+        .enumerate()
+    {
+        std::fs::write(src.join(f), format!("file {i}\n").repeat(3000 * i + 1)).unwrap();
+    }
+    // A hard link inside a subvolume and one across its boundary (two
+    // inodes in the image).
+    std::fs::hard_link(src.join("a/f"), src.join("a/f2")).unwrap();
+    std::fs::hard_link(src.join("b/h"), src.join("h-outside")).unwrap();
+    run_ok(
+        Command::new("setfattr")
+            .args(["-n", "user.sub", "-v", "a"])
+            .arg(src.join("a")),
+    );
+    let cases: [(&[&str], &str, &str, &str); 3] = [
+        (
+            &["-u", "a", "-u", "ro:b", "-u", "default:c/d", "-u", "a/x"],
+            "no",
+            "16384",
+            "crc32c",
+        ),
+        (
+            &["-u", "rw:a", "-u", "default-ro:b"],
+            "zstd",
+            "4096",
+            "xxhash",
+        ),
+        (&["-u", "ro:c/d", "--subvol", "a"], "lzo", "65536", "sha256"),
+    ];
+    for (i, (subvol, compress, nodesize, csum)) in cases.iter().enumerate() {
+        let ours = t.path().join(format!("sv-ours-{i}.img"));
+        let theirs = t.path().join(format!("sv-progs-{i}.img"));
+        run_ok(
+            Command::new(bin_path("btrkit-mkfs"))
+                .args(["-q", "-b", "256M", "-n", nodesize, "--csum", csum])
+                .args(["--compress", compress])
+                .args(*subvol)
+                .arg("--rootdir")
+                .arg(&src)
+                .arg(&ours),
+        );
+        std::fs::File::create(&theirs)
+            .unwrap()
+            .set_len(256 << 20)
+            .unwrap();
+        run_ok(
+            Command::new(new.join("mkfs.btrfs"))
+                .args(["-q", "-f", "-n", nodesize, "--csum", csum])
+                .args(["--compress", compress])
+                .args(*subvol)
+                .arg("--rootdir")
+                .arg(&src)
+                .arg(&theirs),
+        );
+        for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
+            checks_clean(&btrfs, &ours).unwrap_or_else(|e| panic!("{subvol:?}: {e}"));
+        }
+        let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
+            .arg(&ours)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{subvol:?}: {}",
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| !l.starts_with("│ ") || l.contains("error") || l.contains("warn"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        for opts in ["ro,subvolid=5", "ro"] {
+            let m = LoopMount::new(&ours, opts).unwrap();
+            let got = without_host_fields(&kcrash::manifest_of_tree(m.path()).unwrap(), false);
+            let ours_sv = (opts != "ro").then(|| subvols_of(m.path()));
+            drop(m);
+            let m = LoopMount::new(&theirs, opts).unwrap();
+            let want = without_host_fields(&kcrash::manifest_of_tree(m.path()).unwrap(), false);
+            let theirs_sv = (opts != "ro").then(|| subvols_of(m.path()));
+            drop(m);
+            assert!(
+                got == want,
+                "{subvol:?} mounted {opts}: {}",
+                want.short_diff(&got, 8)
+            );
+            assert_eq!(ours_sv, theirs_sv, "{subvol:?}");
+        }
+    }
+    // Refused in one line, nothing made.
+    let img = t.path().join("bad.img");
+    for (args, want) in [
+        (vec!["-u", "nosuch"], "no such directory"),
+        (vec!["-u", "text"], "not a directory"),
+        (vec!["-u", "default:a", "-u", "default-ro:b"], "only one"),
+        (vec!["-u", "a", "-u", "rw:a"], "twice"),
+        (vec!["-u", "../x"], "relative path"),
+    ] {
+        let o = Command::new(bin_path("btrkit-mkfs"))
+            .args(["-b", "256M"])
+            .args(&args)
+            .arg("--rootdir")
+            .arg(&src)
+            .arg(&img)
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && e.trim().lines().count() == 1 && e.contains(want),
+            "{args:?}: {e}"
+        );
+        assert!(!img.exists(), "{args:?} left the image");
+    }
+    let o = Command::new(bin_path("btrkit-mkfs"))
+        .args(["-b", "256M", "-u", "a"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("needs --rootdir"));
+}

@@ -19,7 +19,7 @@ pub mod options;
 mod pagecache;
 mod props;
 pub mod read;
-mod subvol;
+pub mod subvol;
 pub mod writeback;
 pub mod xattr;
 

@@ -30,6 +30,140 @@ fn root_ref_bytes(dirid: u64, index: u64, name: &[u8]) -> Vec<u8> {
     v
 }
 
+/// A new, empty subvolume `id` (create_subvol's trees and items, without
+/// a name): its root item (`readonly`: BTRFS_ROOT_SUBVOL_RDONLY) and tree,
+/// root directory 256 with its `..` reference, its uuid in the uuid tree
+/// and its qgroup. Returns the root directory's inode item, for a caller
+/// that sets its attributes.
+pub fn create_subvol_tree(
+    store: &mut crate::trans::Store,
+    id: u64,
+    now: crate::format::inode::Timespec,
+    readonly: bool,
+) -> Result<crate::format::inode::InodeItem> {
+    let t = store.transid;
+    let ns = store.nodesize() as u64;
+    let uuid = crate::util::uuid::random_uuid();
+    let mut ri = crate::format::root::new_root_item(now.sec.get(), t, ROOT_DIR, Some(uuid));
+    ri.inode.generation.set(1);
+    ri.inode.size.set(3);
+    ri.inode.nlink.set(1);
+    ri.inode.nbytes.set(ns);
+    ri.inode.mode.set(S_IFDIR | 0o755);
+    ri.inode.flags.set(BTRFS_INODE_ROOT_ITEM_INIT);
+    ri.ctime = now;
+    ri.otime = now;
+    ri.ctransid.set(t);
+    ri.otransid.set(t);
+    if readonly {
+        ri.flags.set(ri.flags.get() | BTRFS_ROOT_SUBVOL_RDONLY);
+    }
+    store.create_tree(id, ri)?;
+    // Inode 256 with its ".." reference to itself.
+    let root_inode = new_inode_item(S_IFDIR | 0o755, 0, 0, 0, now, t);
+    put_inode(store, id, ROOT_DIR, &root_inode)?;
+    let mut r = Vec::new();
+    crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
+    store.insert_item(
+        TreeId::Tree(id),
+        &Key::new(ROOT_DIR, BTRFS_INODE_REF_KEY, ROOT_DIR),
+        &r,
+    )?;
+    uuid_add(store, &uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
+    store.qgroup_create(id)?;
+    Ok(root_inode)
+}
+
+/// Name subvolume `id` in directory `dir_ino` of subvolume `parent` as
+/// `name` at dir index `index`: dir entries (location `(id, ROOT_ITEM,
+/// loc_offset)`), ROOT_REF and ROOT_BACKREF.
+#[allow(clippy::too_many_arguments)]
+pub fn link_subvol_items(
+    store: &mut crate::trans::Store,
+    parent: u64,
+    dir_ino: u64,
+    name: &[u8],
+    id: u64,
+    loc_offset: u64,
+    index: u64,
+) -> Result<()> {
+    let t = store.transid;
+    names::add_name(
+        store,
+        parent,
+        dir_ino,
+        Key::new(id, BTRFS_ROOT_ITEM_KEY, loc_offset),
+        name,
+        BTRFS_FT_DIR,
+        index,
+        t,
+    )?;
+    let rr = root_ref_bytes(dir_ino, index, name);
+    store.insert_item(TreeId::Root, &Key::new(parent, BTRFS_ROOT_REF_KEY, id), &rr)?;
+    store.insert_item(
+        TreeId::Root,
+        &Key::new(id, BTRFS_ROOT_BACKREF_KEY, parent),
+        &rr,
+    )
+}
+
+/// Point the root tree's `default` entry at subvolume `id` (its root item
+/// key offset `offset`) and mark the filesystem DEFAULT_SUBVOL: what
+/// `btrfs subvolume set-default` writes.
+pub fn set_default_subvol_item(
+    store: &mut crate::trans::Store,
+    id: u64,
+    offset: u64,
+) -> Result<()> {
+    let loc = Key::new(id, BTRFS_ROOT_ITEM_KEY, offset);
+    let dk = Key::new(
+        BTRFS_ROOT_TREE_DIR_OBJECTID,
+        BTRFS_DIR_ITEM_KEY,
+        name_hash(b"default"),
+    );
+    let d = store.lookup(TreeId::Root, &dk)?.ok_or_else(|| {
+        Error::corrupt(
+            "root tree has no default entry",
+            BTRFS_ROOT_TREE_DIR_OBJECTID,
+        )
+    })?;
+    let mut out = Vec::new();
+    for e in parse_dir_items(&d).map_err(|e| e.at(0, dk))? {
+        if e.name == b"default" {
+            encode_dir_entry(
+                &mut out,
+                &loc,
+                e.item.transid.get(),
+                e.item.type_,
+                e.name,
+                e.data,
+            );
+        } else {
+            out.extend_from_slice(e.item.as_bytes());
+            out.extend_from_slice(e.name);
+            out.extend_from_slice(e.data);
+        }
+    }
+    store.update_item(TreeId::Root, &dk, &out)?;
+    let f = store.sb.incompat_flags.get() | BTRFS_FEATURE_INCOMPAT_DEFAULT_SUBVOL;
+    store.sb.incompat_flags.set(f);
+    Ok(())
+}
+
+fn uuid_add(store: &mut crate::trans::Store, u: &[u8; 16], ty: u8, id: u64) -> Result<()> {
+    if !store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
+        return Ok(());
+    }
+    let k = uuid_key(u, ty);
+    let mut v = store
+        .lookup(BTRFS_UUID_TREE_OBJECTID, &k)?
+        .unwrap_or_default();
+    if !v.chunks_exact(8).any(|c| c == id.to_le_bytes()) {
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    store.update_item(BTRFS_UUID_TREE_OBJECTID, &k, &v)
+}
+
 impl Filesystem {
     /// One past the highest objectid of the root tree: its free objectid
     /// as a mount finds it (btrfs_init_root_free_objectid at open_ctree).
@@ -73,44 +207,20 @@ impl Filesystem {
     /// (location `(id, ROOT_ITEM, offset)`), ROOT_REF and ROOT_BACKREF.
     fn link_subvol(&mut self, dir: Loc, name: &[u8], id: u64, loc_offset: u64) -> Result<()> {
         let index = self.next_index(dir)?;
-        let t = self.transid();
-        names::add_name(
+        link_subvol_items(
             &mut self.store,
             dir.subvol,
             dir.ino,
-            Key::new(id, BTRFS_ROOT_ITEM_KEY, loc_offset),
             name,
-            BTRFS_FT_DIR,
+            id,
+            loc_offset,
             index,
-            t,
-        )?;
-        let rr = root_ref_bytes(dir.ino, index, name);
-        self.store.insert_item(
-            TreeId::Root,
-            &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id),
-            &rr,
-        )?;
-        self.store.insert_item(
-            TreeId::Root,
-            &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol),
-            &rr,
         )?;
         self.stamp(dir, true, true)
     }
 
     fn uuid_add(&mut self, u: &[u8; 16], ty: u8, id: u64) -> Result<()> {
-        if !self.store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
-            return Ok(());
-        }
-        let k = uuid_key(u, ty);
-        let mut v = self
-            .store
-            .lookup(BTRFS_UUID_TREE_OBJECTID, &k)?
-            .unwrap_or_default();
-        if !v.chunks_exact(8).any(|c| c == id.to_le_bytes()) {
-            v.extend_from_slice(&id.to_le_bytes());
-        }
-        self.store.update_item(BTRFS_UUID_TREE_OBJECTID, &k, &v)
+        uuid_add(&mut self.store, u, ty, id)
     }
 
     fn uuid_remove(&mut self, u: &[u8; 16], ty: u8, id: u64) -> Result<()> {
@@ -164,34 +274,9 @@ impl Filesystem {
         let id = self.alloc_subvol_id()?;
         let t = self.transid();
         let now = self.now();
-        let ns = self.store.nodesize() as u64;
-        let uuid = crate::util::uuid::random_uuid();
-        let mut ri = crate::format::root::new_root_item(now.sec.get(), t, ROOT_DIR, Some(uuid));
-        ri.inode.generation.set(1);
-        ri.inode.size.set(3);
-        ri.inode.nlink.set(1);
-        ri.inode.nbytes.set(ns);
-        ri.inode.mode.set(S_IFDIR | 0o755);
-        ri.inode.flags.set(BTRFS_INODE_ROOT_ITEM_INIT);
-        ri.ctime = now;
-        ri.otime = now;
-        ri.ctransid.set(t);
-        ri.otransid.set(t);
-        self.store.create_tree(id, ri)?;
-        // Inode 256 with its ".." reference to itself.
-        let root_inode = new_inode_item(S_IFDIR | 0o755, 0, 0, 0, now, t);
-        put_inode(&mut self.store, id, ROOT_DIR, &root_inode)?;
-        let mut r = Vec::new();
-        crate::format::inode::encode_inode_ref(&mut r, 0, b"..");
-        self.store.insert_item(
-            TreeId::Tree(id),
-            &Key::new(ROOT_DIR, BTRFS_INODE_REF_KEY, ROOT_DIR),
-            &r,
-        )?;
+        create_subvol_tree(&mut self.store, id, now, false)?;
         // Properties come from the parent subvolume's root, not from `dir`.
         self.inherit_props(Loc::new(id, ROOT_DIR), Loc::new(dir.subvol, ROOT_DIR))?;
-        self.uuid_add(&uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
-        self.store.qgroup_create(id)?;
         self.link_subvol(dir, name, id, 0)?;
         // btrfs_record_new_subvolume: the new entry cannot be logged.
         self.rt(dir)?.last_unlink_trans = t;
@@ -557,46 +642,12 @@ impl Filesystem {
         if l.ino != ROOT_DIR {
             return Err(Error::errno(libc::EINVAL, "set-default: not a subvolume"));
         }
-        let loc = if l.subvol == BTRFS_FS_TREE_OBJECTID {
-            Key::new(l.subvol, BTRFS_ROOT_ITEM_KEY, 0)
+        let offset = if l.subvol == BTRFS_FS_TREE_OBJECTID {
+            0
         } else {
-            Key::new(
-                l.subvol,
-                BTRFS_ROOT_ITEM_KEY,
-                self.store.root_key(l.subvol)?.offset,
-            )
+            self.store.root_key(l.subvol)?.offset
         };
-        let dk = Key::new(
-            BTRFS_ROOT_TREE_DIR_OBJECTID,
-            BTRFS_DIR_ITEM_KEY,
-            name_hash(b"default"),
-        );
-        let d = self.store.lookup(TreeId::Root, &dk)?.ok_or_else(|| {
-            Error::corrupt(
-                "root tree has no default entry",
-                BTRFS_ROOT_TREE_DIR_OBJECTID,
-            )
-        })?;
-        let mut out = Vec::new();
-        for e in parse_dir_items(&d).map_err(|e| e.at(0, dk))? {
-            if e.name == b"default" {
-                encode_dir_entry(
-                    &mut out,
-                    &loc,
-                    e.item.transid.get(),
-                    e.item.type_,
-                    e.name,
-                    e.data,
-                );
-            } else {
-                out.extend_from_slice(e.item.as_bytes());
-                out.extend_from_slice(e.name);
-                out.extend_from_slice(e.data);
-            }
-        }
-        self.store.update_item(TreeId::Root, &dk, &out)?;
-        let f = self.store.sb.incompat_flags.get() | BTRFS_FEATURE_INCOMPAT_DEFAULT_SUBVOL;
-        self.store.sb.incompat_flags.set(f);
+        set_default_subvol_item(&mut self.store, l.subvol, offset)?;
         self.dirtied();
         Ok(())
     }

@@ -38,6 +38,94 @@ pub struct RootdirStats {
     pub hardlinks: u64,
     /// Sum of the sizes (i_size, holes included) of the regular files copied.
     pub bytes: u64,
+    /// Subvolumes made (`--subvol`).
+    pub subvols: u64,
+}
+
+/// How [`populate`] copies: mkfs.btrfs's `--compress` and `--subvol`.
+#[derive(Clone, Debug, Default)]
+pub struct RootdirOptions {
+    /// Compress file data (see [`copy_file_data`]'s rules).
+    pub compress: Option<Method>,
+    /// Directories of the source made subvolumes.
+    pub subvols: Vec<SubvolSpec>,
+}
+
+/// One `--subvol TYPE:SUBDIR`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubvolSpec {
+    /// The directory, relative to the source root.
+    pub path: PathBuf,
+    /// `ro` / `default-ro`: the subvolume is read-only.
+    pub readonly: bool,
+    /// `default` / `default-ro`: it becomes the default subvolume.
+    pub default: bool,
+}
+
+impl SubvolSpec {
+    /// `TYPE:SUBDIR` (TYPE rw, ro, default or default-ro) or `SUBDIR` (rw).
+    pub fn parse(arg: &str) -> Result<SubvolSpec> {
+        let (kind, dir) = match arg.split_once(':') {
+            Some((k @ ("rw" | "ro" | "default" | "default-ro"), d)) => (k, d),
+            _ => ("rw", arg),
+        };
+        let path = PathBuf::from(dir.trim_start_matches("./"));
+        let clean = path
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if dir.is_empty() || !clean {
+            return Err(Error::Invalid(format!(
+                "--subvol {arg}: SUBDIR must be a relative path inside the --rootdir directory"
+            )));
+        }
+        Ok(SubvolSpec {
+            path,
+            readonly: kind.ends_with("ro"),
+            default: kind.starts_with("default"),
+        })
+    }
+}
+
+/// Check `--subvol` against the scanned source, before any image is
+/// touched: each names a directory of it (not its root), once, and at
+/// most one is the default (mkfs.btrfs's rules).
+pub fn check_subvols(listing: &Listing, subvols: &[SubvolSpec]) -> Result<()> {
+    let root = &listing.entries[0].path;
+    for (i, s) in subvols.iter().enumerate() {
+        if subvols[..i].iter().any(|o| o.path == s.path) {
+            return Err(Error::Invalid(format!(
+                "--subvol {} is given twice",
+                s.path.display()
+            )));
+        }
+        let found = listing
+            .entries
+            .iter()
+            .find(|e| e.path.strip_prefix(root).ok() == Some(&s.path));
+        match found {
+            Some(e) if e.meta.is_dir() => {}
+            Some(_) => {
+                return Err(Error::Invalid(format!(
+                    "--subvol {}: not a directory in {}",
+                    s.path.display(),
+                    root.display()
+                )))
+            }
+            None => {
+                return Err(Error::Invalid(format!(
+                    "--subvol {}: no such directory in {}",
+                    s.path.display(),
+                    root.display()
+                )))
+            }
+        }
+    }
+    if subvols.iter().filter(|s| s.default).count() > 1 {
+        return Err(Error::Invalid(
+            "--subvol: only one subvolume can be the default".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// One entry of the scanned source tree, in copy order (parents first).
@@ -219,8 +307,10 @@ impl FileSource<'_> {
 /// has not given up (NOCOMPRESS) and the heuristic finds the rest of the
 /// run compressible, in extents of 128 KiB kept where they save a sector;
 /// the first that does not marks the inode NOCOMPRESS and the rest of its
-/// run goes plain. The inode is marked COMPRESS once an extent is kept, as
-/// mkfs.btrfs marks it.
+/// run goes plain. As under the mount option, no inode is marked COMPRESS
+/// (mkfs.btrfs 6.14 marks the files it compressed; the kernel's writeback
+/// does not, and a file compressed in part and then given up on would
+/// carry both flags, which the tree checker refuses).
 #[allow(clippy::too_many_arguments)]
 fn copy_file_data(
     fs: &mut Store,
@@ -301,7 +391,6 @@ fn copy_file_data(
                     Some(c) => {
                         nbytes +=
                             data::write_compressed_extent(fs, tree, ino, off, &c, total, m.kind)?;
-                        flags |= BTRFS_INODE_COMPRESS;
                     }
                     None => {
                         if run_compressed {
@@ -383,7 +472,7 @@ fn prefetch(e: &Entry, ss: u64) -> Result<Prefetched> {
 pub fn populate(
     fs: &mut Store,
     listing: &Listing,
-    compress: Option<Method>,
+    opts: &RootdirOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RootdirStats> {
     let ss = fs.sectorsize() as u64;
@@ -396,7 +485,7 @@ pub fn populate(
                 }
             }
         });
-        populate_with(fs, listing, compress, progress, &mut |i| match rx.recv() {
+        populate_with(fs, listing, opts, progress, &mut |i| match rx.recv() {
             Ok((j, r)) if j == i => r,
             Ok((j, _)) => Err(Error::Invalid(format!(
                 "reader out of step: entry {j} for {i}"
@@ -409,7 +498,7 @@ pub fn populate(
 fn populate_with(
     fs: &mut Store,
     listing: &Listing,
-    compress: Option<Method>,
+    opts: &RootdirOptions,
     progress: &mut dyn FnMut(u64, u64),
     next: &mut dyn FnMut(usize) -> Result<Prefetched>,
 ) -> Result<RootdirStats> {
@@ -420,15 +509,20 @@ fn populate_with(
     // loses at most that much, without a flush every few megabytes.
     let commit_bytes: u64 = (fs.sb.total_bytes.get() / 16).clamp(64 << 20, 1 << 30);
     let mut bytes_at_commit = 0u64;
-    let tree = BTRFS_FS_TREE_OBJECTID;
+    let top = BTRFS_FS_TREE_OBJECTID;
     let ss = fs.sectorsize() as u64;
     let no_holes = fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
     let mut st = RootdirStats::default();
     // Per entry: its inode number; per directory: the next dir index.
     let mut ino_of: Vec<u64> = vec![0; listing.entries.len()];
+    // Per entry: the subvolume it is in; per subvolume: its next inode.
+    let mut tree_of: Vec<u64> = vec![top; listing.entries.len()];
+    let mut next_ino_of: HashMap<u64, u64> = HashMap::new();
+    let mut next_subvol = BTRFS_FIRST_FREE_OBJECTID;
+    let root_path = &listing.entries[0].path;
     let mut next_index: HashMap<usize, u64> = HashMap::new();
-    let mut links: HashMap<(u64, u64), u64> = HashMap::new();
-    let mut next_ino = BTRFS_FIRST_FREE_OBJECTID + 1;
+    let mut links: HashMap<(u64, u64, u64), u64> = HashMap::new();
+    next_ino_of.insert(top, BTRFS_FIRST_FREE_OBJECTID + 1);
     let mut since_commit = 0u64;
     let mut buf: Vec<u8> = Vec::new();
     ino_of[0] = BTRFS_FIRST_FREE_OBJECTID;
@@ -436,6 +530,7 @@ fn populate_with(
     for (i, e) in listing.entries.iter().enumerate() {
         let Some(parent) = e.parent else { continue };
         let pino = ino_of[parent];
+        let tree = tree_of[parent];
         let m = &e.meta;
         let ftype = ftype_of_mode(m.mode());
         let idx = next_index
@@ -443,9 +538,46 @@ fn populate_with(
             .ok_or_else(|| Error::Invalid("parent not a directory".into()))?;
         let index = *idx;
         *idx += 1;
-        // Hard links: a second name for an inode already copied.
+        // A directory named by --subvol: a new subvolume in its place,
+        // its root directory taking the source directory's attributes.
+        let rel = e.path.strip_prefix(root_path).unwrap_or(&e.path);
+        if let Some(sv) = m
+            .is_dir()
+            .then(|| opts.subvols.iter().find(|s| s.path == rel))
+            .flatten()
+        {
+            let id = next_subvol;
+            next_subvol += 1;
+            let src = inode_from(m, fs.transid);
+            let mut item = crate::fs::subvol::create_subvol_tree(fs, id, src.ctime, sv.readonly)?;
+            crate::fs::subvol::link_subvol_items(fs, tree, pino, &e.name, id, 0, index)?;
+            if sv.default {
+                crate::fs::subvol::set_default_subvol_item(fs, id, 0)?;
+            }
+            item.mode = src.mode;
+            item.uid = src.uid;
+            item.gid = src.gid;
+            item.atime = src.atime;
+            item.mtime = src.mtime;
+            item.ctime = src.ctime;
+            item.otime = src.otime;
+            put_inode(fs, id, BTRFS_FIRST_FREE_OBJECTID, &item)?;
+            for (n, v) in xattrs(&e.path)? {
+                let t = fs.transid;
+                xattr::set_xattr(fs, id, BTRFS_FIRST_FREE_OBJECTID, &n, &v, t)?;
+            }
+            ino_of[i] = BTRFS_FIRST_FREE_OBJECTID;
+            tree_of[i] = id;
+            next_ino_of.insert(id, BTRFS_FIRST_FREE_OBJECTID + 1);
+            next_index.insert(i, 2);
+            st.subvols += 1;
+            continue;
+        }
+        tree_of[i] = tree;
+        // Hard links: a second name for an inode already copied (in the
+        // same subvolume: a link cannot cross one).
         if !m.is_dir() && m.nlink() > 1 {
-            if let Some(&ino) = links.get(&(m.dev(), m.ino())) {
+            if let Some(&ino) = links.get(&(tree, m.dev(), m.ino())) {
                 let t = fs.transid;
                 names::add_name(fs, tree, pino, inode_key(ino), &e.name, ftype, index, t)?;
                 if let Some(mut item) = get_inode(fs, tree, ino)? {
@@ -457,8 +589,11 @@ fn populate_with(
                 continue;
             }
         }
-        let ino = next_ino;
-        next_ino += 1;
+        let next_ino = next_ino_of
+            .entry(tree)
+            .or_insert(BTRFS_FIRST_FREE_OBJECTID + 1);
+        let ino = *next_ino;
+        *next_ino += 1;
         ino_of[i] = ino;
         let t = fs.transid;
         names::add_name(fs, tree, pino, inode_key(ino), &e.name, ftype, index, t)?;
@@ -499,7 +634,7 @@ fn populate_with(
                 }
             };
             let (nbytes, flags) =
-                copy_file_data(fs, tree, ino, size, src, no_holes, compress, &mut buf)?;
+                copy_file_data(fs, tree, ino, size, src, no_holes, opts.compress, &mut buf)?;
             item.size.set(size);
             item.nbytes.set(nbytes);
             item.flags.set(item.flags.get() | flags);
@@ -518,7 +653,7 @@ fn populate_with(
             xattr::set_xattr(fs, tree, ino, &n, &v, t)?;
         }
         if !m.is_dir() && m.nlink() > 1 {
-            links.insert((m.dev(), m.ino()), ino);
+            links.insert((tree, m.dev(), m.ino()), ino);
         }
         since_commit += 1;
         progress(st.files + st.dirs + st.symlinks, st.bytes);
@@ -530,6 +665,7 @@ fn populate_with(
     }
     // Root directory attributes from the source root.
     let root = BTRFS_FIRST_FREE_OBJECTID;
+    let tree = top;
     if let Some(mut item) = get_inode(fs, tree, root)? {
         let src = inode_from(&listing.entries[0].meta, fs.transid);
         item.mode = src.mode;
