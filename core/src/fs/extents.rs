@@ -34,12 +34,14 @@ pub fn max_inline_data(st: &Store) -> u64 {
 /// fewer bytes than a block, at most `max_inline` (capped to a block) and
 /// what a leaf holds.
 pub fn can_inline(st: &Store, size: u64, len: u64, max_inline: u64) -> bool {
+    len == size && size > 0 && size <= inline_cap(st, max_inline)
+}
+
+/// The most bytes [`can_inline`] stores inline (what a reader thread
+/// without the store decides by).
+pub fn inline_cap(st: &Store, max_inline: u64) -> u64 {
     let ss = st.sectorsize() as u64;
-    len == size
-        && size > 0
-        && size < ss
-        && size <= max_inline.min(ss)
-        && size <= max_inline_data(st)
+    (ss - 1).min(max_inline.min(ss)).min(max_inline_data(st))
 }
 
 /// File range `[start, end)` an extent item at `off` covers (inline items

@@ -10,7 +10,6 @@
 use crate::format::consts::*;
 use crate::format::inode::{InodeItem, Timespec};
 use crate::fs::compress::{self, Method};
-use crate::fs::extents::can_inline;
 use crate::fs::extents::MAX_COMPRESSED;
 use crate::fs::inode::{get_inode, inode_key, put_inode};
 use crate::fs::{data, ftype_of_mode, names, xattr, MAX_EXTENT_SIZE, MAX_INLINE};
@@ -295,10 +294,12 @@ impl FileSource<'_> {
     }
 }
 
-/// Write a file's data: inline when small, else one extent per data range
-/// (at most MAX_EXTENT_SIZE each), holes left sparse (or explicit hole
-/// extents without no-holes). Returns the inode's nbytes and the inode
-/// flags compression gave it.
+/// Decide how a file's data is stored and hand each piece to `sink`:
+/// inline when small, else one extent per data range (at most
+/// MAX_EXTENT_SIZE each), holes left sparse (or explicit hole extents
+/// without no-holes). Returns the inode's nbytes and the inode flags
+/// compression gave it. `inline_cap`: the most bytes stored inline
+/// ([`crate::fs::extents::inline_cap`]).
 ///
 /// With `compress` (mkfs.btrfs `--compress`), as the kernel's writeback
 /// compresses a file written whole under `-o compress` (compress_file_range):
@@ -313,16 +314,16 @@ impl FileSource<'_> {
 /// carry both flags, which the tree checker refuses).
 #[allow(clippy::too_many_arguments)]
 fn copy_file_data(
-    fs: &mut Store,
-    tree: u64,
-    ino: u64,
+    sink: &mut dyn DataSink,
+    ss: u64,
+    inline_cap: u64,
     size: u64,
-    src: FileSource<'_>,
+    src: &FileSource<'_>,
     no_holes: bool,
     compress: Option<Method>,
     buf: &mut Vec<u8>,
 ) -> Result<(u64, u64)> {
-    let ss = fs.sectorsize() as u64;
+    let can_inline = |n: u64| n > 0 && n <= inline_cap;
     let mut flags = 0u64;
     if size == 0 {
         return Ok((0, flags));
@@ -336,25 +337,25 @@ fn copy_file_data(
             .then(|| compress::compress(m, d, ss as usize))
             .flatten();
         if let Some(c) = c {
-            if can_inline(fs, c.len() as u64, c.len() as u64, MAX_INLINE) {
-                data::write_inline(fs, tree, ino, size, m.kind, &c)?;
+            if can_inline(c.len() as u64) {
+                sink.inline(size, m.kind, &c)?;
                 return Ok((size, flags));
             }
         }
     }
-    if can_inline(fs, size, size, MAX_INLINE) {
+    if can_inline(size) {
         if src.ranges().is_empty() {
             return Ok((0, flags));
         }
         let d = src.read(0, size, buf)?;
-        data::write_inline(fs, tree, ino, size, BTRFS_COMPRESS_NONE, d)?;
+        sink.inline(size, BTRFS_COMPRESS_NONE, d)?;
         return Ok((size, flags));
     }
     let mut nbytes = 0u64;
     let mut covered = 0u64;
     for &(s, e) in src.ranges() {
         if !no_holes && s > covered {
-            data::write_hole(fs, tree, ino, covered, s - covered)?;
+            sink.hole(covered, s - covered)?;
         }
         let mut off = s;
         // End of the current compression run (512 KiB), and whether its
@@ -389,8 +390,8 @@ fn copy_file_data(
                     .filter(|c| (c.len() as u64).div_ceil(ss) * ss + ss <= total);
                 match kept {
                     Some(c) => {
-                        nbytes +=
-                            data::write_compressed_extent(fs, tree, ino, off, &c, total, m.kind)?;
+                        sink.compressed(off, c, total, m.kind)?;
+                        nbytes += total;
                     }
                     None => {
                         if run_compressed {
@@ -400,7 +401,8 @@ fn copy_file_data(
                             run_compressed = false;
                             continue;
                         }
-                        nbytes += data::write_extent(fs, tree, ino, off, d, true)?;
+                        sink.plain(off, d)?;
+                        nbytes += total;
                     }
                 }
                 off += len;
@@ -409,16 +411,138 @@ fn copy_file_data(
             let len = (e - off).min(MAX_EXTENT_SIZE);
             let want = len.min(size.saturating_sub(off));
             let d = src.read(off, want, buf)?;
-            nbytes += data::write_extent(fs, tree, ino, off, d, true)?;
+            sink.plain(off, d)?;
+            nbytes += want.div_ceil(ss) * ss;
             off += len;
         }
         covered = e;
     }
     let end = size.div_ceil(ss) * ss;
     if !no_holes && covered < end {
-        data::write_hole(fs, tree, ino, covered, end - covered)?;
+        sink.hole(covered, end - covered)?;
     }
     Ok((nbytes, flags))
+}
+
+/// Where [`copy_file_data`]'s decisions go: into the filesystem at once
+/// ([`WriteSink`]), or recorded by a reader thread ([`Plan`]) and written
+/// later in copy order.
+trait DataSink {
+    /// The whole file inline: `size` bytes, stored as `bytes` (compressed
+    /// with `kind`, or the bytes themselves).
+    fn inline(&mut self, size: u64, kind: u8, bytes: &[u8]) -> Result<()>;
+    /// An explicit hole (filesystems without no-holes).
+    fn hole(&mut self, off: u64, len: u64) -> Result<()>;
+    /// An uncompressed extent of the file's bytes `data` at `off`.
+    fn plain(&mut self, off: u64, data: &[u8]) -> Result<()>;
+    /// A compressed extent at `off` holding `ram` bytes.
+    fn compressed(&mut self, off: u64, disk: Vec<u8>, ram: u64, kind: u8) -> Result<()>;
+}
+
+/// Writes each piece into inode `ino` of subvolume `tree`.
+struct WriteSink<'a> {
+    fs: &'a mut Store,
+    tree: u64,
+    ino: u64,
+}
+
+impl DataSink for WriteSink<'_> {
+    fn inline(&mut self, size: u64, kind: u8, bytes: &[u8]) -> Result<()> {
+        data::write_inline(self.fs, self.tree, self.ino, size, kind, bytes)
+    }
+    fn hole(&mut self, off: u64, len: u64) -> Result<()> {
+        data::write_hole(self.fs, self.tree, self.ino, off, len)
+    }
+    fn plain(&mut self, off: u64, d: &[u8]) -> Result<()> {
+        data::write_extent(self.fs, self.tree, self.ino, off, d, true).map(|_| ())
+    }
+    fn compressed(&mut self, off: u64, disk: Vec<u8>, ram: u64, kind: u8) -> Result<()> {
+        data::write_compressed_extent(self.fs, self.tree, self.ino, off, &disk, ram, kind)
+            .map(|_| ())
+    }
+}
+
+/// One recorded piece of a [`Plan`]; plain extents name their bytes by
+/// range (the file's data travels with the plan).
+enum Step {
+    Inline {
+        size: u64,
+        kind: u8,
+        bytes: Vec<u8>,
+    },
+    Hole {
+        off: u64,
+        len: u64,
+    },
+    Plain {
+        off: u64,
+        len: usize,
+    },
+    Compressed {
+        off: u64,
+        disk: Vec<u8>,
+        ram: u64,
+        kind: u8,
+    },
+}
+
+/// A file's pieces decided on a reader thread (its compression work done
+/// there), with the nbytes and flags they give.
+#[derive(Default)]
+struct Plan {
+    steps: Vec<Step>,
+    nbytes: u64,
+    flags: u64,
+}
+
+impl DataSink for Plan {
+    fn inline(&mut self, size: u64, kind: u8, bytes: &[u8]) -> Result<()> {
+        self.steps.push(Step::Inline {
+            size,
+            kind,
+            bytes: bytes.to_vec(),
+        });
+        Ok(())
+    }
+    fn hole(&mut self, off: u64, len: u64) -> Result<()> {
+        self.steps.push(Step::Hole { off, len });
+        Ok(())
+    }
+    fn plain(&mut self, off: u64, d: &[u8]) -> Result<()> {
+        self.steps.push(Step::Plain { off, len: d.len() });
+        Ok(())
+    }
+    fn compressed(&mut self, off: u64, disk: Vec<u8>, ram: u64, kind: u8) -> Result<()> {
+        self.steps.push(Step::Compressed {
+            off,
+            disk,
+            ram,
+            kind,
+        });
+        Ok(())
+    }
+}
+
+impl Plan {
+    /// Write the recorded pieces; `data` is the file's contents.
+    fn write(self, sink: &mut WriteSink<'_>, data: &[u8]) -> Result<()> {
+        for s in self.steps {
+            match s {
+                Step::Inline { size, kind, bytes } => sink.inline(size, kind, &bytes)?,
+                Step::Hole { off, len } => sink.hole(off, len)?,
+                Step::Plain { off, len } => {
+                    sink.plain(off, &data[off as usize..off as usize + len])?
+                }
+                Step::Compressed {
+                    off,
+                    disk,
+                    ram,
+                    kind,
+                } => sink.compressed(off, disk, ram, kind)?,
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The range the kernel's writeback compresses as one (an async chunk of
@@ -433,6 +557,18 @@ struct Prefetched {
     ranges: Vec<(u64, u64)>,
     data: Vec<u8>,
     xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// With compression: the file's pieces, decided (and compressed) on
+    /// the reader thread.
+    plan: Option<Plan>,
+}
+
+/// What a reader thread needs to decide a file's pieces.
+#[derive(Clone, Copy)]
+struct PlanArgs {
+    ss: u64,
+    inline_cap: u64,
+    no_holes: bool,
+    compress: Option<Method>,
 }
 
 /// Files up to this size are read ahead on a second thread, so reading the
@@ -443,7 +579,8 @@ fn prefetchable(e: &Entry) -> bool {
     e.parent.is_some() && e.meta.is_file() && e.meta.len() <= PREFETCH_MAX && (e.meta.nlink() <= 1)
 }
 
-fn prefetch(e: &Entry, ss: u64) -> Result<Prefetched> {
+fn prefetch(e: &Entry, a: PlanArgs) -> Result<Prefetched> {
+    let ss = a.ss;
     let size = e.meta.len();
     let f = std::fs::File::open(&e.path).map_err(|err| io_err(&e.path, "cannot read", err))?;
     let mut data = vec![0u8; size as usize];
@@ -454,11 +591,38 @@ fn prefetch(e: &Entry, ss: u64) -> Result<Prefetched> {
     } else {
         Vec::new()
     };
-    Ok(Prefetched {
+    let mut p = Prefetched {
         ranges,
         data,
         xattrs: xattrs(&e.path)?,
-    })
+        plan: None,
+    };
+    if a.compress.is_some() {
+        let src = FileSource::Read {
+            ranges: std::mem::take(&mut p.ranges),
+            data: std::mem::take(&mut p.data),
+        };
+        let mut plan = Plan::default();
+        let mut buf = Vec::new();
+        let (nbytes, flags) = copy_file_data(
+            &mut plan,
+            ss,
+            a.inline_cap,
+            size,
+            &src,
+            a.no_holes,
+            a.compress,
+            &mut buf,
+        )?;
+        plan.nbytes = nbytes;
+        plan.flags = flags;
+        if let FileSource::Read { ranges, data } = src {
+            p.ranges = ranges;
+            p.data = data;
+        }
+        p.plan = Some(plan);
+    }
+    Ok(p)
 }
 
 /// Copy the scanned tree into the top-level subvolume (fs tree 5): the
@@ -476,22 +640,49 @@ pub fn populate(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RootdirStats> {
     let ss = fs.sectorsize() as u64;
+    // The small files, numbered in copy order, are read by READERS threads
+    // in turn (reader k takes every READERS-th from the k-th): a cold
+    // source is read several requests at a time, and the copy takes them
+    // back in order, from each reader's channel in turn.
+    const READERS: usize = 4;
+    let args = PlanArgs {
+        ss,
+        inline_cap: crate::fs::extents::inline_cap(fs, MAX_INLINE),
+        no_holes: fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0,
+        compress: opts.compress,
+    };
+    let small: Vec<usize> = (0..listing.entries.len())
+        .filter(|&i| prefetchable(&listing.entries[i]))
+        .collect();
     std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Result<Prefetched>)>(1024);
-        scope.spawn(move || {
-            for (i, e) in listing.entries.iter().enumerate() {
-                if prefetchable(e) && tx.send((i, prefetch(e, ss))).is_err() {
-                    return;
+        let mut rxs = Vec::with_capacity(READERS);
+        for k in 0..READERS {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Result<Prefetched>)>(256);
+            rxs.push(rx);
+            let small = &small;
+            scope.spawn(move || {
+                for &i in small.iter().skip(k).step_by(READERS) {
+                    if tx.send((i, prefetch(&listing.entries[i], args))).is_err() {
+                        return;
+                    }
                 }
+            });
+        }
+        let mut seq = 0usize;
+        let r = populate_with(fs, listing, opts, progress, &mut |i| {
+            let got = rxs[seq % READERS].recv();
+            seq += 1;
+            match got {
+                Ok((j, r)) if j == i => r,
+                Ok((j, _)) => Err(Error::Invalid(format!(
+                    "reader out of step: entry {j} for {i}"
+                ))),
+                Err(_) => Err(Error::Internal("reader thread stopped".into())),
             }
         });
-        populate_with(fs, listing, opts, progress, &mut |i| match rx.recv() {
-            Ok((j, r)) if j == i => r,
-            Ok((j, _)) => Err(Error::Invalid(format!(
-                "reader out of step: entry {j} for {i}"
-            ))),
-            Err(_) => Err(Error::Internal("reader thread stopped".into())),
-        })
+        // Readers blocked on a full channel stop once theirs is dropped.
+        drop(rxs);
+        r
     })
 }
 
@@ -512,6 +703,7 @@ fn populate_with(
     let top = BTRFS_FS_TREE_OBJECTID;
     let ss = fs.sectorsize() as u64;
     let no_holes = fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
+    let inline_cap = crate::fs::extents::inline_cap(fs, MAX_INLINE);
     let mut st = RootdirStats::default();
     // Per entry: its inode number; per directory: the next dir index.
     let mut ino_of: Vec<u64> = vec![0; listing.entries.len()];
@@ -612,9 +804,11 @@ fn populate_with(
             st.symlinks += 1;
         } else if m.is_file() {
             let size = m.len();
+            let mut plan = None;
             let src = if prefetchable(e) {
                 let p = next(i)?;
                 pre_xattrs = Some(p.xattrs);
+                plan = p.plan;
                 FileSource::Read {
                     ranges: p.ranges,
                     data: p.data,
@@ -633,8 +827,24 @@ fn populate_with(
                     path: &e.path,
                 }
             };
-            let (nbytes, flags) =
-                copy_file_data(fs, tree, ino, size, src, no_holes, opts.compress, &mut buf)?;
+            let mut sink = WriteSink { fs, tree, ino };
+            let (nbytes, flags) = match (plan, &src) {
+                (Some(plan), FileSource::Read { data, .. }) => {
+                    let r = (plan.nbytes, plan.flags);
+                    plan.write(&mut sink, data)?;
+                    r
+                }
+                _ => copy_file_data(
+                    &mut sink,
+                    ss,
+                    inline_cap,
+                    size,
+                    &src,
+                    no_holes,
+                    opts.compress,
+                    &mut buf,
+                )?,
+            };
             item.size.set(size);
             item.nbytes.set(nbytes);
             item.flags.set(item.flags.get() | flags);
