@@ -42,6 +42,11 @@ pub struct Args {
     /// Repeatable.
     #[arg(short = 'u', long = "subvol", value_name = "TYPE:SUBDIR")]
     pub subvol: Vec<String>,
+    /// With --rootdir: set inode flags on PATH (relative to it) and, for a
+    /// directory, everything under it: FLAGS comma separated, nodatacow
+    /// (implies nodatasum) and nodatasum. Repeatable.
+    #[arg(long = "inode-flags", value_name = "FLAGS:PATH")]
+    pub inode_flags: Vec<String>,
     /// Do not discard (TRIM) the devices; btrkit-mkfs never discards, so
     /// this is accepted for mkfs.btrfs's command lines.
     #[arg(short = 'K', long = "nodiscard")]
@@ -95,6 +100,17 @@ pub fn lists_features(a: &Args) -> bool {
 }
 
 impl Args {
+    /// The `--inode-flags` arguments, parsed.
+    pub fn inode_flags(&self) -> anyhow::Result<Vec<(PathBuf, u64)>> {
+        if !self.inode_flags.is_empty() && self.rootdir.is_none() {
+            bail!("--inode-flags needs --rootdir (it names a path copied in)");
+        }
+        self.inode_flags
+            .iter()
+            .map(|s| Ok(btrkit_core::mkfs::rootdir::parse_inode_flags(s)?))
+            .collect()
+    }
+
     /// The `--subvol` arguments, parsed.
     pub fn subvols(&self) -> anyhow::Result<Vec<btrkit_core::mkfs::rootdir::SubvolSpec>> {
         if !self.subvol.is_empty() && self.rootdir.is_none() {

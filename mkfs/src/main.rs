@@ -68,10 +68,16 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
     // Scan the source before touching the images: an unreadable entry is
     // reported with the images unchanged.
     let subvols = a.subvols()?;
+    let inode_flags = a.inode_flags()?;
     let listing = match &a.rootdir {
         Some(dir) => {
             let l = mkfs::rootdir::scan(dir)?;
             mkfs::rootdir::check_subvols(&l, &subvols)?;
+            mkfs::rootdir::check_paths(
+                &l,
+                inode_flags.iter().map(|f| f.0.as_path()),
+                "--inode-flags",
+            )?;
             Some(l)
         }
         None => None,
@@ -79,6 +85,7 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
     let rootdir_opts = mkfs::rootdir::RootdirOptions {
         compress: opts.compress,
         subvols,
+        inode_flags,
     };
     let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::new();
     for path in &a.images {

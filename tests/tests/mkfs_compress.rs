@@ -473,3 +473,74 @@ fn subvolumes_as_mkfs_btrfs_6_14() {
         .unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs --rootdir"));
 }
+
+/// `--inode-flags`: NODATACOW on a directory reaches every file under it
+/// (`lsattr` shows C), NODATASUM on a file leaves its data without
+/// checksums and uncompressed; the kernel reads everything as the source
+/// holds it, and both checkers are clean.
+#[test]
+fn inode_flags_reach_the_kernel() {
+    skip_unless!(require_kernel_mount(), require_progs_new());
+    let new = progs_new_dir().unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    source(&src);
+    let img = t.path().join("flags.img");
+    run_ok(
+        Command::new(bin_path("btrkit-mkfs"))
+            .args(["-q", "-b", "256M", "--compress", "zstd"])
+            .args([
+                "--inode-flags",
+                "nodatacow:d",
+                "--inode-flags",
+                "nodatasum:text",
+            ])
+            .arg("--rootdir")
+            .arg(&src)
+            .arg(&img),
+    );
+    for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
+        checks_clean(&btrfs, &img).unwrap();
+    }
+    let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
+        .args(["--check-data-csum"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let want = without_host_fields(&kcrash::manifest_of_tree(&src).unwrap(), true);
+    let m = LoopMount::new(&img, "ro").unwrap();
+    let got = without_host_fields(&kcrash::manifest_of_tree(m.path()).unwrap(), true);
+    assert!(got == want, "{}", want.short_diff(&got, 8));
+    let lsattr = |p: &str| {
+        let o = Command::new("lsattr")
+            .arg("-d")
+            .arg(m.path().join(p))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    for p in ["d", "d/odd", "d/e", "d/e/f3"] {
+        assert!(lsattr(p).contains('C'), "{p}: {}", lsattr(p));
+    }
+    for p in ["text", "random", "sparse"] {
+        assert!(!lsattr(p).contains('C'), "{p}: {}", lsattr(p));
+    }
+    // No compressed extent in the NODATASUM file (its hard link d/text-link
+    // is the same inode), compressed extents elsewhere.
+    let enc = encoded(m.path());
+    assert!(enc["text"].is_empty(), "{:?}", enc["text"]);
+    assert!(!enc["random-then-text"].is_empty());
+    drop(m);
+    let o = Command::new("btrfs")
+        .args(["inspect-internal", "dump-tree", "-t", "fs"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    let dump = String::from_utf8_lossy(&o.stdout);
+    assert!(dump.contains("NODATASUM|NODATACOW") && dump.contains("flags 0x1(NODATASUM)"));
+}

@@ -48,6 +48,31 @@ pub struct RootdirOptions {
     pub compress: Option<Method>,
     /// Directories of the source made subvolumes.
     pub subvols: Vec<SubvolSpec>,
+    /// `--inode-flags FLAGS:PATH`: inode flags (NODATACOW, NODATASUM) for
+    /// a path of the source and, for a directory, everything under it.
+    pub inode_flags: Vec<(PathBuf, u64)>,
+}
+
+/// One `--inode-flags FLAGS:PATH` (FLAGS comma separated: nodatacow,
+/// nodatasum): the path relative to the source root and the inode flags.
+/// nodatacow implies nodatasum, as `chattr +C` on an empty file does.
+pub fn parse_inode_flags(arg: &str) -> Result<(PathBuf, u64)> {
+    let bad = || {
+        Error::Invalid(format!(
+            "--inode-flags {arg}: expected FLAGS:PATH, FLAGS of nodatacow, nodatasum"
+        ))
+    };
+    let (flags, path) = arg.split_once(':').ok_or_else(bad)?;
+    let mut f = 0u64;
+    for name in flags.split(',') {
+        f |= match name.trim() {
+            "nodatacow" => BTRFS_INODE_NODATACOW | BTRFS_INODE_NODATASUM,
+            "nodatasum" => BTRFS_INODE_NODATASUM,
+            _ => return Err(bad()),
+        };
+    }
+    let sv = SubvolSpec::parse(path).map_err(|_| bad())?;
+    Ok((sv.path, f))
 }
 
 /// One `--subvol TYPE:SUBDIR`.
@@ -83,6 +108,30 @@ impl SubvolSpec {
             default: kind.starts_with("default"),
         })
     }
+}
+
+/// Each of `paths` names an entry of the scanned source (`what` names the
+/// option in the error).
+pub fn check_paths<'a>(
+    listing: &Listing,
+    paths: impl Iterator<Item = &'a Path>,
+    what: &str,
+) -> Result<()> {
+    let root = &listing.entries[0].path;
+    for p in paths {
+        if !listing
+            .entries
+            .iter()
+            .any(|e| e.path.strip_prefix(root).ok() == Some(p))
+        {
+            return Err(Error::Invalid(format!(
+                "{what} {}: no such path in {}",
+                p.display(),
+                root.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Check `--subvol` against the scanned source, before any image is
@@ -444,6 +493,8 @@ struct WriteSink<'a> {
     fs: &'a mut Store,
     tree: u64,
     ino: u64,
+    /// Checksum the data (not for NODATASUM inodes).
+    datasum: bool,
 }
 
 impl DataSink for WriteSink<'_> {
@@ -454,7 +505,7 @@ impl DataSink for WriteSink<'_> {
         data::write_hole(self.fs, self.tree, self.ino, off, len)
     }
     fn plain(&mut self, off: u64, d: &[u8]) -> Result<()> {
-        data::write_extent(self.fs, self.tree, self.ino, off, d, true).map(|_| ())
+        data::write_extent(self.fs, self.tree, self.ino, off, d, self.datasum).map(|_| ())
     }
     fn compressed(&mut self, off: u64, disk: Vec<u8>, ram: u64, kind: u8) -> Result<()> {
         data::write_compressed_extent(self.fs, self.tree, self.ino, off, &disk, ram, kind)
@@ -766,6 +817,11 @@ fn populate_with(
             continue;
         }
         tree_of[i] = tree;
+        let forced: u64 = opts
+            .inode_flags
+            .iter()
+            .filter(|(p, _)| rel.starts_with(p))
+            .fold(0, |a, (_, f)| a | f);
         // Hard links: a second name for an inode already copied (in the
         // same subvolume: a link cannot cross one).
         if !m.is_dir() && m.nlink() > 1 {
@@ -790,6 +846,7 @@ fn populate_with(
         let t = fs.transid;
         names::add_name(fs, tree, pino, inode_key(ino), &e.name, ftype, index, t)?;
         let mut item = inode_from(m, fs.transid);
+        item.flags.set(item.flags.get() | forced);
         let mut pre_xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>> = None;
         if m.is_dir() {
             next_index.insert(i, 2);
@@ -827,8 +884,16 @@ fn populate_with(
                     path: &e.path,
                 }
             };
-            let mut sink = WriteSink { fs, tree, ino };
-            let (nbytes, flags) = match (plan, &src) {
+            // NODATASUM data is neither checksummed nor compressed (the
+            // kernel compresses only checksummed data).
+            let datasum = forced & BTRFS_INODE_NODATASUM == 0;
+            let mut sink = WriteSink {
+                fs,
+                tree,
+                ino,
+                datasum,
+            };
+            let (nbytes, flags) = match (plan.filter(|_| datasum), &src) {
                 (Some(plan), FileSource::Read { data, .. }) => {
                     let r = (plan.nbytes, plan.flags);
                     plan.write(&mut sink, data)?;
@@ -841,7 +906,7 @@ fn populate_with(
                     size,
                     &src,
                     no_holes,
-                    opts.compress,
+                    opts.compress.filter(|_| datasum),
                     &mut buf,
                 )?,
             };
