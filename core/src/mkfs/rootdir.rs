@@ -637,6 +637,7 @@ fn prefetch(e: &Entry, a: PlanArgs) -> Result<Prefetched> {
     let mut data = vec![0u8; size as usize];
     f.read_exact_at(&mut data, 0)
         .map_err(|err| io_err(&e.path, "cannot read", err))?;
+    unchanged(&e.path, &e.meta, f.metadata())?;
     let ranges = if size > 0 {
         data_ranges(&f, size, ss)
     } else {
@@ -910,6 +911,9 @@ fn populate_with(
                     &mut buf,
                 )?,
             };
+            if let FileSource::Open { f, path, .. } = &src {
+                unchanged(path, m, f.metadata())?;
+            }
             item.size.set(size);
             item.nbytes.set(nbytes);
             item.flags.set(item.flags.get() | flags);
@@ -955,6 +959,32 @@ fn populate_with(
         let t = fs.transid;
         xattr::set_xattr(fs, tree, root, &n, &v, t)?;
     }
+    // A directory whose entries changed since the scan would leave the
+    // image without (or with stale) names: refused rather than silent.
+    for e in listing.entries.iter().filter(|e| e.meta.is_dir()) {
+        unchanged(&e.path, &e.meta, std::fs::symlink_metadata(&e.path))?;
+    }
     fs.commit()?;
     Ok(st)
+}
+
+/// `path` still has the size and modification time the scan saw: a file
+/// or directory written to during the copy is an error naming it (the
+/// image would hold neither its old nor its new contents for sure).
+fn unchanged(
+    path: &Path,
+    seen: &std::fs::Metadata,
+    now: std::io::Result<std::fs::Metadata>,
+) -> Result<()> {
+    let now = now.map_err(|e| io_err(path, "cannot stat", e))?;
+    if now.len() != seen.len()
+        || now.mtime() != seen.mtime()
+        || now.mtime_nsec() != seen.mtime_nsec()
+    {
+        return Err(Error::Invalid(format!(
+            "{} changed during the copy (its size or modification time is not what the scan found)",
+            path.display()
+        )));
+    }
+    Ok(())
 }
