@@ -123,6 +123,12 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
             report::tick(&pb, files, bytes)
         });
         pb.finish_and_clear();
+        let r = r.and_then(|s| {
+            if opts.features.quota {
+                mkfs::enable_quota(&mut fs)?;
+            }
+            Ok(s)
+        });
         match r {
             Ok(s) => stats = Some(s),
             Err(e @ btrkit_core::Error::NoSpace(_)) => {
@@ -145,6 +151,9 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
             }
         }
     } else {
+        if opts.features.quota {
+            mkfs::enable_quota(&mut fs)?;
+        }
         mkfs::finish(fs, &staged)?;
     }
     report::print(&summary, stats.as_ref(), a.json, a.quiet);

@@ -150,6 +150,24 @@ pub fn set_default_subvol_item(
     Ok(())
 }
 
+/// Every subvolume a ROOT_REF names, ascending (the top level aside).
+pub fn subvol_ids(store: &mut crate::trans::Store) -> Result<Vec<u64>> {
+    let mut subvols = Vec::new();
+    for (k, d) in store.items_in(
+        TreeId::Root,
+        Key::new(0, BTRFS_ROOT_REF_KEY, 0),
+        Key::new(BTRFS_LAST_FREE_OBJECTID, BTRFS_ROOT_REF_KEY, u64::MAX),
+    )? {
+        if k.ty == BTRFS_ROOT_REF_KEY {
+            parse_root_ref(&d).map_err(|e| e.at(0, k))?;
+            subvols.push(k.offset);
+        }
+    }
+    subvols.sort_unstable();
+    subvols.dedup();
+    Ok(subvols)
+}
+
 fn uuid_add(store: &mut crate::trans::Store, u: &[u8; 16], ty: u8, id: u64) -> Result<()> {
     if !store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
         return Ok(());
@@ -659,19 +677,7 @@ impl Filesystem {
         if self.store.qgroups.enabled {
             return Ok(());
         }
-        let mut subvols = Vec::new();
-        for (k, d) in self.store.items_in(
-            TreeId::Root,
-            Key::new(0, BTRFS_ROOT_REF_KEY, 0),
-            Key::new(BTRFS_LAST_FREE_OBJECTID, BTRFS_ROOT_REF_KEY, u64::MAX),
-        )? {
-            if k.ty == BTRFS_ROOT_REF_KEY {
-                parse_root_ref(&d).map_err(|e| e.at(0, k))?;
-                subvols.push(k.offset);
-            }
-        }
-        subvols.sort_unstable();
-        subvols.dedup();
+        let subvols = subvol_ids(&mut self.store)?;
         self.store.quota_enable(&subvols)?;
         self.commit("quota")?;
         self.writeback_all(super::writeback::Reason::Sync)?;

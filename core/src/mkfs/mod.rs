@@ -50,6 +50,9 @@ pub struct Features {
     /// `RAID56` incompat (`-O raid56`); set anyway when a profile is
     /// RAID5 or RAID6, as mkfs.btrfs does.
     pub raid56: bool,
+    /// Quota groups (`-O quota`): enabled, and counted once the files are
+    /// in ([`enable_quota`]).
+    pub quota: bool,
 }
 
 impl Default for Features {
@@ -63,6 +66,7 @@ impl Default for Features {
             block_group_tree: false,
             mixed: false,
             raid56: false,
+            quota: false,
         }
     }
 }
@@ -73,7 +77,8 @@ impl Features {
     /// names).
     pub fn list_all() -> String {
         let d = Features::default();
-        let rows: [(&str, &str, bool); 8] = [
+        let rows: [(&str, &str, bool); 9] = [
+            ("quota", "quota support (qgroups)", d.quota),
             ("mixed-bg", "mixed data and metadata block groups", d.mixed),
             (
                 "extref",
@@ -128,15 +133,16 @@ impl Features {
                 "block-group-tree" | "bgt" => self.block_group_tree = on,
                 "mixed-bg" => self.mixed = on,
                 "raid56" => self.raid56 = on,
+                "quota" => self.quota = on,
                 "raid-stripe-tree" => {
                     return Err(Error::Unsupported(
                         "feature 'raid-stripe-tree' is not supported by btrkit-mkfs: RAID5/6 here use the classic layout (parity in every row, no stripe tree), which the kernel mounts without it".into(),
                     ))
                 }
-                "zoned" | "raid1c34" | "quota" | "squota" | "extent-tree-v2" => {
+                "zoned" | "raid1c34" | "squota" | "extent-tree-v2" => {
                     return Err(Error::Unsupported(format!("feature '{name}' is not supported by btrkit-mkfs")))
                 }
-                _ => return Err(Error::Invalid(format!("unknown feature '{name}' (known: no-holes, skinny-metadata, extref, free-space-tree, block-group-tree, mixed-bg, raid56)"))),
+                _ => return Err(Error::Invalid(format!("unknown feature '{name}' (known: no-holes, skinny-metadata, extref, free-space-tree, block-group-tree, mixed-bg, raid56, quota)"))),
             }
         }
         if self.block_group_tree && !self.free_space_tree {
@@ -1111,6 +1117,17 @@ pub fn wipe_superblocks(dev: &dyn BlockDevice) -> Result<()> {
         }
     }
     dev.flush()
+}
+
+/// `-O quota`: a qgroup for the top level and every subvolume, counted
+/// from the trees as they stand (what `btrfs quota enable` and its rescan
+/// leave), each step committed.
+pub fn enable_quota(fs: &mut Store) -> Result<()> {
+    let ids = crate::fs::subvol::subvol_ids(fs)?;
+    fs.quota_enable(&ids)?;
+    fs.commit()?;
+    fs.quota_rescan()?;
+    fs.commit()
 }
 
 /// Publish the superblocks: after this the devices are a valid filesystem.
