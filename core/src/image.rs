@@ -567,7 +567,7 @@ impl Image {
 
     /// A tree block's one stripe piece: its copies, or its RAID5/6 column.
     pub fn block_piece(&self, bytenr: u64) -> Result<StripePiece> {
-        self.block_copy_addrs(bytenr)?;
+        self.block_aligned(bytenr)?;
         let mut v = self.chunks.pieces(bytenr, self.nodesize as u64)?;
         if v.len() != 1 {
             return Err(Error::corrupt(
@@ -582,6 +582,12 @@ impl Image {
     /// RAID5/6 block has one, its data stripe; its parity is in
     /// [`Image::block_piece`]).
     pub fn block_copy_addrs(&self, bytenr: u64) -> Result<Vec<(u64, u64)>> {
+        self.block_aligned(bytenr)?;
+        self.chunks.copies(bytenr, self.nodesize as u64)
+    }
+
+    /// A tree block address must be sector aligned.
+    fn block_aligned(&self, bytenr: u64) -> Result<()> {
         if !bytenr.is_multiple_of(self.sectorsize as u64) {
             return Err(Error::corrupt(
                 format!(
@@ -591,7 +597,7 @@ impl Image {
                 bytenr,
             ));
         }
-        self.chunks.copies(bytenr, self.nodesize as u64)
+        Ok(())
     }
 
     /// Start reading the first present copy of a tree block in the

@@ -234,7 +234,12 @@ pub fn rebuild(stripes: &mut [Vec<u8>], lost: &[bool], nparity: usize) -> Result
             stripes[x] = qxy;
             stripes[y] = pxy;
         }
-        _ => unreachable!("at most two stripes are lost"),
+        more => {
+            return Err(RebuildError::TooManyLost {
+                lost: more.len(),
+                parity: nparity,
+            })
+        }
     }
     if p_lost || q_lost {
         let (data, parity) = stripes.split_at_mut(ndata);
@@ -285,17 +290,10 @@ mod tests {
         (p, q)
     }
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next() as u8).collect()
-        }
+    fn bytes(rng: &mut crate::util::prng::Prng, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        rng.fill(&mut v);
+        v
     }
 
     #[test]
@@ -322,10 +320,10 @@ mod tests {
 
     #[test]
     fn parity_is_the_definition_and_every_loss_rebuilds() {
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut rng = crate::util::prng::Prng::new(0x9e37_79b9_7f4a_7c15);
         for &(ndata, len) in &[(1usize, 13usize), (2, 4096), (3, 1000), (4, 64), (8, 4103)] {
             for nparity in 1..=2usize {
-                let data: Vec<Vec<u8>> = (0..ndata).map(|_| rng.bytes(len)).collect();
+                let data: Vec<Vec<u8>> = (0..ndata).map(|_| bytes(&mut rng, len)).collect();
                 let (p, q) = slow_parity(&data);
                 let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
                 let mut gp = vec![0xaa; len];

@@ -361,15 +361,7 @@ mod tests {
     const DEV: usize = 4 << 20;
     const LOGICAL: u64 = 1 << 30;
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
+    use crate::util::prng::Prng;
 
     fn set(profile: u64, n: u64) -> (ChunkMap, BTreeMap<u64, Arc<dyn BlockDevice>>) {
         let np = crate::chunk::nparity(profile) as u64;
@@ -450,15 +442,15 @@ mod tests {
             let (map, devs) = set(profile, n);
             let len = map.iter().next().unwrap().length;
             let mut model = vec![0u8; len as usize];
-            let mut rng = Rng(0x1234_5678 + n);
+            let mut rng = Prng::new(0x1234_5678 + n);
             let w = ParityWriter::new();
             for i in 0..60 {
                 // Sector-aligned writes from a sector to several rows,
                 // some batches of two overlapping writes.
-                let at = (rng.next() % (len / 4096)) * 4096;
+                let at = (rng.next_u64() % (len / 4096)) * 4096;
                 let max = (len - at) / 4096;
-                let sectors = 1 + rng.next() % max.min(if i % 3 == 0 { 64 } else { 8 });
-                let data: Vec<u8> = (0..sectors * 4096).map(|_| rng.next() as u8).collect();
+                let sectors = 1 + rng.next_u64() % max.min(if i % 3 == 0 { 64 } else { 8 });
+                let data: Vec<u8> = (0..sectors * 4096).map(|_| rng.next_u64() as u8).collect();
                 let mut batch = vec![(LOGICAL + at, data.as_slice())];
                 let second: Vec<u8> = vec![i as u8; 4096];
                 if i % 4 == 1 {
@@ -504,8 +496,8 @@ mod tests {
             let (map, mut devs) = set(profile, n);
             let len = map.iter().next().unwrap().length;
             let w = ParityWriter::new();
-            let mut rng = Rng(99 + n);
-            let first: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+            let mut rng = Prng::new(99 + n);
+            let first: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
             w.write(&map, &[(LOGICAL, &first[..])], &devs, false)
                 .unwrap();
             let mut model = first.clone();
@@ -518,8 +510,8 @@ mod tests {
                 "a missing device is refused unless degraded"
             );
             for i in 0..40u64 {
-                let at = (rng.next() % (len / 4096)) * 4096;
-                let sectors = 1 + rng.next() % ((len - at) / 4096).min(40);
+                let at = (rng.next_u64() % (len / 4096)) * 4096;
+                let sectors = 1 + rng.next_u64() % ((len - at) / 4096).min(40);
                 let data = vec![i as u8 + 1; (sectors * 4096) as usize];
                 w.write(&map, &[(LOGICAL + at, &data[..])], &devs, true)
                     .unwrap();
@@ -536,8 +528,8 @@ mod tests {
     fn every_rebuild_attempt_of_raid6_reads_the_piece() {
         let (map, devs) = set(BTRFS_BLOCK_GROUP_RAID6, 5);
         let len = map.iter().next().unwrap().length;
-        let mut rng = Rng(7);
-        let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let mut rng = Prng::new(7);
+        let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         ParityWriter::new()
             .write(&map, &[(LOGICAL, &data[..])], &devs, false)
             .unwrap();

@@ -98,43 +98,16 @@ pub fn write_extent(
 ) -> Result<u64> {
     let ss = st.sectorsize() as u64;
     let len = (data.len() as u64).div_ceil(ss) * ss;
-    let padded;
-    let disk = if data.len() as u64 == len {
-        data
-    } else {
-        let mut v = Vec::with_capacity(len as usize);
-        v.extend_from_slice(data);
-        v.resize(len as usize, 0);
-        padded = v;
-        &padded[..]
-    };
-    let bytenr = write_data_extent(st, disk, datasum)?;
-    let item = FileExtentItem::new(
-        BTRFS_FILE_EXTENT_REG,
-        st.transid,
-        bytenr,
-        len,
-        0,
-        len,
+    write_new_extent(
+        st,
+        subvol,
+        ino,
+        file_off,
+        data,
         len,
         BTRFS_COMPRESS_NONE,
-    );
-    st.insert_item(
-        TreeId::Tree(subvol),
-        &extent_key(ino, file_off),
-        zerocopy::IntoBytes::as_bytes(&item),
-    )?;
-    reference_new_extent(
-        st,
-        bytenr,
-        len,
-        BackRef::Data {
-            root: subvol,
-            objectid: ino,
-            offset: file_off,
-        },
-    );
-    Ok(len)
+        datasum,
+    )
 }
 
 /// Write `disk` (compressed with `compression`, padded here to whole
@@ -151,11 +124,36 @@ pub fn write_compressed_extent(
     ram: u64,
     compression: u8,
 ) -> Result<u64> {
+    write_new_extent(st, subvol, ino, file_off, disk, ram, compression, true)
+}
+
+/// The one way a new regular extent is made: `disk` padded with zeros to
+/// whole sectors, written (checksummed unless `datasum` is false), its
+/// file extent item (`ram` bytes, `compression`) and first reference.
+#[allow(clippy::too_many_arguments)]
+fn write_new_extent(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    file_off: u64,
+    disk: &[u8],
+    ram: u64,
+    compression: u8,
+    datasum: bool,
+) -> Result<u64> {
     let ss = st.sectorsize() as u64;
     let len = (disk.len() as u64).div_ceil(ss) * ss;
-    let mut padded = disk.to_vec();
-    padded.resize(len as usize, 0);
-    let bytenr = write_data_extent(st, &padded, true)?;
+    let padded;
+    let disk = if disk.len() as u64 == len {
+        disk
+    } else {
+        let mut v = Vec::with_capacity(len as usize);
+        v.extend_from_slice(disk);
+        v.resize(len as usize, 0);
+        padded = v;
+        &padded[..]
+    };
+    let bytenr = write_data_extent(st, disk, datasum)?;
     let item = FileExtentItem::new(
         BTRFS_FILE_EXTENT_REG,
         st.transid,

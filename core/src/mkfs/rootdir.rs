@@ -291,6 +291,17 @@ fn inode_from(m: &std::fs::Metadata, transid: u64) -> InodeItem {
     i
 }
 
+/// A directory made by the filesystem (a root directory) takes its source
+/// directory's mode, owners and times.
+fn take_attrs(item: &mut InodeItem, src: &InodeItem) {
+    item.mode = src.mode;
+    item.uid = src.uid;
+    item.gid = src.gid;
+    item.atime = src.atime;
+    item.mtime = src.mtime;
+    item.ctime = src.ctime;
+}
+
 fn xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     crate::io::host::xattrs(path).map_err(|e| io_err(path, "cannot read xattrs of", e))
 }
@@ -798,12 +809,7 @@ fn populate_with(
             if sv.default {
                 crate::fs::subvol::set_default_subvol_item(fs, id, 0)?;
             }
-            item.mode = src.mode;
-            item.uid = src.uid;
-            item.gid = src.gid;
-            item.atime = src.atime;
-            item.mtime = src.mtime;
-            item.ctime = src.ctime;
+            take_attrs(&mut item, &src);
             item.otime = src.otime;
             put_inode(fs, id, BTRFS_FIRST_FREE_OBJECTID, &item)?;
             for (n, v) in xattrs(&e.path)? {
@@ -946,13 +952,7 @@ fn populate_with(
     let root = BTRFS_FIRST_FREE_OBJECTID;
     let tree = top;
     if let Some(mut item) = get_inode(fs, tree, root)? {
-        let src = inode_from(&listing.entries[0].meta, fs.transid);
-        item.mode = src.mode;
-        item.uid = src.uid;
-        item.gid = src.gid;
-        item.atime = src.atime;
-        item.mtime = src.mtime;
-        item.ctime = src.ctime;
+        take_attrs(&mut item, &inode_from(&listing.entries[0].meta, fs.transid));
         put_inode(fs, tree, root, &item)?;
     }
     for (n, v) in xattrs(&listing.entries[0].path)? {
