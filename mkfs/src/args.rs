@@ -47,6 +47,17 @@ pub struct Args {
     /// (implies nodatasum) and nodatasum. Repeatable.
     #[arg(long = "inode-flags", value_name = "FLAGS:PATH")]
     pub inode_flags: Vec<String>,
+    /// With --rootdir, on one device: the smallest filesystem that holds
+    /// the tree (small chunks, the device ending at the last), the image
+    /// file truncated to it; a missing image file is created.
+    #[arg(long = "shrink")]
+    pub shrink: bool,
+    /// With --rootdir, on image files: share the source files' data blocks
+    /// with the images (reflink, FICLONERANGE) instead of copying them;
+    /// source and images on one btrfs, or xfs with reflink. Not with
+    /// --compress.
+    #[arg(long = "reflink")]
+    pub reflink: bool,
     /// Do not discard (TRIM) the devices; btrkit-mkfs never discards, so
     /// this is accepted for mkfs.btrfs's command lines.
     #[arg(short = 'K', long = "nodiscard")]
@@ -160,6 +171,25 @@ impl Args {
                     )
                 })?),
             };
+        }
+        if self.shrink {
+            if self.rootdir.is_none() {
+                bail!(
+                    "--shrink needs --rootdir (it shrinks the filesystem to the files copied in)"
+                );
+            }
+            if self.images.len() > 1 {
+                bail!("--shrink makes a filesystem on one device only");
+            }
+            o.chunk_cap = Some(btrkit_core::mkfs::SHRINK_CHUNK);
+        }
+        if self.reflink {
+            if self.rootdir.is_none() {
+                bail!("--reflink needs --rootdir (it shares the data of the files copied in)");
+            }
+            if o.compress.is_some() {
+                bail!("--reflink cannot be used with --compress (a compressed extent holds other bytes than the file)");
+            }
         }
         let mut f = Features::default();
         for l in self.features.iter().chain(self.runtime_features.iter()) {

@@ -61,7 +61,7 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
                 );
             }
         }
-        if !path.exists() && opts.size.is_none() {
+        if !path.exists() && opts.size.is_none() && a.rootdir.is_none() {
             bail!("{} does not exist; give its size with -b", path.display());
         }
     }
@@ -82,10 +82,14 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
         }
         None => None,
     };
+    if a.reflink {
+        check_reflink(a, &opts, listing.as_ref())?;
+    }
     let rootdir_opts = mkfs::rootdir::RootdirOptions {
         compress: opts.compress,
         subvols,
         inode_flags,
+        reflink: a.reflink,
     };
     let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::new();
     for path in &a.images {
@@ -93,7 +97,12 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
             let f = std::fs::File::create(path)
                 .with_context(|| format!("cannot create {}", path.display()))?;
             created.push(path.clone());
-            if let Some(size) = opts.size {
+            // Without -b, a new image file holds the source for certain
+            // (sparse; --shrink cuts it).
+            let size = opts
+                .size
+                .or_else(|| listing.as_ref().map(|l| l.estimated_device_size()));
+            if let Some(size) = size {
                 f.set_len(size)
                     .with_context(|| format!("cannot size {}", path.display()))?;
             }
@@ -112,8 +121,9 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
         ));
     }
     let all: Vec<Arc<dyn BlockDevice>> = devs.iter().map(|d| d.1.clone()).collect();
-    let (mut fs, staged, summary) = mkfs::make_set(devs, &opts)?;
+    let (mut fs, staged, mut summary) = mkfs::make_set(devs, &opts)?;
     let mut stats = None;
+    let mut shrunk = None;
     if let (Some(dir), Some(listing)) = (&a.rootdir, &listing) {
         // From here on every commit is a valid filesystem: running out of
         // space keeps what was committed.
@@ -127,10 +137,16 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
             if opts.features.quota {
                 mkfs::enable_quota(&mut fs)?;
             }
+            if a.shrink {
+                shrunk = Some(mkfs::shrink(&mut fs)?);
+            }
             Ok(s)
         });
         match r {
-            Ok(s) => stats = Some(s),
+            Ok(s) => {
+                stats = Some(s);
+                drop(fs);
+            }
             Err(e @ btrkit_core::Error::NoSpace(_)) => {
                 // The images hold a valid filesystem: they stay.
                 created.clear();
@@ -156,7 +172,67 @@ fn make(a: &args::Args, created: &mut Vec<std::path::PathBuf>) -> anyhow::Result
         }
         mkfs::finish(fs, &staged)?;
     }
+    if let Some(end) = shrunk {
+        // The committed filesystem ends at `end`: what lies beyond is
+        // no longer part of it, so cutting it cannot lose anything.
+        let path = &a.images[0];
+        if std::fs::metadata(path)?.is_file() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .and_then(|f| f.set_len(end).and_then(|_| f.sync_all()))
+                .with_context(|| format!("cannot truncate {} to {end} bytes", path.display()))?;
+        }
+        summary.filesystem_size = end;
+    }
     report::print(&summary, stats.as_ref(), a.json, a.quiet);
+    Ok(())
+}
+
+/// `--reflink` can work, found before any image is touched: image files
+/// (not block devices), data not RAID5/6, and the directory of each image
+/// able to share a source file's blocks (a reflink into an unnamed
+/// temporary file there).
+fn check_reflink(
+    a: &args::Args,
+    opts: &MkfsOptions,
+    listing: Option<&mkfs::rootdir::Listing>,
+) -> anyhow::Result<()> {
+    use btrkit_core::format::consts::{BTRFS_BLOCK_GROUP_RAID5, BTRFS_BLOCK_GROUP_RAID6};
+    if opts
+        .data_profile
+        .is_some_and(|p| p & (BTRFS_BLOCK_GROUP_RAID5 | BTRFS_BLOCK_GROUP_RAID6) != 0)
+    {
+        bail!("--reflink cannot be used with RAID5/6 data (parity is computed from the bytes)");
+    }
+    let Some(sample) = listing.and_then(|l| {
+        l.entries
+            .iter()
+            .find(|e| e.meta.is_file() && e.meta.len() >= 4096)
+    }) else {
+        // No file has a whole block to share.
+        return Ok(());
+    };
+    for path in &a.images {
+        if path.exists() && !std::fs::metadata(path)?.is_file() {
+            bail!(
+                "--reflink needs image files: {} is not a regular file",
+                path.display()
+            );
+        }
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        btrkit_core::io::host::probe_clone(&sample.path, 4096, &dir).map_err(|e| {
+            anyhow::anyhow!(
+                "--reflink: {} cannot share the blocks of {}: {} ({e})",
+                dir.display(),
+                sample.path.display(),
+                btrkit_core::io::host::clone_failure(&e)
+            )
+        })?;
+    }
     Ok(())
 }
 

@@ -32,6 +32,17 @@ pub fn fallocate(f: &std::fs::File, mode: libc::c_int, off: u64, len: u64) -> st
     check(unsafe { libc::fallocate(f.as_raw_fd(), mode, off, len) })
 }
 
+/// lseek(2) with SEEK_DATA: the first data at or after `off`.
+pub fn seek_data(f: &std::fs::File, off: u64) -> std::io::Result<u64> {
+    // SAFETY: a descriptor the borrowed File keeps open; integer arguments only.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), off as libc::off_t, libc::SEEK_DATA) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as u64)
+    }
+}
+
 /// lsetxattr(2): sets `name` on `p` itself (not a symlink's target).
 pub fn lsetxattr(p: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
     let cp = cpath(p)?;

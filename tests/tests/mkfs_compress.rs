@@ -549,7 +549,7 @@ fn inode_flags_reach_the_kernel() {
 /// counts `btrfs check --qgroup-report` computes itself (6.2 and 6.14 find
 /// nothing different), btrkit-fsck's quota phase agrees, and the kernel
 /// lists a qgroup per subvolume (mkfs.btrfs 6.14's image without
-/// subvolumes has the same); `-O squota` refused in one line.
+/// subvolumes has the same); `-O quota,squota` refused in one line.
 #[test]
 fn quota_groups_are_counted() {
     skip_unless!(require_kernel_mount(), require_progs_new());
@@ -632,7 +632,7 @@ fn quota_groups_are_counted() {
         }
     }
     let o = Command::new(bin_path("btrkit-mkfs"))
-        .args(["-b", "256M", "-O", "squota"])
+        .args(["-b", "256M", "-O", "quota,squota"])
         .arg(t.path().join("s.img"))
         .output()
         .unwrap();
@@ -641,4 +641,552 @@ fn quota_groups_are_counted() {
         !o.status.success() && e.trim().lines().count() == 1 && e.contains("squota"),
         "{e}"
     );
+}
+
+/// `btrfs check --qgroup-report` of 6.14 (which knows simple quotas):
+/// clean, and its own count of every qgroup's referenced and exclusive
+/// bytes equal to the image's (the compressed counters, which the
+/// kernel's squota does not keep, aside). Returns the qgroups compared.
+fn squota_report_agrees(new: &Path, img: &Path, what: &str) -> usize {
+    let o = Command::new(new.join("btrfs"))
+        .args(["check", "--readonly", "--qgroup-report"])
+        .arg(img)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{what}: {text}");
+    let field = |l: &str, name: &str| -> Option<u64> {
+        let mut w = l.split_whitespace();
+        while let Some(x) = w.next() {
+            if x == name {
+                return w.next()?.parse().ok();
+            }
+        }
+        None
+    };
+    let (mut ours, mut disk) = (Vec::new(), Vec::new());
+    for l in text.lines() {
+        let l = l.trim();
+        for name in ["referenced", "exclusive"] {
+            if let Some(v) = field(l, name) {
+                if l.starts_with("our:") {
+                    ours.push(v);
+                } else if l.starts_with("disk:") {
+                    disk.push(v);
+                }
+            }
+        }
+    }
+    assert!(!ours.is_empty() && ours == disk, "{what}: {text}");
+    ours.len() / 2
+}
+
+/// `-O squota`: simple quotas on from the start, so every file copied in
+/// counts for its subvolume (data extents carry their owner): btrfs check
+/// 6.14 counts what the image says, btrkit-fsck is clean, the kernel
+/// lists a qgroup per subvolume with those counts; after the kernel and
+/// then btrkit's engine write, delete, snapshot and make a subvolume on
+/// it, the counts still agree (both keep squota's rules).
+#[test]
+fn simple_quotas() {
+    skip_unless!(require_kernel_mount(), require_progs_new());
+    let new = progs_new_dir().unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    source(&src);
+    std::fs::create_dir_all(src.join("sv/inner")).unwrap();
+    std::fs::write(src.join("sv/inner/x"), "x".repeat(50_000)).unwrap();
+    let img = t.path().join("squota.img");
+    run_ok(
+        Command::new(bin_path("btrkit-mkfs"))
+            .args([
+                "-q",
+                "-b",
+                "256M",
+                "-O",
+                "squota",
+                "-u",
+                "sv",
+                "-u",
+                "d",
+                "--rootdir",
+            ])
+            .arg(&src)
+            .arg(&img),
+    );
+    let fsck_clean = |what: &str| {
+        let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
+            .arg(&img)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("0 warnings"),
+            "{what}: {out}"
+        );
+    };
+    assert_eq!(squota_report_agrees(&new, &img, "made"), 3);
+    checks_clean(&new.join("btrfs"), &img).unwrap();
+    fsck_clean("made");
+    let o = Command::new(new.join("btrfs"))
+        .args(["inspect-internal", "dump-super"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("SIMPLE_QUOTA"));
+    {
+        let m = LoopMount::new(&img, "").unwrap();
+        let o = Command::new("btrfs")
+            .args(["qgroup", "show", "--raw"])
+            .arg(m.path())
+            .output()
+            .unwrap();
+        let shown = String::from_utf8_lossy(&o.stdout).to_string();
+        for p in ["<toplevel>", " sv", " d"] {
+            assert!(shown.contains(p), "{shown}");
+        }
+        // The subvolume holding 50,000 bytes of data counts at least them.
+        let sv = shown
+            .lines()
+            .find(|l| l.trim_end().ends_with(" sv"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap();
+        assert!(sv >= 50_000, "{shown}");
+        std::fs::write(m.path().join("sv/new"), vec![3u8; 300_000]).unwrap();
+        std::fs::remove_file(m.path().join("text")).unwrap();
+        run_ok(
+            Command::new("btrfs")
+                .args(["subvolume", "snapshot"])
+                .arg(m.path().join("sv"))
+                .arg(m.path().join("snap")),
+        );
+        std::fs::write(m.path().join("snap/more"), vec![4u8; 70_000]).unwrap();
+    }
+    assert_eq!(squota_report_agrees(&new, &img, "after the kernel"), 4);
+    fsck_clean("after the kernel");
+    let script = t.path().join("s.scn");
+    std::fs::write(
+        &script,
+        "write /sv/big 0 300K\nunlink /random\nsnapshot /d /snap2\nwrite /snap2/y 0 64K\n\
+         subvol-create /nv\nwrite /nv/x 0 40K\nwrite /snap/more 0 8K\nsync\n",
+    )
+    .unwrap();
+    run_ok(
+        Command::new(bin_path("btrkit-shell"))
+            .arg("-q")
+            .arg(&img)
+            .arg(&script),
+    );
+    assert_eq!(squota_report_agrees(&new, &img, "after btrkit's engine"), 6);
+    fsck_clean("after btrkit's engine");
+    let m = LoopMount::new(&img, "ro").unwrap();
+    assert_eq!(
+        std::fs::read(m.path().join("nv/x")).unwrap().len(),
+        40 << 10
+    );
+}
+
+/// Super's total_bytes of an image.
+fn super_total_bytes(img: &Path) -> u64 {
+    let o = Command::new("btrfs")
+        .args(["inspect-internal", "dump-super"])
+        .arg(img)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("total_bytes"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("total_bytes in dump-super")
+}
+
+/// The options image builders combine: `--compress` x `--subvol` x
+/// `--shrink`, each combination with a node size and checksum in turn
+/// (every node size and checksum meets every option; all 320 combinations
+/// with BTRKIT_MKFS_MATRIX=full). Each image: btrfs check 6.2 and 6.14
+/// clean, every file read back by the kernel equal to the source (content,
+/// mode, owners, xattrs, times, link counts; the sparse file's hole kept),
+/// the subvolumes with their flags and the default; with `--shrink` the
+/// image file ends where the filesystem does, no larger than mkfs.btrfs
+/// 6.14's with the same options, and grows (file extended, `btrfs
+/// filesystem resize max` on a read-write mount) to take new files.
+#[test]
+fn option_matrix() {
+    skip_unless!(require_kernel_mount(), require_progs_new());
+    let new = progs_new_dir().unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    source(&src);
+    for d in ["a/x", "b", "c/d"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+    }
+    for (i, f) in ["a/f", "a/x/g", "b/h", "c/d/k"].iter().enumerate() {
+        std::fs::write(src.join(f), format!("file {i}\n").repeat(3000 * i + 1)).unwrap();
+    }
+    let want = without_host_fields(&kcrash::manifest_of_tree(&src).unwrap(), true);
+    let full = std::env::var("BTRKIT_MKFS_MATRIX").is_ok_and(|v| v == "full");
+    let geometry: Vec<(&str, &str)> = ["4096", "8192", "16384", "32768", "65536"]
+        .iter()
+        .flat_map(|n| {
+            ["crc32c", "xxhash", "sha256", "blake2"]
+                .iter()
+                .map(move |c| (*n, *c))
+        })
+        .collect();
+    let subvol_sets: [&[&str]; 2] = [&[], &["-u", "a", "-u", "ro:b", "-u", "default:c/d"]];
+    let mut cases = Vec::new();
+    for compress in ["no", "zlib", "lzo", "zstd"] {
+        for subvols in subvol_sets {
+            for shrink in [false, true] {
+                cases.push((compress, subvols, shrink));
+            }
+        }
+    }
+    let mut n = 0;
+    for (k, (compress, subvols, shrink)) in cases.iter().enumerate() {
+        let picks: Vec<(&str, &str)> = if full {
+            geometry.clone()
+        } else {
+            // Steps of 7 through the 20 pairs: consecutive cases differ in
+            // both, and the 16 cases meet every node size and checksum.
+            vec![geometry[(k * 7) % geometry.len()]]
+        };
+        for (nodesize, csum) in picks {
+            n += 1;
+            let what = format!(
+                "--compress {compress} {subvols:?} shrink={shrink} -n {nodesize} --csum {csum}"
+            );
+            let ours = t.path().join("m-ours.img");
+            let theirs = t.path().join("m-progs.img");
+            let _ = std::fs::remove_file(&ours);
+            let _ = std::fs::remove_file(&theirs);
+            let mut args: Vec<&str> =
+                vec!["-q", "-n", nodesize, "--csum", csum, "--compress", compress];
+            args.extend_from_slice(subvols);
+            if *shrink {
+                // No -b: the image file is created, then cut to size.
+                args.push("--shrink");
+            } else {
+                args.extend_from_slice(&["-b", "256M"]);
+            }
+            run_ok(
+                Command::new(bin_path("btrkit-mkfs"))
+                    .args(&args)
+                    .arg("--rootdir")
+                    .arg(&src)
+                    .arg(&ours),
+            );
+            for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
+                checks_clean(&btrfs, &ours).unwrap_or_else(|e| panic!("{what}: {e}"));
+            }
+            let m = LoopMount::new(&ours, "ro,subvolid=5").unwrap();
+            let got = without_host_fields(&kcrash::manifest_of_tree(m.path()).unwrap(), true);
+            assert!(got == want, "{what}: {}", want.short_diff(&got, 8));
+            // SEEK_DATA from inside the hole lands on the second run.
+            let f = std::fs::File::open(m.path().join("sparse")).unwrap();
+            let at = btrkit_tests::sys::seek_data(&f, 200_000).unwrap();
+            assert_eq!(at, 1 << 20, "{what}: the hole of 'sparse' was filled");
+            drop(f);
+            let (sv, default) = subvols_of(m.path());
+            drop(m);
+            let want_sv: Vec<(String, bool)> = if subvols.is_empty() {
+                Vec::new()
+            } else {
+                vec![
+                    ("a".into(), false),
+                    ("b".into(), true),
+                    ("c/d".into(), false),
+                ]
+            };
+            assert_eq!(sv, want_sv, "{what}");
+            assert_eq!(
+                default,
+                if subvols.is_empty() { "" } else { "c/d" },
+                "{what}"
+            );
+            if *shrink {
+                let size = std::fs::metadata(&ours).unwrap().len();
+                assert_eq!(size, super_total_bytes(&ours), "{what}");
+                run_ok(
+                    Command::new(new.join("mkfs.btrfs"))
+                        .args(&args)
+                        .arg("--rootdir")
+                        .arg(&src)
+                        .arg(&theirs),
+                );
+                let theirs_size = std::fs::metadata(&theirs).unwrap().len();
+                assert!(
+                    size <= theirs_size,
+                    "{what}: {size} bytes, mkfs.btrfs 6.14's {theirs_size}"
+                );
+                // As an image builder's image is used: the file grown, the
+                // filesystem resized to it on a read-write mount (the
+                // kernel grows a device to 256 MiB at least), written.
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&ours)
+                    .unwrap()
+                    .set_len(size.max(256 << 20) + (64 << 20))
+                    .unwrap();
+                let m = LoopMount::new(&ours, "subvolid=5").unwrap();
+                let o = Command::new("btrfs")
+                    .args(["filesystem", "resize", "max"])
+                    .arg(m.path())
+                    .output()
+                    .unwrap();
+                assert!(
+                    o.status.success(),
+                    "{what}: resize: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                std::fs::write(m.path().join("after-shrink"), vec![7u8; 1 << 20]).unwrap();
+                drop(m);
+                checks_clean(Path::new("btrfs"), &ours)
+                    .unwrap_or_else(|e| panic!("{what} after a write: {e}"));
+            }
+        }
+    }
+    eprintln!("{n} option combinations");
+}
+
+/// `--shrink` alone and where it cannot apply: without --rootdir or on
+/// two devices refused in one line with nothing made.
+#[test]
+fn shrink_refusals() {
+    skip_unless!(require_kernel_mount());
+    let t = tempfile::tempdir().unwrap();
+    let a = t.path().join("a.img");
+    let b = t.path().join("b.img");
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    for (args, want) in [
+        (vec!["--shrink", a.to_str().unwrap()], "needs --rootdir"),
+        (
+            vec![
+                "--shrink",
+                "-r",
+                src.to_str().unwrap(),
+                a.to_str().unwrap(),
+                b.to_str().unwrap(),
+            ],
+            "one device",
+        ),
+    ] {
+        let o = Command::new(bin_path("btrkit-mkfs"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && e.trim().lines().count() == 1 && e.contains(want),
+            "{args:?}: {e}"
+        );
+        assert!(!a.exists() && !b.exists(), "{args:?} left an image");
+    }
+}
+
+/// Bytes of `f` in extents FIEMAP marks shared.
+fn shared_bytes(f: &Path) -> u64 {
+    let f = std::fs::File::open(f).unwrap();
+    btrkit_tests::sys::fiemap(&f)
+        .unwrap()
+        .iter()
+        .filter(|e| e.2 & btrkit_tests::sys::FIEMAP_EXTENT_SHARED != 0)
+        .map(|e| e.1)
+        .sum()
+}
+
+/// `--reflink` on xfs made with reflink=1 (source and image on it): the
+/// image's file data is the source's blocks, shared (FIEMAP's SHARED
+/// bytes of the image are exactly the whole sectors of every file not
+/// stored inline, twice with `-d dup`), btrfs check 6.2 and 6.14 clean,
+/// the kernel reads every file equal to the source; refused in one line,
+/// nothing made, with --compress and where the image's filesystem cannot
+/// share blocks (ext4 or another filesystem than the source's).
+#[test]
+fn reflink_shares_blocks() {
+    skip_unless!(require_kernel_mount(), require_progs_new());
+    if let Err(e) = which("mkfs.xfs") {
+        if std::env::var("BTRKIT_REQUIRE_ORACLES").is_ok_and(|v| v == "1") {
+            panic!("{e}");
+        }
+        eprintln!("skipped: {e}");
+        return;
+    }
+    let new = progs_new_dir().unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let ximg = t.path().join("host.img");
+    std::fs::File::create(&ximg)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    run_ok(
+        Command::new("mkfs.xfs")
+            .args(["-q", "-m", "reflink=1"])
+            .arg(&ximg),
+    );
+    let host = HostMount::new(&ximg, &t.path().join("host"));
+    let src = host.path().join("src");
+    source(&src);
+    let want = without_host_fields(&kcrash::manifest_of_tree(&src).unwrap(), true);
+    // What is shared: the whole sectors of each regular file (each inode
+    // once) above the inline limit, holes not counted.
+    let mut expect = 0u64;
+    let mut seen = std::collections::HashSet::new();
+    for e in walkdir(&src) {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(&e).unwrap();
+        if !m.is_file() || m.len() <= 2048 || !seen.insert(m.ino()) {
+            continue;
+        }
+        let f = std::fs::File::open(&e).unwrap();
+        let mut off = 0;
+        while off < m.len() {
+            let Ok(d) = btrkit_tests::sys::seek_data(&f, off) else {
+                break;
+            };
+            let h = btrkit_core::io::host::data_runs(&f, d, m.len())
+                .next()
+                .map_or(m.len(), |r| r.1);
+            // Each data run is whole sectors but a partial last one.
+            expect += (h.min(m.len()) / 4096 * 4096).saturating_sub(d);
+            off = h;
+        }
+    }
+    assert!(expect > 1 << 20, "{expect}");
+    for (profile, copies) in [("single", 1), ("dup", 2)] {
+        let img = host.path().join(format!("{profile}.img"));
+        run_ok(
+            Command::new(bin_path("btrkit-mkfs"))
+                .args(["-q", "-b", "512M", "--reflink", "-d", profile, "--rootdir"])
+                .arg(&src)
+                .arg(&img),
+        );
+        assert_eq!(shared_bytes(&img), expect * copies, "-d {profile}");
+        for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
+            checks_clean(&btrfs, &img).unwrap_or_else(|e| panic!("-d {profile}: {e}"));
+        }
+        let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
+            .args(["--check-data-csum", "--check-mirrors"])
+            .arg(&img)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+        let m = LoopMount::new(&img, "ro").unwrap();
+        let got = without_host_fields(&kcrash::manifest_of_tree(m.path()).unwrap(), true);
+        assert!(got == want, "-d {profile}: {}", want.short_diff(&got, 8));
+    }
+    let one_line = |args: &[&std::ffi::OsStr], img: &Path, want: &str| {
+        let o = Command::new(bin_path("btrkit-mkfs"))
+            .args(args)
+            .arg(img)
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && e.trim().lines().count() == 1 && e.contains(want),
+            "{args:?}: {e}"
+        );
+        assert!(!img.exists(), "{args:?} left {}", img.display());
+    };
+    let r = |s: &'static str| std::ffi::OsStr::new(s);
+    // The image on another filesystem than the source.
+    one_line(
+        &[
+            r("-b"),
+            r("512M"),
+            r("--reflink"),
+            r("--rootdir"),
+            src.as_os_str(),
+        ],
+        &t.path().join("elsewhere.img"),
+        "different filesystems",
+    );
+    // A filesystem that cannot share blocks: source and image on ext4 (or
+    // whatever holds the temporary directory, when it is not xfs or btrfs).
+    let plain = t.path().join("plain-src");
+    source(&plain);
+    let o = Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(t.path())
+        .output()
+        .unwrap();
+    if !matches!(String::from_utf8_lossy(&o.stdout).trim(), "xfs" | "btrfs") {
+        one_line(
+            &[
+                r("-b"),
+                r("512M"),
+                r("--reflink"),
+                r("--rootdir"),
+                plain.as_os_str(),
+            ],
+            &t.path().join("plain.img"),
+            "cannot share blocks",
+        );
+    }
+    one_line(
+        &[
+            r("-b"),
+            r("512M"),
+            r("--reflink"),
+            r("--compress"),
+            r("zstd"),
+            r("--rootdir"),
+            src.as_os_str(),
+        ],
+        &host.path().join("c.img"),
+        "--compress",
+    );
+}
+
+/// A loop mount of a filesystem other than btrfs (LoopMount's is
+/// btrfs), unmounted when dropped.
+struct HostMount(std::path::PathBuf);
+
+impl HostMount {
+    fn new(image: &Path, at: &Path) -> HostMount {
+        std::fs::create_dir_all(at).unwrap();
+        run_ok(
+            Command::new("mount")
+                .args(["-o", "loop"])
+                .arg(image)
+                .arg(at),
+        );
+        HostMount(at.to_path_buf())
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for HostMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn which(tool: &str) -> Result<(), String> {
+    Command::new(tool)
+        .arg("-V")
+        .output()
+        .map(drop)
+        .map_err(|e| format!("{tool} not found ({e}): apt-get install xfsprogs"))
+}
+
+/// Every path under `root`, depth first.
+fn walkdir(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            }
+            out.push(e.path());
+        }
+    }
+    out
 }

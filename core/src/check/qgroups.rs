@@ -294,7 +294,9 @@ pub(super) fn check(cx: &mut Ctx) {
     let mut reported = 0usize;
     for i in infos.values() {
         let (rfer, excl) = computed.get(&i.id).copied().unwrap_or((0, 0));
-        if i.rfer_cmpr != i.rfer || i.excl_cmpr != i.excl {
+        // Simple quotas do not keep the compressed counters (the kernel's
+        // squota moves rfer and excl only).
+        if !simple && (i.rfer_cmpr != i.rfer || i.excl_cmpr != i.excl) {
             cx.report(F::warn(P, "qgroup-info").tree(Q).key(i.key).msg(format!(
                 "qgroup {}: compressed counts ({}, {}) differ from the counts ({}, {}); the kernel keeps them equal",
                 qgroupid_str(i.id),

@@ -107,6 +107,7 @@ pub fn write_extent(
         len,
         BTRFS_COMPRESS_NONE,
         datasum,
+        None,
     )
 }
 
@@ -124,12 +125,55 @@ pub fn write_compressed_extent(
     ram: u64,
     compression: u8,
 ) -> Result<u64> {
-    write_new_extent(st, subvol, ino, file_off, disk, ram, compression, true)
+    write_new_extent(
+        st,
+        subvol,
+        ino,
+        file_off,
+        disk,
+        ram,
+        compression,
+        true,
+        None,
+    )
+}
+
+/// [`write_extent`] for bytes that are `src`'s at `src_off` (`data`, read
+/// for the checksums): the whole sectors share the source's blocks
+/// (reflink, [`Store::clone_new_data`]) instead of being written; a
+/// partial last sector is written padded, as the source's own last block
+/// may hold anything past its end.
+#[allow(clippy::too_many_arguments)]
+pub fn clone_extent(
+    st: &mut Store,
+    subvol: u64,
+    ino: u64,
+    file_off: u64,
+    data: &[u8],
+    datasum: bool,
+    src: &std::fs::File,
+    src_off: u64,
+) -> Result<u64> {
+    let ss = st.sectorsize() as u64;
+    let len = (data.len() as u64).div_ceil(ss) * ss;
+    write_new_extent(
+        st,
+        subvol,
+        ino,
+        file_off,
+        data,
+        len,
+        BTRFS_COMPRESS_NONE,
+        datasum,
+        Some((src, src_off)),
+    )
 }
 
 /// The one way a new regular extent is made: `disk` padded with zeros to
 /// whole sectors, written (checksummed unless `datasum` is false), its
 /// file extent item (`ram` bytes, `compression`) and first reference.
+/// `shared`: the whole sectors of `disk` are a source file's at an
+/// offset, shared with it rather than written.
 #[allow(clippy::too_many_arguments)]
 fn write_new_extent(
     st: &mut Store,
@@ -140,8 +184,10 @@ fn write_new_extent(
     ram: u64,
     compression: u8,
     datasum: bool,
+    shared: Option<(&std::fs::File, u64)>,
 ) -> Result<u64> {
     let ss = st.sectorsize() as u64;
+    let whole = disk.len() as u64 / ss * ss;
     let len = (disk.len() as u64).div_ceil(ss) * ss;
     let padded;
     let disk = if disk.len() as u64 == len {
@@ -153,7 +199,26 @@ fn write_new_extent(
         padded = v;
         &padded[..]
     };
-    let bytenr = write_data_extent(st, disk, datasum)?;
+    let bytenr = match shared {
+        None => write_data_extent(st, disk, datasum)?,
+        Some((src, src_off)) => {
+            if len > MAX_EXTENT_SIZE {
+                return Err(Error::Invalid(format!("data extent of {len} bytes")));
+            }
+            let (bytenr, _) = reserve_data_extent(st, len, len)?;
+            if whole > 0 {
+                st.clone_new_data(bytenr, src, src_off, whole)?;
+            }
+            if len > whole {
+                st.write_new_data(bytenr + whole, &disk[whole as usize..])?;
+            }
+            if datasum {
+                let sums = sector_csums(st, disk);
+                st.csum_insert(bytenr, &sums)?;
+            }
+            bytenr
+        }
+    };
     let item = FileExtentItem::new(
         BTRFS_FILE_EXTENT_REG,
         st.transid,

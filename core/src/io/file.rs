@@ -219,6 +219,30 @@ impl BlockDevice for FileDevice {
     fn size(&self) -> u64 {
         self.size
     }
+    fn clone_from_file(&self, src: &File, src_off: u64, len: u64, offset: u64) -> Result<()> {
+        if !self.writable {
+            return Err(Error::Invalid(format!(
+                "{} is open read-only",
+                self.path.display()
+            )));
+        }
+        if offset.checked_add(len).is_none_or(|e| e > self.size) {
+            return Err(Error::io(
+                format!("reflink of {len} bytes at byte {offset} past the end of the image"),
+                std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            ));
+        }
+        crate::io::host::clone_range(src, src_off, len, &self.file, offset).map_err(|e| {
+            let why = crate::io::host::clone_failure(&e);
+            Error::io(
+                format!(
+                    "cannot share {len} bytes with {} at byte {offset}: {why}",
+                    self.path.display()
+                ),
+                e,
+            )
+        })
+    }
     /// As a loop device over the image decides (loop_update_rotational):
     /// a block device's own flag, or that of the device holding the file;
     /// a file on a filesystem without one (tmpfs) counts as spinning.

@@ -1,7 +1,7 @@
 //! What btrkit asks of the host's files beyond reads and writes: where a
 //! sparse file holds data (SEEK_DATA/SEEK_HOLE), whether a path may be
 //! read, a file's extended attributes, the local time zone and the heap's
-//! trim thresholds. The libc calls live here, in
+//! trim thresholds, and reflinks (FICLONERANGE). The libc calls live here, in
 //! one place, each with what makes it sound.
 
 use std::ffi::CString;
@@ -258,6 +258,59 @@ pub fn mknod(path: &Path, mode: u32, rdev: (u32, u32)) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// FICLONERANGE: the `len` bytes of `dst` at `dst_off` share the blocks of
+/// `src` at `src_off` (both on one filesystem that shares blocks; offsets
+/// and `len` multiples of its block size).
+pub fn clone_range(
+    src: &File,
+    src_off: u64,
+    len: u64,
+    dst: &File,
+    dst_off: u64,
+) -> std::io::Result<()> {
+    let arg = libc::file_clone_range {
+        src_fd: src.as_raw_fd() as i64,
+        src_offset: src_off,
+        src_length: len,
+        dest_offset: dst_off,
+    };
+    // SAFETY: both descriptors are open for the call (borrowed Files);
+    // the kernel only reads `arg`.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::ioctl(dst.as_raw_fd(), libc::FICLONERANGE, &arg) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Why a reflink failed with `e`, for a person.
+pub fn clone_failure(e: &std::io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EXDEV) => "the source and the image are on different filesystems",
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) | Some(libc::EINVAL) => {
+            "the filesystem holding them cannot share blocks (reflinks need btrfs, or xfs made with reflink=1)"
+        }
+        _ => "FICLONERANGE failed",
+    }
+}
+
+/// Whether `dir` (where an image file is or goes) can share the blocks of
+/// the file `src` (its first `len` bytes, a multiple of the block size):
+/// a reflink into an unnamed temporary file there (O_TMPFILE), so nothing
+/// visible is made. The error says why not.
+pub fn probe_clone(src: &Path, len: u64, dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let s = File::open(src)?;
+    let t = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)?;
+    clone_range(&s, 0, len, &t, 0)
 }
 
 #[cfg(test)]

@@ -93,6 +93,22 @@ pub trait BlockDevice: Send + Sync {
         f(b);
         Ok(())
     }
+    /// Make the `len` bytes at `offset` share the blocks of `src` at
+    /// `src_off` (a reflink: FICLONERANGE), as if they had been copied;
+    /// offsets and `len` are multiples of the host's block size. Only an
+    /// image file on a filesystem that shares blocks (btrfs, xfs with
+    /// reflink) can; every other device refuses.
+    fn clone_from_file(
+        &self,
+        _src: &std::fs::File,
+        _src_off: u64,
+        _len: u64,
+        _offset: u64,
+    ) -> Result<()> {
+        Err(crate::Error::Unsupported(
+            "sharing a file's blocks (reflink) with a device that is not an image file".into(),
+        ))
+    }
 }
 
 pub(crate) fn past_end(offset: u64, len: usize, size: u64) -> crate::Error {

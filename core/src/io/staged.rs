@@ -92,4 +92,18 @@ impl BlockDevice for StagedSuper {
     fn flush(&self) -> Result<()> {
         self.inner.flush()
     }
+    fn clone_from_file(
+        &self,
+        src: &std::fs::File,
+        src_off: u64,
+        len: u64,
+        offset: u64,
+    ) -> Result<()> {
+        if is_super_range(offset, len as usize) {
+            return Err(crate::Error::Invalid(format!(
+                "a reflink of {len} bytes at byte {offset} would cover a superblock"
+            )));
+        }
+        self.inner.clone_from_file(src, src_off, len, offset)
+    }
 }

@@ -25,7 +25,8 @@ use zerocopy::{FromZeros, IntoBytes};
 const MIB: u64 = 1 << 20;
 
 /// Optional features of a new filesystem (mkfs.btrfs `-O`). Invariant,
-/// checked by [`Features::apply`]: `block_group_tree` needs `free_space_tree`.
+/// kept by [`Features::apply`]: `block_group_tree` only with
+/// `free_space_tree` and `no_holes`.
 #[derive(Clone, Debug)]
 pub struct Features {
     /// `NO_HOLES` incompat: holes in files are implicit, no hole file extent
@@ -53,20 +54,31 @@ pub struct Features {
     /// Quota groups (`-O quota`): enabled, and counted once the files are
     /// in ([`enable_quota`]).
     pub quota: bool,
+    /// Simple quotas (`-O squota`, incompat SIMPLE_QUOTA): enabled when
+    /// the filesystem is made, so every extent written into it counts
+    /// for the subvolume that wrote it.
+    pub squota: bool,
+    /// `block-group-tree` was named (on or off) in a list, not taken from
+    /// the defaults: a default block group tree gives way when a feature
+    /// it needs is turned off (mkfs.btrfs 6.19), a named one is an error.
+    bgt_named: bool,
 }
 
 impl Default for Features {
-    /// mkfs.btrfs 6.x defaults on one device.
+    /// mkfs.btrfs 6.19's defaults: no-holes, skinny-metadata, extref, the
+    /// free space tree and (new in 6.19) the block group tree.
     fn default() -> Self {
         Features {
             no_holes: true,
             skinny_metadata: true,
             extref: true,
             free_space_tree: true,
-            block_group_tree: false,
+            block_group_tree: true,
             mixed: false,
             raid56: false,
             quota: false,
+            squota: false,
+            bgt_named: false,
         }
     }
 }
@@ -77,7 +89,7 @@ impl Features {
     /// names).
     pub fn list_all() -> String {
         let d = Features::default();
-        let rows: [(&str, &str, bool); 9] = [
+        let rows: [(&str, &str, bool); 10] = [
             ("quota", "quota support (qgroups)", d.quota),
             ("mixed-bg", "mixed data and metadata block groups", d.mixed),
             (
@@ -101,6 +113,11 @@ impl Features {
                 "block-group-tree",
                 "block group tree, more efficient block group tracking to reduce mount time",
                 d.block_group_tree,
+            ),
+            (
+                "squota",
+                "squota support (simple accounting qgroups)",
+                d.squota,
             ),
             (
                 "raid-stripe-tree",
@@ -130,25 +147,38 @@ impl Features {
                 "skinny-metadata" => self.skinny_metadata = on,
                 "extref" => self.extref = on,
                 "free-space-tree" | "fst" => self.free_space_tree = on,
-                "block-group-tree" | "bgt" => self.block_group_tree = on,
+                "block-group-tree" | "bgt" => {
+                    self.block_group_tree = on;
+                    self.bgt_named = true;
+                }
                 "mixed-bg" => self.mixed = on,
                 "raid56" => self.raid56 = on,
                 "quota" => self.quota = on,
+                "squota" => self.squota = on,
                 "raid-stripe-tree" => {
                     return Err(Error::Unsupported(
                         "feature 'raid-stripe-tree' is not supported by btrkit-mkfs: RAID5/6 here use the classic layout (parity in every row, no stripe tree), which the kernel mounts without it".into(),
                     ))
                 }
-                "zoned" | "raid1c34" | "squota" | "extent-tree-v2" => {
+                "zoned" | "raid1c34" | "extent-tree-v2" => {
                     return Err(Error::Unsupported(format!("feature '{name}' is not supported by btrkit-mkfs")))
                 }
-                _ => return Err(Error::Invalid(format!("unknown feature '{name}' (known: no-holes, skinny-metadata, extref, free-space-tree, block-group-tree, mixed-bg, raid56, quota)"))),
+                _ => return Err(Error::Invalid(format!("unknown feature '{name}' (known: no-holes, skinny-metadata, extref, free-space-tree, block-group-tree, mixed-bg, raid56, quota, squota)"))),
             }
         }
-        if self.block_group_tree && !self.free_space_tree {
+        if self.quota && self.squota {
             return Err(Error::Invalid(
-                "block-group-tree requires free-space-tree".into(),
+                "quota and squota cannot both be enabled (squota is the simple mode of quotas)"
+                    .into(),
             ));
+        }
+        if self.block_group_tree && !(self.free_space_tree && self.no_holes) {
+            if self.bgt_named {
+                return Err(Error::Invalid(
+                    "block-group-tree requires the no-holes and free-space-tree features".into(),
+                ));
+            }
+            self.block_group_tree = false;
         }
         Ok(())
     }
@@ -191,7 +221,22 @@ pub struct MkfsOptions {
     pub device_uuid: Option<[u8; 16]>,
     /// Compress the files of `--rootdir` (`--compress`); None: plain.
     pub compress: Option<crate::fs::compress::Method>,
+    /// The largest chunk, the first ones and every later one (`--shrink`:
+    /// [`SHRINK_CHUNK`]); None: the kernel's sizes.
+    pub chunk_cap: Option<u64>,
 }
+
+/// The chunk size of a filesystem made to be shrunk: it ends where its
+/// last chunk does, so the unused tail of the last data and metadata
+/// chunks is what the image carries beyond its contents (mkfs.btrfs
+/// sizes its chunks from an estimate of the source, 8 MiB data chunks
+/// for a small tree, larger ones for a large tree).
+pub const SHRINK_CHUNK: u64 = 8 * MIB;
+
+/// Free metadata space a shrunk filesystem keeps at least (more for large
+/// nodes and for a large tree, half its metadata, up to 512 MiB): what
+/// the kernel needs to mount it read-write and start writing.
+pub const SHRINK_META_SLACK: u64 = 16 * MIB;
 
 impl Default for MkfsOptions {
     fn default() -> Self {
@@ -212,6 +257,7 @@ impl Default for MkfsOptions {
             nodesize_given: false,
             device_uuid: None,
             compress: None,
+            chunk_cap: None,
         }
     }
 }
@@ -347,11 +393,12 @@ fn validate(o: &MkfsOptions, dev_size: u64) -> Result<u64> {
 
 /// Chunk layout for a one-device filesystem of `size` bytes with the
 /// default profiles: DUP system and metadata, SINGLE data, sized as
-/// mkfs.btrfs sizes its first chunks.
-pub fn plan_chunks(size: u64) -> Vec<ChunkPlan> {
-    let sys = 8 * MIB;
-    let meta = (size / 20 / MIB * MIB).clamp(32 * MIB, 256 * MIB);
-    let data = (size / 10 / MIB * MIB).clamp(64 * MIB, 1024 * MIB);
+/// mkfs.btrfs sizes its first chunks; none above `cap`.
+pub fn plan_chunks(size: u64, cap: Option<u64>) -> Vec<ChunkPlan> {
+    let cap = cap.unwrap_or(u64::MAX);
+    let sys = (8 * MIB).min(cap);
+    let meta = (size / 20 / MIB * MIB).clamp(32 * MIB, 256 * MIB).min(cap);
+    let data = (size / 10 / MIB * MIB).clamp(64 * MIB, 1024 * MIB).min(cap);
     let mut phys = MIB;
     let mut take = |len: u64| {
         let p = phys;
@@ -391,12 +438,18 @@ pub fn plan_chunks(size: u64) -> Vec<ChunkPlan> {
 /// logical space from 1 MiB, each placed by the kernel's chunk allocator
 /// rules (`place_chunk`) on the space the chunks before it left.
 pub fn plan_set_chunks(sizes: &[u64], meta: u64, data: u64) -> Result<Vec<ChunkPlan>> {
-    plan_chunks_of(sizes, meta, data, false)
+    plan_chunks_of(sizes, meta, data, false, None)
 }
 
 /// [`plan_set_chunks`]; `mixed`: one DATA|METADATA chunk after the system
 /// chunk instead of a metadata and a data chunk (profile `meta`).
-fn plan_chunks_of(sizes: &[u64], meta: u64, data: u64, mixed: bool) -> Result<Vec<ChunkPlan>> {
+fn plan_chunks_of(
+    sizes: &[u64],
+    meta: u64,
+    data: u64,
+    mixed: bool,
+    cap: Option<u64>,
+) -> Result<Vec<ChunkPlan>> {
     use crate::trans::chunk_alloc::{pick_hole, place_chunk, Candidate};
     let total: u64 = sizes.iter().sum();
     let mut next: Vec<u64> = vec![MIB; sizes.len()];
@@ -428,7 +481,7 @@ fn plan_chunks_of(sizes: &[u64], meta: u64, data: u64, mixed: bool) -> Result<Ve
             }
         }
         let (stripes, stripe_size, length) =
-            place_chunk(cands, ty, attr, total, &name, sizes.len()).map_err(|e| match e {
+            place_chunk(cands, ty, attr, total, &name, sizes.len(), cap).map_err(|e| match e {
                 Error::NoSpace(m) => Error::Invalid(format!("the devices are too small: {m}")),
                 e => e,
             })?;
@@ -438,7 +491,8 @@ fn plan_chunks_of(sizes: &[u64], meta: u64, data: u64, mixed: bool) -> Result<Ve
             4 * MIB
         } else {
             16 * MIB
-        };
+        }
+        .min(cap.unwrap_or(u64::MAX));
         if length < least {
             return Err(Error::Invalid(format!(
                 "the devices are too small: the first {name} chunk would be {} KiB",
@@ -586,9 +640,9 @@ pub fn make_set(
     };
     let plans: Vec<ChunkPlan> =
         if n == 1 && !mixed && meta_profile == BTRFS_BLOCK_GROUP_DUP && data_profile == 0 {
-            plan_chunks(sizes[0])
+            plan_chunks(sizes[0], o.chunk_cap)
         } else {
-            plan_chunks_of(&sizes, meta_profile, data_profile, mixed)?
+            plan_chunks_of(&sizes, meta_profile, data_profile, mixed, o.chunk_cap)?
         };
     // Any old superblock goes first, so a failure below cannot leave the
     // previous filesystem looking intact over our half-written blocks.
@@ -982,11 +1036,21 @@ pub fn make_set(
         },
     )?;
     let mut fs = Store::from_image(img)?;
+    fs.chunk_cap = o.chunk_cap;
     for g in fs.alloc.groups.values_mut() {
         g.dirty = true;
     }
     populate(&mut fs, o, fsid)?;
     fs.commit()?;
+    // Simple quotas from the start, so everything written into the new
+    // filesystem (--rootdir) is counted for its subvolume.
+    let incompat = if o.features.squota {
+        fs.quota_enable_simple(&[])?;
+        fs.commit()?;
+        incompat | BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA
+    } else {
+        incompat
+    };
 
     let summary = MkfsSummary {
         label: o.label.clone(),
@@ -1130,6 +1194,85 @@ pub fn enable_quota(fs: &mut Store) -> Result<()> {
     fs.commit()
 }
 
+/// `--shrink`: the device ends where its last dev extent does (device
+/// item, the superblock's copy and total_bytes), committed; the caller
+/// then truncates an image file to the size returned. As mkfs.btrfs, one
+/// device only: a set's devices would each need their own end.
+pub fn shrink(fs: &mut Store) -> Result<u64> {
+    use crate::format::dev::{DevExtent, DevItem};
+    use crate::format::key::Key;
+    use zerocopy::FromBytes;
+    if fs.image().devices().count() != 1 {
+        return Err(Error::Invalid(
+            "--shrink makes a filesystem on one device only".into(),
+        ));
+    }
+    // Room for a read-write mount: the kernel reserves metadata space
+    // (its global block reserve, about the size of the extent, checksum
+    // and root trees, 5.5 MiB on a small filesystem) before any write and
+    // cannot add a chunk to a device with no space left; the uuid tree
+    // scan at the first mount writes too.
+    let meta_used: u64 = fs
+        .alloc
+        .groups
+        .values()
+        .filter(|g| g.is_metadata())
+        .map(|g| g.used)
+        .sum();
+    let meta_free: u64 = fs
+        .alloc
+        .groups
+        .values()
+        .filter(|g| g.is_metadata())
+        .map(|g| g.length.saturating_sub(g.used))
+        .sum();
+    // The kernel's global reserve on a small filesystem is 368 nodes (the
+    // extent, checksum, free space and block group trees' minimum and an
+    // unlink's items with their delayed refs, each as 8 levels twice);
+    // 512 leaves room beside it for the first transactions.
+    let nodes = 512 * fs.nodesize() as u64;
+    let want = (meta_used / 2)
+        .max(nodes)
+        .clamp(SHRINK_META_SLACK, 512 * MIB);
+    if meta_free < want {
+        let cap = fs.chunk_cap;
+        fs.chunk_cap = Some((want - meta_free).div_ceil(MIB) * MIB);
+        let r = fs.alloc_chunk(BTRFS_BLOCK_GROUP_METADATA);
+        fs.chunk_cap = cap;
+        r?;
+        fs.commit()?;
+    }
+    let devid = fs.sb.dev_item.devid.get();
+    let mut end = 0u64;
+    for (k, d) in fs.items_in(
+        BTRFS_DEV_TREE_OBJECTID,
+        Key::new(devid, BTRFS_DEV_EXTENT_KEY, 0),
+        Key::new(devid, BTRFS_DEV_EXTENT_KEY, u64::MAX),
+    )? {
+        let de: &DevExtent = crate::format::view(&d, "dev extent").map_err(|e| e.at(0, k))?;
+        end = end.max(k.offset.saturating_add(de.length.get()));
+    }
+    let ss = fs.sectorsize() as u64;
+    if end == 0 || !end.is_multiple_of(ss) {
+        return Err(Error::corrupt(
+            format!("last dev extent of device {devid} ends at {end}, not a sector boundary"),
+            0,
+        ));
+    }
+    let key = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
+    let bytes = fs
+        .lookup(BTRFS_CHUNK_TREE_OBJECTID, &key)?
+        .ok_or_else(|| Error::corrupt_key("device item missing", 0, key))?;
+    let mut di = DevItem::read_from_bytes(&bytes)
+        .map_err(|_| Error::corrupt_key("dev item size", 0, key))?;
+    di.total_bytes.set(end);
+    fs.update_item(BTRFS_CHUNK_TREE_OBJECTID, &key, di.as_bytes())?;
+    fs.sb.dev_item.total_bytes.set(end);
+    fs.sb.total_bytes.set(end);
+    fs.commit()?;
+    Ok(end)
+}
+
 /// Publish the superblocks: after this the devices are a valid filesystem.
 pub fn finish(fs: Store, staged: &Staging) -> Result<()> {
     drop(fs);
@@ -1252,6 +1395,18 @@ mod args_tests {
         ));
         assert!(MkfsOptions::from_mkfs_args(&["-d", "raid7"]).is_err());
         assert!(MkfsOptions::from_mkfs_args(&["--bogus"]).is_err());
+        // 6.19: the block group tree is a default, dropped with a feature
+        // it needs unless it was asked for.
+        assert!(MkfsOptions::default().features.block_group_tree);
+        for off in ["^no-holes", "^free-space-tree"] {
+            let o = MkfsOptions::from_mkfs_args(&["-O", off]).unwrap();
+            assert!(!o.features.block_group_tree, "{off}");
+            assert!(MkfsOptions::from_mkfs_args(&["-O", off, "-O", "bgt"]).is_err());
+            let named = format!("block-group-tree,{off}");
+            assert!(MkfsOptions::from_mkfs_args(&["-O", &named]).is_err());
+        }
+        let o = MkfsOptions::from_mkfs_args(&["-O", "^bgt"]).unwrap();
+        assert!(!o.features.block_group_tree && o.features.free_space_tree);
         assert!(MkfsOptions::from_mkfs_args(&["-n"]).is_err());
     }
 }

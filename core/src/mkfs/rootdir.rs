@@ -51,6 +51,10 @@ pub struct RootdirOptions {
     /// `--inode-flags FLAGS:PATH`: inode flags (NODATACOW, NODATASUM) for
     /// a path of the source and, for a directory, everything under it.
     pub inode_flags: Vec<(PathBuf, u64)>,
+    /// `--reflink`: file extents share the source files' blocks with the
+    /// image file (FICLONERANGE) instead of being written; the data is
+    /// still read, for its checksums. Not with `compress`.
+    pub reflink: bool,
 }
 
 /// One `--inode-flags FLAGS:PATH` (FLAGS comma separated: nodatacow,
@@ -198,6 +202,23 @@ pub struct Listing {
     /// Sum of the sizes of the regular files, in bytes, counted once per name
     /// (hard links counted each time).
     pub total_bytes: u64,
+}
+
+impl Listing {
+    /// A device size that holds this tree for certain, for an image file
+    /// made without `-b`: twice the data and 4 KiB per entry (a second copy
+    /// of everything, as DUP metadata and a worst case of small files
+    /// inline), plus 256 MiB for the first chunks. The file is sparse, and
+    /// `--shrink` cuts it to what was used.
+    pub fn estimated_device_size(&self) -> u64 {
+        let per_entry = 4096u64.saturating_mul(self.entries.len() as u64);
+        let need = self
+            .total_bytes
+            .saturating_add(per_entry)
+            .saturating_mul(2)
+            .saturating_add(256 << 20);
+        need.div_ceil(1 << 20).saturating_mul(1 << 20)
+    }
 }
 
 fn io_err(p: &Path, what: &str, e: std::io::Error) -> Error {
@@ -506,6 +527,8 @@ struct WriteSink<'a> {
     ino: u64,
     /// Checksum the data (not for NODATASUM inodes).
     datasum: bool,
+    /// `--reflink`: the source file, whose blocks plain extents share.
+    shared: Option<&'a std::fs::File>,
 }
 
 impl DataSink for WriteSink<'_> {
@@ -516,7 +539,13 @@ impl DataSink for WriteSink<'_> {
         data::write_hole(self.fs, self.tree, self.ino, off, len)
     }
     fn plain(&mut self, off: u64, d: &[u8]) -> Result<()> {
-        data::write_extent(self.fs, self.tree, self.ino, off, d, self.datasum).map(|_| ())
+        match self.shared {
+            Some(src) => {
+                data::clone_extent(self.fs, self.tree, self.ino, off, d, self.datasum, src, off)
+            }
+            None => data::write_extent(self.fs, self.tree, self.ino, off, d, self.datasum),
+        }
+        .map(|_| ())
     }
     fn compressed(&mut self, off: u64, disk: Vec<u8>, ram: u64, kind: u8) -> Result<()> {
         data::write_compressed_extent(self.fs, self.tree, self.ino, off, &disk, ram, kind)
@@ -894,11 +923,24 @@ fn populate_with(
             // NODATASUM data is neither checksummed nor compressed (the
             // kernel compresses only checksummed data).
             let datasum = forced & BTRFS_INODE_NODATASUM == 0;
+            // --reflink: extents share the file's blocks (a file stored
+            // inline has none to share).
+            let reopened;
+            let shared = match &src {
+                _ if !opts.reflink || size <= inline_cap => None,
+                FileSource::Open { f, .. } => Some(f),
+                FileSource::Read { .. } => {
+                    reopened = std::fs::File::open(&e.path)
+                        .map_err(|err| io_err(&e.path, "cannot read", err))?;
+                    Some(&reopened)
+                }
+            };
             let mut sink = WriteSink {
                 fs,
                 tree,
                 ino,
                 datasum,
+                shared,
             };
             let (nbytes, flags) = match (plan.filter(|_| datasum), &src) {
                 (Some(plan), FileSource::Read { data, .. }) => {
@@ -919,6 +961,10 @@ fn populate_with(
             };
             if let FileSource::Open { f, path, .. } = &src {
                 unchanged(path, m, f.metadata())?;
+            } else if let Some(f) = shared {
+                // Read ahead, then shared: the blocks must still be the
+                // bytes the checksums were made from.
+                unchanged(&e.path, m, f.metadata())?;
             }
             item.size.set(size);
             item.nbytes.set(nbytes);

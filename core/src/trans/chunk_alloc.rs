@@ -89,7 +89,9 @@ pub(crate) fn pick_hole(
 /// smallest chosen hole over the stripes per device, the chunk at most a
 /// tenth of the filesystem (stripe rounded up to 16 MiB) and a stripe at
 /// most 1 GiB, a whole number of 64 KiB. `devices`: how many the
-/// filesystem has, for the error.
+/// filesystem has, for the error. `cap`: the largest chunk wanted (mkfs
+/// `--shrink`, whose filesystem ends where its last chunk does), below
+/// the kernel's limits.
 pub(crate) fn place_chunk(
     mut cands: Vec<Candidate>,
     ty: u64,
@@ -97,6 +99,7 @@ pub(crate) fn place_chunk(
     total: u64,
     what: &str,
     devices: usize,
+    cap: Option<u64>,
 ) -> Result<ChunkPlacement> {
     const SZ_16M: u64 = 16 * MIB;
     const SZ_1G: u64 = 1 << 30;
@@ -125,6 +128,9 @@ pub(crate) fn place_chunk(
             .div_ceil(SZ_16M)
             .saturating_mul(SZ_16M)
             .min(stripe);
+    }
+    if let Some(cap) = cap {
+        stripe = stripe.min((cap / data_stripes).max(BTRFS_STRIPE_LEN));
     }
     let stripe = stripe.min(SZ_1G) / BTRFS_STRIPE_LEN * BTRFS_STRIPE_LEN;
     let mut stripes = Vec::with_capacity(num_stripes as usize);
@@ -224,7 +230,15 @@ impl Store {
             });
         }
         let what = crate::format::names::block_group_flags_str(ty | self.profile_for(ty));
-        place_chunk(cands, ty, attr, total, &what, self.img.devices().count())
+        place_chunk(
+            cands,
+            ty,
+            attr,
+            total,
+            &what,
+            self.img.devices().count(),
+            self.chunk_cap,
+        )
     }
 
     /// Allocate a chunk for block group type `ty` (DATA, METADATA or SYSTEM)

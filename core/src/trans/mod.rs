@@ -191,6 +191,10 @@ pub struct Store {
     /// A chunk was allocated in this transaction: a log must not depend on
     /// it (btrfs_make_block_group forces a full commit).
     pub chunk_allocated: bool,
+    /// The largest new chunk, below the kernel's sizes (mkfs `--shrink`:
+    /// a filesystem that ends where its last chunk does wastes at most a
+    /// chunk); None: the kernel's sizes.
+    pub chunk_cap: Option<u64>,
     /// I/O counters since the store was opened.
     pub stats: IoStats,
 }
@@ -350,6 +354,7 @@ impl Store {
             pending_chunks: Vec::new(),
             other_dev_items,
             chunk_allocated: false,
+            chunk_cap: None,
             stats: IoStats::default(),
         };
         fs.load_block_groups()?;
@@ -869,6 +874,39 @@ impl Store {
     pub fn write_new_data(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
         self.data
             .write_new(&self.img.chunks, bytenr, data, &mut self.stats.data_bytes)
+    }
+
+    /// New data at logical `bytenr` (allocated in this transaction) that
+    /// shares `len` bytes of `src` at `src_off` on every copy (mkfs
+    /// `--reflink`): nothing is written, the image file's blocks become
+    /// the source's. Stripes split it as a write would; RAID5/6 refuse
+    /// (parity has to be computed from the bytes).
+    pub fn clone_new_data(
+        &mut self,
+        bytenr: u64,
+        src: &std::fs::File,
+        src_off: u64,
+        len: u64,
+    ) -> Result<()> {
+        for p in self.img.chunks.pieces(bytenr, len)? {
+            if p.parity.is_some() {
+                return Err(Error::Unsupported(
+                    "reflinks into RAID5/6 data (its parity is computed from the bytes)".into(),
+                ));
+            }
+            let from = src_off + (p.offset - bytenr);
+            for &(devid, phys) in &p.copies {
+                let dev = self
+                    .img
+                    .device_of(devid)
+                    .ok_or_else(|| Error::MissingDevice {
+                        devids: vec![devid],
+                        what: "a reflink of new data".into(),
+                    })?;
+                dev.clone_from_file(src, from, p.len, phys)?;
+            }
+        }
+        Ok(())
     }
 
     /// Overwrite data in place at logical `bytenr` (nodatacow and

@@ -8,6 +8,14 @@
 //! Invariant: with quotas on, the info items equal that definition after
 //! every commit, given they did before (the same rule `btrfs check`
 //! verifies).
+//!
+//! Simple quotas (squota, `SIMPLE_MODE`) count differently: an extent
+//! counts, in full and as exclusive, for the subvolume that allocated it
+//! (a data extent names it in its EXTENT_OWNER_REF, a tree block in its
+//! header), from its allocation to its free, when it was allocated at or
+//! after the generation quotas were enabled at; sharing changes nothing,
+//! and the compressed counters are left alone (the kernel's
+//! btrfs_record_squota_delta).
 
 use super::backref::{RootCache, View};
 use super::delayed::{BackRef, RefHead};
@@ -52,6 +60,9 @@ pub struct Qgroups {
     /// (bytes, level of a tree block).
     extents: BTreeMap<u64, (u64, Option<u8>)>,
     status_written: bool,
+    /// Simple quotas: the generation they were enabled at (extents older
+    /// than it count nowhere); None: full qgroup accounting.
+    pub simple: Option<u64>,
 }
 
 /// Whether a changed extent can count in some qgroup: data, or a tree
@@ -80,8 +91,13 @@ impl Store {
         if st.flags.get() & BTRFS_QGROUP_STATUS_FLAG_ON == 0 {
             return Ok(());
         }
+        let simple = (st.flags.get() & BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE != 0).then(|| {
+            d.get(32..40)
+                .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+        });
         let mut q = Qgroups {
             enabled: true,
+            simple,
             ..Default::default()
         };
         for (k, d) in self.items_in(
@@ -119,7 +135,8 @@ impl Store {
 
     /// Note an extent whose references changed (its head is about to run).
     pub(super) fn qgroup_note_extent(&mut self, bytenr: u64, head: &RefHead) {
-        if self.qgroups.enabled && may_count(head) {
+        // Simple quotas count at allocation and free, not from references.
+        if self.qgroups.enabled && self.qgroups.simple.is_none() && may_count(head) {
             self.qgroups
                 .extents
                 .entry(bytenr)
@@ -272,6 +289,12 @@ impl Store {
         if !self.qgroups.enabled {
             return Ok(());
         }
+        if self.qgroups.simple.is_some() {
+            // A snapshot allocates nothing but what it writes next: its
+            // qgroup starts empty.
+            self.qgroups.groups.entry(dst).or_default();
+            return self.write_qgroup_items(dst, true);
+        }
         while self.run_delayed_refs()? {}
         self.account_noted(Some(dst))?;
         let ns = self.nodesize() as u64;
@@ -333,6 +356,87 @@ impl Store {
         Ok(())
     }
 
+    /// Turn simple quotas on (`btrfs quota enable --simple`, mkfs `-O
+    /// squota`): the SIMPLE_QUOTA incompat flag, the status item in simple
+    /// mode with this transaction as the enable generation, and a qgroup
+    /// for every subvolume, all empty: what was allocated before counts
+    /// nowhere, everything allocated from now on counts for its owner. No
+    /// rescan.
+    pub fn quota_enable_simple(&mut self, subvols: &[u64]) -> Result<()> {
+        if self.qgroups.enabled {
+            return Ok(());
+        }
+        if !self.tree_exists(BTRFS_QUOTA_TREE_OBJECTID)? {
+            let t = self.transid;
+            let ri = crate::format::root::new_root_item(0, t, 0, None);
+            self.create_tree(BTRFS_QUOTA_TREE_OBJECTID, ri)?;
+        }
+        let t = self.transid;
+        let mut st = vec![0u8; crate::format::qgroup::QGROUP_STATUS_SIMPLE_SIZE];
+        st[..8].copy_from_slice(&1u64.to_le_bytes());
+        st[8..16].copy_from_slice(&t.to_le_bytes());
+        st[16..24].copy_from_slice(
+            &(BTRFS_QGROUP_STATUS_FLAG_ON | BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE).to_le_bytes(),
+        );
+        st[32..40].copy_from_slice(&t.to_le_bytes());
+        self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0), &st)?;
+        let f = self.sb.incompat_flags.get();
+        self.sb
+            .incompat_flags
+            .set(f | BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA);
+        self.qgroups = Qgroups {
+            enabled: true,
+            simple: Some(t),
+            ..Default::default()
+        };
+        for &id in subvols
+            .iter()
+            .chain(std::iter::once(&BTRFS_FS_TREE_OBJECTID))
+        {
+            self.qgroups.groups.insert(id, Counts::default());
+            self.write_qgroup_items(id, true)?;
+        }
+        Ok(())
+    }
+
+    /// The owner in the header of tree block `bytenr` (a block freed
+    /// through a shared reference, whose dropping tree is not its owner).
+    pub(super) fn tree_block_owner(&mut self, bytenr: u64) -> Result<u64> {
+        if let Some(b) = self.cache.get(bytenr) {
+            return Ok(crate::tree::edit::owner(b));
+        }
+        let node =
+            self.img
+                .read_tree_block(bytenr, &crate::tree::node::Expect::default(), false)?;
+        Ok(node.owner())
+    }
+
+    /// A simple-quota change: an extent of `num_bytes` allocated
+    /// (`alloc`) or freed by subvolume `root`, allocated at `generation`.
+    pub(super) fn squota_delta(&mut self, root: u64, num_bytes: u64, generation: u64, alloc: bool) {
+        let Some(enable_gen) = self.qgroups.simple else {
+            return;
+        };
+        if !self.qgroups.enabled || generation < enable_gen || !is_fstree(root) {
+            return;
+        }
+        for q in self.qgroups.covering(root) {
+            let Some(c) = self.qgroups.groups.get_mut(&q) else {
+                continue;
+            };
+            // Only rfer and excl: the kernel's squota leaves the compressed
+            // counters where enabling put them.
+            for v in [&mut c.rfer, &mut c.excl] {
+                *v = if alloc {
+                    v.saturating_add(num_bytes)
+                } else {
+                    v.saturating_sub(num_bytes)
+                };
+            }
+            self.qgroups.dirty.insert(q);
+        }
+    }
+
     /// The rescan (btrfs_qgroup_rescan_worker): every counter from zero,
     /// then every extent of the committed extent tree counted for the
     /// subvolumes that reference it in the committed trees; then the status
@@ -345,7 +449,9 @@ impl Store {
     /// cleaner dropping a deleted tree at the commit) is counted twice or
     /// taken off what was never added. Noted extents are kept for that.
     pub fn quota_rescan(&mut self) -> Result<()> {
-        if !self.qgroups.enabled {
+        // Simple quotas have no rescan (the kernel refuses one): what
+        // predates them counts nowhere.
+        if !self.qgroups.enabled || self.qgroups.simple.is_some() {
             return Ok(());
         }
         for c in self.qgroups.groups.values_mut() {

@@ -282,12 +282,31 @@ impl Store {
         };
         let max = self.max_inline_extent_item();
         let mut inline: Vec<InlineRef> = refs.iter().map(|(r, d)| r.inline(*d as u32)).collect();
+        // Simple quotas: the subvolume that allocated the extent is what it
+        // counts for, named by an owner ref in a data extent (always
+        // inline, first) and by the header of a tree block.
+        if self.qgroups.simple.is_some() {
+            let mut owner = refs.iter().find_map(|(r, _)| match *r {
+                BackRef::Data { root, .. } if level.is_none() => Some(root),
+                BackRef::Tree { root } if level.is_some() => Some(root),
+                _ => None,
+            });
+            if owner.is_none() && level.is_some() {
+                owner = Some(self.tree_block_owner(bytenr)?);
+            }
+            if let Some(root) = owner {
+                if level.is_none() {
+                    inline.push(InlineRef::Owner { root });
+                }
+                self.squota_delta(root, num_bytes, new.generation, true);
+            }
+        }
         sort_refs(&mut inline);
         let mut size = data.len();
         let mut keyed = Vec::new();
         let mut kept = Vec::new();
         for r in inline {
-            if size + r.inline_size() <= max {
+            if matches!(r, InlineRef::Owner { .. }) || size + r.inline_size() <= max {
                 size += r.inline_size();
                 kept.push(r);
             } else {
@@ -376,6 +395,19 @@ impl Store {
             } else {
                 key.offset
             };
+            if self.qgroups.simple.is_some() {
+                let owner = match (level, r) {
+                    (None, _) => v.refs.iter().find_map(|x| match *x {
+                        InlineRef::Owner { root } => Some(root),
+                        _ => None,
+                    }),
+                    (Some(_), InlineRef::TreeBlock { root }) => Some(root),
+                    (Some(_), _) => Some(self.tree_block_owner(bytenr)?),
+                };
+                if let Some(root) = owner {
+                    self.squota_delta(root, len, gen, false);
+                }
+            }
             if level.is_none() {
                 self.csum_delete(bytenr, len)?;
             }
