@@ -15,7 +15,7 @@
 //! again.
 //!
 //! Cases vary the node size (4 KiB, 16 KiB), mkfs features (`^no-holes`,
-//! `^skinny-metadata`, `block-group-tree`) and mount options
+//! `^skinny-metadata`, `^block-group-tree`) and mount options
 //! (`compress=zstd`, `compress-force=lzo`, `nodatacow`, `max_inline=0`).
 //!
 //! `BTRKIT_MODEL_CASES=N` runs N generated cases (24 by default),
@@ -1095,7 +1095,9 @@ const MKFS: [&[&str]; 5] = [
     &["-n", "16384"],
     &["-n", "4096", "-O", "^no-holes"],
     &["-n", "16384", "-O", "^no-holes,^skinny-metadata"],
-    &["-n", "4096", "-O", "block-group-tree"],
+    // Block group items in the extent tree (the default has a block
+    // group tree).
+    &["-n", "4096", "-O", "^block-group-tree"],
 ];
 
 /// Mount options of a case.

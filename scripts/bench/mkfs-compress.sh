@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # btrkit-mkfs against mkfs.btrfs 6.14 with --compress zstd and --subvol.
 #
-# usage: scripts/bench/mkfs-compress.sh DIR [RUNS] [NFILES] [TOTAL_MB]
+# usage: scripts/bench/mkfs-compress.sh DIR [RUNS] [NFILES] [TOTAL_MB] [shrink]
 #
 # Makes DIR/src-NFILES once (scripts/bench/make-rootdir-source.py ... text:
 # NFILES files of compressible text in 100 directories, TOTAL_MB in all;
@@ -10,6 +10,8 @@
 #   mkfs.btrfs -q -f --compress zstd -u dir000 ... -u dir009 --rootdir SRC
 #   btrkit-mkfs -q -f --compress zstd -u dir000 ... -u dir009 --rootdir SRC
 # and prints wall seconds and each image's bytes_used (superblock).
+# With `shrink`, both run with --shrink onto an image file that does not
+# exist yet, and the image file sizes are printed too.
 # Needs btrfs-progs 6.14 (../shared/oracle/progs-new.sh) and a release build.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,6 +19,7 @@ dir=${1:?usage: mkfs-compress.sh DIR [RUNS] [NFILES] [TOTAL_MB]}
 runs=${2:-5}
 n=${3:-20000}
 mb=${4:-200}
+shrink=${5:-}
 mkdir -p "$dir"
 src=$dir/src-$n
 python3 scripts/bench/make-rootdir-source.py "$src" "$n" "$mb" text
@@ -28,12 +31,15 @@ for i in 0 1 2 3 4 5 6 7 8 9; do sv+=(-u "dir00$i"); done
 cold() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 secs() { local s e; s=$(date +%s.%N); "$@" >/dev/null; e=$(date +%s.%N); echo "$e - $s" | bc; }
 used() { btrfs inspect-internal dump-super "$1" | awk '/^bytes_used/ {print $2}'; }
-fresh() { rm -f "$1"; truncate -s 4G "$1"; }
-echo "run progs(s) ours(s) progs_used ours_used"
+fresh() { rm -f "$1"; [ -n "$shrink" ] || truncate -s 4G "$1"; }
+extra=()
+[ -n "$shrink" ] && extra=(--shrink)
+size() { stat -c %s "$1"; }
+echo "run progs(s) ours(s) progs_used ours_used progs_file ours_file"
 for r in $(seq "$runs"); do
     fresh "$dir/p.img"; cold
-    a=$(secs "$new/mkfs.btrfs" -q -f --compress zstd "${sv[@]}" --rootdir "$src" "$dir/p.img")
+    a=$(secs "$new/mkfs.btrfs" -q -f --compress zstd "${extra[@]}" "${sv[@]}" --rootdir "$src" "$dir/p.img")
     fresh "$dir/o.img"; cold
-    b=$(secs "$ours" -q -f --compress zstd "${sv[@]}" --rootdir "$src" "$dir/o.img")
-    echo "$r $a $b $(used "$dir/p.img") $(used "$dir/o.img")"
+    b=$(secs "$ours" -q -f --compress zstd "${extra[@]}" "${sv[@]}" --rootdir "$src" "$dir/o.img")
+    echo "$r $a $b $(used "$dir/p.img") $(used "$dir/o.img") $(size "$dir/p.img") $(size "$dir/o.img")"
 done

@@ -219,6 +219,32 @@ fn make_source(root: &Path) {
         .args(["-n", "user.dir", "-v", "0x00ff00ff"])
         .arg(root.join("a"))
         .status();
+    // An access ACL (user::rw-, user:1000:r--, group::r--, mask::r--,
+    // other::r--) and a default ACL on a directory, as setfacl stores
+    // them, and a security.* attribute: the kernel reads them back.
+    let acl = "0x02000000010006000000000002000400e8030000040004000000000010000400000000002000040000000000";
+    for (name, path) in [
+        ("system.posix_acl_access", "a/4096"),
+        ("system.posix_acl_default", "a/b"),
+    ] {
+        let _ = Command::new("setfattr")
+            .args(["-n", name, "-v", acl])
+            .arg(root.join(path))
+            .status();
+    }
+    let _ = Command::new("setfattr")
+        .args(["-n", "security.btrkit", "-v", "label"])
+        .arg(root.join("inline2000"))
+        .status();
+    // Special files: a FIFO, a socket and (as root) a character and a
+    // block device.
+    btrkit_tests::sys::mkfifo(&root.join("fifo"), 0o640).unwrap();
+    let _sock = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
+    if is_root() {
+        btrkit_core::io::host::mknod(&root.join("null-ish"), libc::S_IFCHR | 0o600, (1, 3))
+            .unwrap();
+        btrkit_core::io::host::mknod(&root.join("blk"), libc::S_IFBLK | 0o600, (7, 200)).unwrap();
+    }
 }
 
 /// Everything a user sees of a tree: per path, type, mode, uid, gid, size,
@@ -229,10 +255,18 @@ fn describe(root: &Path) -> Vec<String> {
     while let Some(rel) = stack.pop() {
         let p = root.join(&rel);
         let m = std::fs::symlink_metadata(&p).unwrap();
+        use std::os::unix::fs::FileTypeExt;
+        let t = m.file_type();
         let kind = if m.is_dir() {
             "d"
-        } else if m.file_type().is_symlink() {
+        } else if t.is_symlink() {
             "l"
+        } else if t.is_fifo() {
+            "p"
+        } else if t.is_socket() {
+            "s"
+        } else if t.is_char_device() || t.is_block_device() {
+            "dev"
         } else {
             "f"
         };
@@ -245,6 +279,8 @@ fn describe(root: &Path) -> Vec<String> {
             )
         } else if m.file_type().is_symlink() {
             std::fs::read_link(&p).unwrap().display().to_string()
+        } else if kind == "dev" {
+            format!("rdev {:x}", m.rdev())
         } else {
             String::new()
         };
@@ -721,4 +757,102 @@ fn mixed_block_groups_on_one_device_and_on_sets() {
         let e = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success() && e.contains(want), "{args:?}: {e}");
     }
+}
+
+/// A source file written to while `--rootdir` copies it: mkfs stops with
+/// an error naming it, and the image is left clearly not a filesystem
+/// (no superblock), never a silent partial copy.
+#[test]
+fn rootdir_source_changing_during_the_copy_is_refused() {
+    if !have_progs() {
+        btrkit_tests::skip("btrfs-progs not installed");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // Enough data that the copy takes far longer than one append.
+    std::fs::write(src.join("big"), vec![7u8; 64 << 20]).unwrap();
+    std::fs::write(src.join("growing"), b"start\n").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let path = src.join("growing");
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                f.write_all(b"more\n").unwrap();
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        })
+    };
+    let img = t.path().join("c.img");
+    let o = mkfs(&["-b", "512M", "-r", src.to_str().unwrap()], &img);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "mkfs succeeded on a changing source");
+    assert!(
+        e.trim().lines().count() == 1
+            && e.contains("growing")
+            && e.contains("changed during the copy"),
+        "{e}"
+    );
+    let o = Command::new("btrfs")
+        .args(["inspect-internal", "dump-super"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    let sup = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() || !sup.contains("_BHRfS_M") || sup.contains("bad magic"),
+        "the image still looks like a filesystem: {sup}"
+    );
+}
+
+/// Device numbers are stored as the kernel stores them (its own dev_t,
+/// major above a 20-bit minor): devices made by btrkit's engine and by
+/// `--rootdir` show the same major and minor through the kernel, and the
+/// kernel's own mknod reads back through btrkit-restore.
+#[test]
+fn device_numbers_reach_the_kernel() {
+    if !have_progs() || !can_mount() || !is_root() {
+        btrkit_tests::skip("needs btrfs-progs, root and loop devices");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("dev.img");
+    let o = mkfs(&["-q", "-b", "256M"], &img);
+    assert!(o.status.success());
+    let script = t.path().join("s.scn");
+    std::fs::write(&script, "mknod /c chr 1 3\nmknod /b blk 259 70000\nsync\n").unwrap();
+    let o = Command::new(bin("btrkit-shell"))
+        .arg("-q")
+        .arg(&img)
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check(&img);
+    {
+        let m = mount(&img, "");
+        let rdev = |p: &str| {
+            let r = std::fs::symlink_metadata(m.path().join(p)).unwrap().rdev();
+            (libc::major(r), libc::minor(r))
+        };
+        assert_eq!(rdev("c"), (1, 3));
+        assert_eq!(rdev("b"), (259, 70000));
+        btrkit_core::io::host::mknod(&m.path().join("k"), libc::S_IFCHR | 0o600, (10, 200))
+            .unwrap();
+    }
+    let out = t.path().join("out");
+    let o = Command::new(bin("btrkit-restore"))
+        .arg(&img)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = std::fs::symlink_metadata(out.join("k")).unwrap().rdev();
+    assert_eq!((libc::major(r), libc::minor(r)), (10, 200));
 }

@@ -114,15 +114,17 @@ pub fn new_inode_item(
     i
 }
 
-/// The kernel's encoding of a device number in `rdev` (new_encode_dev).
+/// A device number as the inode item's `rdev` holds it: the kernel's
+/// own dev_t (fill_inode_item stores `i_rdev`, MKDEV: a 12-bit major
+/// above a 20-bit minor), not the encoding stat(2) and mknod(2) use.
 pub fn encode_dev(major: u32, minor: u32) -> u64 {
-    ((minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)) as u64
+    (((major & 0xfff) << 20) | (minor & 0xf_ffff)) as u64
 }
 
-/// (major, minor) of an `rdev`.
+/// (major, minor) of an `rdev` (MAJOR and MINOR of the kernel's dev_t).
 pub fn decode_dev(rdev: u64) -> (u32, u32) {
     let d = rdev as u32;
-    ((d & 0xfff00) >> 8, (d & 0xff) | ((d >> 12) & 0xfff00))
+    (d >> 20, d & 0xf_ffff)
 }
 
 #[cfg(test)]
@@ -133,6 +135,9 @@ mod tests {
         for (a, b) in [(1, 3), (8, 17), (259, 70000)] {
             assert_eq!(decode_dev(encode_dev(a, b)), (a, b));
         }
-        assert_eq!(encode_dev(1, 3), 0x103);
+        // What the kernel's mknod stored (btrfs inspect-internal
+        // dump-tree of `mknod c 1 3` and `mknod b 7 200`).
+        assert_eq!(encode_dev(1, 3), 1_048_579);
+        assert_eq!(encode_dev(7, 200), 7_340_232);
     }
 }

@@ -304,7 +304,9 @@ fn inode_from(m: &std::fs::Metadata, transid: u64) -> InodeItem {
     i.uid.set(m.uid());
     i.gid.set(m.gid());
     i.mode.set(m.mode());
-    i.rdev.set(m.rdev());
+    // The host's st_rdev in the kernel's own encoding.
+    let (major, minor) = (libc::major(m.rdev()), libc::minor(m.rdev()));
+    i.rdev.set(crate::fs::inode::encode_dev(major, minor));
     i.atime = ts(m.atime(), m.atime_nsec());
     i.mtime = ts(m.mtime(), m.mtime_nsec());
     i.ctime = ts(m.ctime(), m.ctime_nsec());
