@@ -330,7 +330,18 @@ fn xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
 }
 
 /// Data ranges of a file (SEEK_DATA/SEEK_HOLE), sector aligned outward.
-fn data_ranges(f: &std::fs::File, size: u64, ss: u64) -> Vec<(u64, u64)> {
+/// A file with as many 512-byte blocks allocated as its size needs has no
+/// hole to find (two lseeks saved per file; blocks of an extent tree can
+/// hide a hole of as many blocks, which is then kept as zeros, as a
+/// reader sees it).
+fn data_ranges(f: &std::fs::File, meta: &std::fs::Metadata, ss: u64) -> Vec<(u64, u64)> {
+    let size = meta.len();
+    if size == 0 {
+        return Vec::new();
+    }
+    if meta.blocks().saturating_mul(512) >= size.div_ceil(ss) * ss {
+        return vec![(0, size.div_ceil(ss) * ss)];
+    }
     let mut out: Vec<(u64, u64)> = Vec::new();
     for (d, h) in crate::io::host::data_runs(f, 0, size) {
         let s = d / ss * ss;
@@ -681,7 +692,7 @@ fn prefetch(e: &Entry, a: PlanArgs) -> Result<Prefetched> {
         .map_err(|err| io_err(&e.path, "cannot read", err))?;
     unchanged(&e.path, &e.meta, f.metadata())?;
     let ranges = if size > 0 {
-        data_ranges(&f, size, ss)
+        data_ranges(&f, &e.meta, ss)
     } else {
         Vec::new()
     };
@@ -736,9 +747,12 @@ pub fn populate(
     let ss = fs.sectorsize() as u64;
     // The small files, numbered in copy order, are read by READERS threads
     // in turn (reader k takes every READERS-th from the k-th): a cold
-    // source is read several requests at a time, and the copy takes them
-    // back in order, from each reader's channel in turn.
-    const READERS: usize = 4;
+    // source is read several requests at a time (eight keep a virtual
+    // disk's queue busy while two cores compress), and the copy takes them
+    // back in order, from each reader's channel in turn. What is read and
+    // not yet taken is bounded by bytes (READ_AHEAD), not only by files.
+    const READERS: usize = 8;
+    let budget = ReadBudget::new(READ_AHEAD);
     let args = PlanArgs {
         ss,
         inline_cap: crate::fs::extents::inline_cap(fs, MAX_INLINE),
@@ -754,18 +768,24 @@ pub fn populate(
             let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Result<Prefetched>)>(256);
             rxs.push(rx);
             let small = &small;
+            let budget = &budget;
             scope.spawn(move || {
-                for &i in small.iter().skip(k).step_by(READERS) {
+                for (seq, &i) in small.iter().enumerate().skip(k).step_by(READERS) {
+                    budget.take(seq, listing.entries[i].meta.len());
                     if tx.send((i, prefetch(&listing.entries[i], args))).is_err() {
                         return;
                     }
                 }
             });
         }
+        // File data reaches the image on a thread of its own, so copying
+        // it into the page cache overlaps with building the trees.
+        fs.start_data_writer()?;
         let mut seq = 0usize;
         let r = populate_with(fs, listing, opts, progress, &mut |i| {
             let got = rxs[seq % READERS].recv();
             seq += 1;
+            budget.give(listing.entries[i].meta.len());
             match got {
                 Ok((j, r)) if j == i => r,
                 Ok((j, _)) => Err(Error::Invalid(format!(
@@ -774,10 +794,73 @@ pub fn populate(
                 Err(_) => Err(Error::Internal("reader thread stopped".into())),
             }
         });
-        // Readers blocked on a full channel stop once theirs is dropped.
+        // Readers blocked on a full channel stop once theirs is dropped,
+        // those waiting for the budget once it is closed.
         drop(rxs);
-        r
+        budget.close();
+        let stopped = fs.stop_data_writer();
+        r.and_then(|st| stopped.map(|_| st))
     })
+}
+
+/// Bytes of file data the readers may hold read ahead of the copy.
+const READ_AHEAD: u64 = 256 << 20;
+
+/// The bytes read ahead and not yet taken by the copy, bounded: a reader
+/// waits before reading a file that would pass the limit (unless nothing
+/// is held, so a file larger than the limit is still read). The file the
+/// copy waits for next never waits: what is held is then files after it,
+/// which only the copy's progress frees.
+struct ReadBudget {
+    state: std::sync::Mutex<BudgetState>,
+    freed: std::sync::Condvar,
+    limit: u64,
+}
+
+#[derive(Default)]
+struct BudgetState {
+    held: u64,
+    /// Files the copy has taken (the copy-order number of the one it
+    /// waits for).
+    taken: usize,
+    closed: bool,
+}
+
+impl ReadBudget {
+    fn new(limit: u64) -> ReadBudget {
+        ReadBudget {
+            state: std::sync::Mutex::new(BudgetState::default()),
+            freed: std::sync::Condvar::new(),
+            limit,
+        }
+    }
+    /// Wait for room for the `n` bytes of file `seq` (copy order), and
+    /// hold them.
+    fn take(&self, seq: usize, n: u64) {
+        let Ok(mut g) = self.state.lock() else { return };
+        while !g.closed && seq != g.taken && g.held > 0 && g.held + n > self.limit {
+            match self.freed.wait(g) {
+                Ok(x) => g = x,
+                Err(_) => return,
+            }
+        }
+        g.held += n;
+    }
+    /// The copy took the next file, of `n` bytes.
+    fn give(&self, n: u64) {
+        if let Ok(mut g) = self.state.lock() {
+            g.held = g.held.saturating_sub(n);
+            g.taken += 1;
+        }
+        self.freed.notify_all();
+    }
+    /// The copy is over: nobody waits any more.
+    fn close(&self) {
+        if let Ok(mut g) = self.state.lock() {
+            g.closed = true;
+        }
+        self.freed.notify_all();
+    }
 }
 
 fn populate_with(
@@ -912,7 +995,7 @@ fn populate_with(
                 let f = std::fs::File::open(&e.path)
                     .map_err(|err| io_err(&e.path, "cannot read", err))?;
                 let ranges = if size > 0 {
-                    data_ranges(&f, size, ss)
+                    data_ranges(&f, &e.meta, ss)
                 } else {
                     Vec::new()
                 };
@@ -1035,4 +1118,47 @@ fn unchanged(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Readers interleaved as `populate` runs them, a budget far below
+    /// what they read, a copy taking files in order: every file arrives,
+    /// nothing waits forever, and the held bytes never pass the limit by
+    /// more than the file the copy waits for.
+    #[test]
+    fn read_budget_never_stalls_the_copy() {
+        const N: usize = 2000;
+        const READERS: usize = 8;
+        let sizes: Vec<u64> = (0..N).map(|i| 1 + (i as u64 * 7919) % 5000).collect();
+        let budget = ReadBudget::new(6000);
+        let peak = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            let mut rxs = Vec::new();
+            for k in 0..READERS {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<usize>(4);
+                rxs.push(rx);
+                let (budget, sizes, peak) = (&budget, &sizes, &peak);
+                scope.spawn(move || {
+                    for seq in (k..N).step_by(READERS) {
+                        budget.take(seq, sizes[seq]);
+                        if let Ok(g) = budget.state.lock() {
+                            peak.fetch_max(g.held, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        if tx.send(seq).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            for seq in 0..N {
+                assert_eq!(rxs[seq % READERS].recv().unwrap(), seq);
+                budget.give(sizes[seq]);
+            }
+            budget.close();
+        });
+        assert!(peak.into_inner() <= 6000 + 5000);
+    }
 }
