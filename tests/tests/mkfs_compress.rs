@@ -686,7 +686,8 @@ fn squota_report_agrees(new: &Path, img: &Path, what: &str) -> usize {
 /// 6.14 counts what the image says, btrkit-fsck is clean, the kernel
 /// lists a qgroup per subvolume with those counts; after the kernel and
 /// then btrkit's engine write, delete, snapshot and make a subvolume on
-/// it, the counts still agree (both keep squota's rules).
+/// it (the engine also balancing the metadata and deleting a snapshot),
+/// the counts still agree (both keep squota's rules).
 #[test]
 fn simple_quotas() {
     skip_unless!(require_kernel_mount(), require_progs_new());
@@ -769,7 +770,8 @@ fn simple_quotas() {
     std::fs::write(
         &script,
         "write /sv/big 0 300K\nunlink /random\nsnapshot /d /snap2\nwrite /snap2/y 0 64K\n\
-         subvol-create /nv\nwrite /nv/x 0 40K\nwrite /snap/more 0 8K\nsync\n",
+         subvol-create /nv\nwrite /nv/x 0 40K\nwrite /snap/more 0 8K\nsync\n\
+         balance-metadata\nsync\nsubvol-delete /snap2\nsync\n",
     )
     .unwrap();
     run_ok(
