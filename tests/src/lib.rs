@@ -33,6 +33,7 @@ pub mod mount;
 pub mod rich;
 pub mod salvage;
 pub mod sets;
+pub mod shellrun;
 // Safe wrappers over the system calls the other helpers need.
 #[allow(unsafe_code)]
 pub mod sys;

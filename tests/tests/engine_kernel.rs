@@ -18,37 +18,17 @@
 //! family run (16 by default).
 
 use btrkit_tests::kcrash::{self, Scenario};
+use btrkit_tests::shellrun;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[path = "common/families.rs"]
 mod families;
 
-/// The scenario cut before its first crash, ended with `sync`, without its
-/// expectations (they describe the state after the crash).
-fn cut(s: &Scenario) -> Option<Scenario> {
-    let mut lines: Vec<String> = Vec::new();
-    for line in s.text.lines() {
-        let t = line.trim_start();
-        if t.starts_with("crash") {
-            break;
-        }
-        if t.starts_with("expect") {
-            continue;
-        }
-        lines.push(line.to_string());
-    }
-    lines.push("expect-log any".into());
-    lines.push("sync".into());
-    let text = lines.join("\n") + "\n";
-    Scenario::parse(&format!("{}-cut", s.name), &text).ok()
-}
-
 fn scenarios() -> Vec<Scenario> {
     let mut all = families::corpus();
     all.extend(families::all_families());
-    let mut out: Vec<Scenario> = all.iter().filter_map(cut).collect();
+    let mut out: Vec<Scenario> = all.iter().filter_map(shellrun::cut_before_crash).collect();
     if let Ok(only) = std::env::var("BTRKIT_ENGINE_SCENARIOS") {
         let names: Vec<&str> = only.split(',').map(str::trim).collect();
         out.retain(|s| {
@@ -62,36 +42,13 @@ fn scenarios() -> Vec<Scenario> {
     out
 }
 
-fn last_line(s: &str) -> &str {
-    s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
-}
-
 /// Run a scenario through btrkit-shell on a fresh image; Ok(image).
 fn engine_run(scn: &Scenario, work: &Path) -> Result<std::path::PathBuf, String> {
-    let img = work.join("engine.img");
-    let _ = std::fs::remove_file(&img);
-    let mut text = scn.text.clone();
-    // The kernel harness writes the warm-up files unless told not to; the
-    // engine run does the same so inode numbers agree.
-    if scn.warmup.unwrap_or(true) {
-        text = format!("warmup yes\n{text}");
+    let r = shellrun::run(scn, work, "engine")?;
+    if !r.ok {
+        return Err(r.failure());
     }
-    let script = work.join("engine.scn");
-    std::fs::write(&script, text).map_err(|e| e.to_string())?;
-    let o = Command::new(btrkit_tests::bin_path("btrkit-shell"))
-        .arg(&img)
-        .arg(&script)
-        .arg("-q")
-        .output()
-        .map_err(|e| format!("btrkit-shell: {e}"))?;
-    if !o.status.success() {
-        return Err(format!(
-            "btrkit-shell exit {:?}: {}",
-            o.status.code(),
-            last_line(&String::from_utf8_lossy(&o.stderr))
-        ));
-    }
-    Ok(img)
+    Ok(r.devices[0].clone())
 }
 
 fn fsck_clean(img: &Path) -> Result<(), String> {

@@ -22,6 +22,7 @@
 
 use btrkit_tests::kcrash::{self, Manifest, Scenario};
 use btrkit_tests::sets::{self, copy_set, fsck_clean, progs_check};
+use btrkit_tests::shellrun::{self, last_line};
 use btrkit_tests::{require_kernel_mount, skip_unless};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -66,59 +67,15 @@ fn on_set(scn: &Scenario, n: usize, mkfs: &str, tag: &str) -> Option<Scenario> {
     Scenario::parse(&format!("{}@{tag}", scn.name), &text).ok()
 }
 
-/// The scenario cut before its first crash, ended with `sync`, without its
-/// expectations.
-fn cut(s: &Scenario) -> Option<Scenario> {
-    let mut lines: Vec<String> = Vec::new();
-    for line in s.text.lines() {
-        let t = line.trim_start();
-        if t.starts_with("crash") {
-            break;
-        }
-        if t.starts_with("expect") {
-            continue;
-        }
-        lines.push(line.to_string());
-    }
-    lines.push("expect-log any".into());
-    lines.push("sync".into());
-    Scenario::parse(&format!("{}-cut", s.name), &(lines.join("\n") + "\n")).ok()
-}
-
-fn last_line(s: &str) -> &str {
-    s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
-}
-
 /// Run the script through btrkit-shell on a new set in `work`; its
 /// devices, devid order. `Ok` also when only expectations failed (the
 /// caller checks what the kernel recovers).
 fn shell_run(scn: &Scenario, work: &Path) -> Result<Vec<PathBuf>, String> {
-    let img = work.join("ours.img");
-    let devs = btrkit_core::workload::session::device_paths(&img, scn.devices);
-    for d in &devs {
-        let _ = std::fs::remove_file(d);
+    let r = shellrun::run(scn, work, "ours")?;
+    if !r.only_expectations_failed() {
+        return Err(r.failure());
     }
-    let mut text = scn.text.clone();
-    if scn.warmup.unwrap_or(true) {
-        text = format!("warmup yes\n{text}");
-    }
-    let script = work.join("ours.scn");
-    std::fs::write(&script, text).map_err(|e| e.to_string())?;
-    let o = Command::new(btrkit_tests::bin_path("btrkit-shell"))
-        .arg(&img)
-        .arg(&script)
-        .arg("-q")
-        .output()
-        .map_err(|e| format!("btrkit-shell: {e}"))?;
-    let err = String::from_utf8_lossy(&o.stderr).trim().to_string();
-    if !o.status.success() && (!devs.iter().all(|d| d.exists()) || !err.contains("expect")) {
-        return Err(format!(
-            "btrkit-shell exit {:?}: {}",
-            o.status.code(),
-            last_line(&err)
-        ));
-    }
-    Ok(devs)
+    Ok(r.devices)
 }
 
 /// The kernel's run of `scn` (cached), and what it recovers from it.
@@ -316,7 +273,10 @@ fn engine_on_sets_equals_the_kernel() {
     skip_unless!(require_kernel_mount());
     sweep(
         "engine on sets",
-        jobs().iter().filter_map(cut).collect(),
+        jobs()
+            .iter()
+            .filter_map(shellrun::cut_before_crash)
+            .collect(),
         engine_one,
     );
 }

@@ -18,6 +18,7 @@
 //! script and images in `DIR/NAME/` for a closer look.
 
 use btrkit_tests::kcrash::{self, Manifest, Scenario};
+use btrkit_tests::shellrun::{self, last_line};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -87,10 +88,6 @@ fn scenarios() -> Vec<Scenario> {
     all
 }
 
-fn last_line(s: &str) -> &str {
-    s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
-}
-
 /// Run the whole scenario through btrkit-shell; the image is left as its
 /// final crash left it. Err only when there is no image to look at.
 fn shell_run(
@@ -98,35 +95,17 @@ fn shell_run(
     work: &Path,
     notes: &mut Vec<String>,
 ) -> Result<std::path::PathBuf, String> {
-    let img = work.join("ours.img");
-    let _ = std::fs::remove_file(&img);
-    let mut text = scn.text.clone();
-    if scn.warmup.unwrap_or(true) {
-        text = format!("warmup yes\n{text}");
-    }
-    let script = work.join("ours.scn");
-    std::fs::write(&script, text).map_err(|e| e.to_string())?;
-    let o = Command::new(btrkit_tests::bin_path("btrkit-shell"))
-        .arg(&img)
-        .arg(&script)
-        .arg("-q")
-        .output()
-        .map_err(|e| format!("btrkit-shell: {e}"))?;
-    if !o.status.success() {
-        let err = String::from_utf8_lossy(&o.stderr).trim().to_string();
-        if !img.exists() || !err.contains("expect") {
-            return Err(format!(
-                "btrkit-shell exit {:?}: {}",
-                o.status.code(),
-                last_line(&err)
-            ));
+    let r = shellrun::run(scn, work, "ours")?;
+    if !r.ok {
+        if !r.only_expectations_failed() {
+            return Err(r.failure());
         }
         notes.push(format!(
             "btrkit-shell's own recovery breaks expectations: {}",
-            err.lines().take(3).collect::<Vec<_>>().join(" | ")
+            r.stderr.lines().take(3).collect::<Vec<_>>().join(" | ")
         ));
     }
-    Ok(img)
+    Ok(r.devices[0].clone())
 }
 
 struct Result1 {

@@ -247,6 +247,14 @@ fn zstd_compress(src: &[u8], level: i32) -> Option<Vec<u8>> {
     })
 }
 
+/// Whether `compressed` bytes standing for `total_in` bytes of input (whole
+/// sectors) are kept: stored in whole sectors they must save at least one
+/// (compress_file_range's test; the writeback and mkfs --compress both
+/// decide by it).
+pub fn saves_a_sector(compressed: usize, total_in: u64, ss: u64) -> bool {
+    (compressed as u64).div_ceil(ss) * ss + ss <= total_in
+}
+
 fn lzo_compress(src: &[u8], ss: usize) -> Vec<u8> {
     let mut out = vec![0u8; 4];
     for seg in src.chunks(ss) {

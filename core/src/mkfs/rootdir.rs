@@ -481,7 +481,7 @@ fn copy_file_data(
                 let kept = (run_compressed && want > 0)
                     .then(|| compress::compress(m, d, ss as usize))
                     .flatten()
-                    .filter(|c| (c.len() as u64).div_ceil(ss) * ss + ss <= total);
+                    .filter(|c| compress::saves_a_sector(c.len(), total, ss));
                 match kept {
                     Some(c) => {
                         sink.compressed(off, c, total, m.kind)?;
