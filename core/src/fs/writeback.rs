@@ -496,8 +496,7 @@ impl Filesystem {
                     }
                 }
                 let total_in = in_len.div_ceil(ss) * ss;
-                let good =
-                    compressed.filter(|c| compress::saves_a_sector(c.len(), total_in, ss));
+                let good = compressed.filter(|c| compress::saves_a_sector(c.len(), total_in, ss));
                 match good {
                     Some(mut disk) => {
                         disk.resize(((disk.len() as u64).div_ceil(ss) * ss) as usize, 0);

@@ -326,34 +326,7 @@ impl Store {
     /// item and a qgroup for every subvolume. The caller commits, then
     /// rescans (`quota_rescan`) and commits again.
     pub fn quota_enable(&mut self, subvols: &[u64]) -> Result<()> {
-        if self.qgroups.enabled {
-            return Ok(());
-        }
-        if !self.tree_exists(BTRFS_QUOTA_TREE_OBJECTID)? {
-            let t = self.transid;
-            let ri = crate::format::root::new_root_item(0, t, 0, None);
-            self.create_tree(BTRFS_QUOTA_TREE_OBJECTID, ri)?;
-        }
-        let t = self.transid;
-        let mut st = vec![0u8; crate::format::qgroup::QGROUP_STATUS_SIMPLE_SIZE];
-        st[..8].copy_from_slice(&1u64.to_le_bytes());
-        st[8..16].copy_from_slice(&t.to_le_bytes());
-        st[16..24].copy_from_slice(
-            &(BTRFS_QGROUP_STATUS_FLAG_ON | BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT).to_le_bytes(),
-        );
-        self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0), &st)?;
-        self.qgroups = Qgroups {
-            enabled: true,
-            ..Default::default()
-        };
-        for &id in subvols
-            .iter()
-            .chain(std::iter::once(&BTRFS_FS_TREE_OBJECTID))
-        {
-            self.qgroups.groups.insert(id, Counts::default());
-            self.write_qgroup_items(id, true)?;
-        }
-        Ok(())
+        self.enable_quotas(subvols, false)
     }
 
     /// Turn simple quotas on (`btrfs quota enable --simple`, mkfs `-O
@@ -363,6 +336,13 @@ impl Store {
     /// nowhere, everything allocated from now on counts for its owner. No
     /// rescan.
     pub fn quota_enable_simple(&mut self, subvols: &[u64]) -> Result<()> {
+        self.enable_quotas(subvols, true)
+    }
+
+    /// [`Store::quota_enable`] and [`Store::quota_enable_simple`]: the
+    /// quota tree, the status item (inconsistent until the rescan, or
+    /// simple with its enable generation), an empty qgroup per subvolume.
+    fn enable_quotas(&mut self, subvols: &[u64], simple: bool) -> Result<()> {
         if self.qgroups.enabled {
             return Ok(());
         }
@@ -372,21 +352,26 @@ impl Store {
             self.create_tree(BTRFS_QUOTA_TREE_OBJECTID, ri)?;
         }
         let t = self.transid;
+        let mode = if simple {
+            BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE
+        } else {
+            BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT
+        };
         let mut st = vec![0u8; crate::format::qgroup::QGROUP_STATUS_SIMPLE_SIZE];
         st[..8].copy_from_slice(&1u64.to_le_bytes());
         st[8..16].copy_from_slice(&t.to_le_bytes());
-        st[16..24].copy_from_slice(
-            &(BTRFS_QGROUP_STATUS_FLAG_ON | BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE).to_le_bytes(),
-        );
-        st[32..40].copy_from_slice(&t.to_le_bytes());
+        st[16..24].copy_from_slice(&(BTRFS_QGROUP_STATUS_FLAG_ON | mode).to_le_bytes());
+        if simple {
+            st[32..40].copy_from_slice(&t.to_le_bytes());
+            let f = self.sb.incompat_flags.get();
+            self.sb
+                .incompat_flags
+                .set(f | BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA);
+        }
         self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0), &st)?;
-        let f = self.sb.incompat_flags.get();
-        self.sb
-            .incompat_flags
-            .set(f | BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA);
         self.qgroups = Qgroups {
             enabled: true,
-            simple: Some(t),
+            simple: simple.then_some(t),
             ..Default::default()
         };
         for &id in subvols
