@@ -7,8 +7,8 @@ use std::path::PathBuf;
 #[command(
     name = "btrkit-fsck",
     version,
-    about = "Check a Btrfs image read-only: superblocks, chunks, every tree block, extent refs, free space, subvolumes, checksums and the fsync log",
-    after_help = "Exit codes (as fsck(8)): 0 clean, 4 errors found, 8 could not check, 16 usage error.\n\nExamples:\n  btrkit-fsck disk.img\n  btrkit-fsck a.img b.img          (a filesystem on two devices)\n  btrkit-fsck --degraded a.img     (one device of a RAID1 set missing)\n  btrkit-fsck --check-data-csum disk.img\n  btrkit-fsck --check-mirrors disk.img\n  btrkit-fsck --json crash.img | jq '.findings[]'"
+    about = "Check a Btrfs image: superblocks, chunks, every tree block, extent refs, free space, subvolumes, checksums and the fsync log; read-only unless --repair",
+    after_help = "Exit codes (as fsck(8)): 0 clean, 1 errors repaired (clean now), 4 errors found (or left), 8 could not check or repair, 16 usage error.\n\nExamples:\n  btrkit-fsck disk.img\n  btrkit-fsck a.img b.img          (a filesystem on two devices)\n  btrkit-fsck --degraded a.img     (one device of a RAID1 set missing)\n  btrkit-fsck --check-data-csum disk.img\n  btrkit-fsck --check-mirrors disk.img\n  btrkit-fsck --json crash.img | jq '.findings[]'\n  btrkit-fsck --repair --dry-run disk.img   (the plan: finding -> action)\n  btrkit-fsck --repair --yes disk.img\n  btrkit-fsck --repair --clear-space-cache v2 --yes disk.img"
 )]
 pub struct Args {
     /// The image file (or block device) to check, and the other devices of
@@ -38,4 +38,25 @@ pub struct Args {
     /// Show a progress bar on stderr (only when stderr is a terminal).
     #[arg(long)]
     pub progress: bool,
+    /// Repair what what is on disk determines (free space, block group
+    /// and superblock counts, inode link counts and sizes, unlinked
+    /// inodes, quota groups), in one transaction: interrupted, the image
+    /// is either as it was or repaired. Everything else is listed as not
+    /// repairable and left alone.
+    #[arg(long)]
+    pub repair: bool,
+    /// With --repair: print the plan (finding -> action), write nothing.
+    #[arg(long, requires = "repair")]
+    pub dry_run: bool,
+    /// With --repair: do not ask (needed when stdin is not a terminal).
+    #[arg(long, short = 'y', requires = "repair")]
+    pub yes: bool,
+    /// With --repair: rebuild the checksum tree from the data as it is
+    /// (it trusts the data: only when the checksums, not the data, are bad).
+    #[arg(long, requires = "repair")]
+    pub init_csum_tree: bool,
+    /// With --repair: clear the v1 free space cache (v1) or rebuild the
+    /// free space tree (v2), whether or not they are damaged.
+    #[arg(long, value_name = "v1|v2", requires = "repair", value_parser = ["v1", "v2"])]
+    pub clear_space_cache: Option<String>,
 }

@@ -1,17 +1,19 @@
-//! btrkit-fsck: check a Btrfs image without changing it. Exit codes follow
-//! fsck(8): 0 clean, 4 errors found, 8 the image could not be checked,
-//! 16 usage error.
+//! btrkit-fsck: check a Btrfs image without changing it, or repair it
+//! with `--repair`. Exit codes follow fsck(8): 0 clean, 1 errors repaired,
+//! 4 errors found or left, 8 the image could not be checked, 16 usage error.
 
 mod cli;
 mod progress;
 mod render;
+mod repair;
 
 use clap::Parser;
 
-const EXIT_CLEAN: i32 = 0;
-const EXIT_ERRORS: i32 = 4;
+pub(crate) const EXIT_CLEAN: i32 = 0;
+pub(crate) const EXIT_REPAIRED: i32 = 1;
+pub(crate) const EXIT_ERRORS: i32 = 4;
 const EXIT_FAILED: i32 = 8;
-const EXIT_USAGE: i32 = 16;
+pub(crate) const EXIT_USAGE: i32 = 16;
 
 fn main() {
     let args = match cli::Args::try_parse() {
@@ -52,6 +54,9 @@ fn run(args: &cli::Args) -> anyhow::Result<i32> {
         check_mirrors: args.check_mirrors,
     };
     let paths: Vec<_> = args.images.iter().chain(&args.devices).cloned().collect();
+    if args.repair {
+        return repair::run(args, &paths, opts, &bar);
+    }
     let report = btrkit_core::check::check_paths(&paths, args.degraded, opts, &bar)?;
     bar.finish();
     if args.json {

@@ -118,3 +118,69 @@ pub fn json(images: &[PathBuf], r: &Report) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
 }
+
+/// The repair plan: each action with the findings it answers, then the
+/// errors left alone with their reasons.
+pub fn plan(p: &btrkit_core::check::repair::Plan) {
+    let width = table_width();
+    if !p.actions.is_empty() {
+        let mut t = new_table(width);
+        t.set_header(vec!["class", "action", "findings", "answers"]);
+        for a in &p.actions {
+            let mut answers = a.answers.join("\n");
+            if a.findings as usize > a.answers.len() {
+                answers.push_str(&format!(
+                    "\n... {} more",
+                    a.findings as usize - a.answers.len()
+                ));
+            }
+            if a.findings == 0 {
+                answers = "(asked for)".into();
+            }
+            t.add_row(vec![
+                a.class.to_string(),
+                a.description.clone(),
+                a.findings.to_string(),
+                answers,
+            ]);
+        }
+        println!("{t}");
+    }
+    if !p.not_repairable.is_empty() {
+        let mut t = new_table(width);
+        t.set_header(vec!["not repairable", "why"]);
+        for u in &p.not_repairable {
+            t.add_row(vec![
+                format!("{}: {}", u.finding.category, u.finding.message),
+                u.reason.clone(),
+            ]);
+        }
+        println!("{t}");
+    }
+    if p.actions.is_empty() {
+        println!("nothing to repair");
+    }
+}
+
+pub fn repair_json(
+    images: &[PathBuf],
+    o: &btrkit_core::check::repair::Outcome,
+) -> anyhow::Result<()> {
+    let v = serde_json::json!({
+        "image": images[0].display().to_string(),
+        "devices": images.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "clean_before": o.before.is_clean(),
+        "errors_before": o.before.errors,
+        "findings_before": o.before.findings,
+        "actions": o.plan.actions,
+        "not_repairable": o.plan.not_repairable,
+        "refused": o.plan.refused,
+        "committed": o.committed,
+        "changes": o.changes,
+        "clean_after": o.after.as_ref().map(|a| a.is_clean()),
+        "errors_after": o.after.as_ref().map(|a| a.errors),
+        "findings_after": o.after.as_ref().map(|a| &a.findings),
+    });
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}

@@ -2,7 +2,7 @@
 //! chunks, block group `used` against the extent tree, device `bytes_used`
 //! against its dev extents.
 
-use super::findings::F;
+use super::findings::{Repair, F};
 use super::Ctx;
 use crate::format::chunk::{chunk_problems, parse_chunk, CHUNK_ITEM_SIZE, STRIPE_SIZE};
 use crate::format::consts::*;
@@ -278,10 +278,15 @@ pub(super) fn check(cx: &mut Ctx) {
             .map(|x| x.1)
             .unwrap_or(0);
         if used != dev.bytes_used {
-            cx.report(F::err(P, "dev-item").tree(3).msg(format!(
-                "device {} bytes_used {} but its dev extents total {used}",
-                dev.devid, dev.bytes_used
-            )));
+            cx.report(
+                F::err(P, "dev-item")
+                    .tree(3)
+                    .fix(Repair::DeviceSizes)
+                    .msg(format!(
+                        "device {} bytes_used {} but its dev extents total {used}",
+                        dev.devid, dev.bytes_used
+                    )),
+            );
         }
     }
     if devs.is_empty() {
@@ -335,10 +340,15 @@ pub(super) fn check(cx: &mut Ctx) {
         for (i, b) in bgs.iter().enumerate() {
             let found = cx.ext.used_in(b.start, b.end(), cx.img.nodesize as u64);
             if found != b.used {
-                cx.report(F::err(P, "block-group").at(b.start).msg(format!(
-                    "block group {}+{} used {} but its extents total {found}",
-                    b.start, b.length, b.used
-                )));
+                cx.report(
+                    F::err(P, "block-group")
+                        .at(b.start)
+                        .fix(Repair::BlockGroupUsage)
+                        .msg(format!(
+                            "block group {}+{} used {} but its extents total {found}",
+                            b.start, b.length, b.used
+                        )),
+                );
             }
             if i > 0 && bgs[i - 1].end() > b.start {
                 cx.report(

@@ -65,6 +65,125 @@ pub struct Finding {
     pub key: Option<Key>,
     /// Human-readable description of the problem.
     pub message: String,
+    /// What `btrkit-fsck --repair` does about it, when what is on disk
+    /// determines the right answer; None: not repairable (see
+    /// [`crate::check::repair`] for the reason given).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repair: Option<Repair>,
+}
+
+/// A repair the checker proposes for a finding. Each is determined by what
+/// is on disk (the value it writes is the one the checker derived from the
+/// items that record it); applying them is [`crate::check::repair`]'s job,
+/// in one transaction.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(tag = "action", rename_all = "kebab-case")]
+pub enum Repair {
+    /// Rewrite every block group item's used bytes, and the superblock's
+    /// bytes_used, from the extent tree.
+    BlockGroupUsage,
+    /// Rebuild the free space tree from the block groups and the extent
+    /// tree (`btrfs check --clear-space-cache v2`, without turning it off).
+    RebuildFreeSpaceTree,
+    /// Remove the v1 free space cache: its headers, inodes and data
+    /// (`btrfs check --clear-space-cache v1`); the kernel builds a new one.
+    ClearSpaceCache,
+    /// Write every superblock copy from the good one the filesystem was
+    /// opened with (the commit of the repair does).
+    RewriteSuperblocks,
+    /// Bring the superblock's total_bytes and num_devices, and each device
+    /// item's total_bytes, in line with the devices (sector aligned, within
+    /// the device, covering its dev extents).
+    DeviceSizes,
+    /// Set an inode's link count to the names that refer to it.
+    SetNlink {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode number.
+        ino: u64,
+        /// The link count written.
+        nlink: u32,
+    },
+    /// Set an inode's i_size (a directory's: what its entries add up to).
+    SetSize {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode number.
+        ino: u64,
+        /// The size written.
+        size: u64,
+    },
+    /// Set an inode's nbytes to what its file extents add up to.
+    SetNbytes {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode number.
+        ino: u64,
+        /// The nbytes written.
+        nbytes: u64,
+    },
+    /// Delete an inode with no links and its data (the kernel's orphan
+    /// cleanup does it for one with an orphan item).
+    DeleteUnlinkedInode {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode number.
+        ino: u64,
+    },
+    /// Recount every quota group from the extent tree (a rescan).
+    RecountQgroups,
+    /// Rebuild the checksum tree from the data (`--init-csum-tree`: only on
+    /// the user's request, as it trusts whatever the data now holds).
+    RebuildCsumTree,
+}
+
+impl Repair {
+    /// Short stable name of the repair class, as `--json` reports it.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Repair::BlockGroupUsage | Repair::RebuildFreeSpaceTree | Repair::ClearSpaceCache => {
+                "free-space"
+            }
+            Repair::RewriteSuperblocks | Repair::DeviceSizes => "superblock",
+            Repair::SetNlink { .. }
+            | Repair::SetSize { .. }
+            | Repair::SetNbytes { .. }
+            | Repair::DeleteUnlinkedInode { .. } => "inode",
+            Repair::RecountQgroups => "qgroups",
+            Repair::RebuildCsumTree => "checksums",
+        }
+    }
+
+    /// What the repair does, in a sentence.
+    pub fn describe(&self) -> String {
+        match self {
+            Repair::BlockGroupUsage => {
+                "recount the used bytes of every block group from the extent tree".into()
+            }
+            Repair::RebuildFreeSpaceTree => {
+                "rebuild the free space tree from the extent tree".into()
+            }
+            Repair::ClearSpaceCache => "clear the v1 free space cache".into(),
+            Repair::RewriteSuperblocks => "rewrite every superblock copy from the good one".into(),
+            Repair::DeviceSizes => {
+                "make the superblock's and device items' sizes match the devices".into()
+            }
+            Repair::SetNlink { tree, ino, nlink } => {
+                format!("set the link count of inode {ino} (tree {tree}) to {nlink}")
+            }
+            Repair::SetSize { tree, ino, size } => {
+                format!("set the size of inode {ino} (tree {tree}) to {size}")
+            }
+            Repair::SetNbytes { tree, ino, nbytes } => {
+                format!("set nbytes of inode {ino} (tree {tree}) to {nbytes}")
+            }
+            Repair::DeleteUnlinkedInode { tree, ino } => {
+                format!("delete inode {ino} (tree {tree}), which has no links, with its data")
+            }
+            Repair::RecountQgroups => "recount every quota group".into(),
+            Repair::RebuildCsumTree => "rebuild the checksum tree from the data".into(),
+        }
+    }
 }
 
 /// Counts and timing of one phase of a check run.
@@ -202,6 +321,7 @@ impl F {
             bytenr: None,
             key: None,
             message: String::new(),
+            repair: None,
         })
     }
     pub fn warn(phase: u8, category: &'static str) -> F {
@@ -223,6 +343,10 @@ impl F {
     }
     pub fn opt_key(mut self, k: Option<Key>) -> F {
         self.0.key = k;
+        self
+    }
+    pub fn fix(mut self, r: Repair) -> F {
+        self.0.repair = Some(r);
         self
     }
     pub fn msg(mut self, m: impl Into<String>) -> Finding {

@@ -3,7 +3,7 @@
 //! an extent count that matches, and free space that is exactly the group
 //! minus its extents and the superblock copies it contains.
 
-use super::findings::F;
+use super::findings::{Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::free_space::bitmap_ranges;
@@ -57,6 +57,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
                 if !inside {
                     cx.report(
                         F::err(P, "free-space")
+                            .fix(Repair::RebuildFreeSpaceTree)
                             .tree(T)
                             .at(node.bytenr)
                             .key(k)
@@ -67,6 +68,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
                 if cur.is_some_and(|i| i.bitmaps != is_bitmap) {
                     cx.report(
                         F::err(P, "free-space")
+                            .fix(Repair::RebuildFreeSpaceTree)
                             .tree(T)
                             .at(node.bytenr)
                             .key(k)
@@ -80,6 +82,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
                 if k.offset == 0 {
                     cx.report(
                         F::err(P, "free-space")
+                            .fix(Repair::RebuildFreeSpaceTree)
                             .tree(T)
                             .at(node.bytenr)
                             .key(k)
@@ -92,6 +95,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
                     if (d.len() as u64) != bits.div_ceil(8) {
                         cx.report(
                             F::err(P, "free-space")
+                                .fix(Repair::RebuildFreeSpaceTree)
                                 .tree(T)
                                 .at(node.bytenr)
                                 .key(k)
@@ -111,6 +115,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
             }
             _ => cx.report(
                 F::err(P, "free-space")
+                    .fix(Repair::RebuildFreeSpaceTree)
                     .tree(T)
                     .at(node.bytenr)
                     .key(k)
@@ -150,6 +155,7 @@ pub(super) fn check(cx: &mut Ctx) {
             // chunks; upstream btrfs check reports them (fsck-tests 058).
             cx.report(
                 F::err(P, "free-space-stale")
+                    .fix(Repair::RebuildFreeSpaceTree)
                     .tree(T)
                     .at(i.start)
                     .msg(format!(
@@ -167,10 +173,16 @@ pub(super) fn check(cx: &mut Ctx) {
     let mut reported = 0;
     for b in &bgs {
         let Some(info) = infos.iter().find(|i| i.start == b.start) else {
-            cx.report(F::err(P, "free-space").tree(T).at(b.start).msg(format!(
-                "block group {}+{} has no free space info",
-                b.start, b.length
-            )));
+            cx.report(
+                F::err(P, "free-space")
+                    .fix(Repair::RebuildFreeSpaceTree)
+                    .tree(T)
+                    .at(b.start)
+                    .msg(format!(
+                        "block group {}+{} has no free space info",
+                        b.start, b.length
+                    )),
+            );
             continue;
         };
         let (s, e) = (b.start, b.end());
@@ -185,12 +197,18 @@ pub(super) fn check(cx: &mut Ctx) {
             }
         }
         if have.len() as u64 != info.count as u64 {
-            cx.report(F::err(P, "free-space").tree(T).at(b.start).msg(format!(
-                "block group {} free space info counts {} extents but {} are recorded",
-                b.start,
-                info.count,
-                have.len()
-            )));
+            cx.report(
+                F::err(P, "free-space")
+                    .fix(Repair::RebuildFreeSpaceTree)
+                    .tree(T)
+                    .at(b.start)
+                    .msg(format!(
+                        "block group {} free space info counts {} extents but {} are recorded",
+                        b.start,
+                        info.count,
+                        have.len()
+                    )),
+            );
         }
         let want = gaps(cx, s, e);
         // Superblock copies are neither used nor free; kernels differ on
@@ -201,7 +219,7 @@ pub(super) fn check(cx: &mut Ctx) {
             if reported < 50 {
                 reported += 1;
                 let in_tree = have.iter().any(|&(hs, he)| hs < b && a < he);
-                cx.report(F::err(P, "free-space").tree(T).at(a).msg(format!(
+                cx.report(F::err(P, "free-space").fix(Repair::RebuildFreeSpaceTree).tree(T).at(a).msg(format!(
                     "block group {}+{}: [{a}, {b}) is {} in the free space tree but {} in the extent tree",
                     s,
                     e - s,

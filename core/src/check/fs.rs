@@ -5,7 +5,7 @@
 //! every name needs its DIR_ITEM, DIR_INDEX and INODE_REF/EXTREF, agreeing.
 
 use super::csums::{Forbid, Need};
-use super::findings::F;
+use super::findings::{Repair, F};
 use super::{Ctx, RootRec};
 use crate::format::consts::*;
 use crate::format::dir::{extref_hash, name_hash};
@@ -547,25 +547,40 @@ impl FsTree {
             return;
         };
         let fmt = f.mode & S_IFMT;
-        let mut errs = Vec::<String>::new();
+        let tree = self.root;
+        let mut errs = Vec::<(String, Option<Repair>)>::new();
         if fmt == S_IFDIR {
             if c.dir_names != f.size {
-                errs.push(format!(
-                    "directory size {} but its entries add up to {}",
-                    f.size, c.dir_names
+                errs.push((
+                    format!(
+                        "directory size {} but its entries add up to {}",
+                        f.size, c.dir_names
+                    ),
+                    (!self.lost).then_some(Repair::SetSize {
+                        tree,
+                        ino,
+                        size: c.dir_names,
+                    }),
                 ));
             }
             if c.extents > 0 {
-                errs.push("directory with file extents".into());
+                errs.push(("directory with file extents".into(), None));
             }
         } else if fmt == S_IFREG || fmt == S_IFLNK {
             if c.dir_entries > 0 || c.dir_items_of_unlinked {
-                errs.push("non-directory with directory entries".into());
+                errs.push(("non-directory with directory entries".into(), None));
             }
             if f.nlink > 0 && c.found_size != f.nbytes {
-                errs.push(format!(
-                    "nbytes {} but its extents add up to {}",
-                    f.nbytes, c.found_size
+                errs.push((
+                    format!(
+                        "nbytes {} but its extents add up to {}",
+                        f.nbytes, c.found_size
+                    ),
+                    (!self.lost).then_some(Repair::SetNbytes {
+                        tree,
+                        ino,
+                        nbytes: c.found_size,
+                    }),
                 ));
             }
             let gap_before_size = c.first_gap.is_some_and(|g| g < f.size);
@@ -574,9 +589,12 @@ impl FsTree {
                 && f.size > 0
                 && (c.extent_end < f.size || c.extent_start != Some(0) || gap_before_size)
             {
-                errs.push(format!(
-                    "file extents do not cover the file (size {}): missing extent or hole item",
-                    f.size
+                errs.push((
+                    format!(
+                        "file extents do not cover the file (size {}): missing extent or hole item",
+                        f.size
+                    ),
+                    None,
                 ));
             }
         }
@@ -585,18 +603,25 @@ impl FsTree {
                 self.unlinked.push(ino);
             }
             if c.refs != f.nlink && !self.lost {
-                errs.push(format!(
-                    "link count {} but {} names refer to it",
-                    f.nlink, c.refs
+                // The names are the truth when there are any; an inode
+                // with none but a link count needs a name (lost+found),
+                // which is not a count's repair.
+                errs.push((
+                    format!("link count {} but {} names refer to it", f.nlink, c.refs),
+                    (c.refs > 0).then_some(Repair::SetNlink {
+                        tree,
+                        ino,
+                        nlink: c.refs,
+                    }),
                 ));
             }
         }
-        for m in errs {
-            self.out.push(
-                self.err("inode")
-                    .opt_key(c.first_key)
-                    .msg(format!("inode {ino}: {m}")),
-            );
+        for (m, fix) in errs {
+            let mut e = self.err("inode").opt_key(c.first_key);
+            if let Some(r) = fix {
+                e = e.fix(r);
+            }
+            self.out.push(e.msg(format!("inode {ino}: {m}")));
         }
     }
 
@@ -630,11 +655,19 @@ impl FsTree {
                         self.root_dirid
                     )));
                 }
-                if nlink != 1 {
-                    out.push(self.err("inode-nlink").msg(format!(
-                        "root directory {} has nlink {nlink} (must be 1)",
-                        self.root_dirid
-                    )));
+                if nlink != 1 && mode & S_IFMT == S_IFDIR {
+                    out.push(
+                        self.err("inode-nlink")
+                            .fix(Repair::SetNlink {
+                                tree: self.root,
+                                ino: self.root_dirid,
+                                nlink: 1,
+                            })
+                            .msg(format!(
+                                "root directory {} has nlink {nlink} (must be 1)",
+                                self.root_dirid
+                            )),
+                    );
                 }
                 if !self.root_dotdot && !self.lost {
                     out.push(self.err("name").msg(format!(
@@ -645,12 +678,23 @@ impl FsTree {
             }
             _ => {}
         }
-        for ino in std::mem::take(&mut self.unlinked) {
-            if !self.orphans.contains(&ino) {
-                out.push(
-                    self.err("orphan")
-                        .msg(format!("inode {ino} has no links and no orphan item")),
-                );
+        let unlinked = std::mem::take(&mut self.unlinked);
+        if !unlinked.is_empty() {
+            // An unlinked inode no name refers to is what the kernel's
+            // orphan cleanup deletes; one that something still names is
+            // a link count problem, reported with the names.
+            let named: HashSet<u64> = self.names.iter().map(|n| n.child).collect();
+            for ino in unlinked {
+                if !self.orphans.contains(&ino) {
+                    let mut e = self.err("orphan");
+                    if !named.contains(&ino) && !self.lost {
+                        e = e.fix(Repair::DeleteUnlinkedInode {
+                            tree: self.root,
+                            ino,
+                        });
+                    }
+                    out.push(e.msg(format!("inode {ino} has no links and no orphan item")));
+                }
             }
         }
         self.out.extend(out);

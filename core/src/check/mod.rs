@@ -21,11 +21,12 @@ mod fs;
 mod log;
 mod parity;
 mod qgroups;
+pub mod repair;
 mod space_cache;
 mod superblock;
 mod walk;
 
-pub use findings::{phase_name, Finding, PhaseSummary, Report, Severity, PHASES};
+pub use findings::{phase_name, Finding, PhaseSummary, Repair, Report, Severity, PHASES};
 
 use crate::format::consts::*;
 use crate::format::key::Key;
@@ -215,6 +216,7 @@ pub fn check_paths(
             pre.push(
                 findings::F::err(1, "superblock")
                     .at(BTRFS_SUPER_INFO_OFFSET)
+                    .fix(findings::Repair::RewriteSuperblocks)
                     .msg(format!(
                 "primary superblock unusable ({primary_err}); checked using mirror {mirror}"
             )),

@@ -21,7 +21,7 @@
 //! trustworthy: a rescan in progress or the inconsistent flag means the
 //! kernel itself expects them to be off (a warning, as btrfs check).
 
-use super::findings::F;
+use super::findings::{Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::item::{decode, ItemBody};
@@ -320,9 +320,21 @@ pub(super) fn check(cx: &mut Ctx) {
             i.excl
         );
         if skip {
-            cx.report(F::warn(P, "qgroup-count").tree(Q).key(i.key).msg(m));
+            cx.report(
+                F::warn(P, "qgroup-count")
+                    .tree(Q)
+                    .key(i.key)
+                    .fix(Repair::RecountQgroups)
+                    .msg(m),
+            );
         } else {
-            cx.report(F::err(P, "qgroup-count").tree(Q).key(i.key).msg(m));
+            cx.report(
+                F::err(P, "qgroup-count")
+                    .tree(Q)
+                    .key(i.key)
+                    .fix(Repair::RecountQgroups)
+                    .msg(m),
+            );
         }
     }
     for l in &facts.limits {

@@ -9,7 +9,7 @@
 //! (less the superblock copies); one that claims more free space than the
 //! block group has could hand out used space twice: an error.
 
-use super::findings::F;
+use super::findings::{Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::file_extent::FileExtent;
@@ -81,6 +81,7 @@ pub(super) fn on_root_leaf(cx: &mut Ctx, node: &Node) {
                 }),
                 Err(_) => cx.report(
                     F::err(P, "space-cache")
+                        .fix(Repair::ClearSpaceCache)
                         .tree(ROOT)
                         .at(node.bytenr)
                         .key(k)
@@ -144,6 +145,7 @@ pub(super) fn check(cx: &mut Ctx) {
         if i.mode != FREE_SPACE_CACHE_INODE_MODE {
             cx.report(
                 F::err(P, "space-cache")
+                    .fix(Repair::ClearSpaceCache)
                     .tree(ROOT)
                     .at(i.leaf)
                     .key(i.key)
@@ -215,7 +217,7 @@ pub(super) fn check(cx: &mut Ctx) {
         let bg_free = b.length.saturating_sub(b.used).saturating_sub(bytes_super);
         let cached: u64 = free.iter().map(|&(a, z)| z - a).sum();
         if cached > bg_free {
-            cx.report(F::err(P, "space-cache").tree(ROOT).at(b.start).key(h.key).msg(format!(
+            cx.report(F::err(P, "space-cache").fix(Repair::ClearSpaceCache).tree(ROOT).at(b.start).key(h.key).msg(format!(
                 "free space cache of block group {} holds {cached} free bytes but the group has {bg_free}: space in use could be handed out again",
                 b.start
             )));
@@ -231,7 +233,7 @@ pub(super) fn check(cx: &mut Ctx) {
         let want = super::free_space::gaps(cx, s, e);
         if let Some((a, z)) = super::free_space::first_difference(&want, &free, &excl) {
             let in_cache = free.iter().any(|&(fs, fe)| fs < z && a < fe);
-            cx.report(F::err(P, "space-cache").tree(ROOT).at(a).key(h.key).msg(format!(
+            cx.report(F::err(P, "space-cache").fix(Repair::ClearSpaceCache).tree(ROOT).at(a).key(h.key).msg(format!(
                 "free space cache of block group {}: [{a}, {z}) is {} in the cache but {} in the extent tree",
                 b.start,
                 if in_cache { "free" } else { "not free" },

@@ -1,7 +1,7 @@
 //! Phase 1: every superblock copy on its own, then the primary's counters
 //! against what the trees hold.
 
-use super::findings::F;
+use super::findings::{Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 
@@ -44,6 +44,7 @@ fn superblock_copies(cx: &mut Ctx, dev: &dyn crate::io::BlockDevice, of: &str) {
                 cx.report(
                     F::err(P, "superblock")
                         .at(off)
+                        .fix(Repair::RewriteSuperblocks)
                         .msg(format!("superblock mirror {mirror}{of} unreadable: {e}")),
                 );
                 continue;
@@ -55,6 +56,7 @@ fn superblock_copies(cx: &mut Ctx, dev: &dyn crate::io::BlockDevice, of: &str) {
                 cx.report(
                     F::err(P, "superblock")
                         .at(off)
+                        .fix(Repair::RewriteSuperblocks)
                         .msg(format!("primary superblock{of} has no btrfs magic")),
                 );
             } else {
@@ -70,15 +72,21 @@ fn superblock_copies(cx: &mut Ctx, dev: &dyn crate::io::BlockDevice, of: &str) {
             cx.report(
                 F::err(P, "superblock")
                     .at(off)
+                    .fix(Repair::RewriteSuperblocks)
                     .msg(format!("superblock mirror {mirror}{of} checksum mismatch")),
             );
             continue;
         }
         if !status.bytenr_ok {
-            cx.report(F::err(P, "superblock").at(off).msg(format!(
-                "superblock mirror {mirror}{of} says it lives at {}",
-                m.bytenr.get()
-            )));
+            cx.report(
+                F::err(P, "superblock")
+                    .at(off)
+                    .fix(Repair::RewriteSuperblocks)
+                    .msg(format!(
+                        "superblock mirror {mirror}{of} says it lives at {}",
+                        m.bytenr.get()
+                    )),
+            );
         }
         if m.fsid != sb.fsid {
             cx.report(F::err(P, "superblock").at(off).msg(format!(
@@ -112,13 +120,18 @@ fn own_dev_item(cx: &mut Ctx, devid: u64, dev: &dyn crate::io::BlockDevice, of: 
     if m.num_devices.get() != cx.img.sb.num_devices.get()
         || m.total_bytes.get() != cx.img.sb.total_bytes.get()
     {
-        cx.report(F::err(P, "superblock").at(at).msg(format!(
+        cx.report(
+            F::err(P, "superblock")
+                .at(at)
+                .fix(Repair::DeviceSizes)
+                .msg(format!(
             "the superblock{of} says num_devices {} total_bytes {}, the one in use {} and {}",
             m.num_devices.get(),
             m.total_bytes.get(),
             cx.img.sb.num_devices.get(),
             cx.img.sb.total_bytes.get()
-        )));
+        )),
+        );
     }
     cx.chunks.sb_dev_items.push((
         devid,
@@ -171,10 +184,15 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
         cx.report(F::err(P, "superblock").at(at).msg("total_bytes is 0"));
     }
     if sb.bytes_used.get() < 6 * ns as u64 {
-        cx.report(F::err(P, "superblock").at(at).msg(format!(
-            "bytes_used {} is less than six tree blocks",
-            sb.bytes_used.get()
-        )));
+        cx.report(
+            F::err(P, "superblock")
+                .at(at)
+                .fix(Repair::BlockGroupUsage)
+                .msg(format!(
+                    "bytes_used {} is less than six tree blocks",
+                    sb.bytes_used.get()
+                )),
+        );
     }
     let meta_uuid = if sb.has_incompat(BTRFS_FEATURE_INCOMPAT_METADATA_UUID) {
         sb.metadata_uuid
@@ -280,7 +298,12 @@ pub(super) fn check_against_trees(cx: &mut Ctx) {
             "superblock num_devices {} but the chunk tree holds {ndev} device item(s)",
             sb.num_devices.get()
         );
-        cx.report(F::err(P, "superblock").at(at).msg(m));
+        cx.report(
+            F::err(P, "superblock")
+                .at(at)
+                .fix(Repair::DeviceSizes)
+                .msg(m),
+        );
     }
     let dev_total: u64 = cx
         .chunks
@@ -293,7 +316,12 @@ pub(super) fn check_against_trees(cx: &mut Ctx) {
             "superblock total_bytes {} smaller than the devices' total {dev_total}",
             sb.total_bytes.get()
         );
-        cx.report(F::err(P, "superblock").at(at).msg(m));
+        cx.report(
+            F::err(P, "superblock")
+                .at(at)
+                .fix(Repair::DeviceSizes)
+                .msg(m),
+        );
     }
     // Each device's superblock carries its own device item (the one in
     // use when there is one device).
@@ -354,7 +382,12 @@ pub(super) fn check_against_trees(cx: &mut Ctx) {
                 "superblock bytes_used {} but the block groups use {used}",
                 sb.bytes_used.get()
             );
-            cx.report(F::err(P, "superblock").at(at).msg(m));
+            cx.report(
+                F::err(P, "superblock")
+                    .at(at)
+                    .fix(Repair::BlockGroupUsage)
+                    .msg(m),
+            );
         }
     }
     cx.sink.checked(P, 1);

@@ -37,6 +37,7 @@ mod logsync;
 pub mod qgroup;
 mod refs;
 mod relocate;
+mod repair;
 mod subtree;
 
 pub use btree::next_key;

@@ -1,0 +1,155 @@
+//! What `fsck --repair` changes that only the store can: the allocator's
+//! block groups, the free space tree, the device items. Each primitive
+//! leaves the running transaction consistent; the caller commits once.
+//!
+//! The allocator's view is derived from the extent tree when the store is
+//! opened (`load_block_groups`): every used-bytes count and every free
+//! range written here comes from there, never from the items repaired.
+
+use super::{Store, TreeId};
+use crate::format::consts::*;
+use crate::format::dev::DevItem;
+use crate::format::key::Key;
+use crate::{Error, Result};
+use zerocopy::{FromBytes, IntoBytes};
+
+const FST: u64 = BTRFS_FREE_SPACE_TREE_OBJECTID;
+
+/// What [`Store::fix_device_sizes`] changed, one line each.
+pub type Changes = Vec<String>;
+
+impl Store {
+    /// Write every block group item again at commit, with the used bytes
+    /// the extent tree gives (and so the superblock's bytes_used, which the
+    /// commit sums from them).
+    pub fn rewrite_block_groups(&mut self) {
+        for g in self.alloc.groups.values_mut() {
+            g.dirty = true;
+        }
+    }
+
+    /// Empty the free space tree and let the commit write every block
+    /// group's entries again from the allocator; the tree is marked valid.
+    /// Items keyed outside every block group (stale entries) go too.
+    pub fn rebuild_free_space_tree(&mut self) -> Result<()> {
+        if !self.has_fst() {
+            return Ok(());
+        }
+        if !self.tree_exists(FST)? {
+            return Err(Error::Unsupported(
+                "the free space tree has no root item; it cannot be rebuilt in place".into(),
+            ));
+        }
+        let items = self.items_in(FST, Key::MIN, Key::MAX)?;
+        // From the end: each deletion leaves the keys before it in place.
+        for (k, _) in items.iter().rev() {
+            self.delete_item(FST, k)?;
+        }
+        for g in self.alloc.groups.values_mut() {
+            g.fst_bitmaps = false;
+            g.dirty = true;
+        }
+        let ro = self.sb.compat_ro_flags.get();
+        self.sb
+            .compat_ro_flags
+            .set(ro | BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID);
+        Ok(())
+    }
+
+    /// The v1 free space cache's headers in the root tree: (header key,
+    /// cache inode number).
+    pub fn space_cache_headers(&mut self) -> Result<Vec<(Key, u64)>> {
+        let hdrs = self.items_in(
+            TreeId::Root,
+            Key::new(BTRFS_FREE_SPACE_OBJECTID, 0, 0),
+            Key::new(BTRFS_FREE_SPACE_OBJECTID, u8::MAX, u64::MAX),
+        )?;
+        Ok(hdrs
+            .into_iter()
+            .map(|(k, d)| {
+                let ino = d
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+                    .unwrap_or(0);
+                (k, ino)
+            })
+            .collect())
+    }
+
+    /// Device items and the superblock's device totals made consistent
+    /// with the devices and the dev tree: each device's bytes_used is what
+    /// its dev extents add up to; its total_bytes is sector aligned and no
+    /// larger than the device, but never below the end of its last dev
+    /// extent (that is data, not a size error); the superblock's
+    /// total_bytes is their sum and num_devices their count.
+    pub fn fix_device_sizes(&mut self) -> Result<Changes> {
+        let mut changes = Vec::new();
+        let ss = self.sectorsize() as u64;
+        let dev_items = self.items_in(
+            TreeId::Chunk,
+            Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, 0),
+            Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, u64::MAX),
+        )?;
+        if dev_items.is_empty() {
+            return Err(Error::Unsupported(
+                "the chunk tree holds no device item to repair".into(),
+            ));
+        }
+        let mut total = 0u64;
+        for (k, d) in &dev_items {
+            let devid = k.offset;
+            let mut di = DevItem::read_from_bytes(d)
+                .map_err(|_| Error::corrupt_key("dev item size", 0, *k))?;
+            let exts = self.items_in(
+                BTRFS_DEV_TREE_OBJECTID,
+                Key::new(devid, BTRFS_DEV_EXTENT_KEY, 0),
+                Key::new(devid, BTRFS_DEV_EXTENT_KEY, u64::MAX),
+            )?;
+            let mut used = 0u64;
+            let mut end = 0u64;
+            for (ek, ed) in &exts {
+                let len = ed
+                    .get(24..32)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+                    .unwrap_or(0);
+                used = used.saturating_add(len);
+                end = end.max(ek.offset.saturating_add(len));
+            }
+            let size = self.img.device_of(devid).map(|d| d.size());
+            let mut want = di.total_bytes.get() / ss * ss;
+            if let Some(sz) = size {
+                want = want.min(sz / ss * ss);
+            }
+            want = want.max(end.div_ceil(ss) * ss);
+            if want != di.total_bytes.get() || used != di.bytes_used.get() {
+                changes.push(format!(
+                    "device {devid}: total_bytes {} -> {want}, bytes_used {} -> {used}",
+                    di.total_bytes.get(),
+                    di.bytes_used.get()
+                ));
+                di.total_bytes.set(want);
+                di.bytes_used.set(used);
+                self.update_item(TreeId::Chunk, k, di.as_bytes())?;
+            }
+            // The superblocks carry each device's own item: it follows the
+            // chunk tree's (the commit writes it).
+            if self.dev_item_of(devid).is_some() {
+                self.set_dev_item(devid, di);
+            }
+            total = total.saturating_add(want);
+        }
+        let n = dev_items.len() as u64;
+        if self.sb.total_bytes.get() != total || self.sb.num_devices.get() != n {
+            changes.push(format!(
+                "superblock: total_bytes {} -> {total}, num_devices {} -> {n}",
+                self.sb.total_bytes.get(),
+                self.sb.num_devices.get()
+            ));
+            self.sb.total_bytes.set(total);
+            self.sb.num_devices.set(n);
+        }
+        Ok(changes)
+    }
+}
