@@ -22,7 +22,11 @@ pub fn run(args: &Args, paths: &[PathBuf], check: CheckOptions, bar: &Bar) -> an
         return Ok(crate::EXIT_USAGE);
     }
     // Plan first, without writing: the user confirms what they see.
-    let planned = repair::plan_paths(paths, args.degraded, check, opts, bar)?;
+    let target = repair::Target::Paths {
+        paths: paths.to_vec(),
+        degraded: args.degraded,
+    };
+    let planned = repair::plan(&target, check, opts, bar)?;
     bar.finish();
     let needs_run = !planned.plan.is_empty() && planned.plan.refused.is_none();
     if args.dry_run || !needs_run {
@@ -46,7 +50,7 @@ pub fn run(args: &Args, paths: &[PathBuf], check: CheckOptions, bar: &Bar) -> an
             return Ok(crate::EXIT_ERRORS);
         }
     }
-    let outcome = repair::carry_out(paths, args.degraded, check, planned, bar)?;
+    let outcome = repair::carry_out(&target, check, planned, bar)?;
     bar.finish();
     show(args, paths, &outcome)?;
     Ok(exit_code(&outcome))

@@ -13,6 +13,8 @@
 //! - [`rich`]: builds an image full of the things the kernel writes (inline,
 //!   prealloc, compressed, holes, xattrs, links, subvolumes, multi-level trees).
 //! - [`fsck_support`]: running btrkit-fsck, locating and damaging items.
+//! - [`repair_support`]: damaging an image in memory one field at a time
+//!   and reading every file back, for the `--repair` tests.
 //! - [`salvage`]: log blocks of a crash image, damaging them, comparing a
 //!   salvaged image with the kernel's replay and zero-log.
 //! - [`sets`]: device sets: copies, the kernel's view, btrfs check and
@@ -25,6 +27,7 @@ pub mod dumpcmp;
 pub mod env;
 pub mod fixtures;
 pub mod fsck_support;
+pub mod repair_support;
 // Drives the kernel through system calls (mmap, pwrite, sync_file_range).
 #[allow(unsafe_code)]
 pub mod kcrash;

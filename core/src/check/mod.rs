@@ -198,13 +198,42 @@ pub fn check_paths(
     }
     // Positioned reads, not a memory map: mapped pages of the image would
     // count in the checker's resident memory, and every block is read once.
-    let open = |mirror| -> Result<Image> {
-        let dev = std::sync::Arc::new(crate::io::FileDevice::open(path, false)?);
-        Image::open(dev, img_opts(mirror))
+    let dev = std::sync::Arc::new(crate::io::FileDevice::open(path, false)?);
+    check_one(dev, degraded, opts, progress, &|img| {
+        written_metadata(path, img)
+    })
+}
+
+/// Check the filesystem on one device (an image held in memory, a crash
+/// device): [`check_paths`] with one device.
+pub fn check_device(
+    dev: std::sync::Arc<dyn crate::io::BlockDevice>,
+    opts: CheckOptions,
+    progress: &dyn Progress,
+) -> Result<Report> {
+    check_one(dev, false, opts, progress, &|_| Vec::new())
+}
+
+/// One device: from the primary superblock, or the first good mirror
+/// (the damage then a phase-1 error with its repair).
+fn check_one(
+    dev: std::sync::Arc<dyn crate::io::BlockDevice>,
+    degraded: bool,
+    opts: CheckOptions,
+    progress: &dyn Progress,
+    early: &dyn Fn(&Image) -> Vec<(u64, u64)>,
+) -> Result<Report> {
+    let img_opts = |mirror| OpenOptions {
+        mirror,
+        lenient: true,
+        writable: false,
+        degraded,
+        trust_bad_csum: false,
     };
+    let open = |mirror| -> Result<Image> { Image::open(dev.clone(), img_opts(mirror)) };
     let primary_err = match open(0) {
         Ok(img) => {
-            let early = written_metadata(path, &img);
+            let early = early(&img);
             return Ok(run(&img, opts, progress, Sink::new(), early));
         }
         Err(e @ (Error::Io { .. } | Error::MissingDevice { .. })) => return Err(e),
@@ -221,7 +250,7 @@ pub fn check_paths(
                 "primary superblock unusable ({primary_err}); checked using mirror {mirror}"
             )),
             );
-            let early = written_metadata(path, &img);
+            let early = early(&img);
             return Ok(run(&img, opts, progress, pre, early));
         }
     }

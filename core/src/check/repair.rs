@@ -252,16 +252,83 @@ pub struct Outcome {
     pub after: Option<Report>,
 }
 
-/// Check the filesystem on `paths` and plan its repair; nothing written.
-pub fn plan_paths(
-    paths: &[PathBuf],
-    degraded: bool,
+/// The devices a repair works on.
+#[derive(Clone)]
+pub enum Target {
+    /// Image files or block devices, in any order (one filesystem);
+    /// `degraded` as `mount -o degraded`.
+    Paths {
+        /// The devices.
+        paths: Vec<PathBuf>,
+        /// Some may be missing.
+        degraded: bool,
+    },
+    /// One device already open (an image in memory, a crash device).
+    Device(Arc<dyn crate::io::BlockDevice>),
+}
+
+impl Target {
+    fn check(&self, opts: CheckOptions, progress: &dyn Progress) -> Result<Report> {
+        match self {
+            Target::Paths { paths, degraded } => {
+                super::check_paths(paths, *degraded, opts, progress)
+            }
+            Target::Device(d) => super::check_device(d.clone(), opts, progress),
+        }
+    }
+
+    /// The filesystem: the primary superblock, or the first good mirror
+    /// when it is unusable (one device), as the check does.
+    fn open(&self, writable: bool) -> Result<Image> {
+        let opts = |mirror, degraded| OpenOptions {
+            mirror,
+            writable,
+            degraded,
+            ..Default::default()
+        };
+        let dev: Arc<dyn crate::io::BlockDevice> = match self {
+            Target::Paths { paths, degraded } if paths.len() > 1 => {
+                let mut devs: Vec<(String, Arc<dyn crate::io::BlockDevice>)> = Vec::new();
+                for p in paths {
+                    devs.push((
+                        p.display().to_string(),
+                        Arc::new(crate::io::FileDevice::open(p, writable)?),
+                    ));
+                }
+                let set = crate::devices::DeviceSet::assemble(devs)?;
+                return set.open(opts(0, *degraded));
+            }
+            Target::Paths { paths, .. } => {
+                let Some(path) = paths.first() else {
+                    return Err(Error::Invalid("no device given".into()));
+                };
+                Arc::new(crate::io::FileDevice::open(path, writable)?)
+            }
+            Target::Device(d) => d.clone(),
+        };
+        let mut first = None;
+        for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
+            match Image::open(dev.clone(), opts(mirror, false)) {
+                Ok(img) => return Ok(img),
+                Err(e @ Error::Io { .. }) => return Err(e),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        Err(first.unwrap_or_else(|| Error::Invalid("no usable superblock".into())))
+    }
+}
+
+/// Check the filesystem and plan its repair; nothing written.
+pub fn plan(
+    target: &Target,
     check: CheckOptions,
     opts: RepairOptions,
     progress: &dyn Progress,
 ) -> Result<Outcome> {
-    let before = super::check_paths(paths, degraded, check, progress)?;
-    let probe = open(paths, degraded, false)?;
+    let before = target.check(check, progress)?;
+    let probe = target.open(false)?;
     let plan = Plan::new(&before, &probe, opts);
     Ok(Outcome {
         before,
@@ -272,12 +339,10 @@ pub fn plan_paths(
     })
 }
 
-/// Carry out the plan of `planned` ([`plan_paths`]) on `paths` in one
-/// transaction, then check again. A plan that is empty or refused writes
-/// nothing.
+/// Carry out the plan of `planned` ([`plan`]) in one transaction, then
+/// check again. A plan that is empty or refused writes nothing.
 pub fn carry_out(
-    paths: &[PathBuf],
-    degraded: bool,
+    target: &Target,
     check: CheckOptions,
     mut planned: Outcome,
     progress: &dyn Progress,
@@ -286,49 +351,11 @@ pub fn carry_out(
         return Ok(planned);
     }
     progress.phase(10, "repair", planned.plan.actions.len() as u64);
-    let img = open(paths, degraded, true)?;
+    let img = target.open(true)?;
     planned.changes = apply(img, &planned.plan, progress)?;
     planned.committed = true;
-    planned.after = Some(super::check_paths(paths, degraded, check, progress)?);
+    planned.after = Some(target.check(check, progress)?);
     Ok(planned)
-}
-
-/// Open the filesystem on `paths`: the primary superblock, or the first
-/// good mirror when it is unusable (one device), as the check does.
-fn open(paths: &[PathBuf], degraded: bool, writable: bool) -> Result<Image> {
-    let opts = |mirror| OpenOptions {
-        mirror,
-        writable,
-        degraded,
-        ..Default::default()
-    };
-    if paths.len() > 1 {
-        let mut devs: Vec<(String, Arc<dyn crate::io::BlockDevice>)> = Vec::new();
-        for p in paths {
-            devs.push((
-                p.display().to_string(),
-                Arc::new(crate::io::FileDevice::open(p, writable)?),
-            ));
-        }
-        let set = crate::devices::DeviceSet::assemble(devs)?;
-        return set.open(opts(0));
-    }
-    let Some(path) = paths.first() else {
-        return Err(Error::Invalid("no device given".into()));
-    };
-    let dev: Arc<dyn crate::io::BlockDevice> =
-        Arc::new(crate::io::FileDevice::open(path, writable)?);
-    let mut first = None;
-    for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
-        match Image::open(dev.clone(), opts(mirror)) {
-            Ok(img) => return Ok(img),
-            Err(e @ Error::Io { .. }) => return Err(e),
-            Err(e) => {
-                first.get_or_insert(e);
-            }
-        }
-    }
-    Err(first.unwrap_or_else(|| Error::Invalid("no usable superblock".into())))
 }
 
 /// Carry out `plan` on `img` (opened writable) in one transaction and

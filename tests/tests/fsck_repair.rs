@@ -1,0 +1,606 @@
+//! `btrkit-fsck --repair` on kernel-written images, damaged one field at a
+//! time in each repairable class (checksums fixed, so only the meaning is
+//! wrong):
+//! - random damage, many cases: the repair never leaves an image worse
+//!   (more errors, a file that read before and reads otherwise after),
+//!   and every case of a repairable class ends clean; a sample is also
+//!   checked by btrfs check and mounted by the kernel;
+//! - a repair cut at every write (the crash device, unflushed writes kept
+//!   or lost in several ways) leaves either the original findings or a
+//!   clean image, and a second repair finishes the job;
+//! - the binary: --dry-run writes nothing, --repair without a terminal
+//!   wants --yes, exit codes 1 (repaired) and 0 (nothing to do).
+
+use btrkit_core::check::repair::{self, RepairOptions, Target};
+use btrkit_core::check::{CheckOptions, NoProgress, Report};
+use btrkit_core::format::consts::*;
+use btrkit_core::io::{BlockDevice, CrashDevice};
+use btrkit_tests::fsck_support::*;
+use btrkit_tests::repair_support::*;
+use btrkit_tests::LoopMount;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+const WORKLOAD: &str = r#"set -e
+mkdir -p a/b c d/e/f
+for i in $(seq 1 300); do echo "file $i" > a/f$i; done
+for i in $(seq 1 20); do head -c 40000 /dev/urandom > a/b/data$i; done
+ln a/f1 c/link1; ln a/f2 c/link2a; ln a/f2 c/link2b
+ln -s ../a/f3 c/sym
+truncate -s 1M d/sparse; echo tail >> d/sparse
+btrfs -q subvolume snapshot . snap
+echo changed > snap/a/f5
+btrfs -q quota enable .
+btrfs -q quota rescan -w .
+sync"#;
+
+/// One kind of damage: a field set to another value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    InodeNlink,
+    DirSize,
+    FileNbytes,
+    BlockGroupUsed,
+    SuperBytesUsed,
+    SuperTotalBytes,
+    FreeSpaceInfoCount,
+    DevItemBytesUsed,
+    PrimarySuperblock,
+    QgroupInfo,
+}
+
+const KINDS: [Kind; 10] = [
+    Kind::InodeNlink,
+    Kind::DirSize,
+    Kind::FileNbytes,
+    Kind::BlockGroupUsed,
+    Kind::SuperBytesUsed,
+    Kind::SuperTotalBytes,
+    Kind::FreeSpaceInfoCount,
+    Kind::DevItemBytesUsed,
+    Kind::PrimarySuperblock,
+    Kind::QgroupInfo,
+];
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Where each kind of damage can go in the base image.
+struct Targets {
+    inodes: Vec<Located>,
+    dirs: Vec<Located>,
+    files: Vec<Located>,
+    block_groups: Vec<Located>,
+    fst_infos: Vec<Located>,
+    dev_items: Vec<Located>,
+    qgroup_infos: Vec<Located>,
+}
+
+fn mode_of(d: &[u8]) -> u32 {
+    u32::from_le_bytes(d[52..56].try_into().unwrap())
+}
+
+impl Targets {
+    fn find(dev: Arc<dyn BlockDevice>) -> Targets {
+        let mut inodes = Vec::new();
+        let mut dirs = Vec::new();
+        let mut files = Vec::new();
+        let snap = items_of(dev.clone(), BTRFS_ROOT_TREE_OBJECTID, &|k, _| {
+            k.ty == BTRFS_ROOT_ITEM_KEY && k.objectid >= BTRFS_FIRST_FREE_OBJECTID
+        });
+        let mut trees = vec![BTRFS_FS_TREE_OBJECTID];
+        trees.extend(snap.iter().map(|l| l.key.objectid));
+        for t in trees {
+            let all = items_of(dev.clone(), t, &|k, _| {
+                k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > BTRFS_FIRST_FREE_OBJECTID
+            });
+            let img = btrkit_core::image::Image::open(dev.clone(), Default::default()).unwrap();
+            for l in all {
+                let mut d = vec![0u8; l.data_len];
+                let blk = img
+                    .read_tree_block(l.bytenr, &Default::default(), false)
+                    .unwrap();
+                d.copy_from_slice(&blk.bytes()[l.data_off..l.data_off + l.data_len]);
+                match mode_of(&d) & 0o170000 {
+                    0o040000 => dirs.push(l.clone()),
+                    0o100000 => files.push(l.clone()),
+                    _ => {}
+                }
+                inodes.push(l);
+            }
+        }
+        let bg_tree = if items_of(dev.clone(), BTRFS_ROOT_TREE_OBJECTID, &|k, _| {
+            k.objectid == BTRFS_BLOCK_GROUP_TREE_OBJECTID
+        })
+        .is_empty()
+        {
+            BTRFS_EXTENT_TREE_OBJECTID
+        } else {
+            BTRFS_BLOCK_GROUP_TREE_OBJECTID
+        };
+        Targets {
+            inodes,
+            dirs,
+            files,
+            block_groups: items_of(dev.clone(), bg_tree, &|k, _| {
+                k.ty == BTRFS_BLOCK_GROUP_ITEM_KEY
+            }),
+            fst_infos: items_of(dev.clone(), BTRFS_FREE_SPACE_TREE_OBJECTID, &|k, _| {
+                k.ty == BTRFS_FREE_SPACE_INFO_KEY
+            }),
+            dev_items: items_of(dev.clone(), BTRFS_CHUNK_TREE_OBJECTID, &|k, _| {
+                k.ty == BTRFS_DEV_ITEM_KEY
+            }),
+            qgroup_infos: items_of(dev, BTRFS_QUOTA_TREE_OBJECTID, &|k, _| {
+                k.ty == BTRFS_QGROUP_INFO_KEY
+            }),
+        }
+    }
+}
+
+fn set_u64(b: &mut [u8], o: usize, v: u64) {
+    b[o..o + 8].copy_from_slice(&v.to_le_bytes());
+}
+fn set_u32(b: &mut [u8], o: usize, v: u32) {
+    b[o..o + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Damage `dev` with one field of `kind` changed; the description.
+fn damage(dev: &Arc<dyn BlockDevice>, t: &Targets, kind: Kind, rng: &mut Rng) -> String {
+    let pick = |v: &Vec<Located>, rng: &mut Rng| v[rng.below(v.len() as u64) as usize].clone();
+    let field = |dev: &Arc<dyn BlockDevice>, l: &Located, off: usize, v: u64, width: usize| {
+        patch_tree_block(dev, l.bytenr, &|b| {
+            let at = l.data_off + off;
+            if width == 4 {
+                set_u32(b, at, v as u32)
+            } else {
+                set_u64(b, at, v)
+            }
+        });
+    };
+    match kind {
+        Kind::InodeNlink => {
+            let l = pick(&t.inodes, rng);
+            let v = rng.below(4) + 2;
+            field(dev, &l, 40, v, 4);
+            format!("nlink of {:?} in tree {} = {v}", l.key, l.tree)
+        }
+        Kind::DirSize => {
+            let l = pick(&t.dirs, rng);
+            let v = rng.below(100_000) * 2 + 1;
+            field(dev, &l, 16, v, 8);
+            format!("size of dir {:?} in tree {} = {v}", l.key, l.tree)
+        }
+        Kind::FileNbytes => {
+            let l = pick(&t.files, rng);
+            let v = rng.below(1 << 30) + 1;
+            field(dev, &l, 24, v, 8);
+            format!("nbytes of {:?} in tree {} = {v}", l.key, l.tree)
+        }
+        Kind::BlockGroupUsed => {
+            let l = pick(&t.block_groups, rng);
+            let v = rng.below(l.key.offset) / 4096 * 4096 + 4096;
+            field(dev, &l, 0, v, 8);
+            format!("used of block group {} = {v}", l.key.objectid)
+        }
+        Kind::SuperBytesUsed => {
+            let v = rng.below(1 << 28) + (1 << 20);
+            patch_superblock(dev.as_ref(), 0, false, &|b| set_u64(b, 0x78, v));
+            format!("superblock bytes_used = {v}")
+        }
+        Kind::SuperTotalBytes => {
+            let v = (rng.below(100) + 1) << 20;
+            patch_superblock(dev.as_ref(), 0, false, &|b| set_u64(b, 0x70, v));
+            format!("superblock total_bytes = {v}")
+        }
+        Kind::FreeSpaceInfoCount => {
+            let l = pick(&t.fst_infos, rng);
+            let v = rng.below(50) + 3;
+            field(dev, &l, 0, v, 4);
+            format!("free space info {} extent_count = {v}", l.key.objectid)
+        }
+        Kind::DevItemBytesUsed => {
+            let l = pick(&t.dev_items, rng);
+            let v = (rng.below(200) + 1) << 20;
+            field(dev, &l, 16, v, 8);
+            format!("dev item {} bytes_used = {v}", l.key.offset)
+        }
+        Kind::PrimarySuperblock => {
+            let at = 0x100 + rng.below(0x800) as usize;
+            patch_superblock(dev.as_ref(), 0, true, &|b| b[at] ^= 0x5a);
+            format!("primary superblock byte {at} flipped (checksum left)")
+        }
+        Kind::QgroupInfo => {
+            let l = pick(&t.qgroup_infos, rng);
+            let v = rng.below(1 << 30) / 4096 * 4096;
+            let off = [8, 24][rng.below(2) as usize];
+            field(dev, &l, off, v, 8);
+            format!("qgroup info {:?} field {off} = {v}", l.key)
+        }
+    }
+}
+
+fn check(dev: &Arc<dyn BlockDevice>) -> Option<Report> {
+    btrkit_core::check::check_device(dev.clone(), CheckOptions::default(), &NoProgress).ok()
+}
+
+fn error_set(r: &Report) -> BTreeSet<String> {
+    r.findings
+        .iter()
+        .filter(|f| f.severity == btrkit_core::check::Severity::Error)
+        .map(|f| format!("{}: {}", f.category, f.message))
+        .collect()
+}
+
+/// A kernel-written image with quotas, read into memory.
+fn base_image(dir: &Path) -> Option<Arc<Vec<u8>>> {
+    if let Some(why) = kernel_unavailable() {
+        btrkit_tests::skip(&why);
+        return None;
+    }
+    let img = kernel_image(dir, "base.img", "", "", WORKLOAD);
+    Some(Arc::new(std::fs::read(&img).expect("read image")))
+}
+
+fn progs_clean(img: &Path) -> Result<(), String> {
+    let mut bins = vec![std::path::PathBuf::from("btrfs")];
+    if let Some(d) = btrkit_tests::env::progs_new_dir() {
+        bins.push(d.join("btrfs"));
+    }
+    for b in bins {
+        let o = std::process::Command::new(&b)
+            .args(["check", "--readonly"])
+            .arg(img)
+            .output()
+            .map_err(|e| format!("{}: {e}", b.display()))?;
+        if !o.status.success() {
+            return Err(format!(
+                "{} check: {}",
+                b.display(),
+                String::from_utf8_lossy(&o.stderr)
+                    .lines()
+                    .filter(|l| l.contains("ERROR") || l.contains("error"))
+                    .take(4)
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn random_damage_never_makes_an_image_worse() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(base) = base_image(tmp.path()) else {
+        return;
+    };
+    let clean: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
+    let r = check(&clean).expect("check base");
+    assert!(r.is_clean(), "base image not clean: {:?}", error_set(&r));
+    let targets = Targets::find(clean.clone());
+    assert!(!targets.dirs.is_empty() && !targets.files.is_empty());
+    assert!(
+        !targets.qgroup_infos.is_empty(),
+        "no quota groups in the base image"
+    );
+    let cases: u64 = std::env::var("BTRKIT_REPAIR_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    // Every so many cases, btrfs check and the kernel look at the result.
+    let sample = (cases / 20).max(1);
+    let mut rng = Rng(0x2545f4914f6cdd1d);
+    let mut failures = Vec::new();
+    let mut per_kind = std::collections::BTreeMap::<Kind, (u64, u64)>::new();
+    for case in 0..cases {
+        let kind = KINDS[(case % KINDS.len() as u64) as usize];
+        let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
+        let what = damage(&dev, &targets, kind, &mut rng);
+        let files_before = read_all(dev.clone()).unwrap_or_default();
+        let target = Target::Device(dev.clone());
+        let planned = match repair::plan(
+            &target,
+            CheckOptions::default(),
+            RepairOptions::default(),
+            &NoProgress,
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                failures.push(format!("case {case} ({what}): cannot check: {e}"));
+                continue;
+            }
+        };
+        let before_errors = planned.before.errors;
+        if before_errors == 0 {
+            // Some damage is invisible (a value equal to the right one).
+            continue;
+        }
+        let done = match repair::carry_out(&target, CheckOptions::default(), planned, &NoProgress) {
+            Ok(o) => o,
+            Err(e) => {
+                failures.push(format!("case {case} ({what}): repair failed: {e}"));
+                continue;
+            }
+        };
+        let e = per_kind.entry(kind).or_default();
+        e.0 += 1;
+        let Some(after) = done.after.as_ref() else {
+            failures.push(format!(
+                "case {case} ({what}): nothing repaired: {:?} / {:?}",
+                done.plan.refused,
+                done.plan
+                    .not_repairable
+                    .iter()
+                    .map(|u| &u.finding.message)
+                    .collect::<Vec<_>>()
+            ));
+            continue;
+        };
+        if after.errors > before_errors {
+            failures.push(format!(
+                "case {case} ({what}): {} errors after, {before_errors} before: {:?}",
+                after.errors,
+                error_set(after)
+            ));
+        }
+        if !after.is_clean() {
+            failures.push(format!(
+                "case {case} ({what}): not clean after the repair: {:?}",
+                error_set(after)
+            ));
+        } else {
+            e.1 += 1;
+        }
+        let files_after = read_all(dev.clone()).unwrap_or_default();
+        let lost = lost_files(&files_before, &files_after);
+        if !lost.is_empty() {
+            failures.push(format!(
+                "case {case} ({what}): files lost or changed: {lost:?}"
+            ));
+        }
+        if case % sample == 0 {
+            let p = tmp.path().join("sample.img");
+            let mut whole = vec![0u8; dev.size() as usize];
+            dev.read_at(0, &mut whole).unwrap();
+            std::fs::write(&p, &whole).unwrap();
+            drop(whole);
+            if let Err(m) = progs_clean(&p) {
+                failures.push(format!("case {case} ({what}): {m}"));
+            }
+            match LoopMount::new(&p, "ro") {
+                Ok(m) => {
+                    let n = std::fs::read_dir(m.path().join("a"))
+                        .map(|d| d.count())
+                        .unwrap_or(0);
+                    if n < 300 {
+                        failures.push(format!(
+                            "case {case} ({what}): kernel lists {n} entries in a/"
+                        ));
+                    }
+                }
+                Err(e) => failures.push(format!("case {case} ({what}): kernel mount: {e}")),
+            }
+            let _ = std::fs::remove_file(&p);
+        }
+    }
+    eprintln!("cases per kind (repaired, clean after): {per_kind:?}");
+    for k in KINDS {
+        assert!(
+            per_kind.get(&k).is_some_and(|(n, _)| *n > 0),
+            "no case of {k:?} was visible to the checker"
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} cases failed:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(40)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// The base image with one damage of each kind at once.
+fn damaged_everywhere(base: &Arc<Vec<u8>>) -> Arc<Vec<u8>> {
+    let dev = Arc::new(CrashDevice::from_shared(base.clone()));
+    let d: Arc<dyn BlockDevice> = dev.clone();
+    let targets = Targets::find(d.clone());
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    for kind in KINDS {
+        if kind == Kind::PrimarySuperblock {
+            continue;
+        }
+        damage(&d, &targets, kind, &mut rng);
+    }
+    Arc::new(dev.crash_image(|_| true))
+}
+
+#[test]
+fn repair_cut_at_every_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(base) = base_image(tmp.path()) else {
+        return;
+    };
+    let damaged = damaged_everywhere(&base);
+    let fresh = || -> Arc<CrashDevice> { Arc::new(CrashDevice::from_shared(damaged.clone())) };
+    let d0: Arc<dyn BlockDevice> = fresh();
+    let original = error_set(&check(&d0).expect("check damaged"));
+    assert!(original.len() >= 5, "too little damage: {original:?}");
+    let files = read_all(d0.clone()).expect("read damaged");
+    // How many writes a whole repair makes.
+    let count = {
+        let d = fresh();
+        let t = Target::Device(d.clone());
+        let p = repair::plan(
+            &t,
+            CheckOptions::default(),
+            RepairOptions::default(),
+            &NoProgress,
+        )
+        .unwrap();
+        let before = d.writes();
+        let o = repair::carry_out(&t, CheckOptions::default(), p, &NoProgress).unwrap();
+        assert!(
+            o.after.as_ref().is_some_and(|a| a.is_clean()),
+            "{:?}",
+            o.after.map(|a| error_set(&a))
+        );
+        d.writes() - before
+    };
+    assert!(count >= 4, "a repair of {count} writes");
+    let mut seed = 0x853c49e6748fea9bu64;
+    let mut outcomes = [0u32; 2];
+    for cut in 0..count {
+        let d = fresh();
+        let t = Target::Device(d.clone());
+        let p = repair::plan(
+            &t,
+            CheckOptions::default(),
+            RepairOptions::default(),
+            &NoProgress,
+        )
+        .unwrap();
+        d.fail_after_writes(Some(cut));
+        let img = t_open_writable(&d);
+        assert!(
+            repair::apply(img, &p.plan, &NoProgress).is_err(),
+            "cut {cut} of {count} should fail"
+        );
+        for variant in 0..4 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let s = seed;
+            let c: Arc<dyn BlockDevice> = Arc::new(match variant {
+                0 => d.crash_device(|_| false),
+                1 => d.crash_device(|_| true),
+                2 => d.crash_device(|i| (s >> (i % 64)) & 1 == 1),
+                _ => d.crash_device_torn(|i, j| (s >> ((i * 7 + j) % 64)) & 1 == 1),
+            });
+            let r = check(&c).unwrap_or_else(|| panic!("cut {cut} variant {variant}: unreadable"));
+            let got = error_set(&r);
+            if got.is_empty() {
+                outcomes[1] += 1;
+            } else {
+                assert_eq!(
+                    got, original,
+                    "cut {cut} variant {variant}: neither the original findings nor clean"
+                );
+                outcomes[0] += 1;
+                // The interrupted repair can simply be run again.
+                let t2 = Target::Device(c.clone());
+                let p2 = repair::plan(
+                    &t2,
+                    CheckOptions::default(),
+                    RepairOptions::default(),
+                    &NoProgress,
+                )
+                .unwrap();
+                let o2 = repair::carry_out(&t2, CheckOptions::default(), p2, &NoProgress).unwrap();
+                assert!(
+                    o2.after.is_some_and(|a| a.is_clean()),
+                    "cut {cut}: second repair"
+                );
+            }
+            assert!(
+                lost_files(&files, &read_all(c.clone()).unwrap_or_default()).is_empty(),
+                "cut {cut} variant {variant}: files changed"
+            );
+        }
+    }
+    eprintln!(
+        "{count} cut points: {} original, {} clean",
+        outcomes[0], outcomes[1]
+    );
+    assert!(outcomes[0] > 0 && outcomes[1] > 0);
+}
+
+fn t_open_writable(d: &Arc<CrashDevice>) -> btrkit_core::image::Image {
+    btrkit_core::image::Image::open(
+        d.clone(),
+        btrkit_core::image::OpenOptions {
+            writable: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn binary_dry_run_yes_and_exit_codes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(base) = base_image(tmp.path()) else {
+        return;
+    };
+    let damaged = damaged_everywhere(&base);
+    let img = tmp.path().join("d.img");
+    std::fs::write(&img, damaged.as_slice()).unwrap();
+    let digest = || sha(&img);
+    let d0 = digest();
+    // --dry-run: the plan, nothing written, exit 4 (errors found).
+    let r = run_fsck(&img, &["--repair", "--dry-run"], Duration::from_secs(120));
+    assert_eq!(r.code, 4, "{}", r.stderr);
+    let v = r.json();
+    assert!(v["actions"].as_array().is_some_and(|a| a.len() >= 5), "{v}");
+    assert_eq!(v["committed"], false);
+    assert_eq!(digest(), d0, "--dry-run wrote to the image");
+    // No terminal and no --yes: refused, nothing written.
+    let r = run_fsck(&img, &["--repair"], Duration::from_secs(120));
+    assert_eq!(r.code, 16, "{}", r.stderr);
+    assert!(r.stderr.contains("--yes"), "{}", r.stderr);
+    assert_eq!(digest(), d0);
+    // --yes: repaired, exit 1, then clean (exit 0) to btrkit and btrfs check.
+    let r = run_fsck(&img, &["--repair", "--yes"], Duration::from_secs(120));
+    assert_eq!(r.code, 1, "{} {}", r.stdout, r.stderr);
+    let v = r.json();
+    assert_eq!(v["committed"], true);
+    assert_eq!(v["clean_after"], true);
+    assert!(v["changes"].as_array().is_some_and(|c| !c.is_empty()));
+    assert_eq!(run_fsck(&img, &[], Duration::from_secs(60)).code, 0);
+    progs_clean(&img).unwrap();
+    // Nothing left to do: exit 0, nothing written.
+    let d1 = digest();
+    let r = run_fsck(&img, &["--repair", "--yes"], Duration::from_secs(60));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(digest(), d1);
+    let m = LoopMount::new(&img, "").expect("mount repaired");
+    assert!(m.path().join("a/f300").exists());
+    drop(m);
+    // A bad option value is a usage error.
+    let r = run_fsck(
+        &img,
+        &["--repair", "--clear-space-cache", "v3"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.code, 16);
+    let r = run_fsck(&img, &["--dry-run"], Duration::from_secs(60));
+    assert_eq!(r.code, 16, "--dry-run without --repair");
+}
+
+fn sha(p: &Path) -> String {
+    let o = std::process::Command::new("sha256sum")
+        .arg(p)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .split(' ')
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
