@@ -4,7 +4,7 @@
 //! lists are sorted and merged: every extent must be referenced exactly as
 //! its item says.
 
-use super::findings::F;
+use super::findings::{Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::extent::{extent_data_ref_hash, InlineRef};
@@ -427,11 +427,17 @@ pub(super) fn check(cx: &mut Ctx) {
             );
         }
         if r.generation > gen.saturating_add(1) {
-            cx.report(F::err(P, "extent-generation").tree(2).at(b).msg(format!(
-                "invalid generation {} for extent {b}, expected (0, {}]",
-                r.generation,
-                gen.saturating_add(1)
-            )));
+            cx.report(
+                F::err(P, "extent-generation")
+                    .tree(2)
+                    .at(b)
+                    .fix(Repair::ExtentGeneration { bytenr: b })
+                    .msg(format!(
+                        "invalid generation {} for extent {b}, expected (0, {}]",
+                        r.generation,
+                        gen.saturating_add(1)
+                    )),
+            );
         }
         let is_tree = r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0;
         let is_data = r.flags & BTRFS_EXTENT_FLAG_DATA != 0;

@@ -130,6 +130,114 @@ pub enum Repair {
         /// The inode number.
         ino: u64,
     },
+    /// Re-add a directory's DIR_ITEM for a name its DIR_INDEX (or none)
+    /// and the inode's back reference record: name, type and location from
+    /// the back reference with index `index`.
+    AddDirItem {
+        /// The subvolume tree.
+        tree: u64,
+        /// The directory.
+        dir: u64,
+        /// The inode named.
+        ino: u64,
+        /// The back reference's index.
+        index: u64,
+    },
+    /// Re-add a directory's DIR_INDEX at `index` for a name its DIR_ITEM
+    /// and the inode's back reference (with that index) record.
+    AddDirIndex {
+        /// The subvolume tree.
+        tree: u64,
+        /// The directory.
+        dir: u64,
+        /// The inode named.
+        ino: u64,
+        /// The back reference's index.
+        index: u64,
+    },
+    /// Re-add an inode's back reference for a name its directory's
+    /// DIR_ITEM and DIR_INDEX `index` both record.
+    AddInodeRef {
+        /// The subvolume tree.
+        tree: u64,
+        /// The directory.
+        dir: u64,
+        /// The inode named.
+        ino: u64,
+        /// The DIR_INDEX's index.
+        index: u64,
+    },
+    /// Remove the entries naming `ino` from a directory's DIR_ITEM or
+    /// DIR_INDEX item (keyed `dir`, `key_type`, `offset`): a name of an
+    /// inode that does not exist, or one no back reference confirms while
+    /// the inode's confirmed names are elsewhere.
+    RemoveDirEntry {
+        /// The subvolume tree.
+        tree: u64,
+        /// The directory.
+        dir: u64,
+        /// The inode the entry names.
+        ino: u64,
+        /// DIR_ITEM or DIR_INDEX.
+        key_type: u8,
+        /// The item's key offset (name hash or index).
+        offset: u64,
+    },
+    /// Give an inode no name refers to a name in `/lost+found` of its
+    /// subvolume (made when missing), called by its inode number, as
+    /// btrfs check does.
+    LinkToLostFound {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode.
+        ino: u64,
+    },
+    /// Remove the items of the removed inode cache (objectids FREE_INO and
+    /// FREE_SPACE of a subvolume tree) and their data
+    /// (`btrfs check --clear-ino-cache`).
+    ClearInodeCache {
+        /// The subvolume tree.
+        tree: u64,
+    },
+    /// Set an uncompressed inline extent's ram_bytes to the bytes it holds.
+    InlineRamBytes {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode.
+        ino: u64,
+    },
+    /// Make the inode item of an inode whose other items exist: its type
+    /// from a directory entry naming it (or its items), its size, nbytes
+    /// and link count from its extents, entries and names; mode 0755 for
+    /// a directory, 0644 otherwise, owner root (as btrfs check does).
+    RecreateInodeItem {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode.
+        ino: u64,
+    },
+    /// Cover the gaps between a file's extents (up to its size) with hole
+    /// items, as a filesystem without no-holes must.
+    FileHoles {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode.
+        ino: u64,
+    },
+    /// Bring an inode's generation and transid from the future back to
+    /// the repair's transaction.
+    InodeGeneration {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode.
+        ino: u64,
+    },
+    /// Bring an extent item's generation from the future back to the
+    /// repair's transaction.
+    ExtentGeneration {
+        /// The extent's start.
+        bytenr: u64,
+    },
     /// Recount every quota group from the extent tree (a rescan).
     RecountQgroups,
     /// Rebuild the checksum tree from the data (`--init-csum-tree`: only on
@@ -148,7 +256,18 @@ impl Repair {
             Repair::SetNlink { .. }
             | Repair::SetSize { .. }
             | Repair::SetNbytes { .. }
-            | Repair::DeleteUnlinkedInode { .. } => "inode",
+            | Repair::DeleteUnlinkedInode { .. }
+            | Repair::InlineRamBytes { .. }
+            | Repair::RecreateInodeItem { .. }
+            | Repair::FileHoles { .. }
+            | Repair::InodeGeneration { .. }
+            | Repair::ClearInodeCache { .. } => "inode",
+            Repair::ExtentGeneration { .. } => "extents",
+            Repair::AddDirItem { .. }
+            | Repair::AddDirIndex { .. }
+            | Repair::AddInodeRef { .. }
+            | Repair::RemoveDirEntry { .. }
+            | Repair::LinkToLostFound { .. } => "names",
             Repair::RecountQgroups => "qgroups",
             Repair::RebuildCsumTree => "checksums",
         }
@@ -179,6 +298,40 @@ impl Repair {
             }
             Repair::DeleteUnlinkedInode { tree, ino } => {
                 format!("delete inode {ino} (tree {tree}), which has no links, with its data")
+            }
+            Repair::AddDirItem { tree, dir, ino, index } => format!(
+                "re-add the DIR_ITEM in directory {dir} (tree {tree}) for inode {ino}, from its back reference {index}"
+            ),
+            Repair::AddDirIndex { tree, dir, ino, index } => format!(
+                "re-add DIR_INDEX {index} in directory {dir} (tree {tree}) for inode {ino}, from its back reference"
+            ),
+            Repair::AddInodeRef { tree, dir, ino, index } => format!(
+                "re-add the back reference of inode {ino} (tree {tree}) for its name at index {index} in directory {dir}"
+            ),
+            Repair::RemoveDirEntry { tree, dir, ino, key_type, offset } => format!(
+                "remove the {} {offset} entry for inode {ino} from directory {dir} (tree {tree})",
+                if *key_type == crate::format::consts::BTRFS_DIR_INDEX_KEY { "DIR_INDEX" } else { "DIR_ITEM" }
+            ),
+            Repair::LinkToLostFound { tree, ino } => {
+                format!("link inode {ino} (tree {tree}), which no name reaches, into lost+found")
+            }
+            Repair::ClearInodeCache { tree } => {
+                format!("remove the inode cache of tree {tree}")
+            }
+            Repair::InlineRamBytes { tree, ino } => {
+                format!("set the inline extent ram_bytes of inode {ino} (tree {tree}) to its length")
+            }
+            Repair::RecreateInodeItem { tree, ino } => {
+                format!("make the missing inode item of inode {ino} (tree {tree}) from its other items")
+            }
+            Repair::FileHoles { tree, ino } => {
+                format!("add hole items for the gaps in the extents of inode {ino} (tree {tree})")
+            }
+            Repair::InodeGeneration { tree, ino } => format!(
+                "set the future generation/transid of inode {ino} (tree {tree}) to the repair's"
+            ),
+            Repair::ExtentGeneration { bytenr } => {
+                format!("set the future generation of extent {bytenr} to the repair's")
             }
             Repair::RecountQgroups => "recount every quota group".into(),
             Repair::RebuildCsumTree => "rebuild the checksum tree from the data".into(),

@@ -71,9 +71,13 @@ pub(crate) struct FsTree {
     no_holes: bool,
     link_checks: bool,
     cur: Cur,
-    /// (inode, mode, nlink), in key order (sorted again at the end should a
-    /// damaged tree deliver them out of order).
-    inodes: Vec<(u64, u32, u32)>,
+    /// (inode, mode, nlink, names its back references record), in key
+    /// order (sorted again at the end should a damaged tree deliver them
+    /// out of order).
+    inodes: Vec<(u64, u32, u32, u32)>,
+    /// Inodes with a link count and no back reference: named in
+    /// lost+found unless a directory entry still reaches them.
+    unnamed: Vec<(u64, u32)>,
     names: Vec<NameRec>,
     orphans: HashSet<u64>,
     unlinked: Vec<u64>,
@@ -109,6 +113,7 @@ impl FsTree {
             names: Vec::new(),
             orphans: HashSet::new(),
             unlinked: Vec::new(),
+            unnamed: Vec::new(),
             subvol_dirents: Vec::new(),
             lost: false,
             inodes_checked: 0,
@@ -164,6 +169,7 @@ impl FsTree {
                 self.err("inode-cache")
                     .at(bytenr)
                     .key(k)
+                    .fix(Repair::ClearInodeCache { tree: self.root })
                     .msg("deprecated inode cache item (mount option inode_cache was removed)"),
             );
             return;
@@ -228,13 +234,21 @@ impl FsTree {
                         )));
                 }
                 if ii.generation.get() > gen_limit || ii.transid.get() > gen_limit {
-                    self.out
-                        .push(self.err("inode-generation").at(bytenr).key(k).msg(format!(
+                    self.out.push(
+                        self.err("inode-generation")
+                            .at(bytenr)
+                            .key(k)
+                            .fix(Repair::InodeGeneration {
+                                tree: self.root,
+                                ino,
+                            })
+                            .msg(format!(
                             "inode {ino} generation {} / transid {} newer than the filesystem ({})",
                             ii.generation.get(),
                             ii.transid.get(),
                             self.gen
-                        )));
+                        )),
+                    );
                 }
                 // Low 32 bits: inode flags; high 32 bits: read-only compat flags (verity).
                 let flags = ii.flags.get();
@@ -268,7 +282,7 @@ impl FsTree {
                     flags: ii.flags.get(),
                 };
                 self.cur.item = Some(f);
-                self.inodes.push((ino, mode, f.nlink));
+                self.inodes.push((ino, mode, f.nlink, 0));
             }
             ItemBody::InodeRef(v) => {
                 for e in v {
@@ -326,14 +340,29 @@ impl FsTree {
                 let mut seen_names: Vec<&[u8]> = Vec::new();
                 for e in &v {
                     let h = name_hash(e.name);
-                    if !is_index && h != k.offset {
-                        self.out
-                            .push(self.err("name").at(bytenr).key(k).msg(format!(
-                                "{} '{}' hash 0x{h:x} does not match key offset 0x{:x}",
-                                if is_xattr { "xattr" } else { "dir item" },
-                                String::from_utf8_lossy(e.name),
-                                k.offset
-                            )));
+                    let misfiled = !is_index && h != k.offset;
+                    if misfiled {
+                        // The entry is under another name's hash: no
+                        // lookup finds it. It goes; the name is re-added
+                        // where it belongs when its other records agree
+                        // (it does not count as this name's DIR_ITEM).
+                        let loc = Key::from(&e.item.location);
+                        let mut f = self.err("name").at(bytenr).key(k);
+                        if !is_xattr && loc.ty == BTRFS_INODE_ITEM_KEY {
+                            f = f.fix(Repair::RemoveDirEntry {
+                                tree: self.root,
+                                dir: ino,
+                                ino: loc.objectid,
+                                key_type: BTRFS_DIR_ITEM_KEY,
+                                offset: k.offset,
+                            });
+                        }
+                        self.out.push(f.msg(format!(
+                            "{} '{}' hash 0x{h:x} does not match key offset 0x{:x}",
+                            if is_xattr { "xattr" } else { "dir item" },
+                            String::from_utf8_lossy(e.name),
+                            k.offset
+                        )));
                     }
                     if e.name.is_empty() {
                         self.out
@@ -362,6 +391,7 @@ impl FsTree {
                             )));
                     }
                     match loc.ty {
+                        BTRFS_INODE_ITEM_KEY if misfiled => {}
                         BTRFS_INODE_ITEM_KEY => self.names.push(NameRec {
                             parent: ino,
                             child: loc.objectid,
@@ -399,6 +429,7 @@ impl FsTree {
         let c = &mut self.cur;
         c.extents += 1;
         let mut bad = Vec::<String>::new();
+        let mut fix = None;
         if c.extent_start.is_none() {
             c.extent_start = Some(k.offset);
             c.extent_end = k.offset;
@@ -442,6 +473,17 @@ impl FsTree {
                             "inline extent holds {} bytes but ram_bytes says {ram}",
                             data.len()
                         ));
+                    }
+                    // Uncompressed, the bytes held are the truth.
+                    if data.len() as u64 != ram
+                        && !data.is_empty()
+                        && data.len() as u64 <= max_inline
+                        && k.offset == 0
+                    {
+                        fix = Some(Repair::InlineRamBytes {
+                            tree: self.root,
+                            ino: k.objectid,
+                        });
                     }
                 }
                 if k.offset != 0 {
@@ -520,12 +562,11 @@ impl FsTree {
         }
         c.extent_end = k.offset.saturating_add(num_bytes);
         for m in bad {
-            self.out.push(
-                self.err("file-extent")
-                    .at(bytenr)
-                    .key(k)
-                    .msg(format!("inode {}: {m}", k.objectid)),
-            );
+            let mut e = self.err("file-extent").at(bytenr).key(k);
+            if let Some(r) = &fix {
+                e = e.fix(r.clone());
+            }
+            self.out.push(e.msg(format!("inode {}: {m}", k.objectid)));
         }
     }
 
@@ -541,6 +582,10 @@ impl FsTree {
                 self.out.push(
                     self.err("inode")
                         .opt_key(c.first_key)
+                        .fix(Repair::RecreateInodeItem {
+                            tree: self.root,
+                            ino,
+                        })
                         .msg(format!("inode {ino} has items but no inode item")),
                 );
             }
@@ -594,7 +639,7 @@ impl FsTree {
                         "file extents do not cover the file (size {}): missing extent or hole item",
                         f.size
                     ),
-                    None,
+                    (!self.lost).then_some(Repair::FileHoles { tree, ino }),
                 ));
             }
         }
@@ -602,10 +647,15 @@ impl FsTree {
             if f.nlink == 0 {
                 self.unlinked.push(ino);
             }
-            if c.refs != f.nlink && !self.lost {
-                // The names are the truth when there are any; an inode
-                // with none but a link count needs a name (lost+found),
-                // which is not a count's repair.
+            if let Some(last) = self.inodes.last_mut().filter(|i| i.0 == ino) {
+                last.3 = c.refs;
+            }
+            if c.refs == 0 && f.nlink > 0 && !self.lost {
+                // Reported once the names are matched: a directory entry
+                // may still reach it.
+                self.unnamed.push((ino, f.nlink));
+            } else if c.refs != f.nlink && !self.lost {
+                // The names are the truth when there are any.
                 errs.push((
                     format!("link count {} but {} names refer to it", f.nlink, c.refs),
                     (c.refs > 0).then_some(Repair::SetNlink {
@@ -627,10 +677,15 @@ impl FsTree {
 
     /// (mode, nlink) of an inode of this tree (after `finish` sorted them).
     fn inode(&self, ino: u64) -> Option<(u32, u32)> {
+        self.inode_refs(ino).map(|(m, n, _)| (m, n))
+    }
+
+    /// (mode, nlink, back references) of an inode of this tree.
+    fn inode_refs(&self, ino: u64) -> Option<(u32, u32, u32)> {
         self.inodes
             .binary_search_by_key(&ino, |i| i.0)
             .ok()
-            .map(|i| (self.inodes[i].1, self.inodes[i].2))
+            .map(|i| (self.inodes[i].1, self.inodes[i].2, self.inodes[i].3))
     }
 
     /// Everything left once the last leaf is in: the last inode, the root
@@ -695,6 +750,22 @@ impl FsTree {
                     }
                     out.push(e.msg(format!("inode {ino} has no links and no orphan item")));
                 }
+            }
+        }
+        let unnamed = std::mem::take(&mut self.unnamed);
+        if !unnamed.is_empty() {
+            let named: HashSet<u64> = self.names.iter().map(|n| n.child).collect();
+            for (ino, nlink) in unnamed {
+                let mut e = self.err("inode");
+                if !named.contains(&ino) {
+                    e = e.fix(Repair::LinkToLostFound {
+                        tree: self.root,
+                        ino,
+                    });
+                }
+                out.push(e.msg(format!(
+                    "inode {ino}: link count {nlink} but 0 names refer to it"
+                )));
             }
         }
         self.out.extend(out);
@@ -795,13 +866,116 @@ impl FsTree {
                     }
                 }
             }
-            for e in errs {
-                self.out.push(
-                    self.err("name")
-                        .msg(format!("name in directory {p} for inode {ch} {e}")),
-                );
+            let fixes = self.name_fixes(p, ch, item, &index, &iref);
+            for (i, e) in errs.into_iter().enumerate() {
+                let mut f = self.err("name");
+                // Every repair of the group rides on its first finding.
+                if i == 0 {
+                    for r in fixes.iter().skip(1) {
+                        self.out.push(
+                            self.err("name")
+                                .fix(r.clone())
+                                .msg(format!("name in directory {p} for inode {ch} (also)")),
+                        );
+                    }
+                    if let Some(r) = fixes.first() {
+                        f = f.fix(r.clone());
+                    }
+                }
+                self.out
+                    .push(f.msg(format!("name in directory {p} for inode {ch} {e}")));
             }
         }
+    }
+
+    /// What on disk determines about one name that its three records
+    /// (DIR_ITEM, DIR_INDEX, the inode's back reference) disagree on:
+    /// - a back reference is the truth when the inode and its directory
+    ///   exist: a missing DIR_ITEM or DIR_INDEX is re-added from it;
+    /// - entries naming an inode that does not exist are removed;
+    /// - entries no back reference confirms, naming an inode whose
+    ///   confirmed names are elsewhere, are removed (a corrupted name);
+    /// - an inode with no back reference at all, named by both a DIR_ITEM
+    ///   and a DIR_INDEX, gets its back reference back.
+    /// Anything else (two back references for one entry, an index that
+    /// disagrees) is left alone.
+    fn name_fixes(
+        &self,
+        p: u64,
+        ch: u64,
+        item: Option<NameRec>,
+        index: &[NameRec],
+        iref: &[NameRec],
+    ) -> Vec<Repair> {
+        let tree = self.root;
+        let mut out = Vec::new();
+        let parent_is_dir = self.inode(p).is_some_and(|(m, _)| m & S_IFMT == S_IFDIR);
+        let child = self.inode_refs(ch);
+        let remove_all = |out: &mut Vec<Repair>| {
+            if let Some(it) = item {
+                out.push(Repair::RemoveDirEntry {
+                    tree,
+                    dir: p,
+                    ino: ch,
+                    key_type: BTRFS_DIR_ITEM_KEY,
+                    offset: it.hash as u64,
+                });
+            }
+            for x in index {
+                out.push(Repair::RemoveDirEntry {
+                    tree,
+                    dir: p,
+                    ino: ch,
+                    key_type: BTRFS_DIR_INDEX_KEY,
+                    offset: x.index,
+                });
+            }
+        };
+        match child {
+            None => {
+                if iref.is_empty() {
+                    remove_all(&mut out);
+                }
+            }
+            Some(_) if !parent_is_dir => {}
+            Some(_) if iref.len() == 1 => {
+                let r = iref[0];
+                let index_ok = index.iter().all(|x| x.index == r.index);
+                if !index_ok || index.len() > 1 {
+                    return out;
+                }
+                if item.is_none() {
+                    out.push(Repair::AddDirItem {
+                        tree,
+                        dir: p,
+                        ino: ch,
+                        index: r.index,
+                    });
+                }
+                if index.is_empty() {
+                    out.push(Repair::AddDirIndex {
+                        tree,
+                        dir: p,
+                        ino: ch,
+                        index: r.index,
+                    });
+                }
+            }
+            Some((_, _, refs)) if iref.is_empty() => {
+                if refs > 0 {
+                    remove_all(&mut out);
+                } else if item.is_some() && index.len() == 1 {
+                    out.push(Repair::AddInodeRef {
+                        tree,
+                        dir: p,
+                        ino: ch,
+                        index: index[0].index,
+                    });
+                }
+            }
+            Some(_) => {}
+        }
+        out
     }
 }
 

@@ -22,7 +22,7 @@ use crate::image::{Image, OpenOptions};
 use crate::trans::{Store, TreeId};
 use crate::{Error, Result};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -183,19 +183,30 @@ impl Plan {
     }
 }
 
-/// Run order: sizes and inodes first (they change items the later steps
-/// recount from), then the caches that are derived from everything else.
+/// Run order: sizes first; then names (removals before additions, so an
+/// index a bogus entry held is free for the right one); then the counts
+/// that follow from names and extents; then the caches that are derived
+/// from everything else.
 fn order(r: &Repair) -> u8 {
     match r {
         Repair::RewriteSuperblocks => 0,
         Repair::DeviceSizes => 1,
-        Repair::SetNlink { .. } | Repair::SetSize { .. } | Repair::SetNbytes { .. } => 2,
-        Repair::DeleteUnlinkedInode { .. } => 3,
-        Repair::ClearSpaceCache => 4,
-        Repair::RebuildCsumTree => 5,
-        Repair::BlockGroupUsage => 6,
-        Repair::RebuildFreeSpaceTree => 7,
-        Repair::RecountQgroups => 8,
+        Repair::ClearInodeCache { .. } => 2,
+        Repair::RecreateInodeItem { .. } => 2,
+        Repair::InodeGeneration { .. } | Repair::ExtentGeneration { .. } => 2,
+        Repair::FileHoles { .. } => 7,
+        Repair::RemoveDirEntry { .. } => 3,
+        Repair::AddInodeRef { .. } => 4,
+        Repair::AddDirItem { .. } | Repair::AddDirIndex { .. } => 5,
+        Repair::LinkToLostFound { .. } => 6,
+        Repair::InlineRamBytes { .. } => 7,
+        Repair::SetNlink { .. } | Repair::SetSize { .. } | Repair::SetNbytes { .. } => 8,
+        Repair::DeleteUnlinkedInode { .. } => 9,
+        Repair::ClearSpaceCache => 10,
+        Repair::RebuildCsumTree => 11,
+        Repair::BlockGroupUsage => 12,
+        Repair::RebuildFreeSpaceTree => 13,
+        Repair::RecountQgroups => 14,
     }
 }
 
@@ -365,64 +376,519 @@ pub fn apply(img: Image, plan: &Plan, progress: &dyn Progress) -> Result<Vec<Str
         return Err(Error::Invalid(format!("repair refused: {r}")));
     }
     let mut st = Store::from_image(img)?;
-    let mut changes = Vec::new();
+    let mut run = Run {
+        st: &mut st,
+        dirs: BTreeSet::new(),
+        inodes: BTreeSet::new(),
+        changes: Vec::new(),
+    };
     for a in &plan.actions {
-        changes.extend(run(&mut st, &a.repair)?);
+        if order(&a.repair) >= 8 {
+            run.recount()?;
+        }
+        run.one(&a.repair)?;
         progress.advance(1);
     }
+    run.recount()?;
+    let changes = std::mem::take(&mut run.changes);
     st.commit()?;
     Ok(changes)
 }
 
-fn run(st: &mut Store, r: &Repair) -> Result<Vec<String>> {
-    let one = |s: String| Ok(vec![s]);
-    match *r {
-        Repair::RewriteSuperblocks => one("every superblock copy written by the commit".into()),
-        Repair::DeviceSizes => st.fix_device_sizes(),
-        Repair::SetNlink { tree, ino, nlink } => {
-            let mut old = 0;
-            let found = crate::fs::inode::modify_inode(st, tree, ino, |i| {
-                old = i.nlink.get();
-                i.nlink.set(nlink);
-            })?;
-            inode_change(found, tree, ino, format!("nlink {old} -> {nlink}"))
+/// The running repair: what it changed, and the directories and inodes
+/// whose names it changed (their sizes and link counts follow).
+struct Run<'a> {
+    st: &'a mut Store,
+    dirs: BTreeSet<(u64, u64)>,
+    inodes: BTreeSet<(u64, u64)>,
+    changes: Vec<String>,
+}
+
+impl Run<'_> {
+    /// Sizes of the directories and link counts of the inodes whose
+    /// names changed, from what they now hold.
+    fn recount(&mut self) -> Result<()> {
+        for (tree, dir) in std::mem::take(&mut self.dirs) {
+            self.set_size(tree, dir)?;
         }
-        Repair::SetSize { tree, ino, size } => {
-            let mut old = 0;
-            let found = crate::fs::inode::modify_inode(st, tree, ino, |i| {
-                old = i.size.get();
-                i.size.set(size);
-            })?;
-            inode_change(found, tree, ino, format!("size {old} -> {size}"))
+        for (tree, ino) in std::mem::take(&mut self.inodes) {
+            self.set_nlink(tree, ino)?;
         }
-        Repair::SetNbytes { tree, ino, nbytes } => {
-            let mut old = 0;
-            let found = crate::fs::inode::modify_inode(st, tree, ino, |i| {
-                old = i.nbytes.get();
-                i.nbytes.set(nbytes);
-            })?;
-            inode_change(found, tree, ino, format!("nbytes {old} -> {nbytes}"))
+        Ok(())
+    }
+
+    fn set_size(&mut self, tree: u64, dir: u64) -> Result<()> {
+        let size = crate::fs::names::dir_size_from_entries(self.st, tree, dir)?;
+        let mut old = 0;
+        let found = crate::fs::inode::modify_inode(self.st, tree, dir, |i| {
+            old = i.size.get();
+            i.size.set(size);
+        })?;
+        if found && old != size {
+            self.changes.push(format!(
+                "directory {dir} (tree {tree}): size {old} -> {size}"
+            ));
         }
-        Repair::DeleteUnlinkedInode { tree, ino } => {
-            crate::fs::extents::drop_inode_items(st, tree, ino)?;
-            one(format!("inode {ino} (tree {tree}): deleted with its data"))
+        Ok(())
+    }
+
+    /// The link count the names give: one per name, and one for a
+    /// directory that has any (a directory has no hard links).
+    fn set_nlink(&mut self, tree: u64, ino: u64) -> Result<()> {
+        let n = crate::fs::names::count_links(self.st, tree, ino)?;
+        if n == 0 {
+            return Ok(());
         }
-        Repair::ClearSpaceCache => clear_space_cache(st),
-        Repair::RebuildCsumTree => rebuild_csum_tree(st),
-        Repair::BlockGroupUsage => {
-            st.rewrite_block_groups();
-            one("block group items rewritten from the extent tree".into())
+        let (mut old, mut new) = (0, 0);
+        let found = crate::fs::inode::modify_inode(self.st, tree, ino, |i| {
+            old = i.nlink.get();
+            new = if crate::fs::inode::is_dir(i.mode.get()) {
+                1
+            } else {
+                n
+            };
+            i.nlink.set(new);
+        })?;
+        if found && old != new {
+            self.changes
+                .push(format!("inode {ino} (tree {tree}): nlink {old} -> {new}"));
         }
-        Repair::RebuildFreeSpaceTree => {
-            st.rebuild_free_space_tree()?;
-            st.rewrite_block_groups();
-            one("free space tree rebuilt".into())
+        Ok(())
+    }
+
+    fn one(&mut self, r: &Repair) -> Result<()> {
+        let transid = self.st.transid;
+        match *r {
+            Repair::RewriteSuperblocks => self
+                .changes
+                .push("every superblock copy written by the commit".into()),
+            Repair::DeviceSizes => {
+                let c = self.st.fix_device_sizes()?;
+                self.changes.extend(c);
+            }
+            Repair::SetNlink { tree, ino, .. } => self.set_nlink(tree, ino)?,
+            Repair::SetSize { tree, ino, .. } => self.set_size(tree, ino)?,
+            Repair::SetNbytes { tree, ino, .. } => {
+                let nbytes = crate::fs::extents::count_nbytes(self.st, tree, ino)?;
+                let mut old = 0;
+                let found = crate::fs::inode::modify_inode(self.st, tree, ino, |i| {
+                    old = i.nbytes.get();
+                    i.nbytes.set(nbytes);
+                })?;
+                self.changes.extend(inode_change(
+                    found,
+                    tree,
+                    ino,
+                    format!("nbytes {old} -> {nbytes}"),
+                )?);
+            }
+            Repair::DeleteUnlinkedInode { tree, ino } => {
+                crate::fs::extents::drop_inode_items(self.st, tree, ino)?;
+                self.changes
+                    .push(format!("inode {ino} (tree {tree}): deleted with its data"));
+            }
+            Repair::RemoveDirEntry {
+                tree,
+                dir,
+                ino,
+                key_type,
+                offset,
+            } => {
+                let k = Key::new(dir, key_type, offset);
+                let n = crate::fs::names::remove_dir_entries_of(self.st, tree, &k, ino)?;
+                if n > 0 {
+                    self.dirs.insert((tree, dir));
+                    self.inodes.insert((tree, ino));
+                    self.changes.push(format!(
+                        "directory {dir} (tree {tree}): removed {} for inode {ino}",
+                        crate::format::names::key_string(&k)
+                    ));
+                }
+            }
+            Repair::AddDirItem {
+                tree,
+                dir,
+                ino,
+                index,
+            }
+            | Repair::AddDirIndex {
+                tree,
+                dir,
+                ino,
+                index,
+            } => {
+                let names = crate::fs::names::links_in(self.st, tree, ino, dir)?;
+                let Some((_, name)) = names.into_iter().find(|(i, _)| *i == index) else {
+                    return Err(Error::Invalid(format!(
+                        "inode {ino} (tree {tree}) has no back reference {index} in directory {dir}"
+                    )));
+                };
+                let mode = inode_mode(self.st, tree, ino)?;
+                let which = matches!(r, Repair::AddDirIndex { .. }).then_some(index);
+                crate::fs::names::add_dir_entry(
+                    self.st,
+                    tree,
+                    dir,
+                    Key::new(ino, BTRFS_INODE_ITEM_KEY, 0),
+                    &name,
+                    crate::fs::inode::ftype_of_mode(mode),
+                    which,
+                    transid,
+                )?;
+                self.dirs.insert((tree, dir));
+                self.changes.push(format!(
+                    "directory {dir} (tree {tree}): {} for '{}' (inode {ino}) re-added",
+                    if which.is_some() {
+                        "DIR_INDEX"
+                    } else {
+                        "DIR_ITEM"
+                    },
+                    String::from_utf8_lossy(&name)
+                ));
+            }
+            Repair::AddInodeRef {
+                tree,
+                dir,
+                ino,
+                index,
+            } => {
+                let Some((name, loc, _)) =
+                    crate::fs::names::index_entry(self.st, tree, dir, index)?
+                else {
+                    return Err(Error::Invalid(format!(
+                        "directory {dir} (tree {tree}) has no DIR_INDEX {index}"
+                    )));
+                };
+                if loc.objectid != ino {
+                    return Err(Error::Invalid(format!(
+                        "DIR_INDEX {index} of directory {dir} names inode {}, not {ino}",
+                        loc.objectid
+                    )));
+                }
+                crate::fs::names::add_backref(self.st, tree, ino, dir, &name, index)?;
+                self.inodes.insert((tree, ino));
+                self.changes.push(format!(
+                    "inode {ino} (tree {tree}): back reference '{}' in directory {dir} re-added",
+                    String::from_utf8_lossy(&name)
+                ));
+            }
+            Repair::LinkToLostFound { tree, ino } => {
+                let lf = lost_found(self.st, tree)?;
+                let mode = inode_mode(self.st, tree, ino)?;
+                let mut name = ino.to_string().into_bytes();
+                let mut n = 0;
+                while crate::fs::names::lookup_name(self.st, tree, lf, &name)?.is_some() {
+                    n += 1;
+                    name = format!("{ino}.{n}").into_bytes();
+                }
+                let index = crate::fs::names::next_dir_index(self.st, tree, lf)?;
+                crate::fs::names::add_name(
+                    self.st,
+                    tree,
+                    lf,
+                    Key::new(ino, BTRFS_INODE_ITEM_KEY, 0),
+                    &name,
+                    crate::fs::inode::ftype_of_mode(mode),
+                    index,
+                    transid,
+                )?;
+                self.set_nlink(tree, ino)?;
+                self.changes.push(format!(
+                    "inode {ino} (tree {tree}): linked as lost+found/{}",
+                    String::from_utf8_lossy(&name)
+                ));
+            }
+            Repair::ClearInodeCache { tree } => {
+                let mut n = 0;
+                for obj in [BTRFS_FREE_INO_OBJECTID, BTRFS_FREE_SPACE_OBJECTID] {
+                    n += drop_object(self.st, TreeId::Tree(tree), tree, obj)?;
+                }
+                self.changes
+                    .push(format!("tree {tree}: {n} inode cache items removed"));
+            }
+            Repair::InlineRamBytes { tree, ino } => {
+                let t = TreeId::Tree(tree);
+                let k = Key::new(ino, BTRFS_EXTENT_DATA_KEY, 0);
+                if let Some(mut d) = self.st.lookup(t, &k)? {
+                    // btrfs_file_extent_item: generation (8), ram_bytes (8),
+                    // compression (1), encryption (1), other_encoding (2),
+                    // type (1) at 20; inline data from 21.
+                    if d.len() > 21 && d[16] == 0 && d[20] == BTRFS_FILE_EXTENT_INLINE {
+                        let len = (d.len() - 21) as u64;
+                        let old = u64::from_le_bytes(d[8..16].try_into().unwrap_or([0; 8]));
+                        d[8..16].copy_from_slice(&len.to_le_bytes());
+                        self.st.update_item(t, &k, &d)?;
+                        self.changes.push(format!(
+                            "inode {ino} (tree {tree}): inline ram_bytes {old} -> {len}"
+                        ));
+                    }
+                }
+            }
+            Repair::RecreateInodeItem { tree, ino } => {
+                let c = recreate_inode_item(self.st, tree, ino)?;
+                self.changes.push(c);
+            }
+            Repair::FileHoles { tree, ino } => {
+                let n = fill_file_holes(self.st, tree, ino)?;
+                self.changes
+                    .push(format!("inode {ino} (tree {tree}): {n} holes covered"));
+            }
+            Repair::InodeGeneration { tree, ino } => {
+                let mut old = (0, 0);
+                let found = crate::fs::inode::modify_inode(self.st, tree, ino, |i| {
+                    old = (i.generation.get(), i.transid.get());
+                    i.generation.set(old.0.min(transid));
+                    i.transid.set(old.1.min(transid));
+                })?;
+                self.changes.extend(inode_change(
+                    found,
+                    tree,
+                    ino,
+                    format!(
+                        "generation/transid {}/{} -> at most {transid}",
+                        old.0, old.1
+                    ),
+                )?);
+            }
+            Repair::ExtentGeneration { bytenr } => {
+                const EXTENT: u64 = BTRFS_EXTENT_TREE_OBJECTID;
+                let items = self.st.items_in(
+                    EXTENT,
+                    Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, 0),
+                    Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, u64::MAX),
+                )?;
+                for (k, mut d) in items {
+                    if !matches!(k.ty, BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY)
+                        || d.len() < 16
+                    {
+                        continue;
+                    }
+                    // btrfs_extent_item: refs (8), generation (8), flags (8).
+                    let old = u64::from_le_bytes(d[8..16].try_into().unwrap_or([0; 8]));
+                    if old > transid {
+                        d[8..16].copy_from_slice(&transid.to_le_bytes());
+                        self.st.update_item(EXTENT, &k, &d)?;
+                        self.changes
+                            .push(format!("extent {bytenr}: generation {old} -> {transid}"));
+                    }
+                }
+            }
+            Repair::ClearSpaceCache => {
+                let c = clear_space_cache(self.st)?;
+                self.changes.extend(c);
+            }
+            Repair::RebuildCsumTree => {
+                let c = rebuild_csum_tree(self.st)?;
+                self.changes.extend(c);
+            }
+            Repair::BlockGroupUsage => {
+                self.st.rewrite_block_groups();
+                self.changes
+                    .push("block group items rewritten from the extent tree".into());
+            }
+            Repair::RebuildFreeSpaceTree => {
+                self.st.rebuild_free_space_tree()?;
+                self.st.rewrite_block_groups();
+                self.changes.push("free space tree rebuilt".into());
+            }
+            Repair::RecountQgroups => {
+                self.st.quota_rescan()?;
+                self.changes.push("quota groups recounted".into());
+            }
         }
-        Repair::RecountQgroups => {
-            st.quota_rescan()?;
-            one("quota groups recounted".into())
+        Ok(())
+    }
+}
+
+/// See [`Repair::RecreateInodeItem`].
+fn recreate_inode_item(st: &mut Store, tree: u64, ino: u64) -> Result<String> {
+    use crate::fs::inode::{S_IFDIR, S_IFLNK, S_IFREG};
+    let t = TreeId::Tree(tree);
+    let mut ftype = None;
+    for l in crate::fs::names::links_of(st, tree, ino)? {
+        if let Some((loc, ft)) = crate::fs::names::lookup_name(st, tree, l.parent, &l.name)? {
+            if loc.objectid == ino {
+                ftype = Some(ft);
+                break;
+            }
         }
     }
+    let entries = !st
+        .items_in(
+            t,
+            Key::new(ino, BTRFS_DIR_ITEM_KEY, 0),
+            Key::new(ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
+        )?
+        .is_empty();
+    let ftype = ftype.unwrap_or(if entries {
+        BTRFS_FT_DIR
+    } else {
+        BTRFS_FT_REG_FILE
+    });
+    let mode = match ftype {
+        BTRFS_FT_DIR => S_IFDIR | 0o755,
+        BTRFS_FT_SYMLINK => S_IFLNK | 0o777,
+        BTRFS_FT_CHRDEV => libc::S_IFCHR | 0o644,
+        BTRFS_FT_BLKDEV => libc::S_IFBLK | 0o644,
+        BTRFS_FT_FIFO => libc::S_IFIFO | 0o644,
+        BTRFS_FT_SOCK => libc::S_IFSOCK | 0o644,
+        _ => S_IFREG | 0o644,
+    };
+    let ss = st.sectorsize() as u64;
+    let size = if ftype == BTRFS_FT_DIR {
+        crate::fs::names::dir_size_from_entries(st, tree, ino)?
+    } else {
+        let mut end = 0;
+        for (k, d) in st.items_in(
+            t,
+            crate::fs::extents::extent_key(ino, 0),
+            crate::fs::extents::extent_key(ino, u64::MAX),
+        )? {
+            end = end.max(match crate::format::file_extent::parse_file_extent(&d) {
+                Ok(FileExtent::Inline { head, .. }) => k.offset + head.ram_bytes.get(),
+                _ => crate::fs::extents::extent_span(ss, k.offset, &d).map_or(0, |(_, e)| e),
+            });
+        }
+        end
+    };
+    let nbytes = crate::fs::extents::count_nbytes(st, tree, ino)?;
+    let links = crate::fs::names::count_links(st, tree, ino)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut item = crate::fs::inode::new_inode_item(
+        mode,
+        0,
+        0,
+        0,
+        crate::format::inode::now_ts(now),
+        st.transid,
+    );
+    item.size.set(size);
+    item.nbytes.set(nbytes);
+    item.nlink.set(if ftype == BTRFS_FT_DIR {
+        1
+    } else {
+        links.max(1)
+    });
+    crate::fs::inode::put_inode(st, tree, ino, &item)?;
+    Ok(format!(
+        "inode {ino} (tree {tree}): inode item made (mode 0{mode:o}, size {size}, nbytes {nbytes}, nlink {})",
+        item.nlink.get()
+    ))
+}
+
+/// See [`Repair::FileHoles`]. Returns how many gaps were covered.
+fn fill_file_holes(st: &mut Store, tree: u64, ino: u64) -> Result<u64> {
+    let Some(inode) = crate::fs::inode::get_inode(st, tree, ino)? else {
+        return Ok(0);
+    };
+    let ss = st.sectorsize() as u64;
+    let end = inode.size.get().div_ceil(ss) * ss;
+    let mut gaps = Vec::new();
+    let mut at = 0u64;
+    for (k, d) in st.items_in(
+        TreeId::Tree(tree),
+        crate::fs::extents::extent_key(ino, 0),
+        crate::fs::extents::extent_key(ino, u64::MAX),
+    )? {
+        if k.offset > at {
+            gaps.push((at, k.offset.min(end)));
+        }
+        if let Some((_, e)) = crate::fs::extents::extent_span(ss, k.offset, &d) {
+            at = at.max(e);
+        }
+    }
+    if at < end {
+        gaps.push((at, end));
+    }
+    let transid = st.transid;
+    let mut n = 0;
+    for (a, b) in gaps {
+        if a < b {
+            crate::fs::extents::fill_hole(st, tree, ino, a, b, transid)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+fn inode_mode(st: &mut Store, tree: u64, ino: u64) -> Result<u32> {
+    crate::fs::inode::get_inode(st, tree, ino)?
+        .map(|i| i.mode.get())
+        .ok_or_else(|| Error::Invalid(format!("inode {ino} of tree {tree} has no inode item")))
+}
+
+/// The subvolume's `/lost+found`, made (mode 0700, as btrfs check makes
+/// it) when missing.
+fn lost_found(st: &mut Store, tree: u64) -> Result<u64> {
+    let root_dir = BTRFS_FIRST_FREE_OBJECTID;
+    if let Some((loc, _)) = crate::fs::names::lookup_name(st, tree, root_dir, b"lost+found")? {
+        return Ok(loc.objectid);
+    }
+    let hi = Key::new(BTRFS_LAST_FREE_OBJECTID, u8::MAX, u64::MAX);
+    let lo = Key::new(BTRFS_FIRST_FREE_OBJECTID, 0, 0);
+    let ino = match st.prev_item(TreeId::Tree(tree), &hi, &lo)? {
+        Some((k, _)) => k.objectid + 1,
+        None => BTRFS_FIRST_FREE_OBJECTID + 1,
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let item = crate::fs::inode::new_inode_item(
+        crate::fs::inode::S_IFDIR | 0o700,
+        0,
+        0,
+        0,
+        crate::format::inode::now_ts(now),
+        st.transid,
+    );
+    crate::fs::inode::put_inode(st, tree, ino, &item)?;
+    let index = crate::fs::names::next_dir_index(st, tree, root_dir)?;
+    let transid = st.transid;
+    crate::fs::names::add_name(
+        st,
+        tree,
+        root_dir,
+        Key::new(ino, BTRFS_INODE_ITEM_KEY, 0),
+        b"lost+found",
+        BTRFS_FT_DIR,
+        index,
+        transid,
+    )?;
+    Ok(ino)
+}
+
+/// Delete every item of `objectid` in `tree`, dropping the data
+/// references of its file extents (owned by `root`). Returns how many.
+fn drop_object(st: &mut Store, tree: TreeId, root: u64, objectid: u64) -> Result<usize> {
+    let items = st.items_in(
+        tree,
+        Key::new(objectid, 0, 0),
+        Key::new(objectid, u8::MAX, u64::MAX),
+    )?;
+    let n = items.len();
+    for (ik, d) in items {
+        st.delete_item(tree, &ik)?;
+        if ik.ty != BTRFS_EXTENT_DATA_KEY {
+            continue;
+        }
+        if let Ok(FileExtent::Disk { item, .. }) = crate::format::file_extent::parse_file_extent(&d)
+        {
+            let b = item.disk_bytenr.get();
+            if b != 0 {
+                st.queue_data_ref(
+                    b,
+                    item.disk_num_bytes.get(),
+                    crate::fs::extents::data_backref(root, objectid, ik.offset, item),
+                    -1,
+                );
+            }
+        }
+    }
+    Ok(n)
 }
 
 fn inode_change(found: bool, tree: u64, ino: u64, what: String) -> Result<Vec<String>> {
@@ -442,37 +908,8 @@ fn clear_space_cache(st: &mut Store) -> Result<Vec<String>> {
     let n = headers.len();
     for (k, ino) in headers {
         st.delete_item(TreeId::Root, &k)?;
-        if ino < BTRFS_FIRST_FREE_OBJECTID {
-            continue;
-        }
-        let items = st.items_in(
-            TreeId::Root,
-            Key::new(ino, 0, 0),
-            Key::new(ino, u8::MAX, u64::MAX),
-        )?;
-        for (ik, d) in items {
-            st.delete_item(TreeId::Root, &ik)?;
-            if ik.ty != BTRFS_EXTENT_DATA_KEY {
-                continue;
-            }
-            if let Ok(FileExtent::Disk { item, .. }) =
-                crate::format::file_extent::parse_file_extent(&d)
-            {
-                let b = item.disk_bytenr.get();
-                if b != 0 {
-                    st.queue_data_ref(
-                        b,
-                        item.disk_num_bytes.get(),
-                        crate::fs::extents::data_backref(
-                            BTRFS_ROOT_TREE_OBJECTID,
-                            ino,
-                            ik.offset,
-                            item,
-                        ),
-                        -1,
-                    );
-                }
-            }
+        if ino >= BTRFS_FIRST_FREE_OBJECTID {
+            drop_object(st, TreeId::Root, BTRFS_ROOT_TREE_OBJECTID, ino)?;
         }
     }
     st.sb.cache_generation.set(u64::MAX);

@@ -346,7 +346,8 @@ pub fn add_name_with(
 
 /// The inode's back reference for a new name: packed into its INODE_REF
 /// for this parent, or an INODE_EXTREF once that item would not fit a leaf.
-fn add_backref(
+/// (Public for fsck's repair, which re-adds a lost one.)
+pub fn add_backref(
     st: &mut Store,
     subvol: u64,
     ino: u64,
@@ -494,4 +495,101 @@ pub fn unlink(
         put_inode(st, subvol, dir, &p)?;
     }
     Ok((ino, nlink, index))
+}
+
+/// One directory entry item (the DIR_ITEM when `index` is None, else the
+/// DIR_INDEX at `index`) for a name whose other records exist: what a
+/// repair re-adds. The directory's size is the caller's (see
+/// [`dir_size_from_entries`]).
+#[allow(clippy::too_many_arguments)]
+pub fn add_dir_entry(
+    st: &mut Store,
+    subvol: u64,
+    dir: u64,
+    location: Key,
+    name: &[u8],
+    ftype: u8,
+    index: Option<u64>,
+    transid: u64,
+) -> Result<()> {
+    if name.is_empty() || name.len() > BTRFS_NAME_LEN {
+        return Err(Error::Invalid(format!("name of {} bytes", name.len())));
+    }
+    let t = TreeId::Tree(subvol);
+    let mut d = Vec::with_capacity(30 + name.len());
+    encode_dir_entry(&mut d, &location, transid, ftype, name, &[]);
+    match index {
+        None => append_packed(
+            st,
+            t,
+            &Key::new(dir, BTRFS_DIR_ITEM_KEY, name_hash(name)),
+            &d,
+        ),
+        Some(i) => st.insert_item(t, &Key::new(dir, BTRFS_DIR_INDEX_KEY, i), &d),
+    }
+}
+
+/// Remove from the DIR_ITEM or DIR_INDEX item `key` every entry whose
+/// location is inode `ino`; the item goes when it empties. Returns how
+/// many went.
+pub fn remove_dir_entries_of(st: &mut Store, subvol: u64, key: &Key, ino: u64) -> Result<usize> {
+    let t = TreeId::Tree(subvol);
+    let Some(d) = st.lookup(t, key)? else {
+        return Ok(0);
+    };
+    let ents = parse_dir_items(&d).map_err(|e| e.at(0, *key))?;
+    let n = ents.len();
+    let keep: Vec<_> = ents
+        .iter()
+        .filter(|e| Key::from(&e.item.location).objectid != ino)
+        .collect();
+    let gone = n - keep.len();
+    if gone == 0 {
+        return Ok(0);
+    }
+    if keep.is_empty() {
+        st.delete_item(t, key)?;
+    } else {
+        let rest = encode_dir_entries(keep);
+        st.update_item(t, key, &rest)?;
+    }
+    Ok(gone)
+}
+
+/// The name directory `dir`'s DIR_INDEX `index` holds, with its location
+/// and type.
+pub fn index_entry(
+    st: &mut Store,
+    subvol: u64,
+    dir: u64,
+    index: u64,
+) -> Result<Option<(Vec<u8>, Key, u8)>> {
+    let k = Key::new(dir, BTRFS_DIR_INDEX_KEY, index);
+    let Some(d) = st.lookup(TreeId::Tree(subvol), &k)? else {
+        return Ok(None);
+    };
+    let ents = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
+    Ok(ents
+        .first()
+        .map(|e| (e.name.to_vec(), Key::from(&e.item.location), e.item.type_)))
+}
+
+/// What a directory's i_size must be for the entries it holds: the size
+/// rule (twice the name length per name) counted over the DIR_ITEM and
+/// DIR_INDEX entries actually there.
+pub fn dir_size_from_entries(st: &mut Store, subvol: u64, dir: u64) -> Result<u64> {
+    let mut size = 0u64;
+    for (k, d) in st.items_in(
+        TreeId::Tree(subvol),
+        Key::new(dir, BTRFS_DIR_ITEM_KEY, 0),
+        Key::new(dir, BTRFS_DIR_INDEX_KEY, u64::MAX),
+    )? {
+        if k.ty != BTRFS_DIR_ITEM_KEY && k.ty != BTRFS_DIR_INDEX_KEY {
+            continue;
+        }
+        for e in parse_dir_items(&d).map_err(|e| e.at(0, k))? {
+            size += e.name.len() as u64;
+        }
+    }
+    Ok(size)
 }
