@@ -897,6 +897,7 @@ impl FsTree {
     ///   confirmed names are elsewhere, are removed (a corrupted name);
     /// - an inode with no back reference at all, named by both a DIR_ITEM
     ///   and a DIR_INDEX, gets its back reference back.
+    ///
     /// Anything else (two back references for one entry, an index that
     /// disagrees) is left alone.
     fn name_fixes(
