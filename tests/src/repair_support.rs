@@ -183,15 +183,30 @@ pub fn read_all(dev: Arc<dyn BlockDevice>) -> Option<BTreeMap<String, FileRead>>
     Some(out)
 }
 
-/// The files that read before and do not read the same after.
+/// The files that read before and do not read the same after: a path
+/// that reads otherwise, or one gone whose contents no new path holds (a
+/// repair that puts a corrupted name right moves a file to its real name).
 pub fn lost_files(
     before: &BTreeMap<String, FileRead>,
     after: &BTreeMap<String, FileRead>,
 ) -> Vec<String> {
-    before
+    let mut moved: Vec<&FileRead> = after
         .iter()
-        .filter(|(_, r)| r.is_ok())
-        .filter(|(p, r)| after.get(*p) != Some(r))
-        .map(|(p, _)| p.clone())
-        .collect()
+        .filter(|(p, r)| r.is_ok() && !before.contains_key(*p))
+        .map(|(_, r)| r)
+        .collect();
+    let mut lost = Vec::new();
+    for (p, r) in before.iter().filter(|(_, r)| r.is_ok()) {
+        match after.get(p) {
+            Some(a) if a == r => {}
+            Some(_) => lost.push(p.clone()),
+            None => match moved.iter().position(|m| *m == r) {
+                Some(i) => {
+                    moved.swap_remove(i);
+                }
+                None => lost.push(p.clone()),
+            },
+        }
+    }
+    lost
 }

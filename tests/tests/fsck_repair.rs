@@ -49,9 +49,14 @@ enum Kind {
     DevItemBytesUsed,
     PrimarySuperblock,
     QgroupInfo,
+    DirIndexName,
+    DirItemName,
+    InodeRefName,
+    ExtentRefsTotal,
+    DataRefCount,
 }
 
-const KINDS: [Kind; 10] = [
+const KINDS: [Kind; 15] = [
     Kind::InodeNlink,
     Kind::DirSize,
     Kind::FileNbytes,
@@ -62,6 +67,11 @@ const KINDS: [Kind; 10] = [
     Kind::DevItemBytesUsed,
     Kind::PrimarySuperblock,
     Kind::QgroupInfo,
+    Kind::DirIndexName,
+    Kind::DirItemName,
+    Kind::InodeRefName,
+    Kind::ExtentRefsTotal,
+    Kind::DataRefCount,
 ];
 
 struct Rng(u64);
@@ -86,6 +96,11 @@ struct Targets {
     fst_infos: Vec<Located>,
     dev_items: Vec<Located>,
     qgroup_infos: Vec<Located>,
+    dir_indexes: Vec<Located>,
+    dir_items: Vec<Located>,
+    inode_refs: Vec<Located>,
+    /// Data extent items whose first inline ref is an EXTENT_DATA_REF.
+    data_extents: Vec<Located>,
 }
 
 fn mode_of(d: &[u8]) -> u32 {
@@ -97,12 +112,36 @@ impl Targets {
         let mut inodes = Vec::new();
         let mut dirs = Vec::new();
         let mut files = Vec::new();
+        let mut dir_indexes = Vec::new();
+        let mut dir_items = Vec::new();
+        let mut inode_refs = Vec::new();
         let snap = items_of(dev.clone(), BTRFS_ROOT_TREE_OBJECTID, &|k, _| {
             k.ty == BTRFS_ROOT_ITEM_KEY && k.objectid >= BTRFS_FIRST_FREE_OBJECTID
         });
         let mut trees = vec![BTRFS_FS_TREE_OBJECTID];
         trees.extend(snap.iter().map(|l| l.key.objectid));
         for t in trees {
+            // Names of files in directories other than the root: one
+            // entry of a single-entry item, so a changed name byte is one
+            // name changed.
+            let one_entry = |k: &btrkit_core::format::key::Key, d: &[u8], name_at: usize| {
+                k.objectid > BTRFS_FIRST_FREE_OBJECTID && d.len() > name_at + 1 && {
+                    let nl = u16::from_le_bytes([d[name_at - 3], d[name_at - 2]]) as usize;
+                    name_at + nl == d.len()
+                }
+            };
+            dir_indexes.extend(items_of(dev.clone(), t, &|k, d| {
+                k.ty == BTRFS_DIR_INDEX_KEY && one_entry(k, d, 30)
+            }));
+            dir_items.extend(items_of(dev.clone(), t, &|k, d| {
+                k.ty == BTRFS_DIR_ITEM_KEY && one_entry(k, d, 30)
+            }));
+            inode_refs.extend(items_of(dev.clone(), t, &|k, d| {
+                k.ty == BTRFS_INODE_REF_KEY
+                    && k.offset > BTRFS_FIRST_FREE_OBJECTID
+                    && d.len() > 10
+                    && 10 + u16::from_le_bytes([d[8], d[9]]) as usize == d.len()
+            }));
             let all = items_of(dev.clone(), t, &|k, _| {
                 k.ty == BTRFS_INODE_ITEM_KEY && k.objectid > BTRFS_FIRST_FREE_OBJECTID
             });
@@ -143,8 +182,18 @@ impl Targets {
             dev_items: items_of(dev.clone(), BTRFS_CHUNK_TREE_OBJECTID, &|k, _| {
                 k.ty == BTRFS_DEV_ITEM_KEY
             }),
-            qgroup_infos: items_of(dev, BTRFS_QUOTA_TREE_OBJECTID, &|k, _| {
+            qgroup_infos: items_of(dev.clone(), BTRFS_QUOTA_TREE_OBJECTID, &|k, _| {
                 k.ty == BTRFS_QGROUP_INFO_KEY
+            }),
+            dir_indexes,
+            dir_items,
+            inode_refs,
+            data_extents: items_of(dev, BTRFS_EXTENT_TREE_OBJECTID, &|k, d| {
+                k.ty == BTRFS_EXTENT_ITEM_KEY
+                    && d.len() >= 24 + 29
+                    && u64::from_le_bytes(d[16..24].try_into().unwrap()) & BTRFS_EXTENT_FLAG_DATA
+                        != 0
+                    && d[24] == BTRFS_EXTENT_DATA_REF_KEY
             }),
         }
     }
@@ -222,6 +271,33 @@ fn damage(dev: &Arc<dyn BlockDevice>, t: &Targets, kind: Kind, rng: &mut Rng) ->
             patch_superblock(dev.as_ref(), 0, true, &|b| b[at] ^= 0x5a);
             format!("primary superblock byte {at} flipped (checksum left)")
         }
+        Kind::DirIndexName | Kind::DirItemName | Kind::InodeRefName => {
+            let (v, name_at) = match kind {
+                Kind::DirIndexName => (&t.dir_indexes, 30),
+                Kind::DirItemName => (&t.dir_items, 30),
+                _ => (&t.inode_refs, 10),
+            };
+            let l = pick(v, rng);
+            let i = rng.below((l.data_len - name_at) as u64) as usize;
+            let c = b'a' + rng.below(26) as u8;
+            patch_tree_block(dev, l.bytenr, &|b| {
+                let at = l.data_off + name_at + i;
+                b[at] = if b[at] == c { b'Z' } else { c };
+            });
+            format!("{kind:?}: name byte {i} of {:?} in tree {}", l.key, l.tree)
+        }
+        Kind::ExtentRefsTotal => {
+            let l = pick(&t.data_extents, rng);
+            let v = rng.below(5) + 2;
+            field(dev, &l, 0, v, 8);
+            format!("refs of extent {} = {v}", l.key.objectid)
+        }
+        Kind::DataRefCount => {
+            let l = pick(&t.data_extents, rng);
+            let v = rng.below(5) + 2;
+            field(dev, &l, 49, v, 4);
+            format!("inline data ref count of extent {} = {v}", l.key.objectid)
+        }
         Kind::QgroupInfo => {
             let l = pick(&t.qgroup_infos, rng);
             let v = rng.below(1 << 30) / 4096 * 4096;
@@ -291,6 +367,7 @@ fn random_damage_never_makes_an_image_worse() {
     let r = check(&clean).expect("check base");
     assert!(r.is_clean(), "base image not clean: {:?}", error_set(&r));
     let targets = Targets::find(clean.clone());
+    let base_files = read_all(clean.clone()).expect("read base");
     assert!(!targets.dirs.is_empty() && !targets.files.is_empty());
     assert!(
         !targets.qgroup_infos.is_empty(),
@@ -369,6 +446,25 @@ fn random_damage_never_makes_an_image_worse() {
         if !lost.is_empty() {
             failures.push(format!(
                 "case {case} ({what}): files lost or changed: {lost:?}"
+            ));
+        }
+        // One field changed, the rest of the image right: the repair must
+        // give back exactly the files of the undamaged image.
+        if files_after != base_files {
+            let diff: Vec<_> = base_files
+                .iter()
+                .filter(|(p, r)| files_after.get(*p) != Some(r))
+                .map(|(p, _)| p.clone())
+                .chain(
+                    files_after
+                        .keys()
+                        .filter(|p| !base_files.contains_key(*p))
+                        .cloned(),
+                )
+                .take(5)
+                .collect();
+            failures.push(format!(
+                "case {case} ({what}): files differ from the undamaged image: {diff:?}"
             ));
         }
         if case % sample == 0 {

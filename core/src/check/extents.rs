@@ -4,7 +4,7 @@
 //! lists are sorted and merged: every extent must be referenced exactly as
 //! its item says.
 
-use super::findings::{Repair, F};
+use super::findings::{ExtentRef, Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::extent::{extent_data_ref_hash, InlineRef};
@@ -380,6 +380,11 @@ pub(super) fn check(cx: &mut Ctx) {
         }
     }
     let found = agg;
+    // Reference findings wait for the merge: an extent whose item exists
+    // and whose only problem is the counts of its references (the same
+    // references as the trees hold, counted wrong) gets them rewritten.
+    let mut pending: Vec<(u64, super::Finding)> = Vec::new();
+    let mut unfixable: std::collections::HashSet<u64> = std::collections::HashSet::new();
     declared.par_sort_unstable_by(|a, b| (a.bytenr, a.key).cmp(&(b.bytenr, b.key)));
 
     // Per extent item: counts, flags, generation, placement.
@@ -413,18 +418,22 @@ pub(super) fn check(cx: &mut Ctx) {
         prev_start = Some(b);
         prev_end = prev_end.max(b.saturating_add(r.len));
         if sum != r.refs {
-            cx.report(F::err(P, "extent-refs").tree(2).at(b).msg(format!(
-                "extent {b}+{} item says {} refs but holds {sum}",
-                r.len, r.refs
-            )));
+            pending.push((
+                b,
+                F::err(P, "extent-refs").tree(2).at(b).msg(format!(
+                    "extent {b}+{} item says {} refs but holds {sum}",
+                    r.len, r.refs
+                )),
+            ));
         }
         if r.refs == 0 {
-            cx.report(
+            pending.push((
+                b,
                 F::err(P, "extent-refs")
                     .tree(2)
                     .at(b)
                     .msg(format!("extent {b} has zero refs")),
-            );
+            ));
         }
         if r.generation > gen.saturating_add(1) {
             cx.report(
@@ -551,10 +560,18 @@ pub(super) fn check(cx: &mut Ctx) {
                 if let Some(t) = tree {
                     f = f.tree(t);
                 }
-                cx.report(f.msg(format!(
-                    "extent {} declares {} (count {}) that no tree holds",
-                    d.bytenr, d.key, d.count
-                )));
+                // A reference of another kind or owner than the trees
+                // show: which is right is not settled by the counts (a
+                // damaged root item can make a tree look like another);
+                // rebuilding the references is the extent tree's rebuild.
+                unfixable.insert(d.bytenr);
+                pending.push((
+                    d.bytenr,
+                    f.msg(format!(
+                        "extent {} declares {} (count {}) that no tree holds",
+                        d.bytenr, d.key, d.count
+                    )),
+                ));
                 i += 1;
             }
             Ordering::Greater => {
@@ -572,16 +589,54 @@ pub(super) fn check(cx: &mut Ctx) {
                             if let Some(t) = tree_of.get(&f.bytenr) {
                                 fi = fi.tree(*t);
                             }
+                            // The range must be free of every extent item
+                            // to be given back to the extent.
+                            let tree_block = matches!(f.key, RefKey::Tree(_) | RefKey::Shared(_));
+                            let at = recs.partition_point(|r| r.bytenr < f.bytenr);
+                            let clear = len != u64::MAX
+                                && len > 0
+                                && at.checked_sub(1).is_none_or(|p| {
+                                    recs[p].bytenr.saturating_add(recs[p].len) <= f.bytenr
+                                })
+                                && recs
+                                    .get(at)
+                                    .is_none_or(|n| n.bytenr >= f.bytenr.saturating_add(len));
+                            if clear {
+                                let lo = found.partition_point(|(r, _)| r.bytenr < f.bytenr);
+                                let hi = found.partition_point(|(r, _)| r.bytenr <= f.bytenr);
+                                let same_len = found[lo..hi].iter().all(|(_, l)| *l == len);
+                                if same_len {
+                                    fi = fi.fix(Repair::AddExtentItem {
+                                        bytenr: f.bytenr,
+                                        len,
+                                        level: if tree_block {
+                                            level_of.get(&f.bytenr).copied()
+                                        } else {
+                                            None
+                                        },
+                                        refs: found[lo..hi]
+                                            .iter()
+                                            .map(|(r, _)| extent_ref(r))
+                                            .collect(),
+                                    });
+                                }
+                            }
                             cx.report(fi.msg(format!(
                                 "{what} {}+{len} referenced by {} has no extent item",
                                 f.bytenr, f.key
                             )));
                         }
                     }
-                    Ok(_) => cx.report(F::err(P, "extent-ref").at(f.bytenr).msg(format!(
-                        "extent {} is referenced by {} (count {}) but its item lacks that ref",
-                        f.bytenr, f.key, f.count
-                    ))),
+                    Ok(_) => pending.push((
+                        {
+                            unfixable.insert(f.bytenr);
+                            f.bytenr
+                        },
+                        F::err(P, "extent-ref").at(f.bytenr).msg(format!(
+                            "extent {} is referenced by {} (count {}) but its item lacks that ref",
+                            f.bytenr, f.key, f.count
+                        )),
+                    )),
                 }
                 j += 1;
             }
@@ -589,10 +644,13 @@ pub(super) fn check(cx: &mut Ctx) {
                 let d = declared[i];
                 let (f, len) = found[j];
                 if d.count != f.count {
-                    cx.report(F::err(P, "extent-ref").at(d.bytenr).msg(format!(
-                        "extent {} {}: item says count {} but {} found",
-                        d.bytenr, d.key, d.count, f.count
-                    )));
+                    pending.push((
+                        d.bytenr,
+                        F::err(P, "extent-ref").at(d.bytenr).msg(format!(
+                            "extent {} {}: item says count {} but {} found",
+                            d.bytenr, d.key, d.count, f.count
+                        )),
+                    ));
                 }
                 if let Some(r) = recs
                     .binary_search_by_key(&d.bytenr, |r| r.bytenr)
@@ -602,6 +660,7 @@ pub(super) fn check(cx: &mut Ctx) {
                     match d.key {
                         RefKey::Data { .. } | RefKey::SharedData(_) => {
                             if len != r.len {
+                                unfixable.insert(d.bytenr);
                                 cx.report(F::err(P, "extent-ref").at(d.bytenr).msg(format!(
                                     "file extents reference data extent {} with length {} but the extent is {} bytes",
                                     d.bytenr,
@@ -627,5 +686,33 @@ pub(super) fn check(cx: &mut Ctx) {
             }
         }
     }
+    for (b, mut f) in pending {
+        let has_item = recs.binary_search_by_key(&b, |r| r.bytenr).is_ok();
+        if has_item && !unfixable.contains(&b) {
+            let lo = found.partition_point(|(r, _)| r.bytenr < b);
+            let hi = found.partition_point(|(r, _)| r.bytenr <= b);
+            let refs = found[lo..hi].iter().map(|(r, _)| extent_ref(r)).collect();
+            f.repair = Some(Repair::ExtentRefs { bytenr: b, refs });
+        }
+        cx.report(f);
+    }
     cx.ext.recs = recs;
+}
+
+/// A found reference as a repair writes it.
+fn extent_ref(r: &RefRec) -> ExtentRef {
+    match r.key {
+        RefKey::Tree(root) => ExtentRef::Tree { root },
+        RefKey::Shared(parent) => ExtentRef::SharedBlock { parent },
+        RefKey::Data { root, ino, offset } => ExtentRef::Data {
+            root,
+            ino,
+            offset,
+            count: r.count,
+        },
+        RefKey::SharedData(parent) => ExtentRef::SharedData {
+            parent,
+            count: r.count,
+        },
+    }
 }

@@ -183,6 +183,18 @@ pub enum Repair {
         /// The item's key offset (name hash or index).
         offset: u64,
     },
+    /// Remove an inode's back reference (index `index` in `dir`) that no
+    /// directory entry confirms, when the inode has a confirmed name.
+    RemoveInodeRef {
+        /// The subvolume tree.
+        tree: u64,
+        /// The directory.
+        dir: u64,
+        /// The inode.
+        ino: u64,
+        /// The back reference's index.
+        index: u64,
+    },
     /// Give an inode no name refers to a name in `/lost+found` of its
     /// subvolume (made when missing), called by its inode number, as
     /// btrfs check does.
@@ -238,11 +250,67 @@ pub enum Repair {
         /// The extent's start.
         bytenr: u64,
     },
+    /// Replace an extent item's back references with those the trees
+    /// that use it hold (none: the extent is unused and freed).
+    ExtentRefs {
+        /// The extent's start.
+        bytenr: u64,
+        /// The references found.
+        refs: Vec<ExtentRef>,
+    },
+    /// Insert the missing extent item of an extent the trees use, with
+    /// their references; its range is taken from the allocator before the
+    /// repair allocates anything.
+    AddExtentItem {
+        /// The extent's start.
+        bytenr: u64,
+        /// Its length.
+        len: u64,
+        /// A tree block's level; None for data.
+        level: Option<u8>,
+        /// The references found.
+        refs: Vec<ExtentRef>,
+    },
     /// Recount every quota group from the extent tree (a rescan).
     RecountQgroups,
     /// Rebuild the checksum tree from the data (`--init-csum-tree`: only on
     /// the user's request, as it trusts whatever the data now holds).
     RebuildCsumTree,
+}
+
+/// One back reference of an extent, as the trees that use it show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum ExtentRef {
+    /// A tree block used by tree `root`.
+    Tree {
+        /// The tree.
+        root: u64,
+    },
+    /// A tree block used by the full-backref block `parent`.
+    SharedBlock {
+        /// The parent block.
+        parent: u64,
+    },
+    /// A data extent used `count` times by file offset `offset` of inode
+    /// `ino` in tree `root`.
+    Data {
+        /// The tree.
+        root: u64,
+        /// The inode.
+        ino: u64,
+        /// The file offset minus the extent offset (the kernel's key).
+        offset: u64,
+        /// How many file extent items.
+        count: u64,
+    },
+    /// A data extent used `count` times by the full-backref leaf `parent`.
+    SharedData {
+        /// The leaf.
+        parent: u64,
+        /// How many file extent items.
+        count: u64,
+    },
 }
 
 impl Repair {
@@ -262,11 +330,14 @@ impl Repair {
             | Repair::FileHoles { .. }
             | Repair::InodeGeneration { .. }
             | Repair::ClearInodeCache { .. } => "inode",
-            Repair::ExtentGeneration { .. } => "extents",
+            Repair::ExtentGeneration { .. }
+            | Repair::ExtentRefs { .. }
+            | Repair::AddExtentItem { .. } => "extents",
             Repair::AddDirItem { .. }
             | Repair::AddDirIndex { .. }
             | Repair::AddInodeRef { .. }
             | Repair::RemoveDirEntry { .. }
+            | Repair::RemoveInodeRef { .. }
             | Repair::LinkToLostFound { .. } => "names",
             Repair::RecountQgroups => "qgroups",
             Repair::RebuildCsumTree => "checksums",
@@ -312,6 +383,9 @@ impl Repair {
                 "remove the {} {offset} entry for inode {ino} from directory {dir} (tree {tree})",
                 if *key_type == crate::format::consts::BTRFS_DIR_INDEX_KEY { "DIR_INDEX" } else { "DIR_ITEM" }
             ),
+            Repair::RemoveInodeRef { tree, dir, ino, index } => format!(
+                "remove the back reference {index} in directory {dir} of inode {ino} (tree {tree}), which no entry confirms"
+            ),
             Repair::LinkToLostFound { tree, ino } => {
                 format!("link inode {ino} (tree {tree}), which no name reaches, into lost+found")
             }
@@ -333,6 +407,17 @@ impl Repair {
             Repair::ExtentGeneration { bytenr } => {
                 format!("set the future generation of extent {bytenr} to the repair's")
             }
+            Repair::ExtentRefs { bytenr, refs } if refs.is_empty() => {
+                format!("free extent {bytenr}, which no tree uses")
+            }
+            Repair::ExtentRefs { bytenr, refs } => format!(
+                "rewrite the back references of extent {bytenr} from the {} the trees hold",
+                refs.len()
+            ),
+            Repair::AddExtentItem { bytenr, len, refs, .. } => format!(
+                "add the missing extent item of {bytenr}+{len} with the {} references the trees hold",
+                refs.len()
+            ),
             Repair::RecountQgroups => "recount every quota group".into(),
             Repair::RebuildCsumTree => "rebuild the checksum tree from the data".into(),
         }

@@ -794,6 +794,19 @@ impl FsTree {
     fn match_names(&mut self) {
         let mut names = std::mem::take(&mut self.names);
         names.sort_unstable_by_key(|n| (n.parent, n.child, n.hash, n.src, n.index));
+        // Inodes with a name two of its three records agree on: a lone
+        // record of another name is then a stray, not the only name.
+        let mut confirmed: HashSet<u64> = HashSet::new();
+        for w in names.chunk_by(|a, b| (a.parent, a.child, a.hash) == (b.parent, b.child, b.hash)) {
+            let has = |src| w.iter().any(|n| n.src == src);
+            let n = [SRC_DIR_ITEM, SRC_DIR_INDEX, SRC_REF]
+                .into_iter()
+                .filter(|&x| has(x))
+                .count();
+            if n >= 2 {
+                confirmed.insert(w[0].child);
+            }
+        }
         let mut i = 0;
         while i < names.len() {
             let g0 = names[i];
@@ -866,7 +879,7 @@ impl FsTree {
                     }
                 }
             }
-            let fixes = self.name_fixes(p, ch, item, &index, &iref);
+            let fixes = self.name_fixes(p, ch, item, &index, &iref, confirmed.contains(&ch));
             for (i, e) in errs.into_iter().enumerate() {
                 let mut f = self.err("name");
                 // Every repair of the group rides on its first finding.
@@ -889,17 +902,18 @@ impl FsTree {
     }
 
     /// What on disk determines about one name that its three records
-    /// (DIR_ITEM, DIR_INDEX, the inode's back reference) disagree on:
-    /// - a back reference is the truth when the inode and its directory
-    ///   exist: a missing DIR_ITEM or DIR_INDEX is re-added from it;
+    /// (DIR_ITEM, DIR_INDEX, the inode's back reference) disagree on, two
+    /// agreeing records outvoting the third:
+    /// - a DIR_ITEM and DIR_INDEX without a back reference get it back;
+    /// - a back reference with one of the entries gets the other back;
     /// - entries naming an inode that does not exist are removed;
-    /// - entries no back reference confirms, naming an inode whose
-    ///   confirmed names are elsewhere, are removed (a corrupted name);
-    /// - an inode with no back reference at all, named by both a DIR_ITEM
-    ///   and a DIR_INDEX, gets its back reference back.
+    /// - one lone record goes when the inode has a name two records
+    ///   confirm (a corrupted copy of a name); a lone back reference or
+    ///   DIR_INDEX that is the inode's only name is completed instead, so
+    ///   the inode stays reachable.
     ///
-    /// Anything else (two back references for one entry, an index that
-    /// disagrees) is left alone.
+    /// Anything else (several back references for one entry, an index
+    /// that disagrees, a directory that is not one) is left alone.
     fn name_fixes(
         &self,
         p: u64,
@@ -907,12 +921,12 @@ impl FsTree {
         item: Option<NameRec>,
         index: &[NameRec],
         iref: &[NameRec],
+        confirmed_elsewhere: bool,
     ) -> Vec<Repair> {
         let tree = self.root;
         let mut out = Vec::new();
         let parent_is_dir = self.inode(p).is_some_and(|(m, _)| m & S_IFMT == S_IFDIR);
-        let child = self.inode_refs(ch);
-        let remove_all = |out: &mut Vec<Repair>| {
+        let remove_entries = |out: &mut Vec<Repair>| {
             if let Some(it) = item {
                 out.push(Repair::RemoveDirEntry {
                     tree,
@@ -932,49 +946,74 @@ impl FsTree {
                 });
             }
         };
-        match child {
-            None => {
-                if iref.is_empty() {
-                    remove_all(&mut out);
-                }
+        if self.inode(ch).is_none() {
+            if iref.is_empty() {
+                remove_entries(&mut out);
             }
-            Some(_) if !parent_is_dir => {}
-            Some(_) if iref.len() == 1 => {
-                let r = iref[0];
-                let index_ok = index.iter().all(|x| x.index == r.index);
-                if !index_ok || index.len() > 1 {
-                    return out;
-                }
-                if item.is_none() {
-                    out.push(Repair::AddDirItem {
-                        tree,
-                        dir: p,
-                        ino: ch,
-                        index: r.index,
-                    });
-                }
-                if index.is_empty() {
-                    out.push(Repair::AddDirIndex {
-                        tree,
-                        dir: p,
-                        ino: ch,
-                        index: r.index,
-                    });
-                }
+            return out;
+        }
+        if !parent_is_dir || index.len() > 1 || iref.len() > 1 {
+            return out;
+        }
+        let idx = index.first().map(|x| x.index);
+        match (item.is_some(), idx, iref.first().map(|r| r.index)) {
+            // Both entries, no back reference.
+            (true, Some(i), None) => out.push(Repair::AddInodeRef {
+                tree,
+                dir: p,
+                ino: ch,
+                index: i,
+            }),
+            // A back reference and one entry that agrees with it.
+            (true, None, Some(r)) => out.push(Repair::AddDirIndex {
+                tree,
+                dir: p,
+                ino: ch,
+                index: r,
+            }),
+            (false, Some(i), Some(r)) if i == r => out.push(Repair::AddDirItem {
+                tree,
+                dir: p,
+                ino: ch,
+                index: r,
+            }),
+            // One record alone.
+            (false, None, Some(r)) if !confirmed_elsewhere => {
+                out.push(Repair::AddDirItem {
+                    tree,
+                    dir: p,
+                    ino: ch,
+                    index: r,
+                });
+                out.push(Repair::AddDirIndex {
+                    tree,
+                    dir: p,
+                    ino: ch,
+                    index: r,
+                });
             }
-            Some((_, _, refs)) if iref.is_empty() => {
-                if refs > 0 {
-                    remove_all(&mut out);
-                } else if item.is_some() && index.len() == 1 {
-                    out.push(Repair::AddInodeRef {
-                        tree,
-                        dir: p,
-                        ino: ch,
-                        index: index[0].index,
-                    });
-                }
+            (false, None, Some(r)) => out.push(Repair::RemoveInodeRef {
+                tree,
+                dir: p,
+                ino: ch,
+                index: r,
+            }),
+            (false, Some(i), None) if !confirmed_elsewhere => {
+                out.push(Repair::AddInodeRef {
+                    tree,
+                    dir: p,
+                    ino: ch,
+                    index: i,
+                });
+                out.push(Repair::AddDirItem {
+                    tree,
+                    dir: p,
+                    ino: ch,
+                    index: i,
+                });
             }
-            Some(_) => {}
+            (_, _, None) if confirmed_elsewhere => remove_entries(&mut out),
+            _ => {}
         }
         out
     }

@@ -26,7 +26,9 @@ mod space_cache;
 mod superblock;
 mod walk;
 
-pub use findings::{phase_name, Finding, PhaseSummary, Repair, Report, Severity, PHASES};
+pub use findings::{
+    phase_name, ExtentRef, Finding, PhaseSummary, Repair, Report, Severity, PHASES,
+};
 
 use crate::format::consts::*;
 use crate::format::key::Key;

@@ -189,13 +189,15 @@ impl Plan {
 /// from everything else.
 fn order(r: &Repair) -> u8 {
     match r {
+        Repair::AddExtentItem { .. } => 0,
         Repair::RewriteSuperblocks => 0,
         Repair::DeviceSizes => 1,
         Repair::ClearInodeCache { .. } => 2,
         Repair::RecreateInodeItem { .. } => 2,
         Repair::InodeGeneration { .. } | Repair::ExtentGeneration { .. } => 2,
+        Repair::ExtentRefs { .. } => 2,
         Repair::FileHoles { .. } => 7,
-        Repair::RemoveDirEntry { .. } => 3,
+        Repair::RemoveDirEntry { .. } | Repair::RemoveInodeRef { .. } => 3,
         Repair::AddInodeRef { .. } => 4,
         Repair::AddDirItem { .. } | Repair::AddDirIndex { .. } => 5,
         Repair::LinkToLostFound { .. } => 6,
@@ -376,6 +378,13 @@ pub fn apply(img: Image, plan: &Plan, progress: &dyn Progress) -> Result<Vec<Str
         return Err(Error::Invalid(format!("repair refused: {r}")));
     }
     let mut st = Store::from_image(img)?;
+    // Extents in use that the extent tree lost are free space to the
+    // allocator: every one is taken before the first block is copied.
+    for a in &plan.actions {
+        if let Repair::AddExtentItem { bytenr, len, .. } = a.repair {
+            st.alloc.reserve(bytenr, len)?;
+        }
+    }
     let mut run = Run {
         st: &mut st,
         dirs: BTreeSet::new(),
@@ -546,6 +555,30 @@ impl Run<'_> {
                     String::from_utf8_lossy(&name)
                 ));
             }
+            Repair::RemoveInodeRef {
+                tree,
+                dir,
+                ino,
+                index,
+            } => {
+                let names = crate::fs::names::links_in(self.st, tree, ino, dir)?;
+                if let Some((_, name)) = names.into_iter().find(|(i, _)| *i == index) {
+                    let rk = Key::new(ino, BTRFS_INODE_REF_KEY, dir);
+                    if !crate::fs::names::remove_packed(self.st, tree, &rk, &name, dir)? {
+                        let xk = Key::new(
+                            ino,
+                            BTRFS_INODE_EXTREF_KEY,
+                            crate::format::dir::extref_hash(dir, &name),
+                        );
+                        crate::fs::names::remove_packed(self.st, tree, &xk, &name, dir)?;
+                    }
+                    self.inodes.insert((tree, ino));
+                    self.changes.push(format!(
+                        "inode {ino} (tree {tree}): back reference '{}' in directory {dir} removed",
+                        String::from_utf8_lossy(&name)
+                    ));
+                }
+            }
             Repair::AddInodeRef {
                 tree,
                 dir,
@@ -672,6 +705,23 @@ impl Run<'_> {
                             .push(format!("extent {bytenr}: generation {old} -> {transid}"));
                     }
                 }
+            }
+            Repair::ExtentRefs { bytenr, ref refs } => {
+                let inline: Vec<crate::format::extent::InlineRef> =
+                    refs.iter().map(inline_ref).collect();
+                let c = self.st.rewrite_extent_refs(bytenr, &inline)?;
+                self.changes.push(c);
+            }
+            Repair::AddExtentItem {
+                bytenr,
+                len,
+                level,
+                ref refs,
+            } => {
+                let inline: Vec<crate::format::extent::InlineRef> =
+                    refs.iter().map(inline_ref).collect();
+                let c = self.st.add_extent_item(bytenr, len, level, &inline)?;
+                self.changes.push(c);
             }
             Repair::ClearSpaceCache => {
                 let c = clear_space_cache(self.st)?;
@@ -812,6 +862,30 @@ fn fill_file_holes(st: &mut Store, tree: u64, ino: u64) -> Result<u64> {
         }
     }
     Ok(n)
+}
+
+fn inline_ref(r: &super::findings::ExtentRef) -> crate::format::extent::InlineRef {
+    use super::findings::ExtentRef as E;
+    use crate::format::extent::InlineRef as I;
+    match *r {
+        E::Tree { root } => I::TreeBlock { root },
+        E::SharedBlock { parent } => I::SharedBlock { parent },
+        E::Data {
+            root,
+            ino,
+            offset,
+            count,
+        } => I::ExtentData {
+            root,
+            objectid: ino,
+            offset,
+            count: count.min(u32::MAX as u64) as u32,
+        },
+        E::SharedData { parent, count } => I::SharedData {
+            parent,
+            count: count.min(u32::MAX as u64) as u32,
+        },
+    }
 }
 
 fn inode_mode(st: &mut Store, tree: u64, ino: u64) -> Result<u32> {

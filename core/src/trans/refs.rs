@@ -83,7 +83,7 @@ pub(crate) fn sort_refs(refs: &mut [InlineRef]) {
 }
 
 /// Key of the keyed form of a ref.
-fn keyed_key(bytenr: u64, r: &InlineRef) -> Key {
+pub(super) fn keyed_key(bytenr: u64, r: &InlineRef) -> Key {
     match *r {
         InlineRef::TreeBlock { root } => Key::new(bytenr, BTRFS_TREE_BLOCK_REF_KEY, root),
         InlineRef::SharedBlock { parent } => Key::new(bytenr, BTRFS_SHARED_BLOCK_REF_KEY, parent),
@@ -323,7 +323,7 @@ impl Store {
     }
 
     /// Largest extent item (head and inline refs) the kernel keeps inline.
-    fn max_inline_extent_item(&self) -> usize {
+    pub(super) fn max_inline_extent_item(&self) -> usize {
         ((self.nodesize() as usize - crate::format::header::HEADER_SIZE) >> 4)
             - crate::format::header::ITEM_SIZE
     }
@@ -426,7 +426,7 @@ impl Store {
         Ok(total as u64)
     }
 
-    fn keyed_ref_update(
+    pub(super) fn keyed_ref_update(
         &mut self,
         kk: Key,
         r: &InlineRef,

@@ -153,3 +153,161 @@ impl Store {
         Ok(changes)
     }
 }
+
+impl Store {
+    /// Replace the back references of extent `bytenr` (an extent item that
+    /// exists) with `refs`, what the trees that use it hold: the item's
+    /// inline refs and its keyed ref items go, and the item is written
+    /// again with the right count, inline refs in the kernel's order as far
+    /// as the inline limit allows and keyed ones after. Generation, flags,
+    /// tree block info and a simple-quota owner ref are kept. With no refs
+    /// the extent is unused: its item goes and its space (and a data
+    /// extent's checksums) is freed at the commit.
+    pub fn rewrite_extent_refs(
+        &mut self,
+        bytenr: u64,
+        refs: &[crate::format::extent::InlineRef],
+    ) -> Result<String> {
+        use crate::format::extent::{parse_extent_item, write_inline_refs, InlineRef};
+        const EXTENT: u64 = BTRFS_EXTENT_TREE_OBJECTID;
+        let items = self.items_in(
+            EXTENT,
+            Key::new(bytenr, 0, 0),
+            Key::new(bytenr, u8::MAX, u64::MAX),
+        )?;
+        let Some((key, data)) = items
+            .iter()
+            .find(|(k, _)| matches!(k.ty, BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY))
+            .cloned()
+        else {
+            return Err(Error::Invalid(format!(
+                "extent {bytenr} has no extent item"
+            )));
+        };
+        let v = parse_extent_item(&key, &data).map_err(|e| e.at(0, key))?;
+        let head_len = data.len() - v.refs.iter().map(|r| r.inline_size()).sum::<usize>();
+        let mut head = data[..head_len].to_vec();
+        let owner: Vec<InlineRef> = v
+            .refs
+            .iter()
+            .filter(|r| matches!(r, InlineRef::Owner { .. }))
+            .copied()
+            .collect();
+        let old_total = v.item.refs.get();
+        let data_extent = v.item.flags.get() & BTRFS_EXTENT_FLAG_DATA != 0;
+        for (k, _) in &items {
+            if matches!(
+                k.ty,
+                BTRFS_EXTENT_ITEM_KEY
+                    | BTRFS_METADATA_ITEM_KEY
+                    | BTRFS_TREE_BLOCK_REF_KEY
+                    | BTRFS_SHARED_BLOCK_REF_KEY
+                    | BTRFS_EXTENT_DATA_REF_KEY
+                    | BTRFS_SHARED_DATA_REF_KEY
+            ) {
+                self.delete_item(EXTENT, k)?;
+            }
+        }
+        let len = if key.ty == BTRFS_METADATA_ITEM_KEY {
+            self.nodesize() as u64
+        } else {
+            key.offset
+        };
+        if refs.is_empty() {
+            if data_extent {
+                self.csum_delete(bytenr, len)?;
+            }
+            self.alloc.release(bytenr, len, true)?;
+            return Ok(format!(
+                "extent {bytenr}+{len}: no tree uses it, freed ({old_total} refs dropped)"
+            ));
+        }
+        let total: u64 = refs.iter().map(|r| r.count().max(1) as u64).sum();
+        head[..8].copy_from_slice(&total.to_le_bytes());
+        let mut inline: Vec<InlineRef> = refs.to_vec();
+        super::refs::sort_refs(&mut inline);
+        let max = self.max_inline_extent_item();
+        let mut size = head.len() + owner.iter().map(|r| r.inline_size()).sum::<usize>();
+        let mut kept = owner;
+        let mut keyed = Vec::new();
+        for r in inline {
+            if size + r.inline_size() <= max {
+                size += r.inline_size();
+                kept.push(r);
+            } else {
+                keyed.push(r);
+            }
+        }
+        super::refs::sort_refs(&mut kept);
+        write_inline_refs(&mut head, &kept);
+        self.insert_item(EXTENT, &key, &head)?;
+        for r in &keyed {
+            let kk = super::refs::keyed_key(bytenr, r);
+            self.keyed_ref_update(kk, r, r.count().max(1) as i64, None)?;
+        }
+        Ok(format!(
+            "extent {bytenr}+{len}: {old_total} refs -> {total} ({} inline, {} keyed)",
+            kept.len(),
+            keyed.len()
+        ))
+    }
+
+    /// Insert the extent item of an extent in use whose item is missing
+    /// (its range already taken from the allocator): a tree block's
+    /// generation and first key from its header, a data extent's
+    /// generation the running transaction's; references as
+    /// [`Store::rewrite_extent_refs`] writes them.
+    pub fn add_extent_item(
+        &mut self,
+        bytenr: u64,
+        len: u64,
+        level: Option<u8>,
+        refs: &[crate::format::extent::InlineRef],
+    ) -> Result<String> {
+        use crate::format::extent::{ExtentItem, TreeBlockInfo};
+        const EXTENT: u64 = BTRFS_EXTENT_TREE_OBJECTID;
+        let (key, mut data) = match level {
+            Some(l) => {
+                let node = self
+                    .img
+                    .read_tree_block(bytenr, &Default::default(), false)?;
+                let head = ExtentItem {
+                    refs: 0.into(),
+                    generation: node.generation().into(),
+                    flags: BTRFS_EXTENT_FLAG_TREE_BLOCK.into(),
+                };
+                let mut d = head.as_bytes().to_vec();
+                if self.skinny() {
+                    (Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, l as u64), d)
+                } else {
+                    let first = node.key(0).unwrap_or(Key::MIN);
+                    d.extend_from_slice(
+                        TreeBlockInfo {
+                            key: first.to_disk(),
+                            level: l,
+                        }
+                        .as_bytes(),
+                    );
+                    (Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, len), d)
+                }
+            }
+            None => {
+                let head = ExtentItem {
+                    refs: 0.into(),
+                    generation: self.transid.into(),
+                    flags: BTRFS_EXTENT_FLAG_DATA.into(),
+                };
+                (
+                    Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, len),
+                    head.as_bytes().to_vec(),
+                )
+            }
+        };
+        // A placeholder with no refs, then the refs written as for an
+        // existing item.
+        data[..8].copy_from_slice(&1u64.to_le_bytes());
+        self.insert_item(EXTENT, &key, &data)?;
+        let c = self.rewrite_extent_refs(bytenr, refs)?;
+        Ok(format!("extent {bytenr}+{len}: missing item added; {c}"))
+    }
+}
