@@ -222,7 +222,7 @@ impl Store {
                 "extent {bytenr}+{len}: no tree uses it, freed ({old_total} refs dropped)"
             ));
         }
-        let total: u64 = refs.iter().map(|r| r.count().max(1) as u64).sum();
+        let total: u64 = refs.iter().map(|r| r.count().max(1)).sum();
         head[..8].copy_from_slice(&total.to_le_bytes());
         let mut inline: Vec<InlineRef> = refs.to_vec();
         super::refs::sort_refs(&mut inline);
