@@ -700,3 +700,115 @@ fn sha(p: &Path) -> String {
         .unwrap_or("")
         .to_string()
 }
+
+/// The two repairs only asked for by option: `--clear-space-cache v1` on
+/// a kernel-written v1 cache, and `--init-csum-tree` after the checksum
+/// tree lost items (checksums fixed, so only the coverage is wrong).
+#[test]
+fn clear_v1_cache_and_init_csum_tree() {
+    if let Some(why) = kernel_unavailable() {
+        btrkit_tests::skip(&why);
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // A v1 cache: no free space tree, mounted with space_cache=v1; 4 GiB
+    // (sparse), as the kernel writes no cache for block groups under
+    // 100 MiB.
+    let img = tmp.path().join("v1.img");
+    sh(&format!(
+        "truncate -s 4G '{0}' && mkfs.btrfs -q -f -R ^free-space-tree '{0}'",
+        img.display()
+    ));
+    {
+        let m = LoopMount::new(&img, "space_cache=v1").expect("mount v1");
+        sh(&format!(
+            "cd '{}' && mkdir d && for i in $(seq 1 50); do head -c 30000 /dev/urandom > d/f$i; done && rm d/f1* && sync",
+            m.path().display()
+        ));
+    }
+    let headers = |img: &Path| {
+        items_of(
+            Arc::new(btrkit_core::io::FileDevice::open(img, false).unwrap()),
+            BTRFS_ROOT_TREE_OBJECTID,
+            &|k, _| k.objectid == BTRFS_FREE_SPACE_OBJECTID,
+        )
+        .len()
+    };
+    assert!(headers(&img) > 0, "the kernel wrote no v1 cache");
+    let files = read_all(Arc::new(
+        btrkit_core::io::FileDevice::open(&img, false).unwrap(),
+    ));
+    let r = run_fsck(
+        &img,
+        &["--repair", "--yes", "--clear-space-cache", "v1"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(
+        r.code, 0,
+        "clean before and after: {} {}",
+        r.stdout, r.stderr
+    );
+    assert_eq!(r.json()["committed"], true);
+    assert_eq!(headers(&img), 0, "v1 cache headers left");
+    progs_clean(&img).unwrap();
+    let after = read_all(Arc::new(
+        btrkit_core::io::FileDevice::open(&img, false).unwrap(),
+    ));
+    assert_eq!(files, after);
+    {
+        let m = LoopMount::new(&img, "").expect("mount after clearing v1");
+        assert!(m.path().join("d/f50").exists());
+    }
+
+    // Checksums lost: every EXTENT_CSUM item of one leaf gone is beyond a
+    // field change, so the csum tree's first item is shortened instead:
+    // the data it covered has no checksums any more.
+    let csums = items_of(
+        Arc::new(btrkit_core::io::FileDevice::open(&img, false).unwrap()),
+        BTRFS_CSUM_TREE_OBJECTID,
+        &|k, _| k.ty == BTRFS_EXTENT_CSUM_KEY,
+    );
+    assert!(!csums.is_empty());
+    let l = csums[0].clone();
+    {
+        let dev: Arc<dyn BlockDevice> =
+            Arc::new(btrkit_core::io::FileDevice::open(&img, true).unwrap());
+        // Zero the checksums themselves: every data sector they cover
+        // now fails its checksum, which --check-data-csum reports.
+        patch_tree_block(&dev, l.bytenr, &|b| {
+            for x in &mut b[l.data_off..l.data_off + l.data_len] {
+                *x = 0;
+            }
+        });
+    }
+    let r = run_fsck(&img, &["--check-data-csum"], Duration::from_secs(120));
+    assert_eq!(r.code, 4, "zeroed checksums not found: {}", r.stdout);
+    // Without --init-csum-tree they are not repaired.
+    let r = run_fsck(
+        &img,
+        &["--repair", "--yes", "--check-data-csum"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.code, 4);
+    let r = run_fsck(
+        &img,
+        &["--repair", "--yes", "--check-data-csum", "--init-csum-tree"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.code, 1, "{} {}", r.stdout, r.stderr);
+    assert_eq!(
+        run_fsck(&img, &["--check-data-csum"], Duration::from_secs(120)).code,
+        0
+    );
+    progs_clean(&img).unwrap();
+    let o = std::process::Command::new("btrfs")
+        .args(["check", "--readonly", "--check-data-csum"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let after = read_all(Arc::new(
+        btrkit_core::io::FileDevice::open(&img, false).unwrap(),
+    ));
+    assert_eq!(files, after);
+}
