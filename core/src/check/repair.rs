@@ -152,6 +152,20 @@ impl Plan {
                     .into(),
             });
         }
+        // Findings past the report's cap are counted, not listed: in the
+        // phases the allocator depends on, an unlisted one may be one
+        // without a repair.
+        let unlisted = (2u8..=4).find(|&p| {
+            let listed = report
+                .findings
+                .iter()
+                .filter(|f| f.phase == p && f.severity == Severity::Error)
+                .count() as u64;
+            report
+                .phases
+                .iter()
+                .any(|s| s.phase == p && s.errors > listed)
+        });
         let refused = if img.sb.log_root.get() != 0 {
             Some(
                 "the filesystem has a log tree to replay: run btrkit-replay first (a repair \
@@ -162,6 +176,10 @@ impl Plan {
             Some(format!(
                 "the allocator cannot be trusted ({}: {}): a repair could write over blocks in use",
                 f.category, f.message
+            ))
+        } else if let Some(p) = unlisted {
+            Some(format!(
+                "phase {p} found more errors than the report lists: too many to know that the allocator can be trusted"
             ))
         } else if !img.missing.is_empty() {
             Some("devices are missing: repair a complete set".to_string())
