@@ -181,13 +181,7 @@ pub fn check_paths(
             )));
         }
     }
-    let img_opts = |mirror| OpenOptions {
-        mirror,
-        lenient: true,
-        writable: false,
-        degraded,
-        trust_bad_csum: false,
-    };
+    let img_opts = |mirror| check_open_options(mirror, degraded);
     if paths.len() > 1 {
         // Positioned reads, as below.
         let set = crate::devices::DeviceSet::open_files(paths, false)?;
@@ -225,13 +219,7 @@ fn check_one(
     progress: &dyn Progress,
     early: &dyn Fn(&Image) -> Vec<(u64, u64)>,
 ) -> Result<Report> {
-    let img_opts = |mirror| OpenOptions {
-        mirror,
-        lenient: true,
-        writable: false,
-        degraded,
-        trust_bad_csum: false,
-    };
+    let img_opts = |mirror| check_open_options(mirror, degraded);
     let open = |mirror| -> Result<Image> { Image::open(dev.clone(), img_opts(mirror)) };
     let primary_err = match open(0) {
         Ok(img) => {
@@ -257,6 +245,18 @@ fn check_one(
         }
     }
     Err(primary_err)
+}
+
+/// How the checker opens a filesystem: read-only, damaged blocks
+/// returned with their problems, from superblock copy `mirror`.
+fn check_open_options(mirror: usize, degraded: bool) -> OpenOptions {
+    OpenOptions {
+        mirror,
+        lenient: true,
+        writable: false,
+        degraded,
+        trust_bad_csum: false,
+    }
 }
 
 /// Check an opened image.

@@ -821,16 +821,12 @@ fn recreate_inode_item(st: &mut Store, tree: u64, ino: u64) -> Result<String> {
     };
     let nbytes = crate::fs::extents::count_nbytes(st, tree, ino)?;
     let links = crate::fs::names::count_links(st, tree, ino)?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
     let mut item = crate::fs::inode::new_inode_item(
         mode,
         0,
         0,
         0,
-        crate::format::inode::now_ts(now),
+        crate::format::inode::now_ts(unix_now()),
         st.transid,
     );
     item.size.set(size);
@@ -906,6 +902,14 @@ fn inline_ref(r: &super::findings::ExtentRef) -> crate::format::extent::InlineRe
     }
 }
 
+/// Whole seconds of wall time: the times of what a repair makes.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 fn inode_mode(st: &mut Store, tree: u64, ino: u64) -> Result<u32> {
     crate::fs::inode::get_inode(st, tree, ino)?
         .map(|i| i.mode.get())
@@ -925,16 +929,12 @@ fn lost_found(st: &mut Store, tree: u64) -> Result<u64> {
         Some((k, _)) => k.objectid + 1,
         None => BTRFS_FIRST_FREE_OBJECTID + 1,
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
     let item = crate::fs::inode::new_inode_item(
         crate::fs::inode::S_IFDIR | 0o700,
         0,
         0,
         0,
-        crate::format::inode::now_ts(now),
+        crate::format::inode::now_ts(unix_now()),
         st.transid,
     );
     crate::fs::inode::put_inode(st, tree, ino, &item)?;
@@ -1020,10 +1020,7 @@ const CSUM_CHUNK: u64 = 4 << 20;
 /// nodatasum data get none.
 fn rebuild_csum_tree(st: &mut Store) -> Result<Vec<String>> {
     const CSUM: u64 = BTRFS_CSUM_TREE_OBJECTID;
-    let old = st.items_in(CSUM, Key::MIN, Key::MAX)?;
-    for (k, _) in old.iter().rev() {
-        st.delete_item(CSUM, k)?;
-    }
+    let removed = st.empty_tree(CSUM)?;
     let trees: Vec<u64> = st
         .items_in(
             TreeId::Root,
@@ -1101,7 +1098,6 @@ fn rebuild_csum_tree(st: &mut Store) -> Result<Vec<String>> {
         }
     }
     Ok(vec![format!(
-        "checksum tree rebuilt: {} items removed, {bytes} bytes of data checksummed",
-        old.len()
+        "checksum tree rebuilt: {removed} items removed, {bytes} bytes of data checksummed"
     )])
 }

@@ -40,11 +40,7 @@ impl Store {
                 "the free space tree has no root item; it cannot be rebuilt in place".into(),
             ));
         }
-        let items = self.items_in(FST, Key::MIN, Key::MAX)?;
-        // From the end: each deletion leaves the keys before it in place.
-        for (k, _) in items.iter().rev() {
-            self.delete_item(FST, k)?;
-        }
+        self.empty_tree(FST)?;
         for g in self.alloc.groups.values_mut() {
             g.fst_bitmaps = false;
             g.dirty = true;
@@ -54,6 +50,17 @@ impl Store {
             .compat_ro_flags
             .set(ro | BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID);
         Ok(())
+    }
+
+    /// Delete every item of tree `id` (its root stays); returns how many
+    /// went.
+    pub fn empty_tree(&mut self, id: u64) -> Result<usize> {
+        let items = self.items_in(id, Key::MIN, Key::MAX)?;
+        // From the end: each deletion leaves the keys before it in place.
+        for (k, _) in items.iter().rev() {
+            self.delete_item(id, k)?;
+        }
+        Ok(items.len())
     }
 
     /// The v1 free space cache's headers in the root tree: (header key,
