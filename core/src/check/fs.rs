@@ -6,6 +6,7 @@
 
 use super::csums::{Forbid, Need};
 use super::findings::{Repair, F};
+use super::names::{name_errors, name_fixes, Names, Record};
 use super::{Ctx, RootRec};
 use crate::format::consts::*;
 use crate::format::dir::{extref_hash, name_hash};
@@ -22,22 +23,6 @@ use crate::fs::inode::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 const VALID_MODE_BITS: u32 = S_IFMT | 0o7777;
 
 use crate::format::dir::ftype_of_mode;
-
-const SRC_DIR_ITEM: u8 = 1;
-const SRC_DIR_INDEX: u8 = 2;
-const SRC_REF: u8 = 3;
-
-/// One name of an inode as one of the three places that record it sees it.
-#[derive(Clone, Copy)]
-struct NameRec {
-    parent: u64,
-    child: u64,
-    /// Index (DIR_INDEX, INODE_REF); 0 from a DIR_ITEM.
-    index: u64,
-    hash: u32,
-    src: u8,
-    ftype: u8,
-}
 
 #[derive(Default)]
 struct Cur {
@@ -71,14 +56,12 @@ pub(crate) struct FsTree {
     no_holes: bool,
     link_checks: bool,
     cur: Cur,
-    /// (inode, mode, nlink, names its back references record), in key
-    /// order (sorted again at the end should a damaged tree deliver them
-    /// out of order).
-    inodes: Vec<(u64, u32, u32, u32)>,
+    /// The root directory's (mode, nlink).
+    root_facts: Option<(u32, u32)>,
     /// Inodes with a link count and no back reference: named in
     /// lost+found unless a directory entry still reaches them.
     unnamed: Vec<(u64, u32)>,
-    names: Vec<NameRec>,
+    names: Names,
     orphans: HashSet<u64>,
     unlinked: Vec<u64>,
     subvol_dirents: Vec<(u64, u64)>,
@@ -109,8 +92,8 @@ impl FsTree {
             no_holes: cx.has_incompat(BTRFS_FEATURE_INCOMPAT_NO_HOLES),
             link_checks: r.id() != BTRFS_DATA_RELOC_TREE_OBJECTID,
             cur: Cur::default(),
-            inodes: Vec::new(),
-            names: Vec::new(),
+            root_facts: None,
+            names: Names::default(),
             orphans: HashSet::new(),
             unlinked: Vec::new(),
             unnamed: Vec::new(),
@@ -142,6 +125,9 @@ impl FsTree {
         let cs = self.csum_size;
         for slot in 0..node.nr_safe() {
             let Some(k) = node.key(slot) else { continue };
+            if k.objectid < self.cur.ino {
+                self.names.set_disordered();
+            }
             if k.objectid != self.cur.ino || self.cur.items == 0 {
                 self.finish_inode();
                 self.cur = Cur {
@@ -282,7 +268,12 @@ impl FsTree {
                     flags: ii.flags.get(),
                 };
                 self.cur.item = Some(f);
-                self.inodes.push((ino, mode, f.nlink, 0));
+                if self.link_checks {
+                    self.names.push_inode(ino, mode);
+                }
+                if ino == self.root_dirid {
+                    self.root_facts = Some((mode, f.nlink));
+                }
             }
             ItemBody::InodeRef(v) => {
                 for e in v {
@@ -298,14 +289,11 @@ impl FsTree {
                         continue;
                     }
                     self.cur.refs += 1;
-                    self.names.push(NameRec {
-                        parent: k.offset,
-                        child: ino,
-                        index: e.index,
-                        hash: name_hash(e.name) as u32,
-                        src: SRC_REF,
-                        ftype: 0,
-                    });
+                    self.add_name(
+                        ino,
+                        (k.offset, ino, name_hash(e.name) as u32),
+                        Record::Ref { index: e.index },
+                    );
                 }
             }
             ItemBody::InodeExtref(v) => {
@@ -317,14 +305,11 @@ impl FsTree {
                             )));
                     }
                     self.cur.refs += 1;
-                    self.names.push(NameRec {
-                        parent: e.parent,
-                        child: ino,
-                        index: e.index,
-                        hash: name_hash(e.name) as u32,
-                        src: SRC_REF,
-                        ftype: 0,
-                    });
+                    self.add_name(
+                        ino,
+                        (e.parent, ino, name_hash(e.name) as u32),
+                        Record::Ref { index: e.index },
+                    );
                 }
             }
             ItemBody::DirItem(v) => {
@@ -337,8 +322,7 @@ impl FsTree {
                     self.cur.dir_items_of_unlinked = true;
                     return;
                 }
-                let mut seen_names: Vec<&[u8]> = Vec::new();
-                for e in &v {
+                for (i, e) in v.iter().enumerate() {
                     let h = name_hash(e.name);
                     let misfiled = !is_index && h != k.offset;
                     if misfiled {
@@ -368,14 +352,13 @@ impl FsTree {
                         self.out
                             .push(self.err("name").at(bytenr).key(k).msg("empty name"));
                     }
-                    if seen_names.contains(&e.name) {
+                    if v[..i].iter().any(|x| x.name == e.name) {
                         self.out
                             .push(self.err("name").at(bytenr).key(k).msg(format!(
                                 "duplicate name '{}' in directory {ino}",
                                 String::from_utf8_lossy(e.name)
                             )));
                     }
-                    seen_names.push(e.name);
                     if is_xattr {
                         continue;
                     }
@@ -392,18 +375,18 @@ impl FsTree {
                     }
                     match loc.ty {
                         BTRFS_INODE_ITEM_KEY if misfiled => {}
-                        BTRFS_INODE_ITEM_KEY => self.names.push(NameRec {
-                            parent: ino,
-                            child: loc.objectid,
-                            index: if is_index { k.offset } else { 0 },
-                            hash: h as u32,
-                            src: if is_index {
-                                SRC_DIR_INDEX
+                        BTRFS_INODE_ITEM_KEY => self.add_name(
+                            ino,
+                            (ino, loc.objectid, h as u32),
+                            if is_index {
+                                Record::Index {
+                                    index: k.offset,
+                                    ftype: ft,
+                                }
                             } else {
-                                SRC_DIR_ITEM
+                                Record::Item { ftype: ft }
                             },
-                            ftype: ft,
-                        }),
+                        ),
                         BTRFS_ROOT_ITEM_KEY => {
                             if !is_index {
                                 self.subvol_dirents.push((ino, loc.objectid));
@@ -571,6 +554,19 @@ impl FsTree {
     }
 
     fn finish_inode(&mut self) {
+        self.check_inode();
+        self.names.end_of_inode();
+    }
+
+    /// A record of a name, found among the items of inode `cur`.
+    fn add_name(&mut self, cur: u64, key: super::names::NameKey, rec: Record) {
+        if self.link_checks {
+            self.names.add(cur, key, rec);
+        }
+    }
+
+    /// The per-inode checks of the inode whose items just ended.
+    fn check_inode(&mut self) {
         let c = std::mem::take(&mut self.cur);
         if c.items == 0 || c.ino < BTRFS_FIRST_FREE_OBJECTID || c.ino > BTRFS_LAST_FREE_OBJECTID {
             return;
@@ -647,9 +643,6 @@ impl FsTree {
             if f.nlink == 0 {
                 self.unlinked.push(ino);
             }
-            if let Some(last) = self.inodes.last_mut().filter(|i| i.0 == ino) {
-                last.3 = c.refs;
-            }
             if c.refs == 0 && f.nlink > 0 && !self.lost {
                 // Reported once the names are matched: a directory entry
                 // may still reach it.
@@ -675,30 +668,14 @@ impl FsTree {
         }
     }
 
-    /// (mode, nlink) of an inode of this tree (after `finish` sorted them).
-    fn inode(&self, ino: u64) -> Option<(u32, u32)> {
-        self.inode_refs(ino).map(|(m, n, _)| (m, n))
-    }
-
-    /// (mode, nlink, back references) of an inode of this tree.
-    fn inode_refs(&self, ino: u64) -> Option<(u32, u32, u32)> {
-        self.inodes
-            .binary_search_by_key(&ino, |i| i.0)
-            .ok()
-            .map(|i| (self.inodes[i].1, self.inodes[i].2, self.inodes[i].3))
-    }
-
     /// Everything left once the last leaf is in: the last inode, the root
-    /// directory, orphans, and the names matched across inodes. Runs on the
+    /// directory, orphans, and the names still open. Runs on the
     /// checker's thread; `deliver` hands the results over.
     pub fn finish(&mut self) {
         self.finish_inode();
-        if !self.inodes.windows(2).all(|w| w[0].0 < w[1].0) {
-            self.inodes.sort_by_key(|i| i.0);
-            self.inodes.dedup_by_key(|i| i.0);
-        }
+        self.names.end_of_tree();
         let mut out = Vec::new();
-        match self.inode(self.root_dirid) {
+        match self.root_facts {
             None if !self.lost => out.push(self.err("inode").msg(format!(
                 "root directory {} has no inode item",
                 self.root_dirid
@@ -733,44 +710,36 @@ impl FsTree {
             }
             _ => {}
         }
-        let unlinked = std::mem::take(&mut self.unlinked);
-        if !unlinked.is_empty() {
-            // An unlinked inode no name refers to is what the kernel's
-            // orphan cleanup deletes; one that something still names is
-            // a link count problem, reported with the names.
-            let named: HashSet<u64> = self.names.iter().map(|n| n.child).collect();
-            for ino in unlinked {
-                if !self.orphans.contains(&ino) {
-                    let mut e = self.err("orphan");
-                    if !named.contains(&ino) && !self.lost {
-                        e = e.fix(Repair::DeleteUnlinkedInode {
-                            tree: self.root,
-                            ino,
-                        });
-                    }
-                    out.push(e.msg(format!("inode {ino} has no links and no orphan item")));
-                }
-            }
-        }
-        let unnamed = std::mem::take(&mut self.unnamed);
-        if !unnamed.is_empty() {
-            let named: HashSet<u64> = self.names.iter().map(|n| n.child).collect();
-            for (ino, nlink) in unnamed {
-                let mut e = self.err("inode");
-                if !named.contains(&ino) {
-                    e = e.fix(Repair::LinkToLostFound {
+        // An unlinked inode no name refers to is what the kernel's orphan
+        // cleanup deletes; one that something still names is a link count
+        // problem, reported with the names.
+        for ino in std::mem::take(&mut self.unlinked) {
+            if !self.orphans.contains(&ino) {
+                let mut e = self.err("orphan");
+                if !self.names.named(ino) && !self.lost {
+                    e = e.fix(Repair::DeleteUnlinkedInode {
                         tree: self.root,
                         ino,
                     });
                 }
-                out.push(e.msg(format!(
-                    "inode {ino}: link count {nlink} but 0 names refer to it"
-                )));
+                out.push(e.msg(format!("inode {ino} has no links and no orphan item")));
             }
+        }
+        for (ino, nlink) in std::mem::take(&mut self.unnamed) {
+            let mut e = self.err("inode");
+            if !self.names.named(ino) {
+                e = e.fix(Repair::LinkToLostFound {
+                    tree: self.root,
+                    ino,
+                });
+            }
+            out.push(e.msg(format!(
+                "inode {ino}: link count {nlink} but 0 names refer to it"
+            )));
         }
         self.out.extend(out);
         if self.link_checks && !self.lost {
-            self.match_names();
+            self.report_names();
         }
     }
 
@@ -791,95 +760,15 @@ impl FsTree {
         }
     }
 
-    fn match_names(&mut self) {
-        let mut names = std::mem::take(&mut self.names);
-        names.sort_unstable_by_key(|n| (n.parent, n.child, n.hash, n.src, n.index));
-        // Inodes with a name two of its three records agree on: a lone
-        // record of another name is then a stray, not the only name.
-        let mut confirmed: HashSet<u64> = HashSet::new();
-        for w in names.chunk_by(|a, b| (a.parent, a.child, a.hash) == (b.parent, b.child, b.hash)) {
-            let has = |src| w.iter().any(|n| n.src == src);
-            let n = [SRC_DIR_ITEM, SRC_DIR_INDEX, SRC_REF]
-                .into_iter()
-                .filter(|&x| has(x))
-                .count();
-            if n >= 2 {
-                confirmed.insert(w[0].child);
-            }
-        }
-        let mut i = 0;
-        while i < names.len() {
-            let g0 = names[i];
-            let mut j = i;
-            let (mut item, mut index, mut iref) = (
-                None::<NameRec>,
-                Vec::<NameRec>::new(),
-                Vec::<NameRec>::new(),
-            );
-            let mut dup_items = 0;
-            while j < names.len()
-                && (names[j].parent, names[j].child, names[j].hash)
-                    == (g0.parent, g0.child, g0.hash)
-            {
-                let n = names[j];
-                match n.src {
-                    SRC_DIR_ITEM => {
-                        if item.is_some() {
-                            dup_items += 1;
-                        }
-                        item = Some(n);
-                    }
-                    SRC_DIR_INDEX => index.push(n),
-                    _ => iref.push(n),
-                }
-                j += 1;
-            }
-            i = j;
-            let (p, ch) = (g0.parent, g0.child);
-            let child = self.inode(ch);
-            let parent = self.inode(p);
-            let mut errs = Vec::<String>::new();
-            if child.is_none() {
-                errs.push("points to an inode that does not exist".into());
-            }
-            if parent.is_none() {
-                errs.push("is in a directory that does not exist".into());
-            } else if parent.is_some_and(|(m, _)| m & S_IFMT != S_IFDIR) {
-                errs.push("is in an inode that is not a directory".into());
-            }
-            if item.is_none() {
-                errs.push("has no DIR_ITEM".into());
-            }
-            if index.is_empty() {
-                errs.push("has no DIR_INDEX".into());
-            }
-            if iref.is_empty() && child.is_some() {
-                errs.push("has no INODE_REF".into());
-            }
-            if dup_items > 0 || index.len() > iref.len().max(1) {
-                errs.push("is recorded more than once".into());
-            }
-            for x in &index {
-                if !iref.is_empty() && !iref.iter().any(|r| r.index == x.index) {
-                    errs.push(format!(
-                        "DIR_INDEX {} does not match the INODE_REF index {}",
-                        x.index, iref[0].index
-                    ));
-                }
-            }
-            if let Some((m, _)) = child {
-                let want = ftype_of_mode(m);
-                for x in item.iter().chain(index.iter()) {
-                    if Some(x.ftype) != want && want.is_some() {
-                        errs.push(format!(
-                            "type {} does not match the inode's mode 0{m:o}",
-                            x.ftype
-                        ));
-                        break;
-                    }
-                }
-            }
-            let fixes = self.name_fixes(p, ch, item, &index, &iref, confirmed.contains(&ch));
+    /// Every name whose records disagree, with the repairs two agreeing
+    /// records determine.
+    fn report_names(&mut self) {
+        for (key, g) in self.names.take_bad() {
+            let (p, ch, _) = key;
+            let child = self.names.table.mode(ch);
+            let parent = self.names.table.mode(p);
+            let errs = name_errors(&g, child, parent);
+            let fixes = name_fixes(self.root, key, &g, child, parent, self.names.confirmed(ch));
             for (i, e) in errs.into_iter().enumerate() {
                 let mut f = self.err("name");
                 // Every repair of the group rides on its first finding.
@@ -899,123 +788,6 @@ impl FsTree {
                     .push(f.msg(format!("name in directory {p} for inode {ch} {e}")));
             }
         }
-    }
-
-    /// What on disk determines about one name that its three records
-    /// (DIR_ITEM, DIR_INDEX, the inode's back reference) disagree on, two
-    /// agreeing records outvoting the third:
-    /// - a DIR_ITEM and DIR_INDEX without a back reference get it back;
-    /// - a back reference with one of the entries gets the other back;
-    /// - entries naming an inode that does not exist are removed;
-    /// - one lone record goes when the inode has a name two records
-    ///   confirm (a corrupted copy of a name); a lone back reference or
-    ///   DIR_INDEX that is the inode's only name is completed instead, so
-    ///   the inode stays reachable.
-    ///
-    /// Anything else (several back references for one entry, an index
-    /// that disagrees, a directory that is not one) is left alone.
-    fn name_fixes(
-        &self,
-        p: u64,
-        ch: u64,
-        item: Option<NameRec>,
-        index: &[NameRec],
-        iref: &[NameRec],
-        confirmed_elsewhere: bool,
-    ) -> Vec<Repair> {
-        let tree = self.root;
-        let mut out = Vec::new();
-        let parent_is_dir = self.inode(p).is_some_and(|(m, _)| m & S_IFMT == S_IFDIR);
-        let remove_entries = |out: &mut Vec<Repair>| {
-            if let Some(it) = item {
-                out.push(Repair::RemoveDirEntry {
-                    tree,
-                    dir: p,
-                    ino: ch,
-                    key_type: BTRFS_DIR_ITEM_KEY,
-                    offset: it.hash as u64,
-                });
-            }
-            for x in index {
-                out.push(Repair::RemoveDirEntry {
-                    tree,
-                    dir: p,
-                    ino: ch,
-                    key_type: BTRFS_DIR_INDEX_KEY,
-                    offset: x.index,
-                });
-            }
-        };
-        if self.inode(ch).is_none() {
-            if iref.is_empty() {
-                remove_entries(&mut out);
-            }
-            return out;
-        }
-        if !parent_is_dir || index.len() > 1 || iref.len() > 1 {
-            return out;
-        }
-        let idx = index.first().map(|x| x.index);
-        match (item.is_some(), idx, iref.first().map(|r| r.index)) {
-            // Both entries, no back reference.
-            (true, Some(i), None) => out.push(Repair::AddInodeRef {
-                tree,
-                dir: p,
-                ino: ch,
-                index: i,
-            }),
-            // A back reference and one entry that agrees with it.
-            (true, None, Some(r)) => out.push(Repair::AddDirIndex {
-                tree,
-                dir: p,
-                ino: ch,
-                index: r,
-            }),
-            (false, Some(i), Some(r)) if i == r => out.push(Repair::AddDirItem {
-                tree,
-                dir: p,
-                ino: ch,
-                index: r,
-            }),
-            // One record alone.
-            (false, None, Some(r)) if !confirmed_elsewhere => {
-                out.push(Repair::AddDirItem {
-                    tree,
-                    dir: p,
-                    ino: ch,
-                    index: r,
-                });
-                out.push(Repair::AddDirIndex {
-                    tree,
-                    dir: p,
-                    ino: ch,
-                    index: r,
-                });
-            }
-            (false, None, Some(r)) => out.push(Repair::RemoveInodeRef {
-                tree,
-                dir: p,
-                ino: ch,
-                index: r,
-            }),
-            (false, Some(i), None) if !confirmed_elsewhere => {
-                out.push(Repair::AddInodeRef {
-                    tree,
-                    dir: p,
-                    ino: ch,
-                    index: i,
-                });
-                out.push(Repair::AddDirItem {
-                    tree,
-                    dir: p,
-                    ino: ch,
-                    index: i,
-                });
-            }
-            (_, _, None) if confirmed_elsewhere => remove_entries(&mut out),
-            _ => {}
-        }
-        out
     }
 }
 

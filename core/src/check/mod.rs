@@ -19,6 +19,7 @@ pub mod findings;
 mod free_space;
 mod fs;
 mod log;
+mod names;
 mod parity;
 mod qgroups;
 pub mod repair;

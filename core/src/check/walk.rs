@@ -648,7 +648,7 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
 }
 
 /// Most metadata asked for ahead of the walk (page cache, not our memory).
-const PREFETCH_LIMIT: u64 = 512 << 20;
+const PREFETCH_LIMIT: u64 = 2048 << 20;
 
 /// The extent tree lists every tree block: ask the kernel for the first
 /// present copy of all of them in disk order, merged into large reads, so

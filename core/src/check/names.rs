@@ -1,0 +1,521 @@
+//! Phase 6's name matching, streamed with the walk. Every name of a
+//! subvolume is recorded three times: the directory's DIR_ITEM and
+//! DIR_INDEX, filed under the directory's objectid, and the named inode's
+//! INODE_REF or INODE_EXTREF, filed under its own. Leaves arrive in key
+//! order, so once the walk has passed both inodes a name's records are all
+//! in: the name is settled then and forgotten. What is held is the names in
+//! flight (about the largest directory's entries whose inodes come later)
+//! and a mode and two bits per inode, not every name of the tree: at a
+//! million files that is 5 MB where a list of every record was 96 MB.
+//!
+//! Settling costs no allocation for a clean name; a name with a problem is
+//! kept and judged when the tree ends, when it is known whether its inode
+//! has another name two records agree on.
+
+use super::findings::Repair;
+use crate::format::consts::*;
+use crate::format::dir::ftype_of_mode;
+use crate::fs::inode::{S_IFDIR, S_IFMT};
+use crate::util::hash::FastMap;
+
+/// (parent directory, named inode, name hash).
+pub(super) type NameKey = (u64, u64, u32);
+
+/// The records of one name seen so far, as held while the name is open:
+/// small, as a million of them pass through the map. A second DIR_INDEX or
+/// back reference of one name (a problem, or a rare hard link pattern)
+/// goes to `Names::more`.
+#[derive(Clone, Copy, Default)]
+struct OpenName {
+    /// DIR_ITEM entries (more than one is a problem), and the last one's type.
+    items: u8,
+    item_ftype: u8,
+    /// DIR_INDEX entries: how many, and the first one's index and type.
+    n_index: u8,
+    index_ftype: u8,
+    index: u64,
+    /// Back references: how many, and the first one's index.
+    n_refs: u8,
+    ref_index: u64,
+}
+
+/// Every record of one name.
+#[derive(Clone, Default)]
+pub(super) struct NameRecords {
+    /// DIR_ITEM entries, and the last one's type.
+    pub items: u8,
+    pub item_ftype: u8,
+    /// DIR_INDEX entries: (index, type).
+    pub index: Vec<(u64, u8)>,
+    /// Back references' indexes.
+    pub refs: Vec<u64>,
+}
+
+impl NameRecords {
+    fn sources(&self) -> usize {
+        (self.items > 0) as usize + !self.index.is_empty() as usize + !self.refs.is_empty() as usize
+    }
+}
+
+/// Where a record of a name was found.
+pub(super) enum Record {
+    Item { ftype: u8 },
+    Index { index: u64, ftype: u8 },
+    Ref { index: u64 },
+}
+
+/// The inode has a name two of its three records agree on.
+const CONFIRMED: u8 = 1;
+/// Some record names the inode.
+const NAMED: u8 = 2;
+
+/// Mode and flag bits per inode of the tree. Inode numbers come in key
+/// order and mostly dense, so they are kept as runs of consecutive
+/// numbers: five bytes an inode.
+#[derive(Default)]
+pub(super) struct InodeTable {
+    /// (first inode, its slot) of each run of consecutive inode numbers.
+    runs: Vec<(u64, usize)>,
+    modes: Vec<u32>,
+    flags: Vec<u8>,
+    /// Pushed out of order (a damaged tree): runs are rebuilt before lookups.
+    unsorted: bool,
+}
+
+impl InodeTable {
+    fn next_ino(&self) -> Option<u64> {
+        self.runs
+            .last()
+            .map(|&(first, slot)| first + (self.modes.len() - slot) as u64)
+    }
+
+    /// Returns false when `ino` is not above every inode pushed before.
+    pub fn push(&mut self, ino: u64, mode: u32) -> bool {
+        let next = self.next_ino();
+        if next != Some(ino) {
+            if next.is_some_and(|n| ino < n) {
+                self.unsorted = true;
+            }
+            self.runs.push((ino, self.modes.len()));
+        }
+        self.modes.push(mode);
+        self.flags.push(0);
+        !self.unsorted
+    }
+
+    /// Sort a table pushed out of order (the first entry of a repeated
+    /// inode wins, as the walk's first inode item did).
+    fn normalize(&mut self) {
+        if !self.unsorted {
+            return;
+        }
+        let mut all: Vec<(u64, usize)> = Vec::with_capacity(self.modes.len());
+        for (r, &(first, slot)) in self.runs.iter().enumerate() {
+            let end = self.runs.get(r + 1).map_or(self.modes.len(), |n| n.1);
+            all.extend((slot..end).map(|s| (first + (s - slot) as u64, s)));
+        }
+        all.sort_by_key(|&(ino, s)| (ino, s));
+        all.dedup_by_key(|e| e.0);
+        let (modes, flags) = (
+            std::mem::take(&mut self.modes),
+            std::mem::take(&mut self.flags),
+        );
+        *self = InodeTable::default();
+        for (ino, s) in all {
+            self.push(ino, modes[s]);
+            *self.flags.last_mut().expect("just pushed") = flags[s];
+        }
+    }
+
+    fn slot(&self, ino: u64) -> Option<usize> {
+        let r = self.runs.partition_point(|r| r.0 <= ino).checked_sub(1)?;
+        let (first, slot) = self.runs[r];
+        let end = self.runs.get(r + 1).map_or(self.modes.len(), |n| n.1);
+        let s = slot + usize::try_from(ino - first).ok()?;
+        (s < end).then_some(s)
+    }
+
+    pub fn mode(&self, ino: u64) -> Option<u32> {
+        self.slot(ino).map(|s| self.modes[s])
+    }
+
+    fn mark(&mut self, ino: u64, bit: u8) {
+        if let Some(s) = self.slot(ino) {
+            self.flags[s] |= bit;
+        }
+    }
+
+    fn has(&self, ino: u64, bit: u8) -> bool {
+        self.slot(ino).is_some_and(|s| self.flags[s] & bit != 0)
+    }
+}
+
+/// The name matching of one subvolume.
+#[derive(Default)]
+pub(super) struct Names {
+    pub table: InodeTable,
+    pending: FastMap<NameKey, OpenName>,
+    /// Second and later DIR_INDEX entries and back references of open names.
+    more: FastMap<NameKey, (Vec<(u64, u8)>, Vec<u64>)>,
+    /// Names whose second inode is the one being read: settled when it ends.
+    ready: Vec<NameKey>,
+    /// Names with a problem, judged at the end.
+    bad: Vec<(NameKey, NameRecords)>,
+    /// Keys came out of order (a damaged tree): nothing is settled before the end.
+    disordered: bool,
+}
+
+impl Names {
+    pub fn push_inode(&mut self, ino: u64, mode: u32) {
+        if !self.table.push(ino, mode) {
+            self.disordered = true;
+        }
+    }
+
+    /// Items went backwards: the walk's order cannot be trusted to close names.
+    pub fn set_disordered(&mut self) {
+        self.disordered = true;
+    }
+
+    /// A record of name `key` found among the items of inode `cur`.
+    pub fn add(&mut self, cur: u64, key: NameKey, rec: Record) {
+        let g = self.pending.entry(key).or_default();
+        match rec {
+            Record::Item { ftype } => {
+                g.items = g.items.saturating_add(1);
+                g.item_ftype = ftype;
+            }
+            Record::Index { index, ftype } => {
+                if g.n_index == 0 {
+                    (g.index, g.index_ftype) = (index, ftype);
+                } else {
+                    self.more.entry(key).or_default().0.push((index, ftype));
+                }
+                g.n_index = g.n_index.saturating_add(1);
+            }
+            Record::Ref { index } => {
+                if g.n_refs == 0 {
+                    g.ref_index = index;
+                } else {
+                    self.more.entry(key).or_default().1.push(index);
+                }
+                g.n_refs = g.n_refs.saturating_add(1);
+            }
+        }
+        let other = if key.0 == cur { key.1 } else { key.0 };
+        if other <= cur && !self.disordered {
+            self.ready.push(key);
+        }
+    }
+
+    /// The walk is past the current inode: settle the names it closed.
+    pub fn end_of_inode(&mut self) {
+        if self.disordered {
+            self.ready.clear();
+            return;
+        }
+        for key in std::mem::take(&mut self.ready) {
+            if let Some(g) = self.pending.remove(&key) {
+                self.settle(key, g);
+            }
+        }
+    }
+
+    fn settle(&mut self, key: NameKey, g: OpenName) {
+        let (p, ch, _) = key;
+        let (child, parent) = (self.table.mode(ch), self.table.mode(p));
+        if g.items == 1 && g.n_index == 1 && g.n_refs == 1 {
+            // The common case, judged without building the records.
+            let want = child.and_then(ftype_of_mode);
+            if g.index == g.ref_index
+                && parent.is_some_and(|m| m & S_IFMT == S_IFDIR)
+                && child.is_some()
+                && want.is_none_or(|t| t == g.item_ftype && t == g.index_ftype)
+            {
+                self.table.mark(ch, CONFIRMED | NAMED);
+                return;
+            }
+        }
+        let (more_index, more_refs) = if g.n_index > 1 || g.n_refs > 1 {
+            self.more.remove(&key).unwrap_or_default()
+        } else {
+            Default::default()
+        };
+        let mut r = NameRecords {
+            items: g.items,
+            item_ftype: g.item_ftype,
+            index: Vec::new(),
+            refs: Vec::new(),
+        };
+        if g.n_index > 0 {
+            r.index.push((g.index, g.index_ftype));
+            r.index.extend(more_index);
+        }
+        if g.n_refs > 0 {
+            r.refs.push(g.ref_index);
+            r.refs.extend(more_refs);
+        }
+        let bit = if r.sources() >= 2 {
+            CONFIRMED | NAMED
+        } else {
+            NAMED
+        };
+        self.table.mark(ch, bit);
+        if !name_errors(&r, child, parent).is_empty() {
+            self.bad.push((key, r));
+        }
+    }
+
+    /// The tree is complete: settle what is left (names missing a record
+    /// in a later inode, or naming inodes that do not exist).
+    pub fn end_of_tree(&mut self) {
+        self.end_of_inode();
+        self.table.normalize();
+        let mut rest: Vec<(NameKey, OpenName)> =
+            std::mem::take(&mut self.pending).into_iter().collect();
+        rest.sort_unstable_by_key(|e| e.0);
+        for (key, g) in rest {
+            self.settle(key, g);
+        }
+        self.bad.sort_by_key(|e| e.0);
+    }
+
+    pub fn named(&self, ino: u64) -> bool {
+        self.table.has(ino, NAMED)
+    }
+
+    pub fn confirmed(&self, ino: u64) -> bool {
+        self.table.has(ino, CONFIRMED)
+    }
+
+    /// Names with a problem, in (parent, inode, hash) order (after `end_of_tree`).
+    pub fn take_bad(&mut self) -> Vec<(NameKey, NameRecords)> {
+        std::mem::take(&mut self.bad)
+    }
+}
+
+/// What is wrong with one name, given the modes of the inode it names and
+/// of its directory (None: no inode item). Empty for a good name; allocates
+/// nothing then.
+pub(super) fn name_errors(g: &NameRecords, child: Option<u32>, parent: Option<u32>) -> Vec<String> {
+    let index = &g.index[..];
+    let iref = &g.refs[..];
+    let mut errs = Vec::<String>::new();
+    if child.is_none() {
+        errs.push("points to an inode that does not exist".into());
+    }
+    match parent {
+        None => errs.push("is in a directory that does not exist".into()),
+        Some(m) if m & S_IFMT != S_IFDIR => {
+            errs.push("is in an inode that is not a directory".into())
+        }
+        _ => {}
+    }
+    if g.items == 0 {
+        errs.push("has no DIR_ITEM".into());
+    }
+    if index.is_empty() {
+        errs.push("has no DIR_INDEX".into());
+    }
+    if iref.is_empty() && child.is_some() {
+        errs.push("has no INODE_REF".into());
+    }
+    if g.items > 1 || index.len() > iref.len().max(1) {
+        errs.push("is recorded more than once".into());
+    }
+    for x in index {
+        if !iref.is_empty() && !iref.contains(&x.0) {
+            errs.push(format!(
+                "DIR_INDEX {} does not match the INODE_REF index {}",
+                x.0, iref[0]
+            ));
+        }
+    }
+    if let Some(m) = child {
+        if let Some(want) = ftype_of_mode(m) {
+            let item = (g.items > 0).then_some(g.item_ftype);
+            if let Some(t) = item
+                .into_iter()
+                .chain(index.iter().map(|x| x.1))
+                .find(|&t| t != want)
+            {
+                errs.push(format!("type {t} does not match the inode's mode 0{m:o}"));
+            }
+        }
+    }
+    errs
+}
+
+/// What on disk determines about one name that its three records
+/// (DIR_ITEM, DIR_INDEX, the inode's back reference) disagree on, two
+/// agreeing records outvoting the third:
+/// - a DIR_ITEM and DIR_INDEX without a back reference get it back;
+/// - a back reference with one of the entries gets the other back;
+/// - entries naming an inode that does not exist are removed;
+/// - one lone record goes when the inode has a name two records
+///   confirm (a corrupted copy of a name); a lone back reference or
+///   DIR_INDEX that is the inode's only name is completed instead, so
+///   the inode stays reachable.
+///
+/// Anything else (several back references for one entry, an index
+/// that disagrees, a directory that is not one) is left alone.
+pub(super) fn name_fixes(
+    tree: u64,
+    key: NameKey,
+    g: &NameRecords,
+    child: Option<u32>,
+    parent: Option<u32>,
+    confirmed_elsewhere: bool,
+) -> Vec<Repair> {
+    let (p, ch, hash) = key;
+    let index = &g.index[..];
+    let iref = &g.refs[..];
+    let mut out = Vec::new();
+    let parent_is_dir = parent.is_some_and(|m| m & S_IFMT == S_IFDIR);
+    let remove_entries = |out: &mut Vec<Repair>| {
+        if g.items > 0 {
+            out.push(Repair::RemoveDirEntry {
+                tree,
+                dir: p,
+                ino: ch,
+                key_type: BTRFS_DIR_ITEM_KEY,
+                offset: hash as u64,
+            });
+        }
+        for x in index {
+            out.push(Repair::RemoveDirEntry {
+                tree,
+                dir: p,
+                ino: ch,
+                key_type: BTRFS_DIR_INDEX_KEY,
+                offset: x.0,
+            });
+        }
+    };
+    if child.is_none() {
+        if iref.is_empty() {
+            remove_entries(&mut out);
+        }
+        return out;
+    }
+    if !parent_is_dir || index.len() > 1 || iref.len() > 1 {
+        return out;
+    }
+    let idx = index.first().map(|x| x.0);
+    let name = |index| (tree, p, ch, index);
+    match (g.items > 0, idx, iref.first().copied()) {
+        // Both entries, no back reference.
+        (true, Some(i), None) => out.push(add_inode_ref(name(i))),
+        // A back reference and one entry that agrees with it.
+        (true, None, Some(r)) => out.push(add_dir_index(name(r))),
+        (false, Some(i), Some(r)) if i == r => out.push(add_dir_item(name(r))),
+        // One record alone.
+        (false, None, Some(r)) if !confirmed_elsewhere => {
+            out.push(add_dir_item(name(r)));
+            out.push(add_dir_index(name(r)));
+        }
+        (false, None, Some(r)) => out.push(Repair::RemoveInodeRef {
+            tree,
+            dir: p,
+            ino: ch,
+            index: r,
+        }),
+        (false, Some(i), None) if !confirmed_elsewhere => {
+            out.push(add_inode_ref(name(i)));
+            out.push(add_dir_item(name(i)));
+        }
+        (_, _, None) if confirmed_elsewhere => remove_entries(&mut out),
+        _ => {}
+    }
+    out
+}
+
+fn add_inode_ref((tree, dir, ino, index): (u64, u64, u64, u64)) -> Repair {
+    Repair::AddInodeRef {
+        tree,
+        dir,
+        ino,
+        index,
+    }
+}
+
+fn add_dir_index((tree, dir, ino, index): (u64, u64, u64, u64)) -> Repair {
+    Repair::AddDirIndex {
+        tree,
+        dir,
+        ino,
+        index,
+    }
+}
+
+fn add_dir_item((tree, dir, ino, index): (u64, u64, u64, u64)) -> Repair {
+    Repair::AddDirItem {
+        tree,
+        dir,
+        ino,
+        index,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_table_runs_and_disorder() {
+        let mut t = InodeTable::default();
+        for ino in [256u64, 257, 258, 300, 301, 1000] {
+            assert!(t.push(ino, 0o100644 + ino as u32));
+        }
+        assert_eq!(t.runs.len(), 3);
+        assert_eq!(t.mode(257), Some(0o100644 + 257));
+        assert_eq!(t.mode(259), None);
+        assert_eq!(t.mode(255), None);
+        assert_eq!(t.mode(1000), Some(0o100644 + 1000));
+        t.mark(300, NAMED);
+        assert!(t.has(300, NAMED) && !t.has(300, CONFIRMED) && !t.has(301, NAMED));
+        // Out of order: found once normalized, the first of a repeat kept.
+        assert!(!t.push(257, 1));
+        assert!(!t.push(299, 2));
+        t.normalize();
+        assert_eq!(t.mode(257), Some(0o100644 + 257));
+        assert_eq!(t.mode(299), Some(2));
+        assert!(t.has(300, NAMED));
+    }
+
+    #[test]
+    fn names_settle_when_both_inodes_are_past() {
+        let mut n = Names::default();
+        n.push_inode(256, 0o40755);
+        let key = (256, 300, 7);
+        n.add(
+            256,
+            key,
+            Record::Item {
+                ftype: BTRFS_FT_REG_FILE,
+            },
+        );
+        n.add(
+            256,
+            key,
+            Record::Index {
+                index: 2,
+                ftype: BTRFS_FT_REG_FILE,
+            },
+        );
+        n.end_of_inode();
+        assert_eq!(n.pending.len(), 1, "the inode named comes later");
+        n.push_inode(300, 0o100644);
+        n.add(300, key, Record::Ref { index: 2 });
+        n.end_of_inode();
+        assert!(n.pending.is_empty());
+        // A lone DIR_INDEX of another inode, never matched.
+        n.add(256, (256, 400, 9), Record::Index { index: 3, ftype: 1 });
+        n.end_of_tree();
+        assert!(n.confirmed(300) && n.named(300));
+        let bad = n.take_bad();
+        assert_eq!(bad.len(), 1);
+        let errs = name_errors(&bad[0].1, n.table.mode(400), n.table.mode(256));
+        assert!(errs.iter().any(|e| e.contains("does not exist")));
+    }
+}
