@@ -8,7 +8,7 @@ use super::findings::{ExtentRef, Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::extent::{extent_data_ref_hash, InlineRef};
-use crate::format::file_extent::FileExtent;
+use crate::format::file_extent::{parse_file_extent, FileExtent};
 use crate::format::item::{decode, ItemBody};
 use crate::tree::Node;
 use rayon::slice::ParallelSliceMut;
@@ -287,7 +287,7 @@ pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
         let Ok(d) = node.item_data(slot) else {
             continue;
         };
-        let Ok(ItemBody::FileExtent(FileExtent::Disk { head, item })) = decode(&k, d, 0) else {
+        let Ok(FileExtent::Disk { head, item }) = parse_file_extent(d) else {
             continue;
         };
         let bytenr = item.disk_bytenr.get();

@@ -554,8 +554,9 @@ impl FsTree {
     }
 
     fn finish_inode(&mut self) {
+        let ino = self.cur.ino;
         self.check_inode();
-        self.names.end_of_inode();
+        self.names.end_of_inode(ino);
     }
 
     /// A record of a name, found among the items of inode `cur`.

@@ -139,6 +139,11 @@ pub(crate) struct Ctx<'a> {
     pub meta_prefetched: bool,
     /// The written parts of the metadata chunks were asked for at the start.
     pub early_prefetched: bool,
+    /// Tree blocks the walk has read so far: the bulk read-ahead stays a
+    /// bounded distance ahead of it.
+    pub walked: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Tree blocks read ahead of the walk.
+    pub stream: std::sync::Arc<walk::BlockStream>,
     pub subvol_dirents: Vec<SubvolDirent>,
 }
 
@@ -370,6 +375,8 @@ fn run_phases(
         data_verified: None,
         meta_prefetched: false,
         early_prefetched,
+        walked: Default::default(),
+        stream: Default::default(),
     };
     for w in &img.open_warnings {
         cx.report(findings::F::warn(1, "open").msg(w.clone()));

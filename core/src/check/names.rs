@@ -150,35 +150,125 @@ impl InodeTable {
     }
 }
 
-/// The name matching of one subvolume.
+/// A directory entry record gathered while the directory's items are read.
+#[derive(Clone, Copy)]
+struct DirRecord {
+    child: u64,
+    hash: u32,
+    /// 0: DIR_ITEM, 1: DIR_INDEX.
+    src: u8,
+    ftype: u8,
+    index: u64,
+}
+
+/// The entries of one directory read already that name inodes still to
+/// come, in inode order: the inodes' back references find them at `pos`
+/// or just after, as the walk reaches the inodes in the same order.
+struct Batch {
+    names: Vec<(u64, u32, OpenName)>,
+    pos: usize,
+}
+
+/// The name matching of one subvolume. The usual name (a directory's entry
+/// for an inode created after it) goes through a batch of the directory's
+/// entries, read in order; any other (an inode older than the directory it
+/// is in, a record missing or repeated) through a map keyed by the name.
 #[derive(Default)]
 pub(super) struct Names {
     pub table: InodeTable,
     pending: FastMap<NameKey, OpenName>,
     /// Second and later DIR_INDEX entries and back references of open names.
     more: FastMap<NameKey, (Vec<(u64, u8)>, Vec<u64>)>,
-    /// Names whose second inode is the one being read: settled when it ends.
+    /// Names in `pending` whose second inode is the one being read:
+    /// settled when it ends.
     ready: Vec<NameKey>,
+    /// Entries of the directory being read (`dir_parent`) naming later inodes.
+    dir_run: Vec<DirRecord>,
+    dir_parent: u64,
+    /// Directories' batches by parent, and (first open inode, parent) of
+    /// each, smallest first.
+    batches: FastMap<u64, Batch>,
+    heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64)>>,
     /// Names with a problem, judged at the end.
     bad: Vec<(NameKey, NameRecords)>,
-    /// Keys came out of order (a damaged tree): nothing is settled before the end.
+    /// Keys came out of order (a damaged tree): nothing is settled before
+    /// the end, everything goes through the map.
     disordered: bool,
 }
 
 impl Names {
     pub fn push_inode(&mut self, ino: u64, mode: u32) {
         if !self.table.push(ino, mode) {
-            self.disordered = true;
+            self.set_disordered();
         }
     }
 
-    /// Items went backwards: the walk's order cannot be trusted to close names.
+    /// Items went backwards: the walk's order cannot be trusted to close
+    /// names. What the batches hold moves to the map.
     pub fn set_disordered(&mut self) {
+        if self.disordered {
+            return;
+        }
         self.disordered = true;
+        self.ready.clear();
+        self.heads.clear();
+        for (parent, b) in std::mem::take(&mut self.batches) {
+            for &(child, hash, g) in &b.names[b.pos..] {
+                self.merge((parent, child, hash), g);
+            }
+        }
+        self.flush_dir_run(false);
     }
 
     /// A record of name `key` found among the items of inode `cur`.
     pub fn add(&mut self, cur: u64, key: NameKey, rec: Record) {
+        let (p, ch, hash) = key;
+        if !self.disordered {
+            match rec {
+                Record::Item { ftype } if p == cur && ch > cur => {
+                    self.dir_parent = p;
+                    self.dir_run.push(DirRecord {
+                        child: ch,
+                        hash,
+                        src: 0,
+                        ftype,
+                        index: 0,
+                    });
+                    return;
+                }
+                Record::Index { index, ftype } if p == cur && ch > cur => {
+                    self.dir_parent = p;
+                    self.dir_run.push(DirRecord {
+                        child: ch,
+                        hash,
+                        src: 1,
+                        ftype,
+                        index,
+                    });
+                    return;
+                }
+                Record::Ref { index } if ch == cur && p < cur => {
+                    if let Some(b) = self.batches.get_mut(&p) {
+                        let found = b.names[b.pos..]
+                            .iter_mut()
+                            .skip_while(|n| n.0 < ch)
+                            .take_while(|n| n.0 == ch)
+                            .find(|n| n.1 == hash);
+                        if let Some(n) = found {
+                            let g = &mut n.2;
+                            if g.n_refs == 0 {
+                                g.ref_index = index;
+                            } else {
+                                self.more.entry(key).or_default().1.push(index);
+                            }
+                            g.n_refs = g.n_refs.saturating_add(1);
+                            return;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
         let g = self.pending.entry(key).or_default();
         match rec {
             Record::Item { ftype } => {
@@ -202,21 +292,141 @@ impl Names {
                 g.n_refs = g.n_refs.saturating_add(1);
             }
         }
-        let other = if key.0 == cur { key.1 } else { key.0 };
+        let other = if p == cur { ch } else { p };
         if other <= cur && !self.disordered {
             self.ready.push(key);
         }
     }
 
-    /// The walk is past the current inode: settle the names it closed.
-    pub fn end_of_inode(&mut self) {
+    /// Fold the records of `g` into the map's entry for `key`.
+    fn merge(&mut self, key: NameKey, g: OpenName) {
+        let e = self.pending.entry(key).or_default();
+        if e.n_index == 0 && e.n_refs == 0 && e.items == 0 {
+            *e = g;
+            return;
+        }
+        e.items = e.items.saturating_add(g.items);
+        if g.items > 0 {
+            e.item_ftype = g.item_ftype;
+        }
+        if g.n_index > 0 {
+            if e.n_index == 0 {
+                (e.index, e.index_ftype) = (g.index, g.index_ftype);
+            } else {
+                self.more
+                    .entry(key)
+                    .or_default()
+                    .0
+                    .push((g.index, g.index_ftype));
+            }
+            e.n_index = e.n_index.saturating_add(g.n_index);
+        }
+        if g.n_refs > 0 {
+            if e.n_refs == 0 {
+                e.ref_index = g.ref_index;
+            } else {
+                self.more.entry(key).or_default().1.push(g.ref_index);
+            }
+            e.n_refs = e.n_refs.saturating_add(g.n_refs);
+        }
+    }
+
+    /// The directory's items ended: its entries naming later inodes
+    /// become a batch in inode order (or go to the map: the walk's order
+    /// is not trusted).
+    fn flush_dir_run(&mut self, to_batch: bool) {
+        if self.dir_run.is_empty() {
+            return;
+        }
+        let p = self.dir_parent;
+        let mut run = std::mem::take(&mut self.dir_run);
+        let by_name = |r: &DirRecord| (r.child, r.hash, r.src, r.index);
+        if !run.is_sorted_by_key(by_name) {
+            run.sort_unstable_by_key(by_name);
+        }
+        let mut names: Vec<(u64, u32, OpenName)> = Vec::with_capacity(run.len() / 2 + 1);
+        for r in &run {
+            let same = names
+                .last()
+                .is_some_and(|n| (n.0, n.1) == (r.child, r.hash));
+            if !same {
+                names.push((r.child, r.hash, OpenName::default()));
+            }
+            let n = names.last_mut().expect("pushed above");
+            let g = &mut n.2;
+            if r.src == 0 {
+                g.items = g.items.saturating_add(1);
+                g.item_ftype = r.ftype;
+            } else {
+                if g.n_index == 0 {
+                    (g.index, g.index_ftype) = (r.index, r.ftype);
+                } else {
+                    let key = (p, r.child, r.hash);
+                    self.more.entry(key).or_default().0.push((r.index, r.ftype));
+                }
+                g.n_index = g.n_index.saturating_add(1);
+            }
+        }
+        run.clear();
+        self.dir_run = run;
+        if to_batch {
+            if let Some(first) = names.first() {
+                self.heads.push(std::cmp::Reverse((first.0, p)));
+                self.batches.insert(p, Batch { names, pos: 0 });
+            }
+        } else {
+            for (child, hash, g) in names {
+                self.merge((p, child, hash), g);
+            }
+        }
+    }
+
+    /// The walk is past inode `cur`: settle the names it closed.
+    pub fn end_of_inode(&mut self, cur: u64) {
         if self.disordered {
             self.ready.clear();
             return;
         }
+        self.flush_dir_run(true);
         for key in std::mem::take(&mut self.ready) {
             if let Some(g) = self.pending.remove(&key) {
                 self.settle(key, g);
+            }
+        }
+        self.settle_batches(cur);
+    }
+
+    /// Settle the batches' names of inodes up to `upto`.
+    fn settle_batches(&mut self, upto: u64) {
+        while let Some(&std::cmp::Reverse((head, p))) = self.heads.peek() {
+            if head > upto {
+                break;
+            }
+            self.heads.pop();
+            let Some(b) = self.batches.get_mut(&p) else {
+                continue;
+            };
+            let start = b.pos;
+            while b.names.get(b.pos).is_some_and(|n| n.0 <= upto) {
+                b.pos += 1;
+            }
+            let end = b.pos;
+            let next = b.names.get(end).map(|n| n.0);
+            // Taken out while settling (settle needs the whole of self).
+            let names = std::mem::take(&mut b.names);
+            for &(child, hash, g) in &names[start..end] {
+                self.settle((p, child, hash), g);
+            }
+            match next {
+                Some(n) => {
+                    self.heads.push(std::cmp::Reverse((n, p)));
+                    if let Some(b) = self.batches.get_mut(&p) {
+                        b.names = names;
+                    }
+                }
+                None => {
+                    self.batches.remove(&p);
+                }
             }
         }
     }
@@ -268,8 +478,10 @@ impl Names {
 
     /// The tree is complete: settle what is left (names missing a record
     /// in a later inode, or naming inodes that do not exist).
+    /// (After the last inode's `end_of_inode`.)
     pub fn end_of_tree(&mut self) {
-        self.end_of_inode();
+        self.flush_dir_run(!self.disordered);
+        self.settle_batches(u64::MAX);
         self.table.normalize();
         let mut rest: Vec<(NameKey, OpenName)> =
             std::mem::take(&mut self.pending).into_iter().collect();
@@ -503,19 +715,74 @@ mod tests {
                 ftype: BTRFS_FT_REG_FILE,
             },
         );
-        n.end_of_inode();
-        assert_eq!(n.pending.len(), 1, "the inode named comes later");
+        // An inode older than its directory: through the map.
+        n.add(256, (256, 200, 8), Record::Index { index: 3, ftype: 1 });
+        n.end_of_inode(256);
+        assert_eq!(n.batches.len(), 1, "the inode named comes later");
         n.push_inode(300, 0o100644);
         n.add(300, key, Record::Ref { index: 2 });
-        n.end_of_inode();
-        assert!(n.pending.is_empty());
+        n.end_of_inode(300);
+        assert!(n.batches.is_empty() && n.pending.is_empty());
         // A lone DIR_INDEX of another inode, never matched.
         n.add(256, (256, 400, 9), Record::Index { index: 3, ftype: 1 });
         n.end_of_tree();
         assert!(n.confirmed(300) && n.named(300));
         let bad = n.take_bad();
-        assert_eq!(bad.len(), 1);
-        let errs = name_errors(&bad[0].1, n.table.mode(400), n.table.mode(256));
+        assert_eq!(
+            bad.iter().map(|b| b.0).collect::<Vec<_>>(),
+            [(256, 200, 8), (256, 400, 9)]
+        );
+        let errs = name_errors(&bad[1].1, n.table.mode(400), n.table.mode(256));
         assert!(errs.iter().any(|e| e.contains("does not exist")));
+    }
+
+    /// Items out of order move everything open to the map, and the names
+    /// come out as when the order held.
+    #[test]
+    fn disorder_falls_back_to_the_map() {
+        for disorder_at in 0..4 {
+            let mut n = Names::default();
+            n.push_inode(256, 0o40755);
+            for c in 300..310u64 {
+                n.add(
+                    256,
+                    (256, c, c as u32),
+                    Record::Item {
+                        ftype: BTRFS_FT_REG_FILE,
+                    },
+                );
+                n.add(
+                    256,
+                    (256, c, c as u32),
+                    Record::Index {
+                        index: c,
+                        ftype: BTRFS_FT_REG_FILE,
+                    },
+                );
+                if disorder_at == 0 && c == 305 {
+                    n.set_disordered();
+                }
+            }
+            n.end_of_inode(256);
+            for c in 300..310u64 {
+                if disorder_at == 1 && c == 303 {
+                    n.set_disordered();
+                }
+                n.push_inode(c, 0o100644);
+                if c != 307 {
+                    n.add(c, (256, c, c as u32), Record::Ref { index: c });
+                }
+                n.end_of_inode(c);
+            }
+            if disorder_at == 2 {
+                n.set_disordered();
+            }
+            n.end_of_tree();
+            let bad = n.take_bad();
+            assert_eq!(bad.len(), 1, "disorder at {disorder_at}");
+            assert_eq!(bad[0].0, (256, 307, 307));
+            assert!((300..310).all(|c| n.named(c)));
+            assert!((300..310).all(|c| n.confirmed(c)));
+        }
     }
 }

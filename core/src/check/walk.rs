@@ -19,6 +19,7 @@ use crate::tree::{
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
+use std::sync::atomic::Ordering::Relaxed;
 
 const P: u8 = 3;
 
@@ -74,7 +75,13 @@ type Loaded = (
     bool,
 );
 
-fn load(img: &Image, bytenr: u64, expect: &Expect, all_copies: bool) -> Loaded {
+fn load(
+    img: &Image,
+    stream: &BlockStream,
+    bytenr: u64,
+    expect: &Expect,
+    all_copies: bool,
+) -> Loaded {
     // Common case first: copy 0 is good, so read it once (and, when every
     // copy is checked, each other copy once later to verify it). Anything
     // else goes to the image's best-copy selection, which reads the other
@@ -84,7 +91,11 @@ fn load(img: &Image, bytenr: u64, expect: &Expect, all_copies: bool) -> Loaded {
         if let Some(&(d0, p0)) = copies.first() {
             if let Some(b) = img
                 .device_of(d0)
-                .and_then(|dev| dev.read_vec(p0, ns).ok())
+                .and_then(|dev| {
+                    stream
+                        .take(bytenr, (d0, p0))
+                        .or_else(|| dev.read_vec(p0, ns).ok())
+                })
                 .filter(|b| copy_ok(img, b, bytenr))
             {
                 if let Ok(node) = Node::from_vec(bytenr, b) {
@@ -238,24 +249,23 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
                 // for their first copies (issuing that takes a while itself,
                 // so beside the walk), and verify the other copies with
                 // large direct reads on a thread of their own.
-                let (mut runs, copies, complete) = metadata_runs(cx);
+                let (blocks, copies, complete) = metadata_runs(cx);
                 cx.meta_prefetched = complete;
-                if cx.early_prefetched {
-                    // Asked for already, with the rest of the written metadata.
-                    runs.clear();
+                if !cx.early_prefetched {
+                    // Not asked for yet: read in disk order past the
+                    // page cache, ahead of the walk, which takes the
+                    // blocks from the stream.
+                    cx.meta_prefetched = true;
+                    let stream = cx.stream.clone();
+                    let walked = cx.walked.clone();
+                    let devs: Vec<_> = img.devices().map(|(id, d)| (id, d.clone())).collect();
+                    let ns = img.nodesize as usize;
+                    prefetching = std::thread::Builder::new()
+                        .name("meta-stream".into())
+                        .spawn(move || stream.fill(&devs, &blocks, ns, &walked))
+                        .ok();
                 }
-                let devs: Vec<_> = img.devices().map(|(id, d)| (id, d.clone())).collect();
-                prefetching = std::thread::Builder::new()
-                    .name("meta-prefetch".into())
-                    .spawn(move || {
-                        for (devid, s, e) in runs {
-                            if let Some((_, dev)) = devs.iter().find(|d| d.0 == devid) {
-                                dev.prefetch(s, e - s);
-                            }
-                        }
-                    })
-                    .ok();
-                if complete && cx.opts.check_mirrors {
+                if cx.opts.check_mirrors {
                     mirror_check = std::thread::Builder::new()
                         .name("meta-mirrors".into())
                         .spawn_scoped(scope, move || verify_copies(img, copies))
@@ -285,8 +295,11 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
         verify_mirrors(cx, rest);
         if prof {
             eprintln!("mirrors at {:?}", t0.elapsed());
+            let (hits, misses) = cx.stream.counts();
+            eprintln!("stream: {hits} blocks taken, {misses} read by the walk");
         }
     }
+    cx.walked.store(u64::MAX, Relaxed);
     if let Some(h) = prefetching {
         let _ = h.join();
     }
@@ -436,6 +449,7 @@ impl BlockCheck<'_, '_> {
         let root = self.spec.root;
         cx.progress.advance(1);
         cx.sink.checked(P, 1);
+        cx.walked.fetch_add(1, Relaxed);
         cx.ext.block_owner.push((node.bytenr, node.owner()));
         for pr in problems {
             let cat = match pr.kind {
@@ -512,7 +526,7 @@ impl Visitor for BlockCheck<'_, '_> {
         let (read, bad, later) = self
             .preloaded
             .remove(&at.bytenr)
-            .unwrap_or_else(|| load(img, at.bytenr, &at.expect, self.all_copies));
+            .unwrap_or_else(|| load(img, &self.cx.stream, at.bytenr, &at.expect, self.all_copies));
         self.bad = bad;
         self.mirrors_later = later;
         Some(read)
@@ -588,10 +602,11 @@ impl Visitor for BlockCheck<'_, '_> {
             // previous node's (blocks the walk passed by) goes.
             const PRELOAD: usize = 32;
             let all_copies = self.all_copies;
+            let stream = &*self.cx.stream;
             self.preloaded = todo
                 .par_iter()
                 .take(PRELOAD)
-                .map(|c| (c.bytenr, load(img, c.bytenr, &c.expect, all_copies)))
+                .map(|c| (c.bytenr, load(img, stream, c.bytenr, &c.expect, all_copies)))
                 .collect();
         }
     }
@@ -647,30 +662,29 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
     }
 }
 
-/// Most metadata asked for ahead of the walk (page cache, not our memory).
-const PREFETCH_LIMIT: u64 = 2048 << 20;
+/// How far the bulk read-ahead of the tree blocks runs ahead of the walk
+/// (page cache, not our memory).
+const PREFETCH_WINDOW: u64 = 384 << 20;
 
-/// The extent tree lists every tree block: ask the kernel for the first
-/// present copy of all of them in disk order, merged into large reads, so
-/// the walk of the other trees finds them in the page cache instead of
-/// waiting on each. Returns the (devid, start, end) physical runs to ask
-/// for, the other copies on present devices (devid, physical, copy index,
-/// bytenr) in disk order, and whether they hold every tree block
-/// (PREFETCH_LIMIT bounds them).
+/// How far the stream of tree blocks runs ahead of the walk (our memory:
+/// most of the checker's peak on a large filesystem).
+const STREAM_WINDOW: u64 = 96 << 20;
+
+/// The extent tree lists every tree block: the first present copy of each
+/// (devid, physical, bytenr) in disk order, for the stream to read ahead
+/// of the walk; the other copies on present devices (devid, physical, copy
+/// index, bytenr) in disk order; and whether the first copies fit in one
+/// read-ahead window (beyond it, the walk also asks for each block's
+/// children itself, in case the disk order strays far from the walk's).
 #[allow(clippy::type_complexity)]
 fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, usize, u64)>, bool) {
     let img = cx.img;
     let ns = img.nodesize as u64;
-    let mut first: Vec<(u64, u64)> = Vec::new();
+    let mut first: Vec<(u64, u64, u64)> = Vec::new();
     let mut copies: Vec<(u64, u64, usize, u64)> = Vec::new();
-    let mut complete = true;
     for r in &cx.ext.recs {
         if r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK == 0 {
             continue;
-        }
-        if first.len() as u64 * ns >= PREFETCH_LIMIT {
-            complete = false;
-            break;
         }
         let Ok(all) = img.block_copy_addrs(r.bytenr) else {
             continue;
@@ -679,31 +693,124 @@ fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, usize, u64)>
             .iter()
             .enumerate()
             .filter(|(_, c)| img.device_of(c.0).is_some());
-        if let Some((_, &c)) = present.next() {
-            first.push(c);
+        if let Some((_, &(d, p))) = present.next() {
+            first.push((d, p, r.bytenr));
             copies.extend(present.map(|(i, &(d, p))| (d, p, i, r.bytenr)));
         }
     }
+    let complete = first.len() as u64 * ns <= PREFETCH_WINDOW;
     copies.sort_unstable();
     first.sort_unstable();
-    let mut runs = Vec::new();
-    let mut run: Option<(u64, u64, u64)> = None;
-    for (d, p) in first {
-        run = match run {
-            Some((rd, s, e))
-                if rd == d && p <= e.saturating_add(256 << 10) && e - s < (8 << 20) =>
-            {
-                Some((d, s, e.max(p + ns)))
+    (first, copies, complete)
+}
+
+/// Tree blocks read ahead of the walk in disk order, in large reads past
+/// the page cache (no page cache work, one copy), and kept until the walk
+/// takes them. The reader holds at most STREAM_WINDOW bytes of blocks the
+/// walk has not taken yet, so memory is bounded whatever the metadata's
+/// size; a block the walk needs before the reader has it is read as usual
+/// (and dropped by the reader when it comes by).
+#[derive(Default)]
+pub(crate) struct BlockStream {
+    blocks: std::sync::Mutex<StreamState>,
+}
+
+#[derive(Default)]
+struct StreamState {
+    /// bytenr -> (devid, physical, the copy's bytes).
+    ready: crate::util::hash::FastMap<u64, (u64, u64, Vec<u8>)>,
+    /// Blocks the walk read itself: not kept when the reader reaches them.
+    missed: std::collections::HashSet<u64, crate::util::hash::MixBuild>,
+    /// Blocks taken from the stream, and read by the walk itself.
+    hits: u64,
+    misses: u64,
+}
+
+impl BlockStream {
+    /// The copy at (devid, physical) of block `bytenr`, if the reader has it.
+    fn take(&self, bytenr: u64, at: (u64, u64)) -> Option<Vec<u8>> {
+        let mut st = self.blocks.lock().ok()?;
+        match st.ready.remove(&bytenr) {
+            Some((d, p, b)) if (d, p) == at => {
+                st.hits += 1;
+                Some(b)
             }
-            Some(r) => {
-                runs.push(r);
-                Some((d, p, p + ns))
+            _ => {
+                st.misses += 1;
+                st.missed.insert(bytenr);
+                None
             }
-            None => Some((d, p, p + ns)),
-        };
+        }
     }
-    runs.extend(run);
-    (runs, copies, complete)
+
+    /// (blocks taken from the stream, blocks the walk read itself).
+    pub(super) fn counts(&self) -> (u64, u64) {
+        self.blocks.lock().map_or((0, 0), |st| (st.hits, st.misses))
+    }
+
+    /// Read `blocks` (devid, physical, bytenr; in disk order) in runs,
+    /// holding back while the walk (`walked` blocks; u64::MAX at its end,
+    /// which ends this) is more than a window behind.
+    fn fill(
+        &self,
+        devs: &[(u64, std::sync::Arc<dyn crate::io::BlockDevice>)],
+        blocks: &[(u64, u64, u64)],
+        ns: usize,
+        walked: &std::sync::atomic::AtomicU64,
+    ) {
+        const RUN: u64 = 4 << 20;
+        const GAP: u64 = 128 << 10;
+        let mut buf = crate::io::IoBuf::new();
+        let mut i = 0;
+        while i < blocks.len() {
+            let (devid, start, _) = blocks[i];
+            let mut j = i + 1;
+            while j < blocks.len()
+                && blocks[j].0 == devid
+                && blocks[j].1 >= blocks[j - 1].1 + ns as u64
+                && blocks[j].1 - (blocks[j - 1].1 + ns as u64) <= GAP
+                && blocks[j].1 + ns as u64 - start <= RUN
+            {
+                j += 1;
+            }
+            let run = &blocks[i..j];
+            i = j;
+            // Hold back while the blocks waiting for the walk fill the
+            // window (the walk's end, u64::MAX, ends this).
+            loop {
+                if walked.load(Relaxed) == u64::MAX {
+                    return;
+                }
+                let held = self.blocks.lock().map_or(0, |st| st.ready.len());
+                if ((held + run.len()) * ns) as u64 <= STREAM_WINDOW {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let Some((_, dev)) = devs.iter().find(|d| d.0 == devid) else {
+                continue;
+            };
+            let len = (run[run.len() - 1].1 + ns as u64 - start) as usize;
+            let mut got = Vec::with_capacity(run.len());
+            let _ = dev.read_once(start, len, &mut buf, &mut |data: &[u8]| {
+                for &(d, p, bytenr) in run {
+                    let o = (p - start) as usize;
+                    if let Some(b) = data.get(o..o + ns) {
+                        got.push((bytenr, (d, p, b.to_vec())));
+                    }
+                }
+            });
+            // Copied above, handed over here: the walk's threads wait on
+            // the lock for an insert each, not for a copy of the run.
+            if let Ok(mut st) = self.blocks.lock() {
+                for (bytenr, v) in got {
+                    if !st.missed.remove(&bytenr) {
+                        st.ready.insert(bytenr, v);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Verify the given copies (devid, physical, copy index, bytenr; in disk

@@ -54,8 +54,20 @@ pub struct DirEntry<'a> {
 
 /// Split a DIR_ITEM, DIR_INDEX or XATTR_ITEM body into its packed entries; an
 /// entry whose name or data runs past the item end is an error.
-pub fn parse_dir_items(mut data: &[u8]) -> Result<Vec<DirEntry<'_>>> {
+pub fn parse_dir_items(data: &[u8]) -> Result<Vec<DirEntry<'_>>> {
     let mut out = Vec::new();
+    for_each_dir_entry(data, |e| out.push(e))?;
+    Ok(out)
+}
+
+/// Hand each packed entry of a DIR_ITEM, DIR_INDEX or XATTR_ITEM body to
+/// `f`, in order, without collecting them; returns how many there were.
+/// Entries before a malformed one are handed over before the error.
+pub fn for_each_dir_entry<'a>(
+    mut data: &'a [u8],
+    mut f: impl FnMut(DirEntry<'a>),
+) -> Result<usize> {
+    let mut count = 0;
     while !data.is_empty() {
         let h: &DirItem = super::view(data, "dir item")?;
         let n = h.name_len.get() as usize;
@@ -70,14 +82,15 @@ pub fn parse_dir_items(mut data: &[u8]) -> Result<Vec<DirEntry<'_>>> {
                 0,
             ));
         }
-        out.push(DirEntry {
+        f(DirEntry {
             item: h,
             name: &rest[..n],
             data: &rest[n..n + d],
         });
+        count += 1;
         data = &rest[n + d..];
     }
-    Ok(out)
+    Ok(count)
 }
 
 /// Append one packed dir entry (DIR_ITEM, DIR_INDEX or XATTR_ITEM body):

@@ -107,8 +107,19 @@ pub struct InodeExtrefEntry<'a> {
 }
 
 /// Split a packed `INODE_REF` item into its entries.
-pub fn parse_inode_refs(mut data: &[u8]) -> Result<Vec<InodeRefEntry<'_>>> {
+pub fn parse_inode_refs(data: &[u8]) -> Result<Vec<InodeRefEntry<'_>>> {
     let mut out = Vec::new();
+    for_each_inode_ref(data, |e| out.push(e))?;
+    Ok(out)
+}
+
+/// Hand each entry of a packed `INODE_REF` item to `f`, in order, without
+/// collecting them; returns how many there were.
+pub fn for_each_inode_ref<'a>(
+    mut data: &'a [u8],
+    mut f: impl FnMut(InodeRefEntry<'a>),
+) -> Result<usize> {
+    let mut count = 0;
     while !data.is_empty() {
         let h: &InodeRef = super::view(data, "inode ref")?;
         let n = h.name_len.get() as usize;
@@ -119,18 +130,30 @@ pub fn parse_inode_refs(mut data: &[u8]) -> Result<Vec<InodeRefEntry<'_>>> {
                 0,
             ));
         }
-        out.push(InodeRefEntry {
+        f(InodeRefEntry {
             index: h.index.get(),
             name: &rest[..n],
         });
+        count += 1;
         data = &rest[n..];
     }
-    Ok(out)
+    Ok(count)
 }
 
 /// Split a packed `INODE_EXTREF` item into its entries.
-pub fn parse_inode_extrefs(mut data: &[u8]) -> Result<Vec<InodeExtrefEntry<'_>>> {
+pub fn parse_inode_extrefs(data: &[u8]) -> Result<Vec<InodeExtrefEntry<'_>>> {
     let mut out = Vec::new();
+    for_each_inode_extref(data, |e| out.push(e))?;
+    Ok(out)
+}
+
+/// Hand each entry of a packed `INODE_EXTREF` item to `f`, in order,
+/// without collecting them; returns how many there were.
+pub fn for_each_inode_extref<'a>(
+    mut data: &'a [u8],
+    mut f: impl FnMut(InodeExtrefEntry<'a>),
+) -> Result<usize> {
+    let mut count = 0;
     while !data.is_empty() {
         let h: &InodeExtref = super::view(data, "inode extref")?;
         let n = h.name_len.get() as usize;
@@ -141,14 +164,15 @@ pub fn parse_inode_extrefs(mut data: &[u8]) -> Result<Vec<InodeExtrefEntry<'_>>>
                 0,
             ));
         }
-        out.push(InodeExtrefEntry {
+        f(InodeExtrefEntry {
             parent: h.parent_objectid.get(),
             index: h.index.get(),
             name: &rest[..n],
         });
+        count += 1;
         data = &rest[n..];
     }
-    Ok(out)
+    Ok(count)
 }
 
 /// Append one packed `INODE_REF` entry.

@@ -7,12 +7,12 @@ use super::block_group::BlockGroupItem;
 use super::chunk::{parse_chunk, ChunkItem, Stripe};
 use super::consts::*;
 use super::dev::{DevExtent, DevItem};
-use super::dir::{parse_dir_items, DirEntry, DirLogItem};
+use super::dir::{for_each_dir_entry, DirEntry, DirLogItem};
 use super::extent::{parse_extent_item, ExtentDataRef, ExtentView, SharedDataRef};
 use super::file_extent::{parse_file_extent, FileExtent};
 use super::free_space::FreeSpaceInfo;
 use super::inode::{
-    parse_inode_extrefs, parse_inode_refs, InodeExtrefEntry, InodeItem, InodeRefEntry,
+    for_each_inode_extref, for_each_inode_ref, InodeExtrefEntry, InodeItem, InodeRefEntry,
 };
 use super::key::Key;
 use super::misc::{BalanceItem, DevReplaceItem, VerityDescItem};
@@ -127,6 +127,70 @@ fn empty(data: &[u8], what: &str) -> Result<()> {
     Ok(())
 }
 
+/// One entry of an item that packs several names.
+enum NameEntry<'a> {
+    Dir(DirEntry<'a>),
+    Ref(InodeRefEntry<'a>),
+    Extref(InodeExtrefEntry<'a>),
+}
+
+/// The entries of an INODE_REF, INODE_EXTREF, DIR_ITEM, DIR_INDEX or
+/// XATTR_ITEM body, each handed to `f`, with the rules those items obey
+/// (not empty, one entry in a DIR_INDEX, names no longer than the limit).
+/// [`decode`] collects them; [`check`] only validates, without allocating.
+fn names_of<'a>(key: &Key, data: &'a [u8], f: &mut dyn FnMut(NameEntry<'a>)) -> Result<()> {
+    match key.ty {
+        BTRFS_INODE_REF_KEY => {
+            if for_each_inode_ref(data, |e| f(NameEntry::Ref(e)))? == 0 {
+                return Err(Error::corrupt("empty inode ref item", 0));
+            }
+        }
+        BTRFS_INODE_EXTREF_KEY => {
+            if for_each_inode_extref(data, |e| f(NameEntry::Extref(e)))? == 0 {
+                return Err(Error::corrupt("empty inode extref item", 0));
+            }
+        }
+        _ => {
+            let mut long = None;
+            let n = for_each_dir_entry(data, |e| {
+                if e.name.len() > BTRFS_NAME_LEN {
+                    long.get_or_insert(e.name.len());
+                }
+                f(NameEntry::Dir(e))
+            })?;
+            if n == 0 {
+                return Err(Error::corrupt("empty dir item", 0));
+            }
+            if key.ty == BTRFS_DIR_INDEX_KEY && n != 1 {
+                return Err(Error::corrupt(
+                    format!("dir index item holds {n} entries, want 1"),
+                    0,
+                ));
+            }
+            if let Some(len) = long {
+                return Err(Error::corrupt(
+                    format!("dir item name_len {len} > {BTRFS_NAME_LEN}"),
+                    0,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether [`decode`] accepts the item, without building what it returns
+/// (the tree checker runs this on every item read).
+pub fn check(key: &Key, data: &[u8], csum_size: usize) -> Result<()> {
+    match key.ty {
+        BTRFS_INODE_REF_KEY
+        | BTRFS_INODE_EXTREF_KEY
+        | BTRFS_DIR_ITEM_KEY
+        | BTRFS_DIR_INDEX_KEY
+        | BTRFS_XATTR_ITEM_KEY => names_of(key, data, &mut |_| {}),
+        _ => decode(key, data, csum_size).map(|_| ()),
+    }
+}
+
 /// Decode the item `key` with body `data`. `csum_size` is the superblock's
 /// checksum size, which EXTENT_CSUM item sizes must be a multiple of. Errors
 /// carry no location; callers add it with [`Error::at`].
@@ -134,38 +198,30 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
     Ok(match key.ty {
         BTRFS_INODE_ITEM_KEY => ItemBody::InodeItem(exact(data, "inode")?),
         BTRFS_INODE_REF_KEY => {
-            let v = parse_inode_refs(data)?;
-            if v.is_empty() {
-                return Err(Error::corrupt("empty inode ref item", 0));
-            }
+            let mut v = Vec::new();
+            names_of(key, data, &mut |n| {
+                if let NameEntry::Ref(e) = n {
+                    v.push(e)
+                }
+            })?;
             ItemBody::InodeRef(v)
         }
         BTRFS_INODE_EXTREF_KEY => {
-            let v = parse_inode_extrefs(data)?;
-            if v.is_empty() {
-                return Err(Error::corrupt("empty inode extref item", 0));
-            }
+            let mut v = Vec::new();
+            names_of(key, data, &mut |n| {
+                if let NameEntry::Extref(e) = n {
+                    v.push(e)
+                }
+            })?;
             ItemBody::InodeExtref(v)
         }
         BTRFS_DIR_ITEM_KEY | BTRFS_DIR_INDEX_KEY | BTRFS_XATTR_ITEM_KEY => {
-            let v = parse_dir_items(data)?;
-            if v.is_empty() {
-                return Err(Error::corrupt("empty dir item", 0));
-            }
-            if key.ty == BTRFS_DIR_INDEX_KEY && v.len() != 1 {
-                return Err(Error::corrupt(
-                    format!("dir index item holds {} entries, want 1", v.len()),
-                    0,
-                ));
-            }
-            for e in &v {
-                if e.name.len() > BTRFS_NAME_LEN {
-                    return Err(Error::corrupt(
-                        format!("dir item name_len {} > {BTRFS_NAME_LEN}", e.name.len()),
-                        0,
-                    ));
+            let mut v = Vec::new();
+            names_of(key, data, &mut |n| {
+                if let NameEntry::Dir(e) = n {
+                    v.push(e)
                 }
-            }
+            })?;
             ItemBody::DirItem(v)
         }
         BTRFS_DIR_LOG_ITEM_KEY | BTRFS_DIR_LOG_INDEX_KEY => {

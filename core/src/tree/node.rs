@@ -473,7 +473,7 @@ impl Node {
                 }
                 data_end = off;
                 if let Ok(d) = self.item_data(slot) {
-                    if let Err(e) = decode(&k, d, ctx.csum.size()) {
+                    if let Err(e) = crate::format::item::check(&k, d, ctx.csum.size()) {
                         let msg = match e {
                             Error::Corrupt { what, .. } => what,
                             e => e.to_string(),
