@@ -479,3 +479,76 @@ fn degraded_writes_take_the_profile_the_devices_left_allow() {
         "data read back differs"
     );
 }
+
+/// `--repair` on a filesystem on two devices: a file's link count changed
+/// in both copies of its leaf (one on each device, checksums made right)
+/// is found, repaired in one commit written to both devices, and the set
+/// is then clean to btrkit-fsck and btrfs check, and the kernel shows the
+/// same files as before the damage.
+#[test]
+fn repair_on_a_device_set() {
+    use btrkit_core::devices::DeviceSet;
+    use btrkit_core::image::OpenOptions;
+    use btrkit_core::tree::search::TreeIter;
+    use btrkit_tests::sets::{manifest, progs_check};
+    skip_unless!(require_kernel_mount());
+    skip_unless!(require_btrfs_progs());
+    let set = KernelSet::new(2, &["-d", "raid1", "-m", "raid1"]);
+    let devs: Vec<&Path> = set.paths.iter().map(PathBuf::as_path).collect();
+    let before = manifest(&set.paths, "ro").unwrap();
+    let img = DeviceSet::open_paths(&set.paths, OpenOptions::default()).unwrap();
+    let fs = img.find_root(5).unwrap().unwrap();
+    let mut it = TreeIter::new(&img, fs, btrkit_core::format::key::Key::new(257, 0, 0)).unwrap();
+    // btrfs_inode_item: nlink at 40, mode at 52.
+    let (leaf, at, ino) = loop {
+        let item = it.next_item().expect("a regular file").unwrap();
+        if item.key.ty != 1 {
+            continue;
+        }
+        let d = item.data().unwrap();
+        let mode = u32::from_le_bytes(d[52..56].try_into().unwrap());
+        let nlink = u32::from_le_bytes(d[40..44].try_into().unwrap());
+        if mode & 0o170000 == 0o100000 && nlink == 1 {
+            let off = d.as_ptr() as usize - item.node.bytes().as_ptr() as usize;
+            break (item.node.bytenr, off + 40, item.key.objectid);
+        }
+    };
+    let copies = img.block_copy_addrs(leaf).unwrap();
+    assert_eq!(copies.len(), 2);
+    assert_ne!(
+        copies[0].0, copies[1].0,
+        "RAID1 puts the copies on both devices"
+    );
+    let ns = img.nodesize as usize;
+    let csum = img.csum;
+    drop(img);
+    for (devid, phys) in copies {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&set.paths[devid as usize - 1])
+            .unwrap();
+        let mut b = vec![0u8; ns];
+        f.read_exact_at(&mut b, phys).unwrap();
+        b[at..at + 4].copy_from_slice(&7u32.to_le_bytes());
+        let c = btrkit_core::csum::block_csum(csum, &b);
+        b[..32].copy_from_slice(&c);
+        f.write_all_at(&b, phys).unwrap();
+    }
+    let (code, r, err) = fsck(&devs, &[]);
+    let f = findings(&r);
+    assert_eq!(code, 4, "{err} {f:?}");
+    assert!(
+        f.iter().any(|x| x
+            .2
+            .contains(&format!("inode {ino}: link count 7 but 1 names"))),
+        "{f:?}"
+    );
+    let (code, _, err) = fsck(&devs, &["--repair", "--yes"]);
+    assert_eq!(code, 1, "repair: {err}");
+    let (code, r, err) = fsck(&devs, &[]);
+    assert_eq!(code, 0, "after the repair: {err} {:?}", findings(&r));
+    progs_check(&set.paths).unwrap();
+    assert_eq!(manifest(&set.paths, "ro").unwrap(), before);
+}
