@@ -54,9 +54,10 @@ enum Kind {
     InodeRefName,
     ExtentRefsTotal,
     DataRefCount,
+    UuidEntry,
 }
 
-const KINDS: [Kind; 15] = [
+const KINDS: [Kind; 16] = [
     Kind::InodeNlink,
     Kind::DirSize,
     Kind::FileNbytes,
@@ -72,6 +73,7 @@ const KINDS: [Kind; 15] = [
     Kind::InodeRefName,
     Kind::ExtentRefsTotal,
     Kind::DataRefCount,
+    Kind::UuidEntry,
 ];
 
 struct Rng(u64);
@@ -101,6 +103,8 @@ struct Targets {
     inode_refs: Vec<Located>,
     /// Data extent items whose first inline ref is an EXTENT_DATA_REF.
     data_extents: Vec<Located>,
+    /// UUID tree entries naming one subvolume.
+    uuid_entries: Vec<Located>,
 }
 
 fn mode_of(d: &[u8]) -> u32 {
@@ -184,6 +188,9 @@ impl Targets {
             }),
             qgroup_infos: items_of(dev.clone(), BTRFS_QUOTA_TREE_OBJECTID, &|k, _| {
                 k.ty == BTRFS_QGROUP_INFO_KEY
+            }),
+            uuid_entries: items_of(dev.clone(), BTRFS_UUID_TREE_OBJECTID, &|k, d| {
+                k.ty == BTRFS_UUID_KEY_SUBVOL && d.len() == 8
             }),
             dir_indexes,
             dir_items,
@@ -298,6 +305,14 @@ fn damage(dev: &Arc<dyn BlockDevice>, t: &Targets, kind: Kind, rng: &mut Rng) ->
             field(dev, &l, 49, v, 4);
             format!("inline data ref count of extent {} = {v}", l.key.objectid)
         }
+        Kind::UuidEntry => {
+            // The entry names a subvolume that does not exist: the real
+            // one's UUID has no entry.
+            let l = pick(&t.uuid_entries, rng);
+            let v = rng.below(1000) + 100_000;
+            field(dev, &l, 0, v, 8);
+            format!("UUID tree entry {:?} names subvolume {v}", l.key)
+        }
         Kind::QgroupInfo => {
             let l = pick(&t.qgroup_infos, rng);
             let v = rng.below(1 << 30) / 4096 * 4096;
@@ -372,6 +387,10 @@ fn random_damage_never_makes_an_image_worse() {
     assert!(
         !targets.qgroup_infos.is_empty(),
         "no quota groups in the base image"
+    );
+    assert!(
+        targets.uuid_entries.len() >= 2,
+        "no UUID tree entries for the subvolume and its snapshot"
     );
     let cases: u64 = std::env::var("BTRKIT_REPAIR_CASES")
         .ok()

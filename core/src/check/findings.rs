@@ -276,6 +276,9 @@ pub enum Repair {
     /// Rebuild the checksum tree from the data (`--init-csum-tree`: only on
     /// the user's request, as it trusts whatever the data now holds).
     RebuildCsumTree,
+    /// Rebuild the UUID tree from the subvolumes' root items (what the
+    /// kernel's UUID scan at mount does).
+    RebuildUuidTree,
 }
 
 /// One back reference of an extent, as the trees that use it show it.
@@ -341,6 +344,7 @@ impl Repair {
             | Repair::LinkToLostFound { .. } => "names",
             Repair::RecountQgroups => "qgroups",
             Repair::RebuildCsumTree => "checksums",
+            Repair::RebuildUuidTree => "uuid",
         }
     }
 
@@ -420,6 +424,9 @@ impl Repair {
             ),
             Repair::RecountQgroups => "recount every quota group".into(),
             Repair::RebuildCsumTree => "rebuild the checksum tree from the data".into(),
+            Repair::RebuildUuidTree => {
+                "rebuild the UUID tree from the subvolumes' root items".into()
+            }
         }
     }
 }

@@ -25,6 +25,7 @@ mod qgroups;
 pub mod repair;
 mod space_cache;
 mod superblock;
+mod uuid_tree;
 mod walk;
 
 pub use findings::{
@@ -128,6 +129,7 @@ pub(crate) struct Ctx<'a> {
     pub fst: free_space::Facts,
     pub space_cache: space_cache::Facts,
     pub qgroups: qgroups::Facts,
+    pub uuid: uuid_tree::Facts,
     /// Data ranges that file extents say must have checksums (phase 7).
     pub csum_needed: Vec<csums::Need>,
     /// Data ranges that must have none (phase 7).
@@ -369,6 +371,7 @@ fn run_phases(
         fst: Default::default(),
         space_cache: Default::default(),
         qgroups: Default::default(),
+        uuid: Default::default(),
         csum_needed: Vec::new(),
         csum_forbidden: Vec::new(),
         subvol_dirents: Vec::new(),
@@ -408,6 +411,7 @@ fn run_phases(
         cx.sink.add_millis(6, t.elapsed().as_millis() as u64);
     });
     timed(&mut cx, 6, fs::check_root_refs);
+    timed(&mut cx, 6, uuid_tree::check);
     timed(&mut cx, 5, free_space::check);
     timed(&mut cx, 5, space_cache::check);
     if let Some(h) = data {

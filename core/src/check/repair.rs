@@ -227,6 +227,7 @@ fn order(r: &Repair) -> u8 {
         Repair::BlockGroupUsage => 12,
         Repair::RebuildFreeSpaceTree => 13,
         Repair::RecountQgroups => 14,
+        Repair::RebuildUuidTree => 15,
     }
 }
 
@@ -762,6 +763,12 @@ impl Run<'_> {
             Repair::RecountQgroups => {
                 self.st.quota_rescan()?;
                 self.changes.push("quota groups recounted".into());
+            }
+            Repair::RebuildUuidTree => {
+                let (removed, added) = crate::fs::subvol::rebuild_uuid_tree(self.st)?;
+                self.changes.push(format!(
+                    "UUID tree rebuilt: {removed} items removed, {added} entries added"
+                ));
             }
         }
         Ok(())

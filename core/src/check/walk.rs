@@ -33,6 +33,7 @@ pub(crate) enum Kind {
     FreeSpace,
     BlockGroup,
     Quota,
+    Uuid,
     Fs,
     Reloc,
     Other,
@@ -49,6 +50,7 @@ fn kind_of(id: u64) -> Kind {
         BTRFS_BLOCK_GROUP_TREE_OBJECTID => Kind::BlockGroup,
         BTRFS_TREE_RELOC_OBJECTID => Kind::Reloc,
         BTRFS_QUOTA_TREE_OBJECTID => Kind::Quota,
+        BTRFS_UUID_TREE_OBJECTID => Kind::Uuid,
         id if is_fstree(id) => Kind::Fs,
         _ => Kind::Other,
     }
@@ -219,6 +221,7 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
             );
         }
     }
+    cx.uuid.present = have.contains(&BTRFS_UUID_TREE_OBJECTID);
     if img
         .sb
         .has_compat_ro(BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE)
@@ -1012,6 +1015,7 @@ fn leaf(cx: &mut Ctx, spec: &Spec, node: &Node) {
         Kind::Csum => super::csums::on_leaf(cx, node),
         Kind::FreeSpace => super::free_space::on_leaf(cx, node),
         Kind::Quota => super::qgroups::on_quota_leaf(cx, node),
+        Kind::Uuid => super::uuid_tree::on_leaf(cx, node),
         Kind::Fs | Kind::Reloc => super::extents::on_fs_leaf(cx, node),
         Kind::Other => {}
     }

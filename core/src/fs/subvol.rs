@@ -168,6 +168,45 @@ pub fn subvol_ids(store: &mut crate::trans::Store) -> Result<Vec<u64>> {
     Ok(subvols)
 }
 
+/// Empty the UUID tree and fill it again from the root items: an entry for
+/// the UUID of every live subvolume (and for its received UUID), as the
+/// kernel's UUID scan makes them. Returns (items removed, entries added);
+/// nothing when the filesystem has no UUID tree.
+pub(crate) fn rebuild_uuid_tree(store: &mut crate::trans::Store) -> Result<(usize, usize)> {
+    use crate::format::root::RootItem;
+    if !store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
+        return Ok((0, 0));
+    }
+    let removed = store.empty_tree(BTRFS_UUID_TREE_OBJECTID)?;
+    let roots = store.items_in(
+        crate::trans::TreeId::Root,
+        Key::new(BTRFS_FS_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, 0),
+        Key::new(BTRFS_LAST_FREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX),
+    )?;
+    let mut added = 0;
+    for (k, d) in roots {
+        let subvol = k.objectid == BTRFS_FS_TREE_OBJECTID
+            || (BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&k.objectid);
+        if k.ty != BTRFS_ROOT_ITEM_KEY || !subvol {
+            continue;
+        }
+        let ri = RootItem::parse(&d).map_err(|e| e.at(0, k))?;
+        if !ri.has_v2() || ri.refs.get() == 0 {
+            continue;
+        }
+        for (u, ty) in [
+            (ri.uuid, BTRFS_UUID_KEY_SUBVOL),
+            (ri.received_uuid, BTRFS_UUID_KEY_RECEIVED_SUBVOL),
+        ] {
+            if u != [0; 16] {
+                uuid_add(store, &u, ty, k.objectid)?;
+                added += 1;
+            }
+        }
+    }
+    Ok((removed, added))
+}
+
 fn uuid_add(store: &mut crate::trans::Store, u: &[u8; 16], ty: u8, id: u64) -> Result<()> {
     if !store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
         return Ok(());
