@@ -44,7 +44,8 @@ if [ ! -f "$img" ]; then
     mv "$img.partial" "$img"
     echo "made $img: $files files in $(echo "$(date +%s.%N) - $start" | bc) s"
 fi
-cold="python3 -c \"import os;f=os.open('$img',os.O_RDONLY);os.posix_fadvise(f,0,0,os.POSIX_FADV_DONTNEED)\""
+cold="sh $dir/cold.sh $img"
+echo 'python3 -c "import os,sys;f=os.open(sys.argv[1],os.O_RDONLY);os.posix_fadvise(f,0,0,os.POSIX_FADV_DONTNEED)" "$1"' > "$dir/cold.sh"
 cmds=("$fsck $img")
 if [ "${SKIP_SLOW:-0}" != 1 ]; then
     cmds+=("btrfs check --readonly $img")
@@ -53,11 +54,11 @@ if [ "${SKIP_SLOW:-0}" != 1 ]; then
     utils=${BTRFSUTILS:-$dir/btrfsutils/bin/btrfs}
     [ -x "$utils" ] && cmds+=("$utils check --readonly $img")
 fi
-hyperfine -N -i -r "$runs" --prepare "sh -c \"$cold\"" --output=null "${cmds[@]}"
+hyperfine -N -i -r "$runs" --prepare "$cold" --output=null "${cmds[@]}"
 for c in "${cmds[@]}"; do
-    sh -c "$cold"
+    $cold
     /usr/bin/time -f "peak RSS %M KiB, %e s: $c" $c >/dev/null 2>/tmp/fsck-scale.err || true
     tail -n 1 /tmp/fsck-scale.err
 done
-sh -c "$cold"
+$cold
 BTRKIT_PROF=1 "$fsck" "$img" 2>&1 >/dev/null | grep -E "walked|joined|phase" || true
