@@ -58,10 +58,54 @@ impl NameRecords {
 }
 
 /// Where a record of a name was found.
+#[derive(Clone, Copy)]
 pub(super) enum Record {
     Item { ftype: u8 },
     Index { index: u64, ftype: u8 },
     Ref { index: u64 },
+}
+
+impl Record {
+    /// Order within one name: DIR_ITEM, then DIR_INDEX by index, then back references.
+    fn order(&self) -> (u8, u64) {
+        match *self {
+            Record::Item { .. } => (0, 0),
+            Record::Index { index, .. } => (1, index),
+            Record::Ref { index } => (2, index),
+        }
+    }
+}
+
+/// Count `rec` into the open name `key`; a second DIR_INDEX or back
+/// reference goes to `more`.
+fn note(
+    g: &mut OpenName,
+    more: &mut FastMap<NameKey, (Vec<(u64, u8)>, Vec<u64>)>,
+    key: NameKey,
+    rec: Record,
+) {
+    match rec {
+        Record::Item { ftype } => {
+            g.items = g.items.saturating_add(1);
+            g.item_ftype = ftype;
+        }
+        Record::Index { index, ftype } => {
+            if g.n_index == 0 {
+                (g.index, g.index_ftype) = (index, ftype);
+            } else {
+                more.entry(key).or_default().0.push((index, ftype));
+            }
+            g.n_index = g.n_index.saturating_add(1);
+        }
+        Record::Ref { index } => {
+            if g.n_refs == 0 {
+                g.ref_index = index;
+            } else {
+                more.entry(key).or_default().1.push(index);
+            }
+            g.n_refs = g.n_refs.saturating_add(1);
+        }
+    }
 }
 
 /// The inode has a name two of its three records agree on.
@@ -123,7 +167,9 @@ impl InodeTable {
         *self = InodeTable::default();
         for (ino, s) in all {
             self.push(ino, modes[s]);
-            *self.flags.last_mut().expect("just pushed") = flags[s];
+            if let Some(f) = self.flags.last_mut() {
+                *f = flags[s];
+            }
         }
     }
 
@@ -150,15 +196,13 @@ impl InodeTable {
     }
 }
 
-/// A directory entry record gathered while the directory's items are read.
+/// A directory entry record (DIR_ITEM or DIR_INDEX) gathered while the
+/// directory's items are read.
 #[derive(Clone, Copy)]
 struct DirRecord {
     child: u64,
     hash: u32,
-    /// 0: DIR_ITEM, 1: DIR_INDEX.
-    src: u8,
-    ftype: u8,
-    index: u64,
+    rec: Record,
 }
 
 /// The entries of one directory read already that name inodes still to
@@ -225,29 +269,16 @@ impl Names {
         let (p, ch, hash) = key;
         if !self.disordered {
             match rec {
-                Record::Item { ftype } if p == cur && ch > cur => {
+                Record::Item { .. } | Record::Index { .. } if p == cur && ch > cur => {
                     self.dir_parent = p;
                     self.dir_run.push(DirRecord {
                         child: ch,
                         hash,
-                        src: 0,
-                        ftype,
-                        index: 0,
+                        rec,
                     });
                     return;
                 }
-                Record::Index { index, ftype } if p == cur && ch > cur => {
-                    self.dir_parent = p;
-                    self.dir_run.push(DirRecord {
-                        child: ch,
-                        hash,
-                        src: 1,
-                        ftype,
-                        index,
-                    });
-                    return;
-                }
-                Record::Ref { index } if ch == cur && p < cur => {
+                Record::Ref { .. } if ch == cur && p < cur => {
                     if let Some(b) = self.batches.get_mut(&p) {
                         let found = b.names[b.pos..]
                             .iter_mut()
@@ -255,13 +286,7 @@ impl Names {
                             .take_while(|n| n.0 == ch)
                             .find(|n| n.1 == hash);
                         if let Some(n) = found {
-                            let g = &mut n.2;
-                            if g.n_refs == 0 {
-                                g.ref_index = index;
-                            } else {
-                                self.more.entry(key).or_default().1.push(index);
-                            }
-                            g.n_refs = g.n_refs.saturating_add(1);
+                            note(&mut n.2, &mut self.more, key, rec);
                             return;
                         }
                     }
@@ -270,28 +295,7 @@ impl Names {
             }
         }
         let g = self.pending.entry(key).or_default();
-        match rec {
-            Record::Item { ftype } => {
-                g.items = g.items.saturating_add(1);
-                g.item_ftype = ftype;
-            }
-            Record::Index { index, ftype } => {
-                if g.n_index == 0 {
-                    (g.index, g.index_ftype) = (index, ftype);
-                } else {
-                    self.more.entry(key).or_default().0.push((index, ftype));
-                }
-                g.n_index = g.n_index.saturating_add(1);
-            }
-            Record::Ref { index } => {
-                if g.n_refs == 0 {
-                    g.ref_index = index;
-                } else {
-                    self.more.entry(key).or_default().1.push(index);
-                }
-                g.n_refs = g.n_refs.saturating_add(1);
-            }
-        }
+        note(g, &mut self.more, key, rec);
         let other = if p == cur { ch } else { p };
         if other <= cur && !self.disordered {
             self.ready.push(key);
@@ -340,31 +344,21 @@ impl Names {
         }
         let p = self.dir_parent;
         let mut run = std::mem::take(&mut self.dir_run);
-        let by_name = |r: &DirRecord| (r.child, r.hash, r.src, r.index);
+        let by_name = |r: &DirRecord| (r.child, r.hash, r.rec.order());
         if !run.is_sorted_by_key(by_name) {
             run.sort_unstable_by_key(by_name);
         }
         let mut names: Vec<(u64, u32, OpenName)> = Vec::with_capacity(run.len() / 2 + 1);
         for r in &run {
-            let same = names
-                .last()
-                .is_some_and(|n| (n.0, n.1) == (r.child, r.hash));
-            if !same {
-                names.push((r.child, r.hash, OpenName::default()));
-            }
-            let n = names.last_mut().expect("pushed above");
-            let g = &mut n.2;
-            if r.src == 0 {
-                g.items = g.items.saturating_add(1);
-                g.item_ftype = r.ftype;
-            } else {
-                if g.n_index == 0 {
-                    (g.index, g.index_ftype) = (r.index, r.ftype);
-                } else {
-                    let key = (p, r.child, r.hash);
-                    self.more.entry(key).or_default().0.push((r.index, r.ftype));
+            match names.last_mut() {
+                Some(n) if (n.0, n.1) == (r.child, r.hash) => {
+                    note(&mut n.2, &mut self.more, (p, r.child, r.hash), r.rec)
                 }
-                g.n_index = g.n_index.saturating_add(1);
+                _ => {
+                    let mut g = OpenName::default();
+                    note(&mut g, &mut self.more, (p, r.child, r.hash), r.rec);
+                    names.push((r.child, r.hash, g));
+                }
             }
         }
         run.clear();

@@ -259,6 +259,7 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
                     // page cache, ahead of the walk, which takes the
                     // blocks from the stream.
                     cx.meta_prefetched = true;
+                    cx.stream.active.store(true, Relaxed);
                     let stream = cx.stream.clone();
                     let walked = cx.walked.clone();
                     let devs: Vec<_> = img.devices().map(|(id, d)| (id, d.clone())).collect();
@@ -715,6 +716,9 @@ fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, usize, u64)>
 /// (and dropped by the reader when it comes by).
 #[derive(Default)]
 pub(crate) struct BlockStream {
+    /// A reader was started (small images are read ahead through the page
+    /// cache instead, and the walk does not look here).
+    active: std::sync::atomic::AtomicBool,
     blocks: std::sync::Mutex<StreamState>,
 }
 
@@ -732,6 +736,9 @@ struct StreamState {
 impl BlockStream {
     /// The copy at (devid, physical) of block `bytenr`, if the reader has it.
     fn take(&self, bytenr: u64, at: (u64, u64)) -> Option<Vec<u8>> {
+        if !self.active.load(Relaxed) {
+            return None;
+        }
         let mut st = self.blocks.lock().ok()?;
         match st.ready.remove(&bytenr) {
             Some((d, p, b)) if (d, p) == at => {
