@@ -12,9 +12,11 @@ pub enum ProblemKind {
     /// The stored checksum does not match the block's contents.
     Checksum,
     /// A header field is wrong: block size, `bytenr` not the block's address,
-    /// `fsid`, or a generation (of the block or of a pointer in it) newer than
-    /// the filesystem's.
+    /// `fsid`.
     Header,
+    /// A generation (of the block or of a pointer in it) newer than the
+    /// filesystem's.
+    Generation,
     /// The block's generation differs from what its parent's pointer records
     /// (`verify_parent_transid`): a lost or misdirected write.
     ParentTransid,

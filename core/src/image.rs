@@ -142,6 +142,10 @@ pub struct Image {
     pub degraded: bool,
     /// Opened with [`OpenOptions::trust_bad_csum`].
     trust_bad_csum: bool,
+    /// Read tree blocks whose generation is newer than the superblock's
+    /// without calling them damaged: set by a repair that copies such
+    /// blocks (every one of them found by the check before).
+    pub accept_future: bool,
     /// Tree blocks read whose every copy failed its checksum and nothing
     /// else (with [`OpenOptions::trust_bad_csum`]).
     trusted: std::sync::Mutex<std::collections::BTreeSet<u64>>,
@@ -227,6 +231,7 @@ impl Image {
             lenient: opts.lenient,
             degraded: opts.degraded,
             trust_bad_csum: opts.trust_bad_csum,
+            accept_future: false,
             trusted: Default::default(),
             rebuilt: Default::default(),
             parity: Arc::new(ParityWriter::new()),
@@ -542,7 +547,11 @@ impl Image {
             sectorsize: self.sectorsize,
             csum: self.csum,
             fsid: self.sb.tree_fsid(),
-            max_generation: self.sb.generation.get().saturating_add(log as u64),
+            max_generation: if self.accept_future {
+                u64::MAX
+            } else {
+                self.sb.generation.get().saturating_add(log as u64)
+            },
         }
     }
 
@@ -628,6 +637,27 @@ impl Image {
         expect: &Expect,
         log: bool,
     ) -> Result<(Node, Vec<Problem>)> {
+        self.read_tree_block_as(bytenr, expect, log, self.lenient)
+    }
+
+    /// [`read_tree_block_checked`](Self::read_tree_block_checked) as a
+    /// lenient image reads, whatever this one's mode: for a repair that
+    /// rewrites a block it has found damaged.
+    pub fn read_damaged_tree_block(
+        &self,
+        bytenr: u64,
+        expect: &Expect,
+    ) -> Result<(Node, Vec<Problem>)> {
+        self.read_tree_block_as(bytenr, expect, false, true)
+    }
+
+    fn read_tree_block_as(
+        &self,
+        bytenr: u64,
+        expect: &Expect,
+        log: bool,
+        lenient: bool,
+    ) -> Result<(Node, Vec<Problem>)> {
         let ctx = self.ctx(log);
         let mut best: Option<(Node, Vec<Problem>)> = None;
         let mut io_err = None;
@@ -663,7 +693,7 @@ impl Image {
                 Ok((node, Vec::new()))
             }
             Some((node, problems)) => {
-                if self.lenient
+                if lenient
                     && !problems
                         .iter()
                         .any(|p| p.kind == ProblemKind::Level && expect.level.is_some())

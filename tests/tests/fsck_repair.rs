@@ -55,9 +55,11 @@ enum Kind {
     ExtentRefsTotal,
     DataRefCount,
     UuidEntry,
+    ItemOffset,
+    FutureRoot,
 }
 
-const KINDS: [Kind; 16] = [
+const KINDS: [Kind; 18] = [
     Kind::InodeNlink,
     Kind::DirSize,
     Kind::FileNbytes,
@@ -74,6 +76,8 @@ const KINDS: [Kind; 16] = [
     Kind::ExtentRefsTotal,
     Kind::DataRefCount,
     Kind::UuidEntry,
+    Kind::ItemOffset,
+    Kind::FutureRoot,
 ];
 
 struct Rng(u64);
@@ -105,6 +109,8 @@ struct Targets {
     data_extents: Vec<Located>,
     /// UUID tree entries naming one subvolume.
     uuid_entries: Vec<Located>,
+    /// Root items of trees whose root is a leaf.
+    leaf_roots: Vec<Located>,
 }
 
 fn mode_of(d: &[u8]) -> u32 {
@@ -191,6 +197,9 @@ impl Targets {
             }),
             uuid_entries: items_of(dev.clone(), BTRFS_UUID_TREE_OBJECTID, &|k, d| {
                 k.ty == BTRFS_UUID_KEY_SUBVOL && d.len() == 8
+            }),
+            leaf_roots: items_of(dev.clone(), BTRFS_ROOT_TREE_OBJECTID, &|k, d| {
+                k.ty == BTRFS_ROOT_ITEM_KEY && d.len() >= 239 && d[238] == 0
             }),
             dir_indexes,
             dir_items,
@@ -313,6 +322,60 @@ fn damage(dev: &Arc<dyn BlockDevice>, t: &Targets, kind: Kind, rng: &mut Rng) ->
             field(dev, &l, 0, v, 8);
             format!("UUID tree entry {:?} names subvolume {v}", l.key)
         }
+        Kind::ItemOffset => {
+            // One item header's data offset changed (the leaf's checksum
+            // fixed): where the data lies says where it should point.
+            let l = pick(&t.inodes, rng);
+            let v = match rng.below(3) {
+                0 => rng.below(1 << 31) as u32 + 65536,
+                1 => rng.below(l.data_off as u64 - 101) as u32,
+                _ => (l.data_off - 101) as u32 ^ (1 << rng.below(12)),
+            };
+            patch_tree_block(dev, l.bytenr, &|b| {
+                let n = u32::from_le_bytes(b[0x60..0x64].try_into().unwrap()) as usize;
+                for i in 0..n {
+                    let at = 101 + i * 25 + 17;
+                    if u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize
+                        == l.data_off - 101
+                    {
+                        set_u32(b, at, v);
+                        break;
+                    }
+                }
+            });
+            format!("data offset of {:?} in tree {} = {v}", l.key, l.tree)
+        }
+        Kind::FutureRoot => {
+            // A tree's root leaf and its root item from a transaction far
+            // ahead of the superblock's (btrfs-progs' fixture 041).
+            let l = pick(&t.leaf_roots, rng);
+            let sb_gen = {
+                let mut b = vec![0u8; 4096];
+                dev.read_at(65536, &mut b).unwrap();
+                u64::from_le_bytes(b[0x48..0x50].try_into().unwrap())
+            };
+            let g = sb_gen + 2 + rng.below(1000);
+            let root = {
+                let img = btrkit_core::image::Image::open(dev.clone(), Default::default()).unwrap();
+                let blk = img
+                    .read_tree_block(l.bytenr, &Default::default(), false)
+                    .unwrap();
+                u64::from_le_bytes(
+                    blk.bytes()[l.data_off + 176..l.data_off + 184]
+                        .try_into()
+                        .unwrap(),
+                )
+            };
+            patch_tree_block(dev, root, &|b| set_u64(b, 0x50, g));
+            patch_tree_block(dev, l.bytenr, &|b| {
+                set_u64(b, l.data_off + 160, g);
+                set_u64(b, l.data_off + 239, g);
+            });
+            format!(
+                "root of tree {} and its item at generation {g}",
+                l.key.objectid as i64
+            )
+        }
         Kind::QgroupInfo => {
             let l = pick(&t.qgroup_infos, rng);
             let v = rng.below(1 << 30) / 4096 * 4096;
@@ -424,10 +487,18 @@ fn random_damage_never_makes_an_image_worse() {
             // Some damage is invisible (a value equal to the right one).
             continue;
         }
+        let actions: Vec<String> = planned
+            .plan
+            .actions
+            .iter()
+            .map(|a| a.description.clone())
+            .collect();
         let done = match repair::carry_out(&target, CheckOptions::default(), planned, &NoProgress) {
             Ok(o) => o,
             Err(e) => {
-                failures.push(format!("case {case} ({what}): repair failed: {e}"));
+                failures.push(format!(
+                    "case {case} ({what}): repair failed: {e} (plan: {actions:?})"
+                ));
                 continue;
             }
         };

@@ -95,6 +95,21 @@ pub(crate) struct Facts {
     pub block_owner: Vec<(u64, u64)>,
     /// True once the extent tree has been read and `recs` sorted.
     pub loaded: bool,
+    /// Per tree, the highest-level tree blocks whose first back reference
+    /// names it: where its root must be (btrfs check's roots info cache).
+    pub root_blocks: std::collections::HashMap<u64, RootBlock>,
+}
+
+/// The highest-level tree blocks whose extent item's first back reference
+/// is a TREE_BLOCK_REF of one tree. A live tree's root is the only block
+/// at its level that names the tree first (shared blocks below it name the
+/// lowest tree id first; the tree's own copies are below its root).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RootBlock {
+    pub bytenr: u64,
+    pub level: u8,
+    /// How many blocks at that level name the tree first.
+    pub count: u32,
 }
 
 impl Facts {
@@ -164,6 +179,28 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
                         })
                         .unwrap_or(0),
                 });
+                if flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0 {
+                    let first = v
+                        .refs
+                        .iter()
+                        .find(|r| !matches!(r, InlineRef::Owner { .. }));
+                    if let Some(&InlineRef::TreeBlock { root }) = first {
+                        let e = cx.ext.root_blocks.entry(root).or_insert(RootBlock {
+                            bytenr: k.objectid,
+                            level,
+                            count: 0,
+                        });
+                        if level > e.level || e.count == 0 {
+                            *e = RootBlock {
+                                bytenr: k.objectid,
+                                level,
+                                count: 1,
+                            };
+                        } else if level == e.level {
+                            e.count += 1;
+                        }
+                    }
+                }
                 let mut last: Option<(u8, u64)> = None;
                 for r in &v.refs {
                     let (rk, count) = match *r {

@@ -271,6 +271,36 @@ pub enum Repair {
         /// The references found.
         refs: Vec<ExtentRef>,
     },
+    /// Rewrite a leaf whose item offsets or sizes disagree with where
+    /// its data lies, mended from its neighbours (an item no reading
+    /// places is dropped), in every tree that holds it.
+    LeafItems {
+        /// The tree it was found in.
+        tree: u64,
+        /// The leaf.
+        bytenr: u64,
+    },
+    /// Copy the blocks on the search path of `key` in `tree` (its root
+    /// down to a leaf), so that a block from the future gets the repair's
+    /// generation, as do the pointers to it and the root item.
+    RecowPath {
+        /// The tree.
+        tree: u64,
+        /// A key in the block (its first).
+        key: crate::format::key::Key,
+    },
+    /// Point a subvolume's root item at the root block the extent tree
+    /// knows for it (bytenr, level and generation of that block).
+    RootItemLocation {
+        /// The subvolume tree.
+        tree: u64,
+        /// The root block.
+        bytenr: u64,
+        /// Its level.
+        level: u8,
+        /// Its generation.
+        generation: u64,
+    },
     /// Recount every quota group from the extent tree (a rescan).
     RecountQgroups,
     /// Rebuild the checksum tree from the data (`--init-csum-tree`: only on
@@ -342,6 +372,8 @@ impl Repair {
             | Repair::RemoveDirEntry { .. }
             | Repair::RemoveInodeRef { .. }
             | Repair::LinkToLostFound { .. } => "names",
+            Repair::RootItemLocation { .. } => "root-item",
+            Repair::LeafItems { .. } | Repair::RecowPath { .. } => "tree-block",
             Repair::RecountQgroups => "qgroups",
             Repair::RebuildCsumTree => "checksums",
             Repair::RebuildUuidTree => "uuid",
@@ -421,6 +453,21 @@ impl Repair {
             Repair::AddExtentItem { bytenr, len, refs, .. } => format!(
                 "add the missing extent item of {bytenr}+{len} with the {} references the trees hold",
                 refs.len()
+            ),
+            Repair::RecowPath { tree, key } => format!(
+                "copy the blocks on the path to {} in tree {tree}, giving them the repair's generation",
+                crate::format::names::key_string(key)
+            ),
+            Repair::LeafItems { tree, bytenr } => format!(
+                "rewrite leaf {bytenr} (tree {tree}) with its item offsets mended from where the data lies"
+            ),
+            Repair::RootItemLocation {
+                tree,
+                bytenr,
+                level,
+                generation,
+            } => format!(
+                "point the root item of tree {tree} at block {bytenr} (level {level}, generation {generation})"
             ),
             Repair::RecountQgroups => "recount every quota group".into(),
             Repair::RebuildCsumTree => "rebuild the checksum tree from the data".into(),

@@ -207,6 +207,9 @@ impl Plan {
 /// from everything else.
 fn order(r: &Repair) -> u8 {
     match r {
+        Repair::RootItemLocation { .. } => 0,
+        Repair::LeafItems { .. } => 0,
+        Repair::RecowPath { .. } => 0,
         Repair::AddExtentItem { .. } => 0,
         Repair::RewriteSuperblocks => 0,
         Repair::DeviceSizes => 1,
@@ -396,6 +399,12 @@ pub fn apply(img: Image, plan: &Plan, progress: &dyn Progress) -> Result<Vec<Str
     if let Some(r) = &plan.refused {
         return Err(Error::Invalid(format!("repair refused: {r}")));
     }
+    let mut img = img;
+    // Blocks from the future are read to be copied (the check found each).
+    img.accept_future = plan
+        .actions
+        .iter()
+        .any(|a| matches!(a.repair, Repair::RecowPath { .. }));
     let mut st = Store::from_image(img)?;
     // Extents in use that the extent tree lost are free space to the
     // allocator: every one is taken before the first block is copied.
@@ -759,6 +768,23 @@ impl Run<'_> {
                 self.st.rebuild_free_space_tree()?;
                 self.st.rewrite_block_groups();
                 self.changes.push("free space tree rebuilt".into());
+            }
+            Repair::RecowPath { tree, key } => {
+                let c = self.st.recow_path(tree, &key)?;
+                self.changes.push(c);
+            }
+            Repair::LeafItems { tree, bytenr } => {
+                let c = self.st.rewrite_mended_leaf(tree, bytenr)?;
+                self.changes.push(c);
+            }
+            Repair::RootItemLocation {
+                tree,
+                bytenr,
+                level,
+                generation,
+            } => {
+                let c = self.st.point_root_at(tree, bytenr, level, generation)?;
+                self.changes.push(c);
             }
             Repair::RecountQgroups => {
                 self.st.quota_rescan()?;

@@ -4,7 +4,7 @@
 //! Each leaf is handed to the collectors of the later phases.
 
 use super::extents::FoundTree;
-use super::findings::F;
+use super::findings::{Repair, F};
 use super::fs::FsTree;
 use super::{Ctx, RootLink, RootRec};
 use crate::format::consts::*;
@@ -167,11 +167,24 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
         have.insert(id);
         let ri = &r.item;
         if ri.generation.get() > cx.gen.saturating_add(1) {
-            cx.report(F::err(P, "root-item").tree(id).key(r.key).msg(format!(
-                "root item generation {} newer than the superblock's {}",
-                ri.generation.get(),
-                cx.gen
-            )));
+            // Copying the root gives it, and so the item, the repair's
+            // generation (a root block that disagrees with the item is a
+            // finding of its own, without a repair).
+            let fix = Repair::RecowPath {
+                tree: id,
+                key: Key::MIN,
+            };
+            cx.report(
+                F::err(P, "root-item")
+                    .tree(id)
+                    .key(r.key)
+                    .fix(fix)
+                    .msg(format!(
+                        "root item generation {} newer than the superblock's {}",
+                        ri.generation.get(),
+                        cx.gen
+                    )),
+            );
         }
         if ri.level >= BTRFS_MAX_LEVEL {
             cx.report(
@@ -242,12 +255,15 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
         let mut mirror_check = None;
         let t0 = std::time::Instant::now();
         let prof = std::env::var_os("BTRKIT_PROF").is_some();
-        for s in &specs {
+        for i in 0..specs.len() {
+            let s = &specs[i];
             walk(cx, &mut seen, &mut mirrors, s, scope, pending);
             if prof {
                 eprintln!("tree {} walked at {:?}", s.root.id as i64, t0.elapsed());
             }
             if s.kind == Kind::Extent {
+                // Every later tree is walked from where its root must be.
+                stale_root_items(cx, &mut specs[i + 1..]);
                 // The extent tree lists every tree block: ask the kernel
                 // for their first copies (issuing that takes a while itself,
                 // so beside the walk), and verify the other copies with
@@ -310,6 +326,70 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
     cx.chunks.block_groups.sort_by_key(|b| b.start);
     cx.ext.recs.sort_by_key(|r| r.bytenr);
     cx.ext.loaded = true;
+}
+
+/// Subvolume root items that point somewhere else than the extent tree's
+/// root block for the subvolume (kernels 3.17 left read-only snapshots
+/// pointing at the tree from before their orphan cleanup: the old blocks
+/// are freed, the extent tree knows only the new ones). As btrfs check,
+/// the extent tree's block is the root when it is the only block at the
+/// highest level whose first reference names the tree; here it must also
+/// be a sound block of that tree no older than the root item says, and the
+/// root item's own block must have no extent item at all, so a root item
+/// that points at a live block is never second-guessed. The walk then
+/// goes from that block, so the findings are those of the image repaired.
+fn stale_root_items(cx: &mut Ctx, specs: &mut [Spec]) {
+    for s in specs.iter_mut() {
+        let id = s.root.id;
+        if s.kind != Kind::Fs || id < BTRFS_FIRST_FREE_OBJECTID {
+            continue;
+        }
+        let Some(rb) = cx.ext.root_blocks.get(&id).copied() else {
+            continue;
+        };
+        if rb.count != 1 || (rb.bytenr == s.root.bytenr && rb.level == s.root.level) {
+            continue;
+        }
+        if cx.ext.recs.iter().any(|r| r.bytenr == s.root.bytenr) {
+            continue;
+        }
+        let expect = Expect {
+            level: Some(rb.level),
+            generation: None,
+            owner: Some(id),
+            first_key: None,
+        };
+        let Ok((node, problems)) = cx.img.read_tree_block_checked(rb.bytenr, &expect, false) else {
+            continue;
+        };
+        let generation = node.generation();
+        if !problems.is_empty() || node.owner() != id || generation < s.root.generation {
+            continue;
+        }
+        let mut f = F::err(P, "root-item")
+            .tree(id)
+            .fix(Repair::RootItemLocation {
+                tree: id,
+                bytenr: rb.bytenr,
+                level: rb.level,
+                generation,
+            });
+        if let Some(r) = s.fs_check.as_ref() {
+            f = f.key(r.key);
+        }
+        cx.report(f.msg(format!(
+            "root item of tree {id} points at block {} (level {}, generation {}), which has no extent item; the extent tree's root block of the tree is {} (level {}, generation {generation})",
+            s.root.bytenr, s.root.level, s.root.generation, rb.bytenr, rb.level
+        )));
+        s.root.bytenr = rb.bytenr;
+        s.root.level = rb.level;
+        s.root.generation = generation;
+        if let Some(r) = s.fs_check.as_mut() {
+            r.item.bytenr.set(rb.bytenr);
+            r.item.level = rb.level;
+            r.item.generation.set(generation);
+        }
+    }
 }
 
 /// What the walk of a subvolume hands to its inode checks, in key order.
@@ -412,6 +492,7 @@ fn walk_blocks(
         first: false,
         bad: Vec::new(),
         mirrors_later: false,
+        mended: false,
     };
     let start = Place::start(root.bytenr, Expect::root(&root));
     // Blocks are revisited per tree (a block twice in one tree is a
@@ -441,6 +522,28 @@ struct BlockCheck<'c, 'a> {
     bad: Vec<(usize, (u64, u64))>,
     /// Its copies after the first are still to be verified.
     mirrors_later: bool,
+    /// The block is a leaf whose item offsets were mended ([`mend`]): the
+    /// walk goes on with the mended leaf.
+    mended: bool,
+}
+
+/// A leaf whose only problems are item offsets and sizes, mended
+/// ([`crate::tree::mend`]) when the mended leaf passes every check.
+fn mend(img: &Image, node: &Node, problems: &[Problem], expect: &Expect) -> Option<Node> {
+    if problems.is_empty()
+        || !node.is_leaf()
+        || problems.iter().any(|p| p.kind != ProblemKind::ItemBounds)
+    {
+        return None;
+    }
+    let m = crate::tree::mend::mend_item_offsets(node.bytes(), img.csum.size())?;
+    let mended = Node::from_vec(node.bytenr, m.block).ok()?;
+    // The checksum is the old bytes'; the repair's copy gets its own.
+    mended
+        .validate(&img.ctx(false), expect)
+        .iter()
+        .all(|p| p.kind == ProblemKind::Checksum)
+        .then_some(mended)
 }
 
 impl BlockCheck<'_, '_> {
@@ -455,22 +558,35 @@ impl BlockCheck<'_, '_> {
         cx.sink.checked(P, 1);
         cx.walked.fetch_add(1, Relaxed);
         cx.ext.block_owner.push((node.bytenr, node.owner()));
+        // A generation from the future is copied away when it is the
+        // block's only problem (a copy of a block with others would carry
+        // them along).
+        let recowable = problems.iter().all(|p| p.kind == ProblemKind::Generation);
         for pr in problems {
             let cat = match pr.kind {
                 ProblemKind::Checksum => "checksum",
-                ProblemKind::Header | ProblemKind::Owner | ProblemKind::Level => "header",
+                ProblemKind::Header
+                | ProblemKind::Generation
+                | ProblemKind::Owner
+                | ProblemKind::Level => "header",
                 ProblemKind::ParentTransid => "parent-transid",
                 ProblemKind::FirstKey | ProblemKind::KeyOrder => "key-order",
                 ProblemKind::ItemBounds => "item-bounds",
                 ProblemKind::ItemBody => "item",
             };
-            cx.report(
-                F::err(P, cat)
-                    .tree(root.id)
-                    .at(at.bytenr)
-                    .opt_key(pr.key)
-                    .msg(pr.message.clone()),
-            );
+            let mut f = F::err(P, cat).tree(root.id).at(at.bytenr).opt_key(pr.key);
+            if self.mended {
+                f = f.fix(Repair::LeafItems {
+                    tree: root.id,
+                    bytenr: at.bytenr,
+                });
+            } else if pr.kind == ProblemKind::Generation && recowable {
+                f = f.fix(Repair::RecowPath {
+                    tree: root.id,
+                    key: pr.key.or_else(|| node.key(0)).unwrap_or(Key::MIN),
+                });
+            }
+            cx.report(f.msg(pr.message.clone()));
         }
         if self.spec.kind == Kind::Reloc {
             // A relocation tree's blocks belong to the subvolume it relocates.
@@ -533,6 +649,16 @@ impl Visitor for BlockCheck<'_, '_> {
             .unwrap_or_else(|| load(img, &self.cx.stream, at.bytenr, &at.expect, self.all_copies));
         self.bad = bad;
         self.mirrors_later = later;
+        self.mended = false;
+        let read = read.map(
+            |(node, problems)| match mend(img, &node, &problems, &at.expect) {
+                Some(m) => {
+                    self.mended = true;
+                    (m, problems)
+                }
+                None => (node, problems),
+            },
+        );
         Some(read)
     }
 

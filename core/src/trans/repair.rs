@@ -317,4 +317,126 @@ impl Store {
         let c = self.rewrite_extent_refs(bytenr, refs)?;
         Ok(format!("extent {bytenr}+{len}: missing item added; {c}"))
     }
+
+    /// Point tree `tree`'s root item at block `bytenr` (a subvolume whose
+    /// root item was left at a freed tree). Must run before anything reads
+    /// the tree in this transaction; the commit writes the item back.
+    pub fn point_root_at(
+        &mut self,
+        tree: u64,
+        bytenr: u64,
+        level: u8,
+        generation: u64,
+    ) -> Result<String> {
+        let id = TreeId::of(tree);
+        let st = self.root_state(id)?;
+        let (old, old_level) = (st.bytenr, st.level);
+        if self.cache.contains(old) {
+            return Err(Error::Internal(format!(
+                "tree {tree} was read before its root item was repaired"
+            )));
+        }
+        let st = self
+            .roots
+            .get_mut(&id)
+            .ok_or_else(|| Error::Internal("root not loaded".into()))?;
+        let Some((_, ri)) = st.item.as_mut() else {
+            return Err(Error::Invalid(format!("tree {tree} has no root item")));
+        };
+        ri.generation.set(generation);
+        st.bytenr = bytenr;
+        st.level = level;
+        st.dirty = true;
+        Ok(format!(
+            "tree {tree}: root item moved from block {old} (level {old_level}) to {bytenr} (level {level}, generation {generation})"
+        ))
+    }
+
+    /// Write leaf `bytenr` again, its item offsets mended
+    /// ([`crate::tree::mend`]), through copy-on-write in every tree that
+    /// holds it: `tree` and, for a subvolume's leaf, every live subvolume
+    /// sharing it (a snapshot keeping the damaged block would still hold
+    /// it). Returns what changed.
+    pub fn rewrite_mended_leaf(&mut self, tree: u64, bytenr: u64) -> Result<String> {
+        let (node, _) = self
+            .img
+            .read_damaged_tree_block(bytenr, &crate::tree::node::Expect::default())?;
+        let m = crate::tree::mend::mend_item_offsets(node.bytes(), self.img.csum.size())
+            .ok_or_else(|| Error::Invalid(format!("leaf {bytenr} cannot be mended")))?;
+        let key = crate::tree::edit::key_at(&m.block, 0);
+        let mut trees = vec![tree];
+        if is_fstree(tree) {
+            trees = vec![BTRFS_FS_TREE_OBJECTID];
+            let items = self.items_in(
+                TreeId::Root,
+                Key::new(BTRFS_FIRST_FREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, 0),
+                Key::new(BTRFS_LAST_FREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX),
+            )?;
+            for (k, d) in items {
+                if k.ty == BTRFS_ROOT_ITEM_KEY
+                    && crate::format::root::RootItem::parse(&d).is_ok_and(|r| r.refs.get() > 0)
+                {
+                    trees.push(k.objectid);
+                }
+            }
+        }
+        let mut rewritten = 0;
+        for t in trees {
+            let id = TreeId::of(t);
+            if !self.tree_exists(id)? {
+                continue;
+            }
+            // A copy in another tree drops the block from the cache while
+            // it is still shared: put the mended leaf back each time.
+            if !self.cache.contains(bytenr) {
+                self.cache.insert_clean(bytenr, m.block.clone());
+            }
+            if !self.leaf_on_path(id, &key, bytenr)? {
+                continue;
+            }
+            self.search_mut(id, &key, None)?;
+            rewritten += 1;
+        }
+        if rewritten == 0 {
+            return Err(Error::Invalid(format!(
+                "leaf {bytenr} is not reached from tree {tree}"
+            )));
+        }
+        // Freeing the old block at commit reads its head: the mended one.
+        if !self.cache.contains(bytenr) {
+            self.cache.insert_clean(bytenr, m.block);
+        }
+        Ok(format!(
+            "leaf {bytenr} (tree {tree}): {} items placed again, {} dropped, copied in {rewritten} tree(s)",
+            m.realigned.len(),
+            m.dropped.len()
+        ))
+    }
+
+    /// Whether the search path of `key` in tree `id` ends at leaf `bytenr`
+    /// (read down to its parent only: the leaf itself may be damaged).
+    fn leaf_on_path(&mut self, id: TreeId, key: &Key, bytenr: u64) -> Result<bool> {
+        let root = self.load_root(id)?;
+        if root == bytenr {
+            return Ok(true);
+        }
+        let Some((parent, slot)) = self.node_on_path(id, root, key, 1)? else {
+            return Ok(false);
+        };
+        Ok(crate::tree::edit::node_ptr(self.buf(parent)?, slot).0 == bytenr)
+    }
+
+    /// Copy every block on the search path of `key` in tree `tree`: each
+    /// gets this transaction's generation, and so do the pointers to it
+    /// and, at commit, the tree's root item.
+    pub fn recow_path(&mut self, tree: u64, key: &Key) -> Result<String> {
+        let (path, _) = self.search_mut(TreeId::of(tree), key, None)?;
+        Ok(format!(
+            "tree {}: {} block(s) on the path to {} copied at generation {}",
+            tree as i64,
+            path.len(),
+            crate::format::names::key_string(key),
+            self.transid
+        ))
+    }
 }

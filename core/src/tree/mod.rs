@@ -2,6 +2,7 @@
 //! ([`search`]), and whole-tree walks ([`walk()`]).
 
 pub mod edit;
+pub mod mend;
 pub mod node;
 pub mod search;
 pub mod walk;

@@ -351,7 +351,7 @@ impl Node {
         }
         if gen > ctx.max_generation {
             push(
-                ProblemKind::Header,
+                ProblemKind::Generation,
                 None,
                 None,
                 format!(
@@ -498,7 +498,7 @@ impl Node {
                 }
                 if p.generation.get() > ctx.max_generation {
                     push(
-                        ProblemKind::Header,
+                        ProblemKind::Generation,
                         Some(slot),
                         Some(k),
                         format!(
