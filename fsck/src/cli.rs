@@ -56,7 +56,10 @@ pub struct Args {
     #[arg(long, requires = "repair")]
     pub init_csum_tree: bool,
     /// With --repair: clear the v1 free space cache (v1) or rebuild the
-    /// free space tree (v2), whether or not they are damaged.
+    /// free space tree from the extent tree (v2), whether or not they are
+    /// damaged, and nothing else: no check before or after, as btrfs check
+    /// does it (with --dry-run or --init-csum-tree, part of the full
+    /// repair instead).
     #[arg(long, value_name = "v1|v2", requires = "repair", value_parser = ["v1", "v2"])]
     pub clear_space_cache: Option<String>,
 }

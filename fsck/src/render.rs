@@ -184,3 +184,29 @@ pub fn repair_json(
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
 }
+
+/// What `--clear-space-cache` on its own did.
+pub fn cleared(
+    json: bool,
+    images: &[PathBuf],
+    which: btrkit_core::check::repair::SpaceCache,
+    changes: &[String],
+) -> anyhow::Result<()> {
+    if json {
+        let v = serde_json::json!({
+            "image": images[0].display().to_string(),
+            "devices": images.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            "clear_space_cache": which,
+            "committed": true,
+            "changes": changes,
+            "checked": false,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for c in changes {
+        println!("{}: {c}", images[0].display());
+    }
+    println!("committed; nothing else was checked or repaired (btrkit-fsck --repair does that)");
+    Ok(())
+}

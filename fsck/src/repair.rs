@@ -21,6 +21,18 @@ pub fn run(args: &Args, paths: &[PathBuf], check: CheckOptions, bar: &Bar) -> an
         eprintln!("btrkit-fsck: --repair writes to the image: add --yes to confirm (or --dry-run to see the plan)");
         return Ok(crate::EXIT_USAGE);
     }
+    // `--clear-space-cache` on its own is that one operation, as btrfs
+    // check runs it: no check before or after, nothing else repaired.
+    if let (Some(which), false, false) = (opts.clear_space_cache, args.dry_run, opts.init_csum_tree)
+    {
+        let target = repair::Target::Paths {
+            paths: paths.to_vec(),
+            degraded: args.degraded,
+        };
+        let changes = repair::clear_space_cache_only(&target, which)?;
+        render::cleared(args.json, paths, which, &changes)?;
+        return Ok(crate::EXIT_CLEAN);
+    }
     // Plan first, without writing: the user confirms what they see.
     let target = repair::Target::Paths {
         paths: paths.to_vec(),

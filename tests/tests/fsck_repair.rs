@@ -57,9 +57,10 @@ enum Kind {
     UuidEntry,
     ItemOffset,
     FutureRoot,
+    DataRefOwner,
 }
 
-const KINDS: [Kind; 18] = [
+const KINDS: [Kind; 19] = [
     Kind::InodeNlink,
     Kind::DirSize,
     Kind::FileNbytes,
@@ -78,6 +79,7 @@ const KINDS: [Kind; 18] = [
     Kind::UuidEntry,
     Kind::ItemOffset,
     Kind::FutureRoot,
+    Kind::DataRefOwner,
 ];
 
 struct Rng(u64);
@@ -111,6 +113,8 @@ struct Targets {
     uuid_entries: Vec<Located>,
     /// Root items of trees whose root is a leaf.
     leaf_roots: Vec<Located>,
+    /// The subvolume trees.
+    trees: Vec<u64>,
 }
 
 fn mode_of(d: &[u8]) -> u32 {
@@ -130,7 +134,7 @@ impl Targets {
         });
         let mut trees = vec![BTRFS_FS_TREE_OBJECTID];
         trees.extend(snap.iter().map(|l| l.key.objectid));
-        for t in trees {
+        for &t in &trees {
             // Names of files in directories other than the root: one
             // entry of a single-entry item, so a changed name byte is one
             // name changed.
@@ -198,6 +202,7 @@ impl Targets {
             uuid_entries: items_of(dev.clone(), BTRFS_UUID_TREE_OBJECTID, &|k, d| {
                 k.ty == BTRFS_UUID_KEY_SUBVOL && d.len() == 8
             }),
+            trees,
             leaf_roots: items_of(dev.clone(), BTRFS_ROOT_TREE_OBJECTID, &|k, d| {
                 k.ty == BTRFS_ROOT_ITEM_KEY && d.len() >= 239 && d[238] == 0
             }),
@@ -321,6 +326,41 @@ fn damage(dev: &Arc<dyn BlockDevice>, t: &Targets, kind: Kind, rng: &mut Rng) ->
             let v = rng.below(1000) + 100_000;
             field(dev, &l, 0, v, 8);
             format!("UUID tree entry {:?} names subvolume {v}", l.key)
+        }
+        Kind::DataRefOwner => {
+            // The only reference of a data extent names another tree or
+            // inode than the file extent that uses it.
+            let single: Vec<Located> = t
+                .data_extents
+                .iter()
+                .filter(|l| l.data_len == 53)
+                .cloned()
+                .collect();
+            let l = pick(&single, rng);
+            if rng.below(2) == 0 {
+                let other = t
+                    .trees
+                    .iter()
+                    .copied()
+                    .filter(|&r| r != l.tree)
+                    .nth(rng.below(t.trees.len() as u64 - 1) as usize)
+                    .unwrap_or(BTRFS_FS_TREE_OBJECTID);
+                patch_tree_block(dev, l.bytenr, &|b| {
+                    let at = l.data_off + 25;
+                    let root = u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+                    let v = if root == other {
+                        BTRFS_FS_TREE_OBJECTID
+                    } else {
+                        other
+                    };
+                    set_u64(b, at, v);
+                });
+                format!("data ref of extent {} names another tree", l.key.objectid)
+            } else {
+                let v = rng.below(100_000) + 1_000_000;
+                field(dev, &l, 33, v, 8);
+                format!("data ref of extent {} names inode {v}", l.key.objectid)
+            }
         }
         Kind::ItemOffset => {
             // One item header's data offset changed (the leaf's checksum
@@ -789,6 +829,51 @@ fn sha(p: &Path) -> String {
         .next()
         .unwrap_or("")
         .to_string()
+}
+
+/// `--clear-space-cache v2` on its own (as btrfs check runs it): the free
+/// space tree rebuilt from the extent tree in one commit, nothing checked;
+/// a damaged free space tree is then gone, the files are the same, and
+/// btrfs check and the kernel agree.
+#[test]
+fn clear_space_cache_v2_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(base) = base_image(tmp.path()) else {
+        return;
+    };
+    let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
+    let targets = Targets::find(dev.clone());
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let what = damage(&dev, &targets, Kind::FreeSpaceInfoCount, &mut rng);
+    let files = read_all(dev.clone()).expect("read damaged image");
+    let img = tmp.path().join("fst.img");
+    let mut whole = vec![0u8; dev.size() as usize];
+    dev.read_at(0, &mut whole).unwrap();
+    std::fs::write(&img, &whole).unwrap();
+    drop(whole);
+    assert_eq!(
+        run_fsck(&img, &[], Duration::from_secs(120)).code,
+        4,
+        "{what}: not seen"
+    );
+    let r = run_fsck(
+        &img,
+        &["--repair", "--yes", "--clear-space-cache", "v2"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.code, 0, "{what}: {} {}", r.stdout, r.stderr);
+    let v = r.json();
+    assert_eq!(v["committed"], true);
+    assert_eq!(v["checked"], false);
+    assert_eq!(v["clear_space_cache"], "v2");
+    let after = run_fsck(&img, &[], Duration::from_secs(120));
+    assert_eq!(after.code, 0, "{what}: not clean after: {}", after.stdout);
+    progs_clean(&img).unwrap();
+    let dev_after: Arc<dyn BlockDevice> =
+        Arc::new(btrkit_core::io::FileDevice::open(&img, false).unwrap());
+    assert_eq!(read_all(dev_after).expect("read repaired image"), files);
+    let m = LoopMount::new(&img, "ro").expect("kernel mount");
+    assert!(m.path().join("a/f300").exists());
 }
 
 /// The two repairs only asked for by option: `--clear-space-cache v1` on

@@ -422,6 +422,9 @@ pub(super) fn check(cx: &mut Ctx) {
     // references as the trees hold, counted wrong) gets them rewritten.
     let mut pending: Vec<(u64, super::Finding)> = Vec::new();
     let mut unfixable: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    // Extents whose references the trees hold under other owners or kinds
+    // than the item declares (not only with other counts).
+    let mut other_owners: std::collections::HashSet<u64> = std::collections::HashSet::new();
     declared.par_sort_unstable_by(|a, b| (a.bytenr, a.key).cmp(&(b.bytenr, b.key)));
 
     // Per extent item: counts, flags, generation, placement.
@@ -598,10 +601,11 @@ pub(super) fn check(cx: &mut Ctx) {
                     f = f.tree(t);
                 }
                 // A reference of another kind or owner than the trees
-                // show: which is right is not settled by the counts (a
-                // damaged root item can make a tree look like another);
-                // rebuilding the references is the extent tree's rebuild.
-                unfixable.insert(d.bytenr);
+                // show: the trees are what reads the data, so theirs are
+                // written, unless the subvolume links are damaged (a
+                // damaged root item can make a tree look like another:
+                // the plan then leaves these alone).
+                other_owners.insert(d.bytenr);
                 pending.push((
                     d.bytenr,
                     f.msg(format!(
@@ -666,7 +670,7 @@ pub(super) fn check(cx: &mut Ctx) {
                     }
                     Ok(_) => pending.push((
                         {
-                            unfixable.insert(f.bytenr);
+                            other_owners.insert(f.bytenr);
                             f.bytenr
                         },
                         F::err(P, "extent-ref").at(f.bytenr).msg(format!(
@@ -729,7 +733,11 @@ pub(super) fn check(cx: &mut Ctx) {
             let lo = found.partition_point(|(r, _)| r.bytenr < b);
             let hi = found.partition_point(|(r, _)| r.bytenr <= b);
             let refs = found[lo..hi].iter().map(|(r, _)| extent_ref(r)).collect();
-            f.repair = Some(Repair::ExtentRefs { bytenr: b, refs });
+            f.repair = Some(Repair::ExtentRefs {
+                bytenr: b,
+                refs,
+                other_owners: other_owners.contains(&b),
+            });
         }
         cx.report(f);
     }

@@ -257,6 +257,10 @@ pub enum Repair {
         bytenr: u64,
         /// The references found.
         refs: Vec<ExtentRef>,
+        /// They name other trees, inodes or parents than the item did (not
+        /// only other counts): trusted only while the subvolume links are
+        /// sound.
+        other_owners: bool,
     },
     /// Insert the missing extent item of an extent the trees use, with
     /// their references; its range is taken from the allocator before the
@@ -443,10 +447,10 @@ impl Repair {
             Repair::ExtentGeneration { bytenr } => {
                 format!("set the future generation of extent {bytenr} to the repair's")
             }
-            Repair::ExtentRefs { bytenr, refs } if refs.is_empty() => {
+            Repair::ExtentRefs { bytenr, refs, .. } if refs.is_empty() => {
                 format!("free extent {bytenr}, which no tree uses")
             }
-            Repair::ExtentRefs { bytenr, refs } => format!(
+            Repair::ExtentRefs { bytenr, refs, .. } => format!(
                 "rewrite the back references of extent {bytenr} from the {} the trees hold",
                 refs.len()
             ),

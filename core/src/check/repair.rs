@@ -116,9 +116,33 @@ impl Plan {
         }
         let mut not_repairable = Vec::new();
         let mut unsafe_alloc: Option<&Finding> = None;
+        // A tree's references are only as good as the root item that says
+        // which tree it is.
+        let links_damaged = report.findings.iter().any(|f| {
+            f.severity == Severity::Error
+                && f.repair.is_none()
+                && matches!(f.category, "root-item" | "root-ref" | "root-orphan")
+        });
         for f in &report.findings {
             if let Some(r) = &f.repair {
-                add(r.clone(), Some(&f.message));
+                let trusted = !matches!(
+                    r,
+                    Repair::ExtentRefs {
+                        other_owners: true,
+                        ..
+                    }
+                ) || !links_damaged;
+                if trusted {
+                    add(r.clone(), Some(&f.message));
+                    continue;
+                }
+                if unsafe_alloc.is_none() {
+                    unsafe_alloc = Some(f);
+                }
+                not_repairable.push(Unrepaired {
+                    finding: f.clone(),
+                    reason: "the trees hold this extent under other owners, and the subvolume links that say which tree is which are damaged".into(),
+                });
                 continue;
             }
             if f.severity != Severity::Error {
@@ -252,7 +276,7 @@ fn reason(f: &Finding) -> &'static str {
     match f.category {
         "name" => "directory entries and back references are not repaired yet",
         "extent-ref" | "extent-refs" | "extent-item" | "extent-missing" | "extent-overlap" => {
-            "extent references are not repaired yet (the extent tree would have to be rebuilt)"
+            "the extent item cannot be rewritten in place from the trees (its range or length is in question): the extent tree would have to be rebuilt"
         }
         "csum-missing" | "data-csum" | "csum-odd" | "csum-orphan" | "csum-item"
         | "csum-overlap" => {
@@ -372,6 +396,45 @@ pub fn plan(
         changes: Vec::new(),
         after: None,
     })
+}
+
+/// `--clear-space-cache` on its own, as btrfs check runs it: the v1 cache
+/// removed or the free space tree rebuilt from the extent tree (and the
+/// block group items with it), one commit, no check before or after. The
+/// extent tree is read as every engine read is, validated block by block;
+/// nothing else is. Refused when a log is to be replayed or a device is
+/// missing. Returns what changed.
+pub fn clear_space_cache_only(target: &Target, which: SpaceCache) -> Result<Vec<String>> {
+    let img = target.open(true)?;
+    if img.sb.log_root.get() != 0 {
+        return Err(Error::Invalid(
+            "the filesystem has a log tree to replay: run btrkit-replay first".into(),
+        ));
+    }
+    if !img.missing.is_empty() {
+        return Err(Error::Invalid(
+            "devices are missing: clear the cache on a complete set".into(),
+        ));
+    }
+    // The whole extent tree is read to know what is free: ask for all of
+    // its leaves at once rather than one after another.
+    super::walk::prefetch_extent_leaves(&img);
+    let mut st = Store::from_image(img)?;
+    let changes = match which {
+        SpaceCache::V1 => clear_space_cache(&mut st)?,
+        SpaceCache::V2 => {
+            if !st.has_fst() {
+                return Err(Error::Invalid(
+                    "the filesystem has no free space tree to rebuild".into(),
+                ));
+            }
+            st.rebuild_free_space_tree()?;
+            st.rewrite_block_groups();
+            vec!["free space tree rebuilt".into()]
+        }
+    };
+    st.commit()?;
+    Ok(changes)
 }
 
 /// Carry out the plan of `planned` ([`plan`]) in one transaction, then
@@ -734,7 +797,9 @@ impl Run<'_> {
                     }
                 }
             }
-            Repair::ExtentRefs { bytenr, ref refs } => {
+            Repair::ExtentRefs {
+                bytenr, ref refs, ..
+            } => {
                 let inline: Vec<crate::format::extent::InlineRef> =
                     refs.iter().map(inline_ref).collect();
                 let c = self.st.rewrite_extent_refs(bytenr, &inline)?;
