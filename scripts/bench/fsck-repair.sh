@@ -4,17 +4,21 @@
 # every mkfs.btrfs before 6.3 leaves.
 #
 # usage: scripts/bench/fsck-repair.sh DIR [RUNS]
+#        COLD=image scripts/bench/fsck-repair.sh DIR [RUNS]
 #
 # Builds DIR/repair.img once (tests/scripts/make-bench-image.sh: mkfs.btrfs
 # defaults, filled through the kernel), then times, cold (a fresh sparse
-# copy of the image and every cache dropped before each run), one run of
-# each in turn:
+# copy of the image and every cache dropped before each run; with
+# COLD=image only the image's pages are dropped, the programs stay cached,
+# as the other fsck benchmarks run), one run of each in turn:
 #   btrkit-fsck --repair --yes IMG       check, repair in one commit, check again
+#   btrkit-fsck --repair --yes --clear-space-cache v2 IMG
+#       the free space tree rebuilt from the extent tree, nothing checked
 #   btrfs check --repair --force --clear-space-cache v2 IMG   (6.14)
 #       which only drops the free space tree (the kernel rebuilds it at the
 #       next mount) and checks nothing
 #   the same followed by btrfs check --readonly IMG (6.14): repaired and
-#       verified, as btrkit's run is
+#       verified, as btrkit's full run is
 # Prints wall seconds (and the verdict of the image after each). Needs
 # root, btrfs-progs 6.2 (the image) and 6.14 (../shared/oracle/progs-new.sh),
 # and a release build.
@@ -30,14 +34,24 @@ new=$(bash ../shared/oracle/progs-new.sh)/btrfs
 img=$dir/repair.img
 w=$dir/work.img
 trap 'rm -f "$w"' EXIT
-fresh() { rm -f "$w"; cp --sparse=always "$img" "$w"; sync; echo 3 > /proc/sys/vm/drop_caches; }
+fresh() {
+    rm -f "$w"; cp --sparse=always "$img" "$w"; sync
+    if [ "${COLD:-all}" = image ]; then
+        python3 -c "import os,sys;f=os.open(sys.argv[1],os.O_RDONLY);os.posix_fadvise(f,0,0,os.POSIX_FADV_DONTNEED)" "$w"
+    else
+        echo 3 > /proc/sys/vm/drop_caches
+    fi
+}
 now() { date +%s.%N; }
-echo "run btrkit(s) progs-clear(s) progs-clear+check(s)"
+verdict() { "$new" check --readonly "$w" >/dev/null 2>&1 || echo "(NOT CLEAN)"; }
+echo "cold: ${COLD:-all}"
+echo "run btrkit-repair(s) btrkit-clear-v2(s) progs-clear(s) progs-clear+check(s)"
 for r in $(seq "$runs"); do
     fresh; s=$(now); "$fsck" --repair --yes "$w" >/dev/null || [ $? = 1 ]; e=$(now)
-    a=$(echo "$e - $s" | bc)
-    "$new" check --readonly "$w" >/dev/null 2>&1 || a="$a(NOT CLEAN)"
+    a="$(echo "$e - $s" | bc)$(verdict)"
+    fresh; s=$(now); "$fsck" --repair --yes --clear-space-cache v2 "$w" >/dev/null; e=$(now)
+    b="$(echo "$e - $s" | bc)$(verdict)"
     fresh; s=$(now); "$new" check --repair --force --clear-space-cache v2 "$w" >/dev/null 2>&1; m=$(now)
     "$new" check --readonly "$w" >/dev/null 2>&1 || m="$m(NOT CLEAN)"; e=$(now)
-    echo "$r $a $(echo "$m - $s" | bc) $(echo "$e - $s" | bc)"
+    echo "$r $a $b $(echo "$m - $s" | bc) $(echo "$e - $s" | bc)"
 done

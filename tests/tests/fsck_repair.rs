@@ -831,6 +831,78 @@ fn sha(p: &Path) -> String {
         .to_string()
 }
 
+/// Orphan items are what the kernel's orphan cleanup acts on at the next
+/// read-write mount: warnings, and --repair does the same now (an item
+/// naming no inode dropped, a linked inode's item dropped after cutting it
+/// to its size, an unlinked inode deleted with its data).
+#[test]
+fn orphan_items_cleaned_up_as_the_kernel_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(base) = base_image(tmp.path()) else {
+        return;
+    };
+    let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
+    let files = read_all(dev.clone()).expect("read base");
+    let targets = Targets::find(dev.clone());
+    // A linked regular file of the subvolume.
+    let linked = targets
+        .files
+        .iter()
+        .find(|l| l.tree == BTRFS_FS_TREE_OBJECTID)
+        .expect("a file")
+        .key
+        .objectid;
+    {
+        let mut st = btrkit_core::trans::Store::open(dev.clone()).unwrap();
+        for ino in [linked, 888_888] {
+            let k = btrkit_core::format::key::Key::new(
+                BTRFS_ORPHAN_OBJECTID,
+                BTRFS_ORPHAN_ITEM_KEY,
+                ino,
+            );
+            st.insert_item(BTRFS_FS_TREE_OBJECTID, &k, &[]).unwrap();
+        }
+        st.commit().unwrap();
+    }
+    let r = check(&dev).expect("check");
+    assert!(
+        r.is_clean(),
+        "orphan items are not errors: {:?}",
+        error_set(&r)
+    );
+    let orphans = r
+        .findings
+        .iter()
+        .filter(|f| f.category == "orphan" && f.repair.is_some())
+        .count();
+    assert_eq!(orphans, 2, "{:?}", r.findings);
+    let target = Target::Device(dev.clone());
+    let planned = repair::plan(
+        &target,
+        CheckOptions::default(),
+        RepairOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    let done = repair::carry_out(&target, CheckOptions::default(), planned, &NoProgress).unwrap();
+    assert!(done.committed, "{:?}", done.plan);
+    let after = done.after.expect("checked after");
+    assert!(
+        after.is_clean() && !after.findings.iter().any(|f| f.category == "orphan"),
+        "{:?}",
+        after.findings
+    );
+    assert_eq!(read_all(dev.clone()).expect("read after"), files);
+    let p = tmp.path().join("orphans.img");
+    let mut whole = vec![0u8; dev.size() as usize];
+    dev.read_at(0, &mut whole).unwrap();
+    std::fs::write(&p, &whole).unwrap();
+    drop(whole);
+    progs_clean(&p).unwrap();
+    let m = LoopMount::new(&p, "ro").expect("kernel mount");
+    assert!(m.path().join("a/f300").exists());
+}
+
 /// `--clear-space-cache v2` on its own (as btrfs check runs it): the free
 /// space tree rebuilt from the extent tree in one commit, nothing checked;
 /// a damaged free space tree is then gone, the files are the same, and

@@ -211,6 +211,15 @@ pub enum Repair {
         /// The subvolume tree.
         tree: u64,
     },
+    /// What the kernel's orphan cleanup does for an orphan item: an
+    /// unlinked inode deleted with its data, a linked one's extents past
+    /// its size dropped, and the item removed.
+    OrphanCleanup {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode the orphan item names.
+        ino: u64,
+    },
     /// Set an uncompressed inline extent's ram_bytes to the bytes it holds.
     InlineRamBytes {
         /// The subvolume tree.
@@ -362,6 +371,7 @@ impl Repair {
             | Repair::SetSize { .. }
             | Repair::SetNbytes { .. }
             | Repair::DeleteUnlinkedInode { .. }
+            | Repair::OrphanCleanup { .. }
             | Repair::InlineRamBytes { .. }
             | Repair::RecreateInodeItem { .. }
             | Repair::FileHoles { .. }
@@ -429,6 +439,9 @@ impl Repair {
             Repair::LinkToLostFound { tree, ino } => {
                 format!("link inode {ino} (tree {tree}), which no name reaches, into lost+found")
             }
+            Repair::OrphanCleanup { tree, ino } => format!(
+                "carry out orphan item {ino} (tree {tree}) as the kernel's orphan cleanup does, and remove it"
+            ),
             Repair::ClearInodeCache { tree } => {
                 format!("remove the inode cache of tree {tree}")
             }

@@ -711,6 +711,40 @@ impl FsTree {
             }
             _ => {}
         }
+        // Orphan items the kernel's orphan cleanup acts on at the next
+        // read-write mount: an unlinked inode deleted with its data, a
+        // linked one (an interrupted truncation) cut to its size, an item
+        // naming no inode dropped. Not errors; --repair does the same now.
+        if self.link_checks && !self.lost {
+            let mut orphans: Vec<u64> = self.orphans.iter().copied().collect();
+            orphans.sort_unstable();
+            let unlinked: HashSet<u64> = if orphans.is_empty() {
+                HashSet::new()
+            } else {
+                self.unlinked.iter().copied().collect()
+            };
+            for ino in orphans {
+                let what = if !self.names.exists(ino) {
+                    "names no inode: the kernel drops the item"
+                } else if unlinked.contains(&ino) {
+                    "is for an unlinked inode: the kernel deletes it with its data"
+                } else {
+                    "is for an inode with links (an interrupted truncation): the kernel cuts it to its size and drops the item"
+                };
+                out.push(
+                    super::findings::F::warn(6, "orphan")
+                        .tree(self.root)
+                        .key(Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, ino))
+                        .fix(Repair::OrphanCleanup {
+                            tree: self.root,
+                            ino,
+                        })
+                        .msg(format!(
+                            "orphan item {ino} {what} at the next read-write mount"
+                        )),
+                );
+            }
+        }
         // An unlinked inode no name refers to is what the kernel's orphan
         // cleanup deletes; one that something still names is a link count
         // problem, reported with the names.

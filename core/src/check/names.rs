@@ -490,6 +490,11 @@ impl Names {
         self.table.has(ino, NAMED)
     }
 
+    /// The tree has an inode item for `ino`.
+    pub fn exists(&self, ino: u64) -> bool {
+        self.table.mode(ino).is_some()
+    }
+
     pub fn confirmed(&self, ino: u64) -> bool {
         self.table.has(ino, CONFIRMED)
     }

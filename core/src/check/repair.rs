@@ -248,7 +248,7 @@ fn order(r: &Repair) -> u8 {
         Repair::LinkToLostFound { .. } => 6,
         Repair::InlineRamBytes { .. } => 7,
         Repair::SetNlink { .. } | Repair::SetSize { .. } | Repair::SetNbytes { .. } => 8,
-        Repair::DeleteUnlinkedInode { .. } => 9,
+        Repair::DeleteUnlinkedInode { .. } | Repair::OrphanCleanup { .. } => 9,
         Repair::ClearSpaceCache => 10,
         Repair::RebuildCsumTree => 11,
         Repair::BlockGroupUsage => 12,
@@ -582,6 +582,10 @@ impl Run<'_> {
                     format!("nbytes {old} -> {nbytes}"),
                 )?);
             }
+            Repair::OrphanCleanup { tree, ino } => {
+                let c = orphan_cleanup(self.st, tree, ino)?;
+                self.changes.push(c);
+            }
             Repair::DeleteUnlinkedInode { tree, ino } => {
                 crate::fs::extents::drop_inode_items(self.st, tree, ino)?;
                 self.changes
@@ -864,6 +868,43 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+/// See [`Repair::OrphanCleanup`].
+fn orphan_cleanup(st: &mut Store, tree: u64, ino: u64) -> Result<String> {
+    let item = st.lookup(tree, &Key::new(ino, BTRFS_INODE_ITEM_KEY, 0))?;
+    let did = match item {
+        None => "no such inode".to_string(),
+        Some(d) => {
+            let i: &crate::format::inode::InodeItem = crate::format::view(&d, "inode item")
+                .map_err(|e| e.at(0, Key::new(ino, BTRFS_INODE_ITEM_KEY, 0)))?;
+            let (nlink, size) = (i.nlink.get(), i.size.get());
+            if nlink == 0 {
+                crate::fs::extents::drop_inode_items(st, tree, ino)?;
+                "deleted with its data".to_string()
+            } else {
+                let ss = st.sectorsize() as u64;
+                let from = size.div_ceil(ss).saturating_mul(ss);
+                let dropped = crate::fs::extents::drop_extents(st, tree, ino, from, u64::MAX)?;
+                if dropped.nbytes > 0 {
+                    crate::fs::inode::modify_inode(st, tree, ino, |i| {
+                        i.nbytes.set(i.nbytes.get().saturating_sub(dropped.nbytes));
+                    })?;
+                }
+                format!(
+                    "extents past its size {size} dropped ({} bytes)",
+                    dropped.nbytes
+                )
+            }
+        }
+    };
+    st.delete_item(
+        tree,
+        &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, ino),
+    )?;
+    Ok(format!(
+        "orphan item {ino} (tree {tree}): {did}; item removed"
+    ))
 }
 
 /// See [`Repair::RecreateInodeItem`].

@@ -575,7 +575,15 @@ impl BlockCheck<'_, '_> {
                 ProblemKind::ItemBody => "item",
             };
             let mut f = F::err(P, cat).tree(root.id).at(at.bytenr).opt_key(pr.key);
-            if self.mended {
+            // The engine reads the allocator's trees whole when it opens
+            // (extent, block group, free space, chunk, device and root
+            // trees): a leaf of theirs cannot wait for its repair.
+            let rewritable = is_fstree(root.id)
+                || matches!(
+                    root.id,
+                    BTRFS_CSUM_TREE_OBJECTID | BTRFS_UUID_TREE_OBJECTID | BTRFS_QUOTA_TREE_OBJECTID
+                );
+            if self.mended && rewritable {
                 f = f.fix(Repair::LeafItems {
                     tree: root.id,
                     bytenr: at.bytenr,

@@ -59,6 +59,11 @@ pub struct Qgroups {
     /// Extents whose references changed in this transaction: bytenr ->
     /// (bytes, level of a tree block).
     extents: BTreeMap<u64, (u64, Option<u8>)>,
+    /// Extents whose items a repair rewrote in place (not through delayed
+    /// references): bytenr -> (bytes, level). A rescan in the same
+    /// transaction counts the committed trees, so it notes these to be
+    /// accounted at commit from their committed references to the new.
+    rewritten: BTreeMap<u64, (u64, Option<u8>)>,
     status_written: bool,
     /// Simple quotas: the generation they were enabled at (extents older
     /// than it count nowhere); None: full qgroup accounting.
@@ -442,6 +447,9 @@ impl Store {
         for c in self.qgroups.groups.values_mut() {
             *c = Counts::default();
         }
+        for (b, v) in std::mem::take(&mut self.qgroups.rewritten) {
+            self.qgroups.extents.entry(b).or_insert(v);
+        }
         let ids: Vec<u64> = self.qgroups.groups.keys().copied().collect();
         self.qgroups.dirty.extend(ids);
         let mut cache = RootCache::new();
@@ -471,6 +479,14 @@ impl Store {
 }
 
 impl Qgroups {
+    /// Note an extent whose item a repair rewrote in place (see
+    /// `rewritten`).
+    pub fn note_rewritten(&mut self, bytenr: u64, num_bytes: u64, level: Option<u8>) {
+        if self.enabled && self.simple.is_none() {
+            self.rewritten.entry(bytenr).or_insert((num_bytes, level));
+        }
+    }
+
     /// Note an extent for accounting at commit.
     pub fn note_extent(&mut self, bytenr: u64, num_bytes: u64, level: Option<u8>) {
         if self.enabled {

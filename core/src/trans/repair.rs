@@ -220,6 +220,12 @@ impl Store {
         } else {
             key.offset
         };
+        let level = if key.ty == BTRFS_METADATA_ITEM_KEY {
+            Some(key.offset.min(255) as u8)
+        } else {
+            v.tree_block_info.map(|t| t.level)
+        };
+        self.qgroups.note_rewritten(bytenr, len, level);
         if refs.is_empty() {
             if data_extent {
                 self.csum_delete(bytenr, len)?;
