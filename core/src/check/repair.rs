@@ -83,6 +83,10 @@ pub struct Plan {
     pub refused: Option<String>,
 }
 
+/// Why nothing is written while a log waits for replay.
+const LOG_TO_REPLAY: &str =
+    "the filesystem has a log tree to replay: run btrkit-replay first (a repair would have to drop it)";
+
 /// Most finding messages listed under one action.
 pub const MAX_LISTED: usize = 20;
 
@@ -191,11 +195,7 @@ impl Plan {
                 .any(|s| s.phase == p && s.errors > listed)
         });
         let refused = if img.sb.log_root.get() != 0 {
-            Some(
-                "the filesystem has a log tree to replay: run btrkit-replay first (a repair \
-                 would have to drop it)"
-                    .to_string(),
-            )
+            Some(LOG_TO_REPLAY.to_string())
         } else if let Some(f) = unsafe_alloc {
             Some(format!(
                 "the allocator cannot be trusted ({}: {}): a repair could write over blocks in use",
@@ -407,9 +407,7 @@ pub fn plan(
 pub fn clear_space_cache_only(target: &Target, which: SpaceCache) -> Result<Vec<String>> {
     let img = target.open(true)?;
     if img.sb.log_root.get() != 0 {
-        return Err(Error::Invalid(
-            "the filesystem has a log tree to replay: run btrkit-replay first".into(),
-        ));
+        return Err(Error::Invalid(LOG_TO_REPLAY.into()));
     }
     if !img.missing.is_empty() {
         return Err(Error::Invalid(
@@ -428,9 +426,7 @@ pub fn clear_space_cache_only(target: &Target, which: SpaceCache) -> Result<Vec<
                     "the filesystem has no free space tree to rebuild".into(),
                 ));
             }
-            st.rebuild_free_space_tree()?;
-            st.rewrite_block_groups();
-            vec!["free space tree rebuilt".into()]
+            rebuild_free_space(&mut st)?
         }
     };
     st.commit()?;
@@ -834,9 +830,8 @@ impl Run<'_> {
                     .push("block group items rewritten from the extent tree".into());
             }
             Repair::RebuildFreeSpaceTree => {
-                self.st.rebuild_free_space_tree()?;
-                self.st.rewrite_block_groups();
-                self.changes.push("free space tree rebuilt".into());
+                let c = rebuild_free_space(self.st)?;
+                self.changes.extend(c);
             }
             Repair::RecowPath { tree, key } => {
                 let c = self.st.recow_path(tree, &key)?;
@@ -868,6 +863,14 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+/// The free space tree rebuilt from the extent tree, and the block group
+/// items (and so the superblock's bytes_used) written from it too.
+fn rebuild_free_space(st: &mut Store) -> Result<Vec<String>> {
+    st.rebuild_free_space_tree()?;
+    st.rewrite_block_groups();
+    Ok(vec!["free space tree rebuilt".into()])
 }
 
 /// See [`Repair::OrphanCleanup`].
