@@ -23,6 +23,12 @@ use btrkit_tests::{require_kernel_mount, skip_unless};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The two tests run one at a time: both attach copies of the same cached
+/// crash sets (one filesystem id) to loop devices, and btrfs-progs' device
+/// scan during one test's `btrfs check` picks up the other test's mounted
+/// loop device of that id ("Device or resource busy").
+static SETS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[path = "common/families.rs"]
 mod families;
 
@@ -121,6 +127,7 @@ fn set_corpus() -> Vec<Scenario> {
 #[test]
 fn replay_on_sets_matches_the_kernel() {
     skip_unless!(require_kernel_mount());
+    let _one_at_a_time = SETS.lock().unwrap_or_else(|e| e.into_inner());
     let every: usize = std::env::var("BTRKIT_SET_SCENARIOS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -227,6 +234,7 @@ fn one_degraded(scn: &Scenario, n: usize, profile: &[&str], lose: &[usize]) -> R
 #[test]
 fn degraded_replay_matches_the_kernel() {
     skip_unless!(require_kernel_mount());
+    let _one_at_a_time = SETS.lock().unwrap_or_else(|e| e.into_inner());
     let profiles: [(usize, &[&str], &[usize]); 3] = [
         (2, &["-d", "raid1", "-m", "raid1"], &[1]),
         (3, &["-d", "raid5", "-m", "raid5"], &[1]),
