@@ -8,7 +8,7 @@ use std::path::PathBuf;
     name = "btrkit-fsck",
     version,
     about = "Check a Btrfs image: superblocks, chunks, every tree block, extent refs, free space, subvolumes, checksums and the fsync log; read-only unless --repair",
-    after_help = "Exit codes (as fsck(8)): 0 clean, 1 errors repaired (clean now), 4 errors found (or left), 8 could not check or repair, 16 usage error.\n\nExamples:\n  btrkit-fsck disk.img\n  btrkit-fsck a.img b.img          (a filesystem on two devices)\n  btrkit-fsck --degraded a.img     (one device of a RAID1 set missing)\n  btrkit-fsck --check-data-csum disk.img\n  btrkit-fsck --check-mirrors disk.img\n  btrkit-fsck --json crash.img | jq '.findings[]'\n  btrkit-fsck --repair --dry-run disk.img   (the plan: finding -> action)\n  btrkit-fsck --repair --yes disk.img\n  btrkit-fsck --repair --clear-space-cache v2 --yes disk.img"
+    after_help = "Exit codes (as fsck(8)): 0 clean, 1 errors repaired (clean now), 4 errors found (or left), 8 could not check or repair, 16 usage error.\n\nExamples:\n  btrkit-fsck disk.img\n  btrkit-fsck a.img b.img          (a filesystem on two devices)\n  btrkit-fsck --degraded a.img     (one device of a RAID1 set missing)\n  btrkit-fsck --check-data-csum disk.img\n  btrkit-fsck --check-mirrors disk.img\n  btrkit-fsck --json crash.img | jq '.findings[]'\n  btrkit-fsck --qgroup-report disk.img   (quota counts: on disk, recomputed)\n  btrkit-fsck --repair --dry-run disk.img   (the plan: finding -> action)\n  btrkit-fsck --repair --yes disk.img\n  btrkit-fsck --repair --clear-space-cache v2 --yes disk.img"
 )]
 pub struct Args {
     /// The image file (or block device) to check, and the other devices of
@@ -35,6 +35,12 @@ pub struct Args {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Print every quota group's referenced and exclusive bytes as on disk
+    /// and as recomputed from the trees, with the differences (as `btrfs
+    /// check --qgroup-report`), instead of the findings; `--repair`
+    /// recounts them. The exit code is still the whole check's.
+    #[arg(long, conflicts_with = "repair")]
+    pub qgroup_report: bool,
     /// Show a progress bar on stderr (only when stderr is a terminal).
     #[arg(long)]
     pub progress: bool,

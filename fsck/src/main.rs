@@ -59,7 +59,9 @@ fn run(args: &cli::Args) -> anyhow::Result<i32> {
     }
     let report = btrkit_core::check::check_paths(&paths, args.degraded, opts, &bar)?;
     bar.finish();
-    if args.json {
+    if args.qgroup_report {
+        render::qgroup_report(args.json, &paths, &report)?;
+    } else if args.json {
         render::json(&paths, &report)?;
     } else {
         render::human(&paths, &report);

@@ -82,17 +82,7 @@ pub fn human(images: &[PathBuf], r: &Report) {
     if r.suppressed > 0 {
         println!("{} more findings not listed", r.suppressed);
     }
-    let verdict = if r.errors == 0 {
-        "clean"
-    } else {
-        "errors found"
-    };
-    println!(
-        "{}: {verdict} ({} errors, {} warnings)",
-        names(images),
-        r.errors,
-        r.warnings
-    );
+    print_verdict(images, r);
 }
 
 /// The devices checked, as one name: `a.img` or `a.img + b.img`.
@@ -117,6 +107,96 @@ pub fn json(images: &[PathBuf], r: &Report) -> anyhow::Result<()> {
     });
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
+}
+
+/// `--qgroup-report`: every quota group's counts on disk and recomputed,
+/// then the verdict of the whole check (whose findings it does not list).
+pub fn qgroup_report(json: bool, images: &[PathBuf], r: &Report) -> anyhow::Result<()> {
+    let q = r.qgroups.as_ref();
+    if json {
+        let v = serde_json::json!({
+            "image": images[0].display().to_string(),
+            "devices": images.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            "clean": r.is_clean(),
+            "errors": r.errors,
+            "warnings": r.warnings,
+            "quotas": q.is_some(),
+            "qgroups": q,
+            "different": q.map(|q| q.different()).unwrap_or(0),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let Some(q) = q else {
+        println!("{}: quotas are not enabled", names(images));
+        print_verdict(images, r);
+        return Ok(());
+    };
+    let mut t = new_table(table_width());
+    t.set_header(vec![
+        "qgroup",
+        "referenced",
+        "on disk",
+        "diff",
+        "exclusive",
+        "on disk",
+        "diff",
+        "",
+    ]);
+    let diff = |ours: u64, disk: u64| {
+        if ours == disk {
+            String::new()
+        } else {
+            format!("{:+}", ours as i128 - disk as i128)
+        }
+    };
+    for g in &q.groups {
+        t.add_row(vec![
+            g.name.clone(),
+            g.referenced.to_string(),
+            g.disk_referenced.to_string(),
+            diff(g.referenced, g.disk_referenced),
+            g.exclusive.to_string(),
+            g.disk_exclusive.to_string(),
+            diff(g.exclusive, g.disk_exclusive),
+            if g.differs() { "different" } else { "" }.to_string(),
+        ]);
+    }
+    println!(
+        "Quota groups of {} ({} accounting; referenced and exclusive bytes recomputed from the trees beside the counts on disk)",
+        names(images),
+        if q.simple { "simple" } else { "full" }
+    );
+    println!("{t}");
+    if let Some(at) = q.rescan {
+        println!("a quota rescan is in progress (at {at}): differences are expected");
+    } else if q.inconsistent {
+        println!("quotas are marked inconsistent: differences are expected until a rescan");
+    }
+    match q.different() {
+        0 => println!("{} quota groups, counts as recomputed", q.groups.len()),
+        n => println!(
+            "{n} of {} quota groups differ (btrkit-fsck --repair recounts them)",
+            q.groups.len()
+        ),
+    }
+    print_verdict(images, r);
+    Ok(())
+}
+
+/// The last line of a report: the whole check's verdict.
+fn print_verdict(images: &[PathBuf], r: &Report) {
+    let verdict = if r.errors == 0 {
+        "clean"
+    } else {
+        "errors found"
+    };
+    println!(
+        "{}: {verdict} ({} errors, {} warnings)",
+        names(images),
+        r.errors,
+        r.warnings
+    );
 }
 
 /// The repair plan: each action with the findings it answers, then the

@@ -29,6 +29,16 @@ pub struct Located {
     pub data_len: usize,
 }
 
+/// Write the whole of `dev` (an image held in memory) to the file `path`,
+/// for the programs that take a path: btrfs check, a kernel mount, the
+/// binaries.
+pub fn write_image(dev: &Arc<dyn BlockDevice>, path: &std::path::Path) {
+    let mut whole = vec![0u8; dev.size() as usize];
+    dev.read_at(0, &mut whole)
+        .expect("read the image held in memory");
+    std::fs::write(path, &whole).expect("write the image file");
+}
+
 /// Every item of `tree` (1 root, 3 chunk, else by id) in `dev` for which
 /// `pred` holds.
 pub fn items_of(

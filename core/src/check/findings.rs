@@ -529,6 +529,60 @@ pub struct Report {
     pub errors: u64,
     /// Total warning findings over all phases, stored or suppressed.
     pub warnings: u64,
+    /// Each quota group's counts on disk beside those recomputed from the
+    /// trees (`btrfs check --qgroup-report`); None when quotas are off.
+    pub qgroups: Option<QgroupReport>,
+}
+
+/// Quota accounting as phase 9 recomputed it, for every quota group.
+#[derive(Clone, Debug, Serialize)]
+pub struct QgroupReport {
+    /// Simple quotas (an extent counts for the subvolume that made it)
+    /// rather than full accounting.
+    pub simple: bool,
+    /// A rescan in progress, at this objectid: counts are not final.
+    pub rescan: Option<u64>,
+    /// The status item's inconsistent flag: the kernel itself expects the
+    /// counts to be off until a rescan.
+    pub inconsistent: bool,
+    /// Every quota group with an info item, by id.
+    pub groups: Vec<QgroupCount>,
+}
+
+impl QgroupReport {
+    /// Groups whose counts on disk differ from the recomputed ones.
+    pub fn different(&self) -> usize {
+        self.groups.iter().filter(|g| g.differs()).count()
+    }
+}
+
+/// One quota group: its info item's counts and the recomputed ones.
+#[derive(Clone, Debug, Serialize)]
+pub struct QgroupCount {
+    /// The qgroup id (level << 48 | subvolume or group id).
+    pub id: u64,
+    /// `level/id`, as btrfs qgroup show prints it.
+    pub name: String,
+    /// The info item's referenced bytes.
+    pub disk_referenced: u64,
+    /// The info item's exclusive bytes.
+    pub disk_exclusive: u64,
+    /// The info item's compressed referenced bytes (kept equal to the
+    /// referenced bytes by the kernel).
+    pub disk_referenced_compressed: u64,
+    /// The info item's compressed exclusive bytes.
+    pub disk_exclusive_compressed: u64,
+    /// Referenced bytes recomputed from the trees.
+    pub referenced: u64,
+    /// Exclusive bytes recomputed from the trees.
+    pub exclusive: u64,
+}
+
+impl QgroupCount {
+    /// The counts on disk are not those recomputed.
+    pub fn differs(&self) -> bool {
+        self.referenced != self.disk_referenced || self.exclusive != self.disk_exclusive
+    }
 }
 
 impl Report {
@@ -556,6 +610,7 @@ pub(crate) struct Sink {
     pub stored: [usize; 10],
     pub phases: [PhaseSummary; 10],
     pub suppressed: u64,
+    pub qgroups: Option<QgroupReport>,
 }
 
 impl Sink {
@@ -570,6 +625,7 @@ impl Sink {
             stored: [0; 10],
             phases,
             suppressed: 0,
+            qgroups: None,
         }
     }
 
@@ -613,6 +669,7 @@ impl Sink {
             suppressed: self.suppressed,
             errors,
             warnings,
+            qgroups: self.qgroups,
         }
     }
 }

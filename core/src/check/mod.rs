@@ -29,7 +29,8 @@ mod uuid_tree;
 mod walk;
 
 pub use findings::{
-    phase_name, ExtentRef, Finding, PhaseSummary, Repair, Report, Severity, PHASES,
+    phase_name, ExtentRef, Finding, PhaseSummary, QgroupCount, QgroupReport, Repair, Report,
+    Severity, PHASES,
 };
 
 use crate::format::consts::*;

@@ -21,7 +21,7 @@
 //! trustworthy: a rescan in progress or the inconsistent flag means the
 //! kernel itself expects them to be off (a warning, as btrfs check).
 
-use super::findings::{Repair, F};
+use super::findings::{QgroupCount, QgroupReport, Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::item::{decode, ItemBody};
@@ -291,6 +291,27 @@ pub(super) fn check(cx: &mut Ctx) {
         recompute(cx, &infos, &parents)
     };
     cx.sink.checked(P, infos.len() as u64);
+    cx.sink.qgroups = Some(QgroupReport {
+        simple,
+        rescan: (st.flags & BTRFS_QGROUP_STATUS_FLAG_RESCAN != 0).then_some(st.rescan),
+        inconsistent: st.flags & BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT != 0,
+        groups: infos
+            .values()
+            .map(|i| {
+                let (rfer, excl) = computed.get(&i.id).copied().unwrap_or((0, 0));
+                QgroupCount {
+                    id: i.id,
+                    name: qgroupid_str(i.id),
+                    disk_referenced: i.rfer,
+                    disk_exclusive: i.excl,
+                    disk_referenced_compressed: i.rfer_cmpr,
+                    disk_exclusive_compressed: i.excl_cmpr,
+                    referenced: rfer,
+                    exclusive: excl,
+                }
+            })
+            .collect(),
+    });
     let mut reported = 0usize;
     for i in infos.values() {
         let (rfer, excl) = computed.get(&i.id).copied().unwrap_or((0, 0));
