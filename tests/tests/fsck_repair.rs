@@ -25,7 +25,7 @@ use std::time::Duration;
 
 const WORKLOAD: &str = r#"set -e
 mkdir -p a/b c d/e/f
-for i in $(seq 1 300); do echo "file $i" > a/f$i; done
+for i in $(seq 1 FILES); do echo "file $i" > a/f$i; done
 for i in $(seq 1 20); do head -c 40000 /dev/urandom > a/b/data$i; done
 ln a/f1 c/link1; ln a/f2 c/link2a; ln a/f2 c/link2b
 ln -s ../a/f3 c/sym
@@ -438,13 +438,25 @@ fn error_set(r: &Report) -> BTreeSet<String> {
         .collect()
 }
 
+/// Small files in the base image's `a/` (at least 300): more on demand
+/// (`BTRKIT_REPAIR_FILES`) make taller trees, whose repairs copy longer
+/// paths and whose leaves the damage lands in anywhere.
+fn small_files() -> u64 {
+    std::env::var("BTRKIT_REPAIR_FILES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300)
+        .max(300)
+}
+
 /// A kernel-written image with quotas, read into memory.
 fn base_image(dir: &Path) -> Option<Arc<Vec<u8>>> {
     if let Some(why) = kernel_unavailable() {
         btrkit_tests::skip(&why);
         return None;
     }
-    let img = kernel_image(dir, "base.img", "", "", WORKLOAD);
+    let script = WORKLOAD.replace("FILES", &small_files().to_string());
+    let img = kernel_image(dir, "base.img", "", "", &script);
     Some(Arc::new(std::fs::read(&img).expect("read image")))
 }
 
@@ -498,7 +510,7 @@ fn random_damage_never_makes_an_image_worse() {
     let cases: u64 = std::env::var("BTRKIT_REPAIR_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+        .unwrap_or(3000);
     // Every so many cases, btrfs check and the kernel look at the result.
     let sample = (cases / 20).max(1);
     // Another seed draws other fields and values (on-demand sweeps).
@@ -613,7 +625,7 @@ fn random_damage_never_makes_an_image_worse() {
                     let n = std::fs::read_dir(m.path().join("a"))
                         .map(|d| d.count())
                         .unwrap_or(0);
-                    if n < 300 {
+                    if (n as u64) < small_files() {
                         failures.push(format!(
                             "case {case} ({what}): kernel lists {n} entries in a/"
                         ));
