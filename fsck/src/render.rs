@@ -132,6 +132,14 @@ pub fn qgroup_report(json: bool, images: &[PathBuf], r: &Report) -> anyhow::Resu
         print_verdict(images, r);
         return Ok(());
     };
+    if let Some(why) = &q.not_computed {
+        println!(
+            "{}: quotas are enabled but no counts were computed: {why}",
+            names(images)
+        );
+        print_verdict(images, r);
+        return Ok(());
+    }
     let mut t = new_table(table_width());
     t.set_header(vec![
         "qgroup",

@@ -1226,6 +1226,23 @@ fn qgroup_report_matches_btrfs_check() {
         assert!(ours.contains_key(id), "no qgroup {id}: {v}");
     }
     same_as_btrfs_check(&nested, &ours, "nested groups");
+    // A status item of a version the kernel does not know: no counts,
+    // and the report says why rather than that quotas are off.
+    let st = items_of(dev.clone(), BTRFS_QUOTA_TREE_OBJECTID, &|k, _| {
+        k.ty == BTRFS_QGROUP_STATUS_KEY
+    });
+    assert_eq!(st.len(), 1);
+    patch_tree_block(&dev, st[0].bytenr, &|b| set_u64(b, st[0].data_off, 2));
+    let unknown = tmp.path().join("v2.img");
+    write_image(&dev, &unknown);
+    let r = run_fsck(&unknown, &["--qgroup-report"], Duration::from_secs(60));
+    let v = r.json();
+    assert_eq!(v["quotas"], true, "{v}");
+    assert!(v["qgroups"]["not_computed"].is_string(), "{v}");
+    let mut c = std::process::Command::new(fsck_bin());
+    c.args(["--qgroup-report"]).arg(&unknown);
+    let h = run_with_limit(c, Duration::from_secs(60));
+    assert!(h.stdout.contains("no counts were computed"), "{}", h.stdout);
     // No quotas: said, exit 0.
     let plain = tmp.path().join("plain.img");
     std::fs::File::create(&plain)

@@ -547,6 +547,9 @@ pub struct QgroupReport {
     pub inconsistent: bool,
     /// Every quota group with an info item, by id.
     pub groups: Vec<QgroupCount>,
+    /// Why no counts were computed although the quota tree exists (no
+    /// status item, a status version the kernel does not know).
+    pub not_computed: Option<String>,
 }
 
 impl QgroupReport {

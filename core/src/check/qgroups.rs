@@ -150,7 +150,17 @@ pub(super) fn check(cx: &mut Ctx) {
         return;
     }
     let gen = cx.gen;
+    let not_computed = |cx: &mut Ctx, why: &str| {
+        cx.sink.qgroups = Some(QgroupReport {
+            simple: false,
+            rescan: None,
+            inconsistent: false,
+            groups: Vec::new(),
+            not_computed: Some(why.to_string()),
+        })
+    };
     let Some(st) = facts.status else {
+        not_computed(cx, "the quota tree has no status item");
         cx.report(
             F::err(P, "qgroup-status")
                 .tree(Q)
@@ -167,6 +177,7 @@ pub(super) fn check(cx: &mut Ctx) {
         );
     }
     if st.version != STATUS_VERSION {
+        not_computed(cx, &format!("quota status version {}", st.version));
         cx.report(F::warn(P, "qgroup-status").tree(Q).key(st.key).msg(format!(
             "quota status version {} (the kernel knows {STATUS_VERSION} and disables quotas otherwise)",
             st.version
@@ -311,6 +322,7 @@ pub(super) fn check(cx: &mut Ctx) {
                 }
             })
             .collect(),
+        not_computed: None,
     });
     let mut reported = 0usize;
     for i in infos.values() {
