@@ -85,6 +85,24 @@ pub fn human(images: &[PathBuf], r: &Report) {
     print_verdict(images, r);
 }
 
+/// `body` (a JSON object) with the image and every device named, on
+/// stdout: every `--json` report starts from these.
+fn print_json(images: &[PathBuf], mut body: serde_json::Value) -> anyhow::Result<()> {
+    if let Some(o) = body.as_object_mut() {
+        o.insert("image".into(), images[0].display().to_string().into());
+        o.insert(
+            "devices".into(),
+            images
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .into(),
+        );
+    }
+    println!("{}", serde_json::to_string_pretty(&body)?);
+    Ok(())
+}
+
 /// The devices checked, as one name: `a.img` or `a.img + b.img`.
 fn names(images: &[PathBuf]) -> String {
     images
@@ -95,18 +113,17 @@ fn names(images: &[PathBuf]) -> String {
 }
 
 pub fn json(images: &[PathBuf], r: &Report) -> anyhow::Result<()> {
-    let v = serde_json::json!({
-        "image": images[0].display().to_string(),
-        "devices": images.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-        "clean": r.is_clean(),
-        "errors": r.errors,
-        "warnings": r.warnings,
-        "suppressed": r.suppressed,
-        "phases": r.phases,
-        "findings": r.findings,
-    });
-    println!("{}", serde_json::to_string_pretty(&v)?);
-    Ok(())
+    print_json(
+        images,
+        serde_json::json!({
+            "clean": r.is_clean(),
+            "errors": r.errors,
+            "warnings": r.warnings,
+            "suppressed": r.suppressed,
+            "phases": r.phases,
+            "findings": r.findings,
+        }),
+    )
 }
 
 /// `--qgroup-report`: every quota group's counts on disk and recomputed,
@@ -114,17 +131,17 @@ pub fn json(images: &[PathBuf], r: &Report) -> anyhow::Result<()> {
 pub fn qgroup_report(json: bool, images: &[PathBuf], r: &Report) -> anyhow::Result<()> {
     let q = r.qgroups.as_ref();
     if json {
-        let v = serde_json::json!({
-            "image": images[0].display().to_string(),
-            "devices": images.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-            "clean": r.is_clean(),
-            "errors": r.errors,
-            "warnings": r.warnings,
-            "quotas": q.is_some(),
-            "qgroups": q,
-            "different": q.map(|q| q.different()).unwrap_or(0),
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        print_json(
+            images,
+            serde_json::json!({
+                "clean": r.is_clean(),
+                "errors": r.errors,
+                "warnings": r.warnings,
+                "quotas": q.is_some(),
+                "qgroups": q,
+                "different": q.map(|q| q.different()).unwrap_or(0),
+            }),
+        )?;
         return Ok(());
     }
     let Some(q) = q else {
@@ -254,23 +271,22 @@ pub fn repair_json(
     images: &[PathBuf],
     o: &btrkit_core::check::repair::Outcome,
 ) -> anyhow::Result<()> {
-    let v = serde_json::json!({
-        "image": images[0].display().to_string(),
-        "devices": images.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-        "clean_before": o.before.is_clean(),
-        "errors_before": o.before.errors,
-        "findings_before": o.before.findings,
-        "actions": o.plan.actions,
-        "not_repairable": o.plan.not_repairable,
-        "refused": o.plan.refused,
-        "committed": o.committed,
-        "changes": o.changes,
-        "clean_after": o.after.as_ref().map(|a| a.is_clean()),
-        "errors_after": o.after.as_ref().map(|a| a.errors),
-        "findings_after": o.after.as_ref().map(|a| &a.findings),
-    });
-    println!("{}", serde_json::to_string_pretty(&v)?);
-    Ok(())
+    print_json(
+        images,
+        serde_json::json!({
+            "clean_before": o.before.is_clean(),
+            "errors_before": o.before.errors,
+            "findings_before": o.before.findings,
+            "actions": o.plan.actions,
+            "not_repairable": o.plan.not_repairable,
+            "refused": o.plan.refused,
+            "committed": o.committed,
+            "changes": o.changes,
+            "clean_after": o.after.as_ref().map(|a| a.is_clean()),
+            "errors_after": o.after.as_ref().map(|a| a.errors),
+            "findings_after": o.after.as_ref().map(|a| &a.findings),
+        }),
+    )
 }
 
 /// What `--clear-space-cache` on its own did.
@@ -281,15 +297,15 @@ pub fn cleared(
     changes: &[String],
 ) -> anyhow::Result<()> {
     if json {
-        let v = serde_json::json!({
-            "image": images[0].display().to_string(),
-            "devices": images.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-            "clear_space_cache": which,
-            "committed": true,
-            "changes": changes,
-            "checked": false,
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        print_json(
+            images,
+            serde_json::json!({
+                "clear_space_cache": which,
+                "committed": true,
+                "changes": changes,
+                "checked": false,
+            }),
+        )?;
         return Ok(());
     }
     for c in changes {

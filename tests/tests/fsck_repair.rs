@@ -656,6 +656,15 @@ fn random_damage_never_makes_an_image_worse() {
     );
 }
 
+/// A copy of the base image held in memory with one damage of `kind`
+/// (drawn from `seed`), and what the damage was.
+fn damaged_once(base: &Arc<Vec<u8>>, kind: Kind, seed: u64) -> (Arc<dyn BlockDevice>, String) {
+    let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
+    let targets = Targets::find(dev.clone());
+    let what = damage(&dev, &targets, kind, &mut Rng(seed));
+    (dev, what)
+}
+
 /// The base image with one damage of each kind at once.
 fn damaged_everywhere(base: &Arc<Vec<u8>>) -> Arc<Vec<u8>> {
     let dev = Arc::new(CrashDevice::from_shared(base.clone()));
@@ -924,10 +933,7 @@ fn clear_space_cache_v2_alone() {
     let Some(base) = base_image(tmp.path()) else {
         return;
     };
-    let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
-    let targets = Targets::find(dev.clone());
-    let mut rng = Rng(0x1234_5678_9abc_def1);
-    let what = damage(&dev, &targets, Kind::FreeSpaceInfoCount, &mut rng);
+    let (dev, what) = damaged_once(&base, Kind::FreeSpaceInfoCount, 0x1234_5678_9abc_def1);
     let files = read_all(dev.clone()).expect("read damaged image");
     let img = tmp.path().join("fst.img");
     write_image(&dev, &img);
@@ -1158,10 +1164,7 @@ fn qgroup_report_matches_btrfs_check() {
     let Some(base) = base_image(tmp.path()) else {
         return;
     };
-    let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
-    let targets = Targets::find(dev.clone());
-    let mut rng = Rng(0x5151_7a7a_0b0b_3c3d);
-    let what = damage(&dev, &targets, Kind::QgroupInfo, &mut rng);
+    let (dev, what) = damaged_once(&base, Kind::QgroupInfo, 0x5151_7a7a_0b0b_3c3d);
     let img = tmp.path().join("q.img");
     write_image(&dev, &img);
     let r = run_fsck(&img, &["--qgroup-report"], Duration::from_secs(120));
