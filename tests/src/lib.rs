@@ -19,6 +19,11 @@
 //!   salvaged image with the kernel's replay and zero-log.
 //! - [`sets`]: device sets: copies, the kernel's view, btrfs check and
 //!   btrkit-fsck over every device.
+//! - [`logcheck`]: one scenario's log judged against the kernel (its own
+//!   run, its replay of ours, btrkit-replay, btrfs check, fsync promises);
+//!   [`fsmodel`] models what a script does and what its fsyncs promised;
+//!   [`sweep`] writes the random differential families and shrinks a
+//!   disagreement to a regression script.
 //! - [`dumpcmp`]: compares `btrkit-dump tree` against `btrfs inspect-internal
 //!   dump-tree` on their item lines.
 
@@ -26,17 +31,20 @@ pub mod bins;
 pub mod dumpcmp;
 pub mod env;
 pub mod fixtures;
+pub mod fsmodel;
 pub mod fsck_support;
 pub mod repair_support;
 // Drives the kernel through system calls (mmap, pwrite, sync_file_range).
 #[allow(unsafe_code)]
 pub mod kcrash;
 pub mod kimage;
+pub mod logcheck;
 pub mod mount;
 pub mod rich;
 pub mod salvage;
 pub mod sets;
 pub mod shellrun;
+pub mod sweep;
 // Safe wrappers over the system calls the other helpers need.
 #[allow(unsafe_code)]
 pub mod sys;

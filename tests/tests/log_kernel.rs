@@ -17,11 +17,10 @@
 //! family run (16 by default); `BTRKIT_LOG_KEEP=DIR` keeps each scenario's
 //! script and images in `DIR/NAME/` for a closer look.
 
-use btrkit_tests::kcrash::{self, Manifest, Scenario};
-use btrkit_tests::shellrun::{self, last_line};
+use btrkit_tests::kcrash::{self, Scenario};
+use btrkit_tests::logcheck::{self, Verdict};
 use std::path::Path;
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[path = "common/families.rs"]
 mod families;
@@ -88,186 +87,14 @@ fn scenarios() -> Vec<Scenario> {
     all
 }
 
-/// Run the whole scenario through btrkit-shell; the image is left as its
-/// final crash left it. Err only when there is no image to look at.
-fn shell_run(
-    scn: &Scenario,
-    work: &Path,
-    notes: &mut Vec<String>,
-) -> Result<std::path::PathBuf, String> {
-    let r = shellrun::run(scn, work, "ours")?;
-    if !r.ok {
-        if !r.only_expectations_failed() {
-            return Err(r.failure());
-        }
-        notes.push(format!(
-            "btrkit-shell's own recovery breaks expectations: {}",
-            r.stderr.lines().take(3).collect::<Vec<_>>().join(" | ")
-        ));
-    }
-    Ok(r.devices[0].clone())
-}
-
-struct Result1 {
-    name: String,
-    /// The kernel recovered from our log what it recovers from its own.
-    equal: bool,
-    problems: Vec<String>,
-    notes: Vec<String>,
-    had_log: bool,
-}
-
-fn run_one(scn: &Scenario, cache: &Path) -> Result1 {
-    let mut r = Result1 {
-        name: scn.name.clone(),
-        equal: false,
-        problems: Vec::new(),
-        notes: Vec::new(),
-        had_log: false,
+fn run_one(scn: &Scenario, cache: &Path) -> Verdict {
+    let opts = logcheck::Options {
+        cache: Some(cache.to_path_buf()),
+        kernel_runs: 2,
+        keep: std::env::var_os("BTRKIT_LOG_KEEP").map(|d| Path::new(&d).join(&scn.name)),
+        may_differ: EXCEPTIONS.iter().any(|(n, _)| *n == scn.name),
     };
-    let theirs_img = match kcrash::cached_crash_image(scn, cache) {
-        Ok(c) => c,
-        Err(e) => {
-            r.problems.push(format!("kernel run: {e}"));
-            return r;
-        }
-    };
-    let _slot = kcrash::slot();
-    let work = match tempfile::Builder::new()
-        .prefix(&format!("log-{}-", scn.name))
-        .tempdir()
-    {
-        Ok(w) => w,
-        Err(e) => {
-            r.problems.push(e.to_string());
-            return r;
-        }
-    };
-    let kept = std::env::var_os("BTRKIT_LOG_KEEP").map(|d| Path::new(&d).join(&scn.name));
-    if let Some(k) = &kept {
-        let _ = std::fs::remove_dir_all(k);
-        let _ = std::fs::create_dir_all(k);
-    }
-    let w = kept.as_deref().unwrap_or(work.path());
-    let theirs = match kcrash::manifest_of_image(&theirs_img.path, w) {
-        Ok(m) => m,
-        Err(e) => {
-            r.problems.push(format!("kernel's own replay: {e}"));
-            return r;
-        }
-    };
-    let ours = match shell_run(scn, w, &mut r.notes) {
-        Ok(p) => p,
-        Err(e) => {
-            r.problems.push(e);
-            return r;
-        }
-    };
-    r.had_log = kcrash::super_log_root(&ours)
-        .map(|(_, l)| l != 0)
-        .unwrap_or(false);
-    // The kernel replays our log.
-    let kcopy = w.join("kernel-replays-ours.img");
-    let k_ours: Manifest = match kcrash::manifest_via_copy(&ours, &kcopy, "rw") {
-        Ok(m) => m,
-        Err(e) => {
-            r.problems
-                .push(format!("the kernel cannot mount our crash image: {e}"));
-            return r;
-        }
-    };
-    let consistent = match kcrash::btrfs_check(&kcopy) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            r.problems.push(format!(
-                "btrfs check after the kernel replayed our log: {}",
-                e.lines().take(12).collect::<Vec<_>>().join(" | ")
-            ));
-            Err(last_line(&e).to_string())
-        }
-    };
-    let posts_img = w.join("posts.img");
-    let posts =
-        kcrash::copy_sparse(&kcopy, &posts_img).and_then(|_| kcrash::run_posts(&posts_img, scn));
-    let _ = std::fs::remove_file(&posts_img);
-    match posts {
-        Ok(posts) => {
-            let fails = kcrash::check_expectations(
-                scn,
-                &k_ours,
-                &kcrash::Outcome {
-                    consistent: Some(consistent),
-                    posts,
-                },
-            );
-            if !fails.is_empty() {
-                r.problems.push(format!(
-                    "the kernel's replay of our log breaks expectations: {}",
-                    fails.join("; ")
-                ));
-            }
-        }
-        Err(e) => r.problems.push(format!("post steps: {e}")),
-    }
-    r.equal = k_ours == theirs;
-    if !r.equal && !EXCEPTIONS.iter().any(|(n, _)| *n == scn.name) {
-        // The kernel's own outcome of a script can vary between runs (work
-        // its workers finish before or after a later commit): an
-        // unexplained difference is checked against a second kernel run,
-        // and ours must equal one of the two.
-        let again = w.join("kernel-again");
-        let second = std::fs::create_dir_all(&again)
-            .map_err(|e| e.to_string())
-            .and_then(|_| kcrash::generate(scn, &again))
-            .and_then(|c| kcrash::manifest_of_image(&c.path, &again));
-        match second {
-            Ok(m) if m == k_ours => {
-                r.equal = true;
-                eprintln!(
-                    "{}: the kernel's two runs differ; ours equals the second:\n{}",
-                    scn.name,
-                    theirs.short_diff(&m, 12)
-                );
-            }
-            Ok(_) => {}
-            Err(e) => r.notes.push(format!("second kernel run: {e}")),
-        }
-        let _ = std::fs::remove_dir_all(&again);
-    }
-    if !r.equal {
-        r.notes.push(format!(
-            "the kernel recovers from our log (B) other than from its own (A):\n{}",
-            theirs.short_diff(&k_ours, 12)
-        ));
-    }
-    // btrkit-replay of our crash image agrees with the kernel's replay.
-    let out = w.join("btrkit-replayed.img");
-    let o = Command::new(btrkit_tests::bin_path("btrkit-replay"))
-        .arg(&ours)
-        .arg("-o")
-        .arg(&out)
-        .output();
-    match o {
-        Ok(o) if o.status.success() => {
-            match kcrash::manifest_via_copy(&out, &w.join("btrkit-replayed-copy.img"), "ro") {
-                Ok(m) if m != k_ours => r.problems.push(format!(
-                    "btrkit-replay of our log (B) differs from the kernel's replay of it (A):\n{}",
-                    k_ours.short_diff(&m, 12)
-                )),
-                Ok(_) => {}
-                Err(e) => r
-                    .problems
-                    .push(format!("mount of btrkit-replay's result: {e}")),
-            }
-        }
-        Ok(o) => r.problems.push(format!(
-            "btrkit-replay exit {:?}: {}",
-            o.status.code(),
-            last_line(&String::from_utf8_lossy(&o.stderr))
-        )),
-        Err(e) => r.problems.push(format!("btrkit-replay: {e}")),
-    }
-    r
+    logcheck::check(scn, &opts)
 }
 
 #[test]
@@ -299,12 +126,12 @@ fn kernel_replays_our_logs() {
         );
         r
     });
-    let failed: Vec<&Result1> = results.iter().filter(|r| !r.problems.is_empty()).collect();
-    let differing: Vec<&Result1> = results
+    let failed: Vec<&Verdict> = results.iter().filter(|r| !r.problems.is_empty()).collect();
+    let differing: Vec<&Verdict> = results
         .iter()
         .filter(|r| r.problems.is_empty() && !r.equal)
         .collect();
-    let unexplained: Vec<&&Result1> = differing
+    let unexplained: Vec<&&Verdict> = differing
         .iter()
         .filter(|r| !EXCEPTIONS.iter().any(|(n, _)| *n == r.name))
         .collect();
@@ -361,5 +188,4 @@ fn kernel_replays_our_logs() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    let _ = Duration::ZERO;
 }

@@ -52,6 +52,51 @@ pub struct BlockGroup {
     pub on_disk: bool,
     /// Takes no new allocations (being emptied by a balance).
     pub read_only: bool,
+    /// The size of the extents a data-only group takes (block-group.c's
+    /// size classes, runtime only): set by its first allocation, or at
+    /// mount from a sample of its extents.
+    pub size_class: SizeClass,
+}
+
+/// The size classes of data extents (btrfs_block_group_size_class): a data
+/// block group holds extents of one class, so small and large files do not
+/// fragment each other's space.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SizeClass {
+    /// No extent allocated yet (any class may claim it).
+    #[default]
+    None,
+    /// At most 128 KiB.
+    Small,
+    /// At most 8 MiB.
+    Medium,
+    /// Larger.
+    Large,
+}
+
+impl SizeClass {
+    /// The class of an extent of `len` bytes (btrfs_calc_block_group_size_class).
+    pub fn of(len: u64) -> SizeClass {
+        if len <= 128 << 10 {
+            SizeClass::Small
+        } else if len <= 8 << 20 {
+            SizeClass::Medium
+        } else {
+            SizeClass::Large
+        }
+    }
+}
+
+/// Which data block groups an allocation may use, in the order
+/// find_free_extent widens its search.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassPass {
+    /// Groups of the extent's own class (and groups classes do not apply to).
+    Same,
+    /// Also groups without a class yet (LOOP_UNSET_SIZE_CLASS).
+    Unset,
+    /// Any group (LOOP_WRONG_SIZE_CLASS, after a new chunk was refused).
+    Any,
 }
 
 impl BlockGroup {
@@ -71,6 +116,21 @@ impl BlockGroup {
     pub fn is_system(&self) -> bool {
         self.flags & BTRFS_BLOCK_GROUP_SYSTEM != 0
     }
+    /// Whether size classes apply: a data-only group
+    /// (btrfs_block_group_should_use_size_class).
+    pub fn uses_size_class(&self) -> bool {
+        self.flags & BTRFS_BLOCK_GROUP_TYPE_MASK == BTRFS_BLOCK_GROUP_DATA
+    }
+
+    /// Whether an extent of class `c` may go here in `pass`
+    /// (find_free_extent_check_size_class).
+    pub fn takes_class(&self, c: SizeClass, pass: ClassPass) -> bool {
+        if !self.uses_size_class() || pass == ClassPass::Any {
+            return true;
+        }
+        self.size_class == c || (pass == ClassPass::Unset && self.size_class == SizeClass::None)
+    }
+
     /// What the free space tree must say is free.
     pub fn fst_free(&self) -> RangeSet {
         let mut f = self.free.clone();
@@ -175,6 +235,20 @@ impl Allocator {
     /// `account`ed (log tree blocks) is taken from the free space without
     /// counting as used: no extent item will describe it.
     pub fn alloc(&mut self, ty: u64, len: u64, align: u64, account: bool) -> Result<u64> {
+        self.alloc_in_class(ty, len, align, account, ClassPass::Any)
+    }
+
+    /// [`alloc`](Self::alloc) among the groups `pass` allows an extent of
+    /// `len` bytes; a data-only group without a class takes the extent's.
+    pub fn alloc_in_class(
+        &mut self,
+        ty: u64,
+        len: u64,
+        align: u64,
+        account: bool,
+        pass: ClassPass,
+    ) -> Result<u64> {
+        let class = SizeClass::of(len);
         let hint = self.cursor.get(&ty).copied().unwrap_or(0);
         let starts: Vec<u64> = self
             .groups
@@ -193,12 +267,15 @@ impl Allocator {
                 .groups
                 .get_mut(&s)
                 .ok_or_else(|| Error::Internal("block group vanished".into()))?;
-            if g.read_only || g.length - g.used < len {
+            if g.read_only || g.length - g.used < len || !g.takes_class(class, pass) {
                 continue;
             }
             let h = if i == 0 { hint } else { g.start };
             if let Some(at) = g.free.find(g.start, g.end(), len, align, h) {
                 g.free.remove(at, at + len);
+                if g.uses_size_class() && g.size_class == SizeClass::None {
+                    g.size_class = class;
+                }
                 if account {
                     g.used += len;
                     g.dirty = true;

@@ -389,6 +389,9 @@ impl Filesystem {
             ));
         }
         let old = self.rt(l)?.i_size;
+        if size == 0 && old > 0 {
+            self.rt(l)?.flush_on_close = true;
+        }
         if size > old {
             self.cont_expand(l, old, size)?;
             self.set_size(l, size)?;
@@ -457,9 +460,12 @@ impl Filesystem {
         if found {
             self.set_full_sync(l)?;
         }
+        // No changed range of its own: a shrink changes extents only as a
+        // full sync (above) or through the zeroed block's writeback, a grow
+        // through cont_expand's hole ranges (btrfs_setsize adds no
+        // modified extent map).
         self.set_size(l, size)?;
-        self.stamp(l, true, true)?;
-        self.note_modified(l, size.min(old), size.max(old).max(size + 1))
+        self.stamp(l, true, true)
     }
 
     /// fallocate(2) mode 0 or KEEP_SIZE.

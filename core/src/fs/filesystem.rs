@@ -144,6 +144,10 @@ pub struct InodeRt {
     pub index_cnt: Option<u64>,
     /// Open file descriptions on the inode.
     pub opens: u32,
+    /// Truncated from a non-zero size to zero: the next close starts
+    /// writeback of what was written since (BTRFS_INODE_FLUSH_ON_CLOSE,
+    /// for applications that replace a file's content in place).
+    pub flush_on_close: bool,
     /// Transaction that last changed the inode.
     pub last_trans: u64,
     /// Log sub-transaction (the subvolume's log_transid) of the last
@@ -1081,8 +1085,13 @@ impl Filesystem {
         Ok(())
     }
 
-    /// Close: an inode with no links left goes with its last close.
+    /// Close (btrfs_release_file): a file truncated to zero since it was
+    /// opened has its new data written back now; an inode with no links
+    /// left goes with its last close.
     pub fn close(&mut self, l: Loc) -> Result<()> {
+        if std::mem::take(&mut self.rt(l)?.flush_on_close) {
+            self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
+        }
         let rt = self.rt(l)?;
         rt.opens = rt.opens.saturating_sub(1);
         if rt.opens == 0 {

@@ -476,6 +476,7 @@ impl Filesystem {
                 "rename: of the empty directory standing for a subvolume",
             ));
         }
+        let mut replaced = None;
         if let Some(dst) = dst {
             if dst.ino == super::filesystem::ROOT_DIR && dst.subvol != ndir.subvol {
                 return Err(Error::errno(libc::ENOTEMPTY, "rename: over a subvolume"));
@@ -486,15 +487,49 @@ impl Filesystem {
                     "rename: target directory not empty",
                 ));
             }
+            // Replacing a file's content by renaming a new file over it: the
+            // new file's data is written back first (btrfs_rename's
+            // filemap_flush), so the rename never reaches disk before it.
+            if !dst.is_placeholder()
+                && is_reg(smode)
+                && is_reg(self.item(dst)?.mode.get()) && self.rt(dst)?.i_size > 0 {
+                self.writeback(src, 0, u64::MAX, super::writeback::Reason::Background)?;
+            }
             if dst.is_placeholder() {
                 self.remove_placeholder_entry(ndir, nname)?;
             } else {
+                // The replaced inode lives until the rename returns (the
+                // dentry holds it): the log, brought up to date with the new
+                // name below, still finds it, and a name it held conflicts
+                // with the renamed inode's (a directory moved out of it
+                // makes the fsync commit, as btrfs_log_new_name's logging
+                // of the conflicting inode decides).
+                self.open(dst)?;
+                replaced = Some(dst);
                 self.drop_name(ndir, nname)?;
             }
         }
-        if src_subvol {
-            return self.rename_subvol_entry(odir, oname, ndir, nname, src.subvol);
+        let r = if src_subvol {
+            self.rename_subvol_entry(odir, oname, ndir, nname, src.subvol)
+        } else {
+            self.rename_inode(odir, oname, ndir, nname, src, smode)
+        };
+        match replaced {
+            Some(dst) => r.and(self.close(dst)),
+            None => r,
         }
+    }
+
+    /// The rename of an inode (not a subvolume) once the target name is free.
+    fn rename_inode(
+        &mut self,
+        odir: Loc,
+        oname: &[u8],
+        ndir: Loc,
+        nname: &[u8],
+        src: Loc,
+        smode: u32,
+    ) -> Result<()> {
         // The old name goes without touching the link count.
         let idx_old = names::links_in(&mut self.store, src.subvol, src.ino, odir.ino)?
             .into_iter()

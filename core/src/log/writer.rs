@@ -62,8 +62,10 @@ const MAX_DEPTH: usize = 4096;
 /// Why a logging call stopped.
 #[derive(Debug)]
 enum Stop {
-    /// The log cannot express this: commit the transaction (the reason is
-    /// counted).
+    /// The log cannot express this: an fsync commits the transaction, and
+    /// so does every later fsync of it (BTRFS_LOG_FORCE_COMMIT is an error
+    /// code since Linux 6.3, so btrfs_log_inode_parent marks the log for a
+    /// full commit, a new name's logging included). The reason is counted.
     Commit(&'static str),
     Err(Error),
 }
@@ -798,27 +800,29 @@ impl LogWriter<'_, '_> {
         ctx: &mut Ctx,
     ) -> LResult<()> {
         self.log_inode_item(l, mode, logged_isize)?;
-        let t = self.cx.transid();
-        let gen = self.cx.item(l)?.generation.get();
         let (lo, hi) = inode_range(l.ino, BTRFS_INODE_REF_KEY, BTRFS_INODE_EXTREF_KEY);
         let refs = self.cx.store.items_in(fs_tree(l), lo, hi)?;
         for (k, d) in refs {
             self.cx.store.update_item(log_tree(l), &k, &d)?;
-            if gen == t || ctx.logging_conflict_inodes {
-                let names: Vec<(u64, Vec<u8>)> = match k.ty {
-                    BTRFS_INODE_REF_KEY => parse_inode_refs(&d)
-                        .map_err(|e| e.at(0, k))?
-                        .iter()
-                        .map(|e| (k.offset, e.name.to_vec()))
-                        .collect(),
-                    _ => parse_inode_extrefs(&d)
-                        .map_err(|e| e.at(0, k))?
-                        .iter()
-                        .map(|e| (e.parent, e.name.to_vec()))
-                        .collect(),
-                };
-                for (parent, name) in names {
-                    self.check_ref_name_override(l, parent, &name, ctx)?;
+            // Every ref item of every inode, new or old: a name another
+            // inode held at the last commit makes that inode conflicting
+            // (since the kernel's "always detect conflicting inodes when
+            // logging inode refs", 6.19 and stable from 6.1).
+            let names: Vec<(u64, Vec<u8>)> = match k.ty {
+                BTRFS_INODE_REF_KEY => parse_inode_refs(&d)
+                    .map_err(|e| e.at(0, k))?
+                    .iter()
+                    .map(|e| (k.offset, e.name.to_vec()))
+                    .collect(),
+                _ => parse_inode_extrefs(&d)
+                    .map_err(|e| e.at(0, k))?
+                    .iter()
+                    .map(|e| (e.parent, e.name.to_vec()))
+                    .collect(),
+            };
+            if let Some((other, parent)) = self.ref_name_override(l, &names)? {
+                if other != ctx.inode.ino {
+                    self.add_conflicting_inode(Loc::new(l.subvol, other), parent, ctx)?;
                 }
             }
         }
@@ -1238,9 +1242,6 @@ impl LogWriter<'_, '_> {
     /// log_new_dir_dentries: the targets of the entries a directory
     /// logging copied: files "exist", directories in full, breadth first.
     fn log_new_dir_dentries(&mut self, start: Loc, ctx: &mut Ctx) -> LResult<()> {
-        if ctx.logging_new_name {
-            return Ok(());
-        }
         let t = self.cx.transid();
         let mut queue = VecDeque::from([start]);
         let mut guard = 0usize;
@@ -1388,37 +1389,35 @@ impl LogWriter<'_, '_> {
     // ------------------------------------------------------------------
     // Name conflicts (the 2016 change)
 
-    /// btrfs_check_ref_name_override: `name` in `parent` belonged at the
-    /// last commit to another inode (since renamed or unlinked). Replay
-    /// would drop that inode's name for ours, so it is logged too (its
-    /// new names, or its deletion); without the switch, commit.
-    fn check_ref_name_override(
+    /// btrfs_check_ref_name_override over the names of one ref item: the
+    /// first of them that the last commit has in its directory decides.
+    /// Held then by this inode: no conflict; by another: (that inode, the
+    /// directory). A name that was a subvolume's cannot be logged over.
+    fn ref_name_override(
         &mut self,
         l: Loc,
-        parent: u64,
-        name: &[u8],
-        ctx: &mut Ctx,
-    ) -> LResult<()> {
-        let k = Key::new(
-            parent,
-            BTRFS_DIR_ITEM_KEY,
-            crate::format::dir::name_hash(name),
-        );
-        let Some(d) = self.cx.store.committed_lookup(l.subvol, &k)? else {
-            return Ok(());
-        };
-        let entries = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
-        let Some(e) = entries.iter().find(|e| e.name == name) else {
-            return Ok(());
-        };
-        let loc = Key::from(&e.item.location);
-        if loc.ty == BTRFS_ROOT_ITEM_KEY {
-            return Err(Stop::Commit("name was a subvolume's"));
+        names: &[(u64, Vec<u8>)],
+    ) -> LResult<Option<(u64, u64)>> {
+        for (parent, name) in names {
+            let k = Key::new(
+                *parent,
+                BTRFS_DIR_ITEM_KEY,
+                crate::format::dir::name_hash(name),
+            );
+            let Some(d) = self.cx.store.committed_lookup(l.subvol, &k)? else {
+                continue;
+            };
+            let entries = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
+            let Some(e) = entries.iter().find(|e| e.name == name.as_slice()) else {
+                continue;
+            };
+            let loc = Key::from(&e.item.location);
+            if loc.ty != BTRFS_INODE_ITEM_KEY {
+                return Err(Stop::Commit("name was a subvolume's"));
+            }
+            return Ok((loc.objectid != l.ino).then_some((loc.objectid, *parent)));
         }
-        if loc.objectid == l.ino || loc.objectid == ctx.inode.ino {
-            return Ok(());
-        }
-        self.add_conflicting_inode(Loc::new(l.subvol, loc.objectid), parent, ctx)
+        Ok(None)
     }
 
     fn add_conflicting_inode(&mut self, other: Loc, parent: u64, ctx: &mut Ctx) -> LResult<()> {
@@ -1451,9 +1450,20 @@ impl LogWriter<'_, '_> {
         if !self.need_log_inode(other)? {
             return Ok(());
         }
+        if !self.can_log_conflicting_inode(other)? {
+            return Err(Stop::Commit("a conflicting directory moved in this transaction"));
+        }
         ctx.conflicts_seen += 1;
         ctx.conflicts.push_back((other.ino, parent));
         Ok(())
+    }
+
+    /// can_log_conflicting_inode: a directory moved to another parent in
+    /// this transaction cannot be logged as existing (its new name would
+    /// be added at replay while the old one stays: two links).
+    fn can_log_conflicting_inode(&mut self, l: Loc) -> Result<bool> {
+        let t = self.cx.transid();
+        Ok(!is_dir(self.cx.item(l)?.mode.get()) || self.cx.rt(l)?.last_unlink_trans < t)
     }
 
     /// log_conflicting_inodes: by the outermost logging only.
@@ -1461,15 +1471,29 @@ impl LogWriter<'_, '_> {
         if ctx.logging_conflict_inodes || ctx.conflicts.is_empty() {
             return Ok(());
         }
+        let saved = ctx.log_new_dentries;
         ctx.logging_conflict_inodes = true;
         let r = (|| {
             while let Some((ino, parent)) = ctx.conflicts.pop_front() {
                 let other = Loc::new(l.subvol, ino);
                 if !self.exists(other)? {
+                    // Gone (a directory): its old parent is logged in full,
+                    // so replay records the deletion, with the targets of
+                    // the parent's new entries.
                     let p = Loc::new(l.subvol, parent);
-                    if self.exists(p)? {
-                        self.log_inode(p, LogMode::All, ctx)?;
-                        self.cx.stats.conflicting_inodes_logged += 1;
+                    if !self.exists(p)? {
+                        return Err(Stop::Commit("a conflicting inode's parent is gone"));
+                    }
+                    if !self.can_log_conflicting_inode(p)? {
+                        return Err(Stop::Commit(
+                            "a conflicting directory's parent lost an entry",
+                        ));
+                    }
+                    ctx.log_new_dentries = false;
+                    self.log_inode(p, LogMode::All, ctx)?;
+                    self.cx.stats.conflicting_inodes_logged += 1;
+                    if ctx.log_new_dentries {
+                        self.log_new_dir_dentries(p, ctx)?;
                     }
                 } else if self.need_log_inode(other)? {
                     self.log_inode(other, LogMode::Exists, ctx)?;
@@ -1478,6 +1502,7 @@ impl LogWriter<'_, '_> {
             }
             Ok(())
         })();
+        ctx.log_new_dentries = saved;
         ctx.logging_conflict_inodes = false;
         ctx.conflicts.clear();
         r

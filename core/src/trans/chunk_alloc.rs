@@ -320,6 +320,7 @@ impl Store {
             fst_bitmaps: false,
             on_disk: false,
             read_only: false,
+            size_class: crate::alloc::SizeClass::None,
         };
         g.free.insert(logical, logical + length);
         let sizes: Vec<(u64, u64)> = self.img.devices().map(|(id, d)| (id, d.size())).collect();
@@ -435,7 +436,14 @@ impl Store {
     /// Allocate `len` bytes of type `ty`, adding a chunk when every group is full.
     /// `account`: the space counts as used (false for log tree blocks,
     /// which have no extent items).
+    ///
+    /// Data goes by size class as find_free_extent places it: a group of the
+    /// extent's class, then one without a class, then a new chunk, and only
+    /// when no chunk can be made a group of another class.
     pub fn alloc_space(&mut self, ty: u64, len: u64, align: u64, account: bool) -> Result<u64> {
+        if ty == BTRFS_BLOCK_GROUP_DATA {
+            return self.alloc_data_space(len, align);
+        }
         match self.alloc.alloc(ty, len, align, account) {
             Ok(b) => Ok(b),
             Err(Error::NoSpace(_)) => {
@@ -448,6 +456,26 @@ impl Store {
             }
             Err(e) => Err(e),
         }
+    }
+
+    fn alloc_data_space(&mut self, len: u64, align: u64) -> Result<u64> {
+        use crate::alloc::ClassPass;
+        let ty = BTRFS_BLOCK_GROUP_DATA;
+        for pass in [ClassPass::Same, ClassPass::Unset] {
+            match self.alloc.alloc_in_class(ty, len, align, true, pass) {
+                Err(Error::NoSpace(_)) => {}
+                r => return r,
+            }
+        }
+        // LOOP_ALLOC_CHUNK: a new chunk, whose group takes the class; a
+        // device without room for one moves on to the wrong classes.
+        if self.force_data_chunk()? {
+            match self.alloc.alloc_in_class(ty, len, align, true, ClassPass::Unset) {
+                Err(Error::NoSpace(_)) => {}
+                r => return r,
+            }
+        }
+        self.alloc.alloc_in_class(ty, len, align, true, ClassPass::Any)
     }
 
     /// Bytes new data can take in the writable data block groups (space

@@ -423,6 +423,7 @@ impl Store {
                 fst_bitmaps: false,
                 on_disk: true,
                 read_only: false,
+                size_class: crate::alloc::SizeClass::None,
             };
             g.free.insert(start, start + length);
             for (a, b) in super_stripes(&self.img.chunks, start, length, &dev_size) {
@@ -432,8 +433,11 @@ impl Store {
             groups.insert(start, g);
         }
         self.alloc.groups = groups;
-        // Allocated extents.
+        // Allocated extents, and for each data-only group the first extent
+        // at or after each fifth of it (load_block_group_size_class samples
+        // five): the smallest of them gives the group its size class.
         let ns = self.nodesize() as u64;
+        let mut samples: BTreeMap<u64, [Option<u64>; 5]> = BTreeMap::new();
         let mut k = Key::MIN;
         while let Some((key, _)) = self.next_item(BTRFS_EXTENT_TREE_OBJECTID, &k)? {
             k = Key::new(key.objectid, key.ty, key.offset.saturating_add(1));
@@ -447,6 +451,26 @@ impl Store {
             })?;
             g.free.remove(key.objectid, key.objectid + len);
             g.used += len;
+            if key.ty == BTRFS_EXTENT_ITEM_KEY
+                && g.uses_size_class()
+                && key.objectid.saturating_add(len) <= g.end()
+            {
+                let (start, fifth) = (g.start, g.length / 5);
+                let slots = samples.entry(start).or_default();
+                for (i, slot) in slots.iter_mut().enumerate() {
+                    if slot.is_none() && key.objectid >= start + i as u64 * fifth {
+                        *slot = Some(len);
+                    }
+                }
+            }
+        }
+        for (start, slots) in samples {
+            if let (Some(g), Some(min)) = (
+                self.alloc.groups.get_mut(&start),
+                slots.iter().flatten().min(),
+            ) {
+                g.size_class = crate::alloc::SizeClass::of(*min);
+            }
         }
         // Free space tree format per group.
         if self.has_fst() {

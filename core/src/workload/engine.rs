@@ -234,7 +234,18 @@ impl EngineRunner {
             }
             Step::Truncate(p, size) => {
                 let l = self.target(fs, p, true)?;
-                fs.truncate(l, *size).map_err(|e| ino_err(p, e))?;
+                // Through a path, ftruncate on a descriptor of its own,
+                // closed at once (what the close does after a truncate to
+                // zero happens then).
+                let own = !self.fds.contains_key(p);
+                if own {
+                    fs.open(l)?;
+                }
+                let r = fs.truncate(l, *size).map_err(|e| ino_err(p, e));
+                if own {
+                    fs.close(l)?;
+                }
+                r?;
             }
             Step::Fallocate {
                 path,
