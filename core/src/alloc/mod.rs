@@ -215,6 +215,9 @@ pub struct Allocator {
     /// Next-fit cursors per group type, so consecutive allocations are
     /// contiguous and searches do not restart from the front.
     cursor: BTreeMap<u64, u64>,
+    /// Data extents go by size class (the kernel's find_free_extent; a
+    /// mount sets it). Off, as in btrfs-progs, for mkfs and offline tools.
+    pub size_classes: bool,
 }
 
 impl Allocator {

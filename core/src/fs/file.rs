@@ -185,16 +185,22 @@ impl Filesystem {
         let transid = self.transid();
         let mut pos = hole_start;
         while pos < block_end {
-            let m = self.map_at(l, pos)?;
-            let (kind_prealloc, end) = match m {
-                MapAt::Prealloc(_, e) => (true, e),
-                MapAt::Hole(_, e) | MapAt::Written(_, e) => (false, e),
+            // Extent map by extent map, cached holes with the bounds they
+            // were looked up with.
+            let (kind_prealloc, end) = match self.hole_extent(l, pos, block_end - pos)? {
+                Some(e) => (false, e),
+                None => match self.map_at(l, pos)? {
+                    MapAt::Prealloc(_, e) => (true, e),
+                    MapAt::Hole(_, e) | MapAt::Written(_, e) => (false, e),
+                },
             };
             let end = end.min(block_end).max(pos + ss);
-            if !kind_prealloc && no_holes {
+            if !kind_prealloc {
+                // btrfs_cont_expand's hole extent map: changed, cached.
                 self.note_modified(l, pos, end)?;
-            } else if !kind_prealloc {
-                self.note_modified(l, pos, end)?;
+                self.rt(l)?.hole_maps.insert(pos, end);
+            }
+            if !kind_prealloc && !no_holes {
                 let d = drop_extents(&mut self.store, l.subvol, l.ino, pos, end)?;
                 self.store.insert_item(
                     TreeId::Tree(l.subvol),
@@ -409,6 +415,12 @@ impl Filesystem {
         if size == 0 {
             self.rt(l)?.has_page_cache = false;
         }
+        // btrfs_truncate drops the extent maps from the new end's block on.
+        super::writeback::drop_hole_maps(
+            &mut self.rt(l)?.hole_maps,
+            size.div_ceil(ss) * ss,
+            u64::MAX,
+        );
         if size != old {
             // truncate_setsize, then btrfs_truncate writes back and waits
             // for everything from the new end's block on: the kept part of
@@ -607,11 +619,46 @@ impl Filesystem {
     /// or None when `[off, end)` is all hole.
     fn first_non_hole(&mut self, l: Loc, off: u64, end: u64) -> Result<Option<u64>> {
         let ss = self.store.sectorsize() as u64;
-        match self.map_at(l, off / ss * ss)? {
-            MapAt::Hole(_, he) if he >= end => Ok(None),
-            MapAt::Hole(_, he) => Ok(Some(he.max(off))),
-            _ => Ok(Some(off)),
+        let len = (end - off).div_ceil(ss) * ss;
+        match self.hole_extent(l, off / ss * ss, len)? {
+            Some(he) if he >= end => Ok(None),
+            Some(he) => Ok(Some(he.max(off))),
+            None => Ok(Some(off)),
         }
+    }
+
+    /// btrfs_get_extent at `start` for `len` bytes when it finds a hole:
+    /// the end of the hole map, cached or made now (`[start, start + len)`,
+    /// or up to the next extent when one starts sooner), None when `start`
+    /// is not in a hole. A cached map is used only while no extent item has
+    /// appeared in it (every change of the file's extents drops the maps it
+    /// touches).
+    fn hole_extent(&mut self, l: Loc, start: u64, len: u64) -> Result<Option<u64>> {
+        let cached = self
+            .rt(l)?
+            .hole_maps
+            .range(..=start)
+            .next_back()
+            .filter(|(_, &e)| e > start)
+            .map(|(&s, &e)| (s, e));
+        if let Some((s, e)) = cached {
+            let items = extents_in(&mut self.store, l.subvol, l.ino, s, e)?;
+            let only_holes = items.iter().all(|(_, d)| {
+                matches!(parse_file_extent(d), Ok(FileExtent::Disk { item, .. }) if item.disk_bytenr.get() == 0)
+            });
+            if only_holes {
+                return Ok(Some(e));
+            }
+            self.rt(l)?.hole_maps.remove(&s);
+        }
+        let MapAt::Hole(_, next) = self.map_at(l, start)? else {
+            return Ok(None);
+        };
+        let end = start.saturating_add(len).min(next).max(start + 1);
+        let maps = &mut self.rt(l)?.hole_maps;
+        super::writeback::add_hole_map(maps, start, end);
+        // The map as merged with its cached neighbours.
+        Ok(maps.range(..=start).next_back().map(|(_, &e)| e).or(Some(end)))
     }
 
     /// FALLOC_FL_PUNCH_HOLE | KEEP_SIZE (btrfs_punch_hole).
@@ -652,7 +699,8 @@ impl Filesystem {
         }
         let tail_start = lockend;
         if offset + len > tail_start {
-            let tail_is_hole = matches!(self.map_at(l, tail_start)?, MapAt::Hole(..));
+            let tail_len = (offset + len - tail_start).div_ceil(ss) * ss;
+            let tail_is_hole = self.hole_extent(l, tail_start, tail_len)?.is_some();
             if !tail_is_hole && offset + len < ino_size {
                 self.truncate_block(l, offset + len - 1, orig_start, Some(orig_end))?;
             }
@@ -669,6 +717,8 @@ impl Filesystem {
             self.fill_holes(l, lockstart, lockend)?;
         }
         self.note_modified(l, lockstart, lockend)?;
+        // fill_holes leaves a hole extent map over the punched range.
+        self.rt(l)?.hole_maps.insert(lockstart, lockend);
         self.stamp(l, true, true)
     }
 
@@ -795,8 +845,27 @@ impl Filesystem {
         } else {
             off.saturating_add(len)
         };
-        if flags & SYNC_RANGE_WRITE != 0 {
-            self.writeback(l, off, end, Reason::Fsync)?;
+        if flags & SYNC_RANGE_WRITE == 0 {
+            return Ok(());
+        }
+        // Each dirty run met goes out from its first page in the range. A
+        // run that goes on past the range's end becomes one ordered extent
+        // of which only the pages in range are written: it completes (and
+        // its extent exists) only once later writeback writes the rest, and
+        // nothing waits for it here, so the run stays as it is until then.
+        let (from, to) = (off / PAGE, end.div_ceil(PAGE));
+        let runs: Vec<(u64, u64)> = self
+            .rt(l)?
+            .pages
+            .dirty_ranges()
+            .into_iter()
+            .map(|(a, b)| (a / PAGE, b / PAGE))
+            .filter(|&(a, b)| b > from && a < to)
+            .collect();
+        for (a, b) in runs {
+            if b <= to {
+                self.writeback(l, a.max(from) * PAGE, b * PAGE, Reason::Fsync)?;
+            }
         }
         Ok(())
     }

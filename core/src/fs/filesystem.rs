@@ -194,6 +194,11 @@ pub struct InodeRt {
     /// File ranges whose extents changed since the inode was last logged
     /// (what a fast fsync logs).
     pub modified: Vec<(u64, u64)>,
+    /// Hole extent maps cached by lookups (btrfs_get_extent over a hole
+    /// caches `[start, start + len)`, or up to the next extent), `start ->
+    /// end`: punch and zero-range decide from them as the kernel does, so a
+    /// hole looked up before later writes keeps the bounds it had then.
+    pub hole_maps: std::collections::BTreeMap<u64, u64>,
     /// (mtime, ctime) a buffered write set in memory; the item gets them
     /// when the data is written back.
     pub pending_times: Option<(Timespec, Timespec)>,
@@ -282,10 +287,12 @@ impl Filesystem {
     /// read-write mount has, reads the default subvolume, finds deleted
     /// subvolumes and cleans up orphans (open_ctree's share of the work).
     pub fn with_store(
-        store: Store,
+        mut store: Store,
         opts: MountOptions,
         log: Box<dyn super::fsync::FsyncLog>,
     ) -> Result<Filesystem> {
+        // A mount places data as the kernel does, by size class.
+        store.use_size_classes();
         let mut fs = Filesystem {
             store,
             log,

@@ -797,6 +797,7 @@ impl Filesystem {
     /// The extent map of `[start, end)` changed (what a fast fsync logs).
     pub(super) fn note_modified(&mut self, l: Loc, start: u64, end: u64) -> Result<()> {
         let rt = self.rt(l)?;
+        drop_hole_maps(&mut rt.hole_maps, start, end);
         match rt.modified.last_mut() {
             Some(r) if r.1 >= start && r.0 <= end => {
                 r.0 = r.0.min(start);
@@ -831,4 +832,46 @@ impl Filesystem {
         }
         Ok(())
     }
+}
+
+/// Take `[start, end)` out of cached hole maps (btrfs_drop_extent_map_range:
+/// a map across the edge keeps the part outside).
+pub(super) fn drop_hole_maps(maps: &mut std::collections::BTreeMap<u64, u64>, start: u64, end: u64) {
+    if start >= end {
+        return;
+    }
+    let hit: Vec<(u64, u64)> = maps
+        .range(..end)
+        .filter(|(_, &e)| e > start)
+        .map(|(&s, &e)| (s, e))
+        .collect();
+    for (s, e) in hit {
+        maps.remove(&s);
+        if s < start {
+            maps.insert(s, start);
+        }
+        if e > end {
+            maps.insert(end, e);
+        }
+    }
+}
+
+/// Cache the hole map `[start, end)`, merged with cached holes it touches
+/// (try_merge_map joins adjacent holes).
+pub(super) fn add_hole_map(maps: &mut std::collections::BTreeMap<u64, u64>, start: u64, end: u64) {
+    if start >= end {
+        return;
+    }
+    let (mut s, mut e) = (start, end);
+    let touching: Vec<(u64, u64)> = maps
+        .range(..=end)
+        .filter(|(_, &me)| me >= start)
+        .map(|(&a, &b)| (a, b))
+        .collect();
+    for (a, b) in touching {
+        maps.remove(&a);
+        s = s.min(a);
+        e = e.max(b);
+    }
+    maps.insert(s, e);
 }

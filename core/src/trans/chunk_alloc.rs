@@ -441,7 +441,7 @@ impl Store {
     /// extent's class, then one without a class, then a new chunk, and only
     /// when no chunk can be made a group of another class.
     pub fn alloc_space(&mut self, ty: u64, len: u64, align: u64, account: bool) -> Result<u64> {
-        if ty == BTRFS_BLOCK_GROUP_DATA {
+        if ty == BTRFS_BLOCK_GROUP_DATA && self.alloc.size_classes {
             return self.alloc_data_space(len, align);
         }
         match self.alloc.alloc(ty, len, align, account) {
@@ -476,6 +476,11 @@ impl Store {
             }
         }
         self.alloc.alloc_in_class(ty, len, align, true, ClassPass::Any)
+    }
+
+    /// Place data by size class from now on (what a mount does).
+    pub fn use_size_classes(&mut self) {
+        self.alloc.size_classes = true;
     }
 
     /// Bytes new data can take in the writable data block groups (space
