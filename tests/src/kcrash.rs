@@ -49,7 +49,7 @@ pub type Res<T> = Result<T, String>;
 
 /// Bumped whenever a change here changes the crash images a scenario gives,
 /// so cached images are regenerated.
-pub const GENERATOR_VERSION: u32 = 3;
+pub const GENERATOR_VERSION: u32 = 4;
 
 /// A scenario file.
 pub fn load_scenario(path: &Path) -> Res<Scenario> {
@@ -254,6 +254,26 @@ impl Drop for Fd {
             unsafe { libc::close(self.0) };
         }
     }
+}
+
+/// Wait for the writeback already under way on `p` to end (it starts
+/// none), then give the ordered extent's completion worker a moment.
+fn settle_writeback(p: &Path) -> Res<()> {
+    let f = open_fd(p, libc::O_RDONLY, 0)?;
+    check(
+        unsafe {
+            libc::sync_file_range(
+                f.0,
+                0,
+                0,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            )
+        },
+        "sync_file_range(wait)",
+        p,
+    )?;
+    std::thread::sleep(Duration::from_millis(5));
+    Ok(())
 }
 
 fn open_fd(p: &Path, flags: libc::c_int, mode: libc::mode_t) -> Res<Fd> {
@@ -540,7 +560,22 @@ impl Runner {
                 &self.p(path),
                 std::os::unix::fs::symlink(target, self.p(path)),
             ),
-            Step::Rename(a, b) => io("rename", &self.p(a), std::fs::rename(self.p(a), self.p(b))),
+            Step::Rename(a, b) => {
+                let (from, to) = (self.p(a), self.p(b));
+                // Replacing a non-empty regular file: btrfs_rename starts
+                // writeback of the source's data (filemap_flush), whose
+                // ordered extent completes in a worker shortly after. A
+                // commit in the next microseconds may miss it or not; a
+                // program's next step normally finds it done, and so do
+                // the scenarios: wait for that writeback to end.
+                let flushes = std::fs::symlink_metadata(&from).is_ok_and(|m| m.is_file())
+                    && std::fs::symlink_metadata(&to).is_ok_and(|m| m.is_file() && m.len() > 0);
+                io("rename", &from, std::fs::rename(&from, &to))?;
+                if flushes {
+                    settle_writeback(&to)?;
+                }
+                Ok(())
+            }
             Step::Unlink(p) => io("unlink", &self.p(p), std::fs::remove_file(self.p(p))),
             Step::Rmdir(p) => io("rmdir", &self.p(p), std::fs::remove_dir(self.p(p))),
             Step::SetXattr { path, name, value } => {

@@ -45,6 +45,17 @@ const EXCEPTIONS: &[(&str, &str)] = &[
          allocation kept",
     ),
     (
+        "random-falloc-101",
+        "a 51 MiB keep-size fallocate on a 256 MiB filesystem whose data space is \
+         fragmented: data extents go by size class (the kernel's find_free_extent), \
+         so a large extent, with no group of its class and a new chunk too small, \
+         takes the longest free piece of any group. btrkit-mkfs makes a 64 MiB first \
+         data chunk (mkfs.btrfs 6.2 an 8 MiB one) which the small files claimed and \
+         left almost empty: the extent fits there whole, where the kernel's run on \
+         mkfs.btrfs's layout cuts it into pieces and its log cannot keep the piece \
+         that crosses the size. Both are what fsync promised",
+    ),
+    (
         "random-013",
         "an inode logged only as existing (a new name of it in a logged directory) \
          after a truncate: the kernel updates inode items through delayed inodes, so \

@@ -8,7 +8,7 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligne
 
 /// `struct btrfs_timespec` (12 bytes).
 #[repr(C)]
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug, Default)]
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Timespec {
     /// Seconds since the Unix epoch (signed in practice).
     pub sec: Le64,

@@ -533,7 +533,7 @@ impl Filesystem {
     fn fallocate_prelude(&mut self, l: Loc, off: u64, end: u64) -> Result<(u64, u64)> {
         let ss = self.store.sectorsize() as u64;
         let (alloc_start, alloc_end) = (off / ss * ss, end.div_ceil(ss) * ss);
-        self.stamp(l, true, true)?;
+        self.file_modified(l)?;
         let i_size = self.rt(l)?.i_size;
         if alloc_start > i_size {
             self.cont_expand(l, i_size, alloc_start)?;

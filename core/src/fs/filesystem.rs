@@ -468,6 +468,12 @@ impl Filesystem {
         self.store.commit()?;
         // The log went with the commit.
         self.name_changes.clear();
+        // Extent maps changed so far belong to a committed transaction: a
+        // fast fsync logs only those of the next one
+        // (btrfs_log_changed_extents skips older generations).
+        for rt in self.inodes.states_mut() {
+            rt.modified.clear();
+        }
         self.stats.commits += 1;
         *self
             .stats
@@ -776,6 +782,18 @@ impl Filesystem {
             it.sequence.set(it.sequence.get() + 1);
         })?;
         self.touch_trans(l)
+    }
+
+    /// file_modified: the times become now only when they are not now
+    /// already (the clock's granularity), so an operation that changes
+    /// nothing else leaves the inode unchanged (and a later fsync with it).
+    pub(super) fn file_modified(&mut self, l: Loc) -> Result<()> {
+        let now = self.now();
+        let it = self.item(l)?;
+        if it.mtime == now && it.ctime == now {
+            return Ok(());
+        }
+        self.stamp(l, true, true)
     }
 
     /// Change an inode item in place (one copy-on-write search).

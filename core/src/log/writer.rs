@@ -984,10 +984,13 @@ impl LogWriter<'_, '_> {
         let i_size = rt.i_size;
         let mut ranges = std::mem::take(&mut rt.modified);
         ranges.sort_unstable();
-        let end_of_file = i_size.div_ceil(ss) * ss;
+        // Every changed range is logged whole, past the end of the file
+        // too (a punch there leaves a hole extent map, which btrfs_log_
+        // changed_extents logs over what an earlier fsync put in the log);
+        // only prealloc extents at or past the end wait for
+        // log_prealloc_extents.
         let mut logged_upto = 0u64;
         for (a, b) in ranges {
-            let b = b.min(end_of_file.max(a));
             if a >= b {
                 continue;
             }
