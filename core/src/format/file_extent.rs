@@ -180,6 +180,24 @@ impl FileExtentItem {
     }
 }
 
+/// A regular, hole or prealloc item cut to its first `len` bytes of file
+/// range (btrfs_truncate_inode_items shortening an extent that crosses
+/// the new end; an uncompressed extent keeps its disk extent). None for
+/// an item that does not reach past `len`, an inline or compressed one, or
+/// one that does not parse.
+pub fn cut_to(data: &[u8], len: u64) -> Option<Vec<u8>> {
+    let mut item = FileExtentItem::read_from_bytes(data).ok()?;
+    let is_disk = matches!(item.type_, BTRFS_FILE_EXTENT_REG | BTRFS_FILE_EXTENT_PREALLOC);
+    if !is_disk || item.compression != BTRFS_COMPRESS_NONE || item.num_bytes.get() <= len {
+        return None;
+    }
+    item.num_bytes.set(len);
+    if item.disk_bytenr.get() == 0 {
+        item.ram_bytes.set(len);
+    }
+    Some(item.as_bytes().to_vec())
+}
+
 /// Parse an EXTENT_DATA item; a REG or PREALLOC item must be exactly
 /// [`FILE_EXTENT_ITEM_SIZE`] bytes, and an unknown type is an error.
 pub fn parse_file_extent(data: &[u8]) -> Result<FileExtent<'_>> {

@@ -415,12 +415,16 @@ impl Filesystem {
         if size == 0 {
             self.rt(l)?.has_page_cache = false;
         }
-        // btrfs_truncate drops the extent maps from the new end's block on.
-        super::writeback::drop_hole_maps(
-            &mut self.rt(l)?.hole_maps,
-            size.div_ceil(ss) * ss,
-            u64::MAX,
-        );
+        // btrfs_truncate drops the extent maps from the new end's block on:
+        // cached holes and changed ranges there are gone (an fsync logs
+        // nothing of them).
+        let cut = size.div_ceil(ss) * ss;
+        let rt = self.rt(l)?;
+        super::writeback::drop_hole_maps(&mut rt.hole_maps, cut, u64::MAX);
+        rt.modified.retain_mut(|r| {
+            r.1 = r.1.min(cut);
+            r.0 < r.1
+        });
         if size != old {
             // truncate_setsize, then btrfs_truncate writes back and waits
             // for everything from the new end's block on: the kept part of
@@ -714,11 +718,18 @@ impl Filesystem {
         it.nbytes.set(it.nbytes.get().saturating_sub(d.nbytes));
         self.put_item(l, &it)?;
         if lockstart < ino_size {
+            // fill_holes: a hole item without no-holes, and a changed hole
+            // extent map over the whole punched range (past the end too),
+            // which a fast fsync logs.
             self.fill_holes(l, lockstart, lockend)?;
+            self.note_modified(l, lockstart, lockend)?;
+            self.rt(l)?.hole_maps.insert(lockstart, lockend);
+        } else {
+            // A range wholly past the end gets no extent map
+            // (btrfs_inode_clear_file_extent_range): a fast fsync logs
+            // nothing of it, and what the log held there stays.
+            super::writeback::drop_hole_maps(&mut self.rt(l)?.hole_maps, lockstart, lockend);
         }
-        self.note_modified(l, lockstart, lockend)?;
-        // fill_holes leaves a hole extent map over the punched range.
-        self.rt(l)?.hole_maps.insert(lockstart, lockend);
         self.stamp(l, true, true)
     }
 
@@ -952,9 +963,13 @@ impl Filesystem {
         let mut nbytes_add = 0u64;
         let mut inline_copy: Option<Vec<u8>> = None;
         let mut src_shares_new = false;
+        // Whether any item of the source was cloned (only then is the
+        // destination reflinked: a range of implicit holes is a punch).
+        let mut shared = false;
         for (k, data) in items {
             match parse_file_extent(&data).map_err(|e| e.at(0, k))? {
                 FileExtent::Inline { head, .. } => {
+                    shared = true;
                     let datal = head.ram_bytes.get();
                     let dst_i = self.rt(dst)?.i_size;
                     let dst_has_other =
@@ -995,6 +1010,7 @@ impl Filesystem {
                     if a >= b {
                         continue;
                     }
+                    shared = true;
                     let at = doff + (a - soff);
                     let dd = drop_extents(
                         &mut self.store,
@@ -1057,10 +1073,15 @@ impl Filesystem {
         }
         // The destination is logged in full, with the extents it shares
         // (last_reflink_trans); the source only when what it shares is new.
+        // A range of the source without items clones nothing: the
+        // destination range is punched, a changed hole for a fast fsync
+        // (btrfs_replace_file_extents without clone info).
         let t = self.store.transid;
-        let rt = self.rt(dst)?;
-        rt.full_sync = true;
-        rt.last_reflink_trans = t;
+        if shared {
+            let rt = self.rt(dst)?;
+            rt.full_sync = true;
+            rt.last_reflink_trans = t;
+        }
         if src_shares_new {
             self.rt(src)?.last_reflink_trans = t;
         }

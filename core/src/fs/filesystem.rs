@@ -188,6 +188,9 @@ pub struct InodeRt {
     /// Directories: the highest index logged in this transaction, and the
     /// first one the new-dentries walk has not looked at.
     pub last_dir_index_offset: u64,
+    /// Directories: the transaction in which the directory was last logged
+    /// in full (its entries and deletion ranges), not only as existing.
+    pub dir_logged_full_trans: u64,
     /// First directory index the new-dentries walk has not looked at
     /// (`btrfs_inode.first_dir_index_to_log`).
     pub first_dir_index_to_log: u64,
@@ -262,6 +265,29 @@ pub struct Filesystem {
 pub const FS_TREE: u64 = BTRFS_FS_TREE_OBJECTID;
 /// Inode number of a subvolume's root directory (BTRFS_FIRST_FREE_OBJECTID, 256).
 pub const ROOT_DIR: u64 = BTRFS_FIRST_FREE_OBJECTID;
+
+impl InodeRt {
+    /// Join the cached hole maps meeting `[a, b)` with the holes touching
+    /// them (try_merge_map on extent maps no longer in the changed list).
+    pub fn join_hole_maps(&mut self, a: u64, b: u64) {
+        let hit: Vec<(u64, u64)> = self
+            .hole_maps
+            .range(..=b)
+            .filter(|(_, &e)| e >= a)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in hit {
+            if self.hole_maps.get(&s) == Some(&e) {
+                self.hole_maps.remove(&s);
+                super::writeback::add_hole_map(&mut self.hole_maps, s, e);
+            }
+        }
+    }
+}
+
+/// How far the engine's clock moves at a commit (more than a tick of the
+/// kernel's coarse clock at any HZ).
+const COMMIT_TIME: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Symlinks followed in one path resolution before ELOOP.
 const MAX_SYMLINKS: usize = 40;
@@ -474,6 +500,10 @@ impl Filesystem {
         for rt in self.inodes.states_mut() {
             rt.modified.clear();
         }
+        // A commit's writes and flushes take the kernel more than a clock
+        // tick: times set after it differ from those set before
+        // (file_modified then changes the inode).
+        self.clock_offset += COMMIT_TIME;
         self.stats.commits += 1;
         *self
             .stats

@@ -671,6 +671,9 @@ impl LogWriter<'_, '_> {
         let sub = self.log.subvols.get(&l.subvol).map_or(0, |s| s.log_transid);
         let rt = self.cx.rt(l)?;
         rt.logged_trans = t;
+        if dir && mode == LogMode::All {
+            rt.dir_logged_full_trans = t;
+        }
         if !ctx.logging_new_name && mode == LogMode::All {
             rt.last_log_commit = rt.last_sub_trans;
             rt.logged_into = (t, sub);
@@ -982,8 +985,15 @@ impl LogWriter<'_, '_> {
         let datasum = self.cx.datasum(l)?;
         let rt = self.cx.rt(l)?;
         let i_size = rt.i_size;
-        let mut ranges = std::mem::take(&mut rt.modified);
-        ranges.sort_unstable();
+        // Extent maps never overlap: neither do the ranges logged (two
+        // overlapping changes would otherwise log overlapping items).
+        let ranges = merge_ranges(std::mem::take(&mut rt.modified));
+        // Logged extent maps leave the changed list and merge with their
+        // neighbours (btrfs_clear_em_logging's try_merge_map): cached
+        // holes touching them join.
+        for &(a, b) in &ranges {
+            rt.join_hole_maps(a, b);
+        }
         // Every changed range is logged whole, past the end of the file
         // too (a punch there leaves a hole extent map, which btrfs_log_
         // changed_extents logs over what an earlier fsync put in the log);
@@ -1060,10 +1070,14 @@ impl LogWriter<'_, '_> {
             return Ok(());
         };
         let log = log_tree(l);
+        // truncate_inode_items on the log: items from `from` on go, one
+        // across it is cut there.
         let from = first.min(truncate_at);
-        for (k, _) in extents_in_tree(self.cx.store, log, l.ino, from, u64::MAX)? {
+        for (k, d) in extents_in_tree(self.cx.store, log, l.ino, from, u64::MAX)? {
             if k.offset >= from {
                 self.cx.store.delete_item(log, &k)?;
+            } else if let Some(cut) = crate::format::file_extent::cut_to(&d, from - k.offset) {
+                self.cx.store.update_item(log, &k, &cut)?;
             }
         }
         for (k, d) in past {
@@ -1378,7 +1392,14 @@ impl LogWriter<'_, '_> {
             if !self.exists(pl)? {
                 return Err(Stop::Commit("an old parent directory is gone"));
             }
-            if self.need_log_inode(pl)? {
+            // A parent logged only as existing (a conflicting inode, a new
+            // name's ancestor) has none of its entries in the log: logged
+            // in full now, or replay keeps the name this inode lost there
+            // (the kernel skips it as already logged and writes a log it
+            // cannot replay when the inode is a directory: two links).
+            let only_exists = self.cx.inode_logged(pl)?
+                && self.cx.rt(pl)?.dir_logged_full_trans < self.cx.transid();
+            if self.need_log_inode(pl)? || only_exists {
                 ctx.log_new_dentries = false;
                 self.log_inode(pl, LogMode::All, ctx)?;
                 if ctx.log_new_dentries {
@@ -1650,5 +1671,29 @@ impl LogWriter<'_, '_> {
         }
         self.cx.store.delete_item(log, &k)?;
         Ok(true)
+    }
+}
+
+/// `ranges` sorted, with overlapping or touching ones joined.
+fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (a, b) in ranges {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn changed_ranges_are_joined() {
+        assert_eq!(
+            super::merge_ranges(vec![(303104, 401408), (262144, 344064), (0, 4096), (4096, 8192)]),
+            vec![(0, 8192), (262144, 401408)]
+        );
     }
 }
