@@ -1267,7 +1267,21 @@ pub(super) fn inode_logged(
             &Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0),
         )?
         .is_some();
+    // A directory logged in full has DIR_LOG_INDEX ranges in the log; one
+    // logged only as existing has its item alone. The runtime field went
+    // with the evicted inode, the log still tells.
+    let full_dir = found
+        && store
+            .prev_item(
+                TreeId::Log(l.subvol),
+                &Key::new(l.ino, BTRFS_DIR_LOG_INDEX_KEY, u64::MAX),
+                &Key::new(l.ino, BTRFS_DIR_LOG_INDEX_KEY, 0),
+            )?
+            .is_some();
     let rt = load_rt(store, inodes, l, now)?;
     rt.logged_trans = if found { t } else { t - 1 };
+    if full_dir {
+        rt.dir_logged_full_trans = t;
+    }
     Ok(found)
 }
