@@ -17,7 +17,7 @@ use std::sync::Arc;
     name = "btrkit-restore",
     version,
     about = "Copy files out of a Btrfs image without writing to it (the fsync log applied in memory)",
-    after_help = "Examples:\n  btrkit-restore crash.img out/              everything, as the kernel shows it after its log replay\n  btrkit-restore crash.img out/ --no-log     the state of the last commit\n  btrkit-restore a.img b.img out/ -m         a filesystem on two devices, with owners, modes and times\n  btrkit-restore crash.img out/ --path-regex '^/home/' --dry-run\n\nExit status: 0 everything restored, 1 some files lost (listed), 2 nothing restorable, 16 usage."
+    after_help = "Examples:\n  btrkit-restore crash.img out/              everything, as the kernel shows it after its log replay\n  btrkit-restore crash.img out/ --no-log     the state of the last commit\n  btrkit-restore a.img b.img out/ -m         a filesystem on two devices, with owners, modes and times\n  btrkit-restore crash.img out/ --path-regex '^/home/' --dry-run\n\nNames, links and directories of the image are data, never paths: nothing is made, changed or followed outside DEST. Device nodes need --device-nodes, security/trusted/system xattrs --privileged-xattrs, set-id bits -m.\n\nExit status: 0 everything restored, 1 some files lost, restored with bad data or from a damaged log (listed), 2 nothing restorable, 16 usage."
 )]
 struct Args {
     /// The image (and the other devices of a filesystem on several
@@ -66,8 +66,22 @@ struct Args {
     #[arg(long)]
     dry_run: bool,
     /// Replace files that exist at the destination (else they are kept).
+    /// A directory there is never replaced, a symlink there is replaced
+    /// itself: nothing is ever written through one.
     #[arg(long)]
     overwrite: bool,
+    /// Make block and character device nodes (as root; not made by
+    /// default, as btrfs restore never makes them: they are listed).
+    #[arg(long = "device-nodes")]
+    make_devices: bool,
+    /// Set security.*, trusted.* and system.* extended attributes too
+    /// (file capabilities, SELinux labels, ACLs); user.* ones always are.
+    #[arg(long)]
+    privileged_xattrs: bool,
+    /// Write data that fails its checksum on every copy, as it stands,
+    /// listing the bad ranges (by default such a file is lost).
+    #[arg(long)]
+    write_bad_data: bool,
     /// The report as JSON.
     #[arg(long)]
     json: bool,
@@ -89,7 +103,7 @@ fn main() {
         }
     };
     match run(&a) {
-        Ok(r) => std::process::exit(if r.lost.is_empty() { 0 } else { 1 }),
+        Ok(r) => std::process::exit(if incomplete(&r) { 1 } else { 0 }),
         Err(e) => {
             eprintln!(
                 "btrkit-restore: error: {}",
@@ -111,7 +125,8 @@ fn run(a: &Args) -> anyhow::Result<RestoreReport> {
         list_roots(&devs, a)?;
         return Ok(RestoreReport::default());
     }
-    let mut fs = restore::open_virtual(
+    btrkit_core::io::host::raise_fd_limit();
+    let (mut fs, log_fallback) = restore::open_virtual_fallback(
         devs,
         &ReadOptions {
             log: LogMode::from_flags(a.no_log, a.salvage),
@@ -149,6 +164,9 @@ fn run(a: &Args) -> anyhow::Result<RestoreReport> {
             overwrite: a.overwrite,
             dry_run: a.dry_run,
             snapshots: a.snapshots,
+            devices: a.make_devices,
+            privileged_xattrs: a.privileged_xattrs,
+            write_bad_data: a.write_bad_data,
             select: re.as_ref().map(|_| &select as &dyn Fn(&str) -> bool),
         },
         &mut |files, bytes| {
@@ -158,9 +176,16 @@ fn run(a: &Args) -> anyhow::Result<RestoreReport> {
             }
         },
     )?;
+    let mut r = r;
+    r.log_fallback = log_fallback;
     pb.finish_and_clear();
     print(&r, a);
     Ok(r)
+}
+
+/// Whether anything was left out or restored unverified: exit status 1.
+fn incomplete(r: &RestoreReport) -> bool {
+    !r.lost.is_empty() || !r.bad_data.is_empty() || r.log_fallback.is_some()
 }
 
 /// `--list-roots`: the superblock's backup roots, newest first, and every
@@ -271,6 +296,41 @@ fn print(r: &RestoreReport, a: &Args) {
             r.lost.len() as u64,
         ]);
         println!("{t}");
+    }
+    if let Some(note) = &r.log_fallback {
+        eprintln!("btrkit-restore: warning: {note}");
+    }
+    if !r.skipped_devices.is_empty() {
+        eprintln!(
+            "btrkit-restore: {} device nodes not made (--device-nodes makes them): {}",
+            r.skipped_devices.len(),
+            r.skipped_devices.join(" ")
+        );
+    }
+    if r.skipped_xattrs > 0 {
+        eprintln!(
+            "btrkit-restore: {} security/trusted/system extended attributes not set \
+             (--privileged-xattrs sets them)",
+            r.skipped_xattrs
+        );
+    }
+    if r.setid > 0 {
+        eprintln!(
+            "btrkit-restore: {} files restored with set-user-id or set-group-id bits",
+            r.setid
+        );
+    }
+    for b in &r.bad_data {
+        let ranges: Vec<String> = b
+            .ranges
+            .iter()
+            .map(|(o, n)| format!("[{o}, {})", o + n))
+            .collect();
+        eprintln!(
+            "btrkit-restore: warning: {}: written with data that fails its checksum at {}",
+            b.path,
+            ranges.join(" ")
+        );
     }
     if !r.lost.is_empty() {
         let mut t = Table::new();

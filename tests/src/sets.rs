@@ -153,7 +153,7 @@ pub fn read_paths_match_with(
         .args(flags)
         .args(devs)
         .arg(&out)
-        .args(["-m", "--snapshots", "--json"])
+        .args(["-m", "--snapshots", "--json", "--device-nodes"])
         .output()
         .map_err(|e| format!("btrkit-restore: {e}"))?;
     if !o.status.success() {

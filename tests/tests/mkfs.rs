@@ -850,6 +850,7 @@ fn device_numbers_reach_the_kernel() {
     let o = Command::new(bin("btrkit-restore"))
         .arg(&img)
         .arg(&out)
+        .arg("--device-nodes")
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

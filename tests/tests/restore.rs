@@ -52,7 +52,8 @@ fn restore(img: &Path, dest: &Path, extra: &[&str]) -> Result<serde_json::Value,
     let o = Command::new(restore_bin())
         .arg(img)
         .arg(dest)
-        .args(["-m", "--json"])
+        // The corpus makes device nodes and compares their numbers.
+        .args(["-m", "--json", "--device-nodes"])
         .args(extra)
         .output()
         .map_err(|e| e.to_string())?;

@@ -341,9 +341,20 @@ impl Filesystem {
         Ok(out)
     }
 
+    /// As [`Self::read_untracked`], with data checksums not verified: what
+    /// a restore asked to keep damaged data writes (the bytes of the first
+    /// copy, as they stand).
+    pub fn read_unverified(&mut self, l: Loc, off: u64, len: u64) -> Result<Vec<u8>> {
+        self.read_with(l, off, len, false)
+    }
+
     /// What `read` returns, without the read's side effect on the page
     /// cache (an observer's read: crash exploration, manifests).
     pub fn read_untracked(&mut self, l: Loc, off: u64, len: u64) -> Result<Vec<u8>> {
+        self.read_with(l, off, len, true)
+    }
+
+    fn read_with(&mut self, l: Loc, off: u64, len: u64, verify: bool) -> Result<Vec<u8>> {
         let it = self.item(l)?;
         if is_dir(it.mode.get()) {
             return Err(Error::errno(libc::EISDIR, "read: is a directory"));
@@ -357,7 +368,7 @@ impl Filesystem {
         if off >= end {
             return Ok(Vec::new());
         }
-        let datasum = self.datasum(l)?;
+        let datasum = verify && self.datasum(l)?;
         let mut out = super::read::read_range(
             &mut self.store,
             l.subvol,
@@ -662,7 +673,11 @@ impl Filesystem {
         let maps = &mut self.rt(l)?.hole_maps;
         super::writeback::add_hole_map(maps, start, end);
         // The map as merged with its cached neighbours.
-        Ok(maps.range(..=start).next_back().map(|(_, &e)| e).or(Some(end)))
+        Ok(maps
+            .range(..=start)
+            .next_back()
+            .map(|(_, &e)| e)
+            .or(Some(end)))
     }
 
     /// FALLOC_FL_PUNCH_HOLE | KEEP_SIZE (btrfs_punch_hole).

@@ -245,6 +245,22 @@ pub fn set_times(path: &Path, atime: (u64, u32), mtime: (u64, u32)) -> std::io::
     Ok(())
 }
 
+/// The soft limit on open descriptors raised to the hard one (a restore
+/// holds one per directory being filled, a bounded number).
+pub fn raise_fd_limit() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
 /// Make a special file at `path`: a FIFO, socket, or character or block
 /// device `(major, minor)`, with the type and permission bits of `mode`
 /// (mknod).

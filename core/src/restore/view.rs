@@ -101,7 +101,7 @@ impl ReadOnlyView {
         let mut fs = open_virtual(devs, o)?;
         let start = super::start_dir(&mut fs, subvol)?;
         if warm {
-            super::warm(&mut fs, start.subvol);
+            super::copy::warm(&mut fs, start.subvol);
         }
         let mut v = ReadOnlyView {
             fs,
@@ -164,7 +164,7 @@ impl ReadOnlyView {
             // The name's DIR_ITEM is in a damaged block: its DIR_INDEX
             // twin (in another leaf, maybe) still names it.
             Err(e) => {
-                let found = super::salvage_readdir(&mut self.fs, d)
+                let found = super::copy::salvage_readdir(&mut self.fs, d)
                     .ok()
                     .and_then(|(entries, _)| entries.into_iter().find(|x| x.0 == name));
                 let Some((_, l, t)) = found else {
@@ -189,7 +189,7 @@ impl ReadOnlyView {
             // extent items: shown empty, as restore makes it (with extents
             // its size is not known: EIO).
             Err(e) if ftype == crate::format::consts::BTRFS_FT_REG_FILE => {
-                let Ok(size) = super::size_from_extents(&mut self.fs, l) else {
+                let Ok(size) = super::copy::size_from_extents(&mut self.fs, l) else {
                     return Err(e);
                 };
                 self.warnings.push(format!(
@@ -235,7 +235,7 @@ impl ReadOnlyView {
             Ok(v) => v,
             Err(e) if e.as_errno() == libc::ENOTDIR => return Err(e),
             Err(e) => {
-                let (v, damaged) = super::salvage_readdir(&mut self.fs, l).map_err(|_| e)?;
+                let (v, damaged) = super::copy::salvage_readdir(&mut self.fs, l).map_err(|_| e)?;
                 for (bytenr, why) in damaged {
                     self.warnings.push(format!(
                         "directory inode {} of subvolume {}: entries in tree block {bytenr} lost: {why}",
