@@ -875,10 +875,66 @@ fn spawn_worker(images: &[PathBuf], mem_mib: u64, errfile: &PathBuf) -> Result<W
     })
 }
 
+/// Why a worker died, from its stderr: the line saying so (an allocation
+/// refused, a panic while panicking) and the top frames of the backtrace.
 fn stderr_tail(p: &PathBuf) -> String {
     let s = std::fs::read_to_string(p).unwrap_or_default();
     let l: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
-    l[l.len().saturating_sub(3)..].join(" | ")
+    let why = l
+        .iter()
+        .rev()
+        .find(|x| x.contains("memory allocation") || x.contains("panicked") || x.contains("abort"))
+        .map_or_else(
+            || l[l.len().saturating_sub(2)..].join(" | "),
+            |x| x.trim().to_string(),
+        );
+    // The last backtrace in the file is this death's.
+    let bt = s.rsplit("stack backtrace:").next().unwrap_or("");
+    format!("{why} || {}", top_frames(bt))
+}
+
+/// Where a stuck worker is: the top project frames of its main thread's
+/// stack, by gdb where it is installed (else nothing).
+fn where_stuck(pid: u32) -> String {
+    let o = Command::new("timeout")
+        .args([
+            "30",
+            "gdb",
+            "-batch",
+            "-p",
+            &pid.to_string(),
+            "-ex",
+            "bt 40",
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    let Ok(o) = o else { return String::new() };
+    let frames: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .filter_map(|l| {
+            // "#N  0xADDR in NAME (ARGS) at FILE:LINE" or, inlined,
+            // "#N  NAME (ARGS) at FILE:LINE".
+            let f = l.split_once(" in ").map_or_else(
+                || l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "),
+                |(_, r)| r.to_string(),
+            );
+            let name = f.split(' ').next().unwrap_or("").to_string();
+            if !name.starts_with("btrkit") {
+                return None;
+            }
+            let at = f.rsplit(" at ").next().unwrap_or("");
+            let at = at.rsplit("/src/").next().unwrap_or(at).to_string();
+            Some(format!("{name} ({at})"))
+        })
+        .take(4)
+        .collect();
+    if frames.is_empty() {
+        String::new()
+    } else {
+        format!(" || {}", frames.join(" <- "))
+    }
 }
 
 fn run_jobs(
@@ -962,9 +1018,13 @@ fn run_jobs(
                         }
                         None => {
                             let mut wk = w.take().expect("worker");
-                            if !died {
+                            let stuck_in = if died {
+                                String::new()
+                            } else {
+                                let at = where_stuck(wk.child.id());
                                 let _ = wk.child.kill();
-                            }
+                                at
+                            };
                             let st = wk.child.wait();
                             let tail = stderr_tail(&wk.stderr);
                             if died {
@@ -973,7 +1033,8 @@ fn run_jobs(
                                 });
                                 tl.aborts.push((cs, format!("signal {sig:?}: {tail}")));
                             } else {
-                                tl.hangs.push((cs, format!("no answer in {timeout:?}")));
+                                tl.hangs
+                                    .push((cs, format!("no answer in {timeout:?}{stuck_in}")));
                             }
                         }
                     }
