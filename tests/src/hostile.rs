@@ -519,7 +519,7 @@ impl Patcher {
                 it.0 = key;
             }
             if keep_order {
-                items.sort_by(|a, b| a.0.cmp(&b.0));
+                items.sort_by_key(|a| a.0);
             }
         })
     }

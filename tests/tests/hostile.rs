@@ -46,7 +46,7 @@ fn verdict(class: &str, problems: Vec<String>) {
     );
 }
 
-fn restores<'a>(outs: &'a [Outcome]) -> impl Iterator<Item = &'a Outcome> {
+fn restores(outs: &[Outcome]) -> impl Iterator<Item = &Outcome> {
     outs.iter().filter(|o| o.tool.starts_with("btrkit-restore"))
 }
 

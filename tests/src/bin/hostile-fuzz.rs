@@ -140,7 +140,7 @@ fn all_trees(img: &Image) -> Vec<(String, TreeRoot)> {
 }
 
 impl Base {
-    fn load(path: &PathBuf) -> Result<Base, String> {
+    fn load(path: &std::path::Path) -> Result<Base, String> {
         let dev: Arc<dyn BlockDevice> = Arc::new(
             FileDevice::open(path, false).map_err(|e| format!("{}: {e}", path.display()))?,
         );
@@ -490,7 +490,7 @@ fn mutate(seed: u64, bases: &[Base]) -> Option<Mutation> {
             items[slot].0 = k;
             let sorted = r.chance(50);
             if sorted {
-                items.sort_by(|a, b| a.0.cmp(&b.0));
+                items.sort_by_key(|a| a.0);
             }
             what += &format!(
                 "key = ({} {} {}){}",
@@ -757,7 +757,7 @@ fn set_rlimit_as(mib: u64) {
 
 fn worker(images: &[PathBuf], mem_mib: u64) -> i32 {
     set_rlimit_as(mem_mib);
-    let bases: Vec<Base> = match images.iter().map(Base::load).collect() {
+    let bases: Vec<Base> = match images.iter().map(|p| Base::load(p)).collect() {
         Ok(b) => b,
         Err(e) => {
             eprintln!("hostile-fuzz worker: {e}");
