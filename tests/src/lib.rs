@@ -24,6 +24,10 @@
 //!   [`fsmodel`] models what a script does and what its fsyncs promised;
 //!   [`sweep`] writes the random differential families and shrinks a
 //!   disagreement to a regression script.
+//! - [`hostile`]: items of real images edited into what a hostile writer
+//!   leaves (names, keys, fields, duplicates; checksums fixed on every
+//!   copy), and every image-reading tool run on them within time and
+//!   memory bounds, a restore inside a canary tree.
 //! - [`dumpcmp`]: compares `btrkit-dump tree` against `btrfs inspect-internal
 //!   dump-tree` on their item lines.
 
@@ -31,8 +35,11 @@ pub mod bins;
 pub mod dumpcmp;
 pub mod env;
 pub mod fixtures;
-pub mod fsmodel;
 pub mod fsck_support;
+pub mod fsmodel;
+// Waits for its children with wait4 (their peak memory) and signals them.
+#[allow(unsafe_code)]
+pub mod hostile;
 pub mod repair_support;
 // Drives the kernel through system calls (mmap, pwrite, sync_file_range).
 #[allow(unsafe_code)]
