@@ -264,6 +264,10 @@ fn progress_bar() -> indicatif::ProgressBar {
 }
 
 fn print(r: &RestoreReport, a: &Args) {
+    // What was read instead of the log is said on stderr in every mode.
+    if let Some(note) = &r.log_fallback {
+        eprintln!("btrkit-restore: warning: {note}");
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(r).unwrap_or_default());
         return;
@@ -296,9 +300,6 @@ fn print(r: &RestoreReport, a: &Args) {
             r.lost.len() as u64,
         ]);
         println!("{t}");
-    }
-    if let Some(note) = &r.log_fallback {
-        eprintln!("btrkit-restore: warning: {note}");
     }
     if !r.skipped_devices.is_empty() {
         eprintln!(

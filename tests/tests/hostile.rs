@@ -415,9 +415,9 @@ fn hostile_devices_xattrs_setid() {
         &[b"/cap", b"/trusted", b"/suid", b"/sgid", b"/blk", b"/chr"],
     );
     for flags in [
-        &["--devices"][..],
+        &["--device-nodes"][..],
         &["--privileged-xattrs"][..],
-        &["--devices", "--privileged-xattrs", "-m"][..],
+        &["--device-nodes", "--privileged-xattrs", "-m"][..],
     ] {
         outs.push(hostile::restore(&img, flags, None));
     }
@@ -427,7 +427,7 @@ fn hostile_devices_xattrs_setid() {
             continue;
         }
         let dest = o.dest().unwrap().to_path_buf();
-        let devices = o.tool.contains("--devices");
+        let devices = o.tool.contains("--device-nodes");
         let privileged = o.tool.contains("--privileged-xattrs");
         let meta = o.tool.split_whitespace().any(|w| w == "-m");
         for (n, blk, rdev) in [
@@ -451,7 +451,7 @@ fn hostile_devices_xattrs_setid() {
                 }
             } else if is_dev {
                 p.push(format!(
-                    "{}: made device node {n} without --devices",
+                    "{}: made device node {n} without --device-nodes",
                     o.tool
                 ));
             }
