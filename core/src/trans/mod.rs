@@ -395,17 +395,29 @@ impl Store {
         let mut groups = BTreeMap::new();
         let bgt = self.root_state(self.bg_tree)?.clone();
         let mut k = Key::new(0, BTRFS_BLOCK_GROUP_ITEM_KEY, 0);
+        // Keys only grow: the walk ends at the largest key whatever a
+        // hostile tree holds.
+        let mut last_seen: Option<Key> = None;
         while let Some((key, data)) = self.next_item(bgt.id, &k)? {
-            k = Key::new(key.objectid, key.ty, key.offset.wrapping_add(1));
-            if key.offset == u64::MAX {
-                k = Key::new(key.objectid + 1, 0, 0);
+            if last_seen.is_some_and(|l| key <= l) || key == Key::MAX {
+                break;
             }
+            last_seen = Some(key);
+            k = crate::trans::next_key(&key);
             if key.ty != BTRFS_BLOCK_GROUP_ITEM_KEY {
                 if key.ty < BTRFS_BLOCK_GROUP_ITEM_KEY {
                     k = Key::new(key.objectid, BTRFS_BLOCK_GROUP_ITEM_KEY, 0);
                 } else {
-                    k = Key::new(key.objectid + 1, BTRFS_BLOCK_GROUP_ITEM_KEY, 0);
+                    let Some(o) = key.objectid.checked_add(1) else {
+                        break;
+                    };
+                    k = Key::new(o, BTRFS_BLOCK_GROUP_ITEM_KEY, 0);
                 }
+                continue;
+            }
+            // An empty or overflowing range is no group (the checker
+            // reports it; what lies there then belongs to none).
+            if key.offset == 0 || key.objectid.checked_add(key.offset).is_none() {
                 continue;
             }
             let bgi: &crate::format::block_group::BlockGroupItem =
@@ -439,8 +451,13 @@ impl Store {
         let ns = self.nodesize() as u64;
         let mut samples: BTreeMap<u64, [Option<u64>; 5]> = BTreeMap::new();
         let mut k = Key::MIN;
+        let mut last_seen: Option<Key> = None;
         while let Some((key, _)) = self.next_item(BTRFS_EXTENT_TREE_OBJECTID, &k)? {
-            k = Key::new(key.objectid, key.ty, key.offset.saturating_add(1));
+            if last_seen.is_some_and(|l| key <= l) || key == Key::MAX {
+                break;
+            }
+            last_seen = Some(key);
+            k = crate::trans::next_key(&key);
             let len = match key.ty {
                 BTRFS_EXTENT_ITEM_KEY => key.offset,
                 BTRFS_METADATA_ITEM_KEY => ns,
@@ -449,8 +466,10 @@ impl Store {
             let g = self.alloc.group_of_mut(key.objectid).ok_or_else(|| {
                 Error::corrupt_key("extent outside every block group", key.objectid, key)
             })?;
-            g.free.remove(key.objectid, key.objectid + len);
-            g.used += len;
+            // Clipped to its group: a hostile length frees nothing past it.
+            let end = key.objectid.saturating_add(len).min(g.end());
+            g.free.remove(key.objectid, end);
+            g.used = g.used.saturating_add(end - key.objectid);
             if key.ty == BTRFS_EXTENT_ITEM_KEY
                 && g.uses_size_class()
                 && key.objectid.saturating_add(len) <= g.end()

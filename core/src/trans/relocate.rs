@@ -42,6 +42,9 @@ impl Store {
         let mut trees = vec![TreeId::Root, TreeId::Chunk];
         let mut k = Key::new(0, BTRFS_ROOT_ITEM_KEY, 0);
         while let Some((key, _)) = self.next_item(TreeId::Root, &k)? {
+            if key == Key::MAX {
+                break;
+            }
             k = super::btree::next_key(&key);
             if key.ty == BTRFS_ROOT_ITEM_KEY
                 && key.objectid != BTRFS_TREE_LOG_OBJECTID
