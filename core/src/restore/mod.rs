@@ -412,7 +412,7 @@ pub fn restore(
     // (subvol, ino) of files with several names -> where the first went.
     let mut linked: HashMap<(u64, u64), PathBuf> = HashMap::new();
     // Directories whose times are set once their contents are in.
-    let mut dir_times: Vec<(PathBuf, (u64, u32), (u64, u32))> = Vec::new();
+    let mut dir_times: Vec<(PathBuf, (i64, u32), (i64, u32))> = Vec::new();
     // (path, inode, directory entry type; FT_DIR for the start)
     warm(fs, start.subvol);
     let mut stack: Vec<(String, Loc, u8)> = vec![(String::new(), start, BTRFS_FT_DIR)];
@@ -689,7 +689,7 @@ struct FileJob {
     data: Vec<(u64, Vec<u8>)>,
     xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     /// Owner, group, mode, atime, mtime (with `metadata`).
-    meta: Option<(u32, u32, u32, (u64, u32), (u64, u32))>,
+    meta: Option<(u32, u32, u32, (i64, u32), (i64, u32))>,
 }
 
 #[derive(Default)]
