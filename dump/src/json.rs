@@ -14,6 +14,7 @@ use btrkit_core::format::consts::*;
 use btrkit_core::format::extent::InlineRef;
 use btrkit_core::format::file_extent::FileExtent;
 use btrkit_core::format::header::{HEADER_SIZE, KEY_PTR_SIZE};
+use btrkit_core::format::inode::Timespec;
 use btrkit_core::format::item::{decode, ItemBody};
 use btrkit_core::format::key::Key;
 use btrkit_core::format::misc::{DiskBalanceArgs, DEV_STAT_NAMES};
@@ -283,10 +284,20 @@ impl J for KeyJ<'_> {
     }
 }
 
-struct Ts(u64, u32);
+/// A time: signed seconds (negative before 1970) and nanoseconds below
+/// 10^9 (as [`Timespec::get`] reads them); an on-disk nanosecond count
+/// of 10^9 or more is shown beside as `nsec_on_disk`.
+struct Ts(Timespec);
 impl J for Ts {
     fn put(&self, o: &mut Vec<u8>) {
-        Obj::new(o).f("sec", &self.0).f("nsec", &self.1).end();
+        let (sec, nsec) = self.0.get();
+        let raw = self.0.nsec.get();
+        let mut ob = Obj::new(o);
+        ob.f("sec", &sec).f("nsec", &nsec);
+        if raw != nsec {
+            ob.f("nsec_on_disk", &raw);
+        }
+        ob.end();
     }
 }
 
@@ -479,10 +490,10 @@ fn body_json(
                 .f("rdev", &ii.rdev.get())
                 .f("sequence", &ii.sequence.get())
                 .f("flags", &ii.flags.get())
-                .f("atime", &Ts(ii.atime.sec.get(), ii.atime.nsec.get()))
-                .f("ctime", &Ts(ii.ctime.sec.get(), ii.ctime.nsec.get()))
-                .f("mtime", &Ts(ii.mtime.sec.get(), ii.mtime.nsec.get()))
-                .f("otime", &Ts(ii.otime.sec.get(), ii.otime.nsec.get()));
+                .f("atime", &Ts(ii.atime))
+                .f("ctime", &Ts(ii.ctime))
+                .f("mtime", &Ts(ii.mtime))
+                .f("otime", &Ts(ii.otime));
         }
         ItemBody::InodeRef(v) => {
             m.f("kind", "inode_ref").f(
@@ -598,10 +609,10 @@ fn body_json(
                     .f("otransid", &ri.otransid.get())
                     .f("stransid", &ri.stransid.get())
                     .f("rtransid", &ri.rtransid.get())
-                    .f("ctime", &Ts(ri.ctime.sec.get(), ri.ctime.nsec.get()))
-                    .f("otime", &Ts(ri.otime.sec.get(), ri.otime.nsec.get()))
-                    .f("stime", &Ts(ri.stime.sec.get(), ri.stime.nsec.get()))
-                    .f("rtime", &Ts(ri.rtime.sec.get(), ri.rtime.nsec.get()));
+                    .f("ctime", &Ts(ri.ctime))
+                    .f("otime", &Ts(ri.otime))
+                    .f("stime", &Ts(ri.stime))
+                    .f("rtime", &Ts(ri.rtime));
             }
         }
         ItemBody::RootRef(r, n) => {
@@ -853,4 +864,27 @@ fn body_json(
         }
     }
     m.end();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts_json(sec: i64, nsec: u32) -> String {
+        let mut t = Timespec::new(sec, 0);
+        t.nsec.set(nsec);
+        let mut o = Vec::new();
+        Ts(t).put(&mut o);
+        String::from_utf8(o).unwrap()
+    }
+
+    #[test]
+    fn times_are_signed() {
+        assert_eq!(ts_json(-315_619_200, 0), r#"{"sec":-315619200,"nsec":0}"#);
+        assert_eq!(ts_json(-1, 500_000_000), r#"{"sec":-1,"nsec":500000000}"#);
+        assert_eq!(
+            ts_json(7, 1_000_000_000),
+            r#"{"sec":7,"nsec":999999999,"nsec_on_disk":1000000000}"#
+        );
+    }
 }

@@ -425,5 +425,28 @@ mod tests {
             }),
             "1796023614.823479627 (2026-11-30 07:26:54)"
         );
+        assert_eq!(
+            time_str(&Time {
+                sec: -1,
+                nsec: 500_000_000
+            }),
+            "-1.500000000 (1969-12-31 23:59:59)"
+        );
+        assert_eq!(
+            time_str(&Time {
+                sec: -315_619_200,
+                nsec: 0
+            }),
+            "-315619200.000000000 (1960-01-01 00:00:00)"
+        );
+        // No overflow at the ends of the range.
+        let _ = time_str(&Time {
+            sec: i64::MIN,
+            nsec: 0,
+        });
+        let _ = time_str(&Time {
+            sec: i64::MAX,
+            nsec: 0,
+        });
     }
 }

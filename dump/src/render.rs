@@ -322,15 +322,21 @@ impl Text {
         self.out.extend_from_slice(self.scratch.as_bytes());
     }
 
+    /// `sec.nsec (date)`. The seconds are signed (dump-tree prints them
+    /// as unsigned: 1960 shows there as 18446744073393932416) and the
+    /// nanoseconds as [`Timespec::get`] reads them (below 10^9).
     fn timespec(&mut self, prefix: &str, t: &Timespec) {
-        let (sec, nsec) = (t.sec.get(), t.nsec.get());
+        let (sec, nsec) = t.get();
         let o = &mut self.out;
         s(o, prefix);
-        u(o, sec);
+        if sec < 0 {
+            o.push(b'-');
+        }
+        u(o, sec.unsigned_abs());
         o.push(b'.');
-        u(o, nsec as u64);
+        u(o, u64::from(nsec));
         s(o, " (");
-        self.time.write(o, sec as i64);
+        self.time.write(o, sec);
         s(o, ")\n");
     }
 
@@ -1602,6 +1608,37 @@ mod tests {
         assert!(lines[3].starts_with("\t\tatime 0.17 ("), "{}", lines[3]);
         assert!(lines[6].starts_with("\t\totime 0.0 ("));
         assert_eq!(lines.len(), 7);
+    }
+
+    #[test]
+    fn times_before_1970_are_negative() {
+        let mut d = vec![0u8; 160];
+        // atime 1969-12-31 23:59:59.5, mtime 1960-01-01, ctime with a
+        // nanosecond count no kernel writes.
+        d[112..120].copy_from_slice(&(-1i64).to_le_bytes());
+        d[120..124].copy_from_slice(&500_000_000u32.to_le_bytes());
+        d[124..132].copy_from_slice(&5i64.to_le_bytes());
+        d[132..136].copy_from_slice(&u32::MAX.to_le_bytes());
+        d[136..144].copy_from_slice(&(-315_619_200i64).to_le_bytes());
+        let mut t = text();
+        t.item(&Key::new(257, BTRFS_INODE_ITEM_KEY, 0), &d, d.len());
+        let s = out(&t);
+        let lines: Vec<&str> = s.lines().collect();
+        assert!(
+            lines[3].starts_with("\t\tatime -1.500000000 ("),
+            "{}",
+            lines[3]
+        );
+        assert!(
+            lines[4].starts_with("\t\tctime 5.999999999 ("),
+            "{}",
+            lines[4]
+        );
+        assert!(
+            lines[5].starts_with("\t\tmtime -315619200.0 ("),
+            "{}",
+            lines[5]
+        );
     }
 
     #[test]

@@ -28,7 +28,9 @@ use std::ops::ControlFlow;
 btrkit-dump tree disk.img --tree 256\n  btrkit-dump tree disk.img --tree log\n  \
 btrkit-dump tree disk.img --block 30408704 --follow\n  btrkit-dump tree disk.img --json > dump.json\n\n\
 Exit status: 0 when every block read was valid; 1 when a block was damaged (each problem is an\n\
-ERROR: line in the dump, which goes on with the rest) or the image cannot be opened."
+ERROR: line in the dump, which goes on with the rest) or the image cannot be opened.\n\n\
+Times are printed as signed seconds (1960-01-01 is -315619200.0), where dump-tree prints\n\
+them unsigned (18446744073393932416.0); nanoseconds of 10^9 or more on disk show as 999999999."
 )]
 pub struct Args {
     #[command(flatten)]

@@ -123,8 +123,20 @@ fn errno(e: &btrkit_core::Error) -> Errno {
     Errno::from_i32(n)
 }
 
-fn time(t: (u64, u32)) -> SystemTime {
-    UNIX_EPOCH + Duration::new(t.0, t.1.min(999_999_999))
+/// A time of (seconds, negative before 1970; nanoseconds) as FUSE takes
+/// it. Never a panic: a time before the epoch is `UNIX_EPOCH - Duration`
+/// (-1 s and 500,000,000 ns is half a second before it), and the
+/// arithmetic is checked: a time SystemTime cannot hold falls back to its
+/// whole seconds, then to the epoch.
+fn time(t: (i64, u32)) -> SystemTime {
+    let secs = Duration::from_secs(t.0.unsigned_abs());
+    let nsec = Duration::from_nanos(u64::from(t.1.min(999_999_999)));
+    let whole = if t.0 >= 0 {
+        UNIX_EPOCH.checked_add(secs)
+    } else {
+        UNIX_EPOCH.checked_sub(secs)
+    };
+    whole.map_or(UNIX_EPOCH, |w| w.checked_add(nsec).unwrap_or(w))
 }
 
 fn kind(mode: u32) -> FileType {
@@ -160,7 +172,7 @@ fn attr(node: u64, s: &Stat) -> FileAttr {
         atime: time(s.atime),
         mtime: time(s.mtime),
         ctime: time(s.ctime),
-        crtime: time(s.ctime),
+        crtime: time(s.otime),
         kind: kind(s.mode),
         perm: (s.mode & 0o7777) as u16,
         nlink: s.nlink,
@@ -413,6 +425,29 @@ fn xattr_reply(reply: ReplyXattr, val: &[u8], size: u32) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn times_before_the_epoch() {
+        let t = super::time;
+        assert_eq!(t((0, 0)), UNIX_EPOCH);
+        // 1960-01-01 00:00:00 UTC.
+        assert_eq!(
+            t((-315_619_200, 0)),
+            UNIX_EPOCH - Duration::from_secs(315_619_200)
+        );
+        // 1969-12-31 23:59:59.5: half a second before the epoch.
+        assert_eq!(
+            t((-1, 500_000_000)),
+            UNIX_EPOCH - Duration::from_millis(500)
+        );
+        assert_eq!(t((5, u32::MAX)), UNIX_EPOCH + Duration::new(5, 999_999_999));
+        // The extremes do not panic.
+        for s in [i64::MIN, i64::MIN + 1, i64::MAX, i64::MAX - 1] {
+            let _ = t((s, 999_999_999));
+        }
+    }
+
     #[test]
     fn mountinfo_escapes() {
         assert_eq!(super::unescape("/a\\040b\\134c"), b"/a b\\c");

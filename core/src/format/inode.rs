@@ -7,13 +7,40 @@ use crate::{Error, Result};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 /// `struct btrfs_timespec` (12 bytes).
+///
+/// Read it through [`Timespec::get`], never through its fields: the
+/// seconds are the kernel's signed `time64_t` stored as little-endian 64
+/// bits (a file dated 1960 has a negative count), and the nanoseconds come
+/// from disk unchecked.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Timespec {
-    /// Seconds since the Unix epoch (signed in practice).
+    /// Seconds since the Unix epoch, two's complement (negative before 1970).
     pub sec: Le64,
-    /// Nanoseconds, below 1e9.
+    /// Nanoseconds, below 1e9 as the kernel writes them.
     pub nsec: Le32,
+}
+
+/// The largest nanosecond count a time carries.
+pub const MAX_NSEC: u32 = 999_999_999;
+
+impl Timespec {
+    /// A time of `sec` seconds (negative before 1970) and `nsec`
+    /// nanoseconds, the latter clamped to [`MAX_NSEC`].
+    pub fn new(sec: i64, nsec: u32) -> Timespec {
+        Timespec {
+            sec: (sec as u64).into(),
+            nsec: nsec.min(MAX_NSEC).into(),
+        }
+    }
+
+    /// (signed seconds, nanoseconds), as every reader takes a time: the
+    /// seconds reinterpreted as the kernel's signed `time64_t`, and a
+    /// nanosecond count of 10^9 or more (which no kernel writes) clamped to
+    /// [`MAX_NSEC`] so that the pair is a valid `struct timespec`.
+    pub fn get(&self) -> (i64, u32) {
+        (self.sec.get() as i64, self.nsec.get().min(MAX_NSEC))
+    }
 }
 
 /// `struct btrfs_inode_item`, keyed (ino, INODE_ITEM, 0); also embedded at the
@@ -236,6 +263,26 @@ mod tests {
         assert_eq!(size_of::<InodeExtref>(), 18);
         let b: Vec<u8> = (0..160u32).map(|i| (i * 7) as u8).collect();
         crate::format::roundtrip::<InodeItem>(&b);
+    }
+
+    #[test]
+    fn times_are_signed_and_nanoseconds_clamped() {
+        // 1960-01-01 00:00:00 UTC and 1969-12-31 23:59:59.5, as the
+        // kernel stores them.
+        let mut t = Timespec::default();
+        t.sec.set((-315_619_200i64) as u64);
+        assert_eq!(t.get(), (-315_619_200, 0));
+        let t = Timespec::new(-1, 500_000_000);
+        assert_eq!(t.as_bytes()[..8], [0xff; 8]);
+        assert_eq!(t.get(), (-1, 500_000_000));
+        // A nanosecond count from disk is never trusted beyond 10^9 - 1.
+        let mut t = Timespec::new(5, 0);
+        t.nsec.set(u32::MAX);
+        assert_eq!(t.get(), (5, MAX_NSEC));
+        assert_eq!(
+            Timespec::new(i64::MIN, 2_000_000_000).get(),
+            (i64::MIN, MAX_NSEC)
+        );
     }
     #[test]
     fn packed_refs() {

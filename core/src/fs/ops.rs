@@ -38,12 +38,16 @@ pub struct Stat {
     pub blocks: u64,
     /// Device (major, minor) of a character or block device node.
     pub rdev: (u32, u32),
-    /// Access time (seconds, nanoseconds).
-    pub atime: (u64, u32),
-    /// Modification time (seconds, nanoseconds).
-    pub mtime: (u64, u32),
-    /// Change time (seconds, nanoseconds).
-    pub ctime: (u64, u32),
+    /// Access time (seconds, negative before 1970; nanoseconds, below
+    /// 10^9), as [`Timespec::get`](crate::format::inode::Timespec::get)
+    /// reads it.
+    pub atime: (i64, u32),
+    /// Modification time, as `atime`.
+    pub mtime: (i64, u32),
+    /// Change time, as `atime`.
+    pub ctime: (i64, u32),
+    /// Creation time (the inode item's otime), as `atime`.
+    pub otime: (i64, u32),
     /// Transid in which the inode was created (`st_gen`, the inode item's generation).
     pub generation: u64,
     /// Inode flags (BTRFS_INODE_*: NODATACOW, NODATASUM, COMPRESS, ...).
@@ -778,7 +782,6 @@ impl Filesystem {
         } else {
             (it.size.get(), 0)
         };
-        let ts = |t: &crate::format::inode::Timespec| (t.sec.get(), t.nsec.get());
         Ok(Stat {
             subvol: l.subvol,
             ino: l.ino,
@@ -789,9 +792,10 @@ impl Filesystem {
             size,
             blocks: (it.nbytes.get() + dirty).div_ceil(512),
             rdev: decode_dev(it.rdev.get()),
-            atime: ts(&it.atime),
-            mtime: ts(&it.mtime),
-            ctime: ts(&it.ctime),
+            atime: it.atime.get(),
+            mtime: it.mtime.get(),
+            ctime: it.ctime.get(),
+            otime: it.otime.get(),
             generation: it.generation.get(),
             flags: it.flags.get(),
         })

@@ -221,14 +221,20 @@ pub fn set_xattr(path: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> 
 }
 
 /// Set the access and modification times of `path` itself (a symlink is
-/// not followed): (seconds, nanoseconds) each (utimensat).
-pub fn set_times(path: &Path, atime: (u64, u32), mtime: (u64, u32)) -> std::io::Result<()> {
+/// not followed): (seconds, negative before 1970; nanoseconds) each
+/// (utimensat). Nanoseconds are clamped below 10^9 (a larger count would
+/// make utimensat fail, or be read as UTIME_NOW / UTIME_OMIT); seconds a
+/// 32-bit `time_t` cannot hold are EOVERFLOW rather than wrapped.
+pub fn set_times(path: &Path, atime: (i64, u32), mtime: (i64, u32)) -> std::io::Result<()> {
     let c = c_path(path)?;
-    let ts = |t: (u64, u32)| libc::timespec {
-        tv_sec: t.0.min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: t.1.min(999_999_999) as libc::c_long,
+    let ts = |t: (i64, u32)| -> std::io::Result<libc::timespec> {
+        Ok(libc::timespec {
+            tv_sec: libc::time_t::try_from(t.0)
+                .map_err(|_| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?,
+            tv_nsec: t.1.min(crate::format::inode::MAX_NSEC) as libc::c_long,
+        })
     };
-    let times = [ts(atime), ts(mtime)];
+    let times = [ts(atime)?, ts(mtime)?];
     #[allow(unsafe_code)]
     // SAFETY: a NUL-terminated path and an array of two timespecs.
     let r = unsafe {

@@ -133,9 +133,10 @@ pub struct LoggedInode {
 /// A timestamp of an inode item.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Time {
-    /// Seconds since the epoch.
+    /// Seconds since the epoch (negative before 1970).
     pub sec: i64,
-    /// Nanoseconds within the second.
+    /// Nanoseconds within the second (an on-disk count of 10^9 or more
+    /// clamped to 999,999,999).
     pub nsec: u32,
 }
 
@@ -645,9 +646,9 @@ where
 }
 
 fn summarize_inode(i: &InodeItem) -> InodeSummary {
-    let t = |ts: &crate::format::inode::Timespec| Time {
-        sec: ts.sec.get() as i64,
-        nsec: ts.nsec.get(),
+    let t = |ts: &crate::format::inode::Timespec| {
+        let (sec, nsec) = ts.get();
+        Time { sec, nsec }
     };
     let mode = i.mode.get();
     InodeSummary {

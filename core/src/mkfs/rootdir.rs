@@ -289,11 +289,13 @@ fn readable(path: &Path) -> Result<()> {
     crate::io::host::readable(path).map_err(|e| io_err(path, "cannot read", e))
 }
 
+/// A host time as stat(2) gives it: seconds negative before 1970 (kept so,
+/// as the kernel stores them), nanoseconds in 0..10^9.
 fn ts(sec: i64, nsec: i64) -> Timespec {
-    Timespec {
-        sec: (sec.max(0) as u64).into(),
-        nsec: (nsec.clamp(0, 999_999_999) as u32).into(),
-    }
+    Timespec::new(
+        sec,
+        nsec.clamp(0, i64::from(crate::format::inode::MAX_NSEC)) as u32,
+    )
 }
 
 fn inode_from(m: &std::fs::Metadata, transid: u64) -> InodeItem {

@@ -442,11 +442,12 @@ impl EngineRunner {
                 for (name, child, _) in fs.readdir(l).map_err(|e| ino_err(p, e))? {
                     let s = fs.stat(child)?;
                     lines.push(format!(
-                        "{:>8} {} {:>3} {:>12} {}",
+                        "{:>8} {} {:>3} {:>12} {:>20} {}",
                         s.ino,
                         mode_string(s.mode),
                         s.nlink,
                         s.size,
+                        time_string(s.mtime),
                         String::from_utf8_lossy(&name)
                     ));
                 }
@@ -456,7 +457,7 @@ impl EngineRunner {
                 let l = self.target(fs, p, false)?;
                 let s = fs.stat(l).map_err(|e| ino_err(p, e))?;
                 out.text = Some(format!(
-                    "subvol {} ino {} mode {} nlink {} uid {} gid {} size {} blocks {} rdev {}:{} generation {} flags {:#x}",
+                    "subvol {} ino {} mode {} nlink {} uid {} gid {} size {} blocks {} rdev {}:{} generation {} flags {:#x} atime {} mtime {} ctime {} otime {}",
                     s.subvol,
                     s.ino,
                     mode_string(s.mode),
@@ -468,7 +469,11 @@ impl EngineRunner {
                     s.rdev.0,
                     s.rdev.1,
                     s.generation,
-                    s.flags
+                    s.flags,
+                    time_string(s.atime),
+                    time_string(s.mtime),
+                    time_string(s.ctime),
+                    time_string(s.otime)
                 ));
             }
             Step::Stats { .. } | Step::Set { .. } | Step::Crash { .. } | Step::Remount => {
@@ -499,6 +504,13 @@ pub fn mode_string(mode: u32) -> String {
         s.push(if mode & (0o400 >> i) != 0 { c } else { '-' });
     }
     s
+}
+
+/// A time as `stat` and `ls` show it: signed seconds since the epoch
+/// (negative before 1970) and nanoseconds, `-1.500000000` for half a
+/// second before it.
+pub fn time_string((sec, nsec): (i64, u32)) -> String {
+    format!("{sec}.{nsec:09}")
 }
 
 /// Bytes for `read`: text when printable, else a hex dump.
@@ -647,4 +659,17 @@ fn alloc_map(fs: &mut Filesystem, l: Loc) -> Result<Vec<(u64, u64, &'static str)
         push_alloc(&mut out, s, e, k);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn times_show_signed() {
+        assert_eq!(super::time_string((-1, 500_000_000)), "-1.500000000");
+        assert_eq!(
+            super::time_string((-315_619_200, 0)),
+            "-315619200.000000000"
+        );
+        assert_eq!(super::time_string((7, 5)), "7.000000005");
+    }
 }
