@@ -968,8 +968,11 @@ impl Filesystem {
         // destination may be logged pointing at it.
         self.store.write_data_of((src.subvol, src.ino))?;
         if doff > dst_size {
+            // btrfs_clone_files: the block holding the old end may have
+            // been zeroed past it; that block up to the clone is written
+            // back and waited for (not the file's other dirty data).
             self.cont_expand(dst, dst_size, doff)?;
-            self.writeback(dst, 0, u64::MAX, Reason::Sync)?;
+            self.writeback(dst, dst_size / ss * ss, doff, Reason::Sync)?;
         }
         self.drop_pages(dst, doff, doff + alen)?;
         let items = extents_in(&mut self.store, src.subvol, src.ino, soff, soff + alen)?;

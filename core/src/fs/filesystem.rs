@@ -191,6 +191,9 @@ pub struct InodeRt {
     /// Directories: the transaction in which the directory was last logged
     /// in full (its entries and deletion ranges), not only as existing.
     pub dir_logged_full_trans: u64,
+    /// The transaction in which the inode was last logged as existing
+    /// because it was a conflicting inode (its entries not in the log).
+    pub conflict_logged_trans: u64,
     /// First directory index the new-dentries walk has not looked at
     /// (`btrfs_inode.first_dir_index_to_log`).
     pub first_dir_index_to_log: u64,

@@ -987,7 +987,15 @@ impl LogWriter<'_, '_> {
         let i_size = rt.i_size;
         // Extent maps never overlap: neither do the ranges logged (two
         // overlapping changes would otherwise log overlapping items).
-        let ranges = merge_ranges(std::mem::take(&mut rt.modified));
+        // Extent maps cover whole sectors: so do the ranges (a range
+        // recorded at a byte size, as a truncate's, would log a hole item
+        // of unaligned length, which the kernel's tree checker refuses).
+        let ranges = merge_ranges(
+            std::mem::take(&mut rt.modified)
+                .into_iter()
+                .map(|(a, b)| (a / ss * ss, b.div_ceil(ss).saturating_mul(ss)))
+                .collect(),
+        );
         // Logged extent maps leave the changed list and merge with their
         // neighbours (btrfs_clear_em_logging's try_merge_map): cached
         // holes touching them join.
@@ -1076,7 +1084,11 @@ impl LogWriter<'_, '_> {
         for (k, d) in extents_in_tree(self.cx.store, log, l.ino, from, u64::MAX)? {
             if k.offset >= from {
                 self.cx.store.delete_item(log, &k)?;
-            } else if let Some(cut) = crate::format::file_extent::cut_to(&d, from - k.offset) {
+            } else if let Some(cut) =
+                // Cut at a sector boundary, as truncate_inode_items rounds
+                // the kept length up (the tree checker wants it aligned).
+                crate::format::file_extent::cut_to(&d, (from - k.offset).div_ceil(ss) * ss)
+            {
                 self.cx.store.update_item(log, &k, &cut)?;
             }
         }
@@ -1392,13 +1404,18 @@ impl LogWriter<'_, '_> {
             if !self.exists(pl)? {
                 return Err(Stop::Commit("an old parent directory is gone"));
             }
-            // A parent logged only as existing (a conflicting inode, a new
-            // name's ancestor) has none of its entries in the log: logged
+            // A parent logged only as existing because it was a
+            // conflicting inode has none of its entries in the log: logged
             // in full now, or replay keeps the name this inode lost there
             // (the kernel skips it as already logged and writes a log it
-            // cannot replay when the inode is a directory: two links).
-            let only_exists = self.cx.inode_logged(pl)?
-                && self.cx.rt(pl)?.dir_logged_full_trans < self.cx.transid();
+            // cannot replay when a directory moved out of it: two links).
+            // Logged as existing otherwise (a new name's ancestor, a
+            // renamed directory), it is skipped as the kernel skips it.
+            let t = self.cx.transid();
+            let only_exists = self.cx.inode_logged(pl)? && {
+                let rt = self.cx.rt(pl)?;
+                rt.dir_logged_full_trans < t && rt.conflict_logged_trans == t
+            };
             if self.need_log_inode(pl)? || only_exists {
                 ctx.log_new_dentries = false;
                 self.log_inode(pl, LogMode::All, ctx)?;
@@ -1521,6 +1538,7 @@ impl LogWriter<'_, '_> {
                     }
                 } else if self.need_log_inode(other)? {
                     self.log_inode(other, LogMode::Exists, ctx)?;
+                    self.cx.rt(other)?.conflict_logged_trans = self.cx.transid();
                     self.cx.stats.conflicting_inodes_logged += 1;
                 }
             }

@@ -174,9 +174,9 @@ struct DirMeta {
     times: ((i64, u32), (i64, u32)),
 }
 
-/// Seconds since the epoch as the format holds them (signed).
-fn signed(t: (u64, u32)) -> (i64, u32) {
-    (t.0 as i64, t.1.min(999_999_999))
+/// Seconds since the epoch (signed), nanoseconds below 10^9.
+fn signed(t: (i64, u32)) -> (i64, u32) {
+    (t.0, t.1.min(999_999_999))
 }
 
 /// Whether an extended attribute needs privilege to set, or gives it.
