@@ -444,7 +444,21 @@ impl Filesystem {
             self.writeback(l, size / ss * ss, u64::MAX, Reason::Sync)?;
         }
         let from = size.div_ceil(ss) * ss;
-        let mut found = !extents_in(&mut self.store, l.subvol, l.ino, from, u64::MAX)?.is_empty();
+        // btrfs_truncate_inode_items counts every extent item whose last
+        // byte is at or past the new size (one it keeps whole, as the
+        // block holding the new end, too): any makes the next fsync a
+        // full one.
+        let mut found = extents_in(&mut self.store, l.subvol, l.ino, size, u64::MAX)?
+            .iter()
+            .any(|(k, d)| match parse_file_extent(d) {
+                Ok(FileExtent::Inline { head, .. }) => {
+                    k.offset.saturating_add(head.ram_bytes.get()) > size
+                }
+                Ok(FileExtent::Disk { item, .. }) => {
+                    k.offset.saturating_add(item.num_bytes.get()) > size
+                }
+                Err(_) => true,
+            });
         let d = drop_extents(&mut self.store, l.subvol, l.ino, from, u64::MAX)?;
         let mut it = self.item(l)?;
         it.nbytes.set(it.nbytes.get().saturating_sub(d.nbytes));
