@@ -12,7 +12,10 @@
 //! `--no-log`, both of which then mount it.
 
 use btrkit_core::format::consts::*;
-use btrkit_tests::fsck_support::{find_item, find_log_item, patch_block};
+use btrkit_tests::fsck_support::{
+    find_log_item, patch_block, patch_dir_entry, DIR_ITEM_DATA_LEN as DATA_LEN,
+    DIR_ITEM_LOCATION as LOC_OBJECTID, DIR_ITEM_NAME as NAME, DIR_ITEM_NAME_LEN as NAME_LEN,
+};
 use btrkit_tests::{require_fuse, require_kernel_mount, skip_unless, KernelImage, MkfsOpts};
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
@@ -88,26 +91,15 @@ impl Drop for Foreground {
     }
 }
 
-/// Offsets in a dir item: location objectid, data_len, name_len, name.
-const LOC_OBJECTID: usize = 0;
-const DATA_LEN: usize = 25;
-const NAME_LEN: usize = 27;
-const NAME: usize = 30;
-
-/// Patch every DIR_INDEX (and, with `item_too`, DIR_ITEM) entry of
-/// directory `dir` named `name` with `f` (given the item's data offset).
+/// Patch the entry `name` of `dir` (its DIR_INDEX, and DIR_ITEM too with
+/// `item_too`).
 fn patch_entry(img: &Path, dir: u64, name: &[u8], item_too: bool, f: &dyn Fn(&mut [u8], usize)) {
-    let mut types = vec![BTRFS_DIR_INDEX_KEY];
-    if item_too {
-        types.push(BTRFS_DIR_ITEM_KEY);
-    }
-    for ty in types {
-        let at = find_item(img, BTRFS_FS_TREE_OBJECTID, 0, &|k, d| {
-            k.objectid == dir && k.ty == ty && d.get(NAME..) == Some(name)
-        })
-        .unwrap_or_else(|| panic!("no entry {name:?} of {dir}"));
-        patch_block(img, at.bytenr, true, true, &|b| f(b, at.data_off));
-    }
+    let types: &[u8] = if item_too {
+        &[BTRFS_DIR_INDEX_KEY, BTRFS_DIR_ITEM_KEY]
+    } else {
+        &[BTRFS_DIR_INDEX_KEY]
+    };
+    patch_dir_entry(img, dir, name, types, f);
 }
 
 fn ino(p: &Path) -> u64 {
