@@ -188,7 +188,10 @@ fn unescape(s: &str) -> Vec<u8> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'\\' && i + 3 < b.len() + 1 && b[i + 1..].len() >= 3 {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+            // Bytes, not a str slice: a multibyte character after a
+            // backslash is no boundary to cut at.
+            let digits = std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("");
+            if let Ok(v) = u8::from_str_radix(digits, 8) {
                 out.push(v);
                 i += 4;
                 continue;
@@ -619,5 +622,6 @@ mod tests {
     fn mountinfo_escapes() {
         assert_eq!(super::unescape("/a\\040b\\134c"), b"/a b\\c");
         assert_eq!(super::unescape("/plain"), b"/plain");
+        assert_eq!(super::unescape("/\\abé"), "/\\abé".as_bytes());
     }
 }
