@@ -1,14 +1,17 @@
 //! The FUSE side: fuser's callbacks answered from a [`ReadOnlyView`].
 //! Nothing here decides anything about Btrfs; it converts.
 
+use btrkit_core::format::dir::name_fault;
 use btrkit_core::fs::ops::Stat;
-use btrkit_core::restore::view::ReadOnlyView;
+use btrkit_core::log::inspect::escape_bytes;
+use btrkit_core::restore::view::{ReadOnlyView, ROOT_NODE};
 use fuser::{
     BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr,
     ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
     ReplyXattr, Request, SessionACL,
 };
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -21,6 +24,8 @@ const TTL: Duration = Duration::from_secs(3600);
 
 struct Btrkit {
     view: Mutex<ReadOnlyView>,
+    /// Which names are served (taken after `view` when both are held).
+    names: Mutex<Names>,
     /// Set once the session runs: pushes data into the kernel's cache.
     notifier: Arc<OnceLock<Notifier>>,
     /// Contents to push for the entries of the last listing answered: the
@@ -28,6 +33,86 @@ struct Btrkit {
     /// answer, so they are pushed at the next request (the listing's next
     /// call, or its release), when the inodes exist.
     pending: Mutex<Vec<(u64, Vec<u8>)>>,
+}
+
+/// The names the mount serves, so that a hostile image still gives the
+/// kernel a tree of well-formed names:
+///
+/// - an entry whose name the kernel would refuse (empty, `.`, `..`, with
+///   a `/` or a NUL) is skipped: FUSE fails a whole listing on one such
+///   name (EIO), and a `..` would shadow the real parent;
+/// - a directory is served under one name only, the first met (by a
+///   lookup or a listing): a second name of a directory inode (a
+///   hard-linked directory, or an entry pointing back at an ancestor,
+///   which is a cycle) is hidden, so nothing walking the mount can
+///   recurse forever, and the kernel never sees one directory inode
+///   under two parents.
+///
+/// Each skipped entry is said once, as a warning naming the directory's
+/// inode and the name's bytes (escaped).
+struct Names {
+    /// Directory node -> (parent node, name) it is served under. The root
+    /// is served as itself, under no name.
+    homes: HashMap<u64, (u64, Vec<u8>)>,
+    /// (directory node, name) of every entry skipped and said so.
+    warned: HashSet<(u64, Vec<u8>)>,
+}
+
+impl Names {
+    fn new() -> Names {
+        Names {
+            homes: HashMap::from([(ROOT_NODE, (ROOT_NODE, Vec::new()))]),
+            warned: HashSet::new(),
+        }
+    }
+
+    /// Whether entry `name` of directory `dir`, which names `node` (a
+    /// directory when `is_dir`), is served; Err says why it is not. The
+    /// first directory entry met for a directory node becomes its home.
+    fn admit(&mut self, dir: u64, name: &[u8], node: u64, is_dir: bool) -> Result<(), String> {
+        if let Some(why) = name_fault(name) {
+            return Err(format!("its name {why}"));
+        }
+        // A directory already homed is one even if this entry says not.
+        if !is_dir && !self.homes.contains_key(&node) {
+            return Ok(());
+        }
+        match self.homes.get(&node) {
+            Some((p, n)) if *p == dir && n.as_slice() == name => Ok(()),
+            Some(_) if node == ROOT_NODE => {
+                Err("it names the mount's root directory (a directory cycle)".into())
+            }
+            Some((p, n)) => Err(format!(
+                "it is a second name of directory node {node}, served as \"{}\" in directory node {p} (a directory has one name; a cycle, or a hard-linked directory)",
+                escape_bytes(n)
+            )),
+            None => {
+                self.homes.insert(node, (dir, name.to_vec()));
+                Ok(())
+            }
+        }
+    }
+
+    /// True the first time entry `name` of `dir` is skipped.
+    fn first_warning(&mut self, dir: u64, name: &[u8]) -> bool {
+        self.warned.insert((dir, name.to_vec()))
+    }
+}
+
+/// Say once that entry `name` of directory node `dir` is skipped, naming
+/// the directory's inode (and subvolume) and the name's bytes.
+fn skipped(v: &mut ReadOnlyView, names: &mut Names, dir: u64, name: &[u8], why: &str) {
+    if !names.first_warning(dir, name) {
+        return;
+    }
+    let inode = match v.getattr(dir) {
+        Ok(st) => format!("directory inode {} of subvolume {}", st.ino, st.subvol),
+        Err(_) => format!("directory node {dir}"),
+    };
+    crate::say(format_args!(
+        "warning: {inode}: entry \"{}\" skipped: {why}",
+        escape_bytes(name)
+    ));
 }
 
 /// Regular files this small with inline data have their contents pushed
@@ -65,6 +150,7 @@ pub fn mount(
     let session = fuser::spawn_mount(
         Btrkit {
             view: Mutex::new(view),
+            names: Mutex::new(Names::new()),
             notifier: notifier.clone(),
             pending: Mutex::new(Vec::new()),
         },
@@ -102,7 +188,10 @@ fn unescape(s: &str) -> Vec<u8> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'\\' && i + 3 < b.len() + 1 && b[i + 1..].len() >= 3 {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+            // Bytes, not a str slice: a multibyte character after a
+            // backslash is no boundary to cut at.
+            let digits = std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("");
+            if let Ok(v) = u8::from_str_radix(digits, 8) {
                 out.push(v);
                 i += 4;
                 continue;
@@ -203,6 +292,11 @@ impl Btrkit {
         // read): go on serving.
         self.view.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Taken while the view is held, never the other way round.
+    fn names(&self) -> std::sync::MutexGuard<'_, Names> {
+        self.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// FUSE shows the node id as `st_ino` ([`ReadOnlyView`] picks them).
@@ -220,12 +314,27 @@ impl fuser::Filesystem for Btrkit {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let mut v = self.view();
-        let r = v.lookup(parent.0, name.as_bytes());
+        let name = name.as_bytes();
+        if name_fault(name).is_some() {
+            // The kernel sends no such name; an entry with one is not served.
+            reply.error(Errno::ENOENT);
+            return;
+        }
+        let r = v.lookup(parent.0, name);
         for w in v.take_warnings() {
             crate::say(format_args!("warning: {w}"));
         }
         match r {
-            Ok((n, st)) => reply.entry(&TTL, &attr(n, &st), Generation(0)),
+            Ok((n, st)) => {
+                let mut names = self.names();
+                let is_dir = st.mode & libc::S_IFMT == libc::S_IFDIR;
+                if let Err(why) = names.admit(parent.0, name, n, is_dir) {
+                    skipped(&mut v, &mut names, parent.0, name, &why);
+                    reply.error(Errno::ENOENT);
+                    return;
+                }
+                reply.entry(&TTL, &attr(n, &st), Generation(0))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -292,12 +401,12 @@ impl fuser::Filesystem for Btrkit {
     fn readdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let v = self.view();
+        let mut v = self.view();
         let entries = match v.dir_entries(fh.0) {
             Ok(e) => e,
             Err(e) => {
@@ -305,7 +414,19 @@ impl fuser::Filesystem for Btrkit {
                 return;
             }
         };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+        let mut names = self.names();
+        // Offsets index the whole listing, so a skipped entry leaves a gap
+        // and the next call resumes where this one stopped.
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (i, e) in entries.iter().enumerate().skip(start) {
+            // The first two are the view's own "." and "..".
+            if i >= 2 {
+                let is_dir = e.ftype == btrkit_core::format::consts::BTRFS_FT_DIR;
+                if let Err(why) = names.admit(ino.0, &e.name, e.node, is_dir) {
+                    skipped(&mut v, &mut names, ino.0, &e.name, &why);
+                    continue;
+                }
+            }
             let full = reply.add(
                 INodeNo(e.node),
                 i as u64 + 1,
@@ -322,7 +443,7 @@ impl fuser::Filesystem for Btrkit {
     fn readdirplus(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
@@ -336,7 +457,21 @@ impl fuser::Filesystem for Btrkit {
             }
         };
         let mut small: Vec<(u64, u64)> = Vec::new();
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+        let mut names = self.names();
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (i, e) in entries.iter().enumerate().skip(start) {
+            if i >= 2 {
+                if let Some(why) = name_fault(&e.name) {
+                    skipped(
+                        &mut v,
+                        &mut names,
+                        ino.0,
+                        &e.name,
+                        &format!("its name {why}"),
+                    );
+                    continue;
+                }
+            }
             // An entry whose inode cannot be read is listed with attributes
             // valid for no time: using it asks lookup again, which fails
             // with the error.
@@ -350,6 +485,13 @@ impl fuser::Filesystem for Btrkit {
                     Duration::ZERO,
                 ),
             };
+            if i >= 2 {
+                let is_dir = a.kind == FileType::Directory;
+                if let Err(why) = names.admit(ino.0, &e.name, e.node, is_dir) {
+                    skipped(&mut v, &mut names, ino.0, &e.name, &why);
+                    continue;
+                }
+            }
             if reply.add(
                 INodeNo(e.node),
                 i as u64 + 1,
@@ -364,6 +506,7 @@ impl fuser::Filesystem for Btrkit {
                 small.push((e.node, a.size));
             }
         }
+        drop(names);
         reply.ok();
         self.push_pending();
         if self.notifier.get().is_some() {
@@ -449,8 +592,36 @@ mod tests {
     }
 
     #[test]
+    fn names_served_once() {
+        use super::{Names, ROOT_NODE};
+        let mut n = Names::new();
+        // Names the kernel refuses.
+        for bad in [&b""[..], b".", b"..", b"a/b", b"a\0"] {
+            assert!(n.admit(ROOT_NODE, bad, 300, false).is_err(), "{bad:?}");
+        }
+        // A directory is served under its first name, again and again.
+        assert!(n.admit(ROOT_NODE, b"top", 257, true).is_ok());
+        assert!(n.admit(ROOT_NODE, b"top", 257, true).is_ok());
+        assert!(n.admit(257, b"mid", 258, true).is_ok());
+        // A second name: in another directory, or back at an ancestor
+        // (a cycle), or at the root; even when its entry says it is a file.
+        let e = n.admit(ROOT_NODE, b"other", 258, true).unwrap_err();
+        assert!(e.contains("second name of directory node 258"), "{e}");
+        assert!(n.admit(258, b"loop", 257, true).is_err());
+        assert!(n.admit(258, b"lies", 257, false).is_err());
+        assert!(n.admit(258, b"root", ROOT_NODE, true).is_err());
+        // Files may have many names.
+        assert!(n.admit(ROOT_NODE, b"f", 400, false).is_ok());
+        assert!(n.admit(258, b"g", 400, false).is_ok());
+        // Each skipped entry is said once.
+        assert!(n.first_warning(258, b"loop"));
+        assert!(!n.first_warning(258, b"loop"));
+    }
+
+    #[test]
     fn mountinfo_escapes() {
         assert_eq!(super::unescape("/a\\040b\\134c"), b"/a b\\c");
         assert_eq!(super::unescape("/plain"), b"/plain");
+        assert_eq!(super::unescape("/\\abé"), "/\\abé".as_bytes());
     }
 }

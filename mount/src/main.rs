@@ -101,19 +101,39 @@ fn run(a: &Args) -> anyhow::Result<()> {
         return daemonize(&mountpoint);
     }
     let paths: Vec<PathBuf> = images.iter().chain(a.devices.iter()).cloned().collect();
-    let devs = FileDevice::open_all_mmap(&paths)?;
-    let view = ReadOnlyView::open(
-        devs,
-        &ReadOptions {
-            log: LogMode::from_flags(a.no_log, a.salvage),
-            degraded: a.degraded,
-            mirror: a.mirror,
-            root: RootChoice::from_flags(a.backup, a.tree_root),
-        },
-        a.subvol.as_deref(),
-        !a.no_warm,
-    )
-    .context("opening the filesystem")?;
+    let open = |log: LogMode, warm: bool| -> anyhow::Result<ReadOnlyView> {
+        let devs = FileDevice::open_all_mmap(&paths)?;
+        Ok(ReadOnlyView::open(
+            devs,
+            &ReadOptions {
+                log,
+                degraded: a.degraded,
+                mirror: a.mirror,
+                root: RootChoice::from_flags(a.backup, a.tree_root),
+            },
+            a.subvol.as_deref(),
+            warm,
+        )?)
+    };
+    let mode = LogMode::from_flags(a.no_log, a.salvage);
+    let view = match open(mode, !a.no_warm) {
+        Ok(v) => v,
+        Err(e) => {
+            // Whether the log is what cannot be read: the same filesystem
+            // without it opens. Then say so, and what to do.
+            let log_at_fault = mode != LogMode::Ignore && open(LogMode::Ignore, false).is_ok();
+            let e = e.context("opening the filesystem");
+            if !log_at_fault {
+                return Err(e);
+            }
+            let hint = if mode == LogMode::Salvage {
+                "nothing of the fsync log could be applied; --no-log mounts the state of the last commit"
+            } else {
+                "the fsync log could not be replayed; mount with --salvage to apply what the rest of it still proves, or --no-log for the state of the last commit"
+            };
+            return Err(e.context(hint));
+        }
+    };
     for b in view.bad_csum_blocks() {
         say(format_args!(
             "warning: tree block {b} fails its checksum on every copy; read as it stands"

@@ -290,6 +290,36 @@ pub fn patch_block(
     let _ = file.sync_all();
 }
 
+/// Offsets in a `btrfs_dir_item` (the head of a DIR_ITEM or DIR_INDEX
+/// entry): the location key's objectid, data_len, name_len, the name.
+pub const DIR_ITEM_LOCATION: usize = 0;
+pub const DIR_ITEM_DATA_LEN: usize = 25;
+pub const DIR_ITEM_NAME_LEN: usize = 27;
+pub const DIR_ITEM_NAME: usize = 30;
+
+/// Change, on every copy and with the block's checksum recomputed, the
+/// entry named `name` of directory `dir` in the fs tree: its item of each
+/// key type in `types` (DIR_ITEM, DIR_INDEX), `f` given the block and the
+/// offset of the item's data in it. Panics when an entry is missing.
+pub fn patch_dir_entry(
+    image: &Path,
+    dir: u64,
+    name: &[u8],
+    types: &[u8],
+    f: &dyn Fn(&mut [u8], usize),
+) {
+    for &ty in types {
+        let at = find_item(
+            image,
+            btrkit_core::format::consts::BTRFS_FS_TREE_OBJECTID,
+            0,
+            &|k, d| k.objectid == dir && k.ty == ty && d.get(DIR_ITEM_NAME..) == Some(name),
+        )
+        .unwrap_or_else(|| panic!("no entry {name:?} of directory {dir} (key type {ty})"));
+        patch_block(image, at.bytenr, true, true, &|b| f(b, at.data_off));
+    }
+}
+
 /// Size and modification time of a file, to prove a run did not write to it.
 pub fn file_stamp(p: &Path) -> (u64, Option<std::time::SystemTime>) {
     let m = std::fs::metadata(p).ok();

@@ -288,6 +288,7 @@ impl FsTree {
                         self.root_dotdot = true;
                         continue;
                     }
+                    self.refused_name(bytenr, k, k.offset, e.name);
                     self.cur.refs += 1;
                     self.add_name(
                         ino,
@@ -304,6 +305,7 @@ impl FsTree {
                                 "inode {ino} extref key offset is not the hash of its name"
                             )));
                     }
+                    self.refused_name(bytenr, k, e.parent, e.name);
                     self.cur.refs += 1;
                     self.add_name(
                         ino,
@@ -348,9 +350,12 @@ impl FsTree {
                             k.offset
                         )));
                     }
-                    if e.name.is_empty() {
+                    if is_xattr && e.name.is_empty() {
                         self.out
                             .push(self.err("name").at(bytenr).key(k).msg("empty name"));
+                    }
+                    if !is_xattr {
+                        self.refused_name(bytenr, k, ino, e.name);
                     }
                     if v[..i].iter().any(|x| x.name == e.name) {
                         self.out
@@ -557,6 +562,21 @@ impl FsTree {
         let ino = self.cur.ino;
         self.check_inode();
         self.names.end_of_inode(ino);
+    }
+
+    /// Report `name`, of an entry of directory `dir` (a DIR_ITEM, DIR_INDEX,
+    /// INODE_REF or INODE_EXTREF at `k`), when the kernel would refuse it
+    /// as a path component: empty, `.`, `..`, with a `/` or a NUL. No
+    /// lookup can reach such an entry, and a walker taking it as it
+    /// stands would leave the directory (or fail on it).
+    fn refused_name(&mut self, bytenr: u64, k: Key, dir: u64, name: &[u8]) {
+        if let Some(why) = crate::format::dir::name_fault(name) {
+            self.out
+                .push(self.err("name").at(bytenr).key(k).msg(format!(
+                    "directory {dir}: name \"{}\" {why}, a name the kernel refuses",
+                    crate::log::inspect::escape_bytes(name)
+                )));
+        }
     }
 
     /// A record of a name, found among the items of inode `cur`.
@@ -798,6 +818,17 @@ impl FsTree {
     /// Every name whose records disagree, with the repairs two agreeing
     /// records determine.
     fn report_names(&mut self) {
+        for ((p, ch, hash), index, what) in self.names.dir_link_problems(self.root_dirid) {
+            let key = match index {
+                Some(i) => Key::new(p, BTRFS_DIR_INDEX_KEY, i),
+                None => Key::new(p, BTRFS_DIR_ITEM_KEY, hash as u64),
+            };
+            self.out.push(
+                self.err("dir-link")
+                    .key(key)
+                    .msg(format!("directory {p}: entry for directory {ch} {what}")),
+            );
+        }
         for (key, g) in self.names.take_bad() {
             let (p, ch, _) = key;
             let child = self.names.table.mode(ch);

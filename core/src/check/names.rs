@@ -235,6 +235,11 @@ pub(super) struct Names {
     heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64)>>,
     /// Names with a problem, judged at the end.
     bad: Vec<(NameKey, NameRecords)>,
+    /// Every entry naming a directory from a directory: (name, its first
+    /// DIR_INDEX index, how many of its three records there are). The one
+    /// name rule and cycles are judged on them at the end; a directory
+    /// entry is 24 bytes here, files cost nothing.
+    dir_names: Vec<(NameKey, Option<u64>, u8)>,
     /// Keys came out of order (a damaged tree): nothing is settled before
     /// the end, everything goes through the map.
     disordered: bool,
@@ -428,6 +433,12 @@ impl Names {
     fn settle(&mut self, key: NameKey, g: OpenName) {
         let (p, ch, _) = key;
         let (child, parent) = (self.table.mode(ch), self.table.mode(p));
+        let is_dir = |m: Option<u32>| m.is_some_and(|m| m & S_IFMT == S_IFDIR);
+        if is_dir(child) && is_dir(parent) && (g.items > 0 || g.n_index > 0) {
+            let sources = (g.items > 0) as u8 + (g.n_index > 0) as u8 + (g.n_refs > 0) as u8;
+            self.dir_names
+                .push((key, (g.n_index > 0).then_some(g.index), sources));
+        }
         if g.items == 1 && g.n_index == 1 && g.n_refs == 1 {
             // The common case, judged without building the records.
             let want = child.and_then(ftype_of_mode);
@@ -484,6 +495,95 @@ impl Names {
             self.settle(key, g);
         }
         self.bad.sort_by_key(|e| e.0);
+    }
+
+    /// What is wrong with the links between directories (after
+    /// `end_of_tree`), as (name, its DIR_INDEX index, what), in name
+    /// order: a directory has one name (a second one is a hard-linked
+    /// directory; the one most records agree on is its name), the root
+    /// directory `root` none in its own tree, and following entries from
+    /// a directory never leads back to it (a cycle: the entry closing it
+    /// is reported, found by a walk from the root in inode order).
+    pub fn dir_link_problems(&mut self, root: u64) -> Vec<(NameKey, Option<u64>, String)> {
+        let mut names = std::mem::take(&mut self.dir_names);
+        // By directory, the best confirmed name first.
+        names.sort_unstable_by_key(|&((p, ch, h), _, n)| (ch, std::cmp::Reverse(n), p, h));
+        let mut found: std::collections::BTreeMap<NameKey, (Option<u64>, Vec<String>)> =
+            Default::default();
+        let mut edges: Vec<(u64, u64, NameKey, Option<u64>)> = Vec::new();
+        let mut i = 0;
+        while i < names.len() {
+            let ch = names[i].0 .1;
+            let n = names[i..].iter().take_while(|x| x.0 .1 == ch).count();
+            let group = &names[i..i + n];
+            for (j, &(key, index, _)) in group.iter().enumerate() {
+                let (p, _, _) = key;
+                if ch == root {
+                    found.entry(key).or_insert((index, Vec::new())).1.push(
+                        "names the subvolume's root directory, which has no name in its own tree (a directory cycle)"
+                            .to_string(),
+                    );
+                    continue;
+                }
+                edges.push((p, ch, key, index));
+                if j > 0 {
+                    let first = group[0].0 .0;
+                    found.entry(key).or_insert((index, Vec::new())).1.push(format!(
+                        "is a second name of it ({n} names; it is also named in directory {first}): a directory has one name"
+                    ));
+                }
+            }
+            i += n;
+        }
+        drop(names);
+        edges.sort_unstable_by_key(|e| (e.0, e.1, e.2));
+        let children = |p: u64| {
+            let s = edges.partition_point(|e| e.0 < p);
+            let e = edges[s..].partition_point(|e| e.0 == p) + s;
+            s..e
+        };
+        // Iterative depth-first walk; 1: on the path, 2: done.
+        let mut color: FastMap<u64, u8> = FastMap::default();
+        let mut starts: Vec<u64> = vec![root];
+        starts.extend(edges.iter().map(|e| e.0));
+        for start in starts {
+            if color.contains_key(&start) {
+                continue;
+            }
+            color.insert(start, 1);
+            let mut stack: Vec<(u64, usize)> = vec![(start, children(start).start)];
+            while let Some(top) = stack.last_mut() {
+                let (node, next) = *top;
+                if next >= children(node).end {
+                    color.insert(node, 2);
+                    stack.pop();
+                    continue;
+                }
+                top.1 += 1;
+                let (p, ch, key, index) = edges[next];
+                match color.get(&ch).copied() {
+                    None => {
+                        color.insert(ch, 1);
+                        stack.push((ch, children(ch).start));
+                    }
+                    Some(1) => {
+                        let what = if p == ch {
+                            "names the directory itself (a directory cycle)".to_string()
+                        } else {
+                            format!(
+                                "names one of the directory's own ancestors (a directory cycle: {ch} is reachable from itself)"
+                            )
+                        };
+                        found.entry(key).or_insert((index, Vec::new())).1.push(what);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        found
+            .into_iter()
+            .map(|(k, (index, msgs))| (k, index, msgs.join("; ")))
+            .collect()
     }
 
     pub fn named(&self, ino: u64) -> bool {
@@ -733,6 +833,88 @@ mod tests {
         );
         let errs = name_errors(&bad[1].1, n.table.mode(400), n.table.mode(256));
         assert!(errs.iter().any(|e| e.contains("does not exist")));
+    }
+
+    /// A tree as the walk gives it: per inode in order, its back
+    /// references, then its directory entries (DIR_ITEM, DIR_INDEX).
+    /// `names` are (parent, child, hash, index, records: "iRe" for item,
+    /// index, ref).
+    fn walk(dirs: &[u64], files: &[u64], names: &[(u64, u64, u32, u64, &str)]) -> Names {
+        let mut n = Names::default();
+        let mut inos: Vec<u64> = dirs.iter().chain(files).copied().collect();
+        inos.sort_unstable();
+        for ino in inos {
+            let mode = if dirs.contains(&ino) {
+                0o40755
+            } else {
+                0o100644
+            };
+            n.push_inode(ino, mode);
+            for &(p, ch, h, index, recs) in names {
+                if ch == ino && recs.contains('R') {
+                    n.add(ino, (p, ch, h), Record::Ref { index });
+                }
+            }
+            for &(p, ch, h, index, recs) in names {
+                let ftype = if dirs.contains(&ch) {
+                    BTRFS_FT_DIR
+                } else {
+                    BTRFS_FT_REG_FILE
+                };
+                if p == ino && recs.contains('i') {
+                    n.add(ino, (p, ch, h), Record::Item { ftype });
+                }
+                if p == ino && recs.contains('I') {
+                    n.add(ino, (p, ch, h), Record::Index { index, ftype });
+                }
+            }
+            n.end_of_inode(ino);
+        }
+        n.end_of_tree();
+        n
+    }
+
+    #[test]
+    fn directory_links_one_name_and_no_cycle() {
+        // A clean tree: nothing.
+        let clean = [
+            (256, 257, 1, 2, "iIR"),
+            (257, 258, 2, 2, "iIR"),
+            (258, 260, 3, 2, "iIR"),
+            (256, 261, 4, 3, "iIR"),
+            // A file with two names is fine.
+            (257, 261, 5, 3, "iIR"),
+        ];
+        let mut n = walk(&[256, 257, 258], &[260, 261], &clean);
+        assert!(n.dir_link_problems(256).is_empty());
+
+        let mut names = clean.to_vec();
+        // 258 names 257, its parent (a DIR_INDEX patched to point there).
+        names.push((258, 257, 9, 7, "I"));
+        // 259 is a directory with two names.
+        names.push((256, 259, 10, 4, "iIR"));
+        names.push((257, 259, 11, 5, "iIR"));
+        // 258 names itself; 257 names the root.
+        names.push((258, 258, 12, 8, "iI"));
+        names.push((257, 256, 13, 6, "iI"));
+        let mut n = walk(&[256, 257, 258, 259], &[260, 261], &names);
+        let got = n.dir_link_problems(256);
+        let find = |k: NameKey| {
+            got.iter()
+                .find(|x| x.0 == k)
+                .map(|x| x.2.clone())
+                .unwrap_or_else(|| panic!("{k:?} not reported: {got:?}"))
+        };
+        let w = find((258, 257, 9));
+        assert!(w.contains("second name") && w.contains("ancestors"), "{w}");
+        assert_eq!(
+            got.iter().find(|x| x.0 == (258, 257, 9)).unwrap().1,
+            Some(7)
+        );
+        assert!(find((257, 259, 11)).contains("second name of it (2 names"));
+        assert!(find((258, 258, 12)).contains("names the directory itself"));
+        assert!(find((257, 256, 13)).contains("root directory"));
+        assert_eq!(got.len(), 4, "{got:?}");
     }
 
     /// Items out of order move everything open to the map, and the names

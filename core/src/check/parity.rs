@@ -55,13 +55,27 @@ pub(super) fn check(cx: &mut Ctx) {
     let mut masks: Vec<Vec<u64>> = Vec::with_capacity(chunks.len());
     for m in &chunks {
         let unit = m.stripe_len;
-        if unit / ss > 64 || unit % ss != 0 || m.stripes.len() <= m.nparity() {
+        if unit == 0 || unit / ss > 64 || unit % ss != 0 || m.stripes.len() <= m.nparity() {
             // Not a layout this check can take (the chunk checks report
             // it); nothing marked, nothing read.
             masks.push(Vec::new());
             continue;
         }
         let rows = m.length.div_ceil(m.full_stripe_len());
+        // The mask has a word per row, and the chunk's length comes from
+        // disk: only a chunk whose stripes fit on its devices (their real
+        // sizes) is looked at; a longer one is the chunk checks' to report.
+        let fits = m.stripes.iter().all(|&(devid, phys)| {
+            img.device_of(devid).is_some_and(|d| {
+                rows.checked_mul(unit)
+                    .and_then(|l| phys.checked_add(l))
+                    .is_some_and(|e| e <= d.size())
+            })
+        });
+        if !fits {
+            masks.push(Vec::new());
+            continue;
+        }
         let mut mask = vec![0u64; rows as usize];
         let first = cx.ext.recs.partition_point(|r| r.bytenr < m.logical);
         for r in &cx.ext.recs[first..] {
@@ -234,7 +248,12 @@ fn describe(
             if l >= r.bytenr + r.len {
                 continue; // unallocated: nothing to verify it by
             }
+            // A tree block is a node (its record's length from disk is
+            // not trusted to size the read).
             let good = if r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0 {
+                if r.len != u64::from(img.nodesize) {
+                    continue;
+                }
                 let mut b = vec![0u8; r.len as usize];
                 img.read_logical(r.bytenr, &mut b).is_ok()
                     && crate::csum::verify_block(img.csum, &b)

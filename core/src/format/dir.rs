@@ -52,6 +52,27 @@ pub struct DirEntry<'a> {
     pub data: &'a [u8],
 }
 
+/// Why the kernel would refuse `name` as a directory entry's name (a
+/// path component: not empty, no `/`, no NUL, neither `.` nor `..`), or
+/// None for a name it takes. Such a name only comes from a damaged or
+/// crafted image: the mount skips the entry and the checker reports it.
+/// The length limit (BTRFS_NAME_LEN) is the item checks'.
+pub fn name_fault(name: &[u8]) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("is empty")
+    } else if name == b"." {
+        Some("is \".\"")
+    } else if name == b".." {
+        Some("is \"..\"")
+    } else if name.contains(&b'/') {
+        Some("contains '/'")
+    } else if name.contains(&0) {
+        Some("contains a NUL byte")
+    } else {
+        None
+    }
+}
+
 /// Split a DIR_ITEM, DIR_INDEX or XATTR_ITEM body into its packed entries; an
 /// entry whose name or data runs past the item end is an error.
 pub fn parse_dir_items(data: &[u8]) -> Result<Vec<DirEntry<'_>>> {
@@ -168,6 +189,16 @@ mod tests {
         assert_eq!(core::mem::size_of::<DirItem>(), DIR_ITEM_SIZE);
         let b: Vec<u8> = (0..30u32).map(|i| (i * 9) as u8).collect();
         crate::format::roundtrip::<DirItem>(&b);
+    }
+
+    #[test]
+    fn names_the_kernel_refuses() {
+        for bad in [&b""[..], b".", b"..", b"a/b", b"/", b"a\0b", b"\0"] {
+            assert!(name_fault(bad).is_some(), "{bad:?}");
+        }
+        for good in [&b"a"[..], b"...", b".a", b"a.", b"\xff\xfe", b"a b", b"\\"] {
+            assert_eq!(name_fault(good), None, "{good:?}");
+        }
     }
 
     #[test]

@@ -73,6 +73,14 @@ pub fn max_inline_data_size(nodesize: u32) -> u64 {
 /// Size of a REG or PREALLOC file extent item ([`FileExtentItem`]) in bytes.
 pub const FILE_EXTENT_ITEM_SIZE: usize = 53;
 
+/// Most bytes a compressed extent decompresses to (BTRFS_MAX_UNCOMPRESSED):
+/// the kernel compresses at most this much into one extent, and reads at
+/// most a page of a compressed inline extent.
+pub const MAX_UNCOMPRESSED: u64 = 128 << 10;
+/// Most bytes a compressed extent takes on disk (BTRFS_MAX_COMPRESSED): the
+/// kernel keeps a compressed extent only when it is smaller than its data.
+pub const MAX_COMPRESSED: u64 = 128 << 10;
+
 /// A parsed EXTENT_DATA item, borrowing the item's bytes.
 #[derive(Debug, Clone, Copy)]
 pub enum FileExtent<'a> {
@@ -121,6 +129,90 @@ impl<'a> FileExtent<'a> {
             let start = db.saturating_add(item.offset.get());
             Some((start, start.saturating_add(item.num_bytes.get())))
         }
+    }
+}
+
+impl FileExtent<'_> {
+    /// The bounds the format gives an extent, checked before any reader
+    /// sizes a buffer or a loop by its fields; the error names `key` (the
+    /// item's). For every extent: the file range it covers ends within the
+    /// 64-bit offsets (the kernel's tree checker: "extent end overflow").
+    /// For a compressed one: at most [`MAX_UNCOMPRESSED`] bytes of data and
+    /// [`MAX_COMPRESSED`] on disk. For one with data on disk: its disk
+    /// extent ends within the address space and the range it refers to lies
+    /// within its data (`offset + num_bytes <= ram_bytes`, the rule btrfs
+    /// check reports as a bad file extent). A hole has no data, so its
+    /// `ram_bytes` is not looked at: nothing is read for it.
+    ///
+    /// What is left unbounded here is bounded by whoever reads: an
+    /// uncompressed extent may be as large as its block group, so readers
+    /// go through it in pieces.
+    pub fn check_bounds(&self, key: &super::key::Key) -> Result<()> {
+        let bad = |what: String| Err(Error::corrupt_key(what, 0, *key));
+        match self {
+            FileExtent::Inline { head, data } => {
+                let ram = head.ram_bytes.get();
+                if head.compression != BTRFS_COMPRESS_NONE && ram > MAX_UNCOMPRESSED {
+                    return bad(format!(
+                        "compressed inline extent of {} bytes claims ram_bytes {ram}, more than a compressed extent holds ({MAX_UNCOMPRESSED})",
+                        data.len()
+                    ));
+                }
+                if key.offset.checked_add(ram).is_none() {
+                    return bad(format!(
+                        "inline extent at file offset {} of {ram} bytes ends past the largest offset",
+                        key.offset
+                    ));
+                }
+            }
+            FileExtent::Disk { head, item } => {
+                let (num, off) = (item.num_bytes.get(), item.offset.get());
+                let (db, dlen) = (item.disk_bytenr.get(), item.disk_num_bytes.get());
+                let ram = head.ram_bytes.get();
+                if key.offset.checked_add(num).is_none() {
+                    return bad(format!(
+                        "file extent at file offset {} with num_bytes {num}: extent end overflow",
+                        key.offset
+                    ));
+                }
+                if db == 0 {
+                    return Ok(());
+                }
+                if db.checked_add(dlen).is_none() {
+                    return bad(format!(
+                        "file extent disk range {db}+{dlen} ends past the address space"
+                    ));
+                }
+                if head.compression != BTRFS_COMPRESS_NONE {
+                    if ram > MAX_UNCOMPRESSED {
+                        return bad(format!(
+                            "compressed extent claims ram_bytes {ram}, more than a compressed extent holds ({MAX_UNCOMPRESSED})"
+                        ));
+                    }
+                    if dlen > MAX_COMPRESSED {
+                        return bad(format!(
+                            "compressed extent claims disk_num_bytes {dlen}, more than a compressed extent takes ({MAX_COMPRESSED})"
+                        ));
+                    }
+                }
+                if off.checked_add(num).is_none_or(|end| end > ram) {
+                    return bad(format!(
+                        "file extent offset {off} + num_bytes {num} exceeds ram_bytes {ram}"
+                    ));
+                }
+                if head.compression == BTRFS_COMPRESS_NONE
+                    && db
+                        .checked_add(off)
+                        .and_then(|s| s.checked_add(num))
+                        .is_none()
+                {
+                    return bad(format!(
+                        "file extent data {db}+{off}+{num} ends past the address space"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -187,7 +279,10 @@ impl FileExtentItem {
 /// one that does not parse.
 pub fn cut_to(data: &[u8], len: u64) -> Option<Vec<u8>> {
     let mut item = FileExtentItem::read_from_bytes(data).ok()?;
-    let is_disk = matches!(item.type_, BTRFS_FILE_EXTENT_REG | BTRFS_FILE_EXTENT_PREALLOC);
+    let is_disk = matches!(
+        item.type_,
+        BTRFS_FILE_EXTENT_REG | BTRFS_FILE_EXTENT_PREALLOC
+    );
     if !is_disk || item.compression != BTRFS_COMPRESS_NONE || item.num_bytes.get() <= len {
         return None;
     }
@@ -270,6 +365,77 @@ mod tests {
             ),
             _ => panic!(),
         }
+    }
+
+    fn disk(compression: u8, ram: u64, disk: u64, off: u64, num: u64) -> FileExtentItem {
+        FileExtentItem::new(
+            BTRFS_FILE_EXTENT_REG,
+            7,
+            1 << 30,
+            disk,
+            off,
+            num,
+            ram,
+            compression,
+        )
+    }
+
+    fn bounds(it: &FileExtentItem, file_off: u64) -> Result<()> {
+        let key = crate::format::key::Key::new(257, BTRFS_EXTENT_DATA_KEY, file_off);
+        parse_file_extent(it.as_bytes()).unwrap().check_bounds(&key)
+    }
+
+    #[test]
+    fn bounds_the_format_gives() {
+        use crate::CorruptKind;
+        // What the kernel writes passes.
+        assert!(bounds(&disk(0, 65536, 65536, 4096, 8192), 0).is_ok());
+        assert!(bounds(&disk(BTRFS_COMPRESS_ZSTD, 131072, 8192, 0, 131072), 0).is_ok());
+        assert!(bounds(&FileExtentItem::hole(1, 1 << 45), 4096).is_ok());
+        let key = crate::format::key::Key::new(257, BTRFS_EXTENT_DATA_KEY, 0);
+        let err = |r: Result<()>| match r {
+            Err(Error::Corrupt {
+                kind: CorruptKind::Other,
+                key: Some(k),
+                what,
+                ..
+            }) => {
+                assert_eq!(k.objectid, 257, "{what}");
+                what
+            }
+            r => panic!("want a Corrupt error naming the key, got {r:?}"),
+        };
+        // A compressed extent claiming 2 GiB of data, or 2 GiB on disk.
+        let w = err(bounds(
+            &disk(BTRFS_COMPRESS_ZLIB, 2 << 30, 4096, 0, 4096),
+            0,
+        ));
+        assert!(w.contains("ram_bytes 2147483648"), "{w}");
+        let w = err(bounds(
+            &disk(BTRFS_COMPRESS_LZO, 65536, 2 << 30, 0, 4096),
+            0,
+        ));
+        assert!(w.contains("disk_num_bytes"), "{w}");
+        // A logged extent of 2^45 bytes over 64 KiB of data.
+        let w = err(bounds(&disk(0, 65536, 65536, 0, 1 << 45), 0));
+        assert!(
+            w.contains("num_bytes 35184372088832 exceeds ram_bytes 65536"),
+            "{w}"
+        );
+        // Overflows.
+        err(bounds(&disk(0, u64::MAX, u64::MAX, 0, 4096), 0));
+        err(bounds(&disk(0, 65536, 65536, 0, 4096), u64::MAX - 100));
+        err(bounds(&FileExtentItem::hole(1, 8192), u64::MAX - 4095));
+        err(bounds(&disk(0, u64::MAX, 65536, u64::MAX - 10, 4096), 0));
+        // A compressed inline extent claiming 2 GiB.
+        let mut inline = encode_inline_extent(5, 2 << 30, BTRFS_COMPRESS_ZLIB, b"xx");
+        let fe = parse_file_extent(&inline).unwrap();
+        err(fe.check_bounds(&key));
+        inline[8..16].copy_from_slice(&4096u64.to_le_bytes());
+        assert!(parse_file_extent(&inline)
+            .unwrap()
+            .check_bounds(&key)
+            .is_ok());
     }
 
     #[test]

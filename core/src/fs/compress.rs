@@ -5,6 +5,7 @@
 //! segment header never straddles a sector boundary).
 
 use crate::format::consts::*;
+use crate::format::file_extent::{MAX_COMPRESSED, MAX_UNCOMPRESSED};
 use crate::{Error, Result};
 use std::io::{Read, Write};
 
@@ -57,8 +58,26 @@ fn bad(what: &str) -> Error {
 }
 
 /// Decompress `src` (an extent's on-disk bytes) to `ram_bytes` bytes. A
-/// stream that ends early is zero-filled, as the kernel does.
+/// stream that ends early is zero-filled, as the kernel does; a stream
+/// with more to give stops at `ram_bytes` (each decoder writes into the
+/// output buffer and nowhere else). Both sizes come from disk: an extent
+/// claiming more than [`MAX_UNCOMPRESSED`] bytes of data or more than
+/// [`MAX_COMPRESSED`] on disk is `Corrupt` before anything is allocated.
 pub fn decompress(kind: u8, src: &[u8], ram_bytes: usize, sectorsize: usize) -> Result<Vec<u8>> {
+    if ram_bytes as u64 > MAX_UNCOMPRESSED {
+        return Err(bad(&format!(
+            "{ram_bytes} bytes of data claimed, more than the {MAX_UNCOMPRESSED} a compressed extent holds"
+        )));
+    }
+    if src.len() as u64 > MAX_COMPRESSED {
+        return Err(bad(&format!(
+            "{} bytes on disk, more than the {MAX_COMPRESSED} a compressed extent takes",
+            src.len()
+        )));
+    }
+    if sectorsize == 0 {
+        return Err(Error::Invalid("decompress: sector size 0".into()));
+    }
     let mut out = vec![0u8; ram_bytes];
     match kind {
         BTRFS_COMPRESS_ZLIB => {
@@ -100,14 +119,26 @@ fn read_up_to(r: &mut dyn Read, out: &mut [u8]) -> std::io::Result<()> {
 }
 
 fn le32(b: &[u8], at: usize) -> Result<usize> {
-    b.get(at..at + 4)
+    at.checked_add(4)
+        .and_then(|end| b.get(at..end))
         .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]) as usize)
         .ok_or_else(|| bad("lzo header past the end"))
 }
 
+/// The most bytes LZO1X turns `n` input bytes into (lzo1x_worst_compress):
+/// a segment of one sector longer than this is damage (the kernel refuses
+/// it too, "unexpectedly large lzo segment len").
+fn lzo_worst(n: usize) -> usize {
+    n + n / 16 + 64 + 3
+}
+
+/// The kernel's lzo layout: a 4-byte total length, then per sector of
+/// output a 4-byte segment length and the segment. Every length is
+/// checked against what is left before it is used, so the loop moves
+/// forward by at least 4 bytes a round and ends within `total`.
 fn lzo_decompress(src: &[u8], out: &mut [u8], ss: usize) -> Result<()> {
     let total = le32(src, 0)?;
-    if total > src.len() || total < 4 {
+    if total > src.len() || total < 8 {
         return Err(bad(&format!(
             "lzo total length {total} of {} bytes",
             src.len()
@@ -125,8 +156,17 @@ fn lzo_decompress(src: &[u8], out: &mut [u8], ss: usize) -> Result<()> {
         }
         let seg = le32(src, pos)?;
         pos += 4;
-        let body = src
-            .get(pos..pos + seg)
+        if seg > lzo_worst(ss) {
+            return Err(bad(&format!(
+                "lzo segment of {seg} bytes at byte {}, more than a sector compresses to ({})",
+                pos - 4,
+                lzo_worst(ss)
+            )));
+        }
+        let body = pos
+            .checked_add(seg)
+            .filter(|&end| end <= total)
+            .and_then(|end| src.get(pos..end))
             .ok_or_else(|| bad("lzo segment past the end"))?;
         // A segment holds up to one sector (the last one may be shorter).
         let room = ss.min(out.len() - done);
@@ -315,5 +355,49 @@ mod tests {
         let c = compress(Method::parse("lzo").unwrap(), &data, 4096).unwrap();
         assert!(decompress(BTRFS_COMPRESS_LZO, &c[..c.len() / 2], data.len(), 4096).is_err());
         assert!(decompress(BTRFS_COMPRESS_ZLIB, &[1, 2, 3], 100, 4096).is_err());
+    }
+
+    /// Sizes from disk are bounded before anything is allocated: a
+    /// compressed extent claiming 2 GiB of data, or more than 128 KiB on
+    /// disk, or an lzo segment longer than a sector compresses to, is a
+    /// `Corrupt` error.
+    #[test]
+    fn claimed_sizes_are_bounded() {
+        let data = vec![7u8; 8192];
+        for m in ["zlib", "lzo", "zstd"] {
+            let m = Method::parse(m).unwrap();
+            let c = compress(m, &data, 4096).unwrap();
+            let e = decompress(m.kind, &c, 2 << 30, 4096).unwrap_err();
+            assert!(
+                matches!(e, Error::Corrupt { .. }) && e.to_string().contains("2147483648"),
+                "{m:?}: {e}"
+            );
+            let big = vec![0u8; (MAX_COMPRESSED + 1) as usize];
+            assert!(matches!(
+                decompress(m.kind, &big, 4096, 4096),
+                Err(Error::Corrupt { .. })
+            ));
+            // The largest claim the format allows decodes (zeros past the
+            // stream's end).
+            let d = decompress(m.kind, &c, MAX_UNCOMPRESSED as usize, 4096).unwrap();
+            assert_eq!(&d[..8192], &data[..]);
+        }
+        // An lzo segment length of 1 GiB, and one past the total length.
+        let mut c = compress(Method::parse("lzo").unwrap(), &data, 4096).unwrap();
+        let seg = u32::from_le_bytes(c[4..8].try_into().unwrap());
+        c[4..8].copy_from_slice(&(1u32 << 30).to_le_bytes());
+        let e = decompress(BTRFS_COMPRESS_LZO, &c, 8192, 4096).unwrap_err();
+        assert!(e.to_string().contains("lzo segment of 1073741824"), "{e}");
+        c[4..8].copy_from_slice(&(seg + 4000).to_le_bytes());
+        assert!(matches!(
+            decompress(BTRFS_COMPRESS_LZO, &c, 8192, 4096),
+            Err(Error::Corrupt { .. })
+        ));
+        // A total length past the bytes there are, or with no segment.
+        for total in [u32::MAX, 3, 4] {
+            let mut c = c.clone();
+            c[..4].copy_from_slice(&total.to_le_bytes());
+            assert!(decompress(BTRFS_COMPRESS_LZO, &c, 8192, 4096).is_err());
+        }
     }
 }

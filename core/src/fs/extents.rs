@@ -48,9 +48,14 @@ pub fn inline_cap(st: &Store, max_inline: u64) -> u64 {
 /// reach the end of their sector).
 pub fn extent_span(ss: u64, off: u64, d: &[u8]) -> Option<(u64, u64)> {
     match parse_file_extent(d).ok()? {
-        FileExtent::Inline { head, .. } => {
-            Some((off, off + head.ram_bytes.get().div_ceil(ss) * ss))
-        }
+        FileExtent::Inline { head, .. } => Some((
+            off,
+            head.ram_bytes
+                .get()
+                .div_ceil(ss)
+                .checked_mul(ss)
+                .and_then(|n| off.checked_add(n))?,
+        )),
         FileExtent::Disk { item, .. } => Some((off, off.checked_add(item.num_bytes.get())?)),
     }
 }

@@ -1071,15 +1071,19 @@ impl Filesystem {
         if !is_symlink(it.mode.get()) {
             return Err(Error::errno(libc::EINVAL, "not a symbolic link"));
         }
-        super::read::read_range(
-            &mut self.store,
-            l.subvol,
-            l.ino,
-            it.size.get(),
-            0,
-            it.size.get(),
-            false,
-        )
+        // A target is one inline extent (btrfs_symlink refuses a longer
+        // one), so its size is bounded by what a leaf holds: a larger
+        // i_size from disk is damage, not an allocation to make.
+        let size = it.size.get();
+        let max = super::extents::max_inline_data(&self.store);
+        if size > max {
+            return Err(Error::corrupt_key(
+                format!("symlink of {size} bytes, more than its one inline extent holds ({max})"),
+                0,
+                Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0),
+            ));
+        }
+        super::read::read_range(&mut self.store, l.subvol, l.ino, size, 0, size, false)
     }
 
     /// Whether checksums are kept for an inode's data.

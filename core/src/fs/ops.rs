@@ -790,7 +790,8 @@ impl Filesystem {
             uid: it.uid.get(),
             gid: it.gid.get(),
             size,
-            blocks: (it.nbytes.get() + dirty).div_ceil(512),
+            // nbytes comes from disk: saturating, never a wrap or a panic.
+            blocks: it.nbytes.get().saturating_add(dirty).div_ceil(512),
             rdev: decode_dev(it.rdev.get()),
             atime: it.atime.get(),
             mtime: it.mtime.get(),

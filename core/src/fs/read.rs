@@ -21,6 +21,13 @@ pub enum MapKind {
 /// Read `[off, off+len)` of inode `ino` as the filesystem holds it (no
 /// page cache), clipped to `size`. Checksums are verified unless the inode
 /// is nodatasum: a mismatch is an I/O error, as the kernel returns EIO.
+///
+/// The caller's range sizes the result (callers read in pieces: a FUSE
+/// read, a restore chunk, a page); nothing is sized by a field of an
+/// extent item. Every extent is checked against the bounds the format
+/// gives ([`FileExtent::check_bounds`]) first, so a compressed extent
+/// costs at most 128 KiB on disk and 128 KiB decompressed, and only the
+/// part of an uncompressed extent inside the range is read.
 pub fn read_range(
     st: &mut Store,
     subvol: u64,
@@ -34,10 +41,13 @@ pub fn read_range(
     if off >= end {
         return Ok(Vec::new());
     }
-    let mut out = vec![0u8; (end - off) as usize];
+    let want = usize::try_from(end - off)
+        .map_err(|_| Error::Invalid(format!("read of {} bytes", end - off)))?;
+    let mut out = vec![0u8; want];
     let ss = st.sectorsize() as u64;
     for (k, d) in extents_in(st, subvol, ino, off, end)? {
         let fe = parse_file_extent(&d).map_err(|e| e.at(0, k))?;
+        fe.check_bounds(&k)?;
         match fe {
             FileExtent::Inline { head, data } => {
                 let ram = head.ram_bytes.get() as usize;
@@ -54,9 +64,17 @@ pub fn read_range(
                 if bytenr == 0 || head.type_ == BTRFS_FILE_EXTENT_PREALLOC {
                     continue;
                 }
+                // check_bounds: the key offset plus num_bytes, and offset
+                // plus num_bytes, do not overflow; [a, b) is inside both
+                // the extent and the read.
                 let (es, ee) = (k.offset, k.offset + item.num_bytes.get());
                 let (a, b) = (es.max(off), ee.min(end));
+                if a >= b {
+                    continue;
+                }
+                let dst = (a - off) as usize..(b - off) as usize;
                 if head.compression != BTRFS_COMPRESS_NONE {
+                    // Both at most 128 KiB (check_bounds).
                     let dlen = item.disk_num_bytes.get();
                     let mut disk = vec![0u8; dlen as usize];
                     read_verified(st, bytenr, &mut disk, datasum, ino, k.offset)?;
@@ -68,21 +86,23 @@ pub fn read_range(
                     )
                     .map_err(|e| e.at(0, k))?;
                     let from = (item.offset.get() + (a - es)) as usize;
-                    let to = from + (b - a) as usize;
-                    let src = ram.get(from..to).ok_or_else(|| {
+                    let src = ram.get(from..from + dst.len()).ok_or_else(|| {
                         Error::corrupt_key("compressed extent shorter than its reference", 0, k)
                     })?;
-                    out[(a - off) as usize..(b - off) as usize].copy_from_slice(src);
+                    out[dst].copy_from_slice(src);
                 } else {
-                    // Whole sectors, so checksums can be verified.
+                    // Whole sectors, so checksums can be verified: at most
+                    // the read plus a sector at each end. check_bounds:
+                    // bytenr + offset + num_bytes does not overflow.
                     let lo = bytenr + item.offset.get() + (a - es);
                     let slo = lo / ss * ss;
-                    let shi = (lo + (b - a)).div_ceil(ss) * ss;
+                    let shi = (lo + (b - a)).div_ceil(ss).checked_mul(ss).ok_or_else(|| {
+                        Error::corrupt_key("file extent data at the end of the address space", 0, k)
+                    })?;
                     let mut buf = vec![0u8; (shi - slo) as usize];
                     read_verified(st, slo, &mut buf, datasum, ino, k.offset)?;
                     let from = (lo - slo) as usize;
-                    out[(a - off) as usize..(b - off) as usize]
-                        .copy_from_slice(&buf[from..from + (b - a) as usize]);
+                    out[dst.clone()].copy_from_slice(&buf[from..from + dst.len()]);
                 }
             }
         }
@@ -91,8 +111,8 @@ pub fn read_range(
 }
 
 fn copy_in(out: &mut [u8], off: u64, at: u64, bytes: &[u8]) {
-    let end = off + out.len() as u64;
-    let (a, b) = (at.max(off), (at + bytes.len() as u64).min(end));
+    let end = off.saturating_add(out.len() as u64);
+    let (a, b) = (at.max(off), at.saturating_add(bytes.len() as u64).min(end));
     if a < b {
         out[(a - off) as usize..(b - off) as usize]
             .copy_from_slice(&bytes[(a - at) as usize..(b - at) as usize]);
@@ -163,10 +183,13 @@ pub fn extent_map(st: &mut Store, subvol: u64, ino: u64) -> Result<Vec<(u64, u64
         extent_key(ino, 0),
         extent_key(ino, u64::MAX),
     )? {
-        let (s, e, kind) = match parse_file_extent(&d).map_err(|e| e.at(0, k))? {
-            FileExtent::Inline { head, .. } => (
+        let fe = parse_file_extent(&d).map_err(|e| e.at(0, k))?;
+        // Bounds the ends below: no overflow.
+        fe.check_bounds(&k)?;
+        let (s, e, kind) = match fe {
+            FileExtent::Inline { .. } => (
                 k.offset,
-                k.offset + head.ram_bytes.get().div_ceil(ss) * ss,
+                crate::fs::extents::extent_span(ss, k.offset, &d).map_or(u64::MAX, |(_, e)| e),
                 MapKind::Data,
             ),
             FileExtent::Disk { head, item } => {

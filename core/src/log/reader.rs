@@ -240,7 +240,8 @@ impl LogTree {
 
     /// Every logged data extent that needs checksums: the one rule replay,
     /// salvage, inspection and the checker share. Extents whose item does
-    /// not decode are left to whoever reports undecodable items.
+    /// not decode, or breaks the format's bounds (the reader reports it),
+    /// are left to whoever reports undecodable items.
     pub fn csum_needs(&self) -> Vec<CsumNeed> {
         let mut out = Vec::new();
         let mut cur: Option<(u64, bool)> = None;
@@ -259,7 +260,11 @@ impl LogTree {
             if !keeps {
                 continue;
             }
-            if let Some((start, end)) = parse_file_extent(d).ok().and_then(|fe| fe.csum_span()) {
+            let span = parse_file_extent(d)
+                .ok()
+                .filter(|fe| fe.check_bounds(k).is_ok())
+                .and_then(|fe| fe.csum_span());
+            if let Some((start, end)) = span {
                 out.push(CsumNeed {
                     ino: k.objectid,
                     file_offset: k.offset,
@@ -674,7 +679,31 @@ fn take_items(
     for slot in 0..node.nr_safe() {
         let Some(key) = node.key(slot) else { continue };
         match node.item_data(slot) {
-            Ok(d) => items.push((key, d.to_vec())),
+            Ok(d) => {
+                // A logged file extent beyond the bounds the format gives
+                // (a range of 2^45 bytes over 64 KiB of data) is damage:
+                // replay fails on it before anything is sized by it,
+                // salvage leaves its inode out, inspection shows it with
+                // the problem.
+                if let Some(e) = extent_out_of_bounds(&key, d) {
+                    if opts.on_damage == OnDamage::Fail {
+                        return Err(Error::Corrupt {
+                            kind: crate::CorruptKind::LogBlock,
+                            what: format!("logged {}", error_text(&e)),
+                            bytenr: node.bytenr,
+                            key: Some(key),
+                        });
+                    }
+                    read.problems.push(LogProblem {
+                        bytenr: node.bytenr,
+                        key: Some(key),
+                        message: error_text(&e),
+                        class: ProblemClass::Item,
+                        slot: Some(slot),
+                    });
+                }
+                items.push((key, d.to_vec()))
+            }
             Err(e) => {
                 if opts.on_damage == OnDamage::Fail {
                     return Err(e);
@@ -692,6 +721,18 @@ fn take_items(
         }
     }
     Ok(())
+}
+
+/// The bounds error of a file extent item that parses but breaks the
+/// bounds the format gives ([`FileExtent::check_bounds`]); None for every
+/// other item (one that does not parse is the block checks' to report).
+///
+/// [`FileExtent::check_bounds`]: crate::format::file_extent::FileExtent::check_bounds
+pub fn extent_out_of_bounds(key: &Key, d: &[u8]) -> Option<Error> {
+    if key.ty != BTRFS_EXTENT_DATA_KEY {
+        return None;
+    }
+    parse_file_extent(d).ok()?.check_bounds(key).err()
 }
 
 fn block_problem(p: &Problem) -> LogProblem {

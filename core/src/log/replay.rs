@@ -218,7 +218,7 @@ fn missing_csums(fs: &mut Store, logs: &[LogTree]) -> Result<Vec<String>> {
         for n in log.csum_needs() {
             for (a, b) in uncovered(&have, n.start, n.end) {
                 // Checksums committed before the crash count too.
-                if fs.csum_lookup(a, b - a)?.any_missing() {
+                if fs.csums_missing(a, b)? {
                     out.push(format!(
                         "inode {} offset {} (disk bytes {}..{})",
                         n.ino, n.file_offset, n.start, n.end
@@ -686,8 +686,11 @@ impl Replayer<'_> {
                 key,
             ));
         };
-        self.drop_extents(ino, start, end)?;
         let fe = parse_file_extent(data).map_err(|e| e.at(0, key))?;
+        // The reader refused such an item already; checked again here as
+        // the sums below rest on it (no overflow).
+        fe.check_bounds(&key)?;
+        self.drop_extents(ino, start, end)?;
         let kind;
         match fe {
             FileExtent::Inline { .. } => {
@@ -756,7 +759,7 @@ impl Replayer<'_> {
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         for (k, d) in log.range(lo, hi) {
             let n = d.len() / cs.max(1);
-            let (is, ie) = (k.offset, k.offset + n as u64 * ss);
+            let (is, ie) = (k.offset, k.offset.saturating_add(n as u64 * ss));
             let (a, b) = (is.max(s), ie.min(e));
             if a >= b {
                 continue;

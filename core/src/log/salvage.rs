@@ -328,6 +328,22 @@ impl Selection {
             not: HashMap::new(),
             lost_memo: HashMap::new(),
         };
+        // Items the reader found impossible (a file extent beyond the
+        // format's bounds): their inode is not replayed.
+        for p in &tree.read.problems {
+            if p.class != super::reader::ProblemClass::Item {
+                continue;
+            }
+            if let Some(k) = p.key.filter(|k| is_inode(k.objectid)) {
+                sel.not.entry(k.objectid).or_insert_with(|| {
+                    format!(
+                        "its log item {} is damaged: {}",
+                        crate::format::names::key_string(&k),
+                        p.message
+                    )
+                });
+            }
+        }
         // Data the inode needs checksums for that neither the readable log
         // nor the csum tree has (the shared rule of csum_needs).
         let have = tree.csum_ranges(fs.image().csum.size(), fs.sectorsize());
@@ -336,7 +352,7 @@ impl Selection {
                 continue;
             }
             for (a, b) in uncovered(&have, n.start, n.end) {
-                if fs.csum_lookup(a, b - a)?.any_missing() {
+                if fs.csums_missing(a, b)? {
                     // A checksum item starting before `a` may cover it: one
                     // item covers far less than 64 MiB of data.
                     let why = match tree.read.lost_in(csum_key(a.saturating_sub(64 << 20)), csum_key(b)) {

@@ -7,7 +7,7 @@
 use super::{Store, TreeId};
 use crate::format::consts::*;
 use crate::format::key::Key;
-use crate::Result;
+use crate::{Error, Result};
 
 const CSUM_TREE: TreeId = TreeId::Tree(BTRFS_CSUM_TREE_OBJECTID);
 
@@ -133,9 +133,20 @@ impl Store {
     }
 
     /// Checksums stored for `[start, start+len)`, sector by sector.
+    ///
+    /// The result holds a checksum per sector, so `len` is bounded: at most
+    /// [`CSUM_LOOKUP_MAX`] bytes of data (a read, or one extent, is far
+    /// less), an `Invalid` error beyond it and for a range past the end of
+    /// the address space. A range whose length comes from disk is looked
+    /// at piece by piece ([`csums_missing`](Self::csums_missing)).
     pub fn csum_lookup(&mut self, start: u64, len: u64) -> Result<SectorSums> {
         let cs = self.image().csum.size();
         let ss = self.sectorsize() as u64;
+        if len > CSUM_LOOKUP_MAX || start.checked_add(len).is_none() {
+            return Err(Error::Invalid(format!(
+                "checksum lookup of {len} bytes at {start}: more than {CSUM_LOOKUP_MAX} at once"
+            )));
+        }
         let n = (len / ss) as usize;
         let mut out = SectorSums {
             size: cs,
@@ -161,8 +172,11 @@ impl Store {
             let item_end = k.offset.saturating_add(count.saturating_mul(ss));
             let mut at = k.offset.max(start);
             if at > k.offset {
-                at = k.offset + (at - k.offset).div_ceil(ss) * ss;
+                at = k
+                    .offset
+                    .saturating_add((at - k.offset).div_ceil(ss).saturating_mul(ss));
             }
+            // At most `n` rounds: `at` moves a sector each, inside the range.
             while at < item_end.min(end) {
                 if (at - start).is_multiple_of(ss) {
                     let src = ((at - k.offset) / ss) as usize * cs;
@@ -170,12 +184,41 @@ impl Store {
                     out.bytes[dst * cs..(dst + 1) * cs].copy_from_slice(&d[src..src + cs]);
                     out.have[dst] = true;
                 }
-                at += ss;
+                let Some(next) = at.checked_add(ss) else {
+                    break;
+                };
+                at = next;
             }
         }
         Ok(out)
     }
 }
+
+impl Store {
+    /// Whether some sector of `[start, end)` has no checksum in the csum
+    /// tree. The range may come from disk (a logged extent): it is looked
+    /// at in pieces of [`CSUM_LOOKUP_WINDOW`] bytes, so memory stays
+    /// bounded whatever its length, and the answer comes at the first gap.
+    pub fn csums_missing(&mut self, start: u64, end: u64) -> Result<bool> {
+        let mut at = start;
+        // Each round moves `at` forward by a whole window or ends.
+        while at < end {
+            let n = (end - at).min(CSUM_LOOKUP_WINDOW);
+            if self.csum_lookup(at, n)?.any_missing() {
+                return Ok(true);
+            }
+            at += n;
+        }
+        Ok(false)
+    }
+}
+
+/// The most data one [`Store::csum_lookup`] answers for: 1 GiB, 8 MiB of
+/// sha256 or blake2 checksums and a flag per sector.
+pub const CSUM_LOOKUP_MAX: u64 = 1 << 30;
+/// The piece [`Store::csums_missing`] looks at in one lookup: 64 MiB of
+/// data, 512 KiB of checksums at most.
+pub const CSUM_LOOKUP_WINDOW: u64 = 64 << 20;
 
 /// The checksums of a run of sectors, as the csum tree holds them: one
 /// buffer for all, and which sectors have one.

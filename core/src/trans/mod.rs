@@ -265,7 +265,8 @@ impl Store {
                 start,
             )
         })?;
-        if start + len > g.end() {
+        // Lengths come from the log: checked, never wrapped.
+        if start.checked_add(len).is_none_or(|end| end > g.end()) {
             return Err(Error::corrupt(
                 format!("log block {start}+{len} crosses the end of its block group"),
                 start,
@@ -294,6 +295,12 @@ impl Store {
                 start,
             )
         })?;
+        if start.checked_add(len).is_none_or(|end| end > g.end()) {
+            return Err(Error::corrupt(
+                format!("logged data extent {start}+{len} crosses the end of its block group"),
+                start,
+            ));
+        }
         if g.pinned.contains(start, start + len) {
             g.pinned.remove(start, start + len);
         } else if g.free.contains(start, start + len) {
