@@ -28,7 +28,7 @@ const MAX_PREALLOC: u64 = 256 << 20;
 
 /// What the extent map shows at an offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum MapAt {
+pub(super) enum MapAt {
     /// No item, or an explicit hole item: `[start, end)` of the hole.
     Hole(u64, u64),
     /// A preallocated extent `[start, end)`.
@@ -57,7 +57,7 @@ impl Filesystem {
     }
 
     /// The extent map at `pos`.
-    fn map_at(&mut self, l: Loc, pos: u64) -> Result<MapAt> {
+    pub(super) fn map_at(&mut self, l: Loc, pos: u64) -> Result<MapAt> {
         let ss = self.store.sectorsize() as u64;
         let items = extents_in(&mut self.store, l.subvol, l.ino, pos, pos + 1)?;
         if let Some((k, d)) = items.into_iter().next() {

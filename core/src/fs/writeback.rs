@@ -102,18 +102,41 @@ impl Filesystem {
     /// Write back the dirty pages of `l` meeting `[start, end)`.
     pub fn writeback(&mut self, l: Loc, start: u64, end: u64, reason: Reason) -> Result<()> {
         let (from, mut to) = (start / PAGE, end.div_ceil(PAGE));
-        let rt = self.rt(l)?;
-        if !rt.pages.any_in(from, to) {
+        if !self.rt(l)?.pages.any_in(from, to) {
             return Ok(());
         }
         // Delalloc found from a dirty page runs forward over the whole
         // contiguous dirty run (find_lock_delalloc_range, up to the largest
         // extent), and waiting for the range's ordered extent writes all of
-        // it: a ranged writeback takes the run that crosses its end along.
+        // it: a ranged writeback takes the run that crosses its end along,
+        // as far as that ordered extent goes. run_delalloc_nocow gives each
+        // piece written in place (a prealloc extent, an extent of a
+        // NODATACOW inode) its own, and the copy-on-write stretches
+        // between theirs: the run stops where the kind of space changes.
         let limit = to.saturating_add(MAX_DELALLOC_PAGES);
-        while to < limit && rt.pages.contains(to - 1) && rt.pages.contains(to) {
-            to += 1;
+        if to < limit && self.rt(l)?.pages.contains(to - 1) && self.rt(l)?.pages.contains(to) {
+            let nocow_inode = self.item(l)?.flags.get() & BTRFS_INODE_NODATACOW != 0;
+            // (in place?, end of the space's span) at a byte offset.
+            let span_of = |fs: &mut Self, off: u64| -> Result<(bool, u64)> {
+                Ok(match fs.map_at(l, off)? {
+                    super::file::MapAt::Prealloc(_, e) => (true, e),
+                    super::file::MapAt::Written(_, e) => (nocow_inode, e),
+                    super::file::MapAt::Hole(_, e) => (false, e),
+                })
+            };
+            let (mut in_place, mut span_end) = span_of(self, (to - 1) * PAGE)?;
+            while to < limit && self.rt(l)?.pages.contains(to) {
+                if to * PAGE >= span_end {
+                    let (next_in_place, next_end) = span_of(self, to * PAGE)?;
+                    if in_place || next_in_place {
+                        break;
+                    }
+                    (in_place, span_end) = (next_in_place, next_end.max(to * PAGE + PAGE));
+                }
+                to += 1;
+            }
         }
+        let rt = self.rt(l)?;
         let i_size = rt.i_size;
         let pages = rt.pages.take_range(from, to);
         if rt.pages.is_empty() {
