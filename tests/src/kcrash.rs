@@ -999,9 +999,16 @@ pub fn cached_crash_image(scn: &Scenario, cache: &Path) -> Res<CrashImage> {
         let _s = slot();
         generate(scn, work.path())?
     };
+    // Into place by a rename only: a run killed while copying leaves a
+    // `.part` file, never a cached image cut short.
     for (from, to) in c.devices.iter().zip(&paths) {
+        let part = to.with_extension("img.part");
         std::fs::rename(from, to)
-            .or_else(|_| copy_sparse(from, to).map_err(std::io::Error::other))
+            .or_else(|_| {
+                copy_sparse(from, &part)
+                    .map_err(std::io::Error::other)
+                    .and_then(|_| std::fs::rename(&part, to))
+            })
             .map_err(|e| format!("{}: {e}", to.display()))?;
     }
     Ok(CrashImage {
