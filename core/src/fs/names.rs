@@ -433,7 +433,10 @@ fn adjust_dir_size(
     also: impl FnOnce(&mut crate::format::inode::InodeItem),
 ) -> Result<()> {
     super::inode::modify_inode(st, subvol, dir, |d| {
-        let size = (d.size.get() as i64 + 2 * name_len).max(0) as u64;
+        // A hostile size saturates rather than wrapping.
+        let size = (d.size.get() as i64)
+            .saturating_add(name_len.saturating_mul(2))
+            .max(0) as u64;
         d.size.set(size);
         d.transid.set(transid);
         also(d);

@@ -466,7 +466,7 @@ impl Replayer<'_> {
         // not in the log), for an inode logged only as existing too.
         if is_reg(mode) {
             let ss = self.fs.sectorsize() as u64;
-            let from = size.div_ceil(ss) * ss;
+            let from = size.div_ceil(ss).saturating_mul(ss);
             if self.drop_extents(ino, from, u64::MAX)? {
                 self.ev(Event::Truncated {
                     subvol: sv,

@@ -56,7 +56,7 @@ impl Store {
             // Delete stale entries (all bitmaps, and extents not wanted exactly).
             for (k, _) in &existing {
                 let keep = k.ty == BTRFS_FREE_SPACE_EXTENT_KEY
-                    && is_whole(&want, k.objectid, k.objectid + k.offset);
+                    && is_whole(&want, k.objectid, k.objectid.saturating_add(k.offset));
                 if !keep {
                     self.delete_item(FST, k)?;
                 }

@@ -646,7 +646,7 @@ impl Store {
             ..
         }) = self.roots.get_mut(&tree)
         {
-            ri.bytes_used.set(ri.bytes_used.get() + ns);
+            ri.bytes_used.set(ri.bytes_used.get().saturating_add(ns));
         }
         Ok(bytenr)
     }
