@@ -142,10 +142,16 @@ pub struct Image {
     pub degraded: bool,
     /// Opened with [`OpenOptions::trust_bad_csum`].
     trust_bad_csum: bool,
-    /// Read tree blocks whose generation is newer than the superblock's
-    /// without calling them damaged: set by a repair that copies such
-    /// blocks (every one of them found by the check before).
+    /// Read tree blocks whose generation is newer than the superblock's,
+    /// or disagrees with the parent's pointer, without calling them
+    /// damaged when no copy is without that problem: set by a repair that
+    /// copies such blocks (every one of them found by the check before).
     pub accept_future: bool,
+    /// Read extent tree blocks whose only problems are item bodies (an
+    /// extent item that cannot be parsed) without calling them damaged:
+    /// set by a repair that writes those items again from the references
+    /// the other trees hold.
+    pub accept_extent_items: bool,
     /// Tree blocks read whose every copy failed its checksum and nothing
     /// else (with [`OpenOptions::trust_bad_csum`]).
     trusted: std::sync::Mutex<std::collections::BTreeSet<u64>>,
@@ -232,6 +238,7 @@ impl Image {
             degraded: opts.degraded,
             trust_bad_csum: opts.trust_bad_csum,
             accept_future: false,
+            accept_extent_items: false,
             trusted: Default::default(),
             rebuilt: Default::default(),
             parity: Arc::new(ParityWriter::new()),
@@ -683,6 +690,19 @@ impl Image {
             }
         }
         match best {
+            Some((node, problems))
+                if self.accept_future
+                    && problems.iter().all(|p| p.kind == ProblemKind::ParentTransid) =>
+            {
+                Ok((node, Vec::new()))
+            }
+            Some((node, problems))
+                if self.accept_extent_items
+                    && node.owner() == BTRFS_EXTENT_TREE_OBJECTID
+                    && problems.iter().all(|p| p.kind == ProblemKind::ItemBody) =>
+            {
+                Ok((node, Vec::new()))
+            }
             Some((node, problems))
                 if self.trust_bad_csum
                     && problems.iter().all(|p| p.kind == ProblemKind::Checksum) =>

@@ -46,6 +46,7 @@ fn set_clean(devs: &[Arc<CrashDevice>], what: &str) {
         btrkit_core::check::CheckOptions {
             check_data_csum: true,
             check_mirrors: true,
+            ..Default::default()
         },
         &btrkit_core::check::NoProgress,
     );

@@ -214,6 +214,7 @@ fn usable_copies_are_clean(dev: Arc<CrashDevice>, what: &str) -> usize {
             CheckOptions {
                 check_data_csum: true,
                 check_mirrors: true,
+                ..Default::default()
             },
             &NoProgress,
         );

@@ -273,7 +273,7 @@ fn shell_changes_kernel_written_images() {
         }
     }
     // What btrkit-fsck finds in ours must be what it finds in the kernel's
-    // (mkfs.btrfs before 6.3 leaves stale free-space entries behind).
+    // (mkfs.btrfs 6.2 to 6.14 leave stale free-space entries behind).
     let fsck = |img: &Path| {
         btrkit_tests::fsck_support::run_fsck(
             img,

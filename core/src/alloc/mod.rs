@@ -328,6 +328,32 @@ impl Allocator {
         Ok(())
     }
 
+    /// Keep whatever of `[start, end)` is free out of allocation until the
+    /// next commit is durable, as pinned space (free again after it, so
+    /// the free space tree still shows it free). Parts outside every block
+    /// group, or already allocated, are left as they are.
+    pub fn pin_free(&mut self, start: u64, end: u64) {
+        let lo = self
+            .groups
+            .range(..=start)
+            .next_back()
+            .map_or(start, |(&s, _)| s);
+        for g in self.groups.range_mut(lo..end).map(|(_, g)| g) {
+            let (a, b) = (start.max(g.start), end.min(g.end()));
+            if a >= b {
+                continue;
+            }
+            let free: Vec<(u64, u64)> = g.free.iter_in(a, b).collect();
+            for (x, y) in free {
+                let (x, y) = (x.max(a), y.min(b));
+                if x < y {
+                    g.free.remove(x, y);
+                    g.pinned.insert(x, y);
+                }
+            }
+        }
+    }
+
     /// Release an extent. `committed` extents stay pinned until the running
     /// transaction is durable; extents allocated in it are free at once.
     pub fn release(&mut self, bytenr: u64, len: u64, committed: bool) -> Result<()> {

@@ -209,6 +209,8 @@ pub(super) fn check(cx: &mut Ctx) {
     }
 
     // Dev extents: owned by a chunk, no overlap, inside the device.
+    let stripes: std::collections::HashSet<(u64, u64)> =
+        chunks.iter().flat_map(|c| c.stripes.iter().copied()).collect();
     let mut used_by_dev: Vec<(u64, u64)> = Vec::new();
     let mut prev: Option<DevExtRec> = None;
     for d in &dexts {
@@ -217,7 +219,17 @@ pub(super) fn check(cx: &mut Ctx) {
             c.logical == d.chunk_offset && c.stripes.contains(&(d.devid, d.physical))
         });
         if !owned {
-            cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!(
+            // No chunk has a stripe there: its space is nobody's (btrfs
+            // check --repair deletes it). One a chunk's stripe names but
+            // that points elsewhere is a mismatch of the chunk's, left.
+            let mut f = F::err(P, "dev-extent").tree(4).at(d.physical);
+            if !stripes.contains(&(d.devid, d.physical)) {
+                f = f.fix(Repair::DeleteDevExtent {
+                    devid: d.devid,
+                    physical: d.physical,
+                });
+            }
+            cx.report(f.msg(format!(
                 "dev extent {}:{} length {} points to chunk {} which has no such stripe",
                 d.devid, d.physical, d.length, d.chunk_offset
             )));
@@ -322,7 +334,7 @@ pub(super) fn check(cx: &mut Ctx) {
                 ),
             }
             if b.used > b.length {
-                cx.report(F::err(P, "block-group").at(b.start).msg(format!(
+                cx.report(F::err(P, "block-group").at(b.start).fix(Repair::BlockGroupUsage).msg(format!(
                     "block group {} used {} exceeds its length {}",
                     b.start, b.used, b.length
                 )));

@@ -3,7 +3,7 @@
 //! be covered. With `check_data_csum`, every covered sector is read and
 //! verified, in parallel.
 
-use super::findings::F;
+use super::findings::{Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::tree::Node;
@@ -115,7 +115,7 @@ pub(super) fn check(cx: &mut Ctx) {
     for w in items.windows(2) {
         let ((s0, l0, _), (s1, _, leaf)) = (w[0], w[1]);
         if s0.saturating_add(l0) > s1 {
-            cx.report(F::err(P, "csum-overlap").tree(7).at(leaf).msg(format!(
+            cx.report(F::err(P, "csum-overlap").tree(7).at(leaf).fix(Repair::CsumOverlap { bytenr: s1 }).msg(format!(
                 "csum item at {s1} overlaps the one at {s0} (ends {})",
                 s0.saturating_add(l0)
             )));

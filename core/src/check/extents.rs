@@ -81,6 +81,10 @@ pub(crate) struct FoundData {
     pub owner: u64,
     pub ino: u64,
     pub offset: u64,
+    /// The file extent item's key offset.
+    pub key_offset: u64,
+    /// Bytes of the extent the file extent uses, from its extent offset.
+    pub used: u64,
     /// A regular (written) file extent, not a prealloc one.
     pub regular: bool,
 }
@@ -95,6 +99,10 @@ pub(crate) struct Facts {
     pub block_owner: Vec<(u64, u64)>,
     /// True once the extent tree has been read and `recs` sorted.
     pub loaded: bool,
+    /// Findings about one extent item that the trees' references answer
+    /// (an item that cannot be read, references out of order): reported
+    /// by [`check`] with the item rebuilt from those references.
+    pub item_findings: Vec<(u64, Option<u64>, super::Finding)>,
     /// Per tree, the highest-level tree blocks whose first back reference
     /// names it: where its root must be (btrfs check's roots info cache).
     pub root_blocks: std::collections::HashMap<u64, RootBlock>,
@@ -138,13 +146,21 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
                     Ok(ItemBody::Extent(v)) => v,
                     Ok(_) => continue,
                     Err(e) => {
-                        cx.report(
+                        // Its key still claims the range; the references
+                        // the trees hold say what it should hold.
+                        let len = match k.ty {
+                            BTRFS_METADATA_ITEM_KEY => ns,
+                            _ => k.offset,
+                        };
+                        cx.ext.item_findings.push((
+                            k.objectid,
+                            Some(len),
                             F::err(P, "extent-item")
                                 .tree(2)
                                 .at(node.bytenr)
                                 .key(k)
                                 .msg(format!("extent item unreadable: {e}")),
-                        );
+                        ));
                         continue;
                     }
                 };
@@ -240,8 +256,19 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
                     // Types ascend; within a type the kernel keeps offsets/hashes descending.
                     if let Some(l) = last {
                         if t < l.0 || (t == l.0 && seq > l.1) {
-                            cx.report(F::err(P, "extent-item").tree(2).at(node.bytenr).key(k).msg(
-                                format!("inline refs out of order: type {t} after type {}", l.0),
+                            let what = if t == l.0 {
+                                format!("type {t} reference {seq:#x} after {:#x} (the kernel keeps them descending)", l.1)
+                            } else {
+                                format!("type {t} after type {}", l.0)
+                            };
+                            cx.ext.item_findings.push((
+                                k.objectid,
+                                None,
+                                F::err(P, "extent-item")
+                                    .tree(2)
+                                    .at(node.bytenr)
+                                    .key(k)
+                                    .msg(format!("inline refs out of order: {what}")),
                             ));
                         }
                     }
@@ -338,6 +365,8 @@ pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
             owner,
             ino: k.objectid,
             offset: k.offset.wrapping_sub(item.offset.get()),
+            key_offset: k.offset,
+            used: item.offset.get().saturating_add(item.num_bytes.get()),
             regular: head.type_ == BTRFS_FILE_EXTENT_REG,
         });
     }
@@ -345,6 +374,7 @@ pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
 
 pub(super) fn check(cx: &mut Ctx) {
     let ns = cx.img.nodesize as u64;
+    let ss = cx.img.sectorsize as u64;
     let gen = cx.gen;
     let recs = std::mem::take(&mut cx.ext.recs);
     let mut declared = std::mem::take(&mut cx.ext.declared);
@@ -362,6 +392,14 @@ pub(super) fn check(cx: &mut Ctx) {
     // Resolve what the trees reference into extent-tree terms.
     let found_tree = std::mem::take(&mut cx.ext.found_tree);
     let found_data = std::mem::take(&mut cx.ext.found_data);
+    if cx.opts.keep_in_use {
+        let ranges = found_tree
+            .iter()
+            .map(|t| (t.bytenr, ns))
+            .chain(found_data.iter().map(|d| (d.bytenr, d.disk_len)))
+            .collect();
+        cx.sink.in_use = super::csums::union_of(ranges);
+    }
     let mut found: Vec<(RefRec, u64)> = Vec::with_capacity(found_tree.len() + found_data.len());
     for t in &found_tree {
         let key = if t.parent == 0 {
@@ -490,7 +528,6 @@ pub(super) fn check(cx: &mut Ctx) {
         }
         let is_tree = r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0;
         let is_data = r.flags & BTRFS_EXTENT_FLAG_DATA != 0;
-        let ss = cx.img.sectorsize as u64;
         if b % ss != 0 || r.len == 0 || r.len % ss != 0 {
             cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!(
                 "extent {b}+{} is not aligned to the sector size {ss}",
@@ -577,6 +614,115 @@ pub(super) fn check(cx: &mut Ctx) {
         found_tree.iter().map(|t| (t.bytenr, t.level)).collect();
     let tree_of: std::collections::HashMap<u64, u64> =
         found_tree.iter().map(|t| (t.bytenr, t.tree)).collect();
+    let refs_at = |b: u64| -> Vec<ExtentRef> {
+        let lo = found.partition_point(|(r, _)| r.bytenr < b);
+        let hi = found.partition_point(|(r, _)| r.bytenr <= b);
+        found[lo..hi].iter().map(|(r, _)| extent_ref(r)).collect()
+    };
+    // Extent items to write again from the trees' references, by start:
+    // every other finding about the same extent takes that repair.
+    let mut rebuild: std::collections::HashMap<u64, Repair> = std::collections::HashMap::new();
+    let mut rebuild_of = |b: u64, len: u64, level: Option<u8>| -> Repair {
+        rebuild
+            .entry(b)
+            .or_insert_with(|| Repair::RebuildExtentItem {
+                bytenr: b,
+                len,
+                level,
+                refs: refs_at(b),
+            })
+            .clone()
+    };
+    // Items that cannot be read or hold their references out of order.
+    let unreadable: std::collections::HashMap<u64, u64> = cx
+        .ext
+        .item_findings
+        .iter()
+        .filter_map(|(b, len, _)| Some((*b, (*len)?)))
+        .collect();
+    for (b, len, mut f) in std::mem::take(&mut cx.ext.item_findings) {
+        let rec = recs
+            .binary_search_by_key(&b, |r| r.bytenr)
+            .ok()
+            .map(|i| recs[i]);
+        let Some(len) = len.or(rec.map(|r| r.len)) else {
+            cx.report(f);
+            continue;
+        };
+        let tree_block = level_of.contains_key(&b)
+            || rec.is_some_and(|r| r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0)
+            || f.key.is_some_and(|k| k.ty == BTRFS_METADATA_ITEM_KEY);
+        let level = tree_block.then(|| {
+            level_of
+                .get(&b)
+                .copied()
+                .or(rec.map(|r| r.level))
+                .unwrap_or(0)
+        });
+        // A tree block only the trees can name the level of.
+        if tree_block && !level_of.contains_key(&b) && !refs_at(b).is_empty() {
+            cx.report(f);
+            continue;
+        }
+        f.repair = Some(rebuild_of(b, len, level));
+        cx.report(f);
+    }
+    // File extents whose disk address is no extent's: off the sector size,
+    // inside no data block group, or across its end. Each is matched with
+    // the extent item whose back reference names it and that no file
+    // extent uses (btrfs check's repair of a bad file extent bytenr), or
+    // made a hole.
+    let bad_disk = |b: u64, len: u64| {
+        b % ss != 0
+            || len == 0
+            || len % ss != 0
+            || cx.chunks.bg_of(b).is_none_or(|bg| {
+                bg.flags & BTRFS_BLOCK_GROUP_DATA == 0 || b.saturating_add(len) > bg.end()
+            })
+    };
+    let bad_data: Vec<FoundData> = found_data
+        .iter()
+        .filter(|d| bad_disk(d.bytenr, d.disk_len))
+        .copied()
+        .collect();
+    let mut matched: std::collections::HashMap<u64, Repair> = std::collections::HashMap::new();
+    let mut bad_fixes: std::collections::HashMap<u64, Vec<(FoundData, Repair)>> =
+        std::collections::HashMap::new();
+    if !bad_data.is_empty() {
+        let referenced: std::collections::HashSet<u64> =
+            found.iter().map(|(r, _)| r.bytenr).collect();
+        for d in &bad_data {
+            let want = RefKey::Data {
+                root: d.owner,
+                ino: d.ino,
+                offset: d.offset,
+            };
+            let candidates: Vec<&ExtRec> = declared
+                .iter()
+                .filter(|r| r.key == want && !referenced.contains(&r.bytenr))
+                .filter_map(|r| {
+                    let i = recs.binary_search_by_key(&r.bytenr, |x| x.bytenr).ok()?;
+                    Some(&recs[i])
+                })
+                .filter(|r| r.flags & BTRFS_EXTENT_FLAG_DATA != 0 && d.used <= r.len)
+                .collect();
+            let to = match candidates.as_slice() {
+                [one] => Some((one.bytenr, one.len)),
+                _ => None,
+            };
+            let fix = Repair::FileExtentDisk {
+                tree: d.owner,
+                ino: d.ino,
+                offset: d.key_offset,
+                from: d.bytenr,
+                to,
+            };
+            if let Some((b, _)) = to {
+                matched.insert(b, fix.clone());
+            }
+            bad_fixes.entry(d.bytenr).or_default().push((*d, fix));
+        }
+    }
     // The checksum and quota phases use the references too.
     cx.ext.found_tree = found_tree;
     cx.ext.found_data = found_data;
@@ -618,6 +764,49 @@ pub(super) fn check(cx: &mut Ctx) {
             Ordering::Greater => {
                 let (f, len) = found[j];
                 match recs.binary_search_by_key(&f.bytenr, |r| r.bytenr) {
+                    Err(_) if bad_fixes.contains_key(&f.bytenr) => {
+                        if missing_item_reported != Some(f.bytenr) {
+                            missing_item_reported = Some(f.bytenr);
+                            for (d, fix) in bad_fixes.remove(&f.bytenr).unwrap_or_default() {
+                                cx.report(
+                                    F::err(P, "extent-missing")
+                                        .tree(d.owner)
+                                        .at(d.bytenr)
+                                        .key(crate::format::key::Key::new(
+                                            d.ino,
+                                            BTRFS_EXTENT_DATA_KEY,
+                                            d.key_offset,
+                                        ))
+                                        .fix(fix)
+                                        .msg(format!(
+                                            "inode {} file extent at {} points at {}+{}, which is no data extent (not aligned or inside no data block group)",
+                                            d.ino, d.key_offset, d.bytenr, d.disk_len
+                                        )),
+                                );
+                            }
+                        }
+                    }
+                    Err(_) if unreadable.contains_key(&f.bytenr) => {
+                        // Its item exists but cannot be read: rebuilt above.
+                        if missing_item_reported != Some(f.bytenr) {
+                            missing_item_reported = Some(f.bytenr);
+                            let len = unreadable[&f.bytenr];
+                            let tree_block = matches!(f.key, RefKey::Tree(_) | RefKey::Shared(_));
+                            let level = if tree_block {
+                                level_of.get(&f.bytenr).copied()
+                            } else {
+                                None
+                            };
+                            let mut fi = F::err(P, "extent-missing").at(f.bytenr);
+                            if tree_block == level.is_some() {
+                                fi = fi.fix(rebuild_of(f.bytenr, len, level));
+                            }
+                            cx.report(fi.msg(format!(
+                                "extent {}+{len} referenced by {} has no readable extent item",
+                                f.bytenr, f.key
+                            )));
+                        }
+                    }
                     Err(_) => {
                         if missing_item_reported != Some(f.bytenr) {
                             missing_item_reported = Some(f.bytenr);
@@ -713,7 +902,8 @@ pub(super) fn check(cx: &mut Ctx) {
                         _ => {
                             if let Some(&l) = level_of.get(&d.bytenr) {
                                 if l != r.level && r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0 {
-                                    cx.report(F::err(P, "extent-item").at(d.bytenr).msg(format!(
+                                    let fix = rebuild_of(d.bytenr, r.len, Some(l));
+                                    cx.report(F::err(P, "extent-item").tree(2).at(d.bytenr).fix(fix).msg(format!(
                                         "tree block {} is level {l} but its extent item says {}",
                                         d.bytenr, r.level
                                     )));
@@ -729,7 +919,11 @@ pub(super) fn check(cx: &mut Ctx) {
     }
     for (b, mut f) in pending {
         let has_item = recs.binary_search_by_key(&b, |r| r.bytenr).is_ok();
-        if has_item && !unfixable.contains(&b) {
+        if let Some(fix) = matched.get(&b).or(rebuild.get(&b)) {
+            // A bad file extent is pointed here, or the item is written
+            // again: either answers its references.
+            f.repair = Some(fix.clone());
+        } else if has_item && !unfixable.contains(&b) {
             let lo = found.partition_point(|(r, _)| r.bytenr < b);
             let hi = found.partition_point(|(r, _)| r.bytenr <= b);
             let refs = found[lo..hi].iter().map(|(r, _)| extent_ref(r)).collect();

@@ -284,6 +284,88 @@ pub enum Repair {
         /// The references found.
         refs: Vec<ExtentRef>,
     },
+    /// Delete every item of an extent (its extent item, whatever it holds,
+    /// and its keyed back references) and write it again from the
+    /// references the trees hold: for an item that cannot be read (an
+    /// unknown inline reference type), says the wrong level, or holds its
+    /// references out of order.
+    RebuildExtentItem {
+        /// The extent's start.
+        bytenr: u64,
+        /// Its length.
+        len: u64,
+        /// A tree block's level (as the block says); None for data.
+        level: Option<u8>,
+        /// The references found.
+        refs: Vec<ExtentRef>,
+    },
+    /// A file extent whose disk range is garbage (off the sector size,
+    /// inside no block group, or over other extents): pointed at the
+    /// extent item whose back reference names it and that nothing else
+    /// uses (`to`), or made a hole when there is none (`to` None: the
+    /// data is lost, and reported).
+    FileExtentDisk {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode.
+        ino: u64,
+        /// The file extent item's key offset.
+        offset: u64,
+        /// The disk_bytenr it holds now.
+        from: u64,
+        /// The extent (start, length) it is pointed at, or None for a hole.
+        to: Option<(u64, u64)>,
+    },
+    /// Set the file type bits of an inode's mode whose type is invalid or
+    /// has unknown bits to the type the entries naming it record (or, with
+    /// none, what it holds: entries make a directory, anything else a
+    /// regular file, as btrfs check deduces it); the permission bits stay.
+    InodeMode {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode.
+        ino: u64,
+    },
+    /// Clear inode flags the inode's type cannot carry (as btrfs check
+    /// repairs "odd inode flags").
+    InodeFlags {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode.
+        ino: u64,
+        /// The flags removed.
+        clear: u64,
+    },
+    /// Bring a file extent item's generation from the future back to the
+    /// repair's transaction.
+    FileExtentGeneration {
+        /// The subvolume tree.
+        tree: u64,
+        /// The inode.
+        ino: u64,
+        /// The item's key offset.
+        offset: u64,
+    },
+    /// Delete a dev extent no chunk stripe owns (its space on the device
+    /// is free again).
+    DeleteDevExtent {
+        /// The device.
+        devid: u64,
+        /// Its physical start.
+        physical: u64,
+    },
+    /// Add the orphan item in the root tree of a deleted subvolume (root
+    /// item refs 0), so the kernel's cleaner drops its tree.
+    AddRootOrphan {
+        /// The subvolume.
+        tree: u64,
+    },
+    /// Delete checksum items covering bytes an earlier item already
+    /// covers (the later item cut at the earlier one's end).
+    CsumOverlap {
+        /// The later item's key offset (its first byte).
+        bytenr: u64,
+    },
     /// Rewrite a leaf whose item offsets or sizes disagree with where
     /// its data lies, mended from its neighbours (an item no reading
     /// places is dropped), in every tree that holds it.
@@ -366,7 +448,11 @@ impl Repair {
             Repair::BlockGroupUsage | Repair::RebuildFreeSpaceTree | Repair::ClearSpaceCache => {
                 "free-space"
             }
-            Repair::RewriteSuperblocks | Repair::DeviceSizes => "superblock",
+            Repair::RewriteSuperblocks | Repair::DeviceSizes | Repair::DeleteDevExtent { .. } => {
+                "superblock"
+            }
+            Repair::AddRootOrphan { .. } => "root-item",
+            Repair::CsumOverlap { .. } => "checksums",
             Repair::SetNlink { .. }
             | Repair::SetSize { .. }
             | Repair::SetNbytes { .. }
@@ -376,10 +462,15 @@ impl Repair {
             | Repair::RecreateInodeItem { .. }
             | Repair::FileHoles { .. }
             | Repair::InodeGeneration { .. }
+            | Repair::InodeMode { .. }
+            | Repair::InodeFlags { .. }
+            | Repair::FileExtentDisk { .. }
+            | Repair::FileExtentGeneration { .. }
             | Repair::ClearInodeCache { .. } => "inode",
             Repair::ExtentGeneration { .. }
             | Repair::ExtentRefs { .. }
-            | Repair::AddExtentItem { .. } => "extents",
+            | Repair::AddExtentItem { .. }
+            | Repair::RebuildExtentItem { .. } => "extents",
             Repair::AddDirItem { .. }
             | Repair::AddDirIndex { .. }
             | Repair::AddInodeRef { .. }
@@ -471,6 +562,34 @@ impl Repair {
                 "add the missing extent item of {bytenr}+{len} with the {} references the trees hold",
                 refs.len()
             ),
+            Repair::RebuildExtentItem { bytenr, len, refs, .. } => format!(
+                "write the extent item of {bytenr}+{len} again from the {} references the trees hold",
+                refs.len()
+            ),
+            Repair::FileExtentDisk { tree, ino, offset, from, to: Some((b, l)) } => format!(
+                "point the file extent at offset {offset} of inode {ino} (tree {tree}) from disk address {from} to the extent {b}+{l} whose back reference names it"
+            ),
+            Repair::FileExtentDisk { tree, ino, offset, from, to: None } => format!(
+                "make the file extent at offset {offset} of inode {ino} (tree {tree}), whose disk address {from} holds no extent, a hole (its data is lost)"
+            ),
+            Repair::InodeMode { tree, ino } => {
+                format!("set the type in the mode of inode {ino} (tree {tree}) to the one its names and items show")
+            }
+            Repair::InodeFlags { tree, ino, clear } => {
+                format!("clear flags 0x{clear:x} of inode {ino} (tree {tree}), which its type cannot carry")
+            }
+            Repair::FileExtentGeneration { tree, ino, offset } => format!(
+                "set the future generation of the file extent at {offset} of inode {ino} (tree {tree}) to the repair's"
+            ),
+            Repair::DeleteDevExtent { devid, physical } => {
+                format!("delete dev extent {devid}:{physical}, which no chunk owns")
+            }
+            Repair::AddRootOrphan { tree } => {
+                format!("add the orphan item of deleted subvolume {tree}, so the kernel drops it")
+            }
+            Repair::CsumOverlap { bytenr } => {
+                format!("cut the checksum item at {bytenr} where an earlier one already covers it")
+            }
             Repair::RecowPath { tree, key } => format!(
                 "copy the blocks on the path to {} in tree {tree}, giving them the repair's generation",
                 crate::format::names::key_string(key)
@@ -532,6 +651,12 @@ pub struct Report {
     /// Each quota group's counts on disk beside those recomputed from the
     /// trees (`btrfs check --qgroup-report`); None when quotas are off.
     pub qgroups: Option<QgroupReport>,
+    /// With [`super::CheckOptions::keep_in_use`]: every logical range a
+    /// tree references (tree blocks and the data extents file extents
+    /// point at), merged and sorted. What a repair must never allocate,
+    /// whether or not the extent tree says so.
+    #[serde(skip)]
+    pub in_use: Vec<(u64, u64)>,
 }
 
 /// Quota accounting as phase 9 recomputed it, for every quota group.
@@ -614,6 +739,7 @@ pub(crate) struct Sink {
     pub phases: [PhaseSummary; 10],
     pub suppressed: u64,
     pub qgroups: Option<QgroupReport>,
+    pub in_use: Vec<(u64, u64)>,
 }
 
 impl Sink {
@@ -629,6 +755,7 @@ impl Sink {
             phases,
             suppressed: 0,
             qgroups: None,
+            in_use: Vec::new(),
         }
     }
 
@@ -673,6 +800,7 @@ impl Sink {
             errors,
             warnings,
             qgroups: self.qgroups,
+            in_use: self.in_use,
         }
     }
 }

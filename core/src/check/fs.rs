@@ -198,16 +198,21 @@ impl FsTree {
                     return;
                 }
                 let mode = ii.mode.get();
+                let fix = Repair::InodeMode {
+                    tree: self.root,
+                    ino,
+                };
                 if ftype_of_mode(mode).is_none() {
                     self.out.push(
                         self.err("inode-mode")
                             .at(bytenr)
                             .key(k)
+                            .fix(fix)
                             .msg(format!("inode {ino} has invalid mode 0{mode:o}")),
                     );
                 } else if mode & !VALID_MODE_BITS != 0 {
                     self.out
-                        .push(self.err("inode-mode").at(bytenr).key(k).msg(format!(
+                        .push(self.err("inode-mode").at(bytenr).key(k).fix(fix).msg(format!(
                             "inode {ino} mode 0{mode:o} has unknown bits 0{:o}",
                             mode & !VALID_MODE_BITS
                         )));
@@ -238,12 +243,21 @@ impl FsTree {
                 }
                 // Low 32 bits: inode flags; high 32 bits: read-only compat flags (verity).
                 let flags = ii.flags.get();
-                for (sev, m) in inode_flag_problems(mode, flags) {
-                    let f = if sev {
+                for (sev, m, clear) in inode_flag_problems(mode, flags) {
+                    let mut f = if sev {
                         self.err("inode-flags")
                     } else {
                         F::warn(P, "inode-flags").tree(self.root)
                     };
+                    // Flags the kernel refuses or the type cannot carry
+                    // mean nothing for the data: cleared.
+                    if clear != 0 {
+                        f = f.fix(Repair::InodeFlags {
+                            tree: self.root,
+                            ino,
+                            clear,
+                        });
+                    }
                     self.out
                         .push(f.at(bytenr).key(k).msg(format!("inode {ino}: {m}")));
                 }
@@ -430,6 +444,30 @@ impl FsTree {
         } else if c.extent_end < k.offset && c.first_gap.is_none() {
             c.first_gap = Some(c.extent_end);
         }
+        let generation = match &fe {
+            FileExtent::Inline { head, .. } => head.generation.get(),
+            FileExtent::Disk { head, .. } => head.generation.get(),
+        };
+        if generation > self.gen.saturating_add(1) {
+            // btrfs check counts it against the extent it uses.
+            self.out.push(
+                self.err("extent-generation")
+                    .at(bytenr)
+                    .key(k)
+                    .fix(Repair::FileExtentGeneration {
+                        tree: self.root,
+                        ino: k.objectid,
+                        offset: k.offset,
+                    })
+                    .msg(format!(
+                        "inode {} file extent at {}: generation {generation} newer than the filesystem's {}",
+                        k.objectid,
+                        k.offset,
+                        self.gen
+                    )),
+            );
+        }
+        let c = &mut self.cur;
         let facts = c.item;
         let nodatasum = facts.is_some_and(|f| f.flags & BTRFS_INODE_NODATASUM != 0);
         let is_lnk = facts.is_some_and(|f| f.mode & S_IFMT == S_IFLNK);
@@ -954,7 +992,7 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
         cx.report(f);
     }
     for (id, key) in orphans_missing {
-        cx.report(F::err(P, "root-orphan").tree(id).key(key).msg(format!(
+        cx.report(F::err(P, "root-orphan").tree(id).key(key).fix(Repair::AddRootOrphan { tree: id }).msg(format!(
             "deleted subvolume {id} (root item refs 0) has no orphan item in the root tree: it would never be dropped"
         )));
     }
@@ -981,17 +1019,22 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
 
 /// Invalid or contradictory inode flags: (is an error, message). The low 32
 /// bits are the flags, the high 32 the read-only compat flags (verity).
-pub(crate) fn inode_flag_problems(mode: u32, flags: u64) -> Vec<(bool, String)> {
+pub(crate) fn inode_flag_problems(mode: u32, flags: u64) -> Vec<(bool, String, u64)> {
     let mut out = Vec::new();
     let known = ((BTRFS_INODE_COMPRESS << 1) - 1) | BTRFS_INODE_ROOT_ITEM_INIT;
     let (lo, ro) = (flags & 0xffff_ffff, flags >> 32);
     if lo & !known != 0 {
-        out.push((true, format!("unknown inode flags 0x{:x}", lo & !known)));
+        out.push((
+            true,
+            format!("unknown inode flags 0x{:x}", lo & !known),
+            lo & !known,
+        ));
     }
     if ro & !1 != 0 {
         out.push((
             true,
             format!("unknown read-only inode flags 0x{:x}", ro & !1),
+            (ro & !1) << 32,
         ));
     }
     // btrfs check: a symlink can be neither immutable nor append-only.
@@ -999,23 +1042,32 @@ pub(crate) fn inode_flag_problems(mode: u32, flags: u64) -> Vec<(bool, String)> 
         out.push((
             true,
             "symlink with the immutable or append-only flag".into(),
+            lo & (BTRFS_INODE_IMMUTABLE | BTRFS_INODE_APPEND),
         ));
     }
     // The kernel clears one whenever it sets the other.
     if lo & BTRFS_INODE_COMPRESS != 0 && lo & BTRFS_INODE_NOCOMPRESS != 0 {
-        out.push((true, "both the compress and the nocompress flags".into()));
+        out.push((
+            true,
+            "both the compress and the nocompress flags".into(),
+            0,
+        ));
     }
     // The kernel refuses these together since 5.x, and sets nodatasum with
     // nodatacow on every file; older kernels may have left either.
     if mode & S_IFMT == S_IFREG && lo & BTRFS_INODE_COMPRESS != 0 && lo & BTRFS_INODE_NODATACOW != 0
     {
-        out.push((false, "both the compress and the nodatacow flags".into()));
+        out.push((
+            false,
+            "both the compress and the nodatacow flags".into(),
+            0,
+        ));
     }
     if mode & S_IFMT == S_IFREG
         && lo & BTRFS_INODE_NODATACOW != 0
         && lo & BTRFS_INODE_NODATASUM == 0
     {
-        out.push((false, "nodatacow without nodatasum".into()));
+        out.push((false, "nodatacow without nodatasum".into(), 0));
     }
     out
 }

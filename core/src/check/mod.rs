@@ -52,6 +52,9 @@ pub struct CheckOptions {
     /// metadata scrub would, not only the first good one as btrfs check
     /// does. Copy 0 is always verified, and the others whenever it is bad.
     pub check_mirrors: bool,
+    /// Keep every range a tree references ([`Report::in_use`]): what a
+    /// repair's allocator must not hand out, whatever the extent tree says.
+    pub keep_in_use: bool,
 }
 
 impl CheckOptions {
@@ -61,6 +64,7 @@ impl CheckOptions {
         CheckOptions {
             check_data_csum: false,
             check_mirrors: true,
+            keep_in_use: false,
         }
     }
 }

@@ -81,6 +81,10 @@ pub struct Plan {
     /// Set when nothing may be written at all, with the reason; the
     /// actions are then what would be done once that is resolved.
     pub refused: Option<String>,
+    /// Every range the trees reference ([`Report::in_use`]): kept from
+    /// the allocator while the plan runs, whatever the extent tree says.
+    #[serde(skip)]
+    pub in_use: Vec<(u64, u64)>,
 }
 
 /// Why nothing is written while a log waits for replay.
@@ -120,6 +124,25 @@ impl Plan {
         }
         let mut not_repairable = Vec::new();
         let mut unsafe_alloc: Option<&Finding> = None;
+        // A finding without a repair about the same item (or, without a
+        // key, the same block or extent) as one with a repair is answered
+        // by that repair: e.g. the tree checker's complaint about an
+        // extent item the extent phase rebuilds.
+        let mut by_place: BTreeMap<(Option<u64>, Key), Repair> = BTreeMap::new();
+        let mut by_addr: BTreeMap<(Option<u64>, u64), Repair> = BTreeMap::new();
+        for f in &report.findings {
+            if let Some(r) = &f.repair {
+                if let Some(k) = f.key {
+                    by_place.entry((f.tree, k)).or_insert_with(|| r.clone());
+                }
+                if let (Some(b), None) = (f.bytenr, f.key) {
+                    by_addr.entry((f.tree, b)).or_insert_with(|| r.clone());
+                }
+                if let (Some(b), Repair::FileExtentDisk { tree, .. }) = (f.bytenr, r) {
+                    by_addr.entry((Some(*tree), b)).or_insert_with(|| r.clone());
+                }
+            }
+        }
         // A tree's references are only as good as the root item that says
         // which tree it is.
         let links_damaged = report.findings.iter().any(|f| {
@@ -152,11 +175,19 @@ impl Plan {
             if f.severity != Severity::Error {
                 continue;
             }
+            let same = match f.key {
+                Some(k) => by_place.get(&(f.tree, k)),
+                None => f.bytenr.and_then(|b| by_addr.get(&(f.tree, b))),
+            };
+            if let Some(r) = same {
+                add(r.clone(), Some(&f.message));
+                continue;
+            }
             if opts.init_csum_tree && is_csum_finding(f) {
                 add(Repair::RebuildCsumTree, Some(&f.message));
                 continue;
             }
-            if (2..=4).contains(&f.phase) && unsafe_alloc.is_none() {
+            if walk_incomplete(f) && unsafe_alloc.is_none() {
                 unsafe_alloc = Some(f);
             }
             not_repairable.push(Unrepaired {
@@ -181,9 +212,9 @@ impl Plan {
             });
         }
         // Findings past the report's cap are counted, not listed: in the
-        // phases the allocator depends on, an unlisted one may be one
-        // without a repair.
-        let unlisted = (2u8..=4).find(|&p| {
+        // phases that walk the trees, an unlisted one may be a block that
+        // could not be walked.
+        let unlisted = (2u8..=3).find(|&p| {
             let listed = report
                 .findings
                 .iter()
@@ -198,8 +229,14 @@ impl Plan {
             Some(LOG_TO_REPLAY.to_string())
         } else if let Some(f) = unsafe_alloc {
             Some(format!(
-                "the allocator cannot be trusted ({}: {}): a repair could write over blocks in use",
-                f.category, f.message
+                "{} could not be walked whole ({}: {}{}): what it references is unknown, so a repair could write over blocks in use",
+                match f.tree {
+                    Some(t) => format!("tree {}", t as i64),
+                    None => "the chunk tree".to_string(),
+                },
+                f.category,
+                f.message,
+                f.bytenr.map(|b| format!(", block {b}")).unwrap_or_default()
             ))
         } else if let Some(p) = unlisted {
             Some(format!(
@@ -216,6 +253,7 @@ impl Plan {
             actions,
             not_repairable,
             refused,
+            in_use: report.in_use.clone(),
         }
     }
 
@@ -235,6 +273,13 @@ fn order(r: &Repair) -> u8 {
         Repair::LeafItems { .. } => 0,
         Repair::RecowPath { .. } => 0,
         Repair::AddExtentItem { .. } => 0,
+        Repair::RebuildExtentItem { .. } => 0,
+        Repair::FileExtentDisk { .. } => 1,
+        Repair::DeleteDevExtent { .. } => 0,
+        Repair::AddRootOrphan { .. } => 1,
+        Repair::CsumOverlap { .. } => 1,
+        Repair::InodeMode { .. } | Repair::InodeFlags { .. } => 2,
+        Repair::FileExtentGeneration { .. } => 2,
         Repair::RewriteSuperblocks => 0,
         Repair::DeviceSizes => 1,
         Repair::ClearInodeCache { .. } => 2,
@@ -255,6 +300,22 @@ fn order(r: &Repair) -> u8 {
         Repair::RebuildFreeSpaceTree => 13,
         Repair::RecountQgroups => 14,
         Repair::RebuildUuidTree => 15,
+    }
+}
+
+/// Whether an error without a repair means some tree could not be walked
+/// whole, so that what it references is unknown: a damaged chunk tree (the
+/// map from addresses to devices) or a tree block that failed its checks
+/// (an extent item whose body cannot be read is not one: its key still
+/// claims its range, and the references come from the other trees). Errors
+/// in derived records (block group and device counts, dev extents, the
+/// extent items' contents) do not stop a repair: the allocator of a
+/// repair keeps every range a tree references, see [`Plan::in_use`].
+fn walk_incomplete(f: &Finding) -> bool {
+    match f.phase {
+        2 => matches!(f.category, "chunk" | "sys-chunk-array"),
+        3 => !(f.category == "item" && f.tree == Some(BTRFS_EXTENT_TREE_OBJECTID)),
+        _ => false,
     }
 }
 
@@ -386,7 +447,13 @@ pub fn plan(
     opts: RepairOptions,
     progress: &dyn Progress,
 ) -> Result<Outcome> {
-    let before = target.check(check, progress)?;
+    let before = target.check(
+        CheckOptions {
+            keep_in_use: true,
+            ..check
+        },
+        progress,
+    )?;
     let probe = target.open(false)?;
     let plan = Plan::new(&before, &probe, opts);
     Ok(Outcome {
@@ -464,6 +531,10 @@ pub fn apply(img: Image, plan: &Plan, progress: &dyn Progress) -> Result<Vec<Str
         .actions
         .iter()
         .any(|a| matches!(a.repair, Repair::RecowPath { .. }));
+    img.accept_extent_items = plan
+        .actions
+        .iter()
+        .any(|a| matches!(a.repair, Repair::RebuildExtentItem { .. }));
     let mut st = Store::from_image(img)?;
     // Extents in use that the extent tree lost are free space to the
     // allocator: every one is taken before the first block is copied.
@@ -471,6 +542,12 @@ pub fn apply(img: Image, plan: &Plan, progress: &dyn Progress) -> Result<Vec<Str
         if let Repair::AddExtentItem { bytenr, len, .. } = a.repair {
             st.alloc.reserve(bytenr, len)?;
         }
+    }
+    // What any tree references is in use, whatever the extent tree says
+    // (an item lost, a length wrong): kept from allocation until the
+    // commit, without changing what the extent tree accounts.
+    for &(s, e) in &plan.in_use {
+        st.alloc.pin_free(s, e);
     }
     let mut run = Run {
         st: &mut st,
@@ -816,6 +893,92 @@ impl Run<'_> {
                 let c = self.st.add_extent_item(bytenr, len, level, &inline)?;
                 self.changes.push(c);
             }
+            Repair::RebuildExtentItem {
+                bytenr,
+                len,
+                level,
+                ref refs,
+            } => {
+                let inline: Vec<crate::format::extent::InlineRef> =
+                    refs.iter().map(inline_ref).collect();
+                let c = self.st.rebuild_extent_item(bytenr, len, level, &inline)?;
+                self.changes.push(c);
+            }
+            Repair::FileExtentDisk {
+                tree,
+                ino,
+                offset,
+                from,
+                to,
+            } => {
+                let c = file_extent_disk(self.st, tree, ino, offset, from, to)?;
+                self.changes.push(c);
+            }
+            Repair::InodeMode { tree, ino } => {
+                let (ftype, _) = deduce_ftype(self.st, tree, ino)?;
+                let mode = mode_of_ftype(ftype, None);
+                let mut old = 0;
+                let mut new = 0;
+                let found = crate::fs::inode::modify_inode(self.st, tree, ino, |i| {
+                    old = i.mode.get();
+                    new = (mode & crate::fs::inode::S_IFMT) | (old & 0o7777);
+                    i.mode.set(new);
+                })?;
+                let mode = new;
+                self.changes.extend(inode_change(
+                    found,
+                    tree,
+                    ino,
+                    format!("mode 0{old:o} -> 0{mode:o}"),
+                )?);
+            }
+            Repair::InodeFlags { tree, ino, clear } => {
+                let mut old = 0;
+                let found = crate::fs::inode::modify_inode(self.st, tree, ino, |i| {
+                    old = i.flags.get();
+                    i.flags.set(old & !clear);
+                })?;
+                self.changes.extend(inode_change(
+                    found,
+                    tree,
+                    ino,
+                    format!("flags 0x{old:x} -> 0x{:x}", old & !clear),
+                )?);
+            }
+            Repair::FileExtentGeneration { tree, ino, offset } => {
+                let t = TreeId::Tree(tree);
+                let k = Key::new(ino, BTRFS_EXTENT_DATA_KEY, offset);
+                if let Some(mut d) = self.st.lookup(t, &k)? {
+                    // btrfs_file_extent_item.generation: the first 8 bytes.
+                    if let Some(g) = d.get_mut(0..8) {
+                        let old = u64::from_le_bytes(g.try_into().unwrap_or([0; 8]));
+                        if old > transid {
+                            g.copy_from_slice(&transid.to_le_bytes());
+                            self.st.update_item(t, &k, &d)?;
+                            self.changes.push(format!(
+                                "inode {ino} (tree {tree}): file extent at {offset}: generation {old} -> {transid}"
+                            ));
+                        }
+                    }
+                }
+            }
+            Repair::DeleteDevExtent { devid, physical } => {
+                let c = self.st.delete_dev_extent(devid, physical)?;
+                self.changes.push(c);
+            }
+            Repair::AddRootOrphan { tree } => {
+                let k = Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, tree);
+                if self.st.lookup(TreeId::Root, &k)?.is_none() {
+                    self.st.insert_item(TreeId::Root, &k, &[])?;
+                    self.changes.push(format!(
+                        "deleted subvolume {tree}: orphan item added (the kernel's cleaner drops it)"
+                    ));
+                }
+            }
+            Repair::CsumOverlap { bytenr } => {
+                let c = self.st.cut_csum_overlap(bytenr)?;
+                self.changes.push(c);
+            }
             Repair::ClearSpaceCache => {
                 let c = clear_space_cache(self.st)?;
                 self.changes.extend(c);
@@ -910,40 +1073,99 @@ fn orphan_cleanup(st: &mut Store, tree: u64, ino: u64) -> Result<String> {
     ))
 }
 
-/// See [`Repair::RecreateInodeItem`].
-fn recreate_inode_item(st: &mut Store, tree: u64, ino: u64) -> Result<String> {
-    use crate::fs::inode::{S_IFDIR, S_IFLNK, S_IFREG};
+/// See [`Repair::FileExtentDisk`]. The item is changed only while it
+/// still holds `from`; the inode's nbytes follow.
+fn file_extent_disk(
+    st: &mut Store,
+    tree: u64,
+    ino: u64,
+    offset: u64,
+    from: u64,
+    to: Option<(u64, u64)>,
+) -> Result<String> {
+    use crate::format::file_extent::FileExtentItem;
+    use zerocopy::{FromBytes, IntoBytes};
     let t = TreeId::Tree(tree);
-    let mut ftype = None;
+    let k = Key::new(ino, BTRFS_EXTENT_DATA_KEY, offset);
+    let Some(d) = st.lookup(t, &k)? else {
+        return Ok(format!("inode {ino} (tree {tree}): no file extent at {offset}"));
+    };
+    let Ok(mut item) = FileExtentItem::read_from_bytes(&d) else {
+        return Ok(format!("inode {ino} (tree {tree}): file extent at {offset} is not a disk extent"));
+    };
+    if item.disk_bytenr.get() != from {
+        return Ok(format!("inode {ino} (tree {tree}): file extent at {offset} changed already"));
+    }
+    let what = match to {
+        Some((b, l)) => {
+            item.disk_bytenr.set(b);
+            item.disk_num_bytes.set(l);
+            format!("disk extent {from} -> {b}+{l} (the extent whose back reference names it)")
+        }
+        None => {
+            let len = item.num_bytes.get();
+            item = FileExtentItem::hole(item.generation.get().min(st.transid), len);
+            format!("disk address {from} holds no extent: {len} bytes made a hole (data lost)")
+        }
+    };
+    st.update_item(t, &k, item.as_bytes())?;
+    let nbytes = crate::fs::extents::count_nbytes(st, tree, ino)?;
+    crate::fs::inode::modify_inode(st, tree, ino, |i| i.nbytes.set(nbytes))?;
+    Ok(format!("inode {ino} (tree {tree}): file extent at {offset}: {what}"))
+}
+
+/// The file type of inode `ino` as what points at it and what it holds
+/// show (btrfs check's `detect_imode`): the type field of a directory
+/// entry that names it and that its back reference confirms; with none,
+/// a directory when it holds entries, else a regular file. The bool says
+/// whether a name decided it.
+fn deduce_ftype(st: &mut Store, tree: u64, ino: u64) -> Result<(u8, bool)> {
     for l in crate::fs::names::links_of(st, tree, ino)? {
         if let Some((loc, ft)) = crate::fs::names::lookup_name(st, tree, l.parent, &l.name)? {
-            if loc.objectid == ino {
-                ftype = Some(ft);
-                break;
+            if loc.objectid == ino && (BTRFS_FT_REG_FILE..=BTRFS_FT_SYMLINK).contains(&ft) {
+                return Ok((ft, true));
             }
         }
     }
     let entries = !st
         .items_in(
-            t,
+            TreeId::Tree(tree),
             Key::new(ino, BTRFS_DIR_ITEM_KEY, 0),
             Key::new(ino, BTRFS_DIR_INDEX_KEY, u64::MAX),
         )?
         .is_empty();
-    let ftype = ftype.unwrap_or(if entries {
-        BTRFS_FT_DIR
-    } else {
-        BTRFS_FT_REG_FILE
-    });
-    let mode = match ftype {
-        BTRFS_FT_DIR => S_IFDIR | 0o755,
-        BTRFS_FT_SYMLINK => S_IFLNK | 0o777,
-        BTRFS_FT_CHRDEV => libc::S_IFCHR | 0o644,
-        BTRFS_FT_BLKDEV => libc::S_IFBLK | 0o644,
-        BTRFS_FT_FIFO => libc::S_IFIFO | 0o644,
-        BTRFS_FT_SOCK => libc::S_IFSOCK | 0o644,
-        _ => S_IFREG | 0o644,
+    Ok((
+        if entries {
+            BTRFS_FT_DIR
+        } else {
+            BTRFS_FT_REG_FILE
+        },
+        false,
+    ))
+}
+
+/// A mode of file type `ftype` with the permission bits `perm`, or those
+/// btrfs check gives a made inode (0755 for a directory, 0777 for a
+/// symlink, 0644 otherwise).
+fn mode_of_ftype(ftype: u8, perm: Option<u32>) -> u32 {
+    use crate::fs::inode::{S_IFDIR, S_IFLNK, S_IFREG};
+    let (ty, def) = match ftype {
+        BTRFS_FT_DIR => (S_IFDIR, 0o755),
+        BTRFS_FT_SYMLINK => (S_IFLNK, 0o777),
+        BTRFS_FT_CHRDEV => (libc::S_IFCHR, 0o644),
+        BTRFS_FT_BLKDEV => (libc::S_IFBLK, 0o644),
+        BTRFS_FT_FIFO => (libc::S_IFIFO, 0o644),
+        BTRFS_FT_SOCK => (libc::S_IFSOCK, 0o644),
+        _ => (S_IFREG, 0o644),
     };
+    ty | perm.unwrap_or(def)
+}
+
+/// See [`Repair::RecreateInodeItem`].
+fn recreate_inode_item(st: &mut Store, tree: u64, ino: u64) -> Result<String> {
+    let t = TreeId::Tree(tree);
+    let (ftype, _) = deduce_ftype(st, tree, ino)?;
+    let mode = mode_of_ftype(ftype, None);
     let ss = st.sectorsize() as u64;
     let size = if ftype == BTRFS_FT_DIR {
         crate::fs::names::dir_size_from_entries(st, tree, ino)?

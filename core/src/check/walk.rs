@@ -561,7 +561,13 @@ impl BlockCheck<'_, '_> {
         // A generation from the future is copied away when it is the
         // block's only problem (a copy of a block with others would carry
         // them along).
-        let recowable = problems.iter().all(|p| p.kind == ProblemKind::Generation);
+        // So is one whose generation disagrees with its parent's pointer
+        // while it is otherwise sound (checksum, header, items): copied,
+        // the pointer and the block agree again (btrfs check --repair).
+        let generation_only = |k: ProblemKind| {
+            matches!(k, ProblemKind::Generation | ProblemKind::ParentTransid)
+        };
+        let recowable = problems.iter().all(|p| generation_only(p.kind));
         for pr in problems {
             let cat = match pr.kind {
                 ProblemKind::Checksum => "checksum",
@@ -588,7 +594,7 @@ impl BlockCheck<'_, '_> {
                     tree: root.id,
                     bytenr: at.bytenr,
                 });
-            } else if pr.kind == ProblemKind::Generation && recowable {
+            } else if generation_only(pr.kind) && recowable {
                 f = f.fix(Repair::RecowPath {
                     tree: root.id,
                     key: pr.key.or_else(|| node.key(0)).unwrap_or(Key::MIN),

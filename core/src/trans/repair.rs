@@ -321,7 +321,151 @@ impl Store {
         data[..8].copy_from_slice(&1u64.to_le_bytes());
         self.insert_item(EXTENT, &key, &data)?;
         let c = self.rewrite_extent_refs(bytenr, refs)?;
-        Ok(format!("extent {bytenr}+{len}: missing item added; {c}"))
+        Ok(format!("extent {bytenr}+{len}: item written; {c}"))
+    }
+
+    /// Delete every item of extent `bytenr` (its extent item, readable or
+    /// not, and its keyed references) and write it again as
+    /// [`Store::add_extent_item`] does, keeping what the old item's fixed
+    /// head says when it is sane: its generation (not from the future) and
+    /// a tree block's FULL_BACKREF flag (its children's references name it
+    /// as their parent). The range stays allocated; with no references it
+    /// is freed.
+    pub fn rebuild_extent_item(
+        &mut self,
+        bytenr: u64,
+        len: u64,
+        level: Option<u8>,
+        refs: &[crate::format::extent::InlineRef],
+    ) -> Result<String> {
+        use crate::format::extent::ExtentItem;
+        const EXTENT: u64 = BTRFS_EXTENT_TREE_OBJECTID;
+        let items = self.items_in(
+            EXTENT,
+            Key::new(bytenr, 0, 0),
+            Key::new(bytenr, u8::MAX, u64::MAX),
+        )?;
+        let mut old: Option<ExtentItem> = None;
+        for (k, d) in &items {
+            if !matches!(
+                k.ty,
+                BTRFS_EXTENT_ITEM_KEY
+                    | BTRFS_METADATA_ITEM_KEY
+                    | BTRFS_TREE_BLOCK_REF_KEY
+                    | BTRFS_SHARED_BLOCK_REF_KEY
+                    | BTRFS_EXTENT_DATA_REF_KEY
+                    | BTRFS_SHARED_DATA_REF_KEY
+            ) {
+                continue;
+            }
+            if matches!(k.ty, BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY) {
+                old = old.or_else(|| ExtentItem::read_from_prefix(d).ok().map(|(h, _)| h));
+            }
+            self.delete_item(EXTENT, k)?;
+        }
+        let c = self.add_extent_item(bytenr, len, level, refs)?;
+        if refs.is_empty() {
+            return Ok(c);
+        }
+        let Some(old) = old else { return Ok(c) };
+        let (gen, flags) = (old.generation.get(), old.flags.get());
+        let keep_full = level.is_some() && flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0;
+        let keep_gen = level.is_none() && gen != 0 && gen <= self.transid;
+        if !keep_full && !keep_gen {
+            return Ok(c);
+        }
+        let got = self.items_in(
+            EXTENT,
+            Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, 0),
+            Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, u64::MAX),
+        )?;
+        if let Some((k, mut d)) = got.into_iter().next() {
+            if let Ok((mut h, _)) = ExtentItem::read_from_prefix(&d) {
+                if keep_full {
+                    h.flags.set(h.flags.get() | BTRFS_BLOCK_FLAG_FULL_BACKREF);
+                }
+                if keep_gen {
+                    h.generation.set(gen);
+                }
+                let n = std::mem::size_of::<ExtentItem>();
+                d[..n].copy_from_slice(h.as_bytes());
+                self.update_item(EXTENT, &k, &d)?;
+            }
+        }
+        Ok(c)
+    }
+
+    /// Delete dev extent `devid:physical` (one no chunk stripe owns) and
+    /// bring the device items' byte counts in line.
+    pub fn delete_dev_extent(&mut self, devid: u64, physical: u64) -> Result<String> {
+        let k = Key::new(devid, BTRFS_DEV_EXTENT_KEY, physical);
+        if self.lookup(BTRFS_DEV_TREE_OBJECTID, &k)?.is_none() {
+            return Ok(format!("dev extent {devid}:{physical}: gone already"));
+        }
+        self.delete_item(BTRFS_DEV_TREE_OBJECTID, &k)?;
+        let mut c = format!("dev extent {devid}:{physical}: deleted");
+        for more in self.fix_device_sizes()? {
+            c.push_str("; ");
+            c.push_str(&more);
+        }
+        Ok(c)
+    }
+
+    /// The checksum item keyed at `bytenr` overlaps the item before it:
+    /// it is deleted and its checksums are inserted again past the earlier
+    /// item's end. Where both items hold a checksum for a sector, the one
+    /// the data matches stays (the earlier one when neither or both do).
+    pub fn cut_csum_overlap(&mut self, bytenr: u64) -> Result<String> {
+        const CSUM: u64 = BTRFS_CSUM_TREE_OBJECTID;
+        let cs = self.image().csum.size();
+        let ss = self.sectorsize() as u64;
+        let k = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, bytenr);
+        let Some(later) = self.lookup(CSUM, &k)? else {
+            return Ok(format!("checksum item {bytenr}: gone already"));
+        };
+        let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0);
+        let before = Key::new(
+            BTRFS_EXTENT_CSUM_OBJECTID,
+            BTRFS_EXTENT_CSUM_KEY,
+            bytenr.saturating_sub(1),
+        );
+        let Some((pk, earlier)) = self.prev_item(CSUM, &before, &lo)?.filter(|_| bytenr > 0) else {
+            return Ok(format!("checksum item {bytenr}: no item before it"));
+        };
+        let sectors = |d: &[u8]| (d.len() / cs.max(1)) as u64;
+        let p_end = pk.offset.saturating_add(sectors(&earlier) * ss);
+        let l_end = bytenr.saturating_add(sectors(&later) * ss);
+        if p_end <= bytenr {
+            return Ok(format!("checksum item {bytenr}: no overlap left"));
+        }
+        self.delete_item(CSUM, &k)?;
+        let mut replaced = 0u64;
+        let overlap_end = p_end.min(l_end);
+        let mut buf = vec![0u8; ss as usize];
+        let csum_type = self.image().csum;
+        let mut at = bytenr;
+        while at < overlap_end {
+            let li = ((at - bytenr) / ss) as usize * cs;
+            let pi = ((at - pk.offset) / ss) as usize * cs;
+            let (ls, ps) = (&later[li..li + cs], &earlier[pi..pi + cs]);
+            if ls != ps && self.read_data(at, &mut buf).is_ok() {
+                let sum = csum_type.compute(&buf);
+                if &sum[..cs] == ls && &sum[..cs] != ps {
+                    self.csum_delete(at, ss)?;
+                    self.csum_insert(at, ls)?;
+                    replaced += 1;
+                }
+            }
+            at += ss;
+        }
+        if l_end > p_end {
+            let skip = ((p_end - bytenr) / ss) as usize * cs;
+            self.csum_insert(p_end, &later[skip..])?;
+        }
+        Ok(format!(
+            "checksum item {bytenr}: cut at {p_end}, where the item at {} ends ({replaced} sectors took the later checksum, which the data matches)",
+            pk.offset
+        ))
     }
 
     /// Point tree `tree`'s root item at block `bytenr` (a subvolume whose

@@ -70,6 +70,7 @@ pub fn check(dev: Arc<dyn BlockDevice>) -> Report {
         CheckOptions {
             check_data_csum: true,
             check_mirrors: true,
+            ..Default::default()
         },
         &NoProgress,
     )
