@@ -52,7 +52,7 @@ fn run(args: &cli::Args) -> anyhow::Result<i32> {
     let opts = btrkit_core::check::CheckOptions {
         check_data_csum: args.check_data_csum,
         check_mirrors: args.check_mirrors,
-        keep_in_use: false,
+        for_repair: false,
     };
     let paths: Vec<_> = args.images.iter().chain(&args.devices).cloned().collect();
     if args.repair {

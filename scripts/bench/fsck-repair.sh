@@ -17,8 +17,11 @@
 #   btrfs check --repair --force --clear-space-cache v2 IMG   (6.14)
 #       which only drops the free space tree (the kernel rebuilds it at the
 #       next mount) and checks nothing
-#   the same followed by btrfs check --readonly IMG (6.14): repaired and
-#       verified, as btrkit's full run is
+#   the same followed by btrfs check --readonly IMG (6.14)
+#   btrfs check --repair --force IMG (6.14), btrfs-progs' full repair (it
+#       checks everything and repairs what it finds), followed by btrfs
+#       check --readonly IMG (6.14): repaired and verified, the same work as
+#       btrkit's full run (check, repair, check again)
 # Prints wall seconds (and the verdict of the image after each). Needs
 # root, btrfs-progs 6.2 (the image) and 6.14 (../shared/oracle/progs-new.sh),
 # and a release build.
@@ -45,7 +48,7 @@ fresh() {
 now() { date +%s.%N; }
 verdict() { "$new" check --readonly "$w" >/dev/null 2>&1 || echo "(NOT CLEAN)"; }
 echo "cold: ${COLD:-all}"
-echo "run btrkit-repair(s) btrkit-clear-v2(s) progs-clear(s) progs-clear+check(s)"
+echo "run btrkit-repair(s) btrkit-clear-v2(s) progs-clear(s) progs-clear+check(s) progs-repair+check(s)"
 for r in $(seq "$runs"); do
     fresh; s=$(now); "$fsck" --repair --yes "$w" >/dev/null || [ $? = 1 ]; e=$(now)
     a="$(echo "$e - $s" | bc)$(verdict)"
@@ -53,5 +56,9 @@ for r in $(seq "$runs"); do
     b="$(echo "$e - $s" | bc)$(verdict)"
     fresh; s=$(now); "$new" check --repair --force --clear-space-cache v2 "$w" >/dev/null 2>&1; m=$(now)
     "$new" check --readonly "$w" >/dev/null 2>&1 || m="$m(NOT CLEAN)"; e=$(now)
-    echo "$r $a $b $(echo "$m - $s" | bc) $(echo "$e - $s" | bc)"
+    c="$(echo "$m - $s" | bc) $(echo "$e - $s" | bc)"
+    fresh; s=$(now); "$new" check --repair --force "$w" >/dev/null 2>&1 || true
+    "$new" check --readonly "$w" >/dev/null 2>&1 || s="$s" ; e=$(now)
+    d="$(echo "$e - $s" | bc)$(verdict)"
+    echo "$r $a $b $c $d"
 done

@@ -1266,3 +1266,73 @@ fn qgroup_report_matches_btrfs_check() {
     let h = run_with_limit(c, Duration::from_secs(60));
     assert!(h.stdout.contains("quotas are not enabled"), "{}", h.stdout);
 }
+
+/// The check after a repair takes the subvolume trees the repair left
+/// alone from the check before it (`check::reuse`): its report must be the
+/// one a fresh check of the repaired image gives, finding for finding and
+/// count for count, whether the damage was in a subvolume tree (walked
+/// again) or elsewhere (taken as it was). An image without snapshots, so
+/// that no tree shares blocks (the condition for taking a tree).
+#[test]
+fn check_after_repair_equals_a_fresh_check() {
+    if let Some(why) = kernel_unavailable() {
+        btrkit_tests::skip(&why);
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let script = WORKLOAD
+        .replace("FILES", "300")
+        .replace("btrfs -q subvolume snapshot . snap\necho changed > snap/a/f5\n", "");
+    let img = kernel_image(tmp.path(), "flat.img", "", "", &script);
+    let base = Arc::new(std::fs::read(&img).expect("read image"));
+    let clean: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
+    let targets = Targets::find(clean.clone());
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let mut reused = 0;
+    for kind in [
+        Kind::BlockGroupUsed,
+        Kind::SuperBytesUsed,
+        Kind::DevItemBytesUsed,
+        Kind::InodeNlink,
+        Kind::DirSize,
+        Kind::FileNbytes,
+    ] {
+        for _ in 0..3 {
+            let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
+            let what = damage(&dev, &targets, kind, &mut rng);
+            let target = Target::Device(dev.clone());
+            let planned = repair::plan(
+                &target,
+                CheckOptions::default(),
+                RepairOptions::default(),
+                &NoProgress,
+            )
+            .unwrap();
+            if planned.before.errors == 0 {
+                continue;
+            }
+            assert!(
+                planned.before.prior.as_ref().is_some_and(|p| p.trees() >= 1),
+                "{what}: the check before the repair kept no tree"
+            );
+            let done =
+                repair::carry_out(&target, CheckOptions::default(), planned, &NoProgress).unwrap();
+            let after = done.after.expect("repaired");
+            reused += after.reused_trees;
+            let fresh = check(&dev).expect("fresh check");
+            assert_eq!(error_set(&after), error_set(&fresh), "{what}");
+            assert_eq!(
+                (after.errors, after.warnings),
+                (fresh.errors, fresh.warnings),
+                "{what}"
+            );
+            let counts =
+                |r: &Report| r.phases.iter().map(|p| (p.phase, p.checked)).collect::<Vec<_>>();
+            assert_eq!(counts(&after), counts(&fresh), "{what}: phase counts");
+            if !matches!(kind, Kind::InodeNlink | Kind::DirSize | Kind::FileNbytes) {
+                assert!(after.reused_trees >= 1, "{what}: no tree taken");
+            }
+        }
+    }
+    assert!(reused > 0);
+}

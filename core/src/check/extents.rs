@@ -392,7 +392,7 @@ pub(super) fn check(cx: &mut Ctx) {
     // Resolve what the trees reference into extent-tree terms.
     let found_tree = std::mem::take(&mut cx.ext.found_tree);
     let found_data = std::mem::take(&mut cx.ext.found_data);
-    if cx.opts.keep_in_use {
+    if cx.opts.for_repair {
         let ranges = found_tree
             .iter()
             .map(|t| (t.bytenr, ns))

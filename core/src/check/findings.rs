@@ -651,12 +651,20 @@ pub struct Report {
     /// Each quota group's counts on disk beside those recomputed from the
     /// trees (`btrfs check --qgroup-report`); None when quotas are off.
     pub qgroups: Option<QgroupReport>,
-    /// With [`super::CheckOptions::keep_in_use`]: every logical range a
+    /// With [`super::CheckOptions::for_repair`]: every logical range a
     /// tree references (tree blocks and the data extents file extents
     /// point at), merged and sorted. What a repair must never allocate,
     /// whether or not the extent tree says so.
     #[serde(skip)]
     pub in_use: Vec<(u64, u64)>,
+    /// With [`super::CheckOptions::for_repair`]: the facts of the clean
+    /// subvolume trees, for the check after the repair
+    /// ([`super::check_paths_after`]).
+    #[serde(skip)]
+    pub prior: Option<std::sync::Arc<super::reuse::Prior>>,
+    /// Subvolume trees taken from the check before instead of walked.
+    #[serde(skip)]
+    pub reused_trees: u64,
 }
 
 /// Quota accounting as phase 9 recomputed it, for every quota group.
@@ -740,6 +748,9 @@ pub(crate) struct Sink {
     pub suppressed: u64,
     pub qgroups: Option<QgroupReport>,
     pub in_use: Vec<(u64, u64)>,
+    /// The check before, handed to the run (see [`super::reuse`]).
+    pub prior: Option<std::sync::Arc<super::reuse::Prior>>,
+    pub reused_trees: u64,
 }
 
 impl Sink {
@@ -756,6 +767,8 @@ impl Sink {
             suppressed: 0,
             qgroups: None,
             in_use: Vec::new(),
+            prior: None,
+            reused_trees: 0,
         }
     }
 
@@ -801,6 +814,8 @@ impl Sink {
             warnings,
             qgroups: self.qgroups,
             in_use: self.in_use,
+            prior: None,
+            reused_trees: self.reused_trees,
         }
     }
 }

@@ -838,6 +838,12 @@ impl FsTree {
 
     /// Hand what the checks found to the context.
     pub fn deliver(mut self, cx: &mut Ctx) {
+        super::reuse::checked(cx, self.root, self.out.is_empty(), || super::reuse::FsFacts {
+            needs: self.needs.clone(),
+            forbids: self.forbids.clone(),
+            inodes_checked: self.inodes_checked,
+            subvol_dirents: self.subvol_dirents.clone(),
+        });
         for f in std::mem::take(&mut self.out) {
             cx.report(f);
         }

@@ -23,6 +23,7 @@ mod names;
 mod parity;
 mod qgroups;
 pub mod repair;
+pub mod reuse;
 mod space_cache;
 mod superblock;
 mod uuid_tree;
@@ -52,9 +53,11 @@ pub struct CheckOptions {
     /// metadata scrub would, not only the first good one as btrfs check
     /// does. Copy 0 is always verified, and the others whenever it is bad.
     pub check_mirrors: bool,
-    /// Keep every range a tree references ([`Report::in_use`]): what a
-    /// repair's allocator must not hand out, whatever the extent tree says.
-    pub keep_in_use: bool,
+    /// Keep what a repair needs: every range a tree references
+    /// ([`Report::in_use`]), what a repair's allocator must not hand out
+    /// whatever the extent tree says; and the facts of the clean subvolume
+    /// trees ([`Report::prior`]), for the check after the repair.
+    pub for_repair: bool,
 }
 
 impl CheckOptions {
@@ -64,7 +67,7 @@ impl CheckOptions {
         CheckOptions {
             check_data_csum: false,
             check_mirrors: true,
-            keep_in_use: false,
+            for_repair: false,
         }
     }
 }
@@ -152,6 +155,11 @@ pub(crate) struct Ctx<'a> {
     /// Tree blocks read ahead of the walk.
     pub stream: std::sync::Arc<walk::BlockStream>,
     pub subvol_dirents: Vec<SubvolDirent>,
+    /// The check before this one (a repair's), whose clean subvolume
+    /// trees are taken as they were when unchanged.
+    pub prior: Option<&'a reuse::Prior>,
+    /// What this check keeps for the one after it.
+    pub keep: Option<reuse::Keep>,
 }
 
 impl<'a> Ctx<'a> {
@@ -181,6 +189,24 @@ pub fn check_paths(
     opts: CheckOptions,
     progress: &dyn Progress,
 ) -> Result<Report> {
+    check_paths_after(paths, degraded, opts, progress, None)
+}
+
+/// [`check_paths`] after a repair whose first check kept `prior`
+/// ([`Report::prior`]): subvolume trees whose root item is unchanged are
+/// taken from there instead of walked again (see [`reuse`]).
+pub fn check_paths_after(
+    paths: &[PathBuf],
+    degraded: bool,
+    opts: CheckOptions,
+    progress: &dyn Progress,
+    prior: Option<std::sync::Arc<reuse::Prior>>,
+) -> Result<Report> {
+    let sink = || {
+        let mut s = Sink::new();
+        s.prior = prior.clone();
+        s
+    };
     let Some(path) = paths.first() else {
         return Err(Error::Invalid("no device given".into()));
     };
@@ -203,12 +229,12 @@ pub fn check_paths(
             .get(img.devid)
             .map(|m| written_metadata(Path::new(&m.name), &img))
             .unwrap_or_default();
-        return Ok(run(&img, opts, progress, Sink::new(), early));
+        return Ok(run(&img, opts, progress, sink(), early));
     }
     // Positioned reads, not a memory map: mapped pages of the image would
     // count in the checker's resident memory, and every block is read once.
     let dev = std::sync::Arc::new(crate::io::FileDevice::open(path, false)?);
-    check_one(dev, degraded, opts, progress, &|img| {
+    check_one(dev, degraded, opts, progress, &sink, &|img| {
         written_metadata(path, img)
     })
 }
@@ -220,7 +246,22 @@ pub fn check_device(
     opts: CheckOptions,
     progress: &dyn Progress,
 ) -> Result<Report> {
-    check_one(dev, false, opts, progress, &|_| Vec::new())
+    check_device_after(dev, opts, progress, None)
+}
+
+/// [`check_device`] after a repair: see [`check_paths_after`].
+pub fn check_device_after(
+    dev: std::sync::Arc<dyn crate::io::BlockDevice>,
+    opts: CheckOptions,
+    progress: &dyn Progress,
+    prior: Option<std::sync::Arc<reuse::Prior>>,
+) -> Result<Report> {
+    let sink = || {
+        let mut s = Sink::new();
+        s.prior = prior.clone();
+        s
+    };
+    check_one(dev, false, opts, progress, &sink, &|_| Vec::new())
 }
 
 /// One device: from the primary superblock, or the first good mirror
@@ -230,6 +271,7 @@ fn check_one(
     degraded: bool,
     opts: CheckOptions,
     progress: &dyn Progress,
+    sink: &dyn Fn() -> Sink,
     early: &dyn Fn(&Image) -> Vec<(u64, u64)>,
 ) -> Result<Report> {
     let img_opts = |mirror| check_open_options(mirror, degraded);
@@ -237,14 +279,14 @@ fn check_one(
     let primary_err = match open(0) {
         Ok(img) => {
             let early = early(&img);
-            return Ok(run(&img, opts, progress, Sink::new(), early));
+            return Ok(run(&img, opts, progress, sink(), early));
         }
         Err(e @ (Error::Io { .. } | Error::MissingDevice { .. })) => return Err(e),
         Err(e) => e,
     };
     for mirror in 1..BTRFS_SUPER_MIRROR_MAX {
         if let Ok(img) = open(mirror) {
-            let mut pre = Sink::new();
+            let mut pre = sink();
             pre.push(
                 findings::F::err(1, "superblock")
                     .at(BTRFS_SUPER_INFO_OFFSET)
@@ -361,6 +403,8 @@ fn run_phases(
     data: Option<std::thread::ScopedJoinHandle<'_, (u64, Vec<(u64, String)>)>>,
     early_prefetched: bool,
 ) -> Report {
+    let mut sink = sink;
+    let prior = sink.prior.take();
     let mut cx = Ctx {
         img,
         opts,
@@ -385,6 +429,8 @@ fn run_phases(
         early_prefetched,
         walked: Default::default(),
         stream: Default::default(),
+        prior: prior.as_deref(),
+        keep: opts.for_repair.then(reuse::Keep::default),
     };
     for w in &img.open_warnings {
         cx.report(findings::F::warn(1, "open").msg(w.clone()));
@@ -433,7 +479,10 @@ fn run_phases(
     cx.ext.block_owner = Vec::new();
     timed(&mut cx, 8, log::check);
     report_rebuilt(&mut cx);
-    cx.sink.into_report()
+    let kept = cx.keep.take().and_then(reuse::finish);
+    let mut report = cx.sink.into_report();
+    report.prior = kept.map(std::sync::Arc::new);
+    report
 }
 
 /// Tree blocks read through RAID5/6 parity: a damaged stripe is a

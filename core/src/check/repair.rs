@@ -389,11 +389,22 @@ pub enum Target {
 
 impl Target {
     fn check(&self, opts: CheckOptions, progress: &dyn Progress) -> Result<Report> {
+        self.check_after(opts, progress, None)
+    }
+
+    /// The check after a repair, taking the unchanged trees' facts from
+    /// the one before it.
+    fn check_after(
+        &self,
+        opts: CheckOptions,
+        progress: &dyn Progress,
+        prior: Option<Arc<super::reuse::Prior>>,
+    ) -> Result<Report> {
         match self {
             Target::Paths { paths, degraded } => {
-                super::check_paths(paths, *degraded, opts, progress)
+                super::check_paths_after(paths, *degraded, opts, progress, prior)
             }
-            Target::Device(d) => super::check_device(d.clone(), opts, progress),
+            Target::Device(d) => super::check_device_after(d.clone(), opts, progress, prior),
         }
     }
 
@@ -449,7 +460,7 @@ pub fn plan(
 ) -> Result<Outcome> {
     let before = target.check(
         CheckOptions {
-            keep_in_use: true,
+            for_repair: true,
             ..check
         },
         progress,
@@ -515,7 +526,8 @@ pub fn carry_out(
     let img = target.open(true)?;
     planned.changes = apply(img, &planned.plan, progress)?;
     planned.committed = true;
-    planned.after = Some(target.check(check, progress)?);
+    let prior = planned.before.prior.clone();
+    planned.after = Some(target.check_after(check, progress, prior)?);
     Ok(planned)
 }
 

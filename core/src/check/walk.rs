@@ -257,7 +257,20 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
         let prof = std::env::var_os("BTRKIT_PROF").is_some();
         for i in 0..specs.len() {
             let s = &specs[i];
-            walk(cx, &mut seen, &mut mirrors, s, scope, pending);
+            match &s.fs_check {
+                Some(r) => {
+                    if let Some(t) = super::reuse::take(cx, r.id(), &r.item, &seen) {
+                        super::reuse::replay(cx, r.id(), t, &mut seen);
+                    } else {
+                        let m = super::reuse::mark(cx);
+                        walk(cx, &mut seen, &mut mirrors, s, scope, pending);
+                        if let Some(m) = m {
+                            super::reuse::walked(cx, r.id(), &r.item, m);
+                        }
+                    }
+                }
+                None => walk(cx, &mut seen, &mut mirrors, s, scope, pending),
+            }
             if prof {
                 eprintln!("tree {} walked at {:?}", s.root.id as i64, t0.elapsed());
             }
@@ -654,6 +667,11 @@ impl Visitor for BlockCheck<'_, '_> {
         _log: bool,
     ) -> Option<crate::Result<(Node, Vec<Problem>)>> {
         self.first = self.validated.insert(at.bytenr);
+        if !self.first {
+            if let Some(k) = self.cx.keep.as_mut() {
+                k.shared = true;
+            }
+        }
         if !self.first && !self.fs_check() {
             return None;
         }
