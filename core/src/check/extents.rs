@@ -142,7 +142,7 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
         };
         match k.ty {
             BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY => {
-                let v = match decode(&k, d, 0) {
+                let v = match decode(&k, d, 0).map_err(|e| e.at(node.bytenr, k)) {
                     Ok(ItemBody::Extent(v)) => v,
                     Ok(_) => continue,
                     Err(e) => {
