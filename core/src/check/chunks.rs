@@ -194,7 +194,14 @@ pub(super) fn check(cx: &mut Ctx) {
             match dexts.get(i) {
                 Some(d) if d.devid == devid && d.physical == phys => {
                     if d.chunk_offset != c.logical || d.length != want {
-                        cx.report(F::err(P, "dev-extent").tree(4).at(c.logical).msg(format!(
+                        // The chunk maps the data: its stripe says what
+                        // the dev extent at its place must hold.
+                        cx.report(F::err(P, "dev-extent").tree(4).at(phys).fix(Repair::DevExtentFromChunk {
+                            devid,
+                            physical: phys,
+                            chunk: c.logical,
+                            length: want,
+                        }).msg(format!(
                             "dev extent {devid}:{phys} (chunk {} length {}) does not match chunk {} stripe length {want}",
                             d.chunk_offset, d.length, c.logical
                         )));
@@ -211,6 +218,17 @@ pub(super) fn check(cx: &mut Ctx) {
     // Dev extents: owned by a chunk, no overlap, inside the device.
     let stripes: std::collections::HashSet<(u64, u64)> =
         chunks.iter().flat_map(|c| c.stripes.iter().copied()).collect();
+    // Where a chunk's stripe says the dev extent at (devid, physical)
+    // must end, by the chunk's own length.
+    let stripe_end: std::collections::HashMap<(u64, u64), (u64, u64)> = chunks
+        .iter()
+        .flat_map(|c| {
+            let want = c.dev_extent_len();
+            c.stripes
+                .iter()
+                .map(move |&(d, p)| ((d, p), (c.logical, want)))
+        })
+        .collect();
     let mut used_by_dev: Vec<(u64, u64)> = Vec::new();
     let mut prev: Option<DevExtRec> = None;
     for d in &dexts {
@@ -244,9 +262,28 @@ pub(super) fn check(cx: &mut Ctx) {
         }
         prev = Some(*d);
         let end = d.physical.saturating_add(d.length);
+        // A length the chunk disagrees with is the chunk's to say; a dev
+        // extent that fits its chunk and the device but not the device
+        // item's size says the item is wrong.
+        let from_chunk = stripe_end
+            .get(&(d.devid, d.physical))
+            .filter(|&&(logical, want)| d.chunk_offset != logical || d.length != want)
+            .map(|&(chunk, length)| Repair::DevExtentFromChunk {
+                devid: d.devid,
+                physical: d.physical,
+                chunk,
+                length,
+            });
+        let real = dev_size(d.devid);
         if let Some(dev) = cx.chunks.dev_items.iter().find(|x| x.devid == d.devid) {
             if end > dev.total_bytes {
-                cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!(
+                let mut f = F::err(P, "dev-extent").tree(4).at(d.physical);
+                if let Some(r) = from_chunk.clone() {
+                    f = f.fix(r);
+                } else if owned && real.is_some_and(|z| end <= z) {
+                    f = f.fix(Repair::DeviceSizes);
+                }
+                cx.report(f.msg(format!(
                     "dev extent {}:{} ends at {end}, past the device size {}",
                     d.devid, d.physical, dev.total_bytes
                 )));
@@ -259,8 +296,12 @@ pub(super) fn check(cx: &mut Ctx) {
                     .msg(format!("dev extent on unknown device {}", d.devid)),
             );
         }
-        if let Some(size) = dev_size(d.devid).filter(|&z| end > z) {
-            cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!(
+        if let Some(size) = real.filter(|&z| end > z) {
+            let mut f = F::err(P, "dev-extent").tree(4).at(d.physical);
+            if let Some(r) = from_chunk.clone() {
+                f = f.fix(r);
+            }
+            cx.report(f.msg(format!(
                 "dev extent {}:{} ends at {end}, past the end of the image ({size} bytes)",
                 d.devid, d.physical
             )));

@@ -346,6 +346,19 @@ pub enum Repair {
         /// The item's key offset.
         offset: u64,
     },
+    /// Write the dev extent at a chunk's stripe again from the chunk: the
+    /// chunk it belongs to and the stripe's length (the chunk maps the
+    /// data; a dev extent only records the space taken).
+    DevExtentFromChunk {
+        /// The device.
+        devid: u64,
+        /// The stripe's physical start.
+        physical: u64,
+        /// The chunk's logical start.
+        chunk: u64,
+        /// The stripe's length.
+        length: u64,
+    },
     /// Delete a dev extent no chunk stripe owns (its space on the device
     /// is free again).
     DeleteDevExtent {
@@ -448,9 +461,10 @@ impl Repair {
             Repair::BlockGroupUsage | Repair::RebuildFreeSpaceTree | Repair::ClearSpaceCache => {
                 "free-space"
             }
-            Repair::RewriteSuperblocks | Repair::DeviceSizes | Repair::DeleteDevExtent { .. } => {
-                "superblock"
-            }
+            Repair::RewriteSuperblocks
+            | Repair::DeviceSizes
+            | Repair::DeleteDevExtent { .. }
+            | Repair::DevExtentFromChunk { .. } => "superblock",
             Repair::AddRootOrphan { .. } => "root-item",
             Repair::CsumOverlap { .. } => "checksums",
             Repair::SetNlink { .. }
@@ -580,6 +594,14 @@ impl Repair {
             }
             Repair::FileExtentGeneration { tree, ino, offset } => format!(
                 "set the future generation of the file extent at {offset} of inode {ino} (tree {tree}) to the repair's"
+            ),
+            Repair::DevExtentFromChunk {
+                devid,
+                physical,
+                chunk,
+                length,
+            } => format!(
+                "write dev extent {devid}:{physical} again from chunk {chunk}'s stripe (length {length})"
             ),
             Repair::DeleteDevExtent { devid, physical } => {
                 format!("delete dev extent {devid}:{physical}, which no chunk owns")

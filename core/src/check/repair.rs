@@ -275,7 +275,7 @@ fn order(r: &Repair) -> u8 {
         Repair::AddExtentItem { .. } => 0,
         Repair::RebuildExtentItem { .. } => 0,
         Repair::FileExtentDisk { .. } => 1,
-        Repair::DeleteDevExtent { .. } => 0,
+        Repair::DeleteDevExtent { .. } | Repair::DevExtentFromChunk { .. } => 0,
         Repair::AddRootOrphan { .. } => 1,
         Repair::CsumOverlap { .. } => 1,
         Repair::InodeMode { .. } | Repair::InodeFlags { .. } => 2,
@@ -973,6 +973,15 @@ impl Run<'_> {
                         }
                     }
                 }
+            }
+            Repair::DevExtentFromChunk {
+                devid,
+                physical,
+                chunk,
+                length,
+            } => {
+                let c = self.st.dev_extent_from_chunk(devid, physical, chunk, length)?;
+                self.changes.push(c);
             }
             Repair::DeleteDevExtent { devid, physical } => {
                 let c = self.st.delete_dev_extent(devid, physical)?;

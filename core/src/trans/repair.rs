@@ -411,6 +411,40 @@ impl Store {
         Ok(c)
     }
 
+    /// Write dev extent `devid:physical` as chunk `chunk`'s stripe of
+    /// `length` bytes records it, and bring the device items' counts in
+    /// line.
+    pub fn dev_extent_from_chunk(
+        &mut self,
+        devid: u64,
+        physical: u64,
+        chunk: u64,
+        length: u64,
+    ) -> Result<String> {
+        use crate::format::dev::DevExtent;
+        let k = Key::new(devid, BTRFS_DEV_EXTENT_KEY, physical);
+        let Some(d) = self.lookup(BTRFS_DEV_TREE_OBJECTID, &k)? else {
+            return Ok(format!("dev extent {devid}:{physical}: gone"));
+        };
+        let mut de = DevExtent::read_from_bytes(&d)
+            .map_err(|_| Error::corrupt_key("dev extent size", 0, k))?;
+        let (old_chunk, old_len) = (de.chunk_offset.get(), de.length.get());
+        de.chunk_tree.set(BTRFS_CHUNK_TREE_OBJECTID);
+        de.chunk_objectid.set(BTRFS_FIRST_CHUNK_TREE_OBJECTID);
+        de.chunk_offset.set(chunk);
+        de.length.set(length);
+        de.chunk_tree_uuid = self.chunk_tree_uuid;
+        self.update_item(BTRFS_DEV_TREE_OBJECTID, &k, de.as_bytes())?;
+        let mut c = format!(
+            "dev extent {devid}:{physical}: chunk {old_chunk} length {old_len} -> chunk {chunk} length {length}"
+        );
+        for more in self.fix_device_sizes()? {
+            c.push_str("; ");
+            c.push_str(&more);
+        }
+        Ok(c)
+    }
+
     /// The checksum item keyed at `bytenr` overlaps the item before it:
     /// it is deleted and its checksums are inserted again past the earlier
     /// item's end. Where both items hold a checksum for a sector, the one

@@ -5,7 +5,9 @@
 //! is kept when some reading of its header that fits between them gives a
 //! body its key's tree checker accepts; otherwise it is dropped (btrfs
 //! check deletes it too), and the name and extent checks on the mended leaf
-//! say what follows from that. The result is repacked with no gaps.
+//! say what follows from that. Of the readings that fit, one that leaves
+//! no gap to the next item's data is taken first. The result is repacked
+//! with no gaps.
 //!
 //! One function, used by the checker (which walks the mended leaf, so its
 //! findings are those of the image repaired) and by the repair (which
@@ -92,6 +94,13 @@ pub fn mend_item_offsets(buf: &[u8], csum_size: usize) -> Option<Mended> {
         // Neither: the data is where the header says, below a gap.
         if off.checked_add(size).is_some_and(|e| e < end) {
             readings.push((off, size));
+        }
+        // A reading whose data ends where the next item's begins leaves no
+        // gap below it: the one that explains the most (a block of items
+        // moved together keeps its headers consistent with its data, as
+        // btrfs-corrupt-block's shift_items leaves them).
+        if let Some(ne) = next_end {
+            readings.sort_by_key(|&(s, _)| s != ne);
         }
         let place = readings.into_iter().find(|&(s, l)| {
             fits(s, l)
@@ -218,6 +227,31 @@ mod tests {
         let mut b = good.clone();
         set_item(&mut b, 5, Some(12), None);
         assert_eq!(mend_item_offsets(&b, 4).expect("mended").block, good);
+    }
+
+    /// btrfs-corrupt-block's shift_items: the data of the second half of
+    /// the items moved down together with their offsets, leaving a gap.
+    /// Every header still matches its data: the leaf is closed up again,
+    /// nothing read anywhere else (fsck-tests 003).
+    #[test]
+    fn items_moved_with_their_offsets_are_closed_up() {
+        let good = leaf(&items());
+        let n = items().len();
+        let shift = 40usize;
+        let mut b = good.clone();
+        let (slot, last) = (n / 2, n - 1);
+        let (from, to) = (data_pos(&good, last), data_pos(&good, slot - 1));
+        b.copy_within(from..to, from - shift);
+        for i in slot..n {
+            let o = (data_pos(&good, i) - HEADER_SIZE - shift) as u32;
+            set_item(&mut b, i, Some(o), None);
+        }
+        let m = mend_item_offsets(&b, 4).expect("mended");
+        assert_eq!(m.block, good);
+        assert!(m.dropped.is_empty());
+        // Read where its header says: the first moved item, and the rest
+        // follow it as they are.
+        assert_eq!(m.realigned, vec![items()[slot].0]);
     }
 
     #[test]
