@@ -18,6 +18,7 @@ pub mod fs;
 pub mod image;
 pub mod io;
 pub mod log;
+pub mod rescue;
 pub mod mkfs;
 pub mod restore;
 pub mod trans;
