@@ -853,6 +853,7 @@ struct Built {
     logical: u64,
     item: ChunkItem,
     stripes: Vec<Stripe>,
+    /// It holds tree blocks other than the chunk tree's (which is lost).
     has_meta: bool,
     report: RecoveredChunk,
 }
@@ -930,8 +931,10 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
             | BTRFS_BLOCK_GROUP_RAID6)
         != 0;
     let sub_stripes: u16 = if profile == BTRFS_BLOCK_GROUP_RAID10 { 2 } else { 1 };
-    let has_meta = flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) != 0;
+    let has_meta = flags & BTRFS_BLOCK_GROUP_METADATA != 0;
     let has_data = flags & BTRFS_BLOCK_GROUP_DATA != 0;
+    // Only chunk tree blocks live in SYSTEM chunks.
+    let only_chunk_tree = flags & BTRFS_BLOCK_GROUP_TYPE_MASK == BTRFS_BLOCK_GROUP_SYSTEM;
     // Which of the candidates, and how many stripes.
     let chosen: Vec<ExtRec> = if noisy {
         let mut by_len: BTreeMap<u64, Vec<ExtRec>> = BTreeMap::new();
@@ -1008,6 +1011,7 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
         (v, if n == 1 { "one stripe" } else { "mirrored copies" })
     } else {
         let total = &score;
+        let mut how = "from where its tree blocks and data sectors are found";
         let mut used = vec![false; n];
         let mut v = Vec::with_capacity(n);
         for i in 0..n {
@@ -1020,6 +1024,17 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
                     used[j] = true;
                     v.push((chosen[j].devid, chosen[j].phys));
                 }
+                Some(_) if only_chunk_tree => {
+                    // What it held is being replaced: any order serves.
+                    let mut rest: Vec<(u64, u64)> = (0..n)
+                        .filter(|&j| !used[j])
+                        .map(|j| (chosen[j].devid, chosen[j].phys))
+                        .collect();
+                    rest.sort_unstable();
+                    v.extend(rest);
+                    how = "any order serves: a SYSTEM chunk holds only the chunk tree, rebuilt here";
+                    break;
+                }
                 _ => {
                     return Err(Error::Unsupported(format!(
                         "the stripe order of chunk {}+{} ({kind}) cannot be told: no old chunk item has its stripes and no tree block or checksummed data sector found on them places stripe {i}",
@@ -1028,7 +1043,7 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
                 }
             }
         }
-        (v, "from where its tree blocks and data sectors are found")
+        (v, how)
     };
     let item = ChunkItem {
         length: bg.length.into(),

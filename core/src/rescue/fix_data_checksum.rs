@@ -217,7 +217,10 @@ pub fn fix_data_checksum(paths: &[PathBuf], opts: Options) -> Result<FixDataChec
             if !bad.iter().any(|b| b.devid == c.devid && b.physical == c.phys) {
                 bad.push(CopyAt {
                     devid: c.devid,
-                    device: img.device_name(c.devid),
+                    device: match paths {
+                        [one] => one.display().to_string(),
+                        _ => img.device_name(c.devid),
+                    },
                     physical: c.phys,
                 });
             }

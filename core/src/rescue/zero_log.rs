@@ -45,6 +45,8 @@ pub struct CopyDone {
     pub log_root: Option<u64>,
     /// Whether it was written (or, in a dry run, would be).
     pub cleared: bool,
+    /// Nothing was ever written there (all zeroes): no copy to clear.
+    pub absent: bool,
 }
 
 impl RescueReport for ZeroLog {
@@ -65,6 +67,7 @@ impl RescueReport for ZeroLog {
         }
         for c in &self.copies {
             let what = match (c.log_root, c.cleared) {
+                (None, _) if c.absent => "none there (never written)".into(),
                 (None, _) => "not a valid copy, left alone (btrkit-fsck rescue super-recover)".into(),
                 (Some(0), _) => "no log".to_string(),
                 (Some(l), true) if self.dry_run => format!("log root {l}: would be cleared"),
@@ -128,6 +131,7 @@ pub fn zero_log(paths: &[PathBuf], dry_run: bool) -> Result<ZeroLog> {
                 offset: st.offset,
                 log_root: log,
                 cleared: clear,
+                absent: st.all_zero,
             });
         }
         if !dry_run {
