@@ -53,6 +53,14 @@ fn run(args: &cli::Args) -> anyhow::Result<i32> {
     if let Some(cli::Command::Rescue { cmd }) = &args.command {
         return rescue::run(cmd);
     }
+    // `btrkit-fsck --json rescue ...`: the check's flags before `rescue`
+    // make it an image name; say how it is spelled instead.
+    if args.images.first().is_some_and(|p| p.as_os_str() == "rescue" && !p.exists()) {
+        eprintln!(
+            "btrkit-fsck: `rescue` comes first, its options after its name: btrkit-fsck rescue NAME [OPTIONS] IMAGE..."
+        );
+        return Ok(EXIT_USAGE);
+    }
     let bar = progress::Bar::new(args.progress);
     let opts = btrkit_core::check::CheckOptions {
         check_data_csum: args.check_data_csum,

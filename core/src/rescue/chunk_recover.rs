@@ -272,7 +272,16 @@ pub fn chunk_recover(
     opts: Options,
     progress: &dyn Progress,
 ) -> Result<ChunkRecover> {
-    let devs = open_devices(paths, opts.dry_run)?;
+    chunk_recover_devices(open_devices(paths, opts.dry_run)?, opts, progress)
+}
+
+/// [`chunk_recover`] on devices already open (name, device), in any
+/// order; writable unless a dry run.
+pub fn chunk_recover_devices(
+    devs: Vec<(String, Arc<dyn BlockDevice>)>,
+    opts: Options,
+    progress: &dyn Progress,
+) -> Result<ChunkRecover> {
     let set = DeviceSet::assemble(devs).map_err(|e| match e {
         Error::Corrupt { .. } | Error::NotBtrfs(_) => Error::Invalid(format!(
             "{e} (chunk-recover needs a valid primary superblock on every device: btrkit-fsck rescue super-recover first)"
