@@ -257,7 +257,9 @@ impl Image {
         // is being rebuilt): check everything else.
         let mut probe = *sb;
         if probe.chunk_root.get() == 0 || !probe.chunk_root.get().is_multiple_of(4096) {
-            probe.chunk_root.set(probe.sectorsize.get().max(4096) as u64);
+            probe
+                .chunk_root
+                .set(probe.sectorsize.get().max(4096) as u64);
         }
         check_superblock(&probe, primary.size(), &mut warnings)?;
         let mut img = Image::assemble(primary, others, names, opts, sb, chunks, warnings)?;

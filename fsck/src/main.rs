@@ -55,7 +55,11 @@ fn run(args: &cli::Args) -> anyhow::Result<i32> {
     }
     // `btrkit-fsck --json rescue ...`: the check's flags before `rescue`
     // make it an image name; say how it is spelled instead.
-    if args.images.first().is_some_and(|p| p.as_os_str() == "rescue" && !p.exists()) {
+    if args
+        .images
+        .first()
+        .is_some_and(|p| p.as_os_str() == "rescue" && !p.exists())
+    {
         eprintln!(
             "btrkit-fsck: `rescue` comes first, its options after its name: btrkit-fsck rescue NAME [OPTIONS] IMAGE..."
         );

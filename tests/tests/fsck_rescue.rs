@@ -127,11 +127,14 @@ fn destroy_chunk_tree(devs: &[PathBuf], whole: bool, sys_array: bool) -> u64 {
     let ns = img.nodesize as usize;
     let root = img.sb.chunk_root.get();
     let fsid = img.sb.tree_fsid();
-    let path_of = |devid: u64| -> PathBuf {
-        PathBuf::from(&set.get(devid).expect("device of the set").name)
-    };
+    let path_of =
+        |devid: u64| -> PathBuf { PathBuf::from(&set.get(devid).expect("device of the set").name) };
     let zero = vec![0u8; ns];
-    for (devid, phys) in img.chunks.copies(root, ns as u64).expect("chunk root copies") {
+    for (devid, phys) in img
+        .chunks
+        .copies(root, ns as u64)
+        .expect("chunk root copies")
+    {
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(path_of(devid))
@@ -254,7 +257,10 @@ fn chunk_recover_case(set: &KernelSet, order: &[usize], whole: bool, work: &Path
     destroy_chunk_tree(&set.paths, whole, true);
     // Nothing opens it now: the check fails outright.
     let (code, _, err) = fsck(&[devs[0].as_os_str()]);
-    assert!(code == 8 || code == 4, "damaged image checked: {code} {err}");
+    assert!(
+        code == 8 || code == 4,
+        "damaged image checked: {code} {err}"
+    );
     eprintln!(
         "btrfs rescue chunk-recover 6.14, sys_chunk_array lost too: {}",
         progs_chunk_recover(&set.paths, work)
@@ -393,7 +399,10 @@ fn chunk_recover_cut_at_every_write() {
             });
             match open_error(&c) {
                 None => {
-                    assert!(clean(&c), "cut {cut} variant {variant}: opens but not clean");
+                    assert!(
+                        clean(&c),
+                        "cut {cut} variant {variant}: opens but not clean"
+                    );
                     outcomes[1] += 1;
                 }
                 Some(e) => {
@@ -431,7 +440,8 @@ fn super_recover_damaged_primary() {
         .open(&img)
         .unwrap();
     let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, BTRFS_SUPER_INFO_OFFSET + 0x200).unwrap();
+    f.read_exact_at(&mut b, BTRFS_SUPER_INFO_OFFSET + 0x200)
+        .unwrap();
     b[0] ^= 0xff;
     f.write_all_at(&b, BTRFS_SUPER_INFO_OFFSET + 0x200).unwrap();
     drop(f);
@@ -476,7 +486,10 @@ fn zero_log_of_a_kernel_log() {
     assert_ne!(kcrash::super_log_root(&img).unwrap().1, 0, "dry run wrote");
     let (code, out, err) = fsck(&["rescue".as_ref(), "zero-log".as_ref(), img.as_os_str()]);
     assert_eq!(code, 1, "{out} {err}");
-    assert!(out.contains("btrkit-replay"), "no word of btrkit-replay: {out}");
+    assert!(
+        out.contains("btrkit-replay"),
+        "no word of btrkit-replay: {out}"
+    );
     assert_eq!(kcrash::super_log_root(&img).unwrap().1, 0);
     // Every valid copy: no log, the generation kept.
     let (_, r, _) = rescue("zero-log", &[], std::slice::from_ref(&img));
@@ -504,9 +517,9 @@ fn fix_device_size_fixture_028() {
     let (code, r, err) = rescue("fix-device-size", &[], std::slice::from_ref(&img));
     assert_eq!(code, 1, "{err} {r}");
     assert!(
-        r["changes"]
-            .as_array()
-            .is_some_and(|c| c.iter().any(|c| c.as_str().unwrap_or("").contains("total_bytes"))),
+        r["changes"].as_array().is_some_and(|c| c
+            .iter()
+            .any(|c| c.as_str().unwrap_or("").contains("total_bytes"))),
         "{r}"
     );
     assert!(sets::progs_check(std::slice::from_ref(&img)).is_ok());
@@ -626,9 +639,17 @@ fn fix_data_checksum_dup_data() {
     f.write_all_at(b"bad two", sectors[1].1[1].1).unwrap();
     drop(f);
     let digest = kcrash::image_digest(&img).unwrap();
-    let (code, r, err) = rescue("fix-data-checksum", &["--readonly"], std::slice::from_ref(&img));
+    let (code, r, err) = rescue(
+        "fix-data-checksum",
+        &["--readonly"],
+        std::slice::from_ref(&img),
+    );
     assert_eq!(code, 4, "{err} {r}");
-    assert_eq!(kcrash::image_digest(&img).unwrap(), digest, "--readonly wrote");
+    assert_eq!(
+        kcrash::image_digest(&img).unwrap(),
+        digest,
+        "--readonly wrote"
+    );
     let bad = r["bad_sectors"].as_array().expect("bad sectors");
     assert_eq!(bad.len(), 2, "{r}");
     assert_eq!(bad[0]["logical"], sectors[0].0);
@@ -640,7 +661,11 @@ fn fix_data_checksum_dup_data() {
     assert_eq!(code, 4, "{err} {r}");
     assert_eq!(r["bad_sectors"][0]["action"]["action"], "rewritten", "{r}");
     assert_eq!(r["bad_sectors"][1]["action"]["action"], "left", "{r}");
-    let (_, out, _) = fsck(&["--json".as_ref(), "--check-data-csum".as_ref(), img.as_os_str()]);
+    let (_, out, _) = fsck(&[
+        "--json".as_ref(),
+        "--check-data-csum".as_ref(),
+        img.as_os_str(),
+    ]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let bad: Vec<String> = v["findings"]
         .as_array()
@@ -652,7 +677,11 @@ fn fix_data_checksum_dup_data() {
     assert_eq!(bad.len(), 1, "{bad:?}");
     assert!(bad[0].contains(&sectors[1].0.to_string()), "{bad:?}");
     // Only on request: copy 1's checksum recorded, copy 2 made equal to it.
-    let (code, r, err) = rescue("fix-data-checksum", &["--mirror", "1"], std::slice::from_ref(&img));
+    let (code, r, err) = rescue(
+        "fix-data-checksum",
+        &["--mirror", "1"],
+        std::slice::from_ref(&img),
+    );
     assert_eq!(code, 1, "{err} {r}");
     assert_eq!(r["committed"], true, "{r}");
     assert_eq!(r["bad_sectors"][0]["action"]["action"], "checksum-recorded");
@@ -662,7 +691,10 @@ fn fix_data_checksum_dup_data() {
     // Every file reads as before but the one whose sector took copy 1.
     let after = kernel_manifest(&set.paths);
     let changed = before.diff(&after);
-    assert!(changed.len() <= 1, "more than one file changed: {changed:?}");
+    assert!(
+        changed.len() <= 1,
+        "more than one file changed: {changed:?}"
+    );
 }
 
 #[test]

@@ -164,11 +164,7 @@ impl RescueReport for ChunkRecover {
             ));
         }
         for c in &self.chunks {
-            let stripes: Vec<String> = c
-                .stripes
-                .iter()
-                .map(|(d, p)| format!("{d}:{p}"))
-                .collect();
+            let stripes: Vec<String> = c.stripes.iter().map(|(d, p)| format!("{d}:{p}")).collect();
             let mut check = Vec::new();
             if c.blocks_confirmed + c.blocks_elsewhere > 0 {
                 check.push(format!("{} tree blocks confirm it", c.blocks_confirmed));
@@ -423,8 +419,9 @@ pub fn chunk_recover_devices(
     };
     let built = build_chunks(&trees, &cx)?;
     let mut orphan_dev_extents = Vec::new();
+    let starts: BTreeSet<u64> = trees.bgs.iter().map(|b| b.logical).collect();
     for e in &trees.exts {
-        if !trees.bgs.iter().any(|b| b.logical == e.chunk_offset) {
+        if !starts.contains(&e.chunk_offset) {
             orphan_dev_extents.push(format!(
                 "devid {} physical {}+{} names chunk {} that has no block group item",
                 e.devid, e.phys, e.length, e.chunk_offset
@@ -433,8 +430,12 @@ pub fn chunk_recover_devices(
     }
     let mut map = ChunkMap::new();
     for c in &built {
-        map.insert(c.logical, &c.item, &c.stripes)
-            .map_err(|e| Error::corrupt(format!("rebuilt chunks do not fit together: {e}"), c.logical))?;
+        map.insert(c.logical, &c.item, &c.stripes).map_err(|e| {
+            Error::corrupt(
+                format!("rebuilt chunks do not fit together: {e}"),
+                c.logical,
+            )
+        })?;
     }
 
     // 4. Verify: the trees read the same through the rebuilt map.
@@ -451,7 +452,11 @@ pub fn chunk_recover_devices(
     drop(img);
     let mut chunks: Vec<RecoveredChunk> = Vec::new();
     for c in &built {
-        if c.report.blocks_confirmed == 0 && c.has_meta && c.report.used > 0 {
+        if c.has_meta
+            && c.report.used > 0
+            && c.report.blocks_confirmed == 0
+            && c.report.data_matched == 0
+        {
             return Err(Error::corrupt(
                 format!(
                     "chunk {}+{} ({}) holds tree blocks but none was found where it maps them: nothing written",
@@ -519,7 +524,11 @@ pub fn chunk_recover_devices(
     }
     for c in &built {
         items.push((
-            Key::new(BTRFS_FIRST_CHUNK_TREE_OBJECTID, BTRFS_CHUNK_ITEM_KEY, c.logical),
+            Key::new(
+                BTRFS_FIRST_CHUNK_TREE_OBJECTID,
+                BTRFS_CHUNK_ITEM_KEY,
+                c.logical,
+            ),
             c.item_bytes(),
         ));
     }
@@ -544,7 +553,6 @@ pub fn chunk_recover_devices(
     }
     Ok(out)
 }
-
 
 /// Scan one device for tree blocks; returns how many were found.
 fn scan_device(
@@ -663,10 +671,10 @@ fn record(devid: u64, phys: u64, node: &Node, geo: &Geo, scan: &mut Scan) {
                 };
                 keep_newer(&mut scan.exts, (k.objectid, k.offset), rec, |r| r.gen);
             }
-            BTRFS_CHUNK_ITEM_KEY if owner == BTRFS_CHUNK_TREE_OBJECTID => {
-                if parse_chunk(d).is_ok() {
-                    keep_newer(&mut scan.chunk_items, k.offset, (gen, d.to_vec()), |r| r.0);
-                }
+            BTRFS_CHUNK_ITEM_KEY
+                if owner == BTRFS_CHUNK_TREE_OBJECTID && parse_chunk(d).is_ok() =>
+            {
+                keep_newer(&mut scan.chunk_items, k.offset, (gen, d.to_vec()), |r| r.0);
             }
             _ => {}
         }
@@ -784,9 +792,7 @@ fn data_samples(img: &Image, bgs: &[Bg], ss: u64) -> BTreeMap<u64, Vec<(u64, Vec
     let cs = img.csum.size().max(1);
     let step = (BTRFS_STRIPE_LEN / ss.max(1)).max(1);
     while let Some(Ok(item)) = it.next_item() {
-        if item.key.objectid != BTRFS_EXTENT_CSUM_OBJECTID
-            || item.key.ty != BTRFS_EXTENT_CSUM_KEY
-        {
+        if item.key.objectid != BTRFS_EXTENT_CSUM_OBJECTID || item.key.ty != BTRFS_EXTENT_CSUM_KEY {
             break;
         }
         let Ok(d) = item.data() else { continue };
@@ -817,14 +823,13 @@ fn bootstrap_map(cx: &Cx) -> ChunkMap {
     let scan = cx.scan;
     let mut bgs: Vec<&BgRec> = scan.bgs.values().collect();
     bgs.sort_by_key(|b| std::cmp::Reverse(b.gen));
+    let mut by_chunk: BTreeMap<u64, Vec<ExtRec>> = BTreeMap::new();
+    for e in scan.exts.values() {
+        by_chunk.entry(e.chunk_offset).or_default().push(*e);
+    }
     let mut map = ChunkMap::new();
     for bg in bgs {
-        let cands: Vec<ExtRec> = scan
-            .exts
-            .values()
-            .filter(|e| e.chunk_offset == bg.logical)
-            .copied()
-            .collect();
+        let cands = by_chunk.get(&bg.logical).cloned().unwrap_or_default();
         let bg = Bg {
             logical: bg.logical,
             length: bg.length,
@@ -880,20 +885,19 @@ impl Built {
 /// The chunks of the current trees: one per block group item, from the
 /// dev extents naming it.
 fn build_chunks(trees: &Trees, cx: &Cx) -> Result<Vec<Built>> {
+    let mut by_chunk: BTreeMap<u64, Vec<ExtRec>> = BTreeMap::new();
+    for e in &trees.exts {
+        by_chunk.entry(e.chunk_offset).or_default().push(ExtRec {
+            devid: e.devid,
+            phys: e.phys,
+            chunk_offset: e.chunk_offset,
+            length: e.length,
+            gen: 0,
+        });
+    }
     let mut out = Vec::new();
     for bg in &trees.bgs {
-        let cands: Vec<ExtRec> = trees
-            .exts
-            .iter()
-            .filter(|e| e.chunk_offset == bg.logical)
-            .map(|e| ExtRec {
-                devid: e.devid,
-                phys: e.phys,
-                chunk_offset: e.chunk_offset,
-                length: e.length,
-                gen: 0,
-            })
-            .collect();
+        let cands = by_chunk.get(&bg.logical).cloned().unwrap_or_default();
         if cands.is_empty() {
             return Err(Error::corrupt(
                 format!(
@@ -930,7 +934,10 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
     let kind = block_group_flags_str(flags);
     let profile = flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
     if profile.count_ones() > 1 {
-        return Err(bad(format!("block group {} has profile bits {kind}", bg.logical)));
+        return Err(bad(format!(
+            "block group {} has profile bits {kind}",
+            bg.logical
+        )));
     }
     let attr = RaidAttr::of(flags).ok_or_else(|| Error::Unsupported(kind.clone()))?;
     let striped = profile
@@ -939,7 +946,11 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
             | BTRFS_BLOCK_GROUP_RAID5
             | BTRFS_BLOCK_GROUP_RAID6)
         != 0;
-    let sub_stripes: u16 = if profile == BTRFS_BLOCK_GROUP_RAID10 { 2 } else { 1 };
+    let sub_stripes: u16 = if profile == BTRFS_BLOCK_GROUP_RAID10 {
+        2
+    } else {
+        1
+    };
     let has_meta = flags & BTRFS_BLOCK_GROUP_METADATA != 0;
     let has_data = flags & BTRFS_BLOCK_GROUP_DATA != 0;
     // Only chunk tree blocks live in SYSTEM chunks.
@@ -955,7 +966,9 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
             let Some(n) = stripes_for(flags, attr, bg.length, len) else {
                 continue;
             };
-            if (group.len() as u64) < n {
+            if (group.len() as u64) < n
+                || n > attr.dev_stripes.max(1).saturating_mul(cx.devs.len() as u64)
+            {
                 continue;
             }
             let mut g = group;
@@ -983,6 +996,15 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
         cands.to_vec()
     };
     let n = chosen.len();
+    // No more stripes than the devices hold (what is sized by n below).
+    let most = (attr.dev_stripes.max(1) as usize).saturating_mul(cx.devs.len());
+    if n > most {
+        return Err(bad(format!(
+            "block group {} ({kind}) has {n} dev extents, more than {most} stripes on {} devices",
+            bg.logical,
+            cx.devs.len()
+        )));
+    }
     let stripe_len = BTRFS_STRIPE_LEN;
     // A chunk item of an old chunk tree leaf with these very stripes.
     let old = scan.chunk_items.get(&bg.logical).and_then(|(_, b)| {
@@ -990,7 +1012,11 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
         let set: BTreeSet<(u64, u64)> = s.iter().map(|s| (s.devid.get(), s.offset.get())).collect();
         let want: BTreeSet<(u64, u64)> = chosen.iter().map(|e| (e.devid, e.phys)).collect();
         (c.length.get() == bg.length && c.type_.get() == flags && set == want && set.len() == n)
-            .then(|| s.iter().map(|s| (s.devid.get(), s.offset.get())).collect::<Vec<_>>())
+            .then(|| {
+                s.iter()
+                    .map(|s| (s.devid.get(), s.offset.get()))
+                    .collect::<Vec<_>>()
+            })
     });
     // Scores of each candidate as each stripe position.
     let placeholder = ChunkMapping {
@@ -1007,7 +1033,10 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
     for (j, e) in chosen.iter().enumerate() {
         score[j] = block_scores(&placeholder, e, scan, geo).0;
         if has_data && !noisy {
-            for (i, d) in data_scores(&placeholder, e, sample, cx).into_iter().enumerate() {
+            for (i, d) in data_scores(&placeholder, e, sample, cx)
+                .into_iter()
+                .enumerate()
+            {
                 score[j][i] += d;
             }
         }
@@ -1017,16 +1046,29 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
     } else if !striped {
         let mut v: Vec<(u64, u64)> = chosen.iter().map(|e| (e.devid, e.phys)).collect();
         v.sort_unstable();
-        (v, if n == 1 { "one stripe" } else { "mirrored copies" })
+        (
+            v,
+            if n == 1 {
+                "one stripe"
+            } else {
+                "mirrored copies"
+            },
+        )
     } else {
         let total = &score;
         let mut how = "from where its tree blocks and data sectors are found";
         let mut used = vec![false; n];
         let mut v = Vec::with_capacity(n);
+        // Stripe position by position, the unused candidate that fits it
+        // best (`total[candidate][position]`).
+        #[allow(clippy::needless_range_loop)]
         for i in 0..n {
-            let best = (0..n)
-                .filter(|&j| !used[j])
-                .max_by_key(|&j| (total[j][i], std::cmp::Reverse((chosen[j].devid, chosen[j].phys))));
+            let best = (0..n).filter(|&j| !used[j]).max_by_key(|&j| {
+                (
+                    total[j][i],
+                    std::cmp::Reverse((chosen[j].devid, chosen[j].phys)),
+                )
+            });
             let left = used.iter().filter(|u| !**u).count();
             match best {
                 Some(j) if total[j][i] > 0 || left == 1 => {
@@ -1076,7 +1118,10 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
     let mut stripes = Vec::with_capacity(n);
     for &(devid, phys) in &order {
         let uuid = cx.own.get(&devid).map(|d| d.uuid).ok_or_else(|| {
-            bad(format!("chunk {} has a stripe on devid {devid}, not given", bg.logical))
+            bad(format!(
+                "chunk {} has a stripe on devid {devid}, not given",
+                bg.logical
+            ))
         })?;
         stripes.push(Stripe {
             devid: devid.into(),
@@ -1126,7 +1171,6 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
     })
 }
 
-
 /// Stripes a chunk of `flags` and `length` has when each dev extent is
 /// `ext_len` bytes; None when no count fits.
 fn stripes_for(flags: u64, attr: RaidAttr, length: u64, ext_len: u64) -> Option<u64> {
@@ -1143,7 +1187,7 @@ fn stripes_for(flags: u64, attr: RaidAttr, length: u64, ext_len: u64) -> Option<
     if !striped {
         return (ext_len == length).then_some(attr.ncopies.max(1));
     }
-    if length % ext_len != 0 {
+    if !length.is_multiple_of(ext_len) {
         return None;
     }
     let data = length / ext_len;
@@ -1174,7 +1218,11 @@ fn confirmations(
         stripes: (0..n).map(|i| (i, 0)).collect(),
         sub_stripes,
     };
-    block_scores(&m, e, scan, geo).0.into_iter().max().unwrap_or(0)
+    block_scores(&m, e, scan, geo)
+        .0
+        .into_iter()
+        .max()
+        .unwrap_or(0)
 }
 
 /// For dev extent `e` of the chunk `m` maps (its stripes numbered, each
@@ -1210,9 +1258,6 @@ fn block_scores(m: &ChunkMapping, e: &ExtRec, scan: &Scan, geo: &Geo) -> (Vec<u6
     (score, other)
 }
 
-
-
-
 /// For dev extent `e` of the chunk `m` maps (stripes numbered, each at
 /// physical 0): how many sampled data sectors read from it match their
 /// checksum at each stripe position.
@@ -1231,7 +1276,9 @@ fn data_scores(m: &ChunkMapping, e: &ExtRec, sample: &[(u64, Vec<u8>)], cx: &Cx)
         let Ok(pieces) = m.map_range(off, ss) else {
             continue;
         };
-        let Some(piece) = pieces.first() else { continue };
+        let Some(piece) = pieces.first() else {
+            continue;
+        };
         let mut read: Option<(u64, bool)> = None;
         for &(idx, q) in &piece.copies {
             if q.saturating_add(ss) > e.length {
@@ -1240,8 +1287,8 @@ fn data_scores(m: &ChunkMapping, e: &ExtRec, sample: &[(u64, Vec<u8>)], cx: &Cx)
             let ok = match read {
                 Some((at, ok)) if at == q => ok,
                 _ => {
-                    let ok = dev.read_at(e.phys + q, &mut buf).is_ok()
-                        && cx.geo.csum.verify(&buf, want);
+                    let ok =
+                        dev.read_at(e.phys + q, &mut buf).is_ok() && cx.geo.csum.verify(&buf, want);
                     read = Some((q, ok));
                     ok
                 }
@@ -1292,9 +1339,13 @@ fn sys_array_of(built: &[Built]) -> Vec<u8> {
         .filter(|c| c.item.type_.get() & BTRFS_BLOCK_GROUP_SYSTEM != 0)
     {
         v.extend_from_slice(
-            Key::new(BTRFS_FIRST_CHUNK_TREE_OBJECTID, BTRFS_CHUNK_ITEM_KEY, c.logical)
-                .to_disk()
-                .as_bytes(),
+            Key::new(
+                BTRFS_FIRST_CHUNK_TREE_OBJECTID,
+                BTRFS_CHUNK_ITEM_KEY,
+                c.logical,
+            )
+            .to_disk()
+            .as_bytes(),
         );
         v.extend_from_slice(&c.item_bytes());
     }

@@ -43,7 +43,8 @@ pub fn clear_ino_cache(paths: &[PathBuf], dry_run: bool) -> Result<TreeChange> {
         }
     }
     if cleaned == 0 {
-        out.notes.push("no subvolume holds inode cache items".into());
+        out.notes
+            .push("no subvolume holds inode cache items".into());
     }
     out.finish(st)?;
     Ok(out)

@@ -22,7 +22,11 @@ pub fn clear_uuid_tree(paths: &[PathBuf], dry_run: bool) -> Result<TreeChange> {
         out.finish(st)?;
         return Ok(out);
     }
-    let items = st.items_in(UUID, crate::format::key::Key::MIN, crate::format::key::Key::MAX)?;
+    let items = st.items_in(
+        UUID,
+        crate::format::key::Key::MIN,
+        crate::format::key::Key::MAX,
+    )?;
     let key = st.root_key(UUID)?;
     st.drop_tree(UUID)?;
     st.delete_item(TreeId::Root, &key)?;

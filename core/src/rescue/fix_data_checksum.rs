@@ -214,7 +214,10 @@ pub fn fix_data_checksum(paths: &[PathBuf], opts: Options) -> Result<FixDataChec
         let want = &copies[0].want[..cs];
         let mut bad: Vec<CopyAt> = Vec::new();
         for c in &copies {
-            if !bad.iter().any(|b| b.devid == c.devid && b.physical == c.phys) {
+            if !bad
+                .iter()
+                .any(|b| b.devid == c.devid && b.physical == c.phys)
+            {
                 bad.push(CopyAt {
                     devid: c.devid,
                     device: match paths {

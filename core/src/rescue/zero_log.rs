@@ -68,7 +68,9 @@ impl RescueReport for ZeroLog {
         for c in &self.copies {
             let what = match (c.log_root, c.cleared) {
                 (None, _) if c.absent => "none there (never written)".into(),
-                (None, _) => "not a valid copy, left alone (btrkit-fsck rescue super-recover)".into(),
+                (None, _) => {
+                    "not a valid copy, left alone (btrkit-fsck rescue super-recover)".into()
+                }
                 (Some(0), _) => "no log".to_string(),
                 (Some(l), true) if self.dry_run => format!("log root {l}: would be cleared"),
                 (Some(l), true) => format!("log root {l}: cleared"),

@@ -42,9 +42,9 @@ mod repair;
 mod subtree;
 
 pub use btree::next_key;
+pub use cache::BlockCache;
 pub use chunk_tree::ChunkTreeReplaced;
 pub(crate) use commit::super_bytes;
-pub use cache::BlockCache;
 pub use csum::SectorSums;
 pub use logsync::LogSyncIo;
 
