@@ -697,6 +697,53 @@ fn fix_data_checksum_dup_data() {
     );
 }
 
+/// On a RAID1 set (given in reverse order): the copy on the second device
+/// bad, rewritten from the first; the report names the device.
+#[test]
+fn fix_data_checksum_raid1_set() {
+    skip_unless!(env::require_kernel_mount());
+    let set = KernelSet::new(2, &["-m", "raid1", "-d", "raid1"]);
+    let img = btrkit_core::devices::DeviceSet::open_paths(&set.paths, OpenOptions::default())
+        .expect("open set");
+    let ss = img.sectorsize as u64;
+    let sectors = {
+        let root = img.find_root(BTRFS_CSUM_TREE_OBJECTID).unwrap().unwrap();
+        let mut it = TreeIter::new(
+            &img,
+            root,
+            Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0),
+        )
+        .unwrap();
+        let item = it.next_item().unwrap().unwrap();
+        let l = item.key.offset;
+        (l, img.chunks.copies(l, ss).unwrap())
+    };
+    drop(img);
+    let (logical, copies) = sectors;
+    let (devid, phys) = *copies.iter().find(|c| c.0 == 2).expect("a copy on devid 2");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&set.paths[1])
+        .unwrap();
+    f.write_all_at(b"bad copy on device 2", phys).unwrap();
+    drop(f);
+    let devs = vec![set.paths[1].clone(), set.paths[0].clone()];
+    let (code, r, err) = rescue("fix-data-checksum", &[], &devs);
+    assert_eq!(code, 1, "{err} {r}");
+    let bad = &r["bad_sectors"][0];
+    assert_eq!(bad["logical"], logical, "{r}");
+    assert_eq!(bad["bad"][0]["devid"], devid, "{r}");
+    assert_eq!(bad["bad"][0]["physical"], phys, "{r}");
+    assert!(
+        bad["bad"][0]["device"]
+            .as_str()
+            .is_some_and(|d| d.contains(&*set.paths[1].to_string_lossy())),
+        "{r}"
+    );
+    assert_eq!(bad["action"]["action"], "rewritten", "{r}");
+    all_clean(&set.paths, "after fix-data-checksum");
+}
+
 #[test]
 fn command_line() {
     skip_unless!(env::require_kernel_mount());

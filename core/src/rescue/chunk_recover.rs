@@ -1013,11 +1013,19 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
         let want: BTreeSet<(u64, u64)> = chosen.iter().map(|e| (e.devid, e.phys)).collect();
         (c.length.get() == bg.length && c.type_.get() == flags && set == want && set.len() == n)
             .then(|| {
-                s.iter()
-                    .map(|s| (s.devid.get(), s.offset.get()))
-                    .collect::<Vec<_>>()
+                let order: Vec<(u64, u64)> =
+                    s.iter().map(|s| (s.devid.get(), s.offset.get())).collect();
+                (order, c.io_align.get(), c.io_width.get())
             })
     });
+    // What the old item says of I/O sizes (hints the kernel ignores; kept
+    // so that a chunk tree rebuilt as it was is byte for byte the same).
+    let (io_align, io_width) = old
+        .as_ref()
+        .map_or((BTRFS_STRIPE_LEN as u32, BTRFS_STRIPE_LEN as u32), |o| {
+            (o.1, o.2)
+        });
+    let old = old.map(|o| o.0);
     // Scores of each candidate as each stripe position.
     let placeholder = ChunkMapping {
         logical: bg.logical,
@@ -1101,8 +1109,8 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
         owner: BTRFS_EXTENT_TREE_OBJECTID.into(),
         stripe_len: stripe_len.into(),
         type_: flags.into(),
-        io_align: (BTRFS_STRIPE_LEN as u32).into(),
-        io_width: (BTRFS_STRIPE_LEN as u32).into(),
+        io_align: io_align.into(),
+        io_width: io_width.into(),
         sector_size: geo.sectorsize.into(),
         num_stripes: (n as u16).into(),
         sub_stripes: sub_stripes.into(),
