@@ -111,7 +111,8 @@ pub struct ScannedDevice {
     pub device: String,
     /// Its devid.
     pub devid: u64,
-    /// Bytes read.
+    /// Its size in bytes, every one of which was scanned (the holes of a
+    /// sparse image file skipped: they hold nothing).
     pub bytes: u64,
     /// Valid tree blocks of this filesystem found on it.
     pub tree_blocks: u64,
@@ -134,6 +135,8 @@ pub struct RecoveredChunk {
     pub stripes: Vec<(u64, u64)>,
     /// How the stripe order was decided.
     pub order: &'static str,
+    /// Tree blocks the extent tree lists in it.
+    pub blocks_listed: u64,
     /// Tree blocks found on its stripes where it maps them.
     pub blocks_confirmed: u64,
     /// Valid tree blocks found on its stripes carrying another address
@@ -411,7 +414,16 @@ pub fn chunk_recover_devices(
             0,
         )
     })?;
-    let samples = data_samples(&img, &trees.bgs, geo.sectorsize as u64);
+    // A metadump image (btrfs-image) holds no data to read.
+    let metadump = sb.flags.get() & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0;
+    let samples = if metadump {
+        warnings.push(
+            "metadump image: its data blocks are not present, data chunks not checked".into(),
+        );
+        BTreeMap::new()
+    } else {
+        data_samples(&img, &trees.bgs, geo.sectorsize as u64)
+    };
     drop(img);
     let cx = Cx {
         samples: &samples,
@@ -448,32 +460,25 @@ pub fn chunk_recover_devices(
             0,
         ));
     }
-    super::super_recover::trees_readable(&img)?;
     drop(img);
     let mut chunks: Vec<RecoveredChunk> = Vec::new();
     for c in &built {
         if c.has_meta
-            && c.report.used > 0
+            && c.report.blocks_listed > 0
             && c.report.blocks_confirmed == 0
             && c.report.data_matched == 0
         {
             return Err(Error::corrupt(
                 format!(
-                    "chunk {}+{} ({}) holds tree blocks but none was found where it maps them: nothing written",
-                    c.logical, c.report.length, c.report.kind
+                    "chunk {}+{} ({}) holds {} tree blocks the extent tree lists, but none was found where it maps them: nothing written",
+                    c.logical, c.report.length, c.report.kind, c.report.blocks_listed
                 ),
                 c.logical,
             ));
         }
-        if c.report.data_checked > 0 && c.report.data_matched == 0 {
-            return Err(Error::corrupt(
-                format!(
-                    "chunk {}+{} ({}): no checksummed data sector read through it matches: nothing written",
-                    c.logical, c.report.length, c.report.kind
-                ),
-                c.logical,
-            ));
-        }
+        // The data chunks' mapping comes from the trees' own items; data
+        // that does not match is damaged data (or, when the stripe order
+        // was read from the data, no order at all: refused above).
         if c.report.data_checked > c.report.data_matched {
             warnings.push(format!(
                 "chunk {}: {} of {} data sector copies read through it fail their checksums (btrkit-fsck --check-data-csum names them)",
@@ -579,6 +584,18 @@ fn scan_device(
     let mut reported = 0u64;
     // Each turn moves `pos` on by at least one sector.
     while pos.saturating_add(ns as u64) <= size {
+        // The holes of a sparse image read as zeroes: skip them.
+        match dev.next_data(pos) {
+            None => break,
+            Some(d) if d > pos => {
+                let d = d / ss as u64 * ss as u64;
+                if d > pos {
+                    pos = d;
+                    continue;
+                }
+            }
+            Some(_) => {}
+        }
         let len = (size - pos).min((WINDOW + ns) as u64) as usize;
         dev.read_at(pos, &mut buf[..len])?;
         let mut off = 0usize;
@@ -714,6 +731,8 @@ struct Ext {
 struct Trees {
     bgs: Vec<Bg>,
     exts: Vec<Ext>,
+    /// Every tree block the extent tree lists, ascending.
+    tree_blocks: Vec<u64>,
 }
 
 /// Read the current block group items and dev extents.
@@ -730,9 +749,23 @@ fn read_trees(img: &Image) -> Result<Trees> {
         .find_root(bg_tree)?
         .ok_or_else(|| Error::corrupt(format!("the root tree has no tree {bg_tree}"), 0))?;
     let mut bgs = Vec::new();
-    let mut it = TreeIter::new(img, root, Key::new(0, BTRFS_BLOCK_GROUP_ITEM_KEY, 0))?;
+    let mut tree_blocks = Vec::new();
+    if bg_tree != BTRFS_EXTENT_TREE_OBJECTID {
+        let extent = img
+            .find_root(BTRFS_EXTENT_TREE_OBJECTID)?
+            .ok_or_else(|| Error::corrupt("the root tree has no extent tree", 0))?;
+        let mut it = TreeIter::new(img, extent, Key::MIN)?;
+        while let Some(r) = it.next_item() {
+            let item = r?;
+            note_tree_block(&item.key, item.data()?, &mut tree_blocks);
+        }
+    }
+    let mut it = TreeIter::new(img, root, Key::MIN)?;
     while let Some(r) = it.next_item() {
         let item = r?;
+        if bg_tree == BTRFS_EXTENT_TREE_OBJECTID {
+            note_tree_block(&item.key, item.data()?, &mut tree_blocks);
+        }
         if item.key.ty != BTRFS_BLOCK_GROUP_ITEM_KEY {
             continue;
         }
@@ -765,7 +798,29 @@ fn read_trees(img: &Image) -> Result<Trees> {
             chunk_tree_uuid: de.chunk_tree_uuid,
         });
     }
-    Ok(Trees { bgs, exts })
+    tree_blocks.sort_unstable();
+    Ok(Trees {
+        bgs,
+        exts,
+        tree_blocks,
+    })
+}
+
+/// Keep the address of the tree block an extent item is for.
+fn note_tree_block(k: &Key, d: &[u8], out: &mut Vec<u64>) {
+    let tree_block = match k.ty {
+        BTRFS_METADATA_ITEM_KEY => true,
+        // btrfs_extent_item: refs, generation, flags.
+        BTRFS_EXTENT_ITEM_KEY => d
+            .get(16..24)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .is_some_and(|f| f & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0),
+        _ => false,
+    };
+    if tree_block {
+        out.push(k.objectid);
+    }
 }
 
 /// Checksummed data sectors to read through each data chunk: logical
@@ -918,7 +973,12 @@ fn build_chunks(trees: &Trees, cx: &Cx) -> Result<Vec<Built>> {
                 bg.logical,
             ));
         }
-        out.push(assemble(bg, &cands, cx, false)?);
+        let mut c = assemble(bg, &cands, cx, false)?;
+        let end = bg.logical.saturating_add(bg.length);
+        let from = trees.tree_blocks.partition_point(|&b| b < bg.logical);
+        let to = trees.tree_blocks.partition_point(|&b| b < end);
+        c.report.blocks_listed = (to - from) as u64;
+        out.push(c);
     }
     Ok(out)
 }
@@ -1015,16 +1075,26 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
             .then(|| {
                 let order: Vec<(u64, u64)> =
                     s.iter().map(|s| (s.devid.get(), s.offset.get())).collect();
-                (order, c.io_align.get(), c.io_width.get())
+                (
+                    order,
+                    c.io_align.get(),
+                    c.io_width.get(),
+                    c.sub_stripes.get(),
+                )
             })
     });
-    // What the old item says of I/O sizes (hints the kernel ignores; kept
-    // so that a chunk tree rebuilt as it was is byte for byte the same).
+    // What the old item says of I/O sizes and (outside RAID10, where it
+    // means nothing) sub_stripes, which old mkfs.btrfs wrote as 0: kept,
+    // so that a chunk tree rebuilt as it was is byte for byte the same.
     let (io_align, io_width) = old
         .as_ref()
         .map_or((BTRFS_STRIPE_LEN as u32, BTRFS_STRIPE_LEN as u32), |o| {
             (o.1, o.2)
         });
+    let sub_stripes = match &old {
+        Some(o) if profile != BTRFS_BLOCK_GROUP_RAID10 && o.3 <= 1 => o.3,
+        _ => sub_stripes,
+    };
     let old = old.map(|o| o.0);
     // Scores of each candidate as each stripe position.
     let placeholder = ChunkMapping {
@@ -1171,6 +1241,7 @@ fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
             used: bg.used,
             stripes: order,
             order: how,
+            blocks_listed: 0,
             blocks_confirmed: confirmed,
             blocks_elsewhere: other,
             data_checked: checked,

@@ -315,17 +315,25 @@ fn try_open(
     Ok(items)
 }
 
-/// The root tree reads, and so does the root block of every tree its
-/// root items name.
+/// The root tree reads, and so does the root block of every tree that
+/// opening the filesystem needs (extent, dev, checksum, free space and
+/// block group trees; as btrfs-progs' `open_ctree`). A damaged subvolume
+/// is the checker's, not a reason to prefer an older superblock.
 pub(crate) fn trees_readable(img: &Image) -> Result<()> {
     let root = img.root_tree();
     img.read_tree_block(root.bytenr, &Expect::root(&root), false)?;
     for (k, ri) in img.root_items_in(root)? {
-        let t = crate::image::tree_root_of(k.objectid, &ri);
-        if ri.refs.get() == 0 && is_fstree(k.objectid) {
-            // A deleted subvolume being dropped.
+        if !matches!(
+            k.objectid,
+            BTRFS_EXTENT_TREE_OBJECTID
+                | BTRFS_DEV_TREE_OBJECTID
+                | BTRFS_CSUM_TREE_OBJECTID
+                | BTRFS_FREE_SPACE_TREE_OBJECTID
+                | BTRFS_BLOCK_GROUP_TREE_OBJECTID
+        ) {
             continue;
         }
+        let t = crate::image::tree_root_of(k.objectid, &ri);
         img.read_tree_block(t.bytenr, &Expect::root(&t), false)?;
     }
     Ok(())
