@@ -14,8 +14,9 @@
 //! - chunk-recover cut at every write (the crash device: unflushed writes
 //!   kept, lost, torn): the image is as it was or recovered, and a second
 //!   run finishes;
-//! - chunk-recover on every fsck-test image of btrfs-progs with its chunk
-//!   tree destroyed the same way: no error the image did not have before;
+//! - chunk-recover on every fsck-test image of btrfs-progs: as it is, the
+//!   chunk tree it would build is the one there; with its chunk tree
+//!   destroyed the same way, no error the image did not have before;
 //! - super-recover (a damaged primary), zero-log (a real kernel log),
 //!   fix-device-size (fixture 028), clear-uuid-tree, clear-ino-cache
 //!   (fixture 064), fix-data-checksum (DUP data: one copy bad, both bad);
@@ -389,6 +390,10 @@ fn chunk_recover_every_fsck_fixture() {
             refused += 1;
             continue;
         }
+        // As it is, the chunk tree rebuilt is the one it holds.
+        let (code, r, err) = rescue("chunk-recover", &["--dry-run"], &devs);
+        assert_eq!(code, 0, "{name}: {err} {r}");
+        assert_eq!(r["unchanged"], true, "{name}: {r}");
         let log = kcrash::super_log_root(&img).unwrap().1 != 0;
         let before = error_categories(&devs);
         destroy_chunk_tree(&devs, false, true);
