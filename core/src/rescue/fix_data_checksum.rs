@@ -301,7 +301,8 @@ pub fn fix_data_checksum(paths: &[PathBuf], opts: Options) -> Result<FixDataChec
     let devices = img.device_list();
     let mut pieces = Vec::new();
     for (logical, _, _, _) in &record {
-        pieces.push(img.pieces(*logical, ss as u64)?.swap_remove(0));
+        let piece = img.pieces(*logical, ss as u64)?.into_iter().next();
+        pieces.push(piece.ok_or_else(|| Error::corrupt("data sector maps to nothing", *logical))?);
     }
     let mut st = Store::from_image(img)?;
     for (logical, sum, _, _) in &record {
