@@ -348,6 +348,29 @@ fn chunk_recover_whole_chunk_tree_raid0_data() {
     chunk_recover_case(&set, &[0, 1], true, work.path());
 }
 
+/// The chunk tree lost and the primary superblock damaged too: the first
+/// valid copy is used, and the commit writes every copy again.
+#[test]
+fn chunk_recover_with_a_damaged_primary_superblock() {
+    skip_unless!(env::require_kernel_mount());
+    let set = KernelSet::new(1, &[]);
+    let before = kernel_manifest(&set.paths);
+    destroy_chunk_tree(&set.paths, false, true);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&set.paths[0])
+        .unwrap();
+    f.write_all_at(b"damage", BTRFS_SUPER_INFO_OFFSET + 0x200)
+        .unwrap();
+    drop(f);
+    let (code, r, err) = rescue("chunk-recover", &["-y"], &set.paths);
+    assert_eq!(code, 1, "{err} {r}");
+    all_clean(&set.paths, "after chunk-recover");
+    let after = kernel_manifest(&set.paths);
+    assert!(after == before, "{}", before.short_diff(&after, 12));
+}
+
 /// Errors of btrkit-fsck's report by category, each once.
 fn error_categories(devs: &[PathBuf]) -> std::collections::BTreeSet<String> {
     let mut a: Vec<&std::ffi::OsStr> = vec!["--json".as_ref()];

@@ -45,7 +45,6 @@ use super::{open_devices, RescueReport, Status};
 use crate::check::Progress;
 use crate::chunk::{stripe_length, ChunkMap, ChunkMapping, RaidAttr};
 use crate::csum::{verify_block, CsumType};
-use crate::devices::DeviceSet;
 use crate::format::block_group::BlockGroupItem;
 use crate::format::chunk::{chunk_problems, parse_chunk, ChunkItem, Stripe};
 use crate::format::consts::*;
@@ -281,25 +280,8 @@ pub fn chunk_recover_devices(
     opts: Options,
     progress: &dyn Progress,
 ) -> Result<ChunkRecover> {
-    let set = DeviceSet::assemble(devs).map_err(|e| match e {
-        Error::Corrupt { .. } | Error::NotBtrfs(_) => Error::Invalid(format!(
-            "{e} (chunk-recover needs a valid primary superblock on every device: btrkit-fsck rescue super-recover first)"
-        )),
-        e => e,
-    })?;
-    if set.missing_count() > 0 {
-        return Err(Error::MissingDevice {
-            devids: Vec::new(),
-            what: format!(
-                "the filesystem has {} devices and {} were given: chunk-recover needs every device",
-                set.num_devices,
-                set.members().count()
-            ),
-        });
-    }
-    let primary = set
-        .primary()
-        .ok_or_else(|| Error::Invalid("no device given".into()))?;
+    let set = assemble_devices(devs)?;
+    let primary = &set[0];
     let sb = *primary.sb;
     if sb.log_root.get() != 0 && !opts.dry_run {
         return Err(Error::Unsupported(
@@ -332,15 +314,14 @@ pub fn chunk_recover_devices(
         ));
     }
     let primary_dev = primary.dev.clone();
-    let primary_id = primary.devid();
-    let others: Vec<(u64, Arc<dyn BlockDevice>)> = set
-        .members()
-        .filter(|m| m.devid() != primary_id)
+    let primary_mirror = primary.mirror;
+    let others: Vec<(u64, Arc<dyn BlockDevice>)> = set[1..]
+        .iter()
         .map(|m| (m.devid(), m.dev.clone()))
         .collect();
-    let names: BTreeMap<u64, String> = set.members().map(|m| (m.devid(), m.name.clone())).collect();
+    let names: BTreeMap<u64, String> = set.iter().map(|m| (m.devid(), m.name.clone())).collect();
     let own_items: BTreeMap<u64, DevItem> =
-        set.members().map(|m| (m.devid(), m.sb.dev_item)).collect();
+        set.iter().map(|m| (m.devid(), m.sb.dev_item)).collect();
     let open_with = |map: ChunkMap, writable: bool| {
         Image::open_with_chunk_map(
             primary_dev.clone(),
@@ -348,6 +329,7 @@ pub fn chunk_recover_devices(
             names.clone(),
             OpenOptions {
                 writable,
+                mirror: primary_mirror,
                 ..Default::default()
             },
             map,
@@ -359,7 +341,10 @@ pub fn chunk_recover_devices(
         primary_dev.clone(),
         others.clone(),
         names.clone(),
-        OpenOptions::default(),
+        OpenOptions {
+            mirror: primary_mirror,
+            ..Default::default()
+        },
     );
     let (chunk_tree_before, old_map) = match before {
         Ok(img) => ("readable".to_string(), Some(img.chunks.clone())),
@@ -367,11 +352,11 @@ pub fn chunk_recover_devices(
     };
 
     // 1. Scan.
-    let total: u64 = set.members().map(|m| m.dev.size()).sum();
+    let total: u64 = set.iter().map(|m| m.dev.size()).sum();
     progress.phase(1, "scan devices for tree blocks", total >> 20);
     let mut scan = Scan::default();
     let mut devices = Vec::new();
-    for m in set.members() {
+    for m in &set {
         let n = scan_device(m.devid(), m.dev.as_ref(), &geo, &mut scan, progress)?;
         devices.push(ScannedDevice {
             device: m.name.clone(),
@@ -383,7 +368,7 @@ pub fn chunk_recover_devices(
     let mut warnings = Vec::new();
 
     let dev_map: BTreeMap<u64, Arc<dyn BlockDevice>> =
-        set.members().map(|m| (m.devid(), m.dev.clone())).collect();
+        set.iter().map(|m| (m.devid(), m.dev.clone())).collect();
     let no_samples = BTreeMap::new();
     let cx = Cx {
         scan: &scan,
@@ -559,6 +544,97 @@ pub fn chunk_recover_devices(
     Ok(out)
 }
 
+/// One device of the filesystem, by the first of its superblock copies
+/// that is valid.
+struct Member {
+    name: String,
+    dev: Arc<dyn BlockDevice>,
+    sb: Box<crate::format::superblock::Superblock>,
+    /// Which copy `sb` is (a damaged primary is no reason to stop here:
+    /// the commit writes every copy again).
+    mirror: usize,
+}
+
+impl Member {
+    fn devid(&self) -> u64 {
+        self.sb.dev_item.devid.get()
+    }
+}
+
+/// The devices as one filesystem, as `DeviceSet::assemble` matches them
+/// but by each device's first valid superblock copy; the one with the
+/// newest generation first. Every device must be there.
+fn assemble_devices(devs: Vec<(String, Arc<dyn BlockDevice>)>) -> Result<Vec<Member>> {
+    if devs.is_empty() {
+        return Err(Error::Invalid("no device given".into()));
+    }
+    let mut v: Vec<Member> = Vec::with_capacity(devs.len());
+    for (name, dev) in devs {
+        let mut first_err = None;
+        let mut got = None;
+        for mirror in 0..super::copies_on(dev.size()).max(1) {
+            match crate::image::read_superblock(dev.as_ref(), mirror) {
+                Ok(sb) => {
+                    got = Some((sb, mirror));
+                    break;
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let Some((sb, mirror)) = got else {
+            let e = first_err.unwrap_or_else(|| Error::NotBtrfs("no superblock".into()));
+            return Err(match e {
+                Error::NotBtrfs(m) => Error::NotBtrfs(format!("{name}: {m}")),
+                e => Error::Invalid(format!("{name}: no valid superblock copy ({e})")),
+            });
+        };
+        v.push(Member {
+            name,
+            dev,
+            sb: Box::new(sb),
+            mirror,
+        });
+    }
+    // The newest generation first, then by devid.
+    v.sort_by_key(|m| (std::cmp::Reverse(m.sb.generation.get()), m.devid()));
+    let fsid = v[0].sb.fsid;
+    let mut seen = BTreeSet::new();
+    for m in &v {
+        if m.sb.fsid != fsid {
+            return Err(Error::Invalid(format!(
+                "{} and {} are not one filesystem",
+                v[0].name, m.name
+            )));
+        }
+        if m.sb.flags.get() & BTRFS_SUPER_FLAG_SEEDING != 0 {
+            return Err(Error::Unsupported(format!(
+                "{} is a seed device: seed devices are not supported",
+                m.name
+            )));
+        }
+        if !seen.insert(m.devid()) {
+            return Err(Error::Invalid(format!(
+                "device {} is given twice ({})",
+                m.devid(),
+                m.name
+            )));
+        }
+    }
+    let want = v[0].sb.num_devices.get();
+    if want != v.len() as u64 {
+        return Err(Error::MissingDevice {
+            devids: Vec::new(),
+            what: format!(
+                "the filesystem has {want} devices and {} were given: chunk-recover needs every device",
+                v.len()
+            ),
+        });
+    }
+    Ok(v)
+}
+
 /// Scan one device for tree blocks; returns how many were found.
 fn scan_device(
     devid: u64,
@@ -610,7 +686,7 @@ fn scan_device(
                 let bytenr = u64::from_le_bytes(b[0x30..0x38].try_into().unwrap_or([0; 8]));
                 if let Ok(node) = Node::from_vec(bytenr, b.to_vec()) {
                     if node.validate(&ctx, &Expect::default()).is_empty() {
-                        record(devid, at, &node, geo, scan);
+                        record(devid, at, &node, scan);
                         found += 1;
                         off += ns;
                         continue;
@@ -630,7 +706,7 @@ fn scan_device(
 }
 
 /// Keep what a valid block found at (`devid`, `phys`) tells.
-fn record(devid: u64, phys: u64, node: &Node, geo: &Geo, scan: &mut Scan) {
+fn record(devid: u64, phys: u64, node: &Node, scan: &mut Scan) {
     let h = node.header();
     let gen = h.generation.get();
     scan.blocks.insert(
@@ -653,7 +729,6 @@ fn record(devid: u64, phys: u64, node: &Node, geo: &Geo, scan: &mut Scan) {
     ) {
         return;
     }
-    let _ = geo;
     for slot in 0..node.nr_safe() {
         let (Some(k), Ok(d)) = (node.key(slot), node.item_data(slot)) else {
             continue;
