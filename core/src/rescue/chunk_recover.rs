@@ -614,6 +614,17 @@ fn assemble_devices(devs: Vec<(String, Arc<dyn BlockDevice>)>) -> Result<Vec<Mem
                 m.name
             )));
         }
+        // One commit behind is a power failure between two devices'
+        // superblocks; more is a device left out of commits.
+        if m.sb.generation.get().saturating_add(1) < v[0].sb.generation.get() {
+            return Err(Error::Invalid(format!(
+                "{} is at generation {}, {} at {}: a stale device",
+                m.name,
+                m.sb.generation.get(),
+                v[0].name,
+                v[0].sb.generation.get()
+            )));
+        }
         if !seen.insert(m.devid()) {
             return Err(Error::Invalid(format!(
                 "device {} is given twice ({})",
