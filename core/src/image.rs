@@ -201,49 +201,8 @@ impl Image {
         let sb = Box::new(read_superblock(primary.as_ref(), opts.mirror)?);
         let mut warnings = Vec::new();
         check_superblock(&sb, primary.size(), &mut warnings)?;
-        let csum = CsumType::from_disk(sb.csum_type.get())?;
         let chunks = ChunkMap::from_sys_chunk_array(&sb)?;
-        let devid = sb.dev_item.devid.get();
-        let mut devs = BTreeMap::from([(devid, primary.clone())]);
-        let mut own_dev_items = BTreeMap::from([(devid, sb.dev_item)]);
-        for (id, d) in others {
-            let theirs = read_superblock(d.as_ref(), 0)?;
-            if theirs.dev_item.devid.get() != id || theirs.fsid != sb.fsid {
-                return Err(Error::Invalid(format!(
-                    "device {id} holds device {} of filesystem {}",
-                    theirs.dev_item.devid.get(),
-                    crate::util::uuid::uuid_str(&theirs.fsid)
-                )));
-            }
-            own_dev_items.insert(id, theirs.dev_item);
-            if devs.insert(id, d).is_some() {
-                return Err(Error::Invalid(format!("device {id} given twice")));
-            }
-        }
-        let mut img = Image {
-            dev: primary,
-            devs,
-            names,
-            own_dev_items,
-            dev_items: Vec::new(),
-            missing: Vec::new(),
-            devid,
-            nodesize: sb.nodesize.get(),
-            sectorsize: sb.sectorsize.get(),
-            csum,
-            chunks,
-            sb,
-            mirror: opts.mirror,
-            lenient: opts.lenient,
-            degraded: opts.degraded,
-            trust_bad_csum: opts.trust_bad_csum,
-            accept_future: false,
-            accept_extent_items: false,
-            trusted: Default::default(),
-            rebuilt: Default::default(),
-            parity: Arc::new(ParityWriter::new()),
-            open_warnings: warnings,
-        };
+        let mut img = Image::assemble(primary, others, names, opts, sb, chunks, warnings)?;
         if let Err(e) = img.load_chunk_tree() {
             // The chunk tree may lie on the devices not given: say so
             // rather than what reading it ran into.
@@ -283,6 +242,100 @@ impl Image {
             img.open_warnings.push(format!("{what}: reading degraded"));
         }
         Ok(img)
+    }
+
+    /// Open the filesystem on `primary` and `others` (as
+    /// [`Image::open_devices`]) with `chunks` as its chunk map, neither the
+    /// superblock's sys_chunk_array nor the chunk tree read: what
+    /// `chunk-recover` reads the other trees through while it rebuilds
+    /// them. Every device of the filesystem must be given (the device
+    /// items that would say which are missing are in the chunk tree).
+    pub fn open_with_chunk_map(
+        primary: Arc<dyn BlockDevice>,
+        others: Vec<(u64, Arc<dyn BlockDevice>)>,
+        names: BTreeMap<u64, String>,
+        opts: OpenOptions,
+        chunks: ChunkMap,
+    ) -> Result<Image> {
+        let sb = Box::new(read_superblock(primary.as_ref(), opts.mirror)?);
+        let mut warnings = Vec::new();
+        // The chunk tree's location is not needed here (and may be what
+        // is being rebuilt): check everything else.
+        let mut probe = *sb;
+        if probe.chunk_root.get() == 0 || !probe.chunk_root.get().is_multiple_of(4096) {
+            probe
+                .chunk_root
+                .set(probe.sectorsize.get().max(4096) as u64);
+        }
+        check_superblock(&probe, primary.size(), &mut warnings)?;
+        let mut img = Image::assemble(primary, others, names, opts, sb, chunks, warnings)?;
+        img.dev_items = img.devs.keys().copied().collect();
+        if img.sb.num_devices.get() != img.dev_items.len() as u64 {
+            return Err(Error::MissingDevice {
+                devids: Vec::new(),
+                what: format!(
+                    "the filesystem has {} devices and {} were given: give every device",
+                    img.sb.num_devices.get(),
+                    img.dev_items.len()
+                ),
+            });
+        }
+        Ok(img)
+    }
+
+    /// The image on `primary` (superblock `sb`) and `others`, with
+    /// `chunks` as its chunk map so far.
+    fn assemble(
+        primary: Arc<dyn BlockDevice>,
+        others: Vec<(u64, Arc<dyn BlockDevice>)>,
+        names: BTreeMap<u64, String>,
+        opts: OpenOptions,
+        sb: Box<Superblock>,
+        chunks: ChunkMap,
+        warnings: Vec<String>,
+    ) -> Result<Image> {
+        let csum = CsumType::from_disk(sb.csum_type.get())?;
+        let devid = sb.dev_item.devid.get();
+        let mut devs = BTreeMap::from([(devid, primary.clone())]);
+        let mut own_dev_items = BTreeMap::from([(devid, sb.dev_item)]);
+        for (id, d) in others {
+            let theirs = first_valid_superblock(d.as_ref())?;
+            if theirs.dev_item.devid.get() != id || theirs.fsid != sb.fsid {
+                return Err(Error::Invalid(format!(
+                    "device {id} holds device {} of filesystem {}",
+                    theirs.dev_item.devid.get(),
+                    crate::util::uuid::uuid_str(&theirs.fsid)
+                )));
+            }
+            own_dev_items.insert(id, theirs.dev_item);
+            if devs.insert(id, d).is_some() {
+                return Err(Error::Invalid(format!("device {id} given twice")));
+            }
+        }
+        Ok(Image {
+            dev: primary,
+            devs,
+            names,
+            own_dev_items,
+            dev_items: Vec::new(),
+            missing: Vec::new(),
+            devid,
+            nodesize: sb.nodesize.get(),
+            sectorsize: sb.sectorsize.get(),
+            csum,
+            chunks,
+            sb,
+            mirror: opts.mirror,
+            lenient: opts.lenient,
+            degraded: opts.degraded,
+            trust_bad_csum: opts.trust_bad_csum,
+            accept_future: false,
+            accept_extent_items: false,
+            trusted: Default::default(),
+            rebuilt: Default::default(),
+            parity: Arc::new(ParityWriter::new()),
+            open_warnings: warnings,
+        })
     }
 
     /// The device the superblock was read from (and a single-device
@@ -817,6 +870,22 @@ fn list(ids: &[u64]) -> String {
         .map(u64::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The first copy of the superblock of `dev` that reads and verifies
+/// (primary first): what a device of a set is known by when its own
+/// primary copy is damaged. The primary's error when none does.
+pub fn first_valid_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+    let mut first = None;
+    for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
+        match read_superblock(dev, mirror) {
+            Ok(sb) => return Ok(sb),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    Err(first.unwrap_or_else(|| Error::NotBtrfs("no superblock".into())))
 }
 
 /// Read and verify superblock copy `mirror`.

@@ -1,11 +1,13 @@
 //! btrkit-fsck: check a Btrfs image without changing it, or repair it
 //! with `--repair`. Exit codes follow fsck(8): 0 clean, 1 errors repaired,
 //! 4 errors found or left, 8 the image could not be checked, 16 usage error.
+//! `btrkit-fsck rescue NAME IMAGE...` runs one of btrfs rescue's commands.
 
 mod cli;
 mod progress;
 mod render;
 mod repair;
+mod rescue;
 
 use clap::Parser;
 
@@ -48,6 +50,21 @@ fn main() {
 fn run(args: &cli::Args) -> anyhow::Result<i32> {
     // The checker reads thousands of node-sized blocks into short-lived buffers.
     btrkit_core::io::host::keep_freed_heap();
+    if let Some(cli::Command::Rescue { cmd }) = &args.command {
+        return rescue::run(cmd);
+    }
+    // `btrkit-fsck --json rescue ...`: the check's flags before `rescue`
+    // make it an image name; say how it is spelled instead.
+    if args
+        .images
+        .first()
+        .is_some_and(|p| p.as_os_str() == "rescue" && !p.exists())
+    {
+        eprintln!(
+            "btrkit-fsck: `rescue` comes first, its options after its name: btrkit-fsck rescue NAME [OPTIONS] IMAGE..."
+        );
+        return Ok(EXIT_USAGE);
+    }
     let bar = progress::Bar::new(args.progress);
     let opts = btrkit_core::check::CheckOptions {
         check_data_csum: args.check_data_csum,

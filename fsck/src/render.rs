@@ -87,7 +87,7 @@ pub fn human(images: &[PathBuf], r: &Report) {
 
 /// `body` (a JSON object) with the image and every device named, on
 /// stdout: every `--json` report starts from these.
-fn print_json(images: &[PathBuf], mut body: serde_json::Value) -> anyhow::Result<()> {
+pub(crate) fn print_json(images: &[PathBuf], mut body: serde_json::Value) -> anyhow::Result<()> {
     if let Some(o) = body.as_object_mut() {
         o.insert("image".into(), images[0].display().to_string().into());
         o.insert(
@@ -104,7 +104,7 @@ fn print_json(images: &[PathBuf], mut body: serde_json::Value) -> anyhow::Result
 }
 
 /// The devices checked, as one name: `a.img` or `a.img + b.img`.
-fn names(images: &[PathBuf]) -> String {
+pub(crate) fn names(images: &[PathBuf]) -> String {
     images
         .iter()
         .map(|p| p.display().to_string())

@@ -74,28 +74,59 @@ pub(crate) type DataResult = (u64, Vec<(u64, String)>);
 
 /// A bad copy of a sector.
 #[derive(Clone, Copy, Debug)]
-struct BadCopy {
-    logical: u64,
+pub(crate) struct BadCopy {
+    /// Logical address of the sector.
+    pub logical: u64,
     /// Copies of the sector.
-    copies: u8,
-    devid: u64,
-    phys: u64,
+    pub copies: u8,
+    /// The device of the bad copy.
+    pub devid: u64,
+    /// Its physical offset there.
+    pub phys: u64,
     /// For a RAID5/6 stripe: whether parity rebuilds the sector right.
-    rebuilt: Option<bool>,
+    pub rebuilt: Option<bool>,
+    /// The checksum the csum tree records for the sector (`csum size`
+    /// bytes used).
+    pub want: [u8; BTRFS_CSUM_SIZE],
+}
+
+/// Every checksummed sector read and verified: how many, each bad copy
+/// (unordered), and the checksummed ranges that could not be read at all
+/// (logical address, why).
+pub(crate) struct DataScan {
+    pub sectors: u64,
+    pub bad: Vec<BadCopy>,
+    pub unmapped: Vec<(u64, String)>,
 }
 
 /// Read and verify every checksummed sector of the image.
 pub(crate) fn verify_all(img: &Image) -> DataResult {
+    let DataScan {
+        sectors,
+        bad: bad_copies,
+        unmapped,
+    } = scan(img);
+    report(img, sectors, bad_copies, unmapped)
+}
+
+/// Read every checksummed sector of the image, every copy, and keep the
+/// bad ones.
+pub(crate) fn scan(img: &Image) -> DataScan {
     let mut unmapped: Vec<(u64, String)> = Vec::new();
+    let empty = |unmapped| DataScan {
+        sectors: 0,
+        bad: Vec::new(),
+        unmapped,
+    };
     let Ok(Some(root)) = img.find_root(BTRFS_CSUM_TREE_OBJECTID) else {
-        return (0, unmapped);
+        return empty(unmapped);
     };
     let Ok(mut it) = TreeIter::new(
         img,
         root,
         Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0),
     ) else {
-        return (0, unmapped);
+        return empty(unmapped);
     };
     let cs = img.csum.size().max(1);
     let ss = (img.sectorsize as u64).max(1);
@@ -159,7 +190,20 @@ pub(crate) fn verify_all(img: &Image) -> DataResult {
             .flat_map(|w| w.join().unwrap_or_default())
             .collect()
     });
+    DataScan {
+        sectors,
+        bad: bad_copies,
+        unmapped,
+    }
+}
 
+/// The findings' messages for what [`scan`] found.
+fn report(
+    img: &Image,
+    sectors: u64,
+    bad_copies: Vec<BadCopy>,
+    unmapped: Vec<(u64, String)>,
+) -> DataResult {
     // A sector is bad when any copy of it is; say how many.
     // On several devices, each bad copy is named by device and offset (a
     // scrub's report).
@@ -172,6 +216,7 @@ pub(crate) fn verify_all(img: &Image) -> DataResult {
             devid,
             phys,
             rebuilt,
+            ..
         } = b;
         if let Some(ok) = rebuilt {
             let missing = img.device_of(devid).is_none();
@@ -484,7 +529,18 @@ fn bad_sector(img: &Image, sums: &[u8], s: &Segment, k: usize, bad: &mut Vec<Bad
         devid: s.devid,
         phys: s.phys + k as u64 * ss,
         rebuilt,
+        want: want_of(img, sums, s, k),
     });
+}
+
+/// The checksum recorded for sector `k` of segment `s`.
+fn want_of(img: &Image, sums: &[u8], s: &Segment, k: usize) -> [u8; BTRFS_CSUM_SIZE] {
+    let cs = img.csum.size().max(1);
+    let mut w = [0u8; BTRFS_CSUM_SIZE];
+    if let Some(b) = sums.get(s.sum_off + k * cs..s.sum_off + (k + 1) * cs) {
+        w[..b.len()].copy_from_slice(b);
+    }
+    w
 }
 
 /// Rebuild segment `s` (a RAID5/6 stripe on a missing device) from its row
@@ -508,6 +564,7 @@ fn rebuild_segment(img: &Image, sums: &[u8], s: &Segment, bad: &mut Vec<BadCopy>
                 devid: s.devid,
                 phys: s.phys + (k * ss) as u64,
                 rebuilt: Some(false),
+                want: want_of(img, sums, s, k),
             });
         }
     }

@@ -13,7 +13,7 @@
 
 mod chunks;
 mod csums;
-mod datacsum;
+pub(crate) mod datacsum;
 mod extents;
 pub mod findings;
 mod free_space;

@@ -410,7 +410,7 @@ impl Target {
 
     /// The filesystem: the primary superblock, or the first good mirror
     /// when it is unusable (one device), as the check does.
-    fn open(&self, writable: bool) -> Result<Image> {
+    pub fn open(&self, writable: bool) -> Result<Image> {
         let opts = |mirror, degraded| OpenOptions {
             mirror,
             writable,
@@ -812,10 +812,7 @@ impl Run<'_> {
                 ));
             }
             Repair::ClearInodeCache { tree } => {
-                let mut n = 0;
-                for obj in [BTRFS_FREE_INO_OBJECTID, BTRFS_FREE_SPACE_OBJECTID] {
-                    n += drop_object(self.st, TreeId::Tree(tree), tree, obj)?;
-                }
+                let n = clear_inode_cache(self.st, tree)?;
                 self.changes
                     .push(format!("tree {tree}: {n} inode cache items removed"));
             }
@@ -1336,6 +1333,18 @@ fn lost_found(st: &mut Store, tree: u64) -> Result<u64> {
         transid,
     )?;
     Ok(ino)
+}
+
+/// Remove the deprecated inode cache of subvolume `tree`: every item of
+/// its FREE_INO and FREE_SPACE objects, their data extents' references
+/// dropped (btrfs-progs' `truncate_free_ino_items`). Returns how many
+/// items went.
+pub(crate) fn clear_inode_cache(st: &mut Store, tree: u64) -> Result<usize> {
+    let mut n = 0;
+    for obj in [BTRFS_FREE_INO_OBJECTID, BTRFS_FREE_SPACE_OBJECTID] {
+        n += drop_object(st, TreeId::Tree(tree), tree, obj)?;
+    }
+    Ok(n)
 }
 
 /// Delete every item of `objectid` in `tree`, dropping the data

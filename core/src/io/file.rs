@@ -389,6 +389,28 @@ impl BlockDevice for FileDevice {
             .sync_data()
             .map_err(|e| Error::io("flush (fdatasync)", e))
     }
+    fn next_data(&self, offset: u64) -> Option<u64> {
+        use std::os::fd::AsRawFd;
+        if offset >= self.size {
+            return None;
+        }
+        let Ok(off) = libc::off_t::try_from(offset) else {
+            return Some(offset);
+        };
+        // SAFETY: lseek on a descriptor we own; every read and write of
+        // the device is positioned (pread, pwrite), so moving the file
+        // offset changes nothing else.
+        let r = unsafe { libc::lseek(self.file.as_raw_fd(), off, libc::SEEK_DATA) };
+        if r >= 0 {
+            return Some((r as u64).max(offset));
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            // Only holes from `offset` to the end.
+            Some(libc::ENXIO) => None,
+            // A block device or a file system without SEEK_DATA: read it.
+            _ => Some(offset),
+        }
+    }
     fn prefetch(&self, offset: u64, len: u64) {
         #[cfg(unix)]
         {

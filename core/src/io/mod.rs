@@ -73,6 +73,13 @@ pub trait BlockDevice: Send + Sync {
     fn rotational(&self) -> Option<bool> {
         None
     }
+    /// The first offset at or after `offset` that may hold data: a sparse
+    /// image file skips its holes (they read as zeroes), so a scan of the
+    /// whole device need not read them. None when only holes follow.
+    /// Every device but a file says `offset`.
+    fn next_data(&self, offset: u64) -> Option<u64> {
+        Some(offset)
+    }
     /// Hint that `len` bytes at `offset` will be read soon, so a device that
     /// can start the reads in the background may do so. Never fails.
     fn prefetch(&self, _offset: u64, _len: u64) {}

@@ -410,7 +410,7 @@ impl Store {
 }
 
 /// Superblock `sb` as written at byte `off`: its `bytenr` set, checksummed.
-pub(super) fn super_bytes(sb: &Superblock, off: u64, csum: crate::csum::CsumType) -> Vec<u8> {
+pub(crate) fn super_bytes(sb: &Superblock, off: u64, csum: crate::csum::CsumType) -> Vec<u8> {
     let mut copy = *sb;
     copy.bytenr.set(off);
     let mut bytes = copy.as_bytes().to_vec();

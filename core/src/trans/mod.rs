@@ -24,6 +24,7 @@ mod backref;
 mod btree;
 mod cache;
 pub(crate) mod chunk_alloc;
+mod chunk_tree;
 mod commit;
 mod csum;
 pub mod dataio;
@@ -42,6 +43,8 @@ mod subtree;
 
 pub use btree::next_key;
 pub use cache::BlockCache;
+pub use chunk_tree::ChunkTreeReplaced;
+pub(crate) use commit::super_bytes;
 pub use csum::SectorSums;
 pub use logsync::LogSyncIo;
 
@@ -324,9 +327,28 @@ impl Store {
     }
 
     fn from_image_any(img: Image) -> Result<Store> {
-        let sb = *img.sb;
-        let chunk_root = img.read_tree_block(sb.chunk_root.get(), &Expect::default(), false)?;
+        let chunk_root = img.read_tree_block(img.sb.chunk_root.get(), &Expect::default(), false)?;
         let chunk_tree_uuid = chunk_root.header().chunk_tree_uuid;
+        Store::from_parts(img, chunk_tree_uuid)
+    }
+
+    /// Open a writable store on an image whose chunk tree is to be
+    /// replaced ([`Store::replace_chunk_tree`]): its chunk map was
+    /// recovered some other way ([`Image::open_with_chunk_map`]) and its
+    /// chunk tree is never read; `chunk_tree_uuid` is what the new tree's
+    /// blocks carry. Refuses a filesystem with a log to replay, as
+    /// [`Store::from_image`] does.
+    pub fn from_image_without_chunk_tree(img: Image, chunk_tree_uuid: [u8; 16]) -> Result<Store> {
+        if img.sb.log_root.get() != 0 {
+            return Err(Error::Unsupported(
+                "the filesystem has a log tree to replay; replay it before writing".into(),
+            ));
+        }
+        Store::from_parts(img, chunk_tree_uuid)
+    }
+
+    fn from_parts(img: Image, chunk_tree_uuid: [u8; 16]) -> Result<Store> {
+        let sb = *img.sb;
         let bg_tree = if sb.compat_ro_flags.get() & BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE != 0 {
             BTRFS_BLOCK_GROUP_TREE_OBJECTID
         } else {
