@@ -279,6 +279,18 @@ impl LoopMount {
             let dev = attach_loop(image)?;
             g.devs.insert(0, dev.clone());
             g.opts = o.join(",");
+            // A loop device number is reused: the kernel may still hold a
+            // registration of another filesystem under it (it then
+            // refuses the mount: "fsid doesn't match fsid of
+            // fs_devices"). Forget whatever it holds for these devices.
+            for d in &g.devs {
+                let _ = Command::new("btrfs")
+                    .args(["device", "scan", "--forget"])
+                    .arg(d)
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status();
+            }
             let mut cmd = Command::new("mount");
             cmd.args(["-t", "btrfs"]);
             if !g.opts.is_empty() {

@@ -680,18 +680,23 @@ pub(super) fn check(cx: &mut Ctx) {
                 bg.flags & BTRFS_BLOCK_GROUP_DATA == 0 || b.saturating_add(len) > bg.end()
             })
     };
-    let bad_data: Vec<FoundData> = found_data
+    // File extents whose disk address has no extent item: matched as
+    // well when the address itself is sound (pointed into free space),
+    // but made holes only when it is not (an address that merely lost
+    // its item gets the item back).
+    let no_item = |b: u64| recs.binary_search_by_key(&b, |r| r.bytenr).is_err();
+    let bad_data: Vec<(FoundData, bool)> = found_data
         .iter()
-        .filter(|d| bad_disk(d.bytenr, d.disk_len))
-        .copied()
+        .filter(|d| no_item(d.bytenr) && !unreadable.contains_key(&d.bytenr))
+        .map(|d| (*d, bad_disk(d.bytenr, d.disk_len)))
         .collect();
     let mut matched: std::collections::HashMap<u64, Repair> = std::collections::HashMap::new();
-    let mut bad_fixes: std::collections::HashMap<u64, Vec<(FoundData, Repair)>> =
+    let mut bad_fixes: std::collections::HashMap<u64, Vec<(FoundData, Repair, bool)>> =
         std::collections::HashMap::new();
     if !bad_data.is_empty() {
         let referenced: std::collections::HashSet<u64> =
             found.iter().map(|(r, _)| r.bytenr).collect();
-        for d in &bad_data {
+        for (d, bad) in &bad_data {
             let want = RefKey::Data {
                 root: d.owner,
                 ino: d.ino,
@@ -710,6 +715,9 @@ pub(super) fn check(cx: &mut Ctx) {
                 [one] => Some((one.bytenr, one.len)),
                 _ => None,
             };
+            if to.is_none() && !*bad {
+                continue;
+            }
             let fix = Repair::FileExtentDisk {
                 tree: d.owner,
                 ino: d.ino,
@@ -720,7 +728,7 @@ pub(super) fn check(cx: &mut Ctx) {
             if let Some((b, _)) = to {
                 matched.insert(b, fix.clone());
             }
-            bad_fixes.entry(d.bytenr).or_default().push((*d, fix));
+            bad_fixes.entry(d.bytenr).or_default().push((*d, fix, *bad));
         }
     }
     // The checksum and quota phases use the references too.
@@ -767,7 +775,7 @@ pub(super) fn check(cx: &mut Ctx) {
                     Err(_) if bad_fixes.contains_key(&f.bytenr) => {
                         if missing_item_reported != Some(f.bytenr) {
                             missing_item_reported = Some(f.bytenr);
-                            for (d, fix) in bad_fixes.remove(&f.bytenr).unwrap_or_default() {
+                            for (d, fix, bad) in bad_fixes.remove(&f.bytenr).unwrap_or_default() {
                                 cx.report(
                                     F::err(P, "extent-missing")
                                         .tree(d.owner)
@@ -779,8 +787,16 @@ pub(super) fn check(cx: &mut Ctx) {
                                         ))
                                         .fix(fix)
                                         .msg(format!(
-                                            "inode {} file extent at {} points at {}+{}, which is no data extent (not aligned or inside no data block group)",
-                                            d.ino, d.key_offset, d.bytenr, d.disk_len
+                                            "inode {} file extent at {} points at {}+{}, where no extent item is ({})",
+                                            d.ino,
+                                            d.key_offset,
+                                            d.bytenr,
+                                            d.disk_len,
+                                            if bad {
+                                                "not aligned or inside no data block group"
+                                            } else {
+                                                "an extent item elsewhere names it"
+                                            }
                                         )),
                                 );
                             }

@@ -99,9 +99,13 @@ pub fn mend_item_offsets(buf: &[u8], csum_size: usize) -> Option<Mended> {
         // gap below it: the one that explains the most (a block of items
         // moved together keeps its headers consistent with its data, as
         // btrfs-corrupt-block's shift_items leaves them).
-        if let Some(ne) = next_end {
-            readings.sort_by_key(|&(s, _)| s != ne);
-        }
+        // Among those, one whose body is exactly as long as it says (an
+        // uncompressed inline extent's ram_bytes) before one that merely
+        // parses: a gap read into an item's data is caught there.
+        readings.sort_by_key(|&(s, l)| {
+            let snug = fits(s, l) && snug(&key, &data[s as usize..(s + l) as usize]);
+            (next_end.is_some_and(|ne| s != ne), !snug)
+        });
         let place = readings.into_iter().find(|&(s, l)| {
             fits(s, l)
                 && next_end.is_none_or(|ne| s >= ne)
@@ -137,6 +141,24 @@ pub fn mend_item_offsets(buf: &[u8], csum_size: usize) -> Option<Mended> {
         realigned,
         dropped,
     })
+}
+
+/// Whether an item body is exactly as long as its own fields say, where
+/// they say it: an uncompressed inline file extent holds ram_bytes bytes.
+/// Other items are as long as they parse (the tree checker's rule).
+fn snug(key: &Key, body: &[u8]) -> bool {
+    use crate::format::consts::*;
+    use crate::format::file_extent::{FileExtentHead, FILE_EXTENT_INLINE_DATA_START};
+    if key.ty != BTRFS_EXTENT_DATA_KEY {
+        return true;
+    }
+    let Ok((head, _)) = FileExtentHead::read_from_prefix(body) else {
+        return false;
+    };
+    if head.type_ != BTRFS_FILE_EXTENT_INLINE || head.compression != BTRFS_COMPRESS_NONE {
+        return true;
+    }
+    (body.len() - FILE_EXTENT_INLINE_DATA_START.min(body.len())) as u64 == head.ram_bytes.get()
 }
 
 #[cfg(test)]
