@@ -673,9 +673,9 @@ pub(super) fn check(cx: &mut Ctx) {
     // extent uses (btrfs check's repair of a bad file extent bytenr), or
     // made a hole.
     let bad_disk = |b: u64, len: u64| {
-        b % ss != 0
+        !b.is_multiple_of(ss)
             || len == 0
-            || len % ss != 0
+            || !len.is_multiple_of(ss)
             || cx.chunks.bg_of(b).is_none_or(|bg| {
                 bg.flags & BTRFS_BLOCK_GROUP_DATA == 0 || b.saturating_add(len) > bg.end()
             })
