@@ -876,10 +876,29 @@ impl Run<'_> {
                     // btrfs_extent_item: refs (8), generation (8), flags (8).
                     let old = u64::from_le_bytes(d[8..16].try_into().unwrap_or([0; 8]));
                     if old > transid {
-                        d[8..16].copy_from_slice(&transid.to_le_bytes());
+                        // A tree block's is its header's (btrfs check's
+                        // get_extent_item_generation; its root item
+                        // check compares the two); data's the repair's.
+                        let flags = d
+                            .get(16..24)
+                            .and_then(|b| b.try_into().ok())
+                            .map(u64::from_le_bytes)
+                            .unwrap_or(0);
+                        let new = if flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0 {
+                            self.st
+                                .image()
+                                .read_tree_block(bytenr, &Default::default(), false)
+                                .map(|n| n.generation())
+                                .ok()
+                                .filter(|&g| g != 0 && g <= transid)
+                                .unwrap_or(transid)
+                        } else {
+                            transid
+                        };
+                        d[8..16].copy_from_slice(&new.to_le_bytes());
                         self.st.update_item(EXTENT, &k, &d)?;
                         self.changes
-                            .push(format!("extent {bytenr}: generation {old} -> {transid}"));
+                            .push(format!("extent {bytenr}: generation {old} -> {new}"));
                     }
                 }
             }

@@ -543,9 +543,14 @@ struct BlockCheck<'c, 'a> {
 /// A leaf whose only problems are item offsets and sizes, mended
 /// ([`crate::tree::mend`]) when the mended leaf passes every check.
 fn mend(img: &Image, node: &Node, problems: &[Problem], expect: &Expect) -> Option<Node> {
-    if problems.is_empty()
-        || !node.is_leaf()
-        || problems.iter().any(|p| p.kind != ProblemKind::ItemBounds)
+    // An item read at a wrong offset has a body its checker refuses as
+    // well: those follow from the bounds, and the mended leaf must pass
+    // every check anyway.
+    if !node.is_leaf()
+        || !problems.iter().any(|p| p.kind == ProblemKind::ItemBounds)
+        || problems
+            .iter()
+            .any(|p| !matches!(p.kind, ProblemKind::ItemBounds | ProblemKind::ItemBody))
     {
         return None;
     }
