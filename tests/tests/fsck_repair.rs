@@ -1336,3 +1336,73 @@ fn check_after_repair_equals_a_fresh_check() {
     }
     assert!(reused > 0);
 }
+
+/// A repair writes nothing only where a tree cannot be walked whole (what
+/// it references is unknown), and says which tree and block; damage in
+/// derived records (a block group's used bytes beyond its length) beside
+/// it does not matter, and alone is repaired.
+#[test]
+fn refused_only_where_a_tree_cannot_be_walked() {
+    if let Some(why) = kernel_unavailable() {
+        btrkit_tests::skip(&why);
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let script = WORKLOAD
+        .replace("FILES", "300")
+        .replace("btrfs -q subvolume snapshot . snap\necho changed > snap/a/f5\n", "");
+    let img = kernel_image(tmp.path(), "walk.img", "", "", &script);
+    let base = Arc::new(std::fs::read(&img).expect("read image"));
+    let clean: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
+    let targets = Targets::find(clean.clone());
+    let bg = targets.block_groups[0].clone();
+    let over = |dev: &Arc<dyn BlockDevice>| {
+        // used far beyond the group's length: derived, recounted.
+        patch_tree_block(dev, bg.bytenr, &|b| {
+            set_u64(b, bg.data_off, bg.key.offset * 7 + 4096)
+        });
+    };
+    // The derived damage alone: repaired, clean.
+    let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
+    over(&dev);
+    let t = Target::Device(dev.clone());
+    let p = repair::plan(&t, CheckOptions::default(), RepairOptions::default(), &NoProgress)
+        .unwrap();
+    assert!(p.plan.refused.is_none(), "{:?}", p.plan.refused);
+    let done = repair::carry_out(&t, CheckOptions::default(), p, &NoProgress).unwrap();
+    assert!(done.after.as_ref().is_some_and(|a| a.is_clean()));
+    // With a leaf of tree 5 whose every copy fails its checksum: refused,
+    // naming the tree and the block, nothing written.
+    let leaf = targets.files.iter().find(|l| l.tree == 5).expect("a file in tree 5");
+    let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
+    over(&dev);
+    {
+        let img = btrkit_core::image::Image::open(dev.clone(), Default::default()).unwrap();
+        let ns = img.nodesize as u64;
+        for phys in img.chunks.map(leaf.bytenr, ns, img.devid).unwrap() {
+            let mut b = [0u8; 1];
+            dev.read_at(phys, &mut b).unwrap();
+            b[0] ^= 0xff;
+            dev.write_at(phys, &b).unwrap();
+        }
+        dev.flush().unwrap();
+    }
+    let before: Vec<u8> = {
+        let mut v = vec![0u8; dev.size() as usize];
+        dev.read_at(0, &mut v).unwrap();
+        v
+    };
+    let t = Target::Device(dev.clone());
+    let p = repair::plan(&t, CheckOptions::default(), RepairOptions::default(), &NoProgress)
+        .unwrap();
+    let why = p.plan.refused.clone().expect("refused");
+    assert!(
+        why.contains("tree 5") && why.contains(&leaf.bytenr.to_string()),
+        "{why}"
+    );
+    let done = repair::carry_out(&t, CheckOptions::default(), p, &NoProgress).unwrap();
+    assert!(!done.committed);
+    let mut after = vec![0u8; dev.size() as usize];
+    dev.read_at(0, &mut after).unwrap();
+    assert!(before == after, "a refused repair wrote");
+}
