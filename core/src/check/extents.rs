@@ -87,6 +87,9 @@ pub(crate) struct FoundData {
     pub used: u64,
     /// A regular (written) file extent, not a prealloc one.
     pub regular: bool,
+    /// Its inode has the nodatasum flag (its data has no checksums), as far
+    /// as the inode item read before it in the same tree says.
+    pub nodatasum: bool,
 }
 
 #[derive(Default)]
@@ -97,6 +100,9 @@ pub(crate) struct Facts {
     pub found_data: Vec<FoundData>,
     /// (bytenr, header owner) of every tree block read, in walk order.
     pub block_owner: Vec<(u64, u64)>,
+    /// (tree, inode, nodatasum) of the last inode item the walk of a
+    /// subvolume passed: its file extents come after it in key order.
+    pub last_inode: (u64, u64, bool),
     /// True once the extent tree has been read and `recs` sorted.
     pub loaded: bool,
     /// Findings about one extent item that the trees' references answer
@@ -345,6 +351,16 @@ pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
     let owner = node.owner();
     for slot in 0..node.nr_safe() {
         let Some(k) = node.key(slot) else { continue };
+        if k.ty == BTRFS_INODE_ITEM_KEY {
+            if let Ok(ItemBody::InodeItem(ii)) = node.item_data(slot).and_then(|d| decode(&k, d, 0)) {
+                cx.ext.last_inode = (
+                    owner,
+                    k.objectid,
+                    ii.flags.get() & BTRFS_INODE_NODATASUM != 0,
+                );
+            }
+            continue;
+        }
         if k.ty != BTRFS_EXTENT_DATA_KEY {
             continue;
         }
@@ -368,6 +384,7 @@ pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
             key_offset: k.offset,
             used: item.offset.get().saturating_add(item.num_bytes.get()),
             regular: head.type_ == BTRFS_FILE_EXTENT_REG,
+            nodatasum: cx.ext.last_inode == (owner, k.objectid, true),
         });
     }
 }
@@ -690,6 +707,13 @@ pub(super) fn check(cx: &mut Ctx) {
         .filter(|d| no_item(d.bytenr) && !unreadable.contains_key(&d.bytenr))
         .map(|d| (*d, bad_disk(d.bytenr, d.disk_len)))
         .collect();
+    let csum_items = &cx.csum.items;
+    let csum_covered = |s: u64, len: u64| {
+        let e = s.saturating_add(len);
+        let i = csum_items.partition_point(|it| it.0 < e);
+        i.checked_sub(1)
+            .is_some_and(|p| csum_items[p].0.saturating_add(csum_items[p].1) > s)
+    };
     let mut matched: std::collections::HashMap<u64, Repair> = std::collections::HashMap::new();
     let mut bad_fixes: std::collections::HashMap<u64, Vec<(FoundData, Repair, bool)>> =
         std::collections::HashMap::new();
@@ -715,7 +739,13 @@ pub(super) fn check(cx: &mut Ctx) {
                 [one] => Some((one.bytenr, one.len)),
                 _ => None,
             };
-            if to.is_none() && !*bad {
+            // No extent item names it and the address is sound: an extent
+            // whose item was lost has its checksums still (the item comes
+            // back), an address that points into space never written
+            // has none (garbage: a hole). Without checksums to tell
+            // (nodatasum, prealloc), the item comes back.
+            let never_written = d.regular && !d.nodatasum && !csum_covered(d.bytenr, d.disk_len);
+            if to.is_none() && !*bad && !never_written {
                 continue;
             }
             let fix = Repair::FileExtentDisk {
@@ -776,6 +806,13 @@ pub(super) fn check(cx: &mut Ctx) {
                         if missing_item_reported != Some(f.bytenr) {
                             missing_item_reported = Some(f.bytenr);
                             for (d, fix, bad) in bad_fixes.remove(&f.bytenr).unwrap_or_default() {
+                                let why = match (bad, &fix) {
+                                    (true, _) => "not aligned or inside no data block group",
+                                    (false, Repair::FileExtentDisk { to: Some(_), .. }) => {
+                                        "an extent item elsewhere names it"
+                                    }
+                                    _ => "free space no checksum covers: never written",
+                                };
                                 cx.report(
                                     F::err(P, "extent-missing")
                                         .tree(d.owner)
@@ -792,11 +829,7 @@ pub(super) fn check(cx: &mut Ctx) {
                                             d.key_offset,
                                             d.bytenr,
                                             d.disk_len,
-                                            if bad {
-                                                "not aligned or inside no data block group"
-                                            } else {
-                                                "an extent item elsewhere names it"
-                                            }
+                                            why
                                         )),
                                 );
                             }
