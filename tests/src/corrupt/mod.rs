@@ -496,9 +496,17 @@ impl Corruptor {
     pub fn find(&mut self, tree: u64, key: Key) -> Result<Loc, String> {
         let root = self.tree_root(tree)?;
         let img = self.image()?;
-        let item = btrkit_core::tree::search::lookup(img, root, key)
-            .map_err(|e| format!("tree {tree}: {e}"))?
-            .ok_or_else(|| format!("no item {} in tree {tree}", key_str(&key)))?;
+        let found = btrkit_core::tree::search::lookup(img, root, key)
+            .map_err(|e| format!("tree {tree}: {e}"))?;
+        let Some(item) = found else {
+            // A search misses a key out of order (a leaf left unsorted by
+            // an edit in place): walk the tree for it.
+            return self
+                .items(tree)?
+                .into_iter()
+                .find(|l| l.key == key)
+                .ok_or_else(|| format!("no item {} in tree {tree}", key_str(&key)));
+        };
         let d = item
             .data()
             .map_err(|e| format!("item {}: {e}", key_str(&key)))?;
