@@ -249,6 +249,8 @@ enum Outcome {
     NoTarget(String),
     /// The recipe failed (a generator bug).
     RecipeFailed(String),
+    /// The harness could not run the case (a copy failed: no space).
+    Harness(String),
     /// btrfs check does not see the damage.
     Undetected,
     Counted {
@@ -276,14 +278,23 @@ struct CaseResult {
     secs: f64,
 }
 
-fn cp(from: &Path, to: &Path) {
+fn cp(from: &Path, to: &Path) -> Result<(), String> {
     let o = Command::new("cp")
         .arg("--sparse=always")
         .arg(from)
         .arg(to)
         .output()
-        .expect("cp");
-    assert!(o.status.success(), "cp {}: {:?}", from.display(), o);
+        .map_err(|e| format!("cp: {e}"))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "cp {} {}: {}",
+            from.display(),
+            to.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
 }
 
 fn summarize_btrkit(r: &FsckRun) -> String {
@@ -355,41 +366,54 @@ struct Run {
 
 fn run_case(run: &Run, class: &str, base_i: usize, seed: u64) -> CaseResult {
     let t0 = Instant::now();
-    let (spec, base_img) = &run.bases[base_i];
-    let dir = tempfile::Builder::new()
-        .prefix("gen-")
-        .tempdir_in(&run.work)
-        .expect("case dir");
-    let dmg = dir.path().join("damaged.img");
-    cp(base_img, &dmg);
     let mut res = CaseResult {
         class: class.to_string(),
-        base: spec.name,
+        base: run.bases[base_i].0.name,
         seed,
         target: String::new(),
         outcome: Outcome::Undetected,
         secs: 0.0,
     };
+    if let Err(e) = case(run, class, base_i, seed, &mut res) {
+        res.outcome = Outcome::Harness(e);
+    }
+    res.secs = t0.elapsed().as_secs_f64();
+    res
+}
+
+fn case(
+    run: &Run,
+    class: &str,
+    base_i: usize,
+    seed: u64,
+    res: &mut CaseResult,
+) -> Result<(), String> {
+    let (spec, base_img) = &run.bases[base_i];
+    let dir = tempfile::Builder::new()
+        .prefix("gen-")
+        .tempdir_in(&run.work)
+        .map_err(|e| format!("case directory: {e}"))?;
+    let dmg = dir.path().join("damaged.img");
+    cp(base_img, &dmg)?;
     match recipes::apply(&dmg, class, seed) {
         Ok(a) => res.target = a.target,
         Err(RecipeError::NoTarget(s)) => {
             res.outcome = Outcome::NoTarget(s);
-            return res;
+            return Ok(());
         }
         Err(RecipeError::Failed(s)) => {
             res.outcome = Outcome::RecipeFailed(s);
-            return res;
+            return Ok(());
         }
     }
     let before = judge(&dmg, &run.progs_new);
     if !before.c62.detected() && !before.c614.detected() {
-        res.secs = t0.elapsed().as_secs_f64();
-        return res;
+        return Ok(());
     }
     let a = dir.path().join("btrkit.img");
     let b = dir.path().join("progs.img");
-    cp(&dmg, &a);
-    cp(&dmg, &b);
+    cp(&dmg, &a)?;
+    cp(&dmg, &b)?;
     let mut c = Command::new(btrkit_tests::bin_path("btrkit-fsck"));
     c.args(["--json", "--repair", "--yes"]).arg(&a);
     let br = run_with_limit(c, REPAIR_LIMIT);
@@ -454,8 +478,7 @@ fn run_case(run: &Run, class: &str, base_i: usize, seed: u64) -> CaseResult {
         }
     }
     res.outcome = outcome;
-    res.secs = t0.elapsed().as_secs_f64();
-    res
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -583,7 +606,7 @@ fn generated(default_cases: usize) {
         }
         if let Some(k) = &keep {
             let _ = std::fs::create_dir_all(k);
-            cp(&img, &k.join(format!("base-{}.img", spec.name)));
+            cp(&img, &k.join(format!("base-{}.img", spec.name))).unwrap_or_else(|e| panic!("{e}"));
         }
         bases.push((*spec, img));
     }
@@ -623,6 +646,7 @@ fn generated(default_cases: usize) {
                     match &r.outcome {
                         Outcome::NoTarget(_) => "no target".to_string(),
                         Outcome::RecipeFailed(_) => "RECIPE FAILED".to_string(),
+                        Outcome::Harness(e) => format!("HARNESS ERROR: {e}"),
                         Outcome::Undetected => "undetected".to_string(),
                         Outcome::Counted {
                             btrkit_clean,
@@ -672,6 +696,7 @@ fn generated(default_cases: usize) {
                 eprintln!("no target: {id}: {why}");
             }
             Outcome::RecipeFailed(why) => failures.push(format!("{id}: the recipe failed: {why}")),
+            Outcome::Harness(why) => failures.push(format!("{id}: not run: {why}")),
             Outcome::Undetected => row.undetected += 1,
             Outcome::Counted {
                 btrkit_clean,

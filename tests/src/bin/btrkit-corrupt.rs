@@ -82,6 +82,15 @@ enum Op {
         width: usize,
         value: String,
     },
+    /// Fill LEN bytes at OFFSET of an item's body with BYTE
+    /// (btrfs-corrupt-block -I --offset --bytes --value).
+    Fill {
+        tree: String,
+        key: String,
+        offset: usize,
+        len: usize,
+        byte: u8,
+    },
     /// Delete an item (btrfs-corrupt-block -d).
     Delete { tree: String, key: String },
     /// Change an item's key: in place (the leaf may end up unsorted, as
@@ -263,6 +272,13 @@ fn run(cli: Cli) -> Result<(), String> {
                 &Value::parse(&value)?,
             )?;
         }
+        Op::Fill {
+            tree,
+            key,
+            offset,
+            len,
+            byte,
+        } => c.fill(parse_tree(&tree)?, parse_key(&key)?, offset, len, byte)?,
         Op::Delete { tree, key } => c.delete(parse_tree(&tree)?, parse_key(&key)?)?,
         Op::SetKey {
             tree,

@@ -804,7 +804,10 @@ impl Corruptor {
             ));
         }
         self.edit_block(loc.bytenr, |b| {
-            let (o, _) = item_span(b, loc.slot).ok_or("item lies outside its leaf")?;
+            let (o, s) = item_span(b, loc.slot).ok_or("item lies outside its leaf")?;
+            if off + len > s {
+                return Err("the leaf changed under the edit".to_string());
+            }
             b[o + off..o + off + len].fill(byte);
             Ok(())
         })?;
@@ -1024,6 +1027,9 @@ impl Corruptor {
             if grow != 0 {
                 leaf_layout_ok(b)?;
                 let (o, s) = item_span(b, slot).ok_or("item outside its leaf")?;
+                if s < name_off + old_len {
+                    return Err("the leaf changed under the edit".to_string());
+                }
                 let mut body = b[o..o + s].to_vec();
                 body.splice(name_off..name_off + old_len, new.iter().copied());
                 put_le(&mut body, len_off, 2, new.len() as u64);
@@ -1031,7 +1037,10 @@ impl Corruptor {
                 let (o, s) = item_span(b, slot).ok_or("item outside its leaf")?;
                 b[o..o + s].copy_from_slice(&body);
             } else {
-                let (o, _) = item_span(b, slot).ok_or("item outside its leaf")?;
+                let (o, s) = item_span(b, slot).ok_or("item outside its leaf")?;
+                if s < name_off + new.len() {
+                    return Err("the leaf changed under the edit".to_string());
+                }
                 b[o + name_off..o + name_off + new.len()].copy_from_slice(&new);
             }
             Ok(())

@@ -156,7 +156,7 @@ pub struct Inventory {
 impl Inventory {
     pub fn of(c: &mut Corruptor) -> R<Inventory> {
         let generation = c.generation()?;
-        let sectorsize = c.sectorsize()?;
+        let sectorsize = c.sectorsize()?.max(512);
         let root_items = c.items(BTRFS_ROOT_TREE_OBJECTID)?;
         let mut fs_trees = Vec::new();
         let mut dead_roots = Vec::new();
