@@ -21,15 +21,16 @@
 //!   at all after (a file moved, to lost+found or back to its name, counts
 //!   as read when its contents are found under another path); btrfs check
 //!   6.14 ran to its end before and does not after; or it prints more
-//!   error lines after than before. A repair that panics, dies by a
-//!   signal or runs past `REPAIR_LIMIT` (killed) counts as worse too.
+//!   error lines after than before.
+//! - **died**: the repair panicked, died by a signal or ran past
+//!   `REPAIR_LIMIT` and was killed (the image is judged as it was left).
 //!
 //! An "error line" is any line of btrfs check's output but the progress
 //! and summary lines (`[1/7] ...`, `Opening filesystem...`, `found N bytes
 //! used...`, the totals). A base image must have none.
 //!
-//! Per class the test asserts: btrkit clean >= btrfs check clean, and
-//! btrkit worse == 0. Failures name each case (class, base, seed, target)
+//! Per class the test asserts: btrkit clean >= btrfs check clean,
+//! btrkit worse == 0, and no btrkit-fsck repair died. Failures name each case (class, base, seed, target)
 //! with what btrkit-fsck left (refused, not repairable, findings after)
 //! and what btrfs check 6.14 still says.
 //!
@@ -258,6 +259,9 @@ enum Outcome {
         progs_clean: bool,
         btrkit_worse: Vec<String>,
         progs_worse: Vec<String>,
+        /// How the repair died, if it did.
+        btrkit_died: Option<String>,
+        progs_died: Option<String>,
         /// What btrkit-fsck did and left, for the report.
         btrkit_note: String,
         /// Files the kernel read on the damaged image (None: it refused
@@ -428,21 +432,30 @@ fn case(
     }
     let ja = judge(&a, &run.progs_new);
     let jb = judge(&b, &run.progs_new);
-    let mut btrkit_worse = ja.worse_than(&before);
-    if br.stderr.contains("panicked") || br.code < 0 {
-        btrkit_worse.push(format!(
-            "btrkit-fsck panicked, died or ran past {REPAIR_LIMIT:?} (exit {})",
-            br.code
-        ));
-    }
-    let mut progs_worse = jb.worse_than(&before);
-    if pr.code < 0 {
-        progs_worse.push(format!(
-            "btrfs check --repair died or ran past {REPAIR_LIMIT:?} (exit {})",
-            pr.code
-        ));
-    }
+    let died = |r: &FsckRun| match r.code {
+        -2 => Some(format!("killed past {REPAIR_LIMIT:?}")),
+        c if c < 0 => Some(format!(
+            "died by a signal: {}",
+            r.stderr
+                .lines()
+                .find(|l| l.contains("assert") || l.contains("BUG") || l.contains("failed"))
+                .or_else(|| r.stderr.trim().lines().last())
+                .unwrap_or("")
+        )),
+        101 if r.stderr.contains("panicked") => Some(format!(
+            "panicked: {}",
+            r.stderr
+                .lines()
+                .find(|l| l.contains("panicked"))
+                .unwrap_or("")
+        )),
+        _ => None,
+    };
+    let btrkit_worse = ja.worse_than(&before);
+    let progs_worse = jb.worse_than(&before);
     let outcome = Outcome::Counted {
+        btrkit_died: died(&br),
+        progs_died: died(&pr),
         files_before: before.files.as_ref().map(|f| f.len()),
         btrkit_clean: ja.clean(),
         progs_clean: jb.clean(),
@@ -462,8 +475,8 @@ fn case(
             .collect(),
         btrkit_worse,
     };
-    let bad = matches!(&outcome, Outcome::Counted { btrkit_clean, progs_clean, btrkit_worse, .. }
-        if !btrkit_worse.is_empty() || (!btrkit_clean && *progs_clean));
+    let bad = matches!(&outcome, Outcome::Counted { btrkit_clean, progs_clean, btrkit_worse, btrkit_died, .. }
+        if !btrkit_worse.is_empty() || btrkit_died.is_some() || (!btrkit_clean && *progs_clean));
     if bad {
         if let Some(k) = &run.keep {
             let d = k.join(format!("{class}-{}-{seed}", spec.name));
@@ -493,23 +506,27 @@ struct Row {
     progs_clean: usize,
     btrkit_worse: usize,
     progs_worse: usize,
+    btrkit_died: usize,
+    progs_died: usize,
 }
 
 fn table(rows: &BTreeMap<String, Row>, cases_per_class: usize, seed: u64) -> String {
     let mut s = format!(
         "{cases_per_class} cases per class (run seed {seed}); \"cases\" counts those btrfs check detects\n\n\
-         | class | cases | clean after btrkit | clean after btrfs check --repair 6.14 | worse after btrkit | worse after progs | undetected | no target |\n\
-         |---|---|---|---|---|---|---|---|\n"
+         | class | cases | clean after btrkit | clean after btrfs check --repair 6.14 | worse after btrkit | worse after progs | repair died: btrkit / progs | undetected | no target |\n\
+         |---|---|---|---|---|---|---|---|---|\n"
     );
     let mut tot = Row::default();
     for (class, r) in rows {
         s.push_str(&format!(
-            "| {class} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {class} | {} | {} | {} | {} | {} | {} / {} | {} | {} |\n",
             r.cases,
             r.btrkit_clean,
             r.progs_clean,
             r.btrkit_worse,
             r.progs_worse,
+            r.btrkit_died,
+            r.progs_died,
             r.undetected,
             r.no_target
         ));
@@ -518,16 +535,20 @@ fn table(rows: &BTreeMap<String, Row>, cases_per_class: usize, seed: u64) -> Str
         tot.progs_clean += r.progs_clean;
         tot.btrkit_worse += r.btrkit_worse;
         tot.progs_worse += r.progs_worse;
+        tot.btrkit_died += r.btrkit_died;
+        tot.progs_died += r.progs_died;
         tot.undetected += r.undetected;
         tot.no_target += r.no_target;
     }
     s.push_str(&format!(
-        "| **all** | {} | {} | {} | {} | {} | {} | {} |\n",
+        "| **all** | {} | {} | {} | {} | {} | {} / {} | {} | {} |\n",
         tot.cases,
         tot.btrkit_clean,
         tot.progs_clean,
         tot.btrkit_worse,
         tot.progs_worse,
+        tot.btrkit_died,
+        tot.progs_died,
         tot.undetected,
         tot.no_target
     ));
@@ -706,9 +727,19 @@ fn generated(default_cases: usize) {
                 btrkit_note,
                 btrkit_left,
                 progs_left,
+                btrkit_died,
+                progs_died,
                 ..
             } => {
                 row.cases += 1;
+                row.btrkit_died += btrkit_died.is_some() as usize;
+                row.progs_died += progs_died.is_some() as usize;
+                if let Some(d) = btrkit_died {
+                    eprintln!("btrkit-fsck --repair {d}: {id}");
+                }
+                if let Some(d) = progs_died {
+                    eprintln!("btrfs check --repair {d}: {id}");
+                }
                 row.btrkit_clean += *btrkit_clean as usize;
                 row.progs_clean += *progs_clean as usize;
                 row.btrkit_worse += !btrkit_worse.is_empty() as usize;
@@ -738,6 +769,12 @@ fn generated(default_cases: usize) {
             failures.push(format!(
                 "{class}: btrkit-fsck repaired {} of {} cases to clean, btrfs check --repair 6.14 {}",
                 r.btrkit_clean, r.cases, r.progs_clean
+            ));
+        }
+        if r.btrkit_died > 0 {
+            failures.push(format!(
+                "{class}: btrkit-fsck --repair died in {} of {} cases",
+                r.btrkit_died, r.cases
             ));
         }
         if r.btrkit_worse > 0 {
