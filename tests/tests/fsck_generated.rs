@@ -126,9 +126,16 @@ type Files = BTreeMap<String, Result<u64, String>>;
 
 /// Every file under a read-only kernel mount of `img` (no log replay),
 /// path -> a digest of its first 16 MiB and size, or the read error.
-/// None when the kernel refuses to mount it. Bounded walk.
-fn kernel_files(img: &Path) -> Option<Files> {
-    let m = LoopMount::new(img, "ro,rescue=nologreplay").ok()?;
+/// Err with the mount's error when the kernel refuses to mount it.
+/// Bounded walk.
+///
+/// Every image of a run is a copy of one of a few bases, so many share an
+/// fsid: one mount at a time, so that two copies of one filesystem are
+/// never being mounted at once.
+fn kernel_files(img: &Path) -> Result<Files, String> {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let m = LoopMount::new(img, "ro,rescue=nologreplay")?;
     let mut out = BTreeMap::new();
     let mut stack = vec![(m.path().to_path_buf(), 0usize)];
     let mut seen = 0usize;
@@ -144,7 +151,7 @@ fn kernel_files(img: &Path) -> Option<Files> {
         for e in rd.flatten() {
             seen += 1;
             if seen > 200_000 {
-                return Some(out);
+                return Ok(out);
             }
             let p = e.path();
             let rel = p.strip_prefix(m.path()).unwrap_or(&p).display().to_string();
@@ -172,7 +179,7 @@ fn kernel_files(img: &Path) -> Option<Files> {
             }
         }
     }
-    Some(out)
+    Ok(out)
 }
 
 /// One image judged.
@@ -180,7 +187,7 @@ fn kernel_files(img: &Path) -> Option<Files> {
 struct Judged {
     c62: Check,
     c614: Check,
-    files: Option<Files>,
+    files: Result<Files, String>,
 }
 
 fn judge(img: &Path, progs_new: &Path) -> Judged {
@@ -199,8 +206,10 @@ impl Judged {
     fn worse_than(&self, before: &Judged) -> Vec<String> {
         let mut why = Vec::new();
         match (&before.files, &self.files) {
-            (Some(_), None) => why.push("the kernel mounted it before and refuses it after".into()),
-            (Some(b), Some(a)) => {
+            (Ok(_), Err(e)) => why.push(format!(
+                "the kernel mounted it before and refuses it after: {e}"
+            )),
+            (Ok(b), Ok(a)) => {
                 let lost = lost_files(b, a);
                 if !lost.is_empty() {
                     why.push(format!(
@@ -456,7 +465,7 @@ fn case(
     let outcome = Outcome::Counted {
         btrkit_died: died(&br),
         progs_died: died(&pr),
-        files_before: before.files.as_ref().map(|f| f.len()),
+        files_before: before.files.as_ref().ok().map(|f| f.len()),
         btrkit_clean: ja.clean(),
         progs_clean: jb.clean(),
         progs_worse,
