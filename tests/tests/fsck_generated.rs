@@ -30,9 +30,11 @@
 //! used...`, the totals). A base image must have none.
 //!
 //! Per class the test asserts: btrkit clean >= btrfs check clean,
-//! btrkit worse == 0, and no btrkit-fsck repair died. Failures name each case (class, base, seed, target)
-//! with what btrkit-fsck left (refused, not repairable, findings after)
-//! and what btrfs check 6.14 still says.
+//! btrkit worse == 0, and no btrkit-fsck repair died. Failures name each
+//! case (class, base, seed, target) with what btrkit-fsck left (refused,
+//! not repairable, findings after) and what btrfs check 6.14 still says.
+//! A case the recipe finds no target for in its base is not counted
+//! either ("no target").
 //!
 //! Environment: `BTRKIT_GEN_CASES` (cases per class), `BTRKIT_GEN_SEED`
 //! (the run's seed, default 1), `BTRKIT_GEN_CLASSES` (comma list of class
