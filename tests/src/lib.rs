@@ -28,10 +28,16 @@
 //!   leaves (names, keys, fields, duplicates; checksums fixed on every
 //!   copy), and every image-reading tool run on them within time and
 //!   memory bounds, a restore inside a canary tree.
+//! - [`corrupt`]: a corruption generator after btrfs-progs'
+//!   btrfs-corrupt-block (fields, items, keys, headers, the superblock,
+//!   every copy written), recipes for each class of btrfs-progs'
+//!   fsck-tests, and the kernel-filled base images they damage
+//!   (`btrkit-corrupt` is its command line).
 //! - [`dumpcmp`]: compares `btrkit-dump tree` against `btrfs inspect-internal
 //!   dump-tree` on their item lines.
 
 pub mod bins;
+pub mod corrupt;
 pub mod dumpcmp;
 pub mod env;
 pub mod fixtures;
