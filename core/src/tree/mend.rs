@@ -144,13 +144,26 @@ pub fn mend_item_offsets(buf: &[u8], csum_size: usize) -> Option<Mended> {
 }
 
 /// Whether an item body is exactly as long as its own fields say, where
-/// they say it: an uncompressed inline file extent holds ram_bytes bytes.
-/// Other items are as long as they parse (the tree checker's rule).
+/// they say it: an uncompressed inline file extent holds ram_bytes bytes;
+/// every name of a DIR_ITEM or XATTR_ITEM hashes to the key (a body
+/// read too long takes in the names of items that lay beyond it); a
+/// DIR_INDEX holds one name. Other items are as long as they parse (the
+/// tree checker's rule).
 fn snug(key: &Key, body: &[u8]) -> bool {
     use crate::format::consts::*;
     use crate::format::file_extent::{FileExtentHead, FILE_EXTENT_INLINE_DATA_START};
-    if key.ty != BTRFS_EXTENT_DATA_KEY {
-        return true;
+    match key.ty {
+        BTRFS_DIR_ITEM_KEY | BTRFS_XATTR_ITEM_KEY => {
+            return crate::format::dir::parse_dir_items(body).is_ok_and(|v| {
+                v.iter()
+                    .all(|e| crate::format::dir::name_hash(e.name) == key.offset)
+            })
+        }
+        BTRFS_DIR_INDEX_KEY => {
+            return crate::format::dir::parse_dir_items(body).is_ok_and(|v| v.len() == 1)
+        }
+        BTRFS_EXTENT_DATA_KEY => {}
+        _ => return true,
     }
     let Ok((head, _)) = FileExtentHead::read_from_prefix(body) else {
         return false;
