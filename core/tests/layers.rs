@@ -1,6 +1,6 @@
 //! The layer order of `core/src`: no module names a module above it
-//! (format, util, io, chunk, tree, alloc, trans, fs, log, check and
-//! restore, mkfs, workload; the top-level files sit in the layer of what they are). A
+//! (format, util, io, chunk, tree, alloc, trans, fs, log, check,
+//! restore and rescue, mkfs, workload; the top-level files sit in the layer of what they are). A
 //! module's own tests (from its `#[cfg(test)]` on) may use anything.
 
 use std::collections::BTreeSet;
@@ -18,7 +18,7 @@ const LAYERS: &[&[&str]] = &[
     &["trans"],
     &["fs"],
     &["log"],
-    &["check", "restore"],
+    &["check", "restore", "rescue"],
     &["mkfs"],
     &["workload"],
 ];
