@@ -905,8 +905,7 @@ impl Run<'_> {
             Repair::ExtentRefs {
                 bytenr, ref refs, ..
             } => {
-                let inline: Vec<crate::format::extent::InlineRef> =
-                    refs.iter().map(inline_ref).collect();
+                let inline = inline_refs(refs);
                 let c = self.st.rewrite_extent_refs(bytenr, &inline)?;
                 self.changes.push(c);
             }
@@ -916,8 +915,7 @@ impl Run<'_> {
                 level,
                 ref refs,
             } => {
-                let inline: Vec<crate::format::extent::InlineRef> =
-                    refs.iter().map(inline_ref).collect();
+                let inline = inline_refs(refs);
                 let c = self.st.add_extent_item(bytenr, len, level, &inline)?;
                 self.changes.push(c);
             }
@@ -927,8 +925,7 @@ impl Run<'_> {
                 level,
                 ref refs,
             } => {
-                let inline: Vec<crate::format::extent::InlineRef> =
-                    refs.iter().map(inline_ref).collect();
+                let inline = inline_refs(refs);
                 let c = self.st.rebuild_extent_item(bytenr, len, level, &inline)?;
                 self.changes.push(c);
             }
@@ -1277,6 +1274,11 @@ fn fill_file_holes(st: &mut Store, tree: u64, ino: u64) -> Result<u64> {
         }
     }
     Ok(n)
+}
+
+/// The references a repair found, as the extent tree writes them.
+fn inline_refs(refs: &[super::findings::ExtentRef]) -> Vec<crate::format::extent::InlineRef> {
+    refs.iter().map(inline_ref).collect()
 }
 
 fn inline_ref(r: &super::findings::ExtentRef) -> crate::format::extent::InlineRef {

@@ -177,11 +177,7 @@ impl Store {
     ) -> Result<String> {
         use crate::format::extent::{parse_extent_item, write_inline_refs, InlineRef};
         const EXTENT: u64 = BTRFS_EXTENT_TREE_OBJECTID;
-        let items = self.items_in(
-            EXTENT,
-            Key::new(bytenr, 0, 0),
-            Key::new(bytenr, u8::MAX, u64::MAX),
-        )?;
+        let items = self.extent_records(bytenr)?;
         let Some((key, data)) = items
             .iter()
             .find(|(k, _)| matches!(k.ty, BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY))
@@ -203,17 +199,7 @@ impl Store {
         let old_total = v.item.refs.get();
         let data_extent = v.item.flags.get() & BTRFS_EXTENT_FLAG_DATA != 0;
         for (k, _) in &items {
-            if matches!(
-                k.ty,
-                BTRFS_EXTENT_ITEM_KEY
-                    | BTRFS_METADATA_ITEM_KEY
-                    | BTRFS_TREE_BLOCK_REF_KEY
-                    | BTRFS_SHARED_BLOCK_REF_KEY
-                    | BTRFS_EXTENT_DATA_REF_KEY
-                    | BTRFS_SHARED_DATA_REF_KEY
-            ) {
-                self.delete_item(EXTENT, k)?;
-            }
+            self.delete_item(EXTENT, k)?;
         }
         let len = if key.ty == BTRFS_METADATA_ITEM_KEY {
             self.nodesize() as u64
@@ -324,6 +310,28 @@ impl Store {
         Ok(format!("extent {bytenr}+{len}: item written; {c}"))
     }
 
+    /// The extent tree's records of extent `bytenr`: its extent item and
+    /// keyed back references (not a block group item starting there).
+    fn extent_records(&mut self, bytenr: u64) -> Result<Vec<(Key, Vec<u8>)>> {
+        let mut items = self.items_in(
+            BTRFS_EXTENT_TREE_OBJECTID,
+            Key::new(bytenr, 0, 0),
+            Key::new(bytenr, u8::MAX, u64::MAX),
+        )?;
+        items.retain(|(k, _)| {
+            matches!(
+                k.ty,
+                BTRFS_EXTENT_ITEM_KEY
+                    | BTRFS_METADATA_ITEM_KEY
+                    | BTRFS_TREE_BLOCK_REF_KEY
+                    | BTRFS_SHARED_BLOCK_REF_KEY
+                    | BTRFS_EXTENT_DATA_REF_KEY
+                    | BTRFS_SHARED_DATA_REF_KEY
+            )
+        });
+        Ok(items)
+    }
+
     /// Delete every item of extent `bytenr` (its extent item, readable or
     /// not, and its keyed references) and write it again as
     /// [`Store::add_extent_item`] does, keeping what the old item's fixed
@@ -340,24 +348,9 @@ impl Store {
     ) -> Result<String> {
         use crate::format::extent::ExtentItem;
         const EXTENT: u64 = BTRFS_EXTENT_TREE_OBJECTID;
-        let items = self.items_in(
-            EXTENT,
-            Key::new(bytenr, 0, 0),
-            Key::new(bytenr, u8::MAX, u64::MAX),
-        )?;
+        let items = self.extent_records(bytenr)?;
         let mut old: Option<ExtentItem> = None;
         for (k, d) in &items {
-            if !matches!(
-                k.ty,
-                BTRFS_EXTENT_ITEM_KEY
-                    | BTRFS_METADATA_ITEM_KEY
-                    | BTRFS_TREE_BLOCK_REF_KEY
-                    | BTRFS_SHARED_BLOCK_REF_KEY
-                    | BTRFS_EXTENT_DATA_REF_KEY
-                    | BTRFS_SHARED_DATA_REF_KEY
-            ) {
-                continue;
-            }
             if matches!(k.ty, BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY) {
                 old = old.or_else(|| ExtentItem::read_from_prefix(d).ok().map(|(h, _)| h));
             }
