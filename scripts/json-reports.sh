@@ -16,7 +16,7 @@ trap 'rm -rf "$work"' EXIT
 # between runs; everything else must not.
 strip_timings() {
     sed "s#$work#WORK#g" |
-    sed -E 's/"([a-z_]*(_ms|_us|_ns|_secs|millis|elapsed|seconds))":[0-9.eE+-]+/"\1":0/g'
+    sed -E 's/"([a-z_]*(_ms|_us|_ns|_secs|millis|elapsed|seconds))": *[0-9.eE+-]+/"\1": 0/g'
 }
 for archive in "$fixtures"/*.tar.xz; do
     name=$(basename "$archive" .tar.xz)
