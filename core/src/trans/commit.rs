@@ -127,7 +127,7 @@ impl Store {
             }
         }
         if !settled {
-            return Err(Error::Invalid(
+            return Err(Error::Internal(
                 "commit did not settle: extent, free space and root trees kept changing".into(),
             ));
         }

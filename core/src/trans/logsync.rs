@@ -133,7 +133,7 @@ impl Store {
             let st = self
                 .roots
                 .get(&TreeId::LogRoot)
-                .ok_or_else(|| Error::Invalid("log root tree".into()))?;
+                .ok_or_else(|| Error::Internal("log root tree".into()))?;
             (st.bytenr, st.level)
         };
         // The superblock of the last commit, naming the log, for every

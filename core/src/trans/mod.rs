@@ -548,6 +548,18 @@ impl Store {
     /// root tree the first time. Log trees exist only once created.
     pub fn root_state(&mut self, id: impl Into<TreeId>) -> Result<&RootState> {
         let id = id.into();
+        match self.find_root(id)? {
+            Some(st) => Ok(st),
+            None => Err(Error::Invalid(match id {
+                TreeId::Tree(n) => format!("tree {} does not exist", n as i64),
+                _ => format!("{id:?} does not exist"),
+            })),
+        }
+    }
+
+    /// The root state of tree `id` (see [`Store::root_state`]), None when
+    /// no such tree exists. Errors are only those of reading the root tree.
+    fn find_root(&mut self, id: TreeId) -> Result<Option<&RootState>> {
         if !self.roots.contains_key(&id) {
             let st = match id {
                 TreeId::Root => RootState {
@@ -568,9 +580,7 @@ impl Store {
                     let start = Key::new(n, BTRFS_ROOT_ITEM_KEY, 0);
                     let (key, data) = match self.next_item(TreeId::Root, &start)? {
                         Some((k, d)) if k.objectid == n && k.ty == BTRFS_ROOT_ITEM_KEY => (k, d),
-                        _ => {
-                            return Err(Error::Invalid(format!("tree {} does not exist", n as i64)))
-                        }
+                        _ => return Ok(None),
                     };
                     let ri = RootItem::parse(&data).map_err(|e| e.at(0, key))?;
                     RootState {
@@ -581,26 +591,18 @@ impl Store {
                         dirty: false,
                     }
                 }
-                TreeId::LogRoot | TreeId::Log(_) => {
-                    return Err(Error::Invalid(format!("{id:?} does not exist")))
-                }
+                TreeId::LogRoot | TreeId::Log(_) => return Ok(None),
             };
             self.roots.insert(id, st);
         }
-        self.roots
-            .get(&id)
-            .ok_or_else(|| Error::Internal("root state".into()))
+        Ok(self.roots.get(&id))
     }
 
     /// Whether tree `id` exists: the root and chunk trees always, a tree with a
     /// ROOT_ITEM in the root tree, and a log tree only once started in this
     /// transaction. Loads its root state as a side effect.
     pub fn tree_exists(&mut self, id: impl Into<TreeId>) -> Result<bool> {
-        match self.root_state(id) {
-            Ok(_) => Ok(true),
-            Err(Error::Invalid(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        Ok(self.find_root(id.into())?.is_some())
     }
 
     /// Make sure block `bytenr` is in the cache, reading and validating it.
@@ -623,17 +625,17 @@ impl Store {
     fn buf(&self, bytenr: u64) -> Result<&Vec<u8>> {
         self.cache
             .get(bytenr)
-            .ok_or_else(|| Error::Invalid(format!("block {bytenr} not loaded")))
+            .ok_or_else(|| Error::Internal(format!("block {bytenr} not loaded")))
     }
     fn buf_mut(&mut self, bytenr: u64) -> Result<&mut Vec<u8>> {
         if !self.cache.is_dirty(bytenr) {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Internal(format!(
                 "block {bytenr} modified without CoW"
             )));
         }
         self.cache
             .get_dirty_mut(bytenr)
-            .ok_or_else(|| Error::Invalid(format!("block {bytenr} not loaded")))
+            .ok_or_else(|| Error::Internal(format!("block {bytenr} not loaded")))
     }
 
     /// Allocate a new tree block for `tree` at `level` and queue its ref.

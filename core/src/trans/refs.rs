@@ -229,7 +229,7 @@ impl Store {
             .partition(|(_, d)| *d > 0);
         if let Some(new) = head.new {
             if let Some((r, d)) = drops.first() {
-                return Err(Error::Invalid(format!("extent {bytenr} allocated in this transaction loses reference {r:?} ({d}) it never had")));
+                return Err(Error::Internal(format!("extent {bytenr} allocated in this transaction loses reference {r:?} ({d}) it never had")));
             }
             if adds.is_empty() {
                 // Written and released in the same transaction: its space

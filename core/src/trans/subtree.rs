@@ -22,7 +22,7 @@ impl Store {
         let st = self
             .roots
             .get_mut(&TreeId::Tree(id))
-            .ok_or_else(|| Error::Invalid(format!("tree {id} not loaded")))?;
+            .ok_or_else(|| Error::Internal(format!("tree {id} not loaded")))?;
         let Some((_, ri)) = st.item.as_mut() else {
             return Err(Error::Invalid(format!("tree {id} has no root item")));
         };
