@@ -512,6 +512,74 @@ fn orphans_left_by_a_crash_are_removed_at_mount() {
     assert_clean(crashed, "after orphan cleanup");
 }
 
+/// An orphan item of an inode that still has links (an fs-verity build a
+/// crash interrupted): the check names what the kernel will do, and the
+/// mount's orphan cleanup (the one rule repair runs too) drops the orphan
+/// and verity items and keeps the file whole, extents past its size too.
+#[test]
+fn orphan_of_a_linked_inode_keeps_the_file() {
+    use btrkit_core::format::consts::*;
+    use btrkit_core::format::key::Key;
+    let made = new_image(IMAGE_SIZE, &["-n", "4096"]);
+    let d: Arc<dyn BlockDevice> = made.clone();
+    let mut fs = mount(d.clone(), &[]).unwrap();
+    let mut r = EngineRunner::new();
+    for st in steps("write /f 0 20000 3\nsync\n") {
+        apply(&mut fs, &mut r, &d, &[], &st).unwrap();
+    }
+    let ino = 257u64;
+    let orphan = Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, ino);
+    let verity = Key::new(ino, BTRFS_VERITY_MERKLE_ITEM_KEY, 0);
+    fs.store.insert_item(5, &orphan, &[]).unwrap();
+    fs.store.insert_item(5, &verity, &[0u8; 32]).unwrap();
+    // The size says less than the extents hold: the kernel keeps them.
+    btrkit_core::fs::inode::modify_inode(&mut fs.store, 5, ino, |i| i.size.set(100)).unwrap();
+    fs.commit("test").unwrap();
+    drop(fs);
+    let settled = settled(&made);
+    let before = check(settled.clone());
+    assert!(
+        before.findings.iter().any(|f| f
+            .message
+            .contains(&format!("orphan item {ino} is for an inode with links"))),
+        "no orphan finding: {}",
+        errors_of(&before)
+    );
+    let extents_before = count_extents(&settled, ino);
+    let mut fs = mount(settled.clone(), &[]).unwrap();
+    fs.sync().unwrap();
+    for k in [orphan, verity] {
+        assert!(
+            fs.store.lookup(5, &k).unwrap().is_none(),
+            "{k:?} left by orphan cleanup"
+        );
+    }
+    assert!(btrkit_core::fs::inode::get_inode(&mut fs.store, 5, ino)
+        .unwrap()
+        .is_some());
+    drop(fs);
+    assert_eq!(
+        count_extents(&settled, ino),
+        extents_before,
+        "extents past the size dropped"
+    );
+    assert_clean(settled, "after orphan cleanup of a linked inode");
+}
+
+fn count_extents(dev: &Arc<CrashDevice>, ino: u64) -> usize {
+    use btrkit_core::format::consts::*;
+    use btrkit_core::format::key::Key;
+    let mut fs = mount(dev.clone(), &["ro"]).unwrap();
+    fs.store
+        .items_in(
+            5,
+            Key::new(ino, BTRFS_EXTENT_DATA_KEY, 0),
+            Key::new(ino, BTRFS_EXTENT_DATA_KEY, u64::MAX),
+        )
+        .unwrap()
+        .len()
+}
+
 /// Run `script` on a fresh image, then fail the power: the durable part of
 /// the device, mounted (its log replayed by btrkit's replay at mount).
 fn crash_after(mkfs: &[&str], size: u64, script: &str) -> (Arc<dyn BlockDevice>, Manifest) {

@@ -216,8 +216,10 @@ pub(super) fn check(cx: &mut Ctx) {
     }
 
     // Dev extents: owned by a chunk, no overlap, inside the device.
-    let stripes: std::collections::HashSet<(u64, u64)> =
-        chunks.iter().flat_map(|c| c.stripes.iter().copied()).collect();
+    let stripes: std::collections::HashSet<(u64, u64)> = chunks
+        .iter()
+        .flat_map(|c| c.stripes.iter().copied())
+        .collect();
     // Where a chunk's stripe says the dev extent at (devid, physical)
     // must end, by the chunk's own length.
     let stripe_end: std::collections::HashMap<(u64, u64), (u64, u64)> = chunks
@@ -375,10 +377,15 @@ pub(super) fn check(cx: &mut Ctx) {
                 ),
             }
             if b.used > b.length {
-                cx.report(F::err(P, "block-group").at(b.start).fix(Repair::BlockGroupUsage).msg(format!(
-                    "block group {} used {} exceeds its length {}",
-                    b.start, b.used, b.length
-                )));
+                cx.report(
+                    F::err(P, "block-group")
+                        .at(b.start)
+                        .fix(Repair::BlockGroupUsage)
+                        .msg(format!(
+                            "block group {} used {} exceeds its length {}",
+                            b.start, b.used, b.length
+                        )),
+                );
             }
         }
         for c in &chunks {

@@ -115,10 +115,16 @@ pub(super) fn check(cx: &mut Ctx) {
     for w in items.windows(2) {
         let ((s0, l0, _), (s1, _, leaf)) = (w[0], w[1]);
         if s0.saturating_add(l0) > s1 {
-            cx.report(F::err(P, "csum-overlap").tree(7).at(leaf).fix(Repair::CsumOverlap { bytenr: s1 }).msg(format!(
-                "csum item at {s1} overlaps the one at {s0} (ends {})",
-                s0.saturating_add(l0)
-            )));
+            cx.report(
+                F::err(P, "csum-overlap")
+                    .tree(7)
+                    .at(leaf)
+                    .fix(Repair::CsumOverlap { bytenr: s1 })
+                    .msg(format!(
+                        "csum item at {s1} overlaps the one at {s0} (ends {})",
+                        s0.saturating_add(l0)
+                    )),
+            );
         }
     }
     cx.csum.union = union_of(items.iter().map(|&(s, l, _)| (s, l)).collect());

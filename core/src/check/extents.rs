@@ -352,7 +352,8 @@ pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
     for slot in 0..node.nr_safe() {
         let Some(k) = node.key(slot) else { continue };
         if k.ty == BTRFS_INODE_ITEM_KEY {
-            if let Ok(ItemBody::InodeItem(ii)) = node.item_data(slot).and_then(|d| decode(&k, d, 0)) {
+            if let Ok(ItemBody::InodeItem(ii)) = node.item_data(slot).and_then(|d| decode(&k, d, 0))
+            {
                 cx.ext.last_inode = (
                     owner,
                     k.objectid,
@@ -952,10 +953,14 @@ pub(super) fn check(cx: &mut Ctx) {
                             if let Some(&l) = level_of.get(&d.bytenr) {
                                 if l != r.level && r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0 {
                                     let fix = rebuild_of(d.bytenr, r.len, Some(l));
-                                    cx.report(F::err(P, "extent-item").tree(2).at(d.bytenr).fix(fix).msg(format!(
+                                    cx.report(
+                                        F::err(P, "extent-item").tree(2).at(d.bytenr).fix(fix).msg(
+                                            format!(
                                         "tree block {} is level {l} but its extent item says {}",
                                         d.bytenr, r.level
-                                    )));
+                                    ),
+                                        ),
+                                    );
                                 }
                             }
                         }

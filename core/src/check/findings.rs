@@ -211,9 +211,9 @@ pub enum Repair {
         /// The subvolume tree.
         tree: u64,
     },
-    /// What the kernel's orphan cleanup does for an orphan item: an
-    /// unlinked inode deleted with its data, a linked one's extents past
-    /// its size dropped, and the item removed.
+    /// What the kernel's orphan cleanup does for an orphan item
+    /// (`fs::inode::clean_orphan`): an unlinked inode deleted with its
+    /// data, a linked one's fs-verity items dropped, and the item removed.
     OrphanCleanup {
         /// The subvolume tree.
         tree: u64,

@@ -211,11 +211,16 @@ impl FsTree {
                             .msg(format!("inode {ino} has invalid mode 0{mode:o}")),
                     );
                 } else if mode & !VALID_MODE_BITS != 0 {
-                    self.out
-                        .push(self.err("inode-mode").at(bytenr).key(k).fix(fix).msg(format!(
-                            "inode {ino} mode 0{mode:o} has unknown bits 0{:o}",
-                            mode & !VALID_MODE_BITS
-                        )));
+                    self.out.push(
+                        self.err("inode-mode")
+                            .at(bytenr)
+                            .key(k)
+                            .fix(fix)
+                            .msg(format!(
+                                "inode {ino} mode 0{mode:o} has unknown bits 0{:o}",
+                                mode & !VALID_MODE_BITS
+                            )),
+                    );
                 }
                 if mode & S_IFMT == S_IFDIR && ii.nlink.get() > 1 {
                     self.out
@@ -770,9 +775,9 @@ impl FsTree {
             _ => {}
         }
         // Orphan items the kernel's orphan cleanup acts on at the next
-        // read-write mount: an unlinked inode deleted with its data, a
-        // linked one (an interrupted truncation) cut to its size, an item
-        // naming no inode dropped. Not errors; --repair does the same now.
+        // read-write mount (fs::inode::clean_orphan): an unlinked inode
+        // deleted with its data, a linked one's fs-verity items dropped, the
+        // item dropped in every case. Not errors; --repair does the same now.
         if self.link_checks && !self.lost {
             let mut orphans: Vec<u64> = self.orphans.iter().copied().collect();
             orphans.sort_unstable();
@@ -787,7 +792,7 @@ impl FsTree {
                 } else if unlinked.contains(&ino) {
                     "is for an unlinked inode: the kernel deletes it with its data"
                 } else {
-                    "is for an inode with links (an interrupted truncation): the kernel cuts it to its size and drops the item"
+                    "is for an inode with links (an unfinished fs-verity build, or a truncate of a kernel before 4.18): the kernel drops the item and any fs-verity items"
                 };
                 out.push(
                     super::findings::F::warn(6, "orphan")
@@ -838,11 +843,13 @@ impl FsTree {
 
     /// Hand what the checks found to the context.
     pub fn deliver(mut self, cx: &mut Ctx) {
-        super::reuse::checked(cx, self.root, self.out.is_empty(), || super::reuse::FsFacts {
-            needs: self.needs.clone(),
-            forbids: self.forbids.clone(),
-            inodes_checked: self.inodes_checked,
-            subvol_dirents: self.subvol_dirents.clone(),
+        super::reuse::checked(cx, self.root, self.out.is_empty(), || {
+            super::reuse::FsFacts {
+                needs: self.needs.clone(),
+                forbids: self.forbids.clone(),
+                inodes_checked: self.inodes_checked,
+                subvol_dirents: self.subvol_dirents.clone(),
+            }
         });
         for f in std::mem::take(&mut self.out) {
             cx.report(f);
@@ -1053,21 +1060,13 @@ pub(crate) fn inode_flag_problems(mode: u32, flags: u64) -> Vec<(bool, String, u
     }
     // The kernel clears one whenever it sets the other.
     if lo & BTRFS_INODE_COMPRESS != 0 && lo & BTRFS_INODE_NOCOMPRESS != 0 {
-        out.push((
-            true,
-            "both the compress and the nocompress flags".into(),
-            0,
-        ));
+        out.push((true, "both the compress and the nocompress flags".into(), 0));
     }
     // The kernel refuses these together since 5.x, and sets nodatasum with
     // nodatacow on every file; older kernels may have left either.
     if mode & S_IFMT == S_IFREG && lo & BTRFS_INODE_COMPRESS != 0 && lo & BTRFS_INODE_NODATACOW != 0
     {
-        out.push((
-            false,
-            "both the compress and the nodatacow flags".into(),
-            0,
-        ));
+        out.push((false, "both the compress and the nodatacow flags".into(), 0));
     }
     if mode & S_IFMT == S_IFREG
         && lo & BTRFS_INODE_NODATACOW != 0

@@ -993,7 +993,9 @@ impl Run<'_> {
                 chunk,
                 length,
             } => {
-                let c = self.st.dev_extent_from_chunk(devid, physical, chunk, length)?;
+                let c = self
+                    .st
+                    .dev_extent_from_chunk(devid, physical, chunk, length)?;
                 self.changes.push(c);
             }
             Repair::DeleteDevExtent { devid, physical } => {
@@ -1070,38 +1072,17 @@ fn rebuild_free_space(st: &mut Store) -> Result<Vec<String>> {
     Ok(vec!["free space tree rebuilt".into()])
 }
 
-/// See [`Repair::OrphanCleanup`].
+/// See [`Repair::OrphanCleanup`]: the kernel's rule, as the mount runs it.
 fn orphan_cleanup(st: &mut Store, tree: u64, ino: u64) -> Result<String> {
-    let item = st.lookup(tree, &Key::new(ino, BTRFS_INODE_ITEM_KEY, 0))?;
-    let did = match item {
-        None => "no such inode".to_string(),
-        Some(d) => {
-            let i: &crate::format::inode::InodeItem = crate::format::view(&d, "inode item")
-                .map_err(|e| e.at(0, Key::new(ino, BTRFS_INODE_ITEM_KEY, 0)))?;
-            let (nlink, size) = (i.nlink.get(), i.size.get());
-            if nlink == 0 {
-                crate::fs::extents::drop_inode_items(st, tree, ino)?;
-                "deleted with its data".to_string()
-            } else {
-                let ss = st.sectorsize() as u64;
-                let from = size.div_ceil(ss).saturating_mul(ss);
-                let dropped = crate::fs::extents::drop_extents(st, tree, ino, from, u64::MAX)?;
-                if dropped.nbytes > 0 {
-                    crate::fs::inode::modify_inode(st, tree, ino, |i| {
-                        i.nbytes.set(i.nbytes.get().saturating_sub(dropped.nbytes));
-                    })?;
-                }
-                format!(
-                    "extents past its size {size} dropped ({} bytes)",
-                    dropped.nbytes
-                )
-            }
+    use crate::fs::inode::OrphanOutcome;
+    let did = match crate::fs::inode::clean_orphan(st, tree, ino)? {
+        OrphanOutcome::NoInode => "no such inode".to_string(),
+        OrphanOutcome::Deleted => "deleted with its data".to_string(),
+        OrphanOutcome::Linked(0) => "linked, kept as it is".to_string(),
+        OrphanOutcome::Linked(n) => {
+            format!("linked, {n} fs-verity items of an unfinished build dropped")
         }
     };
-    st.delete_item(
-        tree,
-        &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, ino),
-    )?;
     Ok(format!(
         "orphan item {ino} (tree {tree}): {did}; item removed"
     ))
@@ -1122,13 +1103,19 @@ fn file_extent_disk(
     let t = TreeId::Tree(tree);
     let k = Key::new(ino, BTRFS_EXTENT_DATA_KEY, offset);
     let Some(d) = st.lookup(t, &k)? else {
-        return Ok(format!("inode {ino} (tree {tree}): no file extent at {offset}"));
+        return Ok(format!(
+            "inode {ino} (tree {tree}): no file extent at {offset}"
+        ));
     };
     let Ok(mut item) = FileExtentItem::read_from_bytes(&d) else {
-        return Ok(format!("inode {ino} (tree {tree}): file extent at {offset} is not a disk extent"));
+        return Ok(format!(
+            "inode {ino} (tree {tree}): file extent at {offset} is not a disk extent"
+        ));
     };
     if item.disk_bytenr.get() != from {
-        return Ok(format!("inode {ino} (tree {tree}): file extent at {offset} changed already"));
+        return Ok(format!(
+            "inode {ino} (tree {tree}): file extent at {offset} changed already"
+        ));
     }
     let what = match to {
         Some((b, l)) => {
@@ -1145,7 +1132,9 @@ fn file_extent_disk(
     st.update_item(t, &k, item.as_bytes())?;
     let nbytes = crate::fs::extents::count_nbytes(st, tree, ino)?;
     crate::fs::inode::modify_inode(st, tree, ino, |i| i.nbytes.set(nbytes))?;
-    Ok(format!("inode {ino} (tree {tree}): file extent at {offset}: {what}"))
+    Ok(format!(
+        "inode {ino} (tree {tree}): file extent at {offset}: {what}"
+    ))
 }
 
 /// The file type of inode `ino` as what points at it and what it holds

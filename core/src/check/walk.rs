@@ -582,9 +582,8 @@ impl BlockCheck<'_, '_> {
         // So is one whose generation disagrees with its parent's pointer
         // while it is otherwise sound (checksum, header, items): copied,
         // the pointer and the block agree again (btrfs check --repair).
-        let generation_only = |k: ProblemKind| {
-            matches!(k, ProblemKind::Generation | ProblemKind::ParentTransid)
-        };
+        let generation_only =
+            |k: ProblemKind| matches!(k, ProblemKind::Generation | ProblemKind::ParentTransid);
         let recowable = problems.iter().all(|p| generation_only(p.kind));
         for pr in problems {
             let cat = match pr.kind {

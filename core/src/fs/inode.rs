@@ -60,6 +60,52 @@ pub fn get_inode(st: &mut Store, subvol: u64, ino: u64) -> Result<Option<InodeIt
     }
 }
 
+/// What orphan cleanup did with one orphan item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrphanOutcome {
+    /// No inode has the number: only the orphan item went.
+    NoInode,
+    /// The inode still has links (an interrupted fs-verity build, or an
+    /// orphan item a kernel before 4.18 left for a truncate): its verity
+    /// items (this many) and the orphan item went, nothing else.
+    Linked(usize),
+    /// An unlinked inode: deleted with every item and data reference.
+    Deleted,
+}
+
+/// The orphan cleanup the kernel runs on a read-write mount
+/// (`btrfs_orphan_cleanup`) for the orphan item of `ino` in `subvol`. One
+/// rule for the mount and for repair: an unlinked inode is deleted with
+/// its data; a linked one loses its fs-verity items (a build the crash
+/// interrupted) and keeps its extents even past its size, as the kernel
+/// keeps them; the orphan item goes in every case.
+pub fn clean_orphan(st: &mut Store, subvol: u64, ino: u64) -> Result<OrphanOutcome> {
+    let t = TreeId::Tree(subvol);
+    let outcome = match get_inode(st, subvol, ino)? {
+        None => OrphanOutcome::NoInode,
+        Some(i) if i.nlink.get() == 0 => {
+            crate::fs::extents::drop_inode_items(st, subvol, ino)?;
+            OrphanOutcome::Deleted
+        }
+        Some(_) => {
+            let verity = st.items_in(
+                t,
+                Key::new(ino, BTRFS_VERITY_DESC_ITEM_KEY, 0),
+                Key::new(ino, BTRFS_VERITY_MERKLE_ITEM_KEY, u64::MAX),
+            )?;
+            for (k, _) in &verity {
+                st.delete_item(t, k)?;
+            }
+            OrphanOutcome::Linked(verity.len())
+        }
+    };
+    st.delete_item(
+        t,
+        &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, ino),
+    )?;
+    Ok(outcome)
+}
+
 /// Change an inode item in place; false when the inode does not exist.
 pub fn modify_inode(
     st: &mut Store,

@@ -680,13 +680,11 @@ impl Filesystem {
                 Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX),
             )?;
             for (k, _) in orphans {
-                let l = Loc::new(id, k.offset);
-                match crate::fs::inode::get_inode(&mut self.store, id, k.offset)? {
-                    Some(it) if it.nlink.get() == 0 => self.delete_inode(l)?,
-                    _ => {
-                        self.store.delete_item(t, &k)?;
-                    }
-                }
+                // The inode may go: its number stays taken until the commit
+                // (pin_free_ino) and nothing cached of it survives.
+                self.pin_free_ino(id)?;
+                self.forget_inode(Loc::new(id, k.offset));
+                crate::fs::inode::clean_orphan(&mut self.store, id, k.offset)?;
             }
         }
         Ok(())
