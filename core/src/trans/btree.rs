@@ -20,21 +20,10 @@ pub(super) struct Step {
 
 impl Store {
     fn load_child(&mut self, tree: TreeId, parent: u64, slot: usize) -> Result<u64> {
-        let pb = self.buf(parent)?;
-        let (child, gen) = edit::node_ptr(pb, slot);
-        let level = edit::level(pb) - 1;
-        let first = edit::node_key(pb, slot);
-        self.load(
-            tree,
-            child,
-            Expect {
-                level: Some(level),
-                generation: Some(gen),
-                owner: None,
-                first_key: Some(first),
-            },
-        )?;
-        Ok(child)
+        let child = crate::tree::node::child_in(self.buf(parent)?, slot, tree.owner())
+            .ok_or_else(|| Error::Internal(format!("block {parent} has no child {slot}")))?;
+        self.load(tree, child.bytenr, child.expect)?;
+        Ok(child.bytenr)
     }
 
     pub(super) fn load_root(&mut self, tree: TreeId) -> Result<u64> {
@@ -50,16 +39,7 @@ impl Store {
                 // The log root tree: its generation is the log's transaction.
                 (None, _) => None,
             };
-            self.load(
-                tree,
-                bytenr,
-                Expect {
-                    level: Some(level),
-                    generation: gen,
-                    owner: None,
-                    first_key: None,
-                },
-            )?;
+            self.load(tree, bytenr, Expect::root_block(level, gen))?;
         }
         Ok(bytenr)
     }
@@ -218,16 +198,7 @@ impl Store {
         level: u8,
         generation: Option<u64>,
     ) -> Result<u64> {
-        self.load(
-            tree,
-            bytenr,
-            Expect {
-                level: Some(level),
-                generation,
-                owner: None,
-                first_key: None,
-            },
-        )?;
+        self.load(tree, bytenr, Expect::root_block(level, generation))?;
         Ok(bytenr)
     }
 

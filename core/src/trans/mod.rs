@@ -864,25 +864,20 @@ impl Store {
         // Every reachable block of the tree: dirty ones are in the cache,
         // written ones are read back to find their children.
         let ns = self.nodesize() as u64;
-        let mut stack = vec![(st.bytenr, st.level)];
+        let mut stack = vec![(st.bytenr, Expect::root_block(st.level, None))];
         let mut guard = 0usize;
-        while let Some((b, level)) = stack.pop() {
+        while let Some((b, expect)) = stack.pop() {
             guard += 1;
             if guard > 1 << 24 {
                 return Err(Error::corrupt("log tree does not end", b));
             }
-            if level > 0 {
-                self.load(
-                    id,
-                    b,
-                    Expect {
-                        level: Some(level),
-                        ..Expect::default()
-                    },
-                )?;
+            if expect.level.is_some_and(|l| l > 0) {
+                self.load(id, b, expect)?;
                 let buf = self.buf(b)?;
                 for i in 0..crate::tree::edit::nritems(buf) {
-                    stack.push((crate::tree::edit::node_ptr(buf, i).0, level - 1));
+                    if let Some(c) = crate::tree::node::child_in(buf, i, id.owner()) {
+                        stack.push((c.bytenr, c.expect));
+                    }
                 }
             }
             let written = self.log_blocks.remove(&b).unwrap_or(true);

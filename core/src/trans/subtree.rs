@@ -9,7 +9,7 @@ use crate::format::file_extent::{parse_file_extent, FileExtent};
 use crate::format::key::Key;
 use crate::format::root::RootItem;
 use crate::tree::edit;
-use crate::tree::node::Expect;
+use crate::tree::node::{child_in, Child, Expect};
 use crate::{Error, Result};
 
 /// Bound on blocks one drop visits (far more than any real tree).
@@ -105,11 +105,17 @@ impl Store {
         self.items.forget_tree(tid);
         let st = self.root_state(id)?.clone();
         let gen = st.item.as_ref().map(|(_, ri)| ri.generation.get());
-        // (block, level, the reference that reaches it)
-        let mut stack: Vec<(u64, u8, BackRef, Option<u64>)> =
-            vec![(st.bytenr, st.level, BackRef::Tree { root: id }, gen)];
+        // (block, what its pointer says of it, the reference that reaches it)
+        let mut stack: Vec<(Child, BackRef)> = vec![(
+            Child {
+                bytenr: st.bytenr,
+                expect: Expect::root_block(st.level, gen),
+            },
+            BackRef::Tree { root: id },
+        )];
         let mut visited = 0usize;
-        while let Some((b, level, r, g)) = stack.pop() {
+        while let Some((child, r)) = stack.pop() {
+            let (b, level) = (child.bytenr, child.expect.level.unwrap_or(0));
             visited += 1;
             if visited > MAX_DROP {
                 return Err(Error::corrupt("tree drop does not end", b));
@@ -120,34 +126,27 @@ impl Store {
                 // Shared: only this reference goes (what this tree created
                 // below takes full back references first); the subtree's
                 // owners change.
-                self.full_backrefs_below(tid, b, level, g)?;
+                self.full_backrefs_below(tid, child)?;
                 self.delayed.add(b, ns, Some(level), r, -1);
                 if self.qgroups.enabled {
-                    self.trace_subtree(tid, b, level)?;
+                    self.trace_subtree(tid, child)?;
                 }
                 continue;
             }
-            self.load(
-                tid,
-                b,
-                Expect {
-                    level: Some(level),
-                    generation: g,
-                    owner: None,
-                    first_key: None,
-                },
-            )?;
+            self.load(tid, b, child.expect)?;
             let buf = self.buf(b)?.clone();
             let full = flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0;
             if level > 0 {
                 for i in 0..edit::nritems(&buf) {
-                    let (c, cg) = edit::node_ptr(&buf, i);
+                    let Some(c) = child_in(&buf, i, id) else {
+                        continue;
+                    };
                     let cr = if full {
                         BackRef::SharedTree { parent: b }
                     } else {
                         BackRef::Tree { root: id }
                     };
-                    stack.push((c, level - 1, cr, Some(cg)));
+                    stack.push((c, cr));
                 }
             } else {
                 for i in 0..edit::nritems(&buf) {
@@ -199,31 +198,18 @@ impl Store {
     /// reference walks, qgroup accounting). Blocks another tree created
     /// hold their children by that tree's name and are left alone, with
     /// everything below them.
-    fn full_backrefs_below(
-        &mut self,
-        tid: TreeId,
-        b: u64,
-        level: u8,
-        gen: Option<u64>,
-    ) -> Result<()> {
+    fn full_backrefs_below(&mut self, tid: TreeId, top: Child) -> Result<()> {
         let id = tid.id();
-        let mut stack = vec![(b, level, gen)];
+        let b = top.bytenr;
+        let mut stack = vec![top];
         let mut n = 0usize;
-        while let Some((x, l, g)) = stack.pop() {
+        while let Some(c) = stack.pop() {
+            let (x, l) = (c.bytenr, c.expect.level.unwrap_or(0));
             n += 1;
             if n > MAX_DROP {
                 return Err(Error::corrupt("subtree walk does not end", b));
             }
-            self.load(
-                tid,
-                x,
-                Expect {
-                    level: Some(l),
-                    generation: g,
-                    owner: None,
-                    first_key: None,
-                },
-            )?;
+            self.load(tid, x, c.expect)?;
             let buf = self.buf(x)?.clone();
             if edit::owner(&buf) != id {
                 continue;
@@ -235,10 +221,7 @@ impl Store {
                 self.set_full_backref(x, l)?;
             }
             if l > 0 {
-                for i in 0..edit::nritems(&buf) {
-                    let (c, cg) = edit::node_ptr(&buf, i);
-                    stack.push((c, l - 1, Some(cg)));
-                }
+                stack.extend((0..edit::nritems(&buf)).filter_map(|i| child_in(&buf, i, id)));
             }
         }
         Ok(())
@@ -246,29 +229,23 @@ impl Store {
 
     /// Note every extent below tree block `b` for qgroup accounting (their
     /// referencing trees change although their references do not).
-    fn trace_subtree(&mut self, tid: TreeId, b: u64, level: u8) -> Result<()> {
+    fn trace_subtree(&mut self, tid: TreeId, top: Child) -> Result<()> {
         let ns = self.nodesize() as u64;
-        let mut stack = vec![(b, level)];
+        let b = top.bytenr;
+        let mut stack = vec![top];
         let mut n = 0usize;
-        while let Some((x, l)) = stack.pop() {
+        while let Some(c) = stack.pop() {
+            let (x, l) = (c.bytenr, c.expect.level.unwrap_or(0));
             n += 1;
             if n > MAX_DROP {
                 return Err(Error::corrupt("subtree trace does not end", b));
             }
             self.qgroups.note_extent(x, ns, Some(l));
-            self.load(
-                tid,
-                x,
-                Expect {
-                    level: Some(l),
-                    ..Expect::default()
-                },
-            )?;
+            self.load(tid, x, c.expect)?;
             let buf = self.buf(x)?.clone();
             if l > 0 {
-                for i in 0..edit::nritems(&buf) {
-                    stack.push((edit::node_ptr(&buf, i).0, l - 1));
-                }
+                let owner = tid.owner();
+                stack.extend((0..edit::nritems(&buf)).filter_map(|i| child_in(&buf, i, owner)));
             } else {
                 for i in 0..edit::nritems(&buf) {
                     if edit::leaf_key(&buf, i).ty != BTRFS_EXTENT_DATA_KEY {

@@ -28,6 +28,17 @@ pub struct Expect {
 }
 
 impl Expect {
+    /// What a root pointer held as a level and a generation says about the
+    /// root block (the owner is filled in by the reader); a None
+    /// generation where the pointer records none (a log root tree's root).
+    pub fn root_block(level: u8, generation: Option<u64>) -> Expect {
+        Expect {
+            level: Some(level),
+            generation,
+            owner: None,
+            first_key: None,
+        }
+    }
     /// What the pointer to a tree's root block (its root item, the
     /// superblock, or a log root item) says about that block. The owner is
     /// the tree's id; `Node::validate` decides how strictly it is compared
@@ -41,6 +52,32 @@ impl Expect {
             first_key: None,
         }
     }
+}
+
+/// The child that the pointer in `slot` of node block `buf` names, with
+/// what the pointer says about it: one level below the node, the
+/// pointer's generation as its parent transid, the pointer's key as its
+/// first key, owned by `tree` (the tree being read). This is the one place
+/// those expectations are derived; every walk, reading or editing, takes
+/// them from here. None for a leaf, or a slot outside the block or past
+/// `nritems`.
+pub fn child_in(buf: &[u8], slot: usize, tree: u64) -> Option<Child> {
+    let (hdr, _) = Header::ref_from_prefix(buf).ok()?;
+    let level = hdr.level.checked_sub(1)?;
+    if slot >= hdr.nritems.get() as usize {
+        return None;
+    }
+    let o = HEADER_SIZE.checked_add(slot.checked_mul(KEY_PTR_SIZE)?)?;
+    let (p, _) = KeyPtr::ref_from_prefix(buf.get(o..)?).ok()?;
+    Some(Child {
+        bytenr: p.blockptr.get(),
+        expect: Expect {
+            level: Some(level),
+            generation: Some(p.generation.get()),
+            owner: Some(tree),
+            first_key: Some(Key::from(&p.key)),
+        },
+    })
 }
 
 /// A child of a node and what the node's pointer says about it.
@@ -196,23 +233,13 @@ impl Node {
         KeyPtr::ref_from_prefix(&self.buf[o..]).ok().map(|(p, _)| p)
     }
     /// The child that the pointer in `slot` names, with what the pointer
-    /// says about it: one level below this node, the pointer's generation
-    /// as its parent transid, the pointer's key as its first key, owned by
-    /// `tree` (the tree being read). This is the one place those
-    /// expectations are derived; every walk takes them from here. None for
-    /// a leaf or a slot past the pointers.
+    /// says about it (see [`child_in`]). None for a leaf or a slot past the
+    /// pointers.
     pub fn child_expect(&self, slot: usize, tree: u64) -> Option<Child> {
-        let level = self.level().checked_sub(1)?;
-        let p = self.key_ptr(slot)?;
-        Some(Child {
-            bytenr: p.blockptr.get(),
-            expect: Expect {
-                level: Some(level),
-                generation: Some(p.generation.get()),
-                owner: Some(tree),
-                first_key: Some(Key::from(&p.key)),
-            },
-        })
+        if slot >= self.nr_safe() {
+            return None;
+        }
+        child_in(&self.buf, slot, tree)
     }
 
     /// Key of slot `slot` in a leaf (the item's key) or node (the pointer's key);
