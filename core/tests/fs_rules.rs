@@ -405,7 +405,8 @@ fn drop_extents_splits_and_counts_refs() {
             "the extent item goes with its last reference"
         );
         assert!(
-            st.csum_lookup(bytenr, 65536)
+            st.csums()
+                .csum_lookup(bytenr, 65536)
                 .unwrap()
                 .iter()
                 .all(|c| c.is_none()),
@@ -534,7 +535,7 @@ fn drop_and_readd_of_a_reference_keeps_checksums() {
     set_size(&mut st, 257, 32768, nb);
     st.commit().unwrap();
     let bytenr = file_extents(&mut st, 257)[0].1;
-    let sums = st.csum_lookup(bytenr, 32768).unwrap();
+    let sums = st.csums().csum_lookup(bytenr, 32768).unwrap();
     assert!(sums.iter().all(|c| c.is_some()));
 
     // Same item out and back in.
@@ -548,7 +549,7 @@ fn drop_and_readd_of_a_reference_keeps_checksums() {
     st.commit().unwrap();
     assert_eq!(extent_refs(&mut st, bytenr).map(|r| r.0), Some(1));
     assert_eq!(
-        st.csum_lookup(bytenr, 32768).unwrap(),
+        st.csums().csum_lookup(bytenr, 32768).unwrap(),
         sums,
         "checksums kept"
     );
@@ -566,7 +567,7 @@ fn drop_and_readd_of_a_reference_keeps_checksums() {
     assert_eq!(refs, 1);
     assert!(r[0].contains("objectid: 258"), "{r:?}");
     assert_eq!(
-        st.csum_lookup(bytenr, 32768).unwrap(),
+        st.csums().csum_lookup(bytenr, 32768).unwrap(),
         sums,
         "checksums kept"
     );
@@ -702,10 +703,10 @@ fn csum_lookup_matches_a_sector_model() {
             sums.extend_from_slice(&c);
             model.insert(s, c);
         }
-        st.csum_insert(base + first * ss, &sums).unwrap();
+        st.csums().csum_insert(base + first * ss, &sums).unwrap();
     }
     // A hole punched in the middle of the long run.
-    st.csum_delete(base + 300 * ss, 20 * ss).unwrap();
+    st.csums().csum_delete(base + 300 * ss, 20 * ss).unwrap();
     for s in 300..320 {
         model.remove(&s);
     }
@@ -721,7 +722,7 @@ fn csum_lookup_matches_a_sector_model() {
         (1999, 5),
         (3000, 4),
     ] {
-        let got = st.csum_lookup(base + from * ss, n * ss).unwrap();
+        let got = st.csums().csum_lookup(base + from * ss, n * ss).unwrap();
         assert_eq!(got.len() as u64, n);
         for i in 0..n {
             assert_eq!(

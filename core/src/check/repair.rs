@@ -1050,7 +1050,7 @@ impl Run<'_> {
                 self.changes.push(c);
             }
             Repair::RecountQgroups => {
-                self.st.quota_rescan()?;
+                self.st.quotas().quota_rescan()?;
                 self.changes.push("quota groups recounted".into());
             }
             Repair::RebuildUuidTree => {
@@ -1496,7 +1496,7 @@ fn rebuild_csum_tree(st: &mut Store) -> Result<Vec<String>> {
             for sector in buf.chunks(ss as usize) {
                 sums.extend_from_slice(&csum_type.compute(sector)[..cs]);
             }
-            st.csum_insert(at, &sums)?;
+            st.csums().csum_insert(at, &sums)?;
             bytes += len;
             at += len;
         }

@@ -72,7 +72,7 @@ pub fn write_data_at(st: &mut Store, bytenr: u64, disk: &[u8], datasum: bool) ->
     st.write_new_data(bytenr, disk)?;
     if datasum {
         let sums = sector_csums(st, disk);
-        st.csum_insert(bytenr, &sums)?;
+        st.csums().csum_insert(bytenr, &sums)?;
     }
     Ok(())
 }
@@ -214,7 +214,7 @@ fn write_new_extent(
             }
             if datasum {
                 let sums = sector_csums(st, disk);
-                st.csum_insert(bytenr, &sums)?;
+                st.csums().csum_insert(bytenr, &sums)?;
             }
             bytenr
         }

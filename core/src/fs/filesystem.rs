@@ -788,7 +788,11 @@ impl Filesystem {
                 if self.item(dir)?.transid.get() == self.store.transid {
                     let lo = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0);
                     let hi = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX);
-                    if let Some((k, _)) = self.store.committed_items_in(dir.subvol, lo, hi)?.last()
+                    if let Some((k, _)) = self
+                        .store
+                        .committed()
+                        .committed_items_in(dir.subvol, lo, hi)?
+                        .last()
                     {
                         next = next.max(k.offset + 1);
                     }

@@ -139,7 +139,7 @@ fn read_verified(
     let ss = st.sectorsize() as u64;
     let csum = st.image().csum;
     let cs = csum.size();
-    let sums = st.csum_lookup(bytenr, buf.len() as u64)?;
+    let sums = st.csums().csum_lookup(bytenr, buf.len() as u64)?;
     st.read_data_checked(bytenr, buf, &mut |at, bytes| {
         let first = ((at - bytenr) / ss) as usize;
         bytes
@@ -159,7 +159,7 @@ fn verify(st: &mut Store, bytenr: u64, data: &[u8], ino: u64, file_off: u64) -> 
     let ss = st.sectorsize() as usize;
     let csum = st.image().csum;
     let cs = csum.size();
-    let sums = st.csum_lookup(bytenr, data.len() as u64)?;
+    let sums = st.csums().csum_lookup(bytenr, data.len() as u64)?;
     for (i, (sector, want)) in data.chunks(ss).zip(sums.iter()).enumerate() {
         if let Some(w) = want {
             if csum.compute(sector)[..cs] != *w {

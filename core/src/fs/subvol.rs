@@ -70,7 +70,7 @@ pub fn create_subvol_tree(
         &r,
     )?;
     uuid_add(store, &uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
-    store.qgroup_create(id)?;
+    store.quotas().qgroup_create(id)?;
     Ok(root_inode)
 }
 
@@ -409,11 +409,13 @@ impl Filesystem {
             // (no references, an orphan item): a crash before the link
             // leaves a root the next mount drops, never a subvolume no
             // directory names.
-            self.store.qgroup_create(id)?;
+            self.store.quotas().qgroup_create(id)?;
             let orphan = Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id);
             self.store.update_root_item(id, |r| r.refs.set(0))?;
             self.store.insert_item(TreeId::Root, &orphan, &[])?;
-            self.store.qgroup_account_snapshot(src.subvol, id)?;
+            self.store
+                .quotas()
+                .qgroup_account_snapshot(src.subvol, id)?;
             self.commit_only("snapshot")?;
             self.store.update_root_item(id, |r| r.refs.set(1))?;
             self.store.delete_item(TreeId::Root, &orphan)?;
@@ -630,7 +632,7 @@ impl Filesystem {
     /// Qgroups of dropped subvolumes go once the drop is committed.
     pub(super) fn remove_dropped_qgroups(&mut self) -> Result<()> {
         for id in std::mem::take(&mut self.dropped_qgroups) {
-            self.store.qgroup_remove(id)?;
+            self.store.quotas().qgroup_remove(id)?;
         }
         Ok(())
     }
@@ -715,13 +717,13 @@ impl Filesystem {
             return Ok(());
         }
         let subvols = subvol_ids(&mut self.store)?;
-        self.store.quota_enable(&subvols)?;
+        self.store.quotas().quota_enable(&subvols)?;
         self.commit("quota")?;
         self.writeback_all(super::writeback::Reason::Sync)?;
         // The rescan counts the committed trees; the writeback's changes
         // and whatever the closing commit does (the cleaner may drop a
         // deleted subvolume there) are accounted from the same trees.
-        self.store.quota_rescan()?;
+        self.store.quotas().quota_rescan()?;
         self.commit("quota")
     }
 }
@@ -732,7 +734,7 @@ impl Filesystem {
     /// chunks and removed (each step committed).
     pub fn balance_metadata(&mut self) -> Result<()> {
         self.sync()?;
-        self.store.relocate_metadata()?;
+        self.store.relocation().relocate_metadata()?;
         self.dirtied();
         self.commit("balance")
     }

@@ -394,6 +394,7 @@ impl Filesystem {
         let ext_off = item.offset.get() + (off - k.offset);
         if self
             .store
+            .csums()
             .csum_lookup(bytenr + ext_off, end - off)?
             .any_present()
         {
@@ -415,7 +416,7 @@ impl Filesystem {
         self.store.write_in_place_data(at, data)?;
         if datasum {
             let sums = super::data::sector_csums(&self.store, data);
-            self.store.csum_insert(at, &sums)?;
+            self.store.csums().csum_insert(at, &sums)?;
         }
         self.stats.nocow_writes += 1;
         let oe = OrderedExtent {

@@ -218,7 +218,7 @@ fn missing_csums(fs: &mut Store, logs: &[LogTree]) -> Result<Vec<String>> {
         for n in log.csum_needs() {
             for (a, b) in uncovered(&have, n.start, n.end) {
                 // Checksums committed before the crash count too.
-                if fs.csums_missing(a, b)? {
+                if fs.csums().csums_missing(a, b)? {
                     out.push(format!(
                         "inode {} offset {} (disk bytes {}..{})",
                         n.ino, n.file_offset, n.start, n.end
@@ -769,8 +769,10 @@ impl Replayer<'_> {
             runs.push((a, d[from..to].to_vec()));
         }
         for (a, sums) in runs {
-            self.fs.csum_delete(a, (sums.len() / cs) as u64 * ss)?;
-            self.fs.csum_insert(a, &sums)?;
+            self.fs
+                .csums()
+                .csum_delete(a, (sums.len() / cs) as u64 * ss)?;
+            self.fs.csums().csum_insert(a, &sums)?;
         }
         Ok(())
     }

@@ -352,7 +352,7 @@ impl Selection {
                 continue;
             }
             for (a, b) in uncovered(&have, n.start, n.end) {
-                if fs.csums_missing(a, b)? {
+                if fs.csums().csums_missing(a, b)? {
                     // A checksum item starting before `a` may cover it: one
                     // item covers far less than 64 MiB of data.
                     let why = match tree.read.lost_in(csum_key(a.saturating_sub(64 << 20)), csum_key(b)) {

@@ -890,8 +890,8 @@ impl LogWriter<'_, '_> {
     fn log_csums(&mut self, l: Loc, start: u64, len: u64) -> Result<()> {
         let log = log_tree(l);
         let ss = self.cx.store.sectorsize() as u64;
-        let sums = self.cx.store.csum_lookup(start, len)?;
-        self.cx.store.csum_delete_in(log, start, len)?;
+        let sums = self.cx.store.csums().csum_lookup(start, len)?;
+        self.cx.store.csums().csum_delete_in(log, start, len)?;
         let mut run_start = start;
         let mut run: Vec<u8> = Vec::new();
         for (i, c) in sums.iter().enumerate() {
@@ -905,14 +905,14 @@ impl LogWriter<'_, '_> {
                 }
                 None => {
                     if !run.is_empty() {
-                        self.cx.store.csum_insert_in(log, run_start, &run)?;
+                        self.cx.store.csums().csum_insert_in(log, run_start, &run)?;
                         run.clear();
                     }
                 }
             }
         }
         if !run.is_empty() {
-            self.cx.store.csum_insert_in(log, run_start, &run)?;
+            self.cx.store.csums().csum_insert_in(log, run_start, &run)?;
         }
         Ok(())
     }
@@ -1390,7 +1390,12 @@ impl LogWriter<'_, '_> {
     fn log_all_parents(&mut self, l: Loc, ctx: &mut Ctx) -> LResult<()> {
         let (lo, hi) = inode_range(l.ino, BTRFS_INODE_REF_KEY, BTRFS_INODE_EXTREF_KEY);
         let mut parents: Vec<u64> = Vec::new();
-        for (k, d) in self.cx.store.committed_items_in(l.subvol, lo, hi)? {
+        for (k, d) in self
+            .cx
+            .store
+            .committed()
+            .committed_items_in(l.subvol, lo, hi)?
+        {
             match k.ty {
                 BTRFS_INODE_REF_KEY => parents.push(k.offset),
                 _ => parents.extend(
@@ -1448,7 +1453,7 @@ impl LogWriter<'_, '_> {
                 BTRFS_DIR_ITEM_KEY,
                 crate::format::dir::name_hash(name),
             );
-            let Some(d) = self.cx.store.committed_lookup(l.subvol, &k)? else {
+            let Some(d) = self.cx.store.committed().committed_lookup(l.subvol, &k)? else {
                 continue;
             };
             let entries = parse_dir_items(&d).map_err(|e| e.at(0, k))?;
@@ -1478,6 +1483,7 @@ impl LogWriter<'_, '_> {
             let was_dir = match self
                 .cx
                 .store
+                .committed()
                 .committed_lookup(other.subvol, &Key::new(other.ino, BTRFS_INODE_ITEM_KEY, 0))?
             {
                 Some(d) => InodeItem::read_from_prefix(&d)

@@ -1045,7 +1045,7 @@ pub fn make_set(
     // Simple quotas from the start, so everything written into the new
     // filesystem (--rootdir) is counted for its subvolume.
     let incompat = if o.features.squota {
-        fs.quota_enable_simple(&[])?;
+        fs.quotas().quota_enable_simple(&[])?;
         fs.commit()?;
         incompat | BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA
     } else {
@@ -1188,9 +1188,9 @@ pub fn wipe_superblocks(dev: &dyn BlockDevice) -> Result<()> {
 /// leave), each step committed.
 pub fn enable_quota(fs: &mut Store) -> Result<()> {
     let ids = crate::fs::subvol::subvol_ids(fs)?;
-    fs.quota_enable(&ids)?;
+    fs.quotas().quota_enable(&ids)?;
     fs.commit()?;
-    fs.quota_rescan()?;
+    fs.quotas().quota_rescan()?;
     fs.commit()
 }
 

@@ -306,8 +306,8 @@ pub fn fix_data_checksum(paths: &[PathBuf], opts: Options) -> Result<FixDataChec
     }
     let mut st = Store::from_image(img)?;
     for (logical, sum, _, _) in &record {
-        st.csum_delete(*logical, ss as u64)?;
-        st.csum_insert(*logical, sum)?;
+        st.csums().csum_delete(*logical, ss as u64)?;
+        st.csums().csum_insert(*logical, sum)?;
     }
     st.commit()?;
     out.committed = true;

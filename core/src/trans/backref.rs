@@ -19,6 +19,18 @@ use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use zerocopy::FromBytes;
 
+/// Reads of the trees as the last commit left them (the blocks this transaction copied are read from their committed addresses): committed items, extents and the trees that reference them, for qgroup accounting and the log. Obtained from [`Store::committed`].
+pub struct Committed<'a> {
+    st: &'a mut Store,
+}
+
+impl Store {
+    /// See [`Committed`].
+    pub fn committed(&mut self) -> Committed<'_> {
+        Committed { st: self }
+    }
+}
+
 /// Which state of the trees to read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum View {
@@ -47,20 +59,25 @@ impl RootCache {
     }
 }
 
-impl Store {
+enum Parent {
+    Root,
+    Block(u64),
+}
+
+impl Committed<'_> {
     /// Root location of tree `id` in `view` (None when it does not exist).
     fn view_root(&mut self, view: View, id: u64, cache: &mut RootCache) -> Result<Option<RootLoc>> {
         match view {
             View::Current => {
-                if !self.tree_exists(id)? {
+                if !self.st.tree_exists(id)? {
                     return Ok(None);
                 }
-                let st = self.root_state(id)?.clone();
+                let st = self.st.root_state(id)?.clone();
                 let gen = st
                     .item
                     .as_ref()
                     .map(|(_, ri)| ri.generation.get())
-                    .unwrap_or(self.transid);
+                    .unwrap_or(self.st.transid);
                 Ok(Some((st.bytenr, st.level, gen)))
             }
             View::Committed => {
@@ -69,18 +86,18 @@ impl Store {
                 }
                 let r = if id == BTRFS_ROOT_TREE_OBJECTID {
                     Some((
-                        self.img.sb.root.get(),
-                        self.img.sb.root_level,
-                        self.img.sb.generation.get(),
+                        self.st.img.sb.root.get(),
+                        self.st.img.sb.root_level,
+                        self.st.img.sb.generation.get(),
                     ))
                 } else {
                     let (rb, rl, rg) = (
-                        self.img.sb.root.get(),
-                        self.img.sb.root_level,
-                        self.img.sb.generation.get(),
+                        self.st.img.sb.root.get(),
+                        self.st.img.sb.root_level,
+                        self.st.img.sb.generation.get(),
                     );
-                    let root = self.load_root_at(TreeId::Root, rb, rl, Some(rg))?;
-                    match self.next_item_from(
+                    let root = self.st.load_root_at(TreeId::Root, rb, rl, Some(rg))?;
+                    match self.st.next_item_from(
                         TreeId::Root,
                         root,
                         &Key::new(id, BTRFS_ROOT_ITEM_KEY, 0),
@@ -111,10 +128,10 @@ impl Store {
             return Ok(Vec::new());
         };
         let t = TreeId::Tree(id);
-        let root = self.load_root_at(t, rb, rl, Some(rg))?;
+        let root = self.st.load_root_at(t, rb, rl, Some(rg))?;
         let mut out = Vec::new();
         let mut k = start;
-        while let Some((key, d, _)) = self.next_item_from(t, root, &k)? {
+        while let Some((key, d, _)) = self.st.next_item_from(t, root, &k)? {
             if key > end {
                 break;
             }
@@ -147,11 +164,11 @@ impl Store {
             return Ok(Vec::new());
         };
         let t = TreeId::Tree(BTRFS_EXTENT_TREE_OBJECTID);
-        let root = self.load_root_at(t, rb, rl, Some(rg))?;
-        let ns = self.nodesize() as u64;
+        let root = self.st.load_root_at(t, rb, rl, Some(rg))?;
+        let ns = self.st.nodesize() as u64;
         let mut out = Vec::new();
         let mut k = Key::MIN;
-        while let Some((key, d, _)) = self.next_item_from(t, root, &k)? {
+        while let Some((key, d, _)) = self.st.next_item_from(t, root, &k)? {
             match key.ty {
                 BTRFS_EXTENT_ITEM_KEY => {
                     let v = parse_extent_item(&key, &d).map_err(|e| e.at(0, key))?;
@@ -189,10 +206,10 @@ impl Store {
             return Ok(Vec::new());
         };
         let t = TreeId::Tree(BTRFS_EXTENT_TREE_OBJECTID);
-        let root = self.load_root_at(t, rb, rl, Some(rg))?;
+        let root = self.st.load_root_at(t, rb, rl, Some(rg))?;
         let mut out = Vec::new();
         let mut k = Key::new(bytenr, 0, 0);
-        while let Some((key, d, _)) = self.next_item_from(t, root, &k)? {
+        while let Some((key, d, _)) = self.st.next_item_from(t, root, &k)? {
             if key.objectid != bytenr {
                 break;
             }
@@ -321,15 +338,16 @@ impl Store {
             return Ok(None);
         }
         let t = TreeId::Tree(root);
-        let (_, first) = self.block_head(t, b)?;
+        let (_, first) = self.st.block_head(t, b)?;
         let Some(first) = first else { return Ok(None) };
-        let top = self.load_root_at(t, rb, rl, Some(rg))?;
-        let Some((node, _)) = self.node_on_path(t, top, &first, level + 1)? else {
+        let top = self.st.load_root_at(t, rb, rl, Some(rg))?;
+        let Some((node, _)) = self.st.node_on_path(t, top, &first, level + 1)? else {
             return Ok(None);
         };
         // The pointer is in this node (the search path of the block's first
         // key leads to it); a stale reference finds nothing.
         Ok(self
+            .st
             .node_children(node)?
             .iter()
             .any(|(_, c)| *c == b)
@@ -354,7 +372,7 @@ impl Store {
             return Ok(Vec::new());
         };
         let t = TreeId::Tree(root);
-        let top = self.load_root_at(t, rb, rl, Some(rg))?;
+        let top = self.st.load_root_at(t, rb, rl, Some(rg))?;
         let mut leaves = Vec::new();
         let mut found = 0u64;
         // A clone from a later offset of the extent into an earlier file
@@ -363,7 +381,7 @@ impl Store {
         let start = if offset > i64::MAX as u64 { 0 } else { offset };
         let mut k = Key::new(objectid, BTRFS_EXTENT_DATA_KEY, start);
         let mut steps = 0usize;
-        while let Some((key, d, leaf)) = self.next_item_from(t, top, &k)? {
+        while let Some((key, d, leaf)) = self.st.next_item_from(t, top, &k)? {
             if key.objectid != objectid || key.ty != BTRFS_EXTENT_DATA_KEY {
                 break;
             }
@@ -388,9 +406,4 @@ impl Store {
         }
         Ok(leaves)
     }
-}
-
-enum Parent {
-    Root,
-    Block(u64),
 }

@@ -22,7 +22,7 @@ impl Store {
             return Ok(false);
         }
         for (bytenr, head) in self.delayed.take_all() {
-            self.qgroup_note_extent(bytenr, &head);
+            self.quotas().qgroup_note_extent(bytenr, &head);
             self.run_ref_head(bytenr, head)?;
         }
         Ok(true)
@@ -118,7 +118,11 @@ impl Store {
         for _ in 0..MAX_COMMIT_PASSES {
             let p = self.create_pending_chunks()?;
             let a = self.run_delayed_refs()? || p;
-            let q = if !a { self.account_qgroups()? } else { true };
+            let q = if !a {
+                self.quotas().account_qgroups()?
+            } else {
+                true
+            };
             let b = self.update_block_group_items()?;
             let c = self.update_root_items()?;
             if !a && !q && !b && !c && self.delayed.is_empty() {
@@ -140,7 +144,7 @@ impl Store {
         // blocks cached from it are stale).
         self.cache.drop_ranges(&self.alloc.pinned_ranges());
         self.alloc.unpin_all();
-        self.qgroups_committed();
+        self.quotas().qgroups_committed();
         self.log_blocks.clear();
         self.chunk_allocated = false;
         *self.img.sb = self.sb;

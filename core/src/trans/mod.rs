@@ -388,7 +388,7 @@ impl Store {
             stats: IoStats::default(),
         };
         fs.load_block_groups()?;
-        fs.load_qgroups()?;
+        fs.quotas().load_qgroups()?;
         Ok(fs)
     }
 

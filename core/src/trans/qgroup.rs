@@ -29,6 +29,20 @@ use zerocopy::{FromBytes, IntoBytes};
 
 const QUOTA_TREE: TreeId = TreeId::Tree(BTRFS_QUOTA_TREE_OBJECTID);
 
+/// Quota accounting over the store's trees: the quota tree's items, the
+/// qgroup counters ([`Qgroups`], which the store owns) and their update at
+/// commit. Obtained from [`Store::quotas`].
+pub struct Quotas<'a> {
+    st: &'a mut Store,
+}
+
+impl Store {
+    /// Quota accounting: see [`Quotas`].
+    pub fn quotas(&mut self) -> Quotas<'_> {
+        Quotas { st: self }
+    }
+}
+
 /// The counters of one qgroup, as its QGROUP_INFO item holds them, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
@@ -78,404 +92,6 @@ fn may_count(head: &RefHead) -> bool {
             matches!(r, BackRef::Tree { root } if is_fstree(*root))
                 || matches!(r, BackRef::SharedTree { .. })
         })
-}
-
-impl Store {
-    /// Read the quota tree when quotas are on.
-    pub(super) fn load_qgroups(&mut self) -> Result<()> {
-        if !self.tree_exists(BTRFS_QUOTA_TREE_OBJECTID)? {
-            return Ok(());
-        }
-        let status_key = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);
-        let Some(d) = self.lookup(QUOTA_TREE, &status_key)? else {
-            return Ok(());
-        };
-        let st = QgroupStatusItem::read_from_prefix(&d)
-            .map_err(|_| Error::corrupt_key("qgroup status item size", 0, status_key))?
-            .0;
-        if st.flags.get() & BTRFS_QGROUP_STATUS_FLAG_ON == 0 {
-            return Ok(());
-        }
-        let simple = (st.flags.get() & BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE != 0).then(|| {
-            d.get(32..40)
-                .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
-        });
-        let mut q = Qgroups {
-            enabled: true,
-            simple,
-            ..Default::default()
-        };
-        for (k, d) in self.items_in(
-            QUOTA_TREE,
-            Key::new(0, BTRFS_QGROUP_INFO_KEY, 0),
-            Key::new(0, BTRFS_QGROUP_INFO_KEY, u64::MAX),
-        )? {
-            let i = QgroupInfoItem::read_from_bytes(&d)
-                .map_err(|_| Error::corrupt_key("qgroup info item size", 0, k))?;
-            q.groups.insert(
-                k.offset,
-                Counts {
-                    rfer: i.rfer.get(),
-                    rfer_cmpr: i.rfer_cmpr.get(),
-                    excl: i.excl.get(),
-                    excl_cmpr: i.excl_cmpr.get(),
-                },
-            );
-        }
-        // Relations are stored both ways; (child, RELATION, parent) has
-        // the child first (child < parent as qgroup ids: parents have a
-        // higher level).
-        for (k, _) in self.items_in(
-            QUOTA_TREE,
-            Key::new(0, BTRFS_QGROUP_RELATION_KEY, 0),
-            Key::new(u64::MAX, BTRFS_QGROUP_RELATION_KEY, u64::MAX),
-        )? {
-            if k.ty == BTRFS_QGROUP_RELATION_KEY && k.objectid < k.offset {
-                q.parents.entry(k.objectid).or_default().insert(k.offset);
-            }
-        }
-        self.qgroups = q;
-        Ok(())
-    }
-
-    /// Note an extent whose references changed (its head is about to run).
-    pub(super) fn qgroup_note_extent(&mut self, bytenr: u64, head: &RefHead) {
-        // Simple quotas count at allocation and free, not from references.
-        if self.qgroups.enabled && self.qgroups.simple.is_none() && may_count(head) {
-            self.qgroups
-                .extents
-                .entry(bytenr)
-                .or_insert((head.num_bytes, head.level));
-        }
-    }
-
-    /// Account every noted extent and write the changed info items and the
-    /// status item (once per commit). Returns whether the quota tree changed.
-    pub(super) fn account_qgroups(&mut self) -> Result<bool> {
-        if !self.qgroups.enabled {
-            return Ok(false);
-        }
-        self.account_noted(None)?;
-        let mut changed = false;
-        let transid = self.transid;
-        for id in std::mem::take(&mut self.qgroups.dirty) {
-            let Some(c) = self.qgroups.groups.get(&id).copied() else {
-                continue;
-            };
-            let item = QgroupInfoItem {
-                generation: transid.into(),
-                rfer: c.rfer.into(),
-                rfer_cmpr: c.rfer_cmpr.into(),
-                excl: c.excl.into(),
-                excl_cmpr: c.excl_cmpr.into(),
-            };
-            self.update_item(
-                QUOTA_TREE,
-                &Key::new(0, BTRFS_QGROUP_INFO_KEY, id),
-                item.as_bytes(),
-            )?;
-            changed = true;
-        }
-        if !self.qgroups.status_written {
-            let k = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);
-            if let Some(mut d) = self.lookup(QUOTA_TREE, &k)? {
-                if d.len() >= 16 {
-                    d[8..16].copy_from_slice(&transid.to_le_bytes());
-                    self.update_item(QUOTA_TREE, &k, &d)?;
-                }
-            }
-            self.qgroups.status_written = true;
-            changed = true;
-        }
-        Ok(changed)
-    }
-
-    /// Account every extent noted in this transaction: the subvolumes that
-    /// referenced it in the committed trees against those that reference it
-    /// now. `skip` leaves one subvolume out of both sets (a snapshot whose
-    /// counters btrfs_qgroup_inherit sets right after).
-    ///
-    /// Invariant: the counters describe the committed trees plus what was
-    /// accounted since, so the committed trees are each extent's old roots.
-    /// Whatever sets counters from the trees as they stand (a snapshot's
-    /// inherit) is followed by a commit before any reference changes
-    /// (see `qgroup_account_snapshot`); a rescan counts the committed trees
-    /// (see `quota_rescan`).
-    fn account_noted(&mut self, skip: Option<u64>) -> Result<()> {
-        let extents = std::mem::take(&mut self.qgroups.extents);
-        let mut cache = RootCache::new();
-        for (bytenr, (num_bytes, level)) in extents {
-            let mut old = self.extent_roots(View::Committed, bytenr, level, &mut cache)?;
-            let mut new = self.extent_roots(View::Current, bytenr, level, &mut cache)?;
-            if let Some(id) = skip {
-                old.remove(&id);
-                new.remove(&id);
-            }
-            if old != new {
-                self.qgroups.account(num_bytes, &old, &new);
-            }
-        }
-        Ok(())
-    }
-
-    /// Create qgroup 0/`id` with zero counters (a new subvolume).
-    pub fn qgroup_create(&mut self, id: u64) -> Result<()> {
-        if !self.qgroups.enabled {
-            return Ok(());
-        }
-        self.qgroups.groups.insert(id, Counts::default());
-        self.write_qgroup_items(id, true)
-    }
-
-    /// Write qgroup `id`'s info item (and with `limit`, a zero limit item).
-    fn write_qgroup_items(&mut self, id: u64, limit: bool) -> Result<()> {
-        let c = self.qgroups.groups.get(&id).copied().unwrap_or_default();
-        let t = self.transid;
-        let item = QgroupInfoItem {
-            generation: t.into(),
-            rfer: c.rfer.into(),
-            rfer_cmpr: c.rfer_cmpr.into(),
-            excl: c.excl.into(),
-            excl_cmpr: c.excl_cmpr.into(),
-        };
-        self.update_item(
-            QUOTA_TREE,
-            &Key::new(0, BTRFS_QGROUP_INFO_KEY, id),
-            item.as_bytes(),
-        )?;
-        if limit {
-            let z = crate::format::qgroup::QgroupLimitItem {
-                flags: 0.into(),
-                max_rfer: 0.into(),
-                max_excl: 0.into(),
-                rsv_rfer: 0.into(),
-                rsv_excl: 0.into(),
-            };
-            self.update_item(
-                QUOTA_TREE,
-                &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, id),
-                z.as_bytes(),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Remove qgroup 0/`id` (its subvolume is gone): info, limit, relations.
-    pub fn qgroup_remove(&mut self, id: u64) -> Result<()> {
-        if !self.qgroups.enabled {
-            return Ok(());
-        }
-        self.qgroups.groups.remove(&id);
-        self.qgroups.dirty.remove(&id);
-        self.delete_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_INFO_KEY, id))?;
-        self.delete_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, id))?;
-        if let Some(ps) = self.qgroups.parents.remove(&id) {
-            for p in ps {
-                self.delete_item(QUOTA_TREE, &Key::new(id, BTRFS_QGROUP_RELATION_KEY, p))?;
-                self.delete_item(QUOTA_TREE, &Key::new(p, BTRFS_QGROUP_RELATION_KEY, id))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The qgroup side of a snapshot (the kernel's qgroup_account_snapshot
-    /// in create_pending_snapshot): every reference change queued so far is
-    /// run and accounted with the new snapshot `dst` left out (its counters
-    /// are set next, whatever its tree shares), then `dst`'s qgroup becomes
-    /// a copy of `src`'s (btrfs_qgroup_inherit): it references what the
-    /// source references, and each has only its root block to itself.
-    ///
-    /// The caller commits next, before any reference changes: that commit
-    /// is the kernel's switch of commit roots after the inherit, so that
-    /// every later change is accounted from trees in which `dst` exists.
-    /// A reference change in between would be accounted from trees without
-    /// `dst` and count the extent for `dst` a second time.
-    pub fn qgroup_account_snapshot(&mut self, src: u64, dst: u64) -> Result<()> {
-        if !self.qgroups.enabled {
-            return Ok(());
-        }
-        if self.qgroups.simple.is_some() {
-            // A snapshot allocates nothing but what it writes next: its
-            // qgroup starts empty.
-            self.qgroups.groups.entry(dst).or_default();
-            return self.write_qgroup_items(dst, true);
-        }
-        while self.run_delayed_refs()? {}
-        self.account_noted(Some(dst))?;
-        let ns = self.nodesize() as u64;
-        let s = self.qgroups.groups.get(&src).copied().unwrap_or_default();
-        self.qgroups.groups.insert(
-            dst,
-            Counts {
-                rfer: s.rfer,
-                rfer_cmpr: s.rfer_cmpr,
-                excl: ns,
-                excl_cmpr: ns,
-            },
-        );
-        if let Some(c) = self.qgroups.groups.get_mut(&src) {
-            c.excl = ns;
-            c.excl_cmpr = ns;
-        }
-        self.qgroups.dirty.insert(src);
-        self.qgroups.dirty.insert(dst);
-        if let Ok(Some(d)) = self.lookup(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, src)) {
-            self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, dst), &d)?;
-        } else {
-            self.write_qgroup_items(dst, true)?;
-        }
-        self.write_qgroup_items(dst, false)
-    }
-
-    /// Turn quotas on (btrfs_quota_enable): the quota tree with its status
-    /// item and a qgroup for every subvolume. The caller commits, then
-    /// rescans (`quota_rescan`) and commits again.
-    pub fn quota_enable(&mut self, subvols: &[u64]) -> Result<()> {
-        self.enable_quotas(subvols, false)
-    }
-
-    /// Turn simple quotas on (`btrfs quota enable --simple`, mkfs `-O
-    /// squota`): the SIMPLE_QUOTA incompat flag, the status item in simple
-    /// mode with this transaction as the enable generation, and a qgroup
-    /// for every subvolume, all empty: what was allocated before counts
-    /// nowhere, everything allocated from now on counts for its owner. No
-    /// rescan.
-    pub fn quota_enable_simple(&mut self, subvols: &[u64]) -> Result<()> {
-        self.enable_quotas(subvols, true)
-    }
-
-    /// [`Store::quota_enable`] and [`Store::quota_enable_simple`]: the
-    /// quota tree, the status item (inconsistent until the rescan, or
-    /// simple with its enable generation), an empty qgroup per subvolume.
-    fn enable_quotas(&mut self, subvols: &[u64], simple: bool) -> Result<()> {
-        if self.qgroups.enabled {
-            return Ok(());
-        }
-        if !self.tree_exists(BTRFS_QUOTA_TREE_OBJECTID)? {
-            let t = self.transid;
-            let ri = crate::format::root::new_root_item(0, t, 0, None);
-            self.create_tree(BTRFS_QUOTA_TREE_OBJECTID, ri)?;
-        }
-        let t = self.transid;
-        let mode = if simple {
-            BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE
-        } else {
-            BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT
-        };
-        let mut st = vec![0u8; crate::format::qgroup::QGROUP_STATUS_SIMPLE_SIZE];
-        st[..8].copy_from_slice(&1u64.to_le_bytes());
-        st[8..16].copy_from_slice(&t.to_le_bytes());
-        st[16..24].copy_from_slice(&(BTRFS_QGROUP_STATUS_FLAG_ON | mode).to_le_bytes());
-        if simple {
-            st[32..40].copy_from_slice(&t.to_le_bytes());
-            let f = self.sb.incompat_flags.get();
-            self.sb
-                .incompat_flags
-                .set(f | BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA);
-        }
-        self.update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0), &st)?;
-        self.qgroups = Qgroups {
-            enabled: true,
-            simple: simple.then_some(t),
-            ..Default::default()
-        };
-        for &id in subvols
-            .iter()
-            .chain(std::iter::once(&BTRFS_FS_TREE_OBJECTID))
-        {
-            self.qgroups.groups.insert(id, Counts::default());
-            self.write_qgroup_items(id, true)?;
-        }
-        Ok(())
-    }
-
-    /// The owner in the header of tree block `bytenr` (a block freed
-    /// through a shared reference, whose dropping tree is not its owner).
-    pub(super) fn tree_block_owner(&mut self, bytenr: u64) -> Result<u64> {
-        if let Some(b) = self.cache.get(bytenr) {
-            return Ok(crate::tree::edit::owner(b));
-        }
-        let node =
-            self.img
-                .read_tree_block(bytenr, &crate::tree::node::Expect::default(), false)?;
-        Ok(node.owner())
-    }
-
-    /// A simple-quota change: an extent of `num_bytes` allocated
-    /// (`alloc`) or freed by subvolume `root`, allocated at `generation`.
-    pub(super) fn squota_delta(&mut self, root: u64, num_bytes: u64, generation: u64, alloc: bool) {
-        let Some(enable_gen) = self.qgroups.simple else {
-            return;
-        };
-        if !self.qgroups.enabled || generation < enable_gen || !is_fstree(root) {
-            return;
-        }
-        for q in self.qgroups.covering(root) {
-            let Some(c) = self.qgroups.groups.get_mut(&q) else {
-                continue;
-            };
-            // Only rfer and excl: the kernel's squota leaves the compressed
-            // counters where enabling put them.
-            for v in [&mut c.rfer, &mut c.excl] {
-                *v = if alloc {
-                    v.saturating_add(num_bytes)
-                } else {
-                    v.saturating_sub(num_bytes)
-                };
-            }
-            self.qgroups.dirty.insert(q);
-        }
-    }
-
-    /// The rescan (btrfs_qgroup_rescan_worker): every counter from zero,
-    /// then every extent of the committed extent tree counted for the
-    /// subvolumes that reference it in the committed trees; then the status
-    /// says consistent and rescan done.
-    ///
-    /// The committed trees, not the current ones: what the running
-    /// transaction changed is noted and accounted at its commit from the
-    /// committed trees, so the rescan must start from the same state, or a
-    /// change made before the rescan (writeback copying a shared block, the
-    /// cleaner dropping a deleted tree at the commit) is counted twice or
-    /// taken off what was never added. Noted extents are kept for that.
-    pub fn quota_rescan(&mut self) -> Result<()> {
-        // Simple quotas have no rescan (the kernel refuses one): what
-        // predates them counts nowhere.
-        if !self.qgroups.enabled || self.qgroups.simple.is_some() {
-            return Ok(());
-        }
-        for c in self.qgroups.groups.values_mut() {
-            *c = Counts::default();
-        }
-        for (b, v) in std::mem::take(&mut self.qgroups.rewritten) {
-            self.qgroups.extents.entry(b).or_insert(v);
-        }
-        let ids: Vec<u64> = self.qgroups.groups.keys().copied().collect();
-        self.qgroups.dirty.extend(ids);
-        let mut cache = RootCache::new();
-        for (bytenr, num_bytes, level) in self.view_extents(View::Committed, &mut cache)? {
-            let roots = self.extent_roots(View::Committed, bytenr, level, &mut cache)?;
-            if !roots.is_empty() {
-                self.qgroups.account(num_bytes, &BTreeSet::new(), &roots);
-            }
-        }
-        let k = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);
-        if let Some(mut d) = self.lookup(QUOTA_TREE, &k)? {
-            if d.len() >= 32 {
-                let t = self.transid;
-                d[8..16].copy_from_slice(&t.to_le_bytes());
-                d[16..24].copy_from_slice(&BTRFS_QGROUP_STATUS_FLAG_ON.to_le_bytes());
-                d[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
-                self.update_item(QUOTA_TREE, &k, &d)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// After the commit: the next transaction writes its status again.
-    pub(super) fn qgroups_committed(&mut self) {
-        self.qgroups.status_written = false;
-    }
 }
 
 impl Qgroups {
@@ -553,6 +169,435 @@ impl Qgroups {
                 self.dirty.insert(q);
             }
         }
+    }
+}
+
+impl Quotas<'_> {
+    /// Read the quota tree when quotas are on.
+    pub(super) fn load_qgroups(&mut self) -> Result<()> {
+        if !self.st.tree_exists(BTRFS_QUOTA_TREE_OBJECTID)? {
+            return Ok(());
+        }
+        let status_key = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);
+        let Some(d) = self.st.lookup(QUOTA_TREE, &status_key)? else {
+            return Ok(());
+        };
+        let st = QgroupStatusItem::read_from_prefix(&d)
+            .map_err(|_| Error::corrupt_key("qgroup status item size", 0, status_key))?
+            .0;
+        if st.flags.get() & BTRFS_QGROUP_STATUS_FLAG_ON == 0 {
+            return Ok(());
+        }
+        let simple = (st.flags.get() & BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE != 0).then(|| {
+            d.get(32..40)
+                .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+        });
+        let mut q = Qgroups {
+            enabled: true,
+            simple,
+            ..Default::default()
+        };
+        for (k, d) in self.st.items_in(
+            QUOTA_TREE,
+            Key::new(0, BTRFS_QGROUP_INFO_KEY, 0),
+            Key::new(0, BTRFS_QGROUP_INFO_KEY, u64::MAX),
+        )? {
+            let i = QgroupInfoItem::read_from_bytes(&d)
+                .map_err(|_| Error::corrupt_key("qgroup info item size", 0, k))?;
+            q.groups.insert(
+                k.offset,
+                Counts {
+                    rfer: i.rfer.get(),
+                    rfer_cmpr: i.rfer_cmpr.get(),
+                    excl: i.excl.get(),
+                    excl_cmpr: i.excl_cmpr.get(),
+                },
+            );
+        }
+        // Relations are stored both ways; (child, RELATION, parent) has
+        // the child first (child < parent as qgroup ids: parents have a
+        // higher level).
+        for (k, _) in self.st.items_in(
+            QUOTA_TREE,
+            Key::new(0, BTRFS_QGROUP_RELATION_KEY, 0),
+            Key::new(u64::MAX, BTRFS_QGROUP_RELATION_KEY, u64::MAX),
+        )? {
+            if k.ty == BTRFS_QGROUP_RELATION_KEY && k.objectid < k.offset {
+                q.parents.entry(k.objectid).or_default().insert(k.offset);
+            }
+        }
+        self.st.qgroups = q;
+        Ok(())
+    }
+
+    /// Note an extent whose references changed (its head is about to run).
+    pub(super) fn qgroup_note_extent(&mut self, bytenr: u64, head: &RefHead) {
+        // Simple quotas count at allocation and free, not from references.
+        if self.st.qgroups.enabled && self.st.qgroups.simple.is_none() && may_count(head) {
+            self.st
+                .qgroups
+                .extents
+                .entry(bytenr)
+                .or_insert((head.num_bytes, head.level));
+        }
+    }
+
+    /// Account every noted extent and write the changed info items and the
+    /// status item (once per commit). Returns whether the quota tree changed.
+    pub(super) fn account_qgroups(&mut self) -> Result<bool> {
+        if !self.st.qgroups.enabled {
+            return Ok(false);
+        }
+        self.account_noted(None)?;
+        let mut changed = false;
+        let transid = self.st.transid;
+        for id in std::mem::take(&mut self.st.qgroups.dirty) {
+            let Some(c) = self.st.qgroups.groups.get(&id).copied() else {
+                continue;
+            };
+            let item = QgroupInfoItem {
+                generation: transid.into(),
+                rfer: c.rfer.into(),
+                rfer_cmpr: c.rfer_cmpr.into(),
+                excl: c.excl.into(),
+                excl_cmpr: c.excl_cmpr.into(),
+            };
+            self.st.update_item(
+                QUOTA_TREE,
+                &Key::new(0, BTRFS_QGROUP_INFO_KEY, id),
+                item.as_bytes(),
+            )?;
+            changed = true;
+        }
+        if !self.st.qgroups.status_written {
+            let k = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);
+            if let Some(mut d) = self.st.lookup(QUOTA_TREE, &k)? {
+                if d.len() >= 16 {
+                    d[8..16].copy_from_slice(&transid.to_le_bytes());
+                    self.st.update_item(QUOTA_TREE, &k, &d)?;
+                }
+            }
+            self.st.qgroups.status_written = true;
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// Account every extent noted in this transaction: the subvolumes that
+    /// referenced it in the committed trees against those that reference it
+    /// now. `skip` leaves one subvolume out of both sets (a snapshot whose
+    /// counters btrfs_qgroup_inherit sets right after).
+    ///
+    /// Invariant: the counters describe the committed trees plus what was
+    /// accounted since, so the committed trees are each extent's old roots.
+    /// Whatever sets counters from the trees as they stand (a snapshot's
+    /// inherit) is followed by a commit before any reference changes
+    /// (see `qgroup_account_snapshot`); a rescan counts the committed trees
+    /// (see `quota_rescan`).
+    fn account_noted(&mut self, skip: Option<u64>) -> Result<()> {
+        let extents = std::mem::take(&mut self.st.qgroups.extents);
+        let mut cache = RootCache::new();
+        for (bytenr, (num_bytes, level)) in extents {
+            let mut old =
+                self.st
+                    .committed()
+                    .extent_roots(View::Committed, bytenr, level, &mut cache)?;
+            let mut new =
+                self.st
+                    .committed()
+                    .extent_roots(View::Current, bytenr, level, &mut cache)?;
+            if let Some(id) = skip {
+                old.remove(&id);
+                new.remove(&id);
+            }
+            if old != new {
+                self.st.qgroups.account(num_bytes, &old, &new);
+            }
+        }
+        Ok(())
+    }
+
+    /// Create qgroup 0/`id` with zero counters (a new subvolume).
+    pub fn qgroup_create(&mut self, id: u64) -> Result<()> {
+        if !self.st.qgroups.enabled {
+            return Ok(());
+        }
+        self.st.qgroups.groups.insert(id, Counts::default());
+        self.write_qgroup_items(id, true)
+    }
+
+    /// Write qgroup `id`'s info item (and with `limit`, a zero limit item).
+    fn write_qgroup_items(&mut self, id: u64, limit: bool) -> Result<()> {
+        let c = self.st.qgroups.groups.get(&id).copied().unwrap_or_default();
+        let t = self.st.transid;
+        let item = QgroupInfoItem {
+            generation: t.into(),
+            rfer: c.rfer.into(),
+            rfer_cmpr: c.rfer_cmpr.into(),
+            excl: c.excl.into(),
+            excl_cmpr: c.excl_cmpr.into(),
+        };
+        self.st.update_item(
+            QUOTA_TREE,
+            &Key::new(0, BTRFS_QGROUP_INFO_KEY, id),
+            item.as_bytes(),
+        )?;
+        if limit {
+            let z = crate::format::qgroup::QgroupLimitItem {
+                flags: 0.into(),
+                max_rfer: 0.into(),
+                max_excl: 0.into(),
+                rsv_rfer: 0.into(),
+                rsv_excl: 0.into(),
+            };
+            self.st.update_item(
+                QUOTA_TREE,
+                &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, id),
+                z.as_bytes(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Remove qgroup 0/`id` (its subvolume is gone): info, limit, relations.
+    pub fn qgroup_remove(&mut self, id: u64) -> Result<()> {
+        if !self.st.qgroups.enabled {
+            return Ok(());
+        }
+        self.st.qgroups.groups.remove(&id);
+        self.st.qgroups.dirty.remove(&id);
+        self.st
+            .delete_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_INFO_KEY, id))?;
+        self.st
+            .delete_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, id))?;
+        if let Some(ps) = self.st.qgroups.parents.remove(&id) {
+            for p in ps {
+                self.st
+                    .delete_item(QUOTA_TREE, &Key::new(id, BTRFS_QGROUP_RELATION_KEY, p))?;
+                self.st
+                    .delete_item(QUOTA_TREE, &Key::new(p, BTRFS_QGROUP_RELATION_KEY, id))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The qgroup side of a snapshot (the kernel's qgroup_account_snapshot
+    /// in create_pending_snapshot): every reference change queued so far is
+    /// run and accounted with the new snapshot `dst` left out (its counters
+    /// are set next, whatever its tree shares), then `dst`'s qgroup becomes
+    /// a copy of `src`'s (btrfs_qgroup_inherit): it references what the
+    /// source references, and each has only its root block to itself.
+    ///
+    /// The caller commits next, before any reference changes: that commit
+    /// is the kernel's switch of commit roots after the inherit, so that
+    /// every later change is accounted from trees in which `dst` exists.
+    /// A reference change in between would be accounted from trees without
+    /// `dst` and count the extent for `dst` a second time.
+    pub fn qgroup_account_snapshot(&mut self, src: u64, dst: u64) -> Result<()> {
+        if !self.st.qgroups.enabled {
+            return Ok(());
+        }
+        if self.st.qgroups.simple.is_some() {
+            // A snapshot allocates nothing but what it writes next: its
+            // qgroup starts empty.
+            self.st.qgroups.groups.entry(dst).or_default();
+            return self.write_qgroup_items(dst, true);
+        }
+        while self.st.run_delayed_refs()? {}
+        self.account_noted(Some(dst))?;
+        let ns = self.st.nodesize() as u64;
+        let s = self
+            .st
+            .qgroups
+            .groups
+            .get(&src)
+            .copied()
+            .unwrap_or_default();
+        self.st.qgroups.groups.insert(
+            dst,
+            Counts {
+                rfer: s.rfer,
+                rfer_cmpr: s.rfer_cmpr,
+                excl: ns,
+                excl_cmpr: ns,
+            },
+        );
+        if let Some(c) = self.st.qgroups.groups.get_mut(&src) {
+            c.excl = ns;
+            c.excl_cmpr = ns;
+        }
+        self.st.qgroups.dirty.insert(src);
+        self.st.qgroups.dirty.insert(dst);
+        if let Ok(Some(d)) = self
+            .st
+            .lookup(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, src))
+        {
+            self.st
+                .update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_LIMIT_KEY, dst), &d)?;
+        } else {
+            self.write_qgroup_items(dst, true)?;
+        }
+        self.write_qgroup_items(dst, false)
+    }
+
+    /// Turn quotas on (btrfs_quota_enable): the quota tree with its status
+    /// item and a qgroup for every subvolume. The caller commits, then
+    /// rescans (`quota_rescan`) and commits again.
+    pub fn quota_enable(&mut self, subvols: &[u64]) -> Result<()> {
+        self.enable_quotas(subvols, false)
+    }
+
+    /// Turn simple quotas on (`btrfs quota enable --simple`, mkfs `-O
+    /// squota`): the SIMPLE_QUOTA incompat flag, the status item in simple
+    /// mode with this transaction as the enable generation, and a qgroup
+    /// for every subvolume, all empty: what was allocated before counts
+    /// nowhere, everything allocated from now on counts for its owner. No
+    /// rescan.
+    pub fn quota_enable_simple(&mut self, subvols: &[u64]) -> Result<()> {
+        self.enable_quotas(subvols, true)
+    }
+
+    /// [`Store::quota_enable`] and [`Store::quota_enable_simple`]: the
+    /// quota tree, the status item (inconsistent until the rescan, or
+    /// simple with its enable generation), an empty qgroup per subvolume.
+    fn enable_quotas(&mut self, subvols: &[u64], simple: bool) -> Result<()> {
+        if self.st.qgroups.enabled {
+            return Ok(());
+        }
+        if !self.st.tree_exists(BTRFS_QUOTA_TREE_OBJECTID)? {
+            let t = self.st.transid;
+            let ri = crate::format::root::new_root_item(0, t, 0, None);
+            self.st.create_tree(BTRFS_QUOTA_TREE_OBJECTID, ri)?;
+        }
+        let t = self.st.transid;
+        let mode = if simple {
+            BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE
+        } else {
+            BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT
+        };
+        let mut st = vec![0u8; crate::format::qgroup::QGROUP_STATUS_SIMPLE_SIZE];
+        st[..8].copy_from_slice(&1u64.to_le_bytes());
+        st[8..16].copy_from_slice(&t.to_le_bytes());
+        st[16..24].copy_from_slice(&(BTRFS_QGROUP_STATUS_FLAG_ON | mode).to_le_bytes());
+        if simple {
+            st[32..40].copy_from_slice(&t.to_le_bytes());
+            let f = self.st.sb.incompat_flags.get();
+            self.st
+                .sb
+                .incompat_flags
+                .set(f | BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA);
+        }
+        self.st
+            .update_item(QUOTA_TREE, &Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0), &st)?;
+        self.st.qgroups = Qgroups {
+            enabled: true,
+            simple: simple.then_some(t),
+            ..Default::default()
+        };
+        for &id in subvols
+            .iter()
+            .chain(std::iter::once(&BTRFS_FS_TREE_OBJECTID))
+        {
+            self.st.qgroups.groups.insert(id, Counts::default());
+            self.write_qgroup_items(id, true)?;
+        }
+        Ok(())
+    }
+
+    /// The owner in the header of tree block `bytenr` (a block freed
+    /// through a shared reference, whose dropping tree is not its owner).
+    pub(super) fn tree_block_owner(&mut self, bytenr: u64) -> Result<u64> {
+        if let Some(b) = self.st.cache.get(bytenr) {
+            return Ok(crate::tree::edit::owner(b));
+        }
+        let node =
+            self.st
+                .img
+                .read_tree_block(bytenr, &crate::tree::node::Expect::default(), false)?;
+        Ok(node.owner())
+    }
+
+    /// A simple-quota change: an extent of `num_bytes` allocated
+    /// (`alloc`) or freed by subvolume `root`, allocated at `generation`.
+    pub(super) fn squota_delta(&mut self, root: u64, num_bytes: u64, generation: u64, alloc: bool) {
+        let Some(enable_gen) = self.st.qgroups.simple else {
+            return;
+        };
+        if !self.st.qgroups.enabled || generation < enable_gen || !is_fstree(root) {
+            return;
+        }
+        for q in self.st.qgroups.covering(root) {
+            let Some(c) = self.st.qgroups.groups.get_mut(&q) else {
+                continue;
+            };
+            // Only rfer and excl: the kernel's squota leaves the compressed
+            // counters where enabling put them.
+            for v in [&mut c.rfer, &mut c.excl] {
+                *v = if alloc {
+                    v.saturating_add(num_bytes)
+                } else {
+                    v.saturating_sub(num_bytes)
+                };
+            }
+            self.st.qgroups.dirty.insert(q);
+        }
+    }
+
+    /// The rescan (btrfs_qgroup_rescan_worker): every counter from zero,
+    /// then every extent of the committed extent tree counted for the
+    /// subvolumes that reference it in the committed trees; then the status
+    /// says consistent and rescan done.
+    ///
+    /// The committed trees, not the current ones: what the running
+    /// transaction changed is noted and accounted at its commit from the
+    /// committed trees, so the rescan must start from the same state, or a
+    /// change made before the rescan (writeback copying a shared block, the
+    /// cleaner dropping a deleted tree at the commit) is counted twice or
+    /// taken off what was never added. Noted extents are kept for that.
+    pub fn quota_rescan(&mut self) -> Result<()> {
+        // Simple quotas have no rescan (the kernel refuses one): what
+        // predates them counts nowhere.
+        if !self.st.qgroups.enabled || self.st.qgroups.simple.is_some() {
+            return Ok(());
+        }
+        for c in self.st.qgroups.groups.values_mut() {
+            *c = Counts::default();
+        }
+        for (b, v) in std::mem::take(&mut self.st.qgroups.rewritten) {
+            self.st.qgroups.extents.entry(b).or_insert(v);
+        }
+        let ids: Vec<u64> = self.st.qgroups.groups.keys().copied().collect();
+        self.st.qgroups.dirty.extend(ids);
+        let mut cache = RootCache::new();
+        for (bytenr, num_bytes, level) in self
+            .st
+            .committed()
+            .view_extents(View::Committed, &mut cache)?
+        {
+            let roots =
+                self.st
+                    .committed()
+                    .extent_roots(View::Committed, bytenr, level, &mut cache)?;
+            if !roots.is_empty() {
+                self.st.qgroups.account(num_bytes, &BTreeSet::new(), &roots);
+            }
+        }
+        let k = Key::new(0, BTRFS_QGROUP_STATUS_KEY, 0);
+        if let Some(mut d) = self.st.lookup(QUOTA_TREE, &k)? {
+            if d.len() >= 32 {
+                let t = self.st.transid;
+                d[8..16].copy_from_slice(&t.to_le_bytes());
+                d[16..24].copy_from_slice(&BTRFS_QGROUP_STATUS_FLAG_ON.to_le_bytes());
+                d[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+                self.st.update_item(QUOTA_TREE, &k, &d)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After the commit: the next transaction writes its status again.
+    pub(super) fn qgroups_committed(&mut self) {
+        self.st.qgroups.status_written = false;
     }
 }
 

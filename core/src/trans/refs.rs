@@ -236,7 +236,7 @@ impl Store {
                 // stays pinned (a log may still point at it) and its
                 // checksums go.
                 if head.level.is_none() {
-                    self.csum_delete(bytenr, head.num_bytes)?;
+                    self.csums().csum_delete(bytenr, head.num_bytes)?;
                 }
                 return self.alloc.release(bytenr, head.num_bytes, true);
             }
@@ -292,13 +292,14 @@ impl Store {
                 _ => None,
             });
             if owner.is_none() && level.is_some() {
-                owner = Some(self.tree_block_owner(bytenr)?);
+                owner = Some(self.quotas().tree_block_owner(bytenr)?);
             }
             if let Some(root) = owner {
                 if level.is_none() {
                     inline.push(InlineRef::Owner { root });
                 }
-                self.squota_delta(root, num_bytes, new.generation, true);
+                self.quotas()
+                    .squota_delta(root, num_bytes, new.generation, true);
             }
         }
         sort_refs(&mut inline);
@@ -402,14 +403,14 @@ impl Store {
                         _ => None,
                     }),
                     (Some(_), InlineRef::TreeBlock { root }) => Some(root),
-                    (Some(_), _) => Some(self.tree_block_owner(bytenr)?),
+                    (Some(_), _) => Some(self.quotas().tree_block_owner(bytenr)?),
                 };
                 if let Some(root) = owner {
-                    self.squota_delta(root, len, gen, false);
+                    self.quotas().squota_delta(root, len, gen, false);
                 }
             }
             if level.is_none() {
-                self.csum_delete(bytenr, len)?;
+                self.csums().csum_delete(bytenr, len)?;
             }
             // Data stays pinned until the commit is durable even when this
             // transaction wrote it: a log tree may point at it. A tree block

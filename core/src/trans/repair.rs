@@ -214,7 +214,7 @@ impl Store {
         self.qgroups.note_rewritten(bytenr, len, level);
         if refs.is_empty() {
             if data_extent {
-                self.csum_delete(bytenr, len)?;
+                self.csums().csum_delete(bytenr, len)?;
             }
             self.alloc.release(bytenr, len, true)?;
             return Ok(format!(
@@ -478,8 +478,8 @@ impl Store {
             if ls != ps && self.read_data(at, &mut buf).is_ok() {
                 let sum = csum_type.compute(&buf);
                 if &sum[..cs] == ls && &sum[..cs] != ps {
-                    self.csum_delete(at, ss)?;
-                    self.csum_insert(at, ls)?;
+                    self.csums().csum_delete(at, ss)?;
+                    self.csums().csum_insert(at, ls)?;
                     replaced += 1;
                 }
             }
@@ -487,7 +487,7 @@ impl Store {
         }
         if l_end > p_end {
             let skip = ((p_end - bytenr) / ss) as usize * cs;
-            self.csum_insert(p_end, &later[skip..])?;
+            self.csums().csum_insert(p_end, &later[skip..])?;
         }
         Ok(format!(
             "checksum item {bytenr}: cut at {p_end}, where the item at {} ends ({replaced} sectors took the later checksum, which the data matches)",
