@@ -339,7 +339,7 @@ fn new_chunk_as_the_kernel(sizes: &[u64], profile: &[&str]) {
         })
         .unwrap();
     let mut st = Store::from_image_for_replay(img).unwrap();
-    st.alloc_chunk(BTRFS_BLOCK_GROUP_DATA).unwrap();
+    st.chunks().alloc_chunk(BTRFS_BLOCK_GROUP_DATA).unwrap();
     st.commit().unwrap();
     drop(st);
     let mine = chunks_of(&oref);

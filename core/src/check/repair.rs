@@ -552,14 +552,14 @@ pub fn apply(img: Image, plan: &Plan, progress: &dyn Progress) -> Result<Vec<Str
     // allocator: every one is taken before the first block is copied.
     for a in &plan.actions {
         if let Repair::AddExtentItem { bytenr, len, .. } = a.repair {
-            st.alloc.reserve(bytenr, len)?;
+            st.chunks().reserve(bytenr, len)?;
         }
     }
     // What any tree references is in use, whatever the extent tree says
     // (an item lost, a length wrong): kept from allocation until the
     // commit, without changing what the extent tree accounts.
     for &(s, e) in &plan.in_use {
-        st.alloc.pin_free(s, e);
+        st.chunks().pin_free(s, e);
     }
     let mut run = Run {
         st: &mut st,
@@ -1024,7 +1024,7 @@ impl Run<'_> {
                 self.changes.extend(c);
             }
             Repair::BlockGroupUsage => {
-                self.st.rewrite_block_groups();
+                self.st.chunks().rewrite_block_groups();
                 self.changes
                     .push("block group items rewritten from the extent tree".into());
             }
@@ -1068,7 +1068,7 @@ impl Run<'_> {
 /// items (and so the superblock's bytes_used) written from it too.
 fn rebuild_free_space(st: &mut Store) -> Result<Vec<String>> {
     st.rebuild_free_space_tree()?;
-    st.rewrite_block_groups();
+    st.chunks().rewrite_block_groups();
     Ok(vec!["free space tree rebuilt".into()])
 }
 
@@ -1375,7 +1375,7 @@ fn drop_object(st: &mut Store, tree: TreeId, root: u64, objectid: u64) -> Result
         {
             let b = item.disk_bytenr.get();
             if b != 0 {
-                st.queue_data_ref(
+                st.extent_refs().queue_data_ref(
                     b,
                     item.disk_num_bytes.get(),
                     crate::fs::extents::data_backref(root, objectid, ik.offset, item),

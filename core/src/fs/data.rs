@@ -53,12 +53,15 @@ pub fn reserve_data_extent(st: &mut Store, want: u64, min: u64) -> Result<(u64, 
     }
     let mut len = want;
     loop {
-        match st.alloc_space(BTRFS_BLOCK_GROUP_DATA, len, ss, true) {
+        match st
+            .chunks()
+            .alloc_space(BTRFS_BLOCK_GROUP_DATA, len, ss, true)
+        {
             Ok(bytenr) => return Ok((bytenr, len)),
             // The length strictly falls until it is `min`: at most about
             // 64 tries from 2^64 down.
             Err(Error::NoSpace(_)) if len > min => {
-                let largest = st.largest_free(BTRFS_BLOCK_GROUP_DATA) / ss * ss;
+                let largest = st.chunks().largest_free(BTRFS_BLOCK_GROUP_DATA) / ss * ss;
                 len = (len / 2 / ss * ss).min(largest).max(min);
             }
             Err(e) => return Err(e),
@@ -81,7 +84,7 @@ pub fn write_data_at(st: &mut Store, bytenr: u64, disk: &[u8], datasum: bool) ->
 /// its first reference.
 pub fn reference_new_extent(st: &mut Store, bytenr: u64, len: u64, r: BackRef) {
     let t = st.transid;
-    st.queue_new_data_extent(bytenr, len, t, r);
+    st.extent_refs().queue_new_data_extent(bytenr, len, t, r);
 }
 
 /// Write `data` as one new uncompressed regular extent at `file_off` of

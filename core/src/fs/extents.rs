@@ -220,8 +220,14 @@ pub fn drop_extents_in(
                     // minus extent offset does not change).
                     let r = data_backref(subvol, ino, k.offset, &fe);
                     match (keep_left, keep_right) {
-                        (true, true) => st.queue_data_ref(bytenr, fe.disk_num_bytes.get(), r, 1),
-                        (false, false) => st.queue_data_ref(bytenr, fe.disk_num_bytes.get(), r, -1),
+                        (true, true) => {
+                            st.extent_refs()
+                                .queue_data_ref(bytenr, fe.disk_num_bytes.get(), r, 1)
+                        }
+                        (false, false) => {
+                            st.extent_refs()
+                                .queue_data_ref(bytenr, fe.disk_num_bytes.get(), r, -1)
+                        }
                         _ => {}
                     }
                 }
@@ -243,7 +249,7 @@ pub fn insert_disk_extent(
     st.insert_item(TreeId::Tree(subvol), &extent_key(ino, off), item.as_bytes())?;
     let b = item.disk_bytenr.get();
     if b != 0 {
-        st.queue_data_ref(
+        st.extent_refs().queue_data_ref(
             b,
             item.disk_num_bytes.get(),
             data_backref(subvol, ino, off, item),
@@ -319,7 +325,7 @@ pub fn drop_inode_items(st: &mut Store, subvol: u64, ino: u64) -> Result<()> {
             if let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(&d) {
                 let b = item.disk_bytenr.get();
                 if b != 0 {
-                    st.queue_data_ref(
+                    st.extent_refs().queue_data_ref(
                         b,
                         item.disk_num_bytes.get(),
                         data_backref(subvol, ino, k.offset, item),

@@ -304,16 +304,16 @@ impl Filesystem {
             return Ok(true);
         }
         let need = self.dirty.bytes.saturating_add(bytes);
-        if self.store.data_room()? >= need {
+        if self.store.chunks().data_room()? >= need {
             return Ok(true);
         }
-        while self.store.force_data_chunk()? {
-            if self.store.data_room()? >= need {
+        while self.store.chunks().force_data_chunk()? {
+            if self.store.chunks().data_room()? >= need {
                 return Ok(true);
             }
         }
         self.sync()?;
-        Ok(self.store.data_room()? >= self.dirty.bytes.saturating_add(bytes))
+        Ok(self.store.chunks().data_room()? >= self.dirty.bytes.saturating_add(bytes))
     }
 
     /// Stores through a shared mapping: pages change, the size does not.

@@ -321,7 +321,7 @@ impl Filesystem {
         log: Box<dyn super::fsync::FsyncLog>,
     ) -> Result<Filesystem> {
         // A mount places data as the kernel does, by size class.
-        store.use_size_classes();
+        store.chunks().use_size_classes();
         let mut fs = Filesystem {
             store,
             log,

@@ -387,7 +387,7 @@ impl Filesystem {
             return Ok(None);
         }
         let r = extents::data_backref(l.subvol, l.ino, k.offset, item);
-        if !self.store.data_extent_exclusive(bytenr, r)? {
+        if !self.store.extent_refs().data_extent_exclusive(bytenr, r)? {
             return Ok(None);
         }
         let end = (k.offset + item.num_bytes.get()).min(off + len);
@@ -811,8 +811,12 @@ impl Filesystem {
                 pieces += 1;
             }
             if pieces > 1 {
-                self.store
-                    .queue_data_ref(bytenr, fe.disk_num_bytes.get(), r, pieces - 1);
+                self.store.extent_refs().queue_data_ref(
+                    bytenr,
+                    fe.disk_num_bytes.get(),
+                    r,
+                    pieces - 1,
+                );
             }
         }
         Ok(())

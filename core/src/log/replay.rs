@@ -659,12 +659,14 @@ impl Replayer<'_> {
             objectid: ino,
             offset: ref_off,
         };
-        if self.fs.data_extent_exists(bytenr, len)? {
-            self.fs.queue_data_ref(bytenr, len, r, 1);
+        if self.fs.extent_refs().data_extent_exists(bytenr, len)? {
+            self.fs.extent_refs().queue_data_ref(bytenr, len, r, 1);
         } else {
             self.fs.account_data_extent(bytenr, len)?;
             let gen = generation.unwrap_or(self.fs.transid);
-            self.fs.queue_new_data_extent(bytenr, len, gen, r);
+            self.fs
+                .extent_refs()
+                .queue_new_data_extent(bytenr, len, gen, r);
         }
         Ok(())
     }

@@ -503,7 +503,7 @@ impl LogWriter<'_, '_> {
         if !ctx.always_sync && self.in_synced_log(l)? {
             return Ok(Outcome::NoSync);
         }
-        if self.cx.store.chunk_allocated {
+        if self.cx.store.chunk_allocated() {
             self.log.full_commit_trans = t;
         }
         if self.log.full_commit_trans == t {

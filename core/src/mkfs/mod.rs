@@ -1036,10 +1036,8 @@ pub fn make_set(
         },
     )?;
     let mut fs = Store::from_image(img)?;
-    fs.chunk_cap = o.chunk_cap;
-    for g in fs.alloc.groups.values_mut() {
-        g.dirty = true;
-    }
+    fs.chunks().set_cap(o.chunk_cap);
+    fs.chunks().rewrite_block_groups();
     populate(&mut fs, o, fsid)?;
     fs.commit()?;
     // Simple quotas from the start, so everything written into the new
@@ -1213,16 +1211,12 @@ pub fn shrink(fs: &mut Store) -> Result<u64> {
     // cannot add a chunk to a device with no space left; the uuid tree
     // scan at the first mount writes too.
     let meta_used: u64 = fs
-        .alloc
-        .groups
-        .values()
+        .block_groups()
         .filter(|g| g.is_metadata())
         .map(|g| g.used)
         .sum();
     let meta_free: u64 = fs
-        .alloc
-        .groups
-        .values()
+        .block_groups()
         .filter(|g| g.is_metadata())
         .map(|g| g.length.saturating_sub(g.used))
         .sum();
@@ -1235,10 +1229,11 @@ pub fn shrink(fs: &mut Store) -> Result<u64> {
         .max(nodes)
         .clamp(SHRINK_META_SLACK, 512 * MIB);
     if meta_free < want {
-        let cap = fs.chunk_cap;
-        fs.chunk_cap = Some((want - meta_free).div_ceil(MIB) * MIB);
-        let r = fs.alloc_chunk(BTRFS_BLOCK_GROUP_METADATA);
-        fs.chunk_cap = cap;
+        let cap = fs.chunks().cap();
+        fs.chunks()
+            .set_cap(Some((want - meta_free).div_ceil(MIB) * MIB));
+        let r = fs.chunks().alloc_chunk(BTRFS_BLOCK_GROUP_METADATA);
+        fs.chunks().set_cap(cap);
         r?;
         fs.commit()?;
     }

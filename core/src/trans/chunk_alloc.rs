@@ -5,14 +5,67 @@
 //! group whose item and free space entries are written at commit.
 
 use super::Store;
-use crate::alloc::{super_stripes, BlockGroup, RangeSet};
+use crate::alloc::{super_stripes, Allocator, BlockGroup, RangeSet};
 use crate::chunk::RaidAttr;
 use crate::format::chunk::{ChunkItem, Stripe};
 use crate::format::consts::*;
 use crate::format::dev::{DevExtent, DevItem};
 use crate::format::key::Key;
+use crate::format::superblock::Superblock;
 use crate::{Error, Result};
 use zerocopy::{FromBytes, IntoBytes};
+
+/// What the store knows of its space: block groups with their free, pinned
+/// and used space (kept exact in memory, written back at commit), the
+/// chunks allocated in this transaction, the device items. The store owns
+/// it; [`Chunks`] changes it together with the trees.
+pub struct Space {
+    /// Block groups and their free, pinned and used space.
+    pub(super) alloc: Allocator,
+    /// Chunks allocated in this transaction, their tree items not yet in.
+    pub(super) pending_chunks: Vec<PendingChunk>,
+    /// The device items of the devices other than the superblock's (whose
+    /// item is `sb.dev_item`), as each device's superblocks carry them.
+    pub(super) other_dev_items: std::collections::BTreeMap<u64, DevItem>,
+    /// A chunk was allocated in this transaction: a log must not depend on
+    /// it (btrfs_make_block_group forces a full commit).
+    pub(super) chunk_allocated: bool,
+    /// The largest new chunk, below the kernel's sizes (mkfs `--shrink`:
+    /// a filesystem that ends where its last chunk does wastes at most a
+    /// chunk); None: the kernel's sizes.
+    pub(super) chunk_cap: Option<u64>,
+}
+
+impl Space {
+    /// Every device's own device item (the superblock's device's is in
+    /// `sb`), as the next commit writes it.
+    pub(super) fn dev_item_of(&self, sb: &Superblock, devid: u64) -> Option<DevItem> {
+        if devid == sb.dev_item.devid.get() {
+            return Some(sb.dev_item);
+        }
+        self.other_dev_items.get(&devid).copied()
+    }
+
+    pub(super) fn set_dev_item(&mut self, sb: &mut Superblock, devid: u64, di: DevItem) {
+        if devid == sb.dev_item.devid.get() {
+            sb.dev_item = di;
+        } else {
+            self.other_dev_items.insert(devid, di);
+        }
+    }
+}
+
+/// Space and chunks: allocation of extents from block groups, new chunks placed on the devices, their chunk, dev extent and device items. Obtained from [`Store::chunks`].
+pub struct Chunks<'a> {
+    st: &'a mut Store,
+}
+
+impl Store {
+    /// See [`Chunks`].
+    pub fn chunks(&mut self) -> Chunks<'_> {
+        Chunks { st: self }
+    }
+}
 
 const MIB: u64 = 1 << 20;
 
@@ -142,24 +195,47 @@ pub(crate) fn place_chunk(
     Ok((stripes, stripe, stripe * data_stripes))
 }
 
-impl Store {
-    /// Every device's own device item (the superblock's device's is
-    /// [`Store::sb`]'s), as the next commit writes it.
-    pub(super) fn dev_item_of(&self, devid: u64) -> Option<DevItem> {
-        if devid == self.sb.dev_item.devid.get() {
-            return Some(self.sb.dev_item);
+impl Chunks<'_> {
+    /// Write every block group item again at commit, with the used bytes
+    /// the extent tree gives (and so the superblock's bytes_used, which the
+    /// commit sums from them).
+    pub fn rewrite_block_groups(&mut self) {
+        for g in self.st.space.alloc.groups.values_mut() {
+            g.dirty = true;
         }
-        self.other_dev_items.get(&devid).copied()
+    }
+
+    /// Take `[bytenr, bytenr + len)` from the free space (an extent in use
+    /// that the extent tree does not account yet).
+    pub fn reserve(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        self.st.space.alloc.reserve(bytenr, len)
+    }
+
+    /// Keep the free part of `[start, end)` from allocation until the
+    /// commit, without accounting it as used.
+    pub fn pin_free(&mut self, start: u64, end: u64) {
+        self.st.space.alloc.pin_free(start, end)
+    }
+
+    /// The largest new chunk (see [`Space`]'s `chunk_cap`); None: the
+    /// kernel's sizes.
+    pub fn cap(&self) -> Option<u64> {
+        self.st.space.chunk_cap
+    }
+
+    /// Set the largest new chunk.
+    pub fn set_cap(&mut self, cap: Option<u64>) {
+        self.st.space.chunk_cap = cap;
     }
 
     /// Unallocated space of device `devid`: `[1 MiB, total_bytes)` minus
     /// its dev extents and the stripes of chunks not yet in the trees.
     fn unallocated(&mut self, devid: u64, total_bytes: u64) -> Result<RangeSet> {
-        let size = self.img.device_of(devid).map_or(0, |d| d.size());
+        let size = self.st.img.device_of(devid).map_or(0, |d| d.size());
         let total = total_bytes.min(size);
         let mut free = RangeSet::new();
         free.insert(MIB, total.max(MIB));
-        for (k, d) in self.items_in(
+        for (k, d) in self.st.items_in(
             BTRFS_DEV_TREE_OBJECTID,
             Key::new(devid, BTRFS_DEV_EXTENT_KEY, 0),
             Key::new(devid, BTRFS_DEV_EXTENT_KEY, u64::MAX),
@@ -167,7 +243,7 @@ impl Store {
             let de: &DevExtent = crate::format::view(&d, "dev extent").map_err(|e| e.at(0, k))?;
             free.remove(k.offset, k.offset + de.length.get());
         }
-        for p in &self.pending_chunks {
+        for p in &self.st.space.pending_chunks {
             for &(d, x) in &p.placements {
                 if d == devid {
                     free.remove(x, x + p.stripe);
@@ -185,6 +261,8 @@ impl Store {
     /// device, RAID1 on several, SINGLE data).
     fn profile_for(&self, ty: u64) -> u64 {
         let groups: Vec<u64> = self
+            .st
+            .space
             .alloc
             .groups
             .values()
@@ -194,7 +272,7 @@ impl Store {
         let avail = if groups.is_empty() {
             if ty == BTRFS_BLOCK_GROUP_DATA {
                 0
-            } else if self.img.multi_device() {
+            } else if self.st.img.multi_device() {
                 BTRFS_BLOCK_GROUP_RAID1
             } else {
                 BTRFS_BLOCK_GROUP_DUP
@@ -202,18 +280,18 @@ impl Store {
         } else {
             groups.iter().fold(0, |a, p| a | p)
         };
-        let present = self.img.devices().count() as u64;
+        let present = self.st.img.devices().count() as u64;
         crate::chunk::reduce_profile(avail, present)
     }
 
     /// Where a new chunk of type `ty` and profile `attr` goes (see
     /// [`place_chunk`]), from each present device's unallocated space.
     fn chunk_geometry(&mut self, ty: u64, attr: RaidAttr) -> Result<ChunkPlacement> {
-        let total = self.sb.total_bytes.get();
-        let devids: Vec<u64> = self.img.devices().map(|(id, _)| id).collect();
+        let total = self.st.sb.total_bytes.get();
+        let devids: Vec<u64> = self.st.img.devices().map(|(id, _)| id).collect();
         let mut cands = Vec::new();
         for devid in devids {
-            let Some(di) = self.dev_item_of(devid) else {
+            let Some(di) = self.st.space.dev_item_of(&self.st.sb, devid) else {
                 continue;
             };
             let free = self.unallocated(devid, di.total_bytes.get())?;
@@ -236,8 +314,8 @@ impl Store {
             attr,
             total,
             &what,
-            self.img.devices().count(),
-            self.chunk_cap,
+            self.st.img.devices().count(),
+            self.st.space.chunk_cap,
         )
     }
 
@@ -246,7 +324,7 @@ impl Store {
     pub fn alloc_chunk(&mut self, ty: u64) -> Result<u64> {
         // With mixed block groups, data and tree blocks get one kind of
         // chunk.
-        let ty = if self.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_MIXED_GROUPS != 0
+        let ty = if self.st.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_MIXED_GROUPS != 0
             && ty & (BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_METADATA) != 0
         {
             BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_METADATA
@@ -255,9 +333,9 @@ impl Store {
         };
         // Opened degraded, chunks go to the devices present in the profile
         // they allow (profile_for), as at the kernel's degraded mount.
-        if !self.img.missing.is_empty() && !self.img.degraded {
+        if !self.st.img.missing.is_empty() && !self.st.img.degraded {
             return Err(Error::MissingDevice {
-                devids: self.img.missing.clone(),
+                devids: self.st.img.missing.clone(),
                 what: format!(
                     "a new {} chunk is needed and devices of the filesystem are missing \
                      (nothing was committed; open degraded to write what the others allow)",
@@ -274,6 +352,7 @@ impl Store {
         })?;
         let (placed, stripe, length) = self.chunk_geometry(ty, attr)?;
         let logical = self
+            .st
             .img
             .chunks
             .iter()
@@ -289,7 +368,7 @@ impl Store {
             type_: flags.into(),
             io_align: (BTRFS_STRIPE_LEN as u32).into(),
             io_width: (BTRFS_STRIPE_LEN as u32).into(),
-            sector_size: self.sectorsize().into(),
+            sector_size: self.st.sectorsize().into(),
             num_stripes: (placed.len() as u16).into(),
             sub_stripes: (attr.sub_stripes as u16).into(),
         };
@@ -307,7 +386,7 @@ impl Store {
         }
         // Map and allocator first, so CoW of the chunk tree below can use a
         // new system chunk for itself.
-        self.img.chunks.insert(logical, &chunk, &stripes)?;
+        self.st.img.chunks.insert(logical, &chunk, &stripes)?;
         let mut g = BlockGroup {
             start: logical,
             length,
@@ -323,18 +402,24 @@ impl Store {
             size_class: crate::alloc::SizeClass::None,
         };
         g.free.insert(logical, logical + length);
-        let sizes: Vec<(u64, u64)> = self.img.devices().map(|(id, d)| (id, d.size())).collect();
+        let sizes: Vec<(u64, u64)> = self
+            .st
+            .img
+            .devices()
+            .map(|(id, d)| (id, d.size()))
+            .collect();
         let size_of = |devid: u64| sizes.iter().find(|s| s.0 == devid).map(|s| s.1);
-        for (a, b) in super_stripes(&self.img.chunks, logical, length, &size_of) {
+        for (a, b) in super_stripes(&self.st.img.chunks, logical, length, &size_of) {
             g.excluded.insert(a, b);
             g.free.remove(a, b);
         }
-        self.alloc.groups.insert(logical, g);
+        self.st.space.alloc.groups.insert(logical, g);
         // The first RAID5/6 chunk marks the filesystem (the kernel's
         // check_raid56_incompat_flag).
         if crate::chunk::nparity(flags) > 0 {
-            let f = self.sb.incompat_flags.get();
-            self.sb
+            let f = self.st.sb.incompat_flags.get();
+            self.st
+                .sb
                 .incompat_flags
                 .set(f | BTRFS_FEATURE_INCOMPAT_RAID56);
         }
@@ -345,53 +430,46 @@ impl Store {
             logical,
         );
         if ty == BTRFS_BLOCK_GROUP_SYSTEM {
-            let n = self.sb.sys_chunk_array_size.get() as usize;
+            let n = self.st.sb.sys_chunk_array_size.get() as usize;
             let add = 17 + item.len();
             if n + add > BTRFS_SYSTEM_CHUNK_ARRAY_SIZE {
                 return Err(Error::NoSpace("superblock sys_chunk_array is full".into()));
             }
-            self.sb.sys_chunk_array[n..n + 17].copy_from_slice(key.to_disk().as_bytes());
-            self.sb.sys_chunk_array[n + 17..n + add].copy_from_slice(&item);
-            self.sb.sys_chunk_array_size.set((n + add) as u32);
+            self.st.sb.sys_chunk_array[n..n + 17].copy_from_slice(key.to_disk().as_bytes());
+            self.st.sb.sys_chunk_array[n + 17..n + add].copy_from_slice(&item);
+            self.st.sb.sys_chunk_array_size.set((n + add) as u32);
         }
         for &(devid, _, _) in &placed {
-            if let Some(mut di) = self.dev_item_of(devid) {
+            if let Some(mut di) = self.st.space.dev_item_of(&self.st.sb, devid) {
                 di.bytes_used.set(di.bytes_used.get() + stripe);
-                self.set_dev_item(devid, di);
+                self.st.space.set_dev_item(&mut self.st.sb, devid, di);
             }
         }
         // The chunk's tree items are written at commit: inserting them here
         // could copy a tree block that a copy-on-write in progress is
         // replacing (this runs when an allocation finds no room).
-        self.pending_chunks.push(PendingChunk {
+        self.st.space.pending_chunks.push(PendingChunk {
             key,
             item,
             placements: placed.iter().map(|&(d, _, p)| (d, p)).collect(),
             stripe,
         });
-        self.chunk_allocated = true;
+        self.st.space.chunk_allocated = true;
         Ok(logical)
-    }
-
-    pub(super) fn set_dev_item(&mut self, devid: u64, di: DevItem) {
-        if devid == self.sb.dev_item.devid.get() {
-            self.sb.dev_item = di;
-        } else {
-            self.other_dev_items.insert(devid, di);
-        }
     }
 
     /// Insert the items of chunks allocated since the last commit: chunk
     /// item, dev extents, each device item's used bytes (as the kernel's
     /// btrfs_create_pending_block_groups). Returns whether there were any.
     pub(super) fn create_pending_chunks(&mut self) -> Result<bool> {
-        if self.pending_chunks.is_empty() {
+        if self.st.space.pending_chunks.is_empty() {
             return Ok(false);
         }
-        let chunk_tree_uuid = self.chunk_tree_uuid;
+        let chunk_tree_uuid = self.st.chunk_tree_uuid;
         let mut touched = Vec::new();
-        while let Some(p) = self.pending_chunks.pop() {
-            self.insert_item(BTRFS_CHUNK_TREE_OBJECTID, &p.key, &p.item)?;
+        while let Some(p) = self.st.space.pending_chunks.pop() {
+            self.st
+                .insert_item(BTRFS_CHUNK_TREE_OBJECTID, &p.key, &p.item)?;
             for &(devid, x) in &p.placements {
                 let de = DevExtent {
                     chunk_tree: BTRFS_CHUNK_TREE_OBJECTID.into(),
@@ -400,7 +478,7 @@ impl Store {
                     length: p.stripe.into(),
                     chunk_tree_uuid,
                 };
-                self.insert_item(
+                self.st.insert_item(
                     BTRFS_DEV_TREE_OBJECTID,
                     &Key::new(devid, BTRFS_DEV_EXTENT_KEY, x),
                     de.as_bytes(),
@@ -419,15 +497,21 @@ impl Store {
     /// removed from it (the superblock's copy follows at commit).
     pub(super) fn write_dev_items_used(&mut self, devids: &[u64]) -> Result<()> {
         for &devid in devids {
-            let Some(used) = self.dev_item_of(devid).map(|d| d.bytes_used.get()) else {
+            let Some(used) = self
+                .st
+                .space
+                .dev_item_of(&self.st.sb, devid)
+                .map(|d| d.bytes_used.get())
+            else {
                 continue;
             };
             let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
-            if let Some(d) = self.lookup(BTRFS_CHUNK_TREE_OBJECTID, &dkey)? {
+            if let Some(d) = self.st.lookup(BTRFS_CHUNK_TREE_OBJECTID, &dkey)? {
                 let mut di = DevItem::read_from_bytes(&d)
                     .map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
                 di.bytes_used.set(used);
-                self.update_item(BTRFS_CHUNK_TREE_OBJECTID, &dkey, di.as_bytes())?;
+                self.st
+                    .update_item(BTRFS_CHUNK_TREE_OBJECTID, &dkey, di.as_bytes())?;
             }
         }
         Ok(())
@@ -441,10 +525,10 @@ impl Store {
     /// extent's class, then one without a class, then a new chunk, and only
     /// when no chunk can be made a group of another class.
     pub fn alloc_space(&mut self, ty: u64, len: u64, align: u64, account: bool) -> Result<u64> {
-        if ty == BTRFS_BLOCK_GROUP_DATA && self.alloc.size_classes {
+        if ty == BTRFS_BLOCK_GROUP_DATA && self.st.space.alloc.size_classes {
             return self.alloc_data_space(len, align);
         }
-        match self.alloc.alloc(ty, len, align, account) {
+        match self.st.space.alloc.alloc(ty, len, align, account) {
             Ok(b) => Ok(b),
             Err(Error::NoSpace(_)) => {
                 // A new chunk needs system space for its chunk item first.
@@ -452,7 +536,7 @@ impl Store {
                     self.alloc_chunk(BTRFS_BLOCK_GROUP_SYSTEM)?;
                 }
                 self.alloc_chunk(ty)?;
-                self.alloc.alloc(ty, len, align, account)
+                self.st.space.alloc.alloc(ty, len, align, account)
             }
             Err(e) => Err(e),
         }
@@ -462,7 +546,12 @@ impl Store {
         use crate::alloc::ClassPass;
         let ty = BTRFS_BLOCK_GROUP_DATA;
         for pass in [ClassPass::Same, ClassPass::Unset] {
-            match self.alloc.alloc_in_class(ty, len, align, true, pass) {
+            match self
+                .st
+                .space
+                .alloc
+                .alloc_in_class(ty, len, align, true, pass)
+            {
                 Err(Error::NoSpace(_)) => {}
                 r => return r,
             }
@@ -471,6 +560,8 @@ impl Store {
         // device without room for one moves on to the wrong classes.
         if self.force_data_chunk()? {
             match self
+                .st
+                .space
                 .alloc
                 .alloc_in_class(ty, len, align, true, ClassPass::Unset)
             {
@@ -478,13 +569,15 @@ impl Store {
                 r => return r,
             }
         }
-        self.alloc
+        self.st
+            .space
+            .alloc
             .alloc_in_class(ty, len, align, true, ClassPass::Any)
     }
 
     /// Place data by size class from now on (what a mount does).
     pub fn use_size_classes(&mut self) {
-        self.alloc.size_classes = true;
+        self.st.space.alloc.size_classes = true;
     }
 
     /// Bytes new data can take in the writable data block groups (space
@@ -492,6 +585,8 @@ impl Store {
     /// count).
     pub fn data_room(&mut self) -> Result<u64> {
         Ok(self
+            .st
+            .space
             .alloc
             .groups
             .values()
@@ -518,12 +613,14 @@ impl Store {
 
     /// The longest free piece in the writable groups of type `ty`.
     pub fn largest_free(&self, ty: u64) -> u64 {
-        self.alloc.largest_free(ty)
+        self.st.space.alloc.largest_free(ty)
     }
 
     fn system_has_room(&self) -> Result<bool> {
-        let ns = self.nodesize() as u64;
+        let ns = self.st.nodesize() as u64;
         let free: u64 = self
+            .st
+            .space
             .alloc
             .groups
             .values()

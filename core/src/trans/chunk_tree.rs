@@ -58,6 +58,7 @@ impl Store {
         }
         let mut out = ChunkTreeReplaced::default();
         let system: Vec<(u64, u64)> = self
+            .space
             .alloc
             .groups
             .values()
@@ -100,8 +101,8 @@ impl Store {
             out.items += 1;
         }
         for di in dev_items {
-            if self.dev_item_of(di.devid.get()).is_some() {
-                self.set_dev_item(di.devid.get(), *di);
+            if self.space.dev_item_of(&self.sb, di.devid.get()).is_some() {
+                self.space.set_dev_item(&mut self.sb, di.devid.get(), *di);
             }
         }
         self.sb.sys_chunk_array = [0; BTRFS_SYSTEM_CHUNK_ARRAY_SIZE];

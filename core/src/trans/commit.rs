@@ -23,13 +23,14 @@ impl Store {
         }
         for (bytenr, head) in self.delayed.take_all() {
             self.quotas().qgroup_note_extent(bytenr, &head);
-            self.run_ref_head(bytenr, head)?;
+            self.extent_refs().run_ref_head(bytenr, head)?;
         }
         Ok(true)
     }
 
     fn update_block_group_items(&mut self) -> Result<bool> {
         let dirty: Vec<u64> = self
+            .space
             .alloc
             .groups
             .values()
@@ -37,7 +38,7 @@ impl Store {
             .map(|g| g.start)
             .collect();
         for &s in &dirty {
-            let Some(g) = self.alloc.groups.get_mut(&s) else {
+            let Some(g) = self.space.alloc.groups.get_mut(&s) else {
                 continue;
             };
             g.dirty = false;
@@ -116,7 +117,7 @@ impl Store {
         self.search_mut(TreeId::Root, &Key::MIN, None)?;
         let mut settled = false;
         for _ in 0..MAX_COMMIT_PASSES {
-            let p = self.create_pending_chunks()?;
+            let p = self.chunks().create_pending_chunks()?;
             let a = self.run_delayed_refs()? || p;
             let q = if !a {
                 self.quotas().account_qgroups()?
@@ -142,11 +143,11 @@ impl Store {
         self.flush_device()?;
         // The new generation is durable: pinned space is free again (and
         // blocks cached from it are stale).
-        self.cache.drop_ranges(&self.alloc.pinned_ranges());
-        self.alloc.unpin_all();
+        self.cache.drop_ranges(&self.space.alloc.pinned_ranges());
+        self.space.alloc.unpin_all();
         self.quotas().qgroups_committed();
         self.log_blocks.clear();
-        self.chunk_allocated = false;
+        self.space.chunk_allocated = false;
         *self.img.sb = self.sb;
         self.transid += 1;
         self.stats.commits += 1;
@@ -310,7 +311,7 @@ impl Store {
                 sb.chunk_root_generation.set(self.transid);
             }
         }
-        sb.bytes_used.set(self.alloc.total_used());
+        sb.bytes_used.set(self.space.alloc.total_used());
         // Backup roots: the slot after the newest one.
         let newest = (0..BTRFS_NUM_BACKUP_ROOTS)
             .max_by_key(|&i| sb.super_roots[i].tree_root_gen.get())
@@ -386,7 +387,7 @@ impl Store {
     /// device's own device item (the superblock's device has it already).
     pub(super) fn device_superblock(&self, devid: u64) -> Superblock {
         let mut sb = self.sb;
-        if let Some(d) = self.dev_item_of(devid) {
+        if let Some(d) = self.space.dev_item_of(&self.sb, devid) {
             sb.dev_item = d;
         }
         sb

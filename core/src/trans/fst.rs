@@ -32,7 +32,7 @@ impl Store {
 
     /// Bring the free space tree entries of group `start` up to date.
     pub(super) fn update_fst_group(&mut self, start: u64) -> Result<()> {
-        let Some(g) = self.alloc.groups.get(&start) else {
+        let Some(g) = self.space.alloc.groups.get(&start) else {
             return Ok(());
         };
         let (length, was_bitmaps) = (g.length, g.fst_bitmaps);
@@ -109,7 +109,7 @@ impl Store {
             &Key::new(start, BTRFS_FREE_SPACE_INFO_KEY, length),
             info.as_bytes(),
         )?;
-        if let Some(g) = self.alloc.groups.get_mut(&start) {
+        if let Some(g) = self.space.alloc.groups.get_mut(&start) {
             g.fst_bitmaps = bitmaps;
         }
         Ok(())

@@ -144,7 +144,7 @@ impl Store {
             // The last commit's superblock, each device's own item in it.
             let mut sb = *self.img.sb;
             if devid != sb.dev_item.devid.get() {
-                if let Some(d) = self.dev_item_of(devid) {
+                if let Some(d) = self.space.dev_item_of(&self.sb, devid) {
                     sb.dev_item = d;
                 }
             }

@@ -43,6 +43,7 @@ mod subtree;
 
 pub use btree::next_key;
 pub use cache::BlockCache;
+pub use chunk_alloc::{Chunks, Space};
 pub use chunk_tree::ChunkTreeReplaced;
 pub(crate) use commit::super_bytes;
 pub use csum::SectorSums;
@@ -172,9 +173,8 @@ pub struct Store {
     /// Inode and dir items by key (see [`items`]).
     items: items::ItemCache,
     roots: BTreeMap<TreeId, RootState>,
-    /// Block groups and their free, pinned and used space, kept exact in memory
-    /// and written back at commit.
-    pub alloc: Allocator,
+    /// Block groups, free space, chunks and device items (see [`Space`]).
+    space: chunk_alloc::Space,
     /// Back reference changes not yet applied to the extent tree.
     delayed: delayed::DelayedRefs,
     chunk_tree_uuid: [u8; 16],
@@ -187,18 +187,6 @@ pub struct Store {
     log_blocks: HashMap<u64, bool>,
     /// Qgroup counters, when quotas are on.
     pub qgroups: qgroup::Qgroups,
-    /// Chunks allocated in this transaction, their tree items not yet in.
-    pending_chunks: Vec<chunk_alloc::PendingChunk>,
-    /// The device items of the devices other than the superblock's (whose
-    /// item is `sb.dev_item`), as each device's superblocks carry them.
-    other_dev_items: BTreeMap<u64, crate::format::dev::DevItem>,
-    /// A chunk was allocated in this transaction: a log must not depend on
-    /// it (btrfs_make_block_group forces a full commit).
-    pub chunk_allocated: bool,
-    /// The largest new chunk, below the kernel's sizes (mkfs `--shrink`:
-    /// a filesystem that ends where its last chunk does wastes at most a
-    /// chunk); None: the kernel's sizes.
-    pub chunk_cap: Option<u64>,
     /// I/O counters since the store was opened.
     pub stats: IoStats,
 }
@@ -262,7 +250,7 @@ impl Store {
     /// durable, without an extent item (log blocks during replay). Fails when
     /// the range is not free space of a block group.
     pub fn pin_range(&mut self, start: u64, len: u64) -> Result<()> {
-        let g = self.alloc.group_of_mut(start).ok_or_else(|| {
+        let g = self.space.alloc.group_of_mut(start).ok_or_else(|| {
             Error::corrupt(
                 format!("log block {start} outside every block group"),
                 start,
@@ -292,7 +280,7 @@ impl Store {
     /// A data extent written in the crashed transaction becomes allocated:
     /// it was pinned while the log was read, or is still free.
     pub fn account_data_extent(&mut self, start: u64, len: u64) -> Result<()> {
-        let g = self.alloc.group_of_mut(start).ok_or_else(|| {
+        let g = self.space.alloc.group_of_mut(start).ok_or_else(|| {
             Error::corrupt(
                 format!("logged data extent {start}+{len} outside every block group"),
                 start,
@@ -374,17 +362,19 @@ impl Store {
             cache: BlockCache::new(nodesize, DEFAULT_CLEAN_CACHE),
             items: Default::default(),
             roots: BTreeMap::new(),
-            alloc: Allocator::default(),
+            space: chunk_alloc::Space {
+                alloc: Allocator::default(),
+                pending_chunks: Vec::new(),
+                other_dev_items,
+                chunk_allocated: false,
+                chunk_cap: None,
+            },
             delayed: delayed::DelayedRefs::default(),
             chunk_tree_uuid,
             bg_tree,
             data,
             log_blocks: HashMap::new(),
             qgroups: qgroup::Qgroups::default(),
-            pending_chunks: Vec::new(),
-            other_dev_items,
-            chunk_allocated: false,
-            chunk_cap: None,
             stats: IoStats::default(),
         };
         fs.load_block_groups()?;
@@ -473,7 +463,7 @@ impl Store {
             }
             groups.insert(start, g);
         }
-        self.alloc.groups = groups;
+        self.space.alloc.groups = groups;
         // Allocated extents, and for each data-only group the first extent
         // at or after each fifth of it (load_block_group_size_class samples
         // five): the smallest of them gives the group its size class.
@@ -492,7 +482,7 @@ impl Store {
                 BTRFS_METADATA_ITEM_KEY => ns,
                 _ => continue,
             };
-            let g = self.alloc.group_of_mut(key.objectid).ok_or_else(|| {
+            let g = self.space.alloc.group_of_mut(key.objectid).ok_or_else(|| {
                 Error::corrupt_key("extent outside every block group", key.objectid, key)
             })?;
             // Clipped to its group: a hostile length frees nothing past it.
@@ -514,7 +504,7 @@ impl Store {
         }
         for (start, slots) in samples {
             if let (Some(g), Some(min)) = (
-                self.alloc.groups.get_mut(&start),
+                self.space.alloc.groups.get_mut(&start),
                 slots.iter().flatten().min(),
             ) {
                 g.size_class = crate::alloc::SizeClass::of(*min);
@@ -523,6 +513,7 @@ impl Store {
         // Free space tree format per group.
         if self.has_fst() {
             let starts: Vec<(u64, u64)> = self
+                .space
                 .alloc
                 .groups
                 .values()
@@ -535,7 +526,7 @@ impl Store {
                 )? {
                     let fi: &crate::format::free_space::FreeSpaceInfo =
                         crate::format::view(&d, "free space info")?;
-                    if let Some(g) = self.alloc.groups.get_mut(&s) {
+                    if let Some(g) = self.space.alloc.groups.get_mut(&s) {
                         g.fst_bitmaps = fi.flags.get() & BTRFS_FREE_SPACE_USING_BITMAPS != 0;
                     }
                 }
@@ -598,6 +589,17 @@ impl Store {
         Ok(self.roots.get(&id))
     }
 
+    /// The block groups, by start address, as the next commit writes them.
+    pub fn block_groups(&self) -> impl Iterator<Item = &BlockGroup> {
+        self.space.alloc.groups.values()
+    }
+
+    /// Whether a chunk was allocated in this transaction: a log must not
+    /// depend on it (btrfs_make_block_group forces a full commit).
+    pub fn chunk_allocated(&self) -> bool {
+        self.space.chunk_allocated
+    }
+
     /// Whether tree `id` exists: the root and chunk trees always, a tree with a
     /// ROOT_ITEM in the root tree, and a log tree only once started in this
     /// transaction. Loads its root state as a side effect.
@@ -648,7 +650,7 @@ impl Store {
         } else {
             BTRFS_BLOCK_GROUP_METADATA
         };
-        let bytenr = self.alloc_space(ty, ns, ns, !tree.is_log())?;
+        let bytenr = self.chunks().alloc_space(ty, ns, ns, !tree.is_log())?;
         if tree.is_log() {
             self.log_blocks.insert(bytenr, false);
         } else {
@@ -684,10 +686,10 @@ impl Store {
         let ns = self.nodesize() as u64;
         if tree.is_log() {
             let written = self.log_blocks.remove(&bytenr).unwrap_or(true);
-            self.alloc.release_unaccounted(bytenr, ns, written)?;
+            self.space.alloc.release_unaccounted(bytenr, ns, written)?;
         } else if self.delayed.get(bytenr).is_some_and(|h| h.new.is_some()) {
             self.delayed.remove(bytenr);
-            self.alloc.release(bytenr, ns, false)?;
+            self.space.alloc.release(bytenr, ns, false)?;
         } else {
             self.delayed.add(
                 bytenr,
@@ -729,7 +731,7 @@ impl Store {
         };
         let still_used = maybe_shared
             && self.tree_block_shared(bytenr, level)?
-            && self.cow_shared_refs(tree, bytenr, &buf)?;
+            && self.extent_refs().cow_shared_refs(tree, bytenr, &buf)?;
         let first_key = if crate::tree::edit::nritems(&buf) > 0 {
             crate::tree::edit::key_at(&buf, 0)
         } else {
@@ -760,7 +762,7 @@ impl Store {
     /// Whether a committed tree block has more than one reference or full
     /// back references (so other trees use it too), queued changes counted.
     fn tree_block_shared(&mut self, bytenr: u64, level: u8) -> Result<bool> {
-        let (refs, flags) = self.extent_refs_now(bytenr, Some(level))?;
+        let (refs, flags) = self.extent_refs().extent_refs_now(bytenr, Some(level))?;
         Ok(refs != 1 || flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0)
     }
 
@@ -881,7 +883,7 @@ impl Store {
                 }
             }
             let written = self.log_blocks.remove(&b).unwrap_or(true);
-            self.alloc.release_unaccounted(b, ns, written)?;
+            self.space.alloc.release_unaccounted(b, ns, written)?;
             self.cache.remove(b);
         }
         Ok(())

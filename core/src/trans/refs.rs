@@ -19,6 +19,18 @@ use crate::tree::edit;
 use crate::{Error, Result};
 use zerocopy::{FromBytes, IntoBytes};
 
+/// Extent accounting: the extent tree's items and back references, changed through delayed refs queued during the transaction and run at commit. Obtained from [`Store::extent_refs`].
+pub struct ExtentRefs<'a> {
+    st: &'a mut Store,
+}
+
+impl Store {
+    /// See [`ExtentRefs`].
+    pub fn extent_refs(&mut self) -> ExtentRefs<'_> {
+        ExtentRefs { st: self }
+    }
+}
+
 const EXTENT_TREE: u64 = BTRFS_EXTENT_TREE_OBJECTID;
 
 fn same_ref(a: &InlineRef, b: &InlineRef) -> bool {
@@ -102,7 +114,7 @@ pub(super) fn keyed_key(bytenr: u64, r: &InlineRef) -> Key {
     }
 }
 
-impl Store {
+impl ExtentRefs<'_> {
     /// The extent item of a tree block (`level` Some) or data extent.
     pub(super) fn extent_item_key(
         &mut self,
@@ -112,11 +124,14 @@ impl Store {
         let keys: Vec<Key> = match level {
             Some(l) => vec![
                 Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, l as u64),
-                Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, self.nodesize() as u64),
+                Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, self.st.nodesize() as u64),
             ],
             None => {
                 // A data extent's length is the key offset: find it.
-                match self.next_item(EXTENT_TREE, &Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, 0))? {
+                match self
+                    .st
+                    .next_item(EXTENT_TREE, &Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, 0))?
+                {
                     Some((k, _)) if k.objectid == bytenr && k.ty == BTRFS_EXTENT_ITEM_KEY => {
                         vec![k]
                     }
@@ -125,7 +140,7 @@ impl Store {
             }
         };
         for k in keys {
-            if let Some(d) = self.lookup(EXTENT_TREE, &k)? {
+            if let Some(d) = self.st.lookup(EXTENT_TREE, &k)? {
                 return Ok((k, d));
             }
         }
@@ -136,6 +151,7 @@ impl Store {
     /// queued changes applied: the extent item's, or a new extent's.
     pub(super) fn extent_refs_now(&mut self, bytenr: u64, level: Option<u8>) -> Result<(u64, u64)> {
         let pending = self
+            .st
             .delayed
             .get(bytenr)
             .map(|h| (h.delta(), h.new.map(|n| n.flags)));
@@ -153,7 +169,7 @@ impl Store {
     pub fn data_extent_refs(&mut self, bytenr: u64) -> Result<u64> {
         match self.extent_refs_now(bytenr, None) {
             Ok((refs, _)) => Ok(refs),
-            Err(Error::Corrupt { .. }) if self.delayed.get(bytenr).is_none() => Ok(0),
+            Err(Error::Corrupt { .. }) if self.st.delayed.get(bytenr).is_none() => Ok(0),
             Err(e) => Err(e),
         }
     }
@@ -162,7 +178,7 @@ impl Store {
     /// reference, whatever its count, and nothing queued for another): what
     /// allows writing it in place (the kernel's btrfs_cross_ref_exist).
     pub fn data_extent_exclusive(&mut self, bytenr: u64, r: BackRef) -> Result<bool> {
-        if let Some(h) = self.delayed.get(bytenr) {
+        if let Some(h) = self.st.delayed.get(bytenr) {
             if h.refs.keys().any(|k| *k != r) {
                 return Ok(false);
             }
@@ -185,10 +201,11 @@ impl Store {
 
     /// Whether a data extent exists: in the extent tree, or queued as new.
     pub fn data_extent_exists(&mut self, bytenr: u64, num_bytes: u64) -> Result<bool> {
-        if self.delayed.get(bytenr).is_some_and(|h| h.new.is_some()) {
+        if self.st.delayed.get(bytenr).is_some_and(|h| h.new.is_some()) {
             return Ok(true);
         }
         Ok(self
+            .st
             .lookup(
                 EXTENT_TREE,
                 &Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, num_bytes),
@@ -198,7 +215,7 @@ impl Store {
 
     /// Queue one more (`delta` > 0) or one less reference to a data extent.
     pub fn queue_data_ref(&mut self, bytenr: u64, num_bytes: u64, r: BackRef, delta: i64) {
-        self.delayed.add(bytenr, num_bytes, None, r, delta);
+        self.st.delayed.add(bytenr, num_bytes, None, r, delta);
     }
 
     /// Queue a data extent allocated in this transaction with its first
@@ -215,7 +232,7 @@ impl Store {
             flags: BTRFS_EXTENT_FLAG_DATA,
             first_key: Key::MIN,
         };
-        self.delayed.add_new(bytenr, num_bytes, None, new, r);
+        self.st.delayed.add_new(bytenr, num_bytes, None, new, r);
     }
 
     /// Apply one head of queued changes: insert a new extent's item with its
@@ -236,9 +253,9 @@ impl Store {
                 // stays pinned (a log may still point at it) and its
                 // checksums go.
                 if head.level.is_none() {
-                    self.csums().csum_delete(bytenr, head.num_bytes)?;
+                    self.st.csums().csum_delete(bytenr, head.num_bytes)?;
                 }
-                return self.alloc.release(bytenr, head.num_bytes, true);
+                return self.st.space.alloc.release(bytenr, head.num_bytes, true);
             }
             return self.insert_extent_item(bytenr, head.num_bytes, head.level, new, &adds);
         }
@@ -267,7 +284,7 @@ impl Store {
         };
         let mut data = head.as_bytes().to_vec();
         let key = match level {
-            Some(l) if self.skinny() => Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, l as u64),
+            Some(l) if self.st.skinny() => Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, l as u64),
             Some(l) => {
                 data.extend_from_slice(
                     crate::format::extent::TreeBlockInfo {
@@ -285,20 +302,21 @@ impl Store {
         // Simple quotas: the subvolume that allocated the extent is what it
         // counts for, named by an owner ref in a data extent (always
         // inline, first) and by the header of a tree block.
-        if self.qgroups.simple.is_some() {
+        if self.st.qgroups.simple.is_some() {
             let mut owner = refs.iter().find_map(|(r, _)| match *r {
                 BackRef::Data { root, .. } if level.is_none() => Some(root),
                 BackRef::Tree { root } if level.is_some() => Some(root),
                 _ => None,
             });
             if owner.is_none() && level.is_some() {
-                owner = Some(self.quotas().tree_block_owner(bytenr)?);
+                owner = Some(self.st.quotas().tree_block_owner(bytenr)?);
             }
             if let Some(root) = owner {
                 if level.is_none() {
                     inline.push(InlineRef::Owner { root });
                 }
-                self.quotas()
+                self.st
+                    .quotas()
                     .squota_delta(root, num_bytes, new.generation, true);
             }
         }
@@ -315,7 +333,7 @@ impl Store {
             }
         }
         write_inline_refs(&mut data, &kept);
-        self.insert_item(EXTENT_TREE, &key, &data)?;
+        self.st.insert_item(EXTENT_TREE, &key, &data)?;
         for r in keyed {
             let kk = keyed_key(bytenr, &r);
             self.keyed_ref_update(kk, &r, r.count() as i64, None)?;
@@ -325,7 +343,7 @@ impl Store {
 
     /// Largest extent item (head and inline refs) the kernel keeps inline.
     pub(super) fn max_inline_extent_item(&self) -> usize {
-        ((self.nodesize() as usize - crate::format::header::HEADER_SIZE) >> 4)
+        ((self.st.nodesize() as usize - crate::format::header::HEADER_SIZE) >> 4)
             - crate::format::header::ITEM_SIZE
     }
 
@@ -374,7 +392,7 @@ impl Store {
             }
             None => {
                 let kk = keyed_key(bytenr, &r);
-                let keyed = self.lookup(EXTENT_TREE, &kk)?;
+                let keyed = self.st.lookup(EXTENT_TREE, &kk)?;
                 if delta > 0 && keyed.is_none() {
                     let max = self.max_inline_extent_item();
                     let cur: usize = d.len();
@@ -390,40 +408,42 @@ impl Store {
             }
         }
         if total == 0 {
-            self.delete_item(EXTENT_TREE, &key)?;
+            self.st.delete_item(EXTENT_TREE, &key)?;
             let len = if key.ty == BTRFS_METADATA_ITEM_KEY {
-                self.nodesize() as u64
+                self.st.nodesize() as u64
             } else {
                 key.offset
             };
-            if self.qgroups.simple.is_some() {
+            if self.st.qgroups.simple.is_some() {
                 let owner = match (level, r) {
                     (None, _) => v.refs.iter().find_map(|x| match *x {
                         InlineRef::Owner { root } => Some(root),
                         _ => None,
                     }),
                     (Some(_), InlineRef::TreeBlock { root }) => Some(root),
-                    (Some(_), _) => Some(self.quotas().tree_block_owner(bytenr)?),
+                    (Some(_), _) => Some(self.st.quotas().tree_block_owner(bytenr)?),
                 };
                 if let Some(root) = owner {
-                    self.quotas().squota_delta(root, len, gen, false);
+                    self.st.quotas().squota_delta(root, len, gen, false);
                 }
             }
             if level.is_none() {
-                self.csums().csum_delete(bytenr, len)?;
+                self.st.csums().csum_delete(bytenr, len)?;
             }
             // Data stays pinned until the commit is durable even when this
             // transaction wrote it: a log tree may point at it. A tree block
             // of this transaction was never written and is free at once.
-            self.alloc
-                .release(bytenr, len, level.is_none() || gen < self.transid)?;
+            self.st
+                .space
+                .alloc
+                .release(bytenr, len, level.is_none() || gen < self.st.transid)?;
             return Ok(0);
         }
         let mut nd = head;
         nd[..8].copy_from_slice(&(total as u64).to_le_bytes());
         let _ = flags;
         write_inline_refs(&mut nd, &refs);
-        self.update_item(EXTENT_TREE, &key, &nd)?;
+        self.st.update_item(EXTENT_TREE, &key, &nd)?;
         Ok(total as u64)
     }
 
@@ -459,7 +479,7 @@ impl Store {
                     None => 0,
                 } + delta;
                 if count <= 0 {
-                    self.delete_item(EXTENT_TREE, &kk)?;
+                    self.st.delete_item(EXTENT_TREE, &kk)?;
                 } else {
                     let x = ExtentDataRef {
                         root: root.into(),
@@ -467,7 +487,7 @@ impl Store {
                         offset: offset.into(),
                         count: (count as u32).into(),
                     };
-                    self.update_item(EXTENT_TREE, &kk, x.as_bytes())?;
+                    self.st.update_item(EXTENT_TREE, &kk, x.as_bytes())?;
                 }
             }
             InlineRef::SharedData { .. } => {
@@ -478,9 +498,10 @@ impl Store {
                     .unwrap_or(0)
                     + delta;
                 if count <= 0 {
-                    self.delete_item(EXTENT_TREE, &kk)?;
+                    self.st.delete_item(EXTENT_TREE, &kk)?;
                 } else {
-                    self.update_item(EXTENT_TREE, &kk, &(count as u32).to_le_bytes())?;
+                    self.st
+                        .update_item(EXTENT_TREE, &kk, &(count as u32).to_le_bytes())?;
                 }
             }
             _ => {
@@ -492,8 +513,8 @@ impl Store {
                             kk,
                         ));
                     }
-                    self.insert_item(EXTENT_TREE, &kk, &[])?;
-                } else if cur.is_none() || !self.delete_item(EXTENT_TREE, &kk)? {
+                    self.st.insert_item(EXTENT_TREE, &kk, &[])?;
+                } else if cur.is_none() || !self.st.delete_item(EXTENT_TREE, &kk)? {
                     return Err(Error::corrupt_key(
                         "dropping a reference the extent does not have",
                         kk.objectid,
@@ -510,7 +531,7 @@ impl Store {
         let f = u64::from_le_bytes(d[16..24].try_into().unwrap_or([0; 8]))
             | BTRFS_BLOCK_FLAG_FULL_BACKREF;
         d[16..24].copy_from_slice(&f.to_le_bytes());
-        self.update_item(EXTENT_TREE, &key, &d)
+        self.st.update_item(EXTENT_TREE, &key, &d)
     }
 
     /// Add (`delta` 1) or remove (-1) a reference from every block and data
@@ -536,8 +557,8 @@ impl Store {
                 } else {
                     BackRef::Tree { root: tree }
                 };
-                let ns = self.nodesize() as u64;
-                self.delayed.add(child, ns, Some(level - 1), r, delta);
+                let ns = self.st.nodesize() as u64;
+                self.st.delayed.add(child, ns, Some(level - 1), r, delta);
             }
             return Ok(());
         }
@@ -563,7 +584,8 @@ impl Store {
                         offset: k.offset.wrapping_sub(item.offset.get()),
                     }
                 };
-                self.delayed
+                self.st
+                    .delayed
                     .add(b, item.disk_num_bytes.get(), None, r, delta);
             }
         }
@@ -591,8 +613,9 @@ impl Store {
             } else {
                 self.change_children_refs(tree, buf, bytenr, false, 1)?;
             }
-            let ns = self.nodesize() as u64;
-            self.delayed
+            let ns = self.st.nodesize() as u64;
+            self.st
+                .delayed
                 .add(bytenr, ns, Some(level), BackRef::Tree { root: tree }, -1);
             return Ok(true);
         }

@@ -33,6 +33,7 @@ impl Relocation<'_> {
     pub fn relocate_metadata(&mut self) -> Result<()> {
         let old: Vec<u64> = self
             .st
+            .space
             .alloc
             .groups
             .values()
@@ -43,14 +44,14 @@ impl Relocation<'_> {
             return Ok(());
         }
         for s in &old {
-            if let Some(g) = self.st.alloc.groups.get_mut(s) {
+            if let Some(g) = self.st.space.alloc.groups.get_mut(s) {
                 g.read_only = true;
             }
         }
         // Room for the copies first: a system chunk (the chunk tree moves
         // too), then a metadata chunk.
-        self.st.alloc_chunk(BTRFS_BLOCK_GROUP_SYSTEM)?;
-        self.st.alloc_chunk(BTRFS_BLOCK_GROUP_METADATA)?;
+        self.st.chunks().alloc_chunk(BTRFS_BLOCK_GROUP_SYSTEM)?;
+        self.st.chunks().alloc_chunk(BTRFS_BLOCK_GROUP_METADATA)?;
         // Every tree that exists: root, chunk and those the root tree lists.
         let mut trees = vec![TreeId::Root, TreeId::Chunk];
         let mut k = Key::new(0, BTRFS_ROOT_ITEM_KEY, 0);
@@ -80,7 +81,7 @@ impl Relocation<'_> {
         for _ in 0..4 {
             let used: u64 = old
                 .iter()
-                .filter_map(|s| self.st.alloc.groups.get(s))
+                .filter_map(|s| self.st.space.alloc.groups.get(s))
                 .map(|g| g.used)
                 .sum();
             if used == 0 {
@@ -102,7 +103,7 @@ impl Relocation<'_> {
             self.st.commit()?;
         }
         for s in old {
-            let Some(g) = self.st.alloc.groups.get(&s) else {
+            let Some(g) = self.st.space.alloc.groups.get(&s) else {
                 continue;
             };
             if g.used != 0 {
@@ -148,6 +149,7 @@ impl Relocation<'_> {
     fn remove_block_group(&mut self, start: u64) -> Result<()> {
         let g = self
             .st
+            .space
             .alloc
             .groups
             .remove(&start)
@@ -189,16 +191,16 @@ impl Relocation<'_> {
                 BTRFS_DEV_TREE_OBJECTID,
                 &Key::new(devid, BTRFS_DEV_EXTENT_KEY, s.offset.get()),
             )?;
-            if let Some(mut di) = self.st.dev_item_of(devid) {
+            if let Some(mut di) = self.st.space.dev_item_of(&self.st.sb, devid) {
                 di.bytes_used
                     .set(di.bytes_used.get().saturating_sub(stripe));
-                self.st.set_dev_item(devid, di);
+                self.st.space.set_dev_item(&mut self.st.sb, devid, di);
             }
             if !touched.contains(&devid) {
                 touched.push(devid);
             }
         }
-        self.st.write_dev_items_used(&touched)?;
+        self.st.chunks().write_dev_items_used(&touched)?;
         if g.is_system() {
             self.remove_sys_chunk(start)?;
         }

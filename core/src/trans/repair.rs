@@ -19,15 +19,6 @@ const FST: u64 = BTRFS_FREE_SPACE_TREE_OBJECTID;
 pub type Changes = Vec<String>;
 
 impl Store {
-    /// Write every block group item again at commit, with the used bytes
-    /// the extent tree gives (and so the superblock's bytes_used, which the
-    /// commit sums from them).
-    pub fn rewrite_block_groups(&mut self) {
-        for g in self.alloc.groups.values_mut() {
-            g.dirty = true;
-        }
-    }
-
     /// Empty the free space tree and let the commit write every block
     /// group's entries again from the allocator; the tree is marked valid.
     /// Items keyed outside every block group (stale entries) go too.
@@ -41,7 +32,7 @@ impl Store {
             ));
         }
         self.empty_tree(FST)?;
-        for g in self.alloc.groups.values_mut() {
+        for g in self.space.alloc.groups.values_mut() {
             g.fst_bitmaps = false;
             g.dirty = true;
         }
@@ -142,8 +133,8 @@ impl Store {
             }
             // The superblocks carry each device's own item: it follows the
             // chunk tree's (the commit writes it).
-            if self.dev_item_of(devid).is_some() {
-                self.set_dev_item(devid, di);
+            if self.space.dev_item_of(&self.sb, devid).is_some() {
+                self.space.set_dev_item(&mut self.sb, devid, di);
             }
             total = total.saturating_add(want);
         }
@@ -216,7 +207,7 @@ impl Store {
             if data_extent {
                 self.csums().csum_delete(bytenr, len)?;
             }
-            self.alloc.release(bytenr, len, true)?;
+            self.space.alloc.release(bytenr, len, true)?;
             return Ok(format!(
                 "extent {bytenr}+{len}: no tree uses it, freed ({old_total} refs dropped)"
             ));
@@ -225,7 +216,7 @@ impl Store {
         head[..8].copy_from_slice(&total.to_le_bytes());
         let mut inline: Vec<InlineRef> = refs.to_vec();
         super::refs::sort_refs(&mut inline);
-        let max = self.max_inline_extent_item();
+        let max = self.extent_refs().max_inline_extent_item();
         let mut size = head.len() + owner.iter().map(|r| r.inline_size()).sum::<usize>();
         let mut kept = owner;
         let mut keyed = Vec::new();
@@ -242,7 +233,8 @@ impl Store {
         self.insert_item(EXTENT, &key, &head)?;
         for r in &keyed {
             let kk = super::refs::keyed_key(bytenr, r);
-            self.keyed_ref_update(kk, r, r.count().max(1) as i64, None)?;
+            self.extent_refs()
+                .keyed_ref_update(kk, r, r.count().max(1) as i64, None)?;
         }
         Ok(format!(
             "extent {bytenr}+{len}: {old_total} refs -> {total} ({} inline, {} keyed)",

@@ -88,7 +88,8 @@ impl Store {
         let nb = self.alloc_tree_block(tid, level, first)?;
         let mut nbuf = buf;
         edit::set_header_location(&mut nbuf, nb, self.transid, new_id);
-        self.change_children_refs(new_id, &nbuf, nb, false, 1)?;
+        self.extent_refs()
+            .change_children_refs(new_id, &nbuf, nb, false, 1)?;
         self.cache.insert_dirty(nb, tid, nbuf);
         self.set_root(tid, nb, level)?;
         let data = zerocopy::IntoBytes::as_bytes(&item).to_vec();
@@ -120,7 +121,7 @@ impl Store {
             if visited > MAX_DROP {
                 return Err(Error::corrupt("tree drop does not end", b));
             }
-            let (refs, flags) = self.extent_refs_now(b, Some(level))?;
+            let (refs, flags) = self.extent_refs().extent_refs_now(b, Some(level))?;
             let ns = self.nodesize() as u64;
             if refs > 1 {
                 // Shared: only this reference goes (what this tree created
@@ -214,11 +215,13 @@ impl Store {
             if edit::owner(&buf) != id {
                 continue;
             }
-            let (_, flags) = self.extent_refs_now(x, Some(l))?;
+            let (_, flags) = self.extent_refs().extent_refs_now(x, Some(l))?;
             if flags & BTRFS_BLOCK_FLAG_FULL_BACKREF == 0 {
-                self.change_children_refs(id, &buf, x, true, 1)?;
-                self.change_children_refs(id, &buf, x, false, -1)?;
-                self.set_full_backref(x, l)?;
+                self.extent_refs()
+                    .change_children_refs(id, &buf, x, true, 1)?;
+                self.extent_refs()
+                    .change_children_refs(id, &buf, x, false, -1)?;
+                self.extent_refs().set_full_backref(x, l)?;
             }
             if l > 0 {
                 stack.extend((0..edit::nritems(&buf)).filter_map(|i| child_in(&buf, i, id)));
