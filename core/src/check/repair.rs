@@ -1491,7 +1491,7 @@ fn rebuild_csum_tree(st: &mut Store) -> Result<Vec<String>> {
         while at < e {
             let len = (e - at).min(CSUM_CHUNK);
             buf.resize(len as usize, 0);
-            st.read_data(at, &mut buf)?;
+            st.data().read_data(at, &mut buf)?;
             let mut sums = Vec::with_capacity((len / ss) as usize * cs);
             for sector in buf.chunks(ss as usize) {
                 sums.extend_from_slice(&csum_type.compute(sector)[..cs]);

@@ -72,7 +72,7 @@ pub fn reserve_data_extent(st: &mut Store, want: u64, min: u64) -> Result<(u64, 
 /// Write `disk` to data space allocated at `bytenr` in this transaction
 /// and record its checksums (unless `nodatasum`).
 pub fn write_data_at(st: &mut Store, bytenr: u64, disk: &[u8], datasum: bool) -> Result<()> {
-    st.write_new_data(bytenr, disk)?;
+    st.data().write_new_data(bytenr, disk)?;
     if datasum {
         let sums = sector_csums(st, disk);
         st.csums().csum_insert(bytenr, &sums)?;
@@ -210,10 +210,10 @@ fn write_new_extent(
             }
             let (bytenr, _) = reserve_data_extent(st, len, len)?;
             if whole > 0 {
-                st.clone_new_data(bytenr, src, src_off, whole)?;
+                st.data().clone_new_data(bytenr, src, src_off, whole)?;
             }
             if len > whole {
-                st.write_new_data(bytenr + whole, &disk[whole as usize..])?;
+                st.data().write_new_data(bytenr + whole, &disk[whole as usize..])?;
             }
             if datasum {
                 let sums = sector_csums(st, disk);

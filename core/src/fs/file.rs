@@ -980,7 +980,7 @@ impl Filesystem {
         self.writeback(dst, doff, doff + alen, Reason::Sync)?;
         // The clone waits for the source's data to reach the disk: the
         // destination may be logged pointing at it.
-        self.store.write_data_of((src.subvol, src.ino))?;
+        self.store.data().write_data_of((src.subvol, src.ino))?;
         if doff > dst_size {
             // btrfs_clone_files: the block holding the old end may have
             // been zeroed past it; that block up to the clone is written

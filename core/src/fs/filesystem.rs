@@ -493,7 +493,7 @@ impl Filesystem {
         // A log sync's superblock must not land after the commit's.
         self.log.io_gate().wait_idle();
         self.absorb_log_io();
-        self.store.flush_data()?;
+        self.store.data().flush_data()?;
         self.store.commit()?;
         // The log went with the commit.
         self.name_changes.clear();

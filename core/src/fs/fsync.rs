@@ -218,7 +218,7 @@ impl Filesystem {
         if self.switches.sync_io_first {
             return Ok(None);
         }
-        Ok(self.store.data_batch_due((l.subvol, l.ino)))
+        Ok(self.store.data().data_batch_due((l.subvol, l.ino)))
     }
 
     /// pwrite on an O_SYNC (`datasync`: O_DSYNC) descriptor: the write,
@@ -262,7 +262,7 @@ impl Filesystem {
             if !self.switches.sync_io_first {
                 // The batch the fsync's data joined goes now (an unplug
                 // sends everything queued).
-                self.store.release_open_batch()?;
+                self.store.data().release_open_batch()?;
             }
         }
         let changes = self.take_name_changes();

@@ -132,7 +132,7 @@ fn read_verified(
     ino: u64,
     file_off: u64,
 ) -> Result<()> {
-    st.read_data(bytenr, buf)?;
+    st.data().read_data(bytenr, buf)?;
     if !datasum || verify(st, bytenr, buf, ino, file_off).is_ok() {
         return Ok(());
     }
@@ -140,7 +140,7 @@ fn read_verified(
     let csum = st.image().csum;
     let cs = csum.size();
     let sums = st.csums().csum_lookup(bytenr, buf.len() as u64)?;
-    st.read_data_checked(bytenr, buf, &mut |at, bytes| {
+    st.data().read_data_checked(bytenr, buf, &mut |at, bytes| {
         let first = ((at - bytenr) / ss) as usize;
         bytes
             .chunks(ss as usize)

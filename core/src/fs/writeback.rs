@@ -156,7 +156,7 @@ impl Filesystem {
         // An fsync's own data goes out at once, ahead of what background
         // writeback queued (sync-io-first); otherwise it queues too.
         let direct = reason == Reason::Fsync && self.switches.sync_io_first;
-        self.store.set_data_context((l.subvol, l.ino), direct);
+        self.store.data().set_data_context((l.subvol, l.ino), direct);
         let mut joined = std::mem::take(&mut self.dirty.join_buf);
         let r = runs.into_iter().try_for_each(|(a, b)| {
             let start = pages[a].0 * PAGE;
@@ -176,7 +176,7 @@ impl Filesystem {
         if joined.capacity() <= JOIN_KEEP {
             self.dirty.join_buf = joined;
         }
-        self.store.set_data_context((l.subvol, l.ino), false);
+        self.store.data().set_data_context((l.subvol, l.ino), false);
         r?;
         self.recycle_pages(pages);
         Ok(())
@@ -187,9 +187,9 @@ impl Filesystem {
     pub(super) fn write_direct_run(&mut self, l: Loc, start: u64, data: &[u8]) -> Result<()> {
         let i_size = self.rt(l)?.i_size;
         // O_DIRECT is submitted at once.
-        self.store.set_data_context((l.subvol, l.ino), true);
+        self.store.data().set_data_context((l.subvol, l.ino), true);
         let r = self.write_run(l, start, data, i_size, true);
-        self.store.set_data_context((l.subvol, l.ino), false);
+        self.store.data().set_data_context((l.subvol, l.ino), false);
         r
     }
 
@@ -413,7 +413,7 @@ impl Filesystem {
     fn write_in_place(&mut self, l: Loc, off: u64, data: &[u8], t: &InPlace) -> Result<()> {
         let datasum = self.datasum(l)?;
         let at = t.bytenr + t.ext_off;
-        self.store.write_in_place_data(at, data)?;
+        self.store.data().write_in_place_data(at, data)?;
         if datasum {
             let sums = super::data::sector_csums(&self.store, data);
             self.store.csums().csum_insert(at, &sums)?;

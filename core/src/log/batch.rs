@@ -124,7 +124,7 @@ impl SharedFs {
     pub fn new(mut fs: Filesystem) -> SharedFs {
         // Data runs go to the device off the lock while clients share it;
         // a writer thread that cannot start leaves them written in line.
-        let _ = fs.store.start_data_writer();
+        let _ = fs.store.data().start_data_writer();
         SharedFs {
             fs: Mutex::new(fs),
             seats: SeatBoard::default(),
@@ -244,7 +244,7 @@ impl SharedFs {
             Ok(f) => f,
             Err(p) => p.into_inner(),
         };
-        let _ = fs.store.stop_data_writer();
+        let _ = fs.store.data().stop_data_writer();
         fs
     }
 }

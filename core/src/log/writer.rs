@@ -382,9 +382,9 @@ impl LogWriter<'_, '_> {
         // out at once, and logging wrote what other logged files need);
         // without it, everything queued ahead of it too.
         if self.cx.switches.sync_io_first {
-            self.cx.store.write_data_of((inode.subvol, inode.ino))?;
+            self.cx.store.data().write_data_of((inode.subvol, inode.ino))?;
         } else {
-            self.cx.store.flush_data()?;
+            self.cx.store.data().flush_data()?;
         }
         let io = match self.cx.store.prepare_log_sync(inode.subvol) {
             Ok(io) => io,
@@ -867,7 +867,7 @@ impl LogWriter<'_, '_> {
         {
             let b = item.disk_bytenr.get();
             if b != 0 && head.type_ == BTRFS_FILE_EXTENT_REG && head.generation.get() == t {
-                self.cx.store.write_data_in(b, item.disk_num_bytes.get())?;
+                self.cx.store.data().write_data_in(b, item.disk_num_bytes.get())?;
             }
             if datasum
                 && b != 0

@@ -782,7 +782,7 @@ pub fn populate(
         }
         // File data reaches the image on a thread of its own, so copying
         // it into the page cache overlaps with building the trees.
-        fs.start_data_writer()?;
+        fs.data().start_data_writer()?;
         let mut seq = 0usize;
         let r = populate_with(fs, listing, opts, progress, &mut |i| {
             let got = rxs[seq % READERS].recv();
@@ -800,7 +800,7 @@ pub fn populate(
         // those waiting for the budget once it is closed.
         drop(rxs);
         budget.close();
-        let stopped = fs.stop_data_writer();
+        let stopped = fs.data().stop_data_writer();
         r.and_then(|st| stopped.map(|_| st))
     })
 }

@@ -136,7 +136,7 @@ impl Store {
                 "commit did not settle: extent, free space and root trees kept changing".into(),
             ));
         }
-        self.flush_data()?;
+        self.data().flush_data()?;
         self.write_blocks(&|t: TreeId| !t.is_log())?;
         self.flush_device()?;
         self.write_superblocks()?;

@@ -318,3 +318,159 @@ impl DataIo {
         self.write_runs(map, mine, written)
     }
 }
+
+/// File data I/O of the store: data written to new space or in place,
+/// queued and combined or at once, read back with what is still queued
+/// laid over it. Borrows the data queue, the devices and the byte counter
+/// only. Obtained from [`super::Store::data`].
+pub struct DataPath<'a> {
+    pub(super) io: &'a mut DataIo,
+    pub(super) img: &'a crate::image::Image,
+    pub(super) data_bytes: &'a mut u64,
+}
+
+impl DataPath<'_> {
+    /// Whose data the following writes are; `direct`: they go to the
+    /// device at once instead of joining the queue.
+    pub fn set_data_context(&mut self, owner: dataq::Owner, direct: bool) {
+        self.io.set_context(owner, direct);
+    }
+
+    /// Carry queued runs to the device from now on on a thread of their
+    /// own (several clients share the filesystem).
+    pub fn start_data_writer(&mut self) -> Result<()> {
+        self.io.start_writer()
+    }
+
+    /// Back to writing runs on the caller's thread, once every submitted
+    /// one is written.
+    pub fn stop_data_writer(&mut self) -> Result<()> {
+        self.io.stop_writer()
+    }
+
+    /// A wait for the data writes submitted so far (None: there is no
+    /// writer thread, every write is done when it returns).
+    pub fn data_wait(&self) -> Option<DataWait> {
+        self.io.wait_handle()
+    }
+
+    /// Write `data` at logical `bytenr`, space allocated in this
+    /// transaction, to every copy: queued (combined with its neighbours),
+    /// or at once.
+    pub fn write_new_data(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
+        self.io
+            .write_new(&self.img.chunks, bytenr, data, self.data_bytes)
+    }
+
+    /// New data at logical `bytenr` (allocated in this transaction) that
+    /// shares `len` bytes of `src` at `src_off` on every copy (mkfs
+    /// `--reflink`): nothing is written, the image file's blocks become
+    /// the source's. Stripes split it as a write would; RAID5/6 refuse
+    /// (parity has to be computed from the bytes).
+    pub fn clone_new_data(
+        &mut self,
+        bytenr: u64,
+        src: &std::fs::File,
+        src_off: u64,
+        len: u64,
+    ) -> Result<()> {
+        for p in self.img.chunks.pieces(bytenr, len)? {
+            if p.parity.is_some() {
+                return Err(Error::Unsupported(
+                    "reflinks into RAID5/6 data (its parity is computed from the bytes)".into(),
+                ));
+            }
+            let from = src_off + (p.offset - bytenr);
+            for &(devid, phys) in &p.copies {
+                let dev = self
+                    .img
+                    .device_of(devid)
+                    .ok_or_else(|| Error::MissingDevice {
+                        devids: vec![devid],
+                        what: "a reflink of new data".into(),
+                    })?;
+                dev.clone_from_file(src, from, p.len, phys)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Overwrite data in place at logical `bytenr` (nodatacow and
+    /// preallocated extents), every copy: goes straight to the devices,
+    /// after any queued write to the same place.
+    pub fn write_in_place_data(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
+        self.io
+            .write_in_place(&self.img.chunks, bytenr, data, self.data_bytes)
+    }
+
+    /// Read data at logical `bytenr`, including what is still queued or
+    /// being written.
+    pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
+        self.img.read_logical(bytenr, buf)?;
+        if self.io.has_pending() {
+            self.io.overlay(bytenr, buf);
+        }
+        Ok(())
+    }
+
+    /// Read data at logical `bytenr` stripe unit by stripe unit from the
+    /// first copy (or RAID5/6 rebuild) `accept` takes (see
+    /// [`Image::read_logical_checked`]), then what is still queued or being
+    /// written over it.
+    pub fn read_data_checked(
+        &self,
+        bytenr: u64,
+        buf: &mut [u8],
+        accept: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> Result<()> {
+        self.img.read_logical_checked(bytenr, buf, accept)?;
+        if self.io.has_pending() {
+            self.io.overlay(bytenr, buf);
+        }
+        Ok(())
+    }
+
+    /// Write every queued run, and wait until all are on the devices.
+    pub fn flush_data(&mut self) -> Result<()> {
+        self.io
+            .flush(&self.img.chunks, self.data_bytes)
+    }
+
+    /// Write the queued runs meeting logical `[bytenr, bytenr+len)`. A log
+    /// about to name an extent must find its data on the device before its
+    /// own flush: the kernel logs a file extent item only once the ordered
+    /// extent's write completed, and whoever syncs the log (maybe another
+    /// client's fsync) flushes only what was written by then.
+    pub fn write_data_in(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        if self.io.queue_empty() || len == 0 {
+            return Ok(());
+        }
+        self.io.write_overlapping(
+            &self.img.chunks,
+            bytenr,
+            bytenr + len,
+            self.data_bytes,
+        )
+    }
+
+    /// When the queued batch holding `owner`'s data goes (None: none
+    /// queued, or it may go now).
+    pub fn data_batch_due(&self, owner: dataq::Owner) -> Option<std::time::Instant> {
+        self.io.batch_due(owner)
+    }
+
+    /// Write the whole queue if its batch may go (see [`dataq`]).
+    pub fn release_open_batch(&mut self) -> Result<()> {
+        if self.io.batch_open() {
+            return self.flush_data();
+        }
+        Ok(())
+    }
+
+    /// Write the queued runs holding `owner`'s data (what an fsync of it
+    /// waits for).
+    pub fn write_data_of(&mut self, owner: dataq::Owner) -> Result<()> {
+        self.io
+            .write_owner(&self.img.chunks, owner, self.data_bytes)
+    }
+}

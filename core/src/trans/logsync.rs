@@ -158,7 +158,7 @@ impl Store {
         self.stats.flushes += 2;
         self.stats.log_syncs += 1;
         Ok(LogSyncIo {
-            data: self.data_wait(),
+            data: self.data().data_wait(),
             runs,
             parity,
             devices,

@@ -467,7 +467,7 @@ impl Store {
             let li = ((at - bytenr) / ss) as usize * cs;
             let pi = ((at - pk.offset) / ss) as usize * cs;
             let (ls, ps) = (&later[li..li + cs], &earlier[pi..pi + cs]);
-            if ls != ps && self.read_data(at, &mut buf).is_ok() {
+            if ls != ps && self.data().read_data(at, &mut buf).is_ok() {
                 let sum = csum_type.compute(&buf);
                 if &sum[..cs] == ls && &sum[..cs] != ps {
                     self.csums().csum_delete(at, ss)?;

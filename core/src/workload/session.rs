@@ -206,7 +206,7 @@ impl Session {
         }
         let mut fs = crate::log::replay::mount_devices(self.blocks(), self.mount.clone(), false)?;
         if matches!(self.devs[0], Dev::Plain(_)) {
-            fs.store.start_data_writer()?;
+            fs.store.data().start_data_writer()?;
         }
         fs.switches = self.switches;
         self.fs = Some(fs);
