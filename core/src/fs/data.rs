@@ -213,7 +213,8 @@ fn write_new_extent(
                 st.data().clone_new_data(bytenr, src, src_off, whole)?;
             }
             if len > whole {
-                st.data().write_new_data(bytenr + whole, &disk[whole as usize..])?;
+                st.data()
+                    .write_new_data(bytenr + whole, &disk[whole as usize..])?;
             }
             if datasum {
                 let sums = sector_csums(st, disk);

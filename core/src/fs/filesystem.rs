@@ -1269,7 +1269,7 @@ pub(super) fn inode_logged(
     if lt == t {
         return Ok(true);
     }
-    if lt > 0 || !store.has_log(l.subvol) {
+    if lt > 0 || !store.log_trees().has_log(l.subvol) {
         return Ok(false);
     }
     let found = store

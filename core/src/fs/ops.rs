@@ -276,7 +276,7 @@ impl Filesystem {
         let l = Loc::new(dir.subvol, ino);
         self.touch_trans(dir)?;
         self.touch_trans(l)?;
-        if self.store.has_log(dir.subvol) {
+        if self.store.log_trees().has_log(dir.subvol) {
             self.record_name_change(super::fsync::NameChange::Unlink {
                 dir,
                 name: name.to_vec(),
@@ -600,7 +600,7 @@ impl Filesystem {
         if !dir {
             rt.last_unlink_trans = t;
         }
-        if self.store.has_log(l.subvol) {
+        if self.store.log_trees().has_log(l.subvol) {
             self.record_name_change(super::fsync::NameChange::NewName {
                 inode: l,
                 old,

@@ -156,7 +156,9 @@ impl Filesystem {
         // An fsync's own data goes out at once, ahead of what background
         // writeback queued (sync-io-first); otherwise it queues too.
         let direct = reason == Reason::Fsync && self.switches.sync_io_first;
-        self.store.data().set_data_context((l.subvol, l.ino), direct);
+        self.store
+            .data()
+            .set_data_context((l.subvol, l.ino), direct);
         let mut joined = std::mem::take(&mut self.dirty.join_buf);
         let r = runs.into_iter().try_for_each(|(a, b)| {
             let start = pages[a].0 * PAGE;

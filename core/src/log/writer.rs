@@ -382,11 +382,14 @@ impl LogWriter<'_, '_> {
         // out at once, and logging wrote what other logged files need);
         // without it, everything queued ahead of it too.
         if self.cx.switches.sync_io_first {
-            self.cx.store.data().write_data_of((inode.subvol, inode.ino))?;
+            self.cx
+                .store
+                .data()
+                .write_data_of((inode.subvol, inode.ino))?;
         } else {
             self.cx.store.data().flush_data()?;
         }
-        let io = match self.cx.store.prepare_log_sync(inode.subvol) {
+        let io = match self.cx.store.log_trees().prepare_log_sync(inode.subvol) {
             Ok(io) => io,
             Err(e) => {
                 // Some of the log's blocks may count as written already:
@@ -457,7 +460,7 @@ impl LogWriter<'_, '_> {
         if self.exists(l)? {
             return self.cx.inode_logged(l);
         }
-        if !self.cx.store.has_log(l.subvol) {
+        if !self.cx.store.log_trees().has_log(l.subvol) {
             return Ok(false);
         }
         Ok(self
@@ -512,7 +515,7 @@ impl LogWriter<'_, '_> {
             ));
         }
         let me = std::thread::current().id();
-        if self.cx.store.start_log(l.subvol)? {
+        if self.cx.store.log_trees().start_log(l.subvol)? {
             let batch = self.log.subvols.get(&l.subvol).map_or(0, |s| s.log_batch);
             self.log.subvols.insert(
                 l.subvol,
@@ -867,7 +870,10 @@ impl LogWriter<'_, '_> {
         {
             let b = item.disk_bytenr.get();
             if b != 0 && head.type_ == BTRFS_FILE_EXTENT_REG && head.generation.get() == t {
-                self.cx.store.data().write_data_in(b, item.disk_num_bytes.get())?;
+                self.cx
+                    .store
+                    .data()
+                    .write_data_in(b, item.disk_num_bytes.get())?;
             }
             if datasum
                 && b != 0
@@ -1577,7 +1583,7 @@ impl LogWriter<'_, '_> {
                     index,
                     inode,
                 } => {
-                    if !self.cx.store.has_log(dir.subvol) {
+                    if !self.cx.store.log_trees().has_log(dir.subvol) {
                         continue;
                     }
                     if self.logged_maybe_gone(inode)? {
@@ -1592,7 +1598,7 @@ impl LogWriter<'_, '_> {
                     old,
                     parent: _,
                 } => {
-                    if !self.cx.store.has_log(inode.subvol) {
+                    if !self.cx.store.log_trees().has_log(inode.subvol) {
                         continue;
                     }
                     if !self.exists(inode)? {

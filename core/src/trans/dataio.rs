@@ -432,8 +432,7 @@ impl DataPath<'_> {
 
     /// Write every queued run, and wait until all are on the devices.
     pub fn flush_data(&mut self) -> Result<()> {
-        self.io
-            .flush(&self.img.chunks, self.data_bytes)
+        self.io.flush(&self.img.chunks, self.data_bytes)
     }
 
     /// Write the queued runs meeting logical `[bytenr, bytenr+len)`. A log
@@ -445,12 +444,8 @@ impl DataPath<'_> {
         if self.io.queue_empty() || len == 0 {
             return Ok(());
         }
-        self.io.write_overlapping(
-            &self.img.chunks,
-            bytenr,
-            bytenr + len,
-            self.data_bytes,
-        )
+        self.io
+            .write_overlapping(&self.img.chunks, bytenr, bytenr + len, self.data_bytes)
     }
 
     /// When the queued batch holding `owner`'s data goes (None: none

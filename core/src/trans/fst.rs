@@ -3,7 +3,7 @@
 //! line with `free ∪ pinned`, converting between extents and bitmaps at the
 //! kernel's thresholds.
 
-use super::Store;
+use super::commit::Commit;
 use crate::alloc::RangeSet;
 use crate::format::consts::*;
 use crate::format::free_space::FreeSpaceInfo;
@@ -15,9 +15,15 @@ const FST: u64 = BTRFS_FREE_SPACE_TREE_OBJECTID;
 /// Bytes of one bitmap item (BTRFS_FREE_SPACE_BITMAP_SIZE).
 const BITMAP_SIZE: u64 = 256;
 
-impl Store {
+/// True when `[s, e)` is exactly one range of `set`.
+fn is_whole(set: &RangeSet, s: u64, e: u64) -> bool {
+    let mut it = set.iter_in(s.saturating_sub(1), e.saturating_add(1));
+    matches!(it.next(), Some((a, b)) if a == s && b == e) && it.next().is_none()
+}
+
+impl Commit<'_> {
     fn bitmap_range(&self) -> u64 {
-        self.sectorsize() as u64 * BITMAP_SIZE * 8
+        self.st.sectorsize() as u64 * BITMAP_SIZE * 8
     }
 
     /// (low, high) extent-count thresholds of a group of `length` bytes:
@@ -32,7 +38,7 @@ impl Store {
 
     /// Bring the free space tree entries of group `start` up to date.
     pub(super) fn update_fst_group(&mut self, start: u64) -> Result<()> {
-        let Some(g) = self.space.alloc.groups.get(&start) else {
+        let Some(g) = self.st.space.alloc.groups.get(&start) else {
             return Ok(());
         };
         let (length, was_bitmaps) = (g.length, g.fst_bitmaps);
@@ -46,32 +52,32 @@ impl Store {
         };
         let end = start + length;
         // Current entries (everything keyed inside the group but the info).
-        let existing = self.items_in(
+        let existing = self.st.items_in(
             FST,
             Key::new(start, BTRFS_FREE_SPACE_INFO_KEY + 1, 0),
             Key::new(end - 1, u8::MAX, u64::MAX),
         )?;
-        let ss = self.sectorsize() as u64;
+        let ss = self.st.sectorsize() as u64;
         if !bitmaps {
             // Delete stale entries (all bitmaps, and extents not wanted exactly).
             for (k, _) in &existing {
                 let keep = k.ty == BTRFS_FREE_SPACE_EXTENT_KEY
                     && is_whole(&want, k.objectid, k.objectid.saturating_add(k.offset));
                 if !keep {
-                    self.delete_item(FST, k)?;
+                    self.st.delete_item(FST, k)?;
                 }
             }
             for (s, e) in want.iter() {
                 let k = Key::new(s, BTRFS_FREE_SPACE_EXTENT_KEY, e - s);
                 if !existing.iter().any(|(ek, _)| *ek == k) {
-                    self.insert_item(FST, &k, &[])?;
+                    self.st.insert_item(FST, &k, &[])?;
                 }
             }
         } else {
             let range = self.bitmap_range();
             for (k, _) in &existing {
                 if k.ty != BTRFS_FREE_SPACE_BITMAP_KEY {
-                    self.delete_item(FST, k)?;
+                    self.st.delete_item(FST, k)?;
                 }
             }
             let mut s = start;
@@ -90,7 +96,7 @@ impl Store {
                     .find(|(ek, _)| *ek == k)
                     .map(|(_, d)| d.clone());
                 if cur.as_deref() != Some(&bm[..]) {
-                    self.update_item(FST, &k, &bm)?;
+                    self.st.update_item(FST, &k, &bm)?;
                 }
                 s += len;
             }
@@ -104,20 +110,14 @@ impl Store {
             })
             .into(),
         };
-        self.update_item(
+        self.st.update_item(
             FST,
             &Key::new(start, BTRFS_FREE_SPACE_INFO_KEY, length),
             info.as_bytes(),
         )?;
-        if let Some(g) = self.space.alloc.groups.get_mut(&start) {
+        if let Some(g) = self.st.space.alloc.groups.get_mut(&start) {
             g.fst_bitmaps = bitmaps;
         }
         Ok(())
     }
-}
-
-/// True when `[s, e)` is exactly one range of `set`.
-fn is_whole(set: &RangeSet, s: u64, e: u64) -> bool {
-    let mut it = set.iter_in(s.saturating_sub(1), e.saturating_add(1));
-    matches!(it.next(), Some((a, b)) if a == s && b == e) && it.next().is_none()
 }

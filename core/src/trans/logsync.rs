@@ -19,6 +19,18 @@ use crate::{Error, Result};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
+/// The fsync log trees of the running transaction: started per subvolume, written and made durable by a log sync (their blocks, then a superblock naming the log root), dropped by the commit. Obtained from [`Store::log_trees`].
+pub struct LogTrees<'a> {
+    st: &'a mut Store,
+}
+
+impl Store {
+    /// See [`LogTrees`].
+    pub fn log_trees(&mut self) -> LogTrees<'_> {
+        LogTrees { st: self }
+    }
+}
+
 /// The root item of a new log tree (btrfs_add_log_tree): an inode of a
 /// directory, everything else zero until the log is synced.
 fn log_root_item(nodesize: u32) -> RootItem {
@@ -29,142 +41,6 @@ fn log_root_item(nodesize: u32) -> RootItem {
     ri.inode.nbytes.set(nodesize as u64);
     ri.inode.mode.set(0o040755);
     ri
-}
-
-impl Store {
-    /// Whether the subvolume has a log tree in this transaction.
-    pub fn has_log(&self, subvol: u64) -> bool {
-        self.roots.contains_key(&TreeId::Log(subvol))
-    }
-
-    /// Subvolumes with a log tree in this transaction.
-    pub fn logged_subvols(&self) -> Vec<u64> {
-        self.roots
-            .keys()
-            .filter_map(|t| {
-                if let TreeId::Log(s) = t {
-                    Some(*s)
-                } else {
-                    None
-                }
-            })
-            .collect()
-    }
-
-    /// The log tree of `subvol`, created (with the log root tree) on first
-    /// use in a transaction. Returns whether it was created.
-    pub fn start_log(&mut self, subvol: u64) -> Result<bool> {
-        if !self.roots.contains_key(&TreeId::LogRoot) {
-            self.create_log_tree(TreeId::LogRoot, None)?;
-        }
-        if self.has_log(subvol) {
-            return Ok(false);
-        }
-        let key = Key::new(BTRFS_TREE_LOG_OBJECTID, BTRFS_ROOT_ITEM_KEY, subvol);
-        let ri = log_root_item(self.nodesize());
-        self.create_log_tree(TreeId::Log(subvol), Some((key, ri)))?;
-        Ok(true)
-    }
-
-    /// A log sync's writes, taken out of the store so they can run while
-    /// the filesystem goes on (btrfs_sync_log does its I/O with only the
-    /// log mutexes held): the log's blocks are checksummed, marked written
-    /// and clean (the next change to one copies it), the superblock naming
-    /// the log is built. Nothing reaches the device until [`LogSyncIo::run`];
-    /// one may run at a time, and no commit may write its superblocks
-    /// while one runs.
-    pub fn prepare_log_sync(&mut self, subvol: u64) -> Result<LogSyncIo> {
-        if !self.roots.contains_key(&TreeId::LogRoot) || !self.has_log(subvol) {
-            return Err(Error::Invalid("log sync without a log".into()));
-        }
-        // The log tree's root item, as it stands now, in the log root tree.
-        for t in [TreeId::Log(subvol)] {
-            let Some(st) = self.roots.get(&t).cloned() else {
-                continue;
-            };
-            let RootState {
-                bytenr,
-                level,
-                item: Some((key, mut ri)),
-                ..
-            } = st
-            else {
-                continue;
-            };
-            let node_gen = self
-                .cache
-                .get(bytenr)
-                .map(|b| u64::from_le_bytes(b[0x50..0x58].try_into().unwrap_or([0; 8])))
-                .unwrap_or(self.transid);
-            ri.bytenr.set(bytenr);
-            ri.level = level;
-            ri.generation.set(node_gen);
-            ri.generation_v2.set(node_gen);
-            if let Some(RootState {
-                item: Some((_, r)), ..
-            }) = self.roots.get_mut(&t)
-            {
-                *r = ri;
-            }
-            self.update_item(TreeId::LogRoot, &key, ri.as_bytes())?;
-        }
-        // The logged data is on disk already (the caller wrote what the
-        // logged extents need).
-        let mut runs: Vec<(u64, u64, Vec<u8>)> = Vec::new();
-        let mut parity_blocks = Vec::new();
-        self.emit_dirty_blocks(
-            &|t: TreeId| t == TreeId::Log(subvol) || t == TreeId::LogRoot,
-            &mut |devid, p, run| {
-                runs.push((devid, p, run.to_vec()));
-                Ok(())
-            },
-            &mut parity_blocks,
-        )?;
-        // RAID5/6 blocks are written with their rows' parity when the sync
-        // runs, under the parity writer's lock (the rows' other blocks are
-        // then what is on the devices).
-        let parity = (!parity_blocks.is_empty()).then(|| ParityBlocks {
-            writer: self.img.parity.clone(),
-            chunks: self.img.chunks.clone(),
-            blocks: parity_blocks,
-            degraded: self.img.degraded,
-        });
-        let (log_root, log_level) = {
-            let st = self
-                .roots
-                .get(&TreeId::LogRoot)
-                .ok_or_else(|| Error::Internal("log root tree".into()))?;
-            (st.bytenr, st.level)
-        };
-        // The superblock of the last commit, naming the log, for every
-        // device with its own device item; only the primary copies
-        // (write_all_supers with one mirror).
-        let mut supers = Vec::new();
-        for (devid, dev) in self.img.device_list() {
-            // The last commit's superblock, each device's own item in it.
-            let mut sb = *self.img.sb;
-            if devid != sb.dev_item.devid.get() {
-                if let Some(d) = self.space.dev_item_of(&self.sb, devid) {
-                    sb.dev_item = d;
-                }
-            }
-            sb.log_root.set(log_root);
-            sb.log_root_level = log_level;
-            let bytes = super::commit::super_bytes(&sb, btrfs_sb_offset(0), self.img.csum);
-            self.stats.super_bytes += bytes.len() as u64;
-            supers.push((dev, bytes));
-        }
-        let devices = self.img.device_list();
-        self.stats.flushes += 2;
-        self.stats.log_syncs += 1;
-        Ok(LogSyncIo {
-            data: self.data().data_wait(),
-            runs,
-            parity,
-            devices,
-            supers,
-        })
-    }
 }
 
 /// Tree blocks of a log sync that lie in RAID5/6 chunks.
@@ -226,5 +102,145 @@ impl LogSyncIo {
             dev.flush()?;
         }
         Ok(())
+    }
+}
+
+impl LogTrees<'_> {
+    /// Whether the subvolume has a log tree in this transaction.
+    pub fn has_log(&self, subvol: u64) -> bool {
+        self.st.roots.contains_key(&TreeId::Log(subvol))
+    }
+
+    /// Subvolumes with a log tree in this transaction.
+    pub fn logged_subvols(&self) -> Vec<u64> {
+        self.st
+            .roots
+            .keys()
+            .filter_map(|t| {
+                if let TreeId::Log(s) = t {
+                    Some(*s)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The log tree of `subvol`, created (with the log root tree) on first
+    /// use in a transaction. Returns whether it was created.
+    pub fn start_log(&mut self, subvol: u64) -> Result<bool> {
+        if !self.st.roots.contains_key(&TreeId::LogRoot) {
+            self.st.create_log_tree(TreeId::LogRoot, None)?;
+        }
+        if self.has_log(subvol) {
+            return Ok(false);
+        }
+        let key = Key::new(BTRFS_TREE_LOG_OBJECTID, BTRFS_ROOT_ITEM_KEY, subvol);
+        let ri = log_root_item(self.st.nodesize());
+        self.st
+            .create_log_tree(TreeId::Log(subvol), Some((key, ri)))?;
+        Ok(true)
+    }
+
+    /// A log sync's writes, taken out of the store so they can run while
+    /// the filesystem goes on (btrfs_sync_log does its I/O with only the
+    /// log mutexes held): the log's blocks are checksummed, marked written
+    /// and clean (the next change to one copies it), the superblock naming
+    /// the log is built. Nothing reaches the device until [`LogSyncIo::run`];
+    /// one may run at a time, and no commit may write its superblocks
+    /// while one runs.
+    pub fn prepare_log_sync(&mut self, subvol: u64) -> Result<LogSyncIo> {
+        if !self.st.roots.contains_key(&TreeId::LogRoot) || !self.has_log(subvol) {
+            return Err(Error::Invalid("log sync without a log".into()));
+        }
+        // The log tree's root item, as it stands now, in the log root tree.
+        for t in [TreeId::Log(subvol)] {
+            let Some(st) = self.st.roots.get(&t).cloned() else {
+                continue;
+            };
+            let RootState {
+                bytenr,
+                level,
+                item: Some((key, mut ri)),
+                ..
+            } = st
+            else {
+                continue;
+            };
+            let node_gen = self
+                .st
+                .cache
+                .get(bytenr)
+                .map(|b| u64::from_le_bytes(b[0x50..0x58].try_into().unwrap_or([0; 8])))
+                .unwrap_or(self.st.transid);
+            ri.bytenr.set(bytenr);
+            ri.level = level;
+            ri.generation.set(node_gen);
+            ri.generation_v2.set(node_gen);
+            if let Some(RootState {
+                item: Some((_, r)), ..
+            }) = self.st.roots.get_mut(&t)
+            {
+                *r = ri;
+            }
+            self.st.update_item(TreeId::LogRoot, &key, ri.as_bytes())?;
+        }
+        // The logged data is on disk already (the caller wrote what the
+        // logged extents need).
+        let mut runs: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+        let mut parity_blocks = Vec::new();
+        self.st.committer().emit_dirty_blocks(
+            &|t: TreeId| t == TreeId::Log(subvol) || t == TreeId::LogRoot,
+            &mut |devid, p, run| {
+                runs.push((devid, p, run.to_vec()));
+                Ok(())
+            },
+            &mut parity_blocks,
+        )?;
+        // RAID5/6 blocks are written with their rows' parity when the sync
+        // runs, under the parity writer's lock (the rows' other blocks are
+        // then what is on the devices).
+        let parity = (!parity_blocks.is_empty()).then(|| ParityBlocks {
+            writer: self.st.img.parity.clone(),
+            chunks: self.st.img.chunks.clone(),
+            blocks: parity_blocks,
+            degraded: self.st.img.degraded,
+        });
+        let (log_root, log_level) = {
+            let st = self
+                .st
+                .roots
+                .get(&TreeId::LogRoot)
+                .ok_or_else(|| Error::Internal("log root tree".into()))?;
+            (st.bytenr, st.level)
+        };
+        // The superblock of the last commit, naming the log, for every
+        // device with its own device item; only the primary copies
+        // (write_all_supers with one mirror).
+        let mut supers = Vec::new();
+        for (devid, dev) in self.st.img.device_list() {
+            // The last commit's superblock, each device's own item in it.
+            let mut sb = *self.st.img.sb;
+            if devid != sb.dev_item.devid.get() {
+                if let Some(d) = self.st.space.dev_item_of(&self.st.sb, devid) {
+                    sb.dev_item = d;
+                }
+            }
+            sb.log_root.set(log_root);
+            sb.log_root_level = log_level;
+            let bytes = super::commit::super_bytes(&sb, btrfs_sb_offset(0), self.st.img.csum);
+            self.st.stats.super_bytes += bytes.len() as u64;
+            supers.push((dev, bytes));
+        }
+        let devices = self.st.img.device_list();
+        self.st.stats.flushes += 2;
+        self.st.stats.log_syncs += 1;
+        Ok(LogSyncIo {
+            data: self.st.data().data_wait(),
+            runs,
+            parity,
+            devices,
+            supers,
+        })
     }
 }

@@ -925,5 +925,4 @@ impl Store {
             data_bytes: &mut self.stats.data_bytes,
         }
     }
-
 }

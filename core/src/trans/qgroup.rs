@@ -403,7 +403,7 @@ impl Quotas<'_> {
             self.st.qgroups.groups.entry(dst).or_default();
             return self.write_qgroup_items(dst, true);
         }
-        while self.st.run_delayed_refs()? {}
+        while self.st.committer().run_delayed_refs()? {}
         self.account_noted(Some(dst))?;
         let ns = self.st.nodesize() as u64;
         let s = self
