@@ -111,7 +111,9 @@ fn a_joined_fsync_finds_its_queued_data_on_disk() {
     let body_a: Vec<u8> = (0..96 * 1024).map(|i| (i * 7 + i / 4096) as u8).collect();
     fs.write(a, 0, &body_a).unwrap();
     // Background writeback: the data joins the queue, its extents exist.
-    fs.writeback(a, 0, u64::MAX, Reason::Background).unwrap();
+    fs.writeback()
+        .inode(a, 0, u64::MAX, Reason::Background)
+        .unwrap();
     fs.write(b, 0, &body(1, 1)).unwrap();
     let before = fs.stats.clone();
     let ta = fs.fsync_prepare(a, false, None).unwrap();
@@ -350,7 +352,9 @@ fn a_log_sync_waits_for_the_data_writer_thread() {
         .collect();
     fs.write(a, 0, &body_a).unwrap();
     // Background writeback: the data waits in the queue, its extents exist.
-    fs.writeback(a, 0, u64::MAX, Reason::Background).unwrap();
+    fs.writeback()
+        .inode(a, 0, u64::MAX, Reason::Background)
+        .unwrap();
     let shared = SharedFs::new(fs);
     // The fsync's log sync runs while a's run is certainly held in the
     // writer: it must wait for it before its flush.
@@ -373,7 +377,9 @@ fn a_log_sync_waits_for_the_data_writer_thread() {
         for name in [&b"b"[..], b"c"] {
             let l = fs.create(root, name, 0o644).unwrap();
             fs.write(l, 0, &body_b).unwrap();
-            fs.writeback(l, 0, u64::MAX, Reason::Background).unwrap();
+            fs.writeback()
+                .inode(l, 0, u64::MAX, Reason::Background)
+                .unwrap();
             files.push(l);
         }
         assert!(

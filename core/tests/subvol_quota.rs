@@ -195,7 +195,7 @@ fn subvolume_create_and_delete() {
     let root = r.fs.root();
     assert_eq!(root.subvol, 259);
     let top = btrkit_core::fs::Loc::new(5, BTRFS_FIRST_FREE_OBJECTID);
-    let err = r.fs.subvol_delete(top, b"def").unwrap_err();
+    let err = r.fs.subvols().subvol_delete(top, b"def").unwrap_err();
     assert_eq!(err.as_errno(), libc::EPERM, "{err}");
 }
 

@@ -197,7 +197,7 @@ impl Filesystem {
             let end = end.min(block_end).max(pos + ss);
             if !kind_prealloc {
                 // btrfs_cont_expand's hole extent map: changed, cached.
-                self.note_modified(l, pos, end)?;
+                self.writeback().note_modified(l, pos, end)?;
                 self.rt(l)?.hole_maps.insert(pos, end);
             }
             if !kind_prealloc && !no_holes {
@@ -393,7 +393,7 @@ impl Filesystem {
     /// Size of the in-memory and on-disk inode after a size change.
     fn set_size(&mut self, l: Loc, size: u64) -> Result<()> {
         self.rt(l)?.i_size = size;
-        self.set_disk_size(l)
+        self.writeback().set_disk_size(l)
     }
 
     /// truncate(2) (btrfs_setsize / btrfs_truncate).
@@ -441,7 +441,8 @@ impl Filesystem {
             // for everything from the new end's block on: the kept part of
             // that block reaches disk before the extents past it go.
             self.rt(l)?.i_size = size;
-            self.writeback(l, size / ss * ss, u64::MAX, Reason::Sync)?;
+            self.writeback()
+                .inode(l, size / ss * ss, u64::MAX, Reason::Sync)?;
         }
         let from = size.div_ceil(ss) * ss;
         // btrfs_truncate_inode_items counts every extent item whose last
@@ -569,7 +570,8 @@ impl Filesystem {
         } else if end > i_size {
             self.truncate_block(l, i_size, i_size, None)?;
         }
-        self.writeback(l, alloc_start, alloc_end, Reason::Sync)?;
+        self.writeback()
+            .inode(l, alloc_start, alloc_end, Reason::Sync)?;
         Ok((alloc_start, alloc_end))
     }
 
@@ -629,7 +631,7 @@ impl Filesystem {
                     self.set_size(l, p.min(g))?;
                 }
             }
-            self.note_modified(l, p - want, p)?;
+            self.writeback().note_modified(l, p - want, p)?;
         }
         Ok(())
     }
@@ -705,7 +707,7 @@ impl Filesystem {
             .ok_or_else(|| Error::errno(libc::EINVAL, "punch range overflows"))?;
         let ss = self.store.sectorsize() as u64;
         let (orig_start, orig_end) = (off, end - 1);
-        self.writeback(l, off, end, Reason::Sync)?;
+        self.writeback().inode(l, off, end, Reason::Sync)?;
         let ino_size = self.rt(l)?.i_size.div_ceil(ss) * ss;
         let Some(offset) = self.first_non_hole(l, off, end)? else {
             return Ok(());
@@ -750,8 +752,8 @@ impl Filesystem {
             // fill_holes: a hole item without no-holes, and a changed hole
             // extent map over the whole punched range (past the end too),
             // which a fast fsync logs.
-            self.fill_holes(l, lockstart, lockend)?;
-            self.note_modified(l, lockstart, lockend)?;
+            self.writeback().fill_holes(l, lockstart, lockend)?;
+            self.writeback().note_modified(l, lockstart, lockend)?;
             self.rt(l)?.hole_maps.insert(lockstart, lockend);
         } else {
             // A range wholly past the end gets no extent map
@@ -857,7 +859,8 @@ impl Filesystem {
             let rt = self.rt(l)?;
             let (cached, dirtied) = (rt.has_page_cache, rt.pages_dirtied_at);
             self.write(l, off, data)?;
-            self.writeback(l, off / ss * ss, end.div_ceil(ss) * ss, Reason::Fsync)?;
+            self.writeback()
+                .inode(l, off / ss * ss, end.div_ceil(ss) * ss, Reason::Fsync)?;
             let rt = self.rt(l)?;
             rt.has_page_cache = cached;
             rt.pages_dirtied_at = dirtied;
@@ -868,12 +871,12 @@ impl Filesystem {
             self.cont_expand(l, i_size, end)?;
         }
         // Cached pages of the range are written first and dropped.
-        self.writeback(l, 0, u64::MAX, Reason::Fsync)?;
+        self.writeback().inode(l, 0, u64::MAX, Reason::Fsync)?;
         let rt = self.rt(l)?;
         rt.i_size = rt.i_size.max(end);
         let now = self.now();
         self.rt(l)?.pending_times = Some((now, now));
-        self.write_direct_run(l, off, data)
+        self.writeback().write_direct_run(l, off, data)
     }
 
     /// sync_file_range: write (and wait for) the data; metadata is not
@@ -904,7 +907,8 @@ impl Filesystem {
             .collect();
         for (a, b) in runs {
             if b <= to {
-                self.writeback(l, a.max(from) * PAGE, b * PAGE, Reason::Fsync)?;
+                self.writeback()
+                    .inode(l, a.max(from) * PAGE, b * PAGE, Reason::Fsync)?;
             }
         }
         Ok(())
@@ -976,8 +980,9 @@ impl Filesystem {
         }
         self.stamp(dst, true, true)?;
         // All of the source's dirty data, and the destination's in range.
-        self.writeback(src, 0, u64::MAX, Reason::Sync)?;
-        self.writeback(dst, doff, doff + alen, Reason::Sync)?;
+        self.writeback().inode(src, 0, u64::MAX, Reason::Sync)?;
+        self.writeback()
+            .inode(dst, doff, doff + alen, Reason::Sync)?;
         // The clone waits for the source's data to reach the disk: the
         // destination may be logged pointing at it.
         self.store.data().write_data_of((src.subvol, src.ino))?;
@@ -986,7 +991,8 @@ impl Filesystem {
             // been zeroed past it; that block up to the clone is written
             // back and waited for (not the file's other dirty data).
             self.cont_expand(dst, dst_size, doff)?;
-            self.writeback(dst, dst_size / ss * ss, doff, Reason::Sync)?;
+            self.writeback()
+                .inode(dst, dst_size / ss * ss, doff, Reason::Sync)?;
         }
         self.drop_pages(dst, doff, doff + alen)?;
         let items = extents_in(&mut self.store, src.subvol, src.ino, soff, soff + alen)?;
@@ -1055,7 +1061,7 @@ impl Filesystem {
                     it.nbytes.set(it.nbytes.get().saturating_sub(dd.nbytes));
                     self.put_item(dst, &it)?;
                     if last_end < at {
-                        self.fill_holes(dst, last_end, at)?;
+                        self.writeback().fill_holes(dst, last_end, at)?;
                     }
                     if item.disk_bytenr.get() != 0 && item.generation.get() == self.store.transid {
                         src_shares_new = true;
@@ -1084,7 +1090,8 @@ impl Filesystem {
             self.put_item(dst, &it)?;
             let lim = self.rt(dst)?.i_size.div_ceil(ss) * ss;
             if last_end < lim {
-                self.fill_holes(dst, last_end, (doff + alen).min(lim))?;
+                self.writeback()
+                    .fill_holes(dst, last_end, (doff + alen).min(lim))?;
             }
         }
         let mut it = self.item(dst)?;
@@ -1101,7 +1108,7 @@ impl Filesystem {
             let keep = self.rt(dst)?.i_size;
             self.write(dst, doff, &block)?;
             self.rt(dst)?.i_size = keep.max(self.rt(dst)?.i_size.min(keep));
-            self.writeback(dst, doff, doff + ss, Reason::Sync)?;
+            self.writeback().inode(dst, doff, doff + ss, Reason::Sync)?;
         }
         // The destination is logged in full, with the extents it shares
         // (last_reflink_trans); the source only when what it shares is new.
@@ -1117,7 +1124,7 @@ impl Filesystem {
         if src_shares_new {
             self.rt(src)?.last_reflink_trans = t;
         }
-        self.note_modified(dst, doff, doff + alen)?;
+        self.writeback().note_modified(dst, doff, doff + alen)?;
         self.stamp(dst, true, true)
     }
 }

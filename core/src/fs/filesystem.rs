@@ -355,10 +355,10 @@ impl Filesystem {
             _ => {}
         }
         fs.default_subvol = fs.read_default_subvol()?;
-        fs.next_subvol_id = Some(fs.root_tree_free_objectid()?);
-        fs.find_dead_subvols()?;
+        fs.next_subvol_id = Some(fs.subvols().root_tree_free_objectid()?);
+        fs.subvols().find_dead_subvols()?;
         if !fs.opts.read_only {
-            fs.orphan_cleanup()?;
+            fs.subvols().orphan_cleanup()?;
         }
         Ok(fs)
     }
@@ -419,7 +419,8 @@ impl Filesystem {
         let now = self.clock_offset;
         if let Some(expired) = self.dirty.flusher_pass(now) {
             for l in expired {
-                self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
+                self.writeback()
+                    .inode(l, 0, u64::MAX, super::writeback::Reason::Background)?;
             }
             // The same pass writes back every inode dirtied that long ago,
             // pages or not (__writeback_single_inode clears its state).
@@ -480,9 +481,9 @@ impl Filesystem {
         self.log.io_gate().wait_idle();
         self.absorb_log_io();
         if self.opts.flushoncommit {
-            self.writeback_all(super::writeback::Reason::Sync)?;
+            self.writeback().all(super::writeback::Reason::Sync)?;
         }
-        self.finish_deleted_subvols()?;
+        self.subvols().finish_deleted_subvols()?;
         self.commit_only(reason)
     }
 
@@ -515,7 +516,7 @@ impl Filesystem {
             .or_default() += 1;
         self.trans_start = None;
         if !self.dropped_qgroups.is_empty() {
-            self.remove_dropped_qgroups()?;
+            self.subvols().remove_dropped_qgroups()?;
             self.dirtied();
         }
         Ok(())
@@ -531,7 +532,7 @@ impl Filesystem {
     /// (writeback_inodes_sb): every dirty page goes, and every inode's
     /// dirty state is cleared, pages written or not.
     fn writeback_inodes(&mut self, reason: super::writeback::Reason) -> Result<()> {
-        self.writeback_all(reason)?;
+        self.writeback().all(reason)?;
         for rt in self.inodes.states_mut() {
             rt.pages_dirtied_at = None;
         }
@@ -549,7 +550,8 @@ impl Filesystem {
             if self.dirty.bytes <= target {
                 break;
             }
-            self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
+            self.writeback()
+                .inode(l, 0, u64::MAX, super::writeback::Reason::Background)?;
             if let Some(rt) = self.inodes.get_mut(&l) {
                 rt.pages_dirtied_at = None;
             }
@@ -591,7 +593,7 @@ impl Filesystem {
         self.free_ino.clear();
         self.store.drop_clean_cache();
         self.default_subvol = self.read_default_subvol()?;
-        self.next_subvol_id = Some(self.root_tree_free_objectid()?);
+        self.next_subvol_id = Some(self.subvols().root_tree_free_objectid()?);
         Ok(())
     }
 
@@ -1156,7 +1158,8 @@ impl Filesystem {
     /// left goes with its last close.
     pub fn close(&mut self, l: Loc) -> Result<()> {
         if std::mem::take(&mut self.rt(l)?.flush_on_close) {
-            self.writeback(l, 0, u64::MAX, super::writeback::Reason::Background)?;
+            self.writeback()
+                .inode(l, 0, u64::MAX, super::writeback::Reason::Background)?;
         }
         let rt = self.rt(l)?;
         rt.opens = rt.opens.saturating_sub(1);

@@ -214,7 +214,7 @@ impl Filesystem {
     }
 
     fn fsync_writeback_file(&mut self, l: Loc) -> Result<Option<std::time::Instant>> {
-        self.writeback(l, 0, u64::MAX, Reason::Fsync)?;
+        self.writeback().inode(l, 0, u64::MAX, Reason::Fsync)?;
         if self.switches.sync_io_first {
             return Ok(None);
         }

@@ -349,12 +349,12 @@ impl Filesystem {
         if l.is_placeholder() {
             // btrfs_rmdir lets the placeholder go: only its entry is
             // removed, the subvolume it names is not touched.
-            self.remove_placeholder_entry(dir, name)?;
+            self.subvols().remove_placeholder_entry(dir, name)?;
             return Ok(());
         }
         if l.subvol != dir.subvol {
             // An empty subvolume: rmdir deletes it, as the kernel allows.
-            return self.delete_subvol_entry(dir, name);
+            return self.subvols().delete_subvol_entry(dir, name);
         }
         // A directory that lost a subvolume (or passed such a loss up)
         // passes it to its parent: its deletion cannot be logged.
@@ -384,7 +384,7 @@ impl Filesystem {
                 continue;
             }
             if l.ino == super::filesystem::ROOT_DIR {
-                match self.subvol_parent(l.subvol)? {
+                match self.subvols().subvol_parent(l.subvol)? {
                     Some(p) => {
                         l = p;
                         continue;
@@ -499,10 +499,11 @@ impl Filesystem {
                 && is_reg(self.item(dst)?.mode.get())
                 && self.rt(dst)?.i_size > 0
             {
-                self.writeback(src, 0, u64::MAX, super::writeback::Reason::Background)?;
+                self.writeback()
+                    .inode(src, 0, u64::MAX, super::writeback::Reason::Background)?;
             }
             if dst.is_placeholder() {
-                self.remove_placeholder_entry(ndir, nname)?;
+                self.subvols().remove_placeholder_entry(ndir, nname)?;
             } else {
                 // The replaced inode lives until the rename returns (the
                 // dentry holds it): the log, brought up to date with the new
@@ -516,7 +517,8 @@ impl Filesystem {
             }
         }
         let r = if src_subvol {
-            self.rename_subvol_entry(odir, oname, ndir, nname, src.subvol)
+            self.subvols()
+                .rename_subvol_entry(odir, oname, ndir, nname, src.subvol)
         } else {
             self.rename_inode(odir, oname, ndir, nname, src, smode)
         };

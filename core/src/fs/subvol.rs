@@ -13,6 +13,18 @@ use crate::trans::TreeId;
 use crate::{Error, Result};
 use zerocopy::IntoBytes;
 
+/// Subvolumes and snapshots of a mounted filesystem: create, snapshot, delete, the default, quotas, the orphan cleanup a mount runs per subvolume. Obtained from [`Filesystem::subvols`].
+pub struct Subvols<'a> {
+    fs: &'a mut Filesystem,
+}
+
+impl Filesystem {
+    /// See [`Subvols`].
+    pub fn subvols(&mut self) -> Subvols<'_> {
+        Subvols { fs: self }
+    }
+}
+
 fn uuid_key(u: &[u8; 16], ty: u8) -> Key {
     let hi = u64::from_le_bytes(u[..8].try_into().unwrap_or([0; 8]));
     let lo = u64::from_le_bytes(u[8..].try_into().unwrap_or([0; 8]));
@@ -221,13 +233,13 @@ fn uuid_add(store: &mut crate::trans::Store, u: &[u8; 16], ty: u8, id: u64) -> R
     store.update_item(BTRFS_UUID_TREE_OBJECTID, &k, &v)
 }
 
-impl Filesystem {
+impl Subvols<'_> {
     /// One past the highest objectid of the root tree: its free objectid
     /// as a mount finds it (btrfs_init_root_free_objectid at open_ctree).
     pub(super) fn root_tree_free_objectid(&mut self) -> Result<u64> {
         let hi = Key::new(BTRFS_LAST_FREE_OBJECTID, u8::MAX, u64::MAX);
         let lo = Key::new(BTRFS_FIRST_FREE_OBJECTID, 0, 0);
-        Ok(match self.store.prev_item(TreeId::Root, &hi, &lo)? {
+        Ok(match self.fs.store.prev_item(TreeId::Root, &hi, &lo)? {
             Some((k, _)) => (k.objectid + 1).max(BTRFS_FIRST_FREE_OBJECTID),
             None => BTRFS_FIRST_FREE_OBJECTID,
         })
@@ -240,11 +252,12 @@ impl Filesystem {
     /// numbers, the log's per-subvolume state) may still be the dropped
     /// subvolume's, as the kernel's in-memory roots may.
     fn alloc_subvol_id(&mut self) -> Result<u64> {
-        let mut next = match self.next_subvol_id {
+        let mut next = match self.fs.next_subvol_id {
             Some(n) => n,
             None => self.root_tree_free_objectid()?,
         };
         if let Some(&q) = self
+            .fs
             .store
             .qgroups
             .groups
@@ -256,16 +269,16 @@ impl Filesystem {
                 next = q + 1;
             }
         }
-        self.next_subvol_id = Some(next + 1);
+        self.fs.next_subvol_id = Some(next + 1);
         Ok(next)
     }
 
     /// Link subvolume `id` into directory `dir` as `name`: dir entries
     /// (location `(id, ROOT_ITEM, offset)`), ROOT_REF and ROOT_BACKREF.
     fn link_subvol(&mut self, dir: Loc, name: &[u8], id: u64, loc_offset: u64) -> Result<()> {
-        let index = self.next_index(dir)?;
+        let index = self.fs.next_index(dir)?;
         link_subvol_items(
-            &mut self.store,
+            &mut self.fs.store,
             dir.subvol,
             dir.ino,
             name,
@@ -273,19 +286,19 @@ impl Filesystem {
             loc_offset,
             index,
         )?;
-        self.stamp(dir, true, true)
+        self.fs.stamp(dir, true, true)
     }
 
     fn uuid_add(&mut self, u: &[u8; 16], ty: u8, id: u64) -> Result<()> {
-        uuid_add(&mut self.store, u, ty, id)
+        uuid_add(&mut self.fs.store, u, ty, id)
     }
 
     fn uuid_remove(&mut self, u: &[u8; 16], ty: u8, id: u64) -> Result<()> {
-        if !self.store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
+        if !self.fs.store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
             return Ok(());
         }
         let k = uuid_key(u, ty);
-        let Some(v) = self.store.lookup(BTRFS_UUID_TREE_OBJECTID, &k)? else {
+        let Some(v) = self.fs.store.lookup(BTRFS_UUID_TREE_OBJECTID, &k)? else {
             return Ok(());
         };
         let rest: Vec<u8> = v
@@ -295,9 +308,10 @@ impl Filesystem {
             .copied()
             .collect();
         if rest.is_empty() {
-            self.store.delete_item(BTRFS_UUID_TREE_OBJECTID, &k)?;
+            self.fs.store.delete_item(BTRFS_UUID_TREE_OBJECTID, &k)?;
         } else {
-            self.store
+            self.fs
+                .store
                 .update_item(BTRFS_UUID_TREE_OBJECTID, &k, &rest)?;
         }
         Ok(())
@@ -319,26 +333,27 @@ impl Filesystem {
     /// `btrfs subvolume create` (create_subvol): no commit.
     pub fn subvol_create(&mut self, dir: Loc, name: &[u8]) -> Result<Loc> {
         Self::no_ioctl_on_placeholder(dir)?;
-        if self.lookup(dir, name)?.is_some() {
+        if self.fs.lookup(dir, name)?.is_some() {
             return Err(Error::errno(
                 libc::EEXIST,
                 format!("{}: exists", String::from_utf8_lossy(name)),
             ));
         }
-        if !is_dir(self.item(dir)?.mode.get()) {
+        if !is_dir(self.fs.item(dir)?.mode.get()) {
             return Err(Error::errno(libc::ENOTDIR, "not a directory"));
         }
         let id = self.alloc_subvol_id()?;
-        let t = self.transid();
-        let now = self.now();
-        create_subvol_tree(&mut self.store, id, now, false)?;
+        let t = self.fs.transid();
+        let now = self.fs.now();
+        create_subvol_tree(&mut self.fs.store, id, now, false)?;
         // Properties come from the parent subvolume's root, not from `dir`.
-        self.inherit_props(Loc::new(id, ROOT_DIR), Loc::new(dir.subvol, ROOT_DIR))?;
+        self.fs
+            .inherit_props(Loc::new(id, ROOT_DIR), Loc::new(dir.subvol, ROOT_DIR))?;
         self.link_subvol(dir, name, id, 0)?;
         // btrfs_record_new_subvolume: the new entry cannot be logged.
-        self.rt(dir)?.last_unlink_trans = t;
+        self.fs.rt(dir)?.last_unlink_trans = t;
         let l = Loc::new(id, ROOT_DIR);
-        self.rt(l)?.index_cnt = Some(2);
+        self.fs.rt(l)?.index_cnt = Some(2);
         Ok(l)
     }
 
@@ -353,16 +368,16 @@ impl Filesystem {
             ));
         }
         Self::no_ioctl_on_placeholder(dir)?;
-        if self.lookup(dir, name)?.is_some() {
+        if self.fs.lookup(dir, name)?.is_some() {
             return Err(Error::errno(
                 libc::EEXIST,
                 format!("{}: exists", String::from_utf8_lossy(name)),
             ));
         }
-        if !is_dir(self.item(dir)?.mode.get()) {
+        if !is_dir(self.fs.item(dir)?.mode.get()) {
             return Err(Error::errno(libc::ENOTDIR, "not a directory"));
         }
-        let sri = self.store.root_item(src.subvol)?;
+        let sri = self.fs.store.root_item(src.subvol)?;
         if sri.refs.get() == 0 {
             return Err(Error::errno(
                 libc::ENOENT,
@@ -370,18 +385,21 @@ impl Filesystem {
             ));
         }
         let inodes: Vec<Loc> = self
+            .fs
             .dirty_list()
             .into_iter()
             .filter(|l| l.subvol == src.subvol)
             .collect();
         for l in inodes {
-            self.writeback(l, 0, u64::MAX, super::writeback::Reason::Sync)?;
+            self.fs
+                .writeback()
+                .inode(l, 0, u64::MAX, super::writeback::Reason::Sync)?;
         }
-        self.commit("snapshot")?;
+        self.fs.commit("snapshot")?;
         let id = self.alloc_subvol_id()?;
-        let t = self.transid();
-        let now = self.now();
-        let mut ri: RootItem = self.store.root_item(src.subvol)?;
+        let t = self.fs.transid();
+        let now = self.fs.now();
+        let mut ri: RootItem = self.fs.store.root_item(src.subvol)?;
         let uuid = crate::util::uuid::random_uuid();
         ri.flags.set(ri.flags.get() & !BTRFS_ROOT_SUBVOL_RDONLY);
         ri.generation_v2.set(t);
@@ -395,10 +413,11 @@ impl Filesystem {
         ri.otime = now;
         ri.otransid.set(t);
         ri.last_snapshot.set(t);
-        self.store
+        self.fs
+            .store
             .update_root_item(src.subvol, |r| r.last_snapshot.set(t))?;
-        self.store.snapshot_tree(src.subvol, id, ri, t)?;
-        if self.store.qgroups.enabled {
+        self.fs.store.snapshot_tree(src.subvol, id, ri, t)?;
+        if self.fs.store.qgroups.enabled {
             // What the transaction changed is accounted without the new
             // snapshot, which then starts as the source's copy
             // (btrfs_qgroup_inherit); the commit right after makes that
@@ -409,28 +428,29 @@ impl Filesystem {
             // (no references, an orphan item): a crash before the link
             // leaves a root the next mount drops, never a subvolume no
             // directory names.
-            self.store.quotas().qgroup_create(id)?;
+            self.fs.store.quotas().qgroup_create(id)?;
             let orphan = Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id);
-            self.store.update_root_item(id, |r| r.refs.set(0))?;
-            self.store.insert_item(TreeId::Root, &orphan, &[])?;
-            self.store
+            self.fs.store.update_root_item(id, |r| r.refs.set(0))?;
+            self.fs.store.insert_item(TreeId::Root, &orphan, &[])?;
+            self.fs
+                .store
                 .quotas()
                 .qgroup_account_snapshot(src.subvol, id)?;
-            self.commit_only("snapshot")?;
-            self.store.update_root_item(id, |r| r.refs.set(1))?;
-            self.store.delete_item(TreeId::Root, &orphan)?;
+            self.fs.commit_only("snapshot")?;
+            self.fs.store.update_root_item(id, |r| r.refs.set(1))?;
+            self.fs.store.delete_item(TreeId::Root, &orphan)?;
         }
         self.uuid_add(&uuid, BTRFS_UUID_KEY_SUBVOL, id)?;
         self.link_subvol(dir, name, id, u64::MAX)?;
         // Files the source had open and unlinked are gone in the snapshot.
-        let orphans = self.store.items_in(
+        let orphans = self.fs.store.items_in(
             TreeId::Tree(id),
             Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0),
             Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX),
         )?;
-        self.commit("snapshot")?;
+        self.fs.commit("snapshot")?;
         for (k, _) in orphans {
-            self.delete_inode(Loc::new(id, k.offset))?;
+            self.fs.delete_inode(Loc::new(id, k.offset))?;
         }
         Ok(Loc::new(id, ROOT_DIR))
     }
@@ -439,8 +459,8 @@ impl Filesystem {
     /// root references go, the root is marked dead with an orphan item;
     /// its tree is dropped once that is committed. No commit.
     pub fn subvol_delete(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
-        let (loc, _) =
-            names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?.ok_or_else(|| {
+        let (loc, _) = names::lookup_name(&mut self.fs.store, dir.subvol, dir.ino, name)?
+            .ok_or_else(|| {
                 Error::errno(
                     libc::ENOENT,
                     format!("{}: no such subvolume", String::from_utf8_lossy(name)),
@@ -448,7 +468,8 @@ impl Filesystem {
             })?;
         // The empty placeholder of a subvolume not linked here is no
         // subvolume either (its inode is not BTRFS_FIRST_FREE_OBJECTID).
-        if loc.ty != BTRFS_ROOT_ITEM_KEY || self.entry_target(dir, name, &loc)?.is_placeholder() {
+        if loc.ty != BTRFS_ROOT_ITEM_KEY || self.fs.entry_target(dir, name, &loc)?.is_placeholder()
+        {
             return Err(Error::errno(
                 libc::EINVAL,
                 format!("{}: not a subvolume", String::from_utf8_lossy(name)),
@@ -459,7 +480,7 @@ impl Filesystem {
 
     /// The dir index of entry `name` of `dir`.
     fn entry_index(&mut self, dir: Loc, name: &[u8]) -> Result<u64> {
-        names::list_dir(&mut self.store, dir.subvol, dir.ino)?
+        names::list_dir(&mut self.fs.store, dir.subvol, dir.ino)?
             .into_iter()
             .find(|e| e.name == name)
             .map(|e| e.index)
@@ -479,16 +500,17 @@ impl Filesystem {
     fn unlink_subvol(&mut self, dir: Loc, name: &[u8], loc: Key) -> Result<()> {
         let id = loc.objectid;
         let idx = self.entry_index(dir, name)?;
-        let t = self.transid();
-        self.dcache.clear();
-        names::remove_name(&mut self.store, dir.subvol, dir.ino, loc, name, idx, t)?;
-        self.store
+        let t = self.fs.transid();
+        self.fs.dcache.clear();
+        names::remove_name(&mut self.fs.store, dir.subvol, dir.ino, loc, name, idx, t)?;
+        self.fs
+            .store
             .delete_item(TreeId::Root, &Key::new(dir.subvol, BTRFS_ROOT_REF_KEY, id))?;
-        self.store.delete_item(
+        self.fs.store.delete_item(
             TreeId::Root,
             &Key::new(id, BTRFS_ROOT_BACKREF_KEY, dir.subvol),
         )?;
-        self.stamp(dir, true, true)
+        self.fs.stamp(dir, true, true)
     }
 
     /// rename(2) of a subvolume's entry (btrfs_rename with a subvolume
@@ -507,13 +529,13 @@ impl Filesystem {
         nname: &[u8],
         id: u64,
     ) -> Result<()> {
-        let (loc, _) = names::lookup_name(&mut self.store, odir.subvol, odir.ino, oname)?
+        let (loc, _) = names::lookup_name(&mut self.fs.store, odir.subvol, odir.ino, oname)?
             .ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
-        let root_key = self.store.root_key(id)?;
+        let root_key = self.fs.store.root_key(id)?;
         self.unlink_subvol(odir, oname, loc)?;
         self.link_subvol(ndir, nname, id, root_key.offset)?;
-        let t = self.transid();
-        self.log_mut().force_full_commit(t);
+        let t = self.fs.transid();
+        self.fs.log_mut().force_full_commit(t);
         Ok(())
     }
 
@@ -522,16 +544,16 @@ impl Filesystem {
     /// ROOT_REF links the subvolume it names under this entry, so the root
     /// tree is left alone: the subvolume lives on wherever it is linked.
     pub(super) fn remove_placeholder_entry(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
-        let (loc, _) = names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?
+        let (loc, _) = names::lookup_name(&mut self.fs.store, dir.subvol, dir.ino, name)?
             .ok_or_else(|| Error::errno(libc::ENOENT, "no such directory"))?;
         let idx = self.entry_index(dir, name)?;
-        let t = self.transid();
-        self.dcache.clear();
-        names::remove_name(&mut self.store, dir.subvol, dir.ino, loc, name, idx, t)?;
-        self.stamp(dir, true, true)?;
+        let t = self.fs.transid();
+        self.fs.dcache.clear();
+        names::remove_name(&mut self.fs.store, dir.subvol, dir.ino, loc, name, idx, t)?;
+        self.fs.stamp(dir, true, true)?;
         // Replay cannot remove a subvolume entry: fully logging the
         // directory commits instead.
-        self.rt(dir)?.last_unlink_trans = t;
+        self.fs.rt(dir)?.last_unlink_trans = t;
         Ok(())
     }
 
@@ -539,7 +561,7 @@ impl Filesystem {
     /// its ROOT_BACKREF); None for the top level.
     pub(super) fn subvol_parent(&mut self, id: u64) -> Result<Option<Loc>> {
         let lo = Key::new(id, BTRFS_ROOT_BACKREF_KEY, 0);
-        let Some((k, d)) = self.store.next_item(TreeId::Root, &lo)? else {
+        let Some((k, d)) = self.fs.store.next_item(TreeId::Root, &lo)? else {
             return Ok(None);
         };
         if k.objectid != id || k.ty != BTRFS_ROOT_BACKREF_KEY {
@@ -551,10 +573,10 @@ impl Filesystem {
 
     /// The deletion itself (also rmdir of an empty subvolume).
     pub(super) fn delete_subvol_entry(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
-        let (loc, _) = names::lookup_name(&mut self.store, dir.subvol, dir.ino, name)?
+        let (loc, _) = names::lookup_name(&mut self.fs.store, dir.subvol, dir.ino, name)?
             .ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
         let id = loc.objectid;
-        if id == self.default_subvol {
+        if id == self.fs.default_subvol {
             return Err(Error::errno(
                 libc::EPERM,
                 "cannot delete the default subvolume",
@@ -562,6 +584,7 @@ impl Filesystem {
         }
         // Subvolumes inside it must go first.
         if let Some((k, _)) = self
+            .fs
             .store
             .next_item(TreeId::Root, &Key::new(id, BTRFS_ROOT_REF_KEY, 0))?
         {
@@ -573,18 +596,18 @@ impl Filesystem {
             }
         }
         self.unlink_subvol(dir, name, loc)?;
-        let t = self.transid();
+        let t = self.fs.transid();
         // btrfs_record_snapshot_destroy: replay cannot remove a subvolume
         // entry, so fully logging the directory commits instead.
-        self.rt(dir)?.last_unlink_trans = t;
-        let ri = self.store.root_item(id)?;
-        self.store.update_root_item(id, |r| {
+        self.fs.rt(dir)?.last_unlink_trans = t;
+        let ri = self.fs.store.root_item(id)?;
+        self.fs.store.update_root_item(id, |r| {
             r.flags.set(r.flags.get() | BTRFS_ROOT_SUBVOL_DEAD);
             r.refs.set(0);
             r.drop_progress = Key::MIN.to_disk();
             r.drop_level = 0;
         })?;
-        self.store.insert_item(
+        self.fs.store.insert_item(
             TreeId::Root,
             &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id),
             &[],
@@ -594,45 +617,49 @@ impl Filesystem {
             self.uuid_remove(&ri.received_uuid, BTRFS_UUID_KEY_RECEIVED_SUBVOL, id)?;
         }
         let gone: Vec<Loc> = self
+            .fs
             .loaded_inodes()
             .into_iter()
             .filter(|l| l.subvol == id)
             .collect();
         for l in gone {
-            self.forget_inode(l);
+            self.fs.forget_inode(l);
         }
-        self.deleted_subvols.push((id, t));
+        self.fs.deleted_subvols.push((id, t));
         Ok(())
     }
 
     /// The cleaner: subvolumes whose deletion an earlier transaction made
     /// durable lose their trees, root items, orphan items and qgroups.
     pub(super) fn finish_deleted_subvols(&mut self) -> Result<()> {
-        let t = self.transid();
-        let (ready, later): (Vec<(u64, u64)>, Vec<(u64, u64)>) =
-            self.deleted_subvols.drain(..).partition(|(_, dt)| *dt < t);
-        self.deleted_subvols = later;
+        let t = self.fs.transid();
+        let (ready, later): (Vec<(u64, u64)>, Vec<(u64, u64)>) = self
+            .fs
+            .deleted_subvols
+            .drain(..)
+            .partition(|(_, dt)| *dt < t);
+        self.fs.deleted_subvols = later;
         for (id, _) in ready {
-            if !self.store.tree_exists(id)? {
+            if !self.fs.store.tree_exists(id)? {
                 continue;
             }
-            self.store.drop_tree(id)?;
-            let key = self.store.root_key(id)?;
-            self.store.delete_item(TreeId::Root, &key)?;
-            self.store.delete_item(
+            self.fs.store.drop_tree(id)?;
+            let key = self.fs.store.root_key(id)?;
+            self.fs.store.delete_item(TreeId::Root, &key)?;
+            self.fs.store.delete_item(
                 TreeId::Root,
                 &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id),
             )?;
-            self.store.forget_tree(id);
-            self.dropped_qgroups.push(id);
+            self.fs.store.forget_tree(id);
+            self.fs.dropped_qgroups.push(id);
         }
         Ok(())
     }
 
     /// Qgroups of dropped subvolumes go once the drop is committed.
     pub(super) fn remove_dropped_qgroups(&mut self) -> Result<()> {
-        for id in std::mem::take(&mut self.dropped_qgroups) {
-            self.store.quotas().qgroup_remove(id)?;
+        for id in std::mem::take(&mut self.fs.dropped_qgroups) {
+            self.fs.store.quotas().qgroup_remove(id)?;
         }
         Ok(())
     }
@@ -640,14 +667,19 @@ impl Filesystem {
     /// Dead subvolumes an earlier mount left (orphan items in the root
     /// tree): dropped by the cleaner at the next commit.
     pub(super) fn find_dead_subvols(&mut self) -> Result<()> {
-        let orphans = self.store.items_in(
+        let orphans = self.fs.store.items_in(
             TreeId::Root,
             Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0),
             Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX),
         )?;
         for (k, _) in orphans {
-            if !self.deleted_subvols.iter().any(|(id, _)| *id == k.offset) {
-                self.deleted_subvols.push((k.offset, 0));
+            if !self
+                .fs
+                .deleted_subvols
+                .iter()
+                .any(|(id, _)| *id == k.offset)
+            {
+                self.fs.deleted_subvols.push((k.offset, 0));
             }
         }
         Ok(())
@@ -661,6 +693,7 @@ impl Filesystem {
     /// commit: the next one writes the result.
     pub(super) fn orphan_cleanup(&mut self) -> Result<()> {
         let roots: Vec<u64> = self
+            .fs
             .store
             .items_in(
                 TreeId::Root,
@@ -672,11 +705,11 @@ impl Filesystem {
             .map(|(k, _)| k.objectid)
             .collect();
         for id in roots {
-            if self.deleted_subvols.iter().any(|(d, _)| *d == id) {
+            if self.fs.deleted_subvols.iter().any(|(d, _)| *d == id) {
                 continue;
             }
             let t = TreeId::Tree(id);
-            let orphans = self.store.items_in(
+            let orphans = self.fs.store.items_in(
                 t,
                 Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, 0),
                 Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, u64::MAX),
@@ -684,9 +717,9 @@ impl Filesystem {
             for (k, _) in orphans {
                 // The inode may go: its number stays taken until the commit
                 // (pin_free_ino) and nothing cached of it survives.
-                self.pin_free_ino(id)?;
-                self.forget_inode(Loc::new(id, k.offset));
-                crate::fs::inode::clean_orphan(&mut self.store, id, k.offset)?;
+                self.fs.pin_free_ino(id)?;
+                self.fs.forget_inode(Loc::new(id, k.offset));
+                crate::fs::inode::clean_orphan(&mut self.fs.store, id, k.offset)?;
             }
         }
         Ok(())
@@ -702,10 +735,10 @@ impl Filesystem {
         let offset = if l.subvol == BTRFS_FS_TREE_OBJECTID {
             0
         } else {
-            self.store.root_key(l.subvol)?.offset
+            self.fs.store.root_key(l.subvol)?.offset
         };
-        set_default_subvol_item(&mut self.store, l.subvol, offset)?;
-        self.dirtied();
+        set_default_subvol_item(&mut self.fs.store, l.subvol, offset)?;
+        self.fs.dirtied();
         Ok(())
     }
 
@@ -713,29 +746,27 @@ impl Filesystem {
     /// quota tree and a qgroup per subvolume, a commit, the rescan counting
     /// every extent of the trees that commit left, a commit.
     pub fn quota_enable(&mut self) -> Result<()> {
-        if self.store.qgroups.enabled {
+        if self.fs.store.qgroups.enabled {
             return Ok(());
         }
-        let subvols = subvol_ids(&mut self.store)?;
-        self.store.quotas().quota_enable(&subvols)?;
-        self.commit("quota")?;
-        self.writeback_all(super::writeback::Reason::Sync)?;
+        let subvols = subvol_ids(&mut self.fs.store)?;
+        self.fs.store.quotas().quota_enable(&subvols)?;
+        self.fs.commit("quota")?;
+        self.fs.writeback().all(super::writeback::Reason::Sync)?;
         // The rescan counts the committed trees; the writeback's changes
         // and whatever the closing commit does (the cleaner may drop a
         // deleted subvolume there) are accounted from the same trees.
-        self.store.quotas().quota_rescan()?;
-        self.commit("quota")
+        self.fs.store.quotas().quota_rescan()?;
+        self.fs.commit("quota")
     }
-}
 
-impl Filesystem {
     /// `btrfs balance start -m`: dirty data is written back and committed,
     /// then every metadata and system block group is emptied into new
     /// chunks and removed (each step committed).
     pub fn balance_metadata(&mut self) -> Result<()> {
-        self.sync()?;
-        self.store.relocation().relocate_metadata()?;
-        self.dirtied();
-        self.commit("balance")
+        self.fs.sync()?;
+        self.fs.store.relocation().relocate_metadata()?;
+        self.fs.dirtied();
+        self.fs.commit("balance")
     }
 }

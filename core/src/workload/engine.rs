@@ -390,23 +390,31 @@ impl EngineRunner {
             Step::Sleep(s) => fs.advance_clock(std::time::Duration::from_secs_f64(*s))?,
             Step::SubvolCreate(p) => {
                 let (d, n) = fs.resolve_parent(p).map_err(|e| ino_err(p, e))?;
-                fs.subvol_create(d, &n).map_err(|e| ino_err(p, e))?;
+                fs.subvols()
+                    .subvol_create(d, &n)
+                    .map_err(|e| ino_err(p, e))?;
             }
             Step::Snapshot(a, b) => {
                 let src = fs.resolve(a, true).map_err(|e| ino_err(a, e))?;
                 let (d, n) = fs.resolve_parent(b).map_err(|e| ino_err(b, e))?;
-                fs.snapshot(src, d, &n).map_err(|e| ino_err(b, e))?;
+                fs.subvols()
+                    .snapshot(src, d, &n)
+                    .map_err(|e| ino_err(b, e))?;
             }
             Step::SubvolDelete(p) => {
                 let (d, n) = fs.resolve_parent(p).map_err(|e| ino_err(p, e))?;
-                fs.subvol_delete(d, &n).map_err(|e| ino_err(p, e))?;
+                fs.subvols()
+                    .subvol_delete(d, &n)
+                    .map_err(|e| ino_err(p, e))?;
             }
             Step::SubvolSetDefault(p) => {
                 let l = fs.resolve(p, true).map_err(|e| ino_err(p, e))?;
-                fs.set_default_subvol(l).map_err(|e| ino_err(p, e))?;
+                fs.subvols()
+                    .set_default_subvol(l)
+                    .map_err(|e| ino_err(p, e))?;
             }
-            Step::QuotaEnable => fs.quota_enable()?,
-            Step::BalanceMetadata => fs.balance_metadata()?,
+            Step::QuotaEnable => fs.subvols().quota_enable()?,
+            Step::BalanceMetadata => fs.subvols().balance_metadata()?,
             Step::WriteFiles {
                 dir,
                 count,
