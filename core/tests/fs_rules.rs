@@ -476,7 +476,7 @@ fn drop_extents_splits_prealloc_and_holes() {
     let mut fs = mount(d.clone(), &[]).unwrap();
     let root = fs.root();
     let f = fs.create(root, b"f", 0o644).unwrap();
-    fs.fallocate(f, 0, 1 << 20, false).unwrap();
+    fs.ranges().fallocate(f, 0, 1 << 20, false).unwrap();
     fs.truncate(f, 3 << 20).unwrap();
     fs.sync().unwrap();
     assert_clean(d.clone(), "prealloc and hole");
@@ -857,7 +857,10 @@ fn fallocate_larger_than_a_block_group() {
     assert_eq!(fs.stat(f).unwrap().size, 80 << 20);
     // More than is free: ENOSPC, and the file is as it was.
     let before = seen(&mut fs);
-    let e = fs.fallocate(f, 80 << 20, 1 << 30, false).unwrap_err();
+    let e = fs
+        .ranges()
+        .fallocate(f, 80 << 20, 1 << 30, false)
+        .unwrap_err();
     assert_eq!(e.as_errno(), libc::ENOSPC, "{e}");
     assert_eq!(seen(&mut fs).diff(&before), Vec::<String>::new());
     fs.sync().unwrap();

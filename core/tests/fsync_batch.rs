@@ -116,11 +116,11 @@ fn a_joined_fsync_finds_its_queued_data_on_disk() {
         .unwrap();
     fs.write(b, 0, &body(1, 1)).unwrap();
     let before = fs.stats.clone();
-    let ta = fs.fsync_prepare(a, false, None).unwrap();
-    let tb = fs.fsync_prepare(b, false, None).unwrap();
+    let ta = fs.fsync_path().fsync_prepare(a, false, None).unwrap();
+    let tb = fs.fsync_path().fsync_prepare(b, false, None).unwrap();
     assert!(ta != FsyncTicket::Done && tb != FsyncTicket::Done);
-    fs.fsync_finish(tb).unwrap();
-    fs.fsync_finish(ta).unwrap();
+    fs.fsync_path().fsync_finish(tb).unwrap();
+    fs.fsync_path().fsync_finish(ta).unwrap();
     assert_eq!(
         (
             fs.stats.log_syncs - before.log_syncs,
@@ -160,16 +160,22 @@ fn a_log_sync_waits_for_other_clients_unless_ssd() {
         fs.sync().unwrap();
         fs.write(a, 0, b"one").unwrap();
         fs.write(b, 0, b"two").unwrap();
-        let ta = fs.fsync_prepare(a, false, None).unwrap();
+        let ta = fs.fsync_path().fsync_prepare(a, false, None).unwrap();
         assert!(ta != FsyncTicket::Done);
         // One client so far: nothing to wait for.
-        assert_eq!(fs.log_batch_pending(ta), None, "{opts:?}");
+        assert_eq!(fs.fsync_path().log_batch_pending(ta), None, "{opts:?}");
         // Another client (thread) logs into the same sub-transaction.
         let shared = SharedFs::new(fs);
         let tb = std::thread::scope(|s| {
-            s.spawn(|| shared.lock().fsync_prepare(b, false, None).unwrap())
-                .join()
-                .unwrap()
+            s.spawn(|| {
+                shared
+                    .lock()
+                    .fsync_path()
+                    .fsync_prepare(b, false, None)
+                    .unwrap()
+            })
+            .join()
+            .unwrap()
         });
         let mut fs = shared.into_inner();
         let sub = |t: FsyncTicket| match t {
@@ -179,15 +185,15 @@ fn a_log_sync_waits_for_other_clients_unless_ssd() {
             FsyncTicket::Done => None,
         };
         assert_eq!(sub(tb), sub(ta), "both logged into one sub-transaction");
-        let pending = fs.log_batch_pending(ta);
+        let pending = fs.fsync_path().log_batch_pending(ta);
         assert_eq!(pending.is_some(), multi, "{opts:?}: {pending:?}");
-        fs.fsync_finish(ta).unwrap();
+        fs.fsync_path().fsync_finish(ta).unwrap();
         assert_eq!(
-            fs.log_batch_pending(tb),
+            fs.fsync_path().log_batch_pending(tb),
             None,
             "synced: nothing to wait for"
         );
-        fs.fsync_finish(tb).unwrap();
+        fs.fsync_path().fsync_finish(tb).unwrap();
     }
 }
 
@@ -207,14 +213,14 @@ fn a_second_fsync_of_a_file_another_client_logged_waits_for_its_sync() {
     let x = fs.create(root, b"x", 0o644).unwrap();
     fs.sync().unwrap();
     fs.write(x, 0, &[1u8; 5000]).unwrap();
-    let ta = fs.fsync_prepare(x, false, None).unwrap();
+    let ta = fs.fsync_path().fsync_prepare(x, false, None).unwrap();
     assert!(ta != FsyncTicket::Done);
-    let tb = fs.fsync_prepare(x, false, None).unwrap();
+    let tb = fs.fsync_path().fsync_prepare(x, false, None).unwrap();
     assert!(
         tb != FsyncTicket::Done,
         "the second fsync answered before the log holding the file was synced"
     );
-    fs.fsync_finish(tb).unwrap();
+    fs.fsync_path().fsync_finish(tb).unwrap();
     // The power fails before the first client gets to its sync: the
     // second's answer stands.
     let crashed: Arc<dyn BlockDevice> = Arc::new(dev.crash_device(|_| false));
@@ -242,7 +248,7 @@ fn fsync_data_goes_at_once_only_with_sync_io_first() {
         fs.sync().unwrap();
         fs.write(x, 0, &[7u8; 64 << 10]).unwrap();
         let before = fs.store.stats.data_bytes;
-        let due = fs.fsync_writeback(x).unwrap();
+        let due = fs.fsync_path().fsync_writeback(x).unwrap();
         let written = fs.store.stats.data_bytes - before;
         if on {
             assert!(due.is_none(), "nothing to wait for");

@@ -14,6 +14,18 @@ use crate::trans::TreeId;
 use crate::{Error, Result};
 use zerocopy::IntoBytes;
 
+/// Range operations on a file's extents: fallocate (preallocation, punching holes, zeroing), collapse, and clones of a range (reflink). Obtained from [`Filesystem::ranges`].
+pub struct FileRanges<'a> {
+    fs: &'a mut Filesystem,
+}
+
+impl Filesystem {
+    /// See [`FileRanges`].
+    pub fn ranges(&mut self) -> FileRanges<'_> {
+        FileRanges { fs: self }
+    }
+}
+
 /// `sync_file_range` flags, as the syscall numbers them.
 pub const SYNC_RANGE_WAIT_BEFORE: u32 = 1;
 /// `SYNC_FILE_RANGE_WRITE`: start writeback of the dirty pages in the range.
@@ -187,7 +199,7 @@ impl Filesystem {
         while pos < block_end {
             // Extent map by extent map, cached holes with the bounds they
             // were looked up with.
-            let (kind_prealloc, end) = match self.hole_extent(l, pos, block_end - pos)? {
+            let (kind_prealloc, end) = match self.ranges().hole_extent(l, pos, block_end - pos)? {
                 Some(e) => (false, e),
                 None => match self.map_at(l, pos)? {
                     MapAt::Prealloc(_, e) => (true, e),
@@ -510,337 +522,6 @@ impl Filesystem {
         self.stamp(l, true, true)
     }
 
-    /// fallocate(2) mode 0 or KEEP_SIZE.
-    pub fn fallocate(&mut self, l: Loc, off: u64, len: u64, keep: bool) -> Result<()> {
-        self.regular(l, "fallocate")?;
-        if len == 0 {
-            return Err(Error::errno(libc::EINVAL, "fallocate of 0 bytes"));
-        }
-        let end = off
-            .checked_add(len)
-            .filter(|&e| e <= MAX_FILE_SIZE)
-            .ok_or_else(|| Error::errno(libc::EFBIG, "fallocate past the largest file size"))?;
-        let (alloc_start, alloc_end) = self.fallocate_prelude(l, off, end)?;
-        let i_size = self.rt(l)?.i_size;
-        // Holes, and anything at or past the size that is not prealloc.
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        let mut pos = alloc_start;
-        while pos < alloc_end {
-            let m = self.map_at(l, pos)?;
-            let (pick, e) = match m {
-                MapAt::Hole(_, e) => (true, e),
-                MapAt::Prealloc(_, e) => (false, e),
-                MapAt::Written(_, e) => (pos >= i_size, e),
-            };
-            let e = e.min(alloc_end).max(pos + self.store.sectorsize() as u64);
-            if pick {
-                match ranges.last_mut() {
-                    Some(r) if r.1 == pos => r.1 = e,
-                    _ => ranges.push((pos, e)),
-                }
-            }
-            pos = e;
-        }
-        // btrfs_fallocate reserves the space of every range before it
-        // preallocates any: without room, ENOSPC leaves the file as it was
-        // (but for what the prelude did, as in the kernel).
-        let need: u64 = ranges.iter().map(|(a, b)| b - a).sum();
-        if !self.data_space_for(need)? {
-            return Err(Error::errno(
-                libc::ENOSPC,
-                format!("fallocate: no data space for {need} bytes"),
-            ));
-        }
-        for (a, b) in ranges {
-            self.prealloc_range(l, a, b, if keep { None } else { Some(end) })?;
-        }
-        self.fallocate_update_isize(l, end, keep)
-    }
-
-    /// What every fallocate mode does first: size check, times, expansion
-    /// to the range (holes without no-holes) or the end block zeroed, and
-    /// writeback of the aligned range. Returns the aligned range.
-    fn fallocate_prelude(&mut self, l: Loc, off: u64, end: u64) -> Result<(u64, u64)> {
-        let ss = self.store.sectorsize() as u64;
-        let (alloc_start, alloc_end) = (off / ss * ss, end.div_ceil(ss) * ss);
-        self.file_modified(l)?;
-        let i_size = self.rt(l)?.i_size;
-        if alloc_start > i_size {
-            self.cont_expand(l, i_size, alloc_start)?;
-        } else if end > i_size {
-            self.truncate_block(l, i_size, i_size, None)?;
-        }
-        self.writeback()
-            .inode(l, alloc_start, alloc_end, Reason::Sync)?;
-        Ok((alloc_start, alloc_end))
-    }
-
-    /// __btrfs_prealloc_file_range over `[a, b)`: extents of at most 256
-    /// MiB, each as large as the free space has in one piece (down to a
-    /// sector) and never larger than the one before it (once the
-    /// allocator returns small pieces, only pieces that size are looked
-    /// for), replacing whatever is there; with `grow_to`, the size
-    /// follows each extent up to it.
-    fn prealloc_range(&mut self, l: Loc, a: u64, b: u64, grow_to: Option<u64>) -> Result<()> {
-        let ss = self.store.sectorsize() as u64;
-        let transid = self.transid();
-        let mut p = a;
-        let mut last_alloc = MAX_PREALLOC;
-        while p < b {
-            let (bytenr, want) = super::data::reserve_data_extent(
-                &mut self.store,
-                (b - p).min(MAX_PREALLOC).min(last_alloc),
-                ss,
-            )?;
-            last_alloc = want;
-            let d = drop_extents(&mut self.store, l.subvol, l.ino, p, p + want)?;
-            let fe = FileExtentItem::new(
-                BTRFS_FILE_EXTENT_PREALLOC,
-                transid,
-                bytenr,
-                want,
-                0,
-                want,
-                want,
-                BTRFS_COMPRESS_NONE,
-            );
-            self.store
-                .insert_item(TreeId::Tree(l.subvol), &extent_key(l.ino, p), fe.as_bytes())?;
-            super::data::reference_new_extent(
-                &mut self.store,
-                bytenr,
-                want,
-                BackRef::Data {
-                    root: l.subvol,
-                    objectid: l.ino,
-                    offset: p,
-                },
-            );
-            let now = self.now();
-            let mut it = self.item(l)?;
-            it.nbytes
-                .set(it.nbytes.get().saturating_sub(d.nbytes) + want);
-            it.flags.set(it.flags.get() | BTRFS_INODE_PREALLOC);
-            it.ctime = now;
-            it.transid.set(transid);
-            self.put_item(l, &it)?;
-            p += want;
-            if let Some(g) = grow_to {
-                let i_size = self.rt(l)?.i_size;
-                if g > i_size && p > i_size {
-                    self.set_size(l, p.min(g))?;
-                }
-            }
-            self.writeback().note_modified(l, p - want, p)?;
-        }
-        Ok(())
-    }
-
-    /// btrfs_fallocate_update_isize: without keep-size, a range past the
-    /// end grows the file (ctime only).
-    fn fallocate_update_isize(&mut self, l: Loc, end: u64, keep: bool) -> Result<()> {
-        if keep || end <= self.rt(l)?.i_size {
-            return Ok(());
-        }
-        self.set_size(l, end)?;
-        self.stamp(l, true, false)
-    }
-
-    /// The first byte at or after `off` (before `end`) that is not a hole,
-    /// or None when `[off, end)` is all hole.
-    fn first_non_hole(&mut self, l: Loc, off: u64, end: u64) -> Result<Option<u64>> {
-        let ss = self.store.sectorsize() as u64;
-        let len = (end - off).div_ceil(ss) * ss;
-        match self.hole_extent(l, off / ss * ss, len)? {
-            Some(he) if he >= end => Ok(None),
-            Some(he) => Ok(Some(he.max(off))),
-            None => Ok(Some(off)),
-        }
-    }
-
-    /// btrfs_get_extent at `start` for `len` bytes when it finds a hole:
-    /// the end of the hole map, cached or made now (`[start, start + len)`,
-    /// or up to the next extent when one starts sooner), None when `start`
-    /// is not in a hole. A cached map is used only while no extent item has
-    /// appeared in it (every change of the file's extents drops the maps it
-    /// touches).
-    fn hole_extent(&mut self, l: Loc, start: u64, len: u64) -> Result<Option<u64>> {
-        let cached = self
-            .rt(l)?
-            .hole_maps
-            .range(..=start)
-            .next_back()
-            .filter(|(_, &e)| e > start)
-            .map(|(&s, &e)| (s, e));
-        if let Some((s, e)) = cached {
-            let items = extents_in(&mut self.store, l.subvol, l.ino, s, e)?;
-            let only_holes = items.iter().all(|(_, d)| {
-                matches!(parse_file_extent(d), Ok(FileExtent::Disk { item, .. }) if item.disk_bytenr.get() == 0)
-            });
-            if only_holes {
-                return Ok(Some(e));
-            }
-            self.rt(l)?.hole_maps.remove(&s);
-        }
-        let MapAt::Hole(_, next) = self.map_at(l, start)? else {
-            return Ok(None);
-        };
-        let end = start.saturating_add(len).min(next).max(start + 1);
-        let maps = &mut self.rt(l)?.hole_maps;
-        super::writeback::add_hole_map(maps, start, end);
-        // The map as merged with its cached neighbours.
-        Ok(maps
-            .range(..=start)
-            .next_back()
-            .map(|(_, &e)| e)
-            .or(Some(end)))
-    }
-
-    /// FALLOC_FL_PUNCH_HOLE | KEEP_SIZE (btrfs_punch_hole).
-    pub fn punch_hole(&mut self, l: Loc, off: u64, len: u64) -> Result<()> {
-        self.regular(l, "punch")?;
-        if len == 0 {
-            return Err(Error::errno(libc::EINVAL, "punch of 0 bytes"));
-        }
-        let end = off
-            .checked_add(len)
-            .ok_or_else(|| Error::errno(libc::EINVAL, "punch range overflows"))?;
-        let ss = self.store.sectorsize() as u64;
-        let (orig_start, orig_end) = (off, end - 1);
-        self.writeback().inode(l, off, end, Reason::Sync)?;
-        let ino_size = self.rt(l)?.i_size.div_ceil(ss) * ss;
-        let Some(offset) = self.first_non_hole(l, off, end)? else {
-            return Ok(());
-        };
-        let moved = offset != off;
-        let len = end - offset;
-        let mut lockstart = offset.div_ceil(ss) * ss;
-        let lockend = (offset + len) / ss * ss;
-        let same_block = offset / ss == (offset + len - 1) / ss;
-        if same_block && len < ss {
-            if offset < ino_size {
-                self.truncate_block(l, offset + len - 1, orig_start, Some(orig_end))?;
-            }
-            return self.stamp(l, true, true);
-        }
-        if offset < ino_size {
-            self.truncate_block(l, offset, orig_start, Some(orig_end))?;
-        }
-        if !moved && lockstart < lockend {
-            match self.first_non_hole(l, lockstart, lockend)? {
-                None => return self.stamp(l, true, true),
-                Some(p) => lockstart = p,
-            }
-        }
-        let tail_start = lockend;
-        if offset + len > tail_start {
-            let tail_len = (offset + len - tail_start).div_ceil(ss) * ss;
-            let tail_is_hole = self.hole_extent(l, tail_start, tail_len)?.is_some();
-            if !tail_is_hole && offset + len < ino_size {
-                self.truncate_block(l, offset + len - 1, orig_start, Some(orig_end))?;
-            }
-        }
-        if lockstart >= lockend {
-            return self.stamp(l, true, true);
-        }
-        self.drop_pages(l, lockstart, lockend)?;
-        let d = drop_extents(&mut self.store, l.subvol, l.ino, lockstart, lockend)?;
-        let mut it = self.item(l)?;
-        it.nbytes.set(it.nbytes.get().saturating_sub(d.nbytes));
-        self.put_item(l, &it)?;
-        if lockstart < ino_size {
-            // fill_holes: a hole item without no-holes, and a changed hole
-            // extent map over the whole punched range (past the end too),
-            // which a fast fsync logs.
-            self.writeback().fill_holes(l, lockstart, lockend)?;
-            self.writeback().note_modified(l, lockstart, lockend)?;
-            self.rt(l)?.hole_maps.insert(lockstart, lockend);
-        } else {
-            // A range wholly past the end gets no extent map
-            // (btrfs_inode_clear_file_extent_range): a fast fsync logs
-            // nothing of it, and what the log held there stays.
-            super::writeback::drop_hole_maps(&mut self.rt(l)?.hole_maps, lockstart, lockend);
-        }
-        self.stamp(l, true, true)
-    }
-
-    /// FALLOC_FL_ZERO_RANGE [| KEEP_SIZE] (btrfs_zero_range).
-    pub fn zero_range(&mut self, l: Loc, off: u64, len: u64, keep: bool) -> Result<()> {
-        self.regular(l, "zero-range")?;
-        if len == 0 {
-            return Err(Error::errno(libc::EINVAL, "zero-range of 0 bytes"));
-        }
-        let end = off
-            .checked_add(len)
-            .filter(|&e| e <= MAX_FILE_SIZE)
-            .ok_or_else(|| Error::errno(libc::EFBIG, "zero-range past the largest file size"))?;
-        let ss = self.store.sectorsize() as u64;
-        let (orig_start, orig_end) = (off, end - 1);
-        let (mut alloc_start, _) = self.fallocate_prelude(l, off, end)?;
-        let mut offset = off;
-        // A preallocated extent at the start is kept as it is.
-        if let MapAt::Prealloc(s, e) = self.map_at(l, alloc_start)? {
-            if s <= alloc_start {
-                if e >= end {
-                    return self.fallocate_update_isize(l, end, keep);
-                }
-                alloc_start = e;
-                offset = e;
-            }
-        }
-        let (mut a, mut b);
-        if offset / ss == (end - 1) / ss {
-            // Within one block.
-            match self.map_at(l, offset / ss * ss)? {
-                MapAt::Prealloc(..) => return self.fallocate_update_isize(l, end, keep),
-                MapAt::Written(..) if end - offset < ss => {
-                    self.truncate_block(l, end - 1, orig_start, Some(orig_end))?;
-                    return self.fallocate_update_isize(l, end, keep);
-                }
-                _ => {
-                    a = offset / ss * ss;
-                    b = a + ss;
-                }
-            }
-        } else {
-            a = offset.div_ceil(ss) * ss;
-            b = end / ss * ss;
-            if !offset.is_multiple_of(ss) {
-                match self.map_at(l, offset / ss * ss)? {
-                    MapAt::Hole(..) => a = offset / ss * ss,
-                    MapAt::Written(..) => {
-                        self.truncate_block(l, offset, orig_start, Some(orig_end))?
-                    }
-                    MapAt::Prealloc(..) => {}
-                }
-            }
-            if end % ss != 0 {
-                match self.map_at(l, end / ss * ss)? {
-                    MapAt::Hole(..) => b = end.div_ceil(ss) * ss,
-                    MapAt::Written(..) => {
-                        self.truncate_block(l, end, orig_start, Some(orig_end))?
-                    }
-                    MapAt::Prealloc(..) => {}
-                }
-            }
-        }
-        let _ = alloc_start;
-        if a < b {
-            self.drop_pages(l, a, b)?;
-            self.prealloc_range(l, a, b, if keep { None } else { Some(end) })?;
-        }
-        self.fallocate_update_isize(l, end, keep)
-    }
-
-    /// FALLOC_FL_COLLAPSE_RANGE: btrfs does not support it.
-    pub fn collapse_range(&mut self, l: Loc, _off: u64, _len: u64) -> Result<()> {
-        self.regular(l, "collapse")?;
-        Err(Error::errno(
-            libc::EOPNOTSUPP,
-            "collapse: btrfs does not support FALLOC_FL_COLLAPSE_RANGE",
-        ))
-    }
-
     /// O_DIRECT pwrite. A checksummed file (and any unaligned write) is
     /// written through the page cache and flushed at once, as btrfs does;
     /// a nodatasum file's aligned writes go to new extents, or in place
@@ -913,6 +594,351 @@ impl Filesystem {
         }
         Ok(())
     }
+}
+
+impl FileRanges<'_> {
+    /// fallocate(2) mode 0 or KEEP_SIZE.
+    pub fn fallocate(&mut self, l: Loc, off: u64, len: u64, keep: bool) -> Result<()> {
+        self.fs.regular(l, "fallocate")?;
+        if len == 0 {
+            return Err(Error::errno(libc::EINVAL, "fallocate of 0 bytes"));
+        }
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or_else(|| Error::errno(libc::EFBIG, "fallocate past the largest file size"))?;
+        let (alloc_start, alloc_end) = self.fallocate_prelude(l, off, end)?;
+        let i_size = self.fs.rt(l)?.i_size;
+        // Holes, and anything at or past the size that is not prealloc.
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut pos = alloc_start;
+        while pos < alloc_end {
+            let m = self.fs.map_at(l, pos)?;
+            let (pick, e) = match m {
+                MapAt::Hole(_, e) => (true, e),
+                MapAt::Prealloc(_, e) => (false, e),
+                MapAt::Written(_, e) => (pos >= i_size, e),
+            };
+            let e = e
+                .min(alloc_end)
+                .max(pos + self.fs.store.sectorsize() as u64);
+            if pick {
+                match ranges.last_mut() {
+                    Some(r) if r.1 == pos => r.1 = e,
+                    _ => ranges.push((pos, e)),
+                }
+            }
+            pos = e;
+        }
+        // btrfs_fallocate reserves the space of every range before it
+        // preallocates any: without room, ENOSPC leaves the file as it was
+        // (but for what the prelude did, as in the kernel).
+        let need: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+        if !self.fs.data_space_for(need)? {
+            return Err(Error::errno(
+                libc::ENOSPC,
+                format!("fallocate: no data space for {need} bytes"),
+            ));
+        }
+        for (a, b) in ranges {
+            self.prealloc_range(l, a, b, if keep { None } else { Some(end) })?;
+        }
+        self.fallocate_update_isize(l, end, keep)
+    }
+
+    /// What every fallocate mode does first: size check, times, expansion
+    /// to the range (holes without no-holes) or the end block zeroed, and
+    /// writeback of the aligned range. Returns the aligned range.
+    fn fallocate_prelude(&mut self, l: Loc, off: u64, end: u64) -> Result<(u64, u64)> {
+        let ss = self.fs.store.sectorsize() as u64;
+        let (alloc_start, alloc_end) = (off / ss * ss, end.div_ceil(ss) * ss);
+        self.fs.file_modified(l)?;
+        let i_size = self.fs.rt(l)?.i_size;
+        if alloc_start > i_size {
+            self.fs.cont_expand(l, i_size, alloc_start)?;
+        } else if end > i_size {
+            self.fs.truncate_block(l, i_size, i_size, None)?;
+        }
+        self.fs
+            .writeback()
+            .inode(l, alloc_start, alloc_end, Reason::Sync)?;
+        Ok((alloc_start, alloc_end))
+    }
+
+    /// __btrfs_prealloc_file_range over `[a, b)`: extents of at most 256
+    /// MiB, each as large as the free space has in one piece (down to a
+    /// sector) and never larger than the one before it (once the
+    /// allocator returns small pieces, only pieces that size are looked
+    /// for), replacing whatever is there; with `grow_to`, the size
+    /// follows each extent up to it.
+    fn prealloc_range(&mut self, l: Loc, a: u64, b: u64, grow_to: Option<u64>) -> Result<()> {
+        let ss = self.fs.store.sectorsize() as u64;
+        let transid = self.fs.transid();
+        let mut p = a;
+        let mut last_alloc = MAX_PREALLOC;
+        while p < b {
+            let (bytenr, want) = super::data::reserve_data_extent(
+                &mut self.fs.store,
+                (b - p).min(MAX_PREALLOC).min(last_alloc),
+                ss,
+            )?;
+            last_alloc = want;
+            let d = drop_extents(&mut self.fs.store, l.subvol, l.ino, p, p + want)?;
+            let fe = FileExtentItem::new(
+                BTRFS_FILE_EXTENT_PREALLOC,
+                transid,
+                bytenr,
+                want,
+                0,
+                want,
+                want,
+                BTRFS_COMPRESS_NONE,
+            );
+            self.fs.store.insert_item(
+                TreeId::Tree(l.subvol),
+                &extent_key(l.ino, p),
+                fe.as_bytes(),
+            )?;
+            super::data::reference_new_extent(
+                &mut self.fs.store,
+                bytenr,
+                want,
+                BackRef::Data {
+                    root: l.subvol,
+                    objectid: l.ino,
+                    offset: p,
+                },
+            );
+            let now = self.fs.now();
+            let mut it = self.fs.item(l)?;
+            it.nbytes
+                .set(it.nbytes.get().saturating_sub(d.nbytes) + want);
+            it.flags.set(it.flags.get() | BTRFS_INODE_PREALLOC);
+            it.ctime = now;
+            it.transid.set(transid);
+            self.fs.put_item(l, &it)?;
+            p += want;
+            if let Some(g) = grow_to {
+                let i_size = self.fs.rt(l)?.i_size;
+                if g > i_size && p > i_size {
+                    self.fs.set_size(l, p.min(g))?;
+                }
+            }
+            self.fs.writeback().note_modified(l, p - want, p)?;
+        }
+        Ok(())
+    }
+
+    /// btrfs_fallocate_update_isize: without keep-size, a range past the
+    /// end grows the file (ctime only).
+    fn fallocate_update_isize(&mut self, l: Loc, end: u64, keep: bool) -> Result<()> {
+        if keep || end <= self.fs.rt(l)?.i_size {
+            return Ok(());
+        }
+        self.fs.set_size(l, end)?;
+        self.fs.stamp(l, true, false)
+    }
+
+    /// The first byte at or after `off` (before `end`) that is not a hole,
+    /// or None when `[off, end)` is all hole.
+    fn first_non_hole(&mut self, l: Loc, off: u64, end: u64) -> Result<Option<u64>> {
+        let ss = self.fs.store.sectorsize() as u64;
+        let len = (end - off).div_ceil(ss) * ss;
+        match self.hole_extent(l, off / ss * ss, len)? {
+            Some(he) if he >= end => Ok(None),
+            Some(he) => Ok(Some(he.max(off))),
+            None => Ok(Some(off)),
+        }
+    }
+
+    /// btrfs_get_extent at `start` for `len` bytes when it finds a hole:
+    /// the end of the hole map, cached or made now (`[start, start + len)`,
+    /// or up to the next extent when one starts sooner), None when `start`
+    /// is not in a hole. A cached map is used only while no extent item has
+    /// appeared in it (every change of the file's extents drops the maps it
+    /// touches).
+    fn hole_extent(&mut self, l: Loc, start: u64, len: u64) -> Result<Option<u64>> {
+        let cached = self
+            .fs
+            .rt(l)?
+            .hole_maps
+            .range(..=start)
+            .next_back()
+            .filter(|(_, &e)| e > start)
+            .map(|(&s, &e)| (s, e));
+        if let Some((s, e)) = cached {
+            let items = extents_in(&mut self.fs.store, l.subvol, l.ino, s, e)?;
+            let only_holes = items.iter().all(|(_, d)| {
+                matches!(parse_file_extent(d), Ok(FileExtent::Disk { item, .. }) if item.disk_bytenr.get() == 0)
+            });
+            if only_holes {
+                return Ok(Some(e));
+            }
+            self.fs.rt(l)?.hole_maps.remove(&s);
+        }
+        let MapAt::Hole(_, next) = self.fs.map_at(l, start)? else {
+            return Ok(None);
+        };
+        let end = start.saturating_add(len).min(next).max(start + 1);
+        let maps = &mut self.fs.rt(l)?.hole_maps;
+        super::writeback::add_hole_map(maps, start, end);
+        // The map as merged with its cached neighbours.
+        Ok(maps
+            .range(..=start)
+            .next_back()
+            .map(|(_, &e)| e)
+            .or(Some(end)))
+    }
+
+    /// FALLOC_FL_PUNCH_HOLE | KEEP_SIZE (btrfs_punch_hole).
+    pub fn punch_hole(&mut self, l: Loc, off: u64, len: u64) -> Result<()> {
+        self.fs.regular(l, "punch")?;
+        if len == 0 {
+            return Err(Error::errno(libc::EINVAL, "punch of 0 bytes"));
+        }
+        let end = off
+            .checked_add(len)
+            .ok_or_else(|| Error::errno(libc::EINVAL, "punch range overflows"))?;
+        let ss = self.fs.store.sectorsize() as u64;
+        let (orig_start, orig_end) = (off, end - 1);
+        self.fs.writeback().inode(l, off, end, Reason::Sync)?;
+        let ino_size = self.fs.rt(l)?.i_size.div_ceil(ss) * ss;
+        let Some(offset) = self.first_non_hole(l, off, end)? else {
+            return Ok(());
+        };
+        let moved = offset != off;
+        let len = end - offset;
+        let mut lockstart = offset.div_ceil(ss) * ss;
+        let lockend = (offset + len) / ss * ss;
+        let same_block = offset / ss == (offset + len - 1) / ss;
+        if same_block && len < ss {
+            if offset < ino_size {
+                self.fs
+                    .truncate_block(l, offset + len - 1, orig_start, Some(orig_end))?;
+            }
+            return self.fs.stamp(l, true, true);
+        }
+        if offset < ino_size {
+            self.fs
+                .truncate_block(l, offset, orig_start, Some(orig_end))?;
+        }
+        if !moved && lockstart < lockend {
+            match self.first_non_hole(l, lockstart, lockend)? {
+                None => return self.fs.stamp(l, true, true),
+                Some(p) => lockstart = p,
+            }
+        }
+        let tail_start = lockend;
+        if offset + len > tail_start {
+            let tail_len = (offset + len - tail_start).div_ceil(ss) * ss;
+            let tail_is_hole = self.hole_extent(l, tail_start, tail_len)?.is_some();
+            if !tail_is_hole && offset + len < ino_size {
+                self.fs
+                    .truncate_block(l, offset + len - 1, orig_start, Some(orig_end))?;
+            }
+        }
+        if lockstart >= lockend {
+            return self.fs.stamp(l, true, true);
+        }
+        self.fs.drop_pages(l, lockstart, lockend)?;
+        let d = drop_extents(&mut self.fs.store, l.subvol, l.ino, lockstart, lockend)?;
+        let mut it = self.fs.item(l)?;
+        it.nbytes.set(it.nbytes.get().saturating_sub(d.nbytes));
+        self.fs.put_item(l, &it)?;
+        if lockstart < ino_size {
+            // fill_holes: a hole item without no-holes, and a changed hole
+            // extent map over the whole punched range (past the end too),
+            // which a fast fsync logs.
+            self.fs.writeback().fill_holes(l, lockstart, lockend)?;
+            self.fs.writeback().note_modified(l, lockstart, lockend)?;
+            self.fs.rt(l)?.hole_maps.insert(lockstart, lockend);
+        } else {
+            // A range wholly past the end gets no extent map
+            // (btrfs_inode_clear_file_extent_range): a fast fsync logs
+            // nothing of it, and what the log held there stays.
+            super::writeback::drop_hole_maps(&mut self.fs.rt(l)?.hole_maps, lockstart, lockend);
+        }
+        self.fs.stamp(l, true, true)
+    }
+
+    /// FALLOC_FL_ZERO_RANGE [| KEEP_SIZE] (btrfs_zero_range).
+    pub fn zero_range(&mut self, l: Loc, off: u64, len: u64, keep: bool) -> Result<()> {
+        self.fs.regular(l, "zero-range")?;
+        if len == 0 {
+            return Err(Error::errno(libc::EINVAL, "zero-range of 0 bytes"));
+        }
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or_else(|| Error::errno(libc::EFBIG, "zero-range past the largest file size"))?;
+        let ss = self.fs.store.sectorsize() as u64;
+        let (orig_start, orig_end) = (off, end - 1);
+        let (mut alloc_start, _) = self.fallocate_prelude(l, off, end)?;
+        let mut offset = off;
+        // A preallocated extent at the start is kept as it is.
+        if let MapAt::Prealloc(s, e) = self.fs.map_at(l, alloc_start)? {
+            if s <= alloc_start {
+                if e >= end {
+                    return self.fallocate_update_isize(l, end, keep);
+                }
+                alloc_start = e;
+                offset = e;
+            }
+        }
+        let (mut a, mut b);
+        if offset / ss == (end - 1) / ss {
+            // Within one block.
+            match self.fs.map_at(l, offset / ss * ss)? {
+                MapAt::Prealloc(..) => return self.fallocate_update_isize(l, end, keep),
+                MapAt::Written(..) if end - offset < ss => {
+                    self.fs
+                        .truncate_block(l, end - 1, orig_start, Some(orig_end))?;
+                    return self.fallocate_update_isize(l, end, keep);
+                }
+                _ => {
+                    a = offset / ss * ss;
+                    b = a + ss;
+                }
+            }
+        } else {
+            a = offset.div_ceil(ss) * ss;
+            b = end / ss * ss;
+            if !offset.is_multiple_of(ss) {
+                match self.fs.map_at(l, offset / ss * ss)? {
+                    MapAt::Hole(..) => a = offset / ss * ss,
+                    MapAt::Written(..) => {
+                        self.fs
+                            .truncate_block(l, offset, orig_start, Some(orig_end))?
+                    }
+                    MapAt::Prealloc(..) => {}
+                }
+            }
+            if end % ss != 0 {
+                match self.fs.map_at(l, end / ss * ss)? {
+                    MapAt::Hole(..) => b = end.div_ceil(ss) * ss,
+                    MapAt::Written(..) => {
+                        self.fs.truncate_block(l, end, orig_start, Some(orig_end))?
+                    }
+                    MapAt::Prealloc(..) => {}
+                }
+            }
+        }
+        let _ = alloc_start;
+        if a < b {
+            self.fs.drop_pages(l, a, b)?;
+            self.prealloc_range(l, a, b, if keep { None } else { Some(end) })?;
+        }
+        self.fallocate_update_isize(l, end, keep)
+    }
+
+    /// FALLOC_FL_COLLAPSE_RANGE: btrfs does not support it.
+    pub fn collapse_range(&mut self, l: Loc, _off: u64, _len: u64) -> Result<()> {
+        self.fs.regular(l, "collapse")?;
+        Err(Error::errno(
+            libc::EOPNOTSUPP,
+            "collapse: btrfs does not support FALLOC_FL_COLLAPSE_RANGE",
+        ))
+    }
 
     /// FICLONERANGE (btrfs_remap_file_range, btrfs_clone_files): `dst`
     /// shares `src[soff..soff+len]`'s extents (len 0: to the end of `src`).
@@ -924,16 +950,16 @@ impl Filesystem {
         doff: u64,
         len: u64,
     ) -> Result<()> {
-        self.regular(src, "clone")?;
-        self.regular(dst, "clone")?;
-        if self.datasum(src)? != self.datasum(dst)? {
+        self.fs.regular(src, "clone")?;
+        self.fs.regular(dst, "clone")?;
+        if self.fs.datasum(src)? != self.fs.datasum(dst)? {
             return Err(Error::errno(
                 libc::EINVAL,
                 "clone: one file keeps checksums and the other not",
             ));
         }
-        let ss = self.store.sectorsize() as u64;
-        let src_size = self.rt(src)?.i_size;
+        let ss = self.fs.store.sectorsize() as u64;
+        let src_size = self.fs.rt(src)?.i_size;
         let len = if len == 0 {
             if soff == src_size {
                 return Ok(());
@@ -964,7 +990,7 @@ impl Filesystem {
                 "clone: offsets and length must be block aligned",
             ));
         }
-        let dst_size = self.rt(dst)?.i_size;
+        let dst_size = self.fs.rt(dst)?.i_size;
         if len % ss != 0 && doff + len < dst_size {
             return Err(Error::errno(
                 libc::EINVAL,
@@ -978,25 +1004,27 @@ impl Filesystem {
                 "clone: overlapping ranges in one file",
             ));
         }
-        self.stamp(dst, true, true)?;
+        self.fs.stamp(dst, true, true)?;
         // All of the source's dirty data, and the destination's in range.
-        self.writeback().inode(src, 0, u64::MAX, Reason::Sync)?;
-        self.writeback()
+        self.fs.writeback().inode(src, 0, u64::MAX, Reason::Sync)?;
+        self.fs
+            .writeback()
             .inode(dst, doff, doff + alen, Reason::Sync)?;
         // The clone waits for the source's data to reach the disk: the
         // destination may be logged pointing at it.
-        self.store.data().write_data_of((src.subvol, src.ino))?;
+        self.fs.store.data().write_data_of((src.subvol, src.ino))?;
         if doff > dst_size {
             // btrfs_clone_files: the block holding the old end may have
             // been zeroed past it; that block up to the clone is written
             // back and waited for (not the file's other dirty data).
-            self.cont_expand(dst, dst_size, doff)?;
-            self.writeback()
+            self.fs.cont_expand(dst, dst_size, doff)?;
+            self.fs
+                .writeback()
                 .inode(dst, dst_size / ss * ss, doff, Reason::Sync)?;
         }
-        self.drop_pages(dst, doff, doff + alen)?;
-        let items = extents_in(&mut self.store, src.subvol, src.ino, soff, soff + alen)?;
-        let no_holes = self.no_holes();
+        self.fs.drop_pages(dst, doff, doff + alen)?;
+        let items = extents_in(&mut self.fs.store, src.subvol, src.ino, soff, soff + alen)?;
+        let no_holes = self.fs.no_holes();
         let mut last_end = doff;
         let mut nbytes_add = 0u64;
         let mut inline_copy: Option<Vec<u8>> = None;
@@ -1009,9 +1037,9 @@ impl Filesystem {
                 FileExtent::Inline { head, .. } => {
                     shared = true;
                     let datal = head.ram_bytes.get();
-                    let dst_i = self.rt(dst)?.i_size;
+                    let dst_i = self.fs.rt(dst)?.i_size;
                     let dst_has_other =
-                        extents_in(&mut self.store, dst.subvol, dst.ino, 0, u64::MAX)?
+                        extents_in(&mut self.fs.store, dst.subvol, dst.ino, 0, u64::MAX)?
                             .iter()
                             .any(|(dk, dd)| {
                                 !(dk.offset == 0
@@ -1022,23 +1050,23 @@ impl Filesystem {
                             });
                     if doff == 0 && dst_i <= datal && !dst_has_other {
                         let dd = drop_extents(
-                            &mut self.store,
+                            &mut self.fs.store,
                             dst.subvol,
                             dst.ino,
                             0,
                             datal.div_ceil(ss) * ss,
                         )?;
-                        self.store.insert_item(
+                        self.fs.store.insert_item(
                             TreeId::Tree(dst.subvol),
                             &extent_key(dst.ino, 0),
                             &data,
                         )?;
-                        let mut it = self.item(dst)?;
+                        let mut it = self.fs.item(dst)?;
                         it.nbytes
                             .set(it.nbytes.get().saturating_sub(dd.nbytes) + datal);
-                        self.put_item(dst, &it)?;
+                        self.fs.put_item(dst, &it)?;
                     } else {
-                        inline_copy = Some(self.read(src, 0, datal)?);
+                        inline_copy = Some(self.fs.read(src, 0, datal)?);
                     }
                     last_end = doff + datal.div_ceil(ss) * ss;
                 }
@@ -1051,19 +1079,20 @@ impl Filesystem {
                     shared = true;
                     let at = doff + (a - soff);
                     let dd = drop_extents(
-                        &mut self.store,
+                        &mut self.fs.store,
                         dst.subvol,
                         dst.ino,
                         last_end.min(at),
                         at + (b - a),
                     )?;
-                    let mut it = self.item(dst)?;
+                    let mut it = self.fs.item(dst)?;
                     it.nbytes.set(it.nbytes.get().saturating_sub(dd.nbytes));
-                    self.put_item(dst, &it)?;
+                    self.fs.put_item(dst, &it)?;
                     if last_end < at {
-                        self.writeback().fill_holes(dst, last_end, at)?;
+                        self.fs.writeback().fill_holes(dst, last_end, at)?;
                     }
-                    if item.disk_bytenr.get() != 0 && item.generation.get() == self.store.transid {
+                    if item.disk_bytenr.get() != 0 && item.generation.get() == self.fs.store.transid
+                    {
                         src_shares_new = true;
                     }
                     if item.disk_bytenr.get() != 0 || !no_holes {
@@ -1073,7 +1102,13 @@ impl Filesystem {
                         // copy of the source item does (its offset moves like
                         // a data extent's).
                         n.num_bytes.set(b - a);
-                        extents::insert_disk_extent(&mut self.store, dst.subvol, dst.ino, at, &n)?;
+                        extents::insert_disk_extent(
+                            &mut self.fs.store,
+                            dst.subvol,
+                            dst.ino,
+                            at,
+                            &n,
+                        )?;
                         if item.disk_bytenr.get() != 0 {
                             nbytes_add += b - a;
                         }
@@ -1084,47 +1119,56 @@ impl Filesystem {
         }
         // The trailing gap is punched.
         if last_end < doff + alen {
-            let dd = drop_extents(&mut self.store, dst.subvol, dst.ino, last_end, doff + alen)?;
-            let mut it = self.item(dst)?;
+            let dd = drop_extents(
+                &mut self.fs.store,
+                dst.subvol,
+                dst.ino,
+                last_end,
+                doff + alen,
+            )?;
+            let mut it = self.fs.item(dst)?;
             it.nbytes.set(it.nbytes.get().saturating_sub(dd.nbytes));
-            self.put_item(dst, &it)?;
-            let lim = self.rt(dst)?.i_size.div_ceil(ss) * ss;
+            self.fs.put_item(dst, &it)?;
+            let lim = self.fs.rt(dst)?.i_size.div_ceil(ss) * ss;
             if last_end < lim {
-                self.writeback()
+                self.fs
+                    .writeback()
                     .fill_holes(dst, last_end, (doff + alen).min(lim))?;
             }
         }
-        let mut it = self.item(dst)?;
+        let mut it = self.fs.item(dst)?;
         it.nbytes.set(it.nbytes.get() + nbytes_add);
-        self.put_item(dst, &it)?;
+        self.fs.put_item(dst, &it)?;
         let new_end = doff + len;
-        if new_end > self.rt(dst)?.i_size {
-            self.set_size(dst, new_end)?;
+        if new_end > self.fs.rt(dst)?.i_size {
+            self.fs.set_size(dst, new_end)?;
         }
         if let Some(bytes) = inline_copy {
             // Into the page cache, then written as the wait that follows does.
             let mut block = bytes;
             block.resize(ss as usize, 0);
-            let keep = self.rt(dst)?.i_size;
-            self.write(dst, doff, &block)?;
-            self.rt(dst)?.i_size = keep.max(self.rt(dst)?.i_size.min(keep));
-            self.writeback().inode(dst, doff, doff + ss, Reason::Sync)?;
+            let keep = self.fs.rt(dst)?.i_size;
+            self.fs.write(dst, doff, &block)?;
+            self.fs.rt(dst)?.i_size = keep.max(self.fs.rt(dst)?.i_size.min(keep));
+            self.fs
+                .writeback()
+                .inode(dst, doff, doff + ss, Reason::Sync)?;
         }
         // The destination is logged in full, with the extents it shares
         // (last_reflink_trans); the source only when what it shares is new.
         // A range of the source without items clones nothing: the
         // destination range is punched, a changed hole for a fast fsync
         // (btrfs_replace_file_extents without clone info).
-        let t = self.store.transid;
+        let t = self.fs.store.transid;
         if shared {
-            let rt = self.rt(dst)?;
+            let rt = self.fs.rt(dst)?;
             rt.full_sync = true;
             rt.last_reflink_trans = t;
         }
         if src_shares_new {
-            self.rt(src)?.last_reflink_trans = t;
+            self.fs.rt(src)?.last_reflink_trans = t;
         }
-        self.writeback().note_modified(dst, doff, doff + alen)?;
-        self.stamp(dst, true, true)
+        self.fs.writeback().note_modified(dst, doff, doff + alen)?;
+        self.fs.stamp(dst, true, true)
     }
 }

@@ -345,13 +345,15 @@ impl Filesystem {
         };
         // As open_ctree: features a read-write mount always has, and the
         // mount's compression type.
-        fs.set_incompat(BTRFS_FEATURE_INCOMPAT_MIXED_BACKREF);
+        fs.store.set_incompat(BTRFS_FEATURE_INCOMPAT_MIXED_BACKREF);
         if fs.store.nodesize() > 4096 {
-            fs.set_incompat(BTRFS_FEATURE_INCOMPAT_BIG_METADATA);
+            fs.store.set_incompat(BTRFS_FEATURE_INCOMPAT_BIG_METADATA);
         }
         match fs.opts.compress.map(|m| m.kind) {
-            Some(BTRFS_COMPRESS_LZO) => fs.set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_LZO),
-            Some(BTRFS_COMPRESS_ZSTD) => fs.set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_ZSTD),
+            Some(BTRFS_COMPRESS_LZO) => fs.store.set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_LZO),
+            Some(BTRFS_COMPRESS_ZSTD) => {
+                fs.store.set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_ZSTD)
+            }
             _ => {}
         }
         fs.default_subvol = fs.read_default_subvol()?;
@@ -479,7 +481,7 @@ impl Filesystem {
         // A log sync still under way finishes before the writeback (as the
         // commit waits for it before anything else).
         self.log.io_gate().wait_idle();
-        self.absorb_log_io();
+        self.fsync_path().absorb_log_io();
         if self.opts.flushoncommit {
             self.writeback().all(super::writeback::Reason::Sync)?;
         }
@@ -493,7 +495,7 @@ impl Filesystem {
     pub(super) fn commit_only(&mut self, reason: &str) -> Result<()> {
         // A log sync's superblock must not land after the commit's.
         self.log.io_gate().wait_idle();
-        self.absorb_log_io();
+        self.fsync_path().absorb_log_io();
         self.store.data().flush_data()?;
         self.store.commit()?;
         // The log went with the commit.

@@ -20,6 +20,18 @@ use crate::trans::Store;
 use crate::{Error, Result};
 use std::sync::Arc;
 
+/// The steps of an fsync, for callers that run them apart (several clients sharing one log sync, as the kernel's log batching does): the file's writeback, logging it, the log sync, the full commit when the log cannot be used. Obtained from [`Filesystem::fsync_path`].
+pub struct FsyncPath<'a> {
+    fs: &'a mut Filesystem,
+}
+
+impl Filesystem {
+    /// See [`FsyncPath`].
+    pub fn fsync_path(&mut self) -> FsyncPath<'_> {
+        FsyncPath { fs: self }
+    }
+}
+
 /// A change to names that the log must reflect when it already holds the
 /// inode or directory: recorded by the namespace operation, applied by
 /// the log when the operation ends (or before an fsync logs anything).
@@ -173,10 +185,44 @@ impl LogContext<'_> {
 }
 
 impl Filesystem {
+    /// fsync(2), fdatasync(2), msync(MS_SYNC) (btrfs_sync_file): the range
+    /// and `datasync` change nothing, as in the kernel, which always syncs
+    /// the whole file.
+    pub fn fsync(&mut self, l: Loc, datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
+        let ticket = self.fsync_path().fsync_prepare(l, datasync, range)?;
+        self.fsync_path().fsync_finish(ticket)
+    }
+
+    /// pwrite on an O_SYNC (`datasync`: O_DSYNC) descriptor: the write,
+    /// then generic_write_sync's fsync of the written range, whose data
+    /// goes out as an fsync's does (ahead of background writeback with
+    /// sync-io-first).
+    pub fn write_sync(&mut self, l: Loc, off: u64, data: &[u8], datasync: bool) -> Result<()> {
+        self.write(l, off, data)?;
+        let end = off.saturating_add(data.len() as u64);
+        self.fsync(l, datasync, Some((off, end)))
+    }
+
+    /// The gate of the log sync whose I/O may be running without the
+    /// filesystem (clients wait on it without holding the filesystem).
+    pub fn log_io_gate(&self) -> Arc<LogIoGate> {
+        self.log_ref().io_gate().clone()
+    }
+}
+
+/// Sleep until `t` (no time when it passed).
+pub fn sleep_until(t: std::time::Instant) {
+    let now = std::time::Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
+    }
+}
+
+impl FsyncPath<'_> {
     /// The log and the context it works on (disjoint parts of the mount).
     fn log_parts(&mut self) -> (&mut dyn FsyncLog, LogContext<'_>) {
-        let now = self.now();
-        let (log, store, inodes, stats, switches, opts) = self.log_fields();
+        let now = self.fs.now();
+        let (log, store, inodes, stats, switches, opts) = self.fs.log_fields();
         (
             log,
             LogContext {
@@ -190,14 +236,6 @@ impl Filesystem {
         )
     }
 
-    /// fsync(2), fdatasync(2), msync(MS_SYNC) (btrfs_sync_file): the range
-    /// and `datasync` change nothing, as in the kernel, which always syncs
-    /// the whole file.
-    pub fn fsync(&mut self, l: Loc, datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
-        let ticket = self.fsync_prepare(l, datasync, range)?;
-        self.fsync_finish(ticket)
-    }
-
     /// An fsync's writeback of a file (none for others), and when its
     /// data is written: with sync-io-first it went out at once (None);
     /// without it, it joined the data queue's batch, which
@@ -207,28 +245,18 @@ impl Filesystem {
     /// holds it through an fsync's writeback in either position (with the
     /// switch on, the fsync's own writes go out under it).
     pub fn fsync_writeback(&mut self, l: Loc) -> Result<Option<std::time::Instant>> {
-        if !is_reg(self.item(l)?.mode.get()) {
+        if !is_reg(self.fs.item(l)?.mode.get()) {
             return Ok(None);
         }
         self.fsync_writeback_file(l)
     }
 
     fn fsync_writeback_file(&mut self, l: Loc) -> Result<Option<std::time::Instant>> {
-        self.writeback().inode(l, 0, u64::MAX, Reason::Fsync)?;
-        if self.switches.sync_io_first {
+        self.fs.writeback().inode(l, 0, u64::MAX, Reason::Fsync)?;
+        if self.fs.switches.sync_io_first {
             return Ok(None);
         }
-        Ok(self.store.data().data_batch_due((l.subvol, l.ino)))
-    }
-
-    /// pwrite on an O_SYNC (`datasync`: O_DSYNC) descriptor: the write,
-    /// then generic_write_sync's fsync of the written range, whose data
-    /// goes out as an fsync's does (ahead of background writeback with
-    /// sync-io-first).
-    pub fn write_sync(&mut self, l: Loc, off: u64, data: &[u8], datasync: bool) -> Result<()> {
-        self.write(l, off, data)?;
-        let end = off.saturating_add(data.len() as u64);
-        self.fsync(l, datasync, Some((off, end)))
+        Ok(self.fs.store.data().data_batch_due((l.subvol, l.ino)))
     }
 
     /// The first half of an fsync: write back, then log the inode (or
@@ -251,7 +279,7 @@ impl Filesystem {
             // (noop_fsync): it has nothing on disk.
             return Ok(FsyncTicket::Done);
         }
-        let m = self.item(l)?.mode.get();
+        let m = self.fs.item(l)?.mode.get();
         if !is_reg(m) && !is_dir(m) && !is_symlink(m) {
             return Err(Error::errno(libc::EINVAL, "fsync: not a file or directory"));
         }
@@ -259,13 +287,13 @@ impl Filesystem {
             if let Some(due) = self.fsync_writeback_file(l)? {
                 sleep_until(due);
             }
-            if !self.switches.sync_io_first {
+            if !self.fs.switches.sync_io_first {
                 // The batch the fsync's data joined goes now (an unplug
                 // sends everything queued).
-                self.store.data().release_open_batch()?;
+                self.fs.store.data().release_open_batch()?;
             }
         }
-        let changes = self.take_name_changes();
+        let changes = self.fs.take_name_changes();
         let (log, mut cx) = self.log_parts();
         match log.log_for_fsync(&mut cx, l, changes)? {
             LogAnswer::Go(ticket) => Ok(ticket),
@@ -283,7 +311,7 @@ impl Filesystem {
                 LogSyncStep::Done => return Ok(()),
                 // Another client's log sync is writing; it needs nothing
                 // of the filesystem to end.
-                LogSyncStep::Wait => self.log_io_gate().wait_idle(),
+                LogSyncStep::Wait => self.fs.log_io_gate().wait_idle(),
                 LogSyncStep::Io(p) => {
                     let r = p.run();
                     self.absorb_log_io();
@@ -327,17 +355,11 @@ impl Filesystem {
         log.absorb_io(&mut cx);
     }
 
-    /// The gate of the log sync whose I/O may be running without the
-    /// filesystem (clients wait on it without holding the filesystem).
-    pub fn log_io_gate(&self) -> Arc<LogIoGate> {
-        self.log_ref().io_gate().clone()
-    }
-
     /// Hand the name changes of the operation that just ended to the log
     /// (btrfs_log_new_name, btrfs_del_dir_entries_in_log run inline in the
     /// kernel's unlink, link and rename).
     pub(super) fn log_name_changes(&mut self) {
-        let changes = self.take_name_changes();
+        let changes = self.fs.take_name_changes();
         if changes.is_empty() {
             return;
         }
@@ -347,20 +369,13 @@ impl Filesystem {
 
     /// The fsync commits the transaction instead of logging.
     fn full_commit(&mut self, reason: &'static str) -> Result<()> {
-        self.stats.full_commits += 1;
+        self.fs.stats.full_commits += 1;
         *self
+            .fs
             .stats
             .full_commit_reasons
             .entry(reason.to_string())
             .or_default() += 1;
-        self.commit("fsync")
-    }
-}
-
-/// Sleep until `t` (no time when it passed).
-pub fn sleep_until(t: std::time::Instant) {
-    let now = std::time::Instant::now();
-    if t > now {
-        std::thread::sleep(t - now);
+        self.fs.commit("fsync")
     }
 }

@@ -5,6 +5,7 @@
 use super::filesystem::{Filesystem, Loc};
 use super::inode::*;
 use super::names;
+use super::props::Xattrs;
 use crate::format::consts::*;
 use crate::format::key::Key;
 use crate::trans::TreeId;
@@ -95,7 +96,7 @@ impl Filesystem {
             self.forget_inode(l);
             return Err(e);
         }
-        self.inherit_props(l, dir)?;
+        self.xattrs().inherit_props(l, dir)?;
         Ok(l)
     }
 
@@ -322,7 +323,7 @@ impl Filesystem {
         let t = self.transid();
         self.rt(l)?.last_unlink_trans = t;
         self.drop_name(dir, name)?;
-        self.log_name_changes();
+        self.fsync_path().log_name_changes();
         Ok(())
     }
 
@@ -363,7 +364,7 @@ impl Filesystem {
             self.rt(dir)?.last_unlink_trans = t;
         }
         self.drop_name(dir, name)?;
-        self.log_name_changes();
+        self.fsync_path().log_name_changes();
         Ok(())
     }
 
@@ -609,7 +610,7 @@ impl Filesystem {
                 parent,
             });
         }
-        self.log_name_changes();
+        self.fsync_path().log_name_changes();
         Ok(())
     }
 
@@ -631,101 +632,6 @@ impl Filesystem {
         self.open(l)?;
         self.add_orphan(l)?;
         Ok(l)
-    }
-
-    /// setxattr(2) (creating or replacing).
-    pub fn set_xattr(&mut self, l: Loc, name: &[u8], value: &[u8]) -> Result<()> {
-        self.check_xattr_name(l, name)?;
-        if value.len() > XATTR_SIZE_MAX {
-            return Err(Error::errno(libc::E2BIG, "setxattr: value too large"));
-        }
-        let max = self.store.nodesize() as usize
-            - crate::format::header::HEADER_SIZE
-            - crate::format::header::ITEM_SIZE
-            - crate::format::dir::DIR_ITEM_SIZE;
-        if name.len() + value.len() > max {
-            return Err(Error::errno(
-                libc::ENOSPC,
-                "setxattr: name and value do not fit in a leaf",
-            ));
-        }
-        if name.starts_with(b"btrfs.") {
-            return self.set_prop(l, name, Some(value), false);
-        }
-        let t = self.transid();
-        super::xattr::set_xattr(&mut self.store, l.subvol, l.ino, name, value, t)?;
-        self.rt(l)?.copy_everything = true;
-        self.stamp(l, true, false)
-    }
-
-    /// removexattr(2).
-    pub fn remove_xattr(&mut self, l: Loc, name: &[u8]) -> Result<()> {
-        self.check_xattr_name(l, name)?;
-        if name.starts_with(b"btrfs.") {
-            return self.set_prop(l, name, None, true);
-        }
-        if !super::xattr::remove_xattr(&mut self.store, l.subvol, l.ino, name)? {
-            return Err(Error::errno(
-                libc::ENODATA,
-                format!("removexattr {}: no such attribute", name_str(name)),
-            ));
-        }
-        self.rt(l)?.copy_everything = true;
-        self.stamp(l, true, false)
-    }
-
-    /// getxattr(2): the value of `name`, `None` when it is not set;
-    /// EOPNOTSUPP in a subvolume placeholder.
-    pub fn get_xattr(&mut self, l: Loc, name: &[u8]) -> Result<Option<Vec<u8>>> {
-        Self::no_xattrs_on_placeholder(l)?;
-        super::xattr::get_xattr(&mut self.store, l.subvol, l.ino, name)
-    }
-
-    /// listxattr(2) with values: every (name, value) of the inode.
-    pub fn list_xattrs(&mut self, l: Loc) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        super::xattr::list_xattrs(&mut self.store, l.subvol, l.ino)
-    }
-
-    /// The placeholder's inode has no xattr support (IOP_XATTR cleared):
-    /// getting, setting and removing fail, listing finds none.
-    fn no_xattrs_on_placeholder(l: Loc) -> Result<()> {
-        if l.is_placeholder() {
-            return Err(Error::errno(
-                libc::EOPNOTSUPP,
-                "xattrs: the empty directory standing for a subvolume has none",
-            ));
-        }
-        Ok(())
-    }
-
-    fn check_xattr_name(&mut self, l: Loc, name: &[u8]) -> Result<()> {
-        if name.is_empty() || name.len() > XATTR_NAME_MAX {
-            return Err(Error::errno(libc::ERANGE, "xattr name length"));
-        }
-        Self::no_xattrs_on_placeholder(l)?;
-        let ok = [
-            &b"user."[..],
-            b"trusted.",
-            b"security.",
-            b"system.",
-            b"btrfs.",
-        ]
-        .iter()
-        .any(|p| name.starts_with(p) && name.len() > p.len());
-        if !ok {
-            return Err(Error::errno(
-                libc::EOPNOTSUPP,
-                format!("xattr {}: namespace not supported", name_str(name)),
-            ));
-        }
-        let m = self.item(l)?.mode.get();
-        if name.starts_with(b"user.") && !is_reg(m) && !is_dir(m) {
-            return Err(Error::errno(
-                libc::EPERM,
-                "user xattrs only on files and directories",
-            ));
-        }
-        Ok(())
     }
 
     /// chmod(2). chmod, chown and utimes of a placeholder succeed and
@@ -818,5 +724,102 @@ impl Filesystem {
             out.push((e.name, loc, e.ftype));
         }
         Ok(out)
+    }
+}
+
+impl Xattrs<'_> {
+    /// setxattr(2) (creating or replacing).
+    pub fn set_xattr(&mut self, l: Loc, name: &[u8], value: &[u8]) -> Result<()> {
+        self.check_xattr_name(l, name)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Error::errno(libc::E2BIG, "setxattr: value too large"));
+        }
+        let max = self.fs.store.nodesize() as usize
+            - crate::format::header::HEADER_SIZE
+            - crate::format::header::ITEM_SIZE
+            - crate::format::dir::DIR_ITEM_SIZE;
+        if name.len() + value.len() > max {
+            return Err(Error::errno(
+                libc::ENOSPC,
+                "setxattr: name and value do not fit in a leaf",
+            ));
+        }
+        if name.starts_with(b"btrfs.") {
+            return self.fs.xattrs().set_prop(l, name, Some(value), false);
+        }
+        let t = self.fs.transid();
+        super::xattr::set_xattr(&mut self.fs.store, l.subvol, l.ino, name, value, t)?;
+        self.fs.rt(l)?.copy_everything = true;
+        self.fs.stamp(l, true, false)
+    }
+
+    /// removexattr(2).
+    pub fn remove_xattr(&mut self, l: Loc, name: &[u8]) -> Result<()> {
+        self.check_xattr_name(l, name)?;
+        if name.starts_with(b"btrfs.") {
+            return self.fs.xattrs().set_prop(l, name, None, true);
+        }
+        if !super::xattr::remove_xattr(&mut self.fs.store, l.subvol, l.ino, name)? {
+            return Err(Error::errno(
+                libc::ENODATA,
+                format!("removexattr {}: no such attribute", name_str(name)),
+            ));
+        }
+        self.fs.rt(l)?.copy_everything = true;
+        self.fs.stamp(l, true, false)
+    }
+
+    /// getxattr(2): the value of `name`, `None` when it is not set;
+    /// EOPNOTSUPP in a subvolume placeholder.
+    pub fn get_xattr(&mut self, l: Loc, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        Self::no_xattrs_on_placeholder(l)?;
+        super::xattr::get_xattr(&mut self.fs.store, l.subvol, l.ino, name)
+    }
+
+    /// listxattr(2) with values: every (name, value) of the inode.
+    pub fn list_xattrs(&mut self, l: Loc) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        super::xattr::list_xattrs(&mut self.fs.store, l.subvol, l.ino)
+    }
+
+    /// The placeholder's inode has no xattr support (IOP_XATTR cleared):
+    /// getting, setting and removing fail, listing finds none.
+    fn no_xattrs_on_placeholder(l: Loc) -> Result<()> {
+        if l.is_placeholder() {
+            return Err(Error::errno(
+                libc::EOPNOTSUPP,
+                "xattrs: the empty directory standing for a subvolume has none",
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_xattr_name(&mut self, l: Loc, name: &[u8]) -> Result<()> {
+        if name.is_empty() || name.len() > XATTR_NAME_MAX {
+            return Err(Error::errno(libc::ERANGE, "xattr name length"));
+        }
+        Self::no_xattrs_on_placeholder(l)?;
+        let ok = [
+            &b"user."[..],
+            b"trusted.",
+            b"security.",
+            b"system.",
+            b"btrfs.",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p) && name.len() > p.len());
+        if !ok {
+            return Err(Error::errno(
+                libc::EOPNOTSUPP,
+                format!("xattr {}: namespace not supported", name_str(name)),
+            ));
+        }
+        let m = self.fs.item(l)?.mode.get();
+        if name.starts_with(b"user.") && !is_reg(m) && !is_dir(m) {
+            return Err(Error::errno(
+                libc::EPERM,
+                "user xattrs only on files and directories",
+            ));
+        }
+        Ok(())
     }
 }

@@ -10,6 +10,18 @@ use super::inode::{is_dir, is_reg};
 use crate::error::{Error, Result};
 use crate::format::consts::*;
 
+/// Extended attributes and the properties stored as them (btrfs.compression): set, removed, read, listed, inherited from the parent directory. Obtained from [`Filesystem::xattrs`].
+pub struct Xattrs<'a> {
+    pub(super) fs: &'a mut Filesystem,
+}
+
+impl Filesystem {
+    /// See [`Xattrs`].
+    pub fn xattrs(&mut self) -> Xattrs<'_> {
+        Xattrs { fs: self }
+    }
+}
+
 pub const COMPRESSION: &[u8] = b"btrfs.compression";
 
 /// What a property value asks for (prop_compression_validate/apply).
@@ -54,19 +66,19 @@ fn einval(what: &str) -> Error {
     Error::errno(libc::EINVAL, what.to_string())
 }
 
-impl Filesystem {
+impl Xattrs<'_> {
     /// The compression type the inode's property names (0: none), read
     /// from its xattr the first time (btrfs_load_inode_props).
     pub(super) fn prop_compress(&mut self, l: Loc) -> Result<u8> {
-        if let Some(k) = self.rt(l)?.prop_compress {
+        if let Some(k) = self.fs.rt(l)?.prop_compress {
             return Ok(k);
         }
-        let v = super::xattr::get_xattr(&mut self.store, l.subvol, l.ino, COMPRESSION)?;
+        let v = super::xattr::get_xattr(&mut self.fs.store, l.subvol, l.ino, COMPRESSION)?;
         let k = match v.as_deref().and_then(parse_compression) {
             Some(Compression::Kind(k)) => k,
             _ => 0,
         };
-        self.rt(l)?.prop_compress = Some(k);
+        self.fs.rt(l)?.prop_compress = Some(k);
         Ok(k)
     }
 
@@ -87,7 +99,7 @@ impl Filesystem {
             return Err(einval("unknown btrfs property"));
         }
         let value = value.filter(|v| !v.is_empty());
-        let it = self.item(l)?;
+        let it = self.fs.item(l)?;
         if let Some(v) = value {
             if it.flags.get() & (BTRFS_INODE_NODATACOW | BTRFS_INODE_NODATASUM) != 0 {
                 return Err(einval("compression on a nodatacow or nodatasum inode"));
@@ -100,15 +112,15 @@ impl Filesystem {
         if !is_reg(m) && !is_dir(m) {
             return Ok(());
         }
-        let t = self.transid();
+        let t = self.fs.transid();
         let prop = match value {
             Some(v) => {
-                super::xattr::set_xattr(&mut self.store, l.subvol, l.ino, COMPRESSION, v, t)?;
+                super::xattr::set_xattr(&mut self.fs.store, l.subvol, l.ino, COMPRESSION, v, t)?;
                 parse_compression(v).unwrap_or(Compression::Reset)
             }
             None => {
                 let removed =
-                    super::xattr::remove_xattr(&mut self.store, l.subvol, l.ino, COMPRESSION)?;
+                    super::xattr::remove_xattr(&mut self.fs.store, l.subvol, l.ino, COMPRESSION)?;
                 if !removed && must_exist {
                     return Err(Error::errno(
                         libc::ENODATA,
@@ -119,8 +131,8 @@ impl Filesystem {
             }
         };
         self.apply_compression(l, prop)?;
-        self.rt(l)?.copy_everything = true;
-        self.stamp(l, true, false)
+        self.fs.rt(l)?.copy_everything = true;
+        self.fs.stamp(l, true, false)
     }
 
     /// The flags and runtime type a compression value stands for.
@@ -130,11 +142,18 @@ impl Filesystem {
             Compression::Never => (BTRFS_INODE_NOCOMPRESS, BTRFS_INODE_COMPRESS, 0),
             Compression::Kind(k) => (BTRFS_INODE_COMPRESS, BTRFS_INODE_NOCOMPRESS, k),
         };
-        self.modify(l, |it| it.flags.set((it.flags.get() & !clear) | set))?;
-        self.rt(l)?.prop_compress = Some(kind);
+        self.fs
+            .modify(l, |it| it.flags.set((it.flags.get() & !clear) | set))?;
+        self.fs.rt(l)?.prop_compress = Some(kind);
         match kind {
-            BTRFS_COMPRESS_LZO => self.set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_LZO),
-            BTRFS_COMPRESS_ZSTD => self.set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_ZSTD),
+            BTRFS_COMPRESS_LZO => self
+                .fs
+                .store
+                .set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_LZO),
+            BTRFS_COMPRESS_ZSTD => self
+                .fs
+                .store
+                .set_incompat(BTRFS_FEATURE_INCOMPAT_COMPRESS_ZSTD),
             _ => {}
         }
         Ok(())
@@ -148,16 +167,16 @@ impl Filesystem {
         let Some(name) = kind_name(kind) else {
             return Ok(());
         };
-        let it = self.item(child)?;
+        let it = self.fs.item(child)?;
         let m = it.mode.get();
         if (!is_reg(m) && !is_dir(m))
             || it.flags.get() & (BTRFS_INODE_NODATACOW | BTRFS_INODE_NODATASUM) != 0
         {
             return Ok(());
         }
-        let t = self.transid();
+        let t = self.fs.transid();
         super::xattr::set_xattr(
-            &mut self.store,
+            &mut self.fs.store,
             child.subvol,
             child.ino,
             COMPRESSION,
@@ -165,13 +184,6 @@ impl Filesystem {
             t,
         )?;
         self.apply_compression(child, Compression::Kind(kind))
-    }
-
-    /// Set an incompat feature bit; the superblock carries it from the next
-    /// commit on.
-    pub(super) fn set_incompat(&mut self, bit: u64) {
-        let f = self.store.sb.incompat_flags.get();
-        self.store.sb.incompat_flags.set(f | bit);
     }
 }
 
@@ -225,14 +237,16 @@ mod tests {
         let root = fs.root();
         let d = fs.mkdir(root, b"d", 0o755).unwrap();
         assert_eq!(
-            errno(fs.set_xattr(d, b"btrfs.bogus", b"zstd")),
+            errno(fs.xattrs().set_xattr(d, b"btrfs.bogus", b"zstd")),
             libc::EINVAL
         );
         assert_eq!(
-            errno(fs.set_xattr(d, b"btrfs.compression", b"gzip")),
+            errno(fs.xattrs().set_xattr(d, b"btrfs.compression", b"gzip")),
             libc::EINVAL
         );
-        fs.set_xattr(d, b"btrfs.compression", b"zstd").unwrap();
+        fs.xattrs()
+            .set_xattr(d, b"btrfs.compression", b"zstd")
+            .unwrap();
         let flags = fs.item(d).unwrap().flags.get();
         assert!(flags & BTRFS_INODE_COMPRESS != 0 && flags & BTRFS_INODE_NOCOMPRESS == 0);
         assert!(fs.store.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_COMPRESS_ZSTD != 0);
@@ -243,31 +257,39 @@ mod tests {
         let s = fs.symlink(d, b"s", b"f").unwrap();
         for l in [f, sub] {
             assert_eq!(
-                fs.get_xattr(l, COMPRESSION).unwrap().as_deref(),
+                fs.xattrs().get_xattr(l, COMPRESSION).unwrap().as_deref(),
                 Some(&b"zstd"[..])
             );
             assert!(fs.item(l).unwrap().flags.get() & BTRFS_INODE_COMPRESS != 0);
         }
-        assert_eq!(fs.get_xattr(s, COMPRESSION).unwrap(), None);
-        fs.set_xattr(s, b"btrfs.compression", b"lzo").unwrap();
-        assert_eq!(fs.get_xattr(s, COMPRESSION).unwrap(), None);
+        assert_eq!(fs.xattrs().get_xattr(s, COMPRESSION).unwrap(), None);
+        fs.xattrs()
+            .set_xattr(s, b"btrfs.compression", b"lzo")
+            .unwrap();
+        assert_eq!(fs.xattrs().get_xattr(s, COMPRESSION).unwrap(), None);
         // "none": never compress; removal: back to the default.
-        fs.set_xattr(f, b"btrfs.compression", b"none").unwrap();
+        fs.xattrs()
+            .set_xattr(f, b"btrfs.compression", b"none")
+            .unwrap();
         let flags = fs.item(f).unwrap().flags.get();
         assert!(flags & BTRFS_INODE_NOCOMPRESS != 0 && flags & BTRFS_INODE_COMPRESS == 0);
-        assert_eq!(fs.prop_compress(f).unwrap(), 0);
-        fs.remove_xattr(f, b"btrfs.compression").unwrap();
+        assert_eq!(fs.xattrs().prop_compress(f).unwrap(), 0);
+        fs.xattrs().remove_xattr(f, b"btrfs.compression").unwrap();
         assert_eq!(
             fs.item(f).unwrap().flags.get() & (BTRFS_INODE_COMPRESS | BTRFS_INODE_NOCOMPRESS),
             0
         );
         assert_eq!(
-            errno(fs.remove_xattr(f, b"btrfs.compression")),
+            errno(fs.xattrs().remove_xattr(f, b"btrfs.compression")),
             libc::ENODATA
         );
         // An empty value removes it without complaint.
-        fs.set_xattr(sub, b"btrfs.compression", b"").unwrap();
-        assert_eq!(fs.get_xattr(sub, COMPRESSION).unwrap(), None);
-        fs.set_xattr(sub, b"btrfs.compression", b"").unwrap();
+        fs.xattrs()
+            .set_xattr(sub, b"btrfs.compression", b"")
+            .unwrap();
+        assert_eq!(fs.xattrs().get_xattr(sub, COMPRESSION).unwrap(), None);
+        fs.xattrs()
+            .set_xattr(sub, b"btrfs.compression", b"")
+            .unwrap();
     }
 }

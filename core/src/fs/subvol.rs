@@ -157,8 +157,7 @@ pub fn set_default_subvol_item(
         }
     }
     store.update_item(TreeId::Root, &dk, &out)?;
-    let f = store.sb.incompat_flags.get() | BTRFS_FEATURE_INCOMPAT_DEFAULT_SUBVOL;
-    store.sb.incompat_flags.set(f);
+    store.set_incompat(BTRFS_FEATURE_INCOMPAT_DEFAULT_SUBVOL);
     Ok(())
 }
 
@@ -348,6 +347,7 @@ impl Subvols<'_> {
         create_subvol_tree(&mut self.fs.store, id, now, false)?;
         // Properties come from the parent subvolume's root, not from `dir`.
         self.fs
+            .xattrs()
             .inherit_props(Loc::new(id, ROOT_DIR), Loc::new(dir.subvol, ROOT_DIR))?;
         self.link_subvol(dir, name, id, 0)?;
         // btrfs_record_new_subvolume: the new entry cannot be logged.

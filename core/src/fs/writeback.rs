@@ -528,7 +528,7 @@ impl Writeback<'_> {
         }
         let asked = self.fs.opts.compress.is_some()
             || flags & BTRFS_INODE_COMPRESS != 0
-            || self.fs.prop_compress(l)? != 0;
+            || self.fs.xattrs().prop_compress(l)? != 0;
         Ok(asked && compress::heuristic(sample))
     }
 
@@ -537,7 +537,7 @@ impl Writeback<'_> {
     /// option's level, clamped to the type's range, or its default.
     fn compress_method(&mut self, l: Loc) -> Result<compress::Method> {
         let mount = self.fs.opts.compress;
-        let kind = match self.fs.prop_compress(l)? {
+        let kind = match self.fs.xattrs().prop_compress(l)? {
             0 => mount.map_or(BTRFS_COMPRESS_ZLIB, |m| m.kind),
             k => k,
         };
@@ -606,7 +606,7 @@ impl Writeback<'_> {
                         pos += total_in;
                     }
                     None => {
-                        if !self.fs.opts.compress_force && self.fs.prop_compress(l)? == 0 {
+                        if !self.fs.opts.compress_force && self.fs.xattrs().prop_compress(l)? == 0 {
                             let mut it = self.fs.item(l)?;
                             it.flags.set(it.flags.get() | BTRFS_INODE_NOCOMPRESS);
                             self.fs.put_item(l, &it)?;

@@ -148,7 +148,7 @@ impl SharedFs {
     /// chance to log into the same sub-transaction, then sync it (or find
     /// it synced by one of them).
     pub fn fsync(&self, l: Loc, datasync: bool, range: Option<(u64, u64)>) -> Result<()> {
-        let ticket = self.lock().fsync_prepare(l, datasync, range)?;
+        let ticket = self.lock().fsync_path().fsync_prepare(l, datasync, range)?;
         if ticket == FsyncTicket::Done {
             return Ok(());
         }
@@ -176,7 +176,7 @@ impl SharedFs {
             self.batch_window(ticket, key, &mut ticks);
             let (step, gate) = {
                 let mut fs = self.lock();
-                (fs.log_sync_begin(ticket)?, fs.log_io_gate())
+                (fs.fsync_path().log_sync_begin(ticket)?, fs.log_io_gate())
             };
             match step {
                 LogSyncStep::Done => return Ok(()),
@@ -190,7 +190,7 @@ impl SharedFs {
                 LogSyncStep::Io(p) => {
                     let r = p.run();
                     if r.is_err() {
-                        self.lock().absorb_log_io();
+                        self.lock().fsync_path().absorb_log_io();
                     }
                     return r;
                 }
@@ -206,7 +206,7 @@ impl SharedFs {
     fn batch_window(&self, ticket: FsyncTicket, key: SyncKey, ticks: &mut usize) {
         let mut last = None;
         while *ticks > 0 {
-            match self.lock().log_batch_pending(ticket) {
+            match self.lock().fsync_path().log_batch_pending(ticket) {
                 Some(b) if last != Some(b) => last = Some(b),
                 _ => return,
             }
@@ -223,7 +223,7 @@ impl SharedFs {
         let ticket = {
             let mut fs = self.lock();
             fs.write(l, off, data)?;
-            fs.fsync_prepare(
+            fs.fsync_path().fsync_prepare(
                 l,
                 datasync,
                 Some((off, off.saturating_add(data.len() as u64))),

@@ -397,7 +397,7 @@ pub fn restore(
             children.sort_by(|a, b| b.shown.cmp(&a.shown));
             stack.extend(children);
             if let (Some(d), Some(st)) = (&dir, &st) {
-                match fs.list_xattrs(l) {
+                match fs.xattrs().list_xattrs(l) {
                     Ok(list) => {
                         for (n, v) in list {
                             if privileged_xattr(&n) && !o.privileged_xattrs {
@@ -472,7 +472,7 @@ pub fn restore(
         if o.metadata && kind != libc::S_IFLNK && st.mode & 0o6000 != 0 {
             r.setid += 1;
         }
-        let xattrs = match fs.list_xattrs(l) {
+        let xattrs = match fs.xattrs().list_xattrs(l) {
             Ok(x) => x
                 .into_iter()
                 .filter(|(n, _)| {

@@ -347,7 +347,7 @@ impl ReadOnlyView {
             return Ok(Vec::new());
         }
         let mut out = Vec::new();
-        for (name, _) in self.fs.list_xattrs(l)? {
+        for (name, _) in self.fs.xattrs().list_xattrs(l)? {
             out.extend_from_slice(&name);
             out.push(0);
         }
@@ -361,6 +361,7 @@ impl ReadOnlyView {
             return Err(Error::errno(libc::ENODATA, "no such attribute"));
         }
         self.fs
+            .xattrs()
             .get_xattr(l, name)?
             .ok_or_else(|| Error::errno(libc::ENODATA, "no such attribute"))
     }
@@ -412,7 +413,7 @@ mod tests {
         let f = fs.create(d, b"f", 0o644).unwrap();
         fs.write(f, 0, b"hello").unwrap();
         fs.link(f, d, b"g").unwrap();
-        fs.set_xattr(f, b"user.k", b"v").unwrap();
+        fs.xattrs().set_xattr(f, b"user.k", b"v").unwrap();
         fs.symlink(root, b"s", b"d/f").unwrap();
         fs.sync().unwrap();
         drop(fs);

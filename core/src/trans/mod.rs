@@ -595,6 +595,13 @@ impl Store {
         self.space.alloc.groups.values()
     }
 
+    /// Set an incompat feature bit; the superblock carries it from the next
+    /// commit on.
+    pub fn set_incompat(&mut self, bit: u64) {
+        let f = self.sb.incompat_flags.get();
+        self.sb.incompat_flags.set(f | bit);
+    }
+
     /// Whether a chunk was allocated in this transaction: a log must not
     /// depend on it (btrfs_make_block_group forces a full commit).
     pub fn chunk_allocated(&self) -> bool {

@@ -256,7 +256,7 @@ impl EngineRunner {
             } => {
                 // As fallocate(1): the file is created if missing.
                 let l = self.target_create(fs, path)?;
-                match fs.fallocate(l, *off, *len, *keep) {
+                match fs.ranges().fallocate(l, *off, *len, *keep) {
                     Err(e) if *enospc_ok && e.as_errno() == libc::ENOSPC => {}
                     r => r.map_err(|e| ino_err(path, e))?,
                 }
@@ -264,7 +264,9 @@ impl EngineRunner {
             Step::Punch { path, off, len } => {
                 // As fallocate(1): the file is created if missing.
                 let l = self.target_create(fs, path)?;
-                fs.punch_hole(l, *off, *len).map_err(|e| ino_err(path, e))?;
+                fs.ranges()
+                    .punch_hole(l, *off, *len)
+                    .map_err(|e| ino_err(path, e))?;
             }
             Step::ZeroRange {
                 path,
@@ -274,13 +276,15 @@ impl EngineRunner {
             } => {
                 // As fallocate(1): the file is created if missing.
                 let l = self.target_create(fs, path)?;
-                fs.zero_range(l, *off, *len, *keep)
+                fs.ranges()
+                    .zero_range(l, *off, *len, *keep)
                     .map_err(|e| ino_err(path, e))?;
             }
             Step::Collapse { path, off, len } => {
                 // As fallocate(1): the file is created if missing.
                 let l = self.target_create(fs, path)?;
-                fs.collapse_range(l, *off, *len)
+                fs.ranges()
+                    .collapse_range(l, *off, *len)
                     .map_err(|e| ino_err(path, e))?;
             }
             Step::Clone {
@@ -292,7 +296,8 @@ impl EngineRunner {
             } => {
                 let s = self.target(fs, src, true)?;
                 let d = self.target_create(fs, dst)?;
-                fs.clone_range(s, *src_off, d, *dst_off, *len)
+                fs.ranges()
+                    .clone_range(s, *src_off, d, *dst_off, *len)
                     .map_err(|e| ino_err(dst, e))?;
             }
             Step::Link(a, b) => {
@@ -320,12 +325,14 @@ impl EngineRunner {
             }
             Step::SetXattr { path, name, value } => {
                 let l = self.target(fs, path, false)?;
-                fs.set_xattr(l, name.as_bytes(), value)
+                fs.xattrs()
+                    .set_xattr(l, name.as_bytes(), value)
                     .map_err(|e| ino_err(path, e))?;
             }
             Step::RemoveXattr { path, name } => {
                 let l = self.target(fs, path, false)?;
-                fs.remove_xattr(l, name.as_bytes())
+                fs.xattrs()
+                    .remove_xattr(l, name.as_bytes())
                     .map_err(|e| ino_err(path, e))?;
             }
             Step::Fsync(p) | Step::Fdatasync(p) => {
@@ -584,7 +591,7 @@ fn describe(fs: &mut Filesystem, l: Loc) -> Result<Entry> {
         _ => 's',
     };
     let mut xattrs = BTreeMap::new();
-    for (n, v) in fs.list_xattrs(l)? {
+    for (n, v) in fs.xattrs().list_xattrs(l)? {
         if n.starts_with(b"user.") {
             xattrs.insert(String::from_utf8_lossy(&n).into_owned(), v);
         }

@@ -201,7 +201,7 @@ pub fn prepare(fs: &mut Filesystem, dir: Loc, o: &FileioOptions) -> Result<Vec<L
             None => fs.create(dir, name.as_bytes(), 0o600)?,
         };
         if o.prealloc {
-            fs.fallocate(l, 0, size, false)?;
+            fs.ranges().fallocate(l, 0, size, false)?;
         } else {
             let mut off = 0;
             while off < size {

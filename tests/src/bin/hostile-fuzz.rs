@@ -553,7 +553,7 @@ fn fs_walk(fs: &mut btrkit_core::fs::Filesystem) -> usize {
                 return n;
             }
             let Ok(st) = fs.stat(child) else { continue };
-            let _ = fs.list_xattrs(child);
+            let _ = fs.xattrs().list_xattrs(child);
             match st.mode & libc::S_IFMT {
                 libc::S_IFDIR => stack.push((child, depth + 1)),
                 libc::S_IFREG => {
