@@ -122,7 +122,7 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
                 if model.contains_key(&(tree, key)) {
                     continue;
                 }
-                fs.insert_item(tree, &key, &xattr_item(&name, &value, fs.transid))
+                fs.insert_item(tree, &key, &xattr_item(&name, &value, fs.transid()))
                     .unwrap();
                 model.insert((tree, key), (name, value));
             } else if op < 8 {
@@ -130,7 +130,7 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
                 let vlen = [0usize, 9, 120, 700][rng.below(4) as usize];
                 let value: Vec<u8> = (0..vlen).map(|_| rng.next() as u8).collect();
                 let name = model[&k].0.clone();
-                fs.update_item(k.0, &k.1, &xattr_item(&name, &value, fs.transid))
+                fs.update_item(k.0, &k.1, &xattr_item(&name, &value, fs.transid()))
                     .unwrap();
                 model.insert(k, (name, value));
             } else {

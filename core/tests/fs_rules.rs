@@ -41,7 +41,7 @@ fn dyn_dev(dev: &Arc<CrashDevice>) -> Arc<dyn BlockDevice> {
 /// A regular file `ino` named `name` in the root directory (the caller sets
 /// size and nbytes when it adds data).
 fn new_file(st: &mut Store, ino: u64, name: &str) {
-    let t = st.transid;
+    let t = st.transid();
     let it = new_inode_item(
         S_IFREG | 0o644,
         0,
@@ -135,7 +135,7 @@ fn directory_size_rule() {
         assert_eq!(dir_size(&mut st, ROOT), want, "after adding {name:?}");
     }
     // A second name of 257 in the same directory.
-    let t = st.transid;
+    let t = st.transid();
     let idx = names::next_dir_index(&mut st, FS, ROOT).unwrap();
     names::add_name(
         &mut st,
@@ -169,7 +169,7 @@ fn directory_size_rule() {
         .unwrap()
         .is_some());
     // remove_name of a name that is not there changes nothing.
-    let t = st.transid;
+    let t = st.transid();
     assert!(!names::remove_name(&mut st, FS, ROOT, inode_key(257), b"nothere", 999, t).unwrap());
     assert_eq!(dir_size(&mut st, ROOT), want);
     st.commit().unwrap();
@@ -373,7 +373,7 @@ fn drop_extents_splits_and_counts_refs() {
             set_size(&mut st, 257, 65536, nb - 16384);
         } else {
             // Without no-holes the gap needs a hole item.
-            let t = st.transid;
+            let t = st.transid();
             btrkit_core::fs::extents::fill_hole(&mut st, FS, 257, 16384, 32768, t).unwrap();
             set_size(&mut st, 257, 65536, nb - 16384);
         }
@@ -499,7 +499,7 @@ fn drop_extents_splits_prealloc_and_holes() {
     assert_eq!(holes[1].0, (2 << 20) + 8192);
     assert_eq!(holes[1].0 + holes[1].3, 3 << 20);
     // Fill the gaps back the way the kernel leaves them and check.
-    let t = fs.store.transid;
+    let t = fs.store.transid();
     btrkit_core::fs::extents::fill_hole(&mut fs.store, FS, f.ino, 4096, 8192, t).unwrap();
     btrkit_core::fs::extents::fill_hole(
         &mut fs.store,
@@ -617,7 +617,7 @@ fn big_item_in_the_middle_of_a_leaf() {
         .map(|i| format!("user.big{i}"))
         .find(|n| (lo..hi).contains(&name_hash(n.as_bytes())))
         .expect("a name hashing between");
-    let t = st.transid;
+    let t = st.transid();
     for (_, n) in &names {
         xattr::set_xattr(&mut st, FS, ROOT, n.as_bytes(), &[b's'; 330], t).unwrap();
     }

@@ -80,7 +80,7 @@ fn fragmented_group_converts_to_bitmaps() {
         let ino = 257 + i;
         let name = format!("f{i:05}");
         {
-            let t = fs.transid;
+            let t = fs.transid();
             btrkit_core::fs::names::add_name(
                 &mut fs,
                 tree,
@@ -104,8 +104,8 @@ fn fragmented_group_converts_to_bitmaps() {
         )
         .unwrap();
         let mut it = InodeItem::new_zeroed();
-        it.generation.set(fs.transid);
-        it.transid.set(fs.transid);
+        it.generation.set(fs.transid());
+        it.transid.set(fs.transid());
         it.size.set(4096);
         it.nbytes.set(nb);
         it.nlink.set(1);

@@ -247,9 +247,9 @@ fn fsync_data_goes_at_once_only_with_sync_io_first() {
         let x = fs.create(root, b"x", 0o644).unwrap();
         fs.sync().unwrap();
         fs.write(x, 0, &[7u8; 64 << 10]).unwrap();
-        let before = fs.store.stats.data_bytes;
+        let before = fs.store.stats().data_bytes;
         let due = fs.fsync_path().fsync_writeback(x).unwrap();
-        let written = fs.store.stats.data_bytes - before;
+        let written = fs.store.stats().data_bytes - before;
         if on {
             assert!(due.is_none(), "nothing to wait for");
             assert_eq!(written, 64 << 10, "the fsync's data went at once");
@@ -261,7 +261,7 @@ fn fsync_data_goes_at_once_only_with_sync_io_first() {
         }
         fs.fsync(x, false, None).unwrap();
         assert_eq!(
-            fs.store.stats.data_bytes - before,
+            fs.store.stats().data_bytes - before,
             64 << 10,
             "sync-io-first {on}"
         );
@@ -389,7 +389,7 @@ fn a_log_sync_waits_for_the_data_writer_thread() {
             files.push(l);
         }
         assert!(
-            fs.store.stats.data_bytes > body_a.len() as u64,
+            fs.store.stats().data_bytes > body_a.len() as u64,
             "b's run went to the writer"
         );
         gate.wait_held();

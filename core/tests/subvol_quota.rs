@@ -65,7 +65,7 @@ impl Rig {
         r
     }
     fn qgroup(&self, id: u64) -> Option<Counts> {
-        self.fs.store.qgroups.groups.get(&id).copied()
+        self.fs.store.qgroups().groups.get(&id).copied()
     }
     fn tree_exists(&mut self, id: u64) -> bool {
         self.fs.store.tree_exists(id).unwrap()

@@ -642,7 +642,7 @@ impl Run<'_> {
     }
 
     fn one(&mut self, r: &Repair) -> Result<()> {
-        let transid = self.st.transid;
+        let transid = self.st.transid();
         match *r {
             Repair::RewriteSuperblocks => self
                 .changes
@@ -1125,7 +1125,7 @@ fn file_extent_disk(
         }
         None => {
             let len = item.num_bytes.get();
-            item = FileExtentItem::hole(item.generation.get().min(st.transid), len);
+            item = FileExtentItem::hole(item.generation.get().min(st.transid()), len);
             format!("disk address {from} holds no extent: {len} bytes made a hole (data lost)")
         }
     };
@@ -1214,7 +1214,7 @@ fn recreate_inode_item(st: &mut Store, tree: u64, ino: u64) -> Result<String> {
         0,
         0,
         crate::format::inode::now_ts(unix_now()),
-        st.transid,
+        st.transid(),
     );
     item.size.set(size);
     item.nbytes.set(nbytes);
@@ -1254,7 +1254,7 @@ fn fill_file_holes(st: &mut Store, tree: u64, ino: u64) -> Result<u64> {
     if at < end {
         gaps.push((at, end));
     }
-    let transid = st.transid;
+    let transid = st.transid();
     let mut n = 0;
     for (a, b) in gaps {
         if a < b {
@@ -1327,11 +1327,11 @@ fn lost_found(st: &mut Store, tree: u64) -> Result<u64> {
         0,
         0,
         crate::format::inode::now_ts(unix_now()),
-        st.transid,
+        st.transid(),
     );
     crate::fs::inode::put_inode(st, tree, ino, &item)?;
     let index = crate::fs::names::next_dir_index(st, tree, root_dir)?;
-    let transid = st.transid;
+    let transid = st.transid();
     crate::fs::names::add_name(
         st,
         tree,
@@ -1408,7 +1408,7 @@ fn clear_space_cache(st: &mut Store) -> Result<Vec<String>> {
             drop_object(st, TreeId::Root, BTRFS_ROOT_TREE_OBJECTID, ino)?;
         }
     }
-    st.sb.cache_generation.set(u64::MAX);
+    st.update_superblock(|sb| sb.cache_generation.set(u64::MAX));
     Ok(vec![format!(
         "v1 free space cache cleared ({n} block groups)"
     )])

@@ -83,7 +83,7 @@ pub fn write_data_at(st: &mut Store, bytenr: u64, disk: &[u8], datasum: bool) ->
 /// Queue the extent item of a data extent this transaction wrote, with
 /// its first reference.
 pub fn reference_new_extent(st: &mut Store, bytenr: u64, len: u64, r: BackRef) {
-    let t = st.transid;
+    let t = st.transid();
     st.extent_refs().queue_new_data_extent(bytenr, len, t, r);
 }
 
@@ -225,7 +225,7 @@ fn write_new_extent(
     };
     let item = FileExtentItem::new(
         BTRFS_FILE_EXTENT_REG,
-        st.transid,
+        st.transid(),
         bytenr,
         len,
         0,
@@ -261,12 +261,12 @@ pub fn write_inline(
     compression: u8,
     data: &[u8],
 ) -> Result<()> {
-    let v = encode_inline_extent(st.transid, ram_bytes, compression, data);
+    let v = encode_inline_extent(st.transid(), ram_bytes, compression, data);
     st.insert_item(TreeId::Tree(subvol), &extent_key(ino, 0), &v)
 }
 
 /// An explicit hole item (filesystems without no-holes).
 pub fn write_hole(st: &mut Store, subvol: u64, ino: u64, file_off: u64, len: u64) -> Result<()> {
-    let t = st.transid;
+    let t = st.transid();
     insert_disk_extent(st, subvol, ino, file_off, &FileExtentItem::hole(t, len))
 }

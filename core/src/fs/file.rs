@@ -106,7 +106,7 @@ impl Filesystem {
         }
         let i_size = self.rt(l)?.i_size;
         let datasum = self.datasum(l)?;
-        let mut page = self.alloc_page();
+        let mut page = self.dirty.alloc_page();
         page.fill(0);
         let start = idx * PAGE;
         if start < i_size {
@@ -126,7 +126,7 @@ impl Filesystem {
 
     /// Put a dirty page.
     fn dirty_page(&mut self, l: Loc, idx: u64, page: Box<[u8]>) -> Result<()> {
-        let now = self.uptime();
+        let now = self.clock.uptime();
         let rt = self.rt(l)?;
         rt.has_page_cache = true;
         rt.pages_dirtied_at.get_or_insert(now);
@@ -134,7 +134,7 @@ impl Filesystem {
             self.dirty.bytes += PAGE;
         }
         self.note_dirty(l);
-        self.dirtied();
+        self.clock.dirtied();
         Ok(())
     }
 
@@ -145,7 +145,7 @@ impl Filesystem {
         let empty = rt.pages.is_empty();
         self.dirty.bytes = self.dirty.bytes.saturating_sub(n * PAGE);
         if empty {
-            self.note_clean(l);
+            self.dirty.note_clean(l);
         }
         Ok(())
     }
@@ -193,8 +193,8 @@ impl Filesystem {
         // without no-holes, and with or without it a changed range, so a
         // fast fsync logs the hole and replay drops what the committed
         // tree had there (btrfs_cont_expand's modified hole extent map).
-        let no_holes = self.no_holes();
-        let transid = self.transid();
+        let no_holes = self.store.no_holes();
+        let transid = self.store.transid();
         let mut pos = hole_start;
         while pos < block_end {
             // Extent map by extent map, cached holes with the bounds they
@@ -265,7 +265,7 @@ impl Filesystem {
             } else {
                 // A whole-page write needs nothing of the old contents.
                 let page = if pa == 0 && pb == PAGE as usize {
-                    self.page_of(src)
+                    self.dirty.page_of(src)
                 } else {
                     let mut page = self.page_now(l, idx)?;
                     page[pa..pb].copy_from_slice(src);
@@ -275,7 +275,7 @@ impl Filesystem {
             }
             pos = b;
         }
-        let now = self.now();
+        let now = self.clock.now();
         let rt = self.rt(l)?;
         rt.i_size = rt.i_size.max(end);
         rt.pending_times = Some((now, now));
@@ -555,7 +555,7 @@ impl Filesystem {
         self.writeback().inode(l, 0, u64::MAX, Reason::Fsync)?;
         let rt = self.rt(l)?;
         rt.i_size = rt.i_size.max(end);
-        let now = self.now();
+        let now = self.clock.now();
         self.rt(l)?.pending_times = Some((now, now));
         self.writeback().write_direct_run(l, off, data)
     }
@@ -673,7 +673,7 @@ impl FileRanges<'_> {
     /// follows each extent up to it.
     fn prealloc_range(&mut self, l: Loc, a: u64, b: u64, grow_to: Option<u64>) -> Result<()> {
         let ss = self.fs.store.sectorsize() as u64;
-        let transid = self.fs.transid();
+        let transid = self.fs.store.transid();
         let mut p = a;
         let mut last_alloc = MAX_PREALLOC;
         while p < b {
@@ -709,7 +709,7 @@ impl FileRanges<'_> {
                     offset: p,
                 },
             );
-            let now = self.fs.now();
+            let now = self.fs.clock.now();
             let mut it = self.fs.item(l)?;
             it.nbytes
                 .set(it.nbytes.get().saturating_sub(d.nbytes) + want);
@@ -1024,7 +1024,7 @@ impl FileRanges<'_> {
         }
         self.fs.drop_pages(dst, doff, doff + alen)?;
         let items = extents_in(&mut self.fs.store, src.subvol, src.ino, soff, soff + alen)?;
-        let no_holes = self.fs.no_holes();
+        let no_holes = self.fs.store.no_holes();
         let mut last_end = doff;
         let mut nbytes_add = 0u64;
         let mut inline_copy: Option<Vec<u8>> = None;
@@ -1091,7 +1091,8 @@ impl FileRanges<'_> {
                     if last_end < at {
                         self.fs.writeback().fill_holes(dst, last_end, at)?;
                     }
-                    if item.disk_bytenr.get() != 0 && item.generation.get() == self.fs.store.transid
+                    if item.disk_bytenr.get() != 0
+                        && item.generation.get() == self.fs.store.transid()
                     {
                         src_shares_new = true;
                     }
@@ -1159,7 +1160,7 @@ impl FileRanges<'_> {
         // A range of the source without items clones nothing: the
         // destination range is punched, a changed hole for a fast fsync
         // (btrfs_replace_file_extents without clone info).
-        let t = self.fs.store.transid;
+        let t = self.fs.store.transid();
         if shared {
             let rt = self.fs.rt(dst)?;
             rt.full_sync = true;

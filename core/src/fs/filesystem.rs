@@ -230,28 +230,24 @@ pub struct Filesystem {
     /// The trees, the running transaction and the log trees.
     pub store: Store,
     /// The fsync log (its state is the log layer's).
-    log: Box<dyn super::fsync::FsyncLog>,
+    pub(super) log: Box<dyn super::fsync::FsyncLog>,
     /// Name changes of the running namespace operation, for the log.
-    name_changes: Vec<super::fsync::NameChange>,
+    pub(super) name_changes: Vec<super::fsync::NameChange>,
     /// Mount options.
     pub opts: MountOptions,
     /// Engine switches selecting historical kernel behaviour.
     pub switches: Switches,
     /// Counters of commits, fsyncs, log syncs and writeback.
     pub stats: EngineStats,
-    inodes: super::icache::InodeCache,
+    pub(super) inodes: super::icache::InodeCache,
     /// What path walks found and new names made, by (directory, name).
     pub(super) dcache: super::dcache::DentryCache,
     /// Dirty file data awaiting writeback.
     pub(super) dirty: super::dirty::DirtyData,
     /// Next free inode number per subvolume (root->free_objectid).
     free_ino: HashMap<u64, u64>,
-    /// Wall time at mount, since the epoch: the clock is this plus what
-    /// `sleep` added (a duration, as every new name and write reads it).
-    clock_base: std::time::Duration,
-    clock_offset: std::time::Duration,
-    /// Clock reading at the running transaction's first change.
-    trans_start: Option<std::time::Duration>,
+    /// The engine's clock and the running transaction's age.
+    pub(super) clock: super::clock::Clock,
     /// The default subvolume (what a mount shows at `/`).
     pub(super) default_subvol: u64,
     /// Next subvolume id (the root tree's free objectid), from the mount
@@ -333,11 +329,7 @@ impl Filesystem {
             dcache: Default::default(),
             dirty: Default::default(),
             free_ino: HashMap::default(),
-            clock_base: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default(),
-            clock_offset: std::time::Duration::ZERO,
-            trans_start: None,
+            clock: Default::default(),
             default_subvol: FS_TREE,
             next_subvol_id: None,
             deleted_subvols: Vec::new(),
@@ -388,25 +380,16 @@ impl Filesystem {
     // ------------------------------------------------------------------
     // Time
 
-    /// Seconds since mount on the engine's clock.
-    pub fn uptime(&self) -> std::time::Duration {
-        self.clock_offset
-    }
-
-    /// Current time on the engine's clock: wall time at mount plus the time
-    /// `sleep` added. Every new timestamp reads it.
-    pub fn now(&self) -> Timespec {
-        let d = self.clock_base + self.clock_offset;
-        Timespec {
-            sec: d.as_secs().into(),
-            nsec: d.subsec_nanos().into(),
-        }
+    /// The engine's clock: wall time at mount plus the time `sleep` and
+    /// commits added.
+    pub fn clock(&self) -> &super::clock::Clock {
+        &self.clock
     }
 
     /// Move the clock (a script's `sleep`); periodic work that falls due
     /// runs, as the kernel's transaction thread would run it.
     pub fn advance_clock(&mut self, by: std::time::Duration) -> Result<()> {
-        self.clock_offset += by;
+        self.clock.advance(by);
         self.periodic()
     }
 
@@ -415,10 +398,11 @@ impl Filesystem {
     pub fn periodic(&mut self) -> Result<()> {
         let dirty_tree = self.store.cache_dirty_bytes();
         if self.dirty.bytes + dirty_tree > self.dirty.limit {
-            self.writeback_oldest((self.dirty.limit / 2).saturating_sub(dirty_tree))?;
+            let target = (self.dirty.limit / 2).saturating_sub(dirty_tree);
+            self.writeback().writeback_oldest(target)?;
         }
         // The flusher: data dirty for longer than dirty_expire (30 s).
-        let now = self.clock_offset;
+        let now = self.clock.uptime();
         if let Some(expired) = self.dirty.flusher_pass(now) {
             for l in expired {
                 self.writeback()
@@ -437,8 +421,8 @@ impl Filesystem {
         }
         // The transaction thread: a transaction older than the interval
         // (counted from its first change) is committed.
-        if let Some(t0) = self.trans_start {
-            if now.saturating_sub(t0).as_secs() >= self.opts.commit_interval {
+        if let Some(age) = self.clock.trans_age() {
+            if age.as_secs() >= self.opts.commit_interval {
                 self.commit("interval")?;
             }
         }
@@ -453,25 +437,7 @@ impl Filesystem {
 
     /// The inode got dirty pages (`first`: it had none).
     pub(super) fn note_dirty(&mut self, l: Loc) {
-        self.dirty.note_dirty(l, self.clock_offset);
-    }
-
-    /// The inode has no dirty pages left.
-    pub(super) fn note_clean(&mut self, l: Loc) {
-        self.dirty.note_clean(l);
-    }
-
-    /// Inodes with dirty pages.
-    pub(super) fn dirty_list(&self) -> Vec<Loc> {
-        self.dirty.inodes()
-    }
-
-    /// Something changed: the running transaction's age counts from now
-    /// if it had no change yet.
-    pub(super) fn dirtied(&mut self) {
-        if self.trans_start.is_none() {
-            self.trans_start = Some(self.clock_offset);
-        }
+        self.dirty.note_dirty(l, self.clock.uptime());
     }
 
     /// Commit the running transaction (`reason` is counted): with
@@ -509,56 +475,26 @@ impl Filesystem {
         // A commit's writes and flushes take the kernel more than a clock
         // tick: times set after it differ from those set before
         // (file_modified then changes the inode).
-        self.clock_offset += COMMIT_TIME;
+        self.clock.advance(COMMIT_TIME);
         self.stats.commits += 1;
         *self
             .stats
             .commit_reasons
             .entry(reason.to_string())
             .or_default() += 1;
-        self.trans_start = None;
+        self.clock.committed();
         if !self.dropped_qgroups.is_empty() {
             self.subvols().remove_dropped_qgroups()?;
-            self.dirtied();
+            self.clock.dirtied();
         }
         Ok(())
     }
 
     /// sync(2)/syncfs(2): write back every dirty page, then commit.
     pub fn sync(&mut self) -> Result<()> {
-        self.writeback_inodes(super::writeback::Reason::Sync)?;
+        self.writeback()
+            .writeback_inodes(super::writeback::Reason::Sync)?;
         self.commit("sync")
-    }
-
-    /// The flusher's or sync's writeback of whole inodes
-    /// (writeback_inodes_sb): every dirty page goes, and every inode's
-    /// dirty state is cleared, pages written or not.
-    fn writeback_inodes(&mut self, reason: super::writeback::Reason) -> Result<()> {
-        self.writeback().all(reason)?;
-        for rt in self.inodes.states_mut() {
-            rt.pages_dirtied_at = None;
-        }
-        Ok(())
-    }
-
-    /// Background writeback past the dirty limit (wb_writeback for the
-    /// background threshold): whole inodes in the order they were dirtied,
-    /// until dirty file data is down to `target`, each written inode's dirty
-    /// state cleared (__writeback_single_inode). The newest dirty data
-    /// stays in memory, so a file written and deleted soon after (dbench's
-    /// temporary files) is never written at all, as on the kernel.
-    fn writeback_oldest(&mut self, target: u64) -> Result<()> {
-        for l in self.dirty.oldest_first() {
-            if self.dirty.bytes <= target {
-                break;
-            }
-            self.writeback()
-                .inode(l, 0, u64::MAX, super::writeback::Reason::Background)?;
-            if let Some(rt) = self.inodes.get_mut(&l) {
-                rt.pages_dirtied_at = None;
-            }
-        }
-        Ok(())
     }
 
     /// Drop what a `drop_caches` drops: clean tree blocks, and inodes that
@@ -612,16 +548,10 @@ impl Filesystem {
     // ------------------------------------------------------------------
     // Inodes
 
-    /// Transid of the running transaction (`fs_info->generation`).
-    /// The last committed one is this minus one.
-    pub fn transid(&self) -> u64 {
-        self.store.transid
-    }
-
     /// The inode item of `l` (for a placeholder, the one it shows: see
     /// `read_item`).
     pub fn item(&mut self, l: Loc) -> Result<InodeItem> {
-        let now = self.now();
+        let now = self.clock.now();
         read_item(&mut self.store, l, now)
     }
 
@@ -648,7 +578,7 @@ impl Filesystem {
         // runtime state comes from the item as it was, not as changed.
         self.load_rt_if_exists(l)?;
         let mut it = *item;
-        it.transid.set(self.store.transid);
+        it.transid.set(self.store.transid());
         put_inode(&mut self.store, l.subvol, l.ino, &it)?;
         self.mark_changed(l);
         Ok(())
@@ -680,7 +610,7 @@ impl Filesystem {
 
     /// The runtime state of an inode, loading it the first time.
     pub fn rt(&mut self, l: Loc) -> Result<&mut InodeRt> {
-        let now = self.now();
+        let now = self.clock.now();
         load_rt(&mut self.store, &mut self.inodes, l, now)
     }
 
@@ -704,14 +634,14 @@ impl Filesystem {
     pub(super) fn touch_trans(&mut self, l: Loc) -> Result<()> {
         self.rt(l)?;
         self.mark_changed(l);
-        self.dirtied();
+        self.clock.dirtied();
         Ok(())
     }
 
     /// Log bookkeeping of a change, when the inode's state is in memory
     /// (a later load takes the transaction from the item).
     pub(super) fn mark_changed(&mut self, l: Loc) {
-        let t = self.store.transid;
+        let t = self.store.transid();
         let lt = self.log.sub_transaction(l.subvol);
         if let Some(rt) = self.inodes.get_mut(&l) {
             rt.last_trans = t;
@@ -723,7 +653,7 @@ impl Filesystem {
     /// Whether the inode is in this transaction's log (inode_logged):
     /// known from memory, else from the log tree.
     pub fn inode_logged(&mut self, l: Loc) -> Result<bool> {
-        let now = self.now();
+        let now = self.clock.now();
         inode_logged(&mut self.store, &mut self.inodes, l, now)
     }
 
@@ -789,7 +719,7 @@ impl Filesystem {
                 // transaction is never handed out again in it (a log could
                 // otherwise name an index the committed tree still uses).
                 let mut next = super::names::next_dir_index(&mut self.store, dir.subvol, dir.ino)?;
-                if self.item(dir)?.transid.get() == self.store.transid {
+                if self.item(dir)?.transid.get() == self.store.transid() {
                     let lo = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, 0);
                     let hi = Key::new(dir.ino, BTRFS_DIR_INDEX_KEY, u64::MAX);
                     if let Some((k, _)) = self
@@ -810,8 +740,8 @@ impl Filesystem {
 
     /// Set times and bump transid of an inode item (`m`: mtime too).
     pub(super) fn stamp(&mut self, l: Loc, ctime: bool, mtime: bool) -> Result<()> {
-        let now = self.now();
-        let t = self.store.transid;
+        let now = self.clock.now();
+        let t = self.store.transid();
         self.modify(l, |it| {
             if ctime {
                 it.ctime = now;
@@ -829,7 +759,7 @@ impl Filesystem {
     /// already (the clock's granularity), so an operation that changes
     /// nothing else leaves the inode unchanged (and a later fsync with it).
     pub(super) fn file_modified(&mut self, l: Loc) -> Result<()> {
-        let now = self.now();
+        let now = self.clock.now();
         let it = self.item(l)?;
         if it.mtime == now && it.ctime == now {
             return Ok(());
@@ -841,7 +771,7 @@ impl Filesystem {
     pub(super) fn modify(&mut self, l: Loc, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
         Self::refuse_placeholder(l)?;
         self.load_rt_if_exists(l)?;
-        let t = self.store.transid;
+        let t = self.store.transid();
         let g = |it: &mut InodeItem| {
             f(it);
             it.transid.set(t);
@@ -856,24 +786,9 @@ impl Filesystem {
         Ok(())
     }
 
-    /// A page buffer (contents undefined).
-    pub(super) fn alloc_page(&mut self) -> Box<[u8]> {
-        self.dirty.alloc_page()
-    }
-
-    /// A page holding `src` (a whole page of bytes), never zeroed first.
-    pub(super) fn page_of(&mut self, src: &[u8]) -> Box<[u8]> {
-        self.dirty.page_of(src)
-    }
-
-    /// Keep written-back pages for reuse.
-    pub(super) fn recycle_pages(&mut self, pages: Vec<(u64, Box<[u8]>)>) {
-        self.dirty.recycle_pages(pages)
-    }
-
     /// Runtime state for an inode just made (its item is known).
     pub(super) fn new_rt(&mut self, l: Loc, size: u64) {
-        let t = self.store.transid;
+        let t = self.store.transid();
         // A new inode is logged in full the first time (its number may
         // have been logged and removed in this transaction).
         self.inodes.insert(
@@ -888,7 +803,7 @@ impl Filesystem {
             },
         );
         self.mark_changed(l);
-        self.dirtied();
+        self.clock.dirtied();
     }
 
     // ------------------------------------------------------------------
@@ -1099,12 +1014,6 @@ impl Filesystem {
         Ok(self.item(l)?.flags.get() & BTRFS_INODE_NODATASUM == 0)
     }
 
-    /// Whether the filesystem has the NO_HOLES incompat feature (no explicit
-    /// hole extent items).
-    pub fn no_holes(&self) -> bool {
-        has_no_holes(&self.store)
-    }
-
     /// The log and the parts of the mount a log writer may use, apart.
     pub(super) fn log_fields(
         &mut self,
@@ -1124,26 +1033,6 @@ impl Filesystem {
             &self.switches,
             &self.opts,
         )
-    }
-
-    /// The fsync log, to change.
-    pub(super) fn log_mut(&mut self) -> &mut dyn super::fsync::FsyncLog {
-        &mut *self.log
-    }
-
-    /// The fsync log.
-    pub(super) fn log_ref(&self) -> &dyn super::fsync::FsyncLog {
-        &*self.log
-    }
-
-    /// The name changes recorded since they were last handed to the log.
-    pub(super) fn take_name_changes(&mut self) -> Vec<super::fsync::NameChange> {
-        std::mem::take(&mut self.name_changes)
-    }
-
-    /// Record a name change for the log (applied when the operation ends).
-    pub(super) fn record_name_change(&mut self, c: super::fsync::NameChange) {
-        self.name_changes.push(c);
     }
 
     // ------------------------------------------------------------------
@@ -1203,11 +1092,6 @@ impl Filesystem {
     }
 }
 
-/// Whether the filesystem has the NO_HOLES incompat feature.
-pub(super) fn has_no_holes(store: &Store) -> bool {
-    store.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0
-}
-
 /// The inode item of `l`. An empty-subvolume placeholder has none: what
 /// stat(2) shows of it is made as new_simple_dir makes it: a directory
 /// with mode 0755, one link, no size, the owner and access time of the
@@ -1238,7 +1122,7 @@ pub(super) fn load_rt<'c>(
 ) -> Result<&'c mut InodeRt> {
     if !inodes.contains(&l) {
         let item = read_item(store, l, now)?;
-        let transid = store.transid;
+        let transid = store.transid();
         let mut rt = InodeRt {
             i_size: item.size.get(),
             disk_i_size: item.size.get(),
@@ -1269,7 +1153,7 @@ pub(super) fn inode_logged(
     l: Loc,
     now: Timespec,
 ) -> Result<bool> {
-    let t = store.transid;
+    let t = store.transid();
     let lt = load_rt(store, inodes, l, now)?.logged_trans;
     if lt == t {
         return Ok(true);

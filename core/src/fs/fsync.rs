@@ -155,7 +155,7 @@ pub struct LogContext<'a> {
 impl LogContext<'_> {
     /// Transid of the running transaction.
     pub fn transid(&self) -> u64 {
-        self.store.transid
+        self.store.transid()
     }
 
     /// The inode item of `l` ([`Filesystem::item`]).
@@ -180,7 +180,7 @@ impl LogContext<'_> {
 
     /// Whether the filesystem has the NO_HOLES feature.
     pub fn no_holes(&self) -> bool {
-        super::filesystem::has_no_holes(self.store)
+        self.store.no_holes()
     }
 }
 
@@ -206,7 +206,7 @@ impl Filesystem {
     /// The gate of the log sync whose I/O may be running without the
     /// filesystem (clients wait on it without holding the filesystem).
     pub fn log_io_gate(&self) -> Arc<LogIoGate> {
-        self.log_ref().io_gate().clone()
+        self.log.as_ref().io_gate().clone()
     }
 }
 
@@ -221,7 +221,7 @@ pub fn sleep_until(t: std::time::Instant) {
 impl FsyncPath<'_> {
     /// The log and the context it works on (disjoint parts of the mount).
     fn log_parts(&mut self) -> (&mut dyn FsyncLog, LogContext<'_>) {
-        let now = self.fs.now();
+        let now = self.fs.clock.now();
         let (log, store, inodes, stats, switches, opts) = self.fs.log_fields();
         (
             log,
@@ -293,7 +293,7 @@ impl FsyncPath<'_> {
                 self.fs.store.data().release_open_batch()?;
             }
         }
-        let changes = self.fs.take_name_changes();
+        let changes = std::mem::take(&mut self.fs.name_changes);
         let (log, mut cx) = self.log_parts();
         match log.log_for_fsync(&mut cx, l, changes)? {
             LogAnswer::Go(ticket) => Ok(ticket),
@@ -359,7 +359,7 @@ impl FsyncPath<'_> {
     /// (btrfs_log_new_name, btrfs_del_dir_entries_in_log run inline in the
     /// kernel's unlink, link and rename).
     pub(super) fn log_name_changes(&mut self) {
-        let changes = self.fs.take_name_changes();
+        let changes = std::mem::take(&mut self.fs.name_changes);
         if changes.is_empty() {
             return;
         }

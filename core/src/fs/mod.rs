@@ -3,6 +3,7 @@
 //! counts, the inline limit, dropping extents), and mkfs `--rootdir`, log
 //! replay and the engine all use it.
 
+pub mod clock;
 pub mod compress;
 pub mod data;
 mod dcache;

@@ -363,7 +363,7 @@ pub fn add_backref(
     if st.append_item(t, &rkey, &r, max)? {
         return Ok(());
     }
-    if st.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_EXTENDED_IREF == 0 {
+    if st.sb().incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_EXTENDED_IREF == 0 {
         return Err(Error::errno(
             libc::EMLINK,
             format!("too many links to inode {ino} in directory {dir} (no extended inode refs)"),
@@ -455,7 +455,7 @@ pub fn unlink(
     name: &[u8],
     now: crate::format::inode::Timespec,
 ) -> Result<(u64, u32, u64)> {
-    let transid = st.transid;
+    let transid = st.transid();
     let (loc, _) = lookup_name(st, subvol, dir, name)?.ok_or_else(|| {
         Error::Invalid(format!(
             "no entry '{}' in directory {dir}",

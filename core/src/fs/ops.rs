@@ -64,8 +64,8 @@ impl Filesystem {
     /// inherited as the kernel's btrfs_inherit_iflags and mount options.
     fn new_inode(&mut self, dir: Loc, mode: u32, rdev: u64) -> Result<Loc> {
         let ino = self.alloc_ino(dir.subvol)?;
-        let now = self.now();
-        let transid = self.transid();
+        let now = self.clock.now();
+        let transid = self.store.transid();
         let mut it = new_inode_item(mode, 0, 0, rdev, now, transid);
         let dflags = self.item(dir)?.flags.get();
         let mut flags = 0u64;
@@ -103,8 +103,8 @@ impl Filesystem {
     /// Link `target` into `dir` as `name` at the directory's next index.
     fn add_link(&mut self, dir: Loc, name: &[u8], target: Loc, mode: u32) -> Result<()> {
         let idx = self.next_index(dir)?;
-        let t = self.transid();
-        let now = self.now();
+        let t = self.store.transid();
+        let now = self.clock.now();
         // The directory's times move with its size, in one item change
         // (what stamp() would make a second one).
         names::add_name_with(
@@ -271,14 +271,14 @@ impl Filesystem {
     /// name loses it before the next log sync (__btrfs_unlink_inode's log
     /// hooks).
     fn drop_name(&mut self, dir: Loc, name: &[u8]) -> Result<Loc> {
-        let now = self.now();
+        let now = self.clock.now();
         self.dcache.clear();
         let (ino, nlink, index) = names::unlink(&mut self.store, dir.subvol, dir.ino, name, now)?;
         let l = Loc::new(dir.subvol, ino);
         self.touch_trans(dir)?;
         self.touch_trans(l)?;
         if self.store.log_trees().has_log(dir.subvol) {
-            self.record_name_change(super::fsync::NameChange::Unlink {
+            self.name_changes.push(super::fsync::NameChange::Unlink {
                 dir,
                 name: name.to_vec(),
                 index,
@@ -320,7 +320,7 @@ impl Filesystem {
         }
         // btrfs_record_unlink_dir: a later fsync of the inode logs its
         // old parents.
-        let t = self.transid();
+        let t = self.store.transid();
         self.rt(l)?.last_unlink_trans = t;
         self.drop_name(dir, name)?;
         self.fsync_path().log_name_changes();
@@ -359,7 +359,7 @@ impl Filesystem {
         }
         // A directory that lost a subvolume (or passed such a loss up)
         // passes it to its parent: its deletion cannot be logged.
-        let t = self.transid();
+        let t = self.store.transid();
         if self.rt(l)?.last_unlink_trans >= t {
             self.rt(dir)?.last_unlink_trans = t;
         }
@@ -551,7 +551,7 @@ impl Filesystem {
                     Key::new(src.ino, BTRFS_INODE_REF_KEY, odir.ino),
                 )
             })?;
-        let t = self.transid();
+        let t = self.store.transid();
         if odir != ndir {
             self.record_unlink_dir(odir, src, true)?;
         }
@@ -577,7 +577,7 @@ impl Filesystem {
     /// directory nor the inode is in it), the directory is marked too, so
     /// fully logging it commits instead.
     fn record_unlink_dir(&mut self, dir: Loc, l: Loc, for_rename: bool) -> Result<()> {
-        let t = self.transid();
+        let t = self.store.transid();
         self.rt(l)?.last_unlink_trans = t;
         if !for_rename || self.inode_logged(dir)? || self.inode_logged(l)? {
             return Ok(());
@@ -596,7 +596,7 @@ impl Filesystem {
         old: Option<(Loc, Vec<u8>, u64)>,
         parent: Loc,
     ) -> Result<()> {
-        let t = self.transid();
+        let t = self.store.transid();
         let dir = is_dir(self.item(l)?.mode.get());
         let rt = self.rt(l)?;
         rt.copy_everything = true;
@@ -604,7 +604,7 @@ impl Filesystem {
             rt.last_unlink_trans = t;
         }
         if self.store.log_trees().has_log(l.subvol) {
-            self.record_name_change(super::fsync::NameChange::NewName {
+            self.name_changes.push(super::fsync::NameChange::NewName {
                 inode: l,
                 old,
                 parent,
@@ -674,7 +674,7 @@ impl Filesystem {
         if l.is_placeholder() {
             return Ok(());
         }
-        let now = self.now();
+        let now = self.clock.now();
         let mut it = self.item(l)?;
         it.atime = now;
         it.mtime = now;
@@ -747,7 +747,7 @@ impl Xattrs<'_> {
         if name.starts_with(b"btrfs.") {
             return self.fs.xattrs().set_prop(l, name, Some(value), false);
         }
-        let t = self.fs.transid();
+        let t = self.fs.store.transid();
         super::xattr::set_xattr(&mut self.fs.store, l.subvol, l.ino, name, value, t)?;
         self.fs.rt(l)?.copy_everything = true;
         self.fs.stamp(l, true, false)

@@ -112,7 +112,7 @@ impl Xattrs<'_> {
         if !is_reg(m) && !is_dir(m) {
             return Ok(());
         }
-        let t = self.fs.transid();
+        let t = self.fs.store.transid();
         let prop = match value {
             Some(v) => {
                 super::xattr::set_xattr(&mut self.fs.store, l.subvol, l.ino, COMPRESSION, v, t)?;
@@ -174,7 +174,7 @@ impl Xattrs<'_> {
         {
             return Ok(());
         }
-        let t = self.fs.transid();
+        let t = self.fs.store.transid();
         super::xattr::set_xattr(
             &mut self.fs.store,
             child.subvol,
@@ -249,7 +249,7 @@ mod tests {
             .unwrap();
         let flags = fs.item(d).unwrap().flags.get();
         assert!(flags & BTRFS_INODE_COMPRESS != 0 && flags & BTRFS_INODE_NOCOMPRESS == 0);
-        assert!(fs.store.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_COMPRESS_ZSTD != 0);
+        assert!(fs.store.sb().incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_COMPRESS_ZSTD != 0);
         // Files and directories inherit it; symlinks do not, and setting it
         // on one does nothing.
         let f = fs.create(d, b"f", 0o644).unwrap();

@@ -53,7 +53,7 @@ pub fn create_subvol_tree(
     now: crate::format::inode::Timespec,
     readonly: bool,
 ) -> Result<crate::format::inode::InodeItem> {
-    let t = store.transid;
+    let t = store.transid();
     let ns = store.nodesize() as u64;
     let uuid = crate::util::uuid::random_uuid();
     let mut ri = crate::format::root::new_root_item(now.sec.get(), t, ROOT_DIR, Some(uuid));
@@ -99,7 +99,7 @@ pub fn link_subvol_items(
     loc_offset: u64,
     index: u64,
 ) -> Result<()> {
-    let t = store.transid;
+    let t = store.transid();
     names::add_name(
         store,
         parent,
@@ -258,7 +258,7 @@ impl Subvols<'_> {
         if let Some(&q) = self
             .fs
             .store
-            .qgroups
+            .qgroups()
             .groups
             .keys()
             .filter(|q| **q >> 48 == 0)
@@ -342,8 +342,8 @@ impl Subvols<'_> {
             return Err(Error::errno(libc::ENOTDIR, "not a directory"));
         }
         let id = self.alloc_subvol_id()?;
-        let t = self.fs.transid();
-        let now = self.fs.now();
+        let t = self.fs.store.transid();
+        let now = self.fs.clock.now();
         create_subvol_tree(&mut self.fs.store, id, now, false)?;
         // Properties come from the parent subvolume's root, not from `dir`.
         self.fs
@@ -386,7 +386,8 @@ impl Subvols<'_> {
         }
         let inodes: Vec<Loc> = self
             .fs
-            .dirty_list()
+            .dirty
+            .inodes()
             .into_iter()
             .filter(|l| l.subvol == src.subvol)
             .collect();
@@ -397,8 +398,8 @@ impl Subvols<'_> {
         }
         self.fs.commit("snapshot")?;
         let id = self.alloc_subvol_id()?;
-        let t = self.fs.transid();
-        let now = self.fs.now();
+        let t = self.fs.store.transid();
+        let now = self.fs.clock.now();
         let mut ri: RootItem = self.fs.store.root_item(src.subvol)?;
         let uuid = crate::util::uuid::random_uuid();
         ri.flags.set(ri.flags.get() & !BTRFS_ROOT_SUBVOL_RDONLY);
@@ -417,7 +418,7 @@ impl Subvols<'_> {
             .store
             .update_root_item(src.subvol, |r| r.last_snapshot.set(t))?;
         self.fs.store.snapshot_tree(src.subvol, id, ri, t)?;
-        if self.fs.store.qgroups.enabled {
+        if self.fs.store.qgroups().enabled {
             // What the transaction changed is accounted without the new
             // snapshot, which then starts as the source's copy
             // (btrfs_qgroup_inherit); the commit right after makes that
@@ -500,7 +501,7 @@ impl Subvols<'_> {
     fn unlink_subvol(&mut self, dir: Loc, name: &[u8], loc: Key) -> Result<()> {
         let id = loc.objectid;
         let idx = self.entry_index(dir, name)?;
-        let t = self.fs.transid();
+        let t = self.fs.store.transid();
         self.fs.dcache.clear();
         names::remove_name(&mut self.fs.store, dir.subvol, dir.ino, loc, name, idx, t)?;
         self.fs
@@ -534,8 +535,8 @@ impl Subvols<'_> {
         let root_key = self.fs.store.root_key(id)?;
         self.unlink_subvol(odir, oname, loc)?;
         self.link_subvol(ndir, nname, id, root_key.offset)?;
-        let t = self.fs.transid();
-        self.fs.log_mut().force_full_commit(t);
+        let t = self.fs.store.transid();
+        self.fs.log.as_mut().force_full_commit(t);
         Ok(())
     }
 
@@ -547,7 +548,7 @@ impl Subvols<'_> {
         let (loc, _) = names::lookup_name(&mut self.fs.store, dir.subvol, dir.ino, name)?
             .ok_or_else(|| Error::errno(libc::ENOENT, "no such directory"))?;
         let idx = self.entry_index(dir, name)?;
-        let t = self.fs.transid();
+        let t = self.fs.store.transid();
         self.fs.dcache.clear();
         names::remove_name(&mut self.fs.store, dir.subvol, dir.ino, loc, name, idx, t)?;
         self.fs.stamp(dir, true, true)?;
@@ -596,7 +597,7 @@ impl Subvols<'_> {
             }
         }
         self.unlink_subvol(dir, name, loc)?;
-        let t = self.fs.transid();
+        let t = self.fs.store.transid();
         // btrfs_record_snapshot_destroy: replay cannot remove a subvolume
         // entry, so fully logging the directory commits instead.
         self.fs.rt(dir)?.last_unlink_trans = t;
@@ -632,7 +633,7 @@ impl Subvols<'_> {
     /// The cleaner: subvolumes whose deletion an earlier transaction made
     /// durable lose their trees, root items, orphan items and qgroups.
     pub(super) fn finish_deleted_subvols(&mut self) -> Result<()> {
-        let t = self.fs.transid();
+        let t = self.fs.store.transid();
         let (ready, later): (Vec<(u64, u64)>, Vec<(u64, u64)>) = self
             .fs
             .deleted_subvols
@@ -738,7 +739,7 @@ impl Subvols<'_> {
             self.fs.store.root_key(l.subvol)?.offset
         };
         set_default_subvol_item(&mut self.fs.store, l.subvol, offset)?;
-        self.fs.dirtied();
+        self.fs.clock.dirtied();
         Ok(())
     }
 
@@ -746,7 +747,7 @@ impl Subvols<'_> {
     /// quota tree and a qgroup per subvolume, a commit, the rescan counting
     /// every extent of the trees that commit left, a commit.
     pub fn quota_enable(&mut self) -> Result<()> {
-        if self.fs.store.qgroups.enabled {
+        if self.fs.store.qgroups().enabled {
             return Ok(());
         }
         let subvols = subvol_ids(&mut self.fs.store)?;
@@ -766,7 +767,7 @@ impl Subvols<'_> {
     pub fn balance_metadata(&mut self) -> Result<()> {
         self.fs.sync()?;
         self.fs.store.relocation().relocate_metadata()?;
-        self.fs.dirtied();
+        self.fs.clock.dirtied();
         self.fs.commit("balance")
     }
 }

@@ -151,7 +151,7 @@ pub(super) fn add_hole_map(maps: &mut std::collections::BTreeMap<u64, u64>, star
 impl Writeback<'_> {
     /// Write back every inode's dirty pages.
     pub fn all(&mut self, reason: Reason) -> Result<()> {
-        for l in self.fs.dirty_list() {
+        for l in self.fs.dirty.inodes() {
             self.inode(l, 0, u64::MAX, reason)?;
         }
         Ok(())
@@ -199,7 +199,7 @@ impl Writeback<'_> {
         let i_size = rt.i_size;
         let pages = rt.pages.take_range(from, to);
         if rt.pages.is_empty() {
-            self.fs.note_clean(l);
+            self.fs.dirty.note_clean(l);
         }
         let n = pages.len() as u64 * PAGE;
         self.fs.dirty.bytes = self.fs.dirty.bytes.saturating_sub(n);
@@ -243,7 +243,7 @@ impl Writeback<'_> {
             .data()
             .set_data_context((l.subvol, l.ino), false);
         r?;
-        self.fs.recycle_pages(pages);
+        self.fs.dirty.recycle_pages(pages);
         Ok(())
     }
 
@@ -680,7 +680,7 @@ impl Writeback<'_> {
     pub(super) fn complete_ordered(&mut self, oe: &OrderedExtent) -> Result<()> {
         let l = oe.loc;
         let t = TreeId::Tree(l.subvol);
-        let transid = self.fs.transid();
+        let transid = self.fs.store.transid();
         self.fs.stats.ordered_extents += 1;
         let (start, end) = (oe.file_off, oe.file_off + oe.len);
         let mut nbytes_delta: i64 = 0;
@@ -725,7 +725,7 @@ impl Writeback<'_> {
     /// (btrfs_update_inode): nbytes, transid, the times a write left
     /// pending and the on-disk size, in one change of the item.
     fn finish_inode_update(&mut self, l: Loc, nbytes_delta: i64) -> Result<()> {
-        let transid = self.fs.transid();
+        let transid = self.fs.store.transid();
         let new_size = self.disk_size_now(l)?;
         let rt = self.fs.rt(l)?;
         let times = rt.pending_times.take();
@@ -763,7 +763,7 @@ impl Writeback<'_> {
     /// What the on-disk size becomes now.
     fn disk_size_now(&mut self, l: Loc) -> Result<u64> {
         let i_size = self.fs.rt(l)?.i_size;
-        Ok(if self.fs.no_holes() {
+        Ok(if self.fs.store.no_holes() {
             i_size
         } else {
             i_size.min(self.covered_from_zero(l, i_size)?)
@@ -794,7 +794,7 @@ impl Writeback<'_> {
     /// reference per new item).
     fn mark_written(&mut self, l: Loc, start: u64, end: u64) -> Result<()> {
         let t = TreeId::Tree(l.subvol);
-        let transid = self.fs.transid();
+        let transid = self.fs.store.transid();
         let items = extents_in(&mut self.fs.store, l.subvol, l.ino, start, end)?;
         for (k, d) in items {
             let Ok(FileExtent::Disk { head, item }) = parse_file_extent(&d) else {
@@ -929,13 +929,13 @@ impl Writeback<'_> {
     /// Cover `[start, end)` with explicit holes where the filesystem has no
     /// no-holes feature and no extent covers it.
     pub(super) fn fill_holes(&mut self, l: Loc, start: u64, end: u64) -> Result<()> {
-        if self.fs.no_holes() || start >= end {
+        if self.fs.store.no_holes() || start >= end {
             return Ok(());
         }
         let ss = self.fs.store.sectorsize() as u64;
         let mut pos = start;
         let items = extents_in(&mut self.fs.store, l.subvol, l.ino, start, end)?;
-        let transid = self.fs.transid();
+        let transid = self.fs.store.transid();
         for (k, d) in items {
             let Some((s, e)) = extents::extent_span(ss, k.offset, &d) else {
                 continue;
@@ -954,6 +954,40 @@ impl Writeback<'_> {
         }
         if pos < end {
             fill_hole(&mut self.fs.store, l.subvol, l.ino, pos, end, transid)?;
+        }
+        Ok(())
+    }
+}
+
+impl Writeback<'_> {
+    /// The flusher's or sync's writeback of whole inodes
+    /// (writeback_inodes_sb): every dirty page goes, and every inode's
+    /// dirty state is cleared, pages written or not.
+    pub(super) fn writeback_inodes(&mut self, reason: Reason) -> Result<()> {
+        self.fs.writeback().all(reason)?;
+        for rt in self.fs.inodes.states_mut() {
+            rt.pages_dirtied_at = None;
+        }
+        Ok(())
+    }
+
+    /// Background writeback past the dirty limit (wb_writeback for the
+    /// background threshold): whole inodes in the order they were dirtied,
+    /// until dirty file data is down to `target`, each written inode's dirty
+    /// state cleared (__writeback_single_inode). The newest dirty data
+    /// stays in memory, so a file written and deleted soon after (dbench's
+    /// temporary files) is never written at all, as on the kernel.
+    pub(super) fn writeback_oldest(&mut self, target: u64) -> Result<()> {
+        for l in self.fs.dirty.oldest_first() {
+            if self.fs.dirty.bytes <= target {
+                break;
+            }
+            self.fs
+                .writeback()
+                .inode(l, 0, u64::MAX, Reason::Background)?;
+            if let Some(rt) = self.fs.inodes.get_mut(&l) {
+                rt.pages_dirtied_at = None;
+            }
         }
         Ok(())
     }

@@ -272,7 +272,7 @@ impl Replayer<'_> {
     /// Remove the name `name` (dir index `index`) of `ino` from `dir`; the
     /// inode's link count is recounted later.
     fn unlink_name(&mut self, dir: u64, ino: u64, name: &[u8], index: u64) -> Result<()> {
-        let t = self.fs.transid;
+        let t = self.fs.transid();
         names::remove_name(
             self.fs,
             self.subvol,
@@ -303,7 +303,7 @@ impl Replayer<'_> {
             .get_inode(ino)?
             .ok_or_else(|| Error::Internal("add_name on missing inode".into()))?;
         let ftype = finode::ftype_of_mode(inode.mode.get());
-        let (sv, t) = (self.subvol, self.fs.transid);
+        let (sv, t) = (self.subvol, self.fs.transid());
         names::add_name(
             self.fs,
             sv,
@@ -450,7 +450,7 @@ impl Replayer<'_> {
                     src.size.set(0);
                 }
                 if src.generation.get() == 0 {
-                    src.generation.set(self.fs.transid);
+                    src.generation.set(self.fs.transid());
                 }
                 self.put_inode(ino, &src)?;
                 self.ev(Event::InodeCreated {
@@ -663,7 +663,7 @@ impl Replayer<'_> {
             self.fs.extent_refs().queue_data_ref(bytenr, len, r, 1);
         } else {
             self.fs.account_data_extent(bytenr, len)?;
-            let gen = generation.unwrap_or(self.fs.transid);
+            let gen = generation.unwrap_or(self.fs.transid());
             self.fs
                 .extent_refs()
                 .queue_new_data_extent(bytenr, len, gen, r);
@@ -1059,7 +1059,7 @@ fn replay_logs(
             }
         }
     }
-    let no_holes = fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
+    let no_holes = fs.sb().incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
     let mut reps: BTreeMap<u64, (BTreeSet<u64>, Vec<Event>)> = BTreeMap::new();
     // A log of a subvolume deleted before the crash has nothing to replay
     // into; the kernel skips it too (its blocks stay pinned until commit).

@@ -1087,7 +1087,7 @@ pub fn make_set(
 /// Create the fs tree, csum tree, data relocation tree, uuid tree, and the
 /// root tree's directory with its `default` entry, as mkfs.btrfs does.
 fn populate(fs: &mut Store, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
-    let t = fs.transid;
+    let t = fs.transid();
     let ns = o.nodesize as u64;
     let fs_uuid = random_uuid();
     fs.create_tree(
@@ -1129,7 +1129,7 @@ fn populate(fs: &mut Store, o: &MkfsOptions, _fsid: [u8; 16]) -> Result<()> {
         &Key::new(hi, BTRFS_UUID_KEY_SUBVOL, lo),
         &BTRFS_FS_TREE_OBJECTID.to_le_bytes(),
     )?;
-    fs.sb.uuid_tree_generation.set(t);
+    fs.update_superblock(|sb| sb.uuid_tree_generation.set(t));
     // Root tree directory: inode 6 with a `default` entry naming the fs tree.
     let ino = dir_inode(o.now, t, ns);
     fs.insert_item(
@@ -1237,7 +1237,7 @@ pub fn shrink(fs: &mut Store) -> Result<u64> {
         r?;
         fs.commit()?;
     }
-    let devid = fs.sb.dev_item.devid.get();
+    let devid = fs.sb().dev_item.devid.get();
     let mut end = 0u64;
     for (k, d) in fs.items_in(
         BTRFS_DEV_TREE_OBJECTID,
@@ -1262,8 +1262,10 @@ pub fn shrink(fs: &mut Store) -> Result<u64> {
         .map_err(|_| Error::corrupt_key("dev item size", 0, key))?;
     di.total_bytes.set(end);
     fs.update_item(BTRFS_CHUNK_TREE_OBJECTID, &key, di.as_bytes())?;
-    fs.sb.dev_item.total_bytes.set(end);
-    fs.sb.total_bytes.set(end);
+    fs.update_superblock(|sb| {
+        sb.dev_item.total_bytes.set(end);
+        sb.total_bytes.set(end);
+    });
     fs.commit()?;
     Ok(end)
 }

@@ -758,7 +758,7 @@ pub fn populate(
     let args = PlanArgs {
         ss,
         inline_cap: crate::fs::extents::inline_cap(fs, MAX_INLINE),
-        no_holes: fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0,
+        no_holes: fs.sb().incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0,
         compress: opts.compress,
     };
     let small: Vec<usize> = (0..listing.entries.len())
@@ -877,11 +877,11 @@ fn populate_with(
     const COMMIT_EVERY: u64 = 50_000;
     // A sixteenth of the filesystem between commits, so running out of space
     // loses at most that much, without a flush every few megabytes.
-    let commit_bytes: u64 = (fs.sb.total_bytes.get() / 16).clamp(64 << 20, 1 << 30);
+    let commit_bytes: u64 = (fs.sb().total_bytes.get() / 16).clamp(64 << 20, 1 << 30);
     let mut bytes_at_commit = 0u64;
     let top = BTRFS_FS_TREE_OBJECTID;
     let ss = fs.sectorsize() as u64;
-    let no_holes = fs.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
+    let no_holes = fs.sb().incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0;
     let inline_cap = crate::fs::extents::inline_cap(fs, MAX_INLINE);
     let mut st = RootdirStats::default();
     // Per entry: its inode number; per directory: the next dir index.
@@ -919,7 +919,7 @@ fn populate_with(
         {
             let id = next_subvol;
             next_subvol += 1;
-            let src = inode_from(m, fs.transid);
+            let src = inode_from(m, fs.transid());
             let mut item = crate::fs::subvol::create_subvol_tree(fs, id, src.ctime, sv.readonly)?;
             crate::fs::subvol::link_subvol_items(fs, tree, pino, &e.name, id, 0, index)?;
             if sv.default {
@@ -929,7 +929,7 @@ fn populate_with(
             item.otime = src.otime;
             put_inode(fs, id, BTRFS_FIRST_FREE_OBJECTID, &item)?;
             for (n, v) in xattrs(&e.path)? {
-                let t = fs.transid;
+                let t = fs.transid();
                 xattr::set_xattr(fs, id, BTRFS_FIRST_FREE_OBJECTID, &n, &v, t)?;
             }
             ino_of[i] = BTRFS_FIRST_FREE_OBJECTID;
@@ -949,7 +949,7 @@ fn populate_with(
         // same subvolume: a link cannot cross one).
         if !m.is_dir() && m.nlink() > 1 {
             if let Some(&ino) = links.get(&(tree, m.dev(), m.ino())) {
-                let t = fs.transid;
+                let t = fs.transid();
                 names::add_name(fs, tree, pino, inode_key(ino), &e.name, ftype, index, t)?;
                 if let Some(mut item) = get_inode(fs, tree, ino)? {
                     item.nlink.set(item.nlink.get() + 1);
@@ -966,9 +966,9 @@ fn populate_with(
         let ino = *next_ino;
         *next_ino += 1;
         ino_of[i] = ino;
-        let t = fs.transid;
+        let t = fs.transid();
         names::add_name(fs, tree, pino, inode_key(ino), &e.name, ftype, index, t)?;
-        let mut item = inode_from(m, fs.transid);
+        let mut item = inode_from(m, fs.transid());
         item.flags.set(item.flags.get() | forced);
         let mut pre_xattrs: Option<Vec<(Vec<u8>, Vec<u8>)>> = None;
         if m.is_dir() {
@@ -1067,7 +1067,7 @@ fn populate_with(
         };
         put_inode(fs, tree, ino, &item)?;
         for (n, v) in xa {
-            let t = fs.transid;
+            let t = fs.transid();
             xattr::set_xattr(fs, tree, ino, &n, &v, t)?;
         }
         if !m.is_dir() && m.nlink() > 1 {
@@ -1085,11 +1085,14 @@ fn populate_with(
     let root = BTRFS_FIRST_FREE_OBJECTID;
     let tree = top;
     if let Some(mut item) = get_inode(fs, tree, root)? {
-        take_attrs(&mut item, &inode_from(&listing.entries[0].meta, fs.transid));
+        take_attrs(
+            &mut item,
+            &inode_from(&listing.entries[0].meta, fs.transid()),
+        );
         put_inode(fs, tree, root, &item)?;
     }
     for (n, v) in xattrs(&listing.entries[0].path)? {
-        let t = fs.transid;
+        let t = fs.transid();
         xattr::set_xattr(fs, tree, root, &n, &v, t)?;
     }
     // A directory whose entries changed since the scan would leave the

@@ -166,10 +166,10 @@ pub const DEFAULT_CLEAN_CACHE: usize = 64 << 20;
 pub struct Store {
     img: Image,
     /// The superblock being built for the next commit.
-    pub sb: Superblock,
+    sb: Superblock,
     /// Id of the running transaction (the last committed generation + 1): the
     /// header generation of every block copied in it.
-    pub transid: u64,
+    transid: u64,
     cache: BlockCache,
     /// Inode and dir items by key (see [`items`]).
     items: items::ItemCache,
@@ -187,9 +187,9 @@ pub struct Store {
     /// written to disk by a log sync.
     log_blocks: HashMap<u64, bool>,
     /// Qgroup counters, when quotas are on.
-    pub qgroups: qgroup::Qgroups,
+    qgroups: qgroup::Qgroups,
     /// I/O counters since the store was opened.
-    pub stats: IoStats,
+    stats: IoStats,
 }
 
 impl Store {
@@ -407,6 +407,12 @@ impl Store {
         self.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_SKINNY_METADATA != 0
     }
 
+    /// Whether the filesystem has the NO_HOLES incompat feature (no explicit
+    /// hole extent items).
+    pub fn no_holes(&self) -> bool {
+        self.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0
+    }
+
     /// Read every block group and derive its free space from the extent tree.
     fn load_block_groups(&mut self) -> Result<()> {
         let sizes: BTreeMap<u64, u64> = self.img.devices().map(|(id, d)| (id, d.size())).collect();
@@ -593,6 +599,35 @@ impl Store {
     /// The block groups, by start address, as the next commit writes them.
     pub fn block_groups(&self) -> impl Iterator<Item = &BlockGroup> {
         self.space.alloc.groups.values()
+    }
+
+    /// The superblock the next commit writes (feature flags, sizes, the
+    /// roots as of the last commit).
+    pub fn sb(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// Id of the running transaction (the last committed generation + 1):
+    /// the header generation of every block copied in it.
+    pub fn transid(&self) -> u64 {
+        self.transid
+    }
+
+    /// Qgroup counters, when quotas are on.
+    pub fn qgroups(&self) -> &qgroup::Qgroups {
+        &self.qgroups
+    }
+
+    /// I/O counters since the store was opened.
+    pub fn stats(&self) -> IoStats {
+        self.stats
+    }
+
+    /// Change fields of the superblock the next commit writes (sizes,
+    /// generations of caches and trees kept outside the root tree); the
+    /// roots, the generation and the backups are the commit's own.
+    pub fn update_superblock(&mut self, f: impl FnOnce(&mut Superblock)) {
+        f(&mut self.sb)
     }
 
     /// Set an incompat feature bit; the superblock carries it from the next

@@ -288,7 +288,7 @@ pub struct IoSummary {
 impl IoSummary {
     /// The device totals of `fs` since it was mounted.
     pub fn of(fs: &Filesystem) -> IoSummary {
-        let s = fs.store.stats;
+        let s = fs.store.stats();
         IoSummary {
             flushes: s.flushes,
             bytes_written: s.data_bytes + s.log_bytes + s.metadata_bytes + s.super_bytes,

@@ -313,7 +313,7 @@ impl Session {
     pub fn stats_text(&mut self, json: bool) -> Result<String> {
         let fs = self.fs()?;
         let (clean, dirty_meta, dirty_data) = fs.cache_sizes();
-        let io = fs.store.stats;
+        let io = fs.store.stats();
         let st = fs.stats.clone();
         let v = serde_json::json!({
             "commits": st.commits,
