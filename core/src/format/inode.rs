@@ -13,7 +13,19 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligne
 /// bits (a file dated 1960 has a negative count), and the nanoseconds come
 /// from disk unchecked.
 #[repr(C)]
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(
+    FromBytes,
+    IntoBytes,
+    KnownLayout,
+    Immutable,
+    Unaligned,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+)]
 pub struct Timespec {
     /// Seconds since the Unix epoch, two's complement (negative before 1970).
     pub sec: Le64,
@@ -152,9 +164,10 @@ pub fn for_each_inode_ref<'a>(
         let n = h.name_len.get() as usize;
         let rest = &data[10..];
         if rest.len() < n {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_item(
                 format!("inode ref name_len {n} past item end"),
                 0,
+                None,
             ));
         }
         f(InodeRefEntry {
@@ -186,9 +199,10 @@ pub fn for_each_inode_extref<'a>(
         let n = h.name_len.get() as usize;
         let rest = &data[18..];
         if rest.len() < n {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_item(
                 format!("inode extref name_len {n} past item end"),
                 0,
+                None,
             ));
         }
         f(InodeExtrefEntry {

@@ -41,6 +41,7 @@ use crate::fs::{
     FsyncLog, FsyncTicket, Loc, LogAnswer, LogContext, LogSyncStep, NameChange, ROOT_DIR,
 };
 use crate::trans::TreeId;
+use crate::CorruptKind;
 use std::collections::VecDeque;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -1087,7 +1088,10 @@ impl LogWriter<'_, '_> {
             } else if let Some(cut) =
                 // Cut at a sector boundary, as truncate_inode_items rounds
                 // the kept length up (the tree checker wants it aligned).
-                crate::format::file_extent::cut_to(&d, (from - k.offset).div_ceil(ss) * ss)
+                crate::format::file_extent::cut_to(
+                    &d,
+                    (from - k.offset).div_ceil(ss) * ss,
+                )
             {
                 self.cx.store.update_item(log, &k, &cut)?;
             }
@@ -1140,7 +1144,11 @@ impl LogWriter<'_, '_> {
             }
             min_offset = last + 1;
         }
-        Err(Error::corrupt("directory index ranges do not end", dir.ino))
+        Err(Error::corrupt_as(
+            CorruptKind::Structure,
+            "directory index ranges do not end",
+            dir.ino,
+        ))
     }
 
     /// log_dir_items from `min_offset`: returns the last index the pass
@@ -1277,7 +1285,12 @@ impl LogWriter<'_, '_> {
         while let Some(d) = queue.pop_front() {
             guard += 1;
             if guard > 1 << 20 {
-                return Err(Error::corrupt("directory tree does not end", d.ino).into());
+                return Err(Error::corrupt_as(
+                    CorruptKind::Structure,
+                    "directory tree does not end",
+                    d.ino,
+                )
+                .into());
             }
             let from = self.cx.rt(d)?.first_dir_index_to_log;
             if from == 0 {
@@ -1345,7 +1358,12 @@ impl LogWriter<'_, '_> {
                 None => return Err(Stop::Commit("an ancestor has no name")),
             }
         }
-        Err(Error::corrupt("directory chain does not reach the root", dir.ino).into())
+        Err(Error::corrupt_as(
+            CorruptKind::Structure,
+            "directory chain does not reach the root",
+            dir.ino,
+        )
+        .into())
     }
 
     /// log_all_new_ancestors: through the inode's one parent, or through
@@ -1492,7 +1510,9 @@ impl LogWriter<'_, '_> {
             return Ok(());
         }
         if !self.can_log_conflicting_inode(other)? {
-            return Err(Stop::Commit("a conflicting directory moved in this transaction"));
+            return Err(Stop::Commit(
+                "a conflicting directory moved in this transaction",
+            ));
         }
         ctx.conflicts_seen += 1;
         ctx.conflicts.push_back((other.ino, parent));
@@ -1710,7 +1730,12 @@ mod tests {
     #[test]
     fn changed_ranges_are_joined() {
         assert_eq!(
-            super::merge_ranges(vec![(303104, 401408), (262144, 344064), (0, 4096), (4096, 8192)]),
+            super::merge_ranges(vec![
+                (303104, 401408),
+                (262144, 344064),
+                (0, 4096),
+                (4096, 8192)
+            ]),
             vec![(0, 8192), (262144, 401408)]
         );
     }
