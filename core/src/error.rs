@@ -312,3 +312,73 @@ impl Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::consts::*;
+    use zerocopy::FromZeros;
+
+    fn kind_of<T>(r: Result<T>) -> CorruptKind {
+        match r {
+            Err(e) => e
+                .corrupt_kind()
+                .unwrap_or_else(|| panic!("not a corruption: {e}")),
+            Ok(_) => panic!("hostile input accepted"),
+        }
+    }
+
+    /// Hostile inputs of each part of the engine come back as the kind
+    /// that names what is damaged, not the catch-all.
+    #[test]
+    fn hostile_inputs_name_their_kind() {
+        // Items that do not decode, with the key attached later by `at`.
+        let root_key = Key::new(5, BTRFS_ROOT_ITEM_KEY, 0);
+        assert_eq!(
+            kind_of(crate::format::root::RootItem::parse(&[0u8; 100])),
+            CorruptKind::Item
+        );
+        let e = crate::format::item::check(&Key::new(257, BTRFS_INODE_REF_KEY, 256), &[], 4)
+            .unwrap_err()
+            .at(4096, root_key);
+        assert_eq!(e.corrupt_kind(), Some(CorruptKind::Item), "{e}");
+        assert_eq!(
+            kind_of(crate::format::extent::parse_extent_item(
+                &Key::new(1 << 20, BTRFS_EXTENT_ITEM_KEY, 4096),
+                &[0u8; 8]
+            )),
+            CorruptKind::Item
+        );
+        // A chunk item with no stripes, and an address no chunk maps.
+        let chunk = [0u8; crate::format::chunk::CHUNK_ITEM_SIZE];
+        assert_eq!(
+            kind_of(crate::format::chunk::parse_chunk(&chunk)),
+            CorruptKind::ChunkMap
+        );
+        assert_eq!(
+            kind_of(crate::chunk::ChunkMap::new().pieces(1 << 20, 4096)),
+            CorruptKind::ChunkMap
+        );
+        // A superblock with the magic and nothing else.
+        let mut sb = crate::format::superblock::Superblock::new_zeroed();
+        sb.magic = BTRFS_MAGIC.into();
+        assert_eq!(
+            kind_of(crate::image::check_superblock(
+                &sb,
+                1 << 30,
+                &mut Vec::new()
+            )),
+            CorruptKind::Superblock
+        );
+        // An extent claimed where there is no block group.
+        assert_eq!(
+            kind_of(crate::alloc::Allocator::default().reserve(1 << 20, 4096)),
+            CorruptKind::Allocation
+        );
+        // A tree block shorter than its header.
+        assert_eq!(
+            kind_of(crate::tree::node::Node::from_vec(1 << 20, vec![0u8; 16])),
+            CorruptKind::Block(ProblemKind::Header)
+        );
+    }
+}
