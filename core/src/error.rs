@@ -39,20 +39,61 @@ pub enum ProblemKind {
 }
 
 /// What kind of damage a [`Error::Corrupt`] is: callers decide on this,
-/// never on the message.
+/// never on the message. Each kind names what is damaged; [`Other`] is only
+/// for damage no other kind describes.
+///
+/// [`Other`]: CorruptKind::Other
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum CorruptKind {
     /// A tree block failed one of the block checks.
     Block(ProblemKind),
     /// A block of an fsync log tree is damaged, unreadable or linked
-    /// twice (what `btrkit-replay --salvage` works around).
+    /// twice, or a log tree's root item is unusable (what `btrkit-replay
+    /// --salvage` works around).
     LogBlock,
     /// The shape of the trees: a loop, a block referenced twice, a tree
-    /// deeper than the format allows.
+    /// deeper than the format allows; or a walk that does not end (a loop in
+    /// the directory hierarchy, the back references or the log's directory
+    /// index ranges).
     Structure,
-    /// The superblock.
+    /// The superblock: a copy that does not decode, fails its checksum or
+    /// holds impossible values (sizes, levels, root addresses), and its
+    /// `sys_chunk_array`.
     Superblock,
-    /// An item, or anything else read from disk.
+    /// One item on its own: a body that does not decode for its key type
+    /// (wrong size, a name or ref running past the item's end, an unknown
+    /// type byte) or whose fields contradict each other. Chunk items are
+    /// [`ChunkMap`](Self::ChunkMap), device items and dev extents
+    /// [`Device`](Self::Device).
+    Item,
+    /// Items that disagree with each other: an item another one requires is
+    /// missing (an extent without its extent item, a name without its inode
+    /// or inode ref, a dir item without its dir index, a tree the root tree
+    /// does not hold), or references that do not add up (a count going
+    /// negative, a back reference twice or absent).
+    Reference,
+    /// Address translation: a chunk item that does not decode or is
+    /// impossible (no stripes, a bad length, a profile its stripes do not
+    /// fit), chunks that overlap, a logical address or range no chunk maps
+    /// or that crosses the end of a chunk or a stripe, a tree block address
+    /// not sector aligned; and a chunk map rebuilt by `rescue chunk-recover`
+    /// that does not read back.
+    ChunkMap,
+    /// Device records: a device item or dev extent that is missing, does
+    /// not decode, is not sector aligned, lies on a device not in the set or
+    /// does not fit the block group it backs.
+    Device,
+    /// Space accounting: an extent outside every block group, or claimed
+    /// as free or allocated when it is not.
+    Allocation,
+    /// File data: a compressed extent that does not decompress or is
+    /// shorter than its reference, data past the end of the address space,
+    /// data without the checksums it needs.
+    Data,
+    /// Bytes no copy holds any more: every mirror of a range failed, or a
+    /// RAID5/6 stripe its parity cannot rebuild.
+    Lost,
+    /// Damage no other kind describes.
     Other,
 }
 
@@ -192,11 +233,32 @@ impl Error {
     /// A [`CorruptKind::Other`] corruption of the item with `key` in the block
     /// at `bytenr`.
     pub fn corrupt_key(what: impl Into<String>, bytenr: u64, key: Key) -> Self {
+        Self::corrupt_key_as(CorruptKind::Other, what, bytenr, key)
+    }
+    /// A corruption of kind `kind` of the item with `key` in the block at
+    /// `bytenr`.
+    pub fn corrupt_key_as(
+        kind: CorruptKind,
+        what: impl Into<String>,
+        bytenr: u64,
+        key: Key,
+    ) -> Self {
         Error::Corrupt {
-            kind: CorruptKind::Other,
+            kind,
             what: what.into(),
             bytenr,
             key: Some(key),
+        }
+    }
+    /// A [`CorruptKind::Item`] corruption: an item that does not decode or
+    /// contradicts itself, in the block at `bytenr` (0 when a decoder does not
+    /// know it; [`at`](Self::at) adds it and the key later).
+    pub fn corrupt_item(what: impl Into<String>, bytenr: u64, key: Option<Key>) -> Self {
+        Error::Corrupt {
+            kind: CorruptKind::Item,
+            what: what.into(),
+            bytenr,
+            key,
         }
     }
     /// An [`Error::Internal`]: a broken invariant of the engine itself.
@@ -248,5 +310,75 @@ impl Error {
             },
             e => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::consts::*;
+    use zerocopy::FromZeros;
+
+    fn kind_of<T>(r: Result<T>) -> CorruptKind {
+        match r {
+            Err(e) => e
+                .corrupt_kind()
+                .unwrap_or_else(|| panic!("not a corruption: {e}")),
+            Ok(_) => panic!("hostile input accepted"),
+        }
+    }
+
+    /// Hostile inputs of each part of the engine come back as the kind
+    /// that names what is damaged, not the catch-all.
+    #[test]
+    fn hostile_inputs_name_their_kind() {
+        // Items that do not decode, with the key attached later by `at`.
+        let root_key = Key::new(5, BTRFS_ROOT_ITEM_KEY, 0);
+        assert_eq!(
+            kind_of(crate::format::root::RootItem::parse(&[0u8; 100])),
+            CorruptKind::Item
+        );
+        let e = crate::format::item::check(&Key::new(257, BTRFS_INODE_REF_KEY, 256), &[], 4)
+            .unwrap_err()
+            .at(4096, root_key);
+        assert_eq!(e.corrupt_kind(), Some(CorruptKind::Item), "{e}");
+        assert_eq!(
+            kind_of(crate::format::extent::parse_extent_item(
+                &Key::new(1 << 20, BTRFS_EXTENT_ITEM_KEY, 4096),
+                &[0u8; 8]
+            )),
+            CorruptKind::Item
+        );
+        // A chunk item with no stripes, and an address no chunk maps.
+        let chunk = [0u8; crate::format::chunk::CHUNK_ITEM_SIZE];
+        assert_eq!(
+            kind_of(crate::format::chunk::parse_chunk(&chunk)),
+            CorruptKind::ChunkMap
+        );
+        assert_eq!(
+            kind_of(crate::chunk::ChunkMap::new().pieces(1 << 20, 4096)),
+            CorruptKind::ChunkMap
+        );
+        // A superblock with the magic and nothing else.
+        let mut sb = crate::format::superblock::Superblock::new_zeroed();
+        sb.magic = BTRFS_MAGIC.into();
+        assert_eq!(
+            kind_of(crate::image::check_superblock(
+                &sb,
+                1 << 30,
+                &mut Vec::new()
+            )),
+            CorruptKind::Superblock
+        );
+        // An extent claimed where there is no block group.
+        assert_eq!(
+            kind_of(crate::alloc::Allocator::default().reserve(1 << 20, 4096)),
+            CorruptKind::Allocation
+        );
+        // A tree block shorter than its header.
+        assert_eq!(
+            kind_of(crate::tree::node::Node::from_vec(1 << 20, vec![0u8; 16])),
+            CorruptKind::Block(ProblemKind::Header)
+        );
     }
 }

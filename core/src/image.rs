@@ -14,6 +14,7 @@ use crate::format::superblock::Superblock;
 use crate::io::{BlockDevice, FileDevice};
 use crate::tree::node::{Expect, Node, Problem, ProblemKind, ValidateCtx};
 use crate::tree::{TreeIter, TreeRoot};
+use crate::CorruptKind;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -505,7 +506,11 @@ impl Image {
                         part.copy_from_slice(&v);
                         failed.push(p.offset);
                     }
-                    None => return Err(err.unwrap_or_else(|| Error::corrupt("no copy", p.offset))),
+                    None => {
+                        return Err(err.unwrap_or_else(|| {
+                            Error::corrupt_as(CorruptKind::Lost, "no copy", p.offset)
+                        }))
+                    }
                 }
             }
         }
@@ -639,7 +644,8 @@ impl Image {
         self.block_aligned(bytenr)?;
         let mut v = self.chunks.pieces(bytenr, self.nodesize as u64)?;
         if v.len() != 1 {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::ChunkMap,
                 format!("tree block {bytenr} crosses a stripe boundary"),
                 bytenr,
             ));
@@ -658,7 +664,8 @@ impl Image {
     /// A tree block address must be sector aligned.
     fn block_aligned(&self, bytenr: u64) -> Result<()> {
         if !bytenr.is_multiple_of(self.sectorsize as u64) {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::ChunkMap,
                 format!(
                     "tree block address {bytenr} is not aligned to sectorsize {}",
                     self.sectorsize
@@ -782,7 +789,9 @@ impl Image {
                         .unwrap_or_else(|| Error::corrupt("tree block", bytenr)))
                 }
             }
-            None => Err(io_err.unwrap_or_else(|| Error::corrupt("tree block unreadable", bytenr))),
+            None => Err(io_err.unwrap_or_else(|| {
+                Error::corrupt_as(CorruptKind::Lost, "tree block unreadable", bytenr)
+            })),
         }
     }
 
@@ -918,13 +927,15 @@ pub fn read_superblock(dev: &dyn BlockDevice, mirror: usize) -> Result<Superbloc
     }
     let csum = CsumType::from_disk(sb.csum_type.get())?;
     if status.csum_ok != Some(true) {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_as(
+            CorruptKind::Superblock,
             format!("superblock {} checksum mismatch", csum.name()),
             off,
         ));
     }
     if !status.bytenr_ok {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_as(
+            CorruptKind::Superblock,
             format!(
                 "superblock says it lives at byte {} but was read at {off}",
                 sb.bytenr.get()
@@ -1006,7 +1017,8 @@ pub fn read_superblock_raw(
     }
     let mut buf = [0u8; BTRFS_SUPER_INFO_SIZE];
     dev.read_at(off, &mut buf)?;
-    let sb = Superblock::read_from_bytes(&buf).map_err(|_| Error::corrupt("superblock", off))?;
+    let sb = Superblock::read_from_bytes(&buf)
+        .map_err(|_| Error::corrupt_as(CorruptKind::Superblock, "superblock", off))?;
     let (csum_ok, stored_csum, computed_csum) = match CsumType::from_disk(sb.csum_type.get()) {
         Ok(t) => {
             let c = crate::csum::block_csum(t, &buf);
@@ -1038,13 +1050,15 @@ pub fn check_superblock(sb: &Superblock, dev_size: u64, warnings: &mut Vec<Strin
     let ns = sb.nodesize.get();
     let ss = sb.sectorsize.get();
     if !ss.is_power_of_two() || !(4096..=65536).contains(&ss) {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_as(
+            CorruptKind::Superblock,
             format!("superblock sectorsize {ss} invalid"),
             off,
         ));
     }
     if !ns.is_power_of_two() || ns < ss || ns > BTRFS_MAX_NODESIZE {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_as(
+            CorruptKind::Superblock,
             format!("superblock nodesize {ns} invalid"),
             off,
         ));
@@ -1064,14 +1078,16 @@ pub fn check_superblock(sb: &Superblock, dev_size: u64, warnings: &mut Vec<Strin
     }
     for (name, v) in [("root", sb.root.get()), ("chunk_root", sb.chunk_root.get())] {
         if v == 0 || v % ss as u64 != 0 {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::Superblock,
                 format!("superblock {name} {v} is not a sector-aligned address"),
                 off,
             ));
         }
     }
     if !sb.log_root.get().is_multiple_of(ss as u64) {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_as(
+            CorruptKind::Superblock,
             format!(
                 "superblock log_root {} is not sector aligned",
                 sb.log_root.get()
@@ -1085,14 +1101,19 @@ pub fn check_superblock(sb: &Superblock, dev_size: u64, warnings: &mut Vec<Strin
         ("log_root_level", sb.log_root_level),
     ] {
         if l >= BTRFS_MAX_LEVEL {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::Superblock,
                 format!("superblock {name} {l} exceeds {}", BTRFS_MAX_LEVEL - 1),
                 off,
             ));
         }
     }
     if sb.num_devices.get() == 0 {
-        return Err(Error::corrupt("superblock num_devices is 0", off));
+        return Err(Error::corrupt_as(
+            CorruptKind::Superblock,
+            "superblock num_devices is 0",
+            off,
+        ));
     }
     if sb.total_bytes.get() > dev_size.max(sb.dev_item.total_bytes.get())
         && dev_size < sb.dev_item.total_bytes.get()
@@ -1103,7 +1124,8 @@ pub fn check_superblock(sb: &Superblock, dev_size: u64, warnings: &mut Vec<Strin
         ));
     }
     if sb.sys_chunk_array_size.get() as usize > BTRFS_SYSTEM_CHUNK_ARRAY_SIZE {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_as(
+            CorruptKind::Superblock,
             format!(
                 "superblock sys_chunk_array_size {} too large",
                 sb.sys_chunk_array_size.get()

@@ -13,6 +13,7 @@ pub mod rangeset;
 
 use crate::chunk::ChunkMap;
 use crate::format::consts::*;
+use crate::CorruptKind;
 use crate::{Error, Result};
 pub use rangeset::RangeSet;
 use std::collections::BTreeMap;
@@ -311,13 +312,15 @@ impl Allocator {
     /// Mark `[bytenr, +len)` allocated (replaying a known allocation).
     pub fn reserve(&mut self, bytenr: u64, len: u64) -> Result<()> {
         let g = self.group_of_mut(bytenr).ok_or_else(|| {
-            Error::corrupt(
+            Error::corrupt_as(
+                CorruptKind::Allocation,
                 format!("extent {bytenr}+{len} outside every block group"),
                 bytenr,
             )
         })?;
         if !g.free.contains(bytenr, bytenr + len) {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::Allocation,
                 format!("extent {bytenr}+{len} is not free"),
                 bytenr,
             ));
@@ -358,7 +361,8 @@ impl Allocator {
     /// transaction is durable; extents allocated in it are free at once.
     pub fn release(&mut self, bytenr: u64, len: u64, committed: bool) -> Result<()> {
         let g = self.group_of_mut(bytenr).ok_or_else(|| {
-            Error::corrupt(
+            Error::corrupt_as(
+                CorruptKind::Allocation,
                 format!("freed extent {bytenr}+{len} outside every block group"),
                 bytenr,
             )
@@ -377,7 +381,8 @@ impl Allocator {
     /// once, or pinned until the commit when it was written.
     pub fn release_unaccounted(&mut self, bytenr: u64, len: u64, pinned: bool) -> Result<()> {
         let g = self.group_of_mut(bytenr).ok_or_else(|| {
-            Error::corrupt(
+            Error::corrupt_as(
+                CorruptKind::Allocation,
                 format!("freed log block {bytenr}+{len} outside every block group"),
                 bytenr,
             )

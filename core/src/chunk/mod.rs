@@ -13,6 +13,7 @@ use crate::format::chunk::{parse_chunk, ChunkItem, Stripe, CHUNK_ITEM_SIZE, STRI
 use crate::format::consts::*;
 use crate::format::key::{DiskKey, Key};
 use crate::format::superblock::Superblock;
+use crate::CorruptKind;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use zerocopy::FromBytes;
@@ -113,7 +114,7 @@ impl ChunkMapping {
     /// next (the kernel's rotation in `btrfs_map_block`), each at `r`
     /// stripe units into its stripe.
     pub fn map_range(&self, offset: u64, len: u64) -> Result<Vec<StripePiece>> {
-        let bad = |what: String| Error::corrupt(what, self.logical);
+        let bad = |what: String| Error::corrupt_as(CorruptKind::ChunkMap, what, self.logical);
         if offset.checked_add(len).is_none_or(|e| e > self.length) {
             return Err(bad(format!(
                 "range {offset}+{len} is outside chunk {}+{}",
@@ -362,7 +363,8 @@ impl ChunkMap {
     pub fn from_sys_chunk_array(sb: &Superblock) -> Result<ChunkMap> {
         let arr = sb.sys_chunk_array();
         if sb.sys_chunk_array_size.get() as usize > BTRFS_SYSTEM_CHUNK_ARRAY_SIZE {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::Superblock,
                 format!(
                     "superblock sys_chunk_array_size {} exceeds {BTRFS_SYSTEM_CHUNK_ARRAY_SIZE}",
                     sb.sys_chunk_array_size.get()
@@ -375,7 +377,8 @@ impl ChunkMap {
         while p < arr.len() {
             let dk = DiskKey::read_from_prefix(&arr[p..])
                 .map_err(|_| {
-                    Error::corrupt(
+                    Error::corrupt_as(
+                        CorruptKind::Superblock,
                         format!("sys_chunk_array truncated key at offset {p}"),
                         BTRFS_SUPER_INFO_OFFSET,
                     )
@@ -384,7 +387,8 @@ impl ChunkMap {
             let key = Key::from(dk);
             p += 17;
             if key.ty != BTRFS_CHUNK_ITEM_KEY {
-                return Err(Error::corrupt_key(
+                return Err(Error::corrupt_key_as(
+                    CorruptKind::Superblock,
                     format!(
                         "sys_chunk_array entry at offset {} is not a chunk item",
                         p - 17
@@ -400,7 +404,8 @@ impl ChunkMap {
                 .map_err(|e| e.at(BTRFS_SUPER_INFO_OFFSET, key))?;
         }
         if map.map.is_empty() {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::Superblock,
                 "superblock sys_chunk_array holds no chunk",
                 BTRFS_SUPER_INFO_OFFSET,
             ));
@@ -429,14 +434,16 @@ impl ChunkMap {
     pub fn insert(&mut self, logical: u64, c: &ChunkItem, stripes: &[Stripe]) -> Result<()> {
         let length = c.length.get();
         if length == 0 || logical.checked_add(length).is_none() {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::ChunkMap,
                 format!("chunk at {logical} has invalid length {length}"),
                 0,
             ));
         }
         let ty = c.type_.get();
         if stripes.len() <= nparity(ty) {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::ChunkMap,
                 format!(
                     "chunk at {logical} is {} with {} stripes",
                     crate::format::names::block_group_flags_str(ty),
@@ -446,7 +453,8 @@ impl ChunkMap {
             ));
         }
         if stripes.is_empty() {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::ChunkMap,
                 format!("chunk at {logical} has no stripe"),
                 0,
             ));
@@ -471,7 +479,8 @@ impl ChunkMap {
                 }
             }
             if prev.end() > logical {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_as(
+                    CorruptKind::ChunkMap,
                     format!("chunk at {logical} overlaps chunk at {}", prev.logical),
                     0,
                 ));
@@ -479,7 +488,8 @@ impl ChunkMap {
         }
         if let Some((&next, _)) = self.map.range(logical + 1..).next() {
             if next < logical + length {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_as(
+                    CorruptKind::ChunkMap,
                     format!("chunk at {logical} overlaps chunk at {next}"),
                     0,
                 ));
@@ -501,13 +511,15 @@ impl ChunkMap {
     /// tree block always does; `leaf-crossing-stripes` is damage).
     pub fn copies(&self, logical: u64, len: u64) -> Result<Vec<(u64, u64)>> {
         let m = self.lookup(logical).ok_or_else(|| {
-            Error::corrupt(
+            Error::corrupt_as(
+                CorruptKind::ChunkMap,
                 format!("logical address {logical} is outside every chunk"),
                 logical,
             )
         })?;
         if logical.checked_add(len).is_none_or(|e| e > m.end()) {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::ChunkMap,
                 format!(
                     "range {logical}+{len} crosses the end of chunk {}+{}",
                     m.logical, m.length
@@ -517,7 +529,8 @@ impl ChunkMap {
         }
         let mut pieces = m.map_range(logical - m.logical, len)?;
         if pieces.len() != 1 {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::ChunkMap,
                 format!(
                     "range {logical}+{len} crosses a stripe boundary of chunk {}",
                     m.logical
@@ -534,14 +547,22 @@ impl ChunkMap {
     /// logical address. The range must be covered by chunks without a gap.
     pub fn pieces(&self, logical: u64, len: u64) -> Result<Vec<StripePiece>> {
         let mut out = Vec::new();
-        let end = logical
-            .checked_add(len)
-            .ok_or_else(|| Error::corrupt(format!("range {logical}+{len} overflows"), logical))?;
+        let end = logical.checked_add(len).ok_or_else(|| {
+            Error::corrupt_as(
+                CorruptKind::ChunkMap,
+                format!("range {logical}+{len} overflows"),
+                logical,
+            )
+        })?;
         let mut at = logical;
         // Each turn consumes a whole chunk's part of the range.
         while at < end {
             let m = self.lookup(at).ok_or_else(|| {
-                Error::corrupt(format!("logical address {at} is outside every chunk"), at)
+                Error::corrupt_as(
+                    CorruptKind::ChunkMap,
+                    format!("logical address {at} is outside every chunk"),
+                    at,
+                )
             })?;
             let upto = end.min(m.end());
             for mut p in m.map_range(at - m.logical, upto - at)? {

@@ -23,6 +23,7 @@
 use super::parity::{self, rebuild, RebuildError};
 use super::{ChunkMap, ParityColumn};
 use crate::io::BlockDevice;
+use crate::CorruptKind;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -118,7 +119,8 @@ pub fn read_column(
 
 fn rebuild_error(col: &ParityColumn, e: RebuildError, why: &[String]) -> Error {
     let (devid, phys) = col.stripes[col.index];
-    Error::corrupt(
+    Error::corrupt_as(
+        CorruptKind::Lost,
         format!(
             "cannot rebuild data stripe {} of row {} (device {devid}, physical {phys}): {e}{}{}",
             col.index,
@@ -299,16 +301,13 @@ impl ParityWriter {
                 }
             }
             rebuild(&mut cols, &lost, r.nparity).map_err(|e| {
-                Error::corrupt(
-                    format!(
+                Error::corrupt_as(CorruptKind::Lost, format!(
                         "a RAID5/6 row at device {} physical {} cannot be rewritten: its old contents cannot be rebuilt: {e}{}{}",
                         r.base[0].0,
                         r.base[0].1,
                         if why.is_empty() { "" } else { "; " },
                         why.join("; ")
-                    ),
-                    r.base[0].1,
-                )
+                    ), r.base[0].1)
             })?;
         }
         for &(i, at, d) in &r.pieces {

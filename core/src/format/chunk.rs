@@ -2,6 +2,7 @@
 //! bytes each), in the chunk tree and in the superblock's sys_chunk_array.
 
 use super::{Le16, Le32, Le64};
+use crate::CorruptKind;
 use crate::{Error, Result};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -57,11 +58,16 @@ pub fn parse_chunk(data: &[u8]) -> Result<(&ChunkItem, &[Stripe])> {
     let c: &ChunkItem = super::view(data, "chunk item")?;
     let n = c.num_stripes.get() as usize;
     if n == 0 {
-        return Err(Error::corrupt("chunk item with zero stripes", 0));
+        return Err(Error::corrupt_as(
+            CorruptKind::ChunkMap,
+            "chunk item with zero stripes",
+            0,
+        ));
     }
     let want = CHUNK_ITEM_SIZE + n * STRIPE_SIZE;
     if data.len() < want {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_as(
+            CorruptKind::ChunkMap,
             format!(
                 "chunk item of {} bytes holds fewer than its {n} stripes",
                 data.len()
@@ -70,7 +76,7 @@ pub fn parse_chunk(data: &[u8]) -> Result<(&ChunkItem, &[Stripe])> {
         ));
     }
     let stripes = <[Stripe]>::ref_from_bytes(&data[CHUNK_ITEM_SIZE..want])
-        .map_err(|_| Error::corrupt("chunk stripes", 0))?;
+        .map_err(|_| Error::corrupt_as(CorruptKind::ChunkMap, "chunk stripes", 0))?;
     Ok((c, stripes))
 }
 

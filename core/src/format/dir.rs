@@ -95,12 +95,13 @@ pub fn for_each_dir_entry<'a>(
         let d = h.data_len.get() as usize;
         let rest = &data[DIR_ITEM_SIZE..];
         if rest.len() < n + d {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_item(
                 format!(
                     "dir item name_len {n} + data_len {d} past item end ({} bytes left)",
                     rest.len()
                 ),
                 0,
+                None,
             ));
         }
         f(DirEntry {

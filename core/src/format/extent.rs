@@ -183,9 +183,10 @@ pub fn parse_extent_item<'a>(key: &Key, data: &'a [u8]) -> Result<ExtentView<'a>
                 "v0 extent item (pre-2.6.31 format)".into(),
             ));
         }
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_item(
             format!("extent item size {} too small", data.len()),
             0,
+            None,
         ));
     }
     let item: &ExtentItem = super::view(data, "extent item")?;
@@ -204,16 +205,18 @@ pub fn parse_extent_item<'a>(key: &Key, data: &'a [u8]) -> Result<ExtentView<'a>
             BTRFS_EXTENT_DATA_REF_KEY => 28,
             BTRFS_SHARED_DATA_REF_KEY => 12,
             _ => {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_item(
                     format!("extent item inline ref type {t} unknown at item offset {p}"),
                     0,
+                    None,
                 ))
             }
         };
         if rest.len() < need {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_item(
                 format!("extent item inline ref type {t} at item offset {p} truncated"),
                 0,
+                None,
             ));
         }
         let u64_at = |o: usize| u64::from_le_bytes(rest[o..o + 8].try_into().unwrap_or([0; 8]));

@@ -148,7 +148,7 @@ impl FileExtent<'_> {
     /// uncompressed extent may be as large as its block group, so readers
     /// go through it in pieces.
     pub fn check_bounds(&self, key: &super::key::Key) -> Result<()> {
-        let bad = |what: String| Err(Error::corrupt_key(what, 0, *key));
+        let bad = |what: String| Err(Error::corrupt_item(what, 0, Some(*key)));
         match self {
             FileExtent::Inline { head, data } => {
                 let ram = head.ram_bytes.get();
@@ -304,17 +304,18 @@ pub fn parse_file_extent(data: &[u8]) -> Result<FileExtent<'_>> {
         }),
         BTRFS_FILE_EXTENT_REG | BTRFS_FILE_EXTENT_PREALLOC => {
             if data.len() != FILE_EXTENT_ITEM_SIZE {
-                return Err(Error::corrupt(
-                    format!("file extent item size {} for a non-inline extent, want {FILE_EXTENT_ITEM_SIZE}", data.len()),
-                    0,
-                ));
+                return Err(Error::corrupt_item(format!("file extent item size {} for a non-inline extent, want {FILE_EXTENT_ITEM_SIZE}", data.len()), 0, None));
             }
             Ok(FileExtent::Disk {
                 head,
                 item: super::view(data, "file extent")?,
             })
         }
-        t => Err(Error::corrupt(format!("file extent type {t} unknown"), 0)),
+        t => Err(Error::corrupt_item(
+            format!("file extent type {t} unknown"),
+            0,
+            None,
+        )),
     }
 }
 
@@ -395,7 +396,7 @@ mod tests {
         let key = crate::format::key::Key::new(257, BTRFS_EXTENT_DATA_KEY, 0);
         let err = |r: Result<()>| match r {
             Err(Error::Corrupt {
-                kind: CorruptKind::Other,
+                kind: CorruptKind::Item,
                 key: Some(k),
                 what,
                 ..

@@ -164,9 +164,10 @@ pub fn for_each_inode_ref<'a>(
         let n = h.name_len.get() as usize;
         let rest = &data[10..];
         if rest.len() < n {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_item(
                 format!("inode ref name_len {n} past item end"),
                 0,
+                None,
             ));
         }
         f(InodeRefEntry {
@@ -198,9 +199,10 @@ pub fn for_each_inode_extref<'a>(
         let n = h.name_len.get() as usize;
         let rest = &data[18..];
         if rest.len() < n {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_item(
                 format!("inode extref name_len {n} past item end"),
                 0,
+                None,
             ));
         }
         f(InodeExtrefEntry {

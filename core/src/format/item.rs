@@ -18,6 +18,7 @@ use super::key::Key;
 use super::misc::{BalanceItem, DevReplaceItem, VerityDescItem};
 use super::qgroup::{QgroupInfoItem, QgroupLimitItem, QgroupStatusItem};
 use super::root::{parse_root_ref, RootItem, RootRef};
+use crate::CorruptKind;
 use crate::{Error, Result};
 use zerocopy::FromBytes;
 
@@ -105,13 +106,14 @@ where
     T: FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + zerocopy::Unaligned,
 {
     if data.len() != core::mem::size_of::<T>() {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_item(
             format!(
                 "{what} item size {} want {}",
                 data.len(),
                 core::mem::size_of::<T>()
             ),
             0,
+            None,
         ));
     }
     super::view(data, what)
@@ -119,9 +121,10 @@ where
 
 fn empty(data: &[u8], what: &str) -> Result<()> {
     if !data.is_empty() {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_item(
             format!("{what} item size {} want 0", data.len()),
             0,
+            None,
         ));
     }
     Ok(())
@@ -142,12 +145,12 @@ fn names_of<'a>(key: &Key, data: &'a [u8], f: &mut dyn FnMut(NameEntry<'a>)) -> 
     match key.ty {
         BTRFS_INODE_REF_KEY => {
             if for_each_inode_ref(data, |e| f(NameEntry::Ref(e)))? == 0 {
-                return Err(Error::corrupt("empty inode ref item", 0));
+                return Err(Error::corrupt_item("empty inode ref item", 0, None));
             }
         }
         BTRFS_INODE_EXTREF_KEY => {
             if for_each_inode_extref(data, |e| f(NameEntry::Extref(e)))? == 0 {
-                return Err(Error::corrupt("empty inode extref item", 0));
+                return Err(Error::corrupt_item("empty inode extref item", 0, None));
             }
         }
         _ => {
@@ -159,18 +162,20 @@ fn names_of<'a>(key: &Key, data: &'a [u8], f: &mut dyn FnMut(NameEntry<'a>)) -> 
                 f(NameEntry::Dir(e))
             })?;
             if n == 0 {
-                return Err(Error::corrupt("empty dir item", 0));
+                return Err(Error::corrupt_item("empty dir item", 0, None));
             }
             if key.ty == BTRFS_DIR_INDEX_KEY && n != 1 {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_item(
                     format!("dir index item holds {n} entries, want 1"),
                     0,
+                    None,
                 ));
             }
             if let Some(len) = long {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_item(
                     format!("dir item name_len {len} > {BTRFS_NAME_LEN}"),
                     0,
+                    None,
                 ));
             }
         }
@@ -234,12 +239,13 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
         BTRFS_EXTENT_DATA_KEY => ItemBody::FileExtent(parse_file_extent(data)?),
         BTRFS_EXTENT_CSUM_KEY => {
             if csum_size == 0 || !data.len().is_multiple_of(csum_size) || data.is_empty() {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_item(
                     format!(
                         "csum item size {} not a non-zero multiple of csum size {csum_size}",
                         data.len()
                     ),
                     0,
+                    None,
                 ));
             }
             ItemBody::ExtentCsum(data)
@@ -278,7 +284,8 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
         BTRFS_CHUNK_ITEM_KEY => {
             let (c, s) = parse_chunk(data)?;
             if data.len() != super::chunk::CHUNK_ITEM_SIZE + s.len() * super::chunk::STRIPE_SIZE {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_as(
+                    CorruptKind::ChunkMap,
                     format!(
                         "chunk item size {} does not match {} stripes",
                         data.len(),
@@ -291,9 +298,10 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
         }
         BTRFS_UUID_KEY_SUBVOL | BTRFS_UUID_KEY_RECEIVED_SUBVOL => {
             if data.is_empty() || !data.len().is_multiple_of(8) {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_item(
                     format!("uuid item size {} not a multiple of 8", data.len()),
                     0,
+                    None,
                 ));
             }
             ItemBody::Uuid(

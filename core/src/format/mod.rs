@@ -40,13 +40,14 @@ where
 {
     match T::ref_from_prefix(data) {
         Ok((v, _)) => Ok(v),
-        Err(_) => Err(crate::Error::corrupt(
+        Err(_) => Err(crate::Error::corrupt_item(
             format!(
                 "{what}: {} bytes, need {}",
                 data.len(),
                 core::mem::size_of::<T>()
             ),
             0,
+            None,
         )),
     }
 }

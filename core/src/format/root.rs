@@ -80,18 +80,19 @@ impl RootItem {
     /// the kernel's `btrfs_read_root_item` does.
     pub fn parse(data: &[u8]) -> Result<RootItem> {
         if data.len() < ROOT_ITEM_LEGACY_SIZE {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_item(
                 format!(
                     "root item size {} smaller than {ROOT_ITEM_LEGACY_SIZE}",
                     data.len()
                 ),
                 0,
+                None,
             ));
         }
         let mut buf = [0u8; ROOT_ITEM_SIZE];
         let n = data.len().min(ROOT_ITEM_SIZE);
         buf[..n].copy_from_slice(&data[..n]);
-        RootItem::read_from_bytes(&buf).map_err(|_| Error::corrupt("root item", 0))
+        RootItem::read_from_bytes(&buf).map_err(|_| Error::corrupt_item("root item", 0, None))
     }
     /// True when the v2 fields (uuids, transids, times) are meaningful.
     pub fn has_v2(&self) -> bool {
@@ -119,12 +120,13 @@ pub fn parse_root_ref(data: &[u8]) -> Result<(&RootRef, &[u8])> {
     let r: &RootRef = super::view(data, "root ref")?;
     let n = r.name_len.get() as usize;
     if data.len() != 18 + n {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_item(
             format!(
                 "root ref name_len {n} does not fit item size {}",
                 data.len()
             ),
             0,
+            None,
         ));
     }
     Ok((r, &data[18..]))

@@ -6,6 +6,7 @@ use super::consts::*;
 use super::dev::DevItem;
 use super::key::{DiskKey, Key, DISK_KEY_SIZE};
 use super::{Le16, Le32, Le64};
+use crate::CorruptKind;
 use crate::Error;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -185,7 +186,8 @@ impl Superblock {
         let size = self.sys_chunk_array_size.get() as usize;
         let mut out = Vec::new();
         if size > BTRFS_SYSTEM_CHUNK_ARRAY_SIZE {
-            let e = Error::corrupt(
+            let e = Error::corrupt_as(
+                CorruptKind::Superblock,
                 format!("sys_chunk_array_size {size} exceeds {BTRFS_SYSTEM_CHUNK_ARRAY_SIZE}"),
                 at,
             );
@@ -197,7 +199,8 @@ impl Superblock {
             let Ok((dk, _)) = DiskKey::read_from_prefix(&arr[p..]) else {
                 return (
                     out,
-                    Some(Error::corrupt(
+                    Some(Error::corrupt_as(
+                        CorruptKind::Superblock,
                         format!("sys_chunk_array truncated key at offset {p}"),
                         at,
                     )),
@@ -205,7 +208,8 @@ impl Superblock {
             };
             let key = Key::from(dk);
             if key.ty != BTRFS_CHUNK_ITEM_KEY {
-                let e = Error::corrupt_key(
+                let e = Error::corrupt_key_as(
+                    CorruptKind::Superblock,
                     format!("sys_chunk_array entry at offset {p} is not a chunk item"),
                     at,
                     key,

@@ -22,6 +22,7 @@ use crate::format::root::RootItem;
 use crate::image::Image;
 use crate::tree::node::{Expect, Node, Problem};
 use crate::tree::{walk, DamageKind, Order, Place, Stop, TreeRoot, WalkEvent, WalkOptions};
+use crate::CorruptKind;
 use crate::{Error, Result};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -469,7 +470,9 @@ pub fn read_log_with(
             None
         };
         match (bad_root, opts.on_damage) {
-            (Some(why), OnDamage::Fail) => return Err(Error::corrupt(why, root.bytenr)),
+            (Some(why), OnDamage::Fail) => {
+                return Err(Error::corrupt_as(CorruptKind::LogBlock, why, root.bytenr))
+            }
             (Some(why), _) if ri.level >= BTRFS_MAX_LEVEL => {
                 read.problems.push(LogProblem {
                     bytenr: root.bytenr,

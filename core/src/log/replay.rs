@@ -184,7 +184,7 @@ fn lossy(n: &[u8]) -> String {
 }
 
 fn read_inode(d: &[u8], key: Key) -> Result<InodeItem> {
-    InodeItem::read_from_bytes(d).map_err(|_| Error::corrupt_key("inode item size", 0, key))
+    InodeItem::read_from_bytes(d).map_err(|_| Error::corrupt_item("inode item size", 0, Some(key)))
 }
 
 fn is_dir(mode: u32) -> bool {
@@ -682,10 +682,10 @@ impl Replayer<'_> {
             return Ok(());
         }
         let Some((start, end)) = self.extent_span(key.offset, data) else {
-            return Err(Error::corrupt_key(
+            return Err(Error::corrupt_item(
                 "logged file extent does not parse",
                 0,
-                key,
+                Some(key),
             ));
         };
         let fe = parse_file_extent(data).map_err(|e| e.at(0, key))?;
@@ -964,7 +964,7 @@ pub fn replay_with_progress(
         let missing = missing_csums(fs, &logs)?;
         if let Some(first) = missing.first() {
             return Err(Error::Corrupt {
-                kind: crate::CorruptKind::Other,
+                kind: crate::CorruptKind::Data,
                 what: format!(
                     "log is missing data checksums for {} extent(s), first: {first}; replaying would leave data without checksums (use --force to replay anyway)",
                     missing.len()

@@ -41,6 +41,7 @@ use crate::fs::{
     FsyncLog, FsyncTicket, Loc, LogAnswer, LogContext, LogSyncStep, NameChange, ROOT_DIR,
 };
 use crate::trans::TreeId;
+use crate::CorruptKind;
 use std::collections::VecDeque;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -1149,7 +1150,11 @@ impl LogWriter<'_, '_> {
             }
             min_offset = last + 1;
         }
-        Err(Error::corrupt("directory index ranges do not end", dir.ino))
+        Err(Error::corrupt_as(
+            CorruptKind::Structure,
+            "directory index ranges do not end",
+            dir.ino,
+        ))
     }
 
     /// log_dir_items from `min_offset`: returns the last index the pass
@@ -1286,7 +1291,12 @@ impl LogWriter<'_, '_> {
         while let Some(d) = queue.pop_front() {
             guard += 1;
             if guard > 1 << 20 {
-                return Err(Error::corrupt("directory tree does not end", d.ino).into());
+                return Err(Error::corrupt_as(
+                    CorruptKind::Structure,
+                    "directory tree does not end",
+                    d.ino,
+                )
+                .into());
             }
             let from = self.cx.rt(d)?.first_dir_index_to_log;
             if from == 0 {
@@ -1354,7 +1364,12 @@ impl LogWriter<'_, '_> {
                 None => return Err(Stop::Commit("an ancestor has no name")),
             }
         }
-        Err(Error::corrupt("directory chain does not reach the root", dir.ino).into())
+        Err(Error::corrupt_as(
+            CorruptKind::Structure,
+            "directory chain does not reach the root",
+            dir.ino,
+        )
+        .into())
     }
 
     /// log_all_new_ancestors: through the inode's one parent, or through

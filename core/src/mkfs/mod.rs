@@ -18,6 +18,7 @@ use crate::format::superblock::Superblock;
 use crate::io::{BlockDevice, StagedSuper};
 use crate::trans::Store;
 use crate::tree::edit;
+use crate::CorruptKind;
 use crate::{Error, Result};
 use std::sync::Arc;
 use zerocopy::{FromZeros, IntoBytes};
@@ -1249,7 +1250,8 @@ pub fn shrink(fs: &mut Store) -> Result<u64> {
     }
     let ss = fs.sectorsize() as u64;
     if end == 0 || !end.is_multiple_of(ss) {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_as(
+            CorruptKind::Device,
             format!("last dev extent of device {devid} ends at {end}, not a sector boundary"),
             0,
         ));
@@ -1257,9 +1259,9 @@ pub fn shrink(fs: &mut Store) -> Result<u64> {
     let key = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
     let bytes = fs
         .lookup(BTRFS_CHUNK_TREE_OBJECTID, &key)?
-        .ok_or_else(|| Error::corrupt_key("device item missing", 0, key))?;
+        .ok_or_else(|| Error::corrupt_key_as(CorruptKind::Device, "device item missing", 0, key))?;
     let mut di = DevItem::read_from_bytes(&bytes)
-        .map_err(|_| Error::corrupt_key("dev item size", 0, key))?;
+        .map_err(|_| Error::corrupt_key_as(CorruptKind::Device, "dev item size", 0, key))?;
     di.total_bytes.set(end);
     fs.update_item(BTRFS_CHUNK_TREE_OBJECTID, &key, di.as_bytes())?;
     fs.update_superblock(|sb| {

@@ -56,6 +56,7 @@ use crate::io::BlockDevice;
 use crate::trans::Store;
 use crate::tree::node::{Expect, Node, ValidateCtx};
 use crate::tree::TreeIter;
+use crate::CorruptKind;
 use crate::{Error, Result};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -382,17 +383,15 @@ pub fn chunk_recover_devices(
     progress.phase(2, "bootstrap chunk map", 0);
     let boot = bootstrap_map(&cx);
     if boot.is_empty() {
-        return Err(Error::corrupt(
-            "the scan found no block group item with dev extents to map a chunk: nothing to recover from",
-            0,
-        ));
+        return Err(Error::corrupt_as(CorruptKind::Device, "the scan found no block group item with dev extents to map a chunk: nothing to recover from", 0));
     }
 
     // 3. The trees through it.
     progress.phase(3, "read the extent and dev trees", 0);
     let img = open_with(boot, false)?;
     let trees = read_trees(&img).map_err(|e| {
-        Error::corrupt(
+        Error::corrupt_as(
+            CorruptKind::ChunkMap,
             format!(
                 "the trees cannot be read through the chunks the scan found ({e}); nothing written"
             ),
@@ -428,7 +427,8 @@ pub fn chunk_recover_devices(
     let mut map = ChunkMap::new();
     for c in &built {
         map.insert(c.logical, &c.item, &c.stripes).map_err(|e| {
-            Error::corrupt(
+            Error::corrupt_as(
+                CorruptKind::ChunkMap,
                 format!("rebuilt chunks do not fit together: {e}"),
                 c.logical,
             )
@@ -440,10 +440,7 @@ pub fn chunk_recover_devices(
     let img = open_with(map.clone(), false)?;
     let again = read_trees(&img)?;
     if again != trees {
-        return Err(Error::corrupt(
-            "the trees read through the rebuilt chunks differ from those read through the scan's: nothing written",
-            0,
-        ));
+        return Err(Error::corrupt_as(CorruptKind::ChunkMap, "the trees read through the rebuilt chunks differ from those read through the scan's: nothing written", 0));
     }
     drop(img);
     let mut chunks: Vec<RecoveredChunk> = Vec::new();
@@ -453,13 +450,10 @@ pub fn chunk_recover_devices(
             && c.report.blocks_confirmed == 0
             && c.report.data_matched == 0
         {
-            return Err(Error::corrupt(
-                format!(
+            return Err(Error::corrupt_as(CorruptKind::ChunkMap, format!(
                     "chunk {}+{} ({}) holds {} tree blocks the extent tree lists, but none was found where it maps them: nothing written",
                     c.logical, c.report.length, c.report.kind, c.report.blocks_listed
-                ),
-                c.logical,
-            ));
+                ), c.logical));
         }
         // The data chunks' mapping comes from the trees' own items; data
         // that does not match is damaged data (or, when the stripe order
@@ -533,10 +527,17 @@ pub fn chunk_recover_devices(
     out.replaced = Some(replaced);
     drop(st);
     // What a normal open now reads must be what was written.
-    let img = Image::open_devices(primary_dev, others, names, OpenOptions::default())
-        .map_err(|e| Error::corrupt(format!("the rebuilt chunk tree does not open: {e}"), 0))?;
+    let img =
+        Image::open_devices(primary_dev, others, names, OpenOptions::default()).map_err(|e| {
+            Error::corrupt_as(
+                CorruptKind::ChunkMap,
+                format!("the rebuilt chunk tree does not open: {e}"),
+                0,
+            )
+        })?;
     if !same_map(&img.chunks, &map) {
-        return Err(Error::corrupt(
+        return Err(Error::corrupt_as(
+            CorruptKind::ChunkMap,
             "the rebuilt chunk tree reads back differently from what was written",
             0,
         ));
@@ -831,15 +832,23 @@ fn read_trees(img: &Image) -> Result<Trees> {
     } else {
         BTRFS_EXTENT_TREE_OBJECTID
     };
-    let root = img
-        .find_root(bg_tree)?
-        .ok_or_else(|| Error::corrupt(format!("the root tree has no tree {bg_tree}"), 0))?;
+    let root = img.find_root(bg_tree)?.ok_or_else(|| {
+        Error::corrupt_as(
+            CorruptKind::Reference,
+            format!("the root tree has no tree {bg_tree}"),
+            0,
+        )
+    })?;
     let mut bgs = Vec::new();
     let mut tree_blocks = Vec::new();
     if bg_tree != BTRFS_EXTENT_TREE_OBJECTID {
-        let extent = img
-            .find_root(BTRFS_EXTENT_TREE_OBJECTID)?
-            .ok_or_else(|| Error::corrupt("the root tree has no extent tree", 0))?;
+        let extent = img.find_root(BTRFS_EXTENT_TREE_OBJECTID)?.ok_or_else(|| {
+            Error::corrupt_as(
+                CorruptKind::Reference,
+                "the root tree has no extent tree",
+                0,
+            )
+        })?;
         let mut it = TreeIter::new(img, extent, Key::MIN)?;
         while let Some(r) = it.next_item() {
             let item = r?;
@@ -855,8 +864,9 @@ fn read_trees(img: &Image) -> Result<Trees> {
         if item.key.ty != BTRFS_BLOCK_GROUP_ITEM_KEY {
             continue;
         }
-        let bg = BlockGroupItem::read_from_bytes(item.data()?)
-            .map_err(|_| Error::corrupt_key("block group item size", item.node.bytenr, item.key))?;
+        let bg = BlockGroupItem::read_from_bytes(item.data()?).map_err(|_| {
+            Error::corrupt_item("block group item size", item.node.bytenr, Some(item.key))
+        })?;
         bgs.push(Bg {
             logical: item.key.objectid,
             length: item.key.offset,
@@ -864,9 +874,9 @@ fn read_trees(img: &Image) -> Result<Trees> {
             used: bg.used.get(),
         });
     }
-    let root = img
-        .find_root(BTRFS_DEV_TREE_OBJECTID)?
-        .ok_or_else(|| Error::corrupt("the root tree has no dev tree", 0))?;
+    let root = img.find_root(BTRFS_DEV_TREE_OBJECTID)?.ok_or_else(|| {
+        Error::corrupt_as(CorruptKind::Reference, "the root tree has no dev tree", 0)
+    })?;
     let mut exts = Vec::new();
     let mut it = TreeIter::new(img, root, Key::MIN)?;
     while let Some(r) = it.next_item() {
@@ -874,8 +884,14 @@ fn read_trees(img: &Image) -> Result<Trees> {
         if item.key.ty != BTRFS_DEV_EXTENT_KEY {
             continue;
         }
-        let de = DevExtent::read_from_bytes(item.data()?)
-            .map_err(|_| Error::corrupt_key("dev extent size", item.node.bytenr, item.key))?;
+        let de = DevExtent::read_from_bytes(item.data()?).map_err(|_| {
+            Error::corrupt_key_as(
+                CorruptKind::Device,
+                "dev extent size",
+                item.node.bytenr,
+                item.key,
+            )
+        })?;
         exts.push(Ext {
             devid: item.key.objectid,
             phys: item.key.offset,
@@ -1040,7 +1056,8 @@ fn build_chunks(trees: &Trees, cx: &Cx) -> Result<Vec<Built>> {
     for bg in &trees.bgs {
         let cands = by_chunk.get(&bg.logical).cloned().unwrap_or_default();
         if cands.is_empty() {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::Device,
                 format!(
                     "block group {}+{} ({}) has no dev extent: its chunk cannot be rebuilt",
                     bg.logical,
@@ -1051,7 +1068,8 @@ fn build_chunks(trees: &Trees, cx: &Cx) -> Result<Vec<Built>> {
             ));
         }
         if let Some(e) = cands.iter().find(|e| !cx.devs.contains_key(&e.devid)) {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::Device,
                 format!(
                     "block group {} has a dev extent on devid {}, which is not a device of the set",
                     bg.logical, e.devid
@@ -1075,15 +1093,16 @@ fn build_chunks(trees: &Trees, cx: &Cx) -> Result<Vec<Built>> {
 /// dev tree's and must be exactly the chunk's.
 fn assemble(bg: &Bg, cands: &[ExtRec], cx: &Cx, noisy: bool) -> Result<Built> {
     let (scan, geo) = (cx.scan, cx.geo);
-    let bad = |what: String| Error::corrupt(what, bg.logical);
+    let bad = |what: String| Error::corrupt_as(CorruptKind::Device, what, bg.logical);
     let flags = bg.flags;
     let kind = block_group_flags_str(flags);
     let profile = flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
     if profile.count_ones() > 1 {
-        return Err(bad(format!(
-            "block group {} has profile bits {kind}",
-            bg.logical
-        )));
+        return Err(Error::corrupt_item(
+            format!("block group {} has profile bits {kind}", bg.logical),
+            bg.logical,
+            None,
+        ));
     }
     let attr = RaidAttr::of(flags).ok_or_else(|| Error::Unsupported(kind.clone()))?;
     let striped = profile
@@ -1537,5 +1556,5 @@ fn chunk_tree_uuid(trees: &Trees, scan: &Scan) -> Result<[u8; 16]> {
         .into_iter()
         .max_by_key(|(_, n)| *n)
         .map(|(u, _)| u)
-        .ok_or_else(|| Error::corrupt("no chunk tree uuid found", 0))
+        .ok_or_else(|| Error::corrupt_as(CorruptKind::ChunkMap, "no chunk tree uuid found", 0))
 }

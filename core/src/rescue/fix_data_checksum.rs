@@ -26,6 +26,7 @@ use super::{open_image, RescueReport, Status};
 use crate::check::datacsum;
 use crate::image::Image;
 use crate::trans::Store;
+use crate::CorruptKind;
 use crate::{Error, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -302,7 +303,13 @@ pub fn fix_data_checksum(paths: &[PathBuf], opts: Options) -> Result<FixDataChec
     let mut pieces = Vec::new();
     for (logical, _, _, _) in &record {
         let piece = img.pieces(*logical, ss as u64)?.into_iter().next();
-        pieces.push(piece.ok_or_else(|| Error::corrupt("data sector maps to nothing", *logical))?);
+        pieces.push(piece.ok_or_else(|| {
+            Error::corrupt_as(
+                CorruptKind::ChunkMap,
+                "data sector maps to nothing",
+                *logical,
+            )
+        })?);
     }
     let mut st = Store::from_image(img)?;
     for (logical, sum, _, _) in &record {

@@ -9,6 +9,7 @@ use crate::format::consts::*;
 use crate::format::header::{Header, Item, KeyPtr, HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
 use crate::format::item::{decode, ItemBody};
 use crate::format::key::Key;
+use crate::CorruptKind;
 use crate::{Error, Result};
 use zerocopy::FromBytes;
 
@@ -163,7 +164,8 @@ impl Node {
     /// Wrap a block of exactly nodesize bytes (at least a header).
     pub fn from_vec(bytenr: u64, buf: Vec<u8>) -> Result<Node> {
         if buf.len() < HEADER_SIZE {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                CorruptKind::Block(ProblemKind::Header),
                 format!("tree block of {} bytes is smaller than a header", buf.len()),
                 bytenr,
             ));
@@ -253,13 +255,18 @@ impl Node {
     }
     /// Body of leaf item `slot`, bounds-checked against the block.
     pub fn item_data(&self, slot: usize) -> Result<&[u8]> {
-        let it = self
-            .item(slot)
-            .ok_or_else(|| Error::corrupt(format!("item slot {slot} out of range"), self.bytenr))?;
+        let it = self.item(slot).ok_or_else(|| {
+            Error::corrupt_as(
+                CorruptKind::Block(ProblemKind::ItemBounds),
+                format!("item slot {slot} out of range"),
+                self.bytenr,
+            )
+        })?;
         let start = HEADER_SIZE as u64 + it.offset.get() as u64;
         let end = start + it.size.get() as u64;
         if end > self.buf.len() as u64 {
-            return Err(Error::corrupt_key(
+            return Err(Error::corrupt_key_as(
+                CorruptKind::Block(ProblemKind::ItemBounds),
                 format!(
                     "item {slot} data [{}, +{}) past the end of the leaf",
                     it.offset.get(),
@@ -542,9 +549,13 @@ impl Node {
 
     /// Decode leaf item `slot`.
     pub fn decode_item(&self, slot: usize, csum_size: usize) -> Result<(Key, ItemBody<'_>)> {
-        let it = self
-            .item(slot)
-            .ok_or_else(|| Error::corrupt(format!("item slot {slot} out of range"), self.bytenr))?;
+        let it = self.item(slot).ok_or_else(|| {
+            Error::corrupt_as(
+                CorruptKind::Block(ProblemKind::ItemBounds),
+                format!("item slot {slot} out of range"),
+                self.bytenr,
+            )
+        })?;
         let key = Key::from(&it.key);
         let d = self.item_data(slot)?;
         let body = decode(&key, d, csum_size).map_err(|e| e.at(self.bytenr, key))?;

@@ -5,10 +5,12 @@
 
 use super::node::{Expect, Node};
 use super::TreeRoot;
+use crate::error::ProblemKind;
 use crate::format::consts::*;
 use crate::format::item::ItemBody;
 use crate::format::key::Key;
 use crate::image::Image;
+use crate::CorruptKind;
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -91,10 +93,18 @@ impl<'a> TreeIter<'a> {
 
     fn child(&self, node: &Node, slot: usize) -> Result<Arc<Node>> {
         if node.is_leaf() {
-            return Err(Error::corrupt("leaf used as node", node.bytenr));
+            return Err(Error::corrupt_as(
+                CorruptKind::Block(ProblemKind::Level),
+                "leaf used as node",
+                node.bytenr,
+            ));
         }
         let c = node.child_expect(slot, self.root.id).ok_or_else(|| {
-            Error::corrupt(format!("node has no pointer in slot {slot}"), node.bytenr)
+            Error::corrupt_as(
+                CorruptKind::Block(ProblemKind::ItemBounds),
+                format!("node has no pointer in slot {slot}"),
+                node.bytenr,
+            )
         })?;
         self.read(c.bytenr, &c.expect)
     }
