@@ -7,7 +7,7 @@ mod fuse;
 
 use anyhow::{bail, Context};
 use btrkit_core::io::FileDevice;
-use btrkit_core::restore::view::ReadOnlyView;
+use btrkit_core::mount_view::ReadOnlyView;
 use btrkit_core::restore::{LogMode, ReadOptions, RootChoice};
 use clap::Parser;
 use std::path::{Path, PathBuf};

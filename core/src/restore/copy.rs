@@ -713,7 +713,7 @@ fn finish_named(
 /// lookups (an inode, its directory, its extents and checksums: several
 /// searches per file, in no order the disk likes) find them cached. Damage
 /// is left for the walk to meet and report.
-pub(super) fn warm(fs: &mut Filesystem, subvol: u64) {
+pub(crate) fn warm(fs: &mut Filesystem, subvol: u64) {
     use crate::tree::walk::{walk, OnDamage, Place, WalkOptions};
     use std::ops::ControlFlow;
     let img = fs.store.image();
@@ -987,7 +987,7 @@ const SMALL_FILE: u64 = 4 << 20;
 /// Returns the entries (name, inode, type) in index order and the
 /// damaged blocks with why.
 #[allow(clippy::type_complexity)]
-pub(super) fn salvage_readdir(
+pub(crate) fn salvage_readdir(
     fs: &mut Filesystem,
     l: Loc,
 ) -> Result<(Vec<(Vec<u8>, Loc, u8)>, Vec<(u64, String)>)> {
@@ -1192,7 +1192,7 @@ fn copy_file(
 /// restore makes it). With extents, the size is not known (the last
 /// extent ends on a sector boundary, i_size anywhere before it): the
 /// file is lost rather than restored with contents that may be wrong.
-pub(super) fn size_from_extents(fs: &mut Filesystem, l: Loc) -> Result<u64> {
+pub(crate) fn size_from_extents(fs: &mut Filesystem, l: Loc) -> Result<u64> {
     let runs = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?;
     if runs.is_empty() {
         Ok(0)
