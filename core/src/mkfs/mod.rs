@@ -5,6 +5,7 @@
 //! disk is the superblock written. A failure at any point leaves an image
 //! with no valid superblock.
 
+pub mod build;
 pub mod rootdir;
 
 use crate::csum::CsumType;
