@@ -85,7 +85,8 @@ pub enum Left {
     /// out of space.
     Partial,
     /// The copy failed: the superblocks are zeroed, the images are no
-    /// filesystem. The image files it created are removed.
+    /// filesystem (when zeroing them failed too, the message says so).
+    /// The image files it created are removed.
     Unusable,
 }
 
@@ -203,7 +204,14 @@ fn build_into(
         Err(e) => {
             drop(fs);
             for d in &all {
-                super::wipe_superblocks(d.as_ref())?;
+                super::wipe_superblocks(d.as_ref()).map_err(|we| Failure {
+                    left: Left::Unusable,
+                    message: format!(
+                        "copying {} failed ({e}) and its superblocks could not be zeroed: {we}",
+                        dir.display()
+                    ),
+                    error: Some(we),
+                })?;
             }
             return Err(Failure {
                 left: Left::Unusable,
@@ -445,4 +453,65 @@ pub fn existing_filesystem(path: &Path) -> crate::Result<Option<&'static str>> {
         return Ok(Some("ext2/3/4"));
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(images: Vec<PathBuf>, size: Option<u64>) -> Request {
+        Request {
+            images,
+            options: MkfsOptions {
+                size,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn refusals_leave_the_images_as_they_were() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("a.img");
+        // No size for a missing image: nothing is made.
+        let f = build(&request(vec![img.clone()], None), &mut NoProgress).unwrap_err();
+        assert_eq!(f.left, Left::NotMade);
+        assert!(f.to_string().contains("give its size with -b"), "{f}");
+        assert!(!img.exists());
+        // The same image twice.
+        let f = build(
+            &request(vec![img.clone(), img.clone()], Some(256 << 20)),
+            &mut NoProgress,
+        )
+        .unwrap_err();
+        assert!(f.to_string().contains("is given twice"), "{f}");
+        assert!(!img.exists());
+        // A made filesystem is not overwritten without force.
+        let made = build(
+            &request(vec![img.clone()], Some(256 << 20)),
+            &mut NoProgress,
+        )
+        .unwrap();
+        assert_eq!(made.summary.filesystem_size, 256 << 20);
+        assert_eq!(existing_filesystem(&img).unwrap(), Some("btrfs"));
+        let f = build(
+            &request(vec![img.clone()], Some(256 << 20)),
+            &mut NoProgress,
+        )
+        .unwrap_err();
+        assert_eq!(f.left, Left::NotMade);
+        assert!(f.to_string().contains("already contains a btrfs"), "{f}");
+    }
+
+    #[test]
+    fn a_failed_make_removes_the_image_files_it_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("small.img");
+        // Created, then too small for a filesystem.
+        let f = build(&request(vec![img.clone()], Some(1 << 20)), &mut NoProgress).unwrap_err();
+        assert_eq!(f.left, Left::NotMade);
+        assert!(f.error.is_some());
+        assert!(!img.exists(), "a file made for a failed mkfs stays");
+    }
 }
