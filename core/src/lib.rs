@@ -19,6 +19,7 @@ pub mod image;
 pub mod io;
 pub mod log;
 pub mod mkfs;
+pub mod mount_view;
 pub mod rescue;
 pub mod restore;
 pub mod trans;

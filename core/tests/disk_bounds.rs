@@ -22,7 +22,7 @@ use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::io::BlockDevice;
 use btrkit_core::log::reader::{read_log, OnDamage, ReadOptions};
 use btrkit_core::log::replay::{replay, ReplayOptions};
-use btrkit_core::restore::view::{ReadOnlyView, ROOT_NODE};
+use btrkit_core::mount_view::{ReadOnlyView, ROOT_NODE};
 use btrkit_core::restore::{LogMode, ReadOptions as ViewOptions};
 use btrkit_core::trans::Store;
 use btrkit_core::tree::TreeIter;

@@ -1,7 +1,8 @@
 //! The layer order of `core/src`: no module names a module above it
 //! (format, util, io, chunk, tree, alloc, trans, fs, log, check,
-//! restore and rescue, mkfs, workload; the top-level files sit in the layer of what they are). A
-//! module's own tests (from its `#[cfg(test)]` on) may use anything.
+//! restore, rescue and mount_view, mkfs, workload; the top-level files sit
+//! in the layer of what they are). A module's own tests (from its
+//! `#[cfg(test)]` on) may use anything.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -18,7 +19,7 @@ const LAYERS: &[&[&str]] = &[
     &["trans"],
     &["fs"],
     &["log"],
-    &["check", "restore", "rescue"],
+    &["check", "restore", "rescue", "mount_view"],
     &["mkfs"],
     &["workload"],
 ];

@@ -1,8 +1,7 @@
-use anyhow::{bail, Context};
+use anyhow::bail;
 use btrkit_core::csum::CsumType;
 use btrkit_core::mkfs::{parse_uuid, Features, MkfsOptions};
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(clap::Parser)]
 #[command(
@@ -207,29 +206,4 @@ impl Args {
         }
         Ok(o)
     }
-}
-
-/// Name of a filesystem already on `path`, if one is recognised.
-pub fn existing_filesystem(path: &Path) -> anyhow::Result<Option<&'static str>> {
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut buf = vec![0u8; 65536 + 4096];
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    let buf = &buf[..n];
-    if buf.len() >= 65536 + 72 && &buf[65536 + 64..65536 + 72] == b"_BHRfS_M" {
-        return Ok(Some("btrfs"));
-    }
-    if buf.len() >= 4 && &buf[..4] == b"XFSB" {
-        return Ok(Some("xfs"));
-    }
-    if buf.len() >= 1082 && buf[1080] == 0x53 && buf[1081] == 0xef {
-        return Ok(Some("ext2/3/4"));
-    }
-    Ok(None)
 }

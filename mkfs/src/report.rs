@@ -1,25 +1,40 @@
+use btrkit_core::mkfs::build::Progress;
 use btrkit_core::mkfs::rootdir::RootdirStats;
 use btrkit_core::mkfs::MkfsSummary;
 use comfy_table::{presets::NOTHING, Table};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 
-pub fn progress_bar(total_bytes: u64) -> ProgressBar {
-    let pb = ProgressBar::new(total_bytes);
-    if !std::io::stderr().is_terminal() {
-        pb.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    pb.set_style(
-        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {msg} [{elapsed}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    pb
-}
+/// The `--rootdir` copy's progress bar (on a terminal only).
+#[derive(Default)]
+pub struct Bar(Option<ProgressBar>);
 
-pub fn tick(pb: &ProgressBar, files: u64, bytes: u64) {
-    if files.is_multiple_of(256) {
-        pb.set_position(bytes);
-        pb.set_message(format!("{files} files"));
+impl Progress for Bar {
+    fn start(&mut self, total_bytes: u64) {
+        let pb = ProgressBar::new(total_bytes);
+        if !std::io::stderr().is_terminal() {
+            pb.set_draw_target(ProgressDrawTarget::hidden());
+        }
+        pb.set_style(
+            ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {msg} [{elapsed}]")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        self.0 = Some(pb);
+    }
+
+    fn copied(&mut self, files: u64, bytes: u64) {
+        if let Some(pb) = &self.0 {
+            if files.is_multiple_of(256) {
+                pb.set_position(bytes);
+                pb.set_message(format!("{files} files"));
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(pb) = self.0.take() {
+            pb.finish_and_clear();
+        }
     }
 }
 

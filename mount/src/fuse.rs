@@ -4,7 +4,7 @@
 use btrkit_core::format::dir::name_fault;
 use btrkit_core::fs::ops::Stat;
 use btrkit_core::log::inspect::escape_bytes;
-use btrkit_core::restore::view::{ReadOnlyView, ROOT_NODE};
+use btrkit_core::mount_view::{ReadOnlyView, ROOT_NODE};
 use fuser::{
     BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr,

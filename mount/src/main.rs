@@ -6,9 +6,10 @@
 mod fuse;
 
 use anyhow::{bail, Context};
+use btrkit_cli::ReadArgs;
 use btrkit_core::io::FileDevice;
-use btrkit_core::restore::view::ReadOnlyView;
-use btrkit_core::restore::{LogMode, ReadOptions, RootChoice};
+use btrkit_core::mount_view::ReadOnlyView;
+use btrkit_core::restore::LogMode;
 use clap::Parser;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,27 +28,8 @@ struct Args {
     /// devices, in any order), then the mount point.
     #[arg(required = true, num_args = 2.., value_name = "IMAGE... MOUNTPOINT")]
     paths: Vec<PathBuf>,
-    /// Another device of the filesystem (repeatable; as `mount -o device=`).
-    #[arg(long = "device", value_name = "PATH")]
-    devices: Vec<PathBuf>,
-    /// Read a filesystem on several devices with some missing.
-    #[arg(long)]
-    degraded: bool,
-    /// Ignore the fsync log: show the state of the last commit.
-    #[arg(long)]
-    no_log: bool,
-    /// The log is damaged: apply what the rest of it still proves.
-    #[arg(long, conflicts_with = "no_log")]
-    salvage: bool,
-    /// Start from superblock copy N (0 primary, 1 and 2 the mirrors).
-    #[arg(short = 's', long = "super", default_value_t = 0, value_name = "N")]
-    mirror: usize,
-    /// Read from backup root slot N of the superblock (an older commit).
-    #[arg(long, value_name = "N", conflicts_with = "tree_root")]
-    backup: Option<usize>,
-    /// Read from the root tree node at this logical address.
-    #[arg(short = 't', long = "tree-root", value_name = "BYTENR")]
-    tree_root: Option<u64>,
+    #[command(flatten)]
+    read: ReadArgs,
     /// Mount this subvolume (its path in the filesystem or its id) instead
     /// of the default one.
     #[arg(long, value_name = "PATH|ID")]
@@ -100,22 +82,17 @@ fn run(a: &Args) -> anyhow::Result<()> {
     if !a.foreground {
         return daemonize(&mountpoint);
     }
-    let paths: Vec<PathBuf> = images.iter().chain(a.devices.iter()).cloned().collect();
+    let paths = a.read.paths(&images);
     let open = |log: LogMode, warm: bool| -> anyhow::Result<ReadOnlyView> {
         let devs = FileDevice::open_all_mmap(&paths)?;
         Ok(ReadOnlyView::open(
             devs,
-            &ReadOptions {
-                log,
-                degraded: a.degraded,
-                mirror: a.mirror,
-                root: RootChoice::from_flags(a.backup, a.tree_root),
-            },
+            &a.read.read_options(log),
             a.subvol.as_deref(),
             warm,
         )?)
     };
-    let mode = LogMode::from_flags(a.no_log, a.salvage);
+    let mode = a.read.log_mode();
     let view = match open(mode, !a.no_warm) {
         Ok(v) => v,
         Err(e) => {

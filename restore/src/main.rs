@@ -3,9 +3,10 @@
 //! is restored too.
 
 use anyhow::{bail, Context};
+use btrkit_cli::ReadArgs;
 use btrkit_core::fs::Loc;
 use btrkit_core::io::{BlockDevice, FileDevice};
-use btrkit_core::restore::{self, LogMode, ReadOptions, RestoreOptions, RestoreReport, RootChoice};
+use btrkit_core::restore::{self, RestoreOptions, RestoreReport};
 use clap::Parser;
 use comfy_table::Table;
 use std::io::IsTerminal;
@@ -17,36 +18,24 @@ use std::sync::Arc;
     name = "btrkit-restore",
     version,
     about = "Copy files out of a Btrfs image without writing to it (the fsync log applied in memory)",
-    after_help = "Examples:\n  btrkit-restore crash.img out/              everything, as the kernel shows it after its log replay\n  btrkit-restore crash.img out/ --no-log     the state of the last commit\n  btrkit-restore a.img b.img out/ -m         a filesystem on two devices, with owners, modes and times\n  btrkit-restore crash.img out/ --path-regex '^/home/' --dry-run\n\nNames, links and directories of the image are data, never paths: nothing is made, changed or followed outside DEST. Device nodes need --device-nodes, security/trusted/system xattrs --privileged-xattrs, set-id bits -m.\n\nExit status: 0 everything restored, 1 some files lost, restored with bad data or from a damaged log (listed), 2 nothing restorable, 16 usage."
+    after_help = "Examples:\n  btrkit-restore crash.img out/              everything, as the kernel shows it after its log replay\n  btrkit-restore crash.img out/ --no-log     the state of the last commit\n  btrkit-restore a.img b.img out/ -m         a filesystem on two devices, with owners, modes and times\n  btrkit-restore crash.img out/ --path-regex '^/home/' --dry-run\n\nNames, links and directories of the image are data, never paths: nothing is made, changed or followed outside DEST. Device nodes need --device-nodes, security/trusted/system xattrs --privileged-xattrs, set-id bits -m.\n\nExit status: 0 everything restored, 1 some files lost, restored with bad data or from a damaged log (listed), 2 nothing restorable, 16 usage.",
+    // The shared read arguments, in words of what restore does.
+    mut_arg("no_log", |a| a.help("Ignore the fsync log: restore the state of the last commit")),
+    mut_arg("backup", |a| a.help(
+        "Read from backup root slot N of the superblock (an older commit) instead of the last \
+         commit's roots; see --list-roots"
+    )),
+    mut_arg("tree_root", |a| a.help(
+        "Read from the root tree node at this logical address (as `btrfs restore -t`)"
+    ))
 )]
 struct Args {
     /// The image (and the other devices of a filesystem on several
     /// devices, in any order), then the destination directory.
     #[arg(required = true, num_args = 2.., value_name = "IMAGE... DEST")]
     paths: Vec<PathBuf>,
-    /// Another device of the filesystem (repeatable; as `mount -o device=`).
-    #[arg(long = "device", value_name = "PATH")]
-    devices: Vec<PathBuf>,
-    /// Read a filesystem on several devices with some missing.
-    #[arg(long)]
-    degraded: bool,
-    /// Ignore the fsync log: restore the state of the last commit.
-    #[arg(long)]
-    no_log: bool,
-    /// The log is damaged: apply what the rest of it still proves.
-    #[arg(long, conflicts_with = "no_log")]
-    salvage: bool,
-    /// Start from superblock copy N (0 primary, 1 and 2 the mirrors).
-    #[arg(short = 's', long = "super", default_value_t = 0, value_name = "N")]
-    mirror: usize,
-    /// Read from backup root slot N of the superblock (an older commit)
-    /// instead of the last commit's roots; see --list-roots.
-    #[arg(long, value_name = "N", conflicts_with = "tree_root")]
-    backup: Option<usize>,
-    /// Read from the root tree node at this logical address (as `btrfs
-    /// restore -t`).
-    #[arg(short = 't', long = "tree-root", value_name = "BYTENR")]
-    tree_root: Option<u64>,
+    #[command(flatten)]
+    read: ReadArgs,
     /// List the backup roots and the trees of the root tree, then exit.
     #[arg(long)]
     list_roots: bool,
@@ -119,23 +108,15 @@ fn run(a: &Args) -> anyhow::Result<RestoreReport> {
         Some((d, i)) if !i.is_empty() => (d.clone(), i.to_vec()),
         _ => bail!("give the image and the destination directory"),
     };
-    let paths: Vec<PathBuf> = images.iter().chain(a.devices.iter()).cloned().collect();
-    let devs = FileDevice::open_all_mmap(&paths)?;
+    let devs = FileDevice::open_all_mmap(&a.read.paths(&images))?;
     if a.list_roots {
         list_roots(&devs, a)?;
         return Ok(RestoreReport::default());
     }
     btrkit_core::io::host::raise_fd_limit();
-    let (mut fs, log_fallback) = restore::open_virtual_fallback(
-        devs,
-        &ReadOptions {
-            log: LogMode::from_flags(a.no_log, a.salvage),
-            degraded: a.degraded,
-            mirror: a.mirror,
-            root: RootChoice::from_flags(a.backup, a.tree_root),
-        },
-    )
-    .context("opening the filesystem")?;
+    let (mut fs, log_fallback) =
+        restore::open_virtual_fallback(devs, &a.read.read_options(a.read.log_mode()))
+            .context("opening the filesystem")?;
     let start = match &a.subvol {
         None => fs.root(),
         Some(s) => match s.parse::<u64>() {
@@ -191,21 +172,21 @@ fn incomplete(r: &RestoreReport) -> bool {
 /// `--list-roots`: the superblock's backup roots, newest first, and every
 /// tree of the root tree (root item key, node address, level).
 fn list_roots(devs: &[(String, Arc<dyn BlockDevice>)], a: &Args) -> anyhow::Result<()> {
-    let backups = restore::backup_roots(devs[0].1.as_ref(), a.mirror)?;
+    let backups = restore::backup_roots(devs[0].1.as_ref(), a.read.mirror)?;
     let img = if devs.len() == 1 {
         btrkit_core::image::Image::open(
             devs[0].1.clone(),
             btrkit_core::image::OpenOptions {
-                mirror: a.mirror,
-                degraded: a.degraded,
+                mirror: a.read.mirror,
+                degraded: a.read.degraded,
                 ..Default::default()
             },
         )?
     } else {
         btrkit_core::devices::DeviceSet::assemble(devs.to_vec())?.open(
             btrkit_core::image::OpenOptions {
-                mirror: a.mirror,
-                degraded: a.degraded,
+                mirror: a.read.mirror,
+                degraded: a.read.degraded,
                 ..Default::default()
             },
         )?

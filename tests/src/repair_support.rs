@@ -8,7 +8,7 @@ use btrkit_core::format::header::HEADER_SIZE;
 use btrkit_core::format::key::Key;
 use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::io::BlockDevice;
-use btrkit_core::restore::view::ReadOnlyView;
+use btrkit_core::mount_view::ReadOnlyView;
 use btrkit_core::restore::ReadOptions;
 use btrkit_core::tree::TreeIter;
 use std::collections::BTreeMap;

@@ -13,7 +13,7 @@ use btrkit_core::csum::block_csum;
 use btrkit_core::format::consts::*;
 use btrkit_core::image::{tree_root_of, Image, OpenOptions};
 use btrkit_core::io::{BlockDevice, MemDevice};
-use btrkit_core::restore::view::{ReadOnlyView, ROOT_NODE};
+use btrkit_core::mount_view::{ReadOnlyView, ROOT_NODE};
 use btrkit_core::restore::{LogMode, ReadOptions};
 use btrkit_core::tree::{walk_tree, WalkEvent};
 use btrkit_tests::sys::CappedAlloc;

@@ -8,7 +8,7 @@
 //! panicked, leaving the directory unlistable.
 
 use btrkit_core::io::{BlockDevice, FileDevice};
-use btrkit_core::restore::view::{ReadOnlyView, ROOT_NODE};
+use btrkit_core::mount_view::{ReadOnlyView, ROOT_NODE};
 use btrkit_tests::{require_fuse, require_kernel_mount, skip_unless, KernelImage, MkfsOpts};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

@@ -5,6 +5,7 @@
 //! disk is the superblock written. A failure at any point leaves an image
 //! with no valid superblock.
 
+pub mod build;
 pub mod rootdir;
 
 use crate::csum::CsumType;
@@ -589,62 +590,27 @@ pub fn make_set(
     if devs.is_empty() {
         return Err(Error::Invalid("no device to make a filesystem on".into()));
     }
-    // Mixed block groups hold data and tree blocks alike: a node is one
-    // sector.
-    let one_sector;
-    let o = if o.features.mixed {
-        if o.nodesize_given && o.nodesize != o.sectorsize {
-            return Err(Error::Invalid(format!(
-                "nodesize {} is not the sector size {} (mixed block groups need them equal)",
-                o.nodesize, o.sectorsize
-            )));
-        }
-        one_sector = MkfsOptions {
-            nodesize: o.sectorsize,
-            ..o.clone()
-        };
-        &one_sector
-    } else {
-        o
-    };
+    let one_sector = one_sector_nodes(o)?;
+    let o = one_sector.as_ref().unwrap_or(o);
     let n = devs.len();
-    let mut sizes = Vec::with_capacity(n);
-    for (name, d) in &devs {
-        let size = validate(o, d.size()).map_err(|e| match (e, n) {
-            (Error::Invalid(m), n) if n > 1 => Error::Invalid(format!("{name}: {m}")),
-            (e, _) => e,
-        })?;
-        sizes.push(size);
-    }
-    let mixed = o.features.mixed;
-    let (meta_profile, data_profile) = if mixed {
-        // One profile for both (mkfs.btrfs: data's default, single, and
-        // metadata follows it).
-        match (o.metadata_profile, o.data_profile) {
-            (Some(m), Some(d)) if m != d => {
-                return Err(Error::Invalid(
-                    "with mixed block groups data and metadata profiles must be the same".into(),
-                ))
-            }
-            (Some(p), _) | (None, Some(p)) => (p, p),
-            (None, None) => (0, 0),
-        }
+    let sizes = device_sizes(&devs, o)?;
+    let profiles = profiles(o, n)?;
+    let (meta_profile, data_profile) = profiles;
+    let plans: Vec<ChunkPlan> = if n == 1
+        && !o.features.mixed
+        && meta_profile == BTRFS_BLOCK_GROUP_DUP
+        && data_profile == 0
+    {
+        plan_chunks(sizes[0], o.chunk_cap)
     } else {
-        (
-            o.metadata_profile.unwrap_or(if n > 1 {
-                BTRFS_BLOCK_GROUP_RAID1
-            } else {
-                BTRFS_BLOCK_GROUP_DUP
-            }),
-            o.data_profile.unwrap_or(0),
-        )
+        plan_chunks_of(
+            &sizes,
+            meta_profile,
+            data_profile,
+            o.features.mixed,
+            o.chunk_cap,
+        )?
     };
-    let plans: Vec<ChunkPlan> =
-        if n == 1 && !mixed && meta_profile == BTRFS_BLOCK_GROUP_DUP && data_profile == 0 {
-            plan_chunks(sizes[0], o.chunk_cap)
-        } else {
-            plan_chunks_of(&sizes, meta_profile, data_profile, mixed, o.chunk_cap)?
-        };
     // Any old superblock goes first, so a failure below cannot leave the
     // previous filesystem looking intact over our half-written blocks.
     for (_, dev) in &devs {
@@ -654,7 +620,6 @@ pub fn make_set(
         .iter()
         .map(|(_, d)| Arc::new(StagedSuper::new(d.clone())))
         .collect();
-    let ns = o.nodesize as u64;
     let fsid = o.fsid.unwrap_or_else(random_uuid);
     if o.device_uuid.is_some() && n > 1 {
         return Err(Error::Invalid(
@@ -664,11 +629,6 @@ pub fn make_set(
     let dev_uuids: Vec<[u8; 16]> = (0..n)
         .map(|_| o.device_uuid.unwrap_or_else(random_uuid))
         .collect();
-    let chunk_tree_uuid = random_uuid();
-    let (sys, meta) = (&plans[0], &plans[1]);
-    let f = &o.features;
-    let gen = 1u64;
-
     // The chunk map of the plan, to place every copy of the bootstrap
     // blocks.
     let mut map = crate::chunk::ChunkMap::new();
@@ -677,11 +637,122 @@ pub fn make_set(
         let (c, st) = crate::format::chunk::parse_chunk(&bytes)?;
         map.insert(p.logical, c, st)?;
     }
-    // Bootstrap blocks: chunk tree in the system chunk, the rest at the
-    // start of the metadata chunk, each where no copy meets a superblock
-    // copy on its device.
-    // A RAID5/6 block's write also writes its column's parity: every
-    // stripe of the column counts.
+    let at = place_bootstrap(&map, &plans, o)?;
+    let b = Bootstrap {
+        o,
+        plans: &plans,
+        sizes: &sizes,
+        fsid,
+        chunk_tree_uuid: random_uuid(),
+        dev_uuids,
+        map,
+        at,
+    };
+    let dev_items = b.dev_items();
+    let (leaves, blocks) = b.leaves(&dev_items)?;
+    b.write_blocks(&staged, leaves)?;
+    let (compat_ro, incompat) = feature_flags(o, profiles);
+    b.write_supers(&staged, &dev_items, blocks, (compat_ro, incompat))?;
+
+    // Generation 2: the rest, through the engine.
+    let mut fs = open_new(&devs, &staged, o)?;
+    populate(&mut fs, o, fsid)?;
+    fs.commit()?;
+    // Simple quotas from the start, so everything written into the new
+    // filesystem (--rootdir) is counted for its subvolume.
+    let incompat = if o.features.squota {
+        fs.quotas().quota_enable_simple(&[])?;
+        fs.commit()?;
+        incompat | BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA
+    } else {
+        incompat
+    };
+    let summary = b.summary(&devs, (compat_ro, incompat), profiles);
+    Ok((fs, Staging { devs: staged }, summary))
+}
+
+/// Mixed block groups hold data and tree blocks alike: a node is one
+/// sector. The options with that node size (None when not mixed).
+fn one_sector_nodes(o: &MkfsOptions) -> Result<Option<MkfsOptions>> {
+    if !o.features.mixed {
+        return Ok(None);
+    }
+    if o.nodesize_given && o.nodesize != o.sectorsize {
+        return Err(Error::Invalid(format!(
+            "nodesize {} is not the sector size {} (mixed block groups need them equal)",
+            o.nodesize, o.sectorsize
+        )));
+    }
+    Ok(Some(MkfsOptions {
+        nodesize: o.sectorsize,
+        ..o.clone()
+    }))
+}
+
+/// The size each device gives the filesystem, checked (a message names
+/// the device when there are several).
+fn device_sizes(devs: &[(String, Arc<dyn BlockDevice>)], o: &MkfsOptions) -> Result<Vec<u64>> {
+    let n = devs.len();
+    let mut sizes = Vec::with_capacity(n);
+    for (name, d) in devs {
+        let size = validate(o, d.size()).map_err(|e| match (e, n) {
+            (Error::Invalid(m), n) if n > 1 => Error::Invalid(format!("{name}: {m}")),
+            (e, _) => e,
+        })?;
+        sizes.push(size);
+    }
+    Ok(sizes)
+}
+
+/// The (metadata, data) profiles on `n` devices.
+fn profiles(o: &MkfsOptions, n: usize) -> Result<(u64, u64)> {
+    if o.features.mixed {
+        // One profile for both (mkfs.btrfs: data's default, single, and
+        // metadata follows it).
+        return match (o.metadata_profile, o.data_profile) {
+            (Some(m), Some(d)) if m != d => Err(Error::Invalid(
+                "with mixed block groups data and metadata profiles must be the same".into(),
+            )),
+            (Some(p), _) | (None, Some(p)) => Ok((p, p)),
+            (None, None) => Ok((0, 0)),
+        };
+    }
+    Ok((
+        o.metadata_profile.unwrap_or(if n > 1 {
+            BTRFS_BLOCK_GROUP_RAID1
+        } else {
+            BTRFS_BLOCK_GROUP_DUP
+        }),
+        o.data_profile.unwrap_or(0),
+    ))
+}
+
+/// The generation of the bootstrap blocks.
+const BOOTSTRAP_GEN: u64 = 1;
+
+/// Where the bootstrap blocks go: the chunk tree in the system chunk, the
+/// rest at the start of the metadata chunk.
+struct BootstrapBlocks {
+    chunk_root: u64,
+    root_tree: u64,
+    extent_tree: u64,
+    dev_tree: u64,
+    /// The free space tree's (with that feature).
+    fst: Option<u64>,
+    /// The block group tree's (with that feature).
+    bgt: Option<u64>,
+}
+
+/// The bootstrap blocks placed, each where no copy meets a superblock
+/// copy on its device. A RAID5/6 block's write also writes its column's
+/// parity: every stripe of the column counts.
+fn place_bootstrap(
+    map: &crate::chunk::ChunkMap,
+    plans: &[ChunkPlan],
+    o: &MkfsOptions,
+) -> Result<BootstrapBlocks> {
+    let ns = o.nodesize as u64;
+    let (sys, meta) = (&plans[0], &plans[1]);
     let meets_super = |b: u64| -> Result<bool> {
         let mut at = Vec::new();
         for p in map.pieces(b, ns)? {
@@ -716,234 +787,30 @@ pub fn make_set(
     let root_tree = take()?;
     let extent_tree = take()?;
     let dev_tree = take()?;
-    let fst = if f.free_space_tree {
+    let fst = if o.features.free_space_tree {
         Some(take()?)
     } else {
         None
     };
-    let bgt = if f.block_group_tree {
+    let bgt = if o.features.block_group_tree {
         Some(take()?)
     } else {
         None
     };
+    Ok(BootstrapBlocks {
+        chunk_root,
+        root_tree,
+        extent_tree,
+        dev_tree,
+        fst,
+        bgt,
+    })
+}
 
-    let new_leaf = |bytenr: u64, owner: u64| {
-        let mut b = vec![0u8; ns as usize];
-        edit::init_block(&mut b, bytenr, 0, owner, gen, &fsid, &chunk_tree_uuid);
-        b
-    };
-    let push = |b: &mut Vec<u8>, k: Key, d: &[u8]| -> Result<()> {
-        let at = edit::nritems(b);
-        edit::leaf_insert(b, at, &k, d)
-    };
-
-    // Chunk tree: a device item per device and the three chunks.
-    let dev_items: Vec<DevItem> = (0..n)
-        .map(|i| {
-            let devid = i as u64 + 1;
-            let used: u64 = plans
-                .iter()
-                .map(|p| p.stripes.iter().filter(|s| s.0 == devid).count() as u64 * p.stripe_size)
-                .sum();
-            let mut di = DevItem::new_zeroed();
-            di.devid.set(devid);
-            di.total_bytes.set(sizes[i]);
-            di.bytes_used.set(used);
-            di.io_align.set(o.sectorsize);
-            di.io_width.set(o.sectorsize);
-            di.sector_size.set(o.sectorsize);
-            di.uuid = dev_uuids[i];
-            di.fsid = fsid;
-            di
-        })
-        .collect();
-    let mut chunk_leaf = new_leaf(chunk_root, BTRFS_CHUNK_TREE_OBJECTID);
-    for di in &dev_items {
-        push(
-            &mut chunk_leaf,
-            Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, di.devid.get()),
-            di.as_bytes(),
-        )?;
-    }
-    for p in &plans {
-        push(
-            &mut chunk_leaf,
-            Key::new(
-                BTRFS_FIRST_CHUNK_TREE_OBJECTID,
-                BTRFS_CHUNK_ITEM_KEY,
-                p.logical,
-            ),
-            &chunk_item_bytes(p, o.sectorsize, &dev_uuids),
-        )?;
-    }
-
-    // Dev tree: one dev extent per stripe, by device and physical offset.
-    let mut dev_leaf = new_leaf(dev_tree, BTRFS_DEV_TREE_OBJECTID);
-    let mut exts: Vec<(u64, u64, &ChunkPlan)> = plans
-        .iter()
-        .flat_map(|p| p.stripes.iter().map(move |&(d, ph)| (d, ph, p)))
-        .collect();
-    exts.sort_by_key(|e| (e.0, e.1));
-    for (devid, ph, p) in exts {
-        let de = DevExtent {
-            chunk_tree: BTRFS_CHUNK_TREE_OBJECTID.into(),
-            chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
-            chunk_offset: p.logical.into(),
-            length: p.stripe_size.into(),
-            chunk_tree_uuid,
-        };
-        push(
-            &mut dev_leaf,
-            Key::new(devid, BTRFS_DEV_EXTENT_KEY, ph),
-            de.as_bytes(),
-        )?;
-    }
-    // Extent tree: block group items (unless in the block group tree) and
-    // a tree block item for each bootstrap block.
-    let mut blocks: Vec<(u64, u64)> = vec![
-        (chunk_root, BTRFS_CHUNK_TREE_OBJECTID),
-        (root_tree, BTRFS_ROOT_TREE_OBJECTID),
-        (extent_tree, BTRFS_EXTENT_TREE_OBJECTID),
-        (dev_tree, BTRFS_DEV_TREE_OBJECTID),
-    ];
-    if let Some(b) = fst {
-        blocks.push((b, BTRFS_FREE_SPACE_TREE_OBJECTID));
-    }
-    if let Some(b) = bgt {
-        blocks.push((b, BTRFS_BLOCK_GROUP_TREE_OBJECTID));
-    }
-    let mut items: Vec<(Key, Vec<u8>)> = Vec::new();
-    for &(b, owner) in &blocks {
-        let head = ExtentItem {
-            refs: 1.into(),
-            generation: gen.into(),
-            flags: BTRFS_EXTENT_FLAG_TREE_BLOCK.into(),
-        };
-        let mut d = head.as_bytes().to_vec();
-        let key = if f.skinny_metadata {
-            Key::new(b, BTRFS_METADATA_ITEM_KEY, 0)
-        } else {
-            d.extend_from_slice(
-                TreeBlockInfo {
-                    key: Key::MIN.to_disk(),
-                    level: 0,
-                }
-                .as_bytes(),
-            );
-            Key::new(b, BTRFS_EXTENT_ITEM_KEY, ns)
-        };
-        write_inline_refs(&mut d, &[InlineRef::TreeBlock { root: owner }]);
-        items.push((key, d));
-    }
-    let mut bg_items: Vec<(Key, Vec<u8>)> = Vec::new();
-    for p in &plans {
-        let used: u64 = blocks
-            .iter()
-            .filter(|(b, _)| *b >= p.logical && *b < p.logical + p.length)
-            .count() as u64
-            * ns;
-        let bi = BlockGroupItem {
-            used: used.into(),
-            chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
-            flags: p.flags.into(),
-        };
-        bg_items.push((
-            Key::new(p.logical, BTRFS_BLOCK_GROUP_ITEM_KEY, p.length),
-            bi.as_bytes().to_vec(),
-        ));
-    }
-    if bgt.is_none() {
-        items.extend(bg_items.iter().cloned());
-    }
-    items.sort_by_key(|i| i.0);
-    let mut extent_leaf = new_leaf(extent_tree, BTRFS_EXTENT_TREE_OBJECTID);
-    for (k, d) in &items {
-        push(&mut extent_leaf, *k, d)?;
-    }
-    let mut extra_leaves: Vec<Vec<u8>> = Vec::new();
-    if let Some(b) = bgt {
-        let mut l = new_leaf(b, BTRFS_BLOCK_GROUP_TREE_OBJECTID);
-        for (k, d) in &bg_items {
-            push(&mut l, *k, d)?;
-        }
-        extra_leaves.push(l);
-    }
-    if let Some(b) = fst {
-        // Filled by the first commit: every block group starts dirty.
-        extra_leaves.push(new_leaf(b, BTRFS_FREE_SPACE_TREE_OBJECTID));
-    }
-
-    // Root tree: root items of the bootstrap trees.
-    let mut root_leaf = new_leaf(root_tree, BTRFS_ROOT_TREE_OBJECTID);
-    let mut roots = vec![
-        (BTRFS_EXTENT_TREE_OBJECTID, extent_tree),
-        (BTRFS_DEV_TREE_OBJECTID, dev_tree),
-    ];
-    if let Some(b) = fst {
-        roots.push((BTRFS_FREE_SPACE_TREE_OBJECTID, b));
-    }
-    if let Some(b) = bgt {
-        roots.push((BTRFS_BLOCK_GROUP_TREE_OBJECTID, b));
-    }
-    for (id, b) in roots {
-        let mut ri = new_root_item(o.now, gen, 0, None);
-        ri.bytenr.set(b);
-        ri.bytes_used.set(ns);
-        push(
-            &mut root_leaf,
-            Key::new(id, BTRFS_ROOT_ITEM_KEY, 0),
-            ri.as_bytes(),
-        )?;
-    }
-
-    // Write the bootstrap blocks to every copy.
-    let mut all = vec![chunk_leaf, root_leaf, extent_leaf, dev_leaf];
-    all.extend(extra_leaves);
-    let mut parity_blocks = Vec::new();
-    for mut b in all {
-        edit::mark_written(&mut b);
-        let c = crate::csum::block_csum(o.csum, &b);
-        b[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
-        let bytenr = u64::from_le_bytes(b[0x30..0x38].try_into().unwrap_or([0; 8]));
-        if map.lookup(bytenr).is_some_and(|m| m.nparity() > 0) {
-            parity_blocks.push((bytenr, b));
-            continue;
-        }
-        for (devid, ph) in map.copies(bytenr, ns)? {
-            staged[(devid - 1) as usize].write_at(ph, &b)?;
-        }
-    }
-    if !parity_blocks.is_empty() {
-        let lookup: Vec<(u64, Arc<dyn BlockDevice>)> = staged
-            .iter()
-            .enumerate()
-            .map(|(i, d)| (i as u64 + 1, d.clone() as Arc<dyn BlockDevice>))
-            .collect();
-        let refs: Vec<(u64, &[u8])> = parity_blocks
-            .iter()
-            .map(|(b, v)| (*b, v.as_slice()))
-            .collect();
-        crate::chunk::rmw::ParityWriter::new().write(&map, &refs, &lookup, false)?;
-    }
-
-    // The bootstrap superblock (held in memory by the staged device).
-    let mut sb = Superblock::new_zeroed();
-    sb.fsid = fsid;
-    sb.metadata_uuid = fsid;
-    sb.magic.set(BTRFS_MAGIC);
-    sb.generation.set(gen);
-    sb.root.set(root_tree);
-    sb.chunk_root.set(chunk_root);
-    sb.total_bytes.set(sizes.iter().sum());
-    sb.bytes_used.set(blocks.len() as u64 * ns);
-    sb.root_dir_objectid.set(BTRFS_ROOT_TREE_DIR_OBJECTID);
-    sb.num_devices.set(n as u64);
-    sb.sectorsize.set(o.sectorsize);
-    sb.nodesize.set(o.nodesize);
-    sb.leafsize.set(o.nodesize);
-    sb.stripesize.set(o.sectorsize);
-    sb.chunk_root_generation.set(gen);
-    sb.flags.set(BTRFS_HEADER_FLAG_WRITTEN);
+/// The (compat_ro, incompat) feature flags of the new filesystem, from
+/// its options and (metadata, data) profiles.
+fn feature_flags(o: &MkfsOptions, (meta_profile, data_profile): (u64, u64)) -> (u64, u64) {
+    let f = &o.features;
     let mut compat_ro = 0;
     if f.free_space_tree {
         compat_ro |=
@@ -952,7 +819,6 @@ pub fn make_set(
     if f.block_group_tree {
         compat_ro |= BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE;
     }
-    sb.compat_ro_flags.set(compat_ro);
     let mut incompat = BTRFS_FEATURE_INCOMPAT_MIXED_BACKREF;
     if o.nodesize > 4096 {
         incompat |= BTRFS_FEATURE_INCOMPAT_BIG_METADATA;
@@ -970,7 +836,7 @@ pub fn make_set(
     {
         incompat |= BTRFS_FEATURE_INCOMPAT_RAID1C34;
     }
-    if mixed {
+    if f.mixed {
         incompat |= BTRFS_FEATURE_INCOMPAT_MIXED_GROUPS;
     }
     match o.compress.map(|m| m.kind) {
@@ -983,43 +849,23 @@ pub fn make_set(
     {
         incompat |= BTRFS_FEATURE_INCOMPAT_RAID56;
     }
-    sb.incompat_flags.set(incompat);
-    sb.csum_type.set(o.csum.to_disk());
-    sb.label[..o.label.len()].copy_from_slice(o.label.as_bytes());
-    let sys_bytes = chunk_item_bytes(sys, o.sectorsize, &dev_uuids);
-    let k = Key::new(
-        BTRFS_FIRST_CHUNK_TREE_OBJECTID,
-        BTRFS_CHUNK_ITEM_KEY,
-        sys.logical,
-    )
-    .to_disk();
-    sb.sys_chunk_array[..17].copy_from_slice(k.as_bytes());
-    sb.sys_chunk_array[17..17 + sys_bytes.len()].copy_from_slice(&sys_bytes);
-    sb.sys_chunk_array_size.set((17 + sys_bytes.len()) as u32);
-    for (i, dev) in staged.iter().enumerate() {
-        sb.dev_item = dev_items[i];
-        for m in 0..BTRFS_SUPER_MIRROR_MAX {
-            let off = btrfs_sb_offset(m);
-            if off + BTRFS_SUPER_INFO_SIZE as u64 > sizes[i] {
-                break;
-            }
-            let mut copy = sb;
-            copy.bytenr.set(off);
-            let mut bytes = copy.as_bytes().to_vec();
-            let c = crate::csum::block_csum(o.csum, &bytes);
-            bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
-            dev.write_at(off, &bytes)?;
-        }
-    }
+    (compat_ro, incompat)
+}
 
-    // Generation 2: the rest, through the engine.
+/// The engine opened on the staged devices (generation 2 on), every block
+/// group dirty so the first commit fills the free space tree.
+fn open_new(
+    devs: &[(String, Arc<dyn BlockDevice>)],
+    staged: &[Arc<StagedSuper>],
+    o: &MkfsOptions,
+) -> Result<Store> {
     let others: Vec<(u64, Arc<dyn BlockDevice>)> = staged
         .iter()
         .enumerate()
         .skip(1)
         .map(|(i, d)| (i as u64 + 1, d.clone() as Arc<dyn BlockDevice>))
         .collect();
-    let names = if n > 1 {
+    let names = if devs.len() > 1 {
         devs.iter()
             .enumerate()
             .map(|(i, (name, _))| (i as u64 + 1, name.clone()))
@@ -1039,50 +885,387 @@ pub fn make_set(
     let mut fs = Store::from_image(img)?;
     fs.chunks().set_cap(o.chunk_cap);
     fs.chunks().rewrite_block_groups();
-    populate(&mut fs, o, fsid)?;
-    fs.commit()?;
-    // Simple quotas from the start, so everything written into the new
-    // filesystem (--rootdir) is counted for its subvolume.
-    let incompat = if o.features.squota {
-        fs.quotas().quota_enable_simple(&[])?;
-        fs.commit()?;
-        incompat | BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA
-    } else {
-        incompat
-    };
+    Ok(fs)
+}
 
-    let summary = MkfsSummary {
-        label: o.label.clone(),
-        uuid: uuid_str(&fsid),
-        node_size: o.nodesize,
-        sector_size: o.sectorsize,
-        filesystem_size: sizes.iter().sum(),
-        checksum: o.csum.name().to_string(),
-        features: crate::format::names::incompat_names(incompat)
-            .into_iter()
-            .chain(crate::format::names::compat_ro_names(compat_ro))
-            .collect(),
-        chunks: plans
-            .iter()
-            .map(|p| {
-                (
-                    crate::format::names::block_group_flags_str(p.flags),
-                    p.logical,
-                    p.length,
-                )
+/// A new filesystem's identity, chunks and bootstrap block places: what
+/// its generation 1 is written from.
+struct Bootstrap<'a> {
+    o: &'a MkfsOptions,
+    plans: &'a [ChunkPlan],
+    sizes: &'a [u64],
+    fsid: [u8; 16],
+    chunk_tree_uuid: [u8; 16],
+    dev_uuids: Vec<[u8; 16]>,
+    map: crate::chunk::ChunkMap,
+    at: BootstrapBlocks,
+}
+
+/// Append an item to a bootstrap leaf.
+fn push_item(b: &mut [u8], k: Key, d: &[u8]) -> Result<()> {
+    let at = edit::nritems(b);
+    edit::leaf_insert(b, at, &k, d)
+}
+
+impl Bootstrap<'_> {
+    fn ns(&self) -> u64 {
+        self.o.nodesize as u64
+    }
+
+    /// An empty leaf at `bytenr` of tree `owner`.
+    fn new_leaf(&self, bytenr: u64, owner: u64) -> Vec<u8> {
+        let mut b = vec![0u8; self.ns() as usize];
+        edit::init_block(
+            &mut b,
+            bytenr,
+            0,
+            owner,
+            BOOTSTRAP_GEN,
+            &self.fsid,
+            &self.chunk_tree_uuid,
+        );
+        b
+    }
+
+    /// Every device's device item.
+    fn dev_items(&self) -> Vec<DevItem> {
+        let o = self.o;
+        (0..self.sizes.len())
+            .map(|i| {
+                let devid = i as u64 + 1;
+                let used: u64 = self
+                    .plans
+                    .iter()
+                    .map(|p| {
+                        p.stripes.iter().filter(|s| s.0 == devid).count() as u64 * p.stripe_size
+                    })
+                    .sum();
+                let mut di = DevItem::new_zeroed();
+                di.devid.set(devid);
+                di.total_bytes.set(self.sizes[i]);
+                di.bytes_used.set(used);
+                di.io_align.set(o.sectorsize);
+                di.io_width.set(o.sectorsize);
+                di.sector_size.set(o.sectorsize);
+                di.uuid = self.dev_uuids[i];
+                di.fsid = self.fsid;
+                di
             })
-            .collect(),
-        profiles: (
-            profile_name(data_profile).to_string(),
-            profile_name(meta_profile).to_string(),
-        ),
-        devices: devs
+            .collect()
+    }
+
+    /// The bootstrap leaves (chunk, root, extent and dev trees, then the
+    /// block group and free space trees' with those features) and the
+    /// number of bootstrap blocks.
+    fn leaves(&self, dev_items: &[DevItem]) -> Result<(Vec<Vec<u8>>, u64)> {
+        let (extent_leaf, extra_leaves, blocks) = self.extent_leaves()?;
+        let mut all = vec![
+            self.chunk_leaf(dev_items)?,
+            self.root_leaf()?,
+            extent_leaf,
+            self.dev_leaf()?,
+        ];
+        all.extend(extra_leaves);
+        Ok((all, blocks))
+    }
+
+    /// Chunk tree: a device item per device and the chunks.
+    fn chunk_leaf(&self, dev_items: &[DevItem]) -> Result<Vec<u8>> {
+        let mut chunk_leaf = self.new_leaf(self.at.chunk_root, BTRFS_CHUNK_TREE_OBJECTID);
+        for di in dev_items {
+            push_item(
+                &mut chunk_leaf,
+                Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, di.devid.get()),
+                di.as_bytes(),
+            )?;
+        }
+        for p in self.plans {
+            push_item(
+                &mut chunk_leaf,
+                Key::new(
+                    BTRFS_FIRST_CHUNK_TREE_OBJECTID,
+                    BTRFS_CHUNK_ITEM_KEY,
+                    p.logical,
+                ),
+                &chunk_item_bytes(p, self.o.sectorsize, &self.dev_uuids),
+            )?;
+        }
+        Ok(chunk_leaf)
+    }
+
+    /// Dev tree: one dev extent per stripe, by device and physical offset.
+    fn dev_leaf(&self) -> Result<Vec<u8>> {
+        let mut dev_leaf = self.new_leaf(self.at.dev_tree, BTRFS_DEV_TREE_OBJECTID);
+        let mut exts: Vec<(u64, u64, &ChunkPlan)> = self
+            .plans
             .iter()
-            .enumerate()
-            .map(|(i, (name, _))| (i as u64 + 1, sizes[i], name.clone()))
-            .collect(),
-    };
-    Ok((fs, Staging { devs: staged }, summary))
+            .flat_map(|p| p.stripes.iter().map(move |&(d, ph)| (d, ph, p)))
+            .collect();
+        exts.sort_by_key(|e| (e.0, e.1));
+        for (devid, ph, p) in exts {
+            let de = DevExtent {
+                chunk_tree: BTRFS_CHUNK_TREE_OBJECTID.into(),
+                chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
+                chunk_offset: p.logical.into(),
+                length: p.stripe_size.into(),
+                chunk_tree_uuid: self.chunk_tree_uuid,
+            };
+            push_item(
+                &mut dev_leaf,
+                Key::new(devid, BTRFS_DEV_EXTENT_KEY, ph),
+                de.as_bytes(),
+            )?;
+        }
+        Ok(dev_leaf)
+    }
+
+    /// Extent tree: block group items (unless in the block group tree) and
+    /// a tree block item for each bootstrap block; with it the block group
+    /// tree's leaf and the free space tree's (empty), and the number of
+    /// bootstrap blocks.
+    fn extent_leaves(&self) -> Result<(Vec<u8>, Vec<Vec<u8>>, u64)> {
+        let (at, ns) = (&self.at, self.ns());
+        let mut blocks: Vec<(u64, u64)> = vec![
+            (at.chunk_root, BTRFS_CHUNK_TREE_OBJECTID),
+            (at.root_tree, BTRFS_ROOT_TREE_OBJECTID),
+            (at.extent_tree, BTRFS_EXTENT_TREE_OBJECTID),
+            (at.dev_tree, BTRFS_DEV_TREE_OBJECTID),
+        ];
+        if let Some(b) = at.fst {
+            blocks.push((b, BTRFS_FREE_SPACE_TREE_OBJECTID));
+        }
+        if let Some(b) = at.bgt {
+            blocks.push((b, BTRFS_BLOCK_GROUP_TREE_OBJECTID));
+        }
+        let mut items: Vec<(Key, Vec<u8>)> = Vec::new();
+        for &(b, owner) in &blocks {
+            items.push(self.tree_block_item(b, owner));
+        }
+        let mut bg_items: Vec<(Key, Vec<u8>)> = Vec::new();
+        for p in self.plans {
+            let used: u64 = blocks
+                .iter()
+                .filter(|(b, _)| *b >= p.logical && *b < p.logical + p.length)
+                .count() as u64
+                * ns;
+            let bi = BlockGroupItem {
+                used: used.into(),
+                chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
+                flags: p.flags.into(),
+            };
+            bg_items.push((
+                Key::new(p.logical, BTRFS_BLOCK_GROUP_ITEM_KEY, p.length),
+                bi.as_bytes().to_vec(),
+            ));
+        }
+        if at.bgt.is_none() {
+            items.extend(bg_items.iter().cloned());
+        }
+        items.sort_by_key(|i| i.0);
+        let mut extent_leaf = self.new_leaf(at.extent_tree, BTRFS_EXTENT_TREE_OBJECTID);
+        for (k, d) in &items {
+            push_item(&mut extent_leaf, *k, d)?;
+        }
+        let mut extra_leaves: Vec<Vec<u8>> = Vec::new();
+        if let Some(b) = at.bgt {
+            let mut l = self.new_leaf(b, BTRFS_BLOCK_GROUP_TREE_OBJECTID);
+            for (k, d) in &bg_items {
+                push_item(&mut l, *k, d)?;
+            }
+            extra_leaves.push(l);
+        }
+        if let Some(b) = at.fst {
+            // Filled by the first commit: every block group starts dirty.
+            extra_leaves.push(self.new_leaf(b, BTRFS_FREE_SPACE_TREE_OBJECTID));
+        }
+        Ok((extent_leaf, extra_leaves, blocks.len() as u64))
+    }
+
+    /// The extent item of bootstrap block `b` of tree `owner`.
+    fn tree_block_item(&self, b: u64, owner: u64) -> (Key, Vec<u8>) {
+        let head = ExtentItem {
+            refs: 1.into(),
+            generation: BOOTSTRAP_GEN.into(),
+            flags: BTRFS_EXTENT_FLAG_TREE_BLOCK.into(),
+        };
+        let mut d = head.as_bytes().to_vec();
+        let key = if self.o.features.skinny_metadata {
+            Key::new(b, BTRFS_METADATA_ITEM_KEY, 0)
+        } else {
+            d.extend_from_slice(
+                TreeBlockInfo {
+                    key: Key::MIN.to_disk(),
+                    level: 0,
+                }
+                .as_bytes(),
+            );
+            Key::new(b, BTRFS_EXTENT_ITEM_KEY, self.ns())
+        };
+        write_inline_refs(&mut d, &[InlineRef::TreeBlock { root: owner }]);
+        (key, d)
+    }
+
+    /// Root tree: root items of the bootstrap trees.
+    fn root_leaf(&self) -> Result<Vec<u8>> {
+        let at = &self.at;
+        let mut root_leaf = self.new_leaf(at.root_tree, BTRFS_ROOT_TREE_OBJECTID);
+        let mut roots = vec![
+            (BTRFS_EXTENT_TREE_OBJECTID, at.extent_tree),
+            (BTRFS_DEV_TREE_OBJECTID, at.dev_tree),
+        ];
+        if let Some(b) = at.fst {
+            roots.push((BTRFS_FREE_SPACE_TREE_OBJECTID, b));
+        }
+        if let Some(b) = at.bgt {
+            roots.push((BTRFS_BLOCK_GROUP_TREE_OBJECTID, b));
+        }
+        for (id, b) in roots {
+            let mut ri = new_root_item(self.o.now, BOOTSTRAP_GEN, 0, None);
+            ri.bytenr.set(b);
+            ri.bytes_used.set(self.ns());
+            push_item(
+                &mut root_leaf,
+                Key::new(id, BTRFS_ROOT_ITEM_KEY, 0),
+                ri.as_bytes(),
+            )?;
+        }
+        Ok(root_leaf)
+    }
+
+    /// Write the bootstrap blocks to every copy (RAID5/6 blocks with
+    /// their parity).
+    fn write_blocks(&self, staged: &[Arc<StagedSuper>], leaves: Vec<Vec<u8>>) -> Result<()> {
+        let (map, ns) = (&self.map, self.ns());
+        let mut parity_blocks = Vec::new();
+        for mut b in leaves {
+            edit::mark_written(&mut b);
+            let c = crate::csum::block_csum(self.o.csum, &b);
+            b[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+            let bytenr = u64::from_le_bytes(b[0x30..0x38].try_into().unwrap_or([0; 8]));
+            if map.lookup(bytenr).is_some_and(|m| m.nparity() > 0) {
+                parity_blocks.push((bytenr, b));
+                continue;
+            }
+            for (devid, ph) in map.copies(bytenr, ns)? {
+                staged[(devid - 1) as usize].write_at(ph, &b)?;
+            }
+        }
+        if !parity_blocks.is_empty() {
+            let lookup: Vec<(u64, Arc<dyn BlockDevice>)> = staged
+                .iter()
+                .enumerate()
+                .map(|(i, d)| (i as u64 + 1, d.clone() as Arc<dyn BlockDevice>))
+                .collect();
+            let refs: Vec<(u64, &[u8])> = parity_blocks
+                .iter()
+                .map(|(b, v)| (*b, v.as_slice()))
+                .collect();
+            crate::chunk::rmw::ParityWriter::new().write(map, &refs, &lookup, false)?;
+        }
+        Ok(())
+    }
+
+    /// The bootstrap superblock, every copy on every device with its own
+    /// device item (held in memory by the staged devices).
+    fn write_supers(
+        &self,
+        staged: &[Arc<StagedSuper>],
+        dev_items: &[DevItem],
+        blocks: u64,
+        (compat_ro, incompat): (u64, u64),
+    ) -> Result<()> {
+        let (o, at) = (self.o, &self.at);
+        let mut sb = Superblock::new_zeroed();
+        sb.fsid = self.fsid;
+        sb.metadata_uuid = self.fsid;
+        sb.magic.set(BTRFS_MAGIC);
+        sb.generation.set(BOOTSTRAP_GEN);
+        sb.root.set(at.root_tree);
+        sb.chunk_root.set(at.chunk_root);
+        sb.total_bytes.set(self.sizes.iter().sum());
+        sb.bytes_used.set(blocks * self.ns());
+        sb.root_dir_objectid.set(BTRFS_ROOT_TREE_DIR_OBJECTID);
+        sb.num_devices.set(self.sizes.len() as u64);
+        sb.sectorsize.set(o.sectorsize);
+        sb.nodesize.set(o.nodesize);
+        sb.leafsize.set(o.nodesize);
+        sb.stripesize.set(o.sectorsize);
+        sb.chunk_root_generation.set(BOOTSTRAP_GEN);
+        sb.flags.set(BTRFS_HEADER_FLAG_WRITTEN);
+        sb.compat_ro_flags.set(compat_ro);
+        sb.incompat_flags.set(incompat);
+        sb.csum_type.set(o.csum.to_disk());
+        sb.label[..o.label.len()].copy_from_slice(o.label.as_bytes());
+        let sys = &self.plans[0];
+        let sys_bytes = chunk_item_bytes(sys, o.sectorsize, &self.dev_uuids);
+        let k = Key::new(
+            BTRFS_FIRST_CHUNK_TREE_OBJECTID,
+            BTRFS_CHUNK_ITEM_KEY,
+            sys.logical,
+        )
+        .to_disk();
+        sb.sys_chunk_array[..17].copy_from_slice(k.as_bytes());
+        sb.sys_chunk_array[17..17 + sys_bytes.len()].copy_from_slice(&sys_bytes);
+        sb.sys_chunk_array_size.set((17 + sys_bytes.len()) as u32);
+        for (i, dev) in staged.iter().enumerate() {
+            sb.dev_item = dev_items[i];
+            for m in 0..BTRFS_SUPER_MIRROR_MAX {
+                let off = btrfs_sb_offset(m);
+                if off + BTRFS_SUPER_INFO_SIZE as u64 > self.sizes[i] {
+                    break;
+                }
+                let mut copy = sb;
+                copy.bytenr.set(off);
+                let mut bytes = copy.as_bytes().to_vec();
+                let c = crate::csum::block_csum(o.csum, &bytes);
+                bytes[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+                dev.write_at(off, &bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What was made, for the report.
+    fn summary(
+        &self,
+        devs: &[(String, Arc<dyn BlockDevice>)],
+        (compat_ro, incompat): (u64, u64),
+        (meta_profile, data_profile): (u64, u64),
+    ) -> MkfsSummary {
+        let o = self.o;
+        MkfsSummary {
+            label: o.label.clone(),
+            uuid: uuid_str(&self.fsid),
+            node_size: o.nodesize,
+            sector_size: o.sectorsize,
+            filesystem_size: self.sizes.iter().sum(),
+            checksum: o.csum.name().to_string(),
+            features: crate::format::names::incompat_names(incompat)
+                .into_iter()
+                .chain(crate::format::names::compat_ro_names(compat_ro))
+                .collect(),
+            chunks: self
+                .plans
+                .iter()
+                .map(|p| {
+                    (
+                        crate::format::names::block_group_flags_str(p.flags),
+                        p.logical,
+                        p.length,
+                    )
+                })
+                .collect(),
+            profiles: (
+                profile_name(data_profile).to_string(),
+                profile_name(meta_profile).to_string(),
+            ),
+            devices: devs
+                .iter()
+                .enumerate()
+                .map(|(i, (name, _))| (i as u64 + 1, self.sizes[i], name.clone()))
+                .collect(),
+        }
+    }
 }
 
 /// Create the fs tree, csum tree, data relocation tree, uuid tree, and the

@@ -14,6 +14,7 @@ use super::dest::{self, Created, DestDir, MadeDir, SharedDir};
 use crate::format::consts::{
     BTRFS_DIR_INDEX_KEY, BTRFS_FIRST_FREE_OBJECTID, BTRFS_FT_DIR, BTRFS_ROOT_ITEM_KEY,
 };
+use crate::fs::ops::Stat;
 use crate::fs::read::MapKind;
 use crate::fs::{Filesystem, Loc};
 use crate::{Error, Result};
@@ -194,370 +195,499 @@ pub fn restore(
     o: &RestoreOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RestoreReport> {
-    let mut r = RestoreReport::default();
     let root = if o.dry_run {
         None
     } else {
         Some(Arc::new(DestDir::open_root(dest_path, true)?))
     };
-    let root_path = Arc::new(DirPath {
-        parent: None,
-        name: Vec::new(),
-    });
-    // (subvol, ino) of files with several names -> where the first went.
-    let mut linked: HashMap<(u64, u64), (Arc<DirPath>, Vec<u8>)> = HashMap::new();
-    // Further names of files handed to the writers: linked once all are made.
-    let mut links: Vec<((Arc<DirPath>, Vec<u8>), (Arc<DirPath>, Vec<u8>), String)> = Vec::new();
-    let mut dir_meta: Vec<DirMeta> = Vec::new();
-    // Every directory walked: one reached again is a cycle or a second
-    // name, and is not walked again (the walk is bounded by the tree).
-    let mut dirs_seen: HashMap<(u64, u64), String> = HashMap::new();
     warm(fs, start.subvol);
+    let mut walk = Walk {
+        o,
+        progress,
+        r: RestoreReport::default(),
+        root,
+        root_path: Arc::new(DirPath {
+            parent: None,
+            name: Vec::new(),
+        }),
+        linked: HashMap::new(),
+        links: Vec::new(),
+        dir_meta: Vec::new(),
+        dirs_seen: HashMap::new(),
+        writers: Writers::start(),
+    };
     let mut stack: Vec<Entry> = vec![Entry {
         shown: String::new(),
         l: start,
         ft: BTRFS_FT_DIR,
         at: None,
     }];
-    let mut writers = Writers::start();
     while let Some(e) = stack.pop() {
+        walk.visit(fs, e, &mut stack)?;
+    }
+    walk.finish(fs)
+}
+
+/// A name of a file in the destination: its directory and the name there.
+type NamePlace = (Arc<DirPath>, Vec<u8>);
+
+/// A directory made (or found) in the destination for a directory of the
+/// image: open (None on a dry run or under a directory not made), its
+/// place, and whether this restore made it.
+struct DirPlace {
+    dir: Option<SharedDir>,
+    path: Arc<DirPath>,
+    fresh: bool,
+}
+
+/// The state of one [`restore`]: the walk's report and what is done once
+/// every entry is walked.
+struct Walk<'w, 'a> {
+    o: &'w RestoreOptions<'a>,
+    progress: &'w mut dyn FnMut(u64, u64),
+    r: RestoreReport,
+    /// The destination (None on a dry run).
+    root: Option<SharedDir>,
+    root_path: Arc<DirPath>,
+    /// (subvol, ino) of files with several names -> where the first went.
+    linked: HashMap<(u64, u64), NamePlace>,
+    /// Further names of files handed to the writers: linked once all are
+    /// made (the first name, this name, the path shown).
+    links: Vec<(NamePlace, NamePlace, String)>,
+    dir_meta: Vec<DirMeta>,
+    /// Every directory walked: one reached again is a cycle or a second
+    /// name, and is not walked again (the walk is bounded by the tree).
+    dirs_seen: HashMap<(u64, u64), String>,
+    writers: Writers,
+}
+
+impl Walk<'_, '_> {
+    /// Record the entry at `shown` as lost.
+    fn lose(&mut self, shown: &str, l: Loc, what: String) {
+        self.r.lost.push(Lost {
+            path: shown.to_string(),
+            subvol: l.subvol,
+            ino: l.ino,
+            what,
+        })
+    }
+
+    /// The progress callback, with the entries made and bytes copied.
+    fn tick(&mut self) {
+        let r = &self.r;
+        (self.progress)(r.files + r.symlinks + r.special, r.bytes);
+    }
+
+    /// Restore one entry: a directory is made and its entries pushed on
+    /// `stack`; anything else is made, a small file handed to the writers.
+    fn visit(&mut self, fs: &mut Filesystem, e: Entry, stack: &mut Vec<Entry>) -> Result<()> {
         let Entry { shown, l, ft, at } = e;
         let shown = if shown.is_empty() {
             "/".to_string()
         } else {
             shown
         };
-        let lose = |r: &mut RestoreReport, what: String| {
-            r.lost.push(Lost {
-                path: shown.clone(),
-                subvol: l.subvol,
-                ino: l.ino,
-                what,
-            })
-        };
         if l.ino == crate::format::consts::BTRFS_EMPTY_SUBVOL_DIR_OBJECTID {
-            // A subvolume whose root is not there: an empty directory, as
-            // the kernel shows it.
-            if let Some(p) = &at {
-                if let Some(d) = &p.dir {
-                    match d.make_dir(&p.name) {
-                        Ok(MadeDir::Fresh(_)) => r.dirs += 1,
-                        Ok(MadeDir::Existing(_)) => {}
-                        Err(e) => host_failure(&mut r, &shown, l, "cannot make it", e)?,
-                    }
+            return self.empty_subvol(&shown, l, at.as_ref());
+        }
+        let Some(st) = self.stat(fs, &shown, l, ft, at.as_ref())? else {
+            return Ok(());
+        };
+        let kind = st.as_ref().map_or(libc::S_IFDIR, |s| s.mode & libc::S_IFMT);
+        if kind == libc::S_IFDIR {
+            return self.visit_dir(fs, &shown, l, at.as_ref(), st.as_ref(), stack);
+        }
+        let Some(st) = st else { return Ok(()) };
+        if self.o.select.is_some_and(|f| !f(&shown)) {
+            return Ok(());
+        }
+        if self.o.dry_run {
+            self.r.listed.push((shown, st.size));
+            return Ok(());
+        }
+        let Some(p) = at else { return Ok(()) };
+        self.visit_file(fs, shown, l, kind, &st, p)
+    }
+
+    /// A subvolume whose root is not there: an empty directory, as the
+    /// kernel shows it.
+    fn empty_subvol(&mut self, shown: &str, l: Loc, at: Option<&Place>) -> Result<()> {
+        if let Some(p) = at {
+            if let Some(d) = &p.dir {
+                match d.make_dir(&p.name) {
+                    Ok(MadeDir::Fresh(_)) => self.r.dirs += 1,
+                    Ok(MadeDir::Existing(_)) => {}
+                    Err(e) => host_failure(&mut self.r, shown, l, "cannot make it", e)?,
                 }
             }
-            continue;
         }
-        let st = match fs.stat(l) {
-            Ok(s) => Some(s),
+        Ok(())
+    }
+
+    /// The entry's inode: `Some(None)` for a directory whose inode item
+    /// is lost (its entries are still walked), `None` when nothing more
+    /// is done with the entry.
+    fn stat(
+        &mut self,
+        fs: &mut Filesystem,
+        shown: &str,
+        l: Loc,
+        ft: u8,
+        at: Option<&Place>,
+    ) -> Result<Option<Option<Stat>>> {
+        match fs.stat(l) {
+            Ok(s) => Ok(Some(Some(s))),
             // A directory whose inode item is lost still has its entries
             // (DIR_INDEX items of its own, in other leaves maybe): restore
             // them into a directory without its metadata.
             Err(e) if ft == BTRFS_FT_DIR => {
-                r.warnings.push(format!(
+                self.r.warnings.push(format!(
                     "{shown}: directory inode unreadable, entries salvaged: {e}"
                 ));
-                None
+                Ok(Some(None))
             }
-            // A regular file whose inode item is lost and that has no
-            // extent items is made empty, as btrfs restore makes it; with
-            // extents its size is not known and it is lost.
             Err(e) if ft == crate::format::consts::BTRFS_FT_REG_FILE => {
-                if o.dry_run {
-                    lose(&mut r, e.to_string());
-                    continue;
-                }
-                if o.select.is_some_and(|f| !f(&shown)) {
-                    continue;
-                }
-                let Some(p) = &at else { continue };
-                let Some(d) = &p.dir else { continue };
-                match size_from_extents(fs, l) {
-                    Err(e2) => lose(&mut r, format!("{e}; from its extents: {e2}")),
-                    Ok(_) => match d.create_file(&p.name, o.overwrite) {
-                        Ok(Created::File(_)) => {
-                            r.files += 1;
-                            r.warnings.push(format!(
-                                "{shown}: inode item unreadable ({e}); it has no extent \
-                                 items: made empty, mode and owner not known"
-                            ));
-                        }
-                        Ok(Created::Exists) => r.skipped_existing += 1,
-                        Err(he) => host_failure(&mut r, &shown, l, "cannot create it", he)?,
-                    },
-                }
-                continue;
+                self.file_without_inode(fs, shown, l, at, e)?;
+                Ok(None)
             }
             Err(e) => {
-                lose(&mut r, e.to_string());
-                continue;
+                self.lose(shown, l, e.to_string());
+                Ok(None)
+            }
+        }
+    }
+
+    /// A regular file whose inode item is lost and that has no extent
+    /// items is made empty, as btrfs restore makes it; with extents its
+    /// size is not known and it is lost.
+    fn file_without_inode(
+        &mut self,
+        fs: &mut Filesystem,
+        shown: &str,
+        l: Loc,
+        at: Option<&Place>,
+        e: Error,
+    ) -> Result<()> {
+        if self.o.dry_run {
+            self.lose(shown, l, e.to_string());
+            return Ok(());
+        }
+        if self.o.select.is_some_and(|f| !f(shown)) {
+            return Ok(());
+        }
+        let Some(p) = at else { return Ok(()) };
+        let Some(d) = &p.dir else { return Ok(()) };
+        match size_from_extents(fs, l) {
+            Err(e2) => self.lose(shown, l, format!("{e}; from its extents: {e2}")),
+            Ok(_) => match d.create_file(&p.name, self.o.overwrite) {
+                Ok(Created::File(_)) => {
+                    self.r.files += 1;
+                    self.r.warnings.push(format!(
+                        "{shown}: inode item unreadable ({e}); it has no extent \
+                         items: made empty, mode and owner not known"
+                    ));
+                }
+                Ok(Created::Exists) => self.r.skipped_existing += 1,
+                Err(he) => host_failure(&mut self.r, shown, l, "cannot create it", he)?,
+            },
+        }
+        Ok(())
+    }
+
+    /// A directory: made in the destination, its entries pushed on
+    /// `stack` (popped in name order), its xattrs set and its owner, mode
+    /// and times kept for the end.
+    fn visit_dir(
+        &mut self,
+        fs: &mut Filesystem,
+        shown: &str,
+        l: Loc,
+        at: Option<&Place>,
+        st: Option<&Stat>,
+        stack: &mut Vec<Entry>,
+    ) -> Result<()> {
+        if let Some(first) = self.dirs_seen.get(&(l.subvol, l.ino)) {
+            let what = format!(
+                "directory reached twice (a directory cycle or a second name; \
+                 restored at {first})"
+            );
+            self.lose(shown, l, what);
+            return Ok(());
+        }
+        self.dirs_seen.insert((l.subvol, l.ino), shown.to_string());
+        let Some(entries) = self.dir_entries(fs, shown, l, st.is_some()) else {
+            return Ok(());
+        };
+        let Some(here) = self.dest_dir(shown, l, at)? else {
+            return Ok(());
+        };
+        let mut children = self.children(fs, shown, l, &entries, &here);
+        // Popped in name order.
+        children.sort_by(|a, b| b.shown.cmp(&a.shown));
+        stack.extend(children);
+        if let (Some(d), Some(st)) = (&here.dir, st) {
+            self.dir_attrs(fs, shown, l, d, st, &here.path);
+        }
+        Ok(())
+    }
+
+    /// A directory's entries, read around damage: a leaf lost loses the
+    /// entries it held. None when none can be read (the directory lost).
+    fn dir_entries(
+        &mut self,
+        fs: &mut Filesystem,
+        shown: &str,
+        l: Loc,
+        has_inode: bool,
+    ) -> Option<Vec<(Vec<u8>, Loc, u8)>> {
+        let listed = if has_inode { Some(fs.readdir(l)) } else { None };
+        if let Some(Ok(v)) = listed {
+            return Some(v);
+        }
+        match salvage_readdir(fs, l) {
+            Ok((v, damaged)) => {
+                for (bytenr, why) in damaged {
+                    self.r.lost.push(Lost {
+                        path: format!("{shown} (entries in tree block {bytenr})"),
+                        subvol: l.subvol,
+                        ino: l.ino,
+                        what: why,
+                    });
+                }
+                Some(v)
+            }
+            Err(e) => {
+                self.lose(shown, l, e.to_string());
+                None
+            }
+        }
+    }
+
+    /// This directory in the destination (the start is `dest`); None when
+    /// it cannot be made (recorded).
+    fn dest_dir(&mut self, shown: &str, l: Loc, at: Option<&Place>) -> Result<Option<DirPlace>> {
+        let Some(p) = at else {
+            return Ok(Some(DirPlace {
+                dir: self.root.clone(),
+                path: self.root_path.clone(),
+                fresh: false,
+            }));
+        };
+        let path = Arc::new(DirPath {
+            parent: Some(p.path.clone()),
+            name: p.name.clone(),
+        });
+        let Some(d) = &p.dir else {
+            return Ok(Some(DirPlace {
+                dir: None,
+                path,
+                fresh: false,
+            }));
+        };
+        let (nd, fresh) = match d.make_dir(&p.name) {
+            Ok(MadeDir::Fresh(nd)) => {
+                self.r.dirs += 1;
+                (nd, true)
+            }
+            Ok(MadeDir::Existing(nd)) => (nd, false),
+            Err(e) => {
+                host_failure(&mut self.r, shown, l, "cannot make it", e)?;
+                return Ok(None);
             }
         };
-        let kind = st.as_ref().map_or(libc::S_IFDIR, |s| s.mode & libc::S_IFMT);
-        if kind == libc::S_IFDIR {
-            if let Some(first) = dirs_seen.get(&(l.subvol, l.ino)) {
-                lose(
-                    &mut r,
-                    format!(
-                        "directory reached twice (a directory cycle or a second name; \
-                         restored at {first})"
-                    ),
-                );
+        Ok(Some(DirPlace {
+            dir: Some(Arc::new(nd)),
+            path,
+            fresh,
+        }))
+    }
+
+    /// The entries of a directory to restore: refused and duplicate names
+    /// lost, snapshots skipped unless asked for.
+    fn children(
+        &mut self,
+        fs: &mut Filesystem,
+        shown: &str,
+        l: Loc,
+        entries: &[(Vec<u8>, Loc, u8)],
+        here: &DirPlace,
+    ) -> Vec<Entry> {
+        let base = if shown == "/" { "" } else { shown };
+        let mut names: HashSet<&[u8]> = HashSet::with_capacity(entries.len());
+        let mut children = Vec::with_capacity(entries.len());
+        for (name, child, ty) in entries {
+            let child_shown = format!("{base}/{}", dest::escape_name(name));
+            if let Some(why) = dest::refused_name(name) {
+                self.r.lost.push(Lost {
+                    path: child_shown,
+                    subvol: child.subvol,
+                    ino: child.ino,
+                    what: format!("name refused: {why} (the kernel never makes such a name)"),
+                });
                 continue;
             }
-            dirs_seen.insert((l.subvol, l.ino), shown.clone());
-            // Read around damage: a leaf lost loses the entries it held.
-            let entries = match st.as_ref().map(|_| fs.readdir(l)) {
-                Some(Ok(v)) => v,
-                _ => match salvage_readdir(fs, l) {
-                    Ok((v, damaged)) => {
-                        for (bytenr, why) in damaged {
-                            r.lost.push(Lost {
-                                path: format!("{shown} (entries in tree block {bytenr})"),
-                                subvol: l.subvol,
-                                ino: l.ino,
-                                what: why,
-                            });
-                        }
-                        v
-                    }
-                    Err(e) => {
-                        lose(&mut r, e.to_string());
-                        continue;
-                    }
-                },
-            };
-            // This directory in the destination (the start is `dest`).
-            let (dir, path, fresh): (Option<SharedDir>, Arc<DirPath>, bool) = match &at {
-                None => (root.clone(), root_path.clone(), false),
-                Some(p) => {
-                    let path = Arc::new(DirPath {
-                        parent: Some(p.path.clone()),
-                        name: p.name.clone(),
-                    });
-                    match &p.dir {
-                        None => (None, path, false),
-                        Some(d) => match d.make_dir(&p.name) {
-                            Ok(MadeDir::Fresh(nd)) => {
-                                r.dirs += 1;
-                                (Some(Arc::new(nd)), path, true)
-                            }
-                            Ok(MadeDir::Existing(nd)) => (Some(Arc::new(nd)), path, false),
-                            Err(e) => {
-                                host_failure(&mut r, &shown, l, "cannot make it", e)?;
-                                continue;
-                            }
-                        },
-                    }
-                }
-            };
-            let base = if shown == "/" { "" } else { shown.as_str() };
-            let mut names: HashSet<&[u8]> = HashSet::with_capacity(entries.len());
-            let mut children = Vec::with_capacity(entries.len());
-            for (name, child, ty) in &entries {
-                let child_shown = format!("{base}/{}", dest::escape_name(name));
-                if let Some(why) = dest::refused_name(name) {
-                    r.lost.push(Lost {
-                        path: child_shown,
-                        subvol: child.subvol,
-                        ino: child.ino,
-                        what: format!("name refused: {why} (the kernel never makes such a name)"),
-                    });
-                    continue;
-                }
-                if !names.insert(name.as_slice()) {
-                    r.lost.push(Lost {
-                        path: child_shown,
-                        subvol: child.subvol,
-                        ino: child.ino,
-                        what: "duplicate name: another entry of this directory has it and \
-                               was restored"
-                            .into(),
-                    });
-                    continue;
-                }
-                if child.subvol != l.subvol && !o.snapshots && is_snapshot(fs, child.subvol) {
-                    r.skipped_snapshots += 1;
-                    continue;
-                }
-                children.push(Entry {
-                    shown: child_shown,
-                    l: *child,
-                    ft: *ty,
-                    at: Some(Place {
-                        dir: dir.clone(),
-                        path: path.clone(),
-                        fresh,
-                        name: name.clone(),
-                    }),
+            if !names.insert(name.as_slice()) {
+                self.r.lost.push(Lost {
+                    path: child_shown,
+                    subvol: child.subvol,
+                    ino: child.ino,
+                    what: "duplicate name: another entry of this directory has it and \
+                           was restored"
+                        .into(),
                 });
+                continue;
             }
-            // Popped in name order.
-            children.sort_by(|a, b| b.shown.cmp(&a.shown));
-            stack.extend(children);
-            if let (Some(d), Some(st)) = (&dir, &st) {
-                match fs.xattrs().list_xattrs(l) {
-                    Ok(list) => {
-                        for (n, v) in list {
-                            if privileged_xattr(&n) && !o.privileged_xattrs {
-                                r.skipped_xattrs += 1;
-                                continue;
-                            }
-                            if let Err(e) = d.set_own_xattr(&n, &v) {
-                                r.warnings
-                                    .push(format!("{shown}: xattr {}: {e}", dest::escape_name(&n)));
-                            }
-                        }
-                    }
-                    Err(e) => r.warnings.push(format!("{shown}: xattrs: {e}")),
-                }
-                if o.metadata {
-                    if st.mode & 0o6000 != 0 {
-                        r.setid += 1;
-                    }
-                    dir_meta.push(DirMeta {
-                        path: path.clone(),
-                        owner_mode: Some((st.uid, st.gid, st.mode)),
-                        times: (signed(st.atime), signed(st.mtime)),
-                    });
-                }
+            if child.subvol != l.subvol && !self.o.snapshots && is_snapshot(fs, child.subvol) {
+                self.r.skipped_snapshots += 1;
+                continue;
             }
-            continue;
+            children.push(Entry {
+                shown: child_shown,
+                l: *child,
+                ft: *ty,
+                at: Some(Place {
+                    dir: here.dir.clone(),
+                    path: here.path.clone(),
+                    fresh: here.fresh,
+                    name: name.clone(),
+                }),
+            });
         }
-        let Some(st) = st else { continue };
-        if o.select.is_some_and(|f| !f(&shown)) {
-            continue;
-        }
-        if o.dry_run {
-            r.listed.push((shown, st.size));
-            continue;
-        }
-        let Some(p) = at else { continue };
-        let Some(d) = p.dir.clone() else { continue };
-        // In a directory this restore made, nothing can exist yet.
-        if !p.fresh {
-            match d.stat(&p.name) {
-                Ok(None) => {}
-                Ok(Some(_)) if !o.overwrite => {
-                    r.skipped_existing += 1;
-                    continue;
-                }
-                Ok(Some(_)) => {
-                    if let Err(e) = d.remove_for_overwrite(&p.name) {
-                        host_failure(&mut r, &shown, l, "cannot replace it", e)?;
+        children
+    }
+
+    /// A directory's xattrs, set now; its owner, mode and times (with
+    /// `metadata`) kept for the end.
+    fn dir_attrs(
+        &mut self,
+        fs: &mut Filesystem,
+        shown: &str,
+        l: Loc,
+        d: &SharedDir,
+        st: &Stat,
+        path: &Arc<DirPath>,
+    ) {
+        match fs.xattrs().list_xattrs(l) {
+            Ok(list) => {
+                for (n, v) in list {
+                    if privileged_xattr(&n) && !self.o.privileged_xattrs {
+                        self.r.skipped_xattrs += 1;
                         continue;
                     }
-                }
-                Err(e) => {
-                    host_failure(&mut r, &shown, l, "cannot look at it", e)?;
-                    continue;
+                    if let Err(e) = d.set_own_xattr(&n, &v) {
+                        self.r
+                            .warnings
+                            .push(format!("{shown}: xattr {}: {e}", dest::escape_name(&n)));
+                    }
                 }
             }
+            Err(e) => self.r.warnings.push(format!("{shown}: xattrs: {e}")),
+        }
+        if self.o.metadata {
+            if st.mode & 0o6000 != 0 {
+                self.r.setid += 1;
+            }
+            self.dir_meta.push(DirMeta {
+                path: path.clone(),
+                owner_mode: Some((st.uid, st.gid, st.mode)),
+                times: (signed(st.atime), signed(st.mtime)),
+            });
+        }
+    }
+
+    /// Anything but a directory, at `p`: a further name of a file already
+    /// restored kept for the end, a small file read and handed to the
+    /// writers, anything else made here.
+    fn visit_file(
+        &mut self,
+        fs: &mut Filesystem,
+        shown: String,
+        l: Loc,
+        kind: u32,
+        st: &Stat,
+        p: Place,
+    ) -> Result<()> {
+        let Some(d) = p.dir.clone() else {
+            return Ok(());
+        };
+        // In a directory this restore made, nothing can exist yet.
+        if !p.fresh && !self.clear_place(&d, &p.name, &shown, l)? {
+            return Ok(());
         }
         if st.nlink > 1 && kind != libc::S_IFDIR {
-            if let Some(first) = linked.get(&(l.subvol, l.ino)) {
-                links.push((first.clone(), (p.path.clone(), p.name.clone()), shown));
-                r.hardlinks += 1;
-                continue;
+            if let Some(first) = self.linked.get(&(l.subvol, l.ino)) {
+                self.links
+                    .push((first.clone(), (p.path.clone(), p.name.clone()), shown));
+                self.r.hardlinks += 1;
+                return Ok(());
             }
         }
-        let meta = o.metadata.then(|| Meta {
+        let meta = self.o.metadata.then(|| Meta {
             uid: st.uid,
             gid: st.gid,
             mode: st.mode,
             atime: signed(st.atime),
             mtime: signed(st.mtime),
         });
-        if o.metadata && kind != libc::S_IFLNK && st.mode & 0o6000 != 0 {
-            r.setid += 1;
+        if self.o.metadata && kind != libc::S_IFLNK && st.mode & 0o6000 != 0 {
+            self.r.setid += 1;
         }
-        let xattrs = match fs.xattrs().list_xattrs(l) {
-            Ok(x) => x
-                .into_iter()
-                .filter(|(n, _)| {
-                    let keep = o.privileged_xattrs || !privileged_xattr(n);
-                    if !keep {
-                        r.skipped_xattrs += 1;
-                    }
-                    keep
-                })
-                .collect(),
-            Err(e) => {
-                r.warnings.push(format!("{shown}: xattrs: {e}"));
-                Vec::new()
-            }
-        };
+        let xattrs = self.file_xattrs(fs, &shown, l);
         if kind == libc::S_IFREG && st.size <= SMALL_FILE {
             let mut bad = Vec::new();
-            match read_small(fs, l, st.size, o.write_bad_data, &mut bad) {
+            match read_small(fs, l, st.size, self.o.write_bad_data, &mut bad) {
                 Ok(data) => {
                     if !bad.is_empty() {
-                        r.bad_data.push(BadData {
+                        self.r.bad_data.push(BadData {
                             path: shown.clone(),
                             ranges: bad,
                         });
                     }
-                    r.bytes += data.iter().map(|d| d.1.len() as u64).sum::<u64>();
-                    r.files += 1;
+                    self.r.bytes += data.iter().map(|d| d.1.len() as u64).sum::<u64>();
+                    self.r.files += 1;
                     if st.nlink > 1 {
-                        linked.insert((l.subvol, l.ino), (p.path.clone(), p.name.clone()));
+                        self.linked
+                            .insert((l.subvol, l.ino), (p.path.clone(), p.name.clone()));
                     }
-                    writers.send(
-                        FileJob {
-                            dir: d,
-                            name: p.name,
-                            shown,
-                            size: st.size,
-                            data,
-                            xattrs,
-                            meta,
-                        },
-                        &mut r,
-                    )?;
-                    progress(r.files + r.symlinks + r.special, r.bytes);
+                    let job = FileJob {
+                        dir: d,
+                        name: p.name,
+                        shown,
+                        size: st.size,
+                        data,
+                        xattrs,
+                        meta,
+                    };
+                    self.writers.send(job, &mut self.r)?;
+                    self.tick();
                 }
-                Err(e) => lose(&mut r, e.to_string()),
+                Err(e) => self.lose(&shown, l, e.to_string()),
             }
-            continue;
+            return Ok(());
         }
-        let made: std::result::Result<(), Failure> = match kind {
-            libc::S_IFREG => copy_file(fs, l, st.size, &d, &p.name, &shown, o, &mut r).map(|f| {
-                if let Some(f) = f {
-                    finish_file(&f, &xattrs, meta.as_ref(), &shown, &mut r.warnings);
-                }
-            }),
-            libc::S_IFLNK => match fs.read_link(l) {
-                Ok(t) => d
-                    .symlink(&t, &p.name)
-                    .map(|_| r.symlinks += 1)
-                    .map_err(Failure::Host),
-                Err(e) => Err(Failure::Image(e)),
-            },
-            libc::S_IFCHR | libc::S_IFBLK if !o.devices => {
-                r.skipped_devices.push(shown.clone());
-                continue;
+        let made = match kind {
+            libc::S_IFCHR | libc::S_IFBLK if !self.o.devices => {
+                self.r.skipped_devices.push(shown);
+                return Ok(());
             }
-            _ => d
-                .mknod(&p.name, st.mode, st.rdev)
-                .map(|_| r.special += 1)
-                .map_err(Failure::Host),
+            _ => self.make_node(fs, l, kind, st, &d, &p.name, &shown, &xattrs, meta.as_ref()),
         };
         match made {
             Ok(()) => {}
             Err(Failure::Image(e)) => {
                 let _ = d.remove_for_overwrite(&p.name);
-                lose(&mut r, e.to_string());
-                continue;
+                self.lose(&shown, l, e.to_string());
+                return Ok(());
             }
             Err(Failure::Host(e)) => {
                 let _ = d.remove_for_overwrite(&p.name);
-                host_failure(&mut r, &shown, l, "cannot make it", e)?;
-                continue;
+                host_failure(&mut self.r, &shown, l, "cannot make it", e)?;
+                return Ok(());
             }
         }
         if st.nlink > 1 {
-            linked.insert((l.subvol, l.ino), (p.path.clone(), p.name.clone()));
+            self.linked
+                .insert((l.subvol, l.ino), (p.path.clone(), p.name.clone()));
         }
         if kind != libc::S_IFREG {
             finish_named(
@@ -567,47 +697,156 @@ pub fn restore(
                 &xattrs,
                 meta.as_ref(),
                 &shown,
-                &mut r.warnings,
+                &mut self.r.warnings,
             );
         }
-        progress(r.files + r.symlinks + r.special, r.bytes);
+        self.tick();
+        Ok(())
     }
-    writers.finish(&mut r)?;
-    if let Some(root) = &root {
-        for (first, second, shown) in links {
-            let made = root.open_beneath(&first.0.components()).and_then(|a| {
-                root.open_beneath(&second.0.components())
-                    .and_then(|b| b.link_from(&a, &first.1, &second.1))
-            });
-            if let Err(e) = made {
-                r.hardlinks -= 1;
-                host_failure(&mut r, &shown, Loc::new(0, 0), "cannot link it", e)?;
+
+    /// What is at `name` in a directory this restore did not make: kept
+    /// (false) unless `overwrite`, then removed. False too when it cannot
+    /// be looked at or removed (recorded).
+    fn clear_place(&mut self, d: &DestDir, name: &[u8], shown: &str, l: Loc) -> Result<bool> {
+        match d.stat(name) {
+            Ok(None) => Ok(true),
+            Ok(Some(_)) if !self.o.overwrite => {
+                self.r.skipped_existing += 1;
+                Ok(false)
             }
-        }
-        // Innermost first: a directory's times after its contents, its
-        // parent's after it.
-        for m in dir_meta.iter().rev() {
-            let shown = format!("/{}", dest::escape_name(&m.path.components().join(&b'/')));
-            let d = match root.open_beneath(&m.path.components()) {
-                Ok(d) => d,
+            Ok(Some(_)) => match d.remove_for_overwrite(name) {
+                Ok(_) => Ok(true),
                 Err(e) => {
-                    r.warnings.push(format!("{shown}: cannot reopen it: {e}"));
-                    continue;
+                    host_failure(&mut self.r, shown, l, "cannot replace it", e)?;
+                    Ok(false)
                 }
-            };
-            if let Some((uid, gid, mode)) = m.owner_mode {
-                if let Err(e) = d.set_own_meta(uid, gid, mode) {
-                    r.warnings.push(format!("{shown}: owner and mode: {e}"));
-                }
-            }
-            if let Err(e) = d.set_own_times(m.times.0, m.times.1) {
-                r.warnings.push(format!("{shown}: times: {e}"));
+            },
+            Err(e) => {
+                host_failure(&mut self.r, shown, l, "cannot look at it", e)?;
+                Ok(false)
             }
         }
     }
-    r.bad_csum_blocks = fs.store.image().trusted_bad_csum();
-    r.warnings.extend(super::rebuilt_warnings(fs.store.image()));
-    Ok(r)
+
+    /// A file's xattrs to set: privileged ones dropped (counted) unless
+    /// asked for; none when they cannot be read (a warning).
+    fn file_xattrs(&mut self, fs: &mut Filesystem, shown: &str, l: Loc) -> Vec<(Vec<u8>, Vec<u8>)> {
+        match fs.xattrs().list_xattrs(l) {
+            Ok(x) => x
+                .into_iter()
+                .filter(|(n, _)| {
+                    let keep = self.o.privileged_xattrs || !privileged_xattr(n);
+                    if !keep {
+                        self.r.skipped_xattrs += 1;
+                    }
+                    keep
+                })
+                .collect(),
+            Err(e) => {
+                self.r.warnings.push(format!("{shown}: xattrs: {e}"));
+                Vec::new()
+            }
+        }
+    }
+
+    /// A large regular file copied (its metadata set on it), a symlink or
+    /// a special file made.
+    #[allow(clippy::too_many_arguments)]
+    fn make_node(
+        &mut self,
+        fs: &mut Filesystem,
+        l: Loc,
+        kind: u32,
+        st: &Stat,
+        d: &DestDir,
+        name: &[u8],
+        shown: &str,
+        xattrs: &[(Vec<u8>, Vec<u8>)],
+        meta: Option<&Meta>,
+    ) -> std::result::Result<(), Failure> {
+        let r = &mut self.r;
+        match kind {
+            libc::S_IFREG => copy_file(fs, l, st.size, d, name, shown, self.o, r).map(|f| {
+                if let Some(f) = f {
+                    finish_file(&f, xattrs, meta, shown, &mut r.warnings);
+                }
+            }),
+            libc::S_IFLNK => match fs.read_link(l) {
+                Ok(t) => d
+                    .symlink(&t, name)
+                    .map(|_| r.symlinks += 1)
+                    .map_err(Failure::Host),
+                Err(e) => Err(Failure::Image(e)),
+            },
+            _ => d
+                .mknod(name, st.mode, st.rdev)
+                .map(|_| r.special += 1)
+                .map_err(Failure::Host),
+        }
+    }
+
+    /// After the walk: the writers' files in, the further names of files
+    /// linked, directories' owners, modes and times set; the report.
+    fn finish(self, fs: &mut Filesystem) -> Result<RestoreReport> {
+        let Walk {
+            mut r,
+            root,
+            links,
+            dir_meta,
+            writers,
+            ..
+        } = self;
+        writers.finish(&mut r)?;
+        if let Some(root) = &root {
+            link_names(root, links, &mut r)?;
+            set_dir_meta(root, &dir_meta, &mut r);
+        }
+        r.bad_csum_blocks = fs.store.image().trusted_bad_csum();
+        r.warnings.extend(super::rebuilt_warnings(fs.store.image()));
+        Ok(r)
+    }
+}
+
+/// The further names of files restored, each linked to the first.
+fn link_names(
+    root: &DestDir,
+    links: Vec<(NamePlace, NamePlace, String)>,
+    r: &mut RestoreReport,
+) -> Result<()> {
+    for (first, second, shown) in links {
+        let made = root.open_beneath(&first.0.components()).and_then(|a| {
+            root.open_beneath(&second.0.components())
+                .and_then(|b| b.link_from(&a, &first.1, &second.1))
+        });
+        if let Err(e) = made {
+            r.hardlinks -= 1;
+            host_failure(r, &shown, Loc::new(0, 0), "cannot link it", e)?;
+        }
+    }
+    Ok(())
+}
+
+/// Directories' owners, modes and times, innermost first: a directory's
+/// times after its contents, its parent's after it.
+fn set_dir_meta(root: &DestDir, dir_meta: &[DirMeta], r: &mut RestoreReport) {
+    for m in dir_meta.iter().rev() {
+        let shown = format!("/{}", dest::escape_name(&m.path.components().join(&b'/')));
+        let d = match root.open_beneath(&m.path.components()) {
+            Ok(d) => d,
+            Err(e) => {
+                r.warnings.push(format!("{shown}: cannot reopen it: {e}"));
+                continue;
+            }
+        };
+        if let Some((uid, gid, mode)) = m.owner_mode {
+            if let Err(e) = d.set_own_meta(uid, gid, mode) {
+                r.warnings.push(format!("{shown}: owner and mode: {e}"));
+            }
+        }
+        if let Err(e) = d.set_own_times(m.times.0, m.times.1) {
+            r.warnings.push(format!("{shown}: times: {e}"));
+        }
+    }
 }
 
 /// Why an entry was not made: the image (the entry is lost) or the host.
@@ -713,7 +952,7 @@ fn finish_named(
 /// lookups (an inode, its directory, its extents and checksums: several
 /// searches per file, in no order the disk likes) find them cached. Damage
 /// is left for the walk to meet and report.
-pub(super) fn warm(fs: &mut Filesystem, subvol: u64) {
+pub(crate) fn warm(fs: &mut Filesystem, subvol: u64) {
     use crate::tree::walk::{walk, OnDamage, Place, WalkOptions};
     use std::ops::ControlFlow;
     let img = fs.store.image();
@@ -987,7 +1226,7 @@ const SMALL_FILE: u64 = 4 << 20;
 /// Returns the entries (name, inode, type) in index order and the
 /// damaged blocks with why.
 #[allow(clippy::type_complexity)]
-pub(super) fn salvage_readdir(
+pub(crate) fn salvage_readdir(
     fs: &mut Filesystem,
     l: Loc,
 ) -> Result<(Vec<(Vec<u8>, Loc, u8)>, Vec<(u64, String)>)> {
@@ -1192,7 +1431,7 @@ fn copy_file(
 /// restore makes it). With extents, the size is not known (the last
 /// extent ends on a sector boundary, i_size anywhere before it): the
 /// file is lost rather than restored with contents that may be wrong.
-pub(super) fn size_from_extents(fs: &mut Filesystem, l: Loc) -> Result<u64> {
+pub(crate) fn size_from_extents(fs: &mut Filesystem, l: Loc) -> Result<u64> {
     let runs = crate::fs::read::extent_map(&mut fs.store, l.subvol, l.ino)?;
     if runs.is_empty() {
         Ok(0)

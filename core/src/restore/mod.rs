@@ -21,7 +21,6 @@ use std::sync::Arc;
 
 pub mod copy;
 pub mod dest;
-pub mod view;
 
 pub use copy::{restore, BadData, Lost, RestoreOptions, RestoreReport};
 

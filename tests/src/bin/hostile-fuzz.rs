@@ -573,7 +573,7 @@ fn fs_walk(fs: &mut btrkit_core::fs::Filesystem) -> usize {
     n
 }
 
-fn view_walk(v: &mut btrkit_core::restore::view::ReadOnlyView) -> usize {
+fn view_walk(v: &mut btrkit_core::mount_view::ReadOnlyView) -> usize {
     let mut stack = vec![(1u64, 0u32)];
     let mut n = 0usize;
     while let Some((node, depth)) = stack.pop() {
@@ -651,12 +651,7 @@ fn exercise(dev: Arc<dyn BlockDevice>) -> Vec<String> {
             }
         }
     }
-    match btrkit_core::restore::view::ReadOnlyView::open(
-        devs(),
-        &ReadOptions::default(),
-        None,
-        true,
-    ) {
+    match btrkit_core::mount_view::ReadOnlyView::open(devs(), &ReadOptions::default(), None, true) {
         Ok(mut v) => seen.push(format!("view: {} entries", view_walk(&mut v))),
         Err(e) => seen.push(format!("view: {e}")),
     }

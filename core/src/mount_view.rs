@@ -8,11 +8,11 @@
 //! a hard-linked file are one inode to the kernel, as on a real mount.
 //! Ids are never reused: the filesystem does not change while mounted.
 
-use super::{open_virtual, ReadOptions};
 use crate::format::consts::BTRFS_FT_DIR;
 use crate::fs::ops::Stat;
 use crate::fs::{Filesystem, Loc};
 use crate::io::BlockDevice;
+use crate::restore::{open_virtual, ReadOptions};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -99,9 +99,9 @@ impl ReadOnlyView {
         warm: bool,
     ) -> Result<ReadOnlyView> {
         let mut fs = open_virtual(devs, o)?;
-        let start = super::start_dir(&mut fs, subvol)?;
+        let start = crate::restore::start_dir(&mut fs, subvol)?;
         if warm {
-            super::copy::warm(&mut fs, start.subvol);
+            crate::restore::copy::warm(&mut fs, start.subvol);
         }
         let mut v = ReadOnlyView {
             fs,
@@ -164,7 +164,7 @@ impl ReadOnlyView {
             // The name's DIR_ITEM is in a damaged block: its DIR_INDEX
             // twin (in another leaf, maybe) still names it.
             Err(e) => {
-                let found = super::copy::salvage_readdir(&mut self.fs, d)
+                let found = crate::restore::copy::salvage_readdir(&mut self.fs, d)
                     .ok()
                     .and_then(|(entries, _)| entries.into_iter().find(|x| x.0 == name));
                 let Some((_, l, t)) = found else {
@@ -189,7 +189,7 @@ impl ReadOnlyView {
             // extent items: shown empty, as restore makes it (with extents
             // its size is not known: EIO).
             Err(e) if ftype == crate::format::consts::BTRFS_FT_REG_FILE => {
-                let Ok(size) = super::copy::size_from_extents(&mut self.fs, l) else {
+                let Ok(size) = crate::restore::copy::size_from_extents(&mut self.fs, l) else {
                     return Err(e);
                 };
                 self.warnings.push(format!(
@@ -235,7 +235,8 @@ impl ReadOnlyView {
             Ok(v) => v,
             Err(e) if e.as_errno() == libc::ENOTDIR => return Err(e),
             Err(e) => {
-                let (v, damaged) = super::copy::salvage_readdir(&mut self.fs, l).map_err(|_| e)?;
+                let (v, damaged) =
+                    crate::restore::copy::salvage_readdir(&mut self.fs, l).map_err(|_| e)?;
                 for (bytenr, why) in damaged {
                     self.warnings.push(format!(
                         "directory inode {} of subvolume {}: entries in tree block {bytenr} lost: {why}",
@@ -381,12 +382,12 @@ impl ReadOnlyView {
     /// silent.
     pub fn take_warnings(&mut self) -> Vec<String> {
         let mut w = std::mem::take(&mut self.warnings);
-        w.extend(super::rebuilt_warnings(self.fs.store.image()));
+        w.extend(crate::restore::rebuilt_warnings(self.fs.store.image()));
         w
     }
 
     /// Tree blocks read although every copy failed its checksum (see
-    /// [`super::RestoreReport::bad_csum_blocks`]).
+    /// [`crate::restore::RestoreReport::bad_csum_blocks`]).
     pub fn bad_csum_blocks(&self) -> Vec<u64> {
         self.fs.store.image().trusted_bad_csum()
     }
