@@ -396,7 +396,7 @@ impl Filesystem {
     /// The commit interval and the dirty thresholds: called between
     /// operations.
     pub fn periodic(&mut self) -> Result<()> {
-        let dirty_tree = self.store.cache_dirty_bytes();
+        let dirty_tree = self.store.cache().dirty_bytes();
         if self.dirty.bytes + dirty_tree > self.dirty.limit {
             let target = (self.dirty.limit / 2).saturating_sub(dirty_tree);
             self.writeback().writeback_oldest(target)?;
@@ -426,10 +426,10 @@ impl Filesystem {
                 self.commit("interval")?;
             }
         }
-        if self.store.cache_dirty_bytes() > self.dirty.metadata_limit {
+        if self.store.cache().dirty_bytes() > self.dirty.metadata_limit {
             self.commit("metadata")?;
         }
-        self.store.trim_cache();
+        self.store.cache_control().trim();
         let dirty = &self.dirty;
         self.inodes.shrink(|l| dirty.is_dirty(l));
         Ok(())
@@ -502,7 +502,7 @@ impl Filesystem {
     /// The mount's root directory stays (its dentry is pinned), and so do
     /// the directories above an open file (its dentry pins its parents').
     pub fn evict(&mut self) {
-        self.store.drop_clean_cache();
+        self.store.cache_control().drop_clean();
         let mut keep: HashSet<Loc> = HashSet::new();
         keep.insert(Loc::new(BTRFS_FS_TREE_OBJECTID, ROOT_DIR));
         for mut l in self.inodes.open() {
@@ -529,7 +529,7 @@ impl Filesystem {
         self.inodes.clear();
         self.dcache.clear();
         self.free_ino.clear();
-        self.store.drop_clean_cache();
+        self.store.cache_control().drop_clean();
         self.default_subvol = self.read_default_subvol()?;
         self.next_subvol_id = Some(self.subvols().root_tree_free_objectid()?);
         Ok(())
@@ -1085,8 +1085,8 @@ impl Filesystem {
     /// Stats for `stats`: cache sizes and I/O counters.
     pub fn cache_sizes(&self) -> (u64, u64, u64) {
         (
-            self.store.cache_clean_bytes(),
-            self.store.cache_dirty_bytes(),
+            self.store.cache().clean_bytes(),
+            self.store.cache().dirty_bytes(),
             self.dirty.bytes,
         )
     }

@@ -417,7 +417,10 @@ impl Subvols<'_> {
         self.fs
             .store
             .update_root_item(src.subvol, |r| r.last_snapshot.set(t))?;
-        self.fs.store.snapshot_tree(src.subvol, id, ri, t)?;
+        self.fs
+            .store
+            .subtrees()
+            .snapshot_tree(src.subvol, id, ri, t)?;
         if self.fs.store.qgroups().enabled {
             // What the transaction changed is accounted without the new
             // snapshot, which then starts as the source's copy
@@ -644,14 +647,14 @@ impl Subvols<'_> {
             if !self.fs.store.tree_exists(id)? {
                 continue;
             }
-            self.fs.store.drop_tree(id)?;
+            self.fs.store.subtrees().drop_tree(id)?;
             let key = self.fs.store.root_key(id)?;
             self.fs.store.delete_item(TreeId::Root, &key)?;
             self.fs.store.delete_item(
                 TreeId::Root,
                 &Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, id),
             )?;
-            self.fs.store.forget_tree(id);
+            self.fs.store.subtrees().forget_tree(id);
             self.fs.dropped_qgroups.push(id);
         }
         Ok(())

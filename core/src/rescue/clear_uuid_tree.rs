@@ -28,9 +28,9 @@ pub fn clear_uuid_tree(paths: &[PathBuf], dry_run: bool) -> Result<TreeChange> {
         crate::format::key::Key::MAX,
     )?;
     let key = st.root_key(UUID)?;
-    st.drop_tree(UUID)?;
+    st.subtrees().drop_tree(UUID)?;
     st.delete_item(TreeId::Root, &key)?;
-    st.forget_tree(UUID);
+    st.subtrees().forget_tree(UUID);
     out.changes.push(format!(
         "UUID tree deleted ({} items); the kernel rebuilds it at the next read-write mount",
         items.len()

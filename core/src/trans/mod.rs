@@ -155,6 +155,27 @@ pub struct IoStats {
     pub log_syncs: u64,
 }
 
+/// The clean part of the tree block cache, as callers outside the store
+/// may change it: evicted past its limit, dropped, its limit set. Dirty
+/// blocks are the transaction's and only the store touches them.
+pub struct CacheControl<'a>(&'a mut BlockCache);
+
+impl CacheControl<'_> {
+    /// Evict clean blocks past the cache limit (between operations only).
+    pub fn trim(&mut self) {
+        self.0.trim();
+    }
+    /// Drop every clean block (caches dropped).
+    pub fn drop_clean(&mut self) {
+        self.0.drop_clean();
+    }
+    /// Bytes of clean tree blocks the cache may keep (default
+    /// [`DEFAULT_CLEAN_CACHE`]); applied at the next trim.
+    pub fn set_limit(&mut self, bytes: usize) {
+        self.0.set_clean_limit(bytes);
+    }
+}
+
 /// Clean tree blocks kept in memory before the least recently used go.
 pub const DEFAULT_CLEAN_CACHE: usize = 64 << 20;
 
@@ -932,26 +953,15 @@ impl Store {
         Ok(())
     }
 
-    /// Bytes of dirty tree blocks (the commit threshold reads this).
-    pub fn cache_dirty_bytes(&self) -> u64 {
-        self.cache.dirty_bytes()
+    /// The tree block cache, to read its sizes.
+    pub fn cache(&self) -> &BlockCache {
+        &self.cache
     }
-    /// Bytes of clean (evictable) tree blocks in the cache.
-    pub fn cache_clean_bytes(&self) -> u64 {
-        self.cache.clean_bytes()
-    }
-    /// Evict clean blocks past the cache limit (between operations only).
-    pub fn trim_cache(&mut self) {
-        self.cache.trim();
-    }
-    /// Drop every clean block (caches dropped).
-    pub fn drop_clean_cache(&mut self) {
-        self.cache.drop_clean();
-    }
-    /// Bytes of clean tree blocks the cache may keep (default
-    /// [`DEFAULT_CLEAN_CACHE`]); applied at the next trim.
-    pub fn set_cache_limit(&mut self, bytes: usize) {
-        self.cache.set_clean_limit(bytes);
+
+    /// What callers may change of the tree block cache: see
+    /// [`CacheControl`].
+    pub fn cache_control(&mut self) -> CacheControl<'_> {
+        CacheControl(&mut self.cache)
     }
 
     /// The device the filesystem is on.

@@ -12,6 +12,18 @@ use crate::tree::edit;
 use crate::tree::node::{child_in, Child, Expect};
 use crate::{Error, Result};
 
+/// Whole trees: a snapshot's new root sharing every block of its source, and the drop of a deleted tree (btrfs_drop_snapshot), with the back reference and qgroup changes both make. Obtained from [`Store::subtrees`].
+pub struct Subtrees<'a> {
+    st: &'a mut Store,
+}
+
+impl Store {
+    /// See [`Subtrees`].
+    pub fn subtrees(&mut self) -> Subtrees<'_> {
+        Subtrees { st: self }
+    }
+}
+
 /// Bound on blocks one drop visits (far more than any real tree).
 const MAX_DROP: usize = 1 << 26;
 
@@ -46,7 +58,9 @@ impl Store {
             None => Err(Error::Invalid(format!("tree {id} has no root item"))),
         }
     }
+}
 
+impl Subtrees<'_> {
     /// Make tree `new_id` a snapshot of tree `src`: its root is a copy of
     /// `src`'s root node (as btrfs_copy_root does), every child gains a
     /// reference from the new tree, and the root item (`item`, with the
@@ -60,12 +74,12 @@ impl Store {
         key_offset: u64,
     ) -> Result<()> {
         let tid = TreeId::Tree(new_id);
-        if self.tree_exists(new_id)? {
+        if self.st.tree_exists(new_id)? {
             return Err(Error::Invalid(format!("tree {new_id} exists")));
         }
         // The source root as it stands (CoW'd in this transaction or not).
-        let sroot = self.load_root(TreeId::Tree(src))?;
-        let buf = self.buf(sroot)?.clone();
+        let sroot = self.st.load_root(TreeId::Tree(src))?;
+        let buf = self.st.buf(sroot)?.clone();
         let level = edit::level(&buf);
         let first = if edit::nritems(&buf) > 0 {
             edit::key_at(&buf, 0)
@@ -74,8 +88,8 @@ impl Store {
         };
         let key = Key::new(new_id, BTRFS_ROOT_ITEM_KEY, key_offset);
         item.bytes_used.set(0);
-        self.items.forget_tree(tid);
-        self.roots.insert(
+        self.st.items.forget_tree(tid);
+        self.st.roots.insert(
             tid,
             RootState {
                 id: tid,
@@ -85,15 +99,16 @@ impl Store {
                 dirty: true,
             },
         );
-        let nb = self.alloc_tree_block(tid, level, first)?;
+        let nb = self.st.alloc_tree_block(tid, level, first)?;
         let mut nbuf = buf;
-        edit::set_header_location(&mut nbuf, nb, self.transid, new_id);
-        self.extent_refs()
+        edit::set_header_location(&mut nbuf, nb, self.st.transid, new_id);
+        self.st
+            .extent_refs()
             .change_children_refs(new_id, &nbuf, nb, false, 1)?;
-        self.cache.insert_dirty(nb, tid, nbuf);
-        self.set_root(tid, nb, level)?;
+        self.st.cache.insert_dirty(nb, tid, nbuf);
+        self.st.set_root(tid, nb, level)?;
         let data = zerocopy::IntoBytes::as_bytes(&item).to_vec();
-        self.insert_item(TreeId::Root, &key, &data)
+        self.st.insert_item(TreeId::Root, &key, &data)
     }
 
     /// Free every block and data reference of tree `id` (a deleted
@@ -103,8 +118,8 @@ impl Store {
     /// owners and is accounted. The root item stays (the caller removes it).
     pub fn drop_tree(&mut self, id: u64) -> Result<()> {
         let tid = TreeId::Tree(id);
-        self.items.forget_tree(tid);
-        let st = self.root_state(id)?.clone();
+        self.st.items.forget_tree(tid);
+        let st = self.st.root_state(id)?.clone();
         let gen = st.item.as_ref().map(|(_, ri)| ri.generation.get());
         // (block, what its pointer says of it, the reference that reaches it)
         let mut stack: Vec<(Child, BackRef)> = vec![(
@@ -121,21 +136,21 @@ impl Store {
             if visited > MAX_DROP {
                 return Err(Error::corrupt("tree drop does not end", b));
             }
-            let (refs, flags) = self.extent_refs().extent_refs_now(b, Some(level))?;
-            let ns = self.nodesize() as u64;
+            let (refs, flags) = self.st.extent_refs().extent_refs_now(b, Some(level))?;
+            let ns = self.st.nodesize() as u64;
             if refs > 1 {
                 // Shared: only this reference goes (what this tree created
                 // below takes full back references first); the subtree's
                 // owners change.
                 self.full_backrefs_below(tid, child)?;
-                self.delayed.add(b, ns, Some(level), r, -1);
-                if self.qgroups.enabled {
+                self.st.delayed.add(b, ns, Some(level), r, -1);
+                if self.st.qgroups.enabled {
                     self.trace_subtree(tid, child)?;
                 }
                 continue;
             }
-            self.load(tid, b, child.expect)?;
-            let buf = self.buf(b)?.clone();
+            self.st.load(tid, b, child.expect)?;
+            let buf = self.st.buf(b)?.clone();
             let full = flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0;
             if level > 0 {
                 for i in 0..edit::nritems(&buf) {
@@ -171,18 +186,19 @@ impl Store {
                                 offset: k.offset.wrapping_sub(item.offset.get()),
                             }
                         };
-                        self.delayed
+                        self.st
+                            .delayed
                             .add(db, item.disk_num_bytes.get(), None, dr, -1);
                     }
                 }
             }
-            self.delayed.add(b, ns, Some(level), r, -1);
-            self.cache.remove(b);
+            self.st.delayed.add(b, ns, Some(level), r, -1);
+            self.st.cache.remove(b);
         }
         if let Some(RootState {
             item: Some((_, ri)),
             ..
-        }) = self.roots.get_mut(&tid)
+        }) = self.st.roots.get_mut(&tid)
         {
             ri.bytes_used.set(0);
         }
@@ -210,18 +226,20 @@ impl Store {
             if n > MAX_DROP {
                 return Err(Error::corrupt("subtree walk does not end", b));
             }
-            self.load(tid, x, c.expect)?;
-            let buf = self.buf(x)?.clone();
+            self.st.load(tid, x, c.expect)?;
+            let buf = self.st.buf(x)?.clone();
             if edit::owner(&buf) != id {
                 continue;
             }
-            let (_, flags) = self.extent_refs().extent_refs_now(x, Some(l))?;
+            let (_, flags) = self.st.extent_refs().extent_refs_now(x, Some(l))?;
             if flags & BTRFS_BLOCK_FLAG_FULL_BACKREF == 0 {
-                self.extent_refs()
+                self.st
+                    .extent_refs()
                     .change_children_refs(id, &buf, x, true, 1)?;
-                self.extent_refs()
+                self.st
+                    .extent_refs()
                     .change_children_refs(id, &buf, x, false, -1)?;
-                self.extent_refs().set_full_backref(x, l)?;
+                self.st.extent_refs().set_full_backref(x, l)?;
             }
             if l > 0 {
                 stack.extend((0..edit::nritems(&buf)).filter_map(|i| child_in(&buf, i, id)));
@@ -233,7 +251,7 @@ impl Store {
     /// Note every extent below tree block `b` for qgroup accounting (their
     /// referencing trees change although their references do not).
     fn trace_subtree(&mut self, tid: TreeId, top: Child) -> Result<()> {
-        let ns = self.nodesize() as u64;
+        let ns = self.st.nodesize() as u64;
         let b = top.bytenr;
         let mut stack = vec![top];
         let mut n = 0usize;
@@ -243,9 +261,9 @@ impl Store {
             if n > MAX_DROP {
                 return Err(Error::corrupt("subtree trace does not end", b));
             }
-            self.qgroups.note_extent(x, ns, Some(l));
-            self.load(tid, x, c.expect)?;
-            let buf = self.buf(x)?.clone();
+            self.st.qgroups.note_extent(x, ns, Some(l));
+            self.st.load(tid, x, c.expect)?;
+            let buf = self.st.buf(x)?.clone();
             if l > 0 {
                 let owner = tid.owner();
                 stack.extend((0..edit::nritems(&buf)).filter_map(|i| child_in(&buf, i, owner)));
@@ -258,7 +276,7 @@ impl Store {
                         parse_file_extent(edit::item_data(&buf, i))
                     {
                         if item.disk_bytenr.get() != 0 {
-                            self.qgroups.note_extent(
+                            self.st.qgroups.note_extent(
                                 item.disk_bytenr.get(),
                                 item.disk_num_bytes.get(),
                                 None,
@@ -273,7 +291,7 @@ impl Store {
 
     /// Forget a tree entirely (after its drop): its root state goes.
     pub fn forget_tree(&mut self, id: u64) {
-        self.items.forget_tree(TreeId::Tree(id));
-        self.roots.remove(&TreeId::Tree(id));
+        self.st.items.forget_tree(TreeId::Tree(id));
+        self.st.roots.remove(&TreeId::Tree(id));
     }
 }
