@@ -662,7 +662,7 @@ impl Replayer<'_> {
         if self.fs.extent_refs().data_extent_exists(bytenr, len)? {
             self.fs.extent_refs().queue_data_ref(bytenr, len, r, 1);
         } else {
-            self.fs.account_data_extent(bytenr, len)?;
+            self.fs.chunks().account_data_extent(bytenr, len)?;
             let gen = generation.unwrap_or(self.fs.transid());
             self.fs
                 .extent_refs()
@@ -1033,7 +1033,7 @@ fn replay_logs(
     // Stage 1: pin the log and the data extents it references.
     let ns = fs.nodesize() as u64;
     for &b in &blocks {
-        fs.pin_range(b, ns)?;
+        fs.chunks().pin_range(b, ns)?;
     }
     let mut seen: HashMap<u64, u64> = HashMap::new();
     for log in &logs {
@@ -1054,7 +1054,7 @@ fn replay_logs(
                     )?
                     .is_some();
                 if !known {
-                    fs.pin_range(b, l).map_err(|e| e.at(0, *k))?;
+                    fs.chunks().pin_range(b, l).map_err(|e| e.at(0, *k))?;
                 }
             }
         }
@@ -1164,7 +1164,7 @@ fn replay_logs(
         super::salvage::after_replay(fs, report, &logs)?;
     }
     progress("commit", total, total);
-    fs.clear_log_root();
+    fs.log_trees().clear_log_root();
     fs.commit()?;
     sum.generation = fs.image().sb.generation.get();
     Ok(sum)

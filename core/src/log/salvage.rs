@@ -141,7 +141,7 @@ pub(crate) fn prepare(fs: &mut Store, refused: &BTreeMap<u64, String>) -> Result
             .iter()
             .chain(r.trees.iter().flat_map(|t| t.read.blocks.iter()))
         {
-            if let Err(e) = fs.pin_range(b.bytenr, ns) {
+            if let Err(e) = fs.chunks().pin_range(b.bytenr, ns) {
                 excluded.insert(
                     b.bytenr,
                     format!(
@@ -171,7 +171,7 @@ pub(crate) fn prepare(fs: &mut Store, refused: &BTreeMap<u64, String>) -> Result
         // Lost blocks are kept out of allocation too where possible, so a
         // replay cut short and run again finds the log as it was.
         for l in &t.lost {
-            let _ = fs.pin_range(l.bytenr, ns);
+            let _ = fs.chunks().pin_range(l.bytenr, ns);
         }
     }
     let lost_report = |subvol: u64, l: &LostBlock| LostBlockReport {
@@ -386,7 +386,7 @@ impl Selection {
                         &Key::new(b, BTRFS_EXTENT_ITEM_KEY, l),
                     )?
                     .is_some();
-                if !known && fs.pin_range(b, l).is_err() {
+                if !known && fs.chunks().pin_range(b, l).is_err() {
                     bad_extents.insert((b, l));
                 }
             }

@@ -370,7 +370,7 @@ fn open_steps(
                 .map_err(Log)?;
             }
             LogMode::Ignore => {
-                st.clear_log_root();
+                st.log_trees().clear_log_root();
                 st.commit().map_err(Other)?;
             }
         }

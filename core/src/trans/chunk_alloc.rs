@@ -630,3 +630,66 @@ impl Chunks<'_> {
         Ok(free >= 8 * ns)
     }
 }
+
+impl Chunks<'_> {
+    /// Keep `[start, start+len)` out of allocation until the next commit is
+    /// durable, without an extent item (log blocks during replay). Fails when
+    /// the range is not free space of a block group.
+    pub fn pin_range(&mut self, start: u64, len: u64) -> Result<()> {
+        let g = self.st.space.alloc.group_of_mut(start).ok_or_else(|| {
+            Error::corrupt(
+                format!("log block {start} outside every block group"),
+                start,
+            )
+        })?;
+        // Lengths come from the log: checked, never wrapped.
+        if start.checked_add(len).is_none_or(|end| end > g.end()) {
+            return Err(Error::corrupt(
+                format!("log block {start}+{len} crosses the end of its block group"),
+                start,
+            ));
+        }
+        if g.pinned.contains(start, start + len) {
+            return Ok(());
+        }
+        if !g.free.contains(start, start + len) {
+            return Err(Error::corrupt(
+                format!("log block {start} overlaps allocated space"),
+                start,
+            ));
+        }
+        g.free.remove(start, start + len);
+        g.pinned.insert(start, start + len);
+        Ok(())
+    }
+
+    /// A data extent written in the crashed transaction becomes allocated:
+    /// it was pinned while the log was read, or is still free.
+    pub fn account_data_extent(&mut self, start: u64, len: u64) -> Result<()> {
+        let g = self.st.space.alloc.group_of_mut(start).ok_or_else(|| {
+            Error::corrupt(
+                format!("logged data extent {start}+{len} outside every block group"),
+                start,
+            )
+        })?;
+        if start.checked_add(len).is_none_or(|end| end > g.end()) {
+            return Err(Error::corrupt(
+                format!("logged data extent {start}+{len} crosses the end of its block group"),
+                start,
+            ));
+        }
+        if g.pinned.contains(start, start + len) {
+            g.pinned.remove(start, start + len);
+        } else if g.free.contains(start, start + len) {
+            g.free.remove(start, start + len);
+        } else {
+            return Err(Error::corrupt(
+                format!("logged data extent {start}+{len} overlaps allocated space"),
+                start,
+            ));
+        }
+        g.used += len;
+        g.dirty = true;
+        Ok(())
+    }
+}

@@ -161,9 +161,9 @@ impl Commit<'_> {
             .filter(|t| t.is_log())
             .collect();
         for t in logs {
-            self.st.drop_log_tree(t)?;
+            self.st.log_trees().drop_log_tree(t)?;
         }
-        self.st.clear_log_root();
+        self.st.log_trees().clear_log_root();
         // The superblock's root tree generation must be the new one, so the
         // root tree is always copied even when nothing else touched it.
         self.st.search_mut(TreeId::Root, &Key::MIN, None)?;

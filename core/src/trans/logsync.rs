@@ -15,6 +15,7 @@ use crate::format::consts::*;
 use crate::format::key::Key;
 use crate::format::root::RootItem;
 use crate::io::BlockDevice;
+use crate::tree::node::Expect;
 use crate::{Error, Result};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -130,7 +131,7 @@ impl LogTrees<'_> {
     /// use in a transaction. Returns whether it was created.
     pub fn start_log(&mut self, subvol: u64) -> Result<bool> {
         if !self.st.roots.contains_key(&TreeId::LogRoot) {
-            self.st.create_log_tree(TreeId::LogRoot, None)?;
+            self.st.log_trees().create_log_tree(TreeId::LogRoot, None)?;
         }
         if self.has_log(subvol) {
             return Ok(false);
@@ -138,6 +139,7 @@ impl LogTrees<'_> {
         let key = Key::new(BTRFS_TREE_LOG_OBJECTID, BTRFS_ROOT_ITEM_KEY, subvol);
         let ri = log_root_item(self.st.nodesize());
         self.st
+            .log_trees()
             .create_log_tree(TreeId::Log(subvol), Some((key, ri)))?;
         Ok(true)
     }
@@ -242,5 +244,77 @@ impl LogTrees<'_> {
             devices,
             supers,
         })
+    }
+}
+
+impl LogTrees<'_> {
+    /// Clear the superblock's log pointer; the next commit drops the log.
+    pub fn clear_log_root(&mut self) {
+        self.st.sb.log_root.set(0);
+        self.st.sb.log_root_level = 0;
+        self.st.sb.log_root_transid.set(0);
+    }
+
+    /// Create an empty log tree (`TreeId::Log`, with the root item it gets
+    /// in the log root tree) or the log root tree. Its blocks have no
+    /// extent items; the commit drops it.
+    pub fn create_log_tree(
+        &mut self,
+        id: TreeId,
+        root_item: Option<(Key, RootItem)>,
+    ) -> Result<()> {
+        if !id.is_log() {
+            return Err(Error::Invalid(format!("{id:?} is not a log tree")));
+        }
+        if self.st.roots.contains_key(&id) {
+            return Err(Error::Invalid(format!("{id:?} exists")));
+        }
+        self.st.roots.insert(
+            id,
+            RootState {
+                id,
+                bytenr: 0,
+                level: 0,
+                item: root_item,
+                dirty: true,
+            },
+        );
+        let b = self.st.new_block(id, 0, Key::MIN)?;
+        self.st.set_root(id, b, 0)
+    }
+
+    /// Forget a log tree: its blocks go back to free space (pinned until
+    /// the commit when a log sync wrote them).
+    pub fn drop_log_tree(&mut self, id: TreeId) -> Result<()> {
+        if !id.is_log() {
+            return Err(Error::Invalid(format!("{id:?} is not a log tree")));
+        }
+        let Some(st) = self.st.roots.remove(&id) else {
+            return Ok(());
+        };
+        // Every reachable block of the tree: dirty ones are in the cache,
+        // written ones are read back to find their children.
+        let ns = self.st.nodesize() as u64;
+        let mut stack = vec![(st.bytenr, Expect::root_block(st.level, None))];
+        let mut guard = 0usize;
+        while let Some((b, expect)) = stack.pop() {
+            guard += 1;
+            if guard > 1 << 24 {
+                return Err(Error::corrupt("log tree does not end", b));
+            }
+            if expect.level.is_some_and(|l| l > 0) {
+                self.st.load(id, b, expect)?;
+                let buf = self.st.buf(b)?;
+                for i in 0..crate::tree::edit::nritems(buf) {
+                    if let Some(c) = crate::tree::node::child_in(buf, i, id.owner()) {
+                        stack.push((c.bytenr, c.expect));
+                    }
+                }
+            }
+            let written = self.st.log_blocks.remove(&b).unwrap_or(true);
+            self.st.space.alloc.release_unaccounted(b, ns, written)?;
+            self.st.cache.remove(b);
+        }
+        Ok(())
     }
 }

@@ -268,74 +268,6 @@ impl Store {
         Store::from_image_any(img)
     }
 
-    /// Keep `[start, start+len)` out of allocation until the next commit is
-    /// durable, without an extent item (log blocks during replay). Fails when
-    /// the range is not free space of a block group.
-    pub fn pin_range(&mut self, start: u64, len: u64) -> Result<()> {
-        let g = self.space.alloc.group_of_mut(start).ok_or_else(|| {
-            Error::corrupt(
-                format!("log block {start} outside every block group"),
-                start,
-            )
-        })?;
-        // Lengths come from the log: checked, never wrapped.
-        if start.checked_add(len).is_none_or(|end| end > g.end()) {
-            return Err(Error::corrupt(
-                format!("log block {start}+{len} crosses the end of its block group"),
-                start,
-            ));
-        }
-        if g.pinned.contains(start, start + len) {
-            return Ok(());
-        }
-        if !g.free.contains(start, start + len) {
-            return Err(Error::corrupt(
-                format!("log block {start} overlaps allocated space"),
-                start,
-            ));
-        }
-        g.free.remove(start, start + len);
-        g.pinned.insert(start, start + len);
-        Ok(())
-    }
-
-    /// A data extent written in the crashed transaction becomes allocated:
-    /// it was pinned while the log was read, or is still free.
-    pub fn account_data_extent(&mut self, start: u64, len: u64) -> Result<()> {
-        let g = self.space.alloc.group_of_mut(start).ok_or_else(|| {
-            Error::corrupt(
-                format!("logged data extent {start}+{len} outside every block group"),
-                start,
-            )
-        })?;
-        if start.checked_add(len).is_none_or(|end| end > g.end()) {
-            return Err(Error::corrupt(
-                format!("logged data extent {start}+{len} crosses the end of its block group"),
-                start,
-            ));
-        }
-        if g.pinned.contains(start, start + len) {
-            g.pinned.remove(start, start + len);
-        } else if g.free.contains(start, start + len) {
-            g.free.remove(start, start + len);
-        } else {
-            return Err(Error::corrupt(
-                format!("logged data extent {start}+{len} overlaps allocated space"),
-                start,
-            ));
-        }
-        g.used += len;
-        g.dirty = true;
-        Ok(())
-    }
-
-    /// Clear the superblock's log pointer; the next commit drops the log.
-    pub fn clear_log_root(&mut self) {
-        self.sb.log_root.set(0);
-        self.sb.log_root_level = 0;
-        self.sb.log_root_transid.set(0);
-    }
-
     fn from_image_any(img: Image) -> Result<Store> {
         let chunk_root = img.read_tree_block(img.sb.chunk_root.get(), &Expect::default(), false)?;
         let chunk_tree_uuid = chunk_root.header().chunk_tree_uuid;
@@ -885,72 +817,9 @@ impl Store {
         self.insert_item(TreeId::Root, &key, &data)
     }
 
-    /// Create an empty log tree (`TreeId::Log`, with the root item it gets
-    /// in the log root tree) or the log root tree. Its blocks have no
-    /// extent items; the commit drops it.
-    pub fn create_log_tree(
-        &mut self,
-        id: TreeId,
-        root_item: Option<(Key, RootItem)>,
-    ) -> Result<()> {
-        if !id.is_log() {
-            return Err(Error::Invalid(format!("{id:?} is not a log tree")));
-        }
-        if self.roots.contains_key(&id) {
-            return Err(Error::Invalid(format!("{id:?} exists")));
-        }
-        self.roots.insert(
-            id,
-            RootState {
-                id,
-                bytenr: 0,
-                level: 0,
-                item: root_item,
-                dirty: true,
-            },
-        );
-        let b = self.new_block(id, 0, Key::MIN)?;
-        self.set_root(id, b, 0)
-    }
-
     /// Trees that exist in memory now (loaded, created or log).
     pub fn loaded_trees(&self) -> Vec<TreeId> {
         self.roots.keys().copied().collect()
-    }
-
-    /// Forget a log tree: its blocks go back to free space (pinned until
-    /// the commit when a log sync wrote them).
-    pub fn drop_log_tree(&mut self, id: TreeId) -> Result<()> {
-        if !id.is_log() {
-            return Err(Error::Invalid(format!("{id:?} is not a log tree")));
-        }
-        let Some(st) = self.roots.remove(&id) else {
-            return Ok(());
-        };
-        // Every reachable block of the tree: dirty ones are in the cache,
-        // written ones are read back to find their children.
-        let ns = self.nodesize() as u64;
-        let mut stack = vec![(st.bytenr, Expect::root_block(st.level, None))];
-        let mut guard = 0usize;
-        while let Some((b, expect)) = stack.pop() {
-            guard += 1;
-            if guard > 1 << 24 {
-                return Err(Error::corrupt("log tree does not end", b));
-            }
-            if expect.level.is_some_and(|l| l > 0) {
-                self.load(id, b, expect)?;
-                let buf = self.buf(b)?;
-                for i in 0..crate::tree::edit::nritems(buf) {
-                    if let Some(c) = crate::tree::node::child_in(buf, i, id.owner()) {
-                        stack.push((c.bytenr, c.expect));
-                    }
-                }
-            }
-            let written = self.log_blocks.remove(&b).unwrap_or(true);
-            self.space.alloc.release_unaccounted(b, ns, written)?;
-            self.cache.remove(b);
-        }
-        Ok(())
     }
 
     /// The tree block cache, to read its sizes.
