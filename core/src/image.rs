@@ -745,7 +745,9 @@ impl Image {
         match best {
             Some((node, problems))
                 if self.accept_future
-                    && problems.iter().all(|p| p.kind == ProblemKind::ParentTransid) =>
+                    && problems
+                        .iter()
+                        .all(|p| p.kind == ProblemKind::ParentTransid) =>
             {
                 Ok((node, Vec::new()))
             }

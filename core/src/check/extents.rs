@@ -4,7 +4,7 @@
 //! lists are sorted and merged: every extent must be referenced exactly as
 //! its item says.
 
-use super::findings::{ExtentRef, Repair, F};
+use super::findings::{Category, ExtentRef, Phase, Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::extent::{extent_data_ref_hash, InlineRef};
@@ -14,7 +14,7 @@ use crate::tree::Node;
 use rayon::slice::ParallelSliceMut;
 use std::cmp::Ordering;
 
-const P: u8 = 4;
+const P: Phase = Phase::Extents;
 
 /// A reference, in the extent tree's terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -161,7 +161,7 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
                         cx.ext.item_findings.push((
                             k.objectid,
                             Some(len),
-                            F::err(P, "extent-item")
+                            F::err(P, Category::ExtentItem)
                                 .tree(2)
                                 .at(node.bytenr)
                                 .key(k)
@@ -172,7 +172,7 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
                 };
                 if k.ty == BTRFS_METADATA_ITEM_KEY && !skinny {
                     cx.report(
-                        F::err(P, "extent-item")
+                        F::err(P, Category::ExtentItem)
                             .tree(2)
                             .at(node.bytenr)
                             .key(k)
@@ -270,7 +270,7 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
                             cx.ext.item_findings.push((
                                 k.objectid,
                                 None,
-                                F::err(P, "extent-item")
+                                F::err(P, Category::ExtentItem)
                                     .tree(2)
                                     .at(node.bytenr)
                                     .key(k)
@@ -297,7 +297,7 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
                         let (root, ino, off) = (r.root.get(), r.objectid.get(), r.offset.get());
                         if extent_data_ref_hash(root, ino, off) != k.offset {
                             cx.report(
-                                F::err(P, "extent-ref").tree(2).at(node.bytenr).key(k).msg(
+                                F::err(P, Category::ExtentRef).tree(2).at(node.bytenr).key(k).msg(
                                     "extent data ref key offset is not the hash of its contents",
                                 ),
                             );
@@ -318,7 +318,7 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
                 };
                 if cx.ext.recs.last().is_none_or(|r| r.bytenr != k.objectid) {
                     cx.report(
-                        F::err(P, "extent-ref")
+                        F::err(P, Category::ExtentRef)
                             .tree(2)
                             .at(node.bytenr)
                             .key(k)
@@ -333,7 +333,7 @@ pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
             }
             BTRFS_EXTENT_REF_V0_KEY => {
                 cx.report(
-                    F::err(P, "extent-ref")
+                    F::err(P, Category::ExtentRef)
                         .tree(2)
                         .at(node.bytenr)
                         .key(k)
@@ -352,7 +352,8 @@ pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
     for slot in 0..node.nr_safe() {
         let Some(k) = node.key(slot) else { continue };
         if k.ty == BTRFS_INODE_ITEM_KEY {
-            if let Ok(ItemBody::InodeItem(ii)) = node.item_data(slot).and_then(|d| decode(&k, d, 0)) {
+            if let Ok(ItemBody::InodeItem(ii)) = node.item_data(slot).and_then(|d| decode(&k, d, 0))
+            {
                 cx.ext.last_inode = (
                     owner,
                     k.objectid,
@@ -499,23 +500,28 @@ pub(super) fn check(cx: &mut Ctx) {
         }
         if prev_start == Some(b) {
             cx.report(
-                F::err(P, "extent-item")
+                F::err(P, Category::ExtentItem)
                     .tree(2)
                     .at(b)
                     .msg(format!("extent {b} has more than one extent item")),
             );
         } else if b < prev_end {
-            cx.report(F::err(P, "extent-overlap").tree(2).at(b).msg(format!(
-                "extent {b}+{} overlaps the previous extent ending at {prev_end}",
-                r.len
-            )));
+            cx.report(
+                F::err(P, Category::ExtentOverlap)
+                    .tree(2)
+                    .at(b)
+                    .msg(format!(
+                        "extent {b}+{} overlaps the previous extent ending at {prev_end}",
+                        r.len
+                    )),
+            );
         }
         prev_start = Some(b);
         prev_end = prev_end.max(b.saturating_add(r.len));
         if sum != r.refs {
             pending.push((
                 b,
-                F::err(P, "extent-refs").tree(2).at(b).msg(format!(
+                F::err(P, Category::ExtentRefs).tree(2).at(b).msg(format!(
                     "extent {b}+{} item says {} refs but holds {sum}",
                     r.len, r.refs
                 )),
@@ -524,7 +530,7 @@ pub(super) fn check(cx: &mut Ctx) {
         if r.refs == 0 {
             pending.push((
                 b,
-                F::err(P, "extent-refs")
+                F::err(P, Category::ExtentRefs)
                     .tree(2)
                     .at(b)
                     .msg(format!("extent {b} has zero refs")),
@@ -532,7 +538,7 @@ pub(super) fn check(cx: &mut Ctx) {
         }
         if r.generation > gen.saturating_add(1) {
             cx.report(
-                F::err(P, "extent-generation")
+                F::err(P, Category::ExtentGeneration)
                     .tree(2)
                     .at(b)
                     .fix(Repair::ExtentGeneration { bytenr: b })
@@ -546,20 +552,20 @@ pub(super) fn check(cx: &mut Ctx) {
         let is_tree = r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0;
         let is_data = r.flags & BTRFS_EXTENT_FLAG_DATA != 0;
         if b % ss != 0 || r.len == 0 || r.len % ss != 0 {
-            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!(
+            cx.report(F::err(P, Category::ExtentItem).tree(2).at(b).msg(format!(
                 "extent {b}+{} is not aligned to the sector size {ss}",
                 r.len
             )));
         }
         if is_tree == is_data {
-            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!(
+            cx.report(F::err(P, Category::ExtentItem).tree(2).at(b).msg(format!(
                 "extent {b} flags 0x{:x} are neither data nor tree block",
                 r.flags
             )));
         }
         if is_data && r.flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0 {
             cx.report(
-                F::err(P, "extent-item")
+                F::err(P, Category::ExtentItem)
                     .tree(2)
                     .at(b)
                     .msg(format!("data extent {b} has the full backref flag")),
@@ -567,17 +573,22 @@ pub(super) fn check(cx: &mut Ctx) {
         }
         match cx.chunks.bg_of(b).copied() {
             None => cx.report(
-                F::err(P, "extent-placement")
+                F::err(P, Category::ExtentPlacement)
                     .tree(2)
                     .at(b)
                     .msg(format!("extent {b}+{} is outside every block group", r.len)),
             ),
             Some(bg) => {
                 if b.saturating_add(r.len) > bg.end() {
-                    cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!(
-                        "extent {b}+{} crosses the end of block group {}",
-                        r.len, bg.start
-                    )));
+                    cx.report(
+                        F::err(P, Category::ExtentPlacement)
+                            .tree(2)
+                            .at(b)
+                            .msg(format!(
+                                "extent {b}+{} crosses the end of block group {}",
+                                r.len, bg.start
+                            )),
+                    );
                 }
                 let want = if is_data {
                     BTRFS_BLOCK_GROUP_DATA
@@ -590,26 +601,36 @@ pub(super) fn check(cx: &mut Ctx) {
                     BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM
                 };
                 if bg.flags & want == 0 {
-                    cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!(
-                        "extent {b}+{} ({}) lies in a {} block group",
-                        r.len,
-                        if is_data { "data" } else { "tree block" },
-                        crate::format::names::block_group_flags_str(bg.flags)
-                    )));
+                    cx.report(
+                        F::err(P, Category::ExtentPlacement)
+                            .tree(2)
+                            .at(b)
+                            .msg(format!(
+                                "extent {b}+{} ({}) lies in a {} block group",
+                                r.len,
+                                if is_data { "data" } else { "tree block" },
+                                crate::format::names::block_group_flags_str(bg.flags)
+                            )),
+                    );
                 }
                 if is_tree {
                     let off = b - bg.start;
                     if off / BTRFS_STRIPE_LEN
                         != off.saturating_add(ns.max(1) - 1) / BTRFS_STRIPE_LEN
                     {
-                        cx.report(F::err(P, "extent-placement").tree(2).at(b).msg(format!(
-                            "tree block [{b}, {}) crosses a 64KiB stripe boundary",
-                            b.saturating_add(ns)
-                        )));
+                        cx.report(
+                            F::err(P, Category::ExtentPlacement)
+                                .tree(2)
+                                .at(b)
+                                .msg(format!(
+                                    "tree block [{b}, {}) crosses a 64KiB stripe boundary",
+                                    b.saturating_add(ns)
+                                )),
+                        );
                     }
                     if b % ns != 0 {
                         cx.report(
-                            F::warn(P, "extent-placement")
+                            F::warn(P, Category::ExtentPlacement)
                                 .tree(2)
                                 .at(b)
                                 .msg(format!("tree block {b} is not nodesize aligned")),
@@ -619,7 +640,7 @@ pub(super) fn check(cx: &mut Ctx) {
             }
         }
         if is_tree && r.len != ns {
-            cx.report(F::err(P, "extent-item").tree(2).at(b).msg(format!(
+            cx.report(F::err(P, Category::ExtentItem).tree(2).at(b).msg(format!(
                 "tree block extent {b} has length {} not nodesize {ns}",
                 r.len
             )));
@@ -780,7 +801,7 @@ pub(super) fn check(cx: &mut Ctx) {
                     RefKey::Data { root, .. } => Some(root),
                     _ => None,
                 };
-                let mut f = F::err(P, "extent-ref").at(d.bytenr);
+                let mut f = F::err(P, Category::ExtentRef).at(d.bytenr);
                 if let Some(t) = tree {
                     f = f.tree(t);
                 }
@@ -814,7 +835,7 @@ pub(super) fn check(cx: &mut Ctx) {
                                     _ => "free space no checksum covers: never written",
                                 };
                                 cx.report(
-                                    F::err(P, "extent-missing")
+                                    F::err(P, Category::ExtentMissing)
                                         .tree(d.owner)
                                         .at(d.bytenr)
                                         .key(crate::format::key::Key::new(
@@ -846,7 +867,7 @@ pub(super) fn check(cx: &mut Ctx) {
                             } else {
                                 None
                             };
-                            let mut fi = F::err(P, "extent-missing").at(f.bytenr);
+                            let mut fi = F::err(P, Category::ExtentMissing).at(f.bytenr);
                             if tree_block == level.is_some() {
                                 fi = fi.fix(rebuild_of(f.bytenr, len, level));
                             }
@@ -864,7 +885,7 @@ pub(super) fn check(cx: &mut Ctx) {
                             } else {
                                 "data extent"
                             };
-                            let mut fi = F::err(P, "extent-missing").at(f.bytenr);
+                            let mut fi = F::err(P, Category::ExtentMissing).at(f.bytenr);
                             if let Some(t) = tree_of.get(&f.bytenr) {
                                 fi = fi.tree(*t);
                             }
@@ -911,7 +932,7 @@ pub(super) fn check(cx: &mut Ctx) {
                             other_owners.insert(f.bytenr);
                             f.bytenr
                         },
-                        F::err(P, "extent-ref").at(f.bytenr).msg(format!(
+                        F::err(P, Category::ExtentRef).at(f.bytenr).msg(format!(
                             "extent {} is referenced by {} (count {}) but its item lacks that ref",
                             f.bytenr, f.key, f.count
                         )),
@@ -925,7 +946,7 @@ pub(super) fn check(cx: &mut Ctx) {
                 if d.count != f.count {
                     pending.push((
                         d.bytenr,
-                        F::err(P, "extent-ref").at(d.bytenr).msg(format!(
+                        F::err(P, Category::ExtentRef).at(d.bytenr).msg(format!(
                             "extent {} {}: item says count {} but {} found",
                             d.bytenr, d.key, d.count, f.count
                         )),
@@ -940,7 +961,7 @@ pub(super) fn check(cx: &mut Ctx) {
                         RefKey::Data { .. } | RefKey::SharedData(_) => {
                             if len != r.len {
                                 unfixable.insert(d.bytenr);
-                                cx.report(F::err(P, "extent-ref").at(d.bytenr).msg(format!(
+                                cx.report(F::err(P, Category::ExtentRef).at(d.bytenr).msg(format!(
                                     "file extents reference data extent {} with length {} but the extent is {} bytes",
                                     d.bytenr,
                                     if len == u64::MAX { "varying".to_string() } else { len.to_string() },
@@ -952,10 +973,16 @@ pub(super) fn check(cx: &mut Ctx) {
                             if let Some(&l) = level_of.get(&d.bytenr) {
                                 if l != r.level && r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0 {
                                     let fix = rebuild_of(d.bytenr, r.len, Some(l));
-                                    cx.report(F::err(P, "extent-item").tree(2).at(d.bytenr).fix(fix).msg(format!(
+                                    cx.report(
+                                        F::err(P, Category::ExtentItem)
+                                            .tree(2)
+                                            .at(d.bytenr)
+                                            .fix(fix)
+                                            .msg(format!(
                                         "tree block {} is level {l} but its extent item says {}",
                                         d.bytenr, r.level
-                                    )));
+                                    )),
+                                    );
                                 }
                             }
                         }

@@ -30,8 +30,8 @@ mod uuid_tree;
 mod walk;
 
 pub use findings::{
-    phase_name, ExtentRef, Finding, PhaseSummary, QgroupCount, QgroupReport, Repair, Report,
-    Severity, PHASES,
+    phase_name, Category, ExtentRef, Finding, Phase, PhaseSummary, QgroupCount, QgroupReport,
+    Repair, Report, Severity, PHASES,
 };
 
 use crate::format::consts::*;
@@ -288,7 +288,7 @@ fn check_one(
         if let Ok(img) = open(mirror) {
             let mut pre = sink();
             pre.push(
-                findings::F::err(1, "superblock")
+                findings::F::err(Phase::Superblocks, Category::Superblock)
                     .at(BTRFS_SUPER_INFO_OFFSET)
                     .fix(findings::Repair::RewriteSuperblocks)
                     .msg(format!(
@@ -433,22 +433,23 @@ fn run_phases(
         keep: opts.for_repair.then(reuse::Keep::default),
     };
     for w in &img.open_warnings {
-        cx.report(findings::F::warn(1, "open").msg(w.clone()));
+        cx.report(findings::F::warn(Phase::Superblocks, Category::Open).msg(w.clone()));
     }
-    timed(&mut cx, 1, superblock::check_mirrors);
+    timed(&mut cx, Phase::Superblocks, superblock::check_mirrors);
     std::thread::scope(|scope| {
         // Phase 3 also feeds phases 2, 4, 5, 6 and 7 with what the leaves
         // hold; the subvolumes' own checks (phase 6) may still be running
         // on their threads when it returns, beside phases 2 and 4.
         let t = Instant::now();
-        cx.progress.phase(3, phase_name(3), 0);
+        cx.progress.phase(3, Phase::TreeBlocks.name(), 0);
         let mut pending = Vec::new();
         walk::walk_all(&mut cx, scope, &mut pending);
-        cx.sink.ran(3);
-        cx.sink.add_millis(3, t.elapsed().as_millis() as u64);
-        timed(&mut cx, 2, chunks::check);
-        timed(&mut cx, 1, superblock::check_against_trees);
-        timed(&mut cx, 4, extents::check);
+        cx.sink.ran(Phase::TreeBlocks);
+        cx.sink
+            .add_millis(Phase::TreeBlocks, t.elapsed().as_millis() as u64);
+        timed(&mut cx, Phase::Chunks, chunks::check);
+        timed(&mut cx, Phase::Superblocks, superblock::check_against_trees);
+        timed(&mut cx, Phase::Extents, extents::check);
         let t = Instant::now();
         for h in pending {
             match h.join() {
@@ -459,25 +460,26 @@ fn run_phases(
         if std::env::var_os("BTRKIT_PROF").is_some() {
             eprintln!("subvolume checks joined after {:?}", t.elapsed());
         }
-        cx.sink.add_millis(6, t.elapsed().as_millis() as u64);
+        cx.sink
+            .add_millis(Phase::Subvolumes, t.elapsed().as_millis() as u64);
     });
-    timed(&mut cx, 6, fs::check_root_refs);
-    timed(&mut cx, 6, uuid_tree::check);
-    timed(&mut cx, 5, free_space::check);
-    timed(&mut cx, 5, space_cache::check);
+    timed(&mut cx, Phase::Subvolumes, fs::check_root_refs);
+    timed(&mut cx, Phase::Subvolumes, uuid_tree::check);
+    timed(&mut cx, Phase::FreeSpace, free_space::check);
+    timed(&mut cx, Phase::FreeSpace, space_cache::check);
     if let Some(h) = data {
         cx.data_verified = h.join().ok();
     }
-    timed(&mut cx, 7, parity::check);
-    timed(&mut cx, 7, csums::check);
+    timed(&mut cx, Phase::Checksums, parity::check);
+    timed(&mut cx, Phase::Checksums, csums::check);
     let quotas = cx.qgroups.present;
-    timed(&mut cx, 9, qgroups::check);
+    timed(&mut cx, Phase::Qgroups, qgroups::check);
     // No quota tree: the phase had nothing to check.
     cx.sink.phases[9].ran = quotas;
     cx.ext.found_tree = Vec::new();
     cx.ext.found_data = Vec::new();
     cx.ext.block_owner = Vec::new();
-    timed(&mut cx, 8, log::check);
+    timed(&mut cx, Phase::Logs, log::check);
     report_rebuilt(&mut cx);
     let kept = cx.keep.take().and_then(reuse::finish);
     let mut report = cx.sink.into_report();
@@ -498,7 +500,7 @@ fn report_rebuilt(cx: &mut Ctx) {
     for d in r.described.iter().filter(|d| d.damaged && d.tree_block) {
         described += 1;
         cx.report(
-            findings::F::warn(3, "parity-rebuild")
+            findings::F::warn(Phase::TreeBlocks, Category::ParityRebuild)
                 .at(d.logical)
                 .msg(format!(
                     "{} (`btrfs scrub` rewrites it)",
@@ -507,22 +509,24 @@ fn report_rebuilt(cx: &mut Ctx) {
         );
     }
     if r.damaged_tree > described {
-        cx.report(findings::F::warn(3, "parity-rebuild").msg(format!(
-            "{} more damaged RAID5/6 stripes of tree blocks were read rebuilt from parity",
-            r.damaged_tree - described
-        )));
+        cx.report(
+            findings::F::warn(Phase::TreeBlocks, Category::ParityRebuild).msg(format!(
+                "{} more damaged RAID5/6 stripes of tree blocks were read rebuilt from parity",
+                r.damaged_tree - described
+            )),
+        );
     }
     let unreadable = r.count - r.damaged;
     if unreadable > 0 {
-        cx.report(findings::F::warn(3, "parity-rebuild").msg(format!(
+        cx.report(findings::F::warn(Phase::TreeBlocks, Category::ParityRebuild).msg(format!(
             "{unreadable} reads of RAID5/6 stripes that cannot be read (missing devices) were rebuilt from parity"
         )));
     }
 }
 
-fn timed(cx: &mut Ctx, phase: u8, f: fn(&mut Ctx)) {
+fn timed(cx: &mut Ctx, phase: Phase, f: fn(&mut Ctx)) {
     let t = Instant::now();
-    cx.progress.phase(phase, phase_name(phase), 0);
+    cx.progress.phase(phase.number(), phase.name(), 0);
     f(cx);
     if std::env::var_os("BTRKIT_PROF").is_some() {
         eprintln!("phase {phase}: {:?}", t.elapsed());
@@ -538,7 +542,7 @@ pub(crate) fn fmt_key(k: &Key) -> String {
 #[cfg(test)]
 mod tests {
     use super::csums::{covered, union_of};
-    use super::findings::{Sink, F};
+    use super::findings::{Category, Phase, Sink, F};
 
     #[test]
     fn intervals() {
@@ -555,9 +559,9 @@ mod tests {
     fn sink_counts_past_the_cap() {
         let mut s = Sink::new();
         for i in 0..3000u64 {
-            s.push(F::err(4, "x").at(i).msg("m"));
+            s.push(F::err(Phase::Extents, Category::ExtentRef).at(i).msg("m"));
         }
-        s.push(F::warn(1, "y").msg("w"));
+        s.push(F::warn(Phase::Superblocks, Category::Superblock).msg("w"));
         let r = s.into_report();
         assert_eq!(r.errors, 3000);
         assert_eq!(r.warnings, 1);

@@ -11,7 +11,7 @@
 //! itself cannot be trusted (a damaged extent tree, chunk tree or tree
 //! block: a new block could land on one in use), nothing is written.
 
-use super::findings::{Finding, Repair, Report, Severity};
+use super::findings::{Category, Finding, Phase, Repair, Report, Severity};
 use super::{CheckOptions, Progress};
 use crate::alloc::RangeSet;
 use crate::format::consts::*;
@@ -148,7 +148,7 @@ impl Plan {
         let links_damaged = report.findings.iter().any(|f| {
             f.severity == Severity::Error
                 && f.repair.is_none()
-                && matches!(f.category, "root-item" | "root-ref" | "root-orphan")
+                && kind(f.category) == Kind::SubvolumeLinks
         });
         for f in &report.findings {
             if let Some(r) = &f.repair {
@@ -198,8 +198,8 @@ impl Plan {
         if report.suppressed > 0 {
             not_repairable.push(Unrepaired {
                 finding: Finding {
-                    phase: 0,
-                    category: "suppressed",
+                    phase: Phase::None,
+                    category: Category::Suppressed,
                     severity: Severity::Error,
                     tree: None,
                     bytenr: None,
@@ -214,7 +214,7 @@ impl Plan {
         // Findings past the report's cap are counted, not listed: in the
         // phases that walk the trees, an unlisted one may be a block that
         // could not be walked.
-        let unlisted = (2u8..=3).find(|&p| {
+        let unlisted = [Phase::Chunks, Phase::TreeBlocks].into_iter().find(|&p| {
             let listed = report
                 .findings
                 .iter()
@@ -313,47 +313,138 @@ fn order(r: &Repair) -> u8 {
 /// repair keeps every range a tree references, see [`Plan::in_use`].
 fn walk_incomplete(f: &Finding) -> bool {
     match f.phase {
-        2 => matches!(f.category, "chunk" | "sys-chunk-array"),
-        3 => !(f.category == "item" && f.tree == Some(BTRFS_EXTENT_TREE_OBJECTID)),
-        _ => false,
+        Phase::Chunks => kind(f.category) == Kind::ChunkMap,
+        Phase::TreeBlocks => {
+            !(kind(f.category) == Kind::TreeItem && f.tree == Some(BTRFS_EXTENT_TREE_OBJECTID))
+        }
+        Phase::None
+        | Phase::Superblocks
+        | Phase::Extents
+        | Phase::FreeSpace
+        | Phase::Subvolumes
+        | Phase::Checksums
+        | Phase::Logs
+        | Phase::Qgroups => false,
     }
 }
 
 fn is_csum_finding(f: &Finding) -> bool {
-    f.phase == 7
-        && matches!(
-            f.category,
-            "csum-missing"
-                | "data-csum"
-                | "csum-odd"
-                | "csum-orphan"
-                | "csum-item"
-                | "csum-overlap"
-        )
+    f.phase == Phase::Checksums && kind(f.category) == Kind::Checksums
+}
+
+/// What a repair makes of a finding's category when the finding carries
+/// no repair of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Directory entries and back references.
+    Names,
+    /// An extent item whose range or length is in question.
+    ExtentItems,
+    /// Data checksums (rebuilt only on request).
+    Checksums,
+    /// A generation from the future.
+    FutureGeneration,
+    /// An item whose right contents nothing on disk determines.
+    Undetermined,
+    /// A count no other item records.
+    NoOtherRecord,
+    /// Subvolume links: root items and references.
+    SubvolumeLinks,
+    /// The fsync log.
+    Log,
+    /// The chunk tree or the system chunk array: the address map.
+    ChunkMap,
+    /// A tree item whose body is malformed.
+    TreeItem,
+    /// Anything else.
+    Other,
+}
+
+fn kind(c: Category) -> Kind {
+    match c {
+        Category::Name => Kind::Names,
+        Category::ExtentRef
+        | Category::ExtentRefs
+        | Category::ExtentItem
+        | Category::ExtentMissing
+        | Category::ExtentOverlap => Kind::ExtentItems,
+        Category::CsumMissing
+        | Category::DataCsum
+        | Category::CsumOdd
+        | Category::CsumOrphan
+        | Category::CsumItem
+        | Category::CsumOverlap => Kind::Checksums,
+        Category::InodeGeneration | Category::ExtentGeneration => Kind::FutureGeneration,
+        Category::FileExtent
+        | Category::InodeMode
+        | Category::InodeFlags
+        | Category::UnknownKey
+        | Category::InodeCache => Kind::Undetermined,
+        Category::Inode | Category::InodeNlink => Kind::NoOtherRecord,
+        Category::RootRef | Category::RootOrphan | Category::RootItem => Kind::SubvolumeLinks,
+        Category::LogRoot
+        | Category::LogBlock
+        | Category::LogShape
+        | Category::LogExtent
+        | Category::LogCsum
+        | Category::LogDirRange
+        | Category::LogGeneration => Kind::Log,
+        Category::Chunk | Category::SysChunkArray => Kind::ChunkMap,
+        Category::Item => Kind::TreeItem,
+        Category::BackupRoot
+        | Category::BlockGroup
+        | Category::Checksum
+        | Category::DevExtent
+        | Category::DevItem
+        | Category::DirLink
+        | Category::ExtentPlacement
+        | Category::Features
+        | Category::FreeSpace
+        | Category::FreeSpaceStale
+        | Category::Header
+        | Category::ItemBounds
+        | Category::KeyOrder
+        | Category::MirrorCopy
+        | Category::Open
+        | Category::Orphan
+        | Category::ParentTransid
+        | Category::Parity
+        | Category::ParityRebuild
+        | Category::QgroupCount
+        | Category::QgroupInfo
+        | Category::QgroupItem
+        | Category::QgroupLimit
+        | Category::QgroupRelation
+        | Category::QgroupStatus
+        | Category::SpaceCache
+        | Category::Superblock
+        | Category::Suppressed
+        | Category::TreeShape
+        | Category::Unreadable
+        | Category::UuidTree => Kind::Other,
+    }
 }
 
 /// Why an error without a repair is left alone.
 fn reason(f: &Finding) -> &'static str {
-    match f.category {
-        "name" => "directory entries and back references are not repaired yet",
-        "extent-ref" | "extent-refs" | "extent-item" | "extent-missing" | "extent-overlap" => {
+    match kind(f.category) {
+        Kind::Names => "directory entries and back references are not repaired yet",
+        Kind::ExtentItems => {
             "the extent item cannot be rewritten in place from the trees (its range or length is in question): the extent tree would have to be rebuilt"
         }
-        "csum-missing" | "data-csum" | "csum-odd" | "csum-orphan" | "csum-item"
-        | "csum-overlap" => {
+        Kind::Checksums => {
             "checksums are rebuilt only on request (--init-csum-tree), as that trusts the data"
         }
-        "inode-generation" | "extent-generation" => {
+        Kind::FutureGeneration => {
             "a generation from the future is not determined by anything else on disk"
         }
-        "file-extent" | "inode-mode" | "inode-flags" | "unknown-key" | "inode-cache" => {
-            "what the item should hold is not determined by what is on disk"
+        Kind::Undetermined => "what the item should hold is not determined by what is on disk",
+        Kind::NoOtherRecord => "no other item on disk says what the right value is",
+        Kind::SubvolumeLinks => "subvolume links are not repaired yet",
+        Kind::Log => "the log is replayed (btrkit-replay) or dropped, not repaired",
+        Kind::ChunkMap | Kind::TreeItem | Kind::Other => {
+            "not determined by what is on disk, or not repaired yet"
         }
-        "inode" | "inode-nlink" => "no other item on disk says what the right value is",
-        "root-ref" | "root-orphan" | "root-item" => "subvolume links are not repaired yet",
-        "log-root" | "log-block" | "log-shape" | "log-extent" | "log-csum" | "log-dir-range"
-        | "log-generation" => "the log is replayed (btrkit-replay) or dropped, not repaired",
-        _ => "not determined by what is on disk, or not repaired yet",
     }
 }
 
@@ -993,7 +1084,9 @@ impl Run<'_> {
                 chunk,
                 length,
             } => {
-                let c = self.st.dev_extent_from_chunk(devid, physical, chunk, length)?;
+                let c = self
+                    .st
+                    .dev_extent_from_chunk(devid, physical, chunk, length)?;
                 self.changes.push(c);
             }
             Repair::DeleteDevExtent { devid, physical } => {
@@ -1122,13 +1215,19 @@ fn file_extent_disk(
     let t = TreeId::Tree(tree);
     let k = Key::new(ino, BTRFS_EXTENT_DATA_KEY, offset);
     let Some(d) = st.lookup(t, &k)? else {
-        return Ok(format!("inode {ino} (tree {tree}): no file extent at {offset}"));
+        return Ok(format!(
+            "inode {ino} (tree {tree}): no file extent at {offset}"
+        ));
     };
     let Ok(mut item) = FileExtentItem::read_from_bytes(&d) else {
-        return Ok(format!("inode {ino} (tree {tree}): file extent at {offset} is not a disk extent"));
+        return Ok(format!(
+            "inode {ino} (tree {tree}): file extent at {offset} is not a disk extent"
+        ));
     };
     if item.disk_bytenr.get() != from {
-        return Ok(format!("inode {ino} (tree {tree}): file extent at {offset} changed already"));
+        return Ok(format!(
+            "inode {ino} (tree {tree}): file extent at {offset} changed already"
+        ));
     }
     let what = match to {
         Some((b, l)) => {
@@ -1145,7 +1244,9 @@ fn file_extent_disk(
     st.update_item(t, &k, item.as_bytes())?;
     let nbytes = crate::fs::extents::count_nbytes(st, tree, ino)?;
     crate::fs::inode::modify_inode(st, tree, ino, |i| i.nbytes.set(nbytes))?;
-    Ok(format!("inode {ino} (tree {tree}): file extent at {offset}: {what}"))
+    Ok(format!(
+        "inode {ino} (tree {tree}): file extent at {offset}: {what}"
+    ))
 }
 
 /// The file type of inode `ino` as what points at it and what it holds

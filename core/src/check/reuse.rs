@@ -106,9 +106,24 @@ pub(crate) fn walked(cx: &mut Ctx, id: u64, item: &crate::format::root::RootItem
         return;
     }
     let facts = WalkFacts {
-        found_tree: cx.ext.found_tree.get(m.found_tree..).unwrap_or_default().to_vec(),
-        found_data: cx.ext.found_data.get(m.found_data..).unwrap_or_default().to_vec(),
-        block_owner: cx.ext.block_owner.get(m.block_owner..).unwrap_or_default().to_vec(),
+        found_tree: cx
+            .ext
+            .found_tree
+            .get(m.found_tree..)
+            .unwrap_or_default()
+            .to_vec(),
+        found_data: cx
+            .ext
+            .found_data
+            .get(m.found_data..)
+            .unwrap_or_default()
+            .to_vec(),
+        block_owner: cx
+            .ext
+            .block_owner
+            .get(m.block_owner..)
+            .unwrap_or_default()
+            .to_vec(),
     };
     if let Some(k) = cx.keep.as_mut() {
         k.walks.insert(id, (item.as_bytes().to_vec(), facts));
@@ -182,14 +197,14 @@ pub(crate) fn replay(
     cx.ext.block_owner.extend_from_slice(&w.block_owner);
     seen.extend(w.block_owner.iter().map(|(b, _)| *b));
     let n = w.block_owner.len() as u64;
-    cx.walked
-        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-    cx.sink.checked(3, n);
+    cx.walked.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    cx.sink.checked(super::Phase::TreeBlocks, n);
     cx.sink.reused_trees += 1;
     cx.progress.advance(n);
     cx.csum_needed.extend_from_slice(&t.fs.needs);
     cx.csum_forbidden.extend_from_slice(&t.fs.forbids);
-    cx.sink.checked(6, t.fs.inodes_checked);
+    cx.sink
+        .checked(super::Phase::Subvolumes, t.fs.inodes_checked);
     for &(dir, child) in &t.fs.subvol_dirents {
         cx.subvol_dirents.push(super::SubvolDirent {
             tree: id,

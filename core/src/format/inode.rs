@@ -13,7 +13,19 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligne
 /// bits (a file dated 1960 has a negative count), and the nanoseconds come
 /// from disk unchecked.
 #[repr(C)]
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(
+    FromBytes,
+    IntoBytes,
+    KnownLayout,
+    Immutable,
+    Unaligned,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+)]
 pub struct Timespec {
     /// Seconds since the Unix epoch, two's complement (negative before 1970).
     pub sec: Le64,

@@ -496,7 +496,9 @@ impl Filesystem {
             // filemap_flush), so the rename never reaches disk before it.
             if !dst.is_placeholder()
                 && is_reg(smode)
-                && is_reg(self.item(dst)?.mode.get()) && self.rt(dst)?.i_size > 0 {
+                && is_reg(self.item(dst)?.mode.get())
+                && self.rt(dst)?.i_size > 0
+            {
                 self.writeback(src, 0, u64::MAX, super::writeback::Reason::Background)?;
             }
             if dst.is_placeholder() {

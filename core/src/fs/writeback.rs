@@ -859,7 +859,11 @@ impl Filesystem {
 
 /// Take `[start, end)` out of cached hole maps (btrfs_drop_extent_map_range:
 /// a map across the edge keeps the part outside).
-pub(super) fn drop_hole_maps(maps: &mut std::collections::BTreeMap<u64, u64>, start: u64, end: u64) {
+pub(super) fn drop_hole_maps(
+    maps: &mut std::collections::BTreeMap<u64, u64>,
+    start: u64,
+    end: u64,
+) {
     if start >= end {
         return;
     }

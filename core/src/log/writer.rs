@@ -1087,7 +1087,10 @@ impl LogWriter<'_, '_> {
             } else if let Some(cut) =
                 // Cut at a sector boundary, as truncate_inode_items rounds
                 // the kept length up (the tree checker wants it aligned).
-                crate::format::file_extent::cut_to(&d, (from - k.offset).div_ceil(ss) * ss)
+                crate::format::file_extent::cut_to(
+                    &d,
+                    (from - k.offset).div_ceil(ss) * ss,
+                )
             {
                 self.cx.store.update_item(log, &k, &cut)?;
             }
@@ -1492,7 +1495,9 @@ impl LogWriter<'_, '_> {
             return Ok(());
         }
         if !self.can_log_conflicting_inode(other)? {
-            return Err(Stop::Commit("a conflicting directory moved in this transaction"));
+            return Err(Stop::Commit(
+                "a conflicting directory moved in this transaction",
+            ));
         }
         ctx.conflicts_seen += 1;
         ctx.conflicts.push_back((other.ino, parent));
@@ -1710,7 +1715,12 @@ mod tests {
     #[test]
     fn changed_ranges_are_joined() {
         assert_eq!(
-            super::merge_ranges(vec![(303104, 401408), (262144, 344064), (0, 4096), (4096, 8192)]),
+            super::merge_ranges(vec![
+                (303104, 401408),
+                (262144, 344064),
+                (0, 4096),
+                (4096, 8192)
+            ]),
             vec![(0, 8192), (262144, 401408)]
         );
     }

@@ -470,12 +470,16 @@ impl Store {
         // LOOP_ALLOC_CHUNK: a new chunk, whose group takes the class; a
         // device without room for one moves on to the wrong classes.
         if self.force_data_chunk()? {
-            match self.alloc.alloc_in_class(ty, len, align, true, ClassPass::Unset) {
+            match self
+                .alloc
+                .alloc_in_class(ty, len, align, true, ClassPass::Unset)
+            {
                 Err(Error::NoSpace(_)) => {}
                 r => return r,
             }
         }
-        self.alloc.alloc_in_class(ty, len, align, true, ClassPass::Any)
+        self.alloc
+            .alloc_in_class(ty, len, align, true, ClassPass::Any)
     }
 
     /// Place data by size class from now on (what a mount does).
