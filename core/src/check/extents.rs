@@ -671,7 +671,7 @@ fn check_item_shape(cx: &mut Ctx, r: &ExtRec) {
     let b = r.bytenr;
     let is_tree = r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0;
     let is_data = r.flags & BTRFS_EXTENT_FLAG_DATA != 0;
-    if b % ss != 0 || r.len == 0 || r.len % ss != 0 {
+    if !b.is_multiple_of(ss) || r.len == 0 || !r.len.is_multiple_of(ss) {
         cx.report(F::err(P, Category::ExtentItem).tree(2).at(b).msg(format!(
             "extent {b}+{} is not aligned to the sector size {ss}",
             r.len
@@ -755,7 +755,7 @@ fn check_item_placement(cx: &mut Ctx, r: &ExtRec, declared: &[RefRec]) {
                             )),
                     );
                 }
-                if b % ns != 0 {
+                if !b.is_multiple_of(ns) {
                     cx.report(
                         F::warn(P, Category::ExtentPlacement)
                             .tree(2)
