@@ -34,6 +34,7 @@ pub use findings::{
     Repair, Report, Severity, PHASES,
 };
 
+use crate::devices::{Access, Single};
 use crate::format::consts::*;
 use crate::format::key::Key;
 use crate::format::root::RootItem;
@@ -207,9 +208,9 @@ pub fn check_paths_after(
         s.prior = prior.clone();
         s
     };
-    let Some(path) = paths.first() else {
+    if paths.is_empty() {
         return Err(Error::Invalid("no device given".into()));
-    };
+    }
     for p in paths {
         let meta = std::fs::metadata(p)
             .map_err(|e| Error::io(format!("cannot open {}", p.display()), e))?;
@@ -220,22 +221,11 @@ pub fn check_paths_after(
             )));
         }
     }
-    let img_opts = |mirror| check_open_options(mirror, degraded);
-    if paths.len() > 1 {
-        // Positioned reads, as below.
-        let set = crate::devices::DeviceSet::open_files(paths, false)?;
-        let img = set.open(img_opts(0))?;
-        let early = set
-            .get(img.devid)
-            .map(|m| written_metadata(Path::new(&m.name), &img))
-            .unwrap_or_default();
-        return Ok(run(&img, opts, progress, sink(), early));
-    }
     // Positioned reads, not a memory map: mapped pages of the image would
     // count in the checker's resident memory, and every block is read once.
-    let dev = std::sync::Arc::new(crate::io::FileDevice::open(path, false)?);
-    check_one(dev, degraded, opts, progress, &sink, &|img| {
-        written_metadata(path, img)
+    let devices = crate::devices::Devices::open_paths(paths, Access::default())?;
+    check_devices(&devices, degraded, opts, progress, &sink, &|name, img| {
+        written_metadata(Path::new(name), img)
     })
 }
 
@@ -261,45 +251,36 @@ pub fn check_device_after(
         s.prior = prior.clone();
         s
     };
-    check_one(dev, false, opts, progress, &sink, &|_| Vec::new())
+    let devices = crate::devices::Devices::new(vec![(String::new(), dev)]);
+    check_devices(&devices, false, opts, progress, &sink, &|_, _| Vec::new())
 }
 
-/// One device: from the primary superblock, or the first good mirror
-/// (the damage then a phase-1 error with its repair).
-fn check_one(
-    dev: std::sync::Arc<dyn crate::io::BlockDevice>,
+/// Open the devices and check the filesystem. One device is read from
+/// the primary superblock, or the first good mirror (the damage then a
+/// phase-1 error with its repair). `early` gives the ranges to read ahead
+/// for the device (by name) the filesystem was opened from.
+fn check_devices(
+    devices: &crate::devices::Devices,
     degraded: bool,
     opts: CheckOptions,
     progress: &dyn Progress,
     sink: &dyn Fn() -> Sink,
-    early: &dyn Fn(&Image) -> Vec<(u64, u64)>,
+    early: &dyn Fn(&str, &Image) -> Vec<(u64, u64)>,
 ) -> Result<Report> {
-    let img_opts = |mirror| check_open_options(mirror, degraded);
-    let open = |mirror| -> Result<Image> { Image::open(dev.clone(), img_opts(mirror)) };
-    let primary_err = match open(0) {
-        Ok(img) => {
-            let early = early(&img);
-            return Ok(run(&img, opts, progress, sink(), early));
-        }
-        Err(e @ (Error::Io { .. } | Error::MissingDevice { .. })) => return Err(e),
-        Err(e) => e,
-    };
-    for mirror in 1..BTRFS_SUPER_MIRROR_MAX {
-        if let Ok(img) = open(mirror) {
-            let mut pre = sink();
-            pre.push(
-                findings::F::err(Phase::Superblocks, Category::Superblock)
-                    .at(BTRFS_SUPER_INFO_OFFSET)
-                    .fix(findings::Repair::RewriteSuperblocks)
-                    .msg(format!(
-                "primary superblock unusable ({primary_err}); checked using mirror {mirror}"
-            )),
-            );
-            let early = early(&img);
-            return Ok(run(&img, opts, progress, pre, early));
-        }
+    let opened = devices.open(check_open_options(0, degraded), Single::AnyMirror)?;
+    let mut pre = sink();
+    if let Some((mirror, primary_err)) = &opened.fallback {
+        pre.push(
+            findings::F::err(Phase::Superblocks, Category::Superblock)
+                .at(BTRFS_SUPER_INFO_OFFSET)
+                .fix(findings::Repair::RewriteSuperblocks)
+                .msg(format!(
+                    "primary superblock unusable ({primary_err}); checked using mirror {mirror}"
+                )),
+        );
     }
-    Err(primary_err)
+    let early = early(&opened.name, &opened.img);
+    Ok(run(&opened.img, opts, progress, pre, early))
 }
 
 /// How the checker opens a filesystem: read-only, damaged blocks

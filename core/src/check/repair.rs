@@ -525,43 +525,27 @@ impl Target {
     /// The filesystem: the primary superblock, or the first good mirror
     /// when it is unusable (one device), as the check does.
     pub fn open(&self, writable: bool) -> Result<Image> {
-        let opts = |mirror, degraded| OpenOptions {
-            mirror,
+        use crate::devices::{Access, Devices, Single};
+        let (devices, degraded) = match self {
+            Target::Paths { paths, degraded } => (
+                Devices::open_paths(
+                    paths,
+                    Access {
+                        writable,
+                        mmap: false,
+                    },
+                )?,
+                // One device is opened whole or not at all.
+                *degraded && paths.len() > 1,
+            ),
+            Target::Device(d) => (Devices::new(vec![(String::new(), d.clone())]), false),
+        };
+        let opts = OpenOptions {
             writable,
             degraded,
             ..Default::default()
         };
-        let dev: Arc<dyn crate::io::BlockDevice> = match self {
-            Target::Paths { paths, degraded } if paths.len() > 1 => {
-                let mut devs: Vec<(String, Arc<dyn crate::io::BlockDevice>)> = Vec::new();
-                for p in paths {
-                    devs.push((
-                        p.display().to_string(),
-                        Arc::new(crate::io::FileDevice::open(p, writable)?),
-                    ));
-                }
-                let set = crate::devices::DeviceSet::assemble(devs)?;
-                return set.open(opts(0, *degraded));
-            }
-            Target::Paths { paths, .. } => {
-                let Some(path) = paths.first() else {
-                    return Err(Error::Invalid("no device given".into()));
-                };
-                Arc::new(crate::io::FileDevice::open(path, writable)?)
-            }
-            Target::Device(d) => d.clone(),
-        };
-        let mut first = None;
-        for mirror in 0..BTRFS_SUPER_MIRROR_MAX {
-            match Image::open(dev.clone(), opts(mirror, false)) {
-                Ok(img) => return Ok(img),
-                Err(e @ Error::Io { .. }) => return Err(e),
-                Err(e) => {
-                    first.get_or_insert(e);
-                }
-            }
-        }
-        Err(first.unwrap_or_else(|| Error::Invalid("no usable superblock".into())))
+        Ok(devices.open(opts, Single::AnyMirror)?.img)
     }
 }
 
