@@ -112,7 +112,7 @@ pub enum Category {
     MirrorCopy,
     /// `name`: Directory entries and inode back references.
     Name,
-    /// `open`: What stopped the filesystem from being opened whole.
+    /// `open`: What opening the filesystem warned about.
     Open,
     /// `orphan`: An orphan item.
     Orphan,
@@ -148,7 +148,7 @@ pub enum Category {
     Suppressed,
     /// `sys-chunk-array`: The superblock's system chunk array.
     SysChunkArray,
-    /// `tree-shape`: A tree's shape (levels, node sizes).
+    /// `tree-shape`: A block referenced twice in one tree.
     TreeShape,
     /// `unknown-key`: An item of a key type the checker does not know.
     UnknownKey,
@@ -1334,5 +1334,48 @@ impl F {
     pub fn msg(mut self, m: impl Into<String>) -> Finding {
         self.0.message = m.into();
         self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_and_numbers_are_reported_as_before() {
+        // Every category's tag is the kebab-case of its name.
+        let all = [
+            Category::BackupRoot,
+            Category::ExtentRefs,
+            Category::FreeSpaceStale,
+            Category::LogDirRange,
+            Category::MirrorCopy,
+            Category::SysChunkArray,
+            Category::Suppressed,
+        ];
+        for c in all {
+            let mut kebab = String::new();
+            for (i, ch) in format!("{c:?}").chars().enumerate() {
+                if ch.is_ascii_uppercase() && i > 0 {
+                    kebab.push('-');
+                }
+                kebab.push(ch.to_ascii_lowercase());
+            }
+            assert_eq!(c.as_str(), kebab);
+            assert_eq!(c.to_string(), kebab);
+            assert_eq!(serde_json::to_string(&c).unwrap(), format!("\"{kebab}\""));
+            assert!(c == kebab.as_str());
+        }
+        for (i, p) in Phase::ALL.into_iter().enumerate() {
+            assert_eq!(p.number() as usize, i + 1);
+            assert_eq!(p.name(), PHASES[i].1);
+            assert_eq!(serde_json::to_string(&p).unwrap(), (i + 1).to_string());
+        }
+        let f = F::warn(Phase::TreeBlocks, Category::MirrorCopy).msg("m");
+        let j = serde_json::to_string(&f).unwrap();
+        assert!(
+            j.starts_with(r#"{"phase":3,"category":"mirror-copy","severity":"warning""#),
+            "{j}"
+        );
     }
 }
