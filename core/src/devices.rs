@@ -165,17 +165,14 @@ impl DeviceSet {
     /// mapped when `mmap`, else read with positioned reads) and match them
     /// into one filesystem.
     pub fn open_files(paths: &[PathBuf], mmap: bool) -> Result<DeviceSet> {
-        if mmap {
-            return DeviceSet::assemble(FileDevice::open_all_mmap(paths)?);
-        }
-        let mut devices: Vec<(String, Arc<dyn BlockDevice>)> = Vec::with_capacity(paths.len());
-        for p in paths {
-            devices.push((
-                p.display().to_string(),
-                Arc::new(FileDevice::open(p, false)?),
-            ));
-        }
-        DeviceSet::assemble(devices)
+        Devices::open_paths(
+            paths,
+            Access {
+                writable: false,
+                mmap,
+            },
+        )?
+        .set()
     }
 
     /// The member whose superblock the filesystem is opened from: the
@@ -242,6 +239,166 @@ impl DeviceSet {
         v.sort_unstable();
         v.dedup();
         v
+    }
+}
+
+/// How the devices at some paths are opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Open them for writing (else read-only).
+    pub writable: bool,
+    /// Read them through a memory map (read-only only), else with
+    /// positioned reads.
+    pub mmap: bool,
+}
+
+/// How one device given alone is opened; several are always matched
+/// into a [`DeviceSet`] first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Single {
+    /// Matched as a set of one, as several are: its primary superblock
+    /// must be readable, and errors name it.
+    AsSet,
+    /// Opened as it is, from superblock copy `mirror` of the options.
+    Direct,
+    /// Opened from copy `mirror` of the options or, when that copy is
+    /// unusable (not when the device cannot be read or devices are
+    /// missing), from the first later copy that is usable; the error of
+    /// the copy asked for when none is.
+    AnyMirror,
+}
+
+/// A filesystem opened by [`Devices::open`].
+pub struct Opened {
+    /// The filesystem.
+    pub img: Image,
+    /// The name of the device whose superblock it was opened from.
+    pub name: String,
+    /// When [`Single::AnyMirror`] had to use another superblock copy: the
+    /// copy used and why the one asked for could not be.
+    pub fallback: Option<(usize, Error)>,
+}
+
+/// The devices given for one filesystem (image files, block devices, or
+/// devices already open), each with the name messages call it by, in the
+/// order given: the one way the tools open them as a filesystem, read-only
+/// or writable, whole or degraded.
+#[derive(Clone)]
+pub struct Devices {
+    devs: Vec<(String, Arc<dyn BlockDevice>)>,
+}
+
+impl Devices {
+    /// Devices already open, (name, device).
+    pub fn new(devs: Vec<(String, Arc<dyn BlockDevice>)>) -> Devices {
+        Devices { devs }
+    }
+
+    /// Open the image files or block devices at `paths`, each named by
+    /// its path. None is `no device given`.
+    pub fn open_paths(paths: &[PathBuf], access: Access) -> Result<Devices> {
+        if paths.is_empty() {
+            return Err(Error::Invalid("no device given".into()));
+        }
+        if access.mmap && !access.writable {
+            return Ok(Devices::new(FileDevice::open_all_mmap(paths)?));
+        }
+        let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::with_capacity(paths.len());
+        for p in paths {
+            devs.push((
+                p.display().to_string(),
+                Arc::new(FileDevice::open(p, access.writable)?),
+            ));
+        }
+        Ok(Devices::new(devs))
+    }
+
+    /// Every device put behind `wrap` (an overlay that keeps writes in
+    /// memory, say).
+    pub fn wrap(self, wrap: &dyn Fn(Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice>) -> Devices {
+        Devices::new(self.devs.into_iter().map(|(n, d)| (n, wrap(d))).collect())
+    }
+
+    /// The devices, (name, device), in the order given.
+    pub fn list(&self) -> &[(String, Arc<dyn BlockDevice>)] {
+        &self.devs
+    }
+
+    /// The devices matched into one filesystem by their primary
+    /// superblocks ([`DeviceSet::assemble`]).
+    pub fn set(&self) -> Result<DeviceSet> {
+        DeviceSet::assemble(self.devs.clone())
+    }
+
+    /// When `set` (these devices matched) lacks devices of the
+    /// filesystem: the error naming the devices given, how many the
+    /// filesystem has and how many were not given, ending with `hint`
+    /// (what the user can do).
+    pub fn missing(&self, set: &DeviceSet, hint: &str) -> Option<Error> {
+        let missing = set.missing_count();
+        if missing == 0 {
+            return None;
+        }
+        let given = self
+            .devs
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        Some(Error::MissingDevice {
+            devids: Vec::new(),
+            what: format!(
+                "{given}: the filesystem has {} devices and {missing} {} not given; {hint}",
+                set.num_devices,
+                if missing == 1 { "was" } else { "were" }
+            ),
+        })
+    }
+
+    /// Open the filesystem the devices hold: several matched into a
+    /// [`DeviceSet`] and opened from its primary member's superblock, one
+    /// as `single` says. `opts` says writable or not, degraded or not
+    /// (devices of the filesystem missing: an error unless degraded),
+    /// which superblock copy.
+    pub fn open(&self, opts: OpenOptions, single: Single) -> Result<Opened> {
+        let one = match self.devs.as_slice() {
+            [] => return Err(Error::Invalid("no device given".into())),
+            [one] if single != Single::AsSet => one,
+            _ => {
+                let set = self.set()?;
+                let img = set.open(opts)?;
+                let name = set.get(img.devid).map(|m| m.name.clone());
+                return Ok(Opened {
+                    img,
+                    name: name.unwrap_or_default(),
+                    fallback: None,
+                });
+            }
+        };
+        let (name, dev) = (one.0.clone(), one.1.clone());
+        let open = |mirror| Image::open(dev.clone(), OpenOptions { mirror, ..opts });
+        let asked = match open(opts.mirror) {
+            Ok(img) => {
+                return Ok(Opened {
+                    img,
+                    name,
+                    fallback: None,
+                })
+            }
+            Err(e) if single == Single::Direct => return Err(e),
+            Err(e @ (Error::Io { .. } | Error::MissingDevice { .. })) => return Err(e),
+            Err(e) => e,
+        };
+        for mirror in opts.mirror + 1..BTRFS_SUPER_MIRROR_MAX {
+            if let Ok(img) = open(mirror) {
+                return Ok(Opened {
+                    img,
+                    name,
+                    fallback: Some((mirror, asked)),
+                });
+            }
+        }
+        Err(asked)
     }
 }
 

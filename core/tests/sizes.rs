@@ -126,10 +126,7 @@ fn long_functions(text: &str, max: usize) -> Vec<(String, usize)> {
         }
         // The body ends at the first line closing at the signature's indent.
         let close = format!("{indent}}}");
-        let Some(end) = lines[i + 1..]
-            .iter()
-            .position(|x| x.trim_end() == close)
-        else {
+        let Some(end) = lines[i + 1..].iter().position(|x| x.trim_end() == close) else {
             continue;
         };
         let len = end + 2;
@@ -145,7 +142,10 @@ fn no_type_has_more_than_a_hundred_methods() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let count = methods_per_type(&src);
     for t in ["Store", "Filesystem"] {
-        assert!(count.contains_key(t), "no methods of {t} found: the counter is broken");
+        assert!(
+            count.contains_key(t),
+            "no methods of {t} found: the counter is broken"
+        );
     }
     let over: Vec<_> = count.iter().filter(|(_, &n)| n > MAX_METHODS).collect();
     assert!(

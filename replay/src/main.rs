@@ -4,9 +4,9 @@
 mod report;
 
 use anyhow::{bail, Context};
-use btrkit_core::devices::DeviceSet;
+use btrkit_core::devices::{Access, Devices, Single};
 use btrkit_core::image::OpenOptions;
-use btrkit_core::io::{clone_or_copy, BlockDevice, CopyMethod, FileDevice, OverlayDevice};
+use btrkit_core::io::{clone_or_copy, BlockDevice, CopyMethod, OverlayDevice};
 use btrkit_core::log::replay::{replay_with_progress, ReplayOptions, ReplaySummary};
 use btrkit_core::trans::Store;
 use clap::Parser;
@@ -83,24 +83,15 @@ fn main() {
 /// replaying or copying one device of a set would give a filesystem
 /// missing the others.
 fn has_log(paths: &[PathBuf], degraded: bool) -> anyhow::Result<bool> {
-    let set = DeviceSet::open_files(paths, false)?;
-    let missing = set.missing_count();
-    if missing > 0 && !degraded {
-        let given = paths
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ");
-        return Err(btrkit_core::Error::MissingDevice {
-            devids: Vec::new(),
-            what: format!(
-                "{given}: the filesystem has {} devices and {missing} {} not given; give every \
-                 device, or --degraded to replay onto the ones given (nothing written)",
-                set.num_devices,
-                if missing == 1 { "was" } else { "were" }
-            ),
+    let devices = Devices::open_paths(paths, Access::default())?;
+    let set = devices.set()?;
+    if !degraded {
+        if let Some(e) = devices.missing(
+            &set,
+            "give every device, or --degraded to replay onto the ones given (nothing written)",
+        ) {
+            return Err(e.into());
         }
-        .into());
     }
     let first = set
         .members()
@@ -117,18 +108,23 @@ fn open_for_replay(
     writable: bool,
     degraded: bool,
 ) -> anyhow::Result<Store> {
-    let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::with_capacity(paths.len());
-    for p in paths {
-        let d: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(p, writable)?);
-        devs.push((p.display().to_string(), wrap(d)));
-    }
-    let set = DeviceSet::assemble(devs)?;
-    let img = set.open(OpenOptions {
-        writable: true,
-        degraded,
-        ..Default::default()
-    })?;
-    Ok(Store::from_image_for_replay(img)?)
+    let devices = Devices::open_paths(
+        paths,
+        Access {
+            writable,
+            mmap: false,
+        },
+    )?
+    .wrap(wrap);
+    let opened = devices.open(
+        OpenOptions {
+            writable: true,
+            degraded,
+            ..Default::default()
+        },
+        Single::AsSet,
+    )?;
+    Ok(Store::from_image_for_replay(opened.img)?)
 }
 
 /// Replay with a progress bar on a terminal (hidden otherwise).

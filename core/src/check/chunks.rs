@@ -2,7 +2,7 @@
 //! chunks, block group `used` against the extent tree, device `bytes_used`
 //! against its dev extents.
 
-use super::findings::{Repair, F};
+use super::findings::{Category, Phase, Repair, F};
 use super::Ctx;
 use crate::format::chunk::{chunk_problems, parse_chunk, CHUNK_ITEM_SIZE, STRIPE_SIZE};
 use crate::format::consts::*;
@@ -13,7 +13,7 @@ use crate::format::names::block_group_flags_str;
 use crate::tree::Node;
 use zerocopy::FromBytes;
 
-const P: u8 = 2;
+const P: Phase = Phase::Chunks;
 
 #[derive(Clone, Debug)]
 pub(crate) struct ChunkRec {
@@ -97,7 +97,7 @@ pub(super) fn on_chunk_leaf(cx: &mut Ctx, node: &Node) {
             Ok(ItemBody::Chunk(c, s)) => {
                 for m in chunk_problems(c, k.offset, ss, mixed) {
                     cx.report(
-                        F::err(P, "chunk")
+                        F::err(P, Category::Chunk)
                             .tree(3)
                             .at(node.bytenr)
                             .key(k)
@@ -170,22 +170,37 @@ pub(super) fn check(cx: &mut Ctx) {
     let mut prev_end = 0u64;
     for c in &chunks {
         if c.length == 0 || c.length % ss != 0 || c.logical % ss != 0 {
-            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!(
-                "chunk at {} has invalid length {}",
-                c.logical, c.length
-            )));
+            cx.report(
+                F::err(P, Category::Chunk)
+                    .tree(3)
+                    .at(c.logical)
+                    .msg(format!(
+                        "chunk at {} has invalid length {}",
+                        c.logical, c.length
+                    )),
+            );
         }
         if c.flags & BTRFS_BLOCK_GROUP_TYPE_MASK == 0 {
-            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!(
-                "chunk at {} has no data/metadata/system type",
-                c.logical
-            )));
+            cx.report(
+                F::err(P, Category::Chunk)
+                    .tree(3)
+                    .at(c.logical)
+                    .msg(format!(
+                        "chunk at {} has no data/metadata/system type",
+                        c.logical
+                    )),
+            );
         }
         if c.logical < prev_end {
-            cx.report(F::err(P, "chunk").tree(3).at(c.logical).msg(format!(
-                "chunk at {} overlaps the previous chunk",
-                c.logical
-            )));
+            cx.report(
+                F::err(P, Category::Chunk)
+                    .tree(3)
+                    .at(c.logical)
+                    .msg(format!(
+                        "chunk at {} overlaps the previous chunk",
+                        c.logical
+                    )),
+            );
         }
         prev_end = prev_end.max(c.logical.saturating_add(c.length));
         let want = c.dev_extent_len();
@@ -196,7 +211,7 @@ pub(super) fn check(cx: &mut Ctx) {
                     if d.chunk_offset != c.logical || d.length != want {
                         // The chunk maps the data: its stripe says what
                         // the dev extent at its place must hold.
-                        cx.report(F::err(P, "dev-extent").tree(4).at(phys).fix(Repair::DevExtentFromChunk {
+                        cx.report(F::err(P, Category::DevExtent).tree(4).at(phys).fix(Repair::DevExtentFromChunk {
                             devid,
                             physical: phys,
                             chunk: c.logical,
@@ -207,10 +222,15 @@ pub(super) fn check(cx: &mut Ctx) {
                         )));
                     }
                 }
-                _ => cx.report(F::err(P, "dev-extent").tree(4).at(c.logical).msg(format!(
-                    "chunk {} stripe on device {devid} at {phys} has no dev extent",
-                    c.logical
-                ))),
+                _ => cx.report(
+                    F::err(P, Category::DevExtent)
+                        .tree(4)
+                        .at(c.logical)
+                        .msg(format!(
+                            "chunk {} stripe on device {devid} at {phys} has no dev extent",
+                            c.logical
+                        )),
+                ),
             }
         }
     }
@@ -242,7 +262,7 @@ pub(super) fn check(cx: &mut Ctx) {
             // No chunk has a stripe there: its space is nobody's (btrfs
             // check --repair deletes it). One a chunk's stripe names but
             // that points elsewhere is a mismatch of the chunk's, left.
-            let mut f = F::err(P, "dev-extent").tree(4).at(d.physical);
+            let mut f = F::err(P, Category::DevExtent).tree(4).at(d.physical);
             if !stripes.contains(&(d.devid, d.physical)) {
                 f = f.fix(Repair::DeleteDevExtent {
                     devid: d.devid,
@@ -256,10 +276,15 @@ pub(super) fn check(cx: &mut Ctx) {
         }
         if let Some(p) = prev {
             if p.devid == d.devid && p.physical.saturating_add(p.length) > d.physical {
-                cx.report(F::err(P, "dev-extent").tree(4).at(d.physical).msg(format!(
-                    "dev extent {}:{} overlaps dev extent at {}",
-                    d.devid, d.physical, p.physical
-                )));
+                cx.report(
+                    F::err(P, Category::DevExtent)
+                        .tree(4)
+                        .at(d.physical)
+                        .msg(format!(
+                            "dev extent {}:{} overlaps dev extent at {}",
+                            d.devid, d.physical, p.physical
+                        )),
+                );
             }
         }
         prev = Some(*d);
@@ -279,7 +304,7 @@ pub(super) fn check(cx: &mut Ctx) {
         let real = dev_size(d.devid);
         if let Some(dev) = cx.chunks.dev_items.iter().find(|x| x.devid == d.devid) {
             if end > dev.total_bytes {
-                let mut f = F::err(P, "dev-extent").tree(4).at(d.physical);
+                let mut f = F::err(P, Category::DevExtent).tree(4).at(d.physical);
                 if let Some(r) = from_chunk.clone() {
                     f = f.fix(r);
                 } else if owned && real.is_some_and(|z| end <= z) {
@@ -292,14 +317,14 @@ pub(super) fn check(cx: &mut Ctx) {
             }
         } else {
             cx.report(
-                F::err(P, "dev-extent")
+                F::err(P, Category::DevExtent)
                     .tree(4)
                     .at(d.physical)
                     .msg(format!("dev extent on unknown device {}", d.devid)),
             );
         }
         if let Some(size) = real.filter(|&z| end > z) {
-            let mut f = F::err(P, "dev-extent").tree(4).at(d.physical);
+            let mut f = F::err(P, Category::DevExtent).tree(4).at(d.physical);
             if let Some(r) = from_chunk.clone() {
                 f = f.fix(r);
             }
@@ -316,13 +341,13 @@ pub(super) fn check(cx: &mut Ctx) {
     let devs = cx.chunks.dev_items.clone();
     for dev in &devs {
         if dev.bytes_used > dev.total_bytes {
-            cx.report(F::err(P, "dev-item").tree(3).msg(format!(
+            cx.report(F::err(P, Category::DevItem).tree(3).msg(format!(
                 "device {} bytes_used {} exceeds its total_bytes {}",
                 dev.devid, dev.bytes_used, dev.total_bytes
             )));
         }
         if let Some(size) = dev_size(dev.devid).filter(|&z| dev.total_bytes > z) {
-            cx.report(F::err(P, "dev-item").tree(3).msg(format!(
+            cx.report(F::err(P, Category::DevItem).tree(3).msg(format!(
                 "device {} total_bytes {} but the image holds only {size} bytes (a shrunk or truncated device)",
                 dev.devid, dev.total_bytes
             )));
@@ -334,7 +359,7 @@ pub(super) fn check(cx: &mut Ctx) {
             .unwrap_or(0);
         if used != dev.bytes_used {
             cx.report(
-                F::err(P, "dev-item")
+                F::err(P, Category::DevItem)
                     .tree(3)
                     .fix(Repair::DeviceSizes)
                     .msg(format!(
@@ -346,7 +371,7 @@ pub(super) fn check(cx: &mut Ctx) {
     }
     if devs.is_empty() {
         cx.report(
-            F::err(P, "dev-item")
+            F::err(P, Category::DevItem)
                 .tree(3)
                 .msg("the chunk tree holds no device item"),
         );
@@ -359,7 +384,7 @@ pub(super) fn check(cx: &mut Ctx) {
             match chunks.get(i) {
                 Some(c) if c.logical == b.start => {
                     if c.length != b.length || c.flags != b.flags {
-                        cx.report(F::err(P, "block-group").at(b.start).msg(format!(
+                        cx.report(F::err(P, Category::BlockGroup).at(b.start).msg(format!(
                             "block group {}+{} [{}] does not match its chunk {}+{} [{}]",
                             b.start,
                             b.length,
@@ -371,14 +396,14 @@ pub(super) fn check(cx: &mut Ctx) {
                     }
                 }
                 _ => cx.report(
-                    F::err(P, "block-group")
+                    F::err(P, Category::BlockGroup)
                         .at(b.start)
                         .msg(format!("block group {}+{} has no chunk", b.start, b.length)),
                 ),
             }
             if b.used > b.length {
                 cx.report(
-                    F::err(P, "block-group")
+                    F::err(P, Category::BlockGroup)
                         .at(b.start)
                         .fix(Repair::BlockGroupUsage)
                         .msg(format!(
@@ -391,7 +416,7 @@ pub(super) fn check(cx: &mut Ctx) {
         for c in &chunks {
             let i = bgs.partition_point(|b| b.start < c.logical);
             if bgs.get(i).is_none_or(|b| b.start != c.logical) {
-                cx.report(F::err(P, "block-group").at(c.logical).msg(format!(
+                cx.report(F::err(P, Category::BlockGroup).at(c.logical).msg(format!(
                     "chunk {}+{} has no block group item",
                     c.logical, c.length
                 )));
@@ -401,7 +426,7 @@ pub(super) fn check(cx: &mut Ctx) {
             let found = cx.ext.used_in(b.start, b.end(), cx.img.nodesize as u64);
             if found != b.used {
                 cx.report(
-                    F::err(P, "block-group")
+                    F::err(P, Category::BlockGroup)
                         .at(b.start)
                         .fix(Repair::BlockGroupUsage)
                         .msg(format!(
@@ -412,7 +437,7 @@ pub(super) fn check(cx: &mut Ctx) {
             }
             if i > 0 && bgs[i - 1].end() > b.start {
                 cx.report(
-                    F::err(P, "block-group")
+                    F::err(P, Category::BlockGroup)
                         .at(b.start)
                         .msg(format!("block group {} overlaps the previous one", b.start)),
                 );
@@ -479,11 +504,11 @@ fn check_sys_chunk_array(cx: &mut Ctx, tree_chunks: &[ChunkRec]) {
         found.push(key.offset);
     }
     for m in problems {
-        cx.report(F::err(P, "sys-chunk-array").at(at).msg(m));
+        cx.report(F::err(P, Category::SysChunkArray).at(at).msg(m));
     }
     for t in tree_chunks {
         if t.flags & BTRFS_BLOCK_GROUP_SYSTEM != 0 && !found.contains(&t.logical) {
-            cx.report(F::warn(P, "sys-chunk-array").at(at).msg(format!(
+            cx.report(F::warn(P, Category::SysChunkArray).at(at).msg(format!(
                 "system chunk at {} is missing from the superblock's sys_chunk_array",
                 t.logical
             )));

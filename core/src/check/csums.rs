@@ -3,12 +3,12 @@
 //! be covered. With `check_data_csum`, every covered sector is read and
 //! verified, in parallel.
 
-use super::findings::{Repair, F};
+use super::findings::{Category, Phase, Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::tree::Node;
 
-const P: u8 = 7;
+const P: Phase = Phase::Checksums;
 
 /// A data range a file extent needs checksums for.
 #[derive(Clone, Copy, Debug)]
@@ -71,7 +71,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
         let Some(k) = node.key(slot) else { continue };
         if k.objectid != BTRFS_EXTENT_CSUM_OBJECTID || k.ty != BTRFS_EXTENT_CSUM_KEY {
             cx.report(
-                F::err(P, "csum-item")
+                F::err(P, Category::CsumItem)
                     .tree(7)
                     .at(node.bytenr)
                     .key(k)
@@ -83,7 +83,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
         let size = it.size.get() as u64;
         if !size.is_multiple_of(cs) || k.offset % ss != 0 {
             cx.report(
-                F::err(P, "csum-item")
+                F::err(P, Category::CsumItem)
                     .tree(7)
                     .at(node.bytenr)
                     .key(k)
@@ -116,7 +116,7 @@ pub(super) fn check(cx: &mut Ctx) {
         let ((s0, l0, _), (s1, _, leaf)) = (w[0], w[1]);
         if s0.saturating_add(l0) > s1 {
             cx.report(
-                F::err(P, "csum-overlap")
+                F::err(P, Category::CsumOverlap)
                     .tree(7)
                     .at(leaf)
                     .fix(Repair::CsumOverlap { bytenr: s1 })
@@ -144,7 +144,7 @@ pub(super) fn check(cx: &mut Ctx) {
             if !covered(&data, s, e - s) && reported < 100 {
                 // Find the first uncovered point for the message.
                 reported += 1;
-                cx.report(F::warn(P, "csum-orphan").tree(7).at(s).msg(format!(
+                cx.report(F::warn(P, Category::CsumOrphan).tree(7).at(s).msg(format!(
                     "checksums for [{s}, {e}) cover space that is not a data extent"
                 )));
             }
@@ -162,7 +162,7 @@ pub(super) fn check(cx: &mut Ctx) {
         last = Some((n.start, n.len));
         if !cx.csum.covered(n.start, n.len) {
             cx.report(
-                F::err(P, "csum-missing")
+                F::err(P, Category::CsumMissing)
                     .tree(n.root)
                     .at(n.start)
                     .msg(format!(
@@ -196,10 +196,15 @@ pub(super) fn check(cx: &mut Ctx) {
                 None => "a nodatasum inode's extent",
             };
             if reported < 100 {
-                cx.report(F::err(P, "csum-odd").tree(f.root).at(f.start).msg(format!(
-                    "inode {}: data [{}, +{}) has checksums but is {what}",
-                    f.ino, f.start, f.len
-                )));
+                cx.report(
+                    F::err(P, Category::CsumOdd)
+                        .tree(f.root)
+                        .at(f.start)
+                        .msg(format!(
+                            "inode {}: data [{}, +{}) has checksums but is {what}",
+                            f.ino, f.start, f.len
+                        )),
+                );
             }
             reported += 1;
         }
@@ -209,7 +214,7 @@ pub(super) fn check(cx: &mut Ctx) {
         let sbf = cx.img.sb.flags.get();
         if sbf & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0 {
             cx.report(
-                F::warn(P, "data-csum")
+                F::warn(P, Category::DataCsum)
                     .msg("metadump image holds no data: data checksums not verified"),
             );
         } else {
@@ -217,11 +222,11 @@ pub(super) fn check(cx: &mut Ctx) {
                 Some(r) => r,
                 None => super::datacsum::verify_all(cx.img),
             };
-            cx.progress.phase(P, "data checksums", sectors);
+            cx.progress.phase(P.number(), "data checksums", sectors);
             cx.progress.advance(sectors);
             cx.sink.checked(P, sectors);
             for (b, m) in bad {
-                cx.report(F::err(P, "data-csum").tree(7).at(b).msg(m));
+                cx.report(F::err(P, Category::DataCsum).tree(7).at(b).msg(m));
             }
         }
     }

@@ -20,6 +20,458 @@ pub enum Severity {
     Error,
 }
 
+/// What kind of problem a [`Finding`] is: a short, stable kebab-case tag
+/// (`"superblock"`, `"extent-ref"`, `"mirror-copy"`...) in the reports, for
+/// grouping and for scripts. Reports write it as [`Category::as_str`] gives
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Category {
+    /// `backup-root`: A backup root slot of the superblock.
+    BackupRoot,
+    /// `block-group`: A block group item or its used bytes.
+    BlockGroup,
+    /// `checksum`: A tree block whose checksum does not match.
+    Checksum,
+    /// `chunk`: A chunk item, or the chunk tree.
+    Chunk,
+    /// `csum-item`: A checksum item's shape (size, alignment).
+    CsumItem,
+    /// `csum-missing`: Data that should have checksums and has none.
+    CsumMissing,
+    /// `csum-odd`: Checksums for data that must have none.
+    CsumOdd,
+    /// `csum-orphan`: Checksums of bytes no extent holds.
+    CsumOrphan,
+    /// `csum-overlap`: Checksum items covering the same bytes twice.
+    CsumOverlap,
+    /// `data-csum`: Data that does not match its checksum.
+    DataCsum,
+    /// `dev-extent`: A dev extent item.
+    DevExtent,
+    /// `dev-item`: A device item or a device's size.
+    DevItem,
+    /// `dir-link`: A directory linked more than once.
+    DirLink,
+    /// `extent-generation`: An extent item's generation from the future.
+    ExtentGeneration,
+    /// `extent-item`: An extent item's body.
+    ExtentItem,
+    /// `extent-missing`: An extent the trees use with no extent item.
+    ExtentMissing,
+    /// `extent-overlap`: Extent items over the same bytes.
+    ExtentOverlap,
+    /// `extent-placement`: An extent outside the block groups, or of the wrong type for its block group.
+    ExtentPlacement,
+    /// `extent-ref`: One back reference of an extent.
+    ExtentRef,
+    /// `extent-refs`: An extent's reference counts.
+    ExtentRefs,
+    /// `features`: The superblock's feature flags.
+    Features,
+    /// `file-extent`: A file extent item.
+    FileExtent,
+    /// `free-space`: The free space tree.
+    FreeSpace,
+    /// `free-space-stale`: A free space tree or cache that is out of date.
+    FreeSpaceStale,
+    /// `header`: A tree block's header (generation, owner, level).
+    Header,
+    /// `inode`: An inode item or its counts.
+    Inode,
+    /// `inode-cache`: Items of the removed inode cache.
+    InodeCache,
+    /// `inode-flags`: Inode flags its type cannot carry.
+    InodeFlags,
+    /// `inode-generation`: An inode's generation or transid from the future.
+    InodeGeneration,
+    /// `inode-mode`: An inode's mode (its type bits).
+    InodeMode,
+    /// `inode-nlink`: An inode's link count.
+    InodeNlink,
+    /// `item`: A tree item whose body is malformed.
+    Item,
+    /// `item-bounds`: Item offsets or sizes outside their block.
+    ItemBounds,
+    /// `key-order`: Keys out of order, or a block's first key not its parent's.
+    KeyOrder,
+    /// `log-block`: A block of a log tree.
+    LogBlock,
+    /// `log-csum`: Checksums in a log tree.
+    LogCsum,
+    /// `log-dir-range`: Directory ranges logged.
+    LogDirRange,
+    /// `log-extent`: A file extent a log tree holds.
+    LogExtent,
+    /// `log-generation`: A log tree's generation.
+    LogGeneration,
+    /// `log-root`: The log root tree.
+    LogRoot,
+    /// `log-shape`: A log tree's items.
+    LogShape,
+    /// `mirror-copy`: A damaged copy of a tree block (reads use another).
+    MirrorCopy,
+    /// `name`: Directory entries and inode back references.
+    Name,
+    /// `open`: What opening the filesystem warned about.
+    Open,
+    /// `orphan`: An orphan item.
+    Orphan,
+    /// `parent-transid`: A tree block's generation not the one its parent expects.
+    ParentTransid,
+    /// `parity`: RAID5/6 parity that does not match the data.
+    Parity,
+    /// `parity-rebuild`: Blocks read only by rebuilding them from parity.
+    ParityRebuild,
+    /// `qgroup-count`: A quota group's counts.
+    QgroupCount,
+    /// `qgroup-info`: A quota group's info item.
+    QgroupInfo,
+    /// `qgroup-item`: An item of the quota tree.
+    QgroupItem,
+    /// `qgroup-limit`: A quota group's limit item.
+    QgroupLimit,
+    /// `qgroup-relation`: A quota group relation.
+    QgroupRelation,
+    /// `qgroup-status`: The quota status item.
+    QgroupStatus,
+    /// `root-item`: A root item.
+    RootItem,
+    /// `root-orphan`: The orphan item of a deleted subvolume.
+    RootOrphan,
+    /// `root-ref`: A subvolume's root references.
+    RootRef,
+    /// `space-cache`: The v1 free space cache.
+    SpaceCache,
+    /// `superblock`: A superblock copy.
+    Superblock,
+    /// `suppressed`: Findings counted but not stored (the repair plan's note of them).
+    Suppressed,
+    /// `sys-chunk-array`: The superblock's system chunk array.
+    SysChunkArray,
+    /// `tree-shape`: A block referenced twice in one tree.
+    TreeShape,
+    /// `unknown-key`: An item of a key type the checker does not know.
+    UnknownKey,
+    /// `unreadable`: A tree block that cannot be read.
+    Unreadable,
+    /// `uuid-tree`: The UUID tree.
+    UuidTree,
+}
+
+impl Category {
+    /// A copy of a block lost (a damaged mirror copy, a block read only by
+    /// rebuilding it from parity): the image is clean, but not pristine.
+    pub fn is_lost_copy(self) -> bool {
+        match self {
+            Category::MirrorCopy | Category::ParityRebuild => true,
+            Category::BackupRoot
+            | Category::BlockGroup
+            | Category::Checksum
+            | Category::Chunk
+            | Category::CsumItem
+            | Category::CsumMissing
+            | Category::CsumOdd
+            | Category::CsumOrphan
+            | Category::CsumOverlap
+            | Category::DataCsum
+            | Category::DevExtent
+            | Category::DevItem
+            | Category::DirLink
+            | Category::ExtentGeneration
+            | Category::ExtentItem
+            | Category::ExtentMissing
+            | Category::ExtentOverlap
+            | Category::ExtentPlacement
+            | Category::ExtentRef
+            | Category::ExtentRefs
+            | Category::Features
+            | Category::FileExtent
+            | Category::FreeSpace
+            | Category::FreeSpaceStale
+            | Category::Header
+            | Category::Inode
+            | Category::InodeCache
+            | Category::InodeFlags
+            | Category::InodeGeneration
+            | Category::InodeMode
+            | Category::InodeNlink
+            | Category::Item
+            | Category::ItemBounds
+            | Category::KeyOrder
+            | Category::LogBlock
+            | Category::LogCsum
+            | Category::LogDirRange
+            | Category::LogExtent
+            | Category::LogGeneration
+            | Category::LogRoot
+            | Category::LogShape
+            | Category::Name
+            | Category::Open
+            | Category::Orphan
+            | Category::ParentTransid
+            | Category::Parity
+            | Category::QgroupCount
+            | Category::QgroupInfo
+            | Category::QgroupItem
+            | Category::QgroupLimit
+            | Category::QgroupRelation
+            | Category::QgroupStatus
+            | Category::RootItem
+            | Category::RootOrphan
+            | Category::RootRef
+            | Category::SpaceCache
+            | Category::Superblock
+            | Category::Suppressed
+            | Category::SysChunkArray
+            | Category::TreeShape
+            | Category::UnknownKey
+            | Category::Unreadable
+            | Category::UuidTree => false,
+        }
+    }
+
+    /// A damaged copy of a tree block, which reads go around (only a
+    /// warning; an image this engine wrote must have none).
+    pub fn is_damaged_copy(self) -> bool {
+        match self {
+            Category::MirrorCopy => true,
+            Category::BackupRoot
+            | Category::BlockGroup
+            | Category::Checksum
+            | Category::Chunk
+            | Category::CsumItem
+            | Category::CsumMissing
+            | Category::CsumOdd
+            | Category::CsumOrphan
+            | Category::CsumOverlap
+            | Category::DataCsum
+            | Category::DevExtent
+            | Category::DevItem
+            | Category::DirLink
+            | Category::ExtentGeneration
+            | Category::ExtentItem
+            | Category::ExtentMissing
+            | Category::ExtentOverlap
+            | Category::ExtentPlacement
+            | Category::ExtentRef
+            | Category::ExtentRefs
+            | Category::Features
+            | Category::FileExtent
+            | Category::FreeSpace
+            | Category::FreeSpaceStale
+            | Category::Header
+            | Category::Inode
+            | Category::InodeCache
+            | Category::InodeFlags
+            | Category::InodeGeneration
+            | Category::InodeMode
+            | Category::InodeNlink
+            | Category::Item
+            | Category::ItemBounds
+            | Category::KeyOrder
+            | Category::LogBlock
+            | Category::LogCsum
+            | Category::LogDirRange
+            | Category::LogExtent
+            | Category::LogGeneration
+            | Category::LogRoot
+            | Category::LogShape
+            | Category::Name
+            | Category::Open
+            | Category::Orphan
+            | Category::ParentTransid
+            | Category::Parity
+            | Category::ParityRebuild
+            | Category::QgroupCount
+            | Category::QgroupInfo
+            | Category::QgroupItem
+            | Category::QgroupLimit
+            | Category::QgroupRelation
+            | Category::QgroupStatus
+            | Category::RootItem
+            | Category::RootOrphan
+            | Category::RootRef
+            | Category::SpaceCache
+            | Category::Superblock
+            | Category::Suppressed
+            | Category::SysChunkArray
+            | Category::TreeShape
+            | Category::UnknownKey
+            | Category::Unreadable
+            | Category::UuidTree => false,
+        }
+    }
+
+    /// The tag the reports write (JSON and text).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Category::BackupRoot => "backup-root",
+            Category::BlockGroup => "block-group",
+            Category::Checksum => "checksum",
+            Category::Chunk => "chunk",
+            Category::CsumItem => "csum-item",
+            Category::CsumMissing => "csum-missing",
+            Category::CsumOdd => "csum-odd",
+            Category::CsumOrphan => "csum-orphan",
+            Category::CsumOverlap => "csum-overlap",
+            Category::DataCsum => "data-csum",
+            Category::DevExtent => "dev-extent",
+            Category::DevItem => "dev-item",
+            Category::DirLink => "dir-link",
+            Category::ExtentGeneration => "extent-generation",
+            Category::ExtentItem => "extent-item",
+            Category::ExtentMissing => "extent-missing",
+            Category::ExtentOverlap => "extent-overlap",
+            Category::ExtentPlacement => "extent-placement",
+            Category::ExtentRef => "extent-ref",
+            Category::ExtentRefs => "extent-refs",
+            Category::Features => "features",
+            Category::FileExtent => "file-extent",
+            Category::FreeSpace => "free-space",
+            Category::FreeSpaceStale => "free-space-stale",
+            Category::Header => "header",
+            Category::Inode => "inode",
+            Category::InodeCache => "inode-cache",
+            Category::InodeFlags => "inode-flags",
+            Category::InodeGeneration => "inode-generation",
+            Category::InodeMode => "inode-mode",
+            Category::InodeNlink => "inode-nlink",
+            Category::Item => "item",
+            Category::ItemBounds => "item-bounds",
+            Category::KeyOrder => "key-order",
+            Category::LogBlock => "log-block",
+            Category::LogCsum => "log-csum",
+            Category::LogDirRange => "log-dir-range",
+            Category::LogExtent => "log-extent",
+            Category::LogGeneration => "log-generation",
+            Category::LogRoot => "log-root",
+            Category::LogShape => "log-shape",
+            Category::MirrorCopy => "mirror-copy",
+            Category::Name => "name",
+            Category::Open => "open",
+            Category::Orphan => "orphan",
+            Category::ParentTransid => "parent-transid",
+            Category::Parity => "parity",
+            Category::ParityRebuild => "parity-rebuild",
+            Category::QgroupCount => "qgroup-count",
+            Category::QgroupInfo => "qgroup-info",
+            Category::QgroupItem => "qgroup-item",
+            Category::QgroupLimit => "qgroup-limit",
+            Category::QgroupRelation => "qgroup-relation",
+            Category::QgroupStatus => "qgroup-status",
+            Category::RootItem => "root-item",
+            Category::RootOrphan => "root-orphan",
+            Category::RootRef => "root-ref",
+            Category::SpaceCache => "space-cache",
+            Category::Superblock => "superblock",
+            Category::Suppressed => "suppressed",
+            Category::SysChunkArray => "sys-chunk-array",
+            Category::TreeShape => "tree-shape",
+            Category::UnknownKey => "unknown-key",
+            Category::Unreadable => "unreadable",
+            Category::UuidTree => "uuid-tree",
+        }
+    }
+}
+
+impl std::fmt::Display for Category {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Category {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// A category against its tag, for scripts and tests that hold the tag.
+impl PartialEq<str> for Category {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+/// A category against its tag, for scripts and tests that hold the tag.
+impl PartialEq<&str> for Category {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// A phase of the check, numbered 1 to 9 in the order a report lists them
+/// ([`PHASES`]); reports write the number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum Phase {
+    /// Of no phase: the repair plan's note of findings not stored.
+    #[default]
+    None = 0,
+    /// 1: superblocks.
+    Superblocks = 1,
+    /// 2: chunks, devices, block groups.
+    Chunks = 2,
+    /// 3: tree blocks.
+    TreeBlocks = 3,
+    /// 4: extent tree.
+    Extents = 4,
+    /// 5: free space tree and cache.
+    FreeSpace = 5,
+    /// 6: subvolumes.
+    Subvolumes = 6,
+    /// 7: checksums.
+    Checksums = 7,
+    /// 8: log trees.
+    Logs = 8,
+    /// 9: quota groups.
+    Qgroups = 9,
+}
+
+impl Phase {
+    /// Every phase 1 to 9, in order.
+    pub const ALL: [Phase; 9] = [
+        Phase::Superblocks,
+        Phase::Chunks,
+        Phase::TreeBlocks,
+        Phase::Extents,
+        Phase::FreeSpace,
+        Phase::Subvolumes,
+        Phase::Checksums,
+        Phase::Logs,
+        Phase::Qgroups,
+    ];
+
+    /// Its number, 1 to 9 (0 for [`Phase::None`]).
+    pub const fn number(self) -> u8 {
+        self as u8
+    }
+
+    /// Its name, as [`PHASES`] lists it (`"?"` for [`Phase::None`]).
+    pub fn name(self) -> &'static str {
+        phase_name(self.number())
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.number())
+    }
+}
+
+impl Serialize for Phase {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_u8(self.number())
+    }
+}
+
+/// A phase against its number.
+impl PartialEq<u8> for Phase {
+    fn eq(&self, other: &u8) -> bool {
+        self.number() == *other
+    }
+}
+
 /// The phases, in the order a report lists them.
 pub const PHASES: [(u8, &str); 9] = [
     (1, "superblocks"),
@@ -49,10 +501,9 @@ pub fn phase_name(p: u8) -> &'static str {
 #[derive(Clone, Debug, Serialize)]
 pub struct Finding {
     /// Phase that found it, 1 to 9 (see [`PHASES`]).
-    pub phase: u8,
-    /// Short, stable kebab-case tag of the kind of problem (`"superblock"`,
-    /// `"extent-ref"`, `"mirror-copy"`...), for grouping and for scripts.
-    pub category: &'static str,
+    pub phase: Phase,
+    /// The kind of problem.
+    pub category: Category,
     /// Whether this makes the image unclean.
     pub severity: Severity,
     /// Tree id the finding is about, when it is about one tree.
@@ -640,7 +1091,7 @@ impl Repair {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PhaseSummary {
     /// Phase number, 1 to 9.
-    pub phase: u8,
+    pub phase: Phase,
     /// Phase name, as [`phase_name`] gives it.
     pub name: &'static str,
     /// Things examined (superblocks, blocks, items, extents, inodes, bytes...).
@@ -752,11 +1203,7 @@ impl Report {
     /// image this engine wrote must be (a damaged DUP copy is only a
     /// warning to a user, since reads use the good one).
     pub fn is_pristine(&self) -> bool {
-        self.is_clean()
-            && !self
-                .findings
-                .iter()
-                .any(|f| f.category == "mirror-copy" || f.category == "parity-rebuild")
+        self.is_clean() && !self.findings.iter().any(|f| f.category.is_lost_copy())
     }
 }
 
@@ -778,10 +1225,11 @@ pub(crate) struct Sink {
 impl Sink {
     pub fn new() -> Sink {
         let mut phases: [PhaseSummary; 10] = Default::default();
-        for (i, p) in phases.iter_mut().enumerate() {
-            p.phase = i as u8;
-            p.name = phase_name(i as u8);
+        for (i, p) in phases.iter_mut().enumerate().skip(1) {
+            p.phase = Phase::ALL[i - 1];
+            p.name = p.phase.name();
         }
+        phases[0].name = Phase::None.name();
         Sink {
             findings: Vec::new(),
             stored: [0; 10],
@@ -795,7 +1243,7 @@ impl Sink {
     }
 
     pub fn push(&mut self, f: Finding) {
-        let p = (f.phase as usize).min(9);
+        let p = f.phase.number() as usize;
         match f.severity {
             Severity::Error => self.phases[p].errors += 1,
             Severity::Warning => self.phases[p].warnings += 1,
@@ -808,18 +1256,18 @@ impl Sink {
         }
     }
 
-    pub fn checked(&mut self, phase: u8, n: u64) {
-        let p = (phase as usize).min(9);
+    pub fn checked(&mut self, phase: Phase, n: u64) {
+        let p = phase.number() as usize;
         self.phases[p].checked += n;
         self.phases[p].ran = true;
     }
 
-    pub fn ran(&mut self, phase: u8) {
-        self.phases[(phase as usize).min(9)].ran = true;
+    pub fn ran(&mut self, phase: Phase) {
+        self.phases[phase.number() as usize].ran = true;
     }
 
-    pub fn add_millis(&mut self, phase: u8, ms: u64) {
-        self.phases[(phase as usize).min(9)].millis += ms;
+    pub fn add_millis(&mut self, phase: Phase, ms: u64) {
+        self.phases[phase.number() as usize].millis += ms;
     }
 
     pub fn into_report(mut self) -> Report {
@@ -842,11 +1290,11 @@ impl Sink {
     }
 }
 
-/// Builder sugar: `F::err(4, "extent-ref").tree(5).at(b).key(k).msg(..)`.
+/// Builder sugar: `F::err(Phase::Extents, Category::ExtentRef).tree(5).at(b).key(k).msg(..)`.
 pub(crate) struct F(Finding);
 
 impl F {
-    pub fn err(phase: u8, category: &'static str) -> F {
+    pub fn err(phase: Phase, category: Category) -> F {
         F(Finding {
             phase,
             category,
@@ -858,7 +1306,7 @@ impl F {
             repair: None,
         })
     }
-    pub fn warn(phase: u8, category: &'static str) -> F {
+    pub fn warn(phase: Phase, category: Category) -> F {
         let mut f = F::err(phase, category);
         f.0.severity = Severity::Warning;
         f
@@ -886,5 +1334,48 @@ impl F {
     pub fn msg(mut self, m: impl Into<String>) -> Finding {
         self.0.message = m.into();
         self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_and_numbers_are_reported_as_before() {
+        // Every category's tag is the kebab-case of its name.
+        let all = [
+            Category::BackupRoot,
+            Category::ExtentRefs,
+            Category::FreeSpaceStale,
+            Category::LogDirRange,
+            Category::MirrorCopy,
+            Category::SysChunkArray,
+            Category::Suppressed,
+        ];
+        for c in all {
+            let mut kebab = String::new();
+            for (i, ch) in format!("{c:?}").chars().enumerate() {
+                if ch.is_ascii_uppercase() && i > 0 {
+                    kebab.push('-');
+                }
+                kebab.push(ch.to_ascii_lowercase());
+            }
+            assert_eq!(c.as_str(), kebab);
+            assert_eq!(c.to_string(), kebab);
+            assert_eq!(serde_json::to_string(&c).unwrap(), format!("\"{kebab}\""));
+            assert!(c == kebab.as_str());
+        }
+        for (i, p) in Phase::ALL.into_iter().enumerate() {
+            assert_eq!(p.number() as usize, i + 1);
+            assert_eq!(p.name(), PHASES[i].1);
+            assert_eq!(serde_json::to_string(&p).unwrap(), (i + 1).to_string());
+        }
+        let f = F::warn(Phase::TreeBlocks, Category::MirrorCopy).msg("m");
+        let j = serde_json::to_string(&f).unwrap();
+        assert!(
+            j.starts_with(r#"{"phase":3,"category":"mirror-copy","severity":"warning""#),
+            "{j}"
+        );
     }
 }

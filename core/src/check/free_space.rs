@@ -3,14 +3,14 @@
 //! an extent count that matches, and free space that is exactly the group
 //! minus its extents and the superblock copies it contains.
 
-use super::findings::{Repair, F};
+use super::findings::{Category, Phase, Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::free_space::bitmap_ranges;
 use crate::format::item::{decode, ItemBody};
 use crate::tree::Node;
 
-const P: u8 = 5;
+const P: Phase = Phase::FreeSpace;
 const T: u64 = BTRFS_FREE_SPACE_TREE_OBJECTID;
 
 #[derive(Clone, Copy, Debug)]
@@ -56,7 +56,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
                 let is_bitmap = k.ty == BTRFS_FREE_SPACE_BITMAP_KEY;
                 if !inside {
                     cx.report(
-                        F::err(P, "free-space")
+                        F::err(P, Category::FreeSpace)
                             .fix(Repair::RebuildFreeSpaceTree)
                             .tree(T)
                             .at(node.bytenr)
@@ -67,7 +67,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
                 }
                 if cur.is_some_and(|i| i.bitmaps != is_bitmap) {
                     cx.report(
-                        F::err(P, "free-space")
+                        F::err(P, Category::FreeSpace)
                             .fix(Repair::RebuildFreeSpaceTree)
                             .tree(T)
                             .at(node.bytenr)
@@ -81,7 +81,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
                 }
                 if k.offset == 0 {
                     cx.report(
-                        F::err(P, "free-space")
+                        F::err(P, Category::FreeSpace)
                             .fix(Repair::RebuildFreeSpaceTree)
                             .tree(T)
                             .at(node.bytenr)
@@ -94,7 +94,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
                     let bits = k.offset / ss.max(1);
                     if (d.len() as u64) != bits.div_ceil(8) {
                         cx.report(
-                            F::err(P, "free-space")
+                            F::err(P, Category::FreeSpace)
                                 .fix(Repair::RebuildFreeSpaceTree)
                                 .tree(T)
                                 .at(node.bytenr)
@@ -114,7 +114,7 @@ pub(super) fn on_leaf(cx: &mut Ctx, node: &Node) {
                 }
             }
             _ => cx.report(
-                F::err(P, "free-space")
+                F::err(P, Category::FreeSpace)
                     .fix(Repair::RebuildFreeSpaceTree)
                     .tree(T)
                     .at(node.bytenr)
@@ -156,7 +156,7 @@ pub(super) fn check(cx: &mut Ctx) {
             // them since February 2026 (fsck-tests 058) and its --repair
             // removes them. The kernel never looks them up.
             cx.report(
-                F::err(P, "free-space-stale")
+                F::err(P, Category::FreeSpaceStale)
                     .fix(Repair::RebuildFreeSpaceTree)
                     .tree(T)
                     .at(i.start)
@@ -176,7 +176,7 @@ pub(super) fn check(cx: &mut Ctx) {
     for b in &bgs {
         let Some(info) = infos.iter().find(|i| i.start == b.start) else {
             cx.report(
-                F::err(P, "free-space")
+                F::err(P, Category::FreeSpace)
                     .fix(Repair::RebuildFreeSpaceTree)
                     .tree(T)
                     .at(b.start)
@@ -200,7 +200,7 @@ pub(super) fn check(cx: &mut Ctx) {
         }
         if have.len() as u64 != info.count as u64 {
             cx.report(
-                F::err(P, "free-space")
+                F::err(P, Category::FreeSpace)
                     .fix(Repair::RebuildFreeSpaceTree)
                     .tree(T)
                     .at(b.start)
@@ -221,7 +221,7 @@ pub(super) fn check(cx: &mut Ctx) {
             if reported < 50 {
                 reported += 1;
                 let in_tree = have.iter().any(|&(hs, he)| hs < b && a < he);
-                cx.report(F::err(P, "free-space").fix(Repair::RebuildFreeSpaceTree).tree(T).at(a).msg(format!(
+                cx.report(F::err(P, Category::FreeSpace).fix(Repair::RebuildFreeSpaceTree).tree(T).at(a).msg(format!(
                     "block group {}+{}: [{a}, {b}) is {} in the free space tree but {} in the extent tree",
                     s,
                     e - s,

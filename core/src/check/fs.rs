@@ -5,7 +5,7 @@
 //! every name needs its DIR_ITEM, DIR_INDEX and INODE_REF/EXTREF, agreeing.
 
 use super::csums::{Forbid, Need};
-use super::findings::{Repair, F};
+use super::findings::{Category, Phase, Repair, F};
 use super::names::{name_errors, name_fixes, Names, Record};
 use super::{Ctx, RootRec};
 use crate::format::consts::*;
@@ -16,7 +16,7 @@ use crate::format::key::Key;
 use crate::tree::Node;
 use std::collections::{HashMap, HashSet};
 
-const P: u8 = 6;
+const P: Phase = Phase::Subvolumes;
 
 use crate::fs::inode::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 /// Type, set-id, sticky and permission bits: anything else in a mode is unknown.
@@ -117,7 +117,7 @@ impl FsTree {
         self.lost = true;
     }
 
-    fn err(&self, cat: &'static str) -> F {
+    fn err(&self, cat: Category) -> F {
         F::err(P, cat).tree(self.root)
     }
 
@@ -152,7 +152,7 @@ impl FsTree {
         }
         if ino == BTRFS_FREE_INO_OBJECTID || ino == BTRFS_FREE_SPACE_OBJECTID {
             self.out.push(
-                self.err("inode-cache")
+                self.err(Category::InodeCache)
                     .at(bytenr)
                     .key(k)
                     .fix(Repair::ClearInodeCache { tree: self.root })
@@ -161,11 +161,15 @@ impl FsTree {
             return;
         }
         if !(BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&ino) {
-            self.out
-                .push(self.err("unknown-key").at(bytenr).key(k).msg(format!(
-                    "unexpected objectid {} in a subvolume tree",
-                    ino as i64
-                )));
+            self.out.push(
+                self.err(Category::UnknownKey)
+                    .at(bytenr)
+                    .key(k)
+                    .msg(format!(
+                        "unexpected objectid {} in a subvolume tree",
+                        ino as i64
+                    )),
+            );
             return;
         }
         let body = match k.ty {
@@ -183,7 +187,7 @@ impl FsTree {
             BTRFS_VERITY_DESC_ITEM_KEY | BTRFS_VERITY_MERKLE_ITEM_KEY => return,
             t => {
                 self.out.push(
-                    self.err("unknown-key")
+                    self.err(Category::UnknownKey)
                         .at(bytenr)
                         .key(k)
                         .msg(format!("unknown item type {t} in a subvolume tree")),
@@ -204,7 +208,7 @@ impl FsTree {
                 };
                 if ftype_of_mode(mode).is_none() {
                     self.out.push(
-                        self.err("inode-mode")
+                        self.err(Category::InodeMode)
                             .at(bytenr)
                             .key(k)
                             .fix(fix)
@@ -212,7 +216,7 @@ impl FsTree {
                     );
                 } else if mode & !VALID_MODE_BITS != 0 {
                     self.out.push(
-                        self.err("inode-mode")
+                        self.err(Category::InodeMode)
                             .at(bytenr)
                             .key(k)
                             .fix(fix)
@@ -223,15 +227,19 @@ impl FsTree {
                     );
                 }
                 if mode & S_IFMT == S_IFDIR && ii.nlink.get() > 1 {
-                    self.out
-                        .push(self.err("inode-nlink").at(bytenr).key(k).msg(format!(
-                            "directory {ino} has nlink {} (a directory has no hard links)",
-                            ii.nlink.get()
-                        )));
+                    self.out.push(
+                        self.err(Category::InodeNlink)
+                            .at(bytenr)
+                            .key(k)
+                            .msg(format!(
+                                "directory {ino} has nlink {} (a directory has no hard links)",
+                                ii.nlink.get()
+                            )),
+                    );
                 }
                 if ii.generation.get() > gen_limit || ii.transid.get() > gen_limit {
                     self.out.push(
-                        self.err("inode-generation")
+                        self.err(Category::InodeGeneration)
                             .at(bytenr)
                             .key(k)
                             .fix(Repair::InodeGeneration {
@@ -250,9 +258,9 @@ impl FsTree {
                 let flags = ii.flags.get();
                 for (sev, m, clear) in inode_flag_problems(mode, flags) {
                     let mut f = if sev {
-                        self.err("inode-flags")
+                        self.err(Category::InodeFlags)
                     } else {
-                        F::warn(P, "inode-flags").tree(self.root)
+                        F::warn(P, Category::InodeFlags).tree(self.root)
                     };
                     // Flags the kernel refuses or the type cannot carry
                     // mean nothing for the data: cleared.
@@ -273,7 +281,7 @@ impl FsTree {
                 {
                     // Items sorted before the inode item are impossible in a valid tree.
                     self.out.push(
-                        self.err("inode")
+                        self.err(Category::Inode)
                             .at(bytenr)
                             .key(k)
                             .msg(format!("inode {ino} has items before its inode item")),
@@ -299,7 +307,7 @@ impl FsTree {
                     if k.offset == ino && ino == self.root_dirid && e.name == b".." {
                         if e.index != 0 {
                             self.out
-                                .push(self.err("name").at(bytenr).key(k).msg(format!(
+                                .push(self.err(Category::Name).at(bytenr).key(k).msg(format!(
                                     "root directory {ino} '..' ref has index {} (must be 0)",
                                     e.index
                                 )));
@@ -320,7 +328,7 @@ impl FsTree {
                 for e in v {
                     if extref_hash(e.parent, e.name) != k.offset {
                         self.out
-                            .push(self.err("name").at(bytenr).key(k).msg(format!(
+                            .push(self.err(Category::Name).at(bytenr).key(k).msg(format!(
                                 "inode {ino} extref key offset is not the hash of its name"
                             )));
                     }
@@ -352,7 +360,7 @@ impl FsTree {
                         // where it belongs when its other records agree
                         // (it does not count as this name's DIR_ITEM).
                         let loc = Key::from(&e.item.location);
-                        let mut f = self.err("name").at(bytenr).key(k);
+                        let mut f = self.err(Category::Name).at(bytenr).key(k);
                         if !is_xattr && loc.ty == BTRFS_INODE_ITEM_KEY {
                             f = f.fix(Repair::RemoveDirEntry {
                                 tree: self.root,
@@ -371,14 +379,14 @@ impl FsTree {
                     }
                     if is_xattr && e.name.is_empty() {
                         self.out
-                            .push(self.err("name").at(bytenr).key(k).msg("empty name"));
+                            .push(self.err(Category::Name).at(bytenr).key(k).msg("empty name"));
                     }
                     if !is_xattr {
                         self.refused_name(bytenr, k, ino, e.name);
                     }
                     if v[..i].iter().any(|x| x.name == e.name) {
                         self.out
-                            .push(self.err("name").at(bytenr).key(k).msg(format!(
+                            .push(self.err(Category::Name).at(bytenr).key(k).msg(format!(
                                 "duplicate name '{}' in directory {ino}",
                                 String::from_utf8_lossy(e.name)
                             )));
@@ -392,7 +400,7 @@ impl FsTree {
                     let ft = e.item.type_ & !BTRFS_FT_ENCRYPTED;
                     if ft == BTRFS_FT_UNKNOWN || ft >= BTRFS_FT_XATTR {
                         self.out
-                            .push(self.err("name").at(bytenr).key(k).msg(format!(
+                            .push(self.err(Category::Name).at(bytenr).key(k).msg(format!(
                                 "dir entry '{}' has invalid type {ft}",
                                 String::from_utf8_lossy(e.name)
                             )));
@@ -417,7 +425,7 @@ impl FsTree {
                             }
                         }
                         t => self.out.push(
-                            self.err("name")
+                            self.err(Category::Name)
                                 .at(bytenr)
                                 .key(k)
                                 .msg(format!("dir entry location has key type {t}")),
@@ -456,7 +464,7 @@ impl FsTree {
         if generation > self.gen.saturating_add(1) {
             // btrfs check counts it against the extent it uses.
             self.out.push(
-                self.err("extent-generation")
+                self.err(Category::ExtentGeneration)
                     .at(bytenr)
                     .key(k)
                     .fix(Repair::FileExtentGeneration {
@@ -593,7 +601,7 @@ impl FsTree {
         }
         c.extent_end = k.offset.saturating_add(num_bytes);
         for m in bad {
-            let mut e = self.err("file-extent").at(bytenr).key(k);
+            let mut e = self.err(Category::FileExtent).at(bytenr).key(k);
             if let Some(r) = &fix {
                 e = e.fix(r.clone());
             }
@@ -615,7 +623,7 @@ impl FsTree {
     fn refused_name(&mut self, bytenr: u64, k: Key, dir: u64, name: &[u8]) {
         if let Some(why) = crate::format::dir::name_fault(name) {
             self.out
-                .push(self.err("name").at(bytenr).key(k).msg(format!(
+                .push(self.err(Category::Name).at(bytenr).key(k).msg(format!(
                     "directory {dir}: name \"{}\" {why}, a name the kernel refuses",
                     crate::log::inspect::escape_bytes(name)
                 )));
@@ -640,7 +648,7 @@ impl FsTree {
         let Some(f) = c.item else {
             if !self.lost {
                 self.out.push(
-                    self.err("inode")
+                    self.err(Category::Inode)
                         .opt_key(c.first_key)
                         .fix(Repair::RecreateInodeItem {
                             tree: self.root,
@@ -724,7 +732,7 @@ impl FsTree {
             }
         }
         for (m, fix) in errs {
-            let mut e = self.err("inode").opt_key(c.first_key);
+            let mut e = self.err(Category::Inode).opt_key(c.first_key);
             if let Some(r) = fix {
                 e = e.fix(r);
             }
@@ -740,20 +748,20 @@ impl FsTree {
         self.names.end_of_tree();
         let mut out = Vec::new();
         match self.root_facts {
-            None if !self.lost => out.push(self.err("inode").msg(format!(
+            None if !self.lost => out.push(self.err(Category::Inode).msg(format!(
                 "root directory {} has no inode item",
                 self.root_dirid
             ))),
             Some((mode, nlink)) if self.link_checks => {
                 if mode & S_IFMT != S_IFDIR {
-                    out.push(self.err("inode-mode").msg(format!(
+                    out.push(self.err(Category::InodeMode).msg(format!(
                         "root directory {} is not a directory (mode 0{mode:o})",
                         self.root_dirid
                     )));
                 }
                 if nlink != 1 && mode & S_IFMT == S_IFDIR {
                     out.push(
-                        self.err("inode-nlink")
+                        self.err(Category::InodeNlink)
                             .fix(Repair::SetNlink {
                                 tree: self.root,
                                 ino: self.root_dirid,
@@ -766,7 +774,7 @@ impl FsTree {
                     );
                 }
                 if !self.root_dotdot && !self.lost {
-                    out.push(self.err("name").msg(format!(
+                    out.push(self.err(Category::Name).msg(format!(
                         "root directory {} has no '..' INODE_REF",
                         self.root_dirid
                     )));
@@ -795,7 +803,7 @@ impl FsTree {
                     "is for an inode with links (an unfinished fs-verity build, or a truncate of a kernel before 4.18): the kernel drops the item and any fs-verity items"
                 };
                 out.push(
-                    super::findings::F::warn(6, "orphan")
+                    super::findings::F::warn(Phase::Subvolumes, Category::Orphan)
                         .tree(self.root)
                         .key(Key::new(BTRFS_ORPHAN_OBJECTID, BTRFS_ORPHAN_ITEM_KEY, ino))
                         .fix(Repair::OrphanCleanup {
@@ -813,7 +821,7 @@ impl FsTree {
         // problem, reported with the names.
         for ino in std::mem::take(&mut self.unlinked) {
             if !self.orphans.contains(&ino) {
-                let mut e = self.err("orphan");
+                let mut e = self.err(Category::Orphan);
                 if !self.names.named(ino) && !self.lost {
                     e = e.fix(Repair::DeleteUnlinkedInode {
                         tree: self.root,
@@ -824,7 +832,7 @@ impl FsTree {
             }
         }
         for (ino, nlink) in std::mem::take(&mut self.unnamed) {
-            let mut e = self.err("inode");
+            let mut e = self.err(Category::Inode);
             if !self.names.named(ino) {
                 e = e.fix(Repair::LinkToLostFound {
                     tree: self.root,
@@ -875,7 +883,7 @@ impl FsTree {
                 None => Key::new(p, BTRFS_DIR_ITEM_KEY, hash as u64),
             };
             self.out.push(
-                self.err("dir-link")
+                self.err(Category::DirLink)
                     .key(key)
                     .msg(format!("directory {p}: entry for directory {ch} {what}")),
             );
@@ -887,12 +895,12 @@ impl FsTree {
             let errs = name_errors(&g, child, parent);
             let fixes = name_fixes(self.root, key, &g, child, parent, self.names.confirmed(ch));
             for (i, e) in errs.into_iter().enumerate() {
-                let mut f = self.err("name");
+                let mut f = self.err(Category::Name);
                 // Every repair of the group rides on its first finding.
                 if i == 0 {
                     for r in fixes.iter().skip(1) {
                         self.out.push(
-                            self.err("name")
+                            self.err(Category::Name)
                                 .fix(r.clone())
                                 .msg(format!("name in directory {p} for inode {ch} (also)")),
                         );
@@ -923,14 +931,14 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
     for (&(parent, child), r) in &refs {
         match backrefs.get(&(parent, child)) {
             None => cx.report(
-                F::err(P, "root-ref")
+                F::err(P, Category::RootRef)
                     .tree(1)
                     .key(r.key)
                     .msg(format!("root ref {parent} -> {child} has no root backref")),
             ),
             Some(b) => {
                 if b.dirid != r.dirid || b.sequence != r.sequence || b.name != r.name {
-                    cx.report(F::err(P, "root-ref").tree(1).key(r.key).msg(format!(
+                    cx.report(F::err(P, Category::RootRef).tree(1).key(r.key).msg(format!(
                         "root ref and backref of {parent} -> {child} disagree"
                     )));
                 }
@@ -940,7 +948,7 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
     for (&(parent, child), b) in &backrefs {
         if !refs.contains_key(&(parent, child)) {
             cx.report(
-                F::err(P, "root-ref")
+                F::err(P, Category::RootRef)
                     .tree(1)
                     .key(b.key)
                     .msg(format!("root backref {child} <- {parent} has no root ref")),
@@ -961,7 +969,7 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
         .collect();
     for id in &live {
         if !backrefs.keys().any(|(_, c)| c == id) {
-            cx.report(F::err(P, "root-ref").tree(*id).msg(format!(
+            cx.report(F::err(P, Category::RootRef).tree(*id).msg(format!(
                 "subvolume {id} has no root backref: it is not linked anywhere"
             )));
         }
@@ -979,24 +987,34 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
         }
         let refs = r.item.refs.get();
         if refs > 1 {
-            found.push(F::err(P, "root-ref").tree(id).key(r.key).msg(format!(
+            found.push(
+                F::err(P, Category::RootRef)
+                    .tree(id)
+                    .key(r.key)
+                    .msg(format!(
                 "subvolume {id} root item has refs {refs}; a subvolume is linked at most once"
-            )));
+            )),
+            );
         }
         if refs == 0 {
             if !cx.orphan_roots.contains(&id) {
                 orphans_missing.push((id, r.key));
             }
             if let Some((p, _)) = backrefs.keys().find(|(_, c)| *c == id) {
-                found.push(F::err(P, "root-ref").tree(id).key(r.key).msg(format!(
-                    "deleted subvolume {id} (root item refs 0) is still linked from {p}"
-                )));
+                found.push(
+                    F::err(P, Category::RootRef)
+                        .tree(id)
+                        .key(r.key)
+                        .msg(format!(
+                            "deleted subvolume {id} (root item refs 0) is still linked from {p}"
+                        )),
+                );
             }
         }
     }
     for &id in &cx.orphan_roots {
         if !cx.roots.iter().any(|r| r.id() == id) {
-            found.push(F::warn(P, "root-orphan").tree(id).msg(format!(
+            found.push(F::warn(P, Category::RootOrphan).tree(id).msg(format!(
                 "orphan item for subvolume {id}, which has no root item"
             )));
         }
@@ -1005,7 +1023,7 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
         cx.report(f);
     }
     for (id, key) in orphans_missing {
-        cx.report(F::err(P, "root-orphan").tree(id).key(key).fix(Repair::AddRootOrphan { tree: id }).msg(format!(
+        cx.report(F::err(P, Category::RootOrphan).tree(id).key(key).fix(Repair::AddRootOrphan { tree: id }).msg(format!(
             "deleted subvolume {id} (root item refs 0) has no orphan item in the root tree: it would never be dropped"
         )));
     }
@@ -1020,9 +1038,14 @@ pub(super) fn check_root_refs(cx: &mut Ctx) {
                 .iter()
                 .any(|d| d.tree == *parent && d.child == *child && d.dir == r.dirid);
             if !ok && live.contains(child) {
-                cx.report(F::err(P, "root-ref").tree(*parent).key(r.key).msg(format!(
-                    "root ref {parent} -> {child} has no directory entry"
-                )));
+                cx.report(
+                    F::err(P, Category::RootRef)
+                        .tree(*parent)
+                        .key(r.key)
+                        .msg(format!(
+                            "root ref {parent} -> {child} has no directory entry"
+                        )),
+                );
             }
         }
     }

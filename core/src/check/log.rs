@@ -5,7 +5,7 @@
 //! inside data block groups and carry checksums (in the log or the csum
 //! tree), and dir-log ranges must be ordered.
 
-use super::findings::F;
+use super::findings::{Category, Phase, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::file_extent::FileExtent;
@@ -15,7 +15,7 @@ use crate::log::reader::{
 };
 use std::collections::HashSet;
 
-const P: u8 = 8;
+const P: Phase = Phase::Logs;
 const LOG: u64 = BTRFS_TREE_LOG_OBJECTID;
 
 pub(super) fn check(cx: &mut Ctx) {
@@ -31,7 +31,7 @@ pub(super) fn check(cx: &mut Ctx) {
         Ok(None) => return,
         Err(e) => {
             cx.report(
-                F::err(P, "log-block")
+                F::err(P, Category::LogBlock)
                     .tree(LOG)
                     .at(cx.img.sb.log_root.get())
                     .msg(format!("log unreadable: {e}")),
@@ -43,7 +43,7 @@ pub(super) fn check(cx: &mut Ctx) {
     blocks(cx, &read.root_tree, LOG);
     if let Some(g) = read.root_tree.root_block_generation {
         if g != want_gen {
-            cx.report(F::err(P, "log-generation").tree(LOG).at(read.root_tree.root.bytenr).msg(format!(
+            cx.report(F::err(P, Category::LogGeneration).tree(LOG).at(read.root_tree.root.bytenr).msg(format!(
                 "log root tree generation {g} but replay requires the superblock's generation + 1 ({want_gen})"
             )));
         }
@@ -53,7 +53,7 @@ pub(super) fn check(cx: &mut Ctx) {
         let subvol = k.offset;
         if k.objectid != LOG {
             cx.report(
-                F::err(P, "log-root")
+                F::err(P, Category::LogRoot)
                     .tree(LOG)
                     .key(*k)
                     .msg("unexpected root item in the log root tree"),
@@ -61,13 +61,18 @@ pub(super) fn check(cx: &mut Ctx) {
             continue;
         }
         if !fs_roots.contains(&subvol) {
-            cx.report(F::err(P, "log-root").tree(subvol).key(*k).msg(format!(
-                "log tree for subvolume {subvol}, which does not exist"
-            )));
+            cx.report(
+                F::err(P, Category::LogRoot)
+                    .tree(subvol)
+                    .key(*k)
+                    .msg(format!(
+                        "log tree for subvolume {subvol}, which does not exist"
+                    )),
+            );
         }
         if ri.generation.get() > want_gen {
             cx.report(
-                F::err(P, "log-generation")
+                F::err(P, Category::LogGeneration)
                     .tree(subvol)
                     .key(*k)
                     .msg(format!(
@@ -78,7 +83,7 @@ pub(super) fn check(cx: &mut Ctx) {
         }
         if ri.level >= BTRFS_MAX_LEVEL {
             cx.report(
-                F::err(P, "log-root")
+                F::err(P, Category::LogRoot)
                     .tree(subvol)
                     .key(*k)
                     .msg("log tree level too high"),
@@ -101,23 +106,23 @@ pub(super) fn check(cx: &mut Ctx) {
 fn blocks(cx: &mut Ctx, read: &TreeRead, tree: u64) {
     for p in &read.problems {
         let f = match p.class {
-            ProblemClass::Revisit => F::err(P, "log-shape")
+            ProblemClass::Revisit => F::err(P, Category::LogShape)
                 .tree(tree)
                 .at(p.bytenr)
                 .msg(format!("log block {} is referenced twice", p.bytenr)),
-            ProblemClass::Unreadable => F::err(P, "log-block")
+            ProblemClass::Unreadable => F::err(P, Category::LogBlock)
                 .tree(tree)
                 .at(p.bytenr)
                 .opt_key(p.key)
                 .msg(format!("log {}", p.message)),
-            ProblemClass::Damaged => F::err(P, "log-block")
+            ProblemClass::Damaged => F::err(P, Category::LogBlock)
                 .tree(tree)
                 .at(p.bytenr)
                 .opt_key(p.key)
                 .msg(p.message.clone()),
             // An undecodable log root item; item bounds inside log trees are
             // already block problems.
-            ProblemClass::Item if tree == LOG => F::err(P, "log-root")
+            ProblemClass::Item if tree == LOG => F::err(P, Category::LogRoot)
                 .tree(LOG)
                 .at(p.bytenr)
                 .opt_key(p.key)
@@ -125,7 +130,7 @@ fn blocks(cx: &mut Ctx, read: &TreeRead, tree: u64) {
             // A logged file extent beyond the format's bounds (the
             // reader's check, which replay fails on).
             ProblemClass::Item if p.key.is_some_and(|k| k.ty == BTRFS_EXTENT_DATA_KEY) => {
-                F::err(P, "log-extent")
+                F::err(P, Category::LogExtent)
                     .tree(tree)
                     .at(p.bytenr)
                     .opt_key(p.key)
@@ -141,13 +146,13 @@ fn blocks(cx: &mut Ctx, read: &TreeRead, tree: u64) {
         // Log blocks live in free metadata space, never on top of a committed extent.
         match cx.chunks.bg_of(b).copied() {
             Some(bg) if bg.flags & BTRFS_BLOCK_GROUP_METADATA == 0 => cx.report(
-                F::err(P, "log-block")
+                F::err(P, Category::LogBlock)
                     .tree(tree)
                     .at(b)
                     .msg("log block outside metadata block groups"),
             ),
             None if cx.chunks.bg_loaded => cx.report(
-                F::err(P, "log-block")
+                F::err(P, Category::LogBlock)
                     .tree(tree)
                     .at(b)
                     .msg("log block outside every block group"),
@@ -157,7 +162,7 @@ fn blocks(cx: &mut Ctx, read: &TreeRead, tree: u64) {
         let i = cx.ext.recs.partition_point(|r| r.bytenr <= b);
         if let Some(r) = i.checked_sub(1).and_then(|i| cx.ext.recs.get(i)) {
             if b < r.bytenr.saturating_add(r.len) {
-                cx.report(F::err(P, "log-block").tree(tree).at(b).msg(format!(
+                cx.report(F::err(P, Category::LogBlock).tree(tree).at(b).msg(format!(
                     "log block overlaps allocated extent {}+{}",
                     r.bytenr, r.len
                 )));
@@ -186,12 +191,16 @@ fn items(cx: &mut Ctx, t: &LogTree) {
                     Some(bg)
                         if bg.flags & BTRFS_BLOCK_GROUP_DATA != 0
                             && addr.saturating_add(dlen) <= bg.end() => {}
-                    _ => cx.report(F::err(P, "log-extent").tree(subvol).at(at).key(*k).msg(
-                        format!(
+                    _ => cx.report(
+                        F::err(P, Category::LogExtent)
+                            .tree(subvol)
+                            .at(at)
+                            .key(*k)
+                            .msg(format!(
                         "logged extent {addr}+{dlen} of inode {} is not inside a data block group",
                         k.objectid
-                    ),
                     )),
+                    ),
                 }
             }
             ItemBody::DirLog(dl) => {
@@ -202,7 +211,7 @@ fn items(cx: &mut Ctx, t: &LogTree) {
                 // each range on its own. Key order is phase 3's check.
                 if end < k.offset {
                     cx.report(
-                        F::err(P, "log-dir-range")
+                        F::err(P, Category::LogDirRange)
                             .tree(subvol)
                             .at(at)
                             .key(*k)
@@ -223,7 +232,7 @@ fn items(cx: &mut Ctx, t: &LogTree) {
             .any(|(a, b)| !cx.csum.covered(a, b - a));
         if missing {
             let (a, l) = (n.start, n.end - n.start);
-            cx.report(F::err(P, "log-csum").tree(subvol).at(a).msg(format!(
+            cx.report(F::err(P, Category::LogCsum).tree(subvol).at(a).msg(format!(
                 "logged extent of inode {} at file offset {} (data {a}+{l}) has no checksums in the log or the csum tree",
                 n.ino, n.file_offset
             )));

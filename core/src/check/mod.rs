@@ -30,10 +30,11 @@ mod uuid_tree;
 mod walk;
 
 pub use findings::{
-    phase_name, ExtentRef, Finding, PhaseSummary, QgroupCount, QgroupReport, Repair, Report,
-    Severity, PHASES,
+    phase_name, Category, ExtentRef, Finding, Phase, PhaseSummary, QgroupCount, QgroupReport,
+    Repair, Report, Severity, PHASES,
 };
 
+use crate::devices::{Access, Single};
 use crate::format::consts::*;
 use crate::format::key::Key;
 use crate::format::root::RootItem;
@@ -207,9 +208,9 @@ pub fn check_paths_after(
         s.prior = prior.clone();
         s
     };
-    let Some(path) = paths.first() else {
+    if paths.is_empty() {
         return Err(Error::Invalid("no device given".into()));
-    };
+    }
     for p in paths {
         let meta = std::fs::metadata(p)
             .map_err(|e| Error::io(format!("cannot open {}", p.display()), e))?;
@@ -220,22 +221,11 @@ pub fn check_paths_after(
             )));
         }
     }
-    let img_opts = |mirror| check_open_options(mirror, degraded);
-    if paths.len() > 1 {
-        // Positioned reads, as below.
-        let set = crate::devices::DeviceSet::open_files(paths, false)?;
-        let img = set.open(img_opts(0))?;
-        let early = set
-            .get(img.devid)
-            .map(|m| written_metadata(Path::new(&m.name), &img))
-            .unwrap_or_default();
-        return Ok(run(&img, opts, progress, sink(), early));
-    }
     // Positioned reads, not a memory map: mapped pages of the image would
     // count in the checker's resident memory, and every block is read once.
-    let dev = std::sync::Arc::new(crate::io::FileDevice::open(path, false)?);
-    check_one(dev, degraded, opts, progress, &sink, &|img| {
-        written_metadata(path, img)
+    let devices = crate::devices::Devices::open_paths(paths, Access::default())?;
+    check_devices(&devices, degraded, opts, progress, &sink, &|name, img| {
+        written_metadata(Path::new(name), img)
     })
 }
 
@@ -261,45 +251,36 @@ pub fn check_device_after(
         s.prior = prior.clone();
         s
     };
-    check_one(dev, false, opts, progress, &sink, &|_| Vec::new())
+    let devices = crate::devices::Devices::new(vec![(String::new(), dev)]);
+    check_devices(&devices, false, opts, progress, &sink, &|_, _| Vec::new())
 }
 
-/// One device: from the primary superblock, or the first good mirror
-/// (the damage then a phase-1 error with its repair).
-fn check_one(
-    dev: std::sync::Arc<dyn crate::io::BlockDevice>,
+/// Open the devices and check the filesystem. One device is read from
+/// the primary superblock, or the first good mirror (the damage then a
+/// phase-1 error with its repair). `early` gives the ranges to read ahead
+/// for the device (by name) the filesystem was opened from.
+fn check_devices(
+    devices: &crate::devices::Devices,
     degraded: bool,
     opts: CheckOptions,
     progress: &dyn Progress,
     sink: &dyn Fn() -> Sink,
-    early: &dyn Fn(&Image) -> Vec<(u64, u64)>,
+    early: &dyn Fn(&str, &Image) -> Vec<(u64, u64)>,
 ) -> Result<Report> {
-    let img_opts = |mirror| check_open_options(mirror, degraded);
-    let open = |mirror| -> Result<Image> { Image::open(dev.clone(), img_opts(mirror)) };
-    let primary_err = match open(0) {
-        Ok(img) => {
-            let early = early(&img);
-            return Ok(run(&img, opts, progress, sink(), early));
-        }
-        Err(e @ (Error::Io { .. } | Error::MissingDevice { .. })) => return Err(e),
-        Err(e) => e,
-    };
-    for mirror in 1..BTRFS_SUPER_MIRROR_MAX {
-        if let Ok(img) = open(mirror) {
-            let mut pre = sink();
-            pre.push(
-                findings::F::err(1, "superblock")
-                    .at(BTRFS_SUPER_INFO_OFFSET)
-                    .fix(findings::Repair::RewriteSuperblocks)
-                    .msg(format!(
-                "primary superblock unusable ({primary_err}); checked using mirror {mirror}"
-            )),
-            );
-            let early = early(&img);
-            return Ok(run(&img, opts, progress, pre, early));
-        }
+    let opened = devices.open(check_open_options(0, degraded), Single::AnyMirror)?;
+    let mut pre = sink();
+    if let Some((mirror, primary_err)) = &opened.fallback {
+        pre.push(
+            findings::F::err(Phase::Superblocks, Category::Superblock)
+                .at(BTRFS_SUPER_INFO_OFFSET)
+                .fix(findings::Repair::RewriteSuperblocks)
+                .msg(format!(
+                    "primary superblock unusable ({primary_err}); checked using mirror {mirror}"
+                )),
+        );
     }
-    Err(primary_err)
+    let early = early(&opened.name, &opened.img);
+    Ok(run(&opened.img, opts, progress, pre, early))
 }
 
 /// How the checker opens a filesystem: read-only, damaged blocks
@@ -433,22 +414,23 @@ fn run_phases(
         keep: opts.for_repair.then(reuse::Keep::default),
     };
     for w in &img.open_warnings {
-        cx.report(findings::F::warn(1, "open").msg(w.clone()));
+        cx.report(findings::F::warn(Phase::Superblocks, Category::Open).msg(w.clone()));
     }
-    timed(&mut cx, 1, superblock::check_mirrors);
+    timed(&mut cx, Phase::Superblocks, superblock::check_mirrors);
     std::thread::scope(|scope| {
         // Phase 3 also feeds phases 2, 4, 5, 6 and 7 with what the leaves
         // hold; the subvolumes' own checks (phase 6) may still be running
         // on their threads when it returns, beside phases 2 and 4.
         let t = Instant::now();
-        cx.progress.phase(3, phase_name(3), 0);
+        cx.progress.phase(3, Phase::TreeBlocks.name(), 0);
         let mut pending = Vec::new();
         walk::walk_all(&mut cx, scope, &mut pending);
-        cx.sink.ran(3);
-        cx.sink.add_millis(3, t.elapsed().as_millis() as u64);
-        timed(&mut cx, 2, chunks::check);
-        timed(&mut cx, 1, superblock::check_against_trees);
-        timed(&mut cx, 4, extents::check);
+        cx.sink.ran(Phase::TreeBlocks);
+        cx.sink
+            .add_millis(Phase::TreeBlocks, t.elapsed().as_millis() as u64);
+        timed(&mut cx, Phase::Chunks, chunks::check);
+        timed(&mut cx, Phase::Superblocks, superblock::check_against_trees);
+        timed(&mut cx, Phase::Extents, extents::check);
         let t = Instant::now();
         for h in pending {
             match h.join() {
@@ -459,25 +441,26 @@ fn run_phases(
         if std::env::var_os("BTRKIT_PROF").is_some() {
             eprintln!("subvolume checks joined after {:?}", t.elapsed());
         }
-        cx.sink.add_millis(6, t.elapsed().as_millis() as u64);
+        cx.sink
+            .add_millis(Phase::Subvolumes, t.elapsed().as_millis() as u64);
     });
-    timed(&mut cx, 6, fs::check_root_refs);
-    timed(&mut cx, 6, uuid_tree::check);
-    timed(&mut cx, 5, free_space::check);
-    timed(&mut cx, 5, space_cache::check);
+    timed(&mut cx, Phase::Subvolumes, fs::check_root_refs);
+    timed(&mut cx, Phase::Subvolumes, uuid_tree::check);
+    timed(&mut cx, Phase::FreeSpace, free_space::check);
+    timed(&mut cx, Phase::FreeSpace, space_cache::check);
     if let Some(h) = data {
         cx.data_verified = h.join().ok();
     }
-    timed(&mut cx, 7, parity::check);
-    timed(&mut cx, 7, csums::check);
+    timed(&mut cx, Phase::Checksums, parity::check);
+    timed(&mut cx, Phase::Checksums, csums::check);
     let quotas = cx.qgroups.present;
-    timed(&mut cx, 9, qgroups::check);
+    timed(&mut cx, Phase::Qgroups, qgroups::check);
     // No quota tree: the phase had nothing to check.
     cx.sink.phases[9].ran = quotas;
     cx.ext.found_tree = Vec::new();
     cx.ext.found_data = Vec::new();
     cx.ext.block_owner = Vec::new();
-    timed(&mut cx, 8, log::check);
+    timed(&mut cx, Phase::Logs, log::check);
     report_rebuilt(&mut cx);
     let kept = cx.keep.take().and_then(reuse::finish);
     let mut report = cx.sink.into_report();
@@ -498,7 +481,7 @@ fn report_rebuilt(cx: &mut Ctx) {
     for d in r.described.iter().filter(|d| d.damaged && d.tree_block) {
         described += 1;
         cx.report(
-            findings::F::warn(3, "parity-rebuild")
+            findings::F::warn(Phase::TreeBlocks, Category::ParityRebuild)
                 .at(d.logical)
                 .msg(format!(
                     "{} (`btrfs scrub` rewrites it)",
@@ -507,22 +490,24 @@ fn report_rebuilt(cx: &mut Ctx) {
         );
     }
     if r.damaged_tree > described {
-        cx.report(findings::F::warn(3, "parity-rebuild").msg(format!(
-            "{} more damaged RAID5/6 stripes of tree blocks were read rebuilt from parity",
-            r.damaged_tree - described
-        )));
+        cx.report(
+            findings::F::warn(Phase::TreeBlocks, Category::ParityRebuild).msg(format!(
+                "{} more damaged RAID5/6 stripes of tree blocks were read rebuilt from parity",
+                r.damaged_tree - described
+            )),
+        );
     }
     let unreadable = r.count - r.damaged;
     if unreadable > 0 {
-        cx.report(findings::F::warn(3, "parity-rebuild").msg(format!(
+        cx.report(findings::F::warn(Phase::TreeBlocks, Category::ParityRebuild).msg(format!(
             "{unreadable} reads of RAID5/6 stripes that cannot be read (missing devices) were rebuilt from parity"
         )));
     }
 }
 
-fn timed(cx: &mut Ctx, phase: u8, f: fn(&mut Ctx)) {
+fn timed(cx: &mut Ctx, phase: Phase, f: fn(&mut Ctx)) {
     let t = Instant::now();
-    cx.progress.phase(phase, phase_name(phase), 0);
+    cx.progress.phase(phase.number(), phase.name(), 0);
     f(cx);
     if std::env::var_os("BTRKIT_PROF").is_some() {
         eprintln!("phase {phase}: {:?}", t.elapsed());
@@ -538,7 +523,7 @@ pub(crate) fn fmt_key(k: &Key) -> String {
 #[cfg(test)]
 mod tests {
     use super::csums::{covered, union_of};
-    use super::findings::{Sink, F};
+    use super::findings::{Category, Phase, Sink, F};
 
     #[test]
     fn intervals() {
@@ -555,9 +540,9 @@ mod tests {
     fn sink_counts_past_the_cap() {
         let mut s = Sink::new();
         for i in 0..3000u64 {
-            s.push(F::err(4, "x").at(i).msg("m"));
+            s.push(F::err(Phase::Extents, Category::ExtentRef).at(i).msg("m"));
         }
-        s.push(F::warn(1, "y").msg("w"));
+        s.push(F::warn(Phase::Superblocks, Category::Superblock).msg("w"));
         let r = s.into_report();
         assert_eq!(r.errors, 3000);
         assert_eq!(r.warnings, 1);

@@ -11,6 +11,7 @@
 //! The reads go device by device in runs of rows (a stripe's rows follow
 //! each other on its device), and the runs are checked in parallel.
 
+use super::findings::{Category, Phase};
 use super::Ctx;
 use crate::chunk::parity::gen_parity;
 use crate::chunk::ChunkMapping;
@@ -43,10 +44,12 @@ pub(super) fn check(cx: &mut Ctx) {
         return;
     }
     if !img.missing.is_empty() {
-        cx.report(super::findings::F::warn(7, "parity").msg(format!(
-            "the parity of {} RAID5/6 chunks was not checked: devices are missing",
-            chunks.len()
-        )));
+        cx.report(
+            super::findings::F::warn(Phase::Checksums, Category::Parity).msg(format!(
+                "the parity of {} RAID5/6 chunks was not checked: devices are missing",
+                chunks.len()
+            )),
+        );
         return;
     }
     let ss = img.sectorsize as u64;
@@ -122,7 +125,7 @@ pub(super) fn check(cx: &mut Ctx) {
         .par_iter()
         .map(|&(c, r0, r1)| check_rows(img, c, chunks[c], &masks[c], r0, r1))
         .collect();
-    cx.sink.checked(7, checked);
+    cx.sink.checked(Phase::Checksums, checked);
     let data_bad: HashSet<u64> = cx
         .data_verified
         .as_ref()
@@ -130,7 +133,7 @@ pub(super) fn check(cx: &mut Ctx) {
         .unwrap_or_default();
     for r in found {
         match r {
-            Err(e) => cx.report(super::findings::F::err(7, "parity").msg(e)),
+            Err(e) => cx.report(super::findings::F::err(Phase::Checksums, Category::Parity).msg(e)),
             Ok(list) => {
                 for mm in list {
                     let f = describe(cx, &chunks, &data_bad, &mm);
@@ -289,5 +292,7 @@ fn describe(
     } else {
         format!("{what}: data of the column fails its checksums too")
     };
-    super::findings::F::err(7, "parity").at(full).msg(msg)
+    super::findings::F::err(Phase::Checksums, Category::Parity)
+        .at(full)
+        .msg(msg)
 }

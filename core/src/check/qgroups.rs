@@ -21,7 +21,7 @@
 //! trustworthy: a rescan in progress or the inconsistent flag means the
 //! kernel itself expects them to be off (a warning, as btrfs check).
 
-use super::findings::{QgroupCount, QgroupReport, Repair, F};
+use super::findings::{Category, Phase, QgroupCount, QgroupReport, Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::item::{decode, ItemBody};
@@ -30,7 +30,7 @@ use crate::format::qgroup::qgroupid_str;
 use crate::tree::Node;
 use std::collections::{BTreeMap, HashMap};
 
-const P: u8 = 9;
+const P: Phase = Phase::Qgroups;
 const Q: u64 = BTRFS_QUOTA_TREE_OBJECTID;
 const STATUS_VERSION: u64 = 1;
 const KNOWN_STATUS_FLAGS: u64 = BTRFS_QGROUP_STATUS_FLAG_ON
@@ -123,7 +123,7 @@ pub(super) fn on_quota_leaf(cx: &mut Ctx, node: &Node) {
             // Malformed items were reported with the block.
             Err(_) => {}
             Ok(_) => cx.report(
-                F::err(P, "qgroup-item")
+                F::err(P, Category::QgroupItem)
                     .tree(Q)
                     .at(node.bytenr)
                     .key(k)
@@ -162,7 +162,7 @@ pub(super) fn check(cx: &mut Ctx) {
     let Some(st) = facts.status else {
         not_computed(cx, "the quota tree has no status item");
         cx.report(
-            F::err(P, "qgroup-status")
+            F::err(P, Category::QgroupStatus)
                 .tree(Q)
                 .msg("the quota tree has no status item"),
         );
@@ -170,7 +170,7 @@ pub(super) fn check(cx: &mut Ctx) {
     };
     if facts.statuses > 1 {
         cx.report(
-            F::err(P, "qgroup-status")
+            F::err(P, Category::QgroupStatus)
                 .tree(Q)
                 .key(st.key)
                 .msg(format!("{} status items in the quota tree", facts.statuses)),
@@ -178,20 +178,25 @@ pub(super) fn check(cx: &mut Ctx) {
     }
     if st.version != STATUS_VERSION {
         not_computed(cx, &format!("quota status version {}", st.version));
-        cx.report(F::warn(P, "qgroup-status").tree(Q).key(st.key).msg(format!(
+        cx.report(F::warn(P, Category::QgroupStatus).tree(Q).key(st.key).msg(format!(
             "quota status version {} (the kernel knows {STATUS_VERSION} and disables quotas otherwise)",
             st.version
         )));
         return;
     }
     if st.flags & !KNOWN_STATUS_FLAGS != 0 {
-        cx.report(F::warn(P, "qgroup-status").tree(Q).key(st.key).msg(format!(
-            "unknown quota status flags 0x{:x}",
-            st.flags & !KNOWN_STATUS_FLAGS
-        )));
+        cx.report(
+            F::warn(P, Category::QgroupStatus)
+                .tree(Q)
+                .key(st.key)
+                .msg(format!(
+                    "unknown quota status flags 0x{:x}",
+                    st.flags & !KNOWN_STATUS_FLAGS
+                )),
+        );
     }
     if st.generation != gen {
-        cx.report(F::warn(P, "qgroup-status").tree(Q).key(st.key).msg(format!(
+        cx.report(F::warn(P, Category::QgroupStatus).tree(Q).key(st.key).msg(format!(
             "quota status generation {} differs from the filesystem's {gen}: the kernel marks the counts inconsistent at mount",
             st.generation
         )));
@@ -202,17 +207,27 @@ pub(super) fn check(cx: &mut Ctx) {
     let infos: BTreeMap<u64, Info> = facts.infos.iter().map(|i| (i.id, *i)).collect();
     for l in &facts.limits {
         if !infos.contains_key(&l.id) {
-            cx.report(F::err(P, "qgroup-limit").tree(Q).key(l.key).msg(format!(
-                "limit item for qgroup {}, which has no info item",
-                qgroupid_str(l.id)
-            )));
+            cx.report(
+                F::err(P, Category::QgroupLimit)
+                    .tree(Q)
+                    .key(l.key)
+                    .msg(format!(
+                        "limit item for qgroup {}, which has no info item",
+                        qgroupid_str(l.id)
+                    )),
+            );
         }
         if l.flags & !KNOWN_LIMIT_FLAGS != 0 {
-            cx.report(F::warn(P, "qgroup-limit").tree(Q).key(l.key).msg(format!(
-                "qgroup {} limit has unknown flags 0x{:x}",
-                qgroupid_str(l.id),
-                l.flags & !KNOWN_LIMIT_FLAGS
-            )));
+            cx.report(
+                F::warn(P, Category::QgroupLimit)
+                    .tree(Q)
+                    .key(l.key)
+                    .msg(format!(
+                        "qgroup {} limit has unknown flags 0x{:x}",
+                        qgroupid_str(l.id),
+                        l.flags & !KNOWN_LIMIT_FLAGS
+                    )),
+            );
         }
     }
     let mut rels = facts.relations.clone();
@@ -220,7 +235,7 @@ pub(super) fn check(cx: &mut Ctx) {
     let mut parents: HashMap<u64, Vec<u64>> = HashMap::new();
     for &(a, b) in &rels {
         if rels.binary_search(&(b, a)).is_err() {
-            cx.report(F::err(P, "qgroup-relation").tree(Q).msg(format!(
+            cx.report(F::err(P, Category::QgroupRelation).tree(Q).msg(format!(
                 "relation {} -> {} has no reverse item",
                 qgroupid_str(a),
                 qgroupid_str(b)
@@ -248,7 +263,7 @@ pub(super) fn check(cx: &mut Ctx) {
         if bad.is_empty() {
             parents.entry(member).or_default().push(parent);
         } else {
-            cx.report(F::err(P, "qgroup-relation").tree(Q).msg(format!(
+            cx.report(F::err(P, Category::QgroupRelation).tree(Q).msg(format!(
                 "relation {} in {}: {}",
                 qgroupid_str(member),
                 qgroupid_str(parent),
@@ -258,11 +273,16 @@ pub(super) fn check(cx: &mut Ctx) {
     }
     for i in infos.values() {
         if i.generation > gen.saturating_add(1) {
-            cx.report(F::warn(P, "qgroup-info").tree(Q).key(i.key).msg(format!(
-                "qgroup {} generation {} newer than the filesystem's {gen}",
-                qgroupid_str(i.id),
-                i.generation
-            )));
+            cx.report(
+                F::warn(P, Category::QgroupInfo)
+                    .tree(Q)
+                    .key(i.key)
+                    .msg(format!(
+                        "qgroup {} generation {} newer than the filesystem's {gen}",
+                        qgroupid_str(i.id),
+                        i.generation
+                    )),
+            );
         }
     }
     // Every live subvolume is accounted from its creation on.
@@ -275,7 +295,7 @@ pub(super) fn check(cx: &mut Ctx) {
     }
     for id in missing {
         cx.report(
-            F::warn(P, "qgroup-info")
+            F::warn(P, Category::QgroupInfo)
                 .tree(Q)
                 .msg(format!("subvolume {id} has no qgroup 0/{id}")),
         );
@@ -284,12 +304,17 @@ pub(super) fn check(cx: &mut Ctx) {
     let skip =
         st.flags & (BTRFS_QGROUP_STATUS_FLAG_RESCAN | BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT) != 0;
     if st.flags & BTRFS_QGROUP_STATUS_FLAG_RESCAN != 0 {
-        cx.report(F::warn(P, "qgroup-status").tree(Q).key(st.key).msg(format!(
+        cx.report(
+            F::warn(P, Category::QgroupStatus)
+                .tree(Q)
+                .key(st.key)
+                .msg(format!(
             "a quota rescan is in progress (at {}): counts are not final and are not compared",
             st.rescan
-        )));
+        )),
+        );
     } else if st.flags & BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT != 0 {
-        cx.report(F::warn(P, "qgroup-status").tree(Q).key(st.key).msg(
+        cx.report(F::warn(P, Category::QgroupStatus).tree(Q).key(st.key).msg(
             "quotas are marked inconsistent: counts are not compared (`btrfs quota rescan` recomputes them)",
         ));
     }
@@ -330,7 +355,7 @@ pub(super) fn check(cx: &mut Ctx) {
         // Simple quotas do not keep the compressed counters (the kernel's
         // squota moves rfer and excl only).
         if !simple && (i.rfer_cmpr != i.rfer || i.excl_cmpr != i.excl) {
-            cx.report(F::warn(P, "qgroup-info").tree(Q).key(i.key).msg(format!(
+            cx.report(F::warn(P, Category::QgroupInfo).tree(Q).key(i.key).msg(format!(
                 "qgroup {}: compressed counts ({}, {}) differ from the counts ({}, {}); the kernel keeps them equal",
                 qgroupid_str(i.id),
                 i.rfer_cmpr,
@@ -354,7 +379,7 @@ pub(super) fn check(cx: &mut Ctx) {
         );
         if skip {
             cx.report(
-                F::warn(P, "qgroup-count")
+                F::warn(P, Category::QgroupCount)
                     .tree(Q)
                     .key(i.key)
                     .fix(Repair::RecountQgroups)
@@ -362,7 +387,7 @@ pub(super) fn check(cx: &mut Ctx) {
             );
         } else {
             cx.report(
-                F::err(P, "qgroup-count")
+                F::err(P, Category::QgroupCount)
                     .tree(Q)
                     .key(i.key)
                     .fix(Repair::RecountQgroups)
@@ -375,18 +400,28 @@ pub(super) fn check(cx: &mut Ctx) {
             continue;
         };
         if l.flags & 1 != 0 && rfer > l.max_rfer {
-            cx.report(F::warn(P, "qgroup-limit").tree(Q).key(l.key).msg(format!(
-                "qgroup {} refers to {rfer} bytes, over its limit {}",
-                qgroupid_str(l.id),
-                l.max_rfer
-            )));
+            cx.report(
+                F::warn(P, Category::QgroupLimit)
+                    .tree(Q)
+                    .key(l.key)
+                    .msg(format!(
+                        "qgroup {} refers to {rfer} bytes, over its limit {}",
+                        qgroupid_str(l.id),
+                        l.max_rfer
+                    )),
+            );
         }
         if l.flags & 2 != 0 && excl > l.max_excl {
-            cx.report(F::warn(P, "qgroup-limit").tree(Q).key(l.key).msg(format!(
-                "qgroup {} has {excl} exclusive bytes, over its limit {}",
-                qgroupid_str(l.id),
-                l.max_excl
-            )));
+            cx.report(
+                F::warn(P, Category::QgroupLimit)
+                    .tree(Q)
+                    .key(l.key)
+                    .msg(format!(
+                        "qgroup {} has {excl} exclusive bytes, over its limit {}",
+                        qgroupid_str(l.id),
+                        l.max_excl
+                    )),
+            );
         }
     }
 }

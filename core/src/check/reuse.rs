@@ -198,12 +198,13 @@ pub(crate) fn replay(
     seen.extend(w.block_owner.iter().map(|(b, _)| *b));
     let n = w.block_owner.len() as u64;
     cx.walked.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-    cx.sink.checked(3, n);
+    cx.sink.checked(super::Phase::TreeBlocks, n);
     cx.sink.reused_trees += 1;
     cx.progress.advance(n);
     cx.csum_needed.extend_from_slice(&t.fs.needs);
     cx.csum_forbidden.extend_from_slice(&t.fs.forbids);
-    cx.sink.checked(6, t.fs.inodes_checked);
+    cx.sink
+        .checked(super::Phase::Subvolumes, t.fs.inodes_checked);
     for &(dir, child) in &t.fs.subvol_dirents {
         cx.subvol_dirents.push(super::SubvolDirent {
             tree: id,

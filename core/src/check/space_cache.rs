@@ -9,7 +9,7 @@
 //! (less the superblock copies); one that claims more free space than the
 //! block group has could hand out used space twice: an error.
 
-use super::findings::{Repair, F};
+use super::findings::{Category, Phase, Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::format::file_extent::FileExtent;
@@ -19,7 +19,7 @@ use crate::format::key::Key;
 use crate::tree::Node;
 use zerocopy::FromBytes;
 
-const P: u8 = 5;
+const P: Phase = Phase::FreeSpace;
 const ROOT: u64 = BTRFS_ROOT_TREE_OBJECTID;
 /// Largest cache file read (the kernel writes about 32 KiB per GiB).
 const MAX_CACHE_FILE: u64 = 64 << 20;
@@ -80,7 +80,7 @@ pub(super) fn on_root_leaf(cx: &mut Ctx, node: &Node) {
                     bitmaps: h.num_bitmaps.get(),
                 }),
                 Err(_) => cx.report(
-                    F::err(P, "space-cache")
+                    F::err(P, Category::SpaceCache)
                         .fix(Repair::ClearSpaceCache)
                         .tree(ROOT)
                         .at(node.bytenr)
@@ -144,7 +144,7 @@ pub(super) fn check(cx: &mut Ctx) {
     for i in &facts.inodes {
         if i.mode != FREE_SPACE_CACHE_INODE_MODE {
             cx.report(
-                F::err(P, "space-cache")
+                F::err(P, Category::SpaceCache)
                     .fix(Repair::ClearSpaceCache)
                     .tree(ROOT)
                     .at(i.leaf)
@@ -158,7 +158,7 @@ pub(super) fn check(cx: &mut Ctx) {
         if i.flags & (BTRFS_INODE_NODATASUM | BTRFS_INODE_NODATACOW)
             != (BTRFS_INODE_NODATASUM | BTRFS_INODE_NODATACOW)
         {
-            cx.report(F::warn(P, "space-cache").tree(ROOT).at(i.leaf).key(i.key).msg(format!(
+            cx.report(F::warn(P, Category::SpaceCache).tree(ROOT).at(i.leaf).key(i.key).msg(format!(
                 "free space cache inode {} flags 0x{:x} lack nodatasum/nodatacow (an old-style cache inode the kernel converts)",
                 i.ino, i.flags
             )));
@@ -177,7 +177,7 @@ pub(super) fn check(cx: &mut Ctx) {
     }
     if cache_gen != u64::MAX && cache_gen != 0 && cache_gen != gen {
         if !facts.headers.is_empty() {
-            cx.report(F::warn(P, "space-cache").tree(ROOT).msg(format!(
+            cx.report(F::warn(P, Category::SpaceCache).tree(ROOT).msg(format!(
                 "free space cache generation {cache_gen} differs from the filesystem's {gen}: the caches will be rebuilt"
             )));
         }
@@ -186,10 +186,15 @@ pub(super) fn check(cx: &mut Ctx) {
     let bgs = cx.chunks.block_groups.clone();
     for h in &facts.headers {
         if !bgs.iter().any(|b| b.start == h.bg_start) {
-            cx.report(F::warn(P, "space-cache").tree(ROOT).key(h.key).msg(format!(
-                "free space cache for {}, which is no block group",
-                h.bg_start
-            )));
+            cx.report(
+                F::warn(P, Category::SpaceCache)
+                    .tree(ROOT)
+                    .key(h.key)
+                    .msg(format!(
+                        "free space cache for {}, which is no block group",
+                        h.bg_start
+                    )),
+            );
         }
     }
     for b in &bgs {
@@ -199,7 +204,7 @@ pub(super) fn check(cx: &mut Ctx) {
         let free = match load(cx, &facts, h) {
             Load::Skip => continue,
             Load::Ignored(why) => {
-                cx.report(F::warn(P, "space-cache").tree(ROOT).at(b.start).key(h.key).msg(format!(
+                cx.report(F::warn(P, Category::SpaceCache).tree(ROOT).at(b.start).key(h.key).msg(format!(
                     "free space cache of block group {} is ignored by the kernel and rebuilt: {why}",
                     b.start
                 )));
@@ -217,14 +222,14 @@ pub(super) fn check(cx: &mut Ctx) {
         let bg_free = b.length.saturating_sub(b.used).saturating_sub(bytes_super);
         let cached: u64 = free.iter().map(|&(a, z)| z - a).sum();
         if cached > bg_free {
-            cx.report(F::err(P, "space-cache").fix(Repair::ClearSpaceCache).tree(ROOT).at(b.start).key(h.key).msg(format!(
+            cx.report(F::err(P, Category::SpaceCache).fix(Repair::ClearSpaceCache).tree(ROOT).at(b.start).key(h.key).msg(format!(
                 "free space cache of block group {} holds {cached} free bytes but the group has {bg_free}: space in use could be handed out again",
                 b.start
             )));
             continue;
         }
         if cached < bg_free {
-            cx.report(F::warn(P, "space-cache").tree(ROOT).at(b.start).key(h.key).msg(format!(
+            cx.report(F::warn(P, Category::SpaceCache).tree(ROOT).at(b.start).key(h.key).msg(format!(
                 "free space cache of block group {} holds {cached} free bytes but the group has {bg_free}: the kernel ignores it",
                 b.start
             )));
@@ -233,7 +238,7 @@ pub(super) fn check(cx: &mut Ctx) {
         let want = super::free_space::gaps(cx, s, e);
         if let Some((a, z)) = super::free_space::first_difference(&want, &free, &excl) {
             let in_cache = free.iter().any(|&(fs, fe)| fs < z && a < fe);
-            cx.report(F::err(P, "space-cache").fix(Repair::ClearSpaceCache).tree(ROOT).at(a).key(h.key).msg(format!(
+            cx.report(F::err(P, Category::SpaceCache).fix(Repair::ClearSpaceCache).tree(ROOT).at(a).key(h.key).msg(format!(
                 "free space cache of block group {}: [{a}, {z}) is {} in the cache but {} in the extent tree",
                 b.start,
                 if in_cache { "free" } else { "not free" },

@@ -1,11 +1,11 @@
 //! Phase 1: every superblock copy on its own, then the primary's counters
 //! against what the trees hold.
 
-use super::findings::{Repair, F};
+use super::findings::{Category, Phase, Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 
-const P: u8 = 1;
+const P: Phase = Phase::Superblocks;
 
 pub(super) fn check_mirrors(cx: &mut Ctx) {
     let img = cx.img;
@@ -42,7 +42,7 @@ fn superblock_copies(cx: &mut Ctx, dev: &dyn crate::io::BlockDevice, of: &str) {
             Ok(x) => x,
             Err(e) => {
                 cx.report(
-                    F::err(P, "superblock")
+                    F::err(P, Category::Superblock)
                         .at(off)
                         .fix(Repair::RewriteSuperblocks)
                         .msg(format!("superblock mirror {mirror}{of} unreadable: {e}")),
@@ -54,14 +54,14 @@ fn superblock_copies(cx: &mut Ctx, dev: &dyn crate::io::BlockDevice, of: &str) {
             // A filesystem grown past a mirror's offset after mkfs may lack it.
             if mirror == 0 {
                 cx.report(
-                    F::err(P, "superblock")
+                    F::err(P, Category::Superblock)
                         .at(off)
                         .fix(Repair::RewriteSuperblocks)
                         .msg(format!("primary superblock{of} has no btrfs magic")),
                 );
             } else {
                 cx.report(
-                    F::warn(P, "superblock")
+                    F::warn(P, Category::Superblock)
                         .at(off)
                         .msg(format!("superblock mirror {mirror}{of} has no btrfs magic")),
                 );
@@ -70,7 +70,7 @@ fn superblock_copies(cx: &mut Ctx, dev: &dyn crate::io::BlockDevice, of: &str) {
         }
         if status.csum_ok != Some(true) {
             cx.report(
-                F::err(P, "superblock")
+                F::err(P, Category::Superblock)
                     .at(off)
                     .fix(Repair::RewriteSuperblocks)
                     .msg(format!("superblock mirror {mirror}{of} checksum mismatch")),
@@ -79,7 +79,7 @@ fn superblock_copies(cx: &mut Ctx, dev: &dyn crate::io::BlockDevice, of: &str) {
         }
         if !status.bytenr_ok {
             cx.report(
-                F::err(P, "superblock")
+                F::err(P, Category::Superblock)
                     .at(off)
                     .fix(Repair::RewriteSuperblocks)
                     .msg(format!(
@@ -89,12 +89,12 @@ fn superblock_copies(cx: &mut Ctx, dev: &dyn crate::io::BlockDevice, of: &str) {
             );
         }
         if m.fsid != sb.fsid {
-            cx.report(F::err(P, "superblock").at(off).msg(format!(
+            cx.report(F::err(P, Category::Superblock).at(off).msg(format!(
                 "superblock mirror {mirror}{of} has a different fsid"
             )));
         }
         if m.generation.get() != sb.generation.get() {
-            cx.report(F::warn(P, "superblock").at(off).msg(format!(
+            cx.report(F::warn(P, Category::Superblock).at(off).msg(format!(
                 "superblock mirror {mirror}{of} generation {} differs from the one in use ({})",
                 m.generation.get(),
                 sb.generation.get()
@@ -112,7 +112,7 @@ fn own_dev_item(cx: &mut Ctx, devid: u64, dev: &dyn crate::io::BlockDevice, of: 
     };
     let at = BTRFS_SUPER_INFO_OFFSET;
     if m.dev_item.devid.get() != devid {
-        cx.report(F::err(P, "superblock").at(at).msg(format!(
+        cx.report(F::err(P, Category::Superblock).at(at).msg(format!(
             "the superblock{of} names device {}",
             m.dev_item.devid.get()
         )));
@@ -121,7 +121,7 @@ fn own_dev_item(cx: &mut Ctx, devid: u64, dev: &dyn crate::io::BlockDevice, of: 
         || m.total_bytes.get() != cx.img.sb.total_bytes.get()
     {
         cx.report(
-            F::err(P, "superblock")
+            F::err(P, Category::Superblock)
                 .at(at)
                 .fix(Repair::DeviceSizes)
                 .msg(format!(
@@ -146,26 +146,26 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
     let off = img.mirror;
     let at = btrfs_sb_offset(off);
     if sb.leafsize.get() != sb.nodesize.get() {
-        cx.report(F::err(P, "superblock").at(at).msg(format!(
+        cx.report(F::err(P, Category::Superblock).at(at).msg(format!(
             "leafsize {} differs from nodesize {}",
             sb.leafsize.get(),
             sb.nodesize.get()
         )));
     }
     if !sb.total_bytes.get().is_multiple_of(ss) {
-        cx.report(F::warn(P, "superblock").at(at).msg(format!(
+        cx.report(F::warn(P, Category::Superblock).at(at).msg(format!(
             "total_bytes {} is not aligned to sectorsize {ss}",
             sb.total_bytes.get()
         )));
     }
     if !sb.dev_item.total_bytes.get().is_multiple_of(ss) {
-        cx.report(F::warn(P, "superblock").at(at).msg(format!(
+        cx.report(F::warn(P, Category::Superblock).at(at).msg(format!(
             "device total_bytes {} is not aligned to sectorsize {ss}",
             sb.dev_item.total_bytes.get()
         )));
     }
     if sb.root_dir_objectid.get() != BTRFS_ROOT_TREE_DIR_OBJECTID {
-        cx.report(F::warn(P, "superblock").at(at).msg(format!(
+        cx.report(F::warn(P, Category::Superblock).at(at).msg(format!(
             "root_dir_objectid is {}",
             sb.root_dir_objectid.get()
         )));
@@ -175,17 +175,21 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
     let stripesize = sb.stripesize.get();
     if stripesize != 4096 && stripesize != sb.sectorsize.get() {
         cx.report(
-            F::err(P, "superblock")
+            F::err(P, Category::Superblock)
                 .at(at)
                 .msg(format!("invalid stripesize {stripesize}")),
         );
     }
     if sb.total_bytes.get() == 0 {
-        cx.report(F::err(P, "superblock").at(at).msg("total_bytes is 0"));
+        cx.report(
+            F::err(P, Category::Superblock)
+                .at(at)
+                .msg("total_bytes is 0"),
+        );
     }
     if sb.bytes_used.get() < 6 * ns as u64 {
         cx.report(
-            F::err(P, "superblock")
+            F::err(P, Category::Superblock)
                 .at(at)
                 .fix(Repair::BlockGroupUsage)
                 .msg(format!(
@@ -201,13 +205,13 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
     };
     if sb.dev_item.fsid != meta_uuid {
         cx.report(
-            F::err(P, "superblock")
+            F::err(P, Category::Superblock)
                 .at(at)
                 .msg("the device item's fsid differs from the filesystem's"),
         );
     }
     if sb.num_devices.get() > 1 << 31 {
-        cx.report(F::warn(P, "superblock").at(at).msg(format!(
+        cx.report(F::warn(P, Category::Superblock).at(at).msg(format!(
             "suspicious number of devices {}",
             sb.num_devices.get()
         )));
@@ -215,7 +219,7 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
     let min_sys =
         std::mem::size_of::<crate::format::key::DiskKey>() + crate::format::chunk::CHUNK_ITEM_SIZE;
     if (sb.sys_chunk_array_size.get() as usize) < min_sys {
-        cx.report(F::err(P, "superblock").at(at).msg(format!(
+        cx.report(F::err(P, Category::Superblock).at(at).msg(format!(
             "sys_chunk_array_size {} cannot hold a chunk",
             sb.sys_chunk_array_size.get()
         )));
@@ -225,7 +229,7 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
         && ro & BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE == 0
     {
         cx.report(
-            F::err(P, "features")
+            F::err(P, Category::Features)
                 .at(at)
                 .msg("free_space_tree_valid is set without free_space_tree"),
         );
@@ -249,21 +253,21 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
         ),
     ] {
         if sb.flags.get() & flag != 0 {
-            cx.report(F::err(P, "superblock").at(at).msg(format!(
+            cx.report(F::err(P, Category::Superblock).at(at).msg(format!(
                 "an interrupted {what}: the kernel will not mount this until btrfstune finishes it"
             )));
         }
     }
     if sb.flags.get() & BTRFS_SUPER_FLAG_ERROR != 0 {
         cx.report(
-            F::warn(P, "superblock")
+            F::warn(P, Category::Superblock)
                 .at(at)
                 .msg("the filesystem was marked as having an error"),
         );
     }
     if sb.flags.get() & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0 {
         cx.report(
-            F::warn(P, "superblock")
+            F::warn(P, Category::Superblock)
                 .at(at)
                 .msg("metadump image: data blocks are not present"),
         );
@@ -274,12 +278,12 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
             continue;
         }
         if b.tree_root_gen.get() > gen {
-            cx.report(F::warn(P, "backup-root").at(at).msg(format!(
+            cx.report(F::warn(P, Category::BackupRoot).at(at).msg(format!(
                 "backup root {i} generation {} newer than the superblock's {gen}",
                 b.tree_root_gen.get()
             )));
         } else if b.tree_root_gen.get() == gen && b.tree_root.get() != sb.root.get() {
-            cx.report(F::warn(P, "backup-root").at(at).msg(format!(
+            cx.report(F::warn(P, Category::BackupRoot).at(at).msg(format!(
                 "backup root {i} of the current generation points at tree root {} not {}",
                 b.tree_root.get(),
                 sb.root.get()
@@ -299,7 +303,7 @@ pub(super) fn check_against_trees(cx: &mut Ctx) {
             sb.num_devices.get()
         );
         cx.report(
-            F::err(P, "superblock")
+            F::err(P, Category::Superblock)
                 .at(at)
                 .fix(Repair::DeviceSizes)
                 .msg(m),
@@ -317,7 +321,7 @@ pub(super) fn check_against_trees(cx: &mut Ctx) {
             sb.total_bytes.get()
         );
         cx.report(
-            F::err(P, "superblock")
+            F::err(P, Category::Superblock)
                 .at(at)
                 .fix(Repair::DeviceSizes)
                 .msg(m),
@@ -348,7 +352,7 @@ pub(super) fn check_against_trees(cx: &mut Ctx) {
                     "{} has no device item in the chunk tree",
                     cx.img.device_name(devid)
                 );
-                cx.report(F::err(P, "superblock").at(at).msg(m));
+                cx.report(F::err(P, Category::Superblock).at(at).msg(m));
             }
             continue;
         };
@@ -362,12 +366,12 @@ pub(super) fn check_against_trees(cx: &mut Ctx) {
                 "superblock device item{of} (total {total} used {used}) differs from the chunk tree's (total {} used {})",
                 d.total_bytes, d.bytes_used
             );
-            cx.report(F::warn(P, "superblock").at(at).msg(m));
+            cx.report(F::warn(P, Category::Superblock).at(at).msg(m));
         }
         if multi && d.uuid != uuid {
             let m =
                 format!("superblock device item{of} has another device uuid than the chunk tree's");
-            cx.report(F::err(P, "superblock").at(at).msg(m));
+            cx.report(F::err(P, Category::Superblock).at(at).msg(m));
         }
     }
     if cx.chunks.bg_loaded {
@@ -383,7 +387,7 @@ pub(super) fn check_against_trees(cx: &mut Ctx) {
                 sb.bytes_used.get()
             );
             cx.report(
-                F::err(P, "superblock")
+                F::err(P, Category::Superblock)
                     .at(at)
                     .fix(Repair::BlockGroupUsage)
                     .msg(m),

@@ -5,13 +5,13 @@
 //! superblock says its last scan is older than the filesystem
 //! (`uuid_tree_generation`); otherwise a missing entry stays missing.
 
-use super::findings::{Repair, F};
+use super::findings::{Category, Phase, Repair, F};
 use super::Ctx;
 use crate::format::consts::*;
 use crate::tree::Node;
 use std::collections::HashSet;
 
-const P: u8 = 6;
+const P: Phase = Phase::Subvolumes;
 
 /// What the UUID tree's leaves hold.
 #[derive(Default)]
@@ -85,9 +85,9 @@ pub(super) fn check(cx: &mut Ctx) {
     let mut found = Vec::new();
     for (ty, u, id) in missing {
         let f = if rescan_due {
-            F::warn(P, "uuid-tree")
+            F::warn(P, Category::UuidTree)
         } else {
-            F::err(P, "uuid-tree")
+            F::err(P, Category::UuidTree)
         };
         found.push(
             f.tree(BTRFS_UUID_TREE_OBJECTID)
@@ -104,7 +104,7 @@ pub(super) fn check(cx: &mut Ctx) {
     for (ty, u, id) in stale {
         // What the kernel's check of the tree at mount removes.
         found.push(
-            F::warn(P, "uuid-tree")
+            F::warn(P, Category::UuidTree)
                 .tree(BTRFS_UUID_TREE_OBJECTID)
                 .fix(Repair::RebuildUuidTree)
                 .msg(format!(

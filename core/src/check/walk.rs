@@ -4,7 +4,7 @@
 //! Each leaf is handed to the collectors of the later phases.
 
 use super::extents::FoundTree;
-use super::findings::{Repair, F};
+use super::findings::{Category, Phase, Repair, F};
 use super::fs::FsTree;
 use super::{Ctx, RootLink, RootRec};
 use crate::format::consts::*;
@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering::Relaxed;
 
-const P: u8 = 3;
+const P: Phase = Phase::TreeBlocks;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -131,7 +131,7 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
     let mut seen: HashSet<u64> = HashSet::new();
     let img = cx.img;
     let total: u64 = 2;
-    cx.progress.phase(P, "tree blocks", total);
+    cx.progress.phase(P.number(), "tree blocks", total);
 
     let root_spec = Spec {
         root: img.root_tree(),
@@ -157,7 +157,7 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
         .iter()
         .map(|r| r.item.bytes_used.get() / ns.max(1))
         .fold(0u64, |a, b| a.saturating_add(b));
-    cx.progress.phase(P, "tree blocks", est);
+    cx.progress.phase(P.number(), "tree blocks", est);
 
     let mut specs = vec![chunk_spec];
     let mut have = HashSet::new();
@@ -175,7 +175,7 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
                 key: Key::MIN,
             };
             cx.report(
-                F::err(P, "root-item")
+                F::err(P, Category::RootItem)
                     .tree(id)
                     .key(r.key)
                     .fix(fix)
@@ -188,7 +188,7 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
         }
         if ri.level >= BTRFS_MAX_LEVEL {
             cx.report(
-                F::err(P, "root-item")
+                F::err(P, Category::RootItem)
                     .tree(id)
                     .key(r.key)
                     .msg(format!("root item level {} too high", ri.level)),
@@ -228,7 +228,7 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
     ] {
         if feat.is_none_or(|f| img.sb.has_compat_ro(f)) && !have.contains(&id) {
             cx.report(
-                F::err(P, "root-item")
+                F::err(P, Category::RootItem)
                     .tree(id)
                     .msg(format!("the root tree has no root item for tree {id}")),
             );
@@ -379,7 +379,7 @@ fn stale_root_items(cx: &mut Ctx, specs: &mut [Spec]) {
         if !problems.is_empty() || node.owner() != id || generation < s.root.generation {
             continue;
         }
-        let mut f = F::err(P, "root-item")
+        let mut f = F::err(P, Category::RootItem)
             .tree(id)
             .fix(Repair::RootItemLocation {
                 tree: id,
@@ -587,15 +587,15 @@ impl BlockCheck<'_, '_> {
         let recowable = problems.iter().all(|p| generation_only(p.kind));
         for pr in problems {
             let cat = match pr.kind {
-                ProblemKind::Checksum => "checksum",
+                ProblemKind::Checksum => Category::Checksum,
                 ProblemKind::Header
                 | ProblemKind::Generation
                 | ProblemKind::Owner
-                | ProblemKind::Level => "header",
-                ProblemKind::ParentTransid => "parent-transid",
-                ProblemKind::FirstKey | ProblemKind::KeyOrder => "key-order",
-                ProblemKind::ItemBounds => "item-bounds",
-                ProblemKind::ItemBody => "item",
+                | ProblemKind::Level => Category::Header,
+                ProblemKind::ParentTransid => Category::ParentTransid,
+                ProblemKind::FirstKey | ProblemKind::KeyOrder => Category::KeyOrder,
+                ProblemKind::ItemBounds => Category::ItemBounds,
+                ProblemKind::ItemBody => Category::Item,
             };
             let mut f = F::err(P, cat).tree(root.id).at(at.bytenr).opt_key(pr.key);
             // The engine reads the allocator's trees whole when it opens
@@ -624,7 +624,7 @@ impl BlockCheck<'_, '_> {
             let o = node.owner();
             if o != BTRFS_TREE_RELOC_OBJECTID && !is_fstree(o) {
                 cx.report(
-                    F::err(P, "header")
+                    F::err(P, Category::Header)
                         .tree(root.id)
                         .at(at.bytenr)
                         .msg(format!("owner {} in a relocation tree", o as i64)),
@@ -643,7 +643,7 @@ impl BlockCheck<'_, '_> {
         ) {
             if last >= hi {
                 cx.report(
-                    F::err(P, "key-order")
+                    F::err(P, Category::KeyOrder)
                         .tree(root.id)
                         .at(at.bytenr)
                         .key(last)
@@ -711,7 +711,7 @@ impl Visitor for BlockCheck<'_, '_> {
             WalkEvent::Unreadable { error, at, .. } => {
                 if self.first {
                     self.cx.report(
-                        F::err(P, "unreadable")
+                        F::err(P, Category::Unreadable)
                             .tree(root.id)
                             .at(at.bytenr)
                             .opt_key(at.expect.first_key)
@@ -723,7 +723,7 @@ impl Visitor for BlockCheck<'_, '_> {
                 }
             }
             WalkEvent::Revisit { at, .. } => self.cx.report(
-                F::err(P, "tree-shape")
+                F::err(P, Category::TreeShape)
                     .tree(root.id)
                     .at(at.bytenr)
                     .msg(format!(
@@ -1146,10 +1146,13 @@ fn damaged_copy(
     } else {
         format!("at physical {phys}")
     };
-    F::warn(P, "mirror-copy").tree(tree).at(bytenr).msg(format!(
-        "copy {copy} of the block ({place}) is damaged; reads use another copy \
+    F::warn(P, Category::MirrorCopy)
+        .tree(tree)
+        .at(bytenr)
+        .msg(format!(
+            "copy {copy} of the block ({place}) is damaged; reads use another copy \
          (`btrfs scrub` rewrites it)"
-    ))
+        ))
 }
 
 fn copy_ok(img: &Image, b: &[u8], bytenr: u64) -> bool {
@@ -1202,7 +1205,7 @@ fn root_leaf(cx: &mut Ctx, node: &Node) {
                     item: Box::new(ri),
                 }),
                 Err(e) => cx.report(
-                    F::err(P, "root-item")
+                    F::err(P, Category::RootItem)
                         .tree(1)
                         .at(node.bytenr)
                         .key(k)

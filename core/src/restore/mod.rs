@@ -8,7 +8,7 @@
 //! or directory that cannot be read (a tree block damaged on every copy)
 //! is recorded as lost with the reason and the walk goes on.
 
-use crate::devices::DeviceSet;
+use crate::devices::{Devices, Single};
 use crate::format::consts::BTRFS_FIRST_FREE_OBJECTID;
 use crate::fs::{Filesystem, Loc, MountOptions};
 use crate::image::OpenOptions;
@@ -174,22 +174,16 @@ fn choose_root(devs: &[(String, Arc<dyn BlockDevice>)], o: &ReadOptions) -> Resu
             )
         }
         RootChoice::TreeRoot(bytenr) => {
-            let img = if devs.len() == 1 {
-                crate::image::Image::open(
-                    first.clone(),
+            let img = Devices::new(devs.to_vec())
+                .open(
                     OpenOptions {
                         mirror: o.mirror,
                         degraded: o.degraded,
                         ..Default::default()
                     },
+                    Single::Direct,
                 )?
-            } else {
-                DeviceSet::assemble(devs.to_vec())?.open(OpenOptions {
-                    mirror: o.mirror,
-                    degraded: o.degraded,
-                    ..Default::default()
-                })?
-            };
+                .img;
             let node = img.read_tree_block(bytenr, &crate::tree::Expect::default(), false)?;
             let h = node.header();
             if h.owner.get() != crate::format::consts::BTRFS_ROOT_TREE_OBJECTID {
@@ -347,14 +341,16 @@ fn open_steps(
         trust_bad_csum: true,
         ..Default::default()
     };
-    let open = || -> Result<crate::image::Image> {
-        if overlays.len() == 1 && !o.degraded {
-            crate::image::Image::open(overlays[0].1.clone(), open_opts)
-        } else {
-            DeviceSet::assemble(overlays.clone())?.open(open_opts)
-        }
+    // One device is opened as it is, unless degraded (matched as a set,
+    // as several are).
+    let overlays = Devices::new(overlays);
+    let single = if o.degraded {
+        Single::AsSet
+    } else {
+        Single::Direct
     };
-    let mut img = open().map_err(Other)?;
+    let open = |opts| overlays.open(opts, single).map(|o| o.img);
+    let mut img = open(open_opts).map_err(Other)?;
     let mut replayed = false;
     if img.sb.log_root.get() != 0 {
         let mut st = Store::from_image_for_replay(img).map_err(Log)?;
@@ -376,25 +372,13 @@ fn open_steps(
         }
         drop(st);
         // The superblock the commit wrote is the overlay's mirror 0.
-        let reopen = || -> Result<crate::image::Image> {
-            if overlays.len() == 1 && !o.degraded {
-                crate::image::Image::open(
-                    overlays[0].1.clone(),
-                    OpenOptions {
-                        mirror: 0,
-                        ..open_opts
-                    },
-                )
-            } else {
-                DeviceSet::assemble(overlays.clone())?.open(OpenOptions {
-                    mirror: 0,
-                    ..open_opts
-                })
-            }
-        };
         // What the replay wrote is read from here on: a failure is the log's.
         replayed = o.log != LogMode::Ignore;
-        img = reopen().map_err(|e| if replayed { Log(e) } else { Other(e) })?;
+        img = open(OpenOptions {
+            mirror: 0,
+            ..open_opts
+        })
+        .map_err(|e| if replayed { Log(e) } else { Other(e) })?;
     }
     let blame = |e: Error| if replayed { Log(e) } else { Other(e) };
     let store = Store::from_image(img).map_err(blame)?;

@@ -373,7 +373,7 @@ pub fn crash_and_recover(
         + report
             .findings
             .iter()
-            .filter(|f| f.category == "mirror-copy")
+            .filter(|f| f.category.is_damaged_copy())
             .count() as u64;
     drop(img);
     Filesystem::mount(file, mount, crate::log::LogState::boxed())

@@ -418,7 +418,7 @@ fn check_crash_image(
                     .iter()
                     .filter(|f| {
                         f.severity == crate::check::findings::Severity::Error
-                            || f.category == "mirror-copy"
+                            || f.category.is_damaged_copy()
                     })
                     .take(3)
                     .map(|f| f.message.clone())

@@ -392,7 +392,8 @@ impl Session {
             .findings
             .iter()
             .filter(|f| {
-                f.severity == crate::check::findings::Severity::Error || f.category == "mirror-copy"
+                f.severity == crate::check::findings::Severity::Error
+                    || f.category.is_damaged_copy()
             })
             .take(3)
             .map(|f| f.message.clone())
