@@ -174,7 +174,9 @@ impl Model {
 
     fn new_node(&mut self, path: &str, body: Body) -> Result<u64, String> {
         let (dir, name) = split(path);
-        let d = self.lookup(&dir).ok_or(format!("{dir}: no such directory"))?;
+        let d = self
+            .lookup(&dir)
+            .ok_or(format!("{dir}: no such directory"))?;
         if self.lookup(path).is_some() {
             return Err(format!("{path}: exists"));
         }
@@ -194,7 +196,9 @@ impl Model {
 
     fn drop_name(&mut self, path: &str) -> Result<u64, String> {
         let (dir, name) = split(path);
-        let d = self.lookup(&dir).ok_or(format!("{dir}: no such directory"))?;
+        let d = self
+            .lookup(&dir)
+            .ok_or(format!("{dir}: no such directory"))?;
         let ino = self
             .dir_mut(d)
             .and_then(|m| m.remove(&name))
@@ -237,17 +241,18 @@ impl Model {
     /// does not know it).
     pub fn apply(&mut self, st: &Step) -> Result<(), String> {
         match st {
-            Step::Write { enospc_ok: true, .. } | Step::Fallocate { enospc_ok: true, .. } => {
-                Err("a step that may run out of space is not modelled".into())
+            Step::Write {
+                enospc_ok: true, ..
             }
+            | Step::Fallocate {
+                enospc_ok: true, ..
+            } => Err("a step that may run out of space is not modelled".into()),
             Step::Mkdir(p) => self.new_node(p, Body::Dir(BTreeMap::new())).map(drop),
-            Step::Create(p) => {
-                match self.lookup(p) {
-                    Some(i) if self.is_dir(i) => Err(format!("create {p}: a directory")),
-                    Some(_) => Ok(()),
-                    None => self.new_node(p, Body::File(Vec::new())).map(drop),
-                }
-            }
+            Step::Create(p) => match self.lookup(p) {
+                Some(i) if self.is_dir(i) => Err(format!("create {p}: a directory")),
+                Some(_) => Ok(()),
+                None => self.new_node(p, Body::File(Vec::new())).map(drop),
+            },
             Step::Write {
                 path,
                 off,
@@ -514,7 +519,10 @@ pub fn numbering_agrees(m: &Model, got: &Manifest) -> Result<(), String> {
     for (p, ino) in m.paths() {
         if let Some(e) = got.entries.get(&p) {
             if p != "/" && e.ino != ino {
-                return Err(format!("{p}: the model says inode {ino}, the filesystem {}", e.ino));
+                return Err(format!(
+                    "{p}: the model says inode {ino}, the filesystem {}",
+                    e.ino
+                ));
             }
         }
     }
@@ -563,7 +571,10 @@ mod tests {
         assert_eq!(p[0].window.len(), 3);
         assert_eq!(p[0].window[2], None);
         let mut got = Manifest::default();
-        assert!(broken_promises(&p, &got).is_empty(), "gone later is allowed");
+        assert!(
+            broken_promises(&p, &got).is_empty(),
+            "gone later is allowed"
+        );
         got.entries.insert(
             "/f".into(),
             crate::kcrash::Entry {

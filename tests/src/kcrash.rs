@@ -30,11 +30,12 @@ use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::mount::LoopMount;
+use crate::sys::run;
 
 pub use btrkit_core::workload::content::{file_content, file_name, file_size, FillStream, Prng};
 pub use btrkit_core::workload::manifest::{
@@ -74,20 +75,6 @@ pub fn load_dir(dir: &Path) -> Res<Vec<Scenario>> {
 
 // ---------------------------------------------------------------------------
 // Commands
-
-fn run(cmd: &mut Command) -> Res<Output> {
-    let desc = format!("{cmd:?}");
-    let o = cmd.output().map_err(|e| format!("{desc}: {e}"))?;
-    if !o.status.success() {
-        return Err(format!(
-            "{desc} failed ({}): {}{}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim(),
-            String::from_utf8_lossy(&o.stdout).trim()
-        ));
-    }
-    Ok(o)
-}
 
 /// Copy keeping holes, as the crash capture and every image copy do.
 pub fn copy_sparse(from: &Path, to: &Path) -> Res<()> {

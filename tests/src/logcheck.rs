@@ -125,7 +125,8 @@ fn check_in(scn: &Scenario, opts: &Options, w: &Path, v: &mut Verdict) -> Result
         Ok(m) => m,
         Err(e) => {
             v.kernel_own_failed = true;
-            v.notes.push(format!("the kernel cannot replay its own log: {e}"));
+            v.notes
+                .push(format!("the kernel cannot replay its own log: {e}"));
             Manifest::default()
         }
     };
@@ -277,7 +278,9 @@ fn check_in(scn: &Scenario, opts: &Options, w: &Path, v: &mut Verdict) -> Result
             k_ours.short_diff(&m, 12)
         )),
         Ok(_) => {}
-        Err(e) => v.problems.push(format!("mount of btrkit-replay's result: {e}")),
+        Err(e) => v
+            .problems
+            .push(format!("mount of btrkit-replay's result: {e}")),
     }
     if opts.keep.is_none() {
         for f in [&out, &copy, &ours] {

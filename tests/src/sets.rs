@@ -5,8 +5,8 @@
 use crate::bin_path;
 use crate::fsck_support::fsck_bin;
 use crate::kcrash::{self, Manifest};
-use crate::kimage::run_ok;
 use crate::mount::{attach_loop, detach_loop, LoopMount};
+use crate::sys::must_run;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -208,7 +208,7 @@ pub fn mkfs(images: &[&Path], extra: &[&str]) {
             .set_len(256 << 20)
             .unwrap();
     }
-    run_ok(
+    must_run(
         Command::new("mkfs.btrfs")
             .args(["-q", "-f"])
             .args(extra)
@@ -275,7 +275,7 @@ pub fn write_files(root: &Path) {
     }
     std::fs::hard_link(root.join("dir0/f1"), root.join("dir1/link")).unwrap();
     std::os::unix::fs::symlink("dir0/f2", root.join("sym")).unwrap();
-    run_ok(
+    must_run(
         Command::new("setfattr")
             .args(["-n", "user.k", "-v", "v"])
             .arg(root.join("dir2/f3")),

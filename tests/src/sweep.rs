@@ -275,19 +275,15 @@ pub fn data_script(seed: u64) -> String {
         let lines: Vec<String> = if op < 22 {
             vec![format!("write {f} {off} {len} 0x{byte:02x}")]
         } else if op < 30 {
-            let to = *r.pick(&[
-                0u64,
-                1000,
-                4096,
-                100000,
-                400000,
-                size / 2,
-                size + 5000,
-            ]);
+            let to = *r.pick(&[0u64, 1000, 4096, 100000, 400000, size / 2, size + 5000]);
             vec![format!("truncate {f} {to}")]
         } else if op < 37 {
             let keep = if r.chance(50) { " keep" } else { "" };
-            vec![format!("fallocate {f} {} {}{keep}", off / BLOCK * BLOCK, r.pick(&[4096u64, 65536]))]
+            vec![format!(
+                "fallocate {f} {} {}{keep}",
+                off / BLOCK * BLOCK,
+                r.pick(&[4096u64, 65536])
+            )]
         } else if op < 43 {
             vec![format!("punch {f} {off} {len}")]
         } else if op < 49 {
@@ -311,7 +307,10 @@ pub fn data_script(seed: u64) -> String {
                 let t = join(&split(&f).0, &format!("t{tmp}"));
                 vec![
                     format!("create {t}"),
-                    format!("write {t} 0 {} 0x{byte:02x}", r.pick(&[100u64, 5000, 70000])),
+                    format!(
+                        "write {t} 0 {} 0x{byte:02x}",
+                        r.pick(&[100u64, 5000, 70000])
+                    ),
                     format!("rename {t} {f}"),
                 ]
             } else {
@@ -324,7 +323,11 @@ pub fn data_script(seed: u64) -> String {
             vec![format!("fdatasync {f}")]
         } else if op < 96 {
             let flags = r.pick(&["write", "write|wait_after", "wait_before|write|wait_after"]);
-            vec![format!("sync-range {f} {} {} {flags}", off / BLOCK * BLOCK, len)]
+            vec![format!(
+                "sync-range {f} {} {} {flags}",
+                off / BLOCK * BLOCK,
+                len
+            )]
         } else {
             vec!["sync".to_string()]
         };
@@ -367,7 +370,12 @@ fn droppable(line: &str) -> bool {
 pub fn shrink(text: &str, mut fails: impl FnMut(&str) -> bool) -> String {
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
     let render = |l: &[String]| l.join("\n") + "\n";
-    let mut chunk = lines.iter().filter(|l| droppable(l)).count().div_ceil(2).max(1);
+    let mut chunk = lines
+        .iter()
+        .filter(|l| droppable(l))
+        .count()
+        .div_ceil(2)
+        .max(1);
     loop {
         let mut changed = false;
         let mut i = 0;
@@ -428,7 +436,9 @@ mod tests {
     #[test]
     fn shrink_keeps_only_what_the_failure_needs() {
         let text = "expect-log any\nmkdir /a\nmkdir /b\ncreate /a/x\nsync\nrename /a/x /b/x\nfsync /b\ncrash\n";
-        let out = shrink(text, |t| t.contains("rename /a/x /b/x") && t.contains("fsync /b"));
+        let out = shrink(text, |t| {
+            t.contains("rename /a/x /b/x") && t.contains("fsync /b")
+        });
         assert_eq!(out, "expect-log any\nrename /a/x /b/x\nfsync /b\ncrash\n");
     }
 }

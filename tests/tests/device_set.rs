@@ -7,9 +7,9 @@
 
 use btrkit_core::devices::DeviceSet;
 use btrkit_core::io::{BlockDevice, FileDevice};
-use btrkit_tests::kimage::run_ok;
 use btrkit_tests::mount::LoopMount;
 use btrkit_tests::sets::{dump, findings, fsck, mkfs, progs_dump, KernelSet};
+use btrkit_tests::sys::must_run;
 use btrkit_tests::{bin_path, require_btrfs_progs, require_kernel_mount, skip_unless};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -275,7 +275,7 @@ fn new_chunk_as_the_kernel(sizes: &[u64], profile: &[&str]) {
     for (p, &s) in kern.iter().zip(sizes) {
         std::fs::File::create(p).unwrap().set_len(s).unwrap();
     }
-    run_ok(
+    must_run(
         Command::new("mkfs.btrfs")
             .args(["-q", "-f"])
             .args(profile)

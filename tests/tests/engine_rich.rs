@@ -7,8 +7,9 @@
 //! images must pass `btrfs check`, ours also `btrkit-fsck --check-data-csum`.
 
 use btrkit_tests::kcrash::{self, Runner, Scenario};
-use btrkit_tests::kimage::{run, KernelImage, MkfsOpts};
+use btrkit_tests::kimage::{KernelImage, MkfsOpts};
 use btrkit_tests::rich::populate_rich;
+use btrkit_tests::sys::must_run;
 use btrkit_tests::LoopMount;
 use std::path::Path;
 use std::process::Command;
@@ -200,9 +201,11 @@ fn shell_changes_kernel_written_images() {
     }
     r.close_all();
     k.umount();
-    run(Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(k.image()));
+    must_run(
+        Command::new("btrfs")
+            .args(["check", "--readonly"])
+            .arg(k.image()),
+    );
 
     let changes = Scenario::parse("changes", CHANGES).expect("parse changes");
     let work = tempfile::Builder::new()

@@ -1280,9 +1280,10 @@ fn check_after_repair_equals_a_fresh_check() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let script = WORKLOAD
-        .replace("FILES", "300")
-        .replace("btrfs -q subvolume snapshot . snap\necho changed > snap/a/f5\n", "");
+    let script = WORKLOAD.replace("FILES", "300").replace(
+        "btrfs -q subvolume snapshot . snap\necho changed > snap/a/f5\n",
+        "",
+    );
     let img = kernel_image(tmp.path(), "flat.img", "", "", &script);
     let base = Arc::new(std::fs::read(&img).expect("read image"));
     let clean: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
@@ -1312,7 +1313,11 @@ fn check_after_repair_equals_a_fresh_check() {
                 continue;
             }
             assert!(
-                planned.before.prior.as_ref().is_some_and(|p| p.trees() >= 1),
+                planned
+                    .before
+                    .prior
+                    .as_ref()
+                    .is_some_and(|p| p.trees() >= 1),
                 "{what}: the check before the repair kept no tree"
             );
             let done =
@@ -1326,8 +1331,12 @@ fn check_after_repair_equals_a_fresh_check() {
                 (fresh.errors, fresh.warnings),
                 "{what}"
             );
-            let counts =
-                |r: &Report| r.phases.iter().map(|p| (p.phase, p.checked)).collect::<Vec<_>>();
+            let counts = |r: &Report| {
+                r.phases
+                    .iter()
+                    .map(|p| (p.phase, p.checked))
+                    .collect::<Vec<_>>()
+            };
             assert_eq!(counts(&after), counts(&fresh), "{what}: phase counts");
             if !matches!(kind, Kind::InodeNlink | Kind::DirSize | Kind::FileNbytes) {
                 assert!(after.reused_trees >= 1, "{what}: no tree taken");
@@ -1348,9 +1357,10 @@ fn refused_only_where_a_tree_cannot_be_walked() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let script = WORKLOAD
-        .replace("FILES", "300")
-        .replace("btrfs -q subvolume snapshot . snap\necho changed > snap/a/f5\n", "");
+    let script = WORKLOAD.replace("FILES", "300").replace(
+        "btrfs -q subvolume snapshot . snap\necho changed > snap/a/f5\n",
+        "",
+    );
     let img = kernel_image(tmp.path(), "walk.img", "", "", &script);
     let base = Arc::new(std::fs::read(&img).expect("read image"));
     let clean: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
@@ -1366,14 +1376,23 @@ fn refused_only_where_a_tree_cannot_be_walked() {
     let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
     over(&dev);
     let t = Target::Device(dev.clone());
-    let p = repair::plan(&t, CheckOptions::default(), RepairOptions::default(), &NoProgress)
-        .unwrap();
+    let p = repair::plan(
+        &t,
+        CheckOptions::default(),
+        RepairOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
     assert!(p.plan.refused.is_none(), "{:?}", p.plan.refused);
     let done = repair::carry_out(&t, CheckOptions::default(), p, &NoProgress).unwrap();
     assert!(done.after.as_ref().is_some_and(|a| a.is_clean()));
     // With a leaf of tree 5 whose every copy fails its checksum: refused,
     // naming the tree and the block, nothing written.
-    let leaf = targets.files.iter().find(|l| l.tree == 5).expect("a file in tree 5");
+    let leaf = targets
+        .files
+        .iter()
+        .find(|l| l.tree == 5)
+        .expect("a file in tree 5");
     let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
     over(&dev);
     {
@@ -1393,8 +1412,13 @@ fn refused_only_where_a_tree_cannot_be_walked() {
         v
     };
     let t = Target::Device(dev.clone());
-    let p = repair::plan(&t, CheckOptions::default(), RepairOptions::default(), &NoProgress)
-        .unwrap();
+    let p = repair::plan(
+        &t,
+        CheckOptions::default(),
+        RepairOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
     let why = p.plan.refused.clone().expect("refused");
     assert!(
         why.contains("tree 5") && why.contains(&leaf.bytenr.to_string()),

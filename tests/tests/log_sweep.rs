@@ -78,8 +78,14 @@ fn sweep(family: &str, make: fn(u64) -> String, env: &str, default: u64) {
         (seed, text, v)
     });
     let promises: usize = results.iter().map(|(_, _, v)| v.promises).sum();
-    let kernel_broken: usize = results.iter().map(|(_, _, v)| v.kernel_broken_promises).sum();
-    let kernel_failed = results.iter().filter(|(_, _, v)| v.kernel_own_failed).count();
+    let kernel_broken: usize = results
+        .iter()
+        .map(|(_, _, v)| v.kernel_broken_promises)
+        .sum();
+    let kernel_failed = results
+        .iter()
+        .filter(|(_, _, v)| v.kernel_own_failed)
+        .count();
     let logs = results.iter().filter(|(_, _, v)| v.had_log).count();
     let bad: Vec<&(u64, String, Verdict)> = results.iter().filter(|(_, _, v)| !v.clean()).collect();
     eprintln!(
@@ -98,9 +104,7 @@ fn sweep(family: &str, make: fn(u64) -> String, env: &str, default: u64) {
             let dir = save_dir();
             let _ = std::fs::create_dir_all(&dir);
             let file = dir.join(format!("{name}.scn"));
-            let body = format!(
-                "# Found by the {family} sweep (seed {seed}), shrunk.\n{small}"
-            );
+            let body = format!("# Found by the {family} sweep (seed {seed}), shrunk.\n{small}");
             let _ = std::fs::write(&file, &body);
             msg.push_str(&format!("\nshrunk ({}):\n{small}", file.display()));
         }

@@ -16,9 +16,9 @@
 //! `--rootdir` or with an unknown algorithm refused in one line.
 
 use btrkit_tests::kcrash;
-use btrkit_tests::kimage::run_ok;
 use btrkit_tests::mount::LoopMount;
 use btrkit_tests::sets::without_host_fields;
+use btrkit_tests::sys::must_run;
 use btrkit_tests::{bin_path, progs_new_dir, require_kernel_mount, require_progs_new, skip_unless};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -67,7 +67,7 @@ fn source(root: &Path) {
     f.write_all_at(&text(100_000), 1 << 20).unwrap();
     std::fs::hard_link(root.join("text"), root.join("d/text-link")).unwrap();
     std::os::unix::fs::symlink("text", root.join("sym")).unwrap();
-    run_ok(
+    must_run(
         Command::new("setfattr")
             .args(["-n", "user.k", "-v", "value"])
             .arg(root.join("d/odd")),
@@ -139,7 +139,7 @@ fn compression_as_mkfs_btrfs_6_14() {
             [("16384", "crc32c"), ("4096", "xxhash"), ("65536", "sha256")][i % 3];
         let ours = t.path().join(format!("ours-{i}.img"));
         let theirs = t.path().join(format!("progs-{i}.img"));
-        run_ok(
+        must_run(
             Command::new(bin_path("btrkit-mkfs"))
                 .args([
                     "-q", "-f", "-K", "-b", "256M", "-n", nodesize, "--csum", csum,
@@ -152,7 +152,7 @@ fn compression_as_mkfs_btrfs_6_14() {
             .unwrap()
             .set_len(256 << 20)
             .unwrap();
-        run_ok(
+        must_run(
             Command::new(new.join("mkfs.btrfs"))
                 .args(["-q", "-f", "-K", "-n", nodesize, "--csum", csum])
                 .args(["--compress", algo, "--rootdir"])
@@ -176,19 +176,19 @@ fn compression_as_mkfs_btrfs_6_14() {
             .unwrap()
             .set_len(256 << 20)
             .unwrap();
-        run_ok(
+        must_run(
             Command::new("mkfs.btrfs")
                 .args(["-q", "-f", "-n", nodesize, "--csum", csum])
                 .arg(&kimg),
         );
         let m = LoopMount::new(&kimg, &format!("compress={algo}")).unwrap();
-        run_ok(
+        must_run(
             Command::new("cp")
                 .arg("-a")
                 .arg(format!("{}/.", src.display()))
                 .arg(m.path()),
         );
-        run_ok(&mut Command::new("sync"));
+        must_run(&mut Command::new("sync"));
         let kernel_enc = encoded(m.path());
         drop(m);
         assert_eq!(
@@ -275,7 +275,7 @@ fn options_around_compression() {
     }
     // --device-uuid on one device, and -K.
     let uuid = "6f2f3a9e-1b2c-4d5e-8f90-0a1b2c3d4e5f";
-    run_ok(Command::new(bin_path("btrkit-mkfs")).args([
+    must_run(Command::new(bin_path("btrkit-mkfs")).args([
         "-q",
         "-K",
         "-b",
@@ -364,7 +364,7 @@ fn subvolumes_as_mkfs_btrfs_6_14() {
     // inodes in the image).
     std::fs::hard_link(src.join("a/f"), src.join("a/f2")).unwrap();
     std::fs::hard_link(src.join("b/h"), src.join("h-outside")).unwrap();
-    run_ok(
+    must_run(
         Command::new("setfattr")
             .args(["-n", "user.sub", "-v", "a"])
             .arg(src.join("a")),
@@ -387,7 +387,7 @@ fn subvolumes_as_mkfs_btrfs_6_14() {
     for (i, (subvol, compress, nodesize, csum)) in cases.iter().enumerate() {
         let ours = t.path().join(format!("sv-ours-{i}.img"));
         let theirs = t.path().join(format!("sv-progs-{i}.img"));
-        run_ok(
+        must_run(
             Command::new(bin_path("btrkit-mkfs"))
                 .args(["-q", "-b", "256M", "-n", nodesize, "--csum", csum])
                 .args(["--compress", compress])
@@ -400,7 +400,7 @@ fn subvolumes_as_mkfs_btrfs_6_14() {
             .unwrap()
             .set_len(256 << 20)
             .unwrap();
-        run_ok(
+        must_run(
             Command::new(new.join("mkfs.btrfs"))
                 .args(["-q", "-f", "-n", nodesize, "--csum", csum])
                 .args(["--compress", compress])
@@ -486,7 +486,7 @@ fn inode_flags_reach_the_kernel() {
     let src = t.path().join("src");
     source(&src);
     let img = t.path().join("flags.img");
-    run_ok(
+    must_run(
         Command::new(bin_path("btrkit-mkfs"))
             .args(["-q", "-b", "256M", "--compress", "zstd"])
             .args([
@@ -589,7 +589,7 @@ fn quota_groups_are_counted() {
                 src.as_os_str(),
             ]
         };
-        run_ok(
+        must_run(
             Command::new(bin_path("btrkit-mkfs"))
                 .args(
                     ["-q", "-b", "256M", "-O", "quota", "--compress", "zstd"]
@@ -603,7 +603,7 @@ fn quota_groups_are_counted() {
             .unwrap()
             .set_len(256 << 20)
             .unwrap();
-        run_ok(
+        must_run(
             Command::new(new.join("mkfs.btrfs"))
                 .args(["-q", "-f", "-O", "quota"])
                 .args(&rootdir)
@@ -698,7 +698,7 @@ fn simple_quotas() {
     std::fs::create_dir_all(src.join("sv/inner")).unwrap();
     std::fs::write(src.join("sv/inner/x"), "x".repeat(50_000)).unwrap();
     let img = t.path().join("squota.img");
-    run_ok(
+    must_run(
         Command::new(bin_path("btrkit-mkfs"))
             .args([
                 "-q",
@@ -756,7 +756,7 @@ fn simple_quotas() {
         assert!(sv >= 50_000, "{shown}");
         std::fs::write(m.path().join("sv/new"), vec![3u8; 300_000]).unwrap();
         std::fs::remove_file(m.path().join("text")).unwrap();
-        run_ok(
+        must_run(
             Command::new("btrfs")
                 .args(["subvolume", "snapshot"])
                 .arg(m.path().join("sv"))
@@ -774,7 +774,7 @@ fn simple_quotas() {
          balance-metadata\nsync\nsubvol-delete /snap2\nsync\n",
     )
     .unwrap();
-    run_ok(
+    must_run(
         Command::new(bin_path("btrkit-shell"))
             .arg("-q")
             .arg(&img)
@@ -872,7 +872,7 @@ fn option_matrix() {
             } else {
                 args.extend_from_slice(&["-b", "256M"]);
             }
-            run_ok(
+            must_run(
                 Command::new(bin_path("btrkit-mkfs"))
                     .args(&args)
                     .arg("--rootdir")
@@ -910,7 +910,7 @@ fn option_matrix() {
             if *shrink {
                 let size = std::fs::metadata(&ours).unwrap().len();
                 assert_eq!(size, super_total_bytes(&ours), "{what}");
-                run_ok(
+                must_run(
                     Command::new(new.join("mkfs.btrfs"))
                         .args(&args)
                         .arg("--rootdir")
@@ -1024,7 +1024,7 @@ fn reflink_shares_blocks() {
         .unwrap()
         .set_len(1 << 30)
         .unwrap();
-    run_ok(
+    must_run(
         Command::new("mkfs.xfs")
             .args(["-q", "-m", "reflink=1"])
             .arg(&ximg),
@@ -1060,7 +1060,7 @@ fn reflink_shares_blocks() {
     assert!(expect > 1 << 20, "{expect}");
     for (profile, copies) in [("single", 1), ("dup", 2)] {
         let img = host.path().join(format!("{profile}.img"));
-        run_ok(
+        must_run(
             Command::new(bin_path("btrkit-mkfs"))
                 .args(["-q", "-b", "512M", "--reflink", "-d", profile, "--rootdir"])
                 .arg(&src)
@@ -1150,7 +1150,7 @@ struct HostMount(std::path::PathBuf);
 impl HostMount {
     fn new(image: &Path, at: &Path) -> HostMount {
         std::fs::create_dir_all(at).unwrap();
-        run_ok(
+        must_run(
             Command::new("mount")
                 .args(["-o", "loop"])
                 .arg(image)

@@ -21,11 +21,11 @@
 use btrkit_core::devices::DeviceSet;
 use btrkit_core::image::OpenOptions;
 use btrkit_tests::kcrash;
-use btrkit_tests::kimage::run_ok;
 use btrkit_tests::mount::LoopMount;
 use btrkit_tests::sets::{
     self, device_opts, dump, findings, fsck, progs_check, progs_dump, write_files, KernelSet,
 };
+use btrkit_tests::sys::must_run;
 use btrkit_tests::{bin_path, require_kernel_mount, skip_unless};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -237,7 +237,7 @@ fn btrkit_mkfs_sets_pass_the_kernels_scrub() {
                 .set_len(256 << 20)
                 .unwrap();
         }
-        run_ok(
+        must_run(
             Command::new(bin_path("btrkit-mkfs"))
                 .arg("-q")
                 .args(args)
@@ -270,7 +270,7 @@ fn btrkit_mkfs_sets_pass_the_kernels_scrub() {
         );
         std::fs::create_dir(m.path().join("more")).unwrap();
         write_files(&m.path().join("more"));
-        run_ok(&mut Command::new("sync"));
+        must_run(&mut Command::new("sync"));
         let o = Command::new("btrfs")
             .args(["scrub", "start", "-B"])
             .arg(m.path())

@@ -3,7 +3,7 @@
 //! elsewhere; either way OUT is the replayed image and the input stays as
 //! it was.
 
-use btrkit_tests::kimage::run_ok;
+use btrkit_tests::sys::must_run;
 use btrkit_tests::{kcrash, sys, LoopMount};
 use std::path::Path;
 use std::process::Command;
@@ -22,7 +22,7 @@ fn shared_bytes(p: &Path) -> (u64, u64) {
 }
 
 fn replay_o(img: &Path, out: &Path) -> serde_json::Value {
-    let o = run_ok(
+    let o = must_run(
         Command::new(kcrash::replay_bin())
             .arg("--json")
             .arg(img)

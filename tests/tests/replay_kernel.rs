@@ -523,7 +523,7 @@ fn kcrash_py_agrees_on_the_examples() {
         let _slot = kcrash::slot();
         let work = tempfile::tempdir().unwrap();
         let out = work.path().join("py");
-        btrkit_tests::kimage::run_ok(
+        btrkit_tests::sys::must_run(
             Command::new("python3")
                 .arg(&script)
                 .arg("run")
