@@ -1235,63 +1235,6 @@ pub fn manifest_of_image(img: &Path, work: &Path) -> Res<Manifest> {
     r
 }
 
-/// `btrfs check --readonly`: Ok when it exits 0 and reports no error.
-pub fn btrfs_check(img: &Path) -> Res<()> {
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .map_err(|e| format!("btrfs check: {e}"))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    if o.status.success() && text.contains("no error found") {
-        return Ok(());
-    }
-    // The first line names the problems; the full report follows, without
-    // the space statistics btrfs check prints first.
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .filter(|l| {
-            !l.starts_with("total ")
-                && !l.contains(" bytes: ")
-                && !l.starts_with(" referenced")
-                && !l.starts_with("found ")
-        })
-        .collect();
-    let problems: Vec<&str> = lines
-        .iter()
-        .copied()
-        .filter(|l| {
-            let l = l.to_ascii_lowercase();
-            (l.contains("error")
-                || l.contains("invalid")
-                || l.contains("mismatch")
-                || l.contains("missing"))
-                && !l.starts_with("error: errors found")
-        })
-        .take(4)
-        .collect();
-    Err(format!(
-        "btrfs check --readonly fails ({}): {}\n{}",
-        o.status,
-        if problems.is_empty() {
-            "see below".to_string()
-        } else {
-            problems.join("; ")
-        },
-        lines
-            .iter()
-            .take(40)
-            .copied()
-            .collect::<Vec<_>>()
-            .join("\n")
-    ))
-}
-
 // ---------------------------------------------------------------------------
 // Binaries and the headline workload
 

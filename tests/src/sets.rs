@@ -36,46 +36,6 @@ pub fn manifest(devs: &[PathBuf], opts: &str) -> Result<Manifest, String> {
     kcrash::manifest_in_place(&devs[0], &format!("{opts}{}", device_opts(devs)))
 }
 
-/// `btrfs check --readonly` of a set (its devices on loop devices, found
-/// by btrfs-progs' scan). mkfs.btrfs 6.2's stale free space entries are
-/// all it may report.
-pub fn progs_check(devs: &[PathBuf]) -> Result<(), String> {
-    let loops: Vec<PathBuf> = devs
-        .iter()
-        .map(|d| attach_loop(d))
-        .collect::<Result<_, _>>()?;
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(&loops[0])
-        .output();
-    for l in &loops {
-        let _ = detach_loop(l);
-    }
-    let o = o.map_err(|e| e.to_string())?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let bad: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("ERROR") || l.contains("error") && !l.contains("no error found"))
-        .filter(|l| !l.contains("free space") && !l.contains("errors found in free space"))
-        // The scan of every block device meets loop devices other tests
-        // are tearing down.
-        .filter(|l| !l.contains("cannot scan"))
-        .filter(|l| {
-            !l.contains("cannot open /dev/loop")
-                || loops.iter().any(|d| l.contains(&*d.to_string_lossy()))
-        })
-        .collect();
-    if bad.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("btrfs check: {}", bad.join(" | ")))
-    }
-}
-
 /// btrkit-fsck --check-mirrors --check-data-csum over the set: no error
 /// but mkfs.btrfs 6.2's stale free space entries.
 pub fn fsck_clean(devs: &[PathBuf]) -> Result<(), String> {

@@ -8,8 +8,8 @@
 
 use btrkit_tests::kcrash::{self, Runner, Scenario};
 use btrkit_tests::kimage::{KernelImage, MkfsOpts};
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::rich::populate_rich;
-use btrkit_tests::sys::must_run;
 use btrkit_tests::LoopMount;
 use std::path::Path;
 use std::process::Command;
@@ -201,11 +201,8 @@ fn shell_changes_kernel_written_images() {
     }
     r.close_all();
     k.umount();
-    must_run(
-        Command::new("btrfs")
-            .args(["check", "--readonly"])
-            .arg(k.image()),
-    );
+    let v = oracle::btrfs_check(&[k.image()], Progs::Distro).expect("btrfs check");
+    assert!(v.clean, "btrfs check of the kernel's image: {}", v.output);
 
     let changes = Scenario::parse("changes", CHANGES).expect("parse changes");
     let work = tempfile::Builder::new()
@@ -271,7 +268,7 @@ fn shell_changes_kernel_written_images() {
         }
     }
     for img in [&theirs, &ours] {
-        if let Err(e) = kcrash::btrfs_check(img) {
+        if let Err(e) = oracle::check_clean(&[img], Progs::Distro) {
             problems.push(format!("{}: {e}", img.display()));
         }
     }
@@ -306,7 +303,7 @@ fn shell_changes_kernel_written_images() {
             if let Err(e) = m.unmount() {
                 problems.push(e);
             }
-            if let Err(e) = kcrash::btrfs_check(&ours) {
+            if let Err(e) = oracle::check_clean(&[&ours], Progs::Distro) {
                 problems.push(format!("after a kernel write: {e}"));
             }
         }

@@ -6,6 +6,7 @@ use btrkit_core::format::consts::*;
 use btrkit_core::format::header::{HEADER_SIZE, ITEM_SIZE};
 use btrkit_core::format::key::Key;
 use btrkit_tests::fsck_support::*;
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::LoopMount;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -282,15 +283,11 @@ fn fsck_damage_one_copy_of_a_dup_block_is_a_warning() {
         f.write_all_at(&[0x5a; 64], phys[copy] + 2000)
             .expect("write");
         drop(f);
-        let progs = std::process::Command::new("btrfs")
-            .args(["check", "--readonly"])
-            .arg(&img)
-            .output()
-            .expect("btrfs check");
+        let progs = oracle::btrfs_check(&[&img], Progs::Distro).expect("btrfs check");
         assert!(
-            progs.status.success(),
+            progs.clean,
             "copy {copy}: btrfs check calls the image damaged: {}",
-            String::from_utf8_lossy(&progs.stdout)
+            progs.stdout
         );
         let plain = run_fsck(&img, &[], Duration::from_secs(120));
         let all = run_fsck(&img, &["--check-mirrors"], Duration::from_secs(120));

@@ -48,6 +48,7 @@
 use btrkit_tests::corrupt::base::{self, BaseSpec, BASES};
 use btrkit_tests::corrupt::recipes::{self, RecipeError};
 use btrkit_tests::fsck_support::{run_with_limit, FsckRun};
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::repair_support::lost_files;
 use btrkit_tests::LoopMount;
 use std::collections::BTreeMap;
@@ -106,10 +107,9 @@ fn informational(l: &str) -> bool {
         || t.starts_with("btrfs-progs v")
 }
 
-fn progs_check(bin: &Path, img: &Path) -> Check {
-    let mut c = Command::new(bin);
-    c.args(["check", "--readonly"]).arg(img);
-    let r = run_with_limit(c, CHECK_LIMIT);
+fn progs_check(progs: Progs, img: &Path) -> Check {
+    let r = oracle::btrfs_check_with(&[img], progs, &[], Some(CHECK_LIMIT))
+        .unwrap_or_else(|e| panic!("{e}"));
     let text = format!("{}\n{}", r.stderr, r.stdout);
     Check {
         code: r.code,
@@ -192,10 +192,10 @@ struct Judged {
     files: Result<Files, String>,
 }
 
-fn judge(img: &Path, progs_new: &Path) -> Judged {
+fn judge(img: &Path) -> Judged {
     Judged {
-        c62: progs_check(Path::new("btrfs"), img),
-        c614: progs_check(&progs_new.join("btrfs"), img),
+        c62: progs_check(Progs::Distro, img),
+        c614: progs_check(Progs::New, img),
         files: kernel_files(img),
     }
 }
@@ -421,7 +421,7 @@ fn case(
             return Ok(());
         }
     }
-    let before = judge(&dmg, &run.progs_new);
+    let before = judge(&dmg);
     if !before.c62.detected() && !before.c614.detected() {
         return Ok(());
     }
@@ -441,8 +441,8 @@ fn case(
             "(btrfs check --repair killed after {REPAIR_LIMIT:?})"
         ));
     }
-    let ja = judge(&a, &run.progs_new);
-    let jb = judge(&b, &run.progs_new);
+    let ja = judge(&a);
+    let jb = judge(&b);
     let died = |r: &FsckRun| match r.code {
         -2 => Some(format!("killed past {REPAIR_LIMIT:?}")),
         c if c < 0 => Some(format!(
@@ -619,13 +619,13 @@ fn generated(default_cases: usize) {
     for spec in BASES {
         let img = base::make_base(work.path(), spec)
             .unwrap_or_else(|e| panic!("base image {}: {e}", spec.name));
-        for bin in [PathBuf::from("btrfs"), progs_new.join("btrfs")] {
-            let c = progs_check(&bin, &img);
+        for progs in [Progs::Distro, Progs::New] {
+            let c = progs_check(progs, &img);
             assert!(
                 c.clean(),
                 "base image {} is not clean for {}: exit {} {:?}",
                 spec.name,
-                bin.display(),
+                progs.name(),
                 c.code,
                 c.errors
             );

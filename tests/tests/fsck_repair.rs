@@ -16,6 +16,7 @@ use btrkit_core::check::{CheckOptions, NoProgress, Report};
 use btrkit_core::format::consts::*;
 use btrkit_core::io::{BlockDevice, CrashDevice};
 use btrkit_tests::fsck_support::*;
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::repair_support::*;
 use btrkit_tests::LoopMount;
 use std::collections::{BTreeMap, BTreeSet};
@@ -460,22 +461,23 @@ fn base_image(dir: &Path) -> Option<Arc<Vec<u8>>> {
     Some(Arc::new(std::fs::read(&img).expect("read image")))
 }
 
-fn progs_clean(img: &Path) -> Result<(), String> {
-    let mut bins = vec![std::path::PathBuf::from("btrfs")];
-    if let Some(d) = btrkit_tests::env::progs_new_dir() {
-        bins.push(d.join("btrfs"));
+/// The distribution's btrfs-progs, and 6.14 when it is there.
+fn all_progs() -> Vec<Progs> {
+    let mut progs = vec![Progs::Distro];
+    if btrkit_tests::env::progs_new_dir().is_some() {
+        progs.push(Progs::New);
     }
-    for b in bins {
-        let o = std::process::Command::new(&b)
-            .args(["check", "--readonly"])
-            .arg(img)
-            .output()
-            .map_err(|e| format!("{}: {e}", b.display()))?;
-        if !o.status.success() {
+    progs
+}
+
+fn progs_clean(img: &Path) -> Result<(), String> {
+    for p in all_progs() {
+        let v = oracle::btrfs_check(&[img], p)?;
+        if !v.clean {
             return Err(format!(
-                "{} check: {}",
-                b.display(),
-                String::from_utf8_lossy(&o.stderr)
+                "{}: {}",
+                p.name(),
+                v.stderr
                     .lines()
                     .filter(|l| l.contains("ERROR") || l.contains("error"))
                     .take(4)
@@ -1062,12 +1064,8 @@ fn clear_v1_cache_and_init_csum_tree() {
         0
     );
     progs_clean(&img).unwrap();
-    let o = std::process::Command::new("btrfs")
-        .args(["check", "--readonly", "--check-data-csum"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = oracle::btrfs_check_with(&[&img], Progs::Distro, &["--check-data-csum"], None).unwrap();
+    assert!(v.clean, "{}", v.stderr);
     let after = read_all(Arc::new(
         btrkit_core::io::FileDevice::open(&img, false).unwrap(),
     ));
@@ -1127,29 +1125,22 @@ fn qgroups_of(v: &serde_json::Value) -> BTreeMap<String, [u64; 4]> {
 /// btrfs check 6.2 (and 6.14 when installed) `--qgroup-report` on `img`
 /// lists the same quota groups with the same counts, computed and on disk.
 fn same_as_btrfs_check(img: &Path, ours: &BTreeMap<String, [u64; 4]>, what: &str) {
-    let mut bins = vec![std::path::PathBuf::from("btrfs")];
-    if let Some(d) = btrkit_tests::env::progs_new_dir() {
-        bins.push(d.join("btrfs"));
-    }
-    for b in &bins {
-        let o = std::process::Command::new(b)
-            .args(["check", "--readonly", "--qgroup-report"])
-            .arg(img)
-            .output()
+    for p in all_progs() {
+        let v = oracle::btrfs_check_with(&[img], p, &["--qgroup-report"], None)
             .expect("run btrfs check");
-        let theirs = progs_qgroup_report(&String::from_utf8_lossy(&o.stdout));
-        assert!(!theirs.is_empty(), "{}: no report", b.display());
+        let theirs = progs_qgroup_report(&v.stdout);
+        assert!(!theirs.is_empty(), "{}: no report", p.name());
         for (id, t) in &theirs {
             assert_eq!(
                 ours.get(id),
                 Some(t),
                 "{what}: qgroup {id}: btrkit {:?}, {} {t:?}",
                 ours.get(id),
-                b.display()
+                p.name()
             );
         }
         for id in ours.keys() {
-            assert!(theirs.contains_key(id), "{}: no qgroup {id}", b.display());
+            assert!(theirs.contains_key(id), "{}: no qgroup {id}", p.name());
         }
     }
 }

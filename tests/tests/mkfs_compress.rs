@@ -17,6 +17,7 @@
 
 use btrkit_tests::kcrash;
 use btrkit_tests::mount::LoopMount;
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::sets::without_host_fields;
 use btrkit_tests::sys::must_run;
 use btrkit_tests::{bin_path, progs_new_dir, require_kernel_mount, require_progs_new, skip_unless};
@@ -105,21 +106,12 @@ fn encoded(mnt: &Path) -> BTreeMap<String, Vec<(u64, u64)>> {
     out
 }
 
-fn checks_clean(btrfs: &Path, img: &Path) -> Result<(), String> {
-    let o = Command::new(btrfs)
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if o.status.success() {
+fn checks_clean(progs: Progs, img: &Path) -> Result<(), String> {
+    let v = oracle::btrfs_check(&[img], progs)?;
+    if v.clean {
         Ok(())
     } else {
-        Err(format!(
-            "{} check: {}{}",
-            btrfs.display(),
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ))
+        Err(format!("{}: {}", progs.name(), v.output))
     }
 }
 
@@ -159,8 +151,8 @@ fn compression_as_mkfs_btrfs_6_14() {
                 .arg(&src)
                 .arg(&theirs),
         );
-        for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
-            checks_clean(&btrfs, &ours).unwrap_or_else(|e| panic!("{algo}: {e}"));
+        for btrfs in [Progs::Distro, Progs::New] {
+            checks_clean(btrfs, &ours).unwrap_or_else(|e| panic!("{algo}: {e}"));
         }
         let m = LoopMount::new(&ours, "ro").unwrap();
         let got = without_host_fields(&kcrash::manifest_of_tree(m.path()).unwrap(), true);
@@ -295,7 +287,7 @@ fn options_around_compression() {
             .any(|l| l.starts_with("dev_item.uuid") && l.contains(uuid)),
         "{sup}"
     );
-    checks_clean(Path::new("btrfs"), &img).unwrap();
+    checks_clean(Progs::Distro, &img).unwrap();
     let b = t.path().join("b.img");
     one_line(
         &[
@@ -409,8 +401,8 @@ fn subvolumes_as_mkfs_btrfs_6_14() {
                 .arg(&src)
                 .arg(&theirs),
         );
-        for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
-            checks_clean(&btrfs, &ours).unwrap_or_else(|e| panic!("{subvol:?}: {e}"));
+        for btrfs in [Progs::Distro, Progs::New] {
+            checks_clean(btrfs, &ours).unwrap_or_else(|e| panic!("{subvol:?}: {e}"));
         }
         let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
             .arg(&ours)
@@ -481,7 +473,6 @@ fn subvolumes_as_mkfs_btrfs_6_14() {
 #[test]
 fn inode_flags_reach_the_kernel() {
     skip_unless!(require_kernel_mount(), require_progs_new());
-    let new = progs_new_dir().unwrap();
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     source(&src);
@@ -499,8 +490,8 @@ fn inode_flags_reach_the_kernel() {
             .arg(&src)
             .arg(&img),
     );
-    for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
-        checks_clean(&btrfs, &img).unwrap();
+    for btrfs in [Progs::Distro, Progs::New] {
+        checks_clean(btrfs, &img).unwrap();
     }
     let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
         .args(["--check-data-csum"])
@@ -609,15 +600,11 @@ fn quota_groups_are_counted() {
                 .args(&rootdir)
                 .arg(&theirs),
         );
-        let o = Command::new("btrfs")
-            .args(["check", "--readonly", "--qgroup-report"])
-            .arg(&ours)
-            .output()
-            .unwrap();
-        let text =
-            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success() && !text.contains("different"), "{text}");
-        checks_clean(&new.join("btrfs"), &ours).unwrap();
+        let v =
+            oracle::btrfs_check_with(&[&ours], Progs::Distro, &["--qgroup-report"], None).unwrap();
+        let text = v.output;
+        assert!(v.clean && !text.contains("different"), "{text}");
+        checks_clean(Progs::New, &ours).unwrap();
         let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
             .arg(&ours)
             .output()
@@ -647,14 +634,10 @@ fn quota_groups_are_counted() {
 /// clean, and its own count of every qgroup's referenced and exclusive
 /// bytes equal to the image's (the compressed counters, which the
 /// kernel's squota does not keep, aside). Returns the qgroups compared.
-fn squota_report_agrees(new: &Path, img: &Path, what: &str) -> usize {
-    let o = Command::new(new.join("btrfs"))
-        .args(["check", "--readonly", "--qgroup-report"])
-        .arg(img)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{what}: {text}");
+fn squota_report_agrees(img: &Path, what: &str) -> usize {
+    let v = oracle::btrfs_check_with(&[img], Progs::New, &["--qgroup-report"], None).unwrap();
+    let text = v.output;
+    assert!(v.clean, "{what}: {text}");
     let field = |l: &str, name: &str| -> Option<u64> {
         let mut w = l.split_whitespace();
         while let Some(x) = w.next() {
@@ -726,8 +709,8 @@ fn simple_quotas() {
             "{what}: {out}"
         );
     };
-    assert_eq!(squota_report_agrees(&new, &img, "made"), 3);
-    checks_clean(&new.join("btrfs"), &img).unwrap();
+    assert_eq!(squota_report_agrees(&img, "made"), 3);
+    checks_clean(Progs::New, &img).unwrap();
     fsck_clean("made");
     let o = Command::new(new.join("btrfs"))
         .args(["inspect-internal", "dump-super"])
@@ -764,7 +747,7 @@ fn simple_quotas() {
         );
         std::fs::write(m.path().join("snap/more"), vec![4u8; 70_000]).unwrap();
     }
-    assert_eq!(squota_report_agrees(&new, &img, "after the kernel"), 4);
+    assert_eq!(squota_report_agrees(&img, "after the kernel"), 4);
     fsck_clean("after the kernel");
     let script = t.path().join("s.scn");
     std::fs::write(
@@ -780,7 +763,7 @@ fn simple_quotas() {
             .arg(&img)
             .arg(&script),
     );
-    assert_eq!(squota_report_agrees(&new, &img, "after btrkit's engine"), 6);
+    assert_eq!(squota_report_agrees(&img, "after btrkit's engine"), 6);
     fsck_clean("after btrkit's engine");
     let m = LoopMount::new(&img, "ro").unwrap();
     assert_eq!(
@@ -879,8 +862,8 @@ fn option_matrix() {
                     .arg(&src)
                     .arg(&ours),
             );
-            for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
-                checks_clean(&btrfs, &ours).unwrap_or_else(|e| panic!("{what}: {e}"));
+            for btrfs in [Progs::Distro, Progs::New] {
+                checks_clean(btrfs, &ours).unwrap_or_else(|e| panic!("{what}: {e}"));
             }
             let m = LoopMount::new(&ours, "ro,subvolid=5").unwrap();
             let got = without_host_fields(&kcrash::manifest_of_tree(m.path()).unwrap(), true);
@@ -944,7 +927,7 @@ fn option_matrix() {
                 );
                 std::fs::write(m.path().join("after-shrink"), vec![7u8; 1 << 20]).unwrap();
                 drop(m);
-                checks_clean(Path::new("btrfs"), &ours)
+                checks_clean(Progs::Distro, &ours)
                     .unwrap_or_else(|e| panic!("{what} after a write: {e}"));
             }
         }
@@ -1017,7 +1000,6 @@ fn reflink_shares_blocks() {
         eprintln!("skipped: {e}");
         return;
     }
-    let new = progs_new_dir().unwrap();
     let t = tempfile::tempdir().unwrap();
     let ximg = t.path().join("host.img");
     std::fs::File::create(&ximg)
@@ -1067,8 +1049,8 @@ fn reflink_shares_blocks() {
                 .arg(&img),
         );
         assert_eq!(shared_bytes(&img), expect * copies, "-d {profile}");
-        for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
-            checks_clean(&btrfs, &img).unwrap_or_else(|e| panic!("-d {profile}: {e}"));
+        for btrfs in [Progs::Distro, Progs::New] {
+            checks_clean(btrfs, &img).unwrap_or_else(|e| panic!("-d {profile}: {e}"));
         }
         let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
             .args(["--check-data-csum", "--check-mirrors"])
