@@ -7,6 +7,7 @@
 
 use crate::kimage::{KernelImage, MkfsOpts};
 use crate::sys::must_run;
+use btrkit_core::util::prng::Prng;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -34,18 +35,12 @@ impl Default for RichOpts {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift64*), incompressible enough
-/// that the kernel stores them uncompressed.
+/// Deterministic pseudo-random bytes (core's `Prng`, the stream this
+/// function made on its own before), incompressible enough that the kernel
+/// stores them uncompressed.
 pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        s ^= s >> 12;
-        s ^= s << 25;
-        s ^= s >> 27;
-        v.extend_from_slice(&s.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    v.truncate(len);
+    let mut v = vec![0u8; len];
+    Prng::new(seed).fill(&mut v);
     v
 }
 

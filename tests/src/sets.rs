@@ -212,24 +212,19 @@ impl KernelSet {
 /// Files of many sizes (inline, one sector, several stripe units), a
 /// hard link, a symlink and an xattr, in a few directories.
 pub fn write_files(root: &Path) {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut g = btrkit_core::util::prng::Prng::new(0x9e37_79b9_7f4a_7c15);
     for d in 0..4 {
         let dir = root.join(format!("dir{d}"));
         std::fs::create_dir(&dir).unwrap();
         for f in 0..60 {
             let len = match f % 4 {
-                0 => next() % 2000,
+                0 => g.below(2000),
                 1 => 4096,
-                2 => next() % 300_000,
-                _ => 65536 * 3 + next() % 65536,
+                2 => g.below(300_000),
+                _ => 65536 * 3 + g.below(65536),
             } as usize;
-            let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let mut data = vec![0u8; len];
+            g.fill(&mut data);
             std::fs::write(dir.join(format!("f{f}")), data).unwrap();
         }
     }

@@ -188,15 +188,8 @@ fn bad_input_is_refused_cleanly() {
 
     // Inputs that need no tool.
     let p = dir.join("random.img");
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let bytes: Vec<u8> = (0..(1 << 20))
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let mut bytes = vec![0u8; 1 << 20];
+    btrkit_core::util::prng::Prng::new(0x9e37_79b9_7f4a_7c15).fill(&mut bytes);
     std::fs::write(&p, &bytes).expect("write");
     cases.push(Case {
         name: "random bytes",

@@ -341,13 +341,8 @@ fn fsck_damage_random_never_panics() {
         v
     };
     assert!(!blocks.is_empty());
-    let mut seed: u64 = 0x9e3779b97f4a7c15;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut g = btrkit_core::util::prng::Prng::new(0x9e3779b97f4a7c15);
+    let mut rnd = move || g.next_u64();
     for round in 0..30 {
         let img = tmp.path().join("fuzz.img");
         sh(&format!(
@@ -485,13 +480,8 @@ fn fsck_damage_superblock_fields_never_panic() {
     use std::os::unix::fs::FileExt;
     let tmp = tempfile::tempdir().expect("tempdir");
     let base = base_image(tmp.path());
-    let mut seed: u64 = 0x2545F4914F6CDD1D;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut g = btrkit_core::util::prng::Prng::new(0x2545F4914F6CDD1D);
+    let mut rnd = move || g.next_u64();
     for round in 0..40 {
         let img = tmp.path().join("sb.img");
         sh(&format!(

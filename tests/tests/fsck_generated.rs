@@ -45,6 +45,7 @@
 //! `generated_damage_long` (20 cases per class unless
 //! `BTRKIT_GEN_CASES` says otherwise).
 
+use btrkit_core::util::prng::Prng;
 use btrkit_tests::corrupt::base::{self, BaseSpec, BASES};
 use btrkit_tests::corrupt::recipes::{self, RecipeError};
 use btrkit_tests::fsck_support::{run_with_limit, FsckRun};
@@ -570,13 +571,6 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
 fn generated(default_cases: usize) {
     if !btrkit_tests::require_kernel_mount() {
         return;
@@ -653,7 +647,7 @@ fn generated(default_cases: usize) {
     let mut todo = Vec::new();
     for (ci, class) in classes.iter().enumerate() {
         for i in 0..cases {
-            let s = splitmix(seed ^ splitmix((ci as u64) << 32 | i as u64));
+            let s = Prng::derive(seed, (ci as u64) << 32 | i as u64);
             todo.push((class.to_string(), (ci + i) % run.bases.len(), s));
         }
     }

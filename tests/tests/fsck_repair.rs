@@ -15,6 +15,7 @@ use btrkit_core::check::repair::{self, RepairOptions, Target};
 use btrkit_core::check::{CheckOptions, NoProgress, Report};
 use btrkit_core::format::consts::*;
 use btrkit_core::io::{BlockDevice, CrashDevice};
+use btrkit_core::util::prng::Prng;
 use btrkit_tests::fsck_support::*;
 use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::repair_support::*;
@@ -82,19 +83,6 @@ const KINDS: [Kind; 19] = [
     Kind::FutureRoot,
     Kind::DataRefOwner,
 ];
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// Where each kind of damage can go in the base image.
 struct Targets {
@@ -229,8 +217,8 @@ fn set_u32(b: &mut [u8], o: usize, v: u32) {
 }
 
 /// Damage `dev` with one field of `kind` changed; the description.
-fn damage(dev: &Arc<dyn BlockDevice>, t: &Targets, kind: Kind, rng: &mut Rng) -> String {
-    let pick = |v: &Vec<Located>, rng: &mut Rng| v[rng.below(v.len() as u64) as usize].clone();
+fn damage(dev: &Arc<dyn BlockDevice>, t: &Targets, kind: Kind, rng: &mut Prng) -> String {
+    let pick = |v: &Vec<Located>, rng: &mut Prng| v[rng.below(v.len() as u64) as usize].clone();
     let field = |dev: &Arc<dyn BlockDevice>, l: &Located, off: usize, v: u64, width: usize| {
         patch_tree_block(dev, l.bytenr, &|b| {
             let at = l.data_off + off;
@@ -520,7 +508,7 @@ fn random_damage_never_makes_an_image_worse() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0x2545f4914f6cdd1d);
-    let mut rng = Rng(seed | 1);
+    let mut rng = Prng::new(seed);
     let mut failures = Vec::new();
     let mut per_kind = std::collections::BTreeMap::<Kind, (u64, u64)>::new();
     for case in 0..cases {
@@ -663,7 +651,7 @@ fn random_damage_never_makes_an_image_worse() {
 fn damaged_once(base: &Arc<Vec<u8>>, kind: Kind, seed: u64) -> (Arc<dyn BlockDevice>, String) {
     let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
     let targets = Targets::find(dev.clone());
-    let what = damage(&dev, &targets, kind, &mut Rng(seed));
+    let what = damage(&dev, &targets, kind, &mut Prng::new(seed));
     (dev, what)
 }
 
@@ -672,7 +660,7 @@ fn damaged_everywhere(base: &Arc<Vec<u8>>) -> Arc<Vec<u8>> {
     let dev = Arc::new(CrashDevice::from_shared(base.clone()));
     let d: Arc<dyn BlockDevice> = dev.clone();
     let targets = Targets::find(d.clone());
-    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let mut rng = Prng::new(0x9e3779b97f4a7c15);
     for kind in KINDS {
         if kind == Kind::PrimarySuperblock {
             continue;
@@ -715,7 +703,7 @@ fn repair_cut_at_every_write() {
         d.writes() - before
     };
     assert!(count >= 4, "a repair of {count} writes");
-    let mut seed = 0x853c49e6748fea9bu64;
+    let mut subsets = Prng::new(0x853c49e6748fea9b);
     let mut outcomes = [0u32; 2];
     for cut in 0..count {
         let d = fresh();
@@ -734,10 +722,7 @@ fn repair_cut_at_every_write() {
             "cut {cut} of {count} should fail"
         );
         for variant in 0..4 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            let s = seed;
+            let s = subsets.next_u64();
             let c: Arc<dyn BlockDevice> = Arc::new(match variant {
                 0 => d.crash_device(|_| false),
                 1 => d.crash_device(|_| true),
@@ -1279,7 +1264,7 @@ fn check_after_repair_equals_a_fresh_check() {
     let base = Arc::new(std::fs::read(&img).expect("read image"));
     let clean: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
     let targets = Targets::find(clean.clone());
-    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let mut rng = Prng::new(0x9e3779b97f4a7c15);
     let mut reused = 0;
     for kind in [
         Kind::BlockGroupUsed,

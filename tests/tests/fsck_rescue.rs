@@ -29,6 +29,7 @@ use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::io::{BlockDevice, CrashDevice};
 use btrkit_core::rescue::chunk_recover::{chunk_recover_devices, Options};
 use btrkit_core::tree::TreeIter;
+use btrkit_core::util::prng::Prng;
 use btrkit_tests::fsck_support::fsck_bin;
 use btrkit_tests::kcrash::{self, Manifest};
 use btrkit_tests::oracle;
@@ -478,17 +479,14 @@ fn chunk_recover_cut_at_every_write() {
         n
     };
     assert!(count >= 4, "chunk-recover of {count} writes");
-    let mut seed = 0x9e3779b97f4a7c15u64;
+    let mut subsets = Prng::new(0x9e3779b97f4a7c15);
     let mut outcomes = [0u32; 2];
     for cut in 0..count {
         let d = fresh();
         d.fail_after_writes(Some(cut));
         assert!(run(d.clone()).is_err(), "cut {cut} of {count} should fail");
         for variant in 0..4 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            let s = seed;
+            let s = subsets.next_u64();
             let c: Arc<dyn BlockDevice> = Arc::new(match variant {
                 0 => d.crash_device(|_| false),
                 1 => d.crash_device(|_| true),

@@ -151,16 +151,11 @@ fn make_source(root: &Path) {
     use std::io::Write;
     std::fs::create_dir_all(root.join("a/b/c")).unwrap();
     std::fs::create_dir_all(root.join("many")).unwrap();
-    let mut seed = 12345u64;
+    let mut g = btrkit_core::util::prng::Prng::new(12345);
     let mut rnd = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed as u8
-            })
-            .collect()
+        let mut v = vec![0u8; n];
+        g.fill(&mut v);
+        v
     };
     std::fs::write(root.join("tiny"), b"x").unwrap();
     std::fs::write(root.join("inline2000"), rnd(2000)).unwrap();

@@ -29,16 +29,11 @@ use std::process::Command;
 const FIEMAP_EXTENT_ENCODED: u32 = 0x8;
 
 fn source(root: &Path) {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut g = btrkit_core::util::prng::Prng::new(0x2545_f491_4f6c_dd1d);
     let mut rnd = move |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        let mut v = vec![0u8; n];
+        g.fill(&mut v);
+        v
     };
     let text = |n: usize| -> Vec<u8> {
         (0..)
