@@ -2,6 +2,7 @@
 //! dev extents, device bytes_used, block group item, free space entries)
 //! and the image stays clean for `btrfs check`.
 
+mod common;
 mod skip;
 
 use btrkit_core::format::consts::*;
@@ -10,13 +11,12 @@ use btrkit_core::format::key::Key;
 use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::io::FileDevice;
 use btrkit_core::trans::Store;
-use std::process::Command;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
 #[test]
 fn metadata_fills_and_grows_new_chunks() {
-    if Command::new("btrfs").arg("--version").output().is_err() {
+    if !common::have_btrfs_progs() {
         skip::skip("btrfs-progs not installed");
         return;
     }
@@ -76,15 +76,5 @@ fn metadata_fills_and_grows_new_chunks() {
         image.chunks.len() > chunks_before && meta_chunks >= 2,
         "expected new metadata chunks, have {meta_chunks}"
     );
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    let t = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success() && t.contains("no error found"), "{t}");
+    common::assert_btrfs_check_clean(&img);
 }

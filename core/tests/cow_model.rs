@@ -4,6 +4,7 @@
 //! hold exactly what an in-memory model says, and `btrfs check` must find
 //! the image clean.
 
+mod common;
 mod skip;
 
 use btrkit_core::format::consts::*;
@@ -13,6 +14,7 @@ use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::io::FileDevice;
 use btrkit_core::trans::Store;
 use btrkit_core::tree::TreeIter;
+use btrkit_core::util::prng::Prng;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -34,20 +36,6 @@ fn mkfs(path: &Path, size: u64, args: &[&str]) -> bool {
     matches!(st, Ok(s) if s.success())
 }
 
-fn btrfs_check(path: &Path) -> (bool, String) {
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(path)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    (o.status.success(), text)
-}
-
 fn xattr_item(name: &[u8], value: &[u8], transid: u64) -> Vec<u8> {
     let h = DirItem {
         location: Key::MIN.to_disk(),
@@ -60,20 +48,6 @@ fn xattr_item(name: &[u8], value: &[u8], transid: u64) -> Vec<u8> {
     v.extend_from_slice(name);
     v.extend_from_slice(value);
     v
-}
-
-/// A small deterministic PRNG (xorshift), so failures replay from the seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 type Model = BTreeMap<(u64, Key), (Vec<u8>, Vec<u8>)>;
@@ -105,7 +79,7 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
     }
     let trees = [BTRFS_FS_TREE_OBJECTID, BTRFS_DATA_RELOC_TREE_OBJECTID];
     let mut model: Model = BTreeMap::new();
-    let mut rng = Rng(seed | 1);
+    let mut rng = Prng::new(seed);
     {
         let dev = Arc::new(FileDevice::open(&img, true).unwrap());
         let mut fs = Store::open(dev).unwrap();
@@ -115,9 +89,9 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
             let existing: Vec<(u64, Key)> =
                 model.keys().filter(|(t, _)| *t == tree).copied().collect();
             if op < 6 || existing.is_empty() {
-                let name = format!("user.k{}", rng.next() % 100_000_000).into_bytes();
+                let name = format!("user.k{}", rng.next_u64() % 100_000_000).into_bytes();
                 let vlen = [0usize, 5, 40, 300, 1500][rng.below(5) as usize];
-                let value: Vec<u8> = (0..vlen).map(|_| rng.next() as u8).collect();
+                let value: Vec<u8> = (0..vlen).map(|_| rng.next_u64() as u8).collect();
                 let key = Key::new(256, BTRFS_XATTR_ITEM_KEY, name_hash(&name));
                 if model.contains_key(&(tree, key)) {
                     continue;
@@ -128,7 +102,7 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
             } else if op < 8 {
                 let k = existing[rng.below(existing.len() as u64) as usize];
                 let vlen = [0usize, 9, 120, 700][rng.below(4) as usize];
-                let value: Vec<u8> = (0..vlen).map(|_| rng.next() as u8).collect();
+                let value: Vec<u8> = (0..vlen).map(|_| rng.next_u64() as u8).collect();
                 let name = model[&k].0.clone();
                 fs.update_item(k.0, &k.1, &xattr_item(&name, &value, fs.transid()))
                     .unwrap();
@@ -177,7 +151,7 @@ fn run_model(seed: u64, nodesize: &str, ops: usize, commit_every: usize, extra: 
     if let Ok(keep) = std::env::var("BTRKIT_KEEP_IMG") {
         let _ = std::fs::copy(&img, format!("{keep}-{seed:x}"));
     }
-    let (ok, text) = btrfs_check(&img);
+    let (ok, text) = common::btrfs_check(&img);
     assert!(ok, "btrfs check failed:\n{text}");
     assert!(
         text.contains("no error found"),

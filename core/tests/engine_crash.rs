@@ -21,6 +21,7 @@
 mod common;
 
 use btrkit_core::io::{BlockDevice, CrashDevice};
+use btrkit_core::util::prng::Prng;
 use btrkit_core::workload::engine::EngineRunner;
 use btrkit_core::workload::Manifest;
 use common::*;
@@ -217,7 +218,7 @@ fn crash_workload(w: &Workload, seed: u64) {
         (0..cap).map(|i| i * flushes / cap).collect()
     };
     let cuts_per = env_num("BTRKIT_CRASH_CUTS", 1);
-    let mut rng = Rng::new(seed);
+    let mut rng = Prng::new(seed);
     let mut tried = 0;
     for &k in &points {
         // Power fails at flush k: what was written since flush k-1 is in
@@ -231,7 +232,7 @@ fn crash_workload(w: &Workload, seed: u64) {
             w.name
         );
         let before = state_key(&inner.crash_device(|_| false)).unwrap();
-        let s = rng.next();
+        let s = rng.next_u64();
         let variants: Vec<(String, CrashDevice)> = vec![
             ("none kept".into(), inner.crash_device(|_| false)),
             ("all kept".into(), inner.crash_device(|_| true)),
@@ -286,7 +287,7 @@ fn crash_workload(w: &Workload, seed: u64) {
                 w.name
             );
             let before = state_key(&inner.crash_device(|_| false)).unwrap();
-            let s = rng.next();
+            let s = rng.next_u64();
             for (what, img) in [
                 ("none kept", inner.crash_device(|_| false)),
                 ("all kept", inner.crash_device(|_| true)),

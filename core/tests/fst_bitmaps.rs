@@ -3,6 +3,7 @@
 //! every other one; the group must switch to bitmaps, and `btrfs check` must
 //! agree with every entry before and after.
 
+mod common;
 mod skip;
 
 use btrkit_core::format::consts::*;
@@ -13,23 +14,8 @@ use btrkit_core::io::FileDevice;
 use btrkit_core::trans::Store;
 use btrkit_core::tree::TreeIter;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use zerocopy::FromZeros;
-
-fn check(img: &Path) {
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .unwrap();
-    let t = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success() && t.contains("no error found"), "{t}");
-}
 
 fn bitmap_groups(img: &Path) -> usize {
     let image = Image::open_path(img, OpenOptions::default()).unwrap();
@@ -52,7 +38,7 @@ fn bitmap_groups(img: &Path) -> usize {
 
 #[test]
 fn fragmented_group_converts_to_bitmaps() {
-    if Command::new("btrfs").arg("--version").output().is_err() {
+    if !common::have_btrfs_progs() {
         skip::skip("btrfs-progs not installed");
         return;
     }
@@ -119,7 +105,7 @@ fn fragmented_group_converts_to_bitmaps() {
     btrkit_core::fs::inode::put_inode(&mut fs, tree, 256, &root).unwrap();
     fs.commit().unwrap();
     drop(fs);
-    check(&img);
+    common::assert_btrfs_check_clean(&img);
     assert_eq!(bitmap_groups(&img), 0);
 
     let dev = Arc::new(FileDevice::open(&img, true).unwrap());
@@ -142,7 +128,7 @@ fn fragmented_group_converts_to_bitmaps() {
     }
     fs.commit().unwrap();
     drop(fs);
-    check(&img);
+    common::assert_btrfs_check_clean(&img);
     assert!(
         bitmap_groups(&img) >= 1,
         "a fragmented data group should use bitmaps"
@@ -167,5 +153,5 @@ fn fragmented_group_converts_to_bitmaps() {
     }
     fs.commit().unwrap();
     drop(fs);
-    check(&img);
+    common::assert_btrfs_check_clean(&img);
 }

@@ -243,6 +243,7 @@ pub fn have_cmd(name: &str) -> bool {
 }
 
 pub use crate::sys::is_root;
+use crate::sys::run;
 
 /// A sparse file of `size` bytes.
 pub fn sparse_file(path: &Path, size: u64) -> Result<(), String> {
@@ -251,25 +252,10 @@ pub fn sparse_file(path: &Path, size: u64) -> Result<(), String> {
         .map_err(|e| format!("truncate {}: {e}", path.display()))
 }
 
-/// Run a command to completion; Err with its stderr when it fails.
-pub fn run_ok(cmd: &mut Command) -> Result<String, String> {
-    let o = cmd
-        .output()
-        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
-    if o.status.success() {
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        ))
-    }
-}
-
 /// `mkfs.btrfs -f EXTRA... PATH` on a fresh sparse file of `size` bytes.
 pub fn mkfs_btrfs(path: &Path, size: u64, extra: &[&str]) -> Result<(), String> {
     sparse_file(path, size)?;
-    run_ok(Command::new("mkfs.btrfs").arg("-f").args(extra).arg(path)).map(|_| ())
+    run(Command::new("mkfs.btrfs").arg("-f").args(extra).arg(path)).map(drop)
 }
 
 /// A small image written by the kernel: mkfs with 4 KiB nodes (so a few
@@ -306,11 +292,9 @@ pub fn kernel_populated_image(path: &Path, size: u64) -> Result<(), String> {
     std::os::unix::fs::symlink("dir0/file-with-a-longish-name-0002", root.join("symlink"))
         .map_err(io)?;
     std::fs::remove_file(root.join("dir2/file-with-a-longish-name-0003")).map_err(io)?;
-    let _ = run_ok(
-        Command::new("setfattr")
-            .args(["-n", "user.test", "-v", "value"])
-            .arg(root.join("dir0")),
-    );
-    run_ok(Command::new("sync").arg("-f").arg(&root))?;
+    let _ = run(Command::new("setfattr")
+        .args(["-n", "user.test", "-v", "value"])
+        .arg(root.join("dir0")));
+    run(Command::new("sync").arg("-f").arg(&root))?;
     m.unmount()
 }

@@ -739,17 +739,11 @@ pub fn write_fsync(path: &Path, data: &[u8]) {
     f.sync_all().expect("fsync");
 }
 
-/// Deterministic pseudo-random bytes (xorshift), for file contents.
+/// Deterministic pseudo-random bytes (core's `Prng`), for file contents.
 pub fn noise(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut v = vec![0u8; n];
+    btrkit_core::util::prng::Prng::new(seed).fill(&mut v);
+    v
 }
 
 // ---------------------------------------------------------------------------

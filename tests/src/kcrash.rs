@@ -30,11 +30,12 @@ use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::mount::LoopMount;
+use crate::sys::run;
 
 pub use btrkit_core::workload::content::{file_content, file_name, file_size, FillStream, Prng};
 pub use btrkit_core::workload::manifest::{
@@ -74,20 +75,6 @@ pub fn load_dir(dir: &Path) -> Res<Vec<Scenario>> {
 
 // ---------------------------------------------------------------------------
 // Commands
-
-fn run(cmd: &mut Command) -> Res<Output> {
-    let desc = format!("{cmd:?}");
-    let o = cmd.output().map_err(|e| format!("{desc}: {e}"))?;
-    if !o.status.success() {
-        return Err(format!(
-            "{desc} failed ({}): {}{}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim(),
-            String::from_utf8_lossy(&o.stdout).trim()
-        ));
-    }
-    Ok(o)
-}
 
 /// Copy keeping holes, as the crash capture and every image copy do.
 pub fn copy_sparse(from: &Path, to: &Path) -> Res<()> {
@@ -196,6 +183,8 @@ fn check(r: libc::c_int, what: &str, p: &Path) -> Res<()> {
 }
 
 fn fsync_fd(fd: libc::c_int, data_only: bool, p: &Path) -> Res<()> {
+    // SAFETY: integer arguments only: `fd` is the caller's open descriptor (a closed one makes
+    // the call fail with EBADF), no memory is passed.
     let r = unsafe {
         if data_only {
             libc::fdatasync(fd)
@@ -224,6 +213,8 @@ fn write_fill_fd(
         stream.next(&mut buf[..n]);
         let mut w = 0;
         while w < n {
+            // SAFETY: the pointer and length are those of the live slice `buf[w..n]`, which the
+            // kernel only reads.
             let r = unsafe {
                 libc::pwrite(
                     fd,
@@ -251,6 +242,8 @@ struct Fd(libc::c_int);
 impl Drop for Fd {
     fn drop(&mut self) {
         if self.0 >= 0 {
+            // SAFETY: `self.0` came from open(2), this Fd alone owns it, and it is closed once,
+            // here.
             unsafe { libc::close(self.0) };
         }
     }
@@ -261,6 +254,7 @@ impl Drop for Fd {
 fn settle_writeback(p: &Path) -> Res<()> {
     let f = open_fd(p, libc::O_RDONLY, 0)?;
     check(
+        // SAFETY: `f` keeps the descriptor open across the call; integer arguments only.
         unsafe {
             libc::sync_file_range(
                 f.0,
@@ -278,6 +272,7 @@ fn settle_writeback(p: &Path) -> Res<()> {
 
 fn open_fd(p: &Path, flags: libc::c_int, mode: libc::mode_t) -> Res<Fd> {
     let c = cpath(p)?;
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
     let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
     if fd < 0 {
         return Err(errno("open", p));
@@ -385,6 +380,8 @@ impl Runner {
                 let f = open_fd(&p, libc::O_CREAT | libc::O_WRONLY | libc::O_DIRECT, 0o644)?;
                 // O_DIRECT wants an aligned buffer: a private anonymous mapping.
                 let n = (*chunk).max(1) as usize;
+                // SAFETY: a new private anonymous mapping of `n >= 1` bytes; no existing memory
+                // is touched.
                 let buf = unsafe {
                     libc::mmap(
                         std::ptr::null_mut(),
@@ -398,11 +395,15 @@ impl Runner {
                 if buf == libc::MAP_FAILED {
                     return Err(errno("mmap", &p));
                 }
+                // SAFETY: `buf` is the writable mapping of `n` bytes made above (MAP_FAILED
+                // returned early) and nothing else refers to it.
                 unsafe { std::ptr::write_bytes(buf as *mut u8, *byte, n) };
                 let mut done = 0u64;
                 let mut res = Ok(());
                 while done < *len {
                     let k = (*len - done).min(n as u64) as usize;
+                    // SAFETY: `f` is open; the kernel reads `k <= n` bytes of the live `n`-byte
+                    // mapping `buf`.
                     let r = unsafe { libc::pwrite(f.0, buf, k, (off + done) as libc::off_t) };
                     if r <= 0 {
                         res = Err(errno("dwrite", &p));
@@ -410,6 +411,7 @@ impl Runner {
                     }
                     done += r as u64;
                 }
+                // SAFETY: unmaps exactly the mapping made above; `buf` is not used afterwards.
                 unsafe { libc::munmap(buf, n) };
                 res
             }
@@ -427,6 +429,8 @@ impl Runner {
                 if maplen == 0 {
                     return Ok(());
                 }
+                // SAFETY: a new shared mapping of `maplen > 0` bytes of the open `f` at the
+                // page-aligned offset `start`; no existing memory is touched.
                 let m = unsafe {
                     libc::mmap(
                         std::ptr::null_mut(),
@@ -440,6 +444,10 @@ impl Runner {
                 if m == libc::MAP_FAILED {
                     return Err(errno("mmap", &p));
                 }
+                // SAFETY: `(off - start) + len == maplen`, so the bytes written lie inside the
+                // mapping made above (MAP_FAILED returned early). A range past the file's end
+                // would raise SIGBUS, a crash of the test rather than memory corruption; the
+                // scenarios write inside their files.
                 unsafe {
                     std::ptr::write_bytes(
                         (m as *mut u8).add((off - start) as usize),
@@ -448,6 +456,7 @@ impl Runner {
                     )
                 };
                 // munmap: the pages stay dirty, nothing is synced.
+                // SAFETY: unmaps exactly the mapping made above; `m` is not used afterwards.
                 unsafe { libc::munmap(m, maplen) };
                 Ok(())
             }
@@ -464,6 +473,8 @@ impl Runner {
                 if maplen == 0 {
                     return Ok(());
                 }
+                // SAFETY: a new shared mapping of `maplen > 0` bytes of the open `f` at the
+                // page-aligned offset `start`; no existing memory is touched.
                 let m = unsafe {
                     libc::mmap(
                         std::ptr::null_mut(),
@@ -477,7 +488,10 @@ impl Runner {
                 if m == libc::MAP_FAILED {
                     return Err(errno("mmap", &p));
                 }
+                // SAFETY: `m` and `maplen` are the live mapping made above (MAP_FAILED returned
+                // early).
                 let r = unsafe { libc::msync(m, maplen, libc::MS_SYNC) };
+                // SAFETY: unmaps exactly the mapping made above; `m` is not used afterwards.
                 unsafe { libc::munmap(m, maplen) };
                 check(r, "msync", &p)
             }
@@ -490,6 +504,8 @@ impl Runner {
                 let p = self.p(path);
                 let f = open_fd(&p, libc::O_RDWR, 0)?;
                 check(
+                    // SAFETY: `f` keeps the descriptor open across the call; integer arguments
+                    // only.
                     unsafe { libc::sync_file_range(f.0, *off as i64, *len as i64, *flags) },
                     "sync_file_range",
                     &p,
@@ -498,6 +514,8 @@ impl Runner {
             Step::Truncate(p, size) => {
                 let (fd, _own) = self.fd(p, libc::O_WRONLY)?;
                 check(
+                    // SAFETY: `fd` is held open by the runner's table or by `_own` until after
+                    // the call; integer arguments only.
                     unsafe { libc::ftruncate(fd, *size as libc::off_t) },
                     "truncate",
                     &self.p(p),
@@ -549,6 +567,11 @@ impl Runner {
                 let arg: [u64; 4] = [sfd as u64, *src_off, *len, *dst_off];
                 const FICLONERANGE: libc::c_ulong = 0x4020_940d;
                 check(
+                    // SAFETY: FICLONERANGE (_IOW(0x94, 13, struct file_clone_range), size 32 in
+                    // the request number) reads a struct file_clone_range { s64 src_fd; u64
+                    // src_offset, src_length, dest_offset; } from its argument: `arg` is
+                    // exactly those four 8-byte fields in that order and lives across the call.
+                    // `sfd` and `dfd` are held open by `_s`/`_d` or the runner's table.
                     unsafe { libc::ioctl(dfd, FICLONERANGE as _, arg.as_ptr()) },
                     "clone",
                     &self.p(dst),
@@ -581,6 +604,9 @@ impl Runner {
             Step::SetXattr { path, name, value } => {
                 let p = self.p(path);
                 let cn = CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?;
+                // SAFETY: NUL-terminated strings (the path's CString is a temporary that lives
+                // to the end of the statement, past the call) and the live buffer `value` of
+                // `value.len()` bytes, which the kernel only reads.
                 let r = unsafe {
                     libc::lsetxattr(
                         cpath(&p)?.as_ptr(),
@@ -596,6 +622,8 @@ impl Runner {
                 let p = self.p(path);
                 let cn = CString::new(name.as_str()).map_err(|_| "NUL in xattr name")?;
                 check(
+                    // SAFETY: NUL-terminated strings that live past the call (the path's
+                    // CString is a temporary of this statement).
                     unsafe { libc::lremovexattr(cpath(&p)?.as_ptr(), cn.as_ptr()) },
                     &format!("removexattr {name}"),
                     &p,
@@ -608,6 +636,7 @@ impl Runner {
             Step::Sync => {
                 // syncfs on btrfs commits the running transaction.
                 let f = open_fd(&self.root, libc::O_RDONLY, 0)?;
+                // SAFETY: `f` keeps the descriptor open across the call.
                 check(unsafe { libc::syncfs(f.0) }, "syncfs", &self.root)
             }
             Step::Chmod(p, mode) => {
@@ -630,6 +659,8 @@ impl Runner {
                     open_fd(&p, libc::O_CREAT | libc::O_WRONLY, 0o644)?;
                 }
                 check(
+                    // SAFETY: a NUL-terminated path that lives past the call; a null `times`
+                    // means "now" (utimensat(2)), nothing is read through it.
                     unsafe {
                         libc::utimensat(libc::AT_FDCWD, cpath(&p)?.as_ptr(), std::ptr::null(), 0)
                     },
@@ -645,6 +676,8 @@ impl Runner {
                     NodeKind::Blk(a, b) => (libc::S_IFBLK | 0o644, libc::makedev(*a, *b)),
                 };
                 check(
+                    // SAFETY: a NUL-terminated path that lives past the call; integer arguments
+                    // otherwise.
                     unsafe { libc::mknod(cpath(&p)?.as_ptr(), mode, dev) },
                     "mknod",
                     &p,
@@ -757,6 +790,8 @@ impl Runner {
     ) -> Res<()> {
         // fallocate(1), which kcrash.py runs, creates a missing file.
         let (fd, _own) = self.fd(path, libc::O_WRONLY | libc::O_CREAT)?;
+        // SAFETY: `fd` is held open by the runner's table or by `_own` until after the call;
+        // integer arguments only.
         let r = unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) };
         if r != 0
             && enospc_ok
@@ -1077,11 +1112,15 @@ pub fn image_digest(p: &Path) -> Res<String> {
 fn list_xattrs(p: &Path) -> Res<BTreeMap<String, Vec<u8>>> {
     let cp = cpath(p)?;
     let mut out = BTreeMap::new();
+    // SAFETY: `cp` is NUL-terminated and lives past the call; a null buffer of size 0 only asks
+    // for the list's length.
     let n = unsafe { libc::llistxattr(cp.as_ptr(), std::ptr::null_mut(), 0) };
     if n < 0 {
         return Err(errno("listxattr", p));
     }
     let mut names = vec![0u8; n as usize + 1];
+    // SAFETY: `names` is a live buffer of `names.len()` bytes; the kernel writes at most that
+    // many.
     let n = unsafe { libc::llistxattr(cp.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
     if n < 0 {
         return Err(errno("listxattr", p));
@@ -1094,12 +1133,16 @@ fn list_xattrs(p: &Path) -> Res<BTreeMap<String, Vec<u8>>> {
             continue;
         }
         let cn = CString::new(name).map_err(|_| "NUL in xattr name")?;
+        // SAFETY: `cp` and `cn` are NUL-terminated and live past the call; a null buffer of
+        // size 0 only asks for the value's length.
         let len = unsafe { libc::lgetxattr(cp.as_ptr(), cn.as_ptr(), std::ptr::null_mut(), 0) };
         if len < 0 {
             return Err(errno("getxattr", p));
         }
         let mut v = vec![0u8; len as usize];
         let len =
+            // SAFETY: `v` is a live buffer of `v.len()` bytes; the kernel writes at most that
+            // many.
             unsafe { libc::lgetxattr(cp.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
         if len < 0 {
             return Err(errno("getxattr", p));
@@ -1246,63 +1289,6 @@ pub fn manifest_of_image(img: &Path, work: &Path) -> Res<Manifest> {
     let r = manifest_via_copy(img, &copy, "rw");
     let _ = std::fs::remove_file(&copy);
     r
-}
-
-/// `btrfs check --readonly`: Ok when it exits 0 and reports no error.
-pub fn btrfs_check(img: &Path) -> Res<()> {
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .map_err(|e| format!("btrfs check: {e}"))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    if o.status.success() && text.contains("no error found") {
-        return Ok(());
-    }
-    // The first line names the problems; the full report follows, without
-    // the space statistics btrfs check prints first.
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .filter(|l| {
-            !l.starts_with("total ")
-                && !l.contains(" bytes: ")
-                && !l.starts_with(" referenced")
-                && !l.starts_with("found ")
-        })
-        .collect();
-    let problems: Vec<&str> = lines
-        .iter()
-        .copied()
-        .filter(|l| {
-            let l = l.to_ascii_lowercase();
-            (l.contains("error")
-                || l.contains("invalid")
-                || l.contains("mismatch")
-                || l.contains("missing"))
-                && !l.starts_with("error: errors found")
-        })
-        .take(4)
-        .collect();
-    Err(format!(
-        "btrfs check --readonly fails ({}): {}\n{}",
-        o.status,
-        if problems.is_empty() {
-            "see below".to_string()
-        } else {
-            problems.join("; ")
-        },
-        lines
-            .iter()
-            .take(40)
-            .copied()
-            .collect::<Vec<_>>()
-            .join("\n")
-    ))
 }
 
 // ---------------------------------------------------------------------------

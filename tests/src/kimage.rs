@@ -9,11 +9,12 @@
 //! The helpers panic with the failing command's output: they are test
 //! fixtures, and a test cannot go on without its image.
 
+use crate::sys::must_run;
 use btrkit_core::format::superblock::Superblock;
 use btrkit_core::image::read_superblock;
 use btrkit_core::io::FileDevice;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
 use crate::mount::LoopMount;
 
@@ -89,39 +90,6 @@ impl MkfsOpts {
     }
 }
 
-/// Run a command that must succeed: its output, or a panic naming the
-/// command line with its stderr.
-pub fn run_ok(cmd: &mut Command) -> Output {
-    try_run(cmd).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Run a command, returning its output when it exits 0 and the rendered
-/// command line with its stderr otherwise.
-pub fn try_run(cmd: &mut Command) -> Result<Output, String> {
-    let shown = format!("{cmd:?}");
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{shown}: cannot start: {e}"))?;
-    if out.status.success() {
-        Ok(out)
-    } else {
-        Err(format!(
-            "{shown}: {}: {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-                .trim()
-                .replace('\n', " "),
-            String::from_utf8_lossy(&out.stdout).trim()
-        ))
-    }
-}
-
-/// Run a command and panic with its stderr unless it exits 0.
-pub fn run(cmd: &mut Command) -> Output {
-    try_run(cmd).unwrap_or_else(|e| panic!("{e}"))
-}
-
 /// Read superblock copy 0 of an image file with btrkit-core.
 pub fn superblock_of(image: &Path) -> Superblock {
     let dev =
@@ -164,7 +132,7 @@ impl KernelImage {
         let f = std::fs::File::create(&image).expect("create image file");
         f.set_len(opts.size).expect("size image file");
         drop(f);
-        run(Command::new("mkfs.btrfs").args(opts.args()).arg(&image));
+        must_run(Command::new("mkfs.btrfs").args(opts.args()).arg(&image));
         KernelImage {
             dir,
             image,
@@ -238,9 +206,11 @@ impl KernelImage {
     /// Commit the running transaction (`btrfs filesystem sync`).
     pub fn sync(&self) {
         assert!(self.is_mounted(), "sync needs a mount");
-        run(Command::new("btrfs")
-            .args(["filesystem", "sync"])
-            .arg(&self.mnt));
+        must_run(
+            Command::new("btrfs")
+                .args(["filesystem", "sync"])
+                .arg(&self.mnt),
+        );
     }
 
     /// Generation of the last committed transaction, from the superblock in
@@ -274,10 +244,12 @@ impl KernelImage {
             .tempdir()
             .expect("tempdir");
         let path = dir.path().join(name);
-        run(Command::new("cp")
-            .arg("--sparse=always")
-            .arg(&self.image)
-            .arg(&path));
+        must_run(
+            Command::new("cp")
+                .arg("--sparse=always")
+                .arg(&self.image)
+                .arg(&path),
+        );
         let sb = superblock_of(&path);
         CrashCopy {
             _dir: dir,

@@ -17,8 +17,10 @@
 //!   and reading every file back, for the `--repair` tests.
 //! - [`salvage`]: log blocks of a crash image, damaging them, comparing a
 //!   salvaged image with the kernel's replay and zero-log.
-//! - [`sets`]: device sets: copies, the kernel's view, btrfs check and
-//!   btrkit-fsck over every device.
+//! - [`oracle`]: `btrfs check --readonly` (btrfs-progs 6.2 or 6.14, one
+//!   image or a device set), the one place it is run and judged.
+//! - [`sets`]: device sets: copies, the kernel's view and btrkit-fsck over
+//!   every device.
 //! - [`logcheck`]: one scenario's log judged against the kernel (its own
 //!   run, its replay of ours, btrkit-replay, btrfs check, fsync promises);
 //!   [`fsmodel`] models what a script does and what its fsyncs promised;
@@ -53,6 +55,7 @@ pub mod kcrash;
 pub mod kimage;
 pub mod logcheck;
 pub mod mount;
+pub mod oracle;
 pub mod rich;
 pub mod salvage;
 pub mod sets;

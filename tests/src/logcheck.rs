@@ -19,6 +19,7 @@
 
 use crate::fsmodel;
 use crate::kcrash::{self, Manifest, Scenario, Step};
+use crate::oracle::{self, Progs};
 use crate::shellrun::{self, last_line};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -161,7 +162,7 @@ fn check_in(scn: &Scenario, opts: &Options, w: &Path, v: &mut Verdict) -> Result
     let kcopy = w.join("kernel-replays-ours.img");
     let k_ours: Manifest = kcrash::manifest_via_copy(&ours, &kcopy, "rw")
         .map_err(|e| format!("the kernel cannot mount our crash image: {e}"))?;
-    let consistent = match kcrash::btrfs_check(&kcopy) {
+    let consistent = match oracle::check_clean(&[&kcopy], Progs::Distro) {
         Ok(()) => Ok(()),
         Err(e) => {
             v.problems.push(format!(

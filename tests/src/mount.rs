@@ -19,7 +19,7 @@
 //! path is a mount point, which loop devices a file is attached to, whether
 //! this machine can loop-mount at all.
 
-use crate::kimage::try_run as run;
+use crate::sys::run;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;

@@ -5,7 +5,9 @@
 //! the fs, extent and csum trees get several levels, a subvolume and two
 //! snapshots. See [`build_rich`].
 
-use crate::kimage::{run, KernelImage, MkfsOpts};
+use crate::kimage::{KernelImage, MkfsOpts};
+use crate::sys::must_run;
+use btrkit_core::util::prng::Prng;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -33,18 +35,12 @@ impl Default for RichOpts {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift64*), incompressible enough
-/// that the kernel stores them uncompressed.
+/// Deterministic pseudo-random bytes (core's `Prng`, the stream this
+/// function made on its own before), incompressible enough that the kernel
+/// stores them uncompressed.
 pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        s ^= s >> 12;
-        s ^= s << 25;
-        s ^= s >> 27;
-        v.extend_from_slice(&s.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    v.truncate(len);
+    let mut v = vec![0u8; len];
+    Prng::new(seed).fill(&mut v);
     v
 }
 
@@ -146,15 +142,17 @@ pub fn populate_rich(k: &KernelImage, many_files: usize) {
     );
     // Compression: zstd inherited from the directory property, and zlib (the
     // default algorithm) from `chattr +c` on an empty file.
-    run(Command::new("btrfs")
-        .args(["property", "set"])
-        .arg(p("compressed"))
-        .args(["compression", "zstd"]));
+    must_run(
+        Command::new("btrfs")
+            .args(["property", "set"])
+            .arg(p("compressed"))
+            .args(["compression", "zstd"]),
+    );
     write_file(&p("compressed/text1m"), &compressible(1 << 20));
     write_file(&p("compressed/text300k"), &compressible(300_000));
     write_file(&p("compressed/random"), &random_bytes(6, 256 << 10));
     File::create(p("chattr/c")).expect("create chattr/c");
-    run(Command::new("chattr").arg("+c").arg(p("chattr/c")));
+    must_run(Command::new("chattr").arg("+c").arg(p("chattr/c")));
     write_file(&p("chattr/c"), &compressible(512 << 10));
     // Holes: data islands, a trailing hole past the last extent.
     write_at(&p("holes/sparse1"), 0, &random_bytes(7, 4096));
@@ -218,23 +216,29 @@ pub fn populate_rich(k: &KernelImage, many_files: usize) {
     }
     // A subvolume, a snapshot of it changed afterwards, and a snapshot of the
     // top level (shares all the blocks of the big fs tree).
-    run(Command::new("btrfs")
-        .args(["subvolume", "create"])
-        .arg(p("sub")));
+    must_run(
+        Command::new("btrfs")
+            .args(["subvolume", "create"])
+            .arg(p("sub")),
+    );
     fs::create_dir(p("sub/dir")).expect("mkdir sub/dir");
     write_file(&p("sub/dir/a"), &random_bytes(12, 200_000));
     write_file(&p("sub/b"), b"small in subvolume\n");
     k.sync();
-    run(Command::new("btrfs")
-        .args(["subvolume", "snapshot"])
-        .arg(p("sub"))
-        .arg(p("snap")));
+    must_run(
+        Command::new("btrfs")
+            .args(["subvolume", "snapshot"])
+            .arg(p("sub"))
+            .arg(p("snap")),
+    );
     write_at(&p("snap/dir/a"), 4096, &random_bytes(13, 8192));
     write_file(&p("snap/new"), b"only in the snapshot\n");
-    run(Command::new("btrfs")
-        .args(["subvolume", "snapshot"])
-        .arg(k.mnt())
-        .arg(p("topsnap")));
+    must_run(
+        Command::new("btrfs")
+            .args(["subvolume", "snapshot"])
+            .arg(k.mnt())
+            .arg(p("topsnap")),
+    );
 }
 
 /// mkfs, mount, [`populate_rich`], unmount. The image is left unmounted and

@@ -5,8 +5,8 @@
 use crate::bin_path;
 use crate::fsck_support::fsck_bin;
 use crate::kcrash::{self, Manifest};
-use crate::kimage::run_ok;
 use crate::mount::{attach_loop, detach_loop, LoopMount};
+use crate::sys::must_run;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -34,46 +34,6 @@ pub fn copy_set(devs: &[PathBuf], dir: &Path, prefix: &str) -> Result<Vec<PathBu
 /// mount replays a log in place).
 pub fn manifest(devs: &[PathBuf], opts: &str) -> Result<Manifest, String> {
     kcrash::manifest_in_place(&devs[0], &format!("{opts}{}", device_opts(devs)))
-}
-
-/// `btrfs check --readonly` of a set (its devices on loop devices, found
-/// by btrfs-progs' scan). mkfs.btrfs 6.2's stale free space entries are
-/// all it may report.
-pub fn progs_check(devs: &[PathBuf]) -> Result<(), String> {
-    let loops: Vec<PathBuf> = devs
-        .iter()
-        .map(|d| attach_loop(d))
-        .collect::<Result<_, _>>()?;
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(&loops[0])
-        .output();
-    for l in &loops {
-        let _ = detach_loop(l);
-    }
-    let o = o.map_err(|e| e.to_string())?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let bad: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("ERROR") || l.contains("error") && !l.contains("no error found"))
-        .filter(|l| !l.contains("free space") && !l.contains("errors found in free space"))
-        // The scan of every block device meets loop devices other tests
-        // are tearing down.
-        .filter(|l| !l.contains("cannot scan"))
-        .filter(|l| {
-            !l.contains("cannot open /dev/loop")
-                || loops.iter().any(|d| l.contains(&*d.to_string_lossy()))
-        })
-        .collect();
-    if bad.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("btrfs check: {}", bad.join(" | ")))
-    }
 }
 
 /// btrkit-fsck --check-mirrors --check-data-csum over the set: no error
@@ -208,7 +168,7 @@ pub fn mkfs(images: &[&Path], extra: &[&str]) {
             .set_len(256 << 20)
             .unwrap();
     }
-    run_ok(
+    must_run(
         Command::new("mkfs.btrfs")
             .args(["-q", "-f"])
             .args(extra)
@@ -252,30 +212,25 @@ impl KernelSet {
 /// Files of many sizes (inline, one sector, several stripe units), a
 /// hard link, a symlink and an xattr, in a few directories.
 pub fn write_files(root: &Path) {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut g = btrkit_core::util::prng::Prng::new(0x9e37_79b9_7f4a_7c15);
     for d in 0..4 {
         let dir = root.join(format!("dir{d}"));
         std::fs::create_dir(&dir).unwrap();
         for f in 0..60 {
             let len = match f % 4 {
-                0 => next() % 2000,
+                0 => g.below(2000),
                 1 => 4096,
-                2 => next() % 300_000,
-                _ => 65536 * 3 + next() % 65536,
+                2 => g.below(300_000),
+                _ => 65536 * 3 + g.below(65536),
             } as usize;
-            let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let mut data = vec![0u8; len];
+            g.fill(&mut data);
             std::fs::write(dir.join(format!("f{f}")), data).unwrap();
         }
     }
     std::fs::hard_link(root.join("dir0/f1"), root.join("dir1/link")).unwrap();
     std::os::unix::fs::symlink("dir0/f2", root.join("sym")).unwrap();
-    run_ok(
+    must_run(
         Command::new("setfattr")
             .args(["-n", "user.k", "-v", "v"])
             .arg(root.join("dir2/f3")),

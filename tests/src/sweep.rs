@@ -18,30 +18,17 @@ use crate::fsmodel::{join, split, Model, BLOCK, FIRST_INO_AFTER_WARMUP};
 use crate::kcrash::Scenario;
 #[cfg(test)]
 use crate::kcrash::Step;
+use btrkit_core::util::prng::Prng;
 
-/// A reproducible number below `n` (xorshift64).
-pub struct Rng(u64);
+/// One of `v`, drawn from `r` (`v` is never empty: the model always has
+/// the root and at least the files a script made).
+fn one<'a, T>(r: &mut Prng, v: &'a [T]) -> &'a T {
+    &v[r.below(v.len() as u64) as usize]
+}
 
-impl Rng {
-    /// The generator of one seed of one family.
-    pub fn new(seed: u64, family: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ family | 1)
-    }
-    /// A number in `0..n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-    /// One of `v`.
-    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len() as u64) as usize]
-    }
-    /// True with probability `pct` percent.
-    pub fn chance(&mut self, pct: u64) -> bool {
-        self.below(100) < pct
-    }
+/// The generator of one seed of one family.
+fn generator(seed: u64, family: u64) -> Prng {
+    Prng::new(Prng::derive(seed, family))
 }
 
 /// A script being written: each step is checked against the model first.
@@ -87,21 +74,21 @@ const FAMILY_DATA: u64 = 0x6461;
 
 /// A path of the namespace family's tree: a name of the pool in one of the
 /// directories no deeper than three levels.
-fn ns_new_path(w: &Writer, r: &mut Rng) -> String {
+fn ns_new_path(w: &Writer, r: &mut Prng) -> String {
     let dirs: Vec<String> = w
         .model
         .dirs()
         .into_iter()
         .filter(|d| d.matches('/').count() <= 3 || d == "/")
         .collect();
-    let dir = r.pick(&dirs).clone();
-    let name = *r.pick(NAMES);
+    let dir = one(r, &dirs).clone();
+    let name = *one(r, NAMES);
     join(&dir, name)
 }
 
 /// The namespace family, seed `seed`.
 pub fn namespace_script(seed: u64) -> String {
-    let mut r = Rng::new(seed, FAMILY_NS);
+    let r = &mut generator(seed, FAMILY_NS);
     let mut w = Writer::new();
     // Where each inode has been, so renames go back to old names.
     let mut history: std::collections::HashMap<u64, Vec<String>> = Default::default();
@@ -111,7 +98,7 @@ pub fn namespace_script(seed: u64) -> String {
         if made >= dirs {
             break;
         }
-        let p = ns_new_path(&w, &mut r);
+        let p = ns_new_path(&w, r);
         made += w.step(format!("mkdir {p}")) as u64;
     }
     made = 0;
@@ -119,13 +106,13 @@ pub fn namespace_script(seed: u64) -> String {
         if made >= files {
             break;
         }
-        let p = ns_new_path(&w, &mut r);
-        let line = if r.chance(50) {
+        let p = ns_new_path(&w, r);
+        let line = if r.chance(50, 100) {
             format!("create {p}")
         } else {
             format!(
                 "write {p} 0 {} 0x{:02x}",
-                r.pick(&[100u64, 3000, 70000]),
+                one(r, &[100u64, 3000, 70000]),
                 1 + r.below(254)
             )
         };
@@ -145,9 +132,9 @@ pub fn namespace_script(seed: u64) -> String {
         let nonroot: Vec<&(String, u64)> = all.iter().filter(|(p, _)| p != "/").collect();
         let op = r.below(100);
         let line = if op < 8 {
-            format!("mkdir {}", ns_new_path(&w, &mut r))
+            format!("mkdir {}", ns_new_path(&w, r))
         } else if op < 18 {
-            format!("create {}", ns_new_path(&w, &mut r))
+            format!("create {}", ns_new_path(&w, r))
         } else if op < 23 {
             let files = w.model.files();
             if files.is_empty() {
@@ -155,24 +142,24 @@ pub fn namespace_script(seed: u64) -> String {
             }
             format!(
                 "write {} {} {} 0x{:02x}",
-                r.pick(&files),
-                r.pick(&[0u64, 100, 4096]),
-                r.pick(&[10u64, 3000]),
+                one(r, &files),
+                one(r, &[0u64, 100, 4096]),
+                one(r, &[10u64, 3000]),
                 1 + r.below(254)
             )
         } else if op < 50 && !nonroot.is_empty() {
-            let (src, ino) = (*r.pick(&nonroot)).clone();
+            let (src, ino) = (*one(r, &nonroot)).clone();
             let old: Vec<String> = history
                 .get(&ino)
                 .map(|v| v.iter().filter(|p| **p != src).cloned().collect())
                 .unwrap_or_default();
-            let dst = if !old.is_empty() && r.chance(35) {
-                r.pick(&old).clone()
-            } else if r.chance(30) {
+            let dst = if !old.is_empty() && r.chance(35, 100) {
+                one(r, &old).clone()
+            } else if r.chance(30, 100) {
                 // Onto an existing name.
-                r.pick(&nonroot).0.clone()
+                one(r, &nonroot).0.clone()
             } else {
-                ns_new_path(&w, &mut r)
+                ns_new_path(&w, r)
             };
             if !w.model.rename_ok(&src, &dst) {
                 continue;
@@ -184,27 +171,27 @@ pub fn namespace_script(seed: u64) -> String {
             if files.is_empty() {
                 continue;
             }
-            format!("link {} {}", r.pick(&files), ns_new_path(&w, &mut r))
+            format!("link {} {}", one(r, &files), ns_new_path(&w, r))
         } else if op < 64 {
             let files = w.model.files();
             if files.is_empty() {
                 continue;
             }
-            format!("unlink {}", r.pick(&files))
+            format!("unlink {}", one(r, &files))
         } else if op < 69 {
             let dirs: Vec<String> = w.model.dirs().into_iter().filter(|d| d != "/").collect();
             if dirs.is_empty() {
                 continue;
             }
-            format!("rmdir {}", r.pick(&dirs))
+            format!("rmdir {}", one(r, &dirs))
         } else if op < 94 {
-            format!("fsync {}", r.pick(&all).0)
+            format!("fsync {}", one(r, &all).0)
         } else if op < 97 {
             let files = w.model.files();
             if files.is_empty() {
                 continue;
             }
-            format!("fdatasync {}", r.pick(&files))
+            format!("fdatasync {}", one(r, &files))
         } else {
             "sync".to_string()
         };
@@ -222,14 +209,14 @@ pub fn namespace_script(seed: u64) -> String {
         }
     }
     let all = w.model.paths();
-    let last = r.pick(&all).0.clone();
+    let last = one(r, &all).0.clone();
     w.step(format!("fsync {last}"));
     w.text()
 }
 
 /// The data family, seed `seed`.
 pub fn data_script(seed: u64) -> String {
-    let mut r = Rng::new(seed, FAMILY_DATA);
+    let r = &mut generator(seed, FAMILY_DATA);
     let mut w = Writer::new();
     w.step("mkdir /d".into());
     let names = ["/f0", "/f1", "/d/f2", "/d/f3"];
@@ -237,7 +224,7 @@ pub fn data_script(seed: u64) -> String {
     for f in &names[..nfiles] {
         w.step(format!(
             "write {f} 0 {} 0x{:02x}",
-            r.pick(&[100u64, 5000, 70000, 300000]),
+            one(r, &[100u64, 5000, 70000, 300000]),
             1 + r.below(254)
         ));
     }
@@ -253,7 +240,7 @@ pub fn data_script(seed: u64) -> String {
         if files.is_empty() {
             break;
         }
-        let f = r.pick(&files).clone();
+        let f = one(r, &files).clone();
         let size = w.model.size(w.model.lookup(&f).unwrap_or(0));
         let off_choices = [
             0,
@@ -268,29 +255,32 @@ pub fn data_script(seed: u64) -> String {
             size + 1 + r.below(20000),
             size.saturating_sub(1 + r.below(3000)),
         ];
-        let off = *r.pick(&off_choices);
-        let len = *r.pick(&[1u64, 500, 4096, 4097, 20000, 81920]);
+        let off = *one(r, &off_choices);
+        let len = *one(r, &[1u64, 500, 4096, 4097, 20000, 81920]);
         let byte = 1 + r.below(254);
         let op = r.below(100);
         let lines: Vec<String> = if op < 22 {
             vec![format!("write {f} {off} {len} 0x{byte:02x}")]
         } else if op < 30 {
-            let to = *r.pick(&[0u64, 1000, 4096, 100000, 400000, size / 2, size + 5000]);
+            let to = *one(
+                r,
+                &[0u64, 1000, 4096, 100000, 400000, size / 2, size + 5000],
+            );
             vec![format!("truncate {f} {to}")]
         } else if op < 37 {
-            let keep = if r.chance(50) { " keep" } else { "" };
+            let keep = if r.chance(50, 100) { " keep" } else { "" };
             vec![format!(
                 "fallocate {f} {} {}{keep}",
                 off / BLOCK * BLOCK,
-                r.pick(&[4096u64, 65536])
+                one(r, &[4096u64, 65536])
             )]
         } else if op < 43 {
             vec![format!("punch {f} {off} {len}")]
         } else if op < 49 {
-            let keep = if r.chance(50) { " keep" } else { "" };
+            let keep = if r.chance(50, 100) { " keep" } else { "" };
             vec![format!("zero-range {f} {off} {len}{keep}")]
         } else if op < 56 {
-            let src = r.pick(&files).clone();
+            let src = one(r, &files).clone();
             let ssize = w.model.size(w.model.lookup(&src).unwrap_or(0));
             if ssize == 0 {
                 continue;
@@ -298,23 +288,23 @@ pub fn data_script(seed: u64) -> String {
             let so = r.below(ssize.div_ceil(BLOCK)) * BLOCK;
             let blocks = r.below(4);
             let clen = if blocks == 0 { 0 } else { blocks * BLOCK };
-            let dso = *r.pick(&[0u64, 4096, 16384, size.div_ceil(BLOCK) * BLOCK]);
+            let dso = *one(r, &[0u64, 4096, 16384, size.div_ceil(BLOCK) * BLOCK]);
             vec![format!("clone {src} {so} {f} {dso} {clen}")]
         } else if op < 62 {
             // Replace by rename: a new file, or another of the files.
-            if r.chance(60) {
+            if r.chance(60, 100) {
                 tmp += 1;
                 let t = join(&split(&f).0, &format!("t{tmp}"));
                 vec![
                     format!("create {t}"),
                     format!(
                         "write {t} 0 {} 0x{byte:02x}",
-                        r.pick(&[100u64, 5000, 70000])
+                        one(r, &[100u64, 5000, 70000])
                     ),
                     format!("rename {t} {f}"),
                 ]
             } else {
-                let other = r.pick(&files).clone();
+                let other = one(r, &files).clone();
                 vec![format!("rename {other} {f}")]
             }
         } else if op < 80 {
@@ -322,7 +312,10 @@ pub fn data_script(seed: u64) -> String {
         } else if op < 88 {
             vec![format!("fdatasync {f}")]
         } else if op < 96 {
-            let flags = r.pick(&["write", "write|wait_after", "wait_before|write|wait_after"]);
+            let flags = one(
+                r,
+                &["write", "write|wait_after", "wait_before|write|wait_after"],
+            );
             vec![format!(
                 "sync-range {f} {} {} {flags}",
                 off / BLOCK * BLOCK,
@@ -343,8 +336,12 @@ pub fn data_script(seed: u64) -> String {
     }
     let files = w.model.files();
     if !files.is_empty() {
-        let f = r.pick(&files).clone();
-        let verb = if r.chance(70) { "fsync" } else { "fdatasync" };
+        let f = one(r, &files).clone();
+        let verb = if r.chance(70, 100) {
+            "fsync"
+        } else {
+            "fdatasync"
+        };
         w.step(format!("{verb} {f}"));
     }
     w.text()

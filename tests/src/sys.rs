@@ -207,3 +207,33 @@ unsafe impl<const CAP: usize> std::alloc::GlobalAlloc for CappedAlloc<CAP> {
         unsafe { std::alloc::System.realloc(p, l, new) }
     }
 }
+
+/// Runs `cmd` (stdin from /dev/null) to its end: its output when it exits
+/// 0, otherwise the rendered command line with its exit status, stderr and
+/// stdout. The one way the helpers run a command that must succeed; see
+/// [`must_run`] for the panicking form.
+pub fn run(cmd: &mut std::process::Command) -> Result<std::process::Output, String> {
+    let shown = format!("{cmd:?}");
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("{shown}: cannot start: {e}"))?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(format!(
+            "{shown}: {}: {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .trim()
+                .replace('\n', " "),
+            String::from_utf8_lossy(&out.stdout).trim()
+        ))
+    }
+}
+
+/// [`run`] for a command a test cannot go on without: its output, or a
+/// panic naming the command line with its stderr.
+pub fn must_run(cmd: &mut std::process::Command) -> std::process::Output {
+    run(cmd).unwrap_or_else(|e| panic!("{e}"))
+}

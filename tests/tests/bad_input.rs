@@ -6,7 +6,8 @@ use btrkit_core::csum::{block_csum, CsumType};
 use btrkit_core::format::consts::*;
 use btrkit_core::format::superblock::Superblock;
 use btrkit_core::image::{Image, OpenOptions};
-use btrkit_tests::fixtures::{have_cmd, run_dump, run_ok, sparse_file, RunOutput};
+use btrkit_tests::fixtures::{have_cmd, run_dump, sparse_file, RunOutput};
+use btrkit_tests::sys::run;
 use std::ffi::OsStr;
 use std::io::Read;
 use std::mem::offset_of;
@@ -103,7 +104,7 @@ fn patch_super(path: &Path, recsum: bool, f: impl FnOnce(&mut [u8])) {
 }
 
 fn copy_image(from: &Path, to: &Path) {
-    run_ok(Command::new("cp").arg("--sparse=always").arg(from).arg(to)).expect("cp image");
+    run(Command::new("cp").arg("--sparse=always").arg(from).arg(to)).expect("cp image");
 }
 
 /// Logical -> physical offset of the first copy of a tree block of the intact image.
@@ -187,15 +188,8 @@ fn bad_input_is_refused_cleanly() {
 
     // Inputs that need no tool.
     let p = dir.join("random.img");
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let bytes: Vec<u8> = (0..(1 << 20))
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let mut bytes = vec![0u8; 1 << 20];
+    btrkit_core::util::prng::Prng::new(0x9e37_79b9_7f4a_7c15).fill(&mut bytes);
     std::fs::write(&p, &bytes).expect("write");
     cases.push(Case {
         name: "random bytes",
@@ -242,7 +236,7 @@ fn bad_input_is_refused_cleanly() {
         }
         let p = dir.join(format!("{fs}.img"));
         sparse_file(&p, size).expect("sparse file");
-        match run_ok(Command::new(&tool).args(args).arg(&p)) {
+        match run(Command::new(&tool).args(args).arg(&p)) {
             Ok(_) => cases.push(Case {
                 name: if fs == "ext4" {
                     "ext4 image"
@@ -388,12 +382,11 @@ fn bad_input_is_refused_cleanly() {
         let made = sparse_file(&d1, IMG_SIZE)
             .and_then(|_| sparse_file(&d2, IMG_SIZE))
             .and_then(|_| {
-                run_ok(
-                    Command::new("mkfs.btrfs")
-                        .args(["-f", "-d", "single", "-m", "single"])
-                        .arg(&d1)
-                        .arg(&d2),
-                )
+                run(Command::new("mkfs.btrfs")
+                    .args(["-f", "-d", "single", "-m", "single"])
+                    .arg(&d1)
+                    .arg(&d2))
+                .map(drop)
             });
         match made {
             Ok(_) => cases.push(Case {

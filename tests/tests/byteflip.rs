@@ -3,7 +3,7 @@
 //! iterating every tree must end, in bounded time and memory, without a
 //! panic, whatever the flipped bytes say.
 //!
-//! Cases are deterministic (seeded xorshift), so a failure names a seed that
+//! Cases are deterministic (seeded with core's `Prng`), so a failure names a seed that
 //! reproduces it. Flips hit the primary superblock or tree blocks found by
 //! walking the intact image (every copy of a DUP block, or only the first),
 //! and half the time the checksum is recomputed so validation has to catch
@@ -16,6 +16,7 @@ use btrkit_core::format::key::Key;
 use btrkit_core::image::{tree_root_of, Image, OpenOptions};
 use btrkit_core::io::{BlockDevice, MemDevice};
 use btrkit_core::tree::{walk_tree, TreeIter, TreeRoot, WalkEvent};
+use btrkit_core::util::prng::Prng;
 use btrkit_tests::fixtures::{have_cmd, is_root, kernel_populated_image, mkfs_btrfs};
 use btrkit_tests::sys::CappedAlloc;
 use std::ops::ControlFlow;
@@ -31,24 +32,6 @@ const CASES_PER_IMAGE: u64 = 250;
 
 #[global_allocator]
 static ALLOC: CappedAlloc<ALLOC_CAP> = CappedAlloc;
-
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// A metadata region to damage: the physical offsets of every copy.
 #[derive(Clone)]
@@ -164,7 +147,7 @@ fn damage(
     csum: CsumType,
     seed: u64,
 ) -> (String, Vec<(u64, Vec<u8>)>) {
-    let mut r = Rng::new(seed);
+    let mut r = Prng::new(seed);
     // A quarter of the cases hit the superblock, the rest a tree block.
     let t = if r.below(4) == 0 {
         &targets[0]

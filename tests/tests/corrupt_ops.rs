@@ -12,6 +12,7 @@ use btrkit_core::format::key::Key;
 use btrkit_core::image::{Image, OpenOptions};
 use btrkit_tests::corrupt::recipes::{self, RecipeError};
 use btrkit_tests::corrupt::{leaf_layout_ok, Corruptor, KeyOrder, NameEdit, Value};
+use btrkit_tests::oracle::{self, Progs};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -163,12 +164,8 @@ fn corrupt_ops_write_every_copy() {
     c.delete(fs, head.key).unwrap();
     let after = c.items(fs).unwrap();
     assert_eq!(after.len(), items.len() - 1, "the whole tree still reads");
-    let r = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&r.stderr).to_string();
+    let r = oracle::btrfs_check(&[&img], Progs::Distro).unwrap();
+    let text = r.stderr;
     assert!(
         !text.contains("bad key ordering") && !text.contains("key mismatch"),
         "{text}"

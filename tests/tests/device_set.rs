@@ -7,9 +7,10 @@
 
 use btrkit_core::devices::DeviceSet;
 use btrkit_core::io::{BlockDevice, FileDevice};
-use btrkit_tests::kimage::run_ok;
 use btrkit_tests::mount::LoopMount;
+use btrkit_tests::oracle;
 use btrkit_tests::sets::{dump, findings, fsck, mkfs, progs_dump, KernelSet};
+use btrkit_tests::sys::must_run;
 use btrkit_tests::{bin_path, require_btrfs_progs, require_kernel_mount, skip_unless};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -275,7 +276,7 @@ fn new_chunk_as_the_kernel(sizes: &[u64], profile: &[&str]) {
     for (p, &s) in kern.iter().zip(sizes) {
         std::fs::File::create(p).unwrap().set_len(s).unwrap();
     }
-    run_ok(
+    must_run(
         Command::new("mkfs.btrfs")
             .args(["-q", "-f"])
             .args(profile)
@@ -490,7 +491,7 @@ fn repair_on_a_device_set() {
     use btrkit_core::devices::DeviceSet;
     use btrkit_core::image::OpenOptions;
     use btrkit_core::tree::search::TreeIter;
-    use btrkit_tests::sets::{manifest, progs_check};
+    use btrkit_tests::sets::manifest;
     skip_unless!(require_kernel_mount());
     skip_unless!(require_btrfs_progs());
     let set = KernelSet::new(2, &["-d", "raid1", "-m", "raid1"]);
@@ -549,6 +550,6 @@ fn repair_on_a_device_set() {
     assert_eq!(code, 1, "repair: {err}");
     let (code, r, err) = fsck(&devs, &[]);
     assert_eq!(code, 0, "after the repair: {err} {:?}", findings(&r));
-    progs_check(&set.paths).unwrap();
+    oracle::check_set_clean(&set.paths).unwrap();
     assert_eq!(manifest(&set.paths, "ro").unwrap(), before);
 }

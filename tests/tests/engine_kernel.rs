@@ -18,6 +18,7 @@
 //! family run (16 by default).
 
 use btrkit_tests::kcrash::{self, Scenario};
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::shellrun;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -98,7 +99,7 @@ fn run_one(scn: &Scenario, cache: &Path) -> Result<(), String> {
         Ok(_) => {}
         Err(e) => problems.push(format!("kernel mount of our image: {e}")),
     }
-    if let Err(e) = kcrash::btrfs_check(&ours) {
+    if let Err(e) = oracle::check_clean(&[&ours], Progs::Distro) {
         problems.push(e);
     }
     if let Err(e) = fsck_clean(&ours) {

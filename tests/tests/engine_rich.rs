@@ -7,7 +7,8 @@
 //! images must pass `btrfs check`, ours also `btrkit-fsck --check-data-csum`.
 
 use btrkit_tests::kcrash::{self, Runner, Scenario};
-use btrkit_tests::kimage::{run, KernelImage, MkfsOpts};
+use btrkit_tests::kimage::{KernelImage, MkfsOpts};
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::rich::populate_rich;
 use btrkit_tests::LoopMount;
 use std::path::Path;
@@ -200,9 +201,8 @@ fn shell_changes_kernel_written_images() {
     }
     r.close_all();
     k.umount();
-    run(Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(k.image()));
+    let v = oracle::btrfs_check(&[k.image()], Progs::Distro).expect("btrfs check");
+    assert!(v.clean, "btrfs check of the kernel's image: {}", v.output);
 
     let changes = Scenario::parse("changes", CHANGES).expect("parse changes");
     let work = tempfile::Builder::new()
@@ -268,7 +268,7 @@ fn shell_changes_kernel_written_images() {
         }
     }
     for img in [&theirs, &ours] {
-        if let Err(e) = kcrash::btrfs_check(img) {
+        if let Err(e) = oracle::check_clean(&[img], Progs::Distro) {
             problems.push(format!("{}: {e}", img.display()));
         }
     }
@@ -303,7 +303,7 @@ fn shell_changes_kernel_written_images() {
             if let Err(e) = m.unmount() {
                 problems.push(e);
             }
-            if let Err(e) = kcrash::btrfs_check(&ours) {
+            if let Err(e) = oracle::check_clean(&[&ours], Progs::Distro) {
                 problems.push(format!("after a kernel write: {e}"));
             }
         }

@@ -21,7 +21,8 @@
 //! (default 6, each profile a different share).
 
 use btrkit_tests::kcrash::{self, Manifest, Scenario};
-use btrkit_tests::sets::{self, copy_set, fsck_clean, progs_check};
+use btrkit_tests::oracle;
+use btrkit_tests::sets::{self, copy_set, fsck_clean};
 use btrkit_tests::shellrun::{self, last_line};
 use btrkit_tests::{require_kernel_mount, skip_unless};
 use std::path::{Path, PathBuf};
@@ -111,7 +112,7 @@ fn engine_one(scn: &Scenario) -> Result<(), String> {
     if let Err(e) = fsck_clean(&ours) {
         problems.push(e);
     }
-    if let Err(e) = progs_check(&ours) {
+    if let Err(e) = oracle::check_set_clean(&ours) {
         problems.push(e);
     }
     let copy = copy_set(&ours, &w.join("c"), "c")?;
@@ -145,7 +146,7 @@ fn log_one(scn: &Scenario) -> Result<(), String> {
     let k = copy_set(&ours, &w.join("k"), "kours")?;
     let k_ours = sets::manifest(&k, "rw")
         .map_err(|e| format!("the kernel cannot mount our crash set: {e}"))?;
-    let consistent = progs_check(&k).map_err(|e| {
+    let consistent = oracle::check_set_clean(&k).map_err(|e| {
         problems.push(format!("after the kernel replayed our log: {e}"));
         e
     });

@@ -35,11 +35,7 @@ fn fsck_not_btrfs() {
     std::fs::write(&empty, b"").expect("write");
     let garbage = tmp.path().join("garbage.img");
     let mut g = vec![0u8; 1 << 20];
-    let mut x: u32 = 12345;
-    for b in g.iter_mut() {
-        x = x.wrapping_mul(1103515245).wrapping_add(12345);
-        *b = (x >> 16) as u8;
-    }
+    btrkit_core::util::prng::Prng::new(12345).fill(&mut g);
     std::fs::write(&garbage, &g).expect("write");
     for p in [&empty, &garbage] {
         let r = run_fsck(p, &[], Duration::from_secs(30));

@@ -6,6 +6,7 @@ use btrkit_core::format::consts::*;
 use btrkit_core::format::header::{HEADER_SIZE, ITEM_SIZE};
 use btrkit_core::format::key::Key;
 use btrkit_tests::fsck_support::*;
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::LoopMount;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -282,15 +283,11 @@ fn fsck_damage_one_copy_of_a_dup_block_is_a_warning() {
         f.write_all_at(&[0x5a; 64], phys[copy] + 2000)
             .expect("write");
         drop(f);
-        let progs = std::process::Command::new("btrfs")
-            .args(["check", "--readonly"])
-            .arg(&img)
-            .output()
-            .expect("btrfs check");
+        let progs = oracle::btrfs_check(&[&img], Progs::Distro).expect("btrfs check");
         assert!(
-            progs.status.success(),
+            progs.clean,
             "copy {copy}: btrfs check calls the image damaged: {}",
-            String::from_utf8_lossy(&progs.stdout)
+            progs.stdout
         );
         let plain = run_fsck(&img, &[], Duration::from_secs(120));
         let all = run_fsck(&img, &["--check-mirrors"], Duration::from_secs(120));
@@ -344,13 +341,8 @@ fn fsck_damage_random_never_panics() {
         v
     };
     assert!(!blocks.is_empty());
-    let mut seed: u64 = 0x9e3779b97f4a7c15;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut g = btrkit_core::util::prng::Prng::new(0x9e3779b97f4a7c15);
+    let mut rnd = move || g.next_u64();
     for round in 0..30 {
         let img = tmp.path().join("fuzz.img");
         sh(&format!(
@@ -488,13 +480,8 @@ fn fsck_damage_superblock_fields_never_panic() {
     use std::os::unix::fs::FileExt;
     let tmp = tempfile::tempdir().expect("tempdir");
     let base = base_image(tmp.path());
-    let mut seed: u64 = 0x2545F4914F6CDD1D;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut g = btrkit_core::util::prng::Prng::new(0x2545F4914F6CDD1D);
+    let mut rnd = move || g.next_u64();
     for round in 0..40 {
         let img = tmp.path().join("sb.img");
         sh(&format!(

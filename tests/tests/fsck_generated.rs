@@ -45,9 +45,11 @@
 //! `generated_damage_long` (20 cases per class unless
 //! `BTRKIT_GEN_CASES` says otherwise).
 
+use btrkit_core::util::prng::Prng;
 use btrkit_tests::corrupt::base::{self, BaseSpec, BASES};
 use btrkit_tests::corrupt::recipes::{self, RecipeError};
 use btrkit_tests::fsck_support::{run_with_limit, FsckRun};
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::repair_support::lost_files;
 use btrkit_tests::LoopMount;
 use std::collections::BTreeMap;
@@ -106,10 +108,9 @@ fn informational(l: &str) -> bool {
         || t.starts_with("btrfs-progs v")
 }
 
-fn progs_check(bin: &Path, img: &Path) -> Check {
-    let mut c = Command::new(bin);
-    c.args(["check", "--readonly"]).arg(img);
-    let r = run_with_limit(c, CHECK_LIMIT);
+fn progs_check(progs: Progs, img: &Path) -> Check {
+    let r = oracle::btrfs_check_with(&[img], progs, &[], Some(CHECK_LIMIT))
+        .unwrap_or_else(|e| panic!("{e}"));
     let text = format!("{}\n{}", r.stderr, r.stdout);
     Check {
         code: r.code,
@@ -192,10 +193,10 @@ struct Judged {
     files: Result<Files, String>,
 }
 
-fn judge(img: &Path, progs_new: &Path) -> Judged {
+fn judge(img: &Path) -> Judged {
     Judged {
-        c62: progs_check(Path::new("btrfs"), img),
-        c614: progs_check(&progs_new.join("btrfs"), img),
+        c62: progs_check(Progs::Distro, img),
+        c614: progs_check(Progs::New, img),
         files: kernel_files(img),
     }
 }
@@ -421,7 +422,7 @@ fn case(
             return Ok(());
         }
     }
-    let before = judge(&dmg, &run.progs_new);
+    let before = judge(&dmg);
     if !before.c62.detected() && !before.c614.detected() {
         return Ok(());
     }
@@ -441,8 +442,8 @@ fn case(
             "(btrfs check --repair killed after {REPAIR_LIMIT:?})"
         ));
     }
-    let ja = judge(&a, &run.progs_new);
-    let jb = judge(&b, &run.progs_new);
+    let ja = judge(&a);
+    let jb = judge(&b);
     let died = |r: &FsckRun| match r.code {
         -2 => Some(format!("killed past {REPAIR_LIMIT:?}")),
         c if c < 0 => Some(format!(
@@ -570,13 +571,6 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
 fn generated(default_cases: usize) {
     if !btrkit_tests::require_kernel_mount() {
         return;
@@ -619,13 +613,13 @@ fn generated(default_cases: usize) {
     for spec in BASES {
         let img = base::make_base(work.path(), spec)
             .unwrap_or_else(|e| panic!("base image {}: {e}", spec.name));
-        for bin in [PathBuf::from("btrfs"), progs_new.join("btrfs")] {
-            let c = progs_check(&bin, &img);
+        for progs in [Progs::Distro, Progs::New] {
+            let c = progs_check(progs, &img);
             assert!(
                 c.clean(),
                 "base image {} is not clean for {}: exit {} {:?}",
                 spec.name,
-                bin.display(),
+                progs.name(),
                 c.code,
                 c.errors
             );
@@ -653,7 +647,7 @@ fn generated(default_cases: usize) {
     let mut todo = Vec::new();
     for (ci, class) in classes.iter().enumerate() {
         for i in 0..cases {
-            let s = splitmix(seed ^ splitmix((ci as u64) << 32 | i as u64));
+            let s = Prng::derive(seed, (ci as u64) << 32 | i as u64);
             todo.push((class.to_string(), (ci + i) % run.bases.len(), s));
         }
     }

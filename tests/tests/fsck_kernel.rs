@@ -4,6 +4,7 @@
 //! subvolume, fsync log trees) must check clean, as `btrfs check` says.
 
 use btrkit_tests::fsck_support::*;
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::LoopMount;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -103,16 +104,8 @@ fn assert_clean(img: &Path, what: &str) {
         r.code,
         r.errors()
     );
-    let oracle = std::process::Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output();
-    if let Ok(o) = oracle {
-        assert!(
-            o.status.success(),
-            "{what}: btrfs check disagrees: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+    if let Ok(v) = oracle::btrfs_check(&[img], Progs::Distro) {
+        assert!(v.clean, "{what}: btrfs check disagrees: {}", v.stderr);
     }
 }
 

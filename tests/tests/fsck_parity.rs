@@ -15,6 +15,7 @@ use btrkit_core::format::consts::*;
 use btrkit_core::format::header::{HEADER_SIZE, ITEM_SIZE};
 use btrkit_core::format::key::Key;
 use btrkit_tests::fsck_support::*;
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::LoopMount;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -131,19 +132,8 @@ fn patch_super(img: &Path, f: &dyn Fn(&mut [u8])) {
 
 /// What the installed `btrfs check --readonly` says: (damaged, output).
 fn progs_check(img: &Path) -> (bool, String) {
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .expect("btrfs check");
-    (
-        !o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
+    let v = oracle::btrfs_check(&[img], Progs::Distro).expect("btrfs check");
+    (!v.clean, v.output)
 }
 
 /// Installed btrfs-progs version as (major, minor).

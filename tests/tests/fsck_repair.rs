@@ -15,7 +15,9 @@ use btrkit_core::check::repair::{self, RepairOptions, Target};
 use btrkit_core::check::{CheckOptions, NoProgress, Report};
 use btrkit_core::format::consts::*;
 use btrkit_core::io::{BlockDevice, CrashDevice};
+use btrkit_core::util::prng::Prng;
 use btrkit_tests::fsck_support::*;
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::repair_support::*;
 use btrkit_tests::LoopMount;
 use std::collections::{BTreeMap, BTreeSet};
@@ -81,19 +83,6 @@ const KINDS: [Kind; 19] = [
     Kind::FutureRoot,
     Kind::DataRefOwner,
 ];
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// Where each kind of damage can go in the base image.
 struct Targets {
@@ -228,8 +217,8 @@ fn set_u32(b: &mut [u8], o: usize, v: u32) {
 }
 
 /// Damage `dev` with one field of `kind` changed; the description.
-fn damage(dev: &Arc<dyn BlockDevice>, t: &Targets, kind: Kind, rng: &mut Rng) -> String {
-    let pick = |v: &Vec<Located>, rng: &mut Rng| v[rng.below(v.len() as u64) as usize].clone();
+fn damage(dev: &Arc<dyn BlockDevice>, t: &Targets, kind: Kind, rng: &mut Prng) -> String {
+    let pick = |v: &Vec<Located>, rng: &mut Prng| v[rng.below(v.len() as u64) as usize].clone();
     let field = |dev: &Arc<dyn BlockDevice>, l: &Located, off: usize, v: u64, width: usize| {
         patch_tree_block(dev, l.bytenr, &|b| {
             let at = l.data_off + off;
@@ -460,22 +449,23 @@ fn base_image(dir: &Path) -> Option<Arc<Vec<u8>>> {
     Some(Arc::new(std::fs::read(&img).expect("read image")))
 }
 
-fn progs_clean(img: &Path) -> Result<(), String> {
-    let mut bins = vec![std::path::PathBuf::from("btrfs")];
-    if let Some(d) = btrkit_tests::env::progs_new_dir() {
-        bins.push(d.join("btrfs"));
+/// The distribution's btrfs-progs, and 6.14 when it is there.
+fn all_progs() -> Vec<Progs> {
+    let mut progs = vec![Progs::Distro];
+    if btrkit_tests::env::progs_new_dir().is_some() {
+        progs.push(Progs::New);
     }
-    for b in bins {
-        let o = std::process::Command::new(&b)
-            .args(["check", "--readonly"])
-            .arg(img)
-            .output()
-            .map_err(|e| format!("{}: {e}", b.display()))?;
-        if !o.status.success() {
+    progs
+}
+
+fn progs_clean(img: &Path) -> Result<(), String> {
+    for p in all_progs() {
+        let v = oracle::btrfs_check(&[img], p)?;
+        if !v.clean {
             return Err(format!(
-                "{} check: {}",
-                b.display(),
-                String::from_utf8_lossy(&o.stderr)
+                "{}: {}",
+                p.name(),
+                v.stderr
                     .lines()
                     .filter(|l| l.contains("ERROR") || l.contains("error"))
                     .take(4)
@@ -518,7 +508,7 @@ fn random_damage_never_makes_an_image_worse() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0x2545f4914f6cdd1d);
-    let mut rng = Rng(seed | 1);
+    let mut rng = Prng::new(seed);
     let mut failures = Vec::new();
     let mut per_kind = std::collections::BTreeMap::<Kind, (u64, u64)>::new();
     for case in 0..cases {
@@ -661,7 +651,7 @@ fn random_damage_never_makes_an_image_worse() {
 fn damaged_once(base: &Arc<Vec<u8>>, kind: Kind, seed: u64) -> (Arc<dyn BlockDevice>, String) {
     let dev: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
     let targets = Targets::find(dev.clone());
-    let what = damage(&dev, &targets, kind, &mut Rng(seed));
+    let what = damage(&dev, &targets, kind, &mut Prng::new(seed));
     (dev, what)
 }
 
@@ -670,7 +660,7 @@ fn damaged_everywhere(base: &Arc<Vec<u8>>) -> Arc<Vec<u8>> {
     let dev = Arc::new(CrashDevice::from_shared(base.clone()));
     let d: Arc<dyn BlockDevice> = dev.clone();
     let targets = Targets::find(d.clone());
-    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let mut rng = Prng::new(0x9e3779b97f4a7c15);
     for kind in KINDS {
         if kind == Kind::PrimarySuperblock {
             continue;
@@ -713,7 +703,7 @@ fn repair_cut_at_every_write() {
         d.writes() - before
     };
     assert!(count >= 4, "a repair of {count} writes");
-    let mut seed = 0x853c49e6748fea9bu64;
+    let mut subsets = Prng::new(0x853c49e6748fea9b);
     let mut outcomes = [0u32; 2];
     for cut in 0..count {
         let d = fresh();
@@ -732,10 +722,7 @@ fn repair_cut_at_every_write() {
             "cut {cut} of {count} should fail"
         );
         for variant in 0..4 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            let s = seed;
+            let s = subsets.next_u64();
             let c: Arc<dyn BlockDevice> = Arc::new(match variant {
                 0 => d.crash_device(|_| false),
                 1 => d.crash_device(|_| true),
@@ -1062,12 +1049,8 @@ fn clear_v1_cache_and_init_csum_tree() {
         0
     );
     progs_clean(&img).unwrap();
-    let o = std::process::Command::new("btrfs")
-        .args(["check", "--readonly", "--check-data-csum"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = oracle::btrfs_check_with(&[&img], Progs::Distro, &["--check-data-csum"], None).unwrap();
+    assert!(v.clean, "{}", v.stderr);
     let after = read_all(Arc::new(
         btrkit_core::io::FileDevice::open(&img, false).unwrap(),
     ));
@@ -1127,29 +1110,22 @@ fn qgroups_of(v: &serde_json::Value) -> BTreeMap<String, [u64; 4]> {
 /// btrfs check 6.2 (and 6.14 when installed) `--qgroup-report` on `img`
 /// lists the same quota groups with the same counts, computed and on disk.
 fn same_as_btrfs_check(img: &Path, ours: &BTreeMap<String, [u64; 4]>, what: &str) {
-    let mut bins = vec![std::path::PathBuf::from("btrfs")];
-    if let Some(d) = btrkit_tests::env::progs_new_dir() {
-        bins.push(d.join("btrfs"));
-    }
-    for b in &bins {
-        let o = std::process::Command::new(b)
-            .args(["check", "--readonly", "--qgroup-report"])
-            .arg(img)
-            .output()
+    for p in all_progs() {
+        let v = oracle::btrfs_check_with(&[img], p, &["--qgroup-report"], None)
             .expect("run btrfs check");
-        let theirs = progs_qgroup_report(&String::from_utf8_lossy(&o.stdout));
-        assert!(!theirs.is_empty(), "{}: no report", b.display());
+        let theirs = progs_qgroup_report(&v.stdout);
+        assert!(!theirs.is_empty(), "{}: no report", p.name());
         for (id, t) in &theirs {
             assert_eq!(
                 ours.get(id),
                 Some(t),
                 "{what}: qgroup {id}: btrkit {:?}, {} {t:?}",
                 ours.get(id),
-                b.display()
+                p.name()
             );
         }
         for id in ours.keys() {
-            assert!(theirs.contains_key(id), "{}: no qgroup {id}", b.display());
+            assert!(theirs.contains_key(id), "{}: no qgroup {id}", p.name());
         }
     }
 }
@@ -1288,7 +1264,7 @@ fn check_after_repair_equals_a_fresh_check() {
     let base = Arc::new(std::fs::read(&img).expect("read image"));
     let clean: Arc<dyn BlockDevice> = Arc::new(CrashDevice::from_shared(base.clone()));
     let targets = Targets::find(clean.clone());
-    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let mut rng = Prng::new(0x9e3779b97f4a7c15);
     let mut reused = 0;
     for kind in [
         Kind::BlockGroupUsed,

@@ -7,6 +7,7 @@
 //! updated.
 
 use btrkit_tests::fsck_support::*;
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::LoopMount;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -98,12 +99,8 @@ fn kernel_files(img: &Path) -> Option<BTreeMap<String, Result<u64, String>>> {
     Some(out)
 }
 
-fn progs_check(bin: &Path, img: &Path) -> bool {
-    std::process::Command::new(bin)
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .is_ok_and(|o| o.status.success())
+fn progs_check(progs: Progs, img: &Path) -> bool {
+    oracle::btrfs_check(&[img], progs).is_ok_and(|v| v.clean)
 }
 
 #[test]
@@ -117,10 +114,10 @@ fn repair_progs_fixtures() {
         btrkit_tests::skip(&why);
         return;
     }
-    let Some(new) = btrkit_tests::env::progs_new_dir() else {
+    if btrkit_tests::env::progs_new_dir().is_none() {
         btrkit_tests::skip("btrfs-progs 6.14 not available");
         return;
-    };
+    }
     let corrupt: Vec<&str> = tsv
         .lines()
         .skip(1)
@@ -170,12 +167,12 @@ fn repair_progs_fixtures() {
         }
         if got {
             repaired += 1;
-            if !progs_check(Path::new("btrfs"), &img) {
+            if !progs_check(Progs::Distro, &img) {
                 wrong.push(format!(
                     "{name}: btrfs check 6.2 not clean after the repair"
                 ));
             }
-            if !progs_check(&new.join("btrfs"), &img) {
+            if !progs_check(Progs::New, &img) {
                 wrong.push(format!(
                     "{name}: btrfs check 6.14 not clean after the repair"
                 ));

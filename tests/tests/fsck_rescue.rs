@@ -29,8 +29,10 @@ use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::io::{BlockDevice, CrashDevice};
 use btrkit_core::rescue::chunk_recover::{chunk_recover_devices, Options};
 use btrkit_core::tree::TreeIter;
+use btrkit_core::util::prng::Prng;
 use btrkit_tests::fsck_support::fsck_bin;
 use btrkit_tests::kcrash::{self, Manifest};
+use btrkit_tests::oracle;
 use btrkit_tests::sets::{self, KernelSet};
 use btrkit_tests::{env, skip_unless};
 use std::os::unix::fs::FileExt;
@@ -65,7 +67,7 @@ fn rescue(cmd: &str, flags: &[&str], devs: &[PathBuf]) -> (i32, serde_json::Valu
 /// The filesystem on `devs` is clean to btrfs check and to btrkit-fsck
 /// (every mirror, every data checksum).
 fn all_clean(devs: &[PathBuf], what: &str) {
-    if let Err(e) = sets::progs_check(devs) {
+    if let Err(e) = oracle::check_set_clean(devs) {
         panic!("{what}: {e}");
     }
     if let Err(e) = sets::fsck_clean(devs) {
@@ -232,7 +234,7 @@ fn progs_chunk_recover(devs: &[PathBuf], work: &Path) -> String {
     for l in &loops {
         let _ = btrkit_tests::mount::detach_loop(l);
     }
-    let check = match sets::progs_check(&c) {
+    let check = match oracle::check_set_clean(&c) {
         Ok(()) => "btrfs check clean after".to_string(),
         Err(e) => format!("after: {e}"),
     };
@@ -477,17 +479,14 @@ fn chunk_recover_cut_at_every_write() {
         n
     };
     assert!(count >= 4, "chunk-recover of {count} writes");
-    let mut seed = 0x9e3779b97f4a7c15u64;
+    let mut subsets = Prng::new(0x9e3779b97f4a7c15);
     let mut outcomes = [0u32; 2];
     for cut in 0..count {
         let d = fresh();
         d.fail_after_writes(Some(cut));
         assert!(run(d.clone()).is_err(), "cut {cut} of {count} should fail");
         for variant in 0..4 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            let s = seed;
+            let s = subsets.next_u64();
             let c: Arc<dyn BlockDevice> = Arc::new(match variant {
                 0 => d.crash_device(|_| false),
                 1 => d.crash_device(|_| true),
@@ -542,7 +541,7 @@ fn super_recover_damaged_primary() {
     b[0] ^= 0xff;
     f.write_all_at(&b, BTRFS_SUPER_INFO_OFFSET + 0x200).unwrap();
     drop(f);
-    assert!(sets::progs_check(std::slice::from_ref(&img)).is_err());
+    assert!(oracle::check_set_clean(std::slice::from_ref(&img)).is_err());
     // Without -y and without a terminal: a usage error, nothing written.
     let digest = kcrash::image_digest(&img).unwrap();
     let (code, _, _) = fsck(&["rescue".as_ref(), "super-recover".as_ref(), img.as_os_str()]);
@@ -591,7 +590,7 @@ fn zero_log_of_a_kernel_log() {
     // Every valid copy: no log, the generation kept.
     let (_, r, _) = rescue("zero-log", &[], std::slice::from_ref(&img));
     assert_eq!(r["status"], "nothing-to-do", "{r}");
-    assert!(sets::progs_check(std::slice::from_ref(&img)).is_ok());
+    assert!(oracle::check_set_clean(std::slice::from_ref(&img)).is_ok());
     let (code, _, err) = fsck(&[img.as_os_str()]);
     assert_eq!(code, 0, "{err}");
 }
@@ -619,7 +618,7 @@ fn fix_device_size_fixture_028() {
             .any(|c| c.as_str().unwrap_or("").contains("total_bytes"))),
         "{r}"
     );
-    assert!(sets::progs_check(std::slice::from_ref(&img)).is_ok());
+    assert!(oracle::check_set_clean(std::slice::from_ref(&img)).is_ok());
     let (code, _, err) = fsck(&[img.as_os_str()]);
     assert_eq!(code, 0, "{err}");
     let (code, r, _) = rescue("fix-device-size", &[], std::slice::from_ref(&img));
@@ -683,7 +682,7 @@ fn clear_ino_cache_fixture_064() {
         left.iter().all(|c| c == "free-space-stale"),
         "left after clear-ino-cache: {left:?}"
     );
-    assert!(sets::progs_check(std::slice::from_ref(&img)).is_ok());
+    assert!(oracle::check_set_clean(std::slice::from_ref(&img)).is_ok());
     let (code, r, _) = rescue("clear-ino-cache", &[], std::slice::from_ref(&img));
     assert_eq!(code, 0, "{r}");
 }

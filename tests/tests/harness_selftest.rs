@@ -1,9 +1,9 @@
 //! The test harness itself: cleanup on panic, crash copies, binary lookup,
 //! the shared fixture directory.
 
-use btrkit_tests::kimage::run_ok;
 use btrkit_tests::mount::{is_mount_point, loop_backing_file, loop_devices_of};
 use btrkit_tests::rich::{fsync, write_file};
+use btrkit_tests::sys::must_run;
 use btrkit_tests::{
     bin_path, require_kernel_mount, require_shared, skip_unless, KernelImage, LoopMount, MkfsOpts,
 };
@@ -16,7 +16,7 @@ fn mkfs_files(images: &[&Path], size: u64, extra: &[&str]) {
     for img in images {
         std::fs::File::create(img).unwrap().set_len(size).unwrap();
     }
-    run_ok(
+    must_run(
         Command::new("mkfs.btrfs")
             .args(["-q", "-f"])
             .args(extra)

@@ -37,7 +37,7 @@ const EXCEPTIONS: &[(&str, &str)] = &[
          created by the fsync of its directory (empty). Both are what fsync promised",
     ),
     (
-        "random-1900",
+        "regress-random-1900",
         "without no-holes, a write into the middle of a prealloc extent: the kernel's \
          log drops the unwritten piece [32768, 65536) that its extent-map split leaves \
          outside the logged range, and its own replay loses it; btrkit logs the \
@@ -45,7 +45,7 @@ const EXCEPTIONS: &[(&str, &str)] = &[
          allocation kept",
     ),
     (
-        "random-falloc-101",
+        "regress-random-falloc-101",
         "a 51 MiB keep-size fallocate on a 256 MiB filesystem whose data space is \
          fragmented: data extents go by size class (the kernel's find_free_extent), \
          so a large extent, with no group of its class and a new chunk too small, \
@@ -56,7 +56,7 @@ const EXCEPTIONS: &[(&str, &str)] = &[
          that crosses the size. Both are what fsync promised",
     ),
     (
-        "random-013",
+        "regress-random-013",
         "an inode logged only as existing (a new name of it in a logged directory) \
          after a truncate: the kernel updates inode items through delayed inodes, so \
          whether the item is copied from a leaf changed in the transaction (size 0: \
@@ -66,7 +66,7 @@ const EXCEPTIONS: &[(&str, &str)] = &[
          form. The kernel recovers the size at the fsync, btrkit's log the committed one",
     ),
     (
-        "random-ns-150",
+        "regress-random-ns-150",
         "a punch writes back the range it punches, and the whole run of dirty pages \
          it lies in goes along as one write; the kernel waits only for the ordered \
          extent inside the punched range, the rest completes in an end-io worker, \
@@ -77,8 +77,8 @@ const EXCEPTIONS: &[(&str, &str)] = &[
          after the write; both are what fsync promised",
     ),
     (
-        "random-ns-015",
-        "as random-013: an inode logged only as existing after a truncate (delayed inode item)",
+        "regress-random-ns-015",
+        "as regress-random-013: an inode logged only as existing after a truncate (delayed inode item)",
     ),
 ];
 

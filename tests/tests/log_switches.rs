@@ -13,6 +13,7 @@
 //! non-zero exit, with what was durable kept.
 
 use btrkit_tests::kcrash;
+use btrkit_tests::oracle::{self, Progs};
 use std::path::Path;
 use std::process::Command;
 
@@ -98,7 +99,7 @@ fn log_conflicting_inodes_counts() {
             Some(8192),
             "{on}: {m:?}"
         );
-        kcrash::btrfs_check(&d.path().join("k.img"))
+        oracle::check_clean(&[&d.path().join("k.img")], Progs::Distro)
             .expect("btrfs check after the kernel's replay");
     }
 }

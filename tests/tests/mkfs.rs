@@ -3,6 +3,7 @@
 //! mounts (and still checks clean after the kernel wrote to it); `--rootdir` copies read back through the kernel
 //! equal the source; bad input is refused with one line and no valid image.
 
+use btrkit_tests::oracle::{self, Progs};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -43,21 +44,7 @@ fn mkfs(args: &[&str], img: &Path) -> Output {
 }
 
 fn check(img: &Path) {
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(
-        o.status.success() && text.contains("no error found"),
-        "btrfs check {}:\n{text}",
-        img.display()
-    );
+    oracle::assert_btrfs_check_clean(&[img], Progs::Distro, &img.display().to_string());
     // btrkit-fsck, data checksums included, finds nothing either: no error
     // and no warning.
     let r = btrkit_tests::fsck_support::run_fsck(
@@ -164,16 +151,11 @@ fn make_source(root: &Path) {
     use std::io::Write;
     std::fs::create_dir_all(root.join("a/b/c")).unwrap();
     std::fs::create_dir_all(root.join("many")).unwrap();
-    let mut seed = 12345u64;
+    let mut g = btrkit_core::util::prng::Prng::new(12345);
     let mut rnd = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed as u8
-            })
-            .collect()
+        let mut v = vec![0u8; n];
+        g.fill(&mut v);
+        v
     };
     std::fs::write(root.join("tiny"), b"x").unwrap();
     std::fs::write(root.join("inline2000"), rnd(2000)).unwrap();
@@ -547,7 +529,7 @@ fn sets_of_every_profile_check_clean_and_mount() {
             "{what}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        btrkit_tests::sets::progs_check(&imgs).unwrap_or_else(|e| panic!("{what}: {e}"));
+        oracle::check_set_clean(&imgs).unwrap_or_else(|e| panic!("{what}: {e}"));
         btrkit_tests::sets::fsck_clean(&imgs).unwrap_or_else(|e| panic!("{what}: {e}"));
         {
             let opts = format!("rw{}", btrkit_tests::sets::device_opts(&imgs));
@@ -569,7 +551,7 @@ fn sets_of_every_profile_check_clean_and_mount() {
             }
             m.unmount().unwrap();
         }
-        btrkit_tests::sets::progs_check(&imgs)
+        oracle::check_set_clean(&imgs)
             .unwrap_or_else(|e| panic!("{what}, after the kernel wrote: {e}"));
         btrkit_tests::sets::fsck_clean(&imgs)
             .unwrap_or_else(|e| panic!("{what}, after the kernel wrote: {e}"));
@@ -605,7 +587,7 @@ fn rootdir_onto_a_set() {
         &imgs,
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    btrkit_tests::sets::progs_check(&imgs).unwrap();
+    oracle::check_set_clean(&imgs).unwrap();
     btrkit_tests::sets::fsck_clean(&imgs).unwrap();
     let opts = format!("ro{}", btrkit_tests::sets::device_opts(&imgs));
     let m = LoopMount::mount(&imgs[0], &t.path().join("m"), &opts).unwrap();
@@ -725,7 +707,7 @@ fn mixed_block_groups_on_one_device_and_on_sets() {
         );
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(v["summary"]["node_size"], 4096, "{args:?}");
-        btrkit_tests::sets::progs_check(&imgs).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        oracle::check_set_clean(&imgs).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         btrkit_tests::sets::fsck_clean(&imgs).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         {
             let opts = format!("rw{}", btrkit_tests::sets::device_opts(&imgs));
@@ -743,7 +725,7 @@ fn mixed_block_groups_on_one_device_and_on_sets() {
             }
             m.unmount().unwrap();
         }
-        btrkit_tests::sets::progs_check(&imgs).unwrap_or_else(|e| panic!("{args:?} after: {e}"));
+        oracle::check_set_clean(&imgs).unwrap_or_else(|e| panic!("{args:?} after: {e}"));
         btrkit_tests::sets::fsck_clean(&imgs).unwrap_or_else(|e| panic!("{args:?} after: {e}"));
     }
     let img = t.path().join("bad.img");

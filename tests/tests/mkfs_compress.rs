@@ -16,9 +16,10 @@
 //! `--rootdir` or with an unknown algorithm refused in one line.
 
 use btrkit_tests::kcrash;
-use btrkit_tests::kimage::run_ok;
 use btrkit_tests::mount::LoopMount;
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::sets::without_host_fields;
+use btrkit_tests::sys::must_run;
 use btrkit_tests::{bin_path, progs_new_dir, require_kernel_mount, require_progs_new, skip_unless};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -28,16 +29,11 @@ use std::process::Command;
 const FIEMAP_EXTENT_ENCODED: u32 = 0x8;
 
 fn source(root: &Path) {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut g = btrkit_core::util::prng::Prng::new(0x2545_f491_4f6c_dd1d);
     let mut rnd = move |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        let mut v = vec![0u8; n];
+        g.fill(&mut v);
+        v
     };
     let text = |n: usize| -> Vec<u8> {
         (0..)
@@ -67,7 +63,7 @@ fn source(root: &Path) {
     f.write_all_at(&text(100_000), 1 << 20).unwrap();
     std::fs::hard_link(root.join("text"), root.join("d/text-link")).unwrap();
     std::os::unix::fs::symlink("text", root.join("sym")).unwrap();
-    run_ok(
+    must_run(
         Command::new("setfattr")
             .args(["-n", "user.k", "-v", "value"])
             .arg(root.join("d/odd")),
@@ -105,21 +101,12 @@ fn encoded(mnt: &Path) -> BTreeMap<String, Vec<(u64, u64)>> {
     out
 }
 
-fn checks_clean(btrfs: &Path, img: &Path) -> Result<(), String> {
-    let o = Command::new(btrfs)
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if o.status.success() {
+fn checks_clean(progs: Progs, img: &Path) -> Result<(), String> {
+    let v = oracle::btrfs_check(&[img], progs)?;
+    if v.clean {
         Ok(())
     } else {
-        Err(format!(
-            "{} check: {}{}",
-            btrfs.display(),
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ))
+        Err(format!("{}: {}", progs.name(), v.output))
     }
 }
 
@@ -139,7 +126,7 @@ fn compression_as_mkfs_btrfs_6_14() {
             [("16384", "crc32c"), ("4096", "xxhash"), ("65536", "sha256")][i % 3];
         let ours = t.path().join(format!("ours-{i}.img"));
         let theirs = t.path().join(format!("progs-{i}.img"));
-        run_ok(
+        must_run(
             Command::new(bin_path("btrkit-mkfs"))
                 .args([
                     "-q", "-f", "-K", "-b", "256M", "-n", nodesize, "--csum", csum,
@@ -152,15 +139,15 @@ fn compression_as_mkfs_btrfs_6_14() {
             .unwrap()
             .set_len(256 << 20)
             .unwrap();
-        run_ok(
+        must_run(
             Command::new(new.join("mkfs.btrfs"))
                 .args(["-q", "-f", "-K", "-n", nodesize, "--csum", csum])
                 .args(["--compress", algo, "--rootdir"])
                 .arg(&src)
                 .arg(&theirs),
         );
-        for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
-            checks_clean(&btrfs, &ours).unwrap_or_else(|e| panic!("{algo}: {e}"));
+        for btrfs in [Progs::Distro, Progs::New] {
+            checks_clean(btrfs, &ours).unwrap_or_else(|e| panic!("{algo}: {e}"));
         }
         let m = LoopMount::new(&ours, "ro").unwrap();
         let got = without_host_fields(&kcrash::manifest_of_tree(m.path()).unwrap(), true);
@@ -176,19 +163,19 @@ fn compression_as_mkfs_btrfs_6_14() {
             .unwrap()
             .set_len(256 << 20)
             .unwrap();
-        run_ok(
+        must_run(
             Command::new("mkfs.btrfs")
                 .args(["-q", "-f", "-n", nodesize, "--csum", csum])
                 .arg(&kimg),
         );
         let m = LoopMount::new(&kimg, &format!("compress={algo}")).unwrap();
-        run_ok(
+        must_run(
             Command::new("cp")
                 .arg("-a")
                 .arg(format!("{}/.", src.display()))
                 .arg(m.path()),
         );
-        run_ok(&mut Command::new("sync"));
+        must_run(&mut Command::new("sync"));
         let kernel_enc = encoded(m.path());
         drop(m);
         assert_eq!(
@@ -275,7 +262,7 @@ fn options_around_compression() {
     }
     // --device-uuid on one device, and -K.
     let uuid = "6f2f3a9e-1b2c-4d5e-8f90-0a1b2c3d4e5f";
-    run_ok(Command::new(bin_path("btrkit-mkfs")).args([
+    must_run(Command::new(bin_path("btrkit-mkfs")).args([
         "-q",
         "-K",
         "-b",
@@ -295,7 +282,7 @@ fn options_around_compression() {
             .any(|l| l.starts_with("dev_item.uuid") && l.contains(uuid)),
         "{sup}"
     );
-    checks_clean(Path::new("btrfs"), &img).unwrap();
+    checks_clean(Progs::Distro, &img).unwrap();
     let b = t.path().join("b.img");
     one_line(
         &[
@@ -364,7 +351,7 @@ fn subvolumes_as_mkfs_btrfs_6_14() {
     // inodes in the image).
     std::fs::hard_link(src.join("a/f"), src.join("a/f2")).unwrap();
     std::fs::hard_link(src.join("b/h"), src.join("h-outside")).unwrap();
-    run_ok(
+    must_run(
         Command::new("setfattr")
             .args(["-n", "user.sub", "-v", "a"])
             .arg(src.join("a")),
@@ -387,7 +374,7 @@ fn subvolumes_as_mkfs_btrfs_6_14() {
     for (i, (subvol, compress, nodesize, csum)) in cases.iter().enumerate() {
         let ours = t.path().join(format!("sv-ours-{i}.img"));
         let theirs = t.path().join(format!("sv-progs-{i}.img"));
-        run_ok(
+        must_run(
             Command::new(bin_path("btrkit-mkfs"))
                 .args(["-q", "-b", "256M", "-n", nodesize, "--csum", csum])
                 .args(["--compress", compress])
@@ -400,7 +387,7 @@ fn subvolumes_as_mkfs_btrfs_6_14() {
             .unwrap()
             .set_len(256 << 20)
             .unwrap();
-        run_ok(
+        must_run(
             Command::new(new.join("mkfs.btrfs"))
                 .args(["-q", "-f", "-n", nodesize, "--csum", csum])
                 .args(["--compress", compress])
@@ -409,8 +396,8 @@ fn subvolumes_as_mkfs_btrfs_6_14() {
                 .arg(&src)
                 .arg(&theirs),
         );
-        for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
-            checks_clean(&btrfs, &ours).unwrap_or_else(|e| panic!("{subvol:?}: {e}"));
+        for btrfs in [Progs::Distro, Progs::New] {
+            checks_clean(btrfs, &ours).unwrap_or_else(|e| panic!("{subvol:?}: {e}"));
         }
         let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
             .arg(&ours)
@@ -481,12 +468,11 @@ fn subvolumes_as_mkfs_btrfs_6_14() {
 #[test]
 fn inode_flags_reach_the_kernel() {
     skip_unless!(require_kernel_mount(), require_progs_new());
-    let new = progs_new_dir().unwrap();
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     source(&src);
     let img = t.path().join("flags.img");
-    run_ok(
+    must_run(
         Command::new(bin_path("btrkit-mkfs"))
             .args(["-q", "-b", "256M", "--compress", "zstd"])
             .args([
@@ -499,8 +485,8 @@ fn inode_flags_reach_the_kernel() {
             .arg(&src)
             .arg(&img),
     );
-    for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
-        checks_clean(&btrfs, &img).unwrap();
+    for btrfs in [Progs::Distro, Progs::New] {
+        checks_clean(btrfs, &img).unwrap();
     }
     let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
         .args(["--check-data-csum"])
@@ -589,7 +575,7 @@ fn quota_groups_are_counted() {
                 src.as_os_str(),
             ]
         };
-        run_ok(
+        must_run(
             Command::new(bin_path("btrkit-mkfs"))
                 .args(
                     ["-q", "-b", "256M", "-O", "quota", "--compress", "zstd"]
@@ -603,21 +589,17 @@ fn quota_groups_are_counted() {
             .unwrap()
             .set_len(256 << 20)
             .unwrap();
-        run_ok(
+        must_run(
             Command::new(new.join("mkfs.btrfs"))
                 .args(["-q", "-f", "-O", "quota"])
                 .args(&rootdir)
                 .arg(&theirs),
         );
-        let o = Command::new("btrfs")
-            .args(["check", "--readonly", "--qgroup-report"])
-            .arg(&ours)
-            .output()
-            .unwrap();
-        let text =
-            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success() && !text.contains("different"), "{text}");
-        checks_clean(&new.join("btrfs"), &ours).unwrap();
+        let v =
+            oracle::btrfs_check_with(&[&ours], Progs::Distro, &["--qgroup-report"], None).unwrap();
+        let text = v.output;
+        assert!(v.clean && !text.contains("different"), "{text}");
+        checks_clean(Progs::New, &ours).unwrap();
         let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
             .arg(&ours)
             .output()
@@ -647,14 +629,10 @@ fn quota_groups_are_counted() {
 /// clean, and its own count of every qgroup's referenced and exclusive
 /// bytes equal to the image's (the compressed counters, which the
 /// kernel's squota does not keep, aside). Returns the qgroups compared.
-fn squota_report_agrees(new: &Path, img: &Path, what: &str) -> usize {
-    let o = Command::new(new.join("btrfs"))
-        .args(["check", "--readonly", "--qgroup-report"])
-        .arg(img)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{what}: {text}");
+fn squota_report_agrees(img: &Path, what: &str) -> usize {
+    let v = oracle::btrfs_check_with(&[img], Progs::New, &["--qgroup-report"], None).unwrap();
+    let text = v.output;
+    assert!(v.clean, "{what}: {text}");
     let field = |l: &str, name: &str| -> Option<u64> {
         let mut w = l.split_whitespace();
         while let Some(x) = w.next() {
@@ -698,7 +676,7 @@ fn simple_quotas() {
     std::fs::create_dir_all(src.join("sv/inner")).unwrap();
     std::fs::write(src.join("sv/inner/x"), "x".repeat(50_000)).unwrap();
     let img = t.path().join("squota.img");
-    run_ok(
+    must_run(
         Command::new(bin_path("btrkit-mkfs"))
             .args([
                 "-q",
@@ -726,8 +704,8 @@ fn simple_quotas() {
             "{what}: {out}"
         );
     };
-    assert_eq!(squota_report_agrees(&new, &img, "made"), 3);
-    checks_clean(&new.join("btrfs"), &img).unwrap();
+    assert_eq!(squota_report_agrees(&img, "made"), 3);
+    checks_clean(Progs::New, &img).unwrap();
     fsck_clean("made");
     let o = Command::new(new.join("btrfs"))
         .args(["inspect-internal", "dump-super"])
@@ -756,7 +734,7 @@ fn simple_quotas() {
         assert!(sv >= 50_000, "{shown}");
         std::fs::write(m.path().join("sv/new"), vec![3u8; 300_000]).unwrap();
         std::fs::remove_file(m.path().join("text")).unwrap();
-        run_ok(
+        must_run(
             Command::new("btrfs")
                 .args(["subvolume", "snapshot"])
                 .arg(m.path().join("sv"))
@@ -764,7 +742,7 @@ fn simple_quotas() {
         );
         std::fs::write(m.path().join("snap/more"), vec![4u8; 70_000]).unwrap();
     }
-    assert_eq!(squota_report_agrees(&new, &img, "after the kernel"), 4);
+    assert_eq!(squota_report_agrees(&img, "after the kernel"), 4);
     fsck_clean("after the kernel");
     let script = t.path().join("s.scn");
     std::fs::write(
@@ -774,13 +752,13 @@ fn simple_quotas() {
          balance-metadata\nsync\nsubvol-delete /snap2\nsync\n",
     )
     .unwrap();
-    run_ok(
+    must_run(
         Command::new(bin_path("btrkit-shell"))
             .arg("-q")
             .arg(&img)
             .arg(&script),
     );
-    assert_eq!(squota_report_agrees(&new, &img, "after btrkit's engine"), 6);
+    assert_eq!(squota_report_agrees(&img, "after btrkit's engine"), 6);
     fsck_clean("after btrkit's engine");
     let m = LoopMount::new(&img, "ro").unwrap();
     assert_eq!(
@@ -872,15 +850,15 @@ fn option_matrix() {
             } else {
                 args.extend_from_slice(&["-b", "256M"]);
             }
-            run_ok(
+            must_run(
                 Command::new(bin_path("btrkit-mkfs"))
                     .args(&args)
                     .arg("--rootdir")
                     .arg(&src)
                     .arg(&ours),
             );
-            for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
-                checks_clean(&btrfs, &ours).unwrap_or_else(|e| panic!("{what}: {e}"));
+            for btrfs in [Progs::Distro, Progs::New] {
+                checks_clean(btrfs, &ours).unwrap_or_else(|e| panic!("{what}: {e}"));
             }
             let m = LoopMount::new(&ours, "ro,subvolid=5").unwrap();
             let got = without_host_fields(&kcrash::manifest_of_tree(m.path()).unwrap(), true);
@@ -910,7 +888,7 @@ fn option_matrix() {
             if *shrink {
                 let size = std::fs::metadata(&ours).unwrap().len();
                 assert_eq!(size, super_total_bytes(&ours), "{what}");
-                run_ok(
+                must_run(
                     Command::new(new.join("mkfs.btrfs"))
                         .args(&args)
                         .arg("--rootdir")
@@ -944,7 +922,7 @@ fn option_matrix() {
                 );
                 std::fs::write(m.path().join("after-shrink"), vec![7u8; 1 << 20]).unwrap();
                 drop(m);
-                checks_clean(Path::new("btrfs"), &ours)
+                checks_clean(Progs::Distro, &ours)
                     .unwrap_or_else(|e| panic!("{what} after a write: {e}"));
             }
         }
@@ -1017,14 +995,13 @@ fn reflink_shares_blocks() {
         eprintln!("skipped: {e}");
         return;
     }
-    let new = progs_new_dir().unwrap();
     let t = tempfile::tempdir().unwrap();
     let ximg = t.path().join("host.img");
     std::fs::File::create(&ximg)
         .unwrap()
         .set_len(1 << 30)
         .unwrap();
-    run_ok(
+    must_run(
         Command::new("mkfs.xfs")
             .args(["-q", "-m", "reflink=1"])
             .arg(&ximg),
@@ -1060,15 +1037,15 @@ fn reflink_shares_blocks() {
     assert!(expect > 1 << 20, "{expect}");
     for (profile, copies) in [("single", 1), ("dup", 2)] {
         let img = host.path().join(format!("{profile}.img"));
-        run_ok(
+        must_run(
             Command::new(bin_path("btrkit-mkfs"))
                 .args(["-q", "-b", "512M", "--reflink", "-d", profile, "--rootdir"])
                 .arg(&src)
                 .arg(&img),
         );
         assert_eq!(shared_bytes(&img), expect * copies, "-d {profile}");
-        for btrfs in [Path::new("btrfs").to_path_buf(), new.join("btrfs")] {
-            checks_clean(&btrfs, &img).unwrap_or_else(|e| panic!("-d {profile}: {e}"));
+        for btrfs in [Progs::Distro, Progs::New] {
+            checks_clean(btrfs, &img).unwrap_or_else(|e| panic!("-d {profile}: {e}"));
         }
         let o = Command::new(btrkit_tests::fsck_support::fsck_bin())
             .args(["--check-data-csum", "--check-mirrors"])
@@ -1150,7 +1127,7 @@ struct HostMount(std::path::PathBuf);
 impl HostMount {
     fn new(image: &Path, at: &Path) -> HostMount {
         std::fs::create_dir_all(at).unwrap();
-        run_ok(
+        must_run(
             Command::new("mount")
                 .args(["-o", "loop"])
                 .arg(image)

@@ -16,6 +16,7 @@ use btrkit_core::io::{BlockDevice, MemDevice};
 use btrkit_core::mount_view::{ReadOnlyView, ROOT_NODE};
 use btrkit_core::restore::{LogMode, ReadOptions};
 use btrkit_core::tree::{walk_tree, WalkEvent};
+use btrkit_core::util::prng::Prng;
 use btrkit_tests::sys::CappedAlloc;
 use btrkit_tests::{require_kernel_mount, skip_unless, KernelImage, MkfsOpts};
 use std::collections::HashSet;
@@ -28,21 +29,6 @@ const CASE_LIMIT: Duration = Duration::from_secs(20);
 
 #[global_allocator]
 static ALLOC: CappedAlloc<ALLOC_CAP> = CappedAlloc;
-
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x % n.max(1)
-    }
-}
 
 /// The physical copies of every block of the fs tree and the trees the
 /// view reads through it (root, extent, csum): where the flips go.
@@ -177,7 +163,7 @@ fn the_mount_read_path_survives_byte_flips() {
         .unwrap_or(300);
     let mut failures = Vec::new();
     for seed in 0..cases {
-        let mut r = Rng::new(seed + 77);
+        let mut r = Prng::new(seed + 77);
         let copies = &targets[r.below(targets.len() as u64) as usize];
         let mut block = vec![0u8; ns];
         dev.read_at(copies[0], &mut block).unwrap();

@@ -21,11 +21,12 @@
 use btrkit_core::devices::DeviceSet;
 use btrkit_core::image::OpenOptions;
 use btrkit_tests::kcrash;
-use btrkit_tests::kimage::run_ok;
 use btrkit_tests::mount::LoopMount;
+use btrkit_tests::oracle;
 use btrkit_tests::sets::{
-    self, device_opts, dump, findings, fsck, progs_check, progs_dump, write_files, KernelSet,
+    self, device_opts, dump, findings, fsck, progs_dump, write_files, KernelSet,
 };
+use btrkit_tests::sys::must_run;
 use btrkit_tests::{bin_path, require_kernel_mount, skip_unless};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -237,7 +238,7 @@ fn btrkit_mkfs_sets_pass_the_kernels_scrub() {
                 .set_len(256 << 20)
                 .unwrap();
         }
-        run_ok(
+        must_run(
             Command::new(bin_path("btrkit-mkfs"))
                 .arg("-q")
                 .args(args)
@@ -253,7 +254,7 @@ fn btrkit_mkfs_sets_pass_the_kernels_scrub() {
             "{args:?}"
         );
         drop(img);
-        progs_check(&paths).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        oracle::check_set_clean(&paths).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
         let (code, r, err) = fsck(&refs, &["--check-mirrors", "--check-data-csum"]);
         assert_eq!(code, 0, "{args:?}: {err} {:?}", findings(&r));
@@ -270,7 +271,7 @@ fn btrkit_mkfs_sets_pass_the_kernels_scrub() {
         );
         std::fs::create_dir(m.path().join("more")).unwrap();
         write_files(&m.path().join("more"));
-        run_ok(&mut Command::new("sync"));
+        must_run(&mut Command::new("sync"));
         let o = Command::new("btrfs")
             .args(["scrub", "start", "-B"])
             .arg(m.path())
@@ -291,7 +292,8 @@ fn btrkit_mkfs_sets_pass_the_kernels_scrub() {
             findings(&r)
         );
         assert!(findings(&r).is_empty(), "{args:?}: {:?}", findings(&r));
-        progs_check(&paths).unwrap_or_else(|e| panic!("{args:?} after the kernel: {e}"));
+        oracle::check_set_clean(&paths)
+            .unwrap_or_else(|e| panic!("{args:?} after the kernel: {e}"));
         // Devices lost: every file the kernel shows, rebuilt from parity.
         let want = sets::manifest(&paths, "ro").unwrap();
         let rest: Vec<PathBuf> = paths

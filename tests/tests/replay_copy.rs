@@ -3,7 +3,8 @@
 //! elsewhere; either way OUT is the replayed image and the input stays as
 //! it was.
 
-use btrkit_tests::kimage::run_ok;
+use btrkit_tests::oracle::{self, Progs};
+use btrkit_tests::sys::must_run;
 use btrkit_tests::{kcrash, sys, LoopMount};
 use std::path::Path;
 use std::process::Command;
@@ -22,7 +23,7 @@ fn shared_bytes(p: &Path) -> (u64, u64) {
 }
 
 fn replay_o(img: &Path, out: &Path) -> serde_json::Value {
-    let o = run_ok(
+    let o = must_run(
         Command::new(kcrash::replay_bin())
             .arg("--json")
             .arg(img)
@@ -90,7 +91,7 @@ fn output_is_a_reflink_where_the_filesystem_allows_one() {
         before,
         "the input image changed"
     );
-    kcrash::btrfs_check(&out).unwrap_or_else(|e| panic!("{e}"));
+    oracle::check_clean(&[&out], Progs::Distro).unwrap_or_else(|e| panic!("{e}"));
     let mine = kcrash::manifest_via_copy(&out, &w.join("mine.img"), "ro").unwrap();
     assert!(
         kernel == mine,
@@ -105,7 +106,7 @@ fn output_is_a_reflink_where_the_filesystem_allows_one() {
     let v = replay_o(&crash.path, &out2);
     eprintln!("scratch filesystem: {} copy", v["copy"]);
     assert!(v["copy"] == "reflink" || v["copy"] == "sparse", "{v}");
-    kcrash::btrfs_check(&out2).unwrap_or_else(|e| panic!("{e}"));
+    oracle::check_clean(&[&out2], Progs::Distro).unwrap_or_else(|e| panic!("{e}"));
     let mine = kcrash::manifest_via_copy(&out2, &w.join("mine2.img"), "ro").unwrap();
     assert!(
         kernel == mine,

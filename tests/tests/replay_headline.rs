@@ -7,6 +7,7 @@
 //! The crash image is cached under `target/<profile>/kcrash-cache` (making it
 //! takes 10,000 log syncs); `BTRKIT_KCRASH_FRESH=1` regenerates it.
 
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::{kcrash, LoopMount};
 use std::path::Path;
 use std::process::Command;
@@ -106,7 +107,7 @@ fn replay_recovers_10000_fsynced_files() {
         0,
         "OUT still has a log"
     );
-    kcrash::btrfs_check(&out).unwrap_or_else(|e| panic!("{e}"));
+    oracle::check_clean(&[&out], Progs::Distro).unwrap_or_else(|e| panic!("{e}"));
     let (present, right) = count_on(&out, "ro", w);
     eprintln!("btrkit-replay: {present} present, {right} right (zero-log: {zl_right})");
     assert_eq!(

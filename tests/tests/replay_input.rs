@@ -5,6 +5,7 @@
 use btrkit_core::format::consts::*;
 use btrkit_core::image::{read_superblock, Image, OpenOptions};
 use btrkit_core::io::FileDevice;
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::{
     bin_path, require_btrfs_progs, require_kernel_mount, require_shared, skip_unless, LoopMount,
 };
@@ -63,21 +64,7 @@ fn log_root(p: &Path) -> u64 {
 }
 
 fn check_clean(p: &Path) {
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(p)
-        .output()
-        .unwrap();
-    let t = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(
-        o.status.success() && t.contains("no error found"),
-        "btrfs check {}:\n{t}",
-        p.display()
-    );
+    oracle::assert_btrfs_check_clean(&[p], Progs::Distro, &p.display().to_string());
 }
 
 fn one_line_error(o: &Output, want: &str) {

@@ -16,6 +16,7 @@
 //! replaces the binary under test (relative to the repository root).
 
 use btrkit_tests::kcrash::{self, Manifest, Scenario};
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::LoopMount;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -107,7 +108,7 @@ fn kernel_side(scn: &Scenario, crash: &Path, work: &Path) -> Result<KernelSide, 
             kernel.short_diff(&again, 8)
         ));
     }
-    let kernel_damage = match kcrash::btrfs_check(&kcopy) {
+    let kernel_damage = match oracle::check_clean(&[&kcopy], Progs::Distro) {
         Ok(()) => None,
         Err(e) => {
             notes.push(format!(
@@ -214,7 +215,7 @@ fn check_replayed(
         Ok((_, l)) => problems.push(format!("log_root is {l}, not 0")),
         Err(e) => return Err(format!("{what}: {e}")),
     }
-    match (kcrash::btrfs_check(img), kernel_damage) {
+    match (oracle::check_clean(&[img], Progs::Distro), kernel_damage) {
         (Ok(()), None) => {}
         (Ok(()), Some(k)) => problems.push(format!(
             "btrfs check finds nothing, but on the kernel's result: {}",
@@ -523,7 +524,7 @@ fn kcrash_py_agrees_on_the_examples() {
         let _slot = kcrash::slot();
         let work = tempfile::tempdir().unwrap();
         let out = work.path().join("py");
-        btrkit_tests::kimage::run_ok(
+        btrkit_tests::sys::must_run(
             Command::new("python3")
                 .arg(&script)
                 .arg("run")

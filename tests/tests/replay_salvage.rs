@@ -24,6 +24,7 @@
 //! files, one leaf lost) is below.
 
 use btrkit_tests::kcrash::{self, Manifest, Scenario};
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::salvage::{by_inode, damage_block, log_blocks, same_content, LogBlock};
 use btrkit_tests::LoopMount;
 use serde_json::Value;
@@ -267,7 +268,7 @@ fn check_salvaged(
         Ok((_, l)) => problems.push(format!("log_root is {l}, not 0")),
         Err(e) => return Err(e),
     }
-    if let Err(e) = kcrash::btrfs_check(out) {
+    if let Err(e) = oracle::check_clean(&[out], Progs::Distro) {
         problems.push(e);
     }
     let mine = kcrash::manifest_in_place(out, "ro").map_err(|e| format!("mount: {e}"))?;
@@ -425,7 +426,7 @@ fn run_image(scn: &Scenario, cache: &Path) -> Result<ImageOutcome, String> {
                 not.join("; ")
             ));
         }
-        kcrash::btrfs_check(&out)?;
+        oracle::check_clean(&[&out], Progs::Distro)?;
         let mine = kcrash::manifest_in_place(&out, "ro")?;
         if mine != r.kernel {
             o.failures.push(format!(
@@ -682,7 +683,8 @@ fn headline_leaves_lost(pick: impl for<'a> Fn(&[&'a LogBlock]) -> Vec<&'a LogBlo
         let t = Instant::now();
         let report = salvage(&dmg, &out).unwrap_or_else(|e| panic!("{}: {e}", b.describe()));
         let secs = t.elapsed().as_secs_f64();
-        kcrash::btrfs_check(&out).unwrap_or_else(|e| panic!("{}: {e}", b.describe()));
+        oracle::check_clean(&[&out], Progs::Distro)
+            .unwrap_or_else(|e| panic!("{}: {e}", b.describe()));
         let (present, right) = count(&out);
         let recovered = right.saturating_sub(zl_right);
         let share = recovered as f64 / lost_by_zero_log as f64;

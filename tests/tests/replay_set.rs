@@ -18,7 +18,8 @@
 //! profile (default 4, each profile a different quarter).
 
 use btrkit_tests::kcrash::{self, Scenario};
-use btrkit_tests::sets::{self, fsck_clean, manifest, progs_check};
+use btrkit_tests::oracle;
+use btrkit_tests::sets::{self, fsck_clean, manifest};
 use btrkit_tests::{require_kernel_mount, skip_unless};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -92,7 +93,7 @@ fn one(scn: &Scenario, n: usize, profile: &[&str]) -> Result<(), String> {
         }
     }
     fsck_clean(&ours).map_err(|e| format!("btrkit-fsck of ours: {e}"))?;
-    progs_check(&ours).map_err(|e| format!("btrfs check of ours: {e}"))?;
+    oracle::check_set_clean(&ours).map_err(|e| format!("btrfs check of ours: {e}"))?;
     let m = manifest(&ours, "ro").map_err(|e| format!("mount of ours: {e}"))?;
     if m != kernel {
         return Err(format!(

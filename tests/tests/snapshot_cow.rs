@@ -8,22 +8,13 @@ use btrkit_core::format::consts::*;
 use btrkit_core::io::FileDevice;
 use btrkit_core::mkfs::now_ts;
 use btrkit_core::trans::Store;
+use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::{require_btrfs_progs, require_kernel_mount, skip_unless, KernelImage, MkfsOpts};
 use std::process::Command;
 use std::sync::Arc;
 
 fn check(img: &std::path::Path) {
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .unwrap();
-    let t = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success() && t.contains("no error found"), "{t}");
+    oracle::assert_btrfs_check_clean(&[img], Progs::Distro, &img.display().to_string());
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Deterministic pseudo-random numbers: file contents a workload writes
-//! (the engine and the kernel write the same bytes), and the random subset
-//! of unflushed writes a simulated power failure keeps.
+//! (the engine and the kernel write the same bytes), the random subset
+//! of unflushed writes a simulated power failure keeps, and every seeded
+//! case of the tests (one generator, so a seed names one case everywhere).
 
 /// Deterministic pseudo-random bytes (xorshift64*), for fills and file bodies.
 #[derive(Clone, Debug)]
@@ -27,6 +28,32 @@ impl Prng {
         } else {
             self.next_u64() % n
         }
+    }
+    /// True with probability `num / den` (false when `den` is 0).
+    pub fn chance(&mut self, num: u64, den: u64) -> bool {
+        den != 0 && self.below(den) < num
+    }
+    /// A number in `lo..=hi` (`lo` when `hi <= lo`, drawing nothing).
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            lo
+        } else {
+            lo + self.below(hi - lo + 1)
+        }
+    }
+    /// One element of `v` (`None` when it is empty, drawing nothing).
+    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> Option<&'a T> {
+        if v.is_empty() {
+            None
+        } else {
+            v.get(self.below(v.len() as u64) as usize)
+        }
+    }
+    /// The seed of case `index` of a run seeded `seed`: unrelated seeds for
+    /// neighbouring indexes (splitmix64 of `seed` mixed with splitmix64 of
+    /// `index + 1`), so a case can be rerun on its own from its seed.
+    pub fn derive(seed: u64, index: u64) -> u64 {
+        splitmix64(seed ^ splitmix64(index.wrapping_add(1)))
     }
     /// The next `buf.len()` bytes: whole words in order, little-endian,
     /// then the first bytes of one more word.
@@ -70,6 +97,14 @@ impl Prng {
 }
 
 const MUL: u64 = 0x2545_f491_4f6c_dd1d;
+
+/// splitmix64's output function of `x` (one step from state `x`).
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
 /// Words one lane of [`Prng::fill`] makes per block.
 const LANE: usize = 128;
 
@@ -116,6 +151,20 @@ mod tests {
         }
         v.truncate(len);
         (v, g.0)
+    }
+
+    #[test]
+    fn derive_is_splitmix_of_seed_and_index() {
+        // The values hostile-fuzz's case seeds had before they moved here.
+        assert_eq!(Prng::derive(0, 0), splitmix64(splitmix64(1)));
+        assert_ne!(Prng::derive(1, 0), Prng::derive(1, 1));
+        assert_ne!(Prng::derive(1, 0), Prng::derive(2, 0));
+        let mut g = Prng::new(5);
+        assert!((0..1000).all(|_| (3..=9).contains(&g.between(3, 9))));
+        assert_eq!(g.between(7, 7), 7);
+        assert_eq!(g.pick::<u8>(&[]), None);
+        assert!(!g.chance(1, 0));
+        assert!(g.chance(1, 1));
     }
 
     #[test]

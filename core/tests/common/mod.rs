@@ -1,7 +1,8 @@
 //! What the engine tests share: images made by core's own mkfs in memory,
 //! mounting (with log replay when a log is left), the checker's verdict,
-//! and scripts run through the engine's step runner. Nothing here needs
-//! btrfs-progs, root or loop devices.
+//! and scripts run through the engine's step runner; and the one call of
+//! btrfs-progs' `btrfs check --readonly` the tests that use it share
+//! (nothing else here needs btrfs-progs, root or loop devices).
 #![allow(dead_code)]
 
 use btrkit_core::check::{check_image, CheckOptions, NoProgress, Report};
@@ -159,33 +160,43 @@ pub fn seen_on_disk(dev: Arc<dyn BlockDevice>) -> Manifest {
     seen(&mut fs)
 }
 
-/// A small deterministic PRNG (xorshift64*), for choices outside proptest.
-#[derive(Clone, Debug)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
-
 /// A number from the environment, or the default.
 pub fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// btrfs-progs' `btrfs` (on PATH) runs; the tests calling
+/// [`btrfs_check`] skip without it (see `skip.rs`).
+pub fn have_btrfs_progs() -> bool {
+    std::process::Command::new("btrfs")
+        .arg("--version")
+        .output()
+        .is_ok()
+}
+
+/// `btrfs check --readonly` of the image file `img`: whether it exited 0,
+/// and its stdout then stderr.
+pub fn btrfs_check(img: &std::path::Path) -> (bool, String) {
+    let o = std::process::Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(img)
+        .output()
+        .unwrap_or_else(|e| panic!("btrfs check: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), text)
+}
+
+/// Panics with its report unless `btrfs check --readonly` of `img` exits 0
+/// and says "no error found".
+#[track_caller]
+pub fn assert_btrfs_check_clean(img: &std::path::Path) {
+    let (ok, text) = btrfs_check(img);
+    assert!(ok && text.contains("no error found"), "{text}");
 }

@@ -40,6 +40,7 @@ use btrkit_core::image::{tree_root_of, Image, OpenOptions};
 use btrkit_core::io::{BlockDevice, FileDevice, OverlayDevice};
 use btrkit_core::restore::{self, LogMode, ReadOptions, RestoreOptions};
 use btrkit_core::tree::{walk_tree, TreeRoot, WalkEvent};
+use btrkit_core::util::prng::Prng;
 use btrkit_tests::hostile::{leaf_items, relay_leaf};
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, Write};
@@ -52,42 +53,8 @@ use std::time::{Duration, Instant};
 // ---------------------------------------------------------------------------
 // Randomness.
 
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-/// The seed of case `i` of a run seeded `seed`.
-fn case_seed(seed: u64, i: u64) -> u64 {
-    splitmix(seed ^ splitmix(i.wrapping_add(1)))
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = splitmix(self.0);
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> Option<&'a T> {
-        if v.is_empty() {
-            None
-        } else {
-            v.get(self.below(v.len() as u64) as usize)
-        }
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+// Core's `Prng`: a case's own draws, and `Prng::derive` for the seed of
+// case `i` of a run.
 
 // ---------------------------------------------------------------------------
 // Base images.
@@ -295,7 +262,7 @@ fn name_at(ty: u8) -> Option<(usize, usize)> {
     }
 }
 
-fn boundary(r: &mut Rng, width: usize, other: u64) -> u64 {
+fn boundary(r: &mut Prng, width: usize, other: u64) -> u64 {
     let bits = (width * 8) as u32;
     let max = if bits >= 64 {
         u64::MAX
@@ -312,12 +279,12 @@ fn boundary(r: &mut Rng, width: usize, other: u64) -> u64 {
         5 => (1u64 << k).wrapping_sub(1),
         6 => 1u64 << k,
         7 => other,
-        _ => r.next(),
+        _ => r.next_u64(),
     };
     v & max
 }
 
-fn hostile_name(r: &mut Rng, other: &[u8]) -> Vec<u8> {
+fn hostile_name(r: &mut Prng, other: &[u8]) -> Vec<u8> {
     match r.below(13) {
         0 => Vec::new(),
         1 => b".".to_vec(),
@@ -330,7 +297,7 @@ fn hostile_name(r: &mut Rng, other: &[u8]) -> Vec<u8> {
         8 => vec![0xff, 0xfe],
         9 => other.to_vec(),
         10 => b"/".to_vec(),
-        11 => (0..1 + r.below(40)).map(|_| r.next() as u8).collect(),
+        11 => (0..1 + r.below(40)).map(|_| r.next_u64() as u8).collect(),
         _ => {
             let mut v = other.to_vec();
             v.push(b'X');
@@ -340,7 +307,7 @@ fn hostile_name(r: &mut Rng, other: &[u8]) -> Vec<u8> {
 }
 
 /// A value from some other item of the base (8 bytes at a random offset).
-fn other_value(r: &mut Rng, base: &Base) -> (u64, Vec<u8>, Key) {
+fn other_value(r: &mut Prng, base: &Base) -> (u64, Vec<u8>, Key) {
     let Some((_, blocks)) = r.pick(&base.trees) else {
         return (0, Vec::new(), Key::MIN);
     };
@@ -371,7 +338,7 @@ struct Mutation {
 }
 
 fn mutate(seed: u64, bases: &[Base]) -> Option<Mutation> {
-    let mut r = Rng(seed);
+    let mut r = Prng::new(seed);
     let bi = r.below(bases.len() as u64) as usize;
     let base = &bases[bi];
     // Half the cases in a subvolume tree or a log tree (where names,
@@ -383,14 +350,14 @@ fn mutate(seed: u64, bases: &[Base]) -> Option<Mutation> {
             n == "5" || n.starts_with("log") || n.parse::<i64>().is_ok_and(|id| id >= 256)
         })
         .collect();
-    let (tree, blocks) = if !fsish.is_empty() && r.chance(50) {
+    let (tree, blocks) = if !fsish.is_empty() && r.chance(50, 100) {
         *r.pick(&fsish)?
     } else {
         r.pick(&base.trees)?
     };
     let leaves: Vec<&Block> = blocks.iter().filter(|b| b.level == 0).collect();
     let nodes: Vec<&Block> = blocks.iter().filter(|b| b.level > 0).collect();
-    let node_case = !nodes.is_empty() && r.chance(10);
+    let node_case = !nodes.is_empty() && r.chance(10, 100);
     let block = if node_case {
         *r.pick(&nodes)?
     } else {
@@ -401,7 +368,7 @@ fn mutate(seed: u64, bases: &[Base]) -> Option<Mutation> {
     let (ov, oname, okey) = other_value(&mut r, base);
     let mut what = format!("{} tree {tree} block {} ", base.name, block.bytenr);
     let ns = base.nodesize;
-    if node_case || r.chance(3) {
+    if node_case || r.chance(3, 100) {
         // Header or key pointer fields.
         let n = le(&b, 96, 4) as usize;
         let choice = r.below(4);
@@ -452,7 +419,7 @@ fn mutate(seed: u64, bases: &[Base]) -> Option<Mutation> {
         if kind < 45 {
             // A field.
             let known = fields(key.ty);
-            let (off, w) = if !known.is_empty() && r.chance(80) {
+            let (off, w) = if !known.is_empty() && r.chance(80, 100) {
                 *r.pick(known)?
             } else {
                 let w = *r.pick(&[1usize, 2, 4, 8])?;
@@ -488,7 +455,7 @@ fn mutate(seed: u64, bases: &[Base]) -> Option<Mutation> {
                 _ => k = okey,
             }
             items[slot].0 = k;
-            let sorted = r.chance(50);
+            let sorted = r.chance(50, 100);
             if sorted {
                 items.sort_by_key(|a| a.0);
             }
@@ -518,7 +485,7 @@ fn mutate(seed: u64, bases: &[Base]) -> Option<Mutation> {
             return None;
         }
     }
-    let fix = !r.chance(5);
+    let fix = !r.chance(5, 100);
     if fix {
         let c = block_csum(base.csum, &b);
         b[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
@@ -958,7 +925,7 @@ fn run_jobs(
                     if i >= cases {
                         break;
                     }
-                    let cs = case_seed(seed, i);
+                    let cs = Prng::derive(seed, i);
                     if w.is_none() {
                         match spawn_worker(images, mem_mib, &errfile) {
                             Ok(x) => w = Some(x),

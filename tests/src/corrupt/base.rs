@@ -14,8 +14,9 @@
 //! builds it at the first mount from the block groups there are.
 
 use crate::mount::LoopMount;
+use crate::sys::run;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// One kind of base image.
 #[derive(Clone, Copy, Debug)]
@@ -100,22 +101,6 @@ sync
 xfs_io -c "pwrite 16k 4k" d1/big >/dev/null
 sync
 "#;
-
-fn run(cmd: &mut Command) -> Result<String, String> {
-    let o = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{cmd:?}: {e}"))?;
-    if o.status.success() {
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{cmd:?}: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ))
-    }
-}
 
 /// Make base image `spec` in `dir` (as `dir/<name>.img`). Needs root,
 /// loop devices, mkfs.btrfs, btrfs, xfs_io.

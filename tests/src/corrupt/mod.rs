@@ -41,6 +41,7 @@ use btrkit_core::format::header::{HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
 use btrkit_core::format::key::Key;
 use btrkit_core::image::{Image, OpenOptions};
 use btrkit_core::tree::{edit, walk_tree, TreeIter, TreeRoot, WalkEvent};
+pub use btrkit_core::util::prng::Prng;
 use fields::FieldDef;
 use std::ops::ControlFlow;
 use std::os::unix::fs::FileExt;
@@ -54,59 +55,17 @@ pub const MAX_BLOCKS: usize = 1_000_000;
 // ---------------------------------------------------------------------------
 // Randomness (deterministic from a seed).
 
-/// splitmix64: a small deterministic generator, so a seed names a case.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x6a09_e667_f3bc_c908)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut x = self.0;
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^ (x >> 31)
-    }
-    /// Uniform in `0..n` (0 when n is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next_u64() % n
+/// A value of `width` bytes other than `old`, drawn from `rng`
+/// (btrfs-corrupt-block's `generate_u64` and friends).
+pub fn other_than(rng: &mut Prng, old: u64, width: usize) -> u64 {
+    let mask = width_mask(width);
+    for _ in 0..64 {
+        let v = rng.next_u64() & mask;
+        if v != old & mask {
+            return v;
         }
     }
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        if hi <= lo {
-            lo
-        } else {
-            lo + self.below(hi - lo + 1)
-        }
-    }
-    pub fn chance(&mut self, num: u64, den: u64) -> bool {
-        self.below(den) < num
-    }
-    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> Option<&'a T> {
-        if v.is_empty() {
-            None
-        } else {
-            v.get(self.below(v.len() as u64) as usize)
-        }
-    }
-    /// A value of `width` bytes other than `old` (btrfs-corrupt-block's
-    /// `generate_u64` and friends).
-    pub fn other_than(&mut self, old: u64, width: usize) -> u64 {
-        let mask = width_mask(width);
-        for _ in 0..64 {
-            let v = self.next_u64() & mask;
-            if v != old & mask {
-                return v;
-            }
-        }
-        (old ^ 1) & mask
-    }
+    (old ^ 1) & mask
 }
 
 fn width_mask(width: usize) -> u64 {
@@ -195,7 +154,7 @@ impl Value {
             Value::Add(v) => old.wrapping_add(*v) & m,
             Value::Sub(v) => old.wrapping_sub(*v) & m,
             Value::Xor(v) => (old ^ v) & m,
-            Value::Random(seed) => Rng::new(*seed ^ old).other_than(old, width),
+            Value::Random(seed) => other_than(&mut Prng::new(*seed ^ old), old, width),
             Value::Bytes(_) => return Err("bytes given for an integer field".into()),
         })
     }
@@ -1221,7 +1180,7 @@ impl Corruptor {
                 img.devid,
             )
         };
-        let mut rng = Rng::new(seed);
+        let mut rng = Prng::new(seed);
         for p in pieces {
             for (i, (d, phys)) in p.copies.iter().enumerate() {
                 if self.opts.copy.is_some_and(|c| c != i) || *d != devid {

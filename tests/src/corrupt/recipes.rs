@@ -10,7 +10,7 @@
 //! deleted subvolume, an extent with two inline references, ...).
 
 use super::fields::{self, FieldDef};
-use super::{key_str, Corruptor, KeyOrder, Loc, NameEdit, Rng, Value};
+use super::{key_str, other_than, Corruptor, KeyOrder, Loc, NameEdit, Prng, Value};
 use btrkit_core::format::consts::*;
 use btrkit_core::format::extent::parse_extent_item;
 use btrkit_core::format::file_extent::{parse_file_extent, FileExtent};
@@ -62,7 +62,7 @@ pub struct Recipe {
     pub class: &'static str,
     /// One line: the damage.
     pub what: &'static str,
-    run: fn(&mut Corruptor, &Inventory, &mut Rng) -> R<String>,
+    run: fn(&mut Corruptor, &Inventory, &mut Prng) -> R<String>,
 }
 
 /// What a recipe did.
@@ -98,7 +98,7 @@ pub fn apply(image: &Path, class: &str, seed: u64) -> R<Applied> {
     let r = recipe(class).ok_or_else(|| RecipeError::Failed(format!("no recipe {class:?}")))?;
     let mut c = Corruptor::open(image)?;
     let inv = Inventory::of(&mut c)?;
-    let mut rng = Rng::new(seed ^ fnv(r.class));
+    let mut rng = Prng::new(seed ^ fnv(r.class));
     let target = (r.run)(&mut c, &inv, &mut rng)?;
     Ok(Applied {
         class: r.class.to_string(),
@@ -253,7 +253,7 @@ fn set(c: &mut Corruptor, l: &Loc, name: &str, v: u64) -> R<()> {
     Ok(())
 }
 
-fn pick<'a>(rng: &mut Rng, v: &'a [&'a Loc], what: &str) -> R<&'a Loc> {
+fn pick<'a>(rng: &mut Prng, v: &'a [&'a Loc], what: &str) -> R<&'a Loc> {
     rng.pick(v).copied().ok_or_else(|| none(what))
 }
 
@@ -485,7 +485,7 @@ const RECIPES: &[Recipe] = &[
     },
 ];
 
-fn bad_bytenr_garbage(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn bad_bytenr_garbage(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv
         .items_of(BTRFS_EXTENT_DATA_KEY)
         .filter(|l| disk_extent(l).is_some_and(|(b, _, _)| b != 0))
@@ -493,12 +493,12 @@ fn bad_bytenr_garbage(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<St
     let t = pick(rng, &cands, "no regular file extent")?;
     let end = chunks_end(c)?;
     let ss = inv.sectorsize.max(2);
-    let v = end.saturating_add(rng.range(1, 1 << 40)) & !(ss - 1) | rng.range(1, ss - 1);
+    let v = end.saturating_add(rng.between(1, 1 << 40)) & !(ss - 1) | rng.between(1, ss - 1);
     set(c, t, "disk_bytenr", v)?;
     Ok(format!("{}: disk_bytenr {v}", loc_desc(t)))
 }
 
-fn bad_bytenr_free(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn bad_bytenr_free(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv
         .items_of(BTRFS_EXTENT_DATA_KEY)
         .filter(|l| disk_extent(l).is_some_and(|(b, _, _)| b != 0))
@@ -539,7 +539,7 @@ fn bad_bytenr_free(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<Strin
         .pick(&gaps)
         .ok_or_else(|| none("no free range in a data block group"))?;
     let slots = (ge - gs - len) / ss;
-    let v = gs + rng.range(0, slots) * ss;
+    let v = gs + rng.between(0, slots) * ss;
     set(c, t, "disk_bytenr", v)?;
     Ok(format!(
         "{}: disk_bytenr {old} -> free {v}+{len}",
@@ -547,7 +547,7 @@ fn bad_bytenr_free(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<Strin
     ))
 }
 
-fn bad_transid(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn bad_transid(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let mut cands = Vec::new();
     for &t in &inv.fs_trees {
         cands.extend(
@@ -560,7 +560,7 @@ fn bad_transid(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
         .pick(&cands)
         .cloned()
         .ok_or_else(|| none("no subvolume tree with more than one level"))?;
-    let v = rng.other_than(b.generation, 8);
+    let v = other_than(rng, b.generation, 8);
     c.set_header(b.bytenr, "generation", &Value::Set(v))?;
     Ok(format!(
         "tree {} block {} (level {}): generation {} -> {v}",
@@ -568,7 +568,7 @@ fn bad_transid(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
     ))
 }
 
-fn shift_offsets(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn shift_offsets(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let mut cands = Vec::new();
     for &t in &inv.fs_trees {
         cands.extend(c.blocks(t)?.into_iter().filter(|b| {
@@ -592,7 +592,7 @@ fn entry_targets(inv: &Inventory, ty: u8) -> Vec<&Loc> {
         .collect()
 }
 
-fn no_dir_index(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn no_dir_index(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = entry_targets(inv, BTRFS_DIR_INDEX_KEY)
         .into_iter()
         .filter(|l| deletable(l))
@@ -602,35 +602,35 @@ fn no_dir_index(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> 
     Ok(loc_desc(t))
 }
 
-fn bad_item_offset(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn bad_item_offset(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv.fs_items.iter().filter(|l| inv.own(l)).collect();
     let t = pick(rng, &cands, "no item")?;
     let v = if rng.chance(1, 2) {
         Value::Random(rng.next_u64())
     } else if rng.chance(1, 2) {
-        Value::Add(rng.range(1, 64))
+        Value::Add(rng.between(1, 64))
     } else {
-        Value::Sub(rng.range(1, 64))
+        Value::Sub(rng.between(1, 64))
     };
     let (o, n) = c.set_item_header(t.bytenr, t.slot, "offset", &v)?;
     Ok(format!("{}: item offset {o} -> {n}", loc_desc(t)))
 }
 
-fn bad_dir_index_name(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn bad_dir_index_name(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands = entry_targets(inv, BTRFS_DIR_INDEX_KEY);
     let t = pick(rng, &cands, "no directory entry")?;
     c.set_name(t.tree, t.key, &NameEdit::Bump)?;
     Ok(loc_desc(t))
 }
 
-fn bad_dir_item_name(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn bad_dir_item_name(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands = entry_targets(inv, BTRFS_DIR_ITEM_KEY);
     let t = pick(rng, &cands, "no directory entry")?;
     c.set_name(t.tree, t.key, &NameEdit::Bump)?;
     Ok(loc_desc(t))
 }
 
-fn no_dir_item_or_index(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn no_dir_item_or_index(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let items: HashMap<(u64, u64, Vec<u8>), &Loc> = entry_targets(inv, BTRFS_DIR_ITEM_KEY)
         .into_iter()
         .filter_map(|l| Some(((l.tree, l.key.objectid, single_entry(l)?.0), l)))
@@ -658,7 +658,7 @@ fn no_dir_item_or_index(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<
     Ok(format!("{} and {}", loc_desc(item), loc_desc(idx)))
 }
 
-fn no_rootdir_inode_item(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn no_rootdir_inode_item(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv
         .items_of(BTRFS_INODE_ITEM_KEY)
         .filter(|l| l.key.objectid == BTRFS_FIRST_FREE_OBJECTID && deletable(l))
@@ -672,7 +672,7 @@ fn no_rootdir_inode_item(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R
     Ok(loc_desc(t))
 }
 
-fn no_inode_item(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn no_inode_item(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv
         .items_of(BTRFS_INODE_ITEM_KEY)
         .filter(|l| {
@@ -688,7 +688,7 @@ fn no_inode_item(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String>
     Ok(loc_desc(t))
 }
 
-fn wrong_inode_nbytes(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn wrong_inode_nbytes(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv
         .items_of(BTRFS_INODE_ITEM_KEY)
         .filter(|l| {
@@ -698,7 +698,7 @@ fn wrong_inode_nbytes(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<St
         .collect();
     let t = pick(rng, &cands, "no regular file with data")?;
     let old = value(t, "nbytes")?;
-    let k = rng.range(1, 64) * inv.sectorsize;
+    let k = rng.between(1, 64) * inv.sectorsize;
     let v = if old > k && rng.chance(1, 2) {
         old - k
     } else {
@@ -723,7 +723,7 @@ fn file_extents(inv: &Inventory) -> BTreeMap<(u64, u64), Vec<&Loc>> {
     m
 }
 
-fn missing_all_file_extents(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn missing_all_file_extents(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let files = file_extents(inv);
     let cands: Vec<&Vec<&Loc>> = files
         .values()
@@ -753,7 +753,7 @@ fn missing_all_file_extents(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -
     ))
 }
 
-fn missing_one_file_extent(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn missing_one_file_extent(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let files = file_extents(inv);
     let cands: Vec<&Loc> = files
         .values()
@@ -766,7 +766,7 @@ fn missing_one_file_extent(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) ->
     Ok(loc_desc(t))
 }
 
-fn bad_inline_ref_type(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn bad_inline_ref_type(c: &mut Corruptor, _inv: &Inventory, rng: &mut Prng) -> R<String> {
     let all = extent_items(c)?;
     let cands: Vec<(&Loc, usize)> = all
         .iter()
@@ -800,7 +800,7 @@ fn bad_inline_ref_type(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<
     Ok(format!("{}: {name} -> {v}", loc_desc(t)))
 }
 
-fn bad_inode_flags(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn bad_inode_flags(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv
         .items_of(BTRFS_INODE_ITEM_KEY)
         .filter(|l| inv.inode_of(l).is_some_and(|i| i.is(S_IFLNK)))
@@ -811,7 +811,7 @@ fn bad_inode_flags(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<Strin
     Ok(loc_desc(t))
 }
 
-fn inline_ram_bytes(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn inline_ram_bytes(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv
         .items_of(BTRFS_EXTENT_DATA_KEY)
         .filter(|l| {
@@ -832,7 +832,7 @@ fn dev_extents(c: &mut Corruptor) -> R<Vec<Loc>> {
         .collect())
 }
 
-fn dev_extent_past_end(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn dev_extent_past_end(c: &mut Corruptor, _inv: &Inventory, rng: &mut Prng) -> R<String> {
     let exts = dev_extents(c)?;
     let last = exts.last().ok_or_else(|| none("no dev extent"))?.clone();
     let dev = dev_item(c)?;
@@ -840,7 +840,7 @@ fn dev_extent_past_end(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<
     let len = value(&last, "length")?;
     let start = last.key.offset;
     if rng.chance(1, 2) || len < 2 * MIB {
-        let v = total.saturating_sub(start) + rng.range(1, 64) * MIB;
+        let v = total.saturating_sub(start) + rng.between(1, 64) * MIB;
         set(c, &last, "length", v)?;
         Ok(format!(
             "{}: length {len} -> {v} (device {total} bytes)",
@@ -849,7 +849,7 @@ fn dev_extent_past_end(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<
     } else {
         // The device made smaller than the extent's end.
         let end = start + len;
-        let v = end - rng.range(1, len / MIB - 1) * MIB;
+        let v = end - rng.between(1, len / MIB - 1) * MIB;
         set(c, &dev, "total_bytes", v)?;
         c.set_super("dev_item.total_bytes", &Value::Set(v))?;
         let sb_total = c.super_field("total_bytes")?;
@@ -861,7 +861,7 @@ fn dev_extent_past_end(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<
     }
 }
 
-fn bad_inode_mode(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn bad_inode_mode(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv.items_of(BTRFS_INODE_ITEM_KEY).collect();
     let t = pick(rng, &cands, "no inode")?;
     let bad = [
@@ -882,7 +882,7 @@ fn bad_inode_mode(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String
     Ok(format!("{}: mode {old:o} -> {v:o}", loc_desc(t)))
 }
 
-fn root_generation_ahead(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn root_generation_ahead(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv
         .root_items
         .iter()
@@ -890,7 +890,7 @@ fn root_generation_ahead(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R
         .collect();
     let t = pick(rng, &cands, "no subvolume")?;
     let ri = RootItem::parse(&t.data).map_err(|e| RecipeError::Failed(e.to_string()))?;
-    let v = inv.generation + rng.range(1, 1000);
+    let v = inv.generation + rng.between(1, 1000);
     let root = ri.bytenr.get();
     c.set_header(root, "generation", &Value::Set(v))?;
     let t = c.find(BTRFS_ROOT_TREE_OBJECTID, t.key)?;
@@ -906,7 +906,7 @@ fn root_generation_ahead(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R
     ))
 }
 
-fn inode_generation_ahead(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn inode_generation_ahead(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv.items_of(BTRFS_INODE_ITEM_KEY).collect();
     let t = pick(rng, &cands, "no inode")?;
     let name = if rng.chance(1, 2) {
@@ -914,12 +914,12 @@ fn inode_generation_ahead(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> 
     } else {
         "transid"
     };
-    let v = inv.generation + rng.range(2, 1000);
+    let v = inv.generation + rng.between(2, 1000);
     set(c, t, name, v)?;
     Ok(format!("{}: {name} -> {v}", loc_desc(t)))
 }
 
-fn extent_generation_ahead(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn extent_generation_ahead(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let all = extent_items(c)?;
     let data = rng.chance(1, 2);
     let cands: Vec<&Loc> = all
@@ -936,12 +936,12 @@ fn extent_generation_ahead(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) ->
         })
         .collect();
     let t = pick(rng, &cands, "no extent item")?;
-    let v = inv.generation + rng.range(1, 1000);
+    let v = inv.generation + rng.between(1, 1000);
     set(c, t, "generation", v)?;
     Ok(format!("{}: generation -> {v}", loc_desc(t)))
 }
 
-fn overlapping_csum(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn overlapping_csum(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cs = c.csum_type()?.size();
     let ss = inv.sectorsize;
     let items = c.items(BTRFS_CSUM_TREE_OBJECTID)?;
@@ -961,8 +961,8 @@ fn overlapping_csum(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<Stri
         let i = rng.below(cands.len() as u64) as usize;
         let t = cands.swap_remove(i);
         let n = (t.data.len() / cs) as u64;
-        let skip = rng.range(1, n - 1);
-        let take = rng.range(1, n - skip);
+        let skip = rng.between(1, n - 1);
+        let take = rng.between(1, n - skip);
         let key = Key::new(t.key.objectid, t.key.ty, t.key.offset + skip * ss);
         let body = t.data[(skip as usize) * cs..((skip + take) as usize) * cs].to_vec();
         match c.insert(BTRFS_CSUM_TREE_OBJECTID, key, &body) {
@@ -981,11 +981,11 @@ fn overlapping_csum(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<Stri
     ))
 }
 
-fn dev_bytes_used(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn dev_bytes_used(c: &mut Corruptor, _inv: &Inventory, rng: &mut Prng) -> R<String> {
     let dev = dev_item(c)?;
     let old = value(&dev, "bytes_used")?;
     let total = value(&dev, "total_bytes")?;
-    let k = rng.range(1, 64) * MIB;
+    let k = rng.between(1, 64) * MIB;
     let v = if old > k && (rng.chance(1, 2) || old + k > total) {
         old - k
     } else {
@@ -1008,7 +1008,7 @@ fn block_groups(c: &mut Corruptor) -> R<Vec<Loc>> {
         .collect())
 }
 
-fn block_group_used(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn block_group_used(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let bgs = block_groups(c)?;
     let cands: Vec<&Loc> = bgs.iter().collect();
     let t = pick(rng, &cands, "no block group")?;
@@ -1016,9 +1016,9 @@ fn block_group_used(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<Stri
     let len = t.key.offset;
     let ss = inv.sectorsize;
     let v = if rng.chance(1, 3) {
-        len + rng.range(1, 64) * ss
+        len + rng.between(1, 64) * ss
     } else {
-        let k = rng.range(1, 64) * ss;
+        let k = rng.between(1, 64) * ss;
         if old >= k && (rng.chance(1, 2) || old + k > len) {
             old - k
         } else {
@@ -1029,9 +1029,9 @@ fn block_group_used(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<Stri
     Ok(format!("{}: used {old} -> {v} (length {len})", loc_desc(t)))
 }
 
-fn super_bytes_used(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn super_bytes_used(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let old = c.super_field("bytes_used")?;
-    let k = rng.range(1, 256) * inv.sectorsize;
+    let k = rng.between(1, 256) * inv.sectorsize;
     let v = if old > k && rng.chance(1, 2) {
         old - k
     } else {
@@ -1041,7 +1041,7 @@ fn super_bytes_used(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<Stri
     Ok(format!("superblock bytes_used {old} -> {v}"))
 }
 
-fn bad_metadata_level(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn bad_metadata_level(c: &mut Corruptor, _inv: &Inventory, rng: &mut Prng) -> R<String> {
     let all = extent_items(c)?;
     let cands: Vec<&Loc> = all
         .iter()
@@ -1065,7 +1065,7 @@ fn bad_metadata_level(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<S
     Ok(format!("{}: level 0 -> 255", loc_desc(t)))
 }
 
-fn super_num_devices(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn super_num_devices(c: &mut Corruptor, _inv: &Inventory, rng: &mut Prng) -> R<String> {
     let old = c.super_field("num_devices")?;
     let mut v = *rng.pick(&[2u64, 3, 4, 8]).unwrap_or(&2);
     if v == old {
@@ -1075,7 +1075,7 @@ fn super_num_devices(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<St
     Ok(format!("superblock num_devices {old} -> {v}"))
 }
 
-fn free_space_entry(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn free_space_entry(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let items = c
         .items(BTRFS_FREE_SPACE_TREE_OBJECTID)
         .map_err(|_| none("no free space tree"))?;
@@ -1089,7 +1089,7 @@ fn free_space_entry(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<Stri
     let tree = BTRFS_FREE_SPACE_TREE_OBJECTID;
     match rng.below(3) {
         0 if len >= 2 * ss => {
-            let v = len - rng.range(1, len / ss - 1) * ss;
+            let v = len - rng.between(1, len / ss - 1) * ss;
             c.set_key(
                 tree,
                 t.key,
@@ -1103,7 +1103,7 @@ fn free_space_entry(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<Stri
             Ok(format!("{}: deleted", loc_desc(t)))
         }
         _ => {
-            let v = len + rng.range(1, 16) * ss;
+            let v = len + rng.between(1, 16) * ss;
             c.set_key(
                 tree,
                 t.key,
@@ -1115,7 +1115,7 @@ fn free_space_entry(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<Stri
     }
 }
 
-fn inline_refs_out_of_order(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn inline_refs_out_of_order(c: &mut Corruptor, _inv: &Inventory, rng: &mut Prng) -> R<String> {
     let all = extent_items(c)?;
     let cands: Vec<(&Loc, usize)> = all
         .iter()
@@ -1134,7 +1134,7 @@ fn inline_refs_out_of_order(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) 
     Ok(format!("{}: {n} inline refs reversed", loc_desc(t)))
 }
 
-fn missing_root_orphan(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn missing_root_orphan(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv
         .root_items
         .iter()
@@ -1150,19 +1150,19 @@ fn missing_root_orphan(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<S
     Ok(format!("orphan item of subvolume {}", t.key.offset))
 }
 
-fn orphan_dev_extent(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn orphan_dev_extent(c: &mut Corruptor, _inv: &Inventory, rng: &mut Prng) -> R<String> {
     use btrkit_core::format::dev::DevExtent;
     let exts = dev_extents(c)?;
     let last = exts.last().ok_or_else(|| none("no dev extent"))?.clone();
     let dev = dev_item(c)?;
     let total = value(&dev, "total_bytes")?;
     let end = last.key.offset + value(&last, "length")?;
-    let start = end.div_ceil(MIB) * MIB + rng.range(0, 16) * MIB;
-    let len = rng.range(1, 8) * MIB;
+    let start = end.div_ceil(MIB) * MIB + rng.between(0, 16) * MIB;
+    let len = rng.between(1, 8) * MIB;
     if start + len > total {
         return Err(none("no free device space past the last dev extent"));
     }
-    let chunk = chunks_end(c)?.div_ceil(1 << 30) * (1 << 30) + rng.range(1, 64) * (1 << 30);
+    let chunk = chunks_end(c)?.div_ceil(1 << 30) * (1 << 30) + rng.between(1, 64) * (1 << 30);
     let mut body = last.data.clone();
     let f = |n: &str| fields::item_field(&last.key, &last.data, n).map_err(RecipeError::Failed);
     for (n, v) in [
@@ -1187,7 +1187,7 @@ fn orphan_dev_extent(c: &mut Corruptor, _inv: &Inventory, rng: &mut Rng) -> R<St
     ))
 }
 
-fn missing_inode_ref(c: &mut Corruptor, inv: &Inventory, rng: &mut Rng) -> R<String> {
+fn missing_inode_ref(c: &mut Corruptor, inv: &Inventory, rng: &mut Prng) -> R<String> {
     let cands: Vec<&Loc> = inv
         .items_of(BTRFS_INODE_REF_KEY)
         .filter(|l| {
