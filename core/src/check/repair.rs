@@ -744,7 +744,7 @@ impl Run<'_> {
             Repair::RewriteSuperblocks => self
                 .changes
                 .push("every superblock copy written by the commit".into()),
-            Repair::DeviceSizes => self.changes.extend(self.st.fix_device_sizes()?),
+            Repair::DeviceSizes => self.changes.extend(self.st.repair().fix_device_sizes()?),
             Repair::SetNlink { tree, ino, .. } => self.set_nlink(tree, ino)?,
             Repair::SetSize { tree, ino, .. } => self.set_size(tree, ino)?,
             Repair::SetNbytes { tree, ino, .. } => self.set_nbytes(tree, ino)?,
@@ -848,15 +848,17 @@ impl Run<'_> {
         match *r {
             Repair::ExtentRefs {
                 bytenr, ref refs, ..
-            } => self
-                .changes
-                .push(self.st.rewrite_extent_refs(bytenr, &inline_refs(refs))?),
+            } => self.changes.push(
+                self.st
+                    .repair()
+                    .rewrite_extent_refs(bytenr, &inline_refs(refs))?,
+            ),
             Repair::AddExtentItem {
                 bytenr,
                 len,
                 level,
                 ref refs,
-            } => self.changes.push(self.st.add_extent_item(
+            } => self.changes.push(self.st.repair().add_extent_item(
                 bytenr,
                 len,
                 level,
@@ -867,7 +869,7 @@ impl Run<'_> {
                 len,
                 level,
                 ref refs,
-            } => self.changes.push(self.st.rebuild_extent_item(
+            } => self.changes.push(self.st.repair().rebuild_extent_item(
                 bytenr,
                 len,
                 level,
@@ -889,24 +891,31 @@ impl Run<'_> {
                 length,
             } => self.changes.push(
                 self.st
+                    .repair()
                     .dev_extent_from_chunk(devid, physical, chunk, length)?,
             ),
             Repair::DeleteDevExtent { devid, physical } => self
                 .changes
-                .push(self.st.delete_dev_extent(devid, physical)?),
-            Repair::CsumOverlap { bytenr } => self.changes.push(self.st.cut_csum_overlap(bytenr)?),
-            Repair::RecowPath { tree, key } => self.changes.push(self.st.recow_path(tree, &key)?),
+                .push(self.st.repair().delete_dev_extent(devid, physical)?),
+            Repair::CsumOverlap { bytenr } => self
+                .changes
+                .push(self.st.repair().cut_csum_overlap(bytenr)?),
+            Repair::RecowPath { tree, key } => {
+                self.changes.push(self.st.repair().recow_path(tree, &key)?)
+            }
             Repair::LeafItems { tree, bytenr } => self
                 .changes
-                .push(self.st.rewrite_mended_leaf(tree, bytenr)?),
+                .push(self.st.repair().rewrite_mended_leaf(tree, bytenr)?),
             Repair::RootItemLocation {
                 tree,
                 bytenr,
                 level,
                 generation,
-            } => self
-                .changes
-                .push(self.st.point_root_at(tree, bytenr, level, generation)?),
+            } => self.changes.push(
+                self.st
+                    .repair()
+                    .point_root_at(tree, bytenr, level, generation)?,
+            ),
             Repair::RewriteSuperblocks
             | Repair::DeviceSizes
             | Repair::SetNlink { .. }
@@ -1259,7 +1268,7 @@ impl Run<'_> {
 /// The free space tree rebuilt from the extent tree, and the block group
 /// items (and so the superblock's bytes_used) written from it too.
 fn rebuild_free_space(st: &mut Store) -> Result<Vec<String>> {
-    st.rebuild_free_space_tree()?;
+    st.repair().rebuild_free_space_tree()?;
     st.chunks().rewrite_block_groups();
     Ok(vec!["free space tree rebuilt".into()])
 }
@@ -1592,7 +1601,7 @@ fn inode_change(found: bool, tree: u64, ino: u64, what: String) -> Result<Vec<St
 /// (`btrfs check --clear-space-cache v1`); the superblock's cache
 /// generation is set to -1 so no kernel trusts a cache left anywhere.
 fn clear_space_cache(st: &mut Store) -> Result<Vec<String>> {
-    let headers = st.space_cache_headers()?;
+    let headers = st.repair().space_cache_headers()?;
     let n = headers.len();
     for (k, ino) in headers {
         st.delete_item(TreeId::Root, &k)?;
@@ -1616,7 +1625,7 @@ const CSUM_CHUNK: u64 = 4 << 20;
 /// nodatasum data get none.
 fn rebuild_csum_tree(st: &mut Store) -> Result<Vec<String>> {
     const CSUM: u64 = BTRFS_CSUM_TREE_OBJECTID;
-    let removed = st.empty_tree(CSUM)?;
+    let removed = st.repair().empty_tree(CSUM)?;
     let trees: Vec<u64> = st
         .items_in(
             TreeId::Root,

@@ -188,7 +188,7 @@ pub(crate) fn rebuild_uuid_tree(store: &mut crate::trans::Store) -> Result<(usiz
     if !store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
         return Ok((0, 0));
     }
-    let removed = store.empty_tree(BTRFS_UUID_TREE_OBJECTID)?;
+    let removed = store.repair().empty_tree(BTRFS_UUID_TREE_OBJECTID)?;
     let roots = store.items_in(
         crate::trans::TreeId::Root,
         Key::new(BTRFS_FS_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, 0),

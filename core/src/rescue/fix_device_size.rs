@@ -15,7 +15,7 @@ use std::path::PathBuf;
 pub fn fix_device_size(paths: &[PathBuf], dry_run: bool) -> Result<TreeChange> {
     let mut st = open_store(paths, dry_run)?;
     let mut out = TreeChange::new("fix-device-size", dry_run);
-    out.changes = st.fix_device_sizes()?;
+    out.changes = st.repair().fix_device_sizes()?;
     out.finish(st)?;
     Ok(out)
 }

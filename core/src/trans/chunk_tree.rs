@@ -76,7 +76,7 @@ impl Store {
             )?;
             for (k, _) in found {
                 if matches!(k.ty, BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY) {
-                    self.rewrite_extent_refs(k.objectid, &[])?;
+                    self.repair().rewrite_extent_refs(k.objectid, &[])?;
                     out.old_blocks_freed += 1;
                 }
             }

@@ -13,31 +13,44 @@ use crate::format::key::Key;
 use crate::{Error, Result};
 use zerocopy::{FromBytes, IntoBytes};
 
+/// Repair internals: the edits btrkit-fsck --repair makes that no file operation makes (extent items rebuilt, trees emptied or re-pointed, mended leaves written, dev extents and device sizes fixed). Obtained from [`Store::repair`].
+pub struct RepairEdits<'a> {
+    st: &'a mut Store,
+}
+
+impl Store {
+    /// See [`RepairEdits`].
+    pub fn repair(&mut self) -> RepairEdits<'_> {
+        RepairEdits { st: self }
+    }
+}
+
 const FST: u64 = BTRFS_FREE_SPACE_TREE_OBJECTID;
 
 /// What [`Store::fix_device_sizes`] changed, one line each.
 pub type Changes = Vec<String>;
 
-impl Store {
+impl RepairEdits<'_> {
     /// Empty the free space tree and let the commit write every block
     /// group's entries again from the allocator; the tree is marked valid.
     /// Items keyed outside every block group (stale entries) go too.
     pub fn rebuild_free_space_tree(&mut self) -> Result<()> {
-        if !self.has_fst() {
+        if !self.st.has_fst() {
             return Ok(());
         }
-        if !self.tree_exists(FST)? {
+        if !self.st.tree_exists(FST)? {
             return Err(Error::Unsupported(
                 "the free space tree has no root item; it cannot be rebuilt in place".into(),
             ));
         }
         self.empty_tree(FST)?;
-        for g in self.space.alloc.groups.values_mut() {
+        for g in self.st.space.alloc.groups.values_mut() {
             g.fst_bitmaps = false;
             g.dirty = true;
         }
-        let ro = self.sb.compat_ro_flags.get();
-        self.sb
+        let ro = self.st.sb.compat_ro_flags.get();
+        self.st
+            .sb
             .compat_ro_flags
             .set(ro | BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID);
         Ok(())
@@ -46,10 +59,10 @@ impl Store {
     /// Delete every item of tree `id` (its root stays); returns how many
     /// went.
     pub fn empty_tree(&mut self, id: u64) -> Result<usize> {
-        let items = self.items_in(id, Key::MIN, Key::MAX)?;
+        let items = self.st.items_in(id, Key::MIN, Key::MAX)?;
         // From the end: each deletion leaves the keys before it in place.
         for (k, _) in items.iter().rev() {
-            self.delete_item(id, k)?;
+            self.st.delete_item(id, k)?;
         }
         Ok(items.len())
     }
@@ -57,7 +70,7 @@ impl Store {
     /// The v1 free space cache's headers in the root tree: (header key,
     /// cache inode number).
     pub fn space_cache_headers(&mut self) -> Result<Vec<(Key, u64)>> {
-        let hdrs = self.items_in(
+        let hdrs = self.st.items_in(
             TreeId::Root,
             Key::new(BTRFS_FREE_SPACE_OBJECTID, 0, 0),
             Key::new(BTRFS_FREE_SPACE_OBJECTID, u8::MAX, u64::MAX),
@@ -83,8 +96,8 @@ impl Store {
     /// total_bytes is their sum and num_devices their count.
     pub fn fix_device_sizes(&mut self) -> Result<Changes> {
         let mut changes = Vec::new();
-        let ss = self.sectorsize() as u64;
-        let dev_items = self.items_in(
+        let ss = self.st.sectorsize() as u64;
+        let dev_items = self.st.items_in(
             TreeId::Chunk,
             Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, 0),
             Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, u64::MAX),
@@ -99,7 +112,7 @@ impl Store {
             let devid = k.offset;
             let mut di = DevItem::read_from_bytes(d)
                 .map_err(|_| Error::corrupt_key("dev item size", 0, *k))?;
-            let exts = self.items_in(
+            let exts = self.st.items_in(
                 BTRFS_DEV_TREE_OBJECTID,
                 Key::new(devid, BTRFS_DEV_EXTENT_KEY, 0),
                 Key::new(devid, BTRFS_DEV_EXTENT_KEY, u64::MAX),
@@ -115,7 +128,7 @@ impl Store {
                 used = used.saturating_add(len);
                 end = end.max(ek.offset.saturating_add(len));
             }
-            let size = self.img.device_of(devid).map(|d| d.size());
+            let size = self.st.img.device_of(devid).map(|d| d.size());
             let mut want = di.total_bytes.get() / ss * ss;
             if let Some(sz) = size {
                 want = want.min(sz / ss * ss);
@@ -129,30 +142,28 @@ impl Store {
                 ));
                 di.total_bytes.set(want);
                 di.bytes_used.set(used);
-                self.update_item(TreeId::Chunk, k, di.as_bytes())?;
+                self.st.update_item(TreeId::Chunk, k, di.as_bytes())?;
             }
             // The superblocks carry each device's own item: it follows the
             // chunk tree's (the commit writes it).
-            if self.space.dev_item_of(&self.sb, devid).is_some() {
-                self.space.set_dev_item(&mut self.sb, devid, di);
+            if self.st.space.dev_item_of(&self.st.sb, devid).is_some() {
+                self.st.space.set_dev_item(&mut self.st.sb, devid, di);
             }
             total = total.saturating_add(want);
         }
         let n = dev_items.len() as u64;
-        if self.sb.total_bytes.get() != total || self.sb.num_devices.get() != n {
+        if self.st.sb.total_bytes.get() != total || self.st.sb.num_devices.get() != n {
             changes.push(format!(
                 "superblock: total_bytes {} -> {total}, num_devices {} -> {n}",
-                self.sb.total_bytes.get(),
-                self.sb.num_devices.get()
+                self.st.sb.total_bytes.get(),
+                self.st.sb.num_devices.get()
             ));
-            self.sb.total_bytes.set(total);
-            self.sb.num_devices.set(n);
+            self.st.sb.total_bytes.set(total);
+            self.st.sb.num_devices.set(n);
         }
         Ok(changes)
     }
-}
 
-impl Store {
     /// Replace the back references of extent `bytenr` (an extent item that
     /// exists) with `refs`, what the trees that use it hold: the item's
     /// inline refs and its keyed ref items go, and the item is written
@@ -190,10 +201,10 @@ impl Store {
         let old_total = v.item.refs.get();
         let data_extent = v.item.flags.get() & BTRFS_EXTENT_FLAG_DATA != 0;
         for (k, _) in &items {
-            self.delete_item(EXTENT, k)?;
+            self.st.delete_item(EXTENT, k)?;
         }
         let len = if key.ty == BTRFS_METADATA_ITEM_KEY {
-            self.nodesize() as u64
+            self.st.nodesize() as u64
         } else {
             key.offset
         };
@@ -202,12 +213,12 @@ impl Store {
         } else {
             v.tree_block_info.map(|t| t.level)
         };
-        self.qgroups.note_rewritten(bytenr, len, level);
+        self.st.qgroups.note_rewritten(bytenr, len, level);
         if refs.is_empty() {
             if data_extent {
-                self.csums().csum_delete(bytenr, len)?;
+                self.st.csums().csum_delete(bytenr, len)?;
             }
-            self.space.alloc.release(bytenr, len, true)?;
+            self.st.space.alloc.release(bytenr, len, true)?;
             return Ok(format!(
                 "extent {bytenr}+{len}: no tree uses it, freed ({old_total} refs dropped)"
             ));
@@ -216,7 +227,7 @@ impl Store {
         head[..8].copy_from_slice(&total.to_le_bytes());
         let mut inline: Vec<InlineRef> = refs.to_vec();
         super::refs::sort_refs(&mut inline);
-        let max = self.extent_refs().max_inline_extent_item();
+        let max = self.st.extent_refs().max_inline_extent_item();
         let mut size = head.len() + owner.iter().map(|r| r.inline_size()).sum::<usize>();
         let mut kept = owner;
         let mut keyed = Vec::new();
@@ -230,10 +241,11 @@ impl Store {
         }
         super::refs::sort_refs(&mut kept);
         write_inline_refs(&mut head, &kept);
-        self.insert_item(EXTENT, &key, &head)?;
+        self.st.insert_item(EXTENT, &key, &head)?;
         for r in &keyed {
             let kk = super::refs::keyed_key(bytenr, r);
-            self.extent_refs()
+            self.st
+                .extent_refs()
                 .keyed_ref_update(kk, r, r.count().max(1) as i64, None)?;
         }
         Ok(format!(
@@ -260,6 +272,7 @@ impl Store {
         let (key, mut data) = match level {
             Some(l) => {
                 let node = self
+                    .st
                     .img
                     .read_tree_block(bytenr, &Default::default(), false)?;
                 let head = ExtentItem {
@@ -268,7 +281,7 @@ impl Store {
                     flags: BTRFS_EXTENT_FLAG_TREE_BLOCK.into(),
                 };
                 let mut d = head.as_bytes().to_vec();
-                if self.skinny() {
+                if self.st.skinny() {
                     (Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, l as u64), d)
                 } else {
                     let first = node.key(0).unwrap_or(Key::MIN);
@@ -285,7 +298,7 @@ impl Store {
             None => {
                 let head = ExtentItem {
                     refs: 0.into(),
-                    generation: self.transid.into(),
+                    generation: self.st.transid.into(),
                     flags: BTRFS_EXTENT_FLAG_DATA.into(),
                 };
                 (
@@ -297,7 +310,7 @@ impl Store {
         // A placeholder with no refs, then the refs written as for an
         // existing item.
         data[..8].copy_from_slice(&1u64.to_le_bytes());
-        self.insert_item(EXTENT, &key, &data)?;
+        self.st.insert_item(EXTENT, &key, &data)?;
         let c = self.rewrite_extent_refs(bytenr, refs)?;
         Ok(format!("extent {bytenr}+{len}: item written; {c}"))
     }
@@ -305,7 +318,7 @@ impl Store {
     /// The extent tree's records of extent `bytenr`: its extent item and
     /// keyed back references (not a block group item starting there).
     fn extent_records(&mut self, bytenr: u64) -> Result<Vec<(Key, Vec<u8>)>> {
-        let mut items = self.items_in(
+        let mut items = self.st.items_in(
             BTRFS_EXTENT_TREE_OBJECTID,
             Key::new(bytenr, 0, 0),
             Key::new(bytenr, u8::MAX, u64::MAX),
@@ -346,7 +359,7 @@ impl Store {
             if matches!(k.ty, BTRFS_EXTENT_ITEM_KEY | BTRFS_METADATA_ITEM_KEY) {
                 old = old.or_else(|| ExtentItem::read_from_prefix(d).ok().map(|(h, _)| h));
             }
-            self.delete_item(EXTENT, k)?;
+            self.st.delete_item(EXTENT, k)?;
         }
         let c = self.add_extent_item(bytenr, len, level, refs)?;
         if refs.is_empty() {
@@ -355,11 +368,11 @@ impl Store {
         let Some(old) = old else { return Ok(c) };
         let (gen, flags) = (old.generation.get(), old.flags.get());
         let keep_full = level.is_some() && flags & BTRFS_BLOCK_FLAG_FULL_BACKREF != 0;
-        let keep_gen = level.is_none() && gen != 0 && gen <= self.transid;
+        let keep_gen = level.is_none() && gen != 0 && gen <= self.st.transid;
         if !keep_full && !keep_gen {
             return Ok(c);
         }
-        let got = self.items_in(
+        let got = self.st.items_in(
             EXTENT,
             Key::new(bytenr, BTRFS_EXTENT_ITEM_KEY, 0),
             Key::new(bytenr, BTRFS_METADATA_ITEM_KEY, u64::MAX),
@@ -374,7 +387,7 @@ impl Store {
                 }
                 let n = std::mem::size_of::<ExtentItem>();
                 d[..n].copy_from_slice(h.as_bytes());
-                self.update_item(EXTENT, &k, &d)?;
+                self.st.update_item(EXTENT, &k, &d)?;
             }
         }
         Ok(c)
@@ -384,10 +397,10 @@ impl Store {
     /// bring the device items' byte counts in line.
     pub fn delete_dev_extent(&mut self, devid: u64, physical: u64) -> Result<String> {
         let k = Key::new(devid, BTRFS_DEV_EXTENT_KEY, physical);
-        if self.lookup(BTRFS_DEV_TREE_OBJECTID, &k)?.is_none() {
+        if self.st.lookup(BTRFS_DEV_TREE_OBJECTID, &k)?.is_none() {
             return Ok(format!("dev extent {devid}:{physical}: gone already"));
         }
-        self.delete_item(BTRFS_DEV_TREE_OBJECTID, &k)?;
+        self.st.delete_item(BTRFS_DEV_TREE_OBJECTID, &k)?;
         let mut c = format!("dev extent {devid}:{physical}: deleted");
         for more in self.fix_device_sizes()? {
             c.push_str("; ");
@@ -408,7 +421,7 @@ impl Store {
     ) -> Result<String> {
         use crate::format::dev::DevExtent;
         let k = Key::new(devid, BTRFS_DEV_EXTENT_KEY, physical);
-        let Some(d) = self.lookup(BTRFS_DEV_TREE_OBJECTID, &k)? else {
+        let Some(d) = self.st.lookup(BTRFS_DEV_TREE_OBJECTID, &k)? else {
             return Ok(format!("dev extent {devid}:{physical}: gone"));
         };
         let mut de = DevExtent::read_from_bytes(&d)
@@ -418,8 +431,9 @@ impl Store {
         de.chunk_objectid.set(BTRFS_FIRST_CHUNK_TREE_OBJECTID);
         de.chunk_offset.set(chunk);
         de.length.set(length);
-        de.chunk_tree_uuid = self.chunk_tree_uuid;
-        self.update_item(BTRFS_DEV_TREE_OBJECTID, &k, de.as_bytes())?;
+        de.chunk_tree_uuid = self.st.chunk_tree_uuid;
+        self.st
+            .update_item(BTRFS_DEV_TREE_OBJECTID, &k, de.as_bytes())?;
         let mut c = format!(
             "dev extent {devid}:{physical}: chunk {old_chunk} length {old_len} -> chunk {chunk} length {length}"
         );
@@ -436,10 +450,10 @@ impl Store {
     /// the data matches stays (the earlier one when neither or both do).
     pub fn cut_csum_overlap(&mut self, bytenr: u64) -> Result<String> {
         const CSUM: u64 = BTRFS_CSUM_TREE_OBJECTID;
-        let cs = self.image().csum.size();
-        let ss = self.sectorsize() as u64;
+        let cs = self.st.image().csum.size();
+        let ss = self.st.sectorsize() as u64;
         let k = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, bytenr);
-        let Some(later) = self.lookup(CSUM, &k)? else {
+        let Some(later) = self.st.lookup(CSUM, &k)? else {
             return Ok(format!("checksum item {bytenr}: gone already"));
         };
         let lo = Key::new(BTRFS_EXTENT_CSUM_OBJECTID, BTRFS_EXTENT_CSUM_KEY, 0);
@@ -448,7 +462,11 @@ impl Store {
             BTRFS_EXTENT_CSUM_KEY,
             bytenr.saturating_sub(1),
         );
-        let Some((pk, earlier)) = self.prev_item(CSUM, &before, &lo)?.filter(|_| bytenr > 0) else {
+        let Some((pk, earlier)) = self
+            .st
+            .prev_item(CSUM, &before, &lo)?
+            .filter(|_| bytenr > 0)
+        else {
             return Ok(format!("checksum item {bytenr}: no item before it"));
         };
         let sectors = |d: &[u8]| (d.len() / cs.max(1)) as u64;
@@ -457,21 +475,21 @@ impl Store {
         if p_end <= bytenr {
             return Ok(format!("checksum item {bytenr}: no overlap left"));
         }
-        self.delete_item(CSUM, &k)?;
+        self.st.delete_item(CSUM, &k)?;
         let mut replaced = 0u64;
         let overlap_end = p_end.min(l_end);
         let mut buf = vec![0u8; ss as usize];
-        let csum_type = self.image().csum;
+        let csum_type = self.st.image().csum;
         let mut at = bytenr;
         while at < overlap_end {
             let li = ((at - bytenr) / ss) as usize * cs;
             let pi = ((at - pk.offset) / ss) as usize * cs;
             let (ls, ps) = (&later[li..li + cs], &earlier[pi..pi + cs]);
-            if ls != ps && self.data().read_data(at, &mut buf).is_ok() {
+            if ls != ps && self.st.data().read_data(at, &mut buf).is_ok() {
                 let sum = csum_type.compute(&buf);
                 if &sum[..cs] == ls && &sum[..cs] != ps {
-                    self.csums().csum_delete(at, ss)?;
-                    self.csums().csum_insert(at, ls)?;
+                    self.st.csums().csum_delete(at, ss)?;
+                    self.st.csums().csum_insert(at, ls)?;
                     replaced += 1;
                 }
             }
@@ -479,7 +497,7 @@ impl Store {
         }
         if l_end > p_end {
             let skip = ((p_end - bytenr) / ss) as usize * cs;
-            self.csums().csum_insert(p_end, &later[skip..])?;
+            self.st.csums().csum_insert(p_end, &later[skip..])?;
         }
         Ok(format!(
             "checksum item {bytenr}: cut at {p_end}, where the item at {} ends ({replaced} sectors took the later checksum, which the data matches)",
@@ -498,14 +516,15 @@ impl Store {
         generation: u64,
     ) -> Result<String> {
         let id = TreeId::of(tree);
-        let st = self.root_state(id)?;
+        let st = self.st.root_state(id)?;
         let (old, old_level) = (st.bytenr, st.level);
-        if self.cache.contains(old) {
+        if self.st.cache.contains(old) {
             return Err(Error::Internal(format!(
                 "tree {tree} was read before its root item was repaired"
             )));
         }
         let st = self
+            .st
             .roots
             .get_mut(&id)
             .ok_or_else(|| Error::Internal("root not loaded".into()))?;
@@ -528,15 +547,16 @@ impl Store {
     /// it). Returns what changed.
     pub fn rewrite_mended_leaf(&mut self, tree: u64, bytenr: u64) -> Result<String> {
         let (node, _) = self
+            .st
             .img
             .read_damaged_tree_block(bytenr, &crate::tree::node::Expect::default())?;
-        let m = crate::tree::mend::mend_item_offsets(node.bytes(), self.img.csum.size())
+        let m = crate::tree::mend::mend_item_offsets(node.bytes(), self.st.img.csum.size())
             .ok_or_else(|| Error::Invalid(format!("leaf {bytenr} cannot be mended")))?;
         let key = crate::tree::edit::key_at(&m.block, 0);
         let mut trees = vec![tree];
         if is_fstree(tree) {
             trees = vec![BTRFS_FS_TREE_OBJECTID];
-            let items = self.items_in(
+            let items = self.st.items_in(
                 TreeId::Root,
                 Key::new(BTRFS_FIRST_FREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, 0),
                 Key::new(BTRFS_LAST_FREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX),
@@ -552,18 +572,18 @@ impl Store {
         let mut rewritten = 0;
         for t in trees {
             let id = TreeId::of(t);
-            if !self.tree_exists(id)? {
+            if !self.st.tree_exists(id)? {
                 continue;
             }
             // A copy in another tree drops the block from the cache while
             // it is still shared: put the mended leaf back each time.
-            if !self.cache.contains(bytenr) {
-                self.cache.insert_clean(bytenr, m.block.clone());
+            if !self.st.cache.contains(bytenr) {
+                self.st.cache.insert_clean(bytenr, m.block.clone());
             }
             if !self.leaf_on_path(id, &key, bytenr)? {
                 continue;
             }
-            self.search_mut(id, &key, None)?;
+            self.st.search_mut(id, &key, None)?;
             rewritten += 1;
         }
         if rewritten == 0 {
@@ -572,8 +592,8 @@ impl Store {
             )));
         }
         // Freeing the old block at commit reads its head: the mended one.
-        if !self.cache.contains(bytenr) {
-            self.cache.insert_clean(bytenr, m.block);
+        if !self.st.cache.contains(bytenr) {
+            self.st.cache.insert_clean(bytenr, m.block);
         }
         Ok(format!(
             "leaf {bytenr} (tree {tree}): {} items placed again, {} dropped, copied in {rewritten} tree(s)",
@@ -585,27 +605,27 @@ impl Store {
     /// Whether the search path of `key` in tree `id` ends at leaf `bytenr`
     /// (read down to its parent only: the leaf itself may be damaged).
     fn leaf_on_path(&mut self, id: TreeId, key: &Key, bytenr: u64) -> Result<bool> {
-        let root = self.load_root(id)?;
+        let root = self.st.load_root(id)?;
         if root == bytenr {
             return Ok(true);
         }
-        let Some((parent, slot)) = self.node_on_path(id, root, key, 1)? else {
+        let Some((parent, slot)) = self.st.node_on_path(id, root, key, 1)? else {
             return Ok(false);
         };
-        Ok(crate::tree::edit::node_ptr(self.buf(parent)?, slot).0 == bytenr)
+        Ok(crate::tree::edit::node_ptr(self.st.buf(parent)?, slot).0 == bytenr)
     }
 
     /// Copy every block on the search path of `key` in tree `tree`: each
     /// gets this transaction's generation, and so do the pointers to it
     /// and, at commit, the tree's root item.
     pub fn recow_path(&mut self, tree: u64, key: &Key) -> Result<String> {
-        let (path, _) = self.search_mut(TreeId::of(tree), key, None)?;
+        let (path, _) = self.st.search_mut(TreeId::of(tree), key, None)?;
         Ok(format!(
             "tree {}: {} block(s) on the path to {} copied at generation {}",
             tree as i64,
             path.len(),
             crate::format::names::key_string(key),
-            self.transid
+            self.st.transid
         ))
     }
 }
