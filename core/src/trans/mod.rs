@@ -19,6 +19,25 @@
 //! any point leaves the previous or the new generation. The log trees of
 //! the transaction are dropped by the commit: their blocks never had extent
 //! items and become free once the commit is durable.
+//!
+//! Which type owns what (one job each; [`Store`] is the tree editor and
+//! composes the rest):
+//! - [`Store`]: tree blocks (copy-on-write, search, insert, delete), root
+//!   items and root states, the superblock being built, the block cache
+//!   ([`CacheControl`] for its clean part);
+//! - [`Space`] (state) and [`Chunks`] (its edits): block groups and free
+//!   space, chunk items, dev extents, device items, new chunks;
+//! - [`ExtentRefs`]: extent items and back references (delayed refs run at
+//!   commit); [`Committed`]: reads of the trees as last committed;
+//! - [`Quotas`] over `qgroup::Qgroups`: the quota tree's status, info and
+//!   limit items; [`Csums`]: the checksum tree; [`Subtrees`]: snapshots
+//!   and dropped trees; [`Relocation`]: moving a block group's tree blocks;
+//! - `Commit` (behind [`Store::commit`]): block group, free space tree and
+//!   root items at commit, the dirty blocks, every superblock copy;
+//!   [`LogTrees`]: log trees, the log root tree and the superblock's
+//!   log_root;
+//! - [`DataPath`] over `dataio::DataIo`: file data on the devices;
+//! - [`RepairEdits`]: the edits only repair makes.
 
 mod backref;
 mod btree;
@@ -46,7 +65,14 @@ pub use cache::BlockCache;
 pub use chunk_alloc::{Chunks, Space};
 pub use chunk_tree::ChunkTreeReplaced;
 pub(crate) use commit::super_bytes;
-pub use csum::SectorSums;
+pub use backref::Committed;
+pub use csum::{Csums, SectorSums};
+pub use logsync::LogTrees;
+pub use qgroup::Quotas;
+pub use refs::ExtentRefs;
+pub use relocate::Relocation;
+pub use repair::RepairEdits;
+pub use subtree::Subtrees;
 pub use dataio::DataPath;
 pub use logsync::LogSyncIo;
 
