@@ -54,7 +54,11 @@ impl Method {
 }
 
 fn bad(what: &str) -> Error {
-    Error::corrupt(format!("compressed extent: {what}"), 0)
+    Error::corrupt_as(
+        crate::CorruptKind::Data,
+        format!("compressed extent: {what}"),
+        0,
+    )
 }
 
 /// Decompress `src` (an extent's on-disk bytes) to `ram_bytes` bytes. A

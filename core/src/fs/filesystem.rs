@@ -1000,7 +1000,8 @@ impl Filesystem {
         let size = it.size.get();
         let max = super::extents::max_inline_data(&self.store);
         if size > max {
-            return Err(Error::corrupt_key(
+            return Err(Error::corrupt_key_as(
+                crate::CorruptKind::Item,
                 format!("symlink of {size} bytes, more than its one inline extent holds ({max})"),
                 0,
                 Key::new(l.ino, BTRFS_INODE_ITEM_KEY, 0),

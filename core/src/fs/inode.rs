@@ -55,7 +55,12 @@ pub fn get_inode(st: &mut Store, subvol: u64, ino: u64) -> Result<Option<InodeIt
         InodeItem::read_from_bytes(d).ok()
     })? {
         Some(Some(i)) => Ok(Some(i)),
-        Some(None) => Err(Error::corrupt_key("inode item size", 0, k)),
+        Some(None) => Err(Error::corrupt_key_as(
+            crate::CorruptKind::Item,
+            "inode item size",
+            0,
+            k,
+        )),
         None => Ok(None),
     }
 }
@@ -126,7 +131,12 @@ pub fn modify_inode(
         },
     )? {
         Some(true) => Ok(true),
-        Some(false) => Err(Error::corrupt_key("inode item size", 0, k)),
+        Some(false) => Err(Error::corrupt_key_as(
+            crate::CorruptKind::Item,
+            "inode item size",
+            0,
+            k,
+        )),
         None => Ok(false),
     }
 }

@@ -474,15 +474,21 @@ pub fn unlink(
         .find(|(_, n)| n == name)
         .map(|(i, _)| i)
         .ok_or_else(|| {
-            Error::corrupt_key(
+            Error::corrupt_key_as(
+                crate::CorruptKind::Reference,
                 "name without inode ref",
                 0,
                 Key::new(ino, BTRFS_INODE_REF_KEY, dir),
             )
         })?;
     remove_name(st, subvol, dir, loc, name, index, transid)?;
-    let mut inode = get_inode(st, subvol, ino)?
-        .ok_or_else(|| Error::corrupt("entry names a missing inode", ino))?;
+    let mut inode = get_inode(st, subvol, ino)?.ok_or_else(|| {
+        Error::corrupt_as(
+            crate::CorruptKind::Reference,
+            "entry names a missing inode",
+            ino,
+        )
+    })?;
     let nlink = if super::inode::is_dir(inode.mode.get()) {
         0
     } else {

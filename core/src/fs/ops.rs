@@ -399,7 +399,8 @@ impl Filesystem {
             };
             l = Loc::new(l.subvol, p.parent);
         }
-        Err(Error::corrupt(
+        Err(Error::corrupt_as(
+            crate::CorruptKind::Structure,
             "directory chain does not reach the root",
             l.ino,
         ))
@@ -545,7 +546,8 @@ impl Filesystem {
             .find(|(_, n)| n == oname)
             .map(|(i, _)| i)
             .ok_or_else(|| {
-                Error::corrupt_key(
+                Error::corrupt_key_as(
+                    crate::CorruptKind::Reference,
                     "name without inode ref",
                     0,
                     Key::new(src.ino, BTRFS_INODE_REF_KEY, odir.ino),

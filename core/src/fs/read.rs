@@ -87,7 +87,12 @@ pub fn read_range(
                     .map_err(|e| e.at(0, k))?;
                     let from = (item.offset.get() + (a - es)) as usize;
                     let src = ram.get(from..from + dst.len()).ok_or_else(|| {
-                        Error::corrupt_key("compressed extent shorter than its reference", 0, k)
+                        Error::corrupt_key_as(
+                            crate::CorruptKind::Data,
+                            "compressed extent shorter than its reference",
+                            0,
+                            k,
+                        )
                     })?;
                     out[dst].copy_from_slice(src);
                 } else {
@@ -97,7 +102,12 @@ pub fn read_range(
                     let lo = bytenr + item.offset.get() + (a - es);
                     let slo = lo / ss * ss;
                     let shi = (lo + (b - a)).div_ceil(ss).checked_mul(ss).ok_or_else(|| {
-                        Error::corrupt_key("file extent data at the end of the address space", 0, k)
+                        Error::corrupt_key_as(
+                            crate::CorruptKind::Data,
+                            "file extent data at the end of the address space",
+                            0,
+                            k,
+                        )
                     })?;
                     let mut buf = vec![0u8; (shi - slo) as usize];
                     read_verified(st, slo, &mut buf, datasum, ino, k.offset)?;

@@ -134,7 +134,8 @@ pub fn set_default_subvol_item(
         name_hash(b"default"),
     );
     let d = store.lookup(TreeId::Root, &dk)?.ok_or_else(|| {
-        Error::corrupt(
+        Error::corrupt_as(
+            crate::CorruptKind::Reference,
             "root tree has no default entry",
             BTRFS_ROOT_TREE_DIR_OBJECTID,
         )
@@ -489,7 +490,8 @@ impl Subvols<'_> {
             .find(|e| e.name == name)
             .map(|e| e.index)
             .ok_or_else(|| {
-                Error::corrupt_key(
+                Error::corrupt_key_as(
+                    crate::CorruptKind::Reference,
                     "dir item without dir index",
                     0,
                     Key::new(dir.ino, BTRFS_DIR_ITEM_KEY, name_hash(name)),

@@ -180,7 +180,12 @@ impl Committed<'_> {
                     // The level is the key's offset; anything past u8 is not
                     // a level a tree can have.
                     let level = u8::try_from(key.offset).map_err(|_| {
-                        Error::corrupt_key("metadata item level", key.objectid, key)
+                        Error::corrupt_key_as(
+                            crate::CorruptKind::Item,
+                            "metadata item level",
+                            key.objectid,
+                            key,
+                        )
                     })?;
                     out.push((key.objectid, ns, Some(level)));
                 }
@@ -228,8 +233,14 @@ impl Committed<'_> {
                     out.push((BackRef::SharedTree { parent: key.offset }, 1))
                 }
                 BTRFS_EXTENT_DATA_REF_KEY => {
-                    let x = ExtentDataRef::read_from_bytes(&d)
-                        .map_err(|_| Error::corrupt_key("extent data ref size", bytenr, key))?;
+                    let x = ExtentDataRef::read_from_bytes(&d).map_err(|_| {
+                        Error::corrupt_key_as(
+                            crate::CorruptKind::Item,
+                            "extent data ref size",
+                            bytenr,
+                            key,
+                        )
+                    })?;
                     out.push((
                         BackRef::Data {
                             root: x.root.get(),
@@ -249,7 +260,8 @@ impl Committed<'_> {
                 _ => {}
             }
             if out.len() > MAX_VISITS {
-                return Err(Error::corrupt(
+                return Err(Error::corrupt_as(
+                    crate::CorruptKind::Reference,
                     "extent with too many back references",
                     bytenr,
                 ));
@@ -276,7 +288,11 @@ impl Committed<'_> {
                 continue;
             }
             if seen.len() > MAX_VISITS {
-                return Err(Error::corrupt("back reference walk does not end", bytenr));
+                return Err(Error::corrupt_as(
+                    crate::CorruptKind::Structure,
+                    "back reference walk does not end",
+                    bytenr,
+                ));
             }
             for (r, count) in self.view_backrefs(view, b, cache)? {
                 match r {
@@ -387,7 +403,11 @@ impl Committed<'_> {
             }
             steps += 1;
             if steps > MAX_VISITS {
-                return Err(Error::corrupt("file extent scan does not end", b));
+                return Err(Error::corrupt_as(
+                    crate::CorruptKind::Structure,
+                    "file extent scan does not end",
+                    b,
+                ));
             }
             k = super::btree::next_key(&key);
             if let Ok(FileExtent::Disk { item, .. }) = parse_file_extent(&d) {

@@ -507,8 +507,9 @@ impl Chunks<'_> {
             };
             let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
             if let Some(d) = self.st.lookup(BTRFS_CHUNK_TREE_OBJECTID, &dkey)? {
-                let mut di = DevItem::read_from_bytes(&d)
-                    .map_err(|_| Error::corrupt_key("dev item size", 0, dkey))?;
+                let mut di = DevItem::read_from_bytes(&d).map_err(|_| {
+                    Error::corrupt_key_as(crate::CorruptKind::Device, "dev item size", 0, dkey)
+                })?;
                 di.bytes_used.set(used);
                 self.st
                     .update_item(BTRFS_CHUNK_TREE_OBJECTID, &dkey, di.as_bytes())?;
@@ -637,14 +638,16 @@ impl Chunks<'_> {
     /// the range is not free space of a block group.
     pub fn pin_range(&mut self, start: u64, len: u64) -> Result<()> {
         let g = self.st.space.alloc.group_of_mut(start).ok_or_else(|| {
-            Error::corrupt(
+            Error::corrupt_as(
+                crate::CorruptKind::Allocation,
                 format!("log block {start} outside every block group"),
                 start,
             )
         })?;
         // Lengths come from the log: checked, never wrapped.
         if start.checked_add(len).is_none_or(|end| end > g.end()) {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                crate::CorruptKind::Allocation,
                 format!("log block {start}+{len} crosses the end of its block group"),
                 start,
             ));
@@ -653,7 +656,8 @@ impl Chunks<'_> {
             return Ok(());
         }
         if !g.free.contains(start, start + len) {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                crate::CorruptKind::Allocation,
                 format!("log block {start} overlaps allocated space"),
                 start,
             ));
@@ -667,13 +671,15 @@ impl Chunks<'_> {
     /// it was pinned while the log was read, or is still free.
     pub fn account_data_extent(&mut self, start: u64, len: u64) -> Result<()> {
         let g = self.st.space.alloc.group_of_mut(start).ok_or_else(|| {
-            Error::corrupt(
+            Error::corrupt_as(
+                crate::CorruptKind::Allocation,
                 format!("logged data extent {start}+{len} outside every block group"),
                 start,
             )
         })?;
         if start.checked_add(len).is_none_or(|end| end > g.end()) {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                crate::CorruptKind::Allocation,
                 format!("logged data extent {start}+{len} crosses the end of its block group"),
                 start,
             ));
@@ -683,7 +689,8 @@ impl Chunks<'_> {
         } else if g.free.contains(start, start + len) {
             g.free.remove(start, start + len);
         } else {
-            return Err(Error::corrupt(
+            return Err(Error::corrupt_as(
+                crate::CorruptKind::Allocation,
                 format!("logged data extent {start}+{len} overlaps allocated space"),
                 start,
             ));

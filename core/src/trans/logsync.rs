@@ -300,7 +300,11 @@ impl LogTrees<'_> {
         while let Some((b, expect)) = stack.pop() {
             guard += 1;
             if guard > 1 << 24 {
-                return Err(Error::corrupt("log tree does not end", b));
+                return Err(Error::corrupt_as(
+                    crate::CorruptKind::Structure,
+                    "log tree does not end",
+                    b,
+                ));
             }
             if expect.level.is_some_and(|l| l > 0) {
                 self.st.load(id, b, expect)?;

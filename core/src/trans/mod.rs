@@ -60,21 +60,21 @@ mod relocate;
 mod repair;
 mod subtree;
 
+pub use backref::Committed;
 pub use btree::next_key;
 pub use cache::BlockCache;
 pub use chunk_alloc::{Chunks, Space};
 pub use chunk_tree::ChunkTreeReplaced;
 pub(crate) use commit::super_bytes;
-pub use backref::Committed;
 pub use csum::{Csums, SectorSums};
+pub use dataio::DataPath;
+pub use logsync::LogSyncIo;
 pub use logsync::LogTrees;
 pub use qgroup::Quotas;
 pub use refs::ExtentRefs;
 pub use relocate::Relocation;
 pub use repair::RepairEdits;
 pub use subtree::Subtrees;
-pub use dataio::DataPath;
-pub use logsync::LogSyncIo;
 
 use crate::alloc::{super_stripes, Allocator, BlockGroup, RangeSet};
 use crate::format::consts::*;
@@ -469,7 +469,12 @@ impl Store {
                 _ => continue,
             };
             let g = self.space.alloc.group_of_mut(key.objectid).ok_or_else(|| {
-                Error::corrupt_key("extent outside every block group", key.objectid, key)
+                Error::corrupt_key_as(
+                    crate::CorruptKind::Allocation,
+                    "extent outside every block group",
+                    key.objectid,
+                    key,
+                )
             })?;
             // Clipped to its group: a hostile length frees nothing past it.
             let end = key.objectid.saturating_add(len).min(g.end());

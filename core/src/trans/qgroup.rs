@@ -183,7 +183,14 @@ impl Quotas<'_> {
             return Ok(());
         };
         let st = QgroupStatusItem::read_from_prefix(&d)
-            .map_err(|_| Error::corrupt_key("qgroup status item size", 0, status_key))?
+            .map_err(|_| {
+                Error::corrupt_key_as(
+                    crate::CorruptKind::Item,
+                    "qgroup status item size",
+                    0,
+                    status_key,
+                )
+            })?
             .0;
         if st.flags.get() & BTRFS_QGROUP_STATUS_FLAG_ON == 0 {
             return Ok(());
@@ -202,8 +209,9 @@ impl Quotas<'_> {
             Key::new(0, BTRFS_QGROUP_INFO_KEY, 0),
             Key::new(0, BTRFS_QGROUP_INFO_KEY, u64::MAX),
         )? {
-            let i = QgroupInfoItem::read_from_bytes(&d)
-                .map_err(|_| Error::corrupt_key("qgroup info item size", 0, k))?;
+            let i = QgroupInfoItem::read_from_bytes(&d).map_err(|_| {
+                Error::corrupt_key_as(crate::CorruptKind::Item, "qgroup info item size", 0, k)
+            })?;
             q.groups.insert(
                 k.offset,
                 Counts {

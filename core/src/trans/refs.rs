@@ -144,7 +144,11 @@ impl ExtentRefs<'_> {
                 return Ok((k, d));
             }
         }
-        Err(Error::corrupt("extent without extent item", bytenr))
+        Err(Error::corrupt_as(
+            crate::CorruptKind::Reference,
+            "extent without extent item",
+            bytenr,
+        ))
     }
 
     /// Reference count and flags of an extent as they stand with the
@@ -364,7 +368,8 @@ impl ExtentRefs<'_> {
         let mut refs = v.refs.clone();
         let total = v.item.refs.get() as i64 + delta;
         if total < 0 {
-            return Err(Error::corrupt_key(
+            return Err(Error::corrupt_key_as(
+                crate::CorruptKind::Reference,
                 "extent reference count would go negative",
                 bytenr,
                 key,
@@ -383,7 +388,8 @@ impl ExtentRefs<'_> {
                 ) {
                     refs[p] = with_count(&refs[p], c as u32);
                 } else {
-                    return Err(Error::corrupt_key(
+                    return Err(Error::corrupt_key_as(
+                        crate::CorruptKind::Reference,
                         "duplicate tree block reference",
                         bytenr,
                         key,
@@ -464,7 +470,12 @@ impl ExtentRefs<'_> {
                 let count = match &cur {
                     Some(c) => {
                         let x = ExtentDataRef::read_from_bytes(c).map_err(|_| {
-                            Error::corrupt_key("extent data ref size", kk.objectid, kk)
+                            Error::corrupt_key_as(
+                                crate::CorruptKind::Item,
+                                "extent data ref size",
+                                kk.objectid,
+                                kk,
+                            )
                         })?;
                         if x.root.get() != root
                             || x.objectid.get() != objectid
@@ -507,7 +518,8 @@ impl ExtentRefs<'_> {
             _ => {
                 if delta > 0 {
                     if cur.is_some() {
-                        return Err(Error::corrupt_key(
+                        return Err(Error::corrupt_key_as(
+                            crate::CorruptKind::Reference,
                             "duplicate keyed tree block reference",
                             kk.objectid,
                             kk,
@@ -515,7 +527,8 @@ impl ExtentRefs<'_> {
                     }
                     self.st.insert_item(EXTENT_TREE, &kk, &[])?;
                 } else if cur.is_none() || !self.st.delete_item(EXTENT_TREE, &kk)? {
-                    return Err(Error::corrupt_key(
+                    return Err(Error::corrupt_key_as(
+                        crate::CorruptKind::Reference,
                         "dropping a reference the extent does not have",
                         kk.objectid,
                         kk,

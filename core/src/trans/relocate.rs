@@ -170,10 +170,14 @@ impl Relocation<'_> {
             }
         }
         let ckey = Key::new(BTRFS_FIRST_CHUNK_TREE_OBJECTID, BTRFS_CHUNK_ITEM_KEY, start);
-        let cdata = self
-            .st
-            .lookup(TreeId::Chunk, &ckey)?
-            .ok_or_else(|| Error::corrupt_key("block group without chunk item", start, ckey))?;
+        let cdata = self.st.lookup(TreeId::Chunk, &ckey)?.ok_or_else(|| {
+            Error::corrupt_key_as(
+                crate::CorruptKind::Reference,
+                "block group without chunk item",
+                start,
+                ckey,
+            )
+        })?;
         let (chunk, stripes) =
             crate::format::chunk::parse_chunk(&cdata).map_err(|e| e.at(start, ckey))?;
         let (chunk, stripes): (ChunkItem, Vec<crate::format::chunk::Stripe>) =

@@ -110,8 +110,9 @@ impl RepairEdits<'_> {
         let mut total = 0u64;
         for (k, d) in &dev_items {
             let devid = k.offset;
-            let mut di = DevItem::read_from_bytes(d)
-                .map_err(|_| Error::corrupt_key("dev item size", 0, *k))?;
+            let mut di = DevItem::read_from_bytes(d).map_err(|_| {
+                Error::corrupt_key_as(crate::CorruptKind::Device, "dev item size", 0, *k)
+            })?;
             let exts = self.st.items_in(
                 BTRFS_DEV_TREE_OBJECTID,
                 Key::new(devid, BTRFS_DEV_EXTENT_KEY, 0),
@@ -424,8 +425,9 @@ impl RepairEdits<'_> {
         let Some(d) = self.st.lookup(BTRFS_DEV_TREE_OBJECTID, &k)? else {
             return Ok(format!("dev extent {devid}:{physical}: gone"));
         };
-        let mut de = DevExtent::read_from_bytes(&d)
-            .map_err(|_| Error::corrupt_key("dev extent size", 0, k))?;
+        let mut de = DevExtent::read_from_bytes(&d).map_err(|_| {
+            Error::corrupt_key_as(crate::CorruptKind::Device, "dev extent size", 0, k)
+        })?;
         let (old_chunk, old_len) = (de.chunk_offset.get(), de.length.get());
         de.chunk_tree.set(BTRFS_CHUNK_TREE_OBJECTID);
         de.chunk_objectid.set(BTRFS_FIRST_CHUNK_TREE_OBJECTID);

@@ -134,7 +134,11 @@ impl Subtrees<'_> {
             let (b, level) = (child.bytenr, child.expect.level.unwrap_or(0));
             visited += 1;
             if visited > MAX_DROP {
-                return Err(Error::corrupt("tree drop does not end", b));
+                return Err(Error::corrupt_as(
+                    crate::CorruptKind::Structure,
+                    "tree drop does not end",
+                    b,
+                ));
             }
             let (refs, flags) = self.st.extent_refs().extent_refs_now(b, Some(level))?;
             let ns = self.st.nodesize() as u64;
@@ -224,7 +228,11 @@ impl Subtrees<'_> {
             let (x, l) = (c.bytenr, c.expect.level.unwrap_or(0));
             n += 1;
             if n > MAX_DROP {
-                return Err(Error::corrupt("subtree walk does not end", b));
+                return Err(Error::corrupt_as(
+                    crate::CorruptKind::Structure,
+                    "subtree walk does not end",
+                    b,
+                ));
             }
             self.st.load(tid, x, c.expect)?;
             let buf = self.st.buf(x)?.clone();
@@ -259,7 +267,11 @@ impl Subtrees<'_> {
             let (x, l) = (c.bytenr, c.expect.level.unwrap_or(0));
             n += 1;
             if n > MAX_DROP {
-                return Err(Error::corrupt("subtree trace does not end", b));
+                return Err(Error::corrupt_as(
+                    crate::CorruptKind::Structure,
+                    "subtree trace does not end",
+                    b,
+                ));
             }
             self.st.qgroups.note_extent(x, ns, Some(l));
             self.st.load(tid, x, c.expect)?;
