@@ -25,62 +25,7 @@ use std::time::Instant;
 #[path = "common/families.rs"]
 mod families;
 
-/// Scenarios whose recovered tree may differ from the kernel's own run,
-/// and why. The expectations must still hold and the image be clean.
-const EXCEPTIONS: &[(&str, &str)] = &[
-    (
-        "nodesize64k-many-files",
-        "with 64 KiB nodes the kernel runs out of metadata reservation while the \
-         files are written and commits the transaction to reclaim it, so its files \
-         are durable with their data; btrkit reserves no metadata space ahead and \
-         commits only at its dirty-metadata limit, so its log has each file as \
-         created by the fsync of its directory (empty). Both are what fsync promised",
-    ),
-    (
-        "regress-random-1900",
-        "without no-holes, a write into the middle of a prealloc extent: the kernel's \
-         log drops the unwritten piece [32768, 65536) that its extent-map split leaves \
-         outside the logged range, and its own replay loses it; btrkit logs the \
-         piece as still unwritten, which replays to the same data (zeros) with the \
-         allocation kept",
-    ),
-    (
-        "regress-random-falloc-101",
-        "a 51 MiB keep-size fallocate on a 256 MiB filesystem whose data space is \
-         fragmented: data extents go by size class (the kernel's find_free_extent), \
-         so a large extent, with no group of its class and a new chunk too small, \
-         takes the longest free piece of any group. btrkit-mkfs makes a 64 MiB first \
-         data chunk (mkfs.btrfs 6.2 an 8 MiB one) which the small files claimed and \
-         left almost empty: the extent fits there whole, where the kernel's run on \
-         mkfs.btrfs's layout cuts it into pieces and its log cannot keep the piece \
-         that crosses the size. Both are what fsync promised",
-    ),
-    (
-        "regress-random-013",
-        "an inode logged only as existing (a new name of it in a logged directory) \
-         after a truncate: the kernel updates inode items through delayed inodes, so \
-         whether the item is copied from a leaf changed in the transaction (size 0: \
-         keep the committed size at replay) or logged from memory (the current size) \
-         depends on whether its leaf was rewritten for another reason; btrkit updates \
-         items in place, its leaf always counts as changed, and it logs the exists \
-         form. The kernel recovers the size at the fsync, btrkit's log the committed one",
-    ),
-    (
-        "regress-random-ns-150",
-        "a punch writes back the range it punches, and the whole run of dirty pages \
-         it lies in goes along as one write; the kernel waits only for the ordered \
-         extent inside the punched range, the rest completes in an end-io worker, \
-         and here a full commit (an fsync of the parent directory) came before it: \
-         the commit has the file's new size without that extent, which lands in the \
-         next transaction and goes with the crash. btrkit completes ordered extents \
-         as it writes them, so its commit has the data. The file was never fsynced \
-         after the write; both are what fsync promised",
-    ),
-    (
-        "regress-random-ns-015",
-        "as regress-random-013: an inode logged only as existing after a truncate (delayed inode item)",
-    ),
-];
+use families::LOG_EXCEPTIONS as EXCEPTIONS;
 
 fn scenarios() -> Vec<Scenario> {
     let mut all = families::corpus();
