@@ -24,6 +24,7 @@ pub mod rescue;
 pub mod restore;
 pub mod trans;
 pub mod tree;
+pub mod tune;
 pub mod util;
 pub mod workload;
 

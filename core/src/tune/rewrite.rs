@@ -1,0 +1,1 @@
+//! Tree blocks rewritten in place.
