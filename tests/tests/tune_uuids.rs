@@ -120,47 +120,61 @@ fn kernel_image(dir: &Path) -> PathBuf {
         &r.join("sv").to_string_lossy(),
         &r.join("ro").to_string_lossy(),
     ]);
+    // Sent and received within the filesystem: the received copy's
+    // received UUID names the read-only snapshot.
+    std::fs::create_dir(r.join("recv")).unwrap();
+    run(Command::new("sh").arg("-c").arg(format!(
+        "btrfs send -q '{}' | btrfs receive -q '{}'",
+        r.join("ro").display(),
+        r.join("recv").display()
+    )));
     m.unmount().unwrap();
     img
 }
 
-/// `btrfs subvolume list -u -q` of the mount at `mnt`: path -> (uuid,
-/// parent uuid).
-fn subvol_list(mnt: &Path) -> BTreeMap<String, (String, String)> {
+/// One subvolume as `btrfs subvolume list -u -q -R` shows it: (uuid,
+/// parent uuid, received uuid).
+type Listed = (String, String, String);
+
+/// `btrfs subvolume list -u -q -R` of the mount at `mnt`, by path.
+fn subvol_list(mnt: &Path) -> BTreeMap<String, Listed> {
     let out = run(Command::new("btrfs")
-        .args(["subvolume", "list", "-u", "-q"])
+        .args(["subvolume", "list", "-u", "-q", "-R"])
         .arg(mnt));
     out.lines()
         .filter_map(|l| {
             let t: Vec<&str> = l.split_whitespace().collect();
             let at = |k: &str| t.iter().position(|x| *x == k).map(|i| t[i + 1].to_string());
-            Some((at("path")?, (at("uuid")?, at("parent_uuid")?)))
+            Some((
+                at("path")?,
+                (at("uuid")?, at("parent_uuid")?, at("received_uuid")?),
+            ))
         })
         .collect()
 }
 
-/// Each subvolume's parent, by path ("-" none, "?" a UUID not of this
-/// filesystem).
-fn relations(l: &BTreeMap<String, (String, String)>) -> BTreeMap<String, String> {
+/// Each subvolume's parent and the subvolume it was received from, by
+/// path ("-" none, "?" a UUID not of this filesystem).
+fn relations(l: &BTreeMap<String, Listed>) -> BTreeMap<String, (String, String)> {
     let by_uuid: BTreeMap<&str, &str> = l
         .iter()
-        .map(|(p, (u, _))| (u.as_str(), p.as_str()))
+        .map(|(p, (u, _, _))| (u.as_str(), p.as_str()))
         .collect();
+    let name = |u: &str| {
+        if u == "-" {
+            "-".to_string()
+        } else {
+            by_uuid.get(u).map_or("?".into(), |s| s.to_string())
+        }
+    };
     l.iter()
-        .map(|(p, (_, parent))| {
-            let rel = if parent == "-" {
-                "-".to_string()
-            } else {
-                by_uuid.get(parent.as_str()).map_or("?".into(), |s| s.to_string())
-            };
-            (p.clone(), rel)
-        })
+        .map(|(p, (_, parent, recv))| (p.clone(), (name(parent), name(recv))))
         .collect()
 }
 
 /// What the kernel shows of the image (mounted read-only) and its
 /// subvolume list.
-fn kernel_view(devs: &[&Path], mnt: &Path) -> (Manifest, BTreeMap<String, (String, String)>) {
+fn kernel_view(devs: &[&Path], mnt: &Path) -> (Manifest, BTreeMap<String, Listed>) {
     let opts: String = std::iter::once("ro".to_string())
         .chain(devs[1..].iter().map(|d| format!("device={}", d.display())))
         .collect::<Vec<_>>()
@@ -203,8 +217,10 @@ fn metadata_uuid_clones_mount_side_by_side() {
     let orig = kernel_image(d);
     let o = sb(&orig);
     let (orig_man, orig_list) = kernel_view(&[&orig], &d.join("m0"));
-    assert!(orig_list.len() >= 4, "{orig_list:?}");
-    assert_eq!(relations(&orig_list)["snap"], "sv");
+    assert!(orig_list.len() >= 5, "{orig_list:?}");
+    let rel = relations(&orig_list);
+    assert_eq!(rel["snap"].0, "sv");
+    assert_eq!(rel["recv/ro"].1, "ro", "{rel:?}");
     let clones: Vec<PathBuf> = (1..=2).map(|i| d.join(format!("clone{i}.img"))).collect();
     for c in &clones {
         kcrash::copy_sparse(&orig, c).unwrap();
@@ -214,7 +230,10 @@ fn metadata_uuid_clones_mount_side_by_side() {
         assert_ne!(s.fsid, o.fsid);
         assert!(has_md(&s));
         assert_eq!(s.metadata_uuid, o.fsid);
-        assert_eq!(s.dev_item.fsid, o.fsid, "the device item keeps the tree fsid");
+        assert_eq!(
+            s.dev_item.fsid, o.fsid,
+            "the device item keeps the tree fsid"
+        );
         // One commit (the subvolume UUIDs); the fsid itself changes no
         // generation.
         assert_eq!(s.generation.get(), o.generation.get() + 1);
@@ -233,12 +252,12 @@ fn metadata_uuid_clones_mount_side_by_side() {
         assert!(man == orig_man, "{}", orig_man.short_diff(&man, 12));
         let l = subvol_list(m.path());
         assert_eq!(relations(&l), relations(&orig_list));
-        for (p, (u, _)) in &l {
+        for (p, (u, _, _)) in &l {
             assert_ne!(u, &orig_list[p].0, "{p} kept its UUID");
         }
         lists.push(l);
     }
-    for (p, (u, _)) in &lists[0] {
+    for (p, (u, _, _)) in &lists[0] {
         assert_ne!(u, &lists[1][p].0, "{p}: the clones share a UUID");
     }
     m1.unmount().unwrap();
@@ -259,7 +278,7 @@ fn metadata_uuid_clones_mount_side_by_side() {
     let (man, l) = kernel_view(&[c], &d.join("m4"));
     assert!(man == orig_man, "{}", orig_man.short_diff(&man, 12));
     assert_eq!(relations(&l), relations(&orig_list));
-    for (p, (u, _)) in &l {
+    for (p, (u, _, _)) in &l {
         assert_ne!(u, &before[p].0, "{p}: -M renews subvolume UUIDs too");
     }
     // Asked again: nothing to do for the fsid (the subvolume UUIDs are
@@ -268,7 +287,7 @@ fn metadata_uuid_clones_mount_side_by_side() {
     assert!(out.contains("already"), "{out}");
 }
 
-fn subvol_list_of(img: &Path, mnt: &Path) -> BTreeMap<String, (String, String)> {
+fn subvol_list_of(img: &Path, mnt: &Path) -> BTreeMap<String, Listed> {
     kernel_view(&[img], mnt).1
 }
 
@@ -354,7 +373,7 @@ fn metadata_uuid_as_btrfstune_does() {
     assert_eq!(sq.get("fsid").map(String::as_str), Some(z));
     assert_eq!(sq.get("generation"), dump_super(&orig).get("generation"));
     // The fs trees, untouched by both.
-    for t in ["5", "256", "257", "258", "259"] {
+    for t in ["5", "256", "257", "258", "259", "260"] {
         assert_eq!(dump_tree(&p, t), dump_tree(&q, t), "fs tree {t}");
     }
     checks_clean(&[&p], "btrfstune -M");
@@ -397,7 +416,9 @@ fn label_and_seeding_as_btrfs_progs() {
     assert_eq!(blk.trim(), "a label");
     m.unmount().unwrap();
 
-    run(Command::new(progs_new("btrfstune")).args(["-S", "1"]).arg(&p));
+    run(Command::new(progs_new("btrfstune"))
+        .args(["-S", "1"])
+        .arg(&p));
     tune_ok(&["-S", "1"], &[&q]);
     let (fp, fq) = (sb(&p).flags.get(), sb(&q).flags.get());
     assert_ne!(fq & BTRFS_SUPER_FLAG_SEEDING, 0);
@@ -445,7 +466,10 @@ fn raid1_set_label_and_metadata_uuid() {
     let o = sb(devs[0]);
     let want = sets::manifest(&set.paths, "ro").unwrap();
     let out = tune_ok(&["-L", "pair", "-m"], &devs);
-    assert!(out.contains("label") && out.contains("metadata-uuid"), "{out}");
+    assert!(
+        out.contains("label") && out.contains("metadata-uuid"),
+        "{out}"
+    );
     let fsid = sb(devs[0]).fsid;
     assert_ne!(fsid, o.fsid);
     for dv in &devs {
@@ -617,29 +641,32 @@ fn cut_at_every_write(paths: &[PathBuf]) {
             .map(|b| Arc::new(CrashDevice::from_shared(b.clone())))
             .collect()
     };
-    let cut_list = |devs: &[Arc<CrashDevice>], left: &Arc<AtomicI64>| -> Vec<Arc<dyn BlockDevice>> {
-        devs.iter()
-            .map(|d| {
-                Arc::new(Cut {
-                    dev: d.clone(),
-                    left: left.clone(),
-                }) as Arc<dyn BlockDevice>
-            })
-            .collect()
-    };
+    let cut_list =
+        |devs: &[Arc<CrashDevice>], left: &Arc<AtomicI64>| -> Vec<Arc<dyn BlockDevice>> {
+            devs.iter()
+                .map(|d| {
+                    Arc::new(Cut {
+                        dev: d.clone(),
+                        left: left.clone(),
+                    }) as Arc<dyn BlockDevice>
+                })
+                .collect()
+        };
     let count = {
         let devs = fresh();
         let left = Arc::new(AtomicI64::new(i64::MAX));
         let r = tune_devices(list(&cut_list(&devs, &left)), &request(z), &NoProgress).unwrap();
         assert_eq!(r.steps.len(), 2, "{r:?}");
-        let as_dyn: Vec<Arc<dyn BlockDevice>> =
-            devs.iter().map(|d| d.clone() as Arc<dyn BlockDevice>).collect();
+        let as_dyn: Vec<Arc<dyn BlockDevice>> = devs
+            .iter()
+            .map(|d| d.clone() as Arc<dyn BlockDevice>)
+            .collect();
         assert!(primaries(&as_dyn).iter().all(|s| s.fsid == z));
         assert!(own_check(&as_dyn).unwrap().is_empty());
         i64::MAX - left.load(Ordering::SeqCst)
     };
     assert!(count >= 4, "{count} writes");
-    let mut g = Prng::new(0x5eed_0f_7e57);
+    let mut g = Prng::new(0x005e_ed0f_7e57);
     let mut tally: BTreeMap<String, u32> = BTreeMap::new();
     let mut kernel_samples = 0;
     for cut in 0..count {
@@ -682,7 +709,10 @@ fn cut_at_every_write(paths: &[PathBuf]) {
             }
         }
     }
-    eprintln!("{count} cut points on {} device(s): {tally:?}, {kernel_samples} through the kernel", paths.len());
+    eprintln!(
+        "{count} cut points on {} device(s): {tally:?}, {kernel_samples} through the kernel",
+        paths.len()
+    );
     // The last write completes the change: every cut before it leaves
     // the old state or one a rerun finishes (the whole run was checked
     // above).
@@ -749,7 +779,12 @@ fn refusals_write_nothing() {
     // Mounted by the kernel.
     let m = LoopMount::mount(&img, &d.join("m"), "ro").unwrap();
     let before = digest(&img);
-    for args in [&["-m"][..], &["-L", "x"], &["-S", "1"], &["--new-subvol-uuids"]] {
+    for args in [
+        &["-m"][..],
+        &["-L", "x"],
+        &["-S", "1"],
+        &["--new-subvol-uuids"],
+    ] {
         let (code, out, err) = tune(args, &[&img]);
         assert_eq!(code, 1, "{args:?}: {out}{err}");
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
@@ -774,5 +809,9 @@ fn refusals_write_nothing() {
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
         assert!(err.contains("2 devices"), "{args:?}: {err}");
     }
-    assert_eq!(digest(&set.paths[0]), one, "a refusal wrote to a device of a set");
+    assert_eq!(
+        digest(&set.paths[0]),
+        one,
+        "a refusal wrote to a device of a set"
+    );
 }

@@ -79,8 +79,7 @@ pub(super) fn rewrite(
                     continue;
                 }
                 let csum = CsumType::from_disk(new.csum_type.get())?;
-                write_super_copy(dev.as_ref(), &new, c.mirror, csum)
-                    .map_err(|e| named(e, name))?;
+                write_super_copy(dev.as_ref(), &new, c.mirror, csum).map_err(|e| named(e, name))?;
                 written += 1;
                 any = true;
             }
@@ -131,10 +130,7 @@ pub fn label(ctx: &mut Ctx, l: &str) -> Result<Step> {
     let want = label_bytes(l)?;
     let (copies, skipped) = copies(ctx)?;
     ctx.progress.phase(1, "label", copies.len() as u64);
-    let old = copies
-        .first()
-        .map(|c| c.sb.label_str())
-        .unwrap_or_default();
+    let old = copies.first().map(|c| c.sb.label_str()).unwrap_or_default();
     let n = rewrite(ctx, &copies, &|c| {
         let mut sb = c.sb;
         sb.label = want;
@@ -142,7 +138,10 @@ pub fn label(ctx: &mut Ctx, l: &str) -> Result<Step> {
     })?;
     ctx.progress.advance(copies.len() as u64);
     if n == 0 {
-        return Ok(Step::already("label", format!("the label already is {l:?}")));
+        return Ok(Step::already(
+            "label",
+            format!("the label already is {l:?}"),
+        ));
     }
     let mut lines = vec![format!(
         "label {old:?} -> {l:?} ({n} superblock copies on {} device(s))",
@@ -201,7 +200,10 @@ pub fn seeding(ctx: &mut Ctx, on: bool) -> Result<Step> {
     if n == 0 {
         return Ok(Step::already(
             "seeding",
-            format!("the seeding flag already is {}", if on { "set" } else { "clear" }),
+            format!(
+                "the seeding flag already is {}",
+                if on { "set" } else { "clear" }
+            ),
         ));
     }
     let mut lines = vec![format!(

@@ -61,7 +61,8 @@ fn with_fsid(sb: &Superblock, z: [u8; 16], changing: bool) -> Superblock {
     } else {
         n.fsid = z;
         n.metadata_uuid = tree;
-        n.incompat_flags.set(inc | BTRFS_FEATURE_INCOMPAT_METADATA_UUID);
+        n.incompat_flags
+            .set(inc | BTRFS_FEATURE_INCOMPAT_METADATA_UUID);
     }
     with_flag(&n, changing)
 }
@@ -170,8 +171,11 @@ pub fn metadata_uuid(ctx: &mut Ctx, u: NewUuid) -> Result<Step> {
         ));
     }
     let multi = ctx.devs.len() > 1;
-    ctx.progress
-        .phase(1, "metadata uuid", (found.len() * if multi { 3 } else { 1 }) as u64);
+    ctx.progress.phase(
+        1,
+        "metadata uuid",
+        (found.len() * if multi { 3 } else { 1 }) as u64,
+    );
     let mut written = 0;
     if multi {
         // See the module docs: flag everywhere, then the fsid, then the
@@ -191,7 +195,9 @@ pub fn metadata_uuid(ctx: &mut Ctx, u: NewUuid) -> Result<Step> {
     ctx.progress.advance(found.len() as u64);
     let mut lines = Vec::new();
     if resuming {
-        lines.push("an interrupted metadata UUID change (CHANGING_FSID_V2) was found and finished".into());
+        lines.push(
+            "an interrupted metadata UUID change (CHANGING_FSID_V2) was found and finished".into(),
+        );
     }
     lines.push(if z == tree {
         format!(
@@ -227,7 +233,8 @@ pub fn metadata_uuid(ctx: &mut Ctx, u: NewUuid) -> Result<Step> {
 /// Whether tree `id` is a subvolume: the top one or a subvolume id (not
 /// the data relocation tree, whose id is negative).
 fn is_subvol(id: u64) -> bool {
-    id == BTRFS_FS_TREE_OBJECTID || (BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&id)
+    id == BTRFS_FS_TREE_OBJECTID
+        || (BTRFS_FIRST_FREE_OBJECTID..=BTRFS_LAST_FREE_OBJECTID).contains(&id)
 }
 
 /// The UUID tree key of `u` (its halves little-endian, as the kernel's
@@ -276,8 +283,7 @@ pub fn subvol_uuids(ctx: &mut Ctx) -> Result<Step> {
         Key::new(BTRFS_FS_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, 0),
         Key::new(BTRFS_LAST_FREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, u64::MAX),
     )?;
-    ctx.progress
-        .phase(1, "subvolume uuids", items.len() as u64);
+    ctx.progress.phase(1, "subvolume uuids", items.len() as u64);
     let mut renew = Vec::new();
     let mut dead = 0usize;
     for (k, d) in &items {
@@ -411,11 +417,20 @@ mod tests {
     fn the_result_depends_on_the_tree_fsid_and_the_uuid_only() {
         // First change: the old fsid becomes the metadata UUID.
         let a = with_fsid(&sb(1, None), [2; 16], false);
-        assert_eq!((a.fsid, a.metadata_uuid, a.tree_fsid()), ([2; 16], [1; 16], [1; 16]));
+        assert_eq!(
+            (a.fsid, a.metadata_uuid, a.tree_fsid()),
+            ([2; 16], [1; 16], [1; 16])
+        );
         // From there, or from a third fsid, the same.
         let same = |x: Superblock, y: Superblock| x.as_bytes() == y.as_bytes();
-        assert!(same(with_fsid(&a, [3; 16], false), with_fsid(&sb(1, None), [3; 16], false)));
-        assert!(same(with_fsid(&sb(2, Some(1)), [3; 16], false), with_fsid(&a, [3; 16], false)));
+        assert!(same(
+            with_fsid(&a, [3; 16], false),
+            with_fsid(&sb(1, None), [3; 16], false)
+        ));
+        assert!(same(
+            with_fsid(&sb(2, Some(1)), [3; 16], false),
+            with_fsid(&a, [3; 16], false)
+        ));
         // Back to the metadata UUID: the feature off, the field zero.
         let b = with_fsid(&a, [1; 16], false);
         assert!(same(b, sb(1, None)));
@@ -424,6 +439,67 @@ mod tests {
         let c = with_fsid(&a, [3; 16], true);
         assert!(changing(&c));
         assert!(same(with_flag(&c, false), with_fsid(&a, [3; 16], false)));
+    }
+
+    /// A root item of the old size (239 bytes, no UUID) gets the extended
+    /// fields and a UUID, and an entry in the UUID tree.
+    #[test]
+    fn old_root_items_get_the_extended_fields() {
+        use crate::check::{check_device, CheckOptions, NoProgress};
+        use crate::format::root::ROOT_ITEM_LEGACY_SIZE;
+        use crate::image::Image;
+        use crate::io::{BlockDevice, MemDevice};
+        use std::sync::Arc;
+        let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::zeroed(256 << 20));
+        let (st, staged, _) = crate::mkfs::make(dev.clone(), &Default::default()).unwrap();
+        crate::mkfs::finish(st, &staged).unwrap();
+        let open = || {
+            let img = Image::open(
+                dev.clone(),
+                OpenOptions {
+                    writable: true,
+                    ..OpenOptions::default()
+                },
+            )
+            .unwrap();
+            Store::from_image(img).unwrap()
+        };
+        let mut st = open();
+        let key = st.root_key(BTRFS_FS_TREE_OBJECTID).unwrap();
+        let old = st.lookup(TreeId::Root, &key).unwrap().unwrap();
+        st.update_item(TreeId::Root, &key, &old[..ROOT_ITEM_LEGACY_SIZE])
+            .unwrap();
+        st.commit().unwrap();
+        drop(st);
+        let req = super::super::Request {
+            subvol_uuids: true,
+            ..Default::default()
+        };
+        let r = super::super::tune_devices(vec![("mem".into(), dev.clone())], &req, &NoProgress)
+            .unwrap();
+        assert!(
+            r.steps[0]
+                .lines
+                .iter()
+                .any(|l| l.contains("extended fields")),
+            "{r:?}"
+        );
+        let mut st = open();
+        let now = st.lookup(TreeId::Root, &key).unwrap().unwrap();
+        assert_eq!(now.len(), crate::format::root::ROOT_ITEM_SIZE);
+        let ri = RootItem::parse(&now).unwrap();
+        assert!(ri.has_v2() && ri.uuid != [0; 16]);
+        let entry = st
+            .lookup(
+                BTRFS_UUID_TREE_OBJECTID,
+                &uuid_key(&ri.uuid, BTRFS_UUID_KEY_SUBVOL),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(entry, BTRFS_FS_TREE_OBJECTID.to_le_bytes());
+        drop(st);
+        let report = check_device(dev, CheckOptions::own_writes(), &NoProgress).unwrap();
+        assert!(report.is_clean(), "{:?}", report.findings);
     }
 
     #[test]
