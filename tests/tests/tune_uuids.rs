@@ -411,7 +411,7 @@ fn label_and_seeding_as_btrfs_progs() {
     checks_clean(&[&q], "after -L");
     let m = LoopMount::mount(&q, &d.join("m-label"), "ro").unwrap();
     let blk = run(Command::new("blkid")
-        .args(["-s", "LABEL", "-o", "value"])
+        .args(["-p", "-s", "LABEL", "-o", "value"])
         .arg(m.device()));
     assert_eq!(blk.trim(), "a label");
     m.unmount().unwrap();
