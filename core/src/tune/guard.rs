@@ -131,7 +131,13 @@ fn flags_of(ctx: &Ctx) -> u64 {
 /// fields are asked) no log waits to be replayed.
 pub(super) fn complete_set(ctx: &Ctx, needs_trees: bool) -> Result<()> {
     let devices = Devices::new(ctx.devs.clone());
-    let set = devices.set()?;
+    // A seed device may have its label and seeding flag changed: those
+    // steps write superblock fields only.
+    let set = if needs_trees {
+        devices.set()?
+    } else {
+        crate::devices::DeviceSet::assemble_seed_too(ctx.devs.clone())?
+    };
     if let Some(e) = devices.missing(&set, "btrkit-tune changes every device: give them all") {
         return Err(e);
     }
