@@ -20,6 +20,7 @@
 //!   log to replay, simple quotas over full ones and back, an empty or
 //!   conflicting request.
 
+use btrkit_core::check::findings::Severity;
 use btrkit_core::check::{CheckOptions, NoProgress};
 use btrkit_core::format::consts::*;
 use btrkit_core::format::key::Key;
@@ -88,7 +89,11 @@ fn fill(mnt: &Path, big: usize) {
         f.write_all_at(&pattern(1002, 8192), 1 << 20).unwrap();
     }
     must(Command::new("sync").arg("-f").arg(mnt));
-    must(Command::new("btrfs").args(["subvolume", "create"]).arg(mnt.join("sv")));
+    must(
+        Command::new("btrfs")
+            .args(["subvolume", "create"])
+            .arg(mnt.join("sv")),
+    );
     for i in 0..10u64 {
         std::fs::write(mnt.join(format!("sv/g{i}")), pattern(2000 + i, 20_000)).unwrap();
     }
@@ -149,7 +154,12 @@ impl Base {
     /// A copy of the image named `name`.
     fn copy(&self, name: &str) -> PathBuf {
         let p = self.dir.path().join(name);
-        must(Command::new("cp").arg("--sparse=always").arg(&self.path).arg(&p));
+        must(
+            Command::new("cp")
+                .arg("--sparse=always")
+                .arg(&self.path)
+                .arg(&p),
+        );
         p
     }
 }
@@ -221,13 +231,30 @@ fn assert_checks(img: &Path, distro: bool, what: &str) {
     }
 }
 
-fn ours_clean(dev: Arc<dyn BlockDevice>) -> Result<(), String> {
+/// The errors the engine's checker finds on `dev`, one line each
+/// (warnings, such as a superblock mirror one generation behind after a
+/// cut between the copies, leave an image clean).
+fn ours_findings(dev: Arc<dyn BlockDevice>) -> Result<Vec<String>, String> {
     let r = btrkit_core::check::check_device(dev, CheckOptions::own_writes(), &NoProgress)
         .map_err(|e| e.to_string())?;
-    if r.is_clean() {
+    Ok(r.findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .map(|f| format!("{:?}: {}", f.category, f.message))
+        .collect())
+}
+
+/// The engine's checker finds nothing on `dev` but what `allowed` holds
+/// (what it found on the image before the conversion).
+fn ours_clean(dev: Arc<dyn BlockDevice>, allowed: &[String]) -> Result<(), String> {
+    let new: Vec<String> = ours_findings(dev)?
+        .into_iter()
+        .filter(|f| !allowed.contains(f))
+        .collect();
+    if new.is_empty() {
         Ok(())
     } else {
-        Err(format!("{:?}", r.findings))
+        Err(format!("{new:#?}"))
     }
 }
 
@@ -254,8 +281,16 @@ fn against_btrfstune(base: &Base, args: &[&str], distro_check: bool) -> (PathBuf
     let b = base.copy("progs.img");
     ours_ok(&a, args);
     progs_tune(&b, args);
-    assert_eq!(super_flags(&a), super_flags(&b), "{args:?}: superblock flags");
-    assert_ne!(super_flags(&a), super_flags(&base.path), "{args:?}: nothing changed");
+    assert_eq!(
+        super_flags(&a),
+        super_flags(&b),
+        "{args:?}: superblock flags"
+    );
+    assert_ne!(
+        super_flags(&a),
+        super_flags(&base.path),
+        "{args:?}: nothing changed"
+    );
     assert_checks(&a, distro_check, &format!("{args:?} ours"));
     assert_checks(&b, distro_check, &format!("{args:?} btrfstune"));
     kernel_reads(&a, &base.files, &format!("{args:?}"));
@@ -359,7 +394,10 @@ fn block_group_tree_to_and_from_like_btrfstune() {
             .args(["inspect-internal", "dump-tree", "-t", "root"])
             .arg(&a2),
     );
-    assert!(!trees.contains("BLOCK_GROUP_TREE ROOT_ITEM"), "bg tree left");
+    assert!(
+        !trees.contains("BLOCK_GROUP_TREE ROOT_ITEM"),
+        "bg tree left"
+    );
 }
 
 #[test]
@@ -385,7 +423,10 @@ fn simple_quota_on_and_off_like_btrfstune() {
             .args(["inspect-internal", "dump-tree", "-t", "extent"])
             .arg(&a),
     );
-    assert!(ext.contains("extent owner root"), "the kernel wrote no owner ref");
+    assert!(
+        ext.contains("extent owner root"),
+        "the kernel wrote no owner ref"
+    );
     assert_checks(&a, false, "simple quotas, kernel writes");
     let ours2 = copy_of(&a, "ours-off.img");
     let progs2 = copy_of(&a, "progs-off.img");
@@ -428,8 +469,16 @@ fn full_quota_on_and_off_counts_like_the_kernel() {
     let k = base.copy("kernel.img");
     {
         let m = LoopMount::new(&k, "").unwrap();
-        must(Command::new("btrfs").args(["quota", "enable"]).arg(m.path()));
-        must(Command::new("btrfs").args(["quota", "rescan", "-w"]).arg(m.path()));
+        must(
+            Command::new("btrfs")
+                .args(["quota", "enable"])
+                .arg(m.path()),
+        );
+        must(
+            Command::new("btrfs")
+                .args(["quota", "rescan", "-w"])
+                .arg(m.path()),
+        );
         m.unmount().unwrap();
     }
     let (q_ours, q_kernel) = (qgroups_of(&a), qgroups_of(&k));
@@ -485,7 +534,13 @@ fn cut_at_every_write(
     let base_dev: Arc<dyn BlockDevice> = fresh();
     let base_gen = sb_of(&base_dev).generation.get();
     assert!(!is_new(&sb_of(&base_dev)));
-    ours_clean(base_dev).expect("the base image checks clean");
+    // mkfs.btrfs 6.2 leaves free space info of its temporary chunks (the
+    // kernel ignores them): allowed, and nothing else.
+    let allowed = ours_findings(base_dev).expect("the base image checks");
+    assert!(
+        allowed.iter().all(|f| f.starts_with("FreeSpaceStale")),
+        "the base image: {allowed:#?}"
+    );
     let count = {
         let d = fresh();
         let r = run(d.clone()).expect("conversion");
@@ -493,22 +548,29 @@ fn cut_at_every_write(
         let n = d.writes();
         let d: Arc<dyn BlockDevice> = d;
         assert!(is_new(&sb_of(&d)));
-        ours_clean(d).expect("converted image clean");
+        ours_clean(d, &allowed).expect("converted image clean");
         n
     };
     assert!(count >= 4, "{count} writes");
-    let mut cuts: Vec<u64> = (0..count).step_by((count / points).max(1) as usize).collect();
+    let mut cuts: Vec<u64> = (0..count)
+        .step_by((count / points).max(1) as usize)
+        .collect();
     cuts.extend(count.saturating_sub(8)..count);
     cuts.sort_unstable();
     cuts.dedup();
     let mut prng = Prng::new(0x7e57_0001);
     let (mut old, mut new, mut mounted) = (0, 0, 0);
-    let tmp = tempfile::Builder::new().prefix("btrkit-tcut-").tempdir().unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("btrkit-tcut-")
+        .tempdir()
+        .unwrap();
     for (n, &cut) in cuts.iter().enumerate() {
         let d = fresh();
         d.fail_after_writes(Some(cut));
         assert!(run(d.clone()).is_err(), "cut {cut} of {count} should fail");
-        for variant in 0..4 {
+        // Kept, lost, a random subset, and torn writes of several random
+        // page subsets (a commit's blocks go out as a few long runs).
+        for variant in 0..10 {
             let s = prng.next_u64();
             let c = match variant {
                 0 => d.crash_device(|_| false),
@@ -530,10 +592,10 @@ fn cut_at_every_write(
             } else {
                 old += 1;
             }
-            ours_clean(dyn_c).unwrap_or_else(|e| {
+            ours_clean(dyn_c, &allowed).unwrap_or_else(|e| {
                 panic!("cut {cut}/{count} variant {variant} (converted {converted}): {e}")
             });
-            if variant == 3 && mounted < kernel && n % (cuts.len() / kernel).max(1) == 0 {
+            if variant == 9 && mounted < kernel && n % (cuts.len() / kernel).max(1) == 0 {
                 let p = tmp.path().join("cut.img");
                 write_sparse(&c.current_image(), &p);
                 kernel_reads(&p, &base.files, &format!("cut {cut} variant {variant}"));
@@ -586,9 +648,8 @@ fn free_space_tree_cut_at_every_write() {
 fn block_group_tree_cut_at_every_write() {
     skip_unless!(env::require_kernel_mount(), env::require_btrfs_progs());
     let base = Base::new(512 << 20, &[], "");
-    let bgt = |sb: &Superblock| {
-        sb.compat_ro_flags.get() & BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE != 0
-    };
+    let bgt =
+        |sb: &Superblock| sb.compat_ro_flags.get() & BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE != 0;
     let to = Request {
         block_group_tree: Some(true),
         ..Default::default()
@@ -618,15 +679,16 @@ fn quota_cut_at_every_write() {
         ..Default::default()
     };
     // No superblock flag: the new state is the committed generation.
-    let gen = btrkit_tests::kimage::superblock_of(&base.path).generation.get();
+    let gen = btrkit_tests::kimage::superblock_of(&base.path)
+        .generation
+        .get();
     cut_at_every_write(&base, &req, move |sb| sb.generation.get() > gen, 30, 1);
 }
 
 /// Move the block group items of every other group of `img` into tree
 /// `to` and set CHANGING_BG_TREE, as an interrupted btrfstune leaves it.
 fn half_moved(img: &Path, to: u64) {
-    let dev: Arc<dyn BlockDevice> =
-        Arc::new(btrkit_core::io::FileDevice::open(img, true).unwrap());
+    let dev: Arc<dyn BlockDevice> = Arc::new(btrkit_core::io::FileDevice::open(img, true).unwrap());
     let mut st = Store::open(dev).unwrap();
     let from = st.block_group_tree();
     if !st.tree_exists(to).unwrap() {
@@ -714,7 +776,10 @@ fn refusals_write_nothing() {
     // Conflicting options: a usage error.
     refused(
         &img,
-        &["--convert-to-block-group-tree", "--convert-from-block-group-tree"],
+        &[
+            "--convert-to-block-group-tree",
+            "--convert-from-block-group-tree",
+        ],
         2,
     );
     // Simple quotas over full ones, and the other way round.
@@ -736,7 +801,8 @@ fn refusals_write_nothing() {
 #[test]
 fn a_log_to_replay_is_refused() {
     skip_unless!(oracles());
-    let mut k = btrkit_tests::KernelImage::new_mounted(&btrkit_tests::MkfsOpts::default(), "commit=600");
+    let mut k =
+        btrkit_tests::KernelImage::new_mounted(&btrkit_tests::MkfsOpts::default(), "commit=600");
     k.sync();
     {
         let f = std::fs::File::create(k.path("logged")).unwrap();
