@@ -58,3 +58,122 @@ pub(crate) fn done(op: &'static str, lines: Vec<String>) -> Step {
         lines,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::check::{check_device, CheckOptions, NoProgress};
+    use crate::format::consts::*;
+    use crate::image::read_superblock;
+    use crate::io::{BlockDevice, MemDevice};
+    use crate::mkfs::{Features, MkfsOptions};
+    use crate::tune::{tune_devices, Outcome, QuotaChange, Request};
+    use std::sync::Arc;
+
+    /// A filesystem with every optional feature off, some files in it.
+    fn bare() -> Arc<dyn BlockDevice> {
+        let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::zeroed(256 << 20));
+        let mut features = Features::default();
+        features.no_holes = false;
+        features.skinny_metadata = false;
+        features.extref = false;
+        features.free_space_tree = false;
+        features.block_group_tree = false;
+        let o = MkfsOptions {
+            features,
+            ..Default::default()
+        };
+        let (st, staged, _) = crate::mkfs::make(dev.clone(), &o).unwrap();
+        crate::mkfs::finish(st, &staged).unwrap();
+        dev
+    }
+
+    fn run(dev: &Arc<dyn BlockDevice>, req: Request) -> Outcome {
+        let r = tune_devices(vec![("m".into(), dev.clone())], &req, &NoProgress).unwrap();
+        let rep = check_device(dev.clone(), CheckOptions::own_writes(), &NoProgress).unwrap();
+        assert!(rep.is_clean(), "{req:?}: {:#?}", rep.findings);
+        r.steps[0].outcome
+    }
+
+    #[test]
+    fn every_conversion_checks_clean_and_twice_is_already_so() {
+        let dev = bare();
+        let reqs = [
+            Request {
+                no_holes: true,
+                ..Default::default()
+            },
+            Request {
+                extref: true,
+                ..Default::default()
+            },
+            Request {
+                skinny_metadata: true,
+                ..Default::default()
+            },
+            Request {
+                free_space_tree: true,
+                ..Default::default()
+            },
+            Request {
+                block_group_tree: Some(true),
+                ..Default::default()
+            },
+            Request {
+                quota: Some(QuotaChange::Enable),
+                ..Default::default()
+            },
+            Request {
+                quota: Some(QuotaChange::Disable),
+                ..Default::default()
+            },
+            Request {
+                quota: Some(QuotaChange::EnableSimple),
+                ..Default::default()
+            },
+            Request {
+                quota: Some(QuotaChange::RemoveSimple),
+                ..Default::default()
+            },
+            Request {
+                block_group_tree: Some(false),
+                ..Default::default()
+            },
+        ];
+        for req in reqs {
+            assert_eq!(run(&dev, req.clone()), Outcome::Done, "{req:?}");
+            assert_eq!(run(&dev, req.clone()), Outcome::AlreadySo, "{req:?} again");
+        }
+        let sb = read_superblock(dev.as_ref(), 0).unwrap();
+        let want = BTRFS_FEATURE_INCOMPAT_NO_HOLES
+            | BTRFS_FEATURE_INCOMPAT_EXTENDED_IREF
+            | BTRFS_FEATURE_INCOMPAT_SKINNY_METADATA;
+        assert_eq!(sb.incompat_flags.get() & want, want);
+        assert_eq!(
+            sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA,
+            0
+        );
+        assert_eq!(
+            sb.compat_ro_flags.get()
+                & (BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID
+                    | BTRFS_FEATURE_COMPAT_RO_BLOCK_GROUP_TREE),
+            BTRFS_FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID
+        );
+    }
+
+    #[test]
+    fn block_group_tree_without_free_space_tree_writes_nothing() {
+        let dev = bare();
+        let before = dev.size();
+        let mut img = vec![0u8; before as usize];
+        dev.read_at(0, &mut img).unwrap();
+        let req = Request {
+            block_group_tree: Some(true),
+            ..Default::default()
+        };
+        let e = tune_devices(vec![("m".into(), dev.clone())], &req, &NoProgress).unwrap_err();
+        assert!(e.to_string().contains("free space tree"), "{e}");
+        let mut after = vec![0u8; before as usize];
+        dev.read_at(0, &mut after).unwrap();
+        assert!(img == after);
+    }
+}
