@@ -96,7 +96,8 @@ fn two_clones_get_new_fsids_and_mount_side_by_side() {
     let b = sets::copy_set(&set.paths, dir.path(), "b").unwrap();
     let old = fsid_of(&a[0]);
     for c in [&a, &b] {
-        let (code, _, err) = tune(&["-u", "--keep-subvol-uuids"], c);
+        // The default for a clone: the subvolume UUIDs renewed too.
+        let (code, _, err) = tune(&["-u"], c);
         assert_eq!(code, 0, "btrkit-tune -u: {err}");
         assert_ne!(fsid_of(&c[0]), old);
         oracle::assert_btrfs_check_clean(c, Progs::Distro, "after -u (6.2)");
