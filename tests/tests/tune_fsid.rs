@@ -312,6 +312,27 @@ fn cut_at_every_write_old_state_or_a_rerun_finishes() {
                     outcomes[1] += 1;
                     continue;
                 }
+                if flagged && n == 1 {
+                    // The checker names the half-done change (and reads
+                    // blocks in either state rather than calling them
+                    // damaged).
+                    let r = btrkit_core::check::check_device(
+                        crashed[0].clone(),
+                        CheckOptions::own_writes(),
+                        &NoProgress,
+                    )
+                    .unwrap_or_else(|e| panic!("cut {k}:{cut} variant {variant}: check: {e}"));
+                    let msgs: Vec<&str> = r.findings.iter().map(|f| f.message.as_str()).collect();
+                    assert!(
+                        msgs.iter().any(|m| m.contains("interrupted fsid change")
+                            && m.contains("btrkit-tune -u")),
+                        "cut {k}:{cut} variant {variant}: {msgs:?}"
+                    );
+                    assert!(
+                        !msgs.iter().any(|m| m.contains("fsid differs")),
+                        "cut {k}:{cut} variant {variant}: {msgs:?}"
+                    );
+                }
                 tune_devices(as_list(&crashed), &req, &NoProgress).unwrap_or_else(|e| {
                     panic!("n={n} cut {k}:{cut} variant {variant}: rerun: {e}")
                 });
@@ -333,6 +354,24 @@ fn cut_at_every_write_old_state_or_a_rerun_finishes() {
             outcomes[2]
         );
         assert!(outcomes[2] > 0, "no cut left the change half done");
+        if n == 1 {
+            // The kernel refuses a half-done change (blocks in both states,
+            // the flag set), and mounts it once a rerun has finished it.
+            let ds = fresh();
+            ds[0].fail_after_writes(Some(per_dev[0] / 2));
+            let dyns: Vec<Arc<dyn BlockDevice>> = ds.iter().map(|d| d.clone() as _).collect();
+            assert!(tune_devices(as_list(&dyns), &req, &NoProgress).is_err());
+            let dir = tempfile::tempdir().unwrap();
+            let f = dir.path().join("half.img");
+            std::fs::write(&f, ds[0].crash_image(|_| true)).unwrap();
+            assert!(
+                LoopMount::new(&f, "ro").is_err(),
+                "the kernel mounted a half-done fsid change"
+            );
+            let (code, _, err) = tune(&["-U", &uuid_str(&new)], std::slice::from_ref(&f));
+            assert_eq!(code, 0, "rerun: {err}");
+            drop(LoopMount::new(&f, "ro").expect("mount after the rerun"));
+        }
     }
 }
 
@@ -394,5 +433,4 @@ fn refused_when_mounted_with_metadata_uuid_or_a_device_missing() {
             }
         }
     }
-    let _ = uuid_str;
 }

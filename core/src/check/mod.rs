@@ -267,7 +267,9 @@ fn check_devices(
     sink: &dyn Fn() -> Sink,
     early: &dyn Fn(&str, &Image) -> Vec<(u64, u64)>,
 ) -> Result<Report> {
-    let opened = devices.open(check_open_options(0, degraded), Single::AnyMirror)?;
+    let mut open_opts = check_open_options(0, degraded);
+    open_opts.alt_fsid = unfinished_fsid_change(devices);
+    let opened = devices.open(open_opts, Single::AnyMirror)?;
     let mut pre = sink();
     if let Some((mirror, primary_err)) = &opened.fallback {
         pre.push(
@@ -281,6 +283,19 @@ fn check_devices(
     }
     let early = early(&opened.name, &opened.img);
     Ok(run(&opened.img, opts, progress, pre, early))
+}
+
+/// The fsid tree blocks may still carry when `btrkit-tune -u` was
+/// interrupted: it keeps the old fsid in the unused metadata_uuid field
+/// while CHANGING_FSID is set. The check then reads blocks in either
+/// state and reports the flag (phase 1), instead of calling every block
+/// not yet rewritten damaged.
+fn unfinished_fsid_change(devices: &crate::devices::Devices) -> Option<[u8; 16]> {
+    let (_, d) = devices.list().first()?;
+    let sb = crate::image::first_valid_superblock(d.as_ref()).ok()?;
+    let changing = sb.flags.get() & BTRFS_SUPER_FLAG_CHANGING_FSID != 0;
+    let own_uuid = sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_METADATA_UUID != 0;
+    (changing && !own_uuid && sb.metadata_uuid != [0; 16]).then_some(sb.metadata_uuid)
 }
 
 /// How the checker opens a filesystem: read-only, damaged blocks

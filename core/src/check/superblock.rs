@@ -245,25 +245,36 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
     }
     // btrfstune sets these while it rewrites the filesystem and clears them
     // when done: the kernel refuses to mount until it is resumed.
-    for (flag, what) in [
-        (BTRFS_SUPER_FLAG_CHANGING_FSID, "fsid change"),
-        (BTRFS_SUPER_FLAG_CHANGING_FSID_V2, "metadata_uuid change"),
+    for (flag, what, finish) in [
+        (
+            BTRFS_SUPER_FLAG_CHANGING_FSID,
+            "fsid change",
+            "-u (or -U with the new fsid)",
+        ),
+        (
+            BTRFS_SUPER_FLAG_CHANGING_FSID_V2,
+            "metadata_uuid change",
+            "-M with the new fsid",
+        ),
         (
             BTRFS_SUPER_FLAG_CHANGING_BG_TREE,
             "block group tree conversion",
+            "--convert-to-block-group-tree (or --convert-from-, the same direction)",
         ),
         (
             BTRFS_SUPER_FLAG_CHANGING_DATA_CSUM,
             "data checksum conversion",
+            "--csum with the same algorithm",
         ),
         (
             BTRFS_SUPER_FLAG_CHANGING_META_CSUM,
             "metadata checksum conversion",
+            "--csum with the same algorithm",
         ),
     ] {
         if sb.flags.get() & flag != 0 {
             cx.report(F::err(P, Category::Superblock).at(at).msg(format!(
-                "an interrupted {what}: the kernel will not mount this until btrfstune finishes it"
+                "an interrupted {what}: the kernel will not mount this until it is finished: run btrkit-tune {finish} again"
             )));
         }
     }
