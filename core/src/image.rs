@@ -41,6 +41,12 @@ pub struct OpenOptions {
     /// getting files out of a damaged image, never for checking it. Each
     /// block so used is kept in [`Image::trusted_bad_csum`].
     pub trust_bad_csum: bool,
+    /// A second fsid tree block headers may carry: the old one of an fsid
+    /// change that a rerun of btrkit-tune finishes (blocks carry either).
+    pub alt_fsid: Option<[u8; 16]>,
+    /// A second checksum algorithm tree blocks may carry: the other one of
+    /// an unfinished checksum conversion.
+    pub alt_csum: Option<CsumType>,
 }
 
 /// Reads described in [`RebuiltReads`] before they are only counted.
@@ -143,6 +149,10 @@ pub struct Image {
     pub degraded: bool,
     /// Opened with [`OpenOptions::trust_bad_csum`].
     trust_bad_csum: bool,
+    /// [`OpenOptions::alt_fsid`].
+    pub alt_fsid: Option<[u8; 16]>,
+    /// [`OpenOptions::alt_csum`].
+    pub alt_csum: Option<CsumType>,
     /// Read tree blocks whose generation is newer than the superblock's,
     /// or disagrees with the parent's pointer, without calling them
     /// damaged when no copy is without that problem: set by a repair that
@@ -330,6 +340,8 @@ impl Image {
             lenient: opts.lenient,
             degraded: opts.degraded,
             trust_bad_csum: opts.trust_bad_csum,
+            alt_fsid: opts.alt_fsid,
+            alt_csum: opts.alt_csum,
             accept_future: false,
             accept_extent_items: false,
             trusted: Default::default(),
@@ -612,6 +624,8 @@ impl Image {
             sectorsize: self.sectorsize,
             csum: self.csum,
             fsid: self.sb.tree_fsid(),
+            alt_fsid: self.alt_fsid,
+            alt_csum: self.alt_csum,
             max_generation: if self.accept_future {
                 u64::MAX
             } else {

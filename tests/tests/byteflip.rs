@@ -535,7 +535,7 @@ mod props {
         fn random_tree_blocks(mut buf in proptest::collection::vec(any::<u8>(), 4096), recsum: bool, fill in 0usize..4096) {
             // Random bytes past `fill` are zeroed: many real blocks are mostly empty.
             buf[fill..].fill(0);
-            let ctx = ValidateCtx { nodesize: 4096, sectorsize: 4096, csum: CsumType::Crc32c, fsid: buf[32..48].try_into().unwrap_or([0; 16]), max_generation: u64::MAX };
+            let ctx = ValidateCtx { nodesize: 4096, sectorsize: 4096, csum: CsumType::Crc32c, fsid: buf[32..48].try_into().unwrap_or([0; 16]), alt_fsid: None, alt_csum: None, max_generation: u64::MAX };
             mutate(&mut buf, &[], recsum, CsumType::Crc32c);
             exercise_node(4096 * 7, buf, &ctx);
         }

@@ -291,7 +291,7 @@ fn check_open_options(mirror: usize, degraded: bool) -> OpenOptions {
         lenient: true,
         writable: false,
         degraded,
-        trust_bad_csum: false,
+        ..OpenOptions::default()
     }
 }
 

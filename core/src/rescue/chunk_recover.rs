@@ -663,6 +663,8 @@ fn scan_device(
         sectorsize: geo.sectorsize,
         csum: geo.csum,
         fsid: geo.fsid,
+        alt_fsid: None,
+        alt_csum: None,
         max_generation: geo.generation,
     };
     let supers: Vec<u64> = (0..BTRFS_SUPER_MIRROR_MAX).map(btrfs_sb_offset).collect();

@@ -103,6 +103,11 @@ pub struct ValidateCtx {
     /// Filesystem id every block header must carry (the metadata uuid when the
     /// METADATA_UUID incompat flag is set).
     pub fsid: [u8; 16],
+    /// Another fsid accepted as well (an unfinished fsid change).
+    pub alt_fsid: Option<[u8; 16]>,
+    /// Another checksum algorithm accepted as well (an unfinished
+    /// checksum conversion).
+    pub alt_csum: Option<CsumType>,
     /// Newest generation a block may carry (superblock generation, +1 for log trees).
     pub max_generation: u64,
 }
@@ -321,7 +326,9 @@ impl Node {
             );
             return out;
         }
-        if !verify_block(ctx.csum, &self.buf) {
+        if !verify_block(ctx.csum, &self.buf)
+            && !ctx.alt_csum.is_some_and(|c| verify_block(c, &self.buf))
+        {
             push(
                 ProblemKind::Checksum,
                 None,
@@ -341,7 +348,7 @@ impl Node {
                 ),
             );
         }
-        if h.fsid != ctx.fsid {
+        if h.fsid != ctx.fsid && ctx.alt_fsid != Some(h.fsid) {
             push(
                 ProblemKind::Header,
                 None,

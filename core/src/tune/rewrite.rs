@@ -1,1 +1,376 @@
-//! Tree blocks rewritten in place.
+//! Every tree block rewritten in place: what btrfstune does for the two
+//! changes that touch what every block carries (the fsid and chunk tree
+//! UUID of `-u`, the checksum of `--csum`) and so cannot be one CoW
+//! commit without copying the whole metadata.
+//!
+//! Which blocks: every tree block the extent tree records (METADATA_ITEM,
+//! or EXTENT_ITEM flagged TREE_BLOCK), as btrfstune enumerates them, so
+//! that blocks of a tree whose deletion was interrupted are rewritten too.
+//! Before anything is written, every tree reachable from the superblock
+//! (the chunk tree, the root tree and every tree it lists, the part of a
+//! half-dropped tree not yet freed) is walked and validated, and each
+//! block reached must be one the extent tree records: a filesystem whose
+//! extent tree misses a block would come out with that block unreadable,
+//! so it is refused, unchanged.
+//!
+//! How: in batches of ascending address, the blocks are read and edited
+//! in parallel, then every copy (every mirror, RAID5/6 parity updated) is
+//! written in ascending device order; one flush at the end. The caller
+//! holds the superblock flag that says blocks may carry either state, and
+//! readers accept either ([`Accept`]) until the caller clears it.
+//!
+//! Resumed runs: a block may then already be rewritten on some copies and
+//! not others (a crash between the writes of its mirrors), so with
+//! [`Options::resumed`] every copy is read and compared, and the block
+//! written when any copy differs. A fresh run writes every block the edit
+//! or the checksum changes.
+
+use crate::check::Progress;
+use crate::csum::CsumType;
+use crate::devices::{Devices, Single};
+use crate::format::consts::*;
+use crate::format::key::Key;
+use crate::image::{Image, OpenOptions};
+use crate::io::BlockDevice;
+use crate::tree::node::Expect;
+use crate::tree::walk::{walk, OnDamage, Place, WalkEvent, WalkOptions};
+use crate::tree::{TreeIter, TreeRoot};
+use crate::{Error, Result};
+use rayon::prelude::*;
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+/// What a block may carry while a change is half done, beside what the
+/// superblock says: the other fsid, the other checksum algorithm.
+#[derive(Clone, Debug, Default)]
+pub struct Accept {
+    /// Fsids accepted in headers (besides the superblock's tree fsid).
+    pub fsids: Vec<[u8; 16]>,
+    /// Checksum algorithms accepted (besides the superblock's).
+    pub csums: Vec<CsumType>,
+}
+
+/// How to rewrite.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// An interrupted run is being finished: compare every copy.
+    pub resumed: bool,
+}
+
+/// What a rewrite did.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct RewriteStats {
+    /// Tree blocks the extent tree records.
+    pub blocks: u64,
+    /// Blocks written (all their copies).
+    pub written: u64,
+    /// Blocks already as asked (a resumed run).
+    pub already: u64,
+    /// Blocks the extent tree records that no tree reaches and that are
+    /// not valid tree blocks (stale records): left as they are.
+    pub stale: u64,
+    /// Bytes written to the devices, parity included.
+    pub bytes: u64,
+}
+
+/// Blocks read, edited and written per batch: enough to keep both cores
+/// busy and the writes long, little enough to bound memory (16 MiB of
+/// 16 KiB blocks).
+const BATCH: usize = 1024;
+
+/// Open the filesystem on `devs` from their primary superblocks,
+/// accepting blocks that carry any state `accept` allows besides the one
+/// the superblock names.
+pub fn open_accepting(devs: &[(String, Arc<dyn BlockDevice>)], accept: &Accept) -> Result<Image> {
+    let (_, d) = devs
+        .first()
+        .ok_or_else(|| Error::Invalid("no device given".into()))?;
+    let sb = crate::image::read_superblock(d.as_ref(), 0)?;
+    let fsid = sb.tree_fsid();
+    let csum = CsumType::from_disk(sb.csum_type.get())?;
+    let opts = OpenOptions {
+        alt_fsid: accept.fsids.iter().copied().find(|f| *f != fsid),
+        alt_csum: accept.csums.iter().copied().find(|c| *c != csum),
+        ..OpenOptions::default()
+    };
+    Ok(Devices::new(devs.to_vec()).open(opts, Single::AsSet)?.img)
+}
+
+/// Rewrite every tree block of the filesystem on `devs` in place: `edit`
+/// changes a block's bytes (header fields, items; it must not change the
+/// checksum field) and returns whether it changed anything; the block is
+/// then checksummed with `out_csum` and written wherever that differs
+/// from what is on disk.
+pub fn rewrite_tree_blocks(
+    devs: &[(String, Arc<dyn BlockDevice>)],
+    accept: &Accept,
+    out_csum: CsumType,
+    edit: &(dyn Fn(&mut [u8]) -> bool + Sync),
+    progress: &dyn Progress,
+) -> Result<RewriteStats> {
+    rewrite_with(devs, accept, out_csum, edit, Options::default(), progress)
+}
+
+/// [`rewrite_tree_blocks`] with [`Options`].
+pub fn rewrite_with(
+    devs: &[(String, Arc<dyn BlockDevice>)],
+    accept: &Accept,
+    out_csum: CsumType,
+    edit: &(dyn Fn(&mut [u8]) -> bool + Sync),
+    opts: Options,
+    progress: &dyn Progress,
+) -> Result<RewriteStats> {
+    let img = open_accepting(devs, accept)?;
+    let blocks = plan(&img, progress)?;
+    write_blocks(&img, &blocks, out_csum, edit, opts, progress)
+}
+
+/// A block to rewrite: its address and whether a tree reaches it (one
+/// that none reaches may be a stale record, left alone when invalid).
+#[derive(Clone, Copy, Debug)]
+pub struct Planned {
+    /// Logical address.
+    pub bytenr: u64,
+    /// Reached from the superblock (validated by [`plan`]).
+    pub reached: bool,
+}
+
+/// The tree blocks to rewrite, in ascending address: every block the
+/// extent tree records, after checking that every reachable block is one
+/// of them and valid.
+pub fn plan(img: &Image, progress: &dyn Progress) -> Result<Vec<Planned>> {
+    let recorded = recorded_tree_blocks(img)?;
+    progress.phase(1, "validating every tree block", recorded.len() as u64);
+    let reached = reachable_blocks(img, progress)?;
+    let set: HashSet<u64> = recorded.iter().copied().collect();
+    if let Some(b) = reached.iter().find(|b| !set.contains(b)) {
+        return Err(Error::corrupt_as(
+            crate::CorruptKind::Reference,
+            format!(
+                "tree block {b} is in use but the extent tree does not record it: run btrkit-fsck --repair first"
+            ),
+            *b,
+        ));
+    }
+    let reached: HashSet<u64> = reached.into_iter().collect();
+    Ok(recorded
+        .into_iter()
+        .map(|bytenr| Planned {
+            bytenr,
+            reached: reached.contains(&bytenr),
+        })
+        .collect())
+}
+
+/// Every tree block address the extent tree records, ascending.
+fn recorded_tree_blocks(img: &Image) -> Result<Vec<u64>> {
+    let root = img
+        .find_root(BTRFS_EXTENT_TREE_OBJECTID)?
+        .ok_or_else(|| Error::corrupt("no extent tree", 0))?;
+    let mut out = Vec::new();
+    let mut it = TreeIter::new(img, root, Key::MIN)?;
+    while let Some(r) = it.next_item() {
+        let item = r?;
+        let tree_block = match item.key.ty {
+            BTRFS_METADATA_ITEM_KEY => true,
+            BTRFS_EXTENT_ITEM_KEY => {
+                let d = item.data()?;
+                // refs, generation, flags: the flags say tree block or data.
+                let flags = d
+                    .get(16..24)
+                    .map(|f| u64::from_le_bytes(f.try_into().unwrap_or([0; 8])))
+                    .ok_or_else(|| {
+                        Error::corrupt_as(
+                            crate::CorruptKind::Item,
+                            "extent item too short for its flags".to_string(),
+                            item.node.bytenr,
+                        )
+                    })?;
+                flags & BTRFS_EXTENT_FLAG_TREE_BLOCK != 0
+            }
+            _ => false,
+        };
+        if tree_block {
+            out.push(item.key.objectid);
+        }
+    }
+    // The extent tree is in key order already; a damaged one need not be.
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// Every block reachable from the superblock, each read and validated
+/// (with the alternates the image accepts); the first damaged one is an
+/// error naming it.
+fn reachable_blocks(img: &Image, progress: &dyn Progress) -> Result<Vec<u64>> {
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut trees: Vec<(TreeRoot, Option<Key>)> =
+        vec![(img.chunk_tree(), None), (img.root_tree(), None)];
+    for (key, ri) in img.root_items_in(img.root_tree())? {
+        if key.objectid == BTRFS_TREE_LOG_OBJECTID {
+            continue;
+        }
+        let drop = Key::from(&ri.drop_progress);
+        let drop = (drop.objectid != 0 || drop.ty != 0 || drop.offset != 0).then_some(drop);
+        trees.push((crate::image::tree_root_of(key.objectid, &ri), drop));
+    }
+    for (root, drop) in trees {
+        let opts = WalkOptions {
+            on_damage: OnDamage::Keep,
+            drop,
+            prefetch: true,
+            ..Default::default()
+        };
+        let start = Place::start(root.bytenr, Expect::root(&root));
+        let mut bad: Option<Error> = None;
+        let _ = walk(img, start, &opts, &mut seen, |ev| match ev {
+            WalkEvent::Block { problems, .. } => {
+                if let Some(p) = problems.first() {
+                    bad = Some(p.clone().into_error());
+                    return ControlFlow::Break(());
+                }
+                progress.advance(1);
+                ControlFlow::Continue(true)
+            }
+            WalkEvent::Unreadable { error, bytenr, .. } => {
+                bad = Some(Error::corrupt_as(
+                    crate::CorruptKind::Lost,
+                    format!("tree block unreadable: {error}"),
+                    bytenr,
+                ));
+                ControlFlow::Break(())
+            }
+            _ => ControlFlow::Continue(true),
+        });
+        if let Some(e) = bad {
+            return Err(e);
+        }
+    }
+    let mut v: Vec<u64> = seen.into_iter().collect();
+    v.sort_unstable();
+    Ok(v)
+}
+
+/// One block after its edit: where, the bytes, whether to write.
+struct Edited {
+    bytenr: u64,
+    buf: Vec<u8>,
+    write: bool,
+    stale: bool,
+}
+
+fn write_blocks(
+    img: &Image,
+    blocks: &[Planned],
+    out_csum: CsumType,
+    edit: &(dyn Fn(&mut [u8]) -> bool + Sync),
+    opts: Options,
+    progress: &dyn Progress,
+) -> Result<RewriteStats> {
+    let mut stats = RewriteStats {
+        blocks: blocks.len() as u64,
+        ..Default::default()
+    };
+    progress.phase(2, "rewriting tree blocks", blocks.len() as u64);
+    let ns = img.nodesize as usize;
+    for batch in blocks.chunks(BATCH) {
+        let edited: Vec<Result<Edited>> = batch
+            .par_iter()
+            .map(|p| edit_one(img, *p, ns, out_csum, edit, opts))
+            .collect();
+        let mut plain: Vec<((u64, u64), usize)> = Vec::new();
+        let mut parity: Vec<(u64, &[u8])> = Vec::new();
+        let edited: Vec<Edited> = edited.into_iter().collect::<Result<_>>()?;
+        for (i, e) in edited.iter().enumerate() {
+            if e.stale {
+                stats.stale += 1;
+                continue;
+            }
+            if !e.write {
+                stats.already += 1;
+                continue;
+            }
+            stats.written += 1;
+            if img.chunks.lookup(e.bytenr).is_some_and(|m| m.nparity() > 0) {
+                parity.push((e.bytenr, &e.buf));
+                continue;
+            }
+            for c in img.chunks.copies(e.bytenr, ns as u64)? {
+                plain.push((c, i));
+            }
+        }
+        plain.sort_unstable();
+        for ((devid, phys), i) in plain {
+            let dev = img.device_of(devid).ok_or_else(|| Error::MissingDevice {
+                devids: vec![devid],
+                what: format!("device {devid} is missing: a tree block copy cannot be written"),
+            })?;
+            dev.write_at(phys, &edited[i].buf)?;
+            stats.bytes += ns as u64;
+        }
+        if !parity.is_empty() {
+            stats.bytes += img
+                .parity
+                .write(&img.chunks, &parity, img.device_map(), false)?;
+        }
+        progress.advance(batch.len() as u64);
+    }
+    for (_, d) in img.devices() {
+        d.flush()?;
+    }
+    Ok(stats)
+}
+
+/// Read block `b` (the first copy valid in either state), edit and
+/// checksum it; decide whether it needs writing.
+fn edit_one(
+    img: &Image,
+    p: Planned,
+    ns: usize,
+    out_csum: CsumType,
+    edit: &(dyn Fn(&mut [u8]) -> bool + Sync),
+    opts: Options,
+) -> Result<Edited> {
+    let b = p.bytenr;
+    let node = match img.read_tree_block_checked(b, &Expect::default(), false) {
+        Ok((n, _)) => n,
+        // A record no tree reaches whose block is not valid: space the
+        // extent tree still counts, never read by anyone.
+        Err(Error::Corrupt { .. }) if !p.reached => {
+            return Ok(Edited {
+                bytenr: b,
+                buf: Vec::new(),
+                write: false,
+                stale: true,
+            })
+        }
+        Err(e) => return Err(e),
+    };
+    let mut buf = node.into_vec();
+    let before = buf.clone();
+    edit(&mut buf);
+    let c = crate::csum::block_csum(out_csum, &buf);
+    buf[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
+    let mut write = buf != before;
+    if !write && opts.resumed {
+        // The copy read is done; another may not be.
+        for copy in img.read_block_copies(b)? {
+            match copy {
+                Ok(v) if v == buf => {}
+                _ => {
+                    write = true;
+                    break;
+                }
+            }
+        }
+    }
+    debug_assert_eq!(buf.len(), ns);
+    Ok(Edited {
+        bytenr: b,
+        buf,
+        write,
+        stale: false,
+    })
+}
