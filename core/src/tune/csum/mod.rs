@@ -197,7 +197,7 @@ pub fn convert(ctx: &mut Ctx, to: CsumType) -> Result<Step> {
             (marker, Outcome::Resumed)
         }
     };
-    let stats = meta::run(ctx, marker.old, to)?;
+    let stats = meta::run(ctx, marker.old, to, phase == Phase::Meta)?;
     lines.extend(stats);
     // The last commit, in the new algorithm: the temporary item and the
     // flag go together.
