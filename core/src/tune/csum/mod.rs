@@ -37,7 +37,8 @@ use crate::csum::CsumType;
 use crate::devices::{Devices, Single};
 use crate::format::consts::*;
 use crate::format::key::Key;
-use crate::image::OpenOptions;
+use crate::image::{Image, OpenOptions};
+use crate::tree::TreeIter;
 use crate::trans::{Store, TreeId};
 use crate::{Error, Result};
 
@@ -101,6 +102,25 @@ pub(crate) fn temp_key(to: CsumType) -> Key {
         BTRFS_TEMPORARY_ITEM_KEY,
         to.to_disk() as u64,
     )
+}
+
+/// The algorithm an unfinished conversion converts to, from its
+/// temporary item in the root tree (ours or btrfstune's); None when there
+/// is none or the root tree cannot be read.
+pub fn unfinished_target(img: &Image) -> Option<CsumType> {
+    if img.sb.flags.get()
+        & (BTRFS_SUPER_FLAG_CHANGING_DATA_CSUM | BTRFS_SUPER_FLAG_CHANGING_META_CSUM)
+        == 0
+    {
+        return None;
+    }
+    let start = Key::new(BTRFS_CSUM_CHANGE_OBJECTID, BTRFS_TEMPORARY_ITEM_KEY, 0);
+    let mut it = TreeIter::new(img, img.root_tree(), start).ok()?;
+    let item = it.next_item()?.ok()?;
+    if item.key.objectid != start.objectid || item.key.ty != start.ty {
+        return None;
+    }
+    CsumType::from_disk(u16::try_from(item.key.offset).ok()?).ok()
 }
 
 /// Where an interrupted conversion stands, from the superblock flags.
