@@ -57,11 +57,7 @@ fn fill(root: &Path) {
     std::fs::create_dir(root.join("text")).unwrap();
     for i in 0..12 {
         let line = format!("line of text number {i} for the compressor\n");
-        std::fs::write(
-            root.join(format!("text/t{i}")),
-            line.repeat(2000 + i * 700),
-        )
-        .unwrap();
+        std::fs::write(root.join(format!("text/t{i}")), line.repeat(2000 + i * 700)).unwrap();
     }
     let nocow = root.join("nocow");
     std::fs::write(&nocow, b"").unwrap();
@@ -109,9 +105,13 @@ fn manifest(devs: &[PathBuf]) -> Manifest {
 fn assert_converted(devs: &[PathBuf], algo: &str, want: &Manifest) {
     let t = CsumType::parse(algo).unwrap();
     for d in devs {
-        let sb = read_superblock(&btrkit_core::io::FileDevice::open(d, false).unwrap(), 0)
-            .unwrap();
-        assert_eq!(sb.csum_type.get(), t.to_disk(), "{}: csum_type", d.display());
+        let sb = read_superblock(&btrkit_core::io::FileDevice::open(d, false).unwrap(), 0).unwrap();
+        assert_eq!(
+            sb.csum_type.get(),
+            t.to_disk(),
+            "{}: csum_type",
+            d.display()
+        );
         assert_eq!(
             sb.flags.get()
                 & (BTRFS_SUPER_FLAG_CHANGING_DATA_CSUM | BTRFS_SUPER_FLAG_CHANGING_META_CSUM),
@@ -228,7 +228,10 @@ fn bad_sector_stays_bad() {
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     assert!(std::fs::read(m.path().join("dir0/f1")).is_ok());
     drop(m);
-    assert!(sets::fsck_clean(&devs).is_err(), "btrkit-fsck finds nothing");
+    assert!(
+        sets::fsck_clean(&devs).is_err(),
+        "btrkit-fsck finds nothing"
+    );
     if env::require_progs_new() {
         let v = oracle::btrfs_check_with(&devs, Progs::New, &["--check-data-csum"], None).unwrap();
         assert!(
@@ -393,12 +396,14 @@ fn cut_at_every_write() {
                 assert_converted(std::slice::from_ref(&p), "crc32c", &want);
                 std::fs::remove_file(&p).unwrap();
             }
-            convert(c.clone(), to)
-                .unwrap_or_else(|e| panic!("cut {cut}/{variant}: rerun: {e}"));
+            convert(c.clone(), to).unwrap_or_else(|e| panic!("cut {cut}/{variant}: rerun: {e}"));
             assert_eq!(flags(&c), 0);
             assert_eq!(csum_of(&c), to.to_disk());
             let errs = errors_of(&c);
-            assert!(errs.is_empty(), "cut {cut}/{variant}: after the rerun {errs:?}");
+            assert!(
+                errs.is_empty(),
+                "cut {cut}/{variant}: after the rerun {errs:?}"
+            );
         }
     }
     eprintln!(

@@ -372,8 +372,8 @@ fn run(
     std::thread::scope(|scope| {
         // Data verification is I/O bound and independent of the metadata
         // phases: it starts at once on its own thread.
-        let data =
-            (opts.check_data_csum && !metadump && !converting).then(|| scope.spawn(|| datacsum::verify_all(img)));
+        let data = (opts.check_data_csum && !metadump && !converting)
+            .then(|| scope.spawn(|| datacsum::verify_all(img)));
         // The written parts of the metadata chunks, asked for at once.
         let early_prefetched = !early.is_empty();
         if early_prefetched {

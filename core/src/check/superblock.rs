@@ -258,8 +258,7 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
     ] {
         if sb.flags.get() & flag != 0 {
             let msg = if flag & CSUM_CHANGE_FLAGS != 0 {
-                let to = crate::tune::csum::unfinished_target(img)
-                    .map_or("ALGO", |c| c.name());
+                let to = crate::tune::csum::unfinished_target(img).map_or("ALGO", |c| c.name());
                 format!(
                     "an interrupted {what} to {to}: the kernel will not mount this until it is finished: rerun `btrkit-tune --csum {to}`; until then the csum tree and data checksums are not checked"
                 )

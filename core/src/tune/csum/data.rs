@@ -98,7 +98,10 @@ pub(super) fn run(
         let img = st.image();
         let (new_sums, bad) = pool.install(|| convert_runs(img, from, to, &runs))?;
         let ss = st.sectorsize() as u64;
-        let sectors: u64 = runs.iter().map(|r| (r.old.len() / from.size()) as u64).sum();
+        let sectors: u64 = runs
+            .iter()
+            .map(|r| (r.old.len() / from.size()) as u64)
+            .sum();
         let next = match batch.items.last() {
             Some((k, d)) => k.offset + (d.len() / from.size()) as u64 * ss,
             None => marker.boundary,
@@ -129,7 +132,8 @@ pub(super) fn run(
             st.update_superblock(|sb| {
                 let f = sb.flags.get();
                 sb.flags.set(
-                    (f & !BTRFS_SUPER_FLAG_CHANGING_DATA_CSUM) | BTRFS_SUPER_FLAG_CHANGING_META_CSUM,
+                    (f & !BTRFS_SUPER_FLAG_CHANGING_DATA_CSUM)
+                        | BTRFS_SUPER_FLAG_CHANGING_META_CSUM,
                 )
             });
         }
@@ -176,7 +180,7 @@ fn collect(st: &mut Store, boundary: u64, from: CsumType) -> Result<Batch> {
                 return Ok(Batch { items, end: true });
             }
             let bad = |what: String| Error::corrupt_as(CorruptKind::Item, what, key.offset);
-            if d.is_empty() || d.len() % cs != 0 {
+            if d.is_empty() || !d.len().is_multiple_of(cs) {
                 return Err(bad(format!(
                     "csum item at logical {} of {} bytes: not a multiple of the {}-byte {} checksum",
                     key.offset,
@@ -185,7 +189,7 @@ fn collect(st: &mut Store, boundary: u64, from: CsumType) -> Result<Batch> {
                     from.name()
                 )));
             }
-            if key.offset % ss != 0 {
+            if !key.offset.is_multiple_of(ss) {
                 return Err(bad(format!(
                     "csum item at logical {} is not sector aligned",
                     key.offset
@@ -198,10 +202,12 @@ fn collect(st: &mut Store, boundary: u64, from: CsumType) -> Result<Batch> {
                 )));
             }
             let n = (d.len() / cs) as u64;
-            let end = key
-                .offset
-                .checked_add(n * ss)
-                .ok_or_else(|| bad(format!("csum item at logical {} ends past 2^64", key.offset)))?;
+            let end = key.offset.checked_add(n * ss).ok_or_else(|| {
+                bad(format!(
+                    "csum item at logical {} ends past 2^64",
+                    key.offset
+                ))
+            })?;
             prev_end = end;
             bytes += n * ss;
             k = next_key(&key);
@@ -302,7 +308,7 @@ fn convert_task(
     let mut at = 0usize;
     for p in img.pieces(t.logical, (t.n * ss) as u64)? {
         let len = p.len as usize;
-        if len % ss != 0 || at + len / ss > t.n {
+        if !len.is_multiple_of(ss) || at + len / ss > t.n {
             return Err(Error::corrupt_as(
                 CorruptKind::Structure,
                 format!("stripe piece of {len} bytes is not whole sectors"),

@@ -58,12 +58,7 @@ pub(super) fn run(ctx: &Ctx, from: CsumType, to: CsumType, resumed: bool) -> Res
 
 /// Every tree block rewritten with the new checksum; `resumed`: an
 /// interrupted run may have left copies of a block in either algorithm.
-fn rewrite_blocks(
-    ctx: &Ctx,
-    from: CsumType,
-    to: CsumType,
-    resumed: bool,
-) -> Result<Vec<String>> {
+fn rewrite_blocks(ctx: &Ctx, from: CsumType, to: CsumType, resumed: bool) -> Result<Vec<String>> {
     let accept = Accept {
         fsids: Vec::new(),
         csums: vec![from, to],

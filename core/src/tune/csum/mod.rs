@@ -38,8 +38,8 @@ use crate::devices::{Devices, Single};
 use crate::format::consts::*;
 use crate::format::key::Key;
 use crate::image::{Image, OpenOptions};
-use crate::tree::TreeIter;
 use crate::trans::{Store, TreeId};
+use crate::tree::TreeIter;
 use crate::{Error, Result};
 
 /// Bad sectors named one by one in the report; the rest are counted.
