@@ -260,7 +260,7 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
             let msg = if flag & CSUM_CHANGE_FLAGS != 0 {
                 let to = crate::tune::csum::unfinished_target(img).map_or("ALGO", |c| c.name());
                 format!(
-                    "an interrupted {what} to {to}: the kernel will not mount this until it is finished: rerun `btrkit-tune --csum {to}`; until then the csum tree and data checksums are not checked"
+                    "an interrupted {what} to {to}: the kernel will not mount this until it is finished: rerun `btrkit-tune --csum {to}` (`btrfstune --csum {to}` if btrfstune started it); until then the csum tree and data checksums are not checked"
                 )
             } else {
                 format!("an interrupted {what}: the kernel will not mount this until btrfstune finishes it")

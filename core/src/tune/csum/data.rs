@@ -346,9 +346,18 @@ fn convert_task(
     for j in retry {
         let logical = t.logical + (j * ss) as u64;
         let want = &t.old[j * fs..(j + 1) * fs];
-        let failed = img.read_logical_checked(logical, &mut s, &mut |_, b| from.verify(b, want))?;
+        // A sector no way reads (I/O errors on every copy) is bad too: the
+        // conversion goes on and the sector keeps failing.
+        let failed =
+            match img.read_logical_checked(logical, &mut s, &mut |_, b| from.verify(b, want)) {
+                Ok(f) => !f.is_empty(),
+                Err(_) => {
+                    s.fill(0);
+                    true
+                }
+            };
         let mut c = to.compute(&s);
-        if !failed.is_empty() {
+        if failed {
             // Not blessed: a checksum the data cannot match, so a read of
             // it still fails after the conversion.
             for x in &mut c[..ts] {

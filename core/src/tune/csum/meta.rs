@@ -22,6 +22,7 @@ use crate::{Error, Result};
 /// Rewrite every tree block and superblock in `to`; the report's lines.
 pub(super) fn run(ctx: &Ctx, from: CsumType, to: CsumType, resumed: bool) -> Result<Vec<String>> {
     let mut lines = rewrite_blocks(ctx, from, to, resumed)?;
+    super::prof("tree blocks rewritten");
     for (_, d) in &ctx.devs {
         d.flush()?;
     }

@@ -152,6 +152,7 @@ pub fn convert(ctx: &mut Ctx, to: CsumType) -> Result<Step> {
         }
     };
     let mut lines = Vec::new();
+    prof("start");
     let (marker, outcome) = match phase {
         Phase::None => {
             // The data phase's later commits read back csum leaves holding
@@ -217,7 +218,9 @@ pub fn convert(ctx: &mut Ctx, to: CsumType) -> Result<Step> {
             (marker, Outcome::Resumed)
         }
     };
+    prof("data phase");
     let stats = meta::run(ctx, marker.old, to, phase == Phase::Meta)?;
+    prof("metadata phase");
     lines.extend(stats);
     // The last commit, in the new algorithm: the temporary item and the
     // flag go together.
@@ -236,6 +239,7 @@ pub fn convert(ctx: &mut Ctx, to: CsumType) -> Result<Step> {
         )
     });
     st.commit()?;
+    prof("final commit");
     lines.push(format!(
         "checksums converted from {} to {}",
         marker.old.name(),
@@ -255,6 +259,15 @@ pub fn convert(ctx: &mut Ctx, to: CsumType) -> Result<Step> {
         outcome,
         lines,
     })
+}
+
+/// With BTRKIT_PROF set, the time since the process started, per step.
+fn prof(what: &str) {
+    if std::env::var_os("BTRKIT_PROF").is_some() {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let t = START.get_or_init(std::time::Instant::now);
+        eprintln!("{what}: {:?}", t.elapsed());
+    }
 }
 
 /// The filesystem opened for a transaction; `alt` a second algorithm its
