@@ -53,6 +53,20 @@ impl DeviceSet {
     /// primary superblocks. At least one device; the set may lack
     /// devices (see [`DeviceSet::missing_count`]).
     pub fn assemble(devices: Vec<(String, Arc<dyn BlockDevice>)>) -> Result<DeviceSet> {
+        DeviceSet::assemble_with(devices, false)
+    }
+
+    /// [`DeviceSet::assemble`], a seed device accepted: for a change of
+    /// superblock fields alone (the label, the seeding flag itself),
+    /// which never writes the trees a seed must keep.
+    pub fn assemble_seed_too(devices: Vec<(String, Arc<dyn BlockDevice>)>) -> Result<DeviceSet> {
+        DeviceSet::assemble_with(devices, true)
+    }
+
+    fn assemble_with(
+        devices: Vec<(String, Arc<dyn BlockDevice>)>,
+        seed_ok: bool,
+    ) -> Result<DeviceSet> {
         if devices.is_empty() {
             return Err(Error::Invalid("no device given".into()));
         }
@@ -71,7 +85,7 @@ impl DeviceSet {
         let first = &read[0];
         let fsid = first.sb.fsid;
         for m in &read[1..] {
-            if m.sb.fsid != fsid {
+            if !same_filesystem(&first.sb, &m.sb) {
                 return Err(Error::Invalid(format!(
                     "{} belongs to filesystem {}, {} to filesystem {}: not one filesystem",
                     first.name,
@@ -82,7 +96,7 @@ impl DeviceSet {
             }
         }
         for m in &read {
-            if m.sb.flags.get() & BTRFS_SUPER_FLAG_SEEDING != 0 {
+            if m.sb.flags.get() & BTRFS_SUPER_FLAG_SEEDING != 0 && !seed_ok {
                 return Err(Error::Unsupported(format!(
                     "{} is a seed device (filesystem {}): seed devices are not supported",
                     m.name,
@@ -90,8 +104,9 @@ impl DeviceSet {
                 )));
             }
             // The device item's fsid names the filesystem the device was
-            // added to; only a seed's sprouts differ.
-            if m.sb.dev_item.fsid != fsid {
+            // added to (its metadata UUID when it has one: the fsid its
+            // tree blocks carry); only a seed's sprouts differ.
+            if m.sb.dev_item.fsid != m.sb.tree_fsid() {
                 return Err(Error::Invalid(format!(
                     "{}: its device item belongs to filesystem {}, its superblock to {}",
                     m.name,
@@ -240,6 +255,17 @@ impl DeviceSet {
         v.dedup();
         v
     }
+}
+
+/// Whether two devices' primary superblocks belong to one filesystem:
+/// the same fsid and the same fsid in their tree blocks (metadata UUID).
+/// While a metadata UUID change is under way on a set
+/// (CHANGING_FSID_V2 on both), their fsids may differ: `btrfstune -m`
+/// rewrites the superblocks device by device and the tree blocks, which
+/// it never touches, still say which filesystem both belong to.
+pub(crate) fn same_filesystem(a: &Superblock, b: &Superblock) -> bool {
+    let changing = |s: &Superblock| s.flags.get() & BTRFS_SUPER_FLAG_CHANGING_FSID_V2 != 0;
+    a.tree_fsid() == b.tree_fsid() && (a.fsid == b.fsid || (changing(a) && changing(b)))
 }
 
 /// How the devices at some paths are opened.

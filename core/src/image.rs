@@ -311,7 +311,7 @@ impl Image {
         let mut own_dev_items = BTreeMap::from([(devid, sb.dev_item)]);
         for (id, d) in others {
             let theirs = first_valid_superblock(d.as_ref())?;
-            if theirs.dev_item.devid.get() != id || theirs.fsid != sb.fsid {
+            if theirs.dev_item.devid.get() != id || !crate::devices::same_filesystem(&sb, &theirs) {
                 return Err(Error::Invalid(format!(
                     "device {id} holds device {} of filesystem {}",
                     theirs.dev_item.devid.get(),

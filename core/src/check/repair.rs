@@ -1600,7 +1600,7 @@ fn inode_change(found: bool, tree: u64, ino: u64, what: String) -> Result<Vec<St
 /// Remove every v1 cache header, its inode and the inode's data extents
 /// (`btrfs check --clear-space-cache v1`); the superblock's cache
 /// generation is set to -1 so no kernel trusts a cache left anywhere.
-fn clear_space_cache(st: &mut Store) -> Result<Vec<String>> {
+pub(crate) fn clear_space_cache(st: &mut Store) -> Result<Vec<String>> {
     let headers = st.repair().space_cache_headers()?;
     let n = headers.len();
     for (k, ino) in headers {

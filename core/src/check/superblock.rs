@@ -137,6 +137,15 @@ fn own_dev_item(cx: &mut Ctx, devid: u64, dev: &dyn crate::io::BlockDevice, of: 
         )),
         );
     }
+    // An interrupted metadata UUID change can leave the flag on some
+    // devices only (the flags of the superblock in use are checked with
+    // the others): the kernel refuses every device that carries it.
+    let changing = BTRFS_SUPER_FLAG_CHANGING_FSID_V2;
+    if m.flags.get() & changing != 0 && cx.img.sb.flags.get() & changing == 0 {
+        cx.report(F::err(P, Category::Superblock).at(at).msg(format!(
+            "the superblock{of} records an interrupted metadata_uuid change: the kernel will not mount this until btrfstune finishes it"
+        )));
+    }
     cx.chunks.sb_dev_items.push((
         devid,
         m.dev_item.total_bytes.get(),

@@ -386,6 +386,20 @@ impl Store {
         self.sb.incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_SKINNY_METADATA != 0
     }
 
+    /// The tree holding the block group items (extent tree, or block group
+    /// tree with compat_ro BLOCK_GROUP_TREE).
+    pub fn block_group_tree(&self) -> u64 {
+        self.bg_tree
+    }
+
+    /// Keep the block group items in tree `id` from now on: the next commit
+    /// writes every dirty group's item there. The caller moves the items
+    /// (deletes them from the old tree, marks every group dirty) and sets
+    /// the compat_ro flag to match, in the same transaction.
+    pub fn set_block_group_tree(&mut self, id: u64) {
+        self.bg_tree = id;
+    }
+
     /// Whether the filesystem has the NO_HOLES incompat feature (no explicit
     /// hole extent items).
     pub fn no_holes(&self) -> bool {
@@ -398,56 +412,68 @@ impl Store {
         let dev_size = |devid: u64| sizes.get(&devid).copied();
         // Block group items.
         let mut groups = BTreeMap::new();
-        let bgt = self.root_state(self.bg_tree)?.clone();
-        let mut k = Key::new(0, BTRFS_BLOCK_GROUP_ITEM_KEY, 0);
-        // Keys only grow: the walk ends at the largest key whatever a
-        // hostile tree holds.
-        let mut last_seen: Option<Key> = None;
-        while let Some((key, data)) = self.next_item(bgt.id, &k)? {
-            if last_seen.is_some_and(|l| key <= l) || key == Key::MAX {
-                break;
-            }
-            last_seen = Some(key);
-            k = crate::trans::next_key(&key);
-            if key.ty != BTRFS_BLOCK_GROUP_ITEM_KEY {
-                if key.ty < BTRFS_BLOCK_GROUP_ITEM_KEY {
-                    k = Key::new(key.objectid, BTRFS_BLOCK_GROUP_ITEM_KEY, 0);
-                } else {
-                    let Some(o) = key.objectid.checked_add(1) else {
-                        break;
-                    };
-                    k = Key::new(o, BTRFS_BLOCK_GROUP_ITEM_KEY, 0);
+        // An interrupted btrfstune conversion (CHANGING_BG_TREE) leaves
+        // block group items in both trees: every one of them counts.
+        let mut trees = vec![self.bg_tree];
+        if self.sb.flags.get() & BTRFS_SUPER_FLAG_CHANGING_BG_TREE != 0 {
+            for t in [BTRFS_EXTENT_TREE_OBJECTID, BTRFS_BLOCK_GROUP_TREE_OBJECTID] {
+                if t != self.bg_tree && self.tree_exists(t)? {
+                    trees.push(t);
                 }
-                continue;
             }
-            // An empty or overflowing range is no group (the checker
-            // reports it; what lies there then belongs to none).
-            if key.offset == 0 || key.objectid.checked_add(key.offset).is_none() {
-                continue;
+        }
+        for tree in trees {
+            let bgt = self.root_state(tree)?.clone();
+            let mut k = Key::new(0, BTRFS_BLOCK_GROUP_ITEM_KEY, 0);
+            // Keys only grow: the walk ends at the largest key whatever a
+            // hostile tree holds.
+            let mut last_seen: Option<Key> = None;
+            while let Some((key, data)) = self.next_item(bgt.id, &k)? {
+                if last_seen.is_some_and(|l| key <= l) || key == Key::MAX {
+                    break;
+                }
+                last_seen = Some(key);
+                k = crate::trans::next_key(&key);
+                if key.ty != BTRFS_BLOCK_GROUP_ITEM_KEY {
+                    if key.ty < BTRFS_BLOCK_GROUP_ITEM_KEY {
+                        k = Key::new(key.objectid, BTRFS_BLOCK_GROUP_ITEM_KEY, 0);
+                    } else {
+                        let Some(o) = key.objectid.checked_add(1) else {
+                            break;
+                        };
+                        k = Key::new(o, BTRFS_BLOCK_GROUP_ITEM_KEY, 0);
+                    }
+                    continue;
+                }
+                // An empty or overflowing range is no group (the checker
+                // reports it; what lies there then belongs to none).
+                if key.offset == 0 || key.objectid.checked_add(key.offset).is_none() {
+                    continue;
+                }
+                let bgi: &crate::format::block_group::BlockGroupItem =
+                    crate::format::view(&data, "block group item")?;
+                let (start, length) = (key.objectid, key.offset);
+                let mut g = BlockGroup {
+                    start,
+                    length,
+                    flags: bgi.flags.get(),
+                    used: 0,
+                    free: RangeSet::new(),
+                    pinned: RangeSet::new(),
+                    excluded: RangeSet::new(),
+                    dirty: false,
+                    fst_bitmaps: false,
+                    on_disk: true,
+                    read_only: false,
+                    size_class: crate::alloc::SizeClass::None,
+                };
+                g.free.insert(start, start + length);
+                for (a, b) in super_stripes(&self.img.chunks, start, length, &dev_size) {
+                    g.excluded.insert(a, b);
+                    g.free.remove(a, b);
+                }
+                groups.insert(start, g);
             }
-            let bgi: &crate::format::block_group::BlockGroupItem =
-                crate::format::view(&data, "block group item")?;
-            let (start, length) = (key.objectid, key.offset);
-            let mut g = BlockGroup {
-                start,
-                length,
-                flags: bgi.flags.get(),
-                used: 0,
-                free: RangeSet::new(),
-                pinned: RangeSet::new(),
-                excluded: RangeSet::new(),
-                dirty: false,
-                fst_bitmaps: false,
-                on_disk: true,
-                read_only: false,
-                size_class: crate::alloc::SizeClass::None,
-            };
-            g.free.insert(start, start + length);
-            for (a, b) in super_stripes(&self.img.chunks, start, length, &dev_size) {
-                g.excluded.insert(a, b);
-                g.free.remove(a, b);
-            }
-            groups.insert(start, g);
         }
         self.space.alloc.groups = groups;
         // Allocated extents, and for each data-only group the first extent

@@ -512,6 +512,27 @@ impl Quotas<'_> {
         Ok(())
     }
 
+    /// Turn quotas off (btrfs_quota_disable): the counters go, the quota
+    /// tree is dropped (every block freed, its root item removed) and the
+    /// SIMPLE_QUOTA incompat flag cleared, all at the next commit. Simple
+    /// quotas' owner refs in data extent items are the caller's: the
+    /// kernel refuses them without the flag.
+    pub fn quota_disable(&mut self) -> Result<()> {
+        self.st.qgroups = Qgroups::default();
+        if self.st.tree_exists(BTRFS_QUOTA_TREE_OBJECTID)? {
+            let key = self.st.root_key(BTRFS_QUOTA_TREE_OBJECTID)?;
+            self.st.subtrees().drop_tree(BTRFS_QUOTA_TREE_OBJECTID)?;
+            self.st.delete_item(TreeId::Root, &key)?;
+            self.st.subtrees().forget_tree(BTRFS_QUOTA_TREE_OBJECTID);
+        }
+        let f = self.st.sb.incompat_flags.get();
+        self.st
+            .sb
+            .incompat_flags
+            .set(f & !BTRFS_FEATURE_INCOMPAT_SIMPLE_QUOTA);
+        Ok(())
+    }
+
     /// The owner in the header of tree block `bytenr` (a block freed
     /// through a shared reference, whose dropping tree is not its owner).
     pub(super) fn tree_block_owner(&mut self, bytenr: u64) -> Result<u64> {

@@ -6,7 +6,7 @@ use super::{Ctx, Request};
 use crate::devices::{Devices, Single};
 use crate::format::consts::*;
 use crate::format::superblock::Superblock;
-use crate::image::{read_superblock, OpenOptions};
+use crate::image::OpenOptions;
 use crate::io::{BlockDevice, FileDevice};
 use crate::{Error, Result};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
@@ -92,7 +92,11 @@ pub(super) fn primaries(ctx: &Ctx) -> Vec<(usize, Superblock)> {
     ctx.devs
         .iter()
         .enumerate()
-        .filter_map(|(i, (_, d))| read_superblock(d.as_ref(), 0).ok().map(|sb| (i, sb)))
+        .filter_map(|(i, (_, d))| {
+            crate::image::first_valid_superblock(d.as_ref())
+                .ok()
+                .map(|sb| (i, sb))
+        })
         .collect()
 }
 
@@ -127,7 +131,13 @@ fn flags_of(ctx: &Ctx) -> u64 {
 /// fields are asked) no log waits to be replayed.
 pub(super) fn complete_set(ctx: &Ctx, needs_trees: bool) -> Result<()> {
     let devices = Devices::new(ctx.devs.clone());
-    let set = devices.set()?;
+    // A seed device may have its label and seeding flag changed: those
+    // steps write superblock fields only.
+    let set = if needs_trees {
+        devices.set()?
+    } else {
+        crate::devices::DeviceSet::assemble_seed_too(ctx.devs.clone())?
+    };
     if let Some(e) = devices.missing(&set, "btrkit-tune changes every device: give them all") {
         return Err(e);
     }

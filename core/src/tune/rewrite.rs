@@ -14,8 +14,13 @@
 //! so it is refused, unchanged.
 //!
 //! How: in batches of ascending address, the blocks are read and edited
-//! in parallel, then every copy (every mirror, RAID5/6 parity updated) is
-//! written in ascending device order; one flush at the end. The caller
+//! in parallel, then written copy by copy: every first copy of the batch
+//! in ascending device order, a flush, every second copy, a flush (RAID5/6
+//! rows with their parity last). A torn write thus damages at most one
+//! copy of a block, and the other holds the old state or the new. With a
+//! single copy of metadata (profile single or raid0) a torn block write
+//! cannot be undone, as with btrfstune; RAID5/6 rows are rewritten with
+//! their parity, and a tear there can leave a row that does not rebuild. The caller
 //! holds the superblock flag that says blocks may carry either state, and
 //! readers accept either ([`Accept`]) until the caller clears it.
 //!
@@ -123,7 +128,7 @@ pub fn rewrite_with(
 ) -> Result<RewriteStats> {
     let img = open_accepting(devs, accept)?;
     let blocks = plan(&img, progress)?;
-    write_blocks(&img, &blocks, out_csum, edit, opts, progress)
+    rewrite_listed(&img, &blocks, out_csum, edit, opts, progress)
 }
 
 /// A block to rewrite: its address and whether a tree reaches it (one
@@ -261,7 +266,9 @@ struct Edited {
     stale: bool,
 }
 
-fn write_blocks(
+/// Rewrite the blocks `blocks` (from [`plan`], or a few the caller
+/// knows) of `img` as [`rewrite_tree_blocks`] does.
+pub fn rewrite_listed(
     img: &Image,
     blocks: &[Planned],
     out_csum: CsumType,
@@ -280,7 +287,12 @@ fn write_blocks(
             .par_iter()
             .map(|p| edit_one(img, *p, ns, out_csum, edit, opts))
             .collect();
-        let mut plain: Vec<((u64, u64), usize)> = Vec::new();
+        // (copy number, (devid, physical), block): every block's first
+        // copies are written and flushed before any second copy is begun,
+        // so a torn write can only damage one copy of a block; the other
+        // stays valid in the old state or the new one, which either reader
+        // accepts.
+        let mut plain: Vec<(usize, (u64, u64), usize)> = Vec::new();
         let mut parity: Vec<(u64, &[u8])> = Vec::new();
         let edited: Vec<Edited> = edited.into_iter().collect::<Result<_>>()?;
         for (i, e) in edited.iter().enumerate() {
@@ -297,30 +309,47 @@ fn write_blocks(
                 parity.push((e.bytenr, &e.buf));
                 continue;
             }
-            for c in img.chunks.copies(e.bytenr, ns as u64)? {
-                plain.push((c, i));
+            for (n, c) in img
+                .chunks
+                .copies(e.bytenr, ns as u64)?
+                .into_iter()
+                .enumerate()
+            {
+                plain.push((n, c, i));
             }
         }
         plain.sort_unstable();
-        for ((devid, phys), i) in plain {
-            let dev = img.device_of(devid).ok_or_else(|| Error::MissingDevice {
-                devids: vec![devid],
-                what: format!("device {devid} is missing: a tree block copy cannot be written"),
-            })?;
-            dev.write_at(phys, &edited[i].buf)?;
-            stats.bytes += ns as u64;
+        let mut at = 0;
+        while at < plain.len() {
+            let copy = plain[at].0;
+            let end = at + plain[at..].iter().take_while(|w| w.0 == copy).count();
+            for &(_, (devid, phys), i) in &plain[at..end] {
+                let dev = img.device_of(devid).ok_or_else(|| Error::MissingDevice {
+                    devids: vec![devid],
+                    what: format!("device {devid} is missing: a tree block copy cannot be written"),
+                })?;
+                dev.write_at(phys, &edited[i].buf)?;
+                stats.bytes += ns as u64;
+            }
+            flush_all(img)?;
+            at = end;
         }
         if !parity.is_empty() {
             stats.bytes += img
                 .parity
                 .write(&img.chunks, &parity, img.device_map(), false)?;
+            flush_all(img)?;
         }
         progress.advance(batch.len() as u64);
     }
+    Ok(stats)
+}
+
+fn flush_all(img: &Image) -> Result<()> {
     for (_, d) in img.devices() {
         d.flush()?;
     }
-    Ok(stats)
+    Ok(())
 }
 
 /// Read block `b` (the first copy valid in either state), edit and
