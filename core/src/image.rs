@@ -862,6 +862,26 @@ impl Image {
         Ok(out)
     }
 
+    /// The algorithm an unfinished checksum conversion (superblock flag
+    /// CHANGING_DATA_CSUM or CHANGING_META_CSUM) converts to, from its
+    /// temporary item in the root tree (btrkit-tune's or btrfstune's);
+    /// None when there is none or the root tree cannot be read.
+    pub fn unfinished_csum_target(&self) -> Option<CsumType> {
+        if self.sb.flags.get()
+            & (BTRFS_SUPER_FLAG_CHANGING_DATA_CSUM | BTRFS_SUPER_FLAG_CHANGING_META_CSUM)
+            == 0
+        {
+            return None;
+        }
+        let start = Key::new(BTRFS_CSUM_CHANGE_OBJECTID, BTRFS_TEMPORARY_ITEM_KEY, 0);
+        let mut it = TreeIter::new(self, self.root_tree(), start).ok()?;
+        let item = it.next_item()?.ok()?;
+        if item.key.objectid != start.objectid || item.key.ty != start.ty {
+            return None;
+        }
+        CsumType::from_disk(u16::try_from(item.key.offset).ok()?).ok()
+    }
+
     /// The newest ROOT_ITEM of tree `id` in the root tree.
     pub fn find_root(&self, id: u64) -> Result<Option<TreeRoot>> {
         let mut it = TreeIter::new(self, self.root_tree(), Key::new(id, BTRFS_ROOT_ITEM_KEY, 0))?;

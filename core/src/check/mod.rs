@@ -269,7 +269,20 @@ fn check_devices(
 ) -> Result<Report> {
     let mut open_opts = check_open_options(0, degraded);
     open_opts.alt_fsid = unfinished_fsid_change(devices);
-    let opened = devices.open(open_opts, Single::AnyMirror)?;
+    let mut opened = devices.open(open_opts, Single::AnyMirror)?;
+    // A half-done checksum conversion: tree blocks and csum items in
+    // either algorithm, not one error per block.
+    if let Some(to) = opened.img.unfinished_csum_target() {
+        if to != opened.img.csum {
+            let opts = OpenOptions {
+                alt_csum: Some(to),
+                ..open_opts
+            };
+            if let Ok(o) = devices.open(opts, Single::AnyMirror) {
+                opened = o;
+            }
+        }
+    }
     let mut pre = sink();
     if let Some((mirror, primary_err)) = &opened.fallback {
         pre.push(
@@ -369,11 +382,13 @@ fn run(
 ) -> Report {
     let metadump =
         img.sb.flags.get() & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0;
+    // Data checksums half converted: phase 1 says so, nothing to verify.
+    let converting = img.sb.flags.get() & superblock::CSUM_CHANGE_FLAGS != 0;
     std::thread::scope(|scope| {
         // Data verification is I/O bound and independent of the metadata
         // phases: it starts at once on its own thread.
-        let data =
-            (opts.check_data_csum && !metadump).then(|| scope.spawn(|| datacsum::verify_all(img)));
+        let data = (opts.check_data_csum && !metadump && !converting)
+            .then(|| scope.spawn(|| datacsum::verify_all(img)));
         // The written parts of the metadata chunks, asked for at once.
         let early_prefetched = !early.is_empty();
         if early_prefetched {
@@ -467,7 +482,9 @@ fn run_phases(
         cx.data_verified = h.join().ok();
     }
     timed(&mut cx, Phase::Checksums, parity::check);
-    timed(&mut cx, Phase::Checksums, csums::check);
+    if cx.img.sb.flags.get() & superblock::CSUM_CHANGE_FLAGS == 0 {
+        timed(&mut cx, Phase::Checksums, csums::check);
+    }
     let quotas = cx.qgroups.present;
     timed(&mut cx, Phase::Qgroups, qgroups::check);
     // No quota tree: the phase had nothing to check.

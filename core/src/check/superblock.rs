@@ -7,6 +7,10 @@ use crate::format::consts::*;
 
 const P: Phase = Phase::Superblocks;
 
+/// The superblock flags of an unfinished checksum conversion.
+pub(super) const CSUM_CHANGE_FLAGS: u64 =
+    BTRFS_SUPER_FLAG_CHANGING_DATA_CSUM | BTRFS_SUPER_FLAG_CHANGING_META_CSUM;
+
 pub(super) fn check_mirrors(cx: &mut Ctx) {
     let img = cx.img;
     let devs: Vec<_> = img.devices().map(|(id, d)| (id, d.clone())).collect();
@@ -273,9 +277,17 @@ fn general(cx: &mut Ctx, img: &crate::image::Image, sb: &crate::format::superblo
         ),
     ] {
         if sb.flags.get() & flag != 0 {
-            cx.report(F::err(P, Category::Superblock).at(at).msg(format!(
-                "an interrupted {what}: the kernel will not mount this until it is finished: run btrkit-tune {finish} again"
-            )));
+            let msg = if flag & CSUM_CHANGE_FLAGS != 0 {
+                let to = img.unfinished_csum_target().map_or("ALGO", |c| c.name());
+                format!(
+                    "an interrupted {what} to {to}: the kernel will not mount this until it is finished: rerun `btrkit-tune --csum {to}` (`btrfstune --csum {to}` if btrfstune started it); until then the csum tree and data checksums are not checked"
+                )
+            } else {
+                format!(
+                    "an interrupted {what}: the kernel will not mount this until it is finished: run btrkit-tune {finish} again"
+                )
+            };
+            cx.report(F::err(P, Category::Superblock).at(at).msg(msg));
         }
     }
     if sb.flags.get() & BTRFS_SUPER_FLAG_ERROR != 0 {

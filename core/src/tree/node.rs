@@ -514,7 +514,15 @@ impl Node {
                 }
                 data_end = off;
                 if let Ok(d) = self.item_data(slot) {
-                    if let Err(e) = crate::format::item::check(&k, d, ctx.csum.size()) {
+                    // An unfinished checksum conversion holds csum items of
+                    // either algorithm.
+                    let checked = crate::format::item::check(&k, d, ctx.csum.size()).or_else(|e| {
+                        match ctx.alt_csum {
+                            Some(a) => crate::format::item::check(&k, d, a.size()),
+                            None => Err(e),
+                        }
+                    });
+                    if let Err(e) = checked {
                         let msg = match e {
                             Error::Corrupt { what, .. } => what,
                             e => e.to_string(),
