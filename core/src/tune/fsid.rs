@@ -41,6 +41,7 @@ const DEV_ITEM_FSID: usize = offset_of!(DevItem, fsid);
 
 /// `-u` / `-U`.
 pub fn change(ctx: &mut Ctx, u: NewUuid) -> Result<Step> {
+    super::prof("fsid: start");
     let sbs = all_primaries(ctx)?;
     let flagged = sbs
         .iter()
@@ -80,6 +81,7 @@ pub fn change(ctx: &mut Ctx, u: NewUuid) -> Result<Step> {
         sb.metadata_uuid = old;
     })?;
 
+    super::prof("fsid: superblocks flagged");
     // 2. The new chunk tree UUID, recorded in the root tree's root block.
     let accept = Accept {
         fsids: vec![old, new],
@@ -107,10 +109,13 @@ pub fn change(ctx: &mut Ctx, u: NewUuid) -> Result<Step> {
         ctx.progress,
     )?;
 
+    super::prof("fsid: root block");
     // 3. Every tree block.
     let blocks = rewrite::plan(&img, ctx.progress)?;
+    super::prof("fsid: planned");
     let stats = rewrite::rewrite_listed(&img, &blocks, csum, &edit, opts, ctx.progress)?;
     drop(img);
+    super::prof("fsid: blocks rewritten");
 
     // 4. Done: the flag cleared.
     write_supers(ctx, |sb| {

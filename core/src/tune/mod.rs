@@ -301,3 +301,13 @@ pub fn tune_devices(
     }
     Ok(report)
 }
+
+/// With BTRKIT_PROF set, the time since the first call, per step, on
+/// stderr (as btrkit-fsck's phases).
+pub(crate) fn prof(what: &str) {
+    if std::env::var_os("BTRKIT_PROF").is_some() {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let t = START.get_or_init(std::time::Instant::now);
+        eprintln!("{what}: {:?}", t.elapsed());
+    }
+}

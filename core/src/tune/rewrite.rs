@@ -79,10 +79,12 @@ pub struct RewriteStats {
     pub bytes: u64,
 }
 
-/// Blocks read, edited and written per batch: enough to keep both cores
-/// busy and the writes long, little enough to bound memory (16 MiB of
-/// 16 KiB blocks).
-const BATCH: usize = 1024;
+/// Bytes of blocks read, edited and written per batch: each batch costs
+/// one flush per copy, and its blocks are held in memory until written.
+const BATCH_BYTES: usize = 256 << 20;
+
+/// Longest read or write of neighbouring blocks: 4 MiB.
+const MAX_RUN: usize = 4 << 20;
 
 /// Open the filesystem on `devs` from their primary superblocks,
 /// accepting blocks that carry any state `accept` allows besides the one
@@ -146,6 +148,7 @@ pub struct Planned {
 /// of them and valid.
 pub fn plan(img: &Image, progress: &dyn Progress) -> Result<Vec<Planned>> {
     let recorded = recorded_tree_blocks(img)?;
+    super::prof("rewrite: extent tree read");
     progress.phase(1, "validating every tree block", recorded.len() as u64);
     let reached = reachable_blocks(img, progress)?;
     let set: HashSet<u64> = recorded.iter().copied().collect();
@@ -208,23 +211,88 @@ fn recorded_tree_blocks(img: &Image) -> Result<Vec<u64>> {
 
 /// Every block reachable from the superblock, each read and validated
 /// (with the alternates the image accepts); the first damaged one is an
-/// error naming it.
+/// error naming it. Level by level, each level's blocks read ahead and
+/// then read and validated in parallel; a tree whose deletion was
+/// interrupted is walked by the ordered walk, which knows which of its
+/// subtrees are freed already.
 fn reachable_blocks(img: &Image, progress: &dyn Progress) -> Result<Vec<u64>> {
     let mut seen: HashSet<u64> = HashSet::new();
-    let mut trees: Vec<(TreeRoot, Option<Key>)> =
-        vec![(img.chunk_tree(), None), (img.root_tree(), None)];
+    let mut level: Vec<(u64, Expect, u64)> = vec![
+        (
+            img.chunk_tree().bytenr,
+            Expect::root(&img.chunk_tree()),
+            BTRFS_CHUNK_TREE_OBJECTID,
+        ),
+        (
+            img.root_tree().bytenr,
+            Expect::root(&img.root_tree()),
+            BTRFS_ROOT_TREE_OBJECTID,
+        ),
+    ];
+    let mut dropping: Vec<(TreeRoot, Key)> = Vec::new();
     for (key, ri) in img.root_items_in(img.root_tree())? {
         if key.objectid == BTRFS_TREE_LOG_OBJECTID {
             continue;
         }
+        let root = crate::image::tree_root_of(key.objectid, &ri);
         let drop = Key::from(&ri.drop_progress);
-        let drop = (drop.objectid != 0 || drop.ty != 0 || drop.offset != 0).then_some(drop);
-        trees.push((crate::image::tree_root_of(key.objectid, &ri), drop));
+        if drop.objectid != 0 || drop.ty != 0 || drop.offset != 0 {
+            dropping.push((root, drop));
+        } else {
+            level.push((root.bytenr, Expect::root(&root), root.id));
+        }
     }
-    for (root, drop) in trees {
+    // Bounded: every block is taken once (`seen`), and no tree is deeper
+    // than BTRFS_MAX_LEVEL.
+    for _ in 0..=BTRFS_MAX_LEVEL as usize {
+        level.retain(|(b, _, _)| seen.insert(*b));
+        if level.is_empty() {
+            break;
+        }
+        for (b, _, _) in &level {
+            img.prefetch_tree_block(*b);
+        }
+        let read: Vec<Result<Vec<(u64, Expect, u64)>>> = level
+            .par_iter()
+            .map(|(b, expect, tree)| {
+                let (node, problems) = img.read_tree_block_checked(*b, expect, false)?;
+                if let Some(p) = problems.into_iter().next() {
+                    return Err(p.into_error());
+                }
+                let mut children = Vec::new();
+                if !node.is_leaf() {
+                    for slot in 0..node.nritems() {
+                        let c = node.child_expect(slot, *tree).ok_or_else(|| {
+                            Error::corrupt_as(
+                                crate::CorruptKind::Block(crate::error::ProblemKind::Header),
+                                format!("node slot {slot} of {} items unreadable", node.nritems()),
+                                *b,
+                            )
+                        })?;
+                        children.push((c.bytenr, c.expect, *tree));
+                    }
+                }
+                Ok(children)
+            })
+            .collect();
+        progress.advance(level.len() as u64);
+        let mut next = Vec::new();
+        for r in read {
+            next.extend(r?);
+        }
+        level = next;
+    }
+    if !level.is_empty() {
+        return Err(Error::corrupt_as(
+            crate::CorruptKind::Structure,
+            "trees deeper than BTRFS_MAX_LEVEL".to_string(),
+            level[0].0,
+        ));
+    }
+    for (root, drop) in dropping {
         let opts = WalkOptions {
             on_damage: OnDamage::Keep,
-            drop,
+            drop: Some(drop),
             prefetch: true,
             ..Default::default()
         };
@@ -262,6 +330,11 @@ fn reachable_blocks(img: &Image, progress: &dyn Progress) -> Result<Vec<u64>> {
 struct Edited {
     bytenr: u64,
     buf: Vec<u8>,
+    /// Bytes from the block's start to write: the sectors holding every
+    /// changed byte. An fsid or checksum change touches the header
+    /// alone, so one sector is written instead of the block, and the
+    /// write is as atomic as the device makes a sector write.
+    len: usize,
     write: bool,
     stale: bool,
 }
@@ -282,17 +355,22 @@ pub fn rewrite_listed(
     };
     progress.phase(2, "rewriting tree blocks", blocks.len() as u64);
     let ns = img.nodesize as usize;
-    for batch in blocks.chunks(BATCH) {
+    for batch in blocks.chunks((BATCH_BYTES / ns.max(1)).max(1)) {
+        let pre = read_runs(img, batch, ns);
         let edited: Vec<Result<Edited>> = batch
             .par_iter()
-            .map(|p| edit_one(img, *p, ns, out_csum, edit, opts))
+            .zip(pre.into_par_iter())
+            .map(|(p, bytes)| edit_one(img, *p, bytes, ns, out_csum, edit, opts))
             .collect();
-        // (copy number, (devid, physical), block): every block's first
-        // copies are written and flushed before any second copy is begun,
-        // so a torn write can only damage one copy of a block; the other
-        // stays valid in the old state or the new one, which either reader
-        // accepts.
-        let mut plain: Vec<(usize, (u64, u64), usize)> = Vec::new();
+        // (copy number, (devid, physical), block, whole): every block's
+        // first copies are written and flushed before any second copy is
+        // begun, so a torn write can only damage one copy of a block; the
+        // other stays valid in the old state or the new one, which either
+        // reader accepts. Blocks with several copies are written whole,
+        // neighbours as one write; a block with one copy only (profile
+        // single or raid0) has only the sectors holding its changes
+        // written, the least a tear can reach.
+        let mut plain: Vec<(usize, (u64, u64), usize, bool)> = Vec::new();
         let mut parity: Vec<(u64, &[u8])> = Vec::new();
         let edited: Vec<Edited> = edited.into_iter().collect::<Result<_>>()?;
         for (i, e) in edited.iter().enumerate() {
@@ -306,30 +384,51 @@ pub fn rewrite_listed(
             }
             stats.written += 1;
             if img.chunks.lookup(e.bytenr).is_some_and(|m| m.nparity() > 0) {
-                parity.push((e.bytenr, &e.buf));
+                parity.push((e.bytenr, &e.buf[..e.len]));
                 continue;
             }
-            for (n, c) in img
-                .chunks
-                .copies(e.bytenr, ns as u64)?
-                .into_iter()
-                .enumerate()
-            {
-                plain.push((n, c, i));
+            let copies = img.chunks.copies(e.bytenr, ns as u64)?;
+            let whole = copies.len() > 1;
+            for (n, c) in copies.into_iter().enumerate() {
+                plain.push((n, c, i, whole));
             }
         }
         plain.sort_unstable();
         let mut at = 0;
+        let mut run: Vec<u8> = Vec::new();
         while at < plain.len() {
             let copy = plain[at].0;
             let end = at + plain[at..].iter().take_while(|w| w.0 == copy).count();
-            for &(_, (devid, phys), i) in &plain[at..end] {
+            let mut k = at;
+            while k < end {
+                let (_, (devid, phys), i, whole) = plain[k];
                 let dev = img.device_of(devid).ok_or_else(|| Error::MissingDevice {
                     devids: vec![devid],
                     what: format!("device {devid} is missing: a tree block copy cannot be written"),
                 })?;
-                dev.write_at(phys, &edited[i].buf)?;
-                stats.bytes += ns as u64;
+                if !whole {
+                    let e = &edited[i];
+                    dev.write_at(phys, &e.buf[..e.len])?;
+                    stats.bytes += e.len as u64;
+                    k += 1;
+                    continue;
+                }
+                // Whole blocks adjacent on the device: one write.
+                run.clear();
+                run.extend_from_slice(&edited[i].buf);
+                let mut j = k + 1;
+                while j < end
+                    && plain[j].3
+                    && plain[j].1 .0 == devid
+                    && plain[j].1 .1 == phys + run.len() as u64
+                    && run.len() < MAX_RUN
+                {
+                    run.extend_from_slice(&edited[plain[j].2].buf);
+                    j += 1;
+                }
+                dev.write_at(phys, &run)?;
+                stats.bytes += run.len() as u64;
+                k = j;
             }
             flush_all(img)?;
             at = end;
@@ -352,18 +451,76 @@ fn flush_all(img: &Image) -> Result<()> {
     Ok(())
 }
 
-/// Read block `b` (the first copy valid in either state), edit and
-/// checksum it; decide whether it needs writing.
+/// The blocks of `batch` read ahead, runs of neighbouring blocks in one
+/// chunk as one read (the first copy); None where a run could not be read
+/// (the block is then read on its own, every copy tried).
+fn read_runs(img: &Image, batch: &[Planned], ns: usize) -> Vec<Option<Vec<u8>>> {
+    let mut out: Vec<Option<Vec<u8>>> = Vec::with_capacity(batch.len());
+    let mut k = 0;
+    while k < batch.len() {
+        let start = batch[k].bytenr;
+        let chunk = img.chunks.lookup(start).map(|m| m.logical);
+        let mut j = k + 1;
+        while j < batch.len()
+            && batch[j].bytenr == start + ((j - k) * ns) as u64
+            && img.chunks.lookup(batch[j].bytenr).map(|m| m.logical) == chunk
+            && (j - k) * ns < MAX_RUN
+        {
+            j += 1;
+        }
+        let mut buf = vec![0u8; (j - k) * ns];
+        if chunk.is_some() && img.read_logical(start, &mut buf).is_ok() {
+            out.extend(buf.chunks(ns).map(|c| Some(c.to_vec())));
+        } else {
+            out.extend((k..j).map(|_| None));
+        }
+        k = j;
+    }
+    out
+}
+
+/// Whether `buf` is tree block `b` in a state `ctx` accepts: checksum
+/// (either algorithm), address and fsid (either).
+fn same_block(buf: &[u8], b: u64, ctx: &crate::tree::node::ValidateCtx) -> bool {
+    use zerocopy::FromBytes;
+    let csum_ok = crate::csum::verify_block(ctx.csum, buf)
+        || ctx
+            .alt_csum
+            .is_some_and(|c| crate::csum::verify_block(c, buf));
+    let Ok((h, _)) = crate::format::header::Header::read_from_prefix(buf) else {
+        return false;
+    };
+    csum_ok
+        && buf.len() == ctx.nodesize as usize
+        && h.bytenr.get() == b
+        && (h.fsid == ctx.fsid || ctx.alt_fsid == Some(h.fsid))
+}
+
+/// Read block `b` (the copy read ahead when it is valid in either state,
+/// else the first copy that is), edit and checksum it; decide whether it
+/// needs writing.
 fn edit_one(
     img: &Image,
     p: Planned,
+    ahead: Option<Vec<u8>>,
     ns: usize,
     out_csum: CsumType,
     edit: &(dyn Fn(&mut [u8]) -> bool + Sync),
     opts: Options,
 ) -> Result<Edited> {
     let b = p.bytenr;
-    let node = match img.read_tree_block_checked(b, &Expect::default(), false) {
+    let ctx = img.ctx(false);
+    // A block read ahead was validated whole by `plan` (or is a stale
+    // record): here its checksum, address and fsid say it is the same
+    // block in one of the two states.
+    let ahead = ahead
+        .filter(|v| same_block(v, b, &ctx))
+        .and_then(|v| crate::tree::node::Node::from_vec(b, v).ok());
+    let read = match ahead {
+        Some(n) => Ok((n, Vec::new())),
+        None => img.read_tree_block_checked(b, &Expect::default(), false),
+    };
+    let node = match read {
         Ok((n, _)) => n,
         // A record no tree reaches whose block is not valid: space the
         // extent tree still counts, never read by anyone.
@@ -371,6 +528,7 @@ fn edit_one(
             return Ok(Edited {
                 bytenr: b,
                 buf: Vec::new(),
+                len: 0,
                 write: false,
                 stale: true,
             })
@@ -383,6 +541,18 @@ fn edit_one(
     let c = crate::csum::block_csum(out_csum, &buf);
     buf[..BTRFS_CSUM_SIZE].copy_from_slice(&c);
     let mut write = buf != before;
+    let last = buf
+        .iter()
+        .zip(&before)
+        .rposition(|(a, b)| a != b)
+        .map_or(0, |i| i + 1);
+    let sector = (img.sectorsize as usize).max(512);
+    let mut len = last.div_ceil(sector) * sector;
+    if opts.resumed {
+        // A copy may have been torn anywhere by an earlier run: write
+        // whole blocks.
+        len = ns;
+    }
     if !write && opts.resumed {
         // The copy read is done; another may not be.
         for copy in img.read_block_copies(b)? {
@@ -399,6 +569,7 @@ fn edit_one(
     Ok(Edited {
         bytenr: b,
         buf,
+        len: len.min(ns),
         write,
         stale: false,
     })

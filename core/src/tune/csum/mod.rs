@@ -247,14 +247,7 @@ pub fn convert(ctx: &mut Ctx, to: CsumType) -> Result<Step> {
     })
 }
 
-/// With BTRKIT_PROF set, the time since the process started, per step.
-fn prof(what: &str) {
-    if std::env::var_os("BTRKIT_PROF").is_some() {
-        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        let t = START.get_or_init(std::time::Instant::now);
-        eprintln!("{what}: {:?}", t.elapsed());
-    }
-}
+use super::prof;
 
 /// The filesystem opened for a transaction; `alt` a second algorithm its
 /// tree blocks and csum items may be in (an unfinished conversion).
