@@ -366,10 +366,10 @@ pub fn rewrite_listed(
         // first copies are written and flushed before any second copy is
         // begun, so a torn write can only damage one copy of a block; the
         // other stays valid in the old state or the new one, which either
-        // reader accepts. Blocks with several copies are written whole,
-        // neighbours as one write; a block with one copy only (profile
-        // single or raid0) has only the sectors holding its changes
-        // written, the least a tear can reach.
+        // reader accepts. Only the sectors holding a block's changes are
+        // written (an fsid or checksum change: the header's sector), the
+        // least a tear can reach and the least to write back; blocks
+        // changed whole are written whole, neighbours as one write.
         let mut plain: Vec<(usize, (u64, u64), usize, bool)> = Vec::new();
         let mut parity: Vec<(u64, &[u8])> = Vec::new();
         let edited: Vec<Edited> = edited.into_iter().collect::<Result<_>>()?;
@@ -388,7 +388,7 @@ pub fn rewrite_listed(
                 continue;
             }
             let copies = img.chunks.copies(e.bytenr, ns as u64)?;
-            let whole = copies.len() > 1;
+            let whole = e.len == ns;
             for (n, c) in copies.into_iter().enumerate() {
                 plain.push((n, c, i, whole));
             }
