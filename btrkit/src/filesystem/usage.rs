@@ -6,7 +6,7 @@ use btrkit_core::usage::{space_report, SpaceReport};
 /// Arguments of `filesystem usage`.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  btrkit filesystem usage -b disk.img\n  btrkit filesystem usage a.img b.img --json\n\n\"Free (statfs, df)\" is what df shows on a read-write mount; a read-only mount shows less (the --json field statfs.available_read_only)."
+    after_help = "Examples:\n  btrkit filesystem usage -b disk.img\n  btrkit filesystem usage a.img b.img --json\n\n\"Free (statfs, df)\" is what df shows on a read-write mount; a read-only mount shows less (estimated in the --json field statfs.available_read_only)."
 )]
 pub struct Args {
     #[command(flatten)]

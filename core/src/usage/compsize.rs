@@ -5,7 +5,7 @@
 //! As compsize counts: every regular file reached by name (a hard link
 //! again each time), its file extent items; inline extents by their
 //! stored bytes and decoded size, disk extents (preallocated ones too, by
-//! their compression byte) once per disk address for disk and
+//! their own row) once per disk address for disk and
 //! uncompressed bytes, every reference for referenced bytes; holes not.
 
 use super::du::Trees;
@@ -56,8 +56,12 @@ pub struct CompsizeReport {
     pub types: Vec<CompBytes>,
 }
 
-fn type_name(t: u8) -> String {
+/// compsize 1.5's row of preallocated extents, after the algorithms.
+const PREALLOC: u16 = 256;
+
+fn type_name(t: u16) -> String {
     match t {
+        PREALLOC => "prealloc".into(),
         0 => "none".into(),
         1 => "zlib".into(),
         2 => "lzo".into(),
@@ -70,7 +74,8 @@ struct Walk<'a> {
     fs: &'a mut Filesystem,
     trees: Trees,
     seen: HashSet<u64>,
-    by_type: BTreeMap<u8, CompBytes>,
+    /// By compression type; [`PREALLOC`] for preallocated extents.
+    by_type: BTreeMap<u16, CompBytes>,
     r: CompsizeReport,
     visited: u64,
 }
@@ -88,7 +93,13 @@ impl Walk<'_> {
         trees.file_extents(l.subvol, l.ino, |_, k, d, _| {
             let fe = parse_file_extent(d).map_err(|e| e.at(0, k))?;
             let head = fe.head();
-            let b = by_type.entry(head.compression).or_default();
+            let kind = match &fe {
+                FileExtent::Disk { head, .. } if head.type_ == BTRFS_FILE_EXTENT_PREALLOC => {
+                    PREALLOC
+                }
+                _ => head.compression as u16,
+            };
+            let b = by_type.entry(kind).or_default();
             match fe {
                 FileExtent::Inline { .. } => {
                     let stored = d.len().saturating_sub(FILE_EXTENT_INLINE_DATA_START) as u64;

@@ -392,6 +392,8 @@ pub fn du(fs: &mut Filesystem, paths: &[String], summarize: bool) -> Result<DuRe
         visited: 0,
     };
     for p in paths {
+        // btrfs-progs forgets the inodes seen after each argument.
+        d.seen.clear();
         let l = d.fs.resolve(p, true)?;
         let mut set = Vec::new();
         d.add(l, p.clone(), true, &mut set)?;

@@ -70,8 +70,11 @@ pub struct Statfs {
     pub free: u64,
     /// f_bavail * f_bsize: the "Available" of df on a read-write mount.
     pub available: u64,
-    /// f_bavail * f_bsize on a read-only mount, where the kernel leaves
-    /// the free space inside data block groups out (seen on 6.18).
+    /// An estimate of f_bavail * f_bsize on a read-only mount: the kernel
+    /// holds block groups on read-only devices read-only and leaves their
+    /// free space out; this leaves out all of the data block groups' free
+    /// space, which equals the kernel's on a fresh image but not after
+    /// some writes (not compared by the tests).
     pub available_read_only: u64,
 }
 
@@ -181,7 +184,7 @@ fn insert_metadata_size(nodesize: u64, items: u64) -> u64 {
 /// `names` names the devices (devid -> path).
 pub fn space_report(fs: &mut Filesystem, names: &BTreeMap<u64, String>) -> Result<SpaceReport> {
     let st = &mut fs.store;
-    let sb = st.sb().clone();
+    let sb = *st.sb();
     let nodesize = st.nodesize() as u64;
     let sectorsize = (st.sectorsize() as u64).max(1);
     // Device items: the filesystem's view of each device.
