@@ -378,6 +378,11 @@ impl Image {
         self.devs.iter().map(|(&id, d)| (id, d.clone())).collect()
     }
 
+    /// The name (path) device `devid` was given by, None when missing.
+    pub fn device_path(&self, devid: u64) -> Option<&str> {
+        self.names.get(&devid).map(|s| s.as_str())
+    }
+
     /// The device item device `devid` carries in its own superblocks.
     pub fn own_dev_item(&self, devid: u64) -> Option<&crate::format::dev::DevItem> {
         self.own_dev_items.get(&devid)

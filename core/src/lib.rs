@@ -25,6 +25,7 @@ pub mod restore;
 pub mod trans;
 pub mod tree;
 pub mod tune;
+pub mod usage;
 pub mod util;
 pub mod workload;
 

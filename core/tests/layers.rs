@@ -19,7 +19,7 @@ const LAYERS: &[&[&str]] = &[
     &["trans"],
     &["fs"],
     &["log"],
-    &["check", "restore", "rescue", "mount_view"],
+    &["check", "restore", "rescue", "mount_view", "usage"],
     &["mkfs"],
     &["tune"],
     &["workload"],

@@ -168,6 +168,14 @@ impl<'a> TreeIter<'a> {
     }
 }
 
+impl TreeIter<'_> {
+    /// Logical addresses of the blocks from the root down to the leaf of
+    /// the item [`TreeIter::next_item`] returned last.
+    pub fn path_blocks(&self) -> Vec<u64> {
+        self.path.iter().map(|(n, _)| n.header().bytenr.get()).collect()
+    }
+}
+
 impl Iterator for TreeIter<'_> {
     type Item = Result<ItemRef>;
     fn next(&mut self) -> Option<Self::Item> {

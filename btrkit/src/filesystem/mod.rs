@@ -1,0 +1,40 @@
+//! `btrkit filesystem`: btrfs(8)'s `filesystem` group.
+
+mod compsize;
+mod df;
+mod du;
+mod usage;
+
+use clap::Subcommand;
+
+/// The `filesystem` group's arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Allocation and use per type, profile and device, and the free space
+    /// a mount reports (as `btrfs filesystem usage`).
+    Usage(usage::Args),
+    /// Space per block group type and profile (as `btrfs filesystem df`).
+    Df(df::Args),
+    /// Per file and directory: total, exclusive and set-shared bytes (as
+    /// `btrfs filesystem du`).
+    Du(du::Args),
+    /// Disk usage and uncompressed size by compression algorithm (as
+    /// compsize).
+    Compsize(compsize::Args),
+}
+
+/// Run the command.
+pub fn run(a: &Args) -> anyhow::Result<()> {
+    match &a.cmd {
+        Cmd::Usage(a) => usage::run(a),
+        Cmd::Df(a) => df::run(a),
+        Cmd::Du(a) => du::run(a),
+        Cmd::Compsize(a) => compsize::run(a),
+    }
+}

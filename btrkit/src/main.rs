@@ -1,0 +1,50 @@
+//! btrkit: btrfs(8)'s commands on images, offline. Command groups carry
+//! btrfs' names (`btrkit filesystem usage`); where btrfs names a mount
+//! point, btrkit names the image and the set's other devices, last. One
+//! module per group, one per command; the work is in btrkit-core.
+
+mod common;
+mod filesystem;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "btrkit",
+    version,
+    about = "btrfs(8)'s commands on Btrfs images, without mounting them",
+    after_help = "Examples:\n  btrkit filesystem usage -b disk.img\n  btrkit filesystem df a.img b.img          a filesystem on two devices\n  btrkit filesystem du -s disk.img --path /home\n  btrkit filesystem compsize disk.img --json\n\nThe image is read, never written; the fsync log is applied in memory (the state a mount shows), or ignored with --no-log.\n\nExit status: 0 success, 1 the image cannot be read (one line on stderr), 16 usage."
+)]
+struct Cli {
+    #[command(subcommand)]
+    group: Group,
+}
+
+/// The command groups, as btrfs(8) names them.
+#[derive(Subcommand)]
+enum Group {
+    /// Space usage: usage, df, du, compsize.
+    #[command(visible_alias = "fi")]
+    Filesystem(filesystem::Args),
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let usage = !matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            );
+            let _ = e.print();
+            std::process::exit(if usage { 16 } else { 0 });
+        }
+    };
+    let r = match &cli.group {
+        Group::Filesystem(a) => filesystem::run(a),
+    };
+    if let Err(e) = r {
+        eprintln!("btrkit: error: {}", format!("{e:#}").replace('\n', " "));
+        std::process::exit(1);
+    }
+}
