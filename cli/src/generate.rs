@@ -205,8 +205,9 @@ fn render_page(
         .manual("btrkit manual");
     man.render_title(w)?;
     // No hyphenation: a flag or a path broken across lines cannot be
-    // searched for or copied.
-    w.write_all(b".nh\n")?;
+    // searched for or copied; left-adjusted, as a line of long unbreakable
+    // words cannot be stretched to the margin (troff warns).
+    w.write_all(b".nh\n.ad l\n")?;
     man.render_name_section(w)?;
     man.render_synopsis_section(w)?;
     let after = c
