@@ -1,6 +1,8 @@
 //! Command-line arguments shared by the btrkit binaries, flattened into
 //! each one's own clap arguments (`#[command(flatten)]`).
 
+pub mod generate;
+
 use btrkit_core::restore::{LogMode, ReadOptions, RootChoice};
 use std::path::PathBuf;
 

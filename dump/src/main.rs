@@ -35,6 +35,7 @@ enum Cmd {
 }
 
 fn main() {
+    btrkit_cli::generate::handle::<Cli>();
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Super(a) => super_cmd::run(a),

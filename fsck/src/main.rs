@@ -18,6 +18,7 @@ const EXIT_FAILED: i32 = 8;
 pub(crate) const EXIT_USAGE: i32 = 16;
 
 fn main() {
+    btrkit_cli::generate::handle::<cli::Args>();
     let args = match cli::Args::try_parse() {
         Ok(a) => a,
         Err(e) => {

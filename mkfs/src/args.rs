@@ -8,7 +8,7 @@ use std::path::PathBuf;
     name = "btrkit-mkfs",
     version,
     about = "Create a Btrfs filesystem on an image file or device",
-    after_help = "Examples:\n  btrkit-mkfs -b 1G disk.img\n  btrkit-mkfs -n 65536 --csum xxhash -L data -f disk.img\n  btrkit-mkfs -b 4G --rootdir ./tree disk.img\n  btrkit-mkfs -b 1G -m raid1 -d raid1 a.img b.img\n  btrkit-mkfs -b 1G -m raid1c3 -d raid10 a.img b.img c.img d.img"
+    after_help = "Examples:\n  btrkit-mkfs -b 1G disk.img\n  btrkit-mkfs -n 65536 --csum xxhash -L data -f disk.img\n  btrkit-mkfs -b 4G --rootdir ./tree disk.img\n  btrkit-mkfs -b 1G -m raid1 -d raid1 a.img b.img\n  btrkit-mkfs -b 1G -m raid1c3 -d raid10 a.img b.img c.img d.img\n\nExit status: 0 created, 1 error (one line on stderr), 2 usage error."
 )]
 pub struct Args {
     /// Size of each device (K/M/G/T suffixes); creates or extends the image

@@ -9,6 +9,7 @@ use btrkit_core::mkfs::build::{build, Request};
 use clap::Parser;
 
 fn main() {
+    btrkit_cli::generate::handle::<args::Args>();
     let a = args::Args::parse();
     match run(a) {
         Ok(()) => {}

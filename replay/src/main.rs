@@ -57,6 +57,7 @@ struct Args {
 }
 
 fn main() {
+    btrkit_cli::generate::handle::<Args>();
     let a = Args::parse();
     match run(&a) {
         Ok(()) => {}

@@ -80,6 +80,7 @@ struct Args {
 }
 
 fn main() {
+    btrkit_cli::generate::handle::<Args>();
     let a = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {

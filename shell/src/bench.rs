@@ -21,11 +21,17 @@ pub enum BenchCmd {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  btrkit-shell bench dbench d.img /usr/share/dbench/client.txt --clients 4 --time 30\n  \
+btrkit-shell bench dbench d.img client.txt --passes 1 --crash-check --json\n\n\
+Exit status: 0 done (and, with --crash-check, every flushed file there), 1 failed or a file lost, 2 usage."
+)]
 pub struct DbenchArgs {
     /// The image (made by btrkit's mkfs, `--size` bytes, when missing).
     pub image: PathBuf,
     /// The loadfile, e.g. /usr/share/dbench/client.txt.
     pub loadfile: PathBuf,
+    /// Clients replaying the loadfile at once.
     #[arg(long, default_value_t = 1)]
     pub clients: u64,
     /// Seconds (0: until --passes).
@@ -44,8 +50,10 @@ pub struct DbenchArgs {
     /// Engine switch: fast-fsync-skip, log-conflicting-inodes, sync-io-first.
     #[arg(long = "set", value_name = "NAME=on|off")]
     pub set: Vec<String>,
+    /// Mount options (comma separated).
     #[arg(long, default_value = "")]
     pub mount: String,
+    /// Size of a new image.
     #[arg(long, default_value = "8G", value_parser = size)]
     pub size: u64,
     /// End with a power failure instead of an unmount, recover (log
@@ -71,13 +79,21 @@ fn size(s: &str) -> Result<u64, String> {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  btrkit-shell bench fileio f.img --file-test-mode rndwr --time 10\n  \
+btrkit-shell bench fileio f.img --file-num 16 --file-total-size 1G --file-fsync-freq 0 --json\n\n\
+Exit status: 0 done (and, with --crash-check, every acknowledged write there), 1 failed or a write lost, 2 usage."
+)]
 pub struct FileioArgs {
     /// The image (made by btrkit's mkfs, `--size` bytes, when missing).
     pub image: PathBuf,
+    /// Number of files.
     #[arg(long = "file-num", default_value_t = 128)]
     pub file_num: u64,
+    /// Bytes per request.
     #[arg(long = "file-block-size", default_value = "16384", value_parser = size)]
     pub block_size: u64,
+    /// Bytes of all the files together.
     #[arg(long = "file-total-size", default_value = "2G", value_parser = size)]
     pub total_size: u64,
     /// seqwr, seqrewr, seqrd, rndrd, rndwr, rndrw
@@ -89,15 +105,19 @@ pub struct FileioArgs {
     /// fsync after this many writes (0: never).
     #[arg(long = "file-fsync-freq", default_value_t = 100)]
     pub fsync_freq: u64,
+    /// fsync after every write (on|off).
     #[arg(long = "file-fsync-all", default_value = "off", value_parser = on_off, num_args = 0..=1, default_missing_value = "on")]
     pub fsync_all: bool,
+    /// fsync every file at the end (on|off).
     #[arg(long = "file-fsync-end", default_value = "on", value_parser = on_off, num_args = 0..=1, default_missing_value = "on")]
     pub fsync_end: bool,
     /// sync, dsync or direct
     #[arg(long = "file-extra-flags", default_value = "")]
     pub extra: String,
+    /// Reads per write in rndrw.
     #[arg(long = "file-rw-ratio", default_value_t = 1.5)]
     pub rw_ratio: f64,
+    /// Threads issuing requests.
     #[arg(long, default_value_t = 1)]
     pub threads: u64,
     /// Seconds (0: until --events).
@@ -118,6 +138,7 @@ pub struct FileioArgs {
     /// Size of a new image.
     #[arg(long, default_value = "8G", value_parser = size)]
     pub size: u64,
+    /// Seed of the random requests.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// End with a power failure instead of an unmount, recover (log

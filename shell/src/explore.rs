@@ -9,6 +9,12 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  btrkit-shell explore disk.img workload.scn\n  \
+btrkit-shell explore disk.img workload.scn --random 4 --seed 9 --save bad/\n  \
+btrkit-shell explore x.img raid1.scn --json       # raid1.scn: devices 2 ...\n\n\
+Exit status: 0 every crash recovered as promised, 1 a violation (listed), 2 the run could not start."
+)]
 pub struct ExploreArgs {
     /// The starting image (made from the script's mkfs and fssize when
     /// missing). It is not changed: the run writes to memory.

@@ -10,61 +10,8 @@ use rustyline::hint::Hinter;
 use rustyline::validate::Validator;
 use rustyline::{Context, Editor, Helper};
 use std::cell::RefCell;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
-
-const VERBS: &[&str] = &[
-    "mkdir",
-    "create",
-    "write",
-    "dwrite",
-    "mwrite",
-    "msync",
-    "sync-range",
-    "truncate",
-    "fallocate",
-    "punch",
-    "zero-range",
-    "collapse",
-    "clone",
-    "link",
-    "symlink",
-    "rename",
-    "unlink",
-    "rmdir",
-    "setxattr",
-    "removexattr",
-    "fsync",
-    "fdatasync",
-    "sync",
-    "chmod",
-    "chown",
-    "touch",
-    "mknod",
-    "mkfifo",
-    "tmpfile",
-    "open-fd",
-    "close-fd",
-    "evict",
-    "sleep",
-    "remount",
-    "subvol-create",
-    "snapshot",
-    "subvol-delete",
-    "subvol-set-default",
-    "quota-enable",
-    "balance-metadata",
-    "writefiles",
-    "crash",
-    "read",
-    "ls",
-    "stat",
-    "stats",
-    "set",
-    "expect",
-    "help",
-    "quit",
-];
 
 struct ShellHelper {
     session: Rc<RefCell<Option<Session>>>,
@@ -81,16 +28,27 @@ impl Completer for ShellHelper {
         let head = &line[..pos];
         let start = head.rfind(char::is_whitespace).map(|i| i + 1).unwrap_or(0);
         let word = &head[start..];
-        if start == 0 {
-            let c = VERBS
-                .iter()
+        let before: Vec<&str> = head[..start].split_whitespace().collect();
+        // Words from a fixed list: the verb, `help`'s verb, `set`'s switch,
+        // `expect`'s kind (and `expect post`'s step).
+        let fixed: Option<Vec<&str>> = match before.as_slice() {
+            [] | ["expect", "post"] => Some(crate::verbs::names().collect()),
+            ["help"] => Some(crate::verbs::names().collect()),
+            ["set"] => Some(crate::verbs::SWITCHES.to_vec()),
+            ["set", _] => Some(vec!["on", "off"]),
+            ["expect"] => Some(crate::verbs::expect_kinds().collect()),
+            _ => None,
+        };
+        if let Some(list) = fixed {
+            let c = list
+                .into_iter()
                 .filter(|v| v.starts_with(word))
                 .map(|v| Pair {
                     display: v.to_string(),
                     replacement: format!("{v} "),
                 })
                 .collect();
-            return Ok((0, c));
+            return Ok((start, c));
         }
         // A path: complete the last component from the directory's entries.
         let (dir, part) = match word.rfind('/') {
@@ -159,8 +117,13 @@ pub fn run(image: &Path, extra: &[std::path::PathBuf]) -> i32 {
     ed.set_helper(Some(ShellHelper {
         session: cell.clone(),
     }));
+    let history = history_file();
+    if let Some(h) = &history {
+        // A missing or unreadable file is an empty history.
+        let _ = ed.load_history(h);
+    }
     println!(
-        "btrkit-shell on {} (help: verbs; quit or ^D: unmount and leave)",
+        "btrkit-shell on {} (help [VERB]; Tab completes; quit or ^D: unmount and leave)",
         image.display()
     );
     let mut n = 0usize;
@@ -183,8 +146,17 @@ pub fn run(image: &Path, extra: &[std::path::PathBuf]) -> i32 {
         if t == "quit" || t == "exit" {
             break;
         }
-        if t == "help" {
-            println!("{}", VERBS.join(" "));
+        if let Some(rest) = t
+            .strip_prefix("help")
+            .filter(|r| r.is_empty() || r.starts_with(' '))
+        {
+            match rest.trim() {
+                "" => println!("{}", crate::verbs::overview()),
+                v => match crate::verbs::find(v) {
+                    Some(v) => println!("{}", crate::verbs::help(v)),
+                    None => eprintln!("help: no verb {v:?} (help lists them)"),
+                },
+            }
             continue;
         }
         let mut sc = Script::parse("interactive", "").unwrap_or_else(|_| unreachable_script());
@@ -221,6 +193,11 @@ pub fn run(image: &Path, extra: &[std::path::PathBuf]) -> i32 {
             );
         }
     }
+    if let Some(h) = &history {
+        if let Err(e) = ed.save_history(h) {
+            eprintln!("btrkit-shell: history not saved to {}: {e}", h.display());
+        }
+    }
     let s = cell.borrow_mut().take();
     match s.map(|s| s.close(true)) {
         Some(Err(e)) => {
@@ -229,6 +206,27 @@ pub fn run(image: &Path, extra: &[std::path::PathBuf]) -> i32 {
         }
         _ => 0,
     }
+}
+
+/// Where the history lives: `$XDG_STATE_HOME/btrkit/shell_history`, else
+/// `~/.local/state/btrkit/shell_history` (the XDG default); None (no
+/// history kept) when neither is set or the directory cannot be made.
+pub fn history_file() -> Option<PathBuf> {
+    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    let state = match nonempty("XDG_STATE_HOME") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(nonempty("HOME")?).join(".local/state"),
+    };
+    let dir = state.join("btrkit");
+    std::fs::create_dir_all(&dir).ok()?;
+    let file = dir.join("shell_history");
+    // Written at the end of the session: find out now that it cannot be.
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+        .ok()?;
+    Some(file)
 }
 
 fn unreachable_script() -> Script {

@@ -5,6 +5,7 @@ mod bench;
 mod explore;
 mod interactive;
 mod run;
+mod verbs;
 
 // The engine allocates and frees many small buffers per file operation
 // (pages, item buffers, tree paths); mimalloc's per-size free lists keep
@@ -25,7 +26,12 @@ steps (mkdir, write, fsync, rename, crash, ...) and expect lines, plus read, ls,
 set NAME on|off.\n\nExamples:\n  btrkit-shell disk.img workload.scn      # disk.img is made from the script's mkfs/fssize if missing\n  \
 echo 'write /f 0 4K' | btrkit-shell disk.img -\n  btrkit-shell disk.img                   # interactive\n  \
 btrkit-shell explore disk.img workload.scn --random 4 --json\n  \
-btrkit-shell a.img --device b.img raid1.scn     # raid1.scn says: devices 2, mkfs -m raid1 -d raid1",
+btrkit-shell a.img --device b.img raid1.scn     # raid1.scn says: devices 2, mkfs -m raid1 -d raid1\n  \
+btrkit-shell verbs write                # a verb's syntax and an example (help VERB when interactive)\n\n\
+Interactive: help [VERB], completion of verbs and of paths in the image (Tab), history in \
+$XDG_STATE_HOME/btrkit/shell_history (~/.local/state/btrkit/shell_history).\n\n\
+Exit status: 0 the script ran and every expectation holds, 1 a step or an expectation failed or \
+the image could not be opened, 2 the script could not be read or parsed (or usage).",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -52,9 +58,25 @@ enum Cmd {
     /// unflushed writes), recover each image, check it and every fsync's
     /// promise; exit 1 on a violation.
     Explore(explore::ExploreArgs),
-    /// Benchmarks on btrkit's engine (sysbench's fileio).
-    #[command(subcommand)]
+    /// Benchmarks on btrkit's engine (sysbench's fileio, dbench).
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  btrkit-shell bench fileio f.img --file-test-mode rndwr\n  \
+btrkit-shell bench dbench d.img /usr/share/dbench/client.txt --clients 4\n\n\
+Exit status: 0 done, 1 failed, 2 usage."
+    )]
     Bench(bench::BenchCmd),
+    /// List the script language's verbs, or show one: its syntax, what it
+    /// does and an example (as `help VERB` in the interactive shell).
+    #[command(
+        after_help = "Examples:\n  btrkit-shell verbs\n  btrkit-shell verbs fsync\n\n\
+Exit status: 0 shown, 2 no such verb (or usage)."
+    )]
+    Verbs {
+        /// The verb to show; without one, all of them.
+        #[arg(value_parser = verbs::value_parser(), hide_possible_values = true)]
+        verb: Option<String>,
+    },
 }
 
 /// Keep freed memory mapped. mimalloc's default hands memory unused for
@@ -76,11 +98,19 @@ fn tune_allocator() {
 }
 
 fn main() {
+    btrkit_cli::generate::handle::<Cli>();
     tune_allocator();
     let cli = Cli::parse();
     match &cli.cmd {
         Some(Cmd::Explore(a)) => std::process::exit(explore::run(a)),
         Some(Cmd::Bench(b)) => std::process::exit(bench::run(b)),
+        Some(Cmd::Verbs { verb }) => {
+            match verb.as_deref().and_then(verbs::find) {
+                Some(v) => println!("{}", verbs::help(v)),
+                None => println!("{}", verbs::overview()),
+            }
+            std::process::exit(0);
+        }
         None => {}
     }
     let Some(image) = &cli.image else {

@@ -12,6 +12,7 @@ mod progress;
 use clap::Parser;
 
 fn main() {
+    btrkit_cli::generate::handle::<cli::Args>();
     let args = match cli::Args::try_parse() {
         Ok(a) => a,
         Err(e) => {
