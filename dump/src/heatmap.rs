@@ -258,10 +258,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         devids
             .into_iter()
             .map(|d| {
-                let name = if img.device_of(d).is_some() {
-                    format!("devid {d} ({})", img.device_name(d))
-                } else {
-                    format!("devid {d} (missing)")
+                // A set names its members; a single image is the path given.
+                let name = match (img.device_of(d).is_some(), img.multi_device()) {
+                    (true, true) => img.device_name(d),
+                    (true, false) => format!("devid {d} ({})", a.devs.first().display()),
+                    (false, _) => format!("devid {d} (missing)"),
                 };
                 (Space::Physical(d), name)
             })
