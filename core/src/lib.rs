@@ -15,6 +15,7 @@ pub mod devices;
 pub mod error;
 pub mod format;
 pub mod fs;
+pub mod heatmap;
 pub mod image;
 pub mod io;
 pub mod log;

@@ -1,6 +1,6 @@
 //! The layer order of `core/src`: no module names a module above it
 //! (format, util, io, chunk, tree, alloc, trans, fs, log, check,
-//! restore, rescue and mount_view, mkfs, tune, workload; the top-level files sit
+//! restore, rescue, mount_view and heatmap, mkfs, tune, workload; the top-level files sit
 //! in the layer of what they are). A module's own tests (from its
 //! `#[cfg(test)]` on) may use anything.
 
@@ -19,7 +19,7 @@ const LAYERS: &[&[&str]] = &[
     &["trans"],
     &["fs"],
     &["log"],
-    &["check", "restore", "rescue", "mount_view", "usage"],
+    &["check", "restore", "rescue", "mount_view", "usage", "heatmap"],
     &["mkfs"],
     &["tune"],
     &["workload"],

@@ -2,6 +2,7 @@
 //! Btrfs image. Read-only: the image is opened without write access.
 
 mod devices;
+mod heatmap;
 mod json;
 mod log;
 mod render;
@@ -17,7 +18,7 @@ use clap::{Parser, Subcommand};
     name = "btrkit-dump",
     version,
     about = "Inspect a Btrfs image: superblock, trees, and the fsync log",
-    after_help = "Examples:\n  btrkit-dump super disk.img --all-mirrors\n  btrkit-dump tree a.img b.img --tree chunk   (a filesystem on two devices)\n  btrkit-dump tree disk.img --tree fs\n  btrkit-dump tree disk.img --block 30408704\n  btrkit-dump log crash.img --json"
+    after_help = "Examples:\n  btrkit-dump super disk.img --all-mirrors\n  btrkit-dump tree a.img b.img --tree chunk   (a filesystem on two devices)\n  btrkit-dump tree disk.img --tree fs\n  btrkit-dump tree disk.img --block 30408704\n  btrkit-dump log crash.img --json\n  btrkit-dump heatmap disk.img -o disk.png"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -32,6 +33,8 @@ enum Cmd {
     Tree(tree::Args),
     /// Print the fsync log, one section per logged inode.
     Log(log::Args),
+    /// Draw where block groups lie and how full they are (PNG or terminal).
+    Heatmap(heatmap::Args),
 }
 
 fn main() {
@@ -41,6 +44,7 @@ fn main() {
         Cmd::Super(a) => super_cmd::run(a),
         Cmd::Tree(a) => tree::run(a),
         Cmd::Log(a) => log::run(a),
+        Cmd::Heatmap(a) => heatmap::run(a),
     };
     match r {
         Ok(code) => std::process::exit(code),
