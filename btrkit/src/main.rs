@@ -29,6 +29,7 @@ enum Group {
 }
 
 fn main() {
+    btrkit_cli::generate::handle::<Cli>();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
     name = "btrkit-dump",
     version,
     about = "Inspect a Btrfs image: superblock, trees, and the fsync log",
-    after_help = "Examples:\n  btrkit-dump super disk.img --all-mirrors\n  btrkit-dump tree a.img b.img --tree chunk   (a filesystem on two devices)\n  btrkit-dump tree disk.img --tree fs\n  btrkit-dump tree disk.img --block 30408704\n  btrkit-dump log crash.img --json\n  btrkit-dump heatmap disk.img -o disk.png"
+    after_help = "Examples:\n  btrkit-dump super disk.img --all-mirrors\n  btrkit-dump tree a.img b.img --tree chunk   (a filesystem on two devices)\n  btrkit-dump tree disk.img --tree fs\n  btrkit-dump tree disk.img --block 30408704\n  btrkit-dump log crash.img --json\n  btrkit-dump heatmap disk.img -o disk.png\n\nExit status: 0 done, 1 an error (one line on stderr), 2 usage error; a subcommand's page names any other it uses."
 )]
 struct Cli {
     #[command(subcommand)]

@@ -162,15 +162,11 @@ fn man_pages_render_without_warnings_and_name_every_flag() {
             );
             if path.is_empty() {
                 assert!(t.contains("EXAMPLES"), "{}: no examples:\n{t}", f.display());
-                // btrkit-dump's exit status is on its subcommands' pages;
-                // its top-level help names none yet.
-                if bin != "btrkit-dump" {
-                    assert!(
-                        t.contains("EXIT STATUS"),
-                        "{}: no exit status:\n{t}",
-                        f.display()
-                    );
-                }
+                assert!(
+                    t.contains("EXIT STATUS"),
+                    "{}: no exit status:\n{t}",
+                    f.display()
+                );
             }
             pages += 1;
         }

@@ -172,7 +172,10 @@ impl TreeIter<'_> {
     /// Logical addresses of the blocks from the root down to the leaf of
     /// the item [`TreeIter::next_item`] returned last.
     pub fn path_blocks(&self) -> Vec<u64> {
-        self.path.iter().map(|(n, _)| n.header().bytenr.get()).collect()
+        self.path
+            .iter()
+            .map(|(n, _)| n.header().bytenr.get())
+            .collect()
     }
 }
 
