@@ -249,6 +249,10 @@ fn degraded_replay_matches_the_kernel() {
             }
         }
     }
+    // BTRKIT_ONLY=NAME: only the scenarios whose name contains NAME.
+    if let Ok(only) = std::env::var("BTRKIT_ONLY") {
+        corpus.retain(|(s, _)| s.name.contains(&only));
+    }
     let results = kcrash::parallel_map(&corpus, kcrash::max_jobs(), |_, (s, (n, args, lose))| {
         (
             format!("{} on {args:?} without {lose:?}", s.name),
