@@ -2,6 +2,7 @@
 //! each one's own clap arguments (`#[command(flatten)]`).
 
 pub mod generate;
+pub mod progress;
 
 use btrkit_core::restore::{LogMode, ReadOptions, RootChoice};
 use std::path::PathBuf;

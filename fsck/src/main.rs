@@ -4,7 +4,7 @@
 //! `btrkit-fsck rescue NAME IMAGE...` runs one of btrfs rescue's commands.
 
 mod cli;
-mod progress;
+use btrkit_cli::progress;
 mod render;
 mod repair;
 mod rescue;

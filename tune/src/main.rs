@@ -7,7 +7,7 @@
 //! 2 usage error.
 
 mod cli;
-mod progress;
+use btrkit_cli::progress;
 
 use clap::Parser;
 

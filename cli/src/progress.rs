@@ -1,14 +1,18 @@
-//! The progress bar: drawn on stderr only when asked and stderr is a terminal.
+//! The phase progress bar of the tools that report `check::Progress`
+//! (btrkit-fsck, btrkit-tune): drawn on stderr only when asked and stderr
+//! is a terminal.
 
 use btrkit_core::check::Progress;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 
+/// A bar per phase: its name, a count of units against the phase's total.
 pub struct Bar {
     pb: Option<ProgressBar>,
 }
 
 impl Bar {
+    /// A bar, hidden unless `wanted` and stderr is a terminal.
     pub fn new(wanted: bool) -> Bar {
         if !wanted || !std::io::stderr().is_terminal() {
             return Bar { pb: None };
@@ -22,6 +26,7 @@ impl Bar {
         pb.set_style(style);
         Bar { pb: Some(pb) }
     }
+    /// Clear the bar.
     pub fn finish(&self) {
         if let Some(pb) = &self.pb {
             pb.finish_and_clear();
