@@ -5,7 +5,7 @@
 
 use super::{done, open_store};
 use crate::format::consts::*;
-use crate::format::extent::{parse_extent_item, EXTENT_ITEM_SIZE, TREE_BLOCK_INFO_SIZE};
+use crate::format::extent::{EXTENT_ITEM_SIZE, TREE_BLOCK_INFO_SIZE};
 use crate::format::key::Key;
 use crate::tune::{Ctx, Step};
 use crate::Result;
@@ -66,44 +66,24 @@ pub fn skinny_metadata(ctx: &mut Ctx) -> Result<Step> {
         .phase(1, "skinny metadata", st.sb().bytes_used.get());
     let ns = st.nodesize() as u64;
     let mut converted = 0u64;
-    let mut k = Key::MIN;
-    // Every pass reads one leaf from `k` on and moves `k` past its last
-    // key, so the walk ends after the largest key whatever the tree holds.
-    let mut last_seen: Option<Key> = None;
-    while let Some((_, items)) = st.leaf_from(EXTENT, &k)? {
-        let Some(last) = items.last().map(|(k, _)| *k) else {
-            break;
+    super::each_extent_item(&mut st, |st, key, data, v| {
+        let Some(tbi) = v.tree_block_info else {
+            return Ok(());
         };
-        if last_seen.is_some_and(|l| last <= l) {
-            break;
-        }
-        last_seen = Some(last);
-        for (key, data) in &items {
-            if key.ty != BTRFS_EXTENT_ITEM_KEY {
-                continue;
-            }
-            let v = parse_extent_item(key, data).map_err(|e| e.at(0, *key))?;
-            let Some(tbi) = v.tree_block_info else {
-                continue;
-            };
-            let level = tbi.level;
-            let mut new = Vec::with_capacity(data.len() - TREE_BLOCK_INFO_SIZE);
-            new.extend_from_slice(&data[..EXTENT_ITEM_SIZE]);
-            new.extend_from_slice(&data[EXTENT_ITEM_SIZE + TREE_BLOCK_INFO_SIZE..]);
-            st.delete_item(EXTENT, key)?;
-            st.insert_item(
-                EXTENT,
-                &Key::new(key.objectid, BTRFS_METADATA_ITEM_KEY, level as u64),
-                &new,
-            )?;
-            converted += 1;
-            ctx.progress.advance(ns);
-        }
-        if last == Key::MAX {
-            break;
-        }
-        k = crate::trans::next_key(&last);
-    }
+        let level = tbi.level;
+        let mut new = Vec::with_capacity(data.len() - TREE_BLOCK_INFO_SIZE);
+        new.extend_from_slice(&data[..EXTENT_ITEM_SIZE]);
+        new.extend_from_slice(&data[EXTENT_ITEM_SIZE + TREE_BLOCK_INFO_SIZE..]);
+        st.delete_item(EXTENT, key)?;
+        st.insert_item(
+            EXTENT,
+            &Key::new(key.objectid, BTRFS_METADATA_ITEM_KEY, level as u64),
+            &new,
+        )?;
+        converted += 1;
+        ctx.progress.advance(ns);
+        Ok(())
+    })?;
     st.commit()?;
     Ok(done(
         "skinny-metadata",

@@ -59,6 +59,47 @@ pub(crate) fn done(op: &'static str, lines: Vec<String>) -> Step {
     }
 }
 
+/// Every EXTENT_ITEM of the extent tree, parsed, leaf by leaf, handed to
+/// `visit` with the store so that it may rewrite the item. The walk
+/// resumes past each leaf's last key and stops when a leaf brings no key
+/// past the last one seen, so it ends whatever the visits changed.
+pub(super) fn each_extent_item(
+    st: &mut Store,
+    mut visit: impl FnMut(
+        &mut Store,
+        &crate::format::key::Key,
+        &[u8],
+        crate::format::extent::ExtentView<'_>,
+    ) -> Result<()>,
+) -> Result<()> {
+    use crate::format::key::Key;
+    const EXTENT: u64 = crate::format::consts::BTRFS_EXTENT_TREE_OBJECTID;
+    let mut k = Key::MIN;
+    let mut last_seen: Option<Key> = None;
+    while let Some((_, items)) = st.leaf_from(EXTENT, &k)? {
+        let Some(last) = items.last().map(|(k, _)| *k) else {
+            break;
+        };
+        if last_seen.is_some_and(|l| last <= l) {
+            break;
+        }
+        last_seen = Some(last);
+        for (key, data) in &items {
+            if key.ty != crate::format::consts::BTRFS_EXTENT_ITEM_KEY {
+                continue;
+            }
+            let v =
+                crate::format::extent::parse_extent_item(key, data).map_err(|e| e.at(0, *key))?;
+            visit(st, key, data, v)?;
+        }
+        if last == Key::MAX {
+            break;
+        }
+        k = crate::trans::next_key(&last);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use crate::check::{check_device, CheckOptions, NoProgress};

@@ -15,8 +15,7 @@
 
 use super::{done, open_store};
 use crate::format::consts::*;
-use crate::format::extent::{parse_extent_item, write_inline_refs, InlineRef, EXTENT_ITEM_SIZE};
-use crate::format::key::Key;
+use crate::format::extent::{write_inline_refs, InlineRef, EXTENT_ITEM_SIZE};
 use crate::trans::Store;
 use crate::tune::{Ctx, QuotaChange, Step};
 use crate::{Error, Result};
@@ -135,42 +134,24 @@ pub fn quota(ctx: &mut Ctx, q: QuotaChange) -> Result<Step> {
 /// how many went. The other inline refs stay as they are, in their order.
 fn strip_owner_refs(st: &mut Store, ctx: &Ctx) -> Result<u64> {
     let mut n = 0u64;
-    let mut k = Key::MIN;
-    let mut last_seen: Option<Key> = None;
-    while let Some((_, items)) = st.leaf_from(EXTENT, &k)? {
-        let Some(last) = items.last().map(|(k, _)| *k) else {
-            break;
-        };
-        if last_seen.is_some_and(|l| last <= l) {
-            break;
+    super::each_extent_item(st, |st, key, data, v| {
+        if v.tree_block_info.is_some()
+            || !v.refs.iter().any(|r| matches!(r, InlineRef::Owner { .. }))
+        {
+            return Ok(());
         }
-        last_seen = Some(last);
-        for (key, data) in &items {
-            if key.ty != BTRFS_EXTENT_ITEM_KEY {
-                continue;
-            }
-            let v = parse_extent_item(key, data).map_err(|e| e.at(0, *key))?;
-            if v.tree_block_info.is_some()
-                || !v.refs.iter().any(|r| matches!(r, InlineRef::Owner { .. }))
-            {
-                continue;
-            }
-            let kept: Vec<InlineRef> = v
-                .refs
-                .iter()
-                .filter(|r| !matches!(r, InlineRef::Owner { .. }))
-                .copied()
-                .collect();
-            let mut new = data[..EXTENT_ITEM_SIZE].to_vec();
-            write_inline_refs(&mut new, &kept);
-            st.update_item(EXTENT, key, &new)?;
-            n += 1;
-            ctx.progress.advance(key.offset);
-        }
-        if last == Key::MAX {
-            break;
-        }
-        k = crate::trans::next_key(&last);
-    }
+        let kept: Vec<InlineRef> = v
+            .refs
+            .iter()
+            .filter(|r| !matches!(r, InlineRef::Owner { .. }))
+            .copied()
+            .collect();
+        let mut new = data[..EXTENT_ITEM_SIZE].to_vec();
+        write_inline_refs(&mut new, &kept);
+        st.update_item(EXTENT, key, &new)?;
+        n += 1;
+        ctx.progress.advance(key.offset);
+        Ok(())
+    })?;
     Ok(n)
 }
