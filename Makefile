@@ -7,6 +7,6 @@ DESTDIR ?=
 install:
 	PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" ./scripts/install.sh
 
-# A Debian package in target/debian/ (needs cargo-deb).
+# A Debian package in target/debian/ (dpkg-deb).
 deb:
 	./scripts/package-deb.sh

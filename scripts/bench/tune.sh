@@ -12,6 +12,7 @@
 #   btrkit-tune -q -u --keep-subvol-uuids IMG   what btrfstune -u does
 #   btrkit-tune -q -u IMG                       the same, subvolume UUIDs too
 #   btrfstune -f -u IMG (6.14)
+#   scripts/bench/tune-u-floor.py IMG   the I/O any crash-safe -u must do
 # Prints wall seconds, and "(NOT CLEAN)" when btrfs check 6.14 finds the
 # result damaged. Needs root, btrfs-progs 6.2 (the image) and 6.14
 # (../shared/oracle/progs-new.sh), python3 and a release build.
@@ -34,10 +35,11 @@ fresh() {
 now() { date +%s.%N; }
 verdict() { "$newdir/btrfs" check --readonly "$w" >/dev/null 2>&1 || echo "(NOT CLEAN)"; }
 timed() { local s e; s=$(now); "$@" >/dev/null 2>&1; e=$(now); echo "$e - $s" | bc; }
-echo "run btrkit-u(s) btrkit-u+subvols(s) btrfstune-u(s)"
+echo "run btrkit-u(s) btrkit-u+subvols(s) btrfstune-u(s) io-floor(s)"
 for r in $(seq "$runs"); do
     fresh; a="$(timed "$tune" -q -u --keep-subvol-uuids "$w")$(verdict)"
     fresh; b="$(timed "$tune" -q -u "$w")$(verdict)"
     fresh; c="$(timed "$newdir/btrfstune" -f -u "$w")$(verdict)"
-    echo "$r $a $b $c"
+    fresh; f=$(python3 scripts/bench/tune-u-floor.py "$w" --btrfs "$newdir/btrfs" | sed -n 's/^floor \([0-9.]*\) s$/\1/p')
+    echo "$r $a $b $c $f"
 done

@@ -429,10 +429,19 @@ impl Filesystem {
         if self.store.cache().dirty_bytes() > self.dirty.metadata_limit {
             self.commit("metadata")?;
         }
+        self.trim_caches();
+        Ok(())
+    }
+
+    /// Bring the caches back under their limits: clean tree blocks past
+    /// the block cache's, inodes neither open nor dirty past the inode
+    /// cache's. A reader that never writes (restore, the mount) calls this
+    /// between operations as [`periodic`](Self::periodic) does, so memory
+    /// stays bounded whatever the image's size.
+    pub fn trim_caches(&mut self) {
         self.store.cache_control().trim();
         let dirty = &self.dirty;
         self.inodes.shrink(|l| dirty.is_dirty(l));
-        Ok(())
     }
 
     /// The inode got dirty pages (`first`: it had none).

@@ -25,7 +25,16 @@ pub struct FileDevice {
     path: std::path::PathBuf,
     /// Bytes written since writeback of the file was last started.
     unkicked: std::sync::atomic::AtomicU64,
+    /// Bytes read through the map since its pages were last let go.
+    mapped_reads: std::sync::atomic::AtomicU64,
 }
+
+/// Bytes read through the map after which every page it holds is let go
+/// (MADV_DONTNEED: the page table entries dropped, the pages stay in the
+/// page cache for the next fault). Pages a process maps count as its
+/// resident set, which users read and container limits charge: without
+/// this a whole-image read leaves the image resident in every reader.
+const MAP_RESIDENT: u64 = 8 << 20;
 
 /// Start writeback of the file's dirty pages after this many bytes
 /// written, so the device works while the engine does and the flush that
@@ -61,6 +70,7 @@ impl FileDevice {
             residency_map: std::sync::OnceLock::new(),
             path: path.to_path_buf(),
             unkicked: std::sync::atomic::AtomicU64::new(0),
+            mapped_reads: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -100,6 +110,24 @@ impl FileDevice {
             ));
         }
         Ok(out)
+    }
+
+    /// Count `len` bytes read through the map; past [`MAP_RESIDENT`],
+    /// let every mapped page go. Readers on other threads lose nothing:
+    /// their next access faults the page in again from the page cache.
+    fn note_mapped_read(&self, m: &memmap2::Mmap, len: usize) {
+        use std::sync::atomic::Ordering;
+        let before = self.mapped_reads.fetch_add(len as u64, Ordering::Relaxed);
+        if before < MAP_RESIDENT && before + len as u64 >= MAP_RESIDENT {
+            #[cfg(unix)]
+            // SAFETY: the map is a read-only shared map of a file: dropping
+            // its page table entries changes no byte anyone can read
+            // through it (unlike a private or anonymous map, which
+            // DONTNEED zeroes); slices handed out by `slice` stay valid and
+            // fault their pages in again from the file.
+            let _ = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+            self.mapped_reads.store(0, Ordering::Relaxed);
+        }
     }
 
     /// The open file.
@@ -278,6 +306,7 @@ impl BlockDevice for FileDevice {
                 self.prefetch(offset, buf.len() as u64);
             }
             buf.copy_from_slice(&m[offset as usize..offset as usize + buf.len()]);
+            self.note_mapped_read(m, buf.len());
             return Ok(());
         }
         self.file
@@ -470,7 +499,9 @@ impl BlockDevice for FileDevice {
     fn slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
         let m = self.map.as_ref()?;
         let end = (offset as usize).checked_add(len)?;
-        m.get(offset as usize..end)
+        let s = m.get(offset as usize..end)?;
+        self.note_mapped_read(m, len);
+        Some(s)
     }
 }
 

@@ -201,6 +201,8 @@ pub fn restore(
         Some(Arc::new(DestDir::open_root(dest_path, true)?))
     };
     warm(fs, start.subvol);
+    fs.store.cache_control().set_limit(BLOCK_CACHE);
+    fs.store.set_item_cache_limit(ITEM_CACHE);
     let mut walk = Walk {
         o,
         progress,
@@ -222,11 +224,31 @@ pub fn restore(
         ft: BTRFS_FT_DIR,
         at: None,
     }];
+    // Bounded memory: the engine's caches trimmed every so many entries
+    // (a restore only reads, so nothing else would trim them).
+    let mut visited = 0u64;
     while let Some(e) = stack.pop() {
         walk.visit(fs, e, &mut stack)?;
+        visited += 1;
+        if visited % TRIM_EVERY == 0 {
+            fs.trim_caches();
+        }
     }
     walk.finish(fs)
 }
+
+/// Entries restored between two trims of the engine's caches.
+const TRIM_EVERY: u64 = 1024;
+
+/// Clean tree blocks a restore keeps: it walks each directory once, in
+/// key order, so what it reads again soon is the path above it and the
+/// extent and checksum leaves it is in; the image's pages stay in the
+/// page cache beyond this for the rest.
+const BLOCK_CACHE: usize = 16 << 20;
+
+/// Inode and dir items a restore keeps cached (about 200 bytes each): it
+/// reads each once, so the cache serves only the lookups of one directory.
+const ITEM_CACHE: usize = 16 << 10;
 
 /// A name of a file in the destination: its directory and the name there.
 type NamePlace = (Arc<DirPath>, Vec<u8>);
@@ -999,9 +1021,9 @@ struct WriterState {
 /// Small files handed to a writer at once.
 const BATCH: usize = 64;
 /// Most file bytes read and not yet written (the reader waits above it).
-const IN_FLIGHT_BYTES: u64 = 256 << 20;
+const IN_FLIGHT_BYTES: u64 = 8 << 20;
 /// Most files read and not yet written.
-const IN_FLIGHT_FILES: u64 = 64 << 10;
+const IN_FLIGHT_FILES: u64 = 8 << 10;
 /// Most batches in flight: each holds its directory open, so this bounds
 /// the descriptors a restore holds whatever the tree's shape.
 const IN_FLIGHT_BATCHES: u64 = 256;

@@ -20,9 +20,19 @@ const MAX_ENTRIES: usize = 1 << 17;
 /// Inode and dir items of subvolume trees by (tree, key): each entry is the
 /// item's bytes or "no such item". Cleared wholesale when it reaches its
 /// entry limit; see the module docs for how it stays coherent.
-#[derive(Default)]
 pub struct ItemCache {
     map: FastMap<(TreeId, Key), Option<Box<[u8]>>>,
+    /// Entries kept before starting over.
+    limit: usize,
+}
+
+impl Default for ItemCache {
+    fn default() -> Self {
+        ItemCache {
+            map: FastMap::default(),
+            limit: MAX_ENTRIES,
+        }
+    }
 }
 
 /// Whether items with `key` in `tree` are cached: the two kinds every
@@ -40,10 +50,19 @@ impl ItemCache {
 
     /// The item now is `data` (None: there is none).
     pub fn put(&mut self, tree: TreeId, key: &Key, data: Option<&[u8]>) {
-        if self.map.len() >= MAX_ENTRIES {
+        if self.map.len() >= self.limit {
             self.map.clear();
         }
         self.map.insert((tree, *key), data.map(Box::from));
+    }
+
+    /// Keep at most `entries` (default [`MAX_ENTRIES`]); a lower limit
+    /// than the entries held starts over now, memory given back.
+    pub fn set_limit(&mut self, entries: usize) {
+        self.limit = entries.max(1);
+        if self.map.len() > self.limit {
+            self.map = FastMap::default();
+        }
     }
 
     /// Not known any more (before a change that might not finish).

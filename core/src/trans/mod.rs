@@ -890,6 +890,12 @@ impl Store {
         CacheControl(&mut self.cache)
     }
 
+    /// Inode and dir items the item cache keeps before starting over (a
+    /// reader bounding its memory lowers it).
+    pub fn set_item_cache_limit(&mut self, entries: usize) {
+        self.items.set_limit(entries);
+    }
+
     /// The device the filesystem is on.
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
         self.img.device()

@@ -99,10 +99,10 @@ pub fn change(ctx: &mut Ctx, u: NewUuid) -> Result<Step> {
     let opts = Options { resumed: flagged };
     rewrite::rewrite_listed(
         &img,
-        &[Planned {
+        &mut rewrite::Plan::of(vec![Planned {
             bytenr: root,
             reached: true,
-        }],
+        }]),
         csum,
         &edit,
         opts,
@@ -111,9 +111,9 @@ pub fn change(ctx: &mut Ctx, u: NewUuid) -> Result<Step> {
 
     super::prof("fsid: root block");
     // 3. Every tree block.
-    let blocks = rewrite::plan(&img, ctx.progress)?;
+    let mut plan = rewrite::plan(&img, ctx.progress)?;
     super::prof("fsid: planned");
-    let stats = rewrite::rewrite_listed(&img, &blocks, csum, &edit, opts, ctx.progress)?;
+    let stats = rewrite::rewrite_listed(&img, &mut plan, csum, &edit, opts, ctx.progress)?;
     drop(img);
     super::prof("fsid: blocks rewritten");
 

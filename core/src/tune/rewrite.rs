@@ -13,8 +13,13 @@
 //! extent tree misses a block would come out with that block unreadable,
 //! so it is refused, unchanged.
 //!
-//! How: in batches of ascending address, the blocks are read and edited
-//! in parallel, then written copy by copy: every first copy of the batch
+//! One read pass: every recorded block is read once, in runs of
+//! neighbouring blocks, in parallel (up to [`AHEAD_BYTES`]; beyond that
+//! the walk reads block by block and the rewrite in batches), validated
+//! from memory by the walk and edited from memory by the rewrite.
+//!
+//! How: in batches of ascending address, the blocks are edited in
+//! parallel, then written copy by copy: every first copy of the batch
 //! in ascending device order, a flush, every second copy, a flush (RAID5/6
 //! rows with their parity last). A torn write thus damages at most one
 //! copy of a block, and the other holds the old state or the new. With a
@@ -38,11 +43,12 @@ use crate::format::key::Key;
 use crate::image::{Image, OpenOptions};
 use crate::io::BlockDevice;
 use crate::tree::node::Expect;
+use crate::tree::node::Node;
 use crate::tree::walk::{walk, OnDamage, Place, WalkEvent, WalkOptions};
 use crate::tree::{TreeIter, TreeRoot};
 use crate::{Error, Result};
 use rayon::prelude::*;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
@@ -85,6 +91,11 @@ const BATCH_BYTES: usize = 256 << 20;
 
 /// Longest read or write of neighbouring blocks: 4 MiB.
 const MAX_RUN: usize = 4 << 20;
+
+/// Most bytes of tree blocks [`plan`] reads ahead and keeps for the
+/// rewrite: metadata of a filesystem with tens of millions of files.
+/// Beyond it the walk and the rewrite read for themselves.
+const AHEAD_BYTES: usize = 1 << 30;
 
 /// Open the filesystem on `devs` from their primary superblocks,
 /// accepting blocks that carry any state `accept` allows besides the one
@@ -129,8 +140,8 @@ pub fn rewrite_with(
     progress: &dyn Progress,
 ) -> Result<RewriteStats> {
     let img = open_accepting(devs, accept)?;
-    let blocks = plan(&img, progress)?;
-    rewrite_listed(&img, &blocks, out_csum, edit, opts, progress)
+    let mut plan = plan(&img, progress)?;
+    rewrite_listed(&img, &mut plan, out_csum, edit, opts, progress)
 }
 
 /// A block to rewrite: its address and whether a tree reaches it (one
@@ -143,14 +154,42 @@ pub struct Planned {
     pub reached: bool,
 }
 
+/// What to rewrite: the blocks, and their bytes where read ahead.
+#[derive(Default)]
+pub struct Plan {
+    /// Every block to rewrite, ascending.
+    pub blocks: Vec<Planned>,
+    /// Blocks read ahead (the first copy that could be read, not yet
+    /// validated: the walk validates what it reaches, the rewrite checks
+    /// checksum, address and fsid again). Taken by the rewrite.
+    ahead: HashMap<u64, Node>,
+}
+
+impl Plan {
+    /// A plan of the given blocks, nothing read ahead.
+    pub fn of(blocks: Vec<Planned>) -> Plan {
+        Plan {
+            blocks,
+            ahead: HashMap::new(),
+        }
+    }
+}
+
 /// The tree blocks to rewrite, in ascending address: every block the
 /// extent tree records, after checking that every reachable block is one
 /// of them and valid.
-pub fn plan(img: &Image, progress: &dyn Progress) -> Result<Vec<Planned>> {
+pub fn plan(img: &Image, progress: &dyn Progress) -> Result<Plan> {
     let recorded = recorded_tree_blocks(img)?;
     super::prof("rewrite: extent tree read");
     progress.phase(1, "validating every tree block", recorded.len() as u64);
-    let reached = reachable_blocks(img, progress)?;
+    let ns = img.nodesize as usize;
+    let ahead = if recorded.len().saturating_mul(ns) <= AHEAD_BYTES {
+        read_ahead(img, &recorded, ns)
+    } else {
+        HashMap::new()
+    };
+    super::prof("rewrite: blocks read ahead");
+    let reached = reachable_blocks(img, &ahead, progress)?;
     let set: HashSet<u64> = recorded.iter().copied().collect();
     if let Some(b) = reached.iter().find(|b| !set.contains(b)) {
         return Err(Error::corrupt_as(
@@ -162,13 +201,77 @@ pub fn plan(img: &Image, progress: &dyn Progress) -> Result<Vec<Planned>> {
         ));
     }
     let reached: HashSet<u64> = reached.into_iter().collect();
-    Ok(recorded
+    let blocks = recorded
         .into_iter()
         .map(|bytenr| Planned {
             bytenr,
             reached: reached.contains(&bytenr),
         })
-        .collect())
+        .collect();
+    Ok(Plan { blocks, ahead })
+}
+
+/// Runs of neighbouring blocks of `blocks` (ascending) in one chunk, each
+/// at most [`MAX_RUN`]: (index of the first, count).
+fn runs_of(img: &Image, blocks: &[u64], ns: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut k = 0;
+    while k < blocks.len() {
+        let start = blocks[k];
+        let chunk = img.chunks.lookup(start).map(|m| m.logical);
+        let mut j = k + 1;
+        while j < blocks.len()
+            && blocks[j] == start + ((j - k) * ns) as u64
+            && img.chunks.lookup(blocks[j]).map(|m| m.logical) == chunk
+            && (j - k) * ns < MAX_RUN
+        {
+            j += 1;
+        }
+        out.push((k, j - k));
+        k = j;
+    }
+    out
+}
+
+/// Reads in flight while reading ahead: cold reads overlap on the
+/// device, whatever the number of cores.
+const AHEAD_READERS: usize = 8;
+
+/// Every block of `blocks` read, runs of neighbours as one read,
+/// [`AHEAD_READERS`] runs in flight. A run that cannot be read is left
+/// out: its blocks are read one by one, every copy tried, by whoever
+/// needs them.
+fn read_ahead(img: &Image, blocks: &[u64], ns: usize) -> HashMap<u64, Node> {
+    let runs = runs_of(img, blocks, ns);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let read_runs = || {
+        let mut got: Vec<(u64, Node)> = Vec::new();
+        loop {
+            let r = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(&(k, n)) = runs.get(r) else {
+                return got;
+            };
+            let mut buf = vec![0u8; n * ns];
+            if img.chunks.lookup(blocks[k]).is_none()
+                || img.read_logical(blocks[k], &mut buf).is_err()
+            {
+                continue;
+            }
+            for (c, &b) in buf.chunks(ns).zip(&blocks[k..k + n]) {
+                if let Ok(node) = Node::from_vec(b, c.to_vec()) {
+                    got.push((b, node));
+                }
+            }
+        }
+    };
+    let readers = AHEAD_READERS.min(runs.len()).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..readers).map(|_| s.spawn(read_runs)).collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    })
 }
 
 /// Every tree block address the extent tree records, ascending.
@@ -215,7 +318,12 @@ fn recorded_tree_blocks(img: &Image) -> Result<Vec<u64>> {
 /// then read and validated in parallel; a tree whose deletion was
 /// interrupted is walked by the ordered walk, which knows which of its
 /// subtrees are freed already.
-fn reachable_blocks(img: &Image, progress: &dyn Progress) -> Result<Vec<u64>> {
+fn reachable_blocks(
+    img: &Image,
+    ahead: &HashMap<u64, Node>,
+    progress: &dyn Progress,
+) -> Result<Vec<u64>> {
+    let ctx = img.ctx(false);
     let mut seen: HashSet<u64> = HashSet::new();
     let mut level: Vec<(u64, Expect, u64)> = vec![
         (
@@ -250,15 +358,29 @@ fn reachable_blocks(img: &Image, progress: &dyn Progress) -> Result<Vec<u64>> {
             break;
         }
         for (b, _, _) in &level {
-            img.prefetch_tree_block(*b);
+            if !ahead.contains_key(b) {
+                img.prefetch_tree_block(*b);
+            }
         }
         let read: Vec<Result<Vec<(u64, Expect, u64)>>> = level
             .par_iter()
             .map(|(b, expect, tree)| {
-                let (node, problems) = img.read_tree_block_checked(*b, expect, false)?;
-                if let Some(p) = problems.into_iter().next() {
-                    return Err(p.into_error());
-                }
+                // The copy read ahead when it is valid as this parent
+                // expects it; else the image's own read, which tries
+                // every copy and applies the image's leniencies.
+                let valid_ahead = ahead.get(b).filter(|n| n.validate(&ctx, expect).is_empty());
+                let read;
+                let node = match valid_ahead {
+                    Some(n) => n,
+                    None => {
+                        let (n, problems) = img.read_tree_block_checked(*b, expect, false)?;
+                        if let Some(p) = problems.into_iter().next() {
+                            return Err(p.into_error());
+                        }
+                        read = n;
+                        &read
+                    }
+                };
                 let mut children = Vec::new();
                 if !node.is_leaf() {
                     for slot in 0..node.nritems() {
@@ -343,12 +465,13 @@ struct Edited {
 /// knows) of `img` as [`rewrite_tree_blocks`] does.
 pub fn rewrite_listed(
     img: &Image,
-    blocks: &[Planned],
+    plan: &mut Plan,
     out_csum: CsumType,
     edit: &(dyn Fn(&mut [u8]) -> bool + Sync),
     opts: Options,
     progress: &dyn Progress,
 ) -> Result<RewriteStats> {
+    let blocks = std::mem::take(&mut plan.blocks);
     let mut stats = RewriteStats {
         blocks: blocks.len() as u64,
         ..Default::default()
@@ -356,7 +479,14 @@ pub fn rewrite_listed(
     progress.phase(2, "rewriting tree blocks", blocks.len() as u64);
     let ns = img.nodesize as usize;
     for batch in blocks.chunks((BATCH_BYTES / ns.max(1)).max(1)) {
-        let pre = read_runs(img, batch, ns);
+        let pre: Vec<Option<Vec<u8>>> = if plan.ahead.is_empty() {
+            read_runs(img, batch, ns)
+        } else {
+            batch
+                .iter()
+                .map(|p| plan.ahead.remove(&p.bytenr).map(Node::into_vec))
+                .collect()
+        };
         let edited: Vec<Result<Edited>> = batch
             .par_iter()
             .zip(pre.into_par_iter())
@@ -455,26 +585,15 @@ fn flush_all(img: &Image) -> Result<()> {
 /// chunk as one read (the first copy); None where a run could not be read
 /// (the block is then read on its own, every copy tried).
 fn read_runs(img: &Image, batch: &[Planned], ns: usize) -> Vec<Option<Vec<u8>>> {
+    let addrs: Vec<u64> = batch.iter().map(|p| p.bytenr).collect();
     let mut out: Vec<Option<Vec<u8>>> = Vec::with_capacity(batch.len());
-    let mut k = 0;
-    while k < batch.len() {
-        let start = batch[k].bytenr;
-        let chunk = img.chunks.lookup(start).map(|m| m.logical);
-        let mut j = k + 1;
-        while j < batch.len()
-            && batch[j].bytenr == start + ((j - k) * ns) as u64
-            && img.chunks.lookup(batch[j].bytenr).map(|m| m.logical) == chunk
-            && (j - k) * ns < MAX_RUN
-        {
-            j += 1;
-        }
-        let mut buf = vec![0u8; (j - k) * ns];
-        if chunk.is_some() && img.read_logical(start, &mut buf).is_ok() {
+    for (k, n) in runs_of(img, &addrs, ns) {
+        let mut buf = vec![0u8; n * ns];
+        if img.chunks.lookup(addrs[k]).is_some() && img.read_logical(addrs[k], &mut buf).is_ok() {
             out.extend(buf.chunks(ns).map(|c| Some(c.to_vec())));
         } else {
-            out.extend((k..j).map(|_| None));
+            out.extend((0..n).map(|_| None));
         }
-        k = j;
     }
     out
 }
