@@ -8,6 +8,8 @@
 #   PROFILE=release (default) or dev     the build to package
 #   --no-build                           package what is built already
 #   DEBDIR=DIR (default <target>/debian)  where the .deb and its staging tree go
+#   DEB_COMPRESS=xz|gzip|none (default xz) the members' compression (a debug
+#                                        build is large: the tests use none)
 #
 # Prints the path of the .deb as its last line.
 set -euo pipefail
@@ -18,7 +20,7 @@ install_args=()
 for a in "$@"; do
   case "$a" in
     --no-build) install_args+=(--no-build) ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "package-deb.sh: unknown argument $a (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -80,5 +82,5 @@ installed_kib=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
 
 deb="$debdir/${name}_${version}_${arch}.deb"
 rm -f "$deb"
-dpkg-deb --root-owner-group -Zxz --build "$stage" "$deb" >&2
+dpkg-deb --root-owner-group -Z"${DEB_COMPRESS:-xz}" --build "$stage" "$deb" >&2
 echo "$deb"

@@ -637,3 +637,94 @@ fn mount_in_the_foreground_unmounts_on_ctrl_c() {
     assert!(st.success(), "{st:?}");
     assert!(!mounted(), "still mounted after Ctrl-C");
 }
+
+/// Peak resident set (KiB: anonymous and mapped pages, `ru_maxrss`) of
+/// `args` run to its end, and whether it succeeded: measured by a python3
+/// parent whose only child it is (this test process has other children).
+fn peak_rss_kib(args: &[&std::ffi::OsStr]) -> (bool, i64) {
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import resource, subprocess, sys\n\
+             r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)\n\
+             print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
+        )
+        .args(args)
+        .output()
+        .expect("python3");
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut w = t.split_whitespace();
+    let rc: i32 = w.next().and_then(|x| x.parse().ok()).unwrap_or(-1);
+    let kib: i64 = w.next().and_then(|x| x.parse().ok()).unwrap_or(i64::MAX);
+    (rc == 0, kib)
+}
+
+/// A restore's memory is bounded whatever the image holds: the engine's
+/// caches are trimmed as it goes, the reader's lead is bounded and the
+/// image's mapped pages are let go. An image holding four times the bound
+/// in file data (and thousands of files) restores in less than the bound;
+/// before, the whole image ended up mapped into the process.
+#[test]
+fn restore_memory_is_bounded() {
+    if !btrkit_tests::fixtures::have_cmd("python3") {
+        btrkit_tests::env::skip("python3 is not installed");
+        return;
+    }
+    const BOUND_KIB: i64 = 96 << 10;
+    let d = tempfile::tempdir().expect("tempdir");
+    let src = d.path().join("src");
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut total = 0u64;
+    for dir in 0..40 {
+        let sub = src.join(format!("d{dir:02}"));
+        std::fs::create_dir_all(&sub).expect("mkdir");
+        for f in 0..250 {
+            // 16-80 KiB of bytes no compression would shrink.
+            let len = 16384 + (seed % 65536) as usize;
+            let mut data = vec![0u8; len];
+            for b in data.chunks_mut(8) {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let w = seed.to_le_bytes();
+                b.copy_from_slice(&w[..b.len()]);
+            }
+            total += len as u64;
+            std::fs::write(sub.join(format!("f{f:03}")), &data).expect("write");
+        }
+    }
+    assert!(
+        total > 4 * (BOUND_KIB as u64) * 1024,
+        "{total} bytes of data"
+    );
+    let img = d.path().join("i.img");
+    btrkit_tests::hostile::mkfs_rootdir_image(&src, &img, "1G").expect("mkfs");
+    let out = d.path().join("out");
+    let bin = restore_bin();
+    let (ok, kib) = peak_rss_kib(&[
+        bin.as_os_str(),
+        "-q".as_ref(),
+        img.as_os_str(),
+        out.as_os_str(),
+    ]);
+    assert!(ok, "restore failed");
+    let files = walkdir_count(&out);
+    assert_eq!(files, 40 * 250, "files restored");
+    assert!(
+        kib < BOUND_KIB,
+        "peak RSS {kib} KiB for {total} bytes of data: not bounded by {BOUND_KIB} KiB"
+    );
+}
+
+fn walkdir_count(p: &Path) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir(p).expect("read_dir") {
+        let e = e.expect("entry");
+        if e.file_type().expect("type").is_dir() {
+            n += walkdir_count(&e.path());
+        } else {
+            n += 1;
+        }
+    }
+    n
+}
