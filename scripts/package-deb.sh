@@ -52,6 +52,11 @@ debdir=${DEBDIR:-$target_dir/debian}
 stage="$debdir/stage"
 rm -rf "$stage"
 DESTDIR="$stage" PREFIX=/usr ./scripts/install.sh "${install_args[@]}" >&2
+# A package ships binaries without their debug information (the release
+# profile keeps it for profiling), as dh_strip does.
+if command -v strip >/dev/null 2>&1; then
+  strip --strip-debug "$stage"/usr/bin/*
+fi
 # Debian's zsh looks in vendor-completions; site-functions is for the admin.
 mkdir -p "$stage/usr/share/zsh/vendor-completions"
 mv "$stage"/usr/share/zsh/site-functions/* "$stage/usr/share/zsh/vendor-completions/"
