@@ -29,6 +29,11 @@ pub struct FileDevice {
     mapped_reads: std::sync::atomic::AtomicU64,
 }
 
+/// Reads this large bypass the map: one `pread` is one request to the
+/// device, with the kernel's readahead for the file behind it, where the
+/// map would take a fault per page and a copy all the same.
+const MAP_READ_MAX: usize = 64 << 10;
+
 /// Bytes read through the map after which every page it holds is let go
 /// (MADV_DONTNEED: the page table entries dropped, the pages stay in the
 /// page cache for the next fault). Pages a process maps count as its
@@ -298,7 +303,7 @@ impl BlockDevice for FileDevice {
         if end.is_none_or(|e| e > self.size) {
             return Err(past_end(offset, buf.len(), self.size));
         }
-        if let Some(m) = &self.map {
+        if let Some(m) = self.map.as_ref().filter(|_| buf.len() < MAP_READ_MAX) {
             // The map is advised random (no readahead past what is asked),
             // so a read of several pages would fault them in one by one:
             // one hint first makes it one I/O when they are not cached.
@@ -315,7 +320,7 @@ impl BlockDevice for FileDevice {
     }
     fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         let end = offset.checked_add(len as u64);
-        if end.is_none_or(|e| e > self.size) || self.map.is_some() {
+        if end.is_none_or(|e| e > self.size) || (self.map.is_some() && len < MAP_READ_MAX) {
             let mut v = vec![0u8; len];
             self.read_at(offset, &mut v)?;
             return Ok(v);
