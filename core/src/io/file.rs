@@ -527,6 +527,50 @@ mod tests {
         assert!(dev.read_vec(90_000, 20_000).is_err());
     }
 
+    /// Through the map or around it, small reads and large, before and
+    /// after the map lets its pages go: the file's bytes, always; and a
+    /// slice taken before the pages went still reads them.
+    #[test]
+    fn mapped_reads_are_the_file_across_releases() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let len = (3 * MAP_RESIDENT as usize) + 12_345;
+        let data: Vec<u8> = (0..len as u64)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        std::fs::write(f.path(), &data).unwrap();
+        let dev = FileDevice::open_mmap(f.path()).unwrap();
+        assert!(dev.map.is_some());
+        let early = dev.slice(4096, 8192).unwrap();
+        // First every byte through the map (the pages let go three
+        // times), then sizes on both sides of MAP_READ_MAX.
+        let mut through_map = 0u64;
+        for sizes in [
+            &[4096, MAP_READ_MAX - 1][..],
+            &[4096, MAP_READ_MAX - 1, MAP_READ_MAX, 1 << 20],
+        ] {
+            let (mut off, mut k) = (0usize, 0usize);
+            while off < len {
+                let n = sizes[k % sizes.len()].min(len - off);
+                let mut buf = vec![0u8; n];
+                dev.read_at(off as u64, &mut buf).unwrap();
+                assert_eq!(buf, data[off..off + n], "read of {n} at {off}");
+                assert_eq!(dev.read_vec(off as u64, n).unwrap(), data[off..off + n]);
+                if n < MAP_READ_MAX {
+                    through_map += 2 * n as u64;
+                }
+                off += n;
+                k += 1;
+            }
+        }
+        // The count started over: the pages were let go.
+        let left = dev.mapped_reads.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            through_map > 3 * MAP_RESIDENT && left < MAP_RESIDENT,
+            "{left} of {through_map}"
+        );
+        assert_eq!(early, &data[4096..4096 + 8192]);
+    }
+
     /// A file on tmpfs (no block device) counts as spinning, as a loop
     /// device over it does; a file on a block device gets that device's
     /// flag from sysfs.
