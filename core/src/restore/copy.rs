@@ -230,7 +230,7 @@ pub fn restore(
     while let Some(e) = stack.pop() {
         walk.visit(fs, e, &mut stack)?;
         visited += 1;
-        if visited % TRIM_EVERY == 0 {
+        if visited.is_multiple_of(TRIM_EVERY) {
             fs.trim_caches();
         }
     }
