@@ -12,6 +12,11 @@
 # and prints wall seconds and each image's bytes_used (superblock).
 # With `shrink`, both run with --shrink onto an image file that does not
 # exist yet, and the image file sizes are printed too.
+# With SOURCE=mixed in the environment the source is instead
+# DIR/mixed-TOTAL_MB (scripts/bench/make-mixed-tree.py: a tree shaped like
+# a system directory: text, executable-like and incompressible files from
+# empty to 8 MiB, symlinks, hard links, nested directories; NFILES is then
+# ignored).
 # Needs btrfs-progs 6.14 (../shared/oracle/progs-new.sh) and a release build.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,8 +26,13 @@ n=${3:-20000}
 mb=${4:-200}
 shrink=${5:-}
 mkdir -p "$dir"
-src=$dir/src-$n
-python3 scripts/bench/make-rootdir-source.py "$src" "$n" "$mb" text
+if [ "${SOURCE:-}" = mixed ]; then
+    src=$dir/mixed-$mb
+    python3 scripts/bench/make-mixed-tree.py "$src" "$mb"
+else
+    src=$dir/src-$n
+    python3 scripts/bench/make-rootdir-source.py "$src" "$n" "$mb" text
+fi
 new=$(bash ../shared/oracle/progs-new.sh)
 cargo build --release -q -p btrkit-mkfs
 ours=$PWD/target/release/btrkit-mkfs
