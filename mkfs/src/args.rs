@@ -36,6 +36,13 @@ pub struct Args {
     /// zstd 1-15, or no), in 128 KiB extents kept where they save space.
     #[arg(long = "compress", value_name = "ALGO[:LEVEL]")]
     pub compress: Option<String>,
+    /// With --compress: decide as the kernel does under `-o
+    /// compress-force` (every 512 KiB run tried, no file given up on)
+    /// instead of `-o compress` (a heuristic, and a file given up on at its
+    /// first piece that does not shrink): a smaller image where files mix
+    /// compressible and incompressible bytes, for more time compressing.
+    #[arg(long = "compress-force")]
+    pub compress_force: bool,
     /// With --rootdir: make SUBDIR (relative to it) a subvolume; TYPE rw
     /// (default), ro, default (also the default subvolume) or default-ro.
     /// Repeatable.
@@ -170,6 +177,14 @@ impl Args {
                     )
                 })?),
             };
+        }
+        if self.compress_force {
+            if self.compress.is_none() {
+                bail!(
+                    "--compress-force needs --compress ALGO (it changes how files are compressed)"
+                );
+            }
+            o.compress_force = true;
         }
         if self.shrink {
             if self.rootdir.is_none() {

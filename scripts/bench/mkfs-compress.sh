@@ -17,6 +17,7 @@
 # a system directory: text, executable-like and incompressible files from
 # empty to 8 MiB, symlinks, hard links, nested directories; NFILES is then
 # ignored).
+# OURS_EXTRA="--compress-force" (say) is added to btrkit-mkfs's options.
 # Needs btrfs-progs 6.14 (../shared/oracle/progs-new.sh) and a release build.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,6 +51,6 @@ for r in $(seq "$runs"); do
     fresh "$dir/p.img"; cold
     a=$(secs "$new/mkfs.btrfs" -q -f --compress zstd "${extra[@]}" "${sv[@]}" --rootdir "$src" "$dir/p.img")
     fresh "$dir/o.img"; cold
-    b=$(secs "$ours" -q -f --compress zstd "${extra[@]}" "${sv[@]}" --rootdir "$src" "$dir/o.img")
+    b=$(secs "$ours" -q -f --compress zstd ${OURS_EXTRA:-} "${extra[@]}" "${sv[@]}" --rootdir "$src" "$dir/o.img")
     echo "$r $a $b $(used "$dir/p.img") $(used "$dir/o.img") $(size "$dir/p.img") $(size "$dir/o.img")"
 done

@@ -218,6 +218,74 @@ fn compression_as_mkfs_btrfs_6_14() {
     }
 }
 
+/// `--compress-force`: every file's compressed ranges are those of the
+/// kernel's `cp -a` onto a mount with `-o compress-force=ALGO` (no
+/// heuristic, no file given up on), the image is clean and every file
+/// reads back equal; and it compresses at least what `--compress` does.
+#[test]
+fn compress_force_as_the_kernel() {
+    skip_unless!(require_kernel_mount());
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    source(&src);
+    let want = without_host_fields(&kcrash::manifest_of_tree(&src).unwrap(), true);
+    let total = |m: &BTreeMap<String, Vec<(u64, u64)>>| -> u64 {
+        m.values().flatten().map(|(a, b)| b - a).sum()
+    };
+    for algo in ["zlib", "lzo", "zstd"] {
+        let mut enc = Vec::new();
+        for force in [false, true] {
+            let ours = t.path().join(format!("ours-{algo}-{force}.img"));
+            let mut c = Command::new(bin_path("btrkit-mkfs"));
+            c.args(["-q", "-f", "-b", "256M", "--compress", algo]);
+            if force {
+                c.arg("--compress-force");
+            }
+            must_run(c.arg("--rootdir").arg(&src).arg(&ours));
+            for btrfs in [Progs::Distro, Progs::New] {
+                if btrfs == Progs::New && progs_new_dir().is_none() {
+                    continue;
+                }
+                checks_clean(btrfs, &ours).unwrap_or_else(|e| panic!("{algo}: {e}"));
+            }
+            let m = LoopMount::new(&ours, "ro").unwrap();
+            let got = without_host_fields(&kcrash::manifest_of_tree(m.path()).unwrap(), true);
+            assert!(got == want, "{algo}: {}", want.short_diff(&got, 8));
+            enc.push(encoded(m.path()));
+        }
+        let kimg = t.path().join(format!("kernel-{algo}.img"));
+        std::fs::File::create(&kimg)
+            .unwrap()
+            .set_len(256 << 20)
+            .unwrap();
+        must_run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&kimg));
+        let m = LoopMount::new(&kimg, &format!("compress-force={algo}")).unwrap();
+        must_run(
+            Command::new("cp")
+                .arg("-a")
+                .arg(format!("{}/.", src.display()))
+                .arg(m.path()),
+        );
+        must_run(&mut Command::new("sync"));
+        let kernel_enc = encoded(m.path());
+        drop(m);
+        assert_eq!(
+            enc[1].keys().collect::<Vec<_>>(),
+            kernel_enc.keys().collect::<Vec<_>>()
+        );
+        for (path, k) in &kernel_enc {
+            assert_eq!(
+                &enc[1][path], k,
+                "{algo}: compressed ranges of {path} under compress-force (kernel's)"
+            );
+        }
+        assert!(
+            total(&enc[1]) >= total(&enc[0]),
+            "{algo}: --compress-force compressed less than --compress"
+        );
+    }
+}
+
 #[test]
 fn options_around_compression() {
     skip_unless!(require_kernel_mount());
@@ -235,6 +303,10 @@ fn options_around_compression() {
     };
     let p = img.to_str().unwrap();
     one_line(&["-b", "200M", "--compress", "zstd", p], "needs --rootdir");
+    one_line(
+        &["-b", "200M", "--compress-force", "-r", "/etc", p],
+        "--compress-force needs --compress",
+    );
     one_line(
         &["-b", "200M", "--compress", "brotli", "-r", "/etc", p],
         "unknown compression",

@@ -330,6 +330,7 @@ fn fill(
 ) -> crate::Result<(RootdirStats, Option<u64>)> {
     let opts = RootdirOptions {
         compress: req.options.compress,
+        compress_force: req.options.compress_force,
         subvols: req.subvols.clone(),
         inode_flags: req.inode_flags.clone(),
         reflink: req.reflink,

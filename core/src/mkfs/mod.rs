@@ -223,6 +223,8 @@ pub struct MkfsOptions {
     pub device_uuid: Option<[u8; 16]>,
     /// Compress the files of `--rootdir` (`--compress`); None: plain.
     pub compress: Option<crate::fs::compress::Method>,
+    /// `--compress-force`: compress as under `-o compress-force`.
+    pub compress_force: bool,
     /// The largest chunk, the first ones and every later one (`--shrink`:
     /// [`SHRINK_CHUNK`]); None: the kernel's sizes.
     pub chunk_cap: Option<u64>,
@@ -259,6 +261,7 @@ impl Default for MkfsOptions {
             nodesize_given: false,
             device_uuid: None,
             compress: None,
+            compress_force: false,
             chunk_cap: None,
         }
     }

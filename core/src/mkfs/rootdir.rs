@@ -46,6 +46,9 @@ pub struct RootdirStats {
 pub struct RootdirOptions {
     /// Compress file data (see [`copy_file_data`]'s rules).
     pub compress: Option<Method>,
+    /// Compress as under `-o compress-force`: no heuristic, no inode
+    /// given up on (see [`copy_file_data`]).
+    pub compress_force: bool,
     /// Directories of the source made subvolumes.
     pub subvols: Vec<SubvolSpec>,
     /// `--inode-flags FLAGS:PATH`: inode flags (NODATACOW, NODATASUM) for
@@ -404,7 +407,10 @@ impl FileSource<'_> {
 /// has not given up (NOCOMPRESS) and the heuristic finds the rest of the
 /// run compressible, in extents of 128 KiB kept where they save a sector;
 /// the first that does not marks the inode NOCOMPRESS and the rest of its
-/// run goes plain. As under the mount option, no inode is marked COMPRESS
+/// run goes plain. With `force` (`-o compress-force`), as the kernel does
+/// then: no heuristic, and a piece that does not shrink leaves the rest of
+/// its run plain but marks nothing, so every run is tried again. As under
+/// the mount option, no inode is marked COMPRESS
 /// (mkfs.btrfs 6.14 marks the files it compressed; the kernel's writeback
 /// does not, and a file compressed in part and then given up on would
 /// carry both flags, which the tree checker refuses).
@@ -417,6 +423,7 @@ fn copy_file_data(
     src: &FileSource<'_>,
     no_holes: bool,
     compress: Option<Method>,
+    force: bool,
     buf: &mut Vec<u8>,
 ) -> Result<(u64, u64)> {
     let can_inline = |n: u64| n > 0 && n <= inline_cap;
@@ -429,7 +436,7 @@ fn copy_file_data(
     // of compressed bytes, so a sector's worth of text goes inline too).
     if let (Some(m), true) = (compress, size <= ss && !src.ranges().is_empty()) {
         let d = src.read(0, size, buf)?;
-        let c = compress::heuristic(d)
+        let c = (force || compress::heuristic(d))
             .then(|| compress::compress(m, d, ss as usize))
             .flatten();
         if let Some(c) = c {
@@ -462,12 +469,12 @@ fn copy_file_data(
             if let Some(m) = compress {
                 if off >= run_end {
                     run_end = (off + COMPRESS_RUN).min(e);
-                    run_compressed = flags & BTRFS_INODE_NOCOMPRESS == 0;
+                    run_compressed = force || flags & BTRFS_INODE_NOCOMPRESS == 0;
                 }
                 // Before each piece, the heuristic looks at the rest of the
                 // run (inode_need_compress on [start, end] of the async
                 // chunk); a no leaves the rest plain, unmarked.
-                if run_compressed {
+                if run_compressed && !force {
                     let sample_end = run_end.min(size).max(off);
                     run_compressed = sample_end > off
                         && compress::heuristic(src.read(off, sample_end - off, buf)?);
@@ -491,9 +498,11 @@ fn copy_file_data(
                     }
                     None => {
                         if run_compressed {
-                            // Gave up: the rest of the run (and every later
-                            // run) goes plain.
-                            flags |= BTRFS_INODE_NOCOMPRESS;
+                            // Gave up: the rest of the run (and, unless
+                            // forced, every later run) goes plain.
+                            if !force {
+                                flags |= BTRFS_INODE_NOCOMPRESS;
+                            }
                             run_compressed = false;
                             continue;
                         }
@@ -675,6 +684,7 @@ struct PlanArgs {
     inline_cap: u64,
     no_holes: bool,
     compress: Option<Method>,
+    compress_force: bool,
 }
 
 /// Files up to this size are read ahead on a second thread, so reading the
@@ -719,6 +729,7 @@ fn prefetch(e: &Entry, a: PlanArgs) -> Result<Prefetched> {
             &src,
             a.no_holes,
             a.compress,
+            a.compress_force,
             &mut buf,
         )?;
         plan.nbytes = nbytes;
@@ -760,6 +771,7 @@ pub fn populate(
         inline_cap: crate::fs::extents::inline_cap(fs, MAX_INLINE),
         no_holes: fs.sb().incompat_flags.get() & BTRFS_FEATURE_INCOMPAT_NO_HOLES != 0,
         compress: opts.compress,
+        compress_force: opts.compress_force,
     };
     let small: Vec<usize> = (0..listing.entries.len())
         .filter(|&i| prefetchable(&listing.entries[i]))
@@ -1043,6 +1055,7 @@ fn populate_with(
                     &src,
                     no_holes,
                     opts.compress.filter(|_| datasum),
+                    opts.compress_force,
                     &mut buf,
                 )?,
             };
