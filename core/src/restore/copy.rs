@@ -200,9 +200,9 @@ pub fn restore(
     } else {
         Some(Arc::new(DestDir::open_root(dest_path, true)?))
     };
-    warm(fs, start.subvol);
     fs.store.cache_control().set_limit(BLOCK_CACHE);
     fs.store.set_item_cache_limit(ITEM_CACHE);
+    warm(fs, start.subvol);
     let mut walk = Walk {
         o,
         progress,
@@ -244,7 +244,7 @@ const TRIM_EVERY: u64 = 1024;
 /// key order, so what it reads again soon is the path above it and the
 /// extent and checksum leaves it is in; the image's pages stay in the
 /// page cache beyond this for the rest.
-const BLOCK_CACHE: usize = 16 << 20;
+const BLOCK_CACHE: usize = 8 << 20;
 
 /// Inode and dir items a restore keeps cached (about 200 bytes each): it
 /// reads each once, so the cache serves only the lookups of one directory.
