@@ -24,7 +24,8 @@ Exit status: 0 when every picture was drawn, 1 when the image cannot be read or 
 cannot be written.\n\nExamples:\n  btrkit-dump heatmap disk.img -o disk.png\n  \
 btrkit-dump heatmap a.img b.img -o set.png        (set-dev1.png, set-dev2.png)\n  \
 btrkit-dump heatmap disk.img --virtual --size 512 -o logical.png\n  \
-btrkit-dump heatmap disk.img --term"
+btrkit-dump heatmap disk.img --term\n  \
+btrkit-dump heatmap disk.img --json | jq '.pictures[0].allocated'"
 )]
 pub struct Args {
     #[command(flatten)]
@@ -35,7 +36,7 @@ pub struct Args {
         short = 'o',
         long = "output",
         value_name = "FILE",
-        required_unless_present = "term"
+        required_unless_present_any = ["term", "json"]
     )]
     pub output: Option<PathBuf>,
     /// Draw each device's physical bytes (the default).
@@ -56,6 +57,11 @@ pub struct Args {
     /// pixel picture of the same scan).
     #[arg(long)]
     pub term: bool,
+    /// Print what each picture shows as JSON instead of drawing it to the
+    /// terminal: its space and scale, the bytes allocated by type and
+    /// used, and every allocated pixel (x, y, first byte, type, fill).
+    #[arg(long, conflicts_with = "term")]
+    pub json: bool,
 }
 
 /// Pixels per side when neither --size nor -o asks otherwise.
@@ -230,7 +236,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     // One scan serves both pictures: the terminal's cells are groups of
     // the PNG's consecutive cells, and a Hilbert curve's groups of 4^k
     // consecutive indices fill the squares of the coarser curve.
-    let scan_side = if a.output.is_some() {
+    let scan_side = if a.output.is_some() || a.json {
         png_side
     } else {
         term_side
@@ -269,6 +275,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .collect()
     };
     let per_device = spaces.len() > 1;
+    let mut pictures = Vec::new();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     for (space, name) in spaces {
@@ -288,6 +295,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 title(&h, &name, png_side)
             );
         }
+        if a.json {
+            pictures.push(picture_json(&h, space, &name, png_side));
+        }
         if a.term {
             let t = h.merged(factor.max(1));
             writeln!(out, "{}", title(&t, &name, term_side))?;
@@ -296,8 +306,52 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             }
         }
     }
+    if a.json {
+        serde_json::to_writer_pretty(&mut out, &serde_json::json!({ "pictures": pictures }))?;
+        writeln!(out)?;
+    }
     out.flush()?;
     Ok(0)
+}
+
+/// One picture as `--json` prints it: the numbers its title gives, and
+/// each allocated pixel where the PNG draws it.
+fn picture_json(h: &Heatmap, space: Space, name: &str, side: u32) -> serde_json::Value {
+    let by_kind = |v: &[u64; 4]| {
+        let mut m = serde_json::Map::new();
+        for k in [Kind::Data, Kind::Metadata, Kind::System, Kind::Mixed] {
+            m.insert(k.name().to_string(), v[k as usize].into());
+        }
+        serde_json::Value::Object(m)
+    };
+    let pixels: Vec<serde_json::Value> = (0..h.cells.len())
+        .filter_map(|i| {
+            let kind = h.cells[i].kind()?;
+            let (x, y) = hilbert_xy(side, i as u64);
+            Some(serde_json::json!({
+                "x": x,
+                "y": y,
+                "start": (i as u64).saturating_mul(h.bytes_per_cell),
+                "bytes": h.cell_bytes(i),
+                "type": kind.name(),
+                "allocated": by_kind(&h.cells[i].allocated),
+                "used": h.cells[i].used,
+                "fill": h.fill(i),
+            }))
+        })
+        .collect();
+    serde_json::json!({
+        "name": name,
+        "space": match space { Space::Logical => "logical", Space::Physical(_) => "physical" },
+        "devid": match space { Space::Physical(d) => Some(d), Space::Logical => None },
+        "side": side,
+        "bytes": h.total,
+        "bytes_per_pixel": h.bytes_per_cell,
+        "allocated": by_kind(&h.allocated),
+        "used": h.used,
+        "warnings": h.warnings,
+        "pixels": pixels,
+    })
 }
 
 #[cfg(test)]

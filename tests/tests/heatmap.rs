@@ -3,8 +3,9 @@
 //! have the expected size, the block group colours where the chunk map
 //! puts the block groups, black where nothing is allocated, and as many
 //! white (full) pixels as the data written fills; a set gives one picture
-//! per device; the terminal picture has the expected lines; bad input is
-//! one line and a non-zero exit.
+//! per device; the terminal picture has the expected lines; `--json`
+//! describes the same pixels the PNG draws; bad input is one line and a
+//! non-zero exit.
 //!
 //! Where a cell lands is computed here with this file's own Hilbert
 //! curve, not the binary's.
@@ -284,6 +285,79 @@ fn physical_picture_of_a_known_image() {
     for i in 0..(1 << 20) / bpc {
         assert_eq!(pic.cell(i), [0, 0, 0]);
     }
+}
+
+/// `--json` with `-o`: one scan, two views of it. Every allocated pixel of
+/// the JSON is where the PNG has that type's colour, every other pixel of
+/// the PNG is black; the totals are the image's size, and the allocated
+/// bytes by type are what the pixels' add up to.
+#[test]
+fn json_is_the_picture() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = known_image(dir.path());
+    let out = dir.path().join("p.png");
+    let o = dump(&[
+        img.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "--json".as_ref(),
+    ]);
+    ok(&o);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let pics = v["pictures"].as_array().expect("pictures");
+    assert_eq!(pics.len(), 1);
+    let p = &pics[0];
+    assert_eq!(p["space"], "physical");
+    assert_eq!(p["devid"], 1);
+    assert_eq!(p["side"], 256);
+    assert_eq!(p["bytes"].as_u64(), Some(file_size(&img)));
+    let pic = Picture::load(&out);
+    let side = pic.side;
+    let mut allocated_pixels = std::collections::HashSet::new();
+    let mut sums = [0u64; 4];
+    for px in p["pixels"].as_array().expect("pixels") {
+        let (x, y) = (px["x"].as_u64().unwrap(), px["y"].as_u64().unwrap());
+        let at = ((y * side + x) * 3) as usize;
+        let rgb = [pic.rgb[at], pic.rgb[at + 1], pic.rgb[at + 2]];
+        let want = match px["type"].as_str().unwrap() {
+            "data" => Kind::Data,
+            "metadata" => Kind::Metadata,
+            "system" => Kind::System,
+            t => panic!("unexpected type {t}"),
+        };
+        assert_eq!(class(rgb), Some(want), "pixel ({x}, {y})");
+        let i = px["start"].as_u64().unwrap() / p["bytes_per_pixel"].as_u64().unwrap();
+        assert_eq!(xy(side, i), (x, y), "pixel of byte {}", px["start"]);
+        let f = px["fill"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&f));
+        for (k, name) in ["data", "metadata", "system"].iter().enumerate() {
+            sums[k] += px["allocated"][name].as_u64().unwrap();
+        }
+        allocated_pixels.insert((x, y));
+    }
+    for (k, name) in ["data", "metadata", "system"].iter().enumerate() {
+        assert_eq!(p["allocated"][name].as_u64(), Some(sums[k]), "{name} bytes");
+        assert!(sums[k] > 0, "no {name} allocated");
+    }
+    for y in 0..side {
+        for x in 0..side {
+            if !allocated_pixels.contains(&(x, y)) {
+                let at = ((y * side + x) * 3) as usize;
+                assert_eq!(
+                    &pic.rgb[at..at + 3],
+                    &[0, 0, 0],
+                    "pixel ({x}, {y}) not in the JSON"
+                );
+            }
+        }
+    }
+    // --json alone scans at the PNG's default size; with --term it is refused.
+    let o = dump(&[img.as_os_str(), "--json".as_ref()]);
+    ok(&o);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["pictures"][0]["side"], 256);
+    let o = dump(&[img.as_os_str(), "--json".as_ref(), "--term".as_ref()]);
+    assert!(!o.status.success());
 }
 
 #[test]
