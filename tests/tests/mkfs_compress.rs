@@ -101,6 +101,36 @@ fn encoded(mnt: &Path) -> BTreeMap<String, Vec<(u64, u64)>> {
     out
 }
 
+/// The kernel's own copy of `src`: a 256 MiB mkfs.btrfs image (`mkfs`
+/// options added) mounted with `opts`, `cp -a` of the tree, `sync`; its
+/// compressed ranges per file, as [`encoded`] gives them.
+fn kernel_encoded(
+    img: &Path,
+    mkfs: &[&str],
+    opts: &str,
+    src: &Path,
+) -> BTreeMap<String, Vec<(u64, u64)>> {
+    std::fs::File::create(img)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    must_run(
+        Command::new("mkfs.btrfs")
+            .args(["-q", "-f"])
+            .args(mkfs)
+            .arg(img),
+    );
+    let m = LoopMount::new(img, opts).unwrap();
+    must_run(
+        Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", src.display()))
+            .arg(m.path()),
+    );
+    must_run(&mut Command::new("sync"));
+    encoded(m.path())
+}
+
 fn checks_clean(progs: Progs, img: &Path) -> Result<(), String> {
     let v = oracle::btrfs_check(&[img], progs)?;
     if v.clean {
@@ -158,26 +188,12 @@ fn compression_as_mkfs_btrfs_6_14() {
         let theirs_enc = encoded(m.path());
         drop(m);
         // The kernel's writeback of the same files.
-        let kimg = t.path().join(format!("kernel-{i}.img"));
-        std::fs::File::create(&kimg)
-            .unwrap()
-            .set_len(256 << 20)
-            .unwrap();
-        must_run(
-            Command::new("mkfs.btrfs")
-                .args(["-q", "-f", "-n", nodesize, "--csum", csum])
-                .arg(&kimg),
+        let kernel_enc = kernel_encoded(
+            &t.path().join(format!("kernel-{i}.img")),
+            &["-n", nodesize, "--csum", csum],
+            &format!("compress={algo}"),
+            &src,
         );
-        let m = LoopMount::new(&kimg, &format!("compress={algo}")).unwrap();
-        must_run(
-            Command::new("cp")
-                .arg("-a")
-                .arg(format!("{}/.", src.display()))
-                .arg(m.path()),
-        );
-        must_run(&mut Command::new("sync"));
-        let kernel_enc = encoded(m.path());
-        drop(m);
         assert_eq!(
             ours_enc.keys().collect::<Vec<_>>(),
             kernel_enc.keys().collect::<Vec<_>>()
@@ -253,22 +269,12 @@ fn compress_force_as_the_kernel() {
             assert!(got == want, "{algo}: {}", want.short_diff(&got, 8));
             enc.push(encoded(m.path()));
         }
-        let kimg = t.path().join(format!("kernel-{algo}.img"));
-        std::fs::File::create(&kimg)
-            .unwrap()
-            .set_len(256 << 20)
-            .unwrap();
-        must_run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&kimg));
-        let m = LoopMount::new(&kimg, &format!("compress-force={algo}")).unwrap();
-        must_run(
-            Command::new("cp")
-                .arg("-a")
-                .arg(format!("{}/.", src.display()))
-                .arg(m.path()),
+        let kernel_enc = kernel_encoded(
+            &t.path().join(format!("kernel-{algo}.img")),
+            &[],
+            &format!("compress-force={algo}"),
+            &src,
         );
-        must_run(&mut Command::new("sync"));
-        let kernel_enc = encoded(m.path());
-        drop(m);
         assert_eq!(
             enc[1].keys().collect::<Vec<_>>(),
             kernel_enc.keys().collect::<Vec<_>>()
