@@ -3,8 +3,10 @@
 //! point, btrkit names the image and the set's other devices, last. One
 //! module per group, one per command; the work is in btrkit-core.
 
+mod balance;
 mod common;
 mod filesystem;
+mod inspect;
 
 use clap::{Parser, Subcommand};
 
@@ -13,7 +15,7 @@ use clap::{Parser, Subcommand};
     name = "btrkit",
     version,
     about = "btrfs(8)'s commands on Btrfs images, without mounting them",
-    after_help = "Examples:\n  btrkit filesystem usage -b disk.img\n  btrkit filesystem df a.img b.img          a filesystem on two devices\n  btrkit filesystem du -s disk.img --path /home\n  btrkit filesystem compsize disk.img --json\n\nThe image is read, never written; the fsync log is applied in memory (the state a mount shows), or ignored with --no-log.\n\nExit status: 0 success, 1 the image cannot be read (one line on stderr), 16 usage."
+    after_help = "Examples:\n  btrkit filesystem usage -b disk.img\n  btrkit filesystem df a.img b.img          a filesystem on two devices\n  btrkit filesystem du -s disk.img --path /home\n  btrkit filesystem compsize disk.img --json\n  btrkit balance start -dusage=50 disk.img\n  btrkit filesystem resize -1g disk.img\n\nThe reporting commands read the image, never write it (the fsync log is applied in memory, the state a mount shows, or ignored with --no-log); balance and resize change it in place, never while it is mounted.\n\nExit status: 0 success, 1 the image cannot be read (one line on stderr), 16 usage."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -26,6 +28,11 @@ enum Group {
     /// Space usage: usage, df, du, compsize.
     #[command(visible_alias = "fi")]
     Filesystem(filesystem::Args),
+    /// Relocate block groups: compact, convert profiles (changes the
+    /// images).
+    Balance(balance::Args),
+    /// Low-level questions: min-dev-size.
+    InspectInternal(inspect::Args),
 }
 
 fn main() {
@@ -43,6 +50,8 @@ fn main() {
     };
     let r = match &cli.group {
         Group::Filesystem(a) => filesystem::run(a),
+        Group::Balance(a) => balance::run(a),
+        Group::InspectInternal(a) => inspect::run(a),
     };
     if let Err(e) = r {
         eprintln!("btrkit: error: {}", format!("{e:#}").replace('\n', " "));

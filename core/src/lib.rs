@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod balance;
 pub mod check;
 pub mod chunk;
 pub mod csum;
@@ -21,7 +22,9 @@ pub mod io;
 pub mod log;
 pub mod mkfs;
 pub mod mount_view;
+pub mod offline;
 pub mod rescue;
+pub mod resize;
 pub mod restore;
 pub mod trans;
 pub mod tree;

@@ -731,6 +731,11 @@ impl Runner {
             Step::BalanceMetadata => {
                 self.btrfs(&["balance", "start", "-m"], Some(&self.root.clone()))
             }
+            Step::Balance(args) => {
+                let mut a: Vec<&str> = vec!["balance", "start"];
+                a.extend(args.iter().map(String::as_str));
+                self.btrfs(&a, Some(&self.root.clone()))
+            }
             Step::WriteFiles {
                 dir,
                 count,

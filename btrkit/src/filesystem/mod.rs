@@ -3,6 +3,7 @@
 mod compsize;
 mod df;
 mod du;
+mod resize;
 mod usage;
 
 use clap::Subcommand;
@@ -27,6 +28,9 @@ enum Cmd {
     /// Disk usage and uncompressed size by compression algorithm (as
     /// compsize).
     Compsize(compsize::Args),
+    /// Grow or shrink a device (as `btrfs filesystem resize`); changes the
+    /// image.
+    Resize(resize::Args),
 }
 
 /// Run the command.
@@ -36,5 +40,6 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         Cmd::Df(a) => df::run(a),
         Cmd::Du(a) => du::run(a),
         Cmd::Compsize(a) => compsize::run(a),
+        Cmd::Resize(a) => resize::run(a),
     }
 }

@@ -775,4 +775,33 @@ impl Subvols<'_> {
         self.fs.clock.dirtied();
         self.fs.commit("balance")
     }
+
+    /// `btrfs balance start` with `req`'s filters: dirty data written back
+    /// and committed, deleted subvolumes dropped, then every chosen block
+    /// group relocated (each step committed).
+    pub fn balance(&mut self, req: &crate::balance::Request) -> Result<crate::balance::Report> {
+        self.fs.sync()?;
+        self.drop_deleted_now()?;
+        let r = crate::balance::run(&mut self.fs.store, req, &mut |_, _, _| {})?;
+        self.fs.clock.dirtied();
+        self.fs.commit("balance")?;
+        Ok(r)
+    }
+
+    /// Drop every deleted subvolume's tree now (what the cleaner does
+    /// after the deletion's commit), so nothing waits to be dropped.
+    pub fn drop_deleted_now(&mut self) -> Result<()> {
+        if self.fs.deleted_subvols.is_empty() {
+            return Ok(());
+        }
+        self.fs.commit("drop deleted subvolumes")?;
+        let t = self.fs.store.transid();
+        for d in &mut self.fs.deleted_subvols {
+            d.1 = d.1.min(t.saturating_sub(1));
+        }
+        self.finish_deleted_subvols()?;
+        self.fs.commit("drop deleted subvolumes")?;
+        self.remove_dropped_qgroups()?;
+        self.fs.commit("drop deleted subvolumes")
+    }
 }

@@ -201,7 +201,7 @@ impl Committed<'_> {
 
     /// The back references (with counts) of an extent in `view`: the
     /// extent tree's item, inline and keyed.
-    fn view_backrefs(
+    pub(super) fn view_backrefs(
         &mut self,
         view: View,
         bytenr: u64,

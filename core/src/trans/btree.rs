@@ -19,7 +19,7 @@ pub(super) struct Step {
 }
 
 impl Store {
-    fn load_child(&mut self, tree: TreeId, parent: u64, slot: usize) -> Result<u64> {
+    pub(super) fn load_child(&mut self, tree: TreeId, parent: u64, slot: usize) -> Result<u64> {
         let child = crate::tree::node::child_in(self.buf(parent)?, slot, tree.owner())
             .ok_or_else(|| Error::Internal(format!("block {parent} has no child {slot}")))?;
         self.load(tree, child.bytenr, child.expect)?;

@@ -34,6 +34,13 @@ pub struct Space {
     /// a filesystem that ends where its last chunk does wastes at most a
     /// chunk); None: the kernel's sizes.
     pub(super) chunk_cap: Option<u64>,
+    /// Profiles a running conversion puts new chunks of a type in (the
+    /// kernel's restripe target, get_restripe_target), by type bit.
+    pub(super) restripe_target: std::collections::BTreeMap<u64, u64>,
+    /// Devices being shrunk: no new dev extent reaches past this (the
+    /// kernel lowers the device's in-memory total_bytes first; the device
+    /// item changes only once everything beyond is moved).
+    pub(super) alloc_limit: std::collections::BTreeMap<u64, u64>,
 }
 
 impl Space {
@@ -228,11 +235,42 @@ impl Chunks<'_> {
         self.st.space.chunk_cap = cap;
     }
 
+    /// No new chunk reaches past byte `limit` of device `devid` (None: up
+    /// to its size again): a shrink in progress.
+    pub fn set_alloc_limit(&mut self, devid: u64, limit: Option<u64>) {
+        match limit {
+            Some(l) => self.st.space.alloc_limit.insert(devid, l),
+            None => self.st.space.alloc_limit.remove(&devid),
+        };
+    }
+
+    /// New chunks of type `ty` (DATA, METADATA or SYSTEM) go in profile
+    /// `profile` (its profile bits; 0 SINGLE) while it is set, whatever
+    /// the existing groups use: a balance converting them. None: back to
+    /// the profiles of the existing groups.
+    pub fn set_restripe_target(&mut self, ty: u64, profile: Option<u64>) {
+        match profile {
+            Some(p) => self
+                .st
+                .space
+                .restripe_target
+                .insert(ty, p & BTRFS_BLOCK_GROUP_PROFILE_MASK),
+            None => self.st.space.restripe_target.remove(&ty),
+        };
+    }
+
     /// Unallocated space of device `devid`: `[1 MiB, total_bytes)` minus
     /// its dev extents and the stripes of chunks not yet in the trees.
     fn unallocated(&mut self, devid: u64, total_bytes: u64) -> Result<RangeSet> {
         let size = self.st.img.device_of(devid).map_or(0, |d| d.size());
-        let total = total_bytes.min(size);
+        let limit = self
+            .st
+            .space
+            .alloc_limit
+            .get(&devid)
+            .copied()
+            .unwrap_or(u64::MAX);
+        let total = total_bytes.min(size).min(limit);
         let mut free = RangeSet::new();
         free.insert(MIB, total.max(MIB));
         for (k, d) in self.st.items_in(
@@ -260,6 +298,9 @@ impl Chunks<'_> {
     /// type yet, mkfs.btrfs's defaults (DUP metadata and system on one
     /// device, RAID1 on several, SINGLE data).
     fn profile_for(&self, ty: u64) -> u64 {
+        if let Some(&p) = self.st.space.restripe_target.get(&ty) {
+            return p;
+        }
         let groups: Vec<u64> = self
             .st
             .space
@@ -495,6 +536,44 @@ impl Chunks<'_> {
     /// Carry the in-memory `bytes_used` of each device in `devids` into
     /// its DEV_ITEM in the chunk tree, after chunks were added to or
     /// removed from it (the superblock's copy follows at commit).
+    /// Device `devid`'s size becomes `total_bytes` (btrfs_grow_device, the
+    /// end of btrfs_shrink_device): its device item in the chunk tree and
+    /// in the superblocks, and the superblock's total_bytes by the
+    /// difference. Nothing past the new size may be allocated.
+    pub fn set_device_size(&mut self, devid: u64, total_bytes: u64) -> Result<()> {
+        let mut di = self
+            .st
+            .space
+            .dev_item_of(&self.st.sb, devid)
+            .ok_or_else(|| Error::Invalid(format!("no device {devid}")))?;
+        let old = di.total_bytes.get();
+        di.total_bytes.set(total_bytes);
+        self.st.space.set_dev_item(&mut self.st.sb, devid, di);
+        let t = self.st.sb.total_bytes.get();
+        self.st
+            .sb
+            .total_bytes
+            .set(t.saturating_add(total_bytes).saturating_sub(old));
+        let dkey = Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid);
+        let d = self
+            .st
+            .lookup(BTRFS_CHUNK_TREE_OBJECTID, &dkey)?
+            .ok_or_else(|| {
+                Error::corrupt_key_as(crate::CorruptKind::Device, "no device item", 0, dkey)
+            })?;
+        let mut item = DevItem::read_from_bytes(&d).map_err(|_| {
+            Error::corrupt_key_as(crate::CorruptKind::Device, "dev item size", 0, dkey)
+        })?;
+        item.total_bytes.set(total_bytes);
+        self.st
+            .update_item(BTRFS_CHUNK_TREE_OBJECTID, &dkey, item.as_bytes())
+    }
+
+    /// Device `devid`'s item as the next commit writes it.
+    pub fn device_item(&self, devid: u64) -> Option<DevItem> {
+        self.st.space.dev_item_of(&self.st.sb, devid)
+    }
+
     pub(super) fn write_dev_items_used(&mut self, devids: &[u64]) -> Result<()> {
         for &devid in devids {
             let Some(used) = self

@@ -56,7 +56,7 @@ pub mod loggate;
 mod logsync;
 pub mod qgroup;
 mod refs;
-mod relocate;
+pub mod relocate;
 mod repair;
 mod subtree;
 
@@ -348,6 +348,8 @@ impl Store {
                 other_dev_items,
                 chunk_allocated: false,
                 chunk_cap: None,
+                restripe_target: Default::default(),
+                alloc_limit: Default::default(),
             },
             delayed: delayed::DelayedRefs::default(),
             chunk_tree_uuid,

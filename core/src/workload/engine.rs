@@ -422,6 +422,10 @@ impl EngineRunner {
             }
             Step::QuotaEnable => fs.subvols().quota_enable()?,
             Step::BalanceMetadata => fs.subvols().balance_metadata()?,
+            Step::Balance(args) => {
+                let req = crate::balance::parse_args(args)?.normalize()?;
+                fs.subvols().balance(&req)?;
+            }
             Step::WriteFiles {
                 dir,
                 count,

@@ -305,6 +305,10 @@ pub enum Step {
     /// `balance-metadata`: `btrfs balance start -m`, relocating every
     /// metadata and system block group (commits).
     BalanceMetadata,
+    /// `balance ARGS...`: `btrfs balance start ARGS` (`-d`, `-m`,
+    /// `-dconvert=raid1`, `-dusage=50`...), relocating the block groups the
+    /// filters choose (commits).
+    Balance(Vec<String>),
     /// Create `count` files `dir/fNNNNN` with distinct content, sizes spread
     /// over `min..=max`, each synced after it is written when asked.
     WriteFiles {
@@ -402,6 +406,7 @@ impl Step {
             SubvolSetDefault(_) => "subvol-set-default",
             QuotaEnable => "quota-enable",
             BalanceMetadata => "balance-metadata",
+            Balance(_) => "balance",
             WriteFiles { .. } => "writefiles",
             Crash { .. } => "crash",
             Read { .. } => "read",
@@ -434,6 +439,7 @@ impl Step {
                 | SubvolDelete(_)
                 | QuotaEnable
                 | BalanceMetadata
+                | Balance(_)
                 | Remount
         )
     }
@@ -1348,6 +1354,14 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
         "balance-metadata" => {
             need(a, 0, 0, "balance-metadata")?;
             Step::BalanceMetadata
+        }
+        "balance" => {
+            // Checked now, so a script with bad filters fails to parse.
+            let words: Vec<String> = a.iter().map(Tok::text).collect();
+            crate::balance::parse_args(&words)
+                .and_then(|r| r.normalize())
+                .map_err(|e| format!("balance: {e}"))?;
+            Step::Balance(words)
         }
         "writefiles" => {
             need(
