@@ -97,9 +97,11 @@ impl Request {
             self.system.as_ref()
         } else if ty & BTRFS_BLOCK_GROUP_METADATA != 0 && ty & BTRFS_BLOCK_GROUP_DATA == 0 {
             self.metadata.as_ref()
-        } else if ty & BTRFS_BLOCK_GROUP_DATA != 0 {
+        } else if ty & BTRFS_BLOCK_GROUP_DATA != 0 && ty & BTRFS_BLOCK_GROUP_METADATA != 0 {
             // Mixed groups are data and metadata: the data filters rule.
             self.data.as_ref().or(self.metadata.as_ref())
+        } else if ty & BTRFS_BLOCK_GROUP_DATA != 0 {
+            self.data.as_ref()
         } else {
             None
         }
@@ -365,28 +367,39 @@ fn takes(f: &Filters, g: &GroupInfo) -> bool {
     true
 }
 
-/// The groups `req` relocates, in order.
+/// The groups `req` would relocate were nothing to change on the way, in
+/// order. A balance decides each group when it reaches it (a group's
+/// usage grows as the groups before it move into it), as the kernel does.
 pub fn select(st: &Store, req: &Request) -> Vec<GroupInfo> {
-    let mut left: [Option<u64>; 3] = [None; 3];
-    let mut out = Vec::new();
-    for g in groups(st) {
+    let mut limits = Limits::default();
+    groups(st)
+        .into_iter()
+        .filter(|g| limits.take(req, g))
+        .collect()
+}
+
+/// What is left of each type's `limit`.
+#[derive(Default)]
+struct Limits([Option<u64>; 3]);
+
+impl Limits {
+    /// Whether `req` relocates group `g` now, a limit counted down.
+    fn take(&mut self, req: &Request, g: &GroupInfo) -> bool {
         let Some(f) = req.filters_for(g.flags) else {
-            continue;
+            return false;
         };
-        if !takes(f, &g) {
-            continue;
+        if !takes(f, g) {
+            return false;
         }
-        let slot = type_slot(g.flags);
         if let Some(r) = f.limit {
-            let l = left[slot].get_or_insert(r.max.unwrap_or(u64::MAX));
+            let l = self.0[type_slot(g.flags)].get_or_insert(r.max.unwrap_or(u64::MAX));
             if *l == 0 {
-                continue;
+                return false;
             }
             *l -= 1;
         }
-        out.push(g);
+        true
     }
-    out
 }
 
 fn type_slot(flags: u64) -> usize {
@@ -399,20 +412,25 @@ fn type_slot(flags: u64) -> usize {
     }
 }
 
-/// Copies a profile keeps of every byte (how much a failure it survives).
-fn redundancy(profile: u64) -> u64 {
-    let a = crate::chunk::RaidAttr::of(profile).map_or(1, |a| a.ncopies + a.nparity);
-    a.max(1)
-}
+/// Profiles that keep data through a failure (two copies or parity):
+/// what the kernel lets a metadata conversion leave only with force.
+const REDUNDANT: u64 = BTRFS_BLOCK_GROUP_DUP
+    | BTRFS_BLOCK_GROUP_RAID1
+    | BTRFS_BLOCK_GROUP_RAID1C3
+    | BTRFS_BLOCK_GROUP_RAID1C4
+    | BTRFS_BLOCK_GROUP_RAID10
+    | BTRFS_BLOCK_GROUP_RAID5
+    | BTRFS_BLOCK_GROUP_RAID6;
 
-/// Refusals before anything is written: a conversion the devices cannot
-/// hold, or one lowering metadata redundancy without `force`.
+/// Refusals before anything is written (btrfs_balance's): a conversion
+/// the devices cannot hold, or metadata or system groups leaving every
+/// redundant profile without `force`.
 pub fn check(st: &Store, req: &Request) -> Result<()> {
     let devices = st.num_devices_present();
-    for (name, f) in [
-        ("data", &req.data),
-        ("metadata", &req.metadata),
-        ("system", &req.system),
+    for (name, ty, f) in [
+        ("data", BTRFS_BLOCK_GROUP_DATA, &req.data),
+        ("metadata", BTRFS_BLOCK_GROUP_METADATA, &req.metadata),
+        ("system", BTRFS_BLOCK_GROUP_SYSTEM, &req.system),
     ] {
         let Some(target) = f.as_ref().and_then(|f| f.convert) else {
             continue;
@@ -422,22 +440,20 @@ pub fn check(st: &Store, req: &Request) -> Result<()> {
         })?;
         if attr.devs_min > devices {
             return Err(Error::Invalid(format!(
-                "unable to start balance: {} needs at least {} devices, the filesystem has {devices}",
+                "unable to start balance: converting {name} to {} needs at least {} devices, the filesystem has {devices}",
                 crate::format::names::block_group_flags_str(target).to_lowercase(),
                 attr.devs_min
             )));
         }
-        if name != "data" && !req.force {
-            let lower = st
+        if ty != BTRFS_BLOCK_GROUP_DATA && !req.force {
+            let now = st
                 .block_groups()
-                .filter(|g| {
-                    g.flags & BTRFS_BLOCK_GROUP_METADATA != 0
-                        && g.flags & BTRFS_BLOCK_GROUP_DATA == 0
-                })
-                .any(|g| redundancy(g.flags & BTRFS_BLOCK_GROUP_PROFILE_MASK) > redundancy(target));
-            if lower {
+                .filter(|g| g.flags & ty != 0 && g.flags & BTRFS_BLOCK_GROUP_DATA == 0)
+                .fold(0, |a, g| a | g.flags);
+            if now & REDUNDANT != 0 && target & REDUNDANT == 0 {
                 return Err(Error::Invalid(
-                    "balance would reduce metadata integrity: pass --force if you want this".into(),
+                    "balance would reduce metadata redundancy: pass --force if you want this"
+                        .into(),
                 ));
             }
         }
@@ -448,7 +464,7 @@ pub fn check(st: &Store, req: &Request) -> Result<()> {
 /// What a balance did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Report {
-    /// Block groups considered by type filters (those that matched).
+    /// Block groups the balance went through (every group there was).
     pub considered: u64,
     /// Block groups relocated.
     pub relocated: u64,
@@ -470,11 +486,15 @@ pub fn run(
     progress: &mut dyn FnMut(u64, u64, u64),
 ) -> Result<Report> {
     check(st, req)?;
-    let chosen = select(st, req);
+    // Every group there is now, highest first; each is judged when the
+    // balance reaches it. Groups made meanwhile lie above and are not
+    // visited.
+    let visit: Vec<u64> = groups(st).iter().map(|g| g.start).collect();
     let mut report = Report {
-        considered: chosen.len() as u64,
+        considered: visit.len() as u64,
         ..Default::default()
     };
+    let total = select(st, req).len() as u64;
     // Conversion targets for new chunks of each type.
     let mut fenced: Vec<u64> = Vec::new();
     // New chunks of a RAID5/6 or RAID1C3/4 target carry their incompat
@@ -509,17 +529,25 @@ pub fn run(
         }
     }
     st.set_groups_read_only(&fenced, true);
-    let total = chosen.len() as u64;
+    let mut limits = Limits::default();
+    let mut done = 0u64;
     let mut r = Ok(());
-    for (i, g) in chosen.iter().enumerate() {
-        match st.relocation().relocate_group(g.start) {
+    for start in visit {
+        let Some(g) = groups(st).into_iter().find(|g| g.start == start) else {
+            continue;
+        };
+        if !limits.take(req, &g) {
+            continue;
+        }
+        match st.relocation().relocate_group(start) {
             Ok(m) => add(&mut report, m),
             Err(e) => {
                 r = Err(e);
                 break;
             }
         }
-        progress(i as u64 + 1, total, g.start);
+        done += 1;
+        progress(done, total.max(done), start);
     }
     st.set_groups_read_only(&fenced, false);
     for ty in [
@@ -614,6 +642,22 @@ mod tests {
         assert!(!takes(&parse_filters("stripes=2..").unwrap(), &g));
         let empty = group(1 << 31, d, 0, vec![(1, 2 << 30, 1 << 30)]);
         assert!(takes(&parse_filters("usage=0").unwrap(), &empty));
+    }
+
+    #[test]
+    fn each_type_takes_its_own_filters() {
+        let r = parse_args(&["-musage=90"]).unwrap().normalize().unwrap();
+        assert!(r.filters_for(BTRFS_BLOCK_GROUP_DATA).is_none());
+        assert!(r
+            .filters_for(BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_DUP)
+            .is_some());
+        assert!(r.filters_for(BTRFS_BLOCK_GROUP_SYSTEM).is_some());
+        assert!(r
+            .filters_for(BTRFS_BLOCK_GROUP_DATA | BTRFS_BLOCK_GROUP_METADATA)
+            .is_some());
+        let r = parse_args(&["-d"]).unwrap().normalize().unwrap();
+        assert!(r.filters_for(BTRFS_BLOCK_GROUP_METADATA).is_none());
+        assert!(r.filters_for(BTRFS_BLOCK_GROUP_SYSTEM).is_none());
     }
 
     #[test]
