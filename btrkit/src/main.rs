@@ -5,6 +5,7 @@
 
 mod balance;
 mod common;
+mod device;
 mod filesystem;
 mod inspect;
 
@@ -31,6 +32,8 @@ enum Group {
     /// Relocate block groups: compact, convert profiles (changes the
     /// images).
     Balance(balance::Args),
+    /// Add, remove and replace devices (changes the images).
+    Device(device::Args),
     /// Low-level questions: min-dev-size.
     InspectInternal(inspect::Args),
 }
@@ -51,6 +54,7 @@ fn main() {
     let r = match &cli.group {
         Group::Filesystem(a) => filesystem::run(a),
         Group::Balance(a) => balance::run(a),
+        Group::Device(a) => device::run(a),
         Group::InspectInternal(a) => inspect::run(a),
     };
     if let Err(e) = r {

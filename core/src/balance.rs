@@ -441,7 +441,7 @@ pub fn check(st: &Store, req: &Request) -> Result<()> {
         if attr.devs_min > devices {
             return Err(Error::Invalid(format!(
                 "unable to start balance: converting {name} to {} needs at least {} devices, the filesystem has {devices}",
-                crate::format::names::block_group_flags_str(target).to_lowercase(),
+                crate::format::names::profile_name(target),
                 attr.devs_min
             )));
         }

@@ -378,6 +378,59 @@ impl Image {
         self.devs.iter().map(|(&id, d)| (id, d.clone())).collect()
     }
 
+    /// A device joins the filesystem (`btrfs device add`): it is read and
+    /// written from now on, its superblocks written by the next commit
+    /// with `item`.
+    pub fn add_device(
+        &mut self,
+        name: String,
+        dev: Arc<dyn BlockDevice>,
+        item: crate::format::dev::DevItem,
+    ) {
+        let devid = item.devid.get();
+        self.devs.insert(devid, dev);
+        self.names.insert(devid, name);
+        self.own_dev_items.insert(devid, item);
+        if let Err(i) = self.dev_items.binary_search(&devid) {
+            self.dev_items.insert(i, devid);
+        }
+    }
+
+    /// A device leaves the filesystem (`btrfs device remove`, after
+    /// everything on it moved): no longer read, written or given
+    /// superblocks. Returns it.
+    pub fn remove_device(&mut self, devid: u64) -> Option<Arc<dyn BlockDevice>> {
+        self.names.remove(&devid);
+        self.own_dev_items.remove(&devid);
+        self.dev_items.retain(|&d| d != devid);
+        self.missing.retain(|&d| d != devid);
+        let gone = self.devs.remove(&devid);
+        if devid == self.devid {
+            if let Some((&id, d)) = self.devs.iter().next() {
+                self.devid = id;
+                self.dev = d.clone();
+            }
+        }
+        gone
+    }
+
+    /// Device `dev` takes device `devid`'s place (a replace): the same
+    /// devid and device item, read and written from now on; the one it
+    /// replaces (None when it was missing) is returned.
+    pub fn replace_device(
+        &mut self,
+        devid: u64,
+        name: String,
+        dev: Arc<dyn BlockDevice>,
+    ) -> Option<Arc<dyn BlockDevice>> {
+        self.names.insert(devid, name);
+        self.missing.retain(|&d| d != devid);
+        if devid == self.devid {
+            self.dev = dev.clone();
+        }
+        self.devs.insert(devid, dev)
+    }
+
     /// The name (path) device `devid` was given by, None when missing.
     pub fn device_path(&self, devid: u64) -> Option<&str> {
         self.names.get(&devid).map(|s| s.as_str())

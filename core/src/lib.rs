@@ -12,6 +12,7 @@ pub mod balance;
 pub mod check;
 pub mod chunk;
 pub mod csum;
+pub mod device_change;
 pub mod devices;
 pub mod error;
 pub mod format;

@@ -42,6 +42,16 @@ fn devids(paths: &[PathBuf]) -> Result<Vec<(u64, PathBuf)>> {
 impl Offline {
     /// Open and mount the filesystem on `paths` (every device of a set).
     pub fn open(paths: &[PathBuf]) -> Result<Offline> {
+        Offline::open_with(paths, false)
+    }
+
+    /// [`Offline::open`] with devices of the set missing (a replace of a
+    /// missing device): chunks go where the devices present allow.
+    pub fn open_degraded(paths: &[PathBuf]) -> Result<Offline> {
+        Offline::open_with(paths, true)
+    }
+
+    fn open_with(paths: &[PathBuf], degraded: bool) -> Result<Offline> {
         let devices = devids(paths)?;
         let mut devs: Vec<(String, Arc<dyn BlockDevice>)> = Vec::with_capacity(paths.len());
         for (_, p) in &devices {
@@ -50,7 +60,7 @@ impl Offline {
                 Arc::new(FileDevice::open(p, true)?),
             ));
         }
-        let mut fs = crate::log::replay::mount_devices(devs, MountOptions::default(), false)?;
+        let mut fs = crate::log::replay::mount_devices(devs, MountOptions::default(), degraded)?;
         fs.subvols().drop_deleted_now()?;
         Ok(Offline { fs, devices })
     }
@@ -58,6 +68,11 @@ impl Offline {
     /// The mounted filesystem.
     pub fn fs(&mut self) -> &mut Filesystem {
         &mut self.fs
+    }
+
+    /// (devid, path) of every device given.
+    pub fn devices(&self) -> &[(u64, PathBuf)] {
+        &self.devices
     }
 
     /// The path of device `devid`, when it was given.

@@ -280,6 +280,22 @@ pub fn super_flag_names(flags: u64) -> Vec<String> {
     flag_names(flags, table)
 }
 
+/// A profile's name as btrfs(8) takes it (`single`, `dup`, `raid1`...).
+pub fn profile_name(flags: u64) -> &'static str {
+    match flags & BTRFS_BLOCK_GROUP_PROFILE_MASK {
+        0 => "single",
+        BTRFS_BLOCK_GROUP_RAID0 => "raid0",
+        BTRFS_BLOCK_GROUP_RAID1 => "raid1",
+        BTRFS_BLOCK_GROUP_DUP => "dup",
+        BTRFS_BLOCK_GROUP_RAID10 => "raid10",
+        BTRFS_BLOCK_GROUP_RAID5 => "raid5",
+        BTRFS_BLOCK_GROUP_RAID6 => "raid6",
+        BTRFS_BLOCK_GROUP_RAID1C3 => "raid1c3",
+        BTRFS_BLOCK_GROUP_RAID1C4 => "raid1c4",
+        _ => "unknown",
+    }
+}
+
 /// Block group or chunk flags as btrfs-progs prints them: `TYPE|profile`, e.g.
 /// `DATA|single`, `METADATA|DUP`.
 pub fn block_group_flags_str(flags: u64) -> String {
