@@ -257,14 +257,19 @@ fn devices_come_and_go_as_with_the_kernel() {
                 .arg(m.path().join("clone")),
         );
     }
-    let before = view(&[d1.clone()], "");
-    let kd1 = copies(&[d1.clone()], t.path(), "k");
+    let before = view(std::slice::from_ref(&d1), "");
+    let kd1 = copies(std::slice::from_ref(&d1), t.path(), "k");
 
     // add, then raid1.
     let d2 = new_file(&t.path().join("d2.img"), 2 * g);
     let k2 = new_file(&t.path().join("k2.img"), 2 * g);
     btrkit(&["device", "add", s(&d2), s(&d1)]);
-    kernel(&kd1, "", &[k2.clone()], &["device", "add", "{0}"]);
+    kernel(
+        &kd1,
+        "",
+        std::slice::from_ref(&k2),
+        &["device", "add", "{0}"],
+    );
     let (ours, theirs) = (
         vec![d1.clone(), d2.clone()],
         vec![kd1[0].clone(), k2.clone()],
@@ -307,7 +312,7 @@ fn devices_come_and_go_as_with_the_kernel() {
     kernel(
         &theirs,
         "",
-        &[k3.clone()],
+        std::slice::from_ref(&k3),
         &["replace", "start", "-B", "2", "{0}"],
     );
     let (ours, theirs) = (
@@ -342,7 +347,7 @@ fn devices_come_and_go_as_with_the_kernel() {
     kernel(
         &theirs[..1],
         "degraded",
-        &[k4.clone()],
+        std::slice::from_ref(&k4),
         &["replace", "start", "-B", "2", "{0}"],
     );
     let (ours, theirs) = (
@@ -379,7 +384,12 @@ fn devices_come_and_go_as_with_the_kernel() {
     let d5 = new_file(&t.path().join("d5.img"), 2 * g);
     let k5 = new_file(&t.path().join("k5.img"), 2 * g);
     btrkit(&["device", "add", s(&d5), s(&d1), s(&d4)]);
-    kernel(&theirs, "", &[k5.clone()], &["device", "add", "{0}"]);
+    kernel(
+        &theirs,
+        "",
+        std::slice::from_ref(&k5),
+        &["device", "add", "{0}"],
+    );
     let (ours, theirs) = (
         vec![d1.clone(), d4.clone(), d5.clone()],
         vec![kd1[0].clone(), k4.clone(), k5.clone()],
