@@ -8,6 +8,8 @@ mod common;
 mod device;
 mod filesystem;
 mod inspect;
+mod property;
+mod subvolume;
 
 use clap::{Parser, Subcommand};
 
@@ -34,6 +36,13 @@ enum Group {
     Balance(balance::Args),
     /// Add, remove and replace devices (changes the images).
     Device(device::Args),
+    /// Create, snapshot, delete and list subvolumes (create, snapshot,
+    /// delete and set-default change the images).
+    #[command(visible_alias = "sub")]
+    Subvolume(subvolume::Args),
+    /// Get and set properties: ro, compression, label.
+    #[command(visible_alias = "prop")]
+    Property(property::Args),
     /// Low-level questions: min-dev-size.
     InspectInternal(inspect::Args),
 }
@@ -55,6 +64,8 @@ fn main() {
         Group::Filesystem(a) => filesystem::run(a),
         Group::Balance(a) => balance::run(a),
         Group::Device(a) => device::run(a),
+        Group::Subvolume(a) => subvolume::run(a),
+        Group::Property(a) => property::run(a),
         Group::InspectInternal(a) => inspect::run(a),
     };
     if let Err(e) = r {

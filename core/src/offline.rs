@@ -62,6 +62,8 @@ impl Offline {
         }
         let mut fs = crate::log::replay::mount_devices(devs, MountOptions::default(), degraded)?;
         fs.subvols().drop_deleted_now()?;
+        // Paths name things from the top level, whatever the default.
+        fs.root_at_top_level();
         Ok(Offline { fs, devices })
     }
 

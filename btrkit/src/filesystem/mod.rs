@@ -3,6 +3,7 @@
 mod compsize;
 mod df;
 mod du;
+mod label;
 mod resize;
 mod usage;
 
@@ -31,6 +32,8 @@ enum Cmd {
     /// Grow or shrink a device (as `btrfs filesystem resize`); changes the
     /// image.
     Resize(resize::Args),
+    /// Print or set the filesystem's label (as `btrfs filesystem label`).
+    Label(label::Args),
 }
 
 /// Run the command.
@@ -41,5 +44,6 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         Cmd::Du(a) => du::run(a),
         Cmd::Compsize(a) => compsize::run(a),
         Cmd::Resize(a) => resize::run(a),
+        Cmd::Label(a) => label::run(a),
     }
 }

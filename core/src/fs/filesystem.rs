@@ -357,24 +357,15 @@ impl Filesystem {
         Ok(fs)
     }
 
+    /// Paths resolve from the top level (subvolume 5) from now on, as on
+    /// a mount with `subvolid=5`, whatever the default subvolume is.
+    pub fn root_at_top_level(&mut self) {
+        self.default_subvol = FS_TREE;
+    }
+
     /// The subvolume the root tree's `default` entry names.
     fn read_default_subvol(&mut self) -> Result<u64> {
-        let k = Key::new(
-            BTRFS_ROOT_TREE_DIR_OBJECTID,
-            BTRFS_DIR_ITEM_KEY,
-            crate::format::dir::name_hash(b"default"),
-        );
-        if let Some(d) = self.store.lookup(TreeId::Root, &k)? {
-            for e in crate::format::dir::parse_dir_items(&d).map_err(|e| e.at(0, k))? {
-                if e.name == b"default" {
-                    let id = Key::from(&e.item.location).objectid;
-                    if self.store.tree_exists(id)? {
-                        return Ok(id);
-                    }
-                }
-            }
-        }
-        Ok(FS_TREE)
+        crate::subvolume::default_id(&mut self.store)
     }
 
     // ------------------------------------------------------------------

@@ -40,6 +40,6 @@ pub use fsync::{FsyncLog, FsyncPath, FsyncTicket, LogAnswer, LogContext, LogSync
 pub use inode::ftype_of_mode;
 pub use ops::Stat;
 pub use options::MountOptions;
-pub use props::Xattrs;
+pub use props::{Xattrs, COMPRESSION};
 pub use subvol::Subvols;
 pub use writeback::Writeback;

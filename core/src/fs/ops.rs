@@ -55,6 +55,13 @@ pub struct Stat {
     pub flags: u64,
 }
 
+impl Stat {
+    /// Whether it is a directory.
+    pub fn is_dir(&self) -> bool {
+        is_dir(self.mode)
+    }
+}
+
 fn name_str(n: &[u8]) -> String {
     String::from_utf8_lossy(n).into_owned()
 }

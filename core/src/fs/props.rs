@@ -22,6 +22,7 @@ impl Filesystem {
     }
 }
 
+/// The xattr holding the compression property.
 pub const COMPRESSION: &[u8] = b"btrfs.compression";
 
 /// What a property value asks for (prop_compression_validate/apply).

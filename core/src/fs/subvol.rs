@@ -293,6 +293,12 @@ impl Subvols<'_> {
         uuid_add(&mut self.fs.store, u, ty, id)
     }
 
+    /// Drop subvolume `id` from the uuid tree's entry for the received
+    /// uuid `u` (BTRFS_UUID_KEY_RECEIVED_SUBVOL): it no longer claims it.
+    pub fn uuid_remove_received(&mut self, u: &[u8; 16], id: u64) -> Result<()> {
+        self.uuid_remove(u, BTRFS_UUID_KEY_RECEIVED_SUBVOL, id)
+    }
+
     fn uuid_remove(&mut self, u: &[u8; 16], ty: u8, id: u64) -> Result<()> {
         if !self.fs.store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
             return Ok(());
