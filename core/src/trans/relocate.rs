@@ -302,6 +302,9 @@ impl Relocation<'_> {
                 "relocating data with simple quotas enabled".into(),
             ));
         }
+        // The whole group's data read ahead: the copies below then find
+        // it in the page cache instead of waiting on each read in turn.
+        self.prefetch_data(data);
         let mut moves: BTreeMap<u64, DataMove> = BTreeMap::new();
         for &(old, len) in data {
             let new = self
@@ -368,6 +371,30 @@ impl Relocation<'_> {
             data_bytes: moves.values().map(|m| m.len).sum(),
             tree_blocks: dirty.len() as u64,
         })
+    }
+
+    /// Ask the devices to read ahead the first copy of every extent in
+    /// `data`, in runs of touching extents.
+    fn prefetch_data(&self, data: &[(u64, u64)]) {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &(s, l) in data {
+            match runs.last_mut() {
+                Some(r) if r.0 + r.1 == s => r.1 += l,
+                _ => runs.push((s, l)),
+            }
+        }
+        for (s, l) in runs {
+            let Ok(pieces) = self.st.img.chunks.pieces(s, l) else {
+                continue;
+            };
+            for p in pieces {
+                if let Some(&(devid, phys)) = p.copies.first() {
+                    if let Some(d) = self.st.img.device_of(devid) {
+                        d.prefetch(phys, p.len);
+                    }
+                }
+            }
+        }
     }
 
     /// Copy the bytes of data extent `old` to `new` (every copy of the
