@@ -539,7 +539,21 @@ pub fn run(
         if !limits.take(req, &g) {
             continue;
         }
-        match st.relocation().relocate_group(start) {
+        // A conversion that only adds copies keeps the group where it is.
+        let target = req.filters_for(g.flags).and_then(|f| f.convert);
+        let in_place = match target {
+            Some(t) => match st.chunks().add_mirrors(start, t) {
+                Ok(true) => st.commit().map(|_| true),
+                other => other,
+            },
+            None => Ok(false),
+        };
+        let moved = match in_place {
+            Ok(true) => Ok(Moved::default()),
+            Ok(false) => st.relocation().relocate_group(start),
+            Err(e) => Err(e),
+        };
+        match moved {
             Ok(m) => add(&mut report, m),
             Err(e) => {
                 r = Err(e);

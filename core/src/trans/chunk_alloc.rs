@@ -41,6 +41,10 @@ pub struct Space {
     /// kernel lowers the device's in-memory total_bytes first; the device
     /// item changes only once everything beyond is moved).
     pub(super) alloc_limit: std::collections::BTreeMap<u64, u64>,
+    /// Stripes being added to an existing chunk whose dev extents are not
+    /// in the dev tree yet, (devid, start, length): taken for any chunk
+    /// allocated meanwhile (a tree change on the way may need one).
+    pub(super) pending_stripes: Vec<(u64, u64, u64)>,
 }
 
 impl Space {
@@ -286,6 +290,11 @@ impl Chunks<'_> {
                 if d == devid {
                     free.remove(x, x + p.stripe);
                 }
+            }
+        }
+        for &(d, x, l) in &self.st.space.pending_stripes {
+            if d == devid {
+                free.remove(x, x + l);
             }
         }
         Ok(free)
@@ -536,6 +545,239 @@ impl Chunks<'_> {
     /// Carry the in-memory `bytes_used` of each device in `devids` into
     /// its DEV_ITEM in the chunk tree, after chunks were added to or
     /// removed from it (the superblock's copy follows at commit).
+    /// Give block group `start`, SINGLE or DUP, the mirrored profile
+    /// `target` (DUP, RAID1, RAID1C3 or RAID1C4) where it lies: its first
+    /// stripe stays as one copy, the others are written on new dev
+    /// extents (a DUP group's second stripe goes), and the chunk item,
+    /// dev extents, device usage and block group flags change in the
+    /// caller's next commit. Logical addresses stay, so no tree changes:
+    /// half the I/O of a relocation. Until that commit the new stripes
+    /// lie in unallocated space, so a cut leaves the group as it was.
+    /// Returns false, changing nothing, when it cannot be done in place
+    /// (another profile, a system group, no room for a stripe).
+    pub fn add_mirrors(&mut self, start: u64, target: u64) -> Result<bool> {
+        let Some(g) = self.st.space.alloc.groups.get(&start) else {
+            return Ok(false);
+        };
+        let (flags, len) = (g.flags, g.length);
+        let old = flags & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+        let target = target & BTRFS_BLOCK_GROUP_PROFILE_MASK;
+        let mirrored = BTRFS_BLOCK_GROUP_DUP
+            | BTRFS_BLOCK_GROUP_RAID1
+            | BTRFS_BLOCK_GROUP_RAID1C3
+            | BTRFS_BLOCK_GROUP_RAID1C4;
+        if flags & BTRFS_BLOCK_GROUP_SYSTEM != 0
+            || !(old == 0 || old == BTRFS_BLOCK_GROUP_DUP)
+            || target & mirrored == 0
+            || target.count_ones() != 1
+            || old == target
+            || (target == BTRFS_BLOCK_GROUP_DUP && old != 0)
+        {
+            return Ok(false);
+        }
+        let Some(m) = self.st.img.chunks.lookup(start).cloned() else {
+            return Ok(false);
+        };
+        if m.logical != start || m.length != len || m.stripes.is_empty() {
+            return Ok(false);
+        }
+        let (d0, _) = m.stripes[0];
+        let Some(attr) = RaidAttr::of(target) else {
+            return Ok(false);
+        };
+        let copies = attr.ncopies as usize;
+        // Where the new stripes go: on the same device for DUP, else on as
+        // many other devices, those with the most unallocated space first.
+        let mut devids: Vec<(u64, u64)> = Vec::new();
+        for (devid, _) in self.st.img.devices() {
+            let Some(di) = self.st.space.dev_item_of(&self.st.sb, devid) else {
+                continue;
+            };
+            let room = di.total_bytes.get().saturating_sub(di.bytes_used.get());
+            devids.push((devid, room));
+        }
+        let wanted: Vec<u64> = if target == BTRFS_BLOCK_GROUP_DUP {
+            vec![d0]
+        } else {
+            devids.sort_by_key(|&(d, room)| (std::cmp::Reverse(room), d));
+            devids
+                .iter()
+                .map(|&(d, _)| d)
+                .filter(|&d| d != d0)
+                .collect()
+        };
+        let mut placed: Vec<(u64, u64)> = Vec::new();
+        for devid in wanted {
+            if placed.len() + 1 == copies {
+                break;
+            }
+            let Some(di) = self.st.space.dev_item_of(&self.st.sb, devid) else {
+                continue;
+            };
+            let free = self.unallocated(devid, di.total_bytes.get())?;
+            if let Some(at) = stripe_hole(&free, len) {
+                placed.push((devid, at));
+            }
+        }
+        if placed.len() + 1 != copies {
+            return Ok(false);
+        }
+        let r = self.write_mirrors(start, len, flags, target, &m, &placed);
+        self.st.space.pending_stripes.clear();
+        r.map(|_| true)
+    }
+
+    /// [`Chunks::add_mirrors`] once the new stripes are placed.
+    fn write_mirrors(
+        &mut self,
+        start: u64,
+        len: u64,
+        flags: u64,
+        target: u64,
+        m: &crate::chunk::ChunkMapping,
+        placed: &[(u64, u64)],
+    ) -> Result<()> {
+        self.st
+            .space
+            .pending_stripes
+            .extend(placed.iter().map(|&(d, p)| (d, p, len)));
+        let (d0, p0) = m.stripes[0];
+        let copies = placed.len() + 1;
+        // The copy: every allocated range of the group, from the kept
+        // stripe to each new one.
+        let src = self
+            .st
+            .img
+            .device_of(d0)
+            .cloned()
+            .ok_or_else(|| Error::MissingDevice {
+                devids: vec![d0],
+                what: format!("the only copy of block group {start}"),
+            })?;
+        let free = self
+            .st
+            .space
+            .alloc
+            .groups
+            .get(&start)
+            .map(|g| g.free.clone())
+            .unwrap_or_default();
+        let mut used = RangeSet::new();
+        used.insert(start, start + len);
+        for (a, b) in free.iter() {
+            used.remove(a, b);
+        }
+        src.prefetch(p0, len);
+        const PIECE: u64 = 4 << 20;
+        let mut buf = Vec::new();
+        for (a, b) in used.iter() {
+            let mut at = a;
+            while at < b {
+                let n = (b - at).min(PIECE);
+                buf.resize(n as usize, 0);
+                src.read_at(p0 + (at - start), &mut buf)?;
+                for &(devid, phys) in placed {
+                    let dev = self
+                        .st
+                        .img
+                        .device_of(devid)
+                        .ok_or_else(|| Error::Internal(format!("device {devid} vanished")))?;
+                    dev.write_at(phys + (at - start), &buf)?;
+                }
+                at += n;
+            }
+        }
+        for &(devid, _) in placed {
+            if let Some(dev) = self.st.img.device_of(devid) {
+                dev.flush()?;
+            }
+        }
+        // The items.
+        let ckey = Key::new(BTRFS_FIRST_CHUNK_TREE_OBJECTID, BTRFS_CHUNK_ITEM_KEY, start);
+        let cdata = self
+            .st
+            .lookup(BTRFS_CHUNK_TREE_OBJECTID, &ckey)?
+            .ok_or_else(|| {
+                Error::corrupt_key_as(
+                    crate::CorruptKind::ChunkMap,
+                    "block group without chunk item",
+                    start,
+                    ckey,
+                )
+            })?;
+        let (chunk, stripes) =
+            crate::format::chunk::parse_chunk(&cdata).map_err(|e| e.at(start, ckey))?;
+        let mut chunk: ChunkItem = *chunk;
+        let kept: Stripe = stripes[0];
+        let dropped: Vec<(u64, u64)> = m.stripes[1..].to_vec();
+        let new_flags = (flags & !BTRFS_BLOCK_GROUP_PROFILE_MASK) | target;
+        chunk.type_.set(new_flags);
+        chunk.num_stripes.set(copies as u16);
+        chunk.sub_stripes.set(1);
+        let mut all = vec![kept];
+        for &(devid, phys) in placed {
+            let uuid = self
+                .st
+                .space
+                .dev_item_of(&self.st.sb, devid)
+                .map(|d| d.uuid)
+                .unwrap_or_default();
+            all.push(Stripe {
+                devid: devid.into(),
+                offset: phys.into(),
+                dev_uuid: uuid,
+            });
+        }
+        let mut item = chunk.as_bytes().to_vec();
+        for st in &all {
+            item.extend_from_slice(st.as_bytes());
+        }
+        self.st
+            .update_item(BTRFS_CHUNK_TREE_OBJECTID, &ckey, &item)?;
+        let chunk_tree_uuid = self.st.chunk_tree_uuid;
+        let mut touched = Vec::new();
+        for &(devid, phys) in placed {
+            let de = DevExtent {
+                chunk_tree: BTRFS_CHUNK_TREE_OBJECTID.into(),
+                chunk_objectid: BTRFS_FIRST_CHUNK_TREE_OBJECTID.into(),
+                chunk_offset: start.into(),
+                length: len.into(),
+                chunk_tree_uuid,
+            };
+            self.st.insert_item(
+                BTRFS_DEV_TREE_OBJECTID,
+                &Key::new(devid, BTRFS_DEV_EXTENT_KEY, phys),
+                de.as_bytes(),
+            )?;
+            if let Some(mut di) = self.st.space.dev_item_of(&self.st.sb, devid) {
+                di.bytes_used.set(di.bytes_used.get() + len);
+                self.st.space.set_dev_item(&mut self.st.sb, devid, di);
+            }
+            touched.push(devid);
+        }
+        for &(devid, phys) in &dropped {
+            self.st.delete_item(
+                BTRFS_DEV_TREE_OBJECTID,
+                &Key::new(devid, BTRFS_DEV_EXTENT_KEY, phys),
+            )?;
+            if let Some(mut di) = self.st.space.dev_item_of(&self.st.sb, devid) {
+                di.bytes_used.set(di.bytes_used.get().saturating_sub(len));
+                self.st.space.set_dev_item(&mut self.st.sb, devid, di);
+            }
+            touched.push(devid);
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        self.write_dev_items_used(&touched)?;
+        self.st.img.chunks.remove(start);
+        self.st.img.chunks.insert(start, &chunk, &all)?;
+        if let Some(g) = self.st.space.alloc.groups.get_mut(&start) {
+            g.flags = new_flags;
+            g.dirty = true;
+        }
+        Ok(())
+    }
+
     /// Device `devid`'s size becomes `total_bytes` (btrfs_grow_device, the
     /// end of btrfs_shrink_device): its device item in the chunk tree and
     /// in the superblocks, and the superblock's total_bytes by the
@@ -778,4 +1020,24 @@ impl Chunks<'_> {
         g.dirty = true;
         Ok(())
     }
+}
+
+/// The first place in `free` (physical ranges of one device) for a
+/// stripe of `len` bytes that holds no superblock copy (those bytes are
+/// the superblock's, and the logical range over them may hold data).
+fn stripe_hole(free: &RangeSet, len: u64) -> Option<u64> {
+    const MIB: u64 = 1 << 20;
+    for (a, b) in free.iter() {
+        let mut at = a.div_ceil(MIB) * MIB;
+        while at.checked_add(len).is_some_and(|e| e <= b) {
+            let clash = (0..BTRFS_SUPER_MIRROR_MAX)
+                .map(btrfs_sb_offset)
+                .find(|&o| o < at + len && o + BTRFS_SUPER_INFO_SIZE as u64 > at);
+            match clash {
+                None => return Some(at),
+                Some(o) => at = (o + BTRFS_SUPER_INFO_SIZE as u64).div_ceil(MIB) * MIB,
+            }
+        }
+    }
+    None
 }

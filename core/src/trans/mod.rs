@@ -351,6 +351,7 @@ impl Store {
                 chunk_cap: None,
                 restripe_target: Default::default(),
                 alloc_limit: Default::default(),
+                pending_stripes: Vec::new(),
             },
             delayed: delayed::DelayedRefs::default(),
             chunk_tree_uuid,
