@@ -1,7 +1,8 @@
 //! A random workload that leaves a hundred snapshots sharing extents
 //! (writes, overwrites, reflinks, punches, deletions between them), then
 //! the filesystem's whole life after mkfs through btrkit: shrunk to its
-//! minimum, grown, devices added, converted single -> raid1 -> raid10 ->
+//! minimum, grown, devices added (one shrunk and grown by devid),
+//! converted single -> raid1 -> raid10 ->
 //! raid6 -> raid1c3 and back to single and dup, devices removed and
 //! replaced in between. After every step every file of every snapshot is
 //! as before (the engine reads them all), the checker finds the devices
@@ -184,6 +185,13 @@ fn a_hundred_snapshots_through_shrink_conversions_and_device_changes() {
         &devs,
     );
     step(&devs, "raid10");
+    // A device of the set shrunk and grown by devid.
+    btrkit(&["filesystem", "resize", "2:-300m"], &devs);
+    assert_eq!(std::fs::metadata(&devs[1]).unwrap().len(), g - (300 << 20));
+    step(&devs, "device 2 shrunk");
+    btrkit(&["filesystem", "resize", "2:+300m"], &devs);
+    assert_eq!(std::fs::metadata(&devs[1]).unwrap().len(), g);
+    step(&devs, "device 2 grown");
     let d5 = file(t.path(), "d5.img", g);
     btrkit(
         &["device", "replace", "start", "3", d5.to_str().unwrap()],
