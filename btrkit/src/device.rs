@@ -57,8 +57,9 @@ pub struct RemoveArgs {
     /// The report as JSON.
     #[arg(long)]
     json: bool,
-    /// The device: its devid or its path.
-    #[arg(value_name = "DEVID|PATH")]
+    /// The device: its devid, its path, or `missing` (a device of the
+    /// set that is not there: what it held is rebuilt from the others).
+    #[arg(value_name = "DEVID|PATH|missing")]
     which: String,
     /// The image, and the set's other devices (the one removed among them).
     #[arg(required = true, value_name = "IMAGE")]

@@ -173,19 +173,31 @@ fn dev_extents(st: &mut Store, devid: u64) -> Result<Vec<(u64, u64, u64)>> {
     Ok(out)
 }
 
-/// `btrfs device remove DEVID|PATH` on the filesystem on `paths`;
+/// `btrfs device remove DEVID|PATH|missing` on the filesystem on `paths`;
 /// `progress(done, total)` counts relocated block groups.
 pub fn remove(
     paths: &[PathBuf],
     which: &str,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Report> {
-    let mut o = Offline::open(paths)?;
-    let devid = resolve(&o, which)?;
+    // `missing` (a device of the set not given) is removed from what the
+    // others hold: its copies are read from mirrors or parity.
+    let mut o = match Offline::open(paths) {
+        Err(Error::MissingDevice { .. }) if which == "missing" => Offline::open_degraded(paths)?,
+        r => r?,
+    };
+    let devid = if which == "missing" {
+        *o.fs()
+            .store
+            .missing_devices()
+            .first()
+            .ok_or_else(|| Error::Invalid("no device of the filesystem is missing".into()))?
+    } else {
+        resolve(&o, which)?
+    };
     let st = &mut o.fs().store;
     let size = st
-        .chunks()
-        .device_item(devid)
+        .tree_device_item(devid)?
         .ok_or_else(|| Error::Invalid(format!("no device {devid} in the filesystem")))?
         .total_bytes
         .get();

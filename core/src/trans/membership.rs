@@ -84,10 +84,13 @@ impl Store {
                 k.offset
             )));
         }
-        let di = self
-            .space
-            .dev_item_of(&self.sb, devid)
-            .ok_or_else(|| Error::Invalid(format!("no device {devid}")))?;
+        let di = match self.space.dev_item_of(&self.sb, devid) {
+            Some(d) => d,
+            // A missing device: its item as the chunk tree has it.
+            None => self
+                .tree_device_item(devid)?
+                .ok_or_else(|| Error::Invalid(format!("no device {devid}")))?,
+        };
         self.delete_item(
             BTRFS_CHUNK_TREE_OBJECTID,
             &Key::new(BTRFS_DEV_ITEMS_OBJECTID, BTRFS_DEV_ITEM_KEY, devid),
@@ -144,6 +147,12 @@ impl Store {
             })?)),
             None => Ok(None),
         }
+    }
+
+    /// Devids of the filesystem's devices that are missing (opened
+    /// degraded).
+    pub fn missing_devices(&self) -> &[u64] {
+        &self.img.missing
     }
 
     /// Device `devid`, when present.
