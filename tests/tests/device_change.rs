@@ -455,17 +455,11 @@ fn devices_come_and_go_as_with_the_kernel() {
     agree(&ours, &theirs, &before, "back to one device");
     let sb = btrkit_tests::kimage::superblock_of(&d4);
     assert_eq!(sb.num_devices.get(), 1);
-    for gone in [&d1] {
-        let e = btrkit_core::image::read_superblock(
-            &btrkit_core::io::FileDevice::open(gone, false).unwrap(),
-            0,
-        );
-        assert!(
-            e.is_err(),
-            "{}: a removed device keeps its superblock",
-            gone.display()
-        );
-    }
+    let e = btrkit_core::image::read_superblock(
+        &btrkit_core::io::FileDevice::open(&d1, false).unwrap(),
+        0,
+    );
+    assert!(e.is_err(), "a removed device keeps its superblock");
     // The kernel writes to what is left.
     let m = LoopMount::new(&d4, "").unwrap();
     std::fs::create_dir(m.path().join("later")).unwrap();
