@@ -126,7 +126,7 @@ pub fn parse_filters(s: &str) -> Result<Filters> {
             "profiles" => {
                 let mut bits = 0;
                 for p in need("profiles")?.split('|') {
-                    let b = crate::mkfs::parse_profile(p)?;
+                    let b = crate::format::names::parse_profile(p)?;
                     bits |= if b == 0 { SINGLE } else { b };
                 }
                 f.profiles = Some(bits);
@@ -169,7 +169,7 @@ pub fn parse_filters(s: &str) -> Result<Filters> {
                     }
                 });
             }
-            "convert" => f.convert = Some(crate::mkfs::parse_profile(need("convert")?)?),
+            "convert" => f.convert = Some(crate::format::names::parse_profile(need("convert")?)?),
             "soft" => f.soft = true,
             _ => {
                 return Err(Error::Invalid(format!(
@@ -528,7 +528,7 @@ pub fn run(
             }
         }
     }
-    st.set_groups_read_only(&fenced, true);
+    st.chunks().set_read_only(&fenced, true);
     let mut limits = Limits::default();
     let mut done = 0u64;
     let mut r = Ok(());
@@ -563,7 +563,7 @@ pub fn run(
         done += 1;
         progress(done, total.max(done), start);
     }
-    st.set_groups_read_only(&fenced, false);
+    st.chunks().set_read_only(&fenced, false);
     for ty in [
         BTRFS_BLOCK_GROUP_DATA,
         BTRFS_BLOCK_GROUP_METADATA,
@@ -572,9 +572,19 @@ pub fn run(
         st.chunks().set_restripe_target(ty, None);
     }
     r?;
-    st.update_profile_features();
+    st.chunks().update_profile_features();
     st.commit()?;
     Ok(report)
+}
+
+/// `btrfs balance start` on a mounted filesystem (the engine's `balance`
+/// step): written back and committed first, deleted subvolumes dropped,
+/// then [`run`], then a commit.
+pub fn on_filesystem(fs: &mut crate::fs::Filesystem, req: &Request) -> Result<Report> {
+    fs.subvols().prepare_relocation()?;
+    let r = run(&mut fs.store, req, &mut |_, _, _| {})?;
+    fs.subvols().finish_relocation()?;
+    Ok(r)
 }
 
 fn add(r: &mut Report, m: Moved) {

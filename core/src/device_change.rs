@@ -128,6 +128,7 @@ pub fn add(paths: &[PathBuf], new: &Path, force: bool) -> Result<Report> {
     let devid = o
         .fs()
         .store
+        .membership()
         .add_device(new.display().to_string(), dev, size)?;
     o.fs().commit("device add")?;
     o.close()?;
@@ -189,6 +190,7 @@ pub fn remove(
     let devid = if which == "missing" {
         *o.fs()
             .store
+            .membership()
             .missing_devices()
             .first()
             .ok_or_else(|| Error::Invalid("no device of the filesystem is missing".into()))?
@@ -197,6 +199,7 @@ pub fn remove(
     };
     let st = &mut o.fs().store;
     let size = st
+        .membership()
         .tree_device_item(devid)?
         .ok_or_else(|| Error::Invalid(format!("no device {devid} in the filesystem")))?
         .total_bytes
@@ -244,7 +247,7 @@ pub fn remove(
         c
     };
     st.chunks().set_alloc_limit(devid, Some(0));
-    st.set_groups_read_only(&chunks, true);
+    st.chunks().set_read_only(&chunks, true);
     let total = chunks.len() as u64;
     let mut r = Ok(());
     let mut relocated = 0u64;
@@ -263,10 +266,10 @@ pub fn remove(
         }
         progress(relocated, total);
     }
-    st.set_groups_read_only(&chunks, false);
+    st.chunks().set_read_only(&chunks, false);
     st.chunks().set_alloc_limit(devid, None);
     r?;
-    let gone = st.remove_device(devid)?;
+    let gone = st.membership().remove_device(devid)?;
     st.commit()?;
     o.close()?;
     if let Some(dev) = gone {
@@ -308,6 +311,7 @@ pub fn replace(
     };
     let st = &mut o.fs().store;
     let item = st
+        .membership()
         .tree_device_item(devid)?
         .ok_or_else(|| Error::Invalid(format!("no device {devid} in the filesystem")))?;
     let size = item.total_bytes.get();
@@ -344,7 +348,9 @@ pub fn replace(
     }
     target.flush()?;
     // The target takes the source's place: devid, device uuid, size.
-    let old = st.swap_device(devid, new.display().to_string(), target)?;
+    let old = st
+        .membership()
+        .swap_device(devid, new.display().to_string(), target)?;
     st.commit()?;
     o.close()?;
     if let Some(dev) = old {

@@ -60,13 +60,13 @@ impl Offline {
                 Arc::new(FileDevice::open(p, true)?),
             ));
         }
-        let mut fs = crate::log::replay::mount_devices(devs, MountOptions::default(), degraded)?;
+        // Paths name things from the top level, whatever the default.
+        let opts = MountOptions::parse(&["subvolid=5"])?;
+        let mut fs = crate::log::replay::mount_devices(devs, opts, degraded)?;
         fs.subvols().drop_deleted_now()?;
         // Data writes go to the devices on a thread of their own while
         // the next reads are served (a relocation copies both ways).
         fs.store.data().start_data_writer()?;
-        // Paths name things from the top level, whatever the default.
-        fs.root_at_top_level();
         Ok(Offline { fs, devices })
     }
 

@@ -261,7 +261,7 @@ fn shrink(
             chunks.push(c);
         }
     }
-    st.set_groups_read_only(&chunks, true);
+    st.chunks().set_read_only(&chunks, true);
     let total = chunks.len() as u64;
     let mut r = Ok(());
     for (i, &c) in chunks.iter().enumerate() {
@@ -283,7 +283,7 @@ fn shrink(
         }
         progress(i as u64 + 1, total);
     }
-    st.set_groups_read_only(&chunks, false);
+    st.chunks().set_read_only(&chunks, false);
     r?;
     if let Some((s, l, _)) = dev_extents(st, devid)?
         .into_iter()

@@ -140,26 +140,7 @@ pub fn list(st: &mut Store) -> Result<Vec<Subvolume>> {
     Ok(out)
 }
 
-/// The subvolume the root tree's `default` entry names (the top level
-/// when it names none that exists).
-pub fn default_id(st: &mut Store) -> Result<u64> {
-    let k = Key::new(
-        BTRFS_ROOT_TREE_DIR_OBJECTID,
-        BTRFS_DIR_ITEM_KEY,
-        crate::format::dir::name_hash(b"default"),
-    );
-    if let Some(d) = st.lookup(TreeId::Root, &k)? {
-        for e in crate::format::dir::parse_dir_items(&d).map_err(|e| e.at(0, k))? {
-            if e.name == b"default" {
-                let id = Key::from(&e.item.location).objectid;
-                if st.tree_exists(id)? {
-                    return Ok(id);
-                }
-            }
-        }
-    }
-    Ok(BTRFS_FS_TREE_OBJECTID)
-}
+pub use crate::fs::subvol::default_subvol_id as default_id;
 
 /// The property names btrfs knows, by the object they belong to.
 pub const PROPERTIES: [(&str, &str); 3] = [

@@ -1,6 +1,7 @@
 //! The layer order of `core/src`: no module names a module above it
 //! (format, util, io, chunk, tree, alloc, trans, fs, log, check,
-//! restore, rescue, mount_view and heatmap, mkfs, tune, workload; the top-level files sit
+//! restore, rescue, mount_view, heatmap, balance, resize and subvolume,
+//! mkfs, tune, offline and device_change, workload; the top-level files sit
 //! in the layer of what they are). A module's own tests (from its
 //! `#[cfg(test)]` on) may use anything.
 
@@ -26,9 +27,13 @@ const LAYERS: &[&[&str]] = &[
         "mount_view",
         "usage",
         "heatmap",
+        "balance",
+        "resize",
+        "subvolume",
     ],
     &["mkfs"],
     &["tune"],
+    &["offline", "device_change"],
     &["workload"],
 ];
 

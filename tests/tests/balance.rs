@@ -508,7 +508,7 @@ fn run_op(dev: Arc<dyn BlockDevice>, op: &str) -> btrkit_core::Result<()> {
         btrkit_core::resize::resize(&mut fs.store, 1, n, &mut |_, _| {})?;
     } else {
         let req = btrkit_core::balance::parse_args(&[op])?.normalize()?;
-        fs.subvols().balance(&req)?;
+        btrkit_core::balance::on_filesystem(&mut fs, &req)?;
     }
     fs.sync()
 }

@@ -280,6 +280,28 @@ pub fn super_flag_names(flags: u64) -> Vec<String> {
     flag_names(flags, table)
 }
 
+/// A profile name as mkfs.btrfs takes it (`-m`/`-d`), as block group
+/// profile bits: single, dup, raid0, raid1, raid1c3, raid1c4, raid10,
+/// raid5, raid6.
+pub fn parse_profile(name: &str) -> crate::Result<u64> {
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "single" => 0,
+        "dup" => BTRFS_BLOCK_GROUP_DUP,
+        "raid0" => BTRFS_BLOCK_GROUP_RAID0,
+        "raid1" => BTRFS_BLOCK_GROUP_RAID1,
+        "raid1c3" => BTRFS_BLOCK_GROUP_RAID1C3,
+        "raid1c4" => BTRFS_BLOCK_GROUP_RAID1C4,
+        "raid10" => BTRFS_BLOCK_GROUP_RAID10,
+        "raid5" => BTRFS_BLOCK_GROUP_RAID5,
+        "raid6" => BTRFS_BLOCK_GROUP_RAID6,
+        _ => {
+            return Err(crate::Error::Invalid(format!(
+                "unknown profile '{name}' (single, dup, raid0, raid1, raid1c3, raid1c4, raid10, raid5, raid6)"
+            )))
+        }
+    })
+}
+
 /// A profile's name as btrfs(8) takes it (`single`, `dup`, `raid1`...).
 pub fn profile_name(flags: u64) -> &'static str {
     match flags & BTRFS_BLOCK_GROUP_PROFILE_MASK {

@@ -357,15 +357,16 @@ impl Filesystem {
         Ok(fs)
     }
 
-    /// Paths resolve from the top level (subvolume 5) from now on, as on
-    /// a mount with `subvolid=5`, whatever the default subvolume is.
-    pub fn root_at_top_level(&mut self) {
-        self.default_subvol = FS_TREE;
-    }
-
-    /// The subvolume the root tree's `default` entry names.
+    /// The subvolume the mount's root is: `subvolid=` when given, else
+    /// the one the root tree's `default` entry names.
     fn read_default_subvol(&mut self) -> Result<u64> {
-        crate::subvolume::default_id(&mut self.store)
+        if let Some(id) = self.opts.subvolid {
+            if !self.store.tree_exists(id)? {
+                return Err(Error::Invalid(format!("subvolid={id}: no such subvolume")));
+            }
+            return Ok(id);
+        }
+        super::subvol::default_subvol_id(&mut self.store)
     }
 
     // ------------------------------------------------------------------

@@ -39,6 +39,9 @@ pub struct MountOptions {
     /// a read-only mount too), so an image whose extent tree cannot take
     /// a change still opens for reading.
     pub read_only: bool,
+    /// `subvolid=N`: the subvolume the mount's root is, instead of the
+    /// default one.
+    pub subvolid: Option<u64>,
 }
 
 impl Default for MountOptions {
@@ -56,6 +59,7 @@ impl Default for MountOptions {
             ssd_given: false,
             given: Vec::new(),
             read_only: false,
+            subvolid: None,
         }
     }
 }
@@ -118,7 +122,6 @@ const ACCEPTED_VALUED: &[&str] = &[
     "space_cache",
     "discard",
     "subvol",
-    "subvolid",
     "device",
     "thread_pool",
     "metadata_ratio",
@@ -160,6 +163,11 @@ impl MountOptions {
             None => (opt, None),
         };
         match (name, val) {
+            ("subvolid", Some(v)) => {
+                let n: u64 = v.parse().map_err(|_| bad())?;
+                // 0 means the default subvolume, as the kernel reads it.
+                self.subvolid = (n != 0).then_some(n);
+            }
             ("commit", Some(v)) => {
                 let n: u64 = v.parse().map_err(|_| bad())?;
                 self.commit_interval = if n == 0 { 30 } else { n };

@@ -42,6 +42,27 @@ fn root_ref_bytes(dirid: u64, index: u64, name: &[u8]) -> Vec<u8> {
     v
 }
 
+/// The subvolume the root tree's `default` entry names (the top level
+/// when it names none that exists).
+pub fn default_subvol_id(st: &mut crate::trans::Store) -> Result<u64> {
+    let k = Key::new(
+        BTRFS_ROOT_TREE_DIR_OBJECTID,
+        BTRFS_DIR_ITEM_KEY,
+        crate::format::dir::name_hash(b"default"),
+    );
+    if let Some(d) = st.lookup(TreeId::Root, &k)? {
+        for e in crate::format::dir::parse_dir_items(&d).map_err(|e| e.at(0, k))? {
+            if e.name == b"default" {
+                let id = Key::from(&e.item.location).objectid;
+                if st.tree_exists(id)? {
+                    return Ok(id);
+                }
+            }
+        }
+    }
+    Ok(BTRFS_FS_TREE_OBJECTID)
+}
+
 /// A new, empty subvolume `id` (create_subvol's trees and items, without
 /// a name): its root item (`readonly`: BTRFS_ROOT_SUBVOL_RDONLY) and tree,
 /// root directory 256 with its `..` reference, its uuid in the uuid tree
@@ -782,16 +803,18 @@ impl Subvols<'_> {
         self.fs.commit("balance")
     }
 
-    /// `btrfs balance start` with `req`'s filters: dirty data written back
-    /// and committed, deleted subvolumes dropped, then every chosen block
-    /// group relocated (each step committed).
-    pub fn balance(&mut self, req: &crate::balance::Request) -> Result<crate::balance::Report> {
+    /// Before relocating block groups (`btrfs balance`, a shrink): dirty
+    /// data written back and committed, deleted subvolumes dropped.
+    pub fn prepare_relocation(&mut self) -> Result<()> {
         self.fs.sync()?;
-        self.drop_deleted_now()?;
-        let r = crate::balance::run(&mut self.fs.store, req, &mut |_, _, _| {})?;
+        self.drop_deleted_now()
+    }
+
+    /// After relocating block groups: the clock moved as by a commit, and
+    /// a commit.
+    pub fn finish_relocation(&mut self) -> Result<()> {
         self.fs.clock.dirtied();
-        self.fs.commit("balance")?;
-        Ok(r)
+        self.fs.commit("balance")
     }
 
     /// Drop every deleted subvolume's tree now (what the cleaner does

@@ -267,27 +267,7 @@ impl Default for MkfsOptions {
     }
 }
 
-/// A profile name as mkfs.btrfs takes it (`-m`/`-d`), as block group
-/// profile bits: single, dup, raid0, raid1, raid1c3, raid1c4, raid10,
-/// raid5, raid6.
-pub fn parse_profile(name: &str) -> Result<u64> {
-    Ok(match name.to_ascii_lowercase().as_str() {
-        "single" => 0,
-        "dup" => BTRFS_BLOCK_GROUP_DUP,
-        "raid0" => BTRFS_BLOCK_GROUP_RAID0,
-        "raid1" => BTRFS_BLOCK_GROUP_RAID1,
-        "raid1c3" => BTRFS_BLOCK_GROUP_RAID1C3,
-        "raid1c4" => BTRFS_BLOCK_GROUP_RAID1C4,
-        "raid10" => BTRFS_BLOCK_GROUP_RAID10,
-        "raid5" => BTRFS_BLOCK_GROUP_RAID5,
-        "raid6" => BTRFS_BLOCK_GROUP_RAID6,
-        _ => {
-            return Err(Error::Invalid(format!(
-                "unknown profile '{name}' (single, dup, raid0, raid1, raid1c3, raid1c4, raid10, raid5, raid6)"
-            )))
-        }
-    })
-}
+pub use crate::format::names::parse_profile;
 
 /// The profile's name as mkfs.btrfs prints it.
 fn profile_name(p: u64) -> &'static str {

@@ -54,7 +54,7 @@ mod fst;
 pub mod items;
 pub mod loggate;
 mod logsync;
-mod membership;
+pub mod membership;
 pub mod qgroup;
 mod refs;
 pub mod relocate;

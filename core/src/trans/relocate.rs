@@ -832,47 +832,6 @@ impl Store {
     pub fn num_devices_present(&self) -> u64 {
         self.img.devices().count() as u64
     }
-
-    /// Let block groups `starts` take new extents (`false`) or not
-    /// (`true`); nothing on disk changes.
-    pub fn set_groups_read_only(&mut self, starts: &[u64], read_only: bool) {
-        for s in starts {
-            if let Some(g) = self.space.alloc.groups.get_mut(s) {
-                g.read_only = read_only;
-            }
-        }
-    }
-
-    /// The incompat bits the block groups' profiles call for: RAID56 while
-    /// a RAID5/6 group exists, RAID1C34 while a RAID1C3/4 one does (set
-    /// when the first such group appears, cleared with the last, as
-    /// the kernel's btrfs_remove_block_group does).
-    pub fn update_profile_features(&mut self) {
-        let all = self
-            .space
-            .alloc
-            .groups
-            .values()
-            .fold(0u64, |a, g| a | g.flags);
-        let mut f = self.sb.incompat_flags.get();
-        for (bits, feature) in [
-            (
-                BTRFS_BLOCK_GROUP_RAID5 | BTRFS_BLOCK_GROUP_RAID6,
-                BTRFS_FEATURE_INCOMPAT_RAID56,
-            ),
-            (
-                BTRFS_BLOCK_GROUP_RAID1C3 | BTRFS_BLOCK_GROUP_RAID1C4,
-                BTRFS_FEATURE_INCOMPAT_RAID1C34,
-            ),
-        ] {
-            if all & bits != 0 {
-                f |= feature;
-            } else {
-                f &= !feature;
-            }
-        }
-        self.sb.incompat_flags.set(f);
-    }
 }
 
 /// The tree id of a root tree item's objectid.

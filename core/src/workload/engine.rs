@@ -424,7 +424,7 @@ impl EngineRunner {
             Step::BalanceMetadata => fs.subvols().balance_metadata()?,
             Step::Balance(args) => {
                 let req = crate::balance::parse_args(args)?.normalize()?;
-                fs.subvols().balance(&req)?;
+                crate::balance::on_filesystem(fs, &req)?;
             }
             Step::WriteFiles {
                 dir,
