@@ -164,6 +164,10 @@ verbs! {
     "balance-metadata" Step "balance-metadata"
         "btrfs balance start -m: relocate every metadata and system block group (commits)."
         "balance-metadata";
+    "balance" Step "balance [-d[FILTERS]] [-m[FILTERS]] [-s[FILTERS]] [-f]"
+        "btrfs balance start with its options: relocate the block groups the filters choose, \
+         converting profiles with convert= (commits)."
+        "balance -dusage=50 -mconvert=raid1";
     "writefiles" Step "writefiles DIR N SIZE[-MAX] [fsync|fdatasync|none]"
         "Create N files DIR/f00000... of distinct content, sizes spread over SIZE..MAX, each \
          synced after it is written when asked."
