@@ -17,8 +17,6 @@
 
 use crate::chunk::parity;
 use crate::format::consts::*;
-use crate::format::dev::DevExtent;
-use crate::format::key::Key;
 use crate::io::{BlockDevice, FileDevice};
 use crate::offline::Offline;
 use crate::trans::Store;
@@ -160,20 +158,6 @@ fn resolve(o: &Offline, which: &str) -> Result<u64> {
         .ok_or_else(|| Error::Invalid(format!("{which} is not a device of the filesystem")))
 }
 
-/// The dev extents of `devid`: (physical start, length, chunk logical).
-fn dev_extents(st: &mut Store, devid: u64) -> Result<Vec<(u64, u64, u64)>> {
-    let mut out = Vec::new();
-    for (k, d) in st.items_in(
-        BTRFS_DEV_TREE_OBJECTID,
-        Key::new(devid, BTRFS_DEV_EXTENT_KEY, 0),
-        Key::new(devid, BTRFS_DEV_EXTENT_KEY, u64::MAX),
-    )? {
-        let de: &DevExtent = crate::format::view(&d, "dev extent").map_err(|e| e.at(0, k))?;
-        out.push((k.offset, de.length.get(), de.chunk_offset.get()));
-    }
-    Ok(out)
-}
-
 /// `btrfs device remove DEVID|PATH|missing` on the filesystem on `paths`;
 /// `progress(done, total)` counts relocated block groups.
 pub fn remove(
@@ -232,43 +216,12 @@ pub fn remove(
             )));
         }
     }
-    let chunks: Vec<u64> = {
-        let mut v: Vec<(u64, u64)> = dev_extents(st, devid)?
-            .into_iter()
-            .map(|(s, _, c)| (s, c))
-            .collect();
-        v.sort_by_key(|x| std::cmp::Reverse(x.0));
-        let mut c: Vec<u64> = Vec::new();
-        for (_, x) in v {
-            if !c.contains(&x) {
-                c.push(x);
-            }
-        }
-        c
-    };
-    st.chunks().set_alloc_limit(devid, Some(0));
-    st.chunks().set_read_only(&chunks, true);
-    let total = chunks.len() as u64;
-    let mut r = Ok(());
-    let mut relocated = 0u64;
-    for &c in &chunks {
-        match st.relocation().relocate_group(c) {
-            Ok(_) => relocated += 1,
-            Err(e) => {
-                r = Err(match e {
-                    Error::NoSpace(m) => Error::NoSpace(format!(
-                        "{m}: the other devices have no room for what device {devid} holds"
-                    )),
-                    e => e,
-                });
-                break;
-            }
-        }
-        progress(relocated, total);
-    }
-    st.chunks().set_read_only(&chunks, false);
-    st.chunks().set_alloc_limit(devid, None);
-    r?;
+    let (relocated, _) = crate::resize::move_off(st, devid, 0, progress).map_err(|e| match e {
+        Error::NoSpace(m) => Error::NoSpace(format!(
+            "{m}: the other devices have no room for what device {devid} holds"
+        )),
+        e => e,
+    })?;
     let gone = st.membership().remove_device(devid)?;
     st.commit()?;
     o.close()?;
@@ -323,7 +276,7 @@ pub fn replace(
     }
     wipe_signatures(target.as_ref())?;
     let source = st.chunk_map_device(devid);
-    let exts = dev_extents(st, devid)?;
+    let exts = crate::resize::dev_extents(st, devid)?;
     let total: u64 = exts.iter().map(|e| e.1).sum();
     let mut copied = 0u64;
     let mut rebuilt = 0u64;

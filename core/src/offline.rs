@@ -128,25 +128,25 @@ pub fn resize_images(
                 path.display()
             )));
         }
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(path.display().to_string(), e))?;
-        f.set_len(new)
-            .and_then(|_| f.sync_all())
-            .map_err(|e| Error::io(format!("extending {}", path.display()), e))?;
+        set_file_size(&path, new, "extending")?;
     }
     let mut o = Offline::open(paths)?;
     let report = crate::resize::resize(&mut o.fs().store, devid, new, progress)?;
     o.close()?;
     if is_file && new < dev_size {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(path.display().to_string(), e))?;
-        f.set_len(new)
-            .and_then(|_| f.sync_all())
-            .map_err(|e| Error::io(format!("cutting {}", path.display()), e))?;
+        set_file_size(&path, new, "cutting")?;
     }
     Ok(report)
+}
+
+/// Make the image file at `path` `size` bytes long, durably (`what` it
+/// is doing, for the error).
+fn set_file_size(path: &Path, size: u64, what: &str) -> Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(path.display().to_string(), e))?;
+    f.set_len(size)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| Error::io(format!("{what} {}", path.display()), e))
 }

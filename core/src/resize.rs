@@ -112,7 +112,7 @@ pub fn target_size(change: Change, old: u64, dev_size: u64, sectorsize: u64) -> 
 
 /// The device extents of `devid` as (start, length, chunk logical),
 /// ascending.
-fn dev_extents(st: &mut Store, devid: u64) -> Result<Vec<(u64, u64, u64)>> {
+pub(crate) fn dev_extents(st: &mut Store, devid: u64) -> Result<Vec<(u64, u64, u64)>> {
     let mut out = Vec::new();
     for (k, d) in st.items_in(
         BTRFS_DEV_TREE_OBJECTID,
@@ -230,28 +230,35 @@ pub fn resize(
         st.commit()?;
         return Ok(report);
     }
-    st.chunks().set_alloc_limit(devid, Some(new_size));
-    let r = shrink(st, devid, new_size, &mut report, progress);
-    st.chunks().set_alloc_limit(devid, None);
-    r?;
+    let (relocated, data_bytes) = move_off(st, devid, new_size, progress).map_err(|e| match e {
+        Error::NoSpace(m) => Error::NoSpace(format!(
+            "{m}: not enough room below {new_size} bytes for what lies past it \
+                 (nothing past the groups already moved was changed; see min-dev-size)"
+        )),
+        e => e,
+    })?;
+    report.relocated = relocated;
+    report.data_bytes = data_bytes;
     st.chunks().set_device_size(devid, new_size)?;
     st.commit()?;
     Ok(report)
 }
 
-fn shrink(
+/// Relocate every block group with a stripe of device `devid` past byte
+/// `end` (0: all of them), highest stripe first, no new chunk placed
+/// there meanwhile (a shrink, a device removal). All of them are fenced
+/// at once, so one's extents do not land in another that goes next.
+/// `progress(done, total)` after each. Returns the groups relocated and
+/// the data bytes they moved.
+pub(crate) fn move_off(
     st: &mut Store,
     devid: u64,
-    new_size: u64,
-    report: &mut Report,
+    end: u64,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<()> {
-    // Every group with a stripe past the new end, highest stripe first;
-    // all of them fenced at once, so one's extents do not land in
-    // another that goes next.
+) -> Result<(u64, u64)> {
     let mut groups: Vec<(u64, u64)> = dev_extents(st, devid)?
         .into_iter()
-        .filter(|&(s, l, _)| s + l > new_size)
+        .filter(|&(s, l, _)| s + l > end)
         .map(|(s, _, chunk)| (s, chunk))
         .collect();
     groups.sort_by_key(|g| std::cmp::Reverse(g.0));
@@ -261,39 +268,36 @@ fn shrink(
             chunks.push(c);
         }
     }
+    st.chunks().set_alloc_limit(devid, Some(end));
     st.chunks().set_read_only(&chunks, true);
     let total = chunks.len() as u64;
+    let (mut relocated, mut data_bytes) = (0u64, 0u64);
     let mut r = Ok(());
-    for (i, &c) in chunks.iter().enumerate() {
+    for &c in &chunks {
         match st.relocation().relocate_group(c) {
             Ok(m) => {
-                report.relocated += 1;
-                report.data_bytes += m.data_bytes;
+                relocated += 1;
+                data_bytes += m.data_bytes;
             }
             Err(e) => {
-                r = Err(match e {
-                    Error::NoSpace(m) => Error::NoSpace(format!(
-                        "{m}: not enough room below {new_size} bytes for what lies past it \
-                         (nothing past the groups already moved was changed; see min-dev-size)"
-                    )),
-                    e => e,
-                });
+                r = Err(e);
                 break;
             }
         }
-        progress(i as u64 + 1, total);
+        progress(relocated, total);
     }
     st.chunks().set_read_only(&chunks, false);
+    st.chunks().set_alloc_limit(devid, None);
     r?;
     if let Some((s, l, _)) = dev_extents(st, devid)?
         .into_iter()
-        .find(|&(s, l, _)| s + l > new_size)
+        .find(|&(s, l, _)| s + l > end)
     {
         return Err(Error::Internal(format!(
-            "device {devid} still has a dev extent at {s}+{l} past {new_size}"
+            "device {devid} still has a dev extent at {s}+{l} past {end}"
         )));
     }
-    Ok(())
+    Ok((relocated, data_bytes))
 }
 
 #[cfg(test)]

@@ -304,3 +304,30 @@ pub fn progs_dump(paths: &[PathBuf]) -> String {
         .map(|l| format!("{l}\n"))
         .collect()
 }
+
+/// Every file's extents under `root` as `filefrag -v` shows them without
+/// their addresses (logical range, length, flags: shared or not, encoded,
+/// unwritten), the files in path order: what a relocation must keep.
+pub fn extents_of(root: &Path) -> Vec<String> {
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("find . -type f -print0 | sort -z | xargs -0 filefrag -v 2>&1 | grep -v '^Filesystem type'")
+        .current_dir(root)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() >= 6
+                && f[0].ends_with(':')
+                && f[0].trim_end_matches(':').parse::<u64>().is_ok()
+            {
+                let flags = f.last().filter(|x| !x.ends_with(':')).unwrap_or(&"");
+                format!("{} {} {} {flags}", f[1], f[2], f[5])
+            } else {
+                l.to_string()
+            }
+        })
+        .collect()
+}

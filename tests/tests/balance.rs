@@ -23,7 +23,7 @@ use btrkit_core::util::prng::Prng;
 use btrkit_tests::mount::LoopMount;
 use btrkit_tests::oracle::{self, Progs};
 use btrkit_tests::rich::{build_rich, RichOpts};
-use btrkit_tests::sets::{device_opts, write_files};
+use btrkit_tests::sets::{device_opts, extents_of, write_files};
 use btrkit_tests::sys::must_run;
 use btrkit_tests::{bin_path, env, kcrash, skip_unless, MkfsOpts};
 use std::collections::BTreeMap;
@@ -85,28 +85,8 @@ fn checked(devs: &[PathBuf], what: &str) -> u64 {
 fn kernel_view(devs: &[PathBuf]) -> (String, Vec<String>) {
     let m = LoopMount::new(&devs[0], &format!("ro{}", device_opts(devs))).unwrap();
     let man = kcrash::manifest_of_tree(m.path()).unwrap().render();
-    let o = Command::new("sh")
-        .arg("-c")
-        .arg("find . -type f -print0 | sort -z | xargs -0 filefrag -v 2>&1 | grep -v '^Filesystem type'")
-        .current_dir(m.path())
-        .output()
-        .unwrap();
+    let frag = extents_of(m.path());
     drop(m);
-    let frag = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() >= 6
-                && f[0].ends_with(':')
-                && f[0].trim_end_matches(':').parse::<u64>().is_ok()
-            {
-                let flags = f.last().filter(|x| !x.ends_with(':')).unwrap_or(&"");
-                format!("{} {} {} {flags}", f[1], f[2], f[5])
-            } else {
-                l.to_string()
-            }
-        })
-        .collect();
     (man, frag)
 }
 

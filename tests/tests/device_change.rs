@@ -9,7 +9,7 @@
 
 use btrkit_tests::mount::LoopMount;
 use btrkit_tests::oracle::{self, Progs};
-use btrkit_tests::sets::{device_opts, fsck_clean, write_files};
+use btrkit_tests::sets::{device_opts, extents_of, fsck_clean, write_files};
 use btrkit_tests::sys::must_run;
 use btrkit_tests::{bin_path, env, kcrash, skip_unless};
 use std::collections::BTreeMap;
@@ -63,27 +63,7 @@ fn view(devs: &[PathBuf], extra: &str) -> View {
     let opts = format!("ro{extra}{}", device_opts(devs));
     let m = LoopMount::new(&devs[0], &opts).unwrap();
     let files = kcrash::manifest_of_tree(m.path()).unwrap().render();
-    let o = Command::new("sh")
-        .arg("-c")
-        .arg("find . -type f -print0 | sort -z | xargs -0 filefrag -v 2>&1 | grep -v '^Filesystem type'")
-        .current_dir(m.path())
-        .output()
-        .unwrap();
-    let extents = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() >= 6
-                && f[0].ends_with(':')
-                && f[0].trim_end_matches(':').parse::<u64>().is_ok()
-            {
-                let flags = f.last().filter(|x| !x.ends_with(':')).unwrap_or(&"");
-                format!("{} {} {} {flags}", f[1], f[2], f[5])
-            } else {
-                l.to_string()
-            }
-        })
-        .collect();
+    let extents = extents_of(m.path());
     let show = must_run(
         Command::new("btrfs")
             .args(["filesystem", "show", "--raw"])
