@@ -9,6 +9,8 @@ mod device;
 mod filesystem;
 mod inspect;
 mod property;
+mod receive;
+mod send;
 mod subvolume;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +47,10 @@ enum Group {
     Property(property::Args),
     /// Low-level questions: min-dev-size.
     InspectInternal(inspect::Args),
+    /// Write a stream of a read-only snapshot (as btrfs send).
+    Send(send::Args),
+    /// Apply send streams into an image (as btrfs receive).
+    Receive(receive::Args),
 }
 
 fn main() {
@@ -67,6 +73,8 @@ fn main() {
         Group::Subvolume(a) => subvolume::run(a),
         Group::Property(a) => property::run(a),
         Group::InspectInternal(a) => inspect::run(a),
+        Group::Send(a) => send::run(a),
+        Group::Receive(a) => receive::run(a),
     };
     if let Err(e) = r {
         eprintln!("btrkit: error: {}", format!("{e:#}").replace('\n', " "));

@@ -27,6 +27,7 @@ pub mod offline;
 pub mod rescue;
 pub mod resize;
 pub mod restore;
+pub mod send;
 pub mod subvolume;
 pub mod trans;
 pub mod tree;

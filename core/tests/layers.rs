@@ -1,7 +1,7 @@
 //! The layer order of `core/src`: no module names a module above it
 //! (format, util, io, chunk, tree, alloc, trans, fs, log, check,
 //! restore, rescue, mount_view, heatmap, balance, resize and subvolume,
-//! mkfs, tune, offline and device_change, workload; the top-level files sit
+//! mkfs, tune, offline, device_change and send, workload; the top-level files sit
 //! in the layer of what they are). A module's own tests (from its
 //! `#[cfg(test)]` on) may use anything.
 
@@ -33,7 +33,7 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["mkfs"],
     &["tune"],
-    &["offline", "device_change"],
+    &["offline", "device_change", "send"],
     &["workload"],
 ];
 

@@ -597,6 +597,89 @@ impl Filesystem {
 }
 
 impl FileRanges<'_> {
+    /// BTRFS_IOC_ENCODED_WRITE (btrfs_do_encoded_write): `disk`, data
+    /// compressed with `compression` (BTRFS_COMPRESS_*) to `ram` bytes,
+    /// becomes one extent of the file at `off` holding `len` bytes of it
+    /// from byte `ext_off` on, kept compressed. What the range held is
+    /// dropped; the file grows to `off + len` when shorter. The kernel's
+    /// checks: a sector aligned offset, at most 128 KiB either way, a
+    /// range inside the decoded data, an unaligned end only at or past
+    /// the end of the file, compressed data shorter than decoded.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encoded_write(
+        &mut self,
+        l: Loc,
+        off: u64,
+        len: u64,
+        ram: u64,
+        ext_off: u64,
+        compression: u8,
+        disk: &[u8],
+    ) -> Result<()> {
+        use crate::format::file_extent::{MAX_COMPRESSED, MAX_UNCOMPRESSED};
+        self.fs.regular(l, "encoded write")?;
+        let ss = self.fs.store.sectorsize() as u64;
+        let inval = |why: &str| Error::errno(libc::EINVAL, format!("encoded write: {why}"));
+        if !matches!(
+            compression,
+            BTRFS_COMPRESS_ZLIB | BTRFS_COMPRESS_LZO | BTRFS_COMPRESS_ZSTD
+        ) {
+            return Err(inval("unknown compression"));
+        }
+        if len == 0 || ram == 0 || ram > MAX_UNCOMPRESSED || disk.is_empty() {
+            return Err(inval("empty or oversized extent"));
+        }
+        // The decoded length is counted in whole sectors, as the kernel's
+        // ALIGN(unencoded_len): the extent item's ram_bytes.
+        let ram = ram.div_ceil(ss) * ss;
+        if disk.len() as u64 > MAX_COMPRESSED || (disk.len() as u64).div_ceil(ss) * ss >= ram {
+            return Err(inval("the compressed data saves nothing"));
+        }
+        if !off.is_multiple_of(ss) || ext_off.checked_add(len).is_none_or(|e| e > ram) {
+            return Err(inval("range outside the extent or unaligned offset"));
+        }
+        let end = off
+            .checked_add(len)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or_else(|| inval("range past the largest file"))?;
+        let i_size = self.fs.rt(l)?.i_size;
+        if end % ss != 0 && end < i_size {
+            return Err(inval("unaligned end before the end of the file"));
+        }
+        if self.fs.item(l)?.flags.get() & (BTRFS_INODE_NODATASUM | BTRFS_INODE_NODATACOW) != 0 {
+            return Err(inval("the file keeps no checksums"));
+        }
+        let num = len.div_ceil(ss) * ss;
+        // Whatever the page cache holds of the range goes to disk first,
+        // then the pages go: the new extent replaces it.
+        self.fs.writeback().inode(l, off, off + num, Reason::Sync)?;
+        self.fs.drop_pages(l, off, off + num)?;
+        let padded;
+        let disk = if (disk.len() as u64).is_multiple_of(ss) {
+            disk
+        } else {
+            let mut v = disk.to_vec();
+            v.resize(((disk.len() as u64).div_ceil(ss) * ss) as usize, 0);
+            padded = v;
+            &padded
+        };
+        let bytenr = super::data::write_data_extent(&mut self.fs.store, disk, true)?;
+        if end > i_size {
+            self.fs.rt(l)?.i_size = end;
+        }
+        self.fs.writeback().complete_encoded(
+            l,
+            off,
+            bytenr,
+            disk.len() as u64,
+            num,
+            ext_off,
+            ram,
+            compression,
+        )?;
+        self.fs.stamp(l, true, true)
+    }
+
     /// fallocate(2) mode 0 or KEEP_SIZE.
     pub fn fallocate(&mut self, l: Loc, off: u64, len: u64, keep: bool) -> Result<()> {
         self.fs.regular(l, "fallocate")?;

@@ -678,15 +678,27 @@ impl Filesystem {
         self.stamp(l, true, false)
     }
 
-    /// utimes(NULL): access and modification times to now.
-    pub fn touch(&mut self, l: Loc) -> Result<()> {
+    /// utimensat(2) without following a link: access and modification
+    /// times as given, or both now (`None`, utimes(NULL)); the change time
+    /// now.
+    pub fn set_times(&mut self, l: Loc, times: Option<((i64, u32), (i64, u32))>) -> Result<()> {
         if l.is_placeholder() {
             return Ok(());
         }
-        let now = self.clock.now();
+        let (atime, mtime) = match times {
+            Some((a, m)) => (
+                crate::format::inode::Timespec::new(a.0, a.1),
+                crate::format::inode::Timespec::new(m.0, m.1),
+            ),
+            None => (self.clock.now(), self.clock.now()),
+        };
+        // The in-memory times a write left for its writeback are replaced.
+        if times.is_some() {
+            self.rt(l)?.pending_times = None;
+        }
         let mut it = self.item(l)?;
-        it.atime = now;
-        it.mtime = now;
+        it.atime = atime;
+        it.mtime = mtime;
         self.put_item(l, &it)?;
         self.stamp(l, true, false)
     }

@@ -320,6 +320,31 @@ impl Subvols<'_> {
         self.uuid_remove(u, BTRFS_UUID_KEY_RECEIVED_SUBVOL, id)
     }
 
+    /// BTRFS_IOC_SET_RECEIVED_SUBVOL and then read-only, as `btrfs
+    /// receive` ends a subvolume: `received_uuid` and `stransid` from the
+    /// stream, `rtransid` and `rtime` now; the uuid tree's entry for an
+    /// earlier received uuid dropped and the new one added.
+    pub fn set_received(&mut self, id: u64, uuid: &[u8; 16], stransid: u64) -> Result<()> {
+        let old = self.fs.store.root_item(id)?;
+        if old.received_uuid != [0; 16] {
+            self.uuid_remove(&old.received_uuid, BTRFS_UUID_KEY_RECEIVED_SUBVOL, id)?;
+        }
+        let t = self.fs.store.transid();
+        let now = self.fs.clock.now();
+        self.fs.store.update_root_item(id, |r| {
+            r.received_uuid = *uuid;
+            r.stransid.set(stransid);
+            r.rtransid.set(t);
+            r.rtime = now;
+            r.stime = Default::default();
+            r.flags.set(r.flags.get() | BTRFS_ROOT_SUBVOL_RDONLY);
+        })?;
+        if *uuid != [0; 16] {
+            self.uuid_add(uuid, BTRFS_UUID_KEY_RECEIVED_SUBVOL, id)?;
+        }
+        Ok(())
+    }
+
     fn uuid_remove(&mut self, u: &[u8; 16], ty: u8, id: u64) -> Result<()> {
         if !self.fs.store.tree_exists(BTRFS_UUID_TREE_OBJECTID)? {
             return Ok(());

@@ -726,7 +726,7 @@ impl Client {
                 // SMB_SET_FILE_BASIC_INFO: times; the other levels carry
                 // nothing the loadfile gives.
                 if *level == 1004 {
-                    soft(fs.touch(l))
+                    soft(fs.set_times(l, None))
                 } else {
                     Ok(true)
                 }

@@ -361,7 +361,7 @@ impl EngineRunner {
                     }
                     Err(e) => return Err(ino_err(p, e)),
                 };
-                fs.touch(l).map_err(|e| ino_err(p, e))?;
+                fs.set_times(l, None).map_err(|e| ino_err(p, e))?;
             }
             Step::Mknod(p, kind) => {
                 let (d, n) = fs.resolve_parent(p).map_err(|e| ino_err(p, e))?;

@@ -1,0 +1,689 @@
+//! `btrkit send` and `btrkit receive` against the kernel's send and
+//! btrfs-progs' receive: streams of the kernel received into images by
+//! btrkit, streams of btrkit received by the kernel, full and incremental
+//! chains of a random workload (a snapshot after each step), protocol 1
+//! and protocol 2 with compressed data; every received snapshot equal to
+//! its source (names, types, data, holes, xattrs, modes, owners, mtimes),
+//! clones shared and compressed extents kept compressed, `btrfs check`
+//! clean; `--dump` as btrfs-progs 6.14 prints it; truncated, damaged and
+//! hostile streams an error, never a panic, the image clean after.
+
+use btrkit_core::util::prng::Prng;
+use btrkit_tests::kcrash::manifest_of_tree;
+use btrkit_tests::mount::LoopMount;
+use btrkit_tests::oracle::{self, Progs};
+use btrkit_tests::sys::must_run;
+use btrkit_tests::{bin_path, env, skip_unless};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const STEPS: usize = 10;
+
+fn mkfs(img: &Path, size: u64) {
+    std::fs::File::create(img).unwrap().set_len(size).unwrap();
+    must_run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(img));
+}
+
+fn sh(dir: &Path, script: &str) {
+    must_run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
+}
+
+/// One step of a random workload in `root`: files written, extended,
+/// overwritten in the middle, truncated, punched, preallocated, cloned;
+/// names added, moved across directories, replaced, removed; directories
+/// made, moved into others and removed; xattrs, modes, owners, symlinks,
+/// fifos, device nodes.
+fn step(root: &Path, g: &mut Prng, n: usize) {
+    let pick = |g: &mut Prng, v: &[PathBuf]| -> Option<PathBuf> {
+        (!v.is_empty()).then(|| v[g.below(v.len() as u64) as usize].clone())
+    };
+    for op in 0..40 {
+        let mut files = Vec::new();
+        let mut dirs = vec![root.to_path_buf()];
+        for e in walkdir(root) {
+            let m = std::fs::symlink_metadata(&e).unwrap();
+            if m.is_dir() {
+                dirs.push(e);
+            } else if m.is_file() {
+                files.push(e);
+            }
+        }
+        let dir = pick(g, &dirs).unwrap();
+        let name = format!("n{n}-{op}-{}", g.below(1000));
+        let data = |g: &mut Prng, len: usize| -> Vec<u8> {
+            if g.below(2) == 0 {
+                (0..len).map(|i| b"abcdefgh\n"[(i / 7) % 9]).collect()
+            } else {
+                (0..len).map(|_| g.below(256) as u8).collect()
+            }
+        };
+        match g.below(20) {
+            0..=3 => {
+                let len = [0usize, 100, 3000, 4096, 70_000, 300_000][g.below(6) as usize];
+                let d = data(g, len);
+                std::fs::write(dir.join(&name), d).unwrap();
+            }
+            4 | 5 => {
+                if let Some(f) = pick(g, &files) {
+                    use std::os::unix::fs::FileExt;
+                    let fh = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+                    let off = g.below(400_000);
+                    let len = 1 + g.below(20_000) as usize;
+                    fh.write_all_at(&data(g, len), off).unwrap();
+                }
+            }
+            6 => {
+                if let Some(f) = pick(g, &files) {
+                    let fh = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+                    fh.set_len(g.below(200_000)).unwrap();
+                }
+            }
+            7 => {
+                if let Some(f) = pick(g, &files) {
+                    let (o, l) = (g.below(64) * 4096, (1 + g.below(16)) * 4096);
+                    let mode = if g.below(2) == 0 { "-p" } else { "-n" };
+                    must_run(
+                        Command::new("fallocate")
+                            .args([mode, "-o", &o.to_string(), "-l", &l.to_string()])
+                            .arg(&f),
+                    );
+                }
+            }
+            8 => {
+                if let Some(f) = pick(g, &files) {
+                    must_run(
+                        Command::new("cp")
+                            .arg("--reflink=always")
+                            .arg(&f)
+                            .arg(dir.join(&name)),
+                    );
+                }
+            }
+            9 => {
+                if let Some(f) = pick(g, &files) {
+                    let _ = std::fs::hard_link(&f, dir.join(&name));
+                }
+            }
+            10 | 11 => {
+                // A move: a file or a directory (not into itself).
+                let src = if g.below(2) == 0 {
+                    pick(g, &files)
+                } else {
+                    pick(g, &dirs[1..])
+                };
+                if let Some(s) = src {
+                    if !dir.starts_with(&s) {
+                        let to = if g.below(3) == 0 {
+                            // Over an existing file of the target directory.
+                            files
+                                .iter()
+                                .find(|f| {
+                                    f.parent() == Some(&dir)
+                                        && std::fs::symlink_metadata(&s).unwrap().is_file()
+                                })
+                                .cloned()
+                                .unwrap_or_else(|| dir.join(&name))
+                        } else {
+                            dir.join(&name)
+                        };
+                        let _ = std::fs::rename(&s, &to);
+                    }
+                }
+            }
+            12 => {
+                if let Some(f) = pick(g, &files) {
+                    std::fs::remove_file(&f).unwrap();
+                }
+            }
+            13 => std::fs::create_dir(dir.join(&name)).unwrap(),
+            14 => {
+                if let Some(d) = pick(g, &dirs[1..]) {
+                    let _ = std::fs::remove_dir_all(&d);
+                }
+            }
+            15 => {
+                if let Some(f) = pick(g, &files) {
+                    let v = format!("v{}", g.below(100));
+                    must_run(
+                        Command::new("setfattr")
+                            .args(["-n", &format!("user.{}", g.below(3)), "-v", &v])
+                            .arg(&f),
+                    );
+                }
+            }
+            16 => {
+                if let Some(f) = pick(g, &files) {
+                    let mode = [0o600, 0o644, 0o755, 0o4755, 0o640][g.below(5) as usize];
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+                    if g.below(2) == 0 {
+                        std::os::unix::fs::lchown(&f, Some(g.below(3) as u32 * 1000), Some(7))
+                            .unwrap();
+                    }
+                }
+            }
+            17 => {
+                std::os::unix::fs::symlink(format!("../t{}", g.below(9)), dir.join(&name)).unwrap();
+            }
+            18 => {
+                let kind = if g.below(2) == 0 { "p" } else { "c" };
+                let mut c = Command::new("mknod");
+                c.arg(dir.join(&name)).arg(kind);
+                if kind == "c" {
+                    c.args(["1", "3"]);
+                }
+                must_run(&mut c);
+            }
+            _ => {
+                if let Some(f) = pick(g, &files) {
+                    must_run(
+                        Command::new("truncate")
+                            .args(["-s", &format!("+{}", g.below(3) * 65536)])
+                            .arg(&f),
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn walkdir(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        v.sort();
+        for p in v {
+            if std::fs::symlink_metadata(&p).unwrap().is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// mtime of every path under `root` (directories' too).
+fn mtimes(root: &Path) -> Vec<(PathBuf, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut v: Vec<(PathBuf, i64, i64)> = walkdir(root)
+        .into_iter()
+        .map(|p| {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            (
+                p.strip_prefix(root).unwrap().to_path_buf(),
+                m.mtime(),
+                m.mtime_nsec(),
+            )
+        })
+        .collect();
+    let m = std::fs::symlink_metadata(root).unwrap();
+    v.push((PathBuf::from("."), m.mtime(), m.mtime_nsec()));
+    v.sort();
+    v
+}
+
+/// Source image: subvolume `vol` worked on in STEPS steps, read-only
+/// snapshot `sI` after each, plus a reflinked pair and a compressible
+/// file in the first.
+fn source(dir: &Path, seed: u64) -> PathBuf {
+    let img = dir.join("src.img");
+    mkfs(&img, 1 << 30);
+    let m = LoopMount::new(&img, "compress=zstd").unwrap();
+    let r = m.path();
+    must_run(
+        Command::new("btrfs")
+            .args(["-q", "subvolume", "create"])
+            .arg(r.join("vol")),
+    );
+    let vol = r.join("vol");
+    std::fs::create_dir(vol.join("base")).unwrap();
+    let text: Vec<u8> = (0..600_000)
+        .map(|i| b"compressible text\n"[i % 18])
+        .collect();
+    std::fs::write(vol.join("base/text"), &text).unwrap();
+    let mut g = Prng::new(seed);
+    let rnd: Vec<u8> = (0..262_144).map(|_| g.below(256) as u8).collect();
+    std::fs::write(vol.join("base/big"), &rnd).unwrap();
+    sh(&vol, "cp --reflink=always base/big base/big.ref && sync");
+    for i in 0..STEPS {
+        if i > 0 {
+            step(&vol, &mut g, i);
+        }
+        must_run(
+            Command::new("btrfs")
+                .args(["-q", "subvolume", "snapshot", "-r"])
+                .arg(&vol)
+                .arg(r.join(format!("s{i}"))),
+        );
+    }
+    drop(m);
+    img
+}
+
+/// The kernel's streams of the snapshots: s0 full, then each relative to
+/// the one before; `v2` with --proto 2 --compressed-data.
+fn kernel_streams(img: &Path, out: &Path, v2: bool) -> Vec<PathBuf> {
+    let m = LoopMount::new(img, "ro").unwrap();
+    let mut v = Vec::new();
+    for i in 0..STEPS {
+        let f = out.join(format!("k{}-{i}.stream", if v2 { 2 } else { 1 }));
+        let mut c = Command::new("btrfs");
+        c.args(["send", "-q", "-f"]).arg(&f);
+        if v2 {
+            c.args(["--proto", "2", "--compressed-data"]);
+        }
+        if i > 0 {
+            c.arg("-p").arg(m.path().join(format!("s{}", i - 1)));
+        }
+        c.arg(m.path().join(format!("s{i}")));
+        must_run(&mut c);
+        v.push(f);
+    }
+    v
+}
+
+fn btrkit_streams(img: &Path, out: &Path, v2: bool) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for i in 0..STEPS {
+        let f = out.join(format!("b{}-{i}.stream", if v2 { 2 } else { 1 }));
+        let mut c = Command::new(bin_path("btrkit"));
+        c.args(["send", "-q", "-f"]).arg(&f);
+        if v2 {
+            c.args(["--proto", "2", "--compressed-data"]);
+        }
+        if i > 0 {
+            c.args(["-p", &format!("/s{}", i - 1)]);
+        }
+        c.arg(img).arg(format!("/s{i}"));
+        must_run(&mut c);
+        v.push(f);
+    }
+    v
+}
+
+/// Every received snapshot equals its source.
+/// `space`: the image whose snapshots' files allocate at least as much
+/// (holes stay holes: a stream that punches them makes a receiver punch
+/// them; one that writes zeros makes the kernel's receive write them too);
+/// `compressed`: the stream kept compressed extents compressed.
+fn same_snapshots(src: &Path, dst: &Path, space: &Path, compressed: bool, what: &str) {
+    let a = LoopMount::new(src, "ro").unwrap();
+    let b = LoopMount::new(dst, "ro").unwrap();
+    let k = (space != src).then(|| LoopMount::new(space, "ro").unwrap());
+    let kp = k.as_ref().map_or(a.path(), |k| k.path()).to_path_buf();
+    for i in 0..STEPS {
+        let s = format!("s{i}");
+        let ma = manifest_of_tree(&a.path().join(&s)).unwrap();
+        let mb = manifest_of_tree(&b.path().join(&s)).unwrap();
+        let d = ma.diff_ignoring(&mb, &["ino", "alloc"]);
+        assert!(d.is_empty(), "{what}: {s} differs:\n{}", d.join("\n"));
+        assert_eq!(
+            mtimes(&a.path().join(&s)),
+            mtimes(&b.path().join(&s)),
+            "{what}: {s}: mtimes"
+        );
+        let used = |p: &Path| -> u64 {
+            use std::os::unix::fs::MetadataExt;
+            walkdir(p)
+                .iter()
+                .map(|f| std::fs::symlink_metadata(f).unwrap())
+                .filter(|m| m.is_file())
+                .map(|m| m.blocks())
+                .sum()
+        };
+        let (ua, ub) = (used(&kp.join(&s)), used(&b.path().join(&s)));
+        assert!(
+            ub <= ua + ua / 4 + 64,
+            "{what}: {s}: {ub} blocks received, {ua} in {}",
+            space.display()
+        );
+    }
+    // The reflinked pair shares its extents; the text stays compressed.
+    let frag = |p: &Path| -> String {
+        String::from_utf8_lossy(&must_run(Command::new("filefrag").arg("-v").arg(p)).stdout)
+            .into_owned()
+    };
+    let phys = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| l.contains("..") && l.contains(':'))
+            .map(|l| l.split(':').nth(2).unwrap_or("").trim().to_string())
+            .collect()
+    };
+    let base = b.path().join("s0/base");
+    assert_eq!(
+        phys(&frag(&base.join("big"))),
+        phys(&frag(&base.join("big.ref"))),
+        "{what}: the clone is not shared"
+    );
+    if compressed {
+        assert!(
+            frag(&base.join("text")).contains("encoded"),
+            "{what}: base/text is not compressed:\n{}",
+            frag(&base.join("text"))
+        );
+    }
+    // Received: read-only with the received uuid.
+    let list = String::from_utf8_lossy(
+        &must_run(
+            Command::new("btrfs")
+                .args(["subvolume", "list", "-R", "-r"])
+                .arg(b.path()),
+        )
+        .stdout,
+    )
+    .into_owned();
+    for i in 0..STEPS {
+        let l = list
+            .lines()
+            .find(|l| l.ends_with(&format!("path s{i}")))
+            .unwrap_or_else(|| panic!("{what}: s{i} not read-only:\n{list}"));
+        assert!(
+            !l.contains("received_uuid -"),
+            "{what}: s{i} has no received uuid: {l}"
+        );
+    }
+}
+
+fn clean(img: &Path, what: &str) {
+    let v = oracle::btrfs_check(&[img], Progs::Distro).unwrap();
+    assert!(v.no_error_found(), "{what}: {}", v.output);
+}
+
+#[test]
+fn kernel_streams_received_into_images() {
+    skip_unless!(env::require_kernel_mount());
+    let t = tempfile::tempdir().unwrap();
+    let src = source(t.path(), 0x5e4d);
+    for v2 in [false, true] {
+        let streams = kernel_streams(&src, t.path(), v2);
+        let dst = t.path().join(format!("dst{}.img", v2 as u8));
+        mkfs(&dst, 1 << 30);
+        for s in &streams {
+            let o = Command::new(bin_path("btrkit"))
+                .args(["receive", "-q", "-f"])
+                .arg(s)
+                .arg(&dst)
+                .arg("/")
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "receive {}: {}",
+                s.display(),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        let what = if v2 {
+            "kernel v2 streams"
+        } else {
+            "kernel v1 streams"
+        };
+        clean(&dst, what);
+        // The kernel's own receive of the same streams, for the space the
+        // files take.
+        let kdst = t.path().join(format!("kdst{}.img", v2 as u8));
+        mkfs(&kdst, 1 << 30);
+        let m = LoopMount::new(&kdst, "").unwrap();
+        for s in &streams {
+            must_run(
+                Command::new("btrfs")
+                    .args(["receive", "-q", "-f"])
+                    .arg(s)
+                    .arg(m.path()),
+            );
+        }
+        drop(m);
+        same_snapshots(&src, &dst, &kdst, v2, what);
+        // The kernel writes on what btrkit received.
+        let m = LoopMount::new(&dst, "").unwrap();
+        std::fs::write(m.path().join("after"), b"x").unwrap();
+        drop(m);
+        clean(&dst, what);
+    }
+}
+
+#[test]
+fn btrkit_streams_received_by_the_kernel() {
+    skip_unless!(env::require_kernel_mount());
+    let t = tempfile::tempdir().unwrap();
+    let src = source(t.path(), 0x77a1);
+    for v2 in [false, true] {
+        let streams = btrkit_streams(&src, t.path(), v2);
+        let dst = t.path().join(format!("dst{}.img", v2 as u8));
+        mkfs(&dst, 1 << 30);
+        let m = LoopMount::new(&dst, "").unwrap();
+        for s in &streams {
+            let o = Command::new("btrfs")
+                .args(["receive", "-f"])
+                .arg(s)
+                .arg(m.path())
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "btrfs receive {}: {}",
+                s.display(),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        drop(m);
+        let what = if v2 {
+            "btrkit v2 streams"
+        } else {
+            "btrkit v1 streams"
+        };
+        clean(&dst, what);
+        // v1 has no hole punching: holes come as zeros, as the kernel's.
+        same_snapshots(&src, &dst, if v2 { &src } else { &dst }, v2, what);
+        // btrkit's --dump prints our streams as btrfs-progs 6.14 does.
+        if let Some(dir) = env::progs_new_dir() {
+            for s in &streams {
+                let ours = must_run(
+                    Command::new(bin_path("btrkit"))
+                        .env("TZ", "UTC")
+                        .args(["receive", "--dump", "-f"])
+                        .arg(s),
+                )
+                .stdout;
+                let theirs = must_run(
+                    Command::new(dir.join("btrfs"))
+                        .env("TZ", "UTC")
+                        .args(["receive", "--dump", "-f"])
+                        .arg(s),
+                )
+                .stdout;
+                assert_eq!(
+                    String::from_utf8_lossy(&ours),
+                    String::from_utf8_lossy(&theirs),
+                    "--dump of {}",
+                    s.display()
+                );
+            }
+        }
+    }
+    // And btrkit receives its own streams.
+    let streams = btrkit_streams(&src, t.path(), true);
+    let dst = t.path().join("own.img");
+    mkfs(&dst, 1 << 30);
+    let mut all = Vec::new();
+    for s in &streams {
+        all.extend(std::fs::read(s).unwrap());
+    }
+    let cat = t.path().join("all.streams");
+    std::fs::write(&cat, all).unwrap();
+    must_run(
+        Command::new(bin_path("btrkit"))
+            .args(["receive", "-q", "-f"])
+            .arg(&cat)
+            .arg(&dst)
+            .arg("/"),
+    );
+    clean(&dst, "btrkit's own streams, several in one file");
+    same_snapshots(&src, &dst, &src, true, "btrkit's own streams");
+}
+
+/// A stream of one small subvolume from btrkit.
+fn small_stream(t: &Path) -> (PathBuf, Vec<u8>) {
+    let img = t.join("small.img");
+    mkfs(&img, 256 << 20);
+    let m = LoopMount::new(&img, "").unwrap();
+    let r = m.path();
+    must_run(
+        Command::new("btrfs")
+            .args(["-q", "subvolume", "create"])
+            .arg(r.join("v")),
+    );
+    sh(&r.join("v"), "mkdir -p a/b && head -c 200000 /dev/urandom > a/f && ln a/f a/b/g && ln -s a x && setfattr -n user.q -v 1 a/f");
+    must_run(
+        Command::new("btrfs")
+            .args(["-q", "subvolume", "snapshot", "-r"])
+            .arg(r.join("v"))
+            .arg(r.join("snap")),
+    );
+    drop(m);
+    let f = t.join("small.stream");
+    must_run(
+        Command::new(bin_path("btrkit"))
+            .args(["send", "-q", "-f"])
+            .arg(&f)
+            .arg(&img)
+            .arg("/snap"),
+    );
+    (img, std::fs::read(&f).unwrap())
+}
+
+#[test]
+fn cut_and_damaged_streams_are_errors_and_the_image_stays_clean() {
+    skip_unless!(env::require_btrfs_progs());
+    let t = tempfile::tempdir().unwrap();
+    let (_, good) = small_stream(t.path());
+    let empty = t.path().join("empty.img");
+    mkfs(&empty, 256 << 20);
+    let mut g = Prng::new(99);
+    for round in 0..12 {
+        let mut b = good.clone();
+        let cut = round % 2 == 0;
+        if cut {
+            b.truncate(17 + g.below(b.len() as u64 - 40) as usize);
+        } else {
+            let i = 17 + g.below(b.len() as u64 - 17) as usize;
+            b[i] ^= 1 << g.below(8);
+        }
+        let s = t.path().join("bad.stream");
+        std::fs::write(&s, &b).unwrap();
+        let img = t.path().join("r.img");
+        std::fs::copy(&empty, &img).unwrap();
+        let o = Command::new(bin_path("btrkit"))
+            .args(["receive", "-q", "-f"])
+            .arg(&s)
+            .arg(&img)
+            .arg("/")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "round {round}: {err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        clean(&img, &format!("round {round} ({err})"));
+        // What was received is left writable, without a received uuid.
+        let list = String::from_utf8_lossy(
+            &must_run(
+                Command::new(bin_path("btrkit"))
+                    .args(["subvolume", "list", "-R", "-r"])
+                    .arg(&img),
+            )
+            .stdout,
+        )
+        .into_owned();
+        assert!(
+            list.trim().is_empty(),
+            "round {round}: a read-only subvolume after a failed receive: {list}"
+        );
+    }
+}
+
+#[test]
+fn a_stream_cannot_name_anything_outside_its_subvolume() {
+    skip_unless!(env::require_btrfs_progs());
+    use btrkit_core::send::stream::{Command as C, StreamWriter};
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("h.img");
+    mkfs(&img, 256 << 20);
+    let evil: Vec<Vec<C>> = vec![
+        vec![
+            C::Subvol {
+                path: b"s".to_vec(),
+                uuid: [1; 16],
+                ctransid: 1,
+            },
+            C::Mkfile {
+                path: b"../evil".to_vec(),
+                ino: 257,
+            },
+        ],
+        vec![C::Subvol {
+            path: b"../s".to_vec(),
+            uuid: [2; 16],
+            ctransid: 1,
+        }],
+        vec![
+            C::Subvol {
+                path: b"s2".to_vec(),
+                uuid: [3; 16],
+                ctransid: 1,
+            },
+            C::Symlink {
+                path: b"l".to_vec(),
+                ino: 257,
+                target: b"/".to_vec(),
+            },
+            C::Mkfile {
+                path: b"l/evil".to_vec(),
+                ino: 258,
+            },
+        ],
+        vec![
+            C::Subvol {
+                path: b"s3".to_vec(),
+                uuid: [4; 16],
+                ctransid: 1,
+            },
+            C::Rename {
+                from: b"".to_vec(),
+                to: b"x".to_vec(),
+            },
+        ],
+        vec![C::Mkfile {
+            path: b"evil".to_vec(),
+            ino: 257,
+        }],
+    ];
+    for (i, cmds) in evil.iter().enumerate() {
+        let mut w = StreamWriter::new(Vec::new(), 1).unwrap();
+        for c in cmds {
+            w.put(c).unwrap();
+        }
+        w.put(&C::End).unwrap();
+        let s = t.path().join(format!("evil{i}.stream"));
+        std::fs::write(&s, w.finish().unwrap()).unwrap();
+        let o = Command::new(bin_path("btrkit"))
+            .args(["receive", "-q", "-f"])
+            .arg(&s)
+            .arg(&img)
+            .arg("/")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "stream {i} accepted");
+    }
+    clean(&img, "after the hostile streams");
+    let m = LoopMount::new(&img, "ro").unwrap();
+    let top: Vec<String> = std::fs::read_dir(m.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!top.iter().any(|n| n == "evil" || n == "x"), "{top:?}");
+    assert!(!m.path().join("s2/l/evil").exists());
+}
