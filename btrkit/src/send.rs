@@ -106,12 +106,6 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         last = d.max(1);
     });
     bar.finish();
-    let r = r.context("sending")?;
-    if let Some(f) = &a.file {
-        std::fs::File::open(f)
-            .and_then(|f| f.sync_all())
-            .with_context(|| format!("syncing {}", f.display()))?;
-    }
-    let _ = r;
+    r.context("sending")?;
     Ok(())
 }

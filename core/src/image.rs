@@ -762,6 +762,67 @@ impl Image {
         }
     }
 
+    /// Start reading every leaf of the tree rooted at `bytenr` (`level`)
+    /// in the background: its internal nodes are read here to find them
+    /// (at most 4096). Only a hint: anything unreadable ends it quietly.
+    pub fn prefetch_leaves(&self, bytenr: u64, level: u8) {
+        let mut level = level;
+        let mut frontier = vec![bytenr];
+        let mut budget = 4096usize;
+        while level > 0 && !frontier.is_empty() {
+            let mut next = Vec::new();
+            for &b in &frontier {
+                if budget == 0 {
+                    return;
+                }
+                budget -= 1;
+                let expect = Expect {
+                    level: Some(level),
+                    ..Default::default()
+                };
+                let Ok(node) = self.read_tree_block(b, &expect, false) else {
+                    continue;
+                };
+                for slot in 0..node.nr_safe() {
+                    if let Some(p) = node.key_ptr(slot) {
+                        next.push(p.blockptr.get());
+                    }
+                }
+            }
+            level -= 1;
+            if level == 0 {
+                for &b in &next {
+                    self.prefetch_tree_block(b);
+                }
+            }
+            frontier = next;
+        }
+    }
+
+    /// Ask the devices to read ahead the first copy of data extents
+    /// (logical address, length), in runs of touching extents.
+    pub fn prefetch_data(&self, extents: &[(u64, u64)]) {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &(s, l) in extents {
+            match runs.last_mut() {
+                Some(r) if r.0 + r.1 == s => r.1 += l,
+                _ => runs.push((s, l)),
+            }
+        }
+        for (s, l) in runs {
+            let Ok(pieces) = self.chunks.pieces(s, l) else {
+                continue;
+            };
+            for p in pieces {
+                if let Some(&(devid, phys)) = p.copies.first() {
+                    if let Some(d) = self.device_of(devid) {
+                        d.prefetch(phys, p.len);
+                    }
+                }
+            }
+        }
+    }
+
     fn read_block_at(&self, devid: u64, phys: u64) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.nodesize as usize];
         self.read_copy(devid, phys, &mut v).map(|_| v)

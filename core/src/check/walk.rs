@@ -759,7 +759,7 @@ impl Visitor for BlockCheck<'_, '_> {
             .collect();
         if !self.cx.meta_prefetched {
             for c in &todo {
-                prefetch_block(img, c.bytenr);
+                img.prefetch_tree_block(c.bytenr);
             }
         }
         if node.level() == 1 && children.len() > 1 {
@@ -1047,9 +1047,7 @@ fn verify_copies(
 
 /// The extent tree is walked first and its leaves lie among all the other
 /// metadata: ask for them before the bulk read-ahead of the metadata
-/// chunks, so that walk is not queued behind the rest of the disk. Its
-/// internal nodes (a handful of blocks) are read here to find the leaves.
-/// Only a hint: anything unreadable ends it quietly.
+/// chunks, so that walk is not queued behind the rest of the disk.
 pub(super) fn prefetch_extent_leaves(img: &Image) {
     use zerocopy::FromBytes;
     let key = Key::new(BTRFS_EXTENT_TREE_OBJECTID, BTRFS_ROOT_ITEM_KEY, 0);
@@ -1063,42 +1061,7 @@ pub(super) fn prefetch_extent_leaves(img: &Image) {
     else {
         return;
     };
-    let mut level = ri.level;
-    let mut frontier = vec![ri.bytenr.get()];
-    // Bounded: one level down per round, and at most this many nodes read.
-    let mut budget = 4096usize;
-    while level > 0 && !frontier.is_empty() {
-        let mut next = Vec::new();
-        for &b in &frontier {
-            if budget == 0 {
-                return;
-            }
-            budget -= 1;
-            let expect = Expect {
-                level: Some(level),
-                ..Default::default()
-            };
-            let Ok(node) = img.read_tree_block(b, &expect, false) else {
-                continue;
-            };
-            for slot in 0..node.nr_safe() {
-                if let Some(p) = node.key_ptr(slot) {
-                    next.push(p.blockptr.get());
-                }
-            }
-        }
-        level -= 1;
-        if level == 0 {
-            for &b in &next {
-                prefetch_block(img, b);
-            }
-        }
-        frontier = next;
-    }
-}
-
-fn prefetch_block(img: &Image, bytenr: u64) {
-    img.prefetch_tree_block(bytenr);
+    img.prefetch_leaves(ri.bytenr.get(), ri.level);
 }
 
 /// Mirror copies of a block on present devices that do not carry a valid

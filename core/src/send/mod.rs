@@ -4,6 +4,7 @@
 //! printed by [`dump`] as `btrfs receive --dump` prints it).
 
 pub mod dump;
+pub mod prefetch;
 pub mod receiver;
 pub mod sender;
 pub mod stream;

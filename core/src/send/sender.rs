@@ -108,6 +108,9 @@ struct Snap {
 impl Snap {
     fn read(fs: &mut Filesystem, id: u64) -> Result<Snap> {
         let ri = fs.store.root_item(id)?;
+        // The whole tree is read in key order: its leaves are asked for at
+        // once, not one by one as the walk reaches them.
+        fs.store.image().prefetch_leaves(ri.bytenr.get(), ri.level);
         let uuid = if ri.received_uuid != [0; 16] {
             ri.received_uuid
         } else {
@@ -289,6 +292,8 @@ struct Sender<'a, W: Write> {
     root_id: Id,
     report: SendReport,
     ss: u64,
+    /// The data extents the stream sends, read ahead.
+    reader: Option<super::prefetch::ExtentReader>,
 }
 
 /// Send snapshot `id` of `fs`, relative to `parent` (a snapshot id) and
@@ -342,7 +347,9 @@ pub fn send<W: Write>(
         root_id: (ROOT, 0),
         report: SendReport::default(),
         ss,
+        reader: None,
     };
+    s.plan_reads(parent.is_some());
     // Every extent of the clone roots may be cloned from at once.
     for r in 0..s.others.len() {
         let mut add = Vec::new();
@@ -379,6 +386,60 @@ pub fn send<W: Write>(
 }
 
 impl<W: Write> Sender<'_, W> {
+    /// The data extents the stream will read, in inode order: all of
+    /// them, or (incremental) those the parent does not have at the same
+    /// place, handed to a reader thread. The checksum tree's leaves are
+    /// asked for too: every read is verified.
+    fn plan_reads(&mut self, incremental: bool) {
+        if self.opts.no_data {
+            return;
+        }
+        let none = Inode::default();
+        let mut plan = Vec::new();
+        for (&ino, i) in &self.snap.inodes {
+            if i.mode() & libc::S_IFMT != libc::S_IFREG {
+                continue;
+            }
+            let old = if incremental {
+                self.others[0].inodes.get(&ino).unwrap_or(&none)
+            } else {
+                &none
+            };
+            for e in &i.exts {
+                if e.ty == BTRFS_FILE_EXTENT_REG && e.disk_bytenr != 0 && !old.exts.contains(e) {
+                    plan.push((ino, e.disk_bytenr, e.disk_num_bytes));
+                }
+            }
+        }
+        if plan.is_empty() {
+            return;
+        }
+        if let Ok(ri) = self.fs.store.root_item(BTRFS_CSUM_TREE_OBJECTID) {
+            self.fs
+                .store
+                .image()
+                .prefetch_leaves(ri.bytenr.get(), ri.level);
+        }
+        let img = self.fs.store.image();
+        let devs = img.devices().map(|(d, a)| (d, a.clone())).collect();
+        self.reader = Some(super::prefetch::ExtentReader::start(
+            img.chunks.clone(),
+            devs,
+            &plan,
+        ));
+    }
+
+    /// Extent `e` of `ino` as stored, from the reader when it has it,
+    /// checked against its checksums; None to read it the ordinary way.
+    fn stored(&mut self, ino: u64, e: &Ext) -> Option<Vec<u8>> {
+        let raw = self
+            .reader
+            .as_mut()?
+            .take(ino, e.disk_bytenr, e.disk_num_bytes)?;
+        self.verify(e.disk_bytenr, &raw).ok()?;
+        Some(raw)
+    }
+
     fn put(&mut self, c: Command) -> Result<()> {
         self.report.commands += 1;
         self.w.put(&c)
@@ -817,6 +878,7 @@ impl<W: Write> Sender<'_, W> {
         if new.mode() & libc::S_IFMT != libc::S_IFREG {
             return Ok(());
         }
+        let new = &self.snap.inodes[&ino];
         let size = new.size();
         let exts = new.exts.clone();
         let old_exts: Vec<Ext> = old.map(|o| o.exts.clone()).unwrap_or_default();
@@ -967,13 +1029,19 @@ impl<W: Write> Sender<'_, W> {
                 if done >= len {
                     return Ok(());
                 }
-                return self.write_plain(ino, path, e.off + done, end);
+                return self.write_plain(ino, path, e.off + done, end, Some(e));
             }
             if self.opts.compressed_data && e.compression != BTRFS_COMPRESS_NONE {
-                return self.encoded(path, e, len);
+                return self.encoded(ino, path, e, len);
             }
         }
-        self.write_plain(ino, path, e.off, end)
+        self.write_plain(
+            ino,
+            path,
+            e.off,
+            end,
+            (e.ty == BTRFS_FILE_EXTENT_REG).then_some(e),
+        )
     }
 
     /// Clone what a clone root shares of the extent: the bytes done (all
@@ -1039,9 +1107,15 @@ impl<W: Write> Sender<'_, W> {
         Ok(Some(n))
     }
 
-    fn encoded(&mut self, path: &[u8], e: &Ext, len: u64) -> Result<()> {
-        let mut raw = vec![0u8; e.disk_num_bytes as usize];
-        self.read_raw(e.disk_bytenr, &mut raw)?;
+    fn encoded(&mut self, ino: u64, path: &[u8], e: &Ext, len: u64) -> Result<()> {
+        let raw = match self.stored(ino, e) {
+            Some(r) => r,
+            None => {
+                let mut raw = vec![0u8; e.disk_num_bytes as usize];
+                self.read_raw(e.disk_bytenr, &mut raw)?;
+                raw
+            }
+        };
         let compression = match e.compression {
             BTRFS_COMPRESS_ZLIB => stream::encoded::ZLIB,
             BTRFS_COMPRESS_ZSTD => stream::encoded::ZSTD,
@@ -1062,8 +1136,13 @@ impl<W: Write> Sender<'_, W> {
 
     /// The extent's bytes as stored, checked against their checksums.
     fn read_raw(&mut self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
+        self.fs.store.data().read_data(bytenr, buf)?;
+        self.verify(bytenr, buf)
+    }
+
+    /// Stored bytes at `bytenr` against their checksums.
+    fn verify(&mut self, bytenr: u64, buf: &[u8]) -> Result<()> {
         let st = &mut self.fs.store;
-        st.data().read_data(bytenr, buf)?;
         let csum = st.image().csum;
         let cs = csum.size();
         let ss = self.ss as usize;
@@ -1084,8 +1163,30 @@ impl<W: Write> Sender<'_, W> {
         Ok(())
     }
 
-    fn write_plain(&mut self, ino: u64, path: &[u8], a: u64, b: u64) -> Result<()> {
+    /// File bytes `[a, b)`, of extent `e` when given (regular): commands
+    /// of WRITE.
+    fn write_plain(
+        &mut self,
+        ino: u64,
+        path: &[u8],
+        a: u64,
+        b: u64,
+        e: Option<&Ext>,
+    ) -> Result<()> {
         let max = self.w.max_write() as u64;
+        if let Some(e) = e {
+            if let Some(data) = self.decoded(ino, e, a, b) {
+                for (i, piece) in data.chunks(max as usize).enumerate() {
+                    self.report.data_bytes += piece.len() as u64;
+                    self.put(Command::Write {
+                        path: path.to_vec(),
+                        offset: a + i as u64 * max,
+                        data: piece.to_vec(),
+                    })?;
+                }
+                return Ok(());
+            }
+        }
         let l = Loc::new(self.snap.id, ino);
         let mut pos = a;
         while pos < b {
@@ -1108,6 +1209,27 @@ impl<W: Write> Sender<'_, W> {
             pos += chunk;
         }
         Ok(())
+    }
+}
+
+impl<W: Write> Sender<'_, W> {
+    /// File bytes `[a, b)` of extent `e` decoded from what the reader
+    /// read; None to read them the ordinary way.
+    fn decoded(&mut self, ino: u64, e: &Ext, a: u64, b: u64) -> Option<Vec<u8>> {
+        let raw = self.stored(ino, e)?;
+        let from = (e.ext_off + (a - e.off)) as usize;
+        let to = from + (b - a) as usize;
+        if e.compression == BTRFS_COMPRESS_NONE {
+            return raw.get(from..to).map(<[u8]>::to_vec);
+        }
+        let plain = crate::fs::compress::decompress(
+            e.compression,
+            &raw,
+            e.ram_bytes as usize,
+            self.ss as usize,
+        )
+        .ok()?;
+        plain.get(from..to).map(<[u8]>::to_vec)
     }
 }
 

@@ -374,27 +374,9 @@ impl Relocation<'_> {
     }
 
     /// Ask the devices to read ahead the first copy of every extent in
-    /// `data`, in runs of touching extents.
+    /// `data`.
     fn prefetch_data(&self, data: &[(u64, u64)]) {
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for &(s, l) in data {
-            match runs.last_mut() {
-                Some(r) if r.0 + r.1 == s => r.1 += l,
-                _ => runs.push((s, l)),
-            }
-        }
-        for (s, l) in runs {
-            let Ok(pieces) = self.st.img.chunks.pieces(s, l) else {
-                continue;
-            };
-            for p in pieces {
-                if let Some(&(devid, phys)) = p.copies.first() {
-                    if let Some(d) = self.st.img.device_of(devid) {
-                        d.prefetch(phys, p.len);
-                    }
-                }
-            }
-        }
+        self.st.img.prefetch_data(data);
     }
 
     /// Copy the bytes of data extent `old` to `new` (every copy of the
