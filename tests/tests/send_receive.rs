@@ -393,11 +393,33 @@ fn clean(img: &Path, what: &str) {
     assert!(v.no_error_found(), "{what}: {}", v.output);
 }
 
+/// The seeds of the random chains: `first`, then
+/// `BTRKIT_SEND_SEEDS` more (an on-demand sweep; see the README).
+fn seeds(first: u64) -> Vec<u64> {
+    let more: u64 = std::env::var("BTRKIT_SEND_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    std::iter::once(first)
+        .chain((1..=more).map(|i| first.wrapping_mul(31).wrapping_add(i * 0x9e37)))
+        .collect()
+}
+
 #[test]
 fn kernel_streams_received_into_images() {
     skip_unless!(env::require_kernel_mount());
-    let t = tempfile::tempdir().unwrap();
-    let src = source(t.path(), 0x5e4d);
+    let only: Option<u64> = std::env::var("BTRKIT_SEND_SEED")
+        .ok()
+        .and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok());
+    for seed in only.map_or_else(|| seeds(0x5e4d), |s| vec![s]) {
+        eprintln!("seed {seed:#x}");
+        kernel_chain(seed);
+    }
+}
+
+fn kernel_chain(seed: u64) {
+    let t = scratch();
+    let src = source(t.path(), seed);
     for v2 in [false, true] {
         let streams = kernel_streams(&src, t.path(), v2);
         let dst = t.path().join(format!("dst{}.img", v2 as u8));
@@ -449,8 +471,29 @@ fn kernel_streams_received_into_images() {
 #[test]
 fn btrkit_streams_received_by_the_kernel() {
     skip_unless!(env::require_kernel_mount());
-    let t = tempfile::tempdir().unwrap();
-    let src = source(t.path(), 0x77a1);
+    let only: Option<u64> = std::env::var("BTRKIT_SEND_SEED")
+        .ok()
+        .and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok());
+    for seed in only.map_or_else(|| seeds(0x77a1), |s| vec![s]) {
+        eprintln!("seed {seed:#x}");
+        btrkit_chain(seed);
+    }
+}
+
+/// A scratch directory, kept (and named on stderr) with BTRKIT_KEEP_TMP
+/// set, for looking at a failure.
+fn scratch() -> tempfile::TempDir {
+    let keep = std::env::var_os("BTRKIT_KEEP_TMP").is_some();
+    let t = tempfile::Builder::new().disable_cleanup(keep).tempdir().unwrap();
+    if keep {
+        eprintln!("keeping {}", t.path().display());
+    }
+    t
+}
+
+fn btrkit_chain(seed: u64) {
+    let t = scratch();
+    let src = source(t.path(), seed);
     for v2 in [false, true] {
         let streams = btrkit_streams(&src, t.path(), v2);
         let dst = t.path().join(format!("dst{}.img", v2 as u8));

@@ -80,6 +80,27 @@ pub struct Receiver<'a> {
     dest_path: String,
     cur: Option<Current>,
     report: ReceiveReport,
+    /// Paths resolved since the last command that moved or removed a
+    /// name: (subvolume, path) -> inode. A stream names the same file and
+    /// directory in command after command.
+    resolved: std::collections::HashMap<(u64, Vec<u8>), Loc>,
+    /// A create held back one command: the kernel's streams make most
+    /// inodes at an orphan name and rename them into place next; the pair
+    /// is applied as one create at the final name.
+    held: Option<Command>,
+}
+
+/// The path a create command makes.
+fn created_path(c: &mut Command) -> Option<&mut Vec<u8>> {
+    match c {
+        Command::Mkfile { path, .. }
+        | Command::Mkdir { path, .. }
+        | Command::Mknod { path, .. }
+        | Command::Mkfifo { path, .. }
+        | Command::Mksock { path, .. }
+        | Command::Symlink { path, .. } => Some(path),
+        _ => None,
+    }
 }
 
 fn invalid(what: impl Into<String>) -> Error {
@@ -103,6 +124,8 @@ impl<'a> Receiver<'a> {
             dest_path: dest_path.trim_matches('/').to_string(),
             cur: None,
             report: ReceiveReport::default(),
+            resolved: Default::default(),
+            held: None,
         })
     }
 
@@ -138,10 +161,20 @@ impl<'a> Receiver<'a> {
                     }
                 };
                 if c == Command::End {
+                    let at = r.position();
+                    if let Err(e) = self.flush_held() {
+                        errors += 1;
+                        self.report
+                            .errors
+                            .push(format!("command before byte {at}: {e}"));
+                        if opts.max_errors > 0 && errors >= opts.max_errors {
+                            return Err(e);
+                        }
+                    }
                     break;
                 }
                 let at = r.position();
-                if let Err(e) = self.apply(c) {
+                if let Err(e) = self.apply_folded(c) {
                     errors += 1;
                     self.report
                         .errors
@@ -204,6 +237,18 @@ impl<'a> Receiver<'a> {
     /// component looked up, intermediate ones directories, nothing
     /// followed; the empty path is the subvolume's root.
     fn resolve_in(&mut self, root: Loc, path: &[u8]) -> Result<Loc> {
+        if let Some(l) = self.resolved.get(&(root.subvol, path.to_vec())) {
+            return Ok(*l);
+        }
+        let l = self.walk(root, path)?;
+        if self.resolved.len() > 4096 {
+            self.resolved.clear();
+        }
+        self.resolved.insert((root.subvol, path.to_vec()), l);
+        Ok(l)
+    }
+
+    fn walk(&mut self, root: Loc, path: &[u8]) -> Result<Loc> {
         let mut l = root;
         let parts = components(path)?;
         for (i, name) in parts.iter().enumerate() {
@@ -233,18 +278,8 @@ impl<'a> Receiver<'a> {
             .pop()
             .ok_or_else(|| invalid(format!("{}: no name to make", show(path))))?
             .to_vec();
-        let mut dir = root;
-        for p in parts {
-            if self.fs.stat(dir)?.mode & libc::S_IFMT != libc::S_IFDIR {
-                return Err(Error::errno(
-                    libc::ENOTDIR,
-                    format!("{}: not a directory", show(path)),
-                ));
-            }
-            dir = self.fs.lookup(dir, p)?.ok_or_else(|| {
-                Error::errno(libc::ENOENT, format!("{}: no such directory", show(path)))
-            })?;
-        }
+        let dir_path = parts.join(&b'/');
+        let dir = self.resolve_in(root, &dir_path)?;
         if self.fs.stat(dir)?.mode & libc::S_IFMT != libc::S_IFDIR {
             return Err(Error::errno(
                 libc::ENOTDIR,
@@ -309,8 +344,55 @@ impl<'a> Receiver<'a> {
             })
     }
 
+    /// Apply one command, a create followed by the rename of what it made
+    /// (to a name that is free) as one create at the final name: the same
+    /// result without the orphan name's entries made and dropped.
+    fn apply_folded(&mut self, mut c: Command) -> Result<()> {
+        if created_path(&mut c).is_some() {
+            let prev = self.held.replace(c);
+            return prev.map_or(Ok(()), |p| self.apply(p));
+        }
+        let Some(mut h) = self.held.take() else {
+            return self.apply(c);
+        };
+        if let Command::Rename { from, to } = &c {
+            let hp = created_path(&mut h).map(|p| p.clone());
+            if hp.as_ref() == Some(from) && self.is_free(to) {
+                if let Some(p) = created_path(&mut h) {
+                    *p = to.clone();
+                }
+                self.resolved.clear();
+                return self.apply(h);
+            }
+        }
+        self.apply(h)?;
+        self.apply(c)
+    }
+
+    /// Apply the held create, if any.
+    fn flush_held(&mut self) -> Result<()> {
+        match self.held.take() {
+            Some(h) => self.apply(h),
+            None => Ok(()),
+        }
+    }
+
+    /// `path` names a directory that exists and no entry in it.
+    fn is_free(&mut self, path: &[u8]) -> bool {
+        match self.parent(path) {
+            Ok((d, n)) => matches!(self.fs.lookup(d, &n), Ok(None)),
+            Err(_) => false,
+        }
+    }
+
     /// Apply one command.
     pub fn apply(&mut self, c: Command) -> Result<()> {
+        if matches!(
+            c,
+            Command::Rename { .. } | Command::Unlink { .. } | Command::Rmdir { .. }
+        ) {
+            self.resolved.clear();
+        }
         match c {
             Command::Subvol {
                 path,

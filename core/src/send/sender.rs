@@ -887,15 +887,18 @@ impl<W: Write> Sender<'_, W> {
         let path = self.path(id)?;
         let mut sent_end = 0u64;
         let data_of = |e: &Ext| e.ty == BTRFS_FILE_EXTENT_INLINE || e.disk_bytenr != 0;
-        // Holes where the parent had data.
+        // Holes where the parent had data; preallocated ranges read as
+        // zeros too (a fallocate over data keeps the data: they are
+        // punched first).
         if old.is_some() {
+            let written = |e: &Ext| data_of(e) && e.ty != BTRFS_FILE_EXTENT_PREALLOC;
             let mut covered: Vec<(u64, u64)> = exts
                 .iter()
-                .filter(|e| data_of(e))
+                .filter(|e| written(e))
                 .map(|e| (e.off, e.off + e.num_bytes))
                 .collect();
             covered.sort();
-            for o in old_exts.iter().filter(|e| data_of(e)) {
+            for o in old_exts.iter().filter(|e| written(e)) {
                 let (a, b) = (o.off, (o.off + o.num_bytes).min(size));
                 let mut pos = a;
                 for &(ca, cb) in &covered {
@@ -916,7 +919,9 @@ impl<W: Write> Sender<'_, W> {
             if e.off >= size && e.ty != BTRFS_FILE_EXTENT_PREALLOC {
                 continue;
             }
-            if old_exts.contains(e) {
+            // Bytes past the parent's end are new whatever the item.
+            let within = (e.off + e.num_bytes).min(size) <= old_size;
+            if within && (old_exts.contains(e) || same_bytes(&old_exts, e, size, old_size)) {
                 continue;
             }
             let end = (e.off + e.num_bytes).min(size);
@@ -941,9 +946,6 @@ impl<W: Write> Sender<'_, W> {
                                 len: e.off + e.num_bytes - a,
                             })?;
                         }
-                    } else if old.is_some() && e.off < size {
-                        // The parent may have had data here.
-                        self.hole(&path, e.off, end)?;
                     }
                 }
                 _ if !data_of(e) => {}
@@ -1231,6 +1233,39 @@ impl<W: Write> Sender<'_, W> {
         .ok()?;
         plain.get(from..to).map(<[u8]>::to_vec)
     }
+}
+
+/// Whether the parent's extents `old` map every byte of extent `e` (below
+/// the file's `size`) to the same place on disk, all below the parent's
+/// `old_size` (the kernel's is_extent_unchanged): an extent item split or
+/// trimmed since holds the same data.
+fn same_bytes(old: &[Ext], e: &Ext, size: u64, old_size: u64) -> bool {
+    if e.ty != BTRFS_FILE_EXTENT_REG || e.disk_bytenr == 0 {
+        return false;
+    }
+    let end = (e.off + e.num_bytes).min(size);
+    if end > old_size {
+        return false;
+    }
+    let mut pos = e.off;
+    for o in old {
+        if o.off + o.num_bytes <= pos || o.off >= end {
+            continue;
+        }
+        let same = o.ty == BTRFS_FILE_EXTENT_REG
+            && o.disk_bytenr == e.disk_bytenr
+            && o.compression == e.compression
+            && o.off <= pos
+            && o.ext_off.wrapping_sub(o.off) == e.ext_off.wrapping_sub(e.off);
+        if !same {
+            return false;
+        }
+        pos = o.off + o.num_bytes;
+        if pos >= end {
+            return true;
+        }
+    }
+    pos >= end
 }
 
 fn join(path: &mut Vec<u8>, name: &[u8]) {
