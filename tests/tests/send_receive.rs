@@ -484,7 +484,10 @@ fn btrkit_streams_received_by_the_kernel() {
 /// set, for looking at a failure.
 fn scratch() -> tempfile::TempDir {
     let keep = std::env::var_os("BTRKIT_KEEP_TMP").is_some();
-    let t = tempfile::Builder::new().disable_cleanup(keep).tempdir().unwrap();
+    let t = tempfile::Builder::new()
+        .disable_cleanup(keep)
+        .tempdir()
+        .unwrap();
     if keep {
         eprintln!("keeping {}", t.path().display());
     }
@@ -729,4 +732,343 @@ fn a_stream_cannot_name_anything_outside_its_subvolume() {
         .collect();
     assert!(!top.iter().any(|n| n == "evil" || n == "x"), "{top:?}");
     assert!(!m.path().join("s2/l/evil").exists());
+}
+
+/// Clone sources (`-c`): data a snapshot shares with another goes as
+/// CLONE commands naming it, the receiver (the kernel's and btrkit's)
+/// shares it again; the kernel's own `-c` stream into btrkit too.
+#[test]
+fn clone_sources_shared_both_ways() {
+    skip_unless!(env::require_kernel_mount());
+    let t = scratch();
+    let src = t.path().join("c.img");
+    mkfs(&src, 512 << 20);
+    let m = LoopMount::new(&src, "").unwrap();
+    let r = m.path();
+    must_run(
+        Command::new("btrfs")
+            .args(["-q", "subvolume", "create"])
+            .arg(r.join("a")),
+    );
+    sh(
+        &r.join("a"),
+        "head -c 1048576 /dev/urandom > big && head -c 300000 /dev/urandom > mid && sync",
+    );
+    must_run(
+        Command::new("btrfs")
+            .args(["-q", "subvolume", "snapshot", "-r"])
+            .arg(r.join("a"))
+            .arg(r.join("A")),
+    );
+    must_run(
+        Command::new("btrfs")
+            .args(["-q", "subvolume", "create"])
+            .arg(r.join("b")),
+    );
+    sh(r, "cp --reflink=always A/big b/big2 && cp --reflink=always A/mid b/mid2 && echo own > b/own && sync");
+    must_run(
+        Command::new("btrfs")
+            .args(["-q", "subvolume", "snapshot", "-r"])
+            .arg(r.join("b"))
+            .arg(r.join("B")),
+    );
+    let ks = t.path().join("kB.stream");
+    let ka = t.path().join("kA.stream");
+    must_run(
+        Command::new("btrfs")
+            .args(["send", "-q", "-f"])
+            .arg(&ka)
+            .arg(r.join("A")),
+    );
+    // btrfs send wants a parent with -c (it looks for one among the
+    // clone sources and fails for an unrelated subvolume): A.
+    must_run(
+        Command::new("btrfs")
+            .args(["send", "-q", "-f"])
+            .arg(&ks)
+            .arg("-p")
+            .arg(r.join("A"))
+            .arg("-c")
+            .arg(r.join("A"))
+            .arg(r.join("B")),
+    );
+    drop(m);
+    let ba = t.path().join("bA.stream");
+    let bs = t.path().join("bB.stream");
+    must_run(
+        Command::new(bin_path("btrkit"))
+            .args(["send", "-q", "-f"])
+            .arg(&ba)
+            .arg(&src)
+            .arg("/A"),
+    );
+    must_run(
+        Command::new(bin_path("btrkit"))
+            .args(["send", "-q", "-c", "/A", "-f"])
+            .arg(&bs)
+            .arg(&src)
+            .arg("/B"),
+    );
+    let dump = String::from_utf8_lossy(
+        &must_run(
+            Command::new(bin_path("btrkit"))
+                .args(["receive", "--dump", "-f"])
+                .arg(&bs),
+        )
+        .stdout,
+    )
+    .into_owned();
+    assert_eq!(
+        dump.lines().filter(|l| l.starts_with("clone")).count(),
+        2,
+        "{dump}"
+    );
+    assert!(
+        !dump
+            .lines()
+            .any(|l| l.starts_with("write") && (l.contains("/big2") || l.contains("/mid2"))),
+        "{dump}"
+    );
+    // Kernel receive of ours, btrkit receive of the kernel's and of ours.
+    let frag = |p: &Path| -> Vec<String> {
+        String::from_utf8_lossy(&must_run(Command::new("filefrag").arg("-v").arg(p)).stdout)
+            .lines()
+            .filter(|l| l.contains("..") && l.contains(':'))
+            .map(|l| l.split(':').nth(2).unwrap_or("").trim().to_string())
+            .collect()
+    };
+    for (who, a, b) in [
+        ("kernel", &ba, &bs),
+        ("btrkit", &ka, &ks),
+        ("btrkit", &ba, &bs),
+    ] {
+        let dst = t.path().join("d.img");
+        mkfs(&dst, 512 << 20);
+        if who == "kernel" {
+            let m = LoopMount::new(&dst, "").unwrap();
+            for s in [a, b] {
+                must_run(
+                    Command::new("btrfs")
+                        .args(["receive", "-q", "-f"])
+                        .arg(s)
+                        .arg(m.path()),
+                );
+            }
+        } else {
+            for s in [a, b] {
+                must_run(
+                    Command::new(bin_path("btrkit"))
+                        .args(["receive", "-q", "-f"])
+                        .arg(s)
+                        .arg(&dst)
+                        .arg("/"),
+                );
+            }
+        }
+        clean(&dst, &format!("{who} receive of {}", b.display()));
+        let srcm = LoopMount::new(&src, "ro").unwrap();
+        let m = LoopMount::new(&dst, "ro").unwrap();
+        for s in ["A", "B"] {
+            let d = manifest_of_tree(&srcm.path().join(s))
+                .unwrap()
+                .diff_ignoring(
+                    &manifest_of_tree(&m.path().join(s)).unwrap(),
+                    &["ino", "alloc"],
+                );
+            assert!(d.is_empty(), "{who}: {s}: {}", d.join("\n"));
+        }
+        assert_eq!(
+            frag(&m.path().join("A/big")),
+            frag(&m.path().join("B/big2")),
+            "{who}: {}: not shared",
+            b.display()
+        );
+        assert_eq!(
+            frag(&m.path().join("A/mid")),
+            frag(&m.path().join("B/mid2")),
+            "{who}: {}: not shared",
+            b.display()
+        );
+    }
+}
+
+/// `--no-data`: sizes and names without data (UPDATE_EXTENT), which
+/// btrfs receive takes; `-e` stops at the first END; `--max-errors`.
+#[test]
+fn no_data_end_and_max_errors() {
+    skip_unless!(env::require_kernel_mount());
+    let t = scratch();
+    let (img, good) = small_stream(t.path());
+    let nd = t.path().join("nd.stream");
+    must_run(
+        Command::new(bin_path("btrkit"))
+            .args(["send", "-q", "--no-data", "-f"])
+            .arg(&nd)
+            .arg(&img)
+            .arg("/snap"),
+    );
+    let dump = String::from_utf8_lossy(
+        &must_run(
+            Command::new(bin_path("btrkit"))
+                .args(["receive", "--dump", "-f"])
+                .arg(&nd),
+        )
+        .stdout,
+    )
+    .into_owned();
+    assert!(
+        dump.contains("update_extent") && !dump.contains("\nwrite"),
+        "{dump}"
+    );
+    let dst = t.path().join("nd.img");
+    mkfs(&dst, 256 << 20);
+    let m = LoopMount::new(&dst, "").unwrap();
+    must_run(
+        Command::new("btrfs")
+            .args(["receive", "-q", "-f"])
+            .arg(&nd)
+            .arg(m.path()),
+    );
+    assert_eq!(
+        std::fs::metadata(m.path().join("snap/a/f")).unwrap().len(),
+        200_000
+    );
+    drop(m);
+    // Two streams in one file: -e takes the first only.
+    let two = t.path().join("two.stream");
+    let mut both = good.clone();
+    both.extend_from_slice(&good);
+    std::fs::write(&two, &both).unwrap();
+    let dst = t.path().join("e.img");
+    mkfs(&dst, 256 << 20);
+    must_run(
+        Command::new(bin_path("btrkit"))
+            .args(["receive", "-q", "-e", "-f"])
+            .arg(&two)
+            .arg(&dst)
+            .arg("/"),
+    );
+    clean(&dst, "-e");
+    // Without -e the second stream's subvolume exists already: an error.
+    let o = Command::new(bin_path("btrkit"))
+        .args(["receive", "-q", "-f"])
+        .arg(&two)
+        .arg(&dst)
+        .arg("/")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    // A stream with a failing command: stops at it by default, goes on
+    // with --max-errors 0 (and still fails at the end, as btrfs-progs).
+    use btrkit_core::send::stream::{Command as C, StreamWriter};
+    let mut w = StreamWriter::new(Vec::new(), 1).unwrap();
+    for c in [
+        C::Subvol {
+            path: b"m".to_vec(),
+            uuid: [9; 16],
+            ctransid: 3,
+        },
+        C::Chmod {
+            path: b"missing".to_vec(),
+            mode: 0o600,
+        },
+        C::Mkdir {
+            path: b"after".to_vec(),
+            ino: 257,
+        },
+        C::End,
+    ] {
+        w.put(&c).unwrap();
+    }
+    let s = t.path().join("err.stream");
+    std::fs::write(&s, w.finish().unwrap()).unwrap();
+    for (flag, made) in [("1", false), ("0", true)] {
+        let dst = t.path().join(format!("me{flag}.img"));
+        mkfs(&dst, 256 << 20);
+        let o = Command::new(bin_path("btrkit"))
+            .args(["receive", "-q", "--max-errors", flag, "-f"])
+            .arg(&s)
+            .arg(&dst)
+            .arg("/")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "--max-errors {flag}");
+        clean(&dst, &format!("--max-errors {flag}"));
+        let m = LoopMount::new(&dst, "ro").unwrap();
+        assert_eq!(
+            m.path().join("m/after").exists(),
+            made,
+            "--max-errors {flag}"
+        );
+    }
+}
+
+/// Both ends on device sets: a two-device raid1 set sends, a three-device
+/// raid1c3/raid5 set receives; the kernel mounts the result.
+#[test]
+fn sets_send_and_receive() {
+    skip_unless!(env::require_kernel_mount());
+    let t = scratch();
+    let set = btrkit_tests::sets::KernelSet::new(2, &["-m", "raid1", "-d", "raid1"]);
+    let m = LoopMount::new(
+        &set.paths[0],
+        &btrkit_tests::sets::device_opts(&set.paths)[1..],
+    )
+    .unwrap();
+    must_run(
+        Command::new("btrfs")
+            .args(["-q", "subvolume", "snapshot", "-r"])
+            .arg(m.path())
+            .arg(m.path().join("snap")),
+    );
+    drop(m);
+    let s = t.path().join("set.stream");
+    let mut c = Command::new(bin_path("btrkit"));
+    c.args(["send", "-q", "-f"])
+        .arg(&s)
+        .args(&set.paths)
+        .arg("/snap");
+    must_run(&mut c);
+    let dst: Vec<PathBuf> = (0..3).map(|i| t.path().join(format!("r{i}.img"))).collect();
+    for d in &dst {
+        std::fs::File::create(d)
+            .unwrap()
+            .set_len(512 << 20)
+            .unwrap();
+    }
+    must_run(
+        Command::new("mkfs.btrfs")
+            .args(["-q", "-f", "-m", "raid1c3", "-d", "raid5"])
+            .args(&dst),
+    );
+    let mut c = Command::new(bin_path("btrkit"));
+    c.args(["receive", "-q", "-f"]).arg(&s).args(&dst).arg("/");
+    must_run(&mut c);
+    oracle::check_set_clean(&dst).unwrap();
+    let want = btrkit_tests::sets::manifest(&set.paths, "ro").unwrap();
+    let got = btrkit_tests::sets::manifest(&dst, "ro").unwrap();
+    // The received subvolume holds what the source's top level held (the
+    // top directory itself aside: it also names the snapshot).
+    let sub = |m: &btrkit_core::workload::manifest::Manifest,
+               prefix: &str|
+     -> Vec<(String, Vec<(&'static str, String)>)> {
+        m.entries
+            .iter()
+            .filter_map(|(k, e)| {
+                let rest = k.strip_prefix(prefix)?;
+                (rest.len() > 1 && !rest.starts_with("/snap")).then(|| {
+                    (
+                        rest.to_string(),
+                        e.fields()
+                            .into_iter()
+                            .filter(|(f, _)| *f != "ino" && *f != "alloc")
+                            .collect(),
+                    )
+                })
+            })
+            .collect()
+    };
+    let (a, b) = (sub(&want, ""), sub(&got, "/snap"));
+    assert!(a.len() > 100, "{} entries", a.len());
+    assert_eq!(a, b);
 }

@@ -951,7 +951,11 @@ impl<W: Write> Sender<'_, W> {
                 _ if !data_of(e) => {}
                 _ => {
                     self.extent(ino, &path, e, end, size)?;
-                    sent_end = sent_end.max(end);
+                    // UPDATE_EXTENT writes nothing: the size comes from
+                    // the truncate.
+                    if !self.opts.no_data {
+                        sent_end = sent_end.max(end);
+                    }
                 }
             }
         }
