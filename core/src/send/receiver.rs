@@ -118,6 +118,12 @@ impl<'a> Receiver<'a> {
         if fs.stat(dest)?.mode & libc::S_IFMT != libc::S_IFDIR {
             return Err(Error::Invalid(format!("{dest_path}: not a directory")));
         }
+        if fs.store.root_item(dest.subvol)?.flags.get() & BTRFS_ROOT_SUBVOL_RDONLY != 0 {
+            return Err(Error::errno(
+                libc::EROFS,
+                format!("{dest_path}: in a read-only subvolume"),
+            ));
+        }
         Ok(Receiver {
             fs,
             dest,
@@ -472,7 +478,7 @@ impl<'a> Receiver<'a> {
             }
             Command::Write { path, offset, data } => {
                 let l = self.resolve(&path)?;
-                self.report.data_bytes += data.len() as u64;
+                self.report.data_bytes = self.report.data_bytes.saturating_add(data.len() as u64);
                 self.fs.write(l, offset, &data)
             }
             Command::Clone {
@@ -492,7 +498,7 @@ impl<'a> Receiver<'a> {
                     self.find_subvol(&clone_uuid, clone_ctransid)?
                 };
                 let src = self.resolve_in(src_root, &clone_path)?;
-                self.report.data_bytes += len;
+                self.report.data_bytes = self.report.data_bytes.saturating_add(len);
                 self.fs
                     .ranges()
                     .clone_range(src, clone_offset, dst, offset, len)
@@ -563,7 +569,7 @@ impl<'a> Receiver<'a> {
                     ));
                 }
                 let l = self.resolve(&path)?;
-                self.report.data_bytes += unencoded_file_len;
+                self.report.data_bytes = self.report.data_bytes.saturating_add(unencoded_file_len);
                 self.encoded_write(
                     l,
                     offset,

@@ -152,6 +152,8 @@ impl Snap {
                     }
                     BTRFS_EXTENT_DATA_KEY => {
                         let fe = parse_file_extent(d).map_err(|x| x.at(0, *key))?;
+                        // Bounds every end computed from the item below.
+                        fe.check_bounds(key)?;
                         let ext = match fe {
                             FileExtent::Inline { head, .. } => Ext {
                                 off: key.offset,
