@@ -28,6 +28,12 @@ use std::time::Duration;
 /// Attach `file` to a free loop device and return the device. Two processes
 /// can race for the same free device, so a failure is retried with a
 /// growing pause.
+///
+/// The device's page cache is dropped once attached: a loop device just
+/// detached from another file can still serve that file's blocks to
+/// buffered readers (btrfs check reads `/dev/loopN` through the page cache)
+/// when something read it while it was being switched; parallel tests
+/// attach and detach constantly.
 pub fn attach_loop(file: &Path) -> Result<PathBuf, String> {
     let mut last = String::new();
     for attempt in 0..20u64 {
@@ -35,6 +41,7 @@ pub fn attach_loop(file: &Path) -> Result<PathBuf, String> {
             Ok(out) => {
                 let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
                 if dev.starts_with("/dev/") {
+                    let _ = run(Command::new("blockdev").arg("--flushbufs").arg(&dev));
                     return Ok(PathBuf::from(dev));
                 }
                 last = format!("losetup printed {dev:?}");

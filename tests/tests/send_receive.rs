@@ -462,6 +462,22 @@ fn kernel_chain(seed: u64) {
         }
         drop(m);
         same_snapshots(&src, &dst, &kdst, v2, what);
+        // And the kernel's receive of the same streams, holes and
+        // preallocated ranges included (the extent map of every file).
+        let a = LoopMount::new(&kdst, "ro").unwrap();
+        let b = LoopMount::new(&dst, "ro").unwrap();
+        for i in 0..STEPS {
+            let s = format!("s{i}");
+            let ma = manifest_of_tree(&a.path().join(&s)).unwrap();
+            let mb = manifest_of_tree(&b.path().join(&s)).unwrap();
+            let d = ma.diff_ignoring(&mb, &["ino"]);
+            assert!(
+                d.is_empty(),
+                "{what}: {s}: btrfs receive and btrkit receive differ:\n{}",
+                d.join("\n")
+            );
+        }
+        drop((a, b));
         // The kernel writes on what btrkit received.
         let m = LoopMount::new(&dst, "").unwrap();
         std::fs::write(m.path().join("after"), b"x").unwrap();
