@@ -119,8 +119,13 @@ impl Snap {
         let mut inodes: BTreeMap<u64, Inode> = BTreeMap::new();
         let mut k = Key::new(ROOT, 0, 0);
         let end = Key::new(BTRFS_LAST_FREE_OBJECTID, u8::MAX, u64::MAX);
+        let mut leaves = 0u64;
         loop {
-            let batch = fs.store.items_in(TreeId::Tree(id), k, end)?;
+            // A leaf at a time: what is kept is parsed, not the items.
+            let Some((_, mut batch)) = fs.store.leaf_from(TreeId::Tree(id), &k)? else {
+                break;
+            };
+            batch.retain(|(key, _)| *key <= end);
             let Some(last) = batch.last().map(|(k, _)| *k) else {
                 break;
             };
@@ -185,7 +190,10 @@ impl Snap {
                 break;
             }
             k = crate::trans::next_key(&last);
-            fs.trim_caches();
+            leaves += 1;
+            if leaves % 256 == 0 {
+                fs.trim_caches();
+            }
         }
         // Items without an inode item (damage) are not sent.
         inodes.retain(|_, i| i.item.is_some());
