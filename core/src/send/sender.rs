@@ -120,11 +120,8 @@ impl Snap {
         let mut k = Key::new(ROOT, 0, 0);
         let end = Key::new(BTRFS_LAST_FREE_OBJECTID, u8::MAX, u64::MAX);
         let mut leaves = 0u64;
-        loop {
-            // A leaf at a time: what is kept is parsed, not the items.
-            let Some((_, mut batch)) = fs.store.leaf_from(TreeId::Tree(id), &k)? else {
-                break;
-            };
+        // A leaf at a time: what is kept is parsed, not the items.
+        while let Some((_, mut batch)) = fs.store.leaf_from(TreeId::Tree(id), &k)? {
             batch.retain(|(key, _)| *key <= end);
             let Some(last) = batch.last().map(|(k, _)| *k) else {
                 break;
@@ -191,7 +188,7 @@ impl Snap {
             }
             k = crate::trans::next_key(&last);
             leaves += 1;
-            if leaves % 256 == 0 {
+            if leaves.is_multiple_of(256) {
                 fs.trim_caches();
             }
         }
