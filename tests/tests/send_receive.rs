@@ -228,6 +228,34 @@ fn mtimes(root: &Path) -> Vec<Times> {
     v
 }
 
+/// filefrag -v of `p`.
+fn frag(p: &Path) -> String {
+    String::from_utf8_lossy(&must_run(Command::new("filefrag").arg("-v").arg(p)).stdout)
+        .into_owned()
+}
+
+/// The physical ranges of `p`'s extents (equal for files sharing them).
+fn physical(p: &Path) -> Vec<String> {
+    frag(p)
+        .lines()
+        .filter(|l| l.contains("..") && l.contains(':'))
+        .map(|l| l.split(':').nth(2).unwrap_or("").trim().to_string())
+        .collect()
+}
+
+/// `btrkit receive --dump` of the stream file `s`.
+fn dump_of(s: &Path) -> String {
+    String::from_utf8_lossy(
+        &must_run(
+            Command::new(bin_path("btrkit"))
+                .args(["receive", "--dump", "-f"])
+                .arg(s),
+        )
+        .stdout,
+    )
+    .into_owned()
+}
+
 /// Source image: subvolume `vol` worked on in STEPS steps, read-only
 /// snapshot `sI` after each, plus a reflinked pair and a compressible
 /// file in the first.
@@ -345,20 +373,10 @@ fn same_snapshots(src: &Path, dst: &Path, space: &Path, compressed: bool, what: 
         );
     }
     // The reflinked pair shares its extents; the text stays compressed.
-    let frag = |p: &Path| -> String {
-        String::from_utf8_lossy(&must_run(Command::new("filefrag").arg("-v").arg(p)).stdout)
-            .into_owned()
-    };
-    let phys = |t: &str| -> Vec<String> {
-        t.lines()
-            .filter(|l| l.contains("..") && l.contains(':'))
-            .map(|l| l.split(':').nth(2).unwrap_or("").trim().to_string())
-            .collect()
-    };
     let base = b.path().join("s0/base");
     assert_eq!(
-        phys(&frag(&base.join("big"))),
-        phys(&frag(&base.join("big.ref"))),
+        physical(&base.join("big")),
+        physical(&base.join("big.ref")),
         "{what}: the clone is not shared"
     );
     if compressed {
@@ -827,15 +845,7 @@ fn clone_sources_shared_both_ways() {
             .arg(&src)
             .arg("/B"),
     );
-    let dump = String::from_utf8_lossy(
-        &must_run(
-            Command::new(bin_path("btrkit"))
-                .args(["receive", "--dump", "-f"])
-                .arg(&bs),
-        )
-        .stdout,
-    )
-    .into_owned();
+    let dump = dump_of(&bs);
     assert_eq!(
         dump.lines().filter(|l| l.starts_with("clone")).count(),
         2,
@@ -848,13 +858,6 @@ fn clone_sources_shared_both_ways() {
         "{dump}"
     );
     // Kernel receive of ours, btrkit receive of the kernel's and of ours.
-    let frag = |p: &Path| -> Vec<String> {
-        String::from_utf8_lossy(&must_run(Command::new("filefrag").arg("-v").arg(p)).stdout)
-            .lines()
-            .filter(|l| l.contains("..") && l.contains(':'))
-            .map(|l| l.split(':').nth(2).unwrap_or("").trim().to_string())
-            .collect()
-    };
     for (who, a, b) in [
         ("kernel", &ba, &bs),
         ("btrkit", &ka, &ks),
@@ -896,14 +899,14 @@ fn clone_sources_shared_both_ways() {
             assert!(d.is_empty(), "{who}: {s}: {}", d.join("\n"));
         }
         assert_eq!(
-            frag(&m.path().join("A/big")),
-            frag(&m.path().join("B/big2")),
+            physical(&m.path().join("A/big")),
+            physical(&m.path().join("B/big2")),
             "{who}: {}: not shared",
             b.display()
         );
         assert_eq!(
-            frag(&m.path().join("A/mid")),
-            frag(&m.path().join("B/mid2")),
+            physical(&m.path().join("A/mid")),
+            physical(&m.path().join("B/mid2")),
             "{who}: {}: not shared",
             b.display()
         );
@@ -925,15 +928,7 @@ fn no_data_end_and_max_errors() {
             .arg(&img)
             .arg("/snap"),
     );
-    let dump = String::from_utf8_lossy(
-        &must_run(
-            Command::new(bin_path("btrkit"))
-                .args(["receive", "--dump", "-f"])
-                .arg(&nd),
-        )
-        .stdout,
-    )
-    .into_owned();
+    let dump = dump_of(&nd);
     assert!(
         dump.contains("update_extent") && !dump.contains("\nwrite"),
         "{dump}"

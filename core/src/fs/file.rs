@@ -667,16 +667,20 @@ impl FileRanges<'_> {
         if end > i_size {
             self.fs.rt(l)?.i_size = end;
         }
-        self.fs.writeback().complete_encoded(
-            l,
-            off,
-            bytenr,
-            disk.len() as u64,
-            num,
-            ext_off,
-            ram,
-            compression,
-        )?;
+        self.fs
+            .writeback()
+            .complete_ordered(&super::writeback::OrderedExtent {
+                loc: l,
+                file_off: off,
+                len: num,
+                disk_bytenr: bytenr,
+                disk_len: disk.len() as u64,
+                extent_offset: ext_off,
+                ram_bytes: ram,
+                compression,
+                kind: super::writeback::OrderedKind::Cow,
+                datasum: true,
+            })?;
         self.fs.stamp(l, true, true)
     }
 

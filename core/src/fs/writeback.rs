@@ -336,35 +336,6 @@ impl Writeback<'_> {
         self.complete_cow(l, off, bytenr, disk.len() as u64, len, compression, datasum)
     }
 
-    /// Complete an encoded write: the new extent at `bytenr` (`disk_len`
-    /// bytes on disk, `ram` bytes when decoded, `compression`) holds
-    /// `[off, off+len)` of the file from its byte `ext_off` on.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn complete_encoded(
-        &mut self,
-        l: Loc,
-        off: u64,
-        bytenr: u64,
-        disk_len: u64,
-        len: u64,
-        ext_off: u64,
-        ram: u64,
-        compression: u8,
-    ) -> Result<()> {
-        self.complete_ordered(&OrderedExtent {
-            loc: l,
-            file_off: off,
-            len,
-            disk_bytenr: bytenr,
-            disk_len,
-            extent_offset: ext_off,
-            ram_bytes: ram,
-            compression,
-            kind: OrderedKind::Cow,
-            datasum: true,
-        })
-    }
-
     /// Complete a new extent at `bytenr` (`disk_len` bytes on disk) holding
     /// `[off, off+len)` of the file.
     #[allow(clippy::too_many_arguments)]

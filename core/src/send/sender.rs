@@ -75,7 +75,9 @@ struct Ext {
 
 #[derive(Clone, Debug, Default)]
 struct Inode {
-    item: Option<InodeItem>,
+    /// Zeroes until its item is read; inodes without one are dropped.
+    item: InodeItem,
+    has_item: bool,
     names: Vec<(u64, Vec<u8>)>,
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     exts: Vec<Ext>,
@@ -83,16 +85,16 @@ struct Inode {
 
 impl Inode {
     fn gen(&self) -> u64 {
-        self.item.as_ref().map_or(0, |i| i.generation.get())
+        self.item.generation.get()
     }
     fn mode(&self) -> u32 {
-        self.item.as_ref().map_or(0, |i| i.mode.get())
+        self.item.mode.get()
     }
     fn is_dir(&self) -> bool {
         self.mode() & libc::S_IFMT == libc::S_IFDIR
     }
     fn size(&self) -> u64 {
-        self.item.as_ref().map_or(0, |i| i.size.get())
+        self.item.size.get()
     }
 }
 
@@ -103,6 +105,8 @@ struct Snap {
     uuid: [u8; 16],
     ctransid: u64,
     inodes: BTreeMap<u64, Inode>,
+    /// The names in its root directory (an orphan name must not take one).
+    root_names: std::collections::HashSet<Vec<u8>>,
 }
 
 impl Snap {
@@ -133,7 +137,8 @@ impl Snap {
                         let it = InodeItem::read_from_prefix(d)
                             .map_err(|_| short(id, key))?
                             .0;
-                        e.item = Some(it);
+                        e.item = it;
+                        e.has_item = true;
                     }
                     BTRFS_INODE_REF_KEY => {
                         for r in parse_inode_refs(d).map_err(|x| x.at(0, *key))? {
@@ -193,12 +198,28 @@ impl Snap {
             }
         }
         // Items without an inode item (damage) are not sent.
-        inodes.retain(|_, i| i.item.is_some());
+        inodes.retain(|_, i| i.has_item);
+        // Every path starts at the root directory: without it nothing can
+        // be sent.
+        if !inodes.get(&ROOT).is_some_and(Inode::is_dir) {
+            return Err(Error::corrupt_as(
+                crate::CorruptKind::Structure,
+                format!("subvolume {id} has no root directory"),
+                ROOT,
+            ));
+        }
+        let root_names = inodes
+            .values()
+            .flat_map(|i| i.names.iter())
+            .filter(|(p, _)| *p == ROOT)
+            .map(|(_, n)| n.clone())
+            .collect();
         Ok(Snap {
             id,
             uuid,
             ctransid: ri.ctransid.get(),
             inodes,
+            root_names,
         })
     }
 
@@ -473,32 +494,39 @@ impl<W: Write> Sender<'_, W> {
         self.model.path(id, self.root_id)
     }
 
-    /// An orphan name in the root free in the model and in the snapshot.
-    fn orphan_name(&self, id: Id) -> Vec<u8> {
-        let root_names: BTreeSet<&[u8]> = BTreeSet::new();
-        let _ = root_names;
-        for n in 0.. {
+    /// An orphan name in the root free in the model and in the snapshot
+    /// (the kernel's gen_unique_name). Each name taken needs an entry, so
+    /// a free one is found within one more tries than there are entries.
+    fn orphan_name(&self, id: Id) -> Result<Vec<u8>> {
+        let tries = self.model.entries.len() + self.snap.root_names.len() + 1;
+        for n in 0..tries {
             let name = format!("o{}-{}-{n}", id.0, id.1).into_bytes();
-            let taken_now = self
+            if !self
                 .model
                 .entries
-                .contains_key(&(self.root_id, name.clone()));
-            let taken_later = self
-                .snap
-                .inodes
-                .values()
-                .any(|i| i.names.iter().any(|(p, nm)| *p == ROOT && *nm == name));
-            if !taken_now && !taken_later {
-                return name;
+                .contains_key(&(self.root_id, name.clone()))
+                && !self.snap.root_names.contains(&name)
+            {
+                return Ok(name);
             }
         }
-        unreachable!("an unbounded counter finds a free name")
+        Err(Error::Internal(format!(
+            "send: no free orphan name for inode {}",
+            id.0
+        )))
+    }
+
+    /// Create inode `ino` (identity `id`) at an orphan name in the root.
+    fn create_orphan(&mut self, ino: u64, id: Id) -> Result<()> {
+        let o = self.orphan_name(id)?;
+        self.create(ino, o.clone())?;
+        self.model.add(id, self.root_id, o);
+        Ok(())
     }
 
     /// Create inode `ino` of the snapshot at `path` (no contents).
     fn create(&mut self, ino: u64, path: Vec<u8>) -> Result<()> {
-        let i = &self.snap.inodes[&ino];
-        let it = i.item.as_ref().expect("inodes keep their items");
+        let it = self.snap.inodes[&ino].item;
         let mode = it.mode.get();
         let c = match mode & libc::S_IFMT {
             libc::S_IFREG => Command::Mkfile { path, ino },
@@ -537,7 +565,7 @@ impl<W: Write> Sender<'_, W> {
     fn attrs(&mut self, ino: u64, old: Option<&Inode>) -> Result<()> {
         let id = self.id_of(ino);
         let new = self.snap.inodes[&ino].clone();
-        let it = new.item.as_ref().expect("inodes keep their items");
+        let it = &new.item;
         let path = self.path(id)?;
         let (nx, ox) = (
             &new.xattrs,
@@ -560,7 +588,7 @@ impl<W: Write> Sender<'_, W> {
                 })?;
             }
         }
-        let oit = old.and_then(|o| o.item.as_ref());
+        let oit = old.map(|o| &o.item);
         if oit.is_none_or(|o| o.uid.get() != it.uid.get() || o.gid.get() != it.gid.get()) {
             self.put(Command::Chown {
                 path: path.clone(),
@@ -586,9 +614,7 @@ impl<W: Write> Sender<'_, W> {
     fn utimes(&mut self, ino: u64) -> Result<()> {
         let id = self.id_of(ino);
         let path = self.path(id)?;
-        let it = self.snap.inodes[&ino]
-            .item
-            .expect("inodes keep their items");
+        let it = self.snap.inodes[&ino].item;
         self.put(Command::Utimes {
             path,
             atime: time(&it.atime),
@@ -639,9 +665,7 @@ impl<W: Write> Sender<'_, W> {
                 }
             }
             if !placed {
-                let o = self.orphan_name(id);
-                self.create(ino, o.clone())?;
-                self.model.add(id, self.root_id, o);
+                self.create_orphan(ino, id)?;
             }
             let is_dir = self.snap.inodes[&ino].is_dir();
             if is_dir {
@@ -772,7 +796,7 @@ impl<W: Write> Sender<'_, W> {
             let keep = old.is_dir() || (last && survives(id.0, old, &self.snap));
             touched.insert(dir.0);
             if keep {
-                let o = self.orphan_name(id);
+                let o = self.orphan_name(id)?;
                 self.put(Command::Rename {
                     from,
                     to: o.clone(),
@@ -811,9 +835,7 @@ impl<W: Write> Sender<'_, W> {
                 .is_none_or(|o| !survives(ino, o, &self.snap));
             if new {
                 let id = self.id_of(ino);
-                let o = self.orphan_name(id);
-                self.create(ino, o.clone())?;
-                self.model.add(id, self.root_id, o);
+                self.create_orphan(ino, id)?;
                 fresh.insert(ino);
                 touched.insert(ROOT);
             }
@@ -852,8 +874,8 @@ impl<W: Write> Sender<'_, W> {
             let changed = match old {
                 None => true,
                 Some(o) => {
-                    let (a, b) = (o.item.as_ref(), self.snap.inodes[&ino].item.as_ref());
-                    a.map(zerocopy::IntoBytes::as_bytes) != b.map(zerocopy::IntoBytes::as_bytes)
+                    let (a, b) = (&o.item, &self.snap.inodes[&ino].item);
+                    zerocopy::IntoBytes::as_bytes(a) != zerocopy::IntoBytes::as_bytes(b)
                         || o.xattrs != self.snap.inodes[&ino].xattrs
                         || o.exts != self.snap.inodes[&ino].exts
                 }
