@@ -1180,6 +1180,10 @@ fn qgroup_report_matches_btrfs_check() {
     // Groups above the subvolumes (one holding the top level and the
     // snapshot, shared extents counted once, exclusive only when every
     // holder is a member): counts as btrfs check computes them.
+    // The rescan `quota enable` starts is waited for before the groups are
+    // assigned: a `rescan -w` issued while it runs only waits for it, and
+    // that rescan, begun before the assignments, leaves the upper groups'
+    // counts at zero with the status saying consistent.
     let nested = kernel_image(
         tmp.path(),
         "nested.img",
@@ -1190,6 +1194,7 @@ fn qgroup_report_matches_btrfs_check() {
          btrfs -q subvolume create s; cp -r a s/\n\
          btrfs -q subvolume snapshot s t; echo new > t/a/f1\n\
          btrfs -q quota enable .\n\
+         btrfs -q quota rescan -w .\n\
          btrfs -q qgroup create 1/100 .; btrfs -q qgroup create 2/7 .\n\
          btrfs -q qgroup assign --no-rescan 0/256 1/100 .; btrfs -q qgroup assign --no-rescan 0/257 1/100 .\n\
          btrfs -q qgroup assign --no-rescan 1/100 2/7 .; btrfs -q qgroup assign --no-rescan 0/5 2/7 .\n\
