@@ -42,7 +42,7 @@ use crate::fs::{
 };
 use crate::trans::TreeId;
 use crate::CorruptKind;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use zerocopy::{FromBytes, IntoBytes};
 
 /// How much of an inode a logging writes.
@@ -815,18 +815,7 @@ impl LogWriter<'_, '_> {
             // inode held at the last commit makes that inode conflicting
             // (since the kernel's "always detect conflicting inodes when
             // logging inode refs", 6.19 and stable from 6.1).
-            let names: Vec<(u64, Vec<u8>)> = match k.ty {
-                BTRFS_INODE_REF_KEY => parse_inode_refs(&d)
-                    .map_err(|e| e.at(0, k))?
-                    .iter()
-                    .map(|e| (k.offset, e.name.to_vec()))
-                    .collect(),
-                _ => parse_inode_extrefs(&d)
-                    .map_err(|e| e.at(0, k))?
-                    .iter()
-                    .map(|e| (e.parent, e.name.to_vec()))
-                    .collect(),
-            };
+            let names = ref_names(&k, &d)?;
             if let Some((other, parent)) = self.ref_name_override(l, &names)? {
                 if other != ctx.inode.ino {
                     self.add_conflicting_inode(Loc::new(l.subvol, other), parent, ctx)?;
@@ -1410,41 +1399,48 @@ impl LogWriter<'_, '_> {
     /// full, so replay drops the names it lost.
     fn log_all_parents(&mut self, l: Loc, ctx: &mut Ctx) -> LResult<()> {
         let (lo, hi) = inode_range(l.ino, BTRFS_INODE_REF_KEY, BTRFS_INODE_EXTREF_KEY);
-        let mut parents: Vec<u64> = Vec::new();
+        let mut committed: Vec<(u64, Vec<u8>)> = Vec::new();
         for (k, d) in self
             .cx
             .store
             .committed()
             .committed_items_in(l.subvol, lo, hi)?
         {
-            match k.ty {
-                BTRFS_INODE_REF_KEY => parents.push(k.offset),
-                _ => parents.extend(
-                    parse_inode_extrefs(&d)
-                        .map_err(|e| e.at(0, k))?
-                        .iter()
-                        .map(|e| e.parent),
-                ),
-            }
+            committed.extend(ref_names(&k, &d)?);
         }
-        parents.dedup();
+        let mut current: HashSet<(u64, Vec<u8>)> = HashSet::new();
+        for (k, d) in self.cx.store.items_in(fs_tree(l), lo, hi)? {
+            current.extend(ref_names(&k, &d)?);
+        }
+        // Key order, as the kernel walks the commit root's refs.
+        let mut seen = HashSet::new();
+        let parents: Vec<u64> = committed
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| seen.insert(*p))
+            .collect();
         for p in parents {
             let pl = Loc::new(l.subvol, p);
             if !self.exists(pl)? {
                 return Err(Stop::Commit("an old parent directory is gone"));
             }
             // A parent logged only as existing because it was a
-            // conflicting inode has none of its entries in the log: logged
-            // in full now, or replay keeps the name this inode lost there
-            // (the kernel skips it as already logged and writes a log it
-            // cannot replay when a directory moved out of it: two links).
-            // Logged as existing otherwise (a new name's ancestor, a
-            // renamed directory), it is skipped as the kernel skips it.
+            // conflicting inode has none of its entries in the log: when
+            // this inode lost a name there, that parent is logged in full
+            // now, or replay keeps the lost name (the kernel skips it as
+            // already logged and writes a log it cannot replay when a
+            // directory moved out of it: two links). Logged as existing
+            // otherwise (a new name's ancestor, a renamed directory), or
+            // with every name this inode had there still in place (a link
+            // elsewhere marks a file as if it lost one), it is skipped as
+            // the kernel skips it.
             let t = self.cx.transid();
             let only_exists = self.cx.inode_logged(pl)? && {
                 let rt = self.cx.rt(pl)?;
                 rt.dir_logged_full_trans < t && rt.conflict_logged_trans == t
-            };
+            } && committed
+                .iter()
+                .any(|n| n.0 == p && !current.contains(n));
             if self.need_log_inode(pl)? || only_exists {
                 ctx.log_new_dentries = false;
                 self.log_inode(pl, LogMode::All, ctx)?;
@@ -1751,4 +1747,20 @@ mod tests {
             vec![(0, 8192), (262144, 401408)]
         );
     }
+}
+
+/// The (parent, name) pairs of one INODE_REF or INODE_EXTREF item.
+fn ref_names(k: &Key, d: &[u8]) -> Result<Vec<(u64, Vec<u8>)>> {
+    Ok(match k.ty {
+        BTRFS_INODE_REF_KEY => parse_inode_refs(d)
+            .map_err(|e| e.at(0, *k))?
+            .iter()
+            .map(|e| (k.offset, e.name.to_vec()))
+            .collect(),
+        _ => parse_inode_extrefs(d)
+            .map_err(|e| e.at(0, *k))?
+            .iter()
+            .map(|e| (e.parent, e.name.to_vec()))
+            .collect(),
+    })
 }
