@@ -22,6 +22,7 @@ pub mod image;
 pub mod io;
 pub mod log;
 pub mod mkfs;
+pub mod mount_rw;
 pub mod mount_view;
 pub mod offline;
 pub mod rescue;

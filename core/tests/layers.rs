@@ -33,7 +33,7 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["mkfs"],
     &["tune"],
-    &["offline", "device_change", "send"],
+    &["offline", "device_change", "send", "mount_rw"],
     &["workload"],
 ];
 

@@ -203,7 +203,7 @@ fn unescape(s: &str) -> Vec<u8> {
     out
 }
 
-fn errno(e: &btrkit_core::Error) -> Errno {
+pub(crate) fn errno(e: &btrkit_core::Error) -> Errno {
     let n = e.as_errno();
     if n == libc::EIO {
         // A read the kernel would also fail: say why, once per failure.
@@ -240,7 +240,7 @@ fn kind(mode: u32) -> FileType {
     }
 }
 
-fn dirent_kind(ftype: u8) -> FileType {
+pub(crate) fn dirent_kind(ftype: u8) -> FileType {
     use btrkit_core::format::consts::*;
     match ftype {
         BTRFS_FT_DIR => FileType::Directory,
@@ -253,7 +253,7 @@ fn dirent_kind(ftype: u8) -> FileType {
     }
 }
 
-fn attr(node: u64, s: &Stat) -> FileAttr {
+pub(crate) fn attr(node: u64, s: &Stat) -> FileAttr {
     FileAttr {
         ino: INodeNo(node),
         size: s.size,
@@ -556,7 +556,7 @@ impl fuser::Filesystem for Btrkit {
 
 /// getxattr/listxattr: the size when asked with 0, the value when it fits,
 /// ERANGE when it does not.
-fn xattr_reply(reply: ReplyXattr, val: &[u8], size: u32) {
+pub(crate) fn xattr_reply(reply: ReplyXattr, val: &[u8], size: u32) {
     if size == 0 {
         reply.size(val.len() as u32);
     } else if val.len() <= size as usize {

@@ -4,6 +4,8 @@
 //! mount.
 
 mod fuse;
+mod fuse_rw;
+mod rw;
 
 use anyhow::{bail, Context};
 use btrkit_cli::ReadArgs;
@@ -20,10 +22,10 @@ use std::time::Duration;
 #[command(
     name = "btrkit-mount",
     version,
-    about = "Mount a Btrfs image read-only through FUSE without writing to it (the fsync log applied in memory)",
-    after_help = "Examples:\n  btrkit-mount crash.img /mnt                 as the kernel shows it after its log replay\n  btrkit-mount crash.img /mnt --no-log        the state of the last commit\n  btrkit-mount a.img b.img /mnt --degraded    a filesystem on several devices, some missing\n  btrkit-mount crash.img /mnt -f              in the foreground; Ctrl-C unmounts\n  fusermount3 -u /mnt                         unmount\n\nExit status: 0 mounted (and, in the foreground, unmounted cleanly), 1 the filesystem cannot be read, 16 usage."
+    about = "Mount a Btrfs image through FUSE: read-only without writing to it (the fsync log applied in memory), or read-write through btrkit's engine",
+    after_help = "Examples:\n  btrkit-mount crash.img /mnt                 as the kernel shows it after its log replay\n  btrkit-mount crash.img /mnt --no-log        the state of the last commit\n  btrkit-mount a.img b.img /mnt --degraded    a filesystem on several devices, some missing\n  btrkit-mount crash.img /mnt -f              in the foreground; Ctrl-C unmounts\n  btrkit-mount --rw disk.img /mnt             read-write: fsyncs go to the log, commits every 30 s and at unmount\n  btrkit-mount -o rw,commit=5 disk.img /mnt   the same, committing every 5 s\n  fusermount3 -u /mnt                         unmount\n\nExit status: 0 mounted (and, in the foreground, unmounted cleanly), 1 the filesystem cannot be read, 16 usage."
 )]
-struct Args {
+pub(crate) struct Args {
     /// The image (and the other devices of a filesystem on several
     /// devices, in any order), then the mount point.
     #[arg(required = true, num_args = 2.., value_name = "IMAGE... MOUNTPOINT")]
@@ -48,6 +50,24 @@ struct Args {
     /// mount of a big filesystem when only a few files are wanted).
     #[arg(long)]
     no_warm: bool,
+    /// Mount read-write: programs change the filesystem through btrkit's
+    /// engine; fsync, fdatasync and fsyncdir write the fsync log the
+    /// kernel replays; a commit every 30 s (commit=) and at unmount. A
+    /// pending log is replayed first, as the kernel's mount does.
+    #[arg(long)]
+    rw: bool,
+    /// Mount options, as mount(8)'s -o: rw (the same as --rw), ro, and
+    /// the kernel's btrfs options a read-write mount takes (commit=N,
+    /// compress=..., flushoncommit, ...).
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    options: Vec<String>,
+    /// For crash tests (read-write): the image's writes act as a disk's
+    /// volatile write cache, and SIGUSR1 pulls the plug: everything
+    /// written since the last flush is undone and the server exits at
+    /// once (status 137) without unmounting (then `fusermount3 -uz`).
+    /// SIGKILL instead models a crash of the server alone.
+    #[arg(long, requires = "rw")]
+    volatile_cache: bool,
 }
 
 fn main() {
@@ -80,8 +100,19 @@ fn run(a: &Args) -> anyhow::Result<()> {
     if !mountpoint.is_dir() {
         bail!("{}: not a directory", mountpoint.display());
     }
+    let (rw_wanted, options) = rw::split_options(&a.options)?;
+    let rw = a.rw || rw_wanted;
+    if !rw && !options.is_empty() {
+        bail!(
+            "mount options {} need a read-write mount (--rw or -o rw)",
+            options.join(",")
+        );
+    }
     if !a.foreground {
         return daemonize(&mountpoint);
+    }
+    if rw {
+        return rw::run(a, &mountpoint, &images, options);
     }
     let paths = a.read.paths(&images);
     let open = |log: LogMode, warm: bool| -> anyhow::Result<ReadOnlyView> {

@@ -258,6 +258,48 @@ pub struct Filesystem {
     pub(super) deleted_subvols: Vec<(u64, u64)>,
     /// Subvolumes dropped in the last commit whose qgroups go next.
     pub(super) dropped_qgroups: Vec<u64>,
+    /// Whom the operations act for: the owner of what they create.
+    pub creds: Creds,
+}
+
+/// The credentials an operation runs with (root for scripts; a FUSE
+/// request's caller on a read-write mount).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Creds {
+    /// The file system user id.
+    pub uid: u32,
+    /// The file system group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl Creds {
+    /// in_group_p.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+
+    /// inode_init_owner: the (uid, gid, mode) of a new inode of `mode` in
+    /// a directory of `dir_mode` owned by group `dir_gid`. A set-group-id
+    /// directory gives its group, and its set-group-id bit to directories;
+    /// a group-executable set-group-id file made there by someone outside
+    /// that group and without CAP_FSETID (root has it) loses the bit.
+    pub fn new_owner(&self, dir_mode: u32, dir_gid: u32, mode: u32) -> (u32, u32, u32) {
+        if dir_mode & libc::S_ISGID == 0 {
+            return (self.uid, self.gid, mode);
+        }
+        let mut mode = mode;
+        if mode & libc::S_IFMT == libc::S_IFDIR {
+            mode |= libc::S_ISGID;
+        } else if mode & (libc::S_ISGID | libc::S_IXGRP) == (libc::S_ISGID | libc::S_IXGRP)
+            && !self.in_group(dir_gid)
+            && self.uid != 0
+        {
+            mode &= !libc::S_ISGID;
+        }
+        (self.uid, dir_gid, mode)
+    }
 }
 
 /// The default top-level subvolume (BTRFS_FS_TREE_OBJECTID, 5).
@@ -334,6 +376,7 @@ impl Filesystem {
             next_subvol_id: None,
             deleted_subvols: Vec::new(),
             dropped_qgroups: Vec::new(),
+            creds: Creds::default(),
         };
         // As open_ctree: features a read-write mount always has, and the
         // mount's compression type.

@@ -35,7 +35,7 @@ pub mod xattr;
 pub use extents::{MAX_EXTENT_SIZE, MAX_INLINE};
 pub use file::FileRanges;
 pub use file::{SYNC_RANGE_WAIT_AFTER, SYNC_RANGE_WAIT_BEFORE, SYNC_RANGE_WRITE};
-pub use filesystem::{EngineStats, Filesystem, InodeRt, Loc, Switches, FS_TREE, ROOT_DIR};
+pub use filesystem::{Creds, EngineStats, Filesystem, InodeRt, Loc, Switches, FS_TREE, ROOT_DIR};
 pub use fsync::{FsyncLog, FsyncPath, FsyncTicket, LogAnswer, LogContext, LogSyncStep, NameChange};
 pub use inode::ftype_of_mode;
 pub use ops::Stat;

@@ -73,8 +73,12 @@ impl Filesystem {
         let ino = self.alloc_ino(dir.subvol)?;
         let now = self.clock.now();
         let transid = self.store.transid();
-        let mut it = new_inode_item(mode, 0, 0, rdev, now, transid);
-        let dflags = self.item(dir)?.flags.get();
+        let parent = self.item(dir)?;
+        let (uid, gid, mode) = self
+            .creds
+            .new_owner(parent.mode.get(), parent.gid.get(), mode);
+        let mut it = new_inode_item(mode, uid, gid, rdev, now, transid);
+        let dflags = parent.flags.get();
         let mut flags = 0u64;
         if dflags & BTRFS_INODE_NOCOMPRESS != 0 {
             flags |= BTRFS_INODE_NOCOMPRESS;

@@ -1435,12 +1435,12 @@ impl LogWriter<'_, '_> {
             // elsewhere marks a file as if it lost one), it is skipped as
             // the kernel skips it.
             let t = self.cx.transid();
-            let only_exists = self.cx.inode_logged(pl)? && {
-                let rt = self.cx.rt(pl)?;
-                rt.dir_logged_full_trans < t && rt.conflict_logged_trans == t
-            } && committed
-                .iter()
-                .any(|n| n.0 == p && !current.contains(n));
+            let only_exists = self.cx.inode_logged(pl)?
+                && {
+                    let rt = self.cx.rt(pl)?;
+                    rt.dir_logged_full_trans < t && rt.conflict_logged_trans == t
+                }
+                && committed.iter().any(|n| n.0 == p && !current.contains(n));
             if self.need_log_inode(pl)? || only_exists {
                 ctx.log_new_dentries = false;
                 self.log_inode(pl, LogMode::All, ctx)?;

@@ -182,6 +182,13 @@ pub fn in_use(path: &Path) -> Result<Option<String>> {
     if meta.file_type().is_block_device() {
         return Ok(block_busy(path).then(|| "a mounted filesystem holds it".to_string()));
     }
+    // An image file a read-write `btrkit-mount` serves: it holds an
+    // exclusive lock on it for as long as it runs.
+    if let Ok(f) = std::fs::File::open(path) {
+        if let Err(std::fs::TryLockError::WouldBlock) = f.try_lock_shared() {
+            return Ok(Some("a read-write btrkit-mount serves it".to_string()));
+        }
+    }
     // An image file: look for loop devices backed by this very inode.
     let Ok(dir) = std::fs::read_dir("/sys/block") else {
         return Ok(None);
