@@ -64,6 +64,25 @@ impl FileDevice {
             .write(writable)
             .open(path)
             .map_err(|e| Error::io(ctx(), e))?;
+        // A read-only block device opens for writing and fails each
+        // write (EPERM): refused here, in one line, before anything runs.
+        #[cfg(target_os = "linux")]
+        if writable {
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            if meta.file_type().is_block_device() {
+                let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
+                let ro = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/ro"));
+                if ro.is_ok_and(|v| v.trim() == "1") {
+                    return Err(Error::io(
+                        format!(
+                            "cannot open {} for writing: a read-only device",
+                            path.display()
+                        ),
+                        std::io::Error::from_raw_os_error(libc::EROFS),
+                    ));
+                }
+            }
+        }
         let size = device_size(&file).map_err(|e| Error::io(ctx(), e))?;
         Ok(FileDevice {
             file,
