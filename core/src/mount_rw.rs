@@ -827,6 +827,7 @@ mod tests {
             uid,
             gid,
             groups: Vec::new(),
+            umask: 0,
         }
     }
 
@@ -952,5 +953,78 @@ mod tests {
         assert_eq!(v.read(f, 0, 4).unwrap(), b"data");
         v.release(fh).unwrap();
         assert!(v.getattr(f).is_err());
+    }
+
+    #[test]
+    fn default_acls_are_inherited_and_access_acls_set_the_mode() {
+        use crate::fs::acl::{Acl, AclEntry, ACL_ACCESS, ACL_DEFAULT};
+        let mut v = view();
+        let c = Creds {
+            umask: 0o022,
+            ..user(0, 0)
+        };
+        let (d, _) = v.mkdir(ROOT_NODE, b"d", 0o777, &c).unwrap();
+        let e = |tag, perm, id| AclEntry { tag, perm, id };
+        let dflt = Acl(vec![
+            e(0x01, 7, u32::MAX),
+            e(0x02, 7, 1000),
+            e(0x04, 5, u32::MAX),
+            e(0x10, 7, u32::MAX),
+            e(0x20, 0, u32::MAX),
+        ]);
+        v.setxattr(d, ACL_DEFAULT, &dflt.encode(), 0).unwrap();
+        // Inherited: no umask, the mask takes the group bits.
+        let (f, st, _) = v.create(d, b"f", 0o666, 0, &c).unwrap();
+        assert_eq!(st.mode & 0o777, 0o660);
+        let acc = crate::fs::acl::parse(&v.getxattr(f, ACL_ACCESS).unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!(acc.0[3].perm, 6);
+        let (sub, st) = v.mkdir(d, b"sub", 0o777, &c).unwrap();
+        assert_eq!(st.mode & 0o777, 0o770);
+        assert_eq!(v.getxattr(sub, ACL_DEFAULT).unwrap(), dflt.encode());
+        // chmod rewrites the mask.
+        v.setattr(
+            f,
+            &SetAttr {
+                mode: Some(0o640),
+                ..Default::default()
+            },
+            None,
+            &c,
+        )
+        .unwrap();
+        let acc = crate::fs::acl::parse(&v.getxattr(f, ACL_ACCESS).unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!((acc.0[0].perm, acc.0[3].perm, acc.0[4].perm), (6, 4, 0));
+        // An ACL a mode says all of sets the mode and is not kept.
+        let base = Acl(vec![
+            e(0x01, 7, u32::MAX),
+            e(0x04, 0, u32::MAX),
+            e(0x20, 4, u32::MAX),
+        ]);
+        v.setxattr(f, ACL_ACCESS, &base.encode(), 0).unwrap();
+        assert_eq!(v.getattr(f).unwrap().mode & 0o777, 0o704);
+        assert_eq!(
+            v.getxattr(f, ACL_ACCESS).unwrap_err().as_errno(),
+            libc::ENODATA
+        );
+        // Outside: the umask.
+        let (_, st, _) = v.create(ROOT_NODE, b"g", 0o666, 0, &c).unwrap();
+        assert_eq!(st.mode & 0o777, 0o644);
+        // Malformed, and a default ACL on a file.
+        assert_eq!(
+            v.setxattr(f, ACL_ACCESS, &[2, 0, 0, 0, 9], 0)
+                .unwrap_err()
+                .as_errno(),
+            libc::EINVAL
+        );
+        assert_eq!(
+            v.setxattr(f, ACL_DEFAULT, &dflt.encode(), 0)
+                .unwrap_err()
+                .as_errno(),
+            libc::EACCES
+        );
     }
 }

@@ -80,7 +80,12 @@ fn creds(req: &Request) -> Creds {
             }
         }
     }
-    Creds { uid, gid, groups }
+    Creds {
+        uid,
+        gid,
+        groups,
+        umask: 0,
+    }
 }
 
 fn time_of(t: TimeOrNow) -> Option<(i64, u32)> {
@@ -133,6 +138,10 @@ impl fuser::Filesystem for BtrkitRw {
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_time_granularity(Duration::from_nanos(1));
         let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
+        // The kernel enforces POSIX ACLs from the xattrs (with
+        // default_permissions) and leaves the umask to the server, which
+        // applies it only where no default ACL is inherited.
+        let _ = config.add_capabilities(InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK);
         Ok(())
     }
 
@@ -196,11 +205,14 @@ impl fuser::Filesystem for BtrkitRw {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let c = creds(req);
+        let c = Creds {
+            umask,
+            ..creds(req)
+        };
         // FUSE carries new_encode_dev; the inode item holds the kernel's dev_t.
         let rdev = btrkit_core::fs::inode::encode_dev(
             libc::major(u64::from(rdev)),
@@ -218,10 +230,13 @@ impl fuser::Filesystem for BtrkitRw {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        let c = creds(req);
+        let c = Creds {
+            umask,
+            ..creds(req)
+        };
         with_view!(self, reply, v => match v.mkdir(parent.0, name.as_bytes(), mode, &c) {
             Ok((n, st)) => reply.entry(&TTL, &attr(n, &st), Generation(st.generation)),
             Err(e) => reply.error(errno(&e)),
@@ -307,11 +322,14 @@ impl fuser::Filesystem for BtrkitRw {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let c = creds(req);
+        let c = Creds {
+            umask,
+            ..creds(req)
+        };
         with_view!(self, reply, v => match v.create(parent.0, name.as_bytes(), mode, flags, &c) {
             Ok((n, st, fh)) => {
                 let f = if flags & libc::O_DIRECT != 0 {

@@ -837,3 +837,46 @@ fn device_sets_read_write() {
     );
     btrkit_tests::oracle::check_set_clean(&[&a, &b]).unwrap();
 }
+
+/// POSIX ACLs: set, inherited through default ACLs, rewritten by chmod,
+/// and enforced for another user: the same as on the kernel's btrfs.
+#[test]
+fn acls_as_on_the_kernel() {
+    skip_unless!(require_kernel_mount(), require_fuse());
+    if Command::new("setfacl").arg("--version").output().is_err() {
+        btrkit_tests::skip_part("ACLs", "setfacl is not installed (package acl)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let script = "umask 022
+mkdir d
+setfacl -d -m u:1000:rwx,g:50:rx d
+setfacl -m u:1000:rx d
+touch d/f; mkdir d/sub; mknod d/p p
+echo secret > s; chmod 600 s; setfacl -m u:1000:r s
+setpriv --reuid 1000 --regid 1000 --clear-groups cat s || echo denied
+chmod 640 s
+setfacl -x u:1000 s
+setpriv --reuid 1000 --regid 1000 --clear-groups cat s 2>/dev/null || echo denied
+setfacl -m u::rwx,g::r,o::- s
+setfacl -b d/f
+setpriv --reuid 1000 --regid 1000 --clear-groups touch d/sub/new || echo denied
+getfacl -n -R d s | grep -v '^# owner\\|^# group'
+stat -c '%n %a %U %G' d d/f d/sub d/p s d/sub/new 2>&1 | sort";
+    let kimg = tmp.path().join("kernel.img");
+    let oimg = tmp.path().join("ours.img");
+    mkfs(&kimg, "512M");
+    mkfs(&oimg, "512M");
+    let kmnt = LoopMount::mount(&kimg, &tmp.path().join("k"), "").unwrap();
+    let ours = RwMount::start(&oimg, &tmp.path().join("o"), &[]);
+    let k = sh(kmnt.path(), script);
+    let o = sh(&ours.mnt, script);
+    kmnt.unmount().unwrap();
+    ours.unmount();
+    assert!(
+        k.contains("secret") && k.contains("default:user:1000:rwx"),
+        "{k}"
+    );
+    assert_eq!(o, k, "ACLs on btrkit-mount --rw differ from the kernel's");
+    assert_btrfs_check_clean(&[&oimg], Progs::Distro, "after ACLs");
+}

@@ -272,6 +272,9 @@ pub struct Creds {
     pub gid: u32,
     /// Supplementary groups.
     pub groups: Vec<u32>,
+    /// The umask a new inode's mode gets when its directory has no default
+    /// ACL (the VFS applies it itself on mounts without POSIX ACLs: 0).
+    pub umask: u32,
 }
 
 impl Creds {

@@ -11,6 +11,7 @@
 //! properties), `FileRanges` (fallocate, punch, zero, clone). Items on
 //! disk are encoded in `format` and edited through `trans::Store`.
 
+pub mod acl;
 pub mod clock;
 pub mod compress;
 pub mod data;

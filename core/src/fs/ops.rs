@@ -77,6 +77,18 @@ impl Filesystem {
         let (uid, gid, mode) = self
             .creds
             .new_owner(parent.mode.get(), parent.gid.get(), mode);
+        // posix_acl_create: the directory's default ACL, or the umask.
+        let dir_default = match super::xattr::get_xattr(
+            &mut self.store,
+            dir.subvol,
+            dir.ino,
+            super::acl::ACL_DEFAULT,
+        )? {
+            Some(v) => super::acl::parse(&v).ok().flatten(),
+            None => None,
+        };
+        let (mode, access_acl, default_acl) =
+            super::acl::inherit(dir_default, mode, self.creds.umask);
         let mut it = new_inode_item(mode, uid, gid, rdev, now, transid);
         let dflags = parent.flags.get();
         let mut flags = 0u64;
@@ -106,6 +118,21 @@ impl Filesystem {
         if let Err(e) = self.put_item(l, &it) {
             self.forget_inode(l);
             return Err(e);
+        }
+        for (name, acl) in [
+            (super::acl::ACL_ACCESS, access_acl),
+            (super::acl::ACL_DEFAULT, default_acl),
+        ] {
+            if let Some(acl) = acl {
+                super::xattr::set_xattr(
+                    &mut self.store,
+                    l.subvol,
+                    l.ino,
+                    name,
+                    &acl.encode(),
+                    transid,
+                )?;
+            }
         }
         self.xattrs().inherit_props(l, dir)?;
         Ok(l)
@@ -658,6 +685,16 @@ impl Filesystem {
         let mut it = self.item(l)?;
         it.mode.set((it.mode.get() & S_IFMT) | (mode & 0o7777));
         self.put_item(l, &it)?;
+        // posix_acl_chmod: an access ACL follows the new mode.
+        let name = super::acl::ACL_ACCESS;
+        if let Some(v) = super::xattr::get_xattr(&mut self.store, l.subvol, l.ino, name)? {
+            if let Ok(Some(mut acl)) = super::acl::parse(&v) {
+                acl.chmod(mode);
+                let t = self.store.transid();
+                super::xattr::set_xattr(&mut self.store, l.subvol, l.ino, name, &acl.encode(), t)?;
+                self.rt(l)?.copy_everything = true;
+            }
+        }
         self.stamp(l, true, false)
     }
 
@@ -772,6 +809,9 @@ impl Xattrs<'_> {
         if name.starts_with(b"btrfs.") {
             return self.fs.xattrs().set_prop(l, name, Some(value), false);
         }
+        if name == super::acl::ACL_ACCESS || name == super::acl::ACL_DEFAULT {
+            return self.set_acl(l, name, value);
+        }
         let t = self.fs.store.transid();
         super::xattr::set_xattr(&mut self.fs.store, l.subvol, l.ino, name, value, t)?;
         self.fs.rt(l)?.copy_everything = true;
@@ -804,6 +844,47 @@ impl Xattrs<'_> {
     /// listxattr(2) with values: every (name, value) of the inode.
     pub fn list_xattrs(&mut self, l: Loc) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         super::xattr::list_xattrs(&mut self.fs.store, l.subvol, l.ino)
+    }
+
+    /// set_posix_acl: the value checked as an ACL; a default ACL only on
+    /// a directory; an access ACL sets the mode (posix_acl_update_mode:
+    /// one the mode says all of is not kept, and the set-group-id bit goes
+    /// when the caller is neither in the file's group nor root).
+    fn set_acl(&mut self, l: Loc, name: &[u8], value: &[u8]) -> Result<()> {
+        let acl = super::acl::parse(value)?;
+        let mut it = self.fs.item(l)?;
+        let mut mode = it.mode.get();
+        let t = self.fs.store.transid();
+        if name == super::acl::ACL_DEFAULT {
+            if !is_dir(mode) {
+                return Err(Error::errno(
+                    libc::EACCES,
+                    "a default ACL on something not a directory",
+                ));
+            }
+        } else if let Some(a) = &acl {
+            let equiv = a.equiv_mode(&mut mode);
+            if !self.fs.creds.in_group(it.gid.get()) && self.fs.creds.uid != 0 {
+                mode &= !libc::S_ISGID;
+            }
+            it.mode.set(mode);
+            self.fs.put_item(l, &it)?;
+            if equiv {
+                super::xattr::remove_xattr(&mut self.fs.store, l.subvol, l.ino, name)?;
+                self.fs.rt(l)?.copy_everything = true;
+                return self.fs.stamp(l, true, false);
+            }
+        }
+        match acl {
+            Some(a) => {
+                super::xattr::set_xattr(&mut self.fs.store, l.subvol, l.ino, name, &a.encode(), t)?;
+            }
+            None => {
+                super::xattr::remove_xattr(&mut self.fs.store, l.subvol, l.ino, name)?;
+            }
+        }
+        self.fs.rt(l)?.copy_everything = true;
+        self.fs.stamp(l, true, false)
     }
 
     /// The placeholder's inode has no xattr support (IOP_XATTR cleared):
