@@ -126,6 +126,7 @@ impl WritableView {
         if let Some(id) = by_id {
             opts.subvolid = Some(id);
         }
+        crate::offline::check_writable(&devs)?;
         let mut fs = crate::log::replay::mount_devices(devs, opts, o.degraded)?;
         let start = match (&o.subvol, by_id) {
             (Some(path), None) => {

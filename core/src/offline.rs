@@ -60,6 +60,7 @@ impl Offline {
                 Arc::new(FileDevice::open(p, true)?),
             ));
         }
+        check_writable(&devs)?;
         // Paths name things from the top level, whatever the default.
         let opts = MountOptions::parse(&["subvolid=5"])?;
         let mut fs = crate::log::replay::mount_devices(devs, opts, degraded)?;
@@ -93,6 +94,24 @@ impl Offline {
         self.fs.close_all()?;
         self.fs.sync()
     }
+}
+
+/// Refuse, before anything is written (a log replay, an orphan cleanup),
+/// a filesystem with compat_ro features the engine does not know: the
+/// kernel mounts those read-only only.
+pub fn check_writable(devs: &[(String, Arc<dyn BlockDevice>)]) -> Result<()> {
+    use crate::format::consts::SUPPORTED_COMPAT_RO;
+    for (name, dev) in devs {
+        let sb = crate::image::read_superblock(dev.as_ref(), 0)
+            .map_err(|e| Error::Invalid(format!("{name}: not a btrfs image: {e}")))?;
+        let unknown = sb.compat_ro_flags.get() & !SUPPORTED_COMPAT_RO;
+        if unknown != 0 {
+            return Err(Error::Unsupported(format!(
+                "{name}: compat_ro feature flags 0x{unknown:x} unknown to btrkit: it reads this filesystem but does not write it"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `btrfs filesystem resize SPEC` on the image files or devices `paths`:

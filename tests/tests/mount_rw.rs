@@ -789,6 +789,25 @@ fn refusals() {
     assert_eq!(o.status.code(), Some(1));
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("for writing") && e.lines().count() == 1, "{e}");
+    // A compat_ro feature the engine does not know: the kernel would
+    // mount it read-only only; refused before anything is written.
+    let dev = btrkit_core::io::FileDevice::open(&img, true).unwrap();
+    for mirror in 0..2 {
+        btrkit_tests::repair_support::patch_superblock(&dev, mirror, false, &|b| {
+            let v = u64::from_le_bytes(b[180..188].try_into().unwrap()) | 1 << 40;
+            b[180..188].copy_from_slice(&v.to_le_bytes());
+        });
+    }
+    drop(dev);
+    let before = std::fs::read(&img).unwrap();
+    let o = run(&["--rw"], "m5");
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("compat_ro") && e.lines().count() == 1, "{e}");
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "a refused image was written"
+    );
 }
 
 /// A two-device raid1 set mounted read-write (`--device`), written, and
