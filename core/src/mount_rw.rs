@@ -776,7 +776,7 @@ impl WritableView {
             let dsize = self.fs.stat(d)?.size;
             // A clone that would leave a partial last sector inside the
             // destination's data is not one the kernel makes.
-            if soff + len == ssize && len % ss != 0 && doff + len < dsize {
+            if soff + len == ssize && !len.is_multiple_of(ss) && doff + len < dsize {
                 // fall through to the copy
             } else {
                 self.fs.ranges().clone_range(s, soff, d, doff, len)?;

@@ -1733,22 +1733,6 @@ fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn changed_ranges_are_joined() {
-        assert_eq!(
-            super::merge_ranges(vec![
-                (303104, 401408),
-                (262144, 344064),
-                (0, 4096),
-                (4096, 8192)
-            ]),
-            vec![(0, 8192), (262144, 401408)]
-        );
-    }
-}
-
 /// The (parent, name) pairs of one INODE_REF or INODE_EXTREF item.
 fn ref_names(k: &Key, d: &[u8]) -> Result<Vec<(u64, Vec<u8>)>> {
     Ok(match k.ty {
@@ -1763,4 +1747,20 @@ fn ref_names(k: &Key, d: &[u8]) -> Result<Vec<(u64, Vec<u8>)>> {
             .map(|e| (e.parent, e.name.to_vec()))
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn changed_ranges_are_joined() {
+        assert_eq!(
+            super::merge_ranges(vec![
+                (303104, 401408),
+                (262144, 344064),
+                (0, 4096),
+                (4096, 8192)
+            ]),
+            vec![(0, 8192), (262144, 401408)]
+        );
+    }
 }
