@@ -469,8 +469,10 @@ fn programs_run_as_on_the_kernel() {
     );
     let kimg = tmp.path().join("kernel.img");
     let oimg = tmp.path().join("ours.img");
-    mkfs(&kimg, "4G");
-    mkfs(&oimg, "4G");
+    // The tree averages about 64 KiB a file; git's objects come on top.
+    let size = format!("{}", (files as u64 * (192 << 10)).max(4 << 30));
+    mkfs(&kimg, &size);
+    mkfs(&oimg, &size);
     let kmnt = LoopMount::mount(&kimg, &tmp.path().join("k"), "").unwrap();
     let ours = RwMount::start(&oimg, &tmp.path().join("o"), &[]);
     let said_k = run_programs(kmnt.path(), &tarball, git);
