@@ -426,7 +426,7 @@ fn run_programs(dir: &Path, tarball: &Path, git: bool) -> String {
     if git {
         said += &sh(
             &dir.join("x"),
-            "git init -q . && git add -A && git commit -q -m import && git rev-parse HEAD && git fsck --no-progress 2>&1 && rm -f .git/index",
+            "git init -q . && git config gc.auto 0 && git add -A && git commit -q -m import && git rev-parse HEAD && git fsck --no-progress 2>&1 && rm -f .git/index",
         );
     }
     std::fs::write(dir.join("work.py"), SQLITE_WORK).unwrap();
