@@ -24,15 +24,11 @@ use crate::fs::extents::{extent_span, extents_in};
 use crate::fs::ops::Stat;
 use crate::fs::{Creds, Filesystem, Loc, MountOptions};
 use crate::io::BlockDevice;
-use crate::mount_view::{Entry, Space, ROOT_NODE};
+use crate::mount_view::{Entry, NodeIds, Space, ROOT_NODE};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Node ids of inodes outside the start subvolume start here (as the
-/// read-only view's).
-const FOREIGN_BASE: u64 = 1 << 56;
 
 /// renameat2 flags.
 pub const RENAME_NOREPLACE: u32 = 1;
@@ -92,12 +88,10 @@ struct Handle {
 /// The filesystem behind a read-write mount.
 pub struct WritableView {
     fs: Filesystem,
-    start: Loc,
-    locs: HashMap<u64, Loc>,
-    nodes: HashMap<Loc, u64>,
+    /// Node id <-> inode, as the read-only view's.
+    ids: NodeIds,
     /// The directory a node was last found in (for readdir's "..").
     parents: HashMap<u64, u64>,
-    next_foreign: u64,
     handles: HashMap<u64, Handle>,
     next_handle: u64,
     /// Wall time of the mount, against which the engine's clock is kept.
@@ -141,17 +135,12 @@ impl WritableView {
         };
         let mut v = WritableView {
             fs,
-            start,
-            locs: HashMap::new(),
-            nodes: HashMap::new(),
+            ids: NodeIds::new(start),
             parents: HashMap::new(),
-            next_foreign: FOREIGN_BASE,
             handles: HashMap::new(),
             next_handle: 1,
             mounted: Instant::now(),
         };
-        v.locs.insert(ROOT_NODE, start);
-        v.nodes.insert(start, ROOT_NODE);
         v.parents.insert(ROOT_NODE, ROOT_NODE);
         Ok(v)
     }
@@ -162,29 +151,11 @@ impl WritableView {
     }
 
     fn node_of(&mut self, l: Loc) -> u64 {
-        if let Some(&n) = self.nodes.get(&l) {
-            return n;
-        }
-        let own = l.subvol == self.start.subvol
-            && !l.is_placeholder()
-            && l.ino > ROOT_NODE
-            && l.ino < FOREIGN_BASE;
-        let n = if own {
-            l.ino
-        } else {
-            self.next_foreign += 1;
-            self.next_foreign
-        };
-        self.locs.insert(n, l);
-        self.nodes.insert(l, n);
-        n
+        self.ids.node_of(l)
     }
 
     fn loc(&self, node: u64) -> Result<Loc> {
-        self.locs
-            .get(&node)
-            .copied()
-            .ok_or_else(|| errno(libc::ESTALE, format!("unknown node {node}")))
+        self.ids.loc(node)
     }
 
     /// Bring the engine's clock up to the wall clock (never back).
@@ -401,7 +372,7 @@ impl WritableView {
         let moved = self.fs.lookup(od, oname)?;
         self.fs.rename(od, oname, nd, nname)?;
         if let Some(l) = moved {
-            if let Some(&n) = self.nodes.get(&l) {
+            if let Some(n) = self.ids.known(l) {
                 self.parents.insert(n, ndir);
             }
         }

@@ -28,6 +28,62 @@ pub const ROOT_NODE: u64 = 1;
 /// `du` still tell inodes apart.
 const FOREIGN_BASE: u64 = 1 << 56;
 
+/// The node ids a mount hands out, both ways: the start subvolume's
+/// inodes keep their numbers (its root is [`ROOT_NODE`]), others get ids
+/// from [`FOREIGN_BASE`] up. An id is never reused: Btrfs does not reuse
+/// an inode number within a mount, and foreign ids only count up.
+pub(crate) struct NodeIds {
+    start: Loc,
+    locs: HashMap<u64, Loc>,
+    nodes: HashMap<Loc, u64>,
+    next_foreign: u64,
+}
+
+impl NodeIds {
+    /// The ids of a mount whose root is `start`.
+    pub(crate) fn new(start: Loc) -> NodeIds {
+        NodeIds {
+            start,
+            locs: HashMap::from([(ROOT_NODE, start)]),
+            nodes: HashMap::from([(start, ROOT_NODE)]),
+            next_foreign: FOREIGN_BASE,
+        }
+    }
+
+    /// The id of `l`, handed out on first sight.
+    pub(crate) fn node_of(&mut self, l: Loc) -> u64 {
+        if let Some(&n) = self.nodes.get(&l) {
+            return n;
+        }
+        let own = l.subvol == self.start.subvol
+            && !l.is_placeholder()
+            && l.ino > ROOT_NODE
+            && l.ino < FOREIGN_BASE;
+        let n = if own {
+            l.ino
+        } else {
+            self.next_foreign += 1;
+            self.next_foreign
+        };
+        self.locs.insert(n, l);
+        self.nodes.insert(l, n);
+        n
+    }
+
+    /// The id of `l` if one was handed out.
+    pub(crate) fn known(&self, l: Loc) -> Option<u64> {
+        self.nodes.get(&l).copied()
+    }
+
+    /// The inode behind id `node` (ESTALE for an id never handed out).
+    pub(crate) fn loc(&self, node: u64) -> Result<Loc> {
+        self.locs
+            .get(&node)
+            .copied()
+            .ok_or_else(|| Error::errno(libc::ESTALE, format!("unknown node {node}")))
+    }
+}
+
 /// One directory entry as readdir lists it.
 #[derive(Clone, Debug)]
 pub struct Entry {
@@ -53,14 +109,10 @@ pub struct Space {
 /// The filesystem behind a read-only mount.
 pub struct ReadOnlyView {
     fs: Filesystem,
-    start: Loc,
-    /// Node id -> inode (index + 1 for ids handed out in order; the start
-    /// subvolume's inodes use their inode number as id).
-    locs: HashMap<u64, Loc>,
-    nodes: HashMap<Loc, u64>,
+    /// Node id <-> inode.
+    ids: NodeIds,
     /// The directory a node was found in (for readdir's "..").
     parents: HashMap<u64, u64>,
-    next_foreign: u64,
     /// Open directories: handle -> entries, so a listing read in several
     /// calls is one consistent snapshot, read once.
     open_dirs: HashMap<u64, Arc<Vec<Entry>>>,
@@ -105,47 +157,24 @@ impl ReadOnlyView {
         }
         let mut v = ReadOnlyView {
             fs,
-            start,
-            locs: HashMap::new(),
-            nodes: HashMap::new(),
+            ids: NodeIds::new(start),
             parents: HashMap::new(),
-            next_foreign: FOREIGN_BASE,
             open_dirs: HashMap::new(),
             next_handle: 1,
             warnings: Vec::new(),
             lost_dirs: HashMap::new(),
         };
-        v.locs.insert(ROOT_NODE, start);
-        v.nodes.insert(start, ROOT_NODE);
         v.parents.insert(ROOT_NODE, ROOT_NODE);
         Ok(v)
     }
 
     /// The node id of `l`, handed out the first time it is met.
     fn node_of(&mut self, l: Loc) -> u64 {
-        if let Some(&n) = self.nodes.get(&l) {
-            return n;
-        }
-        let own = l.subvol == self.start.subvol
-            && !l.is_placeholder()
-            && l.ino > ROOT_NODE
-            && l.ino < FOREIGN_BASE;
-        let n = if own {
-            l.ino
-        } else {
-            self.next_foreign += 1;
-            self.next_foreign
-        };
-        self.locs.insert(n, l);
-        self.nodes.insert(l, n);
-        n
+        self.ids.node_of(l)
     }
 
     fn loc(&self, node: u64) -> Result<Loc> {
-        self.locs
-            .get(&node)
-            .copied()
-            .ok_or_else(|| Error::errno(libc::ESTALE, format!("unknown node {node}")))
+        self.ids.loc(node)
     }
 
     /// lookup: the inode `name` names in directory `dir`.
@@ -319,7 +348,7 @@ impl ReadOnlyView {
         if size == 0 || size > max {
             return None;
         }
-        let l = *self.locs.get(&node)?;
+        let l = self.ids.loc(node).ok()?;
         let k = crate::format::key::Key::new(l.ino, BTRFS_EXTENT_DATA_KEY, 0);
         let item = self
             .fs
