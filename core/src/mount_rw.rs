@@ -15,7 +15,7 @@
 //!
 //! Permission checks are the kernel's (the mount uses FUSE's
 //! `default_permissions`); what the VFS leaves to the filesystem is here:
-//! the owner of new inodes ([`crate::fs::Creds`]), RENAME_NOREPLACE,
+//! the owner of new inodes ([`crate::fs::Creds`]), renameat2's flags,
 //! xattr flags, O_APPEND, O_DIRECT.
 
 use crate::format::consts::*;
@@ -31,11 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// renameat2 flags.
-pub const RENAME_NOREPLACE: u32 = 1;
-/// renameat2: swap the two names.
-pub const RENAME_EXCHANGE: u32 = 2;
-/// renameat2: leave a whiteout (overlayfs).
-pub const RENAME_WHITEOUT: u32 = 4;
+pub use crate::fs::rename::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 
 /// setxattr flags.
 const XATTR_CREATE: i32 = 1;
@@ -343,9 +339,8 @@ impl WritableView {
         self.fs.rmdir(d, name)
     }
 
-    /// renameat2. RENAME_NOREPLACE fails with EEXIST when the new name is
-    /// taken; RENAME_EXCHANGE and RENAME_WHITEOUT are not offered
-    /// (EINVAL, as a filesystem without them answers).
+    /// renameat2 with RENAME_NOREPLACE, RENAME_EXCHANGE and
+    /// RENAME_WHITEOUT, as the engine's rename2.
     pub fn rename(
         &mut self,
         odir: u64,
@@ -355,25 +350,18 @@ impl WritableView {
         flags: u32,
     ) -> Result<()> {
         self.begin(None)?;
-        if flags & !RENAME_NOREPLACE != 0 {
-            return Err(errno(
-                libc::EINVAL,
-                "rename: RENAME_EXCHANGE and RENAME_WHITEOUT are not supported",
-            ));
-        }
         let od = self.loc(odir)?;
         let nd = self.loc(ndir)?;
-        if flags & RENAME_NOREPLACE != 0 && self.fs.lookup(nd, nname)?.is_some() {
-            if self.fs.lookup(od, oname)?.is_none() {
-                return Err(errno(libc::ENOENT, "rename: no such entry"));
-            }
-            return Err(errno(libc::EEXIST, "rename: the new name exists"));
-        }
         let moved = self.fs.lookup(od, oname)?;
-        self.fs.rename(od, oname, nd, nname)?;
-        if let Some(l) = moved {
-            if let Some(n) = self.ids.known(l) {
-                self.parents.insert(n, ndir);
+        let swapped = if flags & RENAME_EXCHANGE != 0 {
+            self.fs.lookup(nd, nname)?
+        } else {
+            None
+        };
+        self.fs.rename2(od, oname, nd, nname, flags)?;
+        for (l, parent) in [(moved, ndir), (swapped, odir)] {
+            if let Some(n) = l.and_then(|l| self.ids.known(l)) {
+                self.parents.insert(n, parent);
             }
         }
         Ok(())
@@ -841,6 +829,42 @@ mod tests {
             ]
         );
         v.release(dh).unwrap();
+        v.unmount().unwrap();
+    }
+
+    #[test]
+    fn exchange_swaps_names_and_parents() {
+        let mut v = view();
+        let c = user(0, 0);
+        let (a, _) = v.mkdir(ROOT_NODE, b"a", 0o755, &c).unwrap();
+        let (d, _) = v.mkdir(a, b"d", 0o755, &c).unwrap();
+        let (f, _, fh) = v
+            .create(ROOT_NODE, b"f", 0o644, libc::O_WRONLY, &c)
+            .unwrap();
+        v.write(fh, f, 0, b"data").unwrap();
+        v.release(fh).unwrap();
+        // A directory and a file across parents.
+        v.rename(a, b"d", ROOT_NODE, b"f", RENAME_EXCHANGE).unwrap();
+        assert_eq!(v.lookup(ROOT_NODE, b"f").unwrap().0, d);
+        assert_eq!(v.lookup(a, b"d").unwrap().0, f);
+        assert_eq!(v.read(f, 0, 10).unwrap(), b"data");
+        // Into itself, a missing name, bad flag combinations.
+        let e = v.rename(ROOT_NODE, b"a", a, b"d", RENAME_EXCHANGE);
+        assert_eq!(e.unwrap_err().as_errno(), libc::EINVAL);
+        let e = v.rename(ROOT_NODE, b"a", ROOT_NODE, b"none", RENAME_EXCHANGE);
+        assert_eq!(e.unwrap_err().as_errno(), libc::ENOENT);
+        let e = v.rename(
+            ROOT_NODE,
+            b"a",
+            ROOT_NODE,
+            b"f",
+            RENAME_EXCHANGE | RENAME_NOREPLACE,
+        );
+        assert_eq!(e.unwrap_err().as_errno(), libc::EINVAL);
+        // A whiteout stays at the old name.
+        v.rename(a, b"d", ROOT_NODE, b"g", RENAME_WHITEOUT).unwrap();
+        let (_, st) = v.lookup(a, b"d").unwrap();
+        assert_eq!((st.mode, st.rdev), (crate::fs::inode::S_IFCHR, (0, 0)));
         v.unmount().unwrap();
     }
 

@@ -8,10 +8,10 @@ use btrkit_core::fs::Creds;
 use btrkit_core::mount_rw::{SetAttr, WritableView};
 use fuser::{
     BackgroundSession, Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow,
-    WriteFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    SessionACL, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -392,6 +392,31 @@ impl fuser::Filesystem for BtrkitRw {
         reply: ReplyEmpty,
     ) {
         reply.error(Errno::ENOSYS);
+    }
+
+    /// BTRFS_IOC_SYNC commits (`btrkit filesystem sync MNT`): syncfs(2)
+    /// never reaches a FUSE server (the kernel sends FUSE_SYNCFS to
+    /// virtiofs only), so this is the way to ask for a commit. Every other
+    /// ioctl: ENOTTY.
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        if cmd != btrkit_core::io::host::BTRFS_IOC_SYNC {
+            return reply.error(Errno::ENOTTY);
+        }
+        with_view!(self, reply, v => match v.sync() {
+            Ok(()) => reply.ioctl(0, &[]),
+            Err(e) => reply.error(errno(&e)),
+        })
     }
 
     fn release(

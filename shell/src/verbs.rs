@@ -121,6 +121,7 @@ verbs! {
     "link" Step "link OLD NEW" "A new hard link NEW to OLD." "link /a/f /a/hard";
     "symlink" Step "symlink TARGET P" "A symbolic link P holding TARGET as written." "symlink ../f /a/sym";
     "rename" Step "rename OLD NEW" "rename(2), replacing NEW if it exists." "rename /a/f /a/g";
+    "exchange" Step "exchange A B" "renameat2(2) with RENAME_EXCHANGE: the two names trade inodes." "exchange /a/f /b";
     "unlink" Step "unlink P" "Remove a name that is not a directory." "unlink /a/g";
     "rmdir" Step "rmdir P" "Remove an empty directory." "rmdir /a/empty";
     "setxattr" Step "setxattr P NAME VALUE"

@@ -237,6 +237,20 @@ impl Model {
         }
     }
 
+    /// Whether renameat2(RENAME_EXCHANGE) of `a` and `b` would succeed:
+    /// both exist, neither is the root, and neither is a directory
+    /// holding the other.
+    pub fn exchange_ok(&self, a: &str, b: &str) -> bool {
+        let (Some(x), Some(y)) = (self.lookup(a), self.lookup(b)) else {
+            return false;
+        };
+        if a == "/" || b == "/" {
+            return false;
+        }
+        let holds = |d: u64, anc: &str, p: &str| self.is_dir(d) && Self::is_within(anc, p);
+        !holds(x, a, b) && !holds(y, b, a)
+    }
+
     /// Apply one step; Err when the kernel would refuse it (or the model
     /// does not know it).
     pub fn apply(&mut self, st: &Step) -> Result<(), String> {
@@ -379,6 +393,19 @@ impl Model {
                 let (nd, nn) = split(b);
                 let nd = self.lookup(&nd).ok_or("gone")?;
                 self.dir_mut(nd).ok_or("not a dir")?.insert(nn, s);
+                Ok(())
+            }
+            Step::Exchange(a, b) => {
+                if !self.exchange_ok(a, b) {
+                    return Err(format!("exchange {a} {b}: refused"));
+                }
+                let (x, y) = (self.lookup(a).ok_or("gone")?, self.lookup(b).ok_or("gone")?);
+                let (ad, an) = split(a);
+                let ad = self.lookup(&ad).ok_or("gone")?;
+                self.dir_mut(ad).ok_or("not a dir")?.insert(an, y);
+                let (bd, bn) = split(b);
+                let bd = self.lookup(&bd).ok_or("gone")?;
+                self.dir_mut(bd).ok_or("not a dir")?.insert(bn, x);
                 Ok(())
             }
             Step::Unlink(p) => {

@@ -599,6 +599,24 @@ impl Runner {
                 }
                 Ok(())
             }
+            Step::Exchange(a, b) => {
+                let (ca, cb) = (cpath(&self.p(a))?, cpath(&self.p(b))?);
+                check(
+                    // SAFETY: two NUL-terminated paths that live across the call, which only
+                    // reads them; AT_FDCWD and a flag are integers.
+                    unsafe {
+                        libc::renameat2(
+                            libc::AT_FDCWD,
+                            ca.as_ptr(),
+                            libc::AT_FDCWD,
+                            cb.as_ptr(),
+                            libc::RENAME_EXCHANGE,
+                        )
+                    },
+                    "exchange",
+                    &self.p(a),
+                )
+            }
             Step::Unlink(p) => io("unlink", &self.p(p), std::fs::remove_file(self.p(p))),
             Step::Rmdir(p) => io("rmdir", &self.p(p), std::fs::remove_dir(self.p(p))),
             Step::SetXattr { path, name, value } => {

@@ -3,7 +3,7 @@
 //! btrkit's engine ([`crate::logcheck`] judges a pair), and a shrinker that
 //! cuts a disagreement down to a short script to keep as a regression.
 //!
-//! - namespace: mkdir, create, small writes, renames of files and
+//! - namespace: mkdir, create, small writes, renames (and exchanges) of files and
 //!   directories across parents, onto existing names and back to old names,
 //!   links, unlinks, rmdirs, fsync of any inode, sync, over a tree of three
 //!   or four levels with a handful of reused names;
@@ -147,6 +147,16 @@ pub fn namespace_script(seed: u64) -> String {
                 one(r, &[10u64, 3000]),
                 1 + r.below(254)
             )
+        } else if op < 29 && nonroot.len() >= 2 {
+            // Two names trade inodes (renameat2 RENAME_EXCHANGE).
+            let (a, ia) = (*one(r, &nonroot)).clone();
+            let (b, ib) = (*one(r, &nonroot)).clone();
+            if a == b || !w.model.exchange_ok(&a, &b) {
+                continue;
+            }
+            history.entry(ia).or_default().push(b.clone());
+            history.entry(ib).or_default().push(a.clone());
+            format!("exchange {a} {b}")
         } else if op < 50 && !nonroot.is_empty() {
             let (src, ino) = (*one(r, &nonroot)).clone();
             let old: Vec<String> = history
@@ -426,6 +436,7 @@ mod tests {
     fn namespace_scripts_rename_directories_and_reuse_names() {
         let all: String = (1..200).map(namespace_script).collect();
         assert!(all.contains("rename /"), "renames");
+        assert!(all.matches("exchange /").count() > 50, "exchanges");
         assert!(all.contains("rmdir "), "rmdirs");
         assert!(all.contains("link "), "links");
     }

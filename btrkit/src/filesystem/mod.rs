@@ -5,6 +5,7 @@ mod df;
 mod du;
 mod label;
 mod resize;
+mod sync;
 mod usage;
 
 use clap::Subcommand;
@@ -34,6 +35,9 @@ enum Cmd {
     Resize(resize::Args),
     /// Print or set the filesystem's label (as `btrfs filesystem label`).
     Label(label::Args),
+    /// Commit a mounted filesystem: a `btrkit-mount --rw` mount or the
+    /// kernel's (as `btrfs filesystem sync`).
+    Sync(sync::Args),
 }
 
 /// Run the command.
@@ -45,5 +49,6 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         Cmd::Compsize(a) => compsize::run(a),
         Cmd::Resize(a) => resize::run(a),
         Cmd::Label(a) => label::run(a),
+        Cmd::Sync(a) => sync::run(a),
     }
 }

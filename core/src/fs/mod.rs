@@ -29,6 +29,7 @@ pub mod options;
 mod pagecache;
 mod props;
 pub mod read;
+pub mod rename;
 pub mod subvol;
 pub mod writeback;
 pub mod xattr;

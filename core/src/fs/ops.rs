@@ -62,7 +62,7 @@ impl Stat {
     }
 }
 
-fn name_str(n: &[u8]) -> String {
+pub(super) fn name_str(n: &[u8]) -> String {
     String::from_utf8_lossy(n).into_owned()
 }
 
@@ -139,8 +139,22 @@ impl Filesystem {
     }
 
     /// Link `target` into `dir` as `name` at the directory's next index.
-    fn add_link(&mut self, dir: Loc, name: &[u8], target: Loc, mode: u32) -> Result<()> {
+    pub(super) fn add_link(&mut self, dir: Loc, name: &[u8], target: Loc, mode: u32) -> Result<()> {
         let idx = self.next_index(dir)?;
+        self.add_link_at(dir, name, target, mode, idx)
+    }
+
+    /// Link `target` into `dir` as `name` at index `idx`, taken from the
+    /// directory's counter by the caller (a rename exchange takes both
+    /// indexes before either name moves, as btrfs_rename_exchange).
+    pub(super) fn add_link_at(
+        &mut self,
+        dir: Loc,
+        name: &[u8],
+        target: Loc,
+        mode: u32,
+        idx: u64,
+    ) -> Result<()> {
         let t = self.store.transid();
         let now = self.clock.now();
         // The directory's times move with its size, in one item change
@@ -308,7 +322,7 @@ impl Filesystem {
     /// last close (an orphan item keeps it until then). A log holding the
     /// name loses it before the next log sync (__btrfs_unlink_inode's log
     /// hooks).
-    fn drop_name(&mut self, dir: Loc, name: &[u8]) -> Result<Loc> {
+    pub(super) fn drop_name(&mut self, dir: Loc, name: &[u8]) -> Result<Loc> {
         let now = self.clock.now();
         self.dcache.clear();
         let (ino, nlink, index) = names::unlink(&mut self.store, dir.subvol, dir.ino, name, now)?;
@@ -406,217 +420,11 @@ impl Filesystem {
         Ok(())
     }
 
-    /// Whether `anc` is `l` or one of its ancestors, walking `..` as the
-    /// VFS's dentry tree does: from a subvolume's root to the directory
-    /// holding its entry (its ROOT_BACKREF), from a placeholder to its
-    /// directory, up to the mount's root.
-    fn is_ancestor(&mut self, anc: Loc, mut l: Loc) -> Result<bool> {
-        for _ in 0..4096 {
-            if l == anc {
-                return Ok(true);
-            }
-            if l == self.root() {
-                return Ok(false);
-            }
-            if l.is_placeholder() {
-                l = Loc::new(l.subvol, l.parent);
-                continue;
-            }
-            if l.ino == super::filesystem::ROOT_DIR {
-                match self.subvols().subvol_parent(l.subvol)? {
-                    Some(p) => {
-                        l = p;
-                        continue;
-                    }
-                    None => return Ok(false),
-                }
-            }
-            let links = names::links_of(&mut self.store, l.subvol, l.ino)?;
-            let Some(p) = links.first() else {
-                return Ok(false);
-            };
-            l = Loc::new(l.subvol, p.parent);
-        }
-        Err(Error::corrupt_as(
-            crate::CorruptKind::Structure,
-            "directory chain does not reach the root",
-            l.ino,
-        ))
-    }
-
-    /// rename(2), replacing an existing target. The checks come in the
-    /// kernel's order: the VFS's first (the source exists, the ancestor
-    /// traps of lock_rename, then the types of source and target), then
-    /// btrfs_rename's (nothing goes into a placeholder: EPERM; only a
-    /// subvolume's entry moves across subvolumes: EXDEV; a placeholder
-    /// does not move and a subvolume is not replaced: ENOTEMPTY; nor is a
-    /// directory that has entries).
-    pub fn rename(&mut self, odir: Loc, oname: &[u8], ndir: Loc, nname: &[u8]) -> Result<()> {
-        let src = self.lookup(odir, oname)?.ok_or_else(|| {
-            Error::errno(libc::ENOENT, format!("{}: no such file", name_str(oname)))
-        })?;
-        if nname.is_empty() || nname == b"." || nname == b".." {
-            return Err(Error::errno(libc::EINVAL, "rename: bad target name"));
-        }
-        if nname.len() > BTRFS_NAME_LEN {
-            return Err(Error::errno(libc::ENAMETOOLONG, "rename: name too long"));
-        }
-        let smode = self.item(src)?.mode.get();
-        if is_dir(smode) && self.is_ancestor(src, ndir)? {
-            return Err(Error::errno(
-                libc::EINVAL,
-                "rename: a directory into itself",
-            ));
-        }
-        let dst = self.lookup(ndir, nname)?;
-        if let Some(dst) = dst {
-            // The same inode under both names changes nothing. A
-            // placeholder is a new inode at every lookup: it is only the
-            // same as itself under the same name.
-            let same = if src.is_placeholder() {
-                odir == ndir && oname == nname
-            } else {
-                dst == src
-            };
-            if same {
-                return Ok(());
-            }
-            let dmode = self.item(dst)?.mode.get();
-            // The VFS refuses a target that is an ancestor of the source
-            // (lock_rename's trap) before it compares the two types.
-            if is_dir(dmode) && self.is_ancestor(dst, odir)? {
-                return Err(Error::errno(
-                    libc::ENOTEMPTY,
-                    "rename: target is an ancestor of the source",
-                ));
-            }
-            match (is_dir(smode), is_dir(dmode)) {
-                (true, false) => {
-                    return Err(Error::errno(
-                        libc::ENOTDIR,
-                        "rename: directory over a non-directory",
-                    ))
-                }
-                (false, true) => {
-                    return Err(Error::errno(libc::EISDIR, "rename: over a directory"))
-                }
-                _ => {}
-            }
-        }
-        if ndir.is_placeholder() {
-            return Err(Error::errno(
-                libc::EPERM,
-                "rename: into the empty directory standing for a subvolume",
-            ));
-        }
-        // A subvolume's root directory, named by an entry of another tree.
-        let src_subvol = src.ino == super::filesystem::ROOT_DIR && src.subvol != odir.subvol;
-        if !src_subvol && odir.subvol != ndir.subvol {
-            return Err(Error::errno(libc::EXDEV, "rename: across subvolumes"));
-        }
-        if src.is_placeholder() {
-            return Err(Error::errno(
-                libc::ENOTEMPTY,
-                "rename: of the empty directory standing for a subvolume",
-            ));
-        }
-        let mut replaced = None;
-        if let Some(dst) = dst {
-            if dst.ino == super::filesystem::ROOT_DIR && dst.subvol != ndir.subvol {
-                return Err(Error::errno(libc::ENOTEMPTY, "rename: over a subvolume"));
-            }
-            if is_dir(smode) && !names::dir_is_empty(&mut self.store, dst.subvol, dst.ino)? {
-                return Err(Error::errno(
-                    libc::ENOTEMPTY,
-                    "rename: target directory not empty",
-                ));
-            }
-            // Replacing a file's content by renaming a new file over it: the
-            // new file's data is written back first (btrfs_rename's
-            // filemap_flush), so the rename never reaches disk before it.
-            if !dst.is_placeholder()
-                && is_reg(smode)
-                && is_reg(self.item(dst)?.mode.get())
-                && self.rt(dst)?.i_size > 0
-            {
-                self.writeback()
-                    .inode(src, 0, u64::MAX, super::writeback::Reason::Background)?;
-            }
-            if dst.is_placeholder() {
-                self.subvols().remove_placeholder_entry(ndir, nname)?;
-            } else {
-                // The replaced inode lives until the rename returns (the
-                // dentry holds it): the log, brought up to date with the new
-                // name below, still finds it, and a name it held conflicts
-                // with the renamed inode's (a directory moved out of it
-                // makes the fsync commit, as btrfs_log_new_name's logging
-                // of the conflicting inode decides).
-                self.open(dst)?;
-                replaced = Some(dst);
-                self.drop_name(ndir, nname)?;
-            }
-        }
-        let r = if src_subvol {
-            self.subvols()
-                .rename_subvol_entry(odir, oname, ndir, nname, src.subvol)
-        } else {
-            self.rename_inode(odir, oname, ndir, nname, src, smode)
-        };
-        match replaced {
-            Some(dst) => r.and(self.close(dst)),
-            None => r,
-        }
-    }
-
-    /// The rename of an inode (not a subvolume) once the target name is free.
-    fn rename_inode(
-        &mut self,
-        odir: Loc,
-        oname: &[u8],
-        ndir: Loc,
-        nname: &[u8],
-        src: Loc,
-        smode: u32,
-    ) -> Result<()> {
-        // The old name goes without touching the link count.
-        let idx_old = names::links_in(&mut self.store, src.subvol, src.ino, odir.ino)?
-            .into_iter()
-            .find(|(_, n)| n == oname)
-            .map(|(i, _)| i)
-            .ok_or_else(|| {
-                Error::corrupt_key_as(
-                    crate::CorruptKind::Reference,
-                    "name without inode ref",
-                    0,
-                    Key::new(src.ino, BTRFS_INODE_REF_KEY, odir.ino),
-                )
-            })?;
-        let t = self.store.transid();
-        if odir != ndir {
-            self.record_unlink_dir(odir, src, true)?;
-        }
-        self.dcache.clear();
-        names::remove_name(
-            &mut self.store,
-            odir.subvol,
-            odir.ino,
-            inode_key(src.ino),
-            oname,
-            idx_old,
-            t,
-        )?;
-        self.add_link(ndir, nname, src, smode)?;
-        self.stamp(odir, true, true)?;
-        self.stamp(src, true, false)?;
-        self.log_new_name(src, Some((odir, oname.to_vec(), idx_old)), ndir)?;
-        Ok(())
-    }
-
     /// btrfs_record_unlink_dir: the inode lost a name in this transaction;
     /// for a rename out of `dir` that the log cannot follow (neither the
     /// directory nor the inode is in it), the directory is marked too, so
     /// fully logging it commits instead.
-    fn record_unlink_dir(&mut self, dir: Loc, l: Loc, for_rename: bool) -> Result<()> {
+    pub(super) fn record_unlink_dir(&mut self, dir: Loc, l: Loc, for_rename: bool) -> Result<()> {
         let t = self.store.transid();
         self.rt(l)?.last_unlink_trans = t;
         if !for_rename || self.inode_logged(dir)? || self.inode_logged(l)? {
@@ -630,7 +438,7 @@ impl Filesystem {
     /// at its next logging, its old parents are logged, and a log that
     /// holds it (or the old directory) is brought up to date before the
     /// next log sync.
-    fn log_new_name(
+    pub(super) fn log_new_name(
         &mut self,
         l: Loc,
         old: Option<(Loc, Vec<u8>, u64)>,

@@ -597,6 +597,36 @@ impl Subvols<'_> {
         Ok(())
     }
 
+    /// btrfs_unlink_subvol for a rename exchange: subvolume entry `name`
+    /// leaves `dir` with its root references.
+    pub(super) fn unlink_subvol_entry(&mut self, dir: Loc, name: &[u8]) -> Result<()> {
+        let (loc, _) = names::lookup_name(&mut self.fs.store, dir.subvol, dir.ino, name)?
+            .ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
+        self.unlink_subvol(dir, name, loc)
+    }
+
+    /// btrfs_add_link of subvolume `id` into `dir` at index `index`, taken
+    /// by the caller.
+    pub(super) fn link_subvol_entry(
+        &mut self,
+        dir: Loc,
+        name: &[u8],
+        id: u64,
+        index: u64,
+    ) -> Result<()> {
+        let root_key = self.fs.store.root_key(id)?;
+        link_subvol_items(
+            &mut self.fs.store,
+            dir.subvol,
+            dir.ino,
+            name,
+            id,
+            root_key.offset,
+            index,
+        )?;
+        self.fs.stamp(dir, true, true)
+    }
+
     /// Remove an entry that leads to the empty-subvolume placeholder
     /// (btrfs_unlink_subvol for one): its dir item and dir index go. No
     /// ROOT_REF links the subvolume it names under this entry, so the root

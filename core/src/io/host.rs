@@ -309,6 +309,25 @@ pub fn clone_range(
     }
 }
 
+/// BTRFS_IOC_SYNC (_IO(0x94, 8)), what `btrfs filesystem sync` sends.
+pub const BTRFS_IOC_SYNC: u32 = 0x9408;
+
+/// BTRFS_IOC_SYNC on the filesystem holding `path`: everything written
+/// back and committed. The kernel's btrfs and `btrkit-mount --rw` (which
+/// gets it through FUSE, where syncfs(2) never reaches a server) answer it.
+pub fn btrfs_sync(path: &Path) -> std::io::Result<()> {
+    let f = File::open(path)?;
+    // SAFETY: an ioctl without an argument on a descriptor open for the
+    // call.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), BTRFS_IOC_SYNC as libc::c_ulong) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Why a reflink failed with `e`, for a person.
 pub fn clone_failure(e: &std::io::Error) -> &'static str {
     match e.raw_os_error() {

@@ -315,6 +315,12 @@ impl EngineRunner {
                 let (nd, nn) = fs.resolve_parent(b).map_err(|e| ino_err(b, e))?;
                 fs.rename(od, &on, nd, &nn).map_err(|e| ino_err(a, e))?;
             }
+            Step::Exchange(a, b) => {
+                let (od, on) = fs.resolve_parent(a).map_err(|e| ino_err(a, e))?;
+                let (nd, nn) = fs.resolve_parent(b).map_err(|e| ino_err(b, e))?;
+                fs.rename2(od, &on, nd, &nn, crate::fs::rename::RENAME_EXCHANGE)
+                    .map_err(|e| ino_err(a, e))?;
+            }
             Step::Unlink(p) => {
                 let (d, n) = fs.resolve_parent(p).map_err(|e| ino_err(p, e))?;
                 fs.unlink(d, &n).map_err(|e| ino_err(p, e))?;

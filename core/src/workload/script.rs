@@ -240,6 +240,9 @@ pub enum Step {
     },
     /// `rename OLD NEW`: rename(2), replacing NEW if it exists.
     Rename(String, String),
+    /// `exchange A B`: renameat2(2) with RENAME_EXCHANGE: the two names
+    /// trade their inodes (both must exist; any types).
+    Exchange(String, String),
     /// `unlink P`: remove a non-directory name.
     Unlink(String),
     /// `rmdir P`: remove an empty directory.
@@ -383,6 +386,7 @@ impl Step {
             Link(..) => "link",
             Symlink { .. } => "symlink",
             Rename(..) => "rename",
+            Exchange(..) => "exchange",
             Unlink(_) => "unlink",
             Rmdir(_) => "rmdir",
             SetXattr { .. } => "setxattr",
@@ -1219,6 +1223,10 @@ fn parse_step(verb: &str, a: &[Tok]) -> Res<Step> {
         "rename" => {
             need(a, 2, 2, "rename OLD NEW")?;
             Step::Rename(t(0), t(1))
+        }
+        "exchange" => {
+            need(a, 2, 2, "exchange A B")?;
+            Step::Exchange(t(0), t(1))
         }
         "unlink" => {
             need(a, 1, 1, "unlink P")?;

@@ -17,7 +17,7 @@ pub fn numbers(seed: u64, family: u64) -> impl FnMut(u64) -> u64 {
 }
 
 /// A random but reproducible workload: files in a few directories, then
-/// writes, truncates, links, renames, unlinks, xattrs, punches, fallocates
+/// writes, truncates, links, renames, exchanges, unlinks, xattrs, punches, fallocates
 /// and fsyncs in random order, a few files fsynced at the end. The kernel may
 /// log or commit; whichever it does, replay must agree with it.
 pub fn random_scenario(seed: u64) -> String {
@@ -74,6 +74,19 @@ pub fn random_scenario(seed: u64) -> String {
             let g = newname(&files, &mut r);
             out.push(format!("link {f} {g}"));
             files.push(g);
+        } else if op < 48 && files.len() >= 2 {
+            // Two files trade names; their xattrs go with the inodes.
+            let g = files[r(files.len() as u64) as usize].clone();
+            if g != f {
+                out.push(format!("exchange {f} {g}"));
+                for (p, _) in xattrs.iter_mut() {
+                    if *p == f {
+                        *p = g.clone();
+                    } else if *p == g {
+                        *p = f.clone();
+                    }
+                }
+            }
         } else if op < 52 {
             let g = newname(&files, &mut r);
             out.push(format!("rename {f} {g}"));
