@@ -22,6 +22,7 @@ use crate::format::consts::*;
 use crate::format::file_extent::{parse_file_extent, FileExtent};
 use crate::fs::extents::{extent_span, extents_in};
 use crate::fs::ops::Stat;
+use crate::fs::FsyncTicket;
 use crate::fs::{Creds, Filesystem, Loc, MountOptions};
 use crate::io::BlockDevice;
 use crate::mount_view::{Entry, NodeIds, Space, ROOT_NODE};
@@ -76,9 +77,8 @@ struct Handle {
     l: Loc,
     append: bool,
     direct: bool,
-    /// A directory's listing, made at opendir and again when read from
-    /// the start (rewinddir).
-    listing: Option<Arc<Vec<Entry>>>,
+    /// A directory's (not held open in the engine).
+    dir: bool,
 }
 
 /// The filesystem behind a read-write mount.
@@ -193,7 +193,7 @@ impl WritableView {
         let open: Vec<Loc> = self
             .handles
             .drain()
-            .filter(|(_, h)| h.listing.is_none())
+            .filter(|(_, h)| !h.dir)
             .map(|(_, h)| h.l)
             .collect();
         for l in open {
@@ -381,14 +381,19 @@ impl WritableView {
         let l = self.loc(node)?;
         let st = self.fs.stat(l)?;
         if st.is_dir() {
-            return self.opendir(node);
+            return Ok(self.new_handle(Handle {
+                l,
+                append: false,
+                direct: false,
+                dir: true,
+            }));
         }
         self.fs.open(l)?;
         Ok(self.new_handle(Handle {
             l,
             append: flags & libc::O_APPEND != 0,
             direct: flags & libc::O_DIRECT != 0 && st.mode & libc::S_IFMT == libc::S_IFREG,
-            listing: None,
+            dir: false,
         }))
     }
 
@@ -432,7 +437,7 @@ impl WritableView {
             l,
             append: flags & libc::O_APPEND != 0,
             direct: flags & libc::O_DIRECT != 0,
-            listing: None,
+            dir: false,
         });
         Ok((n, st, fh))
     }
@@ -441,7 +446,7 @@ impl WritableView {
     pub fn release(&mut self, fh: u64) -> Result<()> {
         self.begin(None)?;
         match self.handles.remove(&fh) {
-            Some(h) if h.listing.is_none() => self.fs.close(h.l),
+            Some(h) if !h.dir => self.fs.close(h.l),
             _ => Ok(()),
         }
     }
@@ -483,66 +488,72 @@ impl WritableView {
     /// fsync, fdatasync (a file) and fsyncdir (a directory): through the
     /// log writer.
     pub fn fsync(&mut self, node: u64, datasync: bool) -> Result<()> {
+        let ticket = self.fsync_log(node, datasync)?;
+        self.fs.fsync_path().fsync_finish(ticket)
+    }
+
+    /// The part of an fsync that needs the filesystem: the data written,
+    /// the inode logged. The log sync the ticket names runs without it
+    /// ([`crate::log::batch::sync_logged`]), batched with other threads'
+    /// fsyncs as btrfs_sync_log batches them.
+    pub fn fsync_log(&mut self, node: u64, datasync: bool) -> Result<FsyncTicket> {
         self.begin(None)?;
         let l = self.loc(node)?;
-        self.fs.fsync(l, datasync, None)
+        self.fs.fsync_path().fsync_prepare(l, datasync, None)
     }
 
-    fn listing(&mut self, node: u64, l: Loc) -> Result<Arc<Vec<Entry>>> {
-        let raw = self.fs.readdir(l)?;
-        let parent = self.parents.get(&node).copied().unwrap_or(node);
-        let mut list = Vec::with_capacity(raw.len() + 2);
-        list.push(Entry {
-            name: b".".to_vec(),
-            node,
-            ftype: BTRFS_FT_DIR,
-        });
-        list.push(Entry {
-            name: b"..".to_vec(),
-            node: parent,
-            ftype: BTRFS_FT_DIR,
-        });
-        for (name, child, ftype) in raw {
-            let n = self.node_of(child);
-            list.push(Entry {
-                name,
-                node: n,
-                ftype,
-            });
-        }
-        Ok(Arc::new(list))
-    }
-
-    /// opendir: a handle whose listing is read in several calls.
-    pub fn opendir(&mut self, node: u64) -> Result<u64> {
+    /// readdir without a directory handle: the mount answers OPENDIR with
+    /// ENOSYS, so the kernel opens directories itself and caches what it
+    /// read (FOPEN_CACHE_DIR, dropped when a change goes through it). Each
+    /// entry comes with the offset of the next, stable across changes as
+    /// btrfs's f_pos: "." at 0, ".." at 1, then the entries by their dir
+    /// index (an index below 2 is none of btrfs's and is left out, as the
+    /// kernel's readdir does). At most `max` entries from `offset` on.
+    pub fn read_dir(&mut self, node: u64, offset: u64, max: usize) -> Result<Vec<(u64, Entry)>> {
         self.begin(None)?;
         let l = self.loc(node)?;
-        let listing = self.listing(node, l)?;
-        Ok(self.new_handle(Handle {
-            l,
-            append: false,
-            direct: false,
-            listing: Some(listing),
-        }))
-    }
-
-    /// The entries of directory handle `fh` for a read at `offset` (a read
-    /// from 0 lists the directory again: rewinddir sees what changed).
-    pub fn readdir(&mut self, fh: u64, node: u64, offset: u64) -> Result<Arc<Vec<Entry>>> {
-        let Some(h) = self.handles.get(&fh) else {
-            return Err(errno(libc::EBADF, format!("directory handle {fh}")));
-        };
-        let l = h.l;
+        let mut out = Vec::new();
         if offset == 0 {
-            let fresh = self.listing(node, l)?;
-            if let Some(h) = self.handles.get_mut(&fh) {
-                h.listing = Some(fresh);
-            }
+            out.push((
+                1,
+                Entry {
+                    name: b".".to_vec(),
+                    node,
+                    ftype: BTRFS_FT_DIR,
+                },
+            ));
         }
-        self.handles
-            .get(&fh)
-            .and_then(|h| h.listing.clone())
-            .ok_or_else(|| errno(libc::ENOTDIR, "readdir: not a directory handle"))
+        if offset <= 1 {
+            let parent = self.parents.get(&node).copied().unwrap_or(node);
+            out.push((
+                2,
+                Entry {
+                    name: b"..".to_vec(),
+                    node: parent,
+                    ftype: BTRFS_FT_DIR,
+                },
+            ));
+        }
+        let from = offset.max(2);
+        let want = max.saturating_sub(out.len());
+        for (index, name, child, ftype) in
+            crate::fs::ops::readdir_from(&mut self.fs, l, from, want)?
+        {
+            // The next offset must fit the kernel's signed f_pos.
+            if index >= i64::MAX as u64 {
+                break;
+            }
+            let n = self.node_of(child);
+            out.push((
+                index + 1,
+                Entry {
+                    name,
+                    node: n,
+                    ftype,
+                },
+            ));
+        }
+        Ok(out)
     }
 
     /// readlink.
@@ -811,13 +822,8 @@ mod tests {
         v.create(ROOT_NODE, b"h", 0o600, 0, &c).unwrap();
         let e = v.rename(ROOT_NODE, b"g", ROOT_NODE, b"h", RENAME_NOREPLACE);
         assert_eq!(e.unwrap_err().as_errno(), libc::EEXIST);
-        let dh = v.opendir(ROOT_NODE).unwrap();
-        let names: Vec<Vec<u8>> = v
-            .readdir(dh, ROOT_NODE, 0)
-            .unwrap()
-            .iter()
-            .map(|e| e.name.clone())
-            .collect();
+        let listed = v.read_dir(ROOT_NODE, 0, 100).unwrap();
+        let names: Vec<Vec<u8>> = listed.iter().map(|(_, e)| e.name.clone()).collect();
         assert_eq!(
             names,
             vec![
@@ -828,7 +834,19 @@ mod tests {
                 b"h".to_vec()
             ]
         );
-        v.release(dh).unwrap();
+        // Offsets are stable: a read from the offset after "g" gives "h",
+        // also after an entry before it went away.
+        let after_g = listed[3].0;
+        v.unlink(ROOT_NODE, b"g").unwrap();
+        let rest = v.read_dir(ROOT_NODE, after_g, 100).unwrap();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].1.name, b"h");
+        assert!(v.read_dir(ROOT_NODE, rest[0].0, 100).unwrap().is_empty());
+        // Reads in pieces.
+        let first = v.read_dir(ROOT_NODE, 0, 2).unwrap();
+        assert_eq!(first.len(), 2);
+        let more = v.read_dir(ROOT_NODE, first[1].0, 1).unwrap();
+        assert_eq!(more[0].1.name, b"d");
         v.unmount().unwrap();
     }
 

@@ -5,6 +5,7 @@
 use crate::fuse::{attr, dirent_kind, errno, xattr_reply};
 use btrkit_core::fs::ops::Stat;
 use btrkit_core::fs::Creds;
+use btrkit_core::log::batch::{sync_logged, FsHolder, SeatBoard};
 use btrkit_core::mount_rw::{SetAttr, WritableView};
 use fuser::{
     BackgroundSession, Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags,
@@ -24,12 +25,20 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// so the figure only bounds how long a missed case could show.
 const TTL: Duration = Duration::from_secs(1);
 
+/// Entries read from the engine for one READDIR(PLUS) request: more than
+/// a page of the kernel's buffer holds.
+const DIR_BATCH: usize = 128;
+
 /// The view, shared with the server's main thread (the commit interval's
 /// tick, the unmount, pulling the plug). None once unmounted.
 pub type Shared = Arc<Mutex<Option<WritableView>>>;
 
 struct BtrkitRw {
     view: Shared,
+    /// The log syncs' batching board (no client takes a seat: the
+    /// requesting processes come and go, so every window runs its ticks,
+    /// as the kernel's).
+    seats: SeatBoard,
 }
 
 /// Mount `view` read-write on `mountpoint`, served by background threads.
@@ -63,7 +72,14 @@ pub fn mount(
     }
     cfg.n_threads = Some(threads.max(1));
     cfg.clone_fd = threads > 1;
-    fuser::spawn_mount(BtrkitRw { view }, mountpoint, &cfg)
+    fuser::spawn_mount(
+        BtrkitRw {
+            view,
+            seats: SeatBoard::default(),
+        },
+        mountpoint,
+        &cfg,
+    )
 }
 
 /// The caller's credentials: uid and gid from the request, supplementary
@@ -119,6 +135,35 @@ impl BtrkitRw {
             _ => Err(Errno::EIO),
         }
     }
+
+    /// fsync, fdatasync, fsyncdir: the inode logged under the view's lock,
+    /// the log sync (its batching window and its I/O) without it, so other
+    /// requests go on meanwhile and fsyncs of other threads join the same
+    /// log sync.
+    fn fsync(&self, node: u64, datasync: bool) -> Result<(), Errno> {
+        let ticket = {
+            let mut g = self.view()?;
+            let v = g.as_mut().ok_or(Errno::EIO)?;
+            v.fsync_log(node, datasync).map_err(|e| errno(&e))?
+        };
+        sync_logged(self, &self.seats, ticket).map_err(|e| errno(&e))
+    }
+}
+
+impl FsHolder for BtrkitRw {
+    fn with_fs<R>(
+        &self,
+        f: impl FnOnce(&mut btrkit_core::fs::Filesystem) -> btrkit_core::Result<R>,
+    ) -> btrkit_core::Result<R> {
+        let mut g = self.view().map_err(|_| gone())?;
+        let v = g.as_mut().ok_or_else(gone)?;
+        f(v.fs())
+    }
+}
+
+/// The view stopped (a panicked request, a failed commit).
+fn gone() -> btrkit_core::Error {
+    btrkit_core::Error::errno(libc::EIO, "the mount stopped after an error")
 }
 
 macro_rules! with_view {
@@ -151,6 +196,13 @@ impl fuser::Filesystem for BtrkitRw {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         with_view!(self, reply, v => match v.lookup(parent.0, name.as_bytes()) {
             Ok((n, st)) => reply.entry(&TTL, &attr(n, &st), Generation(st.generation)),
+            // A negative entry (node id 0) the kernel may keep as long as a
+            // positive one: every change of the namespace goes through it
+            // (the image is locked), so it drops or replaces the negative
+            // dentry itself when the name comes.
+            Err(e) if e.as_errno() == libc::ENOENT => {
+                reply.entry(&TTL, &attr(0, &Stat::default()), Generation(0))
+            }
             Err(e) => reply.error(errno(&e)),
         })
     }
@@ -443,35 +495,35 @@ impl fuser::Filesystem for BtrkitRw {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        with_view!(self, reply, v => match v.fsync(ino.0, datasync) {
+        match self.fsync(ino.0, datasync) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        })
+            Err(e) => reply.error(e),
+        }
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        with_view!(self, reply, v => match v.opendir(ino.0) {
-            Ok(h) => reply.opened(FileHandle(h), FopenFlags::empty()),
-            Err(e) => reply.error(errno(&e)),
-        })
+    /// Directories are opened by the kernel itself (OPENDIR answered
+    /// ENOSYS): no OPENDIR or RELEASEDIR round trip per listing, and the
+    /// kernel caches what it read (FOPEN_CACHE_DIR) until a change goes
+    /// through it. Reads carry stable offsets (WritableView::read_dir).
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn readdir(
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         with_view!(self, reply, v => {
-            let entries = match v.readdir(fh.0, ino.0, offset) {
+            let entries = match v.read_dir(ino.0, offset, DIR_BATCH) {
                 Ok(e) => e,
                 Err(e) => return reply.error(errno(&e)),
             };
-            let start = usize::try_from(offset).unwrap_or(usize::MAX);
-            for (i, e) in entries.iter().enumerate().skip(start) {
-                if reply.add(INodeNo(e.node), i as u64 + 1, dirent_kind(e.ftype), OsStr::from_bytes(&e.name)) {
+            for (next, e) in &entries {
+                if reply.add(INodeNo(e.node), *next, dirent_kind(e.ftype), OsStr::from_bytes(&e.name)) {
                     break;
                 }
             }
@@ -485,21 +537,21 @@ impl fuser::Filesystem for BtrkitRw {
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         with_view!(self, reply, v => {
-            let entries = match v.readdir(fh.0, ino.0, offset) {
+            let entries = match v.read_dir(ino.0, offset, DIR_BATCH) {
                 Ok(e) => e,
                 Err(e) => return reply.error(errno(&e)),
             };
-            let start = usize::try_from(offset).unwrap_or(usize::MAX);
-            for (i, e) in entries.iter().enumerate().skip(start) {
-                // "." and ".." carry no attributes (the kernel looks them
-                // up itself); an entry that cannot be read is listed with
-                // attributes valid for no time.
-                let (a, ttl, generation) = match (i >= 2).then(|| v.getattr(e.node)) {
+            for (next, e) in &entries {
+                // "." and ".." (offsets 1 and 2 after them) carry no
+                // attributes (the kernel looks them up itself); an entry
+                // that cannot be read is listed with attributes valid for
+                // no time.
+                let (a, ttl, generation) = match (*next > 2).then(|| v.getattr(e.node)) {
                     Some(Ok(st)) => (attr(e.node, &st), TTL, st.generation),
                     _ => (
                         FileAttr {
@@ -512,7 +564,7 @@ impl fuser::Filesystem for BtrkitRw {
                 };
                 if reply.add(
                     INodeNo(e.node),
-                    i as u64 + 1,
+                    *next,
                     OsStr::from_bytes(&e.name),
                     &ttl,
                     &a,
@@ -525,20 +577,6 @@ impl fuser::Filesystem for BtrkitRw {
         })
     }
 
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        with_view!(self, reply, v => match v.release(fh.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        })
-    }
-
     fn fsyncdir(
         &self,
         _req: &Request,
@@ -547,10 +585,10 @@ impl fuser::Filesystem for BtrkitRw {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        with_view!(self, reply, v => match v.fsync(ino.0, datasync) {
+        match self.fsync(ino.0, datasync) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        })
+            Err(e) => reply.error(e),
+        }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

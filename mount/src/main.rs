@@ -42,10 +42,12 @@ pub(crate) struct Args {
     /// Let other users than the one mounting read the files.
     #[arg(long)]
     allow_other: bool,
-    /// Threads answering the kernel (they take turns on the filesystem;
-    /// more hide the kernel's hand-over between requests).
-    #[arg(long, default_value_t = 4, value_name = "N")]
-    threads: usize,
+    /// Threads answering the kernel [default: 4, 32 with --rw]. They take
+    /// turns on the filesystem, but with --rw an fsync waits for its log
+    /// sync (batching window and I/O) without it, holding only its thread:
+    /// many clients fsyncing at once want about as many threads.
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
     /// Do not read the subvolume's metadata ahead at mount (a faster
     /// mount of a big filesystem when only a few files are wanted).
     #[arg(long)]
@@ -152,8 +154,14 @@ fn run(a: &Args) -> anyhow::Result<()> {
         .unwrap_or_else(|_| images[0].clone())
         .display()
         .to_string();
-    let session = fuse::mount(view, &mountpoint, &source, a.allow_other, a.threads)
-        .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
+    let session = fuse::mount(
+        view,
+        &mountpoint,
+        &source,
+        a.allow_other,
+        a.threads.unwrap_or(4),
+    )
+    .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
     // Until a signal asks to unmount or the mount goes away (fusermount3 -u).
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -100,7 +100,7 @@ pub fn run(
         mountpoint,
         &source,
         a.allow_other,
-        a.threads,
+        a.threads.unwrap_or(32),
     )
     .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -118,8 +118,12 @@ pub fn run(
         std::thread::sleep(Duration::from_millis(50));
         if plug.load(Ordering::Relaxed) {
             // Between two operations: what the disk had flushed stays,
-            // nothing else.
+            // nothing else. A log sync running without the lock may be
+            // writing: the devices take nothing more first.
             let _held = shared.lock();
+            for v in &volatile {
+                v.cut_off();
+            }
             for v in &volatile {
                 if let Err(e) = v.power_fail(None) {
                     say(format_args!("pulling the plug: {e}"));

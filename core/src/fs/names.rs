@@ -103,6 +103,41 @@ pub fn list_dir(st: &mut Store, subvol: u64, dir: u64) -> Result<Vec<DirEntryInf
     Ok(out)
 }
 
+/// At most `max` entries of `dir` with index `from` or above, in index
+/// order: one search per entry, so a read of a large directory in pieces
+/// costs what the pieces hold.
+pub fn list_dir_from(
+    st: &mut Store,
+    subvol: u64,
+    dir: u64,
+    from: u64,
+    max: usize,
+) -> Result<Vec<DirEntryInfo>> {
+    let mut out = Vec::new();
+    let mut k = Key::new(dir, BTRFS_DIR_INDEX_KEY, from);
+    while out.len() < max {
+        let Some((key, d)) = st.next_item(TreeId::Tree(subvol), &k)? else {
+            break;
+        };
+        if key.objectid != dir || key.ty != BTRFS_DIR_INDEX_KEY {
+            break;
+        }
+        if let Some(e) = parse_dir_items(&d).map_err(|e| e.at(0, key))?.first() {
+            out.push(DirEntryInfo {
+                name: e.name.to_vec(),
+                location: Key::from(&e.item.location),
+                ftype: e.item.type_,
+                index: key.offset,
+            });
+        }
+        let Some(next) = key.offset.checked_add(1) else {
+            break;
+        };
+        k = Key::new(dir, BTRFS_DIR_INDEX_KEY, next);
+    }
+    Ok(out)
+}
+
 /// Whether a directory has no entries.
 pub fn dir_is_empty(st: &mut Store, subvol: u64, dir: u64) -> Result<bool> {
     Ok(

@@ -597,6 +597,27 @@ impl Filesystem {
     }
 }
 
+/// readdir(2) from a dir index on: at most `max` entries of directory `l`
+/// with index `from` or above, each with its index (the offset a reader
+/// resumes from), name, inode and type.
+pub fn readdir_from(
+    fs: &mut Filesystem,
+    l: Loc,
+    from: u64,
+    max: usize,
+) -> Result<Vec<(u64, Vec<u8>, Loc, u8)>> {
+    if !is_dir(fs.item(l)?.mode.get()) {
+        return Err(Error::errno(libc::ENOTDIR, "readdir: not a directory"));
+    }
+    let entries = names::list_dir_from(&mut fs.store, l.subvol, l.ino, from, max)?;
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        let loc = fs.entry_target(l, &e.name, &e.location)?;
+        out.push((e.index, e.name, loc, e.ftype));
+    }
+    Ok(out)
+}
+
 impl Xattrs<'_> {
     /// setxattr(2) (creating or replacing).
     pub fn set_xattr(&mut self, l: Loc, name: &[u8], value: &[u8]) -> Result<()> {

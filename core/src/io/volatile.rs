@@ -54,6 +54,9 @@ struct State {
     writes: Vec<(u64, u64, Option<u64>)>,
     journal: Journal,
     record_writes: bool,
+    /// Cut off ([`VolatileFile::cut_off`]): the device takes no more
+    /// writes or flushes.
+    failed: bool,
 }
 
 /// A [`FileDevice`] behind a modelled volatile write cache: writes reach the
@@ -78,6 +81,7 @@ impl VolatileFile {
                 writes: Vec::new(),
                 journal: Journal { file, len: 0 },
                 record_writes,
+                failed: false,
             }),
         })
     }
@@ -162,6 +166,22 @@ impl VolatileFile {
         s.writes.clear();
         s.journal.clear()
     }
+
+    /// The power goes for good: from now on every write and flush fails.
+    /// Call it before [`power_fail`](Self::power_fail) when threads of the
+    /// run may still be writing (a mount whose log syncs run without its
+    /// lock): what they would write after the failure never lands.
+    pub fn cut_off(&self) {
+        self.lock().failed = true;
+    }
+}
+
+/// The error of a write or flush after the power failed.
+fn no_power() -> Error {
+    Error::io(
+        "the device lost power",
+        std::io::Error::from_raw_os_error(libc::EIO),
+    )
 }
 
 impl BlockDevice for VolatileFile {
@@ -174,8 +194,13 @@ impl BlockDevice for VolatileFile {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.inner.read_at(offset, buf)
     }
+    // Writes and flushes run under the state's lock, so a power failure
+    // happens between two of them, never in the middle of one.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         let mut s = self.lock();
+        if s.failed {
+            return Err(no_power());
+        }
         let end = offset
             .checked_add(buf.len() as u64)
             .ok_or_else(|| Error::Invalid("write range overflows".into()))?;
@@ -189,12 +214,14 @@ impl BlockDevice for VolatileFile {
             None
         };
         s.writes.push((offset, buf.len() as u64, j));
-        drop(s);
         self.inner.write_at(offset, buf)
     }
     fn flush(&self) -> Result<()> {
-        self.inner.flush()?;
         let mut s = self.lock();
+        if s.failed {
+            return Err(no_power());
+        }
+        self.inner.flush()?;
         s.saved.clear();
         s.writes.clear();
         s.journal.clear()
@@ -229,5 +256,12 @@ mod tests {
         let img = std::fs::read(&p).unwrap();
         assert!(img[8192..16384].iter().all(|&x| x == 4 || x == 7));
         assert!(img[20000..20010].iter().all(|&x| x == 5 || x == 7));
+        // Cut off: nothing more lands, reads still work.
+        d.cut_off();
+        assert!(d.write_at(0, &[9; 4096]).is_err());
+        assert!(d.flush().is_err());
+        d.power_fail(None).unwrap();
+        assert!(std::fs::read(&p).unwrap()[..4096].iter().all(|&x| x == 1));
+        d.read_at(0, &mut b).unwrap();
     }
 }

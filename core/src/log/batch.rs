@@ -37,12 +37,23 @@ pub struct SharedFs {
 /// sub-transaction).
 type SyncKey = (u64, u64, i64);
 
+/// Whoever holds a filesystem that clients share: the log sync of a
+/// batched fsync asks it for the filesystem for its short steps and runs
+/// its I/O and its waits without it. [`SharedFs`] is one; a read-write
+/// mount, whose lock holds more than the filesystem, is another.
+pub trait FsHolder {
+    /// Run `f` on the filesystem, alone; an error when it is gone (a
+    /// client panicked on it, or a failed commit stopped it).
+    fn with_fs<R>(&self, f: impl FnOnce(&mut Filesystem) -> Result<R>) -> Result<R>;
+}
+
 /// Who may still join a log sync: the clients that took a seat, and how
 /// many of them wait for each sub-transaction's sync. When every seated
 /// client waits for the same one, no fsync can join it any more and its
-/// batching window ends at once.
+/// batching window ends at once. With nobody seated (clients that come
+/// and go, as a mount's) every window runs its ticks, as the kernel's.
 #[derive(Default)]
-struct SeatBoard {
+pub struct SeatBoard {
     state: Mutex<Seats>,
     /// Signalled when a client starts waiting for a log sync or leaves.
     changed: Condvar,
@@ -153,68 +164,7 @@ impl SharedFs {
             return Ok(());
         }
         std::thread::yield_now();
-        self.finish(ticket)
-    }
-
-    /// The log sync a ticket needs: its I/O runs without the filesystem,
-    /// so the other clients write and log into the next sub-transaction
-    /// meanwhile; a client whose sub-transaction is being synced by
-    /// another waits for that sync's end and finds it durable.
-    fn finish(&self, ticket: FsyncTicket) -> Result<()> {
-        let FsyncTicket::LogSync {
-            inode,
-            trans,
-            log_transid,
-        } = ticket
-        else {
-            return Ok(());
-        };
-        let key = (inode.subvol, trans, log_transid);
-        let _waiting = self.seats.wait_for(key);
-        let mut ticks = LOG_BATCH_MAX_TICKS;
-        loop {
-            self.batch_window(ticket, key, &mut ticks);
-            let (step, gate) = {
-                let mut fs = self.lock();
-                (fs.fsync_path().log_sync_begin(ticket)?, fs.log_io_gate())
-            };
-            match step {
-                LogSyncStep::Done => return Ok(()),
-                LogSyncStep::Wait => {
-                    gate.wait_idle();
-                    // btrfs_sync_log waits for the previous sync before it
-                    // batches: the clients that sync returned get a tick
-                    // to log into this one, even past the bound.
-                    ticks = ticks.max(1);
-                }
-                LogSyncStep::Io(p) => {
-                    let r = p.run();
-                    if r.is_err() {
-                        self.lock().fsync_path().absorb_log_io();
-                    }
-                    return r;
-                }
-            }
-        }
-    }
-
-    /// btrfs_sync_log's batching: while other clients' fsyncs keep
-    /// joining the ticket's sub-transaction, sleep a tick and look again,
-    /// spending at most `ticks` (so a steady stream of fsyncs cannot hold
-    /// a sync back for long), and no longer once every seated client
-    /// waits for this sync.
-    fn batch_window(&self, ticket: FsyncTicket, key: SyncKey, ticks: &mut usize) {
-        let mut last = None;
-        while *ticks > 0 {
-            match self.lock().fsync_path().log_batch_pending(ticket) {
-                Some(b) if last != Some(b) => last = Some(b),
-                _ => return,
-            }
-            if self.seats.tick_or_all_waiting(key, LOG_BATCH_TICK) {
-                return;
-            }
-            *ticks -= 1;
-        }
+        sync_logged(self, &self.seats, ticket)
     }
 
     /// pwrite on an O_SYNC / O_DSYNC descriptor from one client: the
@@ -233,7 +183,7 @@ impl SharedFs {
             return Ok(());
         }
         std::thread::yield_now();
-        self.finish(ticket)
+        sync_logged(self, &self.seats, ticket)
     }
 
     /// The filesystem for one caller again: its data writes are carried
@@ -246,6 +196,80 @@ impl SharedFs {
         };
         let _ = fs.store.data().stop_data_writer();
         fs
+    }
+}
+
+impl FsHolder for SharedFs {
+    fn with_fs<R>(&self, f: impl FnOnce(&mut Filesystem) -> Result<R>) -> Result<R> {
+        f(&mut self.lock())
+    }
+}
+
+/// The log sync a ticket of [`crate::fs::FsyncPath::fsync_prepare`]
+/// needs: its I/O runs without the filesystem, so the other clients write
+/// and log into the next sub-transaction meanwhile; a client whose
+/// sub-transaction is being synced by another waits for that sync's end
+/// and finds it durable.
+pub fn sync_logged<H: FsHolder>(holder: &H, seats: &SeatBoard, ticket: FsyncTicket) -> Result<()> {
+    let FsyncTicket::LogSync {
+        inode,
+        trans,
+        log_transid,
+    } = ticket
+    else {
+        return Ok(());
+    };
+    let key = (inode.subvol, trans, log_transid);
+    let _waiting = seats.wait_for(key);
+    let mut ticks = LOG_BATCH_MAX_TICKS;
+    loop {
+        batch_window(holder, seats, ticket, key, &mut ticks);
+        let (step, gate) =
+            holder.with_fs(|fs| Ok((fs.fsync_path().log_sync_begin(ticket)?, fs.log_io_gate())))?;
+        match step {
+            LogSyncStep::Done => return Ok(()),
+            LogSyncStep::Wait => {
+                gate.wait_idle();
+                // btrfs_sync_log waits for the previous sync before it
+                // batches: the clients that sync returned get a tick to
+                // log into this one, even past the bound.
+                ticks = ticks.max(1);
+            }
+            LogSyncStep::Io(p) => {
+                let r = p.run();
+                if r.is_err() {
+                    let _ = holder.with_fs(|fs| {
+                        fs.fsync_path().absorb_log_io();
+                        Ok(())
+                    });
+                }
+                return r;
+            }
+        }
+    }
+}
+
+/// btrfs_sync_log's batching: while other clients' fsyncs keep joining the
+/// ticket's sub-transaction, sleep a tick and look again, spending at
+/// most `ticks` (so a steady stream of fsyncs cannot hold a sync back for
+/// long), and no longer once every seated client waits for this sync.
+fn batch_window<H: FsHolder>(
+    holder: &H,
+    seats: &SeatBoard,
+    ticket: FsyncTicket,
+    key: SyncKey,
+    ticks: &mut usize,
+) {
+    let mut last = None;
+    while *ticks > 0 {
+        match holder.with_fs(|fs| Ok(fs.fsync_path().log_batch_pending(ticket))) {
+            Ok(Some(b)) if last != Some(b) => last = Some(b),
+            _ => return,
+        }
+        if seats.tick_or_all_waiting(key, LOG_BATCH_TICK) {
+            return;
+        }
+        *ticks -= 1;
     }
 }
 
