@@ -75,7 +75,7 @@ pub fn mount(
     fuser::spawn_mount(
         BtrkitRw {
             view,
-            seats: SeatBoard::default(),
+            seats: SeatBoard::with_window(0),
         },
         mountpoint,
         &cfg,

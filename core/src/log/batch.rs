@@ -52,11 +52,20 @@ pub trait FsHolder {
 /// client waits for the same one, no fsync can join it any more and its
 /// batching window ends at once. With nobody seated (clients that come
 /// and go, as a mount's) every window runs its ticks, as the kernel's.
-#[derive(Default)]
 pub struct SeatBoard {
     state: Mutex<Seats>,
     /// Signalled when a client starts waiting for a log sync or leaves.
     changed: Condvar,
+    /// Ticks a log sync's batching window lasts at most (0: no window; a
+    /// sync still batches the fsyncs that logged while the one before it
+    /// ran).
+    max_ticks: usize,
+}
+
+impl Default for SeatBoard {
+    fn default() -> SeatBoard {
+        SeatBoard::with_window(LOG_BATCH_MAX_TICKS)
+    }
 }
 
 #[derive(Default)]
@@ -96,6 +105,16 @@ impl Drop for Waiting<'_> {
 }
 
 impl SeatBoard {
+    /// A board whose log syncs wait at most `max_ticks` ticks for more
+    /// fsyncs to join (0: they go at once).
+    pub fn with_window(max_ticks: usize) -> SeatBoard {
+        SeatBoard {
+            state: Mutex::default(),
+            changed: Condvar::new(),
+            max_ticks,
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, Seats> {
         crate::util::sync::lock(&self.state)
     }
@@ -221,7 +240,7 @@ pub fn sync_logged<H: FsHolder>(holder: &H, seats: &SeatBoard, ticket: FsyncTick
     };
     let key = (inode.subvol, trans, log_transid);
     let _waiting = seats.wait_for(key);
-    let mut ticks = LOG_BATCH_MAX_TICKS;
+    let mut ticks = seats.max_ticks;
     loop {
         batch_window(holder, seats, ticket, key, &mut ticks);
         let (step, gate) =
@@ -233,7 +252,7 @@ pub fn sync_logged<H: FsHolder>(holder: &H, seats: &SeatBoard, ticket: FsyncTick
                 // btrfs_sync_log waits for the previous sync before it
                 // batches: the clients that sync returned get a tick to
                 // log into this one, even past the bound.
-                ticks = ticks.max(1);
+                ticks = ticks.max(seats.max_ticks.min(1));
             }
             LogSyncStep::Io(p) => {
                 let r = p.run();
