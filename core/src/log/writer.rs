@@ -1399,24 +1399,25 @@ impl LogWriter<'_, '_> {
     /// full, so replay drops the names it lost.
     fn log_all_parents(&mut self, l: Loc, ctx: &mut Ctx) -> LResult<()> {
         let (lo, hi) = inode_range(l.ino, BTRFS_INODE_REF_KEY, BTRFS_INODE_EXTREF_KEY);
-        let mut committed: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut committed: Vec<(u64, Vec<u8>, u64)> = Vec::new();
         for (k, d) in self
             .cx
             .store
             .committed()
             .committed_items_in(l.subvol, lo, hi)?
         {
-            committed.extend(ref_names(&k, &d)?);
+            committed.extend(ref_entries(&k, &d)?);
         }
         let mut current: HashSet<(u64, Vec<u8>)> = HashSet::new();
         for (k, d) in self.cx.store.items_in(fs_tree(l), lo, hi)? {
             current.extend(ref_names(&k, &d)?);
         }
+        let moved_dir = is_dir(self.cx.item(l)?.mode.get());
         // Key order, as the kernel walks the commit root's refs.
         let mut seen = HashSet::new();
         let parents: Vec<u64> = committed
             .iter()
-            .map(|(p, _)| *p)
+            .map(|(p, _, _)| *p)
             .filter(|p| seen.insert(*p))
             .collect();
         for p in parents {
@@ -1426,21 +1427,26 @@ impl LogWriter<'_, '_> {
             }
             // A parent logged only as existing because it was a
             // conflicting inode has none of its entries in the log: when
-            // this inode lost a name there, that parent is logged in full
-            // now, or replay keeps the lost name (the kernel skips it as
-            // already logged and writes a log it cannot replay when a
-            // directory moved out of it: two links). Logged as existing
-            // otherwise (a new name's ancestor, a renamed directory), or
-            // with every name this inode had there still in place (a link
-            // elsewhere marks a file as if it lost one), it is skipped as
-            // the kernel skips it.
+            // this inode is a directory that lost a name there and the
+            // log does not record that name's deletion (the parent was
+            // logged after the rename, so btrfs_log_new_name could not),
+            // that parent is logged in full now (the kernel skips it as
+            // already logged and writes a log it cannot replay: the
+            // directory keeps both links). Otherwise it is skipped as the
+            // kernel skips it: a recorded deletion takes the old name away
+            // at replay, and a file's lost name is the kernel's to keep
+            // (its own log keeps it). Logged as existing otherwise (a new
+            // name's ancestor, a renamed directory), or with every name
+            // this inode had there still in place (a link elsewhere marks
+            // a file as if it lost one), it is skipped too.
             let t = self.cx.transid();
-            let only_exists = self.cx.inode_logged(pl)?
+            let only_exists = moved_dir
+                && self.cx.inode_logged(pl)?
                 && {
                     let rt = self.cx.rt(pl)?;
                     rt.dir_logged_full_trans < t && rt.conflict_logged_trans == t
                 }
-                && committed.iter().any(|n| n.0 == p && !current.contains(n));
+                && self.lost_name_unrecorded(pl, &committed, &current)?;
             if self.need_log_inode(pl)? || only_exists {
                 ctx.log_new_dentries = false;
                 self.log_inode(pl, LogMode::All, ctx)?;
@@ -1450,6 +1456,38 @@ impl LogWriter<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// Whether `dir` is the parent of a name in `committed` that is not in
+    /// `current` and whose deletion no DIR_LOG_INDEX range of the log
+    /// records.
+    fn lost_name_unrecorded(
+        &mut self,
+        dir: Loc,
+        committed: &[(u64, Vec<u8>, u64)],
+        current: &HashSet<(u64, Vec<u8>)>,
+    ) -> Result<bool> {
+        for (p, name, index) in committed {
+            if *p != dir.ino || current.contains(&(*p, name.clone())) {
+                continue;
+            }
+            let lo = Key::new(dir.ino, BTRFS_DIR_LOG_INDEX_KEY, 0);
+            let hi = Key::new(dir.ino, BTRFS_DIR_LOG_INDEX_KEY, *index);
+            let mut recorded = false;
+            for (k, d) in self.cx.store.items_in(log_tree(dir), lo, hi)? {
+                let end = DirLogItem::read_from_prefix(&d)
+                    .map(|(x, _)| x.end.get())
+                    .unwrap_or(0);
+                if k.offset <= *index && *index <= end {
+                    recorded = true;
+                    break;
+                }
+            }
+            if !recorded {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     // ------------------------------------------------------------------
@@ -1735,16 +1773,25 @@ fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
 
 /// The (parent, name) pairs of one INODE_REF or INODE_EXTREF item.
 fn ref_names(k: &Key, d: &[u8]) -> Result<Vec<(u64, Vec<u8>)>> {
+    Ok(ref_entries(k, d)?
+        .into_iter()
+        .map(|(p, n, _)| (p, n))
+        .collect())
+}
+
+/// The (parent, name, dir index) of every name in an INODE_REF or
+/// INODE_EXTREF item.
+fn ref_entries(k: &Key, d: &[u8]) -> Result<Vec<(u64, Vec<u8>, u64)>> {
     Ok(match k.ty {
         BTRFS_INODE_REF_KEY => parse_inode_refs(d)
             .map_err(|e| e.at(0, *k))?
             .iter()
-            .map(|e| (k.offset, e.name.to_vec()))
+            .map(|e| (k.offset, e.name.to_vec(), e.index))
             .collect(),
         _ => parse_inode_extrefs(d)
             .map_err(|e| e.at(0, *k))?
             .iter()
-            .map(|e| (e.parent, e.name.to_vec()))
+            .map(|e| (e.parent, e.name.to_vec(), e.index))
             .collect(),
     })
 }
