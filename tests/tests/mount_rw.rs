@@ -859,6 +859,23 @@ fn device_sets_read_write() {
     btrkit_tests::oracle::check_set_clean(&[&a, &b]).unwrap();
 }
 
+/// `script` in a fresh filesystem on the kernel's btrfs (a loop mount)
+/// and on btrkit-mount --rw, one after the other: both outputs, and our
+/// image (unmounted, committed) for btrfs check.
+fn on_both(tmp: &Path, script: &str) -> (String, String, PathBuf) {
+    let kimg = tmp.join("kernel.img");
+    let oimg = tmp.join("ours.img");
+    mkfs(&kimg, "512M");
+    mkfs(&oimg, "512M");
+    let kmnt = LoopMount::mount(&kimg, &tmp.join("k"), "").unwrap();
+    let ours = RwMount::start(&oimg, &tmp.join("o"), &[]);
+    let k = sh(kmnt.path(), script);
+    let o = sh(&ours.mnt, script);
+    kmnt.unmount().unwrap();
+    ours.unmount();
+    (k, o, oimg)
+}
+
 /// POSIX ACLs: set, inherited through default ACLs, rewritten by chmod,
 /// and enforced for another user: the same as on the kernel's btrfs.
 #[test]
@@ -884,16 +901,7 @@ setfacl -b d/f
 setpriv --reuid 1000 --regid 1000 --clear-groups touch d/sub/new || echo denied
 getfacl -n -R d s | grep -v '^# owner\\|^# group'
 stat -c '%n %a %U %G' d d/f d/sub d/p s d/sub/new 2>&1 | sort";
-    let kimg = tmp.path().join("kernel.img");
-    let oimg = tmp.path().join("ours.img");
-    mkfs(&kimg, "512M");
-    mkfs(&oimg, "512M");
-    let kmnt = LoopMount::mount(&kimg, &tmp.path().join("k"), "").unwrap();
-    let ours = RwMount::start(&oimg, &tmp.path().join("o"), &[]);
-    let k = sh(kmnt.path(), script);
-    let o = sh(&ours.mnt, script);
-    kmnt.unmount().unwrap();
-    ours.unmount();
+    let (k, o, oimg) = on_both(tmp.path(), script);
     assert!(
         k.contains("secret") && k.contains("default:user:1000:rwx"),
         "{k}"
@@ -960,16 +968,7 @@ fn renameat2_as_on_the_kernel() {
     let py = tmp.path().join("rename2.py");
     std::fs::write(&py, RENAME2).unwrap();
     let script = format!("python3 {}", py.display());
-    let kimg = tmp.path().join("kernel.img");
-    let oimg = tmp.path().join("ours.img");
-    mkfs(&kimg, "512M");
-    mkfs(&oimg, "512M");
-    let kmnt = LoopMount::mount(&kimg, &tmp.path().join("k"), "").unwrap();
-    let ours = RwMount::start(&oimg, &tmp.path().join("o"), &[]);
-    let k = sh(kmnt.path(), &script);
-    let o = sh(&ours.mnt, &script);
-    kmnt.unmount().unwrap();
-    ours.unmount();
+    let (k, o, oimg) = on_both(tmp.path(), &script);
     assert!(
         k.contains("a/f b/g 2 ok") && k.contains("c--------- 0:0"),
         "{k}"

@@ -479,6 +479,23 @@ fn adjust_dir_size(
     Ok(())
 }
 
+/// The dir index of inode `ino`'s name `name` in `dir`, from its inode
+/// refs; a name without one is a corrupt reference.
+pub fn index_of_name(st: &mut Store, subvol: u64, ino: u64, dir: u64, name: &[u8]) -> Result<u64> {
+    links_in(st, subvol, ino, dir)?
+        .into_iter()
+        .find(|(_, n)| n == name)
+        .map(|(i, _)| i)
+        .ok_or_else(|| {
+            Error::corrupt_key_as(
+                crate::CorruptKind::Reference,
+                "name without inode ref",
+                0,
+                Key::new(ino, BTRFS_INODE_REF_KEY, dir),
+            )
+        })
+}
+
 /// unlink(2) or rmdir(2) of `name` in `dir`: the entry goes, the named inode
 /// loses the link (a directory all of them) and its ctime moves, the
 /// directory's times move. Returns the inode and the links it has left;
@@ -504,18 +521,7 @@ pub fn unlink(
         )));
     }
     let ino = loc.objectid;
-    let index = links_in(st, subvol, ino, dir)?
-        .into_iter()
-        .find(|(_, n)| n == name)
-        .map(|(i, _)| i)
-        .ok_or_else(|| {
-            Error::corrupt_key_as(
-                crate::CorruptKind::Reference,
-                "name without inode ref",
-                0,
-                Key::new(ino, BTRFS_INODE_REF_KEY, dir),
-            )
-        })?;
+    let index = index_of_name(st, subvol, ino, dir, name)?;
     remove_name(st, subvol, dir, loc, name, index, transid)?;
     let mut inode = get_inode(st, subvol, ino)?.ok_or_else(|| {
         Error::corrupt_as(

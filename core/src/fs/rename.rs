@@ -256,7 +256,8 @@ impl Rename<'_> {
         smode: u32,
     ) -> Result<()> {
         // The old name goes without touching the link count.
-        let idx_old = self.index_of(odir, oname, src)?;
+        let idx_old =
+            names::index_of_name(&mut self.fs.store, src.subvol, src.ino, odir.ino, oname)?;
         let t = self.fs.store.transid();
         if odir != ndir {
             self.fs.record_unlink_dir(odir, src, true)?;
@@ -376,7 +377,7 @@ impl Rename<'_> {
             self.fs.subvols().unlink_subvol_entry(dir, name)?;
             return Ok(None);
         }
-        let idx = self.index_of(dir, name, l)?;
+        let idx = names::index_of_name(&mut self.fs.store, l.subvol, l.ino, dir.ino, name)?;
         let t = self.fs.store.transid();
         names::remove_name(
             &mut self.fs.store,
@@ -407,22 +408,5 @@ impl Rename<'_> {
                 .link_subvol_entry(dir, name, l.subvol, idx);
         }
         self.fs.add_link_at(dir, name, l, mode, idx)
-    }
-
-    /// The dir index of the name `name` of inode `l` in `dir`, from its
-    /// inode ref.
-    fn index_of(&mut self, dir: Loc, name: &[u8], l: Loc) -> Result<u64> {
-        names::links_in(&mut self.fs.store, l.subvol, l.ino, dir.ino)?
-            .into_iter()
-            .find(|(_, n)| n == name)
-            .map(|(i, _)| i)
-            .ok_or_else(|| {
-                Error::corrupt_key_as(
-                    crate::CorruptKind::Reference,
-                    "name without inode ref",
-                    0,
-                    crate::format::key::Key::new(l.ino, BTRFS_INODE_REF_KEY, dir.ino),
-                )
-            })
     }
 }

@@ -298,6 +298,18 @@ impl Subvols<'_> {
     /// (location `(id, ROOT_ITEM, offset)`), ROOT_REF and ROOT_BACKREF.
     fn link_subvol(&mut self, dir: Loc, name: &[u8], id: u64, loc_offset: u64) -> Result<()> {
         let index = self.fs.next_index(dir)?;
+        self.link_subvol_at(dir, name, id, loc_offset, index)
+    }
+
+    /// [`Self::link_subvol`] at dir index `index`, taken by the caller.
+    fn link_subvol_at(
+        &mut self,
+        dir: Loc,
+        name: &[u8],
+        id: u64,
+        loc_offset: u64,
+        index: u64,
+    ) -> Result<()> {
         link_subvol_items(
             &mut self.fs.store,
             dir.subvol,
@@ -587,10 +599,8 @@ impl Subvols<'_> {
         nname: &[u8],
         id: u64,
     ) -> Result<()> {
-        let (loc, _) = names::lookup_name(&mut self.fs.store, odir.subvol, odir.ino, oname)?
-            .ok_or_else(|| Error::errno(libc::ENOENT, "no such subvolume"))?;
         let root_key = self.fs.store.root_key(id)?;
-        self.unlink_subvol(odir, oname, loc)?;
+        self.unlink_subvol_entry(odir, oname)?;
         self.link_subvol(ndir, nname, id, root_key.offset)?;
         let t = self.fs.store.transid();
         self.fs.log.as_mut().force_full_commit(t);
@@ -615,16 +625,7 @@ impl Subvols<'_> {
         index: u64,
     ) -> Result<()> {
         let root_key = self.fs.store.root_key(id)?;
-        link_subvol_items(
-            &mut self.fs.store,
-            dir.subvol,
-            dir.ino,
-            name,
-            id,
-            root_key.offset,
-            index,
-        )?;
-        self.fs.stamp(dir, true, true)
+        self.link_subvol_at(dir, name, id, root_key.offset, index)
     }
 
     /// Remove an entry that leads to the empty-subvolume placeholder
