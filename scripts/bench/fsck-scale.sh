@@ -20,7 +20,10 @@
 # and found as $BTRFSUTILS (default DIR/btrfsutils/bin/btrfs). btrfs check
 # 6.14 comes from ../shared/oracle/progs-new.sh. Needs root (dropping caches).
 # SKIP_SLOW=1 leaves out the other tools (at 10M files btrfs check takes
-# minutes and gigabytes).
+# minutes and gigabytes). MAKER=kernel makes DIR/kfiles-FILES.img the way
+# users make theirs instead: mkfs.btrfs (defaults) and the same files
+# written by the kernel on a loop mount (scripts/bench/mkfiles.c), then
+# unmounted.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=${1:?usage: fsck-scale.sh DIR FILES [RUNS]}
@@ -31,6 +34,22 @@ mkdir -p "$dir"
 cargo build --release -q -p btrkit-fsck -p btrkit-shell
 fsck=$PWD/target/release/btrkit-fsck
 img=$dir/files-$files.img
+if [ "${MAKER:-btrkit}" = kernel ]; then
+    img=$dir/kfiles-$files.img
+    if [ ! -f "$img" ]; then
+        cc -O2 -o "$dir/mkfiles" scripts/bench/mkfiles.c
+        truncate -s $(( (files / 1000000 + 1) * 16 ))G "$img.partial"
+        mkfs.btrfs -q -f "$img.partial"
+        mnt=$(mktemp -d)
+        start=$(date +%s.%N)
+        mount -o loop "$img.partial" "$mnt"
+        "$dir/mkfiles" "$mnt" $((files / 10000)) 10000 100 || { umount "$mnt"; exit 1; }
+        umount "$mnt"
+        rmdir "$mnt"
+        mv "$img.partial" "$img"
+        echo "made $img through the kernel: $files files in $(echo "$(date +%s.%N) - $start" | bc) s"
+    fi
+fi
 if [ ! -f "$img" ]; then
     dirs=$((files / 10000))
     scn=$dir/files-$files.scn

@@ -145,11 +145,9 @@ pub(crate) struct Ctx<'a> {
     pub csum_forbidden: Vec<csums::Forbid>,
     /// Result of the data verification run beside the metadata phases.
     pub data_verified: Option<(u64, Vec<(u64, String)>)>,
-    /// Every tree block the extent tree lists has been asked for in bulk;
-    /// the walk need not ask for blocks one by one.
+    /// The stream reads every tree block the extent tree lists; the walk
+    /// need not ask for blocks one by one.
     pub meta_prefetched: bool,
-    /// The written parts of the metadata chunks were asked for at the start.
-    pub early_prefetched: bool,
     /// Tree blocks the walk has read so far: the bulk read-ahead stays a
     /// bounded distance ahead of it.
     pub walked: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -224,9 +222,7 @@ pub fn check_paths_after(
     // Positioned reads, not a memory map: mapped pages of the image would
     // count in the checker's resident memory, and every block is read once.
     let devices = crate::devices::Devices::open_paths(paths, Access::default())?;
-    check_devices(&devices, degraded, opts, progress, &sink, &|name, img| {
-        written_metadata(Path::new(name), img)
-    })
+    check_devices(&devices, degraded, opts, progress, &sink)
 }
 
 /// Check the filesystem on one device (an image held in memory, a crash
@@ -252,20 +248,18 @@ pub fn check_device_after(
         s
     };
     let devices = crate::devices::Devices::new(vec![(String::new(), dev)]);
-    check_devices(&devices, false, opts, progress, &sink, &|_, _| Vec::new())
+    check_devices(&devices, false, opts, progress, &sink)
 }
 
 /// Open the devices and check the filesystem. One device is read from
 /// the primary superblock, or the first good mirror (the damage then a
-/// phase-1 error with its repair). `early` gives the ranges to read ahead
-/// for the device (by name) the filesystem was opened from.
+/// phase-1 error with its repair).
 fn check_devices(
     devices: &crate::devices::Devices,
     degraded: bool,
     opts: CheckOptions,
     progress: &dyn Progress,
     sink: &dyn Fn() -> Sink,
-    early: &dyn Fn(&str, &Image) -> Vec<(u64, u64)>,
 ) -> Result<Report> {
     let mut open_opts = check_open_options(0, degraded);
     open_opts.alt_fsid = unfinished_fsid_change(devices);
@@ -294,8 +288,7 @@ fn check_devices(
                 )),
         );
     }
-    let early = early(&opened.name, &opened.img);
-    Ok(run(&opened.img, opts, progress, pre, early))
+    Ok(run(&opened.img, opts, progress, pre))
 }
 
 /// The fsid tree blocks may still carry when `btrkit-tune -u` was
@@ -325,61 +318,10 @@ fn check_open_options(mirror: usize, degraded: bool) -> OpenOptions {
 
 /// Check an opened image.
 pub fn check_image(img: &Image, opts: CheckOptions, progress: &dyn Progress) -> Report {
-    run(img, opts, progress, Sink::new(), Vec::new())
+    run(img, opts, progress, Sink::new())
 }
 
-/// Most bytes of metadata chunks read ahead before the trees say where
-/// their blocks are.
-const EARLY_PREFETCH_LIMIT: u64 = 256 << 20;
-
-/// The parts of the image file's metadata chunks (first copies) that were
-/// ever written: an image file leaves untouched space as holes, so this is
-/// close to the tree blocks, and reading it ahead lets the first trees be
-/// walked from the page cache. Empty when the file has no holes to tell
-/// (a block device) or the total is large.
-fn written_metadata(path: &Path, img: &Image) -> Vec<(u64, u64)> {
-    let Ok(f) = std::fs::File::open(path) else {
-        return Vec::new();
-    };
-    let mut runs = Vec::new();
-    let mut total = 0u64;
-    for c in img.chunks.iter() {
-        if c.type_flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) == 0 {
-            continue;
-        }
-        let Some(&(_, start)) = c.stripes.iter().find(|s| s.0 == img.devid) else {
-            continue;
-        };
-        let end = start.saturating_add(c.length);
-        for (d, h) in crate::io::host::data_runs(&f, start, end) {
-            runs.push((d, h));
-            total = total.saturating_add(h - d);
-            if total > EARLY_PREFETCH_LIMIT {
-                return Vec::new();
-            }
-        }
-    }
-    // A file without holes says nothing: the whole chunks would be read.
-    let chunk_total: u64 = img
-        .chunks
-        .iter()
-        .filter(|c| c.type_flags & (BTRFS_BLOCK_GROUP_METADATA | BTRFS_BLOCK_GROUP_SYSTEM) != 0)
-        .map(|c| c.length)
-        .sum();
-    if total >= chunk_total {
-        return Vec::new();
-    }
-    runs.sort_unstable();
-    runs
-}
-
-fn run(
-    img: &Image,
-    opts: CheckOptions,
-    progress: &dyn Progress,
-    sink: Sink,
-    early: Vec<(u64, u64)>,
-) -> Report {
+fn run(img: &Image, opts: CheckOptions, progress: &dyn Progress, sink: Sink) -> Report {
     let metadump =
         img.sb.flags.get() & (BTRFS_SUPER_FLAG_METADUMP | BTRFS_SUPER_FLAG_METADUMP_V2) != 0;
     // Data checksums half converted: phase 1 says so, nothing to verify.
@@ -389,20 +331,7 @@ fn run(
         // phases: it starts at once on its own thread.
         let data = (opts.check_data_csum && !metadump && !converting)
             .then(|| scope.spawn(|| datacsum::verify_all(img)));
-        // The written parts of the metadata chunks, asked for at once.
-        let early_prefetched = !early.is_empty();
-        if early_prefetched {
-            let dev = img.device().clone();
-            let _ = std::thread::Builder::new()
-                .name("meta-early".into())
-                .spawn_scoped(scope, move || {
-                    walk::prefetch_extent_leaves(img);
-                    for (s, e) in early {
-                        dev.prefetch(s, e - s);
-                    }
-                });
-        }
-        run_phases(img, opts, progress, sink, data, early_prefetched)
+        run_phases(img, opts, progress, sink, data)
     })
 }
 
@@ -412,7 +341,6 @@ fn run_phases(
     progress: &dyn Progress,
     sink: Sink,
     data: Option<std::thread::ScopedJoinHandle<'_, (u64, Vec<(u64, String)>)>>,
-    early_prefetched: bool,
 ) -> Report {
     let mut sink = sink;
     let prior = sink.prior.take();
@@ -437,7 +365,6 @@ fn run_phases(
         subvol_dirents: Vec::new(),
         data_verified: None,
         meta_prefetched: false,
-        early_prefetched,
         walked: Default::default(),
         stream: Default::default(),
         prior: prior.as_deref(),

@@ -205,6 +205,53 @@ struct DirRecord {
     rec: Record,
 }
 
+/// A directory's entry records in name order: (child, hash), then
+/// DIR_ITEM before DIR_INDEX by index (`Record::order`). In key order a
+/// directory's DIR_ITEMs (hash order) come before its DIR_INDEXes (index
+/// order, which is inode order for entries made as their inodes were):
+/// each part is sorted on its own, the index part usually already is, and
+/// the two are merged. Anything else (a damaged tree) is sorted whole.
+fn sort_dir_run(run: &mut Vec<DirRecord>) {
+    let by_name = |r: &DirRecord| (r.child, r.hash, r.rec.order());
+    let split = run
+        .iter()
+        .position(|r| !matches!(r.rec, Record::Item { .. }))
+        .unwrap_or(run.len());
+    if run[split..]
+        .iter()
+        .any(|r| matches!(r.rec, Record::Item { .. }))
+    {
+        run.sort_unstable_by_key(by_name);
+        return;
+    }
+    let len = run.len();
+    let (items, rest) = run.split_at_mut(split);
+    // Within the DIR_ITEM part, (child, hash) ties are one name's repeated
+    // items, alike in order.
+    items.sort_unstable_by_key(|r| (r.child, r.hash));
+    if !rest.is_sorted_by_key(by_name) {
+        rest.sort_unstable_by_key(by_name);
+    }
+    if items.is_empty() || rest.is_empty() {
+        return;
+    }
+    let mut merged = Vec::with_capacity(len);
+    let (mut i, mut j) = (0, 0);
+    while i < items.len() && j < rest.len() {
+        // Equal (child, hash): the DIR_ITEM first.
+        if (items[i].child, items[i].hash) <= (rest[j].child, rest[j].hash) {
+            merged.push(items[i]);
+            i += 1;
+        } else {
+            merged.push(rest[j]);
+            j += 1;
+        }
+    }
+    merged.extend_from_slice(&items[i..]);
+    merged.extend_from_slice(&rest[j..]);
+    *run = merged;
+}
+
 /// The entries of one directory read already that name inodes still to
 /// come, in inode order: the inodes' back references find them at `pos`
 /// or just after, as the walk reaches the inodes in the same order.
@@ -349,10 +396,7 @@ impl Names {
         }
         let p = self.dir_parent;
         let mut run = std::mem::take(&mut self.dir_run);
-        let by_name = |r: &DirRecord| (r.child, r.hash, r.rec.order());
-        if !run.is_sorted_by_key(by_name) {
-            run.sort_unstable_by_key(by_name);
-        }
+        sort_dir_run(&mut run);
         let mut names: Vec<(u64, u32, OpenName)> = Vec::with_capacity(run.len() / 2 + 1);
         for r in &run {
             match names.last_mut() {
@@ -771,6 +815,45 @@ fn add_dir_item((tree, dir, ino, index): (u64, u64, u64, u64)) -> Repair {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dir_run_sorted_as_a_whole_sort_would() {
+        let mut rng = crate::util::prng::Prng::new(7);
+        for case in 0..200 {
+            let n = rng.below(40) as usize;
+            let rec = |rng: &mut crate::util::prng::Prng, item: bool| DirRecord {
+                child: 256 + rng.below(12),
+                hash: rng.below(3) as u32,
+                rec: if item {
+                    Record::Item { ftype: 1 }
+                } else {
+                    Record::Index {
+                        index: rng.below(6),
+                        ftype: 1,
+                    }
+                },
+            };
+            // Items then indexes (key order), or any order (damage).
+            let mut run: Vec<DirRecord> = (0..n)
+                .map(|i| {
+                    let item = if case % 3 == 0 {
+                        rng.below(2) == 0
+                    } else {
+                        i < n / 2
+                    };
+                    rec(&mut rng, item)
+                })
+                .collect();
+            if case % 3 == 1 {
+                run[n / 2..].sort_unstable_by_key(|r| (r.child, r.hash, r.rec.order()));
+            }
+            let key = |r: &DirRecord| (r.child, r.hash, r.rec.order());
+            let mut want: Vec<_> = run.iter().map(key).collect();
+            want.sort_unstable();
+            sort_dir_run(&mut run);
+            assert_eq!(run.iter().map(key).collect::<Vec<_>>(), want, "case {case}");
+        }
+    }
 
     #[test]
     fn inode_table_runs_and_disorder() {

@@ -101,7 +101,8 @@ fn load(
                 .filter(|b| copy_ok(img, b, bytenr))
             {
                 if let Ok(node) = Node::from_vec(bytenr, b) {
-                    let problems = node.validate(&img.ctx(false), expect);
+                    // copy_ok verified the checksum.
+                    let problems = node.validate_checksummed(&img.ctx(false), expect);
                     if problems.is_empty() {
                         return (
                             Ok((node, problems)),
@@ -277,27 +278,24 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
             if s.kind == Kind::Extent {
                 // Every later tree is walked from where its root must be.
                 stale_root_items(cx, &mut specs[i + 1..]);
-                // The extent tree lists every tree block: ask the kernel
-                // for their first copies (issuing that takes a while itself,
-                // so beside the walk), and verify the other copies with
-                // large direct reads on a thread of their own.
-                let (blocks, copies, complete) = metadata_runs(cx);
-                cx.meta_prefetched = complete;
-                if !cx.early_prefetched {
-                    // Not asked for yet: read in disk order past the
-                    // page cache, ahead of the walk, which takes the
-                    // blocks from the stream.
-                    cx.meta_prefetched = true;
-                    cx.stream.active.store(true, Relaxed);
-                    let stream = cx.stream.clone();
-                    let walked = cx.walked.clone();
-                    let devs: Vec<_> = img.devices().map(|(id, d)| (id, d.clone())).collect();
-                    let ns = img.nodesize as usize;
-                    prefetching = std::thread::Builder::new()
-                        .name("meta-stream".into())
-                        .spawn(move || stream.fill(&devs, &blocks, ns, &walked))
-                        .ok();
-                }
+                // The extent tree lists every tree block: their first
+                // copies are read in disk order past the page cache, ahead
+                // of the walk, which takes the blocks from the stream; the
+                // other copies are verified with large direct reads on a
+                // thread of their own.
+                let (blocks, copies) = metadata_runs(cx);
+                cx.stream.active.store(true, Relaxed);
+                let stream = cx.stream.clone();
+                let walked = cx.walked.clone();
+                let devs: Vec<_> = img.devices().map(|(id, d)| (id, d.clone())).collect();
+                let ns = img.nodesize as usize;
+                prefetching = std::thread::Builder::new()
+                    .name("meta-stream".into())
+                    .spawn(move || stream.fill(&devs, &blocks, ns, &walked))
+                    .ok();
+                // Without a reader the walk asks for each block's children.
+                cx.meta_prefetched = prefetching.is_some();
+                cx.stream.active.store(cx.meta_prefetched, Relaxed);
                 if cx.opts.check_mirrors {
                     mirror_check = std::thread::Builder::new()
                         .name("meta-mirrors".into())
@@ -828,24 +826,21 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
     }
 }
 
-/// How far the bulk read-ahead of the tree blocks runs ahead of the walk
-/// (page cache, not our memory).
-const PREFETCH_WINDOW: u64 = 384 << 20;
-
 /// How far the stream of tree blocks runs ahead of the walk (our memory:
-/// most of the checker's peak on a large filesystem).
-const STREAM_WINDOW: u64 = 96 << 20;
+/// most of the checker's peak on a large filesystem). A small window also
+/// keeps the blocks' buffers recycled by the allocator instead of fresh
+/// pages faulted in; 16 MiB still covers how far a kernel-made image's
+/// disk order strays from the walk's (a few dozen blocks of 36,000 read
+/// by the walk itself at 1,000,000 files; at 8 MiB, 1,500).
+const STREAM_WINDOW: u64 = 16 << 20;
 
 /// The extent tree lists every tree block: the first present copy of each
 /// (devid, physical, bytenr) in disk order, for the stream to read ahead
-/// of the walk; the other copies on present devices (devid, physical, copy
-/// index, bytenr) in disk order; and whether the first copies fit in one
-/// read-ahead window (beyond it, the walk also asks for each block's
-/// children itself, in case the disk order strays far from the walk's).
+/// of the walk; and the other copies on present devices (devid, physical,
+/// copy index, bytenr) in disk order.
 #[allow(clippy::type_complexity)]
-fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, usize, u64)>, bool) {
+fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, usize, u64)>) {
     let img = cx.img;
-    let ns = img.nodesize as u64;
     let mut first: Vec<(u64, u64, u64)> = Vec::new();
     let mut copies: Vec<(u64, u64, usize, u64)> = Vec::new();
     for r in &cx.ext.recs {
@@ -864,10 +859,9 @@ fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, usize, u64)>
             copies.extend(present.map(|(i, &(d, p))| (d, p, i, r.bytenr)));
         }
     }
-    let complete = first.len() as u64 * ns <= PREFETCH_WINDOW;
     copies.sort_unstable();
     first.sort_unstable();
-    (first, copies, complete)
+    (first, copies)
 }
 
 /// Tree blocks read ahead of the walk in disk order, in large reads past
@@ -882,6 +876,8 @@ pub(crate) struct BlockStream {
     /// cache instead, and the walk does not look here).
     active: std::sync::atomic::AtomicBool,
     blocks: std::sync::Mutex<StreamState>,
+    /// Signalled when the walk takes a block (room in the window).
+    taken: std::sync::Condvar,
 }
 
 #[derive(Default)]
@@ -905,6 +901,8 @@ impl BlockStream {
         match st.ready.remove(&bytenr) {
             Some((d, p, b)) if (d, p) == at => {
                 st.hits += 1;
+                drop(st);
+                self.taken.notify_one();
                 Some(b)
             }
             _ => {
@@ -949,16 +947,26 @@ impl BlockStream {
             i = j;
             // Hold back while the blocks waiting for the walk fill the
             // window (the walk's end, u64::MAX, ends this).
+            let Ok(mut st) = self.blocks.lock() else {
+                return;
+            };
             loop {
                 if walked.load(Relaxed) == u64::MAX {
                     return;
                 }
-                let held = self.blocks.lock().map_or(0, |st| st.ready.len());
-                if ((held + run.len()) * ns) as u64 <= STREAM_WINDOW {
+                if ((st.ready.len() + run.len()) * ns) as u64 <= STREAM_WINDOW {
                     break;
                 }
-                std::thread::sleep(std::time::Duration::from_millis(1));
+                // Timed: the walk's end is not signalled.
+                match self
+                    .taken
+                    .wait_timeout(st, std::time::Duration::from_millis(1))
+                {
+                    Ok((g, _)) => st = g,
+                    Err(_) => return,
+                }
             }
+            drop(st);
             let Some((_, dev)) = devs.iter().find(|d| d.0 == devid) else {
                 continue;
             };

@@ -302,6 +302,17 @@ impl Node {
     /// Every problem of this block against `ctx` and `expect`. An empty list
     /// means the block is valid; the first entry is the most basic failure.
     pub fn validate(&self, ctx: &ValidateCtx, expect: &Expect) -> Vec<Problem> {
+        self.validate_with(ctx, expect, true)
+    }
+
+    /// [`Node::validate`] of a block whose checksum the caller has just
+    /// verified with `ctx.csum` (the checksum is the costliest check: a
+    /// reader that verified it to choose a copy need not do it twice).
+    pub fn validate_checksummed(&self, ctx: &ValidateCtx, expect: &Expect) -> Vec<Problem> {
+        self.validate_with(ctx, expect, false)
+    }
+
+    fn validate_with(&self, ctx: &ValidateCtx, expect: &Expect, checksum: bool) -> Vec<Problem> {
         let mut out = Vec::new();
         let b = self.bytenr;
         let mut push = |kind, slot: Option<usize>, key: Option<Key>, message: String| {
@@ -326,7 +337,8 @@ impl Node {
             );
             return out;
         }
-        if !verify_block(ctx.csum, &self.buf)
+        if checksum
+            && !verify_block(ctx.csum, &self.buf)
             && !ctx.alt_csum.is_some_and(|c| verify_block(c, &self.buf))
         {
             push(
