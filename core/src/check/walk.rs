@@ -431,14 +431,19 @@ pub(crate) fn walk<'scope, 'env>(
         return;
     };
     let mut fs = FsTree::new(cx, r);
-    let (tx, rx) = std::sync::mpsc::sync_channel::<FsFeed>(256);
+    // Leaves go over in batches: a hand-over per leaf costs each side a
+    // wake-up more than checking the leaf does.
+    const BATCH: usize = 16;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<FsFeed>>(8);
     let checker = std::thread::Builder::new()
         .name("fs-checks".into())
         .spawn_scoped(scope, move || {
-            for m in rx {
-                match m {
-                    FsFeed::Leaf(n) => fs.leaf(&n),
-                    FsFeed::Lost => fs.lost_block(),
+            for batch in rx {
+                for m in batch {
+                    match m {
+                        FsFeed::Leaf(n) => fs.leaf(&n),
+                        FsFeed::Lost => fs.lost_block(),
+                    }
                 }
             }
             fs.finish();
@@ -446,9 +451,16 @@ pub(crate) fn walk<'scope, 'env>(
         });
     match checker {
         Ok(h) => {
+            let mut batch = Vec::with_capacity(BATCH);
             walk_blocks(cx, seen, mirrors, spec, &mut |m| {
-                let _ = tx.send(m);
+                batch.push(m);
+                if batch.len() == BATCH {
+                    let _ = tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)));
+                }
             });
+            if !batch.is_empty() {
+                let _ = tx.send(batch);
+            }
             drop(tx);
             pending.push(h);
         }
@@ -889,6 +901,9 @@ struct StreamState {
     /// Blocks taken from the stream, and read by the walk itself.
     hits: u64,
     misses: u64,
+    /// The reader waits for room (a take wakes it; otherwise a wake-up
+    /// per block would cost more than the block).
+    reader_waits: bool,
 }
 
 impl BlockStream {
@@ -901,8 +916,11 @@ impl BlockStream {
         match st.ready.remove(&bytenr) {
             Some((d, p, b)) if (d, p) == at => {
                 st.hits += 1;
+                let wake = st.reader_waits;
                 drop(st);
-                self.taken.notify_one();
+                if wake {
+                    self.taken.notify_one();
+                }
                 Some(b)
             }
             _ => {
@@ -958,6 +976,7 @@ impl BlockStream {
                     break;
                 }
                 // Timed: the walk's end is not signalled.
+                st.reader_waits = true;
                 match self
                     .taken
                     .wait_timeout(st, std::time::Duration::from_millis(1))
@@ -966,6 +985,7 @@ impl BlockStream {
                     Err(_) => return,
                 }
             }
+            st.reader_waits = false;
             drop(st);
             let Some((_, dev)) = devs.iter().find(|d| d.0 == devid) else {
                 continue;
