@@ -441,6 +441,7 @@ pub(super) fn check(cx: &mut Ctx) {
         matched: HashMap::new(),
         bad_fixes: HashMap::new(),
         missing_item_reported: None,
+        rec_cursor: 0,
     };
     m.check_items(cx);
     m.rebuild_unreadable_items(cx);
@@ -559,9 +560,28 @@ struct Merge {
     /// address itself is bad.
     bad_fixes: HashMap<u64, Vec<(FoundData, Repair, bool)>>,
     missing_item_reported: Option<u64>,
+    /// Where the last [`Merge::rec_of`] found its extent: the merge asks in
+    /// address order, so the next is at or after it.
+    rec_cursor: usize,
 }
 
 impl Merge {
+    /// The extent item of extent `b`. Asked in increasing order (the
+    /// merge of the sorted reference lists), it is found by walking on
+    /// from the last one, not by a search per reference.
+    fn rec_of(&mut self, b: u64) -> Option<ExtRec> {
+        let recs = &self.recs;
+        let mut i = self.rec_cursor.min(recs.len());
+        if i > 0 && recs[i - 1].bytenr >= b {
+            i = recs.partition_point(|r| r.bytenr < b);
+        }
+        while i < recs.len() && recs[i].bytenr < b {
+            i += 1;
+        }
+        self.rec_cursor = i;
+        recs.get(i).filter(|r| r.bytenr == b).copied()
+    }
+
     /// The references the trees hold to extent `b`.
     fn refs_at(&self, b: u64) -> Vec<ExtentRef> {
         let lo = self.found.partition_point(|(r, _)| r.bytenr < b);
@@ -840,12 +860,28 @@ impl Merge {
         // well when the address itself is sound (pointed into free space),
         // but made holes only when it is not (an address that merely lost
         // its item gets the item back).
-        let no_item = |b: u64| recs.binary_search_by_key(&b, |r| r.bytenr).is_err();
-        let bad_data: Vec<(FoundData, bool)> = found_data
-            .iter()
-            .filter(|d| no_item(d.bytenr) && !unreadable.contains_key(&d.bytenr))
-            .map(|d| (*d, bad_disk(d.bytenr, d.disk_len)))
-            .collect();
+        // Addresses referenced without an item: both lists are sorted, so
+        // one pass finds them (usually none, and then no file extent is
+        // looked at again).
+        let mut no_item: HashSet<u64> = HashSet::new();
+        let mut ri = 0usize;
+        for (r, _) in found {
+            while ri < recs.len() && recs[ri].bytenr < r.bytenr {
+                ri += 1;
+            }
+            if recs.get(ri).is_none_or(|x| x.bytenr != r.bytenr) {
+                no_item.insert(r.bytenr);
+            }
+        }
+        let bad_data: Vec<(FoundData, bool)> = if no_item.is_empty() {
+            Vec::new()
+        } else {
+            found_data
+                .iter()
+                .filter(|d| no_item.contains(&d.bytenr) && !unreadable.contains_key(&d.bytenr))
+                .map(|d| (*d, bad_disk(d.bytenr, d.disk_len)))
+                .collect()
+        };
         let csum_items = &cx.csum.items;
         let csum_covered = |s: u64, len: u64| {
             let e = s.saturating_add(len);
@@ -1089,12 +1125,7 @@ impl Merge {
                 )),
             ));
         }
-        if let Some(r) = self
-            .recs
-            .binary_search_by_key(&d.bytenr, |r| r.bytenr)
-            .ok()
-            .map(|x| self.recs[x])
-        {
+        if let Some(r) = self.rec_of(d.bytenr) {
             match d.key {
                 RefKey::Data { .. } | RefKey::SharedData(_) => {
                     if len != r.len {

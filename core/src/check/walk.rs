@@ -283,7 +283,7 @@ pub(super) fn walk_all<'a: 'scope, 'scope, 'env>(
                 // of the walk, which takes the blocks from the stream; the
                 // other copies are verified with large direct reads on a
                 // thread of their own.
-                let (blocks, copies) = metadata_runs(cx);
+                let (blocks, copies) = metadata_runs(cx, &seen);
                 cx.stream.active.store(true, Relaxed);
                 let stream = cx.stream.clone();
                 let walked = cx.walked.clone();
@@ -847,14 +847,24 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
 const STREAM_WINDOW: u64 = 16 << 20;
 
 /// The extent tree lists every tree block: the first present copy of each
-/// (devid, physical, bytenr) in disk order, for the stream to read ahead
-/// of the walk; and the other copies on present devices (devid, physical,
-/// copy index, bytenr) in disk order.
+/// (devid, physical, bytenr), for the stream to read ahead of the walk, in
+/// the order the walk wants them: the blocks of trees that are not
+/// subvolumes first (they are walked first), each part in disk order, and
+/// none the walk has passed already (the extent tree's own); and
+/// the other copies on present devices (devid, physical, copy index,
+/// bytenr) in disk order.
 #[allow(clippy::type_complexity)]
-fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, usize, u64)>) {
+fn metadata_runs(
+    cx: &Ctx,
+    seen: &HashSet<u64>,
+) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, usize, u64)>) {
     let img = cx.img;
-    let mut first: Vec<(u64, u64, u64)> = Vec::new();
+    let mut first: Vec<(bool, (u64, u64, u64))> = Vec::new();
     let mut copies: Vec<(u64, u64, usize, u64)> = Vec::new();
+    // The tree a block belongs to is its tree block reference's root; the
+    // references were declared in the same (address) order as the items.
+    let declared = &cx.ext.declared;
+    let mut di = 0usize;
     for r in &cx.ext.recs {
         if r.flags & BTRFS_EXTENT_FLAG_TREE_BLOCK == 0 {
             continue;
@@ -867,13 +877,29 @@ fn metadata_runs(cx: &Ctx) -> (Vec<(u64, u64, u64)>, Vec<(u64, u64, usize, u64)>
             .enumerate()
             .filter(|(_, c)| img.device_of(c.0).is_some());
         if let Some((_, &(d, p))) = present.next() {
-            first.push((d, p, r.bytenr));
             copies.extend(present.map(|(i, &(d, p))| (d, p, i, r.bytenr)));
+            // Walked already (the extent tree's own): not again.
+            if seen.contains(&r.bytenr) {
+                continue;
+            }
+            while declared.get(di).is_some_and(|x| x.bytenr < r.bytenr) {
+                di += 1;
+            }
+            // A block shared by reference (no root named) is a subvolume's.
+            let tree = declared[di..]
+                .iter()
+                .take_while(|x| x.bytenr == r.bytenr)
+                .find_map(|x| match x.key {
+                    super::extents::RefKey::Tree(root) => Some(root),
+                    _ => None,
+                });
+            let late = tree.is_none_or(is_fstree);
+            first.push((late, (d, p, r.bytenr)));
         }
     }
     copies.sort_unstable();
     first.sort_unstable();
-    (first, copies)
+    (first.into_iter().map(|f| f.1).collect(), copies)
 }
 
 /// Tree blocks read ahead of the walk in disk order, in large reads past
@@ -887,9 +913,13 @@ pub(crate) struct BlockStream {
     /// A reader was started (small images are read ahead through the page
     /// cache instead, and the walk does not look here).
     active: std::sync::atomic::AtomicBool,
+    /// The tree block size (set when the reader starts).
+    nodesize: std::sync::atomic::AtomicU64,
     blocks: std::sync::Mutex<StreamState>,
     /// Signalled when the walk takes a block (room in the window).
     taken: std::sync::Condvar,
+    /// Signalled when a run's blocks are in (for a walk waiting for one).
+    arrived: std::sync::Condvar,
 }
 
 #[derive(Default)]
@@ -904,6 +934,13 @@ struct StreamState {
     /// The reader waits for room (a take wakes it; otherwise a wake-up
     /// per block would cost more than the block).
     reader_waits: bool,
+    /// Each block's place in the reader's order, and the place of the
+    /// first block not read yet; the reader has ended.
+    order: crate::util::hash::FastMap<u64, usize>,
+    next: usize,
+    done: bool,
+    /// Walk threads waiting for a run.
+    walk_waits: u32,
 }
 
 impl BlockStream {
@@ -913,21 +950,44 @@ impl BlockStream {
             return None;
         }
         let mut st = self.blocks.lock().ok()?;
-        match st.ready.remove(&bytenr) {
-            Some((d, p, b)) if (d, p) == at => {
-                st.hits += 1;
-                let wake = st.reader_waits;
-                drop(st);
-                if wake {
-                    self.taken.notify_one();
+        loop {
+            match st.ready.remove(&bytenr) {
+                Some((d, p, b)) if (d, p) == at => {
+                    st.hits += 1;
+                    let wake = st.reader_waits;
+                    drop(st);
+                    if wake {
+                        self.taken.notify_one();
+                    }
+                    return Some(b);
                 }
-                Some(b)
+                Some(_) => {}
+                None => {
+                    // Coming within the window (the walk got ahead of the
+                    // reader, as at its start): waited for, rather than
+                    // read twice with a small read of its own. Not when
+                    // the reader itself waits for the walk.
+                    let ahead = (STREAM_WINDOW / self.nodesize.load(Relaxed).max(1)) as usize;
+                    let soon = !st.done
+                        && !st.reader_waits
+                        && st
+                            .order
+                            .get(&bytenr)
+                            .is_some_and(|&i| i >= st.next && i < st.next + ahead);
+                    if soon {
+                        st.walk_waits += 1;
+                        let r = self
+                            .arrived
+                            .wait_timeout(st, std::time::Duration::from_millis(2));
+                        st = r.ok()?.0;
+                        st.walk_waits -= 1;
+                        continue;
+                    }
+                }
             }
-            _ => {
-                st.misses += 1;
-                st.missed.insert(bytenr);
-                None
-            }
+            st.misses += 1;
+            st.missed.insert(bytenr);
+            return None;
         }
     }
 
@@ -940,6 +1000,24 @@ impl BlockStream {
     /// holding back while the walk (`walked` blocks; u64::MAX at its end,
     /// which ends this) is more than a window behind.
     fn fill(
+        &self,
+        devs: &[(u64, std::sync::Arc<dyn crate::io::BlockDevice>)],
+        blocks: &[(u64, u64, u64)],
+        ns: usize,
+        walked: &std::sync::atomic::AtomicU64,
+    ) {
+        self.nodesize.store(ns as u64, Relaxed);
+        if let Ok(mut st) = self.blocks.lock() {
+            st.order = blocks.iter().enumerate().map(|(i, b)| (b.2, i)).collect();
+        }
+        self.fill_runs(devs, blocks, ns, walked);
+        if let Ok(mut st) = self.blocks.lock() {
+            st.done = true;
+        }
+        self.arrived.notify_all();
+    }
+
+    fn fill_runs(
         &self,
         devs: &[(u64, std::sync::Arc<dyn crate::io::BlockDevice>)],
         blocks: &[(u64, u64, u64)],
@@ -988,6 +1066,9 @@ impl BlockStream {
             st.reader_waits = false;
             drop(st);
             let Some((_, dev)) = devs.iter().find(|d| d.0 == devid) else {
+                if let Ok(mut st) = self.blocks.lock() {
+                    st.next = i;
+                }
                 continue;
             };
             let len = (run[run.len() - 1].1 + ns as u64 - start) as usize;
@@ -1007,6 +1088,10 @@ impl BlockStream {
                     if !st.missed.remove(&bytenr) {
                         st.ready.insert(bytenr, v);
                     }
+                }
+                st.next = i;
+                if st.walk_waits > 0 {
+                    self.arrived.notify_all();
                 }
             }
         }
