@@ -906,12 +906,13 @@ fn metadata_runs(
 /// the page cache (no page cache work, one copy), and kept until the walk
 /// takes them. The reader holds at most STREAM_WINDOW bytes of blocks the
 /// walk has not taken yet, so memory is bounded whatever the metadata's
-/// size; a block the walk needs before the reader has it is read as usual
-/// (and dropped by the reader when it comes by).
+/// size. A block the walk needs before the reader has it is waited for
+/// when the reader is about to bring it (within a window of its place),
+/// else read as usual (and dropped by the reader when it comes by).
 #[derive(Default)]
 pub(crate) struct BlockStream {
-    /// A reader was started (small images are read ahead through the page
-    /// cache instead, and the walk does not look here).
+    /// A reader was started (it starts once the extent tree, which lists
+    /// the blocks, is walked; before that the walk does not look here).
     active: std::sync::atomic::AtomicBool,
     /// The tree block size (set when the reader starts).
     nodesize: std::sync::atomic::AtomicU64,
