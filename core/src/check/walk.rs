@@ -914,8 +914,6 @@ pub(crate) struct BlockStream {
     /// A reader was started (it starts once the extent tree, which lists
     /// the blocks, is walked; before that the walk does not look here).
     active: std::sync::atomic::AtomicBool,
-    /// The tree block size (set when the reader starts).
-    nodesize: std::sync::atomic::AtomicU64,
     blocks: std::sync::Mutex<StreamState>,
     /// Signalled when the walk takes a block (room in the window).
     taken: std::sync::Condvar,
@@ -939,6 +937,8 @@ struct StreamState {
     /// first block not read yet; the reader has ended.
     order: crate::util::hash::FastMap<u64, usize>,
     next: usize,
+    /// Blocks in a window: how far past `next` a block is coming soon.
+    ahead: usize,
     done: bool,
     /// Walk threads waiting for a run.
     walk_waits: u32,
@@ -968,7 +968,7 @@ impl BlockStream {
                     // reader, as at its start): waited for, rather than
                     // read twice with a small read of its own. Not when
                     // the reader itself waits for the walk.
-                    let ahead = (STREAM_WINDOW / self.nodesize.load(Relaxed).max(1)) as usize;
+                    let ahead = st.ahead;
                     let soon = !st.done
                         && !st.reader_waits
                         && st
@@ -1007,9 +1007,9 @@ impl BlockStream {
         ns: usize,
         walked: &std::sync::atomic::AtomicU64,
     ) {
-        self.nodesize.store(ns as u64, Relaxed);
         if let Ok(mut st) = self.blocks.lock() {
             st.order = blocks.iter().enumerate().map(|(i, b)| (b.2, i)).collect();
+            st.ahead = (STREAM_WINDOW / ns.max(1) as u64) as usize;
         }
         self.fill_runs(devs, blocks, ns, walked);
         if let Ok(mut st) = self.blocks.lock() {
