@@ -59,7 +59,18 @@ pub fn attach_loop(file: &Path) -> Result<PathBuf, String> {
 /// Detach a loop device, retrying while it fails. A device still busy (a
 /// lazy unmount still holds it) is marked autoclear by the kernel and freed
 /// on last close; one already gone (autoclear raced us) counts as detached.
+///
+/// The kernel is first told to forget a btrfs registration under the
+/// device: a set's member left registered under a loop device that then
+/// goes to another image is one the kernel tries again at a degraded mount
+/// of that set's fsid.
 pub fn detach_loop(dev: &Path) -> Result<(), String> {
+    let _ = Command::new("btrfs")
+        .args(["device", "scan", "--forget"])
+        .arg(dev)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
     let mut last = String::new();
     for _ in 0..30 {
         match run(Command::new("losetup").arg("-d").arg(dev)) {

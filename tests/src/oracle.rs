@@ -19,6 +19,9 @@ use std::time::Duration;
 /// How long a check may run when the caller sets no limit.
 const DEFAULT_LIMIT: Duration = Duration::from_secs(3600);
 
+/// How often a check that could not learn the mount status is tried.
+const MOUNT_STATUS_ATTEMPTS: u64 = 5;
+
 /// Which btrfs-progs answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Progs {
@@ -101,12 +104,26 @@ pub fn btrfs_check_with<P: AsRef<Path>>(
         .first()
         .cloned()
         .unwrap_or_else(|| devs[0].as_ref().to_path_buf());
-    let mut c = Command::new(&btrfs);
-    c.args(["check", "--readonly"])
-        .args(extra)
-        .arg(&checked)
-        .stdin(std::process::Stdio::null());
-    let r = crate::fsck_support::run_with_limit(c, limit.unwrap_or(DEFAULT_LIMIT));
+    // btrfs check first asks whether the filesystem is mounted, scanning
+    // every block device for its other members; a loop device another test
+    // detaches during that scan makes it give up before checking anything
+    // ("could not check mount status: No such device or address"). That
+    // says nothing about the image, so the check is run again.
+    let mut attempt = 0;
+    let r = loop {
+        let mut c = Command::new(&btrfs);
+        c.args(["check", "--readonly"])
+            .args(extra)
+            .arg(&checked)
+            .stdin(std::process::Stdio::null());
+        let r = crate::fsck_support::run_with_limit(c, limit.unwrap_or(DEFAULT_LIMIT));
+        attempt += 1;
+        if attempt < MOUNT_STATUS_ATTEMPTS && r.stderr.contains("could not check mount status") {
+            std::thread::sleep(Duration::from_millis(200 * attempt));
+            continue;
+        }
+        break r;
+    };
     for l in &loops {
         let _ = detach_loop(l);
     }
