@@ -11,7 +11,7 @@ use super::{Ctx, RootRec};
 use crate::format::consts::*;
 use crate::format::dir::{extref_hash, name_hash};
 use crate::format::file_extent::FileExtent;
-use crate::format::item::{decode, ItemBody};
+use crate::format::item::{decode, name_list, ItemBody, NameEntry, NameList};
 use crate::format::key::Key;
 use crate::tree::Node;
 use std::collections::{HashMap, HashSet};
@@ -173,13 +173,18 @@ impl FsTree {
             return;
         }
         let body = match k.ty {
-            BTRFS_INODE_ITEM_KEY
-            | BTRFS_INODE_REF_KEY
+            BTRFS_INODE_REF_KEY
             | BTRFS_INODE_EXTREF_KEY
             | BTRFS_XATTR_ITEM_KEY
             | BTRFS_DIR_ITEM_KEY
-            | BTRFS_DIR_INDEX_KEY
-            | BTRFS_EXTENT_DATA_KEY => match decode(&k, d, cs) {
+            | BTRFS_DIR_INDEX_KEY => {
+                // The tree block check already reported a malformed item.
+                if let Ok(names) = name_list(&k, d) {
+                    self.names_item(bytenr, k, &names);
+                }
+                return;
+            }
+            BTRFS_INODE_ITEM_KEY | BTRFS_EXTENT_DATA_KEY => match decode(&k, d, cs) {
                 Ok(b) => b,
                 // The tree block check already reported the malformed item.
                 Err(_) => return,
@@ -302,8 +307,19 @@ impl FsTree {
                     self.root_facts = Some((mode, f.nlink));
                 }
             }
-            ItemBody::InodeRef(v) => {
-                for e in v {
+            ItemBody::FileExtent(fe) => self.file_extent(bytenr, k, fe),
+            _ => {}
+        }
+    }
+
+    /// An INODE_REF, INODE_EXTREF, DIR_ITEM, DIR_INDEX or XATTR_ITEM of
+    /// the inode being read, its names listed.
+    fn names_item(&mut self, bytenr: u64, k: Key, names: &NameList) {
+        let ino = k.objectid;
+        match k.ty {
+            BTRFS_INODE_REF_KEY => {
+                for n in names.iter() {
+                    let NameEntry::Ref(e) = n else { continue };
                     if k.offset == ino && ino == self.root_dirid && e.name == b".." {
                         if e.index != 0 {
                             self.out
@@ -324,8 +340,9 @@ impl FsTree {
                     );
                 }
             }
-            ItemBody::InodeExtref(v) => {
-                for e in v {
+            BTRFS_INODE_EXTREF_KEY => {
+                for n in names.iter() {
+                    let NameEntry::Extref(e) = n else { continue };
                     if extref_hash(e.parent, e.name) != k.offset {
                         self.out
                             .push(self.err(Category::Name).at(bytenr).key(k).msg(format!(
@@ -341,7 +358,7 @@ impl FsTree {
                     );
                 }
             }
-            ItemBody::DirItem(v) => {
+            _ => {
                 let is_index = k.ty == BTRFS_DIR_INDEX_KEY;
                 let is_xattr = k.ty == BTRFS_XATTR_ITEM_KEY;
                 // A directory with no links is being deleted (its orphan
@@ -351,7 +368,8 @@ impl FsTree {
                     self.cur.dir_items_of_unlinked = true;
                     return;
                 }
-                for (i, e) in v.iter().enumerate() {
+                for (i, n) in names.iter().enumerate() {
+                    let NameEntry::Dir(e) = n else { continue };
                     let h = name_hash(e.name);
                     let misfiled = !is_index && h != k.offset;
                     if misfiled {
@@ -384,7 +402,11 @@ impl FsTree {
                     if !is_xattr {
                         self.refused_name(bytenr, k, ino, e.name);
                     }
-                    if v[..i].iter().any(|x| x.name == e.name) {
+                    if names
+                        .iter()
+                        .take(i)
+                        .any(|x| matches!(x, NameEntry::Dir(x) if x.name == e.name))
+                    {
                         self.out
                             .push(self.err(Category::Name).at(bytenr).key(k).msg(format!(
                                 "duplicate name '{}' in directory {ino}",
@@ -433,8 +455,6 @@ impl FsTree {
                     }
                 }
             }
-            ItemBody::FileExtent(fe) => self.file_extent(bytenr, k, fe),
-            _ => {}
         }
     }
 

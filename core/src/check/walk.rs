@@ -435,16 +435,22 @@ pub(crate) fn walk<'scope, 'env>(
     // wake-up more than checking the leaf does.
     const BATCH: usize = 16;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<FsFeed>>(8);
+    let stream = cx.stream.clone();
     let checker = std::thread::Builder::new()
         .name("fs-checks".into())
         .spawn_scoped(scope, move || {
             for batch in rx {
+                let mut done = Vec::with_capacity(batch.len());
                 for m in batch {
                     match m {
-                        FsFeed::Leaf(n) => fs.leaf(&n),
+                        FsFeed::Leaf(n) => {
+                            fs.leaf(&n);
+                            done.push(n.into_vec());
+                        }
                         FsFeed::Lost => fs.lost_block(),
                     }
                 }
+                stream.recycle(done);
             }
             fs.finish();
             fs
@@ -845,6 +851,10 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
 /// disk order strays from the walk's (a few dozen blocks of 36,000 read
 /// by the walk itself at 1,000,000 files; at 8 MiB, 1,500).
 const STREAM_WINDOW: u64 = 16 << 20;
+/// The reader's largest read, and its ring of run buffers: a window's
+/// worth and one more, so a buffer is usually free again when wanted.
+const STREAM_RUN: u64 = 4 << 20;
+const STREAM_RUNS: usize = (STREAM_WINDOW / STREAM_RUN) as usize + 1;
 
 /// The extent tree lists every tree block: the first present copy of each
 /// (devid, physical, bytenr), for the stream to read ahead of the walk, in
@@ -903,12 +913,18 @@ fn metadata_runs(
 }
 
 /// Tree blocks read ahead of the walk in disk order, in large reads past
-/// the page cache (no page cache work, one copy), and kept until the walk
-/// takes them. The reader holds at most STREAM_WINDOW bytes of blocks the
-/// walk has not taken yet, so memory is bounded whatever the metadata's
-/// size. A block the walk needs before the reader has it is waited for
-/// when the reader is about to bring it (within a window of its place),
-/// else read as usual (and dropped by the reader when it comes by).
+/// the page cache, and kept until the walk takes them. The reader holds at
+/// most STREAM_WINDOW bytes of blocks the walk has not taken yet, so memory
+/// is bounded whatever the metadata's size. A block the walk needs before
+/// the reader has it is waited for when the reader is about to bring it
+/// (within a window of its place), else read as usual (and dropped by the
+/// reader when it comes by).
+///
+/// Blocks stay in the run buffer they were read into, and the walk copies
+/// each out as it takes it: the reader only reads (copying every block out
+/// itself cost it a third of its time, during which the disk idled). The
+/// run buffers are a ring; a run still holding blocks when its buffer is
+/// wanted again has them copied out first (blocks the walk reaches late).
 #[derive(Default)]
 pub(crate) struct BlockStream {
     /// A reader was started (it starts once the extent tree, which lists
@@ -919,12 +935,39 @@ pub(crate) struct BlockStream {
     taken: std::sync::Condvar,
     /// Signalled when a run's blocks are in (for a walk waiting for one).
     arrived: std::sync::Condvar,
+    /// Block buffers the subvolume checks are done with, filled again by
+    /// the walk's copies: fresh ones cost a page fault and a zeroed page
+    /// per 4 KiB. At most a window's worth.
+    spare: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+/// Where a block the reader brought is held.
+enum Held {
+    /// In run buffer `slot` at byte `at`.
+    InRun { slot: usize, at: usize },
+    /// Copied out of a run buffer wanted again.
+    Own(Vec<u8>),
+}
+
+/// One buffer of the reader's ring and the blocks it holds.
+#[derive(Default)]
+struct RunSlot {
+    /// None while the reader reads into it.
+    buf: Option<crate::io::IoBuf>,
+    /// Bytes read into it.
+    len: usize,
+    /// (bytenr, byte offset) of the blocks it was read with; those the
+    /// walk took are gone from `ready`.
+    blocks: Vec<(u64, usize)>,
+    /// Blocks of it not taken yet.
+    left: usize,
 }
 
 #[derive(Default)]
 struct StreamState {
-    /// bytenr -> (devid, physical, the copy's bytes).
-    ready: crate::util::hash::FastMap<u64, (u64, u64, Vec<u8>)>,
+    /// bytenr -> (devid, physical, where the copy's bytes are).
+    ready: crate::util::hash::FastMap<u64, (u64, u64, Held)>,
+    runs: Vec<RunSlot>,
     /// Blocks the walk read itself: not kept when the reader reaches them.
     missed: std::collections::HashSet<u64, crate::util::hash::MixBuild>,
     /// Blocks taken from the stream, and read by the walk itself.
@@ -939,9 +982,22 @@ struct StreamState {
     next: usize,
     /// Blocks in a window: how far past `next` a block is coming soon.
     ahead: usize,
+    /// Block size.
+    ns: usize,
     done: bool,
     /// Walk threads waiting for a run.
     walk_waits: u32,
+}
+
+impl StreamState {
+    /// The bytes of a block held in run `slot` at `at`.
+    fn run_bytes(&mut self, slot: usize, at: usize) -> Option<&[u8]> {
+        let ns = self.ns;
+        let r = self.runs.get_mut(slot)?;
+        let len = r.len;
+        let b = r.buf.as_mut()?.get(len).ok()?;
+        b.get(at..at + ns).map(|b| b as &[u8])
+    }
 }
 
 impl BlockStream {
@@ -953,16 +1009,34 @@ impl BlockStream {
         let mut st = self.blocks.lock().ok()?;
         loop {
             match st.ready.remove(&bytenr) {
-                Some((d, p, b)) if (d, p) == at => {
-                    st.hits += 1;
-                    let wake = st.reader_waits;
-                    drop(st);
-                    if wake {
-                        self.taken.notify_one();
+                Some((d, p, held)) => {
+                    if let Held::InRun { slot, .. } = held {
+                        if let Some(r) = st.runs.get_mut(slot) {
+                            r.left = r.left.saturating_sub(1);
+                        }
                     }
-                    return Some(b);
+                    if (d, p) == at {
+                        let b = match held {
+                            Held::Own(b) => Some(b),
+                            Held::InRun { slot, at: off } => {
+                                let mut v = self.spare_buf();
+                                st.run_bytes(slot, off).map(|b| {
+                                    v.extend_from_slice(b);
+                                    v
+                                })
+                            }
+                        };
+                        if let Some(b) = b {
+                            st.hits += 1;
+                            let wake = st.reader_waits;
+                            drop(st);
+                            if wake {
+                                self.taken.notify_one();
+                            }
+                            return Some(b);
+                        }
+                    }
                 }
-                Some(_) => {}
                 None => {
                     // Coming within the window (the walk got ahead of the
                     // reader, as at its start): waited for, rather than
@@ -992,6 +1066,34 @@ impl BlockStream {
         }
     }
 
+    /// An empty buffer for a block: a spare one when there is one.
+    fn spare_buf(&self) -> Vec<u8> {
+        let mut v = self
+            .spare
+            .lock()
+            .ok()
+            .and_then(|mut s| s.pop())
+            .unwrap_or_default();
+        v.clear();
+        v
+    }
+
+    /// Give block buffers back for the walk's copies (kept only while the
+    /// reader runs, and no more than a window's worth).
+    pub(super) fn recycle(&self, bufs: Vec<Vec<u8>>) {
+        if bufs.is_empty() || !self.active.load(Relaxed) {
+            return;
+        }
+        if let Ok(mut spare) = self.spare.lock() {
+            for b in bufs {
+                if (spare.len() * b.capacity()) as u64 >= STREAM_WINDOW {
+                    break;
+                }
+                spare.push(b);
+            }
+        }
+    }
+
     /// (blocks taken from the stream, blocks the walk read itself).
     pub(super) fn counts(&self) -> (u64, u64) {
         self.blocks.lock().map_or((0, 0), |st| (st.hits, st.misses))
@@ -1010,6 +1112,8 @@ impl BlockStream {
         if let Ok(mut st) = self.blocks.lock() {
             st.order = blocks.iter().enumerate().map(|(i, b)| (b.2, i)).collect();
             st.ahead = (STREAM_WINDOW / ns.max(1) as u64) as usize;
+            st.ns = ns;
+            st.runs = (0..STREAM_RUNS).map(|_| RunSlot::default()).collect();
         }
         self.fill_runs(devs, blocks, ns, walked);
         if let Ok(mut st) = self.blocks.lock() {
@@ -1025,10 +1129,9 @@ impl BlockStream {
         ns: usize,
         walked: &std::sync::atomic::AtomicU64,
     ) {
-        const RUN: u64 = 4 << 20;
         const GAP: u64 = 128 << 10;
-        let mut buf = crate::io::IoBuf::new();
         let mut i = 0;
+        let mut slot = 0;
         while i < blocks.len() {
             let (devid, start, _) = blocks[i];
             let mut j = i + 1;
@@ -1036,7 +1139,7 @@ impl BlockStream {
                 && blocks[j].0 == devid
                 && blocks[j].1 >= blocks[j - 1].1 + ns as u64
                 && blocks[j].1 - (blocks[j - 1].1 + ns as u64) <= GAP
-                && blocks[j].1 + ns as u64 - start <= RUN
+                && blocks[j].1 + ns as u64 - start <= STREAM_RUN
             {
                 j += 1;
             }
@@ -1065,37 +1168,70 @@ impl BlockStream {
                 }
             }
             st.reader_waits = false;
-            drop(st);
             let Some((_, dev)) = devs.iter().find(|d| d.0 == devid) else {
-                if let Ok(mut st) = self.blocks.lock() {
-                    st.next = i;
-                }
+                st.next = i;
                 continue;
             };
+            // The ring's next buffer: blocks of its last run the walk has
+            // not taken are copied out first.
+            slot = (slot + 1) % STREAM_RUNS;
+            let mut buf = self.free_slot(&mut st, slot);
+            drop(st);
             let len = (run[run.len() - 1].1 + ns as u64 - start) as usize;
-            let mut got = Vec::with_capacity(run.len());
-            let _ = dev.read_once(start, len, &mut buf, &mut |data: &[u8]| {
+            let mut ok = false;
+            let _ = dev.read_once(start, len, &mut buf, &mut |_| ok = true);
+            let Ok(mut st) = self.blocks.lock() else {
+                return;
+            };
+            let mut held = Vec::new();
+            if ok {
                 for &(d, p, bytenr) in run {
-                    let o = (p - start) as usize;
-                    if let Some(b) = data.get(o..o + ns) {
-                        got.push((bytenr, (d, p, b.to_vec())));
+                    if st.missed.remove(&bytenr) {
+                        continue;
                     }
+                    let at = (p - start) as usize;
+                    st.ready.insert(bytenr, (d, p, Held::InRun { slot, at }));
+                    held.push((bytenr, at));
                 }
-            });
-            // Copied above, handed over here: the walk's threads wait on
-            // the lock for an insert each, not for a copy of the run.
-            if let Ok(mut st) = self.blocks.lock() {
-                for (bytenr, v) in got {
-                    if !st.missed.remove(&bytenr) {
-                        st.ready.insert(bytenr, v);
+            }
+            if let Some(r) = st.runs.get_mut(slot) {
+                *r = RunSlot {
+                    buf: Some(buf),
+                    len,
+                    left: held.len(),
+                    blocks: held,
+                };
+            }
+            st.next = i;
+            if st.walk_waits > 0 {
+                self.arrived.notify_all();
+            }
+        }
+    }
+
+    /// Take the buffer of ring slot `slot` for the next read, copying out
+    /// the blocks of its last run the walk has not taken.
+    fn free_slot(&self, st: &mut StreamState, slot: usize) -> crate::io::IoBuf {
+        let Some(r) = st.runs.get_mut(slot) else {
+            return crate::io::IoBuf::new();
+        };
+        let r = std::mem::take(r);
+        let mut buf = r.buf.unwrap_or_default();
+        if r.left > 0 {
+            let ns = st.ns;
+            if let Ok(data) = buf.get(r.len) {
+                for (bytenr, at) in r.blocks {
+                    if let Some(e) = st.ready.get_mut(&bytenr) {
+                        if matches!(e.2, Held::InRun { slot: s, .. } if s == slot) {
+                            let mut v = self.spare_buf();
+                            v.extend_from_slice(data.get(at..at + ns).unwrap_or_default());
+                            e.2 = Held::Own(v);
+                        }
                     }
-                }
-                st.next = i;
-                if st.walk_waits > 0 {
-                    self.arrived.notify_all();
                 }
             }
         }
+        buf
     }
 }
 

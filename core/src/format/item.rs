@@ -131,9 +131,13 @@ fn empty(data: &[u8], what: &str) -> Result<()> {
 }
 
 /// One entry of an item that packs several names.
-enum NameEntry<'a> {
+#[derive(Debug, Clone, Copy)]
+pub enum NameEntry<'a> {
+    /// Of a DIR_ITEM, DIR_INDEX or XATTR_ITEM.
     Dir(DirEntry<'a>),
+    /// Of an INODE_REF (the parent is the key offset).
     Ref(InodeRefEntry<'a>),
+    /// Of an INODE_EXTREF.
     Extref(InodeExtrefEntry<'a>),
 }
 
@@ -194,6 +198,63 @@ pub fn check(key: &Key, data: &[u8], csum_size: usize) -> Result<()> {
         | BTRFS_XATTR_ITEM_KEY => names_of(key, data, &mut |_| {}),
         _ => decode(key, data, csum_size).map(|_| ()),
     }
+}
+
+/// The entries of an INODE_REF, INODE_EXTREF, DIR_ITEM, DIR_INDEX or
+/// XATTR_ITEM body, the first held inline: almost every such item has one
+/// name, and a walk over millions of them makes no allocation for it.
+#[derive(Debug, Clone)]
+pub struct NameList<'a> {
+    first: NameEntry<'a>,
+    rest: Vec<NameEntry<'a>>,
+}
+
+impl<'a> NameList<'a> {
+    /// The entries in item order.
+    pub fn iter(&self) -> impl Iterator<Item = &NameEntry<'a>> {
+        std::iter::once(&self.first).chain(self.rest.iter())
+    }
+
+    /// How many entries (at least one).
+    pub fn len(&self) -> usize {
+        1 + self.rest.len()
+    }
+
+    /// Never: an item without a name is refused.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// The names of a name item (`key.ty` one of INODE_REF, INODE_EXTREF,
+/// DIR_ITEM, DIR_INDEX, XATTR_ITEM), checked as [`decode`] checks them.
+pub fn name_list<'a>(key: &Key, data: &'a [u8]) -> Result<NameList<'a>> {
+    if !matches!(
+        key.ty,
+        BTRFS_INODE_REF_KEY
+            | BTRFS_INODE_EXTREF_KEY
+            | BTRFS_DIR_ITEM_KEY
+            | BTRFS_DIR_INDEX_KEY
+            | BTRFS_XATTR_ITEM_KEY
+    ) {
+        return Err(Error::corrupt_item(
+            format!("item type {} holds no names", key.ty),
+            0,
+            None,
+        ));
+    }
+    let mut first = None;
+    let mut rest = Vec::new();
+    names_of(key, data, &mut |n| {
+        if first.is_none() {
+            first = Some(n);
+        } else {
+            rest.push(n);
+        }
+    })?;
+    first
+        .map(|first| NameList { first, rest })
+        .ok_or_else(|| Error::corrupt_item("name item without a name", 0, None))
 }
 
 /// Decode the item `key` with body `data`. `csum_size` is the superblock's
@@ -343,4 +404,51 @@ pub fn decode<'a>(key: &Key, data: &'a [u8], csum_size: usize) -> Result<ItemBod
         BTRFS_STRING_ITEM_KEY => ItemBody::StringItem(data),
         _ => ItemBody::Unknown(data),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::dir::encode_dir_entry;
+    use crate::format::inode::encode_inode_ref;
+
+    fn dir_names(l: &NameList) -> Vec<Vec<u8>> {
+        l.iter()
+            .map(|n| match n {
+                NameEntry::Dir(e) => e.name.to_vec(),
+                NameEntry::Ref(e) => e.name.to_vec(),
+                NameEntry::Extref(e) => e.name.to_vec(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn name_list_matches_decode() {
+        let loc = Key::new(258, BTRFS_INODE_ITEM_KEY, 0);
+        let mut d = Vec::new();
+        encode_dir_entry(&mut d, &loc, 7, 1, b"one", b"");
+        let k = Key::new(257, BTRFS_DIR_ITEM_KEY, 5);
+        let l = name_list(&k, &d).unwrap();
+        assert_eq!(l.len(), 1);
+        assert_eq!(dir_names(&l), vec![b"one".to_vec()]);
+        encode_dir_entry(&mut d, &loc, 7, 1, b"two", b"");
+        encode_dir_entry(&mut d, &loc, 7, 1, b"three", b"");
+        let l = name_list(&k, &d).unwrap();
+        let ItemBody::DirItem(v) = decode(&k, &d, 4).unwrap() else {
+            panic!("not a dir item")
+        };
+        let want: Vec<Vec<u8>> = v.iter().map(|e| e.name.to_vec()).collect();
+        assert_eq!(dir_names(&l), want);
+        assert_eq!(l.len(), 3);
+        // One rule with decode: a DIR_INDEX holds one entry, an item at
+        // least one, and only name items have names.
+        let ki = Key::new(257, BTRFS_DIR_INDEX_KEY, 2);
+        assert!(name_list(&ki, &d).is_err() && decode(&ki, &d, 4).is_err());
+        assert!(name_list(&k, &[]).is_err() && decode(&k, &[], 4).is_err());
+        let mut r = Vec::new();
+        encode_inode_ref(&mut r, 3, b"x");
+        let kr = Key::new(258, BTRFS_INODE_REF_KEY, 257);
+        assert_eq!(dir_names(&name_list(&kr, &r).unwrap()), vec![b"x".to_vec()]);
+        assert!(name_list(&Key::new(258, BTRFS_INODE_ITEM_KEY, 0), &r).is_err());
+    }
 }
