@@ -937,7 +937,7 @@ pub(crate) struct BlockStream {
     arrived: std::sync::Condvar,
     /// Block buffers the subvolume checks are done with, filled again by
     /// the walk's copies: fresh ones cost a page fault and a zeroed page
-    /// per 4 KiB. At most a window's worth.
+    /// per 4 KiB. At most a run's worth.
     spare: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
@@ -1079,14 +1079,16 @@ impl BlockStream {
     }
 
     /// Give block buffers back for the walk's copies (kept only while the
-    /// reader runs, and no more than a window's worth).
+    /// reader runs). They circulate between the walk and the subvolume
+    /// checks, whose queue holds a few hundred blocks: more spares than a
+    /// run's worth would be memory held for nothing.
     pub(super) fn recycle(&self, bufs: Vec<Vec<u8>>) {
         if bufs.is_empty() || !self.active.load(Relaxed) {
             return;
         }
         if let Ok(mut spare) = self.spare.lock() {
             for b in bufs {
-                if (spare.len() * b.capacity()) as u64 >= STREAM_WINDOW {
+                if (spare.len() * b.capacity()) as u64 >= STREAM_RUN {
                     break;
                 }
                 spare.push(b);
