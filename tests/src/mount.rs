@@ -56,6 +56,17 @@ pub fn attach_loop(file: &Path) -> Result<PathBuf, String> {
     ))
 }
 
+/// Have the kernel forget a btrfs registration under `dev` (`btrfs
+/// device scan --forget`; refused, harmlessly, while it is mounted).
+fn forget_registration(dev: &Path) {
+    let _ = Command::new("btrfs")
+        .args(["device", "scan", "--forget"])
+        .arg(dev)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
 /// Detach a loop device, retrying while it fails. A device still busy (a
 /// lazy unmount still holds it) is marked autoclear by the kernel and freed
 /// on last close; one already gone (autoclear raced us) counts as detached.
@@ -65,12 +76,7 @@ pub fn attach_loop(file: &Path) -> Result<PathBuf, String> {
 /// goes to another image is one the kernel tries again at a degraded mount
 /// of that set's fsid.
 pub fn detach_loop(dev: &Path) -> Result<(), String> {
-    let _ = Command::new("btrfs")
-        .args(["device", "scan", "--forget"])
-        .arg(dev)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
+    forget_registration(dev);
     let mut last = String::new();
     for _ in 0..30 {
         match run(Command::new("losetup").arg("-d").arg(dev)) {
@@ -302,12 +308,7 @@ impl LoopMount {
             // refuses the mount: "fsid doesn't match fsid of
             // fs_devices"). Forget whatever it holds for these devices.
             for d in &g.devs {
-                let _ = Command::new("btrfs")
-                    .args(["device", "scan", "--forget"])
-                    .arg(d)
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
-                    .status();
+                forget_registration(d);
             }
             let mut cmd = Command::new("mount");
             cmd.args(["-t", "btrfs"]);

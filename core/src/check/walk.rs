@@ -845,11 +845,10 @@ fn verify_mirrors(cx: &mut Ctx, blocks: Vec<(u64, u64)>) {
 }
 
 /// How far the stream of tree blocks runs ahead of the walk (our memory:
-/// most of the checker's peak on a large filesystem). A small window also
-/// keeps the blocks' buffers recycled by the allocator instead of fresh
-/// pages faulted in; 16 MiB still covers how far a kernel-made image's
-/// disk order strays from the walk's (a few dozen blocks of 36,000 read
-/// by the walk itself at 1,000,000 files; at 8 MiB, 1,500).
+/// most of the checker's peak on a large filesystem); 16 MiB still covers
+/// how far a kernel-made image's disk order strays from the walk's (a few
+/// dozen blocks of 36,000 read by the walk itself at 1,000,000 files; at
+/// 8 MiB, 1,500).
 const STREAM_WINDOW: u64 = 16 << 20;
 /// The reader's largest read, and its ring of run buffers: a window's
 /// worth and one more, so a buffer is usually free again when wanted.
