@@ -457,11 +457,15 @@ pub(crate) fn walk<'scope, 'env>(
         });
     match checker {
         Ok(h) => {
+            // The first batches are smaller: the checks start on the
+            // first leaf instead of waiting for a batch's worth to be read.
             let mut batch = Vec::with_capacity(BATCH);
+            let mut want = 1;
             walk_blocks(cx, seen, mirrors, spec, &mut |m| {
                 batch.push(m);
-                if batch.len() == BATCH {
+                if batch.len() >= want {
                     let _ = tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)));
+                    want = (want * 2).min(BATCH);
                 }
             });
             if !batch.is_empty() {
@@ -854,6 +858,8 @@ const STREAM_WINDOW: u64 = 16 << 20;
 /// worth and one more, so a buffer is usually free again when wanted.
 const STREAM_RUN: u64 = 4 << 20;
 const STREAM_RUNS: usize = (STREAM_WINDOW / STREAM_RUN) as usize + 1;
+/// Runs up to this long are copied out of their buffer as soon as read.
+const STREAM_SHORT_RUN: usize = 256 << 10;
 
 /// The extent tree lists every tree block: the first present copy of each
 /// (devid, physical, bytenr), for the stream to read ahead of the walk, in
@@ -1133,6 +1139,7 @@ impl BlockStream {
         const GAP: u64 = 128 << 10;
         let mut i = 0;
         let mut slot = 0;
+        let mut kept = true;
         while i < blocks.len() {
             let (devid, start, _) = blocks[i];
             let mut j = i + 1;
@@ -1173,11 +1180,17 @@ impl BlockStream {
                 st.next = i;
                 continue;
             };
-            // The ring's next buffer: blocks of its last run the walk has
-            // not taken are copied out first.
-            slot = (slot + 1) % STREAM_RUNS;
+            // The ring's next buffer (blocks of its last run the walk has
+            // not taken are copied out first), or again the last one when
+            // its run was copied out.
+            if kept {
+                slot = (slot + 1) % STREAM_RUNS;
+            }
             let mut buf = self.free_slot(&mut st, slot);
             drop(st);
+            // Mapped once at a run's size (a first small read would map
+            // a smaller buffer, faulted in again when it grows).
+            let _ = buf.get(STREAM_RUN as usize);
             let len = (run[run.len() - 1].1 + ns as u64 - start) as usize;
             let mut ok = false;
             let _ = dev.read_once(start, len, &mut buf, &mut |_| ok = true);
@@ -1185,14 +1198,29 @@ impl BlockStream {
                 return;
             };
             let mut held = Vec::new();
+            // A short run (the trees walked before the subvolumes' are a
+            // few blocks here and there) is copied out at once: its buffer
+            // serves the next run instead of a fresh one being faulted in.
+            kept = len > STREAM_SHORT_RUN;
             if ok {
+                let data = if kept {
+                    &[][..]
+                } else {
+                    buf.get(len).unwrap_or_default()
+                };
                 for &(d, p, bytenr) in run {
                     if st.missed.remove(&bytenr) {
                         continue;
                     }
                     let at = (p - start) as usize;
-                    st.ready.insert(bytenr, (d, p, Held::InRun { slot, at }));
-                    held.push((bytenr, at));
+                    if kept {
+                        st.ready.insert(bytenr, (d, p, Held::InRun { slot, at }));
+                        held.push((bytenr, at));
+                    } else if let Some(b) = data.get(at..at + ns) {
+                        let mut v = self.spare_buf();
+                        v.extend_from_slice(b);
+                        st.ready.insert(bytenr, (d, p, Held::Own(v)));
+                    }
                 }
             }
             if let Some(r) = st.runs.get_mut(slot) {
