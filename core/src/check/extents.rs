@@ -141,9 +141,8 @@ impl Facts {
 /// Extent tree leaf: extent items, their keyed refs, block group items.
 pub(super) fn on_extent_leaf(cx: &mut Ctx, node: &Node) {
     let skinny = cx.has_incompat(BTRFS_FEATURE_INCOMPAT_SKINNY_METADATA);
-    for slot in 0..node.nr_safe() {
-        let Some(k) = node.key(slot) else { continue };
-        let Ok(d) = node.item_data(slot) else {
+    for (k, d) in node.items() {
+        let Some(d) = d else {
             continue;
         };
         match k.ty {
@@ -363,11 +362,9 @@ fn on_back_ref(cx: &mut Ctx, node: &Node, k: crate::format::key::Key, d: &[u8]) 
 /// File extents of a leaf of an fs or reloc tree, as data references.
 pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
     let owner = node.owner();
-    for slot in 0..node.nr_safe() {
-        let Some(k) = node.key(slot) else { continue };
+    for (k, d) in node.items() {
         if k.ty == BTRFS_INODE_ITEM_KEY {
-            if let Ok(ItemBody::InodeItem(ii)) = node.item_data(slot).and_then(|d| decode(&k, d, 0))
-            {
+            if let Some(Ok(ItemBody::InodeItem(ii))) = d.map(|d| decode(&k, d, 0)) {
                 cx.ext.last_inode = (
                     owner,
                     k.objectid,
@@ -379,7 +376,7 @@ pub(super) fn on_fs_leaf(cx: &mut Ctx, node: &Node) {
         if k.ty != BTRFS_EXTENT_DATA_KEY {
             continue;
         }
-        let Ok(d) = node.item_data(slot) else {
+        let Some(d) = d else {
             continue;
         };
         let Ok(FileExtent::Disk { head, item }) = parse_file_extent(d) else {

@@ -123,8 +123,7 @@ impl FsTree {
 
     pub fn leaf(&mut self, node: &Node) {
         let cs = self.csum_size;
-        for slot in 0..node.nr_safe() {
-            let Some(k) = node.key(slot) else { continue };
+        for (k, d) in node.items() {
             if k.objectid < self.cur.ino {
                 self.names.set_disordered();
             }
@@ -137,7 +136,7 @@ impl FsTree {
                 };
             }
             self.cur.items += 1;
-            let Ok(d) = node.item_data(slot) else {
+            let Some(d) = d else {
                 continue;
             };
             self.item(node.bytenr, k, d, cs);

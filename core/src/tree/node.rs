@@ -258,6 +258,25 @@ impl Node {
             self.key_ptr(slot).map(|p| Key::from(&p.key))
         }
     }
+    /// Every item of a leaf in slot order: its key and its body, None
+    /// where the body lies past the block (nothing for a node). One pass
+    /// over the item headers, for loops that want every item.
+    pub fn items(&self) -> impl Iterator<Item = (Key, Option<&[u8]>)> + '_ {
+        let n = if self.is_leaf() { self.nr_safe() } else { 0 };
+        let heads = self
+            .buf
+            .get(HEADER_SIZE..HEADER_SIZE + n * ITEM_SIZE)
+            .unwrap_or_default();
+        let body = self.buf.get(HEADER_SIZE..).unwrap_or_default();
+        heads.chunks_exact(ITEM_SIZE).filter_map(move |h| {
+            let it = Item::ref_from_bytes(h).ok()?;
+            let start = it.offset.get() as usize;
+            let data = start
+                .checked_add(it.size.get() as usize)
+                .and_then(|end| body.get(start..end));
+            Some((Key::from(&it.key), data))
+        })
+    }
     /// Body of leaf item `slot`, bounds-checked against the block.
     pub fn item_data(&self, slot: usize) -> Result<&[u8]> {
         let it = self.item(slot).ok_or_else(|| {
@@ -477,9 +496,15 @@ impl Node {
         let data_size = ctx.nodesize as u64 - HEADER_SIZE as u64;
         let mut data_end = data_size; // where the previous item's data must start
         for slot in 0..n {
-            let k = match self.key(slot) {
-                Some(k) => k,
-                None => break,
+            // A leaf's item header once for its key, bounds and body.
+            let item = if leaf { self.item(slot) } else { None };
+            let k = match (item, leaf) {
+                (Some(i), _) => Key::from(&i.key),
+                (None, true) => break,
+                (None, false) => match self.key(slot) {
+                    Some(k) => k,
+                    None => break,
+                },
             };
             if let Some(p) = prev {
                 if p >= k {
@@ -498,10 +523,7 @@ impl Node {
             }
             prev = Some(k);
             if leaf {
-                let it = match self.item(slot) {
-                    Some(i) => i,
-                    None => break,
-                };
+                let Some(it) = item else { break };
                 let (off, size) = (it.offset.get() as u64, it.size.get() as u64);
                 if off + size != data_end {
                     push(
@@ -525,7 +547,8 @@ impl Node {
                     continue;
                 }
                 data_end = off;
-                if let Ok(d) = self.item_data(slot) {
+                let start = HEADER_SIZE + off as usize;
+                if let Some(d) = self.buf.get(start..start + size as usize) {
                     // An unfinished checksum conversion holds csum items of
                     // either algorithm.
                     let checked = crate::format::item::check(&k, d, ctx.csum.size()).or_else(|e| {
@@ -587,5 +610,35 @@ impl Node {
         let d = self.item_data(slot)?;
         let body = decode(&key, d, csum_size).map_err(|e| e.at(self.bytenr, key))?;
         Ok((key, body))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_agree_with_key_and_item_data() {
+        let mut b = vec![0u8; 4096];
+        let h = Header::mut_from_prefix(&mut b).unwrap().0;
+        h.bytenr.set(1 << 20);
+        h.owner.set(5);
+        for i in 0..5u64 {
+            let k = Key::new(256 + i, BTRFS_INODE_ITEM_KEY, 0);
+            let d = vec![i as u8; 10 + i as usize];
+            crate::tree::edit::leaf_insert(&mut b, i as usize, &k, &d).unwrap();
+        }
+        // Item 3's body pointed past the block.
+        let o = HEADER_SIZE + 3 * ITEM_SIZE;
+        let it = Item::mut_from_bytes(&mut b[o..o + ITEM_SIZE]).unwrap();
+        it.offset.set(4090);
+        let node = Node::from_vec(1 << 20, b).unwrap();
+        let got: Vec<_> = node.items().collect();
+        assert_eq!(got.len(), node.nr_safe());
+        for (slot, (k, d)) in got.into_iter().enumerate() {
+            assert_eq!(Some(k), node.key(slot));
+            assert_eq!(d, node.item_data(slot).ok());
+        }
+        assert!(node.items().nth(3).unwrap().1.is_none());
     }
 }
