@@ -1024,11 +1024,7 @@ impl BlockStream {
                         let b = match held {
                             Held::Own(b) => Some(b),
                             Held::InRun { slot, at: off } => {
-                                let mut v = self.spare_buf();
-                                st.run_bytes(slot, off).map(|b| {
-                                    v.extend_from_slice(b);
-                                    v
-                                })
+                                st.run_bytes(slot, off).map(|b| self.copy_block(b))
                             }
                         };
                         if let Some(b) = b {
@@ -1071,8 +1067,9 @@ impl BlockStream {
         }
     }
 
-    /// An empty buffer for a block: a spare one when there is one.
-    fn spare_buf(&self) -> Vec<u8> {
+    /// A copy of block `b` in a buffer of its own (a spare one when there
+    /// is one).
+    fn copy_block(&self, b: &[u8]) -> Vec<u8> {
         let mut v = self
             .spare
             .lock()
@@ -1080,6 +1077,7 @@ impl BlockStream {
             .and_then(|mut s| s.pop())
             .unwrap_or_default();
         v.clear();
+        v.extend_from_slice(b);
         v
     }
 
@@ -1217,9 +1215,8 @@ impl BlockStream {
                         st.ready.insert(bytenr, (d, p, Held::InRun { slot, at }));
                         held.push((bytenr, at));
                     } else if let Some(b) = data.get(at..at + ns) {
-                        let mut v = self.spare_buf();
-                        v.extend_from_slice(b);
-                        st.ready.insert(bytenr, (d, p, Held::Own(v)));
+                        st.ready
+                            .insert(bytenr, (d, p, Held::Own(self.copy_block(b))));
                     }
                 }
             }
@@ -1252,9 +1249,9 @@ impl BlockStream {
                 for (bytenr, at) in r.blocks {
                     if let Some(e) = st.ready.get_mut(&bytenr) {
                         if matches!(e.2, Held::InRun { slot: s, .. } if s == slot) {
-                            let mut v = self.spare_buf();
-                            v.extend_from_slice(data.get(at..at + ns).unwrap_or_default());
-                            e.2 = Held::Own(v);
+                            e.2 = Held::Own(
+                                self.copy_block(data.get(at..at + ns).unwrap_or_default()),
+                            );
                         }
                     }
                 }

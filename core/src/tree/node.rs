@@ -498,13 +498,9 @@ impl Node {
         for slot in 0..n {
             // A leaf's item header once for its key, bounds and body.
             let item = if leaf { self.item(slot) } else { None };
-            let k = match (item, leaf) {
-                (Some(i), _) => Key::from(&i.key),
-                (None, true) => break,
-                (None, false) => match self.key(slot) {
-                    Some(k) => k,
-                    None => break,
-                },
+            let k = match item.map(|i| Key::from(&i.key)).or_else(|| self.key(slot)) {
+                Some(k) => k,
+                None => break,
             };
             if let Some(p) = prev {
                 if p >= k {
