@@ -49,7 +49,8 @@ pub struct OpenOptions {
     pub alt_csum: Option<CsumType>,
 }
 
-/// Reads described in [`RebuiltReads`] before they are only counted.
+/// Reads of each kind (tree blocks, data) described in [`RebuiltReads`]
+/// before the rest are only counted.
 pub const REBUILT_KEPT: usize = 64;
 
 /// Reads of RAID5/6 data or tree blocks rebuilt from parity.
@@ -62,10 +63,33 @@ pub struct RebuiltReads {
     pub damaged: u64,
     /// How many of the damaged ones were tree blocks.
     pub damaged_tree: u64,
-    /// The first [`REBUILT_KEPT`] of them.
+    /// The [`REBUILT_KEPT`] tree blocks and the [`REBUILT_KEPT`] data
+    /// pieces at the lowest logical addresses, in address order. Kept per
+    /// kind and by address, not by arrival, so that reads running in
+    /// parallel (data checksums beside the tree walk) neither crowd the
+    /// tree blocks out nor make two runs of one image describe different
+    /// reads.
     pub described: Vec<RebuiltRead>,
     /// Tree blocks counted already.
     tree_blocks: std::collections::BTreeSet<u64>,
+}
+
+impl RebuiltReads {
+    /// Keep `read` among the described ones if it is one of the
+    /// [`REBUILT_KEPT`] lowest addresses of its kind so far.
+    fn describe(&mut self, read: RebuiltRead) {
+        let kind = read.tree_block;
+        let at = self
+            .described
+            .partition_point(|d| (d.logical, d.len) < (read.logical, read.len));
+        self.described.insert(at, read);
+        let same = |d: &RebuiltRead| d.tree_block == kind;
+        if self.described.iter().filter(|d| same(d)).count() > REBUILT_KEPT {
+            if let Some(last) = self.described.iter().rposition(same) {
+                self.described.remove(last);
+            }
+        }
+    }
 }
 
 /// One piece read rebuilt from parity.
@@ -481,17 +505,15 @@ impl Image {
             r.count += 1;
             r.damaged += damaged as u64;
             r.damaged_tree += (damaged && tree_block) as u64;
-            if r.described.len() < REBUILT_KEPT {
-                let (devid, phys) = p.copies.first().copied().unwrap_or((0, 0));
-                r.described.push(RebuiltRead {
-                    logical,
-                    len: p.len,
-                    devid,
-                    phys,
-                    damaged,
-                    tree_block,
-                });
-            }
+            let (devid, phys) = p.copies.first().copied().unwrap_or((0, 0));
+            r.describe(RebuiltRead {
+                logical,
+                len: p.len,
+                devid,
+                phys,
+                damaged,
+                tree_block,
+            });
         }
     }
 
@@ -1294,6 +1316,55 @@ mod tests {
     use super::*;
     use crate::io::MemDevice;
     use zerocopy::{FromZeros, IntoBytes};
+
+    /// Many data pieces rebuilt before (and after) a few tree blocks, in a
+    /// scrambled order: the tree blocks are all described, and of each
+    /// kind the lowest addresses, whatever the order of arrival.
+    #[test]
+    fn rebuilt_reads_keep_each_kind_by_address() {
+        let piece = |logical: u64, tree_block: bool| RebuiltRead {
+            logical,
+            len: 4096,
+            devid: 1,
+            phys: logical,
+            damaged: true,
+            tree_block,
+        };
+        let mut order: Vec<(u64, bool)> = (0..300u64).map(|i| (i * 4096, false)).collect();
+        order.extend((0..5u64).map(|i| ((1 << 30) | (i * 16384), true)));
+        // A fixed shuffle: multiplying by a unit modulo the length.
+        let n = order.len();
+        let mut r = RebuiltReads::default();
+        for i in 0..n {
+            let (logical, tree) = order[(i * 97) % n];
+            r.describe(piece(logical, tree));
+        }
+        let trees: Vec<u64> = r
+            .described
+            .iter()
+            .filter(|d| d.tree_block)
+            .map(|d| d.logical)
+            .collect();
+        assert_eq!(
+            trees,
+            (0..5u64)
+                .map(|i| (1 << 30) | (i * 16384))
+                .collect::<Vec<_>>()
+        );
+        let data: Vec<u64> = r
+            .described
+            .iter()
+            .filter(|d| !d.tree_block)
+            .map(|d| d.logical)
+            .collect();
+        assert_eq!(
+            data,
+            (0..REBUILT_KEPT as u64)
+                .map(|i| i * 4096)
+                .collect::<Vec<_>>()
+        );
+        assert!(r.described.windows(2).all(|w| w[0].logical <= w[1].logical));
+    }
 
     /// A device holding one crc32c superblock copy at mirror 0.
     fn dev_with_super(size: usize) -> MemDevice {
