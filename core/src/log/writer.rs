@@ -391,7 +391,13 @@ impl LogWriter<'_, '_> {
             self.cx.store.data().flush_data()?;
         }
         let io = match self.cx.store.log_trees().prepare_log_sync(inode.subvol) {
-            Ok(io) => io,
+            Ok(Some(io)) => io,
+            Ok(None) => {
+                // A chunk was allocated since this client logged (for the
+                // log's own blocks, perhaps): the log may depend on it.
+                self.log.full_commit_trans = trans;
+                return Ok(LogAnswer::Commit("new chunk in this transaction"));
+            }
             Err(e) => {
                 // Some of the log's blocks may count as written already:
                 // the log can no longer be trusted to be whole.

@@ -151,7 +151,14 @@ impl LogTrees<'_> {
     /// the log is built. Nothing reaches the device until [`LogSyncIo::run`];
     /// one may run at a time, and no commit may write its superblocks
     /// while one runs.
-    pub fn prepare_log_sync(&mut self, subvol: u64) -> Result<LogSyncIo> {
+    ///
+    /// None when a chunk was allocated in this transaction, however late
+    /// (the log's own blocks, the log root item's copy-on-write just now,
+    /// another client's write): its chunk item is not on disk until the
+    /// commit, so a log whose blocks or extents may lie in it cannot be
+    /// mounted or replayed. The caller commits instead, as btrfs_sync_log
+    /// does when btrfs_make_block_group has asked for a full commit.
+    pub fn prepare_log_sync(&mut self, subvol: u64) -> Result<Option<LogSyncIo>> {
         if !self.st.roots.contains_key(&TreeId::LogRoot) || !self.has_log(subvol) {
             return Err(Error::Invalid("log sync without a log".into()));
         }
@@ -186,6 +193,9 @@ impl LogTrees<'_> {
                 *r = ri;
             }
             self.st.update_item(TreeId::LogRoot, &key, ri.as_bytes())?;
+        }
+        if self.st.space.chunk_allocated {
+            return Ok(None);
         }
         // The logged data is on disk already (the caller wrote what the
         // logged extents need).
@@ -237,13 +247,13 @@ impl LogTrees<'_> {
         let devices = self.st.img.device_list();
         self.st.stats.flushes += 2;
         self.st.stats.log_syncs += 1;
-        Ok(LogSyncIo {
+        Ok(Some(LogSyncIo {
             data: self.st.data().data_wait(),
             runs,
             parity,
             devices,
             supers,
-        })
+        }))
     }
 }
 
