@@ -336,7 +336,22 @@ impl LogWriter<'_, '_> {
                 }))
             }
             Err(Stop::Commit(reason)) => Ok(LogAnswer::Commit(reason)),
-            Err(Stop::Err(e)) => Err(e),
+            Err(Stop::Err(e)) => {
+                // The logging stopped half-way (no space for the log's
+                // blocks, a read that failed): the log may hold part of
+                // the inode, or a directory range that claims entries it
+                // never got, and no later sync of this transaction may
+                // write it. btrfs_log_inode_parent marks the transaction
+                // for full commits and commits; an error the commit meets
+                // too surfaces there.
+                self.log.full_commit_trans = t;
+                Ok(LogAnswer::Commit(match e {
+                    Error::NoSpace(_) => "no space for the log",
+                    Error::Io { .. } | Error::MissingDevice { .. } => "logging failed: I/O error",
+                    Error::Corrupt { .. } => "logging failed: damaged metadata",
+                    _ => "logging failed",
+                }))
+            }
         }
     }
 
