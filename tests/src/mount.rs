@@ -77,16 +77,36 @@ fn forget_registration(dev: &Path) {
 /// of that set's fsid.
 pub fn detach_loop(dev: &Path) -> Result<(), String> {
     forget_registration(dev);
+    let file = loop_backing_file(dev);
     let mut last = String::new();
     for _ in 0..30 {
         match run(Command::new("losetup").arg("-d").arg(dev)) {
-            Ok(_) => return Ok(()),
+            Ok(_) => {
+                wait_released(dev, file.as_deref());
+                return Ok(());
+            }
             Err(e) if e.contains("No such device") => return Ok(()),
             Err(e) => last = e,
         }
         std::thread::sleep(Duration::from_millis(200));
     }
     Err(format!("cannot detach {}: {last}", dev.display()))
+}
+
+/// `losetup -d` of a device something still holds open (udev probing a
+/// device just attached, a scan) only marks it to go when that closes. Until
+/// then a btrfs scan still finds the image behind it: a copy of a set with
+/// the same fsid and devids, checked right after, could be assembled from
+/// the device of the copy before. Wait (bounded) until the device no longer
+/// shows `file`; it may already show another test's image.
+fn wait_released(dev: &Path, file: Option<&Path>) {
+    let Some(file) = file else { return };
+    for _ in 0..100 {
+        if loop_backing_file(dev).as_deref() != Some(file) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The loop devices `file` is attached to (`losetup -j`, which compares
